@@ -1,0 +1,32 @@
+/* cli/cli.h: the agentrl command table and helpers shared by subcommands.
+ *
+ * Each subcommand is a function `int cmd_xxx(int argc, char **argv)` in cli/cmd_*.c,
+ * where argv[0..argc-1] are the arguments after the command words ("model info" takes
+ * argv = {CONFIG, "--json"}).  It returns the process exit status:
+ *   0 success, 1 failure (the error was printed), 2 usage error (bad option or value).
+ * Commands are listed once in cli/commands.def.
+ */
+#ifndef ARL_CLI_H
+#define ARL_CLI_H
+
+#include "core/options.h"
+
+#define ARL_EXIT_OK 0
+#define ARL_EXIT_FAIL 1
+#define ARL_EXIT_USAGE 2
+
+#define ARL_COMMAND(words, fn, summary) int fn(int argc, char **argv);
+#include "cli/commands.def"
+#undef ARL_COMMAND
+
+/* Parse a subcommand's arguments with its option table: defaults, argv, required check.
+ * Prints --help (returns -1 meaning "exit 0 now") or the error (returns ARL_EXIT_USAGE).
+ * Returns 0 when the command should run. `usage` is e.g. "agentrl model info CONFIG [--json]". */
+int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
+              const char *usage, const char *summary);
+
+/* Print "agentrl: error: <message of the current thread error>" for status s and return
+ * ARL_EXIT_USAGE for ARL_ERR_ARG, else ARL_EXIT_FAIL. */
+int cli_fail(arl_status s);
+
+#endif

@@ -1,0 +1,138 @@
+/* cli/main.c: `agentrl COMMAND [options]`: finds the command in cli/commands.def and runs it.
+ * The only place in the toolkit that decides the process exit status. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/log.h"
+
+#ifndef AGENTRL_VERSION
+#define AGENTRL_VERSION "0.0.0"
+#endif
+
+typedef struct cli_command {
+    const char *words; /* "model info" */
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} cli_command;
+
+static const cli_command cli_commands[] = {
+#define ARL_COMMAND(words, fn, summary) {words, fn, summary},
+#include "cli/commands.def"
+#undef ARL_COMMAND
+};
+#define CLI_NCOMMANDS (sizeof cli_commands / sizeof cli_commands[0])
+
+/* Number of argv words that the command's words match (0 if they do not). */
+static int match_words(const char *words, int argc, char **argv) {
+    int used = 0;
+    const char *p = words;
+    while (*p) {
+        const char *sp = strchr(p, ' ');
+        size_t len = sp ? (size_t)(sp - p) : strlen(p);
+        if (used >= argc || strlen(argv[used]) != len || strncmp(argv[used], p, len)) return 0;
+        used++;
+        p = sp ? sp + 1 : p + len;
+    }
+    return used;
+}
+
+static void print_commands(FILE *f, const char *prefix) {
+    size_t plen = prefix ? strlen(prefix) : 0;
+    for (size_t i = 0; i < CLI_NCOMMANDS; i++) {
+        if (plen && (strncmp(cli_commands[i].words, prefix, plen) ||
+                     cli_commands[i].words[plen] != ' '))
+            continue;
+        fprintf(f, "  %-22s %s\n", cli_commands[i].words, cli_commands[i].summary);
+    }
+}
+
+static void print_usage(FILE *f) {
+    fprintf(f,
+            "usage: agentrl COMMAND [options]\n"
+            "\n"
+            "agentrl %s: agentic RL post-training of sparse Mixture-of-Experts policies.\n"
+            "\n"
+            "commands:\n",
+            AGENTRL_VERSION);
+    print_commands(f, NULL);
+    fprintf(f, "\n'agentrl COMMAND --help' describes a command's arguments and options.\n"
+               "global options: --help, --version, --quiet, --verbose (before COMMAND)\n");
+}
+
+int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
+              const char *usage, const char *summary) {
+    int want_help = 0;
+    arl_options_defaults(tab, n, cfg);
+    arl_status s = arl_options_parse_argv(tab, n, argc, argv, cfg, &want_help);
+    if (s == ARL_OK && want_help) {
+        arl_options_print_help(stdout, usage, summary, tab, n);
+        arl_options_free(tab, n, cfg);
+        return -1;
+    }
+    if (s == ARL_OK) s = arl_options_check_required(tab, n, cfg);
+    if (s != ARL_OK) {
+        fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
+        arl_options_free(tab, n, cfg);
+        return ARL_EXIT_USAGE;
+    }
+    return 0;
+}
+
+int cli_fail(arl_status s) {
+    const char *m = arl_error_msg();
+    fprintf(stderr, "agentrl: error: %s\n", m && *m ? m : arl_status_str(s));
+    return s == ARL_ERR_ARG ? ARL_EXIT_USAGE : ARL_EXIT_FAIL;
+}
+
+int main(int argc, char **argv) {
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (!strcmp(argv[i], "--version")) {
+            printf("agentrl %s\n", AGENTRL_VERSION);
+            return 0;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            print_usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--quiet")) {
+            arl_log_set_level(ARL_LOG_WARN);
+        } else if (!strcmp(argv[i], "--verbose")) {
+            arl_log_set_level(ARL_LOG_DEBUG);
+        } else {
+            fprintf(stderr, "agentrl: error: unknown option '%s' (see agentrl --help)\n", argv[i]);
+            return ARL_EXIT_USAGE;
+        }
+    }
+    if (i >= argc) {
+        print_usage(stderr);
+        return ARL_EXIT_USAGE;
+    }
+    int best = -1, best_used = 0;
+    for (size_t c = 0; c < CLI_NCOMMANDS; c++) {
+        int used = match_words(cli_commands[c].words, argc - i, argv + i);
+        if (used > best_used) {
+            best = (int)c;
+            best_used = used;
+        }
+    }
+    if (best < 0) {
+        /* "agentrl model" or "agentrl model --help": list the subcommands of a group */
+        size_t len = strlen(argv[i]);
+        int group = 0;
+        for (size_t c = 0; c < CLI_NCOMMANDS; c++)
+            if (!strncmp(cli_commands[c].words, argv[i], len) && cli_commands[c].words[len] == ' ')
+                group = 1;
+        if (group) {
+            int help = i + 1 < argc && (!strcmp(argv[i + 1], "--help") || !strcmp(argv[i + 1], "-h"));
+            FILE *f = help ? stdout : stderr;
+            if (!help && i + 1 < argc)
+                fprintf(f, "agentrl: error: unknown command '%s %s'\n", argv[i], argv[i + 1]);
+            fprintf(f, "usage: agentrl %s SUBCOMMAND [options]\n\nsubcommands:\n", argv[i]);
+            print_commands(f, argv[i]);
+            return help ? 0 : ARL_EXIT_USAGE;
+        }
+        fprintf(stderr, "agentrl: error: unknown command '%s' (see agentrl --help)\n", argv[i]);
+        return ARL_EXIT_USAGE;
+    }
+    return cli_commands[best].fn(argc - i - best_used, argv + i + best_used);
+}

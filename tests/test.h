@@ -1,0 +1,168 @@
+/* tests/test.h: the small test harness of agentrl's C tests.
+ *
+ * A test program runs its cases with TEST_RUN(fn); each failed CHECK prints the file,
+ * line and values and marks the program failed; main returns test_finish(), which prints
+ * "N passed, N failed" and returns 0 only if nothing failed.  Tests that need hardware that
+ * is absent return TEST_SKIP (77), which ctest reports as skipped.
+ *
+ * Tolerances: CHECK_CLOSE(a, ref, atol, rtol) is the elementwise form
+ * |a - ref| <= atol + rtol*|ref|; check_close_maxref() is the max|ref| form of
+ * spec/policy.md section 16.4.  Every use states the reason for its numbers in a comment.
+ */
+#ifndef ARL_TESTS_TEST_H
+#define ARL_TESTS_TEST_H
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TEST_SKIP 77
+
+static int test_failures_ = 0;
+static int test_cases_passed_ = 0;
+static int test_cases_failed_ = 0;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);              \
+            test_failures_++;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_MSG(cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond);              \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            test_failures_++;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                                         \
+    do {                                                                                           \
+        long long a_ = (long long)(a), b_ = (long long)(b);                                        \
+        if (a_ != b_) {                                                                            \
+            fprintf(stderr, "%s:%d: CHECK_EQ_INT failed: %s = %lld, %s = %lld\n", __FILE__,       \
+                    __LINE__, #a, a_, #b, b_);                                                     \
+            test_failures_++;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_STR_EQ(a, b)                                                                         \
+    do {                                                                                           \
+        const char *a_ = (a), *b_ = (b);                                                           \
+        if (!a_ || !b_ || strcmp(a_, b_)) {                                                        \
+            fprintf(stderr, "%s:%d: CHECK_STR_EQ failed: \"%s\" != \"%s\"\n", __FILE__, __LINE__,  \
+                    a_ ? a_ : "(null)", b_ ? b_ : "(null)");                                       \
+            test_failures_++;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* Elementwise tolerance for one scalar. */
+#define CHECK_CLOSE(a, ref, atol, rtol)                                                            \
+    do {                                                                                           \
+        double a_ = (double)(a), r_ = (double)(ref);                                               \
+        if (!(fabs(a_ - r_) <= (atol) + (rtol)*fabs(r_))) {                                        \
+            fprintf(stderr, "%s:%d: CHECK_CLOSE failed: %s = %.9g, %s = %.9g (atol %g rtol %g)\n", \
+                    __FILE__, __LINE__, #a, a_, #ref, r_, (double)(atol), (double)(rtol));        \
+            test_failures_++;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* Elementwise form over arrays; returns 1 if all close, else reports the worst element. */
+static inline int check_close_f32(const char *what, const float *a, const float *ref, size_t n,
+                                  double atol, double rtol) {
+    size_t worst = 0;
+    double worst_excess = 0;
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)ref[i]);
+        double lim = atol + rtol * fabs((double)ref[i]);
+        if (!(d <= lim)) {
+            ok = 0;
+            if (!(d - lim <= worst_excess)) {
+                worst_excess = d - lim;
+                worst = i;
+            }
+        }
+    }
+    if (!ok) {
+        fprintf(stderr, "%s: elementwise mismatch at [%zu]: %.9g vs ref %.9g (atol %g rtol %g)\n",
+                what, worst, (double)a[worst], (double)ref[worst], atol, rtol);
+        test_failures_++;
+    }
+    return ok;
+}
+
+/* max|ref| form: |a_i - ref_i| <= atol + rtol * max_j |ref_j|. */
+static inline int check_close_maxref_f32(const char *what, const float *a, const float *ref,
+                                         size_t n, double atol, double rtol) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs((double)ref[i]) > m) m = fabs((double)ref[i]);
+    double lim = atol + rtol * m;
+    size_t worst = 0;
+    double wd = -1;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)ref[i]);
+        if (!(d <= wd)) {
+            wd = d;
+            worst = i;
+        }
+    }
+    if (n && !(wd <= lim)) {
+        fprintf(stderr,
+                "%s: max|ref| mismatch at [%zu]: %.9g vs ref %.9g, |diff| %.3g > %.3g "
+                "(atol %g rtol %g max|ref| %.3g)\n",
+                what, worst, (double)a[worst], (double)ref[worst], wd, lim, atol, rtol, m);
+        test_failures_++;
+        return 0;
+    }
+    return 1;
+}
+
+#define TEST_RUN(fn)                                                                               \
+    do {                                                                                           \
+        int before_ = test_failures_;                                                              \
+        fn();                                                                                      \
+        if (test_failures_ == before_) {                                                           \
+            test_cases_passed_++;                                                                  \
+            fprintf(stderr, "ok   %s\n", #fn);                                                     \
+        } else {                                                                                   \
+            test_cases_failed_++;                                                                  \
+            fprintf(stderr, "FAIL %s\n", #fn);                                                     \
+        }                                                                                          \
+    } while (0)
+
+static inline int test_finish(void) {
+    fprintf(stderr, "%d passed, %d failed\n", test_cases_passed_, test_cases_failed_);
+    return test_failures_ ? 1 : 0;
+}
+
+/* Path of a file in the source tree ($ARL_SOURCE_DIR, else the working directory). */
+static inline const char *test_src_path(const char *rel) {
+    static char buf[8][1024];
+    static int k = 0;
+    const char *root = getenv("ARL_SOURCE_DIR");
+    char *b = buf[k++ % 8];
+    snprintf(b, sizeof buf[0], "%s/%s", root && *root ? root : ".", rel);
+    return b;
+}
+
+/* A fresh temporary directory for a test (removed by the caller or left under /tmp). */
+static inline const char *test_tmpdir(const char *tag) {
+    static char buf[512];
+    snprintf(buf, sizeof buf, "/tmp/arl-test-%s-XXXXXX", tag);
+    extern char *mkdtemp(char *);
+    if (!mkdtemp(buf)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+    return buf;
+}
+
+#endif
