@@ -1,0 +1,125 @@
+/* PNG/PPM decoding against fixtures written by gen_fixtures.py (Python's zlib), bad input at
+ * every truncation point and with flipped bytes, the pixel limit, grid choice and patchify. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy/image.h"
+#include "tests/test.h"
+
+static uint8_t *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    rewind(f);
+    uint8_t *b = malloc((size_t)len);
+    *n = fread(b, 1, (size_t)len, f);
+    fclose(f);
+    return b;
+}
+
+static const char *names[] = {"rgb8",   "rgb8_stored", "rgb8_fast", "rgba8", "rgb16", "gray8",
+                              "graya8", "gray1",       "gray2",     "gray4", "pal4",  "pal8"};
+
+static void test_fixtures(void) {
+    char p1[512], p2[512];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(p1, sizeof p1, "tests/image/fixtures/%s.png", names[i]);
+        snprintf(p2, sizeof p2, "tests/image/fixtures/%s.expect.ppm", names[i]);
+        arl_image a, b;
+        arl_status s1 = arl_image_load(test_src_path(p1), 0, &a);
+        arl_status s2 = arl_image_load(test_src_path(p2), 0, &b);
+        CHECK_MSG(s1 == ARL_OK, "%s: %s", p1, arl_error_msg());
+        CHECK_MSG(s2 == ARL_OK, "%s: %s", p2, arl_error_msg());
+        if (s1 == ARL_OK && s2 == ARL_OK) {
+            CHECK_EQ_INT(a.width, 37);
+            CHECK_EQ_INT(a.height, 23);
+            CHECK_MSG(a.width == b.width && a.height == b.height &&
+                          !memcmp(a.rgb, b.rgb, (size_t)a.width * a.height * 3),
+                      "%s: pixels differ from the expected PPM", names[i]);
+        }
+        arl_image_free(&a);
+        arl_image_free(&b);
+    }
+}
+
+static void test_ppm_ascii(void) {
+    const char *txt = "P3\n# comment\n2 1\n15\n15 0 0  0 15 7\n";
+    arl_image img;
+    CHECK(arl_image_decode((const uint8_t *)txt, strlen(txt), 0, "ascii.ppm", &img) == ARL_OK);
+    CHECK(img.width == 2 && img.height == 1);
+    CHECK(img.rgb[0] == 255 && img.rgb[1] == 0 && img.rgb[4] == 255 && img.rgb[5] == 119);
+    arl_image_free(&img);
+    const char *bad = "P3\n2 1\n15\n15 0 0 0 16 7\n";
+    CHECK(arl_image_decode((const uint8_t *)bad, strlen(bad), 0, "bad.ppm", &img) == ARL_ERR_FORMAT);
+    CHECK(strstr(arl_error_msg(), "bad.ppm") != NULL);
+}
+
+/* Every prefix of a valid file and every single flipped byte: an error, never a crash
+ * (ASan build), and never a success with a truncated file. */
+static void test_bad_input(void) {
+    size_t n;
+    uint8_t *d = slurp(test_src_path("tests/image/fixtures/rgb8.png"), &n);
+    CHECK(d != NULL);
+    if (!d) return;
+    arl_image img;
+    int ok_prefix = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (arl_image_decode(d, k, 0, "trunc.png", &img) == ARL_OK) ok_prefix++;
+        arl_image_free(&img);
+    }
+    CHECK_EQ_INT(ok_prefix, 0);
+    uint8_t *c = malloc(n);
+    int ok_flip = 0;
+    for (size_t k = 0; k < n; k++) {
+        memcpy(c, d, n);
+        c[k] ^= 0x5a;
+        /* a flip inside a chunk's data or CRC is a CRC error; the tEXt chunk is ancillary */
+        if (arl_image_decode(c, n, 0, "flip.png", &img) == ARL_OK) ok_flip++;
+        arl_image_free(&img);
+    }
+    /* only flips that leave a valid file may succeed: none in IHDR/IDAT/CRCs; the 8 bytes of
+     * the signature fall back to "not an image"; flips in the tEXt type keep it ancillary */
+    CHECK_MSG(ok_flip <= 4, "%d flipped files decoded", ok_flip);
+    free(c);
+    /* size limit */
+    CHECK(arl_image_decode(d, n, 100, "big.png", &img) == ARL_ERR_RANGE);
+    CHECK(strstr(arl_error_msg(), "larger than the limit") != NULL);
+    CHECK(arl_image_decode((const uint8_t *)"GIF89a....", 10, 0, "x.gif", &img) == ARL_ERR_FORMAT);
+    CHECK(arl_image_load("/nonexistent/x.png", 0, &img) == ARL_ERR_IO);
+    free(d);
+}
+
+static void test_grid_and_patchify(void) {
+    int32_t gh, gw;
+    CHECK(arl_image_grid(56, 28, 14, 1024, &gh, &gw) == ARL_OK);
+    CHECK(gh == 2 && gw == 4);
+    CHECK(arl_image_grid(5, 5, 14, 1024, &gh, &gw) == ARL_OK);
+    CHECK(gh == 2 && gw == 2);
+    CHECK(arl_image_grid(1400, 700, 14, 64, &gh, &gw) == ARL_OK);
+    CHECK((int64_t)gh * gw <= 64 && gh % 2 == 0 && gw % 2 == 0 && gw >= gh);
+    /* exact size: patches hold the normalised pixels in (patch, c, y, x) order */
+    arl_image img = {4, 4, malloc(48)};
+    for (int i = 0; i < 48; i++) img.rgb[i] = (uint8_t)(i * 5);
+    float p[4 * 3 * 2 * 2];
+    arl_image_patchify(&img, 2, 2, 2, p);
+    /* patch 1 = grid (0,1): pixel (y=0,x=2), channel 1 */
+    CHECK_CLOSE(p[(1 * 3 + 1) * 4 + 0], (img.rgb[(0 * 4 + 2) * 3 + 1] / 255.0 - 0.5) / 0.5, 1e-6, 0);
+    /* patch 3 = grid (1,1): pixel (y=3,x=3), channel 2 */
+    CHECK_CLOSE(p[(3 * 3 + 2) * 4 + 3], (img.rgb[(3 * 4 + 3) * 3 + 2] / 255.0 - 0.5) / 0.5, 1e-6, 0);
+    /* halving: half-pixel bilinear averages each 2x2 block */
+    float q[1 * 3 * 2 * 2];
+    arl_image_patchify(&img, 2, 1, 1, q);
+    double avg = (img.rgb[0] + img.rgb[3] + img.rgb[12] + img.rgb[15]) / 4.0;
+    CHECK_CLOSE(q[0], (avg / 255.0 - 0.5) / 0.5, 1e-6, 0);
+    arl_image_free(&img);
+}
+
+int main(void) {
+    TEST_RUN(test_fixtures);
+    TEST_RUN(test_ppm_ascii);
+    TEST_RUN(test_bad_input);
+    TEST_RUN(test_grid_and_patchify);
+    return test_finish();
+}
