@@ -1,0 +1,44 @@
+#!/bin/sh
+# agentrl tokenize: the golden conversation renders as docs/chat_template.md says, ids decode,
+# tool calls parse, and bad input exits 1 (failure) or 2 (usage) with a message.
+set -u
+BIN=${ARL_BIN:-build/agentrl}
+SRC=${ARL_SOURCE_DIR:-.}
+FIX=$SRC/tests/tokenizer/fixtures
+TMP=$(mktemp -d /tmp/arl-test-tokenize-XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+[ -x "$BIN" ] || fail "$BIN not built"
+"$BIN" tokenize "$FIX/golden_conversation.json" --gen > "$TMP/out.txt" 2> "$TMP/err.txt" ||
+    fail "tokenize exited $?: $(cat "$TMP/err.txt")"
+grep -v '^#' "$FIX/golden_expected.txt" | cut -d' ' -f3- | tr -d '\n' > "$TMP/want.txt"
+echo >> "$TMP/want.txt"
+cmp -s "$TMP/out.txt" "$TMP/want.txt" || fail "rendering differs from golden_expected.txt"
+grep -q '^5 messages, 445 tokens, 86 with loss mask 1$' "$TMP/err.txt" || fail "summary: $(cat "$TMP/err.txt")"
+
+ids=$("$BIN" tokenize "$FIX/golden_conversation.json" --ids | cut -d' ' -f1-3)
+[ "$ids" = "256 262 115" ] || fail "--ids starts with '$ids'"
+"$BIN" tokenize "$FIX/golden_conversation.json" --mask | grep -q '^0 256 0 -1 <|bos|>$' || fail "--mask"
+
+out=$("$BIN" tokenize --decode "256 262 117 115 101 114 263 104 105 265")
+[ "$out" = "<|bos|><|open|>user<|close|>hi<|end_of_msg|>" ] || fail "--decode gave '$out'"
+out=$("$BIN" tokenize --decode "256 104 105 265" --skip-special)
+[ "$out" = "hi" ] || fail "--decode --skip-special gave '$out'"
+
+"$BIN" tokenize --parse '<|tool_call|>f<|tool_args|>[1]<|tool_call_end|><|end_of_msg|>' > "$TMP/p.json" ||
+    fail "--parse"
+grep -q '"parse_status": "arguments_not_object"' "$TMP/p.json" || fail "--parse status: $(cat "$TMP/p.json")"
+
+"$BIN" tokenize --decode "1 400" 2> "$TMP/err.txt"; rc=$?
+[ $rc -eq 1 ] || fail "--decode of a bad id exited $rc"
+grep -q 'token id 400 at position 1' "$TMP/err.txt" || fail "bad id message: $(cat "$TMP/err.txt")"
+
+echo '[{"role": "tool", "tool_call_id": "q", "content": "x"}]' > "$TMP/bad.json"
+"$BIN" tokenize "$TMP/bad.json" 2> "$TMP/err.txt"; rc=$?
+[ $rc -eq 1 ] || fail "bad conversation exited $rc"
+grep -q "message 0 (tool): field 'tool_call_id'" "$TMP/err.txt" || fail "message: $(cat "$TMP/err.txt")"
+
+"$BIN" tokenize 2> /dev/null; rc=$?
+[ $rc -eq 2 ] || fail "no arguments exited $rc"
+echo "ok"
