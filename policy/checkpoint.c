@@ -1,0 +1,433 @@
+/* policy/checkpoint.c: checkpoint load/verify/save (contracts in policy/checkpoint.h). */
+#include "policy/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/assert.h"
+#include "core/dtype.h"
+#include "policy/safetensors.h"
+
+/* ------------------------------------------------------------------------------------ */
+/* problem lists                                                                         */
+
+typedef struct plist {
+    char text[1024]; /* "a, b, c" (first ARL_CHECKPOINT_MAX_LISTED entries) */
+    size_t len;
+    int64_t count;
+} plist;
+
+static void plist_add(plist *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void plist_add(plist *l, const char *fmt, ...) {
+    l->count++;
+    if (l->count > ARL_CHECKPOINT_MAX_LISTED || l->len >= sizeof l->text - 1) return;
+    if (l->count > 1) l->len += (size_t)snprintf(l->text + l->len, sizeof l->text - l->len, ", ");
+    if (l->len >= sizeof l->text - 1) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(l->text + l->len, sizeof l->text - l->len, fmt, ap);
+    va_end(ap);
+    if (n > 0) l->len += (size_t)n;
+    if (l->len > sizeof l->text - 1) l->len = sizeof l->text - 1;
+}
+
+/* "\n  missing (3): a, b, c" with "and N more" */
+static void plist_format(const plist *l, const char *what, char *out, size_t cap, size_t *pos) {
+    if (!l->count || *pos >= cap) return;
+    *pos += (size_t)snprintf(out + *pos, cap - *pos, "\n  %s (%lld): %s", what, (long long)l->count,
+                             l->text);
+    if (*pos < cap && l->count > ARL_CHECKPOINT_MAX_LISTED)
+        *pos += (size_t)snprintf(out + *pos, cap - *pos, ", and %lld more",
+                                 (long long)(l->count - ARL_CHECKPOINT_MAX_LISTED));
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* matching a checkpoint against the inventory                                           */
+
+/* Where tensor i of the inventory comes from. */
+typedef struct src {
+    const arl_st_tensor *plain;  /* .weight (or the key itself) */
+    const arl_st_tensor *packed; /* MXFP4 release form: .weight_packed */
+    const arl_st_tensor *scale;  /* and .weight_scale */
+} src;
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static int dtype_ok(const arl_param_tensor *t, arl_dtype dt) {
+    if (t->fp32_storage) return dt == ARL_DTYPE_F32;
+    return dt == ARL_DTYPE_F32 || dt == ARL_DTYPE_BF16 || dt == ARL_DTYPE_F16;
+}
+
+static int shape_eq(const arl_st_tensor *s, int32_t rank, const int64_t *shape) {
+    if (s->rank != rank) return 0;
+    for (int32_t i = 0; i < rank; i++)
+        if (s->shape[i] != shape[i]) return 0;
+    return 1;
+}
+
+/* Compare the checkpoint's config.json (if any) with cfg by config hash. */
+static arl_status check_config_file(const char *dir, const arl_model_config *cfg) {
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return ARL_OK;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return ARL_OK; /* bare tensors: nothing to compare */
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = len >= 0 ? malloc((size_t)len + 1) : NULL;
+    if (!text) {
+        fclose(f);
+        return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+    }
+    size_t got = fread(text, 1, (size_t)len, f);
+    fclose(f);
+    text[got] = 0;
+    arl_model_config other;
+    arl_status s = arl_model_config_parse(text, path, 1, &other);
+    free(text);
+    if (s) return arl_error_prefix(s, "checkpoint %s", dir);
+    char a[ARL_SHA256_HEX_CHARS], b[ARL_SHA256_HEX_CHARS];
+    arl_model_config_hash_hex(cfg, a);
+    arl_model_config_hash_hex(&other, b);
+    arl_model_config_free(&other);
+    if (strcmp(a, b))
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "%s: the checkpoint's config.json describes a different model than %s "
+                          "(config hash %.12s... vs %.12s...); load it with its own config",
+                          dir, cfg->path[0] ? cfg->path : "the given config", b, a);
+    return ARL_OK;
+}
+
+/* Match every inventory tensor to checkpoint tensors; report all problems at once. */
+static arl_status plan(const arl_st_dir *d, const arl_model_config *cfg,
+                       const arl_param_inventory *inv, src *srcs) {
+    plist missing = {{0}, 0, 0}, unexpected = {{0}, 0, 0}, bad = {{0}, 0, 0};
+    char name[300], s1[96], s2[96];
+    for (int64_t i = 0; i < inv->n; i++) {
+        const arl_param_tensor *t = &inv->t[i];
+        src *sr = &srcs[i];
+        memset(sr, 0, sizeof *sr);
+        sr->plain = arl_st_dir_find(d, t->name);
+        if (!sr->plain && t->expert >= 0 && ends_with(t->name, ".weight")) {
+            size_t base = strlen(t->name) - strlen("weight");
+            snprintf(name, sizeof name, "%.*sweight_packed", (int)base, t->name);
+            sr->packed = arl_st_dir_find(d, name);
+            snprintf(name, sizeof name, "%.*sweight_scale", (int)base, t->name);
+            sr->scale = arl_st_dir_find(d, name);
+            if (sr->packed || sr->scale) {
+                int64_t out = t->shape[0], in = t->shape[1];
+                if (!sr->packed || !sr->scale) {
+                    plist_add(&bad, "%s (MXFP4 form needs both weight_packed and weight_scale)",
+                              t->name);
+                } else if (in % 32) {
+                    plist_add(&bad,
+                              "%s (MXFP4 experts need moe_intermediate_size and "
+                              "routed_expert_hidden_size multiples of 32, input width is %lld)",
+                              t->name, (long long)in);
+                } else {
+                    int64_t ps[2] = {out, in / 2}, ss[2] = {out, in / 32};
+                    if (sr->packed->dtype != ARL_DTYPE_U8 || !shape_eq(sr->packed, 2, ps))
+                        plist_add(
+                            &bad, "%s (expected U8 %s, got %s %s)", sr->packed->name,
+                            arl_st_shape_str(2, ps, s1, sizeof s1),
+                            arl_dtype_name(sr->packed->dtype),
+                            arl_st_shape_str(sr->packed->rank, sr->packed->shape, s2, sizeof s2));
+                    if (sr->scale->dtype != ARL_DTYPE_U8 || !shape_eq(sr->scale, 2, ss))
+                        plist_add(
+                            &bad, "%s (expected U8 %s, got %s %s)", sr->scale->name,
+                            arl_st_shape_str(2, ss, s1, sizeof s1),
+                            arl_dtype_name(sr->scale->dtype),
+                            arl_st_shape_str(sr->scale->rank, sr->scale->shape, s2, sizeof s2));
+                }
+                continue;
+            }
+        }
+        if (!sr->plain) {
+            plist_add(&missing, "%s", t->name);
+            continue;
+        }
+        const arl_st_tensor *s = sr->plain;
+        int ok_shape = shape_eq(s, t->rank, t->shape);
+        if (t->is_a_log && !ok_shape) {
+            int64_t padded = t->stored_numel;
+            ok_shape = shape_eq(s, 1, &padded);
+        }
+        if (!ok_shape || !dtype_ok(t, s->dtype)) {
+            char exp_shape[96];
+            arl_st_shape_str(t->rank, t->shape, exp_shape, sizeof exp_shape);
+            if (t->is_a_log) {
+                size_t k = strlen(exp_shape);
+                snprintf(exp_shape + k, sizeof exp_shape - k, " or [%lld]",
+                         (long long)t->stored_numel);
+            }
+            plist_add(&bad, "%s (expected %s %s, got %s %s)", t->name,
+                      t->fp32_storage ? "F32" : "F32/BF16/F16", exp_shape, arl_dtype_name(s->dtype),
+                      arl_st_shape_str(s->rank, s->shape, s2, sizeof s2));
+        }
+    }
+    /* tensors of the checkpoint that the config does not have */
+    int64_t n = arl_st_dir_count(d);
+    for (int64_t j = 0; j < n; j++) {
+        const char *nm = arl_st_dir_tensor(d, j)->name;
+        if (arl_param_inventory_find(inv, nm) >= 0) continue;
+        int companion = 0;
+        const char *sfx[2] = {"weight_packed", "weight_scale"};
+        for (int q = 0; q < 2 && !companion; q++) {
+            if (!ends_with(nm, sfx[q])) continue;
+            size_t base = strlen(nm) - strlen(sfx[q]);
+            snprintf(name, sizeof name, "%.*sweight", (int)base, nm);
+            int64_t i = arl_param_inventory_find(inv, name);
+            companion = i >= 0 && inv->t[i].expert >= 0;
+        }
+        if (!companion) plist_add(&unexpected, "%s", nm);
+    }
+    if (!missing.count && !unexpected.count && !bad.count) return ARL_OK;
+    char msg[2000];
+    size_t pos = (size_t)snprintf(
+        msg, sizeof msg,
+        "%s: checkpoint does not match the config %s: %lld missing, %lld unexpected, %lld "
+        "mis-shaped tensor%s",
+        arl_st_dir_path(d), cfg->path[0] ? cfg->path : "(in memory)", (long long)missing.count,
+        (long long)unexpected.count, (long long)bad.count, bad.count == 1 ? "" : "s");
+    plist_format(&missing, "missing", msg, sizeof msg, &pos);
+    plist_format(&unexpected, "unexpected", msg, sizeof msg, &pos);
+    plist_format(&bad, "mis-shaped", msg, sizeof msg, &pos);
+    return arl_errorf(ARL_ERR_SHAPE, "%s", msg);
+}
+
+static arl_status verify_open(const char *dir, const arl_model_config *cfg,
+                              const arl_param_inventory *inv, arl_st_dir **d, src **srcs) {
+    *d = NULL;
+    *srcs = NULL;
+    ARL_TRY(check_config_file(dir, cfg));
+    ARL_TRY(arl_st_dir_open(dir, d));
+    *srcs = malloc((size_t)(inv->n ? inv->n : 1) * sizeof **srcs);
+    if (!*srcs) {
+        arl_st_dir_close(*d);
+        *d = NULL;
+        return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", dir);
+    }
+    arl_status s = plan(*d, cfg, inv, *srcs);
+    if (s) {
+        free(*srcs);
+        *srcs = NULL;
+        arl_st_dir_close(*d);
+        *d = NULL;
+    }
+    return s;
+}
+
+arl_status arl_checkpoint_verify(const char *dir, const arl_model_config *cfg) {
+    arl_param_inventory inv;
+    ARL_TRY(arl_param_inventory_build(cfg, &inv));
+    arl_st_dir *d;
+    src *srcs;
+    arl_status s = verify_open(dir, cfg, &inv, &d, &srcs);
+    free(srcs);
+    arl_st_dir_close(d);
+    arl_param_inventory_free(&inv);
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* load                                                                                  */
+
+/* E2M1 codes 0..15 (section 14.3) */
+static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static void decode_mxfp4(const uint8_t *packed, const uint8_t *scale, int64_t out, int64_t in,
+                         float *dst) {
+    for (int64_t o = 0; o < out; o++) {
+        const uint8_t *pr = packed + o * (in / 2);
+        const uint8_t *sr = scale + o * (in / 32);
+        for (int64_t c = 0; c < in; c++) {
+            uint8_t byte = pr[c / 2];
+            uint8_t code = (c & 1) ? (uint8_t)(byte >> 4) : (uint8_t)(byte & 15);
+            dst[o * in + c] = ldexpf(e2m1[code], (int)sr[c / 32] - 127);
+        }
+    }
+}
+
+static arl_status load_one(const arl_param_tensor *t, const src *sr, float *dst) {
+    if (sr->packed) {
+        int64_t out = t->shape[0], in = t->shape[1];
+        decode_mxfp4(arl_st_tensor_data(sr->packed), arl_st_tensor_data(sr->scale), out, in, dst);
+        return ARL_OK;
+    }
+    const arl_st_tensor *s = sr->plain;
+    if (t->is_a_log && s->numel != t->numel) {
+        float *tmp = malloc((size_t)s->numel * sizeof *tmp);
+        if (!tmp) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", t->name);
+        arl_status st = arl_st_tensor_read_f32(s, tmp, s->numel);
+        if (st == ARL_OK) {
+            for (int64_t i = t->numel; i < s->numel; i++)
+                if (tmp[i] != 0.0f) {
+                    st = arl_errorf(ARL_ERR_CORRUPT,
+                                    "%s: tensor '%s': padded entry %lld is %g; entries %lld..%lld "
+                                    "of the padded A_log must be 0",
+                                    arl_st_file_path(s->file), t->name, (long long)i,
+                                    (double)tmp[i], (long long)t->numel, (long long)(s->numel - 1));
+                    break;
+                }
+            if (st == ARL_OK) memcpy(dst, tmp, (size_t)t->numel * sizeof *dst);
+        }
+        free(tmp);
+        return st;
+    }
+    return arl_st_tensor_read_f32(s, dst, t->numel);
+}
+
+arl_status arl_checkpoint_load(const char *dir, const arl_model_config *cfg,
+                               arl_model_params *params) {
+    ARL_ASSERT(params && params->arena);
+    const arl_param_inventory *inv = &params->inv;
+    arl_st_dir *d;
+    src *srcs;
+    ARL_TRY(verify_open(dir, cfg, inv, &d, &srcs));
+    arl_status s = ARL_OK;
+    for (int64_t i = 0; i < inv->n && s == ARL_OK; i++) {
+        const arl_param_tensor *t = &inv->t[i];
+        float *dst = params->arena + t->offset;
+        s = load_one(t, &srcs[i], dst);
+        if (s) break;
+        for (int64_t j = 0; j < t->numel; j++)
+            if (!isfinite(dst[j])) {
+                s = arl_errorf(ARL_ERR_CORRUPT,
+                               "%s: tensor '%s': element %lld is %g (non-finite weights; the "
+                               "checkpoint is damaged)",
+                               dir, t->name, (long long)j, (double)dst[j]);
+                break;
+            }
+    }
+    free(srcs);
+    arl_st_dir_close(d);
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* save                                                                                  */
+
+static void remove_tree_flat(const char *dir) {
+    /* only used on our own temporary directory, which holds plain files */
+    DIR *dp = opendir(dir);
+    if (dp) {
+        struct dirent *e;
+        char p[1400];
+        while ((e = readdir(dp))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+        closedir(dp);
+    }
+    rmdir(dir);
+}
+
+static void fsync_parent(const char *path) {
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s", path);
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        dir[--n] = 0;
+    char *slash = strrchr(dir, '/');
+    if (slash == dir)
+        dir[1] = 0;
+    else if (slash)
+        *slash = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+static arl_status write_into(const char *target, const arl_model_config *cfg,
+                             const arl_model_params *p, uint64_t shard_bytes) {
+    const arl_param_inventory *inv = &p->inv;
+    /* padded A_log copies, alive until the writer has closed */
+    int64_t n_alog = 0, alog_len = cfg->dims.a_log_padded;
+    for (int64_t i = 0; i < inv->n; i++)
+        n_alog += inv->t[i].is_a_log;
+    float *alog = calloc((size_t)(n_alog ? n_alog : 1) * (size_t)alog_len, sizeof *alog);
+    if (!alog) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", target);
+    arl_st_dir_writer *w;
+    arl_status s = arl_st_dir_writer_open(target, shard_bytes, &w);
+    if (s) {
+        free(alog);
+        return s;
+    }
+    char hex[ARL_SHA256_HEX_CHARS];
+    arl_model_config_hash_hex(cfg, hex);
+    s = arl_st_dir_writer_set_metadata(w, "format", "pt");
+    if (!s) s = arl_st_dir_writer_set_metadata(w, "agentrl_config_sha256", hex);
+    const int bf16 = arl_model_config_stores_bf16(cfg);
+    int64_t k = 0;
+    for (int64_t i = 0; i < inv->n && !s; i++) {
+        const arl_param_tensor *t = &inv->t[i];
+        const float *src = p->arena + t->offset;
+        arl_dtype dt = t->fp32_storage || !bf16 ? ARL_DTYPE_F32 : ARL_DTYPE_BF16;
+        if (t->is_a_log) {
+            float *buf = alog + k++ * alog_len;
+            memcpy(buf, src, (size_t)t->numel * sizeof *buf);
+            s = arl_st_dir_writer_add_f32(w, t->name, dt, 1, &t->stored_numel, buf);
+        } else {
+            s = arl_st_dir_writer_add_f32(w, t->name, dt, t->rank, t->shape, src);
+        }
+    }
+    if (s)
+        arl_st_dir_writer_abort(w);
+    else
+        s = arl_st_dir_writer_close(w);
+    free(alog);
+    if (s) return s;
+    char cpath[1200];
+    snprintf(cpath, sizeof cpath, "%s/config.json", target);
+    return arl_model_config_write(cfg, cpath);
+}
+
+arl_status arl_checkpoint_save(const char *dir, const arl_model_config *cfg,
+                               const arl_model_params *params, uint64_t shard_bytes) {
+    ARL_ASSERT(params && params->arena);
+    struct stat st;
+    if (stat(dir, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return arl_errorf(ARL_ERR_IO, "%s: exists and is not a directory", dir);
+        return write_into(dir, cfg, params, shard_bytes);
+    }
+    if (errno != ENOENT) return arl_errorf(ARL_ERR_IO, "%s: cannot stat: %s", dir, strerror(errno));
+    char tmp[1200];
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    snprintf(tmp, sizeof tmp, "%.*s.tmp-XXXXXX", (int)n, dir);
+    if (!mkdtemp(tmp))
+        return arl_errorf(ARL_ERR_IO, "%s: cannot create a temporary directory %s: %s", dir, tmp,
+                          strerror(errno));
+    chmod(tmp, 0755);
+    arl_status s = write_into(tmp, cfg, params, shard_bytes);
+    if (!s && rename(tmp, dir) != 0)
+        s = arl_errorf(ARL_ERR_IO, "%s: cannot rename the finished checkpoint from %s: %s", dir,
+                       tmp, strerror(errno));
+    if (s) {
+        remove_tree_flat(tmp);
+        return s;
+    }
+    fsync_parent(dir);
+    return ARL_OK;
+}

@@ -1,0 +1,53 @@
+/* policy/checkpoint.h: model checkpoints -- a directory with config.json and the parameters
+ * as safetensors (one model.safetensors, or model-0000i-of-0000N.safetensors shards with
+ * model.safetensors.index.json), spec/policy.md section 14.
+ *
+ * What this is: the mapping between arl_model_params and checkpoint keys, with full
+ * checking on load (every expected tensor's name, dtype and shape; all problems reported in
+ * one message), dtype conversion, A_log padding, and the K3 release's MXFP4 experts.
+ * What this is not: the container format (policy/safetensors.h) or train state (optimizer
+ * moments, RNG, data cursor live beside the checkpoint, written by learner/).
+ *
+ * Storage dtypes on save: every tensor F32 when the config's text_config.dtype is
+ * "float32" (development configs); with "bfloat16", BF16 except the fp32 class of section
+ * 1.4 (A_log, dt_bias, conv weights, o_norm, e_score_correction_bias), which stay F32.
+ * A_log is always written zero-padded to ceil(H/128)*128 entries.
+ *
+ * Accepted on load: fp32-class tensors F32 only; every other tensor F32, BF16 or F16
+ * (converted to fp32 exactly); A_log shaped [H] or [ceil(H/128)*128] (padded entries must
+ * be 0); a routed expert's w1/w2/w3 either as ".weight" or as the release form
+ * ".weight_packed" (U8, [out, in/2]) + ".weight_scale" (U8, [out, in/32]) decoded per
+ * section 14.3.  Any non-finite value is an error naming the tensor.
+ */
+#ifndef ARL_POLICY_CHECKPOINT_H
+#define ARL_POLICY_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "policy/config.h"
+#include "policy/params.h"
+
+/* At most this many names are listed per kind of problem in a load error ("and N more"). */
+#define ARL_CHECKPOINT_MAX_LISTED 5
+
+/* Check the tensors of the checkpoint at `dir` (a directory, or one .safetensors file)
+ * against cfg without reading their data: names, dtypes and shapes.  Every missing,
+ * unexpected and mis-shaped tensor is reported at once in one ARL_ERR_SHAPE message.
+ * If dir holds a config.json whose config hash differs from cfg's, ARL_ERR_CONFIG. */
+arl_status arl_checkpoint_verify(const char *dir, const arl_model_config *cfg);
+
+/* arl_checkpoint_verify, then read every tensor into params (which must have been
+ * allocated for cfg: arl_model_params_alloc).  On failure params may be partly written. */
+arl_status arl_checkpoint_load(const char *dir, const arl_model_config *cfg,
+                               arl_model_params *params);
+
+/* Write config.json and the parameters into dir.  shard_bytes: maximum data bytes per
+ * safetensors shard; 0 (or a checkpoint that fits) writes one model.safetensors.  A dir
+ * that does not exist is written as a temporary sibling and renamed into place at the end;
+ * in an existing dir each file is replaced atomically (temp file, fsync, rename) and
+ * config.json is written last. */
+arl_status arl_checkpoint_save(const char *dir, const arl_model_config *cfg,
+                               const arl_model_params *params, uint64_t shard_bytes);
+
+#endif
