@@ -1,0 +1,61 @@
+/* kernels/cpu/backend.c: the CPU backend's table (kernels/backend.h) - the arl_k_* functions. */
+#include "kernels/backend.h"
+
+#include "kernels/kernels.h"
+
+static const arl_k_backend cpu_backend = {
+    .name = "cpu",
+    .gemm = arl_k_gemm,
+    .gemm_batched = arl_k_gemm_batched,
+    .linear_fwd = arl_k_linear_fwd,
+    .linear_bwd_x = arl_k_linear_bwd_x,
+    .linear_bwd_w = arl_k_linear_bwd_w,
+    .rmsnorm_fwd = arl_k_rmsnorm_fwd,
+    .rmsnorm_bwd = arl_k_rmsnorm_bwd,
+    .l2norm_fwd = arl_k_l2norm_fwd,
+    .l2norm_bwd = arl_k_l2norm_bwd,
+    .softmax_fwd = arl_k_softmax_fwd,
+    .softmax_bwd = arl_k_softmax_bwd,
+    .logsoftmax_fwd = arl_k_logsoftmax_fwd,
+    .logsoftmax_bwd = arl_k_logsoftmax_bwd,
+    .logprob_fwd = arl_k_logprob_fwd,
+    .logprob_bwd = arl_k_logprob_bwd,
+    .sigmoid_fwd = arl_k_sigmoid_fwd,
+    .silu_fwd = arl_k_silu_fwd,
+    .tanh_fwd = arl_k_tanh_fwd,
+    .softplus_fwd = arl_k_softplus_fwd,
+    .gelu_tanh_fwd = arl_k_gelu_tanh_fwd,
+    .gelu_erf_fwd = arl_k_gelu_erf_fwd,
+    .situ_phi_fwd = arl_k_situ_phi_fwd,
+    .sigmoid_bwd = arl_k_sigmoid_bwd,
+    .silu_bwd = arl_k_silu_bwd,
+    .tanh_bwd = arl_k_tanh_bwd,
+    .softplus_bwd = arl_k_softplus_bwd,
+    .gelu_tanh_bwd = arl_k_gelu_tanh_bwd,
+    .gelu_erf_bwd = arl_k_gelu_erf_bwd,
+    .situ_phi_bwd = arl_k_situ_phi_bwd,
+    .swiglu_fwd = arl_k_swiglu_fwd,
+    .swiglu_bwd = arl_k_swiglu_bwd,
+    .situ_glu_fwd = arl_k_situ_glu_fwd,
+    .situ_glu_bwd = arl_k_situ_glu_bwd,
+    .fill = arl_k_fill,
+    .copy = arl_k_copy,
+    .add = arl_k_add,
+    .mul = arl_k_mul,
+    .mul_acc = arl_k_mul_acc,
+    .scale = arl_k_scale,
+    .axpy = arl_k_axpy,
+    .scale_rows = arl_k_scale_rows,
+    .sum = arl_k_sum,
+    .sumsq = arl_k_sumsq,
+    .max = arl_k_max,
+    .sum_rows = arl_k_sum_rows,
+    .sum_cols = arl_k_sum_cols,
+    .dot_rows = arl_k_dot_rows,
+    .argmax_rows = arl_k_argmax_rows,
+    .topk_rows = arl_k_topk_rows,
+};
+
+const arl_k_backend *arl_k_backend_cpu(void) {
+    return &cpu_backend;
+}

@@ -1,0 +1,144 @@
+/* kernels/cpu/gemm.c: GEMM and Linear maps of kernels/gemm.h over OpenBLAS cblas_sgemm, split
+ * across the pool threads along the larger output dimension. */
+#include "kernels/gemm.h"
+
+#include <cblas.h>
+#include <limits.h>
+
+#include "core/assert.h"
+#include "kernels/threadpool.h"
+
+typedef struct gemm_args {
+    arl_k_trans ta, tb;
+    int64_t M, N, K;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int64_t lda, ldb, ldc;
+    int split_m; /* 1: blocks of rows of C; 0: blocks of columns */
+    int64_t dim; /* M or N, the dimension that is split */
+    int64_t parts;
+} gemm_args;
+
+/* One OpenBLAS call on the calling thread. */
+static void sgemm_call(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                       float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta == ARL_K_TRANS ? CblasTrans : CblasNoTrans,
+                tb == ARL_K_TRANS ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A,
+                (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* Edge i of the split (0 <= i <= parts), on a multiple of 16 except the last. */
+static int64_t block_edge(const gemm_args *g, int64_t i) {
+    if (i >= g->parts) return g->dim;
+    return (g->dim * i / g->parts) & ~(int64_t)15;
+}
+
+static void gemm_blocks(void *vctx, int64_t begin, int64_t end) {
+    const gemm_args *g = vctx;
+    for (int64_t i = begin; i < end; i++) {
+        int64_t b = block_edge(g, i), e = block_edge(g, i + 1);
+        if (b >= e) continue;
+        if (g->split_m) {
+            /* rows b..e of op(A) and of C */
+            const float *A = g->ta == ARL_K_NOTRANS ? g->A + b * g->lda : g->A + b;
+            sgemm_call(g->ta, g->tb, e - b, g->N, g->K, g->alpha, A, g->lda, g->B, g->ldb, g->beta,
+                       g->C + b * g->ldc, g->ldc);
+        } else {
+            /* columns b..e of op(B) and of C */
+            const float *B = g->tb == ARL_K_NOTRANS ? g->B + b : g->B + b * g->ldb;
+            sgemm_call(g->ta, g->tb, g->M, e - b, g->K, g->alpha, g->A, g->lda, B, g->ldb, g->beta,
+                       g->C + b, g->ldc);
+        }
+    }
+}
+
+static void check_args(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K, int64_t lda,
+                       int64_t ldb, int64_t ldc) {
+    ARL_ASSERT(M >= 0 && N >= 0 && K >= 0);
+    ARL_ASSERT(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX);
+    ARL_ASSERT(lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
+    int64_t acols = ta == ARL_K_NOTRANS ? K : M;
+    int64_t bcols = tb == ARL_K_NOTRANS ? N : K;
+    ARL_ASSERT(lda >= 1 && lda >= acols);
+    ARL_ASSERT(ldb >= 1 && ldb >= bcols);
+    ARL_ASSERT(ldc >= 1 && ldc >= N);
+}
+
+/* C = beta * C for K == 0 (BLAS semantics: beta == 0 writes zeros without reading C). */
+static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++)
+            C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+}
+
+void arl_k_gemm(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K, float alpha,
+                const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                int64_t ldc) {
+    check_args(ta, tb, M, N, K, lda, ldb, ldc);
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    int threads = arl_k_threads();
+    if (threads <= 1 || (double)M * (double)N * (double)K < (double)ARL_K_GEMM_SPLIT_MNK) {
+        sgemm_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    gemm_args g = {ta, tb, M,   N,   K,   alpha,  beta,           A,
+                   B,  C,  lda, ldb, ldc, M >= N, M >= N ? M : N, threads};
+    arl_k_parallel_for(threads, 1, gemm_blocks, &g);
+}
+
+typedef struct batched_args {
+    arl_k_trans ta, tb;
+    int64_t M, N, K;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int64_t lda, ldb, ldc, sA, sB, sC;
+} batched_args;
+
+static void gemm_batch_items(void *vctx, int64_t begin, int64_t end) {
+    const batched_args *g = vctx;
+    for (int64_t b = begin; b < end; b++)
+        sgemm_call(g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A + b * g->sA, g->lda,
+                   g->B + b * g->sB, g->ldb, g->beta, g->C + b * g->sC, g->ldc);
+}
+
+void arl_k_gemm_batched(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K,
+                        float alpha, const float *A, int64_t lda, int64_t sA, const float *B,
+                        int64_t ldb, int64_t sB, float beta, float *C, int64_t ldc, int64_t sC,
+                        int64_t batch) {
+    check_args(ta, tb, M, N, K, lda, ldb, ldc);
+    ARL_ASSERT(batch >= 0 && sA >= 0 && sB >= 0 && sC >= 0);
+    if (batch == 0 || M == 0 || N == 0) return;
+    if (K == 0 || batch < arl_k_threads()) {
+        for (int64_t b = 0; b < batch; b++)
+            arl_k_gemm(ta, tb, M, N, K, alpha, A + b * sA, lda, B + b * sB, ldb, beta, C + b * sC,
+                       ldc);
+        return;
+    }
+    batched_args g = {ta, tb, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, sA, sB, sC};
+    arl_k_parallel_for(batch, 1, gemm_batch_items, &g);
+}
+
+void arl_k_linear_fwd(float *y, const float *x, const float *W, int64_t T, int64_t in,
+                      int64_t out) {
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, out, in, 1.0f, x, in > 0 ? in : 1, W, in > 0 ? in : 1,
+               0.0f, y, out > 0 ? out : 1);
+}
+
+void arl_k_linear_bwd_x(float *dx, const float *dy, const float *W, int64_t T, int64_t in,
+                        int64_t out) {
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, out, 1.0f, dy, out > 0 ? out : 1, W,
+               in > 0 ? in : 1, 1.0f, dx, in > 0 ? in : 1);
+}
+
+void arl_k_linear_bwd_w(float *dW, const float *dy, const float *x, int64_t T, int64_t in,
+                        int64_t out) {
+    arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, out, in, T, 1.0f, dy, out > 0 ? out : 1, x,
+               in > 0 ? in : 1, 1.0f, dW, in > 0 ? in : 1);
+}

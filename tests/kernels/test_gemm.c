@@ -1,0 +1,235 @@
+/* GEMM and Linear maps against a naive float64 triple loop, for every transpose combination,
+ * alpha/beta, padded leading dimensions, awkward sizes, the split (multi-thread) path, the
+ * batched form, and run-to-run determinism.
+ *
+ * Tolerance (elementwise, per element of C): the standard fp32 dot-product bound
+ *     |c - ref| <= (K + 2) * 2^-24 * (|alpha| sum_k |a_ik||b_kj| + |beta||c0_ij|) + 1e-30
+ * i.e. one rounding per multiply-add along K plus the alpha/beta scaling.  It holds for any
+ * summation order, so it does not depend on how OpenBLAS blocks K. */
+#include "kernels/gemm.h"
+#include "tests/kernels/kref.h"
+
+#define U32 (1.0 / 16777216.0) /* 2^-24, unit roundoff of fp32 */
+
+static float get(const float *X, int64_t ld, arl_k_trans t, int64_t i, int64_t j) {
+    return t == ARL_K_NOTRANS ? X[i * ld + j] : X[j * ld + i];
+}
+
+/* Check C against alpha op(A) op(B) + beta C0 computed in double, with the bound above. */
+static int check_gemm(const char *what, arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N,
+                      int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+                      int64_t ldb, float beta, const float *C0, const float *C, int64_t ldc) {
+    int ok = 1;
+    for (int64_t i = 0; i < M && ok; i++) {
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0, sabs = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)get(A, lda, ta, i, k) * get(B, ldb, tb, k, j);
+                s += p;
+                sabs += fabs(p);
+            }
+            double c0 = beta == 0.0f ? 0.0 : (double)C0[i * ldc + j];
+            double ref = alpha * s + beta * c0;
+            double bound = (K + 2) * U32 * (fabs(alpha) * sabs + fabs(beta) * fabs(c0)) + 1e-30;
+            double got = C[i * ldc + j];
+            if (!(fabs(got - ref) <= bound)) {
+                fprintf(stderr,
+                        "%s: M %lld N %lld K %lld C[%lld,%lld] = %.9g ref %.9g bound %.3g\n", what,
+                        (long long)M, (long long)N, (long long)K, (long long)i, (long long)j, got,
+                        ref, bound);
+                ok = 0;
+                break;
+            }
+        }
+    }
+    if (!ok) test_failures_++;
+    return ok;
+}
+
+/* Padding of each leading dimension beyond the row length, so ld != cols is exercised. */
+#define PAD 3
+
+static void run_case(arl_rng *r, arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K,
+                     float alpha, float beta) {
+    int64_t arows = ta == ARL_K_NOTRANS ? M : K, acols = ta == ARL_K_NOTRANS ? K : M;
+    int64_t brows = tb == ARL_K_NOTRANS ? K : N, bcols = tb == ARL_K_NOTRANS ? N : K;
+    int64_t lda = acols + PAD, ldb = bcols + PAD, ldc = N + PAD;
+    float *A = kt_floats(arows * lda), *B = kt_floats(brows * ldb);
+    float *C0 = kt_floats(M * ldc), *C = kt_floats(M * ldc);
+    kt_normal(r, A, arows * lda, 0, 1);
+    kt_normal(r, B, brows * ldb, 0, 1);
+    kt_normal(r, C0, M * ldc, 0, 1);
+    if (beta == 0.0f)
+        for (int64_t i = 0; i < M * ldc; i++)
+            C0[i] = NAN; /* beta == 0: C must not be read */
+    memcpy(C, C0, (size_t)(M * ldc) * sizeof *C);
+    arl_k_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    char what[96];
+    snprintf(what, sizeof what, "gemm ta %d tb %d alpha %g beta %g threads %d", ta, tb, alpha, beta,
+             arl_k_threads());
+    check_gemm(what, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, C, ldc);
+    /* padding columns of C are untouched */
+    int pad_ok = 1;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = N; j < ldc; j++)
+            pad_ok &= kt_same_bits(&C[i * ldc + j], &C0[i * ldc + j], sizeof(float));
+    CHECK_MSG(pad_ok, "%s: wrote into the padding of C", what);
+    free(A), free(B), free(C0), free(C);
+}
+
+static void test_gemm_small_awkward(void) {
+    arl_rng r;
+    arl_rng_seed(&r, 1);
+    static const int64_t sizes[] = {1, 3, 17, 33};
+    for (int tc = 0; tc < KT_N_THREAD_COUNTS; tc++) {
+        kt_threads(kt_thread_counts[tc]);
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int mi = 0; mi < 4; mi++)
+                    for (int ni = 0; ni < 4; ni++)
+                        for (int ki = 0; ki < 4; ki++)
+                            run_case(&r, (arl_k_trans)ta, (arl_k_trans)tb, sizes[mi], sizes[ni],
+                                     sizes[ki], ki % 2 ? 1.0f : -0.5f, ni % 2 ? 0.0f : 0.75f);
+    }
+}
+
+/* Shapes above ARL_K_GEMM_SPLIT_MNK: the split path, cut along M (tall) and along N (wide),
+ * with block edges that do not fall on multiples of 16. */
+static void test_gemm_split(void) {
+    arl_rng r;
+    arl_rng_seed(&r, 2);
+    for (int tc = 0; tc < KT_N_THREAD_COUNTS; tc++) {
+        kt_threads(kt_thread_counts[tc]);
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                run_case(&r, (arl_k_trans)ta, (arl_k_trans)tb, 131, 67, 129, 1.0f, 0.0f);
+                run_case(&r, (arl_k_trans)ta, (arl_k_trans)tb, 45, 211, 113, 0.5f, 1.0f);
+            }
+    }
+}
+
+static void test_gemm_degenerate(void) {
+    kt_threads(2);
+    float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {7}, B[1] = {8};
+    /* K == 0: C = beta C */
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, 2, 3, 0, 1.0f, A, 1, B, 3, 2.0f, C, 3);
+    CHECK(C[0] == 2 && C[5] == 12);
+    /* K == 0, beta == 0: zeros even over NaN */
+    C[1] = NAN;
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, 2, 3, 0, 1.0f, A, 1, B, 3, 0.0f, C, 3);
+    int zero = 1;
+    for (int i = 0; i < 6; i++)
+        zero &= C[i] == 0.0f;
+    CHECK(zero);
+    /* M == 0 or N == 0: nothing is touched */
+    C[0] = 9;
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, 0, 3, 1, 1.0f, A, 1, B, 3, 0.0f, C, 3);
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, 2, 0, 1, 1.0f, A, 1, B, 1, 0.0f, C, 1);
+    CHECK(C[0] == 9);
+}
+
+static void test_gemm_batched(void) {
+    arl_rng r;
+    arl_rng_seed(&r, 3);
+    const int64_t M = 7, N = 5, K = 9, batch = 5;
+    const int64_t sA = M * K + 2, sB = K * N + 1, sC = M * N + 4;
+    float *A = kt_floats(batch * sA), *B = kt_floats(batch * sB);
+    float *C0 = kt_floats(batch * sC), *C = kt_floats(batch * sC);
+    kt_normal(&r, A, batch * sA, 0, 1);
+    kt_normal(&r, B, batch * sB, 0, 1);
+    kt_normal(&r, C0, batch * sC, 0, 1);
+    for (int tc = 0; tc < KT_N_THREAD_COUNTS; tc++) {
+        kt_threads(kt_thread_counts[tc]);
+        for (int shared_b = 0; shared_b < 2; shared_b++) {
+            int64_t sb = shared_b ? 0 : sB; /* sB == 0: one B for every product */
+            memcpy(C, C0, (size_t)(batch * sC) * sizeof *C);
+            arl_k_gemm_batched(ARL_K_NOTRANS, ARL_K_TRANS, M, N, K, 1.5f, A, K, sA, B, K, sb, 0.5f,
+                               C, N, sC, batch);
+            for (int64_t b = 0; b < batch; b++)
+                check_gemm("gemm_batched", ARL_K_NOTRANS, ARL_K_TRANS, M, N, K, 1.5f, A + b * sA, K,
+                           B + b * sb, K, 0.5f, C0 + b * sC, C + b * sC, N);
+            /* gaps between the C blocks are untouched */
+            int gaps_ok = 1;
+            for (int64_t b = 0; b < batch; b++)
+                gaps_ok &= kt_same_bits(C + b * sC + M * N, C0 + b * sC + M * N, 4 * sizeof(float));
+            CHECK(gaps_ok);
+        }
+        arl_k_gemm_batched(ARL_K_NOTRANS, ARL_K_NOTRANS, M, N, K, 1, A, K, sA, B, N, sB, 0, C, N,
+                           sC, 0); /* batch 0: no-op */
+        /* batch 1 and 2 (fewer products than threads: one arl_k_gemm per product) */
+        for (int64_t nb = 1; nb <= 2; nb++) {
+            memcpy(C, C0, (size_t)(batch * sC) * sizeof *C);
+            arl_k_gemm_batched(ARL_K_TRANS, ARL_K_NOTRANS, M, N, K, -1.0f, A, M, sA, B, N, sB, 1.0f,
+                               C, N, sC, nb);
+            for (int64_t b = 0; b < nb; b++)
+                check_gemm("gemm_batched small", ARL_K_TRANS, ARL_K_NOTRANS, M, N, K, -1.0f,
+                           A + b * sA, M, B + b * sB, N, 1.0f, C0 + b * sC, C + b * sC, N);
+            CHECK(kt_same_bits(C + nb * sC, C0 + nb * sC, (size_t)((batch - nb) * sC) * 4));
+        }
+    }
+    free(A), free(B), free(C0), free(C);
+}
+
+/* Linear maps: y = x W^T, dx += dy W, dW += dy^T x, with T = 0 and T = 1 included. */
+static void test_linear(void) {
+    arl_rng r;
+    arl_rng_seed(&r, 4);
+    static const int64_t Ts[] = {0, 1, 5, 130};
+    const int64_t in = 19, out = 11;
+    float *W = kt_floats(out * in), *dW0 = kt_floats(out * in), *dW = kt_floats(out * in);
+    kt_normal(&r, W, out * in, 0, 0.3);
+    kt_normal(&r, dW0, out * in, 0, 1);
+    for (int ti = 0; ti < 4; ti++) {
+        int64_t T = Ts[ti];
+        float *x = kt_floats(T * in), *y = kt_floats(T * out), *dy = kt_floats(T * out);
+        float *dx0 = kt_floats(T * in), *dx = kt_floats(T * in);
+        kt_normal(&r, x, T * in, 0, 1);
+        kt_normal(&r, dy, T * out, 0, 1);
+        kt_normal(&r, dx0, T * in, 0, 1);
+        arl_k_linear_fwd(y, x, W, T, in, out);
+        check_gemm("linear_fwd", ARL_K_NOTRANS, ARL_K_TRANS, T, out, in, 1, x, in, W, in, 0, NULL,
+                   y, out);
+        memcpy(dx, dx0, (size_t)(T * in) * sizeof *dx);
+        arl_k_linear_bwd_x(dx, dy, W, T, in, out);
+        check_gemm("linear_bwd_x", ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, out, 1, dy, out, W, in, 1,
+                   dx0, dx, in);
+        memcpy(dW, dW0, (size_t)(out * in) * sizeof *dW);
+        arl_k_linear_bwd_w(dW, dy, x, T, in, out);
+        check_gemm("linear_bwd_w", ARL_K_TRANS, ARL_K_NOTRANS, out, in, T, 1, dy, out, x, in, 1,
+                   dW0, dW, in);
+        if (T == 0) CHECK(kt_same_bits(dW, dW0, (size_t)(out * in) * sizeof *dW));
+        free(x), free(y), free(dy), free(dx0), free(dx);
+    }
+    free(W), free(dW0), free(dW);
+}
+
+/* Same inputs, same thread count: identical bits, on the split path too. */
+static void test_gemm_run_to_run(void) {
+    arl_rng r;
+    arl_rng_seed(&r, 5);
+    const int64_t M = 150, N = 97, K = 300;
+    float *A = kt_floats(M * K), *B = kt_floats(N * K), *C1 = kt_floats(M * N),
+          *C2 = kt_floats(M * N);
+    kt_normal(&r, A, M * K, 0, 1);
+    kt_normal(&r, B, N * K, 0, 1);
+    for (int tc = 0; tc < KT_N_THREAD_COUNTS; tc++) {
+        kt_threads(kt_thread_counts[tc]);
+        arl_k_linear_fwd(C1, A, B, M, K, N);
+        for (int rep = 0; rep < 3; rep++) {
+            arl_k_linear_fwd(C2, A, B, M, K, N);
+            CHECK(kt_same_bits(C1, C2, (size_t)(M * N) * sizeof *C1));
+        }
+    }
+    free(A), free(B), free(C1), free(C2);
+}
+
+int main(void) {
+    TEST_RUN(test_gemm_small_awkward);
+    TEST_RUN(test_gemm_split);
+    TEST_RUN(test_gemm_degenerate);
+    TEST_RUN(test_gemm_batched);
+    TEST_RUN(test_linear);
+    TEST_RUN(test_gemm_run_to_run);
+    arl_k_threads_free();
+    return test_finish();
+}
