@@ -162,7 +162,7 @@ static void openblas_check_core(void) {
     if (!core || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
     for (size_t i = 0; i < sizeof generic / sizeof *generic; i++) {
         if (strcasecmp(core, generic[i]) == 0) {
-            arl_log_warn("kernels: OpenBLAS does not recognise this CPU and uses its generic "
+            arl_log_debug("kernels: OpenBLAS does not recognise this CPU and uses its generic "
                          "'%s' kernels (GEMMs several times slower); set "
                          "OPENBLAS_CORETYPE=%s in the environment to use its AVX kernels",
                          core, __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
