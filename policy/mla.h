@@ -1,0 +1,82 @@
+/* policy/mla.h: gated NoPE Multi-head Latent Attention on the CPU (fp32), spec/policy.md
+ * section 4: the attention core after the projections.
+ *
+ * What this is: (1) the expanded ("naive") attention of 4.1 over a packed batch with causal
+ * and document masks, forward and backward (4.3); (2) the absorbed form of 4.2 over the
+ * latent cache rows [c; k_pe] - the decode path, also usable for prefill - with the optional
+ * block-sparse chunk selection of 4.5; (3) the two per-head maps between them (q_hat =
+ * W_UK^T q_nope and o = W_UV o_hat).
+ * What this is not: the projections, their RMSNorms and the output gate (kernels/gemm.h,
+ * kernels/norm.h, kernels/activation.h compose them; see tests/golden/test_mla.c), the cache
+ * storage or its export (section 4.4).
+ *
+ * Symbols: T tokens, N documents, Hm heads, n = qk_nope_head_dim, r = qk_rope_head_dim,
+ * vm = v_head_dim, rkv = kv_lora_rank; scale = (n + r)^-1/2 (no rotation: NoPE).
+ * Layouts (row-major, token-major, head-major):
+ *   q_nope, k_nope (T, Hm, n)   q_pe (T, Hm, r)   k_pe (T, r) shared by the heads
+ *   v, o (T, Hm, vm)            lse (T, Hm) log-sum-exp of each softmax row (for backward)
+ *   qhat, ohat (T, Hm, rkv)     kv_b (Hm*(n+vm), rkv) = kv_b_proj.weight: head h's rows
+ *                               [h(n+vm), h(n+vm)+n) are W_UK^h, the next vm rows W_UV^h
+ *   cache (S, rkv + r)          latent rows [c_s; k_pe,s] of one sequence, s = 0..S-1
+ *   cu (N + 1) int32            document boundaries; NULL means one document [0, T)
+ * Softmax in fp32 with the row maximum subtracted.  Forward outputs are overwritten;
+ * backward gradients are ACCUMULATED (+=).  Work buffers come from the caller (sizes from
+ * the *_ws_floats functions) and nothing here allocates.  Every pointer is borrowed for the
+ * duration of the call only; outputs must not alias inputs.  Heads run in parallel on the
+ * kernels' pool; results are bit-identical for any thread count (GEMMs: for a fixed count).
+ */
+#ifndef ARL_POLICY_MLA_H
+#define ARL_POLICY_MLA_H
+
+#include <stdint.h>
+
+/* ---- expanded attention (4.1, 4.3) ---- */
+
+/* Floats of work buffer for arl_mla_attn_fwd / _bwd over T tokens and Hm heads. */
+int64_t arl_mla_attn_ws_floats(int64_t T, int64_t Hm, int64_t r);
+
+/* o (T, Hm, vm) and lse (T, Hm) (lse may be NULL when no backward follows): for every head,
+ * query t attends to the keys s <= t of its own document. */
+void arl_mla_attn_fwd(float *o, float *lse, const float *q_nope, const float *q_pe,
+                      const float *k_nope, const float *k_pe, const float *v, const int32_t *cu,
+                      int32_t N, int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm,
+                      float scale, float *ws);
+
+/* Spec 4.3 with the forward's o and lse: dq_nope, dk_nope (T, Hm, n), dq_pe (T, Hm, r),
+ * dk_pe (T, r) (summed over heads), dv (T, Hm, vm), all +=; d_o (T, Hm, vm). */
+void arl_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe, float *dv,
+                      const float *d_o, const float *o, const float *lse, const float *q_nope,
+                      const float *q_pe, const float *k_nope, const float *k_pe, const float *v,
+                      const int32_t *cu, int32_t N, int64_t T, int64_t Hm, int64_t n, int64_t r,
+                      int64_t vm, float scale, float *ws);
+
+/* ---- absorbed form (4.2) and block-sparse selection (4.5) ---- */
+
+/* qhat (T, Hm, rkv) = W_UK^h^T q_nope[t, h] for every token and head. */
+void arl_mla_absorb_q(float *qhat, const float *q_nope, const float *kv_b, int64_t T, int64_t Hm,
+                      int64_t n, int64_t vm, int64_t rkv);
+
+/* o (T, Hm, vm) = W_UV^h ohat[t, h]. */
+void arl_mla_expand_o(float *o, const float *ohat, const float *kv_b, int64_t T, int64_t Hm,
+                      int64_t n, int64_t vm, int64_t rkv);
+
+/* Floats of work buffer for arl_mla_absorbed_attn with at most S cache rows. */
+int64_t arl_mla_absorbed_ws_floats(int64_t S, int64_t rkv, int64_t r, int64_t n_c);
+
+/* Absorbed attention of Tq query tokens of one sequence at positions pos0 .. pos0+Tq-1
+ * (positions since the sequence's last fresh start); cache holds rows 0 .. pos0+Tq-1 (the
+ * queries' own rows included).  Query i attends to rows s <= pos0 + i:
+ *   ohat[i, h] = sum_s softmax_s(scale ([qhat; q_pe] . cache_s)) c_s.
+ * Block-sparse (k_c > 0, chunk length n_c >= 1): only rows of the chunks in
+ * Sel = {k_c complete earlier chunks with the largest [qhat; q_pe] . mean(chunk rows), ties to
+ * the lower chunk} U {the query's own chunk}; k_c = 0 is dense (n_c then unused, may be 0).
+ * sel (Tq, Hm, sel_stride) uint8 receives 1 for each chunk in Sel, 0 otherwise (chunks up to
+ * the query's own), unless NULL; sel_stride >= number of chunks covering pos0+Tq rows.
+ * qhat (Tq, Hm, rkv), q_pe (Tq, Hm, r), ohat (Tq, Hm, rkv).  Forward only: selection carries
+ * no gradient and training uses the expanded form. */
+void arl_mla_absorbed_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const float *qhat,
+                           const float *q_pe, const float *cache, int64_t pos0, int64_t Tq,
+                           int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                           int64_t k_c, float *ws);
+
+#endif
