@@ -717,6 +717,8 @@ def kda_layer_weights(rnd, d, H, dk, W, softplus_gate=False, std=None):
 
 KDA_KEYS = ["q_proj", "k_proj", "v_proj", "q_conv", "k_conv", "v_conv", "f_a", "f_b", "dt_bias",
             "A_log", "b_proj", "g_proj", "o_norm", "o_proj"]
+# checkpoint key stems of spec 14.2 where they differ from the short names above
+KDA_CKPT = {"f_a": "f_a_proj", "f_b": "f_b_proj"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1404,7 +1406,7 @@ def tiny_weights(rnd, dm, vc):
                 elif key == "dt_bias":
                     w[pre + "self_attn.dt_bias"] = t
                 else:
-                    w[pre + "self_attn." + key + ".weight"] = t
+                    w[pre + "self_attn." + KDA_CKPT.get(key, key) + ".weight"] = t
         if l < dm["first_dense"]:
             w[pre + "mlp.gate_proj.weight"] = rnd.normal(dm["fd"], d, std=d ** -0.5)
             w[pre + "mlp.up_proj.weight"] = rnd.normal(dm["fd"], d, std=d ** -0.5)
@@ -1448,7 +1450,7 @@ def tiny_layer_params(w, dm, l):
         elif key == "dt_bias":
             p[key] = w[pre + "dt_bias"]
         else:
-            p[key] = w[pre + key + ".weight"]
+            p[key] = w[pre + KDA_CKPT.get(key, key) + ".weight"]
     return p
 
 

@@ -1,0 +1,224 @@
+/* cli/cmd_generate.c: `agentrl generate`: sample a continuation of a prompt under a checkpoint.
+ *
+ * The prompt (and an optional PNG/PPM image) becomes one user message rendered with the chat
+ * template plus the generation prompt (docs/chat_template.md); the prompt is prefilled into a
+ * decode state (policy/model.h), then tokens are drawn one at a time (policy/sample.h) until
+ * <|end_of_msg|> or --max-tokens.  The decoded text of the drawn tokens (without the stop
+ * token; special tokens by name) goes to stdout; a summary line goes to stderr.
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "kernels/threadpool.h"
+#include "policy/chat.h"
+#include "policy/checkpoint.h"
+#include "policy/image.h"
+#include "policy/model.h"
+#include "policy/sample.h"
+#include "policy/vision.h"
+
+typedef struct generate_opts {
+    char *ckpt;
+    char *prompt;
+    char *image;
+    double temperature;
+    double top_p;
+    int64_t seed;
+    int64_t max_tokens;
+    int64_t max_patches;
+    int64_t max_pixels;
+    int64_t threads;
+} generate_opts;
+
+static const arl_option generate_tab[] = {
+    {"ckpt", ARL_OPT_STRING, offsetof(generate_opts, ckpt), NULL,
+     "checkpoint directory (config.json + safetensors)", 0, 0, NULL, ARL_OPT_REQUIRED, "DIR"},
+    {"prompt", ARL_OPT_STRING, offsetof(generate_opts, prompt), NULL, "the user message (text)", 0,
+     0, NULL, ARL_OPT_REQUIRED, "TEXT"},
+    {"image", ARL_OPT_STRING, offsetof(generate_opts, image), NULL,
+     "an image (PNG or PPM) appended to the user message; needs a model with vision_config", 0, 0,
+     NULL, 0, "FILE"},
+    {"temperature", ARL_OPT_FLOAT, offsetof(generate_opts, temperature), "1.0",
+     "sampling temperature (0: greedy)", 0, 100, NULL, 0, "T"},
+    {"top-p", ARL_OPT_FLOAT, offsetof(generate_opts, top_p), "1.0",
+     "nucleus sampling: keep the most likely tokens up to this mass (1: all)", 1e-9, 1, NULL, 0,
+     "P"},
+    {"seed", ARL_OPT_INT, offsetof(generate_opts, seed), "0",
+     "random seed (the same seed gives the same tokens)", 0, 9.2e18, NULL, 0, "S"},
+    {"max-tokens", ARL_OPT_INT, offsetof(generate_opts, max_tokens), "256",
+     "most tokens to generate", 1, 1 << 24, NULL, 0, "N"},
+    {"max-patches", ARL_OPT_INT, offsetof(generate_opts, max_patches), "1024",
+     "--image: cap on the image's patch grid (gh * gw); the image is scaled down to fit", 4,
+     1 << 20, NULL, 0, "N"},
+    {"max-pixels", ARL_OPT_INT, offsetof(generate_opts, max_pixels), "16777216",
+     "--image: largest image (width * height) accepted", 1, 1LL << 32, NULL, 0, "N"},
+    {"threads", ARL_OPT_INT, offsetof(generate_opts, threads), "0",
+     "CPU threads (0: the default of the kernels' pool)", 0, 1024, NULL, 0, "N"},
+};
+#define GENERATE_N ARL_OPTIONS_COUNT(generate_tab)
+
+static const char *generate_usage =
+    "agentrl generate --ckpt DIR --prompt TEXT [--image FILE] [--temperature T] [--top-p P] "
+    "[--seed S] [--max-tokens N]";
+static const char *generate_summary =
+    "Sample an assistant reply to a user message (text and optional image) under a checkpoint "
+    "and print its text.";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Everything a generation holds, freed in one place. */
+typedef struct gen_run {
+    arl_model_config cfg;
+    arl_model_params w;
+    arl_model m;
+    arl_decode_state st;
+    arl_sampler smp;
+    arl_chat_conv conv;
+    arl_chat_tokens prompt;
+    arl_image img;
+    float *media;
+    int64_t n_media;
+    float *logits;
+    int32_t *out;
+} gen_run;
+
+static void gen_run_free(gen_run *g) {
+    free(g->media);
+    free(g->logits);
+    free(g->out);
+    arl_image_free(&g->img);
+    arl_chat_tokens_free(&g->prompt);
+    arl_chat_conv_free(&g->conv);
+    arl_sampler_free(&g->smp);
+    arl_decode_state_free(&g->st);
+    arl_model_free(&g->m);
+    arl_model_params_free(&g->w);
+    arl_model_config_free(&g->cfg);
+}
+
+/* The chat template of this model: byte-level ids with the config's bos/eos/pad/media ids,
+ * patch size from vision_config (0: text-only, images rejected). */
+static arl_status make_template(const arl_model_config *cfg, int64_t max_patches,
+                                arl_chat_template *t) {
+    arl_chat_template_default(t);
+    t->tok.vocab_size = (int32_t)cfg->dims.V;
+    t->tok.special[ARL_SPECIAL_BOS] = (int32_t)cfg->text.bos_token_id;
+    t->tok.special[ARL_SPECIAL_EOS] = (int32_t)cfg->text.eos_token_id;
+    t->tok.special[ARL_SPECIAL_PAD] = (int32_t)cfg->text.pad_token_id;
+    if (cfg->media_placeholder_token_id != ARL_CONFIG_ABSENT)
+        t->tok.special[ARL_SPECIAL_MEDIA_PAD] = (int32_t)cfg->media_placeholder_token_id;
+    t->patch_size = cfg->has_vision ? (int32_t)cfg->dims.vp : 0;
+    t->image_max_patches = max_patches;
+    arl_status s = arl_tokenizer_spec_validate(&t->tok);
+    if (s)
+        return arl_error_prefix(s, "the checkpoint's vocabulary does not fit the byte-level "
+                                   "chat template");
+    return ARL_OK;
+}
+
+static arl_status generate(const generate_opts *o, gen_run *g) {
+    ARL_TRY(arl_model_config_read(o->ckpt, &g->cfg));
+    const arl_model_config *cfg = &g->cfg;
+    arl_chat_template t;
+    ARL_TRY(make_template(cfg, o->max_patches, &t));
+    if (o->image && !cfg->has_vision)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "--image %s: the model has no vision tower (its "
+                          "config.json has no vision_config)",
+                          o->image);
+    if (o->image) ARL_TRY(arl_image_load(o->image, o->max_pixels, &g->img));
+    ARL_TRY(arl_model_params_alloc(&g->w, cfg));
+    ARL_TRY(arl_checkpoint_load(o->ckpt, cfg, &g->w));
+
+    /* the prompt: one user message (text, then the image) and the generation prompt */
+    ARL_TRY(arl_chat_conv_add_text(&g->conv, ARL_CHAT_USER, o->prompt, strlen(o->prompt)));
+    if (o->image) ARL_TRY(arl_chat_conv_add_part_image(&g->conv, g->img.width, g->img.height));
+    ARL_TRY(arl_chat_render(&t, &g->conv, 1, &g->prompt));
+    const int64_t n_prompt = (int64_t)g->prompt.n;
+    if (o->image)
+        ARL_TRY(arl_vision_encode_images(&g->w, cfg, &g->img, 1, o->max_patches, &g->media,
+                                         &g->n_media));
+
+    arl_model_opts mo;
+    arl_model_opts_default(&mo);
+    mo.max_tokens = n_prompt < 2048 ? n_prompt : 2048;
+    mo.max_docs = 1;
+    mo.max_context = n_prompt + o->max_tokens;
+    ARL_TRY(arl_model_init(&g->m, cfg, &g->w, &mo));
+    ARL_TRY(arl_decode_state_init(&g->st, cfg, 1, mo.max_context));
+    ARL_TRY(arl_sampler_init(&g->smp, cfg->dims.V));
+    const int64_t V = cfg->dims.V;
+    g->logits = malloc(sizeof(float) * (size_t)V);
+    g->out = malloc(sizeof(int32_t) * (size_t)o->max_tokens);
+    if (!g->logits || !g->out) return arl_errorf(ARL_ERR_NOMEM, "out of memory");
+
+    double t0 = now_s();
+    int32_t slot;
+    ARL_TRY(arl_decode_state_join(&g->st, &slot));
+    ARL_TRY(arl_model_prefill(&g->m, &g->st, slot, g->prompt.ids, n_prompt, g->media, g->n_media,
+                              NULL, g->logits));
+    double t1 = now_s();
+
+    int32_t stop[4];
+    size_t n_stop = arl_chat_stop_tokens(&t, stop);
+    arl_sample_params sp = {.temperature = o->temperature, .top_p = o->top_p};
+    ARL_TRY(arl_sample_params_check(&sp));
+    arl_rng rng;
+    arl_rng_seed(&rng, (uint64_t)o->seed);
+    int64_t n_out = 0;
+    int stopped = 0;
+    double sum_lp = 0;
+    while (n_out < o->max_tokens) {
+        float lp_raw;
+        int32_t tok = arl_sample(&g->smp, g->logits, &sp, &rng, NULL, &lp_raw);
+        sum_lp += lp_raw;
+        for (size_t i = 0; i < n_stop; i++)
+            stopped |= tok == stop[i];
+        if (stopped) break;
+        g->out[n_out++] = tok;
+        if (n_out == o->max_tokens) break;
+        ARL_TRY(arl_model_decode_step(&g->m, &g->st, &slot, 1, &tok, g->logits, NULL));
+    }
+    double t2 = now_s();
+
+    char *text;
+    size_t len;
+    ARL_TRY(arl_tokenizer_decode(&t.tok, g->out, (size_t)n_out, 0, &text, &len));
+    fwrite(text, 1, len, stdout);
+    putchar('\n');
+    free(text);
+    arl_log_info("prompt %lld tokens (prefill %.2f s), generated %lld tokens in %.2f s "
+                 "(%.1f tokens/s), %s, sum log-prob %.4f",
+                 (long long)n_prompt, t1 - t0, (long long)n_out, t2 - t1,
+                 t2 > t1 ? (double)n_out / (t2 - t1) : 0.0,
+                 stopped ? "stopped at <|end_of_msg|>" : "stopped at --max-tokens", sum_lp);
+    return ARL_OK;
+}
+
+int cmd_generate(int argc, char **argv) {
+    generate_opts o;
+    int rc = cli_parse(generate_tab, GENERATE_N, argc, argv, &o, generate_usage, generate_summary);
+    if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
+    arl_options_print_resolved(stderr, "generate", generate_tab, GENERATE_N, &o);
+    gen_run g;
+    memset(&g, 0, sizeof g);
+    arl_chat_conv_init(&g.conv);
+    arl_chat_tokens_init(&g.prompt);
+    arl_status s = ARL_OK;
+    if (o.threads > 0) s = arl_k_threads_init((int)o.threads);
+    if (!s) s = generate(&o, &g);
+    rc = s ? cli_fail(s) : ARL_EXIT_OK;
+    gen_run_free(&g);
+    arl_options_free(generate_tab, GENERATE_N, &o);
+    return rc;
+}

@@ -1,0 +1,292 @@
+/* cli/cmd_score.c: `agentrl score`: the log-probability of every token of one or more sequences
+ * given the tokens before it, under a checkpoint (policy/model.h), and their sums; optionally
+ * the logits as a float32 .npy.
+ *
+ * Input: --text FILE (the file's bytes as byte-level ids, after <|bos|> unless --no-bos) or
+ * --tokens FILE.npy (int32 or int64, shape [T] or [B, T]: B sequences of T tokens).  The model
+ * is built from the checkpoint's config.json, whatever its dimensions.  Sequences that fit a
+ * forward (--max-tokens) are packed together; longer ones run in chunks through a decode state.
+ *
+ * Output (stdout): a header line "seq pos token logprob", one line per scored position
+ * (positions 1..T-1 of each sequence), then "sum SEQ VALUE" per sequence and, for B > 1,
+ * "sum all VALUE".
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/log.h"
+#include "core/npy.h"
+#include "kernels/threadpool.h"
+#include "policy/checkpoint.h"
+#include "policy/model.h"
+#include "policy/tokenizer.h"
+
+typedef struct score_opts {
+    char *ckpt;
+    char *text;
+    char *tokens;
+    char *logits_out;
+    int bos;
+    int64_t max_tokens;
+    int64_t threads;
+} score_opts;
+
+static const arl_option score_tab[] = {
+    {"ckpt", ARL_OPT_STRING, offsetof(score_opts, ckpt), NULL,
+     "checkpoint directory (config.json + safetensors)", 0, 0, NULL, ARL_OPT_REQUIRED, "DIR"},
+    {"text", ARL_OPT_STRING, offsetof(score_opts, text), NULL,
+     "score the bytes of this file (byte-level ids)", 0, 0, NULL, 0, "FILE"},
+    {"tokens", ARL_OPT_STRING, offsetof(score_opts, tokens), NULL,
+     "score token ids from a .npy file: int32 or int64, shape [T] or [B, T]", 0, 0, NULL, 0,
+     "FILE.npy"},
+    {"logits-out", ARL_OPT_STRING, offsetof(score_opts, logits_out), NULL,
+     "write the logits as float32 .npy, shape [B, T, V] ([T, V] for one sequence given as "
+     "--text or a 1-D array)",
+     0, 0, NULL, 0, "OUT.npy"},
+    {"bos", ARL_OPT_BOOL, offsetof(score_opts, bos), "true",
+     "--text: put <|bos|> before the text's bytes (--no-bos: score the bytes alone)", 0, 0, NULL, 0,
+     NULL},
+    {"max-tokens", ARL_OPT_INT, offsetof(score_opts, max_tokens), "2048",
+     "most tokens in one forward; longer sequences run in chunks", 1, 1 << 24, NULL, 0, "N"},
+    {"threads", ARL_OPT_INT, offsetof(score_opts, threads), "0",
+     "CPU threads (0: the default of the kernels' pool)", 0, 1024, NULL, 0, "N"},
+};
+#define SCORE_N ARL_OPTIONS_COUNT(score_tab)
+
+static const char *score_usage =
+    "agentrl score --ckpt DIR (--text FILE | --tokens FILE.npy) [--logits-out OUT.npy]";
+static const char *score_summary =
+    "Print the log-probability of each token given the tokens before it (positions 1..T-1 of "
+    "each sequence) and their sum, under the checkpoint's model.";
+
+/* The checkpoint: its config.json, parameters checked and loaded. */
+static arl_status load_ckpt(const char *dir, arl_model_config *cfg, arl_model_params *w) {
+    ARL_TRY(arl_model_config_read(dir, cfg));
+    ARL_TRY(arl_model_params_alloc(w, cfg));
+    return arl_checkpoint_load(dir, cfg, w);
+}
+
+/* Read the whole file into *buf (caller frees). */
+static arl_status read_file(const char *path, char **buf, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return arl_errorf(ARL_ERR_IO, "%s: cannot open for reading", path);
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap);
+    size_t r;
+    while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
+        n += r;
+        if (n == cap) {
+            char *nb = realloc(b, cap *= 2);
+            if (!nb) free(b);
+            b = nb;
+        }
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!b) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+    if (err) {
+        free(b);
+        return arl_errorf(ARL_ERR_IO, "%s: read error", path);
+    }
+    *buf = b;
+    *len = n;
+    return ARL_OK;
+}
+
+/* Token ids (B, T) from the options; *rank_out 1 for [T]-shaped output, 2 for [B, T]. */
+static arl_status load_tokens(const score_opts *o, const arl_model_config *cfg, int32_t **ids,
+                              int64_t *B, int64_t *T, int *rank_out) {
+    *ids = NULL;
+    if (o->text) {
+        char *txt = NULL;
+        size_t len = 0;
+        ARL_TRY(read_file(o->text, &txt, &len));
+        int64_t n = (int64_t)len + (o->bos ? 1 : 0);
+        int32_t *t = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+        if (!t) {
+            free(txt);
+            return arl_errorf(ARL_ERR_NOMEM, "out of memory");
+        }
+        if (o->bos) t[0] = (int32_t)cfg->text.bos_token_id;
+        arl_tokenizer_encode(txt, len, t + (o->bos ? 1 : 0));
+        free(txt);
+        *ids = t;
+        *B = 1;
+        *T = n;
+        *rank_out = 1;
+    } else {
+        arl_npy a;
+        ARL_TRY(arl_npy_read(o->tokens, &a));
+        if ((a.dtype != ARL_DTYPE_I32 && a.dtype != ARL_DTYPE_I64) || a.rank < 1 || a.rank > 2) {
+            arl_npy_free(&a);
+            return arl_errorf(ARL_ERR_SHAPE,
+                              "%s: expected an int32 or int64 array of shape [T] or "
+                              "[B, T], got %s of rank %d",
+                              o->tokens, arl_dtype_name(a.dtype), a.rank);
+        }
+        *B = a.rank == 2 ? a.shape[0] : 1;
+        *T = a.shape[a.rank - 1];
+        *rank_out = a.rank;
+        int32_t *t = malloc(sizeof(int32_t) * (size_t)(a.numel > 0 ? a.numel : 1));
+        if (!t) {
+            arl_npy_free(&a);
+            return arl_errorf(ARL_ERR_NOMEM, "out of memory");
+        }
+        for (int64_t i = 0; i < a.numel; i++) {
+            int64_t v = a.dtype == ARL_DTYPE_I32 ? ((int32_t *)a.data)[i] : ((int64_t *)a.data)[i];
+            if (v < 0 || v >= cfg->dims.V) {
+                arl_npy_free(&a);
+                free(t);
+                return arl_errorf(ARL_ERR_RANGE,
+                                  "%s: token id %lld of sequence %lld at position "
+                                  "%lld is outside the vocabulary [0, %lld)",
+                                  o->tokens, (long long)v, (long long)(i / *T), (long long)(i % *T),
+                                  (long long)cfg->dims.V);
+            }
+            t[i] = (int32_t)v;
+        }
+        arl_npy_free(&a);
+        *ids = t;
+    }
+    if (*B < 1 || *T < 1) {
+        free(*ids);
+        *ids = NULL;
+        return arl_errorf(ARL_ERR_SHAPE, "nothing to score: %lld sequence(s) of %lld tokens",
+                          (long long)*B, (long long)*T);
+    }
+    return ARL_OK;
+}
+
+/* Log-probs lp (B, T) (lp[b, t] = log pi(ids[b, t+1] | ids[b, ..t])) and logits (B, T, V) or
+ * NULL, sequences packed into forwards when they fit, else chunked through a decode state. */
+static arl_status score_all(arl_model *m, const arl_model_config *cfg, const int32_t *ids,
+                            int64_t B, int64_t T, float *lp, float *logits) {
+    const int64_t V = cfg->dims.V;
+    int32_t *targets = malloc(sizeof(int32_t) * (size_t)(B * T));
+    int32_t *cu = malloc(sizeof(int32_t) * (size_t)(m->opts.max_docs + 1));
+    if (!targets || !cu) {
+        free(targets);
+        free(cu);
+        return arl_errorf(ARL_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t b = 0; b < B; b++)
+        arl_batch_next_token_targets(targets + b * T, ids + b * T, NULL, 1, T);
+    arl_status s = ARL_OK;
+    if (T <= m->opts.max_tokens) {
+        int64_t per = m->opts.max_tokens / T;
+        if (per > m->opts.max_docs) per = m->opts.max_docs;
+        for (int64_t b0 = 0; b0 < B && !s; b0 += per) {
+            int64_t nb = B - b0 < per ? B - b0 : per;
+            for (int64_t i = 0; i <= nb; i++)
+                cu[i] = (int32_t)(i * T);
+            arl_batch bt = {.tokens = ids + b0 * T,
+                            .T = nb * T,
+                            .cu = cu,
+                            .N = (int32_t)nb,
+                            .targets = targets + b0 * T};
+            arl_forward_out o = {.logits = logits ? logits + b0 * T * V : NULL,
+                                 .logprobs = lp + b0 * T};
+            s = arl_model_forward(m, &bt, &o);
+        }
+    } else {
+        arl_decode_state st;
+        s = arl_decode_state_init(&st, cfg, 1, T);
+        for (int64_t b = 0; b < B && !s; b++) {
+            int32_t slot;
+            s = arl_decode_state_join(&st, &slot);
+            for (int64_t t0 = 0; t0 < T && !s; t0 += m->opts.max_tokens) {
+                int64_t c = T - t0 < m->opts.max_tokens ? T - t0 : m->opts.max_tokens;
+                arl_batch bt = {
+                    .tokens = ids + b * T + t0, .T = c, .targets = targets + b * T + t0};
+                arl_forward_out o = {.logits = logits ? logits + (b * T + t0) * V : NULL,
+                                     .logprobs = lp + b * T + t0};
+                s = arl_model_forward_state(m, &st, &slot, &bt, &o);
+            }
+            if (!s) arl_decode_state_leave(&st, slot);
+        }
+        arl_decode_state_free(&st);
+    }
+    free(targets);
+    free(cu);
+    return s;
+}
+
+int cmd_score(int argc, char **argv) {
+    score_opts o;
+    int rc = cli_parse(score_tab, SCORE_N, argc, argv, &o, score_usage, score_summary);
+    if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
+    if (!!o.text + !!o.tokens != 1) {
+        fprintf(stderr, "agentrl: error: give exactly one of --text or --tokens\nusage: %s\n",
+                score_usage);
+        arl_options_free(score_tab, SCORE_N, &o);
+        return ARL_EXIT_USAGE;
+    }
+    arl_options_print_resolved(stderr, "score", score_tab, SCORE_N, &o);
+    arl_model_config cfg;
+    arl_model_params w;
+    arl_model m;
+    memset(&cfg, 0, sizeof cfg);
+    memset(&w, 0, sizeof w);
+    memset(&m, 0, sizeof m);
+    int32_t *ids = NULL;
+    float *lp = NULL, *logits = NULL;
+    int64_t B = 0, T = 0;
+    int rank = 1;
+    arl_status s = ARL_OK;
+    if (o.threads > 0) s = arl_k_threads_init((int)o.threads);
+    if (!s) s = load_ckpt(o.ckpt, &cfg, &w);
+    if (!s) s = load_tokens(&o, &cfg, &ids, &B, &T, &rank);
+    if (!s) {
+        arl_model_opts mo;
+        arl_model_opts_default(&mo);
+        mo.max_tokens = B * T < o.max_tokens ? B * T : o.max_tokens;
+        mo.max_docs = (int32_t)(B < 1024 ? B : 1024);
+        mo.max_context = T;
+        s = arl_model_init(&m, &cfg, &w, &mo);
+    }
+    const int64_t V = cfg.dims.V;
+    if (!s) {
+        lp = malloc(sizeof(float) * (size_t)(B * T));
+        if (o.logits_out) logits = malloc(sizeof(float) * (size_t)(B * T * V));
+        if (!lp || (o.logits_out && !logits))
+            s = arl_errorf(ARL_ERR_NOMEM, "out of memory for %lld x %lld logits", (long long)B,
+                           (long long)T);
+    }
+    if (!s) s = score_all(&m, &cfg, ids, B, T, lp, logits);
+    if (!s && o.logits_out) {
+        int64_t shape[3] = {B, T, V};
+        s = rank == 2 ? arl_npy_write(o.logits_out, ARL_DTYPE_F32, 3, shape, logits)
+                      : arl_npy_write(o.logits_out, ARL_DTYPE_F32, 2, shape + 1, logits);
+    }
+    if (!s) {
+        double total = 0;
+        printf("seq pos token logprob\n");
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 1; t < T; t++)
+                printf("%lld %lld %d %.6f\n", (long long)b, (long long)t, ids[b * T + t],
+                       (double)lp[b * T + t - 1]);
+        for (int64_t b = 0; b < B; b++) {
+            double sum = 0;
+            for (int64_t t = 0; t + 1 < T; t++)
+                sum += lp[b * T + t];
+            total += sum;
+            printf("sum %lld %.6f\n", (long long)b, sum);
+        }
+        if (B > 1) printf("sum all %.6f\n", total);
+        arl_log_info("scored %lld sequence(s) of %lld tokens: %lld log-probabilities%s%s",
+                     (long long)B, (long long)T, (long long)(B * (T - 1)),
+                     o.logits_out ? ", logits in " : "", o.logits_out ? o.logits_out : "");
+    }
+    rc = s ? cli_fail(s) : ARL_EXIT_OK;
+    free(ids);
+    free(lp);
+    free(logits);
+    arl_model_free(&m);
+    arl_model_params_free(&w);
+    arl_model_config_free(&cfg);
+    arl_options_free(score_tab, SCORE_N, &o);
+    return rc;
+}
