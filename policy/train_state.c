@@ -1,0 +1,778 @@
+/* policy/train_state.c: train_state.json, optimizer moments as safetensors, and numbered
+ * training checkpoints (see train_state.h). */
+#include "policy/train_state.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/assert.h"
+#include "policy/checkpoint.h"
+#include "policy/safetensors.h"
+
+/* ------------------------------------------------------------------------------------ */
+/* files                                                                                 */
+
+static void dir_of(const char *path, char *dir, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        snprintf(dir, cap, ".");
+    } else if (slash == path) {
+        snprintf(dir, cap, "/");
+    } else {
+        snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+    }
+}
+
+static arl_status fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return arl_errorf(ARL_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
+    int r = fsync(fd);
+    int e = errno;
+    close(fd);
+    /* some file systems refuse fsync on directories; that is not a data error */
+    if (r != 0 && e != EINVAL && e != EROFS)
+        return arl_errorf(ARL_ERR_IO, "%s: fsync of the directory failed: %s", dir, strerror(e));
+    return ARL_OK;
+}
+
+arl_status arl_write_file_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path) >= (int)sizeof tmp)
+        return arl_errorf(ARL_ERR_ARG, "%s: path too long", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO, "%s: cannot create: %s", tmp,
+                          strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return arl_errorf(e == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO, "%s: write failed: %s", tmp,
+                              strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fchmod(fd, 0644) != 0 || fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return arl_errorf(ARL_ERR_IO, "%s: fsync failed: %s", tmp, strerror(e));
+    }
+    if (close(fd) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return arl_errorf(ARL_ERR_IO, "%s: close failed: %s", tmp, strerror(e));
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return arl_errorf(ARL_ERR_IO, "%s: rename into place failed: %s", path, strerror(e));
+    }
+    char dir[4096];
+    dir_of(path, dir, sizeof dir);
+    return fsync_dir(dir);
+}
+
+static arl_status mkdir_p(const char *path) {
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return arl_errorf(ARL_ERR_ARG, "bad directory path '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != 0) continue;
+        char c = buf[i];
+        buf[i] = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return arl_errorf(ARL_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
+        buf[i] = c;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return arl_errorf(ARL_ERR_IO, "%s: not a directory", path);
+    return ARL_OK;
+}
+
+static int rm_cb(const char *p, const struct stat *sb, int type, struct FTW *ftw) {
+    (void)sb;
+    (void)type;
+    (void)ftw;
+    return remove(p) != 0 ? -1 : 0;
+}
+
+static arl_status rm_tree(const char *path) {
+    if (nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS) != 0 && errno != ENOENT)
+        return arl_errorf(ARL_ERR_IO, "%s: cannot remove: %s", path, strerror(errno));
+    return ARL_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* train state                                                                           */
+
+void arl_train_state_init(arl_train_state *st) {
+    memset(st, 0, sizeof *st);
+}
+
+void arl_train_state_free(arl_train_state *st) {
+    if (!st) return;
+    free(st->extra_json);
+    memset(st, 0, sizeof *st);
+}
+
+arl_status arl_train_state_set_rng(arl_train_state *st, const char *name, const arl_rng *r) {
+    size_t len = name ? strlen(name) : 0;
+    if (len == 0 || len >= ARL_TRAIN_RNG_NAME)
+        return arl_errorf(ARL_ERR_ARG, "train state: generator name '%s' must have 1 to %d bytes",
+                          name ? name : "", ARL_TRAIN_RNG_NAME - 1);
+    for (int32_t i = 0; i < st->n_rng; i++)
+        if (!strcmp(st->rng_name[i], name)) {
+            st->rng[i] = *r;
+            return ARL_OK;
+        }
+    if (st->n_rng >= ARL_TRAIN_MAX_RNG)
+        return arl_errorf(ARL_ERR_FULL, "train state: more than %d generators (adding '%s')",
+                          ARL_TRAIN_MAX_RNG, name);
+    memcpy(st->rng_name[st->n_rng], name, len + 1);
+    st->rng[st->n_rng++] = *r;
+    return ARL_OK;
+}
+
+arl_status arl_train_state_get_rng(const arl_train_state *st, const char *name, arl_rng *r) {
+    for (int32_t i = 0; i < st->n_rng; i++)
+        if (!strcmp(st->rng_name[i], name)) {
+            *r = st->rng[i];
+            return ARL_OK;
+        }
+    return arl_errorf(ARL_ERR_NOT_FOUND, "train state: no generator named '%s'", name);
+}
+
+arl_status arl_train_state_set_extra(arl_train_state *st, const char *text) {
+    char *copy = NULL;
+    if (text) {
+        json_error_t e;
+        json_t *j = json_loads(text, 0, &e);
+        if (!j || !json_is_object(j)) {
+            json_decref(j);
+            return arl_errorf(ARL_ERR_ARG, "train state: 'extra' must be a JSON object");
+        }
+        copy = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+        json_decref(j);
+        if (!copy) return arl_errorf(ARL_ERR_NOMEM, "train state: out of memory");
+    }
+    free(st->extra_json);
+    st->extra_json = copy;
+    return ARL_OK;
+}
+
+static json_t *hex_u64(uint64_t v) {
+    char buf[24];
+    snprintf(buf, sizeof buf, "0x%016" PRIx64, v);
+    return json_string(buf);
+}
+
+arl_status arl_train_state_write(const char *path, const arl_train_state *st) {
+    json_t *root = json_object();
+    json_t *rng = json_object();
+    json_t *data = json_object();
+    if (!root || !rng || !data) goto nomem;
+    int bad = 0;
+    bad |= json_object_set_new(root, "format", json_string(ARL_TRAIN_STATE_FORMAT));
+    bad |= json_object_set_new(root, "version", json_integer(ARL_TRAIN_STATE_VERSION));
+    bad |= json_object_set_new(root, "step", json_integer(st->step));
+    bad |= json_object_set_new(root, "tokens", json_integer(st->tokens));
+    bad |= json_object_set_new(root, "lr", json_real(st->lr));
+    bad |= json_object_set_new(root, "model_config_sha256", json_string(st->model_sha256));
+    bad |= json_object_set_new(root, "run_config_sha256", json_string(st->run_sha256));
+    for (int32_t i = 0; i < st->n_rng; i++) {
+        json_t *a = json_array();
+        if (!a) goto nomem;
+        for (int w = 0; w < 4; w++)
+            bad |= json_array_append_new(a, hex_u64(st->rng[i].s[w]));
+        bad |= json_object_set_new(rng, st->rng_name[i], a);
+    }
+    bad |= json_object_set(root, "rng", rng);
+    const arl_data_cursor *c = &st->data;
+    bad |= json_object_set_new(data, "epoch", json_integer(c->epoch));
+    bad |= json_object_set_new(data, "index", json_integer(c->index));
+    bad |= json_object_set_new(data, "items", json_integer(c->items));
+    bad |= json_object_set_new(data, "seed", hex_u64(c->seed));
+    bad |= json_object_set_new(data, "offset", json_integer(c->offset));
+    bad |= json_object_set_new(data, "line", json_integer(c->line));
+    bad |= json_object_set_new(data, "sha256", json_string(c->sha256));
+    bad |= json_object_set(root, "data", data);
+    if (st->extra_json) {
+        json_error_t e;
+        json_t *x = json_loads(st->extra_json, 0, &e);
+        if (!x || !json_is_object(x)) {
+            json_decref(x);
+            json_decref(root);
+            json_decref(rng);
+            json_decref(data);
+            return arl_errorf(ARL_ERR_ARG, "%s: train state 'extra' is not a JSON object", path);
+        }
+        bad |= json_object_set_new(root, "extra", x);
+    }
+    if (bad) goto nomem;
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    json_decref(root);
+    json_decref(rng);
+    json_decref(data);
+    if (!text) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+    size_t n = strlen(text);
+    arl_status s = ARL_OK;
+    char *t2 = realloc(text, n + 2);
+    if (!t2)
+        s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+    else {
+        text = t2;
+        text[n] = '\n';
+        text[n + 1] = 0;
+        s = arl_write_file_atomic(path, text, n + 1);
+    }
+    free(text);
+    return s;
+nomem:
+    json_decref(root);
+    json_decref(rng);
+    json_decref(data);
+    return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+}
+
+static arl_status get_i64(const json_t *obj, const char *key, const char *path, const char *ctx,
+                          int64_t *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!json_is_integer(v))
+        return arl_errorf(ARL_ERR_FORMAT, "%s: member '%s%s': expected an integer", path, ctx, key);
+    *out = json_integer_value(v);
+    return ARL_OK;
+}
+
+static arl_status get_u64_hex(const json_t *v, const char *path, const char *what, uint64_t *out) {
+    const char *s = json_string_value(v);
+    char *end = NULL;
+    if (!s || strncmp(s, "0x", 2) != 0 || !s[2])
+        return arl_errorf(ARL_ERR_FORMAT, "%s: member '%s': expected a hex string \"0x...\"", path,
+                          what);
+    errno = 0;
+    unsigned long long x = strtoull(s + 2, &end, 16);
+    if (errno || *end)
+        return arl_errorf(ARL_ERR_FORMAT, "%s: member '%s': bad hex value '%s'", path, what, s);
+    *out = (uint64_t)x;
+    return ARL_OK;
+}
+
+static arl_status get_hash(const json_t *obj, const char *key, const char *path, char *out) {
+    json_t *v = json_object_get(obj, key);
+    const char *s = json_string_value(v);
+    if (!s || (strlen(s) != 0 && strlen(s) != 64))
+        return arl_errorf(ARL_ERR_FORMAT, "%s: member '%s': expected a SHA-256 hex string", path,
+                          key);
+    memcpy(out, s, strlen(s) + 1);
+    return ARL_OK;
+}
+
+arl_status arl_train_state_read(const char *path, arl_train_state *st) {
+    arl_train_state_init(st);
+    json_error_t e;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+    if (!root) {
+        if (access(path, F_OK) != 0)
+            return arl_errorf(ARL_ERR_NOT_FOUND, "%s: no such train state file", path);
+        return arl_errorf(ARL_ERR_FORMAT, "%s:%d:%d: invalid JSON: %s", path, e.line, e.column,
+                          e.text);
+    }
+    arl_status s = ARL_OK;
+    const char *fmt = json_string_value(json_object_get(root, "format"));
+    json_t *ver = json_object_get(root, "version");
+    if (!json_is_object(root) || !fmt || strcmp(fmt, ARL_TRAIN_STATE_FORMAT)) {
+        s = arl_errorf(ARL_ERR_FORMAT,
+                       "%s: not an agentrl train state (member 'format' is not "
+                       "\"%s\")",
+                       path, ARL_TRAIN_STATE_FORMAT);
+        goto done;
+    }
+    if (!json_is_integer(ver) || json_integer_value(ver) < 1) {
+        s = arl_errorf(ARL_ERR_FORMAT, "%s: member 'version': expected a positive integer", path);
+        goto done;
+    }
+    if (json_integer_value(ver) > ARL_TRAIN_STATE_VERSION) {
+        s = arl_errorf(ARL_ERR_VERSION,
+                       "%s: train state version %lld was written by a newer agentrl; this build "
+                       "reads up to version %d (upgrade agentrl to resume this run)",
+                       path, (long long)json_integer_value(ver), ARL_TRAIN_STATE_VERSION);
+        goto done;
+    }
+    if ((s = get_i64(root, "step", path, "", &st->step))) goto done;
+    if ((s = get_i64(root, "tokens", path, "", &st->tokens))) goto done;
+    json_t *lr = json_object_get(root, "lr");
+    if (!json_is_number(lr)) {
+        s = arl_errorf(ARL_ERR_FORMAT, "%s: member 'lr': expected a number", path);
+        goto done;
+    }
+    st->lr = json_number_value(lr);
+    if ((s = get_hash(root, "model_config_sha256", path, st->model_sha256))) goto done;
+    if ((s = get_hash(root, "run_config_sha256", path, st->run_sha256))) goto done;
+    json_t *rng = json_object_get(root, "rng");
+    if (!json_is_object(rng)) {
+        s = arl_errorf(ARL_ERR_FORMAT, "%s: member 'rng': expected an object", path);
+        goto done;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(rng, key, v) {
+        arl_rng r;
+        if (!json_is_array(v) || json_array_size(v) != 4) {
+            s = arl_errorf(ARL_ERR_FORMAT, "%s: member 'rng.%s': expected 4 hex strings", path,
+                           key);
+            goto done;
+        }
+        char what[96];
+        snprintf(what, sizeof what, "rng.%s", key);
+        for (int w = 0; w < 4; w++)
+            if ((s = get_u64_hex(json_array_get(v, (size_t)w), path, what, &r.s[w]))) goto done;
+        if ((s = arl_train_state_set_rng(st, key, &r))) {
+            s = arl_error_prefix(ARL_ERR_FORMAT, "%s", path);
+            goto done;
+        }
+    }
+    json_t *d = json_object_get(root, "data");
+    if (!json_is_object(d)) {
+        s = arl_errorf(ARL_ERR_FORMAT, "%s: member 'data': expected an object", path);
+        goto done;
+    }
+    arl_data_cursor *c = &st->data;
+    if ((s = get_i64(d, "epoch", path, "data.", &c->epoch))) goto done;
+    if ((s = get_i64(d, "index", path, "data.", &c->index))) goto done;
+    if ((s = get_i64(d, "items", path, "data.", &c->items))) goto done;
+    if ((s = get_i64(d, "offset", path, "data.", &c->offset))) goto done;
+    if ((s = get_i64(d, "line", path, "data.", &c->line))) goto done;
+    if ((s = get_u64_hex(json_object_get(d, "seed"), path, "data.seed", &c->seed))) goto done;
+    if ((s = get_hash(d, "sha256", path, c->sha256))) {
+        s = arl_error_prefix(s, "data");
+        goto done;
+    }
+    json_t *x = json_object_get(root, "extra");
+    if (x && !json_is_null(x)) {
+        if (!json_is_object(x)) {
+            s = arl_errorf(ARL_ERR_FORMAT, "%s: member 'extra': expected an object", path);
+            goto done;
+        }
+        st->extra_json = json_dumps(x, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+        if (!st->extra_json) s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+    }
+done:
+    json_decref(root);
+    if (s) arl_train_state_free(st);
+    return s;
+}
+
+arl_status arl_train_state_check(const arl_train_state *st, const char *where,
+                                 const char *model_sha256, const char *run_sha256) {
+    if (model_sha256 && strcmp(st->model_sha256, model_sha256))
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "%s: this train state belongs to another model config (saved with "
+                          "model config %s, this run has %s); resume with the model config of "
+                          "that run, or start a new run in another output directory",
+                          where, st->model_sha256[0] ? st->model_sha256 : "(none)", model_sha256);
+    if (run_sha256 && run_sha256[0] && strcmp(st->run_sha256, run_sha256))
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "%s: this train state belongs to another run configuration (saved "
+                          "with run config %s, this run has %s); an exact resume needs the same "
+                          "settings: restore them, or start a new run in another output "
+                          "directory",
+                          where, st->run_sha256[0] ? st->run_sha256 : "(none)", run_sha256);
+    return ARL_OK;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* optimizer moments                                                                     */
+
+static const char *const moment_suffix[2] = {".exp_avg", ".exp_avg_sq"};
+
+arl_status arl_optim_state_save(const char *path, const arl_adamw *opt) {
+    arl_st_writer *w;
+    ARL_TRY(arl_st_writer_open(path, &w));
+    char buf[32];
+    arl_status s = arl_st_writer_set_metadata(w, "format", ARL_OPTIM_STATE_FORMAT);
+    snprintf(buf, sizeof buf, "%d", ARL_OPTIM_STATE_VERSION);
+    if (!s) s = arl_st_writer_set_metadata(w, "version", buf);
+    snprintf(buf, sizeof buf, "%lld", (long long)opt->step);
+    if (!s) s = arl_st_writer_set_metadata(w, "step", buf);
+    const arl_param_inventory *inv = &opt->m.inv;
+    char name[512];
+    for (int64_t i = 0; i < inv->n && !s; i++) {
+        if (!(opt->rule[i] & ARL_OPTIM_TRAIN)) continue;
+        const arl_param_tensor *t = &inv->t[i];
+        for (int k = 0; k < 2 && !s; k++) {
+            snprintf(name, sizeof name, "%s%s", t->name, moment_suffix[k]);
+            const float *src = (k ? opt->v_arena : opt->m_arena) + t->offset;
+            s = arl_st_writer_add(w, name, ARL_DTYPE_F32, t->rank, t->shape, src);
+        }
+    }
+    if (s) {
+        arl_st_writer_abort(w);
+        return arl_error_prefix(s, "%s", path);
+    }
+    return arl_st_writer_close(w);
+}
+
+/* Append "name" to a problem list (at most ARL_CHECKPOINT_MAX_LISTED names, then a count). */
+typedef struct problems {
+    char text[1536];
+    int64_t n;
+} problems;
+
+static void problem_add(problems *p, const char *fmt, const char *a, const char *b) {
+    if (p->n < ARL_CHECKPOINT_MAX_LISTED) {
+        size_t used = strlen(p->text);
+        snprintf(p->text + used, sizeof p->text - used, "%s", p->n ? ", " : "");
+        used = strlen(p->text);
+        snprintf(p->text + used, sizeof p->text - used, fmt, a, b);
+    }
+    p->n++;
+}
+
+static void problem_finish(problems *p) {
+    if (p->n > ARL_CHECKPOINT_MAX_LISTED) {
+        size_t used = strlen(p->text);
+        snprintf(p->text + used, sizeof p->text - used, " and %lld more",
+                 (long long)(p->n - ARL_CHECKPOINT_MAX_LISTED));
+    }
+}
+
+/* Index of the trained tensor whose moment key this is, or -1. */
+static int64_t moment_owner(const arl_adamw *opt, const char *key) {
+    size_t n = strlen(key);
+    for (int k = 1; k >= 0; k--) { /* ".exp_avg_sq" before ".exp_avg" */
+        size_t sl = strlen(moment_suffix[k]);
+        if (n > sl && !strcmp(key + n - sl, moment_suffix[k])) {
+            char base[512];
+            if (n - sl >= sizeof base) return -1;
+            memcpy(base, key, n - sl);
+            base[n - sl] = 0;
+            int64_t i = arl_param_inventory_find(&opt->m.inv, base);
+            return i >= 0 && (opt->rule[i] & ARL_OPTIM_TRAIN) ? i : -1;
+        }
+    }
+    return -1;
+}
+
+arl_status arl_optim_state_load(const char *path, arl_adamw *opt) {
+    arl_st_file *f;
+    ARL_TRY(arl_st_file_open(path, &f));
+    arl_status s = ARL_OK;
+    const char *fmt = arl_st_file_metadata(f, "format");
+    const char *ver = arl_st_file_metadata(f, "version");
+    const char *stp = arl_st_file_metadata(f, "step");
+    if (!fmt || strcmp(fmt, ARL_OPTIM_STATE_FORMAT) || !ver || !stp) {
+        s = arl_errorf(ARL_ERR_FORMAT,
+                       "%s: not an agentrl optimizer state (metadata 'format' must be \"%s\" with "
+                       "'version' and 'step')",
+                       path, ARL_OPTIM_STATE_FORMAT);
+        goto done;
+    }
+    char *end;
+    long long v = strtoll(ver, &end, 10);
+    if (*end || v < 1) {
+        s = arl_errorf(ARL_ERR_FORMAT, "%s: metadata 'version' is not a positive integer", path);
+        goto done;
+    }
+    if (v > ARL_OPTIM_STATE_VERSION) {
+        s = arl_errorf(ARL_ERR_VERSION,
+                       "%s: optimizer state version %lld was written by a newer agentrl; this "
+                       "build reads up to version %d",
+                       path, v, ARL_OPTIM_STATE_VERSION);
+        goto done;
+    }
+    long long step = strtoll(stp, &end, 10);
+    if (*end || step < 0) {
+        s = arl_errorf(ARL_ERR_FORMAT, "%s: metadata 'step' is not a non-negative integer", path);
+        goto done;
+    }
+    const arl_param_inventory *inv = &opt->m.inv;
+    problems missing = {{0}, 0}, shape = {{0}, 0}, extra = {{0}, 0};
+    char name[512], sb[2][96];
+    for (int64_t i = 0; i < inv->n; i++) {
+        if (!(opt->rule[i] & ARL_OPTIM_TRAIN)) continue;
+        const arl_param_tensor *t = &inv->t[i];
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "%s%s", t->name, moment_suffix[k]);
+            const arl_st_tensor *x = arl_st_file_find(f, name);
+            if (!x) {
+                problem_add(&missing, "%s%s", name, "");
+                continue;
+            }
+            int ok = x->dtype == ARL_DTYPE_F32 && x->rank == t->rank;
+            for (int32_t d = 0; ok && d < t->rank; d++)
+                ok = x->shape[d] == t->shape[d];
+            if (!ok) {
+                char desc[700];
+                arl_st_shape_str(t->rank, t->shape, sb[0], sizeof sb[0]);
+                arl_st_shape_str(x->rank, x->shape, sb[1], sizeof sb[1]);
+                snprintf(desc, sizeof desc, "%s (expected F32 %s, got %s %s)", name, sb[0],
+                         arl_dtype_name(x->dtype), sb[1]);
+                problem_add(&shape, "%s%s", desc, "");
+            }
+        }
+    }
+    for (int64_t i = 0; i < arl_st_file_count(f); i++) {
+        const arl_st_tensor *x = arl_st_file_tensor(f, i);
+        if (moment_owner(opt, x->name) < 0) problem_add(&extra, "%s%s", x->name, "");
+    }
+    if (missing.n || shape.n || extra.n) {
+        problem_finish(&missing);
+        problem_finish(&shape);
+        problem_finish(&extra);
+        s = arl_errorf(ARL_ERR_SHAPE,
+                       "%s: optimizer state does not match the model: %lld missing%s%s, %lld "
+                       "mis-shaped%s%s, %lld unexpected%s%s (was it saved for another config?)",
+                       path, (long long)missing.n, missing.n ? ": " : "", missing.text,
+                       (long long)shape.n, shape.n ? ": " : "", shape.text, (long long)extra.n,
+                       extra.n ? ": " : "", extra.text);
+        goto done;
+    }
+    for (int64_t i = 0; i < inv->n && !s; i++) {
+        if (!(opt->rule[i] & ARL_OPTIM_TRAIN)) continue;
+        const arl_param_tensor *t = &inv->t[i];
+        for (int k = 0; k < 2 && !s; k++) {
+            snprintf(name, sizeof name, "%s%s", t->name, moment_suffix[k]);
+            const arl_st_tensor *x = arl_st_file_find(f, name);
+            float *dst = (k ? opt->v_arena : opt->m_arena) + t->offset;
+            s = arl_st_tensor_read_raw(x, dst, (uint64_t)t->numel * sizeof(float));
+        }
+    }
+    if (!s) opt->step = step;
+done:
+    arl_st_file_close(f);
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* numbered checkpoints                                                                  */
+
+#define STEP_PREFIX "step-"
+#define TMP_PREFIX ".tmp-step-"
+#define OLD_PREFIX ".old-step-"
+
+/* step of a "step-NNNNNNNN" name, or -1. */
+static int64_t parse_step_name(const char *name) {
+    if (strncmp(name, STEP_PREFIX, strlen(STEP_PREFIX))) return -1;
+    const char *p = name + strlen(STEP_PREFIX);
+    if (!*p) return -1;
+    int64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (INT64_MAX - 9) / 10) return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+arl_status arl_train_ckpt_list(const char *root, int64_t **steps, int64_t *n) {
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(root);
+    if (!d) {
+        if (errno == ENOENT) return ARL_OK;
+        return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
+    }
+    int64_t cap = 0;
+    struct dirent *e;
+    arl_status s = ARL_OK;
+    while ((e = readdir(d))) {
+        int64_t st = parse_step_name(e->d_name);
+        if (st < 0) continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s/%s", root, e->d_name, ARL_TRAIN_STATE_FILE);
+        if (access(p, F_OK) != 0) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *nv = realloc(*steps, (size_t)cap * sizeof *nv);
+            if (!nv) {
+                s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", root);
+                break;
+            }
+            *steps = nv;
+        }
+        (*steps)[(*n)++] = st;
+    }
+    closedir(d);
+    if (s) {
+        free(*steps);
+        *steps = NULL;
+        *n = 0;
+        return s;
+    }
+    if (*n) qsort(*steps, (size_t)*n, sizeof **steps, cmp_i64);
+    return ARL_OK;
+}
+
+static void step_dir(char *out, size_t cap, const char *root, int64_t step) {
+    snprintf(out, cap, "%s/" STEP_PREFIX "%08lld", root, (long long)step);
+}
+
+arl_status arl_train_ckpt_latest(const char *root, char *path, size_t cap, int64_t *step) {
+    int64_t *steps, n;
+    ARL_TRY(arl_train_ckpt_list(root, &steps, &n));
+    if (n == 0)
+        return arl_errorf(ARL_ERR_NOT_FOUND,
+                          "%s: no complete training checkpoint (step-N "
+                          "directory with %s)",
+                          root, ARL_TRAIN_STATE_FILE);
+    int64_t last = steps[n - 1];
+    free(steps);
+    /* the directory name may carry more or fewer leading zeros than step_dir writes */
+    DIR *d = opendir(root);
+    if (!d) return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
+    struct dirent *e;
+    int found = 0;
+    while ((e = readdir(d)))
+        if (parse_step_name(e->d_name) == last) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s/%s", root, e->d_name, ARL_TRAIN_STATE_FILE);
+            if (access(p, F_OK) != 0) continue;
+            snprintf(path, cap, "%s/%s", root, e->d_name);
+            found = 1;
+            break;
+        }
+    closedir(d);
+    if (!found) return arl_errorf(ARL_ERR_NOT_FOUND, "%s: checkpoint vanished", root);
+    if (step) *step = last;
+    return ARL_OK;
+}
+
+/* Remove leftovers of interrupted saves (.tmp-step-*, .old-step-*). */
+static arl_status remove_leftovers(const char *root) {
+    DIR *d = opendir(root);
+    if (!d) return ARL_OK;
+    struct dirent *e;
+    arl_status s = ARL_OK;
+    while ((e = readdir(d)) && !s)
+        if (!strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) ||
+            !strncmp(e->d_name, OLD_PREFIX, strlen(OLD_PREFIX))) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+            s = rm_tree(p);
+        }
+    closedir(d);
+    return s;
+}
+
+static arl_status prune(const char *root, int64_t keep_last) {
+    if (keep_last <= 0) return ARL_OK;
+    DIR *d = opendir(root);
+    if (!d) return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
+    /* keep the newest keep_last complete checkpoints; remove every step-N directory older
+       than the oldest kept, complete or not */
+    int64_t *steps = NULL, n = 0;
+    arl_status s = arl_train_ckpt_list(root, &steps, &n);
+    if (s) {
+        closedir(d);
+        return s;
+    }
+    int64_t oldest_kept = n > keep_last ? steps[n - keep_last] : (n ? steps[0] : INT64_MIN);
+    free(steps);
+    struct dirent *e;
+    while ((e = readdir(d)) && !s) {
+        int64_t st = parse_step_name(e->d_name);
+        if (st < 0 || st >= oldest_kept) continue;
+        /* rename first, so that a crash in the middle of the removal never leaves a
+           partly deleted directory under a step- name */
+        char p[4096], old[4096];
+        snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        snprintf(old, sizeof old, "%s/" OLD_PREFIX "%lld-pruned", root, (long long)st);
+        if (rename(p, old) != 0)
+            s = arl_errorf(ARL_ERR_IO, "%s: cannot move aside for removal: %s", p,
+                           strerror(errno));
+        if (!s) s = rm_tree(old);
+    }
+    closedir(d);
+    if (!s) s = fsync_dir(root);
+    return s;
+}
+
+arl_status arl_train_ckpt_save(const char *root, const arl_model_config *cfg,
+                               const arl_model_params *params, const arl_adamw *opt,
+                               const arl_train_state *st, int64_t keep_last, uint64_t shard_bytes,
+                               char *path_out, size_t cap) {
+    ARL_ASSERT(st->step >= 0);
+    ARL_TRY(mkdir_p(root));
+    ARL_TRY(remove_leftovers(root));
+    char tmp[4096], final[4096], path[4200];
+    snprintf(tmp, sizeof tmp, "%s/" TMP_PREFIX "%08lld-XXXXXX", root, (long long)st->step);
+    if (!mkdtemp(tmp))
+        return arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
+                          "%s: cannot create a temporary checkpoint directory: %s", root,
+                          strerror(errno));
+    arl_status s = arl_checkpoint_save(tmp, cfg, params, shard_bytes);
+    if (!s) {
+        snprintf(path, sizeof path, "%s/%s", tmp, ARL_OPTIM_STATE_FILE);
+        s = arl_optim_state_save(path, opt);
+    }
+    if (!s) {
+        snprintf(path, sizeof path, "%s/%s", tmp, ARL_TRAIN_STATE_FILE);
+        s = arl_train_state_write(path, st);
+    }
+    if (!s) s = fsync_dir(tmp);
+    step_dir(final, sizeof final, root, st->step);
+    char old[4096] = "";
+    if (!s && access(final, F_OK) == 0) {
+        /* a checkpoint of this step exists (a run resumed from an earlier one): swap it out */
+        snprintf(old, sizeof old, "%s/" OLD_PREFIX "%08lld-XXXXXX", root, (long long)st->step);
+        if (!mkdtemp(old) || rename(final, old) != 0)
+            s = arl_errorf(ARL_ERR_IO, "%s: cannot move the existing checkpoint aside: %s", final,
+                           strerror(errno));
+    }
+    if (!s && rename(tmp, final) != 0)
+        s = arl_errorf(ARL_ERR_IO, "%s: cannot rename %s into place: %s", final, tmp,
+                       strerror(errno));
+    if (s) {
+        rm_tree(tmp);
+        return arl_error_prefix(s, "saving training checkpoint of step %lld", (long long)st->step);
+    }
+    ARL_TRY(fsync_dir(root));
+    if (old[0]) ARL_TRY(rm_tree(old));
+    if (path_out) snprintf(path_out, cap, "%s", final);
+    return prune(root, keep_last);
+}
+
+arl_status arl_train_ckpt_load(const char *dir, const arl_model_config *cfg, const char *run_sha256,
+                               arl_model_params *params, arl_adamw *opt, arl_train_state *st) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, ARL_TRAIN_STATE_FILE);
+    ARL_TRY(arl_train_state_read(path, st));
+    char model_hex[ARL_SHA256_HEX_CHARS];
+    arl_model_config_hash_hex(cfg, model_hex);
+    arl_status s = arl_train_state_check(st, path, model_hex, run_sha256);
+    if (!s) s = arl_checkpoint_load(dir, cfg, params);
+    if (!s) {
+        snprintf(path, sizeof path, "%s/%s", dir, ARL_OPTIM_STATE_FILE);
+        s = arl_optim_state_load(path, opt);
+    }
+    if (!s && opt->step != st->step)
+        s = arl_errorf(ARL_ERR_CORRUPT,
+                       "%s: optimizer state is at step %lld but the train state at step %lld "
+                       "(files of different saves mixed?)",
+                       dir, (long long)opt->step, (long long)st->step);
+    if (s) arl_train_state_free(st);
+    return s;
+}
