@@ -1,0 +1,224 @@
+/* reward/config.c: the reward side of the objective's configuration -- defaults
+ * (spec/objective.md section 13), the option table and its resolution into arl_reward_config,
+ * including the per-level component lists "name=weight[:form]".
+ * Not here: the math (reward/advantage.c), the loss and KL options (learner/). */
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reward/reward.h"
+
+const char *arl_reward_level_name(arl_reward_level l) {
+    switch (l) {
+    case ARL_REWARD_LEVEL_OUTCOME:
+        return "outcome";
+    case ARL_REWARD_LEVEL_SEGMENT:
+        return "segment";
+    case ARL_REWARD_LEVEL_PROCESS:
+        return "process";
+    default:
+        return "?";
+    }
+}
+
+void arl_reward_config_default(arl_reward_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->w[ARL_REWARD_LEVEL_OUTCOME] = 1.0;
+    cfg->w[ARL_REWARD_LEVEL_SEGMENT] = 0.5;
+    cfg->w[ARL_REWARD_LEVEL_PROCESS] = 0.5;
+    cfg->gamma_segment = 1.0;
+    cfg->gamma_process = 0.95;
+    cfg->process_form = ARL_REWARD_FORM_SUM;
+    cfg->process_baseline = ARL_REWARD_PB_TURN_INDEX;
+    cfg->segment_baseline = ARL_REWARD_SB_LOO;
+    cfg->norm[ARL_REWARD_LEVEL_OUTCOME] = ARL_REWARD_NORM_NONE;
+    cfg->norm[ARL_REWARD_LEVEL_SEGMENT] = ARL_REWARD_NORM_BATCH;
+    cfg->norm[ARL_REWARD_LEVEL_PROCESS] = ARL_REWARD_NORM_BATCH;
+    cfg->sigma_min = 1e-6;
+    cfg->kl_scope = ARL_REWARD_KL_TRAJECTORY;
+}
+
+int32_t arl_reward_config_ncols(const arl_reward_config *cfg, arl_reward_level l) {
+    return cfg->n_comp[l] > 0 ? cfg->n_comp[l] : 1;
+}
+
+void arl_reward_config_set_source(arl_reward_config *cfg, const char *name, int source_model) {
+    for (int32_t c = 0; c < cfg->n_comp[ARL_REWARD_LEVEL_PROCESS]; c++) {
+        arl_reward_component *k = &cfg->comp[ARL_REWARD_LEVEL_PROCESS][c];
+        if (k->form == ARL_REWARD_FORM_AUTO && !strcmp(k->name, name))
+            k->form = source_model ? ARL_REWARD_FORM_MIN : ARL_REWARD_FORM_SUM;
+    }
+}
+
+/* ---- option table ---- */
+
+#define OFF(f) offsetof(arl_reward_opts, f)
+const arl_option arl_reward_options[] = {
+    {"w-outcome", ARL_OPT_FLOAT, OFF(w_outcome), "1.0",
+     "weight w_O of the outcome advantage (0: level not used)", 0, 1e6, NULL, 0, "W"},
+    {"w-segment", ARL_OPT_FLOAT, OFF(w_segment), "0.5",
+     "weight w_S of the segment advantage (0: level not used)", 0, 1e6, NULL, 0, "W"},
+    {"w-process", ARL_OPT_FLOAT, OFF(w_process), "0.5",
+     "weight w_P of the process advantage (0: level not used)", 0, 1e6, NULL, 0, "W"},
+    {"gamma-segment", ARL_OPT_FLOAT, OFF(gamma_segment), "1.0",
+     "segment discount gamma_S of the segment return-to-go", 0, 1, NULL, 0, "G"},
+    {"gamma-process", ARL_OPT_FLOAT, OFF(gamma_process), "0.95",
+     "process discount gamma_P (sum form)", 0, 1, NULL, 0, "G"},
+    {"process-form", ARL_OPT_CHOICE, OFF(process_form), "sum",
+     "return-to-go form of the scalar process reward (no components)", 0, 0, "sum|min", 0, NULL},
+    {"process-baseline", ARL_OPT_CHOICE, OFF(process_baseline), "turn_index",
+     "process baseline: leave-one-out by turn index, or anchor groups first", 0, 0,
+     "turn_index|anchor", 0, NULL},
+    {"segment-baseline", ARL_OPT_CHOICE, OFF(segment_baseline), "loo",
+     "segment baseline: leave-one-out, or Monte-Carlo forks where available", 0, 0, "loo|mc", 0,
+     NULL},
+    {"norm-outcome", ARL_OPT_CHOICE, OFF(norm_outcome), "none",
+     "normalisation scope of the outcome advantage", 0, 0, "none|batch|group", 0, NULL},
+    {"norm-segment", ARL_OPT_CHOICE, OFF(norm_segment), "batch",
+     "normalisation scope of the segment advantage", 0, 0, "none|batch|group", 0, NULL},
+    {"norm-process", ARL_OPT_CHOICE, OFF(norm_process), "batch",
+     "normalisation scope of the process advantage", 0, 0, "none|batch|group", 0, NULL},
+    {"sigma-min", ARL_OPT_FLOAT, OFF(sigma_min), "1e-6",
+     "no division by a standard deviation below this", 0, 1e6, NULL, 0, "S"},
+    {"kl-rtg-scope", ARL_OPT_CHOICE, OFF(kl_rtg_scope), "trajectory",
+     "KL return-to-go to the trajectory end (unbiased) or the segment end", 0, 0,
+     "trajectory|segment", 0, NULL},
+    {"outcome-components", ARL_OPT_LIST, OFF(outcome_components), NULL,
+     "outcome component weight (repeatable); none: the scalar reward", 0, 0, NULL, 0, "NAME=W"},
+    {"segment-components", ARL_OPT_LIST, OFF(segment_components), NULL,
+     "segment component weight (repeatable); none: the scalar reward", 0, 0, NULL, 0, "NAME=W"},
+    {"process-components", ARL_OPT_LIST, OFF(process_components), NULL,
+     "process component weight and form (repeatable; form auto: min for source model, else "
+     "sum); none: the scalar reward",
+     0, 0, NULL, 0, "NAME=W[:sum|min|auto]"},
+};
+#undef OFF
+const size_t arl_reward_options_count = sizeof arl_reward_options / sizeof arl_reward_options[0];
+
+static int choice_index(const char *v, const char *const *words, int n) {
+    for (int i = 0; i < n; i++)
+        if (v && !strcmp(v, words[i])) return i;
+    return -1;
+}
+
+static arl_status parse_choice(const char *opt, const char *v, const char *const *words, int n,
+                               int *out) {
+    int i = choice_index(v, words, n);
+    if (i < 0)
+        return arl_errorf(ARL_ERR_CONFIG, "option '%s': unknown value '%s'", opt, v ? v : "(null)");
+    *out = i;
+    return ARL_OK;
+}
+
+static int valid_name(const char *s, size_t n) {
+    if (n == 0 || n > ARL_REWARD_NAME_BYTES) return 0;
+    if (!(s[0] >= 'a' && s[0] <= 'z')) return 0;
+    for (size_t i = 1; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return 0;
+    }
+    return 1;
+}
+
+static arl_status parse_components(const char *opt, const arl_strlist *l, arl_reward_level lev,
+                                   arl_reward_config *cfg) {
+    if (l->n > ARL_REWARD_MAX_COMPONENTS)
+        return arl_errorf(ARL_ERR_CONFIG, "option '%s': %d components, at most %d are supported",
+                          opt, l->n, ARL_REWARD_MAX_COMPONENTS);
+    for (int i = 0; i < l->n; i++) {
+        const char *e = l->v[i];
+        const char *eq = strchr(e, '=');
+        if (!eq || !valid_name(e, (size_t)(eq - e)))
+            return arl_errorf(ARL_ERR_CONFIG,
+                              "option '%s': entry '%s': expected NAME=WEIGHT with NAME matching "
+                              "[a-z][a-z0-9_]{0,63}",
+                              opt, e);
+        arl_reward_component *c = &cfg->comp[lev][i];
+        memcpy(c->name, e, (size_t)(eq - e));
+        c->name[eq - e] = '\0';
+        char *end = NULL;
+        double w = strtod(eq + 1, &end);
+        if (end == eq + 1 || !isfinite(w))
+            return arl_errorf(ARL_ERR_CONFIG,
+                              "option '%s': entry '%s': weight is not a finite "
+                              "number",
+                              opt, e);
+        c->weight = w;
+        c->form = ARL_REWARD_FORM_AUTO;
+        if (*end == ':') {
+            if (lev != ARL_REWARD_LEVEL_PROCESS)
+                return arl_errorf(ARL_ERR_CONFIG,
+                                  "option '%s': entry '%s': a form is only "
+                                  "allowed for process components",
+                                  opt, e);
+            static const char *const forms[] = {"auto", "sum", "min"};
+            int f = choice_index(end + 1, forms, 3);
+            if (f < 0)
+                return arl_errorf(ARL_ERR_CONFIG,
+                                  "option '%s': entry '%s': form must be "
+                                  "sum, min or auto",
+                                  opt, e);
+            c->form = (arl_reward_form)f;
+        } else if (*end) {
+            return arl_errorf(ARL_ERR_CONFIG,
+                              "option '%s': entry '%s': unexpected text after "
+                              "the weight",
+                              opt, e);
+        }
+        for (int j = 0; j < i; j++)
+            if (!strcmp(cfg->comp[lev][j].name, c->name))
+                return arl_errorf(ARL_ERR_CONFIG, "option '%s': component '%s' given twice", opt,
+                                  c->name);
+    }
+    cfg->n_comp[lev] = l->n;
+    return ARL_OK;
+}
+
+arl_status arl_reward_config_from_opts(const arl_reward_opts *o, arl_reward_config *cfg) {
+    arl_reward_config_default(cfg);
+    cfg->w[ARL_REWARD_LEVEL_OUTCOME] = o->w_outcome;
+    cfg->w[ARL_REWARD_LEVEL_SEGMENT] = o->w_segment;
+    cfg->w[ARL_REWARD_LEVEL_PROCESS] = o->w_process;
+    cfg->gamma_segment = o->gamma_segment;
+    cfg->gamma_process = o->gamma_process;
+    cfg->sigma_min = o->sigma_min;
+    for (int l = 0; l < ARL_REWARD_NLEVELS; l++)
+        if (!(cfg->w[l] >= 0) || !isfinite(cfg->w[l]))
+            return arl_errorf(ARL_ERR_CONFIG, "option 'w-%s': expected a finite weight >= 0",
+                              arl_reward_level_name((arl_reward_level)l));
+    if (!(o->gamma_segment >= 0 && o->gamma_segment <= 1))
+        return arl_errorf(ARL_ERR_CONFIG, "option 'gamma-segment': expected a value in [0, 1]");
+    if (!(o->gamma_process >= 0 && o->gamma_process <= 1))
+        return arl_errorf(ARL_ERR_CONFIG, "option 'gamma-process': expected a value in [0, 1]");
+    if (!(o->sigma_min >= 0) || !isfinite(o->sigma_min))
+        return arl_errorf(ARL_ERR_CONFIG, "option 'sigma-min': expected a finite value >= 0");
+    int v;
+    static const char *const forms[] = {"auto", "sum", "min"};
+    ARL_TRY(parse_choice("process-form", o->process_form, forms, 3, &v));
+    if (v == 0) return arl_errorf(ARL_ERR_CONFIG, "option 'process-form': expected sum or min");
+    cfg->process_form = (arl_reward_form)v;
+    static const char *const pb[] = {"turn_index", "anchor"};
+    ARL_TRY(parse_choice("process-baseline", o->process_baseline, pb, 2, &v));
+    cfg->process_baseline = (arl_reward_process_baseline)v;
+    static const char *const sb[] = {"loo", "mc"};
+    ARL_TRY(parse_choice("segment-baseline", o->segment_baseline, sb, 2, &v));
+    cfg->segment_baseline = (arl_reward_segment_baseline)v;
+    static const char *const ns[] = {"none", "batch", "group"};
+    ARL_TRY(parse_choice("norm-outcome", o->norm_outcome, ns, 3, &v));
+    cfg->norm[ARL_REWARD_LEVEL_OUTCOME] = (arl_reward_norm)v;
+    ARL_TRY(parse_choice("norm-segment", o->norm_segment, ns, 3, &v));
+    cfg->norm[ARL_REWARD_LEVEL_SEGMENT] = (arl_reward_norm)v;
+    ARL_TRY(parse_choice("norm-process", o->norm_process, ns, 3, &v));
+    cfg->norm[ARL_REWARD_LEVEL_PROCESS] = (arl_reward_norm)v;
+    static const char *const ks[] = {"trajectory", "segment"};
+    ARL_TRY(parse_choice("kl-rtg-scope", o->kl_rtg_scope, ks, 2, &v));
+    cfg->kl_scope = (arl_reward_kl_scope)v;
+    ARL_TRY(parse_components("outcome-components", &o->outcome_components, ARL_REWARD_LEVEL_OUTCOME,
+                             cfg));
+    ARL_TRY(parse_components("segment-components", &o->segment_components, ARL_REWARD_LEVEL_SEGMENT,
+                             cfg));
+    ARL_TRY(parse_components("process-components", &o->process_components, ARL_REWARD_LEVEL_PROCESS,
+                             cfg));
+    return ARL_OK;
+}
