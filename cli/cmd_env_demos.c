@@ -1,0 +1,76 @@
+/* cli/cmd_env_demos.c: `agentrl env demos NAME --episodes N --seed S --out FILE.jsonl`: write
+ * teacher demonstrations of a built-in environment as JSONL conversations (OpenAI chat format
+ * with the tool list; envs/builtin/teacher.h) for SFT warm-starts.  Episode i uses task seed
+ * S + i; only successful episodes are written. */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "envs/builtin/teacher.h"
+
+typedef struct env_demos_opts {
+    char *name;
+    int64_t episodes;
+    int64_t seed;
+    char *out;
+    char *options;
+} env_demos_opts;
+
+static const arl_option env_demos_tab[] = {
+    {"name", ARL_OPT_STRING, offsetof(env_demos_opts, name), NULL,
+     "built-in environment: calculator, needle, kvstore or shapes", 0, 0, NULL,
+     ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "NAME"},
+    {"episodes", ARL_OPT_INT, offsetof(env_demos_opts, episodes), "100",
+     "number of teacher episodes", 1, 1e9, NULL, 0, "N"},
+    {"seed", ARL_OPT_INT, offsetof(env_demos_opts, seed), "0",
+     "task seed of the first episode (episode i uses seed + i)", 0, 9007199254740991.0, NULL, 0,
+     "S"},
+    {"out", ARL_OPT_STRING, offsetof(env_demos_opts, out), "-",
+     "output JSONL file ('-': standard output)", 0, 0, NULL, 0, "FILE"},
+    {"options", ARL_OPT_STRING, offsetof(env_demos_opts, options), "{}",
+     "the environment's options as a JSON object, e.g. '{\"level\": 2}' (calculator), "
+     "'{\"doc_tokens\": 100000}' (needle), '{\"failure_rate\": 0.3}' (kvstore), "
+     "'{\"size\": 56}' (shapes); \"max_steps\" caps an episode",
+     0, 0, NULL, 0, "JSON"},
+};
+#define ENV_DEMOS_N ARL_OPTIONS_COUNT(env_demos_tab)
+
+int cmd_env_demos(int argc, char **argv) {
+    env_demos_opts o;
+    int r = cli_parse(env_demos_tab, ENV_DEMOS_N, argc, argv, &o,
+                      "agentrl env demos NAME [--episodes N] [--seed S] [--out FILE.jsonl] "
+                      "[--options JSON]",
+                      "Write teacher demonstrations of a built-in environment as JSONL "
+                      "conversations (OpenAI chat format with tools) for SFT.");
+    if (r) return r < 0 ? ARL_EXIT_OK : r;
+    FILE *f = strcmp(o.out, "-") ? fopen(o.out, "w") : stdout;
+    int rc = ARL_EXIT_OK;
+    if (!f) {
+        fprintf(stderr, "agentrl: error: cannot create %s\n", o.out);
+        rc = ARL_EXIT_FAIL;
+    } else {
+        arl_env_demos_stats st;
+        arl_status s = arl_env_demos_write(o.name, o.episodes, (uint64_t)o.seed, o.options, f, &st);
+        if (f != stdout && fclose(f) != 0 && s == ARL_OK)
+            s = arl_errorf(ARL_ERR_IO, "%s: write failed", o.out);
+        if (s != ARL_OK) {
+            rc = cli_fail(s);
+        } else {
+            fprintf(stderr,
+                    "env demos: %s: %lld episodes, %lld conversations written (%lld bytes, "
+                    "%.2f steps per episode) to %s%s\n",
+                    o.name, (long long)st.episodes, (long long)st.written, (long long)st.bytes,
+                    st.episodes ? (double)st.steps / (double)st.episodes : 0.0,
+                    strcmp(o.out, "-") ? o.out : "standard output",
+                    st.failed ? "; some episodes did not succeed (raise max_steps?)" : "");
+            if (st.failed) {
+                fprintf(stderr, "env demos: %lld episodes failed and were not written\n",
+                        (long long)st.failed);
+                rc = ARL_EXIT_FAIL;
+            }
+        }
+    }
+    arl_options_free(env_demos_tab, ENV_DEMOS_N, &o);
+    return rc;
+}

@@ -1,0 +1,40 @@
+/* envs/aep_server.h: an AEP/1 HTTP front end (libmicrohttpd) for any environment of the C ABI
+ * (arl_env_vtable, envs/env.h).  It adds what only HTTP has (spec §2, §8.7 checks 1, 2 and the
+ * header part of 4, §12.1 413 handling, Retry-After) and passes bodies through unchanged, so a
+ * built-in environment served here is byte-for-byte the same environment as in-process.
+ * Not here: session semantics (envs/env_host.c), the `agentrl env serve` command (cli/cmd_env.c).
+ */
+#ifndef ARL_ENVS_AEP_SERVER_H
+#define ARL_ENVS_AEP_SERVER_H
+
+#include <stdint.h>
+
+#include "envs/env.h"
+
+typedef struct arl_aep_server arl_aep_server;
+
+typedef struct arl_aep_server_config {
+    const char *host;          /* listen address (IPv4 or IPv6 literal); NULL: "127.0.0.1" */
+    int port;                  /* 0: pick a free port (see arl_aep_server_port) */
+    const char *token;         /* bearer token required on every request; NULL: none */
+    int64_t max_request_bytes; /* 0: /info limits.max_request_bytes */
+    int64_t connection_timeout_s; /* idle keep-alive connections are closed after this; 0: 900 */
+} arl_aep_server_config;
+
+/* Start serving (vt, inst) on a background thread per connection.  vt and inst must outlive
+ * the server.  ARL_ERR_ARG (bad host), ARL_ERR_NET (cannot bind), ARL_ERR_PROTOCOL (/info of
+ * the environment invalid). */
+arl_status arl_aep_server_start(const arl_env_vtable *vt, void *inst, const arl_aep_server_config *cfg,
+                                arl_aep_server **out);
+/* The bound TCP port. */
+int arl_aep_server_port(const arl_aep_server *s);
+/* Start draining (new sessions 503 DRAINING, health 503; existing sessions continue). */
+void arl_aep_server_drain(arl_aep_server *s);
+/* Sessions counting towards max_sessions (from the environment's health body); -1 if unknown. */
+int64_t arl_aep_server_active_sessions(arl_aep_server *s);
+/* Reap idle sessions now (the environment's reap_idle); returns how many. */
+int arl_aep_server_reap(arl_aep_server *s);
+/* Stop accepting, finish running requests, free (NULL ok).  The environment is not destroyed. */
+void arl_aep_server_stop(arl_aep_server *s);
+
+#endif

@@ -1,0 +1,87 @@
+#!/bin/bash
+# tests/envs_aep/serve_check.sh: `agentrl env check` (with and without a conformance script)
+# passes against `agentrl env serve` for the echo test environment and every built-in
+# environment that ships a script (envs/builtin/conformance/NAME.json); --json is valid JSON;
+# the server picks a free loopback port, prints it, and exits 0 on SIGTERM; usage errors exit 2
+# and an unreachable server exits 1.
+set -u
+BIN=${ARL_BIN:-build/agentrl}
+SRC=${ARL_SOURCE_DIR:-.}
+[ -x "$BIN" ] || { echo "no $BIN"; exit 1; }
+tmp=$(mktemp -d)
+pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+
+serve() { # NAME -> sets pid, url
+    "$BIN" env serve "$1" --port 0 > "$tmp/out" 2> "$tmp/err" &
+    pid=$!
+    url=
+    for _ in $(seq 200); do
+        url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$tmp/out" 2>/dev/null)
+        [ -n "$url" ] && return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    cat "$tmp/err"
+    return 1
+}
+
+stop() { # SIGTERM: drain, then exit 0
+    kill -TERM "$pid"
+    for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    if kill -0 "$pid" 2>/dev/null; then bad "server $1 still running 10 s after SIGTERM"; kill -9 "$pid"; fi
+    wait "$pid"; rc=$?
+    [ "$rc" = 0 ] || bad "server $1 exited $rc after SIGTERM"
+    pid=
+}
+
+check() { # NAME URL [SCRIPT]
+    local name=$1 u=$2 script=${3:-}
+    if [ -n "$script" ]; then
+        "$BIN" env check "$u" --script "$script" > "$tmp/check" 2>&1
+    else
+        "$BIN" env check "$u" > "$tmp/check" 2>&1
+    fi
+    rc=$?
+    if [ "$rc" != 0 ]; then bad "env check $name ${script:+--script $script} exited $rc"; cat "$tmp/check"; fi
+    grep -q "conformant" "$tmp/check" || bad "no verdict line for $name"
+}
+
+names="echo"
+for f in "$SRC"/envs/builtin/conformance/*.json; do
+    [ -f "$f" ] && names="$names $(basename "$f" .json)"
+done
+for name in $names; do
+    serve "$name" || { bad "env serve $name did not print its URL"; continue; }
+    case $name in
+        echo) script="$SRC/tests/envs_aep/echo_script.json" ;;
+        *) script="$SRC/envs/builtin/conformance/$name.json" ;;
+    esac
+    check "$name" "$url"
+    check "$name" "$url" "$script"
+    echo "ok   $name: $(tail -1 "$tmp/check")"
+    stop "$name"
+done
+
+# --json: a JSON report on stdout with one entry per check
+serve echo || bad "env serve echo"
+"$BIN" env check "$url" --json > "$tmp/report.json" 2> /dev/null || bad "env check --json exited non-zero"
+grep -q '"conformant": true' "$tmp/report.json" || bad "--json report lacks \"conformant\": true"
+[ "$(grep -c '"id":' "$tmp/report.json")" = 26 ] || bad "--json report does not list 26 checks"
+# a URL ending in /aep/v1 is accepted
+"$BIN" env check "$url/aep/v1" > /dev/null 2>&1 || bad "URL with /aep/v1 suffix"
+stop echo
+
+# usage errors (2) and an unreachable server (1)
+"$BIN" env check > /dev/null 2>&1; [ $? = 2 ] || bad "env check without URL should exit 2"
+"$BIN" env check http://127.0.0.1:9 --script /nonexistent.json > /dev/null 2>&1; [ $? = 2 ] || bad "missing script should exit 2"
+echo '{"task": {}}' > "$tmp/bad.json"
+"$BIN" env check builtin:echo --script "$tmp/bad.json" > /dev/null 2>&1; [ $? = 2 ] || bad "invalid script should exit 2"
+"$BIN" env check http://127.0.0.1:9 > /dev/null 2>&1; [ $? = 1 ] || bad "unreachable server should exit 1"
+"$BIN" env serve no-such-env --port 0 > /dev/null 2>&1; [ $? = 2 ] || bad "unknown environment should exit 2"
+
+[ $fail = 0 ] && echo "serve_check: all passed"
+exit $fail

@@ -1,0 +1,597 @@
+/* tests/envs_aep/test_faults.c: the AEP/1 client against a misbehaving server (spec §15.3).
+ *
+ * A small fault server on loopback (raw sockets, a thread per connection, keep-alive) answers
+ * /info and create normally and misbehaves on the endpoint under test, chosen by the first path
+ * segment of the base URL (http://127.0.0.1:P/<scenario>).  For every fault the client must
+ * return the spec's error code (§8.3, §8.4, §8.5, §12.3), retry exactly the retryable codes with
+ * the attempt limits and delays of §10.3 resending identical bytes, never wait past its
+ * deadline, and never crash (the suite also runs under AddressSanitizer). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "envs/aep_check.h"
+#include "envs/aep_json.h"
+#include "envs/env.h"
+#include "tests/test.h"
+
+/* ---- the fault server ---- */
+
+#define MAX_ATT 64
+typedef struct attempt {
+    char path[256];
+    char *body;
+    size_t len;
+    char request_id[64];
+    int64_t t_us;
+} attempt;
+
+static struct {
+    int fd, port;
+    pthread_t th;
+    atomic_int stop;
+    pthread_mutex_t mu;
+    attempt att[MAX_ATT]; /* step (or GET) attempts of the current scenario */
+    int n_att;
+    atomic_int accepts;
+} fs;
+
+static void fs_reset(void) {
+    pthread_mutex_lock(&fs.mu);
+    for (int i = 0; i < fs.n_att; i++) free(fs.att[i].body);
+    fs.n_att = 0;
+    pthread_mutex_unlock(&fs.mu);
+    atomic_store(&fs.accepts, 0);
+}
+
+static int send_all(int fd, const char *p, size_t n) {
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int send_resp(int fd, int status, const char *ctype, const char *extra, const char *body, size_t len) {
+    char h[512];
+    int n = snprintf(h, sizeof h, "HTTP/1.1 %d X\r\nAEP-Version: 1\r\nContent-Length: %zu\r\n%s%s%s%s\r\n", status, len,
+                     ctype ? "Content-Type: " : "", ctype ? ctype : "", ctype ? "\r\n" : "", extra ? extra : "");
+    if (send_all(fd, h, (size_t)n)) return -1;
+    return len ? send_all(fd, body, len) : 0;
+}
+
+static const char *JS = "application/json; charset=utf-8";
+static const char *INFO =
+    "{\"protocol\":\"aep/1\",\"protocol_revision\":0,\"env\":{\"name\":\"faulty\",\"version\":\"0.1.0\"},"
+    "\"tools\":[],\"reward_levels\":{\"process\":{\"range\":[-1,1]},\"outcome\":{\"range\":[0,1]}},"
+    "\"reward_components\":[],\"capabilities\":{},\"limits\":{\"max_sessions\":4}}";
+static const char *STEP_OK =
+    "{\"step_index\":1,\"observation\":{\"context\":\"append\",\"messages\":[{\"role\":\"tool\","
+    "\"tool_call_id\":\"call_1_0\",\"content\":\"ok\"}]},\"reward\":0,\"reward_components\":{},"
+    "\"terminated\":false,\"truncated\":false,\"info\":{}}";
+
+static char *envelope(const char *code, int retryable, const char *attr, int retry_ms) {
+    char *b = malloc(400), ra[48] = "";
+    if (retry_ms >= 0) snprintf(ra, sizeof ra, "\"retry_after_ms\":%d,", retry_ms);
+    snprintf(b, 400, "{\"error\":{\"code\":\"%s\",\"message\":\"m\",\"retryable\":%s,%s\"attribution\":\"%s\","
+             "\"details\":{}}}", code, retryable ? "true" : "false", ra, attr);
+    return b;
+}
+
+static void nap(int ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Answer one faulty request; returns 0 to keep the connection, -1 to close it. */
+static int fault(int fd, const char *sc, int n) {
+    char *e = NULL;
+    int rc = 0;
+    if (!strcmp(sc, "ok")) return send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+    if (!strcmp(sc, "stall_once")) {
+        if (n == 1) {
+            nap(3000);
+            return -1;
+        }
+        return send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+    }
+    if (!strcmp(sc, "stall")) {
+        nap(1500);
+        return -1;
+    }
+    if (!strcmp(sc, "e500")) {
+        e = envelope("ENV_INTERNAL", 0, "env", -1);
+        rc = send_resp(fd, 500, JS, NULL, e, strlen(e));
+    } else if (!strcmp(sc, "e500_html")) {
+        rc = send_resp(fd, 500, "text/html", NULL, "<h1>oops</h1>", 13);
+    } else if (!strcmp(sc, "e502_html")) {
+        rc = send_resp(fd, 502, "text/html", NULL, "<h1>bad gateway</h1>", 20);
+    } else if (!strcmp(sc, "e503_twice")) {
+        if (n <= 2) {
+            e = envelope("CAPACITY_REACHED", 1, "env", 150);
+            rc = send_resp(fd, 503, JS, "Retry-After: 1\r\n", e, strlen(e));
+        } else {
+            rc = send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+        }
+    } else if (!strcmp(sc, "e503_header_only")) { /* no envelope: ENV_INTERNAL, retried with the header hint */
+        if (n == 1)
+            rc = send_resp(fd, 503, "text/plain", "Retry-After: 1\r\n", "busy", 4);
+        else
+            rc = send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+    } else if (!strcmp(sc, "e504")) {
+        e = envelope("DEADLINE_EXCEEDED", 1, "env", -1);
+        rc = send_resp(fd, 504, JS, NULL, e, strlen(e));
+    } else if (!strcmp(sc, "busy_twice")) {
+        if (n <= 2) {
+            e = envelope("STEP_IN_PROGRESS", 1, "none", 30);
+            rc = send_resp(fd, 409, JS, NULL, e, strlen(e));
+        } else {
+            rc = send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+        }
+    } else if (!strcmp(sc, "capacity_forever")) {
+        e = envelope("CAPACITY_REACHED", 1, "env", 40);
+        rc = send_resp(fd, 503, JS, "Retry-After: 1\r\n", e, strlen(e));
+    } else if (!strcmp(sc, "x_code")) { /* an unknown server code: act on retryable as sent */
+        e = envelope("X_FLAKY", 1, "infra", 5);
+        rc = send_resp(fd, 503, JS, "Retry-After: 0\r\n", e, strlen(e));
+    } else if (!strcmp(sc, "bad_json")) {
+        rc = send_resp(fd, 200, JS, NULL, "{\"step_index\":1,", 16);
+    } else if (!strcmp(sc, "bad_utf8")) {
+        const char *b = "{\"step_index\":1,\"x\":\"\xff\xfe\"}";
+        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+    } else if (!strcmp(sc, "surrogate")) {
+        const char *b = "{\"step_index\":1,\"x\":\"\\ud800\"}";
+        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+    } else if (!strcmp(sc, "wrong_ctype")) {
+        rc = send_resp(fd, 200, "text/plain", NULL, STEP_OK, strlen(STEP_OK));
+    } else if (!strcmp(sc, "no_ctype")) {
+        rc = send_resp(fd, 200, NULL, NULL, STEP_OK, strlen(STEP_OK));
+    } else if (!strcmp(sc, "dup_keys")) {
+        const char *b = "{\"step_index\":1,\"step_index\":1,\"observation\":{\"context\":\"append\",\"messages\":[{\"role\":"
+                        "\"tool\",\"tool_call_id\":\"call_1_0\",\"content\":\"ok\"}]},\"reward\":0,\"terminated\":false,"
+                        "\"truncated\":false}";
+        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+    } else if (!strcmp(sc, "deep")) {
+        char b[200];
+        int k = snprintf(b, sizeof b, "{\"step_index\":1,\"info\":");
+        for (int i = 0; i < 40; i++) b[k++] = '[';
+        for (int i = 0; i < 40; i++) b[k++] = ']';
+        b[k++] = '}';
+        rc = send_resp(fd, 200, JS, NULL, b, (size_t)k);
+    } else if (!strcmp(sc, "huge_declared")) { /* Content-Length over the cap: refused before the body */
+        char h[256];
+        int k = snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nAEP-Version: 1\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n",
+                         JS, 64 << 20);
+        send_all(fd, h, (size_t)k);
+        char buf[65536];
+        memset(buf, ' ', sizeof buf);
+        for (int i = 0; i < 1024; i++)
+            if (send_all(fd, buf, sizeof buf)) break;
+        rc = -1;
+    } else if (!strcmp(sc, "huge_chunked")) { /* no length: aborted when the cap is passed */
+        char h[256];
+        int k = snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nAEP-Version: 1\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n", JS);
+        send_all(fd, h, (size_t)k);
+        char buf[65536 + 32];
+        int hl = snprintf(buf, 32, "%x\r\n", 65536);
+        memset(buf + hl, ' ', 65536);
+        memcpy(buf + hl + 65536, "\r\n", 2);
+        for (int i = 0; i < 1024; i++)
+            if (send_all(fd, buf, (size_t)hl + 65536 + 2)) break;
+        rc = -1;
+    } else if (!strcmp(sc, "trickle")) {
+        char h[256];
+        int k = snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nAEP-Version: 1\r\nContent-Type: %s\r\nContent-Length: 1000\r\n\r\n", JS);
+        send_all(fd, h, (size_t)k);
+        for (int i = 0; i < 100; i++) {
+            if (send_all(fd, " ", 1)) break;
+            nap(50);
+        }
+        rc = -1;
+    } else if (!strcmp(sc, "cut")) { /* connection closed mid-response */
+        char h[256];
+        int k = snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nAEP-Version: 1\r\nContent-Type: %s\r\nContent-Length: 500\r\n\r\n{\"step\"", JS);
+        send_all(fd, h, (size_t)k);
+        rc = -1;
+    } else if (!strcmp(sc, "unknown_session")) {
+        e = envelope("UNKNOWN_SESSION", 0, "env", -1);
+        rc = send_resp(fd, 404, JS, NULL, e, strlen(e));
+    } else if (!strcmp(sc, "stale_index")) { /* a replayed earlier step's response */
+        const char *b = "{\"step_index\":0,\"observation\":{\"context\":\"append\",\"messages\":[{\"role\":\"tool\","
+                        "\"tool_call_id\":\"call_1_0\",\"content\":\"ok\"}]},\"reward\":0,\"terminated\":false,\"truncated\":false}";
+        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+    } else if (!strcmp(sc, "redirect")) {
+        rc = send_resp(fd, 307, JS, "Location: http://127.0.0.1:1/\r\n", "{}", 2);
+    } else if (!strcmp(sc, "reward_range")) {
+        const char *b = "{\"step_index\":1,\"observation\":{\"context\":\"append\",\"messages\":[{\"role\":\"tool\","
+                        "\"tool_call_id\":\"call_1_0\",\"content\":\"ok\"}]},\"reward\":7,\"terminated\":false,\"truncated\":false}";
+        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+    } else if (!strcmp(sc, "missing_tool_msg")) {
+        const char *b = "{\"step_index\":1,\"observation\":{\"context\":\"append\",\"messages\":[{\"role\":\"user\","
+                        "\"content\":\"hi\"}]},\"reward\":0,\"terminated\":false,\"truncated\":false}";
+        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+    } else if (!strcmp(sc, "no_envelope_4xx")) {
+        rc = send_resp(fd, 409, JS, NULL, "{\"detail\":\"conflict\"}", 21);
+    } else if (!strcmp(sc, "status_299")) {
+        rc = send_resp(fd, 299, JS, NULL, STEP_OK, strlen(STEP_OK));
+    } else {
+        rc = send_resp(fd, 500, "text/plain", NULL, "unknown scenario", 16);
+    }
+    free(e);
+    return rc;
+}
+
+static void *conn_main(void *p) {
+    int fd = (int)(intptr_t)p;
+    char *buf = malloc(1 << 20);
+    size_t have = 0;
+    for (;;) {
+        char *end = NULL;
+        while (!(end = memmem(buf, have, "\r\n\r\n", 4))) {
+            if (have >= (1 << 20) - 1) goto done;
+            ssize_t r = recv(fd, buf + have, (1 << 20) - 1 - have, 0);
+            if (r <= 0) goto done;
+            have += (size_t)r;
+        }
+        size_t hlen = (size_t)(end - buf) + 4;
+        buf[hlen - 1] = 0;
+        char method[16] = "", path[512] = "";
+        sscanf(buf, "%15s %511s", method, path);
+        size_t clen = 0;
+        char rid[64] = "";
+        for (char *l = strstr(buf, "\r\n"); l && l < buf + hlen; l = strstr(l + 2, "\r\n")) {
+            if (!strncasecmp(l + 2, "Content-Length:", 15)) clen = (size_t)strtoul(l + 17, NULL, 10);
+            if (!strncasecmp(l + 2, "AEP-Request-Id:", 15)) sscanf(l + 17, " %63[^\r]", rid);
+        }
+        while (have < hlen + clen) {
+            ssize_t r = recv(fd, buf + have, (1 << 20) - 1 - have, 0);
+            if (r <= 0) goto done;
+            have += (size_t)r;
+        }
+        /* /<scenario>/aep/v1/<rest> */
+        char sc[64] = "";
+        const char *rest = NULL;
+        if (path[0] == '/') {
+            const char *s2 = strchr(path + 1, '/');
+            if (s2 && (size_t)(s2 - path - 1) < sizeof sc) {
+                memcpy(sc, path + 1, (size_t)(s2 - path - 1));
+                sc[s2 - path - 1] = 0;
+                rest = s2;
+            }
+        }
+        int rc = 0;
+        if (!rest || strncmp(rest, "/aep/v1/", 8)) {
+            rc = send_resp(fd, 404, "text/plain", NULL, "no", 2);
+        } else if (!strcmp(rest + 8, "info")) {
+            rc = send_resp(fd, 200, JS, NULL, INFO, strlen(INFO));
+        } else if (!strcmp(rest + 8, "sessions") && !strcmp(method, "POST")) {
+            const char *b = "{\"session_id\":\"s1\",\"trajectory_id\":\"f/1\",\"step_index\":0,\"observation\":"
+                            "{\"context\":\"reset\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"}],\"tools\":null}}";
+            rc = send_resp(fd, 201, JS, NULL, b, strlen(b));
+        } else if (!strcmp(method, "DELETE")) {
+            rc = send_resp(fd, 204, NULL, NULL, NULL, 0);
+        } else {
+            int n;
+            pthread_mutex_lock(&fs.mu);
+            n = ++fs.n_att;
+            if (n <= MAX_ATT) {
+                attempt *a = &fs.att[n - 1];
+                snprintf(a->path, sizeof a->path, "%s", path);
+                a->body = malloc(clen + 1);
+                memcpy(a->body, buf + hlen, clen);
+                a->body[clen] = 0;
+                a->len = clen;
+                snprintf(a->request_id, sizeof a->request_id, "%s", rid);
+                a->t_us = aep_now_us();
+            }
+            pthread_mutex_unlock(&fs.mu);
+            if (!strcmp(sc, "ok") && !strcmp(method, "GET")) {
+                const char *g = "{\"session_id\":\"s1\",\"step_index\":0,\"status\":\"active\"}";
+                rc = send_resp(fd, 200, JS, NULL, g, strlen(g));
+            } else {
+                rc = fault(fd, sc, n);
+            }
+        }
+        if (rc) goto done;
+        memmove(buf, buf + hlen + clen, have - hlen - clen);
+        have -= hlen + clen;
+    }
+done:
+    free(buf);
+    close(fd);
+    return NULL;
+}
+
+static void *accept_main(void *p) {
+    (void)p;
+    while (!atomic_load(&fs.stop)) {
+        int c = accept(fs.fd, NULL, NULL);
+        if (c < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (atomic_load(&fs.stop)) {
+            close(c);
+            break;
+        }
+        atomic_fetch_add(&fs.accepts, 1);
+        int one = 1;
+        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        pthread_t t;
+        if (pthread_create(&t, NULL, conn_main, (void *)(intptr_t)c) == 0)
+            pthread_detach(t);
+        else
+            close(c);
+    }
+    return NULL;
+}
+
+static int fs_start(void) {
+    pthread_mutex_init(&fs.mu, NULL);
+    fs.fd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(fs.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(fs.fd, (struct sockaddr *)&a, sizeof a) || listen(fs.fd, 64)) return -1;
+    socklen_t al = sizeof a;
+    getsockname(fs.fd, (struct sockaddr *)&a, &al);
+    fs.port = ntohs(a.sin_port);
+    return pthread_create(&fs.th, NULL, accept_main, NULL);
+}
+
+static void fs_stop(void) {
+    atomic_store(&fs.stop, 1);
+    shutdown(fs.fd, SHUT_RDWR);
+    close(fs.fd);
+    pthread_join(fs.th, NULL);
+    fs_reset();
+}
+
+/* ---- client side ---- */
+
+static arl_env_client *client;
+
+typedef struct outcome {
+    arl_env_errcode code;
+    int attempts;
+    int64_t elapsed_ms;
+    size_t resp_len, total;
+    int complete;
+    int64_t queued_ms;
+} outcome;
+
+/* Open the environment at scenario sc, create a session, run one step (or GET). */
+static outcome run(const char *sc, int use_get) {
+    outcome o = {0};
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/%s", fs.port, sc);
+    arl_env *e = NULL;
+    if (arl_env_open(client, url, NULL, &e) != ARL_OK) {
+        fprintf(stderr, "open %s: %s\n", url, arl_error_msg());
+        o.code = ARL_ENV_E_COUNT_;
+        return o;
+    }
+    arl_env_create_req cr = {.trajectory_id = "f/1", .group_id = "f", .task = {.id = "t", .seed = 1}};
+    arl_env_session *s = NULL;
+    arl_status st = arl_env_session_create(e, &cr, &s);
+    if (st != ARL_OK) {
+        fprintf(stderr, "create %s: %s\n", sc, s ? arl_env_session_call(s)->error.message : arl_error_msg());
+        o.code = ARL_ENV_E_COUNT_;
+        arl_env_session_free(s);
+        arl_env_free(e);
+        return o;
+    }
+    fs_reset();
+    arl_env_action a = {0};
+    arl_env_action_add_call(&a, "call_1_0", "x", json_object());
+    arl_env_action_set_parse_status(&a);
+    int64_t t0 = aep_now_ms();
+    if (use_get)
+        arl_env_session_get(s);
+    else
+        arl_env_session_step(s, &a, 1000);
+    o.elapsed_ms = aep_now_ms() - t0;
+    const arl_env_call *c = arl_env_session_call(s);
+    o.code = c->error.code;
+    o.attempts = c->attempts;
+    o.resp_len = c->response_len;
+    o.total = c->response_total;
+    o.complete = c->response_complete;
+    o.queued_ms = c->queued_ms;
+    /* every attempt resent the identical bytes with the same AEP-Request-Id (§10.3 rule 1) */
+    pthread_mutex_lock(&fs.mu);
+    CHECK_MSG(fs.n_att == o.attempts || o.code == ARL_ENV_E_CLIENT_TIMEOUT || o.code == ARL_ENV_E_TRANSPORT_ERROR ||
+                  o.code == ARL_ENV_E_RESPONSE_TOO_LARGE,
+              "%s: server saw %d attempts, client reports %d", sc, fs.n_att, o.attempts);
+    for (int i = 1; i < fs.n_att && i < MAX_ATT; i++) {
+        CHECK_MSG(fs.att[i].len == fs.att[0].len && !memcmp(fs.att[i].body, fs.att[0].body, fs.att[0].len),
+                  "%s: attempt %d body differs", sc, i + 1);
+        CHECK_MSG(!strcmp(fs.att[i].request_id, fs.att[0].request_id), "%s: attempt %d request id differs", sc, i + 1);
+    }
+    if (!use_get && fs.n_att > 0) CHECK_MSG(c->request && c->request_len == fs.att[0].len &&
+                                                !memcmp(c->request, fs.att[0].body, c->request_len),
+                                            "%s: the recorded request bytes differ from those sent", sc);
+    pthread_mutex_unlock(&fs.mu);
+    arl_env_action_clear(&a);
+    arl_env_session_free(s);
+    arl_env_free(e);
+    return o;
+}
+
+#define EXPECT_FAULT(sc, get, want_code, want_attempts)                                                             \
+    do {                                                                                                           \
+        outcome o_ = run(sc, get);                                                                                 \
+        CHECK_MSG(o_.code == (want_code), "%s: code %s, expected %s", sc, arl_env_errcode_str(o_.code),           \
+                  arl_env_errcode_str(want_code));                                                                 \
+        if ((want_attempts) > 0)                                                                                   \
+            CHECK_MSG(o_.attempts == (want_attempts), "%s: %d attempts, expected %d", sc, o_.attempts,            \
+                      (int)(want_attempts));                                                                       \
+    } while (0)
+
+static void test_codes(void) {
+    EXPECT_FAULT("ok", 0, ARL_ENV_E_NONE, 1);
+    EXPECT_FAULT("e500", 0, ARL_ENV_E_ENV_INTERNAL, 1);
+    EXPECT_FAULT("e500_html", 0, ARL_ENV_E_ENV_INTERNAL, 1);     /* §8.5: 500 without envelope, not retried */
+    EXPECT_FAULT("e502_html", 0, ARL_ENV_E_ENV_INTERNAL, 5);     /* §8.5: 502 retried with the defaults */
+    EXPECT_FAULT("e503_twice", 0, ARL_ENV_E_NONE, 3);            /* CAPACITY_REACHED twice, then success */
+    EXPECT_FAULT("e503_header_only", 0, ARL_ENV_E_NONE, 2);
+    EXPECT_FAULT("e504", 0, ARL_ENV_E_DEADLINE_EXCEEDED, 2);     /* retry once, then mask */
+    EXPECT_FAULT("busy_twice", 0, ARL_ENV_E_NONE, 3);
+    EXPECT_FAULT("x_code", 0, ARL_ENV_E_OTHER, 5);               /* unknown retryable code */
+    EXPECT_FAULT("bad_json", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("bad_utf8", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("surrogate", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("wrong_ctype", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("no_ctype", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("dup_keys", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("deep", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("unknown_session", 0, ARL_ENV_E_UNKNOWN_SESSION, 1);
+    EXPECT_FAULT("stale_index", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("redirect", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("reward_range", 0, ARL_ENV_E_REWARD_OUT_OF_RANGE, 1);
+    EXPECT_FAULT("missing_tool_msg", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("no_envelope_4xx", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("status_299", 0, ARL_ENV_E_MALFORMED_RESPONSE, 1);
+    EXPECT_FAULT("cut", 0, ARL_ENV_E_TRANSPORT_ERROR, 5);
+}
+
+static void test_sizes(void) {
+    outcome o = run("huge_declared", 0);
+    CHECK_EQ_INT(o.code, ARL_ENV_E_RESPONSE_TOO_LARGE);
+    CHECK_EQ_INT(o.attempts, 1);
+    CHECK(!o.complete);
+    CHECK(o.elapsed_ms < 1000); /* refused at the header, not after 64 MiB */
+    o = run("huge_chunked", 0);
+    CHECK_EQ_INT(o.code, ARL_ENV_E_RESPONSE_TOO_LARGE);
+    CHECK(!o.complete);
+    CHECK(o.resp_len <= 65536); /* evidence: the first 64 KiB only */
+    CHECK(o.total > (size_t)(1 << 20) && o.total < (size_t)(3 << 20)); /* stopped right after the 1 MiB cap */
+}
+
+static void test_deadlines(void) {
+    /* the first attempt stalls: aborted at deadline + slack (1000 + 200 ms), then retried */
+    outcome o = run("stall_once", 0);
+    CHECK_EQ_INT(o.code, ARL_ENV_E_NONE);
+    CHECK_EQ_INT(o.attempts, 2);
+    /* tolerance: 1200 ms timeout + first retry delay < 20 ms + loopback and scheduling (300 ms) */
+    CHECK_MSG(o.elapsed_ms >= 1150 && o.elapsed_ms < 1800, "elapsed %lld ms", (long long)o.elapsed_ms);
+    /* GET: 300 ms total timeout per attempt, 5 attempts, never longer */
+    o = run("stall", 1);
+    CHECK_EQ_INT(o.code, ARL_ENV_E_CLIENT_TIMEOUT);
+    CHECK_EQ_INT(o.attempts, 5);
+    CHECK_MSG(o.elapsed_ms >= 5 * 290 && o.elapsed_ms < 5 * 300 + 300 + 600, "elapsed %lld ms", (long long)o.elapsed_ms);
+    o = run("trickle", 1);
+    CHECK_EQ_INT(o.code, ARL_ENV_E_CLIENT_TIMEOUT);
+    CHECK_EQ_INT(o.attempts, 5);
+    CHECK_MSG(o.elapsed_ms < 5 * 300 + 300 + 600, "elapsed %lld ms", (long long)o.elapsed_ms);
+}
+
+/* §10.3 rule 2: delay before attempt a is max(hint, min(max, base 2^(a-1)) (0.5 + 0.5 U)). */
+static void test_retry_delays(void) {
+    outcome o = run("cut", 0); /* TRANSPORT_ERROR x5, no hint; base 20 ms */
+    CHECK_EQ_INT(o.attempts, 5);
+    pthread_mutex_lock(&fs.mu);
+    for (int a = 1; a < fs.n_att && a < 5; a++) {
+        double gap = (double)(fs.att[a].t_us - fs.att[a - 1].t_us) / 1000.0;
+        double lo = 0.5 * 20 * (1 << (a - 1)), hi = 20.0 * (1 << (a - 1));
+        /* lower bound exact; upper bound + 40 ms for the attempt itself and scheduling */
+        CHECK_MSG(gap >= lo - 0.5 && gap <= hi + 40, "retry %d: gap %.1f ms not in [%.1f, %.1f]", a, gap, lo, hi);
+    }
+    pthread_mutex_unlock(&fs.mu);
+    /* the hint wins when larger: retry_after_ms 150 -> two waits of >= 150 ms, queued time counted */
+    o = run("e503_twice", 0);
+    CHECK_EQ_INT(o.attempts, 3);
+    CHECK_MSG(o.queued_ms >= 300, "queued %lld ms", (long long)o.queued_ms);
+    CHECK(o.elapsed_ms >= 300);
+    /* queue codes: unlimited attempts until the queueing budget (here 500 ms) is spent */
+    o = run("capacity_forever", 0);
+    CHECK_EQ_INT(o.code, ARL_ENV_E_CAPACITY_REACHED);
+    CHECK_MSG(o.attempts >= 5 && o.attempts <= 14, "%d attempts", o.attempts); /* 500 / 40 ms hint, jitter >= hint */
+    CHECK(o.queued_ms <= 500);
+}
+
+static void test_keepalive(void) {
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/ok", fs.port);
+    arl_env *e = NULL;
+    CHECK(arl_env_open(client, url, NULL, &e) == ARL_OK);
+    if (!e) return;
+    arl_env_create_req cr = {.trajectory_id = "f/1", .group_id = "f", .task = {.id = "t", .seed = 1}};
+    arl_env_session *s = NULL;
+    CHECK(arl_env_session_create(e, &cr, &s) == ARL_OK);
+    fs_reset();
+    for (int i = 0; i < 20; i++) CHECK(arl_env_session_get(s) == ARL_OK);
+    CHECK_MSG(atomic_load(&fs.accepts) <= 1, "%d connections for 20 requests", atomic_load(&fs.accepts));
+    arl_env_session_free(s);
+    arl_env_free(e);
+}
+
+static void test_unreachable(void) {
+    /* a port nobody listens on: TRANSPORT_ERROR for open, and the checker fails every check */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    socklen_t al = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &al);
+    int port = ntohs(a.sin_port);
+    close(fd);
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    arl_env *e = NULL;
+    CHECK(arl_env_open(client, url, NULL, &e) == ARL_ERR_ENV);
+    arl_check_config cc = {.url = url};
+    arl_check_report rep;
+    CHECK(arl_aep_check_run(&cc, &rep) == ARL_OK);
+    CHECK_EQ_INT(rep.n_fail, ARL_CHECK_COUNT);
+    CHECK_EQ_INT(arl_aep_check_exit_code(&rep), 1);
+}
+
+static void test_checker_on_faulty(void) {
+    /* the fault server's step endpoint answers 500: the suite must fail */
+    char url[128];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/e500_html", fs.port);
+    arl_check_config cc = {.url = url};
+    arl_check_report rep;
+    CHECK(arl_aep_check_run(&cc, &rep) == ARL_OK);
+    CHECK(rep.n_fail > 0);
+    CHECK_EQ_INT(rep.items[1].result, ARL_CHECK_FAIL);  /* no UNSUPPORTED_VERSION */
+    CHECK_EQ_INT(rep.items[6].result, ARL_CHECK_FAIL);  /* step sequence */
+    CHECK_EQ_INT(rep.items[16].result, ARL_CHECK_FAIL); /* 500 without envelope */
+    CHECK_EQ_INT(arl_aep_check_exit_code(&rep), 1);
+}
+
+int main(void) {
+    if (fs_start()) {
+        fprintf(stderr, "cannot start the fault server\n");
+        return 1;
+    }
+    arl_env_client_config cfg;
+    arl_env_client_config_default(&cfg);
+    cfg.slack_ms = 200;           /* step attempt timeout: deadline 1000 + 200 ms */
+    cfg.get_timeout_ms = 300;
+    cfg.backoff_base_ms = 20;     /* §10.3 formula with a small base, to keep the test fast */
+    cfg.max_response_bytes = 1 << 20;
+    cfg.queue_budget_ms = 500;
+    CHECK(arl_env_client_open(&cfg, &client) == ARL_OK);
+    TEST_RUN(test_codes);
+    TEST_RUN(test_sizes);
+    TEST_RUN(test_deadlines);
+    TEST_RUN(test_retry_delays);
+    TEST_RUN(test_keepalive);
+    TEST_RUN(test_unreachable);
+    TEST_RUN(test_checker_on_faulty);
+    arl_env_client_close(client);
+    fs_stop();
+    return test_finish();
+}
