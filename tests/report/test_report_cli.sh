@@ -1,0 +1,37 @@
+#!/bin/sh
+# tests/report/test_report_cli.sh: `agentrl report RUN_DIR [--out DIR]` on a small run folder:
+# exit codes, the printed summary line, the files of the report.
+BIN=${ARL_BIN:-build/agentrl}
+[ -x "$BIN" ] || { echo "skip: $BIN not built"; exit 77; }
+"$BIN" report --help >/dev/null 2>&1 || { echo "skip: 'report' is not registered in this build"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
+
+tmp=$(mktemp -d /tmp/arl-test-report-cli-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+cat > "$tmp/metrics.jsonl" <<'JSONL'
+{"step": 1, "reward/outcome/mean": 0.1, "kl/k1": 0.001, "kl/coef": 0.1}
+{"step": 2, "reward/outcome/mean": 0.2, "kl/k1": 0.002, "kl/coef": 0.09}
+{"step": 3, "reward/outcome/mean":
+{"step": 4, "reward/outcome/mean": 0.4, "kl/k1": 0.003, "kl/coef": 0.08}
+JSONL
+echo '{"before": {"episodes": 100, "successes": 45}, "after": {"episodes": 100, "successes": 62}, "kl_target": 0.01, "kl_mean": 0.0123}' > "$tmp/eval.json"
+
+out=$("$BIN" report "$tmp" --out "$tmp/r" 2>"$tmp/err") || fail "report exited $?: $(cat "$tmp/err")"
+echo "$out" | grep -q "1 malformed skipped" || fail "summary line: $out"
+grep -q "metrics.jsonl:3:" "$tmp/err" || fail "no warning with the line number: $(cat "$tmp/err")"
+for f in summary.md metrics.csv metrics.jsonl eval.json plots/reward.svg plots/kl.svg; do
+    [ -s "$tmp/r/$f" ] || fail "$f missing"
+done
+grep -q "| before | 100 | 45 | 0.4500 | \[0.3561, 0.5476\] |" "$tmp/r/summary.md" || fail "eval table"
+[ "$(head -1 "$tmp/r/metrics.csv")" = "step,kl/coef,kl/k1,reward/outcome/mean" ] || fail "csv header"
+[ "$(wc -l < "$tmp/r/metrics.csv")" -eq 4 ] || fail "csv rows"
+
+"$BIN" report "$tmp/none" >/dev/null 2>&1; rc=$?
+[ $rc -eq 1 ] || fail "missing run folder: exit $rc, expected 1"
+"$BIN" report >/dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "no argument: exit $rc, expected 2"
+echo '{"after": {"episodes": 1, "successes": 2}}' > "$tmp/eval.json"
+err=$("$BIN" report "$tmp" 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "bad eval.json: exit $rc, expected 1"
+echo "$err" | grep -q "successes 2 > episodes 1" || fail "bad eval.json message: $err"
+echo "ok"
