@@ -13,7 +13,7 @@ pkgs=(build-essential cmake pkg-config libsqlite3-dev sqlite3 libcurl4-openssl-d
 if [ "${ARL_SETUP_TESTS:-0}" = 1 ]; then
   # clang builds the libFuzzer targets; python3-numpy for interop tests (torch is NOT needed:
   # golden vectors are committed).
-  pkgs+=(clang python3-numpy)
+  pkgs+=(clang libclang-rt-14-dev python3-numpy)
 fi
 if [ -n "${ARL_EXTRA_PACKAGES:-}" ]; then
   # shellcheck disable=SC2206

@@ -22,4 +22,20 @@ if [ "${ARL_TEST_SANITIZE:-1}" = 1 ]; then
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "unit|integration" -LE "slow|mpi|bench"
 fi
+if [ "${ARL_TEST_FUZZ:-1}" = 1 ] && command -v clang >/dev/null; then
+  # libFuzzer targets (response parser, tool-call arguments, safetensors/npy headers), run
+  # briefly; a crash fails the suite. Longer runs: ARL_FUZZ_SECONDS=600.
+  echo "== fuzzing (${ARL_FUZZ_SECONDS:-20} s per target) =="
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DAGENTRL_FUZZ=ON -DAGENTRL_CUDA=OFF >/dev/null
+  cmake --build build-fuzz -j "$jobs" --target fuzz_aep_response fuzz_tool_args fuzz_safetensors
+  for t in build-fuzz/tests/envs_aep/fuzz_aep_response build-fuzz/tests/envs_aep/fuzz_tool_args \
+           build-fuzz/tests/safetensors/fuzz_safetensors; do
+    if ! "$t" -max_total_time="${ARL_FUZZ_SECONDS:-20}" -print_final_stats=1 >build-fuzz/fuzz.log 2>&1; then
+      tail -n 60 build-fuzz/fuzz.log
+      echo "fuzz target $t failed (log above)" >&2
+      exit 1
+    fi
+    echo "$(basename "$t"): $(grep -E '^stat::number_of_executed_units' build-fuzz/fuzz.log) (no crash)"
+  done
+fi
 echo "== all tests passed =="
