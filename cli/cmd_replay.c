@@ -1,0 +1,433 @@
+/* cli/cmd_replay.c: `agentrl replay list|show|export|import|stats|verify|recover DB ...`
+ * (spec/replay.md section 13).  DB is a store root (or a directory of shard files, or one shard
+ * file for the read-only commands).  The work is in replay/inspect.h; this file declares the
+ * options, opens the store and maps statuses to exit codes: 0 ok, 1 failure, 2 usage error or
+ * (verify) findings of severity error.  rescore and fork need the policy model: not here yet. */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "replay/inspect.h"
+
+/* ---- the selection options shared by list, stats and export ---- */
+
+typedef struct sel_opts {
+    char *db;
+    char *run, *status, *env, *group, *task, *error_code, *end_cause;
+    int64_t min_tokens, max_tokens, min_turns;
+    char *min_reward, *version_range;
+    int64_t since, until;
+    int parse_failures;
+    char *tool, *tool_error, *forks_of;
+    arl_strlist where;
+    int64_t limit;
+    int json;
+    /* show */
+    char *traj;
+    int tokens, raw;
+    /* export */
+    char *format, *output;
+    int learner, full;
+    /* import */
+    arl_strlist files;
+    /* verify, recover */
+    int mask;
+} sel_opts;
+
+#define O(f) offsetof(sel_opts, f)
+#define OPT_DB                                                                                     \
+    {                                                                                              \
+        "db", ARL_OPT_STRING, O(db), NULL, "store root (or shard file)", 0, 0, NULL,               \
+            ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "DB"                                            \
+    }
+#define OPT_FILTERS                                                                                \
+    {"run", ARL_OPT_STRING, O(run), NULL, "only this run (run_uid)", 0, 0, NULL, 0, "R"},          \
+        {"status",                                                                                 \
+         ARL_OPT_CHOICE,                                                                           \
+         O(status),                                                                                \
+         NULL,                                                                                     \
+         "only this status",                                                                       \
+         0,                                                                                        \
+         0,                                                                                        \
+         "running|complete|truncated|masked",                                                      \
+         0,                                                                                        \
+         "S"},                                                                                     \
+        {"env", ARL_OPT_STRING, O(env), NULL, "only this environment name", 0, 0, NULL, 0, "E"},   \
+        {"group", ARL_OPT_STRING, O(group), NULL, "only this group (group_uid)", 0,                \
+         0,       NULL,           0,        "G"},                                                  \
+        {"task", ARL_OPT_STRING, O(task), NULL, "only this task (task_uid)", 0, 0, NULL, 0, "T"},  \
+        {"error-code",                                                                             \
+         ARL_OPT_STRING,                                                                           \
+         O(error_code),                                                                            \
+         NULL,                                                                                     \
+         "only masked with this error code",                                                       \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "CODE"},                                                                                  \
+        {"end-cause", ARL_OPT_STRING, O(end_cause), NULL, "only this end cause", 0, 0, NULL, 0,    \
+         "C"},                                                                                     \
+        {"min-tokens", ARL_OPT_INT, O(min_tokens), "-1", "at least N tokens (-1: no bound)",       \
+         -1,           1e15,        NULL,          0,    "N"},                                     \
+        {"max-tokens", ARL_OPT_INT, O(max_tokens), "-1", "at most N tokens (-1: no bound)",        \
+         -1,           1e15,        NULL,          0,    "N"},                                     \
+        {"min-turns", ARL_OPT_INT, O(min_turns), "-1", "at least N turns (-1: no bound)",          \
+         -1,          1e9,         NULL,         0,    "N"},                                       \
+        {"min-reward", ARL_OPT_STRING, O(min_reward), NULL, "derived outcome >= X", 0, 0, NULL, 0, \
+         "X"},                                                                                     \
+        {"version-range",                                                                          \
+         ARL_OPT_STRING,                                                                           \
+         O(version_range),                                                                         \
+         NULL,                                                                                     \
+         "all policy versions within A:B (either may be empty)",                                   \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "A:B"},                                                                                   \
+        {"since",                                                                                  \
+         ARL_OPT_INT,                                                                              \
+         O(since),                                                                                 \
+         "-1",                                                                                     \
+         "finished at or after this time (ms since the epoch)",                                    \
+         -1,                                                                                       \
+         1e15,                                                                                     \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "MS"},                                                                                    \
+        {"until",                                                                                  \
+         ARL_OPT_INT,                                                                              \
+         O(until),                                                                                 \
+         "-1",                                                                                     \
+         "finished at or before this time (ms since the epoch)",                                   \
+         -1,                                                                                       \
+         1e15,                                                                                     \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "MS"},                                                                                    \
+        {"parse-failures",                                                                         \
+         ARL_OPT_BOOL,                                                                             \
+         O(parse_failures),                                                                        \
+         NULL,                                                                                     \
+         "only trajectories with a failed tool-call parse",                                        \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         NULL},                                                                                    \
+        {"tool", ARL_OPT_STRING, O(tool), NULL,  "only trajectories that called this tool", 0,     \
+         0,      NULL,           0,       "NAME"},                                                 \
+        {"tool-error",                                                                             \
+         ARL_OPT_STRING,                                                                           \
+         O(tool_error),                                                                            \
+         NULL,                                                                                     \
+         "only trajectories with a tool result error code",                                        \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "CODE"},                                                                                  \
+        {"where",                                                                                  \
+         ARL_OPT_LIST,                                                                             \
+         O(where),                                                                                 \
+         NULL,                                                                                     \
+         "reward filter LEVEL.NAME OP NUMBER (e.g. outcome.answer_correct<1)",                     \
+         0,                                                                                        \
+         0,                                                                                        \
+         NULL,                                                                                     \
+         0,                                                                                        \
+         "EXPR"},                                                                                  \
+        {"forks-of", ARL_OPT_STRING, O(forks_of), NULL,      "only forks of this trajectory", 0,   \
+         0,          NULL,           0,           "TRAJ_UID"},                                     \
+    {                                                                                              \
+        "limit", ARL_OPT_INT, O(limit), "0", "at most N trajectories (0: all)", 0, 1e15, NULL, 0,  \
+            "N"                                                                                    \
+    }
+
+static int to_filter(const sel_opts *o, replay_filter *f) {
+    replay_filter_init(f);
+    f->run = o->run;
+    f->status = o->status;
+    f->env = o->env;
+    f->group = o->group;
+    f->task = o->task;
+    f->error_code = o->error_code;
+    f->end_cause = o->end_cause;
+    f->min_tokens = o->min_tokens;
+    f->max_tokens = o->max_tokens;
+    f->min_turns = o->min_turns;
+    if (o->min_reward) {
+        char *end;
+        errno = 0;
+        f->min_reward = strtod(o->min_reward, &end);
+        if (end == o->min_reward || *end || !isfinite(f->min_reward)) {
+            fprintf(stderr, "agentrl: error: --min-reward '%s': expected a finite number\n",
+                    o->min_reward);
+            return ARL_EXIT_USAGE;
+        }
+    }
+    if (o->version_range) {
+        const char *c = strchr(o->version_range, ':');
+        char *end;
+        if (!c) goto bad_range;
+        if (c > o->version_range) {
+            f->version_lo = strtoll(o->version_range, &end, 10);
+            if (end != c || f->version_lo < 0) goto bad_range;
+        }
+        if (c[1]) {
+            f->version_hi = strtoll(c + 1, &end, 10);
+            if (*end || f->version_hi < 0) goto bad_range;
+        }
+    }
+    f->since_ms = o->since;
+    f->until_ms = o->until;
+    f->parse_failures = o->parse_failures;
+    f->tool = o->tool;
+    f->tool_error = o->tool_error;
+    f->where = (const char *const *)o->where.v;
+    f->n_where = (size_t)o->where.n;
+    f->forks_of = o->forks_of;
+    f->limit = o->limit;
+    return 0;
+bad_range:
+    fprintf(stderr,
+            "agentrl: error: --version-range '%s': expected A:B with non-negative integers\n",
+            o->version_range);
+    return ARL_EXIT_USAGE;
+}
+
+static int open_store(const char *db, unsigned flags, replay_store **st) {
+    replay_open_opts oo = {.flags = flags};
+    arl_status s = replay_store_open(db, &oo, st);
+    return s == ARL_OK ? 0 : cli_fail(s);
+}
+
+/* Parse, open read-only, run fn; shared by list and stats. */
+typedef arl_status (*sel_fn)(replay_store *st, const replay_filter *f, int json, FILE *out);
+
+static int run_selection(const arl_option *tab, size_t n, int argc, char **argv, const char *usage,
+                         const char *summary, sel_fn fn) {
+    sel_opts o;
+    int rc = cli_parse(tab, n, argc, argv, &o, usage, summary);
+    if (rc) return rc < 0 ? 0 : rc;
+    replay_filter f;
+    replay_store *st = NULL;
+    if (!(rc = to_filter(&o, &f)) && !(rc = open_store(o.db, REPLAY_OPEN_READONLY, &st))) {
+        arl_status s = fn(st, &f, o.json, stdout);
+        rc = s == ARL_OK ? 0 : cli_fail(s);
+    }
+    replay_store_close(st);
+    arl_options_free(tab, n, &o);
+    return rc;
+}
+
+static const arl_option list_tab[] = {
+    OPT_DB,
+    OPT_FILTERS,
+    {"json", ARL_OPT_BOOL, O(json), NULL, "JSON lines with the same fields", 0, 0, NULL, 0, NULL},
+};
+
+int cmd_replay_list(int argc, char **argv) {
+    return run_selection(
+        list_tab, ARL_OPTIONS_COUNT(list_tab), argc, argv,
+        "agentrl replay list DB [--run R] [--status S] [--env E] [--min-reward X] [--limit N] "
+        "[--json]",
+        "List stored trajectories, newest first: uid, status, end cause or error, environment, "
+        "turns, segments, tokens (action), versions, outcome, time.",
+        replay_list);
+}
+
+static const arl_option stats_tab[] = {
+    OPT_DB,
+    OPT_FILTERS,
+    {"json", ARL_OPT_BOOL, O(json), NULL, "one JSON object", 0, 0, NULL, 0, NULL},
+};
+
+int cmd_replay_stats(int argc, char **argv) {
+    return run_selection(
+        stats_tab, ARL_OPTIONS_COUNT(stats_tab), argc, argv,
+        "agentrl replay stats DB [filters] [--json]",
+        "Summarise a store or a selection: counts by status, end cause and error code, token "
+        "totals, reward components per level, length distributions, boundary causes, tool and "
+        "environment-call rates, policy versions, storage.",
+        replay_stats);
+}
+
+static const arl_option show_tab[] = {
+    OPT_DB,
+    {"traj", ARL_OPT_STRING, O(traj), NULL, "trajectory (traj_uid or traj_id)", 0, 0, NULL,
+     ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "TRAJ"},
+    {"tokens", ARL_OPT_BOOL, O(tokens), NULL,
+     "per-token table: position, token, mask, version, log-prob, routes", 0, 0, NULL, 0, NULL},
+    {"raw", ARL_OPT_BOOL, O(raw), NULL, "exact request and response bytes of every call", 0, 0,
+     NULL, 0, NULL},
+};
+
+int cmd_replay_show(int argc, char **argv) {
+    sel_opts o;
+    const size_t n = ARL_OPTIONS_COUNT(show_tab);
+    int rc = cli_parse(
+        show_tab, n, argc, argv, &o, "agentrl replay show DB TRAJ [--tokens] [--raw]",
+        "Render one trajectory as a person reads it: roles, tool calls and results, per-step "
+        "rewards, segment boundaries, truncation or mask reason.");
+    if (rc) return rc < 0 ? 0 : rc;
+    replay_store *st = NULL;
+    if (!(rc = open_store(o.db, REPLAY_OPEN_READONLY, &st))) {
+        replay_show_opts so = {.tokens = o.tokens, .raw = o.raw};
+        arl_status s = replay_show(st, o.traj, &so, stdout);
+        rc = s == ARL_OK ? 0 : cli_fail(s);
+    }
+    replay_store_close(st);
+    arl_options_free(show_tab, n, &o);
+    return rc;
+}
+
+static const arl_option export_tab[] = {
+    OPT_DB,
+    OPT_FILTERS,
+    {"format", ARL_OPT_CHOICE, O(format), "jsonl", "output format", 0, 0, "jsonl", 0, NULL},
+    {"output", ARL_OPT_STRING, O(output), NULL, "write to FILE instead of standard output", 0, 0,
+     NULL, 0, "FILE"},
+    {"tokens", ARL_OPT_BOOL, O(tokens), NULL, "add per-token payloads (base64)", 0, 0, NULL, 0,
+     NULL},
+    {"learner", ARL_OPT_BOOL, O(learner), NULL, "add learner records", 0, 0, NULL, 0, NULL},
+    {"raw", ARL_OPT_BOOL, O(raw), NULL, "add request and response bodies (base64)", 0, 0, NULL, 0,
+     NULL},
+    {"full", ARL_OPT_BOOL, O(full), NULL,
+     "everything plus every row: input for 'agentrl replay import'", 0, 0, NULL, 0, NULL},
+};
+
+int cmd_replay_export(int argc, char **argv) {
+    sel_opts o;
+    const size_t n = ARL_OPTIONS_COUNT(export_tab);
+    int rc = cli_parse(
+        export_tab, n, argc, argv, &o,
+        "agentrl replay export DB [filters] [--format jsonl] [--tokens] [--learner] [--raw] "
+        "[--full] "
+        "[--output FILE]",
+        "Write one agentrl.trajectory/1 JSON line per selected trajectory (OpenAI-style messages). "
+        "With --full, import into another store reproduces the same content.");
+    if (rc) return rc < 0 ? 0 : rc;
+    replay_filter f;
+    replay_store *st = NULL;
+    FILE *out = stdout;
+    if (!(rc = to_filter(&o, &f)) && !(rc = open_store(o.db, REPLAY_OPEN_READONLY, &st))) {
+        if (o.output && !(out = fopen(o.output, "w"))) {
+            fprintf(stderr, "agentrl: error: cannot write %s: %s\n", o.output, strerror(errno));
+            rc = ARL_EXIT_FAIL;
+        } else {
+            replay_export_opts eo = {
+                .tokens = o.tokens, .learner = o.learner, .raw = o.raw, .full = o.full};
+            int64_t count = 0;
+            arl_status s = replay_export(st, &f, &eo, out, &count);
+            if (out != stdout && fclose(out) && s == ARL_OK)
+                s = arl_errorf(ARL_ERR_IO, "writing %s: %s (disk full?)", o.output,
+                               strerror(errno));
+            rc = s == ARL_OK ? 0 : cli_fail(s);
+            if (!rc && o.output)
+                fprintf(stderr, "exported %lld trajectories to %s\n", (long long)count, o.output);
+        }
+    }
+    replay_store_close(st);
+    arl_options_free(export_tab, n, &o);
+    return rc;
+}
+
+static const arl_option import_tab[] = {
+    OPT_DB,
+    {"files", ARL_OPT_LIST, O(files), NULL,
+     "JSON Lines files from 'export --full' ('-': standard input)", 0, 0, NULL,
+     ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "FILE"},
+};
+
+int cmd_replay_import(int argc, char **argv) {
+    sel_opts o;
+    const size_t n = ARL_OPTIONS_COUNT(import_tab);
+    int rc = cli_parse(
+        import_tab, n, argc, argv, &o, "agentrl replay import DB FILE...",
+        "Import 'export --full' lines into a new tool file of the store DB (created if missing), "
+        "creating missing catalog rows.  A failing line stores nothing and stops the import.");
+    if (rc) return rc < 0 ? 0 : rc;
+    replay_store *st = NULL;
+    if (!(rc = open_store(o.db, REPLAY_OPEN_CREATE, &st))) {
+        int64_t total = 0;
+        for (int i = 0; i < o.files.n && !rc; i++) {
+            const char *name = o.files.v[i];
+            FILE *in = strcmp(name, "-") ? fopen(name, "r") : stdin;
+            if (!in) {
+                fprintf(stderr, "agentrl: error: cannot read %s: %s\n", name, strerror(errno));
+                rc = ARL_EXIT_FAIL;
+                break;
+            }
+            int64_t k = 0;
+            arl_status s = replay_import(st, in, name, &k);
+            if (in != stdin) fclose(in);
+            total += k;
+            if (s != ARL_OK) rc = cli_fail(s);
+        }
+        fprintf(stderr, "imported %lld trajectories into %s\n", (long long)total, o.db);
+    }
+    replay_store_close(st);
+    arl_options_free(import_tab, n, &o);
+    return rc;
+}
+
+static const arl_option verify_tab[] = {
+    OPT_DB,
+    {"full", ARL_OPT_BOOL, O(full), NULL, "PRAGMA integrity_check instead of quick_check", 0, 0,
+     NULL, 0, NULL},
+};
+
+int cmd_replay_verify(int argc, char **argv) {
+    sel_opts o;
+    const size_t n = ARL_OPTIONS_COUNT(verify_tab);
+    int rc = cli_parse(
+        verify_tab, n, argc, argv, &o, "agentrl replay verify DB [--full]",
+        "Check every file: SQLite integrity, schema versions, every blob's header, shape and CRCs, "
+        "the invariants of committed data, raw I/O hashes, cross-file references, orphans.  Lists "
+        "all findings; exit status 2 if any is an error.");
+    if (rc) return rc < 0 ? 0 : rc;
+    replay_store *st = NULL;
+    if (!(rc = open_store(o.db, REPLAY_OPEN_READONLY, &st))) {
+        replay_verify_opts vo = {.full = o.full};
+        int64_t errors = 0, warnings = 0;
+        arl_status s = replay_verify(st, &vo, stdout, &errors, &warnings);
+        rc = s != ARL_OK ? cli_fail(s) : errors ? 2 : 0;
+    }
+    replay_store_close(st);
+    arl_options_free(verify_tab, n, &o);
+    return rc;
+}
+
+static const arl_option recover_tab[] = {
+    OPT_DB,
+    {"mask", ARL_OPT_BOOL, O(mask), NULL,
+     "mask every interrupted trajectory (INTERRUPTED) instead of leaving "
+     "those with committed segments resumable",
+     0, 0, NULL, 0, NULL},
+};
+
+int cmd_replay_recover(int argc, char **argv) {
+    sel_opts o;
+    const size_t n = ARL_OPTIONS_COUNT(recover_tab);
+    int rc = cli_parse(
+        recover_tab, n, argc, argv, &o, "agentrl replay recover DB [--mask]",
+        "Find trajectories left running by writers that are gone (their lock is free): mask those "
+        "with nothing committed, mark the others interrupted and resumable (or mask them too with "
+        "--mask).  Files whose writer is alive are skipped.");
+    if (rc) return rc < 0 ? 0 : rc;
+    replay_store *st = NULL;
+    if (!(rc = open_store(o.db, 0, &st))) {
+        int64_t found = 0;
+        arl_status s = replay_recover(st, o.mask, stdout, &found);
+        rc = s == ARL_OK ? 0 : cli_fail(s);
+    }
+    replay_store_close(st);
+    arl_options_free(recover_tab, n, &o);
+    return rc;
+}

@@ -1,0 +1,90 @@
+/* replay/inspect.h: the inspection operations of spec/replay.md section 13 over a store (all
+ * shards read as one): list, show, export/import (JSON Lines, section 14), stats, verify and
+ * recover.  The CLI (cli/cmd_replay.c) only parses options and calls these.  Output goes to
+ * the FILE given; errors are returned as arl_status with the thread's message.
+ * Not here: rescore and fork with generation (they need the policy model; the store-level parts
+ * are replay_traj_segments, replay_boundary_load and replay_fork_begin in replay/replay.h). */
+#ifndef ARL_REPLAY_INSPECT_H
+#define ARL_REPLAY_INSPECT_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "replay/replay.h"
+
+/* A trajectory selection (section 13.1).  Zero-initialise with replay_filter_init. */
+typedef struct replay_filter {
+    const char *run;    /* run_uid */
+    const char *status; /* running | complete | truncated | masked */
+    const char *env;    /* environment name */
+    const char *group;  /* group_uid */
+    const char *task;   /* task_uid */
+    const char *error_code;
+    const char *end_cause;
+    int64_t min_tokens, max_tokens, min_turns; /* -1: no bound */
+    double min_reward;                         /* derived outcome >= x; NAN: no bound */
+    int64_t version_lo, version_hi;            /* all versions within [lo, hi]; -1: no bound */
+    int64_t since_ms, until_ms;                /* finished (or last updated) within; -1: no bound */
+    int parse_failures;       /* 1: only trajectories with a failed tool-call parse */
+    const char *tool;         /* only trajectories that called this tool */
+    const char *tool_error;   /* ... whose result had this error code */
+    const char *const *where; /* LEVEL.NAME OP NUMBER expressions, ANDed */
+    size_t n_where;
+    const char *forks_of; /* parent traj_uid */
+    int64_t limit;        /* <= 0: no limit */
+} replay_filter;
+
+void replay_filter_init(replay_filter *f);
+
+/* One line per trajectory, newest first (or JSON lines with json = 1). */
+arl_status replay_list(replay_store *st, const replay_filter *f, int json, FILE *out);
+
+typedef struct replay_show_opts {
+    int tokens; /* per-token table: position, token, mask, version, logprob, routes */
+    int raw;    /* exact request and response bytes of every call */
+} replay_show_opts;
+/* Render one trajectory (traj_uid or traj_id) as a person reads it (section 13.2). */
+arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out);
+
+/* Counts, token totals, reward components per level, error codes, length distributions,
+ * boundary causes, tool parse/error rates, env latencies, versions, storage (section 13.4). */
+arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE *out);
+
+typedef struct replay_export_opts {
+    int tokens;  /* per-segment base64 payloads of ids, logprobs, loss_mask, versions */
+    int learner; /* learner records */
+    int raw;     /* env_calls with base64 request and response bodies */
+    int full;    /* all of the above plus "rows" (every row, for import) */
+} replay_export_opts;
+/* One agentrl.trajectory/1 JSON line per selected trajectory, shard by shard in traj_id order.
+ * *n_out (may be NULL) receives the count. */
+arl_status replay_export(replay_store *st, const replay_filter *f, const replay_export_opts *o,
+                         FILE *out, int64_t *n_out);
+
+/* Read --full lines from in (named in_name in messages) into a new tool file of the store,
+ * creating missing catalog rows.  A line without "rows" is an error naming the line; nothing of
+ * a failing line is stored (one transaction per line).  *n_out receives the lines imported. */
+arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_t *n_out);
+
+typedef struct replay_verify_opts {
+    int full; /* PRAGMA integrity_check instead of quick_check */
+} replay_verify_opts;
+/* Check every file (section 13.5); print findings ("error: ..." / "warning: ...") and a
+ * summary.  Returns ARL_OK when the checks ran (whatever they found); counts go to *n_errors
+ * and *n_warnings. */
+arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *out,
+                         int64_t *n_errors, int64_t *n_warnings);
+
+/* Detect trajectories left running by dead writers (their lock is free) in every worker and
+ * tool file, and resolve them (replay_writer_recover): print one line per trajectory.
+ * *n_found receives the number of interrupted trajectories. */
+arl_status replay_recover(replay_store *st, int mask, FILE *out, int64_t *n_found);
+
+/* Plan log (tests): when enabled (or env ARL_REPLAY_PLAN_LOG=1 at open), every query of the
+ * inspection operations is recorded with its EXPLAIN QUERY PLAN lines ("QUERY <sql>" then
+ * "  PLAN <detail>").  The text is owned by the store, valid until the next call or close. */
+void replay_plan_log_enable(replay_store *st, int on);
+const char *replay_plan_log(replay_store *st);
+void replay_plan_log_clear(replay_store *st);
+
+#endif

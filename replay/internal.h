@@ -1,0 +1,200 @@
+/* replay/internal.h: what the files of replay/ share and nobody else uses: the SQLite file
+ * handle (rdb) with error mapping, the schema (schema.c), the store and writer structs.
+ * Not a public API: include replay/replay.h or replay/inspect.h outside replay/. */
+#ifndef ARL_REPLAY_INTERNAL_H
+#define ARL_REPLAY_INTERNAL_H
+
+#include <sqlite3.h>
+#include <stdio.h>
+
+#include "replay/replay.h"
+
+/* ---- one SQLite file ---------------------------------------------------------------------- */
+
+typedef struct rdb {
+    sqlite3 *db; /* NULL when not open */
+    char *path;  /* filesystem path (owned) */
+    char *name;  /* display name, relative to the store root (owned) */
+    int kind;    /* replay_file_kind */
+    int readonly;
+    int schema_version;     /* user_version read at open */
+    int min_reader_version; /* meta.min_reader_version read at open */
+    int empty; /* read-only open of a file without a schema (a writer died creating it) */
+} rdb;
+
+enum { RDB_READONLY = 1u << 0, RDB_CREATE = 1u << 1 };
+
+/* Open path with the connection settings of spec section 3 (writers) or SQLITE_OPEN_READONLY
+ * (readers), then create (RDB_CREATE, empty file) or check and migrate the schema of kind.
+ * meta_init (may be NULL) holds extra meta rows for a new file as "key\0value\0...\0\0". */
+arl_status rdb_open(rdb *d, const char *path, const char *name, int kind, unsigned flags,
+                    const char *vfs, const char *meta_init);
+void rdb_close(rdb *d);
+
+/* Map a SQLite result code to a status with a message naming the file, what failed, SQLite's
+ * message and what to do.  Rolls back an open transaction of a writer. */
+arl_status rdb_fail(rdb *d, int rc, const char *what);
+arl_status rdb_exec(rdb *d, const char *sql);
+arl_status rdb_prepare(rdb *d, const char *sql, sqlite3_stmt **st);
+arl_status rdb_begin(rdb *d); /* BEGIN IMMEDIATE */
+arl_status rdb_commit(rdb *d);
+void rdb_rollback(rdb *d); /* no-op outside a transaction */
+/* One integer from a query without parameters; *found = 0 if no row (found may be NULL). */
+arl_status rdb_query_int(rdb *d, const char *sql, int64_t *v, int *found);
+/* meta value of key into buf (""), *found as above. */
+arl_status rdb_meta_get(rdb *d, const char *key, char *buf, size_t cap, int *found);
+arl_status rdb_meta_set(rdb *d, const char *key, const char *value);
+
+/* Bind helpers (index from 1): NULL for NULL text, -1 ints, NAN reals. */
+int rdb_bind_text(sqlite3_stmt *s, int i, const char *v);
+int rdb_bind_int_or_null(sqlite3_stmt *s, int i, int64_t v);
+int rdb_bind_real_or_null(sqlite3_stmt *s, int i, double v);
+/* Copy a text column into buf (cap bytes, truncated, "" for NULL). */
+void rdb_col_text(sqlite3_stmt *s, int i, char *buf, size_t cap);
+int64_t rdb_col_int_or(sqlite3_stmt *s, int i, int64_t if_null);
+
+/* ---- schema (schema.c) -------------------------------------------------------------------- */
+
+/* The DDL (tables then indexes) of a file kind, as one script. Static string. */
+const char *rschema_ddl(int kind);
+/* Apply the page_size/auto_vacuum/journal_mode/synchronous/... settings of spec section 3. */
+arl_status rschema_configure(rdb *d, int is_new);
+/* Create the schema of a new file (one transaction, with meta). */
+arl_status rschema_create(rdb *d, const char *meta_init);
+/* Check application_id, versions, file_kind; migrate forward when writable (section 12). */
+arl_status rschema_check(rdb *d);
+/* The schema version this build writes (REPLAY_SCHEMA_VERSION unless a test overrides it). */
+int rschema_version(void);
+/* Test hook: pretend this build writes version `version`, migrating from version-1 with sql
+ * (NULL: restore the defaults). */
+void rschema_test_override(int version, const char *migration_sql, int raises_min_reader);
+
+/* ---- the store ---------------------------------------------------------------------------- */
+
+typedef struct rshard {
+    int32_t shard_id;
+    int kind;              /* WORKER, LEARNER, TOOL */
+    char *file;            /* relative name "shards/w3.sqlite" */
+    char *path;            /* full path */
+    rdb db;                /* read-only connection, opened lazily */
+    rdb states;            /* its states file, opened lazily (may not exist) */
+    sqlite3_stmt *stmt[6]; /* cached read statements on db (reader.c) */
+} rshard;
+
+/* Plan log for the EXPLAIN QUERY PLAN checks of tests (replay/inspect.h). */
+typedef struct rplan_log {
+    int enabled;
+    char *text; /* "query\n  plan line\n..." accumulated (owned) */
+    size_t len, cap;
+} rplan_log;
+
+struct replay_store {
+    char *root; /* as given */
+    char *dir;  /* store root directory ("" for a single shard file) */
+    char *vfs;  /* owned or NULL */
+    char host[256];
+    unsigned flags;
+    int single_file;
+    rdb cat; /* catalog; cat.db NULL if the store has none */
+    char store_uid[40];
+    rshard *shards; /* (n_shards), sorted by shard_id */
+    size_t n_shards;
+    rplan_log plan;
+};
+
+/* Shard by id (NULL if unknown); refreshes the list once if missing. */
+rshard *rstore_shard(replay_store *st, int32_t shard_id);
+/* Open the shard's read connection (or states file) if needed. */
+arl_status rstore_shard_db(replay_store *st, rshard *sh, rdb **out);
+arl_status rstore_shard_states(replay_store *st, rshard *sh, rdb **out);
+/* Prepare a read query on a shard or the catalog, logging its plan when plan checks are on. */
+arl_status rstore_prepare(replay_store *st, rdb *d, const char *sql, sqlite3_stmt **out);
+
+/* Path helpers: "<dir>/shards/<c><id>.sqlite" etc. Caller frees. */
+char *rstore_shard_rel(int kind, int32_t shard_id);
+char *rstore_join(const char *dir, const char *rel);
+const char *rstore_kind_letter(int kind);
+/* replay_file_kind of a meta.file_kind name; -1 if unknown. */
+int rfile_kind_parse(const char *name);
+int64_t rnow_ms(void);
+
+/* Catalog lookups for display (NULL/"" when unknown); results are copied into buf. */
+void rcat_run_uid(replay_store *st, int64_t run_id, char *buf, size_t cap);
+void rcat_group_uid(replay_store *st, int64_t group_id, char *buf, size_t cap);
+void rcat_env_name(replay_store *st, int64_t env_id, char *name, size_t ncap, char *version,
+                   size_t vcap);
+void rcat_task_uid(replay_store *st, int64_t task_id, char *buf, size_t cap);
+/* Update the member mirror of one trajectory (best effort; warns on failure). */
+void rcat_member_mirror(replay_store *st, int64_t group_id, int32_t slot, int32_t attempt,
+                        const char *traj_uid, int32_t shard_id, int64_t traj_id,
+                        const char *status);
+
+/* Ownership lock on "<file>.lock" (spec section 2.2): fcntl write lock, also refused when this
+ * process already holds it.  ARL_ERR_BUSY when held elsewhere. */
+arl_status rlock_acquire(const char *path, const char *name, int *fd, uint64_t *dev, uint64_t *ino);
+void rlock_release(int fd, uint64_t dev, uint64_t ino);
+
+/* ---- reading (reader.c) ---- */
+
+/* The trajectories columns rtraj_fill reads, in order (unqualified: one table in FROM). */
+#define RTRAJ_COLS                                                                                 \
+    "traj_id, traj_uid, run_id, group_id, slot, attempt, task_id, env_id, session_id, status, "    \
+    "end_cause, error_code, error_attribution, parent_traj_uid, fork_seg_index, resume_count, "    \
+    "n_segments, n_turns, n_tokens, n_action_tokens, min_version, max_version, outcome_reward, "   \
+    "created_at_ms, updated_at_ms, finished_at_ms"
+void rtraj_fill(sqlite3_stmt *q, int32_t shard_id, replay_traj_row *r);
+
+/* Compact JSON with shortest round-trip reals (jsonout.c); j is a json_t *. */
+struct json_t;
+void rjson_dump(struct json_t *j, FILE *f);
+/* The same as a string (caller frees); NULL on OOM. */
+char *rjson_dumps(struct json_t *j);
+
+/* ---- the writer --------------------------------------------------------------------------- */
+
+struct replay_writer {
+    replay_store *st;
+    int kind;
+    int32_t shard_id;
+    char *file; /* relative name */
+    char *states_file;
+    rdb w; /* the shard */
+    rdb s; /* its states file */
+    int lock_fd;
+    char *lock_path;
+    uint64_t lock_dev, lock_ino;
+    int64_t *interrupted;
+    size_t n_interrupted;
+    sqlite3_stmt *stmt[24]; /* prepared statements of the hot path (writer.c) */
+    sqlite3_stmt *sstmt[4]; /* ... on the states file */
+    uint8_t *scratch;       /* blob encoding buffer */
+    size_t scratch_cap;
+};
+
+/* Set the writer's interrupted list to every running trajectory of its file (recover: a file
+ * whose lock was free has no writer generating anything). */
+arl_status rwriter_scan_running(replay_writer *w);
+
+/* Image elision (elide.c).  Finds the base64 PNG "data" strings of body, replaces each with
+ * "sha256:<hex>" in *out (malloc'd, *out_len), and returns the images found (malloc'd arrays,
+ * PNG bytes decoded).  Returns ARL_ERR_NOMEM only; bodies without images come back unchanged. */
+typedef struct relided_image {
+    size_t body_offset; /* offset of the placeholder in the stored body */
+    uint8_t sha256[32];
+    uint8_t *png; /* owned */
+    size_t png_nbytes;
+    int32_t width, height;
+} relided_image;
+arl_status relide_images(const uint8_t *body, size_t n, uint8_t **out, size_t *out_len,
+                         relided_image **imgs, size_t *n_imgs);
+void relided_free(relided_image *imgs, size_t n);
+/* Reconstruct: replace placeholders at the given offsets (increasing) with base64 of pngs. */
+typedef struct rimage_ref {
+    size_t body_offset;
+    const uint8_t *png;
+    size_t png_nbytes;
+} rimage_ref;
+arl_status rimages_restore(const uint8_t *stored, size_t n, const rimage_ref *refs, size_t n_refs,
+                           uint8_t **out, size_t *out_len);
+
+#endif

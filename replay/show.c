@@ -1,0 +1,479 @@
+/* replay/show.c: `show` (spec section 13.2): one trajectory rendered as a person reads it --
+ * header, rewards at all levels, per segment its boundaries and states, per turn the
+ * observation that preceded it, the assistant turn with tool calls and parse status, tool
+ * results, process rewards, and the evidence of a mask.  Bodies are parsed with jansson; images
+ * appear as [image WxH sha256:...]. */
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "replay/codec.h"
+#include "replay/inspect.h"
+#include "replay/internal.h"
+
+static const char *nz(const char *s, const char *d) {
+    return s ? s : d;
+}
+
+static const char *col_txt(sqlite3_stmt *q, int i) {
+    const unsigned char *t = sqlite3_column_text(q, i);
+    return t ? (const char *)t : "";
+}
+
+/* Print a string indented, one line per line, cut after `max` bytes. */
+static void print_text(FILE *out, const char *indent, const char *label, const char *s,
+                       size_t max) {
+    if (!s) return;
+    size_t n = strlen(s);
+    fprintf(out, "%s%s", indent, label);
+    size_t i = 0;
+    for (; i < n && i < max; i++) {
+        fputc(s[i], out);
+        if (s[i] == '\n' && i + 1 < n) fprintf(out, "%s%*s", indent, (int)strlen(label), "");
+    }
+    if (n > max) fprintf(out, "... [%zu more bytes]", n - max);
+    fputc('\n', out);
+}
+
+static void print_content(FILE *out, const char *indent, const char *label, json_t *content) {
+    if (json_is_string(content)) {
+        print_text(out, indent, label, json_string_value(content), 4000);
+        return;
+    }
+    if (!json_is_array(content)) return;
+    size_t cap = 256, n = 0;
+    char *buf = malloc(cap);
+    if (!buf) return;
+    buf[0] = 0;
+    size_t i;
+    json_t *part;
+    json_array_foreach(content, i, part) {
+        const char *type = json_string_value(json_object_get(part, "type"));
+        char piece[256];
+        const char *add = piece;
+        piece[0] = 0;
+        if (type && !strcmp(type, "text")) {
+            add = json_string_value(json_object_get(part, "text"));
+        } else if (type && !strcmp(type, "image")) {
+            json_t *im = json_object_get(part, "image");
+            const char *data = json_string_value(json_object_get(im, "data"));
+            char hex[17] = "?";
+            if (data && !strncmp(data, "sha256:", 7)) {
+                snprintf(hex, sizeof hex, "%.16s", data + 7);
+            } else if (data) { /* not elided: hash the decoded bytes */
+                size_t dl = strlen(data), pn;
+                uint8_t *png = malloc(dl / 4 * 3 + 3);
+                if (png && !replay_base64_decode(data, dl, png, &pn)) {
+                    char full[65];
+                    replay_sha256_hex(png, pn, full);
+                    snprintf(hex, sizeof hex, "%.16s", full);
+                }
+                free(png);
+            }
+            snprintf(piece, sizeof piece, "[image %lldx%lld sha256:%s...]",
+                     (long long)json_integer_value(json_object_get(im, "width")),
+                     (long long)json_integer_value(json_object_get(im, "height")), hex);
+        }
+        if (!add) continue;
+        size_t l = strlen(add);
+        if (n + l + 2 > cap) {
+            cap = (n + l + 2) * 2;
+            char *p = realloc(buf, cap);
+            if (!p) break;
+            buf = p;
+        }
+        if (n) buf[n++] = ' ';
+        memcpy(buf + n, add, l + 1);
+        n += l;
+    }
+    print_text(out, indent, label, buf, 4000);
+    free(buf);
+}
+
+static void print_messages(FILE *out, json_t *msgs) {
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        char label[300];
+        if (role && !strcmp(role, "tool")) {
+            json_t *e = json_object_get(m, "is_error");
+            const char *code = json_string_value(json_object_get(m, "error_code"));
+            snprintf(label, sizeof label, "tool[%s]%s%s%s: ",
+                     nz(json_string_value(json_object_get(m, "tool_call_id")), "?"),
+                     json_is_true(e) ? " is_error " : "", json_is_true(e) && code ? code : "",
+                     json_is_true(json_object_get(m, "output_truncated")) ? " (truncated)" : "");
+        } else {
+            snprintf(label, sizeof label, "%s: ", role ? role : "?");
+        }
+        print_content(out, "    ", label, json_object_get(m, "content"));
+        json_t *tc = json_object_get(m, "tool_calls");
+        size_t j;
+        json_t *c;
+        json_array_foreach(tc, j, c) {
+            json_t *fn = json_object_get(c, "function");
+            fprintf(out, "      tool call %s %s(%s)\n",
+                    nz(json_string_value(json_object_get(c, "id")), "?"),
+                    nz(json_string_value(json_object_get(fn, "name")), "?"),
+                    nz(json_string_value(json_object_get(fn, "arguments")), ""));
+        }
+    }
+}
+
+static void print_action(FILE *out, const char *action_json) {
+    json_t *a = action_json ? json_loads(action_json, 0, NULL) : NULL;
+    if (!a) {
+        if (action_json) print_text(out, "    ", "action (unparsed): ", action_json, 2000);
+        return;
+    }
+    const char *r = json_string_value(json_object_get(a, "reasoning"));
+    if (r && *r) print_text(out, "    ", "reasoning: ", r, 4000);
+    print_text(out, "    ", "content: ", nz(json_string_value(json_object_get(a, "content")), ""),
+               4000);
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(a, "tool_calls"), i, c) {
+        char *args = rjson_dumps(json_object_get(c, "arguments"));
+        fprintf(out, "    tool call %s %s(%s) ok\n",
+                nz(json_string_value(json_object_get(c, "id")), "?"),
+                nz(json_string_value(json_object_get(c, "name")), "?"), args ? args : "");
+        free(args);
+    }
+    json_array_foreach(json_object_get(a, "parse_errors"), i, c) {
+        fprintf(out, "    failed block %s: %s: %s\n",
+                nz(json_string_value(json_object_get(c, "id")), "?"),
+                nz(json_string_value(json_object_get(c, "status")), "?"),
+                nz(json_string_value(json_object_get(c, "message")), ""));
+        print_text(out, "      ", "raw: ", json_string_value(json_object_get(c, "raw")), 1000);
+    }
+    json_decref(a);
+}
+
+/* Response body of call_seq, images restored (*out malloc'd). */
+static arl_status call_body(rdb *d, int64_t traj_id, int64_t call_seq, const uint8_t *stored,
+                            size_t n, uint8_t **out, size_t *out_n) {
+    sqlite3_stmt *q;
+    ARL_TRY(
+        rdb_prepare(d,
+                    "SELECT r.body_offset, i.png FROM image_refs r JOIN images i ON i.image_id = "
+                    "r.image_id WHERE r.traj_id = ?1 AND r.call_seq = ?2 ORDER BY r.body_offset",
+                    &q));
+    sqlite3_bind_int64(q, 1, traj_id);
+    sqlite3_bind_int64(q, 2, call_seq);
+    rimage_ref refs[64];
+    size_t nr = 0;
+    uint8_t *copies[64];
+    while (sqlite3_step(q) == SQLITE_ROW && nr < 64) {
+        size_t pn = (size_t)sqlite3_column_bytes(q, 1);
+        copies[nr] = malloc(pn ? pn : 1);
+        if (!copies[nr]) break;
+        memcpy(copies[nr], sqlite3_column_blob(q, 1), pn);
+        refs[nr] = (rimage_ref){(size_t)sqlite3_column_int64(q, 0), copies[nr], pn};
+        nr++;
+    }
+    sqlite3_finalize(q);
+    arl_status s = rimages_restore(stored, n, refs, nr, out, out_n);
+    for (size_t i = 0; i < nr; i++)
+        free(copies[i]);
+    return s;
+}
+
+static void print_rewards(FILE *out, rdb *d, int64_t traj_id, const char *level, int64_t scope,
+                          const char *indent) {
+    sqlite3_stmt *q;
+    if (rdb_prepare(d,
+                    "SELECT scope_index, component, source, value FROM rewards WHERE traj_id = ?1 "
+                    "AND level = ?2 AND (?3 < 0 OR scope_index = ?3) ORDER BY scope_index, "
+                    "component, source",
+                    &q) != ARL_OK)
+        return;
+    sqlite3_bind_int64(q, 1, traj_id);
+    sqlite3_bind_text(q, 2, level, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(q, 3, scope);
+    int64_t cur = -1;
+    int any = 0;
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        int64_t si = sqlite3_column_int64(q, 0);
+        if (si != cur || !any) {
+            if (any) fprintf(out, "\n");
+            if (scope < 0 && strcmp(level, "outcome"))
+                fprintf(out, "%s%s %lld:", indent,
+                        !strcmp(level, "segment") ? "segment" : "process step", (long long)si);
+            else
+                fprintf(out, "%s%s:", indent, level);
+            cur = si;
+            any = 1;
+        }
+        const char *comp = col_txt(q, 1);
+        const char *src = col_txt(q, 2);
+        char val[32];
+        if (sqlite3_column_type(q, 3) == SQLITE_NULL)
+            snprintf(val, sizeof val, "null");
+        else
+            snprintf(val, sizeof val, "%.6g", sqlite3_column_double(q, 3));
+        fprintf(out, " %s=%s%s%s",
+                !*comp                      ? "reward"
+                : !strcmp(comp, "@derived") ? "derived"
+                                            : comp,
+                val, strcmp(src, "env") ? "@" : "", strcmp(src, "env") ? src : "");
+    }
+    if (any) fprintf(out, "\n");
+    sqlite3_finalize(q);
+}
+
+static void print_token_table(FILE *out, replay_store *st, int64_t traj_id, int32_t seg, rdb *d) {
+    replay_seg_data sd = {0};
+    if (replay_segment_load(st, traj_id, seg, REPLAY_LOAD_TOKENS | REPLAY_LOAD_ROUTES, &sd) !=
+        ARL_OK) {
+        fprintf(out, "    tokens: unreadable: %s\n", arl_error_msg());
+        replay_seg_data_free(&sd);
+        return;
+    }
+    (void)d;
+    fprintf(out, "    %8s %10s %4s %7s %12s  %s\n", "pos", "token", "mask", "version", "logprob",
+            sd.n_moe_layers ? "routes (experts per MoE layer)" : "");
+    for (int64_t i = 0; i < sd.ref.n_tokens; i++) {
+        fprintf(out, "    %8lld %10u %4u %7u %12.6f ", (long long)(sd.ref.tok_start + i),
+                sd.tokens[i], sd.loss_mask[i], sd.versions[i], (double)sd.logprobs[i]);
+        for (int32_t l = 0; l < sd.n_moe_layers; l++) {
+            fputc(l ? '|' : ' ', out);
+            for (int32_t j = 0; j < sd.route_k; j++) {
+                size_t at = ((size_t)l * (size_t)sd.ref.n_tokens + (size_t)i) * (size_t)sd.route_k +
+                            (size_t)j;
+                unsigned e = sd.route_dtype == ARL_BLOB_U16 ? ((const uint16_t *)sd.routes)[at]
+                                                            : ((const uint8_t *)sd.routes)[at];
+                fprintf(out, "%s%u", j ? "," : "", e);
+            }
+        }
+        fputc('\n', out);
+    }
+    replay_seg_data_free(&sd);
+}
+
+arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out) {
+    replay_show_opts none = {0};
+    if (!o) o = &none;
+    replay_traj_row t;
+    ARL_TRY(replay_traj_get(st, traj, &t));
+    rshard *sh = rstore_shard(st, t.shard_id);
+    if (!sh && st->single_file) sh = &st->shards[0];
+    if (!sh) return arl_errorf(ARL_ERR_NOT_FOUND, "replay: shard %d missing", (int)t.shard_id);
+    rdb *d;
+    ARL_TRY(rstore_shard_db(st, sh, &d));
+    char run[300], group[300], task[300], env[128], ver[64];
+    rcat_run_uid(st, t.run_id, run, sizeof run);
+    rcat_group_uid(st, t.group_id, group, sizeof group);
+    rcat_task_uid(st, t.task_id, task, sizeof task);
+    rcat_env_name(st, t.env_id, env, sizeof env, ver, sizeof ver);
+    fprintf(out, "trajectory %s  (traj_id %lld, %s)\n", t.traj_uid, (long long)t.traj_id, sh->file);
+    fprintf(out, "  run %s  group %s slot %d attempt %d  task %s  env %s %s\n", run, group,
+            (int)t.slot, (int)t.attempt, task, env, ver);
+    fprintf(out, "  status %s", replay_status_name(t.status));
+    if (t.end_cause[0]) fprintf(out, "  end_cause %s", t.end_cause);
+    if (t.error_code[0]) fprintf(out, "  error %s (%s)", t.error_code, t.error_attribution);
+    fprintf(out, "  resume_count %d", (int)t.resume_count);
+    if (t.parent_traj_uid[0])
+        fprintf(out, "  fork of %s after segment %d", t.parent_traj_uid, (int)t.fork_seg_index);
+    fprintf(out, "\n  versions ");
+    if (t.min_version >= 0)
+        fprintf(out, "%lld..%lld", (long long)t.min_version, (long long)t.max_version);
+    else
+        fprintf(out, "-");
+    fprintf(out, "  turns %d  segments %d  tokens %lld (action %lld)\n", (int)t.n_turns,
+            (int)t.n_segments, (long long)t.n_tokens, (long long)t.n_action_tokens);
+    fprintf(out, "  rewards:\n");
+    print_rewards(out, d, t.traj_id, "outcome", -1, "    ");
+    print_rewards(out, d, t.traj_id, "segment", -1, "    ");
+    print_rewards(out, d, t.traj_id, "process", -1, "    ");
+
+    /* turns with their calls, grouped under their segments */
+    sqlite3_stmt *sq, *tq, *cq;
+    ARL_TRY(rstore_prepare(
+        st, d,
+        "SELECT seg_index, start_kind, end_cause, first_step, last_step, tok_start, "
+        "n_tokens, n_action_tokens, ctx_start, min_version, max_version, "
+        "end_state_id, latent_state_id, routes_layout FROM segments WHERE traj_id = ?1 "
+        "ORDER BY seg_index",
+        &sq));
+    arl_status s =
+        rstore_prepare(st, d,
+                       "SELECT step_index, act_tok_start, act_tok_end, policy_version, "
+                       "finish_reason, parse_status, n_tool_calls, context, reward, terminated, "
+                       "truncated, anchor, call_seq, action_json FROM turns WHERE traj_id = ?1 "
+                       "AND seg_index = ?2 ORDER BY step_index",
+                       &tq);
+    if (s != ARL_OK) {
+        sqlite3_finalize(sq);
+        return s;
+    }
+    s = rstore_prepare(st, d,
+                       "SELECT call_seq, endpoint, http_status, error_code, attempts, latency_ms, "
+                       "response_complete, response_body, request_body, step_index, segment_index "
+                       "FROM env_calls WHERE traj_id = ?1 AND call_seq = ?2",
+                       &cq);
+    if (s != ARL_OK) {
+        sqlite3_finalize(sq);
+        sqlite3_finalize(tq);
+        return s;
+    }
+    sqlite3_bind_int64(sq, 1, t.traj_id);
+    int rc;
+    while ((rc = sqlite3_step(sq)) == SQLITE_ROW) {
+        int32_t seg = sqlite3_column_int(sq, 0);
+        int64_t tok0 = sqlite3_column_int64(sq, 5), ntok = sqlite3_column_int64(sq, 6);
+        fprintf(out,
+                "\n== segment %d  %s -> %s  steps %d..%d  tokens [%lld, %lld) action %lld  "
+                "ctx_start %lld"
+                "  versions %lld..%lld  states: end %s latent %s\n",
+                (int)seg, col_txt(sq, 1), col_txt(sq, 2), sqlite3_column_int(sq, 3),
+                sqlite3_column_int(sq, 4), (long long)tok0, (long long)(tok0 + ntok),
+                (long long)sqlite3_column_int64(sq, 7), (long long)sqlite3_column_int64(sq, 8),
+                (long long)sqlite3_column_int64(sq, 9), (long long)sqlite3_column_int64(sq, 10),
+                sqlite3_column_type(sq, 11) == SQLITE_NULL ? "-" : "yes",
+                sqlite3_column_type(sq, 12) == SQLITE_NULL ? "-" : "yes");
+        print_rewards(out, d, t.traj_id, "segment", seg, "   ");
+        sqlite3_reset(tq);
+        sqlite3_bind_int64(tq, 1, t.traj_id);
+        sqlite3_bind_int(tq, 2, seg);
+        while (sqlite3_step(tq) == SQLITE_ROW) {
+            int32_t step = sqlite3_column_int(tq, 0);
+            int64_t call_seq = sqlite3_column_int64(tq, 12);
+            json_t *resp = NULL;
+            sqlite3_reset(cq);
+            sqlite3_bind_int64(cq, 1, t.traj_id);
+            sqlite3_bind_int64(cq, 2, call_seq);
+            char callinfo[200] = "no call recorded";
+            if (sqlite3_step(cq) == SQLITE_ROW) {
+                snprintf(callinfo, sizeof callinfo, "%s http %s%s%s, %lld ms, %d attempt(s)",
+                         col_txt(cq, 1),
+                         sqlite3_column_type(cq, 2) == SQLITE_NULL ? "-" : col_txt(cq, 2),
+                         sqlite3_column_type(cq, 3) == SQLITE_NULL ? "" : " ", col_txt(cq, 3),
+                         (long long)sqlite3_column_int64(cq, 5), sqlite3_column_int(cq, 4));
+                const void *b = sqlite3_column_blob(cq, 7);
+                if (b && sqlite3_column_int(cq, 6))
+                    resp = json_loadb(b, (size_t)sqlite3_column_bytes(cq, 7), 0, NULL);
+                if (o->raw) {
+                    uint8_t *full = NULL;
+                    size_t fn = 0;
+                    print_text(out, "    ", "request: ", col_txt(cq, 8), 1u << 20);
+                    if (b && call_body(d, t.traj_id, call_seq, b,
+                                       (size_t)sqlite3_column_bytes(cq, 7), &full, &fn) == ARL_OK) {
+                        char *z = malloc(fn + 1);
+                        if (z) {
+                            memcpy(z, full, fn);
+                            z[fn] = 0;
+                            print_text(out, "    ", "response: ", z, 1u << 20);
+                            free(z);
+                        }
+                    }
+                    free(full);
+                }
+            }
+            if (step == 0) {
+                fprintf(out, "  [step 0] session created (%s)\n", callinfo);
+            } else {
+                /* the observation before this turn was printed with the previous step */
+                fprintf(out,
+                        "  [step %d] assistant (version %s, tokens [%s, %s), finish %s, parse %s) "
+                        "-- %s\n",
+                        (int)step, col_txt(tq, 3), col_txt(tq, 1), col_txt(tq, 2), col_txt(tq, 4),
+                        col_txt(tq, 5), callinfo);
+                print_action(out, (const char *)sqlite3_column_text(tq, 13));
+            }
+            json_t *obs = json_object_get(resp, "observation");
+            if (obs) {
+                const char *ctx = json_string_value(json_object_get(obs, "context"));
+                if (ctx && !strcmp(ctx, "reset") && step > 0)
+                    fprintf(out, "    -- context reset --\n");
+                print_messages(out, json_object_get(obs, "messages"));
+            } else if (step > 0 && sqlite3_column_type(tq, 8) == SQLITE_NULL) {
+                fprintf(out, "    (no response: the step failed)\n");
+            }
+            if (step > 0) {
+                fprintf(out, "    process reward ");
+                if (sqlite3_column_type(tq, 8) == SQLITE_NULL)
+                    fprintf(out, "-");
+                else
+                    fprintf(out, "%.6g", sqlite3_column_double(tq, 8));
+                json_t *rc2 = json_object_get(resp, "reward_components");
+                if (json_object_size(rc2)) {
+                    char *c = rjson_dumps(rc2);
+                    fprintf(out, " %s", c ? c : "");
+                    free(c);
+                }
+                if (sqlite3_column_type(tq, 11) != SQLITE_NULL)
+                    fprintf(out, "  anchor %s", col_txt(tq, 11));
+                if (sqlite3_column_int(tq, 9)) fprintf(out, "  TERMINATED");
+                if (sqlite3_column_int(tq, 10)) fprintf(out, "  TRUNCATED");
+                fprintf(out, "\n");
+            }
+            json_decref(resp);
+        }
+        if (o->tokens) print_token_table(out, st, t.traj_id, seg, d);
+    }
+    sqlite3_finalize(sq);
+    sqlite3_finalize(tq);
+    sqlite3_finalize(cq);
+    if (rc != SQLITE_DONE) return rdb_fail(d, rc, "reading segments");
+
+    /* scores and errors: calls that are not a turn's */
+    sqlite3_stmt *eq;
+    ARL_TRY(rstore_prepare(
+        st, d,
+        "SELECT c.call_seq, c.endpoint, c.http_status, c.error_code, c.response_body, "
+        "c.response_complete FROM env_calls c WHERE c.traj_id = ?1 AND (c.endpoint "
+        "NOT IN ('create','step') OR c.error_code IS NOT NULL) ORDER BY c.call_seq",
+        &eq));
+    sqlite3_bind_int64(eq, 1, t.traj_id);
+    int header = 0;
+    while (sqlite3_step(eq) == SQLITE_ROW) {
+        if (!header) fprintf(out, "\n== other calls\n");
+        header = 1;
+        fprintf(out, "  call %lld %s http %s%s%s\n", (long long)sqlite3_column_int64(eq, 0),
+                col_txt(eq, 1), sqlite3_column_type(eq, 2) == SQLITE_NULL ? "-" : col_txt(eq, 2),
+                sqlite3_column_type(eq, 3) == SQLITE_NULL ? "" : "  error ", col_txt(eq, 3));
+        const void *b = sqlite3_column_blob(eq, 4);
+        int n = sqlite3_column_bytes(eq, 4);
+        if (b) {
+            char pre[260];
+            int k = n < 256 ? n : 256;
+            memcpy(pre, b, (size_t)k);
+            pre[k] = 0;
+            print_text(out, "    ",
+                       sqlite3_column_int(eq, 5) ? "response: " : "response prefix: ", pre, 256);
+        }
+    }
+    sqlite3_finalize(eq);
+    if (t.status == REPLAY_MASKED || t.status == REPLAY_RUNNING) {
+        fprintf(out, "\n== %s\n", t.status == REPLAY_MASKED ? "mask" : "still running");
+        sqlite3_stmt *q;
+        if (rdb_prepare(d, "SELECT error_detail_json FROM trajectories WHERE traj_id = ?1", &q) ==
+            ARL_OK) {
+            sqlite3_bind_int64(q, 1, t.traj_id);
+            if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_type(q, 0) != SQLITE_NULL)
+                print_text(out, "  ", "detail: ", col_txt(q, 0), 4000);
+            sqlite3_finalize(q);
+        }
+        if (t.status == REPLAY_MASKED)
+            fprintf(out, "  error %s, attribution %s, end cause %s\n", t.error_code,
+                    t.error_attribution, t.end_cause);
+        else
+            fprintf(out, "  interrupted? run 'agentrl replay recover' when its writer is gone\n");
+    }
+    /* events */
+    sqlite3_stmt *vq;
+    if (rdb_prepare(
+            d,
+            "SELECT seq, at_ms, kind, detail_json FROM trajectory_events WHERE traj_id = ?1 "
+            "ORDER BY seq",
+            &vq) == ARL_OK) {
+        sqlite3_bind_int64(vq, 1, t.traj_id);
+        fprintf(out, "\n== events\n");
+        while (sqlite3_step(vq) == SQLITE_ROW)
+            fprintf(out, "  %3lld %s %s\n", (long long)sqlite3_column_int64(vq, 0), col_txt(vq, 2),
+                    col_txt(vq, 3));
+        sqlite3_finalize(vq);
+    }
+    return ARL_OK;
+}

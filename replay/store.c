@@ -1,0 +1,873 @@
+/* replay/store.c: opening a store root, the shard registry (files under shards/), ownership
+ * locks, and the catalog's rows (runs, versions, envs, tasks, groups, member mirror). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "replay/codec.h"
+#include "replay/internal.h"
+
+#ifndef AGENTRL_VERSION
+#define AGENTRL_VERSION "0.0.0"
+#endif
+
+const char *replay_status_name(int status) {
+    switch (status) {
+    case REPLAY_RUNNING:
+        return "running";
+    case REPLAY_COMPLETE:
+        return "complete";
+    case REPLAY_TRUNCATED:
+        return "truncated";
+    case REPLAY_MASKED:
+        return "masked";
+    default:
+        return "?";
+    }
+}
+
+int replay_status_parse(const char *name) {
+    for (int s = 0; s <= REPLAY_MASKED; s++)
+        if (name && !strcmp(name, replay_status_name(s))) return s;
+    return -1;
+}
+
+const char *replay_file_kind_name(int kind) {
+    switch (kind) {
+    case REPLAY_FILE_CATALOG:
+        return "catalog";
+    case REPLAY_FILE_WORKER:
+        return "worker";
+    case REPLAY_FILE_STATES:
+        return "states";
+    case REPLAY_FILE_LEARNER:
+        return "learner";
+    case REPLAY_FILE_TOOL:
+        return "tool";
+    default:
+        return "?";
+    }
+}
+
+int rfile_kind_parse(const char *name) {
+    for (int k = 0; k <= REPLAY_FILE_TOOL; k++)
+        if (name && !strcmp(name, replay_file_kind_name(k))) return k;
+    return -1;
+}
+
+const char *rstore_kind_letter(int kind) {
+    switch (kind) {
+    case REPLAY_FILE_WORKER:
+        return "w";
+    case REPLAY_FILE_LEARNER:
+        return "l";
+    case REPLAY_FILE_TOOL:
+        return "t";
+    default:
+        return "?";
+    }
+}
+
+int64_t rnow_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+char *rstore_shard_rel(int kind, int32_t shard_id) {
+    char *p = malloc(48);
+    if (p) snprintf(p, 48, "shards/%s%d.sqlite", rstore_kind_letter(kind), (int)shard_id);
+    return p;
+}
+
+char *rstore_join(const char *dir, const char *rel) {
+    size_t n = strlen(dir) + strlen(rel) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s%s%s", dir, *dir ? "/" : "", rel);
+    return p;
+}
+
+/* ---- ownership locks (spec section 2.2) ---- */
+
+static pthread_mutex_t lock_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { uint64_t dev, ino; } lock_held[256];
+static int lock_nheld;
+
+arl_status rlock_acquire(const char *path, const char *name, int *fd_out, uint64_t *dev,
+                         uint64_t *ino) {
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
+                          "replay: %s: cannot open its lock file %s: %s (check permissions)", name,
+                          path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb)) {
+        close(fd);
+        return arl_errorf(ARL_ERR_IO, "replay: %s: fstat(%s): %s", name, path, strerror(errno));
+    }
+    pthread_mutex_lock(&lock_mu);
+    for (int i = 0; i < lock_nheld; i++)
+        if (lock_held[i].dev == (uint64_t)sb.st_dev && lock_held[i].ino == (uint64_t)sb.st_ino) {
+            pthread_mutex_unlock(&lock_mu);
+            close(fd);
+            return arl_errorf(ARL_ERR_BUSY,
+                              "replay: %s: already open for writing in this process (one writer "
+                              "per file: use another shard)",
+                              name);
+        }
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    if (fcntl(fd, F_SETLK, &fl)) {
+        int e = errno;
+        struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        long pid = fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK ? (long)q.l_pid : -1;
+        pthread_mutex_unlock(&lock_mu);
+        close(fd);
+        if (e == EACCES || e == EAGAIN)
+            return arl_errorf(ARL_ERR_BUSY,
+                              "replay: %s: another process (pid %ld) is writing this file (one "
+                              "writer per file: use another shard, or wait for it to finish)",
+                              name, pid);
+        return arl_errorf(ARL_ERR_IO, "replay: %s: locking %s: %s", name, path, strerror(e));
+    }
+    if (lock_nheld < (int)(sizeof lock_held / sizeof *lock_held)) {
+        lock_held[lock_nheld].dev = (uint64_t)sb.st_dev;
+        lock_held[lock_nheld].ino = (uint64_t)sb.st_ino;
+        lock_nheld++;
+    }
+    pthread_mutex_unlock(&lock_mu);
+    *fd_out = fd;
+    *dev = (uint64_t)sb.st_dev;
+    *ino = (uint64_t)sb.st_ino;
+    return ARL_OK;
+}
+
+void rlock_release(int fd, uint64_t dev, uint64_t ino) {
+    if (fd < 0) return;
+    pthread_mutex_lock(&lock_mu);
+    for (int i = 0; i < lock_nheld; i++)
+        if (lock_held[i].dev == dev && lock_held[i].ino == ino) {
+            lock_held[i] = lock_held[--lock_nheld];
+            break;
+        }
+    pthread_mutex_unlock(&lock_mu);
+    close(fd);
+}
+
+/* ---- shard registry ---- */
+
+static void shard_free(rshard *sh) {
+    for (size_t i = 0; i < sizeof sh->stmt / sizeof *sh->stmt; i++)
+        sqlite3_finalize(sh->stmt[i]);
+    rdb_close(&sh->db);
+    rdb_close(&sh->states);
+    free(sh->file);
+    free(sh->path);
+}
+
+static int shard_cmp(const void *a, const void *b) {
+    const rshard *x = a, *y = b;
+    return (x->shard_id > y->shard_id) - (x->shard_id < y->shard_id);
+}
+
+/* Parse "w12.sqlite" into kind and id; 0 if the name is not a shard file. */
+static int parse_shard_name(const char *n, int *kind, int32_t *id) {
+    int k;
+    switch (n[0]) {
+    case 'w':
+        k = REPLAY_FILE_WORKER;
+        break;
+    case 'l':
+        k = REPLAY_FILE_LEARNER;
+        break;
+    case 't':
+        k = REPLAY_FILE_TOOL;
+        break;
+    default:
+        return 0;
+    }
+    const char *p = n + 1;
+    long v = 0;
+    if (*p < '0' || *p > '9') return 0;
+    while (*p >= '0' && *p <= '9') {
+        v = v * 10 + (*p - '0');
+        if (v > REPLAY_SHARD_MAX) return 0;
+        p++;
+    }
+    if (strcmp(p, ".sqlite") || v < 1) return 0;
+    *kind = k;
+    *id = (int32_t)v;
+    return 1;
+}
+
+static arl_status scan_dir(replay_store *st, const char *sub) {
+    char *d = rstore_join(st->dir, sub);
+    if (!d) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    DIR *dir = opendir(d);
+    if (!dir) {
+        free(d);
+        return ARL_OK;
+    }
+    struct dirent *e;
+    arl_status s = ARL_OK;
+    while ((e = readdir(dir))) {
+        int kind;
+        int32_t id;
+        if (!parse_shard_name(e->d_name, &kind, &id)) continue;
+        int known = 0;
+        for (size_t i = 0; i < st->n_shards; i++)
+            if (st->shards[i].shard_id == id) known = 1;
+        if (known) continue;
+        rshard *ns = realloc(st->shards, (st->n_shards + 1) * sizeof *ns);
+        if (!ns) {
+            s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+            break;
+        }
+        st->shards = ns;
+        rshard *sh = &st->shards[st->n_shards];
+        memset(sh, 0, sizeof *sh);
+        sh->shard_id = id;
+        sh->kind = kind;
+        size_t fl = strlen(sub) + strlen(e->d_name) + 2;
+        sh->file = malloc(fl);
+        if (sh->file) snprintf(sh->file, fl, "%s%s%s", sub, *sub ? "/" : "", e->d_name);
+        sh->path = sh->file ? rstore_join(st->dir, sh->file) : NULL;
+        if (!sh->file || !sh->path) {
+            free(sh->file);
+            free(sh->path);
+            s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+            break;
+        }
+        st->n_shards++;
+    }
+    closedir(dir);
+    free(d);
+    if (st->n_shards > 1) qsort(st->shards, st->n_shards, sizeof *st->shards, shard_cmp);
+    return s;
+}
+
+arl_status replay_store_refresh(replay_store *st) {
+    if (st->single_file) return ARL_OK;
+    ARL_TRY(scan_dir(st, "shards"));
+    if (!st->cat.db) ARL_TRY(scan_dir(st, "")); /* a directory of copied shard files */
+    return ARL_OK;
+}
+
+rshard *rstore_shard(replay_store *st, int32_t shard_id) {
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < st->n_shards; i++)
+            if (st->shards[i].shard_id == shard_id) return &st->shards[i];
+        if (pass == 0 && replay_store_refresh(st) != ARL_OK) return NULL;
+    }
+    return NULL;
+}
+
+arl_status rstore_shard_db(replay_store *st, rshard *sh, rdb **out) {
+    if (!sh->db.db) {
+        int kind = st->single_file ? -1 : sh->kind;
+        ARL_TRY(rdb_open(&sh->db, sh->path, sh->file, kind, RDB_READONLY, st->vfs, NULL));
+    }
+    *out = &sh->db;
+    return ARL_OK;
+}
+
+arl_status rstore_shard_states(replay_store *st, rshard *sh, rdb **out) {
+    if (!sh->states.db) {
+        size_t n = strlen(sh->path);
+        char *p = malloc(n + 16), *f = malloc(strlen(sh->file) + 16);
+        if (!p || !f) {
+            free(p);
+            free(f);
+            return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+        }
+        memcpy(p, sh->path, n - 7);
+        strcpy(p + n - 7, ".states.sqlite");
+        size_t m = strlen(sh->file);
+        memcpy(f, sh->file, m - 7);
+        strcpy(f + m - 7, ".states.sqlite");
+        arl_status s = rdb_open(&sh->states, p, f, REPLAY_FILE_STATES, RDB_READONLY, st->vfs, NULL);
+        free(p);
+        free(f);
+        ARL_TRY(s);
+    }
+    *out = &sh->states;
+    return ARL_OK;
+}
+
+static void plan_append(rplan_log *l, const char *t) {
+    size_t n = strlen(t);
+    if (l->len + n + 1 > l->cap) {
+        size_t c = (l->cap + n + 1) * 2;
+        char *p = realloc(l->text, c);
+        if (!p) return;
+        l->text = p;
+        l->cap = c;
+    }
+    memcpy(l->text + l->len, t, n + 1);
+    l->len += n;
+}
+
+arl_status rstore_prepare(replay_store *st, rdb *d, const char *sql, sqlite3_stmt **out) {
+    if (st->plan.enabled) {
+        size_t n = strlen(sql) + 32;
+        char *q = malloc(n);
+        if (q) {
+            snprintf(q, n, "EXPLAIN QUERY PLAN %s", sql);
+            sqlite3_stmt *e;
+            if (sqlite3_prepare_v2(d->db, q, -1, &e, NULL) == SQLITE_OK) {
+                plan_append(&st->plan, "QUERY ");
+                plan_append(&st->plan, sql);
+                plan_append(&st->plan, "\n");
+                /* Unbound parameters are NULL: the plan does not depend on them. */
+                while (sqlite3_step(e) == SQLITE_ROW) {
+                    plan_append(&st->plan, "  PLAN ");
+                    plan_append(&st->plan, (const char *)sqlite3_column_text(e, 3));
+                    plan_append(&st->plan, "\n");
+                }
+                sqlite3_finalize(e);
+            }
+            free(q);
+        }
+    }
+    return rdb_prepare(d, sql, out);
+}
+
+/* ---- open / close ---- */
+
+static arl_status mkdir_p(const char *path) {
+    if (mkdir(path, 0755) && errno != EEXIST)
+        return arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
+                          "replay: cannot create directory %s: %s", path, strerror(errno));
+    return ARL_OK;
+}
+
+static void random_hex(char *out, size_t nbytes) {
+    uint8_t b[32] = {0};
+    if (nbytes > sizeof b) nbytes = sizeof b;
+    FILE *f = fopen("/dev/urandom", "rb");
+    size_t got = f ? fread(b, 1, nbytes, f) : 0;
+    if (f) fclose(f);
+    if (got < nbytes) { /* fall back to time and pid */
+        uint64_t x = (uint64_t)rnow_ms() ^ ((uint64_t)getpid() << 32);
+        for (size_t i = 0; i < nbytes; i++, x = x * 6364136223846793005ULL + 1)
+            b[i] ^= (uint8_t)(x >> 56);
+    }
+    replay_hex_encode(b, nbytes, out);
+}
+
+arl_status replay_store_open(const char *root, const replay_open_opts *opts, replay_store **out) {
+    *out = NULL;
+    replay_store *st = calloc(1, sizeof *st);
+    if (!st) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    st->flags = opts ? opts->flags : 0;
+    st->root = strdup(root);
+    st->vfs = opts && opts->vfs ? strdup(opts->vfs) : NULL;
+    if (opts && opts->host)
+        snprintf(st->host, sizeof st->host, "%s", opts->host);
+    else if (gethostname(st->host, sizeof st->host - 1))
+        strcpy(st->host, "localhost");
+    arl_status s = ARL_OK;
+    if (!st->root) {
+        s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+        goto fail;
+    }
+    const char *env_plan = getenv("ARL_REPLAY_PLAN_LOG");
+    st->plan.enabled = env_plan && *env_plan && strcmp(env_plan, "0");
+    int ro = !!(st->flags & REPLAY_OPEN_READONLY);
+    struct stat sb;
+    if (stat(root, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        /* One shard file: read-only; its id and kind come from its meta. */
+        st->single_file = 1;
+        st->flags |= REPLAY_OPEN_READONLY;
+        st->dir = strdup("");
+        st->shards = calloc(1, sizeof *st->shards);
+        if (!st->dir || !st->shards) {
+            s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+            goto fail;
+        }
+        st->n_shards = 1;
+        rshard *sh = &st->shards[0];
+        sh->file = strdup(root);
+        sh->path = strdup(root);
+        if ((s = rdb_open(&sh->db, root, root, -1, RDB_READONLY, st->vfs, NULL)) != ARL_OK)
+            goto fail;
+        char v[32];
+        int found;
+        if ((s = rdb_meta_get(&sh->db, "shard_id", v, sizeof v, &found)) != ARL_OK) goto fail;
+        sh->shard_id = found ? atoi(v) : 0;
+        sh->kind = sh->db.kind;
+        if (sh->kind != REPLAY_FILE_WORKER && sh->kind != REPLAY_FILE_TOOL &&
+            sh->kind != REPLAY_FILE_LEARNER) {
+            s = arl_errorf(ARL_ERR_ARG,
+                           "replay: %s: a %s file, not a shard file: give the store root directory",
+                           root, replay_file_kind_name(sh->kind));
+            goto fail;
+        }
+        *out = st;
+        return ARL_OK;
+    }
+    int exists = stat(root, &sb) == 0;
+    if (exists && !S_ISDIR(sb.st_mode)) {
+        s = arl_errorf(ARL_ERR_ARG, "replay: %s is neither a store directory nor a shard file",
+                       root);
+        goto fail;
+    }
+    if (!exists && !(st->flags & REPLAY_OPEN_CREATE)) {
+        s = arl_errorf(ARL_ERR_NOT_FOUND,
+                       "replay: %s: no such store (check the path; a store is created by a run)",
+                       root);
+        goto fail;
+    }
+    if (!exists && (s = mkdir_p(root)) != ARL_OK) goto fail;
+    st->dir = strdup(root);
+    char *cat = rstore_join(root, "catalog.sqlite");
+    if (!st->dir || !cat) {
+        free(cat);
+        s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+        goto fail;
+    }
+    int have_cat = stat(cat, &sb) == 0;
+    if (have_cat || ((st->flags & REPLAY_OPEN_CREATE) && !ro)) {
+        char meta[96];
+        char uid[33];
+        random_hex(uid, 16);
+        int n = snprintf(meta, sizeof meta, "store_uid%c%s%c", 0, uid, 0);
+        meta[n] = 0;
+        s = rdb_open(&st->cat, cat, "catalog.sqlite", REPLAY_FILE_CATALOG,
+                     ro ? RDB_READONLY : RDB_CREATE, st->vfs, meta);
+        if (s == ARL_OK)
+            s = rdb_meta_get(&st->cat, "store_uid", st->store_uid, sizeof st->store_uid, NULL);
+        if (s == ARL_OK && !ro) {
+            char *sd = rstore_join(root, "shards");
+            s = sd ? mkdir_p(sd) : arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+            free(sd);
+        }
+    }
+    free(cat);
+    if (s != ARL_OK) goto fail;
+    if ((s = replay_store_refresh(st)) != ARL_OK) goto fail;
+    if (!st->cat.db && !st->n_shards) {
+        s = arl_errorf(ARL_ERR_NOT_FOUND,
+                       "replay: %s: neither catalog.sqlite nor shard files found (is this a store "
+                       "root?)",
+                       root);
+        goto fail;
+    }
+    *out = st;
+    return ARL_OK;
+fail:
+    replay_store_close(st);
+    return s;
+}
+
+void replay_store_close(replay_store *st) {
+    if (!st) return;
+    for (size_t i = 0; i < st->n_shards; i++)
+        shard_free(&st->shards[i]);
+    free(st->shards);
+    rdb_close(&st->cat);
+    free(st->root);
+    free(st->dir);
+    free(st->vfs);
+    free(st->plan.text);
+    free(st);
+}
+
+const char *replay_store_root(const replay_store *st) {
+    return st->root;
+}
+
+int replay_store_has_catalog(const replay_store *st) {
+    return st->cat.db != NULL;
+}
+
+/* ---- catalog rows ---- */
+
+static arl_status need_catalog(replay_store *st, int write) {
+    if (!st->cat.db)
+        return arl_errorf(ARL_ERR_STATE,
+                          "replay: %s: this store has no catalog.sqlite (bare shard "
+                          "files are read-only)",
+                          st->root);
+    if (write && st->cat.readonly)
+        return arl_errorf(ARL_ERR_STATE, "replay: %s: store opened read-only", st->root);
+    return ARL_OK;
+}
+
+/* Run an INSERT ... ON CONFLICT DO NOTHING (bound by bind()), then a SELECT of the id, in one
+ * IMMEDIATE transaction. */
+typedef void (*bind_fn)(sqlite3_stmt *s, const void *d);
+static arl_status ensure_row(replay_store *st, const char *ins, const char *sel, bind_fn bind_ins,
+                             bind_fn bind_sel, const void *d, int64_t *id, const char *what) {
+    ARL_TRY(need_catalog(st, 1));
+    rdb *c = &st->cat;
+    sqlite3_stmt *a = NULL, *b = NULL;
+    arl_status s = rdb_begin(c);
+    if (s != ARL_OK) return s;
+    if ((s = rdb_prepare(c, ins, &a)) != ARL_OK) goto out;
+    bind_ins(a, d);
+    int rc = sqlite3_step(a);
+    if (rc != SQLITE_DONE) {
+        s = rdb_fail(c, rc, what);
+        goto out;
+    }
+    if ((s = rdb_prepare(c, sel, &b)) != ARL_OK) goto out;
+    bind_sel(b, d);
+    rc = sqlite3_step(b);
+    if (rc != SQLITE_ROW) {
+        s = rc == SQLITE_DONE
+                ? arl_errorf(ARL_ERR_INTERNAL, "replay: catalog: %s: row vanished", what)
+                : rdb_fail(c, rc, what);
+        goto out;
+    }
+    *id = sqlite3_column_int64(b, 0);
+    sqlite3_finalize(a);
+    sqlite3_finalize(b);
+    return rdb_commit(c);
+out:
+    sqlite3_finalize(a);
+    sqlite3_finalize(b);
+    rdb_rollback(c);
+    return s;
+}
+
+static const char *or_default(const char *v, const char *d) {
+    return v ? v : d;
+}
+
+static void bind_run(sqlite3_stmt *s, const void *p) {
+    const replay_run_desc *d = p;
+    char h1[65], h2[65];
+    const char *cfg = or_default(d->config_json, "{}"),
+               *mcfg = or_default(d->model_config_json, "{}");
+    replay_sha256_hex(cfg, strlen(cfg), h1);
+    replay_sha256_hex(mcfg, strlen(mcfg), h2);
+    sqlite3_bind_text(s, 1, d->run_uid, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 2, rnow_ms());
+    sqlite3_bind_text(s, 3, cfg, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 4, h1, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, 5, mcfg, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 6, h2, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s, 7, or_default(d->tokenizer_sha256, ""), -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 8, or_default(d->chat_template_sha256, ""), -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 9, or_default(d->code_version, AGENTRL_VERSION), -1, SQLITE_STATIC);
+    rdb_bind_text(s, 10, d->notes);
+}
+static void bind_uid1(sqlite3_stmt *s, const void *p) {
+    sqlite3_bind_text(s, 1, *(const char *const *)p, -1, SQLITE_STATIC);
+}
+
+arl_status replay_run_ensure(replay_store *st, const replay_run_desc *d, int64_t *run_id) {
+    if (!d->run_uid || !*d->run_uid || strlen(d->run_uid) > REPLAY_UID_MAX)
+        return arl_errorf(ARL_ERR_ARG, "replay: run_uid must be 1..256 bytes");
+    return ensure_row(
+        st,
+        "INSERT INTO runs(run_uid, status, created_at_ms, config_json, config_sha256, "
+        "model_config_json, model_config_sha256, tokenizer_sha256, "
+        "chat_template_sha256, code_version, notes) VALUES "
+        "(?1, 'active', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) "
+        "ON CONFLICT(run_uid) DO NOTHING",
+        "SELECT run_id FROM runs WHERE run_uid = ?1", bind_run, bind_uid1, d, run_id,
+        "inserting a run");
+}
+
+arl_status replay_run_find(replay_store *st, const char *run_uid, int64_t *run_id) {
+    ARL_TRY(need_catalog(st, 0));
+    sqlite3_stmt *s;
+    ARL_TRY(rdb_prepare(&st->cat, "SELECT run_id FROM runs WHERE run_uid = ?1", &s));
+    sqlite3_bind_text(s, 1, run_uid, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(s);
+    if (rc == SQLITE_ROW) *run_id = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    if (rc == SQLITE_DONE)
+        return arl_errorf(ARL_ERR_NOT_FOUND,
+                          "replay: %s: no run '%s' in the catalog (see 'agentrl "
+                          "replay stats')",
+                          st->root, run_uid);
+    if (rc != SQLITE_ROW) return rdb_fail(&st->cat, rc, "finding a run");
+    return ARL_OK;
+}
+
+arl_status replay_run_set_status(replay_store *st, int64_t run_id, const char *status) {
+    ARL_TRY(need_catalog(st, 1));
+    sqlite3_stmt *s;
+    ARL_TRY(rdb_prepare(&st->cat, "UPDATE runs SET status = ?2 WHERE run_id = ?1", &s));
+    sqlite3_bind_int64(s, 1, run_id);
+    rdb_bind_text(s, 2, status);
+    int rc = sqlite3_step(s);
+    sqlite3_finalize(s);
+    if (rc != SQLITE_DONE) return rdb_fail(&st->cat, rc, "updating a run's status");
+    if (!sqlite3_changes(st->cat.db))
+        return arl_errorf(ARL_ERR_NOT_FOUND, "replay: catalog: no run with id %lld",
+                          (long long)run_id);
+    return ARL_OK;
+}
+
+arl_status replay_version_add(replay_store *st, const replay_version_desc *d) {
+    ARL_TRY(need_catalog(st, 1));
+    sqlite3_stmt *s;
+    ARL_TRY(rdb_prepare(&st->cat,
+                        "INSERT INTO policy_versions(run_id, version, created_at_ms, update_n, "
+                        "checkpoint_uri, weights_sha256, kl_coef, metrics_json) VALUES "
+                        "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        &s));
+    sqlite3_bind_int64(s, 1, d->run_id);
+    sqlite3_bind_int64(s, 2, d->version);
+    sqlite3_bind_int64(s, 3, rnow_ms());
+    rdb_bind_int_or_null(s, 4, d->update_n);
+    rdb_bind_text(s, 5, d->checkpoint_uri);
+    rdb_bind_text(s, 6, d->weights_sha256);
+    rdb_bind_real_or_null(s, 7, d->kl_coef);
+    rdb_bind_text(s, 8, d->metrics_json);
+    int rc = sqlite3_step(s);
+    sqlite3_finalize(s);
+    if (rc != SQLITE_DONE) {
+        if ((rc & 0xFF) == SQLITE_CONSTRAINT)
+            return arl_errorf(ARL_ERR_STATE,
+                              "replay: catalog: policy version %lld of run %lld already exists or "
+                              "the run does not (%s)",
+                              (long long)d->version, (long long)d->run_id,
+                              sqlite3_errmsg(st->cat.db));
+        return rdb_fail(&st->cat, rc, "inserting a policy version");
+    }
+    return ARL_OK;
+}
+
+typedef struct env_bind {
+    const replay_env_desc *d;
+    char sha[65];
+} env_bind;
+static void bind_env(sqlite3_stmt *s, const void *p) {
+    const env_bind *e = p;
+    sqlite3_bind_text(s, 1, e->d->name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, e->d->version, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, e->sha, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 4, or_default(e->d->info_json, "{}"), -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 5, or_default(e->d->transport, "c_abi"), -1, SQLITE_STATIC);
+    rdb_bind_text(s, 6, e->d->base_url);
+    sqlite3_bind_int64(s, 7, rnow_ms());
+}
+static void bind_env_sel(sqlite3_stmt *s, const void *p) {
+    const env_bind *e = p;
+    sqlite3_bind_text(s, 1, e->d->name, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 3, e->sha, -1, SQLITE_STATIC);
+}
+
+arl_status replay_env_ensure(replay_store *st, const replay_env_desc *d, int64_t *env_id) {
+    if (!d->name || !d->version)
+        return arl_errorf(ARL_ERR_ARG, "replay: env name and version are required");
+    env_bind e = {.d = d};
+    const char *info = or_default(d->info_json, "{}");
+    replay_sha256_hex(info, strlen(info), e.sha);
+    return ensure_row(
+        st,
+        "INSERT INTO envs(name, version, info_sha256, info_json, transport, base_url, "
+        "first_seen_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) "
+        "ON CONFLICT(name, info_sha256) DO NOTHING",
+        "SELECT env_id FROM envs WHERE name = ?1 AND info_sha256 = ?3", bind_env, bind_env_sel, &e,
+        env_id, "inserting an environment");
+}
+
+typedef struct task_bind {
+    const replay_task_desc *d;
+    char sha[65];
+} task_bind;
+static void bind_task(sqlite3_stmt *s, const void *p) {
+    const task_bind *t = p;
+    sqlite3_bind_text(s, 1, t->d->task_uid, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, t->d->env_name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 3, t->d->seed);
+    sqlite3_bind_text(s, 4, or_default(t->d->data_json, "{}"), -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 5, t->sha, -1, SQLITE_STATIC);
+    rdb_bind_text(s, 6, t->d->dataset);
+    rdb_bind_text(s, 7, t->d->split);
+}
+static void bind_task_sel(sqlite3_stmt *s, const void *p) {
+    const task_bind *t = p;
+    sqlite3_bind_text(s, 1, t->d->task_uid, -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 2, t->d->env_name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 3, t->d->seed);
+    sqlite3_bind_text(s, 5, t->sha, -1, SQLITE_STATIC);
+}
+
+arl_status replay_task_ensure(replay_store *st, const replay_task_desc *d, int64_t *task_id) {
+    if (!d->task_uid || !d->env_name)
+        return arl_errorf(ARL_ERR_ARG, "replay: task_uid and env_name are required");
+    task_bind t = {.d = d};
+    const char *data = or_default(d->data_json, "{}");
+    replay_sha256_hex(data, strlen(data), t.sha);
+    return ensure_row(
+        st,
+        "INSERT INTO tasks(task_uid, env_name, seed, data_json, data_sha256, dataset, "
+        "split) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) "
+        "ON CONFLICT(env_name, task_uid, seed, data_sha256) DO NOTHING",
+        "SELECT task_id FROM tasks WHERE env_name = ?2 AND task_uid = ?1 AND seed = ?3 "
+        "AND data_sha256 = ?5",
+        bind_task, bind_task_sel, &t, task_id, "inserting a task");
+}
+
+static void bind_group(sqlite3_stmt *s, const void *p) {
+    const replay_group_desc *d = p;
+    sqlite3_bind_text(s, 1, d->group_uid, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 2, d->run_id);
+    sqlite3_bind_int64(s, 3, d->task_id);
+    sqlite3_bind_int64(s, 4, d->env_id);
+    sqlite3_bind_text(s, 5, or_default(d->kind, "train"), -1, SQLITE_STATIC);
+    sqlite3_bind_int(s, 6, d->size);
+    sqlite3_bind_int64(s, 7, rnow_ms());
+    sqlite3_bind_int64(s, 8, d->admitted_version);
+    rdb_bind_text(s, 9, d->parent_traj_uid);
+    rdb_bind_int_or_null(s, 10, d->parent_traj_uid ? d->parent_seg_index : -1);
+}
+
+arl_status replay_group_ensure(replay_store *st, const replay_group_desc *d, int64_t *group_id) {
+    if (!d->group_uid || !*d->group_uid || strlen(d->group_uid) > REPLAY_UID_MAX)
+        return arl_errorf(ARL_ERR_ARG, "replay: group_uid must be 1..256 bytes");
+    return ensure_row(
+        st,
+        "INSERT INTO task_groups(group_uid, run_id, task_id, env_id, kind, size, status, "
+        "admitted_at_ms, admitted_version, parent_traj_uid, parent_seg_index) VALUES "
+        "(?1, ?2, ?3, ?4, ?5, ?6, 'open', ?7, ?8, ?9, ?10) "
+        "ON CONFLICT(group_uid) DO NOTHING",
+        "SELECT group_id FROM task_groups WHERE group_uid = ?1", bind_group, bind_uid1, d, group_id,
+        "inserting a group");
+}
+
+static arl_status member_mirror(replay_store *st, int64_t group_id, int32_t slot, int32_t attempt,
+                                const char *traj_uid, int32_t shard_id, int64_t traj_id,
+                                const char *status) {
+    rdb *c = &st->cat;
+    sqlite3_stmt *a = NULL, *b = NULL;
+    ARL_TRY(rdb_begin(c));
+    arl_status s =
+        rdb_prepare(c,
+                    "INSERT INTO group_members(group_id, slot, attempt, traj_uid, shard_id, "
+                    "traj_id, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) "
+                    "ON CONFLICT(group_id, slot, attempt) DO UPDATE SET "
+                    "traj_uid = excluded.traj_uid, shard_id = excluded.shard_id, "
+                    "traj_id = excluded.traj_id, status = excluded.status",
+                    &a);
+    if (s != ARL_OK) goto out;
+    sqlite3_bind_int64(a, 1, group_id);
+    sqlite3_bind_int(a, 2, slot);
+    sqlite3_bind_int(a, 3, attempt);
+    sqlite3_bind_text(a, 4, traj_uid, -1, SQLITE_STATIC);
+    sqlite3_bind_int(a, 5, shard_id);
+    sqlite3_bind_int64(a, 6, traj_id);
+    sqlite3_bind_text(a, 7, status, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(a);
+    if (rc != SQLITE_DONE) {
+        s = rdb_fail(c, rc, "mirroring a group member");
+        goto out;
+    }
+    /* A group is final when the latest attempt of every slot is final (section 4.4). */
+    s = rdb_prepare(
+        c,
+        "UPDATE task_groups SET status = 'final' WHERE group_id = ?1 AND status = 'open' "
+        "AND size = (SELECT count(*) FROM group_members m WHERE m.group_id = ?1 AND "
+        "m.status != 'running' AND m.attempt = (SELECT max(attempt) FROM group_members "
+        "x WHERE x.group_id = ?1 AND x.slot = m.slot))",
+        &b);
+    if (s != ARL_OK) goto out;
+    sqlite3_bind_int64(b, 1, group_id);
+    rc = sqlite3_step(b);
+    if (rc != SQLITE_DONE) {
+        s = rdb_fail(c, rc, "updating a group's status");
+        goto out;
+    }
+    sqlite3_finalize(a);
+    sqlite3_finalize(b);
+    return rdb_commit(c);
+out:
+    sqlite3_finalize(a);
+    sqlite3_finalize(b);
+    rdb_rollback(c);
+    return s;
+}
+
+void rcat_member_mirror(replay_store *st, int64_t group_id, int32_t slot, int32_t attempt,
+                        const char *traj_uid, int32_t shard_id, int64_t traj_id,
+                        const char *status) {
+    if (!st->cat.db || st->cat.readonly) return;
+    arl_status s = member_mirror(st, group_id, slot, attempt, traj_uid, shard_id, traj_id, status);
+    if (s != ARL_OK) /* the shard is the source of truth; the mirror is rebuilt at reconcile */
+        arl_log_warn("%s (the catalog mirror is rebuilt by replay_catalog_reconcile)",
+                     arl_error_msg());
+}
+
+arl_status replay_catalog_reconcile(replay_store *st) {
+    ARL_TRY(need_catalog(st, 1));
+    ARL_TRY(replay_store_refresh(st));
+    for (size_t i = 0; i < st->n_shards; i++) {
+        rshard *sh = &st->shards[i];
+        if (sh->kind == REPLAY_FILE_LEARNER) continue;
+        rdb *d;
+        ARL_TRY(rstore_shard_db(st, sh, &d));
+        sqlite3_stmt *s;
+        ARL_TRY(rdb_prepare(d,
+                            "SELECT group_id, slot, attempt, traj_uid, traj_id, status FROM "
+                            "trajectories ORDER BY traj_id",
+                            &s));
+        int rc;
+        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+            arl_status e = member_mirror(
+                st, sqlite3_column_int64(s, 0), sqlite3_column_int(s, 1), sqlite3_column_int(s, 2),
+                (const char *)sqlite3_column_text(s, 3), sh->shard_id, sqlite3_column_int64(s, 4),
+                (const char *)sqlite3_column_text(s, 5));
+            if (e != ARL_OK) {
+                sqlite3_finalize(s);
+                return e;
+            }
+        }
+        sqlite3_finalize(s);
+        if (rc != SQLITE_DONE) return rdb_fail(d, rc, "reading trajectories");
+    }
+    return ARL_OK;
+}
+
+/* ---- display lookups ---- */
+
+static void lookup_text(replay_store *st, const char *sql, int64_t id, char *buf, size_t cap,
+                        char *buf2, size_t cap2) {
+    if (cap) buf[0] = 0;
+    if (cap2) buf2[0] = 0;
+    if (!st->cat.db) return;
+    sqlite3_stmt *s;
+    if (sqlite3_prepare_v2(st->cat.db, sql, -1, &s, NULL) != SQLITE_OK) return;
+    sqlite3_bind_int64(s, 1, id);
+    if (sqlite3_step(s) == SQLITE_ROW) {
+        rdb_col_text(s, 0, buf, cap);
+        if (buf2) rdb_col_text(s, 1, buf2, cap2);
+    }
+    sqlite3_finalize(s);
+}
+
+void rcat_run_uid(replay_store *st, int64_t run_id, char *buf, size_t cap) {
+    lookup_text(st, "SELECT run_uid FROM runs WHERE run_id = ?1", run_id, buf, cap, NULL, 0);
+    if (!buf[0]) snprintf(buf, cap, "run#%lld", (long long)run_id);
+}
+
+void rcat_group_uid(replay_store *st, int64_t group_id, char *buf, size_t cap) {
+    lookup_text(st, "SELECT group_uid FROM task_groups WHERE group_id = ?1", group_id, buf, cap,
+                NULL, 0);
+    if (!buf[0]) snprintf(buf, cap, "group#%lld", (long long)group_id);
+}
+
+void rcat_env_name(replay_store *st, int64_t env_id, char *name, size_t ncap, char *version,
+                   size_t vcap) {
+    lookup_text(st, "SELECT name, version FROM envs WHERE env_id = ?1", env_id, name, ncap, version,
+                vcap);
+    if (!name[0]) snprintf(name, ncap, "env#%lld", (long long)env_id);
+}
+
+void rcat_task_uid(replay_store *st, int64_t task_id, char *buf, size_t cap) {
+    lookup_text(st, "SELECT task_uid FROM tasks WHERE task_id = ?1", task_id, buf, cap, NULL, 0);
+    if (!buf[0]) snprintf(buf, cap, "task#%lld", (long long)task_id);
+}

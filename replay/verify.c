@@ -1,0 +1,829 @@
+/* replay/verify.c: `verify` (spec section 13.5) and `recover` (section 13.8).  verify reads
+ * every file and reports every finding (it never stops at the first); recover takes over the
+ * files whose writer is gone (free lock) and resolves their interrupted trajectories. */
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "replay/codec.h"
+#include "replay/inspect.h"
+#include "replay/internal.h"
+
+typedef struct vctx {
+    FILE *out;
+    int64_t errors, warnings;
+    replay_store *st;
+    int64_t newest_version; /* max policy version in the catalog (-1 if none) */
+} vctx;
+
+__attribute__((format(printf, 3, 4))) static void finding(vctx *v, int error, const char *fmt,
+                                                          ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(v->out, "%s: ", error ? "error" : "warning");
+    vfprintf(v->out, fmt, ap);
+    fputc('\n', v->out);
+    va_end(ap);
+    if (error)
+        v->errors++;
+    else
+        v->warnings++;
+}
+
+static void integrity(vctx *v, rdb *d, int full) {
+    sqlite3_stmt *q;
+    if (sqlite3_prepare_v2(d->db, full ? "PRAGMA integrity_check" : "PRAGMA quick_check", -1, &q,
+                           NULL) != SQLITE_OK) {
+        finding(v, 1, "%s: integrity check failed to run: %s", d->name, sqlite3_errmsg(d->db));
+        return;
+    }
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const char *m = (const char *)sqlite3_column_text(q, 0);
+        if (m && strcmp(m, "ok")) finding(v, 1, "%s: %s", d->name, m);
+    }
+    if (rc != SQLITE_DONE) finding(v, 1, "%s: integrity check: %s", d->name, sqlite3_errmsg(d->db));
+    sqlite3_finalize(q);
+    if (sqlite3_prepare_v2(d->db, "PRAGMA foreign_key_check", -1, &q, NULL) == SQLITE_OK) {
+        while (sqlite3_step(q) == SQLITE_ROW)
+            finding(v, 1, "%s: table %s row %lld refers to a missing %s row (orphan)", d->name,
+                    sqlite3_column_text(q, 0), (long long)sqlite3_column_int64(q, 1),
+                    sqlite3_column_text(q, 2));
+        sqlite3_finalize(q);
+    }
+}
+
+static void meta_check(vctx *v, rdb *d) {
+    char uid[40];
+    int found;
+    if (rdb_meta_get(d, "store_uid", uid, sizeof uid, &found) != ARL_OK) {
+        finding(v, 1, "%s: meta unreadable: %s", d->name, arl_error_msg());
+        return;
+    }
+    if (!found)
+        finding(v, 1, "%s: meta has no store_uid", d->name);
+    else if (v->st->store_uid[0] && strcmp(uid, v->st->store_uid))
+        finding(v, 1, "%s: store_uid %s differs from the catalog's %s (a file from another store)",
+                d->name, uid, v->st->store_uid);
+    if (d->schema_version != REPLAY_SCHEMA_VERSION)
+        finding(v, 0, "%s: schema version %d (this build: %d)", d->name, d->schema_version,
+                REPLAY_SCHEMA_VERSION);
+}
+
+typedef struct seg_row {
+    int32_t seg_index, first_step, last_step;
+    int64_t tok_start, ctx_start, n_tokens, n_action, min_v, max_v, end_state, latent_state;
+    char start_kind[12], end_cause[16];
+} seg_row;
+
+/* Blobs and per-token invariants of one segment; fills the loss mask for the turns check. */
+static void check_segment_blobs(vctx *v, rdb *d, sqlite3_stmt *q, const char *uid, const seg_row *s,
+                                uint8_t **mask, size_t *mask_cap) {
+    static const char *const names[4] = {"tokens", "logprobs", "loss_mask", "versions"};
+    static const arl_blob_kind kinds[4] = {ARL_BLOB_TOKENS, ARL_BLOB_LOGPROBS, ARL_BLOB_LOSS_MASK,
+                                           ARL_BLOB_VERSIONS};
+    if ((size_t)s->n_tokens > *mask_cap) {
+        uint8_t *p = realloc(*mask, (size_t)s->n_tokens);
+        if (!p) return;
+        *mask = p;
+        *mask_cap = (size_t)s->n_tokens;
+    }
+    for (int k = 0; k < 4; k++) {
+        arl_blob_expect ex = {.kind = kinds[k], .dims_mask = 1, .dims = {(uint64_t)s->n_tokens}};
+        arl_blob_header h;
+        const void *pl;
+        if (arl_blob_check(sqlite3_column_blob(q, k), (size_t)sqlite3_column_bytes(q, k), &ex, &h,
+                           &pl) != ARL_OK) {
+            finding(v, 1, "%s: trajectory %s segment %d column %s: %s", d->name, uid,
+                    (int)s->seg_index, names[k], arl_error_msg());
+            if (k == 2) memset(*mask, 0xFF, (size_t)s->n_tokens);
+            continue;
+        }
+        if (k == 2) {
+            memcpy(*mask, pl, (size_t)s->n_tokens);
+            int64_t act = 0;
+            for (int64_t i = 0; i < s->n_tokens; i++) {
+                if ((*mask)[i] > 1) {
+                    finding(v, 1,
+                            "%s: trajectory %s segment %d: loss_mask[%lld] = %u (must be 0 or 1)",
+                            d->name, uid, (int)s->seg_index, (long long)i, (*mask)[i]);
+                    break;
+                }
+                act += (*mask)[i];
+            }
+            if (act != s->n_action)
+                finding(
+                    v, 1,
+                    "%s: trajectory %s segment %d: n_action_tokens %lld != %lld ones in loss_mask",
+                    d->name, uid, (int)s->seg_index, (long long)s->n_action, (long long)act);
+        }
+        if (k == 3 && v->newest_version >= 0) {
+            const uint8_t *p = pl;
+            for (int64_t i = 0; i < s->n_tokens; i++) {
+                uint32_t x;
+                memcpy(&x, p + 4 * i, 4);
+                if ((int64_t)x > v->newest_version) {
+                    finding(v, 1,
+                            "%s: trajectory %s segment %d: version tag %u is newer than the newest "
+                            "policy version %lld in the catalog",
+                            d->name, uid, (int)s->seg_index, x, (long long)v->newest_version);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+static void check_routes(vctx *v, rdb *d, int64_t traj_id, const char *uid, const seg_row *s) {
+    sqlite3_stmt *q;
+    if (rdb_prepare(
+            d,
+            "SELECT moe_layer, data FROM segment_routes WHERE traj_id = ?1 AND seg_index = ?2 "
+            "ORDER BY moe_layer",
+            &q) != ARL_OK)
+        return;
+    sqlite3_bind_int64(q, 1, traj_id);
+    sqlite3_bind_int(q, 2, s->seg_index);
+    int32_t l = 0;
+    uint64_t k = 0;
+    uint8_t dt = 0;
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        int layer = sqlite3_column_int(q, 0);
+        if (layer != l)
+            finding(v, 1, "%s: trajectory %s segment %d: routes of MoE layer %d missing", d->name,
+                    uid, (int)s->seg_index, (int)l);
+        l = layer + 1;
+        arl_blob_expect ex = {.kind = ARL_BLOB_ROUTES,
+                              .dtype = dt,
+                              .dims_mask = k ? 3u : 1u,
+                              .dims = {(uint64_t)s->n_tokens, k}};
+        arl_blob_header h;
+        if (arl_blob_check(sqlite3_column_blob(q, 1), (size_t)sqlite3_column_bytes(q, 1), &ex, &h,
+                           NULL) != ARL_OK) {
+            finding(v, 1, "%s: trajectory %s segment %d routes layer %d: %s", d->name, uid,
+                    (int)s->seg_index, layer, arl_error_msg());
+            continue;
+        }
+        k = h.dims[1];
+        dt = h.dtype;
+    }
+    sqlite3_finalize(q);
+}
+
+/* Invariants of section 7.4 for one trajectory; returns its segments' state references. */
+static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id, rdb *states) {
+    replay_traj_row t;
+    rtraj_fill(tq, shard_id, &t);
+    const char *uid = t.traj_uid;
+    if (t.traj_id >> REPLAY_TRAJ_ID_SHIFT != shard_id)
+        finding(v, 1, "%s: trajectory %s: traj_id %lld is outside shard %d's id range", d->name,
+                uid, (long long)t.traj_id, (int)shard_id);
+    sqlite3_stmt *q;
+    if (rdb_prepare(
+            d,
+            "SELECT tokens, logprobs, loss_mask, versions, seg_index, start_kind, end_cause, "
+            "first_step, last_step, tok_start, ctx_start, n_tokens, n_action_tokens, min_version, "
+            "max_version, end_state_id, latent_state_id FROM segments WHERE traj_id = ?1 ORDER BY "
+            "seg_index",
+            &q) != ARL_OK) {
+        finding(v, 1, "%s: %s", d->name, arl_error_msg());
+        return;
+    }
+    sqlite3_bind_int64(q, 1, t.traj_id);
+    int32_t first = t.fork_seg_index >= 0 ? t.fork_seg_index + 1 : 0, expect = first;
+    int64_t sum_tok = 0, sum_act = 0, vmin = -1, vmax = -1;
+    seg_row prev = {0}, s;
+    int have_prev = 0;
+    uint8_t *mask = NULL;
+    size_t mask_cap = 0;
+    seg_row *segs = NULL;
+    size_t nseg = 0;
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        memset(&s, 0, sizeof s);
+        s.seg_index = sqlite3_column_int(q, 4);
+        rdb_col_text(q, 5, s.start_kind, sizeof s.start_kind);
+        rdb_col_text(q, 6, s.end_cause, sizeof s.end_cause);
+        s.first_step = sqlite3_column_int(q, 7);
+        s.last_step = sqlite3_column_int(q, 8);
+        s.tok_start = sqlite3_column_int64(q, 9);
+        s.ctx_start = sqlite3_column_int64(q, 10);
+        s.n_tokens = sqlite3_column_int64(q, 11);
+        s.n_action = sqlite3_column_int64(q, 12);
+        s.min_v = sqlite3_column_int64(q, 13);
+        s.max_v = sqlite3_column_int64(q, 14);
+        s.end_state = rdb_col_int_or(q, 15, -1);
+        s.latent_state = rdb_col_int_or(q, 16, -1);
+        if (s.seg_index != expect)
+            finding(v, 1, "%s: trajectory %s: segment %d found where %d was expected (gap)",
+                    d->name, uid, (int)s.seg_index, (int)expect);
+        expect = s.seg_index + 1;
+        if (have_prev) {
+            if (s.tok_start != prev.tok_start + prev.n_tokens)
+                finding(v, 1,
+                        "%s: trajectory %s segment %d: tok_start %lld != %lld (token ranges not "
+                        "contiguous)",
+                        d->name, uid, (int)s.seg_index, (long long)s.tok_start,
+                        (long long)(prev.tok_start + prev.n_tokens));
+            int64_t want_ctx = !strcmp(s.start_kind, "fresh") ? 0 : prev.ctx_start + prev.n_tokens;
+            if (s.ctx_start != want_ctx)
+                finding(v, 1, "%s: trajectory %s segment %d: ctx_start %lld, expected %lld",
+                        d->name, uid, (int)s.seg_index, (long long)s.ctx_start,
+                        (long long)want_ctx);
+            if (s.first_step != prev.last_step + 1)
+                finding(v, 1,
+                        "%s: trajectory %s segment %d: first_step %d != %d (steps not contiguous)",
+                        d->name, uid, (int)s.seg_index, (int)s.first_step, (int)prev.last_step + 1);
+        } else if (t.fork_seg_index < 0 && (s.tok_start || s.ctx_start || s.first_step != 1 ||
+                                            strcmp(s.start_kind, "fresh"))) {
+            finding(v, 1, "%s: trajectory %s: segment 0 must be fresh at token 0, step 1", d->name,
+                    uid);
+        } else if (t.fork_seg_index >= 0 && strcmp(s.start_kind, "fork")) {
+            finding(v, 1, "%s: fork %s: its first segment has start_kind '%s', not 'fork'", d->name,
+                    uid, s.start_kind);
+        }
+        check_segment_blobs(v, d, q, uid, &s, &mask, &mask_cap);
+        check_routes(v, d, t.traj_id, uid, &s);
+        /* LOSS_MASK 1-runs equal the turns' action ranges of this segment (7.4 invariant 7) */
+        sqlite3_stmt *uq;
+        if (mask &&
+            rdb_prepare(
+                d,
+                "SELECT step_index, act_tok_start, act_tok_end FROM turns WHERE traj_id = ?1 "
+                "AND seg_index = ?2 AND step_index > 0 ORDER BY step_index",
+                &uq) == ARL_OK) {
+            sqlite3_bind_int64(uq, 1, t.traj_id);
+            sqlite3_bind_int(uq, 2, s.seg_index);
+            uint8_t *want = calloc((size_t)s.n_tokens, 1);
+            int bad_range = 0;
+            while (want && sqlite3_step(uq) == SQLITE_ROW) {
+                int step = sqlite3_column_int(uq, 0);
+                if (step < s.first_step || step > s.last_step)
+                    finding(
+                        v, 1,
+                        "%s: trajectory %s: turn %d belongs to segment %d whose steps are %d..%d",
+                        d->name, uid, step, (int)s.seg_index, (int)s.first_step, (int)s.last_step);
+                if (sqlite3_column_type(uq, 1) == SQLITE_NULL) continue;
+                int64_t a = sqlite3_column_int64(uq, 1) - s.tok_start,
+                        b = sqlite3_column_int64(uq, 2) - s.tok_start;
+                if (a < 0 || b > s.n_tokens || a > b) {
+                    finding(
+                        v, 1,
+                        "%s: trajectory %s turn %d: action range [%lld, %lld) outside segment %d",
+                        d->name, uid, step, (long long)(a + s.tok_start),
+                        (long long)(b + s.tok_start), (int)s.seg_index);
+                    bad_range = 1;
+                    continue;
+                }
+                memset(want + a, 1, (size_t)(b - a));
+            }
+            sqlite3_finalize(uq);
+            if (want && !bad_range && memcmp(want, mask, (size_t)s.n_tokens) && mask[0] != 0xFF)
+                finding(v, 1,
+                        "%s: trajectory %s segment %d: loss_mask disagrees with the turns' action "
+                        "ranges",
+                        d->name, uid, (int)s.seg_index);
+            free(want);
+        }
+        sum_tok += s.n_tokens;
+        sum_act += s.n_action;
+        if (vmin < 0 || s.min_v < vmin) vmin = s.min_v;
+        if (s.max_v > vmax) vmax = s.max_v;
+        seg_row *p = realloc(segs, (nseg + 1) * sizeof *p);
+        if (p) {
+            segs = p;
+            segs[nseg++] = s;
+        }
+        prev = s;
+        have_prev = 1;
+    }
+    sqlite3_finalize(q);
+    free(mask);
+    int32_t nseg_found = have_prev ? expect - first : 0;
+    if (nseg_found != t.n_segments || sum_tok != t.n_tokens || sum_act != t.n_action_tokens)
+        finding(
+            v, 1,
+            "%s: trajectory %s: counters (segments %d, tokens %lld, action %lld) differ from its "
+            "segments (%d, %lld, %lld)",
+            d->name, uid, (int)t.n_segments, (long long)t.n_tokens, (long long)t.n_action_tokens,
+            (int)nseg_found, (long long)sum_tok, (long long)sum_act);
+    if (nseg_found && (vmin != t.min_version || vmax != t.max_version))
+        finding(v, 1,
+                "%s: trajectory %s: version range %lld..%lld differs from its segments' %lld..%lld",
+                d->name, uid, (long long)t.min_version, (long long)t.max_version, (long long)vmin,
+                (long long)vmax);
+    /* turns: every turn in a committed segment; n_turns */
+    int64_t n_turns = 0, orphan_turns = 0;
+    if (rdb_prepare(d,
+                    "SELECT count(*) FILTER (WHERE step_index > 0), count(*) FILTER (WHERE "
+                    "seg_index NOT IN "
+                    "(SELECT seg_index FROM segments s WHERE s.traj_id = ?1)) FROM turns WHERE "
+                    "traj_id = ?1",
+                    &q) == ARL_OK) {
+        sqlite3_bind_int64(q, 1, t.traj_id);
+        if (sqlite3_step(q) == SQLITE_ROW) {
+            n_turns = sqlite3_column_int64(q, 0);
+            orphan_turns = sqlite3_column_int64(q, 1);
+        }
+        sqlite3_finalize(q);
+    }
+    if (n_turns != t.n_turns)
+        finding(v, 1, "%s: trajectory %s: n_turns %d but %lld turns stored", d->name, uid,
+                (int)t.n_turns, (long long)n_turns);
+    if (orphan_turns)
+        finding(v, 1, "%s: trajectory %s: %lld turns belong to no committed segment", d->name, uid,
+                (long long)orphan_turns);
+    /* status invariants (4-6) */
+    int64_t outcome_rows = 0, derived_ok = 0;
+    if (rdb_prepare(
+            d,
+            "SELECT count(*), count(*) FILTER (WHERE component = '@derived' AND value IS NOT NULL) "
+            "FROM rewards WHERE traj_id = ?1 AND level = 'outcome'",
+            &q) == ARL_OK) {
+        sqlite3_bind_int64(q, 1, t.traj_id);
+        if (sqlite3_step(q) == SQLITE_ROW) {
+            outcome_rows = sqlite3_column_int64(q, 0);
+            derived_ok = sqlite3_column_int64(q, 1);
+        }
+        sqlite3_finalize(q);
+    }
+    if (t.status == REPLAY_RUNNING && outcome_rows)
+        finding(v, 1, "%s: trajectory %s is running but has outcome rewards", d->name, uid);
+    if (t.status == REPLAY_COMPLETE || t.status == REPLAY_TRUNCATED) {
+        if (!nseg || strcmp(segs[nseg - 1].end_cause, "end"))
+            finding(v, 1, "%s: trajectory %s is %s but its last segment does not end 'end'",
+                    d->name, uid, replay_status_name(t.status));
+        if (!derived_ok)
+            finding(v, 1, "%s: trajectory %s is %s without an outcome '@derived' value", d->name,
+                    uid, replay_status_name(t.status));
+    }
+    /* Masks applied after the fact (interruption, resume failure, corruption, operator) leave the
+     * last committed segment as it was; C_mask itself writes 'partial' (invariant 6). */
+    if (t.status == REPLAY_MASKED && nseg && strcmp(segs[nseg - 1].end_cause, "partial") &&
+        strcmp(segs[nseg - 1].end_cause, "end") && strcmp(t.error_code, "INTERRUPTED") &&
+        strncmp(t.error_code, "RESUME_", 7) && strcmp(t.error_code, "STORE_CORRUPT") &&
+        strcmp(t.error_code, "OPERATOR_MASKED"))
+        finding(v, 1, "%s: trajectory %s is masked (%s) but its last segment ends '%s'", d->name,
+                uid, t.error_code, segs[nseg - 1].end_cause);
+    /* state references: present and of the right trajectory and segment, else a cache miss */
+    for (size_t i = 0; i < nseg; i++) {
+        int64_t ids[2] = {segs[i].end_state, segs[i].latent_state};
+        const char *kinds[2] = {"kda_boundary", "mla_segment"};
+        for (int k = 0; k < 2; k++) {
+            if (ids[k] < 0) continue;
+            sqlite3_stmt *sq = NULL;
+            int ok = 0;
+            char what[64] = "absent";
+            if (states &&
+                rdb_prepare(
+                    states,
+                    "SELECT traj_uid, seg_index, kind, status FROM states WHERE state_id = ?1",
+                    &sq) == ARL_OK) {
+                sqlite3_bind_int64(sq, 1, ids[k]);
+                if (sqlite3_step(sq) == SQLITE_ROW) {
+                    const char *su = (const char *)sqlite3_column_text(sq, 0);
+                    if (strcmp(su, uid) || sqlite3_column_int(sq, 1) != segs[i].seg_index ||
+                        strcmp((const char *)sqlite3_column_text(sq, 2), kinds[k]))
+                        finding(v, 1,
+                                "%s: trajectory %s segment %d: state %lld belongs to %s segment %d "
+                                "(%s), not "
+                                "to this segment's %s",
+                                d->name, uid, (int)segs[i].seg_index, (long long)ids[k], su,
+                                sqlite3_column_int(sq, 1), sqlite3_column_text(sq, 2), kinds[k]);
+                    snprintf(what, sizeof what, "%s", sqlite3_column_text(sq, 3));
+                    ok = !strcmp(what, "complete");
+                }
+                sqlite3_finalize(sq);
+            }
+            if (!ok)
+                finding(v, 0, "%s: trajectory %s segment %d: %s state %lld is %s (cache miss)",
+                        d->name, uid, (int)segs[i].seg_index, kinds[k], (long long)ids[k], what);
+        }
+    }
+    free(segs);
+    /* raw I/O: reconstructed bodies hash to response_sha256; action_json = request's action */
+    if (rdb_prepare(
+            d,
+            "SELECT c.call_seq, c.response_body, c.response_sha256, c.request_body, c.endpoint "
+            "FROM "
+            "env_calls c WHERE c.traj_id = ?1 AND c.response_complete = 1 ORDER BY c.call_seq",
+            &q) == ARL_OK) {
+        sqlite3_bind_int64(q, 1, t.traj_id);
+        while (sqlite3_step(q) == SQLITE_ROW) {
+            int64_t seq = sqlite3_column_int64(q, 0);
+            const void *b = sqlite3_column_blob(q, 1);
+            size_t n = (size_t)sqlite3_column_bytes(q, 1);
+            sqlite3_stmt *iq;
+            rimage_ref refs[64];
+            uint8_t *copies[64];
+            size_t nr = 0;
+            if (rdb_prepare(
+                    d,
+                    "SELECT r.body_offset, i.png, i.sha256 FROM image_refs r JOIN images i ON "
+                    "i.image_id "
+                    "= r.image_id WHERE r.traj_id = ?1 AND r.call_seq = ?2 ORDER BY r.body_offset",
+                    &iq) == ARL_OK) {
+                sqlite3_bind_int64(iq, 1, t.traj_id);
+                sqlite3_bind_int64(iq, 2, seq);
+                while (nr < 64 && sqlite3_step(iq) == SQLITE_ROW) {
+                    size_t pn = (size_t)sqlite3_column_bytes(iq, 1);
+                    uint8_t sh[32];
+                    replay_sha256(sqlite3_column_blob(iq, 1), pn, sh);
+                    if (sqlite3_column_bytes(iq, 2) != 32 ||
+                        memcmp(sh, sqlite3_column_blob(iq, 2), 32))
+                        finding(v, 1, "%s: an image's PNG does not match its sha256", d->name);
+                    copies[nr] = malloc(pn ? pn : 1);
+                    if (!copies[nr]) break;
+                    memcpy(copies[nr], sqlite3_column_blob(iq, 1), pn);
+                    refs[nr] = (rimage_ref){(size_t)sqlite3_column_int64(iq, 0), copies[nr], pn};
+                    nr++;
+                }
+                sqlite3_finalize(iq);
+            }
+            uint8_t *full = NULL;
+            size_t fn = 0;
+            if (!b && n == 0)
+                finding(v, 1, "%s: trajectory %s call %lld: response_complete but no body", d->name,
+                        uid, (long long)seq);
+            else if (rimages_restore(b, n, refs, nr, &full, &fn) != ARL_OK)
+                finding(v, 1, "%s: trajectory %s call %lld: %s", d->name, uid, (long long)seq,
+                        arl_error_msg());
+            else {
+                uint8_t sh[32];
+                replay_sha256(full, fn, sh);
+                if (sqlite3_column_bytes(q, 2) != 32 || memcmp(sh, sqlite3_column_blob(q, 2), 32))
+                    finding(v, 1,
+                            "%s: trajectory %s call %lld: reconstructed response does not match "
+                            "response_sha256",
+                            d->name, uid, (long long)seq);
+            }
+            free(full);
+            for (size_t i = 0; i < nr; i++)
+                free(copies[i]);
+        }
+        sqlite3_finalize(q);
+    }
+    if (rdb_prepare(
+            d,
+            "SELECT u.step_index, u.action_json, c.request_body FROM turns u JOIN env_calls c ON "
+            "c.traj_id = u.traj_id AND c.call_seq = u.call_seq WHERE u.traj_id = ?1 AND "
+            "u.step_index > 0 AND u.action_json IS NOT NULL AND c.endpoint = 'step'",
+            &q) == ARL_OK) {
+        sqlite3_bind_int64(q, 1, t.traj_id);
+        while (sqlite3_step(q) == SQLITE_ROW) {
+            json_t *a = json_loads((const char *)sqlite3_column_text(q, 1), 0, NULL);
+            json_t *r = sqlite3_column_blob(q, 2)
+                            ? json_loadb(sqlite3_column_blob(q, 2),
+                                         (size_t)sqlite3_column_bytes(q, 2), 0, NULL)
+                            : NULL;
+            if (!json_equal(a, json_object_get(r, "action")))
+                finding(
+                    v, 1,
+                    "%s: trajectory %s step %d: action_json differs from the action in the stored "
+                    "request",
+                    d->name, uid, sqlite3_column_int(q, 0));
+            json_decref(a);
+            json_decref(r);
+        }
+        sqlite3_finalize(q);
+    }
+    /* cross-file references */
+    if (v->st->cat.db) {
+        struct {
+            const char *sql, *what;
+            int64_t id;
+        } refs[] = {{"SELECT 1 FROM runs WHERE run_id = ?1", "run", t.run_id},
+                    {"SELECT 1 FROM task_groups WHERE group_id = ?1", "group", t.group_id},
+                    {"SELECT 1 FROM tasks WHERE task_id = ?1", "task", t.task_id},
+                    {"SELECT 1 FROM envs WHERE env_id = ?1", "environment", t.env_id}};
+        for (size_t i = 0; i < 4; i++) {
+            int64_t one;
+            int found = 0;
+            sqlite3_stmt *cq;
+            if (rdb_prepare(&v->st->cat, refs[i].sql, &cq) != ARL_OK) continue;
+            sqlite3_bind_int64(cq, 1, refs[i].id);
+            found = sqlite3_step(cq) == SQLITE_ROW;
+            sqlite3_finalize(cq);
+            (void)one;
+            if (!found)
+                finding(v, 1, "%s: trajectory %s: its %s (id %lld) is not in the catalog", d->name,
+                        uid, refs[i].what, (long long)refs[i].id);
+        }
+        sqlite3_stmt *mq;
+        if (rdb_prepare(&v->st->cat,
+                        "SELECT status, traj_id FROM group_members WHERE traj_uid = ?1",
+                        &mq) == ARL_OK) {
+            sqlite3_bind_text(mq, 1, uid, -1, SQLITE_STATIC);
+            if (sqlite3_step(mq) == SQLITE_ROW) {
+                const char *ms = (const char *)sqlite3_column_text(mq, 0);
+                if (strcmp(ms, replay_status_name(t.status)) ||
+                    sqlite3_column_int64(mq, 1) != t.traj_id)
+                    finding(v, 0,
+                            "%s: trajectory %s: the catalog mirror says %s (reconciled at "
+                            "coordinator start)",
+                            d->name, uid, ms);
+            } else {
+                finding(v, 0,
+                        "%s: trajectory %s is not in the catalog's group_members (reconciled at "
+                        "coordinator "
+                        "start)",
+                        d->name, uid);
+            }
+            sqlite3_finalize(mq);
+        }
+    }
+}
+
+static void check_states_file(vctx *v, rdb *s, rdb *w) {
+    sqlite3_stmt *q;
+    if (rdb_prepare(s,
+                    "SELECT c.state_id, c.layer, c.tensor, c.data, st.kind, st.n_tokens FROM "
+                    "state_chunks c "
+                    "JOIN states st ON st.state_id = c.state_id ORDER BY c.state_id, c.layer, "
+                    "c.tensor, c.row_start",
+                    &q) != ARL_OK) {
+        finding(v, 1, "%s: %s", s->name, arl_error_msg());
+        return;
+    }
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        const char *tensor = (const char *)sqlite3_column_text(q, 2);
+        arl_blob_expect ex = {.kind = !strcmp(tensor, "S")      ? ARL_BLOB_KDA_STATE
+                                      : !strcmp(tensor, "conv") ? ARL_BLOB_CONV_TAIL
+                                                                : ARL_BLOB_MLA_LATENT};
+        arl_blob_header h;
+        if (arl_blob_check(sqlite3_column_blob(q, 3), (size_t)sqlite3_column_bytes(q, 3), &ex, &h,
+                           NULL) != ARL_OK)
+            finding(v, 1, "%s: state %lld layer %d %s: %s", s->name,
+                    (long long)sqlite3_column_int64(q, 0), sqlite3_column_int(q, 1), tensor,
+                    arl_error_msg());
+    }
+    sqlite3_finalize(q);
+    /* latent rows of an mla_segment state cover its tokens, per layer */
+    if (rdb_prepare(s,
+                    "SELECT st.state_id, c.layer, st.n_tokens FROM states st JOIN state_chunks c "
+                    "ON c.state_id = "
+                    "st.state_id WHERE st.kind = 'mla_segment' AND st.status = 'complete' GROUP BY "
+                    "st.state_id, "
+                    "c.layer",
+                    &q) == ARL_OK) {
+        sqlite3_finalize(q);
+    }
+    /* orphans: complete states no segment refers to (collected by GC, section 7.6) */
+    if (w &&
+        rdb_prepare(
+            s, "SELECT state_id, traj_uid, seg_index, status FROM states WHERE status != 'evicted'",
+            &q) == ARL_OK) {
+        sqlite3_stmt *rq = NULL;
+        rdb_prepare(
+            w, "SELECT 1 FROM segments WHERE end_state_id = ?1 OR latent_state_id = ?1 LIMIT 1",
+            &rq);
+        while (rq && sqlite3_step(q) == SQLITE_ROW) {
+            sqlite3_reset(rq);
+            sqlite3_bind_int64(rq, 1, sqlite3_column_int64(q, 0));
+            if (sqlite3_step(rq) != SQLITE_ROW)
+                finding(v, 0,
+                        "%s: state %lld (%s segment %d, %s) is referenced by no segment (orphan, "
+                        "removed by "
+                        "gc)",
+                        s->name, (long long)sqlite3_column_int64(q, 0), sqlite3_column_text(q, 1),
+                        sqlite3_column_int(q, 2), sqlite3_column_text(q, 3));
+        }
+        sqlite3_finalize(rq);
+        sqlite3_finalize(q);
+    }
+}
+
+static void check_ledger(vctx *v) {
+    rdb *c = &v->st->cat;
+    sqlite3_stmt *q;
+    if (rdb_prepare(c,
+                    "SELECT g.group_id, count(*) FROM update_groups g JOIN updates u ON u.run_id = "
+                    "g.run_id AND "
+                    "u.update_n = g.update_n WHERE u.status = 'committed' GROUP BY g.group_id "
+                    "HAVING count(*) > 1",
+                    &q) == ARL_OK) {
+        while (sqlite3_step(q) == SQLITE_ROW)
+            finding(v, 1, "catalog.sqlite: group %lld is in %d committed updates",
+                    (long long)sqlite3_column_int64(q, 0), sqlite3_column_int(q, 1));
+        sqlite3_finalize(q);
+    }
+    if (rdb_prepare(c,
+                    "SELECT group_id FROM task_groups t WHERE status = 'consumed' AND (SELECT "
+                    "count(*) FROM "
+                    "update_groups g JOIN updates u ON u.run_id = g.run_id AND u.update_n = "
+                    "g.update_n WHERE "
+                    "g.group_id = t.group_id AND u.status = 'committed') != 1",
+                    &q) == ARL_OK) {
+        while (sqlite3_step(q) == SQLITE_ROW)
+            finding(v, 1,
+                    "catalog.sqlite: consumed group %lld is not in exactly one committed update",
+                    (long long)sqlite3_column_int64(q, 0));
+        sqlite3_finalize(q);
+    }
+    /* registered shards without files */
+    if (rdb_prepare(c, "SELECT shard_id, file_name FROM shards ORDER BY shard_id", &q) == ARL_OK) {
+        while (sqlite3_step(q) == SQLITE_ROW) {
+            char *p = rstore_join(v->st->dir, (const char *)sqlite3_column_text(q, 1));
+            struct stat sb;
+            if (p && stat(p, &sb))
+                finding(v, 0, "catalog.sqlite: shard %d (%s) is registered but its file is missing",
+                        sqlite3_column_int(q, 0), sqlite3_column_text(q, 1));
+            free(p);
+        }
+        sqlite3_finalize(q);
+    }
+}
+
+arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *out,
+                         int64_t *n_errors, int64_t *n_warnings) {
+    vctx v = {.out = out, .st = st, .newest_version = -1};
+    int full = o && o->full;
+    ARL_TRY(replay_store_refresh(st));
+    int64_t n_traj = 0;
+    if (st->cat.db) {
+        integrity(&v, &st->cat, full);
+        meta_check(&v, &st->cat);
+        int found;
+        if (rdb_query_int(&st->cat, "SELECT max(version) FROM policy_versions", &v.newest_version,
+                          &found) != ARL_OK ||
+            !found)
+            v.newest_version = -1;
+        sqlite3_stmt *q;
+        if (rdb_prepare(&st->cat, "SELECT count(*), max(version) IS NULL FROM policy_versions",
+                        &q) == ARL_OK) {
+            if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_int(q, 1)) v.newest_version = -1;
+            sqlite3_finalize(q);
+        }
+        check_ledger(&v);
+    }
+    for (size_t i = 0; i < st->n_shards; i++) {
+        rshard *sh = &st->shards[i];
+        rdb *d;
+        if (rstore_shard_db(st, sh, &d) != ARL_OK) {
+            finding(&v, 1, "%s: cannot be opened: %s", sh->file, arl_error_msg());
+            continue;
+        }
+        if (d->empty) {
+            finding(&v, 0, "%s: empty file without a schema (its writer died while creating it)",
+                    sh->file);
+            continue;
+        }
+        integrity(&v, d, full);
+        meta_check(&v, d);
+        rdb *sd = NULL;
+        if (sh->kind != REPLAY_FILE_LEARNER) {
+            arl_status ss = rstore_shard_states(st, sh, &sd);
+            if (ss != ARL_OK) {
+                sd = NULL;
+                if (ss != ARL_ERR_NOT_FOUND)
+                    finding(&v, 1, "%s: states file: %s", sh->file, arl_error_msg());
+            } else if (!sd->empty) {
+                integrity(&v, sd, full);
+                meta_check(&v, sd);
+                check_states_file(&v, sd, d);
+            }
+            sqlite3_stmt *q;
+            if (rdb_prepare(d, "SELECT " RTRAJ_COLS " FROM trajectories ORDER BY traj_id", &q) !=
+                ARL_OK) {
+                finding(&v, 1, "%s: %s", sh->file, arl_error_msg());
+                continue;
+            }
+            int rc;
+            while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+                check_trajectory(&v, d, q, sh->shard_id, sd);
+                n_traj++;
+            }
+            if (rc != SQLITE_DONE)
+                finding(&v, 1, "%s: reading trajectories: %s", sh->file, sqlite3_errmsg(d->db));
+            sqlite3_finalize(q);
+            /* images no reference uses */
+            if (rdb_prepare(d,
+                            "SELECT count(*) FROM images i WHERE NOT EXISTS (SELECT 1 FROM "
+                            "image_refs r WHERE "
+                            "r.image_id = i.image_id)",
+                            &q) == ARL_OK) {
+                if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_int64(q, 0))
+                    finding(&v, 0, "%s: %lld images are referenced by no body (orphans)", sh->file,
+                            (long long)sqlite3_column_int64(q, 0));
+                sqlite3_finalize(q);
+            }
+        }
+        if (sh->kind == REPLAY_FILE_LEARNER || sh->kind == REPLAY_FILE_TOOL) {
+            static const char *const cols[5] = {"old_logprobs", "ref_logprobs", "is_weights",
+                                                "token_flags", "advantages"};
+            static const arl_blob_kind kinds[5] = {ARL_BLOB_OLD_LOGPROBS, ARL_BLOB_REF_LOGPROBS,
+                                                   ARL_BLOB_IS_WEIGHTS, ARL_BLOB_TOKEN_FLAGS,
+                                                   ARL_BLOB_ADVANTAGES};
+            sqlite3_stmt *q;
+            if (rdb_prepare(
+                    d,
+                    "SELECT traj_uid, seg_index, update_n, old_logprobs, ref_logprobs, is_weights, "
+                    "token_flags, advantages FROM learner_records",
+                    &q) == ARL_OK) {
+                while (sqlite3_step(q) == SQLITE_ROW) {
+                    const char *uid = (const char *)sqlite3_column_text(q, 0);
+                    int seg = sqlite3_column_int(q, 1);
+                    replay_traj_row t;
+                    int64_t n = -1;
+                    if (replay_traj_get(st, uid, &t) == ARL_OK) {
+                        replay_seg_data sd2 = {0};
+                        if (replay_segment_load(st, t.traj_id, seg, 0, &sd2) == ARL_OK)
+                            n = sd2.ref.n_tokens;
+                        replay_seg_data_free(&sd2);
+                    }
+                    if (n < 0)
+                        finding(&v, 1,
+                                "%s: learner record of %s segment %d refers to no stored segment",
+                                sh->file, uid, seg);
+                    for (int k = 0; k < 5; k++) {
+                        arl_blob_expect ex = {
+                            .kind = kinds[k], .dims_mask = n >= 0 ? 1u : 0u, .dims = {(uint64_t)n}};
+                        arl_blob_header h;
+                        if (arl_blob_check(sqlite3_column_blob(q, 3 + k),
+                                           (size_t)sqlite3_column_bytes(q, 3 + k), &ex, &h,
+                                           NULL) != ARL_OK)
+                            finding(&v, 1, "%s: learner record %s segment %d update %d %s: %s",
+                                    sh->file, uid, seg, sqlite3_column_int(q, 2), cols[k],
+                                    arl_error_msg());
+                    }
+                }
+                sqlite3_finalize(q);
+            }
+        }
+    }
+    fprintf(out, "verify %s: %zu files, %lld trajectories: %lld errors, %lld warnings\n", st->root,
+            st->n_shards + (st->cat.db ? 1 : 0), (long long)n_traj, (long long)v.errors,
+            (long long)v.warnings);
+    if (n_errors) *n_errors = v.errors;
+    if (n_warnings) *n_warnings = v.warnings;
+    return ARL_OK;
+}
+
+/* ---- recover ---- */
+
+arl_status replay_recover(replay_store *st, int mask, FILE *out, int64_t *n_found) {
+    if (!st->cat.db || st->cat.readonly)
+        return arl_errorf(ARL_ERR_STATE,
+                          "replay: %s: recover needs a store root with a writable catalog",
+                          st->root);
+    ARL_TRY(replay_store_refresh(st));
+    int64_t found = 0;
+    size_t n = st->n_shards;
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    int *kinds = malloc((n ? n : 1) * sizeof *kinds);
+    if (!ids || !kinds) {
+        free(ids);
+        free(kinds);
+        return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = st->shards[i].shard_id;
+        kinds[i] = st->shards[i].kind;
+    }
+    arl_status s = ARL_OK;
+    for (size_t i = 0; i < n && s == ARL_OK; i++) {
+        if (kinds[i] != REPLAY_FILE_WORKER && kinds[i] != REPLAY_FILE_TOOL) continue;
+        replay_writer *w = NULL;
+        arl_status o = replay_writer_open(st, (replay_file_kind)kinds[i], ids[i], NULL, &w);
+        char *rel = rstore_shard_rel(kinds[i], ids[i]);
+        if (o == ARL_ERR_BUSY) {
+            fprintf(out, "%s: writer alive: %s\n", rel ? rel : "?", arl_error_msg());
+            free(rel);
+            continue;
+        }
+        if (o != ARL_OK) {
+            s = o;
+            free(rel);
+            break;
+        }
+        const int64_t *tids;
+        size_t nt;
+        /* the lock was free: nobody generates this file's running trajectories */
+        if ((s = rwriter_scan_running(w)) != ARL_OK) {
+            replay_writer_close(w);
+            free(rel);
+            break;
+        }
+        replay_writer_interrupted(w, &tids, &nt);
+        for (size_t k = 0; k < nt; k++) {
+            replay_traj_row t;
+            if (replay_traj_get_id(st, tids[k], &t) != ARL_OK || t.status != REPLAY_RUNNING)
+                continue;
+            int masks = mask || t.n_segments == 0;
+            fprintf(out, "%s: interrupted %s (%d committed segments, %lld tokens): %s\n",
+                    rel ? rel : "?", t.traj_uid, (int)t.n_segments, (long long)t.n_tokens,
+                    masks ? "masked INTERRUPTED" : "resumable ('interrupted' event written)");
+            found++;
+        }
+        s = replay_writer_recover(w, mask, NULL, NULL);
+        replay_writer_close(w);
+        free(rel);
+    }
+    free(ids);
+    free(kinds);
+    if (s == ARL_OK)
+        fprintf(out, "recover %s: %lld interrupted trajectories\n", st->root, (long long)found);
+    if (n_found) *n_found = found;
+    return s;
+}

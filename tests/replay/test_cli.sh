@@ -1,0 +1,137 @@
+#!/bin/bash
+# The `agentrl replay` commands over a store built by replay_mkstore (spec/replay.md section 13):
+# list with filters, show, export/import round trip (byte for byte), stats, verify (exit 2 and
+# every finding on damage), recover of a dead writer's trajectories, and usage errors.
+set -u
+A=${ARL_BIN:?ARL_BIN must name build/agentrl}
+MK=${ARL_BUILD_DIR:?}/tests/replay/replay_mkstore
+T=$(mktemp -d /tmp/arl-test-cli-XXXXXX)
+S=$T/store
+fails=0
+fail() {
+    echo "FAIL: $*" >&2
+    fails=$((fails + 1))
+}
+# expect RC CMD...: run, keep stdout+stderr in $out, check the exit status
+expect() {
+    local want=$1
+    shift
+    out=$("$@" 2>&1)
+    local rc=$?
+    [ "$rc" = "$want" ] || fail "'$*' exited $rc, expected $want: $out"
+}
+has() { grep -q -- "$1" <<<"$out" || fail "output lacks '$1': $out"; }
+lines() { [ "$(grep -c . <<<"$out")" = "$1" ] || fail "expected $1 lines, got: $out"; }
+
+"$MK" "$S" >/dev/null || { echo "FAIL: replay_mkstore"; exit 1; }
+
+# list and its filters
+expect 0 "$A" replay list "$S"
+lines 8
+has "run1/g1/r2 .*masked .*SANDBOX_LOST"
+has "run1/g1/r0#fork1 .*complete"
+expect 0 "$A" replay list "$S" --status masked
+lines 2
+expect 0 "$A" replay list "$S" --json --min-reward 0.5
+lines 2
+has '"traj_uid":"run1/g1/r0","traj_id":1099511627776,"status":"complete"'
+expect 0 "$A" replay list "$S" --where 'outcome.answer_correct<1' --json
+lines 3
+expect 0 "$A" replay list "$S" --run run1 --status complete --limit 2 --json
+lines 2
+expect 0 "$A" replay list "$S" --env calc --version-range 3:3
+has "run1/g2/r0"
+expect 0 "$A" replay list "$S" --forks-of run1/g1/r0
+lines 2
+expect 0 "$A" replay list "$S" --run nosuchrun
+lines 1
+expect 2 "$A" replay list "$S" --bogus
+has "unknown option"
+expect 2 "$A" replay list "$S" --where 'outcome.x<<1'
+has "LEVEL.NAME OP NUMBER"
+expect 1 "$A" replay list /nonexistent/store
+has "no such store"
+
+# show
+expect 0 "$A" replay show "$S" run1/g1/r2
+has "status masked  end_cause error  error SANDBOX_LOST (infra)"
+has "\[image 4x3 sha256:"
+has "tool call call_1_0 add({\"a\":2,\"b\":1}) ok"
+has "== segment 1  continue -> partial"
+has "response prefix: <html>502 Bad Gateway</html>"
+has "detail: {\"violation\":\"backend lost\"}"
+expect 0 "$A" replay show "$S" 1099511627776 --tokens
+has "routes (experts per MoE layer)"
+has "outcome: reward=1 derived=1 answer_correct=1"
+expect 0 "$A" replay show "$S" 'run1/g1/r0#fork1' --raw
+has "fork of run1/g1/r0 after segment 1"
+has "request: {\"step_index\":7"
+expect 1 "$A" replay show "$S" nope
+has "no trajectory 'nope'"
+
+# stats
+expect 0 "$A" replay stats "$S"
+has "status: complete 4, masked 1, running 2"
+has "error codes: SANDBOX_LOST 1"
+has "boundary causes: end 4, partial 1, token_budget 6"
+has "outcome answer_correct"
+expect 0 "$A" replay stats "$S" --json --status complete
+has '"trajectories":4'
+
+# export --full, import into another store, export again: the same bytes
+expect 0 "$A" replay export "$S" --full --output "$T/a.jsonl"
+expect 0 "$A" replay import "$T/copy" "$T/a.jsonl"
+has "imported 7 trajectories"
+"$A" replay export "$T/copy" --full >"$T/b.jsonl" || fail "export of the copy"
+cmp -s "$T/a.jsonl" "$T/b.jsonl" || fail "export --full / import / export --full differs"
+expect 0 "$A" replay verify "$T/copy"
+has "0 errors"
+expect 1 "$A" replay import "$T/copy" "$T/a.jsonl"
+has "a.jsonl:1: trajectory run1/g1/r0 already exists"
+"$A" replay export "$S" --status complete >"$T/plain.jsonl"
+expect 1 "$A" replay import "$T/copy2" "$T/plain.jsonl"
+has "plain.jsonl:1: no \"rows\" member"
+expect 0 "$A" replay export "$S" --status masked
+has '"error":{"code":"SANDBOX_LOST","attribution":"infra","detail":{"violation":"backend lost"}}'
+has '"role":"assistant","step":1,"segment":0,"content":"Let me add.","reasoning":"2+2","tool_calls":\[{"id":"call_1_0","type":"function","function":{"name":"add","arguments":"{\\"a\\":2,\\"b\\":1}"}}\]'
+
+# verify: clean store (an orphan state is a warning), then a damaged blob
+expect 0 "$A" replay verify "$S"
+has "0 errors"
+has "warning: shards/w1.states.sqlite: state 3"
+cp -r "$S" "$T/damaged"
+if command -v sqlite3 >/dev/null; then
+    sqlite3 "$T/damaged/shards/w1.sqlite" \
+        "UPDATE segments SET versions = zeroblob(length(versions)) WHERE seg_index = 2 AND traj_id = 1099511627776;" ||
+        fail "damaging a blob"
+    expect 2 "$A" replay verify "$T/damaged"
+    has "error: shards/w1.sqlite: trajectory run1/g1/r0 segment 2 column versions: bad blob magic"
+    has "1 errors"
+fi
+
+# recover: the dead child's two trajectories, one masked, one left resumable; then --mask
+expect 0 "$A" replay recover "$S"
+has "interrupted run1/g3/r1 (0 committed segments, 0 tokens): masked INTERRUPTED"
+has "interrupted run1/g3/r0 (1 committed segments, 64 tokens): resumable"
+expect 0 "$A" replay list "$S" --status running
+lines 2
+expect 0 "$A" replay recover "$S" --mask
+has "run1/g3/r0 .*masked INTERRUPTED"
+expect 0 "$A" replay list "$S" --status running
+lines 1
+expect 0 "$A" replay list "$S" --error-code INTERRUPTED
+lines 3
+expect 0 "$A" replay verify "$S"
+has "0 errors"
+
+# help
+expect 0 "$A" replay show --help
+has "usage: agentrl replay show DB TRAJ"
+
+if [ "$fails" = 0 ]; then
+    rm -rf "$T"
+    echo "test_replay_cli: all checks passed"
+    exit 0
+fi
+echo "test_replay_cli: $fails failed (files kept in $T)" >&2
+exit 1
