@@ -10,6 +10,12 @@
  * Output (stdout): a header line "seq pos token logprob", one line per scored position
  * (positions 1..T-1 of each sequence), then "sum SEQ VALUE" per sequence and, for B > 1,
  * "sum all VALUE".
+ *
+ * --grads-out FILE.safetensors: also the gradient of the summed log-probability (all scored
+ * positions of all sequences) with respect to every parameter, under the checkpoint's tensor
+ * names, F32 (policy/model_backward.h); tensors without a gradient (the router bias, the vision
+ * tower for text input) are written as zeros.  Each sequence must fit one forward
+ * (T <= --max-tokens).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -22,6 +28,7 @@
 #include "kernels/threadpool.h"
 #include "policy/checkpoint.h"
 #include "policy/model.h"
+#include "policy/model_backward.h"
 #include "policy/tokenizer.h"
 
 typedef struct score_opts {
@@ -29,6 +36,7 @@ typedef struct score_opts {
     char *text;
     char *tokens;
     char *logits_out;
+    char *grads_out;
     int bos;
     int64_t max_tokens;
     int64_t threads;
@@ -46,6 +54,10 @@ static const arl_option score_tab[] = {
      "write the logits as float32 .npy, shape [B, T, V] ([T, V] for one sequence given as "
      "--text or a 1-D array)",
      0, 0, NULL, 0, "OUT.npy"},
+    {"grads-out", ARL_OPT_STRING, offsetof(score_opts, grads_out), NULL,
+     "write the gradient of the summed log-probability w.r.t. every parameter as F32 "
+     "safetensors under the checkpoint's names (zeros where none); needs T <= --max-tokens",
+     0, 0, NULL, 0, "OUT.safetensors"},
     {"bos", ARL_OPT_BOOL, offsetof(score_opts, bos), "true",
      "--text: put <|bos|> before the text's bytes (--no-bos: score the bytes alone)", 0, 0, NULL, 0,
      NULL},
@@ -57,7 +69,8 @@ static const arl_option score_tab[] = {
 #define SCORE_N ARL_OPTIONS_COUNT(score_tab)
 
 static const char *score_usage =
-    "agentrl score --ckpt DIR (--text FILE | --tokens FILE.npy) [--logits-out OUT.npy]";
+    "agentrl score --ckpt DIR (--text FILE | --tokens FILE.npy) [--logits-out OUT.npy] "
+    "[--grads-out OUT.safetensors]";
 static const char *score_summary =
     "Print the log-probability of each token given the tokens before it (positions 1..T-1 of "
     "each sequence) and their sum, under the checkpoint's model.";
@@ -214,6 +227,63 @@ static arl_status score_all(arl_model *m, const arl_model_config *cfg, const int
     return s;
 }
 
+/* Gradient of sum over sequences and positions 1..T-1 of log pi(ids[b, t] | ids[b, <t]) into a
+ * zeroed gradient arena, sequences packed as score_all packs them; written to path. */
+static arl_status score_grads(arl_model *m, const arl_model_config *cfg, const arl_model_params *w,
+                              const int32_t *ids, int64_t B, int64_t T, const char *path) {
+    if (T > m->opts.max_tokens)
+        return arl_errorf(ARL_ERR_ARG,
+                          "--grads-out needs every sequence in one forward: sequences of %lld "
+                          "tokens, --max-tokens %lld (raise it to at least %lld)",
+                          (long long)T, (long long)m->opts.max_tokens, (long long)T);
+    arl_train_opts to;
+    arl_train_opts_default(&to);
+    to.checkpoint = 1;     /* activation memory of one layer; the same gradients */
+    to.max_state_docs = 1; /* fresh documents only: no room for initial states */
+    arl_model_train tr;
+    arl_model_params g;
+    memset(&g, 0, sizeof g);
+    float *garena = calloc((size_t)w->inv.arena_floats, sizeof(float));
+    const int64_t n = m->opts.max_tokens;
+    int32_t *targets = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *cu = malloc(sizeof(int32_t) * (size_t)(m->opts.max_docs + 1));
+    float *dlogp = malloc(sizeof(float) * (size_t)n);
+    arl_status s = ARL_OK;
+    if (!garena || !targets || !cu || !dlogp)
+        s = arl_errorf(ARL_ERR_NOMEM, "out of memory for the gradients (%.1f MiB)",
+                       (double)w->inv.arena_floats * 4.0 / 1048576.0);
+    if (!s) s = arl_model_params_view(&g, cfg, garena);
+    if (!s)
+        s = arl_model_train_init(&tr, m, &to, NULL);
+    else
+        memset(&tr, 0, sizeof tr);
+    int64_t per = m->opts.max_tokens / T;
+    if (per > m->opts.max_docs) per = m->opts.max_docs;
+    for (int64_t b0 = 0; b0 < B && !s; b0 += per) {
+        int64_t nb = B - b0 < per ? B - b0 : per;
+        for (int64_t i = 0; i <= nb; i++)
+            cu[i] = (int32_t)(i * T);
+        arl_batch_next_token_targets(targets, ids + b0 * T, cu, (int32_t)nb, nb * T);
+        for (int64_t t = 0; t < nb * T; t++)
+            dlogp[t] = targets[t] >= 0 ? 1.0f : 0.0f;
+        arl_batch bt = {
+            .tokens = ids + b0 * T, .T = nb * T, .cu = cu, .N = (int32_t)nb, .targets = targets};
+        s = arl_model_train_forward(&tr, &bt, NULL, NULL, NULL);
+        if (!s) s = arl_model_backward(&tr, &bt, dlogp, &g, NULL, NULL);
+    }
+    if (!s)
+        s = arl_model_grads_save(path, &g,
+                                 "gradient of the summed target log-probability (agentrl score)");
+    if (!s) arl_log_info("gradients of %lld tensors in %s", (long long)g.inv.n, path);
+    arl_model_train_free(&tr);
+    arl_model_params_free(&g);
+    free(garena);
+    free(targets);
+    free(cu);
+    free(dlogp);
+    return s;
+}
+
 int cmd_score(int argc, char **argv) {
     score_opts o;
     int rc = cli_parse(score_tab, SCORE_N, argc, argv, &o, score_usage, score_summary);
@@ -239,6 +309,11 @@ int cmd_score(int argc, char **argv) {
     if (o.threads > 0) s = arl_k_threads_init((int)o.threads);
     if (!s) s = load_ckpt(o.ckpt, &cfg, &w);
     if (!s) s = load_tokens(&o, &cfg, &ids, &B, &T, &rank);
+    if (!s && o.grads_out && T > o.max_tokens) /* a usage error, found before any work */
+        s = arl_errorf(ARL_ERR_ARG,
+                       "--grads-out needs every sequence in one forward: sequences of %lld "
+                       "tokens, --max-tokens %lld (raise it to at least %lld)",
+                       (long long)T, (long long)o.max_tokens, (long long)T);
     if (!s) {
         arl_model_opts mo;
         arl_model_opts_default(&mo);
@@ -256,6 +331,7 @@ int cmd_score(int argc, char **argv) {
                            (long long)T);
     }
     if (!s) s = score_all(&m, &cfg, ids, B, T, lp, logits);
+    if (!s && o.grads_out) s = score_grads(&m, &cfg, &w, ids, B, T, o.grads_out);
     if (!s && o.logits_out) {
         int64_t shape[3] = {B, T, V};
         s = rank == 2 ? arl_npy_write(o.logits_out, ARL_DTYPE_F32, 3, shape, logits)

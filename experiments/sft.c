@@ -20,9 +20,10 @@
 #include "policy/checkpoint.h"
 #include "policy/train_state.h"
 
+extern const arl_sft_model_ops arl_sft_model_ops_cpu; /* experiments/sft_model.c */
+
 const arl_sft_model_ops *arl_sft_model_ops_default(void) {
-    /* The model's forward + backward (policy/model.h) plugs in here. */
-    return NULL;
+    return &arl_sft_model_ops_cpu;
 }
 
 /* ------------------------------------------------------------------------------------ */

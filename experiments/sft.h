@@ -74,8 +74,7 @@ typedef struct arl_sft_model_ops {
                        double *loss_sum);
 } arl_sft_model_ops;
 
-/* The model implementation `agentrl sft` uses: NULL until the model's forward and backward
- * (policy/model.h) are plugged in here. */
+/* The model implementation `agentrl sft` uses: the CPU policy (experiments/sft_model.c). */
 const arl_sft_model_ops *arl_sft_model_ops_default(void);
 
 /* ---- configuration ---- */

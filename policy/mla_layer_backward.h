@@ -1,0 +1,82 @@
+/* policy/mla_layer_backward.h: training forward and backward of one gated NoPE MLA mixer layer
+ * on the CPU, fp32 (spec/policy.md 4.1-4.3).
+ *
+ * What this is: a forward that computes what arl_mla_layer_fwd (policy/mla_layer.h) computes and
+ * keeps the intermediates, and the backward of the whole layer: output projection, sigmoid
+ * output gate, attention, the per-head up-projection W_kvb, the q and kv RMSNorms (eps 1e-6)
+ * and the projections (q_lora or direct q_proj).  Two attention forms, as in the forward:
+ *   - expanded (4.1, backward 4.3; policy/mla.h) when every document starts fresh;
+ *   - absorbed (4.2) when a document continues a sequence: its queries attend over the
+ *     sequence's latent rows [c; k_pe] - the rows of earlier segments (constants of this
+ *     segment, spec 4.2: "earlier tokens' [c; k_pe] are constants") followed by its own.  W_kvb
+ *     still acts on the earlier rows inside this segment, so it receives their share of the
+ *     gradient; the rows themselves receive a gradient only on request (dprefix).
+ * The absorbed core here is blocked over 64 queries with GEMMs and keeps each row's
+ * log-sum-exp for the backward; block-sparse selection (4.5) is not supported in training.
+ * What this is not: the residual stream (policy/model_backward.c), cache storage
+ * (policy/state.h).
+ *
+ * Symbols: T tokens, N documents, d width, Hm heads, rq, rkv ranks, n, r, vm head dims,
+ * R = rkv + r.  Conventions: the backward ACCUMULATES (+=) into dx and every gradient; work
+ * buffers come from the caller; nothing allocates; pointers are borrowed for the call.
+ */
+#ifndef ARL_POLICY_MLA_LAYER_BACKWARD_H
+#define ARL_POLICY_MLA_LAYER_BACKWARD_H
+
+#include <stdint.h>
+
+#include "policy/mla_layer.h"
+#include "policy/params.h"
+
+typedef struct arl_mla_layer_save {
+    float *cq_pre;    /* (T, rq) W_qa x (q_lora only) */
+    float *rstd_q;    /* (T) */
+    float *cq;        /* (T, rq) RMSNorm(W_qa x) */
+    float *q_nope;    /* (T, Hm, n) */
+    float *q_pe;      /* (T, Hm, r) */
+    float *c_pre;     /* (T, rkv) first rkv of W_kva x */
+    float *rstd_c;    /* (T) */
+    float *c;         /* (T, rkv) normalised latent */
+    float *lat;       /* (T, R) the new rows [c; k_pe] */
+    float *k_pe;      /* (T, r) */
+    float *k_nope;    /* (T, Hm, n) expanded form */
+    float *v;         /* (T, Hm, vm) expanded form */
+    float *qhat;      /* (T, Hm, rkv) absorbed form */
+    float *ohat;      /* (T, Hm, rkv) absorbed form */
+    float *lse;       /* (T, Hm) log-sum-exp of every softmax row */
+    float *o;         /* (T, Hm, vm) attention output */
+    float *gam;       /* (T, Hm*vm) gate logits W_g x */
+    float *u;         /* (T, Hm*vm) sigmoid(gam) * o, input of o_proj */
+    int32_t absorbed; /* the form the forward used */
+} arl_mla_layer_save;
+
+int64_t arl_mla_layer_save_floats(const arl_mla_layer_cfg *c, int64_t T);
+void arl_mla_layer_save_bind(arl_mla_layer_save *s, const arl_mla_layer_cfg *c, int64_t T,
+                             float *base);
+
+/* Floats of work buffer of arl_mla_layer_fwd_save / _bwd (c->max_rows bounds the rows one
+ * sequence attends over, for the absorbed form). */
+int64_t arl_mla_layer_train_ws_floats(const arl_mla_layer_cfg *c, int64_t T, int32_t N);
+
+/* y (T, d) = the MLA mixer of x (T, d).  caches, pos: NULL (fresh documents), or as in
+ * arl_mla_layer_fwd (caches[i] holds pos[i] rows and has room for the document's; its new rows
+ * are written there).  absorbed: 1 forces the absorbed form (also for fresh documents); 0
+ * uses it only when some pos[i] > 0.  c->sparse_topk must be 0.  ws: train ws floats. */
+void arl_mla_layer_fwd_save(float *y, const float *x, const arl_mla_params *p,
+                            const arl_mla_layer_cfg *c, const int32_t *cu, int32_t N, int64_t T,
+                            float *const *caches, const int64_t *pos, int absorbed,
+                            arl_mla_layer_save *sv, float *ws);
+
+/* Backward for dy (T, d) with sv from arl_mla_layer_fwd_save over the same inputs (and the same
+ * caches, whose rows 0 .. pos[i] + len_i - 1 must be unchanged).  dx (T, d) +=, gradients in
+ * gp +=.  dlat_T (T, R): gradient of the new rows from later segments (NULL: 0).
+ * dprefix: NULL, or N pointers to (pos[i], R) that receive += the gradient of the earlier rows
+ * (only with the absorbed form; entries for fresh documents are not touched).
+ * ws: train ws floats. */
+void arl_mla_layer_bwd(float *dx, const arl_mla_params *gp, const float *dy, const float *x,
+                       const arl_mla_params *p, const arl_mla_layer_cfg *c, const int32_t *cu,
+                       int32_t N, int64_t T, float *const *caches, const int64_t *pos,
+                       const arl_mla_layer_save *sv, const float *dlat_T, float *const *dprefix,
+                       float *ws);
+
+#endif

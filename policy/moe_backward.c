@@ -1,0 +1,334 @@
+/* policy/moe_backward.c: training forward and backward of the dense FFN and Stable LatentMoE,
+ * fp32 (see policy/moe_backward.h).  The forwards follow policy/moe.c call for call; the
+ * backwards follow spec/policy.md 7.3 and 6.2. */
+#include "policy/moe_backward.h"
+
+#include <string.h>
+
+#include "core/assert.h"
+#include "kernels/kernels.h"
+#include "policy/router.h"
+
+typedef struct ws_bump {
+    float *base;
+    int64_t used;
+} ws_bump;
+
+static float *take(ws_bump *b, int64_t n) {
+    float *p = b->base ? b->base + b->used : NULL;
+    b->used += (n + 15) & ~(int64_t)15;
+    return p;
+}
+
+static void zero(float *x, int64_t n) {
+    memset(x, 0, sizeof(float) * (size_t)n);
+}
+
+static void glu_act_bwd(const arl_glu_act *a, float *dg, float *du, const float *dh, const float *g,
+                        const float *u, int64_t T, int64_t f, int64_t ld) {
+    if (a->situ)
+        arl_k_situ_glu_bwd(dg, du, dh, g, u, T, f, ld, a->beta1, a->beta2);
+    else
+        arl_k_swiglu_bwd(dg, du, dh, g, u, T, f, ld);
+}
+
+/* Forward of y (T, out) = W_d act(W_g x, W_u x) as policy/moe.c glu_fwd, keeping gu (T, 2fw)
+ * and h (T, fw).  beta 0 overwrites y, 1 adds to it. */
+static void glu_fwd(float *y, float beta, const float *x, const float *Wg, const float *Wu,
+                    const float *Wd, int64_t T, int64_t in, int64_t fw, int64_t out,
+                    const arl_glu_act *act, float *gu, float *h) {
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wg, in, 0.0f, gu, 2 * fw);
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wu, in, 0.0f, gu + fw, 2 * fw);
+    arl_glu_act_fwd(act, h, gu, gu + fw, T, fw, 2 * fw);
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, out, fw, 1.0f, h, fw, Wd, fw, beta, y, out);
+}
+
+/* Backward of glu_fwd for dy (T, out): dW_d, dW_g, dW_u +=; dx (T, in) += (dx may be NULL);
+ * dh (T, fw) and dgu (T, 2fw) are scratch. */
+static void glu_bwd(float *dx, float *dWg, float *dWu, float *dWd, const float *dy, const float *x,
+                    const float *Wg, const float *Wu, const float *Wd, int64_t T, int64_t in,
+                    int64_t fw, int64_t out, const arl_glu_act *act, const float *gu,
+                    const float *h, float *dh, float *dgu) {
+    if (T == 0) return;
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, fw, out, 1.0f, dy, out, Wd, fw, 0.0f, dh, fw);
+    arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, out, fw, T, 1.0f, dy, out, h, fw, 1.0f, dWd, fw);
+    zero(dgu, T * 2 * fw);
+    glu_act_bwd(act, dgu, dgu + fw, dh, gu, gu + fw, T, fw, 2 * fw);
+    arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, fw, in, T, 1.0f, dgu, 2 * fw, x, in, 1.0f, dWg, in);
+    arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, fw, in, T, 1.0f, dgu + fw, 2 * fw, x, in, 1.0f, dWu, in);
+    if (dx) {
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu, 2 * fw, Wg, in, 1.0f, dx,
+                   in);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu + fw, 2 * fw, Wu, in, 1.0f,
+                   dx, in);
+    }
+}
+
+/* ---- dense FFN ---- */
+
+int64_t arl_dense_save_floats(int64_t fd, int64_t T) {
+    return ((2 * T * fd + 15) & ~(int64_t)15) + ((T * fd + 15) & ~(int64_t)15);
+}
+
+void arl_dense_save_bind(arl_dense_save *s, int64_t fd, int64_t T, float *base) {
+    s->gu = base;
+    s->h = base + ((2 * T * fd + 15) & ~(int64_t)15);
+}
+
+int64_t arl_dense_train_ws_floats(int64_t d, int64_t fd, int64_t T) {
+    (void)d;
+    return ((T * fd + 15) & ~(int64_t)15) + 2 * T * fd;
+}
+
+void arl_dense_ffn_fwd_save(float *y, const float *x, const arl_dense_params *p, int64_t d,
+                            int64_t fd, const arl_glu_act *act, int64_t T, arl_dense_save *sv) {
+    ARL_ASSERT(y != x);
+    if (T == 0) return;
+    glu_fwd(y, 0.0f, x, p->gate_proj, p->up_proj, p->down_proj, T, d, fd, d, act, sv->gu, sv->h);
+}
+
+void arl_dense_ffn_bwd(float *dx, const arl_dense_params *gp, const float *dy, const float *x,
+                       const arl_dense_params *p, int64_t d, int64_t fd, const arl_glu_act *act,
+                       int64_t T, const arl_dense_save *sv, float *ws) {
+    float *dh = ws, *dgu = ws + ((T * fd + 15) & ~(int64_t)15);
+    glu_bwd(dx, gp->gate_proj, gp->up_proj, gp->down_proj, dy, x, p->gate_proj, p->up_proj,
+            p->down_proj, T, d, fd, d, act, sv->gu, sv->h, dh, dgu);
+}
+
+/* ---- LatentMoE ---- */
+
+static int64_t save_layout(arl_moe_save *s, float *base, const arl_moe_cfg *c, int64_t T) {
+    ws_bump w = {base, 0};
+    const int64_t Tk = T * c->k;
+    s->s = take(&w, T * c->E);
+    s->sel = (int32_t *)take(&w, Tk);
+    s->pw = take(&w, Tk);
+    s->z = take(&w, T * c->dz);
+    s->start = (int64_t *)take(&w, 2 * (c->E + 1));
+    s->row = (int64_t *)take(&w, 2 * Tk);
+    s->zg = take(&w, Tk * c->dz);
+    s->gu = take(&w, Tk * 2 * c->f);
+    s->h = take(&w, Tk * c->f);
+    s->yg = take(&w, Tk * c->dz);
+    s->u_pre = take(&w, T * c->dz);
+    s->rstd = take(&w, T);
+    s->u = take(&w, T * c->dz);
+    s->sgu = take(&w, T * 2 * c->fs);
+    s->sh = take(&w, T * c->fs);
+    return w.used;
+}
+
+int64_t arl_moe_save_floats(const arl_moe_cfg *c, int64_t T) {
+    arl_moe_save s;
+    return save_layout(&s, NULL, c, T);
+}
+
+void arl_moe_save_bind(arl_moe_save *s, const arl_moe_cfg *c, int64_t T, float *base) {
+    save_layout(s, base, c, T);
+}
+
+typedef struct moe_ws {
+    float *router; /* (T, E) router work buffer */
+    int64_t *fill; /* (E) */
+    float *dun, *du, *dsh, *dsgu, *dp, *dyg, *dh, *dgu, *dzg, *dz;
+} moe_ws;
+
+static int64_t ws_layout(moe_ws *B, float *base, const arl_moe_cfg *c, int64_t T) {
+    ws_bump w = {base, 0};
+    const int64_t Tk = T * c->k;
+    B->router = take(&w, arl_router_ws_floats(T, c->E));
+    B->fill = (int64_t *)take(&w, 2 * c->E);
+    B->dun = take(&w, T * c->dz);
+    B->du = take(&w, T * c->dz);
+    B->dsh = take(&w, T * c->fs);
+    B->dsgu = take(&w, T * 2 * c->fs);
+    B->dp = take(&w, Tk);
+    B->dyg = take(&w, Tk * c->dz);
+    B->dh = take(&w, Tk * c->f);
+    B->dgu = take(&w, Tk * 2 * c->f);
+    B->dzg = take(&w, Tk * c->dz);
+    B->dz = take(&w, T * c->dz);
+    return w.used;
+}
+
+int64_t arl_moe_train_ws_floats(const arl_moe_cfg *c, int64_t T) {
+    moe_ws B;
+    return ws_layout(&B, NULL, c, T);
+}
+
+typedef struct experts_ctx {
+    const arl_moe_save *sv;
+    const moe_ws *B;
+    const arl_moe_cfg *c;
+    const arl_moe_params *p;
+    const arl_moe_params *gp;
+} experts_ctx;
+
+/* Experts [e0, e1) on their own rows (experts without tokens are skipped, spec 7.2).  A GEMM
+ * issued inside a pool part runs on that thread and computes the same bits as from the main
+ * thread (kernels/threadpool.h), so the result does not depend on the thread count. */
+static void experts_fwd(void *vctx, int64_t e0, int64_t e1) {
+    const experts_ctx *X = vctx;
+    const arl_moe_save *S = X->sv;
+    const int64_t f = X->c->f, dz = X->c->dz;
+    for (int64_t e = e0; e < e1; e++) {
+        int64_t r0 = S->start[e], ne = S->start[e + 1] - r0;
+        if (ne == 0) continue;
+        glu_fwd(S->yg + r0 * dz, 0.0f, S->zg + r0 * dz, X->p->w1 + e * f * dz,
+                X->p->w3 + e * f * dz, X->p->w2 + e * dz * f, ne, dz, f, dz, &X->c->act,
+                S->gu + r0 * 2 * f, S->h + r0 * f);
+    }
+}
+
+/* Backward of experts [e0, e1): their weight gradients from their own rows only; dzg rows. */
+static void experts_bwd(void *vctx, int64_t e0, int64_t e1) {
+    const experts_ctx *X = vctx;
+    const arl_moe_save *S = X->sv;
+    const moe_ws *B = X->B;
+    const int64_t f = X->c->f, dz = X->c->dz;
+    for (int64_t e = e0; e < e1; e++) {
+        int64_t r0 = S->start[e], ne = S->start[e + 1] - r0;
+        if (ne == 0) continue;
+        float *dzg = B->dzg + r0 * dz;
+        zero(dzg, ne * dz);
+        glu_bwd(dzg, X->gp->w1 + e * f * dz, X->gp->w3 + e * f * dz, X->gp->w2 + e * dz * f,
+                B->dyg + r0 * dz, S->zg + r0 * dz, X->p->w1 + e * f * dz, X->p->w3 + e * f * dz,
+                X->p->w2 + e * dz * f, ne, dz, f, dz, &X->c->act, S->gu + r0 * 2 * f, S->h + r0 * f,
+                B->dh + r0 * f, B->dgu + r0 * 2 * f);
+    }
+}
+
+typedef struct combine_ctx {
+    const arl_moe_save *sv;
+    int64_t k, dz;
+} combine_ctx;
+
+/* u[t] = sum_j p[t, j] E_{sel[t, j]}(z_t), in slot order j = 0..k-1 (as policy/moe.c). */
+static void combine_rows(void *vctx, int64_t t0, int64_t t1) {
+    const combine_ctx *X = vctx;
+    const arl_moe_save *S = X->sv;
+    for (int64_t t = t0; t < t1; t++) {
+        float *ut = S->u_pre + t * X->dz;
+        for (int64_t i = 0; i < X->dz; i++)
+            ut[i] = 0.0f;
+        for (int64_t j = 0; j < X->k; j++) {
+            float pj = S->pw[t * X->k + j];
+            const float *yr = S->yg + S->row[t * X->k + j] * X->dz;
+            for (int64_t i = 0; i < X->dz; i++)
+                ut[i] += pj * yr[i];
+        }
+    }
+}
+
+arl_status arl_moe_fwd_save(float *y, const arl_moe_out *out, const float *x,
+                            const arl_moe_params *p, const arl_moe_cfg *c, const int32_t *forced,
+                            int64_t T, arl_moe_save *sv, float *ws) {
+    ARL_ASSERT(y && x && p && c && sv && ws && y != x);
+    if (T == 0) {
+        if (out && out->load) memset(out->load, 0, sizeof(int64_t) * (size_t)c->E);
+        return ARL_OK;
+    }
+    moe_ws B;
+    ws_layout(&B, ws, c, T);
+    const int64_t d = c->d, E = c->E, k = c->k, dz = c->dz;
+
+    ARL_TRY(arl_router_fwd(sv->sel, sv->pw, sv->s, x, p->gate, p->gate_bias, forced, T, d, E, k,
+                           c->rho, B.router));
+    arl_k_linear_fwd(sv->z, x, p->down_proj, T, d, dz);
+    for (int64_t e = 0; e <= E; e++)
+        sv->start[e] = 0;
+    for (int64_t i = 0; i < T * k; i++)
+        sv->start[sv->sel[i] + 1]++;
+    for (int64_t e = 0; e < E; e++) {
+        sv->start[e + 1] += sv->start[e];
+        B.fill[e] = sv->start[e];
+    }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t r = B.fill[sv->sel[t * k + j]]++;
+            sv->row[t * k + j] = r;
+            memcpy(sv->zg + r * dz, sv->z + t * dz, sizeof(float) * (size_t)dz);
+        }
+
+    experts_ctx X = {sv, &B, c, p, NULL};
+    arl_k_parallel_for(E, 1, experts_fwd, &X);
+
+    combine_ctx Y = {sv, k, dz};
+    arl_k_parallel_for(T, 16, combine_rows, &Y);
+    if (p->latent_norm)
+        arl_k_rmsnorm_fwd(sv->u, sv->rstd, sv->u_pre, p->latent_norm, T, dz, c->eps);
+    else
+        memcpy(sv->u, sv->u_pre, sizeof(float) * (size_t)(T * dz));
+    arl_k_linear_fwd(y, sv->u, p->up_proj, T, dz, d);
+
+    if (c->fs > 0 && p->shared_gate_proj)
+        glu_fwd(y, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d,
+                c->fs, d, &c->act, sv->sgu, sv->sh);
+
+    if (out) {
+        if (out->routes) memcpy(out->routes, sv->sel, sizeof(int32_t) * (size_t)(T * k));
+        if (out->weights) memcpy(out->weights, sv->pw, sizeof(float) * (size_t)(T * k));
+        if (out->scores) memcpy(out->scores, sv->s, sizeof(float) * (size_t)(T * E));
+        if (out->load)
+            for (int64_t e = 0; e < E; e++)
+                out->load[e] = sv->start[e + 1] - sv->start[e];
+    }
+    return ARL_OK;
+}
+
+void arl_moe_bwd(float *dx, const arl_moe_params *gp, const float *dy, const float *x,
+                 const arl_moe_params *p, const arl_moe_cfg *c, int64_t T, const arl_moe_save *sv,
+                 float *ws) {
+    ARL_ASSERT(dx && gp && dy && x && p && c && sv && ws);
+    if (T == 0) return;
+    moe_ws B;
+    ws_layout(&B, ws, c, T);
+    const int64_t d = c->d, E = c->E, k = c->k, dz = c->dz;
+
+    /* y = W_up RMSNorm_{w_z}(u) + shared(x) */
+    arl_k_linear_bwd_w(gp->up_proj, dy, sv->u, T, dz, d);
+    zero(B.dun, T * dz);
+    arl_k_linear_bwd_x(B.dun, dy, p->up_proj, T, dz, d);
+    const float *du = B.dun;
+    if (p->latent_norm) {
+        zero(B.du, T * dz);
+        arl_k_rmsnorm_bwd(B.du, gp->latent_norm, B.dun, sv->u_pre, p->latent_norm, sv->rstd, T, dz);
+        du = B.du;
+    }
+    if (c->fs > 0 && p->shared_gate_proj)
+        glu_bwd(dx, gp->shared_gate_proj, gp->shared_up_proj, gp->shared_down_proj, dy, x,
+                p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d, c->fs, d,
+                &c->act, sv->sgu, sv->sh, B.dsh, B.dsgu);
+
+    /* u = sum_i p_i E_i(z): dp_i = E_i(z) . du (for the router), dE_i = p_i du */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t r = sv->row[t * k + j];
+            const float *yr = sv->yg + r * dz, *dut = du + t * dz;
+            double acc = 0.0;
+            for (int64_t i = 0; i < dz; i++)
+                acc += (double)yr[i] * dut[i];
+            B.dp[t * k + j] = (float)acc;
+            const float pj = sv->pw[t * k + j];
+            float *dr = B.dyg + r * dz;
+            for (int64_t i = 0; i < dz; i++)
+                dr[i] = pj * dut[i];
+        }
+
+    /* experts, each on its own rows; then z's gradient summed over a token's slots in order */
+    experts_ctx X = {sv, &B, c, p, gp};
+    arl_k_parallel_for(E, 1, experts_bwd, &X);
+    zero(B.dz, T * dz);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            float *dzt = B.dz + t * dz;
+            const float *src = B.dzg + sv->row[t * k + j] * dz;
+            for (int64_t i = 0; i < dz; i++)
+                dzt[i] += src[i];
+        }
+    arl_k_linear_bwd_w(gp->down_proj, B.dz, x, T, d, dz);
+    arl_k_linear_bwd_x(dx, B.dz, p->down_proj, T, d, dz);
+
+    /* 6.2 router: through the selected scores only; the bias gets no gradient */
+    arl_router_bwd(dx, gp->gate, B.dp, x, p->gate, sv->s, sv->sel, T, d, E, k, c->rho, B.router);
+}
