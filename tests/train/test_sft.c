@@ -298,10 +298,8 @@ static void test_config(void) {
     CHECK(arl_sft_config_load(bad, NULL, &c) == ARL_ERR_CONFIG); /* out is required */
     CHECK(strstr(arl_error_msg(), "out") != NULL);
     arl_sft_config_free(&c);
-    /* the model interface is missing in this build: a clear error, nothing run */
-    CHECK(load_cfg(&c, path_in(g_dir, "noops"), NULL) == ARL_OK);
-    CHECK(arl_sft_run(&c, arl_sft_model_ops_default(), 0, NULL, NULL, NULL) == ARL_ERR_UNSUPPORTED);
-    arl_sft_config_free(&c);
+    /* this build's model: the CPU policy (experiments/sft_model.c) */
+    CHECK(arl_sft_model_ops_default() != NULL);
 }
 
 static double g_losses_a[STEPS];

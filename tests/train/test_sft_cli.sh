@@ -1,7 +1,6 @@
 #!/bin/sh
-# agentrl sft: help, key listing, usage errors that name the key, and the run's refusal while
-# the model's forward/backward is not plugged in (experiments/sft.c arl_sft_model_ops_default;
-# when it is, replace the last case by a short run on tests/train/data/micro).  Runs from the
+# agentrl sft: help, key listing, usage errors that name the key, and a real short run of
+# the CPU policy (experiments/sft_model.c) on tests/train/data/micro.  Runs from the
 # repository root.
 set -u
 BIN="${ARL_BIN:-build/agentrl}"
@@ -40,10 +39,16 @@ grep -q "steps" "$TMP/err" || fail "--set steps=0: key not named: $(cat "$TMP/er
 [ $? -eq 2 ] || fail "--set nosuch=1: expected exit 2"
 grep -q "nosuch" "$TMP/err" || fail "--set nosuch: key not named"
 
-"$BIN" sft "$TMP/exp.json" > "$TMP/err" 2>&1
+# a real short run of the CPU policy on the micro config: exit 0, metrics and a checkpoint
+for i in 1 2 3 4 5 6; do
+  printf '{"messages": [{"role": "user", "content": "Say %s."}, {"role": "assistant", "content": "%s %s %s"}]}\n' \
+    "$i" "$i" "$i" "$i"
+done > "$TMP/train.jsonl"
+"$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set progress=plain > "$TMP/err" 2>&1
 rc=$?
-[ $rc -eq 1 ] || fail "run without a model backward: expected exit 1, got $rc"
-grep -q "forward/backward" "$TMP/err" || fail "run: unclear error: $(cat "$TMP/err")"
+[ $rc -eq 0 ] || fail "short run: expected exit 0, got $rc: $(tail -5 "$TMP/err")"
+[ "$(wc -l < "$TMP/out/metrics.jsonl" 2>/dev/null)" -ge 3 ] || fail "short run: metrics.jsonl has fewer than 3 steps"
+ls "$TMP/out/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "short run: no step-3 checkpoint"
 
 [ $fails -eq 0 ] && echo "test_sft_cli: all passed"
 exit $fails
