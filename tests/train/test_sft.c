@@ -1,4 +1,5 @@
-/* The SFT driver end to end with the stand-in model (tests/train/embed_lm.h) on a synthetic
+/* The SFT driver end to end with the stand-in model (tests/train/embed_lm.h) - and, built as
+ * test_train_sft_policy, with the CPU policy on the micro config - on a synthetic
  * task: exact gradients of the stand-in (finite differences), the experiment configuration
  * (JSON + --set, errors naming keys), training that drives the held-out loss below a stated
  * threshold, bit-identical losses and parameters for the same seed, and runs killed with
@@ -32,6 +33,17 @@
 
 #define STEPS 120
 #define EVAL_THRESHOLD 1.0
+
+/* Built twice: test_train_sft drives the stand-in model, test_train_sft_policy (with
+ * SFT_TEST_POLICY defined) the CPU policy itself (experiments/sft_model.c) on the micro
+ * config of tests/train/data/micro, through the same driver tests and the same threshold. */
+static const arl_sft_model_ops *test_ops(void) {
+#ifdef SFT_TEST_POLICY
+    return arl_sft_model_ops_default();
+#else
+    return embed_lm_ops();
+#endif
+}
 
 static char g_dir[512];
 static char g_train[600], g_eval[600], g_exp[600];
@@ -102,7 +114,7 @@ static arl_status run_dir(const char *out, int resume, const char *extra_set, FI
                           arl_sft_result *res, const arl_sft_hooks *hooks) {
     arl_sft_config c;
     arl_status s = load_cfg(&c, out, extra_set);
-    if (!s) s = arl_sft_run(&c, embed_lm_ops(), resume, hooks, log, res);
+    if (!s) s = arl_sft_run(&c, test_ops(), resume, hooks, log, res);
     arl_sft_config_free(&c);
     return s;
 }
@@ -376,7 +388,7 @@ static void test_init_from_checkpoint(void) {
     arl_sft_config c;
     CHECK(load_cfg(&c, out, set) == ARL_OK);
     arl_sft_result r;
-    CHECK(arl_sft_run(&c, embed_lm_ops(), 0, NULL, NULL, &r) == ARL_OK);
+    CHECK(arl_sft_run(&c, test_ops(), 0, NULL, NULL, &r) == ARL_OK);
     arl_sft_config_free(&c);
     double l[STEPS];
     int n_eval;
@@ -458,7 +470,11 @@ int main(int argc, char **argv) {
     write_task(g_train, 300, 1);
     write_task(g_eval, 40, 2);
     write_experiment();
-    TEST_RUN(test_gradient_fd);
+#ifndef SFT_TEST_POLICY
+    TEST_RUN(test_gradient_fd); /* the stand-in's own gradient; the policy's: tests/policy_backward */
+#else
+    (void)test_gradient_fd;
+#endif
     TEST_RUN(test_config);
     TEST_RUN(test_train_and_determinism);
     TEST_RUN(test_init_from_checkpoint);
