@@ -1,5 +1,5 @@
-/* kernels/gemm.h: matrix products of the CPU backend (OpenBLAS sgemm underneath) and the Linear
- * map convention of spec/policy.md section 1.2.
+/* kernels/gemm.h: matrix products of the CPU backend (an AVX2/FMA kernel or OpenBLAS sgemm) and
+ * the Linear map convention of spec/policy.md section 1.2.
  *
  * It is: row-major fp32 C = alpha * op(A) op(B) + beta * C, a strided-batched form, and the three
  * products of a Linear layer (forward, input gradient, weight gradient).  It is not: a tensor
@@ -13,15 +13,25 @@
  * beta == 0 means C is not read (NaN or garbage in C is overwritten), as in BLAS.  K == 0 gives
  * C = beta * C.  C must not overlap A or B.
  *
- * Threads and determinism (kernels/threadpool.h): a product with M*N*K >= ARL_K_GEMM_SPLIT_MNK is
- * cut along its larger output dimension into one block per pool thread (block edges on multiples
- * of 16), each an OpenBLAS call on one thread; smaller products are one call.  Results are
- * bit-identical run to run for a fixed thread count (the cut depends only on the shape and the
- * thread count).  Across thread counts they may differ in the last bits: OpenBLAS's optimised
- * kernels (Haswell, SkylakeX) round the edge tiles of a block differently from interior tiles,
- * so moving a block edge moves rounding (measured: up to half of the shapes tested differ).
+ * Implementation: on x86-64 CPUs with AVX2 and FMA every product runs on the register-tile
+ * kernel of kernels/cpu/gemm_fma.c (chosen at run time; the Debian OpenBLAS falls back to slow
+ * generic kernels on CPUs it does not know); elsewhere OpenBLAS sgemm computes it, except that a
+ * product with M <= ARL_K_GEMM_SMALL_M, op(A) = A and op(B) = B^T (the Linear map of a few
+ * tokens: decode steps, small expert groups) is computed as dot products of row i of A and row j
+ * of B with the fixed summation order of kernels/vmath.h arl_k_vdot, times alpha (plus beta * C):
+ * OpenBLAS would pack all of B for every call.
  *
- * Accuracy: fp32 with fp32 accumulation (OpenBLAS); |C - C_exact| <= ~K * 2^-24 * sum|a||b|.
+ * Threads and determinism (kernels/threadpool.h): a product with M*N*K >= ARL_K_GEMM_SPLIT_MNK
+ * is cut along its larger output dimension into one block per pool thread (block edges on
+ * multiples of 16), each computed on one thread; smaller products are one call.  Results are
+ * bit-identical run to run for a fixed thread count (the cut depends only on the shape and the
+ * thread count); with the AVX2/FMA kernel also across thread counts.  With OpenBLAS they may
+ * differ across thread counts in the last bits: its optimised kernels (Haswell, SkylakeX) round
+ * the edge tiles of a block differently from interior tiles, so moving a block edge moves
+ * rounding (measured: up to half of the shapes tested differ).  CPUs that take different paths
+ * (fused or separate multiply-adds) give results that differ in the last bits.
+ *
+ * Accuracy: fp32 with fp32 accumulation; |C - C_exact| <= ~K * 2^-24 * sum|a||b|.
  */
 #ifndef ARL_KERNELS_GEMM_H
 #define ARL_KERNELS_GEMM_H
@@ -35,6 +45,9 @@ typedef enum arl_k_trans {
 
 /* Products with at least this many multiply-adds are split across the pool threads. */
 #define ARL_K_GEMM_SPLIT_MNK ((int64_t)1 << 20)
+
+/* NT products with at most this many rows M are computed as dot products (see above). */
+#define ARL_K_GEMM_SMALL_M 4
 
 /* C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C.  M, N, K >= 0, each <= INT32_MAX. */
 void arl_k_gemm(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K, float alpha,

@@ -72,4 +72,15 @@ void arl_k_threads_free(void);
 /* arl_k_pool_run on the process-wide pool: the parallel-for every CPU kernel uses. */
 void arl_k_parallel_for(int64_t n, int64_t grain, arl_k_range_fn fn, void *ctx);
 
+/* Least work (multiply-adds, or comparable operations) worth handing to a thread: below it the
+ * wake-up of a sleeping worker costs more than it saves, and on a loaded machine much more
+ * (a worker may wait for a time slice).  Small decode steps therefore run serially. */
+#define ARL_K_WORK_GRAIN ((int64_t)1 << 19)
+
+/* Grain (items per part) for items of `work` multiply-adds each, from ARL_K_WORK_GRAIN. */
+static inline int64_t arl_k_work_grain(int64_t work) {
+    if (work < 1) work = 1;
+    return work >= ARL_K_WORK_GRAIN ? 1 : (ARL_K_WORK_GRAIN + work - 1) / work;
+}
+
 #endif

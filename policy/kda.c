@@ -2,8 +2,14 @@
  *
  * Written to be read next to spec/policy.md section 3: each function follows the numbered
  * steps of its section.  Heads are independent in every stage of the core, so the core runs
- * one head per pool task; each task has its own slice of the caller's work buffer, and every
- * value is computed in a fixed order, so results do not depend on the thread count.
+ * one head per pool task (when a head has enough work to be worth a thread); each task has its
+ * own slice of the caller's work buffer, and every value is computed in a fixed order, so
+ * results do not depend on the thread count.
+ *
+ * Speed: exponentials, sigmoids and SiLU of the forward stages run on arrays through
+ * kernels/vmath.h; the chunk form computes A_kk and A_qk as GEMMs over 16-token sub-chunks
+ * (chunk_pairs, spec 3.5 "Factored form"), and the recurrent step walks the state row by row.
+ * The backward functions keep libm and the per-pair difference form.
  */
 #include "policy/kda.h"
 
@@ -13,6 +19,7 @@
 #include "core/assert.h"
 #include "kernels/gemm.h"
 #include "kernels/threadpool.h"
+#include "kernels/vmath.h"
 
 static inline float sigm(float x) {
     if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
@@ -63,13 +70,36 @@ void arl_kda_conv_fwd(float *z, float *y, const float *x, const float *w, const 
         const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
         for (int64_t t = a; t < b; t++) {
             int64_t pos = t - a;
-            for (int64_t c = 0; c < C; c++) {
-                float acc = 0.0f;
-                for (int64_t j = 0; j < W; j++)
-                    acc += w[c * W + j] * conv_in(x, tail, a, pos - (W - 1) + j, c, C, W);
-                if (y) y[t * C + c] = acc;
-                z[t * C + c] = acc * sigm(acc);
+            float *zt = z + t * C;
+            if (pos >= W - 1) { /* all taps inside the document */
+                const float *x0 = x + (t - (W - 1)) * C;
+                for (int64_t c = 0; c < C; c++) {
+                    float acc = 0.0f;
+                    for (int64_t j = 0; j < W; j++)
+                        acc += w[c * W + j] * x0[j * C + c];
+                    zt[c] = acc;
+                }
+            } else { /* early taps from the tail (or 0): tap by tap, each c in ascending j */
+                for (int64_t c = 0; c < C; c++)
+                    zt[c] = 0.0f;
+                for (int64_t j = 0; j < W; j++) {
+                    int64_t src = pos - (W - 1) + j;
+                    if (src >= 0) {
+                        const float *xr = x + (a + src) * C;
+                        for (int64_t c = 0; c < C; c++)
+                            zt[c] += w[c * W + j] * xr[c];
+                    } else if (tail) {
+                        const float *tc = tail + (W - 1 + src);
+                        for (int64_t c = 0; c < C; c++)
+                            zt[c] += w[c * W + j] * tc[c * (W - 1)];
+                    } else {
+                        for (int64_t c = 0; c < C; c++)
+                            zt[c] += w[c * W + j] * 0.0f;
+                    }
+                }
             }
+            if (y) memcpy(y + t * C, zt, sizeof(float) * (size_t)C);
+            arl_k_vsilu(zt, zt, C);
         }
     }
 }
@@ -103,13 +133,17 @@ void arl_kda_conv_tail(float *tail_out, const float *x, int64_t n, const float *
                        int64_t W) {
     /* element m of [tail_in; x] (length W-1+n); out[i] = element n+i.  Ascending i reads
      * index n+i >= i, so tail_out == tail_in is safe. */
-    for (int64_t c = 0; c < C; c++)
-        for (int64_t i = 0; i < W - 1; i++) {
-            int64_t m = n + i;
-            float v =
-                m < W - 1 ? (tail_in ? tail_in[c * (W - 1) + m] : 0.0f) : x[(m - (W - 1)) * C + c];
-            tail_out[c * (W - 1) + i] = v;
+    for (int64_t i = 0; i < W - 1; i++) {
+        int64_t m = n + i;
+        if (m >= W - 1) {
+            const float *xr = x + (m - (W - 1)) * C;
+            for (int64_t c = 0; c < C; c++)
+                tail_out[c * (W - 1) + i] = xr[c];
+        } else {
+            for (int64_t c = 0; c < C; c++)
+                tail_out[c * (W - 1) + i] = tail_in ? tail_in[c * (W - 1) + m] : 0.0f;
         }
+    }
 }
 
 void arl_kda_conv_step(float *z, float *tail, const float *x, const float *w, int64_t C,
@@ -119,11 +153,12 @@ void arl_kda_conv_step(float *z, float *tail, const float *x, const float *w, in
         float acc = w[c * W + (W - 1)] * x[c];
         for (int64_t j = 0; j < W - 1; j++)
             acc += w[c * W + j] * tl[j];
-        z[c] = acc * sigm(acc);
+        z[c] = acc;
         for (int64_t j = 0; j + 1 < W - 1; j++)
             tl[j] = tl[j + 1];
         if (W > 1) tl[W - 2] = x[c];
     }
+    arl_k_vsilu(z, z, C);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -133,11 +168,17 @@ void arl_kda_conv_step(float *z, float *tail, const float *x, const float *w, in
 void arl_kda_gate_k3_fwd(float *g, const float *f, const float *A_log, const float *dt_bias,
                          int64_t T, int64_t H, int64_t dk, float g_min) {
     int64_t P = H * dk;
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t c = 0; c < P; c++) {
-            float a = expf(A_log[c / dk]);
-            g[t * P + c] = g_min * sigm(a * (f[t * P + c] + dt_bias[c]));
+    for (int64_t t = 0; t < T; t++) {
+        float *gt = g + t * P;
+        for (int64_t h = 0; h < H; h++) {
+            float a = expf(A_log[h]);
+            for (int64_t c = h * dk; c < (h + 1) * dk; c++)
+                gt[c] = a * (f[t * P + c] + dt_bias[c]);
         }
+        arl_k_vsigmoid(gt, gt, P);
+        for (int64_t c = 0; c < P; c++)
+            gt[c] = g_min * gt[c];
+    }
 }
 
 void arl_kda_gate_k3_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg, const float *f,
@@ -168,8 +209,11 @@ void arl_kda_gate_softplus_fwd(float *g, const float *f, const float *A_log, con
                                int64_t T, int64_t H, int64_t dk) {
     int64_t P = H * dk;
     for (int64_t t = 0; t < T; t++)
-        for (int64_t c = 0; c < P; c++)
-            g[t * P + c] = -expf(A_log[c / dk]) * softplusf_(f[t * P + c] + dt_bias[c]);
+        for (int64_t h = 0; h < H; h++) {
+            float a = expf(A_log[h]);
+            for (int64_t c = h * dk; c < (h + 1) * dk; c++)
+                g[t * P + c] = -a * softplusf_(f[t * P + c] + dt_bias[c]);
+        }
 }
 
 void arl_kda_gate_softplus_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg,
@@ -208,8 +252,10 @@ void arl_kda_onorm_fwd(float *ob, float *rstd, const float *o, const float *gam,
             ss += (double)x[i] * x[i];
         float r = (float)(1.0 / sqrt(ss / (double)dv + (double)eps));
         if (rstd) rstd[t] = r;
+        float *obt = ob + t * dv;
+        arl_k_vsigmoid(obt, gam + t * dv, dv);
         for (int64_t i = 0; i < dv; i++)
-            ob[t * dv + i] = w[i] * (x[i] * r) * sigm(gam[t * dv + i]);
+            obt[i] = w[i] * (x[i] * r) * obt[i];
     }
 }
 
@@ -256,26 +302,45 @@ typedef struct core_args {
     float scale;
 } core_args;
 
+/* Stack buffers of recurrent_step: decay factors per block of channels, columns per block. */
+#define REC_ROWS 64
+#define REC_COLS 256
+
 /* One recurrence step (spec 3.3) of one head on state St (dk, dv); o_out (dv) or NULL.
- * Column j of the state only depends on column j, so the five steps run column by column. */
+ * Columns of the state are independent, so it runs on blocks of up to REC_COLS columns, and
+ * row-wise inside a block: pass 1 decays row c and adds its share to r = S^T k, pass 2 writes
+ * row c and adds its share to o = S^T q.  Every r[j] and o[j] sums its rows in ascending c,
+ * starting from 0, exactly as a column-by-column walk would. */
 static void recurrent_step(float *St, float *o_out, const float *q, const float *k, const float *v,
                            const float *g, float beta, int64_t dk, int64_t dv, float scale) {
-    for (int64_t c = 0; c < dk; c++) {
-        float a = expf(g[c]);
-        for (int64_t j = 0; j < dv; j++)
-            St[c * dv + j] *= a; /* 1. decay rows */
-    }
-    for (int64_t j = 0; j < dv; j++) {
-        float r = 0.0f;
-        for (int64_t c = 0; c < dk; c++)
-            r += St[c * dv + j] * k[c];  /* 2. prediction */
-        float delta = beta * (v[j] - r); /* 3. error */
-        float oj = 0.0f;
-        for (int64_t c = 0; c < dk; c++) {
-            St[c * dv + j] += k[c] * delta; /* 4. write */
-            oj += St[c * dv + j] * q[c];    /* 5. read after */
+    float r[REC_COLS], a[REC_ROWS];
+    for (int64_t j0 = 0; j0 < dv; j0 += REC_COLS) {
+        const int64_t nj = dv - j0 < REC_COLS ? dv - j0 : REC_COLS;
+        float *o = o_out ? o_out + j0 : NULL;
+        for (int64_t j = 0; j < nj; j++)
+            r[j] = 0.0f;
+        for (int64_t c0 = 0; c0 < dk; c0 += REC_ROWS) {
+            const int64_t nc = dk - c0 < REC_ROWS ? dk - c0 : REC_ROWS;
+            arl_k_vexp(a, g + c0, nc);
+            for (int64_t c = c0; c < c0 + nc; c++) {
+                float *row = St + c * dv + j0;
+                arl_k_vscale(row, a[c - c0], nj); /* 1. decay rows */
+                arl_k_vaxpy(r, k[c], row, nj);    /* 2. prediction */
+            }
         }
-        if (o_out) o_out[j] = scale * oj;
+        for (int64_t j = 0; j < nj; j++)
+            r[j] = beta * (v[j0 + j] - r[j]); /* 3. error delta */
+        if (o)
+            for (int64_t j = 0; j < nj; j++)
+                o[j] = 0.0f;
+        for (int64_t c = 0; c < dk; c++) {
+            float *row = St + c * dv + j0;
+            arl_k_vaxpy(row, k[c], r, nj);        /* 4. write */
+            if (o) arl_k_vaxpy(o, q[c], row, nj); /* 5. read after the write */
+        }
+        if (o)
+            for (int64_t j = 0; j < nj; j++)
+                o[j] = scale * o[j];
     }
 }
 
@@ -321,12 +386,19 @@ void arl_kda_recurrent_fwd(float *o, float *S, float *chunk_states, const float 
                    .dv_ = dv,
                    .C = C > 0 ? C : 1,
                    .scale = scale};
-    arl_k_parallel_for(H, 1, recurrent_fwd_heads, &A);
+    arl_k_parallel_for(H, arl_k_work_grain(T * 4 * dk * dv), recurrent_fwd_heads, &A);
 }
 
 /* ---------------------------------------------------------------------------------------
  * core: chunkwise form (spec 3.5) - per-head buffers
  * --------------------------------------------------------------------------------------- */
+
+/* Rows of a sub-chunk of the factored A_kk / A_qk products (spec 3.5 "Factored form"). */
+#define KDA_SUB 16
+
+/* Largest exponent a factor of the factored form may have: e^80 = 5.5e34 and e^-80 = 1.8e-35
+ * are normal fp32 numbers, so no factor overflows or loses precision (spec 3.5, 15). */
+#define KDA_FACTOR_SPAN 80.0f
 
 typedef struct chunk_buf {
     /* forward: n <= C rows */
@@ -334,6 +406,9 @@ typedef struct chunk_buf {
     float *Akk0, *Akk, *Tm, *Aqk;                                      /* (C, C) */
     float *beta;                                                       /* (C) */
     float *Snew;                                                       /* (dk, dv) */
+    float *Lk, *Lq; /* (KDA_SUB, dk) left factors of a sub-chunk */
+    float *Rt;      /* (C, dk) right factors */
+    float *E;       /* (dk) decays of one pair (difference form) */
     /* backward */
     float *dO, *dVt, *dXu, *dV;                 /* (C, dv) */
     float *M, *dW, *dKbar, *dXw, *dQ, *dK, *dG; /* (C, dk) */
@@ -343,7 +418,7 @@ typedef struct chunk_buf {
 } chunk_buf;
 
 static int64_t chunk_fwd_floats(int64_t dk, int64_t dv, int64_t C) {
-    return 9 * C * dk + 3 * C * dv + 4 * C * C + C + dk * dv;
+    return 9 * C * dk + 3 * C * dv + 4 * C * C + C + dk * dv + 2 * KDA_SUB * dk + C * dk + dk;
 }
 
 static int64_t chunk_bwd_floats(int64_t dk, int64_t dv, int64_t C) {
@@ -385,6 +460,10 @@ static void chunk_buf_bind(chunk_buf *B, float *p, int64_t dk, int64_t dv, int64
     TAKE(Aqk, C * C);
     TAKE(beta, C);
     TAKE(Snew, dk * dv);
+    TAKE(Lk, KDA_SUB * dk);
+    TAKE(Lq, KDA_SUB * dk);
+    TAKE(Rt, C * dk);
+    TAKE(E, dk);
     if (with_bwd) {
         TAKE(M, C * dk);
         TAKE(dW, C * dk);
@@ -420,14 +499,85 @@ static void chunk_load(chunk_buf *B, const core_args *A, int64_t h, int64_t c0, 
     int64_t H = A->H, dk = A->dk_, dv = A->dv_;
     for (int64_t r = 0; r < n; r++) {
         int64_t t = c0 + r;
-        for (int64_t c = 0; c < dk; c++) {
-            B->Q[r * dk + c] = A->scale * A->q[(t * H + h) * dk + c];
-            B->K[r * dk + c] = A->k[(t * H + h) * dk + c];
-            B->G[r * dk + c] = A->g[(t * H + h) * dk + c];
-        }
-        for (int64_t j = 0; j < dv; j++)
-            B->V[r * dv + j] = A->v[(t * H + h) * dv + j];
+        memcpy(B->Q + r * dk, A->q + (t * H + h) * dk, sizeof(float) * (size_t)dk);
+        arl_k_vscale(B->Q + r * dk, A->scale, dk);
+        memcpy(B->K + r * dk, A->k + (t * H + h) * dk, sizeof(float) * (size_t)dk);
+        memcpy(B->G + r * dk, A->g + (t * H + h) * dk, sizeof(float) * (size_t)dk);
+        memcpy(B->V + r * dv, A->v + (t * H + h) * dv, sizeof(float) * (size_t)dv);
         B->beta[r] = A->beta[t * H + h];
+    }
+}
+
+/* Rows [r0, r1) of A_kk / beta_r (Akk0) and A_qk (spec 3.5 (2), (6)), all columns, in the
+ * difference form: exp(G_r - G_i) <= 1 for each pair.  Used where the factored form's factors
+ * would leave the fp32 range (the softplus gate, whose per-token decay is unbounded). */
+static void pairs_difference(chunk_buf *B, int64_t r0, int64_t r1, int64_t n, int64_t dk) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float *Gr = B->G + r * dk, *Kr = B->K + r * dk, *Qr = B->Q + r * dk;
+        for (int64_t i = 0; i < n; i++) {
+            float akk = 0.0f, aqk = 0.0f;
+            if (i <= r) {
+                const float *Gi = B->G + i * dk, *Ki = B->K + i * dk;
+                for (int64_t c = 0; c < dk; c++)
+                    B->E[c] = Gr[c] - Gi[c];
+                arl_k_vexp(B->E, B->E, dk);
+                for (int64_t c = 0; c < dk; c++) {
+                    akk += Kr[c] * Ki[c] * B->E[c];
+                    aqk += Qr[c] * Ki[c] * B->E[c];
+                }
+            }
+            B->Akk0[r * n + i] = i < r ? akk : 0.0f;
+            B->Aqk[r * n + i] = i <= r ? aqk : 0.0f;
+        }
+    }
+}
+
+/* A_kk / beta_r (Akk0, strictly lower) and A_qk (lower, diagonal kept), spec 3.5 (2) and (6),
+ * as GEMMs.  Rows come in sub-chunks R = [r0, r1) of at most KDA_SUB tokens with boundary
+ * b = r0; for r in R and i < r1,
+ *   exp(G_r - G_i) = exp(G_r - G_b) * exp(G_b - G_i)
+ * so that the block is (K_R ⊙ exp(G_R - G_b)) (K_{<r1} ⊙ exp(G_b - G_{<r1}))^T (and Q_R for
+ * A_qk).  For i < b (pairs in different sub-chunks) both factors are <= 1 (g <= 0): the
+ * difference form split at a boundary between r and i.  For i in R (inside the sub-chunk) it is
+ * the spec's factored form with G relative to the sub-chunk's first token, whose factors stay
+ * inside e^{+-KDA_FACTOR_SPAN}: guaranteed for the K3 gate (g >= g_min >= -5, at most 15 steps
+ * from b), checked here for any input, and a sub-chunk whose factors would leave that range
+ * falls back to the difference form.  Exact in exact arithmetic; only rounding differs. */
+static void chunk_pairs(chunk_buf *B, int64_t n, int64_t dk) {
+    for (int64_t r0 = 0; r0 < n; r0 += KDA_SUB) {
+        const int64_t r1 = n - r0 < KDA_SUB ? n : r0 + KDA_SUB, m = r1 - r0;
+        const float *Gb = B->G + r0 * dk;
+        /* exponents: left G_r - G_b (r in R), right G_b - G_i (i < r1).  The right ones of
+         * i in R are minus the left ones, so their two maxima bound every |exponent|. */
+        for (int64_t r = r0; r < r1; r++) {
+            float *e = B->Lk + (r - r0) * dk;
+            memcpy(e, B->G + r * dk, sizeof(float) * (size_t)dk);
+            arl_k_vaxpy(e, -1.0f, Gb, dk);
+        }
+        for (int64_t i = 0; i < r1; i++) {
+            float *e = B->Rt + i * dk;
+            memcpy(e, Gb, sizeof(float) * (size_t)dk);
+            arl_k_vaxpy(e, -1.0f, B->G + i * dk, dk);
+        }
+        if (!(arl_k_vmax(B->Lk, m * dk) <= KDA_FACTOR_SPAN &&
+              arl_k_vmax(B->Rt, r1 * dk) <= KDA_FACTOR_SPAN)) {
+            pairs_difference(B, r0, r1, n, dk);
+            continue;
+        }
+        arl_k_vexp(B->Lk, B->Lk, m * dk);
+        arl_k_vexp(B->Rt, B->Rt, r1 * dk);
+        arl_k_vmul(B->Lq, B->Q + r0 * dk, B->Lk, m * dk);
+        arl_k_vmul(B->Lk, B->K + r0 * dk, B->Lk, m * dk);
+        arl_k_vmul(B->Rt, B->K, B->Rt, r1 * dk);
+        mm(ARL_K_NOTRANS, ARL_K_TRANS, m, r1, dk, 1.0f, B->Lk, dk, B->Rt, dk, 0.0f,
+           B->Akk0 + r0 * n, n);
+        mm(ARL_K_NOTRANS, ARL_K_TRANS, m, r1, dk, 1.0f, B->Lq, dk, B->Rt, dk, 0.0f, B->Aqk + r0 * n,
+           n);
+        /* keep i < r (A_kk) and i <= r (A_qk) */
+        for (int64_t r = r0; r < r1; r++) {
+            memset(B->Akk0 + r * n + r, 0, sizeof(float) * (size_t)(n - r));
+            memset(B->Aqk + r * n + r + 1, 0, sizeof(float) * (size_t)(n - r - 1));
+        }
     }
 }
 
@@ -438,55 +588,44 @@ static void chunk_prepare(chunk_buf *B, const float *S, int64_t n, int64_t dk, i
     (void)C;
     /* (1) G = cumsum(g), Gam = exp(G), exp(G_n - G), Kbar, Gam * Q */
     for (int64_t r = 1; r < n; r++)
-        for (int64_t c = 0; c < dk; c++)
-            B->G[r * dk + c] += B->G[(r - 1) * dk + c];
+        arl_k_vaxpy(B->G + r * dk, 1.0f, B->G + (r - 1) * dk, dk);
     const float *Gn = B->G + (n - 1) * dk;
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t c = 0; c < dk; c++) {
-            int64_t rc = r * dk + c;
-            B->Gam[rc] = expf(B->G[rc]);
-            B->eGnG[rc] = expf(Gn[c] - B->G[rc]);
-            B->Kbar[rc] = B->eGnG[rc] * B->K[rc];
-            B->GQ[rc] = B->Gam[rc] * B->Q[rc];
-        }
-    /* (2), (6): A_kk / beta_r (Akk0) for i < r and A_qk for i <= r, difference form */
+    arl_k_vexp(B->Gam, B->G, n * dk);
     for (int64_t r = 0; r < n; r++) {
-        const float *Gr = B->G + r * dk, *Kr = B->K + r * dk, *Qr = B->Q + r * dk;
-        for (int64_t i = 0; i < n; i++) {
-            float akk = 0.0f, aqk = 0.0f;
-            if (i <= r) {
-                const float *Gi = B->G + i * dk, *Ki = B->K + i * dk;
-                for (int64_t c = 0; c < dk; c++) {
-                    float e = expf(Gr[c] - Gi[c]);
-                    akk += Kr[c] * Ki[c] * e;
-                    aqk += Qr[c] * Ki[c] * e;
-                }
-            }
-            B->Akk0[r * n + i] = i < r ? akk : 0.0f;
-            B->Akk[r * n + i] = i < r ? B->beta[r] * akk : 0.0f;
-            B->Aqk[r * n + i] = i <= r ? aqk : 0.0f;
-        }
+        memcpy(B->eGnG + r * dk, Gn, sizeof(float) * (size_t)dk);
+        arl_k_vaxpy(B->eGnG + r * dk, -1.0f, B->G + r * dk, dk);
     }
-    /* (3) T = (I + A_kk)^-1 by forward substitution: row i, ascending j, in place */
+    arl_k_vexp(B->eGnG, B->eGnG, n * dk);
+    arl_k_vmul(B->Kbar, B->eGnG, B->K, n * dk);
+    arl_k_vmul(B->GQ, B->Gam, B->Q, n * dk);
+    /* (2), (6): A_kk / beta_r (Akk0) for i < r and A_qk for i <= r; A_kk = diag(beta) Akk0 */
+    chunk_pairs(B, n, dk);
+    for (int64_t r = 0; r < n; r++) {
+        float *Ar = B->Akk + r * n;
+        memcpy(Ar, B->Akk0 + r * n, sizeof(float) * (size_t)r);
+        arl_k_vscale(Ar, B->beta[r], r);
+        memset(Ar + r, 0, sizeof(float) * (size_t)(n - r));
+    }
+    /* (3) T = (I + A_kk)^-1 by forward substitution, row by row:
+     *   T[i, 0:i] = -A[i, 0:i] - sum_{m<i} A[i, m] T[m, 0:i]
+     * with the sum over m ascending (each T[i, j] adds its terms m = j+1 .. i-1 in order) */
     float *Tm = B->Tm;
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t j = 0; j < n; j++)
-            Tm[i * n + j] = -B->Akk[i * n + j];
-    for (int64_t i = 1; i < n; i++)
-        for (int64_t j = 0; j < i; j++) {
-            float acc = Tm[i * n + j];
-            for (int64_t m = j + 1; m < i; m++)
-                acc += Tm[i * n + m] * Tm[m * n + j];
-            Tm[i * n + j] = acc;
-        }
-    for (int64_t i = 0; i < n; i++)
-        Tm[i * n + i] = 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        float *Ti = Tm + i * n;
+        memcpy(Ti, B->Akk + i * n, sizeof(float) * (size_t)n);
+        arl_k_vscale(Ti, -1.0f, n);
+        for (int64_t m = 1; m < i; m++) /* T[m, 0:m] (row m, left of its diagonal) */
+            arl_k_vaxpy(Ti, Ti[m], Tm + m * n, m);
+        Ti[i] = 1.0f;
+    }
     /* (4) W = T diag(beta)(Gam K), U = T diag(beta) V */
     for (int64_t r = 0; r < n; r++) {
-        for (int64_t c = 0; c < dk; c++)
-            B->Xw[r * dk + c] = B->beta[r] * B->Gam[r * dk + c] * B->K[r * dk + c];
-        for (int64_t j = 0; j < dv; j++)
-            B->Xu[r * dv + j] = B->beta[r] * B->V[r * dv + j];
+        float *xw = B->Xw + r * dk, *xu = B->Xu + r * dv;
+        memcpy(xw, B->Gam + r * dk, sizeof(float) * (size_t)dk);
+        arl_k_vscale(xw, B->beta[r], dk);
+        arl_k_vmul(xw, xw, B->K + r * dk, dk);
+        memcpy(xu, B->V + r * dv, sizeof(float) * (size_t)dv);
+        arl_k_vscale(xu, B->beta[r], dv);
     }
     mm(ARL_K_NOTRANS, ARL_K_NOTRANS, n, dk, n, 1.0f, Tm, n, B->Xw, dk, 0.0f, B->Wm, dk);
     mm(ARL_K_NOTRANS, ARL_K_NOTRANS, n, dv, n, 1.0f, Tm, n, B->Xu, dv, 0.0f, B->Vt, dv);
@@ -499,11 +638,9 @@ static void chunk_state_out(chunk_buf *B, const float *S, float *Sout, int64_t n
                             int64_t dv) {
     mm(ARL_K_TRANS, ARL_K_NOTRANS, dk, dv, n, 1.0f, B->Kbar, dk, B->Vt, dv, 0.0f, Sout, dv);
     const float *Gn = B->G + (n - 1) * dk;
-    for (int64_t c = 0; c < dk; c++) {
-        float e = expf(Gn[c]);
-        for (int64_t j = 0; j < dv; j++)
-            Sout[c * dv + j] += e * S[c * dv + j];
-    }
+    arl_k_vexp(B->E, Gn, dk);
+    for (int64_t c = 0; c < dk; c++)
+        arl_k_vaxpy(Sout + c * dv, B->E[c], S + c * dv, dv);
 }
 
 static void chunk_fwd_heads(void *vctx, int64_t h0, int64_t h1) {
@@ -561,7 +698,7 @@ void arl_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float *q, 
                    .C = C,
                    .ws_head = chunk_fwd_floats(dk, dv, C),
                    .scale = scale};
-    arl_k_parallel_for(H, 1, chunk_fwd_heads, &A);
+    arl_k_parallel_for(H, arl_k_work_grain(T * (3 * dk * dv + 5 * C * dk)), chunk_fwd_heads, &A);
 }
 
 /* ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include "core/assert.h"
 #include "kernels/gemm.h"
 #include "kernels/threadpool.h"
+#include "kernels/vmath.h"
 
 #define QB 64 /* query rows per score block */
 
@@ -65,17 +66,12 @@ static void attn_fwd_heads(void *vctx, int64_t h0, int64_t h1) {
                 for (int64_t i = 0; i < nq; i++) {
                     float *row = S + i * m;
                     int64_t lim = t0 + i - a; /* keys 0..lim of the document */
-                    float mx = row[0];
-                    for (int64_t j = 1; j <= lim; j++)
-                        mx = row[j] > mx ? row[j] : mx;
-                    float sum = 0.0f;
-                    for (int64_t j = 0; j <= lim; j++) {
-                        row[j] = expf(row[j] - mx);
-                        sum += row[j];
-                    }
-                    float inv = 1.0f / sum;
+                    float mx = arl_k_vmax(row, lim + 1);
                     for (int64_t j = 0; j <= lim; j++)
-                        row[j] *= inv;
+                        row[j] -= mx;
+                    arl_k_vexp(row, row, lim + 1);
+                    float sum = arl_k_vsum(row, lim + 1);
+                    arl_k_vscale(row, 1.0f / sum, lim + 1);
                     for (int64_t j = lim + 1; j < m; j++)
                         row[j] = 0.0f;
                     if (A->lse) A->lse[(t0 + i) * Hm + h] = mx + logf(sum);
@@ -219,7 +215,7 @@ void arl_mla_expand_o(float *o, const float *ohat, const float *kv_b, int64_t T,
 
 int64_t arl_mla_absorbed_ws_floats(int64_t S, int64_t rkv, int64_t r, int64_t n_c) {
     int64_t nch = n_c > 0 ? S / n_c + 1 : 0;
-    return S + nch * (rkv + r + 2);
+    return S + rkv + r + nch * (rkv + r + 2);
 }
 
 void arl_mla_absorbed_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const float *qhat,
@@ -228,8 +224,8 @@ void arl_mla_absorbed_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const 
                            int64_t k_c, float *ws) {
     ARL_ASSERT(pos0 >= 0 && Tq >= 0 && ws && k_c >= 0 && (k_c == 0 || n_c >= 1));
     const int64_t w = rkv + r, S = pos0 + Tq;
-    float *sc = ws;
-    float *summ = ws + S, *sig = NULL, *mark = NULL;
+    float *sc = ws, *qrow = ws + S; /* scores (S), one query [qhat; q_pe] (w) */
+    float *summ = qrow + w, *sig = NULL, *mark = NULL;
     int64_t n_complete = 0;
     if (k_c > 0) {
         /* summaries of the complete chunks any query may select: j < floor((S-1)/n_c) */
@@ -279,37 +275,23 @@ void arl_mla_absorbed_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const 
                     for (int64_t j = 0; j <= Jt; j++)
                         srow[j] = mark[j] != 0.0f;
             }
-            /* scores over the allowed rows, softmax, weighted sum of c */
-            float mx = -INFINITY;
-            for (int64_t s = 0; s <= pos; s++) {
-                if (k_c > 0 && mark[s / n_c] == 0.0f) {
-                    sc[s] = -INFINITY;
-                    continue;
-                }
-                const float *row = cache + s * w;
-                float acc = 0.0f;
-                for (int64_t e = 0; e < rkv; e++)
-                    acc += qh[e] * row[e];
-                for (int64_t e = 0; e < r; e++)
-                    acc += qp[e] * row[rkv + e];
-                sc[s] = acc * scale;
-                mx = sc[s] > mx ? sc[s] : mx;
-            }
-            float sum = 0.0f;
-            for (int64_t s = 0; s <= pos; s++) {
-                sc[s] = sc[s] == -INFINITY ? 0.0f : expf(sc[s] - mx);
-                sum += sc[s];
-            }
-            float *oh = ohat + (i * Hm + h) * rkv;
-            for (int64_t e = 0; e < rkv; e++)
-                oh[e] = 0.0f;
-            for (int64_t s = 0; s <= pos; s++) {
-                if (sc[s] == 0.0f) continue;
-                float p = sc[s] / sum;
-                const float *row = cache + s * w;
-                for (int64_t e = 0; e < rkv; e++)
-                    oh[e] += p * row[e];
-            }
+            /* scores of all rows 0..pos as one one-row GEMM with the query [qhat; q_pe], the
+             * rows of unselected chunks masked, softmax, then the weighted sum of c as a GEMM */
+            const int64_t nr = pos + 1;
+            memcpy(qrow, qh, sizeof(float) * (size_t)rkv);
+            memcpy(qrow + rkv, qp, sizeof(float) * (size_t)r);
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, 1, nr, w, scale, qrow, w, cache, w, 0.0f, sc,
+                       nr);
+            if (k_c > 0)
+                for (int64_t s = 0; s < nr; s++)
+                    if (mark[s / n_c] == 0.0f) sc[s] = -INFINITY;
+            float mx = arl_k_vmax(sc, nr);
+            for (int64_t s = 0; s < nr; s++)
+                sc[s] -= mx; /* masked rows stay -inf and give exp = 0 */
+            arl_k_vexp(sc, sc, nr);
+            float inv = 1.0f / arl_k_vsum(sc, nr);
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, 1, rkv, nr, inv, sc, nr, cache, w, 0.0f,
+                       ohat + (i * Hm + h) * rkv, rkv);
         }
     }
 }

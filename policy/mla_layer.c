@@ -190,7 +190,15 @@ void arl_mla_layer_fwd(float *y, float *latent, const float *x, const arl_mla_pa
             }
         }
         ARL_ASSERT(n_items <= max_items(T, N));
-        int32_t use = (int64_t)lanes < n_items ? lanes : (int32_t)n_items;
+        /* lanes worth waking: the work is ~ query rows x cache rows x (2 rkv + r) per head */
+        int64_t work = 0;
+        for (int32_t i = 0; i < N; i++) {
+            int64_t len = cu ? cu[i + 1] - cu[i] : T, p0 = caches ? pos[i] : 0;
+            work += len * (p0 + len) * Hm * (2 * rkv + r);
+        }
+        int64_t want = (work + ARL_K_WORK_GRAIN - 1) / ARL_K_WORK_GRAIN;
+        if (want > n_items) want = n_items;
+        int32_t use = (int64_t)lanes < want ? lanes : (int32_t)(want > 0 ? want : 1);
         absorbed_ctx A = {&B, c, cu, caches, pos, lat, n_items, use, scale};
         arl_k_parallel_for(use, 1, absorbed_lane, &A);
         arl_mla_expand_o(B.o, B.ohat, p->kv_b, T, Hm, n, vm, rkv);

@@ -177,7 +177,7 @@ arl_status arl_moe_fwd(float *y, const arl_moe_out *out, const float *x, const a
 
     /* routed experts E_i(z) = W2_i act(W1_i z, W3_i z) in the latent space */
     experts_ctx X = {&B, c, p};
-    arl_k_parallel_for(E, 1, experts_run, &X);
+    arl_k_parallel_for(E, arl_k_work_grain(T * k * 3 * c->f * dz / E), experts_run, &X);
 
     /* weighted sum, latent RMSNorm ("Stable"), up-projection */
     combine_ctx Y = {&B, k, dz};

@@ -6,6 +6,8 @@
 #include <limits.h>
 
 #include "core/assert.h"
+#include "kernels/cpu/internal.h"
+#include "kernels/cpu/vec.h"
 #include "kernels/threadpool.h"
 
 typedef struct gemm_args {
@@ -20,10 +22,23 @@ typedef struct gemm_args {
     int64_t parts;
 } gemm_args;
 
-/* One OpenBLAS call on the calling thread. */
+static int g_force_blas;
+
+void arl_k_gemm_force_blas(int on) {
+    g_force_blas = on;
+}
+
+/* One product on the calling thread (M, N, K >= 1): the AVX2/FMA tile where the CPU has it
+ * (kernels/cpu/gemm_fma.c), else OpenBLAS.  The choice depends on the CPU only, never on the
+ * shape, so every product of a process takes the same path. */
 static void sgemm_call(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K, float alpha,
                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-                       float *C, int64_t ldc) {
+                       float *C, int64_t ldc, int64_t m_full) {
+    if (!g_force_blas && arl_k_cpu_has_fma()) {
+        arl_k_gemm_fma(ta == ARL_K_TRANS, tb == ARL_K_TRANS, M, N, K, alpha, A, lda, B, ldb, beta,
+                       C, ldc, m_full);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, ta == ARL_K_TRANS ? CblasTrans : CblasNoTrans,
                 tb == ARL_K_TRANS ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A,
                 (int)lda, B, (int)ldb, beta, C, (int)ldc);
@@ -44,12 +59,12 @@ static void gemm_blocks(void *vctx, int64_t begin, int64_t end) {
             /* rows b..e of op(A) and of C */
             const float *A = g->ta == ARL_K_NOTRANS ? g->A + b * g->lda : g->A + b;
             sgemm_call(g->ta, g->tb, e - b, g->N, g->K, g->alpha, A, g->lda, g->B, g->ldb, g->beta,
-                       g->C + b * g->ldc, g->ldc);
+                       g->C + b * g->ldc, g->ldc, g->M);
         } else {
             /* columns b..e of op(B) and of C */
             const float *B = g->tb == ARL_K_NOTRANS ? g->B + b : g->B + b * g->ldb;
             sgemm_call(g->ta, g->tb, g->M, e - b, g->K, g->alpha, g->A, g->lda, B, g->ldb, g->beta,
-                       g->C + b, g->ldc);
+                       g->C + b, g->ldc, g->M);
         }
     }
 }
@@ -73,6 +88,51 @@ static void scale_c(int64_t M, int64_t N, float beta, float *C, int64_t ldc) {
             C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
 }
 
+/* C[i, j] = alpha * (A_i . B_j) (+ beta * C[i, j]) for rows A_i of A (M, lda) and rows B_j of
+ * B (N, ldb), both of length K: the few-row NT product (a Linear map of a few tokens), as dot
+ * products.  OpenBLAS packs all of B for every call, which for M <= ARL_K_GEMM_SMALL_M costs
+ * more than the product.  Each dot product keeps four partial sums (element k in sum k mod 4,
+ * ascending k) added as (s0 + s2) + (s1 + s3), the order of kernels/vmath.h arl_k_vdot; two
+ * rows of A and four of B are blocked together, which does not change any sum. */
+static void gemm_small_nt(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                          const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    const int64_t K4 = K & ~(int64_t)(VEC_N - 1);
+    for (int64_t i0 = 0; i0 < M; i0 += 2) {
+        const int64_t mi = M - i0 < 2 ? M - i0 : 2;
+        const float *a0 = A + i0 * lda, *a1 = A + (i0 + mi - 1) * lda;
+        for (int64_t j0 = 0; j0 < N; j0 += 4) {
+            const int64_t nj = N - j0 < 4 ? N - j0 : 4;
+            const float *b[4];
+            for (int64_t j = 0; j < 4; j++)
+                b[j] = B + (j0 + (j < nj ? j : nj - 1)) * ldb;
+            vec_f s00 = vec_set1(0.0f), s01 = s00, s02 = s00, s03 = s00;
+            vec_f s10 = s00, s11 = s00, s12 = s00, s13 = s00;
+            for (int64_t k = 0; k < K4; k += VEC_N) {
+                vec_f x0 = vec_load(a0 + k), x1 = vec_load(a1 + k);
+                vec_f y0 = vec_load(b[0] + k), y1 = vec_load(b[1] + k);
+                vec_f y2 = vec_load(b[2] + k), y3 = vec_load(b[3] + k);
+                s00 += x0 * y0, s01 += x0 * y1, s02 += x0 * y2, s03 += x0 * y3;
+                s10 += x1 * y0, s11 += x1 * y1, s12 += x1 * y2, s13 += x1 * y3;
+            }
+            if (K4 < K) {
+                const int64_t rem = K - K4;
+                vec_f x0 = vec_load_part(a0 + K4, rem), x1 = vec_load_part(a1 + K4, rem);
+                vec_f y0 = vec_load_part(b[0] + K4, rem), y1 = vec_load_part(b[1] + K4, rem);
+                vec_f y2 = vec_load_part(b[2] + K4, rem), y3 = vec_load_part(b[3] + K4, rem);
+                s00 += x0 * y0, s01 += x0 * y1, s02 += x0 * y2, s03 += x0 * y3;
+                s10 += x1 * y0, s11 += x1 * y1, s12 += x1 * y2, s13 += x1 * y3;
+            }
+            float d[2][4] = {{vec_hsum(s00), vec_hsum(s01), vec_hsum(s02), vec_hsum(s03)},
+                             {vec_hsum(s10), vec_hsum(s11), vec_hsum(s12), vec_hsum(s13)}};
+            for (int64_t i = 0; i < mi; i++)
+                for (int64_t j = 0; j < nj; j++) {
+                    float *c = C + (i0 + i) * ldc + j0 + j;
+                    *c = beta == 0.0f ? alpha * d[i][j] : alpha * d[i][j] + beta * *c;
+                }
+        }
+    }
+}
+
 void arl_k_gemm(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K, float alpha,
                 const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                 int64_t ldc) {
@@ -82,9 +142,14 @@ void arl_k_gemm(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K,
         scale_c(M, N, beta, C, ldc);
         return;
     }
+    if (M <= ARL_K_GEMM_SMALL_M && ta == ARL_K_NOTRANS && tb == ARL_K_TRANS &&
+        (g_force_blas || !arl_k_cpu_has_fma())) {
+        gemm_small_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
     int threads = arl_k_threads();
     if (threads <= 1 || (double)M * (double)N * (double)K < (double)ARL_K_GEMM_SPLIT_MNK) {
-        sgemm_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        sgemm_call(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, M);
         return;
     }
     gemm_args g = {ta, tb, M,   N,   K,   alpha,  beta,           A,
@@ -105,7 +170,7 @@ static void gemm_batch_items(void *vctx, int64_t begin, int64_t end) {
     const batched_args *g = vctx;
     for (int64_t b = begin; b < end; b++)
         sgemm_call(g->ta, g->tb, g->M, g->N, g->K, g->alpha, g->A + b * g->sA, g->lda,
-                   g->B + b * g->sB, g->ldb, g->beta, g->C + b * g->sC, g->ldc);
+                   g->B + b * g->sB, g->ldb, g->beta, g->C + b * g->sC, g->ldc, g->M);
 }
 
 void arl_k_gemm_batched(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K,

@@ -28,4 +28,34 @@ static inline float arl_k_sigmoidf(float x) {
     return e / (1.0f + e);
 }
 
+/* ---- vector math (kernels/cpu/vmath.c) ---- */
+
+/* 1 when this CPU has AVX2 (kernels/cpu/vmath_avx2.c), 0 otherwise or on other architectures. */
+int arl_k_cpu_has_avx2(void);
+
+/* Rows of the GLU and SiTU forwards, serial, with the accuracy of kernels/vmath.h:
+ * h (n) = phi(g) psi(u) (SiTU, spec section 8), h = silu(g) u, y = phi(x). */
+void arl_k_vsitu_glu(float *h, const float *g, const float *u, int64_t n, float beta1, float beta2);
+void arl_k_vswiglu(float *h, const float *g, const float *u, int64_t n);
+void arl_k_vsitu_phi(float *y, const float *x, int64_t n, float beta1);
+
+/* ---- GEMM on x86-64 with AVX2 + FMA (kernels/cpu/gemm_fma.c) ---- */
+
+/* 1 when this CPU has AVX2 and FMA (checked once), 0 otherwise or on other architectures. */
+int arl_k_cpu_has_fma(void);
+
+/* C (M, N) = alpha op(A) op(B) + beta C with the layout of arl_k_gemm, M, N, K >= 1, on the
+ * calling thread; only when arl_k_cpu_has_fma().  m_full: the M of the whole product when this
+ * is a block of rows of a larger one (the arithmetic of an element is chosen by it, so a split
+ * never changes a result), else M. */
+void arl_k_gemm_fma(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                    int64_t ldc, int64_t m_full);
+
+/* Tests only (process-wide; set while no GEMM runs): 1 makes arl_k_gemm use OpenBLAS even where
+ * the FMA kernel could run; 1 makes the FMA kernel use its 16-column (AVX2) tiles even where
+ * AVX-512 has 32-column ones. */
+void arl_k_gemm_force_blas(int on);
+void arl_k_gemm_fma_narrow(int on);
+
 #endif

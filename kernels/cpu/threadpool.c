@@ -7,7 +7,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "core/assert.h"
 #include "core/log.h"
@@ -150,33 +149,9 @@ void arl_k_pool_run(arl_k_pool *p, int64_t n, int64_t grain, arl_k_range_fn fn, 
 
 /* ---- OpenBLAS set-up ---- */
 
-/* OpenBLAS builds with DYNAMIC_ARCH pick kernels by CPU model; a model newer than the library
- * (0.3.21 does not know family 6 model 207, for one) falls back to the generic SSE3 kernels,
- * measured 5x slower than the AVX-512 ones.  Say so once, with the fix (the core type can only
- * be chosen by the environment before the library loads). */
-static void openblas_check_core(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    static const char *generic[] = {"Prescott",   "Core2",   "Penryn",
-                                    "Dunnington", "Nehalem", "Sandybridge"};
-    const char *core = openblas_get_corename();
-    if (!core || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return;
-    for (size_t i = 0; i < sizeof generic / sizeof *generic; i++) {
-        if (strcasecmp(core, generic[i]) == 0) {
-            arl_log_debug("kernels: OpenBLAS does not recognise this CPU and uses its generic "
-                         "'%s' kernels (GEMMs several times slower); set "
-                         "OPENBLAS_CORETYPE=%s in the environment to use its AVX kernels",
-                         core, __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
-            return;
-        }
-    }
-#endif
-}
-
 /* One OpenBLAS thread: this pool provides all parallelism (kernels/threadpool.h). */
 static void openblas_setup(void) {
-    static atomic_int checked = 0;
     openblas_set_num_threads(1);
-    if (!atomic_exchange(&checked, 1)) openblas_check_core();
 }
 
 /* ---- the process-wide pool ---- */

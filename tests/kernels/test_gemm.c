@@ -2,10 +2,13 @@
  * alpha/beta, padded leading dimensions, awkward sizes, the split (multi-thread) path, the
  * batched form, and run-to-run determinism.
  *
+ * Both implementations (the AVX2/FMA kernel and OpenBLAS) run where the CPU has both.
+ *
  * Tolerance (elementwise, per element of C): the standard fp32 dot-product bound
  *     |c - ref| <= (K + 2) * 2^-24 * (|alpha| sum_k |a_ik||b_kj| + |beta||c0_ij|) + 1e-30
  * i.e. one rounding per multiply-add along K plus the alpha/beta scaling.  It holds for any
  * summation order, so it does not depend on how OpenBLAS blocks K. */
+#include "kernels/cpu/internal.h"
 #include "kernels/gemm.h"
 #include "tests/kernels/kref.h"
 
@@ -77,20 +80,65 @@ static void run_case(arl_rng *r, arl_k_trans ta, arl_k_trans tb, int64_t M, int6
     free(A), free(B), free(C0), free(C);
 }
 
+/* Sizes that reach every path: M <= 4 (dot products), 5..16 (the AVX2/FMA kernel's few-token
+ * NT form), > 16 (its tiles; 6-row and 16-column edges), K past one 256-deep block (257), and
+ * both implementations where the CPU has AVX2 + FMA (the tile kernel, then OpenBLAS forced). */
 static void test_gemm_small_awkward(void) {
     arl_rng r;
     arl_rng_seed(&r, 1);
-    static const int64_t sizes[] = {1, 3, 17, 33};
-    for (int tc = 0; tc < KT_N_THREAD_COUNTS; tc++) {
-        kt_threads(kt_thread_counts[tc]);
-        for (int ta = 0; ta < 2; ta++)
-            for (int tb = 0; tb < 2; tb++)
-                for (int mi = 0; mi < 4; mi++)
-                    for (int ni = 0; ni < 4; ni++)
-                        for (int ki = 0; ki < 4; ki++)
-                            run_case(&r, (arl_k_trans)ta, (arl_k_trans)tb, sizes[mi], sizes[ni],
-                                     sizes[ki], ki % 2 ? 1.0f : -0.5f, ni % 2 ? 0.0f : 0.75f);
+    static const int64_t ms[] = {1, 3, 5, 16, 17, 33};
+    static const int64_t sizes[] = {1, 3, 17, 33, 257};
+    for (int path = 0; path < 3; path++) { /* FMA kernel (widest tile), OpenBLAS, 16-col tile */
+        if (path && !arl_k_cpu_has_fma()) break; /* OpenBLAS was the only path */
+        arl_k_gemm_force_blas(path == 1);
+        arl_k_gemm_fma_narrow(path == 2);
+        for (int tc = 0; tc < KT_N_THREAD_COUNTS; tc++) {
+            kt_threads(kt_thread_counts[tc]);
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++)
+                    for (int mi = 0; mi < 6; mi++)
+                        for (int ni = 0; ni < 4; ni++)
+                            for (int ki = 0; ki < 5; ki++)
+                                run_case(&r, (arl_k_trans)ta, (arl_k_trans)tb, ms[mi], sizes[ni],
+                                         sizes[ki], ki % 2 ? 1.0f : -0.5f, ni % 2 ? 0.0f : 0.75f);
+        }
     }
+    arl_k_gemm_force_blas(0);
+    arl_k_gemm_fma_narrow(0);
+}
+
+/* The AVX2/FMA kernel computes an element the same way wherever its row and column fall, so a
+ * product split across threads (along M or N) gives the bits of the serial one, and its 16- and
+ * 32-column tiles (AVX2, AVX-512) give the same bits. */
+static void test_gemm_fma_thread_invariant(void) {
+    if (!arl_k_cpu_has_fma()) return;
+    arl_rng r;
+    arl_rng_seed(&r, 6);
+    static const int64_t shapes[][3] = {
+        {131, 67, 129}, {45, 211, 300}, {9, 700, 200}, {20, 300, 64}};
+    for (int s = 0; s < 4; s++)
+        for (int tb = 0; tb < 2; tb++) {
+            const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            float *A = kt_floats(M * K), *B = kt_floats(N * K), *C1 = kt_floats(M * N),
+                  *C2 = kt_floats(M * N);
+            kt_normal(&r, A, M * K, 0, 1);
+            kt_normal(&r, B, N * K, 0, 1);
+            kt_threads(1);
+            arl_k_gemm(ARL_K_NOTRANS, (arl_k_trans)tb, M, N, K, 1.0f, A, K, B, tb ? K : N, 0.0f, C1,
+                       N);
+            for (int t = 2; t <= 4; t++) {
+                kt_threads(t < 4 ? t : 2);
+                arl_k_gemm_fma_narrow(t == 4);
+                arl_k_gemm(ARL_K_NOTRANS, (arl_k_trans)tb, M, N, K, 1.0f, A, K, B, tb ? K : N, 0.0f,
+                           C2, N);
+                arl_k_gemm_fma_narrow(0);
+                CHECK_MSG(kt_same_bits(C1, C2, (size_t)(M * N) * sizeof *C1),
+                          "M %lld N %lld K %lld tb %d: %s differs from 1 thread", (long long)M,
+                          (long long)N, (long long)K, tb,
+                          t < 4 ? "a split across threads" : "the 16-column tile");
+            }
+            free(A), free(B), free(C1), free(C2);
+        }
 }
 
 /* Shapes above ARL_K_GEMM_SPLIT_MNK: the split path, cut along M (tall) and along N (wide),
@@ -225,6 +273,7 @@ static void test_gemm_run_to_run(void) {
 
 int main(void) {
     TEST_RUN(test_gemm_small_awkward);
+    TEST_RUN(test_gemm_fma_thread_invariant);
     TEST_RUN(test_gemm_split);
     TEST_RUN(test_gemm_degenerate);
     TEST_RUN(test_gemm_batched);

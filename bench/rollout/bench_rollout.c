@@ -1,0 +1,358 @@
+/* bench/rollout/bench_rollout.c: the cost of the rollout machinery (rollout/worker.c) over the
+ * bare model, measured in the same run on the same checkpoint.
+ *
+ *   decode   tokens/s of a rollout worker against a trivial in-process environment ("flood":
+ *            no tools, a short observation per step) at batch 1, 16 and 64 - sampling, per-token
+ *            routes and log-probabilities, turn parsing, actions, environment steps, rules,
+ *            segment commits with boundary states, all included: sampled tokens divided by the
+ *            run's wall time minus the time spent in observation prefill - against the bare
+ *            batched decode loop (arl_model_decode_step + arl_sample over the same batch, the
+ *            same number of tokens).  Target: overhead <= 15 %.
+ *   prefill  tokens/s of observation prefill inside the worker (observations of --obs-bytes
+ *            tokens, several sequences per forward) against arl_model_prefill of one sequence
+ *            of the same length.
+ *
+ * Rates are tokens per second of process CPU time (--threads 1 by default: on a shared machine
+ * wall time mostly measures the neighbours), interleaved repetitions, medians.
+ *
+ * Usage: bench_rollout [--ckpt DIR] [--turn-tokens N] [--turns N] [--obs-bytes N] [--reps R]
+ *                      [--threads N]
+ * Exit status: 0 done (whatever the ratios), 1 failure, 2 usage error. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/rng.h"
+#include "kernels/threadpool.h"
+#include "envs/env.h"
+#include "policy/checkpoint.h"
+#include "policy/model.h"
+#include "policy/params.h"
+#include "policy/sample.h"
+#include "replay/replay.h"
+#include "rollout/rollout.h"
+
+/* ---- the trivial environment ---- */
+
+typedef struct flood_state {
+    int64_t obs_bytes, steps;
+} flood_state;
+
+static arl_status flood_reset(void *inst, const arl_env_reset_req *req, void **state,
+                              arl_env_result *out) {
+    (void)inst;
+    flood_state *s = calloc(1, sizeof *s);
+    if (!s) return arl_errorf(ARL_ERR_NOMEM, "flood: out of memory");
+    s->obs_bytes = 64;
+    s->steps = 4;
+    const json_t *d = req->task.data;
+    if (json_integer_value(json_object_get(d, "obs_bytes")) > 0)
+        s->obs_bytes = json_integer_value(json_object_get(d, "obs_bytes"));
+    if (json_integer_value(json_object_get(d, "steps")) > 0)
+        s->steps = json_integer_value(json_object_get(d, "steps"));
+    *state = s;
+    out->obs.context = ARL_ENV_CONTEXT_RESET;
+    return arl_env_obs_add_text(&out->obs, ARL_ENV_ROLE_USER, "Write.");
+}
+
+static arl_status flood_step(void *inst, void *state, const arl_env_step_req *req,
+                             arl_env_result *out) {
+    (void)inst;
+    flood_state *s = state;
+    out->obs.context = ARL_ENV_CONTEXT_APPEND;
+    const arl_env_action *a = req->action;
+    for (int32_t i = 0; i < a->n_tool_calls; i++)
+        ARL_TRY(arl_env_obs_add_tool(&out->obs, a->tool_calls[i].id, "no tools",
+                                     ARL_ENV_TOOL_NOT_FOUND));
+    ARL_TRY(arl_env_obs_answer_parse_errors(&out->obs, a));
+    out->terminated = req->step_index >= s->steps;
+    if (!out->terminated) {
+        char *t = malloc((size_t)s->obs_bytes + 1);
+        if (!t) return arl_errorf(ARL_ERR_NOMEM, "flood: out of memory");
+        for (int64_t i = 0; i < s->obs_bytes; i++) t[i] = (char)('a' + (i * 7 + req->step_index) % 26);
+        t[s->obs_bytes] = 0;
+        arl_status st = arl_env_obs_add_text(&out->obs, ARL_ENV_ROLE_USER, t);
+        free(t);
+        ARL_TRY(st);
+    }
+    return ARL_OK;
+}
+
+static arl_status flood_score(void *inst, void *state, const arl_env_score_req *req,
+                              arl_env_score_result *out) {
+    (void)inst;
+    (void)state;
+    (void)req;
+    out->scorable = 1;
+    out->reward = 0;
+    return ARL_OK;
+}
+
+static void flood_free(void *inst, void *state) {
+    (void)inst;
+    free(state);
+}
+
+static const arl_env_ops flood_ops = {.thread_safety = 1, .reset = flood_reset,
+                                      .step = flood_step, .score = flood_score,
+                                      .free_state = flood_free};
+static const arl_env_def flood_def = {
+    .name = "flood", .version = "1.0.0", .description = "observations of a chosen size",
+    .info_json = "{\"tools\": [], \"reward_levels\": {\"outcome\": {\"range\": [0, 1]}}, \"reward_components\": [], "
+                 "\"capabilities\": {\"deterministic_replay\": true}, "
+                 "\"limits\": {\"max_sessions\": 4096, \"max_observation_bytes\": 16777216}}",
+    .ops = &flood_ops};
+
+/* ---- helpers ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Process CPU seconds: on a shared, loaded machine wall time measures the neighbours; CPU time
+ * of a single-threaded run measures the work. */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define DIE(s)                                                                                     \
+    do {                                                                                           \
+        if ((s) != ARL_OK) {                                                                       \
+            fprintf(stderr, "bench_rollout: %s\n", arl_error_msg());                               \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+typedef struct rollout_run {
+    double decode_rate, prefill_rate;
+    int64_t tokens;
+} rollout_run;
+
+/* The machinery: B trajectories (one group) of `turns` turns of at most turn_tokens tokens. */
+static rollout_run run_rollout(const char *ckpt, const char *dir, int B, int64_t turn_tokens,
+                               int64_t turns, int64_t obs_bytes, int rep) {
+    char db[600], data[128];
+    snprintf(db, sizeof db, "%s/db-b%d-r%d", dir, B, rep);
+    snprintf(data, sizeof data, "{\"obs_bytes\": %lld, \"steps\": %lld}", (long long)obs_bytes,
+             (long long)turns);
+    arl_rollout_config c;
+    DIE(arl_rollout_config_defaults(&c));
+    DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "env", "builtin:flood", &c));
+    DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "task-data", data, &c));
+    c.tasks = 1;
+    c.group_size = B;
+    c.batch_size = B;
+    c.turn_tokens = turn_tokens;
+    c.observation_tokens = obs_bytes + 4096; /* parse-error answers add up to ~1K per block */
+    c.segment_tokens = 4 * (turn_tokens + obs_bytes + 4096);
+    c.max_turns = turns + 1;
+    c.prefill_chunk = 2048;
+    c.progress_s = 0;
+    c.seed = (int64_t)rep;
+    replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *st;
+    DIE(replay_store_open(db, &o, &st));
+    arl_rollout_worker *w;
+    DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w));
+    double t0 = now_s(), c0 = cpu_s();
+    DIE(arl_rollout_worker_run(w));
+    double wall = now_s() - t0, cpu = cpu_s() - c0;
+    const arl_rollout_stats *s = arl_rollout_worker_stats(w);
+    rollout_run r = {.tokens = s->decode_tokens};
+    fprintf(stderr,
+            "  [batch %d: wall %.2f s = decode %.2f + prefill %.2f + store %.2f + rest %.2f; mean "
+            "decode batch %.1f]\n",
+            B, wall, s->decode_s, s->prefill_s, s->store_s,
+            wall - s->decode_s - s->prefill_s - s->store_s,
+            s->decode_steps ? (double)s->decode_tokens / (double)s->decode_steps : 0.0);
+    r.decode_rate = (double)s->decode_tokens / (cpu - s->prefill_cpu_s);
+    r.prefill_rate = (double)s->prefill_tokens / s->prefill_cpu_s;
+    arl_rollout_worker_close(w);
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+    return r;
+}
+
+/* The bare loop: B sequences with the rollout's token schedule - a prompt, then `turns` turns
+ * of turn_tokens decode steps with sampling (timed), an observation of obs tokens prefilled
+ * between turns (not timed) - so that both see the same context lengths. */
+static double run_bare(const arl_model_config *cfg, const arl_model_params *p, int B,
+                       int64_t turn_tokens, int64_t turns, int64_t obs) {
+    arl_model m;
+    arl_model_opts mo;
+    arl_model_opts_default(&mo);
+    mo.max_tokens = 2048;
+    mo.max_docs = B;
+    mo.max_context = 64 + turns * (turn_tokens + obs) + 16;
+    DIE(arl_model_init(&m, cfg, p, &mo));
+    arl_decode_state st;
+    DIE(arl_decode_state_init(&st, cfg, B, mo.max_context));
+    arl_sampler smp;
+    DIE(arl_sampler_init(&smp, cfg->dims.V));
+    const int64_t V = cfg->dims.V;
+    int32_t *slots = malloc(sizeof(int32_t) * (size_t)B), *tok = malloc(sizeof(int32_t) * (size_t)B);
+    int32_t *ot = malloc(sizeof(int32_t) * (size_t)(obs + 32));
+    float *logits = malloc(sizeof(float) * (size_t)B * (size_t)V);
+    for (int64_t i = 0; i < obs + 32; i++) ot[i] = 'a' + (int32_t)(i % 26);
+    arl_rng rng[64];
+    for (int b = 0; b < B; b++) {
+        DIE(arl_decode_state_join(&st, &slots[b]));
+        DIE(arl_model_prefill(&m, &st, slots[b], ot, 24, NULL, 0, NULL, logits + (int64_t)b * V));
+        arl_rng_seed_stream(&rng[b % 64], 1, (uint64_t)b);
+    }
+    arl_sample_params sp = {.temperature = 1.0, .top_p = 1.0};
+    double timed = 0;
+    for (int64_t turn = 0; turn < turns; turn++) {
+        double t0 = cpu_s();
+        for (int64_t k = 0; k < turn_tokens; k++) {
+            for (int b = 0; b < B; b++) {
+                float lp;
+                tok[b] = arl_sample(&smp, logits + (int64_t)b * V, &sp, &rng[b % 64], &lp, NULL);
+            }
+            DIE(arl_model_decode_step(&m, &st, slots, B, tok, logits, NULL));
+        }
+        timed += cpu_s() - t0;
+        if (turn + 1 < turns)
+            for (int b = 0; b < B; b++)
+                DIE(arl_model_prefill(&m, &st, slots[b], ot, obs + 32, NULL, 0, NULL,
+                                      logits + (int64_t)b * V));
+    }
+    double rate = (double)(turns * turn_tokens * B) / timed;
+    free(slots);
+    free(tok);
+    free(ot);
+    free(logits);
+    arl_sampler_free(&smp);
+    arl_decode_state_free(&st);
+    arl_model_free(&m);
+    return rate;
+}
+
+static double run_bare_prefill(const arl_model_config *cfg, const arl_model_params *p, int64_t n) {
+    arl_model m;
+    arl_model_opts mo;
+    arl_model_opts_default(&mo);
+    mo.max_tokens = 2048;
+    mo.max_docs = 1;
+    mo.max_context = n + 16;
+    DIE(arl_model_init(&m, cfg, p, &mo));
+    arl_decode_state st;
+    DIE(arl_decode_state_init(&st, cfg, 1, mo.max_context));
+    int32_t slot, *t = malloc(sizeof(int32_t) * (size_t)n);
+    float *last = malloc(sizeof(float) * (size_t)cfg->dims.V);
+    for (int64_t i = 0; i < n; i++) t[i] = 'a' + (int32_t)(i % 26);
+    DIE(arl_decode_state_join(&st, &slot));
+    double t0 = cpu_s();
+    DIE(arl_model_prefill(&m, &st, slot, t, n, NULL, 0, NULL, last));
+    double rate = (double)n / (cpu_s() - t0);
+    free(t);
+    free(last);
+    arl_decode_state_free(&st);
+    arl_model_free(&m);
+    return rate;
+}
+
+int main(int argc, char **argv) {
+    const char *ckpt = NULL;
+    int64_t turn_tokens = 128, turns = 3, obs_bytes = 1024;
+    int reps = 3, threads = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            printf("usage: bench_rollout [--ckpt DIR] [--turn-tokens N] [--turns N] [--obs-bytes N] "
+                   "[--reps R] [--threads N]\n");
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "bench_rollout: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "--ckpt")) ckpt = v;
+        else if (!strcmp(a, "--turn-tokens")) turn_tokens = atoll(v);
+        else if (!strcmp(a, "--turns")) turns = atoll(v);
+        else if (!strcmp(a, "--obs-bytes")) obs_bytes = atoll(v);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else {
+            fprintf(stderr, "bench_rollout: unknown option %s\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (reps < 1 || reps > 50 || turn_tokens < 1 || turns < 1 || obs_bytes < 1) {
+        fprintf(stderr, "bench_rollout: bad value\n");
+        return 2;
+    }
+    if (threads < 1 || threads > 256) {
+        fprintf(stderr, "bench_rollout: bad --threads\n");
+        return 2;
+    }
+    DIE(arl_k_threads_init(threads));
+    char dir[] = "/tmp/arl-bench-rollout-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    DIE(arl_env_builtin_register(&flood_def));
+    arl_model_config cfg;
+    arl_model_params p;
+    char ck[600];
+    if (!ckpt) { /* a seeded tiny checkpoint */
+        snprintf(ck, sizeof ck, "%s/ckpt", dir);
+        DIE(arl_model_config_load("tiny", &cfg));
+        DIE(arl_model_params_alloc(&p, &cfg));
+        DIE(arl_params_init(&p, &cfg, 1, 1));
+        DIE(arl_checkpoint_save(ck, &cfg, &p, 0));
+        ckpt = ck;
+    } else {
+        DIE(arl_model_config_read(ckpt, &cfg));
+        DIE(arl_model_params_alloc(&p, &cfg));
+        DIE(arl_checkpoint_load(ckpt, &cfg, &p));
+    }
+    printf("bench_rollout: %s, turns of %lld tokens, %lld turns, observations of %lld tokens, "
+           "median of %d, %d thread(s), tokens per CPU second\n\n",
+           ckpt, (long long)turn_tokens, (long long)turns, (long long)obs_bytes, reps, threads);
+    printf("decode tokens/s          rollout       bare    overhead  target\n");
+    const int batches[3] = {1, 16, 64};
+    double pf[3 * 50];
+    int npf = 0;
+    for (int bi = 0; bi < 3; bi++) {
+        int B = batches[bi];
+        double r[50], b[50];
+        for (int rep = 0; rep < reps; rep++) { /* interleaved: both see the same load */
+            rollout_run rr = run_rollout(ckpt, dir, B, turn_tokens, turns, obs_bytes, rep);
+            r[rep] = rr.decode_rate;
+            pf[npf++] = rr.prefill_rate;
+            b[rep] = run_bare(&cfg, &p, B, turn_tokens, turns, obs_bytes);
+        }
+        double mr = median(r, reps), mb = median(b, reps);
+        double over = mb / mr - 1.0;
+        printf("  batch %-3d          %10.0f %10.0f %10.1f %%   <= 15 %% %s\n", B, mr, mb,
+               100.0 * over, over <= 0.15 ? "" : "(over)");
+    }
+    double bp[50];
+    for (int rep = 0; rep < reps; rep++) bp[rep] = run_bare_prefill(&cfg, &p, obs_bytes);
+    printf("\nprefill tokens/s of observations (%lld tokens each)\n", (long long)obs_bytes);
+    printf("  rollout (batched observations)  %10.0f\n", median(pf, npf));
+    printf("  bare arl_model_prefill          %10.0f\n", median(bp, reps));
+    arl_model_params_free(&p);
+    arl_model_config_free(&cfg);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+    return 0;
+}

@@ -1,0 +1,377 @@
+/* bench/train/bench_train.c: where the time of an RL step goes, and the learner's cost over the
+ * bare model, measured in the same run on the same checkpoint and segments.
+ *
+ *   step     one synchronous step of `agentrl train`: a rollout of B calculator tasks x G
+ *            samples with the tiny model into a replay store, then one learner update over
+ *            them (learner/update.h); the share of the step in rollout and in learning.
+ *   learner  tokens/s of the update (load, pi_old pass, reference pass, advantages and masks,
+ *            forward + backward with the loss, AdamW, QB, controller, metrics) against the bare
+ *            model on the same segments through the same entry points: two forwards
+ *            (arl_model_forward_state from fresh slots with the stored routes forced, as the
+ *            pi_old and reference passes) plus one training step (arl_model_train_forward +
+ *            arl_model_backward + arl_adamw_step) over the same packed documents.  Target:
+ *            overhead <= 15 %.  Also the gradient phase alone against the bare training step.
+ *
+ * Rates use process CPU time (--threads 1 by default: on a shared machine wall time mostly
+ * measures the neighbours); the learner repeats are interleaved with the bare ones; medians.
+ *
+ * Usage: bench_train [--tasks B] [--group G] [--reps R] [--threads N]
+ * Exit status: 0 done (whatever the ratios), 1 failure, 2 usage error. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/threadpool.h"
+#include "learner/kl_ctl.h"
+#include "learner/ledger.h"
+#include "learner/update.h"
+#include "policy/checkpoint.h"
+#include "policy/model.h"
+#include "policy/model_backward.h"
+#include "replay/replay.h"
+#include "rollout/rollout.h"
+
+#define DIE(s, what)                                                                               \
+    do {                                                                                           \
+        arl_status s_ = (s);                                                                       \
+        if (s_) {                                                                                  \
+            fprintf(stderr, "bench_train: %s: %s\n", what, arl_error_msg());                       \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static double cpu_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double metric(const char *json, const char *name) {
+    json_t *j = json_loads(json, 0, NULL);
+    json_t *v = json_object_get(j, name);
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    json_decref(j);
+    return x;
+}
+
+/* A learner over the checkpoint with the objective's defaults, M = 1. */
+typedef struct lrn {
+    arl_model_config cfg;
+    arl_model_params params, ref;
+    arl_adamw opt;
+    arl_optim_config oc;
+    arl_klctl kl;
+    arl_reward_config rc;
+    arl_loss_config lossc;
+    arl_learner_config lc;
+    arl_learner *l;
+} lrn;
+
+static void lrn_open(lrn *h, const char *ckpt, int64_t n_traj) {
+    memset(h, 0, sizeof *h);
+    char p[700];
+    snprintf(p, sizeof p, "%s/config.json", ckpt);
+    DIE(arl_model_config_read(p, &h->cfg), "config");
+    DIE(arl_model_params_alloc(&h->params, &h->cfg), "params");
+    DIE(arl_model_params_alloc(&h->ref, &h->cfg), "ref");
+    DIE(arl_checkpoint_load(ckpt, &h->cfg, &h->params), "load");
+    DIE(arl_checkpoint_load(ckpt, &h->cfg, &h->ref), "load");
+    arl_optim_config_defaults(&h->oc);
+    h->oc.lr = 1e-6;
+    DIE(arl_adamw_init(&h->opt, &h->cfg, &h->oc), "adamw");
+    arl_kl_config kc;
+    arl_kl_config_default(&kc);
+    DIE(arl_klctl_init(&h->kl, &kc), "kl");
+    arl_reward_config_default(&h->rc);
+    arl_loss_config_default(&h->lossc);
+    h->lc = (arl_learner_config){.minibatches = 1,
+                                 .max_tokens = 4096,
+                                 .max_docs = 64,
+                                 .routing_replay = 1,
+                                 .ref_routing_replay = 1,
+                                 .state_cache_bytes = 1 << 30,
+                                 .drift_sample = 0.01,
+                                 .seed = 1,
+                                 .n_traj_per_update = n_traj,
+                                 .segment_tokens = 4096};
+    arl_learner_init in = {.cfg = &h->cfg,
+                           .params = &h->params,
+                           .ref_params = &h->ref,
+                           .opt = &h->opt,
+                           .kl = &h->kl,
+                           .reward = &h->rc,
+                           .loss = &h->lossc,
+                           .lc = &h->lc,
+                           .dist = NULL};
+    DIE(arl_learner_create(&h->l, &in), "learner");
+}
+
+static void lrn_close(lrn *h) {
+    arl_learner_free(h->l);
+    arl_adamw_free(&h->opt);
+    arl_optim_config_free(&h->oc);
+    arl_model_params_free(&h->params);
+    arl_model_params_free(&h->ref);
+    arl_model_config_free(&h->cfg);
+}
+
+/* The bare model over the segments of the last update: 2 forwards + 1 training step. */
+typedef struct bare {
+    arl_model m;
+    arl_decode_state st;
+    int32_t slots[64];
+    arl_model_train tr;
+    arl_model_params grads;
+    int32_t *tok, *tgt, *cu, *forced;
+    float *lp, *dlogp;
+} bare;
+
+static void bare_run(bare *x, lrn *h, const arl_update_batch *b, double *t_fwd2, double *t_train) {
+    const int64_t Tm = 4096, nm = h->cfg.dims.n_moe, k = h->cfg.dims.k;
+    double tf = 0, tt = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        const double c0 = cpu_s();
+        if (pass == 2) memset(x->grads.arena, 0, sizeof(float) * (size_t)x->grads.inv.arena_floats);
+        int32_t i = 0;
+        if (pass == 0) {
+            int32_t nr = 0;
+            for (int32_t q = 0; q < b->n_segs; q++) nr += b->segs[q].routes == NULL;
+            if (nr) fprintf(stderr, "bench_train: %d of %d segments without routes\n", nr, b->n_segs);
+        }
+        while (i < b->n_segs) {
+            /* pack whole segments as the learner does: at most Tm tokens, 64 documents */
+            int64_t T = 0;
+            int32_t nd = 0, j = i;
+            while (j < b->n_segs && nd < 64 && T + b->segs[j].n_fed <= Tm) {
+                T += b->segs[j].n_fed;
+                nd++;
+                j++;
+            }
+            if (nd == 0) break;
+            int64_t off = 0;
+            x->cu[0] = 0;
+            for (int32_t q = i; q < j; q++) {
+                const arl_upd_seg *s = &b->segs[q];
+                for (int64_t p = 0; p < s->n_fed; p++) {
+                    x->tok[off + p] = s->tokens[p];
+                    x->tgt[off + p] = p + 1 < s->T ? s->tokens[p + 1] : -1;
+                }
+                off += s->n_fed;
+                x->cu[q - i + 1] = (int32_t)off;
+            }
+            off = 0;
+            for (int32_t q = i; q < j; q++) {
+                const arl_upd_seg *s = &b->segs[q];
+                for (int64_t l = 0; l < nm && s->routes; l++)
+                    memcpy(x->forced + (l * T + off) * k, s->routes + l * s->T * k,
+                           sizeof(int32_t) * (size_t)(s->n_fed * k));
+                off += s->n_fed;
+            }
+            int all_routes = 1;
+            for (int32_t q = i; q < j; q++) all_routes &= b->segs[q].routes != NULL;
+            arl_batch bt = {.tokens = x->tok,
+                            .T = T,
+                            .cu = x->cu,
+                            .N = nd,
+                            .targets = x->tgt,
+                            .forced_routes = all_routes ? x->forced : NULL};
+            arl_forward_out fo = {.logprobs = x->lp};
+            /* the learner's entry points: documents continue (fresh) decode-state slots, so
+             * that the state after each segment is there for the segment that follows it */
+            for (int32_t q = 0; q < nd; q++)
+                DIE(arl_decode_state_join(&x->st, &x->slots[q]), "join");
+            if (pass < 2) {
+                DIE(arl_model_forward_state(&x->m, &x->st, x->slots, &bt, &fo), "bare forward");
+            } else {
+                DIE(arl_model_train_forward(&x->tr, &bt, &x->st, x->slots, &fo),
+                    "bare train forward");
+                for (int64_t p = 0; p < T; p++)
+                    x->dlogp[p] = -1e-4f;
+                DIE(arl_model_backward(&x->tr, &bt, x->dlogp, &x->grads, NULL, NULL),
+                    "bare backward");
+            }
+            for (int32_t q = 0; q < nd; q++) arl_decode_state_leave(&x->st, x->slots[q]);
+            i = j;
+        }
+        if (pass == 2) {
+            arl_optim_report rep;
+            DIE(arl_adamw_step(&h->opt, &h->params, x->grads.arena, &rep), "bare adamw");
+        }
+        const double dt = cpu_s() - c0;
+        if (pass < 2)
+            tf += dt;
+        else
+            tt += dt;
+    }
+    *t_fwd2 = tf;
+    *t_train = tt;
+}
+
+int main(int argc, char **argv) {
+    int64_t B = 4, G = 4, reps = 3, threads = 1;
+    for (int i = 1; i < argc; i++) {
+        if (i + 1 < argc && !strcmp(argv[i], "--tasks"))
+            B = atoll(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--group"))
+            G = atoll(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--reps"))
+            reps = atoll(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--threads"))
+            threads = atoll(argv[++i]);
+        else {
+            fprintf(stderr,
+                    "usage: bench_train [--tasks B] [--group G] [--reps R] [--threads N]\n");
+            return 2;
+        }
+    }
+    if (B < 1 || G < 1 || reps < 1 || reps > 64 || threads < 0) return 2;
+    DIE(arl_k_threads_init((int)threads), "threads");
+    char tmp[] = "/tmp/arl-bench-train-XXXXXX";
+    if (!mkdtemp(tmp)) return 1;
+    char ckpt[600], db[600];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
+    snprintf(db, sizeof db, "%s/db", tmp);
+    {
+        arl_model_config cfg;
+        const char *cands[] = {"configs/tiny/config.json", "../configs/tiny/config.json",
+                               "../../configs/tiny/config.json"};
+        arl_status s = ARL_ERR_NOT_FOUND;
+        for (size_t i = 0; i < 3 && s; i++)
+            s = arl_model_config_read(cands[i], &cfg);
+        if (s && getenv("ARL_SOURCE_DIR")) {
+            char p[700];
+            snprintf(p, sizeof p, "%s/configs/tiny/config.json", getenv("ARL_SOURCE_DIR"));
+            s = arl_model_config_read(p, &cfg);
+        }
+        DIE(s, "configs/tiny/config.json (run from the repository root or set ARL_SOURCE_DIR)");
+        arl_model_params p;
+        DIE(arl_model_params_alloc(&p, &cfg), "params");
+        DIE(arl_params_init(&p, &cfg, 3, 1), "init");
+        DIE(arl_checkpoint_save(ckpt, &cfg, &p, 0), "save");
+        arl_model_params_free(&p);
+        arl_model_config_free(&cfg);
+    }
+    /* ---- the step: rollout then update ---- */
+    arl_rollout_config c;
+    DIE(arl_rollout_config_defaults(&c), "defaults");
+    DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "env", "builtin:calculator",
+                        &c),
+        "env");
+    DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "task-data", "{\"level\": 1}",
+                        &c),
+        "data");
+    DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "run-uid", "bench", &c), "uid");
+    c.tasks = B;
+    c.group_size = G;
+    c.turn_tokens = 48;
+    c.observation_tokens = 512;
+    c.segment_tokens = 4096;
+    c.context_tokens = 4096;
+    c.trajectory_tokens = 4096;
+    c.max_turns = 3;
+    c.batch_size = 16;
+    c.prefill_chunk = 2048;
+    c.progress_s = 0;
+    c.threads = threads;
+    replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *st;
+    DIE(replay_store_open(db, &o, &st), "store");
+    arl_rollout_worker *w;
+    double c0 = cpu_s();
+    DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "worker");
+    DIE(arl_rollout_worker_run(w), "rollout");
+    const double t_roll = cpu_s() - c0;
+    arl_rollout_worker_close(w);
+    arl_rollout_config_free(&c);
+    int64_t gids[256], ng = 0;
+    {
+        arl_ledger *led;
+        int64_t run_id;
+        DIE(arl_ledger_open(db, &led), "ledger");
+        DIE(arl_ledger_run_id(led, "bench", &run_id), "run");
+        DIE(arl_ledger_groups(led, run_id, "train", gids, 256, &ng), "groups");
+        arl_ledger_close(led);
+    }
+    arl_update_source src = {.store = st, .root = db, .group_ids = gids, .n_groups = ng};
+    lrn h;
+    lrn_open(&h, ckpt, B * G);
+    bare x;
+    memset(&x, 0, sizeof x);
+    arl_model_opts mo;
+    arl_model_opts_default(&mo);
+    mo.max_tokens = 4096;
+    mo.max_docs = 64;
+    DIE(arl_model_init(&x.m, &h.cfg, &h.params, &mo), "model");
+    DIE(arl_model_train_init(&x.tr, &x.m, NULL, NULL), "train");
+    DIE(arl_decode_state_init(&x.st, &h.cfg, 64, x.m.opts.max_context), "state");
+    DIE(arl_model_params_alloc(&x.grads, &h.cfg), "grads");
+    const int64_t nm = h.cfg.dims.n_moe ? h.cfg.dims.n_moe : 1;
+    x.tok = malloc(4 * 4096);
+    x.tgt = malloc(4 * 4096);
+    x.cu = malloc(4 * 65);
+    x.forced = malloc(sizeof(int32_t) * (size_t)(nm * 4096 * h.cfg.dims.k));
+    x.lp = malloc(4 * 4096);
+    x.dlogp = malloc(4 * 4096);
+    double tu[64], tg[64], tb[64], tbt[64];
+    int64_t tokens = 0;
+    double t_learn_first = 0;
+    for (int64_t r = 0; r < reps; r++) {
+        arl_update_result res;
+        c0 = cpu_s();
+        DIE(arl_learner_update(h.l, r, &src, 1, &res), "update");
+        tu[r] = cpu_s() - c0;
+        if (r == 0) t_learn_first = tu[r];
+        /* the gradient phase's share of the update's wall time, applied to its CPU time */
+        tg[r] = tu[r] * metric(res.metrics_json, "time/grad_s") /
+                metric(res.metrics_json, "time/update_s");
+        tokens = res.tokens;
+        free(res.metrics_json);
+        double f2, tt;
+        bare_run(&x, &h, arl_learner_batch(h.l), &f2, &tt);
+        tb[r] = f2 + tt;
+        tbt[r] = tt;
+    }
+    const double mu = median(tu, (int)reps), mg = median(tg, (int)reps), mb = median(tb, (int)reps),
+                 mbt = median(tbt, (int)reps);
+    printf(
+        "bench_train: tiny model, calculator level 1, %lld tasks x %lld samples, %lld tokens per "
+        "update, %lld thread(s), CPU time, median of %lld\n",
+        (long long)B, (long long)G, (long long)tokens, (long long)threads, (long long)reps);
+    printf(
+        "  step: rollout %.2f s, learning %.2f s: rollout %.0f %%, learning %.0f %% of the step\n",
+        t_roll, t_learn_first, 100 * t_roll / (t_roll + t_learn_first),
+        100 * t_learn_first / (t_roll + t_learn_first));
+    printf("  learner update:   %8.0f tokens/s; bare 2 forwards + train step %8.0f tokens/s: "
+           "ratio %.3f (overhead %+.1f %%, target <= 15 %%)\n",
+           tokens / mu, tokens / mb, mb / mu, 100 * (mu / mb - 1));
+    printf("  gradient phase:   %8.0f tokens/s; bare train step            %8.0f tokens/s: "
+           "ratio %.3f (overhead %+.1f %%)\n",
+           tokens / mg, tokens / mbt, mbt / mg, 100 * (mg / mbt - 1));
+    free(x.tok);
+    free(x.tgt);
+    free(x.cu);
+    free(x.forced);
+    free(x.lp);
+    free(x.dlogp);
+    arl_model_params_free(&x.grads);
+    arl_decode_state_free(&x.st);
+    arl_model_train_free(&x.tr);
+    arl_model_free(&x.m);
+    lrn_close(&h);
+    replay_store_close(st);
+    return 0;
+}

@@ -1,0 +1,226 @@
+/* cli/cmd_replay_model.c: the replay operations that need the policy model (spec/replay.md 13.6,
+ * 13.7), on top of rollout/rescore.h and rollout/rollout.h:
+ *   agentrl replay rescore DB TRAJ... --ckpt DIR [--version N] [--routing replay|natural]
+ *   agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] [EXPERIMENT / rollout keys]
+ * rescore prints, per trajectory, how each segment started (cached state or recomputed prefix)
+ * and the mean, p99 and max of |l - l_mu| over its action tokens; fork writes the continuations
+ * into a tool file of the store and prints their ids. */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "replay/replay.h"
+#include "rollout/rescore.h"
+#include "rollout/rollout.h"
+
+/* ---- rescore ---- */
+
+typedef struct rescore_cli {
+    char *db;
+    arl_strlist traj;
+    char *ckpt;
+    int64_t version;
+    char *routing;
+    int64_t sparse_topk, sparse_chunk;
+    int json;
+} rescore_cli;
+
+static const arl_option rescore_tab[] = {
+    {"db", ARL_OPT_STRING, offsetof(rescore_cli, db), NULL, "replay store root", 0, 0, NULL,
+     ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "DB"},
+    {"traj", ARL_OPT_LIST, offsetof(rescore_cli, traj), NULL,
+     "trajectories (traj_uid or traj_id); repeat for several", 0, 0, NULL, ARL_OPT_REQUIRED,
+     "TRAJ"},
+    {"ckpt", ARL_OPT_STRING, offsetof(rescore_cli, ckpt), NULL, "checkpoint to score under", 0, 0,
+     NULL, ARL_OPT_REQUIRED, "DIR"},
+    {"version", ARL_OPT_INT, offsetof(rescore_cli, version), "0",
+     "policy version of --ckpt: cached states computed entirely at it start their segments "
+     "(-1: always recompute the prefix)",
+     -1, 4294967295.0, NULL, 0, "N"},
+    {"routing", ARL_OPT_CHOICE, offsetof(rescore_cli, routing), "replay",
+     "MoE routes: the stored ones (replay) or the router's own (natural)", 0, 0, "replay|natural",
+     0, NULL},
+    {"mla-sparse-topk", ARL_OPT_INT, offsetof(rescore_cli, sparse_topk), "0",
+     "block-sparse MLA as the rollout ran it (0: dense)", 0, 1 << 20, NULL, 0, "K"},
+    {"mla-sparse-chunk", ARL_OPT_INT, offsetof(rescore_cli, sparse_chunk), "4096",
+     "block-sparse MLA chunk length", 1, 1 << 24, NULL, 0, "N"},
+    {"json", ARL_OPT_BOOL, offsetof(rescore_cli, json), NULL, "one JSON object per trajectory", 0,
+     0, NULL, 0, NULL},
+};
+#define RESCORE_N ARL_OPTIONS_COUNT(rescore_tab)
+
+int cmd_replay_rescore(int argc, char **argv) {
+    rescore_cli o;
+    /* TRAJ... are positional after DB: turn them into --traj for the table */
+    char **av = calloc((size_t)(2 * argc + 1), sizeof *av);
+    int ac = 0, pos = 0;
+    if (!av) return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
+    for (int i = 0; i < argc; i++) {
+        if (argv[i][0] == '-' && argv[i][1]) {
+            av[ac++] = argv[i];
+            const arl_option *opt = NULL;
+            const char *nm = argv[i] + 2;
+            for (size_t k = 0; k < RESCORE_N; k++)
+                if (!strcmp(rescore_tab[k].name, nm)) opt = &rescore_tab[k];
+            if (opt && opt->type != ARL_OPT_BOOL && !strchr(argv[i], '=') && i + 1 < argc)
+                av[ac++] = argv[++i];
+            continue;
+        }
+        if (pos++ == 0)
+            av[ac++] = argv[i];
+        else {
+            av[ac++] = "--traj";
+            av[ac++] = argv[i];
+        }
+    }
+    int rc = cli_parse(rescore_tab, RESCORE_N, ac, av,  &o,
+                       "agentrl replay rescore DB TRAJ... --ckpt DIR [--version N] "
+                       "[--routing replay|natural] [--json]",
+                       "Re-score stored trajectories under a checkpoint: each segment from its "
+                       "cached boundary state (or the recomputed prefix), and compare with the "
+                       "behaviour log-probabilities.");
+    free(av);
+    if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
+    replay_open_opts so = {.flags = REPLAY_OPEN_READONLY};
+    replay_store *st = NULL;
+    arl_status s = replay_store_open(o.db, &so, &st);
+    for (int i = 0; s == ARL_OK && i < o.traj.n; i++) {
+        arl_rollout_rescore_opts ro = {.ckpt_dir = o.ckpt, .version = o.version,
+                                       .natural_routing = !strcmp(o.routing, "natural"),
+                                       .sparse_topk = o.sparse_topk,
+                                       .sparse_chunk = o.sparse_chunk};
+        arl_rollout_rescore_stats r;
+        s = arl_rollout_rescore(st, o.traj.v[i], &ro, &r, NULL, NULL, NULL);
+        if (s) break;
+        if (o.json)
+            printf("{\"traj\":\"%s\",\"segments\":%lld,\"from_state\":%lld,\"recomputed\":%lld,"
+                   "\"skipped\":%lld,\"action_tokens\":%lld,\"mean_abs\":%.9g,\"p99_abs\":%.9g,"
+                   "\"max_abs\":%.9g,\"worst_token\":%lld}\n",
+                   o.traj.v[i], (long long)r.segments, (long long)r.from_state,
+                   (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
+                   r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token);
+        else
+            printf("%s: %lld segments (%lld from cached states, %lld recomputed, %lld skipped: "
+                   "images), %lld action tokens: |l - l_mu| mean %.3g p99 %.3g max %.3g (token "
+                   "%lld)\n",
+                   o.traj.v[i], (long long)r.segments, (long long)r.from_state,
+                   (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
+                   r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token);
+    }
+    rc = s ? cli_fail(s) : ARL_EXIT_OK;
+    replay_store_close(st);
+    arl_options_free(rescore_tab, RESCORE_N, &o);
+    return rc;
+}
+
+/* ---- fork ---- */
+
+typedef struct fork_cli {
+    arl_rollout_config rc; /* first: the rollout table's offsets apply */
+    char *db;
+    char *traj;
+    char *ckpt;
+    char *experiment;
+    int64_t segment;
+    int64_t count;
+    char *group_uid;
+} fork_cli;
+
+static const arl_option fork_own[] = {
+    {"db", ARL_OPT_STRING, offsetof(fork_cli, db), NULL, "replay store root", 0, 0, NULL,
+     ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED | ARL_OPT_CLI_ONLY, "DB"},
+    {"traj", ARL_OPT_STRING, offsetof(fork_cli, traj), NULL, "the parent (traj_uid or traj_id)",
+     0, 0, NULL, ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED | ARL_OPT_CLI_ONLY, "TRAJ"},
+    {"segment", ARL_OPT_INT, offsetof(fork_cli, segment), "0",
+     "keep the first S >= 1 segments as the prefix (the fork point is the end of segment S-1); "
+     "required",
+     0, 1 << 30, NULL, ARL_OPT_CLI_ONLY, "S"},
+    {"ckpt", ARL_OPT_STRING, offsetof(fork_cli, ckpt), NULL, "policy that continues the forks", 0,
+     0, NULL, ARL_OPT_REQUIRED | ARL_OPT_CLI_ONLY, "DIR"},
+    {"count", ARL_OPT_INT, offsetof(fork_cli, count), "1", "continuations", 1, 4096, NULL,
+     ARL_OPT_CLI_ONLY, "M"},
+    {"group-uid", ARL_OPT_STRING, offsetof(fork_cli, group_uid), NULL,
+     "group of the forks (default <TRAJ>/fork<S>)", 0, 0, NULL, ARL_OPT_CLI_ONLY, "UID"},
+    {"experiment", ARL_OPT_STRING, offsetof(fork_cli, experiment), NULL,
+     "experiment JSON with the rollout keys of the parent's run (env, budgets, ...)", 0, 0, NULL,
+     ARL_OPT_CLI_ONLY, "FILE"},
+};
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (b) b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+int cmd_replay_fork(int argc, char **argv) {
+    const char *usage = "agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] "
+                        "[--experiment FILE] [rollout keys: --env ..., --seed ...]";
+    const char *summary = "Continue a stored trajectory from a segment boundary: new trajectories "
+                          "that share its first S segments, generated and scored like a rollout.";
+    size_t n_own = sizeof fork_own / sizeof fork_own[0], n = n_own + arl_rollout_n_options;
+    arl_option *tab = malloc(n * sizeof *tab);
+    if (!tab) return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
+    memcpy(tab, fork_own, sizeof fork_own);
+    memcpy(tab + n_own, arl_rollout_options, arl_rollout_n_options * sizeof *tab);
+    fork_cli o;
+    int help = 0;
+    arl_options_defaults(tab, n, &o);
+    arl_status s = arl_options_parse_argv(tab, n, argc, argv, &o, &help);
+    if (s == ARL_OK && help) {
+        arl_options_print_help(stdout, usage, summary, tab, n);
+        arl_options_free(tab, n, &o);
+        free(tab);
+        return ARL_EXIT_OK;
+    }
+    char *experiment = s == ARL_OK && o.experiment ? strdup(o.experiment) : NULL;
+    if (s == ARL_OK && experiment) { /* the file first, the command line over it */
+        arl_options_free(tab, n, &o);
+        arl_options_defaults(tab, n, &o);
+        char *text = slurp(experiment);
+        s = text ? arl_rollout_config_load_json(&o.rc, text, experiment)
+                 : arl_errorf(ARL_ERR_IO, "cannot read %s", experiment);
+        free(text);
+        if (s == ARL_OK) s = arl_options_parse_argv(tab, n, argc, argv, &o, &help);
+    }
+    free(experiment);
+    if (s == ARL_OK) s = arl_options_check_required(tab, n, &o);
+    if (s == ARL_OK && o.segment < 1)
+        s = arl_errorf(ARL_ERR_ARG, "missing required option '--segment S' (S >= 1)");
+    if (s != ARL_OK) {
+        fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
+        arl_options_free(tab, n, &o);
+        free(tab);
+        return ARL_EXIT_USAGE;
+    }
+    replay_open_opts so = {.flags = 0};
+    replay_store *st = NULL;
+    char(*uids)[REPLAY_UID_MAX + 1] = calloc((size_t)o.count, sizeof *uids);
+    arl_rollout_stats stats;
+    memset(&stats, 0, sizeof stats);
+    s = uids ? replay_store_open(o.db, &so, &st) : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+    if (s == ARL_OK)
+        s = arl_rollout_fork(&o.rc, o.ckpt, st, o.traj, (int32_t)o.segment, (int32_t)o.count,
+                             o.group_uid, uids, &stats);
+    int rc = s ? cli_fail(s) : ARL_EXIT_OK;
+    if (s == ARL_OK) {
+        arl_rollout_stats_print(&stats, stdout);
+        for (int64_t i = 0; i < o.count; i++) printf("%s\n", uids[i]);
+    }
+    free(uids);
+    replay_store_close(st);
+    arl_options_free(tab, n, &o);
+    free(tab);
+    return rc;
+}

@@ -1,0 +1,137 @@
+/* cli/cmd_rollout.c: `agentrl rollout [EXPERIMENT.json] --ckpt DIR --out DB [--tasks N] ...`:
+ * run a rollout worker (rollout/rollout.h) for evaluation and data generation.
+ *
+ * The rollout keys come from the experiment file (its "rollout" object, or the top level) and
+ * are overridden by the same keys on the command line (--group-size 4, --env-options '{...}');
+ * they are declared once, in rollout/config.c.  The resolved configuration is printed first, a
+ * progress line every --progress-s seconds, and a closing summary (success rate, reward per
+ * level, mean length, ends) last.  Re-running with the same --out and --shard continues an
+ * interrupted run: finished groups are skipped, interrupted trajectories resumed or masked.
+ */
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/log.h"
+#include "replay/replay.h"
+#include "rollout/rollout.h"
+
+typedef struct rollout_cli {
+    arl_rollout_config rc; /* first: the rollout table's offsets apply to this struct */
+    char *experiment;
+    char *ckpt;
+    char *out;
+    int64_t shard;
+} rollout_cli;
+
+static const arl_option own_tab[] = {
+    {"experiment", ARL_OPT_STRING, offsetof(rollout_cli, experiment), NULL,
+     "experiment JSON (its \"rollout\" object or top-level rollout keys)", 0, 0, NULL,
+     ARL_OPT_POSITIONAL | ARL_OPT_CLI_ONLY, "EXPERIMENT.json"},
+    {"ckpt", ARL_OPT_STRING, offsetof(rollout_cli, ckpt), NULL,
+     "checkpoint directory of the policy (config.json + safetensors)", 0, 0, NULL,
+     ARL_OPT_REQUIRED | ARL_OPT_CLI_ONLY, "DIR"},
+    {"out", ARL_OPT_STRING, offsetof(rollout_cli, out), NULL,
+     "replay store root (created if missing)", 0, 0, NULL, ARL_OPT_REQUIRED | ARL_OPT_CLI_ONLY,
+     "DB"},
+    {"shard", ARL_OPT_INT, offsetof(rollout_cli, shard), "0",
+     "worker shard to write (0: a new one; the same id continues an interrupted run)", 0,
+     8388607, NULL, ARL_OPT_CLI_ONLY, "N"},
+};
+
+static const char *usage =
+    "agentrl rollout [EXPERIMENT.json] --ckpt DIR --out DB [--tasks N] [--shard N] [rollout keys]";
+static const char *summary =
+    "Run a rollout worker: sample multi-turn tool-calling trajectories of the policy against an "
+    "environment and store them (segments, behaviour log-probs, versions, routes, states) in a "
+    "replay store.";
+
+static arl_option *make_table(size_t *n) {
+    size_t n_own = sizeof own_tab / sizeof own_tab[0];
+    *n = n_own + arl_rollout_n_options;
+    arl_option *t = malloc(*n * sizeof *t);
+    if (!t) return NULL;
+    memcpy(t, own_tab, sizeof own_tab);
+    memcpy(t + n_own, arl_rollout_options, arl_rollout_n_options * sizeof *t);
+    return t;
+}
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (b) b[n] = 0;
+    fclose(f);
+    return b;
+}
+
+int cmd_rollout(int argc, char **argv) {
+    size_t n;
+    arl_option *tab = make_table(&n);
+    if (!tab) return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
+    rollout_cli o;
+    int want_help = 0, rc;
+    /* pass 1: find the experiment file (and --help) */
+    arl_options_defaults(tab, n, &o);
+    arl_status s = arl_options_parse_argv(tab, n, argc, argv, &o, &want_help);
+    if (s == ARL_OK && want_help) {
+        arl_options_print_help(stdout, usage, summary, tab, n);
+        arl_options_free(tab, n, &o);
+        free(tab);
+        return ARL_EXIT_OK;
+    }
+    if (s != ARL_OK) {
+        fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
+        arl_options_free(tab, n, &o);
+        free(tab);
+        return ARL_EXIT_USAGE;
+    }
+    char *experiment = o.experiment ? strdup(o.experiment) : NULL;
+    arl_options_free(tab, n, &o);
+    /* pass 2: defaults, the experiment's keys, then the command line over them */
+    arl_options_defaults(tab, n, &o);
+    if (experiment) {
+        char *text = read_file(experiment);
+        s = text ? arl_rollout_config_load_json(&o.rc, text, experiment)
+                 : arl_errorf(ARL_ERR_IO, "cannot read %s", experiment);
+        free(text);
+    }
+    if (s == ARL_OK) s = arl_options_parse_argv(tab, n, argc, argv, &o, &want_help);
+    if (s == ARL_OK) s = arl_options_check_required(tab, n, &o);
+    if (s == ARL_OK) s = arl_rollout_config_validate(&o.rc);
+    free(experiment);
+    if (s != ARL_OK) {
+        rc = cli_fail(s);
+        if (s == ARL_ERR_ARG || s == ARL_ERR_CONFIG) fprintf(stderr, "usage: %s\n", usage);
+        arl_options_free(tab, n, &o);
+        free(tab);
+        return s == ARL_ERR_CONFIG ? ARL_EXIT_USAGE : rc;
+    }
+    arl_options_print_resolved(stderr, "rollout", tab, n, &o);
+    replay_open_opts so = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *st = NULL;
+    arl_rollout_worker *w = NULL;
+    s = replay_store_open(o.out, &so, &st);
+    if (s == ARL_OK) s = arl_rollout_worker_open(&o.rc, o.ckpt, st, (int32_t)o.shard, NULL, &w);
+    if (s == ARL_OK) {
+        arl_log_info("rollout: writing shard %d of %s", (int)arl_rollout_worker_shard(w), o.out);
+        s = arl_rollout_worker_run(w);
+    }
+    if (w) arl_rollout_stats_print(arl_rollout_worker_stats(w), stdout);
+    rc = s ? cli_fail(s) : ARL_EXIT_OK;
+    if (s == ARL_OK) printf("stored in %s (shard %d)\n", o.out, (int)arl_rollout_worker_shard(w));
+    arl_rollout_worker_close(w);
+    replay_store_close(st);
+    arl_options_free(tab, n, &o);
+    free(tab);
+    return rc;
+}

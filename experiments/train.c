@@ -1,0 +1,1588 @@
+/* experiments/train.c: `agentrl train` (experiments/train.h) - the experiment's composed
+ * configuration, and the run: SFT warm start, reference, evaluation, the synchronous
+ * rollout -> update loop with checkpoints, ledger commits and metrics, exact resume, report. */
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/sha256.h"
+#include "envs/builtin/teacher.h"
+#include "experiments/report.h"
+#include "experiments/train.h"
+#include "kernels/threadpool.h"
+#include "learner/ledger.h"
+#include "policy/checkpoint.h"
+#include "policy/train_state.h"
+
+#define BIG 9007199254740991.0
+
+/* ------------------------------------------------------------------------------------------ */
+/* options                                                                                      */
+
+#define F(x) offsetof(arl_train_config, x)
+static const arl_option train_tab[] = {
+    {"model", ARL_OPT_STRING, F(model), NULL,
+     "model config: config.json, a directory holding one, or tiny / mini / kimi-k3 (default: the "
+     "config.json of init)",
+     0, 0, NULL, 0, "CONFIG"},
+    {"init", ARL_OPT_STRING, F(init), NULL,
+     "checkpoint to start from, before the SFT stage (default: initialise from scratch)", 0, 0,
+     NULL, 0, "DIR"},
+    {"init-seed", ARL_OPT_INT, F(init_seed), "0", "seed of the from-scratch initialisation", 0, BIG,
+     NULL, 0, NULL},
+    {"out", ARL_OPT_STRING, F(out), NULL, "output directory", 0, 0, NULL, ARL_OPT_REQUIRED, "DIR"},
+    {"steps", ARL_OPT_INT, F(steps), "10", "RL updates (0: the SFT stage and evaluation only)", 0,
+     1e9, NULL, 0, "N"},
+    {"tasks-per-update", ARL_OPT_INT, F(tasks_per_update), "4",
+     "B: tasks rolled out per update, each a group of rollout.group-size samples", 1, 1e7, NULL, 0,
+     "B"},
+    {"seed", ARL_OPT_INT, F(seed), "0", "learner seed (minibatch shuffles)", 0, BIG, NULL, 0, NULL},
+    {"threads", ARL_OPT_INT, F(threads), "0", "CPU threads (0: the kernels' default)", 0, 1024,
+     NULL, 0, "N"},
+    {"checkpoint-interval", ARL_OPT_INT, F(checkpoint_interval), "1",
+     "training checkpoint every N updates (and after the last)", 1, 1e9, NULL, 0, "N"},
+    {"keep-last", ARL_OPT_INT, F(keep_last), "3", "training checkpoints kept (0: all)", 0, 1e9,
+     NULL, 0, "N"},
+    {"eval-tasks", ARL_OPT_INT, F(eval_tasks), "0",
+     "held-out tasks evaluated before and after RL, one episode each (0: no evaluation)", 0, 1e7,
+     NULL, 0, "E"},
+    {"eval-task-seed", ARL_OPT_INT, F(eval_task_seed), "1000000000",
+     "seed of held-out task j is eval-task-seed + j", 0, BIG, NULL, 0, "S"},
+    {"eval-temperature", ARL_OPT_FLOAT, F(eval_temperature), "0",
+     "sampling temperature of the evaluation (0: greedy)", 0, 100, NULL, 0, "T"},
+    {"eval-before", ARL_OPT_BOOL, F(eval_before), "true", "evaluate the initial policy", 0, 0, NULL,
+     0, NULL},
+    {"eval-after", ARL_OPT_BOOL, F(eval_after), "true", "evaluate the final policy", 0, 0, NULL, 0,
+     NULL},
+    {"sft-demos", ARL_OPT_INT, F(sft_demos), "0",
+     "teacher demonstrations for an SFT warm start before RL (0: no SFT stage)", 0, 1e9, NULL, 0,
+     "N"},
+    {"sft-demo-seed", ARL_OPT_INT, F(sft_demo_seed), "500000000",
+     "task seed of demonstration j is sft-demo-seed + j", 0, BIG, NULL, 0, "S"},
+    {"sft-demo-options", ARL_OPT_STRING, F(sft_demo_options), NULL,
+     "options of the demonstration episodes, a JSON object (default: rollout.task-data)", 0, 0,
+     NULL, 0, "JSON"},
+    {"context-stages", ARL_OPT_LIST, F(context_stages), NULL,
+     "staged context: STEP:TOKENS sets the rollout's context and trajectory budget to TOKENS "
+     "from update STEP on",
+     0, 0, NULL, 0, "STEP:TOKENS"},
+    {"progress", ARL_OPT_CHOICE, F(progress), "auto",
+     "progress display: a carriage-return line (terminal), plain lines, or none", 0, 0,
+     "auto|line|plain|off", 0, NULL},
+    {"title", ARL_OPT_STRING, F(title), NULL, "title of the report (default: the output directory)",
+     0, 0, NULL, 0, "TEXT"},
+};
+#undef F
+
+const arl_option *arl_train_options(size_t *n) {
+    *n = ARL_OPTIONS_COUNT(train_tab);
+    return train_tab;
+}
+
+/* SFT keys the driver sets. */
+static const char *const sft_reserved[] = {"model",     "init", "init-seed", "data",
+                                           "eval-data", "out",  "threads",   "progress"};
+
+static int sft_key_reserved(const char *key) {
+    for (size_t i = 0; i < sizeof sft_reserved / sizeof sft_reserved[0]; i++) {
+        const char *a = sft_reserved[i], *b = key;
+        while (*a && *b && (*a == *b || ((*a == '-' || *a == '_') && (*b == '-' || *b == '_')))) {
+            a++;
+            b++;
+        }
+        if (!*a && !*b) return 1;
+    }
+    return 0;
+}
+
+void arl_train_config_free(arl_train_config *c) {
+    if (!c) return;
+    size_t n;
+    const arl_option *t = arl_sft_options(&n);
+    arl_options_free(t, n, &c->sft);
+    arl_learner_opts_free(&c->learner);
+    arl_rollout_config_free(&c->rollout);
+    arl_options_free(train_tab, ARL_OPTIONS_COUNT(train_tab), c);
+}
+
+static arl_status read_text(const char *path, char **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return arl_errorf(errno == ENOENT ? ARL_ERR_NOT_FOUND : ARL_ERR_IO, "%s: cannot open: %s",
+                          path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0 || n < cap - 1) {
+            if (feof(f) || ferror(f)) break;
+            continue;
+        }
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!buf) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+    if (err) {
+        free(buf);
+        return arl_errorf(ARL_ERR_IO, "%s: read failed", path);
+    }
+    buf[n] = 0;
+    *out = buf;
+    return ARL_OK;
+}
+
+static arl_status parse_section(const arl_option *tab, size_t n, json_t *obj, const char *where,
+                                void *cfg) {
+    char *text = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (!text) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", where);
+    arl_status s = arl_options_parse_json_text(tab, n, text, where, cfg);
+    free(text);
+    return s;
+}
+
+/* One key=value of --set: "key" (top level) or "section.key". */
+static arl_status apply_set(arl_train_config *c, const char *kv) {
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv) return arl_errorf(ARL_ERR_ARG, "--set '%s': expected KEY=VALUE", kv);
+    char key[160];
+    if ((size_t)(eq - kv) >= sizeof key)
+        return arl_errorf(ARL_ERR_ARG, "--set '%s': key too long", kv);
+    memcpy(key, kv, (size_t)(eq - kv));
+    key[eq - kv] = 0;
+    const char *val = eq + 1;
+    char *dot = strchr(key, '.');
+    arl_status s;
+    if (!dot) {
+        s = arl_options_set(train_tab, ARL_OPTIONS_COUNT(train_tab), key, val, c);
+    } else {
+        *dot = 0;
+        const char *sec = key, *k = dot + 1;
+        size_t n;
+        if (!strcmp(sec, "rollout")) {
+            s = arl_options_set(arl_rollout_options, arl_rollout_n_options, k, val, &c->rollout);
+        } else if (!strcmp(sec, "learner")) {
+            const arl_option *t = arl_learner_options(&n);
+            s = arl_options_set(t, n, k, val, &c->learner);
+        } else if (!strcmp(sec, "sft")) {
+            if (sft_key_reserved(k))
+                return arl_errorf(ARL_ERR_ARG,
+                                  "--set sft.%s: set by the train driver (use the "
+                                  "top-level keys)",
+                                  k);
+            const arl_option *t = arl_sft_options(&n);
+            s = arl_options_set(t, n, k, val, &c->sft);
+        } else {
+            return arl_errorf(ARL_ERR_ARG,
+                              "--set '%s': unknown section '%s' (rollout, learner, sft)", kv, sec);
+        }
+    }
+    if (s) return arl_error_prefix(ARL_ERR_ARG, "--set '%s'", kv);
+    return ARL_OK;
+}
+
+static int is_builtin_env(const char *env) {
+    return env && strncmp(env, "http://", 7) && strncmp(env, "https://", 8);
+}
+
+static const char *builtin_name(const char *env) {
+    return !strncmp(env, "builtin:", 8) ? env + 8 : env;
+}
+
+/* "STEP:TOKENS" entries. */
+static arl_status parse_stage(const char *s, int64_t *step, int64_t *tokens) {
+    char *end;
+    long long a = strtoll(s, &end, 10);
+    if (end == s || *end != ':' || a < 0)
+        return arl_errorf(ARL_ERR_CONFIG, "key 'context-stages': '%s': expected STEP:TOKENS", s);
+    const char *p = end + 1;
+    long long b = strtoll(p, &end, 10);
+    if (end == p || *end || b < 2)
+        return arl_errorf(ARL_ERR_CONFIG, "key 'context-stages': '%s': expected STEP:TOKENS", s);
+    *step = a;
+    *tokens = b;
+    return ARL_OK;
+}
+
+arl_status arl_train_config_check(const arl_train_config *c) {
+    if (!c->model && !c->init)
+        return arl_errorf(ARL_ERR_CONFIG, "key 'model': give a model config (or 'init', a "
+                                          "checkpoint to start from)");
+    ARL_TRY(arl_options_check_required(train_tab, ARL_OPTIONS_COUNT(train_tab), c));
+    arl_status e = arl_rollout_config_validate(&c->rollout);
+    if (e) return arl_error_prefix(e, "section 'rollout'");
+    const arl_rollout_config *r = &c->rollout;
+    for (int i = 0; i < c->context_stages.n; i++) {
+        int64_t st, tok;
+        ARL_TRY(parse_stage(c->context_stages.v[i], &st, &tok));
+        if (r->observation_tokens + r->turn_tokens > tok)
+            return arl_errorf(ARL_ERR_CONFIG,
+                              "key 'context-stages': '%s': %lld tokens cannot hold "
+                              "rollout.observation-tokens + rollout.turn-tokens (%lld)",
+                              c->context_stages.v[i], (long long)tok,
+                              (long long)(r->observation_tokens + r->turn_tokens));
+    }
+    if (c->sft_demos > 0 && !is_builtin_env(r->env))
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "key 'sft-demos': the SFT warm start needs a built-in environment's "
+                          "teacher, and rollout.env is %s",
+                          r->env);
+    if (c->sft_demo_options) {
+        json_t *j = json_loads(c->sft_demo_options, 0, NULL);
+        int ok = json_is_object(j);
+        json_decref(j);
+        if (!ok)
+            return arl_errorf(ARL_ERR_CONFIG,
+                              "key 'sft-demo-options': expected a JSON object, got "
+                              "'%.80s'",
+                              c->sft_demo_options);
+    }
+    arl_reward_config rc;
+    arl_loss_config lc;
+    arl_kl_config kc;
+    ARL_TRY(arl_reward_config_from_opts(&c->learner.reward, &rc));
+    ARL_TRY(arl_loss_config_from_opts(&c->learner.loss, &lc));
+    ARL_TRY(arl_kl_config_from_opts(&c->learner.kl, &kc));
+    arl_optim_config o = c->learner.optim;
+    if (o.total_steps == 0) o.total_steps = c->steps * c->learner.own.minibatches;
+    if (o.total_steps == 0) o.total_steps = 1;
+    e = arl_optim_config_check(&o);
+    if (e) return arl_error_prefix(e, "section 'learner'");
+    if (c->sft_demos > 0) {
+        arl_optim_config so = c->sft.optim;
+        if (so.total_steps == 0) so.total_steps = c->sft.steps;
+        ARL_TRY(arl_optim_config_check(&so));
+    }
+    return ARL_OK;
+}
+
+arl_status arl_train_config_load(const char *path, const arl_strlist *sets, arl_train_config *c) {
+    memset(c, 0, sizeof *c);
+    ARL_TRY(arl_options_defaults(train_tab, ARL_OPTIONS_COUNT(train_tab), c));
+    ARL_TRY(arl_rollout_config_defaults(&c->rollout));
+    ARL_TRY(arl_learner_opts_defaults(&c->learner));
+    size_t nsft;
+    const arl_option *sft_tab = arl_sft_options(&nsft);
+    ARL_TRY(arl_options_defaults(sft_tab, nsft, &c->sft));
+    if (path) {
+        char *text;
+        ARL_TRY(read_text(path, &text));
+        json_error_t je;
+        json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+        free(text);
+        if (!root)
+            return arl_errorf(ARL_ERR_CONFIG, "%s:%d:%d: invalid JSON: %s", path, je.line,
+                              je.column, je.text);
+        if (!json_is_object(root)) {
+            json_decref(root);
+            return arl_errorf(ARL_ERR_CONFIG, "%s: expected a JSON object at the top level", path);
+        }
+        json_t *top = json_object();
+        arl_status s = top ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+        const char *key;
+        json_t *v;
+        json_object_foreach(root, key, v) {
+            if (s) break;
+            char where[4200];
+            if (!strcmp(key, "rollout") || !strcmp(key, "learner") || !strcmp(key, "sft")) {
+                if (!json_is_object(v)) {
+                    s = arl_errorf(ARL_ERR_CONFIG, "%s: section '%s': expected an object", path,
+                                   key);
+                    break;
+                }
+                snprintf(where, sizeof where, "%s: section '%s'", path, key);
+                if (!strcmp(key, "rollout")) {
+                    json_t *w = json_pack("{sO}", "rollout", v);
+                    char *t = w ? json_dumps(w, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+                    json_decref(w);
+                    s = t ? arl_rollout_config_load_json(&c->rollout, t, path)
+                          : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+                    free(t);
+                } else if (!strcmp(key, "learner")) {
+                    size_t n;
+                    const arl_option *t = arl_learner_options(&n);
+                    s = parse_section(t, n, v, where, &c->learner);
+                } else {
+                    const char *k2;
+                    json_t *v2;
+                    json_object_foreach(v, k2, v2) {
+                        if (sft_key_reserved(k2)) {
+                            s = arl_errorf(ARL_ERR_CONFIG,
+                                           "%s: key '%s' is set by the train driver (use the "
+                                           "top-level keys model, init, init-seed, out, threads, "
+                                           "progress; the data are the teacher's demonstrations)",
+                                           where, k2);
+                            break;
+                        }
+                    }
+                    if (!s) s = parse_section(sft_tab, nsft, v, where, &c->sft);
+                }
+            } else if ((!strcmp(key, "sft-demo-options") || !strcmp(key, "sft_demo_options")) &&
+                       json_is_object(v)) {
+                char *t = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+                s = t ? (json_object_set_new(top, key, json_string(t)) ? ARL_ERR_NOMEM : ARL_OK)
+                      : ARL_ERR_NOMEM;
+                free(t);
+                if (s) s = arl_errorf(ARL_ERR_NOMEM, "out of memory");
+            } else {
+                if (json_object_set(top, key, v)) s = arl_errorf(ARL_ERR_NOMEM, "out of memory");
+            }
+        }
+        if (!s) s = parse_section(train_tab, ARL_OPTIONS_COUNT(train_tab), top, path, c);
+        json_decref(top);
+        json_decref(root);
+        ARL_TRY(s);
+    }
+    for (int i = 0; sets && i < sets->n; i++)
+        ARL_TRY(apply_set(c, sets->v[i]));
+    return arl_train_config_check(c);
+}
+
+/* A table's resolved JSON without unset strings (so that the file reads back). */
+static json_t *section_json(const arl_option *tab, size_t n, const void *cfg, int sft) {
+    char *t = arl_options_to_json(tab, n, cfg);
+    json_t *j = t ? json_loads(t, 0, NULL) : NULL;
+    free(t);
+    if (!j) return NULL;
+    const char *key;
+    json_t *v;
+    void *tmp;
+    json_object_foreach_safe(j, tmp, key, v) {
+        if (json_is_null(v) || (sft && sft_key_reserved(key))) json_object_del(j, key);
+    }
+    return j;
+}
+
+/* JSON-object keys held as text become objects again. */
+static void objectify(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    if (!json_is_string(v)) return;
+    json_t *p = json_loads(json_string_value(v), 0, NULL);
+    if (json_is_object(p))
+        json_object_set_new(o, key, p);
+    else
+        json_decref(p);
+}
+
+char *arl_train_config_json(const arl_train_config *c) {
+    json_t *top = section_json(train_tab, ARL_OPTIONS_COUNT(train_tab), c, 0);
+    json_t *ro = section_json(arl_rollout_options, arl_rollout_n_options, &c->rollout, 0);
+    size_t n;
+    const arl_option *lt = arl_learner_options(&n);
+    json_t *le = section_json(lt, n, &c->learner, 0);
+    const arl_option *st = arl_sft_options(&n);
+    json_t *sf = section_json(st, n, &c->sft, 1);
+    char *out = NULL;
+    if (top && ro && le && sf) {
+        objectify(top, "sft-demo-options");
+        objectify(ro, "env-config");
+        objectify(ro, "env-options");
+        objectify(ro, "task-data");
+        json_object_set(top, "rollout", ro);
+        json_object_set(top, "learner", le);
+        json_object_set(top, "sft", sf);
+        out = json_dumps(top, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    }
+    json_decref(top);
+    json_decref(ro);
+    json_decref(le);
+    json_decref(sf);
+    return out;
+}
+
+void arl_train_config_print(const arl_train_config *c, FILE *f) {
+    size_t n;
+    arl_options_print_resolved(f, "train: resolved configuration:", train_tab,
+                               ARL_OPTIONS_COUNT(train_tab), c);
+    arl_options_print_resolved(f, "train: section rollout:", arl_rollout_options,
+                               arl_rollout_n_options, &c->rollout);
+    const arl_option *lt = arl_learner_options(&n);
+    arl_options_print_resolved(f, "train: section learner:", lt, n, &c->learner);
+    if (c->sft_demos > 0) {
+        const arl_option *st = arl_sft_options(&n);
+        arl_options_print_resolved(
+            f, "train: section sft (model, data, out set by the driver):", st, n, &c->sft);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* files                                                                                        */
+
+static int path_exists(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0;
+}
+
+static arl_status mkdir_p(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0777) && errno != EEXIST)
+            return arl_errorf(ARL_ERR_IO, "train: cannot create %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) && errno != EEXIST)
+        return arl_errorf(ARL_ERR_IO, "train: cannot create %s: %s", buf, strerror(errno));
+    return ARL_OK;
+}
+
+static int rm_tree(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return remove(path);
+    struct dirent *e;
+    char sub[4200];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+        struct stat sb;
+        if (lstat(sub, &sb) == 0 && S_ISDIR(sb.st_mode))
+            rm_tree(sub);
+        else
+            remove(sub);
+    }
+    closedir(d);
+    return rmdir(path);
+}
+
+static arl_status write_text(const char *path, const char *text) {
+    return arl_write_file_atomic(path, text, strlen(text));
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the run                                                                                      */
+
+typedef struct tr_run {
+    const arl_train_config *c;
+    arl_dist *d;
+    const arl_dist_layout *L;
+    int rank0;
+    FILE *log;
+    int progress_line; /* 1: carriage return; 0: plain lines; -1: none */
+    int line_open;
+    char out[4096];
+    arl_model_config mcfg;
+    int have_mcfg;
+    arl_model_params params, ref;
+    int have_params;
+    arl_adamw opt;
+    int have_opt;
+    arl_optim_config ocfg; /* RL optimizer (total steps resolved); strings borrowed from c */
+    arl_klctl kl;
+    arl_reward_config rc;
+    arl_loss_config lossc;
+    arl_kl_config klc;
+    arl_learner_config lc;
+    arl_learner *lr;
+    char model_sha[ARL_SHA256_HEX_CHARS];
+    char run_sha[ARL_SHA256_HEX_CHARS];
+    int64_t B, G, R;
+    json_t **dataset; /* task-file lines (n_dataset), or NULL */
+    int64_t n_dataset;
+    int64_t tokens; /* tokens trained on (all updates) */
+    double last_lr;
+    double t0;
+} tr_run;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void say(tr_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(tr_run *r, const char *fmt, ...) {
+    if (!r->rank0 || !r->log) return;
+    if (r->line_open) {
+        fputc('\n', r->log);
+        r->line_open = 0;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(r->log, fmt, ap);
+    va_end(ap);
+    fputc('\n', r->log);
+    fflush(r->log);
+}
+
+/* Every rank learns whether any rank failed (collective over the world). */
+static arl_status sync_status(tr_run *r, arl_status s) {
+    int64_t v = s;
+    arl_status e = arl_dist_allreduce_i64(r->d->world, &v, 1, ARL_DIST_MAX);
+    if (e) return e;
+    if (s) return s;
+    if (v) return arl_errorf((arl_status)v, "train: another rank failed (see its message)");
+    return ARL_OK;
+}
+
+static void pathf(char *buf, size_t cap, const tr_run *r, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void pathf(char *buf, size_t cap, const tr_run *r, const char *fmt, ...) {
+    int n = snprintf(buf, cap, "%s/", r->out);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, cap - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+/* The run hash: the resolved configuration without the keys a resume may change. */
+static arl_status run_hash(tr_run *r) {
+    char *t = arl_train_config_json(r->c);
+    json_t *j = t ? json_loads(t, 0, NULL) : NULL;
+    free(t);
+    if (!j) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    static const char *const unhashed[] = {"out",
+                                           "threads",
+                                           "steps",
+                                           "progress",
+                                           "title",
+                                           "checkpoint-interval",
+                                           "keep-last",
+                                           "eval-tasks",
+                                           "eval-task-seed",
+                                           "eval-temperature",
+                                           "eval-before",
+                                           "eval-after"};
+    for (size_t i = 0; i < sizeof unhashed / sizeof unhashed[0]; i++)
+        json_object_del(j, unhashed[i]);
+    json_t *ro = json_object_get(j, "rollout");
+    json_object_del(ro, "threads");
+    json_object_del(ro, "progress-s");
+    json_t *le = json_object_get(j, "learner");
+    json_object_set_new(le, "resolved-total-steps", json_integer(r->ocfg.total_steps));
+    char *canon = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    json_decref(j);
+    if (!canon) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    uint8_t dg[ARL_SHA256_BYTES];
+    arl_sha256(canon, strlen(canon), dg);
+    arl_sha256_hex(dg, r->run_sha);
+    free(canon);
+    return ARL_OK;
+}
+
+/* Copy a rollout config (strings duplicated; the rollout table has no lists). */
+static arl_status rollout_copy(arl_rollout_config *dst, const arl_rollout_config *src) {
+    *dst = *src;
+    for (size_t i = 0; i < arl_rollout_n_options; i++) {
+        const arl_option *o = &arl_rollout_options[i];
+        if (o->type != ARL_OPT_STRING && o->type != ARL_OPT_CHOICE) continue;
+        char **f = (char **)((char *)dst + o->offset);
+        if (*f && !(*f = strdup(*f))) {
+            for (size_t j = 0; j < i; j++) {
+                const arl_option *q = &arl_rollout_options[j];
+                if (q->type == ARL_OPT_STRING || q->type == ARL_OPT_CHOICE)
+                    free(*(char **)((char *)dst + q->offset));
+            }
+            memset(dst, 0, sizeof *dst);
+            return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+        }
+    }
+    return ARL_OK;
+}
+
+static int64_t stage_tokens(const tr_run *r, int64_t n) {
+    int64_t best_step = -1, tok = 0;
+    for (int i = 0; i < r->c->context_stages.n; i++) {
+        int64_t st, t;
+        if (parse_stage(r->c->context_stages.v[i], &st, &t)) continue;
+        if (st <= n && st >= best_step) {
+            best_step = st;
+            tok = t;
+        }
+    }
+    return tok;
+}
+
+/* ---- tasks ---- */
+
+static arl_status load_dataset(tr_run *r) {
+    const char *f = r->c->rollout.task_file;
+    if (!f) return ARL_OK;
+    FILE *fp = fopen(f, "r");
+    if (!fp) return arl_errorf(ARL_ERR_IO, "train: cannot open rollout.task-file %s", f);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int64_t ln = 0, capd = 0;
+    arl_status s = ARL_OK;
+    while ((len = getline(&line, &cap, fp)) >= 0) {
+        ln++;
+        if (len <= 1) continue;
+        json_t *j = json_loadb(line, (size_t)len, 0, NULL);
+        if (!json_is_object(j) || !json_is_string(json_object_get(j, "id"))) {
+            json_decref(j);
+            s = arl_errorf(ARL_ERR_CONFIG, "%s:%lld: expected {\"id\", \"seed\", \"data\"}", f,
+                           (long long)ln);
+            break;
+        }
+        if (r->n_dataset == capd) {
+            capd = capd ? 2 * capd : 64;
+            json_t **v = realloc(r->dataset, (size_t)capd * sizeof *v);
+            if (!v) {
+                json_decref(j);
+                s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+                break;
+            }
+            r->dataset = v;
+        }
+        r->dataset[r->n_dataset++] = j;
+    }
+    free(line);
+    fclose(fp);
+    if (!s && r->n_dataset == 0) s = arl_errorf(ARL_ERR_CONFIG, "%s: no tasks", f);
+    return s;
+}
+
+/* Write the tasks [lo, hi) of a kind ("task": training index i, "eval": held-out index j) as a
+ * task file. */
+static arl_status write_tasks(tr_run *r, const char *path, int eval, int64_t lo, int64_t hi) {
+    json_t *data = json_loads(r->c->rollout.task_data ? r->c->rollout.task_data : "{}", 0, NULL);
+    if (!data) return arl_errorf(ARL_ERR_CONFIG, "rollout.task-data: invalid JSON");
+    size_t cap = 1024, n = 0;
+    char *buf = malloc(cap);
+    arl_status s = buf ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    for (int64_t i = lo; s == ARL_OK && i < hi; i++) {
+        json_t *t;
+        if (!eval && r->dataset) {
+            t = json_deep_copy(r->dataset[i % r->n_dataset]);
+        } else {
+            char id[64];
+            snprintf(id, sizeof id, "%s%lld", eval ? "eval" : "task", (long long)i);
+            int64_t seed = eval ? r->c->eval_task_seed + i : r->c->rollout.task_seed + i;
+            t = json_pack("{sssIsO}", "id", id, "seed", (json_int_t)seed, "data", data);
+        }
+        char *line = t ? json_dumps(t, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        json_decref(t);
+        if (!line) {
+            s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+            break;
+        }
+        size_t ll = strlen(line);
+        if (n + ll + 2 > cap) {
+            while (n + ll + 2 > cap)
+                cap *= 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(line);
+                s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+                break;
+            }
+            buf = nb;
+        }
+        memcpy(buf + n, line, ll);
+        n += ll;
+        buf[n++] = '\n';
+        free(line);
+    }
+    json_decref(data);
+    if (s == ARL_OK) s = arl_write_file_atomic(path, buf, n);
+    free(buf);
+    return s;
+}
+
+/* ---- stores ---- */
+
+/* Outcomes of the groups of run_uid in the store at root: members, valid ones, successes (the
+ * outcome at the top of the environment's declared range) and the outcome sum. */
+typedef struct tr_counts {
+    int64_t groups, members, valid, successes;
+    double outcome_sum;
+} tr_counts;
+
+static arl_status store_counts(const char *root, const char *run_uid, const char *kind,
+                               tr_counts *k) {
+    memset(k, 0, sizeof *k);
+    arl_ledger *led = NULL;
+    replay_store *st = NULL;
+    replay_open_opts o = {.flags = REPLAY_OPEN_READONLY};
+    int64_t *ids = NULL, ng = 0, run_id;
+    arl_ledger_member mem[256];
+    arl_status s = arl_ledger_open(root, &led);
+    if (!s) s = replay_store_open(root, &o, &st);
+    if (!s) s = arl_ledger_run_id(led, run_uid, &run_id);
+    arl_ledger_counts gc;
+    if (!s) s = arl_ledger_group_counts(led, run_id, kind, &gc);
+    const int64_t cap = s ? 0 : gc.open + gc.final + gc.consumed + gc.abandoned + 1;
+    if (!s && !(ids = malloc(sizeof(int64_t) * (size_t)cap)))
+        s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    if (!s) s = arl_ledger_groups(led, run_id, kind, ids, cap, &ng);
+    for (int64_t g = 0; !s && g < ng; g++) {
+        int32_t sz, nm = 0;
+        char env[64], *info = NULL;
+        s = arl_ledger_group_env(led, ids[g], &sz, env, sizeof env, &info);
+        double hi = 1.0;
+        json_t *j = info ? json_loads(info, 0, NULL) : NULL;
+        json_t *rg = json_object_get(
+            json_object_get(json_object_get(j, "reward_levels"), "outcome"), "range");
+        if (json_is_array(rg) && json_is_number(json_array_get(rg, 1)))
+            hi = json_number_value(json_array_get(rg, 1));
+        json_decref(j);
+        free(info);
+        if (!s) s = arl_ledger_members(led, ids[g], mem, 256, &nm);
+        k->groups++;
+        for (int32_t i = 0; !s && i < nm; i++) {
+            replay_traj_row row;
+            s = replay_traj_get_id(st, mem[i].traj_id, &row);
+            if (s) break;
+            k->members++;
+            if (row.status != REPLAY_COMPLETE && row.status != REPLAY_TRUNCATED) continue;
+            k->valid++;
+            if (isfinite(row.outcome_reward)) {
+                k->outcome_sum += row.outcome_reward;
+                k->successes += row.outcome_reward >= hi - 1e-9;
+            }
+        }
+    }
+    free(ids);
+    replay_store_close(st);
+    arl_ledger_close(led);
+    return s;
+}
+
+/* 1 if the store at root holds n_groups groups of run_uid, every one final or consumed. */
+static int store_complete(const char *root, const char *run_uid, const char *kind,
+                          int64_t n_groups) {
+    char cat[4200];
+    snprintf(cat, sizeof cat, "%s/catalog.sqlite", root);
+    if (!path_exists(cat)) return 0;
+    arl_ledger *led = NULL;
+    int64_t run_id;
+    arl_ledger_counts k;
+    int ok = arl_ledger_open(root, &led) == ARL_OK &&
+             arl_ledger_run_id(led, run_uid, &run_id) == ARL_OK &&
+             arl_ledger_group_counts(led, run_id, kind, &k) == ARL_OK && k.open == 0 &&
+             k.final + k.consumed == n_groups;
+    arl_ledger_close(led);
+    arl_error_clear();
+    return ok;
+}
+
+/* Roll out tasks [lo, hi) into the store at root (replay/<dir>/r<R>): done if the store is
+ * complete; an incomplete one is set aside first. */
+static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_path,
+                                const char *run_uid, int eval, int64_t lo, int64_t hi,
+                                int64_t version, const char *ckpt_dir, int64_t ctx_tokens,
+                                arl_rollout_stats *stats) {
+    memset(stats, 0, sizeof *stats);
+    const char *kind = eval ? "eval" : "train";
+    if (hi <= lo) return ARL_OK;
+    if (store_complete(root, run_uid, kind, hi - lo)) return ARL_OK;
+    if (path_exists(root)) {
+        char aside[4300];
+        for (int k = 1;; k++) {
+            snprintf(aside, sizeof aside, "%s.interrupted-%d", root, k);
+            if (!path_exists(aside)) break;
+        }
+        if (rename(root, aside))
+            return arl_errorf(ARL_ERR_IO, "train: cannot set aside %s: %s", root, strerror(errno));
+        arl_log_warn("train: %s held an interrupted rollout; kept as %s, rolling out again", root,
+                     aside);
+    }
+    ARL_TRY(write_tasks(r, tasks_path, eval, lo, hi));
+    arl_rollout_config rc;
+    ARL_TRY(rollout_copy(&rc, &r->c->rollout));
+    const arl_option *T = arl_rollout_options;
+    const size_t nT = arl_rollout_n_options;
+    arl_status s = arl_options_set(T, nT, "task-file", tasks_path, &rc);
+    if (!s) s = arl_options_set(T, nT, "run-uid", run_uid, &rc);
+    if (!s) s = arl_options_set(T, nT, "group-kind", kind, &rc);
+    if (!s) {
+        free(rc.policy_dir);
+        rc.policy_dir = NULL;
+        rc.tasks = hi - lo;
+        rc.policy_version = version;
+        rc.threads = r->c->threads;
+        if (eval) {
+            rc.group_size = 1;
+            rc.temperature = r->c->eval_temperature;
+        }
+        if (ctx_tokens > 0) {
+            rc.context_tokens = ctx_tokens;
+            rc.trajectory_tokens = ctx_tokens;
+            if (rc.segment_tokens > ctx_tokens) rc.segment_tokens = ctx_tokens;
+        }
+        if (!r->log || !r->rank0) rc.progress_s = 0;
+    }
+    replay_store *st = NULL;
+    arl_rollout_worker *w = NULL;
+    replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
+    if (!s) s = replay_store_open(root, &oo, &st);
+    if (!s) s = arl_rollout_worker_open(&rc, ckpt_dir, st, 0, NULL, &w);
+    if (!s) s = arl_rollout_worker_run(w);
+    if (!s) *stats = *arl_rollout_worker_stats(w);
+    arl_rollout_worker_close(w);
+    replay_store_close(st);
+    arl_rollout_config_free(&rc);
+    return s;
+}
+
+/* ---- weights ---- */
+
+static arl_status save_policy(tr_run *r, int64_t version) {
+    char dir[4200];
+    pathf(dir, sizeof dir, r, "policy/v%lld", (long long)version);
+    char cfgp[4300];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    if (!path_exists(cfgp)) {
+        char parent[4200];
+        pathf(parent, sizeof parent, r, "policy");
+        ARL_TRY(mkdir_p(parent));
+        if (path_exists(dir)) rm_tree(dir); /* a partial save */
+        ARL_TRY(arl_checkpoint_save(dir, &r->mcfg, &r->params, 0));
+    }
+    if (version >= 2) { /* keep the last two versions */
+        char old[4200];
+        pathf(old, sizeof old, r, "policy/v%lld", (long long)(version - 2));
+        if (path_exists(old)) rm_tree(old);
+    }
+    return ARL_OK;
+}
+
+/* ---- SFT stage and the initial policy ---- */
+
+static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
+    const arl_train_config *c = r->c;
+    char dir[4200], demos[4300], done[4300];
+    pathf(dir, sizeof dir, r, "sft");
+    ARL_TRY(mkdir_p(dir));
+    snprintf(demos, sizeof demos, "%s/demos.jsonl", dir);
+    snprintf(done, sizeof done, "%s/demos.done", dir);
+    const char *env = builtin_name(c->rollout.env);
+    if (!path_exists(done)) {
+        char tmp[4400];
+        snprintf(tmp, sizeof tmp, "%s.tmp", demos);
+        FILE *f = fopen(tmp, "w");
+        if (!f) return arl_errorf(ARL_ERR_IO, "train: cannot write %s: %s", tmp, strerror(errno));
+        arl_env_demos_stats ds;
+        const char *opts = c->sft_demo_options ? c->sft_demo_options : c->rollout.task_data;
+        arl_status s =
+            arl_env_demos_write(env, c->sft_demos, (uint64_t)c->sft_demo_seed, opts, f, &ds);
+        if (fflush(f) || fsync(fileno(f)))
+            s = s ? s : arl_errorf(ARL_ERR_IO, "train: writing %s", tmp);
+        fclose(f);
+        if (s) return arl_error_prefix(s, "train: SFT demonstrations of %s", env);
+        if (rename(tmp, demos))
+            return arl_errorf(ARL_ERR_IO, "train: cannot rename %s: %s", tmp, strerror(errno));
+        char note[256];
+        snprintf(note, sizeof note, "{\"episodes\": %lld, \"written\": %lld}\n",
+                 (long long)ds.episodes, (long long)ds.written);
+        ARL_TRY(write_text(done, note));
+        say(r, "train: SFT stage: %lld teacher demonstrations of %s (%lld written) in %s",
+            (long long)ds.episodes, env, (long long)ds.written, demos);
+    }
+    arl_sft_config sc;
+    size_t n;
+    const arl_option *t = arl_sft_options(&n);
+    memset(&sc, 0, sizeof sc);
+    arl_status s = arl_options_defaults(t, n, &sc);
+    /* copy the section: its resolved values through JSON, then the driver's keys */
+    char *js = s ? NULL : arl_options_to_json(t, n, &c->sft);
+    json_t *j = js ? json_loads(js, 0, NULL) : NULL;
+    free(js);
+    if (!s && !j) s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    if (!s) {
+        const char *key;
+        json_t *v;
+        void *tmp;
+        json_object_foreach_safe(j, tmp, key, v) {
+            if (json_is_null(v) || sft_key_reserved(key)) json_object_del(j, key);
+        }
+        s = parse_section(t, n, j, "sft section", &sc);
+    }
+    json_decref(j);
+    char num[64];
+    if (!s && c->model) s = arl_options_set(t, n, "model", c->model, &sc);
+    if (!s && c->init) s = arl_options_set(t, n, "init", c->init, &sc);
+    snprintf(num, sizeof num, "%lld", (long long)c->init_seed);
+    if (!s) s = arl_options_set(t, n, "init-seed", num, &sc);
+    if (!s) s = arl_options_set(t, n, "data", demos, &sc);
+    if (!s) s = arl_options_set(t, n, "out", dir, &sc);
+    snprintf(num, sizeof num, "%lld", (long long)c->threads);
+    if (!s) s = arl_options_set(t, n, "threads", num, &sc);
+    if (!s) s = arl_options_set(t, n, "progress", r->rank0 && r->log ? c->progress : "off", &sc);
+    arl_sft_result sres;
+    if (!s)
+        s = arl_sft_run(&sc, arl_sft_model_ops_default(), 1, NULL, r->rank0 ? r->log : NULL, &sres);
+    if (!s && !sres.checkpoint[0])
+        s = arl_errorf(ARL_ERR_STATE, "train: the SFT stage wrote no checkpoint");
+    if (!s) snprintf(init_out, cap, "%s", sres.checkpoint);
+    arl_options_free(t, n, &sc);
+    return s ? arl_error_prefix(s, "train: SFT stage") : ARL_OK;
+}
+
+/* rank 0: the initial policy (SFT result, init checkpoint or from scratch) as OUT/reference. */
+static arl_status make_reference(tr_run *r) {
+    char ref[4200], cfgp[4300];
+    pathf(ref, sizeof ref, r, "reference");
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", ref);
+    if (path_exists(cfgp)) return ARL_OK;
+    char init[4200] = "";
+    if (r->c->sft_demos > 0)
+        ARL_TRY(sft_stage(r, init, sizeof init));
+    else if (r->c->init)
+        snprintf(init, sizeof init, "%s", r->c->init);
+    arl_model_params p;
+    ARL_TRY(arl_model_params_alloc(&p, &r->mcfg));
+    arl_status s = init[0] ? arl_checkpoint_load(init, &r->mcfg, &p)
+                           : arl_params_init(&p, &r->mcfg, (uint64_t)r->c->init_seed, 0);
+    if (path_exists(ref)) rm_tree(ref);
+    if (!s) s = arl_checkpoint_save(ref, &r->mcfg, &p, 0);
+    arl_model_params_free(&p);
+    if (!s)
+        say(r, "train: initial policy (the KL reference) %s%s", init[0] ? "from " : "from scratch",
+            init[0] ? init : "");
+    return s;
+}
+
+/* ---- evaluation ---- */
+
+static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_t version,
+                           arl_report_eval_arm *arm) {
+    char file[4200], dir[4200];
+    pathf(file, sizeof file, r, "eval-%s.json", name);
+    arm->episodes = -1;
+    arm->successes = 0;
+    if (r->rank0 && path_exists(file)) {
+        arl_report_eval e;
+        if (arl_report_eval_read(file, &e) == ARL_OK) {
+            *arm = strcmp(name, "after") ? e.before : e.after;
+        } else
+            arl_error_clear();
+    }
+    int64_t have = arm->episodes;
+    ARL_TRY(arl_dist_bcast_bytes(r->d->world, &have, sizeof have, 0));
+    if (have >= 0) return ARL_OK;
+    const double t0 = now_s();
+    pathf(dir, sizeof dir, r, "replay/eval-%s", name);
+    char uid[256];
+    snprintf(uid, sizeof uid, "%s-eval-%s", r->c->rollout.run_uid, name);
+    arl_status s = ARL_OK;
+    const int64_t E = r->c->eval_tasks;
+    if (r->L->roles & ARL_DIST_ROLE_ROLLOUT) {
+        const int64_t ri = r->L->rollout_index, R = r->R;
+        char root[4300], tasks[4300];
+        snprintf(root, sizeof root, "%s/r%lld", dir, (long long)ri);
+        snprintf(tasks, sizeof tasks, "%s/tasks-r%lld.jsonl", dir, (long long)ri);
+        s = mkdir_p(dir);
+        arl_rollout_stats rs;
+        if (!s)
+            s = rollout_store(r, root, tasks, uid, 1, ri * E / R, (ri + 1) * E / R, version, ckpt,
+                              0, &rs);
+    }
+    ARL_TRY(sync_status(r, s));
+    if (r->rank0) {
+        tr_counts tot = {0};
+        for (int64_t ri = 0; !s && ri < r->R; ri++) {
+            if ((ri + 1) * E / r->R <= ri * E / r->R) continue;
+            char root[4300];
+            snprintf(root, sizeof root, "%s/r%lld", dir, (long long)ri);
+            tr_counts k;
+            s = store_counts(root, uid, "eval", &k);
+            tot.members += k.members;
+            tot.successes += k.successes;
+        }
+        if (!s) {
+            arm->episodes = tot.members;
+            arm->successes = tot.successes;
+            arl_report_eval e;
+            arl_report_eval_init(&e);
+            if (strcmp(name, "after"))
+                e.before = *arm;
+            else
+                e.after = *arm;
+            s = arl_report_eval_write(file, &e);
+            double lo, hi;
+            double p = arl_report_wilson(arm->successes, arm->episodes, ARL_REPORT_Z95, &lo, &hi);
+            say(r,
+                "train: evaluation %s: %lld/%lld held-out episodes succeed (%.3f, 95%% CI "
+                "[%.3f, %.3f]), %.1f s",
+                name, (long long)arm->successes, (long long)arm->episodes, p, lo, hi, now_s() - t0);
+        }
+    }
+    return sync_status(r, s);
+}
+
+/* ---- metrics file ---- */
+
+/* Keep the lines of updates < keep (a resume repeats the updates after its checkpoint). */
+static arl_status metrics_truncate(const char *path, int64_t keep) {
+    if (!path_exists(path)) return ARL_OK;
+    char *text;
+    ARL_TRY(read_text(path, &text));
+    size_t n = strlen(text), o = 0;
+    char *out = malloc(n + 1);
+    if (!out) {
+        free(text);
+        return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    }
+    char *p = text;
+    while (*p) {
+        char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        json_t *j = json_loadb(p, len, 0, NULL);
+        json_t *st = json_object_get(j, "step");
+        if (e && json_is_integer(st) && json_integer_value(st) < keep) { /* complete lines only */
+            memcpy(out + o, p, len);
+            o += len;
+            out[o++] = '\n';
+        }
+        json_decref(j);
+        p += len + (e ? 1 : 0);
+    }
+    arl_status s = arl_write_file_atomic(path, out, o);
+    free(out);
+    free(text);
+    return s;
+}
+
+static arl_status metrics_append(const char *path, const char *line) {
+    FILE *f = fopen(path, "a");
+    if (!f) return arl_errorf(ARL_ERR_IO, "train: cannot open %s: %s", path, strerror(errno));
+    int bad = fputs(line, f) < 0 || fputc('\n', f) < 0 || fflush(f) || fsync(fileno(f));
+    bad |= fclose(f) != 0;
+    return bad ? arl_errorf(ARL_ERR_IO, "train: writing %s failed", path) : ARL_OK;
+}
+
+/* Mean kl/k3 over the last quarter of the updates in the metrics file (NaN: none). */
+static double kl_mean_of(const char *path) {
+    char *text;
+    if (read_text(path, &text)) {
+        arl_error_clear();
+        return NAN;
+    }
+    double *v = NULL;
+    size_t n = 0, cap = 0;
+    for (char *p = text; *p;) {
+        char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        json_t *j = json_loadb(p, len, 0, NULL);
+        json_t *k = json_object_get(j, "kl/k3");
+        if (json_is_number(k)) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 64;
+                double *nv = realloc(v, cap * sizeof *nv);
+                if (!nv) break;
+                v = nv;
+            }
+            v[n++] = json_number_value(k);
+        }
+        json_decref(j);
+        p += len + (e ? 1 : 0);
+    }
+    free(text);
+    double s = 0;
+    size_t from = n - (n + 3) / 4;
+    for (size_t i = from; i < n; i++)
+        s += v[i];
+    double m = n ? s / (double)(n - from) : NAN;
+    free(v);
+    return m;
+}
+
+/* ---- one update ---- */
+
+static arl_status train_state_save(tr_run *r, int64_t done, int64_t n, const int64_t *const *gids,
+                                   const int64_t *ngs) {
+    arl_train_state ts;
+    arl_train_state_init(&ts);
+    ts.step = r->opt.step; /* optimizer steps (the moments' file is checked against it) */
+    ts.tokens = r->tokens;
+    ts.lr = r->last_lr;
+    snprintf(ts.model_sha256, sizeof ts.model_sha256, "%s", r->model_sha);
+    snprintf(ts.run_sha256, sizeof ts.run_sha256, "%s", r->run_sha);
+    arl_rng rng;
+    arl_rng_seed_stream(&rng, (uint64_t)r->c->seed, (uint64_t)done);
+    arl_status s = arl_train_state_set_rng(&ts, "train", &rng);
+    ts.data.epoch = 0;
+    ts.data.index = done * r->B;
+    ts.data.items = 0;
+    ts.data.seed = (uint64_t)r->c->rollout.task_seed;
+    arl_klctl_state ks;
+    arl_klctl_state_get(&r->kl, &ks);
+    json_t *extra = json_object();
+    json_t *led = json_object();
+    json_t *stores = json_array(), *groups = json_array();
+    for (int64_t ri = 0; gids && ri < r->R; ri++) {
+        char rel[256];
+        snprintf(rel, sizeof rel, "replay/u%06lld/r%lld", (long long)n, (long long)ri);
+        json_array_append_new(stores, json_string(rel));
+        json_t *g = json_array();
+        for (int64_t i = 0; i < ngs[ri]; i++)
+            json_array_append_new(g, json_integer(gids[ri][i]));
+        json_array_append_new(groups, g);
+    }
+    json_object_set_new(led, "update", json_integer(n));
+    json_object_set_new(led, "stores", stores);
+    json_object_set_new(led, "groups", groups);
+    json_object_set_new(extra, "kl",
+                        json_pack("{sfsI}", "coef", ks.coef, "updates", (json_int_t)ks.updates));
+    json_object_set_new(extra, "updates", json_integer(done));
+    json_object_set_new(extra, "tasks_next", json_integer(done * r->B));
+    json_object_set_new(extra, "optimizer_steps", json_integer(r->opt.step));
+    json_object_set_new(extra, "ledger", led);
+    char *et = json_dumps(extra, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    json_decref(extra);
+    if (!s)
+        s = et ? arl_train_state_set_extra(&ts, et) : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+    free(et);
+    char root[4200];
+    pathf(root, sizeof root, r, "checkpoints");
+    if (!s)
+        s = arl_train_ckpt_save(root, &r->mcfg, &r->params, &r->opt, &ts, r->c->keep_last, 0, NULL,
+                                0);
+    arl_train_state_free(&ts);
+    return s;
+}
+
+static arl_status ledger_commit(tr_run *r, int64_t n, double kl_next) {
+    arl_status s = ARL_OK;
+    char uid[256], pol[4200];
+    snprintf(uid, sizeof uid, "%s-u%06lld", r->c->rollout.run_uid, (long long)n);
+    pathf(pol, sizeof pol, r, "policy/v%lld", (long long)(n + 1));
+    for (int64_t ri = 0; !s && ri < r->R; ri++) {
+        if ((ri + 1) * r->B / r->R <= ri * r->B / r->R) continue;
+        char root[4200];
+        pathf(root, sizeof root, r, "replay/u%06lld/r%lld", (long long)n, (long long)ri);
+        arl_ledger *led = NULL;
+        int64_t run_id;
+        arl_ledger_update_status us = ARL_LEDGER_NONE;
+        s = arl_ledger_open(root, &led);
+        if (!s) s = arl_ledger_run_id(led, uid, &run_id);
+        if (!s) s = arl_ledger_update_status_get(led, run_id, n, &us);
+        if (!s && us == ARL_LEDGER_PLANNED)
+            s = arl_ledger_commit(led, run_id, n, -1, pol, NULL, kl_next, NULL);
+        arl_ledger_close(led);
+    }
+    return s;
+}
+
+static void progress(tr_run *r, int64_t n, const char *mj, double t_roll, double t_learn,
+                     double success) {
+    if (!r->rank0 || !r->log || r->progress_line < 0) return;
+    json_t *j = json_loads(mj, 0, NULL);
+#define M(k)                                                                                       \
+    (json_is_number(json_object_get(j, k)) ? json_number_value(json_object_get(j, k)) : NAN)
+    const double done = (double)(n + 1), total = (double)r->c->steps;
+    const double el = now_s() - r->t0;
+    const double per = (t_roll + t_learn);
+    const double eta = per * (total - done);
+    char line[512];
+    snprintf(line, sizeof line,
+             "train: update %lld/%lld  success %.3f  reward %.3f  kl %.2e (coef %.2e)  "
+             "loss %.3e  rollout %.1fs  learn %.1fs  elapsed %.0fs  eta %.0fs",
+             (long long)(n + 1), (long long)r->c->steps, success, M("reward/outcome/mean"),
+             M("kl/k3"), M("kl/coef"), M("loss/total"), t_roll, t_learn, el, eta);
+#undef M
+    json_decref(j);
+    if (r->progress_line == 1) {
+        fprintf(r->log, "\r%s\033[K", line);
+        r->line_open = 1;
+    } else {
+        fprintf(r->log, "%s\n", line);
+    }
+    fflush(r->log);
+}
+
+static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
+    const double t0 = now_s();
+    char pol[4200], udir[4200], uid[256];
+    pathf(pol, sizeof pol, r, "policy/v%lld", (long long)n);
+    pathf(udir, sizeof udir, r, "replay/u%06lld", (long long)n);
+    snprintf(uid, sizeof uid, "%s-u%06lld", r->c->rollout.run_uid, (long long)n);
+    arl_status s = r->rank0 ? save_policy(r, n) : ARL_OK;
+    if (!s && r->rank0) s = mkdir_p(udir);
+    ARL_TRY(sync_status(r, s));
+    /* rollout */
+    arl_rollout_stats rs;
+    memset(&rs, 0, sizeof rs);
+    const int64_t ctx = stage_tokens(r, n);
+    if (r->L->roles & ARL_DIST_ROLE_ROLLOUT) {
+        const int64_t ri = r->L->rollout_index;
+        char root[4300], tasks[4300];
+        snprintf(root, sizeof root, "%s/r%lld", udir, (long long)ri);
+        snprintf(tasks, sizeof tasks, "%s/tasks-r%lld.jsonl", udir, (long long)ri);
+        s = rollout_store(r, root, tasks, uid, 0, n * r->B + ri * r->B / r->R,
+                          n * r->B + (ri + 1) * r->B / r->R, n, pol, ctx, &rs);
+    }
+    ARL_TRY(sync_status(r, s));
+    const double t1 = now_s();
+    /* update */
+    arl_update_source src[64];
+    replay_store *stores[64] = {0};
+    int64_t *gids[64] = {0};
+    int64_t ngs[64] = {0};
+    int32_t nsrc = 0;
+    char roots[64][4300];
+    arl_update_result res;
+    memset(&res, 0, sizeof res);
+    if (r->R > 64) s = arl_errorf(ARL_ERR_CONFIG, "train: more than 64 rollout ranks");
+    if (!s && (r->L->roles & ARL_DIST_ROLE_LEARNER)) {
+        for (int64_t ri = 0; !s && ri < r->R; ri++) {
+            const int64_t want = (ri + 1) * r->B / r->R - ri * r->B / r->R;
+            if (want <= 0) continue;
+            snprintf(roots[nsrc], sizeof roots[nsrc], "%s/r%lld", udir, (long long)ri);
+            replay_open_opts oo = {0};
+            arl_ledger *led = NULL;
+            int64_t run_id, ng = 0;
+            arl_ledger_update_status us;
+            gids[nsrc] = malloc(sizeof(int64_t) * (size_t)want);
+            if (!gids[nsrc]) s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+            if (!s) s = replay_store_open(roots[nsrc], &oo, &stores[nsrc]);
+            if (!s) s = arl_ledger_open(roots[nsrc], &led);
+            if (!s) s = arl_ledger_run_id(led, uid, &run_id);
+            if (!s) s = arl_ledger_plan(led, run_id, n, "train", want, gids[nsrc], want, &ng, &us);
+            arl_ledger_close(led);
+            if (!s && ng != want)
+                s = arl_errorf(ARL_ERR_STATE,
+                               "train: %s: update %lld planned %lld groups, %lld "
+                               "expected (the rollout did not finish its tasks)",
+                               roots[nsrc], (long long)n, (long long)ng, (long long)want);
+            if (s) {
+                nsrc++;
+                break;
+            }
+            src[nsrc] = (arl_update_source){.store = stores[nsrc],
+                                            .root = roots[nsrc],
+                                            .group_ids = gids[nsrc],
+                                            .n_groups = ng};
+            ngs[nsrc] = ng;
+            nsrc++;
+        }
+        if (!s) s = arl_learner_update(r->lr, n, src, nsrc, &res);
+    }
+    for (int32_t i = 0; i < nsrc; i++)
+        replay_store_close(stores[i]);
+    s = sync_status(r, s);
+    const double t2 = now_s();
+    /* checkpoint, ledger, metrics (rank 0) */
+    if (!s && r->rank0) {
+        r->tokens += res.tokens;
+        json_t *lm = json_loads(res.metrics_json, 0, NULL);
+        json_t *lr = json_object_get(lm, "optim/lr");
+        if (json_is_number(lr)) r->last_lr = json_number_value(lr);
+        const int last = n + 1 == r->c->steps;
+        if ((n + 1) % r->c->checkpoint_interval == 0 || last)
+            s = train_state_save(r, n + 1, n, (const int64_t *const *)gids, ngs);
+        if (!s) s = ledger_commit(r, n, res.kl_coef_next);
+        /* rollout figures from the stores (also right for a rollout done before a resume) */
+        tr_counts tot = {0};
+        for (int64_t ri = 0; !s && ri < r->R; ri++) {
+            if ((ri + 1) * r->B / r->R <= ri * r->B / r->R) continue;
+            char root[4300];
+            snprintf(root, sizeof root, "%s/r%lld", udir, (long long)ri);
+            tr_counts k;
+            s = store_counts(root, uid, "train", &k);
+            tot.members += k.members;
+            tot.valid += k.valid;
+            tot.successes += k.successes;
+            tot.outcome_sum += k.outcome_sum;
+        }
+        const double success = tot.valid ? (double)tot.successes / (double)tot.valid : 0;
+        json_t *m = json_object();
+        json_object_set_new(m, "step", json_integer(n));
+        json_object_set_new(m, "version", json_integer(n));
+        json_object_set_new(m, "rollout/success_rate", json_real(success));
+        json_object_set_new(m, "rollout/trajectories", json_integer(tot.members));
+        json_object_set_new(m, "rollout/context_tokens", json_integer(ctx));
+        json_object_set_new(m, "time/rollout_s", json_real(t1 - t0));
+        json_object_set_new(m, "time/learn_s", json_real(t2 - t1));
+        json_object_set_new(m, "time/step_s", json_real(now_s() - t0));
+        json_object_update(m, lm);
+        json_decref(lm);
+        char *line = json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+        json_decref(m);
+        if (!s)
+            s = line ? metrics_append(metrics_path, line)
+                     : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+        free(line);
+        if (!s) progress(r, n, res.metrics_json, t1 - t0, t2 - t1, success);
+    }
+    free(res.metrics_json);
+    for (int32_t i = 0; i < 64; i++)
+        free(gids[i]);
+    return sync_status(r, s);
+}
+
+/* ---- setup and the whole run ---- */
+
+static void run_free(tr_run *r) {
+    arl_learner_free(r->lr);
+    if (r->have_opt) arl_adamw_free(&r->opt);
+    if (r->have_params) {
+        arl_model_params_free(&r->params);
+        arl_model_params_free(&r->ref);
+    }
+    if (r->have_mcfg) arl_model_config_free(&r->mcfg);
+    for (int64_t i = 0; i < r->n_dataset; i++)
+        json_decref(r->dataset[i]);
+    free(r->dataset);
+}
+
+static arl_status any_checkpoint(const char *root, int64_t *step) {
+    char p[4200];
+    arl_status s = arl_train_ckpt_latest(root, p, sizeof p, step);
+    if (s == ARL_ERR_NOT_FOUND) {
+        arl_error_clear();
+        *step = -1;
+        return ARL_OK;
+    }
+    return s;
+}
+
+arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FILE *log,
+                         arl_train_result *res) {
+    arl_train_result dummy;
+    if (!res) res = &dummy;
+    memset(res, 0, sizeof *res);
+    res->resumed_from = -1;
+    tr_run rr, *r = &rr;
+    memset(r, 0, sizeof *r);
+    r->c = c;
+    r->d = d;
+    r->L = &d->layout;
+    r->rank0 = d->layout.world_rank == 0;
+    r->log = log;
+    r->t0 = now_s();
+    r->B = c->tasks_per_update;
+    r->G = c->rollout.group_size;
+    r->R = d->layout.n_rollout;
+    if (!log || !strcmp(c->progress, "off"))
+        r->progress_line = -1;
+    else if (!strcmp(c->progress, "line"))
+        r->progress_line = 1;
+    else if (!strcmp(c->progress, "plain"))
+        r->progress_line = 0;
+    else
+        r->progress_line = isatty(fileno(log)) ? 1 : 0;
+    if (!realpath(c->out, r->out)) snprintf(r->out, sizeof r->out, "%s", c->out);
+    if (c->threads > 0) ARL_TRY(arl_k_threads_init((int)c->threads));
+    arl_status s = ARL_OK;
+    /* output directory and the resume rule */
+    if (r->rank0) {
+        s = mkdir_p(c->out);
+        if (!s && !realpath(c->out, r->out)) snprintf(r->out, sizeof r->out, "%s", c->out);
+        int64_t st1 = -1, st2 = -1;
+        char p1[4200], p2[4200];
+        pathf(p1, sizeof p1, r, "checkpoints");
+        pathf(p2, sizeof p2, r, "sft/checkpoints");
+        if (!s) s = any_checkpoint(p1, &st1);
+        if (!s) s = any_checkpoint(p2, &st2);
+        if (!s && !resume && (st1 >= 0 || st2 >= 0))
+            s = arl_errorf(ARL_ERR_STATE,
+                           "train: %s already holds a run (checkpoints in %s); continue it with "
+                           "--resume, or choose another 'out'",
+                           r->out, st1 >= 0 ? p1 : p2);
+        if (!s) {
+            char *j = arl_train_config_json(c);
+            char p[4200];
+            pathf(p, sizeof p, r, "experiment.json");
+            s = j ? write_text(p, j) : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+            free(j);
+        }
+        if (!s && log) {
+            arl_train_config_print(c, log);
+            fflush(log);
+        }
+    }
+    ARL_TRY(sync_status(r, s));
+    ARL_TRY(arl_dist_bcast_bytes(d->world, r->out, sizeof r->out, 0));
+    /* model, configuration of the objective */
+    if (c->model)
+        s = arl_model_config_load(c->model, &r->mcfg);
+    else {
+        char p[4300];
+        snprintf(p, sizeof p, "%s/config.json", c->init);
+        s = arl_model_config_read(p, &r->mcfg);
+    }
+    r->have_mcfg = s == ARL_OK;
+    if (!s) arl_model_config_hash_hex(&r->mcfg, r->model_sha);
+    r->ocfg = c->learner.optim;
+    if (r->ocfg.total_steps == 0) r->ocfg.total_steps = c->steps * c->learner.own.minibatches;
+    if (r->ocfg.total_steps == 0) r->ocfg.total_steps = 1;
+    if (!s) s = arl_reward_config_from_opts(&c->learner.reward, &r->rc);
+    if (!s) s = arl_loss_config_from_opts(&c->learner.loss, &r->lossc);
+    if (!s) s = arl_kl_config_from_opts(&c->learner.kl, &r->klc);
+    if (!s) s = run_hash(r);
+    if (!s) s = load_dataset(r);
+    r->lc.minibatches = (int32_t)c->learner.own.minibatches;
+    r->lc.max_tokens = c->learner.own.max_tokens;
+    r->lc.max_docs = (int32_t)c->learner.own.max_docs;
+    r->lc.routing_replay = c->learner.own.routing_replay;
+    r->lc.ref_routing_replay = !strcmp(c->learner.own.ref_routing, "replay");
+    r->lc.prefix_per_minibatch = !strcmp(c->learner.own.prefix_refresh, "per_minibatch");
+    r->lc.act_checkpoint = c->learner.own.act_checkpoint;
+    r->lc.state_cache_bytes = (int64_t)(c->learner.own.state_cache_mb * 1048576.0);
+    r->lc.drift_sample = c->learner.own.drift_sample;
+    r->lc.seed = (uint64_t)c->seed;
+    r->lc.n_traj_per_update = r->B * r->G;
+    r->lc.segment_tokens = c->rollout.segment_tokens;
+    r->lc.max_context = c->rollout.context_tokens;
+    for (int i = 0; i < c->context_stages.n; i++) {
+        int64_t st, tok;
+        if (parse_stage(c->context_stages.v[i], &st, &tok) == ARL_OK && tok > r->lc.max_context)
+            r->lc.max_context = tok;
+    }
+    s = sync_status(r, s);
+    /* SFT stage and the reference (rank 0) */
+    if (!s && r->rank0) s = make_reference(r);
+    s = sync_status(r, s);
+    char refdir[4200];
+    pathf(refdir, sizeof refdir, r, "reference");
+    const int learner = (r->L->roles & ARL_DIST_ROLE_LEARNER) != 0;
+    if (!s && learner) {
+        s = arl_model_params_alloc(&r->params, &r->mcfg);
+        if (!s) s = arl_model_params_alloc(&r->ref, &r->mcfg);
+        r->have_params = !s;
+        if (!s) s = arl_checkpoint_load(refdir, &r->mcfg, &r->ref);
+        if (!s) s = arl_checkpoint_load(refdir, &r->mcfg, &r->params);
+        if (!s) s = arl_adamw_init(&r->opt, &r->mcfg, &r->ocfg);
+        r->have_opt = !s;
+        if (!s) s = arl_klctl_init(&r->kl, &r->klc);
+    }
+    s = sync_status(r, s);
+    /* resume from the newest training checkpoint */
+    int64_t start = 0;
+    if (!s && resume && learner) {
+        char root[4200], dir[4300];
+        pathf(root, sizeof root, r, "checkpoints");
+        int64_t step;
+        arl_status e = arl_train_ckpt_latest(root, dir, sizeof dir, &step);
+        if (e == ARL_ERR_NOT_FOUND) {
+            arl_error_clear();
+        } else if (e) {
+            s = e;
+        } else {
+            arl_train_state ts;
+            s = arl_train_ckpt_load(dir, &r->mcfg, r->run_sha, &r->params, &r->opt, &ts);
+            if (!s) {
+                json_t *x = ts.extra_json ? json_loads(ts.extra_json, 0, NULL) : NULL;
+                json_t *k = json_object_get(x, "kl");
+                json_t *u = json_object_get(x, "updates");
+                arl_klctl_state ks = {.coef = json_number_value(json_object_get(k, "coef")),
+                                      .updates = json_integer_value(json_object_get(k, "updates"))};
+                if (!json_is_object(k) || !json_is_integer(u))
+                    s = arl_errorf(ARL_ERR_CORRUPT,
+                                   "train: %s: train_state.json has no KL "
+                                   "controller state or update count in 'extra'",
+                                   dir);
+                if (!s) s = arl_klctl_state_set(&r->kl, &ks);
+                start = json_integer_value(u);
+                json_decref(x);
+                r->tokens = ts.tokens;
+                r->last_lr = ts.lr;
+                if (!s && ts.data.index != start * r->B)
+                    s = arl_errorf(ARL_ERR_CORRUPT,
+                                   "train: %s: data cursor %lld, expected %lld "
+                                   "(tasks-per-update changed?)",
+                                   dir, (long long)ts.data.index, (long long)(start * r->B));
+            }
+            arl_train_state_free(&ts);
+            if (!s) {
+                res->resumed_from = start;
+                say(r, "train: resuming after update %lld from %s", (long long)start, dir);
+            }
+        }
+    }
+    s = sync_status(r, s);
+    if (!s) s = arl_dist_bcast_bytes(d->world, &start, sizeof start, 0);
+    /* a planned update whose checkpoint exists is committed (spec/replay.md 7.7) */
+    if (!s && r->rank0 && start > 0) s = ledger_commit(r, start - 1, arl_klctl_beta(&r->kl));
+    s = sync_status(r, s);
+    /* evaluation before */
+    char polfinal[4200];
+    arl_report_eval ev;
+    arl_report_eval_init(&ev);
+    if (!s && c->eval_tasks > 0 && c->eval_before) s = eval_arm(r, "before", refdir, 0, &ev.before);
+    /* learner */
+    if (!s && learner) {
+        arl_learner_init in = {.cfg = &r->mcfg,
+                               .params = &r->params,
+                               .ref_params = &r->ref,
+                               .opt = &r->opt,
+                               .kl = &r->kl,
+                               .reward = &r->rc,
+                               .loss = &r->lossc,
+                               .lc = &r->lc,
+                               .dist = d->layout.world_size > 1 ? d : NULL};
+        s = arl_learner_create(&r->lr, &in);
+    }
+    s = sync_status(r, s);
+    char metrics[4200];
+    pathf(metrics, sizeof metrics, r, "metrics.jsonl");
+    if (!s && r->rank0) s = metrics_truncate(metrics, start);
+    s = sync_status(r, s);
+    if (!s && start < c->steps)
+        say(r, "train: %lld updates of %lld tasks x %lld samples (%s), output %s",
+            (long long)(c->steps - start), (long long)r->B, (long long)r->G, c->rollout.env,
+            r->out);
+    for (int64_t n = start; !s && n < c->steps; n++) {
+        s = one_update(r, n, metrics);
+        if (!s) res->updates = n + 1;
+    }
+    if (!s) res->updates = c->steps;
+    /* evaluation after */
+    if (!s && c->eval_tasks > 0 && c->eval_after) {
+        if (r->rank0) s = save_policy(r, c->steps);
+        s = sync_status(r, s);
+        pathf(polfinal, sizeof polfinal, r, "policy/v%lld", (long long)c->steps);
+        if (!s) s = eval_arm(r, "after", polfinal, c->steps, &ev.after);
+    }
+    /* eval.json and the report */
+    if (!s && r->rank0) {
+        char p[4200];
+        if (c->eval_tasks > 0) {
+            ev.kl_target = r->klc.target;
+            ev.kl_mean = kl_mean_of(metrics);
+            pathf(p, sizeof p, r, "eval.json");
+            s = arl_report_eval_write(p, &ev);
+            res->eval_episodes = ev.before.episodes > 0 ? ev.before.episodes : ev.after.episodes;
+            res->before_successes = ev.before.successes;
+            res->after_successes = ev.after.successes;
+        }
+        if (!s && path_exists(metrics)) {
+            char title[4400];
+            snprintf(title, sizeof title, "%s", c->title ? c->title : r->out);
+            arl_report_result rep;
+            s = arl_report_generate(r->out, NULL, title, &rep, NULL);
+            if (!s)
+                say(r, "train: report: %s/summary.md, %d plots, metrics.csv", r->out, rep.plots);
+        }
+        if (!s && c->eval_tasks > 0 && ev.before.episodes > 0 && ev.after.episodes > 0) {
+            double lo, hi;
+            double dlt =
+                arl_report_newcombe(ev.after.successes, ev.after.episodes, ev.before.successes,
+                                    ev.before.episodes, ARL_REPORT_Z95, &lo, &hi);
+            say(r,
+                "train: held-out success %lld/%lld -> %lld/%lld (difference %+.3f, 95%% CI "
+                "[%+.3f, %+.3f])",
+                (long long)ev.before.successes, (long long)ev.before.episodes,
+                (long long)ev.after.successes, (long long)ev.after.episodes, dlt, lo, hi);
+        }
+    }
+    s = sync_status(r, s);
+    res->seconds = now_s() - r->t0;
+    if (!s)
+        say(r, "train: done: %lld updates in %.0f s; output %s", (long long)res->updates,
+            res->seconds, r->out);
+    run_free(r);
+    return s;
+}

@@ -1,0 +1,145 @@
+/* experiments/train.h: `agentrl train EXPERIMENT.json [--set key=value ...] [--resume]` - the
+ * end-to-end RL post-training run: optional SFT warm start on the environment teacher's
+ * demonstrations, held-out evaluation before and after, and the synchronous loop
+ *   rollout (B tasks x G samples with policy version n) -> update n (learner/update.h)
+ *   -> version n + 1 -> rollout ...
+ * with atomic checkpoints, exact resume, metrics, a progress line and the report.
+ *
+ * ---- The experiment file ----
+ * One JSON object.  Its top-level keys are the driver's (arl_train_options: model, out, steps,
+ * tasks-per-update, evaluation, SFT demonstrations, checkpoints, staged context, ...); three
+ * sections hold the other option tables, each key under its table's own name:
+ *   "rollout": {...}  rollout/rollout.h arl_rollout_options (environment, group-size,
+ *                     sampling, budgets, batch-size, ...)
+ *   "learner": {...}  learner/update.h arl_learner_options: the learner's keys plus the
+ *                     objective's reward keys, loss keys, kl-* keys, dist-* keys and the RL
+ *                     optimizer's keys (lr, clip-norm, qb-method, ...), one flat table
+ *   "sft":     {...}  experiments/sft.h arl_sft_options except the keys the driver sets
+ *                     (model, init, init-seed, data, eval-data, out, threads, progress)
+ * Unknown keys and sections are errors naming them.  On the command line
+ * `--set key=value` sets a top-level key and `--set section.key=value` a section's key
+ * (`--set rollout.temperature=0.7`, `--set learner.kl-target=0.01`, `--set sft.steps=50`);
+ * --set is applied after the file.  The rollout keys tasks, task-file (when given it is the task
+ * dataset: update n takes lines n*B .. n*B+B-1, cyclically), group-kind, run-uid (the base of
+ * the per-update run uids), policy-dir, policy-version and threads are managed by the driver.
+ * The resolved configuration (every key, defaults included, in the same shape) is printed at
+ * the start and stored as OUT/experiment.json; that file is a valid experiment.
+ *
+ * ---- Tasks and seeds ----
+ * Update n rolls out tasks i = n*B .. n*B+B-1 with seed rollout.task-seed + i (generated tasks,
+ * id "task<i>", data rollout.task-data).  Held-out evaluation uses eval-tasks tasks with seeds
+ * eval-task-seed + j (greedy at eval-temperature 0), SFT demonstrations the teacher's episodes
+ * with seeds sft-demo-seed + j: the defaults keep the three seed ranges apart.
+ *
+ * ---- Output directory (out) ----
+ *   experiment.json        resolved configuration
+ *   sft/                   the SFT stage (experiments/sft.h: demos.jsonl, metrics, checkpoints)
+ *   reference/             the initial policy = the frozen KL reference (model checkpoint)
+ *   policy/v<N>/           the weights of policy version N that rollouts load (last two kept)
+ *   replay/u<NNNNNN>/r<R>/ update n's replay store written by rollout rank R (its own catalog
+ *                          and ledger); an interrupted rollout's store is renamed
+ *                          u<NNNNNN>.interrupted-<K> (kept for inspection, never trained on)
+ *                          and the update's tasks are rolled out again from the start
+ *   replay/eval-before/, replay/eval-after/   the evaluation episodes
+ *   checkpoints/step-N/    training checkpoints after N optimizer steps (= updates x
+ *                          minibatches; policy/train_state.h: model, AdamW moments,
+ *                          train_state.json whose "extra" holds the update count, the KL
+ *                          controller, the next task index and the ledger of the update)
+ *   metrics.jsonl          one JSON object per update: every metric of spec/objective.md
+ *                          section 12 (learner/update.h) plus "step", rollout and time figures
+ *   eval-before.json, eval-after.json, eval.json   held-out results (experiments/report.h)
+ *   metrics.csv, plots/, summary.md               the report (experiments/report.h)
+ *
+ * ---- Exactness and resume ----
+ * For a fixed thread count a run is a pure function of the experiment: rollouts sample from
+ * per-trajectory streams, updates are deterministic.  --resume continues from the newest
+ * checkpoint (refusing another model or run configuration): updates after it are re-done on
+ * the same stored groups when their rollout completed (the ledger re-plans the same groups;
+ * committing a committed update is a no-op), an incomplete rollout is set aside and repeated, a
+ * planned update whose checkpoint exists is committed, metrics lines after the checkpoint are
+ * dropped.  So a run killed at any point and resumed ends bit-identical to one never
+ * interrupted, and every task is trained on exactly once.  The SFT stage resumes by itself.
+ *
+ * ---- MPI ----
+ * `mpirun -np N agentrl train x.json`: roles from learner.dist-learners (learner/dist.h).
+ * Rollout ranks split each update's tasks in contiguous blocks (rank R writes its own store
+ * replay/u<n>/r<R>); learner ranks split the update's groups (learner/update.h) and keep
+ * identical weights through the deterministic all-reduce; rank 0 runs the SFT stage, writes
+ * checkpoints, policy versions, metrics and the report.  All ranks need the output directory
+ * (one machine, or a shared file system).
+ *
+ * Not here: the update's math (learner/), generation (rollout/), SFT (experiments/sft.c).
+ */
+#ifndef ARL_EXPERIMENTS_TRAIN_H
+#define ARL_EXPERIMENTS_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/options.h"
+#include "core/status.h"
+#include "experiments/sft.h"
+#include "learner/dist.h"
+#include "learner/update.h"
+#include "rollout/rollout.h"
+
+typedef struct arl_train_config {
+    /* top level (arl_train_options) */
+    char *model;              /* model config (file, directory or shipped name) */
+    char *init;               /* checkpoint to start from (before SFT); NULL: from scratch */
+    int64_t init_seed;        /* seed of the from-scratch initialisation */
+    char *out;                /* output directory */
+    int64_t steps;            /* RL updates */
+    int64_t tasks_per_update; /* B */
+    int64_t seed;             /* learner seed (minibatch shuffles) */
+    int64_t threads;          /* CPU threads (0: the kernels' default) */
+    int64_t checkpoint_interval;
+    int64_t keep_last;
+    int64_t eval_tasks; /* held-out episodes before and after (0: none) */
+    int64_t eval_task_seed;
+    double eval_temperature;
+    int eval_before, eval_after;
+    int64_t sft_demos; /* teacher episodes for the SFT warm start (0: no SFT) */
+    int64_t sft_demo_seed;
+    char *sft_demo_options;     /* JSON object text: options of the demonstration episodes */
+    arl_strlist context_stages; /* "STEP:TOKENS": from update STEP on, context budget TOKENS */
+    char *progress;             /* auto|line|plain|off */
+    char *title;                /* report title */
+    /* sections */
+    arl_rollout_config rollout;
+    arl_learner_opts learner;
+    arl_sft_config sft;
+} arl_train_config;
+
+/* The top-level table (static storage). */
+const arl_option *arl_train_options(size_t *n);
+
+/* Defaults, the experiment file at path (NULL: none), then each --set of sets (may be NULL),
+ * then the checks.  Errors name the file, section and key.  Free c with arl_train_config_free
+ * (also after an error). */
+arl_status arl_train_config_load(const char *path, const arl_strlist *sets, arl_train_config *c);
+/* Cross-section checks (budgets, stages, SFT demonstrations need a built-in environment). */
+arl_status arl_train_config_check(const arl_train_config *c);
+void arl_train_config_free(arl_train_config *c); /* NULL-safe */
+
+/* The resolved configuration as one JSON object in the experiment's shape; caller frees. */
+char *arl_train_config_json(const arl_train_config *c);
+/* The same as "key = value" lines, section by section. */
+void arl_train_config_print(const arl_train_config *c, FILE *f);
+
+typedef struct arl_train_result {
+    int64_t updates;       /* updates completed */
+    int64_t resumed_from;  /* updates of the checkpoint resumed from (-1: none) */
+    int64_t eval_episodes; /* per arm (0: no evaluation) */
+    int64_t before_successes, after_successes;
+    double seconds;
+} arl_train_result;
+
+/* Run the experiment.  dist: the process's arl_dist with roles assigned (every rank calls
+ * this).  log: progress and the resolved configuration (NULL: quiet; only rank 0 writes).
+ * res may be NULL. */
+arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *dist, FILE *log,
+                         arl_train_result *res);
+
+#endif

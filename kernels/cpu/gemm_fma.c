@@ -1,0 +1,393 @@
+/* kernels/cpu/gemm_fma.c: the GEMM of kernels/gemm.h for x86-64 CPUs with AVX2 and FMA, chosen
+ * at run time (kernels/cpu/gemm.c calls it when arl_k_cpu_has_fma() says so; elsewhere OpenBLAS
+ * does the work).  Not a general BLAS: one register tile of 6 rows x 16 columns, no packing of
+ * A, op(B) copied into a 16-column panel only when its rows are not already contiguous.
+ *
+ * Why it exists: the Debian OpenBLAS (0.3.21) picks its SSE3 "Prescott" kernels on CPUs it does
+ * not know, which is most current server CPUs; the tile here runs 2-3x faster on them.
+ *
+ * Arithmetic of one element (the contract of kernels/gemm.h, plus a fixed order): K is cut into
+ * blocks of GEMM_KC; within a block the products are accumulated with fused multiply-adds in
+ * ascending k, starting from 0; the first block gives C = alpha * s + beta * C (alpha * s when
+ * beta == 0: C is not read), each later block C = C + alpha * s.  NT products of at most
+ * GEMM_DOT_M rows (a Linear map of one to four tokens) are dot products instead (dots_nt).
+ * Nothing depends on where the element sits in its tile or on how a caller splits N across
+ * threads (or M, for products of more than GEMM_DOT_M rows), so results are bit-identical for
+ * any thread count.  Accuracy: the fp32 dot-product bound of kernels/gemm.h.
+ */
+#include "kernels/cpu/internal.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <immintrin.h>
+#include <stdatomic.h>
+
+#define GEMM_MR 6      /* rows of a tile */
+#define GEMM_NR 16     /* columns of a tile: two 8-lane registers (AVX2) */
+#define GEMM_NR_MAX 32 /* ... or two 16-lane registers (AVX-512) */
+#define GEMM_KC 256    /* k per block: a packed panel is GEMM_KC x 16 or 32 floats (16/32 KiB) */
+#define GEMM_DOT_M 4   /* NT products of at most this many rows run as dot products */
+
+int arl_k_cpu_has_fma(void) {
+    static atomic_int known = -1; /* the answer never changes: a racing first call is harmless */
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+static int g_narrow; /* tests: 16-column tiles even where AVX-512 is present */
+
+void arl_k_gemm_fma_narrow(int on) {
+    g_narrow = on;
+}
+
+static int use_wide_tiles(void) {
+    static atomic_int known = -1;
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        v = __builtin_cpu_supports("avx512f") != 0;
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v && !g_narrow;
+}
+
+/* C (or C^T) = alpha s + beta C for the mr x nr corner of a tile's sums s (row stride ns). */
+static void tile_store(const float *s, int64_t ns, float alpha, float beta, int first, float *C,
+                       int64_t ldc, int64_t mr, int64_t nr, int trans_c) {
+    const int64_t si = trans_c ? 1 : ldc, sj = trans_c ? ldc : 1;
+    for (int64_t i = 0; i < mr; i++) {
+        float *c = C + i * si;
+        const float *t = s + i * ns;
+        if (!first)
+            for (int64_t j = 0; j < nr; j++)
+                c[j * sj] = c[j * sj] + alpha * t[j];
+        else if (beta == 0.0f)
+            for (int64_t j = 0; j < nr; j++)
+                c[j * sj] = alpha * t[j];
+        else
+            for (int64_t j = 0; j < nr; j++)
+                c[j * sj] = alpha * t[j] + beta * c[j * sj];
+    }
+}
+
+/* tile with 32 columns (two 16-lane registers): the same arithmetic per element. */
+__attribute__((target("avx512f"))) static void tile512(int64_t kc, const float *const a[GEMM_MR],
+                                                       int64_t as, const float *b, int64_t bs,
+                                                       float alpha, float beta, int first, float *C,
+                                                       int64_t ldc, int64_t mr, int64_t nr,
+                                                       int trans_c) {
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_loadu_ps(b + k * bs), b1 = _mm512_loadu_ps(b + k * bs + 16);
+        const int64_t o = k * as;
+        __m512 x = _mm512_set1_ps(a0[o]);
+        c00 = _mm512_fmadd_ps(x, b0, c00), c01 = _mm512_fmadd_ps(x, b1, c01);
+        x = _mm512_set1_ps(a1[o]);
+        c10 = _mm512_fmadd_ps(x, b0, c10), c11 = _mm512_fmadd_ps(x, b1, c11);
+        x = _mm512_set1_ps(a2[o]);
+        c20 = _mm512_fmadd_ps(x, b0, c20), c21 = _mm512_fmadd_ps(x, b1, c21);
+        x = _mm512_set1_ps(a3[o]);
+        c30 = _mm512_fmadd_ps(x, b0, c30), c31 = _mm512_fmadd_ps(x, b1, c31);
+        x = _mm512_set1_ps(a4[o]);
+        c40 = _mm512_fmadd_ps(x, b0, c40), c41 = _mm512_fmadd_ps(x, b1, c41);
+        x = _mm512_set1_ps(a5[o]);
+        c50 = _mm512_fmadd_ps(x, b0, c50), c51 = _mm512_fmadd_ps(x, b1, c51);
+    }
+    if (trans_c) {
+        float s[GEMM_MR][GEMM_NR_MAX];
+        _mm512_storeu_ps(s[0], c00), _mm512_storeu_ps(s[0] + 16, c01);
+        _mm512_storeu_ps(s[1], c10), _mm512_storeu_ps(s[1] + 16, c11);
+        _mm512_storeu_ps(s[2], c20), _mm512_storeu_ps(s[2] + 16, c21);
+        _mm512_storeu_ps(s[3], c30), _mm512_storeu_ps(s[3] + 16, c31);
+        _mm512_storeu_ps(s[4], c40), _mm512_storeu_ps(s[4] + 16, c41);
+        _mm512_storeu_ps(s[5], c50), _mm512_storeu_ps(s[5] + 16, c51);
+        tile_store(&s[0][0], GEMM_NR_MAX, alpha, beta, first, C, ldc, mr, nr, 1);
+        return;
+    }
+    /* the rows of C in place, with the arithmetic of tile_store (no fused operation) */
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+    const __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+    const __m512 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
+                                    {c30, c31}, {c40, c41}, {c50, c51}};
+    for (int64_t i = 0; i < mr; i++) {
+        float *c = C + i * ldc;
+        for (int h = 0; h < 2; h++) {
+            const __mmask16 m = h ? m1 : m0;
+            __m512 v = _mm512_mul_ps(va, acc[i][h]);
+            if (!first)
+                v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, c + 16 * h), v);
+            else if (beta != 0.0f)
+                v = _mm512_add_ps(v, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m, c + 16 * h)));
+            _mm512_mask_storeu_ps(c + 16 * h, m, v);
+        }
+    }
+}
+
+/* One tile: rows a[0..5] of op(A) (element k at a[i][k * as]), kc values of op(B) rows at
+ * b + k * bs (16 floats each), written to the mr x nr corner of C (row stride ldc), or with
+ * trans_c to the nr x mr corner of C^T (tile element (i, j) at C[j * ldc + i]). */
+__attribute__((target("avx2,fma"))) static void
+tile(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, int64_t bs, float alpha,
+     float beta, int first, float *C, int64_t ldc, int64_t mr, int64_t nr, int trans_c) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 b0 = _mm256_loadu_ps(b + k * bs), b1 = _mm256_loadu_ps(b + k * bs + 8);
+        const int64_t o = k * as;
+        __m256 x = _mm256_broadcast_ss(a0 + o);
+        c00 = _mm256_fmadd_ps(x, b0, c00), c01 = _mm256_fmadd_ps(x, b1, c01);
+        x = _mm256_broadcast_ss(a1 + o);
+        c10 = _mm256_fmadd_ps(x, b0, c10), c11 = _mm256_fmadd_ps(x, b1, c11);
+        x = _mm256_broadcast_ss(a2 + o);
+        c20 = _mm256_fmadd_ps(x, b0, c20), c21 = _mm256_fmadd_ps(x, b1, c21);
+        x = _mm256_broadcast_ss(a3 + o);
+        c30 = _mm256_fmadd_ps(x, b0, c30), c31 = _mm256_fmadd_ps(x, b1, c31);
+        x = _mm256_broadcast_ss(a4 + o);
+        c40 = _mm256_fmadd_ps(x, b0, c40), c41 = _mm256_fmadd_ps(x, b1, c41);
+        x = _mm256_broadcast_ss(a5 + o);
+        c50 = _mm256_fmadd_ps(x, b0, c50), c51 = _mm256_fmadd_ps(x, b1, c51);
+    }
+    if (trans_c) {
+        float s[GEMM_MR][GEMM_NR];
+        _mm256_storeu_ps(s[0], c00), _mm256_storeu_ps(s[0] + 8, c01);
+        _mm256_storeu_ps(s[1], c10), _mm256_storeu_ps(s[1] + 8, c11);
+        _mm256_storeu_ps(s[2], c20), _mm256_storeu_ps(s[2] + 8, c21);
+        _mm256_storeu_ps(s[3], c30), _mm256_storeu_ps(s[3] + 8, c31);
+        _mm256_storeu_ps(s[4], c40), _mm256_storeu_ps(s[4] + 8, c41);
+        _mm256_storeu_ps(s[5], c50), _mm256_storeu_ps(s[5] + 8, c51);
+        tile_store(&s[0][0], GEMM_NR, alpha, beta, first, C, ldc, mr, nr, 1);
+        return;
+    }
+    /* the rows of C in place, with the arithmetic of tile_store (no fused operation) */
+    const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+    int32_t mk[GEMM_NR];
+    for (int j = 0; j < GEMM_NR; j++)
+        mk[j] = j < nr ? -1 : 0;
+    const __m256i m0 = _mm256_loadu_si256((const __m256i *)mk);
+    const __m256i m1 = _mm256_loadu_si256((const __m256i *)(mk + 8));
+    const __m256 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
+                                    {c30, c31}, {c40, c41}, {c50, c51}};
+    for (int64_t i = 0; i < mr; i++) {
+        float *c = C + i * ldc;
+        for (int h = 0; h < 2; h++) {
+            const __m256i m = h ? m1 : m0;
+            __m256 v = _mm256_mul_ps(va, acc[i][h]);
+            if (!first)
+                v = _mm256_add_ps(_mm256_maskload_ps(c + 8 * h, m), v);
+            else if (beta != 0.0f)
+                v = _mm256_add_ps(v, _mm256_mul_ps(vb, _mm256_maskload_ps(c + 8 * h, m)));
+            _mm256_maskstore_ps(c + 8 * h, m, v);
+        }
+    }
+}
+
+/* Sum of the 8 lanes: (lanes 0-3 + lanes 4-7), then (s0 + s2) + (s1 + s3). */
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    float t[4];
+    _mm_storeu_ps(t, q);
+    return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+/* dots_nt for one row of A: eight rows of B at a time, the same arithmetic per element. */
+__attribute__((target("avx2,fma"))) static void dots_1nt(int64_t N, int64_t K, float alpha,
+                                                         const float *a, const float *B,
+                                                         int64_t ldb, float beta, float *C,
+                                                         __m256i tail) {
+    const int64_t K8 = K & ~(int64_t)7;
+    for (int64_t j0 = 0; j0 < N; j0 += 8) {
+        const int64_t nj = N - j0 < 8 ? N - j0 : 8;
+        const float *b[8];
+        for (int64_t j = 0; j < 8; j++)
+            b[j] = B + (j0 + (j < nj ? j : 0)) * ldb;
+        __m256 s[8];
+        for (int j = 0; j < 8; j++)
+            s[j] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K8; k += 8) {
+            const __m256 x = _mm256_loadu_ps(a + k);
+            for (int j = 0; j < 8; j++)
+                s[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b[j] + k), s[j]);
+        }
+        if (K8 < K) {
+            const __m256 x = _mm256_maskload_ps(a + K8, tail);
+            for (int j = 0; j < 8; j++)
+                s[j] = _mm256_fmadd_ps(x, _mm256_maskload_ps(b[j] + K8, tail), s[j]);
+        }
+        for (int64_t j = 0; j < nj; j++) {
+            float d = hsum8(s[j]);
+            C[j0 + j] = beta == 0.0f ? alpha * d : alpha * d + beta * C[j0 + j];
+        }
+    }
+}
+
+/* C[i, j] = alpha (A_i . B_j) (+ beta C[i, j]) for at most a few rows of A, all rows of B
+ * (the NT product of a Linear map of one to four tokens) as dot products: lane l of a dot
+ * product accumulates k = l mod 8 in ascending k with fused multiply-adds, then hsum8.  Two
+ * rows of A and four of B share their loads; no copy of B. */
+__attribute__((target("avx2,fma"))) static void dots_nt(int64_t M, int64_t N, int64_t K,
+                                                        float alpha, const float *A, int64_t lda,
+                                                        const float *B, int64_t ldb, float beta,
+                                                        float *C, int64_t ldc) {
+    const int64_t K8 = K & ~(int64_t)7, rem = K - K8;
+    int32_t mk[8];
+    for (int i = 0; i < 8; i++)
+        mk[i] = i < rem ? -1 : 0;
+    const __m256i tail = _mm256_loadu_si256((const __m256i *)mk);
+    if (M == 1) {
+        dots_1nt(N, K, alpha, A, B, ldb, beta, C, tail);
+        return;
+    }
+    for (int64_t i0 = 0; i0 < M; i0 += 2) {
+        const int64_t mi = M - i0 < 2 ? M - i0 : 2;
+        const float *a0 = A + i0 * lda, *a1 = A + (i0 + mi - 1) * lda;
+        for (int64_t j0 = 0; j0 < N; j0 += 4) {
+            const int64_t nj = N - j0 < 4 ? N - j0 : 4;
+            const float *b0 = B + j0 * ldb, *b1 = B + (j0 + (nj > 1 ? 1 : 0)) * ldb;
+            const float *b2 = B + (j0 + (nj > 2 ? 2 : 0)) * ldb;
+            const float *b3 = B + (j0 + (nj > 3 ? 3 : 0)) * ldb;
+            __m256 s00 = _mm256_setzero_ps(), s01 = s00, s02 = s00, s03 = s00;
+            __m256 s10 = s00, s11 = s00, s12 = s00, s13 = s00;
+            for (int64_t k = 0; k <= K8; k += 8) {
+                __m256 x0, x1, y0, y1, y2, y3;
+                if (k < K8) {
+                    x0 = _mm256_loadu_ps(a0 + k), x1 = _mm256_loadu_ps(a1 + k);
+                    y0 = _mm256_loadu_ps(b0 + k), y1 = _mm256_loadu_ps(b1 + k);
+                    y2 = _mm256_loadu_ps(b2 + k), y3 = _mm256_loadu_ps(b3 + k);
+                } else if (rem) {
+                    x0 = _mm256_maskload_ps(a0 + k, tail), x1 = _mm256_maskload_ps(a1 + k, tail);
+                    y0 = _mm256_maskload_ps(b0 + k, tail), y1 = _mm256_maskload_ps(b1 + k, tail);
+                    y2 = _mm256_maskload_ps(b2 + k, tail), y3 = _mm256_maskload_ps(b3 + k, tail);
+                } else {
+                    break;
+                }
+                s00 = _mm256_fmadd_ps(x0, y0, s00), s01 = _mm256_fmadd_ps(x0, y1, s01);
+                s02 = _mm256_fmadd_ps(x0, y2, s02), s03 = _mm256_fmadd_ps(x0, y3, s03);
+                s10 = _mm256_fmadd_ps(x1, y0, s10), s11 = _mm256_fmadd_ps(x1, y1, s11);
+                s12 = _mm256_fmadd_ps(x1, y2, s12), s13 = _mm256_fmadd_ps(x1, y3, s13);
+            }
+            const float d[2][4] = {{hsum8(s00), hsum8(s01), hsum8(s02), hsum8(s03)},
+                                   {hsum8(s10), hsum8(s11), hsum8(s12), hsum8(s13)}};
+            for (int64_t i = 0; i < mi; i++)
+                for (int64_t j = 0; j < nj; j++) {
+                    float *c = C + (i0 + i) * ldc + j0 + j;
+                    *c = beta == 0.0f ? alpha * d[i][j] : alpha * d[i][j] + beta * *c;
+                }
+        }
+    }
+}
+
+/* panel[k][j] (row stride w) = op(B)[k0 + k][j0 + j] for k < kc, j < nr; 0 for nr <= j < w. */
+static void pack_panel(float *panel, int64_t w, const float *B, int64_t ldb, int trans_b,
+                       int64_t k0, int64_t kc, int64_t j0, int64_t nr) {
+    if (nr < w)
+        for (int64_t k = 0; k < kc; k++)
+            for (int64_t j = nr; j < w; j++)
+                panel[k * w + j] = 0.0f;
+    if (trans_b) { /* row j0 + j of B holds column j of the panel */
+        for (int64_t j = 0; j < nr; j++) {
+            const float *src = B + (j0 + j) * ldb + k0;
+            for (int64_t k = 0; k < kc; k++)
+                panel[k * w + j] = src[k];
+        }
+    } else {
+        for (int64_t k = 0; k < kc; k++)
+            memcpy(panel + k * w, B + (k0 + k) * ldb + j0, sizeof(float) * (size_t)nr);
+    }
+}
+
+/* The tile of this CPU: 16 columns (AVX2) or 32 (AVX-512); same bits either way. */
+static void run_tile(int wide, int64_t kc, const float *const a[GEMM_MR], int64_t as,
+                     const float *b, int64_t bs, float alpha, float beta, int first, float *C,
+                     int64_t ldc, int64_t mr, int64_t nr, int trans_c) {
+    if (wide)
+        tile512(kc, a, as, b, bs, alpha, beta, first, C, ldc, mr, nr, trans_c);
+    else
+        tile(kc, a, as, b, bs, alpha, beta, first, C, ldc, mr, nr, trans_c);
+}
+
+void arl_k_gemm_fma(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                    int64_t ldc, int64_t m_full) {
+    float panel[GEMM_KC * GEMM_NR_MAX];
+    if (!trans_a && trans_b && m_full <= GEMM_DOT_M) {
+        dots_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    const int wide = use_wide_tiles();
+    const int64_t nrt = wide ? GEMM_NR_MAX : GEMM_NR; /* columns of a tile */
+    if (!trans_a && trans_b && M <= nrt) {
+        /* a Linear map of at most 16 (32) tokens: C^T = B A^T with A as the (only) panel, so
+         * the weights B are read in place instead of copied.  Each element sees the same
+         * products in the same order as below (a fused multiply-add is exact in its product).
+         * Up to 16 tokens the 16-column tile wastes fewer lanes. */
+        const int sw = wide && M > GEMM_NR;
+        const int64_t w = sw ? GEMM_NR_MAX : GEMM_NR;
+        for (int64_t k0 = 0; k0 < K; k0 += GEMM_KC) {
+            const int64_t kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+            pack_panel(panel, w, A, lda, 1, k0, kc, 0, M);
+            for (int64_t j0 = 0; j0 < N; j0 += GEMM_MR) {
+                const int64_t nj = N - j0 < GEMM_MR ? N - j0 : GEMM_MR;
+                const float *a[GEMM_MR];
+                for (int64_t j = 0; j < GEMM_MR; j++)
+                    a[j] = B + (j0 + (j < nj ? j : nj - 1)) * ldb + k0;
+                run_tile(sw, kc, a, 1, panel, w, alpha, beta, k0 == 0, C + j0, ldc, nj, M, 1);
+            }
+        }
+        return;
+    }
+    /* op(A)[i][k] = A[i * ai + k * as] */
+    const int64_t ai = trans_a ? 1 : lda, as = trans_a ? lda : 1;
+    for (int64_t k0 = 0; k0 < K; k0 += GEMM_KC) {
+        const int64_t kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+        for (int64_t j0 = 0; j0 < N; j0 += nrt) {
+            const int64_t nr = N - j0 < nrt ? N - j0 : nrt;
+            const float *b;
+            int64_t bs;
+            if (!trans_b && nr == nrt) { /* rows of op(B) are contiguous: use them in place */
+                b = B + k0 * ldb + j0;
+                bs = ldb;
+            } else { /* copy op(B)[k0 .. k0+kc)[j0 .. j0+nr) into the panel, zero-padded */
+                pack_panel(panel, nrt, B, ldb, trans_b, k0, kc, j0, nr);
+                b = panel;
+                bs = nrt;
+            }
+            for (int64_t i0 = 0; i0 < M; i0 += GEMM_MR) {
+                const int64_t mr = M - i0 < GEMM_MR ? M - i0 : GEMM_MR;
+                const float *a[GEMM_MR];
+                for (int64_t i = 0; i < GEMM_MR; i++) /* rows past M repeat the last one */
+                    a[i] = A + (i0 + (i < mr ? i : mr - 1)) * ai + k0 * as;
+                run_tile(wide, kc, a, as, b, bs, alpha, beta, k0 == 0, C + i0 * ldc + j0, ldc, mr,
+                         nr, 0);
+            }
+        }
+    }
+}
+
+#else
+
+int arl_k_cpu_has_fma(void) {
+    return 0;
+}
+
+void arl_k_gemm_fma_narrow(int on) {
+    (void)on;
+}
+
+void arl_k_gemm_fma(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                    int64_t ldc, int64_t m_full) {
+    (void)m_full, (void)trans_a, (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)A,
+        (void)lda;
+    (void)B, (void)ldb, (void)beta, (void)C, (void)ldc;
+}
+
+#endif

@@ -1,0 +1,310 @@
+/* learner/update.h: one KL-constrained policy update (spec/objective.md section 8.5) from
+ * trajectory groups in replay stores - the learner of agentrl.
+ *
+ * Update n, in order:
+ *   1. load     the groups' members (latest attempt per slot, spec/replay.md 4.4); for every
+ *               valid member (complete, truncated) its segments (tokens, behaviour log-probs,
+ *               loss mask, versions, routes), turns (action token ranges, derived process
+ *               rewards, anchors) and segment/outcome rewards.  Masked members contribute
+ *               nothing but their place in the group (section 4.4).  With several learner
+ *               ranks, group g (in update order) belongs to learner g mod L; every rank reads
+ *               the segment metadata of all groups (to cut identical minibatches) and the
+ *               tokens of its own.
+ *   2. pi_old   a forward pass at the current weights (version n), without gradient, segment
+ *               by segment from each trajectory's start (segments of several trajectories
+ *               batched in waves), replaying the stored MoE routes (section 11.2): l_old,
+ *               the entropy of pi_old, the router agreement and expert load metrics (11.4),
+ *               and the boundary state after every segment that a later segment continues
+ *               from, kept in the state cache tagged with version n (section 10.3).
+ *   3. ref      the same pass with the frozen reference weights (a second model that shares
+ *               nothing mutable with the policy): l_ref.  Routes replayed unless ref-routing
+ *               is natural.
+ *   4. rewards  kappa per turn, advantages of every group (reward/reward.h; batch-scope
+ *               statistics summed over learner ranks), token advantages; the masks of
+ *               section 8.2 and the pre-gradient statistics (learner/loss.h), KL_n.
+ *   5. steps    the segments of valid trajectories are shuffled with a stream seeded by
+ *               (seed, n) and dealt into M minibatches of roughly equal action-token counts
+ *               (greedy: next segment to the lightest minibatch, ties to the lowest index).
+ *               Per minibatch: every segment's start state comes from the state cache when the
+ *               cached state is valid for this pass (producer learner, version n, numerics and
+ *               routing tag equal; with prefix-refresh per_minibatch also computed at the
+ *               current optimizer step); otherwise the prefix since the last fresh start is
+ *               recomputed without gradient at the current weights (counted in
+ *               state/recompute_tokens).  Forward with routes replayed, loss and d loss/d logp
+ *               (learner/loss.h), backward down to (not into) the start state
+ *               (policy/model_backward.h), gradient all-reduce over learner ranks
+ *               (learner/dist.h, deterministic), AdamW step with clipping, Quantile Balancing
+ *               of the router biases from the step's router scores (policy/optimizer.h).
+ *   6. KL       the controller step (learner/kl_ctl.h) with KL_n and the valid trajectory
+ *               count.
+ *   7. metrics  one JSON object with every metric of spec/objective.md section 12.
+ * Publishing version n + 1, the checkpoint and the ledger commit are the caller's
+ * (experiments/train.c): this module changes the parameters, optimizer and controller it is
+ * given, nothing on disk.
+ *
+ * Segments and tokens.  Token t of a segment is predicted at position t - 1 of the same
+ * segment; the first token of a segment is never an action token (a segment starts with
+ * context: the chat template's opening, or the rendered observation of the previous turn), so
+ * every action token's log-probability comes from its own segment.  A segment longer than
+ * max-tokens is fed in pieces of max-tokens tokens that continue the same decode-state slot;
+ * in the gradient pass the gradient stops at a piece boundary as it does at a segment boundary
+ * (counted in state/piece_splits; choose max-tokens >= the rollout's segment-tokens to avoid
+ * it).  Tokens whose stored routes are absent (the last sampled token of a trajectory, which
+ * was never fed back to the engine) are only targets: a trailing run of them is not fed.  A
+ * segment with routes missing, invalid, or absent at a fed token is masked from the loss
+ * (m_route = 0, section 11.3) and its passes use natural routing.  Segments with image
+ * placeholders in their context (images the environment sent) are masked the same way: their
+ * image rows are not rebuilt here.  A placeholder the policy sampled is an ordinary token.
+ *
+ * Determinism: for a fixed thread count and learner count an update is bit-reproducible.
+ * With L learners the gradient of a minibatch is the rank-ordered sum of the ranks' partial
+ * gradients (each divided by the same constant Z / M), so parameters agree with one process
+ * on the same groups to float rounding of those partial sums.
+ *
+ * Symbols: n update index (= policy version of the weights going in), M minibatches, L learner
+ * ranks, B groups, G group size, T tokens of a segment, k experts per token, E experts.
+ */
+#ifndef ARL_LEARNER_UPDATE_H
+#define ARL_LEARNER_UPDATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/options.h"
+#include "core/status.h"
+#include "learner/dist.h"
+#include "learner/kl_ctl.h"
+#include "learner/loss.h"
+#include "policy/config.h"
+#include "policy/model.h"
+#include "policy/model_backward.h"
+#include "policy/optimizer.h"
+#include "policy/params.h"
+#include "policy/state.h"
+#include "replay/replay.h"
+#include "reward/reward.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Options: the experiment's "learner" section                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The learner's own keys. */
+typedef struct arl_learner_own_opts {
+    int64_t minibatches;   /* M */
+    int64_t max_tokens;    /* tokens per learner forward */
+    int64_t max_docs;      /* segments per forward (and decode-state slots) */
+    int routing_replay;    /* replay the stored routes (section 11.2) */
+    char *ref_routing;     /* replay|natural */
+    char *prefix_refresh;  /* per_update|per_minibatch */
+    int act_checkpoint;    /* recompute layer internals in the backward */
+    double state_cache_mb; /* memory for cached boundary states */
+    double drift_sample;   /* fraction of continue segments sampled for state/prefix_drift */
+} arl_learner_own_opts;
+
+/* The whole "learner" section: the learner's keys, the objective's reward keys
+ * (reward/reward.h), the loss keys (learner/loss.h), the KL keys (learner/kl_ctl.h), the
+ * distribution keys (learner/dist.h) and the RL optimizer's keys (policy/optimizer.h) in one
+ * flat table (their names are distinct). */
+typedef struct arl_learner_opts {
+    arl_learner_own_opts own;
+    arl_reward_opts reward;
+    arl_loss_opts loss;
+    arl_kl_opts kl;
+    arl_dist_opts dist;
+    arl_optim_config optim;
+} arl_learner_opts;
+
+/* The composed table (static storage) and its length. */
+const arl_option *arl_learner_options(size_t *n);
+/* Defaults of every key; free with arl_learner_opts_free. */
+arl_status arl_learner_opts_defaults(arl_learner_opts *o);
+void arl_learner_opts_free(arl_learner_opts *o); /* NULL-safe */
+
+/* Resolved settings of the learner's own keys. */
+typedef struct arl_learner_config {
+    int32_t minibatches;
+    int64_t max_tokens;
+    int32_t max_docs;
+    int routing_replay;
+    int ref_routing_replay;
+    int prefix_per_minibatch;
+    int act_checkpoint;
+    int64_t state_cache_bytes;
+    double drift_sample;
+    uint64_t seed;             /* run seed (minibatch shuffles) */
+    int64_t n_traj_per_update; /* N_traj = B * G: the constant normaliser's trajectory count */
+    int64_t segment_tokens;    /* L_seg of the rollout (segment/oversize_frac) */
+    int64_t max_context;       /* most positions since a fresh start (the rollout's L_ctx);
+                                  0: the model's max_position_embeddings */
+} arl_learner_config;
+
+/* ------------------------------------------------------------------------------------------ */
+/* The state cache (spec/objective.md section 10.3)                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+#define ARL_LEARNER_NUMERICS "cpu-f32"
+
+/* One cached boundary state: the ARLS export (policy/state.h) of the decode state after a
+ * segment, with the tags of the validity rule. */
+typedef struct arl_state_entry {
+    int32_t shard_id;
+    int64_t traj_id;
+    int32_t seg_index;    /* the state after this segment */
+    int64_t version;      /* policy version of the weights that computed it */
+    int64_t opt_step;     /* optimizer steps taken when it was computed */
+    int producer_learner; /* 1: computed by the learner */
+    int routing_replay;   /* 1: routes replayed */
+    char numerics[32];    /* kernel and precision tag */
+    uint8_t *buf;         /* (len) owned */
+    size_t len;
+} arl_state_entry;
+
+typedef struct arl_state_cache {
+    arl_state_entry *v; /* (n) owned */
+    int32_t n, cap;
+    int64_t bytes, max_bytes;
+    int64_t dropped; /* states not kept because of max_bytes */
+} arl_state_cache;
+
+void arl_state_cache_clear(arl_state_cache *c); /* frees the entries, keeps the table */
+void arl_state_cache_free(arl_state_cache *c);  /* NULL-safe */
+/* Entry of (shard, traj, seg) or NULL. */
+arl_state_entry *arl_state_cache_find(arl_state_cache *c, int32_t shard_id, int64_t traj_id,
+                                      int32_t seg_index);
+/* Add or replace; buf is taken over (freed by the cache, also on error). */
+arl_status arl_state_cache_put(arl_state_cache *c, const arl_state_entry *e);
+/* 1 if e may start a gradient computation of update n (section 10.3); opt_step >= 0 also
+ * requires that many optimizer steps (prefix-refresh per_minibatch), -1 does not. */
+int arl_state_entry_valid(const arl_state_entry *e, int64_t version, int routing_replay,
+                          int64_t opt_step);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The data of one update                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* A source of groups: one replay store (borrowed) and the groups of the update in it. */
+typedef struct arl_update_source {
+    replay_store *store;      /* borrowed */
+    const char *root;         /* its root directory (for the ledger and shard reads) */
+    const int64_t *group_ids; /* (n_groups) borrowed */
+    int64_t n_groups;
+} arl_update_source;
+
+typedef struct arl_upd_seg {
+    int32_t traj; /* index into the batch's trajectories */
+    int32_t seg_index;
+    int fresh; /* start kind fresh (else continue/fork: from the previous state) */
+    char end_cause[16];
+    int64_t tok_start, ctx_start, T, n_action;
+    int local; /* this rank holds its tokens */
+    int32_t minibatch;
+    int has_next; /* a later segment of the trajectory continues from its end state */
+    /* per token (T), allocated for local segments only */
+    int32_t *tokens;
+    uint8_t *amask; /* loss mask: 1 = action token */
+    uint32_t *versions;
+    double *lp_mu, *lp_old, *lp_ref, *adv, *entropy, *lp_theta;
+    int32_t *turn;   /* 1-based turn index at action tokens, 0 elsewhere */
+    int32_t *routes; /* (n_moe, T, k) stored routes, or NULL */
+    int routes_ok;   /* routes present and valid for every fed token */
+    int64_t n_fed;   /* tokens fed to the model (T minus trailing route-less tokens) */
+    int has_media;
+    arl_loss_seg_mask mk;
+} arl_upd_seg;
+
+typedef struct arl_upd_traj {
+    int32_t group, member;
+    int32_t shard_id;
+    int64_t traj_id;
+    replay_traj_row row;
+    int valid; /* complete or truncated, and loadable */
+    int local;
+    int32_t seg0, n_segs; /* its segments in the batch */
+    int64_t n_tokens, n_action;
+    /* reward inputs and outputs (local valid trajectories) */
+    arl_reward_turn *turns; /* (K) */
+    int32_t n_turns;
+    double *proc, *segr, *outc; /* (K, ncP), (S, ncS), (ncO) */
+    uint8_t *seg_unscorable;    /* (S) */
+    double *adv_turn;           /* (K) */
+    char **anchors;             /* (K) owned strings or NULL */
+    double inv_norm;
+} arl_upd_traj;
+
+typedef struct arl_upd_group {
+    int64_t group_id;
+    int32_t source;
+    int32_t size;
+    int local;
+    int32_t traj0, n_trajs; /* members in the batch */
+    uint8_t level_absent[ARL_REWARD_NLEVELS];
+    double outcome_hi; /* top of the declared outcome range (successes) */
+    char env_name[64];
+} arl_upd_group;
+
+typedef struct arl_update_batch {
+    arl_upd_group *groups;
+    int32_t n_groups;
+    arl_upd_traj *trajs;
+    int32_t n_trajs;
+    arl_upd_seg *segs;
+    int32_t n_segs;
+    int64_t n_valid;  /* valid trajectories of the update (all ranks) */
+    int64_t n_action; /* action tokens of valid trajectories (all ranks) */
+} arl_update_batch;
+
+void arl_update_batch_free(arl_update_batch *b); /* NULL-safe; zeroes */
+
+/* ------------------------------------------------------------------------------------------ */
+/* The learner                                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct arl_learner arl_learner;
+
+/* Everything the learner works on; all pointers are borrowed and must outlive the learner. */
+typedef struct arl_learner_init {
+    const arl_model_config *cfg;
+    arl_model_params *params;           /* the policy (theta), updated in place */
+    const arl_model_params *ref_params; /* the frozen reference, never written */
+    arl_adamw *opt;                     /* the optimizer (its config and moments) */
+    arl_klctl *kl;                      /* the KL controller */
+    const arl_reward_config *reward;
+    const arl_loss_config *loss;
+    const arl_learner_config *lc;
+    arl_dist *dist; /* NULL: one process */
+} arl_learner_init;
+
+/* Allocate the models (policy and reference workspaces), the training arena, the gradient
+ * arena, the decode state and the router-score buffers.  ARL_ERR_NOMEM names the size. */
+arl_status arl_learner_create(arl_learner **out, const arl_learner_init *in);
+void arl_learner_free(arl_learner *l); /* NULL-safe */
+
+/* Test hook: called after the pi_old and reference passes, before the advantages (e.g. to
+ * replace cached states).  NULL: none. */
+typedef void (*arl_learner_hook_fn)(void *ctx, arl_learner *l);
+void arl_learner_set_hook(arl_learner *l, arl_learner_hook_fn fn, void *ctx);
+
+/* The state cache and the batch of the last (or running) update; valid until the next update
+ * or arl_learner_free. */
+arl_state_cache *arl_learner_cache(arl_learner *l);
+const arl_update_batch *arl_learner_batch(const arl_learner *l);
+
+/* What one update did, besides its metrics. */
+typedef struct arl_update_result {
+    int64_t n_groups, n_valid, n_masked;
+    int64_t action_tokens; /* action tokens of valid trajectories */
+    int64_t tokens;        /* tokens of valid trajectories */
+    double kl_hat;         /* KL_n (NaN: none) */
+    double kl_coef_next;   /* c_{n+1} */
+    double loss;           /* loss/total */
+    double seconds;
+    char *metrics_json; /* compact JSON object of every metric; malloc'ed, caller frees */
+} arl_update_result;
+
+/* Update n over the groups of the sources (in source order, then group order).  Every learner
+ * rank calls it with the same sources.  On error nothing about the parameters is guaranteed
+ * (the caller reloads its checkpoint). */
+arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source *src,
+                              int32_t n_src, arl_update_result *res);
+
+#endif

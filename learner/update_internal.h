@@ -1,0 +1,89 @@
+/* learner/update_internal.h: what learner/update.c, learner/batch.c and learner/passes.c
+ * share - the learner struct and the functions between them.  Not a public interface: include
+ * learner/update.h. */
+#ifndef ARL_LEARNER_UPDATE_INTERNAL_H
+#define ARL_LEARNER_UPDATE_INTERNAL_H
+
+#include "learner/ledger.h"
+#include "learner/update.h"
+
+/* A run of tokens of one segment fed in one forward: positions [a, b) of the segment. */
+typedef struct lr_piece {
+    int32_t seg;
+    int64_t a, b;
+    int first, last; /* first / last piece of its segment */
+    int replay;      /* forced routes */
+} lr_piece;
+
+/* Per-update counters of the passes (section 12 state/, moe/). */
+typedef struct lr_counters {
+    int64_t starts, hits, recompute_tokens, piece_splits;
+    double drift_sum;
+    int64_t drift_n;
+    /* router agreement (pi_old pass): sums over tokens with routes */
+    double *agree_layer;  /* (n_moe) sum of |N n R| / k */
+    double *exact_layer;  /* (n_moe) count of N = R */
+    double agree_tokens;  /* tokens with routes */
+    double exact_tokens;  /* tokens with N = R in every layer */
+    double *load_rollout; /* (n_moe, E) */
+    double *load_trainer; /* (n_moe, E) */
+    double *load_tokens;  /* (n_moe) tokens counted per layer */
+} lr_counters;
+
+struct arl_learner {
+    arl_learner_init in;
+    arl_learner_config lc;
+    const arl_model_config *cfg;
+    arl_model_dims dm;
+    int64_t n_moe, k, E, V;
+    arl_model m;    /* policy forward (pi_old pass, recomputation, drift) */
+    arl_model mref; /* reference forward */
+    int have_m, have_mref, have_tr;
+    arl_model_train tr;
+    arl_model_params grads; /* gradient arena (view of the parameter layout), owned */
+    arl_decode_state st;    /* slots of the passes */
+    arl_router_scores rs;
+    int64_t rs_cap;
+    int qb_on;
+    arl_state_cache cache;
+    arl_update_batch b;
+    /* forward scratch (Tm = max_tokens, N = max_docs) */
+    int64_t Tm;
+    int32_t N;
+    int32_t *tok, *tgt, *cu, *slots, *forced, *routes_out; /* (Tm) (Tm) (N+1) (N) (n_moe,Tm,k) x2 */
+    float *lp, *ent, *rscores;                             /* (Tm) (Tm) (n_moe, Tm, E) */
+    float *dlogp;                                          /* (Tm) */
+    double *dtmp, *gtmp;                                   /* (Tm) */
+    int32_t *seg_slot;  /* (n_segs of the batch) slot of a segment during the grad pass */
+    int32_t *traj_slot; /* (n_trajs) slot of a trajectory during a score pass */
+    lr_piece *pieces;
+    int64_t n_pieces, cap_pieces;
+    lr_counters cnt;
+    arl_learner_hook_fn hook;
+    void *hook_ctx;
+    int64_t update_n;
+};
+
+/* ---- batch.c ---- */
+arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n_src,
+                         arl_shard_stats *sstats);
+
+/* ---- passes.c ---- */
+enum { LR_PASS_OLD = 0, LR_PASS_REF = 1 };
+/* The pi_old or reference pass over the local valid trajectories. */
+arl_status lr_score_pass(arl_learner *l, int which);
+/* Forward + backward of the local segments of minibatch mb (gradients added to l->grads),
+ * loss statistics into acc.  drift: also measure state/prefix_drift on sampled segments. */
+arl_status lr_grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, int drift,
+                        arl_loss_acc *acc);
+/* Put the start state of continue segment seg into slot (reset first): the valid cached state,
+ * else the recomputed prefix. */
+arl_status lr_start_state(arl_learner *l, int32_t seg, int32_t slot);
+
+/* The segments of minibatch mb in their order (update.c). */
+arl_status lr_minibatch_order(arl_learner *l, int32_t mb, const int32_t **order, int32_t *n);
+
+/* Allreduce helpers over the learners (no-ops with one process). */
+arl_status lr_allreduce_f64(arl_learner *l, double *v, int64_t n, arl_dist_op op);
+
+#endif

@@ -1,0 +1,132 @@
+/* rollout/engine.c: the rollout worker's inference engine (see engine.h). */
+#include "rollout/engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/gemm.h"
+#include "policy/checkpoint.h"
+
+arl_status ro_template_from_config(const arl_model_config *cfg, arl_chat_template *t) {
+    arl_chat_template_default(t);
+    t->tok.vocab_size = (int32_t)cfg->dims.V;
+    t->tok.special[ARL_SPECIAL_BOS] = (int32_t)cfg->text.bos_token_id;
+    t->tok.special[ARL_SPECIAL_EOS] = (int32_t)cfg->text.eos_token_id;
+    t->tok.special[ARL_SPECIAL_PAD] = (int32_t)cfg->text.pad_token_id;
+    if (cfg->media_placeholder_token_id != ARL_CONFIG_ABSENT)
+        t->tok.special[ARL_SPECIAL_MEDIA_PAD] = (int32_t)cfg->media_placeholder_token_id;
+    t->patch_size = cfg->has_vision ? (int32_t)cfg->dims.vp : 0;
+    arl_status s = arl_tokenizer_spec_validate(&t->tok);
+    if (s)
+        return arl_error_prefix(s, "the checkpoint's vocabulary does not fit the byte-level "
+                                   "chat template");
+    return ARL_OK;
+}
+
+void ro_engine_close(ro_engine *e) {
+    if (!e) return;
+    free(e->logits);
+    free(e->routes);
+    free(e->tok);
+    free(e->cu);
+    free(e->slots);
+    free(e->media);
+    arl_sampler_free(&e->smp);
+    arl_decode_state_free(&e->st);
+    arl_model_free(&e->m);
+    arl_model_params_free(&e->params[0]);
+    arl_model_params_free(&e->params[1]);
+    arl_model_config_free(&e->cfg);
+    memset(e, 0, sizeof *e);
+}
+
+arl_status ro_engine_open(ro_engine *e, const char *ckpt_dir, int64_t version,
+                          const ro_engine_opts *o) {
+    memset(e, 0, sizeof *e);
+    e->o = *o;
+    arl_status s = arl_model_config_read(ckpt_dir, &e->cfg);
+    if (s) return arl_error_prefix(s, "rollout: checkpoint %s", ckpt_dir);
+    arl_model_config_hash_hex(&e->cfg, e->cfg_hash);
+    const arl_model_dims *dm = &e->cfg.dims;
+    e->V = dm->V;
+    e->d = dm->d;
+    e->n_moe = dm->n_moe;
+    e->k = dm->n_moe ? dm->k : 0;
+    e->E = dm->E;
+    e->route_bytes = dm->E <= 255 ? 1 : 2;
+    e->version = version;
+    ARL_TRY(ro_template_from_config(&e->cfg, &e->tpl));
+    ARL_TRY(arl_model_params_alloc(&e->params[0], &e->cfg));
+    s = arl_checkpoint_load(ckpt_dir, &e->cfg, &e->params[0]);
+    if (s) return arl_error_prefix(s, "rollout: loading %s", ckpt_dir);
+    arl_model_opts mo;
+    arl_model_opts_default(&mo);
+    mo.max_tokens = o->max_tokens;
+    mo.max_docs = o->n_slots;
+    mo.max_context = o->max_context;
+    mo.mla_sparse_topk = o->sparse_topk;
+    mo.mla_sparse_chunk = o->sparse_chunk;
+    ARL_TRY(arl_model_init(&e->m, &e->cfg, &e->params[0], &mo));
+    ARL_TRY(arl_decode_state_init(&e->st, &e->cfg, o->n_slots, o->max_context));
+    ARL_TRY(arl_sampler_init(&e->smp, e->V));
+    const size_t T = (size_t)o->max_tokens, N = (size_t)o->n_slots;
+    e->logits = malloc(sizeof(float) * N * (size_t)e->V);
+    e->routes = malloc(sizeof(int32_t) * (size_t)(e->n_moe ? e->n_moe : 1) * T *
+                       (size_t)(e->k ? e->k : 1));
+    e->tok = malloc(sizeof(int32_t) * T);
+    e->cu = malloc(sizeof(int32_t) * (N + 1));
+    e->slots = malloc(sizeof(int32_t) * N);
+    e->media = malloc(sizeof(float) * T * (size_t)e->d);
+    if (!e->logits || !e->routes || !e->tok || !e->cu || !e->slots || !e->media)
+        return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory (engine buffers)");
+    return ARL_OK;
+}
+
+arl_status ro_engine_load_next(ro_engine *e, const char *ckpt_dir, int64_t version) {
+    arl_model_config c;
+    arl_status s = arl_model_config_read(ckpt_dir, &c);
+    if (s) return arl_error_prefix(s, "rollout: new policy version %lld", (long long)version);
+    char h[65];
+    arl_model_config_hash_hex(&c, h);
+    arl_model_config_free(&c);
+    if (strcmp(h, e->cfg_hash))
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "rollout: policy version %lld at %s has config hash %s, the running "
+                          "model %s (a new version must keep the architecture)",
+                          (long long)version, ckpt_dir, h, e->cfg_hash);
+    arl_model_params *p = &e->params[1 - e->cur];
+    if (!p->arena) ARL_TRY(arl_model_params_alloc(p, &e->cfg));
+    e->have_next = 0;
+    s = arl_checkpoint_load(ckpt_dir, &e->cfg, p);
+    if (s) return arl_error_prefix(s, "rollout: loading policy version %lld", (long long)version);
+    e->have_next = 1;
+    e->next_version = version;
+    return ARL_OK;
+}
+
+void ro_engine_swap(ro_engine *e) {
+    if (!e->have_next) return;
+    e->cur = 1 - e->cur;
+    e->m.w = &e->params[e->cur]; /* the model borrows its parameters; same config */
+    e->version = e->next_version;
+    e->have_next = 0;
+}
+
+arl_status ro_engine_forward(ro_engine *e, int32_t N, const int32_t *slots, const int32_t *cu,
+                             const int32_t *tokens, int64_t T, const float *media,
+                             int64_t n_media, const int *want, float *logits) {
+    arl_batch b = {.tokens = tokens, .T = T, .cu = cu, .N = N, .media = media, .n_media = n_media};
+    arl_forward_out out = {.routes = e->n_moe ? e->routes : NULL};
+    ARL_TRY(arl_model_forward_state(&e->m, &e->st, slots, &b, &out));
+    if (want && logits)
+        for (int32_t i = 0; i < N; i++) /* m.xbuf holds the final-norm rows (T, d) */
+            if (want[i])
+                arl_k_linear_fwd(logits + (int64_t)i * e->V, e->m.xbuf + (int64_t)(cu[i + 1] - 1) * e->d,
+                                 e->m.w->lm_head, 1, e->d, e->V);
+    return ARL_OK;
+}
+
+arl_status ro_engine_decode(ro_engine *e, int32_t n, const int32_t *slots, const int32_t *tokens) {
+    return arl_model_decode_step(&e->m, &e->st, slots, n, tokens, e->logits,
+                                 e->n_moe ? e->routes : NULL);
+}

@@ -1,0 +1,85 @@
+/* rollout/engine.h: the inference engine of a rollout worker - the policy model over one decode
+ * state (policy/model.h, policy/state.h), its sampler, its chat template, and the policy
+ * version it runs (two parameter buffers: the current weights and the next version, loaded
+ * ahead and swapped in between turns).
+ *
+ * What this is: batched forwards that continue decode-state slots (chunked prefill of several
+ * sequences at once, one-token decode steps) returning the MoE routes of every token and the
+ * logits of the rows asked for.  What this is not: scheduling, segments or the store
+ * (rollout/worker.c).
+ *
+ * Symbols: V vocabulary, d width, n_moe MoE layers, k experts per token, T tokens of a forward,
+ * N sequences of a forward.
+ */
+#ifndef ARL_ROLLOUT_ENGINE_H
+#define ARL_ROLLOUT_ENGINE_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "policy/chat.h"
+#include "policy/config.h"
+#include "policy/model.h"
+#include "policy/params.h"
+#include "policy/sample.h"
+#include "policy/state.h"
+
+typedef struct ro_engine_opts {
+    int32_t n_slots;      /* sequences decoded together */
+    int64_t max_tokens;   /* most tokens of one forward (>= n_slots) */
+    int64_t max_context;  /* most positions of one sequence since its fresh start */
+    int64_t sparse_topk;  /* block-sparse MLA chunks (0: dense) */
+    int64_t sparse_chunk; /* block-sparse MLA chunk length */
+} ro_engine_opts;
+
+typedef struct ro_engine {
+    arl_model_config cfg;
+    arl_model_params params[2]; /* [cur] runs; [1 - cur] holds a loaded next version */
+    int cur;
+    int64_t version;            /* policy version of params[cur] */
+    int have_next;              /* params[1 - cur] holds version next_version */
+    int64_t next_version;
+    arl_model m;
+    arl_decode_state st;
+    arl_sampler smp;
+    arl_chat_template tpl;
+    char cfg_hash[65];          /* config hash, hex */
+    ro_engine_opts o;
+    int64_t V, d, n_moe, k, E;
+    int route_bytes;            /* 1 (E <= 255) or 2 */
+    float *logits;   /* (n_slots, V) logits of the last decode step / prefill rows */
+    int32_t *routes; /* (n_moe, max_tokens, k) routes of the last forward (layout (n_moe, T, k)) */
+    int32_t *tok;    /* (max_tokens) packing buffer */
+    int32_t *cu;     /* (n_slots + 1) */
+    int32_t *slots;  /* (n_slots) */
+    float *media;    /* (max_tokens, d) media rows of one forward */
+} ro_engine;
+
+/* The byte-level chat template of a model config (bos/eos/pad/media ids from the config, the
+ * vision patch size, 0 for a text-only model). */
+arl_status ro_template_from_config(const arl_model_config *cfg, arl_chat_template *t);
+
+/* Load ckpt_dir (config.json + weights) as `version` and set up the model and decode state. */
+arl_status ro_engine_open(ro_engine *e, const char *ckpt_dir, int64_t version,
+                          const ro_engine_opts *o);
+void ro_engine_close(ro_engine *e); /* NULL-safe */
+
+/* Load ckpt_dir into the spare parameter buffer as version `version` (the running weights are
+ * untouched).  Its config must hash like the running one (ARL_ERR_CONFIG otherwise). */
+arl_status ro_engine_load_next(ro_engine *e, const char *ckpt_dir, int64_t version);
+/* Make the loaded next version the running one (no-op without one). */
+void ro_engine_swap(ro_engine *e);
+
+/* One forward continuing N sequences: document i (tokens[cu[i] .. cu[i+1])) continues slot
+ * slots[i].  media: (n_media, d) rows for the <|media_pad|> tokens in order, or NULL.
+ * Routes of every token land in e->routes (n_moe, T, k).  For each i with want[i] != 0 the
+ * logits of the document's last row go to logits + i * V.  want/logits may be NULL. */
+arl_status ro_engine_forward(ro_engine *e, int32_t N, const int32_t *slots, const int32_t *cu,
+                             const int32_t *tokens, int64_t T, const float *media,
+                             int64_t n_media, const int *want, float *logits);
+
+/* One decode step: token tokens[i] appended to slot slots[i]; logits (n, V) into e->logits,
+ * routes (n_moe, n, k) into e->routes. */
+arl_status ro_engine_decode(ro_engine *e, int32_t n, const int32_t *slots, const int32_t *tokens);
+
+#endif

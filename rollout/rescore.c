@@ -1,0 +1,197 @@
+/* rollout/rescore.c: re-scoring stored trajectories under a checkpoint (spec/replay.md 13.6):
+ * the token log-probabilities of every segment recomputed, each segment starting from the
+ * cached boundary state of its predecessor when that state is usable, else from the prefix
+ * this pass computed; MoE routes replayed from the store by default.  Forks are in fork.c. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout/engine.h"
+#include "rollout/rescore.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Import the cached full boundary of segment seg_index of traj into slot 0, if every part was
+ * computed at `version`.  Returns ARL_OK (imported), ARL_ERR_NOT_FOUND (a miss: go on with the
+ * recomputed state) or another error. */
+static arl_status import_boundary(replay_store *st, ro_engine *e, int64_t traj_id,
+                                  int32_t seg_index, int64_t version) {
+    replay_state_data *parts = NULL;
+    size_t np = 0;
+    arl_status s = replay_boundary_load(st, traj_id, seg_index, &parts, &np);
+    if (s) return s;
+    for (size_t i = 0; s == ARL_OK && i < np; i++)
+        if (parts[i].version_min != version || parts[i].version_max != version)
+            s = arl_errorf(ARL_ERR_NOT_FOUND, "state %lld holds versions %lld..%lld, not %lld",
+                           (long long)parts[i].state_id, (long long)parts[i].version_min,
+                           (long long)parts[i].version_max, (long long)version);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, parts, np, &buf, &len);
+    replay_boundary_free(parts, np);
+    if (s == ARL_OK) {
+        s = arl_decode_state_import(&e->st, 0, buf, len);
+        if (s) s = arl_error_prefix(ARL_ERR_NOT_FOUND, "importing the cached boundary");
+    }
+    free(buf);
+    return s;
+}
+
+arl_status arl_rollout_rescore(replay_store *st, const char *traj,
+                               const arl_rollout_rescore_opts *opts,
+                               arl_rollout_rescore_stats *out, float **logprobs_out,
+                               float **mu_out, size_t *n_out) {
+    memset(out, 0, sizeof *out);
+    out->worst_token = -1;
+    if (logprobs_out) *logprobs_out = NULL;
+    if (mu_out) *mu_out = NULL;
+    if (n_out) *n_out = 0;
+    replay_traj_row row;
+    ARL_TRY(replay_traj_get(st, traj, &row));
+    replay_seg_ref *refs = NULL;
+    size_t n = 0;
+    ARL_TRY(replay_traj_segments(st, row.traj_id, &refs, &n));
+    int64_t total = 0, max_ctx = 1;
+    for (size_t i = 0; i < n; i++) {
+        total += refs[i].n_tokens;
+        if (refs[i].ctx_start + refs[i].n_tokens > max_ctx)
+            max_ctx = refs[i].ctx_start + refs[i].n_tokens;
+    }
+    const int64_t chunk = opts->max_tokens > 0 ? opts->max_tokens : 2048;
+    ro_engine e;
+    ro_engine_opts eo = {.n_slots = 1, .max_tokens = chunk, .max_context = max_ctx + 1,
+                         .sparse_topk = opts->sparse_topk,
+                         .sparse_chunk = opts->sparse_chunk > 0 ? opts->sparse_chunk : 4096};
+    arl_status s = ro_engine_open(&e, opts->ckpt_dir, opts->version, &eo);
+    float *lp = calloc((size_t)(total ? total : 1), sizeof(float));
+    float *mu = calloc((size_t)(total ? total : 1), sizeof(float));
+    double *diffs = calloc((size_t)(total ? total : 1), sizeof(double));
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)chunk);
+    int32_t *tgt = malloc(sizeof(int32_t) * (size_t)chunk);
+    float *clp = malloc(sizeof(float) * (size_t)chunk);
+    int32_t *forced = malloc(sizeof(int32_t) * (size_t)chunk * (size_t)(e.n_moe ? e.n_moe * e.k : 1));
+    int32_t slot = 0;
+    if (s == ARL_OK && (!lp || !mu || !diffs || !tok || !tgt || !clp || !forced))
+        s = arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
+    if (s == ARL_OK) s = arl_decode_state_join(&e.st, &slot);
+    replay_seg_data d;
+    memset(&d, 0, sizeof d);
+    int64_t nd = 0;
+    double sum = 0;
+    int tainted = 0; /* the running state went through image placeholders without image rows */
+    for (size_t si = 0; s == ARL_OK && si < n; si++) {
+        const replay_seg_ref *r = &refs[si];
+        s = replay_segment_load(st, r->traj_id, r->seg_index,
+                                REPLAY_LOAD_TOKENS | (opts->natural_routing ? 0 : REPLAY_LOAD_ROUTES),
+                                &d);
+        if (s) break;
+        if (!strcmp(r->start_kind, "fresh")) {
+            arl_decode_state_reset(&e.st, slot);
+            tainted = 0;
+        } else if (opts->version >= 0 && si > 0) {
+            arl_status b = import_boundary(st, &e, row.traj_id, refs[si - 1].seg_index, opts->version);
+            if (b == ARL_OK) {
+                out->from_state++;
+                tainted = 0;
+            }
+            else if (b == ARL_ERR_NOT_FOUND) {
+                arl_error_clear();
+                out->recomputed++; /* go on from the state this pass computed */
+            } else
+                s = b;
+            if (s) break;
+        } else if (si > 0) {
+            out->recomputed++;
+        }
+        if (arl_decode_state_position(&e.st, slot) != r->ctx_start) {
+            s = arl_errorf(ARL_ERR_STATE, "rescore: segment %d starts at context position %lld, the "
+                                          "state is at %lld",
+                           (int)r->seg_index, (long long)r->ctx_start,
+                           (long long)arl_decode_state_position(&e.st, slot));
+            break;
+        }
+        const int64_t T = r->n_tokens;
+        /* The image rows of <|media_pad|> tokens are not in the segment (they come from the
+         * stored observations' PNGs, which this build does not rebuild here): such a segment is
+         * run for its state but not compared. */
+        for (int64_t i = 0; i < T; i++) /* sampled placeholders were fed as plain tokens */
+            tainted |= !d.loss_mask[i] && (int64_t)d.tokens[i] == e.cfg.media_placeholder_token_id;
+        const int use_routes = !opts->natural_routing && d.n_moe_layers == e.n_moe && e.n_moe &&
+                               d.route_k == e.k && d.routes;
+        for (int64_t c0 = 0; s == ARL_OK && c0 < T; c0 += chunk) {
+            int64_t c = T - c0 < chunk ? T - c0 : chunk;
+            int absent = 0;
+            for (int64_t i = 0; i < c; i++) {
+                tok[i] = (int32_t)d.tokens[c0 + i];
+                tgt[i] = c0 + i + 1 < T ? (int32_t)d.tokens[c0 + i + 1] : -1;
+            }
+            if (use_routes)
+                for (int64_t l = 0; l < e.n_moe; l++)
+                    for (int64_t i = 0; i < c; i++)
+                        for (int64_t j = 0; j < e.k; j++) {
+                            size_t at = (size_t)((l * T + c0 + i) * e.k + j);
+                            int32_t v = d.route_dtype == ARL_BLOB_U8
+                                            ? ((const uint8_t *)d.routes)[at]
+                                            : ((const uint16_t *)d.routes)[at];
+                            absent |= v == (d.route_dtype == ARL_BLOB_U8 ? 0xFF : 0xFFFF);
+                            forced[(l * c + i) * e.k + j] = v;
+                        }
+            arl_batch b = {.tokens = tok, .T = c, .N = 1, .targets = tgt,
+                           .forced_routes = use_routes && !absent ? forced : NULL};
+            arl_forward_out fo = {.logprobs = clp};
+            s = arl_model_forward_state(&e.m, &e.st, &slot, &b, &fo);
+            if (s) break;
+            for (int64_t i = 0; i < c; i++)
+                if (c0 + i + 1 < T) lp[r->tok_start + c0 + i + 1] = clp[i];
+        }
+        if (s) break;
+        if (tainted) {
+            out->skipped++;
+            continue;
+        }
+        for (int64_t i = 0; i < T; i++) {
+            mu[r->tok_start + i] = d.logprobs[i];
+            if (!d.loss_mask[i] || i == 0) continue;
+            double df = fabs((double)lp[r->tok_start + i] - (double)d.logprobs[i]);
+            diffs[nd++] = df;
+            sum += df;
+            if (df > out->max_abs || out->worst_token < 0) {
+                out->max_abs = df;
+                out->worst_token = r->tok_start + i;
+            }
+        }
+        out->segments++;
+    }
+    replay_seg_data_free(&d);
+    if (s == ARL_OK) {
+        out->action_tokens = nd;
+        if (nd) {
+            out->mean_abs = sum / (double)nd;
+            qsort(diffs, (size_t)nd, sizeof *diffs, cmp_double);
+            int64_t k = (int64_t)ceil(0.99 * (double)nd) - 1;
+            out->p99_abs = diffs[k < 0 ? 0 : k];
+        }
+        if (logprobs_out) {
+            *logprobs_out = lp;
+            lp = NULL;
+        }
+        if (mu_out) {
+            *mu_out = mu;
+            mu = NULL;
+        }
+        if (n_out) *n_out = (size_t)total;
+    }
+    free(lp);
+    free(mu);
+    free(diffs);
+    free(tok);
+    free(tgt);
+    free(clp);
+    free(forced);
+    free(refs);
+    ro_engine_close(&e);
+    return s;
+}

@@ -1,0 +1,181 @@
+/* rollout/rollout.h: rollout workers - multi-turn tool-calling generation with the MoE policy
+ * (spec/objective.md section 3, spec/aep.md, spec/replay.md section 7).
+ *
+ * A worker takes tasks from the experiment's task source in groups of G samples per task (same
+ * task id, seed and data, hence the same initial state), opens one environment session per
+ * trajectory (built-in in-process or AEP/1 over HTTP, envs/env.h), renders prompts with the
+ * chat/tool template (policy/chat.h) and decodes all running trajectories in one batch
+ * (continuous batching over the slots of one decode state: sequences join and leave between
+ * steps).  Every sampled token keeps its behaviour log-probability (under the distribution it
+ * was drawn from: temperature and top-p) and the policy version that drew it; every token the
+ * model reads keeps its MoE routes.  A turn stops at <|end_of_msg|> or at the per-turn cap; the
+ * tool calls are parsed into their AEP statuses and every action, well formed or not, is sent
+ * to the environment; observations are appended by chunked prefill (images through the vision
+ * front end).  Segment boundaries follow spec/objective.md section 3.2 exactly; at each
+ * boundary the decode state is exported into the replay store's states file and the segment
+ * is committed in one transaction (spec/replay.md section 7.1), so a trajectory is durable as
+ * it grows.  Budgets (per-turn tokens, trajectory tokens, context, turns, wall clock) end or
+ * truncate trajectories with their cause recorded; environment faults mask the trajectory with
+ * their code (spec/aep.md section 8); a worker restarted on its shard resumes its interrupted
+ * trajectories from their last committed segment or masks them (spec/replay.md section 7.5).
+ *
+ * What this is not: the learner (it never reads log-probabilities back), advantages
+ * (reward/), the store's format (replay/), the model's math (policy/).
+ *
+ * The experiment keys of a rollout are declared ONCE, in arl_rollout_options below; the CLI
+ * (`agentrl rollout`) and the learner's experiment file use that same table.  In an
+ * experiment file the keys sit either at the top level or inside an object "rollout".
+ * env-config, env-options and task-data are JSON objects (written as objects in a file, or as
+ * JSON text on the command line).
+ *
+ * Symbols: G group size, L_seg segment budget, L_turn per-turn cap, L_obs observation cap,
+ * L_ctx context limit, L_traj trajectory budget, K_max turn budget (spec/objective.md 3.2).
+ */
+#ifndef ARL_ROLLOUT_ROLLOUT_H
+#define ARL_ROLLOUT_ROLLOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/options.h"
+#include "core/status.h"
+#include "replay/replay.h"
+
+/* The experiment's rollout keys (one arl_option table, arl_rollout_options). */
+typedef struct arl_rollout_config {
+    /* environment */
+    char *env;         /* "builtin:NAME", "NAME" (a built-in) or an AEP/1 base URL */
+    char *env_config;  /* JSON object text: the built-in environment's instance config */
+    char *env_options; /* JSON object text: AEP create `options` (NULL: absent) */
+    int64_t step_deadline_ms; /* 0: the environment's default_step_timeout_ms */
+    int64_t env_backoff_ms;   /* base of the retry back-off (spec/aep.md 10.3: 250) */
+    /* tasks */
+    char *task_file;   /* JSONL of {"id", "seed", "data"}; NULL: generated tasks */
+    char *task_data;   /* JSON object text: task.data of generated tasks */
+    int64_t tasks;     /* number of tasks (groups) */
+    int64_t task_seed; /* seed of generated task i is task_seed + i */
+    int64_t group_size; /* G */
+    char *group_kind;   /* "train" or "eval" */
+    char *run_uid;
+    /* sampling */
+    double temperature;
+    double top_p;
+    int64_t seed; /* sampling seed; each trajectory draws from stream hash(traj_uid) */
+    /* budgets (spec/objective.md 3.2) */
+    int64_t segment_tokens;    /* L_seg */
+    int64_t turn_tokens;       /* L_turn */
+    int64_t observation_tokens; /* L_obs */
+    int64_t context_tokens;    /* L_ctx */
+    int64_t trajectory_tokens; /* L_traj */
+    int64_t max_turns;         /* K_max */
+    double wall_clock_s;       /* episode wall clock; 0: off */
+    int wall_clock_truncates;  /* 1: wall_clock ends as truncated instead of masked */
+    int extension_check;
+    int segment_scores;        /* request segment scores when the env declares them */
+    char *unscorable_outcome;  /* "range_lo" or "mask" */
+    /* engine */
+    int64_t batch_size;   /* concurrent trajectories (decode-state slots) */
+    int64_t prefill_chunk; /* most tokens in one forward */
+    int64_t mla_sparse_topk;  /* block-sparse MLA: chunks kept (0: dense) */
+    int64_t mla_sparse_chunk; /* block-sparse MLA: chunk length */
+    int64_t threads;          /* CPU threads (0: the kernels' default) */
+    /* states, faults, weights */
+    char *state_cache;       /* "all" or "off" */
+    int resume_interrupted;  /* resume (1) or mask (0) interrupted trajectories */
+    int refill_infra_masked; /* one new attempt for a slot masked with attribution infra */
+    char *policy_dir;        /* directory where new versions are published (LATEST); NULL */
+    int64_t policy_poll_ms;
+    int64_t policy_version;  /* version of the initial checkpoint */
+    double progress_s;       /* seconds between progress lines (0: none) */
+} arl_rollout_config;
+
+extern const arl_option arl_rollout_options[];
+extern const size_t arl_rollout_n_options;
+
+/* Defaults of every key (arl_rollout_config_free releases the strings). */
+arl_status arl_rollout_config_defaults(arl_rollout_config *c);
+/* Read an experiment's JSON text: its "rollout" object if it has one (other top-level members
+ * belong to other parts of the experiment and are ignored here), else the whole object.
+ * Object values of env-config, env-options and task-data are taken as JSON text.  Unknown
+ * keys and type mismatches are ARL_ERR_CONFIG naming the key and `where`. */
+arl_status arl_rollout_config_load_json(arl_rollout_config *c, const char *text, const char *where);
+/* The checks of spec/objective.md 3.2 (L_obs + L_turn <= L_seg <= L_ctx <= L_traj) and of the
+ * JSON-valued keys; ARL_ERR_CONFIG names the keys. */
+arl_status arl_rollout_config_validate(const arl_rollout_config *c);
+void arl_rollout_config_free(arl_rollout_config *c);
+
+/* ---- workers ---- */
+
+typedef struct arl_rollout_worker arl_rollout_worker;
+
+/* Counters of one worker (all trajectories it finished). */
+typedef struct arl_rollout_stats {
+    int64_t trajectories;     /* finished: complete + truncated + masked */
+    int64_t complete, truncated, masked;
+    int64_t resumed, interrupted_masked;
+    int64_t successes;        /* outcome at the top of the declared outcome range */
+    int64_t tokens, action_tokens, turns, segments;
+    int64_t prefill_tokens, decode_tokens;
+    int64_t env_errors;       /* masked by an environment error code */
+    int64_t truncations[4];   /* env_truncated, context_budget, turn_budget, action_too_large */
+    int64_t wall_clock;
+    double outcome_sum;       /* over complete + truncated */
+    int64_t outcome_n;
+    double process_sum;       /* derived process rewards */
+    int64_t process_n;
+    double segment_sum;
+    int64_t segment_n;
+    double decode_s, prefill_s, env_s, store_s; /* wall time per activity */
+    int64_t decode_steps;     /* decode forwards (decode_tokens / decode_steps: mean batch) */
+    double prefill_cpu_s;     /* process CPU time of the prefill forwards */
+    int64_t versions_loaded;  /* weight updates picked up */
+} arl_rollout_stats;
+
+/* Optional callbacks (tests, the learner).  Every pointer may be NULL. */
+typedef struct arl_rollout_hooks {
+    void *user;
+    /* After every committed segment (C_s, C_end or C_mask); return non-zero to stop the
+     * worker at once, leaving running trajectories as they are (as a crash would). */
+    int (*on_commit)(void *user, const char *traj_uid, int32_t seg_index, int final);
+} arl_rollout_hooks;
+
+/* Open a worker: load the checkpoint `ckpt_dir` (its config.json and weights) as policy
+ * version cfg->policy_version, open the environment, and open shard `shard_id` of the store
+ * (0: a new shard) for writing.  cfg is copied.  st is borrowed and must outlive the worker.
+ * If the shard held trajectories of a dead writer they are resumed or masked by
+ * arl_rollout_worker_run before new work starts. */
+arl_status arl_rollout_worker_open(const arl_rollout_config *cfg, const char *ckpt_dir,
+                                   replay_store *st, int32_t shard_id,
+                                   const arl_rollout_hooks *hooks, arl_rollout_worker **out);
+/* Run tasks [0, cfg->tasks): groups already final in the store are skipped (a restarted worker
+ * continues where it stopped), interrupted trajectories of this shard are resumed or masked
+ * first.  Returns when every trajectory is final, or ARL_ERR_CANCELLED when a hook stopped it.
+ * Environment faults never fail the run (they mask trajectories); store or model errors do. */
+arl_status arl_rollout_worker_run(arl_rollout_worker *w);
+/* Ask for a weight update: the checkpoint at ckpt_dir becomes policy version `version`; it is
+ * loaded at once and swapped in at the next point where no trajectory is inside a turn. */
+arl_status arl_rollout_worker_publish(arl_rollout_worker *w, int64_t version, const char *ckpt_dir);
+const arl_rollout_stats *arl_rollout_worker_stats(const arl_rollout_worker *w);
+int32_t arl_rollout_worker_shard(const arl_rollout_worker *w);
+/* Close the worker (running trajectories stay running in the store).  NULL is a no-op. */
+void arl_rollout_worker_close(arl_rollout_worker *w);
+
+/* Fork (spec/replay.md 13.7): `count` new trajectories that keep the first n_prefix >= 1
+ * segments of trajectory `parent` (traj_uid or traj_id) as their prefix (not copied: read
+ * through the parent) and continue from the end of segment n_prefix - 1, which must be a
+ * token_budget boundary: the model from its cached rollout state (else the prefix is
+ * prefilled again), the environment by deterministic replay of the parent's steps into a new
+ * session; then generation and scoring follow the ordinary rollout path under ckpt_dir with
+ * cfg's keys (the environment must be the parent's).  Written into a new tool file of the store,
+ * in a catalog group of kind 'fork' (group_uid, or "<parent>/fork<S>" when NULL).  uids (count)
+ * receive the new trajectories' ids ("<parent>/f<S>.<i>"); stats (may be NULL) the counters. */
+arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir, replay_store *st,
+                            const char *parent, int32_t n_prefix, int32_t count,
+                            const char *group_uid, char (*uids)[REPLAY_UID_MAX + 1],
+                            arl_rollout_stats *stats);
+
+/* Print the closing summary of a run (success rate, reward per level, mean length, ends). */
+void arl_rollout_stats_print(const arl_rollout_stats *s, FILE *f);
+
+#endif

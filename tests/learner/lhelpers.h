@@ -1,0 +1,166 @@
+/* tests/learner/lhelpers.h: what the learner tests share (header-only) - a seeded tiny
+ * checkpoint, a rollout of the calculator environment into a new store with short turns and
+ * segments (so that continue segments happen), and a learner over it with the objective's
+ * defaults. */
+#ifndef ARL_TESTS_LEARNER_LHELPERS_H
+#define ARL_TESTS_LEARNER_LHELPERS_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "learner/kl_ctl.h"
+#include "learner/ledger.h"
+#include "learner/loss.h"
+#include "learner/update.h"
+#include "policy/checkpoint.h"
+#include "policy/config.h"
+#include "policy/optimizer.h"
+#include "policy/params.h"
+#include "replay/replay.h"
+#include "reward/reward.h"
+#include "rollout/rollout.h"
+#include "tests/test.h"
+
+#define L_DIE(s, what)                                                                             \
+    do {                                                                                           \
+        arl_status s_ = (s);                                                                       \
+        if (s_ != ARL_OK) {                                                                        \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, what, arl_error_msg());         \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static inline void lh_make_ckpt(const char *dir, uint64_t seed) {
+    arl_model_config cfg;
+    L_DIE(arl_model_config_read(test_src_path("configs/tiny/config.json"), &cfg), "config");
+    arl_model_params p;
+    L_DIE(arl_model_params_alloc(&p, &cfg), "params");
+    L_DIE(arl_params_init(&p, &cfg, seed, 1), "init");
+    L_DIE(arl_checkpoint_save(dir, &cfg, &p, 0), "save");
+    arl_model_params_free(&p);
+    arl_model_config_free(&cfg);
+}
+
+/* Roll out `tasks` calculator tasks x G into a new store at db (run uid "lt").  Short turns and
+ * a segment budget just above the initial context: every trajectory has continue segments. */
+static inline void lh_rollout(const char *db, const char *ckpt, int64_t tasks, int64_t G,
+                              int64_t task_seed) {
+    arl_rollout_config c;
+    L_DIE(arl_rollout_config_defaults(&c), "defaults");
+    L_DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "env", "builtin:calculator",
+                          &c),
+          "env");
+    L_DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "run-uid", "lt", &c), "uid");
+    c.tasks = tasks;
+    c.task_seed = task_seed;
+    c.group_size = G;
+    c.turn_tokens = 16;
+    c.observation_tokens = 256;
+    c.segment_tokens = 600;
+    c.context_tokens = 4096;
+    c.trajectory_tokens = 4096;
+    c.max_turns = 3;
+    c.batch_size = 8;
+    c.prefill_chunk = 1024;
+    c.progress_s = 0;
+    c.seed = 11;
+    replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *st;
+    L_DIE(replay_store_open(db, &o, &st), "store");
+    arl_rollout_worker *w;
+    L_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "worker open");
+    L_DIE(arl_rollout_worker_run(w), "worker run");
+    arl_rollout_worker_close(w);
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+}
+
+/* A learner over a tiny checkpoint with the objective's defaults except M and a large lr (so
+ * that one step moves the weights visibly). */
+typedef struct lh_learner {
+    arl_model_config cfg;
+    arl_model_params params, ref;
+    arl_adamw opt;
+    arl_optim_config oc;
+    arl_klctl kl;
+    arl_reward_config rc;
+    arl_loss_config lossc;
+    arl_learner_config lc;
+    arl_learner *l;
+} lh_learner;
+
+/* ref_ckpt: the reference's weights (NULL: the policy's own). */
+static inline void lh_learner_open(lh_learner *h, const char *ckpt, const char *ref_ckpt,
+                                   int32_t minibatches, int64_t n_traj, arl_dist *dist) {
+    memset(h, 0, sizeof *h);
+    char cfgp[700];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", ckpt);
+    L_DIE(arl_model_config_read(cfgp, &h->cfg), "config");
+    L_DIE(arl_model_params_alloc(&h->params, &h->cfg), "params");
+    L_DIE(arl_model_params_alloc(&h->ref, &h->cfg), "ref");
+    L_DIE(arl_checkpoint_load(ckpt, &h->cfg, &h->params), "load");
+    L_DIE(arl_checkpoint_load(ref_ckpt ? ref_ckpt : ckpt, &h->cfg, &h->ref), "load ref");
+    arl_optim_config_defaults(&h->oc);
+    h->oc.lr = 1e-3;
+    h->oc.min_lr_ratio = 1.0;
+    L_DIE(arl_adamw_init(&h->opt, &h->cfg, &h->oc), "adamw");
+    arl_kl_config kc;
+    arl_kl_config_default(&kc);
+    L_DIE(arl_klctl_init(&h->kl, &kc), "kl");
+    arl_reward_config_default(&h->rc);
+    arl_loss_config_default(&h->lossc);
+    h->lc.minibatches = minibatches;
+    h->lc.max_tokens = 1024;
+    h->lc.max_docs = 16;
+    h->lc.routing_replay = 1;
+    h->lc.ref_routing_replay = 1;
+    h->lc.state_cache_bytes = 1 << 30;
+    h->lc.drift_sample = 1.0;
+    h->lc.seed = 5;
+    h->lc.n_traj_per_update = n_traj;
+    h->lc.segment_tokens = 600;
+    arl_learner_init in = {.cfg = &h->cfg,
+                           .params = &h->params,
+                           .ref_params = &h->ref,
+                           .opt = &h->opt,
+                           .kl = &h->kl,
+                           .reward = &h->rc,
+                           .loss = &h->lossc,
+                           .lc = &h->lc,
+                           .dist = dist};
+    L_DIE(arl_learner_create(&h->l, &in), "learner");
+}
+
+static inline void lh_learner_close(lh_learner *h) {
+    arl_learner_free(h->l);
+    arl_adamw_free(&h->opt);
+    arl_optim_config_free(&h->oc);
+    arl_model_params_free(&h->params);
+    arl_model_params_free(&h->ref);
+    arl_model_config_free(&h->cfg);
+}
+
+/* Plan update n over the final groups of run "lt" (at most max_groups). */
+static inline int64_t lh_plan(const char *db, int64_t n, int64_t max_groups, int64_t *ids) {
+    arl_ledger *led;
+    L_DIE(arl_ledger_open(db, &led), "ledger");
+    int64_t run_id, ng = 0;
+    L_DIE(arl_ledger_run_id(led, "lt", &run_id), "run id");
+    arl_ledger_update_status us;
+    L_DIE(arl_ledger_plan(led, run_id, n, "train", max_groups, ids, 256, &ng, &us), "plan");
+    arl_ledger_close(led);
+    return ng;
+}
+
+/* A metric of a metrics JSON object (NaN when absent). */
+#include <jansson.h>
+static inline double lh_metric(const char *json, const char *name) {
+    json_t *j = json_loads(json, 0, NULL);
+    json_t *v = j ? json_object_get(j, name) : NULL;
+    double x = json_is_number(v) ? json_number_value(v) : NAN;
+    json_decref(j);
+    return x;
+}
+
+#endif

@@ -1,0 +1,195 @@
+/* tests/learner/test_resume.c: `agentrl train` killed with SIGKILL at a random point and
+ * resumed with --resume ends bit-identical to an uninterrupted run (CPU, one process, one
+ * thread), and every task is trained on exactly once (experiments/train.h, "Exactness and
+ * resume").  A micro experiment (tiny model, SFT warm start of two steps, two updates of two
+ * tasks x two samples, one held-out episode) keeps each run to seconds; the kill lands anywhere
+ * from the SFT stage to the final report.  The random delay is printed (and can be fixed with
+ * ARL_TEST_KILL_MS) so that a failure can be replayed. */
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/test.h"
+
+static char tmp[512], exp_path[700];
+
+static const char *micro =
+    "{\n"
+    "  \"model\": \"tiny\", \"steps\": 2, \"tasks-per-update\": 2, \"threads\": 1,\n"
+    "  \"eval-tasks\": 1, \"sft-demos\": 4, \"checkpoint-interval\": 1,\n"
+    "  \"rollout\": {\"env\": \"builtin:calculator\", \"task-data\": {\"level\": 1},\n"
+    "              \"group-size\": 2, \"turn-tokens\": 32, \"observation-tokens\": 512,\n"
+    "              \"segment-tokens\": 700, \"context-tokens\": 2048, \"trajectory-tokens\": "
+    "2048,\n"
+    "              \"max-turns\": 2, \"batch-size\": 4, \"prefill-chunk\": 1024, \"progress-s\": "
+    "0},\n"
+    "  \"learner\": {\"minibatches\": 2, \"max-tokens\": 1024, \"lr\": 1e-4},\n"
+    "  \"sft\": {\"steps\": 2, \"batch-tokens\": 1024}\n"
+    "}\n";
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Start `agentrl train EXP --set out=OUT [--resume]` with output to OUT.log. */
+static pid_t start(const char *out, int resume) {
+    const char *bin = getenv("ARL_BIN");
+    char setout[800], logp[800];
+    snprintf(setout, sizeof setout, "out=%s", out);
+    snprintf(logp, sizeof logp, "%s.log", out);
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(logp, "a", stderr);
+        (void)f;
+        if (resume)
+            execl(bin, bin, "train", exp_path, "--set", setout, "--set", "progress=plain",
+                  "--resume", (char *)NULL);
+        else
+            execl(bin, bin, "train", exp_path, "--set", setout, "--set", "progress=plain",
+                  (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+static int wait_exit(pid_t pid) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int files_equal(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int eq = fa && fb;
+    while (eq) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        if (ca != cb) eq = 0;
+        if (ca == EOF || cb == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return eq;
+}
+
+/* Seeds of the tasks update n consumed, from its store's ledger; returns the count. */
+static int consumed_seeds(const char *out, int n, long long *seeds, int cap, int *n_committed) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/replay/u%06d/r0/catalog.sqlite", out, n);
+    sqlite3 *db = NULL;
+    int k = 0;
+    *n_committed = 0;
+    if (sqlite3_open_v2(p, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        sqlite3_close(db);
+        return -1;
+    }
+    sqlite3_stmt *q = NULL;
+    if (sqlite3_prepare_v2(
+            db,
+            "SELECT t.seed FROM updates u JOIN update_groups ug ON ug.run_id = "
+            "u.run_id AND ug.update_n = u.update_n JOIN task_groups g ON g.group_id = "
+            "ug.group_id JOIN tasks t ON t.task_id = g.task_id WHERE u.status = "
+            "'committed' AND u.update_n = ?1 AND g.status = 'consumed' AND "
+            "g.consumed_update = ?1 ORDER BY t.seed",
+            -1, &q, NULL) == SQLITE_OK) {
+        sqlite3_bind_int(q, 1, n);
+        while (sqlite3_step(q) == SQLITE_ROW && k < cap)
+            seeds[k++] = sqlite3_column_int64(q, 0);
+    }
+    sqlite3_finalize(q);
+    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM updates WHERE status = 'committed'", -1, &q,
+                           NULL) == SQLITE_OK &&
+        sqlite3_step(q) == SQLITE_ROW)
+        *n_committed = sqlite3_column_int(q, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return k;
+}
+
+/* The "step" values of a metrics file, in order. */
+static int metric_steps(const char *out, int *steps, int cap) {
+    char p[900], line[65536];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    FILE *f = fopen(p, "r");
+    int n = 0;
+    while (f && fgets(line, sizeof line, f) && n < cap) {
+        const char *s = strstr(line, "\"step\":");
+        if (s) steps[n++] = atoi(s + 7);
+    }
+    if (f) fclose(f);
+    return n;
+}
+
+static void test_kill_resume(void) {
+    if (!getenv("ARL_BIN")) {
+        fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
+        return;
+    }
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/uninterrupted", tmp);
+    snprintf(b, sizeof b, "%s/killed", tmp);
+    const double t0 = now_s();
+    CHECK_EQ_INT(wait_exit(start(a, 0)), 0);
+    const double ta = now_s() - t0;
+    /* the kill: anywhere in the first 90% of an uninterrupted run's time */
+    long kill_ms;
+    if (getenv("ARL_TEST_KILL_MS")) {
+        kill_ms = atol(getenv("ARL_TEST_KILL_MS"));
+    } else {
+        srand((unsigned)time(NULL) ^ (unsigned)getpid());
+        kill_ms = (long)(1000.0 * ta * (0.02 + 0.88 * (double)rand() / RAND_MAX));
+    }
+    fprintf(stderr,
+            "  uninterrupted run %.1f s; killing the second run after %ld ms "
+            "(ARL_TEST_KILL_MS=%ld replays it)\n",
+            ta, kill_ms, kill_ms);
+    pid_t pid = start(b, 0);
+    struct timespec ts = {kill_ms / 1000, (kill_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGKILL);
+    int rc = wait_exit(pid);
+    fprintf(stderr, "  killed run exited with %d\n", rc);
+    CHECK_EQ_INT(wait_exit(start(b, 1)), 0);
+    /* bit-identical end state */
+    static const char *files[] = {"checkpoints/step-00000004/model.safetensors",
+                                  "checkpoints/step-00000004/optimizer.safetensors",
+                                  "reference/model.safetensors", "eval.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char pa[900], pb[900];
+        snprintf(pa, sizeof pa, "%s/%s", a, files[i]);
+        snprintf(pb, sizeof pb, "%s/%s", b, files[i]);
+        CHECK_MSG(files_equal(pa, pb), "%s differs between the runs", files[i]);
+    }
+    /* every task once: update n consumed exactly the tasks with seeds 2n and 2n + 1 */
+    for (int n = 0; n < 2; n++) {
+        long long seeds[8];
+        int nc = 0;
+        int k = consumed_seeds(b, n, seeds, 8, &nc);
+        CHECK_EQ_INT(k, 2);
+        CHECK_EQ_INT(nc, 1);
+        if (k == 2) {
+            CHECK_EQ_INT(seeds[0], 2 * n);
+            CHECK_EQ_INT(seeds[1], 2 * n + 1);
+        }
+    }
+    int steps[16];
+    int ns = metric_steps(b, steps, 16);
+    CHECK_EQ_INT(ns, 2);
+    for (int i = 0; i < ns; i++)
+        CHECK_EQ_INT(steps[i], i);
+}
+
+int main(void) {
+    snprintf(tmp, sizeof tmp, "%s", test_tmpdir("learner-resume"));
+    snprintf(exp_path, sizeof exp_path, "%s/micro.json", tmp);
+    FILE *f = fopen(exp_path, "w");
+    if (!f) return 1;
+    fputs(micro, f);
+    fclose(f);
+    TEST_RUN(test_kill_resume);
+    return test_finish();
+}

@@ -1,0 +1,45 @@
+#!/bin/sh
+# tests/rollout/cli.sh: `agentrl rollout` end to end on the calculator built-in, then the store's
+# own checks: `agentrl replay verify` (exit 0), `agentrl replay rescore` (every action token's
+# behaviour log-probability recomputed from the cached states within 1e-3 nats: fp32 rounding
+# of other batch compositions, spec/policy.md 16.4), `agentrl replay fork`, a restart on the same
+# shard that finds nothing left to do, and usage errors (exit 2).
+set -u
+BIN=${ARL_BIN:-build/agentrl}
+[ -x "$BIN" ] || { echo "no $BIN (build the agentrl target)"; exit 77; }
+T=$(mktemp -d /tmp/arl-test-rollout-cli-XXXXXX)
+fail() { echo "FAIL: $*"; exit 1; }
+"$BIN" model init tiny "$T/ckpt" --seed 3 >/dev/null 2>&1 || fail "model init"
+cat > "$T/exp.json" <<'JSON'
+{"learner": {"ignored": "by rollout"},
+ "rollout": {"env": "calculator", "group_size": 2, "turn_tokens": 24, "segment_tokens": 1024,
+             "observation_tokens": 512, "context_tokens": 4096, "trajectory_tokens": 4096,
+             "max_turns": 3, "batch_size": 4, "progress_s": 0}}
+JSON
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --shard 1 > "$T/out" 2> "$T/err" \
+    || { cat "$T/err"; fail "rollout"; }
+grep -q "trajectories  4 (complete" "$T/out" || { cat "$T/out"; fail "summary"; }
+grep -q "success rate" "$T/out" || fail "summary: success rate"
+grep -q "group-size *= 2" "$T/err" || fail "resolved config not printed"
+"$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify"; }
+"$BIN" replay rescore "$T/db" rollout/g000000/r0 rollout/g000001/r1 --ckpt "$T/ckpt" --json > "$T/rescore" \
+    || fail "rescore"
+awk -F'"max_abs":' '{ split($2, a, ","); if (a[1] + 0 > 1e-3 || index($0, "\"action_tokens\":0,")) bad = 1 }
+     END { exit bad }' "$T/rescore" || { cat "$T/rescore"; fail "rescore mismatch"; }
+"$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --ckpt "$T/ckpt" --experiment "$T/exp.json" \
+    --count 2 > "$T/fork" 2>&1 || { cat "$T/fork"; fail "fork"; }
+grep -q "rollout/g000000/r0/f1.1" "$T/fork" || fail "fork ids"
+"$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after fork"; }
+# a restart on the same shard: every group is final, nothing runs again
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --shard 1 > "$T/out2" 2>/dev/null \
+    || fail "restart"
+grep -q "trajectories  0 " "$T/out2" || { cat "$T/out2"; fail "restart reran finished groups"; }
+# usage errors
+"$BIN" rollout "$T/exp.json" --out "$T/db" > /dev/null 2>&1; [ $? -eq 2 ] || fail "missing --ckpt: exit 2"
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --bogus 1 > /dev/null 2>&1
+[ $? -eq 2 ] || fail "unknown option: exit 2"
+echo '{"rollout": {"env": "calculator", "segment_tokens": 100}}' > "$T/bad.json"
+"$BIN" rollout "$T/bad.json" --ckpt "$T/ckpt" --out "$T/db2" > /dev/null 2> "$T/err3"
+[ $? -eq 2 ] && grep -q "segment-tokens" "$T/err3" || { cat "$T/err3"; fail "budget check"; }
+rm -rf "$T"
+echo "ok"

@@ -1,0 +1,117 @@
+/* tests/rollout/test_faults.c: a rollout against an AEP/1 server that fails in every way of the
+ * spec's error tables (spec/aep.md 8.3-8.5, 12; tests/rollout/fault_server.h), one task per
+ * failure.  Retryable failures are retried and the trajectory completes; the others mask the
+ * trajectory with the code and attribution of the table, keep the evidence (the failing call's
+ * row with its code, the steps before it in a partial segment), refill infra-masked slots once,
+ * and the run goes on to the end.  The store verifies. */
+#include "tests/rollout/fault_server.h"
+#include "tests/rollout/helpers.h"
+
+typedef struct expect {
+    const char *task;
+    const char *status; /* complete / masked */
+    const char *code;   /* error_code of a masked trajectory */
+    const char *attr;
+} expect;
+
+static const expect expected[] = {
+    {"ok", "complete", "", ""},
+    {"capacity_create", "complete", "", ""},
+    {"draining_create", "complete", "", ""},
+    {"in_progress_step", "complete", "", ""},
+    {"deadline_once", "complete", "", ""},
+    {"deadline_twice", "masked", "DEADLINE_EXCEEDED", "env"},
+    {"internal_step", "masked", "ENV_INTERNAL", "env"},
+    {"sandbox_step", "masked", "SANDBOX_LOST", "infra"},
+    {"closed_step", "masked", "SESSION_CLOSED", "env"},
+    {"unknown_step", "masked", "UNKNOWN_SESSION", "env"},
+    {"validation_step", "masked", "VALIDATION_ERROR", "client"},
+    {"conflict_step", "masked", "STEP_CONFLICT", "client"},
+    {"ended_step", "masked", "EPISODE_ENDED", "client"},
+    {"invalid_create", "masked", "INVALID_REQUEST", "client"},
+    {"trajconflict_create", "masked", "TRAJECTORY_CONFLICT", "client"},
+    {"payload_step", "masked", "PAYLOAD_TOO_LARGE", "client"},
+    {"scoreconflict_episode", "masked", "SCORE_CONFLICT", "client"},
+    {"internal_segment", "masked", "ENV_INTERNAL", "env"},
+    {"notimpl_segment", "complete", "", ""},
+    {"xcode_step", "masked", "X_CUSTOM_FAILURE", "env"},
+    {"malformed_step", "masked", "MALFORMED_RESPONSE", "env"},
+    {"html500_step", "masked", "ENV_INTERNAL", "env"},
+    {"reward_step", "masked", "REWARD_OUT_OF_RANGE", "env"},
+    {"huge_step", "masked", "RESPONSE_TOO_LARGE", "env"},
+    {"longobs_step", "masked", "OBSERVATION_TOO_LONG", "env"},
+    {"transport_step", "masked", "TRANSPORT_ERROR", "infra"},
+};
+#define N_EXPECTED (sizeof expected / sizeof expected[0])
+
+static char ckpt[600], tmp[512];
+
+static void test_faults(void) {
+    CHECK_EQ_INT(N_EXPECTED, FSRV_N_SCENARIOS);
+    char tasks[700], db[700], url[64];
+    snprintf(tasks, sizeof tasks, "%s/tasks.jsonl", tmp);
+    snprintf(db, sizeof db, "%s/db", tmp);
+    FILE *f = fopen(tasks, "w");
+    for (size_t i = 0; i < N_EXPECTED; i++)
+        fprintf(f, "{\"id\": \"%s\", \"seed\": %zu, \"data\": {}}\n", expected[i].task, i);
+    fclose(f);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", fsrv.port);
+    arl_rollout_config c;
+    h_config(&c, url);
+    h_set(&c, "task-file", tasks);
+    c.tasks = 0;
+    c.group_size = 1;
+    c.turn_tokens = 16;
+    c.observation_tokens = 256;
+    c.segment_tokens = 400;
+    c.max_turns = 5;
+    c.batch_size = 8;
+    c.env_backoff_ms = 5;
+    replay_store *st = h_store(db);
+    arl_rollout_worker *w;
+    H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "open");
+    H_DIE(arl_rollout_worker_run(w), "run");
+    const arl_rollout_stats *s = arl_rollout_worker_stats(w);
+    arl_rollout_stats_print(s, stderr);
+    /* every task once, plus one refill for each of the two infra-masked slots */
+    CHECK_EQ_INT(s->trajectories, N_EXPECTED + 2);
+    arl_rollout_worker_close(w);
+    for (size_t i = 0; i < N_EXPECTED; i++) {
+        const expect *x = &expected[i];
+        for (int attempt = 0; attempt < 2; attempt++) {
+            char uid[128];
+            snprintf(uid, sizeof uid, attempt ? "rollout/g%06zu/r0.a1" : "rollout/g%06zu/r0", i);
+            replay_traj_row r;
+            arl_status q = replay_traj_get(st, uid, &r);
+            int want = attempt == 0 || !strcmp(x->attr, "infra");
+            CHECK_MSG((q == ARL_OK) == want, "%s: %s", uid, want ? "missing" : "unexpected refill");
+            if (q != ARL_OK) continue;
+            CHECK_MSG(!strcmp(replay_status_name(r.status), x->status), "%s (%s): status %s, want %s",
+                      uid, x->task, replay_status_name(r.status), x->status);
+            CHECK_MSG(!strcmp(r.error_code, x->code), "%s (%s): code '%s', want '%s'", uid, x->task,
+                      r.error_code, x->code);
+            CHECK_MSG(!strcmp(r.error_attribution, x->attr), "%s (%s): attribution '%s', want '%s'",
+                      uid, x->task, r.error_attribution, x->attr);
+            /* failures after creation keep the steps before them in a partial segment */
+            if (!strcmp(x->status, "masked") && strstr(x->task, "_create") == NULL)
+                CHECK_MSG(r.n_segments >= 1, "%s (%s): masked without its partial segment", uid,
+                          x->task);
+        }
+    }
+    CHECK_EQ_INT(h_verify(st), 0);
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+}
+
+int main(void) {
+    snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-faults"));
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
+    h_make_ckpt(ckpt, NULL, 3);
+    if (fsrv_start()) {
+        fprintf(stderr, "cannot start the fault server\n");
+        return 1;
+    }
+    TEST_RUN(test_faults);
+    fsrv_stop();
+    return test_finish();
+}
