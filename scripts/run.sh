@@ -19,8 +19,9 @@ step() { printf '\n== %s ==\n' "$*"; }
 cat <<'MSG'
 
 agentrl default experiment: the policy on the CPU, warm-started by SFT on the calculator
-environment's teacher, then evaluated by rollout. (The RL loop, `agentrl train`, is not part
-of this build yet; this runs every stage before it.)
+environment's teacher, then evaluated by rollout. (The RL stage on top of it is
+`build/agentrl train experiments/calculator.json`; its improvement has not been measured in
+this build yet, so this script stops before it.)
 MSG
 
 step "parameter counts of the shipped configurations"
