@@ -8,17 +8,21 @@
  * intrinsics).
  *
  * Accuracy over all fp32 inputs (tests/kernels/test_vmath.c checks it against float64 libm
- * on every 97th fp32 bit pattern and on the special values):
+ * on every 8191st fp32 bit pattern, on dense grids around every threshold and on the special
+ * values):
  *   arl_k_vexp      <= 2 ulp; +inf above ~88.72, 0 below ~-103.97 (subnormal results rounded
  *                   once), exp(+-0) = 1, exp(-inf) = 0, exp(+inf) = +inf.
  *   arl_k_vsigmoid  1/(1+e^-x): <= 3 ulp (relative, also for tiny results at x << 0);
  *                   sigmoid(+inf) = 1, sigmoid(-inf) = 0.
  *   arl_k_vtanh     <= 3 ulp; exactly +-1 for |x| >= 9.1, odd (tanh(-x) = -tanh(x)), -0 kept.
- *   arl_k_vsilu     x * sigmoid(x): <= 4 ulp (silu(-inf) is NaN, as x * sigmoid(x) is).
+ *   arl_k_vsilu     x * sigmoid(x): <= 4 ulp where sigmoid(x) is a normal number (x > -87.3);
+ *                   below, |error| <= 2 |x| 2^-149 (sigmoid's subnormal rounding, as with libm);
+ *                   silu(-inf) is NaN, as x * sigmoid(x) is.
  *   NaN in gives NaN out everywhere.
  * Determinism: each element's result depends only on its input, never on its position, the
  * array length or the alignment (array tails run the same code on a padded copy), so results
- * are bit-identical however a caller splits an array across threads.
+ * are bit-identical however a caller splits an array across threads, and the same on every CPU
+ * (an AVX2 build is used where present; it computes the same operations, none fused).
  *
  * Aliasing: y may equal x exactly (in place); partial overlap is undefined.  n == 0 is a
  * no-op; n < 0 is a programmer error.

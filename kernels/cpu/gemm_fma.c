@@ -1,22 +1,28 @@
 /* kernels/cpu/gemm_fma.c: the GEMM of kernels/gemm.h for x86-64 CPUs with AVX2 and FMA, chosen
  * at run time (kernels/cpu/gemm.c calls it when arl_k_cpu_has_fma() says so; elsewhere OpenBLAS
- * does the work).  Not a general BLAS: one register tile of 6 rows x 16 columns, no packing of
- * A, op(B) copied into a 16-column panel only when its rows are not already contiguous.
+ * does the work).  Not a general BLAS: a register tile of 6 rows x 16 columns (AVX2) or 6 x 32
+ * (AVX-512, where present), no packing of A, op(B) copied into a panel only when its rows are
+ * not already contiguous; a Linear map of at most 16 (32) tokens swaps the roles (C^T = B A^T,
+ * the tokens are the panel and the weights are read in place), one row of A uses a row kernel
+ * (row_nn), and an NT product of at most GEMM_DOT_M rows dot products (dots_nt).
  *
  * Why it exists: the Debian OpenBLAS (0.3.21) picks its SSE3 "Prescott" kernels on CPUs it does
- * not know, which is most current server CPUs; the tile here runs 2-3x faster on them.
+ * not know, which is most current server CPUs; the tiles here run 2-5x faster on them.
  *
  * Arithmetic of one element (the contract of kernels/gemm.h, plus a fixed order): K is cut into
  * blocks of GEMM_KC; within a block the products are accumulated with fused multiply-adds in
  * ascending k, starting from 0; the first block gives C = alpha * s + beta * C (alpha * s when
- * beta == 0: C is not read), each later block C = C + alpha * s.  NT products of at most
- * GEMM_DOT_M rows (a Linear map of one to four tokens) are dot products instead (dots_nt).
- * Nothing depends on where the element sits in its tile or on how a caller splits N across
- * threads (or M, for products of more than GEMM_DOT_M rows), so results are bit-identical for
- * any thread count.  Accuracy: the fp32 dot-product bound of kernels/gemm.h.
+ * beta == 0: C is not read), each later block C = C + alpha * s.  That holds for both tile
+ * widths, the swapped form and row_nn, so they give the same bits.  NT products of at most
+ * GEMM_DOT_M rows (a Linear map of one to four tokens) are dot products instead (lanes k mod 8,
+ * then a fixed reduction).  Nothing depends on where the element sits in its tile or on how a
+ * caller splits N across threads (or M, since the dot-product choice is made on the whole
+ * product's M), so results are bit-identical for any thread count.  Accuracy: the fp32
+ * dot-product bound of kernels/gemm.h.
  */
 #include "kernels/cpu/internal.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -56,22 +62,21 @@ static int use_wide_tiles(void) {
     return v && !g_narrow;
 }
 
-/* C (or C^T) = alpha s + beta C for the mr x nr corner of a tile's sums s (row stride ns). */
-static void tile_store(const float *s, int64_t ns, float alpha, float beta, int first, float *C,
-                       int64_t ldc, int64_t mr, int64_t nr, int trans_c) {
-    const int64_t si = trans_c ? 1 : ldc, sj = trans_c ? ldc : 1;
-    for (int64_t i = 0; i < mr; i++) {
-        float *c = C + i * si;
-        const float *t = s + i * ns;
+/* C^T = alpha s + beta C^T for the mr x nr corner of a tile's sums s (row stride ns): tile element
+ * (i, j) goes to C[j * ldc + i], so each row j of C receives mr consecutive values. */
+static void tile_store_t(const float *s, int64_t ns, float alpha, float beta, int first, float *C,
+                         int64_t ldc, int64_t mr, int64_t nr) {
+    for (int64_t j = 0; j < nr; j++) {
+        float *c = C + j * ldc;
         if (!first)
-            for (int64_t j = 0; j < nr; j++)
-                c[j * sj] = c[j * sj] + alpha * t[j];
+            for (int64_t i = 0; i < mr; i++)
+                c[i] = c[i] + alpha * s[i * ns + j];
         else if (beta == 0.0f)
-            for (int64_t j = 0; j < nr; j++)
-                c[j * sj] = alpha * t[j];
+            for (int64_t i = 0; i < mr; i++)
+                c[i] = alpha * s[i * ns + j];
         else
-            for (int64_t j = 0; j < nr; j++)
-                c[j * sj] = alpha * t[j] + beta * c[j * sj];
+            for (int64_t i = 0; i < mr; i++)
+                c[i] = alpha * s[i * ns + j] + beta * c[i];
     }
 }
 
@@ -108,10 +113,10 @@ __attribute__((target("avx512f"))) static void tile512(int64_t kc, const float *
         _mm512_storeu_ps(s[3], c30), _mm512_storeu_ps(s[3] + 16, c31);
         _mm512_storeu_ps(s[4], c40), _mm512_storeu_ps(s[4] + 16, c41);
         _mm512_storeu_ps(s[5], c50), _mm512_storeu_ps(s[5] + 16, c51);
-        tile_store(&s[0][0], GEMM_NR_MAX, alpha, beta, first, C, ldc, mr, nr, 1);
+        tile_store_t(&s[0][0], GEMM_NR_MAX, alpha, beta, first, C, ldc, mr, nr);
         return;
     }
-    /* the rows of C in place, with the arithmetic of tile_store (no fused operation) */
+    /* the rows of C in place, with the arithmetic of tile_store_t (no fused operation) */
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
     const __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
@@ -128,6 +133,54 @@ __attribute__((target("avx512f"))) static void tile512(int64_t kc, const float *
                 v = _mm512_add_ps(v, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m, c + 16 * h)));
             _mm512_mask_storeu_ps(c + 16 * h, m, v);
         }
+    }
+}
+
+/* tile with 16 columns in one 16-lane register per row (AVX-512): the same arithmetic per
+ * element; used where the tile's columns are the few tokens of a Linear map (swapped form). */
+__attribute__((target("avx512f"))) static void tile512n(int64_t kc, const float *const a[GEMM_MR],
+                                                        int64_t as, const float *b, int64_t bs,
+                                                        float alpha, float beta, int first,
+                                                        float *C, int64_t ldc, int64_t mr,
+                                                        int64_t nr, int trans_c) {
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
+    const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
+    for (int64_t k = 0; k < kc; k++) {
+        const __m512 b0 = _mm512_loadu_ps(b + k * bs);
+        const int64_t o = k * as;
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(a0[o]), b0, c0);
+        c1 = _mm512_fmadd_ps(_mm512_set1_ps(a1[o]), b0, c1);
+        c2 = _mm512_fmadd_ps(_mm512_set1_ps(a2[o]), b0, c2);
+        c3 = _mm512_fmadd_ps(_mm512_set1_ps(a3[o]), b0, c3);
+        c4 = _mm512_fmadd_ps(_mm512_set1_ps(a4[o]), b0, c4);
+        c5 = _mm512_fmadd_ps(_mm512_set1_ps(a5[o]), b0, c5);
+    }
+    if (trans_c && first && beta == 0.0f && ldc <= INT32_MAX / GEMM_NR) {
+        /* C[j * ldc + i] = alpha s[i][j]: lane j of row i scattered down column i of C */
+        int32_t off[GEMM_NR];
+        for (int j = 0; j < GEMM_NR; j++)
+            off[j] = (int32_t)(j * ldc);
+        const __m512i idx = _mm512_loadu_si512(off);
+        const __mmask16 m = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+        const __m512 va = _mm512_set1_ps(alpha);
+        const __m512 acc[GEMM_MR] = {c0, c1, c2, c3, c4, c5};
+        for (int64_t i = 0; i < mr; i++)
+            _mm512_mask_i32scatter_ps(C + i, m, idx, _mm512_mul_ps(va, acc[i]), 4);
+        return;
+    }
+    float s[GEMM_MR][GEMM_NR];
+    _mm512_storeu_ps(s[0], c0), _mm512_storeu_ps(s[1], c1), _mm512_storeu_ps(s[2], c2);
+    _mm512_storeu_ps(s[3], c3), _mm512_storeu_ps(s[4], c4), _mm512_storeu_ps(s[5], c5);
+    if (trans_c) {
+        tile_store_t(&s[0][0], GEMM_NR, alpha, beta, first, C, ldc, mr, nr);
+        return;
+    }
+    for (int64_t i = 0; i < mr; i++) { /* scalar, the arithmetic of tile_store_t */
+        float *c = C + i * ldc;
+        for (int64_t j = 0; j < nr; j++)
+            c[j] = !first         ? c[j] + alpha * s[i][j]
+                   : beta == 0.0f ? alpha * s[i][j]
+                                  : alpha * s[i][j] + beta * c[j];
     }
 }
 
@@ -164,10 +217,10 @@ tile(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, int6
         _mm256_storeu_ps(s[3], c30), _mm256_storeu_ps(s[3] + 8, c31);
         _mm256_storeu_ps(s[4], c40), _mm256_storeu_ps(s[4] + 8, c41);
         _mm256_storeu_ps(s[5], c50), _mm256_storeu_ps(s[5] + 8, c51);
-        tile_store(&s[0][0], GEMM_NR, alpha, beta, first, C, ldc, mr, nr, 1);
+        tile_store_t(&s[0][0], GEMM_NR, alpha, beta, first, C, ldc, mr, nr);
         return;
     }
-    /* the rows of C in place, with the arithmetic of tile_store (no fused operation) */
+    /* the rows of C in place, with the arithmetic of tile_store_t (no fused operation) */
     const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
     int32_t mk[GEMM_NR];
     for (int j = 0; j < GEMM_NR; j++)
@@ -285,6 +338,44 @@ __attribute__((target("avx2,fma"))) static void dots_nt(int64_t M, int64_t N, in
     }
 }
 
+/* C (1, N) for one row a of op(A) (element k at a[k * as]) and op(B) = B (K, ldb): per column the
+ * arithmetic of the tiles (fused multiply-adds in ascending k from 0 within a GEMM_KC block, then
+ * alpha and beta), 32 columns at a time; a row instead of a 6-row tile with 5 rows unused. */
+__attribute__((target("avx2,fma"))) static void row_nn(int64_t N, int64_t K, float alpha,
+                                                       const float *a, int64_t as, const float *B,
+                                                       int64_t ldb, float beta, float *C) {
+    const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+    for (int64_t j0 = 0; j0 < N; j0 += 32) {
+        const int64_t nj = N - j0 < 32 ? N - j0 : 32;
+        int32_t mk[32];
+        for (int j = 0; j < 32; j++)
+            mk[j] = j < nj ? -1 : 0;
+        __m256i m[4];
+        for (int h = 0; h < 4; h++)
+            m[h] = _mm256_loadu_si256((const __m256i *)(mk + 8 * h));
+        for (int64_t k0 = 0; k0 < K; k0 += GEMM_KC) {
+            const int64_t kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                             _mm256_setzero_ps()};
+            for (int64_t k = k0; k < k0 + kc; k++) {
+                const __m256 x = _mm256_broadcast_ss(a + k * as);
+                const float *b = B + k * ldb + j0;
+                for (int h = 0; h < 4; h++)
+                    acc[h] = _mm256_fmadd_ps(x, _mm256_maskload_ps(b + 8 * h, m[h]), acc[h]);
+            }
+            for (int h = 0; h < 4; h++) {
+                float *c = C + j0 + 8 * h;
+                __m256 v = _mm256_mul_ps(va, acc[h]);
+                if (k0 > 0)
+                    v = _mm256_add_ps(_mm256_maskload_ps(c, m[h]), v);
+                else if (beta != 0.0f)
+                    v = _mm256_add_ps(v, _mm256_mul_ps(vb, _mm256_maskload_ps(c, m[h])));
+                _mm256_maskstore_ps(c, m[h], v);
+            }
+        }
+    }
+}
+
 /* panel[k][j] (row stride w) = op(B)[k0 + k][j0 + j] for k < kc, j < nr; 0 for nr <= j < w. */
 static void pack_panel(float *panel, int64_t w, const float *B, int64_t ldb, int trans_b,
                        int64_t k0, int64_t kc, int64_t j0, int64_t nr) {
@@ -304,12 +395,16 @@ static void pack_panel(float *panel, int64_t w, const float *B, int64_t ldb, int
     }
 }
 
-/* The tile of this CPU: 16 columns (AVX2) or 32 (AVX-512); same bits either way. */
-static void run_tile(int wide, int64_t kc, const float *const a[GEMM_MR], int64_t as,
+/* The tiles: 16 columns in two 8-lane registers (AVX2), 32 in two 16-lane registers, or 16 in one
+ * 16-lane register (AVX-512); the same bits from each. */
+enum { TILE_AVX2, TILE_512, TILE_512N };
+static void run_tile(int kind, int64_t kc, const float *const a[GEMM_MR], int64_t as,
                      const float *b, int64_t bs, float alpha, float beta, int first, float *C,
                      int64_t ldc, int64_t mr, int64_t nr, int trans_c) {
-    if (wide)
+    if (kind == TILE_512)
         tile512(kc, a, as, b, bs, alpha, beta, first, C, ldc, mr, nr, trans_c);
+    else if (kind == TILE_512N)
+        tile512n(kc, a, as, b, bs, alpha, beta, first, C, ldc, mr, nr, trans_c);
     else
         tile(kc, a, as, b, bs, alpha, beta, first, C, ldc, mr, nr, trans_c);
 }
@@ -322,15 +417,19 @@ void arl_k_gemm_fma(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, f
         dots_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
+    if (m_full == 1 && !trans_b) {
+        row_nn(N, K, alpha, A, trans_a ? lda : 1, B, ldb, beta, C);
+        return;
+    }
     const int wide = use_wide_tiles();
     const int64_t nrt = wide ? GEMM_NR_MAX : GEMM_NR; /* columns of a tile */
     if (!trans_a && trans_b && M <= nrt) {
         /* a Linear map of at most 16 (32) tokens: C^T = B A^T with A as the (only) panel, so
          * the weights B are read in place instead of copied.  Each element sees the same
          * products in the same order as below (a fused multiply-add is exact in its product).
-         * Up to 16 tokens the 16-column tile wastes fewer lanes. */
-        const int sw = wide && M > GEMM_NR;
-        const int64_t w = sw ? GEMM_NR_MAX : GEMM_NR;
+         * Up to 16 tokens a 16-column tile wastes fewer lanes. */
+        const int sw = !wide ? TILE_AVX2 : M > GEMM_NR ? TILE_512 : TILE_512N;
+        const int64_t w = sw == TILE_512 ? GEMM_NR_MAX : GEMM_NR;
         for (int64_t k0 = 0; k0 < K; k0 += GEMM_KC) {
             const int64_t kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
             pack_panel(panel, w, A, lda, 1, k0, kc, 0, M);
@@ -365,8 +464,8 @@ void arl_k_gemm_fma(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, f
                 const float *a[GEMM_MR];
                 for (int64_t i = 0; i < GEMM_MR; i++) /* rows past M repeat the last one */
                     a[i] = A + (i0 + (i < mr ? i : mr - 1)) * ai + k0 * as;
-                run_tile(wide, kc, a, as, b, bs, alpha, beta, k0 == 0, C + i0 * ldc + j0, ldc, mr,
-                         nr, 0);
+                run_tile(wide ? TILE_512 : TILE_AVX2, kc, a, as, b, bs, alpha, beta, k0 == 0,
+                         C + i0 * ldc + j0, ldc, mr, nr, 0);
             }
         }
     }

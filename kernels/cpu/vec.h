@@ -19,6 +19,7 @@
  *                results keep full relative precision).  < 2.5 ulp.
  *   vec_tanh     |x| < 0.625: x + x^3 Q(x^2), Q degree 4 (fit 4.4e-9 relative); otherwise
  *                sign(x) (1 - e)/(1 + e), e = exp(-2|x|).  < 2 ulp; exactly +-1 for |x| > 9.1.
+ *                A vector whose lanes are all small skips the exp (same bits).
  * The reductions (vec_hsum) are defined for VEC_N == 4 only.
  */
 #ifndef ARL_KERNELS_CPU_VEC_H
@@ -135,10 +136,15 @@ VEC_FN vec_f vec_tanh(vec_f x) {
     q = q * z + vec_set1(1.3331441581249237e-01f);
     q = q * z + vec_set1(-3.333328068256378e-01f);
     vec_f ts = x + (x * z) * q;
+    vec_i small = ax < vec_set1(0.625f);
+    int all_small = 1;
+    for (int i = 0; i < VEC_N; i++)
+        all_small &= small[i] != 0;
+    if (all_small) return vec_copysign(ts, x); /* the same bits as below, without the exp */
     /* large |x|: (1 - e) / (1 + e) with e = exp(-2|x|) <= e^-1.25 */
     vec_f e = vec_exp(vec_set1(-2.0f) * ax);
     vec_f tl = (vec_set1(1.0f) - e) / (vec_set1(1.0f) + e);
-    return vec_copysign(vec_select(ax < vec_set1(0.625f), ts, tl), x); /* odd, -0 kept */
+    return vec_copysign(vec_select(small, ts, tl), x); /* odd, -0 kept */
 }
 
 #endif
