@@ -85,6 +85,10 @@ const arl_option arl_rollout_options[] = {
      "block-sparse MLA: chunk length in tokens", 1, 1 << 24, NULL, 0, "N"},
     {"threads", ARL_OPT_INT, F(threads), "0", "CPU threads (0: the kernels' default)", 0, 1024,
      NULL, 0, "N"},
+    {"reserve-context", ARL_OPT_BOOL, F(reserve_context), "false",
+     "allocate each slot's MLA latent cache for context-tokens rows up front (address space; "
+     "pages are touched as the context grows), so that it never grows by copying",
+     0, 0, NULL, 0, NULL},
     {"state-cache", ARL_OPT_CHOICE, F(state_cache), "all",
      "rollout states written at token_budget boundaries (all) or none (off)", 0, 0, "all|off", 0,
      NULL},

@@ -80,6 +80,7 @@ typedef struct arl_rollout_config {
     int64_t mla_sparse_topk;  /* block-sparse MLA: chunks kept (0: dense) */
     int64_t mla_sparse_chunk; /* block-sparse MLA: chunk length */
     int64_t threads;          /* CPU threads (0: the kernels' default) */
+    int reserve_context;      /* allocate each slot's MLA cache for L_ctx rows at once */
     /* states, faults, weights */
     char *state_cache;       /* "all" or "off" */
     int resume_interrupted;  /* resume (1) or mask (0) interrupted trajectories */

@@ -148,6 +148,12 @@ arl_status ro_traj_new(arl_rollout_worker *w, int64_t task, int32_t gslot, int32
         free(t);
         return arl_error_prefix(s, "rollout: no free decode slot");
     }
+    if (w->cfg.reserve_context &&
+        (s = arl_decode_state_reserve(&w->eng.st, t->slot, w->cfg.context_tokens)) != ARL_OK) {
+        arl_decode_state_leave(&w->eng.st, t->slot);
+        free(t);
+        return s;
+    }
     w->by_slot[t->slot] = t;
     t->next_all = w->all;
     w->all = t;

@@ -245,20 +245,24 @@ static double run_bare(const arl_model_config *cfg, const arl_model_params *p, i
     return rate;
 }
 
-static double run_bare_prefill(const arl_model_config *cfg, const arl_model_params *p, int64_t n) {
+/* One sequence: `ctx` tokens of context (not timed), then n tokens prefilled (timed) - an
+ * observation arriving after earlier turns, as in the rollout. */
+static double run_bare_prefill(const arl_model_config *cfg, const arl_model_params *p, int64_t ctx,
+                               int64_t n) {
     arl_model m;
     arl_model_opts mo;
     arl_model_opts_default(&mo);
     mo.max_tokens = 2048;
     mo.max_docs = 1;
-    mo.max_context = n + 16;
+    mo.max_context = ctx + n + 16;
     DIE(arl_model_init(&m, cfg, p, &mo));
     arl_decode_state st;
     DIE(arl_decode_state_init(&st, cfg, 1, mo.max_context));
-    int32_t slot, *t = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t slot, *t = malloc(sizeof(int32_t) * (size_t)(n > ctx ? n : ctx));
     float *last = malloc(sizeof(float) * (size_t)cfg->dims.V);
-    for (int64_t i = 0; i < n; i++) t[i] = 'a' + (int32_t)(i % 26);
+    for (int64_t i = 0; i < (n > ctx ? n : ctx); i++) t[i] = 'a' + (int32_t)(i % 26);
     DIE(arl_decode_state_join(&st, &slot));
+    if (ctx > 0) DIE(arl_model_prefill(&m, &st, slot, t, ctx, NULL, 0, NULL, last));
     double t0 = cpu_s();
     DIE(arl_model_prefill(&m, &st, slot, t, n, NULL, 0, NULL, last));
     double rate = (double)n / (cpu_s() - t0);
@@ -345,8 +349,13 @@ int main(int argc, char **argv) {
                100.0 * over, over <= 0.15 ? "" : "(over)");
     }
     double bp[50];
-    for (int rep = 0; rep < reps; rep++) bp[rep] = run_bare_prefill(&cfg, &p, obs_bytes);
-    printf("\nprefill tokens/s of observations (%lld tokens each)\n", (long long)obs_bytes);
+    /* the rollout's observations arrive after the prompt and earlier turns: on average about
+     * (turns - 1) / 2 observations and turns of context */
+    int64_t ctx = 24 + (turns - 1) * (turn_tokens + obs_bytes + 32) / 2;
+    for (int rep = 0; rep < reps; rep++) bp[rep] = run_bare_prefill(&cfg, &p, ctx, obs_bytes);
+    printf("\nprefill tokens/s of observations (%lld tokens each, bare after %lld tokens of "
+           "context)\n",
+           (long long)obs_bytes, (long long)ctx);
     printf("  rollout (batched observations)  %10.0f\n", median(pf, npf));
     printf("  bare arl_model_prefill          %10.0f\n", median(bp, reps));
     arl_model_params_free(&p);

@@ -15,7 +15,7 @@
  * the conversation text and allocator noise).  The store verifies at the end.
  *
  * Usage: test_rollout_1m [--kda-tokens N] [--tiny-tokens N] [--tokens N (both)]
- *        (defaults: KDA-only 1048576, tiny 65536; 0 skips a config) */
+ *        (defaults: KDA-only 1048576, tiny 32768; 0 skips a config) */
 #include <sys/stat.h>
 #include <time.h>
 
@@ -203,7 +203,7 @@ static void run_config(const char *name, const char *config_path, int64_t target
     c.batch_size = 1;
     c.turn_tokens = 16;
     /* a segment holds one observation: a boundary (and a memory probe) after every read */
-    c.observation_tokens = read_bytes + 4096;
+    c.observation_tokens = read_bytes + read_bytes / 2;
     c.segment_tokens = 2 * read_bytes;
     c.context_tokens = c.trajectory_tokens = target + 524288;
     c.max_turns = 100000;
@@ -211,6 +211,7 @@ static void run_config(const char *name, const char *config_path, int64_t target
     c.mla_sparse_topk = 4;
     c.mla_sparse_chunk = 4096;
     c.progress_s = 30;
+    c.reserve_context = 1; /* no realloc copies of the latent cache: peak RSS follows the rows */
     probe p = {.st = h_store(db), .marks = {marks[0], marks[1], marks[2]}, .hwm_kb = {-1, -1, -1}};
     arl_rollout_hooks hk = {.user = &p, .on_commit = on_commit};
     arl_rollout_worker *w;
@@ -246,8 +247,30 @@ static void write_kda_config(const char *path) {
     json_decref(j);
 }
 
+static int64_t kda_tokens = 1048576, tiny_tokens = 32768;
+
+/* KDA-only: the whole million tokens (linear cost), memory flat */
+static void test_kda_only(void) {
+    if (kda_tokens <= 0) return;
+    char kda[700];
+    snprintf(kda, sizeof kda, "%s/kda-config.json", tmp);
+    write_kda_config(kda);
+    const int64_t m[3] = {65536, 262144, kda_tokens};
+    run_config("kda", kda, kda_tokens, 65536, m, 0.0, 48.0);
+}
+
+/* tiny (2 MLA layers): memory grows by the latent cache only.  policy/'s MLA reads every cached
+ * row for every query (block-sparse selection masks scores, it does not skip them), so its cost
+ * is quadratic in the context: the default length keeps the run to minutes on a small CPU;
+ * --tiny-tokens 1048576 runs the full million where time allows. */
+static void test_tiny(void) {
+    if (tiny_tokens <= 0) return;
+    const int64_t m[3] = {tiny_tokens / 8 < 65536 ? tiny_tokens / 8 : 65536,
+                          tiny_tokens / 4 < 262144 ? tiny_tokens / 4 : 262144, tiny_tokens};
+    run_config("tiny", NULL, tiny_tokens, tiny_tokens >= 262144 ? 65536 : 4096, m, 384.0, 64.0);
+}
+
 int main(int argc, char **argv) {
-    int64_t kda_tokens = 1048576, tiny_tokens = 65536;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--tokens")) kda_tokens = tiny_tokens = atoll(argv[i + 1]);
         if (!strcmp(argv[i], "--kda-tokens")) kda_tokens = atoll(argv[i + 1]);
@@ -255,22 +278,7 @@ int main(int argc, char **argv) {
     }
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-1m"));
     H_DIE(arl_env_builtin_register(&scan_def), "register");
-    /* KDA-only: the whole million tokens (linear cost), memory flat */
-    if (kda_tokens > 0) {
-        char kda[700];
-        snprintf(kda, sizeof kda, "%s/kda-config.json", tmp);
-        write_kda_config(kda);
-        const int64_t m[3] = {65536, 262144, kda_tokens};
-        run_config("kda", kda, kda_tokens, 65536, m, 0.0, 48.0);
-    }
-    /* tiny (2 MLA layers): memory grows by the latent cache only.  policy/'s MLA reads every
-     * cached row for every query (block-sparse selection masks scores, it does not skip them),
-     * so its cost is quadratic in the context: the default length keeps the run to minutes on
-     * a laptop-class CPU; --tiny-tokens 1048576 runs the full million where time allows. */
-    if (tiny_tokens > 0) {
-        const int64_t m[3] = {tiny_tokens / 4 < 65536 ? tiny_tokens / 4 : 65536,
-                              tiny_tokens / 2 < 262144 ? tiny_tokens / 2 : 262144, tiny_tokens};
-        run_config("tiny", NULL, tiny_tokens, 8192, m, 384.0, 64.0);
-    }
+    TEST_RUN(test_kda_only);
+    TEST_RUN(test_tiny);
     return test_finish();
 }
