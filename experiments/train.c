@@ -550,18 +550,13 @@ static arl_status run_hash(tr_run *r) {
     json_t *j = t ? json_loads(t, 0, NULL) : NULL;
     free(t);
     if (!j) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
-    static const char *const unhashed[] = {"out",
-                                           "threads",
-                                           "steps",
-                                           "progress",
-                                           "title",
-                                           "checkpoint-interval",
-                                           "keep-last",
-                                           "eval-tasks",
-                                           "eval-task-seed",
-                                           "eval-temperature",
-                                           "eval-before",
-                                           "eval-after"};
+    /* "model" and "init" are used at the start only (the model config hash is checked on its
+     * own), so that a moved file does not block a resume */
+    static const char *const unhashed[] = {
+        "out",         "model",      "init",           "threads",
+        "steps",       "progress",   "title",          "checkpoint-interval",
+        "keep-last",   "eval-tasks", "eval-task-seed", "eval-temperature",
+        "eval-before", "eval-after"};
     for (size_t i = 0; i < sizeof unhashed / sizeof unhashed[0]; i++)
         json_object_del(j, unhashed[i]);
     json_t *ro = json_object_get(j, "rollout");

@@ -60,6 +60,12 @@
  * dropped.  So a run killed at any point and resumed ends bit-identical to one never
  * interrupted, and every task is trained on exactly once.  The SFT stage resumes by itself.
  *
+ * ---- Staleness ----
+ * The loop is synchronous: the tasks of update n are admitted and rolled out with policy
+ * version n after it is published, so every segment of update n has staleness 0 and the
+ * admission bound of spec/objective.md section 9 holds trivially; the staleness mask and its
+ * metrics (learner/loss.h) apply unchanged to stores written by asynchronous workers.
+ *
  * ---- MPI ----
  * `mpirun -np N agentrl train x.json`: roles from learner.dist-learners (learner/dist.h).
  * Rollout ranks split each update's tasks in contiguous blocks (rank R writes its own store

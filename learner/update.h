@@ -40,7 +40,9 @@
  *   7. metrics  one JSON object with every metric of spec/objective.md section 12.
  * Publishing version n + 1, the checkpoint and the ledger commit are the caller's
  * (experiments/train.c): this module changes the parameters, optimizer and controller it is
- * given, nothing on disk.
+ * given, nothing on disk.  (Not written yet: the learner_records of spec/replay.md 4.13 and
+ * learner-produced states in a learner shard; the boundary states live in memory for the
+ * update.)
  *
  * Segments and tokens.  Token t of a segment is predicted at position t - 1 of the same
  * segment; the first token of a segment is never an action token (a segment starts with

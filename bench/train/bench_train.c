@@ -339,6 +339,12 @@ int main(int argc, char **argv) {
         tg[r] = tu[r] * metric(res.metrics_json, "time/grad_s") /
                 metric(res.metrics_json, "time/update_s");
         tokens = res.tokens;
+        if (getenv("ARL_BENCH_VERBOSE"))
+            fprintf(stderr, "  update %lld: wall load %.2f, pi_old %.2f, ref %.2f, grad %.2f, total %.2f s\n",
+                    (long long)r, metric(res.metrics_json, "time/load_s"),
+                    metric(res.metrics_json, "time/pi_old_pass_s"),
+                    metric(res.metrics_json, "time/ref_pass_s"), metric(res.metrics_json, "time/grad_s"),
+                    metric(res.metrics_json, "time/update_s"));
         free(res.metrics_json);
         double f2, tt;
         bare_run(&x, &h, arl_learner_batch(h.l), &f2, &tt);

@@ -176,6 +176,38 @@ static void test_update_and_masked(void) {
                 CHECK(s->adv[p] == (s->amask[p] ? t->adv_turn[s->turn[p] - 1] : 0.0));
         }
     }
+    /* the update went uphill: on the same tokens, the log-probabilities moved in the direction
+     * of the advantages (sum over action tokens of A (l_1 - l_0) > 0, the first-order change of
+     * the surrogate objective), measured by the pi_old pass of a second update at theta_1 */
+    int64_t ntok = 0;
+    for (int32_t i = 0; i < b->n_segs; i++)
+        ntok += b->segs[i].T;
+    double *adv0 = malloc(sizeof(double) * (size_t)ntok),
+           *lp0 = malloc(sizeof(double) * (size_t)ntok);
+    int64_t at = 0;
+    for (int32_t i = 0; i < b->n_segs; i++)
+        for (int64_t p = 0; p < b->segs[i].T; p++, at++) {
+            adv0[at] = b->segs[i].mk.m ? b->segs[i].adv[p] : 0.0;
+            lp0[at] = b->segs[i].lp_old[p];
+        }
+    const int32_t nseg0 = b->n_segs;
+    arl_update_result r1;
+    L_DIE(arl_learner_update(h.l, 1, &src, 1, &r1), "update 1");
+    const arl_update_batch *b1 = arl_learner_batch(h.l); /* the same groups, the same order */
+    CHECK_EQ_INT(b1->n_segs, nseg0);
+    double up = 0, scale = 0;
+    at = 0;
+    for (int32_t i = 0; i < b1->n_segs; i++)
+        for (int64_t p = 0; p < b1->segs[i].T; p++, at++)
+            if (at < ntok && b1->segs[i].amask[p]) {
+                up += adv0[at] * (b1->segs[i].lp_old[p] - lp0[at]);
+                scale += fabs(adv0[at] * (b1->segs[i].lp_old[p] - lp0[at]));
+            }
+    fprintf(stderr, "  sum A (l_1 - l_0) = %.4g (sum |.| = %.4g)\n", up, scale);
+    CHECK_MSG(up > 0, "the update did not increase the surrogate objective: %g", up);
+    free(adv0);
+    free(lp0);
+    free(r1.metrics_json);
     free(res.metrics_json);
     replay_store_close(src.store);
     lh_learner_close(&h);
