@@ -2,10 +2,12 @@
  * (spec/replay.md section 13).  DB is a store root (or a directory of shard files, or one shard
  * file for the read-only commands).  The work is in replay/inspect.h; this file declares the
  * options, opens the store and maps statuses to exit codes: 0 ok, 1 failure, 2 usage error or
- * (verify) findings of severity error.  rescore and fork need the policy model: not here yet. */
+ * (verify) findings of severity error.  rescore and fork (they need the policy model) are in
+ * cli/cmd_replay_model.c; pin, unpin, gc, seal and migrate in cli/cmd_replay_admin.c. */
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,17 +27,20 @@ typedef struct sel_opts {
     char *tool, *tool_error, *forks_of;
     arl_strlist where;
     int64_t limit;
+    int pinned;
+    char *sort;
     int json;
     /* show */
     char *traj;
-    int tokens, raw;
+    int tokens, raw, show_group;
+    char *turns, *rescore;
     /* export */
     char *format, *output;
     int learner, full;
     /* import */
     arl_strlist files;
     /* verify, recover */
-    int mask;
+    int mask, repair;
 } sel_opts;
 
 #define O(f) offsetof(sel_opts, f)
@@ -144,6 +149,8 @@ typedef struct sel_opts {
          "EXPR"},                                                                                  \
         {"forks-of", ARL_OPT_STRING, O(forks_of), NULL,      "only forks of this trajectory", 0,   \
          0,          NULL,           0,           "TRAJ_UID"},                                     \
+        {"pinned", ARL_OPT_BOOL, O(pinned), NULL, "only pinned trajectories ('replay pin')", 0,    \
+         0,        NULL,         0,         NULL},                                                 \
     {                                                                                              \
         "limit", ARL_OPT_INT, O(limit), "0", "at most N trajectories (0: all)", 0, 1e15, NULL, 0,  \
             "N"                                                                                    \
@@ -193,6 +200,8 @@ static int to_filter(const sel_opts *o, replay_filter *f) {
     f->n_where = (size_t)o->where.n;
     f->forks_of = o->forks_of;
     f->limit = o->limit;
+    f->pinned = o->pinned;
+    f->sort = o->sort;
     return 0;
 bad_range:
     fprintf(stderr,
@@ -213,6 +222,7 @@ typedef arl_status (*sel_fn)(replay_store *st, const replay_filter *f, int json,
 static int run_selection(const arl_option *tab, size_t n, int argc, char **argv, const char *usage,
                          const char *summary, sel_fn fn) {
     sel_opts o;
+    memset(&o, 0, sizeof o); /* fields of other commands stay NULL/0 */
     int rc = cli_parse(tab, n, argc, argv, &o, usage, summary);
     if (rc) return rc < 0 ? 0 : rc;
     replay_filter f;
@@ -229,16 +239,20 @@ static int run_selection(const arl_option *tab, size_t n, int argc, char **argv,
 static const arl_option list_tab[] = {
     OPT_DB,
     OPT_FILTERS,
+    {"sort", ARL_OPT_CHOICE, O(sort), "time",
+     "order: finish time (newest first), outcome reward (highest first), tokens, turns (most "
+     "first), uid",
+     0, 0, "time|reward|tokens|turns|uid", 0, NULL},
     {"json", ARL_OPT_BOOL, O(json), NULL, "JSON lines with the same fields", 0, 0, NULL, 0, NULL},
 };
 
 int cmd_replay_list(int argc, char **argv) {
     return run_selection(
         list_tab, ARL_OPTIONS_COUNT(list_tab), argc, argv,
-        "agentrl replay list DB [--run R] [--status S] [--env E] [--min-reward X] [--limit N] "
-        "[--json]",
-        "List stored trajectories, newest first: uid, status, end cause or error, environment, "
-        "turns, segments, tokens (action), versions, outcome, time.",
+        "agentrl replay list DB [--run R] [--status S] [--env E] [--min-reward X] [--pinned] "
+        "[--sort time|reward|tokens|turns|uid] [--limit N] [--json]",
+        "List stored trajectories, newest first unless --sort: uid, status, end cause or error, "
+        "environment, turns, segments, tokens (action), versions, outcome, time.",
         replay_list);
 }
 
@@ -266,19 +280,54 @@ static const arl_option show_tab[] = {
      "per-token table: position, token, mask, version, log-prob, routes", 0, 0, NULL, 0, NULL},
     {"raw", ARL_OPT_BOOL, O(raw), NULL, "exact request and response bytes of every call", 0, 0,
      NULL, 0, NULL},
+    {"turns", ARL_OPT_STRING, O(turns), NULL,
+     "with --tokens: only the token rows of steps A..B (either may be empty)", 0, 0, NULL, 0,
+     "A:B"},
+    {"rescore", ARL_OPT_STRING, O(rescore), NULL,
+     "with --tokens: add the log-probabilities of re-score LABEL and their difference", 0, 0, NULL,
+     0, "LABEL"},
+    {"group", ARL_OPT_BOOL, O(show_group), NULL,
+     "the group's members side by side: status, turns, tokens, outcome, outcome advantage", 0, 0,
+     NULL, 0, NULL},
 };
 
 int cmd_replay_show(int argc, char **argv) {
     sel_opts o;
+    memset(&o, 0, sizeof o); /* fields of other commands stay NULL/0 */
     const size_t n = ARL_OPTIONS_COUNT(show_tab);
     int rc = cli_parse(
-        show_tab, n, argc, argv, &o, "agentrl replay show DB TRAJ [--tokens] [--raw]",
+        show_tab, n, argc, argv, &o,
+        "agentrl replay show DB TRAJ [--tokens [--turns A:B] [--rescore LABEL]] [--raw] "
+        "[--group]",
         "Render one trajectory as a person reads it: roles, tool calls and results, per-step "
         "rewards, segment boundaries, truncation or mask reason.");
     if (rc) return rc < 0 ? 0 : rc;
+    replay_show_opts so = {
+        .tokens = o.tokens, .raw = o.raw, .rescore = o.rescore, .group = o.show_group};
+    if (o.turns) { /* A:B, either side may be empty; 1-based steps */
+        const char *c = strchr(o.turns, ':');
+        char *end;
+        long a = 0, b = 0;
+        int ok = c != NULL;
+        if (ok && c > o.turns) {
+            a = strtol(o.turns, &end, 10);
+            ok = end == c && a >= 1;
+        }
+        if (ok && c[1]) {
+            b = strtol(c + 1, &end, 10);
+            ok = !*end && b >= 1 && (!a || b >= a);
+        }
+        if (!ok || a > INT32_MAX || b > INT32_MAX) {
+            fprintf(stderr, "agentrl: error: --turns '%s': expected A:B with steps 1 <= A <= B\n",
+                    o.turns);
+            arl_options_free(show_tab, n, &o);
+            return ARL_EXIT_USAGE;
+        }
+        so.turn_lo = (int32_t)a;
+        so.turn_hi = (int32_t)b;
+    }
     replay_store *st = NULL;
     if (!(rc = open_store(o.db, REPLAY_OPEN_READONLY, &st))) {
-        replay_show_opts so = {.tokens = o.tokens, .raw = o.raw};
         arl_status s = replay_show(st, o.traj, &so, stdout);
         rc = s == ARL_OK ? 0 : cli_fail(s);
     }
@@ -304,6 +353,7 @@ static const arl_option export_tab[] = {
 
 int cmd_replay_export(int argc, char **argv) {
     sel_opts o;
+    memset(&o, 0, sizeof o); /* fields of other commands stay NULL/0 */
     const size_t n = ARL_OPTIONS_COUNT(export_tab);
     int rc = cli_parse(
         export_tab, n, argc, argv, &o,
@@ -347,6 +397,7 @@ static const arl_option import_tab[] = {
 
 int cmd_replay_import(int argc, char **argv) {
     sel_opts o;
+    memset(&o, 0, sizeof o); /* fields of other commands stay NULL/0 */
     const size_t n = ARL_OPTIONS_COUNT(import_tab);
     int rc = cli_parse(
         import_tab, n, argc, argv, &o, "agentrl replay import DB FILE...",
@@ -381,20 +432,25 @@ static const arl_option verify_tab[] = {
     OPT_DB,
     {"full", ARL_OPT_BOOL, O(full), NULL, "PRAGMA integrity_check instead of quick_check", 0, 0,
      NULL, 0, NULL},
+    {"repair", ARL_OPT_BOOL, O(repair), NULL,
+     "mask trajectories with errors STORE_CORRUPT and delete orphan states, through each file's "
+     "writer (files with a live writer are skipped); never rewrites data",
+     0, 0, NULL, 0, NULL},
 };
 
 int cmd_replay_verify(int argc, char **argv) {
     sel_opts o;
+    memset(&o, 0, sizeof o); /* fields of other commands stay NULL/0 */
     const size_t n = ARL_OPTIONS_COUNT(verify_tab);
     int rc = cli_parse(
-        verify_tab, n, argc, argv, &o, "agentrl replay verify DB [--full]",
+        verify_tab, n, argc, argv, &o, "agentrl replay verify DB [--full] [--repair]",
         "Check every file: SQLite integrity, schema versions, every blob's header, shape and CRCs, "
         "the invariants of committed data, raw I/O hashes, cross-file references, orphans.  Lists "
         "all findings; exit status 2 if any is an error.");
     if (rc) return rc < 0 ? 0 : rc;
     replay_store *st = NULL;
-    if (!(rc = open_store(o.db, REPLAY_OPEN_READONLY, &st))) {
-        replay_verify_opts vo = {.full = o.full};
+    if (!(rc = open_store(o.db, o.repair ? 0 : REPLAY_OPEN_READONLY, &st))) {
+        replay_verify_opts vo = {.full = o.full, .repair = o.repair};
         int64_t errors = 0, warnings = 0;
         arl_status s = replay_verify(st, &vo, stdout, &errors, &warnings);
         rc = s != ARL_OK ? cli_fail(s) : errors ? 2 : 0;
@@ -414,6 +470,7 @@ static const arl_option recover_tab[] = {
 
 int cmd_replay_recover(int argc, char **argv) {
     sel_opts o;
+    memset(&o, 0, sizeof o); /* fields of other commands stay NULL/0 */
     const size_t n = ARL_OPTIONS_COUNT(recover_tab);
     int rc = cli_parse(
         recover_tab, n, argc, argv, &o, "agentrl replay recover DB [--mask]",

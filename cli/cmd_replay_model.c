@@ -3,8 +3,10 @@
  *   agentrl replay rescore DB TRAJ... --ckpt DIR [--version N] [--routing replay|natural]
  *   agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] [EXPERIMENT / rollout keys]
  * rescore prints, per trajectory, how each segment started (cached state or recomputed prefix)
- * and the mean, p99 and max of |l - l_mu| over its action tokens; fork writes the continuations
- * into a tool file of the store and prints their ids. */
+ * and the mean, p99 and max of |l - l_mu| over its action tokens, and writes one rescores row per
+ * segment (RESCORE_LOGPROBS and stats_json) into a tool file of the store (--no-save: not);
+ * fork writes the continuations into a tool file of the store and prints their ids. */
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,8 @@ typedef struct rescore_cli {
     char *routing;
     int64_t sparse_topk, sparse_chunk;
     int json;
+    char *label;
+    int no_save;
 } rescore_cli;
 
 static const arl_option rescore_tab[] = {
@@ -48,8 +52,112 @@ static const arl_option rescore_tab[] = {
      "block-sparse MLA chunk length", 1, 1 << 24, NULL, 0, "N"},
     {"json", ARL_OPT_BOOL, offsetof(rescore_cli, json), NULL, "one JSON object per trajectory", 0,
      0, NULL, 0, NULL},
+    {"label", ARL_OPT_STRING, offsetof(rescore_cli, label), NULL,
+     "name of this re-score in the rescores rows (default: the checkpoint directory's name)", 0,
+     0, NULL, 0, "L"},
+    {"no-save", ARL_OPT_BOOL, offsetof(rescore_cli, no_save), NULL,
+     "do not write rescores rows into a tool file of the store", 0, 0, NULL, 0, NULL},
 };
 #define RESCORE_N ARL_OPTIONS_COUNT(rescore_tab)
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The rescores rows of one trajectory (spec/replay.md 13.6 step 2): per segment of its stream,
+ * the re-scored log-probabilities lp[tok_start .. +n_tokens) and stats over its action tokens:
+ * mean, p99 and max of |l - l_mu|, the k3 divergence from mu (mean of (r - 1) - log r with
+ * r = exp(l - l_mu)) and the segment mean log-ratio.  Rows of a fork's prefix are keyed by the
+ * parent's uid (the segment's owner). */
+static arl_status save_rescores(replay_store *st, replay_writer *tw, const char *traj,
+                                const rescore_cli *o, const char *label, const float *lp,
+                                const float *mu, size_t n) {
+    replay_traj_row tr;
+    ARL_TRY(replay_traj_get(st, traj, &tr));
+    replay_seg_ref *refs = NULL;
+    size_t nref = 0;
+    ARL_TRY(replay_traj_segments(st, tr.traj_id, &refs, &nref));
+    replay_run_info run;
+    char rid[32];
+    snprintf(rid, sizeof rid, "%lld", (long long)tr.run_id);
+    int have_run = replay_run_get(st, rid, &run) == ARL_OK;
+    replay_seg_data d;
+    memset(&d, 0, sizeof d);
+    double *abs_d = NULL;
+    arl_status s = ARL_OK;
+    for (size_t i = 0; s == ARL_OK && i < nref; i++) {
+        const replay_seg_ref *r = &refs[i];
+        if (r->tok_start < 0 || (size_t)(r->tok_start + r->n_tokens) > n) {
+            s = arl_errorf(ARL_ERR_INTERNAL, "rescore of %s: segment %d outside the %zu scored tokens",
+                           traj, (int)r->seg_index, n);
+            break;
+        }
+        if ((s = replay_segment_load(st, r->traj_id, r->seg_index, REPLAY_LOAD_TOKENS, &d)) !=
+            ARL_OK)
+            break;
+        double *p = realloc(abs_d, (size_t)r->n_tokens * sizeof *p);
+        if (!p) {
+            s = arl_errorf(ARL_ERR_NOMEM, "out of memory");
+            break;
+        }
+        abs_d = p;
+        size_t na = 0;
+        double sum_abs = 0, sum_lr = 0, sum_k3 = 0, mx = 0;
+        for (int64_t t = 0; t < r->n_tokens; t++) {
+            if (!d.loss_mask[t]) continue;
+            double x = (double)lp[r->tok_start + t] - (double)mu[r->tok_start + t];
+            double a = x < 0 ? -x : x;
+            abs_d[na++] = a;
+            sum_abs += a;
+            sum_lr += x;
+            sum_k3 += exp(x) - 1.0 - x;
+            if (a > mx) mx = a;
+        }
+        double p99 = 0;
+        if (na) {
+            qsort(abs_d, na, sizeof *abs_d, cmp_double);
+            size_t k = (size_t)ceil(0.99 * (double)na);
+            p99 = abs_d[k ? k - 1 : 0];
+        }
+        char stats[512];
+        if (na)
+            snprintf(stats, sizeof stats,
+                     "{\"action_tokens\":%zu,\"mean_abs\":%.9g,\"p99_abs\":%.9g,\"max_abs\":%.9g,"
+                     "\"k3\":%.9g,\"seg_mean_logratio\":%.9g}",
+                     na, sum_abs / (double)na, p99, mx, sum_k3 / (double)na, sum_lr / (double)na);
+        else
+            snprintf(stats, sizeof stats, "{\"action_tokens\":0}");
+        replay_rescore_desc rd = {.label = label,
+                                  .traj_uid = r->traj_uid,
+                                  .seg_index = r->seg_index,
+                                  .run_uid = have_run ? run.run_uid : NULL,
+                                  .version = o->version >= 0 ? o->version : -1,
+                                  .checkpoint_uri = o->ckpt,
+                                  .routing = o->routing,
+                                  .stats_json = stats,
+                                  .n_tokens = r->n_tokens,
+                                  .logprobs = lp + r->tok_start};
+        s = replay_rescore_put(tw, &rd);
+    }
+    free(abs_d);
+    replay_seg_data_free(&d);
+    free(refs);
+    if (have_run) replay_run_info_free(&run);
+    return s;
+}
+
+/* --label default: the checkpoint directory's last path component */
+static void default_label(const char *ckpt, char *out, size_t cap) {
+    size_t n = strlen(ckpt);
+    while (n > 1 && ckpt[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && ckpt[b - 1] != '/')
+        b--;
+    snprintf(out, cap, "%.*s", (int)(n - b), ckpt + b);
+    if (!out[0]) snprintf(out, cap, "rescore");
+}
 
 int cmd_replay_rescore(int argc, char **argv) {
     rescore_cli o;
@@ -83,16 +191,31 @@ int cmd_replay_rescore(int argc, char **argv) {
                        "behaviour log-probabilities.");
     free(av);
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
-    replay_open_opts so = {.flags = REPLAY_OPEN_READONLY};
+    /* the rows go into a tool file (spec 13.6): read-write when the store has a catalog */
+    replay_open_opts so = {.flags = o.no_save ? REPLAY_OPEN_READONLY : 0};
     replay_store *st = NULL;
+    replay_writer *tw = NULL;
+    char label[256];
+    default_label(o.ckpt, label, sizeof label);
+    if (o.label) snprintf(label, sizeof label, "%s", o.label);
     arl_status s = replay_store_open(o.db, &so, &st);
+    int save = s == ARL_OK && !o.no_save && replay_store_has_catalog(st);
+    if (s == ARL_OK && !o.no_save && !save)
+        fprintf(stderr, "agentrl: note: %s has no catalog: re-scores are not saved\n", o.db);
     for (int i = 0; s == ARL_OK && i < o.traj.n; i++) {
         arl_rollout_rescore_opts ro = {.ckpt_dir = o.ckpt, .version = o.version,
                                        .natural_routing = !strcmp(o.routing, "natural"),
                                        .sparse_topk = o.sparse_topk,
                                        .sparse_chunk = o.sparse_chunk};
         arl_rollout_rescore_stats r;
-        s = arl_rollout_rescore(st, o.traj.v[i], &ro, &r, NULL, NULL, NULL);
+        float *lp = NULL, *mu = NULL;
+        size_t nlp = 0;
+        s = arl_rollout_rescore(st, o.traj.v[i], &ro, &r, save ? &lp : NULL, save ? &mu : NULL,
+                                save ? &nlp : NULL);
+        if (s == ARL_OK && save && !tw) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
+        if (s == ARL_OK && save) s = save_rescores(st, tw, o.traj.v[i], &o, label, lp, mu, nlp);
+        free(lp);
+        free(mu);
         if (s) break;
         if (o.json)
             printf("{\"traj\":\"%s\",\"segments\":%lld,\"from_state\":%lld,\"recomputed\":%lld,"
@@ -110,6 +233,9 @@ int cmd_replay_rescore(int argc, char **argv) {
                    r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token);
     }
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
+    if (tw && !rc)
+        fprintf(stderr, "re-scores '%s' saved in %s/%s\n", label, o.db, replay_writer_file(tw));
+    replay_writer_close(tw);
     replay_store_close(st);
     arl_options_free(rescore_tab, RESCORE_N, &o);
     return rc;

@@ -210,7 +210,7 @@ static arl_status create_atomically(rdb *d, const char *vfs, const char *meta_in
         snprintf(sql, sizeof sql,
                  "PRAGMA page_size = %d; PRAGMA auto_vacuum = %s; PRAGMA journal_mode = DELETE; "
                  "PRAGMA synchronous = FULL;",
-                 states ? 65536 : 16384, states ? "INCREMENTAL" : "NONE");
+                 states ? RDB_PAGE_SIZE_STATES : RDB_PAGE_SIZE, states ? "INCREMENTAL" : "NONE");
         s = rdb_exec(&t, sql);
     }
     if (s == ARL_OK) s = rschema_create(&t, meta_init);
@@ -262,6 +262,7 @@ arl_status rdb_open(rdb *d, const char *path, const char *name, int kind, unsign
     d->name = strdup(name ? name : path);
     d->kind = kind;
     d->readonly = !!(flags & RDB_READONLY);
+    d->allow_sealed = !!(flags & RDB_ALLOW_SEALED);
     if (!d->path || !d->name) {
         rdb_close(d);
         return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory opening %s", path);
@@ -324,6 +325,19 @@ arl_status rdb_open(rdb *d, const char *path, const char *name, int kind, unsign
             return ARL_OK;
         }
         arl_error_clear();
+    }
+    if (!d->readonly && !is_new && !(flags & RDB_ALLOW_SEALED)) {
+        /* a sealed file is immutable (section 2.3): refuse before configuring (WAL) anything */
+        char sealed[8] = "";
+        int found = 0;
+        if (rdb_meta_get(d, "sealed", sealed, sizeof sealed, &found) != ARL_OK) arl_error_clear();
+        if (found && !strcmp(sealed, "1")) {
+            s = arl_errorf(ARL_ERR_STATE,
+                           "replay: %s: the file is sealed (immutable, spec section 2.3): read it, "
+                           "copy it, or import it into another store",
+                           d->name);
+            goto fail;
+        }
     }
     s = rschema_configure(d, is_new);
     if (s != ARL_OK) goto fail;

@@ -482,6 +482,38 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
             s = rows_json(d, tabs[i].sql, t->traj_id, subs, 7, arr);
             json_object_set_new(rows, tabs[i].table, arr);
         }
+        /* learner records of the trajectory (learner and tool files), run_id as its run_uid:
+         * import writes them into its tool file (spec section 4.13) */
+        json_t *lrows = json_array();
+        for (size_t k = 0; s == ARL_OK && k < st->n_shards; k++) {
+            rshard *lsh = &st->shards[k];
+            if (lsh->kind != REPLAY_FILE_LEARNER && lsh->kind != REPLAY_FILE_TOOL) continue;
+            rdb *ld;
+            if ((s = rstore_shard_db(st, lsh, &ld)) != ARL_OK) break;
+            if ((s = rdb_prepare(ld,
+                                 "SELECT * FROM learner_records WHERE traj_uid = ?1 ORDER BY "
+                                 "run_id, update_n, seg_index",
+                                 &q)) != ARL_OK)
+                break;
+            sqlite3_bind_text(q, 1, t->traj_uid, -1, SQLITE_STATIC);
+            while (sqlite3_step(q) == SQLITE_ROW) {
+                json_t *o = json_object();
+                for (int c = 0; c < sqlite3_column_count(q); c++) {
+                    const char *name = sqlite3_column_name(q, c);
+                    if (!strcmp(name, "run_id")) {
+                        char ru[300];
+                        rcat_run_uid(st, sqlite3_column_int64(q, c), ru, sizeof ru);
+                        json_object_set_new(o, name, json_string(ru));
+                    } else {
+                        json_object_set_new(o, name, col_json(q, c));
+                    }
+                }
+                json_array_append_new(lrows, o);
+            }
+            sqlite3_finalize(q);
+            q = NULL;
+        }
+        json_object_set_new(rows, "learner_records", lrows);
         /* images by content: image_id becomes the PNG's SHA-256 (hex) */
         json_t *imgs = json_array(), *refs = json_array();
         if (s == ARL_OK)
@@ -840,6 +872,30 @@ static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, co
         }
         int_subst rs[] = {{"traj_id", id}, {"image_id", image_id}};
         s = insert_row(d, "image_refs", row, rs, 2, NULL, NULL, where);
+    }
+    /* learner records, their run by uid (the trajectory's run unless named otherwise) */
+    json_array_foreach(json_object_get(rows, "learner_records"), i, row) {
+        if (s != ARL_OK) break;
+        const char *ru = json_string_value(json_object_get(row, "run_id"));
+        int64_t lrun = run_id;
+        if (ru) {
+            sqlite3_stmt *q;
+            if ((s = rdb_prepare(&st->cat, "SELECT run_id FROM runs WHERE run_uid = ?1", &q)) !=
+                ARL_OK)
+                break;
+            sqlite3_bind_text(q, 1, ru, -1, SQLITE_STATIC);
+            lrun = sqlite3_step(q) == SQLITE_ROW ? sqlite3_column_int64(q, 0) : -1;
+            sqlite3_finalize(q);
+            if (lrun < 0) {
+                s = arl_errorf(ARL_ERR_FORMAT,
+                               "%s: rows.learner_records[%zu]: run '%s' is not in rows.catalog "
+                               "or the store",
+                               where, i, ru);
+                break;
+            }
+        }
+        int_subst ls[] = {{"run_id", lrun}};
+        s = insert_row(d, "learner_records", row, ls, 1, NULL, NULL, where);
     }
     if (s != ARL_OK) {
         rdb_rollback(d);

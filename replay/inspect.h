@@ -32,6 +32,10 @@ typedef struct replay_filter {
     size_t n_where;
     const char *forks_of; /* parent traj_uid */
     int64_t limit;        /* <= 0: no limit */
+    int pinned;           /* 1: only trajectories pinned in the catalog */
+    const char *sort;     /* list order: NULL or "time" (finished, newest first), "reward"
+                             (outcome, highest first, none last), "tokens", "turns" (most
+                             first), "uid" (ascending) */
 } replay_filter;
 
 void replay_filter_init(replay_filter *f);
@@ -40,8 +44,13 @@ void replay_filter_init(replay_filter *f);
 arl_status replay_list(replay_store *st, const replay_filter *f, int json, FILE *out);
 
 typedef struct replay_show_opts {
-    int tokens; /* per-token table: position, token, mask, version, logprob, routes */
+    int tokens; /* per-token table: position, token, mask, version, logprob, the learner columns
+                   of the newest update that consumed the segment (old, ref, w, flags,
+                   advantage), routes */
     int raw;    /* exact request and response bytes of every call */
+    int32_t turn_lo, turn_hi; /* --turns a:b: token rows of steps a..b only (0, 0: all) */
+    const char *rescore;      /* --rescore LABEL: add the re-scored log-prob and its difference */
+    int group;                /* --group: the group's members side by side */
 } replay_show_opts;
 /* Render one trajectory (traj_uid or traj_id) as a person reads it (section 13.2). */
 arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out);
@@ -67,11 +76,14 @@ arl_status replay_export(replay_store *st, const replay_filter *f, const replay_
 arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_t *n_out);
 
 typedef struct replay_verify_opts {
-    int full; /* PRAGMA integrity_check instead of quick_check */
+    int full;   /* PRAGMA integrity_check instead of quick_check */
+    int repair; /* then, through each file's writer (lock free; the store opened read-write):
+                   mask the unmasked trajectories with errors STORE_CORRUPT and delete orphan
+                   states (section 13.5); the counts of the checks are those found before */
 } replay_verify_opts;
 /* Check every file (section 13.5); print findings ("error: ..." / "warning: ...") and a
  * summary.  Returns ARL_OK when the checks ran (whatever they found); counts go to *n_errors
- * and *n_warnings. */
+ * and *n_warnings.  With repair, also the repairs' lines; a failed repair is its status. */
 arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *out,
                          int64_t *n_errors, int64_t *n_warnings);
 
@@ -79,6 +91,26 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
  * tool file, and resolve them (replay_writer_recover): print one line per trajectory.
  * *n_found receives the number of interrupted trajectories. */
 arl_status replay_recover(replay_store *st, int mask, FILE *out, int64_t *n_found);
+
+/* `gc` (section 13.8): replay_states_retain on every worker and tool file whose writer is gone
+ * (its lock is free; files with a live writer are skipped and reported).  One line per file
+ * to out (may be NULL); *total (may be NULL) receives the sums. */
+arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
+                     replay_gc_stats *total);
+
+/* `seal` (sections 2.3 and 13.8): seal every worker, tool and learner file (or only shard
+ * only_shard when > 0) whose writer is gone and that has no running trajectory; files with a
+ * live writer are skipped and reported, already sealed ones reported.  One line per file to
+ * out (may be NULL); *n_sealed (may be NULL) receives the count.  Sealed files are immutable:
+ * writers refuse them (ARL_ERR_STATE). */
+arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t *n_sealed);
+
+/* `migrate` (sections 12 and 13.8): migrate every shard file (and states file) whose schema is
+ * older than this build's: sealed files under their lock, keeping them sealed; the others by
+ * opening their writer (files with a live writer are skipped: it migrates them itself).  The
+ * catalog was migrated when st was opened read-write.  One line per file to out (may be NULL);
+ * *n_migrated (may be NULL) receives the count. */
+arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated);
 
 /* Plan log (tests): when enabled (or env ARL_REPLAY_PLAN_LOG=1 at open), every query of the
  * inspection operations is recorded with its EXPLAIN QUERY PLAN lines ("QUERY <sql>" then

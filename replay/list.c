@@ -23,26 +23,57 @@ static void fmt_time(int64_t ms, char *buf, size_t cap) {
 
 typedef struct list_row {
     replay_traj_row r;
-    int64_t key;
+    double key;  /* sort key, larger first (uid order: 0) */
+    int has_key; /* 0: no outcome (sorted last) */
 } list_row;
+
+static int sort_uid; /* qsort has no context argument: set by collect (one thread per store) */
 
 static int row_cmp(const void *a, const void *b) {
     const list_row *x = a, *y = b;
-    if (x->key != y->key) return x->key < y->key ? 1 : -1; /* newest first */
+    if (sort_uid) {
+        int c = strcmp(x->r.traj_uid, y->r.traj_uid);
+        if (c) return c;
+    }
+    if (x->has_key != y->has_key) return x->has_key ? -1 : 1;
+    if (x->key != y->key) return x->key < y->key ? 1 : -1; /* largest (newest) first */
     return (x->r.traj_id < y->r.traj_id) - (x->r.traj_id > y->r.traj_id);
 }
 
-/* Run the selection on each shard; rows appended to *rows (sorted newest first, limited). */
+/* ORDER BY of a sort key (section 13.1: finish time, newest first, unless --sort is given) */
+static const char *sort_sql(const char *sort) {
+    if (sort && !strcmp(sort, "reward"))
+        return " ORDER BY t.outcome_reward IS NULL, t.outcome_reward DESC, t.traj_id DESC";
+    if (sort && !strcmp(sort, "tokens")) return " ORDER BY t.n_tokens DESC, t.traj_id DESC";
+    if (sort && !strcmp(sort, "turns")) return " ORDER BY t.n_turns DESC, t.traj_id DESC";
+    if (sort && !strcmp(sort, "uid")) return " ORDER BY t.traj_uid";
+    return " ORDER BY coalesce(t.finished_at_ms, t.updated_at_ms) DESC, t.traj_id DESC";
+}
+
+static void row_key(const char *sort, list_row *r) {
+    r->has_key = 1;
+    if (sort && !strcmp(sort, "reward")) {
+        r->has_key = !isnan(r->r.outcome_reward);
+        r->key = r->has_key ? r->r.outcome_reward : 0;
+    } else if (sort && !strcmp(sort, "tokens")) {
+        r->key = (double)r->r.n_tokens;
+    } else if (sort && !strcmp(sort, "turns")) {
+        r->key = (double)r->r.n_turns;
+    } else if (sort && !strcmp(sort, "uid")) {
+        r->key = 0;
+    } else {
+        r->key = (double)(r->r.finished_at_ms >= 0 ? r->r.finished_at_ms : r->r.updated_at_ms);
+    }
+}
+
+/* Run the selection on each shard; rows appended to *rows (sorted, limited). */
 static arl_status collect(replay_store *st, const rsel *sel, list_row **rows, size_t *n) {
-    char tail[96];
+    char tail[160];
     if (sel->f.limit > 0)
-        snprintf(
-            tail, sizeof tail,
-            " ORDER BY coalesce(t.finished_at_ms, t.updated_at_ms) DESC, t.traj_id DESC LIMIT %lld",
-            (long long)sel->f.limit);
+        snprintf(tail, sizeof tail, "%s LIMIT %lld", sort_sql(sel->f.sort),
+                 (long long)sel->f.limit);
     else
-        snprintf(tail, sizeof tail,
-                 " ORDER BY coalesce(t.finished_at_ms, t.updated_at_ms) DESC, t.traj_id DESC");
+        snprintf(tail, sizeof tail, "%s", sort_sql(sel->f.sort));
     char *sql = rsel_sql(sel, "SELECT " RTRAJ_COLS " FROM trajectories t", tail);
     if (!sql) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
     size_t cap = 0;
@@ -68,13 +99,14 @@ static arl_status collect(replay_store *st, const rsel *sel, list_row **rows, si
             }
             list_row *r = &(*rows)[(*n)++];
             rtraj_fill(q, sh->shard_id, &r->r);
-            r->key = r->r.finished_at_ms >= 0 ? r->r.finished_at_ms : r->r.updated_at_ms;
+            row_key(sel->f.sort, r);
         }
         if (s == ARL_OK && rc != SQLITE_DONE) s = rdb_fail(d, rc, "listing trajectories");
         sqlite3_finalize(q);
     }
     free(sql);
     if (s != ARL_OK) return s;
+    sort_uid = sel->f.sort && !strcmp(sel->f.sort, "uid");
     if (*n > 1) qsort(*rows, *n, sizeof **rows, row_cmp);
     if (sel->f.limit > 0 && *n > (size_t)sel->f.limit) *n = (size_t)sel->f.limit;
     return ARL_OK;

@@ -4,7 +4,8 @@
  * exchanges, rewards at three levels -- and cached model states at segment boundaries.
  *
  * What it is: the writer side (one process per shard file, spec section 2), the catalog
- * (runs, environments, tasks, groups, shard registry), and the reader side for the learner and
+ * (runs, environments, tasks, groups, shard registry, the consumption ledger, pins), learner
+ * records and re-scores, the retention of cached states, and the reader side for the learner and
  * the inspection tools (replay/inspect.h), which reads all shards of a store as one.
  * What it is not: it knows nothing of the model's math (tokens, log-probabilities, routes and
  * states are opaque arrays here), of HTTP, or of advantages.  Resuming an interrupted
@@ -172,7 +173,8 @@ arl_status replay_catalog_reconcile(replay_store *st);
 
 /* ---- writing a shard (spec section 7) ---------------------------------------------------- */
 
-/* Open (or create) a shard file of kind WORKER or TOOL for writing, with its states file.
+/* Open (or create) a shard file of kind WORKER, TOOL or LEARNER for writing, with its states
+ * file (a LEARNER file holds learner_records: replay_learner_record_put).
  * shard_id 0 registers a new shard in the catalog; a positive id reopens that shard (created if
  * it is registered but missing).  Takes the shard's lock: ARL_ERR_BUSY if another process
  * writes it.  If the file's previous writer was another process, its running trajectories are
@@ -394,8 +396,30 @@ arl_status replay_state_put(replay_writer *w, const replay_state_desc *d,
 
 /* Garbage collection of this writer's states file (spec section 7.6): 'writing' states and
  * unreferenced 'complete' states older than min_age_ms; then incremental_vacuum.  *n_deleted
- * may be NULL. */
+ * may be NULL.  Worker and tool writers (a learner writer: ARL_ERR_UNSUPPORTED). */
 arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_deleted);
+
+/* Retention of cached states (spec section 9.3; replay/gc.c). */
+typedef struct replay_retention {
+    const char *rollout;  /* state_cache.rollout: "last" (NULL), "all" or "off" */
+    int64_t budget_bytes; /* state_cache.budget_bytes; <= 0: no budget */
+    int64_t min_age_ms;   /* garbage older than this is deleted (section 7.6); < 0: 1 hour */
+} replay_retention;
+
+typedef struct replay_gc_stats {
+    int64_t deleted;     /* 'writing' and unreferenced states deleted (rows and chunks) */
+    int64_t evicted;     /* states evicted by retention or the budget (tombstones kept) */
+    int64_t bytes_freed; /* n_bytes of the evicted states */
+} replay_gc_stats;
+
+/* GC and retention of this writer's states file (spec sections 7.6 and 9.3): deletes garbage
+ * (replay_states_gc), then evicts rollout states by r->rollout ('last': per running trajectory
+ * only the newest committed boundary, its kda_boundary and the mla_segment states since the
+ * last fresh or fork start; final trajectories none; 'off': none; 'all': all), then, while the
+ * complete states exceed r->budget_bytes, the least recently used (running trajectories last).
+ * Pinned trajectories keep every state.  r may be NULL (last, no budget, 1 hour); out may be
+ * NULL. */
+arl_status replay_states_retain(replay_writer *w, const replay_retention *r, replay_gc_stats *out);
 
 /* ---- reading (the learner's protocol, spec section 11) ---------------------------------- */
 
@@ -542,5 +566,109 @@ void replay_boundary_free(replay_state_data *parts, size_t n_parts);
  * d->parent_traj_uid and d->fork_seg_index are ignored (set from the arguments). */
 arl_status replay_fork_begin(replay_writer *w, const char *parent_traj_uid, int32_t n_prefix,
                              const replay_traj_desc *d, int64_t *traj_id, replay_seg_ref *next);
+
+/* ---- consumption ledger (spec section 7.7; replay/ledger.c) ----------------------------- */
+
+/* Plan update update_n of run_id in one catalog transaction: the oldest 'final' groups of the
+ * run of this kind (NULL: "train"; ordered by admitted_at_ms, then group_id: deterministic), at
+ * most max_groups, recorded as updates(status 'planned') and update_groups.  If update_n is already
+ * planned (a restart before its commit), its recorded groups are returned and nothing is written;
+ * an aborted update_n is planned afresh.  ARL_ERR_STATE if update_n is committed or another update
+ * of the run is still planned.  *group_ids (ascending group_id; caller frees with free()) and *n
+ * receive the groups; *n may be 0 (nothing final). */
+arl_status replay_update_plan(replay_store *st, int64_t run_id, int64_t update_n, const char *kind,
+                              int32_t max_groups, int64_t **group_ids, size_t *n);
+
+/* Commit planned update update_n in one transaction: updates.status 'committed' (with
+ * n_action_tokens, -1: NULL), every group of the update 'consumed' with consumed_update =
+ * update_n (guarded: if any of them is not 'final' and unconsumed, nothing is committed and
+ * ARL_ERR_STATE names the counts), and the policy_versions row of version update_n + 1
+ * (next may be NULL; its run_id, version and update_n fields are ignored).  Committing a
+ * committed update changes nothing and returns ARL_OK (a resumed run re-doing it). */
+arl_status replay_update_commit(replay_store *st, int64_t run_id, int64_t update_n,
+                                int64_t n_action_tokens, const replay_version_desc *next);
+
+/* Abort planned update update_n ('aborted'; its groups stay final and are planned again). */
+arl_status replay_update_abort(replay_store *st, int64_t run_id, int64_t update_n);
+
+/* The planned, uncommitted update of run_id after a restart (-1 if none). */
+arl_status replay_update_pending(replay_store *st, int64_t run_id, int64_t *update_n);
+
+/* The groups of update update_n (any status), ascending; *group_ids: caller frees. */
+arl_status replay_update_groups(replay_store *st, int64_t run_id, int64_t update_n,
+                                int64_t **group_ids, size_t *n);
+
+/* ---- pins and run configuration (catalog; replay/pins.c) -------------------------------- */
+
+/* Pin a trajectory (traj_uid or traj_id; it must exist in a shard): a catalog pins row, whose
+ * reason is replaced if already pinned.  Pinned trajectories keep their states under every
+ * retention rule (spec sections 9.3, 13.8). reason: NULL means "". */
+arl_status replay_pin(replay_store *st, const char *traj, const char *reason);
+/* Remove the pin; ARL_ERR_NOT_FOUND if the trajectory is not pinned. */
+arl_status replay_unpin(replay_store *st, const char *traj);
+/* *pinned = 1 if traj_uid is pinned; reason (may be NULL, cap bytes) receives its reason. */
+arl_status replay_pin_get(replay_store *st, const char *traj_uid, int *pinned, char *reason,
+                          size_t cap);
+
+/* A runs row (spec section 4.2).  The JSON texts are malloc'ed: free with replay_run_info_free. */
+typedef struct replay_run_info {
+    int64_t run_id;
+    char run_uid[REPLAY_UID_MAX + 1];
+    char status[12];
+    int64_t created_at_ms;
+    char *config_json;       /* the run's resolved configuration (owned) */
+    char *model_config_json; /* (owned) */
+    char config_sha256[65], model_config_sha256[65], tokenizer_sha256[65];
+    char chat_template_sha256[65];
+    char code_version[64];
+    char *notes; /* NULL if none (owned) */
+} replay_run_info;
+/* The run run_uid (or its decimal run_id); ARL_ERR_NOT_FOUND if absent. */
+arl_status replay_run_get(replay_store *st, const char *run, replay_run_info *out);
+void replay_run_info_free(replay_run_info *r); /* frees the strings; NULL: no-op */
+
+/* ---- learner records and re-scores (spec section 4.13; replay/records.c) ---------------- */
+
+/* One learner_records row: what update n computed for a consumed segment (n_tokens T). */
+typedef struct replay_learner_record {
+    int64_t run_id, update_n;
+    const char *traj_uid; /* required */
+    int32_t seg_index;
+    int64_t version;   /* pi_old version (= update_n) */
+    int64_t staleness; /* sigma_{i,s}(n) */
+    double seg_mean_logratio;
+    const char *mask_reason;    /* NULL (trained), "geo", "stale" or "routes" */
+    const char *levels_json;    /* required, e.g. {"AO":1.0,...} */
+    const char *metrics_json;   /* may be NULL */
+    int64_t n_tokens;           /* T > 0 */
+    const float *old_logprobs;  /* (T) */
+    const float *ref_logprobs;  /* (T) */
+    const float *is_weights;    /* (T) */
+    const uint8_t *token_flags; /* (T) bits of spec section 4.13 */
+    const float *advantages;    /* (T) */
+} replay_learner_record;
+
+/* Write (or replace: a re-run update replaces the interrupted attempt's row, same primary key)
+ * one learner record in the writer's file, which must be a LEARNER or TOOL file (open it with
+ * replay_writer_open(st, REPLAY_FILE_LEARNER, ...)).  One transaction; arrays borrowed. */
+arl_status replay_learner_record_put(replay_writer *w, const replay_learner_record *r);
+
+/* One rescores row (spec section 4.13): a segment re-scored under a checkpoint. */
+typedef struct replay_rescore_desc {
+    const char *label;    /* required: the re-score job's name */
+    const char *traj_uid; /* required */
+    int32_t seg_index;
+    const char *run_uid;        /* may be NULL */
+    int64_t version;            /* -1: NULL (then checkpoint_uri names the weights) */
+    const char *checkpoint_uri; /* may be NULL */
+    const char *routing;        /* "replay" or "natural" (NULL: "replay") */
+    const char *stats_json;     /* required: mean/p99/max |l - l_mu|, ... */
+    int64_t n_tokens;           /* T > 0 */
+    const float *logprobs;      /* (T) re-scored log-probabilities */
+} replay_rescore_desc;
+
+/* Write (or replace, same label, traj_uid, seg_index and routing) one rescores row in the
+ * writer's file, which must be a TOOL file.  One transaction; arrays borrowed. */
+arl_status replay_rescore_put(replay_writer *w, const replay_rescore_desc *r);
 
 #endif

@@ -1,6 +1,13 @@
 /* replay/schema.c: the DDL of spec/replay.md section 4 (normative: table and column names,
  * types and constraints are copied from the spec), the connection settings of section 3, and
- * schema versioning and migrations (section 12).  Indexes beyond the spec's are marked. */
+ * schema versioning and migrations (section 12).  Indexes beyond the spec's are marked.
+ *
+ * Storage choices the spec leaves open (names, types and constraints unchanged):
+ *   - rewards, image_refs and trajectory_events are WITHOUT ROWID tables: small rows keyed by
+ *     their composite primary key, so the key is the table and no separate key index is
+ *     written (one b-tree page less per table per transaction; every segment commit adds an
+ *     event).  Tables with large BLOB or TEXT columns keep rowids: a WITHOUT ROWID b-tree
+ *     copies keys into interior pages and reads a whole overflowing record to compare keys. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -288,7 +295,7 @@
     " value REAL,"                                                                                 \
     " call_seq INTEGER,"                                                                           \
     " PRIMARY KEY (traj_id, level, scope_index, component, source)"                                \
-    ") STRICT;"
+    ") STRICT, WITHOUT ROWID;"
 
 #define DDL_IMAGES                                                                                 \
     "CREATE TABLE images ("                                                                        \
@@ -308,7 +315,7 @@
     " image_id INTEGER NOT NULL REFERENCES images(image_id),"                                      \
     " PRIMARY KEY (traj_id, call_seq, body_offset),"                                               \
     " FOREIGN KEY (traj_id, call_seq) REFERENCES env_calls(traj_id, call_seq)"                     \
-    ") STRICT;"
+    ") STRICT, WITHOUT ROWID;"
 
 #define DDL_TRAJECTORY_EVENTS                                                                      \
     "CREATE TABLE trajectory_events ("                                                             \
@@ -318,7 +325,7 @@
     " kind TEXT NOT NULL,"                                                                         \
     " detail_json TEXT CHECK (detail_json IS NULL OR json_valid(detail_json)),"                    \
     " PRIMARY KEY (traj_id, seq)"                                                                  \
-    ") STRICT;"
+    ") STRICT, WITHOUT ROWID;"
 
 #define DDL_STATES                                                                                 \
     "CREATE TABLE states ("                                                                        \
@@ -533,7 +540,7 @@ arl_status rschema_configure(rdb *d, int is_new) {
     if (d->readonly) return ARL_OK; /* readers only read (section 3) */
     if (is_new) {
         snprintf(sql, sizeof sql, "PRAGMA page_size = %d; PRAGMA auto_vacuum = %s;",
-                 states ? 65536 : 16384, states ? "INCREMENTAL" : "NONE");
+                 states ? RDB_PAGE_SIZE_STATES : RDB_PAGE_SIZE, states ? "INCREMENTAL" : "NONE");
         ARL_TRY(rdb_exec(d, sql));
     }
     sqlite3_stmt *s;
@@ -595,7 +602,8 @@ static arl_status migrate(rdb *d, int from) {
     int to = rschema_version();
     char meta_sealed[8];
     ARL_TRY(rdb_meta_get(d, "sealed", meta_sealed, sizeof meta_sealed, NULL));
-    if (!strcmp(meta_sealed, "1"))
+    int sealed = !strcmp(meta_sealed, "1");
+    if (sealed && !d->allow_sealed)
         return arl_errorf(ARL_ERR_VERSION,
                           "replay: %s: sealed file has schema version %d, this build writes %d "
                           "(run 'agentrl replay migrate')",
@@ -639,6 +647,9 @@ static arl_status migrate(rdb *d, int from) {
         if (m->raises_min_reader) d->min_reader_version = v;
         d->schema_version = v;
     }
+    /* a sealed file (agentrl replay migrate) leaves WAL again: immutable and copyable */
+    if (sealed)
+        ARL_TRY(rdb_exec(d, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE"));
     return ARL_OK;
 }
 

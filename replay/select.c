@@ -143,6 +143,30 @@ arl_status rsel_init(replay_store *st, const replay_filter *f, rsel *s) {
         }
         if (!*look[i].n) s->none = 1; /* nothing can match */
     }
+    if (ff->sort && strcmp(ff->sort, "time") && strcmp(ff->sort, "reward") &&
+        strcmp(ff->sort, "tokens") && strcmp(ff->sort, "turns") && strcmp(ff->sort, "uid"))
+        return arl_errorf(ARL_ERR_ARG, "--sort '%s': expected time, reward, tokens, turns or uid",
+                          ff->sort);
+    if (ff->pinned) {
+        /* the pinned uids as one JSON array, matched through the traj_uid UNIQUE index */
+        s->none |= !st->cat.db;
+        sqlite3_stmt *q;
+        if (st->cat.db) {
+            ARL_TRY(rdb_prepare(&st->cat,
+                                "SELECT coalesce(json_group_array(traj_uid), '[]'), count(*) "
+                                "FROM pins",
+                                &q));
+            int rc = sqlite3_step(q);
+            if (rc == SQLITE_ROW) {
+                const char *t = (const char *)sqlite3_column_text(q, 0);
+                s->pinned_json = strdup(t ? t : "[]");
+                if (!sqlite3_column_int64(q, 1)) s->none = 1;
+            }
+            sqlite3_finalize(q);
+            if (rc != SQLITE_ROW) return rdb_fail(&st->cat, rc, "reading pins");
+            if (!s->pinned_json) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+        }
+    }
     return ARL_OK;
 }
 
@@ -151,6 +175,7 @@ void rsel_free(rsel *s) {
     free(s->group_ids);
     free(s->env_ids);
     free(s->task_ids);
+    free(s->pinned_json);
     memset(s, 0, sizeof *s);
 }
 
@@ -215,6 +240,8 @@ char *rsel_sql(const rsel *s, const char *head, const char *tail) {
         append(&b, &n, &cap, ")");
     }
     if (f->forks_of) append(&b, &n, &cap, " AND t.parent_traj_uid = ?16");
+    if (s->pinned_json)
+        append(&b, &n, &cap, " AND t.traj_uid IN (SELECT value FROM json_each(?17))");
     for (int i = 0; i < s->n_where; i++) {
         char t[256];
         snprintf(t, sizeof t,
@@ -249,6 +276,7 @@ void rsel_bind(const rsel *s, sqlite3_stmt *q) {
     BIND_TEXT(14, f->tool);
     BIND_TEXT(15, f->tool_error);
     BIND_TEXT(16, f->forks_of);
+    BIND_TEXT(17, s->pinned_json);
     for (int i = 0; i < s->n_where; i++) {
         if (20 + 2 * i <= np) sqlite3_bind_text(q, 20 + 2 * i, s->where[i].comp, -1, SQLITE_STATIC);
         if (21 + 2 * i <= np) sqlite3_bind_double(q, 21 + 2 * i, s->where[i].value);

@@ -21,7 +21,8 @@ typedef struct rsel {
     size_t n_run, n_group, n_env, n_task;
     rsel_where where[RSEL_MAX_WHERE];
     int n_where;
-    int none; /* a uid matched nothing: the selection is empty */
+    int none;          /* a uid matched nothing: the selection is empty */
+    char *pinned_json; /* --pinned: JSON array of the pinned traj_uids (owned) */
 } rsel;
 
 arl_status rsel_init(replay_store *st, const replay_filter *f, rsel *s);

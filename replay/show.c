@@ -222,7 +222,89 @@ static void print_rewards(FILE *out, rdb *d, int64_t traj_id, const char *level,
     sqlite3_finalize(q);
 }
 
-static void print_token_table(FILE *out, replay_store *st, int64_t traj_id, int32_t seg, rdb *d) {
+/* A per-token f32/u8 array of a learner or re-score blob column, checked (kind, n); NULL if
+ * absent or bad (the table then shows '-'). Caller frees. */
+static void *blob_array(sqlite3_stmt *q, int col, arl_blob_kind kind, int64_t n) {
+    const void *b = sqlite3_column_blob(q, col);
+    size_t len = (size_t)sqlite3_column_bytes(q, col);
+    arl_blob_expect ex = {.kind = kind, .dims_mask = 1, .dims = {(uint64_t)n}};
+    arl_blob_header h;
+    size_t es = kind == ARL_BLOB_TOKEN_FLAGS ? 1 : 4;
+    void *dst = malloc((size_t)n * es + 1);
+    if (!b || !dst || arl_blob_check_copy(b, len, &ex, &h, dst, (size_t)n * es) != ARL_OK) {
+        free(dst);
+        arl_error_clear();
+        return NULL;
+    }
+    return dst;
+}
+
+/* The columns the learner and a re-score add to the token table (NULL arrays: absent). */
+typedef struct tok_extra {
+    float *old, *ref, *w, *adv, *rescore;
+    uint8_t *flags;
+    int64_t update_n;
+} tok_extra;
+
+static void tok_extra_load(replay_store *st, const char *uid, int32_t seg, int64_t n,
+                           const char *label, tok_extra *x) {
+    memset(x, 0, sizeof *x);
+    x->update_n = -1;
+    for (size_t i = 0; i < st->n_shards; i++) {
+        rshard *sh = &st->shards[i];
+        if (sh->kind != REPLAY_FILE_LEARNER && sh->kind != REPLAY_FILE_TOOL) continue;
+        rdb *d;
+        sqlite3_stmt *q;
+        if (rstore_shard_db(st, sh, &d) != ARL_OK) continue;
+        /* the newest update that consumed the segment (learner_records_by_traj) */
+        if (rstore_prepare(st, d,
+                           "SELECT update_n, old_logprobs, ref_logprobs, is_weights, token_flags, "
+                           "advantages FROM learner_records WHERE traj_uid = ?1 AND seg_index = ?2 "
+                           "ORDER BY update_n DESC LIMIT 1",
+                           &q) == ARL_OK) {
+            sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
+            sqlite3_bind_int(q, 2, seg);
+            if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_int64(q, 0) > x->update_n) {
+                free(x->old), free(x->ref), free(x->w), free(x->flags), free(x->adv);
+                x->update_n = sqlite3_column_int64(q, 0);
+                x->old = blob_array(q, 1, ARL_BLOB_OLD_LOGPROBS, n);
+                x->ref = blob_array(q, 2, ARL_BLOB_REF_LOGPROBS, n);
+                x->w = blob_array(q, 3, ARL_BLOB_IS_WEIGHTS, n);
+                x->flags = blob_array(q, 4, ARL_BLOB_TOKEN_FLAGS, n);
+                x->adv = blob_array(q, 5, ARL_BLOB_ADVANTAGES, n);
+            }
+            sqlite3_finalize(q);
+        }
+        if (label && !x->rescore && sh->kind == REPLAY_FILE_TOOL &&
+            rstore_prepare(st, d,
+                           "SELECT logprobs FROM rescores WHERE label = ?1 AND traj_uid = ?2 AND "
+                           "seg_index = ?3 ORDER BY routing = 'replay' DESC LIMIT 1",
+                           &q) == ARL_OK) {
+            sqlite3_bind_text(q, 1, label, -1, SQLITE_STATIC);
+            sqlite3_bind_text(q, 2, uid, -1, SQLITE_STATIC);
+            sqlite3_bind_int(q, 3, seg);
+            if (sqlite3_step(q) == SQLITE_ROW)
+                x->rescore = blob_array(q, 0, ARL_BLOB_RESCORE_LOGPROBS, n);
+            sqlite3_finalize(q);
+        }
+    }
+    arl_error_clear();
+}
+
+static void tok_extra_free(tok_extra *x) {
+    free(x->old), free(x->ref), free(x->w), free(x->flags), free(x->adv), free(x->rescore);
+}
+
+static void cell(FILE *out, const float *a, int64_t i) {
+    if (a)
+        fprintf(out, " %10.5f", (double)a[i]);
+    else
+        fprintf(out, " %10s", "-");
+}
+
+/* Token rows of segment seg, within stream positions [lo, hi) (the chosen turns). */
+static void print_token_table(FILE *out, replay_store *st, const char *uid, int64_t traj_id,
+                              int32_t seg, int64_t lo, int64_t hi, const replay_show_opts *o) {
     replay_seg_data sd = {0};
     if (replay_segment_load(st, traj_id, seg, REPLAY_LOAD_TOKENS | REPLAY_LOAD_ROUTES, &sd) !=
         ARL_OK) {
@@ -230,12 +312,36 @@ static void print_token_table(FILE *out, replay_store *st, int64_t traj_id, int3
         replay_seg_data_free(&sd);
         return;
     }
-    (void)d;
-    fprintf(out, "    %8s %10s %4s %7s %12s  %s\n", "pos", "token", "mask", "version", "logprob",
-            sd.n_moe_layers ? "routes (experts per MoE layer)" : "");
+    tok_extra x;
+    tok_extra_load(st, uid, seg, sd.ref.n_tokens, o->rescore, &x);
+    if (x.update_n >= 0) fprintf(out, "    learner record of update %lld\n", (long long)x.update_n);
+    if (o->rescore && !x.rescore)
+        fprintf(out, "    no re-score '%s' of this segment\n", o->rescore);
+    fprintf(out, "    %8s %10s %4s %7s %12s %10s %10s %10s %5s %10s", "pos", "token", "mask",
+            "version", "logprob", "old", "ref", "w", "flags", "adv");
+    if (o->rescore) fprintf(out, " %10s %10s", "rescored", "diff");
+    fprintf(out, "  %s\n", sd.n_moe_layers ? "routes (experts per MoE layer)" : "");
     for (int64_t i = 0; i < sd.ref.n_tokens; i++) {
-        fprintf(out, "    %8lld %10u %4u %7u %12.6f ", (long long)(sd.ref.tok_start + i),
-                sd.tokens[i], sd.loss_mask[i], sd.versions[i], (double)sd.logprobs[i]);
+        int64_t pos = sd.ref.tok_start + i;
+        if (pos < lo || pos >= hi) continue;
+        fprintf(out, "    %8lld %10u %4u %7u %12.6f", (long long)pos, sd.tokens[i], sd.loss_mask[i],
+                sd.versions[i], (double)sd.logprobs[i]);
+        cell(out, x.old, i);
+        cell(out, x.ref, i);
+        cell(out, x.w, i);
+        if (x.flags)
+            fprintf(out, "  0x%02x", x.flags[i]);
+        else
+            fprintf(out, " %5s", "-");
+        cell(out, x.adv, i);
+        if (o->rescore) {
+            cell(out, x.rescore, i);
+            if (x.rescore && sd.loss_mask[i])
+                fprintf(out, " %10.2e", (double)x.rescore[i] - (double)sd.logprobs[i]);
+            else
+                fprintf(out, " %10s", "-");
+        }
+        fputc(' ', out);
         for (int32_t l = 0; l < sd.n_moe_layers; l++) {
             fputc(l ? '|' : ' ', out);
             for (int32_t j = 0; j < sd.route_k; j++) {
@@ -248,7 +354,63 @@ static void print_token_table(FILE *out, replay_store *st, int64_t traj_id, int3
         }
         fputc('\n', out);
     }
+    tok_extra_free(&x);
     replay_seg_data_free(&sd);
+}
+
+/* --group: the members of t's group across every shard, side by side (section 13.2). */
+static arl_status print_group(FILE *out, replay_store *st, const replay_traj_row *t) {
+    char group[300];
+    rcat_group_uid(st, t->group_id, group, sizeof group);
+    fprintf(out, "\n== group %s\n  %4s %4s %-32s %-9s %-14s %5s %8s %8s %10s\n", group, "slot",
+            "try", "traj_uid", "status", "end/error", "turns", "tokens", "outcome", "AO");
+    for (size_t i = 0; i < st->n_shards; i++) {
+        rshard *sh = &st->shards[i];
+        if (sh->kind == REPLAY_FILE_LEARNER) continue;
+        rdb *d;
+        sqlite3_stmt *q;
+        ARL_TRY(rstore_shard_db(st, sh, &d));
+        ARL_TRY(rstore_prepare(st, d,
+                               "SELECT " RTRAJ_COLS " FROM trajectories WHERE group_id = ?1 ORDER "
+                               "BY slot, attempt",
+                               &q));
+        sqlite3_bind_int64(q, 1, t->group_id);
+        while (sqlite3_step(q) == SQLITE_ROW) {
+            replay_traj_row m;
+            rtraj_fill(q, sh->shard_id, &m);
+            /* the outcome advantage of the newest learner record of its first segment */
+            char ao[32] = "-";
+            for (size_t k = 0; k < st->n_shards; k++) {
+                rshard *lh = &st->shards[k];
+                rdb *ld;
+                sqlite3_stmt *lq;
+                if (lh->kind != REPLAY_FILE_LEARNER && lh->kind != REPLAY_FILE_TOOL) continue;
+                if (rstore_shard_db(st, lh, &ld) != ARL_OK ||
+                    rstore_prepare(st, ld,
+                                   "SELECT json_extract(levels_json, '$.AO') FROM learner_records "
+                                   "WHERE traj_uid = ?1 ORDER BY update_n DESC, seg_index LIMIT 1",
+                                   &lq) != ARL_OK)
+                    continue;
+                sqlite3_bind_text(lq, 1, m.traj_uid, -1, SQLITE_STATIC);
+                if (sqlite3_step(lq) == SQLITE_ROW && sqlite3_column_type(lq, 0) != SQLITE_NULL)
+                    snprintf(ao, sizeof ao, "%.6g", sqlite3_column_double(lq, 0));
+                sqlite3_finalize(lq);
+            }
+            char outc[32] = "-";
+            if (m.outcome_reward == m.outcome_reward)
+                snprintf(outc, sizeof outc, "%.4g", m.outcome_reward);
+            fprintf(out, "  %4d %4d %-32s %-9s %-14s %5d %8lld %8s %10s%s\n", (int)m.slot,
+                    (int)m.attempt, m.traj_uid, replay_status_name(m.status),
+                    m.error_code[0]  ? m.error_code
+                    : m.end_cause[0] ? m.end_cause
+                                     : "-",
+                    (int)m.n_turns, (long long)m.n_tokens, outc, ao,
+                    m.traj_id == t->traj_id ? "  <-" : "");
+        }
+        sqlite3_finalize(q);
+    }
+    arl_error_clear();
+    return ARL_OK;
 }
 
 arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out) {
@@ -286,6 +448,7 @@ arl_status replay_show(replay_store *st, const char *traj, const replay_show_opt
     print_rewards(out, d, t.traj_id, "outcome", -1, "    ");
     print_rewards(out, d, t.traj_id, "segment", -1, "    ");
     print_rewards(out, d, t.traj_id, "process", -1, "    ");
+    if (o->group) ARL_TRY(print_group(out, st, &t));
 
     /* turns with their calls, grouped under their segments */
     sqlite3_stmt *sq, *tq, *cq;
@@ -410,7 +573,29 @@ arl_status replay_show(replay_store *st, const char *traj, const replay_show_opt
             }
             json_decref(resp);
         }
-        if (o->tokens) print_token_table(out, st, t.traj_id, seg, d);
+        if (o->tokens) {
+            int64_t lo = tok0, hi = tok0 + ntok;
+            if (o->turn_lo > 0 || o->turn_hi > 0) { /* the action spans of steps a..b */
+                sqlite3_stmt *rq;
+                lo = hi = 0;
+                if (rdb_prepare(d,
+                                "SELECT min(act_tok_start), max(act_tok_end) FROM turns WHERE "
+                                "traj_id = ?1 AND seg_index = ?2 AND step_index BETWEEN ?3 AND ?4",
+                                &rq) == ARL_OK) {
+                    sqlite3_bind_int64(rq, 1, t.traj_id);
+                    sqlite3_bind_int(rq, 2, seg);
+                    sqlite3_bind_int(rq, 3, o->turn_lo > 0 ? o->turn_lo : 1);
+                    sqlite3_bind_int(rq, 4, o->turn_hi > 0 ? o->turn_hi : INT32_MAX);
+                    if (sqlite3_step(rq) == SQLITE_ROW &&
+                        sqlite3_column_type(rq, 0) != SQLITE_NULL) {
+                        lo = sqlite3_column_int64(rq, 0);
+                        hi = sqlite3_column_int64(rq, 1);
+                    }
+                    sqlite3_finalize(rq);
+                }
+            }
+            if (hi > lo) print_token_table(out, st, t.traj_uid, t.traj_id, seg, lo, hi, o);
+        }
     }
     sqlite3_finalize(sq);
     sqlite3_finalize(tq);

@@ -269,6 +269,30 @@ rshard *rstore_shard(replay_store *st, int32_t shard_id) {
     return NULL;
 }
 
+void rstore_shard_release(replay_store *st, int32_t shard_id) {
+    rshard *sh = rstore_shard(st, shard_id);
+    if (!sh) return;
+    for (size_t i = 0; i < sizeof sh->stmt / sizeof *sh->stmt; i++) {
+        sqlite3_finalize(sh->stmt[i]);
+        sh->stmt[i] = NULL;
+    }
+    rdb_close(&sh->db);
+    rdb_close(&sh->states);
+}
+
+int rstore_shard_sealed(replay_store *st, int32_t shard_id) {
+    rshard *sh = rstore_shard(st, shard_id);
+    rdb *d;
+    char v[8] = "";
+    int found = 0;
+    if (!sh || rstore_shard_db(st, sh, &d) != ARL_OK || d->empty ||
+        rdb_meta_get(d, "sealed", v, sizeof v, &found) != ARL_OK) {
+        arl_error_clear();
+        return 0;
+    }
+    return found && !strcmp(v, "1");
+}
+
 arl_status rstore_shard_db(replay_store *st, rshard *sh, rdb **out) {
     if (!sh->db.db) {
         int kind = st->single_file ? -1 : sh->kind;

@@ -11,12 +11,98 @@
 #include "replay/inspect.h"
 #include "replay/internal.h"
 
+typedef struct vrepair {
+    int32_t shard_id;
+    int kind;
+    int64_t traj_id;
+} vrepair;
+
 typedef struct vctx {
     FILE *out;
     int64_t errors, warnings;
     replay_store *st;
     int64_t newest_version; /* max policy version in the catalog (-1 if none) */
+    vrepair *rep;           /* --repair: unmasked trajectories with errors */
+    size_t n_rep, cap_rep;
 } vctx;
+
+static void want_repair(vctx *v, int32_t shard_id, int kind, int64_t traj_id) {
+    if (v->n_rep == v->cap_rep) {
+        size_t c = v->cap_rep ? 2 * v->cap_rep : 16;
+        vrepair *p = realloc(v->rep, c * sizeof *p);
+        if (!p) return; /* reported as not repaired below: the finding stays */
+        v->rep = p;
+        v->cap_rep = c;
+    }
+    v->rep[v->n_rep++] = (vrepair){shard_id, kind, traj_id};
+}
+
+/* --repair (section 13.5): through each file's writer (its lock must be free), mask the
+ * trajectories with errors STORE_CORRUPT and delete orphan states.  Never rewrites data. */
+static arl_status repair(vctx *v) {
+    replay_store *st = v->st;
+    int64_t masked = 0, orphans = 0, skipped = 0;
+    /* every worker or tool file once: masks first, then its orphan states */
+    size_t n = st->n_shards;
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    int *kinds = malloc((n ? n : 1) * sizeof *kinds);
+    if (!ids || !kinds) {
+        free(ids);
+        free(kinds);
+        return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = st->shards[i].shard_id;
+        kinds[i] = st->shards[i].kind;
+    }
+    arl_status s = ARL_OK;
+    for (size_t i = 0; i < n && s == ARL_OK; i++) {
+        if (kinds[i] != REPLAY_FILE_WORKER && kinds[i] != REPLAY_FILE_TOOL) continue;
+        if (rstore_shard_sealed(st, ids[i])) { /* immutable: its findings stay findings */
+            for (size_t k = 0; k < v->n_rep; k++)
+                skipped += v->rep[k].shard_id == ids[i];
+            continue;
+        }
+        replay_writer *w = NULL;
+        arl_status o = replay_writer_open(st, (replay_file_kind)kinds[i], ids[i], NULL, &w);
+        if (o == ARL_ERR_BUSY) {
+            fprintf(v->out, "repair: skipped (writer alive): %s\n", arl_error_msg());
+            for (size_t k = 0; k < v->n_rep; k++)
+                skipped += v->rep[k].shard_id == ids[i];
+            continue;
+        }
+        if (o != ARL_OK) {
+            s = o;
+            break;
+        }
+        for (size_t k = 0; k < v->n_rep && s == ARL_OK; k++) {
+            if (v->rep[k].shard_id != ids[i]) continue;
+            replay_traj_row t;
+            if (replay_traj_get_id(st, v->rep[k].traj_id, &t) != ARL_OK ||
+                t.status == REPLAY_MASKED)
+                continue;
+            s = replay_traj_mask(w, v->rep[k].traj_id, "STORE_CORRUPT", "infra", "error",
+                                 "{\"by\":\"verify --repair\"}");
+            if (s == ARL_OK) {
+                fprintf(v->out, "repair: %s: trajectory %s masked STORE_CORRUPT\n",
+                        replay_writer_file(w), t.traj_uid);
+                masked++;
+            }
+        }
+        int64_t del = 0;
+        /* the lock was free: no state is between S_s and C_s, any age is garbage */
+        if (s == ARL_OK) s = replay_states_gc(w, 0, &del);
+        orphans += del;
+        replay_writer_close(w);
+    }
+    free(ids);
+    free(kinds);
+    fprintf(v->out,
+            "repair: %lld trajectories masked STORE_CORRUPT, %lld orphan states deleted%s\n",
+            (long long)masked, (long long)orphans,
+            skipped ? " (sealed files and files with a live writer were skipped)" : "");
+    return s;
+}
 
 __attribute__((format(printf, 3, 4))) static void finding(vctx *v, int error, const char *fmt,
                                                           ...) {
@@ -691,7 +777,11 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
             }
             int rc;
             while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+                int64_t before = v.errors;
                 check_trajectory(&v, d, q, sh->shard_id, sd);
+                const char *status = (const char *)sqlite3_column_text(q, 9);
+                if (o && o->repair && v.errors > before && status && strcmp(status, "masked"))
+                    want_repair(&v, sh->shard_id, sh->kind, sqlite3_column_int64(q, 0));
                 n_traj++;
             }
             if (rc != SQLITE_DONE)
@@ -757,7 +847,17 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
             (long long)v.warnings);
     if (n_errors) *n_errors = v.errors;
     if (n_warnings) *n_warnings = v.warnings;
-    return ARL_OK;
+    arl_status rs = ARL_OK;
+    if (o && o->repair) {
+        if (!st->cat.db || st->cat.readonly)
+            rs = arl_errorf(ARL_ERR_STATE,
+                            "replay: %s: --repair needs a store root with a writable catalog",
+                            st->root);
+        else
+            rs = repair(&v);
+    }
+    free(v.rep);
+    return rs;
 }
 
 /* ---- recover ---- */
@@ -784,6 +884,7 @@ arl_status replay_recover(replay_store *st, int mask, FILE *out, int64_t *n_foun
     arl_status s = ARL_OK;
     for (size_t i = 0; i < n && s == ARL_OK; i++) {
         if (kinds[i] != REPLAY_FILE_WORKER && kinds[i] != REPLAY_FILE_TOOL) continue;
+        if (rstore_shard_sealed(st, ids[i])) continue; /* sealed when its writer finished */
         replay_writer *w = NULL;
         arl_status o = replay_writer_open(st, (replay_file_kind)kinds[i], ids[i], NULL, &w);
         char *rel = rstore_shard_rel(kinds[i], ids[i]);

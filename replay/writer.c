@@ -259,8 +259,8 @@ static arl_status register_shard(replay_store *st, int kind, int32_t *shard_id) 
 arl_status replay_writer_open(replay_store *st, replay_file_kind kind, int32_t shard_id,
                               const char *run_uid, replay_writer **out) {
     *out = NULL;
-    if (kind != REPLAY_FILE_WORKER && kind != REPLAY_FILE_TOOL)
-        return arl_errorf(ARL_ERR_ARG, "replay: writers open worker or tool files, not %s",
+    if (kind != REPLAY_FILE_WORKER && kind != REPLAY_FILE_TOOL && kind != REPLAY_FILE_LEARNER)
+        return arl_errorf(ARL_ERR_ARG, "replay: writers open worker, tool or learner files, not %s",
                           replay_file_kind_name(kind));
     if (!st->cat.db || st->cat.readonly || st->single_file)
         return arl_errorf(ARL_ERR_STATE,
@@ -356,7 +356,9 @@ arl_status replay_writer_open(replay_store *st, replay_file_kind kind, int32_t s
         goto fail;
     int takeover =
         had_owner && (strcmp(pid, me_pid) || strcmp(host, st->host) || strcmp(boot, me_boot));
-    if (takeover && (s = rwriter_scan_running(w)) != ARL_OK) goto fail;
+    /* learner files hold no trajectories: nothing can be interrupted there */
+    if (takeover && kind != REPLAY_FILE_LEARNER && (s = rwriter_scan_running(w)) != ARL_OK)
+        goto fail;
     char since[32];
     snprintf(since, sizeof since, "%lld", (long long)rnow_ms());
     if ((s = rdb_begin(&w->w)) != ARL_OK) goto fail;
@@ -1294,6 +1296,11 @@ static int cmp_i64(const void *a, const void *b) {
 }
 
 arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_deleted) {
+    if (w->kind == REPLAY_FILE_LEARNER) /* its states are referenced from no segment of its own */
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "replay: %s: learner states are kept by state_cache.learner, which this "
+                          "store does not collect",
+                          w->states_file);
     /* referenced state ids (segments of this shard) */
     int64_t *refs = NULL;
     size_t nref = 0, cap = 0;
@@ -1375,7 +1382,10 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
         return s;
     }
     ARL_TRY(rdb_commit(db));
-    ARL_TRY(rdb_exec(db, "PRAGMA incremental_vacuum(16384)"));
+    /* return up to 1 GiB of free pages to the file system (section 7.6) */
+    char vac[64];
+    snprintf(vac, sizeof vac, "PRAGMA incremental_vacuum(%d)", (1 << 30) / RDB_PAGE_SIZE_STATES);
+    ARL_TRY(rdb_exec(db, vac));
     if (n_deleted) *n_deleted = deleted;
     return ARL_OK;
 }

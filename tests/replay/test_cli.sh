@@ -68,6 +68,20 @@ has "fork of run1/g1/r0 after segment 1"
 has "request: {\"step_index\":7"
 expect 1 "$A" replay show "$S" nope
 has "no trajectory 'nope'"
+expect 0 "$A" replay show "$S" run1/g1/r0 --group
+has "== group run1/g000001"
+has "run1/g1/r2 .*masked .*SANDBOX_LOST"
+has "run1/g1/r0 .*<-"
+expect 0 "$A" replay show "$S" run1/g1/r0 --tokens --rescore nope
+has "no re-score 'nope' of this segment"
+has "rescored"
+all_rows=$(grep -c "^ *[0-9][0-9]* *[0-9][0-9]* *[01] " <<<"$out")
+expect 0 "$A" replay show "$S" run1/g1/r0 --tokens --turns 1:1
+turn_rows=$(grep -c "^ *[0-9][0-9]* *[0-9][0-9]* *[01] " <<<"$out")
+[ "$turn_rows" -gt 0 ] && [ "$turn_rows" -lt "$all_rows" ] ||
+    fail "--turns 1:1 printed $turn_rows token rows of $all_rows"
+expect 2 "$A" replay show "$S" run1/g1/r0 --tokens --turns 3:2
+has "expected A:B"
 
 # stats
 expect 0 "$A" replay stats "$S"
@@ -107,6 +121,15 @@ if command -v sqlite3 >/dev/null; then
     expect 2 "$A" replay verify "$T/damaged"
     has "error: shards/w1.sqlite: trajectory run1/g1/r0 segment 2 column versions: bad blob magic"
     has "1 errors"
+    # --repair: the damaged trajectory is masked STORE_CORRUPT (the bytes stay), the orphan
+    # state deleted; a second verify still reports the damage, now on a masked trajectory
+    expect 2 "$A" replay verify "$T/damaged" --repair
+    has "repair: shards/w1.sqlite: trajectory run1/g1/r0 masked STORE_CORRUPT"
+    has "repair: 1 trajectories masked STORE_CORRUPT, 1 orphan states deleted"
+    expect 0 "$A" replay list "$T/damaged" --error-code STORE_CORRUPT
+    has "run1/g1/r0 "
+    expect 2 "$A" replay verify "$T/damaged" --repair
+    has "repair: 0 trajectories masked STORE_CORRUPT, 0 orphan states deleted"
 fi
 
 # recover: the dead child's two trajectories, one masked, one left resumable; then --mask
@@ -123,6 +146,76 @@ expect 0 "$A" replay list "$S" --error-code INTERRUPTED
 lines 3
 expect 0 "$A" replay verify "$S"
 has "0 errors"
+
+# pins, the pinned and sorted list, gc (spec section 13.8)
+expect 0 "$A" replay pin "$S" run1/g1/r0 --reason "debug"
+has "pinned run1/g1/r0"
+expect 1 "$A" replay pin "$S" nope
+has "no trajectory 'nope'"
+expect 0 "$A" replay list "$S" --pinned
+lines 2
+has "run1/g1/r0 "
+expect 0 "$A" replay list "$S" --sort uid --json
+head -1 <<<"$out" | grep -q '"traj_uid":"run1/g1/r0"' || fail "--sort uid: $out"
+expect 0 "$A" replay list "$S" --sort reward --json --status complete --limit 1
+has '"outcome":1'
+expect 2 "$A" replay list "$S" --sort sideways
+has "sort"
+expect 0 "$A" replay gc "$S" --min-age-ms 0
+has "gc $S: 1 states deleted"
+expect 0 "$A" replay verify "$S"
+has "0 errors, 0 warnings"
+expect 0 "$A" replay unpin "$S" run1/g1/r0
+expect 1 "$A" replay unpin "$S" run1/g1/r0
+has "is not pinned"
+expect 0 "$A" replay list "$S" --pinned
+lines 1
+expect 2 "$A" replay gc "$S" --rollout sometimes
+expect 0 "$A" replay gc --help
+has "usage: agentrl replay gc DB"
+
+# seal: finished files become immutable; they are still read, and writers refuse them
+expect 0 "$A" replay seal "$S"
+has "shards/w1.sqlite: sealed"
+expect 0 "$A" replay seal "$S" --shard 1
+has "shards/w1.sqlite: already sealed"
+expect 1 "$A" replay seal "$S" --shard 999
+has "no shard 999"
+expect 0 "$A" replay verify "$S"
+has "0 errors"
+expect 0 "$A" replay list "$S" --status complete
+lines 5
+expect 0 "$A" replay recover "$S"
+expect 0 "$A" replay migrate "$S"
+has "shards/w1.sqlite: schema version 1, up to date"
+has "migrated 0 files"
+
+# view: read-only HTML pages on loopback (an ephemeral port; stops after 5 requests)
+if command -v curl >/dev/null; then
+    timeout 60 "$A" replay view "$S" --port 0 --max-requests 5 >"$T/view.out" 2>&1 &
+    vpid=$!
+    port=""
+    for _ in $(seq 1 100); do
+        port=$(grep -o '127.0.0.1:[0-9]*' "$T/view.out" 2>/dev/null | cut -d: -f2)
+        [ -n "$port" ] && break
+        sleep 0.1
+    done
+    [ -n "$port" ] || fail "replay view did not start: $(cat "$T/view.out")"
+    out=$(curl -s "http://127.0.0.1:$port/")
+    has '<a href="/show?traj=run1/g1/r0">run1/g1/r0</a>'
+    has '<a href="/show?traj=run1/g1/r0%23fork1">run1/g1/r0#fork1</a>'
+    out=$(curl -s "http://127.0.0.1:$port/show?traj=run1/g1/r2")
+    has "error SANDBOX_LOST (infra)"
+    has "&lt;html&gt;502 Bad Gateway&lt;/html&gt;"
+    out=$(curl -s "http://127.0.0.1:$port/stats")
+    has "status: complete 4"
+    out=$(curl -s -o /dev/null -w "%{http_code}" "http://127.0.0.1:$port/show?traj=nope")
+    [ "$out" = 404 ] || fail "view of an unknown trajectory: HTTP $out"
+    out=$(curl -s -o /dev/null -w "%{http_code}" -X POST "http://127.0.0.1:$port/")
+    [ "$out" = 405 ] || fail "view POST: HTTP $out"
+    wait "$vpid" || fail "replay view exited non-zero"
+    grep -q "served 5 requests" "$T/view.out" || fail "view: $(cat "$T/view.out")"
+fi
 
 # help
 expect 0 "$A" replay show --help

@@ -40,8 +40,8 @@ static void test_list_filters(void) {
         const char *name;
         replay_filter f;
         const char *want; /* an index the plan must use (NULL: any) */
-    } cases[8];
-    for (int i = 0; i < 8; i++)
+    } cases[10];
+    for (int i = 0; i < 10; i++)
         replay_filter_init(&cases[i].f), cases[i].want = NULL;
     cases[0].name = "no filter";
     cases[1].name = "run+status";
@@ -71,7 +71,14 @@ static void test_list_filters(void) {
     cases[7].name = "env+limit";
     cases[7].f.env = "calc";
     cases[7].f.limit = 2;
-    for (int i = 0; i < 8; i++) {
+    cases[8].name = "pinned"; /* the pinned uids through the traj_uid UNIQUE index */
+    cases[8].f.pinned = 1;
+    cases[8].want = "sqlite_autoindex_trajectories";
+    cases[9].name = "run+sort by reward";
+    cases[9].f.run = "run1";
+    cases[9].f.sort = "reward";
+    cases[9].f.limit = 3;
+    for (int i = 0; i < 10; i++) {
         char what[96];
         replay_plan_log_clear(st);
         snprintf(what, sizeof what, "list %s", cases[i].name);
@@ -133,6 +140,10 @@ int main(void) {
         }
     }
     replay_writer_close(w);
+    if (replay_pin(st, "p/1", "plans") != ARL_OK) {
+        fprintf(stderr, "%s\n", arl_error_msg());
+        return 1;
+    }
     replay_plan_log_enable(st, 1);
     TEST_RUN(test_list_filters);
     TEST_RUN(test_show_and_iterate);

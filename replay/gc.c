@@ -1,0 +1,238 @@
+/* replay/gc.c: retention of cached rollout states (spec/replay.md sections 7.6 and 9.3) in a
+ * writer's states file, and `gc` over every shard of a store (section 13.8):
+ *   1. garbage: 'writing' states and complete states no segment references, older than
+ *      min_age_ms, are deleted (replay_states_gc);
+ *   2. state_cache.rollout: 'last' keeps, per running trajectory, the newest committed
+ *      boundary only (its kda_boundary and the mla_segment states since the last fresh or fork
+ *      start) and evicts the rollout states of final trajectories; 'off' evicts every rollout
+ *      state; 'all' keeps them;
+ *   3. the byte budget: while the complete states exceed it, evict in ascending
+ *      last_used_at_ms, states of running trajectories last.
+ * Pinned trajectories (catalog pins) keep everything.  Eviction sets status 'evicted' and
+ * deletes the chunks: the row stays as a tombstone.  A reader then sees a cache miss.
+ * Not here: state_cache.learner (learner files belong to the learner process). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "replay/inspect.h"
+#include "replay/internal.h"
+
+typedef struct gc_state {
+    int64_t id, bytes, last_used;
+    int32_t seg_index;
+    int is_kda, running, pinned, evict;
+} gc_state;
+
+static int by_lru(const void *a, const void *b) {
+    const gc_state *x = *(const gc_state *const *)a, *y = *(const gc_state *const *)b;
+    if (x->running != y->running) return x->running - y->running; /* running ones last */
+    if (x->last_used != y->last_used) return x->last_used < y->last_used ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Per trajectory uid: running?, last committed segment L and last fresh/fork start F. */
+static arl_status traj_bounds(replay_writer *w, const char *uid, int *found, int *running,
+                              int32_t *L, int32_t *F) {
+    sqlite3_stmt *q;
+    *found = 0;
+    ARL_TRY(rdb_prepare(&w->w,
+                        "SELECT s.seg_index, s.start_kind, t.status FROM trajectories t LEFT JOIN "
+                        "segments s ON s.traj_id = t.traj_id WHERE t.traj_uid = ?1 ORDER BY "
+                        "s.seg_index",
+                        &q));
+    sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
+    *L = -1;
+    *F = 0;
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        *found = 1;
+        *running = !strcmp((const char *)sqlite3_column_text(q, 2), "running");
+        if (sqlite3_column_type(q, 0) == SQLITE_NULL) continue;
+        int32_t si = sqlite3_column_int(q, 0);
+        const char *k = (const char *)sqlite3_column_text(q, 1);
+        if (k && strcmp(k, "continue")) *F = si; /* fresh or fork: the context restarts */
+        *L = si;
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE) return rdb_fail(&w->w, rc, "reading trajectories for retention");
+    return ARL_OK;
+}
+
+static arl_status evict(replay_writer *w, gc_state **v, size_t n, int64_t *evicted,
+                        int64_t *freed) {
+    rdb *db = &w->s;
+    sqlite3_stmt *up = NULL, *dc = NULL;
+    ARL_TRY(rdb_begin(db));
+    arl_status s = rdb_prepare(db, "UPDATE states SET status = 'evicted' WHERE state_id = ?1", &up);
+    if (s == ARL_OK) s = rdb_prepare(db, "DELETE FROM state_chunks WHERE state_id = ?1", &dc);
+    for (size_t i = 0; s == ARL_OK && i < n; i++) {
+        if (!v[i]->evict) continue;
+        sqlite3_reset(dc);
+        sqlite3_bind_int64(dc, 1, v[i]->id);
+        int rc = sqlite3_step(dc);
+        if (rc == SQLITE_DONE) {
+            sqlite3_reset(up);
+            sqlite3_bind_int64(up, 1, v[i]->id);
+            rc = sqlite3_step(up);
+        }
+        if (rc != SQLITE_DONE) {
+            s = rdb_fail(db, rc, "evicting a state");
+            break;
+        }
+        (*evicted)++;
+        *freed += v[i]->bytes;
+    }
+    sqlite3_finalize(up);
+    sqlite3_finalize(dc);
+    if (s != ARL_OK) {
+        rdb_rollback(db);
+        return s;
+    }
+    return rdb_commit(db);
+}
+
+arl_status replay_states_retain(replay_writer *w, const replay_retention *r, replay_gc_stats *out) {
+    replay_gc_stats z;
+    memset(&z, 0, sizeof z);
+    const char *mode = r && r->rollout ? r->rollout : "last";
+    if (strcmp(mode, "last") && strcmp(mode, "all") && strcmp(mode, "off"))
+        return arl_errorf(ARL_ERR_ARG,
+                          "replay: state_cache.rollout '%s': expected last, all or off", mode);
+    /* 1. garbage (section 7.6) */
+    ARL_TRY(replay_states_gc(w, r && r->min_age_ms >= 0 ? r->min_age_ms : 3600 * 1000, &z.deleted));
+    /* 2. the complete states with what retention needs to know about them */
+    gc_state *st = NULL;
+    size_t n = 0, cap = 0;
+    sqlite3_stmt *q;
+    ARL_TRY(rdb_prepare(&w->s,
+                        "SELECT state_id, traj_uid, seg_index, kind, producer, n_bytes, "
+                        "last_used_at_ms FROM states WHERE status = 'complete' ORDER BY traj_uid, "
+                        "state_id",
+                        &q));
+    char cur[REPLAY_UID_MAX + 1] = "";
+    int found = 0, running = 0, pinned = 0, have = 0;
+    int32_t L = -1, F = 0;
+    arl_status s = ARL_OK;
+    int rc;
+    while (s == ARL_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const char *uid = (const char *)sqlite3_column_text(q, 1);
+        if (!have || strcmp(uid, cur)) {
+            snprintf(cur, sizeof cur, "%s", uid);
+            have = 1;
+            if ((s = traj_bounds(w, cur, &found, &running, &L, &F)) != ARL_OK) break;
+            if ((s = replay_pin_get(w->st, cur, &pinned, NULL, 0)) != ARL_OK) break;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 256;
+            gc_state *p = realloc(st, cap * sizeof *p);
+            if (!p) {
+                s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+                break;
+            }
+            st = p;
+        }
+        gc_state *g = &st[n++];
+        g->id = sqlite3_column_int64(q, 0);
+        g->seg_index = sqlite3_column_int(q, 2);
+        g->is_kda = !strcmp((const char *)sqlite3_column_text(q, 3), "kda_boundary");
+        int rollout = !strcmp((const char *)sqlite3_column_text(q, 4), "rollout");
+        g->bytes = sqlite3_column_int64(q, 5);
+        g->last_used = sqlite3_column_int64(q, 6);
+        g->running = found && running;
+        g->pinned = pinned;
+        g->evict = 0;
+        /* a states row of a trajectory this file does not hold is left alone */
+        if (!found || pinned || !rollout || !strcmp(mode, "all")) continue;
+        if (!strcmp(mode, "off") || !running) {
+            g->evict = 1;
+        } else if (g->seg_index <= L) { /* later ones belong to a segment not yet committed */
+            g->evict = g->is_kda ? g->seg_index < L : g->seg_index < F;
+        }
+    }
+    sqlite3_finalize(q);
+    if (s == ARL_OK && rc != SQLITE_DONE && rc != SQLITE_ROW)
+        s = rdb_fail(&w->s, rc, "listing states for retention");
+    /* 3. the byte budget */
+    gc_state **order = s == ARL_OK && n ? malloc(n * sizeof *order) : NULL;
+    if (s == ARL_OK && n && !order) s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    if (s == ARL_OK && n) {
+        int64_t total = 0;
+        for (size_t i = 0; i < n; i++) {
+            order[i] = &st[i];
+            if (!st[i].evict) total += st[i].bytes;
+        }
+        if (r && r->budget_bytes > 0 && total > r->budget_bytes) {
+            qsort(order, n, sizeof *order, by_lru);
+            for (size_t i = 0; i < n && total > r->budget_bytes; i++) {
+                if (order[i]->evict || order[i]->pinned) continue;
+                order[i]->evict = 1;
+                total -= order[i]->bytes;
+            }
+        }
+        s = evict(w, order, n, &z.evicted, &z.bytes_freed);
+    }
+    free(order);
+    free(st);
+    if (s != ARL_OK) return s;
+    if (z.evicted) { /* return the chunks' pages to the file system (section 7.6) */
+        char vac[64];
+        snprintf(vac, sizeof vac, "PRAGMA incremental_vacuum(%d)",
+                 (1 << 30) / RDB_PAGE_SIZE_STATES);
+        ARL_TRY(rdb_exec(&w->s, vac));
+    }
+    if (out) *out = z;
+    return ARL_OK;
+}
+
+arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
+                     replay_gc_stats *total) {
+    if (!st->cat.db || st->cat.readonly)
+        return arl_errorf(ARL_ERR_STATE,
+                          "replay: %s: gc needs a store root with a writable catalog", st->root);
+    ARL_TRY(replay_store_refresh(st));
+    replay_gc_stats sum;
+    memset(&sum, 0, sizeof sum);
+    size_t n = st->n_shards;
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    int *kinds = malloc((n ? n : 1) * sizeof *kinds);
+    if (!ids || !kinds) {
+        free(ids);
+        free(kinds);
+        return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) { /* opening writers refreshes st->shards: copy first */
+        ids[i] = st->shards[i].shard_id;
+        kinds[i] = st->shards[i].kind;
+    }
+    arl_status s = ARL_OK;
+    for (size_t i = 0; i < n && s == ARL_OK; i++) {
+        if (kinds[i] != REPLAY_FILE_WORKER && kinds[i] != REPLAY_FILE_TOOL) continue;
+        if (rstore_shard_sealed(st, ids[i])) continue; /* immutable, states included */
+        replay_writer *w = NULL;
+        arl_status o = replay_writer_open(st, (replay_file_kind)kinds[i], ids[i], NULL, &w);
+        if (o == ARL_ERR_BUSY) { /* its writer runs its own GC (section 7.6) */
+            if (out) fprintf(out, "skipped (writer alive): %s\n", arl_error_msg());
+            continue;
+        }
+        if (o != ARL_OK) {
+            s = o;
+            break;
+        }
+        replay_gc_stats g;
+        s = replay_states_retain(w, r, &g);
+        if (s == ARL_OK && out)
+            fprintf(out, "%s: %lld states deleted, %lld evicted, %lld bytes freed\n",
+                    replay_writer_file(w), (long long)g.deleted, (long long)g.evicted,
+                    (long long)g.bytes_freed);
+        if (s == ARL_OK) {
+            sum.deleted += g.deleted;
+            sum.evicted += g.evicted;
+            sum.bytes_freed += g.bytes_freed;
+        }
+        replay_writer_close(w);
+    }
+    free(ids);
+    free(kinds);
+    if (total) *total = sum;
+    return s;
+}

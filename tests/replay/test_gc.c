@@ -1,0 +1,308 @@
+/* Retention of cached states (spec/replay.md sections 7.6, 9.3 and 13.8 gc): garbage is
+ * deleted, 'last' keeps only the newest committed boundary of running trajectories and evicts
+ * the states of final ones, the byte budget evicts the least recently used (running ones last),
+ * pinned trajectories keep everything, evicted states are cache misses (never errors), and the
+ * store-level gc skips files whose writer is alive. */
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "replay/inspect.h"
+#include "replay/internal.h"
+#include "tests/replay/fixture.h"
+#include "tests/test.h"
+
+static replay_store *st;
+static fx_ids ids;
+static int64_t ta, tb, tc;
+static char root[512];
+
+/* A small state of kind for segment seg (2 KDA layers, or one latent chunk of n rows). */
+static int64_t put_state(replay_writer *w, const char *uid, int seg, const char *kind, int64_t n) {
+    float s[2 * 8 * 8], conv[3 * 16 * 3];
+    for (int i = 0; i < 128; i++)
+        s[i] = (float)(seg * 1000 + i);
+    for (int i = 0; i < 144; i++)
+        conv[i] = (float)-i;
+    uint16_t *lat = calloc((size_t)n * 48, 2);
+    replay_state_chunk c[4];
+    memset(c, 0, sizeof c);
+    size_t nc = 0;
+    int kda = !strcmp(kind, "kda_boundary");
+    if (kda) {
+        for (int l = 0; l < 2; l++) {
+            c[nc++] = (replay_state_chunk){.layer = l,
+                                           .tensor = "S",
+                                           .kind = ARL_BLOB_KDA_STATE,
+                                           .dtype = ARL_BLOB_F32,
+                                           .ndim = 3,
+                                           .dims = {2, 8, 8},
+                                           .data = s};
+            c[nc++] = (replay_state_chunk){.layer = l,
+                                           .tensor = "conv",
+                                           .kind = ARL_BLOB_CONV_TAIL,
+                                           .dtype = ARL_BLOB_F32,
+                                           .ndim = 3,
+                                           .dims = {3, 16, 3},
+                                           .data = conv};
+        }
+    } else {
+        c[nc++] = (replay_state_chunk){.layer = 3,
+                                       .tensor = "latent",
+                                       .kind = ARL_BLOB_MLA_LATENT,
+                                       .dtype = ARL_BLOB_BF16,
+                                       .ndim = 2,
+                                       .dims = {(uint64_t)n, 48},
+                                       .data = lat};
+    }
+    replay_state_desc d = {.traj_uid = uid,
+                           .seg_index = seg,
+                           .kind = kind,
+                           .pass_uid = "p1",
+                           .version_min = 3,
+                           .version_max = 3,
+                           .numerics = "cpu-f32",
+                           .model_config_sha256 = "0",
+                           .ctx_start = kda ? 0 : seg * n,
+                           .n_tokens = kda ? (seg + 1) * n : n};
+    int64_t id = -1;
+    arl_status r = replay_state_put(w, &d, c, nc, &id);
+    free(lat);
+    CHECK_MSG(r == ARL_OK, "%s", arl_error_msg());
+    return id;
+}
+
+/* A trajectory of n_seg segments of 32 tokens, each with its boundary and latent states;
+ * finished (C_end) when finish is set. */
+static int64_t write_traj(replay_writer *w, const char *uid, int slot, int n_seg, int finish) {
+    replay_traj_desc td = {.traj_uid = uid,
+                           .run_id = ids.run_id,
+                           .group_id = ids.group_id,
+                           .task_id = ids.task_id,
+                           .env_id = ids.env_id,
+                           .slot = slot,
+                           .fork_seg_index = -1};
+    int64_t t = -1;
+    CHECK(replay_traj_begin(w, &td, &t) == ARL_OK);
+    int64_t tok = 0;
+    for (int s = 0; s < n_seg; s++) {
+        fx_seg f;
+        fx_seg_make(&f, 40 + (uint64_t)slot, s, 32, 2, 2, 4, tok, tok, 1 + 2 * s, 3, 0);
+        f.d.latent_state_id = put_state(w, uid, s, "mla_segment", 32);
+        f.d.end_state_id = put_state(w, uid, s, "kda_boundary", 32);
+        arl_status r;
+        if (finish && s == n_seg - 1) {
+            f.d.end_cause = "end";
+            fx_finish x;
+            fx_finish_make(&x, 1 + 2 * n_seg, 1.0);
+            r = replay_traj_finish(w, t, &f.d, &x.f);
+        } else {
+            r = replay_segment_append(w, t, &f.d);
+        }
+        CHECK_MSG(r == ARL_OK, "%s", arl_error_msg());
+        tok += 32;
+        fx_seg_free(&f);
+    }
+    return t;
+}
+
+/* 1 if the full boundary at the end of segment s loads, 0 on a cache miss. */
+static int boundary_ok(int64_t t, int s) {
+    replay_state_data *parts = NULL;
+    size_t np = 0;
+    arl_status r = replay_boundary_load(st, t, s, &parts, &np);
+    replay_boundary_free(parts, np);
+    CHECK_MSG(r == ARL_OK || r == ARL_ERR_NOT_FOUND, "%s", arl_error_msg());
+    return r == ARL_OK;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {0, ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void test_retention(void) {
+    replay_writer *w = NULL;
+    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_OK);
+    if (!w) return;
+    put_state(w, "g/a", 9, "kda_boundary", 32); /* a crash between S_s and C_s: an orphan */
+    sleep_ms(5);
+    replay_retention bad = {.rollout = "sometimes"};
+    CHECK(replay_states_retain(w, &bad, NULL) == ARL_ERR_ARG);
+    replay_retention r = {.rollout = "last", .min_age_ms = 0};
+    replay_gc_stats g;
+    CHECK_MSG(replay_states_retain(w, &r, &g) == ARL_OK, "%s", arl_error_msg());
+    /* orphan deleted; a: kda of segments 0, 1 evicted; b: its four states; c pinned: none */
+    CHECK_EQ_INT((int)g.deleted, 1);
+    CHECK_EQ_INT((int)g.evicted, 6);
+    CHECK(g.bytes_freed > 0);
+    CHECK(boundary_ok(ta, 2));  /* the newest boundary of the running trajectory */
+    CHECK(!boundary_ok(ta, 1)); /* older ones are cache misses */
+    CHECK(!boundary_ok(tb, 1));
+    CHECK(boundary_ok(tc, 1)); /* pinned */
+    /* idempotent */
+    CHECK(replay_states_retain(w, &r, &g) == ARL_OK && g.evicted == 0 && g.deleted == 0);
+    /* 'all' keeps; a budget of one byte evicts every unpinned state, the pinned stay */
+    r.rollout = "all";
+    CHECK(replay_states_retain(w, &r, &g) == ARL_OK && g.evicted == 0);
+    r.budget_bytes = 1;
+    CHECK(replay_states_retain(w, &r, &g) == ARL_OK);
+    CHECK_EQ_INT((int)g.evicted, 4); /* a's boundary 2 and its three latent blocks */
+    CHECK(!boundary_ok(ta, 2));
+    CHECK(boundary_ok(tc, 1));
+    replay_writer_close(w);
+    /* evicted states referenced by segments are reported, never errors */
+    int64_t errors = -1, warnings = -1;
+    FILE *devnull = fopen("/dev/null", "w");
+    replay_verify_opts vo = {0};
+    CHECK(replay_verify(st, &vo, devnull, &errors, &warnings) == ARL_OK);
+    CHECK_EQ_INT((int)errors, 0);
+    fclose(devnull);
+}
+
+static void test_store_gc(void) {
+    replay_writer *w = NULL;
+    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_OK);
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *m = open_memstream(&buf, &n);
+    replay_retention r = {.rollout = "off", .min_age_ms = 0};
+    replay_gc_stats t;
+    CHECK(replay_gc(st, &r, m, &t) == ARL_OK); /* the writer is alive: skipped */
+    fclose(m);
+    CHECK(buf && strstr(buf, "writer alive") && t.evicted == 0);
+    free(buf);
+    replay_writer_close(w);
+    CHECK(replay_pin(st, "g/c", "keep") == ARL_OK); /* already pinned: reason replaced */
+    CHECK(replay_gc(st, &r, NULL, &t) == ARL_OK);
+    CHECK_EQ_INT((int)t.evicted, 0); /* 'off' evicts only unpinned states: none left */
+    CHECK(replay_unpin(st, "g/c") == ARL_OK);
+    CHECK(replay_gc(st, &r, NULL, &t) == ARL_OK);
+    CHECK_EQ_INT((int)t.evicted, 4);
+    CHECK(!boundary_ok(tc, 1));
+}
+
+/* seal (sections 2.3, 13.8): refused while a trajectory runs; then the file is immutable
+ * (writers refuse it, gc skips it), in rollback-journal mode, and still read as before. */
+static void test_seal(void) {
+    int64_t k = -1;
+    CHECK(replay_seal(st, 0, NULL, &k) == ARL_ERR_STATE); /* g/a is still running */
+    CHECK(strstr(arl_error_msg(), "still running") != NULL);
+    replay_writer *w = NULL;
+    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_OK);
+    if (!w) return;
+    CHECK(replay_traj_mask(w, ta, "OPERATOR_MASKED", "none", NULL, NULL) == ARL_OK);
+    CHECK(replay_seal(st, 0, NULL, &k) == ARL_OK && k == 0); /* its writer is alive: skipped */
+    replay_writer_close(w);
+    CHECK(replay_seal(st, 7, NULL, &k) == ARL_ERR_NOT_FOUND);
+    CHECK_MSG(replay_seal(st, 0, NULL, &k) == ARL_OK, "%s", arl_error_msg());
+    CHECK_EQ_INT((int)k, 1);
+    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_ERR_STATE);
+    CHECK(strstr(arl_error_msg(), "sealed") != NULL);
+    CHECK(replay_seal(st, 0, NULL, &k) == ARL_OK && k == 0); /* already sealed */
+    replay_gc_stats t;
+    replay_retention r = {.rollout = "off", .min_age_ms = 0};
+    CHECK(replay_gc(st, &r, NULL, &t) == ARL_OK && t.evicted == 0);
+    replay_traj_row row;
+    CHECK(replay_traj_get(st, "g/b", &row) == ARL_OK && row.status == REPLAY_COMPLETE);
+    replay_seg_data d;
+    memset(&d, 0, sizeof d);
+    CHECK(replay_segment_load(st, tb, 1, REPLAY_LOAD_TOKENS | REPLAY_LOAD_ROUTES, &d) == ARL_OK);
+    replay_seg_data_free(&d);
+    char p[600];
+    snprintf(p, sizeof p, "%s/shards/w1.sqlite", root);
+    sqlite3 *db;
+    sqlite3_stmt *q;
+    sqlite3_open_v2(p, &db, SQLITE_OPEN_READONLY, NULL);
+    CHECK(sqlite3_prepare_v2(db,
+                             "SELECT (SELECT journal_mode FROM pragma_journal_mode), (SELECT value "
+                             "FROM meta WHERE key = 'sealed')",
+                             -1, &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    CHECK_STR_EQ((const char *)sqlite3_column_text(q, 0), "delete");
+    CHECK_STR_EQ((const char *)sqlite3_column_text(q, 1), "1");
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    int64_t errors = -1, warnings = -1;
+    FILE *devnull = fopen("/dev/null", "w");
+    replay_verify_opts vo = {0};
+    CHECK(replay_verify(st, &vo, devnull, &errors, &warnings) == ARL_OK);
+    fclose(devnull);
+    CHECK_EQ_INT((int)errors, 0);
+}
+
+/* migrate (sections 12, 13.8): a build with schema version 2 migrates the catalog at open;
+ * writers refuse the sealed shard, `migrate` migrates it (and its states file) under its lock,
+ * with a backup, and it stays sealed in rollback-journal mode. */
+static void test_migrate(void) {
+    replay_store_close(st);
+    st = NULL;
+    rschema_test_override(2, "CREATE TABLE extra_v2 (a INTEGER);", 0);
+    replay_open_opts oo = {.flags = 0};
+    CHECK_MSG(replay_store_open(root, &oo, &st) == ARL_OK, "%s", arl_error_msg());
+    if (!st) goto out;
+    replay_writer *w = NULL;
+    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_ERR_STATE);
+    int64_t k = -1;
+    CHECK_MSG(replay_migrate(st, NULL, &k) == ARL_OK, "%s", arl_error_msg());
+    CHECK_EQ_INT((int)k, 1);
+    CHECK(replay_migrate(st, NULL, &k) == ARL_OK && k == 0); /* up to date */
+    const char *files[2] = {"shards/w1.sqlite", "shards/w1.states.sqlite"};
+    for (int i = 0; i < 2; i++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s", root, files[i]);
+        sqlite3 *db;
+        sqlite3_stmt *q;
+        sqlite3_open_v2(p, &db, SQLITE_OPEN_READONLY, NULL);
+        CHECK(sqlite3_prepare_v2(db,
+                                 "SELECT (SELECT user_version FROM pragma_user_version), (SELECT "
+                                 "value FROM meta WHERE key = 'schema_version'), (SELECT count(*) "
+                                 "FROM sqlite_schema WHERE name = 'extra_v2'), (SELECT "
+                                 "journal_mode FROM pragma_journal_mode)",
+                                 -1, &q, NULL) == SQLITE_OK);
+        CHECK(sqlite3_step(q) == SQLITE_ROW);
+        CHECK_EQ_INT(sqlite3_column_int(q, 0), 2);
+        CHECK_STR_EQ((const char *)sqlite3_column_text(q, 1), "2");
+        CHECK_EQ_INT(sqlite3_column_int(q, 2), 1);
+        if (i == 0) CHECK_STR_EQ((const char *)sqlite3_column_text(q, 3), "delete");
+        sqlite3_finalize(q);
+        sqlite3_close(db);
+        char bak[700];
+        snprintf(bak, sizeof bak, "%s.pre-v2", p);
+        CHECK_MSG(access(bak, F_OK) == 0, "no backup %s", bak);
+    }
+    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_ERR_STATE); /* sealed */
+    replay_traj_row row;
+    CHECK(replay_traj_get(st, "g/b", &row) == ARL_OK);
+out:
+    rschema_test_override(0, NULL, 0);
+}
+
+int main(void) {
+    snprintf(root, sizeof root, "%s/store", test_tmpdir("gc"));
+    replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
+    replay_writer *w = NULL;
+    if (replay_store_open(root, &oo, &st) != ARL_OK || fx_catalog(st, 1, 3, &ids) != ARL_OK ||
+        replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w) != ARL_OK) {
+        fprintf(stderr, "setup: %s\n", arl_error_msg());
+        return 1;
+    }
+    ta = write_traj(w, "g/a", 0, 3, 0);
+    tb = write_traj(w, "g/b", 1, 2, 1);
+    tc = write_traj(w, "g/c", 2, 2, 1);
+    replay_writer_close(w);
+    if (replay_pin(st, "g/c", "debugging") != ARL_OK) {
+        fprintf(stderr, "pin: %s\n", arl_error_msg());
+        return 1;
+    }
+    TEST_RUN(test_retention);
+    TEST_RUN(test_store_gc);
+    TEST_RUN(test_seal);
+    TEST_RUN(test_migrate);
+    replay_store_close(st);
+    FX_CLEANUP(root);
+    return test_finish();
+}
