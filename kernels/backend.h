@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "core/status.h"
 #include "kernels/gemm.h"
 
 typedef struct arl_k_backend {
@@ -105,5 +106,15 @@ typedef struct arl_k_backend {
 
 /* The CPU reference backend (static table; never NULL). */
 const arl_k_backend *arl_k_backend_cpu(void);
+
+/* The backend named "cpu" or "cuda" (the value of a --device option), in *out.  "cuda" opens
+ * the process default CUDA context (kernels/cuda/cuda.h) when the thread has none; it fails
+ * with ARL_ERR_UNSUPPORTED in a build without CUDA and ARL_ERR_DEVICE when no device is
+ * visible, and ARL_ERR_ARG names an unknown backend.  Defined in kernels/cuda/select.c
+ * (library arl_cuda, present in every build). */
+arl_status arl_k_backend_get(const char *name, const arl_k_backend **out);
+
+/* The CUDA backend table (kernels/cuda/cuda.h); NULL in a build without CUDA. */
+const arl_k_backend *arl_k_backend_cuda(void);
 
 #endif

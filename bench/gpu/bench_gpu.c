@@ -1,0 +1,267 @@
+/* bench/gpu/bench_gpu.c: the CUDA backend's benchmark (issue 9), one program, every ratio
+ * against baselines measured in the same run on the same GPU:
+ *   - denominators: cuBLAS bf16 GEMM rate (8192^3, fp32 accumulate) and device-to-device copy
+ *     bandwidth (cudaMemcpy of 2 GiB, bytes read + written per second);
+ *   - KDA chunk forward at B=1, T=8192, H=64, D=128, C=64 (fp32): time, and its ratio to the
+ *     time of copying its minimal bytes (q, k, v, g, beta in; o out) at the measured bandwidth;
+ *   - KDA forward + backward (chunkwise backward from the chunk states) vs the forward, and
+ *     the recurrent-rule backward's time;
+ *   - MoE grouped GEMM (bf16, all experts in one launch) vs one dense cuBLAS bf16 GEMM of the
+ *     same total rows, at the mini config's expert shapes (fine: E=128, k=8, 512x512) and a
+ *     coarse shape (E=8, k=2, 2048x512);
+ *   - MLA prefill attention (mini dims: 8 heads, q/k 64+32, v 128, T=8192, causal): TFLOP/s.
+ * The PyTorch baselines (eager chunked KDA, SDPA) come from bench/gpu/torch_ref.py; run.sh
+ * joins the two outputs.  Output: human-readable lines and "RESULT key=value" lines.
+ * `--quick` shrinks every size (a smoke run of a few seconds).  Exits 77 without a GPU.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/ops.h"
+
+static arl_cuda_ctx *ctx;
+static const arl_k_backend *kb;
+static arl_rng rng;
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_gpu: %s: %s\n", what, arl_error_msg());
+    exit(1);
+}
+
+static void *dalloc(size_t bytes, const char *what) {
+    void *p = NULL;
+    if (arl_cuda_alloc(ctx, bytes, what, &p) != ARL_OK) die("arena");
+    return p;
+}
+
+/* n uniform floats in [lo, hi) on the device (generated on the host in blocks). */
+static float *drand(int64_t n, float lo, float hi, const char *what) {
+    float *d = dalloc(sizeof(float) * (size_t)n, what);
+    const int64_t blk = 1 << 22;
+    float *h = malloc(sizeof(float) * (size_t)blk);
+    if (!h) die("host memory");
+    for (int64_t o = 0; o < n; o += blk) {
+        int64_t m = n - o < blk ? n - o : blk;
+        for (int64_t i = 0; i < m; i++)
+            h[i] = lo + (hi - lo) * (float)arl_rng_uniform(&rng);
+        if (arl_cuda_upload(ctx, d + o, h, sizeof(float) * (size_t)m) != ARL_OK) die("upload");
+    }
+    free(h);
+    return d;
+}
+
+static void sync_or_die(const char *what) {
+    if (arl_cuda_sync(ctx) != ARL_OK) die(what);
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of `reps` timed runs after one warm-up (ms). */
+#define TIME_MS(out, reps, stmt)                                                                   \
+    do {                                                                                           \
+        float t_[32];                                                                              \
+        stmt;                                                                                      \
+        sync_or_die("warm-up");                                                                    \
+        for (int r_ = 0; r_ < (reps); r_++) {                                                      \
+            arl_cuda_timer_start(ctx);                                                             \
+            stmt;                                                                                  \
+            t_[r_] = arl_cuda_timer_stop(ctx);                                                     \
+            sync_or_die("timed run");                                                              \
+        }                                                                                          \
+        qsort(t_, (size_t)(reps), sizeof(float), cmp_float);                                       \
+        (out) = t_[(reps) / 2];                                                                    \
+    } while (0)
+
+static double gemm_tflops(int64_t M, int64_t N, int64_t K, int reps) {
+    size_t mark = arl_cuda_mark(ctx);
+    float *a32 = drand(M * K, -1, 1, "gemm A"), *b32 = drand(N * K, -1, 1, "gemm B");
+    uint16_t *a = dalloc(2 * (size_t)(M * K), "gemm A bf16"), *b = dalloc(2 * (size_t)(N * K), "B");
+    float *c = dalloc(sizeof(float) * (size_t)(M * N), "gemm C");
+    arl_cuda_f32_to_bf16(a, a32, M * K);
+    arl_cuda_f32_to_bf16(b, b32, N * K);
+    float ms;
+    TIME_MS(ms, reps,
+            if (arl_cuda_gemm_bf16(0, 1, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N) != ARL_OK)
+                die("gemm_bf16"));
+    arl_cuda_release(ctx, mark);
+    return 2.0 * (double)M * N * K / (ms * 1e-3) / 1e12;
+}
+
+/* ---------------------------------------------------------------- KDA */
+static void bench_kda(int quick, double copy_bw) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t T = quick ? 1024 : 8192, H = quick ? 8 : 64, D = 128, C = 64;
+    const int32_t N = 1;
+    const int64_t n = T * H * D;
+    float *q = drand(n, -1, 1, "kda q"), *k = drand(n, -1, 1, "kda k");
+    float *v = drand(n, -1, 1, "kda v"), *g = drand(n, -6, 6, "kda g");
+    float *beta = drand(T * H, -3, 3, "kda beta");
+    kb->l2norm_fwd(q, NULL, q, T * H, D, 1e-6f);
+    kb->l2norm_fwd(k, NULL, k, T * H, D, 1e-6f);
+    kb->sigmoid_fwd(g, g, n); /* K3 gate: g = -5 sigmoid(u) */
+    kb->scale(g, g, -5.0f, n);
+    kb->sigmoid_fwd(beta, beta, T * H);
+    float *o = dalloc(sizeof(float) * (size_t)n, "kda o");
+    float *S = dalloc(sizeof(float) * (size_t)(H * D * D), "kda S");
+    int64_t nc = (T + C - 1) / C;
+    float *cs = dalloc(sizeof(float) * (size_t)(nc * H * D * D), "kda chunk states");
+    float *ws =
+        dalloc(sizeof(float) * (size_t)arl_cuda_kda_chunk_ws_floats(T, N, H, D, D, C), "kda ws");
+    const float scale = 1.0f / sqrtf((float)D);
+    float fwd_ms;
+    TIME_MS(fwd_ms, 5, arl_cuda_memset0(ctx, S, sizeof(float) * (size_t)(H * D * D));
+            arl_cuda_kda_chunk_fwd(o, S, cs, q, k, v, g, beta, NULL, N, T, H, D, D, scale, C, ws));
+    double bytes = 4.0 * (4.0 * (double)n + (double)(T * H) + (double)n); /* q k v g beta | o */
+    double min_ms = bytes / copy_bw * 1e3;
+    printf("KDA chunk fwd  B=1 T=%lld H=%lld D=%lld C=%lld: %.3f ms; minimal bytes %.2f GB -> "
+           "copy time %.3f ms; ratio %.2fx (target <= 12x)\n",
+           (long long)T, (long long)H, (long long)D, (long long)C, fwd_ms, bytes / 1e9, min_ms,
+           fwd_ms / min_ms);
+    printf("RESULT kda_fwd_ms=%.4f\nRESULT kda_min_copy_ms=%.4f\nRESULT kda_fwd_over_copy=%.3f\n",
+           fwd_ms, min_ms, fwd_ms / min_ms);
+
+    float *d_o = drand(n, -1, 1, "kda do");
+    float *dq = dalloc(sizeof(float) * (size_t)n, "dq"),
+          *dk = dalloc(sizeof(float) * (size_t)n, "dk");
+    float *dv = dalloc(sizeof(float) * (size_t)n, "dv"),
+          *dg = dalloc(sizeof(float) * (size_t)n, "dg");
+    float *db = dalloc(sizeof(float) * (size_t)(T * H), "dbeta");
+    float *bws =
+        dalloc(sizeof(float) * (size_t)arl_cuda_kda_bwd_ws_floats(N, H, D, D, C), "bwd ws");
+    float bwd_ms, rbwd_ms;
+    float *cws = dalloc(sizeof(float) * (size_t)arl_cuda_kda_chunk_bwd_ws_floats(T, N, H, D, D, C),
+                        "chunk bwd ws");
+    TIME_MS(bwd_ms, 3,
+            arl_cuda_kda_chunk_bwd(dq, dk, dv, dg, db, NULL, d_o, NULL, q, k, v, g, beta, cs, NULL,
+                                   N, T, H, D, D, scale, C, cws));
+    TIME_MS(rbwd_ms, 2,
+            arl_cuda_kda_recurrent_bwd(dq, dk, dv, dg, db, NULL, d_o, NULL, q, k, v, g, beta, cs,
+                                       NULL, N, T, H, D, D, scale, C, bws));
+    printf("KDA fwd+bwd (chunkwise bwd): %.3f ms (bwd %.3f ms); (fwd+bwd)/fwd = %.2fx "
+           "(target <= 5x); recurrent-rule bwd %.3f ms\n",
+           fwd_ms + bwd_ms, bwd_ms, (fwd_ms + bwd_ms) / fwd_ms, rbwd_ms);
+    printf("RESULT kda_bwd_ms=%.4f\nRESULT kda_fwdbwd_over_fwd=%.3f\nRESULT kda_rec_bwd_ms=%.4f\n",
+           bwd_ms, (fwd_ms + bwd_ms) / fwd_ms, rbwd_ms);
+    arl_cuda_release(ctx, mark);
+}
+
+/* ---------------------------------------------------------------- MoE grouped GEMM */
+static void bench_moe(const char *tag, int64_t T, int64_t E, int64_t k, int64_t Nout, int64_t K) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t R = T * k;
+    int32_t *sel = malloc(sizeof(int32_t) * (size_t)R);
+    if (!sel) die("host memory");
+    for (int64_t t = 0; t < T; t++) /* uniform random distinct experts */
+        for (int64_t i = 0; i < k; i++) {
+            int32_t e;
+            int dup;
+            do {
+                e = (int32_t)arl_rng_below(&rng, (uint64_t)E);
+                dup = 0;
+                for (int64_t j = 0; j < i; j++)
+                    dup |= sel[t * k + j] == e;
+            } while (dup);
+            sel[t * k + i] = e;
+        }
+    int32_t *d_sel = dalloc(sizeof(int32_t) * (size_t)R, "sel");
+    if (arl_cuda_upload(ctx, d_sel, sel, sizeof(int32_t) * (size_t)R) != ARL_OK) die("upload");
+    free(sel);
+    int32_t *buf = dalloc(sizeof(int32_t) * (size_t)arl_cuda_moe_plan_ints(T, k, E), "plan");
+    arl_cuda_moe_plan plan;
+    arl_cuda_moe_plan_build(&plan, buf, d_sel, T, k, E);
+    float *x32 = drand(R * K, -1, 1, "X"), *w32 = drand(E * Nout * K, -1, 1, "W");
+    uint16_t *x = dalloc(2 * (size_t)(R * K), "X bf16"),
+             *w = dalloc(2 * (size_t)(E * Nout * K), "W bf16");
+    arl_cuda_f32_to_bf16(x, x32, R * K);
+    arl_cuda_f32_to_bf16(w, w32, E * Nout * K);
+    float *y = dalloc(sizeof(float) * (size_t)(R * Nout), "Y");
+    float g_ms, d_ms;
+    TIME_MS(g_ms, 10, arl_cuda_grouped_gemm_bf16(y, x, w, 1, &plan, Nout, K, 0.0f));
+    TIME_MS(d_ms, 10,
+            if (arl_cuda_gemm_bf16(0, 1, R, Nout, K, 1.0f, x, K, w, K, 0.0f, y, Nout) != ARL_OK)
+                die("gemm_bf16"));
+    double fl = 2.0 * (double)R * Nout * K;
+    double g_tf = fl / (g_ms * 1e-3) / 1e12, d_tf = fl / (d_ms * 1e-3) / 1e12;
+    printf("MoE grouped GEMM %s (T=%lld E=%lld k=%lld, %lldx%lld per expert): grouped %.1f "
+           "TFLOP/s, dense cuBLAS %.1f TFLOP/s, ratio %.3f\n",
+           tag, (long long)T, (long long)E, (long long)k, (long long)Nout, (long long)K, g_tf, d_tf,
+           g_tf / d_tf);
+    printf("RESULT moe_%s_grouped_tflops=%.3f\nRESULT moe_%s_dense_tflops=%.3f\n"
+           "RESULT moe_%s_ratio=%.4f\n",
+           tag, g_tf, tag, d_tf, tag, g_tf / d_tf);
+    arl_cuda_release(ctx, mark);
+}
+
+/* ---------------------------------------------------------------- MLA prefill */
+static void bench_mla(int quick) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t T = quick ? 1024 : 8192, Hm = 8, n = 64, r = 32, vm = 128;
+    float *qn = drand(T * Hm * n, -1, 1, "q_nope"), *qp = drand(T * Hm * r, -1, 1, "q_pe");
+    float *kn = drand(T * Hm * n, -1, 1, "k_nope"), *kp = drand(T * r, -1, 1, "k_pe");
+    float *v = drand(T * Hm * vm, -1, 1, "v");
+    float *o = dalloc(sizeof(float) * (size_t)(T * Hm * vm), "o");
+    float *lse = dalloc(sizeof(float) * (size_t)(T * Hm), "lse");
+    float ms;
+    TIME_MS(ms, 3,
+            arl_cuda_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, NULL, 1, T, Hm, n, r, vm,
+                                  1.0f / sqrtf((float)(n + r))));
+    /* causal: T(T+1)/2 pairs, 2 (n + r) + 2 vm flops each */
+    double fl = (double)Hm * T * (T + 1) / 2.0 * (2.0 * (n + r) + 2.0 * vm);
+    double tf = fl / (ms * 1e-3) / 1e12;
+    printf("MLA prefill attention T=%lld Hm=%lld qk=%lld v=%lld causal: %.3f ms, %.2f TFLOP/s\n",
+           (long long)T, (long long)Hm, (long long)(n + r), (long long)vm, ms, tf);
+    printf("RESULT mla_ms=%.4f\nRESULT mla_tflops=%.4f\n", ms, tf);
+    arl_cuda_release(ctx, mark);
+}
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    if (arl_cuda_device_count() == 0) {
+        fprintf(stderr, "bench_gpu: no CUDA device (or a build without CUDA)\n");
+        return 77;
+    }
+    arl_cuda_config c;
+    arl_cuda_config_defaults(&c);
+    c.arena_bytes = quick ? (size_t)4 << 30 : (size_t)24 << 30;
+    if (arl_cuda_open(&c, &ctx) != ARL_OK) die("open");
+    arl_cuda_make_current(ctx);
+    kb = arl_cuda_backend();
+    arl_rng_seed(&rng, 9);
+
+    /* denominators */
+    int64_t G = quick ? 2048 : 8192;
+    double gemm = gemm_tflops(G, G, G, quick ? 3 : 10);
+    printf("cuBLAS bf16 GEMM %lld^3 (fp32 accumulate): %.1f TFLOP/s\n", (long long)G, gemm);
+    printf("RESULT cublas_bf16_tflops=%.3f\n", gemm);
+    size_t cb = quick ? (size_t)256 << 20 : (size_t)2 << 30;
+    size_t cmark = arl_cuda_mark(ctx);
+    void *src = dalloc(cb, "copy src"), *dst = dalloc(cb, "copy dst");
+    arl_cuda_memset0(ctx, src, cb);
+    float cms;
+    TIME_MS(cms, 10, if (arl_cuda_copy_d2d(ctx, dst, src, cb) != ARL_OK) die("copy"));
+    double bw = 2.0 * (double)cb / (cms * 1e-3); /* bytes read + written per second */
+    printf("device-to-device copy %.2f GiB: %.3f ms, %.0f GB/s (read + write)\n",
+           (double)cb / (1 << 30), cms, bw / 1e9);
+    printf("RESULT copy_gbps=%.2f\n", bw / 1e9);
+    arl_cuda_release(ctx, cmark);
+
+    bench_kda(quick, bw);
+    if (quick) {
+        bench_moe("fine", 1024, 128, 8, 512, 512);
+        bench_moe("coarse", 1024, 8, 2, 2048, 512);
+    } else {
+        bench_moe("fine", 8192, 128, 8, 512, 512);  /* mini: E=128, k=8, f = dz = 512 */
+        bench_moe("coarse", 8192, 8, 2, 2048, 512); /* few large experts, same latent width */
+    }
+    bench_mla(quick);
+    printf("RESULT mfu_train_step=not_measured\n");
+    arl_cuda_close(ctx);
+    return 0;
+}

@@ -1,0 +1,114 @@
+#!/bin/sh
+# bench/gpu/run.sh: the CUDA backend's GPU checks and benchmark (issue 9), on a machine with an
+# NVIDIA GPU (H200, sm_90).  Finishes within 3 minutes after the build.
+#
+#   bench/gpu/run.sh [--quick] [--tests]
+#
+#   --tests  first run the parity tests labelled gpu (ctest -L gpu; needs the full CMake build)
+#   --quick  small sizes (smoke run of a few seconds)
+# Environment: BUILD (build directory, default build-gpu), PYTHON (interpreter with torch for
+# the PyTorch baselines; default: the first of python3, /usr/bin/python3 that imports torch).
+#
+# Build: the normal CMake build of the project (Release, CUDA found).  If configuring fails
+# (the machine lacks a CPU-side dependency such as jansson or OpenBLAS), bench_gpu alone is
+# compiled with nvcc from kernels/cuda/*.cu and core/{status,rng}.c (the tests then cannot run).
+# Output: each measurement, then a summary of ratios against the in-run baselines.
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD:-$root/build-gpu}
+quick=""
+tests=0
+for a in "$@"; do
+    case "$a" in
+    --quick) quick=--quick ;;
+    --tests) tests=1 ;;
+    *) echo "usage: $0 [--quick] [--tests]" >&2; exit 2 ;;
+    esac
+done
+jobs=$(nproc 2>/dev/null || echo 4)
+logs=$(mktemp -d /tmp/arl-bench-gpu-XXXXXX)
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+
+command -v nvidia-smi >/dev/null 2>&1 &&
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+bench=""
+if cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
+        >"$logs/configure.log" 2>&1 &&
+    cmake --build "$build" --target bench_gpu -j"$jobs" >"$logs/build.log" 2>&1; then
+    bench="$build/bench/gpu/bench_gpu"
+else
+    echo "run.sh: CMake build failed (see $logs/configure.log, $logs/build.log);" \
+         "compiling bench_gpu directly with nvcc" >&2
+    mkdir -p "$build"
+    if cc -O2 -std=c11 -D_GNU_SOURCE -I"$root" -c "$root/core/status.c" -o "$build/status.o" \
+            >"$logs/nvcc.log" 2>&1 &&
+        cc -O2 -std=c11 -D_GNU_SOURCE -I"$root" -c "$root/core/rng.c" -o "$build/rng.o" \
+            >>"$logs/nvcc.log" 2>&1 &&
+        cc -O2 -std=c11 -D_GNU_SOURCE -I"$root" -c "$root/bench/gpu/bench_gpu.c" \
+            -o "$build/bench_gpu.o" >>"$logs/nvcc.log" 2>&1 &&
+        "$nvcc" -O3 -std=c++17 -arch=sm_90 -D_GNU_SOURCE -I"$root" \
+            "$root"/kernels/cuda/context.cu "$root"/kernels/cuda/table.cu \
+            "$root"/kernels/cuda/misc.cu "$root"/kernels/cuda/moe.cu \
+            "$root"/kernels/cuda/kda.cu "$root"/kernels/cuda/mla.cu \
+            "$build/status.o" "$build/rng.o" "$build/bench_gpu.o" \
+            -lcublas -lpthread -lm -o "$build/bench_gpu_direct" >>"$logs/nvcc.log" 2>&1; then
+        bench="$build/bench_gpu_direct"
+    else
+        echo "run.sh: nvcc build failed too:" >&2
+        tail -30 "$logs/nvcc.log" >&2
+        exit 1
+    fi
+    tests=0
+fi
+
+rc=0
+if [ "$tests" = 1 ]; then
+    echo "== parity tests (ctest -L gpu)"
+    cmake --build "$build" --target test_cuda_ops test_cuda_model_ops test_cuda_nccl \
+        test_cuda_select -j"$jobs" >>"$logs/build.log" 2>&1 || { echo "test build failed"; rc=1; }
+    (cd "$build" && ctest -L gpu --output-on-failure --timeout 120) || rc=1
+fi
+
+res="$logs/results.txt"
+echo "== bench_gpu $quick"
+{ timeout 150 "$bench" $quick; echo "bench_exit=$?" >"$logs/bench_exit"; } | tee "$res"
+brc=$(sed 's/bench_exit=//' "$logs/bench_exit")
+if [ "$brc" = 77 ]; then
+    echo "run.sh: no CUDA device here; nothing measured"
+    exit 77
+fi
+[ "$brc" = 0 ] || { echo "bench_gpu exited $brc"; rc=1; }
+
+py=""
+for p in ${PYTHON:-} python3 /usr/bin/python3; do
+    if [ -n "$p" ] && "$p" -c "import torch" >/dev/null 2>&1; then py=$p; break; fi
+done
+echo "== PyTorch baselines ($py)"
+if [ -n "$py" ]; then
+    timeout 120 "$py" "$root/bench/gpu/torch_ref.py" $quick | tee -a "$res"
+else
+    echo "RESULT torch_skip=no_python_with_torch" | tee -a "$res"
+fi
+
+echo "== summary (ratios against baselines measured in this run)"
+awk -F'=' '/^RESULT /{ sub(/^RESULT /, "", $1); v[$1] = $2 }
+END {
+    f = "%-58s %s\n"
+    printf f, "cuBLAS bf16 GEMM (denominator)", v["cublas_bf16_tflops"] " TFLOP/s"
+    printf f, "device-to-device copy (denominator)", v["copy_gbps"] " GB/s"
+    if (v["torch_kda_fwd_ms"] != "" && v["kda_fwd_ms"] > 0)
+        printf f, "KDA chunk fwd speed-up vs PyTorch eager fp32 (>= 10x)", sprintf("%.2fx", v["torch_kda_fwd_ms"] / v["kda_fwd_ms"])
+    else
+        printf f, "KDA chunk fwd speed-up vs PyTorch eager fp32 (>= 10x)", "not measured (" v["torch_skip"] ")"
+    printf f, "KDA chunk fwd time / minimal-bytes copy time (<= 12x)", v["kda_fwd_over_copy"] "x"
+    printf f, "KDA (fwd+bwd) / fwd (<= 5x)", v["kda_fwdbwd_over_fwd"] "x"
+    printf f, "MoE grouped GEMM / dense cuBLAS, fine 512x512 (>= 0.35)", v["moe_fine_ratio"]
+    printf f, "MoE grouped GEMM / dense cuBLAS, coarse 2048x512 (>= 0.8)", v["moe_coarse_ratio"]
+    if (v["torch_sdpa_tflops"] != "" && v["torch_sdpa_tflops"] > 0)
+        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", sprintf("%.3f (%.2f vs %.1f TFLOP/s)", v["mla_tflops"] / v["torch_sdpa_tflops"], v["mla_tflops"], v["torch_sdpa_tflops"])
+    else
+        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", "not measured (" v["torch_skip"] "); MLA " v["mla_tflops"] " TFLOP/s"
+    printf f, "training step MFU of the mini config (>= 25%)", "not measured (policy not on the CUDA backend yet)"
+}' "$res"
+echo "(logs and raw results: $logs)"
+exit $rc

@@ -1,0 +1,134 @@
+/* kernels/cuda/internal.cuh: what the .cu files of the CUDA backend share - the context
+ * struct, error recording, launch helpers, warp/block reductions.  Not a public header. */
+#ifndef ARL_KERNELS_CUDA_INTERNAL_CUH
+#define ARL_KERNELS_CUDA_INTERNAL_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "kernels/cuda/cuda.h"
+
+extern "C" {
+#include "core/assert.h"
+}
+
+/* Internal part of the arena (carved off first at open). */
+#define ARL_CUDA_PARTIALS 1024                /* doubles for two-pass reductions */
+#define ARL_CUDA_INDEX_INTS (1 << 16)         /* int32 index tables (chunk maps, MoE) */
+#define ARL_CUDA_CUBLAS_WS ((size_t)32 << 20) /* cuBLAS workspace */
+
+/* Device error word: code (arl_status) and one integer of detail (a token index, ...). */
+typedef struct arl_cuda_errword {
+    int32_t code;
+    int32_t detail;
+} arl_cuda_errword;
+
+struct arl_cuda_ctx {
+    int32_t device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    arl_cuda_math math;
+    char *arena; /* the one cudaMalloc */
+    size_t arena_bytes;
+    size_t user_base;      /* first byte handed out by arl_cuda_alloc */
+    size_t top;            /* bump pointer (offset) */
+    double *partials;      /* (ARL_CUDA_PARTIALS) reduction partials */
+    int32_t *index;        /* (ARL_CUDA_INDEX_INTS) index tables */
+    arl_cuda_errword *err; /* device error word */
+    void *blas_ws;
+    arl_status sticky; /* first failed launch / cuBLAS call of a void entry */
+    char sticky_msg[256];
+    cudaEvent_t ev0, ev1;
+};
+
+/* Current context of the thread; asserts one exists (programmer error otherwise). */
+arl_cuda_ctx *arl_cuda_need(void);
+
+/* Record the first failure of a void entry point (kept until arl_cuda_sync). */
+void arl_cuda_record(arl_cuda_ctx *ctx, const char *op, cudaError_t e);
+void arl_cuda_record_blas(arl_cuda_ctx *ctx, const char *op, cublasStatus_t s);
+
+/* Status from a CUDA error (ARL_OK for cudaSuccess), with the op named in the message. */
+arl_status arl_cuda_status(const char *op, cudaError_t e);
+arl_status arl_cuda_blas_status(const char *op, cublasStatus_t s);
+
+/* After a launch in a void entry: record a launch failure. */
+#define ARL_CUDA_LAUNCHED(ctx, op) arl_cuda_record((ctx), (op), cudaGetLastError())
+/* After a launch in a status entry: return a launch failure. */
+#define ARL_CUDA_TRY_LAUNCH(op)                                                                    \
+    do {                                                                                           \
+        cudaError_t e_ = cudaGetLastError();                                                       \
+        if (e_ != cudaSuccess) return arl_cuda_status((op), e_);                                   \
+    } while (0)
+
+/* Set the device error word (first error wins). */
+__device__ static inline void arl_dev_error(arl_cuda_errword *err, int32_t code, int32_t detail) {
+    if (atomicCAS(&err->code, 0, code) == 0) err->detail = detail;
+}
+
+static inline unsigned arl_blocks(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b > 65535LL * 32) b = 65535LL * 32; /* grid-stride loops cover the rest */
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+#define ARL_GRID_STRIDE(i, n)                                                                      \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
+         i += (int64_t)blockDim.x * gridDim.x)
+
+__device__ static inline double arl_warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ static inline float arl_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ static inline float arl_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block-wide sum in double with a fixed order (warp trees, then warp 0); every thread gets
+ * the total.  sh: 33 doubles of shared memory.  blockDim.x a multiple of 32, <= 1024. */
+__device__ static inline double arl_block_sum_d(double v, double *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = arl_warp_sum_d(v);
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        double t = lane < nw ? sh[lane] : 0.0;
+        t = arl_warp_sum_d(t);
+        if (lane == 0) sh[32] = t;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+/* Block-wide max (float); NaN-propagating when nan_prop. sh: 33 floats. */
+__device__ static inline float arl_block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = arl_warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float t = lane < nw ? sh[lane] : -INFINITY;
+        t = arl_warp_max(t);
+        if (lane == 0) sh[32] = t;
+    }
+    __syncthreads();
+    return sh[32];
+}
+
+__device__ static inline float arl_sigmoidf(float x) {
+    return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+}
+
+#endif

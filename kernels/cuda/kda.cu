@@ -1,0 +1,950 @@
+/* kernels/cuda/kda.cu: the KDA delta-rule core on the device (kernels/cuda/ops.h, spec 3.3,
+ * 3.5, 3.7): recurrent forward (decode), chunkwise forward, recurrent-rule backward.
+ * Layouts are those of policy/kda.h; the state stays fp32 everywhere (spec 1.4). */
+#include <math.h>
+
+#include "kernels/cuda/internal.cuh"
+#include "kernels/cuda/ops.h"
+
+/* ---- chunk table in ctx->index: [0] n_chunks, [1 .. N+1] first chunk of each document
+ * (doc_first[N] = n_chunks), then (start, len) per chunk ---- */
+#define CT_DOC(ix) ((ix) + 1)
+#define CT_CHUNKS(ix, N) ((ix) + 2 + (N))
+
+__global__ void k_chunk_table(int32_t *ix, const int32_t *cu, int32_t N, int64_t T, int64_t C,
+                              int32_t cap, arl_cuda_errword *err) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int32_t nc = 0;
+    int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
+    for (int32_t di = 0; di < N; di++) {
+        int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
+        doc[di] = nc;
+        for (int64_t s = a; s < b; s += C) {
+            if (nc >= cap) {
+                arl_dev_error(err, 3, nc);
+                ix[0] = 0;
+                return;
+            }
+            ch[2 * nc] = (int32_t)s;
+            ch[2 * nc + 1] = (int32_t)(b - s < C ? b - s : C);
+            nc++;
+        }
+    }
+    doc[N] = nc;
+    ix[0] = nc;
+}
+
+static int32_t chunk_cap(int32_t N) {
+    return (ARL_CUDA_INDEX_INTS - 2 - N) / 2;
+}
+
+static int64_t max_chunks(int64_t T, int32_t N, int64_t C) {
+    return (T + C - 1) / C + N;
+}
+
+/* ======================= recurrent forward =============================================== */
+
+#define RW 8 /* warps (state columns) per block */
+
+/* One warp per (state column j, head h, document): lane l holds S[c][j] for c = l + 32u. */
+template <int U>
+__global__ void k_kda_recurrent(float *o, float *S, float *chunk_states, const float *q,
+                                const float *k, const float *v, const float *g, const float *beta,
+                                const int32_t *cu, int32_t N, int64_t T, int64_t H, int64_t dk,
+                                int64_t dv, float scale, int64_t C) {
+    int lane = threadIdx.x & 31;
+    int64_t j = (int64_t)blockIdx.x * RW + (threadIdx.x >> 5);
+    int64_t h = blockIdx.y;
+    int32_t di = blockIdx.z;
+    if (j >= dv) return;
+    int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
+    int64_t ci = 0; /* first chunk of this document */
+    if (chunk_states)
+        for (int32_t e = 0; e < di; e++) {
+            int64_t len = cu ? cu[e + 1] - cu[e] : T;
+            ci += (len + C - 1) / C;
+        }
+    float *Sd = S + ((int64_t)di * H + h) * dk * dv;
+    float s[U];
+    for (int u = 0; u < U; u++) {
+        int64_t c = lane + 32 * u;
+        s[u] = c < dk ? Sd[c * dv + j] : 0.0f;
+    }
+    for (int64_t t = a; t < b; t++) {
+        if (chunk_states && (t - a) % C == 0) {
+            float *cs = chunk_states + ((ci + (t - a) / C) * H + h) * dk * dv;
+            for (int u = 0; u < U; u++) {
+                int64_t c = lane + 32 * u;
+                if (c < dk) cs[c * dv + j] = s[u];
+            }
+        }
+        const int64_t base = (t * H + h) * dk;
+        float kk[U], r = 0.0f;
+        for (int u = 0; u < U; u++) {
+            int64_t c = lane + 32 * u;
+            float al = c < dk ? expf(g[base + c]) : 0.0f;
+            kk[u] = c < dk ? k[base + c] : 0.0f;
+            s[u] *= al;
+            r += s[u] * kk[u];
+        }
+        r = arl_warp_sum(r);
+        float delta = beta[t * H + h] * (v[(t * H + h) * dv + j] - r);
+        float out = 0.0f;
+        for (int u = 0; u < U; u++) {
+            int64_t c = lane + 32 * u;
+            s[u] += kk[u] * delta;
+            out += s[u] * (c < dk ? scale * q[base + c] : 0.0f);
+        }
+        out = arl_warp_sum(out);
+        if (lane == 0) o[(t * H + h) * dv + j] = out;
+    }
+    for (int u = 0; u < U; u++) {
+        int64_t c = lane + 32 * u;
+        if (c < dk) Sd[c * dv + j] = s[u];
+    }
+}
+
+extern "C" void arl_cuda_kda_recurrent_fwd(float *o, float *S, float *chunk_states, const float *q,
+                                           const float *k, const float *v, const float *g,
+                                           const float *beta, const int32_t *cu, int32_t N,
+                                           int64_t T, int64_t H, int64_t dk, int64_t dv,
+                                           float scale, int64_t C) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dk <= 256 && dv >= 1);
+    ARL_ASSERT(!chunk_states || C >= 1);
+    if (C < 1) C = 1;
+    dim3 grid((unsigned)((dv + RW - 1) / RW), (unsigned)H, (unsigned)N);
+    if (dk <= 32)
+        k_kda_recurrent<1><<<grid, 32 * RW, 0, c->stream>>>(o, S, chunk_states, q, k, v, g, beta,
+                                                            cu, N, T, H, dk, dv, scale, C);
+    else if (dk <= 64)
+        k_kda_recurrent<2><<<grid, 32 * RW, 0, c->stream>>>(o, S, chunk_states, q, k, v, g, beta,
+                                                            cu, N, T, H, dk, dv, scale, C);
+    else if (dk <= 128)
+        k_kda_recurrent<4><<<grid, 32 * RW, 0, c->stream>>>(o, S, chunk_states, q, k, v, g, beta,
+                                                            cu, N, T, H, dk, dv, scale, C);
+    else
+        k_kda_recurrent<8><<<grid, 32 * RW, 0, c->stream>>>(o, S, chunk_states, q, k, v, g, beta,
+                                                            cu, N, T, H, dk, dv, scale, C);
+    ARL_CUDA_LAUNCHED(c, "kda_recurrent_fwd");
+}
+
+/* ======================= chunkwise forward =============================================== */
+
+/* Per (chunk, head) scratch in ws, floats: W (C, dk), U (C, dv), Qg (C, dk), Kb (C, dk),
+ * Aqk (C, C), gn (dk), and for the backward Tm (C, C) (T - I, strictly lower) and Akk (C, C)
+ * (A_kk with its beta factor, strictly lower). */
+#define SCRATCH(dk, dv, C) (3 * (C) * (dk) + (C) * (dv) + 3 * (C) * (C) + (dk))
+static int64_t chunk_scratch(int64_t dk, int64_t dv, int64_t C) {
+    return SCRATCH(dk, dv, C);
+}
+
+extern "C" int64_t arl_cuda_kda_chunk_ws_floats(int64_t T, int32_t N, int64_t H, int64_t dk,
+                                                int64_t dv, int64_t C) {
+    return max_chunks(T, N, C) * H * chunk_scratch(dk, dv, C);
+}
+
+struct chunk_ptrs {
+    float *W, *U, *Qg, *Kb, *Aqk, *gn, *Tm, *Akk;
+};
+
+__device__ static inline chunk_ptrs scratch_of(float *ws, int64_t ci, int64_t h, int64_t H,
+                                               int64_t dk, int64_t dv, int64_t C) {
+    float *b = ws + (ci * H + h) * SCRATCH(dk, dv, C);
+    chunk_ptrs p;
+    p.W = b;
+    p.U = p.W + C * dk;
+    p.Qg = p.U + C * dv;
+    p.Kb = p.Qg + C * dk;
+    p.Aqk = p.Kb + C * dk;
+    p.gn = p.Aqk + C * C;
+    p.Tm = p.gn + dk;
+    p.Akk = p.Tm + C * C;
+    return p;
+}
+
+/* Kernel 1: one block per (chunk, head).  Shared: Ks, Qs, Gs (C, LD) with LD = max(dk, dv) + 1
+ * (padding against bank conflicts), A (C, C + 1), beta (C). */
+__global__ void k_kda_chunk_prep(float *ws, const int32_t *ix, const float *q, const float *k,
+                                 const float *v, const float *g, const float *beta, int32_t N,
+                                 int64_t H, int64_t dk, int64_t dv, float scale, int64_t C) {
+    extern __shared__ float sm[];
+    int64_t ci = blockIdx.x, h = blockIdx.y;
+    if (ci >= ix[0]) return;
+    const int32_t *ch = CT_CHUNKS(ix, N);
+    int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
+    const int64_t LD = (dk > dv ? dk : dv) + 1, LA = C + 1;
+    float *Ks = sm, *Qs = Ks + C * LD, *Gs = Qs + C * LD, *A = Gs + C * LD, *bs = A + C * LA;
+    chunk_ptrs P = scratch_of(ws, ci, h, H, dk, dv, C);
+    const int tid = threadIdx.x, nt = blockDim.x;
+
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t r = i / dk, c = i % dk, gi = ((t0 + r) * H + h) * dk + c;
+        Ks[r * LD + c] = k[gi];
+        Qs[r * LD + c] = scale * q[gi];
+        Gs[r * LD + c] = g[gi];
+    }
+    for (int64_t r = tid; r < n; r += nt)
+        bs[r] = beta[(t0 + r) * H + h];
+    __syncthreads();
+    for (int64_t c = tid; c < dk; c += nt) /* (1) G = inclusive cumsum over rows */
+        for (int64_t r = 1; r < n; r++)
+            Gs[r * LD + c] += Gs[(r - 1) * LD + c];
+    __syncthreads();
+    /* (2), (6): A = -A_kk (strictly lower), Aqk (lower with diagonal), one exp per pair. */
+    for (int64_t i = tid; i < C * C; i += nt) {
+        int64_t r = i / C, s = i % C;
+        float akk = 0.0f, aqk = 0.0f;
+        if (r < n && s <= r) {
+            for (int64_t c = 0; c < dk; c++) {
+                float e = expf(Gs[r * LD + c] - Gs[s * LD + c]);
+                float ke = Ks[s * LD + c] * e;
+                akk += Ks[r * LD + c] * ke;
+                aqk += Qs[r * LD + c] * ke;
+            }
+        }
+        A[r * LA + s] = (s < r && r < n) ? -bs[r] * akk : 0.0f;
+        P.Aqk[r * C + s] = (r < n && s <= r) ? aqk : 0.0f;
+    }
+    /* Qg = Gamma Q (scaled), Kb = exp(G_n - G) K, gn = exp(G_n) */
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t r = i / dk, c = i % dk;
+        float G = Gs[r * LD + c], Gn = Gs[(n - 1) * LD + c];
+        P.Qg[r * dk + c] = Qs[r * LD + c] * expf(G);
+        P.Kb[r * dk + c] = Ks[r * LD + c] * expf(Gn - G);
+    }
+    for (int64_t c = tid; c < dk; c += nt)
+        P.gn[c] = expf(Gs[(n - 1) * LD + c]);
+    for (int64_t i = tid; i < C * C; i += nt) /* A_kk for the backward (A holds -A_kk) */
+        P.Akk[i] = -A[(i / C) * LA + i % C];
+    __syncthreads();
+    /* (3) forward substitution: row i of T - I from the finished rows above it. */
+    for (int64_t i = 1; i < n; i++) {
+        float val = 0.0f;
+        int64_t j = tid;
+        if (j < i) {
+            val = A[i * LA + j];
+            for (int64_t m = j + 1; m < i; m++)
+                val += A[i * LA + m] * A[m * LA + j];
+        }
+        __syncthreads();
+        if (j < i) A[i * LA + j] = val;
+        __syncthreads();
+    }
+    for (int64_t i = tid; i < C * C; i += nt) /* T - I for the backward */
+        P.Tm[i] = A[(i / C) * LA + i % C];
+    /* Ks <- beta Gamma K (X_w); Qs <- beta V (X_u) */
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t r = i / dk, c = i % dk;
+        Ks[r * LD + c] *= bs[r] * expf(Gs[r * LD + c]);
+    }
+    for (int64_t i = tid; i < n * dv; i += nt) {
+        int64_t r = i / dv, c = i % dv;
+        Qs[r * LD + c] = bs[r] * v[((t0 + r) * H + h) * dv + c];
+    }
+    __syncthreads();
+    /* (4) W = T X_w, U = T X_u (T unit lower triangular) */
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t r = i / dk, c = i % dk;
+        float acc = Ks[r * LD + c];
+        for (int64_t s = 0; s < r; s++)
+            acc += A[r * LA + s] * Ks[s * LD + c];
+        P.W[r * dk + c] = acc;
+    }
+    for (int64_t i = tid; i < n * dv; i += nt) {
+        int64_t r = i / dv, c = i % dv;
+        float acc = Qs[r * LD + c];
+        for (int64_t s = 0; s < r; s++)
+            acc += A[r * LA + s] * Qs[s * LD + c];
+        P.U[r * dv + c] = acc;
+    }
+}
+
+#define TV 32 /* state columns per block of the state pass */
+
+/* Kernel 2: one block per (32-column slice, head, document), 256 threads, chunks in order.
+ * Lane l of warp w owns state column j0 + l; for the (n, 32) products warp w owns the rows
+ * w*8 .. w*8+7 (C <= 64) and for the state update the key channels w + 8u (dk <= 128), so
+ * each shared-memory operand is read once per 8 or 16 multiply-adds (register tiling). */
+#define RPW 8  /* rows per warp */
+#define CPW 16 /* key channels per warp */
+__global__ void __launch_bounds__(256)
+    k_kda_chunk_state(float *o, float *S, float *chunk_states, const float *ws, const int32_t *ix,
+                      int32_t N, int64_t H, int64_t dk, int64_t dv, int64_t C) {
+    extern __shared__ float sm[];
+    const int64_t j0 = (int64_t)blockIdx.x * TV, h = blockIdx.y;
+    const int32_t di = blockIdx.z;
+    const int64_t LS = TV + 1, LB = dk + 1, LA = C + 1;
+    float *Ss = sm, *buf = Ss + dk * LS, *Vt = buf + C * LB, *As = Vt + C * LS;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, w = tid >> 5;
+    const int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
+    float *Sd = S + ((int64_t)di * H + h) * dk * dv;
+    const int64_t nj = dv - j0 < TV ? dv - j0 : TV;
+    const bool colok = lane < nj;
+
+    for (int64_t i = tid; i < dk * TV; i += nt) {
+        int64_t c = i / TV, jj = i % TV;
+        Ss[c * LS + jj] = jj < nj ? Sd[c * dv + j0 + jj] : 0.0f;
+    }
+    __syncthreads();
+    for (int32_t ci = doc[di]; ci < doc[di + 1]; ci++) {
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
+        const int64_t r0 = (int64_t)w * RPW;
+        const int nr = n - r0 <= 0 ? 0 : (n - r0 < RPW ? (int)(n - r0) : RPW); /* warp-uniform */
+        chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
+        if (chunk_states) {
+            float *cs = chunk_states + ((int64_t)ci * H + h) * dk * dv;
+            for (int64_t i = tid; i < dk * nj; i += nt) {
+                int64_t c = i / nj, jj = i % nj;
+                cs[c * dv + j0 + jj] = Ss[c * LS + jj];
+            }
+        }
+        /* (5) Vt = U - W S */
+        for (int64_t i = tid; i < n * dk; i += nt)
+            buf[(i / dk) * LB + i % dk] = P.W[i];
+        __syncthreads();
+        {
+            float acc[RPW];
+#pragma unroll
+            for (int i = 0; i < RPW; i++)
+                acc[i] = 0.0f;
+            for (int64_t c = 0; c < dk; c++) {
+                const float sv = Ss[c * LS + lane];
+#pragma unroll
+                for (int i = 0; i < RPW; i++)
+                    if (i < nr) acc[i] += buf[(r0 + i) * LB + c] * sv;
+            }
+#pragma unroll
+            for (int i = 0; i < RPW; i++)
+                if (i < nr)
+                    Vt[(r0 + i) * LS + lane] =
+                        colok ? P.U[(r0 + i) * dv + j0 + lane] - acc[i] : 0.0f;
+        }
+        __syncthreads();
+        /* (7) O = Qg S + Aqk Vt */
+        for (int64_t i = tid; i < n * dk; i += nt)
+            buf[(i / dk) * LB + i % dk] = P.Qg[i];
+        for (int64_t i = tid; i < n * C; i += nt)
+            As[(i / C) * LA + i % C] = P.Aqk[i];
+        __syncthreads();
+        {
+            float acc[RPW];
+#pragma unroll
+            for (int i = 0; i < RPW; i++)
+                acc[i] = 0.0f;
+            for (int64_t c = 0; c < dk; c++) {
+                const float sv = Ss[c * LS + lane];
+#pragma unroll
+                for (int i = 0; i < RPW; i++)
+                    if (i < nr) acc[i] += buf[(r0 + i) * LB + c] * sv;
+            }
+            for (int64_t s2 = 0; nr > 0 && s2 < r0 + nr; s2++) { /* Aqk: zero above diagonal */
+                const float vt = Vt[s2 * LS + lane];
+#pragma unroll
+                for (int i = 0; i < RPW; i++)
+                    if (i < nr) acc[i] += As[(r0 + i) * LA + s2] * vt;
+            }
+#pragma unroll
+            for (int i = 0; i < RPW; i++)
+                if (i < nr && colok) o[((t0 + r0 + i) * H + h) * dv + j0 + lane] = acc[i];
+        }
+        __syncthreads();
+        /* (8) S = diag(gn) S + Kb^T Vt */
+        for (int64_t i = tid; i < n * dk; i += nt)
+            buf[(i / dk) * LB + i % dk] = P.Kb[i];
+        __syncthreads();
+        {
+            float acc[CPW];
+#pragma unroll
+            for (int u = 0; u < CPW; u++) {
+                const int64_t c = w + 8 * u;
+                acc[u] = c < dk ? P.gn[c] * Ss[c * LS + lane] : 0.0f;
+            }
+            for (int64_t r = 0; r < n; r++) {
+                const float vt = Vt[r * LS + lane];
+#pragma unroll
+                for (int u = 0; u < CPW; u++) {
+                    const int64_t c = w + 8 * u;
+                    if (c < dk) acc[u] += buf[r * LB + c] * vt;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < CPW; u++) {
+                const int64_t c = w + 8 * u;
+                if (c < dk) Ss[c * LS + lane] = acc[u];
+            }
+        }
+        __syncthreads();
+    }
+    for (int64_t i = tid; i < dk * nj; i += nt) {
+        int64_t c = i / nj, jj = i % nj;
+        Sd[c * dv + j0 + jj] = Ss[c * LS + jj];
+    }
+}
+
+extern "C" void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float *q,
+                                       const float *k, const float *v, const float *g,
+                                       const float *beta, const int32_t *cu, int32_t N, int64_t T,
+                                       int64_t H, int64_t dk, int64_t dv, float scale, int64_t C,
+                                       float *ws) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dv >= 1);
+    ARL_ASSERT(dk <= ARL_CUDA_KDA_MAX_DK && dv <= ARL_CUDA_KDA_MAX_DV && C >= 1 &&
+               C <= ARL_CUDA_KDA_MAX_C);
+    static_assert(ARL_CUDA_KDA_MAX_C <= 8 * RPW && ARL_CUDA_KDA_MAX_DK <= 8 * CPW, "tiling");
+    int64_t nc = max_chunks(T, N, C);
+    ARL_ASSERT(nc <= chunk_cap(N));
+    if (T == 0) return;
+    k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
+    const int64_t LD = (dk > dv ? dk : dv) + 1;
+    size_t sm1 = sizeof(float) * (size_t)(3 * C * LD + C * (C + 1) + C);
+    cudaFuncSetAttribute(k_kda_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm1);
+    k_kda_chunk_prep<<<dim3((unsigned)nc, (unsigned)H), 256, sm1, c->stream>>>(
+        ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
+    size_t sm2 =
+        sizeof(float) * (size_t)(dk * (TV + 1) + C * (dk + 1) + C * (TV + 1) + C * (C + 1));
+    cudaFuncSetAttribute(k_kda_chunk_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
+    dim3 g2((unsigned)((dv + TV - 1) / TV), (unsigned)H, (unsigned)N);
+    k_kda_chunk_state<<<g2, 256, sm2, c->stream>>>(o, S, chunk_states, ws, c->index, N, H, dk, dv,
+                                                   C);
+    ARL_CUDA_LAUNCHED(c, "kda_chunk_fwd");
+}
+
+/* ======================= recurrent-rule backward (spec 3.7) ============================== */
+
+extern "C" int64_t arl_cuda_kda_bwd_ws_floats(int32_t N, int64_t H, int64_t dk, int64_t dv,
+                                              int64_t C) {
+    return (int64_t)N * H * C * dk * dv;
+}
+
+/* One block per (head, document), 256 threads.  Shared: dS and Sp (dk, dv + 1), vectors. */
+__global__ void k_kda_bwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, float *dS0,
+                          const float *d_o, const float *dS_T, const float *q, const float *k,
+                          const float *v, const float *g, const float *beta,
+                          const float *chunk_states, const int32_t *ix, int32_t N, int64_t H,
+                          int64_t dk, int64_t dv, float scale, int64_t C, float *ws) {
+    extern __shared__ float sm[];
+    const int64_t h = blockIdx.x;
+    const int32_t di = blockIdx.y;
+    const int64_t L = dv + 1;
+    float *dS = sm, *Sp = dS + dk * L;
+    float *kv = Sp + dk * L, *qv = kv + dk, *al = qv + dk; /* (dk) each */
+    float *vv = al + dk, *dov = vv + dv, *rv = dov + dv, *dlt = rv + dv, *ddl = dlt + dv,
+          *drv = ddl + dv; /* (dv) each */
+    __shared__ double shd[33];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
+    float *st = ws + ((int64_t)di * H + h) * C * dk * dv; /* per-token states of a chunk */
+    const int64_t sd = ((int64_t)di * H + h) * dk * dv;
+
+    for (int64_t i = tid; i < dk * dv; i += nt)
+        dS[(i / dv) * L + i % dv] = dS_T ? dS_T[sd + i] : 0.0f;
+    __syncthreads();
+    for (int32_t ci = doc[di + 1] - 1; ci >= doc[di]; ci--) {
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
+        /* recompute S_{t-1} for every token of the chunk into st */
+        const float *cs = chunk_states + ((int64_t)ci * H + h) * dk * dv;
+        for (int64_t i = tid; i < dk * dv; i += nt)
+            Sp[(i / dv) * L + i % dv] = cs[i];
+        __syncthreads();
+        for (int64_t r = 0; r < n - 1; r++) {
+            const int64_t t = t0 + r, b = (t * H + h) * dk;
+            for (int64_t i = tid; i < dk * dv; i += nt)
+                st[r * dk * dv + i] = Sp[(i / dv) * L + i % dv];
+            for (int64_t c = tid; c < dk; c += nt) {
+                kv[c] = k[b + c];
+                al[c] = expf(g[b + c]);
+            }
+            __syncthreads();
+            for (int64_t j = tid; j < dv; j += nt) {
+                float acc = 0.0f;
+                for (int64_t c = 0; c < dk; c++)
+                    acc += al[c] * Sp[c * L + j] * kv[c];
+                dlt[j] = beta[t * H + h] * (v[(t * H + h) * dv + j] - acc);
+            }
+            __syncthreads();
+            for (int64_t i = tid; i < dk * dv; i += nt) {
+                int64_t c = i / dv, j = i % dv;
+                Sp[c * L + j] = al[c] * Sp[c * L + j] + kv[c] * dlt[j];
+            }
+            __syncthreads();
+        }
+        for (int64_t i = tid; i < dk * dv; i += nt)
+            st[(n - 1) * dk * dv + i] = Sp[(i / dv) * L + i % dv];
+        __syncthreads();
+        /* tokens in reverse */
+        for (int64_t r = n - 1; r >= 0; r--) {
+            const int64_t t = t0 + r, b = (t * H + h) * dk, bv = (t * H + h) * dv;
+            const float bt = beta[t * H + h];
+            for (int64_t i = tid; i < dk * dv; i += nt)
+                Sp[(i / dv) * L + i % dv] = st[r * dk * dv + i];
+            for (int64_t c = tid; c < dk; c += nt) {
+                kv[c] = k[b + c];
+                qv[c] = scale * q[b + c];
+                al[c] = expf(g[b + c]);
+            }
+            for (int64_t j = tid; j < dv; j += nt) {
+                vv[j] = v[bv + j];
+                dov[j] = d_o[bv + j];
+            }
+            __syncthreads();
+            /* r = S~^T k, delta = beta (v - r) */
+            for (int64_t j = tid; j < dv; j += nt) {
+                float acc = 0.0f;
+                for (int64_t c = 0; c < dk; c++)
+                    acc += al[c] * Sp[c * L + j] * kv[c];
+                rv[j] = acc;
+                dlt[j] = bt * (vv[j] - acc);
+            }
+            /* dS += (s q) do^T */
+            for (int64_t i = tid; i < dk * dv; i += nt) {
+                int64_t c = i / dv, j = i % dv;
+                dS[c * L + j] += qv[c] * dov[j];
+            }
+            __syncthreads();
+            /* dq = s S_t do (threads < dk);  ddelta = dS^T k (threads >= 128) */
+            if (tid < dk) {
+                int64_t c = tid;
+                float acc = 0.0f, acck = 0.0f;
+                for (int64_t j = 0; j < dv; j++) {
+                    float Stc = al[c] * Sp[c * L + j] + kv[c] * dlt[j];
+                    acc += Stc * dov[j];
+                    acck += dS[c * L + j] * dlt[j];
+                }
+                dq[b + c] += scale * acc;
+                qv[c] = acck; /* reuse: dk part 1 = dS delta */
+            } else if (tid >= 128 && tid - 128 < dv) {
+                int64_t j = tid - 128;
+                float acc = 0.0f;
+                for (int64_t c = 0; c < dk; c++)
+                    acc += dS[c * L + j] * kv[c];
+                ddl[j] = acc;
+            }
+            __syncthreads();
+            double db = 0.0;
+            for (int64_t j = tid; j < dv; j += nt) {
+                db += (double)ddl[j] * (vv[j] - rv[j]);
+                dv_[bv + j] += bt * ddl[j];
+                drv[j] = -bt * ddl[j];
+            }
+            db = arl_block_sum_d(db, shd); /* synchronises */
+            if (tid == 0) dbeta[t * H + h] += (float)db;
+            /* dS~ = dS + k dr^T */
+            for (int64_t i = tid; i < dk * dv; i += nt) {
+                int64_t c = i / dv, j = i % dv;
+                dS[c * L + j] += kv[c] * drv[j];
+            }
+            __syncthreads();
+            /* dk += S~ dr;  dg = alpha rowsum(dS~ . S_{t-1}) */
+            if (tid < dk) {
+                int64_t c = tid;
+                float a1 = 0.0f, a2 = 0.0f;
+                for (int64_t j = 0; j < dv; j++) {
+                    a1 += Sp[c * L + j] * drv[j];
+                    a2 += dS[c * L + j] * Sp[c * L + j];
+                }
+                dk_[b + c] += qv[c] + al[c] * a1;
+                dg[b + c] += al[c] * a2;
+            }
+            __syncthreads();
+            /* dS = diag(alpha) dS~ */
+            for (int64_t i = tid; i < dk * dv; i += nt) {
+                int64_t c = i / dv, j = i % dv;
+                dS[c * L + j] *= al[c];
+            }
+            __syncthreads();
+        }
+    }
+    if (dS0)
+        for (int64_t i = tid; i < dk * dv; i += nt)
+            dS0[sd + i] += dS[(i / dv) * L + i % dv];
+}
+
+extern "C" void arl_cuda_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, float *dg,
+                                           float *dbeta, float *dS0, const float *d_o,
+                                           const float *dS_T, const float *q, const float *k,
+                                           const float *v, const float *g, const float *beta,
+                                           const float *chunk_states, const int32_t *cu, int32_t N,
+                                           int64_t T, int64_t H, int64_t dk, int64_t dv,
+                                           float scale, int64_t C, float *ws) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dk <= 128 && dv >= 1 && dv <= 128 && C >= 1);
+    ARL_ASSERT(max_chunks(T, N, C) <= chunk_cap(N));
+    if (T == 0) return;
+    k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
+    size_t sm = sizeof(float) * (size_t)(2 * dk * (dv + 1) + 3 * dk + 6 * dv);
+    cudaFuncSetAttribute(k_kda_bwd, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+    k_kda_bwd<<<dim3((unsigned)H, (unsigned)N), 256, sm, c->stream>>>(
+        dq, dk_, dv_, dg, dbeta, dS0, d_o, dS_T, q, k, v, g, beta, chunk_states, c->index, N, H, dk,
+        dv, scale, C, ws);
+    ARL_CUDA_LAUNCHED(c, "kda_recurrent_bwd");
+}
+
+/* ======================= chunkwise backward (spec 3.8) =================================== */
+
+/* ws layout: the forward's per-chunk scratch (recomputed by k_kda_chunk_prep), then dSp
+ * (n_chunks, H, dk, dv) the gradient of each chunk's outgoing state, dVt (T, H, dv) the
+ * gradient of the pseudo-values, and per (chunk, head) C (4 dk + 2 dv) floats for k_kda_cbwd. */
+static int64_t cbwd_scratch(int64_t dk, int64_t dv, int64_t C) {
+    return C * (4 * dk + 2 * dv);
+}
+
+extern "C" int64_t arl_cuda_kda_chunk_bwd_ws_floats(int64_t T, int32_t N, int64_t H, int64_t dk,
+                                                    int64_t dv, int64_t C) {
+    int64_t nc = max_chunks(T, N, C);
+    return nc * H * chunk_scratch(dk, dv, C) + nc * H * dk * dv + T * H * dv +
+           nc * H * cbwd_scratch(dk, dv, C);
+}
+
+/* Reverse state pass, one block per (32-column slice, head, document), chunks in reverse:
+ *   dSp[ci] = dS (the gradient of the chunk's outgoing state)
+ *   dVt = Aqk^T dO + Kb dS
+ *   dS <- diag(gn) dS + Qg^T dO - W^T dVt          (becomes the previous chunk's dS)
+ * Every column of dS is independent, as in the forward. */
+__global__ void __launch_bounds__(256)
+    k_kda_cbwd_state(float *dSp_all, float *dVt_all, float *dS0, const float *dS_T,
+                     const float *d_o, const float *ws, const int32_t *ix, int32_t N, int64_t H,
+                     int64_t dk, int64_t dv, int64_t C) {
+    extern __shared__ float sm[];
+    const int64_t j0 = (int64_t)blockIdx.x * TV, h = blockIdx.y;
+    const int32_t di = blockIdx.z;
+    const int64_t LS = TV + 1, LB = dk + 1, LA = C + 1;
+    float *dS = sm, *buf = dS + dk * LS, *dO = buf + C * LB, *dV = dO + C * LS, *As = dV + C * LS;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, w = tid >> 5;
+    const int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
+    const int64_t sd = ((int64_t)di * H + h) * dk * dv;
+    const int64_t nj = dv - j0 < TV ? dv - j0 : TV;
+    const bool colok = lane < nj;
+
+    for (int64_t i = tid; i < dk * TV; i += nt) {
+        int64_t c = i / TV, jj = i % TV;
+        dS[c * LS + jj] = (dS_T && jj < nj) ? dS_T[sd + c * dv + j0 + jj] : 0.0f;
+    }
+    __syncthreads();
+    for (int32_t ci = doc[di + 1] - 1; ci >= doc[di]; ci--) {
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
+        const int64_t r0 = (int64_t)w * RPW;
+        const int nr = n - r0 <= 0 ? 0 : (n - r0 < RPW ? (int)(n - r0) : RPW);
+        chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
+        float *dSp = dSp_all + ((int64_t)ci * H + h) * dk * dv;
+        for (int64_t i = tid; i < dk * nj; i += nt) {
+            int64_t c = i / nj, jj = i % nj;
+            dSp[c * dv + j0 + jj] = dS[c * LS + jj];
+        }
+        for (int64_t i = tid; i < n * TV; i += nt) {
+            int64_t r = i / TV, jj = i % TV;
+            dO[r * LS + jj] = jj < nj ? d_o[((t0 + r) * H + h) * dv + j0 + jj] : 0.0f;
+        }
+        for (int64_t i = tid; i < n * dk; i += nt)
+            buf[(i / dk) * LB + i % dk] = P.Kb[i];
+        for (int64_t i = tid; i < n * C; i += nt)
+            As[(i / C) * LA + i % C] = P.Aqk[i];
+        __syncthreads();
+        { /* dVt = Aqk^T dO + Kb dS */
+            float acc[RPW];
+#pragma unroll
+            for (int i = 0; i < RPW; i++)
+                acc[i] = 0.0f;
+            for (int64_t c = 0; c < dk; c++) {
+                const float sv = dS[c * LS + lane];
+#pragma unroll
+                for (int i = 0; i < RPW; i++)
+                    if (i < nr) acc[i] += buf[(r0 + i) * LB + c] * sv;
+            }
+            for (int64_t s2 = r0; s2 < n; s2++) { /* Aqk[s2][r] is zero for s2 < r */
+                const float g2 = dO[s2 * LS + lane];
+#pragma unroll
+                for (int i = 0; i < RPW; i++)
+                    if (i < nr) acc[i] += As[s2 * LA + r0 + i] * g2;
+            }
+#pragma unroll
+            for (int i = 0; i < RPW; i++)
+                if (i < nr) {
+                    dV[(r0 + i) * LS + lane] = colok ? acc[i] : 0.0f;
+                    if (colok) dVt_all[((t0 + r0 + i) * H + h) * dv + j0 + lane] = acc[i];
+                }
+        }
+        __syncthreads();
+        float acc[CPW]; /* dS <- diag(gn) dS + Qg^T dO - W^T dVt */
+#pragma unroll
+        for (int u = 0; u < CPW; u++) {
+            const int64_t c = w + 8 * u;
+            acc[u] = c < dk ? P.gn[c] * dS[c * LS + lane] : 0.0f;
+        }
+        for (int64_t i = tid; i < n * dk; i += nt)
+            buf[(i / dk) * LB + i % dk] = P.Qg[i];
+        __syncthreads();
+        for (int64_t r = 0; r < n; r++) {
+            const float g2 = dO[r * LS + lane];
+#pragma unroll
+            for (int u = 0; u < CPW; u++) {
+                const int64_t c = w + 8 * u;
+                if (c < dk) acc[u] += buf[r * LB + c] * g2;
+            }
+        }
+        __syncthreads();
+        for (int64_t i = tid; i < n * dk; i += nt)
+            buf[(i / dk) * LB + i % dk] = P.W[i];
+        __syncthreads();
+        for (int64_t r = 0; r < n; r++) {
+            const float g2 = dV[r * LS + lane];
+#pragma unroll
+            for (int u = 0; u < CPW; u++) {
+                const int64_t c = w + 8 * u;
+                if (c < dk) acc[u] -= buf[r * LB + c] * g2;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < CPW; u++) {
+            const int64_t c = w + 8 * u;
+            if (c < dk) dS[c * LS + lane] = acc[u];
+        }
+        __syncthreads();
+    }
+    if (dS0)
+        for (int64_t i = tid; i < dk * nj; i += nt) {
+            int64_t c = i / nj, jj = i % nj;
+            dS0[sd + c * dv + j0 + jj] += dS[c * LS + jj];
+        }
+}
+
+/* Per (chunk, head): everything of spec 3.8 that stays inside the chunk, from the stored
+ * incoming state S, the outgoing-state gradient dSp, dVt and dO.  Shared: K, Q (scaled),
+ * G (C, dk + 1); Tm, Akk, dA, dT, P (C, C + 1); beta, dbeta (C); dGn (dk).  Gradients of q, k,
+ * v are added to the outputs directly (this block owns the chunk's rows); dG is kept in the
+ * scratch until its reverse cumulative sum. */
+__global__ void __launch_bounds__(256)
+    k_kda_cbwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, const float *q,
+               const float *k, const float *v, const float *g, const float *beta,
+               const float *chunk_states, const float *dSp_all, const float *dVt_all,
+               const float *d_o, const float *ws, float *ws3, const int32_t *ix, int32_t N,
+               int64_t H, int64_t dk, int64_t dv, float scale, int64_t C) {
+    extern __shared__ float sm[];
+    const int64_t ci = blockIdx.x, h = blockIdx.y;
+    if (ci >= ix[0]) return;
+    const int32_t *ch = CT_CHUNKS(ix, N);
+    const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
+    const int64_t LD = dk + 1, LA = C + 1;
+    float *Ks = sm, *Qs = Ks + C * LD, *Gs = Qs + C * LD;
+    float *Tm = Gs + C * LD, *Ak = Tm + C * LA, *dA = Ak + C * LA, *dT = dA + C * LA,
+          *Pm = dT + C * LA;
+    float *bs = Pm + C * LA, *dbs = bs + C, *dGn = dbs + C;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
+    const float *S = chunk_states + (ci * H + h) * dk * dv;
+    const float *dSp = dSp_all + (ci * H + h) * dk * dv;
+    float *Vts = ws3 + (ci * H + h) * C * (4 * dk + 2 * dv); /* (C, dv) */
+    float *dW = Vts + C * dv, *dGs = dW + C * dk, *E1 = dGs + C * dk, *dXw = E1 + C * dk;
+    float *dXu = dXw + C * dk; /* (C, dv) */
+#define ROW(x, r) (((t0 + (r)) * H + h) * (x))
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t r = i / dk, c = i % dk;
+        Ks[r * LD + c] = k[ROW(dk, r) + c];
+        Qs[r * LD + c] = scale * q[ROW(dk, r) + c];
+        Gs[r * LD + c] = g[ROW(dk, r) + c];
+    }
+    for (int64_t r = tid; r < n; r += nt) {
+        bs[r] = beta[(t0 + r) * H + h];
+        dbs[r] = 0.0f;
+    }
+    for (int64_t i = tid; i < C * C; i += nt) {
+        Tm[(i / C) * LA + i % C] = P.Tm[i];
+        Ak[(i / C) * LA + i % C] = P.Akk[i];
+    }
+    __syncthreads();
+    for (int64_t c = tid; c < dk; c += nt)
+        for (int64_t r = 1; r < n; r++)
+            Gs[r * LD + c] += Gs[(r - 1) * LD + c];
+    /* Vt = U - W S */
+    for (int64_t i = tid; i < n * dv; i += nt) {
+        int64_t r = i / dv, j = i % dv;
+        float acc = P.U[r * dv + j];
+        for (int64_t c = 0; c < dk; c++)
+            acc -= P.W[r * dk + c] * S[c * dv + j];
+        Vts[r * dv + j] = acc;
+    }
+    __syncthreads();
+    /* dAqk = Tril(dO Vt^T) */
+    for (int64_t i = tid; i < C * C; i += nt) {
+        int64_t r = i / C, s2 = i % C;
+        float acc = 0.0f;
+        if (r < n && s2 <= r)
+            for (int64_t j = 0; j < dv; j++)
+                acc += d_o[ROW(dv, r) + j] * Vts[s2 * dv + j];
+        dA[r * LA + s2] = acc;
+    }
+    /* M = dO S^T, dW = -dVt S^T, dKbar = Vt dSp^T, per element (r, c) */
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t r = i / dk, c = i % dk;
+        float M = 0.0f, W_ = 0.0f, dKb = 0.0f;
+        for (int64_t j = 0; j < dv; j++) {
+            float sv = S[c * dv + j];
+            M += d_o[ROW(dv, r) + j] * sv;
+            W_ -= dVt_all[ROW(dv, r) + j] * sv;
+            dKb += Vts[r * dv + j] * dSp[c * dv + j];
+        }
+        const float G = Gs[r * LD + c], Gn = Gs[(n - 1) * LD + c];
+        const float gam = expf(G), eb = expf(Gn - G), Kb = eb * Ks[r * LD + c];
+        dq[ROW(dk, r) + c] += scale * gam * M;
+        dk_[ROW(dk, r) + c] += eb * dKb;
+        dGs[r * dk + c] = gam * Qs[r * LD + c] * M - Kb * dKb;
+        E1[r * dk + c] = Kb * dKb;
+        dW[r * dk + c] = W_;
+    }
+    __syncthreads();
+    /* dGn = colsum(Kbar . dKbar) + exp(Gn) rowsum(dSp . S) */
+    for (int64_t c = tid; c < dk; c += nt) {
+        float acc = 0.0f, acc2 = 0.0f;
+        for (int64_t r = 0; r < n; r++)
+            acc += E1[r * dk + c];
+        for (int64_t j = 0; j < dv; j++)
+            acc2 += dSp[c * dv + j] * S[c * dv + j];
+        dGn[c] = acc + expf(Gs[(n - 1) * LD + c]) * acc2;
+    }
+    /* Aqk pair terms: tq (row r) and tk (row i) */
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t x = i / dk, c = i % dk;
+        const float Gx = Gs[x * LD + c];
+        float tq = 0.0f, tk = 0.0f;
+        for (int64_t s2 = 0; s2 <= x; s2++) /* x as the query row r */
+            tq += dA[x * LA + s2] * Ks[s2 * LD + c] * expf(Gx - Gs[s2 * LD + c]);
+        for (int64_t r = x; r < n; r++) /* x as the key row i */
+            tk += dA[r * LA + x] * Qs[r * LD + c] * expf(Gs[r * LD + c] - Gx);
+        dq[ROW(dk, x) + c] += scale * tq;
+        dk_[ROW(dk, x) + c] += tk;
+        dGs[x * dk + c] += Qs[x * LD + c] * tq - Ks[x * LD + c] * tk;
+    }
+    __syncthreads();
+    /* dT (strictly lower) = dW Xw^T + dU Xu^T, Xw = beta Gamma K, Xu = beta V, dU = dVt */
+    for (int64_t i = tid; i < C * C; i += nt) {
+        int64_t r = i / C, s2 = i % C;
+        float acc = 0.0f;
+        if (r < n && s2 < r) {
+            for (int64_t c = 0; c < dk; c++)
+                acc += dW[r * dk + c] * expf(Gs[s2 * LD + c]) * Ks[s2 * LD + c];
+            for (int64_t j = 0; j < dv; j++)
+                acc += dVt_all[ROW(dv, r) + j] * v[ROW(dv, s2) + j];
+            acc *= bs[s2];
+        }
+        dT[r * LA + s2] = acc;
+    }
+    /* dXw = T^T dW, dXu = T^T dU (T unit lower triangular) */
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t x = i / dk, c = i % dk;
+        float acc = dW[x * dk + c];
+        for (int64_t r = x + 1; r < n; r++)
+            acc += Tm[r * LA + x] * dW[r * dk + c];
+        dXw[x * dk + c] = acc;
+    }
+    for (int64_t i = tid; i < n * dv; i += nt) {
+        int64_t x = i / dv, j = i % dv;
+        float acc = dVt_all[ROW(dv, x) + j];
+        for (int64_t r = x + 1; r < n; r++)
+            acc += Tm[r * LA + x] * dVt_all[ROW(dv, r) + j];
+        dXu[x * dv + j] = acc;
+    }
+    __syncthreads();
+    /* Pm = dT T^T:  Pm[r, b] = sum_j dT[r, j] T[b, j] (T[b, b] = 1, j <= b) */
+    for (int64_t i = tid; i < C * C; i += nt) {
+        int64_t r = i / C, b = i % C;
+        float acc = 0.0f;
+        if (r < n && b < n) {
+            int64_t jmax = b < r - 1 ? b : r - 1; /* dT[r, j] is zero for j >= r */
+            for (int64_t j = 0; j <= jmax; j++)
+                acc += dT[r * LA + j] * (j == b ? 1.0f : Tm[b * LA + j]);
+        }
+        Pm[r * LA + b] = acc;
+    }
+    __syncthreads();
+    /* dAkk[a, b] = -sum_i T[i, a] Pm[i, b] for a > b; kept in dA (dAqk is no longer needed) */
+    for (int64_t i = tid; i < C * C; i += nt) {
+        int64_t a = i / C, b = i % C;
+        float acc = 0.0f;
+        if (a < n && b < a)
+            for (int64_t r = a; r < n; r++)
+                acc -= (r == a ? 1.0f : Tm[r * LA + a]) * Pm[r * LA + b];
+        dA[a * LA + b] = acc;
+    }
+    __syncthreads();
+    /* from Xw and Xu; dbeta row sums (one thread per row, fixed order) */
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t x = i / dk, c = i % dk;
+        const float gam = expf(Gs[x * LD + c]), d = dXw[x * dk + c];
+        dk_[ROW(dk, x) + c] += bs[x] * gam * d;
+        dGs[x * dk + c] += bs[x] * gam * Ks[x * LD + c] * d;
+    }
+    for (int64_t i = tid; i < n * dv; i += nt) {
+        int64_t x = i / dv, j = i % dv;
+        dv_[ROW(dv, x) + j] += bs[x] * dXu[x * dv + j];
+    }
+    for (int64_t x = tid; x < n; x += nt) {
+        float acc = 0.0f;
+        for (int64_t c = 0; c < dk; c++)
+            acc += expf(Gs[x * LD + c]) * Ks[x * LD + c] * dXw[x * dk + c];
+        for (int64_t j = 0; j < dv; j++)
+            acc += v[ROW(dv, x) + j] * dXu[x * dv + j];
+        for (int64_t s2 = 0; s2 < x; s2++) /* A_kk / beta_x = the raw decayed k.k sum */
+            acc += dA[x * LA + s2] * Ak[x * LA + s2] / bs[x];
+        dbs[x] = acc;
+    }
+    __syncthreads();
+    /* A_kk pair terms with D = diag(beta) dAkk: ti (row r), tj (row i) */
+    for (int64_t i = tid; i < n * dk; i += nt) {
+        int64_t x = i / dk, c = i % dk;
+        const float Gx = Gs[x * LD + c];
+        float ti = 0.0f, tj = 0.0f;
+        for (int64_t s2 = 0; s2 < x; s2++)
+            ti += bs[x] * dA[x * LA + s2] * Ks[s2 * LD + c] * expf(Gx - Gs[s2 * LD + c]);
+        for (int64_t r = x + 1; r < n; r++)
+            tj += bs[r] * dA[r * LA + x] * Ks[r * LD + c] * expf(Gs[r * LD + c] - Gx);
+        dk_[ROW(dk, x) + c] += ti + tj;
+        dGs[x * dk + c] += Ks[x * LD + c] * (ti - tj);
+    }
+    __syncthreads();
+    /* dG[n-1] += dGn; dg = reverse cumulative sum over the chunk's rows */
+    for (int64_t c = tid; c < dk; c += nt) {
+        float acc = dGn[c];
+        for (int64_t r = n - 1; r >= 0; r--) {
+            acc += dGs[r * dk + c];
+            dg[ROW(dk, r) + c] += acc;
+        }
+    }
+    for (int64_t x = tid; x < n; x += nt)
+        dbeta[(t0 + x) * H + h] += dbs[x];
+#undef ROW
+}
+
+extern "C" void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta,
+                                       float *dS0, const float *d_o, const float *dS_T,
+                                       const float *q, const float *k, const float *v,
+                                       const float *g, const float *beta, const float *chunk_states,
+                                       const int32_t *cu, int32_t N, int64_t T, int64_t H,
+                                       int64_t dk, int64_t dv, float scale, int64_t C, float *ws) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dv >= 1);
+    ARL_ASSERT(dk <= ARL_CUDA_KDA_MAX_DK && dv <= ARL_CUDA_KDA_MAX_DV && C >= 1 &&
+               C <= ARL_CUDA_KDA_MAX_C);
+    const int64_t nc = max_chunks(T, N, C);
+    ARL_ASSERT(nc <= chunk_cap(N));
+    if (T == 0) return;
+    float *ws_fwd = ws, *dSp = ws_fwd + nc * H * chunk_scratch(dk, dv, C);
+    float *dVt = dSp + nc * H * dk * dv, *ws3 = dVt + T * H * dv;
+    k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
+    const int64_t LD = (dk > dv ? dk : dv) + 1;
+    size_t sm1 = sizeof(float) * (size_t)(3 * C * LD + C * (C + 1) + C);
+    cudaFuncSetAttribute(k_kda_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm1);
+    k_kda_chunk_prep<<<dim3((unsigned)nc, (unsigned)H), 256, sm1, c->stream>>>(
+        ws_fwd, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
+    size_t sm2 =
+        sizeof(float) * (size_t)(dk * (TV + 1) + C * (dk + 1) + 2 * C * (TV + 1) + C * (C + 1));
+    cudaFuncSetAttribute(k_kda_cbwd_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
+    dim3 g2((unsigned)((dv + TV - 1) / TV), (unsigned)H, (unsigned)N);
+    k_kda_cbwd_state<<<g2, 256, sm2, c->stream>>>(dSp, dVt, dS0, dS_T, d_o, ws_fwd, c->index, N, H,
+                                                  dk, dv, C);
+    size_t sm3 = sizeof(float) * (size_t)(3 * C * (dk + 1) + 5 * C * (C + 1) + 2 * C + dk);
+    cudaFuncSetAttribute(k_kda_cbwd, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm3);
+    k_kda_cbwd<<<dim3((unsigned)nc, (unsigned)H), 256, sm3, c->stream>>>(
+        dq, dk_, dv_, dg, dbeta, q, k, v, g, beta, chunk_states, dSp, dVt, d_o, ws_fwd, ws3,
+        c->index, N, H, dk, dv, scale, C);
+    ARL_CUDA_LAUNCHED(c, "kda_chunk_bwd");
+}

@@ -1,0 +1,436 @@
+/* kernels/cuda/misc.cu: short causal conv, AttnRes mix, router, AdamW and the bf16 cuBLAS GEMM
+ * of the CUDA backend (kernels/cuda/ops.h).  Each mirrors its CPU function (named there). */
+#include <math.h>
+
+#include "kernels/cuda/internal.cuh"
+#include "kernels/cuda/ops.h"
+
+/* Document of token t: the largest i with cu[i] <= t (binary search); cu NULL: document 0. */
+__device__ static inline int32_t doc_of(const int32_t *cu, int32_t N, int64_t t) {
+    if (!cu) return 0;
+    int32_t lo = 0, hi = N - 1;
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* ======================= short conv ====================================================== */
+
+/* Input of tap position src (relative to the document start a; < 0 reads the tail). */
+__device__ static inline float conv_in(const float *x, const float *tail, int64_t a, int64_t src,
+                                       int64_t c, int64_t C, int64_t W) {
+    if (src >= 0) return x[(a + src) * C + c];
+    if (tail) return tail[c * (W - 1) + (W - 1 + src)];
+    return 0.0f;
+}
+
+__device__ static inline float conv_pre(const float *x, const float *w, const float *tail,
+                                        int64_t a, int64_t pos, int64_t c, int64_t C, int64_t W) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < W; j++)
+        acc += w[c * W + j] * conv_in(x, tail, a, pos - (W - 1) + j, c, C, W);
+    return acc;
+}
+
+__global__ void k_conv_fwd(float *z, float *y, const float *x, const float *w, const float *tails,
+                           const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W) {
+    ARL_GRID_STRIDE(i, T * C) {
+        int64_t t = i / C, c = i % C;
+        int32_t di = doc_of(cu, N, t);
+        int64_t a = cu ? cu[di] : 0;
+        const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
+        float acc = conv_pre(x, w, tail, a, t - a, c, C, W);
+        if (y) y[i] = acc;
+        z[i] = acc * arl_sigmoidf(acc);
+    }
+}
+
+/* dx[tau, c] += sum_j w[c, j] dy_{tau + W-1-j}[c] over outputs in the same document. */
+__global__ void k_conv_bwd_x(float *dx, const float *dz, const float *x, const float *w,
+                             const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
+                             int64_t W) {
+    ARL_GRID_STRIDE(i, T * C) {
+        int64_t tau = i / C, c = i % C;
+        int32_t di = doc_of(cu, N, tau);
+        int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
+        const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
+        float acc = 0.0f;
+        for (int64_t j = W - 1; j >= 0; j--) {
+            int64_t t = tau + (W - 1 - j);
+            if (t >= b) continue;
+            float y = conv_pre(x, w, tail, a, t - a, c, C, W);
+            float s = arl_sigmoidf(y);
+            float dy = dz[t * C + c] * s * (1.0f + y * (1.0f - s));
+            acc += w[c * W + j] * dy;
+        }
+        dx[i] += acc;
+    }
+}
+
+/* dw[c, j] += sum_t dy_t[c] x_{t-W+1+j}[c]; one thread per channel, tokens in order. */
+__global__ void k_conv_bwd_w(float *dw, const float *dz, const float *x, const float *w,
+                             const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
+                             int64_t W) {
+    ARL_GRID_STRIDE(c, C) {
+        float acc[16];
+        for (int64_t j = 0; j < W; j++)
+            acc[j] = 0.0f;
+        for (int32_t di = 0; di < N; di++) {
+            int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
+            const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
+            for (int64_t t = a; t < b; t++) {
+                float y = conv_pre(x, w, tail, a, t - a, c, C, W);
+                float s = arl_sigmoidf(y);
+                float dy = dz[t * C + c] * s * (1.0f + y * (1.0f - s));
+                for (int64_t j = 0; j < W; j++)
+                    acc[j] += dy * conv_in(x, tail, a, t - a - (W - 1) + j, c, C, W);
+            }
+        }
+        for (int64_t j = 0; j < W; j++)
+            dw[c * W + j] += acc[j];
+    }
+}
+
+extern "C" void arl_cuda_conv_fwd(float *z, float *y, const float *x, const float *w,
+                                  const float *tails, const int32_t *cu, int32_t N, int64_t T,
+                                  int64_t C, int64_t W) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(W >= 1 && W <= 16 && C >= 1 && N >= 1);
+    if (T == 0) return;
+    k_conv_fwd<<<arl_blocks(T * C, 256), 256, 0, c->stream>>>(z, y, x, w, tails, cu, N, T, C, W);
+    ARL_CUDA_LAUNCHED(c, "conv_fwd");
+}
+
+extern "C" void arl_cuda_conv_bwd(float *dx, float *dw, const float *dz, const float *x,
+                                  const float *w, const float *tails, const int32_t *cu, int32_t N,
+                                  int64_t T, int64_t C, int64_t W) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(W >= 1 && W <= 16 && C >= 1 && N >= 1);
+    if (T == 0) return;
+    k_conv_bwd_x<<<arl_blocks(T * C, 256), 256, 0, c->stream>>>(dx, dz, x, w, tails, cu, N, T, C,
+                                                                W);
+    if (dw)
+        k_conv_bwd_w<<<arl_blocks(C, 128), 128, 0, c->stream>>>(dw, dz, x, w, tails, cu, N, T, C,
+                                                                W);
+    ARL_CUDA_LAUNCHED(c, "conv_bwd");
+}
+
+/* ======================= AttnRes mix ===================================================== */
+
+typedef struct srcs {
+    const float *p[ARL_CUDA_ATTNRES_MAX];
+} srcs;
+typedef struct dsrcs {
+    float *p[ARL_CUDA_ATTNRES_MAX];
+} dsrcs;
+
+/* Per token (one block): rho_j, z_j, a_j into shared arrays (double, as the CPU). */
+__device__ static void mix_weights(double *rho, double *z, double *a, const srcs *S, int32_t N,
+                                   int64_t t, int64_t d, const float *wn, const float *wp,
+                                   float eps, double *sh) {
+    for (int32_t j = 0; j < N; j++) {
+        const float *V = S->p[j] + t * d;
+        double ss = 0.0, dot = 0.0;
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+            ss += (double)V[i] * V[i];
+            dot += (double)wn[i] * wp[i] * V[i];
+        }
+        ss = arl_block_sum_d(ss, sh);
+        dot = arl_block_sum_d(dot, sh);
+        if (threadIdx.x == 0) {
+            rho[j] = 1.0 / sqrt(ss / (double)d + (double)eps);
+            z[j] = rho[j] * dot;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double zmax = -INFINITY, sum = 0.0;
+        for (int32_t j = 0; j < N; j++)
+            zmax = z[j] > zmax ? z[j] : zmax;
+        for (int32_t j = 0; j < N; j++) {
+            a[j] = exp(z[j] - zmax);
+            sum += a[j];
+        }
+        for (int32_t j = 0; j < N; j++)
+            a[j] /= sum;
+    }
+    __syncthreads();
+}
+
+__global__ void k_mix_fwd(float *out, float *aw, srcs S, int32_t N, int64_t T, int64_t d,
+                          const float *wn, const float *wp, float eps) {
+    __shared__ double sh[33];
+    __shared__ double rho[ARL_CUDA_ATTNRES_MAX], z[ARL_CUDA_ATTNRES_MAX], a[ARL_CUDA_ATTNRES_MAX];
+    int64_t t = blockIdx.x;
+    mix_weights(rho, z, a, &S, N, t, d, wn, wp, eps, sh);
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        double acc = 0.0;
+        for (int32_t j = 0; j < N; j++)
+            acc += a[j] * S.p[j][t * d + i];
+        out[t * d + i] = (float)acc;
+    }
+    if (aw && threadIdx.x < N) aw[(int64_t)threadIdx.x * T + t] = (float)a[threadIdx.x];
+}
+
+/* Per token: dsrc, and (dz_j, rho_j, z_j) kept in ws for the weight gradient. */
+__global__ void k_mix_bwd(dsrcs D, float *ws, const float *dh, srcs S, int32_t N, int64_t T,
+                          int64_t d, const float *wn, const float *wp, float eps) {
+    __shared__ double sh[33];
+    __shared__ double rho[ARL_CUDA_ATTNRES_MAX], z[ARL_CUDA_ATTNRES_MAX], a[ARL_CUDA_ATTNRES_MAX];
+    __shared__ double dz[ARL_CUDA_ATTNRES_MAX];
+    int64_t t = blockIdx.x;
+    const float *g = dh + t * d;
+    mix_weights(rho, z, a, &S, N, t, d, wn, wp, eps, sh);
+    for (int32_t j = 0; j < N; j++) {
+        const float *V = S.p[j] + t * d;
+        double da = 0.0;
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+            da += (double)g[i] * V[i];
+        da = arl_block_sum_d(da, sh);
+        if (threadIdx.x == 0) dz[j] = da;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double mean = 0.0;
+        for (int32_t j = 0; j < N; j++)
+            mean += a[j] * dz[j];
+        for (int32_t j = 0; j < N; j++) {
+            dz[j] = a[j] * (dz[j] - mean);
+            ws[(int64_t)j * T + t] = (float)(dz[j] * rho[j]); /* dz_j rho_j: kappa = rho V */
+        }
+    }
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+        double w = (double)wn[i] * wp[i];
+        for (int32_t j = 0; j < N; j++) {
+            if (!D.p[j]) continue;
+            double kappa = rho[j] * S.p[j][t * d + i];
+            D.p[j][t * d + i] +=
+                (float)(a[j] * g[i] + dz[j] * rho[j] * (w - z[j] * kappa / (double)d));
+        }
+    }
+}
+
+/* dw[i] = sum_t sum_j (dz_j rho_j)[t] V_j[t, i]; tokens and sources in order. */
+__global__ void k_mix_bwd_w(float *dwn, float *dwp, const float *ws, srcs S, int32_t N, int64_t T,
+                            int64_t d, const float *wn, const float *wp) {
+    ARL_GRID_STRIDE(i, d) {
+        double dw = 0.0;
+        for (int64_t t = 0; t < T; t++)
+            for (int32_t j = 0; j < N; j++)
+                dw += (double)ws[(int64_t)j * T + t] * S.p[j][t * d + i];
+        if (dwn) dwn[i] += (float)(dw * wp[i]);
+        if (dwp) dwp[i] += (float)(dw * wn[i]);
+    }
+}
+
+extern "C" void arl_cuda_attnres_mix_fwd(float *out, float *a, const float *const *src, int32_t N,
+                                         int64_t T, int64_t d, const float *w_norm,
+                                         const float *w_proj, float eps) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(N >= 1 && N <= ARL_CUDA_ATTNRES_MAX);
+    if (T == 0) return;
+    srcs S;
+    for (int32_t j = 0; j < N; j++)
+        S.p[j] = src[j];
+    k_mix_fwd<<<(unsigned)T, 256, 0, c->stream>>>(out, a, S, N, T, d, w_norm, w_proj, eps);
+    ARL_CUDA_LAUNCHED(c, "attnres_mix_fwd");
+}
+
+extern "C" void arl_cuda_attnres_mix_bwd(float *const *dsrc, float *dw_norm, float *dw_proj,
+                                         const float *dh, const float *const *src, int32_t N,
+                                         int64_t T, int64_t d, const float *w_norm,
+                                         const float *w_proj, float eps, float *ws) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(N >= 1 && N <= ARL_CUDA_ATTNRES_MAX);
+    if (T == 0) return;
+    srcs S;
+    dsrcs D;
+    for (int32_t j = 0; j < N; j++) {
+        S.p[j] = src[j];
+        D.p[j] = dsrc[j];
+    }
+    k_mix_bwd<<<(unsigned)T, 256, 0, c->stream>>>(D, ws, dh, S, N, T, d, w_norm, w_proj, eps);
+    if (dw_norm || dw_proj)
+        k_mix_bwd_w<<<arl_blocks(d, 128), 128, 0, c->stream>>>(dw_norm, dw_proj, ws, S, N, T, d,
+                                                               w_norm, w_proj);
+    ARL_CUDA_LAUNCHED(c, "attnres_mix_bwd");
+}
+
+/* ======================= router ========================================================== */
+
+__device__ static inline bool above(float xi, int64_t i, float xj, int64_t j) {
+    bool ni = xi != xi, nj = xj != xj;
+    if (ni || nj) return ni == nj ? i < j : nj;
+    if (xi != xj) return xi > xj;
+    return i < j;
+}
+
+#define ROUTER_KMAX 64
+__global__ void k_router_fwd(int32_t *sel, float *p, float *s, const float *l, const float *bias,
+                             const int32_t *forced, int64_t T, int64_t E, int64_t k, float rho,
+                             arl_cuda_errword *err) {
+    ARL_GRID_STRIDE(t, T) {
+        for (int64_t e = 0; e < E; e++)
+            s[t * E + e] = arl_sigmoidf(l[t * E + e]);
+        int32_t *st = sel + t * k;
+        if (forced) {
+            bool bad = false;
+            for (int64_t i = 0; i < k; i++) {
+                int32_t e = forced[t * k + i];
+                if (e < 0 || e >= E) bad = true;
+                for (int64_t j = 0; j < i; j++)
+                    if (forced[t * k + j] == e) bad = true;
+                st[i] = e;
+            }
+            if (bad) {
+                arl_dev_error(err, 1, (int32_t)t);
+                for (int64_t i = 0; i < k; i++) {
+                    st[i] = 0;
+                    p[t * k + i] = 0.0f;
+                }
+                continue;
+            }
+        } else {
+            float bv[ROUTER_KMAX];
+            int64_t m = 0;
+            for (int64_t e = 0; e < E; e++) {
+                float v = s[t * E + e] + bias[e];
+                if (m == k && !above(v, e, bv[m - 1], st[m - 1])) continue;
+                int64_t q = m < k ? m++ : m - 1;
+                while (q > 0 && above(v, e, bv[q - 1], st[q - 1])) {
+                    bv[q] = bv[q - 1];
+                    st[q] = st[q - 1];
+                    q--;
+                }
+                bv[q] = v;
+                st[q] = (int32_t)e;
+            }
+        }
+        float Z = 0.0f;
+        for (int64_t i = 0; i < k; i++)
+            Z += s[t * E + st[i]];
+        for (int64_t i = 0; i < k; i++)
+            p[t * k + i] = rho * s[t * E + st[i]] / (Z + 1e-20f);
+    }
+}
+
+__global__ void k_router_bwd(float *dl, const float *dp, const float *s, const int32_t *sel,
+                             int64_t T, int64_t E, int64_t k, float rho) {
+    ARL_GRID_STRIDE(t, T) {
+        const int32_t *st = sel + t * k;
+        for (int64_t e = 0; e < E; e++)
+            dl[t * E + e] = 0.0f;
+        float Z = 0.0f, pdp = 0.0f;
+        for (int64_t i = 0; i < k; i++)
+            Z += s[t * E + st[i]];
+        for (int64_t i = 0; i < k; i++)
+            pdp += rho * s[t * E + st[i]] / (Z + 1e-20f) * dp[t * k + i];
+        for (int64_t i = 0; i < k; i++) {
+            float si = s[t * E + st[i]];
+            float ds = (rho * dp[t * k + i] - pdp) / Z;
+            dl[t * E + st[i]] = ds * si * (1.0f - si);
+        }
+    }
+}
+
+extern "C" void arl_cuda_router_fwd(int32_t *sel, float *p, float *s, const float *logits,
+                                    const float *bias, const int32_t *forced, int64_t T, int64_t E,
+                                    int64_t k, float rho) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(k >= 1 && k <= E && k <= ROUTER_KMAX);
+    if (T == 0) return;
+    k_router_fwd<<<arl_blocks(T, 64), 64, 0, c->stream>>>(sel, p, s, logits, bias, forced, T, E, k,
+                                                          rho, c->err);
+    ARL_CUDA_LAUNCHED(c, "router_fwd");
+}
+
+extern "C" void arl_cuda_router_bwd(float *dl, const float *dp, const float *s, const int32_t *sel,
+                                    int64_t T, int64_t E, int64_t k, float rho) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (T == 0) return;
+    k_router_bwd<<<arl_blocks(T, 64), 64, 0, c->stream>>>(dl, dp, s, sel, T, E, k, rho);
+    ARL_CUDA_LAUNCHED(c, "router_bwd");
+}
+
+/* ======================= QB histogram ==================================================== */
+
+__global__ void k_qb_hist(unsigned long long *cnt, const float *s, const float *b, int64_t m,
+                          int64_t E, int64_t k, float lo, float w, int64_t Nb) {
+    ARL_GRID_STRIDE(i, m) {
+        float top[ROUTER_KMAX]; /* the k+1 largest of s_i + b, descending */
+        int64_t n = 0;
+        for (int64_t j = 0; j < E; j++) {
+            float v = s[i * E + j] + b[j];
+            if (n == k + 1 && !(v > top[n - 1])) continue;
+            int64_t q = n < k + 1 ? n++ : n - 1;
+            while (q > 0 && v > top[q - 1]) {
+                top[q] = top[q - 1];
+                q--;
+            }
+            top[q] = v;
+        }
+        const float alpha = top[k];
+        for (int64_t j = 0; j < E; j++) {
+            float r = alpha - s[i * E + j];
+            float f = floorf((r - lo) / w);
+            int64_t bin = f < 0.0f ? 0 : (f > (float)(Nb - 1) ? Nb - 1 : (int64_t)f);
+            atomicAdd(&cnt[j * Nb + bin], 1ULL);
+        }
+    }
+}
+
+extern "C" void arl_cuda_qb_hist_count(int64_t *cnt, const float *s, const float *b_old, int64_t m,
+                                       int64_t E, int64_t k, float lo, float w, int64_t Nb) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(k >= 1 && k < E && k + 1 <= ROUTER_KMAX && Nb >= 1);
+    if (m == 0) return;
+    k_qb_hist<<<arl_blocks(m, 128), 128, 0, c->stream>>>((unsigned long long *)cnt, s, b_old, m, E,
+                                                         k, lo, w, Nb);
+    ARL_CUDA_LAUNCHED(c, "qb_hist_count");
+}
+
+/* ======================= AdamW =========================================================== */
+
+__global__ void k_adamw(float *p, float *m, float *v, const float *g, int64_t n, int32_t decay,
+                        arl_cuda_adamw_hp hp) {
+    ARL_GRID_STRIDE(i, n) {
+        float gi = g[i] * hp.coef;
+        float pi = p[i];
+        if (decay) pi *= hp.decay;
+        float mi = hp.beta1 * m[i] + hp.omb1 * gi;
+        float vi = hp.beta2 * v[i] + hp.omb2 * (gi * gi);
+        m[i] = mi;
+        v[i] = vi;
+        float denom = sqrtf(vi) * hp.inv_sqrt_bc2 + hp.eps;
+        p[i] = pi - hp.step_size * (mi / denom);
+    }
+}
+
+extern "C" void arl_cuda_adamw_step(float *p, float *m, float *v, const float *g, int64_t n,
+                                    int32_t apply_decay, const arl_cuda_adamw_hp *hp) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (n <= 0) return;
+    k_adamw<<<arl_blocks(n, 256), 256, 0, c->stream>>>(p, m, v, g, n, apply_decay, *hp);
+    ARL_CUDA_LAUNCHED(c, "adamw_step");
+}
+
+/* ======================= bf16 GEMM (cuBLAS) ============================================== */
+
+extern "C" arl_status arl_cuda_gemm_bf16(int32_t ta, int32_t tb, int64_t M, int64_t N, int64_t K,
+                                         float alpha, const uint16_t *A, int64_t lda,
+                                         const uint16_t *B, int64_t ldb, float beta, float *C,
+                                         int64_t ldc) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (M == 0 || N == 0) return ARL_OK;
+    cublasStatus_t s = cublasGemmEx(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha,
+                                    B, CUDA_R_16BF, (int)ldb, A, CUDA_R_16BF, (int)lda, &beta, C,
+                                    CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return arl_cuda_blas_status("gemm_bf16 (cublasGemmEx)", s);
+}

@@ -1,0 +1,436 @@
+/* kernels/cuda/moe.cu: MoE execution on the device (kernels/cuda/ops.h, spec 7.2): the
+ * deterministic routing plan, gather/combine and their backward, and the grouped GEMM that
+ * runs every expert in one launch (fp32 CUDA-core tiles for parity; bf16 WMMA tensor-core
+ * tiles for speed) plus the per-expert weight gradient. */
+#include <mma.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/internal.cuh"
+#include "kernels/cuda/ops.h"
+
+#define BM 64 /* grouped GEMM row tile (also the plan's tile unit) */
+#define BN 64
+#define BK 32
+
+extern "C" int64_t arl_cuda_moe_plan_ints(int64_t T, int64_t k, int64_t E) {
+    return 3 * (E + 1) + 2 * T * k;
+}
+
+/* One block per expert: count its (token, slot) entries, then (after the scan) write the
+ * sorted rows in (token, slot) order with a block-wide prefix over ballots. */
+__global__ void k_plan_count(int32_t *counts, const int32_t *sel, int64_t n, int64_t E,
+                             arl_cuda_errword *err) {
+    __shared__ double sh[33];
+    int32_t e = blockIdx.x;
+    double c = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        int32_t s = sel[i];
+        if (s == e) c += 1.0;
+        if (e == 0 && (s < 0 || s >= E)) arl_dev_error(err, 2, (int32_t)i);
+    }
+    c = arl_block_sum_d(c, sh);
+    if (threadIdx.x == 0) counts[e] = (int32_t)c;
+}
+
+__global__ void k_plan_scan(int32_t *offsets, int32_t *tiles, const int32_t *counts, int64_t E) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int32_t o = 0, t = 0;
+    for (int64_t e = 0; e < E; e++) {
+        offsets[e] = o;
+        tiles[e] = t;
+        o += counts[e];
+        t += (counts[e] + BM - 1) / BM;
+    }
+    offsets[E] = o;
+    tiles[E] = t;
+}
+
+__global__ void k_plan_rows(int32_t *row_src, int32_t *slot_row, const int32_t *offsets,
+                            const int32_t *sel, int64_t n, int64_t k) {
+    __shared__ int32_t warp_cnt[32];
+    __shared__ int32_t base;
+    int32_t e = blockIdx.x;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (threadIdx.x == 0) base = offsets[e];
+    __syncthreads();
+    for (int64_t i0 = 0; i0 < n; i0 += blockDim.x) {
+        int64_t i = i0 + threadIdx.x;
+        bool hit = i < n && sel[i] == e;
+        unsigned bal = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_cnt[w] = __popc(bal);
+        __syncthreads();
+        int32_t before = 0;
+        for (int j = 0; j < w; j++)
+            before += warp_cnt[j];
+        before += __popc(bal & ((1u << lane) - 1u));
+        if (hit) {
+            int32_t row = base + before;
+            row_src[row] = (int32_t)(i / k);
+            slot_row[i] = row;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int32_t tot = 0;
+            for (int j = 0; j < nw; j++)
+                tot += warp_cnt[j];
+            base += tot;
+        }
+        __syncthreads();
+    }
+}
+
+extern "C" void arl_cuda_moe_plan_build(arl_cuda_moe_plan *plan, int32_t *buf, const int32_t *sel,
+                                        int64_t T, int64_t k, int64_t E) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(E >= 1 && k >= 1 && T >= 0 && T * k <= INT32_MAX);
+    plan->counts = buf;
+    plan->offsets = buf + (E + 1);
+    plan->tiles = buf + 2 * (E + 1);
+    plan->row_src = buf + 3 * (E + 1);
+    plan->slot_row = plan->row_src + T * k;
+    plan->T = T;
+    plan->k = k;
+    plan->E = E;
+    int64_t n = T * k;
+    k_plan_count<<<(unsigned)E, 256, 0, c->stream>>>(plan->counts, sel, n, E, c->err);
+    k_plan_scan<<<1, 32, 0, c->stream>>>(plan->offsets, plan->tiles, plan->counts, E);
+    if (n > 0)
+        k_plan_rows<<<(unsigned)E, 256, 0, c->stream>>>(plan->row_src, plan->slot_row,
+                                                        plan->offsets, sel, n, k);
+    ARL_CUDA_LAUNCHED(c, "moe_plan_build");
+}
+
+/* ======================= gather / combine ================================================ */
+
+__global__ void k_gather(float *xp, uint16_t *xpb, const float *x, const int32_t *row_src,
+                         int64_t R, int64_t d) {
+    ARL_GRID_STRIDE(i, R * d) {
+        int64_t r = i / d, j = i % d;
+        float v = x[(int64_t)row_src[r] * d + j];
+        if (xp)
+            xp[i] = v;
+        else {
+            __nv_bfloat16 b = __float2bfloat16_rn(v);
+            xpb[i] = *reinterpret_cast<uint16_t *>(&b);
+        }
+    }
+}
+
+extern "C" void arl_cuda_moe_gather(float *xp, const float *x, const arl_cuda_moe_plan *plan,
+                                    int64_t d) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    int64_t R = plan->T * plan->k;
+    if (R * d == 0) return;
+    k_gather<<<arl_blocks(R * d, 256), 256, 0, c->stream>>>(xp, NULL, x, plan->row_src, R, d);
+    ARL_CUDA_LAUNCHED(c, "moe_gather");
+}
+
+extern "C" void arl_cuda_moe_gather_bf16(uint16_t *xp, const float *x,
+                                         const arl_cuda_moe_plan *plan, int64_t d) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    int64_t R = plan->T * plan->k;
+    if (R * d == 0) return;
+    k_gather<<<arl_blocks(R * d, 256), 256, 0, c->stream>>>(NULL, xp, x, plan->row_src, R, d);
+    ARL_CUDA_LAUNCHED(c, "moe_gather_bf16");
+}
+
+__global__ void k_gather_bwd(float *dx, const float *dxp, const int32_t *slot_row, int64_t T,
+                             int64_t k, int64_t d) {
+    ARL_GRID_STRIDE(i, T * d) {
+        int64_t t = i / d, j = i % d;
+        float acc = 0.0f;
+        for (int64_t s = 0; s < k; s++)
+            acc += dxp[(int64_t)slot_row[t * k + s] * d + j];
+        dx[i] += acc;
+    }
+}
+
+extern "C" void arl_cuda_moe_gather_bwd(float *dx, const float *dxp, const arl_cuda_moe_plan *plan,
+                                        int64_t d) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (plan->T * d == 0) return;
+    k_gather_bwd<<<arl_blocks(plan->T * d, 256), 256, 0, c->stream>>>(dx, dxp, plan->slot_row,
+                                                                      plan->T, plan->k, d);
+    ARL_CUDA_LAUNCHED(c, "moe_gather_bwd");
+}
+
+__global__ void k_combine(float *y, const float *yp, const float *p, const int32_t *slot_row,
+                          int64_t T, int64_t k, int64_t d) {
+    ARL_GRID_STRIDE(i, T * d) {
+        int64_t t = i / d, j = i % d;
+        float acc = 0.0f;
+        for (int64_t s = 0; s < k; s++)
+            acc += p[t * k + s] * yp[(int64_t)slot_row[t * k + s] * d + j];
+        y[i] = acc;
+    }
+}
+
+extern "C" void arl_cuda_moe_combine(float *y, const float *yp, const float *p,
+                                     const arl_cuda_moe_plan *plan, int64_t d) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (plan->T * d == 0) return;
+    k_combine<<<arl_blocks(plan->T * d, 256), 256, 0, c->stream>>>(y, yp, p, plan->slot_row,
+                                                                   plan->T, plan->k, d);
+    ARL_CUDA_LAUNCHED(c, "moe_combine");
+}
+
+/* One block per (token, slot): dyp row = p dy; dp += dy . yp (block sum in double). */
+__global__ void k_combine_bwd(float *dyp, float *dp, const float *dy, const float *yp,
+                              const float *p, const int32_t *slot_row, int64_t k, int64_t d) {
+    __shared__ double sh[33];
+    int64_t ts = blockIdx.x, t = ts / k;
+    int64_t row = slot_row[ts];
+    float pv = p[ts];
+    double acc = 0.0;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+        float g = dy[t * d + j];
+        dyp[row * d + j] = pv * g;
+        acc += (double)g * yp[row * d + j];
+    }
+    acc = arl_block_sum_d(acc, sh);
+    if (threadIdx.x == 0) dp[ts] += (float)acc;
+}
+
+extern "C" void arl_cuda_moe_combine_bwd(float *dyp, float *dp, const float *dy, const float *yp,
+                                         const float *p, const arl_cuda_moe_plan *plan, int64_t d) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    int64_t n = plan->T * plan->k;
+    if (n == 0) return;
+    k_combine_bwd<<<(unsigned)n, 128, 0, c->stream>>>(dyp, dp, dy, yp, p, plan->slot_row, plan->k,
+                                                      d);
+    ARL_CUDA_LAUNCHED(c, "moe_combine_bwd");
+}
+
+/* ======================= grouped GEMM ===================================================== */
+
+/* Row tile -> (expert, first row, rows): binary search of the tile prefix sums. */
+__device__ static inline bool tile_of(const arl_cuda_moe_plan P, int32_t tile, int32_t *e,
+                                      int32_t *r0, int32_t *nr) {
+    if (tile >= P.tiles[P.E]) return false;
+    int32_t lo = 0, hi = (int32_t)P.E - 1;
+    while (lo < hi) { /* largest e with tiles[e] <= tile (and a non-empty expert) */
+        int32_t mid = (lo + hi + 1) / 2;
+        if (P.tiles[mid] <= tile)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    /* the largest such e has tiles[e + 1] > tile, so it is never an empty expert */
+    *e = lo;
+    int32_t j = tile - P.tiles[lo];
+    *r0 = P.offsets[lo] + j * BM;
+    int32_t end = P.offsets[lo + 1];
+    *nr = end - *r0 < BM ? end - *r0 : BM;
+    return true;
+}
+
+/* fp32 CUDA-core tile: 64x64 outputs, 256 threads (4x4 each), K in steps of 32. */
+__global__ void k_grouped_f32(float *Y, const float *X, const float *W, int32_t trans_w,
+                              arl_cuda_moe_plan P, int64_t N, int64_t K, float beta) {
+    __shared__ float As[BK][BM + 1];
+    __shared__ float Bs[BK][BN + 1];
+    int32_t e, r0, nr;
+    if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
+    int64_t n0 = (int64_t)blockIdx.y * BN;
+    const float *We = W + (int64_t)e * N * K;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (int64_t k0 = 0; k0 < K; k0 += BK) {
+        for (int i = threadIdx.x; i < BM * BK; i += blockDim.x) {
+            int r = i / BK, kk = i % BK;
+            As[kk][r] = (r < nr && k0 + kk < K) ? X[(int64_t)(r0 + r) * K + k0 + kk] : 0.0f;
+        }
+        for (int i = threadIdx.x; i < BN * BK; i += blockDim.x) {
+            int nn, kk;
+            float v = 0.0f;
+            if (trans_w) { /* W_e (N, K) */
+                nn = i / BK;
+                kk = i % BK;
+                if (n0 + nn < N && k0 + kk < K) v = We[(n0 + nn) * K + k0 + kk];
+            } else { /* W_e (K, N) */
+                kk = i / BN;
+                nn = i % BN;
+                if (n0 + nn < N && k0 + kk < K) v = We[(k0 + kk) * N + n0 + nn];
+            }
+            Bs[kk][nn] = v;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < BK; kk++) {
+            float a[4], b[4];
+            for (int i = 0; i < 4; i++) {
+                a[i] = As[kk][ty * 4 + i];
+                b[i] = Bs[kk][tx * 4 + i];
+            }
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; i++) {
+        int r = ty * 4 + i;
+        if (r >= nr) continue;
+        for (int j = 0; j < 4; j++) {
+            int64_t nn = n0 + tx * 4 + j;
+            if (nn >= N) continue;
+            float *y = Y + (int64_t)(r0 + r) * N + nn;
+            *y = beta != 0.0f ? acc[i][j] + beta * *y : acc[i][j];
+        }
+    }
+}
+
+static unsigned max_row_tiles(const arl_cuda_moe_plan *P) {
+    return (unsigned)((P->T * P->k + BM - 1) / BM + P->E);
+}
+
+extern "C" void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t trans_w,
+                                      const arl_cuda_moe_plan *plan, int64_t N, int64_t K,
+                                      float beta) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (plan->T * plan->k == 0 || N == 0) return;
+    dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
+    k_grouped_f32<<<grid, 256, 0, c->stream>>>(Y, X, W, trans_w, *plan, N, K, beta);
+    ARL_CUDA_LAUNCHED(c, "grouped_gemm");
+}
+
+/* bf16 WMMA tile: 64x64 outputs per block, 4 warps in 2x2, each 32x32 = 2x2 fragments of
+ * 16x16x16; operands staged in shared memory as bf16 (row-major A tile, B tile as (K, N)). */
+using namespace nvcuda;
+
+#define WK 32
+/* Loads 8 bf16 of row `row` (length K) from column k into dst, zero-filled outside. */
+__device__ static inline void load8(__nv_bfloat16 *dst, const __nv_bfloat16 *row, bool row_ok,
+                                    int64_t k, int64_t K) {
+    if (row_ok && k + 8 <= K) {
+        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(row + k);
+    } else {
+        for (int q = 0; q < 8; q++)
+            dst[q] = (row_ok && k + q < K) ? row[k + q] : __float2bfloat16(0.0f);
+    }
+}
+
+/* TRANS = 1: W_e (N, K) row-major is B = W_e^T in column-major with ld K, staged as
+ * Bs[nn][kk]; TRANS = 0: W_e (K, N) row-major, staged as Bs[kk][nn]. */
+template <int TRANS>
+__global__ void k_grouped_bf16(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                               arl_cuda_moe_plan P, int64_t N, int64_t K, float beta) {
+    __shared__ __align__(32) __nv_bfloat16 As[BM][WK + 8];
+    __shared__ __align__(32) __nv_bfloat16 Bs[TRANS ? BN : WK][TRANS ? WK + 8 : BN + 8];
+    __shared__ __align__(32) float Cs[BM][BN + 4];
+    typedef typename std::conditional<TRANS, wmma::col_major, wmma::row_major>::type b_layout;
+    int32_t e, r0, nr;
+    if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
+    int64_t n0 = (int64_t)blockIdx.y * BN;
+    const __nv_bfloat16 *We = W + (int64_t)e * N * K;
+    int warp = threadIdx.x / 32, wr = warp / 2, wc = warp % 2;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int64_t k0 = 0; k0 < K; k0 += WK) {
+        for (int i = threadIdx.x; i < BM * (WK / 8); i += blockDim.x) {
+            int r = i / (WK / 8), kk = (i % (WK / 8)) * 8;
+            load8(&As[r][kk], X + (int64_t)(r0 + (r < nr ? r : 0)) * K, r < nr, k0 + kk, K);
+        }
+        if (TRANS) {
+            for (int i = threadIdx.x; i < BN * (WK / 8); i += blockDim.x) {
+                int nn = i / (WK / 8), kk = (i % (WK / 8)) * 8;
+                bool ok = n0 + nn < N;
+                load8(&Bs[nn][kk], We + (ok ? n0 + nn : 0) * K, ok, k0 + kk, K);
+            }
+        } else {
+            for (int i = threadIdx.x; i < WK * (BN / 8); i += blockDim.x) {
+                int kk = i / (BN / 8), nn = (i % (BN / 8)) * 8;
+                bool ok = k0 + kk < K;
+                load8(&Bs[kk][nn], We + (ok ? k0 + kk : 0) * N, ok, n0 + nn, N);
+            }
+        }
+        __syncthreads();
+        for (int ks = 0; ks < WK; ks += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, b_layout> fb[2];
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], &As[wr * 32 + i * 16][ks], WK + 8);
+            for (int j = 0; j < 2; j++) {
+                if (TRANS)
+                    wmma::load_matrix_sync(fb[j], &Bs[wc * 32 + j * 16][ks], WK + 8);
+                else
+                    wmma::load_matrix_sync(fb[j], &Bs[ks][wc * 32 + j * 16], BN + 8);
+            }
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++)
+                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&Cs[wr * 32 + i * 16][wc * 32 + j * 16], acc[i][j], BN + 4,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int i = threadIdx.x; i < BM * BN; i += blockDim.x) {
+        int r = i / BN, nn = i % BN;
+        if (r >= nr || n0 + nn >= N) continue;
+        float *y = Y + (int64_t)(r0 + r) * N + n0 + nn;
+        *y = beta != 0.0f ? Cs[r][nn] + beta * *y : Cs[r][nn];
+    }
+}
+
+extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W,
+                                           int32_t trans_w, const arl_cuda_moe_plan *plan,
+                                           int64_t N, int64_t K, float beta) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(N % 16 == 0 && K % 16 == 0);
+    if (plan->T * plan->k == 0 || N == 0) return;
+    dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
+    if (trans_w)
+        k_grouped_bf16<1><<<grid, 128, 0, c->stream>>>(Y, (const __nv_bfloat16 *)X,
+                                                       (const __nv_bfloat16 *)W, *plan, N, K, beta);
+    else
+        k_grouped_bf16<0><<<grid, 128, 0, c->stream>>>(Y, (const __nv_bfloat16 *)X,
+                                                       (const __nv_bfloat16 *)W, *plan, N, K, beta);
+    ARL_CUDA_LAUNCHED(c, "grouped_gemm_bf16");
+}
+
+/* dW_e (N, K) += dY[R_e]^T X[R_e]: block per (expert, 64x64 tile of dW), rows in order. */
+__global__ void k_grouped_wgrad(float *dW, const float *dY, const float *X, arl_cuda_moe_plan P,
+                                int64_t N, int64_t K) {
+    __shared__ float Ys[BK][BN + 1];
+    __shared__ float Xs[BK][BN + 1];
+    int32_t e = blockIdx.z;
+    int32_t a = P.offsets[e], b = P.offsets[e + 1];
+    if (a == b) return;
+    int64_t n0 = (int64_t)blockIdx.y * BN, c0 = (int64_t)blockIdx.x * BN;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4] = {};
+    for (int32_t r0 = a; r0 < b; r0 += BK) {
+        for (int i = threadIdx.x; i < BK * BN; i += blockDim.x) {
+            int rr = i / BN, j = i % BN;
+            bool in = r0 + rr < b;
+            Ys[rr][j] = (in && n0 + j < N) ? dY[(int64_t)(r0 + rr) * N + n0 + j] : 0.0f;
+            Xs[rr][j] = (in && c0 + j < K) ? X[(int64_t)(r0 + rr) * K + c0 + j] : 0.0f;
+        }
+        __syncthreads();
+        for (int rr = 0; rr < BK; rr++)
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++)
+                    acc[i][j] += Ys[rr][ty * 4 + i] * Xs[rr][tx * 4 + j];
+        __syncthreads();
+    }
+    float *dWe = dW + (int64_t)e * N * K;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            int64_t nn = n0 + ty * 4 + i, cc = c0 + tx * 4 + j;
+            if (nn < N && cc < K) dWe[nn * K + cc] += acc[i][j];
+        }
+}
+
+extern "C" void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const float *X,
+                                            const arl_cuda_moe_plan *plan, int64_t N, int64_t K) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (N == 0 || K == 0) return;
+    dim3 grid((unsigned)((K + BN - 1) / BN), (unsigned)((N + BN - 1) / BN), (unsigned)plan->E);
+    k_grouped_wgrad<<<grid, 256, 0, c->stream>>>(dW, dY, X, *plan, N, K);
+    ARL_CUDA_LAUNCHED(c, "grouped_gemm_wgrad");
+}

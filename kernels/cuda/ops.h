@@ -1,0 +1,237 @@
+/* kernels/cuda/ops.h: the model-level device ops of the CUDA backend - the stages of KDA, MLA,
+ * LatentMoE, the router, AttnRes and AdamW that policy/ computes on the CPU.
+ *
+ * Each op mirrors the CPU function named in its comment (same argument order, same shapes and
+ * layouts, same "forward overwrites, backward accumulates (+=)" rule); the contract is in that
+ * CPU header (policy/kda.h, policy/mla.h, policy/attnres.h, policy/router.h, policy/moe.h,
+ * policy/optimizer.c).  It is not: parameter structs, model bookkeeping or configs.
+ *
+ * Common rules (see kernels/cuda/cuda.h for context, errors and the dtype policy):
+ *   - every tensor pointer is DEVICE memory of the current context (arl_cuda_current());
+ *     the exceptions are named (host arrays of device pointers, host hyper-parameters);
+ *   - cu (N + 1) int32 document boundaries live in device memory (NULL: one document [0, T));
+ *   - ops run asynchronously on the context's stream; arl_cuda_sync reports failures;
+ *   - fp32 storage unless the name ends in _bf16 (bf16 = uint16_t bit patterns);
+ *   - work buffers come from the caller (sizes from the *_ws_* functions), typically from the
+ *     arena (arl_cuda_alloc); nothing here allocates;
+ *   - results are deterministic run to run (no atomics on floating-point sums).
+ * Symbols: T tokens, N documents, H heads, dk/dv KDA head dims, C chunk length or channels
+ * (as stated), W conv taps, E experts, k top-k, d width.
+ */
+#ifndef ARL_KERNELS_CUDA_OPS_H
+#define ARL_KERNELS_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "core/status.h"
+
+/* ======================= short causal conv + SiLU (policy/kda.h arl_kda_conv_*) ========= */
+
+/* z (T, C) = SiLU(conv(x)), y (T, C) pre-activation unless NULL; x (T, C), w (C, W),
+ * tails (N, C, W-1) or NULL. */
+void arl_cuda_conv_fwd(float *z, float *y, const float *x, const float *w, const float *tails,
+                       const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W);
+/* dx (T, C) +=, dw (C, W) += (dw may be NULL). */
+void arl_cuda_conv_bwd(float *dx, float *dw, const float *dz, const float *x, const float *w,
+                       const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
+                       int64_t W);
+
+/* ======================= KDA core (policy/kda.h) ========================================= */
+
+/* The largest head dims and chunk length of the CUDA KDA kernels. */
+#define ARL_CUDA_KDA_MAX_DK 128
+#define ARL_CUDA_KDA_MAX_DV 128
+#define ARL_CUDA_KDA_MAX_C 64
+
+/* arl_kda_recurrent_fwd on the device: one warp per (state column, head, document), token by
+ * token in the exact order of spec 3.3.  Decode of one token is T = 1, N = 1.  S (N, H, dk,
+ * dv) in/out; chunk_states (n_chunks, H, dk, dv) or NULL.  dk <= 256. */
+void arl_cuda_kda_recurrent_fwd(float *o, float *S, float *chunk_states, const float *q,
+                                const float *k, const float *v, const float *g, const float *beta,
+                                const int32_t *cu, int32_t N, int64_t T, int64_t H, int64_t dk,
+                                int64_t dv, float scale, int64_t C);
+
+/* arl_kda_chunk_fwd on the device (spec 3.5, difference form for every decay, so valid for both
+ * gates), in two kernels: (1) per (chunk, head), all chunks in parallel: G = cumsum g, A_kk, the
+ * UT transform T = (I + A_kk)^-1 by forward substitution, W, U, A_qk and the decay factors;
+ * (2) per (document, head, 32-column slice of the state), chunks in order: V~ = U - W S,
+ * O = (Gamma Q) S + A_qk V~, S <- exp(G_n) S + K~^T V~.  dk <= 128, dv <= 128, C <= 64;
+ * at most T/C + N chunks fit the context's index table (about 32K chunks).
+ * ws: arl_cuda_kda_chunk_ws_floats(T, N, H, dk, dv, C) floats of device memory. */
+int64_t arl_cuda_kda_chunk_ws_floats(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
+                                     int64_t C);
+void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float *q, const float *k,
+                            const float *v, const float *g, const float *beta, const int32_t *cu,
+                            int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, float scale,
+                            int64_t C, float *ws);
+
+/* arl_kda_recurrent_bwd on the device (spec 3.7): per (document, head) one block keeps S and
+ * dS (dk x dv fp32, shared memory), runs the chunks in reverse, recomputes each chunk's
+ * per-token states from chunk_states into ws, and walks the tokens backward.  dk, dv <= 128.
+ * ws: arl_cuda_kda_bwd_ws_floats(N, H, dk, dv, C) floats. */
+int64_t arl_cuda_kda_bwd_ws_floats(int32_t N, int64_t H, int64_t dk, int64_t dv, int64_t C);
+void arl_cuda_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta,
+                                float *dS0, const float *d_o, const float *dS_T, const float *q,
+                                const float *k, const float *v, const float *g, const float *beta,
+                                const float *chunk_states, const int32_t *cu, int32_t N, int64_t T,
+                                int64_t H, int64_t dk, int64_t dv, float scale, int64_t C,
+                                float *ws);
+
+/* arl_kda_chunk_bwd on the device (spec 3.8), from the chunk_states of a forward with the
+ * same C: (1) the forward's per-chunk prep again (all chunks in parallel), (2) a reverse pass
+ * per (32-column slice, head, document) carrying dS through the chunks (dV~ and each chunk's
+ * outgoing-state gradient), (3) per (chunk, head), all chunks in parallel, everything inside
+ * the chunk (the A_qk, UT-transform and A_kk terms, reverse cumsum of dG).  Same contract
+ * and limits as arl_cuda_kda_chunk_fwd.  ws: arl_cuda_kda_chunk_bwd_ws_floats floats. */
+int64_t arl_cuda_kda_chunk_bwd_ws_floats(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
+                                         int64_t C);
+void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, float *dS0,
+                            const float *d_o, const float *dS_T, const float *q, const float *k,
+                            const float *v, const float *g, const float *beta,
+                            const float *chunk_states, const int32_t *cu, int32_t N, int64_t T,
+                            int64_t H, int64_t dk, int64_t dv, float scale, int64_t C, float *ws);
+
+/* ======================= MLA attention (policy/mla.h) ===================================== */
+
+/* arl_mla_attn_fwd on the device: flash-style (online softmax, one pass over the keys, no
+ * (T, T) scores), causal within each document.  lse (T, Hm) may be NULL.  n + r <= 1024,
+ * vm <= 512.  (fp32 CUDA cores: correct and simple, not yet a tensor-core kernel.) */
+void arl_cuda_mla_attn_fwd(float *o, float *lse, const float *q_nope, const float *q_pe,
+                           const float *k_nope, const float *k_pe, const float *v,
+                           const int32_t *cu, int32_t N, int64_t T, int64_t Hm, int64_t n,
+                           int64_t r, int64_t vm, float scale);
+
+/* arl_mla_attn_bwd on the device (spec 4.3) with the forward's o and lse: one warp per
+ * (key, head) for dk/dv, one per (query, head) for dq; dk_pe summed over heads in a fixed
+ * order (deterministic).  n + r <= 256, vm <= 256.
+ * ws: arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r) floats. */
+int64_t arl_cuda_mla_attn_bwd_ws_floats(int64_t T, int64_t Hm, int64_t r);
+void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe, float *dv,
+                           const float *d_o, const float *o, const float *lse, const float *q_nope,
+                           const float *q_pe, const float *k_nope, const float *k_pe,
+                           const float *v, const int32_t *cu, int32_t N, int64_t T, int64_t Hm,
+                           int64_t n, int64_t r, int64_t vm, float scale, float *ws);
+
+/* arl_mla_absorbed_attn on the device, dense only (the block-sparse selection of 4.5 stays on
+ * the CPU): query i attends to cache rows s <= pos0 + i.  rkv + r <= 1024, rkv <= 512. */
+void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const float *q_pe,
+                                const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
+                                int64_t rkv, int64_t r, float scale);
+
+/* ======================= AttnRes mix (policy/attnres.h) =================================== */
+
+#define ARL_CUDA_ATTNRES_MAX 64
+
+/* src: HOST array of N device pointers, each (T, d) (copied into the launch). */
+void arl_cuda_attnres_mix_fwd(float *out, float *a, const float *const *src, int32_t N, int64_t T,
+                              int64_t d, const float *w_norm, const float *w_proj, float eps);
+/* dsrc: HOST array of N device pointers (entries may be NULL).  ws: 2*N*T floats. */
+void arl_cuda_attnres_mix_bwd(float *const *dsrc, float *dw_norm, float *dw_proj, const float *dh,
+                              const float *const *src, int32_t N, int64_t T, int64_t d,
+                              const float *w_norm, const float *w_proj, float eps, float *ws);
+
+/* ======================= router (policy/router.h) ========================================= */
+
+/* From logits l (T, E) (= x W_r^T, a table GEMM): s (T, E) = sigmoid(l), sel (T, k) the k best
+ * of s + bias (ties to the lower expert), or a copy of forced (T, k) when not NULL, and
+ * p (T, k) = rho s_sel / (sum s_sel + 1e-20).  A forced route outside [0, E) or repeated in a
+ * token makes arl_cuda_sync return ARL_ERR_RANGE naming the token (that token's outputs are
+ * then undefined).  k <= 64. */
+void arl_cuda_router_fwd(int32_t *sel, float *p, float *s, const float *logits, const float *bias,
+                         const int32_t *forced, int64_t T, int64_t E, int64_t k, float rho);
+/* dl (T, E) = the logit gradient of arl_router_bwd (overwritten, zero off the selection);
+ * then dW_r += dl^T x and dx += dl W_r are table GEMMs (linear_bwd_w, linear_bwd_x). */
+void arl_cuda_router_bwd(float *dl, const float *dp, const float *s, const int32_t *sel, int64_t T,
+                         int64_t E, int64_t k, float rho);
+
+/* ======================= Quantile Balancing histogram (policy/qb.h, spec 9.3) ============== */
+
+/* cnt (E, Nb) int64 += the bin counts of r_ij = alpha_i - s_ij, alpha_i the (k+1)-th largest
+ * of s_i + b_old: arl_qb_hist_count on the device (one thread per token, integer atomics, so
+ * the counts are exact and deterministic).  s (m, E), b_old (E).  k + 1 <= 64.  The all-reduce
+ * of cnt and arl_qb_hist_solve stay with the caller (E x Nb integers). */
+void arl_cuda_qb_hist_count(int64_t *cnt, const float *s, const float *b_old, int64_t m, int64_t E,
+                            int64_t k, float lo, float w, int64_t Nb);
+
+/* ======================= MoE execution (spec 7.2) ========================================= */
+
+/* The routing plan: where each (token, slot) goes in the expert-sorted row order.  Rows of
+ * expert e are [offsets[e], offsets[e+1]); inside an expert, rows follow the (token, slot)
+ * order, so the plan is deterministic.  All arrays are device int32 inside one block of
+ * arl_cuda_moe_plan_ints(T, k, E) ints the caller provides. */
+typedef struct arl_cuda_moe_plan {
+    int32_t *counts;   /* (E) tokens per expert */
+    int32_t *offsets;  /* (E + 1) exclusive prefix sum of counts */
+    int32_t *tiles;    /* (E + 1) prefix sum of ceil(counts / 64) (grouped GEMM row tiles) */
+    int32_t *row_src;  /* (T*k) token of each sorted row */
+    int32_t *slot_row; /* (T*k) sorted row of each (token, slot) */
+    int64_t T, k, E;
+} arl_cuda_moe_plan;
+
+int64_t arl_cuda_moe_plan_ints(int64_t T, int64_t k, int64_t E);
+/* Points the plan into buf (device, arl_cuda_moe_plan_ints ints) and fills it from sel (T, k). */
+void arl_cuda_moe_plan_build(arl_cuda_moe_plan *plan, int32_t *buf, const int32_t *sel, int64_t T,
+                             int64_t k, int64_t E);
+
+/* xp (T*k, d) = x rows in sorted order (fp32, or bf16 for the _bf16 grouped GEMM). */
+void arl_cuda_moe_gather(float *xp, const float *x, const arl_cuda_moe_plan *plan, int64_t d);
+void arl_cuda_moe_gather_bf16(uint16_t *xp, const float *x, const arl_cuda_moe_plan *plan,
+                              int64_t d);
+/* dx (T, d) += sum over slots j of dxp[slot_row[t, j]] (j in order). */
+void arl_cuda_moe_gather_bwd(float *dx, const float *dxp, const arl_cuda_moe_plan *plan, int64_t d);
+/* y (T, d) = sum_j p[t, j] yp[slot_row[t, j]] (j in order, fp32). */
+void arl_cuda_moe_combine(float *y, const float *yp, const float *p, const arl_cuda_moe_plan *plan,
+                          int64_t d);
+/* dyp (T*k, d) = p dy (overwritten); dp (T, k) += dy . yp. */
+void arl_cuda_moe_combine_bwd(float *dyp, float *dp, const float *dy, const float *yp,
+                              const float *p, const arl_cuda_moe_plan *plan, int64_t d);
+
+/* Grouped GEMM, all experts in one launch: for each expert e and its rows R_e,
+ *   Y[R_e] (n_e, N) = X[R_e] (n_e, K) op(W_e) + beta * Y[R_e]
+ * W (E, N, K) with trans_w = 1 (nn.Linear weights: Y = X W_e^T), or W (E, K, N) with
+ * trans_w = 0 (Y = X W_e, e.g. the input gradient dX = dY W_e).  beta is 0 or 1. */
+void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t trans_w,
+                           const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta);
+/* The same with bf16 X and W on tensor cores (fp32 accumulation, fp32 Y).  N, K multiples
+ * of 16. */
+void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W, int32_t trans_w,
+                                const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta);
+/* Weight gradient: dW_e (N, K) += dY[R_e]^T X[R_e] for every expert (experts without rows
+ * unchanged); dY (T*k, N), X (T*k, K) fp32. */
+void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const float *X,
+                                 const arl_cuda_moe_plan *plan, int64_t N, int64_t K);
+
+/* bf16 x bf16 -> fp32 dense GEMM through cuBLAS (the benchmark's denominator and the path of
+ * bf16 weights): row-major C (M, N) = alpha op(A) op(B) + beta C, layout of kernels/gemm.h. */
+arl_status arl_cuda_gemm_bf16(int32_t ta, int32_t tb, int64_t M, int64_t N, int64_t K, float alpha,
+                              const uint16_t *A, int64_t lda, const uint16_t *B, int64_t ldb,
+                              float beta, float *C, int64_t ldc);
+
+/* ======================= AdamW (policy/optimizer.c step_range) ============================ */
+
+/* Host-computed per-step constants, exactly as the CPU step computes them. */
+typedef struct arl_cuda_adamw_hp {
+    float coef;  /* clip coefficient */
+    float decay; /* 1 - lr * weight_decay */
+    float beta1, beta2, omb1, omb2;
+    float step_size;    /* lr / (1 - beta1^t) */
+    float inv_sqrt_bc2; /* 1 / sqrt(1 - beta2^t) */
+    float eps;
+} arl_cuda_adamw_hp;
+
+/* For i < n: g' = g coef; p *= decay (apply_decay only); m = b1 m + (1-b1) g';
+ * v = b2 v + (1-b2) g'^2; p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps).  One call per
+ * contiguous range with the same decay rule.  hp is a host struct (copied). */
+void arl_cuda_adamw_step(float *p, float *m, float *v, const float *g, int64_t n,
+                         int32_t apply_decay, const arl_cuda_adamw_hp *hp);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

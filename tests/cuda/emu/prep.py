@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""tests/cuda/emu/prep.py SRC.cu OUT.cpp: rewrite a kernels/cuda source for the CPU emulator.
+
+- CUDA/cuBLAS/WMMA/NCCL system includes are dropped (emu_cuda.h stands in for them);
+  kernels/cuda/internal.cuh becomes the rewritten internal_emu.h;
+- `extern __shared__ float sm[];` becomes a pointer to the emulated block's shared memory;
+- every launch `kern<<<grid, block, smem, stream>>>(args);` becomes
+  `emu_launch(dim3(grid), dim3(block), smem, [=] { kern(args); });`.
+Only the text the backend actually uses is handled; this is a test tool, not a CUDA parser.
+"""
+import re
+import sys
+
+src = open(sys.argv[1]).read()
+out = []
+for line in src.split("\n"):
+    if line.startswith("#include"):
+        if line.endswith('internal.cuh"'):
+            out.append('#include "internal_emu.h"')
+        elif "<" in line and any(w in line for w in ("cuda", "cublas", "mma", "nccl")):
+            pass
+        else:
+            out.append(line)
+        continue
+    out.append(line)
+src = "\n".join(out)
+src = src.replace("extern __shared__ float sm[];", "float *sm = emu_sm();")
+
+
+def split_top(cfg):
+    parts, depth, cur = [], 0, ""
+    for ch in cfg:
+        if ch in "([":
+            depth += 1
+        if ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur.strip())
+    return parts
+
+
+def launch(m):
+    name, cfg, args = m.group(1), m.group(2), m.group(3)
+    p = split_top(cfg)
+    smem = p[2] if len(p) > 2 else "0"
+    return "emu_launch(dim3(%s), dim3(%s), (size_t)(%s), [=] { %s(%s); });" % (
+        p[0], p[1], smem, name, args)
+
+
+src = re.sub(r"([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);", launch, src, flags=re.S)
+if sys.argv[1].endswith("internal.cuh"):
+    src = src.replace('#include "kernels/cuda/cuda.h"',
+                      '#include "emu_cuda.h"\n#include "kernels/cuda/cuda.h"')
+    src = src.replace('extern "C" {\n', 'extern "C" {\n#include "core/status.h"\n', 1)
+open(sys.argv[2], "w").write(src)

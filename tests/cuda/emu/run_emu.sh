@@ -1,0 +1,52 @@
+#!/bin/sh
+# tests/cuda/emu/run_emu.sh BUILD_DIR [WORK_DIR]: run the CUDA parity tests (tests/cuda/test_ops.c,
+# test_model_ops.c) on the CPU, with every kernel of kernels/cuda/*.cu executed by the emulator
+# of emu_cuda.h (one pthread per CUDA thread).  BUILD_DIR holds libarl_policy.a,
+# libarl_kernels.a and libarl_core.a of a CPU build (any build dir of this project).
+# Checks the kernels' indexing, synchronisation and contracts, not GPU numerics or speed
+# (see emu_cuda.h).  Takes a few minutes (thread creation dominates).  Exits 77 when g++ or
+# the libraries are missing.
+# EMU_ASAN=1: build with AddressSanitizer and give every arena allocation its own heap block,
+# so an out-of-bounds access of a kernel to a buffer (or to its shared memory) is reported
+# (slower still: run it when a kernel's indexing changes).
+set -eu
+root=$(cd "$(dirname "$0")/../../.." && pwd)
+emu="$root/tests/cuda/emu"
+build=${1:?usage: run_emu.sh BUILD_DIR [WORK_DIR]}
+work=${2:-$(mktemp -d /tmp/arl-cuda-emu-XXXXXX)}
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+command -v g++ >/dev/null 2>&1 || { echo "skip: no g++"; exit 77; }
+for l in libarl_policy.a libarl_kernels.a libarl_core.a; do
+    [ -f "$build/$l" ] || { echo "skip: $build/$l not built"; exit 77; }
+done
+mkdir -p "$work"
+flags="-O1"
+if [ "${EMU_ASAN:-0}" = 1 ]; then
+    flags="-O1 -g -fsanitize=address"
+    export ASAN_OPTIONS=detect_leaks=0
+fi
+"$py" "$emu/prep.py" "$root/kernels/cuda/internal.cuh" "$work/internal_emu.h"
+objs=""
+for f in "$root"/kernels/cuda/*.cu; do
+    b=$(basename "$f" .cu)
+    "$py" "$emu/prep.py" "$f" "$work/$b.cpp"
+    if [ "${EMU_ASAN:-0}" = 1 ] && [ "$b" = context ]; then # one heap block per allocation
+        sed -i 's/    \*out = ctx->arena + ctx->top;/    *out = aligned_alloc(256, need);/' \
+            "$work/$b.cpp"
+        grep -q 'aligned_alloc(256, need)' "$work/$b.cpp" || { echo "run_emu: alloc patch failed"; exit 1; }
+    fi
+    g++ -std=c++17 $flags -w -I"$root" -I"$emu" -I"$work" -c "$work/$b.cpp" -o "$work/$b.o"
+    objs="$objs $work/$b.o"
+done
+g++ -std=c++17 $flags -w -I"$emu" -c "$emu/emu_rt.cpp" -o "$work/emu_rt.o"
+libs="$build/libarl_policy.a $build/libarl_kernels.a $build/libarl_core.a"
+extra=$(pkg-config --libs openblas jansson 2>/dev/null || echo "-lopenblas -ljansson")
+rc=0
+for t in test_ops test_model_ops; do
+    gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/cuda/$t.c" -o "$work/$t.o"
+    g++ $flags -o "$work/$t" "$work/$t.o" $objs "$work/emu_rt.o" $libs $extra -lpthread -lm
+    echo "== $t (emulated)"
+    "$work/$t" || rc=1
+done
+exit $rc

@@ -1,0 +1,635 @@
+/* tests/cuda/test_model_ops.c: the model-level CUDA ops (kernels/cuda/ops.h) against their CPU
+ * references in policy/ on the same random inputs, forward and backward: short conv, KDA
+ * (recurrent and chunkwise forward, recurrent-rule and chunkwise backward), MLA (expanded
+ * forward/backward, absorbed decode), AttnRes, router, the QB histogram, MoE plan/gather/
+ * grouped GEMM/combine, AdamW, and a decode step captured as a CUDA graph.  Exits 77 without
+ * a GPU.
+ *
+ * Inputs are the ones callers produce: L2-normalised KDA keys and queries, K3-gate decays in
+ * (-5, 0), beta in (0, 1), non-zero initial states, packed documents that cross chunk
+ * boundaries (and a document shorter than the conv window), an expert with no tokens,
+ * forced routes, ties in the router.
+ *
+ * Tolerances (stated per check):
+ *   - fp32 ops with the CPU's formula and a different summation order: rtol 1e-5 .. 2e-5
+ *     (a few ulp after the 2-ulp CUDA expf/tanhf and FMA contraction);
+ *   - recurrences (KDA): the state is carried through up to 80 steps and the chunk form
+ *     inverts (I + A_kk); both sides are fp32 with different orders, so errors grow like
+ *     steps * ulp * |S|: max|diff| <= 1e-4 max|ref| + 1e-5;
+ *   - attention (MLA): online vs two-pass softmax in fp32: 2e-5 max|ref| + 1e-6;
+ *   - bf16 grouped GEMM: inputs rounded to bf16 (2^-9 relative each): per element
+ *     2^-7 sum|x||w| + 1e-6 (2x margin over the 2^-8 bound);
+ *   - selections and the MoE plan: exact.
+ */
+#include "kernels/cuda/ops.h"
+#include "kernels/kernels.h"
+#include "policy/attnres.h"
+#include "policy/kda.h"
+#include "policy/mla.h"
+#include "policy/qb.h"
+#include "policy/router.h"
+#include "tests/cuda/cuda_test.h"
+
+static void l2rows(float *x, int64_t n, int64_t d) {
+    arl_k_l2norm_fwd(x, NULL, x, n, d, 1e-6f);
+}
+
+/* ---------------------------------------------------------------- short conv */
+static void test_conv(void) {
+    CT_CASE_BEGIN;
+    const int32_t N = 3;
+    const int64_t T = 50, C = 24, W = 4;
+    int32_t cu[4] = {0, 2, 30, 50}; /* document 0 shorter than W - 1 */
+    float *x = ct_rand(T * C, -2, 2), *w = ct_rand(C * W, -0.5f, 0.5f);
+    float *tails = ct_rand(N * C * (W - 1), -1, 1), *dz = ct_rand(T * C, -1, 1);
+    float *z = ct_host(sizeof(float) * T * C), *y = ct_host(sizeof(float) * T * C);
+    float *dx = ct_rand(T * C, -1, 1), *dw = ct_rand(C * W, -1, 1);
+    float *d_x = ct_dev(x, T * C), *d_w = ct_dev(w, C * W), *d_t = ct_dev(tails, N * C * (W - 1));
+    float *d_dz = ct_dev(dz, T * C), *d_z = ct_dev(NULL, T * C), *d_y = ct_dev(NULL, T * C);
+    float *d_dx = ct_dev(dx, T * C), *d_dw = ct_dev(dw, C * W);
+    int32_t *d_cu = ct_dev_i32(cu, N + 1);
+    arl_cuda_conv_fwd(d_z, d_y, d_x, d_w, d_t, d_cu, N, T, C, W);
+    arl_cuda_conv_bwd(d_dx, d_dw, d_dz, d_x, d_w, d_t, d_cu, N, T, C, W);
+    arl_kda_conv_fwd(z, y, x, w, tails, cu, N, T, C, W);
+    arl_kda_conv_bwd(dx, dw, dz, x, w, tails, cu, N, T, C, W);
+    /* same tap order on both sides; SiLU and its derivative: rtol 2e-5 */
+    ct_check("conv_fwd y", d_y, y, T * C, 1e-6, 1e-5);
+    ct_check("conv_fwd z", d_z, z, T * C, 1e-6, 2e-5);
+    ct_check("conv_bwd dx (+=)", d_dx, dx, T * C, 2e-6, 2e-5);
+    /* dw sums 50 tokens in a different order: 1e-5 of max|ref| */
+    ct_check_maxref("conv_bwd dw (+=)", d_dw, dw, C * W, 1e-6, 1e-5);
+    free(x), free(w), free(tails), free(dz), free(z), free(y), free(dx), free(dw);
+    CT_CASE_END;
+}
+
+/* ---------------------------------------------------------------- KDA */
+typedef struct kda_in {
+    int32_t N;
+    int64_t T, H, dk, dv, C;
+    int32_t cu[4];
+    float *q, *k, *v, *g, *beta, *S0;
+} kda_in;
+
+static kda_in kda_make(int64_t dk, int64_t dv, int64_t C) {
+    kda_in a = {.N = 3, .T = 150, .H = 3, .dk = dk, .dv = dv, .C = C, .cu = {0, 70, 71, 150}};
+    int64_t T = a.T, H = a.H;
+    a.q = ct_rand(T * H * dk, -1, 1);
+    a.k = ct_rand(T * H * dk, -1, 1);
+    l2rows(a.q, T * H, dk);
+    l2rows(a.k, T * H, dk);
+    a.v = ct_rand(T * H * dv, -1, 1);
+    a.g = ct_rand(T * H * dk, -6, 6); /* K3 gate: g = -5 sigmoid(u) in (-5, 0) */
+    for (int64_t i = 0; i < T * H * dk; i++)
+        a.g[i] = -5.0f / (1.0f + expf(-a.g[i]));
+    a.beta = ct_rand(T * H, 0.02f, 0.98f);
+    a.S0 = ct_rand(a.N * H * dk * dv, -0.5f, 0.5f);
+    return a;
+}
+
+static void kda_free(kda_in *a) {
+    free(a->q), free(a->k), free(a->v), free(a->g), free(a->beta), free(a->S0);
+}
+
+static void kda_case(int64_t dk, int64_t dv, int64_t C) {
+    CT_CASE_BEGIN;
+    kda_in a = kda_make(dk, dv, C);
+    const int64_t T = a.T, H = a.H, N = a.N, nS = N * H * dk * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    int64_t nc = arl_kda_num_chunks(a.cu, a.N, T, C);
+    float *o = ct_host(sizeof(float) * T * H * dv), *S = ct_copy_host(a.S0, nS);
+    float *cs = ct_host(sizeof(float) * nc * H * dk * dv);
+    float *ws = ct_host(sizeof(float) * arl_kda_chunk_ws_floats(H, dk, dv, C));
+    arl_kda_chunk_fwd(o, S, cs, a.q, a.k, a.v, a.g, a.beta, a.cu, a.N, T, H, dk, dv, scale, C, ws);
+    float *d_q = ct_dev(a.q, T * H * dk), *d_k = ct_dev(a.k, T * H * dk),
+          *d_g = ct_dev(a.g, T * H * dk);
+    float *d_v = ct_dev(a.v, T * H * dv), *d_b = ct_dev(a.beta, T * H);
+    int32_t *d_cu = ct_dev_i32(a.cu, N + 1);
+    float *d_o = ct_dev(NULL, T * H * dv), *d_S = ct_dev(a.S0, nS);
+    float *d_cs = ct_dev(NULL, nc * H * dk * dv);
+    char what[96];
+
+    /* recurrent form on the device vs the CPU chunk form (equal to rounding, spec 3.5) */
+    arl_cuda_kda_recurrent_fwd(d_o, d_S, d_cs, d_q, d_k, d_v, d_g, d_b, d_cu, a.N, T, H, dk, dv,
+                               scale, C);
+    snprintf(what, sizeof what, "kda_recurrent_fwd o dk=%lld dv=%lld", (long long)dk,
+             (long long)dv);
+    ct_check_maxref(what, d_o, o, T * H * dv, 1e-5, 1e-4);
+    ct_check_maxref("kda_recurrent_fwd final S", d_S, S, nS, 1e-5, 1e-4);
+    ct_check_maxref("kda_recurrent_fwd chunk_states", d_cs, cs, nc * H * dk * dv, 1e-5, 1e-4);
+
+    /* chunk form on the device */
+    arl_cuda_upload(ct_ctx, d_S, a.S0, sizeof(float) * nS);
+    float *d_ws = ct_dev(NULL, arl_cuda_kda_chunk_ws_floats(T, a.N, H, dk, dv, C));
+    arl_cuda_kda_chunk_fwd(d_o, d_S, d_cs, d_q, d_k, d_v, d_g, d_b, d_cu, a.N, T, H, dk, dv, scale,
+                           C, d_ws);
+    snprintf(what, sizeof what, "kda_chunk_fwd o dk=%lld dv=%lld C=%lld", (long long)dk,
+             (long long)dv, (long long)C);
+    ct_check_maxref(what, d_o, o, T * H * dv, 1e-5, 1e-4);
+    ct_check_maxref("kda_chunk_fwd final S", d_S, S, nS, 1e-5, 1e-4);
+    ct_check_maxref("kda_chunk_fwd chunk_states", d_cs, cs, nc * H * dk * dv, 1e-5, 1e-4);
+
+    /* backward (recurrent rule, 3.7) from the CPU's chunk states, non-zero dS_T */
+    if (dk <= 128 && dv <= 128) {
+        float *d_o_up = ct_rand(T * H * dv, -1, 1), *dST = ct_rand(nS, -0.5f, 0.5f);
+        float *gq = ct_rand(T * H * dk, -1, 1), *gk = ct_rand(T * H * dk, -1, 1);
+        float *gg = ct_rand(T * H * dk, -1, 1), *gv = ct_rand(T * H * dv, -1, 1);
+        float *gb = ct_rand(T * H, -1, 1), *gS = ct_rand(nS, -1, 1);
+        float *d_gq = ct_dev(gq, T * H * dk), *d_gk = ct_dev(gk, T * H * dk);
+        float *d_gg = ct_dev(gg, T * H * dk), *d_gv = ct_dev(gv, T * H * dv);
+        float *d_gb = ct_dev(gb, T * H), *d_gS = ct_dev(gS, nS);
+        float *d_do = ct_dev(d_o_up, T * H * dv), *d_dST = ct_dev(dST, nS);
+        float *d_csc = ct_dev(cs, nc * H * dk * dv);
+        float *d_bws = ct_dev(NULL, arl_cuda_kda_bwd_ws_floats(a.N, H, dk, dv, C));
+        float *bws = ct_host(sizeof(float) * arl_kda_bwd_ws_floats(H, dk, dv, C));
+        arl_kda_recurrent_bwd(gq, gk, gv, gg, gb, gS, d_o_up, dST, a.q, a.k, a.v, a.g, a.beta, cs,
+                              a.cu, a.N, T, H, dk, dv, scale, C, bws);
+        arl_cuda_kda_recurrent_bwd(d_gq, d_gk, d_gv, d_gg, d_gb, d_gS, d_do, d_dST, d_q, d_k, d_v,
+                                   d_g, d_b, d_csc, d_cu, a.N, T, H, dk, dv, scale, C, d_bws);
+        ct_check_maxref("kda_bwd dq (+=)", d_gq, gq, T * H * dk, 1e-5, 1e-4);
+        ct_check_maxref("kda_bwd dk (+=)", d_gk, gk, T * H * dk, 1e-5, 1e-4);
+        ct_check_maxref("kda_bwd dv (+=)", d_gv, gv, T * H * dv, 1e-5, 1e-4);
+        ct_check_maxref("kda_bwd dg (+=)", d_gg, gg, T * H * dk, 1e-5, 1e-4);
+        ct_check_maxref("kda_bwd dbeta (+=)", d_gb, gb, T * H, 1e-5, 1e-4);
+        ct_check_maxref("kda_bwd dS0 (+=)", d_gS, gS, nS, 1e-5, 1e-4);
+
+        /* chunkwise backward (3.8) on the device vs the CPU's chunkwise backward, from
+         * fresh accumulators */
+        float *cq = ct_rand(T * H * dk, -1, 1), *ck = ct_rand(T * H * dk, -1, 1);
+        float *cg = ct_rand(T * H * dk, -1, 1), *cv = ct_rand(T * H * dv, -1, 1);
+        float *cb = ct_rand(T * H, -1, 1), *cS = ct_rand(nS, -1, 1);
+        arl_cuda_upload(ct_ctx, d_gq, cq, sizeof(float) * T * H * dk);
+        arl_cuda_upload(ct_ctx, d_gk, ck, sizeof(float) * T * H * dk);
+        arl_cuda_upload(ct_ctx, d_gg, cg, sizeof(float) * T * H * dk);
+        arl_cuda_upload(ct_ctx, d_gv, cv, sizeof(float) * T * H * dv);
+        arl_cuda_upload(ct_ctx, d_gb, cb, sizeof(float) * T * H);
+        arl_cuda_upload(ct_ctx, d_gS, cS, sizeof(float) * nS);
+        float *d_cws = ct_dev(NULL, arl_cuda_kda_chunk_bwd_ws_floats(T, a.N, H, dk, dv, C));
+        arl_kda_chunk_bwd(cq, ck, cv, cg, cb, cS, d_o_up, dST, a.q, a.k, a.v, a.g, a.beta, cs, a.cu,
+                          a.N, T, H, dk, dv, scale, C, bws);
+        arl_cuda_kda_chunk_bwd(d_gq, d_gk, d_gv, d_gg, d_gb, d_gS, d_do, d_dST, d_q, d_k, d_v, d_g,
+                               d_b, d_csc, d_cu, a.N, T, H, dk, dv, scale, C, d_cws);
+        ct_check_maxref("kda_chunk_bwd dq (+=)", d_gq, cq, T * H * dk, 1e-5, 1e-4);
+        ct_check_maxref("kda_chunk_bwd dk (+=)", d_gk, ck, T * H * dk, 1e-5, 1e-4);
+        ct_check_maxref("kda_chunk_bwd dv (+=)", d_gv, cv, T * H * dv, 1e-5, 1e-4);
+        ct_check_maxref("kda_chunk_bwd dg (+=)", d_gg, cg, T * H * dk, 1e-5, 1e-4);
+        ct_check_maxref("kda_chunk_bwd dbeta (+=)", d_gb, cb, T * H, 1e-5, 1e-4);
+        ct_check_maxref("kda_chunk_bwd dS0 (+=)", d_gS, cS, nS, 1e-5, 1e-4);
+        free(cq), free(ck), free(cg), free(cv), free(cb), free(cS);
+        free(d_o_up), free(dST), free(gq), free(gk), free(gg), free(gv), free(gb), free(gS);
+        free(bws);
+    }
+    free(o), free(S), free(cs), free(ws);
+    kda_free(&a);
+    CT_CASE_END;
+}
+
+static void test_kda(void) {
+    kda_case(32, 32, 16);
+    kda_case(64, 48, 32);   /* dv not a multiple of the 32-column slice */
+    kda_case(128, 128, 64); /* the benchmark's head dims */
+}
+
+/* ---------------------------------------------------------------- MLA */
+static void test_mla(void) {
+    CT_CASE_BEGIN;
+    const int32_t N = 2;
+    const int64_t T = 70, Hm = 3, n = 16, r = 8, vm = 24;
+    int32_t cu[3] = {0, 33, 70};
+    const float scale = 1.0f / sqrtf((float)(n + r));
+    float *qn = ct_rand(T * Hm * n, -2, 2), *qp = ct_rand(T * Hm * r, -2, 2);
+    float *kn = ct_rand(T * Hm * n, -2, 2), *kp = ct_rand(T * r, -2, 2);
+    float *v = ct_rand(T * Hm * vm, -1, 1), *dO = ct_rand(T * Hm * vm, -1, 1);
+    float *o = ct_host(sizeof(float) * T * Hm * vm), *lse = ct_host(sizeof(float) * T * Hm);
+    float *ws = ct_host(sizeof(float) * arl_mla_attn_ws_floats(T, Hm, r));
+    arl_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, cu, N, T, Hm, n, r, vm, scale, ws);
+    float *d_qn = ct_dev(qn, T * Hm * n), *d_qp = ct_dev(qp, T * Hm * r);
+    float *d_kn = ct_dev(kn, T * Hm * n), *d_kp = ct_dev(kp, T * r), *d_v = ct_dev(v, T * Hm * vm);
+    float *d_o = ct_dev(NULL, T * Hm * vm), *d_lse = ct_dev(NULL, T * Hm);
+    int32_t *d_cu = ct_dev_i32(cu, N + 1);
+    arl_cuda_mla_attn_fwd(d_o, d_lse, d_qn, d_qp, d_kn, d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale);
+    ct_check_maxref("mla_attn_fwd o", d_o, o, T * Hm * vm, 1e-6, 2e-5);
+    ct_check("mla_attn_fwd lse", d_lse, lse, T * Hm, 1e-5, 1e-5);
+
+    float *gqn = ct_rand(T * Hm * n, -1, 1), *gqp = ct_rand(T * Hm * r, -1, 1);
+    float *gkn = ct_rand(T * Hm * n, -1, 1), *gkp = ct_rand(T * r, -1, 1);
+    float *gv = ct_rand(T * Hm * vm, -1, 1);
+    float *d_gqn = ct_dev(gqn, T * Hm * n), *d_gqp = ct_dev(gqp, T * Hm * r);
+    float *d_gkn = ct_dev(gkn, T * Hm * n), *d_gkp = ct_dev(gkp, T * r);
+    float *d_gv = ct_dev(gv, T * Hm * vm), *d_dO = ct_dev(dO, T * Hm * vm);
+    float *d_ws = ct_dev(NULL, arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r));
+    float *d_oc = ct_dev(o, T * Hm * vm), *d_lsec = ct_dev(lse, T * Hm); /* CPU forward's */
+    arl_mla_attn_bwd(gqn, gqp, gkn, gkp, gv, dO, o, lse, qn, qp, kn, kp, v, cu, N, T, Hm, n, r, vm,
+                     scale, ws);
+    arl_cuda_mla_attn_bwd(d_gqn, d_gqp, d_gkn, d_gkp, d_gv, d_dO, d_oc, d_lsec, d_qn, d_qp, d_kn,
+                          d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale, d_ws);
+    ct_check_maxref("mla_attn_bwd dq_nope (+=)", d_gqn, gqn, T * Hm * n, 1e-6, 2e-5);
+    ct_check_maxref("mla_attn_bwd dq_pe (+=)", d_gqp, gqp, T * Hm * r, 1e-6, 2e-5);
+    ct_check_maxref("mla_attn_bwd dk_nope (+=)", d_gkn, gkn, T * Hm * n, 1e-6, 2e-5);
+    ct_check_maxref("mla_attn_bwd dk_pe (+=)", d_gkp, gkp, T * r, 1e-6, 2e-5);
+    ct_check_maxref("mla_attn_bwd dv (+=)", d_gv, gv, T * Hm * vm, 1e-6, 2e-5);
+
+    /* absorbed decode over a latent cache: 5 queries at positions 20..24 */
+    const int64_t rkv = 32, S = 25, pos0 = 20, Tq = 5;
+    float *cache = ct_rand(S * (rkv + r), -1, 1), *qh = ct_rand(Tq * Hm * rkv, -1, 1);
+    float *qpe = ct_rand(Tq * Hm * r, -1, 1), *oh = ct_host(sizeof(float) * Tq * Hm * rkv);
+    float *aws = ct_host(sizeof(float) * arl_mla_absorbed_ws_floats(S, rkv, r, 0));
+    arl_mla_absorbed_attn(oh, NULL, 0, qh, qpe, cache, pos0, Tq, Hm, rkv, r, scale, 0, 0, aws);
+    float *d_cache = ct_dev(cache, S * (rkv + r)), *d_qh = ct_dev(qh, Tq * Hm * rkv);
+    float *d_qpe = ct_dev(qpe, Tq * Hm * r), *d_oh = ct_dev(NULL, Tq * Hm * rkv);
+    arl_cuda_mla_absorbed_attn(d_oh, d_qh, d_qpe, d_cache, pos0, Tq, Hm, rkv, r, scale);
+    ct_check_maxref("mla_absorbed_attn", d_oh, oh, Tq * Hm * rkv, 1e-6, 2e-5);
+    free(qn), free(qp), free(kn), free(kp), free(v), free(dO), free(o), free(lse), free(ws);
+    free(gqn), free(gqp), free(gkn), free(gkp), free(gv);
+    free(cache), free(qh), free(qpe), free(oh), free(aws);
+    CT_CASE_END;
+}
+
+/* ---------------------------------------------------------------- AttnRes */
+static void test_attnres(void) {
+    CT_CASE_BEGIN;
+    enum { NS = 5 };
+    const int64_t T = 6, d = 96;
+    float *src[NS], *dsrc[NS], *d_src[NS], *d_dsrc[NS];
+    for (int j = 0; j < NS; j++) {
+        src[j] = ct_rand(T * d, -3, 3);
+        dsrc[j] = ct_rand(T * d, -1, 1);
+        d_src[j] = ct_dev(src[j], T * d);
+        d_dsrc[j] = j == 2 ? NULL : ct_dev(dsrc[j], T * d); /* one gradient not wanted */
+    }
+    float *wn = ct_rand(d, 0.5f, 1.5f), *wp = ct_rand(d, -0.3f, 0.3f), *dh = ct_rand(T * d, -1, 1);
+    float *out = ct_host(sizeof(float) * T * d), *a = ct_host(sizeof(float) * NS * T);
+    float *dwn = ct_rand(d, -1, 1), *dwp = ct_rand(d, -1, 1);
+    float *d_wn = ct_dev(wn, d), *d_wp = ct_dev(wp, d), *d_dh = ct_dev(dh, T * d);
+    float *d_out = ct_dev(NULL, T * d), *d_a = ct_dev(NULL, NS * T);
+    float *d_dwn = ct_dev(dwn, d), *d_dwp = ct_dev(dwp, d), *d_ws = ct_dev(NULL, 2 * NS * T);
+    arl_cuda_attnres_mix_fwd(d_out, d_a, (const float *const *)d_src, NS, T, d, d_wn, d_wp, 1e-5f);
+    arl_cuda_attnres_mix_bwd(d_dsrc, d_dwn, d_dwp, d_dh, (const float *const *)d_src, NS, T, d,
+                             d_wn, d_wp, 1e-5f, d_ws);
+    float *dsrc_cpu[NS];
+    for (int j = 0; j < NS; j++)
+        dsrc_cpu[j] = j == 2 ? NULL : dsrc[j];
+    arl_attnres_mix_fwd(out, a, (const float *const *)src, NS, T, d, wn, wp, 1e-5f);
+    arl_attnres_mix_bwd(dsrc_cpu, dwn, dwp, dh, (const float *const *)src, NS, T, d, wn, wp, 1e-5f);
+    /* both in double internally: 1e-5 relative */
+    ct_check("attnres_mix_fwd out", d_out, out, T * d, 1e-6, 1e-5);
+    ct_check("attnres_mix_fwd a", d_a, a, NS * T, 1e-7, 1e-5);
+    for (int j = 0; j < NS; j++)
+        if (j != 2) ct_check("attnres_mix_bwd dsrc (+=)", d_dsrc[j], dsrc[j], T * d, 1e-6, 1e-5);
+    ct_check_maxref("attnres_mix_bwd dw_norm (+=)", d_dwn, dwn, d, 1e-6, 1e-5);
+    ct_check_maxref("attnres_mix_bwd dw_proj (+=)", d_dwp, dwp, d, 1e-6, 1e-5);
+    for (int j = 0; j < NS; j++)
+        free(src[j]), free(dsrc[j]);
+    free(wn), free(wp), free(dh), free(out), free(a), free(dwn), free(dwp);
+    CT_CASE_END;
+}
+
+/* ---------------------------------------------------------------- router */
+static void test_router(void) {
+    CT_CASE_BEGIN;
+    const int64_t T = 20, d = 32, E = 16, k = 4;
+    const float rho = 2.5f;
+    float *x = ct_rand(T * d, -1, 1), *W = ct_rand(E * d, -1, 1), *b = ct_rand(E, -0.1f, 0.1f);
+    for (int64_t i = 0; i < d; i++)
+        x[i] = 0.0f; /* token 0: all logits 0 -> all scores tie: lowest experts win */
+    for (int64_t e = 0; e < E; e++)
+        b[e] = 0.0f;
+    float *l = ct_host(sizeof(float) * T * E), *s = ct_host(sizeof(float) * T * E);
+    float *p = ct_host(sizeof(float) * T * k);
+    int32_t *sel = ct_host(sizeof(int32_t) * T * k);
+    float *ws = ct_host(sizeof(float) * arl_router_ws_floats(T, E));
+    arl_k_linear_fwd(l, x, W, T, d, E);
+    if (arl_router_fwd(sel, p, s, x, W, b, NULL, T, d, E, k, rho, ws) != ARL_OK) ct_die("router");
+    float *d_l = ct_dev(l, T * E), *d_b = ct_dev(b, E), *d_s = ct_dev(NULL, T * E);
+    float *d_p = ct_dev(NULL, T * k);
+    int32_t *d_sel = ct_dev_i32(NULL, T * k);
+    arl_cuda_router_fwd(d_sel, d_p, d_s, d_l, d_b, NULL, T, E, k, rho);
+    int32_t *hs = ct_get_i32(d_sel, T * k);
+    for (int64_t i = 0; i < T * k; i++)
+        CHECK_MSG(hs[i] == sel[i], "router sel [%lld]: gpu %d cpu %d", (long long)i, hs[i], sel[i]);
+    free(hs);
+    ct_check("router s", d_s, s, T * E, 1e-7, 2e-6);
+    ct_check("router p", d_p, p, T * k, 1e-7, 1e-5);
+
+    /* backward: dl on the device, then the two table GEMMs; vs arl_router_bwd */
+    const arl_k_backend *kb = arl_cuda_backend();
+    float *dp = ct_rand(T * k, -1, 1), *dx = ct_rand(T * d, -1, 1), *dW = ct_rand(E * d, -1, 1);
+    float *d_dp = ct_dev(dp, T * k), *d_dx = ct_dev(dx, T * d), *d_dW = ct_dev(dW, E * d);
+    float *d_x = ct_dev(x, T * d), *d_W = ct_dev(W, E * d), *d_dl = ct_dev(NULL, T * E);
+    int32_t *d_selc = ct_dev_i32(sel, T * k);
+    float *d_sc = ct_dev(s, T * E);
+    arl_cuda_router_bwd(d_dl, d_dp, d_sc, d_selc, T, E, k, rho);
+    kb->linear_bwd_w(d_dW, d_dl, d_x, T, d, E);
+    kb->linear_bwd_x(d_dx, d_dl, d_W, T, d, E);
+    arl_router_bwd(dx, dW, dp, x, W, s, sel, T, d, E, k, rho, ws);
+    ct_check_maxref("router_bwd dx (+=)", d_dx, dx, T * d, 1e-6, 1e-5);
+    ct_check_maxref("router_bwd dW (+=)", d_dW, dW, E * d, 1e-6, 1e-5);
+
+    /* forced routes: copied; a bad one is reported by arl_cuda_sync as ARL_ERR_RANGE */
+    int32_t *forced = ct_host(sizeof(int32_t) * T * k);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < k; i++)
+            forced[t * k + i] = (int32_t)((t + 3 * i) % E);
+    int32_t *d_f = ct_dev_i32(forced, T * k);
+    arl_cuda_router_fwd(d_sel, d_p, d_s, d_l, d_b, d_f, T, E, k, rho);
+    hs = ct_get_i32(d_sel, T * k);
+    CHECK(memcmp(hs, forced, sizeof(int32_t) * T * k) == 0);
+    free(hs);
+    forced[7 * k + 1] = (int32_t)E;
+    arl_cuda_upload(ct_ctx, d_f, forced, sizeof(int32_t) * T * k);
+    arl_cuda_router_fwd(d_sel, d_p, d_s, d_l, d_b, d_f, T, E, k, rho);
+    arl_status st = arl_cuda_sync(ct_ctx);
+    CHECK_MSG(st == ARL_ERR_RANGE && strstr(arl_error_msg(), "token 7"),
+              "bad forced route: status %d, message '%s'", (int)st, arl_error_msg());
+    CHECK(arl_cuda_sync(ct_ctx) == ARL_OK); /* the error was reported once and cleared */
+    free(x), free(W), free(b), free(l), free(s), free(p), free(sel), free(ws);
+    free(dp), free(dx), free(dW), free(forced);
+    CT_CASE_END;
+}
+
+/* ---------------------------------------------------------------- QB histogram */
+static void test_qb(void) {
+    CT_CASE_BEGIN;
+    const int64_t m = 300, E = 16, k = 4, Nb = 64;
+    float *s = ct_rand(m * E, 0, 1), *b = ct_rand(E, -0.2f, 0.2f), lo, w;
+    for (int64_t j = 0; j < E; j++)
+        s[5 * E + j] = 0.5f; /* a token with all scores tied */
+    int64_t *cnt = ct_host(sizeof(int64_t) * E * Nb);
+    float *ws = ct_host(sizeof(float) * arl_qb_ws_floats(m, E));
+    arl_qb_hist_range(&lo, &w, b, E, Nb);
+    arl_qb_hist_count(cnt, s, b, m, E, k, lo, w, Nb, ws);
+    float *d_s = ct_dev(s, m * E), *d_b = ct_dev(b, E);
+    int64_t *d_cnt = ct_dev_bytes(NULL, sizeof(int64_t) * E * Nb);
+    arl_cuda_qb_hist_count(d_cnt, d_s, d_b, m, E, k, lo, w, Nb);
+    int64_t *h = ct_host(sizeof(int64_t) * E * Nb);
+    if (arl_cuda_sync(ct_ctx) != ARL_OK ||
+        arl_cuda_download(ct_ctx, h, d_cnt, sizeof(int64_t) * E * Nb) != ARL_OK)
+        ct_die("qb download");
+    /* the same float operations (sum, subtraction, IEEE division, floor): exact counts */
+    CHECK(memcmp(h, cnt, sizeof(int64_t) * E * Nb) == 0);
+    free(s), free(b), free(cnt), free(ws), free(h);
+    CT_CASE_END;
+}
+
+/* ---------------------------------------------------------------- MoE */
+static void test_moe(void) {
+    CT_CASE_BEGIN;
+    const int64_t T = 40, k = 4, E = 8, K = 48, N = 32, R = T * k;
+    int32_t *sel = ct_host(sizeof(int32_t) * R);
+    for (int64_t t = 0; t < T; t++) /* distinct experts per token, expert 5 never chosen */
+        for (int64_t i = 0; i < k; i++) {
+            int32_t e = (int32_t)((t * 3 + i * 2) % 7);
+            sel[t * k + i] = e >= 5 ? e + 1 : e;
+        }
+    float *x = ct_rand(T * K, -1, 1), *W = ct_rand(E * N * K, -1, 1), *p = ct_rand(R, 0, 1);
+    int32_t *d_sel = ct_dev_i32(sel, R);
+    int32_t *d_buf = ct_dev_i32(NULL, arl_cuda_moe_plan_ints(T, k, E));
+    arl_cuda_moe_plan plan;
+    arl_cuda_moe_plan_build(&plan, d_buf, d_sel, T, k, E);
+    /* the plan: counts, offsets, and rows in (token, slot) order within each expert */
+    int32_t *cnt = ct_get_i32(plan.counts, E), *off = ct_get_i32(plan.offsets, E + 1);
+    int32_t *src = ct_get_i32(plan.row_src, R), *slot = ct_get_i32(plan.slot_row, R);
+    int32_t want[8] = {0}, o = 0, cursor[8];
+    for (int64_t i = 0; i < R; i++)
+        want[sel[i]]++;
+    for (int64_t e = 0; e < E; e++) {
+        CHECK_EQ_INT(cnt[e], want[e]);
+        CHECK_EQ_INT(off[e], o);
+        cursor[e] = o;
+        o += want[e];
+    }
+    CHECK_EQ_INT(cnt[5], 0);
+    for (int64_t i = 0; i < R; i++) {
+        int32_t row = cursor[sel[i]]++;
+        CHECK_EQ_INT(slot[i], row);
+        CHECK_EQ_INT(src[row], (int32_t)(i / k));
+    }
+    free(cnt), free(off), free(src), free(slot);
+
+    /* reference: yp[row of (t, i)] = x_t W_e^T, y_t = sum_i p yp (double) */
+    float *yp = ct_host(sizeof(float) * R * N), *y = ct_host(sizeof(float) * T * N);
+    double *bound = ct_host(sizeof(double) * R * N);
+    float *xp = ct_host(sizeof(float) * R * K);
+    for (int64_t i = 0; i < R; i++) {
+        int64_t t = i / k, e = sel[i];
+        for (int64_t c = 0; c < K; c++)
+            xp[i * K + c] = x[t * K + c];
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0, b = 0;
+            for (int64_t c = 0; c < K; c++) {
+                acc += (double)x[t * K + c] * W[(e * N + j) * K + c];
+                b += fabs((double)x[t * K + c] * W[(e * N + j) * K + c]);
+            }
+            yp[i * N + j] = (float)acc; /* stored by (token, slot) here */
+            bound[i * N + j] = b;
+        }
+    }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0;
+            for (int64_t i = 0; i < k; i++)
+                acc += (double)p[t * k + i] * yp[(t * k + i) * N + j];
+            y[t * N + j] = (float)acc;
+        }
+    int32_t *slot_h = ct_get_i32(plan.slot_row, R);
+    float *yp_sorted = ct_host(sizeof(float) * R * N);
+    double *bound_sorted = ct_host(sizeof(double) * R * N);
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t j = 0; j < N; j++) {
+            yp_sorted[(int64_t)slot_h[i] * N + j] = yp[i * N + j];
+            bound_sorted[(int64_t)slot_h[i] * N + j] = bound[i * N + j];
+        }
+
+    float *d_x = ct_dev(x, T * K), *d_W = ct_dev(W, E * N * K), *d_p = ct_dev(p, R);
+    float *d_xp = ct_dev(NULL, R * K), *d_yp = ct_dev(NULL, R * N), *d_y = ct_dev(NULL, T * N);
+    arl_cuda_moe_gather(d_xp, d_x, &plan, K);
+    arl_cuda_grouped_gemm(d_yp, d_xp, d_W, 1, &plan, N, K, 0.0f);
+    arl_cuda_moe_combine(d_y, d_yp, d_p, &plan, N);
+    /* fp32 products of K = 48 terms in [-1, 1] vs a double reference: 1e-5 of max|ref| */
+    ct_check_maxref("grouped_gemm fp32 (W^T)", d_yp, yp_sorted, R * N, 1e-6, 1e-5);
+    ct_check_maxref("moe_combine", d_y, y, T * N, 1e-6, 1e-5);
+
+    /* W stored (E, K, N): trans_w = 0 gives the same products */
+    float *Wt = ct_host(sizeof(float) * E * N * K);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t c = 0; c < K; c++)
+                Wt[(e * K + c) * N + j] = W[(e * N + j) * K + c];
+    float *d_Wt = ct_dev(Wt, E * N * K);
+    arl_cuda_grouped_gemm(d_yp, d_xp, d_Wt, 0, &plan, N, K, 0.0f);
+    ct_check_maxref("grouped_gemm fp32 (W)", d_yp, yp_sorted, R * N, 1e-6, 1e-5);
+
+    /* bf16 tensor-core path, both layouts: per-element bound 2^-7 sum|x||w| */
+    uint16_t *d_xpb = ct_dev_bytes(NULL, 2 * R * K), *d_Wb = ct_dev_bytes(NULL, 2 * E * N * K);
+    uint16_t *d_Wtb = ct_dev_bytes(NULL, 2 * E * N * K);
+    arl_cuda_moe_gather_bf16(d_xpb, d_x, &plan, K);
+    arl_cuda_f32_to_bf16(d_Wb, d_W, E * N * K);
+    arl_cuda_f32_to_bf16(d_Wtb, d_Wt, E * N * K);
+    for (int tw = 0; tw < 2; tw++) {
+        arl_cuda_grouped_gemm_bf16(d_yp, d_xpb, tw ? d_Wb : d_Wtb, tw, &plan, N, K, 0.0f);
+        float *h = ct_get(d_yp, R * N);
+        for (int64_t i = 0; i < R * N; i++) {
+            double lim = bound_sorted[i] / 128.0 + 1e-6;
+            if (!(fabs((double)h[i] - yp_sorted[i]) <= lim)) {
+                fprintf(stderr, "grouped_gemm_bf16 trans_w=%d [%lld]: %g vs %g (> %g)\n", tw,
+                        (long long)i, h[i], yp_sorted[i], lim);
+                test_failures_++;
+                break;
+            }
+        }
+        free(h);
+    }
+
+    /* backward pieces: combine_bwd, grouped input gradient (trans_w = 0 on W (E, N, K) read as
+     * (K', N') = (N, K)), weight gradient, gather_bwd */
+    float *dy = ct_rand(T * N, -1, 1), *dp_init = ct_rand(R, -1, 1);
+    float *dx_init = ct_rand(T * K, -1, 1), *dW_init = ct_rand(E * N * K, -1, 1);
+    float *dp = ct_copy_host(dp_init, R), *dx = ct_copy_host(dx_init, T * K);
+    float *dW = ct_copy_host(dW_init, E * N * K);
+    float *dyp = ct_host(sizeof(float) * R * N), *dxp = ct_host(sizeof(float) * R * K);
+    for (int64_t i = 0; i < R; i++) { /* reference in (token, slot) order, double sums */
+        int64_t t = i / k, e = sel[i];
+        double dpi = 0;
+        for (int64_t j = 0; j < N; j++) {
+            dyp[i * N + j] = p[i] * dy[t * N + j];
+            dpi += (double)dy[t * N + j] * yp[i * N + j];
+        }
+        dp[i] = (float)(dp[i] + dpi);
+        for (int64_t c = 0; c < K; c++) {
+            double acc = 0;
+            for (int64_t j = 0; j < N; j++)
+                acc += (double)dyp[i * N + j] * W[(e * N + j) * K + c];
+            dxp[i * K + c] = (float)acc;
+        }
+    }
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t c = 0; c < K; c++) {
+                double acc = dW[(e * N + j) * K + c];
+                for (int64_t i = 0; i < R; i++)
+                    if (sel[i] == e) acc += (double)dyp[i * N + j] * x[(i / k) * K + c];
+                dW[(e * N + j) * K + c] = (float)acc;
+            }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t c = 0; c < K; c++) {
+            double acc = dx[t * K + c];
+            for (int64_t i = 0; i < k; i++)
+                acc += dxp[(t * k + i) * K + c];
+            dx[t * K + c] = (float)acc;
+        }
+    float *d_dy = ct_dev(dy, T * N), *d_dyp = ct_dev(NULL, R * N), *d_dxp = ct_dev(NULL, R * K);
+    float *d_dp = ct_dev(dp_init, R), *d_dx = ct_dev(dx_init, T * K);
+    float *d_dW = ct_dev(dW_init, E * N * K);
+    arl_cuda_moe_gather(d_xp, d_x, &plan, K);
+    arl_cuda_grouped_gemm(d_yp, d_xp, d_W, 1, &plan, N, K, 0.0f);
+    arl_cuda_moe_combine_bwd(d_dyp, d_dp, d_dy, d_yp, d_p, &plan, N);
+    arl_cuda_grouped_gemm(d_dxp, d_dyp, d_W, 0, &plan, K, N, 0.0f);
+    arl_cuda_grouped_gemm_wgrad(d_dW, d_dyp, d_xp, &plan, N, K);
+    arl_cuda_moe_gather_bwd(d_dx, d_dxp, &plan, K);
+    ct_check_maxref("moe_combine_bwd dp (+=)", d_dp, dp, R, 1e-6, 1e-5);
+    ct_check_maxref("moe_gather_bwd dx (+=) via grouped dX", d_dx, dx, T * K, 1e-6, 1e-5);
+    ct_check_maxref("grouped_gemm_wgrad dW (+=)", d_dW, dW, E * N * K, 1e-6, 1e-5);
+    free(dp_init), free(dx_init), free(dW_init);
+    free(sel), free(x), free(W), free(p), free(yp), free(y), free(bound), free(xp), free(slot_h);
+    free(yp_sorted), free(bound_sorted), free(Wt), free(dy), free(dp), free(dx), free(dW);
+    free(dyp), free(dxp);
+    CT_CASE_END;
+}
+
+/* ---------------------------------------------------------------- AdamW */
+static void test_adamw(void) {
+    CT_CASE_BEGIN;
+    const int64_t n = 5000;
+    float *p = ct_rand(n, -1, 1), *m = ct_rand(n, -0.1f, 0.1f), *v = ct_rand(n, 0, 0.01f);
+    float *g = ct_rand(n, -1, 1);
+    float *d_p = ct_dev(p, n), *d_m = ct_dev(m, n), *d_v = ct_dev(v, n), *d_g = ct_dev(g, n);
+    /* the constants policy/optimizer.c computes for step t = 3, lr 1e-3, wd 0.1, clip 0.5 */
+    double lr = 1e-3, b1 = 0.9, b2 = 0.95, t = 3;
+    arl_cuda_adamw_hp hp = {.coef = 0.5f,
+                            .decay = (float)(1.0 - lr * 0.1),
+                            .beta1 = (float)b1,
+                            .beta2 = (float)b2,
+                            .omb1 = (float)(1.0 - b1),
+                            .omb2 = (float)(1.0 - b2),
+                            .step_size = (float)(lr / (1.0 - pow(b1, t))),
+                            .inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(b2, t))),
+                            .eps = 1e-8f};
+    arl_cuda_adamw_step(d_p, d_m, d_v, d_g, n / 2, 1, &hp);
+    arl_cuda_adamw_step(d_p + n / 2, d_m + n / 2, d_v + n / 2, d_g + n / 2, n - n / 2, 0, &hp);
+    for (int64_t i = 0; i < n; i++) { /* policy/optimizer.c step_range, element by element */
+        float gi = g[i] * hp.coef, pi = p[i];
+        if (i < n / 2) pi *= hp.decay;
+        float mi = hp.beta1 * m[i] + hp.omb1 * gi;
+        float vi = hp.beta2 * v[i] + hp.omb2 * (gi * gi);
+        m[i] = mi, v[i] = vi;
+        float denom = sqrtf(vi) * hp.inv_sqrt_bc2 + hp.eps;
+        p[i] = pi - hp.step_size * (mi / denom);
+    }
+    /* the same float operations; nvcc's FMA contraction changes the last bit of m, v and
+     * the update (step_size ~ 1e-3 of |p|): rtol 1e-6 */
+    ct_check("adamw p", d_p, p, n, 1e-9, 1e-6);
+    ct_check("adamw m", d_m, m, n, 1e-9, 1e-6);
+    ct_check("adamw v", d_v, v, n, 1e-12, 1e-6);
+    free(p), free(m), free(v), free(g);
+    CT_CASE_END;
+}
+
+/* ---------------------------------------------------------------- CUDA graph of a decode step */
+static void test_graph(void) {
+    CT_CASE_BEGIN;
+    const int64_t H = 4, dk = 64, dv = 64, d = 256;
+    const float scale = 0.125f;
+    const arl_k_backend *kb = arl_cuda_backend();
+    float *x = ct_rand(d, -1, 1), *w = ct_rand(d, 0.5f, 1.5f), *S0 = ct_rand(H * dk * dv, -1, 1);
+    float *d_x = ct_dev(x, d), *d_w = ct_dev(w, d), *d_y = ct_dev(NULL, d);
+    float *d_q = ct_dev(NULL, H * dk), *d_k = ct_dev(NULL, H * dk), *d_v = ct_dev(NULL, H * dv);
+    float *d_g = ct_dev(NULL, H * dk), *d_b = ct_dev(NULL, H);
+    float *d_o1 = ct_dev(NULL, H * dv), *d_o2 = ct_dev(NULL, H * dv);
+    float *d_S1 = ct_dev(S0, H * dk * dv), *d_S2 = ct_dev(S0, H * dk * dv);
+    /* the step: y = RMSNorm(x); one KDA token on state S (q, k, v, g, beta updated in place) */
+    arl_cuda_graph *g = NULL;
+    CHECK(arl_cuda_graph_begin(ct_ctx) == ARL_OK);
+    kb->rmsnorm_fwd(d_y, NULL, d_x, d_w, 1, d, 1e-5f);
+    arl_cuda_kda_recurrent_fwd(d_o1, d_S1, NULL, d_q, d_k, d_v, d_g, d_b, NULL, 1, 1, H, dk, dv,
+                               scale, 1);
+    CHECK_MSG(arl_cuda_graph_end(ct_ctx, &g) == ARL_OK, "%s", arl_error_msg());
+    for (int step = 0; step < 3; step++) {
+        float *q = ct_rand(H * dk, -1, 1), *k = ct_rand(H * dk, -1, 1), *v = ct_rand(H * dv, -1, 1);
+        float *gg = ct_rand(H * dk, -5, 0), *b = ct_rand(H, 0, 1);
+        l2rows(q, H, dk), l2rows(k, H, dk);
+        arl_cuda_upload(ct_ctx, d_q, q, sizeof(float) * H * dk);
+        arl_cuda_upload(ct_ctx, d_k, k, sizeof(float) * H * dk);
+        arl_cuda_upload(ct_ctx, d_v, v, sizeof(float) * H * dv);
+        arl_cuda_upload(ct_ctx, d_g, gg, sizeof(float) * H * dk);
+        arl_cuda_upload(ct_ctx, d_b, b, sizeof(float) * H);
+        if (g) CHECK(arl_cuda_graph_launch(ct_ctx, g) == ARL_OK);
+        arl_cuda_kda_recurrent_fwd(d_o2, d_S2, NULL, d_q, d_k, d_v, d_g, d_b, NULL, 1, 1, H, dk, dv,
+                                   scale, 1);
+        /* the same kernels on the same inputs: bit-identical */
+        float *o2 = ct_get(d_o2, H * dv);
+        ct_check("graph replay o", d_o1, o2, H * dv, 0, 0);
+        free(o2), free(q), free(k), free(v), free(gg), free(b);
+    }
+    float *S2 = ct_get(d_S2, H * dk * dv);
+    ct_check("graph replay S", d_S1, S2, H * dk * dv, 0, 0);
+    float *y = ct_host(sizeof(float) * d);
+    arl_k_rmsnorm_fwd(y, NULL, x, w, 1, d, 1e-5f);
+    ct_check("graph replay rmsnorm", d_y, y, d, 2e-6, 1e-5);
+    arl_cuda_graph_free(g);
+    free(x), free(w), free(S0), free(S2), free(y);
+    CT_CASE_END;
+}
+
+int main(void) {
+    ct_init((size_t)512 << 20);
+    TEST_RUN(test_conv);
+    TEST_RUN(test_kda);
+    TEST_RUN(test_mla);
+    TEST_RUN(test_attnres);
+    TEST_RUN(test_router);
+    TEST_RUN(test_qb);
+    TEST_RUN(test_moe);
+    TEST_RUN(test_adamw);
+    TEST_RUN(test_graph);
+    arl_cuda_close(ct_ctx);
+    return test_finish();
+}
