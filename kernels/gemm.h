@@ -23,7 +23,9 @@
  *
  * Threads and determinism (kernels/threadpool.h): a product with M*N*K >= ARL_K_GEMM_SPLIT_MNK
  * is cut along its larger output dimension into one block per pool thread (block edges on
- * multiples of 16), each computed on one thread; smaller products are one call.  Results are
+ * multiples of 16), each computed on one thread; with the AVX2/FMA kernel into up to four
+ * blocks per thread of at least 64 rows or columns, claimed by whichever thread is free
+ * (kernels/threadpool.h arl_k_parallel_for_items); smaller products are one call.  Results are
  * bit-identical run to run for a fixed thread count (the cut depends only on the shape and the
  * thread count); with the AVX2/FMA kernel also across thread counts.  With OpenBLAS they may
  * differ across thread counts in the last bits: its optimised kernels (Haswell, SkylakeX) round

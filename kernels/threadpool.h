@@ -3,9 +3,10 @@
  *
  * It is: n threads created once (the calling thread plus n-1 workers), a parallel-for that cuts
  * [0, n_items) into contiguous parts fixed by (n_items, grain, n_threads) only, and workers that
- * sleep on a condition variable when idle (no spinning).  It is not a task scheduler: no work
- * stealing, no futures, no dynamic load balancing - those would make the partition depend on
- * timing.
+ * sleep on a condition variable when idle (no spinning).  Free threads claim the parts (so the
+ * thread that runs a part depends on timing; the parts themselves never do).  It is not a task
+ * scheduler: no futures, no splitting of parts by load - that would make the partition depend
+ * on timing.
  *
  * Determinism contract.  Every CPU kernel is written so that the value it computes for one item
  * (a row, a column block, a fixed-size chunk) does not depend on which part the item falls in.
@@ -47,9 +48,19 @@ int arl_k_pool_threads(const arl_k_pool *p);
 
 /* Run fn over [0, n) and return when every part is done.  The range is cut into
  * parts = min(n_threads, ceil(n / grain)) contiguous pieces, part i = [n*i/parts, n*(i+1)/parts);
- * the caller runs part 0.  grain >= 1 is the least number of items worth a thread.  n <= 0 does
- * nothing.  Allocates nothing.  p == NULL runs fn(ctx, 0, n) on the caller. */
+ * each part runs exactly once, on whichever thread claims it first: the caller claims too
+ * (usually part 0, as it starts before the workers wake), so a worker that is slow to wake on a
+ * loaded machine leaves its part to the caller instead of stalling the run.  Which thread runs
+ * a part never changes a result (the contract above).  grain >= 1 is the least number of items
+ * worth a thread.  n <= 0 does nothing.  Allocates nothing.  p == NULL runs fn(ctx, 0, n) on the
+ * caller. */
 void arl_k_pool_run(arl_k_pool *p, int64_t n, int64_t grain, arl_k_range_fn fn, void *ctx);
+
+/* Run fn over [0, n) with every item its own part ([i, i+1), n <= INT32_MAX), claimed one at a
+ * time by whichever thread is free: a dynamic balance of a few coarse items (GEMM blocks) when
+ * a thread is late or slow.  Which thread runs an item never changes a result.  A pool of one
+ * thread, p == NULL, or a busy pool runs fn(ctx, 0, n) on the caller. */
+void arl_k_pool_run_items(arl_k_pool *p, int64_t n, arl_k_range_fn fn, void *ctx);
 
 /* ---- the CPU backend's process-wide pool ---- */
 
@@ -71,6 +82,9 @@ void arl_k_threads_free(void);
 
 /* arl_k_pool_run on the process-wide pool: the parallel-for every CPU kernel uses. */
 void arl_k_parallel_for(int64_t n, int64_t grain, arl_k_range_fn fn, void *ctx);
+
+/* arl_k_pool_run_items on the process-wide pool. */
+void arl_k_parallel_for_items(int64_t n, arl_k_range_fn fn, void *ctx);
 
 /* Least work (multiply-adds, or comparable operations) worth handing to a thread: below it the
  * wake-up of a sleeping worker costs more than it saves, and on a loaded machine much more

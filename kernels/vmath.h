@@ -18,7 +18,9 @@
  *   arl_k_vsilu     x * sigmoid(x): <= 4 ulp where sigmoid(x) is a normal number (x > -87.3);
  *                   below, |error| <= 2 |x| 2^-149 (sigmoid's subnormal rounding, as with libm);
  *                   silu(-inf) is NaN, as x * sigmoid(x) is.
- *   NaN in gives NaN out everywhere.
+ *   NaN in gives NaN out everywhere: the first NaN argument, quietened (the elementwise
+ *   functions and vaxpy / vscale / vmul; never left to the hardware's choice between two NaN
+ *   operands, which differs between builds and optimisation levels).
  * Determinism: each element's result depends only on its input, never on its position, the
  * array length or the alignment (array tails run the same code on a padded copy), so results
  * are bit-identical however a caller splits an array across threads, and the same on every CPU

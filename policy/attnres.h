@@ -12,7 +12,8 @@
  * Sources are given as an array of N pointers, each to a (T, d) row-major block, so the
  * block entries and the running partial sum may live in different buffers.  Sums over d use
  * double accumulators; everything stored is fp32.  Nothing allocates; every pointer is
- * borrowed for the duration of the call only.
+ * borrowed for the duration of the call only.  Tokens run in parallel on the kernels' pool
+ * (kernels/threadpool.h); results never depend on the thread count.
  */
 #ifndef ARL_POLICY_ATTNRES_H
 #define ARL_POLICY_ATTNRES_H
@@ -32,5 +33,13 @@ void arl_attnres_mix_fwd(float *out, float *a, const float *const *src, int32_t 
 void arl_attnres_mix_bwd(float *const *dsrc, float *dw_norm, float *dw_proj, const float *dh,
                          const float *const *src, int32_t N, int64_t T, int64_t d,
                          const float *w_norm, const float *w_proj, float eps);
+
+/* The same with a work buffer ws (arl_attnres_bwd_ws_doubles(N, T) doubles, no initialisation):
+ * tokens run in parallel, then dw over columns; the same bits as arl_attnres_mix_bwd (which runs
+ * on the calling thread only).  ws NULL is arl_attnres_mix_bwd. */
+int64_t arl_attnres_bwd_ws_doubles(int32_t N, int64_t T);
+void arl_attnres_mix_bwd_ws(float *const *dsrc, float *dw_norm, float *dw_proj, const float *dh,
+                            const float *const *src, int32_t N, int64_t T, int64_t d,
+                            const float *w_norm, const float *w_proj, float eps, double *ws);
 
 #endif

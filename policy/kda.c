@@ -6,10 +6,13 @@
  * own slice of the caller's work buffer, and every value is computed in a fixed order, so
  * results do not depend on the thread count.
  *
- * Speed: exponentials, sigmoids and SiLU of the forward stages run on arrays through
- * kernels/vmath.h; the chunk form computes A_kk and A_qk as GEMMs over 16-token sub-chunks
- * (chunk_pairs, spec 3.5 "Factored form"), and the recurrent step walks the state row by row.
- * The backward functions keep libm and the per-pair difference form.
+ * Speed: exponentials, sigmoids and SiLU of the stages run on arrays through kernels/vmath.h;
+ * the chunk form computes A_kk and A_qk as GEMMs over 16-token sub-chunks (chunk_pairs, spec
+ * 3.5 "Factored form"), and the chunkwise backward its pair terms the same way
+ * (chunk_pairs_bwd); the recurrent step walks the state row by row.  The short convolutions, the
+ * K3 gate backward and the output-norm backward run over channels (or rows) in parallel, each
+ * sum over tokens in ascending order, so no result depends on the thread count.  The recurrent
+ * backward (the second reference) and the softplus gate keep libm.
  */
 #include "policy/kda.h"
 
@@ -54,53 +57,161 @@ static void check_docs(const int32_t *cu, int32_t N, int64_t T) {
  * short convolution
  * --------------------------------------------------------------------------------------- */
 
-/* Input of channel c at document position src (< 0: from the tail or 0). */
-static inline float conv_in(const float *x, const float *tail, int64_t a, int64_t src, int64_t c,
-                            int64_t C, int64_t W) {
-    if (src >= 0) return x[(a + src) * C + c];
-    return tail ? tail[c * (W - 1) + (W - 1 + src)] : 0.0f;
-}
+typedef struct conv_fwd_args {
+    float *z, *y;
+    const float *x, *w, *tails;
+    const int32_t *cu;
+    int32_t N;
+    int64_t T, C, W;
+} conv_fwd_args;
 
-void arl_kda_conv_fwd(float *z, float *y, const float *x, const float *w, const float *tails,
-                      const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W) {
-    check_docs(cu, N, T);
-    ARL_ASSERT(W >= 1 && C >= 1);
-    for (int32_t di = 0; di < N; di++) {
-        int64_t a = doc_lo(cu, di), b = doc_hi(cu, di, T);
-        const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
+/* Channels [c_lo, c_hi) of every token (channels are independent: any split, the same bits). */
+static void conv_fwd_range(void *vctx, int64_t c_lo, int64_t c_hi) {
+    const conv_fwd_args *A = vctx;
+    const int64_t C = A->C, W = A->W;
+    const float *x = A->x, *w = A->w;
+    for (int32_t di = 0; di < A->N; di++) {
+        int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T);
+        const float *tail = A->tails ? A->tails + (int64_t)di * C * (W - 1) : NULL;
         for (int64_t t = a; t < b; t++) {
             int64_t pos = t - a;
-            float *zt = z + t * C;
+            float *zt = A->z + t * C;
             if (pos >= W - 1) { /* all taps inside the document */
                 const float *x0 = x + (t - (W - 1)) * C;
-                for (int64_t c = 0; c < C; c++) {
+                for (int64_t c = c_lo; c < c_hi; c++) {
                     float acc = 0.0f;
                     for (int64_t j = 0; j < W; j++)
                         acc += w[c * W + j] * x0[j * C + c];
                     zt[c] = acc;
                 }
             } else { /* early taps from the tail (or 0): tap by tap, each c in ascending j */
-                for (int64_t c = 0; c < C; c++)
+                for (int64_t c = c_lo; c < c_hi; c++)
                     zt[c] = 0.0f;
                 for (int64_t j = 0; j < W; j++) {
                     int64_t src = pos - (W - 1) + j;
                     if (src >= 0) {
                         const float *xr = x + (a + src) * C;
-                        for (int64_t c = 0; c < C; c++)
+                        for (int64_t c = c_lo; c < c_hi; c++)
                             zt[c] += w[c * W + j] * xr[c];
                     } else if (tail) {
                         const float *tc = tail + (W - 1 + src);
-                        for (int64_t c = 0; c < C; c++)
+                        for (int64_t c = c_lo; c < c_hi; c++)
                             zt[c] += w[c * W + j] * tc[c * (W - 1)];
                     } else {
-                        for (int64_t c = 0; c < C; c++)
+                        for (int64_t c = c_lo; c < c_hi; c++)
                             zt[c] += w[c * W + j] * 0.0f;
                     }
                 }
             }
-            if (y) memcpy(y + t * C, zt, sizeof(float) * (size_t)C);
-            arl_k_vsilu(zt, zt, C);
+            if (A->y) memcpy(A->y + t * C + c_lo, zt + c_lo, sizeof(float) * (size_t)(c_hi - c_lo));
+            arl_k_vsilu(zt + c_lo, zt + c_lo, c_hi - c_lo);
         }
+    }
+}
+
+void arl_kda_conv_fwd(float *z, float *y, const float *x, const float *w, const float *tails,
+                      const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W) {
+    check_docs(cu, N, T);
+    ARL_ASSERT(W >= 1 && C >= 1);
+    conv_fwd_args A = {z, y, x, w, tails, cu, N, T, C, W};
+    arl_k_parallel_for(C, arl_k_work_grain(T * (2 * W + 8)), conv_fwd_range, &A);
+}
+
+/* Channels per block of the conv backward (stack rows of pre-activations and gradients), and
+ * the floats of its stack copies of a block's taps (w and dw transposed to (W, block)). */
+#define CONV_BLK 64
+#define CONV_WBUF 1024
+
+typedef struct conv_bwd_args {
+    float *dx, *dw;
+    const float *dz, *x, *w, *tails;
+    const int32_t *cu;
+    int32_t N;
+    int64_t T, C, W;
+} conv_bwd_args;
+
+/* Channels [c0, c0 + nb) (nb <= CONV_BLK, nb * W <= CONV_WBUF), all tokens.  Inlined twice: with
+ * nb = CONV_BLK a constant (full blocks: the compiler vectorises the channel loops) and with
+ * nb variable; the same arithmetic per element either way. */
+static inline __attribute__((always_inline)) void conv_bwd_block(const conv_bwd_args *A,
+                                                                 int64_t c0, int64_t nb) {
+    const int64_t C = A->C, W = A->W;
+    const float *x = A->x;
+    float wT[CONV_WBUF], dwT[CONV_WBUF]; /* (W, nb) */
+    float y[CONV_BLK], s[CONV_BLK], dy[CONV_BLK];
+    for (int64_t j = 0; j < W; j++)
+        for (int64_t i = 0; i < nb; i++) {
+            wT[j * nb + i] = A->w[(c0 + i) * W + j];
+            dwT[j * nb + i] = A->dw ? A->dw[(c0 + i) * W + j] : 0.0f;
+        }
+    for (int32_t di = 0; di < A->N; di++) {
+        int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T);
+        const float *tail = A->tails ? A->tails + (int64_t)di * C * (W - 1) + c0 * (W - 1) : NULL;
+        for (int64_t t = a; t < b; t++) {
+            int64_t pos = t - a;
+            /* y = the pre-activation, each channel in ascending taps as the forward */
+            for (int64_t i = 0; i < nb; i++)
+                y[i] = 0.0f;
+            for (int64_t j = 0; j < W; j++) {
+                int64_t src = pos - (W - 1) + j;
+                const float *wj = wT + j * nb;
+                if (src >= 0) {
+                    const float *xr = x + (a + src) * C + c0;
+                    for (int64_t i = 0; i < nb; i++)
+                        y[i] += wj[i] * xr[i];
+                } else if (tail) {
+                    const float *tl = tail + (W - 1 + src);
+                    for (int64_t i = 0; i < nb; i++)
+                        y[i] += wj[i] * tl[i * (W - 1)];
+                } else {
+                    for (int64_t i = 0; i < nb; i++)
+                        y[i] += wj[i] * 0.0f;
+                }
+            }
+            /* dy = dz SiLU'(y) */
+            arl_k_vsigmoid(s, y, nb);
+            const float *dzt = A->dz + t * C + c0;
+            for (int64_t i = 0; i < nb; i++)
+                dy[i] = dzt[i] * s[i] * (1.0f + y[i] * (1.0f - s[i]));
+            for (int64_t j = 0; j < W; j++) {
+                int64_t src = pos - (W - 1) + j;
+                const float *wj = wT + j * nb;
+                float *dwj = dwT + j * nb;
+                if (src >= 0) {
+                    const float *xr = x + (a + src) * C + c0;
+                    float *dxr = A->dx + (a + src) * C + c0;
+                    for (int64_t i = 0; i < nb; i++) {
+                        dxr[i] += wj[i] * dy[i];
+                        dwj[i] += dy[i] * xr[i];
+                    }
+                } else if (tail) {
+                    const float *tl = tail + (W - 1 + src);
+                    for (int64_t i = 0; i < nb; i++)
+                        dwj[i] += dy[i] * tl[i * (W - 1)];
+                } else {
+                    for (int64_t i = 0; i < nb; i++)
+                        dwj[i] += dy[i] * 0.0f;
+                }
+            }
+        }
+    }
+    if (A->dw)
+        for (int64_t j = 0; j < W; j++)
+            for (int64_t i = 0; i < nb; i++)
+                A->dw[(c0 + i) * W + j] = dwT[j * nb + i];
+}
+
+/* Channels [c_lo, c_hi): everything of a channel lives in its own columns of dx and its own row
+ * of dw, summed over the tokens in ascending order, so the split never changes a result. */
+static void conv_bwd_range(void *vctx, int64_t c_lo, int64_t c_hi) {
+    const conv_bwd_args *A = vctx;
+    const int64_t blk = A->W * CONV_BLK <= CONV_WBUF ? CONV_BLK : CONV_WBUF / A->W;
+    for (int64_t c0 = c_lo; c0 < c_hi; c0 += blk) {
+        const int64_t nb = c_hi - c0 < blk ? c_hi - c0 : blk;
+        if (nb == CONV_BLK)
+            conv_bwd_block(A, c0, CONV_BLK);
+        else
+            conv_bwd_block(A, c0, nb);
     }
 }
 
@@ -108,25 +219,9 @@ void arl_kda_conv_bwd(float *dx, float *dw, const float *dz, const float *x, con
                       const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
                       int64_t W) {
     check_docs(cu, N, T);
-    for (int32_t di = 0; di < N; di++) {
-        int64_t a = doc_lo(cu, di), b = doc_hi(cu, di, T);
-        const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
-        for (int64_t t = a; t < b; t++) {
-            int64_t pos = t - a;
-            for (int64_t c = 0; c < C; c++) {
-                float y = 0.0f;
-                for (int64_t j = 0; j < W; j++)
-                    y += w[c * W + j] * conv_in(x, tail, a, pos - (W - 1) + j, c, C, W);
-                float s = sigm(y);
-                float dy = dz[t * C + c] * s * (1.0f + y * (1.0f - s));
-                for (int64_t j = 0; j < W; j++) {
-                    int64_t src = pos - (W - 1) + j;
-                    if (src >= 0) dx[(a + src) * C + c] += w[c * W + j] * dy;
-                    if (dw) dw[c * W + j] += dy * conv_in(x, tail, a, src, c, C, W);
-                }
-            }
-        }
-    }
+    ARL_ASSERT(W >= 1 && W <= CONV_WBUF && C >= 1);
+    conv_bwd_args A = {dx, dw, dz, x, w, tails, cu, N, T, C, W};
+    arl_k_parallel_for(C, arl_k_work_grain(T * (3 * W + 8)), conv_bwd_range, &A);
 }
 
 void arl_kda_conv_tail(float *tail_out, const float *x, int64_t n, const float *tail_in, int64_t C,
@@ -181,27 +276,67 @@ void arl_kda_gate_k3_fwd(float *g, const float *f, const float *A_log, const flo
     }
 }
 
+/* Channels per parallel group of the K3 gate backward (per-channel double sums on the stack),
+ * and per vector block inside a part. */
+#define GATE_GRP 512
+#define GATE_BLK 64
+
+typedef struct gate_bwd_args {
+    float *df;
+    double *db, *dA; /* (GATE_GRP) per-channel sums over the tokens, indexed c - c_base */
+    const float *dg, *f, *A_log, *dt_bias;
+    int64_t T, P, dk, c_base;
+    float g_min;
+} gate_bwd_args;
+
+/* Channels [c_base + lo, c_base + hi): each channel's sums run over the tokens in ascending
+ * order, so the split never changes a result. */
+static void gate_k3_bwd_range(void *vctx, int64_t lo, int64_t hi) {
+    const gate_bwd_args *A = vctx;
+    const int64_t P = A->P;
+    float z[GATE_BLK], sg[GATE_BLK], a[GATE_BLK];
+    for (int64_t b0 = lo; b0 < hi; b0 += GATE_BLK) {
+        const int64_t nb = hi - b0 < GATE_BLK ? hi - b0 : GATE_BLK, c0 = A->c_base + b0;
+        for (int64_t i = 0; i < nb; i++) {
+            a[i] = expf(A->A_log[(c0 + i) / A->dk]);
+            A->db[b0 + i] = 0.0, A->dA[b0 + i] = 0.0;
+        }
+        for (int64_t t = 0; t < A->T; t++) {
+            const float *ft = A->f + t * P + c0, *dgt = A->dg + t * P + c0;
+            for (int64_t i = 0; i < nb; i++)
+                z[i] = a[i] * (ft[i] + A->dt_bias[c0 + i]);
+            arl_k_vsigmoid(sg, z, nb);
+            for (int64_t i = 0; i < nb; i++) {
+                float dz = dgt[i] * A->g_min * sg[i] * (1.0f - sg[i]);
+                float du = a[i] * dz;
+                if (A->df) A->df[t * P + c0 + i] += du;
+                A->db[b0 + i] += du;
+                A->dA[b0 + i] += (double)dz * z[i];
+            }
+        }
+    }
+}
+
 void arl_kda_gate_k3_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg, const float *f,
                          const float *A_log, const float *dt_bias, int64_t T, int64_t H, int64_t dk,
                          float g_min) {
-    int64_t P = H * dk;
-    for (int64_t h = 0; h < H; h++) {
-        float a = expf(A_log[h]);
-        double dA = 0.0;
-        for (int64_t c = h * dk; c < (h + 1) * dk; c++) {
-            double db = 0.0;
-            for (int64_t t = 0; t < T; t++) {
-                float z = a * (f[t * P + c] + dt_bias[c]);
-                float s = sigm(z);
-                float dz = dg[t * P + c] * g_min * s * (1.0f - s);
-                float du = a * dz;
-                if (df) df[t * P + c] += du;
-                db += du;
-                dA += (double)dz * z;
+    const int64_t P = H * dk;
+    double db[GATE_GRP], dA[GATE_GRP];
+    gate_bwd_args A = {df, db, dA, dg, f, A_log, dt_bias, T, P, dk, 0, g_min};
+    double dA_head = 0.0; /* of the head of channel c, summed over its channels in order */
+    for (int64_t c_base = 0; c_base < P; c_base += GATE_GRP) {
+        const int64_t n = P - c_base < GATE_GRP ? P - c_base : GATE_GRP;
+        A.c_base = c_base;
+        arl_k_parallel_for(n, arl_k_work_grain(T * 16), gate_k3_bwd_range, &A);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t c = c_base + i;
+            if (ddt_bias) ddt_bias[c] += (float)db[i];
+            dA_head += dA[i];
+            if ((c + 1) % dk == 0) {
+                if (dA_log) dA_log[c / dk] += (float)dA_head;
+                dA_head = 0.0;
             }
-            if (ddt_bias) ddt_bias[c] += (float)db;
         }
-        if (dA_log) dA_log[h] += (float)dA;
     }
 }
 
@@ -243,39 +378,102 @@ void arl_kda_gate_softplus_bwd(float *df, float *dA_log, float *ddt_bias, const 
  * gated output RMSNorm
  * --------------------------------------------------------------------------------------- */
 
-void arl_kda_onorm_fwd(float *ob, float *rstd, const float *o, const float *gam, const float *w,
-                       int64_t n, int64_t dv, float eps) {
-    for (int64_t t = 0; t < n; t++) {
-        const float *x = o + t * dv;
+typedef struct onorm_fwd_args {
+    float *ob, *rstd;
+    const float *o, *gam, *w;
+    int64_t dv;
+    float eps;
+} onorm_fwd_args;
+
+/* Rows [r0, r1) (each row on its own: any split, the same bits). */
+static void onorm_fwd_rows(void *vctx, int64_t r0, int64_t r1) {
+    const onorm_fwd_args *A = vctx;
+    const int64_t dv = A->dv;
+    for (int64_t t = r0; t < r1; t++) {
+        const float *x = A->o + t * dv;
         double ss = 0.0;
         for (int64_t i = 0; i < dv; i++)
             ss += (double)x[i] * x[i];
-        float r = (float)(1.0 / sqrt(ss / (double)dv + (double)eps));
-        if (rstd) rstd[t] = r;
-        float *obt = ob + t * dv;
-        arl_k_vsigmoid(obt, gam + t * dv, dv);
+        float r = (float)(1.0 / sqrt(ss / (double)dv + (double)A->eps));
+        if (A->rstd) A->rstd[t] = r;
+        float *obt = A->ob + t * dv;
+        arl_k_vsigmoid(obt, A->gam + t * dv, dv);
         for (int64_t i = 0; i < dv; i++)
-            obt[i] = w[i] * (x[i] * r) * obt[i];
+            obt[i] = A->w[i] * (x[i] * r) * obt[i];
+    }
+}
+
+void arl_kda_onorm_fwd(float *ob, float *rstd, const float *o, const float *gam, const float *w,
+                       int64_t n, int64_t dv, float eps) {
+    onorm_fwd_args A = {ob, rstd, o, gam, w, dv, eps};
+    arl_k_parallel_for(n, arl_k_work_grain(dv * 16), onorm_fwd_rows, &A);
+}
+
+/* Columns per block of the output-norm backward (a stack row of sigmoid(gam)). */
+#define ONORM_BLK 128
+
+typedef struct onorm_bwd_args {
+    float *d_o, *dgam, *dw;
+    const float *dob, *o, *gam, *w, *rstd;
+    int64_t dv, n_rows;
+} onorm_bwd_args;
+
+/* Rows [r0, r1): d_o and dgam (each row on its own). */
+static void onorm_bwd_rows(void *vctx, int64_t r0, int64_t r1) {
+    const onorm_bwd_args *A = vctx;
+    const int64_t dv = A->dv;
+    const float *w = A->w;
+    float sg[ONORM_BLK];
+    for (int64_t t = r0; t < r1; t++) {
+        const float *x = A->o + t * dv, *dy = A->dob + t * dv, *gm = A->gam + t * dv;
+        float r = A->rstd[t];
+        double m = 0.0; /* mean(dxh * xh), dxh = dob * w * sigmoid(gam) */
+        for (int64_t i0 = 0; i0 < dv; i0 += ONORM_BLK) {
+            const int64_t nb = dv - i0 < ONORM_BLK ? dv - i0 : ONORM_BLK;
+            arl_k_vsigmoid(sg, gm + i0, nb);
+            for (int64_t k = 0; k < nb; k++) {
+                int64_t i = i0 + k;
+                m += (double)dy[i] * w[i] * sg[k] * (x[i] * r);
+            }
+        }
+        m /= (double)dv;
+        for (int64_t i0 = 0; i0 < dv; i0 += ONORM_BLK) {
+            const int64_t nb = dv - i0 < ONORM_BLK ? dv - i0 : ONORM_BLK;
+            arl_k_vsigmoid(sg, gm + i0, nb);
+            for (int64_t k = 0; k < nb; k++) {
+                int64_t i = i0 + k;
+                float xh = x[i] * r, dxh = dy[i] * w[i] * sg[k];
+                A->d_o[t * dv + i] += r * (dxh - xh * (float)m);
+                A->dgam[t * dv + i] += dy[i] * w[i] * xh * sg[k] * (1.0f - sg[k]);
+            }
+        }
+    }
+}
+
+/* Columns [i_lo, i_hi) of dw, each summed over the rows in ascending order. */
+static void onorm_bwd_dw_cols(void *vctx, int64_t i_lo, int64_t i_hi) {
+    const onorm_bwd_args *A = vctx;
+    const int64_t dv = A->dv;
+    float sg[ONORM_BLK];
+    for (int64_t i0 = i_lo; i0 < i_hi; i0 += ONORM_BLK) {
+        const int64_t nb = i_hi - i0 < ONORM_BLK ? i_hi - i0 : ONORM_BLK;
+        for (int64_t t = 0; t < A->n_rows; t++) {
+            const float *x = A->o + t * dv, *dy = A->dob + t * dv;
+            float r = A->rstd[t];
+            arl_k_vsigmoid(sg, A->gam + t * dv + i0, nb);
+            for (int64_t k = 0; k < nb; k++) {
+                int64_t i = i0 + k;
+                A->dw[i] += dy[i] * (x[i] * r) * sg[k];
+            }
+        }
     }
 }
 
 void arl_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const float *dob, const float *o,
                        const float *gam, const float *w, const float *rstd, int64_t n, int64_t dv) {
-    for (int64_t t = 0; t < n; t++) {
-        const float *x = o + t * dv, *dy = dob + t * dv, *gm = gam + t * dv;
-        float r = rstd[t];
-        double m = 0.0; /* mean(dxh * xh), dxh = dob * w * sigmoid(gam) */
-        for (int64_t i = 0; i < dv; i++)
-            m += (double)dy[i] * w[i] * sigm(gm[i]) * (x[i] * r);
-        m /= (double)dv;
-        for (int64_t i = 0; i < dv; i++) {
-            float xh = x[i] * r, sg = sigm(gm[i]);
-            float dxh = dy[i] * w[i] * sg;
-            d_o[t * dv + i] += r * (dxh - xh * (float)m);
-            dgam[t * dv + i] += dy[i] * w[i] * xh * sg * (1.0f - sg);
-            if (dw) dw[i] += dy[i] * xh * sg;
-        }
-    }
+    onorm_bwd_args A = {d_o, dgam, dw, dob, o, gam, w, rstd, dv, n};
+    arl_k_parallel_for(n, arl_k_work_grain(dv * 24), onorm_bwd_rows, &A);
+    if (dw) arl_k_parallel_for(dv, arl_k_work_grain(n * 12), onorm_bwd_dw_cols, &A);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -611,11 +809,15 @@ static void chunk_prepare(chunk_buf *B, const float *S, int64_t n, int64_t dk, i
      * with the sum over m ascending (each T[i, j] adds its terms m = j+1 .. i-1 in order) */
     float *Tm = B->Tm;
     for (int64_t i = 0; i < n; i++) {
-        float *Ti = Tm + i * n;
-        memcpy(Ti, B->Akk + i * n, sizeof(float) * (size_t)n);
-        arl_k_vscale(Ti, -1.0f, n);
-        for (int64_t m = 1; m < i; m++) /* T[m, 0:m] (row m, left of its diagonal) */
-            arl_k_vaxpy(Ti, Ti[m], Tm + m * n, m);
+        float *restrict Ti = Tm + i * n;
+        for (int64_t j = 0; j < n; j++)
+            Ti[j] = -B->Akk[i * n + j];
+        for (int64_t m = 1; m < i; m++) { /* T[m, 0:m] (row m, left of its diagonal) */
+            const float *restrict Tr = Tm + m * n;
+            const float c = Ti[m];
+            for (int64_t j = 0; j < m; j++) /* one product and one sum, as arl_k_vaxpy */
+                Ti[j] += c * Tr[j];
+        }
         Ti[i] = 1.0f;
     }
     /* (4) W = T diag(beta)(Gam K), U = T diag(beta) V */
@@ -840,6 +1042,95 @@ void arl_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, float *dg, float *
  * core: backward, chunkwise rule (spec 3.8)
  * --------------------------------------------------------------------------------------- */
 
+/* The pair terms of the backward of A_qk and A_kk (spec 3.8) for rows [r0, r1), pair by pair
+ * in the difference form e = exp(G_r - G_i) (the fallback of chunk_pairs_bwd):
+ *   dQ_r += sum_i dAqk[r,i] K_i e,  dK_r += sum_i D[r,i] K_i e,  dG_r += Q_r tq + K_r ti,
+ *   dK_i += (dAqk[r,i] Q_r + D[r,i] K_r) e,  dG_i -= K_i (the same)
+ * with D = diag(beta) dA_kk (strictly lower) and dAqk lower (diagonal kept). */
+static void pairs_bwd_difference(chunk_buf *B, int64_t r0, int64_t r1, int64_t n, int64_t dk) {
+    for (int64_t r = r0; r < r1; r++) {
+        const float *Gr = B->G + r * dk, *Kr = B->K + r * dk, *Qr = B->Q + r * dk;
+        float *dQr = B->dQ + r * dk, *dKr = B->dK + r * dk, *dGr = B->dG + r * dk;
+        for (int64_t i = 0; i <= r; i++) {
+            float aq = B->dAqk[r * n + i], dd = i < r ? B->dAkk[r * n + i] : 0.0f;
+            if (aq == 0.0f && dd == 0.0f) continue;
+            const float *Gi = B->G + i * dk, *Ki = B->K + i * dk;
+            float *dKi = B->dK + i * dk, *dGi = B->dG + i * dk;
+            for (int64_t c = 0; c < dk; c++)
+                B->E[c] = Gr[c] - Gi[c];
+            arl_k_vexp(B->E, B->E, dk);
+            for (int64_t c = 0; c < dk; c++) {
+                float e = B->E[c];
+                float x1 = aq * Ki[c] * e; /* tq[r,c] */
+                float x2 = aq * Qr[c] * e; /* tk[i,c] */
+                float x3 = dd * Ki[c] * e; /* ti[r,c] */
+                float x4 = dd * Kr[c] * e; /* tj[i,c] */
+                dQr[c] += x1;
+                dKr[c] += x3;
+                dGr[c] += Qr[c] * x1 + Kr[c] * x3;
+                dKi[c] += x2 + x4;
+                dGi[c] -= Ki[c] * (x2 + x4);
+            }
+        }
+    }
+}
+
+/* The pair terms as GEMMs, in the sub-chunks of chunk_pairs: for rows R = [r0, r1) with
+ * boundary b = r0 and columns i < r1, e[r,i] = L_r R_i with L = exp(G_R - G_b) (m, dk) and
+ * R = exp(G_b - G_{<r1}) (r1, dk), so with P = dAqk[R, :r1] and D = diag(beta) dA_kk[R, :r1]
+ * (zero where i > r, resp. i >= r):
+ *   X1 = P (K ⊙ R),  X3 = D (K ⊙ R)                      (m, dk)
+ *   dQ_R += L ⊙ X1,  dK_R += L ⊙ X3,  dG_R += Q_R ⊙ L ⊙ X1 + K_R ⊙ L ⊙ X3
+ *   Y = P^T (Q_R ⊙ L) + D^T (K_R ⊙ L)                    (r1, dk)
+ *   dK_{<r1} += R ⊙ Y,  dG_{<r1} -= K ⊙ R ⊙ Y
+ * Same factor ranges and fallback (pairs_bwd_difference) as chunk_pairs.  Work buffers: Lk, Lq
+ * (left factors), Rt (right factors), and M, dKbar, dXw, dW, which are free at this point. */
+static void chunk_pairs_bwd(chunk_buf *B, int64_t n, int64_t dk) {
+    float *KR = B->M, *X1 = B->dKbar, *X3 = B->dXw, *Y = B->dW;
+    for (int64_t r0 = 0; r0 < n; r0 += KDA_SUB) {
+        const int64_t r1 = n - r0 < KDA_SUB ? n : r0 + KDA_SUB, m = r1 - r0;
+        const float *Gb = B->G + r0 * dk;
+        for (int64_t r = r0; r < r1; r++) {
+            float *e = B->Lk + (r - r0) * dk;
+            memcpy(e, B->G + r * dk, sizeof(float) * (size_t)dk);
+            arl_k_vaxpy(e, -1.0f, Gb, dk);
+        }
+        for (int64_t i = 0; i < r1; i++) {
+            float *e = B->Rt + i * dk;
+            memcpy(e, Gb, sizeof(float) * (size_t)dk);
+            arl_k_vaxpy(e, -1.0f, B->G + i * dk, dk);
+        }
+        if (!(arl_k_vmax(B->Lk, m * dk) <= KDA_FACTOR_SPAN &&
+              arl_k_vmax(B->Rt, r1 * dk) <= KDA_FACTOR_SPAN)) {
+            pairs_bwd_difference(B, r0, r1, n, dk);
+            continue;
+        }
+        float *L = B->Lk, *R = B->Rt;
+        arl_k_vexp(L, L, m * dk);
+        arl_k_vexp(R, R, r1 * dk);
+        arl_k_vmul(KR, B->K, R, r1 * dk);
+        const float *P = B->dAqk + r0 * n, *D = B->dAkk + r0 * n;
+        mm(ARL_K_NOTRANS, ARL_K_NOTRANS, m, dk, r1, 1.0f, P, n, KR, dk, 0.0f, X1, dk);
+        mm(ARL_K_NOTRANS, ARL_K_NOTRANS, m, dk, r1, 1.0f, D, n, KR, dk, 0.0f, X3, dk);
+        for (int64_t j = 0; j < m * dk; j++) {
+            int64_t rc = r0 * dk + j;
+            float x1 = L[j] * X1[j], x3 = L[j] * X3[j];
+            B->dQ[rc] += x1;
+            B->dK[rc] += x3;
+            B->dG[rc] += B->Q[rc] * x1 + B->K[rc] * x3;
+        }
+        arl_k_vmul(B->Lq, B->Q + r0 * dk, L, m * dk);
+        arl_k_vmul(L, B->K + r0 * dk, L, m * dk);
+        mm(ARL_K_TRANS, ARL_K_NOTRANS, r1, dk, m, 1.0f, P, n, B->Lq, dk, 0.0f, Y, dk);
+        mm(ARL_K_TRANS, ARL_K_NOTRANS, r1, dk, m, 1.0f, D, n, L, dk, 1.0f, Y, dk);
+        for (int64_t j = 0; j < r1 * dk; j++) {
+            float y = R[j] * Y[j];
+            B->dK[j] += y;
+            B->dG[j] -= B->K[j] * y;
+        }
+    }
+}
+
 /* Gradients of one loaded and prepared chunk; B->dS holds dS' (gradient of the outgoing
  * state) on entry and dS (gradient of the incoming state S) on return.  The results dQ
  * (w.r.t. the scaled Q), dK, dV, dG (already reverse-cumsummed: = dg), dB are left in B. */
@@ -918,29 +1209,8 @@ static void chunk_bwd_one(chunk_buf *B, const float *S, int64_t n, int64_t dk, i
         }
         B->dB[r] = db;
     }
-    /* pair terms of A_qk (tq, tk) and A_kk (ti, tj), sharing e = exp(G[r,c] - G[i,c]) */
-    for (int64_t r = 0; r < n; r++) {
-        const float *Gr = B->G + r * dk, *Kr = B->K + r * dk, *Qr = B->Q + r * dk;
-        float *dQr = B->dQ + r * dk, *dKr = B->dK + r * dk, *dGr = B->dG + r * dk;
-        for (int64_t i = 0; i <= r; i++) {
-            float aq = B->dAqk[r * n + i], dd = i < r ? B->dAkk[r * n + i] : 0.0f;
-            if (aq == 0.0f && dd == 0.0f) continue;
-            const float *Gi = B->G + i * dk, *Ki = B->K + i * dk;
-            float *dKi = B->dK + i * dk, *dGi = B->dG + i * dk;
-            for (int64_t c = 0; c < dk; c++) {
-                float e = expf(Gr[c] - Gi[c]);
-                float x1 = aq * Ki[c] * e; /* tq[r,c] */
-                float x2 = aq * Qr[c] * e; /* tk[i,c] */
-                float x3 = dd * Ki[c] * e; /* ti[r,c] */
-                float x4 = dd * Kr[c] * e; /* tj[i,c] */
-                dQr[c] += x1;
-                dKr[c] += x3;
-                dGr[c] += Qr[c] * x1 + Kr[c] * x3;
-                dKi[c] += x2 + x4;
-                dGi[c] -= Ki[c] * (x2 + x4);
-            }
-        }
-    }
+    /* pair terms of A_qk (tq, tk) and A_kk (ti, tj), in the sub-chunk form of chunk_pairs */
+    chunk_pairs_bwd(B, n, dk);
     /* dG[n] += dG_n; dg = reverse_cumsum_rows(dG) */
     for (int64_t c = 0; c < dk; c++)
         B->dG[(n - 1) * dk + c] += B->dGn[c];

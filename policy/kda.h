@@ -100,8 +100,18 @@ void arl_kda_recurrent_fwd(float *o, float *S, float *chunk_states, const float 
                            int64_t C);
 
 /* Chunkwise form (3.5) with chunk length C (1 <= C <= 256): same contract as
- * arl_kda_recurrent_fwd.  T (I + A_kk)^-1 by forward substitution; all decays by the
- * difference form exp(G_r - G_i) <= 1, so it is valid for both gates.
+ * arl_kda_recurrent_fwd.  G is the in-chunk inclusive cumsum of g; T = (I + A_kk)^-1 by forward
+ * substitution.  A_kk and A_qk (the pair decays exp(G_r - G_i), i <= r) are computed in the
+ * factored sub-chunk form ("Factored form" of 3.5): the rows come in sub-chunks R = [r0, r1) of
+ * 16 tokens with boundary b = r0, and exp(G_r - G_i) = exp(G_r - G_b) exp(G_b - G_i) turns each
+ * row block into one GEMM, (K_R . exp(G_R - G_b)) (K_{<r1} . exp(G_b - G_{<r1}))^T (Q_R for
+ * A_qk).  For i < b both factors are <= 1 (the difference form split at b); inside the
+ * sub-chunk the factors stay within e^{+-80}, which the K3 gate guarantees (g >= -5, at most 15
+ * steps from b) and which is checked for every input: a sub-chunk whose factors would leave that
+ * range (strong decays of the unbounded softplus gate) falls back to the per-pair difference
+ * form exp(G_r - G_i) <= 1, so the form is valid for both gates.  The other decays, exp(G_r) and
+ * exp(G_n - G_r), are at most 1.  The chunkwise backward computes its pair terms in the same
+ * sub-chunks (GEMMs with the same factors and the same fallback).
  * ws: arl_kda_chunk_ws_floats(H, dk, dv, C) floats. */
 int64_t arl_kda_chunk_ws_floats(int64_t H, int64_t dk, int64_t dv, int64_t C);
 void arl_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float *q, const float *k,

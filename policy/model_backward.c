@@ -143,6 +143,7 @@ static int64_t train_layout(arl_model_train *tr, const arl_model *m, const arl_t
     tr->dp = take(&w, T * d);
     tr->dx = take(&w, T * d);
     tr->dmix = take(&w, T * d);
+    tr->mix_ws = (double *)take(&w, 2 * arl_attnres_bwd_ws_doubles(n_res, T));
     tr->dS_T = take(&w, sn);
     tr->dS0 = take(&w, sn);
     tr->dtails_T = take(&w, tn);
@@ -596,8 +597,8 @@ static void head_bwd(arl_model_train *tr, const arl_batch *b, const float *dlogp
         }
         src[nb] = tr->res + nb * Tmax * d;
         dsrc[nb] = tr->dp;
-        arl_attnres_mix_bwd(dsrc, g->out_res_norm, g->out_res_proj, dfin, src, nb + 1, T, d,
-                            w->out_res_norm, w->out_res_proj, m->eps);
+        arl_attnres_mix_bwd_ws(dsrc, g->out_res_norm, g->out_res_proj, dfin, src, nb + 1, T, d,
+                               w->out_res_norm, w->out_res_proj, m->eps, tr->mix_ws);
     } else {
         arl_k_add(tr->dp, tr->dp, dfin, T * d);
     }
@@ -744,8 +745,9 @@ arl_status arl_model_backward(arl_model_train *tr, const arl_batch *b, const flo
             }
             src[nb_after] = rec->p_mid;
             dsrc[nb_after] = tr->dp;
-            arl_attnres_mix_bwd(dsrc, gl->mlp_res_norm, gl->mlp_res_proj, tr->dmix, src,
-                                nb_after + 1, T, d, lp->mlp_res_norm, lp->mlp_res_proj, m->eps);
+            arl_attnres_mix_bwd_ws(dsrc, gl->mlp_res_norm, gl->mlp_res_proj, tr->dmix, src,
+                                   nb_after + 1, T, d, lp->mlp_res_norm, lp->mlp_res_proj, m->eps,
+                                   tr->mix_ws);
         } else {
             arl_k_add(tr->dp, tr->dp, tr->dmix, Td);
         }
@@ -768,8 +770,9 @@ arl_status arl_model_backward(arl_model_train *tr, const arl_batch *b, const flo
             }
             src[nbl] = p_in;
             dsrc[nbl] = tr->dp;
-            arl_attnres_mix_bwd(dsrc, gl->attn_res_norm, gl->attn_res_proj, tr->dmix, src, nbl + 1,
-                                T, d, lp->attn_res_norm, lp->attn_res_proj, m->eps);
+            arl_attnres_mix_bwd_ws(dsrc, gl->attn_res_norm, gl->attn_res_proj, tr->dmix, src,
+                                   nbl + 1, T, d, lp->attn_res_norm, lp->attn_res_proj, m->eps,
+                                   tr->mix_ws);
         }
     }
 

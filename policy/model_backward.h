@@ -108,6 +108,7 @@ typedef struct arl_model_train {
     int64_t ws_floats;
     float *d_res;              /* (n_res - 1, T, d) gradients of the block entries */
     float *dp, *dx, *dmix;     /* (T, d) */
+    double *mix_ws;            /* (T, 2 n_res) work buffer of the AttnRes mix backward */
     float *dS_T, *dS0;         /* (n_state, H, dk, dv) state gradients of one KDA layer */
     float *dtails_T, *dtails0; /* (n_state, 3, P, W-1) */
     float *dlat_T;             /* (T, R) */

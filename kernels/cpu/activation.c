@@ -1,8 +1,9 @@
 /* kernels/cpu/activation.c: pointwise activations and GLUs of kernels/activation.h.
  * The scalar functions below are the definitions (fp32 libm); the range loops apply them.  The
- * forward passes of sigmoid, SiLU, tanh, SiTU's phi and the two GLUs, which sit on the policy's
- * hot paths, run the same formulas vectorised (kernels/vmath.h: a few ulp, bit-identical on
- * every CPU); softplus, the GELUs and every backward use libm. */
+ * forward passes of sigmoid, SiLU, tanh, SiTU's phi and the two GLUs and the backward passes of
+ * the two GLUs, which sit on the policy's hot paths, run the same formulas vectorised
+ * (kernels/vmath.h: a few ulp, bit-identical on every CPU); softplus, the GELUs and the other
+ * backward passes use libm. */
 #include "kernels/activation.h"
 
 #include <math.h>
@@ -19,9 +20,6 @@
 
 /* ---- scalar definitions: value and derivative ---- */
 
-static inline float silu(float x) {
-    return x * arl_k_sigmoidf(x);
-}
 static inline float silu_grad(float x) {
     float s = arl_k_sigmoidf(x);
     return s * (1.0f + x * arl_k_sigmoidf(-x));
@@ -57,10 +55,6 @@ static inline float gelu_erf(float x) {
 }
 static inline float gelu_erf_grad(float x) {
     return 0.5f * (1.0f + erff(x * INV_SQRT_2)) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
-}
-/* phi(x) = b tanh(x/b) sigma(x) */
-static inline float situ_phi(float x, float b) {
-    return b * tanhf(x / b) * arl_k_sigmoidf(x);
 }
 /* phi'(x) = (1 - tanh^2(x/b)) sigma(x) + b tanh(x/b) sigma(x) (1 - sigma(x)) */
 static inline float situ_phi_grad(float x, float b) {
@@ -244,19 +238,10 @@ static void glu_bwd_rows(void *vctx, int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; t++) {
         const float *g = a->g + t * a->ld, *u = a->u + t * a->ld, *dh = a->dh + t * a->f;
         float *dg = a->dg + t * a->ld, *du = a->du + t * a->ld;
-        if (a->situ) {
-            for (int64_t i = 0; i < a->f; i++) {
-                float tu = tanhf(u[i] / a->b2);
-                float psi = a->b2 * tu, dpsi = sech2(u[i] / a->b2);
-                dg[i] += dh[i] * situ_phi_grad(g[i], a->b1) * psi;
-                du[i] += dh[i] * situ_phi(g[i], a->b1) * dpsi;
-            }
-        } else {
-            for (int64_t i = 0; i < a->f; i++) {
-                dg[i] += dh[i] * silu_grad(g[i]) * u[i];
-                du[i] += dh[i] * silu(g[i]);
-            }
-        }
+        if (a->situ)
+            arl_k_vsitu_glu_bwd(dg, du, dh, g, u, a->f, a->b1, a->b2);
+        else
+            arl_k_vswiglu_bwd(dg, du, dh, g, u, a->f);
     }
 }
 

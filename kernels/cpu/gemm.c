@@ -10,6 +10,10 @@
 #include "kernels/cpu/vec.h"
 #include "kernels/threadpool.h"
 
+/* Least rows or columns of a block when the FMA kernel's products are cut into more blocks than
+ * threads (two of its 32-column tiles, ten of its 6-row tiles). */
+#define GEMM_BLOCK_MIN 64
+
 typedef struct gemm_args {
     arl_k_trans ta, tb;
     int64_t M, N, K;
@@ -154,6 +158,14 @@ void arl_k_gemm(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K,
     }
     gemm_args g = {ta, tb, M,   N,   K,   alpha,  beta,           A,
                    B,  C,  lda, ldb, ldc, M >= N, M >= N ? M : N, threads};
+    if (!g_force_blas && arl_k_cpu_has_fma()) {
+        /* up to 4 blocks per thread of at least GEMM_BLOCK_MIN rows or columns, claimed by
+         * whichever thread is free (the FMA kernel's results do not depend on the cut) */
+        int64_t most = g.dim / GEMM_BLOCK_MIN, want = 4 * (int64_t)threads;
+        g.parts = most < threads ? threads : most < want ? most : want;
+        arl_k_parallel_for_items(g.parts, gemm_blocks, &g);
+        return;
+    }
     arl_k_parallel_for(threads, 1, gemm_blocks, &g);
 }
 

@@ -38,6 +38,14 @@ int arl_k_cpu_has_avx2(void);
 void arl_k_vsitu_glu(float *h, const float *g, const float *u, int64_t n, float beta1, float beta2);
 void arl_k_vswiglu(float *h, const float *g, const float *u, int64_t n);
 void arl_k_vsitu_phi(float *y, const float *x, int64_t n, float beta1);
+/* Backward rows of the two GLUs, serial, accumulating (kernels/activation.h): SiTU-GLU
+ * dg (n) += dh phi'(g) psi(u), du (n) += dh phi(g) psi'(u); SwiGLU dg += dh silu'(g) u,
+ * du += dh silu(g).  The accuracy of kernels/vmath.h (a few ulp per factor), the same bits in
+ * the 4-lane and the AVX2 build; a NaN input gives that NaN (g, u, dg, dh in that order). */
+void arl_k_vsitu_glu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u,
+                         int64_t n, float beta1, float beta2);
+void arl_k_vswiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u,
+                       int64_t n);
 
 /* ---- GEMM on x86-64 with AVX2 + FMA (kernels/cpu/gemm_fma.c) ---- */
 

@@ -1,10 +1,12 @@
 /* kernels/cpu/threadpool.c: the fixed thread pool and static-partition parallel-for of
- * kernels/threadpool.h (pthreads; workers sleep on a condition variable between runs). */
+ * kernels/threadpool.h (pthreads; workers sleep on a condition variable between runs; the
+ * parts of a run are claimed by whichever thread is free, see struct arl_k_pool). */
 #include "kernels/threadpool.h"
 
 #include <cblas.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,32 +15,60 @@
 
 typedef struct worker_arg {
     arl_k_pool *pool;
-    int index; /* 1 .. n_threads-1; the caller is part 0 */
+    int index; /* 1 .. n_threads-1; the caller is thread 0 */
 } worker_arg;
+
+/* The job of one run, as a thread copies it under the mutex. */
+typedef struct run_job {
+    arl_k_range_fn fn;
+    void *ctx;
+    int64_t n;
+    int parts;
+    uint32_t gen; /* low 32 bits of the run's generation */
+} run_job;
 
 struct arl_k_pool {
     int n_threads;
     pthread_t *threads;   /* (n_threads - 1) workers */
     worker_arg *args;     /* (n_threads - 1) */
     atomic_flag busy;     /* set while a run is dispatched; a second run goes serial */
-    pthread_mutex_t mu;   /* guards everything below */
+    pthread_mutex_t mu;   /* guards everything below except the atomics */
     pthread_cond_t start; /* workers wait here for a new generation */
-    pthread_cond_t done;  /* the caller waits here for pending == 0 */
+    pthread_cond_t done;  /* the caller waits here for done_parts == parts */
     uint64_t generation;  /* incremented once per run */
-    int pending;          /* workers that have not finished the current run */
     int stop;
-    /* the current run */
-    arl_k_range_fn fn;
-    void *ctx;
-    int64_t n;
-    int parts;
+    run_job job; /* the current run */
+    /* Parts are claimed, not assigned: claim = (gen << 32) | next unclaimed part.  A thread
+     * claims part `next` of run `gen` with a compare-and-swap, so every part runs exactly once,
+     * on whichever thread gets there first, and a worker that wakes after its run is over (or
+     * holds an older run's job) claims nothing. */
+    _Atomic uint64_t claim;
+    atomic_int done_parts; /* parts of the current run finished */
 };
 
-static void run_part(arl_k_pool *p, int part) {
-    if (part >= p->parts) return;
-    int64_t b = p->n * part / p->parts;
-    int64_t e = p->n * (part + 1) / p->parts;
-    if (b < e) p->fn(p->ctx, b, e);
+/* Claim and run parts of job j until none is left; returns the number run. */
+static int run_parts(arl_k_pool *p, const run_job *j) {
+    int ran = 0;
+    uint64_t c = atomic_load(&p->claim);
+    for (;;) {
+        if ((uint32_t)(c >> 32) != j->gen || (int64_t)(uint32_t)c >= j->parts) break;
+        if (!atomic_compare_exchange_weak(&p->claim, &c, c + 1)) continue; /* c reloaded */
+        int part = (int)(uint32_t)c;
+        int64_t b = j->n * part / j->parts, e = j->n * (part + 1) / j->parts;
+        if (b < e) j->fn(j->ctx, b, e);
+        ran++;
+        c = atomic_load(&p->claim);
+    }
+    return ran;
+}
+
+/* Count `ran` finished parts of job j; the thread that finishes the last one wakes the caller. */
+static void parts_done(arl_k_pool *p, const run_job *j, int ran) {
+    if (ran > 0 && atomic_fetch_add(&p->done_parts, ran) + ran == j->parts) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_signal(&p->done);
+        pthread_mutex_unlock(&p->mu);
+    }
 }
 
 static void *worker_main(void *varg) {
@@ -51,10 +81,10 @@ static void *worker_main(void *varg) {
             pthread_cond_wait(&p->start, &p->mu);
         if (p->stop) break;
         seen = p->generation;
+        run_job j = p->job;
         pthread_mutex_unlock(&p->mu);
-        run_part(p, a->index); /* job fields are stable until pending reaches 0 */
+        parts_done(p, &j, run_parts(p, &j));
         pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->done);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -72,6 +102,8 @@ arl_status arl_k_pool_create(arl_k_pool **out, int n_threads) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start, NULL);
     pthread_cond_init(&p->done, NULL);
+    atomic_init(&p->claim, 0);
+    atomic_init(&p->done_parts, 0);
     int nw = n_threads - 1;
     if (nw > 0) {
         p->threads = calloc((size_t)nw, sizeof *p->threads);
@@ -117,33 +149,49 @@ int arl_k_pool_threads(const arl_k_pool *p) {
     return p ? p->n_threads : 1;
 }
 
+static void pool_dispatch(arl_k_pool *p, int64_t n, int parts, arl_k_range_fn fn, void *ctx);
+
 void arl_k_pool_run(arl_k_pool *p, int64_t n, int64_t grain, arl_k_range_fn fn, void *ctx) {
     ARL_ASSERT(fn != NULL);
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     int64_t want = (n + grain - 1) / grain;
     int parts = p ? (want < p->n_threads ? (int)want : p->n_threads) : 1;
+    pool_dispatch(p, n, parts, fn, ctx);
+}
+
+void arl_k_pool_run_items(arl_k_pool *p, int64_t n, arl_k_range_fn fn, void *ctx) {
+    ARL_ASSERT(fn != NULL && n <= INT32_MAX);
+    if (n <= 0) return;
+    pool_dispatch(p, n, p && p->n_threads > 1 ? (int)n : 1, fn, ctx);
+}
+
+/* Run fn over [0, n) cut into `parts` parts (see arl_k_pool_run). */
+static void pool_dispatch(arl_k_pool *p, int64_t n, int parts, arl_k_range_fn fn, void *ctx) {
     /* serial: one part, no pool, or the pool is already running (nested or concurrent call) */
     if (parts <= 1 || atomic_flag_test_and_set(&p->busy)) {
         fn(ctx, 0, n);
         return;
     }
     pthread_mutex_lock(&p->mu);
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n = n;
-    p->parts = parts;
-    p->pending = p->n_threads - 1;
     p->generation++;
+    run_job j = {fn, ctx, n, parts, (uint32_t)p->generation};
+    p->job = j;
+    atomic_store(&p->done_parts, 0);
+    atomic_store(&p->claim, (uint64_t)j.gen << 32);
     pthread_cond_broadcast(&p->start);
     pthread_mutex_unlock(&p->mu);
 
-    run_part(p, 0);
-
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0)
-        pthread_cond_wait(&p->done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    /* the caller claims too (part 0 first, as it starts before the workers wake): a worker that
+     * is slow to wake, e.g. on a loaded machine, leaves its part to whoever is free */
+    int ran = run_parts(p, &j);
+    if (ran > 0) atomic_fetch_add(&p->done_parts, ran);
+    if (atomic_load(&p->done_parts) < parts) { /* a worker is still in its part */
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->done_parts) < parts)
+            pthread_cond_wait(&p->done, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
     atomic_flag_clear(&p->busy);
 }
 
@@ -205,4 +253,9 @@ void arl_k_threads_free(void) {
 void arl_k_parallel_for(int64_t n, int64_t grain, arl_k_range_fn fn, void *ctx) {
     if (n <= 0) return;
     arl_k_pool_run(global_pool(), n, grain, fn, ctx);
+}
+
+void arl_k_parallel_for_items(int64_t n, arl_k_range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    arl_k_pool_run_items(global_pool(), n, fn, ctx);
 }

@@ -21,6 +21,10 @@ void arl_k_vsilu_avx2(float *y, const float *x, int64_t n);
 void arl_k_vsitu_phi_avx2(float *y, const float *x, int64_t n, float b1);
 void arl_k_vsitu_glu_avx2(float *h, const float *g, const float *u, int64_t n, float b1, float b2);
 void arl_k_vswiglu_avx2(float *h, const float *g, const float *u, int64_t n);
+void arl_k_vsitu_glu_bwd_avx2(float *dg, float *du, const float *dh, const float *g,
+                              const float *u, int64_t n, float b1, float b2);
+void arl_k_vswiglu_bwd_avx2(float *dg, float *du, const float *dh, const float *g, const float *u,
+                            int64_t n);
 void arl_k_vaxpy_avx2(float *y, float alpha, const float *x, int64_t n);
 void arl_k_vscale_avx2(float *y, float alpha, int64_t n);
 void arl_k_vmul_avx2(float *y, const float *a, const float *b, int64_t n);
@@ -73,6 +77,18 @@ void arl_k_vsitu_glu(float *h, const float *g, const float *u, int64_t n, float 
 void arl_k_vswiglu(float *h, const float *g, const float *u, int64_t n) {
     ARL_ASSERT(n >= 0);
     VM_CALL(arl_k_vswiglu_, h, g, u, n);
+}
+
+void arl_k_vsitu_glu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u,
+                         int64_t n, float beta1, float beta2) {
+    ARL_ASSERT(n >= 0);
+    VM_CALL(arl_k_vsitu_glu_bwd_, dg, du, dh, g, u, n, beta1, beta2);
+}
+
+void arl_k_vswiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u,
+                       int64_t n) {
+    ARL_ASSERT(n >= 0);
+    VM_CALL(arl_k_vswiglu_bwd_, dg, du, dh, g, u, n);
 }
 
 void arl_k_vaxpy(float *y, float alpha, const float *x, int64_t n) {

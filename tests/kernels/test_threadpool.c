@@ -80,6 +80,40 @@ static void test_static_partition(void) {
     arl_k_pool_free(p);
 }
 
+/* arl_k_pool_run_items: every item is its own part ([i, i+1)), run exactly once. */
+typedef struct item_ctx {
+    atomic_int hits[64];
+    atomic_int bad;
+} item_ctx;
+
+static void item_range(void *vctx, int64_t b, int64_t e) {
+    item_ctx *c = vctx;
+    if (e != b + 1 || b < 0 || e > 64) {
+        atomic_fetch_add(&c->bad, 1);
+        return;
+    }
+    atomic_fetch_add(&c->hits[b], 1);
+}
+
+static void test_items(void) {
+    arl_k_pool *p = NULL;
+    CHECK(arl_k_pool_create(&p, 3) == ARL_OK);
+    for (int64_t n = 2; n <= 64; n += 9)
+        for (int rep = 0; rep < 20; rep++) {
+            item_ctx c;
+            for (int i = 0; i < 64; i++)
+                atomic_init(&c.hits[i], 0);
+            atomic_init(&c.bad, 0);
+            arl_k_pool_run_items(p, n, item_range, &c);
+            int ok = atomic_load(&c.bad) == 0;
+            for (int64_t i = 0; i < 64; i++)
+                ok &= atomic_load(&c.hits[i]) == (i < n);
+            CHECK_MSG(ok, "run_items n = %lld: an item ran twice, never, or as a wider part",
+                      (long long)n);
+        }
+    arl_k_pool_free(p);
+}
+
 /* A run from inside a part executes serially on that thread and still covers everything. */
 typedef struct nested_ctx {
     arl_k_pool *p;
@@ -206,6 +240,7 @@ int main(void) {
     TEST_RUN(test_static_partition);
     TEST_RUN(test_nested_runs_serially);
     TEST_RUN(test_concurrent_callers);
+    TEST_RUN(test_items);
     TEST_RUN(test_bad_sizes);
     TEST_RUN(test_idle_workers_sleep);
     TEST_RUN(test_global_pool);
