@@ -5,6 +5,12 @@
  * place, and multiplies V.  The backward recomputes the probabilities from lse.  The shared
  * k_pe gradient is summed per head in the work buffer and added over heads in head order, so
  * the result does not depend on the thread count.
+ *
+ * The block-sparse core works on blocks of queries inside one chunk: sigma for every (query,
+ * head) pair as one product with the chunk summaries, each pair's top-k_c, then the own chunk's
+ * rows as one product for all pairs (causal prefix per pair) and each selected chunk as one
+ * product for the pairs that chose it, scores and weighted sum back to back (online softmax:
+ * a pair's running maximum, sum and output are rescaled when a chunk raises the maximum).
  */
 #include "policy/mla.h"
 
@@ -213,9 +219,26 @@ void arl_mla_expand_o(float *o, const float *ohat, const float *kv_b, int64_t T,
                    kv_b + (h * (n + vm) + n) * rkv, rkv, 0.0f, o + h * vm, Hm * vm);
 }
 
+/* One query of one head over the rows 0..pos, dense: the scores as one one-row GEMM with the
+ * query row [qhat; q_pe] (w), softmax, then the weighted sum of c as a GEMM.  sc (pos + 1). */
+static void dense_row(float *oh, const float *qrow, const float *cache, int64_t pos, int64_t rkv,
+                      int64_t r, float scale, float *sc) {
+    const int64_t w = rkv + r, nr = pos + 1;
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, 1, nr, w, scale, qrow, w, cache, w, 0.0f, sc, nr);
+    float mx = arl_k_vmax(sc, nr);
+    for (int64_t s = 0; s < nr; s++)
+        sc[s] -= mx;
+    arl_k_vexp(sc, sc, nr);
+    float inv = 1.0f / arl_k_vsum(sc, nr);
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, 1, rkv, nr, inv, sc, nr, cache, w, 0.0f, oh, rkv);
+}
+
 int64_t arl_mla_absorbed_ws_floats(int64_t S, int64_t rkv, int64_t r, int64_t n_c) {
-    int64_t nch = n_c > 0 ? S / n_c + 1 : 0;
-    return S + rkv + r + nch * (rkv + r + 2);
+    const int64_t w = rkv + r, dense = S + w;
+    if (n_c <= 0) return dense;
+    const int64_t nch = S / n_c + 1; /* summaries, then one (query, head) pair of the sparse core */
+    int64_t sparse = nch * w + arl_mla_sparse_ws_floats(1, 1, S, rkv, r, n_c, nch);
+    return sparse > dense ? sparse : dense;
 }
 
 void arl_mla_absorbed_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const float *qhat,
@@ -224,74 +247,237 @@ void arl_mla_absorbed_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const 
                            int64_t k_c, float *ws) {
     ARL_ASSERT(pos0 >= 0 && Tq >= 0 && ws && k_c >= 0 && (k_c == 0 || n_c >= 1));
     const int64_t w = rkv + r, S = pos0 + Tq;
-    float *sc = ws, *qrow = ws + S; /* scores (S), one query [qhat; q_pe] (w) */
-    float *summ = qrow + w, *sig = NULL, *mark = NULL;
-    int64_t n_complete = 0;
-    if (k_c > 0) {
-        /* summaries of the complete chunks any query may select: j < floor((S-1)/n_c) */
-        n_complete = S > 0 ? (S - 1) / n_c : 0;
-        sig = summ + (S / n_c + 1) * w;
-        mark = sig + S / n_c + 1;
-        for (int64_t j = 0; j < n_complete; j++) {
-            float *m = summ + j * w;
-            for (int64_t e = 0; e < w; e++)
-                m[e] = 0.0f;
-            for (int64_t s = j * n_c; s < (j + 1) * n_c; s++)
-                for (int64_t e = 0; e < w; e++)
-                    m[e] += cache[s * w + e];
-            for (int64_t e = 0; e < w; e++)
-                m[e] /= (float)n_c;
-        }
+    if (k_c == 0) {
+        float *sc = ws, *qrow = ws + S; /* scores (S), one query [qhat; q_pe] (w) */
+        for (int64_t i = 0; i < Tq; i++)
+            for (int64_t h = 0; h < Hm; h++) {
+                memcpy(qrow, qhat + (i * Hm + h) * rkv, sizeof(float) * (size_t)rkv);
+                memcpy(qrow + rkv, q_pe + (i * Hm + h) * r, sizeof(float) * (size_t)r);
+                dense_row(ohat + (i * Hm + h) * rkv, qrow, cache, pos0 + i, rkv, r, scale, sc);
+                if (sel) memset(sel + (i * Hm + h) * sel_stride, 0, (size_t)sel_stride);
+            }
+        return;
     }
-    for (int64_t i = 0; i < Tq; i++) {
-        int64_t pos = pos0 + i;
+    /* the summaries of every chunk from the cache, then each (query, head) pair on its own */
+    const int64_t nch = S / n_c + 1;
+    arl_mla_chunk_means_update(ws, cache, 0, S, w, n_c);
+    for (int64_t i = 0; i < Tq; i++)
         for (int64_t h = 0; h < Hm; h++) {
-            const float *qh = qhat + (i * Hm + h) * rkv, *qp = q_pe + (i * Hm + h) * r;
-            int64_t Jt = k_c > 0 ? pos / n_c : 0;
-            if (k_c > 0) {
-                /* sigma_j = [qhat; q_pe] . mean_j, pick the k_c largest (ties: lower j) */
-                for (int64_t j = 0; j < Jt; j++) {
-                    const float *m = summ + j * w;
-                    float acc = 0.0f;
-                    for (int64_t e = 0; e < rkv; e++)
-                        acc += qh[e] * m[e];
-                    for (int64_t e = 0; e < r; e++)
-                        acc += qp[e] * m[rkv + e];
-                    sig[j] = acc;
-                    mark[j] = 0.0f;
-                }
-                mark[Jt] = 1.0f;
-                for (int64_t pick = 0; pick < k_c && pick < Jt; pick++) {
-                    int64_t best = -1;
-                    for (int64_t j = 0; j < Jt; j++)
-                        if (mark[j] == 0.0f && (best < 0 || sig[j] > sig[best])) best = j;
-                    mark[best] = 1.0f;
-                }
-            }
-            if (sel) {
-                uint8_t *srow = sel + (i * Hm + h) * sel_stride;
-                memset(srow, 0, (size_t)sel_stride);
-                if (k_c > 0)
-                    for (int64_t j = 0; j <= Jt; j++)
-                        srow[j] = mark[j] != 0.0f;
-            }
-            /* scores of all rows 0..pos as one one-row GEMM with the query [qhat; q_pe], the
-             * rows of unselected chunks masked, softmax, then the weighted sum of c as a GEMM */
-            const int64_t nr = pos + 1;
-            memcpy(qrow, qh, sizeof(float) * (size_t)rkv);
-            memcpy(qrow + rkv, qp, sizeof(float) * (size_t)r);
-            arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, 1, nr, w, scale, qrow, w, cache, w, 0.0f, sc,
-                       nr);
-            if (k_c > 0)
-                for (int64_t s = 0; s < nr; s++)
-                    if (mark[s / n_c] == 0.0f) sc[s] = -INFINITY;
-            float mx = arl_k_vmax(sc, nr);
-            for (int64_t s = 0; s < nr; s++)
-                sc[s] -= mx; /* masked rows stay -inf and give exp = 0 */
-            arl_k_vexp(sc, sc, nr);
-            float inv = 1.0f / arl_k_vsum(sc, nr);
-            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, 1, rkv, nr, inv, sc, nr, cache, w, 0.0f,
-                       ohat + (i * Hm + h) * rkv, rkv);
+            int64_t p = i * Hm + h;
+            arl_mla_sparse_attn(ohat + p * rkv, sel ? sel + p * sel_stride : NULL, sel_stride,
+                                qhat + p * rkv, q_pe + p * r, cache, ws, pos0 + i, 1, 1, rkv, r,
+                                scale, n_c, k_c, ws + nch * w);
         }
+}
+
+/* ---------------------------------------------------------------------------------------
+ * block-sparse selection over kept summaries
+ * --------------------------------------------------------------------------------------- */
+
+void arl_mla_chunk_means_update(float *means, const float *cache, int64_t from, int64_t to,
+                                int64_t R, int64_t n_c) {
+    ARL_ASSERT(from >= 0 && from <= to && n_c >= 1);
+    for (int64_t s = from; s < to; s++) {
+        float *m = means + (s / n_c) * R;
+        const float *row = cache + s * R;
+        if (s % n_c == 0)
+            for (int64_t e = 0; e < R; e++)
+                m[e] = 0.0f;
+        for (int64_t e = 0; e < R; e++)
+            m[e] += row[e];
+        if ((s + 1) % n_c == 0)
+            for (int64_t e = 0; e < R; e++)
+                m[e] /= (float)n_c;
+    }
+}
+
+/* K = chunks a query selects besides its own. */
+static int64_t sparse_k(int64_t S, int64_t n_c, int64_t k_c) {
+    int64_t J = S / n_c + 1;
+    return k_c < J ? k_c : J;
+}
+
+int64_t arl_mla_sparse_ws_floats(int64_t Tq_max, int64_t Hm, int64_t S, int64_t rkv, int64_t r,
+                                 int64_t n_c, int64_t k_c) {
+    ARL_ASSERT(n_c >= 1 && k_c >= 1);
+    const int64_t K = sparse_k(S, n_c, k_c), np = Tq_max * Hm, J = S / n_c + 1;
+    /* per pair: query row, own-chunk scores, K gathered query rows, one output row, max and
+     * sum, K selected ids and K entries, sigma per chunk; one chunk's scores for up to np
+     * pairs (at least K + 1 chunks with the own scores: the dense case's score row); the
+     * chunks' entry offsets */
+    const int64_t sc_rows = np > K + 1 ? np : K + 1;
+    return np * ((rkv + r) * (K + 1) + n_c + rkv + 2 + 2 * K + J) + sc_rows * n_c + J + 2 + 16;
+}
+
+/* best (K): the K chunks j < J with the largest sigma_j (ties toward the lower j), returned in
+ * increasing j.  Equal to picking the maximum K times with ties to the lowest index. */
+static void select_topk(int32_t *best, const float *sig, int64_t J, int64_t K) {
+    int64_t nb = 0;
+    for (int64_t j = 0; j < J; j++) {
+        int64_t at;
+        if (nb < K)
+            at = nb++;
+        else if (sig[j] > sig[best[K - 1]])
+            at = K - 1;
+        else
+            continue;
+        while (at > 0 && sig[j] > sig[best[at - 1]]) {
+            best[at] = best[at - 1];
+            at--;
+        }
+        best[at] = (int32_t)j;
+    }
+    for (int64_t a = 1; a < K; a++) { /* increasing chunk index */
+        int32_t v = best[a];
+        int64_t b = a;
+        while (b > 0 && best[b - 1] > v) {
+            best[b] = best[b - 1];
+            b--;
+        }
+        best[b] = v;
+    }
+}
+
+/* Work buffer of one block of np (query, head) pairs with K selected chunks each. */
+typedef struct sparse_ws {
+    float *qw;     /* (np, w) query rows [qhat; q_pe] */
+    float *own;    /* (np, n_c) scores of the own chunk's rows */
+    float *sc;     /* (np, n_c) scores of one selected chunk for the entries that chose it */
+    float *qg;     /* (np K, w) the query row of every entry */
+    float *og;     /* (np, rkv) one chunk's weighted sums */
+    float *mx;     /* (np) softmax maximum */
+    float *sum;    /* (np) softmax sum */
+    float *sig;    /* (np, J) sigma of the complete chunks */
+    int32_t *list; /* (np, K) selected chunks of each pair, increasing */
+    int32_t *ent;  /* (np K) pair of each entry; entries are grouped by chunk, chunks in order */
+    int32_t *off;  /* (J + 1) first entry of each chunk */
+} sparse_ws;
+
+static void sparse_layout(sparse_ws *b, float *ws, int64_t np, int64_t K, int64_t J, int64_t w,
+                          int64_t rkv, int64_t n_c) {
+    b->qw = ws;
+    b->own = b->qw + np * w;
+    b->sc = b->own + np * n_c;
+    b->qg = b->sc + (np > K + 1 ? np : K + 1) * n_c;
+    b->og = b->qg + np * K * w;
+    b->mx = b->og + np * rkv;
+    b->sum = b->mx + np;
+    b->sig = b->sum + np;
+    b->list = (int32_t *)(b->sig + np * J);
+    b->ent = b->list + np * K;
+    b->off = b->ent + np * K;
+}
+
+void arl_mla_sparse_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const float *qhat,
+                         const float *q_pe, const float *cache, const float *means, int64_t pos0,
+                         int64_t Tq, int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                         int64_t k_c, float *ws) {
+    ARL_ASSERT(pos0 >= 0 && Tq >= 0 && ws && means && k_c >= 1 && n_c >= 1);
+    const int64_t w = rkv + r, S = pos0 + Tq, K = sparse_k(S, n_c, k_c), Jmax = S / n_c + 1;
+    sparse_ws b;
+    sparse_layout(&b, ws, Tq * Hm, K, Jmax, w, rkv, n_c);
+    for (int64_t i0 = 0; i0 < Tq;) {
+        /* a block of queries in one chunk J: they share the rows J n_c .. of their own chunk */
+        const int64_t J = (pos0 + i0) / n_c;
+        int64_t i1 = (J + 1) * n_c - pos0;
+        if (i1 > Tq) i1 = Tq;
+        const int64_t np = (i1 - i0) * Hm, a = J * n_c, own = pos0 + i1 - a;
+        float *oh = ohat + i0 * Hm * rkv;
+        for (int64_t p = 0; p < np; p++) {
+            memcpy(b.qw + p * w, qhat + (i0 * Hm + p) * rkv, sizeof(float) * (size_t)rkv);
+            memcpy(b.qw + p * w + rkv, q_pe + (i0 * Hm + p) * r, sizeof(float) * (size_t)r);
+        }
+        if (J <= k_c) { /* every chunk up to the own one is selected: dense, bit for bit */
+            for (int64_t p = 0; p < np; p++) { /* (K + 1) n_c >= pos + 1 floats at b.own */
+                dense_row(oh + p * rkv, b.qw + p * w, cache, pos0 + i0 + p / Hm, rkv, r, scale,
+                          b.own);
+                if (sel) {
+                    uint8_t *srow = sel + (i0 * Hm + p) * sel_stride;
+                    memset(srow, 0, (size_t)sel_stride);
+                    memset(srow, 1, (size_t)(J + 1));
+                }
+            }
+            i0 = i1;
+            continue;
+        }
+        /* selection: sigma_j = [qhat; q_pe] . mean_j over the complete chunks j < J, for
+         * all pairs in one product */
+        memset(b.off, 0, sizeof(int32_t) * (size_t)(J + 1));
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, np, J, w, 1.0f, b.qw, w, means, w, 0.0f, b.sig, J);
+        for (int64_t p = 0; p < np; p++) {
+            int32_t *best = b.list + p * K;
+            select_topk(best, b.sig + p * J, J, K);
+            for (int64_t k = 0; k < K; k++)
+                b.off[best[k] + 1]++;
+            if (sel) {
+                uint8_t *srow = sel + (i0 * Hm + p) * sel_stride;
+                memset(srow, 0, (size_t)sel_stride);
+                for (int64_t k = 0; k < K; k++)
+                    srow[best[k]] = 1;
+                srow[J] = 1;
+            }
+        }
+        /* entries grouped by chunk (pairs in order inside a chunk): one product per chunk for
+         * all the pairs that selected it, so its rows are read once per block */
+        for (int64_t j = 0; j < J; j++)
+            b.off[j + 1] += b.off[j];
+        for (int64_t p = 0; p < np; p++)
+            for (int64_t k = 0; k < K; k++) {
+                int32_t e = b.off[b.list[p * K + k]]++;
+                b.ent[e] = (int32_t)p;
+                memcpy(b.qg + e * w, b.qw + p * w, sizeof(float) * (size_t)w);
+            }
+        for (int64_t j = J; j > 0; j--) /* off[j] is again the first entry of chunk j */
+            b.off[j] = b.off[j - 1];
+        b.off[0] = 0;
+
+        /* the own chunk's rows a .. pos0+i1-1, for all pairs in one product (each pair uses
+         * its causal prefix): the softmax starts from them */
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, np, own, w, scale, b.qw, w, cache + a * w, w, 0.0f,
+                   b.own, n_c);
+        for (int64_t p = 0; p < np; p++) {
+            float *row = b.own + p * n_c;
+            const int64_t nr = pos0 + i0 + p / Hm - a + 1;
+            b.mx[p] = arl_k_vmax(row, nr);
+            for (int64_t s = 0; s < nr; s++)
+                row[s] -= b.mx[p];
+            arl_k_vexp(row, row, nr);
+            b.sum[p] = arl_k_vsum(row, nr);
+            for (int64_t s = nr; s < own; s++)
+                row[s] = 0.0f;
+        }
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, np, rkv, own, 1.0f, b.own, n_c, cache + a * w, w,
+                   0.0f, oh, rkv);
+        /* then each selected chunk, once for all the entries that chose it, scores and
+         * weighted sum back to back while its rows are in cache; the running maximum, sum and
+         * output of a pair are rescaled when a chunk raises its maximum (online softmax) */
+        for (int64_t j = 0; j < J; j++) {
+            const int64_t e0 = b.off[j], m = b.off[j + 1] - e0;
+            if (m == 0) continue;
+            const float *rows = cache + j * n_c * w;
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, m, n_c, w, scale, b.qg + e0 * w, w, rows, w,
+                       0.0f, b.sc, n_c);
+            for (int64_t e = 0; e < m; e++) {
+                const int64_t p = b.ent[e0 + e];
+                float *row = b.sc + e * n_c, cm = arl_k_vmax(row, n_c);
+                if (cm > b.mx[p]) {
+                    const float f = expf(b.mx[p] - cm);
+                    arl_k_vscale(oh + p * rkv, f, rkv);
+                    b.sum[p] *= f;
+                    b.mx[p] = cm;
+                }
+                for (int64_t s = 0; s < n_c; s++)
+                    row[s] -= b.mx[p];
+                arl_k_vexp(row, row, n_c);
+                b.sum[p] += arl_k_vsum(row, n_c);
+            }
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, m, rkv, n_c, 1.0f, b.sc, n_c, rows, w, 0.0f,
+                       b.og, rkv);
+            for (int64_t e = 0; e < m; e++)
+                arl_k_vaxpy(oh + b.ent[e0 + e] * rkv, 1.0f, b.og + e * rkv, rkv);
+        }
+        for (int64_t p = 0; p < np; p++)
+            arl_k_vscale(oh + p * rkv, 1.0f / b.sum[p], rkv);
+        i0 = i1;
     }
 }

@@ -60,7 +60,7 @@ void arl_mla_absorb_q(float *qhat, const float *q_nope, const float *kv_b, int64
 void arl_mla_expand_o(float *o, const float *ohat, const float *kv_b, int64_t T, int64_t Hm,
                       int64_t n, int64_t vm, int64_t rkv);
 
-/* Floats of work buffer for arl_mla_absorbed_attn with at most S cache rows. */
+/* Floats of work buffer for arl_mla_absorbed_attn with at most S cache rows (any k_c). */
 int64_t arl_mla_absorbed_ws_floats(int64_t S, int64_t rkv, int64_t r, int64_t n_c);
 
 /* Absorbed attention of Tq query tokens of one sequence at positions pos0 .. pos0+Tq-1
@@ -78,5 +78,39 @@ void arl_mla_absorbed_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const 
                            const float *q_pe, const float *cache, int64_t pos0, int64_t Tq,
                            int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
                            int64_t k_c, float *ws);
+
+/* ---- block-sparse selection that skips unselected chunks (4.5) ----
+ * The chunk summaries m_j live beside the cache and grow with it, so that a query costs
+ * O(J_t (rkv + r)) for its selection plus O((k_c + 1) n_c (2 rkv + r)) for the attention,
+ * whatever the context length: unselected chunks are never read.  (arl_mla_absorbed_attn with
+ * k_c > 0 is the same core, the summaries recomputed from the cache on every call.)  The means
+ * are fp32 sums in row order divided by n_c, sigma an fp32 product; the attention over the
+ * selected rows equals the masked softmax of 4.5 to rounding.  When every chunk up to the
+ * query's own is selected (k_c >= J_t) the dense code of arl_mla_absorbed_attn runs, so that
+ * case equals dense attention bit for bit. */
+
+/* Bring the summaries of a cache up to `to` rows, from `from` rows already summarised
+ * (0 <= from <= to): means (ceil(to / n_c), R) row j = the fp32 mean of chunk j's rows once
+ * the chunk is complete ((j + 1) n_c <= to), the running sum of its rows so far while it is
+ * open.  Rows are added in order, each complete chunk divided by n_c once, so the result does
+ * not depend on how the rows arrived.  cache (to, R), R = rkv + r. */
+void arl_mla_chunk_means_update(float *means, const float *cache, int64_t from, int64_t to,
+                                int64_t R, int64_t n_c);
+
+/* Floats of work buffer for arl_mla_sparse_attn over at most Tq_max queries of Hm heads and at
+ * most S cache rows. */
+int64_t arl_mla_sparse_ws_floats(int64_t Tq_max, int64_t Hm, int64_t S, int64_t rkv, int64_t r,
+                                 int64_t n_c, int64_t k_c);
+
+/* arl_mla_absorbed_attn with k_c >= 1 and the summaries given: means (>= J rows, R) as
+ * arl_mla_chunk_means_update leaves them for the cache's rows 0 .. pos0+Tq-1 (only the complete
+ * chunks j < J_t of each query are read).  Queries are processed in blocks of one chunk: the
+ * query's own chunk (rows J_t n_c .. t) as one product for the block's (query, head) pairs,
+ * each selected earlier chunk as one product per pair.  Tq <= the Tq_max of the work buffer;
+ * other arguments as arl_mla_absorbed_attn. */
+void arl_mla_sparse_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const float *qhat,
+                         const float *q_pe, const float *cache, const float *means, int64_t pos0,
+                         int64_t Tq, int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                         int64_t k_c, float *ws);
 
 #endif

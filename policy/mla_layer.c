@@ -39,6 +39,8 @@ typedef struct mla_bufs {
     float *qhat;    /* (T, Hm, rkv)      absorbed form */
     float *ohat;    /* (T, Hm, rkv) */
     int64_t *items; /* (n_items, 3) work items: document, first query, query count */
+    float *fmeans;  /* block-sparse over fresh documents: chunk summaries of each document */
+    int64_t *moff;  /* (N + 1) offset of document i's summaries in fmeans */
     float *lane;    /* (lanes, absorbed ws) */
     int64_t lane_floats;
     float *o;    /* (T, Hm, vm) */
@@ -68,8 +70,19 @@ static int64_t mla_layout(mla_bufs *B, float *base, const arl_mla_layer_cfg *c, 
     B->qhat = take(&w, T * Hm * rkv);
     B->ohat = take(&w, T * Hm * rkv);
     B->items = (int64_t *)take(&w, 2 * 3 * max_items(T, N));
-    B->lane_floats =
-        (arl_mla_absorbed_ws_floats(c->max_rows, rkv, r, c->sparse_chunk) + 15) & ~(int64_t)15;
+    int64_t lane = arl_mla_absorbed_ws_floats(c->max_rows, rkv, r, c->sparse_chunk);
+    if (c->sparse_topk > 0) {
+        /* a document of len tokens has at most len / n_c + 1 chunks */
+        B->fmeans = take(&w, (T / c->sparse_chunk + N + 1) * R);
+        B->moff = (int64_t *)take(&w, 2 * ((int64_t)N + 1));
+        int64_t sp = arl_mla_sparse_ws_floats(MLA_QBLOCK, Hm, c->max_rows, rkv, r, c->sparse_chunk,
+                                              c->sparse_topk);
+        if (sp > lane) lane = sp;
+    } else {
+        B->fmeans = NULL;
+        B->moff = NULL;
+    }
+    B->lane_floats = (lane + 15) & ~(int64_t)15;
     B->lane = take(&w, (int64_t)lanes * B->lane_floats);
     B->o = take(&w, T * Hm * vm);
     B->gate = take(&w, T * Hm * vm);
@@ -96,7 +109,8 @@ typedef struct absorbed_ctx {
     const int32_t *cu;
     float *const *caches;
     const int64_t *pos;
-    const float *lat; /* fresh documents: their rows in the packed (T, R) latent */
+    float *const *means; /* (N) the caches' chunk summaries, or NULL */
+    const float *lat;    /* fresh documents: their rows in the packed (T, R) latent */
     int64_t n_items;
     int32_t lanes;
     float scale;
@@ -116,7 +130,18 @@ static void absorbed_lane(void *vctx, int64_t l0, int64_t l1) {
             int64_t a = A->cu ? A->cu[doc] : 0;
             const float *cache = A->caches ? A->caches[doc] : A->lat + a * R;
             int64_t p0 = A->caches ? A->pos[doc] : 0;
-            int64_t t = a + q0; /* packed index of the first query */
+            int64_t t = a + q0;       /* packed index of the first query */
+            if (c->sparse_topk > 0) { /* summaries kept: unselected chunks are skipped */
+                const float *mn =
+                    A->caches ? (A->means ? A->means[doc] : NULL) : B->fmeans + B->moff[doc];
+                if (mn) {
+                    arl_mla_sparse_attn(B->ohat + t * Hm * rkv, NULL, 0, B->qhat + t * Hm * rkv,
+                                        B->q_pe + t * Hm * r, cache, mn, p0 + q0, nq, Hm, rkv, r,
+                                        A->scale, c->sparse_chunk, c->sparse_topk, ws);
+                    continue;
+                }
+            }
+            /* dense, or sparse with the summaries recomputed from the cache (O(rows)) */
             arl_mla_absorbed_attn(B->ohat + t * Hm * rkv, NULL, 0, B->qhat + t * Hm * rkv,
                                   B->q_pe + t * Hm * r, cache, p0 + q0, nq, Hm, rkv, r, A->scale,
                                   c->sparse_chunk, c->sparse_topk, ws);
@@ -127,7 +152,15 @@ static void absorbed_lane(void *vctx, int64_t l0, int64_t l1) {
 void arl_mla_layer_fwd(float *y, float *latent, const float *x, const arl_mla_params *p,
                        const arl_mla_layer_cfg *c, const int32_t *cu, int32_t N, int64_t T,
                        float *const *caches, const int64_t *pos, int32_t lanes, float *ws) {
+    arl_mla_layer_fwd_means(y, latent, x, p, c, cu, N, T, caches, pos, NULL, NULL, lanes, ws);
+}
+
+void arl_mla_layer_fwd_means(float *y, float *latent, const float *x, const arl_mla_params *p,
+                             const arl_mla_layer_cfg *c, const int32_t *cu, int32_t N, int64_t T,
+                             float *const *caches, const int64_t *pos, float *const *means,
+                             int64_t *const *means_rows, int32_t lanes, float *ws) {
     ARL_ASSERT(y && x && p && c && ws && N >= 1 && T >= 0 && lanes >= 1 && y != x);
+    ARL_ASSERT(!means || (caches && means_rows));
     if (T == 0) return;
     mla_bufs B;
     mla_layout(&B, ws, c, T, N, lanes);
@@ -169,6 +202,22 @@ void arl_mla_layer_fwd(float *y, float *latent, const float *x, const arl_mla_pa
             ARL_ASSERT(pos[i] + (e - a) <= c->max_rows);
             memcpy(caches[i] + pos[i] * R, lat + a * R, sizeof(float) * (size_t)((e - a) * R));
         }
+    if (c->sparse_topk > 0 && means) /* bring the kept summaries up to the new rows */
+        for (int32_t i = 0; i < N; i++) {
+            int64_t end = pos[i] + (cu ? cu[i + 1] - cu[i] : T), from = *means_rows[i];
+            if (from > pos[i]) from = 0; /* the sequence restarted below them: redo */
+            arl_mla_chunk_means_update(means[i], caches[i], from, end, R, c->sparse_chunk);
+            *means_rows[i] = end;
+        }
+    if (c->sparse_topk > 0 && !caches) { /* fresh documents: their summaries, once per call */
+        B.moff[0] = 0;
+        for (int32_t i = 0; i < N; i++) {
+            int64_t a = cu ? cu[i] : 0, len = cu ? cu[i + 1] - cu[i] : T;
+            B.moff[i + 1] = B.moff[i] + (len / c->sparse_chunk + 1) * R;
+            arl_mla_chunk_means_update(B.fmeans + B.moff[i], lat + a * R, 0, len, R,
+                                       c->sparse_chunk);
+        }
+    }
 
     if (fresh && c->sparse_topk == 0) {
         /* 4.1 expanded form: [k_nope; v] = W_kvb c per head, causal softmax per document */
@@ -193,13 +242,17 @@ void arl_mla_layer_fwd(float *y, float *latent, const float *x, const arl_mla_pa
         /* lanes worth waking: the work is ~ query rows x cache rows x (2 rkv + r) per head */
         int64_t work = 0;
         for (int32_t i = 0; i < N; i++) {
-            int64_t len = cu ? cu[i + 1] - cu[i] : T, p0 = caches ? pos[i] : 0;
-            work += len * (p0 + len) * Hm * (2 * rkv + r);
+            int64_t len = cu ? cu[i + 1] - cu[i] : T, rows = (caches ? pos[i] : 0) + len;
+            if (c->sparse_topk > 0 && (caches ? means != NULL : 1)) {
+                int64_t sp = (c->sparse_topk + 1) * c->sparse_chunk;
+                rows = (rows < sp ? rows : sp) + rows / c->sparse_chunk;
+            }
+            work += len * rows * Hm * (2 * rkv + r);
         }
         int64_t want = (work + ARL_K_WORK_GRAIN - 1) / ARL_K_WORK_GRAIN;
         if (want > n_items) want = n_items;
         int32_t use = (int64_t)lanes < want ? lanes : (int32_t)(want > 0 ? want : 1);
-        absorbed_ctx A = {&B, c, cu, caches, pos, lat, n_items, use, scale};
+        absorbed_ctx A = {&B, c, cu, caches, pos, means, lat, n_items, use, scale};
         arl_k_parallel_for(use, 1, absorbed_lane, &A);
         arl_mla_expand_o(B.o, B.ohat, p->kv_b, T, Hm, n, vm, rkv);
     }

@@ -10,7 +10,9 @@
  * Which form runs: the expanded form of 4.1 when every document starts fresh (no caches, or
  * all pos = 0) and block-sparse selection is off; otherwise the absorbed form of 4.2 (with
  * the selection of 4.5 when sparse_topk > 0), each query attending over its sequence's cache
- * rows up to and including its own.  Both compute 4.1 to rounding.
+ * rows up to and including its own.  Both compute 4.1 to rounding.  Block-sparse attention
+ * reads only the selected chunks when chunk summaries are at hand (fresh documents, or caches
+ * with summaries kept: arl_mla_layer_fwd_means).
  *
  * Symbols: T tokens, N documents, d width, Hm heads, rq/rkv latent ranks (rq 0 = direct
  * q_proj), n/r/vm head dims, R = rkv + r the width of a cache row.
@@ -43,5 +45,20 @@ int64_t arl_mla_layer_ws_floats(const arl_mla_layer_cfg *c, int64_t T, int32_t N
 void arl_mla_layer_fwd(float *y, float *latent, const float *x, const arl_mla_params *p,
                        const arl_mla_layer_cfg *c, const int32_t *cu, int32_t N, int64_t T,
                        float *const *caches, const int64_t *pos, int32_t lanes, float *ws);
+
+/* The same, with the block-sparse chunk summaries of the caches kept by the caller (spec 4.5;
+ * policy/mla.h arl_mla_chunk_means_update), so that a query reads only its selected chunks:
+ * means (N) or NULL: means[i] is document i's summary buffer (room for
+ * ceil((pos[i] + len_i) / sparse_chunk) rows of R) covering its cache's first *means_rows[i]
+ * rows.  The call brings each up to pos[i] + len_i rows (and sets *means_rows[i] to that); a
+ * count above pos[i] means the sequence restarted, and the summaries are redone from row 0.
+ * Rows below *means_rows[i] must not have changed since they were summarised.  Used only
+ * when c->sparse_topk > 0 (ignored otherwise); NULL with sparse_topk > 0 recomputes the
+ * summaries of every cache for every block of queries, O(rows) each.  Without caches the
+ * summaries of fresh documents are always computed once per call. */
+void arl_mla_layer_fwd_means(float *y, float *latent, const float *x, const arl_mla_params *p,
+                             const arl_mla_layer_cfg *c, const int32_t *cu, int32_t N, int64_t T,
+                             float *const *caches, const int64_t *pos, float *const *means,
+                             int64_t *const *means_rows, int32_t lanes, float *ws);
 
 #endif

@@ -173,7 +173,9 @@ arl_status arl_model_init(arl_model *m, const arl_model_config *cfg, const arl_m
     m->moe_index = malloc(sizeof(int32_t) * (size_t)L);
     m->caches = calloc((size_t)m->opts.max_docs, sizeof(float *));
     m->pos = calloc((size_t)m->opts.max_docs, sizeof(int64_t));
-    if (!m->moe_index || !m->caches || !m->pos) {
+    m->means = calloc((size_t)m->opts.max_docs, sizeof(float *));
+    m->means_rows = calloc((size_t)m->opts.max_docs, sizeof(int64_t *));
+    if (!m->moe_index || !m->caches || !m->pos || !m->means || !m->means_rows) {
         arl_model_free(m);
         return arl_errorf(ARL_ERR_NOMEM, "model: out of memory");
     }
@@ -191,6 +193,8 @@ void arl_model_free(arl_model *m) {
     free(m->moe_index);
     free(m->caches);
     free(m->pos);
+    free(m->means);
+    free(m->means_rows);
     memset(m, 0, sizeof *m);
 }
 
@@ -326,13 +330,16 @@ static void run_mixer(arl_model *m, int64_t l, const int32_t *cu, int32_t N, int
                        sizeof(float) * tn);
             }
     } else {
+        int keep = st && st->means_chunk > 0 && m->mla.sparse_topk > 0;
         if (st)
             for (int32_t i = 0; i < N; i++) {
                 m->caches[i] = arl_decode_state_latent(st, slots[i], l);
                 m->pos[i] = st->slots[slots[i]].pos;
+                if (keep) m->means[i] = arl_decode_state_means(st, slots[i], l, &m->means_rows[i]);
             }
-        arl_mla_layer_fwd(m->ybuf, NULL, m->xbuf, &lp->mla, &m->mla, cu, N, T,
-                          st ? m->caches : NULL, st ? m->pos : NULL, m->lanes, m->scratch);
+        arl_mla_layer_fwd_means(m->ybuf, NULL, m->xbuf, &lp->mla, &m->mla, cu, N, T,
+                                st ? m->caches : NULL, st ? m->pos : NULL, keep ? m->means : NULL,
+                                keep ? m->means_rows : NULL, m->lanes, m->scratch);
     }
 }
 
@@ -412,6 +419,9 @@ static arl_status model_run(arl_model *m, const arl_batch *b, arl_decode_state *
         if (memcmp(&st->dm, dm, sizeof *dm))
             return arl_errorf(ARL_ERR_CONFIG, "model: the decode state was made for another "
                                               "model config");
+        /* block-sparse MLA reads chunk summaries kept beside the caches (spec 4.5) */
+        if (m->mla.sparse_topk > 0 && dm->n_mla > 0)
+            ARL_TRY(arl_decode_state_keep_means(st, m->mla.sparse_chunk));
         for (int32_t i = 0; i < N; i++) {
             int64_t end = st->slots[slots[i]].pos + cu[i + 1] - cu[i];
             if (dm->n_mla > 0 && end > m->mla.max_rows)

@@ -81,8 +81,10 @@ typedef struct arl_model {
     int64_t scratch_floats;
     float *logits; /* (logit_rows, V) logits of a row block when the caller keeps none */
     int64_t logit_rows;
-    float **caches; /* (N) latent cache pointers of one layer's documents; owned */
-    int64_t *pos;   /* (N) positions of the documents; owned */
+    float **caches;       /* (N) latent cache pointers of one layer's documents; owned */
+    int64_t *pos;         /* (N) positions of the documents; owned */
+    float **means;        /* (N) their block-sparse chunk summaries (policy/state.h); owned array */
+    int64_t **means_rows; /* (N) the rows those cover; owned array */
 } arl_model;
 
 /* Build a model over cfg and params (both borrowed), with its workspace.  opts NULL = the

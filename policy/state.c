@@ -78,6 +78,11 @@ void arl_decode_state_free(arl_decode_state *st) {
                 for (int64_t j = 0; j < st->dm.n_mla; j++)
                     free(s->latent[j]);
             free(s->latent);
+            if (s->means)
+                for (int64_t j = 0; j < st->dm.n_mla; j++)
+                    free(s->means[j]);
+            free(s->means);
+            free(s->means_rows);
         }
     free(st->slots);
     free(st->arena);
@@ -91,6 +96,51 @@ static void slot_clear(arl_decode_state *st, arl_decode_slot *s) {
     memset(s->kda_S, 0, sizeof(float) * (size_t)(dm->n_kda * kda_S_floats(dm)));
     memset(s->kda_conv, 0, sizeof(float) * (size_t)(dm->n_kda * kda_conv_floats(dm)));
     s->pos = 0;
+    if (s->means_rows) memset(s->means_rows, 0, sizeof(int64_t) * (size_t)dm->n_mla);
+}
+
+/* Summary rows for `cap` cache rows with chunks of n_c. */
+static int64_t means_cap(int64_t cap, int64_t n_c) {
+    return cap / n_c + 1;
+}
+
+arl_status arl_decode_state_keep_means(arl_decode_state *st, int64_t n_c) {
+    ARL_ASSERT(n_c >= 1);
+    const int64_t n_mla = st->dm.n_mla, R = row_width(&st->dm);
+    if (n_mla == 0 || st->means_chunk == n_c) return ARL_OK;
+    st->means_chunk = 0;
+    for (int32_t i = 0; i < st->n_slots; i++) {
+        arl_decode_slot *s = &st->slots[i];
+        if (!s->means) s->means = calloc((size_t)n_mla, sizeof(float *));
+        if (!s->means_rows) s->means_rows = calloc((size_t)n_mla, sizeof(int64_t));
+        if (!s->means || !s->means_rows)
+            return arl_errorf(ARL_ERR_NOMEM, "decode state: out of memory");
+        size_t bytes = sizeof(float) * (size_t)(means_cap(s->cap, n_c) * R);
+        for (int64_t j = 0; j < n_mla; j++) {
+            float *p = realloc(s->means[j], bytes);
+            if (!p)
+                return arl_errorf(ARL_ERR_NOMEM,
+                                  "decode state: out of memory allocating %zu bytes of "
+                                  "block-sparse chunk summaries",
+                                  bytes);
+            s->means[j] = p;
+            s->means_rows[j] = 0;
+        }
+    }
+    st->means_chunk = n_c;
+    return ARL_OK;
+}
+
+float *arl_decode_state_means(const arl_decode_state *st, int32_t slot, int64_t l, int64_t **rows) {
+    ARL_ASSERT(slot >= 0 && slot < st->n_slots && l >= 0 && l < st->dm.L);
+    ARL_ASSERT(st->mla_index[l] >= 0);
+    const arl_decode_slot *s = &st->slots[slot];
+    if (st->means_chunk == 0 || !s->means) {
+        *rows = NULL;
+        return NULL;
+    }
+    *rows = &s->means_rows[st->mla_index[l]];
+    return s->means[st->mla_index[l]];
 }
 
 arl_status arl_decode_state_join(arl_decode_state *st, int32_t *slot) {
@@ -146,6 +196,16 @@ arl_status arl_decode_state_reserve(arl_decode_state *st, int32_t slot, int64_t 
                               slot, (long long)cap);
         }
         s->latent[j] = p;
+        if (st->means_chunk > 0) {
+            float *q =
+                realloc(s->means[j], sizeof(float) * (size_t)(means_cap(cap, st->means_chunk) * R));
+            if (!q)
+                return arl_errorf(ARL_ERR_NOMEM,
+                                  "decode state: out of memory growing the chunk "
+                                  "summaries of slot %d",
+                                  slot);
+            s->means[j] = q;
+        }
     }
     s->cap = cap;
     return ARL_OK;
@@ -435,6 +495,8 @@ static arl_status import_into(arl_decode_state *st, int32_t slot, const uint8_t 
         return arl_errorf(ARL_ERR_FORMAT, "state import: %zu trailing bytes after the last blob",
                           len - at);
     s->pos = (int64_t)pos;
+    if (s->means_rows) /* new rows: the chunk summaries are redone on the next forward */
+        memset(s->means_rows, 0, sizeof(int64_t) * (size_t)dm->n_mla);
     return ARL_OK;
 }
 

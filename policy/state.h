@@ -8,7 +8,9 @@
  * parts of every slot live in one arena allocated at init (their size does not depend on the
  * position); each slot's MLA caches are one buffer per MLA layer that grows in blocks
  * (rows rounded up to ARL_STATE_ROWS_BLOCK, at least doubling), never per token, and is kept
- * when the slot is left so that the next sequence reuses it.
+ * when the slot is left so that the next sequence reuses it.  For block-sparse MLA (spec 4.5)
+ * a slot also keeps per MLA layer the chunk summaries of its latent rows (one row of R per
+ * chunk, growing with the cache), which the forward brings up to date as rows arrive.
  * What this is not: the computation that advances a state (policy/model.h:
  * arl_model_forward_state, arl_model_prefill, arl_model_decode_step).
  *
@@ -46,6 +48,13 @@ typedef struct arl_decode_slot {
     float *kda_conv; /* (n_kda, 3, P, W-1) in the state's arena */
     float **latent;  /* (n_mla) per MLA layer a (cap, R) row buffer or NULL; owned */
     int64_t cap;     /* rows allocated in each latent buffer */
+    /* block-sparse MLA (spec 4.5), when the state keeps chunk summaries (means_chunk > 0):
+     * per MLA layer (cap / means_chunk + 1, R) summaries of the latent rows as
+     * policy/mla.h arl_mla_chunk_means_update leaves them, and the rows they cover.  The
+     * forward keeps them current; every function here that changes the rows otherwise (join,
+     * reset, import) sets the covered count to 0. */
+    float **means;       /* (n_mla) or NULL; owned */
+    int64_t *means_rows; /* (n_mla) or NULL; owned */
 } arl_decode_slot;
 
 typedef struct arl_decode_state {
@@ -57,6 +66,7 @@ typedef struct arl_decode_state {
     int64_t max_context;    /* most positions of one sequence */
     arl_decode_slot *slots; /* (n_slots), owned */
     float *arena;           /* KDA states and conv tails of every slot, owned */
+    int64_t means_chunk;    /* n_c of the kept chunk summaries; 0: none kept */
 } arl_decode_state;
 
 /* Allocate the state of n_slots >= 1 sequences for cfg (not referenced after return), each up
@@ -84,6 +94,16 @@ int64_t arl_decode_state_position(const arl_decode_state *st, int32_t slot);
  * ARL_ERR_RANGE when rows > max_context, ARL_ERR_NOMEM if the allocation fails (the slot is
  * then unchanged). */
 arl_status arl_decode_state_reserve(arl_decode_state *st, int32_t slot, int64_t rows);
+
+/* Keep block-sparse chunk summaries of chunk length n_c >= 1 in every slot from now on
+ * (spec 4.5; the model calls this on the first block-sparse forward over the state).  Their
+ * buffers are allocated for every slot's capacity and grow with it; all start covering no
+ * row.  A different n_c replaces them.  ARL_ERR_NOMEM names the size (nothing is kept then). */
+arl_status arl_decode_state_keep_means(arl_decode_state *st, int64_t n_c);
+
+/* Chunk summaries of an MLA layer of a slot ((cap / means_chunk + 1, R)) and, in *rows, the
+ * pointer to the count of rows they cover; NULL when none are kept. */
+float *arl_decode_state_means(const arl_decode_state *st, int32_t slot, int64_t l, int64_t **rows);
 
 /* Views of one layer's state of a slot (layer l 0-based; asserts on the wrong layer kind). */
 float *arl_decode_state_kda_S(const arl_decode_state *st, int32_t slot,

@@ -90,8 +90,10 @@ const arl_option arl_rollout_options[] = {
      "pages are touched as the context grows), so that it never grows by copying",
      0, 0, NULL, 0, NULL},
     {"state-cache", ARL_OPT_CHOICE, F(state_cache), "all",
-     "rollout states written at token_budget boundaries (all) or none (off)", 0, 0, "all|off", 0,
-     NULL},
+     "rollout states written at token_budget boundaries: kept (all), only the newest boundary "
+     "of each running trajectory and none of finished ones (last, spec/replay.md 9.3), or none "
+     "written (off)",
+     0, 0, "all|last|off", 0, NULL},
     {"resume-interrupted", ARL_OPT_BOOL, F(resume_interrupted), "true",
      "resume trajectories a dead worker left running (else mask them INTERRUPTED)", 0, 0, NULL, 0,
      NULL},

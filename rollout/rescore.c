@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "rollout/engine.h"
+#include "rollout/media.h"
 #include "rollout/rescore.h"
 
 static int cmp_double(const void *a, const void *b) {
@@ -74,6 +75,19 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
     float *clp = malloc(sizeof(float) * (size_t)chunk);
     int32_t *forced = malloc(sizeof(int32_t) * (size_t)chunk * (size_t)(e.n_moe ? e.n_moe * e.k : 1));
     int32_t slot = 0;
+    /* the image rows of the placeholders, rebuilt from the stored observations */
+    ro_media md;
+    memset(&md, 0, sizeof md);
+    float *mrows = NULL;
+    if (s == ARL_OK) {
+        arl_status ms = ro_media_load(st, row.traj_id, &e, &md);
+        if (ms == ARL_ERR_NOMEM) s = ms;
+        else if (ms) arl_error_clear(); /* unreadable: their segments are skipped, as below */
+        if (s == ARL_OK && md.n_rows > 0) {
+            mrows = malloc(sizeof(float) * (size_t)(chunk * e.d));
+            if (!mrows) s = arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
+        }
+    }
     if (s == ARL_OK && (!lp || !mu || !diffs || !tok || !tgt || !clp || !forced))
         s = arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
     if (s == ARL_OK) s = arl_decode_state_join(&e.st, &slot);
@@ -82,6 +96,7 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
     int64_t nd = 0;
     double sum = 0;
     int tainted = 0; /* the running state went through image placeholders without image rows */
+    int lost = 0;    /* the image cursor lost its place: no rows until the next fresh start */
     for (size_t si = 0; s == ARL_OK && si < n; si++) {
         const replay_seg_ref *r = &refs[si];
         s = replay_segment_load(st, r->traj_id, r->seg_index,
@@ -90,7 +105,9 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
         if (s) break;
         if (!strcmp(r->start_kind, "fresh")) {
             arl_decode_state_reset(&e.st, slot);
+            ro_media_fresh(&md, r->first_step - 1);
             tainted = 0;
+            lost = 0;
         } else if (opts->version >= 0 && si > 0) {
             arl_status b = import_boundary(st, &e, row.traj_id, refs[si - 1].seg_index, opts->version);
             if (b == ARL_OK) {
@@ -114,11 +131,6 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
             break;
         }
         const int64_t T = r->n_tokens;
-        /* The image rows of <|media_pad|> tokens are not in the segment (they come from the
-         * stored observations' PNGs, which this build does not rebuild here): such a segment is
-         * run for its state but not compared. */
-        for (int64_t i = 0; i < T; i++) /* sampled placeholders were fed as plain tokens */
-            tainted |= !d.loss_mask[i] && (int64_t)d.tokens[i] == e.cfg.media_placeholder_token_id;
         const int use_routes = !opts->natural_routing && d.n_moe_layers == e.n_moe && e.n_moe &&
                                d.route_k == e.k && d.routes;
         for (int64_t c0 = 0; s == ARL_OK && c0 < T; c0 += chunk) {
@@ -139,8 +151,29 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
                             absent |= v == (d.route_dtype == ARL_BLOB_U8 ? 0xFF : 0xFFFF);
                             forced[(l * c + i) * e.k + j] = v;
                         }
+            /* The image rows of the <|media_pad|> tokens are not in the segment: they come
+             * from the stored observations' PNGs (rollout/media.h).  Where those do not
+             * explain the placeholders the tokens run as plain tokens, for the state, and the
+             * segment is not compared. */
+            int64_t n_ph = 0, n_media = 0;
+            for (int64_t i = 0; i < c; i++)
+                n_ph += !d.loss_mask[c0 + i] && (int64_t)tok[i] == e.cfg.media_placeholder_token_id;
+            if (n_ph > 0) {
+                arl_status ms = mrows && !lost ? ro_media_take(&md, d.tokens + c0,
+                                                               d.loss_mask + c0, c, mrows,
+                                                               &n_media)
+                                               : ARL_ERR_NOT_FOUND;
+                if (ms == ARL_OK) {
+                    out->images += n_ph;
+                } else {
+                    arl_error_clear();
+                    tainted = lost = 1;
+                    n_media = 0;
+                }
+            }
             arl_batch b = {.tokens = tok, .T = c, .N = 1, .targets = tgt,
-                           .forced_routes = use_routes && !absent ? forced : NULL};
+                           .forced_routes = use_routes && !absent ? forced : NULL,
+                           .media = n_media > 0 ? mrows : NULL, .n_media = n_media};
             arl_forward_out fo = {.logprobs = clp};
             s = arl_model_forward_state(&e.m, &e.st, &slot, &b, &fo);
             if (s) break;
@@ -192,6 +225,8 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
     free(clp);
     free(forced);
     free(refs);
+    free(mrows);
+    ro_media_free(&md);
     ro_engine_close(&e);
     return s;
 }

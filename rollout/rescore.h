@@ -42,8 +42,9 @@ typedef struct arl_rollout_rescore_stats {
     int64_t segments;       /* segments scored */
     int64_t from_state;     /* segments started from a cached boundary state */
     int64_t recomputed;     /* segments started from the recomputed prefix */
-    int64_t skipped;        /* segments not compared: images whose rows this build cannot
-                               rebuild from the store, or a prefix that went through one */
+    int64_t skipped;        /* segments not compared: image placeholders the stored
+                               observations do not explain, or a prefix that went through one */
+    int64_t images;         /* image placeholders given rows rebuilt from the stored PNGs */
     int64_t action_tokens;  /* action tokens compared */
     double mean_abs, p99_abs, max_abs; /* |l - l_mu| over those tokens */
     int64_t worst_token;    /* stream position of the largest difference (-1: none) */

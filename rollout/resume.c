@@ -24,6 +24,7 @@
 #include "core/sha256.h"
 #include "envs/aep_json.h"
 #include "rollout/internal.h"
+#include "rollout/media.h"
 #include "rollout/rescore.h"
 #include "rollout/store_read.h"
 
@@ -339,34 +340,59 @@ static arl_status restore_model(rs_ctx *x, int *failed) {
         s != ARL_ERR_CORRUPT)
         return s;
     arl_error_clear();
+    s = ARL_OK; /* a cache miss: recompute */
     /* recompute: prefill the stored tokens since the last fresh start at the current version */
     arl_decode_state_reset(&e->st, t->slot);
     size_t f = x->c - 1;
     while (f > 0 && strcmp(x->refs[f].start_kind, "fresh")) f--;
     replay_seg_data d;
     memset(&d, 0, sizeof d);
+    /* image placeholders get their rows rebuilt from the stored observations (rollout/media.h) */
+    ro_media md;
+    memset(&md, 0, sizeof md);
+    int have_media = 0;
     for (size_t i = f; s == ARL_OK && i < x->c; i++) {
         const replay_seg_ref *r = &x->refs[i];
         if ((s = replay_segment_load(w->st, r->traj_id, r->seg_index, REPLAY_LOAD_TOKENS, &d))) break;
-        for (int64_t j = 0; j < r->n_tokens; j++)
-            if (!d.loss_mask[j] && (int64_t)d.tokens[j] == e->cfg.media_placeholder_token_id) {
-                replay_seg_data_free(&d);
-                *failed = fail_with(x, "RESUME_IMPOSSIBLE", "infra",
-                                    "%sno cached state, and the prefix holds images whose rows "
-                                    "cannot be rebuilt from the store",
-                                    "");
-                return ARL_OK;
-            }
         for (int64_t c0 = 0; s == ARL_OK && c0 < r->n_tokens; c0 += e->o.max_tokens) {
             int64_t n = r->n_tokens - c0 < e->o.max_tokens ? r->n_tokens - c0 : e->o.max_tokens;
-            for (int64_t j = 0; j < n; j++)
+            int64_t n_ph = 0, n_media = 0;
+            for (int64_t j = 0; j < n; j++) {
                 e->tok[j] = (int32_t)d.tokens[c0 + j];
+                n_ph += !d.loss_mask[c0 + j] &&
+                        (int64_t)d.tokens[c0 + j] == e->cfg.media_placeholder_token_id;
+            }
+            if (n_ph > 0 && !have_media) {
+                s = ro_media_load(w->st, x->row.traj_id, e, &md);
+                if (s == ARL_ERR_CORRUPT) {
+                    arl_error_clear();
+                    s = ARL_OK; /* no rows: the take below fails */
+                }
+                if (s) break;
+                ro_media_fresh(&md, x->refs[f].first_step - 1);
+                have_media = 1;
+            }
+            if (n_ph > 0 && ro_media_take(&md, d.tokens + c0, d.loss_mask + c0, n, e->media,
+                                          &n_media) != ARL_OK) {
+                char why[200];
+                snprintf(why, sizeof why, "%s", arl_error_msg());
+                arl_error_clear();
+                replay_seg_data_free(&d);
+                ro_media_free(&md);
+                *failed = fail_with(x, "RESUME_IMPOSSIBLE", "infra",
+                                    "no cached state, and the prefix holds image placeholders "
+                                    "the stored observations do not explain: %s",
+                                    why);
+                return ARL_OK;
+            }
             int32_t cu[2] = {0, (int32_t)n};
-            s = ro_engine_forward(e, 1, &t->slot, cu, e->tok, n, NULL, 0, NULL, NULL);
+            s = ro_engine_forward(e, 1, &t->slot, cu, e->tok, n, n_media ? e->media : NULL,
+                                  n_media, NULL, NULL);
             w->stats.prefill_tokens += n;
         }
     }
     replay_seg_data_free(&d);
+    ro_media_free(&md);
     ARL_TRY(s);
     snprintf(t->pass_uid, sizeof t->pass_uid, "%s#p%d", t->uid, x->row.resume_count + 1);
     t->ctx_vmin = t->ctx_vmax = e->version;

@@ -82,7 +82,7 @@ typedef struct arl_rollout_config {
     int64_t threads;          /* CPU threads (0: the kernels' default) */
     int reserve_context;      /* allocate each slot's MLA cache for L_ctx rows at once */
     /* states, faults, weights */
-    char *state_cache;       /* "all" or "off" */
+    char *state_cache;       /* "all", "last" or "off" */
     int resume_interrupted;  /* resume (1) or mask (0) interrupted trajectories */
     int refill_infra_masked; /* one new attempt for a slot masked with attribution infra */
     char *policy_dir;        /* directory where new versions are published (LATEST); NULL */

@@ -191,6 +191,18 @@ static int hook_commit(arl_rollout_worker *w, ro_traj *t, int32_t seg, int final
     return w->stop;
 }
 
+/* state-cache last (spec/replay.md 9.3): after a commit, keep per running trajectory only its
+ * newest boundary (the kda_boundary state and the mla_segment states since the last fresh
+ * start) and nothing of final ones.  Other settings: nothing to do here. */
+static arl_status retain_states(arl_rollout_worker *w) {
+    if (strcmp(w->cfg.state_cache, "last")) return ARL_OK;
+    replay_retention r = {.rollout = "last", .budget_bytes = 0, .min_age_ms = -1};
+    double t0 = ro_mono_s();
+    arl_status s = replay_states_retain(w->w, &r, NULL);
+    w->stats.store_s += ro_mono_s() - t0;
+    return s;
+}
+
 static void finish_counts(arl_rollout_worker *w, ro_traj *t) {
     arl_rollout_stats *s = &w->stats;
     s->trajectories++;
@@ -222,6 +234,7 @@ arl_status ro_traj_mask(arl_rollout_worker *w, ro_traj *t, const char *code, con
     double t0 = ro_mono_s();
     ARL_TRY(replay_traj_finish(w->w, t->traj_id, last, &f));
     w->stats.store_s += ro_mono_s() - t0;
+    ARL_TRY(retain_states(w));
     arl_rollout_stats *s = &w->stats;
     s->masked++;
     if (last) {
@@ -464,12 +477,13 @@ static arl_status end_turn(arl_rollout_worker *w, ro_traj *t) {
 static arl_status commit_boundary(arl_rollout_worker *w, ro_traj *t) {
     int64_t end_id = -1, lat_id = -1;
     double t0 = ro_mono_s();
-    if (!t->out.next_fresh && !strcmp(w->cfg.state_cache, "all"))
+    if (!t->out.next_fresh && strcmp(w->cfg.state_cache, "off"))
         ARL_TRY(ro_states_put(w, t, &end_id, &lat_id));
     replay_segment_desc d;
     ARL_TRY(ro_seg_desc(w, t, t->out.boundary_cause, end_id, lat_id, &d));
     ARL_TRY(replay_segment_append(w->w, t->traj_id, &d));
     w->stats.store_s += ro_mono_s() - t0;
+    ARL_TRY(retain_states(w));
     w->stats.segments++;
     int32_t idx = t->seg.seg_index;
     ro_seg *s = &t->seg;
@@ -521,6 +535,7 @@ static arl_status commit_end(arl_rollout_worker *w, ro_traj *t, const arl_env_ca
     double t0 = ro_mono_s();
     ARL_TRY(replay_traj_finish(w->w, t->traj_id, &d, &f));
     w->stats.store_s += ro_mono_s() - t0;
+    ARL_TRY(retain_states(w));
     arl_rollout_stats *s = &w->stats;
     s->segments++;
     if (complete)

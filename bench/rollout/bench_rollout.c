@@ -12,11 +12,19 @@
  *            tokens, several sequences per forward) against arl_model_prefill of one sequence
  *            of the same length.
  *
+ *   long context (--long-context): the model's prefill (2048 tokens) and decode (32 steps)
+ *            tokens/s of one sequence at 4K, 64K, 256K and 1M tokens of context with
+ *            block-sparse MLA (--mla-chunk, --mla-topk; spec/policy.md 4.5), to show that a
+ *            token's cost no longer grows with the context beyond the T / n_c chunk scores.
+ *            The context's latent cache rows are random rows written into the slot (their
+ *            values do not change the cost; filling a million positions by prefill would take
+ *            minutes).
+ *
  * Rates are tokens per second of process CPU time (--threads 1 by default: on a shared machine
  * wall time mostly measures the neighbours), interleaved repetitions, medians.
  *
  * Usage: bench_rollout [--ckpt DIR] [--turn-tokens N] [--turns N] [--obs-bytes N] [--reps R]
- *                      [--threads N]
+ *                      [--threads N] [--long-context] [--mla-chunk N] [--mla-topk K]
  * Exit status: 0 done (whatever the ratios), 1 failure, 2 usage error. */
 #include <math.h>
 #include <stdio.h>
@@ -273,16 +281,69 @@ static double run_bare_prefill(const arl_model_config *cfg, const arl_model_para
     return rate;
 }
 
+/* Prefill and decode tokens/s of one sequence after `ctx` positions whose latent rows are
+ * random (see the header), block-sparse MLA with chunks of n_c and top k_c. */
+static void run_long(const arl_model_config *cfg, const arl_model_params *p, int64_t ctx,
+                     int64_t n_c, int64_t k_c, double *prefill, double *decode) {
+    const int64_t n = 2048, steps = 32;
+    arl_model m;
+    arl_model_opts mo;
+    arl_model_opts_default(&mo);
+    mo.max_tokens = 2048;
+    mo.max_docs = 1;
+    mo.max_context = ctx + n + steps + 16;
+    mo.mla_sparse_chunk = n_c;
+    mo.mla_sparse_topk = k_c;
+    DIE(arl_model_init(&m, cfg, p, &mo));
+    arl_decode_state st;
+    DIE(arl_decode_state_init(&st, cfg, 1, mo.max_context));
+    int32_t slot;
+    DIE(arl_decode_state_join(&st, &slot));
+    DIE(arl_decode_state_reserve(&st, slot, ctx + n + steps));
+    arl_rng g;
+    arl_rng_seed(&g, 7);
+    const int64_t R = cfg->dims.rkv + cfg->dims.r;
+    for (int64_t l = 0; l < cfg->dims.L; l++) {
+        if (st.mla_index[l] < 0) continue;
+        float *c = arl_decode_state_latent(&st, slot, l);
+        for (int64_t i = 0; i < ctx * R; i++)
+            c[i] = (float)arl_rng_normal(&g);
+    }
+    st.slots[slot].pos = ctx; /* the slot now holds ctx positions (KDA state zero) */
+    int32_t *t = malloc(sizeof(int32_t) * (size_t)n);
+    float *last = malloc(sizeof(float) * (size_t)cfg->dims.V);
+    for (int64_t i = 0; i < n; i++) t[i] = 'a' + (int32_t)(i % 26);
+    /* one token first: the chunk summaries of the random rows are built once, untimed */
+    DIE(arl_model_prefill(&m, &st, slot, t, 1, NULL, 0, NULL, last));
+    double t0 = cpu_s();
+    DIE(arl_model_prefill(&m, &st, slot, t, n, NULL, 0, NULL, last));
+    *prefill = (double)n / (cpu_s() - t0);
+    t0 = cpu_s();
+    for (int64_t i = 0; i < steps; i++)
+        DIE(arl_model_decode_step(&m, &st, &slot, 1, t + i, last, NULL));
+    *decode = (double)steps / (cpu_s() - t0);
+    free(t);
+    free(last);
+    arl_decode_state_free(&st);
+    arl_model_free(&m);
+}
+
 int main(int argc, char **argv) {
     const char *ckpt = NULL;
+    int long_context = 0;
+    int64_t mla_chunk = 1024, mla_topk = 4;
     int64_t turn_tokens = 128, turns = 3, obs_bytes = 1024;
     int reps = 3, threads = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: bench_rollout [--ckpt DIR] [--turn-tokens N] [--turns N] [--obs-bytes N] "
-                   "[--reps R] [--threads N]\n");
+                   "[--reps R] [--threads N] [--long-context] [--mla-chunk N] [--mla-topk K]\n");
             return 0;
+        }
+        if (!strcmp(a, "--long-context")) {
+            long_context = 1;
+            continue;
         }
         if (!v) {
             fprintf(stderr, "bench_rollout: %s needs a value\n", a);
@@ -294,6 +355,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--obs-bytes")) obs_bytes = atoll(v);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--mla-chunk")) mla_chunk = atoll(v);
+        else if (!strcmp(a, "--mla-topk")) mla_topk = atoll(v);
         else {
             fprintf(stderr, "bench_rollout: unknown option %s\n", a);
             return 2;
@@ -302,6 +365,10 @@ int main(int argc, char **argv) {
     }
     if (reps < 1 || reps > 50 || turn_tokens < 1 || turns < 1 || obs_bytes < 1) {
         fprintf(stderr, "bench_rollout: bad value\n");
+        return 2;
+    }
+    if (mla_chunk < 1 || mla_topk < 1) {
+        fprintf(stderr, "bench_rollout: bad --mla-chunk or --mla-topk\n");
         return 2;
     }
     if (threads < 1 || threads > 256) {
@@ -358,6 +425,17 @@ int main(int argc, char **argv) {
            (long long)obs_bytes, (long long)ctx);
     printf("  rollout (batched observations)  %10.0f\n", median(pf, npf));
     printf("  bare arl_model_prefill          %10.0f\n", median(bp, reps));
+    if (long_context) {
+        printf("\nlong context, block-sparse MLA (chunks of %lld, top %lld): tokens/s of one "
+               "sequence\n  context      prefill     decode\n",
+               (long long)mla_chunk, (long long)mla_topk);
+        const int64_t ctxs[4] = {4096, 65536, 262144, 1048576};
+        for (int i = 0; i < 4; i++) {
+            double pr, de;
+            run_long(&cfg, &p, ctxs[i], mla_chunk, mla_topk, &pr, &de);
+            printf("  %8lld %10.0f %10.0f\n", (long long)ctxs[i], pr, de);
+        }
+    }
     arl_model_params_free(&p);
     arl_model_config_free(&cfg);
     char cmd[700];

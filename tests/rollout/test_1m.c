@@ -7,7 +7,9 @@
  * calls are answered TOOL_NOT_FOUND, its parse errors as usual), until the stream holds the
  * requested number of tokens.  Turns are short (16 tokens); observations arrive by chunked
  * prefill; segments of 131072 tokens are committed with their boundary states as the trajectory
- * grows; long-context MLA uses block-sparse selection (4 chunks of 4096).
+ * grows; long-context MLA uses block-sparse selection (spec/policy.md 4.5: 4 chunks of 1024 plus
+ * the query's own chunk; policy/mla.h reads only those, so a token costs O(T/1024 + 5 * 1024)
+ * in each MLA layer).
  *
  * Peak RSS (VmHWM) is reported when the stream passes 64K, 256K and 1M tokens.  The tiny config
  * may grow only by its MLA latent cache (2 MLA layers x 48 floats = 384 B per token of context,
@@ -15,7 +17,8 @@
  * the conversation text and allocator noise).  The store verifies at the end.
  *
  * Usage: test_rollout_1m [--kda-tokens N] [--tiny-tokens N] [--tokens N (both)]
- *        (defaults: KDA-only 1048576, tiny 32768; 0 skips a config) */
+ *                       [--mla-chunk N] [--mla-topk K]
+ *        (defaults: 1048576 tokens for both configs, chunks of 1024, top 4; 0 skips a config) */
 #include <sys/stat.h>
 #include <time.h>
 
@@ -182,6 +185,7 @@ static int on_commit(void *user, const char *uid, int32_t seg, int final) {
 }
 
 static char tmp[512];
+static int64_t mla_chunk = 1024, mla_topk = 4;
 
 static void run_config(const char *name, const char *config_path, int64_t target,
                        int64_t read_bytes, const int64_t marks[3], double per_token,
@@ -208,8 +212,8 @@ static void run_config(const char *name, const char *config_path, int64_t target
     c.context_tokens = c.trajectory_tokens = target + 524288;
     c.max_turns = 100000;
     c.prefill_chunk = 2048;
-    c.mla_sparse_topk = 4;
-    c.mla_sparse_chunk = 4096;
+    c.mla_sparse_topk = mla_topk;
+    c.mla_sparse_chunk = mla_chunk;
     c.progress_s = 30;
     c.reserve_context = 1; /* no realloc copies of the latent cache: peak RSS follows the rows */
     probe p = {.st = h_store(db), .marks = {marks[0], marks[1], marks[2]}, .hwm_kb = {-1, -1, -1}};
@@ -247,7 +251,7 @@ static void write_kda_config(const char *path) {
     json_decref(j);
 }
 
-static int64_t kda_tokens = 1048576, tiny_tokens = 32768;
+static int64_t kda_tokens = 1048576, tiny_tokens = 1048576;
 
 /* KDA-only: the whole million tokens (linear cost), memory flat */
 static void test_kda_only(void) {
@@ -259,10 +263,10 @@ static void test_kda_only(void) {
     run_config("kda", kda, kda_tokens, 65536, m, 0.0, 48.0);
 }
 
-/* tiny (2 MLA layers): memory grows by the latent cache only.  policy/'s MLA reads every cached
- * row for every query (block-sparse selection masks scores, it does not skip them), so its cost
- * is quadratic in the context: the default length keeps the run to minutes on a small CPU;
- * --tiny-tokens 1048576 runs the full million where time allows. */
+/* tiny (2 MLA layers): memory grows by the latent cache only (2 x 48 fp32 = 384 B per token of
+ * context; the slot's cache is reserved for the whole context up front and its pages are
+ * touched as rows arrive).  Block-sparse MLA skips the unselected chunks, so the whole million
+ * runs at a cost linear in the length (plus the T/n_c chunk scores per query). */
 static void test_tiny(void) {
     if (tiny_tokens <= 0) return;
     const int64_t m[3] = {tiny_tokens / 8 < 65536 ? tiny_tokens / 8 : 65536,
@@ -275,6 +279,8 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--tokens")) kda_tokens = tiny_tokens = atoll(argv[i + 1]);
         if (!strcmp(argv[i], "--kda-tokens")) kda_tokens = atoll(argv[i + 1]);
         if (!strcmp(argv[i], "--tiny-tokens")) tiny_tokens = atoll(argv[i + 1]);
+        if (!strcmp(argv[i], "--mla-chunk")) mla_chunk = atoll(argv[i + 1]);
+        if (!strcmp(argv[i], "--mla-topk")) mla_topk = atoll(argv[i + 1]);
     }
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-1m"));
     H_DIE(arl_env_builtin_register(&scan_def), "register");

@@ -1,0 +1,172 @@
+/* rollout/media.c: image token rows of a stored trajectory rebuilt from the store (see
+ * rollout/media.h). */
+#include "rollout/media.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "envs/aep_json.h"
+#include "policy/image.h"
+#include "policy/vision.h"
+#include "rollout/store_read.h"
+
+void ro_media_free(ro_media *m) {
+    if (!m) return;
+    free(m->rows);
+    free(m->step_row);
+    free(m->step_reset);
+    memset(m, 0, sizeof *m);
+}
+
+typedef struct img_list {
+    arl_image *v;
+    int32_t n, cap;
+} img_list;
+
+static void img_list_clear(img_list *l) {
+    for (int32_t i = 0; i < l->n; i++)
+        arl_image_free(&l->v[i]);
+    l->n = 0;
+}
+
+/* The images of one stored response body (its observation's image parts, in order) and
+ * whether the observation is a `reset`. */
+static arl_status parse_obs(const char *body, size_t len, int64_t call_seq, img_list *out,
+                            int *reset) {
+    json_error_t je;
+    json_t *root = json_loadb(body, len, 0, &je);
+    const json_t *obs = root ? json_object_get(root, "observation") : NULL;
+    if (!obs) {
+        json_decref(root);
+        return arl_errorf(ARL_ERR_CORRUPT,
+                          "rollout: stored response of call %lld has no "
+                          "observation",
+                          (long long)call_seq);
+    }
+    const char *ctx = json_string_value(json_object_get(obs, "context"));
+    *reset = ctx && !strcmp(ctx, "reset");
+    arl_status s = ARL_OK;
+    size_t i, j;
+    json_t *msg, *part;
+    json_array_foreach(json_object_get(obs, "messages"), i, msg) {
+        json_t *content = json_object_get(msg, "content");
+        if (!json_is_array(content)) continue;
+        json_array_foreach(content, j, part) {
+            const char *type = json_string_value(json_object_get(part, "type"));
+            if (!type || strcmp(type, "image")) continue;
+            json_t *data = json_object_get(json_object_get(part, "image"), "data");
+            uint8_t *png = NULL;
+            size_t plen = 0;
+            if (!json_is_string(data) ||
+                aep_b64_decode_canonical(json_string_value(data), json_string_length(data), &png,
+                                         &plen)) {
+                s = arl_errorf(ARL_ERR_CORRUPT,
+                               "rollout: stored response of call %lld: image "
+                               "part %zu of message %zu has no PNG data",
+                               (long long)call_seq, j, i);
+                break;
+            }
+            if (out->n == out->cap) {
+                int32_t c = out->cap ? 2 * out->cap : 4;
+                arl_image *v = realloc(out->v, (size_t)c * sizeof *v);
+                if (!v) {
+                    free(png);
+                    s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+                    break;
+                }
+                out->v = v;
+                out->cap = c;
+            }
+            s = arl_image_decode(png, plen, ARL_IMAGE_MAX_PIXELS_DEFAULT, "stored image",
+                                 &out->v[out->n]);
+            free(png);
+            if (s) break;
+            out->n++;
+        }
+        if (s) break;
+    }
+    json_decref(root);
+    return s;
+}
+
+arl_status ro_media_load(replay_store *st, int64_t traj_id, const ro_engine *e, ro_media *m) {
+    memset(m, 0, sizeof *m);
+    m->d = e->d;
+    m->media_id = (int32_t)e->cfg.media_placeholder_token_id;
+    m->pad_row = e->m.w->embed_tokens + (int64_t)m->media_id * e->d;
+    if (!e->cfg.has_vision) return ARL_OK;
+    ro_calls calls;
+    memset(&calls, 0, sizeof calls);
+    ARL_TRY(ro_calls_load(st, traj_id, &calls));
+    arl_status s = ARL_OK;
+    const int64_t ns = calls.n_turn_call;
+    m->n_steps = ns;
+    m->step_row = calloc((size_t)(ns ? ns : 1), sizeof *m->step_row);
+    m->step_reset = calloc((size_t)(ns ? ns : 1), 1);
+    if (!m->step_row || !m->step_reset) s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+    img_list imgs = {0};
+    for (int64_t k = 0; s == ARL_OK && k < ns; k++) {
+        m->step_row[k] = m->n_rows;
+        m->step_reset[k] = k == 0;
+        const ro_call *c = ro_calls_step(&calls, k);
+        if (!c || !c->response || !c->complete || c->has_error) continue;
+        int reset = 0;
+        img_list_clear(&imgs);
+        s = parse_obs(c->response, c->response_len, c->call_seq, &imgs, &reset);
+        if (s) break;
+        m->step_reset[k] |= (uint8_t)reset;
+        if (!imgs.n) continue;
+        /* one observation at a time, as the rollout encoded them */
+        float *rows = NULL;
+        int64_t nr = 0;
+        s = arl_vision_encode_images(e->m.w, &e->cfg, imgs.v, imgs.n, e->tpl.image_max_patches,
+                                     &rows, &nr);
+        if (s) break;
+        float *all = realloc(m->rows, sizeof(float) * (size_t)((m->n_rows + nr) * m->d));
+        if (!all) {
+            free(rows);
+            s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory (image rows)");
+            break;
+        }
+        memcpy(all + m->n_rows * m->d, rows, sizeof(float) * (size_t)(nr * m->d));
+        free(rows);
+        m->rows = all;
+        m->n_rows += nr;
+    }
+    img_list_clear(&imgs);
+    free(imgs.v);
+    ro_calls_free(&calls);
+    if (s) ro_media_free(m);
+    return s;
+}
+
+void ro_media_fresh(ro_media *m, int64_t k) {
+    if (m->n_steps == 0) {
+        m->cursor = 0;
+        return;
+    }
+    if (k >= m->n_steps) k = m->n_steps - 1;
+    while (k > 0 && !m->step_reset[k])
+        k--;
+    m->cursor = k >= 0 ? m->step_row[k] : 0;
+}
+
+arl_status ro_media_take(ro_media *m, const uint32_t *tokens, const uint8_t *mask, int64_t n,
+                         float *out, int64_t *count) {
+    int64_t c = 0, need = 0;
+    for (int64_t i = 0; i < n; i++)
+        if ((int32_t)tokens[i] == m->media_id) need += !mask[i];
+    if (m->cursor + need > m->n_rows)
+        return arl_errorf(ARL_ERR_NOT_FOUND,
+                          "rollout: the stream holds %lld more image placeholders than the "
+                          "stored observations' images give (%lld rows, %lld used)",
+                          (long long)need, (long long)m->n_rows, (long long)m->cursor);
+    for (int64_t i = 0; i < n; i++) {
+        if ((int32_t)tokens[i] != m->media_id) continue;
+        const float *src = mask[i] ? m->pad_row : m->rows + (m->cursor++) * m->d;
+        memcpy(out + (c++) * m->d, src, sizeof(float) * (size_t)m->d);
+    }
+    *count = c;
+    return ARL_OK;
+}
