@@ -773,10 +773,17 @@ static int store_complete(const char *root, const char *run_uid, const char *kin
 
 /* Roll out tasks [lo, hi) into the store at root (replay/<dir>/r<R>): done if the store is
  * complete; an incomplete one is set aside first. */
+/* Rollout rank ri rolls out tasks lo..hi-1 into its store at root.  The rollout names a group
+ * by the task's index within the worker's task file (rollout/worker.c ro_group_uid_of), and
+ * the trajectory's sampling stream is seeded from (rollout.seed, that name): without care,
+ * task lo + j of rank ri > 0 would draw the same random numbers as task j of rank 0.  Rank
+ * ri > 0 therefore samples with seed rollout.seed + ri * 2^32 (rank 0, and so a one-process
+ * run, keeps rollout.seed).  A run with R rollout ranks is thus deterministic for that R, and
+ * equals the one-process run when R = 1 (learner ranks do not matter). */
 static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_path,
                                 const char *run_uid, int eval, int64_t lo, int64_t hi,
                                 int64_t version, const char *ckpt_dir, int64_t ctx_tokens,
-                                arl_rollout_stats *stats) {
+                                int64_t ri, arl_rollout_stats *stats) {
     memset(stats, 0, sizeof *stats);
     const char *kind = eval ? "eval" : "train";
     if (hi <= lo) return ARL_OK;
@@ -806,6 +813,7 @@ static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_p
         rc.tasks = hi - lo;
         rc.policy_version = version;
         rc.threads = r->c->threads;
+        rc.seed = (int64_t)((uint64_t)rc.seed + ((uint64_t)ri << 32));
         if (eval) {
             rc.group_size = 1;
             rc.temperature = r->c->eval_temperature;
@@ -981,7 +989,7 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
         arl_rollout_stats rs;
         if (!s)
             s = rollout_store(r, root, tasks, uid, 1, ri * E / R, (ri + 1) * E / R, version, ckpt,
-                              0, &rs);
+                              0, ri, &rs);
     }
     ARL_TRY(sync_status(r, s));
     if (r->rank0) {
@@ -1216,7 +1224,7 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
         snprintf(root, sizeof root, "%s/r%lld", udir, (long long)ri);
         snprintf(tasks, sizeof tasks, "%s/tasks-r%lld.jsonl", udir, (long long)ri);
         s = rollout_store(r, root, tasks, uid, 0, n * r->B + ri * r->B / r->R,
-                          n * r->B + (ri + 1) * r->B / r->R, n, pol, ctx, &rs);
+                          n * r->B + (ri + 1) * r->B / r->R, n, pol, ctx, ri, &rs);
     }
     ARL_TRY(sync_status(r, s));
     const double t1 = now_s();

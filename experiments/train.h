@@ -69,7 +69,9 @@
  * ---- MPI ----
  * `mpirun -np N agentrl train x.json`: roles from learner.dist-learners (learner/dist.h).
  * Rollout ranks split each update's tasks in contiguous blocks (rank R writes its own store
- * replay/u<n>/r<R>); learner ranks split the update's groups (learner/update.h) and keep
+ * replay/u<n>/r<R>; rank R > 0 samples with seed rollout.seed + R * 2^32, so that its streams
+ * differ from rank 0's: the rollout seeds a trajectory's stream from its group's index within
+ * the worker's own block); learner ranks split the update's groups (learner/update.h) and keep
  * identical weights through the deterministic all-reduce; rank 0 runs the SFT stage, writes
  * checkpoints, policy versions, metrics and the report.  All ranks need the output directory
  * (one machine, or a shared file system).
