@@ -9,7 +9,8 @@
  *
  * Precision: row statistics are accumulated in double and stored as fp32 (rstd); outputs fp32.
  * Gradients: backward kernels ACCUMULATE (+=) into dx and dw; callers zero them once.
- * Threads: rows in parallel (dw: column blocks in parallel, rows summed in order), so results
+ * Threads: rows in parallel (dw: column blocks in parallel, rows summed in order; for d <= 512
+ * eight fixed row chunks summed in order, then the chunks in order), so results
  * are bit-identical for any thread count.  n == 0 is a no-op; d >= 1.
  * Aliasing: y may equal x in the forward kernels; gradients must not alias inputs.
  */

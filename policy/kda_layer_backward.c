@@ -107,8 +107,16 @@ int64_t arl_kda_layer_train_ws_floats(const arl_kda_layer_cfg *c, int64_t T, int
     return ws_layout(&B, NULL, c, T, N);
 }
 
+/* x = 0, in parallel (arl_k_fill: the same bits as a memset, spread over the pool). */
 static void zero(float *x, int64_t n) {
-    memset(x, 0, sizeof(float) * (size_t)n);
+    arl_k_fill(x, 0.0f, n);
+}
+
+/* dx (T, in) = dy (T, out) W, W (out, in): arl_k_linear_bwd_x into a zeroed dx, without the
+ * zeroing (beta 0 overwrites dx without reading it). */
+static void linear_bwd_x_set(float *dx, const float *dy, const float *W, int64_t T, int64_t in,
+                             int64_t out) {
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
 }
 
 static inline int64_t doc_lo(const int32_t *cu, int32_t i) {
@@ -260,8 +268,7 @@ void arl_kda_layer_bwd(float *dx, const arl_kda_params *gp, const float *dy, con
 
     /* 3.4 backward: y = W_o ob;  ob = w_on * RMSNorm(o) * sigmoid(gam) */
     arl_k_linear_bwd_w(gp->o_proj, dy, sv->ob, T, Pv, d);
-    zero(B.dob, T * Pv);
-    arl_k_linear_bwd_x(B.dob, dy, p->o_proj, T, Pv, d);
+    linear_bwd_x_set(B.dob, dy, p->o_proj, T, Pv, d);
     zero(B.d_o, T * Pv);
     zero(B.dgam, T * Pv);
     arl_kda_onorm_bwd(B.d_o, B.dgam, gp->o_norm, B.dob, sv->o, sv->gam, p->o_norm, sv->rstd, T * H,
@@ -271,8 +278,7 @@ void arl_kda_layer_bwd(float *dx, const arl_kda_params *gp, const float *dy, con
         arl_k_linear_bwd_x(dx, B.dgam, p->g_proj, T, d, Pv);
     } else {
         arl_k_linear_bwd_w(gp->g_b, B.dgam, sv->ga, T, dk, Pv);
-        zero(B.dga, T * dk);
-        arl_k_linear_bwd_x(B.dga, B.dgam, p->g_b, T, dk, Pv);
+        linear_bwd_x_set(B.dga, B.dgam, p->g_b, T, dk, Pv);
         arl_k_linear_bwd_w(gp->g_a, B.dga, x, T, d, dk);
         arl_k_linear_bwd_x(dx, B.dga, p->g_a, T, d, dk);
     }
@@ -306,8 +312,7 @@ void arl_kda_layer_bwd(float *dx, const arl_kda_params *gp, const float *dy, con
         arl_kda_gate_softplus_bwd(B.df, gp->A_log, gp->dt_bias, B.dg, sv->f, p->A_log, p->dt_bias,
                                   T, H, dk);
     arl_k_linear_bwd_w(gp->f_b, B.df, sv->fa, T, dk, P);
-    zero(B.dfa, T * dk);
-    arl_k_linear_bwd_x(B.dfa, B.df, p->f_b, T, dk, P);
+    linear_bwd_x_set(B.dfa, B.df, p->f_b, T, dk, P);
     arl_k_linear_bwd_w(gp->f_a, B.dfa, x, T, d, dk);
     arl_k_linear_bwd_x(dx, B.dfa, p->f_a, T, d, dk);
 

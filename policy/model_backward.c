@@ -344,7 +344,7 @@ static arl_status layer_fwd(arl_model_train *tr, int64_t l, const float *p_in, f
         arl_mla_layer_fwd_save(tr->ybuf, rec->x1, &lp->mla, &m->mla, io->cu, io->N, T, io->caches,
                                io->pos, tr->opts.mla_absorbed, &rec->mla, tr->ws);
     arl_k_add(pnew, pnew, tr->ybuf, Td);
-    memcpy(rec->p_mid, pnew, sizeof(float) * (size_t)Td);
+    arl_k_copy(rec->p_mid, pnew, Td);
 
     const float *mx = pnew;
     if (dm->B > 0) {
@@ -474,11 +474,11 @@ arl_status arl_model_train_forward(arl_model_train *tr, const arl_batch *b, arl_
     const int64_t sn = dm->H * dm->dk * dm->dv, tn = 3 * dm->P * (dm->W - 1);
     for (int64_t l = 0; l < L; l++) {
         const arl_layer_params *lp = &w->layers[l];
-        memcpy(tr->layer_in + l * Tmax * d, p, sizeof(float) * (size_t)Td);
+        arl_k_copy(tr->layer_in + l * Tmax * d, p, Td);
         float *pnew = p;
         if (block_start(m, l)) {
             pnew = tr->res + (nb + 1) * Tmax * d;
-            memset(pnew, 0, sizeof(float) * (size_t)Td);
+            arl_k_fill(pnew, 0.0f, Td);
         }
         layer_io io = {.cu = cu, .N = N, .T = T};
         int64_t ki = -1;
@@ -570,7 +570,7 @@ static void head_bwd(arl_model_train *tr, const arl_batch *b, const float *dlogp
     const arl_model_params *w = m->w;
     const int64_t T = b->T, d = dm->d, V = dm->V, Tmax = m->opts.max_tokens;
     float *dxf = tr->dx;
-    memset(dxf, 0, sizeof(float) * (size_t)(T * d));
+    arl_k_fill(dxf, 0.0f, T * d);
     for (int64_t t0 = 0; t0 < T; t0 += tr->logit_rows) {
         int64_t n = T - t0 < tr->logit_rows ? T - t0 : tr->logit_rows;
         int any = 0;
@@ -578,7 +578,7 @@ static void head_bwd(arl_model_train *tr, const arl_batch *b, const float *dlogp
             any |= b->targets[t] >= 0 && dlogp[t] != 0.0f;
         if (!any) continue;
         arl_k_linear_fwd(tr->logits, tr->xf + t0 * d, w->lm_head, n, d, V);
-        memset(tr->dlogits, 0, sizeof(float) * (size_t)(n * V));
+        arl_k_fill(tr->dlogits, 0.0f, n * V);
         arl_k_logprob_bwd(tr->dlogits, dlogp + t0, tr->logits, tr->lse + t0, b->targets + t0, n, V);
         arl_k_linear_bwd_w(g->lm_head, tr->dlogits, tr->xf + t0 * d, n, d, V);
         arl_k_linear_bwd_x(dxf + t0 * d, tr->dlogits, w->lm_head, n, d, V);
@@ -586,7 +586,7 @@ static void head_bwd(arl_model_train *tr, const arl_batch *b, const float *dlogp
     const int32_t nb = m->n_blocks;
     const float *fin = dm->B > 0 ? tr->fin : tr->res + nb * Tmax * d;
     float *dfin = tr->dmix;
-    memset(dfin, 0, sizeof(float) * (size_t)(T * d));
+    arl_k_fill(dfin, 0.0f, T * d);
     arl_k_rmsnorm_bwd(dfin, g->norm, dxf, fin, w->norm, tr->rstd_f, T, d);
     if (dm->B > 0) {
         const float *src[ARL_ATTNRES_MAX_SOURCES];
@@ -615,7 +615,7 @@ static void mixer_bwd(arl_model_train *tr, const arl_batch *b, const int32_t *cu
     const arl_layer_params *gl = &g->layers[l];
     const int64_t T = b->T, d = dm->d;
     const int32_t N = tr->fwd_N;
-    memset(tr->dx, 0, sizeof(float) * (size_t)(T * d));
+    arl_k_fill(tr->dx, 0.0f, T * d);
     if (lp->kind == ARL_LAYER_KDA) {
         const int64_t sn = dm->H * dm->dk * dm->dv, tn = 3 * dm->P * (dm->W - 1);
         const float *tails0 = NULL;
@@ -634,8 +634,8 @@ static void mixer_bwd(arl_model_train *tr, const arl_batch *b, const int32_t *cu
                 memcpy(tr->dtails_T + i * tn, arl_decode_state_kda_conv(dstate, tr->slots[i], l),
                        sizeof(float) * (size_t)tn);
             }
-            memset(tr->dS0, 0, sizeof(float) * (size_t)(N * sn));
-            memset(tr->dtails0, 0, sizeof(float) * (size_t)(N * tn));
+            arl_k_fill(tr->dS0, 0.0f, N * sn);
+            arl_k_fill(tr->dtails0, 0.0f, N * tn);
             dS_T = tr->dS_T;
             dtails_T = tr->dtails_T;
             dS0 = tr->dS0;
@@ -713,9 +713,9 @@ arl_status arl_model_backward(arl_model_train *tr, const arl_batch *b, const flo
     int32_t cu_one[2] = {0, (int32_t)T};
     const int32_t *cu = b->cu ? b->cu : cu_one;
 
-    memset(tr->dp, 0, sizeof(float) * (size_t)Td);
+    arl_k_fill(tr->dp, 0.0f, Td);
     for (int32_t j = 0; j + 1 < tr->n_res; j++)
-        memset(tr->d_res + j * Tmax * d, 0, sizeof(float) * (size_t)Td);
+        arl_k_fill(tr->d_res + j * Tmax * d, 0.0f, Td);
     head_bwd(tr, b, dlogp, grads);
 
     const float *src[ARL_ATTNRES_MAX_SOURCES];
@@ -729,13 +729,13 @@ arl_status arl_model_backward(arl_model_train *tr, const arl_batch *b, const flo
         const float *p_in = tr->layer_in + l * Tmax * d;
 
         /* FFN: dFFN_out = dp -> FFN backward -> RMSNorm_post -> pre-FFN mix */
-        memset(tr->dx, 0, sizeof(float) * (size_t)Td);
+        arl_k_fill(tr->dx, 0.0f, Td);
         if (lp->is_moe)
             arl_moe_bwd(tr->dx, &gl->moe, tr->dp, rec->x2, &lp->moe, &m->moe, T, &rec->moe, tr->ws);
         else
             arl_dense_ffn_bwd(tr->dx, &gl->dense, tr->dp, rec->x2, &lp->dense, d, dm->fd, &m->act,
                               T, &rec->dense, tr->ws);
-        memset(tr->dmix, 0, sizeof(float) * (size_t)Td);
+        arl_k_fill(tr->dmix, 0.0f, Td);
         arl_k_rmsnorm_bwd(tr->dmix, gl->post_norm, tr->dx, dm->B > 0 ? rec->mfx : rec->p_mid,
                           lp->post_norm, rec->rstd2, T, d);
         if (dm->B > 0) {
@@ -754,7 +754,7 @@ arl_status arl_model_backward(arl_model_train *tr, const arl_batch *b, const flo
 
         /* mixer: dMixer_out = dp -> mixer backward -> RMSNorm_in -> d(h) */
         mixer_bwd(tr, b, cu, l, rec, grads, dstate);
-        memset(tr->dmix, 0, sizeof(float) * (size_t)Td);
+        arl_k_fill(tr->dmix, 0.0f, Td);
         const float *h = dm->B > 0 && nbl > 0 ? rec->h : p_in;
         arl_k_rmsnorm_bwd(tr->dmix, gl->input_norm, tr->dx, h, lp->input_norm, rec->rstd1, T, d);
 

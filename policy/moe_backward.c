@@ -20,8 +20,9 @@ static float *take(ws_bump *b, int64_t n) {
     return p;
 }
 
+/* x = 0, in parallel (arl_k_fill: the same bits as a memset; serial inside a pool part). */
 static void zero(float *x, int64_t n) {
-    memset(x, 0, sizeof(float) * (size_t)n);
+    arl_k_fill(x, 0.0f, n);
 }
 
 static void glu_act_bwd(const arl_glu_act *a, float *dg, float *du, const float *dh, const float *g,
@@ -43,9 +44,10 @@ static void glu_fwd(float *y, float beta, const float *x, const float *Wg, const
     arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, out, fw, 1.0f, h, fw, Wd, fw, beta, y, out);
 }
 
-/* Backward of glu_fwd for dy (T, out): dW_d, dW_g, dW_u +=; dx (T, in) += (dx may be NULL);
+/* Backward of glu_fwd for dy (T, out): dW_d, dW_g, dW_u +=; dx (T, in) = dx_beta dx + the
+ * input gradient (dx_beta 1 accumulates, 0 overwrites without reading; dx may be NULL);
  * dh (T, fw) and dgu (T, 2fw) are scratch. */
-static void glu_bwd(float *dx, float *dWg, float *dWu, float *dWd, const float *dy, const float *x,
+static void glu_bwd(float *dx, float dx_beta, float *dWg, float *dWu, float *dWd, const float *dy, const float *x,
                     const float *Wg, const float *Wu, const float *Wd, int64_t T, int64_t in,
                     int64_t fw, int64_t out, const arl_glu_act *act, const float *gu,
                     const float *h, float *dh, float *dgu) {
@@ -57,8 +59,8 @@ static void glu_bwd(float *dx, float *dWg, float *dWu, float *dWd, const float *
     arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, fw, in, T, 1.0f, dgu, 2 * fw, x, in, 1.0f, dWg, in);
     arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, fw, in, T, 1.0f, dgu + fw, 2 * fw, x, in, 1.0f, dWu, in);
     if (dx) {
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu, 2 * fw, Wg, in, 1.0f, dx,
-                   in);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu, 2 * fw, Wg, in, dx_beta,
+                   dx, in);
         arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu + fw, 2 * fw, Wu, in, 1.0f,
                    dx, in);
     }
@@ -91,7 +93,7 @@ void arl_dense_ffn_bwd(float *dx, const arl_dense_params *gp, const float *dy, c
                        const arl_dense_params *p, int64_t d, int64_t fd, const arl_glu_act *act,
                        int64_t T, const arl_dense_save *sv, float *ws) {
     float *dh = ws, *dgu = ws + ((T * fd + 15) & ~(int64_t)15);
-    glu_bwd(dx, gp->gate_proj, gp->up_proj, gp->down_proj, dy, x, p->gate_proj, p->up_proj,
+    glu_bwd(dx, 1.0f, gp->gate_proj, gp->up_proj, gp->down_proj, dy, x, p->gate_proj, p->up_proj,
             p->down_proj, T, d, fd, d, act, sv->gu, sv->h, dh, dgu);
 }
 
@@ -189,9 +191,8 @@ static void experts_bwd(void *vctx, int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; e++) {
         int64_t r0 = S->start[e], ne = S->start[e + 1] - r0;
         if (ne == 0) continue;
-        float *dzg = B->dzg + r0 * dz;
-        zero(dzg, ne * dz);
-        glu_bwd(dzg, X->gp->w1 + e * f * dz, X->gp->w3 + e * f * dz, X->gp->w2 + e * dz * f,
+        float *dzg = B->dzg + r0 * dz; /* overwritten (dx_beta 0) */
+        glu_bwd(dzg, 0.0f, X->gp->w1 + e * f * dz, X->gp->w3 + e * f * dz, X->gp->w2 + e * dz * f,
                 B->dyg + r0 * dz, S->zg + r0 * dz, X->p->w1 + e * f * dz, X->p->w3 + e * f * dz,
                 X->p->w2 + e * dz * f, ne, dz, f, dz, &X->c->act, S->gu + r0 * 2 * f, S->h + r0 * f,
                 B->dh + r0 * f, B->dgu + r0 * 2 * f);
@@ -216,6 +217,57 @@ static void combine_rows(void *vctx, int64_t t0, int64_t t1) {
             const float *yr = S->yg + S->row[t * X->k + j] * X->dz;
             for (int64_t i = 0; i < X->dz; i++)
                 ut[i] += pj * yr[i];
+        }
+    }
+}
+
+/* Rows per part for a memory-bound row loop of `width` elements a row: ~32K elements a part
+ * (kernels/cpu's grain for row kernels).  Rows are independent, so any split gives the same bits. */
+static int64_t row_grain(int64_t width) {
+    const int64_t elems = (int64_t)1 << 15;
+    return width >= elems ? 1 : elems / (width > 0 ? width : 1);
+}
+
+typedef struct slots_ctx {
+    const arl_moe_save *sv;
+    const moe_ws *B;
+    const float *du; /* (T, dz) */
+    int64_t k, dz;
+} slots_ctx;
+
+/* Rows [t0, t1) of dp (T, k) = E_j(z_t) . du_t and dyg rows p_tj du_t (each token its own). */
+static void slots_bwd_rows(void *vctx, int64_t t0, int64_t t1) {
+    const slots_ctx *X = vctx;
+    const arl_moe_save *S = X->sv;
+    const int64_t k = X->k, dz = X->dz;
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t r = S->row[t * k + j];
+            const float *yr = S->yg + r * dz, *dut = X->du + t * dz;
+            double acc = 0.0;
+            for (int64_t i = 0; i < dz; i++)
+                acc += (double)yr[i] * dut[i];
+            X->B->dp[t * k + j] = (float)acc;
+            const float pj = S->pw[t * k + j];
+            float *dr = X->B->dyg + r * dz;
+            for (int64_t i = 0; i < dz; i++)
+                dr[i] = pj * dut[i];
+        }
+}
+
+/* Rows [t0, t1) of dz (T, dz) = the sum of the token's dzg rows, slots in order from 0. */
+static void gather_dz_rows(void *vctx, int64_t t0, int64_t t1) {
+    const slots_ctx *X = vctx;
+    const arl_moe_save *S = X->sv;
+    const int64_t k = X->k, dz = X->dz;
+    for (int64_t t = t0; t < t1; t++) {
+        float *dzt = X->B->dz + t * dz;
+        for (int64_t i = 0; i < dz; i++)
+            dzt[i] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            const float *src = X->B->dzg + S->row[t * k + j] * dz;
+            for (int64_t i = 0; i < dz; i++)
+                dzt[i] += src[i];
         }
     }
 }
@@ -287,8 +339,9 @@ void arl_moe_bwd(float *dx, const arl_moe_params *gp, const float *dy, const flo
 
     /* y = W_up RMSNorm_{w_z}(u) + shared(x) */
     arl_k_linear_bwd_w(gp->up_proj, dy, sv->u, T, dz, d);
-    zero(B.dun, T * dz);
-    arl_k_linear_bwd_x(B.dun, dy, p->up_proj, T, dz, d);
+    /* dun = dy W_up, overwritten (beta 0: as arl_k_linear_bwd_x into zeros, without the memset) */
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, dz, d, 1.0f, dy, d, p->up_proj, dz, 0.0f, B.dun,
+               dz);
     const float *du = B.dun;
     if (p->latent_norm) {
         zero(B.du, T * dz);
@@ -296,36 +349,19 @@ void arl_moe_bwd(float *dx, const arl_moe_params *gp, const float *dy, const flo
         du = B.du;
     }
     if (c->fs > 0 && p->shared_gate_proj)
-        glu_bwd(dx, gp->shared_gate_proj, gp->shared_up_proj, gp->shared_down_proj, dy, x,
+        glu_bwd(dx, 1.0f, gp->shared_gate_proj, gp->shared_up_proj, gp->shared_down_proj, dy, x,
                 p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d, c->fs, d,
                 &c->act, sv->sgu, sv->sh, B.dsh, B.dsgu);
 
-    /* u = sum_i p_i E_i(z): dp_i = E_i(z) . du (for the router), dE_i = p_i du */
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            int64_t r = sv->row[t * k + j];
-            const float *yr = sv->yg + r * dz, *dut = du + t * dz;
-            double acc = 0.0;
-            for (int64_t i = 0; i < dz; i++)
-                acc += (double)yr[i] * dut[i];
-            B.dp[t * k + j] = (float)acc;
-            const float pj = sv->pw[t * k + j];
-            float *dr = B.dyg + r * dz;
-            for (int64_t i = 0; i < dz; i++)
-                dr[i] = pj * dut[i];
-        }
+    /* u = sum_i p_i E_i(z): dp_i = E_i(z) . du (for the router), dE_i = p_i du; tokens in
+     * parallel (each token writes its own dp entries and its own dyg rows) */
+    slots_ctx Z = {sv, &B, du, k, dz};
+    arl_k_parallel_for(T, row_grain(2 * k * dz), slots_bwd_rows, &Z);
 
     /* experts, each on its own rows; then z's gradient summed over a token's slots in order */
     experts_ctx X = {sv, &B, c, p, gp};
     arl_k_parallel_for(E, 1, experts_bwd, &X);
-    zero(B.dz, T * dz);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            float *dzt = B.dz + t * dz;
-            const float *src = B.dzg + sv->row[t * k + j] * dz;
-            for (int64_t i = 0; i < dz; i++)
-                dzt[i] += src[i];
-        }
+    arl_k_parallel_for(T, row_grain(k * dz), gather_dz_rows, &Z);
     arl_k_linear_bwd_w(gp->down_proj, B.dz, x, T, d, dz);
     arl_k_linear_bwd_x(dx, B.dz, p->down_proj, T, d, dz);
 

@@ -1,6 +1,7 @@
 /* kernels/cpu/elementwise.c: fp32 elementwise arithmetic of kernels/elementwise.h. */
 #include "kernels/elementwise.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/assert.h"
@@ -31,6 +32,10 @@ static void ew_range(void *vctx, int64_t s, int64_t e) {
     float alpha = k->alpha;
     switch (k->kind) {
     case EW_FILL:
+        if (alpha == 0.0f && !signbit(alpha)) { /* +0.0f is all zero bits: libc's memset */
+            memset(y + s, 0, (size_t)(e - s) * sizeof *y);
+            break;
+        }
         for (int64_t i = s; i < e; i++)
             y[i] = alpha;
         break;

@@ -244,11 +244,53 @@ static void test_rmsnorm_large(void) {
     free(dwd);
 }
 
+/* Narrow rows (d <= 512): dw is summed in eight fixed row chunks in parallel (kernels/norm.h).
+ * The shapes: the tiny model's (2048 x 128, every chunk its own part), a row count not divisible
+ * by eight, and fewer rows than chunks (empty chunks).  dw must be bit-identical for every thread
+ * count and match the float64 sum (the chunked order moves only double rounding). */
+static void test_rmsnorm_dw_chunks(void) {
+    static const int64_t shapes[][2] = {{2048, 128}, {1001, 512}, {5, 96}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t n = shapes[si][0], d = shapes[si][1], nd = n * d;
+        arl_rng r;
+        arl_rng_seed(&r, 31 + si);
+        float *x = kt_floats(nd), *w = kt_floats(d), *y = kt_floats(nd), *rstd = kt_floats(n);
+        float *dy = kt_floats(nd), *dx = kt_floats(nd), *dw = kt_floats(d);
+        float *dw0 = kt_floats(d), *dwref = kt_floats(d);
+        double *dwd = kt_doubles(d);
+        fill_rows(&r, x, n, d);
+        kt_uniform(&r, w, d, 0.5, 1.5);
+        kt_normal(&r, dy, nd, 0, 1);
+        kt_threads(1);
+        arl_k_rmsnorm_fwd(y, rstd, x, w, n, d, 1e-5f);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t i = 0; i < d; i++)
+                dwd[i] += (double)dy[t * d + i] * x[t * d + i] * rstd[t];
+        to_float(dwref, dwd, d);
+        for (int tc = 0; tc < KT_N_THREAD_COUNTS; tc++) {
+            kt_threads(kt_thread_counts[tc]);
+            memset(dx, 0, (size_t)nd * sizeof *dx);
+            memset(dw, 0, (size_t)d * sizeof *dw);
+            arl_k_rmsnorm_bwd(dx, dw, dy, x, w, rstd, n, d);
+            /* up to 2048 products of O(1..30) values, summed in double: fp32 output rounding */
+            check_close_f32("rmsnorm_bwd dw (chunked)", dw, dwref, (size_t)d, 1e-5, 2e-5);
+            if (tc == 0)
+                memcpy(dw0, dw, (size_t)d * sizeof *dw);
+            else
+                CHECK_MSG(memcmp(dw0, dw, (size_t)d * sizeof *dw) == 0,
+                          "rmsnorm_bwd dw (chunked) differs between thread counts");
+        }
+        free(x), free(w), free(y), free(rstd), free(dy), free(dx), free(dw), free(dw0);
+        free(dwref), free(dwd);
+    }
+}
+
 int main(void) {
     TEST_RUN(test_rmsnorm);
     TEST_RUN(test_l2norm);
     TEST_RUN(test_l2norm_eps_inside_root);
     TEST_RUN(test_rmsnorm_large);
+    TEST_RUN(test_rmsnorm_dw_chunks);
     arl_k_threads_free();
     return test_finish();
 }
