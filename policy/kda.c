@@ -1004,13 +1004,13 @@ static void recurrent_bwd_heads(void *vctx, int64_t h0, int64_t h1) {
     }
 }
 
-void arl_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, float *dS0,
-                           const float *d_o, const float *dS_T, const float *q, const float *k,
-                           const float *v, const float *g, const float *beta,
-                           const float *chunk_states, const int32_t *cu, int32_t N, int64_t T,
-                           int64_t H, int64_t dk, int64_t dv, float scale, int64_t C, float *ws) {
-    check_docs(cu, N, T);
-    ARL_ASSERT(C >= 1 && ws && chunk_states);
+/* The arguments of both backward cores (recurrent and chunkwise rule), one head's workspace
+ * each. */
+static core_args bwd_args(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, float *dS0,
+                          const float *d_o, const float *dS_T, const float *q, const float *k,
+                          const float *v, const float *g, const float *beta,
+                          const float *chunk_states, const int32_t *cu, int32_t N, int64_t T,
+                          int64_t H, int64_t dk, int64_t dv, float scale, int64_t C, float *ws) {
     core_args A = {.ws = ws,
                    .dq = dq,
                    .dk = dk_,
@@ -1035,6 +1035,18 @@ void arl_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, float *dg, float *
                    .C = C,
                    .ws_head = arl_kda_bwd_ws_floats(1, dk, dv, C),
                    .scale = scale};
+    return A;
+}
+
+void arl_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, float *dS0,
+                           const float *d_o, const float *dS_T, const float *q, const float *k,
+                           const float *v, const float *g, const float *beta,
+                           const float *chunk_states, const int32_t *cu, int32_t N, int64_t T,
+                           int64_t H, int64_t dk, int64_t dv, float scale, int64_t C, float *ws) {
+    check_docs(cu, N, T);
+    ARL_ASSERT(C >= 1 && ws && chunk_states);
+    core_args A = bwd_args(dq, dk_, dv_, dg, dbeta, dS0, d_o, dS_T, q, k, v, g, beta, chunk_states,
+                           cu, N, T, H, dk, dv, scale, C, ws);
     arl_k_parallel_for(H, 1, recurrent_bwd_heads, &A);
 }
 
@@ -1271,29 +1283,7 @@ void arl_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float *dg, float *dbet
                        float scale, int64_t C, float *ws) {
     check_docs(cu, N, T);
     ARL_ASSERT(C >= 1 && C <= 256 && ws && chunk_states);
-    core_args A = {.ws = ws,
-                   .dq = dq,
-                   .dk = dk_,
-                   .dv = dv_,
-                   .dg = dg,
-                   .dbeta = dbeta,
-                   .dS0 = dS0,
-                   .q = q,
-                   .k = k,
-                   .v = v,
-                   .g = g,
-                   .beta = beta,
-                   .d_o = d_o,
-                   .dS_T = dS_T,
-                   .cstates = chunk_states,
-                   .cu = cu,
-                   .N = N,
-                   .T = T,
-                   .H = H,
-                   .dk_ = dk,
-                   .dv_ = dv,
-                   .C = C,
-                   .ws_head = arl_kda_bwd_ws_floats(1, dk, dv, C),
-                   .scale = scale};
+    core_args A = bwd_args(dq, dk_, dv_, dg, dbeta, dS0, d_o, dS_T, q, k, v, g, beta, chunk_states,
+                           cu, N, T, H, dk, dv, scale, C, ws);
     arl_k_parallel_for(H, 1, chunk_bwd_heads, &A);
 }

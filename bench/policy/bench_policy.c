@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/common/pychild.h"
 #include "core/assert.h"
 #include "core/options.h"
 #include "core/rng.h"
@@ -174,130 +175,32 @@ static arl_status write_file(const char *path, const void *data, size_t bytes) {
     return ARL_OK;
 }
 
-/* ---- the PyTorch child process ---- */
+/* ---- the PyTorch child process (bench/common/pychild.h) ---- */
 
-typedef struct baseline {
-    pid_t pid;
-    FILE *to;   /* requests */
-    FILE *from; /* one JSON line per reply */
-    char *line;
-    size_t cap;
-} baseline;
-
-typedef enum baseline_state {
-    BASELINE_OK = 0,
-    BASELINE_UNAVAILABLE = 1, /* no interpreter or no torch: report C numbers only */
-    BASELINE_FAILED = 2,      /* a correctness check failed or the child broke: fatal */
-} baseline_state;
-
-static void baseline_stop(baseline *b) {
-    if (!b->pid) return;
-    if (b->to) fclose(b->to);
-    if (b->from) fclose(b->from);
-    int st;
-    waitpid(b->pid, &st, 0);
-    free(b->line);
-    memset(b, 0, sizeof *b);
-}
-
-/* Reply of the child as a JSON object, or NULL when it closed its output. */
-static json_t *baseline_read(baseline *b) {
-    for (;;) {
-        ssize_t n = getline(&b->line, &b->cap, b->from);
-        if (n < 0) return NULL;
-        if (n > 0 && b->line[0] == '{') return json_loads(b->line, 0, NULL);
-        /* anything else on stdout (stray prints) is passed through */
-        fputs(b->line, stderr);
-    }
-}
-
-/* Start the child and read its verification line.  json_t *info receives that line's object
- * (caller decrefs) on BASELINE_OK; why (cap bytes) explains the other outcomes. */
-static baseline_state baseline_start(baseline *b, const bench_opts *o, const char *ckpt,
-                                     const char *tok_path, const char *logit_path, json_t **info,
-                                     char *why, size_t cap) {
-    memset(b, 0, sizeof *b);
-    *info = NULL;
-    if (access(o->python, X_OK) != 0) {
-        snprintf(why, cap, "%s not found or not executable", o->python);
-        return BASELINE_UNAVAILABLE;
-    }
-    if (access(o->script, R_OK) != 0) {
-        snprintf(why, cap, "%s not readable", o->script);
-        return BASELINE_UNAVAILABLE;
-    }
-    int to[2], from[2];
-    if (pipe(to) != 0 || pipe(from) != 0) {
-        snprintf(why, cap, "pipe: %s", strerror(errno));
-        return BASELINE_FAILED;
-    }
+/* Start the child and read its verification line (bench_child_start). */
+static bench_child_state baseline_start(bench_child *b, const bench_opts *o, const char *ckpt,
+                                        const char *tok_path, const char *logit_path,
+                                        json_t **info, char *why, size_t cap) {
     char threads[32];
     snprintf(threads, sizeof threads, "%lld", (long long)o->threads);
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(why, cap, "fork: %s", strerror(errno));
-        return BASELINE_FAILED;
-    }
-    if (pid == 0) {
-        dup2(to[0], 0);
-        dup2(from[1], 1);
-        close(to[0]);
-        close(to[1]);
-        close(from[0]);
-        close(from[1]);
-        if (strcmp(o->omp_wait, "inherit") != 0) setenv("OMP_WAIT_POLICY", o->omp_wait, 1);
-        setenv("OMP_NUM_THREADS", threads, 1);
-        char *args[] = {o->python,        o->script,          "--serve",
-                        "--ckpt",         (char *)ckpt,       "--threads",
-                        threads,          "--check-tokens",   (char *)tok_path,
-                        "--check-logits", (char *)logit_path, NULL};
-        execv(o->python, args);
-        _exit(127);
-    }
-    close(to[0]);
-    close(from[1]);
-    b->pid = pid;
-    b->to = fdopen(to[1], "w");
-    b->from = fdopen(from[0], "r");
-    json_t *j = baseline_read(b);
-    if (!j) {
-        fclose(b->to);
-        fclose(b->from);
-        b->to = b->from = NULL;
-        int st = 0;
-        waitpid(pid, &st, 0);
-        b->pid = 0;
-        if (WIFEXITED(st) && WEXITSTATUS(st) == 127) {
-            snprintf(why, cap, "cannot run %s", o->python);
-            return BASELINE_UNAVAILABLE;
-        }
-        snprintf(why, cap, "%s ended without a reply (status %d)", o->script, st);
-        return BASELINE_FAILED;
-    }
-    json_t *err = json_object_get(j, "error");
-    if (err) {
-        snprintf(why, cap, "%s", json_string_value(err) ? json_string_value(err) : "?");
-        baseline_state s = json_is_true(json_object_get(j, "unavailable")) ? BASELINE_UNAVAILABLE
-                                                                           : BASELINE_FAILED;
-        json_decref(j);
-        baseline_stop(b);
-        return s;
-    }
-    *info = j;
-    return BASELINE_OK;
+    char *args[] = {o->python,        o->script,          "--serve",
+                    "--ckpt",         (char *)ckpt,       "--threads",
+                    threads,          "--check-tokens",   (char *)tok_path,
+                    "--check-logits", (char *)logit_path, NULL};
+    const char *env[][2] = {
+        {"OMP_WAIT_POLICY", strcmp(o->omp_wait, "inherit") != 0 ? o->omp_wait : NULL},
+        {"OMP_NUM_THREADS", threads},
+    };
+    return bench_child_start(b, args, env, 2, info, why, cap);
 }
 
 /* Seconds of one timed request ("prefill T 1", "decode B CTX STEPS"); < 0 on failure. */
-static double baseline_time(baseline *b, const char *req) {
-    if (fprintf(b->to, "%s\n", req) < 0 || fflush(b->to) != 0) return -1;
-    json_t *j = baseline_read(b);
+static double baseline_time(bench_child *b, const char *req) {
+    json_t *j = bench_child_request(b, req, "bench_policy");
     if (!j) return -1;
     json_t *s = json_object_get(j, "s");
     double v = json_is_number(s) ? json_number_value(s) : -1;
-    if (v < 0) {
-        json_t *e = json_object_get(j, "error");
-        fprintf(stderr, "bench_policy: baseline: %s\n", e ? json_string_value(e) : "bad reply");
-    }
+    if (v < 0) fprintf(stderr, "bench_policy: baseline: bad reply to '%s'\n", req);
     json_decref(j);
     return v;
 }
@@ -577,16 +480,16 @@ int main(int argc, char **argv) {
     }
 
     /* ---- the baseline: start and verify ---- */
-    baseline bl;
+    bench_child bl;
     memset(&bl, 0, sizeof bl);
     json_t *info = NULL;
     char why[1024] = "disabled by --no-baseline or --only";
-    baseline_state bs = BASELINE_UNAVAILABLE;
+    bench_child_state bs = BENCH_CHILD_UNAVAILABLE;
     if (o.baseline && all) {
         fprintf(stderr, "bench_policy: starting the PyTorch baseline (verifies itself first)\n");
         bs = baseline_start(&bl, &o, ckpt, tok_path, logit_path, &info, why, sizeof why);
     }
-    if (bs == BASELINE_FAILED) {
+    if (bs == BENCH_CHILD_FAILED) {
         printf("\nBASELINE CHECK FAILED: %s\n", why);
         fprintf(stderr,
                 "bench_policy: the PyTorch baseline and the C model disagree (or the "
@@ -594,7 +497,7 @@ int main(int argc, char **argv) {
                 why);
         return 1;
     }
-    if (bs == BASELINE_OK) {
+    if (bs == BENCH_CHILD_OK) {
         json_t *gold = json_object_get(info, "golden");
         printf("\nverification (max|a-ref|/max|ref|, limit %g):\n", RTOL);
         if (gold)
@@ -619,7 +522,7 @@ int main(int argc, char **argv) {
     crun cr = {.m = &m, .st = &st, .tokens = ptok, .len = T, .logits = logits};
     double c_pre[MAX_REPS], t_pre[MAX_REPS];
     double c_dec[2][MAX_REPS], t_dec[2][MAX_REPS];
-    int have_t = bs == BASELINE_OK;
+    int have_t = bs == BENCH_CHILD_OK;
     char req[128];
     fprintf(stderr, "bench_policy: prefill T = %lld ...\n", (long long)T);
     if (do_pre && c_prefill(&cr, T) < 0) return fail("C prefill");
@@ -648,11 +551,7 @@ int main(int argc, char **argv) {
             }
         }
     }
-    if (have_t) {
-        fprintf(bl.to, "quit\n");
-        fflush(bl.to);
-    }
-    baseline_stop(&bl);
+    bench_child_stop(&bl);
     json_decref(info);
 
     double cp = do_pre ? T / median(c_pre, reps) : 0;

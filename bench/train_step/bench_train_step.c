@@ -52,6 +52,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/common/pychild.h"
 #include "core/assert.h"
 #include "core/options.h"
 #include "core/rng.h"
@@ -271,51 +272,10 @@ static void make_text(int32_t *tok, int64_t T, uint64_t seed) {
     }
 }
 
-/* ---- the PyTorch child process (protocol: torch_train.py serve()) ---- */
+/* ---- the PyTorch child process (protocol: torch_train.py serve(); bench/common/pychild.h) ---- */
 
-typedef struct baseline {
-    pid_t pid;
-    FILE *to;
-    FILE *from;
-    char *line;
-    size_t cap;
-} baseline;
-
-typedef enum baseline_state {
-    BASELINE_OK = 0,
-    BASELINE_UNAVAILABLE = 1, /* no interpreter or no torch: report C numbers only */
-    BASELINE_FAILED = 2,      /* a check failed or the child broke: fatal */
-} baseline_state;
-
-static void baseline_stop(baseline *b) {
-    if (!b->pid) return;
-    if (b->to) fclose(b->to);
-    if (b->from) fclose(b->from);
-    int st;
-    waitpid(b->pid, &st, 0);
-    free(b->line);
-    memset(b, 0, sizeof *b);
-}
-
-static json_t *baseline_read(baseline *b) {
-    for (;;) {
-        ssize_t n = getline(&b->line, &b->cap, b->from);
-        if (n < 0) return NULL;
-        if (n > 0 && b->line[0] == '{') return json_loads(b->line, 0, NULL);
-        fputs(b->line, stderr); /* stray output of the child */
-    }
-}
-
-static json_t *baseline_request(baseline *b, const char *req) {
-    if (fprintf(b->to, "%s\n", req) < 0 || fflush(b->to) != 0) return NULL;
-    json_t *j = baseline_read(b);
-    if (j && json_object_get(j, "error")) {
-        fprintf(stderr, "bench_train_step: baseline: %s\n",
-                json_string_value(json_object_get(j, "error")));
-        json_decref(j);
-        return NULL;
-    }
-    return j;
+static json_t *baseline_request(bench_child *b, const char *req) {
+    return bench_child_request(b, req, "bench_train_step");
 }
 
 static double json_num(json_t *o, const char *key) {
@@ -344,18 +304,9 @@ typedef struct child_args {
     int verify;
 } child_args;
 
-static baseline_state baseline_start(baseline *b, const bench_opts *o, const child_args *ca,
-                                     const char *coretype, json_t **info, char *why, size_t cap) {
-    memset(b, 0, sizeof *b);
-    *info = NULL;
-    if (access(o->python, X_OK) != 0) {
-        snprintf(why, cap, "%s not found or not executable", o->python);
-        return BASELINE_UNAVAILABLE;
-    }
-    if (access(o->script, R_OK) != 0) {
-        snprintf(why, cap, "%s not readable", o->script);
-        return BASELINE_UNAVAILABLE;
-    }
+static bench_child_state baseline_start(bench_child *b, const bench_opts *o,
+                                        const child_args *ca, const char *coretype,
+                                        json_t **info, char *why, size_t cap) {
     char threads[32], docs[32], loss[64], lr[64], b1[64], b2[64], eps[64], wd[64], clip[64];
     snprintf(threads, sizeof threads, "%lld", (long long)o->threads);
     snprintf(docs, sizeof docs, "%lld", (long long)o->docs);
@@ -385,63 +336,13 @@ static baseline_state baseline_start(baseline *b, const bench_opts *o, const chi
         args[na++] = (char *)kv[i][1];
     }
     args[na] = NULL;
-    int to[2], from[2];
-    if (pipe(to) != 0 || pipe(from) != 0) {
-        snprintf(why, cap, "pipe: %s", strerror(errno));
-        return BASELINE_FAILED;
-    }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(why, cap, "fork: %s", strerror(errno));
-        return BASELINE_FAILED;
-    }
-    if (pid == 0) {
-        dup2(to[0], 0);
-        dup2(from[1], 1);
-        close(to[0]);
-        close(to[1]);
-        close(from[0]);
-        close(from[1]);
-        if (strcmp(o->omp_wait, "inherit") != 0) setenv("OMP_WAIT_POLICY", o->omp_wait, 1);
-        setenv("OMP_NUM_THREADS", threads, 1);
-        setenv("OPENBLAS_NUM_THREADS", threads, 1);
-        if (coretype[0]) setenv("OPENBLAS_CORETYPE", coretype, 1);
-        execv(o->python, args);
-        _exit(127);
-    }
-    close(to[0]);
-    close(from[1]);
-    b->pid = pid;
-    b->to = fdopen(to[1], "w");
-    b->from = fdopen(from[0], "r");
-    json_t *j = baseline_read(b);
-    if (!j) {
-        fclose(b->to);
-        fclose(b->from);
-        b->to = b->from = NULL;
-        int st = 0;
-        waitpid(pid, &st, 0);
-        b->pid = 0;
-        if (WIFEXITED(st) && WEXITSTATUS(st) == 127) {
-            snprintf(why, cap, "cannot run %s", o->python);
-            return BASELINE_UNAVAILABLE;
-        }
-        snprintf(why, cap, "%s ended without a reply (status %d)", o->script, st);
-        return BASELINE_FAILED;
-    }
-    json_t *err = json_object_get(j, "error");
-    if (err) {
-        snprintf(why, cap, "%s", json_string_value(err) ? json_string_value(err) : "?");
-        baseline_state s = json_is_true(json_object_get(j, "unavailable")) ? BASELINE_UNAVAILABLE
-                                                                           : BASELINE_FAILED;
-        json_decref(j);
-        baseline_stop(b);
-        return s;
-    }
-    *info = j;
-    return BASELINE_OK;
+    const char *env[][2] = {
+        {"OMP_WAIT_POLICY", strcmp(o->omp_wait, "inherit") != 0 ? o->omp_wait : NULL},
+        {"OMP_NUM_THREADS", threads},
+        {"OPENBLAS_NUM_THREADS", threads},
+        {"OPENBLAS_CORETYPE", coretype[0] ? coretype : NULL},
+    };
+    return bench_child_start(b, args, env, 4, info, why, cap);
 }
 
 /* ---- the C step ---- */
@@ -651,18 +552,18 @@ int main(int argc, char **argv) {
     }
 
     /* ---- the baseline: start and verify ---- */
-    baseline bl;
+    bench_child bl;
     memset(&bl, 0, sizeof bl);
     json_t *info = NULL;
     char why[1024] = "disabled by --no-baseline";
-    baseline_state bs = BASELINE_UNAVAILABLE;
+    bench_child_state bs = BENCH_CHILD_UNAVAILABLE;
     if (o.baseline) {
         fprintf(stderr, "bench_train_step: starting the PyTorch baseline (verifies itself "
                         "against the C step first)\n");
         child_args ca = {ckpt, tok_path, check, loss0, verify};
         bs = baseline_start(&bl, &o, &ca, coretype, &info, why, sizeof why);
     }
-    if (bs == BASELINE_FAILED) {
+    if (bs == BENCH_CHILD_FAILED) {
         printf("\nBASELINE CHECK FAILED: %s\n", why);
         fprintf(stderr,
                 "bench_train_step: the PyTorch baseline and the C step disagree (or the "
@@ -670,7 +571,7 @@ int main(int argc, char **argv) {
                 why);
         return 1;
     }
-    const int have_t = bs == BASELINE_OK;
+    const int have_t = bs == BENCH_CHILD_OK;
     if (have_t) {
         printf(
             "\nverification (PyTorch vs C on the first step; max|a-ref|/max|ref| per tensor):\n");
@@ -778,10 +679,8 @@ int main(int argc, char **argv) {
         t_maxrss = (long)json_num(j, "maxrss_kb");
         json_decref(j);
         t_floor = (long)json_num(info, "rss_floor_kb");
-        fprintf(bl.to, "quit\n");
-        fflush(bl.to);
     }
-    baseline_stop(&bl);
+    bench_child_stop(&bl);
 
     /* ---- report ---- */
     const double c_step_s = median(cw, nc), t_step_s = have_t ? median(tw, nt) : NAN;
