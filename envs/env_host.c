@@ -738,33 +738,48 @@ static arl_status insert_call_limits(arl_env_observation *o, const arl_env_actio
     return ARL_OK;
 }
 
-static int host_step_impl(void *inst, const char *sid, const char *req, size_t len, char **resp, size_t *rlen) {
-    host *h = inst;
-    int status = 0;
+/* The common start of the step and score endpoints (checks 3 and 4): look the session up, parse
+ * the body outside the lock (the session is held by a reference meanwhile), pass the busy gate
+ * and the deleted-while-waiting check.  Returns the session with h->mu held and *body set
+ * (caller decrefs), or NULL with h->mu released, the reply in resp and its HTTP status in
+ * *status. */
+static hsess *sess_enter(host *h, const char *sid, arl_env_endpoint ep, const char *req,
+                         size_t len, char **resp, size_t *rlen, int *status, json_t **body) {
     pthread_mutex_lock(&h->mu);
-    hsess *s = lookup(h, sid, resp, rlen, &status);
+    hsess *s = lookup(h, sid, resp, rlen, status);
     if (!s) {
         pthread_mutex_unlock(&h->mu);
-        return status;
+        return NULL;
     }
     s->refs++;
     pthread_mutex_unlock(&h->mu);
-    json_t *body = parse_body(req, len, resp, rlen, &status);
+    json_t *b = parse_body(req, len, resp, rlen, status);
     pthread_mutex_lock(&h->mu);
     s->refs--;
-    if (!body) {
+    if (!b) {
         pthread_mutex_unlock(&h->mu);
-        return status;
+        return NULL;
     }
     s->last_active_ms = aep_now_ms();
-    status = busy_gate(h, s, ARL_ENV_EP_STEP, body, resp, rlen);
-    if (!status && s->closed)
-        status = reply_err(resp, rlen, ARL_ENV_E_SESSION_CLOSED, -1, "session '%s' was deleted", s->sid);
-    if (status) {
+    *status = busy_gate(h, s, ep, b, resp, rlen);
+    if (!*status && s->closed)
+        *status = reply_err(resp, rlen, ARL_ENV_E_SESSION_CLOSED, -1, "session '%s' was deleted",
+                            s->sid);
+    if (*status) {
         pthread_mutex_unlock(&h->mu);
-        json_decref(body);
-        return status;
+        json_decref(b);
+        return NULL;
     }
+    *body = b;
+    return s;
+}
+
+static int host_step_impl(void *inst, const char *sid, const char *req, size_t len, char **resp, size_t *rlen) {
+    host *h = inst;
+    int status = 0;
+    json_t *body = NULL;
+    hsess *s = sess_enter(h, sid, ARL_ENV_EP_STEP, req, len, resp, rlen, &status, &body);
+    if (!s) return status;
     /* check 5: schema (cheap; done under the lock so the session cannot change meanwhile) */
     int64_t k = 0, deadline = 0;
     arl_env_action act;
@@ -934,26 +949,9 @@ static int host_step_impl(void *inst, const char *sid, const char *req, size_t l
 static int host_score_impl(void *inst, const char *sid, const char *req, size_t len, char **resp, size_t *rlen) {
     host *h = inst;
     int status = 0;
-    pthread_mutex_lock(&h->mu);
-    hsess *s = lookup(h, sid, resp, rlen, &status);
-    if (!s) {
-        pthread_mutex_unlock(&h->mu);
-        return status;
-    }
-    s->refs++;
-    pthread_mutex_unlock(&h->mu);
-    json_t *body = parse_body(req, len, resp, rlen, &status);
-    pthread_mutex_lock(&h->mu);
-    s->refs--;
-    if (!body) {
-        pthread_mutex_unlock(&h->mu);
-        return status;
-    }
-    s->last_active_ms = aep_now_ms();
-    status = busy_gate(h, s, ARL_ENV_EP_SCORE, body, resp, rlen);
-    if (!status && s->closed)
-        status = reply_err(resp, rlen, ARL_ENV_E_SESSION_CLOSED, -1, "session '%s' was deleted", s->sid);
-    if (status) goto unlock_out;
+    json_t *body = NULL;
+    hsess *s = sess_enter(h, sid, ARL_ENV_EP_SCORE, req, len, resp, rlen, &status, &body);
+    if (!s) return status;
     /* check 5 */
     const json_t *sc = json_object_get(body, "scope");
     int scope = json_is_string(sc) ? arl_env_scope_parse(json_string_value(sc)) : -1;
