@@ -224,34 +224,34 @@ void arl_model_acts_bind(arl_model_acts *a, const arl_model *m, const arl_batch 
 
 /* ---- input checks (everything a caller or stored data can get wrong) ---- */
 
-static arl_status check_batch(const arl_model *m, const arl_batch *b) {
+arl_status arl_model_batch_check(const arl_model *m, const arl_batch *b, const char *who) {
     const arl_model_dims *dm = &m->dm;
     const int64_t T = b->T;
     const int32_t N = b->cu ? b->N : 1;
     if (!b->tokens || T < 1)
-        return arl_errorf(ARL_ERR_ARG, "model: a batch needs at least one token");
+        return arl_errorf(ARL_ERR_ARG, "%s: a batch needs at least one token", who);
     if (T > m->opts.max_tokens)
         return arl_errorf(ARL_ERR_RANGE,
-                          "model: batch of %lld tokens, the model was set up for "
+                          "%s: batch of %lld tokens, the model was set up for "
                           "at most %lld per forward (max_tokens)",
-                          (long long)T, (long long)m->opts.max_tokens);
+                          who, (long long)T, (long long)m->opts.max_tokens);
     if (N < 1 || N > m->opts.max_docs)
         return arl_errorf(ARL_ERR_RANGE,
-                          "model: batch of %d documents, the model takes 1..%d "
+                          "%s: batch of %d documents, the model takes 1..%d "
                           "(max_docs)",
-                          N, m->opts.max_docs);
+                          who, N, m->opts.max_docs);
     if (b->cu) {
         if (b->cu[0] != 0 || b->cu[N] != T)
             return arl_errorf(ARL_ERR_ARG,
-                              "model: cu_seqlens must run from 0 to T = %lld, got "
+                              "%s: cu_seqlens must run from 0 to T = %lld, got "
                               "%d .. %d",
-                              (long long)T, b->cu[0], b->cu[N]);
+                              who, (long long)T, b->cu[0], b->cu[N]);
         for (int32_t i = 0; i < N; i++)
             if (b->cu[i + 1] <= b->cu[i])
                 return arl_errorf(ARL_ERR_ARG,
-                                  "model: document %d is empty or cu_seqlens "
+                                  "%s: document %d is empty or cu_seqlens "
                                   "decreases (%d -> %d)",
-                                  i, b->cu[i], b->cu[i + 1]);
+                                  who, i, b->cu[i], b->cu[i + 1]);
     }
     int64_t placeholders = 0;
     const int64_t media_id = m->cfg->media_placeholder_token_id;
@@ -259,21 +259,21 @@ static arl_status check_batch(const arl_model *m, const arl_batch *b) {
         int32_t id = b->tokens[t];
         if (id < 0 || id >= dm->V)
             return arl_errorf(ARL_ERR_RANGE,
-                              "model: token id %d at position %lld is outside the "
+                              "%s: token id %d at position %lld is outside the "
                               "vocabulary [0, %lld)",
-                              id, (long long)t, (long long)dm->V);
+                              who, id, (long long)t, (long long)dm->V);
         if (b->targets && b->targets[t] >= dm->V)
             return arl_errorf(ARL_ERR_RANGE,
-                              "model: target id %d at position %lld is outside "
+                              "%s: target id %d at position %lld is outside "
                               "the vocabulary [0, %lld)",
-                              b->targets[t], (long long)t, (long long)dm->V);
+                              who, b->targets[t], (long long)t, (long long)dm->V);
         placeholders += id == media_id;
     }
     if (b->media && placeholders != b->n_media)
         return arl_errorf(ARL_ERR_ARG,
-                          "model: the batch has %lld <|media_pad|> placeholders but "
+                          "%s: the batch has %lld <|media_pad|> placeholders but "
                           "%lld image token rows were given",
-                          (long long)placeholders, (long long)b->n_media);
+                          who, (long long)placeholders, (long long)b->n_media);
     if (b->forced_routes) {
         const int64_t k = dm->k;
         for (int64_t j = 0; j < dm->n_moe; j++)
@@ -282,15 +282,15 @@ static arl_status check_batch(const arl_model *m, const arl_batch *b) {
                 for (int64_t a = 0; a < k; a++) {
                     if (r[a] < 0 || r[a] >= dm->E)
                         return arl_errorf(ARL_ERR_RANGE,
-                                          "model: forced route %d of token %lld "
+                                          "%s: forced route %d of token %lld "
                                           "(MoE layer %lld) is outside [0, %lld)",
-                                          r[a], (long long)t, (long long)j, (long long)dm->E);
+                                          who, r[a], (long long)t, (long long)j, (long long)dm->E);
                     for (int64_t c = 0; c < a; c++)
                         if (r[c] == r[a])
                             return arl_errorf(ARL_ERR_RANGE,
-                                              "model: forced routes of token %lld "
+                                              "%s: forced routes of token %lld "
                                               "(MoE layer %lld) repeat expert %d",
-                                              (long long)t, (long long)j, r[a]);
+                                              who, (long long)t, (long long)j, r[a]);
                 }
             }
     }
@@ -392,7 +392,7 @@ static void run_head(arl_model *m, const arl_batch *b, const arl_forward_out *ou
 
 static arl_status model_run(arl_model *m, const arl_batch *b, arl_decode_state *st,
                             const int32_t *slots, const arl_forward_out *out) {
-    ARL_TRY(check_batch(m, b));
+    ARL_TRY(arl_model_batch_check(m, b, "model"));
     const arl_model_dims *dm = &m->dm;
     const arl_model_params *w = m->w;
     const int64_t T = b->T, d = dm->d, Td = T * d, L = dm->L, B = dm->B;

@@ -146,6 +146,12 @@ typedef struct arl_forward_out {
     arl_model_acts *acts; /* saved activations (fresh documents only) */
 } arl_forward_out;
 
+/* The checks of every entry point that takes a batch (forward, training step): T and N within
+ * the model's limits, cu, token and target ids, media rows against placeholders, forced routes.
+ * ARL_OK, or the error described under arl_model_forward with who ("model", "training") as the
+ * message's prefix. */
+arl_status arl_model_batch_check(const arl_model *m, const arl_batch *b, const char *who);
+
 /* Forward over fresh documents.  Errors (nothing is computed): ARL_ERR_RANGE for T or N
  * above the model's limits, a token or target id outside [0, V) or a bad forced route (each
  * naming the position); ARL_ERR_ARG for bad cu, or a media row count that differs from the

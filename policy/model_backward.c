@@ -221,76 +221,6 @@ void arl_model_train_free(arl_model_train *tr) {
     memset(tr, 0, sizeof *tr);
 }
 
-/* ---- input checks (as policy/model.c) ---- */
-
-static arl_status check_batch(const arl_model *m, const arl_batch *b) {
-    const arl_model_dims *dm = &m->dm;
-    const int64_t T = b->T;
-    const int32_t N = b->cu ? b->N : 1;
-    if (!b->tokens || T < 1)
-        return arl_errorf(ARL_ERR_ARG, "training: a batch needs at least one token");
-    if (T > m->opts.max_tokens)
-        return arl_errorf(ARL_ERR_RANGE,
-                          "training: batch of %lld tokens, the model was set up for at most "
-                          "%lld per forward (max_tokens)",
-                          (long long)T, (long long)m->opts.max_tokens);
-    if (N < 1 || N > m->opts.max_docs)
-        return arl_errorf(ARL_ERR_RANGE,
-                          "training: batch of %d documents, the model takes 1..%d (max_docs)", N,
-                          m->opts.max_docs);
-    if (b->cu) {
-        if (b->cu[0] != 0 || b->cu[N] != T)
-            return arl_errorf(ARL_ERR_ARG,
-                              "training: cu_seqlens must run from 0 to T = %lld, got %d .. %d",
-                              (long long)T, b->cu[0], b->cu[N]);
-        for (int32_t i = 0; i < N; i++)
-            if (b->cu[i + 1] <= b->cu[i])
-                return arl_errorf(ARL_ERR_ARG,
-                                  "training: document %d is empty or cu_seqlens decreases "
-                                  "(%d -> %d)",
-                                  i, b->cu[i], b->cu[i + 1]);
-    }
-    int64_t placeholders = 0;
-    for (int64_t t = 0; t < T; t++) {
-        int32_t id = b->tokens[t];
-        if (id < 0 || id >= dm->V)
-            return arl_errorf(ARL_ERR_RANGE,
-                              "training: token id %d at position %lld is outside the "
-                              "vocabulary [0, %lld)",
-                              id, (long long)t, (long long)dm->V);
-        if (b->targets && b->targets[t] >= dm->V)
-            return arl_errorf(ARL_ERR_RANGE,
-                              "training: target id %d at position %lld is outside the "
-                              "vocabulary [0, %lld)",
-                              b->targets[t], (long long)t, (long long)dm->V);
-        placeholders += id == m->cfg->media_placeholder_token_id;
-    }
-    if (b->media && placeholders != b->n_media)
-        return arl_errorf(ARL_ERR_ARG,
-                          "training: the batch has %lld <|media_pad|> placeholders but %lld "
-                          "image token rows were given",
-                          (long long)placeholders, (long long)b->n_media);
-    if (b->forced_routes)
-        for (int64_t j = 0; j < dm->n_moe; j++)
-            for (int64_t t = 0; t < T; t++) {
-                const int32_t *r = b->forced_routes + (j * T + t) * dm->k;
-                for (int64_t a = 0; a < dm->k; a++) {
-                    if (r[a] < 0 || r[a] >= dm->E)
-                        return arl_errorf(ARL_ERR_RANGE,
-                                          "training: forced route %d of token %lld (MoE layer "
-                                          "%lld) is outside [0, %lld)",
-                                          r[a], (long long)t, (long long)j, (long long)dm->E);
-                    for (int64_t c = 0; c < a; c++)
-                        if (r[c] == r[a])
-                            return arl_errorf(ARL_ERR_RANGE,
-                                              "training: forced routes of token %lld (MoE "
-                                              "layer %lld) repeat expert %d",
-                                              (long long)t, (long long)j, r[a]);
-                }
-            }
-    return ARL_OK;
-}
-
 /* ---- one decoder layer, forward (spec 5.2 for layer l) ---- */
 
 typedef struct layer_io {
@@ -416,7 +346,7 @@ arl_status arl_model_train_forward(arl_model_train *tr, const arl_batch *b, arl_
     const arl_model_dims *dm = &m->dm;
     const arl_model_params *w = m->w;
     tr->fwd_done = 0;
-    ARL_TRY(check_batch(m, b));
+    ARL_TRY(arl_model_batch_check(m, b, "training"));
     if (out && out->acts)
         return arl_errorf(ARL_ERR_ARG, "training: out->acts belongs to arl_model_forward; the "
                                        "training forward keeps its own activations");
@@ -804,7 +734,8 @@ arl_status arl_model_nll_grad(arl_model_train *tr, const arl_batch *b, arl_decod
                               double *nll_sum, const arl_forward_out *out) {
     arl_model *m = tr->m;
     *nll_sum = 0.0;
-    ARL_TRY(check_batch(m, b)); /* before the targets are written for b->T tokens */
+    ARL_TRY(arl_model_batch_check(m, b,
+                                  "training")); /* before the targets are written for b->T tokens */
     arl_batch bt = *b;
     if (!bt.targets) {
         arl_batch_next_token_targets(tr->targets, b->tokens, b->cu, b->cu ? b->N : 1, b->T);
@@ -831,7 +762,7 @@ arl_status arl_model_loss_and_grad(arl_model_train *tr, const arl_batch *b,
                                    const arl_model_params *grads, double *loss) {
     arl_model *m = tr->m;
     *loss = 0.0;
-    ARL_TRY(check_batch(m, b));
+    ARL_TRY(arl_model_batch_check(m, b, "training"));
     const int32_t *targets = b->targets;
     if (!targets) {
         arl_batch_next_token_targets(tr->targets, b->tokens, b->cu, b->cu ? b->N : 1, b->T);
