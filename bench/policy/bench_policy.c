@@ -33,7 +33,6 @@
  * 2 usage error.
  */
 #include <cblas.h>
-#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -47,6 +46,7 @@
 #include <unistd.h>
 
 #include "bench/common/pychild.h"
+#include "bench/common/tmpdir.h"
 #include "core/assert.h"
 #include "core/options.h"
 #include "core/rng.h"
@@ -320,31 +320,6 @@ static void kda_bench(kda_result *res, int64_t H, int64_t dk, int64_t T, int64_t
         free(bufs[i]);
 }
 
-/* ---- temporary files ---- */
-
-/* The temporary directory of this run: the cross-check files and, without --ckpt, the
- * checkpoint; removed at exit on every path (atexit). */
-static char g_tmp[64];
-
-/* Remove a directory of plain files (one level of subdirectories: the checkpoint). */
-static void remove_tree(const char *dir, int depth) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char path[2048];
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (remove(path) != 0 && depth > 0) remove_tree(path, depth - 1);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-static void cleanup_tmp(void) {
-    if (g_tmp[0]) remove_tree(g_tmp, 1);
-}
-
 /* ---- checkpoint ---- */
 
 static arl_status write_checkpoint(const char *config, uint64_t seed, const char *dir) {
@@ -408,13 +383,8 @@ int main(int argc, char **argv) {
     const int do_kda = all || !strcmp(o.only, "kda"), do_state = all || !strcmp(o.only, "state");
 
     /* ---- checkpoint: the one both implementations load ---- */
-    char tmp[] = "/tmp/bench_policy_XXXXXX";
-    if (!mkdtemp(tmp)) {
-        fprintf(stderr, "bench_policy: mkdtemp: %s\n", strerror(errno));
-        return 1;
-    }
-    snprintf(g_tmp, sizeof g_tmp, "%s", tmp);
-    atexit(cleanup_tmp);
+    const char *tmp = bench_tmpdir_create("bench_policy", 1);
+    if (!tmp) return 1;
     char ckpt[1200], tok_path[1200], logit_path[1200];
     if (o.ckpt[0]) {
         snprintf(ckpt, sizeof ckpt, "%s", o.ckpt);

@@ -36,7 +36,6 @@
  * Exit status: 0 done (whatever the ratios), 1 a failure or a failed check, 2 usage error.
  */
 #include <cblas.h>
-#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -53,6 +52,7 @@
 #include <unistd.h>
 
 #include "bench/common/pychild.h"
+#include "bench/common/tmpdir.h"
 #include "core/assert.h"
 #include "core/options.h"
 #include "core/rng.h"
@@ -215,34 +215,6 @@ static int peak_reset(void) {
     if (!f) return 0;
     int ok = fputs("5", f) >= 0;
     return fclose(f) == 0 && ok;
-}
-
-/* ---- temporary files: checkpoint, batch, check/ (the C steps' gradients and parameters) ---- */
-
-static char g_tmp[64];
-
-static void remove_tree(const char *dir, int depth) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char path[2048];
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (remove(path) != 0 && depth > 0) remove_tree(path, depth - 1);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
-static void cleanup_tmp(void) {
-    if (g_tmp[0]) remove_tree(g_tmp, 2);
-}
-
-/* SIGINT/SIGTERM: remove the temporary files too (the child sees EOF and ends). */
-static void on_signal(int sig) {
-    cleanup_tmp();
-    _exit(128 + sig);
 }
 
 /* ---- the batch: byte tokens of a seeded text ---- */
@@ -431,15 +403,8 @@ int main(int argc, char **argv) {
     arl_options_print_resolved(stdout, "bench_train_step", g_opts, g_nopts, &o);
     fflush(stdout);
 
-    char tmp[] = "/tmp/bench_train_step_XXXXXX";
-    if (!mkdtemp(tmp)) {
-        fprintf(stderr, "bench_train_step: mkdtemp: %s\n", strerror(errno));
-        return 1;
-    }
-    snprintf(g_tmp, sizeof g_tmp, "%s", tmp);
-    atexit(cleanup_tmp);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    const char *tmp = bench_tmpdir_create("bench_train_step", 2);
+    if (!tmp) return 1;
     char ckpt[128], tok_path[128], check[128];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
     snprintf(tok_path, sizeof tok_path, "%s/tokens.i32", tmp);
