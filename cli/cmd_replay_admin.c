@@ -17,6 +17,7 @@
 typedef struct admin_opts {
     char *db, *traj, *reason;
     char *rollout;
+    char *learner;
     int64_t budget_bytes, min_age_ms;
 } admin_opts;
 
@@ -90,6 +91,10 @@ static const arl_option gc_tab[] = {
      "state_cache.rollout: keep the newest boundary of running trajectories (last), every "
      "boundary (all) or nothing (off); pinned trajectories keep everything",
      0, 0, "last|all|off", 0, NULL},
+    {"learner", ARL_OPT_CHOICE, A(learner), "off",
+     "state_cache.learner, in learner files: which consumed trajectories keep learner states: "
+     "none (off), the pinned ones (pinned) or all (all)",
+     0, 0, "off|pinned|all", 0, NULL},
     {"budget-bytes", ARL_OPT_INT, A(budget_bytes), "274877906944",
      "state_cache.budget_bytes per states file: evict the least recently used states beyond it "
      "(0: no budget)",
@@ -104,15 +109,18 @@ int cmd_replay_gc(int argc, char **argv) {
     const size_t n = ARL_OPTIONS_COUNT(gc_tab);
     int rc = cli_parse(
         gc_tab, n, argc, argv, &o,
-        "agentrl replay gc DB [--rollout last|all|off] [--budget-bytes N] [--min-age-ms MS]",
+        "agentrl replay gc DB [--rollout last|all|off] [--learner off|pinned|all] "
+        "[--budget-bytes N] [--min-age-ms MS]",
         "Garbage-collect the cached states of every shard whose writer is gone: delete "
         "unfinished and unreferenced states, evict states by the retention rule and the byte "
         "budget (evicted states leave a tombstone row; a later use is a cache miss).");
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     replay_store *st = NULL;
     if (!(rc = with_store(o.db, &st))) {
-        replay_retention r = {
-            .rollout = o.rollout, .budget_bytes = o.budget_bytes, .min_age_ms = o.min_age_ms};
+        replay_retention r = {.rollout = o.rollout,
+                              .learner = o.learner,
+                              .budget_bytes = o.budget_bytes,
+                              .min_age_ms = o.min_age_ms};
         replay_gc_stats t;
         arl_status s = replay_gc(st, &r, stdout, &t);
         rc = s == ARL_OK ? ARL_EXIT_OK : cli_fail(s);

@@ -3,9 +3,12 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/crc32.h"
+#include "core/deflate.h"
+#include "core/inflate.h"
 
 size_t arl_blob_dtype_size(int dtype) {
     switch (dtype) {
@@ -131,8 +134,10 @@ static uint64_t get64(const uint8_t *p) {
     return v;
 }
 
-arl_status arl_blob_header_build(arl_blob_kind kind, arl_blob_dtype dtype, int ndim,
-                                 const uint64_t *dims, const void *payload, uint8_t out[64]) {
+/* The header of a raw blob without its two CRCs (bytes 56..63 left 0); *nb = payload bytes. */
+static arl_status header_fill(arl_blob_kind kind, arl_blob_dtype dtype, int ndim,
+                              const uint64_t *dims, const void *payload, uint8_t out[64],
+                              uint64_t *nb) {
     if (!arl_blob_kind_rank(kind))
         return arl_errorf(ARL_ERR_ARG, "unknown blob kind %d", (int)kind);
     if (!arl_blob_kind_dtype_ok(kind, dtype))
@@ -141,9 +146,8 @@ arl_status arl_blob_header_build(arl_blob_kind kind, arl_blob_dtype dtype, int n
     if (ndim != arl_blob_kind_rank(kind))
         return arl_errorf(ARL_ERR_ARG, "blob kind %s has rank %d, got ndim %d",
                           arl_blob_kind_name(kind), arl_blob_kind_rank(kind), ndim);
-    uint64_t nb;
-    ARL_TRY(arl_blob_payload_size(dtype, ndim, dims, &nb));
-    if (nb && !payload) return arl_errorf(ARL_ERR_ARG, "blob payload is NULL");
+    ARL_TRY(arl_blob_payload_size(dtype, ndim, dims, nb));
+    if (*nb && !payload) return arl_errorf(ARL_ERR_ARG, "blob payload is NULL");
     memset(out, 0, ARL_BLOB_HEADER_SIZE);
     memcpy(out, ARL_BLOB_MAGIC, 4);
     put16(out + 4, ARL_BLOB_FORMAT_VERSION);
@@ -153,7 +157,14 @@ arl_status arl_blob_header_build(arl_blob_kind kind, arl_blob_dtype dtype, int n
     out[11] = ARL_BLOB_CODEC_RAW;
     out[12] = (uint8_t)ndim;
     for (int i = 0; i < ndim; i++) put64(out + 16 + 8 * i, dims[i]);
-    put64(out + 48, nb);
+    put64(out + 48, *nb);
+    return ARL_OK;
+}
+
+arl_status arl_blob_header_build(arl_blob_kind kind, arl_blob_dtype dtype, int ndim,
+                                 const uint64_t *dims, const void *payload, uint8_t out[64]) {
+    uint64_t nb;
+    ARL_TRY(header_fill(kind, dtype, ndim, dims, payload, out, &nb));
     put32(out + 56, arl_crc32(payload, (size_t)nb));
     put32(out + 60, arl_crc32(out, 60));
     return ARL_OK;
@@ -167,9 +178,34 @@ arl_status arl_blob_encode(arl_blob_kind kind, arl_blob_dtype dtype, int ndim,
     if (out_cap < ARL_BLOB_HEADER_SIZE || nb > out_cap - ARL_BLOB_HEADER_SIZE)
         return arl_errorf(ARL_ERR_RANGE, "blob of %" PRIu64 " bytes does not fit a %zu-byte buffer",
                           nb + ARL_BLOB_HEADER_SIZE, out_cap);
-    ARL_TRY(arl_blob_header_build(kind, dtype, ndim, dims, payload, (uint8_t *)out));
-    if (nb) memcpy((uint8_t *)out + ARL_BLOB_HEADER_SIZE, payload, (size_t)nb);
+    uint8_t *o = (uint8_t *)out;
+    ARL_TRY(header_fill(kind, dtype, ndim, dims, payload, o, &nb));
+    /* one pass over the payload: copy and CRC together */
+    put32(o + 56, nb ? arl_crc32_copy(o + ARL_BLOB_HEADER_SIZE, payload, (size_t)nb, 0) : 0);
+    put32(o + 60, arl_crc32(o, 60));
     *out_len = (size_t)(ARL_BLOB_HEADER_SIZE + nb);
+    return ARL_OK;
+}
+
+arl_status arl_blob_encode_deflate(arl_blob_kind kind, arl_blob_dtype dtype, int ndim,
+                                   const uint64_t *dims, const void *payload, void *out,
+                                   size_t out_cap, size_t *out_len) {
+    uint8_t *o = (uint8_t *)out;
+    if (out_cap < ARL_BLOB_HEADER_SIZE)
+        return arl_errorf(ARL_ERR_RANGE, "a blob does not fit a %zu-byte buffer", out_cap);
+    ARL_TRY(arl_blob_header_build(kind, dtype, ndim, dims, payload, o));
+    uint64_t nb;
+    ARL_TRY(arl_blob_payload_size(dtype, ndim, dims, &nb));
+    if (nb > ARL_BLOB_MAX_BYTES)
+        return arl_errorf(ARL_ERR_RANGE, "codec-1 blob of %" PRIu64 " bytes, over the 64 MiB limit",
+                          nb);
+    size_t zn;
+    ARL_TRY(arl_zlib_encode((const uint8_t *)payload, (size_t)nb, arl_blob_dtype_size(dtype),
+                            o + ARL_BLOB_HEADER_SIZE, out_cap - ARL_BLOB_HEADER_SIZE, &zn));
+    o[11] = ARL_BLOB_CODEC_DEFLATE;
+    put64(o + 48, zn);
+    put32(o + 60, arl_crc32(o, 60));
+    *out_len = ARL_BLOB_HEADER_SIZE + zn;
     return ARL_OK;
 }
 
@@ -216,13 +252,14 @@ arl_status arl_blob_parse(const void *blob, size_t len, arl_blob_header *h, cons
     uint64_t want;
     if (arl_blob_payload_size(h->dtype, h->ndim, h->dims, &want) != ARL_OK)
         return arl_errorf(ARL_ERR_CORRUPT, "blob shape overflows 64 bits");
-    if (h->codec == ARL_BLOB_CODEC_DEFLATE)
-        return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "blob uses codec 1 (deflate), which this build does not decode "
-                          "(rewrite it with codec 0)");
-    if (h->codec != ARL_BLOB_CODEC_RAW)
+    if (h->codec != ARL_BLOB_CODEC_RAW && h->codec != ARL_BLOB_CODEC_DEFLATE)
         return arl_errorf(ARL_ERR_CORRUPT, "unknown blob codec %u", h->codec);
-    if (h->payload_nbytes != want)
+    if (h->codec == ARL_BLOB_CODEC_DEFLATE && want > ARL_BLOB_MAX_BYTES)
+        return arl_errorf(ARL_ERR_CORRUPT,
+                          "codec-1 blob of shape size %" PRIu64 " bytes, over the 64 MiB blob "
+                          "limit (spec section 5.4)",
+                          want);
+    if (h->codec == ARL_BLOB_CODEC_RAW && h->payload_nbytes != want)
         return arl_errorf(ARL_ERR_CORRUPT,
                           "blob payload_nbytes %" PRIu64 " != %" PRIu64 " implied by its shape",
                           h->payload_nbytes, want);
@@ -271,13 +308,69 @@ static arl_status check_header(const void *blob, size_t len, const arl_blob_expe
     return ARL_OK;
 }
 
+uint64_t arl_blob_tensor_nbytes(const arl_blob_header *h) {
+    uint64_t n = 0;
+    if (arl_blob_payload_size(h->dtype, h->ndim, h->dims, &n) != ARL_OK) return 0;
+    return n;
+}
+
+/* Inflate the codec-1 payload pl[0..h->payload_nbytes) into dst, which has room for exactly the
+ * tensor's size (arl_blob_tensor_nbytes), and check the exact size, the stream's end and the
+ * payload CRC-32 of the uncompressed bytes. */
+static arl_status inflate_payload(const arl_blob_header *h, const uint8_t *pl, void *dst,
+                                  uint64_t want) {
+    size_t got = 0, used = 0;
+    arl_status s = arl_zlib_decode_ex(pl, (size_t)h->payload_nbytes, (uint8_t *)dst, (size_t)want,
+                                      &got, &used);
+    if (s == ARL_ERR_RANGE)
+        return arl_errorf(ARL_ERR_CORRUPT,
+                          "blob %s (codec 1) inflates to more than the %" PRIu64
+                          " bytes its shape implies",
+                          arl_blob_kind_name(h->kind), want);
+    if (s != ARL_OK) {
+        char why[160];
+        snprintf(why, sizeof why, "%s", arl_error_msg());
+        return arl_errorf(ARL_ERR_CORRUPT, "blob %s (codec 1): %s", arl_blob_kind_name(h->kind),
+                          why);
+    }
+    if (got != want)
+        return arl_errorf(ARL_ERR_CORRUPT,
+                          "blob %s (codec 1) inflates to %zu bytes, its shape implies %" PRIu64,
+                          arl_blob_kind_name(h->kind), got, want);
+    if (used != h->payload_nbytes)
+        return arl_errorf(ARL_ERR_CORRUPT,
+                          "blob %s (codec 1): %" PRIu64 " bytes after the end of the zlib stream",
+                          arl_blob_kind_name(h->kind), h->payload_nbytes - (uint64_t)used);
+    uint32_t pc = arl_crc32(dst, (size_t)want);
+    if (pc != h->payload_crc32)
+        return arl_errorf(ARL_ERR_CORRUPT,
+                          "blob %s payload CRC mismatch (stored %08x, computed %08x)",
+                          arl_blob_kind_name(h->kind), h->payload_crc32, pc);
+    return ARL_OK;
+}
+
 arl_status arl_blob_check(const void *blob, size_t len, const arl_blob_expect *want,
                           arl_blob_header *h, const void **payload) {
     const void *pl;
     ARL_TRY(check_header(blob, len, want, h, &pl));
+    if (h->codec == ARL_BLOB_CODEC_DEFLATE) {
+        /* no pointer into the blob can hold the tensor: validate through a scratch copy */
+        if (payload)
+            return arl_errorf(ARL_ERR_UNSUPPORTED,
+                              "blob %s uses codec 1 (deflate): read it with arl_blob_check_copy",
+                              arl_blob_kind_name(h->kind));
+        uint64_t n = arl_blob_tensor_nbytes(h);
+        void *tmp = malloc(n ? (size_t)n : 1);
+        if (!tmp)
+            return arl_errorf(ARL_ERR_NOMEM, "out of memory inflating a %" PRIu64 "-byte blob", n);
+        arl_status s = inflate_payload(h, (const uint8_t *)pl, tmp, n);
+        free(tmp);
+        return s;
+    }
     uint32_t pc = arl_crc32(pl, (size_t)h->payload_nbytes);
     if (pc != h->payload_crc32)
-        return arl_errorf(ARL_ERR_CORRUPT, "blob %s payload CRC mismatch (stored %08x, computed %08x)",
+        return arl_errorf(ARL_ERR_CORRUPT,
+                          "blob %s payload CRC mismatch (stored %08x, computed %08x)",
                           arl_blob_kind_name(h->kind), h->payload_crc32, pc);
     if (payload) *payload = pl;
     return ARL_OK;
@@ -287,12 +380,16 @@ arl_status arl_blob_check_copy(const void *blob, size_t len, const arl_blob_expe
                                arl_blob_header *h, void *dst, size_t dst_cap) {
     const void *pl;
     ARL_TRY(check_header(blob, len, want, h, &pl));
-    if (h->payload_nbytes > dst_cap)
-        return arl_errorf(ARL_ERR_RANGE, "blob %s payload of %" PRIu64 " bytes does not fit %zu bytes",
-                          arl_blob_kind_name(h->kind), h->payload_nbytes, dst_cap);
+    uint64_t n = arl_blob_tensor_nbytes(h);
+    if (n > dst_cap)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "blob %s payload of %" PRIu64 " bytes does not fit %zu bytes",
+                          arl_blob_kind_name(h->kind), n, dst_cap);
+    if (h->codec == ARL_BLOB_CODEC_DEFLATE) return inflate_payload(h, (const uint8_t *)pl, dst, n);
     uint32_t pc = arl_crc32_copy(dst, pl, (size_t)h->payload_nbytes, 0);
     if (pc != h->payload_crc32)
-        return arl_errorf(ARL_ERR_CORRUPT, "blob %s payload CRC mismatch (stored %08x, computed %08x)",
+        return arl_errorf(ARL_ERR_CORRUPT,
+                          "blob %s payload CRC mismatch (stored %08x, computed %08x)",
                           arl_blob_kind_name(h->kind), h->payload_crc32, pc);
     return ARL_OK;
 }

@@ -5,8 +5,9 @@
  * Used by the replay store for every tensor column and state chunk, and by the policy's decode
  * state export (spec/policy.md section 4.4), which is why it lives in core/ and knows nothing of
  * SQLite.  It is not a tensor library: no strides, no views, no conversions (core/dtype.h
- * converts elements).  Codec 1 (deflate) is recognised but not decoded by this build
- * (ARL_ERR_UNSUPPORTED): writers here always use codec 0.
+ * converts elements).  Codec 1 (deflate, a zlib stream, section 5.1) is decoded by
+ * arl_blob_check_copy (core/inflate.h) and validated by arl_blob_check; arl_blob_encode_deflate
+ * writes it (core/deflate.h).
  *
  * Dtype and kind codes are the stable numbers of spec/replay.md sections 5.2 and 5.3; they are
  * NOT the values of core/dtype.h's arl_dtype.
@@ -113,22 +114,41 @@ arl_status arl_blob_encode(arl_blob_kind kind, arl_blob_dtype dtype, int ndim,
                            const uint64_t *dims, const void *payload, void *out, size_t out_cap,
                            size_t *out_len);
 
+/* arl_blob_encode with codec 1 (spec section 5.1): the payload as a zlib stream made by
+ * core/deflate.h, which shrinks runs of equal elements.  ARL_ERR_RANGE when the blob would not
+ * fit out_cap: writers that use codec 1 only when it saves at least 20 % (section 5.1 rule 5)
+ * pass out_cap = 64 + 0.8 * payload size and write codec 0 on ARL_ERR_RANGE.  Writers use it
+ * for per-token arrays only (never for states or routes, rule 5). */
+arl_status arl_blob_encode_deflate(arl_blob_kind kind, arl_blob_dtype dtype, int ndim,
+                                   const uint64_t *dims, const void *payload, void *out,
+                                   size_t out_cap, size_t *out_len);
+
 /* Parse and check the header of blob[0..len): magic, format version, header size, header CRC,
- * flags, dtype, ndim and unused dims, codec, payload size against the shape (codec 0), and
- * len == 64 + payload_nbytes.  Does NOT check the payload CRC.  On success *h is filled and
- * *payload (if non-NULL) points into blob at offset 64.
- * Errors: ARL_ERR_CORRUPT (with what failed), ARL_ERR_VERSION (unknown format_version),
- * ARL_ERR_UNSUPPORTED (codec 1).  The message does not name the blob: callers prefix it. */
+ * flags, dtype, ndim and unused dims, codec, payload size against the shape (codec 0; codec 1:
+ * a shape of at most 64 MiB), and len == 64 + payload_nbytes.  Does NOT check the payload CRC
+ * or decode anything.  On success *h is filled and *payload (if non-NULL) points into blob at
+ * offset 64 (the zlib stream for codec 1).
+ * Errors: ARL_ERR_CORRUPT (with what failed), ARL_ERR_VERSION (unknown format_version).  The
+ * message does not name the blob: callers prefix it. */
 arl_status arl_blob_parse(const void *blob, size_t len, arl_blob_header *h, const void **payload);
 
+/* Bytes of the tensor a parsed header describes (its uncompressed payload): the product of
+ * dims times the element size. */
+uint64_t arl_blob_tensor_nbytes(const arl_blob_header *h);
+
 /* arl_blob_parse, then kind/dtype/shape against *want (NULL: no expectation), then the payload
- * CRC.  Shape, kind or dtype mismatches are ARL_ERR_SHAPE and name the field and both values. */
+ * CRC.  Shape, kind or dtype mismatches are ARL_ERR_SHAPE and name the field and both values.
+ * Codec 1: the stream is inflated into a temporary buffer and must give exactly the tensor's
+ * bytes, end exactly at the blob's end and match the payload CRC (else ARL_ERR_CORRUPT naming
+ * what failed); *payload cannot point at the tensor then, so asking for it is
+ * ARL_ERR_UNSUPPORTED (use arl_blob_check_copy). */
 arl_status arl_blob_check(const void *blob, size_t len, const arl_blob_expect *want,
                           arl_blob_header *h, const void **payload);
 
-/* arl_blob_check that also copies the payload into dst (capacity dst_cap) in the same pass as
- * its CRC (readers that take the data anyway read it once).  On any failure dst may have been
- * written and must not be used.  ARL_ERR_RANGE if the payload does not fit dst_cap. */
+/* arl_blob_check that also copies the tensor into dst (capacity dst_cap) in the same pass as
+ * its CRC (readers that take the data anyway read it once); codec 1 is inflated into dst.  On
+ * any failure dst may have been written and must not be used.  ARL_ERR_RANGE if the tensor
+ * (arl_blob_tensor_nbytes) does not fit dst_cap. */
 arl_status arl_blob_check_copy(const void *blob, size_t len, const arl_blob_expect *want,
                                arl_blob_header *h, void *dst, size_t dst_cap);
 

@@ -107,7 +107,16 @@ static arl_status codes(bitreader *br, const huffman *lit, const huffman *dist, 
             size_t d = dist_base[ds] + (size_t)de;
             if (d > o) return bad("distance too far back");
             if (len > cap - o) return arl_errorf(ARL_ERR_RANGE, "deflate stream: output larger than %zu bytes", cap);
-            for (size_t i = 0; i < len; i++, o++) out[o] = out[o - d];
+            /* copy in pieces that do not overlap: the match repeats a period of d bytes, so
+             * after `copied` bytes a piece may come from copied + d bytes back (a multiple of
+             * d: every piece but the last is one) */
+            for (size_t copied = 0; len;) {
+                size_t dd = copied + d, c = dd < len ? dd : len;
+                memcpy(out + o, out + o - dd, c);
+                o += c;
+                len -= c;
+                copied += c;
+            }
         }
     }
 }
@@ -131,7 +140,7 @@ arl_status arl_inflate(const uint8_t *in, size_t in_len, uint8_t *out, size_t ou
             if ((len ^ 0xffffu) != nlen) return bad("stored block length check failed");
             if (br.pos + len > br.n) return bad("truncated stored block");
             if (len > out_cap - o) return arl_errorf(ARL_ERR_RANGE, "deflate stream: output larger than %zu bytes", out_cap);
-            memcpy(out + o, br.p + br.pos, len);
+            if (len) memcpy(out + o, br.p + br.pos, len);
             br.pos += len;
             o += len;
         } else if (type == 1 || type == 2) {
@@ -207,8 +216,21 @@ arl_status arl_inflate(const uint8_t *in, size_t in_len, uint8_t *out, size_t ou
 uint32_t arl_adler32(uint32_t adler, const uint8_t *p, size_t n) {
     uint32_t a = adler & 0xffff, b = adler >> 16;
     while (n) {
+        /* 5552 bytes keep b below 2^32 before the reduction (zlib's NMAX) */
         size_t k = n < 5552 ? n : 5552;
         n -= k;
+        /* 16 bytes at a time without the byte-to-byte dependency of b on a: b gains 16 a plus
+         * the bytes weighted 16, 15, ..., 1; a gains their sum (the same values as one byte
+         * at a time, so the same bound) */
+        for (; k >= 16; k -= 16, p += 16) {
+            uint32_t s = 0, w = 0;
+            for (int i = 0; i < 16; i++) {
+                s += p[i];
+                w += (uint32_t)(16 - i) * p[i];
+            }
+            b += 16 * a + w;
+            a += s;
+        }
         while (k--) {
             a += *p++;
             b += a;
@@ -219,11 +241,11 @@ uint32_t arl_adler32(uint32_t adler, const uint8_t *p, size_t n) {
     return (b << 16) | a;
 }
 
-arl_status arl_zlib_decode(const uint8_t *in, size_t in_len, uint8_t *out, size_t out_cap,
-                           size_t *out_len) {
+arl_status arl_zlib_decode_ex(const uint8_t *in, size_t in_len, uint8_t *out, size_t out_cap,
+                              size_t *out_len, size_t *in_used) {
     if (in_len < 6) return bad("zlib stream too short");
-    if ((in[0] & 0x0f) != 8 || ((in[0] << 8) | in[1]) % 31 != 0)
-        return bad("bad zlib header");
+    if ((in[0] & 0x0f) != 8 || ((in[0] << 8) | in[1]) % 31 != 0) return bad("bad zlib header");
+    if ((in[0] >> 4) > 7) return bad("zlib window size over 32 KiB (CINFO > 7)");
     if (in[1] & 0x20) return bad("zlib preset dictionary not supported");
     size_t used = 0;
     ARL_TRY(arl_inflate(in + 2, in_len - 2, out, out_cap, out_len, &used));
@@ -231,5 +253,11 @@ arl_status arl_zlib_decode(const uint8_t *in, size_t in_len, uint8_t *out, size_
     const uint8_t *t = in + 2 + used;
     uint32_t want = (uint32_t)t[0] << 24 | (uint32_t)t[1] << 16 | (uint32_t)t[2] << 8 | t[3];
     if (arl_adler32(1, out, *out_len) != want) return bad("Adler-32 checksum mismatch");
+    if (in_used) *in_used = 2 + used + 4;
     return ARL_OK;
+}
+
+arl_status arl_zlib_decode(const uint8_t *in, size_t in_len, uint8_t *out, size_t out_cap,
+                           size_t *out_len) {
+    return arl_zlib_decode_ex(in, in_len, out, out_cap, out_len, NULL);
 }

@@ -19,6 +19,24 @@ static json_t *b64_json(const void *p, size_t n) {
     return j;
 }
 
+/* The tensor of a blob as base64 of its raw little-endian payload (no header): codec 1 is
+ * inflated first.  A blob that does not parse is exported as it is stored after its 64 bytes
+ * of header (verify reports it); NULL when there is none. */
+static json_t *blob_payload_json(const uint8_t *b, size_t n) {
+    arl_blob_header h;
+    if (n < ARL_BLOB_HEADER_SIZE) return json_null();
+    if (arl_blob_parse(b, n, &h, NULL) == ARL_OK && h.codec == ARL_BLOB_CODEC_DEFLATE) {
+        uint64_t tn = arl_blob_tensor_nbytes(&h);
+        void *t = malloc(tn ? (size_t)tn : 1);
+        json_t *j = NULL;
+        if (t && arl_blob_check_copy(b, n, NULL, &h, t, (size_t)tn) == ARL_OK)
+            j = b64_json(t, (size_t)tn);
+        free(t);
+        if (j) return j;
+    }
+    return b64_json(b + ARL_BLOB_HEADER_SIZE, n - ARL_BLOB_HEADER_SIZE);
+}
+
 /* Column value as JSON (BLOB as base64). */
 static json_t *col_json(sqlite3_stmt *q, int i) {
     switch (sqlite3_column_type(q, i)) {
@@ -247,7 +265,7 @@ static arl_status learner_json(replay_store *st, const char *traj_uid, json_t *a
             for (int k = 0; k < 5; k++) {
                 const uint8_t *b = sqlite3_column_blob(q, 4 + k);
                 size_t n = (size_t)sqlite3_column_bytes(q, 4 + k);
-                json_object_set_new(o, names[k], n >= 64 ? b64_json(b + 64, n - 64) : json_null());
+                json_object_set_new(o, names[k], blob_payload_json(b, n));
             }
             json_array_append_new(arr, o);
         }

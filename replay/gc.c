@@ -8,9 +8,12 @@
  *      state; 'all' keeps them;
  *   3. the byte budget: while the complete states exceed it, evict in ascending
  *      last_used_at_ms, states of running trajectories last.
+ * In a learner file (learner-produced states) step 1 counts a state referenced when a
+ * learner record of its trajectory and segment exists, and step 2 is state_cache.learner:
+ * 'off' and 'pinned' evict the states of consumed trajectories (their group is consumed in
+ * the catalog), 'all' keeps them; the budget of step 3 applies as well.
  * Pinned trajectories (catalog pins) keep everything.  Eviction sets status 'evicted' and
- * deletes the chunks: the row stays as a tombstone.  A reader then sees a cache miss.
- * Not here: state_cache.learner (learner files belong to the learner process). */
+ * deletes the chunks: the row stays as a tombstone.  A reader then sees a cache miss. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,6 +61,24 @@ static arl_status traj_bounds(replay_writer *w, const char *uid, int *found, int
     return ARL_OK;
 }
 
+/* Whether trajectory uid belongs to a consumed group (catalog; no catalog: not consumed). */
+static arl_status traj_consumed(replay_store *st, const char *uid, int *consumed) {
+    *consumed = 0;
+    if (!st->cat.db) return ARL_OK;
+    sqlite3_stmt *q;
+    ARL_TRY(rdb_prepare(&st->cat,
+                        "SELECT 1 FROM group_members m JOIN task_groups g ON g.group_id = "
+                        "m.group_id WHERE m.traj_uid = ?1 AND g.status = 'consumed'",
+                        &q));
+    sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    sqlite3_finalize(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return rdb_fail(&st->cat, rc, "reading group status for retention");
+    *consumed = rc == SQLITE_ROW;
+    return ARL_OK;
+}
+
 static arl_status evict(replay_writer *w, gc_state **v, size_t n, int64_t *evicted,
                         int64_t *freed) {
     rdb *db = &w->s;
@@ -98,6 +119,11 @@ arl_status replay_states_retain(replay_writer *w, const replay_retention *r, rep
     if (strcmp(mode, "last") && strcmp(mode, "all") && strcmp(mode, "off"))
         return arl_errorf(ARL_ERR_ARG,
                           "replay: state_cache.rollout '%s': expected last, all or off", mode);
+    const char *lmode = r && r->learner ? r->learner : "off";
+    if (strcmp(lmode, "off") && strcmp(lmode, "pinned") && strcmp(lmode, "all"))
+        return arl_errorf(ARL_ERR_ARG,
+                          "replay: state_cache.learner '%s': expected off, pinned or all", lmode);
+    int learner_file = w->kind == REPLAY_FILE_LEARNER;
     /* 1. garbage (section 7.6) */
     ARL_TRY(replay_states_gc(w, r && r->min_age_ms >= 0 ? r->min_age_ms : 3600 * 1000, &z.deleted));
     /* 2. the complete states with what retention needs to know about them */
@@ -110,7 +136,7 @@ arl_status replay_states_retain(replay_writer *w, const replay_retention *r, rep
                         "state_id",
                         &q));
     char cur[REPLAY_UID_MAX + 1] = "";
-    int found = 0, running = 0, pinned = 0, have = 0;
+    int found = 0, running = 0, pinned = 0, have = 0, consumed = 0;
     int32_t L = -1, F = 0;
     arl_status s = ARL_OK;
     int rc;
@@ -119,7 +145,13 @@ arl_status replay_states_retain(replay_writer *w, const replay_retention *r, rep
         if (!have || strcmp(uid, cur)) {
             snprintf(cur, sizeof cur, "%s", uid);
             have = 1;
-            if ((s = traj_bounds(w, cur, &found, &running, &L, &F)) != ARL_OK) break;
+            if (learner_file) { /* no trajectories here: the catalog says whether consumed */
+                found = 1;
+                running = 0;
+                if ((s = traj_consumed(w->st, cur, &consumed)) != ARL_OK) break;
+            } else if ((s = traj_bounds(w, cur, &found, &running, &L, &F)) != ARL_OK) {
+                break;
+            }
             if ((s = replay_pin_get(w->st, cur, &pinned, NULL, 0)) != ARL_OK) break;
         }
         if (n == cap) {
@@ -141,6 +173,10 @@ arl_status replay_states_retain(replay_writer *w, const replay_retention *r, rep
         g->running = found && running;
         g->pinned = pinned;
         g->evict = 0;
+        if (learner_file) { /* state_cache.learner */
+            if (!rollout && !pinned && consumed && strcmp(lmode, "all")) g->evict = 1;
+            continue;
+        }
         /* a states row of a trajectory this file does not hold is left alone */
         if (!found || pinned || !rollout || !strcmp(mode, "all")) continue;
         if (!strcmp(mode, "off") || !running) {
@@ -206,7 +242,9 @@ arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
     }
     arl_status s = ARL_OK;
     for (size_t i = 0; i < n && s == ARL_OK; i++) {
-        if (kinds[i] != REPLAY_FILE_WORKER && kinds[i] != REPLAY_FILE_TOOL) continue;
+        if (kinds[i] != REPLAY_FILE_WORKER && kinds[i] != REPLAY_FILE_TOOL &&
+            kinds[i] != REPLAY_FILE_LEARNER)
+            continue;
         if (rstore_shard_sealed(st, ids[i])) continue; /* immutable, states included */
         replay_writer *w = NULL;
         arl_status o = replay_writer_open(st, (replay_file_kind)kinds[i], ids[i], NULL, &w);

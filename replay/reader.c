@@ -429,7 +429,7 @@ arl_status replay_segment_load(replay_store *st, int64_t traj_id, int32_t seg_in
         if ((s = arl_blob_parse(b, len, &h, NULL)) == ARL_OK && l == 0 && h.ndim == 2) {
             out->route_dtype = h.dtype;
             out->route_k = (int32_t)h.dims[1];
-            lay = (size_t)h.payload_nbytes;
+            lay = (size_t)arl_blob_tensor_nbytes(&h); /* codec 1: not the stored size */
         }
         if (s == ARL_OK) s = grow(&out->routes, &out->cap_routes_, lay * (size_t)(l + 1));
         if (s == ARL_OK)
@@ -615,29 +615,37 @@ arl_status replay_state_load(replay_store *st, int32_t shard_id, int64_t state_i
                   : !strcmp(tensor, "conv") ? ARL_BLOB_CONV_TAIL
                                             : ARL_BLOB_MLA_LATENT;
         arl_blob_header h;
-        const void *pl;
-        s = arl_blob_check(b, len, &ex, &h, &pl);
+        /* the header first (its shape sizes the buffer), then check and copy (or inflate, codec
+         * 1) in one pass */
+        s = arl_blob_parse(b, len, &h, NULL);
+        size_t tn = s == ARL_OK ? (size_t)arl_blob_tensor_nbytes(&h) : 0;
+        size_t pad = (used + 63) & ~(size_t)63; /* 64-byte aligned payloads */
+        if (s == ARL_OK) {
+            arl_status g = grow((void **)&out->chunks, &out->cap_chunks_,
+                                (out->n_chunks + 1) * sizeof *out->chunks);
+            if (g == ARL_OK) g = grow((void **)&out->buf_, &out->cap_buf_, pad + tn);
+            if (g != ARL_OK) {
+                s = g;
+                break;
+            }
+            s = arl_blob_check_copy(b, len, &ex, &h, out->buf_ + pad, tn);
+        }
         if (s != ARL_OK) {
             arl_error_prefix(ARL_ERR_CORRUPT, "replay: %s: state %lld chunk (layer %d, %s)",
                              d->name, (long long)state_id, sqlite3_column_int(q, 0), tensor);
             s = ARL_ERR_CORRUPT;
             break;
         }
-        if ((s = grow((void **)&out->chunks, &out->cap_chunks_,
-                      (out->n_chunks + 1) * sizeof *out->chunks)) != ARL_OK)
-            break;
-        size_t pad = (used + 63) & ~(size_t)63; /* 64-byte aligned payloads */
-        if ((s = grow((void **)&out->buf_, &out->cap_buf_, pad + (size_t)h.payload_nbytes)) !=
-            ARL_OK)
-            break;
-        memcpy(out->buf_ + pad, pl, (size_t)h.payload_nbytes);
+        /* h describes the tensor as it is in memory now: raw (codec 0) */
+        h.codec = ARL_BLOB_CODEC_RAW;
+        h.payload_nbytes = tn;
         replay_state_chunk_data *c = &out->chunks[out->n_chunks++];
         c->layer = sqlite3_column_int(q, 0);
         snprintf(c->tensor, sizeof c->tensor, "%s", tensor);
         c->row_start = sqlite3_column_int64(q, 2);
         c->h = h;
         c->data = (const void *)(uintptr_t)pad; /* offset until the buffer stops moving */
-        used = pad + (size_t)h.payload_nbytes;
+        used = pad + tn;
     }
     sqlite3_finalize(q);
     sqlite3_exec(d->db, "COMMIT", NULL, NULL, NULL);

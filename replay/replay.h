@@ -82,6 +82,12 @@ const char *replay_file_kind_name(int kind);
 enum {
     REPLAY_OPEN_CREATE = 1u << 0,   /* create the root directory and catalog if missing */
     REPLAY_OPEN_READONLY = 1u << 1, /* never write (catalog and shards opened read-only) */
+    /* Writers store a segment's per-token arrays (tokens, log-probs, loss mask, versions) with
+     * codec 1 (deflate, core/deflate.h) when that saves at least 20 % (spec section 5.1 rule
+     * 5): runs of equal values (versions, mask, the 0.0 log-probs of context tokens) shrink a
+     * lot.  Off by default: inflating costs readers more than the bytes saved gain writers
+     * (bench_replay --deflate: 5 % fewer WAL bytes per segment, read path 4x slower). */
+    REPLAY_OPEN_DEFLATE = 1u << 2,
 };
 
 typedef struct replay_open_opts {
@@ -361,7 +367,7 @@ typedef struct replay_state_desc {
     int32_t seg_index;
     const char *kind;     /* "kda_boundary" or "mla_segment" */
     const char *producer; /* "rollout", "learner", "tool" (NULL: rollout for worker files,
-                             tool for tool files) */
+                             learner for learner files, tool for tool files) */
     const char *pass_uid; /* one consistent forward pass */
     int64_t version_min, version_max;
     const char *numerics;            /* kernel and precision tag, e.g. "cpu-f32" */
@@ -396,12 +402,14 @@ arl_status replay_state_put(replay_writer *w, const replay_state_desc *d,
 
 /* Garbage collection of this writer's states file (spec section 7.6): 'writing' states and
  * unreferenced 'complete' states older than min_age_ms; then incremental_vacuum.  *n_deleted
- * may be NULL.  Worker and tool writers (a learner writer: ARL_ERR_UNSUPPORTED). */
+ * may be NULL.  Worker and tool writers: referenced by a segment's end_state_id or
+ * latent_state_id; learner writers: by a learner record of the same trajectory and segment. */
 arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_deleted);
 
 /* Retention of cached states (spec section 9.3; replay/gc.c). */
 typedef struct replay_retention {
     const char *rollout;  /* state_cache.rollout: "last" (NULL), "all" or "off" */
+    const char *learner;  /* state_cache.learner: "off" (NULL), "pinned" or "all" */
     int64_t budget_bytes; /* state_cache.budget_bytes; <= 0: no budget */
     int64_t min_age_ms;   /* garbage older than this is deleted (section 7.6); < 0: 1 hour */
 } replay_retention;
@@ -417,8 +425,9 @@ typedef struct replay_gc_stats {
  * only the newest committed boundary, its kda_boundary and the mla_segment states since the
  * last fresh or fork start; final trajectories none; 'off': none; 'all': all), then, while the
  * complete states exceed r->budget_bytes, the least recently used (running trajectories last).
- * Pinned trajectories keep every state.  r may be NULL (last, no budget, 1 hour); out may be
- * NULL. */
+ * A learner writer's file holds learner states: r->learner 'off' and 'pinned' evict those of
+ * trajectories whose group is consumed, 'all' keeps them.  Pinned trajectories keep every
+ * state.  r may be NULL (last, off, no budget, 1 hour); out may be NULL. */
 arl_status replay_states_retain(replay_writer *w, const replay_retention *r, replay_gc_stats *out);
 
 /* ---- reading (the learner's protocol, spec section 11) ---------------------------------- */
@@ -519,7 +528,7 @@ typedef struct replay_state_chunk_data {
     int32_t layer;
     char tensor[8];
     int64_t row_start;
-    arl_blob_header h; /* dtype, shape */
+    arl_blob_header h; /* dtype, shape; codec 0 and payload_nbytes of the tensor in memory */
     const void *data;  /* payload (CRC checked), inside the struct's buffer */
 } replay_state_chunk_data;
 

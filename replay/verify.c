@@ -176,12 +176,15 @@ static void check_segment_blobs(vctx *v, rdb *d, sqlite3_stmt *q, const char *ui
         *mask = p;
         *mask_cap = (size_t)s->n_tokens;
     }
+    /* the tensors are checked through a copy: codec-1 blobs (section 5.1) are inflated there */
+    size_t cap = (size_t)s->n_tokens * 4;
+    uint8_t *pl = malloc(cap ? cap : 1);
+    if (!pl) return;
     for (int k = 0; k < 4; k++) {
         arl_blob_expect ex = {.kind = kinds[k], .dims_mask = 1, .dims = {(uint64_t)s->n_tokens}};
         arl_blob_header h;
-        const void *pl;
-        if (arl_blob_check(sqlite3_column_blob(q, k), (size_t)sqlite3_column_bytes(q, k), &ex, &h,
-                           &pl) != ARL_OK) {
+        if (arl_blob_check_copy(sqlite3_column_blob(q, k), (size_t)sqlite3_column_bytes(q, k), &ex,
+                                &h, pl, cap) != ARL_OK) {
             finding(v, 1, "%s: trajectory %s segment %d column %s: %s", d->name, uid,
                     (int)s->seg_index, names[k], arl_error_msg());
             if (k == 2) memset(*mask, 0xFF, (size_t)s->n_tokens);
@@ -220,6 +223,7 @@ static void check_segment_blobs(vctx *v, rdb *d, sqlite3_stmt *q, const char *ui
             }
         }
     }
+    free(pl);
 }
 
 static void check_routes(vctx *v, rdb *d, int64_t traj_id, const char *uid, const seg_row *s) {

@@ -724,9 +724,17 @@ static arl_status append_in_txn(replay_writer *w, int64_t traj_id, const traj_st
     const arl_blob_dtype dts[4] = {ARL_BLOB_U32, ARL_BLOB_F32, ARL_BLOB_U8, ARL_BLOB_U32};
     uint8_t *p[4];
     size_t off = 0, got;
+    size_t len[4];
     for (int k = 0; k < 4; k++) {
         p[k] = w->scratch + off;
-        ARL_TRY(arl_blob_encode(kinds[k], dts[k], 1, dims, pl[k], p[k], nb[k], &got));
+        arl_status e = ARL_ERR_RANGE;
+        /* codec 1 only when it saves at least 20 % (section 5.1 rule 5) */
+        if (w->st->flags & REPLAY_OPEN_DEFLATE)
+            e = arl_blob_encode_deflate(kinds[k], dts[k], 1, dims, pl[k], p[k],
+                                        H + (nb[k] - H) / 5 * 4, &len[k]);
+        if (e == ARL_ERR_RANGE)
+            e = arl_blob_encode(kinds[k], dts[k], 1, dims, pl[k], p[k], nb[k], &len[k]);
+        ARL_TRY(e);
         off += nb[k];
     }
     sqlite3_stmt *q;
@@ -749,7 +757,7 @@ static arl_status append_in_txn(replay_writer *w, int64_t traj_id, const traj_st
     rdb_bind_int_or_null(q, 15, sg->latent_state_id);
     sqlite3_bind_int64(q, 16, now);
     for (int k = 0; k < 4; k++)
-        sqlite3_bind_blob64(q, 17 + k, p[k], nb[k], SQLITE_STATIC);
+        sqlite3_bind_blob64(q, 17 + k, p[k], len[k], SQLITE_STATIC);
     int rc = sqlite3_step(q);
     sqlite3_reset(q);
     if (rc != SQLITE_DONE) {
@@ -1170,8 +1178,10 @@ static arl_blob_kind chunk_kind(const char *tensor) {
 arl_status replay_state_put(replay_writer *w, const replay_state_desc *d,
                             const replay_state_chunk *chunks, size_t n_chunks, int64_t *state_id) {
     rdb *db = &w->s;
-    const char *producer =
-        d->producer ? d->producer : (w->kind == REPLAY_FILE_TOOL ? "tool" : "rollout");
+    const char *producer = d->producer                       ? d->producer
+                           : w->kind == REPLAY_FILE_TOOL    ? "tool"
+                           : w->kind == REPLAY_FILE_LEARNER ? "learner"
+                                                            : "rollout";
     if (!d->traj_uid || !d->kind || !d->pass_uid || !d->numerics || !d->model_config_sha256)
         return arl_errorf(ARL_ERR_ARG,
                           "replay: %s: a state needs traj_uid, kind, pass_uid, numerics "
@@ -1295,20 +1305,39 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* A learner file's states are referenced by its learner records (section 7.6: "no committed
+ * segment or learner record references"): a record of the same trajectory and segment (the
+ * segment a kda_boundary state ends, or whose mla_segment entries it holds).  *ref = 1 if one
+ * exists. */
+static arl_status learner_state_referenced(replay_writer *w, sqlite3_stmt **q, const char *uid,
+                                           int32_t seg, int *ref) {
+    if (!*q)
+        ARL_TRY(rdb_prepare(&w->w,
+                            "SELECT 1 FROM learner_records WHERE traj_uid = ?1 AND seg_index = ?2 "
+                            "LIMIT 1",
+                            q));
+    sqlite3_reset(*q);
+    sqlite3_bind_text(*q, 1, uid, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int(*q, 2, seg);
+    int rc = sqlite3_step(*q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(&w->w, rc, "reading learner records");
+    *ref = rc == SQLITE_ROW;
+    sqlite3_reset(*q);
+    return ARL_OK;
+}
+
 arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_deleted) {
-    if (w->kind == REPLAY_FILE_LEARNER) /* its states are referenced from no segment of its own */
-        return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "replay: %s: learner states are kept by state_cache.learner, which this "
-                          "store does not collect",
-                          w->states_file);
-    /* referenced state ids (segments of this shard) */
+    int learner = w->kind == REPLAY_FILE_LEARNER;
+    /* referenced state ids (segments of this shard; a learner file has none: its records
+     * reference states by trajectory and segment, learner_state_referenced) */
     int64_t *refs = NULL;
     size_t nref = 0, cap = 0;
     sqlite3_stmt *q;
     ARL_TRY(rdb_prepare(&w->w,
-                        "SELECT end_state_id FROM segments WHERE end_state_id IS NOT NULL "
-                        "UNION SELECT latent_state_id FROM segments WHERE latent_state_id IS "
-                        "NOT NULL",
+                        learner ? "SELECT 0 WHERE 0"
+                                : "SELECT end_state_id FROM segments WHERE end_state_id IS NOT NULL "
+                                  "UNION SELECT latent_state_id FROM segments WHERE "
+                                  "latent_state_id IS NOT NULL",
                         &q));
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
@@ -1333,12 +1362,12 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
     int64_t cutoff = rnow_ms() - min_age_ms, deleted = 0;
     rdb *db = &w->s;
     arl_status s = rdb_begin(db);
-    sqlite3_stmt *sel = NULL, *dc = NULL, *ds = NULL;
+    sqlite3_stmt *sel = NULL, *dc = NULL, *ds = NULL, *lq = NULL;
     if (s == ARL_OK)
         s = rdb_prepare(
             db,
-            "SELECT state_id, status FROM states WHERE status IN ('writing','complete') "
-            "AND created_at_ms < ?1",
+            "SELECT state_id, status, traj_uid, seg_index FROM states WHERE status IN "
+            "('writing','complete') AND created_at_ms < ?1",
             &sel);
     if (s == ARL_OK) s = rdb_prepare(db, "DELETE FROM state_chunks WHERE state_id = ?1", &dc);
     if (s == ARL_OK) s = rdb_prepare(db, "DELETE FROM states WHERE state_id = ?1", &ds);
@@ -1350,6 +1379,13 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
             int64_t id = sqlite3_column_int64(sel, 0);
             int writing = !strcmp((const char *)sqlite3_column_text(sel, 1), "writing");
             if (!writing && nref && bsearch(&id, refs, nref, sizeof *refs, cmp_i64)) continue;
+            if (!writing && learner) {
+                int ref = 0;
+                if ((s = learner_state_referenced(w, &lq, (const char *)sqlite3_column_text(sel, 2),
+                                                  sqlite3_column_int(sel, 3), &ref)) != ARL_OK)
+                    break;
+                if (ref) continue;
+            }
             if (nv == vc) {
                 vc = vc ? vc * 2 : 64;
                 int64_t *p = realloc(victims, vc * sizeof *p);
@@ -1358,7 +1394,8 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
             }
             victims[nv++] = id;
         }
-        if (rc != SQLITE_DONE && rc != SQLITE_ROW) s = rdb_fail(db, rc, "listing states");
+        if (s == ARL_OK && rc != SQLITE_DONE && rc != SQLITE_ROW)
+            s = rdb_fail(db, rc, "listing states");
         for (size_t i = 0; s == ARL_OK && i < nv; i++) {
             sqlite3_reset(dc);
             sqlite3_bind_int64(dc, 1, victims[i]);
@@ -1376,6 +1413,7 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
     sqlite3_finalize(sel);
     sqlite3_finalize(dc);
     sqlite3_finalize(ds);
+    sqlite3_finalize(lq);
     free(refs);
     if (s != ARL_OK) {
         rdb_rollback(db);

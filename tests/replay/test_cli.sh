@@ -171,8 +171,11 @@ has "is not pinned"
 expect 0 "$A" replay list "$S" --pinned
 lines 1
 expect 2 "$A" replay gc "$S" --rollout sometimes
+expect 2 "$A" replay gc "$S" --learner sometimes
+has "learner"
 expect 0 "$A" replay gc --help
 has "usage: agentrl replay gc DB"
+has "state_cache.learner"
 
 # seal: finished files become immutable; they are still read, and writers refuse them
 expect 0 "$A" replay seal "$S"

@@ -185,6 +185,161 @@ static void test_store_gc(void) {
     CHECK(!boundary_ok(tc, 1));
 }
 
+/* 1 if the plan of sql (on db) names index idx */
+static int plan_uses(sqlite3 *db, const char *sql, const char *idx) {
+    char q[512];
+    snprintf(q, sizeof q, "EXPLAIN QUERY PLAN %s", sql);
+    sqlite3_stmt *s;
+    int found = 0;
+    if (sqlite3_prepare_v2(db, q, -1, &s, NULL) != SQLITE_OK) return -1;
+    while (sqlite3_step(s) == SQLITE_ROW)
+        if (strstr((const char *)sqlite3_column_text(s, 3), idx)) found = 1;
+    sqlite3_finalize(s);
+    return found;
+}
+
+/* Entries of an index: its leaf cells, counted through dbstat. */
+static int64_t index_entries(sqlite3 *db, const char *idx) {
+    sqlite3_stmt *s;
+    int64_t n = -1;
+    if (sqlite3_prepare_v2(db,
+                           "SELECT sum(ncell) FROM dbstat WHERE name = ?1 AND pagetype = 'leaf'",
+                           -1, &s, NULL) != SQLITE_OK)
+        return -2;
+    sqlite3_bind_text(s, 1, idx, -1, SQLITE_STATIC);
+    if (sqlite3_step(s) == SQLITE_ROW) n = sqlite3_column_int64(s, 0);
+    sqlite3_finalize(s);
+    return n;
+}
+
+/* states_by_lru and states_by_version are exactly the definitions of section 4.14: every state,
+ * whoever produced it, is in both, and the eviction and learner-state queries use them. */
+static void test_state_indexes(void) {
+    /* a store of its own: the other tests count the shards of the main one */
+    char r2[512];
+    snprintf(r2, sizeof r2, "%s/store", test_tmpdir("gc-indexes"));
+    replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *s2 = NULL;
+    fx_ids i2;
+    replay_writer *w = NULL, *tw = NULL;
+    CHECK_MSG(replay_store_open(r2, &oo, &s2) == ARL_OK && fx_catalog(s2, 1, 3, &i2) == ARL_OK,
+              "%s", arl_error_msg());
+    if (!s2) return;
+    CHECK(replay_writer_open(s2, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
+    CHECK(replay_writer_open(s2, REPLAY_FILE_TOOL, 0, NULL, &tw) == ARL_OK);
+    if (!w || !tw) goto out;
+    put_state(w, "g/a", 0, "kda_boundary", 32);  /* producer 'rollout' */
+    put_state(tw, "g/a", 0, "kda_boundary", 32); /* producer 'tool' */
+    put_state(tw, "g/a", 1, "kda_boundary", 32);
+    const char *idx[2] = {"states_by_lru", "states_by_version"};
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ_INT((int)index_entries(w->s.db, idx[i]), 1);
+        CHECK_EQ_INT((int)index_entries(tw->s.db, idx[i]), 2);
+    }
+    CHECK_EQ_INT(plan_uses(tw->s.db,
+                           "SELECT state_id FROM states WHERE status = 'complete' ORDER BY "
+                           "last_used_at_ms",
+                           "states_by_lru"),
+                 1);
+    CHECK_EQ_INT(plan_uses(tw->s.db,
+                           "SELECT state_id FROM states WHERE producer = 'learner' AND "
+                           "version_min = 3",
+                           "states_by_version"),
+                 1);
+out:
+    replay_writer_close(tw);
+    replay_writer_close(w);
+    replay_store_close(s2);
+    FX_CLEANUP(r2);
+}
+
+/* Learner-produced states (sections 7.6 and 9.3): in a learner file a state is referenced by a
+ * learner record of its trajectory and segment (an unreferenced one is garbage), and
+ * state_cache.learner decides whether consumed trajectories keep theirs (pins always do). */
+static void test_learner_states(void) {
+    char r3[512];
+    snprintf(r3, sizeof r3, "%s/store", test_tmpdir("gc-learner"));
+    replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *s3 = NULL;
+    fx_ids i3;
+    replay_writer *lw = NULL;
+    CHECK_MSG(replay_store_open(r3, &oo, &s3) == ARL_OK && fx_catalog(s3, 1, 3, &i3) == ARL_OK &&
+                  replay_writer_open(s3, REPLAY_FILE_LEARNER, 0, "run1", &lw) == ARL_OK,
+              "%s", arl_error_msg());
+    if (!lw) goto out;
+    int64_t a0 = put_state(lw, "g/a", 0, "kda_boundary", 32); /* a learner record refers to it */
+    int64_t b0 = put_state(lw, "g/b", 0, "kda_boundary", 32); /* no record: garbage */
+    int64_t c0 = put_state(lw, "g/c", 0, "kda_boundary", 32); /* recorded, pinned */
+    CHECK(a0 > 0 && b0 > 0 && c0 > 0);
+    float f[32] = {0};
+    uint8_t flags[32] = {0};
+    const char *rec_uids[2] = {"g/a", "g/c"};
+    for (int i = 0; i < 2; i++) {
+        replay_learner_record rec = {.run_id = i3.run_id,
+                                     .update_n = 0,
+                                     .traj_uid = rec_uids[i],
+                                     .seg_index = 0,
+                                     .levels_json = "{}",
+                                     .n_tokens = 32,
+                                     .old_logprobs = f,
+                                     .ref_logprobs = f,
+                                     .is_weights = f,
+                                     .token_flags = flags,
+                                     .advantages = f};
+        CHECK_MSG(replay_learner_record_put(lw, &rec) == ARL_OK, "%s", arl_error_msg());
+    }
+    /* a pin (replay_pin wants the trajectory in a worker shard, which this store lacks) */
+    CHECK(sqlite3_exec(s3->cat.db,
+                       "INSERT INTO pins(traj_uid, reason, created_at_ms) VALUES ('g/c', 'keep', 0)",
+                       NULL, NULL, NULL) == SQLITE_OK);
+    /* the producer of a learner writer's states */
+    sqlite3_stmt *q;
+    CHECK(sqlite3_prepare_v2(lw->s.db, "SELECT count(*) FROM states WHERE producer = 'learner'", -1,
+                             &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_step(q) == SQLITE_ROW && sqlite3_column_int(q, 0) == 3);
+    sqlite3_finalize(q);
+    sleep_ms(5);
+    replay_retention r = {.learner = "sometimes", .min_age_ms = 0};
+    CHECK(replay_states_retain(lw, &r, NULL) == ARL_ERR_ARG);
+    /* not consumed yet: only the garbage goes */
+    replay_gc_stats g;
+    r.learner = "off";
+    CHECK_MSG(replay_states_retain(lw, &r, &g) == ARL_OK, "%s", arl_error_msg());
+    CHECK_EQ_INT((int)g.deleted, 1);
+    CHECK_EQ_INT((int)g.evicted, 0);
+    /* the group of g/a and g/c is consumed: 'all' keeps, 'off' evicts g/a's (g/c is pinned) */
+    const char *uids[2] = {"g/a", "g/c"};
+    for (int i = 0; i < 2; i++) {
+        char sql[400];
+        snprintf(sql, sizeof sql,
+                 "INSERT INTO group_members(group_id, slot, attempt, traj_uid, shard_id, traj_id, "
+                 "status) VALUES (%lld, %d, 0, '%s', 1, %d, 'complete')",
+                 (long long)i3.group_id, i, uids[i], i + 1);
+        CHECK_MSG(sqlite3_exec(s3->cat.db, sql, NULL, NULL, NULL) == SQLITE_OK, "%s",
+                  sqlite3_errmsg(s3->cat.db));
+    }
+    char sql[200];
+    snprintf(sql, sizeof sql,
+             "UPDATE task_groups SET status = 'consumed', consumed_update = 0 WHERE group_id = "
+             "%lld",
+             (long long)i3.group_id);
+    CHECK(sqlite3_exec(s3->cat.db, sql, NULL, NULL, NULL) == SQLITE_OK);
+    r.learner = "all";
+    CHECK(replay_states_retain(lw, &r, &g) == ARL_OK && g.evicted == 0 && g.deleted == 0);
+    r.learner = "pinned";
+    CHECK(replay_states_retain(lw, &r, &g) == ARL_OK);
+    CHECK_EQ_INT((int)g.evicted, 1);
+    replay_state_data d;
+    memset(&d, 0, sizeof d);
+    CHECK(replay_state_load(s3, lw->shard_id, a0, &d) == ARL_ERR_NOT_FOUND); /* a cache miss */
+    CHECK(replay_state_load(s3, lw->shard_id, c0, &d) == ARL_OK && d.n_chunks == 4);
+    replay_state_data_free(&d);
+out:
+    replay_writer_close(lw);
+    replay_store_close(s3);
+    FX_CLEANUP(r3);
+}
+
 /* seal (sections 2.3, 13.8): refused while a trajectory runs; then the file is immutable
  * (writers refuse it, gc skips it), in rollback-journal mode, and still read as before. */
 static void test_seal(void) {
@@ -298,6 +453,8 @@ int main(void) {
         fprintf(stderr, "pin: %s\n", arl_error_msg());
         return 1;
     }
+    TEST_RUN(test_state_indexes);
+    TEST_RUN(test_learner_states);
     TEST_RUN(test_retention);
     TEST_RUN(test_store_gc);
     TEST_RUN(test_seal);
