@@ -16,6 +16,9 @@ fail=0
 bad() { echo "FAIL: $*"; fail=1; }
 
 serve() { # NAME -> sets pid, url
+    # emptied here, not by the background job's redirection, which may run after the first
+    # grep below and let it read the previous server's URL
+    : > "$tmp/out"
     "$BIN" env serve "$1" --port 0 > "$tmp/out" 2> "$tmp/err" &
     pid=$!
     url=
