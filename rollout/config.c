@@ -32,14 +32,21 @@ const arl_option arl_rollout_options[] = {
     {"tasks", ARL_OPT_INT, F(tasks), "1",
      "number of tasks; each is one group of G trajectories (0 with task-file: every line)", 0, BIG,
      NULL, 0, "N"},
-    {"task-seed", ARL_OPT_INT, F(task_seed), "0", "seed of generated task i is task-seed + i", 0,
-     BIG, NULL, 0, "S"},
+    {"task-seed", ARL_OPT_INT, F(task_seed), "0",
+     "seed of generated task i is task-seed + task-offset + i", 0, BIG, NULL, 0, "S"},
+    {"task-offset", ARL_OPT_INT, F(task_offset), "0",
+     "global index of this worker's first task: its task i is global task task-offset + i "
+     "(group <run-uid>/g<task-offset + i>, generated id task<task-offset + i>); sampling "
+     "streams follow from the group names, so workers over disjoint slices of one task list "
+     "draw distinct streams and a task draws the same stream whichever worker runs it",
+     0, BIG, NULL, 0, "N"},
     {"group-size", ARL_OPT_INT, F(group_size), "8",
      "G: trajectories per task (same task, seed and initial state)", 1, 4096, NULL, 0, "G"},
     {"group-kind", ARL_OPT_CHOICE, F(group_kind), "train", "catalog kind of the groups", 0, 0,
      "train|eval", 0, NULL},
     {"run-uid", ARL_OPT_STRING, F(run_uid), "rollout",
-     "run identifier; group ids are <run-uid>/g<task>, trajectory ids <group>/r<slot>", 0, 0,
+     "run identifier; group ids are <run-uid>/g<task-offset + task>, trajectory ids "
+     "<group>/r<slot>", 0, 0,
      NULL, 0, "UID"},
     {"temperature", ARL_OPT_FLOAT, F(temperature), "1.0", "sampling temperature (0: greedy)", 0,
      100, NULL, 0, "T"},
@@ -89,11 +96,12 @@ const arl_option arl_rollout_options[] = {
      "allocate each slot's MLA latent cache for context-tokens rows up front (address space; "
      "pages are touched as the context grows), so that it never grows by copying",
      0, 0, NULL, 0, NULL},
-    {"state-cache", ARL_OPT_CHOICE, F(state_cache), "all",
-     "rollout states written at token_budget boundaries: kept (all), only the newest boundary "
-     "of each running trajectory and none of finished ones (last, spec/replay.md 9.3), or none "
-     "written (off)",
-     0, 0, "all|last|off", 0, NULL},
+    {"state-cache", ARL_OPT_CHOICE, F(state_cache), "last",
+     "rollout states written at token_budget boundaries: only the newest boundary of each "
+     "running trajectory and none of finished ones (last, spec/replay.md 9.3), all kept (all: "
+     "re-scoring and forking finished trajectories start from them instead of recomputing "
+     "their prefixes), or none written (off)",
+     0, 0, "last|all|off", 0, NULL},
     {"resume-interrupted", ARL_OPT_BOOL, F(resume_interrupted), "true",
      "resume trajectories a dead worker left running (else mask them INTERRUPTED)", 0, 0, NULL, 0,
      NULL},

@@ -317,6 +317,9 @@ arl_status ro_encode_images(arl_rollout_worker *w, const ro_images *imgs, float 
 arl_status ro_task_ensure(arl_rollout_worker *w, int64_t task);
 const char *ro_traj_uid_of(char *buf, size_t cap, const char *group_uid, int32_t gslot,
                            int32_t attempt);
+/* "<run-uid>/g<task-offset + task>" for task index `task` of this worker's task source. */
 void ro_group_uid_of(const arl_rollout_worker *w, int64_t task, char *buf, size_t cap);
+/* 64-bit FNV-1a of a uid (the stream of a trajectory's sampling generator). */
+uint64_t ro_uid_hash(const char *s);
 
 #endif

@@ -90,26 +90,87 @@ static arl_status parse_obs(const char *body, size_t len, int64_t call_seq, img_
     return s;
 }
 
+/* The stored calls of every trajectory whose segments make up traj_id's stream: its own and,
+ * for a fork, its parent's (and theirs, for a fork of a fork: spec/replay.md 13.7, the prefix
+ * is read through the parent).  Step k's call lives with the trajectory whose segment holds
+ * step k's turn (step 0, the create call, with the first segment's); a step no committed
+ * segment holds yet is the trajectory's own. */
+typedef struct call_src {
+    int64_t traj_id;
+    ro_calls calls;
+} call_src;
+
+typedef struct call_chain {
+    call_src src[8];
+    int n;
+    replay_seg_ref *refs;
+    size_t n_refs;
+    int64_t own;
+} call_chain;
+
+static void chain_free(call_chain *ch) {
+    for (int i = 0; i < ch->n; i++)
+        ro_calls_free(&ch->src[i].calls);
+    free(ch->refs);
+    memset(ch, 0, sizeof *ch);
+}
+
+static arl_status chain_calls(replay_store *st, call_chain *ch, int64_t traj_id,
+                              const ro_calls **out) {
+    for (int i = 0; i < ch->n; i++)
+        if (ch->src[i].traj_id == traj_id) {
+            *out = &ch->src[i].calls;
+            return ARL_OK;
+        }
+    if (ch->n == (int)(sizeof ch->src / sizeof ch->src[0]))
+        return arl_errorf(ARL_ERR_UNSUPPORTED, "rollout: trajectory %lld: forks nested deeper "
+                                               "than %d levels",
+                          (long long)ch->own, ch->n);
+    call_src *c = &ch->src[ch->n];
+    c->traj_id = traj_id;
+    ARL_TRY(ro_calls_load(st, traj_id, &c->calls));
+    ch->n++;
+    *out = &c->calls;
+    return ARL_OK;
+}
+
+/* The owner of step k's call. */
+static int64_t chain_owner(const call_chain *ch, int64_t k) {
+    if (ch->n_refs == 0) return ch->own;
+    if (k == 0) return ch->refs[0].traj_id;
+    for (size_t i = 0; i < ch->n_refs; i++)
+        if (ch->refs[i].first_step <= k && k <= ch->refs[i].last_step) return ch->refs[i].traj_id;
+    return ch->own;
+}
+
 arl_status ro_media_load(replay_store *st, int64_t traj_id, const ro_engine *e, ro_media *m) {
     memset(m, 0, sizeof *m);
     m->d = e->d;
     m->media_id = (int32_t)e->cfg.media_placeholder_token_id;
     m->pad_row = e->m.w->embed_tokens + (int64_t)m->media_id * e->d;
     if (!e->cfg.has_vision) return ARL_OK;
-    ro_calls calls;
-    memset(&calls, 0, sizeof calls);
-    ARL_TRY(ro_calls_load(st, traj_id, &calls));
-    arl_status s = ARL_OK;
-    const int64_t ns = calls.n_turn_call;
+    call_chain ch;
+    memset(&ch, 0, sizeof ch);
+    ch.own = traj_id;
+    const ro_calls *own;
+    arl_status s = replay_traj_segments(st, traj_id, &ch.refs, &ch.n_refs);
+    if (s == ARL_OK) s = chain_calls(st, &ch, traj_id, &own);
+    int64_t ns = s == ARL_OK ? own->n_turn_call : 0;
+    for (size_t i = 0; i < ch.n_refs; i++)
+        if (ch.refs[i].last_step + 1 > ns) ns = ch.refs[i].last_step + 1;
     m->n_steps = ns;
     m->step_row = calloc((size_t)(ns ? ns : 1), sizeof *m->step_row);
     m->step_reset = calloc((size_t)(ns ? ns : 1), 1);
-    if (!m->step_row || !m->step_reset) s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+    if (s == ARL_OK && (!m->step_row || !m->step_reset))
+        s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     img_list imgs = {0};
     for (int64_t k = 0; s == ARL_OK && k < ns; k++) {
         m->step_row[k] = m->n_rows;
         m->step_reset[k] = k == 0;
-        const ro_call *c = ro_calls_step(&calls, k);
+        const ro_calls *calls;
+        s = chain_calls(st, &ch, chain_owner(&ch, k), &calls);
+        if (s) break;
+        const ro_call *c = ro_calls_step(calls, k);
         if (!c || !c->response || !c->complete || c->has_error) continue;
         int reset = 0;
         img_list_clear(&imgs);
@@ -136,7 +197,7 @@ arl_status ro_media_load(replay_store *st, int64_t traj_id, const ro_engine *e, 
     }
     img_list_clear(&imgs);
     free(imgs.v);
-    ro_calls_free(&calls);
+    chain_free(&ch);
     if (s) ro_media_free(m);
     return s;
 }

@@ -2,7 +2,7 @@
  * alone (spec/replay.md 4.10: the PNG bytes of every observation image are kept once in the
  * worker file's `images` table and restored into the stored response bodies; spec/policy.md
  * 10.1: an image becomes N rows that replace N <|media_pad|> placeholders), for re-scoring and
- * for resuming without a cached state.
+ * for resuming or continuing a fork without a cached state.
  *
  * What this is: every observation of the trajectory (step 0's create response, then step k's
  * response) parsed for its image parts in message and part order - the order the chat template
@@ -35,8 +35,10 @@ typedef struct ro_media {
     int32_t media_id;     /* <|media_pad|> */
 } ro_media;
 
-/* Load and encode the observation images of trajectory traj_id (its own worker or tool file)
- * under the engine's weights.  A text-only model or a trajectory without images gives no rows
+/* Load and encode the observation images of trajectory traj_id under the engine's weights:
+ * the steps of its own segments from its own worker or tool file, and for a fork the steps of
+ * its prefix from the parent's file (recursively for a fork of a fork; the segments
+ * replay_traj_segments resolves through the parents say whose call each step is).  A text-only model or a trajectory without images gives no rows
  * (every call still succeeds).  An unreadable stored body or image is ARL_ERR_CORRUPT naming the
  * call; ARL_ERR_NOMEM. */
 arl_status ro_media_load(replay_store *st, int64_t traj_id, const ro_engine *e, ro_media *m);

@@ -39,11 +39,12 @@ static int parse_uid(const arl_rollout_worker *w, const char *uid, int64_t *task
     if (sscanf(uid + rl, "/g%lld/r%d%n", &tk, &sl, &used) != 2) return 0;
     const char *rest = uid + rl + used;
     if (*rest && (sscanf(rest, ".a%d%n", &at, &used) != 1 || rest[used])) return 0;
-    *task = tk;
+    if (tk < w->cfg.task_offset) return 0; /* another worker's slice */
+    *task = tk - w->cfg.task_offset;      /* the index in this worker's task source */
     *gslot = sl;
     *attempt = at;
     char check[REPLAY_UID_MAX + 1], g[REPLAY_UID_MAX + 1];
-    ro_group_uid_of(w, tk, g, sizeof g);
+    ro_group_uid_of(w, *task, g, sizeof g);
     return !strcmp(ro_traj_uid_of(check, sizeof check, g, sl, at), uid);
 }
 
@@ -586,9 +587,11 @@ arl_status ro_resume_one(arl_rollout_worker *w, int64_t traj_id) {
         snprintf(t->uid, sizeof t->uid, "%s", x.row.traj_uid);
         snprintf(t->group_uid, sizeof t->group_uid, "%s", w->fork_group_uid);
     }
+    /* a new stream per resume, named by the uid (not the store-local traj_id: two workers'
+     * stores number their trajectories alike) */
     arl_rng_seed_stream(&t->rng, (uint64_t)w->cfg.seed,
                         0x9E3779B97F4A7C15ULL * (uint64_t)(x.row.resume_count + 1) ^
-                            (uint64_t)traj_id);
+                            ro_uid_hash(t->uid));
     arl_status s = replay_traj_segments(w->st, traj_id, &x.refs, &x.c);
     if (s == ARL_OK && x.c == 0)
         s = arl_errorf(ARL_ERR_STATE, "rollout: %s has no committed segment", t->uid);

@@ -54,14 +54,16 @@ typedef struct arl_rollout_config {
     char *task_file;   /* JSONL of {"id", "seed", "data"}; NULL: generated tasks */
     char *task_data;   /* JSON object text: task.data of generated tasks */
     int64_t tasks;     /* number of tasks (groups) */
-    int64_t task_seed; /* seed of generated task i is task_seed + i */
+    int64_t task_seed; /* seed of generated task i is task_seed + task_offset + i */
+    int64_t task_offset; /* global index of this worker's first task (group uids, streams) */
     int64_t group_size; /* G */
     char *group_kind;   /* "train" or "eval" */
     char *run_uid;
     /* sampling */
     double temperature;
     double top_p;
-    int64_t seed; /* sampling seed; each trajectory draws from stream hash(traj_uid) */
+    int64_t seed; /* sampling seed; each trajectory draws from stream hash(traj_uid), and
+                     traj_uid holds the task's global index (task_offset + i) */
     /* budgets (spec/objective.md 3.2) */
     int64_t segment_tokens;    /* L_seg */
     int64_t turn_tokens;       /* L_turn */
@@ -82,7 +84,7 @@ typedef struct arl_rollout_config {
     int64_t threads;          /* CPU threads (0: the kernels' default) */
     int reserve_context;      /* allocate each slot's MLA cache for L_ctx rows at once */
     /* states, faults, weights */
-    char *state_cache;       /* "all", "last" or "off" */
+    char *state_cache;       /* "last" (spec/replay.md 9.3, the default), "all" or "off" */
     int resume_interrupted;  /* resume (1) or mask (0) interrupted trajectories */
     int refill_infra_masked; /* one new attempt for a slot masked with attribution infra */
     char *policy_dir;        /* directory where new versions are published (LATEST); NULL */
@@ -130,6 +132,7 @@ typedef struct arl_rollout_stats {
     double decode_s, prefill_s, env_s, store_s; /* wall time per activity */
     int64_t decode_steps;     /* decode forwards (decode_tokens / decode_steps: mean batch) */
     double prefill_cpu_s;     /* process CPU time of the prefill forwards */
+    double decode_cpu_s;      /* process CPU time of the decode forwards */
     int64_t versions_loaded;  /* weight updates picked up */
 } arl_rollout_stats;
 

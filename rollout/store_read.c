@@ -1,5 +1,5 @@
-/* rollout/store_read.c: the stored environment exchanges of one trajectory, read back for a
- * resume (spec/replay.md 7.5 steps 3-4: the create request, the actions of steps 1..m and the
+/* rollout/store_read.c: the stored environment exchanges of one trajectory (in its worker or
+ * tool file), read back for a resume (spec/replay.md 7.5 steps 3-4: the create request, the actions of steps 1..m and the
  * segment-score requests with their response hashes, and bodies with their images restored).
  *
  * A workaround, not a second store implementation: replay/replay.h has no reader for env_calls
@@ -9,6 +9,7 @@
 #include <sqlite3.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "envs/aep_json.h"
 #include "rollout/store_read.h"
@@ -74,9 +75,15 @@ static arl_status restore_images(sqlite3 *db, const char *path, int64_t traj_id,
 
 arl_status ro_calls_load(replay_store *st, int64_t traj_id, ro_calls *out) {
     memset(out, 0, sizeof *out);
+    /* shard ids are unique over the kinds of files: a worker file w<id>, else a tool file
+     * t<id> (imports, forks) or a learner file l<id> */
     char path[4200];
-    snprintf(path, sizeof path, "%s/shards/w%d.sqlite", replay_store_root(st),
-             (int)(traj_id >> REPLAY_TRAJ_ID_SHIFT));
+    static const char kinds[] = "wtl";
+    for (int i = 0; i < 4; i++) { /* none there: the worker file's name, for the message */
+        snprintf(path, sizeof path, "%s/shards/%c%d.sqlite", replay_store_root(st), kinds[i % 3],
+                 (int)(traj_id >> REPLAY_TRAJ_ID_SHIFT));
+        if (i < 3 && access(path, F_OK) == 0) break;
+    }
     sqlite3 *db = NULL;
     if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
         arl_status s = fail(db, path, "opening");

@@ -27,8 +27,13 @@ static uint64_t fnv1a(const char *s) {
 
 /* ---- identifiers, tasks, catalog ---- */
 
+uint64_t ro_uid_hash(const char *s) { return fnv1a(s); }
+
+/* Group uids carry the task's global index (task-offset + the index in this worker's task
+ * source), so that the trajectories' sampling streams, seeded from their uids, are globally
+ * unique and the same for a task whichever worker runs it. */
 void ro_group_uid_of(const arl_rollout_worker *w, int64_t task, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s/g%06lld", w->cfg.run_uid, (long long)task);
+    snprintf(buf, cap, "%s/g%06lld", w->cfg.run_uid, (long long)(w->cfg.task_offset + task));
 }
 
 const char *ro_traj_uid_of(char *buf, size_t cap, const char *group_uid, int32_t gslot,
@@ -49,9 +54,9 @@ static arl_status tasks_load(arl_rollout_worker *w) {
         if (!w->tasks) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
         for (int64_t i = 0; i < w->n_tasks; i++) {
             char id[64];
-            snprintf(id, sizeof id, "task%lld", (long long)i);
+            snprintf(id, sizeof id, "task%lld", (long long)(c->task_offset + i));
             w->tasks[i].id = strdup(id);
-            w->tasks[i].seed = (uint64_t)(c->task_seed + i);
+            w->tasks[i].seed = (uint64_t)(c->task_seed + c->task_offset + i);
             w->tasks[i].data = json_loads(c->task_data ? c->task_data : "{}", 0, NULL);
             if (!w->tasks[i].id || !w->tasks[i].data)
                 return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
@@ -94,7 +99,8 @@ static arl_status tasks_load(arl_rollout_worker *w) {
         }
         ro_task *t = &w->tasks[w->n_tasks++];
         t->id = strdup(json_string_value(id));
-        t->seed = seed ? (uint64_t)json_integer_value(seed) : (uint64_t)(c->task_seed + ln - 1);
+        t->seed = seed ? (uint64_t)json_integer_value(seed)
+                       : (uint64_t)(c->task_seed + c->task_offset + ln - 1);
         t->data = data ? json_incref(data) : json_object();
         json_decref(j);
     }
@@ -987,9 +993,10 @@ static int decode_pass(arl_rollout_worker *w, arl_status *st) {
             n++;
         }
     if (!n) return 0;
-    double t0 = ro_mono_s();
+    double t0 = ro_mono_s(), c0 = ro_cpu_s();
     *st = ro_engine_decode(e, n, e->slots, w->gen_tok);
     w->stats.decode_s += ro_mono_s() - t0;
+    w->stats.decode_cpu_s += ro_cpu_s() - c0;
     w->stats.decode_steps++;
     if (*st) return 1;
     for (int32_t i = 0; i < n && !*st; i++) {

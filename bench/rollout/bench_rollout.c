@@ -2,12 +2,15 @@
  * bare model, measured in the same run on the same checkpoint.
  *
  *   decode   tokens/s of a rollout worker against a trivial in-process environment ("flood":
- *            no tools, a short observation per step) at batch 1, 16 and 64 - sampling, per-token
- *            routes and log-probabilities, turn parsing, actions, environment steps, rules,
- *            segment commits with boundary states, all included: sampled tokens divided by the
- *            run's wall time minus the time spent in observation prefill - against the bare
- *            batched decode loop (arl_model_decode_step + arl_sample over the same batch, the
- *            same number of tokens).  Target: overhead <= 15 %.
+ *            no tools, an observation of --obs-bytes tokens per step) at batch 1, 16 and 64 -
+ *            sampling with behaviour log-probabilities, per-token routes, turn parsing,
+ *            actions, environment steps, rules, rendering, segment commits (with the default
+ *            state-cache), all included: sampled tokens divided by the run's CPU time minus the
+ *            CPU time of the observation prefill forwards - against the bare batched decode
+ *            loop (arl_model_decode_step + arl_sample over the same batch, the same number of
+ *            tokens, the same context lengths).  Target: overhead <= 15 %.  (The segment
+ *            budget is far above a trajectory's length: every trajectory is one segment, as
+ *            with the default 128K budget and short episodes.)
  *   prefill  tokens/s of observation prefill inside the worker (observations of --obs-bytes
  *            tokens, several sequences per forward) against arl_model_prefill of one sequence
  *            of the same length.
@@ -20,11 +23,41 @@
  *            values do not change the cost; filling a million positions by prefill would take
  *            minutes).
  *
+ * The same token schedule on both sides.  The bench's seeded checkpoint is made to sample byte
+ * tokens only (the lm_head rows of the special tokens are zeroed and the byte rows scaled so
+ * that a byte logit always leads by ~20 nats, see bytes_only): no turn ends early at
+ * <|end_of_msg|> and no <|tool_call|> block draws a parse-error answer, so every turn runs to
+ * the --turn-tokens cap and every observation is --obs-bytes long, exactly as in the bare loop.
+ * Both sides then decode the same number of tokens at the same batch width over the same
+ * context lengths; what differs is the machinery.  (With the plain random checkpoint,
+ * --ragged, about a quarter of the turns stop early at random, the last trajectories of a
+ * group decode alone at a thinner batch and parse-error answers lengthen the contexts; that
+ * measures the workload's raggedness, not the machinery, and varies from run to run.)  The
+ * worker's decode token count is checked against the bare loop's.  Batches below 16 run
+ * ceil(16 / B) groups one after another (and the bare loop as many passes) so that every
+ * measurement covers at least 16 trajectories' tokens.  A checkpoint given with --ckpt is used
+ * as it is (its turns are as ragged as the model makes them).
+ *
+ * Columns: the medians of the rollout's and the bare loop's rates and the overhead of the
+ * medians; the range of the per-repetition overheads (rollout and bare run one after the
+ * other, so on a loaded machine each pair sees different neighbours: the spread shows how far
+ * to trust the median); and the machinery share, measured inside each rollout run: the CPU time
+ * of the decode side spent outside the model's decode forwards (sampling with its
+ * log-probabilities, routes, turn parsing, actions, environment steps, rules, commits).  Both
+ * parts of that share alternate step by step, so the machine's load inflates them alike: it is
+ * the steadier measure of the machinery's own cost.
+ *
  * Rates are tokens per second of process CPU time (--threads 1 by default: on a shared machine
  * wall time mostly measures the neighbours), interleaved repetitions, medians.
  *
  * Usage: bench_rollout [--ckpt DIR] [--turn-tokens N] [--turns N] [--obs-bytes N] [--reps R]
- *                      [--threads N] [--long-context] [--mla-chunk N] [--mla-topk K]
+ *                      [--threads N] [--batch B] [--only rollout|bare] [--quick]
+ *                      [--ragged] [--long-context] [--mla-chunk N] [--mla-topk K]
+ *   --batch B    measure only batch B (any size >= 1) instead of 1, 16 and 64
+ *   --only X     run only the rollout or only the bare side (for profiling one of them)
+ *   --quick      a short run while iterating: 2 turns, observations of 256 tokens, 2
+ *                repetitions (the ratios are noisier; report numbers of the full run)
+ *   --ragged     keep the plain random checkpoint (turns of random length; see above)
  * Exit status: 0 done (whatever the ratios), 1 failure, 2 usage error. */
 #include <math.h>
 #include <stdio.h>
@@ -150,12 +183,13 @@ static double median(double *v, int n) {
 
 typedef struct rollout_run {
     double decode_rate, prefill_rate;
+    double rest_share; /* CPU outside the model's decode forwards / the decode side's CPU */
     int64_t tokens;
 } rollout_run;
 
 /* The machinery: B trajectories (one group) of `turns` turns of at most turn_tokens tokens. */
-static rollout_run run_rollout(const char *ckpt, const char *dir, int B, int64_t turn_tokens,
-                               int64_t turns, int64_t obs_bytes, int rep) {
+static rollout_run run_rollout(const char *ckpt, const char *dir, int B, int groups,
+                               int64_t turn_tokens, int64_t turns, int64_t obs_bytes, int rep) {
     char db[600], data[128];
     snprintf(db, sizeof db, "%s/db-b%d-r%d", dir, B, rep);
     snprintf(data, sizeof data, "{\"obs_bytes\": %lld, \"steps\": %lld}", (long long)obs_bytes,
@@ -164,7 +198,7 @@ static rollout_run run_rollout(const char *ckpt, const char *dir, int B, int64_t
     DIE(arl_rollout_config_defaults(&c));
     DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "env", "builtin:flood", &c));
     DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "task-data", data, &c));
-    c.tasks = 1;
+    c.tasks = groups;
     c.group_size = B;
     c.batch_size = B;
     c.turn_tokens = turn_tokens;
@@ -186,11 +220,17 @@ static rollout_run run_rollout(const char *ckpt, const char *dir, int B, int64_t
     rollout_run r = {.tokens = s->decode_tokens};
     fprintf(stderr,
             "  [batch %d: wall %.2f s = decode %.2f + prefill %.2f + store %.2f + rest %.2f; mean "
-            "decode batch %.1f]\n",
+            "decode batch %.1f; %lld tokens sampled]\n",
             B, wall, s->decode_s, s->prefill_s, s->store_s,
             wall - s->decode_s - s->prefill_s - s->store_s,
-            s->decode_steps ? (double)s->decode_tokens / (double)s->decode_steps : 0.0);
+            s->decode_steps ? (double)s->decode_tokens / (double)s->decode_steps : 0.0,
+            (long long)s->decode_tokens);
     r.decode_rate = (double)s->decode_tokens / (cpu - s->prefill_cpu_s);
+    r.rest_share = (cpu - s->prefill_cpu_s - s->decode_cpu_s) / (cpu - s->prefill_cpu_s);
+    fprintf(stderr, "  [batch %d: CPU %.2f s = prefill forwards %.2f + decode forwards %.2f + the "
+                    "rest %.2f (%.1f %% of the decode side)]\n",
+            B, cpu, s->prefill_cpu_s, s->decode_cpu_s, cpu - s->prefill_cpu_s - s->decode_cpu_s,
+            100.0 * (cpu - s->prefill_cpu_s - s->decode_cpu_s) / (cpu - s->prefill_cpu_s));
     r.prefill_rate = (double)s->prefill_tokens / s->prefill_cpu_s;
     arl_rollout_worker_close(w);
     replay_store_close(st);
@@ -200,8 +240,8 @@ static rollout_run run_rollout(const char *ckpt, const char *dir, int B, int64_t
 
 /* The bare loop: B sequences with the rollout's token schedule - a prompt, then `turns` turns
  * of turn_tokens decode steps with sampling (timed), an observation of obs tokens prefilled
- * between turns (not timed) - so that both see the same context lengths. */
-static double run_bare(const arl_model_config *cfg, const arl_model_params *p, int B,
+ * between turns (not timed) - so that both see the same context lengths; `groups` passes. */
+static double run_bare(const arl_model_config *cfg, const arl_model_params *p, int B, int groups,
                        int64_t turn_tokens, int64_t turns, int64_t obs) {
     arl_model m;
     arl_model_opts mo;
@@ -220,29 +260,34 @@ static double run_bare(const arl_model_config *cfg, const arl_model_params *p, i
     float *logits = malloc(sizeof(float) * (size_t)B * (size_t)V);
     for (int64_t i = 0; i < obs + 32; i++) ot[i] = 'a' + (int32_t)(i % 26);
     arl_rng rng[64];
-    for (int b = 0; b < B; b++) {
-        DIE(arl_decode_state_join(&st, &slots[b]));
-        DIE(arl_model_prefill(&m, &st, slots[b], ot, 24, NULL, 0, NULL, logits + (int64_t)b * V));
-        arl_rng_seed_stream(&rng[b % 64], 1, (uint64_t)b);
-    }
     arl_sample_params sp = {.temperature = 1.0, .top_p = 1.0};
     double timed = 0;
-    for (int64_t turn = 0; turn < turns; turn++) {
-        double t0 = cpu_s();
-        for (int64_t k = 0; k < turn_tokens; k++) {
-            for (int b = 0; b < B; b++) {
-                float lp;
-                tok[b] = arl_sample(&smp, logits + (int64_t)b * V, &sp, &rng[b % 64], &lp, NULL);
-            }
-            DIE(arl_model_decode_step(&m, &st, slots, B, tok, logits, NULL));
+    for (int g = 0; g < groups; g++) {
+        for (int b = 0; b < B; b++) {
+            if (g > 0) arl_decode_state_leave(&st, slots[b]);
+            DIE(arl_decode_state_join(&st, &slots[b]));
+            DIE(arl_model_prefill(&m, &st, slots[b], ot, 24, NULL, 0, NULL,
+                                  logits + (int64_t)b * V));
+            arl_rng_seed_stream(&rng[b % 64], 1, (uint64_t)(g * B + b));
         }
-        timed += cpu_s() - t0;
-        if (turn + 1 < turns)
-            for (int b = 0; b < B; b++)
-                DIE(arl_model_prefill(&m, &st, slots[b], ot, obs + 32, NULL, 0, NULL,
-                                      logits + (int64_t)b * V));
+        for (int64_t turn = 0; turn < turns; turn++) {
+            double t0 = cpu_s();
+            for (int64_t k = 0; k < turn_tokens; k++) {
+                for (int b = 0; b < B; b++) {
+                    float lp;
+                    tok[b] = arl_sample(&smp, logits + (int64_t)b * V, &sp, &rng[b % 64], &lp,
+                                        NULL);
+                }
+                DIE(arl_model_decode_step(&m, &st, slots, B, tok, logits, NULL));
+            }
+            timed += cpu_s() - t0;
+            if (turn + 1 < turns)
+                for (int b = 0; b < B; b++)
+                    DIE(arl_model_prefill(&m, &st, slots[b], ot, obs + 32, NULL, 0, NULL,
+                                          logits + (int64_t)b * V));
+        }
     }
-    double rate = (double)(turns * turn_tokens * B) / timed;
+    double rate = (double)(groups * turns * turn_tokens * B) / timed;
     free(slots);
     free(tok);
     free(ot);
@@ -328,21 +373,72 @@ static void run_long(const arl_model_config *cfg, const arl_model_params *p, int
     arl_model_free(&m);
 }
 
+/* Make the checkpoint sample byte tokens only (see the header): the lm_head rows of ids >= 256
+ * (the template's special tokens) become zero, so their logits are 0, and the byte rows are
+ * scaled so that the byte logits have a standard deviation of 8 (measured over 64 decode steps
+ * of a sequence): the largest of 256 such logits is ~20 nats above 0, so a special token
+ * comes with probability ~128 e^-20 ~ 3e-7 per token.  The model's cost does not depend on
+ * the weights' values. */
+static void bytes_only(const arl_model_config *cfg, arl_model_params *p) {
+    const int64_t V = cfg->dims.V, d = cfg->dims.d, n = 64;
+    arl_model m;
+    arl_model_opts mo;
+    arl_model_opts_default(&mo);
+    mo.max_docs = 1;
+    mo.max_context = n + 16;
+    DIE(arl_model_init(&m, cfg, p, &mo));
+    arl_decode_state st;
+    DIE(arl_decode_state_init(&st, cfg, 1, mo.max_context));
+    int32_t slot, tok = 'a';
+    DIE(arl_decode_state_join(&st, &slot));
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    if (!logits) DIE(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
+    double s1 = 0, s2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        DIE(arl_model_decode_step(&m, &st, &slot, 1, &tok, logits, NULL));
+        for (int64_t v = 0; v < 256; v++) {
+            s1 += logits[v];
+            s2 += (double)logits[v] * logits[v];
+        }
+        tok = (int32_t)('a' + (i * 7) % 26);
+    }
+    double mean = s1 / (double)(n * 256), sd = sqrt(s2 / (double)(n * 256) - mean * mean);
+    float scale = (float)(8.0 / (sd > 1e-12 ? sd : 1e-12));
+    for (int64_t v = 0; v < V; v++)
+        for (int64_t j = 0; j < d; j++)
+            p->lm_head[v * d + j] = v < 256 ? p->lm_head[v * d + j] * scale : 0.0f;
+    free(logits);
+    arl_decode_state_free(&st);
+    arl_model_free(&m);
+}
+
 int main(int argc, char **argv) {
     const char *ckpt = NULL;
     int long_context = 0;
     int64_t mla_chunk = 1024, mla_topk = 4;
     int64_t turn_tokens = 128, turns = 3, obs_bytes = 1024;
-    int reps = 3, threads = 1;
+    int reps = 3, threads = 1, one_batch = 0, ragged = 0;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
             printf("usage: bench_rollout [--ckpt DIR] [--turn-tokens N] [--turns N] [--obs-bytes N] "
-                   "[--reps R] [--threads N] [--long-context] [--mla-chunk N] [--mla-topk K]\n");
+                   "[--reps R] [--threads N] [--batch B] [--only rollout|bare] [--quick] "
+                   "[--ragged] [--long-context] [--mla-chunk N] [--mla-topk K]\n");
             return 0;
         }
         if (!strcmp(a, "--long-context")) {
             long_context = 1;
+            continue;
+        }
+        if (!strcmp(a, "--quick")) {
+            turns = 2;
+            obs_bytes = 256;
+            reps = 2;
+            continue;
+        }
+        if (!strcmp(a, "--ragged")) {
+            ragged = 1;
             continue;
         }
         if (!v) {
@@ -357,6 +453,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--mla-chunk")) mla_chunk = atoll(v);
         else if (!strcmp(a, "--mla-topk")) mla_topk = atoll(v);
+        else if (!strcmp(a, "--batch")) one_batch = atoi(v);
+        else if (!strcmp(a, "--only")) only = v;
         else {
             fprintf(stderr, "bench_rollout: unknown option %s\n", a);
             return 2;
@@ -369,6 +467,11 @@ int main(int argc, char **argv) {
     }
     if (mla_chunk < 1 || mla_topk < 1) {
         fprintf(stderr, "bench_rollout: bad --mla-chunk or --mla-topk\n");
+        return 2;
+    }
+    if (one_batch < 0 || one_batch > 4096 ||
+        (only && strcmp(only, "rollout") && strcmp(only, "bare"))) {
+        fprintf(stderr, "bench_rollout: bad --batch or --only\n");
         return 2;
     }
     if (threads < 1 || threads > 256) {
@@ -387,6 +490,7 @@ int main(int argc, char **argv) {
         DIE(arl_model_config_load("tiny", &cfg));
         DIE(arl_model_params_alloc(&p, &cfg));
         DIE(arl_params_init(&p, &cfg, 1, 1));
+        if (!ragged) bytes_only(&cfg, &p);
         DIE(arl_checkpoint_save(ck, &cfg, &p, 0));
         ckpt = ck;
     } else {
@@ -395,27 +499,55 @@ int main(int argc, char **argv) {
         DIE(arl_checkpoint_load(ckpt, &cfg, &p));
     }
     printf("bench_rollout: %s, turns of %lld tokens, %lld turns, observations of %lld tokens, "
-           "median of %d, %d thread(s), tokens per CPU second\n\n",
-           ckpt, (long long)turn_tokens, (long long)turns, (long long)obs_bytes, reps, threads);
-    printf("decode tokens/s          rollout       bare    overhead  target\n");
-    const int batches[3] = {1, 16, 64};
+           "median of %d, %d thread(s), tokens per CPU second; %s\n\n",
+           ckpt, (long long)turn_tokens, (long long)turns, (long long)obs_bytes, reps, threads,
+           ragged ? "random checkpoint (ragged turns)"
+                  : "byte-only checkpoint (every turn runs to the cap on both sides)");
+    printf("decode tokens/s          rollout       bare    overhead  target    spread of the "
+           "overhead   machinery share\n");
+    int batches[3] = {1, 16, 64}, n_batches = 3;
+    if (one_batch) {
+        batches[0] = one_batch;
+        n_batches = 1;
+    }
+    const int do_rollout = !only || !strcmp(only, "rollout"), do_bare = !only || !strcmp(only, "bare");
     double pf[3 * 50];
     int npf = 0;
-    for (int bi = 0; bi < 3; bi++) {
-        int B = batches[bi];
-        double r[50], b[50];
+    for (int bi = 0; bi < n_batches; bi++) {
+        int B = batches[bi], groups = B < 16 ? (16 + B - 1) / B : 1;
+        double r[50] = {0}, b[50] = {0}, ov[50] = {0}, sh[50] = {0};
         for (int rep = 0; rep < reps; rep++) { /* interleaved: both see the same load */
-            rollout_run rr = run_rollout(ckpt, dir, B, turn_tokens, turns, obs_bytes, rep);
-            r[rep] = rr.decode_rate;
-            pf[npf++] = rr.prefill_rate;
-            b[rep] = run_bare(&cfg, &p, B, turn_tokens, turns, obs_bytes);
+            if (do_rollout) {
+                rollout_run rr =
+                    run_rollout(ckpt, dir, B, groups, turn_tokens, turns, obs_bytes, rep);
+                if (!ragged && rr.tokens != (int64_t)groups * B * turns * turn_tokens)
+                    fprintf(stderr, "bench_rollout: warning: the worker sampled %lld tokens, the "
+                                    "bare loop %lld (a turn stopped early: not the same "
+                                    "schedule)\n",
+                            (long long)rr.tokens, (long long)groups * B * turns * turn_tokens);
+                r[rep] = rr.decode_rate;
+                sh[rep] = rr.rest_share;
+                pf[npf++] = rr.prefill_rate;
+            }
+            if (do_bare) b[rep] = run_bare(&cfg, &p, B, groups, turn_tokens, turns, obs_bytes);
+            if (do_rollout && do_bare) ov[rep] = b[rep] / r[rep] - 1.0;
+            if (do_rollout && do_bare)
+                fprintf(stderr, "  [batch %d rep %d: rollout %.0f, bare %.0f tok/s, overhead %.1f %%]\n",
+                        B, rep, r[rep], b[rep], 100.0 * (b[rep] / r[rep] - 1.0));
         }
         double mr = median(r, reps), mb = median(b, reps);
-        double over = mb / mr - 1.0;
-        printf("  batch %-3d          %10.0f %10.0f %10.1f %%   <= 15 %% %s\n", B, mr, mb,
-               100.0 * over, over <= 0.15 ? "" : "(over)");
+        double over = mr > 0 && mb > 0 ? mb / mr - 1.0 : 0.0;
+        double msh = median(sh, reps);
+        qsort(ov, (size_t)reps, sizeof *ov, cmp_d);
+        printf("  batch %-3d          %10.0f %10.0f %10.1f %%   <= 15 %% %-6s [%5.1f, %5.1f] %%"
+               "     %5.1f %%\n",
+               B, mr, mb, 100.0 * over, over <= 0.15 ? "" : "(over)", 100.0 * ov[0],
+               100.0 * ov[reps - 1], 100.0 * msh);
+        fflush(stdout);
     }
+
     double bp[50];
+    if (only) goto long_ctx; /* profiling one side: no prefill comparison */
     /* the rollout's observations arrive after the prompt and earlier turns: on average about
      * (turns - 1) / 2 observations and turns of context */
     int64_t ctx = 24 + (turns - 1) * (turn_tokens + obs_bytes + 32) / 2;
@@ -423,8 +555,9 @@ int main(int argc, char **argv) {
     printf("\nprefill tokens/s of observations (%lld tokens each, bare after %lld tokens of "
            "context)\n",
            (long long)obs_bytes, (long long)ctx);
-    printf("  rollout (batched observations)  %10.0f\n", median(pf, npf));
+    printf("  rollout (batched observations)  %10.0f\n", npf ? median(pf, npf) : 0.0);
     printf("  bare arl_model_prefill          %10.0f\n", median(bp, reps));
+long_ctx:
     if (long_context) {
         printf("\nlong context, block-sparse MLA (chunks of %lld, top %lld): tokens/s of one "
                "sequence\n  context      prefill     decode\n",

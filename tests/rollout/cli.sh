@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/rollout/cli.sh: `agentrl rollout` end to end on the calculator built-in, then the store's
 # own checks: `agentrl replay verify` (exit 0), `agentrl replay rescore` (every action token's
-# behaviour log-probability recomputed from the cached states within 1e-3 nats: fp32 rounding
+# behaviour log-probability recomputed from the cached states - state_cache all keeps those of
+# finished trajectories - within 1e-3 nats: fp32 rounding
 # of other batch compositions, spec/policy.md 16.4), `agentrl replay fork`, a restart on the same
 # shard that finds nothing left to do, and usage errors (exit 2).
 set -u
@@ -14,7 +15,7 @@ cat > "$T/exp.json" <<'JSON'
 {"learner": {"ignored": "by rollout"},
  "rollout": {"env": "calculator", "group_size": 2, "turn_tokens": 24, "segment_tokens": 1024,
              "observation_tokens": 512, "context_tokens": 4096, "trajectory_tokens": 4096,
-             "max_turns": 3, "batch_size": 4, "progress_s": 0}}
+             "max_turns": 3, "batch_size": 4, "progress_s": 0, "state_cache": "all"}}
 JSON
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --shard 1 > "$T/out" 2> "$T/err" \
     || { cat "$T/err"; fail "rollout"; }

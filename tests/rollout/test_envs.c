@@ -2,7 +2,8 @@
  * (calculator, needle, kvstore, shapes with images through the vision front end); each store
  * verifies, and every stored action token's behaviour log-probability is recomputed from the
  * cached boundary states under the same checkpoint (the re-scoring check of spec/replay.md
- * 13.6), which also proves the cached states are the states the rollout had. */
+ * 13.6), which also proves the cached states are the states the rollout had (state-cache all:
+ * the default, last, deletes a trajectory's states when it ends). */
 #include "tests/rollout/helpers.h"
 
 static char ckpt[600], tmp[512];
@@ -18,6 +19,7 @@ static void run_env(const char *env, const char *options, int64_t tasks, int64_t
     c.group_size = G;
     c.segment_tokens = L_seg;
     if (options) h_set(&c, "env-options", options);
+    h_set(&c, "state-cache", "all"); /* the finished trajectories re-score from their states */
     replay_store *st = h_store(db);
     arl_rollout_worker *w;
     H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "open");

@@ -5,7 +5,13 @@
  * verifies; re-scoring gives the parent and its forks the same log-probabilities on the shared
  * prefix; and every fork token re-scores to its stored behaviour log-probability both from the
  * cached boundary state and from a prefix recomputed from scratch, so the state the fork started
- * from is the state the parent had. */
+ * from is the state the parent had.
+ *
+ * Images (shapes, test_fork_images): the prefix of a fork holds image placeholders whose PNGs
+ * are in the parent's file, not the fork's.  With no cached state at all (state-cache off) the
+ * fork must recompute its prefix, images included, from the parent's stored observations
+ * (rollout/media.c) to continue, and re-scoring the fork from the store alone compares every
+ * segment, the prefix's included (none skipped), within the tolerance of helpers.h. */
 #include "tests/rollout/helpers.h"
 
 static char ckpt[600], tmp[512];
@@ -19,6 +25,7 @@ static void test_fork(void) {
     c.group_size = 1;
     c.segment_tokens = 900;
     c.max_turns = 6;
+    h_set(&c, "state-cache", "all"); /* the finished parent keeps its boundary states */
     replay_store *st = h_store(db);
     arl_rollout_worker *w;
     H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "open");
@@ -77,10 +84,65 @@ static void test_fork(void) {
     arl_rollout_config_free(&c);
 }
 
+static void test_fork_images(void) {
+    char db[700];
+    snprintf(db, sizeof db, "%s/db-shapes", tmp);
+    arl_rollout_config c;
+    h_config(&c, "builtin:shapes");
+    c.tasks = 1;
+    c.group_size = 1;
+    h_set(&c, "state-cache", "off"); /* the fork recomputes its prefix from the store */
+    replay_store *st = h_store(db);
+    arl_rollout_worker *w;
+    H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "open");
+    H_DIE(arl_rollout_worker_run(w), "run");
+    arl_rollout_worker_close(w);
+    const char *parent = "rollout/g000000/r0";
+    replay_traj_row pr;
+    H_DIE(replay_traj_get(st, parent, &pr), "parent");
+    replay_seg_ref *refs;
+    size_t nref;
+    H_DIE(replay_traj_segments(st, pr.traj_id, &refs, &nref), "segments");
+    int32_t at = -1; /* the first token_budget boundary */
+    for (size_t i = 0; i + 1 < nref && at < 0; i++)
+        if (!strcmp(refs[i].end_cause, "token_budget")) at = (int32_t)i;
+    free(refs);
+    CHECK_MSG(at >= 0, "%s has no token_budget boundary to fork at", parent);
+    if (at < 0) return;
+    char uids[2][REPLAY_UID_MAX + 1];
+    arl_rollout_stats fs;
+    c.seed = 99;
+    H_DIE(arl_rollout_fork(&c, ckpt, st, parent, at + 1, 2, NULL, uids, &fs), "fork");
+    arl_rollout_stats_print(&fs, stderr);
+    CHECK_EQ_INT(fs.trajectories, 2);
+    CHECK_EQ_INT(fs.masked, 0); /* before: RESUME_IMPOSSIBLE, the prefix images not found */
+    replay_store_close(st);
+    st = h_store(db);
+    CHECK_EQ_INT(h_verify(st), 0);
+    for (int i = 0; i < 2; i++) {
+        arl_rollout_rescore_opts o = {.ckpt_dir = ckpt, .version = -1};
+        arl_rollout_rescore_stats rs;
+        H_DIE(arl_rollout_rescore(st, uids[i], &o, &rs, NULL, NULL, NULL), "rescore fork");
+        fprintf(stderr,
+                "  rescore %s from the store alone: %lld segments, %lld skipped, %lld image "
+                "placeholders rebuilt, %lld action tokens, max |diff| %.3g\n",
+                uids[i], (long long)rs.segments, (long long)rs.skipped, (long long)rs.images,
+                (long long)rs.action_tokens, rs.max_abs);
+        CHECK(rs.images > 0);
+        CHECK_EQ_INT(rs.skipped, 0);
+        CHECK(rs.segments >= at + 2); /* the prefix and the fork's own segments */
+        CHECK(rs.action_tokens > 0);
+        CHECK_MSG(rs.max_abs < 1e-3, "%s: max |l - l_mu| = %g", uids[i], rs.max_abs);
+    }
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-fork"));
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
     h_make_ckpt(ckpt, NULL, 3);
     TEST_RUN(test_fork);
+    TEST_RUN(test_fork_images);
     return test_finish();
 }
