@@ -12,7 +12,9 @@
 # Build: the normal CMake build of the project (Release, CUDA found).  If configuring fails
 # (the machine lacks a CPU-side dependency such as jansson or OpenBLAS), bench_gpu alone is
 # compiled with nvcc from kernels/cuda/*.cu and core/{status,rng}.c (the tests then cannot run).
-# Output: each measurement, then a summary of ratios against the in-run baselines.
+# Output: each measurement, then a summary of ratios against the in-run baselines.  After
+# bench_gpu, bench_gpu_model (bench/gpu/bench_model.c) times the mini config's whole forward on
+# the GPU (policy/model_device.h) and reports its MFU against the in-run cuBLAS bf16 rate.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD:-$root/build-gpu}
@@ -65,7 +67,8 @@ rc=0
 if [ "$tests" = 1 ]; then
     echo "== parity tests (ctest -L gpu)"
     cmake --build "$build" --target test_cuda_ops test_cuda_model_ops test_cuda_nccl \
-        test_cuda_select -j"$jobs" >>"$logs/build.log" 2>&1 || { echo "test build failed"; rc=1; }
+        test_cuda_select test_cuda_model_device test_cuda_model_device_cpu -j"$jobs" \
+        >>"$logs/build.log" 2>&1 || { echo "test build failed"; rc=1; }
     (cd "$build" && ctest -L gpu --output-on-failure --timeout 120) || rc=1
 fi
 
@@ -78,6 +81,16 @@ if [ "$brc" = 77 ]; then
     exit 77
 fi
 [ "$brc" = 0 ] || { echo "bench_gpu exited $brc"; rc=1; }
+
+# the whole-model forward (policy/model_device.h) of the mini config vs the in-run cuBLAS rate
+echo "== bench_gpu_model $quick"
+if [ -x "$build/bench/gpu/bench_gpu_model" ] ||
+    cmake --build "$build" --target bench_gpu_model -j"$jobs" >>"$logs/build.log" 2>&1; then
+    ARL_SOURCE_DIR="$root" timeout 120 "$build/bench/gpu/bench_gpu_model" $quick | tee -a "$res" ||
+        { echo "bench_gpu_model failed"; rc=1; }
+else
+    echo "RESULT model_skip=bench_gpu_model_not_built" | tee -a "$res"
+fi
 
 py=""
 for p in ${PYTHON:-} python3 /usr/bin/python3; do
@@ -108,7 +121,11 @@ END {
         printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", sprintf("%.3f (%.2f vs %.1f TFLOP/s)", v["mla_tflops"] / v["torch_sdpa_tflops"], v["mla_tflops"], v["torch_sdpa_tflops"])
     else
         printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", "not measured (" v["torch_skip"] "); MLA " v["mla_tflops"] " TFLOP/s"
-    printf f, "training step MFU of the mini config (>= 25%)", "not measured (policy not on the CUDA backend yet)"
+    if (v["model_fwd_bf16_mfu"] != "")
+        printf f, "mini forward MFU vs in-run cuBLAS bf16 (step target >= 25%)", sprintf("%.1f%% bf16 weights (%s ms), %.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP", 100 * v["model_fwd_bf16w_mfu"], v["model_fwd_bf16w_ms"], 100 * v["model_fwd_bf16_mfu"], v["model_fwd_bf16_ms"], 100 * v["model_fwd_tf32_mfu"], v["model_fwd_tf32_ms"], v["model_fwd_gflop"])
+    else
+        printf f, "mini forward MFU vs in-run cuBLAS bf16", "not measured (" v["model_skip"] ")"
+    printf f, "training step MFU of the mini config (>= 25%)", "not measured (backward not on the device yet; forward MFU above)"
 }' "$res"
 echo "(logs and raw results: $logs)"
 exit $rc

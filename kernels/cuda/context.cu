@@ -101,6 +101,10 @@ extern "C" void arl_cuda_set_math(arl_cuda_ctx *ctx, arl_cuda_math math) {
     ctx->math = math;
 }
 
+extern "C" arl_cuda_math arl_cuda_get_math(const arl_cuda_ctx *ctx) {
+    return ctx->math;
+}
+
 static size_t round_up(size_t x) {
     return (x + ALIGN - 1) / ALIGN * ALIGN;
 }

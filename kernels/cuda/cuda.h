@@ -101,6 +101,7 @@ void arl_cuda_make_current(arl_cuda_ctx *ctx);
 arl_status arl_cuda_default(arl_cuda_ctx **out);
 
 void arl_cuda_set_math(arl_cuda_ctx *ctx, arl_cuda_math math);
+arl_cuda_math arl_cuda_get_math(const arl_cuda_ctx *ctx);
 
 /* The context's stream as a cudaStream_t (void * so C callers need no CUDA headers). */
 void *arl_cuda_stream(arl_cuda_ctx *ctx);

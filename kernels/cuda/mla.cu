@@ -22,6 +22,7 @@ typedef struct attn_args {
     const int32_t *cu; /* expanded: documents; absorbed: NULL */
     int32_t N;
     int64_t Tq, Hm, pos0;
+    const int64_t *pos_dev; /* absorbed: pos0 read from device memory (graph replays), or NULL */
     int32_t absorbed;
     float scale;
 } attn_args;
@@ -53,7 +54,7 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
     int64_t lo, hi;
     if (A.absorbed) {
         lo = 0;
-        hi = A.pos0 + i;
+        hi = (A.pos_dev ? *A.pos_dev : A.pos0) + i;
     } else {
         lo = first_key(A.cu, A.N, i);
         hi = i;
@@ -169,6 +170,34 @@ extern "C" void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const
     A.N = 1;
     A.scale = scale;
     attn_launch(&A, "mla_absorbed_attn");
+}
+
+/* The same with pos0 read from device memory when the kernel runs, so that a captured CUDA
+ * graph replays correctly while the position advances. */
+extern "C" void arl_cuda_mla_absorbed_attn_dpos(float *ohat, const float *qhat, const float *q_pe,
+                                                const float *cache, const int64_t *pos_dev,
+                                                int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
+                                                float scale) {
+    attn_args A = {};
+    A.qa = qhat;
+    A.qb = q_pe;
+    A.nA = rkv;
+    A.nB = r;
+    A.ka = cache;
+    A.ka_tok = rkv + r;
+    A.kb = cache + rkv;
+    A.kb_tok = rkv + r;
+    A.vp = cache;
+    A.v_tok = rkv + r;
+    A.nv = rkv;
+    A.o = ohat;
+    A.Tq = Tq;
+    A.Hm = Hm;
+    A.pos_dev = pos_dev;
+    A.absorbed = 1;
+    A.N = 1;
+    A.scale = scale;
+    attn_launch(&A, "mla_absorbed_attn_dpos");
 }
 
 /* ======================= backward (expanded form, spec 4.3) ============================== */

@@ -123,6 +123,12 @@ void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const float *q_p
                                 const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
                                 int64_t rkv, int64_t r, float scale);
 
+/* arl_cuda_mla_absorbed_attn with pos0 = *pos_dev read from device memory when the kernel
+ * runs (CUDA-graph replays of decode steps, where the position advances between replays). */
+void arl_cuda_mla_absorbed_attn_dpos(float *ohat, const float *qhat, const float *q_pe,
+                                     const float *cache, const int64_t *pos_dev, int64_t Tq,
+                                     int64_t Hm, int64_t rkv, int64_t r, float scale);
+
 /* ======================= AttnRes mix (policy/attnres.h) =================================== */
 
 #define ARL_CUDA_ATTNRES_MAX 64
@@ -229,6 +235,32 @@ typedef struct arl_cuda_adamw_hp {
  * contiguous range with the same decay rule.  hp is a host struct (copied). */
 void arl_cuda_adamw_step(float *p, float *m, float *v, const float *g, int64_t n,
                          int32_t apply_decay, const arl_cuda_adamw_hp *hp);
+
+/* ======================= whole-model glue (kernels/cuda/model.cu) ======================== */
+
+/* dst rows (rows, cols) with leading dimension ldd = src rows with leading dimension lds
+ * (head splits of the MLA projections; policy/model_device.c). */
+void arl_cuda_copy_rows(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                        int64_t cols);
+/* x (T, d) = table rows of tokens (T) (device int32); an id outside [0, V) gives zeros and
+ * makes arl_cuda_sync return ARL_ERR_RANGE (callers check ids on the host first). */
+void arl_cuda_embed(float *x, const float *table, const int32_t *tokens, int64_t T, int64_t d,
+                    int64_t V);
+/* arl_kda_gate_k3_fwd / arl_kda_gate_softplus_fwd (policy/kda.h) on the device, fp32. */
+void arl_cuda_kda_gate_k3_fwd(float *g, const float *f, const float *A_log, const float *dt_bias,
+                              int64_t T, int64_t H, int64_t dk, float g_min);
+void arl_cuda_kda_gate_softplus_fwd(float *g, const float *f, const float *A_log,
+                                    const float *dt_bias, int64_t T, int64_t H, int64_t dk);
+/* cache rows [*pos_dev, *pos_dev + n) (R wide) = rows (n, R); the position is read from
+ * device memory when the kernel runs (graph replays). */
+void arl_cuda_cache_append_dpos(float *cache, const int64_t *pos_dev, const float *rows, int64_t n,
+                                int64_t R);
+/* arl_kda_conv_tail (policy/kda.h) on the device; tail_out must not alias tail_in. */
+void arl_cuda_kda_conv_tail(float *tail_out, const float *x, int64_t n, const float *tail_in,
+                            int64_t C, int64_t W);
+/* arl_kda_onorm_fwd (policy/kda.h) on the device: row statistics in double, rstd (n) or NULL. */
+void arl_cuda_kda_onorm_fwd(float *ob, float *rstd, const float *o, const float *gam,
+                            const float *w, int64_t n, int64_t dv, float eps);
 
 #ifdef __cplusplus
 }

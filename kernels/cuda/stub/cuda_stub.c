@@ -53,6 +53,11 @@ void arl_cuda_set_math(arl_cuda_ctx *ctx, arl_cuda_math m) {
     (void)m;
     NO_CTX;
 }
+arl_cuda_math arl_cuda_get_math(const arl_cuda_ctx *ctx) {
+    (void)ctx;
+    NO_CTX;
+    return ARL_CUDA_MATH_FP32;
+}
 void *arl_cuda_stream(arl_cuda_ctx *ctx) {
     (void)ctx;
     NO_CTX;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -256,10 +257,19 @@ static inline cublasStatus_t emu_gemm(int ta, int tb, int m, int n, int k, const
         }
     return CUBLAS_STATUS_SUCCESS;
 }
+/* During a stream capture the GEMM is recorded (scalars by value) and runs at the replay,
+ * like a kernel launch; otherwise it runs now. */
 static inline cublasStatus_t cublasGemmEx(cublasHandle_t, int ta, int tb, int m, int n, int k,
                                           const float *alpha, const void *A, int at, int lda,
                                           const void *B, int bt, int ldb, const float *beta,
                                           void *C, int ct, int ldc, int, int) {
+    if (emu_capture) {
+        float al = *alpha, be = *beta;
+        emu_launch(dim3(1), dim3(1), 0, [=] {
+            emu_gemm(ta, tb, m, n, k, &al, A, at, lda, B, bt, ldb, &be, (float *)C, ldc);
+        });
+        return CUBLAS_STATUS_SUCCESS;
+    }
     return emu_gemm(ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, (float *)C, ldc);
 }
 static inline cublasStatus_t
@@ -267,6 +277,15 @@ cublasGemmStridedBatchedEx(cublasHandle_t, int ta, int tb, int m, int n, int k, 
                            const void *A, int at, int lda, long long sA, const void *B, int bt,
                            int ldb, long long sB, const float *beta, void *C, int ct, int ldc,
                            long long sC, int batch, int, int) {
+    if (emu_capture) {
+        float al = *alpha, be = *beta;
+        emu_launch(dim3(1), dim3(1), 0, [=] {
+            for (int b = 0; b < batch; b++)
+                emu_gemm(ta, tb, m, n, k, &al, (const float *)A + b * sA, at, lda,
+                         (const float *)B + b * sB, bt, ldb, &be, (float *)C + b * sC, ldc);
+        });
+        return CUBLAS_STATUS_SUCCESS;
+    }
     for (int b = 0; b < batch; b++)
         emu_gemm(ta, tb, m, n, k, alpha, (const float *)A + b * sA, at, lda,
                  (const float *)B + b * sB, bt, ldb, beta, (float *)C + b * sC, ldc);

@@ -5,7 +5,8 @@
   kernels/cuda/internal.cuh becomes the rewritten internal_emu.h;
 - `extern __shared__ float sm[];` becomes a pointer to the emulated block's shared memory;
 - every launch `kern<<<grid, block, smem, stream>>>(args);` becomes
-  `emu_launch(dim3(grid), dim3(block), smem, [=] { kern(args); });`.
+  `emu_launch(dim3(grid), dim3(block), smem, [a = make_tuple(args)] { apply(kern, a); });`
+  (arguments evaluated at the launch, as CUDA does: graph replays see the launch's values).
 Only the text the backend actually uses is handled; this is a test tool, not a CUDA parser.
 """
 import re
@@ -45,10 +46,14 @@ def split_top(cfg):
 
 def launch(m):
     name, cfg, args = m.group(1), m.group(2), m.group(3)
+    args = re.sub(r"\bNULL\b", "nullptr", args)  # a tuple keeps nullptr convertible
     p = split_top(cfg)
     smem = p[2] if len(p) > 2 else "0"
-    return "emu_launch(dim3(%s), dim3(%s), (size_t)(%s), [=] { %s(%s); });" % (
-        p[0], p[1], smem, name, args)
+    # the arguments are evaluated at the launch (as CUDA copies them), not when the emulated
+    # kernel runs: a graph replay must not read the launcher's (dead) locals
+    return ("emu_launch(dim3(%s), dim3(%s), (size_t)(%s), "
+            "[emu_args_ = std::make_tuple(%s)] { std::apply(%s, emu_args_); });" % (
+                p[0], p[1], smem, args, name))
 
 
 src = re.sub(r"([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);", launch, src, flags=re.S)

@@ -42,11 +42,23 @@ done
 g++ -std=c++17 $flags -w -I"$emu" -c "$emu/emu_rt.cpp" -o "$work/emu_rt.o"
 libs="$build/libarl_policy.a $build/libarl_kernels.a $build/libarl_core.a"
 extra=$(pkg-config --libs openblas jansson 2>/dev/null || echo "-lopenblas -ljansson")
+# the C side of arl_cuda (backend selection) and the golden-weights reader of the model test
+for c in "$root"/kernels/cuda/*.c; do
+    gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$c" -o "$work/$(basename "$c" .c)_c.o"
+    objs="$objs $work/$(basename "$c" .c)_c.o"
+done
+gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/golden/golden.c" -o "$work/golden.o"
 rc=0
-for t in test_ops test_model_ops; do
+# EMU_TESTS: the tests to run (default all); test_model_device runs the whole tiny-model
+# forward, prefill and decode steps of policy/model_device.c with every kernel emulated
+# ("cuda-emu": the fp32 cases, not the bf16 one; ~10 forwards, several minutes).
+for t in ${EMU_TESTS:-test_ops test_model_ops test_model_device}; do
     gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/cuda/$t.c" -o "$work/$t.o"
-    g++ $flags -o "$work/$t" "$work/$t.o" $objs "$work/emu_rt.o" $libs $extra -lpthread -lm
+    g++ $flags -o "$work/$t" "$work/$t.o" "$work/golden.o" $objs "$work/emu_rt.o" $libs $extra \
+        -lpthread -lm
     echo "== $t (emulated)"
-    "$work/$t" || rc=1
+    arg=""
+    [ "$t" = test_model_device ] && arg=cuda-emu
+    "$work/$t" $arg || rc=1
 done
 exit $rc

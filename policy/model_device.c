@@ -1,0 +1,1107 @@
+/* policy/model_device.c: the policy forward over the backend tables (see
+ * policy/model_device.h), and the host ops table.
+ *
+ * Reading order: the host ops (thin wrappers of the policy/ functions, plus the routed
+ * experts of policy/moe.c line by line), the workspace layout, init, the sublayers, then
+ * dev_run, which mirrors policy/model.c model_run op by op (fresh documents or documents
+ * continuing decode-state slots): the KDA mixer of policy/kda_layer.c, the MLA mixer of
+ * policy/mla_layer.c (expanded form for fresh documents, absorbed over the caches otherwise),
+ * the FFNs of policy/moe.c.  Keep the two in step: the cpu-device test compares them bit for
+ * bit.  A decode step with decode_graphs replays a CUDA graph of the whole step (dev_run
+ * captures it on the first step of a slot set; the two ops that read positions then read
+ * them from device memory).
+ */
+#include "policy/model_device.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/assert.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/kernels.h"
+#include "policy/attnres.h"
+#include "policy/kda.h"
+#include "policy/mla.h"
+#include "policy/router.h"
+
+/* ======================= host ops ======================================================== */
+
+static const arl_k_backend *cpu_backend(void) {
+    return arl_k_backend_cpu();
+}
+
+static arl_status cpu_alloc(size_t bytes, const char *what, void **out, size_t *token) {
+    *token = 0;
+    *out = NULL;
+    size_t n = (bytes + 63) & ~(size_t)63;
+    *out = aligned_alloc(64, n ? n : 64);
+    if (!*out)
+        return arl_errorf(ARL_ERR_NOMEM, "model (cpu device): cannot allocate %zu bytes for %s",
+                          bytes, what);
+    return ARL_OK;
+}
+static void cpu_free(void *p, size_t token) {
+    (void)token;
+    free(p);
+}
+static arl_status cpu_copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+    return ARL_OK;
+}
+static arl_status cpu_sync(void) {
+    return ARL_OK;
+}
+static void cpu_copy_rows(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                          int64_t cols) {
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + r * ldd, src + r * lds, sizeof(float) * (size_t)cols);
+}
+static void cpu_embed(float *x, const float *table, const int32_t *tokens, int64_t T, int64_t d,
+                      int64_t V) {
+    (void)V;
+    for (int64_t t = 0; t < T; t++)
+        memcpy(x + t * d, table + (int64_t)tokens[t] * d, sizeof(float) * (size_t)d);
+}
+static int64_t cpu_kda_chunk_ws(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
+                                int64_t C) {
+    (void)T, (void)N;
+    return arl_kda_chunk_ws_floats(H, dk, dv, C);
+}
+static int64_t cpu_absorbed_ws(int64_t S, int64_t rkv, int64_t r) {
+    return arl_mla_absorbed_ws_floats(S, rkv, r, 0);
+}
+static void cpu_absorbed_attn(float *ohat, const float *qhat, const float *q_pe, const float *cache,
+                              int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
+                              float scale, float *ws) {
+    arl_mla_absorbed_attn(ohat, NULL, 0, qhat, q_pe, cache, pos0, Tq, Hm, rkv, r, scale, 0, 0, ws);
+}
+static void cpu_router_fwd(int32_t *sel, float *p, float *s, const float *x, const float *W_r,
+                           const float *bias, const int32_t *forced, int64_t T, int64_t d,
+                           int64_t E, int64_t k, float rho, float *ws) {
+    arl_status st = arl_router_fwd(sel, p, s, x, W_r, bias, forced, T, d, E, k, rho, ws);
+    ARL_ASSERT(st == ARL_OK); /* forced routes are checked before the forward */
+}
+
+/* The routed experts exactly as policy/moe.c runs them: count, gather by expert, one GLU per
+ * expert with its own GEMMs, weighted sum in slot order. */
+/* n floats at base + *used (NULL when only sizing); *used advances to an aligned end. */
+static float *take_f(float *base, int64_t *used, int64_t n) {
+    float *p = base ? base + *used : NULL;
+    *used += (n + 15) & ~(int64_t)15;
+    return p;
+}
+
+typedef struct cpu_moe_bufs {
+    int64_t *start; /* (E + 1) */
+    int64_t *fill;  /* (E) */
+    int64_t *row;   /* (T*k) */
+    float *zg;      /* (T*k, dz) */
+    float *gu;      /* (T*k, 2f) */
+    float *h;       /* (T*k, f) */
+    float *yg;      /* (T*k, dz) */
+} cpu_moe_bufs;
+
+static int64_t cpu_moe_layout(cpu_moe_bufs *B, float *base, int64_t T, int64_t k, int64_t E,
+                              int64_t dz, int64_t f) {
+    int64_t used = 0, Tk = T * k;
+    B->start = (int64_t *)take_f(base, &used, 2 * (E + 1));
+    B->fill = (int64_t *)take_f(base, &used, 2 * E);
+    B->row = (int64_t *)take_f(base, &used, 2 * Tk);
+    B->zg = take_f(base, &used, Tk * dz);
+    B->gu = take_f(base, &used, Tk * 2 * f);
+    B->h = take_f(base, &used, Tk * f);
+    B->yg = take_f(base, &used, Tk * dz);
+    return used;
+}
+
+static int64_t cpu_moe_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
+    cpu_moe_bufs B;
+    return cpu_moe_layout(&B, NULL, T, k, E, dz, f);
+}
+
+static void cpu_moe_experts_fwd(float *u, const float *z, const int32_t *sel, const float *pw,
+                                const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
+                                const uint16_t *const *banks, float *ws) {
+    ARL_ASSERT(!banks); /* no bf16 weights on the host */
+    const int64_t E = c->E, k = c->k, dz = c->dz, f = c->f;
+    cpu_moe_bufs B;
+    cpu_moe_layout(&B, ws, T, k, E, dz, f);
+    for (int64_t e = 0; e <= E; e++)
+        B.start[e] = 0;
+    for (int64_t i = 0; i < T * k; i++)
+        B.start[sel[i] + 1]++;
+    for (int64_t e = 0; e < E; e++) {
+        B.start[e + 1] += B.start[e];
+        B.fill[e] = B.start[e];
+    }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t r = B.fill[sel[t * k + j]]++;
+            B.row[t * k + j] = r;
+            memcpy(B.zg + r * dz, z + t * dz, sizeof(float) * (size_t)dz);
+        }
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = B.start[e], ne = B.start[e + 1] - r0;
+        if (ne == 0) continue;
+        float *gu = B.gu + r0 * 2 * f, *h = B.h + r0 * f;
+        const float *x = B.zg + r0 * dz;
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, f, dz, 1.0f, x, dz, p->w1 + e * f * dz, dz, 0.0f,
+                   gu, 2 * f);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, f, dz, 1.0f, x, dz, p->w3 + e * f * dz, dz, 0.0f,
+                   gu + f, 2 * f);
+        arl_glu_act_fwd(&c->act, h, gu, gu + f, ne, f, 2 * f);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, dz, f, 1.0f, h, f, p->w2 + e * dz * f, f, 0.0f,
+                   B.yg + r0 * dz, dz);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        float *ut = u + t * dz;
+        for (int64_t i = 0; i < dz; i++)
+            ut[i] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            float pj = pw[t * k + j];
+            const float *yr = B.yg + B.row[t * k + j] * dz;
+            for (int64_t i = 0; i < dz; i++)
+                ut[i] += pj * yr[i];
+        }
+    }
+}
+
+static const arl_dev_ops cpu_ops = {
+    .name = "cpu",
+    .backend = cpu_backend,
+    .mem_alloc = cpu_alloc,
+    .mem_free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .copy_rows = cpu_copy_rows,
+    .embed = cpu_embed,
+    .kda_conv_fwd = arl_kda_conv_fwd,
+    .kda_gate_k3_fwd = arl_kda_gate_k3_fwd,
+    .kda_gate_softplus_fwd = arl_kda_gate_softplus_fwd,
+    .kda_conv_tail = arl_kda_conv_tail,
+    .kda_onorm_fwd = arl_kda_onorm_fwd,
+    .kda_chunk_ws_floats = cpu_kda_chunk_ws,
+    .kda_chunk_fwd = arl_kda_chunk_fwd,
+    .kda_recurrent_fwd = arl_kda_recurrent_fwd,
+    .mla_attn_ws_floats = arl_mla_attn_ws_floats,
+    .mla_attn_fwd = arl_mla_attn_fwd,
+    .mla_absorbed_ws_floats = cpu_absorbed_ws,
+    .mla_absorbed_attn = cpu_absorbed_attn,
+    .attnres_mix_fwd = arl_attnres_mix_fwd,
+    .router_ws_floats = arl_router_ws_floats,
+    .router_fwd = cpu_router_fwd,
+    .moe_experts_ws_floats = cpu_moe_ws,
+    .moe_experts_fwd = cpu_moe_experts_fwd,
+};
+
+const arl_dev_ops *arl_dev_ops_cpu(void) {
+    return &cpu_ops;
+}
+
+arl_status arl_dev_ops_get(const char *device, size_t cuda_arena_bytes, const arl_dev_ops **out) {
+    const arl_k_backend *kb = NULL;
+    *out = NULL;
+    if (device && strcmp(device, "cuda") == 0 && cuda_arena_bytes > 0 && !arl_cuda_current() &&
+        arl_k_backend_cuda() && arl_cuda_device_count() > 0) {
+        arl_cuda_config c;
+        arl_cuda_ctx *ctx = NULL;
+        arl_cuda_config_defaults(&c);
+        c.arena_bytes = cuda_arena_bytes;
+        ARL_TRY(arl_cuda_open(&c, &ctx)); /* kept for the life of the process */
+        arl_cuda_make_current(ctx);
+    }
+    ARL_TRY(arl_k_backend_get(device, &kb));
+    *out = strcmp(kb->name, "cpu") == 0 ? arl_dev_ops_cpu() : arl_dev_ops_cuda();
+    return ARL_OK;
+}
+
+/* ======================= workspace layout ================================================ */
+
+typedef struct bump {
+    float *base;
+    int64_t used;
+} bump;
+
+static float *take(bump *b, int64_t n) {
+    float *p = b->base ? b->base + b->used : NULL;
+    b->used += (n + 63) & ~(int64_t)63; /* 256-byte steps (device alignment) */
+    return p;
+}
+
+typedef struct kda_bufs {
+    float *proj, *q, *k, *v, *fa, *g, *beta, *o, *gam, *ga, *S0, *core;
+} kda_bufs;
+
+static int64_t kda_layout(kda_bufs *B, float *base, const arl_model_dev *m, int64_t T, int32_t N) {
+    const arl_kda_layer_cfg *c = &m->kda;
+    const int64_t P = c->H * c->dk, Hv = c->H * c->dv;
+    bump w = {base, 0};
+    B->proj = take(&w, T * P);
+    B->q = take(&w, T * P);
+    B->k = take(&w, T * P);
+    B->v = take(&w, T * Hv);
+    B->fa = take(&w, T * c->dk);
+    B->g = take(&w, T * P);
+    B->beta = take(&w, T * c->H);
+    B->o = take(&w, T * Hv);
+    B->gam = take(&w, T * Hv);
+    B->ga = take(&w, T * c->dk);
+    B->S0 = take(&w, (int64_t)N * c->H * c->dk * c->dv);
+    B->core = take(&w, m->ops->kda_chunk_ws_floats(T, N, c->H, c->dk, c->dv, c->chunk));
+    return w.used;
+}
+
+typedef struct mla_bufs {
+    float *cq, *qf, *ckv, *c, *q_nope, *q_pe, *kv, *k_nope, *v, *k_pe, *attn, *o, *gate;
+} mla_bufs;
+
+static int64_t mla_layout(mla_bufs *B, float *base, const arl_model_dev *m, int64_t T) {
+    const arl_mla_layer_cfg *c = &m->mla;
+    const int64_t Hm = c->Hm, n = c->n, r = c->r, vm = c->vm, rkv = c->rkv;
+    bump w = {base, 0};
+    B->cq = take(&w, T * (c->rq > 0 ? c->rq : 1));
+    B->qf = take(&w, T * Hm * (n + r));
+    B->ckv = take(&w, T * (rkv + r));
+    B->c = take(&w, T * rkv);
+    B->q_nope = take(&w, T * Hm * n);
+    B->q_pe = take(&w, T * Hm * r);
+    B->kv = take(&w, T * Hm * (n + vm));
+    B->k_nope = take(&w, T * Hm * n);
+    B->v = take(&w, T * Hm * vm);
+    B->k_pe = take(&w, T * r);
+    B->attn = take(&w, m->ops->mla_attn_ws_floats(T, Hm, r));
+    B->o = take(&w, T * Hm * vm);
+    B->gate = take(&w, T * Hm * vm);
+    return w.used;
+}
+
+typedef struct ffn_bufs {
+    float *s, *pw, *router, *z, *experts, *u, *gu, *h;
+} ffn_bufs;
+
+static int64_t ffn_layout(ffn_bufs *B, float *base, const arl_model_dev *m, int64_t T) {
+    const arl_moe_cfg *c = &m->moe;
+    const int64_t fw = c->fs > m->dm.fd ? c->fs : m->dm.fd; /* shared experts or dense FFN */
+    bump w = {base, 0};
+    B->s = take(&w, T * c->E);
+    B->pw = take(&w, T * c->k);
+    B->router = take(&w, m->ops->router_ws_floats(T, c->E));
+    B->z = take(&w, T * c->dz);
+    B->experts = take(&w, m->ops->moe_experts_ws_floats(T, c->k, c->E, c->dz, c->f));
+    B->u = take(&w, T * c->dz);
+    B->gu = take(&w, T * 2 * fw);
+    B->h = take(&w, T * fw);
+    return w.used;
+}
+
+static int64_t max2(int64_t a, int64_t b) {
+    return a > b ? a : b;
+}
+
+/* Layout of the whole arena; base NULL only sizes it.  Returns floats. */
+static int64_t dev_layout(arl_model_dev *m, float *base) {
+    const arl_model_dims *dm = &m->dm;
+    const int64_t T = m->opts.max_tokens, d = dm->d;
+    const int32_t N = m->opts.max_docs;
+    bump w = {base, 0};
+    m->weights = take(&w, m->weight_floats);
+    if (m->dopts.bf16_weights) {
+        const int64_t wid[] = {dm->d,           dm->P,  dm->dk, dm->rq, dm->rkv,
+                               dm->Hm * dm->vm, dm->fd, dm->fs, dm->dz, dm->f};
+        int64_t mx = 1;
+        for (size_t i = 0; i < sizeof wid / sizeof wid[0]; i++)
+            mx = wid[i] > mx ? wid[i] : mx;
+        m->wb16 = (uint16_t *)take(&w, (m->weight_floats + 1) / 2);
+        /* activations of the widest GEMM input in bf16 (the routed experts: T*k rows) */
+        m->xb16 = (uint16_t *)take(&w, (T * (dm->k > 1 ? dm->k : 1) * mx + 1) / 2);
+    }
+    m->res = take(&w, (m->n_blocks + 1) * T * d);
+    m->hbuf = take(&w, T * d);
+    m->xbuf = take(&w, T * d);
+    m->ybuf = take(&w, T * d);
+    m->logits = take(&w, T * dm->V);
+    m->logprobs = take(&w, T);
+    m->entropy = take(&w, T);
+    m->tokens = (int32_t *)take(&w, T);
+    m->targets = (int32_t *)take(&w, T);
+    m->cu = (int32_t *)take(&w, (int64_t)N + 1);
+    int64_t nr = (dm->n_moe > 0 ? dm->n_moe : 1) * T * (dm->k > 0 ? dm->k : 1);
+    m->routes = (int32_t *)take(&w, nr);
+    m->forced = (int32_t *)take(&w, nr);
+    if (m->n_slots > 0) {
+        const int64_t R = dm->rkv + dm->r, sn = dm->H * dm->dk * dm->dv;
+        const int64_t tn = 3 * dm->P * (dm->W - 1);
+        m->st_kda = take(&w, dm->n_kda * m->n_slots * (sn + tn));
+        m->st_lat = take(&w, dm->n_mla * m->n_slots * m->max_context * R);
+        m->kda_S = take(&w, (int64_t)N * sn);
+        m->kda_tails = take(&w, (int64_t)N * tn);
+        m->kda_tin = take(&w, (int64_t)N * dm->P * (dm->W - 1));
+        m->lat = take(&w, T * R);
+        m->qhat = take(&w, T * dm->Hm * dm->rkv);
+        m->ohat = take(&w, T * dm->Hm * dm->rkv);
+        m->mla_ws = take(&w, m->ops->mla_absorbed_ws_floats(m->max_context, dm->rkv, dm->r));
+        m->pos_dev = (int64_t *)take(&w, 2 * (int64_t)N);
+    }
+    kda_bufs kb;
+    mla_bufs mb;
+    ffn_bufs fb;
+    int64_t s = 16;
+    if (dm->n_kda) s = max2(s, kda_layout(&kb, NULL, m, T, N));
+    if (dm->n_mla) s = max2(s, mla_layout(&mb, NULL, m, T));
+    s = max2(s, ffn_layout(&fb, NULL, m, T));
+    m->scratch_floats = s;
+    m->scratch = take(&w, s);
+    return w.used;
+}
+
+/* ======================= init ============================================================ */
+
+static arl_status dev_settings(arl_model_dev *m, const arl_dev_ops *ops,
+                               const arl_model_config *cfg, const arl_model_opts *opts,
+                               const arl_model_dev_opts *dopts) {
+    arl_model_dev_opts dz = {0};
+    if (!dopts) dopts = &dz;
+    const int32_t n_slots = dopts->n_slots;
+    if (dopts->bf16_weights && !ops->linear_bf16)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "model (%s device): bf16 weights exist only on "
+                          "the cuda device",
+                          ops->name);
+    if (dopts->decode_graphs && !ops->graph_begin)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "model (%s device): CUDA graphs exist only on "
+                          "the cuda device",
+                          ops->name);
+    m->dopts = *dopts;
+    const arl_model_dims *dm = &cfg->dims;
+    arl_model_opts o;
+    if (opts)
+        o = *opts;
+    else
+        arl_model_opts_default(&o);
+    if (o.max_tokens < 1 || o.max_docs < 1)
+        return arl_errorf(ARL_ERR_ARG,
+                          "model (%s device): max_tokens (%lld) and max_docs (%d) "
+                          "must be >= 1",
+                          ops->name, (long long)o.max_tokens, o.max_docs);
+    int64_t cmax = strcmp(ops->name, "cuda") == 0 ? 64 : 256;
+    if (o.kda_chunk < 1 || o.kda_chunk > cmax)
+        return arl_errorf(ARL_ERR_ARG,
+                          "model (%s device): kda_chunk must be in [1, %lld], got "
+                          "%lld",
+                          ops->name, (long long)cmax, (long long)o.kda_chunk);
+    if (o.mla_sparse_topk != 0)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "model (%s device): block-sparse MLA "
+                          "(mla_sparse_topk = %lld) runs only on policy/model.h; use 0",
+                          ops->name, (long long)o.mla_sparse_topk);
+    if (o.max_docs > o.max_tokens) o.max_docs = (int32_t)o.max_tokens;
+    if (o.max_context <= 0) o.max_context = cfg->text.max_position_embeddings;
+    if (n_slots < 0)
+        return arl_errorf(ARL_ERR_ARG, "model (%s device): n_slots must be >= 0, got %d", ops->name,
+                          n_slots);
+    m->n_slots = n_slots;
+    m->max_context = o.max_context;
+    if (dm->dk != dm->dv)
+        return arl_errorf(ARL_ERR_CONFIG, "model (%s device): KDA needs head_dim dk = dv",
+                          ops->name);
+    m->ops = ops;
+    m->cfg = cfg;
+    m->dm = *dm;
+    m->opts = o;
+    m->eps = (float)cfg->text.rms_norm_eps;
+    m->act.situ = strcmp(cfg->text.hidden_act, "silu") != 0;
+    m->act.beta1 = (float)cfg->text.activation_situ_beta;
+    m->act.beta2 = (float)cfg->text.activation_situ_linear_beta;
+    m->kda = (arl_kda_layer_cfg){.d = dm->d,
+                                 .H = dm->H,
+                                 .dk = dm->dk,
+                                 .dv = dm->dv,
+                                 .W = dm->W,
+                                 .lower_bound_gate = arl_model_config_has_gate_lower_bound(cfg),
+                                 .g_min = (float)cfg->text.linear_attn_config.gate_lower_bound,
+                                 .eps = m->eps,
+                                 .chunk = o.kda_chunk};
+    m->mla = (arl_mla_layer_cfg){.d = dm->d,
+                                 .Hm = dm->Hm,
+                                 .rq = dm->rq,
+                                 .rkv = dm->rkv,
+                                 .n = dm->n,
+                                 .r = dm->r,
+                                 .vm = dm->vm,
+                                 .sparse_chunk = o.mla_sparse_chunk,
+                                 .sparse_topk = 0,
+                                 .max_rows =
+                                     o.max_context > o.max_tokens ? o.max_context : o.max_tokens};
+    m->moe = (arl_moe_cfg){.d = dm->d,
+                           .E = dm->E,
+                           .k = dm->k,
+                           .f = dm->f,
+                           .dz = dm->dz,
+                           .fs = dm->ns > 0 ? dm->fs : 0,
+                           .rho = (float)cfg->text.routed_scaling_factor,
+                           .eps = m->eps,
+                           .act = m->act};
+    m->n_blocks = dm->B > 0 ? (int32_t)((dm->L + dm->B - 1) / dm->B) : 0;
+    arl_param_inventory inv;
+    ARL_TRY(arl_param_inventory_build(cfg, &inv));
+    m->weight_floats = inv.arena_floats;
+    arl_param_inventory_free(&inv);
+    return ARL_OK;
+}
+
+int64_t arl_model_dev_bytes(const arl_model_config *cfg, const arl_model_opts *opts,
+                            const arl_dev_ops *ops, const arl_model_dev_opts *dopts) {
+    arl_model_dev m;
+    memset(&m, 0, sizeof m);
+    m.ops = ops;
+    if (dev_settings(&m, ops, cfg, opts, dopts)) return -1;
+    return dev_layout(&m, NULL) * (int64_t)sizeof(float);
+}
+
+arl_status arl_model_dev_init(arl_model_dev *m, const arl_dev_ops *ops, const arl_model_config *cfg,
+                              const arl_model_params *host_w, const arl_model_opts *opts,
+                              const arl_model_dev_opts *dopts) {
+    memset(m, 0, sizeof *m);
+    ARL_TRY(dev_settings(m, ops, cfg, opts, dopts));
+    m->kb = ops->backend();
+    ARL_ASSERT(m->kb);
+    m->arena_floats = dev_layout(m, NULL);
+    arl_status s = ops->mem_alloc((size_t)m->arena_floats * sizeof(float), "the model arena",
+                                  &m->arena, &m->arena_token);
+    if (s) {
+        arl_error_prefix(s, "model (%s device, %lld bytes)", ops->name,
+                         (long long)(m->arena_floats * 4));
+        m->arena = NULL;
+        arl_model_dev_free(m);
+        return s;
+    }
+    dev_layout(m, (float *)m->arena);
+    /* a parameter view whose pointers are the device weights */
+    s = arl_model_params_view(&m->w, cfg, m->weights);
+    if (!s) {
+        m->moe_index = malloc(sizeof(int32_t) * (size_t)(m->dm.L > 0 ? m->dm.L : 1));
+        m->no_targets = malloc(sizeof(int32_t) * (size_t)m->opts.max_tokens);
+        m->st_pos = calloc((size_t)(m->n_slots > 0 ? m->n_slots : 1), sizeof(int64_t));
+        m->caches = calloc((size_t)m->opts.max_docs, sizeof(float *));
+        m->cu_host1 = malloc(sizeof(int32_t) * (size_t)(m->opts.max_docs + 1));
+        m->pos_host = malloc(sizeof(int64_t) * (size_t)m->opts.max_docs);
+        m->graph_slots = malloc(sizeof(int32_t) * (size_t)m->opts.max_docs);
+        if (!m->moe_index || !m->no_targets || !m->st_pos || !m->caches || !m->cu_host1 ||
+            !m->pos_host || !m->graph_slots)
+            s = arl_errorf(ARL_ERR_NOMEM, "model (%s device): host index arrays", ops->name);
+    }
+    if (!s) {
+        int32_t j = 0;
+        for (int64_t l = 0; l < m->dm.L; l++)
+            m->moe_index[l] = m->w.layers[l].is_moe ? j++ : -1;
+        for (int64_t t = 0; t < m->opts.max_tokens; t++)
+            m->no_targets[t] = -1;
+        s = arl_model_dev_set_params(m, host_w);
+        for (int32_t i = 0; i < m->n_slots && !s; i++)
+            s = arl_model_dev_slot_reset(m, i);
+        if (!s) s = ops->sync();
+    }
+    if (s) arl_model_dev_free(m);
+    return s;
+}
+
+void arl_model_dev_free(arl_model_dev *m) {
+    if (!m) return;
+    if (m->graph) m->ops->graph_free(m->graph);
+    if (m->arena) m->ops->mem_free(m->arena, m->arena_token);
+    arl_model_params_free(&m->w);
+    free(m->moe_index);
+    free(m->no_targets);
+    free(m->st_pos);
+    free((void *)m->caches);
+    free(m->cu_host1);
+    free(m->pos_host);
+    free(m->graph_slots);
+    memset(m, 0, sizeof *m);
+}
+
+arl_status arl_model_dev_set_params(arl_model_dev *m, const arl_model_params *host_w) {
+    if (!host_w || !host_w->arena || host_w->inv.arena_floats != m->weight_floats)
+        return arl_errorf(ARL_ERR_ARG,
+                          "model (%s device): the host parameters do not belong "
+                          "to this model's config",
+                          m->ops->name);
+    arl_status s =
+        m->ops->upload(m->weights, host_w->arena, sizeof(float) * (size_t)m->weight_floats);
+    if (s) return arl_error_prefix(s, "model (%s device): uploading the weights", m->ops->name);
+    if (m->wb16) { /* the bf16 copies (round to nearest even), then the fp32 masters stay */
+        m->ops->f32_to_bf16(m->wb16, m->weights, m->weight_floats);
+        s = m->ops->sync();
+    }
+    return s;
+}
+
+/* ======================= batch check ===================================================== */
+
+static arl_status check_batch(const arl_model_dev *m, const arl_batch *b) {
+    const arl_model_dims *dm = &m->dm;
+    const int64_t T = b->T;
+    const int32_t N = b->cu ? b->N : 1;
+    if (T < 1 || T > m->opts.max_tokens)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "model (%s device): batch of %lld tokens, the model "
+                          "takes 1..%lld (max_tokens)",
+                          m->ops->name, (long long)T, (long long)m->opts.max_tokens);
+    if (N < 1 || N > m->opts.max_docs)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "model (%s device): batch of %d documents, the model "
+                          "takes 1..%d (max_docs)",
+                          m->ops->name, N, m->opts.max_docs);
+    if (b->cu) {
+        if (b->cu[0] != 0 || b->cu[N] != T)
+            return arl_errorf(ARL_ERR_ARG,
+                              "model (%s device): cu must start at 0 and end at "
+                              "T = %lld",
+                              m->ops->name, (long long)T);
+        for (int32_t i = 0; i < N; i++)
+            if (b->cu[i + 1] <= b->cu[i])
+                return arl_errorf(ARL_ERR_ARG,
+                                  "model (%s device): document %d is empty or "
+                                  "cu decreases",
+                                  m->ops->name, i);
+    }
+    if (b->media)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "model (%s device): image rows are not "
+                          "supported on this path yet; use policy/model.h",
+                          m->ops->name);
+    for (int64_t t = 0; t < T; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= dm->V)
+            return arl_errorf(ARL_ERR_RANGE,
+                              "model (%s device): token %d at position %lld is "
+                              "outside the vocabulary [0, %lld)",
+                              m->ops->name, b->tokens[t], (long long)t, (long long)dm->V);
+        if (b->targets && b->targets[t] >= dm->V)
+            return arl_errorf(ARL_ERR_RANGE,
+                              "model (%s device): target %d at position %lld is "
+                              "outside the vocabulary [0, %lld)",
+                              m->ops->name, b->targets[t], (long long)t, (long long)dm->V);
+    }
+    if (b->forced_routes)
+        for (int64_t j = 0; j < dm->n_moe; j++)
+            for (int64_t t = 0; t < T; t++) {
+                const int32_t *r = b->forced_routes + (j * T + t) * dm->k;
+                for (int64_t a = 0; a < dm->k; a++) {
+                    if (r[a] < 0 || r[a] >= dm->E)
+                        return arl_errorf(ARL_ERR_RANGE,
+                                          "model (%s device): forced route %d "
+                                          "of token %lld (MoE layer %lld) is outside [0, %lld)",
+                                          m->ops->name, r[a], (long long)t, (long long)j,
+                                          (long long)dm->E);
+                    for (int64_t c = 0; c < a; c++)
+                        if (r[c] == r[a])
+                            return arl_errorf(ARL_ERR_RANGE,
+                                              "model (%s device): forced routes "
+                                              "of token %lld (MoE layer %lld) repeat expert %d",
+                                              m->ops->name, (long long)t, (long long)j, r[a]);
+                }
+            }
+    return ARL_OK;
+}
+
+/* ======================= sublayers ======================================================= */
+
+/* ---- weight GEMMs: fp32 weights through the table, or their bf16 copies (bf16_weights) ---- */
+
+static const uint16_t *bf16_of(const arl_model_dev *m, const float *W) {
+    ARL_ASSERT(W >= m->weights && W < m->weights + m->weight_floats);
+    return m->wb16 + (W - m->weights);
+}
+
+/* y (T, out) = x (T, in) W^T for a weight W (out, in) of the model. */
+static void lin(arl_model_dev *m, float *y, const float *x, const float *W, int64_t T, int64_t in,
+                int64_t out) {
+    if (m->wb16)
+        m->ops->linear_bf16(y, out, 0.0f, x, bf16_of(m, W), T, in, out, m->xb16);
+    else
+        m->kb->linear_fwd(y, x, W, T, in, out);
+}
+
+/* y (T, out; leading dim ldy) = x W^T + beta y, as kb->gemm (policy/moe.c glu_fwd). */
+static void gemm_w(arl_model_dev *m, float *y, int64_t ldy, float beta, const float *x,
+                   const float *W, int64_t T, int64_t in, int64_t out) {
+    if (m->wb16)
+        m->ops->linear_bf16(y, ldy, beta, x, bf16_of(m, W), T, in, out, m->xb16);
+    else
+        m->kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, out, in, 1.0f, x, in, W, in, beta, y, ldy);
+}
+
+/* The documents of a call: device cu, host cu, and for decode-state documents their slots. */
+typedef struct run_docs {
+    const int32_t *cu;      /* (N + 1) device */
+    const int32_t *cu_host; /* (N + 1) host */
+    int32_t N;
+    const int32_t *slots; /* (N) host, or NULL: fresh documents */
+    int dpos;             /* 1: positions come from m->pos_dev (a graph capture; every
+                             document continues its slot at a position > 0) */
+} run_docs;
+
+/* policy/kda_layer.c arl_kda_layer_fwd: S (N, H, dk, dv) and tails (N, 3, P, W-1) gathered
+ * states (updated in place), or NULL for fresh documents. */
+static void kda_fwd(arl_model_dev *m, const arl_kda_params *p, const run_docs *D, int64_t T,
+                    int recurrent, float *S, float *tails) {
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_kda_layer_cfg *c = &m->kda;
+    const int64_t d = c->d, H = c->H, dk = c->dk, dv = c->dv, P = H * dk, W = c->W;
+    const int64_t tl = P * (W - 1);
+    const int32_t N = D->N;
+    const int32_t *cu = D->cu;
+    const float *x = m->xbuf;
+    kda_bufs B;
+    kda_layout(&B, m->scratch, m, T, N);
+
+    /* 3.1: projection, causal conv + SiLU over the tails, tails moved forward */
+    const float *Wp[3] = {p->q_proj, p->k_proj, p->v_proj};
+    const float *Wc[3] = {p->q_conv, p->k_conv, p->v_conv};
+    float *outs[3] = {B.q, B.k, B.v};
+    for (int j = 0; j < 3; j++) {
+        lin(m, B.proj, x, Wp[j], T, d, P);
+        const float *tin = NULL;
+        if (tails && tl > 0) {
+            for (int32_t i = 0; i < N; i++)
+                kb->copy(m->kda_tin + i * tl, tails + (i * 3 + j) * tl, tl);
+            tin = m->kda_tin;
+        }
+        ops->kda_conv_fwd(outs[j], NULL, B.proj, Wc[j], tin, cu, N, T, P, W);
+        if (tails && tl > 0)
+            for (int32_t i = 0; i < N; i++) {
+                int64_t a = D->cu_host[i], e = D->cu_host[i + 1];
+                ops->kda_conv_tail(tails + (i * 3 + j) * tl, B.proj + a * P, e - a, tin + i * tl, P,
+                                   W);
+            }
+    }
+    kb->l2norm_fwd(B.q, NULL, B.q, T * H, dk, 1e-6f);
+    kb->l2norm_fwd(B.k, NULL, B.k, T * H, dk, 1e-6f);
+    lin(m, B.beta, x, p->b_proj, T, d, H);
+    kb->sigmoid_fwd(B.beta, B.beta, T * H);
+
+    /* 3.2 */
+    lin(m, B.fa, x, p->f_a, T, d, dk);
+    lin(m, B.proj, B.fa, p->f_b, T, dk, P);
+    if (c->lower_bound_gate)
+        ops->kda_gate_k3_fwd(B.g, B.proj, p->A_log, p->dt_bias, T, H, dk, c->g_min);
+    else
+        ops->kda_gate_softplus_fwd(B.g, B.proj, p->A_log, p->dt_bias, T, H, dk);
+
+    /* 3.3 / 3.5 from the documents' states (S = 0 when fresh) */
+    float *St = S;
+    if (!St) {
+        St = B.S0;
+        kb->fill(St, 0.0f, (int64_t)N * H * dk * dv);
+    }
+    const float scale = 1.0f / sqrtf((float)dk);
+    if (recurrent)
+        ops->kda_recurrent_fwd(B.o, St, NULL, B.q, B.k, B.v, B.g, B.beta, cu, N, T, H, dk, dv,
+                               scale, c->chunk);
+    else
+        ops->kda_chunk_fwd(B.o, St, NULL, B.q, B.k, B.v, B.g, B.beta, cu, N, T, H, dk, dv, scale,
+                           c->chunk, B.core);
+
+    /* 3.4 */
+    if (p->g_proj) {
+        lin(m, B.gam, x, p->g_proj, T, d, H * dv);
+    } else {
+        lin(m, B.ga, x, p->g_a, T, d, dk);
+        lin(m, B.gam, B.ga, p->g_b, T, dk, H * dv);
+    }
+    ops->kda_onorm_fwd(B.q, NULL, B.o, B.gam, p->o_norm, T * H, dv, c->eps);
+    lin(m, m->ybuf, B.q, p->o_proj, T, H * dv, d);
+}
+
+/* Queries of one document per absorbed-attention call (policy/mla_layer.c MLA_QBLOCK). */
+#define MLA_QBLOCK 16
+
+/* policy/mla_layer.c arl_mla_layer_fwd, dense: the expanded form for fresh documents (and
+ * for decode-state documents that all start at position 0), else the absorbed form over the
+ * caches.  l_mla: index among MLA layers (for the slot caches). */
+static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D, int64_t T,
+                    int64_t l_mla) {
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_mla_layer_cfg *c = &m->mla;
+    const int64_t d = c->d, Hm = c->Hm, n = c->n, r = c->r, vm = c->vm, rkv = c->rkv;
+    const int64_t R = rkv + r;
+    const int32_t N = D->N;
+    const float scale = 1.0f / sqrtf((float)(n + r));
+    const float *x = m->xbuf;
+    mla_bufs B;
+    mla_layout(&B, m->scratch, m, T);
+
+    if (p->q_a) {
+        lin(m, B.cq, x, p->q_a, T, d, c->rq);
+        kb->rmsnorm_fwd(B.cq, NULL, B.cq, p->q_a_norm, T, c->rq, 1e-6f);
+        lin(m, B.qf, B.cq, p->q_b, T, c->rq, Hm * (n + r));
+    } else {
+        lin(m, B.qf, x, p->q_proj, T, d, Hm * (n + r));
+    }
+    ops->copy_rows(B.q_nope, n, B.qf, n + r, T * Hm, n);
+    ops->copy_rows(B.q_pe, r, B.qf + n, n + r, T * Hm, r);
+
+    lin(m, B.ckv, x, p->kv_a, T, d, R);
+    ops->copy_rows(B.c, rkv, B.ckv, R, T, rkv);
+    ops->copy_rows(B.k_pe, r, B.ckv + rkv, R, T, r);
+    kb->rmsnorm_fwd(B.c, NULL, B.c, p->kv_a_norm, T, rkv, 1e-6f);
+
+    int fresh = 1;
+    if (D->slots) {
+        /* the new latent rows [c; k_pe] appended to every document's cache */
+        ops->copy_rows(m->lat, R, B.c, rkv, T, rkv);
+        ops->copy_rows(m->lat + rkv, R, B.k_pe, r, T, r);
+        for (int32_t i = 0; i < N; i++) {
+            int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a, pos = m->st_pos[D->slots[i]];
+            float *cache = m->st_lat + (l_mla * m->n_slots + D->slots[i]) * m->max_context * R;
+            if (D->dpos)
+                ops->cache_append_dpos(cache, m->pos_dev + i, m->lat + a * R, len, R);
+            else
+                kb->copy(cache + pos * R, m->lat + a * R, len * R);
+            m->caches[i] = cache;
+            fresh &= pos == 0;
+        }
+        if (D->dpos) fresh = 0;
+    }
+
+    if (fresh) {
+        lin(m, B.kv, B.c, p->kv_b, T, rkv, Hm * (n + vm));
+        ops->copy_rows(B.k_nope, n, B.kv, n + vm, T * Hm, n);
+        ops->copy_rows(B.v, vm, B.kv + n, n + vm, T * Hm, vm);
+        ops->mla_attn_fwd(B.o, NULL, B.q_nope, B.q_pe, B.k_nope, B.k_pe, B.v, D->cu, N, T, Hm, n, r,
+                          vm, scale, B.attn);
+    } else {
+        /* 4.2: q_hat = W_UK^T q_nope per head (policy/mla.c arl_mla_absorb_q) */
+        for (int64_t h = 0; h < Hm; h++)
+            kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, rkv, n, 1.0f, B.q_nope + h * n, Hm * n,
+                     p->kv_b + h * (n + vm) * rkv, rkv, 0.0f, m->qhat + h * rkv, Hm * rkv);
+        for (int32_t i = 0; i < N; i++) {
+            int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a, pos = m->st_pos[D->slots[i]];
+            if (D->dpos) { /* one token per document (decode step) */
+                ARL_ASSERT(len == 1);
+                ops->mla_absorbed_attn_dpos(m->ohat + a * Hm * rkv, m->qhat + a * Hm * rkv,
+                                            B.q_pe + a * Hm * r, m->caches[i], m->pos_dev + i, 1,
+                                            Hm, rkv, r, scale);
+                continue;
+            }
+            for (int64_t q0 = 0; q0 < len; q0 += MLA_QBLOCK) {
+                int64_t nq = len - q0 < MLA_QBLOCK ? len - q0 : MLA_QBLOCK, t = a + q0;
+                ops->mla_absorbed_attn(m->ohat + t * Hm * rkv, m->qhat + t * Hm * rkv,
+                                       B.q_pe + t * Hm * r, m->caches[i], pos + q0, nq, Hm, rkv, r,
+                                       scale, m->mla_ws);
+            }
+        }
+        /* o = W_UV o_hat per head (policy/mla.c arl_mla_expand_o) */
+        for (int64_t h = 0; h < Hm; h++)
+            kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, vm, rkv, 1.0f, m->ohat + h * rkv, Hm * rkv,
+                     p->kv_b + (h * (n + vm) + n) * rkv, rkv, 0.0f, B.o + h * vm, Hm * vm);
+    }
+
+    const float *u = B.o;
+    if (p->g_proj) {
+        lin(m, B.gate, x, p->g_proj, T, d, Hm * vm);
+        kb->sigmoid_fwd(B.gate, B.gate, T * Hm * vm);
+        kb->mul(B.gate, B.gate, B.o, T * Hm * vm);
+        u = B.gate;
+    }
+    lin(m, m->ybuf, u, p->o_proj, T, Hm * vm, d);
+}
+
+/* policy/moe.c glu_fwd: y (T, out) = W_d act(W_g x, W_u x), beta 0 overwrites, 1 adds. */
+static void glu_fwd(arl_model_dev *m, float *y, float beta, const float *x, const float *Wg,
+                    const float *Wu, const float *Wd, int64_t T, int64_t in, int64_t fw,
+                    int64_t out, float *gu, float *h) {
+    const arl_k_backend *kb = m->kb;
+    gemm_w(m, gu, 2 * fw, 0.0f, x, Wg, T, in, fw);
+    gemm_w(m, gu + fw, 2 * fw, 0.0f, x, Wu, T, in, fw);
+    if (m->act.situ)
+        kb->situ_glu_fwd(h, gu, gu + fw, T, fw, 2 * fw, m->act.beta1, m->act.beta2);
+    else
+        kb->swiglu_fwd(h, gu, gu + fw, T, fw, 2 * fw);
+    gemm_w(m, y, out, beta, h, Wd, T, fw, out);
+}
+
+/* policy/moe.c arl_moe_fwd / arl_dense_ffn_fwd on xbuf -> ybuf. */
+static void ffn_fwd(arl_model_dev *m, const arl_layer_params *lp, int64_t l, int32_t *routes,
+                    const int32_t *forced, int64_t T) {
+    const arl_k_backend *kb = m->kb;
+    const arl_moe_cfg *c = &m->moe;
+    const float *x = m->xbuf;
+    ffn_bufs B;
+    ffn_layout(&B, m->scratch, m, T);
+    if (!lp->is_moe) {
+        glu_fwd(m, m->ybuf, 0.0f, x, lp->dense.gate_proj, lp->dense.up_proj, lp->dense.down_proj, T,
+                c->d, m->dm.fd, c->d, B.gu, B.h);
+        return;
+    }
+    (void)l;
+    const arl_moe_params *p = &lp->moe;
+    m->ops->router_fwd(routes, B.pw, B.s, x, p->gate, p->gate_bias, forced, T, c->d, c->E, c->k,
+                       c->rho, B.router);
+    lin(m, B.z, x, p->down_proj, T, c->d, c->dz);
+    const uint16_t *banks[3] = {NULL, NULL, NULL};
+    if (m->wb16) {
+        banks[0] = bf16_of(m, p->w1);
+        banks[1] = bf16_of(m, p->w3);
+        banks[2] = bf16_of(m, p->w2);
+    }
+    m->ops->moe_experts_fwd(B.u, B.z, routes, B.pw, p, c, T, m->wb16 ? banks : NULL, B.experts);
+    if (p->latent_norm) kb->rmsnorm_fwd(B.u, NULL, B.u, p->latent_norm, T, c->dz, c->eps);
+    lin(m, m->ybuf, B.u, p->up_proj, T, c->dz, c->d);
+    if (c->fs > 0 && p->shared_gate_proj)
+        glu_fwd(m, m->ybuf, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T,
+                c->d, c->fs, c->d, B.gu, B.h);
+}
+
+/* ======================= the forward (policy/model.c model_run) ========================== */
+
+/* slots: NULL for fresh documents, else (N) host slot of each document (checked). */
+static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *slots,
+                          const arl_forward_out *out, int graph_ok) {
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    if (out && (out->expert_load || out->router_scores || out->acts))
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "model (%s device): expert loads, router scores "
+                          "and saved activations are not returned by this path yet",
+                          ops->name);
+    ARL_TRY(check_batch(m, b));
+    const arl_model_dims *dm = &m->dm;
+    const arl_model_params *w = &m->w;
+    const int64_t T = b->T, d = dm->d, Td = T * d, L = dm->L, B = dm->B, V = dm->V, k = dm->k;
+    const int32_t N = b->cu ? b->N : 1;
+    int32_t cu_one[2] = {0, (int32_t)T};
+    const int32_t *cu_host = b->cu ? b->cu : cu_one;
+    const int recurrent = T == N; /* one token per document: the recurrent KDA core */
+    const int want_lp = out && (out->logprobs || out->entropy);
+    const int64_t R = dm->rkv + dm->r, sn = dm->H * dm->dk * dm->dv;
+    const int64_t tn = 3 * dm->P * (dm->W - 1);
+
+    if (slots) {
+        for (int32_t i = 0; i < N; i++) {
+            if (slots[i] < 0 || slots[i] >= m->n_slots)
+                return arl_errorf(ARL_ERR_STATE,
+                                  "model (%s device): document %d names slot %d, "
+                                  "the model has %d",
+                                  ops->name, i, slots[i], m->n_slots);
+            for (int32_t j = 0; j < i; j++)
+                if (slots[j] == slots[i])
+                    return arl_errorf(ARL_ERR_STATE,
+                                      "model (%s device): slot %d appears twice "
+                                      "in one forward",
+                                      ops->name, slots[i]);
+            int64_t end = m->st_pos[slots[i]] + cu_host[i + 1] - cu_host[i];
+            if (dm->n_mla > 0 && end > m->max_context)
+                return arl_errorf(ARL_ERR_RANGE,
+                                  "model (%s device): the sequence of slot %d "
+                                  "would reach %lld positions, the model was set up for %lld "
+                                  "(max_context)",
+                                  ops->name, slots[i], (long long)end, (long long)m->max_context);
+        }
+    }
+
+    ARL_TRY(ops->upload(m->tokens, b->tokens, sizeof(int32_t) * (size_t)T));
+    ARL_TRY(ops->upload(m->cu, cu_host, sizeof(int32_t) * (size_t)(N + 1)));
+    if (want_lp)
+        ARL_TRY(ops->upload(m->targets, b->targets ? b->targets : m->no_targets,
+                            sizeof(int32_t) * (size_t)T));
+    if (b->forced_routes && dm->n_moe > 0)
+        ARL_TRY(ops->upload(m->forced, b->forced_routes,
+                            sizeof(int32_t) * (size_t)(dm->n_moe * T * k)));
+    run_docs D = {.cu = m->cu, .cu_host = cu_host, .N = N, .slots = slots, .dpos = 0};
+    int use_graph = 0;
+    if (graph_ok) { /* a decode step: replay (or capture) the whole step */
+        for (int32_t i = 0; i < N; i++)
+            m->pos_host[i] = m->st_pos[slots[i]];
+        ARL_TRY(ops->upload(m->pos_dev, m->pos_host, sizeof(int64_t) * (size_t)N));
+        use_graph = 1;
+        D.dpos = 1;
+        int same = m->graph && m->graph_n == N;
+        for (int32_t i = 0; same && i < N; i++)
+            same = m->graph_slots[i] == slots[i];
+        if (same) {
+            ARL_TRY(ops->graph_launch(m->graph));
+            m->graph_replays++;
+            goto finish;
+        }
+        ops->graph_free(m->graph);
+        m->graph = NULL;
+        ARL_TRY(ops->graph_begin());
+    }
+
+    /* 2.1 embedding */
+    float *p = m->res;
+    ops->embed(p, w->embed_tokens, m->tokens, T, d, V);
+
+    const float *src[ARL_ATTNRES_MAX_SOURCES];
+    int32_t nb = 0;
+    int64_t l_kda = 0, l_mla = 0;
+    for (int64_t l = 0; l < L; l++) {
+        const arl_layer_params *lp = &w->layers[l];
+        const float *h = p;
+        if (B > 0) {
+            if (nb > 0) {
+                for (int32_t j = 0; j <= nb; j++)
+                    src[j] = m->res + j * Td;
+                ops->attnres_mix_fwd(m->hbuf, NULL, src, nb + 1, T, d, lp->attn_res_norm,
+                                     lp->attn_res_proj, m->eps);
+                h = m->hbuf;
+            }
+            if (l % B == 0) {
+                nb++;
+                p = m->res + nb * Td;
+                kb->fill(p, 0.0f, Td);
+            }
+        }
+        kb->rmsnorm_fwd(m->xbuf, NULL, h, lp->input_norm, T, d, m->eps);
+        if (lp->kind == ARL_LAYER_KDA) {
+            float *S = NULL, *tails = NULL;
+            float *st = slots ? m->st_kda + l_kda * m->n_slots * (sn + tn) : NULL;
+            if (slots) { /* gather the documents' states; scattered back below */
+                S = m->kda_S;
+                tails = m->kda_tails;
+                for (int32_t i = 0; i < N; i++) {
+                    kb->copy(S + i * sn, st + slots[i] * (sn + tn), sn);
+                    kb->copy(tails + i * tn, st + slots[i] * (sn + tn) + sn, tn);
+                }
+            }
+            kda_fwd(m, &lp->kda, &D, T, recurrent, S, tails);
+            if (slots)
+                for (int32_t i = 0; i < N; i++) {
+                    kb->copy(st + slots[i] * (sn + tn), S + i * sn, sn);
+                    kb->copy(st + slots[i] * (sn + tn) + sn, tails + i * tn, tn);
+                }
+            l_kda++;
+        } else {
+            mla_fwd(m, &lp->mla, &D, T, l_mla++);
+        }
+        kb->add(p, p, m->ybuf, Td);
+
+        const float *mx = p;
+        if (B > 0) {
+            for (int32_t j = 0; j <= nb; j++)
+                src[j] = m->res + j * Td;
+            ops->attnres_mix_fwd(m->hbuf, NULL, src, nb + 1, T, d, lp->mlp_res_norm,
+                                 lp->mlp_res_proj, m->eps);
+            mx = m->hbuf;
+        }
+        kb->rmsnorm_fwd(m->xbuf, NULL, mx, lp->post_norm, T, d, m->eps);
+        int64_t mi = m->moe_index[l];
+        ffn_fwd(m, lp, l, mi >= 0 ? m->routes + mi * T * k : NULL,
+                b->forced_routes && mi >= 0 ? m->forced + mi * T * k : NULL, T);
+        kb->add(p, p, m->ybuf, Td);
+    }
+    (void)R;
+
+    const float *fin = p;
+    if (B > 0) {
+        for (int32_t j = 0; j <= nb; j++)
+            src[j] = m->res + j * Td;
+        ops->attnres_mix_fwd(m->hbuf, NULL, src, nb + 1, T, d, w->out_res_norm, w->out_res_proj,
+                             m->eps);
+        fin = m->hbuf;
+    }
+    kb->rmsnorm_fwd(m->xbuf, NULL, fin, w->norm, T, d, m->eps);
+    if (use_graph || (out && (out->logits || want_lp))) {
+        lin(m, m->logits, m->xbuf, w->lm_head, T, d, V);
+        if (want_lp) kb->logprob_fwd(m->logprobs, NULL, m->entropy, m->logits, m->targets, T, V);
+    }
+    if (use_graph) { /* captured, not run: instantiate, remember for these slots, run */
+        void *g = NULL;
+        ARL_TRY(ops->graph_end(&g));
+        m->graph = g;
+        m->graph_n = N;
+        memcpy(m->graph_slots, slots, sizeof(int32_t) * (size_t)N);
+        ARL_TRY(ops->graph_launch(m->graph));
+    }
+finish:
+    ARL_TRY(ops->sync());
+    if (slots)
+        for (int32_t i = 0; i < N; i++)
+            m->st_pos[slots[i]] += cu_host[i + 1] - cu_host[i];
+    if (!out) return ARL_OK;
+    if (out->logits)
+        ARL_TRY(ops->download(out->logits, m->logits, sizeof(float) * (size_t)(T * V)));
+    if (out->logprobs)
+        ARL_TRY(ops->download(out->logprobs, m->logprobs, sizeof(float) * (size_t)T));
+    if (out->entropy) ARL_TRY(ops->download(out->entropy, m->entropy, sizeof(float) * (size_t)T));
+    if (out->routes && dm->n_moe > 0)
+        ARL_TRY(
+            ops->download(out->routes, m->routes, sizeof(int32_t) * (size_t)(dm->n_moe * T * k)));
+    return ARL_OK;
+}
+
+arl_status arl_model_dev_forward(arl_model_dev *m, const arl_batch *b, const arl_forward_out *out) {
+    return dev_run(m, b, NULL, out, 0);
+}
+
+arl_status arl_model_dev_forward_state(arl_model_dev *m, const int32_t *slots, const arl_batch *b,
+                                       const arl_forward_out *out) {
+    ARL_ASSERT(slots);
+    return dev_run(m, b, slots, out, 0);
+}
+
+/* ======================= decode-state slots ============================================== */
+
+arl_status arl_model_dev_slot_reset(arl_model_dev *m, int32_t slot) {
+    if (slot < 0 || slot >= m->n_slots)
+        return arl_errorf(ARL_ERR_RANGE, "model (%s device): slot %d outside [0, %d)", m->ops->name,
+                          slot, m->n_slots);
+    const arl_model_dims *dm = &m->dm;
+    const int64_t sn = dm->H * dm->dk * dm->dv, tn = 3 * dm->P * (dm->W - 1);
+    for (int64_t j = 0; j < dm->n_kda; j++)
+        m->kb->fill(m->st_kda + (j * m->n_slots + slot) * (sn + tn), 0.0f, sn + tn);
+    m->st_pos[slot] = 0;
+    return ARL_OK;
+}
+
+int64_t arl_model_dev_slot_pos(const arl_model_dev *m, int32_t slot) {
+    ARL_ASSERT(slot >= 0 && slot < m->n_slots);
+    return m->st_pos[slot];
+}
+
+arl_status arl_model_dev_prefill(arl_model_dev *m, int32_t slot, const int32_t *tokens, int64_t n,
+                                 float *logits, float *last_logits) {
+    if (n < 1)
+        return arl_errorf(ARL_ERR_ARG, "model (%s device): prefill of an empty sequence",
+                          m->ops->name);
+    const int64_t V = m->dm.V, d = m->dm.d;
+    for (int64_t t0 = 0; t0 < n; t0 += m->opts.max_tokens) {
+        int64_t c = n - t0 < m->opts.max_tokens ? n - t0 : m->opts.max_tokens;
+        arl_batch b = {.tokens = tokens + t0, .T = c, .cu = NULL, .N = 1};
+        arl_forward_out o = {.logits = logits ? logits + t0 * V : NULL};
+        ARL_TRY(dev_run(m, &b, &slot, &o, 0));
+        if (!logits && last_logits && t0 + c == n) { /* xbuf holds the final-norm rows */
+            lin(m, m->logits, m->xbuf + (c - 1) * d, m->w.lm_head, 1, d, V);
+            ARL_TRY(m->ops->sync());
+            ARL_TRY(m->ops->download(last_logits, m->logits, sizeof(float) * (size_t)V));
+        }
+    }
+    if (logits && last_logits) memcpy(last_logits, logits + (n - 1) * V, sizeof(float) * V);
+    return ARL_OK;
+}
+
+arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int32_t n,
+                                     const int32_t *tokens, float *logits, int32_t *routes) {
+    if (n < 1 || n > m->opts.max_docs)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "model (%s device): decode step over %d sequences, the "
+                          "model takes 1..%d (max_docs)",
+                          m->ops->name, n, m->opts.max_docs);
+    int32_t *cu = m->cu_host1;
+    for (int32_t i = 0; i <= n; i++)
+        cu[i] = i;
+    arl_batch b = {.tokens = tokens, .T = n, .cu = cu, .N = n};
+    arl_forward_out o = {.logits = logits, .routes = routes};
+    /* a graph replays only when every slot continues (position > 0): the fresh form of MLA
+     * would be another sequence of ops */
+    int graph_ok = m->dopts.decode_graphs;
+    for (int32_t i = 0; i < n && graph_ok; i++)
+        graph_ok = slots[i] >= 0 && slots[i] < m->n_slots && m->st_pos[slots[i]] > 0;
+    return dev_run(m, &b, slots, &o, graph_ok);
+}

@@ -1,0 +1,260 @@
+/* policy/model_device.h: the policy forward over a run-time selected device ("cpu" host
+ * memory, or "cuda" device memory of the current CUDA context), written once over two tables:
+ * the kernel backend (kernels/backend.h: GEMMs, norms, activations, softmax/log-probs) and
+ * arl_dev_ops below (memory, transfers, and the model-level ops: short conv, KDA gate, core
+ * and output norm, MLA attention, AttnRes mix, router, routed experts).
+ *
+ * What this is: weights uploaded once into one arena of the device (fp32 masters; the GEMMs
+ * of the "cuda" device run through cuBLAS in the context's math mode, ARL_CUDA_MATH_BF16
+ * giving bf16 inputs with fp32 accumulation, or, with bf16_weights, on bf16 copies of the
+ * weights: bf16 storage, fp32 accumulation, spec/policy.md 1.4; norms, router, KDA gate,
+ * beta and state, softmax and SiTU stay fp32), every activation and work buffer in the
+ * same arena, sized at init from the config and max_tokens / max_docs; a forward allocates
+ * nothing.  With the "cpu" ops the forward calls exactly the functions policy/model.c calls,
+ * in the same order, so its logits are bit-identical to arl_model_forward's (tested).
+ * Decode state: the model may own n_slots sequence slots on the device (KDA states and conv
+ * tails, MLA latent caches of max_context rows), continued by arl_model_dev_forward_state,
+ * arl_model_dev_prefill and arl_model_dev_decode_step exactly as policy/model.h continues an
+ * arl_decode_state (the same ops in the same order: bit-identical on "cpu").
+ * What this is not (yet): saved activations and the backward, images (media rows),
+ * block-sparse MLA, state export/import.  Those stay on policy/model.h.
+ *
+ * Symbols: T tokens of a batch, N documents, d width, V vocabulary, L layers, E experts,
+ * k experts per token, H KDA heads, dk = dv, P = H*dk, Hm MLA heads, dz latent width,
+ * f expert width, C KDA chunk length.
+ *
+ * Pointer rules: tensor arguments of arl_dev_ops entries are memory of that device ("cuda":
+ * device pointers of the current context; "cpu": host pointers); the cu (N + 1), token and
+ * route arrays too.  Host arrays are named as such.
+ */
+#ifndef ARL_POLICY_MODEL_DEVICE_H
+#define ARL_POLICY_MODEL_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "kernels/backend.h"
+#include "policy/model.h"
+
+typedef struct arl_dev_ops {
+    const char *name;                      /* "cpu" or "cuda" */
+    const arl_k_backend *(*backend)(void); /* the kernel table over this device's memory */
+
+    /* one block of device memory (*out, valid until mem_free(*out, *token)) */
+    arl_status (*mem_alloc)(size_t bytes, const char *what, void **out, size_t *token);
+    void (*mem_free)(void *p, size_t token);
+    /* host <-> device copies; both wait for completion */
+    arl_status (*upload)(void *dst, const void *src_host, size_t bytes);
+    arl_status (*download)(void *dst_host, const void *src, size_t bytes);
+    /* waits for queued work; returns the first recorded device error */
+    arl_status (*sync)(void);
+
+    /* dst (rows, cols) leading dim ldd = src leading dim lds */
+    void (*copy_rows)(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+                      int64_t cols);
+    /* x (T, d) = table (V, d) rows of tokens (T); ids checked by the caller */
+    void (*embed)(float *x, const float *table, const int32_t *tokens, int64_t T, int64_t d,
+                  int64_t V);
+    /* policy/kda.h contracts */
+    void (*kda_conv_fwd)(float *z, float *y, const float *x, const float *w, const float *tails,
+                         const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W);
+    void (*kda_gate_k3_fwd)(float *g, const float *f, const float *A_log, const float *dt_bias,
+                            int64_t T, int64_t H, int64_t dk, float g_min);
+    void (*kda_gate_softplus_fwd)(float *g, const float *f, const float *A_log,
+                                  const float *dt_bias, int64_t T, int64_t H, int64_t dk);
+    /* tail_out must not alias tail_in (the CUDA kernel writes every element at once) */
+    void (*kda_conv_tail)(float *tail_out, const float *x, int64_t n, const float *tail_in,
+                          int64_t C, int64_t W);
+    void (*kda_onorm_fwd)(float *ob, float *rstd, const float *o, const float *gam, const float *w,
+                          int64_t n, int64_t dv, float eps);
+    int64_t (*kda_chunk_ws_floats)(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
+                                   int64_t C);
+    void (*kda_chunk_fwd)(float *o, float *S, float *chunk_states, const float *q, const float *k,
+                          const float *v, const float *g, const float *beta, const int32_t *cu,
+                          int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, float scale,
+                          int64_t C, float *ws);
+    void (*kda_recurrent_fwd)(float *o, float *S, float *chunk_states, const float *q,
+                              const float *k, const float *v, const float *g, const float *beta,
+                              const int32_t *cu, int32_t N, int64_t T, int64_t H, int64_t dk,
+                              int64_t dv, float scale, int64_t C);
+    /* policy/mla.h arl_mla_attn_fwd (lse may be NULL) */
+    int64_t (*mla_attn_ws_floats)(int64_t T, int64_t Hm, int64_t r);
+    void (*mla_attn_fwd)(float *o, float *lse, const float *q_nope, const float *q_pe,
+                         const float *k_nope, const float *k_pe, const float *v, const int32_t *cu,
+                         int32_t N, int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm,
+                         float scale, float *ws);
+    /* policy/mla.h arl_mla_absorbed_attn, dense (k_c = 0): Tq queries at positions pos0.. of
+     * one sequence over its cache rows (pos0 + Tq, rkv + r) */
+    int64_t (*mla_absorbed_ws_floats)(int64_t S, int64_t rkv, int64_t r);
+    void (*mla_absorbed_attn)(float *ohat, const float *qhat, const float *q_pe, const float *cache,
+                              int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
+                              float scale, float *ws);
+    /* policy/attnres.h; src is a HOST array of N pointers to (T, d) device rows */
+    void (*attnres_mix_fwd)(float *out, float *a, const float *const *src, int32_t N, int64_t T,
+                            int64_t d, const float *w_norm, const float *w_proj, float eps);
+    /* policy/router.h arl_router_fwd; forced routes were checked by the caller */
+    int64_t (*router_ws_floats)(int64_t T, int64_t E);
+    void (*router_fwd)(int32_t *sel, float *p, float *s, const float *x, const float *W_r,
+                       const float *bias, const int32_t *forced, int64_t T, int64_t d, int64_t E,
+                       int64_t k, float rho, float *ws);
+    /* the routed experts of spec 7.2: u (T, dz) = sum_j p[t, j] E_{sel[t, j]}(z_t) in slot
+     * order, for z (T, dz), sel and p (T, k); expert e = W2_e act(W1_e z, W3_e z) */
+    int64_t (*moe_experts_ws_floats)(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f);
+    void (*moe_experts_fwd)(float *u, const float *z, const int32_t *sel, const float *p,
+                            const arl_moe_params *w, const arl_moe_cfg *c, int64_t T,
+                            const uint16_t *const *banks, float *ws);
+    /* banks: NULL, or the bf16 copies of w1, w3, w2 (bf16 weights; "cuda" only) */
+
+    /* bf16 weight storage ("cuda" only; NULL on "cpu"): y (T, out; leading dim ldy) =
+     * x (T, in) W^T + beta y with W (out, in) bf16, x rounded to bf16 into xb (T*in), fp32
+     * accumulation and output; and the fp32 -> bf16 conversion of the uploaded weights */
+    void (*linear_bf16)(float *y, int64_t ldy, float beta, const float *x, const uint16_t *W,
+                        int64_t T, int64_t in, int64_t out, uint16_t *xb);
+    void (*f32_to_bf16)(uint16_t *y, const float *x, int64_t n);
+
+    /* CUDA graphs of decode steps ("cuda" only; NULL on "cpu"): the position-independent
+     * forms of the two ops that read a sequence's position (read from pos_dev when the
+     * kernel runs), and capture / replay of the ops enqueued between begin and end. */
+    void (*cache_append_dpos)(float *cache, const int64_t *pos_dev, const float *rows, int64_t n,
+                              int64_t R);
+    void (*mla_absorbed_attn_dpos)(float *ohat, const float *qhat, const float *q_pe,
+                                   const float *cache, const int64_t *pos_dev, int64_t Tq,
+                                   int64_t Hm, int64_t rkv, int64_t r, float scale);
+    arl_status (*graph_begin)(void);
+    arl_status (*graph_end)(void **graph);
+    arl_status (*graph_launch)(void *graph);
+    void (*graph_free)(void *graph);
+} arl_dev_ops;
+
+/* The host ops (static table, never NULL). */
+const arl_dev_ops *arl_dev_ops_cpu(void);
+/* The CUDA ops (static table; usable only with a current CUDA context, see
+ * arl_dev_ops_get).  Present in every build. */
+const arl_dev_ops *arl_dev_ops_cuda(void);
+
+/* The ops of device "cpu" or "cuda" (the value of a --device option) in *out, with the
+ * errors of arl_k_backend_get (kernels/backend.h): ARL_ERR_UNSUPPORTED in a build without
+ * CUDA, ARL_ERR_DEVICE without a visible device, ARL_ERR_ARG for another name.  For "cuda",
+ * when the calling thread has no current context: cuda_arena_bytes > 0 opens one on device 0
+ * with an arena of that size (see arl_model_dev_bytes) and makes it current; 0 uses the
+ * process default context (ARL_CUDA_DEFAULT_ARENA).  Either lives until process exit. */
+arl_status arl_dev_ops_get(const char *device, size_t cuda_arena_bytes, const arl_dev_ops **out);
+
+/* Device-model settings beyond arl_model_opts. */
+typedef struct arl_model_dev_opts {
+    int32_t n_slots;       /* decode-state slots of max_context rows (0: none) */
+    int32_t bf16_weights;  /* 1 ("cuda" only): keep bf16 copies of the weights and run every
+                              weight GEMM on them (bf16 x bf16, fp32 accumulation), except the
+                              router's (fp32 always, spec 1.4) and the absorbed MLA products;
+                              the fp32 weights stay (masters) */
+    int32_t decode_graphs; /* 1 ("cuda" only): arl_model_dev_decode_step replays a CUDA graph
+                              of the whole step, captured once per set of slots (again when
+                              the set changes); same kernels, so the same bits as without */
+} arl_model_dev_opts;
+
+typedef struct arl_model_dev {
+    const arl_dev_ops *ops;
+    const arl_k_backend *kb;
+    const arl_model_config *cfg; /* borrowed: must outlive the model */
+    arl_model_dims dm;
+    arl_model_opts opts;
+    arl_model_dev_opts dopts;
+    arl_kda_layer_cfg kda;
+    arl_mla_layer_cfg mla;
+    arl_moe_cfg moe;
+    arl_glu_act act;
+    float eps;
+    int64_t weight_floats; /* floats of the parameter arena (policy/params.h layout) */
+    int32_t n_blocks;      /* AttnRes block entries ceil(L / B); 0 without AttnRes */
+    int32_t *moe_index;    /* (L) host: index among MoE layers or -1; owned */
+    int32_t *no_targets;   /* (max_tokens) host, all -1; owned */
+    arl_model_params w;    /* parameter view whose pointers are DEVICE memory (the weights) */
+    void *arena;           /* the one device block, owned */
+    size_t arena_token;
+    int64_t arena_floats;
+    /* named device buffers inside the arena (T = opts.max_tokens, N = opts.max_docs) */
+    float *weights;   /* (inv.arena_floats) the parameters, layout of policy/params.h */
+    uint16_t *wb16;   /* (inv.arena_floats) their bf16 copies, same layout, or NULL */
+    uint16_t *xb16;   /* bf16 activations of one weight GEMM, or NULL */
+    float *res;       /* (n_blocks + 1, T, d) AttnRes entries, then p (or h: slot 0) */
+    float *hbuf;      /* (T, d) */
+    float *xbuf;      /* (T, d) */
+    float *ybuf;      /* (T, d) */
+    float *logits;    /* (T, V) */
+    float *logprobs;  /* (T) */
+    float *entropy;   /* (T) */
+    int32_t *tokens;  /* (T) */
+    int32_t *targets; /* (T) */
+    int32_t *cu;      /* (N + 1) */
+    int32_t *routes;  /* (n_moe, T, k) routes of the last forward */
+    int32_t *forced;  /* (n_moe, T, k) forced routes of the batch */
+    /* decode state (n_slots = 0: none) */
+    int32_t n_slots;
+    int64_t max_context;   /* MLA cache rows per slot */
+    float *st_kda;         /* (n_kda, n_slots, H*dk*dv + 3*P*(W-1)) S then conv tails */
+    float *st_lat;         /* (n_mla, n_slots, max_context, rkv + r) latent rows */
+    int64_t *st_pos;       /* (n_slots) host: tokens in each slot; owned */
+    float *kda_S;          /* (N, H, dk, dv) gathered states */
+    float *kda_tails;      /* (N, 3, P, W-1) gathered conv tails */
+    float *kda_tin;        /* (N, P, W-1) the tails of one projection */
+    float *lat;            /* (T, rkv + r) new latent rows */
+    float *qhat, *ohat;    /* (T, Hm, rkv) absorbed MLA */
+    float *mla_ws;         /* absorbed attention work buffer */
+    float **caches;        /* (N) host: cache of each document in one MLA layer; owned */
+    int32_t *cu_host1;     /* (N + 1) host: boundaries of a one-token-per-document step; owned */
+    int64_t *pos_dev;      /* (N) device: positions of a graph step's documents */
+    int64_t *pos_host;     /* (N) host staging of pos_dev; owned */
+    void *graph;           /* the captured decode step, or NULL; owned */
+    int32_t graph_n;       /* its sequence count */
+    int32_t *graph_slots;  /* (N) host: its slots; owned */
+    int64_t graph_replays; /* decode steps served by a replay (statistics) */
+    float *scratch;        /* sublayer work buffer */
+    int64_t scratch_floats;
+} arl_model_dev;
+
+/* Model over cfg (borrowed) on the device of ops, with the weights of host_w (fp32 host
+ * parameters of the same config) uploaded once.  opts NULL = the defaults of
+ * arl_model_opts_default; mla_sparse_topk must be 0 and kda_chunk <= 64 on "cuda".
+ * dopts NULL = no decode slots, fp32 weights (arl_model_dev_opts); slots hold
+ * opts->max_context rows (0: max_position_embeddings), every slot empty (position 0).
+ * ARL_ERR_NOMEM names the bytes (for "cuda": the context's arena is too small; open the
+ * context with a larger arena_bytes). */
+arl_status arl_model_dev_init(arl_model_dev *m, const arl_dev_ops *ops, const arl_model_config *cfg,
+                              const arl_model_params *host_w, const arl_model_opts *opts,
+                              const arl_model_dev_opts *dopts);
+void arl_model_dev_free(arl_model_dev *m); /* NULL is a no-op */
+
+/* Bytes of device memory arl_model_dev_init takes (weights, activations, work buffers). */
+int64_t arl_model_dev_bytes(const arl_model_config *cfg, const arl_model_opts *opts,
+                            const arl_dev_ops *ops, const arl_model_dev_opts *dopts);
+
+/* Upload new host weights (after an optimizer step on the host), same config. */
+arl_status arl_model_dev_set_params(arl_model_dev *m, const arl_model_params *host_w);
+
+/* Forward over fresh documents, arl_model_forward's contract (policy/model.h) with HOST
+ * outputs: logits, logprobs, entropy and routes are copied back; expert_load, router_scores
+ * and acts must be NULL, and b->media NULL (ARL_ERR_UNSUPPORTED otherwise).  Errors before
+ * anything runs: ARL_ERR_RANGE for T or N above the limits, ids outside [0, V), bad forced
+ * routes; ARL_ERR_ARG for bad cu.  Device failures: ARL_ERR_DEVICE. */
+arl_status arl_model_dev_forward(arl_model_dev *m, const arl_batch *b, const arl_forward_out *out);
+
+/* Empty slot `slot` (position 0, zero state) for a new sequence.  ARL_ERR_RANGE for a slot
+ * outside [0, n_slots). */
+arl_status arl_model_dev_slot_reset(arl_model_dev *m, int32_t slot);
+/* Tokens held by a slot. */
+int64_t arl_model_dev_slot_pos(const arl_model_dev *m, int32_t slot);
+
+/* arl_model_forward_state on the device: document i continues slot slots[i] (distinct, host
+ * array) and the slot's state advances.  out as arl_model_dev_forward.  ARL_ERR_STATE for a
+ * repeated or unknown slot, ARL_ERR_RANGE past max_context. */
+arl_status arl_model_dev_forward_state(arl_model_dev *m, const int32_t *slots, const arl_batch *b,
+                                       const arl_forward_out *out);
+/* arl_model_prefill / arl_model_decode_step on the device (no media; routes of the decode
+ * step (n_moe, n, k) or NULL). */
+arl_status arl_model_dev_prefill(arl_model_dev *m, int32_t slot, const int32_t *tokens, int64_t n,
+                                 float *logits, float *last_logits);
+arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int32_t n,
+                                     const int32_t *tokens, float *logits, int32_t *routes);
+
+#endif
