@@ -5,6 +5,8 @@
  * decode state (policy/model.h), then tokens are drawn one at a time (policy/sample.h) until
  * <|end_of_msg|> or --max-tokens.  The decoded text of the drawn tokens (without the stop
  * token; special tokens by name) goes to stdout; a summary line goes to stderr.
+ * --device cuda: prefill and decode steps run on the GPU (policy/model_device.h, decode steps
+ * replayed as a CUDA graph); text prompts only.
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -20,6 +22,7 @@
 #include "policy/checkpoint.h"
 #include "policy/image.h"
 #include "policy/model.h"
+#include "policy/model_device.h"
 #include "policy/sample.h"
 #include "policy/vision.h"
 
@@ -34,6 +37,7 @@ typedef struct generate_opts {
     int64_t max_patches;
     int64_t max_pixels;
     int64_t threads;
+    char *device;
 } generate_opts;
 
 static const arl_option generate_tab[] = {
@@ -60,12 +64,16 @@ static const arl_option generate_tab[] = {
      "--image: largest image (width * height) accepted", 1, 1LL << 32, NULL, 0, "N"},
     {"threads", ARL_OPT_INT, offsetof(generate_opts, threads), "0",
      "CPU threads (0: the default of the kernels' pool)", 0, 1024, NULL, 0, "N"},
+    {"device", ARL_OPT_CHOICE, offsetof(generate_opts, device), "cpu",
+     "where the model runs: cpu, or cuda (a GPU; needs a CUDA build and a visible device; "
+     "text prompts only)",
+     0, 0, "cpu|cuda", 0, "DEV"},
 };
 #define GENERATE_N ARL_OPTIONS_COUNT(generate_tab)
 
 static const char *generate_usage =
     "agentrl generate --ckpt DIR --prompt TEXT [--image FILE] [--temperature T] [--top-p P] "
-    "[--seed S] [--max-tokens N]";
+    "[--seed S] [--max-tokens N] [--device cpu|cuda]";
 static const char *generate_summary =
     "Sample an assistant reply to a user message (text and optional image) under a checkpoint "
     "and print its text.";
@@ -82,6 +90,8 @@ typedef struct gen_run {
     arl_model_params w;
     arl_model m;
     arl_decode_state st;
+    arl_model_dev md; /* --device other than cpu: the model and its one decode slot */
+    int on_dev;
     arl_sampler smp;
     arl_chat_conv conv;
     arl_chat_tokens prompt;
@@ -101,6 +111,7 @@ static void gen_run_free(gen_run *g) {
     arl_chat_conv_free(&g->conv);
     arl_sampler_free(&g->smp);
     arl_decode_state_free(&g->st);
+    arl_model_dev_free(&g->md);
     arl_model_free(&g->m);
     arl_model_params_free(&g->w);
     arl_model_config_free(&g->cfg);
@@ -136,6 +147,9 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
                           "--image %s: the model has no vision tower (its "
                           "config.json has no vision_config)",
                           o->image);
+    if (o->image && strcmp(o->device, "cpu") != 0)
+        return arl_errorf(ARL_ERR_UNSUPPORTED, "--image runs on the CPU only; drop --device %s",
+                          o->device);
     if (o->image) ARL_TRY(arl_image_load(o->image, o->max_pixels, &g->img));
     ARL_TRY(arl_model_params_alloc(&g->w, cfg));
     ARL_TRY(arl_checkpoint_load(o->ckpt, cfg, &g->w));
@@ -154,8 +168,18 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
     mo.max_tokens = n_prompt < 2048 ? n_prompt : 2048;
     mo.max_docs = 1;
     mo.max_context = n_prompt + o->max_tokens;
-    ARL_TRY(arl_model_init(&g->m, cfg, &g->w, &mo));
-    ARL_TRY(arl_decode_state_init(&g->st, cfg, 1, mo.max_context));
+    if (strcmp(o->device, "cpu") != 0) {
+        const arl_dev_ops *ops = NULL;
+        arl_model_dev_opts dopts = {.n_slots = 1, .bf16_weights = 0, .decode_graphs = 1};
+        /* the model's block plus the context's own part (cuBLAS workspace, tables) */
+        int64_t need = arl_model_dev_bytes(cfg, &mo, arl_dev_ops_cuda(), &dopts);
+        ARL_TRY(arl_dev_ops_get(o->device, (size_t)need + ((size_t)64 << 20), &ops));
+        ARL_TRY(arl_model_dev_init(&g->md, ops, cfg, &g->w, &mo, &dopts));
+        g->on_dev = 1;
+    } else {
+        ARL_TRY(arl_model_init(&g->m, cfg, &g->w, &mo));
+        ARL_TRY(arl_decode_state_init(&g->st, cfg, 1, mo.max_context));
+    }
     ARL_TRY(arl_sampler_init(&g->smp, cfg->dims.V));
     const int64_t V = cfg->dims.V;
     g->logits = malloc(sizeof(float) * (size_t)V);
@@ -163,10 +187,14 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
     if (!g->logits || !g->out) return arl_errorf(ARL_ERR_NOMEM, "out of memory");
 
     double t0 = now_s();
-    int32_t slot;
-    ARL_TRY(arl_decode_state_join(&g->st, &slot));
-    ARL_TRY(arl_model_prefill(&g->m, &g->st, slot, g->prompt.ids, n_prompt, g->media, g->n_media,
-                              NULL, g->logits));
+    int32_t slot = 0;
+    if (g->on_dev) {
+        ARL_TRY(arl_model_dev_prefill(&g->md, slot, g->prompt.ids, n_prompt, NULL, g->logits));
+    } else {
+        ARL_TRY(arl_decode_state_join(&g->st, &slot));
+        ARL_TRY(arl_model_prefill(&g->m, &g->st, slot, g->prompt.ids, n_prompt, g->media,
+                                  g->n_media, NULL, g->logits));
+    }
     double t1 = now_s();
 
     int32_t stop[4];
@@ -187,7 +215,10 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
         if (stopped) break;
         g->out[n_out++] = tok;
         if (n_out == o->max_tokens) break;
-        ARL_TRY(arl_model_decode_step(&g->m, &g->st, &slot, 1, &tok, g->logits, NULL));
+        if (g->on_dev)
+            ARL_TRY(arl_model_dev_decode_step(&g->md, &slot, 1, &tok, g->logits, NULL));
+        else
+            ARL_TRY(arl_model_decode_step(&g->m, &g->st, &slot, 1, &tok, g->logits, NULL));
     }
     double t2 = now_s();
 

@@ -16,6 +16,9 @@
  * names, F32 (policy/model_backward.h); tensors without a gradient (the router bias, the vision
  * tower for text input) are written as zeros.  Each sequence must fit one forward
  * (T <= --max-tokens).
+ *
+ * --device cuda: the forward runs on the GPU (policy/model_device.h: fp32 weights, the same
+ * packing and chunking); --grads-out stays on the CPU.
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -29,6 +32,7 @@
 #include "policy/checkpoint.h"
 #include "policy/model.h"
 #include "policy/model_backward.h"
+#include "policy/model_device.h"
 #include "policy/tokenizer.h"
 
 typedef struct score_opts {
@@ -37,6 +41,7 @@ typedef struct score_opts {
     char *tokens;
     char *logits_out;
     char *grads_out;
+    char *device;
     int bos;
     int64_t max_tokens;
     int64_t threads;
@@ -63,6 +68,9 @@ static const arl_option score_tab[] = {
      NULL},
     {"max-tokens", ARL_OPT_INT, offsetof(score_opts, max_tokens), "2048",
      "most tokens in one forward; longer sequences run in chunks", 1, 1 << 24, NULL, 0, "N"},
+    {"device", ARL_OPT_CHOICE, offsetof(score_opts, device), "cpu",
+     "where the forward runs: cpu, or cuda (a GPU; needs a CUDA build and a visible device)", 0,
+     0, "cpu|cuda", 0, "DEV"},
     {"threads", ARL_OPT_INT, offsetof(score_opts, threads), "0",
      "CPU threads (0: the default of the kernels' pool)", 0, 1024, NULL, 0, "N"},
 };
@@ -70,7 +78,7 @@ static const arl_option score_tab[] = {
 
 static const char *score_usage =
     "agentrl score --ckpt DIR (--text FILE | --tokens FILE.npy) [--logits-out OUT.npy] "
-    "[--grads-out OUT.safetensors]";
+    "[--grads-out OUT.safetensors] [--device cpu|cuda]";
 static const char *score_summary =
     "Print the log-probability of each token given the tokens before it (positions 1..T-1 of "
     "each sequence) and their sum, under the checkpoint's model.";
@@ -174,9 +182,10 @@ static arl_status load_tokens(const score_opts *o, const arl_model_config *cfg, 
 }
 
 /* Log-probs lp (B, T) (lp[b, t] = log pi(ids[b, t+1] | ids[b, ..t])) and logits (B, T, V) or
- * NULL, sequences packed into forwards when they fit, else chunked through a decode state. */
-static arl_status score_all(arl_model *m, const arl_model_config *cfg, const int32_t *ids,
-                            int64_t B, int64_t T, float *lp, float *logits) {
+ * NULL, sequences packed into forwards when they fit, else chunked through a decode state: m's
+ * (the CPU reference), or md's one decode slot when md is non-NULL (--device). */
+static arl_status score_all(arl_model *m, arl_model_dev *md, const arl_model_config *cfg,
+                            const int32_t *ids, int64_t B, int64_t T, float *lp, float *logits) {
     const int64_t V = cfg->dims.V;
     int32_t *targets = malloc(sizeof(int32_t) * (size_t)(B * T));
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(m->opts.max_docs + 1));
@@ -202,7 +211,20 @@ static arl_status score_all(arl_model *m, const arl_model_config *cfg, const int
                             .targets = targets + b0 * T};
             arl_forward_out o = {.logits = logits ? logits + b0 * T * V : NULL,
                                  .logprobs = lp + b0 * T};
-            s = arl_model_forward(m, &bt, &o);
+            s = md ? arl_model_dev_forward(md, &bt, &o) : arl_model_forward(m, &bt, &o);
+        }
+    } else if (md) {
+        for (int64_t b = 0; b < B && !s; b++) {
+            int32_t slot = 0;
+            s = arl_model_dev_slot_reset(md, slot);
+            for (int64_t t0 = 0; t0 < T && !s; t0 += m->opts.max_tokens) {
+                int64_t c = T - t0 < m->opts.max_tokens ? T - t0 : m->opts.max_tokens;
+                arl_batch bt = {
+                    .tokens = ids + b * T + t0, .T = c, .targets = targets + b * T + t0};
+                arl_forward_out o = {.logits = logits ? logits + (b * T + t0) * V : NULL,
+                                     .logprobs = lp + b * T + t0};
+                s = arl_model_dev_forward_state(md, &slot, &bt, &o);
+            }
         }
     } else {
         arl_decode_state st;
@@ -298,6 +320,9 @@ int cmd_score(int argc, char **argv) {
     arl_model_config cfg;
     arl_model_params w;
     arl_model m;
+    arl_model_dev md;
+    int on_dev = 0;
+    memset(&md, 0, sizeof md);
     memset(&cfg, 0, sizeof cfg);
     memset(&w, 0, sizeof w);
     memset(&m, 0, sizeof m);
@@ -321,6 +346,20 @@ int cmd_score(int argc, char **argv) {
         mo.max_docs = (int32_t)(B < 1024 ? B : 1024);
         mo.max_context = T;
         s = arl_model_init(&m, &cfg, &w, &mo);
+        if (!s && strcmp(o.device, "cpu") != 0) {
+            if (o.grads_out)
+                s = arl_errorf(ARL_ERR_UNSUPPORTED,
+                               "--grads-out runs on the CPU only; drop --device %s or "
+                               "--grads-out",
+                               o.device);
+            const arl_dev_ops *ops = NULL;
+            arl_model_dev_opts dopts = {.n_slots = 1, .bf16_weights = 0, .decode_graphs = 0};
+            /* the model's block plus the context's own part (cuBLAS workspace, tables) */
+            int64_t need = arl_model_dev_bytes(&cfg, &mo, arl_dev_ops_cuda(), &dopts);
+            if (!s) s = arl_dev_ops_get(o.device, (size_t)need + ((size_t)64 << 20), &ops);
+            if (!s) s = arl_model_dev_init(&md, ops, &cfg, &w, &mo, &dopts);
+            on_dev = !s;
+        }
     }
     const int64_t V = cfg.dims.V;
     if (!s) {
@@ -330,7 +369,7 @@ int cmd_score(int argc, char **argv) {
             s = arl_errorf(ARL_ERR_NOMEM, "out of memory for %lld x %lld logits", (long long)B,
                            (long long)T);
     }
-    if (!s) s = score_all(&m, &cfg, ids, B, T, lp, logits);
+    if (!s) s = score_all(&m, on_dev ? &md : NULL, &cfg, ids, B, T, lp, logits);
     if (!s && o.grads_out) s = score_grads(&m, &cfg, &w, ids, B, T, o.grads_out);
     if (!s && o.logits_out) {
         int64_t shape[3] = {B, T, V};
@@ -360,6 +399,7 @@ int cmd_score(int argc, char **argv) {
     free(ids);
     free(lp);
     free(logits);
+    arl_model_dev_free(&md);
     arl_model_free(&m);
     arl_model_params_free(&w);
     arl_model_config_free(&cfg);

@@ -4,7 +4,8 @@
  *          chunked scoring of a sequence longer than --max-tokens, and its errors (ids out of
  *          range, a float array, both inputs, a checkpoint whose config does not match);
  *   generate: greedy output equals an in-process prefill + argmax loop; seeded sampling is
- *          reproducible; an image prompt works; a file that is not an image fails cleanly.
+ *          reproducible; an image prompt works; a file that is not an image fails cleanly;
+ *   --device: cuda gives the same log-probs on a GPU and a clear error without one.
  *
  * Tolerance: spec 16.4 whole-model form, max|ref| over the compared values, atol 0, rtol 1e-4:
  * the CLI packs sequences differently from the reference (GEMM row blocking differs, ~1e-6
@@ -135,6 +136,27 @@ static void test_score_tokens(void) {
         check_close_maxref_f32("chunked score logits", a.data, ref_lg + T * V, (size_t)(T * V), 0,
                                1e-4);
     arl_npy_free(&a);
+
+    /* --device cuda: on a GPU the same log-probs (fp32 weights; the device GEMMs sum in
+     * another order, and TF32 may be on: rtol 2e-2 of max|ref|, spec 16.4's bf16-class bound);
+     * without one (no GPU, or a build without CUDA) a clear error, exit 1.  An unknown device
+     * is a usage error. */
+    CHECK(arl_npy_write(npy, ARL_DTYPE_I64, 2, shape, ids64) == ARL_OK);
+    snprintf(cmd, sizeof cmd, "%s score --ckpt %s --tokens %s --device cuda", BIN, CKPT, npy);
+    int rc_dev = run(cmd, out, 1 << 20);
+    if (rc_dev == 0) {
+        memset(got, 0, sizeof(float) * B * T);
+        CHECK_EQ_INT(parse_score(out, T, got, sums), B * (T - 1));
+        check_close_maxref_f32("score --device cuda", got, ref, (size_t)(B * T), 0, 2e-2);
+    } else {
+        CHECK_EQ_INT(rc_dev, 1);
+        CHECK(stderr_has("device 'cuda'") || stderr_has("CUDA") || stderr_has("cuda"));
+    }
+    snprintf(cmd, sizeof cmd, "%s score --ckpt %s --tokens %s --device tpu", BIN, CKPT, npy);
+    CHECK_EQ_INT(run(cmd, out, 1 << 20), 2);
+    snprintf(cmd, sizeof cmd, "%s score --ckpt %s --tokens %s --device cuda --grads-out %s/g.st",
+             BIN, CKPT, npy, DIR_);
+    CHECK_EQ_INT(run(cmd, out, 1 << 20), 1);
 
     /* errors */
     ids64[7] = 384;
@@ -289,6 +311,11 @@ static void test_generate(void) {
     CHECK(stderr_has("i.ppm"));
     snprintf(cmd, sizeof cmd, "%s generate --ckpt %s --prompt x --top-p 1.5", BIN, CKPT);
     CHECK_EQ_INT(run(cmd, out, 1 << 16), 2);
+    /* images stay on the CPU: a clear error with --device cuda, GPU or not */
+    snprintf(cmd, sizeof cmd, "%s generate --ckpt %s --prompt x --image %s --device cuda", BIN,
+             CKPT, img);
+    CHECK_EQ_INT(run(cmd, out, 1 << 16), 1);
+    CHECK(stderr_has("--image runs on the CPU only"));
     free(out);
     free(out2);
 }
