@@ -788,6 +788,8 @@ static int group_name_ok(const char *s) {
 void arl_report_eval_init(arl_report_eval *e) {
     e->before.episodes = e->after.episodes = -1;
     e->before.successes = e->after.successes = 0;
+    memset(&e->paired, 0, sizeof e->paired);
+    e->paired.tasks = -1;
     e->kl_target = e->kl_mean = NAN;
 }
 
@@ -818,6 +820,65 @@ double arl_report_newcombe(int64_t k1, int64_t n1, int64_t k0, int64_t n0, doubl
     *lo = d - sqrt((p1 - l1) * (p1 - l1) + (u0 - p0) * (u0 - p0));
     *hi = d + sqrt((u1 - p1) * (u1 - p1) + (p0 - l0) * (p0 - l0));
     return d;
+}
+
+double arl_report_newcombe_paired(const arl_report_eval_paired *p, double z, double *lo,
+                                  double *hi) {
+    if (p->tasks <= 0) {
+        *lo = *hi = NAN;
+        return NAN;
+    }
+    const double a = (double)p->both, b = (double)p->after_only, c = (double)p->before_only,
+                 d = (double)p->neither;
+    double l1, u1, l0, u0;
+    double p1 = arl_report_wilson(p->both + p->after_only, p->tasks, z, &l1, &u1);
+    double p0 = arl_report_wilson(p->both + p->before_only, p->tasks, z, &l0, &u0);
+    double den = (a + b) * (c + d) * (a + c) * (b + d);
+    double phi = den > 0 ? (a * d - b * c) / sqrt(den) : 0.0;
+    double diff = p1 - p0;
+    double dl = (p1 - l1) * (p1 - l1) - 2 * phi * (p1 - l1) * (u0 - p0) + (u0 - p0) * (u0 - p0);
+    double du = (u1 - p1) * (u1 - p1) - 2 * phi * (u1 - p1) * (p0 - l0) + (p0 - l0) * (p0 - l0);
+    *lo = diff - sqrt(fmax(0, dl));
+    *hi = diff + sqrt(fmax(0, du));
+    return diff;
+}
+
+double arl_report_mcnemar_exact(int64_t before_only, int64_t after_only) {
+    const int64_t n = before_only + after_only;
+    const int64_t k = before_only < after_only ? before_only : after_only;
+    if (n <= 0 || k < 0) return 1.0;
+    /* P(X <= k), X ~ Binomial(n, 1/2), summed in log space (n can be in the thousands) */
+    double sum = 0;
+    const double ln2n = (double)n * log(2.0), lgn = lgamma((double)n + 1);
+    for (int64_t i = 0; i <= k; i++)
+        sum += exp(lgn - lgamma((double)i + 1) - lgamma((double)(n - i) + 1) - ln2n);
+    return fmin(1.0, 2 * sum);
+}
+
+static arl_status eval_paired(const char *path, json_t *v, arl_report_eval_paired *p) {
+    static const char *const keys[4] = {"both", "before_only", "after_only", "neither"};
+    int64_t *dst[4] = {&p->both, &p->before_only, &p->after_only, &p->neither};
+    if (!json_is_object(v))
+        return arl_errorf(ARL_ERR_FORMAT,
+                          "%s: field 'paired': expected an object {\"both\", \"before_only\", "
+                          "\"after_only\", \"neither\"}",
+                          path);
+    p->tasks = 0;
+    for (int i = 0; i < 4; i++) {
+        json_t *x = json_object_get(v, keys[i]);
+        if (!json_is_integer(x) || json_integer_value(x) < 0)
+            return arl_errorf(ARL_ERR_FORMAT,
+                              "%s: field 'paired.%s': expected a non-negative integer", path,
+                              keys[i]);
+        *dst[i] = (int64_t)json_integer_value(x);
+        p->tasks += *dst[i];
+    }
+    if (json_object_size(v) != 4)
+        return arl_errorf(ARL_ERR_FORMAT,
+                          "%s: field 'paired': unknown key (expected both, before_only, "
+                          "after_only, neither)",
+                          path);
+    return ARL_OK;
 }
 
 static arl_status eval_arm(const char *path, const char *key, json_t *v, arl_report_eval_arm *a) {
@@ -874,6 +935,8 @@ arl_status arl_report_eval_read(const char *path, arl_report_eval *e) {
                 s = eval_arm(path, k, v, &e->before);
             } else if (!strcmp(k, "after")) {
                 s = eval_arm(path, k, v, &e->after);
+            } else if (!strcmp(k, "paired")) {
+                s = eval_paired(path, v, &e->paired);
             } else if (!strcmp(k, "kl_target") || !strcmp(k, "kl_mean")) {
                 if (!json_is_number(v) || !isfinite(json_number_value(v)))
                     s = arl_errorf(ARL_ERR_FORMAT, "%s: field '%s': expected a finite number", path,
@@ -883,7 +946,7 @@ arl_status arl_report_eval_read(const char *path, arl_report_eval *e) {
             } else {
                 s = arl_errorf(ARL_ERR_FORMAT,
                                "%s: field '%s': unknown key (expected version, before, after, "
-                               "kl_target, kl_mean)",
+                               "paired, kl_target, kl_mean)",
                                path, k);
             }
             if (s != ARL_OK) break;
@@ -902,6 +965,12 @@ static arl_status eval_cb(const void *ctx, FILE *f) {
         if (arms[i]->episodes >= 0)
             fprintf(f, ", \"%s\": {\"episodes\": %lld, \"successes\": %lld}", names[i],
                     (long long)arms[i]->episodes, (long long)arms[i]->successes);
+    if (e->paired.tasks >= 0)
+        fprintf(f,
+                ", \"paired\": {\"both\": %lld, \"before_only\": %lld, \"after_only\": %lld, "
+                "\"neither\": %lld}",
+                (long long)e->paired.both, (long long)e->paired.before_only,
+                (long long)e->paired.after_only, (long long)e->paired.neither);
     char num[40];
     if (isfinite(e->kl_target)) {
         fmt_double(num, sizeof num, e->kl_target);
@@ -923,6 +992,12 @@ arl_status arl_report_eval_write(const char *path, const arl_report_eval *e) {
             return arl_errorf(ARL_ERR_ARG, "%s: %s: successes %lld not in [0, episodes %lld]", path,
                               i ? "after" : "before", (long long)arms[i]->successes,
                               (long long)arms[i]->episodes);
+    const arl_report_eval_paired *p = &e->paired;
+    if (p->tasks >= 0 && (p->both < 0 || p->before_only < 0 || p->after_only < 0 ||
+                          p->neither < 0 ||
+                          p->both + p->before_only + p->after_only + p->neither != p->tasks))
+        return arl_errorf(ARL_ERR_ARG, "%s: paired counts do not sum to %lld tasks", path,
+                          (long long)p->tasks);
     return write_atomic(path, eval_cb, e);
 }
 
@@ -985,7 +1060,8 @@ static void summary_eval(FILE *f, const summary_ctx *c) {
     } else {
         fputs("Held-out success rate of the policy before and after training. Intervals are 95%: "
               "Wilson score intervals for each rate, Newcombe's hybrid score interval (method 10) "
-              "for the difference.\n\n",
+              "for the difference, unpaired (independent samples) and, when the outcomes are "
+              "recorded task by task, paired.\n\n",
               f);
         fputs("| policy | episodes | successes | success rate | 95% CI |\n", f);
         fputs("|---|---:|---:|---:|---|\n", f);
@@ -1009,20 +1085,57 @@ static void summary_eval(FILE *f, const summary_ctx *c) {
         double lo, hi;
         double d = arl_report_newcombe(e->after.successes, e->after.episodes, e->before.successes,
                                        e->before.episodes, ARL_REPORT_Z95, &lo, &hi);
+        const arl_report_eval_paired *pp = &e->paired;
+        double plo = NAN, phi = NAN, pd = NAN;
+        if (pp->tasks > 0) pd = arl_report_newcombe_paired(pp, ARL_REPORT_Z95, &plo, &phi);
         if (isfinite(d)) {
-            fprintf(f, "| after \xE2\x88\x92 before | | | %+.4f | [%+.4f, %+.4f] |\n\n", d, lo, hi);
+            fprintf(f, "| after \xE2\x88\x92 before%s | | | %+.4f | [%+.4f, %+.4f] |\n",
+                    isfinite(pd) ? " (unpaired)" : "", d, lo, hi);
+            if (isfinite(pd))
+                fprintf(f, "| after \xE2\x88\x92 before (paired, %lld tasks) | | | %+.4f | "
+                           "[%+.4f, %+.4f] |\n",
+                        (long long)pp->tasks, pd, plo, phi);
+            fputs("\n", f);
+        }
+        if (isfinite(pd)) {
+            double pv = arl_report_mcnemar_exact(pp->before_only, pp->after_only);
+            fprintf(f,
+                    "Paired analysis. Both policies are evaluated on the same held-out tasks, "
+                    "so each task gives a pair of outcomes (before, after):\n\n"
+                    "| | after: success | after: failure |\n|---|---:|---:|\n"
+                    "| before: success | %lld | %lld |\n| before: failure | %lld | %lld |\n\n"
+                    "Only the %lld discordant tasks carry information about the change: %lld "
+                    "failed before and succeed after, %lld the reverse. The paired difference "
+                    "(%lld \xE2\x88\x92 %lld) / %lld = %+.4f has the 95%% interval [%+.4f, %+.4f] "
+                    "(Newcombe's method 10 for paired proportions: Wilson intervals of the two "
+                    "rates combined with the correlation of the outcomes); exact McNemar test "
+                    "p = %.3g. The unpaired interval above ignores the pairing and is wider when "
+                    "the outcomes of a task are correlated.\n\n",
+                    (long long)pp->both, (long long)pp->before_only, (long long)pp->after_only,
+                    (long long)pp->neither, (long long)(pp->before_only + pp->after_only),
+                    (long long)pp->after_only, (long long)pp->before_only,
+                    (long long)pp->after_only, (long long)pp->before_only, (long long)pp->tasks,
+                    pd, plo, phi, pv);
+        }
+        if (isfinite(d)) {
+            /* the verdict: the paired interval when the pairing is known, else the unpaired */
+            const int paired = isfinite(pd);
+            const double vlo = paired ? plo : lo, vhi = paired ? phi : hi;
             const char *verdict =
-                lo > 0   ? "Improved: the 95% interval of the difference lies above zero."
-                : hi < 0 ? "Worse: the 95% interval of the difference lies below zero."
-                         : "No change distinguishable at 95%: the interval of the difference "
-                           "contains zero.";
+                vlo > 0   ? "Improved: the 95% interval of the difference lies above zero."
+                : vhi < 0 ? "Worse: the 95% interval of the difference lies below zero."
+                          : "No change distinguishable at 95%: the interval of the difference "
+                            "contains zero.";
             fprintf(f,
                     "**Success rate %.1f%% \xE2\x86\x92 %.1f%% (%+.1f percentage points, 95%% CI "
-                    "%+.1f to %+.1f; %lld episodes before, %lld after).** %s\n\n",
+                    "%+.1f to %+.1f",
                     100.0 * (double)e->before.successes / (double)e->before.episodes,
                     100.0 * (double)e->after.successes / (double)e->after.episodes, 100 * d,
-                    100 * lo, 100 * hi, (long long)e->before.episodes, (long long)e->after.episodes,
-                    verdict);
+                    100 * vlo, 100 * vhi);
+            if (paired)
+                fprintf(f, " paired (%+.1f to %+.1f unpaired)", 100 * lo, 100 * hi);
+            fprintf(f, "; %lld episodes before, %lld after).** %s\n\n",
+                    (long long)e->before.episodes, (long long)e->after.episodes, verdict);
         } else {
             fputs("\nThe difference needs episodes both before and after.\n\n", f);
         }

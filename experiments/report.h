@@ -25,11 +25,14 @@
  *                  {"version": 1,
  *                   "before": {"episodes": N, "successes": K},
  *                   "after":  {"episodes": N, "successes": K},
+ *                   "paired": {"both": A, "before_only": B, "after_only": C, "neither": D},
  *                   "kl_target": x, "kl_mean": y}
  *                  Every key is optional ("version" must be 1 when present); unknown keys,
  *                  K > N, negative counts and non-finite KL values are errors naming the key.
  *                  "before" is the policy before training, "after" the final policy, both on
- *                  the same held-out tasks; kl_mean is the mean per-token KL of the final
+ *                  the same held-out tasks; "paired" (optional) counts those tasks by their
+ *                  outcome in both arms (task j before vs task j after); kl_mean is the mean
+ *                  per-token KL of the final
  *                  policy to the reference, kl_target the controller's target.
  *
  * Output folder (arl_report_write):
@@ -152,11 +155,23 @@ typedef struct arl_report_eval_arm {
     int64_t successes; /* 0 <= successes <= episodes */
 } arl_report_eval_arm;
 
+/* The two arms on the same held-out tasks, task by task (a 2x2 table of outcomes).  With
+ * greedy evaluation both arms see the same tasks, so the paired difference is the right
+ * comparison and its interval is narrower than the unpaired one when outcomes correlate. */
+typedef struct arl_report_eval_paired {
+    int64_t tasks;       /* tasks with a valid episode in both arms; < 0: absent */
+    int64_t both;        /* succeeded before and after */
+    int64_t before_only; /* succeeded before, failed after */
+    int64_t after_only;  /* failed before, succeeded after */
+    int64_t neither;     /* failed in both; the four sum to tasks */
+} arl_report_eval_paired;
+
 typedef struct arl_report_eval {
-    arl_report_eval_arm before; /* the initial policy */
-    arl_report_eval_arm after;  /* the trained policy */
-    double kl_target;           /* per-token KL target; NaN: absent */
-    double kl_mean;             /* measured mean per-token KL to the reference; NaN: absent */
+    arl_report_eval_arm before;    /* the initial policy */
+    arl_report_eval_arm after;     /* the trained policy */
+    arl_report_eval_paired paired; /* paired.tasks < 0: not recorded */
+    double kl_target;              /* per-token KL target; NaN: absent */
+    double kl_mean;                /* measured mean per-token KL to the reference; NaN: absent */
 } arl_report_eval;
 
 /* Everything absent. */
@@ -177,6 +192,23 @@ double arl_report_wilson(int64_t k, int64_t n, double z, double *lo, double *hi)
  * Returns d.  n1 <= 0 or n0 <= 0: NaN for all three. */
 double arl_report_newcombe(int64_t k1, int64_t n1, int64_t k0, int64_t n0, double z, double *lo,
                            double *hi);
+
+/* Newcombe's interval for the difference of two PAIRED proportions (his method 10, 1998:
+ * "Improved confidence intervals for the difference between binomial proportions based on
+ * paired data"), d = (after_only - before_only) / tasks = p_after - p_before, from the Wilson
+ * intervals [l1, u1] of p_after and [l0, u0] of p_before and the phi coefficient of the 2x2
+ * table, phi = (both neither - after_only before_only) / sqrt(product of the four margins)
+ * (0 when a margin is 0):
+ *   lo = d - sqrt((p1 - l1)^2 - 2 phi (p1 - l1)(u0 - p0) + (u0 - p0)^2)
+ *   hi = d + sqrt((u1 - p1)^2 - 2 phi (u1 - p1)(p0 - l0) + (p0 - l0)^2)
+ * Returns d.  p->tasks <= 0: NaN for all three. */
+double arl_report_newcombe_paired(const arl_report_eval_paired *p, double z, double *lo,
+                                  double *hi);
+
+/* Exact two-sided McNemar test: P(the discordant pairs split at least as unevenly as
+ * before_only : after_only when each is equally likely) = min(1, 2 P(X <= min(b, c))),
+ * X ~ Binomial(b + c, 1/2).  1 when there is no discordant pair. */
+double arl_report_mcnemar_exact(int64_t before_only, int64_t after_only);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The report                                                                                  */

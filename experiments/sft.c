@@ -56,6 +56,12 @@ static const arl_option sft_own_tab[] = {
      "fail|skip", 0, NULL},
     {"shuffle", ARL_OPT_BOOL, F(shuffle), "true", "shuffle the conversations every epoch", 0, 0,
      NULL, 0, NULL},
+    {"shared-prefix", ARL_OPT_BOOL, F(shared_prefix), "false",
+     "split off the token prefix that every conversation shares (tool declarations, system "
+     "prompt; no target in it), compute it once per batch and let each sequence continue its "
+     "state: batch-tokens then counts only the rest of each conversation, and no gradient flows "
+     "through the prefix's activations (experiments/sft_data.h)",
+     0, 0, NULL, 0, NULL},
     {"steps", ARL_OPT_INT, F(steps), "1000", "optimizer steps", 1, 1e15, NULL, 0, NULL},
     {"eval-interval", ARL_OPT_INT, F(eval_interval), "0",
      "evaluate on eval-data every N steps (0 = at the end only)", 0, 1e15, NULL, 0, NULL},
@@ -380,6 +386,9 @@ static void log_data_stats(FILE *log, const char *what, const arl_sft_data *d) {
             "lines",
             what, arl_sft_data_path(d), (long long)s->conversations, (long long)s->tokens,
             (long long)s->loss_tokens, (long long)s->max_tokens, (long long)s->lines);
+    if (s->prefix_tokens)
+        fprintf(log, ", shared prefix of %lld tokens computed once per batch",
+                (long long)s->prefix_tokens);
     if (s->truncated) fprintf(log, ", %lld truncated", (long long)s->truncated);
     if (s->dropped_long) fprintf(log, ", %lld dropped as too long", (long long)s->dropped_long);
     if (s->no_loss)
@@ -451,17 +460,19 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
 
     /* data */
     arl_sft_data_config dc = {
-        .max_seq_tokens = c->max_seq_tokens ? c->max_seq_tokens : c->batch_tokens,
+        .max_seq_tokens = c->max_seq_tokens  ? c->max_seq_tokens
+                          : c->shared_prefix ? (1 << 30) /* the batch check counts suffixes */
+                                             : c->batch_tokens,
         .on_malformed =
             strcmp(c->on_malformed, "skip") ? ARL_SFT_MALFORMED_FAIL : ARL_SFT_MALFORMED_SKIP,
         .on_long = strcmp(c->on_long, "drop") ? ARL_SFT_LONG_TRUNCATE : ARL_SFT_LONG_DROP,
     };
-    ARL_TRY(arl_sft_data_open(c->data, &dc, &r->tmpl, &r->train));
+    ARL_TRY(arl_sft_data_open_prefix(c->data, &dc, c->shared_prefix, &r->tmpl, &r->train));
     log_data_stats(r->log, "training data", r->train);
     if (arl_sft_data_count(r->train) == 0)
         return arl_errorf(ARL_ERR_ARG, "%s: no usable conversation to train on", c->data);
     if (c->eval_data) {
-        ARL_TRY(arl_sft_data_open(c->eval_data, &dc, &r->tmpl, &r->eval));
+        ARL_TRY(arl_sft_data_open_prefix(c->eval_data, &dc, c->shared_prefix, &r->tmpl, &r->eval));
         log_data_stats(r->log, "eval data", r->eval);
         if (arl_sft_data_count(r->eval) == 0)
             return arl_errorf(ARL_ERR_ARG, "%s: no usable conversation to evaluate on",
@@ -539,7 +550,18 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
         return arl_errorf(ARL_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
 
     /* model workspace */
-    ARL_TRY(r->ops->create(&r->ws, &r->mcfg, c->batch_tokens, c->batch_tokens, (int)c->threads));
+    /* sequences per batch: with a shared prefix, at most batch-tokens / (shortest suffix) */
+    int64_t max_seqs = c->batch_tokens;
+    for (int k = 0; k < 2; k++) {
+        const arl_sft_data *dd = k ? r->eval : r->train;
+        if (!dd || !c->shared_prefix) continue;
+        const arl_sft_stats *ds = arl_sft_data_stats(dd);
+        int64_t shortest = ds->min_tokens - ds->prefix_tokens;
+        int64_t m = c->batch_tokens / (shortest > 0 ? shortest : 1) + 1;
+        if (k == 0 || m > max_seqs) max_seqs = m;
+    }
+    if (max_seqs > c->batch_tokens) max_seqs = c->batch_tokens;
+    ARL_TRY(r->ops->create(&r->ws, &r->mcfg, c->batch_tokens, max_seqs, (int)c->threads));
     ARL_TRY(arl_sft_batch_init(&r->batch, c->batch_tokens));
     ARL_TRY(arl_router_scores_init(&r->router, &r->mcfg, c->batch_tokens, r->optim.qb_num_bins));
     return ARL_OK;

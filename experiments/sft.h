@@ -90,6 +90,7 @@ typedef struct arl_sft_config {
     char *on_long;               /* "truncate" | "drop" */
     char *on_malformed;          /* "skip" | "fail" */
     int shuffle;                 /* shuffle every epoch */
+    int shared_prefix;           /* compute the conversations' shared prefix once per batch */
     int64_t steps;               /* optimizer steps of the run */
     int64_t eval_interval;       /* evaluate every N steps (0: at the end only) */
     int64_t eval_max_batches;    /* batches per evaluation (0: the whole file) */

@@ -22,6 +22,7 @@ struct arl_sft_data {
     char *path;
     FILE *f;
     arl_sft_data_config cfg;
+    int shared_prefix;
     arl_chat_template tmpl;
     sft_item *items; /* (n) */
     int64_t n;
@@ -32,6 +33,10 @@ struct arl_sft_data {
     int64_t perm_epoch;
     uint64_t perm_seed;
     int perm_valid;
+    /* shared prefix (cfg.shared_prefix): tokens of the first usable conversation, of which the
+     * first prefix_len are shared by all */
+    int32_t *prefix; /* (prefix_cap) */
+    int64_t prefix_cap, prefix_len;
     /* reused while batching */
     char *line;
     size_t line_cap;
@@ -128,6 +133,25 @@ static arl_status index_file(arl_sft_data *d) {
             continue;
         }
         if ((int64_t)n_full > d->cfg.max_seq_tokens) st->truncated++;
+        if (d->shared_prefix) {
+            /* P <= first loss token - 1, and the common part with the earlier ones */
+            int64_t first = 0;
+            while (!d->tok.mask[first])
+                first++;
+            int64_t lim = first - 1 > 0 ? first - 1 : 0;
+            if (!d->prefix) {
+                d->prefix = malloc(sizeof(int32_t) * (size_t)(lim > 0 ? lim : 1));
+                if (!d->prefix) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", d->path);
+                for (int64_t i = 0; i < lim; i++)
+                    d->prefix[i] = d->tok.ids[i];
+                d->prefix_cap = d->prefix_len = lim;
+            } else {
+                int64_t p = 0;
+                while (p < d->prefix_len && p < lim && d->prefix[p] == d->tok.ids[p])
+                    p++;
+                d->prefix_len = p;
+            }
+        }
         ARL_TRY(grow_items(d, &cap));
         sft_item *it = &d->items[d->n++];
         it->offset = this_off;
@@ -138,6 +162,8 @@ static arl_status index_file(arl_sft_data *d) {
         st->tokens += (int64_t)d->tok.n;
         st->loss_tokens += loss;
         if ((int64_t)d->tok.n > st->max_tokens) st->max_tokens = (int64_t)d->tok.n;
+        if (st->min_tokens == 0 || (int64_t)d->tok.n < st->min_tokens)
+            st->min_tokens = (int64_t)d->tok.n;
         continue;
     malformed:
         if (d->cfg.on_malformed == ARL_SFT_MALFORMED_FAIL)
@@ -151,6 +177,7 @@ static arl_status index_file(arl_sft_data *d) {
             arl_log_warn("sft data: skipping malformed line: %s", arl_error_msg());
         st->malformed++;
     }
+    st->prefix_tokens = d->prefix_len;
     uint8_t dig[ARL_SHA256_BYTES];
     arl_sha256_final(&h, dig);
     arl_sha256_hex(dig, d->sha256);
@@ -159,6 +186,12 @@ static arl_status index_file(arl_sft_data *d) {
 
 arl_status arl_sft_data_open(const char *path, const arl_sft_data_config *cfg,
                              const arl_chat_template *t, arl_sft_data **out) {
+    return arl_sft_data_open_prefix(path, cfg, 0, t, out);
+}
+
+arl_status arl_sft_data_open_prefix(const char *path, const arl_sft_data_config *cfg,
+                                    int shared_prefix, const arl_chat_template *t,
+                                    arl_sft_data **out) {
     *out = NULL;
     if (cfg->max_seq_tokens < 2)
         return arl_errorf(ARL_ERR_ARG, "sft data: max_seq_tokens must be >= 2, got %lld",
@@ -169,6 +202,7 @@ arl_status arl_sft_data_open(const char *path, const arl_sft_data_config *cfg,
     arl_sft_data *d = calloc(1, sizeof *d);
     if (!d) return arl_errorf(ARL_ERR_NOMEM, "sft data: out of memory");
     d->cfg = *cfg;
+    d->shared_prefix = shared_prefix != 0;
     d->tmpl = *t;
     arl_chat_tokens_init(&d->tok);
     d->path = strdup(path);
@@ -202,6 +236,7 @@ void arl_sft_data_close(arl_sft_data *d) {
     free(d->path);
     free(d->items);
     free(d->perm);
+    free(d->prefix);
     free(d->line);
     arl_chat_tokens_free(&d->tok);
     free(d);
@@ -362,30 +397,36 @@ arl_status arl_sft_data_next_batch(arl_sft_data *d, arl_data_cursor *c, int shuf
         return arl_errorf(ARL_ERR_STATE, "%s: no usable conversation (see the data statistics)",
                           d->path);
     ARL_ASSERT(batch_tokens <= b->cap_tokens);
-    if (batch_tokens < d->stats.max_tokens)
+    const int64_t P = d->prefix_len;
+    if (batch_tokens < d->stats.max_tokens - P)
         return arl_errorf(ARL_ERR_ARG,
                           "%s: batch of %lld tokens cannot hold the longest conversation (%lld "
-                          "tokens); raise batch-tokens or lower max-seq-tokens",
-                          d->path, (long long)batch_tokens, (long long)d->stats.max_tokens);
+                          "tokens%s); raise batch-tokens or lower max-seq-tokens",
+                          d->path, (long long)batch_tokens, (long long)(d->stats.max_tokens - P),
+                          P ? " after the shared prefix" : "");
     ARL_TRY(arl_sft_data_cursor_check(d, c->seed, c));
     b->T = 0;
     b->n_seqs = 0;
     b->n_targets = 0;
     b->epoch = c->epoch;
     b->cu_seqlens[0] = 0;
+    b->prefix_ids = P ? d->prefix : NULL;
+    b->prefix_len = P;
     while (c->index < d->n) {
         int64_t it = order_at(d, c->seed, c->epoch, shuffle, c->index);
-        int64_t nt = d->items[it].n_tokens;
+        int64_t nt = d->items[it].n_tokens - P; /* the suffix */
         if (b->T + nt > batch_tokens) break;
         ARL_TRY(load_item(d, it));
+        const int32_t *ids = d->tok.ids + P;
+        const uint8_t *mask = d->tok.mask + P;
         int64_t base = b->T;
         for (int64_t i = 0; i < nt; i++) {
-            b->ids[base + i] = d->tok.ids[i];
-            b->mask[base + i] = d->tok.mask[i];
+            b->ids[base + i] = ids[i];
+            b->mask[base + i] = mask[i];
         }
         for (int64_t i = 0; i < nt; i++) {
-            int has = i + 1 < nt && d->tok.mask[i + 1];
-            b->labels[base + i] = has ? d->tok.ids[i + 1] : ARL_SFT_IGNORE;
+            int has = i + 1 < nt && mask[i + 1];
+            b->labels[base + i] = has ? ids[i + 1] : ARL_SFT_IGNORE;
             b->n_targets += has;
         }
         b->item[b->n_seqs] = it;

@@ -38,6 +38,17 @@
  * mask of token t + 1 is 1 (an assistant token), else ARL_SFT_IGNORE.  The model never looks
  * across a sequence boundary.
  *
+ * Shared prefix (arl_sft_data_open_prefix with shared_prefix = 1).  Conversations of one environment begin with the same
+ * tokens (tool declarations, system prompt: ~580 of the ~690 tokens of a calculator
+ * demonstration).  The index pass then finds the longest prefix P that every usable
+ * conversation shares and in which no position has a target (P <= first loss token - 1 in each
+ * conversation).  Batches hold only the suffixes (tokens P..n-1 of each conversation, labels
+ * as above within the full conversation) and the budget counts suffix tokens; the batch points
+ * to the prefix, and the model computes the prefix once per batch and starts every sequence
+ * from its state (experiments/sft_model.c).  The loss is the same as without the split (no
+ * prefix position has a target); the gradient lacks only the terms that flow through the
+ * prefix's activations, which the suffixes see as fixed context.
+ *
  * Not here: the model, the loss (the model's train step computes it from labels), images.
  */
 #ifndef ARL_EXPERIMENTS_SFT_DATA_H
@@ -80,6 +91,8 @@ typedef struct arl_sft_stats {
     int64_t tokens;        /* tokens of the usable conversations (after truncation) */
     int64_t loss_tokens;   /* loss-mask tokens among them */
     int64_t max_tokens;    /* longest usable conversation (after truncation) */
+    int64_t min_tokens;    /* shortest usable conversation (0: none) */
+    int64_t prefix_tokens; /* P of the shared prefix (0: none, or shared_prefix off) */
     int64_t malformed_line[ARL_SFT_MAX_LISTED]; /* first malformed line numbers (1-based) */
     char first_error[512]; /* message of the first malformed line ("" if none) */
 } arl_sft_stats;
@@ -95,6 +108,9 @@ typedef struct arl_sft_batch {
     int64_t n_targets; /* positions with a label */
     int64_t epoch;     /* epoch the conversations came from */
     int64_t cap_tokens, cap_seqs;
+    /* shared prefix: every sequence continues these tokens (the batch holds the suffixes) */
+    const int32_t *prefix_ids; /* (prefix_len) borrowed from the data, valid until its close */
+    int64_t prefix_len;        /* 0: sequences start fresh */
 } arl_sft_batch;
 
 typedef struct arl_sft_data arl_sft_data;
@@ -105,6 +121,10 @@ typedef struct arl_sft_data arl_sft_data;
  * config, ARL_ERR_NOMEM. */
 arl_status arl_sft_data_open(const char *path, const arl_sft_data_config *cfg,
                              const arl_chat_template *t, arl_sft_data **out);
+/* The same with shared_prefix = 1: split off the shared prefix (see "Shared prefix" above). */
+arl_status arl_sft_data_open_prefix(const char *path, const arl_sft_data_config *cfg,
+                                    int shared_prefix, const arl_chat_template *t,
+                                    arl_sft_data **out);
 void arl_sft_data_close(arl_sft_data *d); /* NULL-safe */
 
 /* Statistics of the index pass; valid until close. */
@@ -132,7 +152,7 @@ arl_status arl_sft_batch_init(arl_sft_batch *b, int64_t cap_tokens);
 void arl_sft_batch_free(arl_sft_batch *b); /* NULL-safe */
 
 /* Fill b with the next batch at cursor c (batch_tokens <= b->cap_tokens, and at least the
- * longest conversation) and advance c past it (into the next epoch after the last batch of
+ * longest conversation, or its suffix with a shared prefix) and advance c past it (into the next epoch after the last batch of
  * an epoch).  shuffle 0 keeps file order.  Never returns an empty batch when count > 0;
  * ARL_ERR_STATE when the file has no usable conversation. */
 arl_status arl_sft_data_next_batch(arl_sft_data *d, arl_data_cursor *c, int shuffle,

@@ -1,6 +1,10 @@
 /* experiments/sft_model.c: the CPU policy (policy/model.h, policy/model_backward.h) as the
  * model of `agentrl sft` (experiments/sft.h arl_sft_model_ops).  Each packed batch's sequences
- * start from the empty state; the loss is the summed next-token NLL on labelled positions. */
+ * start from the empty state, or, when the batch carries a shared prefix
+ * (experiments/sft_data.h), from the state after that prefix: slot 0 of a decode state is
+ * prefilled with the prefix once per batch (no gradient), exported, and imported into slot
+ * 1 + i for sequence i, which then continues it; the loss is the summed next-token NLL on
+ * labelled positions. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +23,12 @@ typedef struct sft_cpu {
     float *scores;  /* (n_moe, T, E) router scores of the last forward */
     int32_t *routes; /* (n_moe, T, k) */
     float *logp;    /* (T) eval log-probabilities */
+    /* shared prefix */
+    arl_decode_state st; /* slot 0: the prefix; slots 1..n_slots-1: the sequences */
+    int have_st;
+    int32_t *slots;   /* (max_seqs) 1, 2, ... */
+    uint8_t *pbuf;    /* export of slot 0 after the prefix */
+    size_t pbuf_cap;
 } sft_cpu;
 
 static void sft_cpu_unbind(sft_cpu *w) {
@@ -32,6 +42,9 @@ static void sft_cpu_destroy(void *ws) {
     sft_cpu *w = ws;
     if (!w) return;
     sft_cpu_unbind(w);
+    if (w->have_st) arl_decode_state_free(&w->st);
+    free(w->slots);
+    free(w->pbuf);
     free(w->scores);
     free(w->routes);
     free(w->logp);
@@ -53,7 +66,10 @@ static arl_status sft_cpu_create(void **ws, const arl_model_config *cfg, int64_t
     w->scores = malloc(sizeof(float) * (size_t)(w->n_moe ? w->n_moe : 1) * T * (size_t)dm->E);
     w->routes = malloc(sizeof(int32_t) * (size_t)(w->n_moe ? w->n_moe : 1) * T * (size_t)dm->k);
     w->logp = malloc(sizeof(float) * T);
-    if (!w->scores || !w->routes || !w->logp) {
+    w->slots = malloc(sizeof(int32_t) * (size_t)(max_seqs > 0 ? max_seqs : 1));
+    for (int64_t i = 0; w->slots && i < max_seqs; i++)
+        w->slots[i] = (int32_t)(i + 1);
+    if (!w->scores || !w->routes || !w->logp || !w->slots) {
         sft_cpu_destroy(w);
         return arl_errorf(ARL_ERR_NOMEM, "sft: out of memory for %lld-token batches",
                           (long long)max_tokens);
@@ -71,7 +87,11 @@ static arl_status sft_cpu_bind(sft_cpu *w, const arl_model_params *params) {
     o.max_tokens = w->max_tokens;
     o.max_docs = (int32_t)w->max_seqs;
     ARL_TRY(arl_model_init(&w->m, w->cfg, params, &o));
-    arl_status s = arl_model_train_init(&w->tr, &w->m, NULL, NULL);
+    arl_train_opts to;
+    arl_train_opts_default(&to);
+    /* every sequence may continue the shared prefix's state */
+    to.max_state_docs = (int32_t)w->max_seqs;
+    arl_status s = arl_model_train_init(&w->tr, &w->m, &to, NULL);
     if (s != ARL_OK) {
         arl_model_free(&w->m);
         return s;
@@ -89,6 +109,41 @@ static void sft_cpu_batch(const arl_sft_batch *b, arl_batch *mb) {
     mb->targets = b->labels; /* ARL_SFT_IGNORE < 0: no target at that position */
 }
 
+/* Batches with a shared prefix: prefill it into slot 0 with the current parameters and give
+ * every sequence i a copy of that state in slot 1 + i.  The state is allocated on the first
+ * such batch (and grown if a later prefix is longer), never per step otherwise. */
+static arl_status sft_cpu_prefix(sft_cpu *w, const arl_sft_batch *b) {
+    const int64_t P = b->prefix_len;
+    if (b->n_seqs > w->max_seqs)
+        return arl_errorf(ARL_ERR_RANGE, "sft: batch of %lld sequences, the workspace holds %lld",
+                          (long long)b->n_seqs, (long long)w->max_seqs);
+    const int64_t ctx = P + w->max_tokens;
+    if (!w->have_st || w->st.max_context < ctx) {
+        if (w->have_st) arl_decode_state_free(&w->st);
+        w->have_st = 0;
+        ARL_TRY(arl_decode_state_init(&w->st, w->cfg, (int32_t)w->max_seqs + 1, ctx));
+        w->have_st = 1;
+        for (int64_t i = 0; i <= w->max_seqs; i++) {
+            int32_t sl;
+            ARL_TRY(arl_decode_state_join(&w->st, &sl));
+        }
+    }
+    arl_decode_state_reset(&w->st, 0);
+    ARL_TRY(arl_model_prefill(&w->m, &w->st, 0, b->prefix_ids, P, NULL, 0, NULL, NULL));
+    const size_t need = arl_decode_state_export_size(&w->st, 0);
+    if (need > w->pbuf_cap) {
+        uint8_t *nb = realloc(w->pbuf, need);
+        if (!nb) return arl_errorf(ARL_ERR_NOMEM, "sft: out of memory for the prefix state");
+        w->pbuf = nb;
+        w->pbuf_cap = need;
+    }
+    size_t len;
+    ARL_TRY(arl_decode_state_export(&w->st, 0, w->pbuf, w->pbuf_cap, &len));
+    for (int64_t i = 0; i < b->n_seqs; i++)
+        ARL_TRY(arl_decode_state_import(&w->st, w->slots[i], w->pbuf, len));
+    return ARL_OK;
+}
+
 static arl_status sft_cpu_train_step(void *ws, const arl_model_params *params,
                                      const arl_sft_batch *b, double scale,
                                      arl_model_params *grads, double *loss_sum,
@@ -102,7 +157,12 @@ static arl_status sft_cpu_train_step(void *ws, const arl_model_params *params,
         out.router_scores = w->scores;
         out.routes = w->routes;
     }
-    ARL_TRY(arl_model_nll_grad(&w->tr, &mb, NULL, NULL, scale, grads, loss_sum, &out));
+    if (b->prefix_len > 0) {
+        ARL_TRY(sft_cpu_prefix(w, b));
+        ARL_TRY(arl_model_nll_grad(&w->tr, &mb, &w->st, w->slots, scale, grads, loss_sum, &out));
+    } else {
+        ARL_TRY(arl_model_nll_grad(&w->tr, &mb, NULL, NULL, scale, grads, loss_sum, &out));
+    }
     if (router && w->n_moe) {
         const arl_model_dims *dm = &w->cfg->dims;
         int64_t T = b->T, E = dm->E, k = dm->k;
@@ -127,7 +187,12 @@ static arl_status sft_cpu_eval(void *ws, const arl_model_params *params, const a
     sft_cpu_batch(b, &mb);
     arl_forward_out out = {0};
     out.logprobs = w->logp;
-    ARL_TRY(arl_model_forward(&w->m, &mb, &out));
+    if (b->prefix_len > 0) {
+        ARL_TRY(sft_cpu_prefix(w, b));
+        ARL_TRY(arl_model_forward_state(&w->m, &w->st, w->slots, &mb, &out));
+    } else {
+        ARL_TRY(arl_model_forward(&w->m, &mb, &out));
+    }
     double sum = 0;
     for (int64_t t = 0; t < b->T; t++)
         if (b->labels[t] >= 0) sum -= w->logp[t];

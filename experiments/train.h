@@ -29,7 +29,11 @@
  * Update n rolls out tasks i = n*B .. n*B+B-1 with seed rollout.task-seed + i (generated tasks,
  * id "task<i>", data rollout.task-data).  Held-out evaluation uses eval-tasks tasks with seeds
  * eval-task-seed + j (greedy at eval-temperature 0), SFT demonstrations the teacher's episodes
- * with seeds sft-demo-seed + j: the defaults keep the three seed ranges apart.
+ * with seeds sft-demo-seed + j: the defaults keep the three seed ranges apart.  Distinct seeds
+ * can still render the same question; with eval-split F > 0 (built-in environments) the split
+ * is by prompt instead (experiments/heldout.h): held-out task j is the j-th seed from
+ * eval-task-seed whose prompt is held out, RL task i and SFT demonstration j the i-th / j-th
+ * seed from their bases whose prompt is not, so no evaluated question is ever trained on.
  *
  * ---- Output directory (out) ----
  *   experiment.json        resolved configuration
@@ -48,6 +52,9 @@
  *   metrics.jsonl          one JSON object per update: every metric of spec/objective.md
  *                          section 12 (learner/update.h) plus "step", rollout and time figures
  *   eval-before.json, eval-after.json, eval.json   held-out results (experiments/report.h)
+ *   eval-before.outcomes, eval-after.outcomes      one character per held-out task j ('1'
+ *                          success, '0' failure, '-' no valid episode): eval.json's "paired"
+ *                          table compares the two arms task by task
  *   metrics.csv, plots/, summary.md               the report (experiments/report.h)
  *
  * ---- Exactness and resume ----
@@ -106,6 +113,7 @@ typedef struct arl_train_config {
     int64_t keep_last;
     int64_t eval_tasks; /* held-out episodes before and after (0: none) */
     int64_t eval_task_seed;
+    double eval_split; /* fraction of task prompts held out (experiments/heldout.h); 0: off */
     double eval_temperature;
     int eval_before, eval_after;
     int64_t sft_demos; /* teacher episodes for the SFT warm start (0: no SFT) */

@@ -1,11 +1,10 @@
-/* learner/ledger.c: the consumption ledger and the learner's shard reads (learner/ledger.h),
+/* learner/ledger.c: the learner's catalog and shard reads (learner/ledger.h),
  * plain SQL on the store's SQLite files with the names of spec/replay.md section 4. */
 #include <math.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "learner/ledger.h"
 
@@ -13,12 +12,6 @@ struct arl_ledger {
     sqlite3 *db;
     char path[4200];
 };
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static arl_status db_fail(sqlite3 *db, const char *path, int rc, const char *what) {
     arl_status s = rc == SQLITE_BUSY || rc == SQLITE_LOCKED ? ARL_ERR_BUSY : ARL_ERR_DB;
@@ -120,31 +113,6 @@ arl_status arl_ledger_group_counts(arl_ledger *l, int64_t run_id, const char *ki
     return rc == SQLITE_DONE ? ARL_OK : db_fail(l->db, l->path, rc, "counting groups");
 }
 
-static arl_status update_row(arl_ledger *l, int64_t run_id, int64_t n,
-                             arl_ledger_update_status *status) {
-    sqlite3_stmt *q;
-    *status = ARL_LEDGER_NONE;
-    ARL_TRY(
-        prep(l->db, l->path, "SELECT status FROM updates WHERE run_id = ?1 AND update_n = ?2", &q));
-    sqlite3_bind_int64(q, 1, run_id);
-    sqlite3_bind_int64(q, 2, n);
-    int rc = sqlite3_step(q);
-    if (rc == SQLITE_ROW) {
-        const char *st = (const char *)sqlite3_column_text(q, 0);
-        *status = !strcmp(st, "planned")     ? ARL_LEDGER_PLANNED
-                  : !strcmp(st, "committed") ? ARL_LEDGER_COMMITTED
-                                             : ARL_LEDGER_ABORTED;
-        rc = SQLITE_DONE;
-    }
-    sqlite3_finalize(q);
-    return rc == SQLITE_DONE ? ARL_OK : db_fail(l->db, l->path, rc, "reading updates");
-}
-
-arl_status arl_ledger_update_status_get(arl_ledger *l, int64_t run_id, int64_t n,
-                                        arl_ledger_update_status *status) {
-    return update_row(l, run_id, n, status);
-}
-
 /* Rows of a query with two int64 parameters into ids (cap). */
 static arl_status ids_query(arl_ledger *l, const char *sql, int64_t a, int64_t b, const char *c,
                             int64_t limit, int64_t *ids, int64_t cap, int64_t *n) {
@@ -168,146 +136,6 @@ static arl_status ids_query(arl_ledger *l, const char *sql, int64_t a, int64_t b
     sqlite3_finalize(q);
     if (s) return s;
     return rc == SQLITE_DONE ? ARL_OK : db_fail(l->db, l->path, rc, "reading groups");
-}
-
-arl_status arl_ledger_plan(arl_ledger *l, int64_t run_id, int64_t n, const char *kind,
-                           int64_t max_groups, int64_t *group_ids, int64_t cap, int64_t *n_groups,
-                           arl_ledger_update_status *status) {
-    *n_groups = 0;
-    ARL_TRY(exec(l, "BEGIN IMMEDIATE", "beginning the plan transaction"));
-    arl_status s = update_row(l, run_id, n, status);
-    if (s == ARL_OK && *status != ARL_LEDGER_NONE) {
-        s = ids_query(l,
-                      "SELECT group_id FROM update_groups WHERE run_id = ?1 AND update_n = ?2 "
-                      "ORDER BY group_id",
-                      run_id, n, NULL, -1, group_ids, cap, n_groups);
-    } else if (s == ARL_OK) {
-        int64_t lim = max_groups < cap ? max_groups : cap;
-        s = ids_query(l,
-                      "SELECT g.group_id FROM task_groups g WHERE g.run_id = ?1 AND g.kind = ?3 "
-                      "AND g.status = 'final' AND NOT EXISTS (SELECT 1 FROM update_groups ug JOIN "
-                      "updates u ON u.run_id = ug.run_id AND u.update_n = ug.update_n WHERE "
-                      "ug.group_id = g.group_id AND u.status != 'aborted' AND u.update_n != ?2) "
-                      "ORDER BY g.group_id LIMIT ?4",
-                      run_id, n, kind, lim, group_ids, cap, n_groups);
-        if (s == ARL_OK && *n_groups > 0) {
-            sqlite3_stmt *q = NULL;
-            s = prep(l->db, l->path,
-                     "INSERT INTO updates(run_id, update_n, status, planned_at_ms, n_groups) "
-                     "VALUES (?1, ?2, 'planned', ?3, ?4)",
-                     &q);
-            if (s == ARL_OK) {
-                sqlite3_bind_int64(q, 1, run_id);
-                sqlite3_bind_int64(q, 2, n);
-                sqlite3_bind_int64(q, 3, now_ms());
-                sqlite3_bind_int64(q, 4, *n_groups);
-                int rc = sqlite3_step(q);
-                if (rc != SQLITE_DONE) s = db_fail(l->db, l->path, rc, "inserting the update");
-            }
-            sqlite3_finalize(q);
-            q = NULL;
-            if (s == ARL_OK)
-                s = prep(
-                    l->db, l->path,
-                    "INSERT INTO update_groups(run_id, update_n, group_id) VALUES (?1, ?2, ?3)",
-                    &q);
-            for (int64_t i = 0; s == ARL_OK && i < *n_groups; i++) {
-                sqlite3_reset(q);
-                sqlite3_bind_int64(q, 1, run_id);
-                sqlite3_bind_int64(q, 2, n);
-                sqlite3_bind_int64(q, 3, group_ids[i]);
-                int rc = sqlite3_step(q);
-                if (rc != SQLITE_DONE) s = db_fail(l->db, l->path, rc, "inserting update_groups");
-            }
-            sqlite3_finalize(q);
-            if (s == ARL_OK) *status = ARL_LEDGER_PLANNED;
-        }
-    }
-    if (s == ARL_OK) return exec(l, "COMMIT", "committing the plan");
-    sqlite3_exec(l->db, "ROLLBACK", NULL, NULL, NULL);
-    return s;
-}
-
-arl_status arl_ledger_commit(arl_ledger *l, int64_t run_id, int64_t n, int64_t n_action_tokens,
-                             const char *checkpoint_uri, const char *weights_sha256, double kl_coef,
-                             const char *metrics_json) {
-    ARL_TRY(exec(l, "BEGIN IMMEDIATE", "beginning the commit transaction"));
-    arl_ledger_update_status st;
-    arl_status s = update_row(l, run_id, n, &st);
-    if (s == ARL_OK && st == ARL_LEDGER_COMMITTED) return exec(l, "COMMIT", "committing");
-    if (s == ARL_OK && st != ARL_LEDGER_PLANNED)
-        s = arl_errorf(ARL_ERR_STATE, "learner: %s: update %lld of run %lld is not planned",
-                       l->path, (long long)n, (long long)run_id);
-    sqlite3_stmt *q = NULL;
-    int64_t n_groups = 0;
-    if (s == ARL_OK)
-        s = prep(l->db, l->path, "SELECT n_groups FROM updates WHERE run_id = ?1 AND update_n = ?2",
-                 &q);
-    if (s == ARL_OK) {
-        sqlite3_bind_int64(q, 1, run_id);
-        sqlite3_bind_int64(q, 2, n);
-        if (sqlite3_step(q) == SQLITE_ROW) n_groups = sqlite3_column_int64(q, 0);
-    }
-    sqlite3_finalize(q);
-    q = NULL;
-    if (s == ARL_OK)
-        s = prep(l->db, l->path,
-                 "UPDATE updates SET status = 'committed', committed_at_ms = ?3, "
-                 "n_action_tokens = ?4 WHERE run_id = ?1 AND update_n = ?2",
-                 &q);
-    if (s == ARL_OK) {
-        sqlite3_bind_int64(q, 1, run_id);
-        sqlite3_bind_int64(q, 2, n);
-        sqlite3_bind_int64(q, 3, now_ms());
-        if (n_action_tokens >= 0) sqlite3_bind_int64(q, 4, n_action_tokens);
-        int rc = sqlite3_step(q);
-        if (rc != SQLITE_DONE) s = db_fail(l->db, l->path, rc, "updating updates");
-    }
-    sqlite3_finalize(q);
-    q = NULL;
-    if (s == ARL_OK)
-        s = prep(l->db, l->path,
-                 "UPDATE task_groups SET status = 'consumed', consumed_update = ?2 WHERE "
-                 "consumed_update IS NULL AND group_id IN (SELECT group_id FROM update_groups "
-                 "WHERE run_id = ?1 AND update_n = ?2)",
-                 &q);
-    if (s == ARL_OK) {
-        sqlite3_bind_int64(q, 1, run_id);
-        sqlite3_bind_int64(q, 2, n);
-        int rc = sqlite3_step(q);
-        if (rc != SQLITE_DONE)
-            s = db_fail(l->db, l->path, rc, "consuming groups");
-        else if (sqlite3_changes(l->db) != n_groups)
-            s = arl_errorf(ARL_ERR_STATE,
-                           "learner: %s: update %lld consumes %lld groups but %d were still "
-                           "unconsumed (a group was consumed by another update: the ledger is "
-                           "inconsistent, run 'agentrl replay verify')",
-                           l->path, (long long)n, (long long)n_groups, sqlite3_changes(l->db));
-    }
-    sqlite3_finalize(q);
-    q = NULL;
-    if (s == ARL_OK)
-        s = prep(l->db, l->path,
-                 "INSERT INTO policy_versions(run_id, version, created_at_ms, update_n, "
-                 "checkpoint_uri, weights_sha256, kl_coef, metrics_json) VALUES (?1, ?2, ?3, ?4, "
-                 "?5, ?6, ?7, ?8) ON CONFLICT(run_id, version) DO NOTHING",
-                 &q);
-    if (s == ARL_OK) {
-        sqlite3_bind_int64(q, 1, run_id);
-        sqlite3_bind_int64(q, 2, n + 1);
-        sqlite3_bind_int64(q, 3, now_ms());
-        sqlite3_bind_int64(q, 4, n);
-        if (checkpoint_uri) sqlite3_bind_text(q, 5, checkpoint_uri, -1, SQLITE_STATIC);
-        if (weights_sha256) sqlite3_bind_text(q, 6, weights_sha256, -1, SQLITE_STATIC);
-        if (isfinite(kl_coef)) sqlite3_bind_double(q, 7, kl_coef);
-        if (metrics_json) sqlite3_bind_text(q, 8, metrics_json, -1, SQLITE_STATIC);
-        int rc = sqlite3_step(q);
-        if (rc != SQLITE_DONE) s = db_fail(l->db, l->path, rc, "inserting the policy version");
-    }
-    sqlite3_finalize(q);
-    if (s == ARL_OK) return exec(l, "COMMIT", "committing the update");
-    sqlite3_exec(l->db, "ROLLBACK", NULL, NULL, NULL);
-    return s;
 }
 
 arl_status arl_ledger_groups(arl_ledger *l, int64_t run_id, const char *kind, int64_t *group_ids,

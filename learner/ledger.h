@@ -1,6 +1,5 @@
-/* learner/ledger.h: the learner's side of the replay catalog - the consumption ledger of
- * spec/replay.md section 7.7 (plan update n, commit it with its policy version), the members
- * of a group, and the reads of worker shards that replay/replay.h does not offer (turns,
+/* learner/ledger.h: the learner's reads of the replay catalog - group counts, the groups and
+ * members of a run, a group's environment - and the reads of worker shards that replay/replay.h does not offer (turns,
  * rewards, tool calls, environment calls of a trajectory: the inputs of the advantages and the
  * data metrics of spec/objective.md section 12).
  *
@@ -12,18 +11,9 @@
  * What this is not: segment and state blobs (replay_segment_load, replay_state_load), writing
  * trajectories, the advantages.
  *
- * Ledger protocol (section 7.7):
- *   arl_ledger_plan(n)   one transaction: an existing updates row of (run, n) is returned as it
- *                        is (a re-plan after a crash selects the same groups); otherwise the
- *                        oldest `final` groups of the run and kind that no other planned or
- *                        committed update holds (ties by group_id, which is admission order)
- *                        up to max_groups are inserted as update n 'planned'.
- *   arl_ledger_commit(n) one transaction: updates.status = 'committed', every group of the
- *                        update 'consumed' with consumed_update = n (guarded by
- *                        consumed_update IS NULL; a changed-row count other than the group count
- *                        aborts), and the policy_versions row of n + 1.  Committing a committed
- *                        update is a no-op (a resumed run re-does an update whose checkpoint was
- *                        lost: same groups, same result).
+ * The consumption ledger itself (spec/replay.md section 7.7: plan update n, commit it with
+ * its policy version) is replay/replay.h's replay_update_plan / _commit / _pending / _groups;
+ * the train driver (experiments/train.c) calls those directly.
  */
 #ifndef ARL_LEARNER_LEDGER_H
 #define ARL_LEARNER_LEDGER_H
@@ -49,32 +39,6 @@ typedef struct arl_ledger_counts {
 } arl_ledger_counts;
 arl_status arl_ledger_group_counts(arl_ledger *l, int64_t run_id, const char *kind,
                                    arl_ledger_counts *c);
-
-typedef enum arl_ledger_update_status {
-    ARL_LEDGER_NONE = 0, /* no row */
-    ARL_LEDGER_PLANNED = 1,
-    ARL_LEDGER_COMMITTED = 2,
-    ARL_LEDGER_ABORTED = 3,
-} arl_ledger_update_status;
-
-/* Plan update n (protocol above).  group_ids (cap): the update's groups in admission order,
- * *n_groups their count (0 when no group is final: nothing is inserted then), *status the
- * update's status after the call (PLANNED, or COMMITTED for an update planned and committed
- * before).  ARL_ERR_RANGE when an existing plan has more than cap groups. */
-arl_status arl_ledger_plan(arl_ledger *l, int64_t run_id, int64_t n, const char *kind,
-                           int64_t max_groups, int64_t *group_ids, int64_t cap, int64_t *n_groups,
-                           arl_ledger_update_status *status);
-
-/* Commit update n (protocol above).  n_action_tokens: the update's action tokens (-1: NULL);
- * checkpoint_uri, weights_sha256, metrics_json may be NULL; kl_coef NaN: NULL.
- * ARL_ERR_STATE when the update was not planned or a group was consumed by another update. */
-arl_status arl_ledger_commit(arl_ledger *l, int64_t run_id, int64_t n, int64_t n_action_tokens,
-                             const char *checkpoint_uri, const char *weights_sha256, double kl_coef,
-                             const char *metrics_json);
-
-/* The status of update n (ARL_LEDGER_NONE when there is no row). */
-arl_status arl_ledger_update_status_get(arl_ledger *l, int64_t run_id, int64_t n,
-                                        arl_ledger_update_status *status);
 
 /* Every group of the run and kind in admission order: group_ids (cap), *n. */
 arl_status arl_ledger_groups(arl_ledger *l, int64_t run_id, const char *kind, int64_t *group_ids,

@@ -141,16 +141,22 @@ static inline void lh_learner_close(lh_learner *h) {
     arl_model_config_free(&h->cfg);
 }
 
-/* Plan update n over the final groups of run "lt" (at most max_groups). */
+/* Plan update n over the final groups of run "lt" (at most max_groups), through the replay
+ * store's consumption ledger (replay/replay.h replay_update_plan). */
 static inline int64_t lh_plan(const char *db, int64_t n, int64_t max_groups, int64_t *ids) {
-    arl_ledger *led;
-    L_DIE(arl_ledger_open(db, &led), "ledger");
-    int64_t run_id, ng = 0;
-    L_DIE(arl_ledger_run_id(led, "lt", &run_id), "run id");
-    arl_ledger_update_status us;
-    L_DIE(arl_ledger_plan(led, run_id, n, "train", max_groups, ids, 256, &ng, &us), "plan");
-    arl_ledger_close(led);
-    return ng;
+    replay_store *st;
+    replay_open_opts oo = {0};
+    L_DIE(replay_store_open(db, &oo, &st), "store");
+    int64_t run_id;
+    L_DIE(replay_run_find(st, "lt", &run_id), "run id");
+    int64_t *g = NULL;
+    size_t ng = 0;
+    L_DIE(replay_update_plan(st, run_id, n, "train", (int32_t)max_groups, &g, &ng), "plan");
+    for (size_t i = 0; i < ng && i < 256; i++)
+        ids[i] = g[i];
+    free(g);
+    replay_store_close(st);
+    return (int64_t)ng;
 }
 
 /* A metric of a metrics JSON object (NaN when absent). */

@@ -27,6 +27,14 @@ for k in '"step":2' '"kl/k3"' '"kl/coef"' '"loss/total"' '"reward/outcome/mean"'
 done
 grep -q '"before": {"episodes": 8' "$out/eval.json" || fail "eval.json: $(cat "$out/eval.json")"
 grep -q '"after": {"episodes": 8' "$out/eval.json" || fail "eval.json: $(cat "$out/eval.json")"
+# the paired comparison: one outcome per held-out task in each arm, the 2x2 table in eval.json
+for a in before after; do
+    [ "$(tr -d '\n' < "$out/eval-$a.outcomes" | wc -c)" -eq 8 ] || fail "eval-$a.outcomes: $(cat "$out/eval-$a.outcomes")"
+done
+grep -q '"paired": {"both": ' "$out/eval.json" || fail "eval.json has no paired table: $(cat "$out/eval.json")"
+grep -q "paired, 8 tasks" "$out/summary.md" || fail "summary.md has no paired difference"
+# SFT with the shared prefix, demonstrations and evaluation split by prompt
+grep -q "shared prefix of" "$tmp/log" || fail "the SFT stage did not share the prompt prefix"
 grep -q "^## Evaluation" "$out/summary.md" || fail "summary.md has no Evaluation section"
 grep -q "95% CI" "$out/summary.md" || fail "summary.md has no confidence interval"
 ls "$out"/plots/*.svg > /dev/null 2>&1 || fail "no plots"

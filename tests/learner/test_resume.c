@@ -27,7 +27,7 @@ static const char *micro =
     "              \"max-turns\": 2, \"batch-size\": 4, \"prefill-chunk\": 1024, \"progress-s\": "
     "0},\n"
     "  \"learner\": {\"minibatches\": 2, \"max-tokens\": 1024, \"lr\": 1e-4},\n"
-    "  \"sft\": {\"steps\": 2, \"batch-tokens\": 1024}\n"
+    "  \"sft\": {\"steps\": 2, \"batch-tokens\": 1024, \"shared-prefix\": true}\n"
     "}\n";
 
 static double now_s(void) {

@@ -1,0 +1,78 @@
+/* experiments/heldout.c: the prompt-level held-out split (experiments/heldout.h). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/sha256.h"
+#include "envs/builtin/teacher.h"
+#include "experiments/heldout.h"
+
+arl_status arl_heldout_task(const char *env, uint64_t seed, const char *options_json, double frac,
+                            int *heldout) {
+    *heldout = 0;
+    if (!(frac > 0)) return ARL_OK;
+    json_t *options = NULL;
+    if (options_json && *options_json) {
+        json_error_t je;
+        options = json_loads(options_json, 0, &je);
+        if (!json_is_object(options)) {
+            json_decref(options);
+            return arl_errorf(ARL_ERR_ARG, "held-out split: options: expected a JSON object (%s)",
+                              je.text);
+        }
+    }
+    json_t *empty = json_object();
+    char id[96];
+    snprintf(id, sizeof id, "%s-%llu", env, (unsigned long long)seed);
+    arl_env_task task = {id, seed & (uint64_t)ARL_AEP_MAX_SAFE_INT, empty};
+    json_t *conv = NULL;
+    double outcome = 0;
+    arl_status s = arl_env_demo_episode(env, &task, options, &conv, &outcome);
+    json_t *prompt = s ? NULL : json_array();
+    json_t *msgs = json_object_get(conv, "messages");
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (role && !strcmp(role, "assistant")) break;
+        if (prompt) json_array_append(prompt, m);
+    }
+    char *text = prompt ? json_dumps(prompt, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    if (!s && !text) s = arl_errorf(ARL_ERR_NOMEM, "held-out split: out of memory");
+    if (!s) {
+        uint8_t h[ARL_SHA256_BYTES];
+        arl_sha256(text, strlen(text), h);
+        uint64_t v = 0;
+        for (int k = 0; k < 8; k++)
+            v = v << 8 | h[k];
+        const double u = (double)(v >> 11) / 9007199254740992.0; /* 53 bits: exact in double */
+        *heldout = u < frac;
+    }
+    free(text);
+    json_decref(prompt);
+    json_decref(conv);
+    json_decref(empty);
+    json_decref(options);
+    return s ? arl_error_prefix(s, "held-out split: task seed %llu of %s", (unsigned long long)seed,
+                                env)
+             : ARL_OK;
+}
+
+arl_status arl_heldout_seeds(const char *env, uint64_t seed0, const char *options_json,
+                             double frac, int want_heldout, int64_t n, int64_t max_scan,
+                             int64_t *seeds) {
+    int64_t got = 0;
+    for (int64_t k = 0; got < n; k++) {
+        if (k >= max_scan)
+            return arl_errorf(ARL_ERR_RANGE,
+                              "held-out split: only %lld of %lld %s tasks among %lld seeds from "
+                              "%llu at fraction %g",
+                              (long long)got, (long long)n, want_heldout ? "held-out" : "training",
+                              (long long)max_scan, (unsigned long long)seed0, frac);
+        int h;
+        ARL_TRY(arl_heldout_task(env, seed0 + (uint64_t)k, options_json, frac, &h));
+        if (h == (want_heldout != 0)) seeds[got++] = (int64_t)(seed0 + (uint64_t)k);
+    }
+    return ARL_OK;
+}
