@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/sha256.h"
 #include "envs/builtin/teacher.h"
+#include "experiments/heldout.h"
 #include "experiments/report.h"
 #include "experiments/train.h"
 #include "kernels/threadpool.h"
@@ -57,6 +58,12 @@ static const arl_option train_tab[] = {
      NULL, 0, "E"},
     {"eval-task-seed", ARL_OPT_INT, F(eval_task_seed), "1000000000",
      "seed of held-out task j is eval-task-seed + j", 0, BIG, NULL, 0, "S"},
+    {"eval-split", ARL_OPT_FLOAT, F(eval_split), "0",
+     "hold out this fraction of the task PROMPTS (experiments/heldout.h): evaluation draws only "
+     "held-out prompts, SFT demonstrations and RL tasks only the others, so that no evaluated "
+     "question is trained on under another seed (0: off; evaluation uses seeds eval-task-seed + "
+     "j, disjoint from the training seeds only)",
+     0, 0.9, NULL, 0, "F"},
     {"eval-temperature", ARL_OPT_FLOAT, F(eval_temperature), "0",
      "sampling temperature of the evaluation (0: greedy)", 0, 100, NULL, 0, "T"},
     {"eval-before", ARL_OPT_BOOL, F(eval_before), "true", "evaluate the initial policy", 0, 0, NULL,
@@ -245,6 +252,15 @@ arl_status arl_train_config_check(const arl_train_config *c) {
                           "key 'sft-demos': the SFT warm start needs a built-in environment's "
                           "teacher, and rollout.env is %s",
                           r->env);
+    if (c->eval_split > 0 && !is_builtin_env(r->env))
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "key 'eval-split': the prompt split needs a built-in environment's "
+                          "teacher, and rollout.env is %s",
+                          r->env);
+    if (c->eval_split > 0 && r->task_file)
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "key 'eval-split': not with rollout.task-file (split the task file "
+                          "yourself)");
     if (c->sft_demo_options) {
         json_t *j = json_loads(c->sft_demo_options, 0, NULL);
         int ok = json_is_object(j);
@@ -498,6 +514,8 @@ typedef struct tr_run {
     int64_t B, G, R;
     json_t **dataset; /* task-file lines (n_dataset), or NULL */
     int64_t n_dataset;
+    int64_t *train_seeds; /* eval-split > 0: seed of RL task i (steps * B), else NULL */
+    int64_t *eval_seeds;  /* eval-split > 0: seed of held-out task j (eval-tasks), else NULL */
     int64_t tokens; /* tokens trained on (all updates) */
     double last_lr;
     double t0;
@@ -647,6 +665,28 @@ static arl_status load_dataset(tr_run *r) {
     return s;
 }
 
+/* eval-split > 0: the seeds of the RL tasks (training prompts, from rollout.task-seed) and of
+ * the held-out tasks (held-out prompts, from eval-task-seed).  Every rank computes the same. */
+static int64_t scan_cap(int64_t n, double frac) {
+    return (int64_t)((double)n / frac * 4) + 10000;
+}
+
+static arl_status split_seeds(tr_run *r) {
+    const arl_train_config *c = r->c;
+    if (!(c->eval_split > 0)) return ARL_OK;
+    const char *env = builtin_name(c->rollout.env);
+    const int64_t nt = c->steps * r->B, ne = c->eval_tasks;
+    r->train_seeds = malloc(sizeof(int64_t) * (size_t)(nt > 0 ? nt : 1));
+    r->eval_seeds = malloc(sizeof(int64_t) * (size_t)(ne > 0 ? ne : 1));
+    if (!r->train_seeds || !r->eval_seeds) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    const double f = c->eval_split;
+    ARL_TRY(arl_heldout_seeds(env, (uint64_t)c->rollout.task_seed, c->rollout.task_data, f, 0, nt,
+                              scan_cap(nt, 1 - f), r->train_seeds));
+    ARL_TRY(arl_heldout_seeds(env, (uint64_t)c->eval_task_seed, c->rollout.task_data, f, 1, ne,
+                              scan_cap(ne, f), r->eval_seeds));
+    return ARL_OK;
+}
+
 /* Write the tasks [lo, hi) of a kind ("task": training index i, "eval": held-out index j) as a
  * task file. */
 static arl_status write_tasks(tr_run *r, const char *path, int eval, int64_t lo, int64_t hi) {
@@ -663,6 +703,8 @@ static arl_status write_tasks(tr_run *r, const char *path, int eval, int64_t lo,
             char id[64];
             snprintf(id, sizeof id, "%s%lld", eval ? "eval" : "task", (long long)i);
             int64_t seed = eval ? r->c->eval_task_seed + i : r->c->rollout.task_seed + i;
+            if (eval && r->eval_seeds) seed = r->eval_seeds[i];
+            if (!eval && r->train_seeds) seed = r->train_seeds[i];
             t = json_pack("{sssIsO}", "id", id, "seed", (json_int_t)seed, "data", data);
         }
         char *line = t ? json_dumps(t, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
@@ -703,8 +745,24 @@ typedef struct tr_counts {
     double outcome_sum;
 } tr_counts;
 
+/* The task index of a trajectory: the rollout names global task j (task-offset + the line of
+ * the worker's task file) "<run_uid>/g<j>" and the trajectory "<group>/r<slot>"
+ * (rollout/worker.c); -1 if not so. */
+static int64_t traj_task_index(const char *traj_uid) {
+    const char *g = strstr(traj_uid, "/g");
+    for (const char *q = g; q && (q = strstr(q + 1, "/g"));)
+        g = q; /* the last "/g" */
+    if (!g || g[2] < '0' || g[2] > '9') return -1;
+    char *end;
+    long long v = strtoll(g + 2, &end, 10);
+    return *end == '/' || !*end ? (int64_t)v : -1;
+}
+
+/* outcomes (may be NULL): n_out characters, entry j set for the trajectory of task j of the
+ * store's task file: '1' success, '0' valid but no success (entries of no valid trajectory
+ * are left as they are). */
 static arl_status store_counts(const char *root, const char *run_uid, const char *kind,
-                               tr_counts *k) {
+                               tr_counts *k, char *outcomes, int64_t n_out) {
     memset(k, 0, sizeof *k);
     arl_ledger *led = NULL;
     replay_store *st = NULL;
@@ -741,10 +799,14 @@ static arl_status store_counts(const char *root, const char *run_uid, const char
             k->members++;
             if (row.status != REPLAY_COMPLETE && row.status != REPLAY_TRUNCATED) continue;
             k->valid++;
+            int ok = 0;
             if (isfinite(row.outcome_reward)) {
                 k->outcome_sum += row.outcome_reward;
-                k->successes += row.outcome_reward >= hi - 1e-9;
+                ok = row.outcome_reward >= hi - 1e-9;
+                k->successes += ok;
             }
+            int64_t tj = outcomes ? traj_task_index(row.traj_uid) : -1;
+            if (tj >= 0 && tj < n_out) outcomes[tj] = ok ? '1' : '0';
         }
     }
     free(ids);
@@ -773,17 +835,14 @@ static int store_complete(const char *root, const char *run_uid, const char *kin
 
 /* Roll out tasks [lo, hi) into the store at root (replay/<dir>/r<R>): done if the store is
  * complete; an incomplete one is set aside first. */
-/* Rollout rank ri rolls out tasks lo..hi-1 into its store at root.  The rollout names a group
- * by the task's index within the worker's task file (rollout/worker.c ro_group_uid_of), and
- * the trajectory's sampling stream is seeded from (rollout.seed, that name): without care,
- * task lo + j of rank ri > 0 would draw the same random numbers as task j of rank 0.  Rank
- * ri > 0 therefore samples with seed rollout.seed + ri * 2^32 (rank 0, and so a one-process
- * run, keeps rollout.seed).  A run with R rollout ranks is thus deterministic for that R, and
- * equals the one-process run when R = 1 (learner ranks do not matter). */
+/* Rollout rank ri rolls out tasks lo..hi-1 into its store at root.  The worker's task-offset
+ * is lo, so its groups are named by the tasks' global indices ("<uid>/g<lo + j>") and each
+ * trajectory's sampling stream, seeded from (rollout.seed, its name), is the same whichever
+ * rank runs the task: a run is deterministic whatever the number of rollout ranks. */
 static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_path,
                                 const char *run_uid, int eval, int64_t lo, int64_t hi,
                                 int64_t version, const char *ckpt_dir, int64_t ctx_tokens,
-                                int64_t ri, arl_rollout_stats *stats) {
+                                arl_rollout_stats *stats) {
     memset(stats, 0, sizeof *stats);
     const char *kind = eval ? "eval" : "train";
     if (hi <= lo) return ARL_OK;
@@ -813,7 +872,7 @@ static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_p
         rc.tasks = hi - lo;
         rc.policy_version = version;
         rc.threads = r->c->threads;
-        rc.seed = (int64_t)((uint64_t)rc.seed + ((uint64_t)ri << 32));
+        rc.task_offset = lo; /* streams follow the global task, not the rank */
         if (eval) {
             rc.group_size = 1;
             rc.temperature = r->c->eval_temperature;
@@ -877,8 +936,26 @@ static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
         if (!f) return arl_errorf(ARL_ERR_IO, "train: cannot write %s: %s", tmp, strerror(errno));
         arl_env_demos_stats ds;
         const char *opts = c->sft_demo_options ? c->sft_demo_options : c->rollout.task_data;
-        arl_status s =
-            arl_env_demos_write(env, c->sft_demos, (uint64_t)c->sft_demo_seed, opts, f, &ds);
+        arl_status s;
+        if (c->eval_split > 0) {
+            /* training prompts only: the demonstrations of the first sft-demos seeds from
+             * sft-demo-seed whose prompt is not held out */
+            int64_t *seeds = malloc(sizeof(int64_t) * (size_t)c->sft_demos);
+            s = seeds ? arl_heldout_seeds(env, (uint64_t)c->sft_demo_seed, opts, c->eval_split, 0,
+                                          c->sft_demos, scan_cap(c->sft_demos, 1 - c->eval_split),
+                                          seeds)
+                      : arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+            memset(&ds, 0, sizeof ds);
+            for (int64_t j = 0; !s && j < c->sft_demos; j++) {
+                arl_env_demos_stats d1;
+                s = arl_env_demos_write(env, 1, (uint64_t)seeds[j], opts, f, &d1);
+                ds.episodes += d1.episodes;
+                ds.written += d1.written;
+            }
+            free(seeds);
+        } else {
+            s = arl_env_demos_write(env, c->sft_demos, (uint64_t)c->sft_demo_seed, opts, f, &ds);
+        }
         if (fflush(f) || fsync(fileno(f)))
             s = s ? s : arl_errorf(ARL_ERR_IO, "train: writing %s", tmp);
         fclose(f);
@@ -958,16 +1035,30 @@ static arl_status make_reference(tr_run *r) {
 
 /* ---- evaluation ---- */
 
+/* Evaluate the policy at ckpt on the held-out tasks (once: a finished arm is read back from
+ * OUT/eval-<name>.json).  outc (rank 0; eval_tasks + 1 bytes): the outcome of task j as
+ * outc[j] ('1' success, '0' failure, '-' no valid episode), kept in OUT/eval-<name>.outcomes
+ * for the paired comparison of the two arms; left all '-' when that file is missing. */
 static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_t version,
-                           arl_report_eval_arm *arm) {
-    char file[4200], dir[4200];
+                           arl_report_eval_arm *arm, char *outc) {
+    char file[4200], dir[4200], ofile[4200];
     pathf(file, sizeof file, r, "eval-%s.json", name);
+    pathf(ofile, sizeof ofile, r, "eval-%s.outcomes", name);
+    const int64_t E = r->c->eval_tasks;
+    memset(outc, '-', (size_t)E);
+    outc[E] = 0;
     arm->episodes = -1;
     arm->successes = 0;
     if (r->rank0 && path_exists(file)) {
         arl_report_eval e;
         if (arl_report_eval_read(file, &e) == ARL_OK) {
             *arm = strcmp(name, "after") ? e.before : e.after;
+            char *t = NULL;
+            if (read_text(ofile, &t) == ARL_OK && (int64_t)strcspn(t, "\n") == E)
+                memcpy(outc, t, (size_t)E);
+            else
+                arl_error_clear();
+            free(t);
         } else
             arl_error_clear();
     }
@@ -979,7 +1070,6 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
     char uid[256];
     snprintf(uid, sizeof uid, "%s-eval-%s", r->c->rollout.run_uid, name);
     arl_status s = ARL_OK;
-    const int64_t E = r->c->eval_tasks;
     if (r->L->roles & ARL_DIST_ROLE_ROLLOUT) {
         const int64_t ri = r->L->rollout_index, R = r->R;
         char root[4300], tasks[4300];
@@ -989,7 +1079,7 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
         arl_rollout_stats rs;
         if (!s)
             s = rollout_store(r, root, tasks, uid, 1, ri * E / R, (ri + 1) * E / R, version, ckpt,
-                              0, ri, &rs);
+                              0, &rs);
     }
     ARL_TRY(sync_status(r, s));
     if (r->rank0) {
@@ -999,7 +1089,7 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
             char root[4300];
             snprintf(root, sizeof root, "%s/r%lld", dir, (long long)ri);
             tr_counts k;
-            s = store_counts(root, uid, "eval", &k);
+            s = store_counts(root, uid, "eval", &k, outc, E); /* groups carry global indices */
             tot.members += k.members;
             tot.successes += k.successes;
         }
@@ -1013,6 +1103,11 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
             else
                 e.after = *arm;
             s = arl_report_eval_write(file, &e);
+            if (!s) {
+                outc[E] = '\n';
+                s = arl_write_file_atomic(ofile, outc, (size_t)E + 1);
+                outc[E] = 0;
+            }
             double lo, hi;
             double p = arl_report_wilson(arm->successes, arm->episodes, ARL_REPORT_Z95, &lo, &hi);
             say(r,
@@ -1165,15 +1260,17 @@ static arl_status ledger_commit(tr_run *r, int64_t n, double kl_next) {
         if ((ri + 1) * r->B / r->R <= ri * r->B / r->R) continue;
         char root[4200];
         pathf(root, sizeof root, r, "replay/u%06lld/r%lld", (long long)n, (long long)ri);
-        arl_ledger *led = NULL;
-        int64_t run_id;
-        arl_ledger_update_status us = ARL_LEDGER_NONE;
-        s = arl_ledger_open(root, &led);
-        if (!s) s = arl_ledger_run_id(led, uid, &run_id);
-        if (!s) s = arl_ledger_update_status_get(led, run_id, n, &us);
-        if (!s && us == ARL_LEDGER_PLANNED)
-            s = arl_ledger_commit(led, run_id, n, -1, pol, NULL, kl_next, NULL);
-        arl_ledger_close(led);
+        replay_store *st = NULL;
+        replay_open_opts oo = {0};
+        int64_t run_id, pending = -1;
+        s = replay_store_open(root, &oo, &st);
+        if (!s) s = replay_run_find(st, uid, &run_id);
+        if (!s) s = replay_update_pending(st, run_id, &pending);
+        if (!s && pending == n) { /* committed already (a resume): nothing to do */
+            replay_version_desc next = {.checkpoint_uri = pol, .kl_coef = kl_next};
+            s = replay_update_commit(st, run_id, n, -1, &next);
+        }
+        replay_store_close(st);
     }
     return s;
 }
@@ -1224,7 +1321,7 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
         snprintf(root, sizeof root, "%s/r%lld", udir, (long long)ri);
         snprintf(tasks, sizeof tasks, "%s/tasks-r%lld.jsonl", udir, (long long)ri);
         s = rollout_store(r, root, tasks, uid, 0, n * r->B + ri * r->B / r->R,
-                          n * r->B + (ri + 1) * r->B / r->R, n, pol, ctx, ri, &rs);
+                          n * r->B + (ri + 1) * r->B / r->R, n, pol, ctx, &rs);
     }
     ARL_TRY(sync_status(r, s));
     const double t1 = now_s();
@@ -1244,16 +1341,26 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
             if (want <= 0) continue;
             snprintf(roots[nsrc], sizeof roots[nsrc], "%s/r%lld", udir, (long long)ri);
             replay_open_opts oo = {0};
-            arl_ledger *led = NULL;
             int64_t run_id, ng = 0;
-            arl_ledger_update_status us;
-            gids[nsrc] = malloc(sizeof(int64_t) * (size_t)want);
-            if (!gids[nsrc]) s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
-            if (!s) s = replay_store_open(roots[nsrc], &oo, &stores[nsrc]);
-            if (!s) s = arl_ledger_open(roots[nsrc], &led);
-            if (!s) s = arl_ledger_run_id(led, uid, &run_id);
-            if (!s) s = arl_ledger_plan(led, run_id, n, "train", want, gids[nsrc], want, &ng, &us);
-            arl_ledger_close(led);
+            size_t nplan = 0;
+            s = replay_store_open(roots[nsrc], &oo, &stores[nsrc]);
+            if (!s) s = replay_run_find(stores[nsrc], uid, &run_id);
+            /* the consumption ledger (spec/replay.md 7.7): plan update n over the store's
+             * final groups; a resume re-doing a committed update (its checkpoint was lost)
+             * gets that update's recorded groups, the same ones */
+            int64_t pending = -1;
+            if (!s) s = replay_update_pending(stores[nsrc], run_id, &pending);
+            if (!s && pending < 0) {
+                s = replay_update_groups(stores[nsrc], run_id, n, &gids[nsrc], &nplan);
+                if (!s && nplan == 0) {
+                    free(gids[nsrc]);
+                    gids[nsrc] = NULL;
+                }
+            }
+            if (!s && !gids[nsrc])
+                s = replay_update_plan(stores[nsrc], run_id, n, "train", (int32_t)want,
+                                       &gids[nsrc], &nplan);
+            ng = (int64_t)nplan;
             if (!s && ng != want)
                 s = arl_errorf(ARL_ERR_STATE,
                                "train: %s: update %lld planned %lld groups, %lld "
@@ -1293,7 +1400,7 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
             char root[4300];
             snprintf(root, sizeof root, "%s/r%lld", udir, (long long)ri);
             tr_counts k;
-            s = store_counts(root, uid, "train", &k);
+            s = store_counts(root, uid, "train", &k, NULL, 0);
             tot.members += k.members;
             tot.valid += k.valid;
             tot.successes += k.successes;
@@ -1338,6 +1445,8 @@ static void run_free(tr_run *r) {
     for (int64_t i = 0; i < r->n_dataset; i++)
         json_decref(r->dataset[i]);
     free(r->dataset);
+    free(r->train_seeds);
+    free(r->eval_seeds);
 }
 
 static arl_status any_checkpoint(const char *root, int64_t *step) {
@@ -1426,6 +1535,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     if (!s) s = arl_kl_config_from_opts(&c->learner.kl, &r->klc);
     if (!s) s = run_hash(r);
     if (!s) s = load_dataset(r);
+    if (!s) s = split_seeds(r);
     r->lc.minibatches = (int32_t)c->learner.own.minibatches;
     r->lc.max_tokens = c->learner.own.max_tokens;
     r->lc.max_docs = (int32_t)c->learner.own.max_docs;
@@ -1514,7 +1624,14 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     char polfinal[4200];
     arl_report_eval ev;
     arl_report_eval_init(&ev);
-    if (!s && c->eval_tasks > 0 && c->eval_before) s = eval_arm(r, "before", refdir, 0, &ev.before);
+    char *outc[2] = {NULL, NULL}; /* per-task outcomes of the arms before, after */
+    if (!s && c->eval_tasks > 0) {
+        outc[0] = malloc((size_t)c->eval_tasks + 1);
+        outc[1] = malloc((size_t)c->eval_tasks + 1);
+        if (!outc[0] || !outc[1]) s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    }
+    if (!s && c->eval_tasks > 0 && c->eval_before)
+        s = eval_arm(r, "before", refdir, 0, &ev.before, outc[0]);
     /* learner */
     if (!s && learner) {
         arl_learner_init in = {.cfg = &r->mcfg,
@@ -1547,8 +1664,24 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         if (r->rank0) s = save_policy(r, c->steps);
         s = sync_status(r, s);
         pathf(polfinal, sizeof polfinal, r, "policy/v%lld", (long long)c->steps);
-        if (!s) s = eval_arm(r, "after", polfinal, c->steps, &ev.after);
+        if (!s) s = eval_arm(r, "after", polfinal, c->steps, &ev.after, outc[1]);
     }
+    /* the paired table: tasks with a valid episode in both arms */
+    if (!s && r->rank0 && c->eval_tasks > 0 && c->eval_before && c->eval_after) {
+        arl_report_eval_paired pp = {0};
+        for (int64_t j = 0; j < c->eval_tasks; j++) {
+            const char a = outc[0][j], b = outc[1][j];
+            if (a == '-' || b == '-') continue;
+            pp.tasks++;
+            if (a == '1' && b == '1') pp.both++;
+            if (a == '1' && b == '0') pp.before_only++;
+            if (a == '0' && b == '1') pp.after_only++;
+            if (a == '0' && b == '0') pp.neither++;
+        }
+        if (pp.tasks > 0) ev.paired = pp;
+    }
+    free(outc[0]);
+    free(outc[1]);
     /* eval.json and the report */
     if (!s && r->rank0) {
         char p[4200];
@@ -1576,9 +1709,18 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
                                     ev.before.episodes, ARL_REPORT_Z95, &lo, &hi);
             say(r,
                 "train: held-out success %lld/%lld -> %lld/%lld (difference %+.3f, 95%% CI "
-                "[%+.3f, %+.3f])",
+                "[%+.3f, %+.3f] unpaired)",
                 (long long)ev.before.successes, (long long)ev.before.episodes,
                 (long long)ev.after.successes, (long long)ev.after.episodes, dlt, lo, hi);
+            if (ev.paired.tasks > 0) {
+                dlt = arl_report_newcombe_paired(&ev.paired, ARL_REPORT_Z95, &lo, &hi);
+                say(r,
+                    "train: paired over %lld tasks: %lld fail -> succeed, %lld succeed -> fail "
+                    "(difference %+.3f, 95%% CI [%+.3f, %+.3f], McNemar exact p = %.3g)",
+                    (long long)ev.paired.tasks, (long long)ev.paired.after_only,
+                    (long long)ev.paired.before_only, dlt, lo, hi,
+                    arl_report_mcnemar_exact(ev.paired.before_only, ev.paired.after_only));
+            }
         }
     }
     s = sync_status(r, s);
