@@ -2,9 +2,11 @@
  * 13.7), on top of rollout/rescore.h and rollout/rollout.h:
  *   agentrl replay rescore DB TRAJ... --ckpt DIR [--version N] [--routing replay|natural]
  *   agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] [EXPERIMENT / rollout keys]
- * rescore prints, per trajectory, how each segment started (cached state or recomputed prefix)
- * and the mean, p99 and max of |l - l_mu| over its action tokens, and writes one rescores row per
- * segment (RESCORE_LOGPROBS and stats_json) into a tool file of the store (--no-save: not);
+ * rescore prints, per trajectory, how each segment started (cached state or recomputed prefix),
+ * the mean, p99 and max of |l - l_mu| over its action tokens, the mean entropy there and the
+ * router agreement with the stored routes (overlap, exact layer, exact token), and writes one
+ * rescores row per segment (RESCORE_LOGPROBS and stats_json) into a tool file of the store
+ * (--no-save: not);
  * fork writes the continuations into a tool file of the store and prints their ids. */
 #include <math.h>
 #include <stddef.h>
@@ -68,11 +70,14 @@ static int cmp_double(const void *a, const void *b) {
 /* The rescores rows of one trajectory (spec/replay.md 13.6 step 2): per segment of its stream,
  * the re-scored log-probabilities lp[tok_start .. +n_tokens) and stats over its action tokens:
  * mean, p99 and max of |l - l_mu|, the k3 divergence from mu (mean of (r - 1) - log r with
- * r = exp(l - l_mu)) and the segment mean log-ratio.  Rows of a fork's prefix are keyed by the
+ * r = exp(l - l_mu)), the segment mean log-ratio, the mean entropy at those tokens, and the
+ * router agreement with the stored routes (spec/objective.md 11.4: overlap, exact_layer,
+ * exact_token and the per-layer overlap, over the segment's tokens whose routes are stored in
+ * every layer; det from arl_rollout_rescore_ex).  Rows of a fork's prefix are keyed by the
  * parent's uid (the segment's owner). */
 static arl_status save_rescores(replay_store *st, replay_writer *tw, const char *traj,
                                 const rescore_cli *o, const char *label, const float *lp,
-                                const float *mu, size_t n) {
+                                const float *mu, size_t n, const arl_rollout_rescore_detail *det) {
     replay_traj_row tr;
     ARL_TRY(replay_traj_get(st, traj, &tr));
     replay_seg_ref *refs = NULL;
@@ -85,7 +90,11 @@ static arl_status save_rescores(replay_store *st, replay_writer *tw, const char 
     replay_seg_data d;
     memset(&d, 0, sizeof d);
     double *abs_d = NULL;
-    arl_status s = ARL_OK;
+    const int64_t nm = det->n_moe;
+    int64_t *lay = calloc((size_t)(nm ? nm : 1), sizeof *lay); /* per-layer sum of |N ∩ R| */
+    size_t cap = 640 + (size_t)nm * 24;
+    char *stats = malloc(cap);
+    arl_status s = lay && stats ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "out of memory");
     for (size_t i = 0; s == ARL_OK && i < nref; i++) {
         const replay_seg_ref *r = &refs[i];
         if (r->tok_start < 0 || (size_t)(r->tok_start + r->n_tokens) > n) {
@@ -102,10 +111,32 @@ static arl_status save_rescores(replay_store *st, replay_writer *tw, const char 
             break;
         }
         abs_d = p;
-        size_t na = 0;
-        double sum_abs = 0, sum_lr = 0, sum_k3 = 0, mx = 0;
+        size_t na = 0, ne = 0;
+        double sum_abs = 0, sum_lr = 0, sum_k3 = 0, mx = 0, sum_ent = 0;
+        int64_t rt = 0, ov = 0, exl = 0, ext = 0;
+        memset(lay, 0, sizeof *lay * (size_t)(nm ? nm : 1));
         for (int64_t t = 0; t < r->n_tokens; t++) {
+            const size_t at = (size_t)(r->tok_start + t);
+            int routed = nm > 0;
+            for (int64_t l = 0; l < nm; l++)
+                routed &= det->overlap[(size_t)l * n + at] != 0xFF;
+            if (routed) {
+                int all = 1;
+                for (int64_t l = 0; l < nm; l++) {
+                    int64_t in = det->overlap[(size_t)l * n + at];
+                    ov += in;
+                    lay[l] += in;
+                    exl += in == det->k;
+                    all &= in == det->k;
+                }
+                rt++;
+                ext += all;
+            }
             if (!d.loss_mask[t]) continue;
+            if (t > 0) {
+                sum_ent += det->entropy[at];
+                ne++;
+            }
             double x = (double)lp[r->tok_start + t] - (double)mu[r->tok_start + t];
             double a = x < 0 ? -x : x;
             abs_d[na++] = a;
@@ -120,14 +151,29 @@ static arl_status save_rescores(replay_store *st, replay_writer *tw, const char 
             size_t k = (size_t)ceil(0.99 * (double)na);
             p99 = abs_d[k ? k - 1 : 0];
         }
-        char stats[512];
+        size_t w;
         if (na)
-            snprintf(stats, sizeof stats,
-                     "{\"action_tokens\":%zu,\"mean_abs\":%.9g,\"p99_abs\":%.9g,\"max_abs\":%.9g,"
-                     "\"k3\":%.9g,\"seg_mean_logratio\":%.9g}",
-                     na, sum_abs / (double)na, p99, mx, sum_k3 / (double)na, sum_lr / (double)na);
+            w = (size_t)snprintf(stats, cap,
+                                 "{\"action_tokens\":%zu,\"mean_abs\":%.9g,\"p99_abs\":%.9g,"
+                                 "\"max_abs\":%.9g,\"k3\":%.9g,\"seg_mean_logratio\":%.9g,"
+                                 "\"entropy_mean\":%.9g",
+                                 na, sum_abs / (double)na, p99, mx, sum_k3 / (double)na,
+                                 sum_lr / (double)na, ne ? sum_ent / (double)ne : 0.0);
         else
-            snprintf(stats, sizeof stats, "{\"action_tokens\":0}");
+            w = (size_t)snprintf(stats, cap, "{\"action_tokens\":0");
+        if (rt) {
+            const double pairs = (double)rt * (double)nm;
+            w += (size_t)snprintf(stats + w, cap - w,
+                                  ",\"router_agreement\":{\"tokens\":%lld,\"overlap\":%.9g,"
+                                  "\"exact_layer\":%.9g,\"exact_token\":%.9g,\"layer\":[",
+                                  (long long)rt, (double)ov / (pairs * (double)det->k),
+                                  (double)exl / pairs, (double)ext / (double)rt);
+            for (int64_t l = 0; l < nm; l++)
+                w += (size_t)snprintf(stats + w, cap - w, "%s%.9g", l ? "," : "",
+                                      (double)lay[l] / ((double)rt * (double)det->k));
+            w += (size_t)snprintf(stats + w, cap - w, "]}");
+        }
+        snprintf(stats + w, cap - w, "}");
         replay_rescore_desc rd = {.label = label,
                                   .traj_uid = r->traj_uid,
                                   .seg_index = r->seg_index,
@@ -141,6 +187,8 @@ static arl_status save_rescores(replay_store *st, replay_writer *tw, const char 
         s = replay_rescore_put(tw, &rd);
     }
     free(abs_d);
+    free(lay);
+    free(stats);
     replay_seg_data_free(&d);
     free(refs);
     if (have_run) replay_run_info_free(&run);
@@ -210,27 +258,39 @@ int cmd_replay_rescore(int argc, char **argv) {
         arl_rollout_rescore_stats r;
         float *lp = NULL, *mu = NULL;
         size_t nlp = 0;
-        s = arl_rollout_rescore(st, o.traj.v[i], &ro, &r, save ? &lp : NULL, save ? &mu : NULL,
-                                save ? &nlp : NULL);
+        arl_rollout_rescore_detail det;
+        memset(&det, 0, sizeof det);
+        s = arl_rollout_rescore_ex(st, o.traj.v[i], &ro, &r, save ? &lp : NULL,
+                                   save ? &mu : NULL, save ? &nlp : NULL, save ? &det : NULL);
         if (s == ARL_OK && save && !tw) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
-        if (s == ARL_OK && save) s = save_rescores(st, tw, o.traj.v[i], &o, label, lp, mu, nlp);
+        if (s == ARL_OK && save)
+            s = save_rescores(st, tw, o.traj.v[i], &o, label, lp, mu, nlp, &det);
         free(lp);
         free(mu);
+        free(det.entropy);
+        free(det.overlap);
         if (s) break;
         if (o.json)
             printf("{\"traj\":\"%s\",\"segments\":%lld,\"from_state\":%lld,\"recomputed\":%lld,"
                    "\"skipped\":%lld,\"action_tokens\":%lld,\"mean_abs\":%.9g,\"p99_abs\":%.9g,"
-                   "\"max_abs\":%.9g,\"worst_token\":%lld}\n",
+                   "\"max_abs\":%.9g,\"worst_token\":%lld,\"entropy_mean\":%.9g,"
+                   "\"route_tokens\":%lld,\"agree_overlap\":%.9g,\"agree_exact_layer\":%.9g,"
+                   "\"agree_exact_token\":%.9g}\n",
                    o.traj.v[i], (long long)r.segments, (long long)r.from_state,
                    (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
-                   r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token);
+                   r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
+                   (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,
+                   r.agree_exact_token);
         else
             printf("%s: %lld segments (%lld from cached states, %lld recomputed, %lld skipped: "
                    "images), %lld action tokens: |l - l_mu| mean %.3g p99 %.3g max %.3g (token "
-                   "%lld)\n",
+                   "%lld), entropy mean %.4g; router agreement over %lld tokens: overlap %.4f "
+                   "exact layer %.4f exact token %.4f\n",
                    o.traj.v[i], (long long)r.segments, (long long)r.from_state,
                    (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
-                   r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token);
+                   r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
+                   (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,
+                   r.agree_exact_token);
     }
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
     if (tw && !rc)

@@ -10,6 +10,7 @@
 #include "core/assert.h"
 #include "core/log.h"
 #include "learner/update_internal.h"
+#include "policy/router.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* state cache                                                                                  */
@@ -170,26 +171,6 @@ static arl_batch call_batch(const arl_learner *l, int64_t T, int32_t ndoc, int r
 /* ------------------------------------------------------------------------------------------ */
 /* router agreement and expert load (spec/objective.md 11.4)                                   */
 
-/* Natural top-k of scores + bias (descending, ties toward the lower expert). */
-static void topk_natural(const float *s, const float *bias, int64_t E, int64_t k, int32_t *sel) {
-    for (int64_t c = 0; c < k; c++) {
-        int32_t best = -1;
-        float bv = 0;
-        for (int64_t e = 0; e < E; e++) {
-            int taken = 0;
-            for (int64_t c2 = 0; c2 < c; c2++)
-                taken |= sel[c2] == e;
-            if (taken) continue;
-            float v = s[e] + (bias ? bias[e] : 0.0f);
-            if (best < 0 || v > bv) {
-                best = (int32_t)e;
-                bv = v;
-            }
-        }
-        sel[c] = best;
-    }
-}
-
 static void agreement(arl_learner *l, const arl_upd_seg *s, int64_t a, int64_t n, int64_t off,
                       int64_t T) {
     int32_t nat[64];
@@ -202,12 +183,10 @@ static void agreement(arl_learner *l, const arl_upd_seg *s, int64_t a, int64_t n
             for (int64_t q = 0; q < l->dm.L && layer < 0; q++)
                 if (l->m.moe_index[q] == j) layer = q;
             const float *bias = layer >= 0 ? l->in.params->layers[layer].moe.gate_bias : NULL;
-            topk_natural(l->rscores + (j * T + off + p) * E, bias, E, k, nat);
             const int32_t *r = s->routes + (j * s->T + a + p) * k;
-            int64_t inter = 0;
+            int64_t inter = arl_router_overlap(l->rscores + (j * T + off + p) * E, bias, E, k, r,
+                                               l->agree_ws, nat);
             for (int64_t c = 0; c < k; c++) {
-                for (int64_t c2 = 0; c2 < k; c2++)
-                    inter += nat[c] == r[c2];
                 l->cnt.load_rollout[j * E + r[c]] += 1;
                 l->cnt.load_trainer[j * E + nat[c]] += 1;
             }

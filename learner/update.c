@@ -165,6 +165,7 @@ void arl_learner_free(arl_learner *l) {
     free(l->lp);
     free(l->ent);
     free(l->rscores);
+    free(l->agree_ws);
     free(l->dlogp);
     free(l->dtmp);
     free(l->gtmp);
@@ -222,6 +223,7 @@ arl_status arl_learner_create(arl_learner **out, const arl_learner_init *in) {
     l->lp = malloc(sizeof(float) * (size_t)l->Tm);
     l->ent = malloc(sizeof(float) * (size_t)l->Tm);
     l->rscores = malloc(sizeof(float) * (size_t)(nm * l->Tm * l->E));
+    l->agree_ws = malloc(sizeof(float) * (size_t)(l->E > 0 ? l->E : 1));
     l->dlogp = malloc(sizeof(float) * (size_t)l->Tm);
     l->dtmp = malloc(sizeof(double) * (size_t)l->Tm);
     l->gtmp = malloc(sizeof(double) * (size_t)l->Tm);
@@ -231,7 +233,7 @@ arl_status arl_learner_create(arl_learner **out, const arl_learner_init *in) {
     l->cnt.load_rollout = calloc((size_t)(nm * l->E), sizeof(double));
     l->cnt.load_trainer = calloc((size_t)(nm * l->E), sizeof(double));
     if (!l->tok || !l->tgt || !l->cu || !l->slots || !l->forced || !l->routes_out || !l->lp ||
-        !l->ent || !l->rscores || !l->dlogp || !l->dtmp || !l->gtmp || !l->cnt.agree_layer ||
+        !l->ent || !l->rscores || !l->agree_ws || !l->dlogp || !l->dtmp || !l->gtmp || !l->cnt.agree_layer ||
         !l->cnt.exact_layer || !l->cnt.load_tokens || !l->cnt.load_rollout || !l->cnt.load_trainer)
         return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (forward buffers for %lld tokens)",
                           (long long)l->Tm);

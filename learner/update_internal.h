@@ -52,6 +52,7 @@ struct arl_learner {
     int32_t N;
     int32_t *tok, *tgt, *cu, *slots, *forced, *routes_out; /* (Tm) (Tm) (N+1) (N) (n_moe,Tm,k) x2 */
     float *lp, *ent, *rscores;                             /* (Tm) (Tm) (n_moe, Tm, E) */
+    float *agree_ws;                                       /* (E) router-agreement scratch */
     float *dlogp;                                          /* (Tm) */
     double *dtmp, *gtmp;                                   /* (Tm) */
     int32_t *seg_slot;  /* (n_segs of the batch) slot of a segment during the grad pass */

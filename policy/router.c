@@ -72,3 +72,15 @@ void arl_router_bwd(float *dx, float *dW_r, const float *dp, const float *x, con
     if (dW_r) arl_k_linear_bwd_w(dW_r, dl, x, T, d, E);
     if (dx) arl_k_linear_bwd_x(dx, dl, W_r, T, d, E);
 }
+
+int64_t arl_router_overlap(const float *scores, const float *bias, int64_t E, int64_t k,
+                           const int32_t *stored, float *ws, int32_t *nat) {
+    for (int64_t e = 0; e < E; e++)
+        ws[e] = scores[e] + (bias ? bias[e] : 0.0f);
+    arl_k_topk_rows(nat, NULL, ws, 1, E, k);
+    int64_t inter = 0;
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t j = 0; j < k; j++)
+            inter += nat[i] == stored[j];
+    return inter;
+}

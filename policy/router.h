@@ -39,4 +39,13 @@ void arl_router_bwd(float *dx, float *dW_r, const float *dp, const float *x, con
                     const float *s, const int32_t *sel, int64_t T, int64_t d, int64_t E, int64_t k,
                     float rho, float *ws);
 
+/* Router agreement of one token in one MoE layer (spec/objective.md 11.4): |N ∩ R|, where N is
+ * the natural top-k of scores + bias (the order of arl_router_fwd: descending, ties toward the
+ * lower expert) and R the stored route set.  scores (E) sigmoid router scores, bias (E) the
+ * selection bias or NULL, stored (k) the stored experts (any order, distinct), 1 <= k <= E.
+ * ws (E) and nat (k) are the caller's scratch; nat receives N, best first.  Used by the
+ * re-scorer (rollout/rescore.c) and the learner's pi_old pass (learner/passes.c). */
+int64_t arl_router_overlap(const float *scores, const float *bias, int64_t E, int64_t k,
+                           const int32_t *stored, float *ws, int32_t *nat);
+
 #endif

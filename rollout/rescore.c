@@ -1,7 +1,10 @@
 /* rollout/rescore.c: re-scoring stored trajectories under a checkpoint (spec/replay.md 13.6):
  * the token log-probabilities of every segment recomputed, each segment starting from the
  * cached boundary state of its predecessor when that state is usable, else from the prefix
- * this pass computed; MoE routes replayed from the store by default.  Forks are in fork.c. */
+ * this pass computed; MoE routes replayed from the store by default.  It also measures the router
+ * agreement with the stored routes (the natural top-k of each layer's router scores, at the
+ * replayed input with --routing replay; policy/router.h arl_router_overlap) and the entropy of the predicting
+ * rows.  Forks are in fork.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +12,7 @@
 #include "rollout/engine.h"
 #include "rollout/media.h"
 #include "rollout/rescore.h"
+#include "policy/router.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -45,7 +49,19 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
                                const arl_rollout_rescore_opts *opts,
                                arl_rollout_rescore_stats *out, float **logprobs_out,
                                float **mu_out, size_t *n_out) {
+    return arl_rollout_rescore_ex(st, traj, opts, out, logprobs_out, mu_out, n_out, NULL);
+}
+
+arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
+                                  const arl_rollout_rescore_opts *opts,
+                                  arl_rollout_rescore_stats *out, float **logprobs_out,
+                                  float **mu_out, size_t *n_out, arl_rollout_rescore_detail *det) {
     memset(out, 0, sizeof *out);
+    if (det) {
+        det->entropy = NULL;
+        det->overlap = NULL;
+        det->n_moe = det->k = 0;
+    }
     out->worst_token = -1;
     if (logprobs_out) *logprobs_out = NULL;
     if (mu_out) *mu_out = NULL;
@@ -74,6 +90,24 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
     int32_t *tgt = malloc(sizeof(int32_t) * (size_t)chunk);
     float *clp = malloc(sizeof(float) * (size_t)chunk);
     int32_t *forced = malloc(sizeof(int32_t) * (size_t)chunk * (size_t)(e.n_moe ? e.n_moe * e.k : 1));
+    /* agreement and entropy (spec/replay.md 13.6 step 2): the router scores of every MoE layer
+     * give the natural top-k at its input; the entropy of each predicting row */
+    const int64_t nm = s == ARL_OK ? e.n_moe : 0, kk = s == ARL_OK ? e.k : 0;
+    const int64_t EE = s == ARL_OK && nm ? e.E : 1;
+    float *cent = malloc(sizeof(float) * (size_t)chunk);
+    float *rsc = nm ? malloc(sizeof(float) * (size_t)chunk * (size_t)(nm * EE)) : NULL;
+    float *rws = malloc(sizeof(float) * (size_t)EE);
+    int32_t *nat = malloc(sizeof(int32_t) * (size_t)(kk ? kk : 1));
+    int32_t *sr = malloc(sizeof(int32_t) * (size_t)(kk ? kk : 1));
+    const float **bias = malloc(sizeof *bias * (size_t)(nm ? nm : 1));
+    float *ent = calloc((size_t)(total ? total : 1), sizeof(float));
+    uint8_t *ovl = malloc((size_t)(total ? total : 1) * (size_t)(nm ? nm : 1));
+    if (ovl) memset(ovl, 0xFF, (size_t)(total ? total : 1) * (size_t)(nm ? nm : 1));
+    if (s == ARL_OK && bias)
+        for (int64_t l = 0; l < e.cfg.dims.L; l++)
+            if (e.m.moe_index[l] >= 0) bias[e.m.moe_index[l]] = e.m.w->layers[l].moe.gate_bias;
+    double ov_sum = 0, ent_sum = 0;
+    int64_t rt = 0, ex_layer = 0, ex_token = 0;
     int32_t slot = 0;
     /* the image rows of the placeholders, rebuilt from the stored observations */
     ro_media md;
@@ -88,7 +122,8 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
             if (!mrows) s = arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
         }
     }
-    if (s == ARL_OK && (!lp || !mu || !diffs || !tok || !tgt || !clp || !forced))
+    if (s == ARL_OK && (!lp || !mu || !diffs || !tok || !tgt || !clp || !forced || !cent ||
+                        (nm && !rsc) || !rws || !nat || !sr || !bias || !ent || !ovl))
         s = arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
     if (s == ARL_OK) s = arl_decode_state_join(&e.st, &slot);
     replay_seg_data d;
@@ -100,7 +135,7 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
     for (size_t si = 0; s == ARL_OK && si < n; si++) {
         const replay_seg_ref *r = &refs[si];
         s = replay_segment_load(st, r->traj_id, r->seg_index,
-                                REPLAY_LOAD_TOKENS | (opts->natural_routing ? 0 : REPLAY_LOAD_ROUTES),
+                                REPLAY_LOAD_TOKENS | (nm ? REPLAY_LOAD_ROUTES : 0),
                                 &d);
         if (s) break;
         if (!strcmp(r->start_kind, "fresh")) {
@@ -131,8 +166,11 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
             break;
         }
         const int64_t T = r->n_tokens;
-        const int use_routes = !opts->natural_routing && d.n_moe_layers == e.n_moe && e.n_moe &&
-                               d.route_k == e.k && d.routes;
+        const int have_routes = d.n_moe_layers == e.n_moe && e.n_moe && d.route_k == e.k &&
+                                d.routes;
+        const int use_routes = !opts->natural_routing && have_routes;
+        int64_t s_rt = 0, s_exl = 0, s_ext = 0; /* this segment's agreement counts */
+        double s_ov = 0;
         for (int64_t c0 = 0; s == ARL_OK && c0 < T; c0 += chunk) {
             int64_t c = T - c0 < chunk ? T - c0 : chunk;
             int absent = 0;
@@ -174,23 +212,62 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
             arl_batch b = {.tokens = tok, .T = c, .N = 1, .targets = tgt,
                            .forced_routes = use_routes && !absent ? forced : NULL,
                            .media = n_media > 0 ? mrows : NULL, .n_media = n_media};
-            arl_forward_out fo = {.logprobs = clp};
+            arl_forward_out fo = {.logprobs = clp, .entropy = cent,
+                                  .router_scores = have_routes ? rsc : NULL};
             s = arl_model_forward_state(&e.m, &e.st, &slot, &b, &fo);
             if (s) break;
             for (int64_t i = 0; i < c; i++)
-                if (c0 + i + 1 < T) lp[r->tok_start + c0 + i + 1] = clp[i];
+                if (c0 + i + 1 < T) {
+                    lp[r->tok_start + c0 + i + 1] = clp[i];
+                    ent[r->tok_start + c0 + i + 1] = cent[i];
+                }
+            /* router agreement of the tokens whose routes are stored in every layer (with
+             * forced routes the scores are those at each layer's replayed input) */
+            for (int64_t i = 0; have_routes && i < c; i++) {
+                int ok = 1, all = 1;
+                for (int64_t l = 0; l < nm && ok; l++)
+                    for (int64_t j = 0; j < kk; j++) {
+                        size_t at = (size_t)((l * T + c0 + i) * kk + j);
+                        int32_t v = d.route_dtype == ARL_BLOB_U8 ? ((const uint8_t *)d.routes)[at]
+                                                                : ((const uint16_t *)d.routes)[at];
+                        ok &= v != (d.route_dtype == ARL_BLOB_U8 ? 0xFF : 0xFFFF) && v < EE;
+                    }
+                if (!ok) continue;
+                for (int64_t l = 0; l < nm; l++) {
+                    for (int64_t j = 0; j < kk; j++) {
+                        size_t at = (size_t)((l * T + c0 + i) * kk + j);
+                        sr[j] = d.route_dtype == ARL_BLOB_U8 ? ((const uint8_t *)d.routes)[at]
+                                                             : ((const uint16_t *)d.routes)[at];
+                    }
+                    int64_t in = arl_router_overlap(rsc + (l * c + i) * EE, bias[l], EE, kk, sr,
+                                                   rws, nat);
+                    ovl[(size_t)(l * total + r->tok_start + c0 + i)] = (uint8_t)in;
+                    s_ov += (double)in / (double)kk;
+                    s_exl += in == kk;
+                    all &= in == kk;
+                }
+                s_rt++;
+                s_ext += all;
+            }
         }
         if (s) break;
         if (tainted) {
             out->skipped++;
+            for (int64_t l = 0; l < nm; l++)
+                memset(ovl + (size_t)(l * total + r->tok_start), 0xFF, (size_t)T);
             continue;
         }
+        rt += s_rt;
+        ov_sum += s_ov;
+        ex_layer += s_exl;
+        ex_token += s_ext;
         for (int64_t i = 0; i < T; i++) {
             mu[r->tok_start + i] = d.logprobs[i];
             if (!d.loss_mask[i] || i == 0) continue;
             double df = fabs((double)lp[r->tok_start + i] - (double)d.logprobs[i]);
             diffs[nd++] = df;
             sum += df;
+            ent_sum += ent[r->tok_start + i];
             if (df > out->max_abs || out->worst_token < 0) {
                 out->max_abs = df;
                 out->worst_token = r->tok_start + i;
@@ -216,6 +293,21 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
             mu = NULL;
         }
         if (n_out) *n_out = (size_t)total;
+        if (nd) out->entropy_mean = ent_sum / (double)nd;
+        out->route_tokens = rt;
+        if (rt) {
+            out->agree_overlap = ov_sum / ((double)rt * (double)nm);
+            out->agree_exact_layer = (double)ex_layer / ((double)rt * (double)nm);
+            out->agree_exact_token = (double)ex_token / (double)rt;
+        }
+        if (det) {
+            det->entropy = ent;
+            det->overlap = ovl;
+            det->n_moe = nm;
+            det->k = kk;
+            ent = NULL;
+            ovl = NULL;
+        }
     }
     free(lp);
     free(mu);
@@ -224,6 +316,14 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
     free(tgt);
     free(clp);
     free(forced);
+    free(cent);
+    free(rsc);
+    free(rws);
+    free(nat);
+    free(sr);
+    free(bias);
+    free(ent);
+    free(ovl);
     free(refs);
     free(mrows);
     ro_media_free(&md);

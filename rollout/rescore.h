@@ -48,7 +48,26 @@ typedef struct arl_rollout_rescore_stats {
     int64_t action_tokens;  /* action tokens compared */
     double mean_abs, p99_abs, max_abs; /* |l - l_mu| over those tokens */
     int64_t worst_token;    /* stream position of the largest difference (-1: none) */
+    /* router agreement with the stored routes (spec/objective.md 11.4) over the tokens of the
+     * compared segments whose routes are stored for every MoE layer: with --routing replay the
+     * natural top-k at each layer's input with upstream layers replayed (conditional), with
+     * natural routing the top-k of the free-running forward */
+    int64_t route_tokens;   /* tokens compared (0: no routes stored, or a dense model) */
+    double agree_overlap;   /* mean over tokens and layers of |N ∩ R| / k */
+    double agree_exact_layer; /* fraction of (token, layer) with N = R */
+    double agree_exact_token; /* fraction of tokens with N = R in every layer */
+    double entropy_mean;    /* mean entropy (nats) of the distributions that predicted the
+                               compared action tokens */
 } arl_rollout_rescore_stats;
+
+/* Per-token detail of a re-score: arrays over the trajectory's token stream (n entries, as *n
+ * of arl_rollout_rescore), malloc'ed by arl_rollout_rescore_ex and owned by the caller after. */
+typedef struct arl_rollout_rescore_detail {
+    float *entropy;   /* (n) entropy of the distribution that predicted token t (0 where none) */
+    uint8_t *overlap; /* (n_moe, n) |N ∩ R| of token t in MoE layer l; 0xFF where not compared
+                         (no stored route, a skipped segment, a dense model) */
+    int64_t n_moe, k; /* set by the call: MoE layers and experts per token of the checkpoint */
+} arl_rollout_rescore_detail;
 
 /* Re-score one trajectory (traj_uid or traj_id; forks through their parents): every segment in
  * order, each starting from the cached boundary state of the previous one when it is present,
@@ -60,3 +79,9 @@ arl_status arl_rollout_rescore(replay_store *st, const char *traj,
                                const arl_rollout_rescore_opts *opts,
                                arl_rollout_rescore_stats *out, float **logprobs, float **mu,
                                size_t *n);
+/* As arl_rollout_rescore, plus per-token detail: det->entropy and det->overlap are malloc'ed by
+ * the call when det is non-NULL (the caller frees both; NULL after an error). */
+arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
+                                  const arl_rollout_rescore_opts *opts,
+                                  arl_rollout_rescore_stats *out, float **logprobs, float **mu,
+                                  size_t *n, arl_rollout_rescore_detail *det);

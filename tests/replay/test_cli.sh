@@ -224,6 +224,36 @@ fi
 expect 0 "$A" replay show --help
 has "usage: agentrl replay show DB TRAJ"
 
+# rescore (spec/replay.md 13.6): a trajectory rolled out under checkpoint a re-scores under a with
+# router agreement exactly 1 (same weights, same inputs: the natural top-k equals the stored
+# routes), under b (other weights) well below 1; the entropy mean is printed; the rescores rows
+# carry both in stats_json (checked with the sqlite3 shell when present)
+R=$T/rescore
+mkdir -p "$R"
+expect 0 "$A" model init tiny "$R/a" --seed 3
+expect 0 "$A" model init tiny "$R/b" --seed 4
+cat > "$R/exp.json" <<'JSON'
+{"rollout": {"env": "calculator", "group_size": 1, "turn_tokens": 24, "segment_tokens": 1024,
+             "observation_tokens": 512, "context_tokens": 4096, "trajectory_tokens": 4096,
+             "max_turns": 3, "batch_size": 4, "progress_s": 0, "state_cache": "off"}}
+JSON
+expect 0 "$A" rollout "$R/exp.json" --ckpt "$R/a" --out "$R/db" --tasks 1 --shard 1
+expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/a"
+has "router agreement over [1-9][0-9]* tokens: overlap 1.0000 exact layer 1.0000 exact token 1.0000"
+has "entropy mean [0-9]"
+expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/a" --routing natural --json \
+    --label a-nat
+has '"agree_overlap":1,"agree_exact_layer":1,"agree_exact_token":1}'
+expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --json
+has '"route_tokens":[1-9]'
+has '"agree_overlap":0\.[0-8]'
+if command -v sqlite3 >/dev/null 2>&1; then
+    out=$(for f in "$R"/db/shards/t*.sqlite; do
+        sqlite3 "$f" "SELECT label, stats_json FROM rescores"; done 2>&1)
+    has '^a|.*"entropy_mean":[0-9].*"router_agreement":{"tokens":[1-9][0-9]*,"overlap":1,"exact_layer":1,"exact_token":1,"layer":\[1,'
+    has '^b|.*"router_agreement":{"tokens":[1-9][0-9]*,"overlap":0\.[0-8]'
+fi
+
 if [ "$fails" = 0 ]; then
     rm -rf "$T"
     echo "test_replay_cli: all checks passed"
