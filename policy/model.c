@@ -74,39 +74,7 @@ static arl_status model_settings(arl_model *m, const arl_model_config *cfg,
     m->cfg = cfg;
     m->dm = *dm;
     m->opts = o;
-    m->eps = (float)cfg->text.rms_norm_eps;
-    m->act.situ = strcmp(cfg->text.hidden_act, "silu") != 0;
-    m->act.beta1 = (float)cfg->text.activation_situ_beta;
-    m->act.beta2 = (float)cfg->text.activation_situ_linear_beta;
-    m->kda = (arl_kda_layer_cfg){.d = dm->d,
-                                 .H = dm->H,
-                                 .dk = dm->dk,
-                                 .dv = dm->dv,
-                                 .W = dm->W,
-                                 .lower_bound_gate = arl_model_config_has_gate_lower_bound(cfg),
-                                 .g_min = (float)cfg->text.linear_attn_config.gate_lower_bound,
-                                 .eps = m->eps,
-                                 .chunk = o.kda_chunk};
-    m->mla = (arl_mla_layer_cfg){.d = dm->d,
-                                 .Hm = dm->Hm,
-                                 .rq = dm->rq,
-                                 .rkv = dm->rkv,
-                                 .n = dm->n,
-                                 .r = dm->r,
-                                 .vm = dm->vm,
-                                 .sparse_chunk = o.mla_sparse_chunk,
-                                 .sparse_topk = o.mla_sparse_topk,
-                                 .max_rows =
-                                     o.max_context > o.max_tokens ? o.max_context : o.max_tokens};
-    m->moe = (arl_moe_cfg){.d = dm->d,
-                           .E = dm->E,
-                           .k = dm->k,
-                           .f = dm->f,
-                           .dz = dm->dz,
-                           .fs = dm->ns > 0 ? dm->fs : 0,
-                           .rho = (float)cfg->text.routed_scaling_factor,
-                           .eps = m->eps,
-                           .act = m->act};
+    arl_model_layer_cfgs_make(cfg, &o, &m->eps, &m->act, &m->kda, &m->mla, &m->moe);
     m->lanes = arl_k_threads();
     m->n_blocks = dm->B > 0 ? (int32_t)((dm->L + dm->B - 1) / dm->B) : 0;
     if (m->n_blocks + 1 > ARL_ATTNRES_MAX_SOURCES)
@@ -151,6 +119,45 @@ int64_t arl_model_workspace_bytes(const arl_model_config *cfg, const arl_model_o
     memset(&m, 0, sizeof m);
     if (model_settings(&m, cfg, opts)) return -1;
     return model_layout(&m, NULL) * (int64_t)sizeof(float);
+}
+
+void arl_model_layer_cfgs_make(const arl_model_config *cfg, const arl_model_opts *o, float *eps,
+                               arl_glu_act *act, arl_kda_layer_cfg *kda, arl_mla_layer_cfg *mla,
+                               arl_moe_cfg *moe) {
+    const arl_model_dims *dm = &cfg->dims;
+    *eps = (float)cfg->text.rms_norm_eps;
+    act->situ = strcmp(cfg->text.hidden_act, "silu") != 0;
+    act->beta1 = (float)cfg->text.activation_situ_beta;
+    act->beta2 = (float)cfg->text.activation_situ_linear_beta;
+    *kda = (arl_kda_layer_cfg){.d = dm->d,
+                               .H = dm->H,
+                               .dk = dm->dk,
+                               .dv = dm->dv,
+                               .W = dm->W,
+                               .lower_bound_gate = arl_model_config_has_gate_lower_bound(cfg),
+                               .g_min = (float)cfg->text.linear_attn_config.gate_lower_bound,
+                               .eps = *eps,
+                               .chunk = o->kda_chunk};
+    *mla = (arl_mla_layer_cfg){.d = dm->d,
+                               .Hm = dm->Hm,
+                               .rq = dm->rq,
+                               .rkv = dm->rkv,
+                               .n = dm->n,
+                               .r = dm->r,
+                               .vm = dm->vm,
+                               .sparse_chunk = o->mla_sparse_chunk,
+                               .sparse_topk = o->mla_sparse_topk,
+                               .max_rows =
+                                   o->max_context > o->max_tokens ? o->max_context : o->max_tokens};
+    *moe = (arl_moe_cfg){.d = dm->d,
+                         .E = dm->E,
+                         .k = dm->k,
+                         .f = dm->f,
+                         .dz = dm->dz,
+                         .fs = dm->ns > 0 ? dm->fs : 0,
+                         .rho = (float)cfg->text.routed_scaling_factor,
+                         .eps = *eps,
+                         .act = *act};
 }
 
 arl_status arl_model_init(arl_model *m, const arl_model_config *cfg, const arl_model_params *w,

@@ -146,6 +146,13 @@ typedef struct arl_forward_out {
     arl_model_acts *acts; /* saved activations (fresh documents only) */
 } arl_forward_out;
 
+/* The component settings every forward derives from a config and resolved options: the norm
+ * epsilon, the GLU activation, the KDA, MLA and LatentMoE layer settings (this model and the
+ * device model of policy/model_device.h). */
+void arl_model_layer_cfgs_make(const arl_model_config *cfg, const arl_model_opts *o, float *eps,
+                               arl_glu_act *act, arl_kda_layer_cfg *kda, arl_mla_layer_cfg *mla,
+                               arl_moe_cfg *moe);
+
 /* The checks of every entry point that takes a batch (forward, training step): T and N within
  * the model's limits, cu, token and target ids, media rows against placeholders, forced routes.
  * ARL_OK, or the error described under arl_model_forward with who ("model", "training") as the

@@ -411,39 +411,9 @@ static arl_status dev_settings(arl_model_dev *m, const arl_dev_ops *ops,
     m->cfg = cfg;
     m->dm = *dm;
     m->opts = o;
-    m->eps = (float)cfg->text.rms_norm_eps;
-    m->act.situ = strcmp(cfg->text.hidden_act, "silu") != 0;
-    m->act.beta1 = (float)cfg->text.activation_situ_beta;
-    m->act.beta2 = (float)cfg->text.activation_situ_linear_beta;
-    m->kda = (arl_kda_layer_cfg){.d = dm->d,
-                                 .H = dm->H,
-                                 .dk = dm->dk,
-                                 .dv = dm->dv,
-                                 .W = dm->W,
-                                 .lower_bound_gate = arl_model_config_has_gate_lower_bound(cfg),
-                                 .g_min = (float)cfg->text.linear_attn_config.gate_lower_bound,
-                                 .eps = m->eps,
-                                 .chunk = o.kda_chunk};
-    m->mla = (arl_mla_layer_cfg){.d = dm->d,
-                                 .Hm = dm->Hm,
-                                 .rq = dm->rq,
-                                 .rkv = dm->rkv,
-                                 .n = dm->n,
-                                 .r = dm->r,
-                                 .vm = dm->vm,
-                                 .sparse_chunk = o.mla_sparse_chunk,
-                                 .sparse_topk = 0,
-                                 .max_rows =
-                                     o.max_context > o.max_tokens ? o.max_context : o.max_tokens};
-    m->moe = (arl_moe_cfg){.d = dm->d,
-                           .E = dm->E,
-                           .k = dm->k,
-                           .f = dm->f,
-                           .dz = dm->dz,
-                           .fs = dm->ns > 0 ? dm->fs : 0,
-                           .rho = (float)cfg->text.routed_scaling_factor,
-                           .eps = m->eps,
-                           .act = m->act};
+    /* the CPU model's settings; the device path has no block-sparse MLA (dense selection) */
+    arl_model_layer_cfgs_make(cfg, &o, &m->eps, &m->act, &m->kda, &m->mla, &m->moe);
+    m->mla.sparse_topk = 0;
     m->n_blocks = dm->B > 0 ? (int32_t)((dm->L + dm->B - 1) / dm->B) : 0;
     arl_param_inventory inv;
     ARL_TRY(arl_param_inventory_build(cfg, &inv));
