@@ -28,13 +28,14 @@ if [ "${ARL_TEST_SANITIZE:-1}" = 1 ]; then
       -E "$asan_skip"
 fi
 if [ "${ARL_TEST_FUZZ:-1}" = 1 ] && command -v clang >/dev/null; then
-  # libFuzzer targets (response parser, tool-call arguments, safetensors/npy headers), run
+  # libFuzzer targets (response parser, tool-call arguments, safetensors/npy headers, replay
+  # blobs with codec 1), run
   # briefly; a crash fails the suite. Longer runs: ARL_FUZZ_SECONDS=600.
   echo "== fuzzing (${ARL_FUZZ_SECONDS:-20} s per target) =="
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DAGENTRL_FUZZ=ON -DAGENTRL_CUDA=OFF >/dev/null
-  cmake --build build-fuzz -j "$jobs" --target fuzz_aep_response fuzz_tool_args fuzz_safetensors
+  cmake --build build-fuzz -j "$jobs" --target fuzz_aep_response fuzz_tool_args fuzz_safetensors fuzz_blob
   for t in build-fuzz/tests/envs_aep/fuzz_aep_response build-fuzz/tests/envs_aep/fuzz_tool_args \
-           build-fuzz/tests/safetensors/fuzz_safetensors; do
+           build-fuzz/tests/safetensors/fuzz_safetensors build-fuzz/tests/replay/fuzz_blob; do
     if ! "$t" -max_total_time="${ARL_FUZZ_SECONDS:-20}" -print_final_stats=1 >build-fuzz/fuzz.log 2>&1; then
       tail -n 60 build-fuzz/fuzz.log
       echo "fuzz target $t failed (log above)" >&2
