@@ -191,6 +191,10 @@ struct replay_writer {
     size_t scratch_cap;
 };
 
+/* Grow w->scratch (the writer's blob encoding buffer) to at least n bytes (doubling, from
+ * 64 KiB); ARL_ERR_NOMEM leaves the old buffer in place. */
+arl_status replay_writer_scratch_reserve(replay_writer *w, size_t n);
+
 /* Set the writer's interrupted list to every running trajectory of its file (recover: a file
  * whose lock was free has no writer generating anything). */
 arl_status rwriter_scan_running(replay_writer *w);

@@ -9,18 +9,6 @@
 
 #include "replay/internal.h"
 
-static arl_status records_reserve(replay_writer *w, size_t n) {
-    if (n <= w->scratch_cap) return ARL_OK;
-    size_t c = w->scratch_cap ? w->scratch_cap : 1 << 16;
-    while (c < n)
-        c *= 2;
-    uint8_t *p = realloc(w->scratch, c);
-    if (!p) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory (%zu-byte blob buffer)", c);
-    w->scratch = p;
-    w->scratch_cap = c;
-    return ARL_OK;
-}
-
 /* Encode the per-token arrays back to back into the writer's scratch; p[k], nb[k] point there. */
 static arl_status encode_arrays(replay_writer *w, int64_t n, int k, const arl_blob_kind *kinds,
                                 const arl_blob_dtype *dts, const void *const *data, uint8_t **p,
@@ -30,7 +18,7 @@ static arl_status encode_arrays(replay_writer *w, int64_t n, int k, const arl_bl
         nb[i] = ARL_BLOB_HEADER_SIZE + (size_t)n * arl_blob_dtype_size(dts[i]);
         total += nb[i];
     }
-    ARL_TRY(records_reserve(w, total));
+    ARL_TRY(replay_writer_scratch_reserve(w, total));
     uint64_t dims[1] = {(uint64_t)n};
     size_t off = 0, got;
     for (int i = 0; i < k; i++) {

@@ -104,7 +104,7 @@ static arl_status wrun(replay_writer *w, sqlite3_stmt *s, const char *what) {
     return ARL_OK;
 }
 
-static arl_status scratch_reserve(replay_writer *w, size_t n) {
+arl_status replay_writer_scratch_reserve(replay_writer *w, size_t n) {
     if (n <= w->scratch_cap) return ARL_OK;
     size_t c = w->scratch_cap ? w->scratch_cap : 1 << 16;
     while (c < n)
@@ -716,7 +716,7 @@ static arl_status append_in_txn(replay_writer *w, int64_t traj_id, const traj_st
     /* the four per-token blobs, back to back in the scratch buffer */
     const size_t H = ARL_BLOB_HEADER_SIZE;
     size_t nb[4] = {H + 4 * (size_t)n, H + 4 * (size_t)n, H + (size_t)n, H + 4 * (size_t)n};
-    ARL_TRY(scratch_reserve(w, nb[0] + nb[1] + nb[2] + nb[3]));
+    ARL_TRY(replay_writer_scratch_reserve(w, nb[0] + nb[1] + nb[2] + nb[3]));
     uint64_t dims[1] = {(uint64_t)n};
     const void *pl[4] = {sg->tokens, sg->logprobs, sg->loss_mask, sg->versions};
     const arl_blob_kind kinds[4] = {ARL_BLOB_TOKENS, ARL_BLOB_LOGPROBS, ARL_BLOB_LOSS_MASK,
@@ -782,7 +782,7 @@ static arl_status append_in_txn(replay_writer *w, int64_t traj_id, const traj_st
                               "replay: %s: segment %d: one layer's routes (%zu bytes) "
                               "exceed the 64 MiB blob limit: use shorter segments",
                               w->file, (int)sg->seg_index, lay);
-        ARL_TRY(scratch_reserve(w, lay + H));
+        ARL_TRY(replay_writer_scratch_reserve(w, lay + H));
         uint64_t rd[2] = {(uint64_t)n, (uint64_t)sg->route_k};
         for (int32_t l = 0; l < sg->n_moe_layers; l++) {
             ARL_TRY(arl_blob_encode(ARL_BLOB_ROUTES, sg->route_dtype, 2, rd,
@@ -1254,7 +1254,8 @@ arl_status replay_state_put(replay_writer *w, const replay_state_desc *d,
             }
             uint64_t nb;
             if ((s = arl_blob_payload_size(c->dtype, c->ndim, c->dims, &nb)) != ARL_OK) goto fail;
-            if ((s = scratch_reserve(w, (size_t)nb + ARL_BLOB_HEADER_SIZE)) != ARL_OK) goto fail;
+            if ((s = replay_writer_scratch_reserve(w, (size_t)nb + ARL_BLOB_HEADER_SIZE)) != ARL_OK)
+                goto fail;
             if ((s = arl_blob_encode(c->kind, c->dtype, c->ndim, c->dims, c->data, w->scratch,
                                      w->scratch_cap, &len)) != ARL_OK) {
                 arl_error_prefix(s, "replay: %s: state chunk %zu", w->states_file, i);
