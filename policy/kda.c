@@ -730,6 +730,32 @@ static void pairs_difference(chunk_buf *B, int64_t r0, int64_t r1, int64_t n, in
     }
 }
 
+/* The factors of the sub-chunk R = [r0, r1) with boundary b = r0 (chunk_pairs and
+ * chunk_pairs_bwd): Lk (m, dk) = exp(G_R - G_b), Rt (r1, dk) = exp(G_b - G_{<r1}).  The
+ * exponents of Rt's rows in R are minus those of Lk, so the two maxima bound every |exponent|;
+ * returns 0 (Lk, Rt hold the exponents, not their exp) when one leaves KDA_FACTOR_SPAN and the
+ * caller must use the difference form. */
+static int pairs_factors(chunk_buf *B, int64_t r0, int64_t r1, int64_t dk) {
+    const int64_t m = r1 - r0;
+    const float *Gb = B->G + r0 * dk;
+    for (int64_t r = r0; r < r1; r++) {
+        float *e = B->Lk + (r - r0) * dk;
+        memcpy(e, B->G + r * dk, sizeof(float) * (size_t)dk);
+        arl_k_vaxpy(e, -1.0f, Gb, dk);
+    }
+    for (int64_t i = 0; i < r1; i++) {
+        float *e = B->Rt + i * dk;
+        memcpy(e, Gb, sizeof(float) * (size_t)dk);
+        arl_k_vaxpy(e, -1.0f, B->G + i * dk, dk);
+    }
+    if (!(arl_k_vmax(B->Lk, m * dk) <= KDA_FACTOR_SPAN &&
+          arl_k_vmax(B->Rt, r1 * dk) <= KDA_FACTOR_SPAN))
+        return 0;
+    arl_k_vexp(B->Lk, B->Lk, m * dk);
+    arl_k_vexp(B->Rt, B->Rt, r1 * dk);
+    return 1;
+}
+
 /* A_kk / beta_r (Akk0, strictly lower) and A_qk (lower, diagonal kept), spec 3.5 (2) and (6),
  * as GEMMs.  Rows come in sub-chunks R = [r0, r1) of at most KDA_SUB tokens with boundary
  * b = r0; for r in R and i < r1,
@@ -744,26 +770,10 @@ static void pairs_difference(chunk_buf *B, int64_t r0, int64_t r1, int64_t n, in
 static void chunk_pairs(chunk_buf *B, int64_t n, int64_t dk) {
     for (int64_t r0 = 0; r0 < n; r0 += KDA_SUB) {
         const int64_t r1 = n - r0 < KDA_SUB ? n : r0 + KDA_SUB, m = r1 - r0;
-        const float *Gb = B->G + r0 * dk;
-        /* exponents: left G_r - G_b (r in R), right G_b - G_i (i < r1).  The right ones of
-         * i in R are minus the left ones, so their two maxima bound every |exponent|. */
-        for (int64_t r = r0; r < r1; r++) {
-            float *e = B->Lk + (r - r0) * dk;
-            memcpy(e, B->G + r * dk, sizeof(float) * (size_t)dk);
-            arl_k_vaxpy(e, -1.0f, Gb, dk);
-        }
-        for (int64_t i = 0; i < r1; i++) {
-            float *e = B->Rt + i * dk;
-            memcpy(e, Gb, sizeof(float) * (size_t)dk);
-            arl_k_vaxpy(e, -1.0f, B->G + i * dk, dk);
-        }
-        if (!(arl_k_vmax(B->Lk, m * dk) <= KDA_FACTOR_SPAN &&
-              arl_k_vmax(B->Rt, r1 * dk) <= KDA_FACTOR_SPAN)) {
+        if (!pairs_factors(B, r0, r1, dk)) {
             pairs_difference(B, r0, r1, n, dk);
             continue;
         }
-        arl_k_vexp(B->Lk, B->Lk, m * dk);
-        arl_k_vexp(B->Rt, B->Rt, r1 * dk);
         arl_k_vmul(B->Lq, B->Q + r0 * dk, B->Lk, m * dk);
         arl_k_vmul(B->Lk, B->K + r0 * dk, B->Lk, m * dk);
         arl_k_vmul(B->Rt, B->K, B->Rt, r1 * dk);
@@ -1101,25 +1111,12 @@ static void chunk_pairs_bwd(chunk_buf *B, int64_t n, int64_t dk) {
     float *KR = B->M, *X1 = B->dKbar, *X3 = B->dXw, *Y = B->dW;
     for (int64_t r0 = 0; r0 < n; r0 += KDA_SUB) {
         const int64_t r1 = n - r0 < KDA_SUB ? n : r0 + KDA_SUB, m = r1 - r0;
-        const float *Gb = B->G + r0 * dk;
-        for (int64_t r = r0; r < r1; r++) {
-            float *e = B->Lk + (r - r0) * dk;
-            memcpy(e, B->G + r * dk, sizeof(float) * (size_t)dk);
-            arl_k_vaxpy(e, -1.0f, Gb, dk);
-        }
-        for (int64_t i = 0; i < r1; i++) {
-            float *e = B->Rt + i * dk;
-            memcpy(e, Gb, sizeof(float) * (size_t)dk);
-            arl_k_vaxpy(e, -1.0f, B->G + i * dk, dk);
-        }
-        if (!(arl_k_vmax(B->Lk, m * dk) <= KDA_FACTOR_SPAN &&
-              arl_k_vmax(B->Rt, r1 * dk) <= KDA_FACTOR_SPAN)) {
+        if (!pairs_factors(B, r0, r1, dk)) {
             pairs_bwd_difference(B, r0, r1, n, dk);
             continue;
         }
-        float *L = B->Lk, *R = B->Rt;
-        arl_k_vexp(L, L, m * dk);
-        arl_k_vexp(R, R, r1 * dk);
+        float *L = B->Lk;
+        const float *R = B->Rt;
         arl_k_vmul(KR, B->K, R, r1 * dk);
         const float *P = B->dAqk + r0 * n, *D = B->dAkk + r0 * n;
         mm(ARL_K_NOTRANS, ARL_K_NOTRANS, m, dk, r1, 1.0f, P, n, KR, dk, 0.0f, X1, dk);
