@@ -738,6 +738,25 @@ static arl_status insert_call_limits(arl_env_observation *o, const arl_env_actio
     return ARL_OK;
 }
 
+/* The end of a call sess_enter admitted, with h->mu held: the session is free again and its
+ * waiters wake.  A failed call (st, or a self-check message in msg) marks the session failed
+ * unless it timed out, and releases it if it was closed meanwhile; returns 1 then, and the
+ * caller unlocks and replies with the error. */
+static int sess_leave_locked(host *h, hsess *s, arl_status st, const char *msg) {
+    s->busy = 0;
+    s->refs--;
+    if (s->busy_body) {
+        json_decref(s->busy_body);
+        s->busy_body = NULL;
+    }
+    pthread_cond_broadcast(&s->cv);
+    s->last_active_ms = aep_now_ms();
+    if (st == ARL_OK && !msg[0]) return 0;
+    if (st != ARL_ERR_TIMEOUT) s->status = ARL_ENV_STATUS_FAILED;
+    if (s->closed) sess_release(h, s);
+    return 1;
+}
+
 /* The common start of the step and score endpoints (checks 3 and 4): look the session up, parse
  * the body outside the lock (the session is held by a reference meanwhile), pass the busy gate
  * and the deleted-while-waiting check.  Returns the session with h->mu held and *body set
@@ -896,17 +915,7 @@ static int host_step_impl(void *inst, const char *sid, const char *req, size_t l
     arl_env_action_clear(&act);
 
     pthread_mutex_lock(&h->mu);
-    s->busy = 0;
-    s->refs--;
-    if (s->busy_body) {
-        json_decref(s->busy_body);
-        s->busy_body = NULL;
-    }
-    pthread_cond_broadcast(&s->cv);
-    s->last_active_ms = aep_now_ms();
-    if (st != ARL_OK || msg[0]) {
-        if (st != ARL_ERR_TIMEOUT) s->status = ARL_ENV_STATUS_FAILED;
-        if (s->closed) sess_release(h, s);
+    if (sess_leave_locked(h, s, st, msg)) {
         pthread_mutex_unlock(&h->mu);
         free(rb);
         if (snap) {
@@ -1072,17 +1081,7 @@ static int host_score_impl(void *inst, const char *sid, const char *req, size_t 
     }
     arl_env_score_result_clear(&out);
     pthread_mutex_lock(&h->mu);
-    s->busy = 0;
-    s->refs--;
-    if (s->busy_body) {
-        json_decref(s->busy_body);
-        s->busy_body = NULL;
-    }
-    pthread_cond_broadcast(&s->cv);
-    s->last_active_ms = aep_now_ms();
-    if (st != ARL_OK || msg[0]) {
-        if (st != ARL_ERR_TIMEOUT) s->status = ARL_ENV_STATUS_FAILED;
-        if (s->closed) sess_release(h, s);
+    if (sess_leave_locked(h, s, st, msg)) {
         pthread_mutex_unlock(&h->mu);
         free(rb);
         json_decref(body);
