@@ -1,6 +1,7 @@
 /* cli/cmd_replay_model.c: the replay operations that need the policy model (spec/replay.md 13.6,
  * 13.7), on top of rollout/rescore.h and rollout/rollout.h:
- *   agentrl replay rescore DB TRAJ... --ckpt DIR [--version N] [--routing replay|natural]
+ *   agentrl replay rescore DB TRAJ... --ckpt DIR [--version auto|N|none] [--save-states]
+ *                          [--routing replay|natural]
  *   agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] [EXPERIMENT / rollout keys]
  * rescore prints, per trajectory, how each segment started (cached state or recomputed prefix),
  * the mean, p99 and max of |l - l_mu| over its action tokens, the mean entropy there and the
@@ -25,12 +26,13 @@ typedef struct rescore_cli {
     char *db;
     arl_strlist traj;
     char *ckpt;
-    int64_t version;
+    char *version;
     char *routing;
     int64_t sparse_topk, sparse_chunk;
     int json;
     char *label;
     int no_save;
+    int save_states;
 } rescore_cli;
 
 static const arl_option rescore_tab[] = {
@@ -41,10 +43,12 @@ static const arl_option rescore_tab[] = {
      "TRAJ"},
     {"ckpt", ARL_OPT_STRING, offsetof(rescore_cli, ckpt), NULL, "checkpoint to score under", 0, 0,
      NULL, ARL_OPT_REQUIRED, "DIR"},
-    {"version", ARL_OPT_INT, offsetof(rescore_cli, version), "0",
-     "policy version of --ckpt: cached states computed entirely at it start their segments "
-     "(-1: always recompute the prefix)",
-     -1, 4294967295.0, NULL, 0, "N"},
+    {"version", ARL_OPT_STRING, offsetof(rescore_cli, version), "auto",
+     "policy version of --ckpt, whose rollout states (computed entirely at it) may start "
+     "segments: auto = the run's version with the checkpoint's weights (recorded "
+     "weights_sha256, else checkpoint_uri), none if no version matches; N asserts one (refused "
+     "where the run records other weights for N); -1 or none: always recompute the prefix",
+     0, 0, NULL, 0, "auto|N|none"},
     {"routing", ARL_OPT_CHOICE, offsetof(rescore_cli, routing), "replay",
      "MoE routes: the stored ones (replay) or the router's own (natural)", 0, 0, "replay|natural",
      0, NULL},
@@ -59,6 +63,11 @@ static const arl_option rescore_tab[] = {
      0, NULL, 0, "L"},
     {"no-save", ARL_OPT_BOOL, offsetof(rescore_cli, no_save), NULL,
      "do not write rescores rows into a tool file of the store", 0, 0, NULL, 0, NULL},
+    {"save-states", ARL_OPT_BOOL, offsetof(rescore_cli, save_states), NULL,
+     "also write each segment's end state (producer tool) into the tool file's states file: a "
+     "later rescore under the same checkpoint and routing starts its segments from them; this "
+     "pass computes every state itself",
+     0, 0, NULL, 0, NULL},
 };
 #define RESCORE_N ARL_OPTIONS_COUNT(rescore_tab)
 
@@ -76,7 +85,8 @@ static int cmp_double(const void *a, const void *b) {
  * every layer; det from arl_rollout_rescore_ex).  Rows of a fork's prefix are keyed by the
  * parent's uid (the segment's owner). */
 static arl_status save_rescores(replay_store *st, replay_writer *tw, const char *traj,
-                                const rescore_cli *o, const char *label, const float *lp,
+                                const rescore_cli *o, int64_t version, const char *label,
+                                const float *lp,
                                 const float *mu, size_t n, const arl_rollout_rescore_detail *det) {
     replay_traj_row tr;
     ARL_TRY(replay_traj_get(st, traj, &tr));
@@ -178,7 +188,7 @@ static arl_status save_rescores(replay_store *st, replay_writer *tw, const char 
                                   .traj_uid = r->traj_uid,
                                   .seg_index = r->seg_index,
                                   .run_uid = have_run ? run.run_uid : NULL,
-                                  .version = o->version >= 0 ? o->version : -1,
+                                  .version = version,
                                   .checkpoint_uri = o->ckpt,
                                   .routing = o->routing,
                                   .stats_json = stats,
@@ -193,6 +203,26 @@ static arl_status save_rescores(replay_store *st, replay_writer *tw, const char 
     free(refs);
     if (have_run) replay_run_info_free(&run);
     return s;
+}
+
+static const char *version_how_name(int how) {
+    switch (how) {
+    case ARL_ROLLOUT_RESCORE_VERSION_GIVEN:
+        return "given";
+    case ARL_ROLLOUT_RESCORE_VERSION_WEIGHTS:
+        return "the run's version with these weights";
+    case ARL_ROLLOUT_RESCORE_VERSION_PATH:
+        return "the run's version at this checkpoint path";
+    case ARL_ROLLOUT_RESCORE_VERSION_REFUSED:
+        return "refused: the run records other weights for the given version";
+    default:
+        return "no version of the run matches this checkpoint";
+    }
+}
+
+static const char *version_how_key(int how) {
+    static const char *const k[] = {"none", "given", "weights", "path", "refused"};
+    return how >= 0 && how <= 4 ? k[how] : "none";
 }
 
 /* --label default: the checkpoint directory's last path component */
@@ -232,13 +262,34 @@ int cmd_replay_rescore(int argc, char **argv) {
         }
     }
     int rc = cli_parse(rescore_tab, RESCORE_N, ac, av,  &o,
-                       "agentrl replay rescore DB TRAJ... --ckpt DIR [--version N] "
-                       "[--routing replay|natural] [--json]",
+                       "agentrl replay rescore DB TRAJ... --ckpt DIR [--version auto|N|none] "
+                       "[--save-states] [--routing replay|natural] [--json]",
                        "Re-score stored trajectories under a checkpoint: each segment from its "
                        "cached boundary state (or the recomputed prefix), and compare with the "
                        "behaviour log-probabilities.");
     free(av);
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
+    int64_t version = ARL_ROLLOUT_RESCORE_VERSION_AUTO;
+    if (!strcmp(o.version, "none") || !strcmp(o.version, "-1")) {
+        version = -1;
+    } else if (strcmp(o.version, "auto")) {
+        char *end = NULL;
+        long long v = strtoll(o.version, &end, 10);
+        if (!o.version[0] || *end || v < 0 || v > 4294967295LL) {
+            fprintf(stderr, "agentrl replay rescore: --version: expected auto, none, -1 or a "
+                            "version 0..4294967295, got '%s'\n",
+                    o.version);
+            arl_options_free(rescore_tab, RESCORE_N, &o);
+            return ARL_EXIT_USAGE;
+        }
+        version = v;
+    }
+    if (o.save_states && o.no_save) {
+        fprintf(stderr, "agentrl replay rescore: --save-states writes into a tool file: it "
+                        "cannot go with --no-save\n");
+        arl_options_free(rescore_tab, RESCORE_N, &o);
+        return ARL_EXIT_USAGE;
+    }
     /* the rows go into a tool file (spec 13.6): read-write when the store has a catalog */
     replay_open_opts so = {.flags = o.no_save ? REPLAY_OPEN_READONLY : 0};
     replay_store *st = NULL;
@@ -250,8 +301,15 @@ int cmd_replay_rescore(int argc, char **argv) {
     int save = s == ARL_OK && !o.no_save && replay_store_has_catalog(st);
     if (s == ARL_OK && !o.no_save && !save)
         fprintf(stderr, "agentrl: note: %s has no catalog: re-scores are not saved\n", o.db);
+    if (s == ARL_OK && o.save_states && !save)
+        s = arl_errorf(ARL_ERR_STATE, "replay rescore: --save-states needs a store root with its "
+                                      "catalog.sqlite (%s has none)",
+                       o.db);
+    /* the states go into the tool file's states file as they are computed */
+    if (s == ARL_OK && o.save_states) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
     for (int i = 0; s == ARL_OK && i < o.traj.n; i++) {
-        arl_rollout_rescore_opts ro = {.ckpt_dir = o.ckpt, .version = o.version,
+        arl_rollout_rescore_opts ro = {.ckpt_dir = o.ckpt, .version = version,
+                                       .save_states = o.save_states ? tw : NULL,
                                        .natural_routing = !strcmp(o.routing, "natural"),
                                        .sparse_topk = o.sparse_topk,
                                        .sparse_chunk = o.sparse_chunk};
@@ -264,7 +322,7 @@ int cmd_replay_rescore(int argc, char **argv) {
                                    save ? &mu : NULL, save ? &nlp : NULL, save ? &det : NULL);
         if (s == ARL_OK && save && !tw) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
         if (s == ARL_OK && save)
-            s = save_rescores(st, tw, o.traj.v[i], &o, label, lp, mu, nlp, &det);
+            s = save_rescores(st, tw, o.traj.v[i], &o, r.version, label, lp, mu, nlp, &det);
         free(lp);
         free(mu);
         free(det.entropy);
@@ -275,12 +333,14 @@ int cmd_replay_rescore(int argc, char **argv) {
                    "\"skipped\":%lld,\"action_tokens\":%lld,\"mean_abs\":%.9g,\"p99_abs\":%.9g,"
                    "\"max_abs\":%.9g,\"worst_token\":%lld,\"entropy_mean\":%.9g,"
                    "\"route_tokens\":%lld,\"agree_overlap\":%.9g,\"agree_exact_layer\":%.9g,"
-                   "\"agree_exact_token\":%.9g}\n",
+                   "\"agree_exact_token\":%.9g,\"version\":%lld,\"version_how\":\"%s\","
+                   "\"from_tool_state\":%lld,\"states_saved\":%lld}\n",
                    o.traj.v[i], (long long)r.segments, (long long)r.from_state,
                    (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
                    r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
                    (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,
-                   r.agree_exact_token);
+                   r.agree_exact_token, (long long)r.version, version_how_key(r.version_how),
+                   (long long)r.from_tool_state, (long long)r.states_saved);
         else
             printf("%s: %lld segments (%lld from cached states, %lld recomputed, %lld skipped: "
                    "images), %lld action tokens: |l - l_mu| mean %.3g p99 %.3g max %.3g (token "
@@ -291,6 +351,17 @@ int cmd_replay_rescore(int argc, char **argv) {
                    r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
                    (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,
                    r.agree_exact_token);
+        if (!o.json) {
+            if (r.version >= 0)
+                printf("  start states: rollout states of version %lld (%s)",
+                       (long long)r.version, version_how_name(r.version_how));
+            else
+                printf("  start states: no rollout states (%s)",
+                       version == -1 ? "--version none" : version_how_name(r.version_how));
+            printf("; %lld from tool states of this checkpoint", (long long)r.from_tool_state);
+            if (o.save_states) printf("; %lld boundaries saved", (long long)r.states_saved);
+            printf("\n");
+        }
     }
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
     if (tw && !rc)

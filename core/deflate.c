@@ -1,7 +1,10 @@
-/* core/deflate.c: run-matching zlib writer with the fixed Huffman code (see deflate.h).
+/* core/deflate.c: run-matching zlib writer with the fixed Huffman code and stored blocks (see
+ * deflate.h).
  * Bits are packed LSB first (RFC 1951 section 3.1.1); Huffman codes are sent most significant
  * bit first, so the tables below hold them bit-reversed. */
 #include "core/deflate.h"
+
+#include <string.h>
 
 #include "core/inflate.h"
 
@@ -88,6 +91,36 @@ static size_t match_len(const uint8_t *in, size_t n, size_t i, size_t d) {
     return k;
 }
 
+/* Bytes copied as they are (after the bitwriter is at a byte boundary). */
+static void put_bytes(bitwriter *w, const uint8_t *p, size_t n) {
+    if (w->full || n > w->cap - w->n) {
+        w->full = 1;
+        return;
+    }
+    memcpy(w->out + w->n, p, n);
+    w->n += n;
+}
+
+/* Stored blocks (BTYPE 00, never final) holding p[0..n). */
+static void put_stored(bitwriter *w, const uint8_t *p, size_t n) {
+    while (n && !w->full) {
+        size_t k = n < 65535 ? n : 65535;
+        put(w, 0, 1); /* BFINAL 0 */
+        put(w, 0, 2); /* BTYPE 00 */
+        if (w->nacc) put(w, 0, 8 - w->nacc);
+        put(w, (uint32_t)k, 16);
+        put(w, (uint32_t)k ^ 0xFFFFu, 16);
+        put_bytes(w, p, k);
+        p += k;
+        n -= k;
+    }
+}
+
+/* The bits a stored block costs beyond its bytes, at most: the end-of-block code of the fixed
+ * block before it (7), its header (3), the alignment (7), LEN and NLEN (32), and the header of
+ * the fixed block after it (3). */
+#define STORED_EXTRA_BITS 52
+
 arl_status arl_zlib_encode(const uint8_t *in, size_t n, size_t elem, uint8_t *out, size_t out_cap,
                            size_t *out_len) {
     if (elem != 1 && elem != 2 && elem != 4 && elem != 8)
@@ -96,28 +129,52 @@ arl_status arl_zlib_encode(const uint8_t *in, size_t n, size_t elem, uint8_t *ou
     /* header: deflate, 32 KiB window, FLEVEL 0 (fastest), no dictionary: 0x78 0x01 */
     put(&w, 0x78, 8);
     put(&w, 0x01, 8);
-    put(&w, 1, 1); /* BFINAL */
-    put(&w, 1, 2); /* BTYPE 01: fixed Huffman codes */
     size_t i = 0, check = n / 8;
+    int in_fixed = 0; /* inside a fixed-code block */
     while (i < n && !w.full) {
-        size_t best = 0, bd = 0;
-        if (i >= elem) {
-            best = match_len(in, n, i, elem);
-            bd = elem;
-        }
-        if (elem > 1 && i >= 1 && best < 258) {
-            size_t m = match_len(in, n, i, 1);
-            if (m > best) {
-                best = m;
-                bd = 1;
+        /* the stretch of literals from i, up to the next match (or the end) */
+        size_t j = i, best = 0, bd = 0;
+        uint64_t fixed_bits = 0;
+        for (; j < n; j++) {
+            best = 0;
+            if (j >= elem) {
+                best = match_len(in, n, j, elem);
+                bd = elem;
             }
+            if (elem > 1 && j >= 1 && best < 258) {
+                size_t m = match_len(in, n, j, 1);
+                if (m > best) {
+                    best = m;
+                    bd = 1;
+                }
+            }
+            if (best >= 3) break;
+            fixed_bits += in[j] < 144 ? 8 : 9;
         }
-        if (best >= 3) {
+        /* literals that the fixed code does not shrink go into a stored block: never larger,
+         * and they decode as one copy */
+        if (j > i && 8 * (uint64_t)(j - i) + STORED_EXTRA_BITS <= fixed_bits) {
+            if (in_fixed) put_literal(&w, 256);
+            in_fixed = 0;
+            put_stored(&w, in + i, j - i);
+        } else if (j > i) {
+            if (!in_fixed) {
+                put(&w, 0, 1); /* BFINAL 0 */
+                put(&w, 1, 2); /* BTYPE 01: fixed Huffman codes */
+                in_fixed = 1;
+            }
+            for (size_t k = i; k < j; k++)
+                put_literal(&w, in[k]);
+        }
+        i = j;
+        if (i < n) {
+            if (!in_fixed) {
+                put(&w, 0, 1);
+                put(&w, 1, 2);
+                in_fixed = 1;
+            }
             put_match(&w, best, bd);
             i += best;
-        } else {
-            put_literal(&w, in[i]);
-            i++;
         }
         /* an array that compresses badly shows it early: stop at 1/8 of the input if the
          * stream is already over its share of out_cap by a quarter */
@@ -126,7 +183,11 @@ arl_status arl_zlib_encode(const uint8_t *in, size_t n, size_t elem, uint8_t *ou
             check = 0;
         }
     }
-    put_literal(&w, 256);               /* end of block */
+    if (in_fixed) put_literal(&w, 256); /* end of block */
+    /* the final block: empty, fixed code (10 bits) */
+    put(&w, 1, 1);
+    put(&w, 1, 2);
+    put_literal(&w, 256);
     if (w.nacc) put(&w, 0, 8 - w.nacc); /* to a byte boundary */
     uint32_t a = arl_adler32(1, in, n);
     for (int k = 3; k >= 0; k--)

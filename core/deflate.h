@@ -2,7 +2,9 @@
  * blobs (codec 1, spec/replay.md section 5.1).  It finds only the matches that such arrays are
  * made of -- a repeat of the previous element (runs of equal ids, versions, mask values, the
  * 0.0 log-probabilities of context tokens) -- and codes them with the fixed Huffman code of
- * RFC 1951 in one block.  Arrays without runs do not shrink (the caller then keeps codec 0).
+ * RFC 1951; a stretch of literals that code would not shrink goes into a stored block instead
+ * (never larger, and it decodes as one copy).  The stream ends with an empty final block.
+ * Arrays without runs do not shrink (the caller then keeps codec 0).
  * Not a general-purpose compressor: no hash chains, no dynamic Huffman codes.  Decoded by
  * core/inflate.h and by any zlib. */
 #ifndef ARL_CORE_DEFLATE_H

@@ -170,6 +170,41 @@ void rjson_dump(struct json_t *j, FILE *f);
 /* The same as a string (caller frees); NULL on OOM. */
 char *rjson_dumps(struct json_t *j);
 
+/* ---- background checkpoints (checkpoint.c) ------------------------------------------------ */
+
+/* The spec's wal_autocheckpoint (section 3): a commit that leaves this many WAL frames or more
+ * checkpoints in the foreground, as SQLite's automatic checkpoint would. */
+#define RCKPT_BACKSTOP_FRAMES 1000
+/* A commit that leaves this many frames or more wakes the background checkpointer. */
+#ifndef RCKPT_WAKE_FRAMES
+#define RCKPT_WAKE_FRAMES 500
+#endif
+
+typedef struct rckpt rckpt;
+typedef struct rckpt_stats {
+    int last_frames;       /* WAL frames after the writer's last commit */
+    int max_frames;        /* most frames any commit left */
+    int64_t n_background;  /* background checkpoints that succeeded */
+    int64_t frames_copied; /* sum over them of the WAL frames backfilled when each ended */
+    int64_t n_failed;      /* background checkpoints that failed (retried at the next wake) */
+    int last_rc;           /* SQLite extended code of the last failure */
+    int64_t n_foreground;  /* commits that reached the backstop and checkpointed themselves */
+} rckpt_stats;
+
+/* Start the background checkpointer of d (a writer's open file, in WAL mode): its own
+ * connection to d->path through vfs (NULL: default), a thread, and a WAL hook on d->db
+ * (replacing SQLite's automatic checkpoint by the same 1000-frame rule plus the wake).
+ * *out is owned by the caller until rckpt_stop; d must stay open until then.  *out = NULL (and
+ * SQLite's automatic checkpoint stays) when SQLite was built without thread support. */
+arl_status rckpt_start(rdb *d, const char *vfs, rckpt **out);
+/* Stop and join the thread (a checkpoint in progress completes first), close its connection and
+ * give d->db SQLite's automatic checkpoint at 1000 frames back.  NULL is a no-op. */
+void rckpt_stop(rckpt *c);
+/* Wake the thread for a checkpoint now, whatever the WAL holds (returns at once).  NULL: no-op. */
+void rckpt_wake(rckpt *c);
+/* A snapshot of the counters (zeros for NULL). */
+void rckpt_get_stats(rckpt *c, rckpt_stats *out);
+
 /* ---- the writer --------------------------------------------------------------------------- */
 
 struct replay_writer {
@@ -187,6 +222,8 @@ struct replay_writer {
     size_t n_interrupted;
     sqlite3_stmt *stmt[24]; /* prepared statements of the hot path (writer.c) */
     sqlite3_stmt *sstmt[4]; /* ... on the states file */
+    rckpt *ckpt_w, *ckpt_s; /* background checkpointers of w and s (NULL: SQLite's automatic
+                               checkpoint, REPLAY_OPEN_FG_CHECKPOINT) */
     uint8_t *scratch;       /* blob encoding buffer */
     size_t scratch_cap;
 };

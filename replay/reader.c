@@ -656,6 +656,41 @@ arl_status replay_state_load(replay_store *st, int32_t shard_id, int64_t state_i
     return ARL_OK;
 }
 
+arl_status replay_state_find(replay_store *st, const char *traj_uid, int32_t seg_index,
+                             const char *kind, const char *producer, const char *pass_uid,
+                             replay_state_data *out) {
+    if (replay_store_refresh(st) != ARL_OK) arl_error_clear(); /* the shards known so far */
+    for (size_t k = 0; k < st->n_shards; k++) {
+        rshard *sh = &st->shards[k];
+        rdb *d;
+        arl_status s = rstore_shard_states(st, sh, &d);
+        if (s == ARL_ERR_NOT_FOUND) {
+            arl_error_clear();
+            continue;
+        }
+        ARL_TRY(s);
+        sqlite3_stmt *q;
+        ARL_TRY(rstore_prepare(st, d,
+                               "SELECT state_id FROM states WHERE traj_uid = ?1 AND seg_index = ?2 "
+                               "AND kind = ?3 AND producer = ?4 AND pass_uid = ?5 AND status = "
+                               "'complete'",
+                               &q));
+        sqlite3_bind_text(q, 1, traj_uid, -1, SQLITE_STATIC);
+        sqlite3_bind_int(q, 2, seg_index);
+        sqlite3_bind_text(q, 3, kind, -1, SQLITE_STATIC);
+        sqlite3_bind_text(q, 4, producer, -1, SQLITE_STATIC);
+        sqlite3_bind_text(q, 5, pass_uid, -1, SQLITE_STATIC);
+        int rc = sqlite3_step(q);
+        int64_t id = rc == SQLITE_ROW ? sqlite3_column_int64(q, 0) : -1;
+        sqlite3_finalize(q);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(d, rc, "finding a state");
+        if (id >= 0) return replay_state_load(st, sh->shard_id, id, out);
+    }
+    return arl_errorf(ARL_ERR_NOT_FOUND, "replay: no complete %s state of %s segment %d by %s "
+                                         "pass %s (cache miss)",
+                      kind, traj_uid, (int)seg_index, producer, pass_uid);
+}
+
 void replay_boundary_free(replay_state_data *parts, size_t n_parts) {
     if (!parts) return;
     for (size_t i = 0; i < n_parts; i++)

@@ -88,6 +88,10 @@ enum {
      * lot.  Off by default: inflating costs readers more than the bytes saved gain writers
      * (bench_replay --deflate: 5 % fewer WAL bytes per segment, read path 4x slower). */
     REPLAY_OPEN_DEFLATE = 1u << 2,
+    /* Writers checkpoint their WAL in the committing thread (SQLite's automatic checkpoint at
+     * 1000 frames) instead of in a background thread per file (replay/checkpoint.c, the
+     * default; the 1000-frame rule stays as its backstop).  For measurements and tests. */
+    REPLAY_OPEN_FG_CHECKPOINT = 1u << 3,
 };
 
 typedef struct replay_open_opts {
@@ -141,6 +145,17 @@ typedef struct replay_version_desc {
 } replay_version_desc;
 /* Insert a policy_versions row (ARL_ERR_STATE if (run, version) exists with other content). */
 arl_status replay_version_add(replay_store *st, const replay_version_desc *d);
+/* The policy version of run_id that a checkpoint is: the row whose weights_sha256 equals
+ * weights_sha256 (hex; *how = 1), else the first row without a recorded hash whose
+ * checkpoint_uri names the same directory as ckpt_dir after realpath (*how = 2).  A row whose
+ * recorded hash differs never matches by path.  ARL_ERR_NOT_FOUND (*version = -1) when no row
+ * matches or the store has no catalog.  how may be NULL. */
+arl_status replay_version_find(replay_store *st, int64_t run_id, const char *weights_sha256,
+                               const char *ckpt_dir, int64_t *version, int *how);
+/* The recorded weights_sha256 of (run_id, version) into buf ("" when NULL, unknown or no
+ * catalog). */
+arl_status replay_version_weights(replay_store *st, int64_t run_id, int64_t version, char *buf,
+                                  size_t cap);
 
 typedef struct replay_env_desc {
     const char *name;      /* required */
@@ -186,10 +201,14 @@ arl_status replay_catalog_reconcile(replay_store *st);
  * writes it.  If the file's previous writer was another process, its running trajectories are
  * interrupted (spec section 7.5): list them with replay_writer_interrupted and resolve each with
  * replay_writer_recover, replay_traj_resume or replay_traj_mask before beginning new ones.
- * run_uid (may be NULL) is recorded in meta for a new file.  Free with replay_writer_close. */
+ * run_uid (may be NULL) is recorded in meta for a new file.  Free with replay_writer_close.
+ * Unless the store was opened with REPLAY_OPEN_FG_CHECKPOINT, the writer checkpoints each file's
+ * WAL in a background thread with its own connection (replay/checkpoint.c); the writer itself
+ * is used from one thread at a time, as before. */
 arl_status replay_writer_open(replay_store *st, replay_file_kind kind, int32_t shard_id,
                               const char *run_uid, replay_writer **out);
-/* Close the files and release the lock (running trajectories stay running). NULL: no-op. */
+/* Stop the checkpoint threads, close the files and release the lock (running trajectories stay
+ * running).  NULL: no-op. */
 void replay_writer_close(replay_writer *w);
 int32_t replay_writer_shard_id(const replay_writer *w);
 /* Path of the shard file relative to the store root ("shards/w3.sqlite"). */
@@ -554,6 +573,14 @@ typedef struct replay_state_data {
 arl_status replay_state_load(replay_store *st, int32_t shard_id, int64_t state_id,
                              replay_state_data *out);
 void replay_state_data_free(replay_state_data *d);
+
+/* Find the complete state (traj_uid, seg_index, kind, producer, pass_uid) in the states file of
+ * any shard (the spec's unique key; tool and learner states are found this way, rollout states
+ * through their segments) and load it into *out.  ARL_ERR_NOT_FOUND: no such complete state (a
+ * cache miss). */
+arl_status replay_state_find(replay_store *st, const char *traj_uid, int32_t seg_index,
+                             const char *kind, const char *producer, const char *pass_uid,
+                             replay_state_data *out);
 
 /* The full model state at the end of segment s of a trajectory (spec section 4.12): the
  * kda_boundary state of s plus the mla_segment states of every segment from the last fresh

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -661,6 +662,73 @@ arl_status replay_version_add(replay_store *st, const replay_version_desc *d) {
                               sqlite3_errmsg(st->cat.db));
         return rdb_fail(&st->cat, rc, "inserting a policy version");
     }
+    return ARL_OK;
+}
+
+/* Same file after resolving links and relative parts (both must exist). */
+static int same_path(const char *a, const char *b) {
+    if (!a || !b) return 0;
+    char ra[PATH_MAX], rb[PATH_MAX];
+    if (!realpath(a, ra) || !realpath(b, rb)) return 0;
+    return !strcmp(ra, rb);
+}
+
+arl_status replay_version_find(replay_store *st, int64_t run_id, const char *weights_sha256,
+                               const char *ckpt_dir, int64_t *version, int *how) {
+    *version = -1;
+    if (how) *how = 0;
+    if (!st->cat.db) return arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s has no catalog", st->root);
+    sqlite3_stmt *q;
+    ARL_TRY(rdb_prepare(&st->cat,
+                        "SELECT version, weights_sha256, checkpoint_uri FROM policy_versions "
+                        "WHERE run_id = ?1 ORDER BY version",
+                        &q));
+    sqlite3_bind_int64(q, 1, run_id);
+    int rc, by_path = 0;
+    int64_t v_path = -1;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const char *w = (const char *)sqlite3_column_text(q, 1);
+        const char *u = (const char *)sqlite3_column_text(q, 2);
+        if (w && weights_sha256 && !strcmp(w, weights_sha256)) {
+            *version = sqlite3_column_int64(q, 0);
+            if (how) *how = 1;
+            break;
+        }
+        /* a recorded hash that differs rules the row out whatever its path says */
+        if (!w && !by_path && same_path(u, ckpt_dir)) {
+            by_path = 1;
+            v_path = sqlite3_column_int64(q, 0);
+        }
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(&st->cat, rc, "reading policy versions");
+    if (*version < 0 && by_path) {
+        *version = v_path;
+        if (how) *how = 2;
+    }
+    if (*version < 0)
+        return arl_errorf(ARL_ERR_NOT_FOUND,
+                          "replay: no policy version of run %lld has these weights or this "
+                          "checkpoint path",
+                          (long long)run_id);
+    return ARL_OK;
+}
+
+arl_status replay_version_weights(replay_store *st, int64_t run_id, int64_t version, char *buf,
+                                  size_t cap) {
+    if (cap) buf[0] = 0;
+    if (!st->cat.db) return ARL_OK;
+    sqlite3_stmt *q;
+    ARL_TRY(rdb_prepare(&st->cat,
+                        "SELECT weights_sha256 FROM policy_versions WHERE run_id = ?1 AND "
+                        "version = ?2",
+                        &q));
+    sqlite3_bind_int64(q, 1, run_id);
+    sqlite3_bind_int64(q, 2, version);
+    int rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) rdb_col_text(q, 0, buf, cap);
+    sqlite3_finalize(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(&st->cat, rc, "reading a policy version");
     return ARL_OK;
 }
 

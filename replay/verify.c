@@ -659,19 +659,33 @@ static void check_states_file(vctx *v, rdb *s, rdb *w) {
                     &q) == ARL_OK) {
         sqlite3_finalize(q);
     }
-    /* orphans: complete states no segment refers to (collected by GC, section 7.6) */
+    /* orphans: complete states no segment refers to (collected by GC, section 7.6); in a tool
+     * file a re-score's states (producer 'tool') are referenced by its rescores rows of the
+     * same trajectory and segment instead */
     if (w &&
-        rdb_prepare(
-            s, "SELECT state_id, traj_uid, seg_index, status FROM states WHERE status != 'evicted'",
-            &q) == ARL_OK) {
-        sqlite3_stmt *rq = NULL;
+        rdb_prepare(s,
+                    "SELECT state_id, traj_uid, seg_index, status, producer FROM states WHERE "
+                    "status != 'evicted'",
+                    &q) == ARL_OK) {
+        sqlite3_stmt *rq = NULL, *tq = NULL;
         rdb_prepare(
             w, "SELECT 1 FROM segments WHERE end_state_id = ?1 OR latent_state_id = ?1 LIMIT 1",
             &rq);
+        if (w->kind == REPLAY_FILE_TOOL)
+            rdb_prepare(w, "SELECT 1 FROM rescores WHERE traj_uid = ?1 AND seg_index = ?2 LIMIT 1",
+                        &tq);
         while (rq && sqlite3_step(q) == SQLITE_ROW) {
             sqlite3_reset(rq);
             sqlite3_bind_int64(rq, 1, sqlite3_column_int64(q, 0));
-            if (sqlite3_step(rq) != SQLITE_ROW)
+            int ref = sqlite3_step(rq) == SQLITE_ROW;
+            if (!ref && tq && !strcmp((const char *)sqlite3_column_text(q, 4), "tool")) {
+                sqlite3_reset(tq);
+                sqlite3_bind_text(tq, 1, (const char *)sqlite3_column_text(q, 1), -1,
+                                  SQLITE_TRANSIENT);
+                sqlite3_bind_int(tq, 2, sqlite3_column_int(q, 2));
+                ref = sqlite3_step(tq) == SQLITE_ROW;
+            }
+            if (!ref)
                 finding(v, 0,
                         "%s: state %lld (%s segment %d, %s) is referenced by no segment (orphan, "
                         "removed by "
@@ -680,6 +694,7 @@ static void check_states_file(vctx *v, rdb *s, rdb *w) {
                         sqlite3_column_int(q, 2), sqlite3_column_text(q, 3));
         }
         sqlite3_finalize(rq);
+        sqlite3_finalize(tq);
         sqlite3_finalize(q);
     }
 }

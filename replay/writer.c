@@ -139,6 +139,8 @@ void replay_writer_interrupted(const replay_writer *w, const int64_t **ids, size
 
 void replay_writer_close(replay_writer *w) {
     if (!w) return;
+    rckpt_stop(w->ckpt_w);
+    rckpt_stop(w->ckpt_s);
     for (int i = 0; i < W_NSTMT; i++)
         sqlite3_finalize(w->stmt[i]);
     for (int i = 0; i < 4; i++)
@@ -368,6 +370,10 @@ arl_status replay_writer_open(replay_store *st, replay_file_kind kind, int32_t s
         (s = rdb_meta_set(&w->w, "owner_since_ms", since)) != ARL_OK)
         goto fail;
     if ((s = rdb_commit(&w->w)) != ARL_OK) goto fail;
+    if (!(st->flags & REPLAY_OPEN_FG_CHECKPOINT) &&
+        ((s = rckpt_start(&w->w, st->vfs, &w->ckpt_w)) != ARL_OK ||
+         (s = rckpt_start(&w->s, st->vfs, &w->ckpt_s)) != ARL_OK))
+        goto fail;
     free(path);
     free(spath);
     replay_store_refresh(st);
@@ -1116,6 +1122,10 @@ arl_status replay_writer_recover(replay_writer *w, int mask_all, int64_t *n_mask
 }
 
 arl_status replay_writer_seal(replay_writer *w) {
+    /* leaving WAL mode needs the only connection: the checkpointers go first */
+    rckpt_stop(w->ckpt_w);
+    rckpt_stop(w->ckpt_s);
+    w->ckpt_w = w->ckpt_s = NULL;
     arl_status s = rdb_exec(&w->w, "PRAGMA wal_checkpoint(TRUNCATE)");
     if (s == ARL_OK) s = rdb_begin(&w->w);
     if (s == ARL_OK) s = rdb_meta_set(&w->w, "sealed", "1");
@@ -1308,14 +1318,18 @@ static int cmp_i64(const void *a, const void *b) {
 
 /* A learner file's states are referenced by its learner records (section 7.6: "no committed
  * segment or learner record references"): a record of the same trajectory and segment (the
- * segment a kda_boundary state ends, or whose mla_segment entries it holds).  *ref = 1 if one
- * exists. */
-static arl_status learner_state_referenced(replay_writer *w, sqlite3_stmt **q, const char *uid,
-                                           int32_t seg, int *ref) {
+ * segment a kda_boundary state ends, or whose mla_segment entries it holds).  Likewise the
+ * states a re-score saved in a tool file (producer 'tool', spec 13.6 step 3) are referenced by
+ * its rescores rows of the same trajectory and segment.  *ref = 1 if one exists. */
+static arl_status record_state_referenced(replay_writer *w, sqlite3_stmt **q, const char *uid,
+                                          int32_t seg, int *ref) {
     if (!*q)
         ARL_TRY(rdb_prepare(&w->w,
-                            "SELECT 1 FROM learner_records WHERE traj_uid = ?1 AND seg_index = ?2 "
-                            "LIMIT 1",
+                            w->kind == REPLAY_FILE_LEARNER
+                                ? "SELECT 1 FROM learner_records WHERE traj_uid = ?1 AND "
+                                  "seg_index = ?2 LIMIT 1"
+                                : "SELECT 1 FROM rescores WHERE traj_uid = ?1 AND seg_index = ?2 "
+                                  "LIMIT 1",
                             q));
     sqlite3_reset(*q);
     sqlite3_bind_text(*q, 1, uid, -1, SQLITE_TRANSIENT);
@@ -1330,7 +1344,7 @@ static arl_status learner_state_referenced(replay_writer *w, sqlite3_stmt **q, c
 arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_deleted) {
     int learner = w->kind == REPLAY_FILE_LEARNER;
     /* referenced state ids (segments of this shard; a learner file has none: its records
-     * reference states by trajectory and segment, learner_state_referenced) */
+     * reference states by trajectory and segment, record_state_referenced) */
     int64_t *refs = NULL;
     size_t nref = 0, cap = 0;
     sqlite3_stmt *q;
@@ -1367,8 +1381,8 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
     if (s == ARL_OK)
         s = rdb_prepare(
             db,
-            "SELECT state_id, status, traj_uid, seg_index FROM states WHERE status IN "
-            "('writing','complete') AND created_at_ms < ?1",
+            "SELECT state_id, status, traj_uid, seg_index, producer FROM states WHERE status "
+            "IN ('writing','complete') AND created_at_ms < ?1",
             &sel);
     if (s == ARL_OK) s = rdb_prepare(db, "DELETE FROM state_chunks WHERE state_id = ?1", &dc);
     if (s == ARL_OK) s = rdb_prepare(db, "DELETE FROM states WHERE state_id = ?1", &ds);
@@ -1380,10 +1394,12 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
             int64_t id = sqlite3_column_int64(sel, 0);
             int writing = !strcmp((const char *)sqlite3_column_text(sel, 1), "writing");
             if (!writing && nref && bsearch(&id, refs, nref, sizeof *refs, cmp_i64)) continue;
-            if (!writing && learner) {
+            if (!writing &&
+                (learner || (w->kind == REPLAY_FILE_TOOL &&
+                             !strcmp((const char *)sqlite3_column_text(sel, 4), "tool")))) {
                 int ref = 0;
-                if ((s = learner_state_referenced(w, &lq, (const char *)sqlite3_column_text(sel, 2),
-                                                  sqlite3_column_int(sel, 3), &ref)) != ARL_OK)
+                if ((s = record_state_referenced(w, &lq, (const char *)sqlite3_column_text(sel, 2),
+                                                 sqlite3_column_int(sel, 3), &ref)) != ARL_OK)
                     break;
                 if (ref) continue;
             }

@@ -4,11 +4,15 @@
  * this pass computed; MoE routes replayed from the store by default.  It also measures the router
  * agreement with the stored routes (the natural top-k of each layer's router scores, at the
  * replayed input with --routing replay; policy/router.h arl_router_overlap) and the entropy of the predicting
- * rows.  Forks are in fork.c. */
+ * rows.  Start states: tool states that an earlier pass under the same checkpoint saved (pass_uid
+ * from the weights' SHA-256, routing and MLA sparsity), else rollout states of the checkpoint's
+ * policy version (derived from the run's policy_versions by default), else recomputed; with
+ * save_states every segment's end state is written as producer 'tool'.  Forks are in fork.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/sha256.h"
 #include "rollout/engine.h"
 #include "rollout/media.h"
 #include "rollout/rescore.h"
@@ -43,6 +47,131 @@ static arl_status import_boundary(replay_store *st, ro_engine *e, int64_t traj_i
     }
     free(buf);
     return s;
+}
+
+/* The numerics of this build's CPU forward: NUMERICS of rollout/commit.c, the tag
+ * arl_rollout_state_assemble accepts. */
+#define RESCORE_NUMERICS "cpu-f32"
+
+/* Import the tool states of pass `pass` for the boundary at the end of refs[si - 1]: its
+ * kda_boundary and the mla_segment states of refs[f..si-1] from the last fresh start f.
+ * ARL_OK, ARL_ERR_NOT_FOUND (a miss) or another error. */
+static arl_status import_tool_boundary(replay_store *st, ro_engine *e, const char *traj_uid,
+                                       const replay_seg_ref *refs, size_t si, const char *pass) {
+    size_t f = si - 1;
+    while (f > 0 && strcmp(refs[f].start_kind, "fresh"))
+        f--;
+    size_t np = 1 + (si - f);
+    replay_state_data *parts = calloc(np, sizeof *parts);
+    if (!parts) return arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
+    arl_status s = replay_state_find(st, traj_uid, refs[si - 1].seg_index, "kda_boundary", "tool",
+                                     pass, &parts[0]);
+    for (size_t j = f; s == ARL_OK && j < si; j++)
+        s = replay_state_find(st, traj_uid, refs[j].seg_index, "mla_segment", "tool", pass,
+                              &parts[1 + j - f]);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, parts, np, &buf, &len);
+    replay_boundary_free(parts, np);
+    if (s == ARL_OK) {
+        s = arl_decode_state_import(&e->st, 0, buf, len);
+        if (s) s = arl_error_prefix(ARL_ERR_NOT_FOUND, "importing the cached boundary");
+    }
+    free(buf);
+    return s;
+}
+
+/* Rows of one latent blob of width R (f32) under the 64 MiB chunk limit. */
+static int64_t latent_rows_per_chunk(int64_t R) {
+    int64_t r = (int64_t)((ARL_BLOB_MAX_BYTES - ARL_BLOB_HEADER_SIZE) / (uint64_t)(R * 4));
+    return r > 0 ? r : 1;
+}
+
+/* Write the state of slot at the end of segment r (spec 13.6 step 3) as producer 'tool' of pass
+ * `pass`: the kda_boundary (every KDA layer's S and conv tail, positions 0..end) and the
+ * mla_segment (the segment's latent rows of every MLA layer), as the rollout writes its own. */
+static arl_status save_boundary(replay_writer *w, ro_engine *e, int32_t slot, const char *traj_uid,
+                                const replay_seg_ref *r, const char *pass, int64_t version,
+                                const char *routing) {
+    const arl_model_dims *dm = &e->cfg.dims;
+    const arl_decode_state *ds = &e->st;
+    const int64_t pos = arl_decode_state_position(ds, slot), T = r->n_tokens;
+    const int64_t R = dm->rkv + dm->r, rpc = latent_rows_per_chunk(R);
+    size_t n_lat = dm->n_mla ? (size_t)dm->n_mla * (size_t)((T + rpc - 1) / rpc) : 0;
+    replay_state_chunk *ch = calloc((size_t)(2 * dm->n_kda) + n_lat + 1, sizeof *ch);
+    if (!ch) return arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
+    size_t n = 0;
+    for (int64_t l = 0; l < dm->L; l++) {
+        if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_KDA) continue;
+        ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "S",
+                                       .kind = ARL_BLOB_KDA_STATE, .dtype = ARL_BLOB_F32, .ndim = 3,
+                                       .dims = {(uint64_t)dm->H, (uint64_t)dm->dk, (uint64_t)dm->dv},
+                                       .data = arl_decode_state_kda_S(ds, slot, l)};
+        ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "conv",
+                                       .kind = ARL_BLOB_CONV_TAIL, .dtype = ARL_BLOB_F32, .ndim = 3,
+                                       .dims = {3, (uint64_t)dm->P, (uint64_t)(dm->W - 1)},
+                                       .data = arl_decode_state_kda_conv(ds, slot, l)};
+    }
+    replay_state_desc sd = {.traj_uid = traj_uid, .seg_index = r->seg_index,
+                            .kind = "kda_boundary", .producer = "tool", .pass_uid = pass,
+                            .version_min = version, .version_max = version,
+                            .numerics = RESCORE_NUMERICS, .routing = routing,
+                            .model_config_sha256 = e->cfg_hash, .ctx_start = 0, .n_tokens = pos};
+    int64_t id;
+    arl_status s = replay_state_put(w, &sd, ch, n, &id);
+    if (s == ARL_OK) {
+        n = 0;
+        for (int64_t l = 0; l < dm->L; l++) {
+            if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_MLA) continue;
+            const float *lat = arl_decode_state_latent(ds, slot, l);
+            for (int64_t r0 = 0; r0 < T; r0 += rpc) {
+                int64_t rows = T - r0 < rpc ? T - r0 : rpc;
+                ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "latent",
+                                               .row_start = r0, .kind = ARL_BLOB_MLA_LATENT,
+                                               .dtype = ARL_BLOB_F32, .ndim = 2,
+                                               .dims = {(uint64_t)rows, (uint64_t)R},
+                                               .data = lat + (r->ctx_start + r0) * R};
+            }
+        }
+        sd.kind = "mla_segment";
+        sd.ctx_start = r->ctx_start;
+        sd.n_tokens = T;
+        s = replay_state_put(w, &sd, ch, n, &id);
+    }
+    free(ch);
+    return s;
+}
+
+/* Which version's rollout states may start segments (opts->version, section on
+ * ARL_ROLLOUT_RESCORE_VERSION_AUTO in rescore.h), given the checkpoint's weights hash. */
+static arl_status resolve_version(replay_store *st, const replay_traj_row *row,
+                                  const arl_rollout_rescore_opts *o, const char *wsha,
+                                  arl_rollout_rescore_stats *out) {
+    out->version = -1;
+    out->version_how = ARL_ROLLOUT_RESCORE_VERSION_NONE;
+    if (o->version == -1) return ARL_OK;
+    if (o->version >= 0) {
+        char rec[80];
+        ARL_TRY(replay_version_weights(st, row->run_id, o->version, rec, sizeof rec));
+        if (rec[0] && strcmp(rec, wsha)) {
+            out->version_how = ARL_ROLLOUT_RESCORE_VERSION_REFUSED;
+            return ARL_OK;
+        }
+        out->version = o->version;
+        out->version_how = ARL_ROLLOUT_RESCORE_VERSION_GIVEN;
+        return ARL_OK;
+    }
+    int how = 0;
+    arl_status s = replay_version_find(st, row->run_id, wsha, o->ckpt_dir, &out->version, &how);
+    if (s == ARL_ERR_NOT_FOUND) {
+        arl_error_clear();
+        out->version = -1;
+        return ARL_OK;
+    }
+    ARL_TRY(s);
+    out->version_how = how == 1 ? ARL_ROLLOUT_RESCORE_VERSION_WEIGHTS
+                                : ARL_ROLLOUT_RESCORE_VERSION_PATH;
+    return ARL_OK;
 }
 
 arl_status arl_rollout_rescore(replay_store *st, const char *traj,
@@ -82,7 +211,23 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
     ro_engine_opts eo = {.n_slots = 1, .max_tokens = chunk, .max_context = max_ctx + 1,
                          .sparse_topk = opts->sparse_topk,
                          .sparse_chunk = opts->sparse_chunk > 0 ? opts->sparse_chunk : 4096};
-    arl_status s = ro_engine_open(&e, opts->ckpt_dir, opts->version, &eo);
+    arl_status s = ro_engine_open(&e, opts->ckpt_dir, opts->version >= 0 ? opts->version : -1,
+                                  &eo);
+    /* the checkpoint's identity: SHA-256 of its parameters as loaded (fp32), the key of the
+     * version match and of this checkpoint's tool states (pass_uid) */
+    char wsha[ARL_SHA256_HEX_CHARS] = "";
+    if (s == ARL_OK && (opts->version != -1 || opts->save_states)) {
+        uint8_t dg[ARL_SHA256_BYTES];
+        arl_sha256(e.params[0].arena, sizeof(float) * (size_t)e.params[0].inv.arena_floats, dg);
+        arl_sha256_hex(dg, wsha);
+        snprintf(out->pass_uid, sizeof out->pass_uid, "rescore:%.32s:%s:mla%lld/%lld", wsha,
+                 opts->natural_routing ? "natural" : "replay", (long long)opts->sparse_topk,
+                 (long long)(opts->sparse_topk > 0 ? eo.sparse_chunk : 0));
+    }
+    if (s == ARL_OK) s = resolve_version(st, &row, opts, wsha, out);
+    /* a pass that saves its states computes them all itself */
+    const int use_tool = s == ARL_OK && !opts->save_states && opts->version != -1;
+    const int64_t use_version = opts->save_states ? -1 : out->version;
     float *lp = calloc((size_t)(total ? total : 1), sizeof(float));
     float *mu = calloc((size_t)(total ? total : 1), sizeof(float));
     double *diffs = calloc((size_t)(total ? total : 1), sizeof(double));
@@ -143,8 +288,16 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
             ro_media_fresh(&md, r->first_step - 1);
             tainted = 0;
             lost = 0;
-        } else if (opts->version >= 0 && si > 0) {
-            arl_status b = import_boundary(st, &e, row.traj_id, refs[si - 1].seg_index, opts->version);
+        } else if ((use_tool || use_version >= 0) && si > 0) {
+            arl_status b = ARL_ERR_NOT_FOUND;
+            if (use_tool) {
+                b = import_tool_boundary(st, &e, row.traj_uid, refs, si, out->pass_uid);
+                if (b == ARL_OK) out->from_tool_state++;
+            }
+            if (b == ARL_ERR_NOT_FOUND && use_version >= 0) {
+                arl_error_clear();
+                b = import_boundary(st, &e, row.traj_id, refs[si - 1].seg_index, use_version);
+            }
             if (b == ARL_OK) {
                 out->from_state++;
                 tainted = 0;
@@ -251,6 +404,12 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
             }
         }
         if (s) break;
+        if (opts->save_states && !tainted) {
+            s = save_boundary(opts->save_states, &e, slot, row.traj_uid, r, out->pass_uid,
+                              out->version, opts->natural_routing ? "natural" : "replay");
+            if (s) break;
+            out->states_saved++;
+        }
         if (tainted) {
             out->skipped++;
             for (int64_t l = 0; l < nm; l++)

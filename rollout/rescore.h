@@ -28,10 +28,35 @@ arl_status arl_rollout_state_assemble(const arl_model_config *cfg, const char *c
 
 /* ---- re-scoring (spec/replay.md 13.6) ---- */
 
+/* opts.version: derive the checkpoint's policy version from the trajectory's run (see below) */
+#define ARL_ROLLOUT_RESCORE_VERSION_AUTO (-2)
+
+/* How the version whose rollout states may start segments was chosen (stats.version_how). */
+enum {
+    ARL_ROLLOUT_RESCORE_VERSION_NONE = 0,    /* none: -1 given, or no version matched */
+    ARL_ROLLOUT_RESCORE_VERSION_GIVEN = 1,   /* opts.version >= 0, as the caller asserted */
+    ARL_ROLLOUT_RESCORE_VERSION_WEIGHTS = 2, /* the run's version with these weights' sha256 */
+    ARL_ROLLOUT_RESCORE_VERSION_PATH = 3,    /* the run's version recorded at this checkpoint
+                                                directory (no weights hash recorded) */
+    ARL_ROLLOUT_RESCORE_VERSION_REFUSED = 4, /* given, but the catalog records other weights for
+                                                it: its rollout states are not used */
+};
+
 typedef struct arl_rollout_rescore_opts {
     const char *ckpt_dir; /* checkpoint to score under (config.json + weights) */
-    int64_t version;      /* its policy version: cached states computed entirely at this version
-                             start their segment; -1: never use cached states */
+    int64_t version;      /* its policy version, whose rollout states (computed entirely at it)
+                             may start segments: >= 0 as given (refused when the run's
+                             policy_versions row records another weights_sha256);
+                             ARL_ROLLOUT_RESCORE_VERSION_AUTO: the run's version whose
+                             weights_sha256 is the checkpoint's (SHA-256 of the parameters as
+                             loaded, fp32), else whose checkpoint_uri is this directory, else none
+                             (the safe default: states of other weights never start a segment);
+                             -1: never use cached states (rollout or tool) */
+    replay_writer *save_states; /* non-NULL: write each segment's end state (kda_boundary and
+                                   mla_segment, producer 'tool', spec 13.6 step 3) into this
+                                   writer's states file; the pass then computes every state
+                                   itself (no cached start), so the saved boundaries are one
+                                   pass.  Borrowed for the call. */
     int natural_routing;  /* 0: replay the stored routes (default); 1: the router's own choice */
     int64_t max_tokens;   /* tokens per forward (0: 2048) */
     int64_t sparse_topk;  /* block-sparse MLA as the rollout ran it (0: dense) */
@@ -41,6 +66,12 @@ typedef struct arl_rollout_rescore_opts {
 typedef struct arl_rollout_rescore_stats {
     int64_t segments;       /* segments scored */
     int64_t from_state;     /* segments started from a cached boundary state */
+    int64_t from_tool_state; /* of from_state: from tool states of this checkpoint (a pass
+                                that saved them: same weights, routing and MLA sparsity) */
+    int64_t version;        /* the version whose rollout states could start segments (-1: none) */
+    int version_how;        /* ARL_ROLLOUT_RESCORE_VERSION_* */
+    int64_t states_saved;   /* boundaries written with save_states */
+    char pass_uid[96];      /* pass_uid of this checkpoint's tool states ("" with version -1) */
     int64_t recomputed;     /* segments started from the recomputed prefix */
     int64_t skipped;        /* segments not compared: image placeholders the stored
                                observations do not explain, or a prefix that went through one */
@@ -70,9 +101,10 @@ typedef struct arl_rollout_rescore_detail {
 } arl_rollout_rescore_detail;
 
 /* Re-score one trajectory (traj_uid or traj_id; forks through their parents): every segment in
- * order, each starting from the cached boundary state of the previous one when it is present,
- * complete and of opts->version, else from the state this pass computed (the prefix is
- * recomputed from the last fresh start).  *logprobs (may be NULL) receives the re-scored
+ * order, each starting from a cached boundary state of the previous one -- the tool states a
+ * save_states pass under the same checkpoint wrote, else the segment's rollout state when it is
+ * present, complete and of the version opts->version resolves to -- else from the state this
+ * pass computed (the prefix is recomputed from the last fresh start).  *logprobs (may be NULL) receives the re-scored
  * log-probability of every token of the stream (0 for tokens not predicted: segment starts), a
  * malloc'ed array of *n entries; *mu (may be NULL) the stored behaviour log-probabilities. */
 arl_status arl_rollout_rescore(replay_store *st, const char *traj,

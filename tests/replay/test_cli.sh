@@ -240,13 +240,28 @@ JSON
 expect 0 "$A" rollout "$R/exp.json" --ckpt "$R/a" --out "$R/db" --tasks 1 --shard 1
 expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/a"
 has "router agreement over [1-9][0-9]* tokens: overlap 1.0000 exact layer 1.0000 exact token 1.0000"
+has "start states: rollout states of version 0 (the run's version at this checkpoint path)"
 has "entropy mean [0-9]"
 expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/a" --routing natural --json \
     --label a-nat
-has '"agree_overlap":1,"agree_exact_layer":1,"agree_exact_token":1}'
+has '"agree_overlap":1,"agree_exact_layer":1,"agree_exact_token":1,'
+# --save-states (spec 13.6 step 3) under b, then the plain rescore under b starts its second
+# segment from those tool states; with the default --version auto no rollout version is b's
+expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --json --save-states \
+    --label b-states
+has '"segments":[2-9],"from_state":0,'
+has '"version":-1,"version_how":"none","from_tool_state":0,"states_saved":[2-9]'
 expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --json
 has '"route_tokens":[1-9]'
 has '"agree_overlap":0\.[0-8]'
+has '"from_state":[1-9]'
+has '"from_tool_state":[1-9]'
+# the saved states are referenced by their rescores rows: no orphan warning
+expect 0 "$A" replay verify "$R/db"
+has "0 errors, 0 warnings"
+expect 2 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --version soon
+has "expected auto, none, -1 or a version"
+expect 2 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --save-states --no-save
 if command -v sqlite3 >/dev/null 2>&1; then
     out=$(for f in "$R"/db/shards/t*.sqlite; do
         sqlite3 "$f" "SELECT label, stats_json FROM rescores"; done 2>&1)

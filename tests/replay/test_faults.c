@@ -70,7 +70,10 @@ static int good_message(arl_status s) {
 }
 
 static void run_faults(const char *root, int kind) {
-    replay_open_opts oo = {.flags = 0, .vfs = "arlfault"};
+    /* checkpoints in the writer's thread: the fault countdown then counts this thread's calls
+     * only, so every run injects at the same call (test_checkpoint.c injects faults into the
+     * background checkpointer) */
+    replay_open_opts oo = {.flags = REPLAY_OPEN_FG_CHECKPOINT, .vfs = "arlfault"};
     replay_store *st;
     CHECK(replay_store_open(root, &oo, &st) == ARL_OK);
     /* opening a new shard on a full disk: an error, no broken file left behind */

@@ -10,9 +10,21 @@
  *   positive and finite.
  * - Under checkpoint B (other weights, same config) the agreement is below 1: the test fails if
  *   agreement were computed from the forced routes instead of the router's own choice.
+ * - Start states (spec/replay.md 13.6, 9.1), on the same trajectory (rollout states of version
+ *   0, checkpoint_uri A): with the default version (AUTO) its segments start from its rollout
+ *   states under A (version 0 found by path) and never under B (no version matches; the old
+ *   default, version 0, took A's states for B); a version whose recorded weights_sha256 is B's is
+ *   found by the hash under B and refused when asserted under A.
+ * - --save-states: a pass under B writes every segment's end state as producer 'tool' (and
+ *   scores exactly as a pass that does not); a second pass under B starts every continuing
+ *   segment from them and gives bit-identical log-probabilities; a pass with natural routing
+ *   does not use them; gc keeps them and verify does not call them orphans once rescores rows
+ *   reference them.
  */
 #include <math.h>
 
+#include "core/sha256.h"
+#include "policy/checkpoint.h"
 #include "policy/router.h"
 #include "tests/rollout/helpers.h"
 
@@ -60,7 +72,7 @@ static void test_agreement(void) {
     c.tasks = 1;
     c.group_size = 1;
     c.segment_tokens = 900;
-    h_set(&c, "state-cache", "off");
+    h_set(&c, "state-cache", "all"); /* rollout states for test_start_states */
     replay_store *st = h_store(db);
     arl_rollout_worker *w;
     H_DIE(arl_rollout_worker_open(&c, ckpt_a, st, 0, NULL, &w), "open");
@@ -121,6 +133,130 @@ static void test_agreement(void) {
     arl_rollout_config_free(&c);
 }
 
+
+/* SHA-256 hex of a checkpoint's parameters as loaded (what rescore computes) */
+static void weights_sha(const char *ckpt, char hex[ARL_SHA256_HEX_CHARS]) {
+    arl_model_config cfg;
+    arl_model_params p;
+    H_DIE(arl_model_config_read(ckpt, &cfg), "config");
+    H_DIE(arl_model_params_alloc(&p, &cfg), "params");
+    H_DIE(arl_checkpoint_load(ckpt, &cfg, &p), "load");
+    uint8_t d[ARL_SHA256_BYTES];
+    arl_sha256(p.arena, sizeof(float) * (size_t)p.inv.arena_floats, d);
+    arl_sha256_hex(d, hex);
+    arl_model_params_free(&p);
+    arl_model_config_free(&cfg);
+}
+
+static float *rescore_v(replay_store *st, const char *ckpt, const char *uid, int64_t version,
+                        int natural, replay_writer *save, arl_rollout_rescore_stats *rs,
+                        size_t *n) {
+    arl_rollout_rescore_opts o = {.ckpt_dir = ckpt, .version = version,
+                                  .natural_routing = natural, .save_states = save};
+    float *lp = NULL;
+    H_DIE(arl_rollout_rescore(st, uid, &o, rs, &lp, NULL, n), "rescore");
+    fprintf(stderr,
+            "  rescore under %s, version %lld%s%s: %lld segments, %lld from states (%lld tool), "
+            "%lld saved; resolved version %lld (how %d), max |diff| %.3g\n",
+            ckpt == ckpt_a ? "A" : "B", (long long)version, natural ? ", natural" : "",
+            save ? ", saving" : "", (long long)rs->segments, (long long)rs->from_state,
+            (long long)rs->from_tool_state, (long long)rs->states_saved, (long long)rs->version,
+            rs->version_how, rs->max_abs);
+    return lp;
+}
+
+static void test_start_states(void) {
+    char db[700];
+    snprintf(db, sizeof db, "%s/db", tmp); /* test_agreement's store: rollout under A */
+    replay_store *st = h_store(db);
+    const char *uid = "rollout/g000000/r0";
+    replay_traj_row tr;
+    H_DIE(replay_traj_get(st, uid, &tr), "traj");
+    CHECK_MSG(tr.n_segments >= 3, "%d segments: the test needs continuing segments",
+              (int)tr.n_segments);
+    const int64_t cont = tr.n_segments - 1; /* segments that start from a boundary */
+    arl_rollout_rescore_stats rs;
+    size_t n = 0;
+    const int64_t AUTO = ARL_ROLLOUT_RESCORE_VERSION_AUTO;
+
+    /* the default under A: version 0 from the checkpoint path, its rollout states used */
+    free(rescore_v(st, ckpt_a, uid, AUTO, 0, NULL, &rs, &n));
+    CHECK_EQ_INT(rs.version, 0);
+    CHECK_EQ_INT(rs.version_how, ARL_ROLLOUT_RESCORE_VERSION_PATH);
+    CHECK_EQ_INT(rs.from_state, cont);
+    CHECK_MSG(rs.max_abs < 1e-3, "max |diff| %g", rs.max_abs); /* fp32 rounding: helpers.h */
+    /* the default under B: no version of the run is B, so no rollout state of A starts a
+     * segment (an asserted version 0 would take them: the old default) */
+    float *lp_b = rescore_v(st, ckpt_b, uid, AUTO, 0, NULL, &rs, &n);
+    CHECK_EQ_INT(rs.version, -1);
+    CHECK_EQ_INT(rs.version_how, ARL_ROLLOUT_RESCORE_VERSION_NONE);
+    CHECK_EQ_INT(rs.from_state, 0);
+    CHECK_EQ_INT(rs.recomputed, cont);
+
+    /* a version recorded with B's weights: refused when asserted under A; found by the hash
+     * under B (by the pass below, which also saves its states) */
+    char hb[ARL_SHA256_HEX_CHARS];
+    weights_sha(ckpt_b, hb);
+    replay_version_desc vd = {.run_id = tr.run_id, .version = 1, .update_n = 0,
+                              .checkpoint_uri = "/nonexistent/v1", .weights_sha256 = hb,
+                              .kl_coef = NAN};
+    H_DIE(replay_version_add(st, &vd), "version 1");
+    free(rescore_v(st, ckpt_a, uid, 1, 0, NULL, &rs, &n));
+    CHECK_EQ_INT(rs.version_how, ARL_ROLLOUT_RESCORE_VERSION_REFUSED);
+    CHECK_EQ_INT(rs.version, -1);
+    CHECK_EQ_INT(rs.from_state, 0);
+
+    /* --save-states under B, then a second pass that starts from them */
+    replay_writer *tw;
+    H_DIE(replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw), "tool writer");
+    float *lp1 = rescore_v(st, ckpt_b, uid, AUTO, 0, tw, &rs, &n);
+    CHECK_EQ_INT(rs.version, 1);
+    CHECK_EQ_INT(rs.version_how, ARL_ROLLOUT_RESCORE_VERSION_WEIGHTS);
+    CHECK_EQ_INT(rs.states_saved, tr.n_segments);
+    CHECK_EQ_INT(rs.from_state, 0);
+    /* the saving pass computed everything itself: the same numbers as the plain pass */
+    CHECK(lp_b && lp1 && !memcmp(lp_b, lp1, sizeof(float) * n));
+    /* its rescores rows (as the CLI writes them) reference the states: gc keeps them */
+    replay_seg_ref *refs = NULL;
+    size_t nr = 0;
+    H_DIE(replay_traj_segments(st, tr.traj_id, &refs, &nr), "segments");
+    for (size_t i = 0; i < nr; i++) {
+        replay_rescore_desc rd = {.label = "b", .traj_uid = uid, .seg_index = refs[i].seg_index,
+                                  .version = -1, .routing = "replay", .stats_json = "{}",
+                                  .n_tokens = refs[i].n_tokens,
+                                  .logprobs = lp1 + refs[i].tok_start};
+        H_DIE(replay_rescore_put(tw, &rd), "rescores row");
+    }
+    free(refs);
+    int64_t deleted = -1;
+    H_DIE(replay_states_gc(tw, 0, &deleted), "gc");
+    CHECK_EQ_INT(deleted, 0);
+    replay_writer_close(tw);
+    size_t n2 = 0;
+    float *lp2 = rescore_v(st, ckpt_b, uid, AUTO, 0, NULL, &rs, &n2);
+    CHECK_EQ_INT(rs.from_tool_state, cont);
+    CHECK_EQ_INT(rs.from_state, cont);
+    CHECK_EQ_INT((int64_t)n2, (int64_t)n);
+    CHECK_MSG(lp1 && lp2 && !memcmp(lp1, lp2, sizeof(float) * n),
+              "log-probabilities from the saved states differ");
+    free(lp2);
+    /* another routing is another pass: not these states */
+    free(rescore_v(st, ckpt_b, uid, AUTO, 1, NULL, &rs, &n2));
+    CHECK_EQ_INT(rs.from_tool_state, 0);
+    CHECK_EQ_INT(rs.from_state, 0);
+    /* no errors, and no orphan warning for the referenced tool states */
+    char vout[8192] = "";
+    FILE *vf = fmemopen(vout, sizeof vout - 1, "w");
+    int64_t ne = -1, nw = -1;
+    H_DIE(replay_verify(st, NULL, vf, &ne, &nw), "verify");
+    fclose(vf);
+    CHECK_EQ_INT(ne, 0);
+    CHECK_MSG(!strstr(vout, "orphan"), "verify: %s", vout);
+    free(lp1);
+    free(lp_b);
+    replay_store_close(st);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-rescore"));
     snprintf(ckpt_a, sizeof ckpt_a, "%s/ckpt-a", tmp);
@@ -129,5 +265,6 @@ int main(void) {
     h_make_ckpt(ckpt_b, NULL, 4);
     TEST_RUN(test_overlap_unit);
     TEST_RUN(test_agreement);
+    TEST_RUN(test_start_states);
     return test_finish();
 }
