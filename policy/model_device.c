@@ -167,6 +167,208 @@ static void cpu_moe_experts_fwd(float *u, const float *z, const int32_t *sel, co
     }
 }
 
+/* ---- training ops (the backward of policy/model_backward.c and the AdamW of
+ * policy/optimizer.c, line by line) ---- */
+
+static int64_t cpu_kda_chunk_bwd_ws(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
+                                    int64_t C) {
+    (void)T, (void)N;
+    return arl_kda_bwd_ws_floats(H, dk, dv, C);
+}
+static int64_t cpu_attnres_bwd_ws(int32_t N, int64_t T) {
+    return 2 * arl_attnres_bwd_ws_doubles(N, T);
+}
+static void cpu_attnres_mix_bwd(float *const *dsrc, float *dw_norm, float *dw_proj, const float *dh,
+                                const float *const *src, int32_t N, int64_t T, int64_t d,
+                                const float *w_norm, const float *w_proj, float eps, float *ws) {
+    arl_attnres_mix_bwd_ws(dsrc, dw_norm, dw_proj, dh, src, N, T, d, w_norm, w_proj, eps,
+                           (double *)ws);
+}
+
+/* What the training forward of the routed experts keeps (policy/moe_backward.c's save). */
+typedef struct cpu_moe_save {
+    int64_t *start; /* (E + 1) */
+    int64_t *row;   /* (T*k) */
+    float *zg;      /* (T*k, dz) */
+    float *gu;      /* (T*k, 2f) */
+    float *h;       /* (T*k, f) */
+    float *yg;      /* (T*k, dz) */
+} cpu_moe_save;
+
+static int64_t cpu_moe_save_layout(cpu_moe_save *S, float *base, int64_t T, int64_t k, int64_t E,
+                                   int64_t dz, int64_t f) {
+    int64_t used = 0, Tk = T * k;
+    S->start = (int64_t *)take_f(base, &used, 2 * (E + 1));
+    S->row = (int64_t *)take_f(base, &used, 2 * Tk);
+    S->zg = take_f(base, &used, Tk * dz);
+    S->gu = take_f(base, &used, Tk * 2 * f);
+    S->h = take_f(base, &used, Tk * f);
+    S->yg = take_f(base, &used, Tk * dz);
+    return used;
+}
+static int64_t cpu_moe_save_floats(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
+    cpu_moe_save S;
+    return cpu_moe_save_layout(&S, NULL, T, k, E, dz, f) + 2 * E; /* + the fill counters */
+}
+
+/* arl_moe_fwd_save's grouping, experts and combine (u = u_pre there). */
+static void cpu_moe_experts_fwd_save(float *u, const float *z, const int32_t *sel, const float *pw,
+                                     const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
+                                     float *save) {
+    const int64_t E = c->E, k = c->k, dz = c->dz, f = c->f;
+    cpu_moe_save S;
+    int64_t used = cpu_moe_save_layout(&S, save, T, k, E, dz, f);
+    int64_t *fill = (int64_t *)(save + used);
+    for (int64_t e = 0; e <= E; e++)
+        S.start[e] = 0;
+    for (int64_t i = 0; i < T * k; i++)
+        S.start[sel[i] + 1]++;
+    for (int64_t e = 0; e < E; e++) {
+        S.start[e + 1] += S.start[e];
+        fill[e] = S.start[e];
+    }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t r = fill[sel[t * k + j]]++;
+            S.row[t * k + j] = r;
+            memcpy(S.zg + r * dz, z + t * dz, sizeof(float) * (size_t)dz);
+        }
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = S.start[e], ne = S.start[e + 1] - r0;
+        if (ne == 0) continue;
+        float *gu = S.gu + r0 * 2 * f, *h = S.h + r0 * f;
+        const float *x = S.zg + r0 * dz;
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, f, dz, 1.0f, x, dz, p->w1 + e * f * dz, dz, 0.0f,
+                   gu, 2 * f);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, f, dz, 1.0f, x, dz, p->w3 + e * f * dz, dz, 0.0f,
+                   gu + f, 2 * f);
+        arl_glu_act_fwd(&c->act, h, gu, gu + f, ne, f, 2 * f);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, dz, f, 1.0f, h, f, p->w2 + e * dz * f, f, 0.0f,
+                   S.yg + r0 * dz, dz);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        float *ut = u + t * dz;
+        for (int64_t i = 0; i < dz; i++)
+            ut[i] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            float pj = pw[t * k + j];
+            const float *yr = S.yg + S.row[t * k + j] * dz;
+            for (int64_t i = 0; i < dz; i++)
+                ut[i] += pj * yr[i];
+        }
+    }
+}
+
+static int64_t cpu_moe_bwd_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
+    (void)E;
+    const int64_t Tk = T * k;
+    return ((Tk * dz + 15) & ~(int64_t)15) + ((Tk * f + 15) & ~(int64_t)15) +
+           ((Tk * 2 * f + 15) & ~(int64_t)15) + ((Tk * dz + 15) & ~(int64_t)15);
+}
+
+/* policy/moe_backward.c: slots_bwd_rows, experts_bwd (glu_bwd with dx_beta 0), then
+ * gather_dz_rows; one thread (the reference's parts compute the same bits). */
+static void cpu_moe_experts_bwd(float *dz, float *dp, const arl_moe_params *gw, const float *du,
+                                const int32_t *sel, const float *pw, const arl_moe_params *p,
+                                const arl_moe_cfg *c, int64_t T, const float *save, float *ws) {
+    (void)sel;
+    const int64_t E = c->E, k = c->k, dzw = c->dz, f = c->f, Tk = T * k;
+    cpu_moe_save S;
+    cpu_moe_save_layout(&S, (float *)save, T, k, E, dzw, f);
+    float *dyg = ws;
+    float *dh = dyg + ((Tk * dzw + 15) & ~(int64_t)15);
+    float *dgu = dh + ((Tk * f + 15) & ~(int64_t)15);
+    float *dzg = dgu + ((Tk * 2 * f + 15) & ~(int64_t)15);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t r = S.row[t * k + j];
+            const float *yr = S.yg + r * dzw, *dut = du + t * dzw;
+            double acc = 0.0;
+            for (int64_t i = 0; i < dzw; i++)
+                acc += (double)yr[i] * dut[i];
+            dp[t * k + j] = (float)acc;
+            const float pj = pw[t * k + j];
+            float *dr = dyg + r * dzw;
+            for (int64_t i = 0; i < dzw; i++)
+                dr[i] = pj * dut[i];
+        }
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = S.start[e], ne = S.start[e + 1] - r0;
+        if (ne == 0) continue;
+        const float *dy = dyg + r0 * dzw, *x = S.zg + r0 * dzw, *gu = S.gu + r0 * 2 * f,
+                    *h = S.h + r0 * f;
+        const float *Wg = p->w1 + e * f * dzw, *Wu = p->w3 + e * f * dzw, *Wd = p->w2 + e * dzw * f;
+        float *dWg = gw->w1 + e * f * dzw, *dWu = gw->w3 + e * f * dzw, *dWd = gw->w2 + e * dzw * f;
+        float *dhe = dh + r0 * f, *dgue = dgu + r0 * 2 * f, *dx = dzg + r0 * dzw;
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, ne, f, dzw, 1.0f, dy, dzw, Wd, f, 0.0f, dhe, f);
+        arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, dzw, f, ne, 1.0f, dy, dzw, h, f, 1.0f, dWd, f);
+        arl_k_fill(dgue, 0.0f, ne * 2 * f);
+        if (c->act.situ)
+            arl_k_situ_glu_bwd(dgue, dgue + f, dhe, gu, gu + f, ne, f, 2 * f, c->act.beta1,
+                               c->act.beta2);
+        else
+            arl_k_swiglu_bwd(dgue, dgue + f, dhe, gu, gu + f, ne, f, 2 * f);
+        arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, f, dzw, ne, 1.0f, dgue, 2 * f, x, dzw, 1.0f, dWg,
+                   dzw);
+        arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, f, dzw, ne, 1.0f, dgue + f, 2 * f, x, dzw, 1.0f, dWu,
+                   dzw);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, ne, dzw, f, 1.0f, dgue, 2 * f, Wg, dzw, 0.0f, dx,
+                   dzw);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, ne, dzw, f, 1.0f, dgue + f, 2 * f, Wu, dzw, 1.0f,
+                   dx, dzw);
+    }
+    for (int64_t t = 0; t < T; t++) {
+        float *dzt = dz + t * dzw;
+        for (int64_t i = 0; i < dzw; i++)
+            dzt[i] = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            const float *src = dzg + S.row[t * k + j] * dzw;
+            for (int64_t i = 0; i < dzw; i++)
+                dzt[i] += src[i];
+        }
+    }
+}
+
+static void cpu_router_bwd(float *dx, float *dW_r, const float *dp, const float *x,
+                           const float *W_r, const float *s, const int32_t *sel, int64_t T,
+                           int64_t d, int64_t E, int64_t k, float rho, float *ws) {
+    arl_router_bwd(dx, dW_r, dp, x, W_r, s, sel, T, d, E, k, rho, ws);
+}
+
+static void cpu_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
+                          int64_t d) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = dx + t * d;
+        float *dst = dtable + (int64_t)tokens[t] * d;
+        for (int64_t i = 0; i < d; i++)
+            dst[i] += g[i];
+    }
+}
+
+/* policy/optimizer.c norm_range and step_range, element for element. */
+static void cpu_grad_sumsq(double *out, const float *g, const int64_t *ranges, int64_t n) {
+    for (int64_t c = 0; c < n; c++) {
+        double acc = 0;
+        for (int64_t i = ranges[2 * c]; i < ranges[2 * c + 1]; i++)
+            acc += (double)g[i] * (double)g[i];
+        out[c] = acc;
+    }
+}
+static void cpu_adamw_update(float *pp, float *mm, float *vv, const float *gg, int64_t n,
+                             int32_t apply_decay, const arl_cuda_adamw_hp *c) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gg[i] * c->coef;
+        float p = pp[i];
+        if (apply_decay) p *= c->decay;
+        float m = c->beta1 * mm[i] + c->omb1 * g;
+        float v = c->beta2 * vv[i] + c->omb2 * (g * g);
+        mm[i] = m;
+        vv[i] = v;
+        float denom = sqrtf(v) * c->inv_sqrt_bc2 + c->eps;
+        pp[i] = p - c->step_size * (m / denom);
+    }
+}
+
 static const arl_dev_ops cpu_ops = {
     .name = "cpu",
     .backend = cpu_backend,
@@ -194,6 +396,24 @@ static const arl_dev_ops cpu_ops = {
     .router_fwd = cpu_router_fwd,
     .moe_experts_ws_floats = cpu_moe_ws,
     .moe_experts_fwd = cpu_moe_experts_fwd,
+    .kda_conv_bwd = arl_kda_conv_bwd,
+    .kda_gate_k3_bwd = arl_kda_gate_k3_bwd,
+    .kda_gate_softplus_bwd = arl_kda_gate_softplus_bwd,
+    .kda_onorm_bwd = arl_kda_onorm_bwd,
+    .kda_chunk_bwd_ws_floats = cpu_kda_chunk_bwd_ws,
+    .kda_chunk_bwd = arl_kda_chunk_bwd,
+    .mla_attn_bwd_ws_floats = arl_mla_attn_ws_floats,
+    .mla_attn_bwd = arl_mla_attn_bwd,
+    .attnres_bwd_ws_floats = cpu_attnres_bwd_ws,
+    .attnres_mix_bwd = cpu_attnres_mix_bwd,
+    .router_bwd = cpu_router_bwd,
+    .moe_experts_save_floats = cpu_moe_save_floats,
+    .moe_experts_fwd_save = cpu_moe_experts_fwd_save,
+    .moe_experts_bwd_ws_floats = cpu_moe_bwd_ws,
+    .moe_experts_bwd = cpu_moe_experts_bwd,
+    .embed_bwd = cpu_embed_bwd,
+    .grad_sumsq = cpu_grad_sumsq,
+    .adamw_update = cpu_adamw_update,
 };
 
 const arl_dev_ops *arl_dev_ops_cpu(void) {
@@ -420,6 +640,13 @@ static arl_status dev_settings(arl_model_dev *m, const arl_dev_ops *ops,
     m->weight_floats = inv.arena_floats;
     arl_param_inventory_free(&inv);
     return ARL_OK;
+}
+
+arl_status arl_model_dev_plan(arl_model_dev *m, const arl_dev_ops *ops, const arl_model_config *cfg,
+                              const arl_model_opts *opts, const arl_model_dev_opts *dopts) {
+    memset(m, 0, sizeof *m);
+    m->ops = ops;
+    return dev_settings(m, ops, cfg, opts, dopts);
 }
 
 int64_t arl_model_dev_bytes(const arl_model_config *cfg, const arl_model_opts *opts,

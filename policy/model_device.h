@@ -16,8 +16,10 @@
  * tails, MLA latent caches of max_context rows), continued by arl_model_dev_forward_state,
  * arl_model_dev_prefill and arl_model_dev_decode_step exactly as policy/model.h continues an
  * arl_decode_state (the same ops in the same order: bit-identical on "cpu").
- * What this is not (yet): saved activations and the backward, images (media rows),
- * block-sparse MLA, state export/import.  Those stay on policy/model.h.
+ * The training step (saved activations, backward, AdamW) over the same tables is
+ * policy/model_device_backward.h.
+ * What this is not (yet): images (media rows), block-sparse MLA, state export/import.  Those
+ * stay on policy/model.h.
  *
  * Symbols: T tokens of a batch, N documents, d width, V vocabulary, L layers, E experts,
  * k experts per token, H KDA heads, dk = dv, P = H*dk, Hm MLA heads, dz latent width,
@@ -35,6 +37,7 @@
 
 #include "core/status.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/ops.h"
 #include "policy/model.h"
 
 typedef struct arl_dev_ops {
@@ -125,6 +128,68 @@ typedef struct arl_dev_ops {
     arl_status (*graph_end)(void **graph);
     arl_status (*graph_launch)(void *graph);
     void (*graph_free)(void *graph);
+
+    /* ---- training (policy/model_device_backward.h); backward entries ACCUMULATE (+=) into
+     * their gradients unless said otherwise, as the CPU functions they name ---- */
+    /* policy/kda.h arl_kda_conv_bwd, arl_kda_gate_*_bwd, arl_kda_onorm_bwd, arl_kda_chunk_bwd */
+    void (*kda_conv_bwd)(float *dx, float *dw, const float *dz, const float *x, const float *w,
+                         const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
+                         int64_t W);
+    void (*kda_gate_k3_bwd)(float *df, float *dA_log, float *ddt_bias, const float *dg,
+                            const float *f, const float *A_log, const float *dt_bias, int64_t T,
+                            int64_t H, int64_t dk, float g_min);
+    void (*kda_gate_softplus_bwd)(float *df, float *dA_log, float *ddt_bias, const float *dg,
+                                  const float *f, const float *A_log, const float *dt_bias,
+                                  int64_t T, int64_t H, int64_t dk);
+    void (*kda_onorm_bwd)(float *d_o, float *dgam, float *dw, const float *dob, const float *o,
+                          const float *gam, const float *w, const float *rstd, int64_t n,
+                          int64_t dv);
+    int64_t (*kda_chunk_bwd_ws_floats)(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
+                                       int64_t C);
+    void (*kda_chunk_bwd)(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, float *dS0,
+                          const float *d_o, const float *dS_T, const float *q, const float *k,
+                          const float *v, const float *g, const float *beta,
+                          const float *chunk_states, const int32_t *cu, int32_t N, int64_t T,
+                          int64_t H, int64_t dk, int64_t dv, float scale, int64_t C, float *ws);
+    /* policy/mla.h arl_mla_attn_bwd (o and lse of the forward) */
+    int64_t (*mla_attn_bwd_ws_floats)(int64_t T, int64_t Hm, int64_t r);
+    void (*mla_attn_bwd)(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe, float *dv,
+                         const float *d_o, const float *o, const float *lse, const float *q_nope,
+                         const float *q_pe, const float *k_nope, const float *k_pe, const float *v,
+                         const int32_t *cu, int32_t N, int64_t T, int64_t Hm, int64_t n, int64_t r,
+                         int64_t vm, float scale, float *ws);
+    /* policy/attnres.h arl_attnres_mix_bwd_ws; dsrc and src are HOST arrays of N device
+     * pointers; ws: attnres_bwd_ws_floats(N, T) floats */
+    int64_t (*attnres_bwd_ws_floats)(int32_t N, int64_t T);
+    void (*attnres_mix_bwd)(float *const *dsrc, float *dw_norm, float *dw_proj, const float *dh,
+                            const float *const *src, int32_t N, int64_t T, int64_t d,
+                            const float *w_norm, const float *w_proj, float eps, float *ws);
+    /* policy/router.h arl_router_bwd (ws: router_ws_floats) */
+    void (*router_bwd)(float *dx, float *dW_r, const float *dp, const float *x, const float *W_r,
+                       const float *s, const int32_t *sel, int64_t T, int64_t d, int64_t E,
+                       int64_t k, float rho, float *ws);
+    /* The routed experts of the training forward: moe_experts_fwd keeping what the backward
+     * needs in save (moe_experts_save_floats floats, the device's own layout); and their
+     * backward for du (T, dz): dz (T, dz) and dp (T, k) OVERWRITTEN (the gradients of z and
+     * of the router weights p), gw->w1, w3, w2 +=.  ws: moe_experts_bwd_ws_floats floats.
+     * The same arithmetic as policy/moe_backward.c (tested bit for bit on "cpu"). */
+    int64_t (*moe_experts_save_floats)(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f);
+    void (*moe_experts_fwd_save)(float *u, const float *z, const int32_t *sel, const float *p,
+                                 const arl_moe_params *w, const arl_moe_cfg *c, int64_t T,
+                                 float *save);
+    int64_t (*moe_experts_bwd_ws_floats)(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f);
+    void (*moe_experts_bwd)(float *dz, float *dp, const arl_moe_params *gw, const float *du,
+                            const int32_t *sel, const float *p, const arl_moe_params *w,
+                            const arl_moe_cfg *c, int64_t T, const float *save, float *ws);
+    /* dtable (V, d) row tokens[t] += dx row t, tokens in order t = 0..T-1 (policy/
+     * model_backward.c) */
+    void (*embed_bwd)(float *dtable, const float *dx, const int32_t *tokens, int64_t T, int64_t d);
+    /* AdamW (policy/optimizer.c): out[i] = sum of g^2 over floats [ranges[2i], ranges[2i+1])
+     * of g, left to right in double (out, ranges: device memory); and the element update of
+     * floats [0, n) of one tensor (kernels/cuda/ops.h arl_cuda_adamw_step; hp a host struct) */
+    void (*grad_sumsq)(double *out, const float *g, const int64_t *ranges, int64_t n);
+    void (*adamw_update)(float *p, float *m, float *v, const float *g, int64_t n,
+                         int32_t apply_decay, const arl_cuda_adamw_hp *hp);
 } arl_dev_ops;
 
 /* The host ops (static table, never NULL). */
@@ -228,6 +293,12 @@ void arl_model_dev_free(arl_model_dev *m); /* NULL is a no-op */
 /* Bytes of device memory arl_model_dev_init takes (weights, activations, work buffers). */
 int64_t arl_model_dev_bytes(const arl_model_config *cfg, const arl_model_opts *opts,
                             const arl_dev_ops *ops, const arl_model_dev_opts *dopts);
+
+/* The settings of arl_model_dev_init without allocating or uploading anything: m then serves
+ * only to size memory (arl_model_dev_train_bytes, policy/model_device_backward.h) before a
+ * device context is opened; nothing to free.  Errors as arl_model_dev_init's checks. */
+arl_status arl_model_dev_plan(arl_model_dev *m, const arl_dev_ops *ops, const arl_model_config *cfg,
+                              const arl_model_opts *opts, const arl_model_dev_opts *dopts);
 
 /* Upload new host weights (after an optimizer step on the host), same config. */
 arl_status arl_model_dev_set_params(arl_model_dev *m, const arl_model_params *host_w);

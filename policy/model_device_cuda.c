@@ -1,9 +1,10 @@
 /* policy/model_device_cuda.c: the "cuda" ops table of policy/model_device.h - thin wrappers
- * of kernels/cuda/ (ops.h, model.cu) on the current CUDA context, plus the routed experts as
- * a routing plan, one gather, three grouped GEMMs (all experts per launch) and a combine
- * (spec 7.2).  Compiled in every build: without CUDA the entry points are the stubs of
- * kernels/cuda/stub/, which cannot be reached because no context can be opened
- * (arl_dev_ops_get fails first with ARL_ERR_UNSUPPORTED). */
+ * of kernels/cuda/ (ops.h, model.cu, train.cu) on the current CUDA context, plus the routed
+ * experts as a routing plan, one gather, three grouped GEMMs (all experts per launch) and a
+ * combine (spec 7.2), and their training forward and backward the same way (grouped GEMMs for
+ * the input gradients, grouped weight-gradient GEMMs).  Compiled in every build: without CUDA the
+ * entry points are the stubs of kernels/cuda/stub/, which cannot be reached because no context can
+ * be opened (arl_dev_ops_get fails first with ARL_ERR_UNSUPPORTED). */
 #include <string.h>
 
 #include "core/assert.h"
@@ -169,6 +170,134 @@ static void cu_graph_free(void *g) {
     arl_cuda_graph_free((arl_cuda_graph *)g);
 }
 
+/* ---- training ops ---- */
+
+static int64_t cu_mla_bwd_ws(int64_t T, int64_t Hm, int64_t r) {
+    return arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r);
+}
+static void cu_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe, float *dv,
+                            const float *d_o, const float *o, const float *lse, const float *q_nope,
+                            const float *q_pe, const float *k_nope, const float *k_pe,
+                            const float *v, const int32_t *cu, int32_t N, int64_t T, int64_t Hm,
+                            int64_t n, int64_t r, int64_t vm, float scale, float *ws) {
+    arl_cuda_mla_attn_bwd(dq_nope, dq_pe, dk_nope, dk_pe, dv, d_o, o, lse, q_nope, q_pe, k_nope,
+                          k_pe, v, cu, N, T, Hm, n, r, vm, scale, ws);
+}
+static int64_t cu_attnres_bwd_ws(int32_t N, int64_t T) {
+    return 2 * (int64_t)N * T;
+}
+/* dl = ws (T, E): the logit gradient, then dW_r += dl^T x and dx += dl W_r as table GEMMs in
+ * fp32 (the router stays fp32, spec 1.4). */
+static void cu_router_bwd(float *dx, float *dW_r, const float *dp, const float *x, const float *W_r,
+                          const float *s, const int32_t *sel, int64_t T, int64_t d, int64_t E,
+                          int64_t k, float rho, float *ws) {
+    arl_cuda_ctx *c = ctx_();
+    const arl_k_backend *kb = arl_k_backend_cuda();
+    arl_cuda_router_bwd(ws, dp, s, sel, T, E, k, rho);
+    arl_cuda_math saved = arl_cuda_get_math(c);
+    arl_cuda_set_math(c, ARL_CUDA_MATH_FP32);
+    if (dW_r) kb->linear_bwd_w(dW_r, ws, x, T, d, E);
+    if (dx) kb->linear_bwd_x(dx, ws, W_r, T, d, E);
+    arl_cuda_set_math(c, saved);
+}
+
+/* The training save of the routed experts: the plan, the gathered inputs, both GLU inputs,
+ * its output and the expert outputs (rows in the plan's sorted order). */
+typedef struct cu_moe_save {
+    int32_t *plan;    /* arl_cuda_moe_plan_ints(T, k, E) */
+    float *zg;        /* (T*k, dz) */
+    float *g, *u, *h; /* (T*k, f) */
+    float *yg;        /* (T*k, dz) */
+} cu_moe_save;
+
+static int64_t cu_moe_save_layout(cu_moe_save *S, float *base, int64_t T, int64_t k, int64_t E,
+                                  int64_t dz, int64_t f) {
+    int64_t used = 0, Tk = T * k;
+    S->plan = (int32_t *)take_f(base, &used, arl_cuda_moe_plan_ints(T, k, E));
+    S->zg = take_f(base, &used, Tk * dz);
+    S->g = take_f(base, &used, Tk * f);
+    S->u = take_f(base, &used, Tk * f);
+    S->h = take_f(base, &used, Tk * f);
+    S->yg = take_f(base, &used, Tk * dz);
+    return used;
+}
+static int64_t cu_moe_save_floats(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
+    cu_moe_save S;
+    return cu_moe_save_layout(&S, NULL, T, k, E, dz, f);
+}
+
+static void cu_moe_experts_fwd_save(float *u, const float *z, const int32_t *sel, const float *pw,
+                                    const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
+                                    float *save) {
+    const int64_t E = c->E, k = c->k, dz = c->dz, f = c->f, Tk = T * k;
+    const arl_k_backend *kb = arl_k_backend_cuda();
+    cu_moe_save S;
+    cu_moe_save_layout(&S, save, T, k, E, dz, f);
+    arl_cuda_moe_plan plan;
+    arl_cuda_moe_plan_build(&plan, S.plan, sel, T, k, E);
+    arl_cuda_moe_gather(S.zg, z, &plan, dz);
+    arl_cuda_grouped_gemm(S.g, S.zg, p->w1, 1, &plan, f, dz, 0.0f);
+    arl_cuda_grouped_gemm(S.u, S.zg, p->w3, 1, &plan, f, dz, 0.0f);
+    if (c->act.situ)
+        kb->situ_glu_fwd(S.h, S.g, S.u, Tk, f, f, c->act.beta1, c->act.beta2);
+    else
+        kb->swiglu_fwd(S.h, S.g, S.u, Tk, f, f);
+    arl_cuda_grouped_gemm(S.yg, S.h, p->w2, 1, &plan, dz, f, 0.0f);
+    arl_cuda_moe_combine(u, S.yg, pw, &plan, dz);
+}
+
+typedef struct cu_moe_bws {
+    float *dyg, *dh, *dg, *du, *dzg;
+} cu_moe_bws;
+
+static int64_t cu_moe_bws_layout(cu_moe_bws *B, float *base, int64_t T, int64_t k, int64_t dz,
+                                 int64_t f) {
+    int64_t used = 0, Tk = T * k;
+    B->dyg = take_f(base, &used, Tk * dz);
+    B->dh = take_f(base, &used, Tk * f);
+    B->dg = take_f(base, &used, Tk * f);
+    B->du = take_f(base, &used, Tk * f);
+    B->dzg = take_f(base, &used, Tk * dz);
+    return used;
+}
+static int64_t cu_moe_bwd_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
+    (void)E;
+    cu_moe_bws B;
+    return cu_moe_bws_layout(&B, NULL, T, k, dz, f);
+}
+
+/* policy/moe_backward.c's expert backward as grouped GEMMs: dyg = p du per row (dp = du . yg),
+ * dh = dyg W2_e, dW2_e += dyg^T h, the GLU backward, dW1_e, dW3_e += d(g|u)^T zg, dzg =
+ * dg W1_e + du W3_e, dz = the sum of a token's dzg rows in slot order. */
+static void cu_moe_experts_bwd(float *dz, float *dp, const arl_moe_params *gw, const float *du,
+                               const int32_t *sel, const float *pw, const arl_moe_params *p,
+                               const arl_moe_cfg *c, int64_t T, const float *save, float *ws) {
+    const int64_t E = c->E, k = c->k, dzw = c->dz, f = c->f, Tk = T * k;
+    const arl_k_backend *kb = arl_k_backend_cuda();
+    cu_moe_save S;
+    cu_moe_save_layout(&S, (float *)save, T, k, E, dzw, f);
+    cu_moe_bws B;
+    cu_moe_bws_layout(&B, ws, T, k, dzw, f);
+    arl_cuda_moe_plan plan; /* rebuilt from the same routes: the same plan */
+    arl_cuda_moe_plan_build(&plan, S.plan, sel, T, k, E);
+    kb->fill(dp, 0.0f, Tk);
+    arl_cuda_moe_combine_bwd(B.dyg, dp, du, S.yg, pw, &plan, dzw);
+    arl_cuda_grouped_gemm(B.dh, B.dyg, p->w2, 0, &plan, f, dzw, 0.0f);
+    arl_cuda_grouped_gemm_wgrad(gw->w2, B.dyg, S.h, &plan, dzw, f);
+    kb->fill(B.dg, 0.0f, Tk * f);
+    kb->fill(B.du, 0.0f, Tk * f);
+    if (c->act.situ)
+        kb->situ_glu_bwd(B.dg, B.du, B.dh, S.g, S.u, Tk, f, f, c->act.beta1, c->act.beta2);
+    else
+        kb->swiglu_bwd(B.dg, B.du, B.dh, S.g, S.u, Tk, f, f);
+    arl_cuda_grouped_gemm_wgrad(gw->w1, B.dg, S.zg, &plan, f, dzw);
+    arl_cuda_grouped_gemm_wgrad(gw->w3, B.du, S.zg, &plan, f, dzw);
+    arl_cuda_grouped_gemm(B.dzg, B.dg, p->w1, 0, &plan, dzw, f, 0.0f);
+    arl_cuda_grouped_gemm(B.dzg, B.du, p->w3, 0, &plan, dzw, f, 1.0f);
+    kb->fill(dz, 0.0f, T * dzw);
+    arl_cuda_moe_gather_bwd(dz, B.dzg, &plan, dzw);
+}
+
 static const arl_dev_ops cuda_ops = {
     .name = "cuda",
     .backend = arl_k_backend_cuda,
@@ -204,6 +333,24 @@ static const arl_dev_ops cuda_ops = {
     .graph_end = cu_graph_end,
     .graph_launch = cu_graph_launch,
     .graph_free = cu_graph_free,
+    .kda_conv_bwd = arl_cuda_conv_bwd,
+    .kda_gate_k3_bwd = arl_cuda_kda_gate_k3_bwd,
+    .kda_gate_softplus_bwd = arl_cuda_kda_gate_softplus_bwd,
+    .kda_onorm_bwd = arl_cuda_kda_onorm_bwd,
+    .kda_chunk_bwd_ws_floats = arl_cuda_kda_chunk_bwd_ws_floats,
+    .kda_chunk_bwd = arl_cuda_kda_chunk_bwd,
+    .mla_attn_bwd_ws_floats = cu_mla_bwd_ws,
+    .mla_attn_bwd = cu_mla_attn_bwd,
+    .attnres_bwd_ws_floats = cu_attnres_bwd_ws,
+    .attnres_mix_bwd = arl_cuda_attnres_mix_bwd,
+    .router_bwd = cu_router_bwd,
+    .moe_experts_save_floats = cu_moe_save_floats,
+    .moe_experts_fwd_save = cu_moe_experts_fwd_save,
+    .moe_experts_bwd_ws_floats = cu_moe_bwd_ws,
+    .moe_experts_bwd = cu_moe_experts_bwd,
+    .embed_bwd = arl_cuda_embed_bwd,
+    .grad_sumsq = arl_cuda_grad_sumsq,
+    .adamw_update = arl_cuda_adamw_step,
 };
 
 const arl_dev_ops *arl_dev_ops_cuda(void) {

@@ -14,7 +14,9 @@
 # compiled with nvcc from kernels/cuda/*.cu and core/{status,rng}.c (the tests then cannot run).
 # Output: each measurement, then a summary of ratios against the in-run baselines.  After
 # bench_gpu, bench_gpu_model (bench/gpu/bench_model.c) times the mini config's whole forward on
-# the GPU (policy/model_device.h) and reports its MFU against the in-run cuBLAS bf16 rate.
+# the GPU (policy/model_device.h) and reports its MFU against the in-run cuBLAS bf16 rate, and
+# bench_gpu_train (bench/gpu/bench_train.c) the MFU of a whole training step (forward, backward,
+# AdamW on the device; policy/model_device_backward.h).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD:-$root/build-gpu}
@@ -67,7 +69,8 @@ rc=0
 if [ "$tests" = 1 ]; then
     echo "== parity tests (ctest -L gpu)"
     cmake --build "$build" --target test_cuda_ops test_cuda_model_ops test_cuda_nccl \
-        test_cuda_select test_cuda_model_device test_cuda_model_device_cpu -j"$jobs" \
+        test_cuda_select test_cuda_model_device test_cuda_model_device_cpu test_cuda_train_ops \
+        test_cuda_model_train test_cuda_model_train_cpu -j"$jobs" \
         >>"$logs/build.log" 2>&1 || { echo "test build failed"; rc=1; }
     (cd "$build" && ctest -L gpu --output-on-failure --timeout 120) || rc=1
 fi
@@ -90,6 +93,16 @@ if [ -x "$build/bench/gpu/bench_gpu_model" ] ||
         { echo "bench_gpu_model failed"; rc=1; }
 else
     echo "RESULT model_skip=bench_gpu_model_not_built" | tee -a "$res"
+fi
+
+# one training step (policy/model_device_backward.h) of the mini config: its MFU
+echo "== bench_gpu_train $quick"
+if [ -x "$build/bench/gpu/bench_gpu_train" ] ||
+    cmake --build "$build" --target bench_gpu_train -j"$jobs" >>"$logs/build.log" 2>&1; then
+    ARL_SOURCE_DIR="$root" timeout 150 "$build/bench/gpu/bench_gpu_train" $quick | tee -a "$res" ||
+        { echo "bench_gpu_train failed"; rc=1; }
+else
+    echo "RESULT train_skip=bench_gpu_train_not_built" | tee -a "$res"
 fi
 
 py=""
@@ -125,7 +138,10 @@ END {
         printf f, "mini forward MFU vs in-run cuBLAS bf16 (step target >= 25%)", sprintf("%.1f%% bf16 weights (%s ms), %.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP", 100 * v["model_fwd_bf16w_mfu"], v["model_fwd_bf16w_ms"], 100 * v["model_fwd_bf16_mfu"], v["model_fwd_bf16_ms"], 100 * v["model_fwd_tf32_mfu"], v["model_fwd_tf32_ms"], v["model_fwd_gflop"])
     else
         printf f, "mini forward MFU vs in-run cuBLAS bf16", "not measured (" v["model_skip"] ")"
-    printf f, "training step MFU of the mini config (>= 25%)", "not measured (backward not on the device yet; forward MFU above)"
+    if (v["train_step_bf16_mfu"] != "")
+        printf f, "training step MFU of the mini config (>= 25%)", sprintf("%.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP", 100 * v["train_step_bf16_mfu"], v["train_step_bf16_ms"], 100 * v["train_step_tf32_mfu"], v["train_step_tf32_ms"], v["train_step_gflop"])
+    else
+        printf f, "training step MFU of the mini config (>= 25%)", "not measured (" v["train_skip"] ")"
 }' "$res"
 echo "(logs and raw results: $logs)"
 exit $rc

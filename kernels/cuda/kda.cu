@@ -268,6 +268,22 @@ __global__ void k_kda_chunk_prep(float *ws, const int32_t *ix, const float *q, c
  * each shared-memory operand is read once per 8 or 16 multiply-adds (register tiling). */
 #define RPW 8  /* rows per warp */
 #define CPW 16 /* key channels per warp */
+/* acc[i] = sum_c buf[r0 + i, c] S[c, lane] for the warp's rows i < nr (register tiling: each
+ * shared-memory state value is read once per RPW multiply-adds); buf (C, ldb), S (dk, lds). */
+__device__ static inline void rows_times_state(float *acc, const float *buf, int64_t ldb,
+                                               const float *Ss, int64_t lds, int64_t r0, int nr,
+                                               int64_t dk, int lane) {
+#pragma unroll
+    for (int i = 0; i < RPW; i++)
+        acc[i] = 0.0f;
+    for (int64_t c = 0; c < dk; c++) {
+        const float sv = Ss[c * lds + lane];
+#pragma unroll
+        for (int i = 0; i < RPW; i++)
+            if (i < nr) acc[i] += buf[(r0 + i) * ldb + c] * sv;
+    }
+}
+
 __global__ void __launch_bounds__(256)
     k_kda_chunk_state(float *o, float *S, float *chunk_states, const float *ws, const int32_t *ix,
                       int32_t N, int64_t H, int64_t dk, int64_t dv, int64_t C) {
@@ -305,15 +321,7 @@ __global__ void __launch_bounds__(256)
         __syncthreads();
         {
             float acc[RPW];
-#pragma unroll
-            for (int i = 0; i < RPW; i++)
-                acc[i] = 0.0f;
-            for (int64_t c = 0; c < dk; c++) {
-                const float sv = Ss[c * LS + lane];
-#pragma unroll
-                for (int i = 0; i < RPW; i++)
-                    if (i < nr) acc[i] += buf[(r0 + i) * LB + c] * sv;
-            }
+            rows_times_state(acc, buf, LB, Ss, LS, r0, nr, dk, lane);
 #pragma unroll
             for (int i = 0; i < RPW; i++)
                 if (i < nr)
@@ -329,15 +337,7 @@ __global__ void __launch_bounds__(256)
         __syncthreads();
         {
             float acc[RPW];
-#pragma unroll
-            for (int i = 0; i < RPW; i++)
-                acc[i] = 0.0f;
-            for (int64_t c = 0; c < dk; c++) {
-                const float sv = Ss[c * LS + lane];
-#pragma unroll
-                for (int i = 0; i < RPW; i++)
-                    if (i < nr) acc[i] += buf[(r0 + i) * LB + c] * sv;
-            }
+            rows_times_state(acc, buf, LB, Ss, LS, r0, nr, dk, lane);
             for (int64_t s2 = 0; nr > 0 && s2 < r0 + nr; s2++) { /* Aqk: zero above diagonal */
                 const float vt = Vt[s2 * LS + lane];
 #pragma unroll
@@ -382,6 +382,20 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+/* The chunk table of the packed documents and kernel 1 (the per-chunk prep, all chunks in
+ * parallel) into ws: the common first stage of the chunkwise forward and backward. */
+static void chunk_prep_launch(arl_cuda_ctx *c, float *ws, const float *q, const float *k,
+                              const float *v, const float *g, const float *beta, const int32_t *cu,
+                              int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, float scale,
+                              int64_t C, int64_t nc) {
+    k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
+    const int64_t LD = (dk > dv ? dk : dv) + 1;
+    size_t sm1 = sizeof(float) * (size_t)(3 * C * LD + C * (C + 1) + C);
+    cudaFuncSetAttribute(k_kda_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm1);
+    k_kda_chunk_prep<<<dim3((unsigned)nc, (unsigned)H), 256, sm1, c->stream>>>(
+        ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
+}
+
 extern "C" void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float *q,
                                        const float *k, const float *v, const float *g,
                                        const float *beta, const int32_t *cu, int32_t N, int64_t T,
@@ -395,12 +409,7 @@ extern "C" void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, 
     int64_t nc = max_chunks(T, N, C);
     ARL_ASSERT(nc <= chunk_cap(N));
     if (T == 0) return;
-    k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
-    const int64_t LD = (dk > dv ? dk : dv) + 1;
-    size_t sm1 = sizeof(float) * (size_t)(3 * C * LD + C * (C + 1) + C);
-    cudaFuncSetAttribute(k_kda_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm1);
-    k_kda_chunk_prep<<<dim3((unsigned)nc, (unsigned)H), 256, sm1, c->stream>>>(
-        ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
+    chunk_prep_launch(c, ws, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
     size_t sm2 =
         sizeof(float) * (size_t)(dk * (TV + 1) + C * (dk + 1) + C * (TV + 1) + C * (C + 1));
     cudaFuncSetAttribute(k_kda_chunk_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
@@ -929,12 +938,7 @@ extern "C" void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float 
     if (T == 0) return;
     float *ws_fwd = ws, *dSp = ws_fwd + nc * H * chunk_scratch(dk, dv, C);
     float *dVt = dSp + nc * H * dk * dv, *ws3 = dVt + T * H * dv;
-    k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
-    const int64_t LD = (dk > dv ? dk : dv) + 1;
-    size_t sm1 = sizeof(float) * (size_t)(3 * C * LD + C * (C + 1) + C);
-    cudaFuncSetAttribute(k_kda_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm1);
-    k_kda_chunk_prep<<<dim3((unsigned)nc, (unsigned)H), 256, sm1, c->stream>>>(
-        ws_fwd, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
+    chunk_prep_launch(c, ws_fwd, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
     size_t sm2 =
         sizeof(float) * (size_t)(dk * (TV + 1) + C * (dk + 1) + 2 * C * (TV + 1) + C * (C + 1));
     cudaFuncSetAttribute(k_kda_cbwd_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);

@@ -147,9 +147,11 @@ extern "C" void arl_cuda_mla_attn_fwd(float *o, float *lse, const float *q_nope,
     attn_launch(&A, "mla_attn_fwd");
 }
 
-extern "C" void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const float *q_pe,
-                                           const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
-                                           int64_t rkv, int64_t r, float scale) {
+/* The launch arguments of the absorbed attention of Tq queries over one cache (rows
+ * [c; k_pe] of rkv + r floats): queries [qhat; q_pe], values the c part. */
+static attn_args absorbed_args(float *ohat, const float *qhat, const float *q_pe,
+                               const float *cache, int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
+                               float scale) {
     attn_args A = {};
     A.qa = qhat;
     A.qb = q_pe;
@@ -165,10 +167,17 @@ extern "C" void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const
     A.o = ohat;
     A.Tq = Tq;
     A.Hm = Hm;
-    A.pos0 = pos0;
     A.absorbed = 1;
     A.N = 1;
     A.scale = scale;
+    return A;
+}
+
+extern "C" void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const float *q_pe,
+                                           const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
+                                           int64_t rkv, int64_t r, float scale) {
+    attn_args A = absorbed_args(ohat, qhat, q_pe, cache, Tq, Hm, rkv, r, scale);
+    A.pos0 = pos0;
     attn_launch(&A, "mla_absorbed_attn");
 }
 
@@ -178,25 +187,8 @@ extern "C" void arl_cuda_mla_absorbed_attn_dpos(float *ohat, const float *qhat, 
                                                 const float *cache, const int64_t *pos_dev,
                                                 int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
                                                 float scale) {
-    attn_args A = {};
-    A.qa = qhat;
-    A.qb = q_pe;
-    A.nA = rkv;
-    A.nB = r;
-    A.ka = cache;
-    A.ka_tok = rkv + r;
-    A.kb = cache + rkv;
-    A.kb_tok = rkv + r;
-    A.vp = cache;
-    A.v_tok = rkv + r;
-    A.nv = rkv;
-    A.o = ohat;
-    A.Tq = Tq;
-    A.Hm = Hm;
+    attn_args A = absorbed_args(ohat, qhat, q_pe, cache, Tq, Hm, rkv, r, scale);
     A.pos_dev = pos_dev;
-    A.absorbed = 1;
-    A.N = 1;
-    A.scale = scale;
     attn_launch(&A, "mla_absorbed_attn_dpos");
 }
 

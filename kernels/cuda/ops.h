@@ -262,6 +262,30 @@ void arl_cuda_kda_conv_tail(float *tail_out, const float *x, int64_t n, const fl
 void arl_cuda_kda_onorm_fwd(float *ob, float *rstd, const float *o, const float *gam,
                             const float *w, int64_t n, int64_t dv, float eps);
 
+/* ======================= training glue (kernels/cuda/train.cu) =========================== */
+
+/* arl_kda_gate_k3_bwd / arl_kda_gate_softplus_bwd (policy/kda.h) on the device: df (T, P) +=,
+ * dA_log (H) +=, ddt_bias (P) += (each may be NULL); per-channel sums over the tokens in
+ * ascending order in double, dA_log summed over a head's channels in order.  dk <= 256. */
+void arl_cuda_kda_gate_k3_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg,
+                              const float *f, const float *A_log, const float *dt_bias, int64_t T,
+                              int64_t H, int64_t dk, float g_min);
+void arl_cuda_kda_gate_softplus_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg,
+                                    const float *f, const float *A_log, const float *dt_bias,
+                                    int64_t T, int64_t H, int64_t dk);
+/* arl_kda_onorm_bwd (policy/kda.h) on the device: d_o, dgam (n, dv) +=, dw (dv) += (may be
+ * NULL; each column summed over 32 row groups, added in a fixed order). */
+void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const float *dob, const float *o,
+                            const float *gam, const float *w, const float *rstd, int64_t n,
+                            int64_t dv);
+/* dtable (V, d) row tokens[t] += dx (T, d) row t, t ascending (tokens: device int32, ids
+ * checked by the caller). */
+void arl_cuda_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
+                        int64_t d);
+/* out[c] (double) = sum of g[i]^2 over i in [ranges[2c], ranges[2c+1]) for c < n (ranges:
+ * device int64): the per-chunk sums of the AdamW gradient norm (policy/optimizer.c). */
+void arl_cuda_grad_sumsq(double *out, const float *g, const int64_t *ranges, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -49,16 +49,20 @@ for c in "$root"/kernels/cuda/*.c; do
 done
 gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/golden/golden.c" -o "$work/golden.o"
 rc=0
-# EMU_TESTS: the tests to run (default all); test_model_device runs the whole tiny-model
-# forward, prefill and decode steps of policy/model_device.c with every kernel emulated
-# ("cuda-emu": the fp32 cases, not the bf16 one; ~10 forwards, several minutes).
-for t in ${EMU_TESTS:-test_ops test_model_ops test_model_device}; do
+# EMU_TESTS: the tests to run (default: test_ops test_model_ops test_train_ops
+# test_model_device); test_model_device runs the whole tiny-model forward, prefill and decode
+# steps of policy/model_device.c with every kernel emulated ("cuda-emu": the fp32 cases, not the
+# bf16 one; ~10 forwards, several minutes); test_train_ops the training ops of the "cuda" table
+# (under a minute); test_model_train (not in the default list: ~25 minutes on a loaded 2-core
+# machine) one whole training step of policy/model_device_backward.c, fp32.
+for t in ${EMU_TESTS:-test_ops test_model_ops test_train_ops test_model_device}; do
     gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/cuda/$t.c" -o "$work/$t.o"
     g++ $flags -o "$work/$t" "$work/$t.o" "$work/golden.o" $objs "$work/emu_rt.o" $libs $extra \
         -lpthread -lm
     echo "== $t (emulated)"
     arg=""
     [ "$t" = test_model_device ] && arg=cuda-emu
+    [ "$t" = test_model_train ] && arg=cuda-emu
     "$work/$t" $arg || rc=1
 done
 exit $rc

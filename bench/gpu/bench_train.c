@@ -1,0 +1,207 @@
+/* bench/gpu/bench_train.c: one training step of the policy on the GPU
+ * (policy/model_device_backward.h: forward with saves, backward, AdamW on the device) against
+ * the cuBLAS bf16 GEMM rate measured in the same run: the step's model FLOP utilisation (MFU)
+ * of the mini config (configs/mini); target >= 25% (issue 9).
+ *
+ * FLOPs counted (model FLOPs of a step, the usual MFU convention): 3 x the forward's (forward
+ * + backward at twice the forward), the forward as bench/gpu/bench_model.c counts it: 2 x
+ * active parameters (lm_head included, the embedding gather excluded) x tokens, plus the
+ * attention cores: MLA 2 (n + r + vm) Hm per causal (query, key) pair, KDA chunkwise per head
+ * 6 T dk^2 + 3 T C dk + T C^2.  Recomputation (the logits again in the backward) and the
+ * optimizer are not counted, though their time is.
+ *
+ * Weights: deterministic small uniform values, norms 1.  Runs: ARL_CUDA_MATH_BF16 (bf16 GEMM
+ * inputs, fp32 accumulation, fp32 master weights and moments) and ARL_CUDA_MATH_TF32.  Batch:
+ * 8 documents of 256 tokens (T = 2048; --quick: the tiny config, 2 x 32).  Prints the median
+ * of 5 steps after 2 warm-up steps, and the forward (with saves) and the optimizer step
+ * alone.  Output: human-readable lines and "RESULT key=value".  Exits 77 without a GPU.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/rng.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/ops.h"
+#include "policy/config.h"
+#include "policy/model_device_backward.h"
+#include "policy/params.h"
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_train: %s: %s\n", what, arl_error_msg());
+    exit(1);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* cuBLAS bf16 GEMM rate (M = N = K = n), median of 10 (TFLOP/s). */
+static double cublas_bf16_tflops(arl_cuda_ctx *ctx, int64_t n) {
+    size_t mark = arl_cuda_mark(ctx);
+    void *a, *b, *c;
+    if (arl_cuda_alloc(ctx, 2 * (size_t)(n * n), "A", &a) ||
+        arl_cuda_alloc(ctx, 2 * (size_t)(n * n), "B", &b) ||
+        arl_cuda_alloc(ctx, 4 * (size_t)(n * n), "C", &c))
+        die("arena");
+    arl_cuda_memset0(ctx, a, 2 * (size_t)(n * n));
+    arl_cuda_memset0(ctx, b, 2 * (size_t)(n * n));
+    double t[10];
+    for (int r = -1; r < 10; r++) {
+        arl_cuda_timer_start(ctx);
+        if (arl_cuda_gemm_bf16(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n)) die("gemm_bf16");
+        float ms = arl_cuda_timer_stop(ctx);
+        if (r >= 0) t[r] = ms;
+    }
+    qsort(t, 10, sizeof(double), cmp_double);
+    arl_cuda_release(ctx, mark);
+    return 2.0 * (double)n * n * n / (t[5] * 1e-3) / 1e12;
+}
+
+/* Median of n timings of fn (after warm-up calls), seconds; spread in lo, hi. */
+typedef arl_status (*timed_fn)(void *);
+static double time_median(timed_fn fn, void *arg, int warm, int n, double *lo, double *hi) {
+    double t[16];
+    for (int r = -warm; r < n; r++) {
+        double a = now_s();
+        if (fn(arg)) die("timed call");
+        if (r >= 0) t[r] = now_s() - a;
+    }
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    *lo = t[0];
+    *hi = t[n - 1];
+    return t[n / 2];
+}
+
+typedef struct step_arg {
+    arl_model_dev_train *tr;
+    const arl_batch *b;
+} step_arg;
+
+static arl_status run_step(void *v) {
+    step_arg *s = v;
+    double loss;
+    return arl_model_dev_train_step(s->tr, s->b, &loss, NULL);
+}
+static arl_status run_fwd(void *v) {
+    step_arg *s = v;
+    return arl_model_dev_train_forward(s->tr, s->b, NULL);
+}
+static arl_status run_opt(void *v) {
+    step_arg *s = v;
+    return arl_model_dev_optim_step(s->tr, NULL);
+}
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    if (arl_cuda_device_count() == 0) {
+        fprintf(stderr, "bench_train: no CUDA device (or a build without CUDA)\n");
+        return 77;
+    }
+    const char *root = getenv("ARL_SOURCE_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/configs/%s/config.json", root ? root : ".",
+             quick ? "tiny" : "mini");
+    arl_model_config cfg;
+    arl_model_params w;
+    if (arl_model_config_read(path, &cfg)) die(path);
+    if (arl_model_params_alloc(&w, &cfg)) die("host parameters");
+    double t0 = now_s();
+    arl_rng rng;
+    arl_rng_seed(&rng, 9);
+    for (int64_t i = 0; i < w.inv.n; i++) {
+        const arl_param_tensor *t = &w.inv.t[i];
+        float *p = arl_model_params_tensor(&w, i);
+        if (t->init == ARL_INIT_ONES) {
+            for (int64_t j = 0; j < t->numel; j++)
+                p[j] = 1.0f;
+        } else if (t->init != ARL_INIT_ZEROS) {
+            uint64_t s = arl_rng_next(&rng) | 1;
+            for (int64_t j = 0; j < t->numel; j++) {
+                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                p[j] = ((float)(s >> 40) * (1.0f / 16777216.0f) - 0.5f) * 0.04f;
+            }
+        }
+    }
+    const int32_t N = quick ? 2 : 8;
+    const int64_t len = quick ? 32 : 256, T = N * len;
+    arl_model_opts o;
+    arl_model_opts_default(&o);
+    o.max_tokens = T;
+    o.max_docs = N;
+    arl_model_dev plan;
+    if (arl_model_dev_plan(&plan, arl_dev_ops_cuda(), &cfg, &o, NULL)) die("plan");
+    int64_t need =
+        arl_model_dev_bytes(&cfg, &o, arl_dev_ops_cuda(), NULL) + arl_model_dev_train_bytes(&plan);
+    const arl_dev_ops *ops = NULL;
+    if (arl_dev_ops_get("cuda", (size_t)need + ((size_t)1 << 30), &ops)) die("cuda device");
+    arl_cuda_ctx *ctx = arl_cuda_current();
+    arl_model_dev md;
+    arl_model_dev_train tr;
+    arl_optim_config oc;
+    arl_optim_config_defaults(&oc);
+    oc.lr = 1e-5; /* small steps keep the timed weights in range */
+    if (arl_model_dev_init(&md, ops, &cfg, &w, &o, NULL)) die("device model");
+    if (arl_model_dev_train_init(&tr, &md, &oc)) die("device training");
+    printf("config %s: %.1f MiB on the device (model + training), weights in %.1f s\n", path,
+           (double)need / 1048576.0, now_s() - t0);
+
+    double peak = cublas_bf16_tflops(ctx, quick ? 2048 : 8192);
+    printf("cuBLAS bf16 GEMM: %.1f TFLOP/s\n", peak);
+
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
+    int32_t *cu = malloc(sizeof(int32_t) * (size_t)(N + 1));
+    for (int64_t t = 0; t < T; t++)
+        tok[t] = (int32_t)arl_rng_below(&rng, (uint64_t)cfg.dims.V);
+    for (int32_t i = 0; i <= N; i++)
+        cu[i] = (int32_t)(i * len);
+    arl_batch b = {.tokens = tok, .T = T, .cu = cu, .N = N};
+
+    arl_param_counts pc;
+    arl_param_counts_compute(&cfg, &pc);
+    const arl_model_dims *dm = &cfg.dims;
+    const double C = (double)o.kda_chunk;
+    double fwd = 2.0 * (double)pc.active_params * (double)T;
+    fwd += (double)dm->n_mla * 2.0 * (double)(dm->n + dm->r + dm->vm) * (double)dm->Hm * (double)N *
+           (double)len * (double)(len + 1) / 2.0;
+    fwd += (double)dm->n_kda * (double)dm->H *
+           (6.0 * T * dm->dk * dm->dk + 3.0 * T * C * dm->dk + T * C * C);
+    const double flops = 3.0 * fwd;
+
+    const char *names[2] = {"bf16", "tf32"};
+    const arl_cuda_math modes[2] = {ARL_CUDA_MATH_BF16, ARL_CUDA_MATH_TF32};
+    step_arg sa = {&tr, &b};
+    for (int mi = 0; mi < 2; mi++) {
+        arl_cuda_set_math(ctx, modes[mi]);
+        double lo, hi, flo, fhi, olo, ohi;
+        double ts = time_median(run_step, &sa, 2, 5, &lo, &hi);
+        double tf = time_median(run_fwd, &sa, 1, 5, &flo, &fhi);
+        double to = time_median(run_opt, &sa, 1, 5, &olo, &ohi);
+        double rate = flops / ts / 1e12;
+        printf("training step (%s GEMMs), T = %lld in %d documents: %.2f ms (spread %.2f..%.2f), "
+               "%.2f TFLOP/s, MFU %.1f%% of cuBLAS bf16 (forward with saves %.2f ms, AdamW "
+               "%.2f ms, backward ~%.2f ms)\n",
+               names[mi], (long long)T, N, ts * 1e3, lo * 1e3, hi * 1e3, rate, 100.0 * rate / peak,
+               tf * 1e3, to * 1e3, (ts - tf - to) * 1e3);
+        printf("RESULT train_step_%s_ms=%.3f\nRESULT train_step_%s_mfu=%.4f\n", names[mi], ts * 1e3,
+               names[mi], rate / peak);
+    }
+    printf("RESULT train_cublas_bf16_tflops=%.2f\n", peak);
+    printf("RESULT train_step_gflop=%.1f\n", flops / 1e9);
+    arl_model_dev_train_free(&tr);
+    arl_model_dev_free(&md);
+    arl_model_params_free(&w);
+    arl_model_config_free(&cfg);
+    arl_optim_config_free(&oc);
+    free(tok);
+    free(cu);
+    return 0;
+}

@@ -1,0 +1,190 @@
+/* kernels/cuda/train.cu: the small backward and optimizer ops the device training step
+ * (policy/model_device_backward.c) needs besides the table and the other files here: the KDA
+ * decay-gate backwards, the gated output RMSNorm backward, the embedding backward and the
+ * per-chunk gradient sums of squares of the AdamW norm.  Each mirrors its CPU function (named
+ * in kernels/cuda/ops.h), fp32 with double sums where the CPU sums in double (spec/policy.md
+ * 1.4), and every sum runs in a fixed order: the results are deterministic run to run (no
+ * floating-point atomics).  The parameter sums over the tokens (dt_bias, A_log, the embedding
+ * rows) walk the tokens in ascending order like the CPU; the norm weight's sums over rows split
+ * the rows among 32 warps and add the parts in warp order. */
+#include <math.h>
+
+#include "kernels/cuda/internal.cuh"
+#include "kernels/cuda/ops.h"
+
+/* ======================= KDA decay gates (policy/kda.c arl_kda_gate_*_bwd) =============== */
+
+#define GATE_THREADS 128
+#define GATE_MAX_DK 256
+
+/* One block per head h: thread i owns channels c = h dk + i, i + 128, ... and walks the tokens
+ * in order (df += per element, ddt_bias and the per-channel dA in double); then thread 0 adds
+ * the channels' dA in channel order into dA_log[h] (policy/kda.c's order).  softplus: 0 the K3
+ * gate g = g_min sigmoid(a u), 1 the softplus gate g = -a softplus(u); u = f + dt_bias. */
+__global__ void k_gate_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg,
+                           const float *f, const float *A_log, const float *dt_bias, int64_t T,
+                           int64_t H, int64_t dk, float g_min, int softplus) {
+    __shared__ double sh_dA[GATE_MAX_DK];
+    const int64_t P = H * dk, h = blockIdx.x;
+    const float a = expf(A_log[h]);
+    for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
+        const int64_t c = h * dk + i;
+        const float bias = dt_bias[c];
+        double db = 0.0, dA = 0.0;
+        for (int64_t t = 0; t < T; t++) {
+            const float d = dg[t * P + c];
+            float du;
+            if (softplus) {
+                const float u = f[t * P + c] + bias;
+                const float sp = u > 20.0f ? u : log1pf(expf(u));
+                du = -a * arl_sigmoidf(u) * d;
+                dA += (double)(-a * sp) * d;
+            } else {
+                const float z = a * (f[t * P + c] + bias);
+                const float sg = arl_sigmoidf(z);
+                const float dz = d * g_min * sg * (1.0f - sg);
+                du = a * dz;
+                dA += (double)dz * z;
+            }
+            if (df) df[t * P + c] += du;
+            db += du;
+        }
+        if (ddt_bias) ddt_bias[c] += (float)db;
+        sh_dA[i] = dA;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && dA_log) {
+        double s = 0.0;
+        for (int64_t i = 0; i < dk; i++)
+            s += sh_dA[i];
+        dA_log[h] += (float)s;
+    }
+}
+
+static void gate_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg, const float *f,
+                     const float *A_log, const float *dt_bias, int64_t T, int64_t H, int64_t dk,
+                     float g_min, int softplus, const char *op) {
+    arl_cuda_ctx *ctx = arl_cuda_need();
+    if (T <= 0 || H <= 0) return;
+    ARL_ASSERT(dk >= 1 && dk <= GATE_MAX_DK);
+    k_gate_bwd<<<(unsigned)H, GATE_THREADS, 0, ctx->stream>>>(df, dA_log, ddt_bias, dg, f, A_log,
+                                                              dt_bias, T, H, dk, g_min, softplus);
+    ARL_CUDA_LAUNCHED(ctx, op);
+}
+
+extern "C" void arl_cuda_kda_gate_k3_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg,
+                                         const float *f, const float *A_log, const float *dt_bias,
+                                         int64_t T, int64_t H, int64_t dk, float g_min) {
+    gate_bwd(df, dA_log, ddt_bias, dg, f, A_log, dt_bias, T, H, dk, g_min, 0, "kda_gate_k3_bwd");
+}
+
+extern "C" void arl_cuda_kda_gate_softplus_bwd(float *df, float *dA_log, float *ddt_bias,
+                                               const float *dg, const float *f, const float *A_log,
+                                               const float *dt_bias, int64_t T, int64_t H,
+                                               int64_t dk) {
+    gate_bwd(df, dA_log, ddt_bias, dg, f, A_log, dt_bias, T, H, dk, 0.0f, 1,
+             "kda_gate_softplus_bwd");
+}
+
+/* ======================= gated output RMSNorm (policy/kda.c arl_kda_onorm_bwd) =========== */
+
+/* d_o and dgam: one block of 128 threads per row; m = mean(dxh * xh) in double (block sum). */
+__global__ void k_onorm_bwd_rows(float *d_o, float *dgam, const float *dob, const float *o,
+                                 const float *gam, const float *w, const float *rstd, int64_t n,
+                                 int64_t dv) {
+    __shared__ double sh[33];
+    for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+        const float *x = o + row * dv, *dy = dob + row * dv, *gm = gam + row * dv;
+        const float r = rstd[row];
+        double m = 0.0;
+        for (int64_t i = threadIdx.x; i < dv; i += blockDim.x)
+            m += (double)dy[i] * w[i] * arl_sigmoidf(gm[i]) * (x[i] * r);
+        m = arl_block_sum_d(m, sh) / (double)dv;
+        for (int64_t i = threadIdx.x; i < dv; i += blockDim.x) {
+            const float sg = arl_sigmoidf(gm[i]);
+            const float xh = x[i] * r, dxh = dy[i] * w[i] * sg;
+            d_o[row * dv + i] += r * (dxh - xh * (float)m);
+            dgam[row * dv + i] += dy[i] * w[i] * xh * sg * (1.0f - sg);
+        }
+    }
+}
+
+/* dw[i] += sum over the rows of dob * xh * sigmoid(gam): one block of 32 warps per 32 columns;
+ * lane l owns column 32 b + l, warp w the rows w, w + 32, ... (a running fp32 sum each), then
+ * thread l adds the 32 warp sums in warp order: a fixed order, so deterministic. */
+#define DW_WARPS 32
+__global__ void k_onorm_bwd_dw(float *dw, const float *dob, const float *o, const float *gam,
+                               const float *rstd, int64_t n, int64_t dv) {
+    __shared__ float part[DW_WARPS][33];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t i = (int64_t)blockIdx.x * 32 + lane;
+    float acc = 0.0f;
+    if (i < dv)
+        for (int64_t t = w; t < n; t += DW_WARPS)
+            acc += dob[t * dv + i] * (o[t * dv + i] * rstd[t]) * arl_sigmoidf(gam[t * dv + i]);
+    part[w][lane] = acc;
+    __syncthreads();
+    if (w == 0 && i < dv) {
+        float s = 0.0f;
+        for (int j = 0; j < DW_WARPS; j++)
+            s += part[j][lane];
+        dw[i] += s;
+    }
+}
+
+extern "C" void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const float *dob,
+                                       const float *o, const float *gam, const float *w,
+                                       const float *rstd, int64_t n, int64_t dv) {
+    arl_cuda_ctx *ctx = arl_cuda_need();
+    if (n <= 0) return;
+    unsigned blocks = (unsigned)(n < 65535 ? n : 65535);
+    k_onorm_bwd_rows<<<blocks, 128, 0, ctx->stream>>>(d_o, dgam, dob, o, gam, w, rstd, n, dv);
+    ARL_CUDA_LAUNCHED(ctx, "kda_onorm_bwd");
+    if (!dw) return;
+    k_onorm_bwd_dw<<<(unsigned)((dv + 31) / 32), 32 * DW_WARPS, 0, ctx->stream>>>(dw, dob, o, gam,
+                                                                                  rstd, n, dv);
+    ARL_CUDA_LAUNCHED(ctx, "kda_onorm_bwd (dw)");
+}
+
+/* ======================= embedding backward (policy/model_backward.c) ==================== */
+
+/* One thread per column: the rows of dx added into their tokens' rows in token order, the
+ * CPU's order (repeated tokens accumulate deterministically, without atomics). */
+__global__ void k_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
+                            int64_t d) {
+    ARL_GRID_STRIDE(i, d) {
+        for (int64_t t = 0; t < T; t++)
+            dtable[(int64_t)tokens[t] * d + i] += dx[t * d + i];
+    }
+}
+
+extern "C" void arl_cuda_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
+                                   int64_t d) {
+    arl_cuda_ctx *ctx = arl_cuda_need();
+    if (T <= 0 || d <= 0) return;
+    k_embed_bwd<<<arl_blocks(d, 128), 128, 0, ctx->stream>>>(dtable, dx, tokens, T, d);
+    ARL_CUDA_LAUNCHED(ctx, "embed_bwd");
+}
+
+/* ======================= AdamW norm (policy/optimizer.c norm_range) ====================== */
+
+/* One block per chunk: double squares, strided, then a fixed-order block sum. */
+__global__ void k_grad_sumsq(double *out, const float *g, const int64_t *ranges, int64_t n) {
+    __shared__ double sh[33];
+    for (int64_t c = blockIdx.x; c < n; c += gridDim.x) {
+        const int64_t a = ranges[2 * c], b = ranges[2 * c + 1];
+        double acc = 0.0;
+        for (int64_t i = a + threadIdx.x; i < b; i += blockDim.x)
+            acc += (double)g[i] * (double)g[i];
+        acc = arl_block_sum_d(acc, sh);
+        if (threadIdx.x == 0) out[c] = acc;
+    }
+}
+
+extern "C" void arl_cuda_grad_sumsq(double *out, const float *g, const int64_t *ranges, int64_t n) {
+    arl_cuda_ctx *ctx = arl_cuda_need();
+    if (n <= 0) return;
+    unsigned blocks = (unsigned)(n < 65535 ? n : 65535);
+    k_grad_sumsq<<<blocks, 256, 0, ctx->stream>>>(out, g, ranges, n);
+    ARL_CUDA_LAUNCHED(ctx, "grad_sumsq");
+}

@@ -1,0 +1,1228 @@
+/* policy/model_device_backward.c: the training step over the device tables (see
+ * policy/model_device_backward.h).
+ *
+ * Reading order: the arena layout (per-layer saves, work buffers), init, the sublayer
+ * forwards with saves (policy/kda_layer_backward.c, policy/mla_layer_backward.c,
+ * policy/moe_backward.c, step for step), the training forward (policy/model_backward.c
+ * arl_model_train_forward), the sublayer backwards, the backward (arl_model_backward's
+ * bookkeeping of spec/policy.md 5.4 line by line), the loss, AdamW (policy/optimizer.c).
+ * Keep each function in step with the CPU function it names: the cpu-device test compares
+ * the two bit for bit.
+ */
+#include "policy/model_device_backward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/assert.h"
+#include "policy/attnres.h"
+#include "policy/kda_layer_backward.h"
+#include "policy/mla_layer_backward.h"
+#include "policy/moe_backward.h"
+
+/* Rows of logits computed at a time: about 4 MiB (as policy/model_backward.c). */
+#define LOGIT_BLOCK_FLOATS ((int64_t)1 << 20)
+
+typedef struct bump {
+    float *base;
+    int64_t used;
+} bump;
+
+static float *take(bump *b, int64_t n) {
+    float *p = b->base ? b->base + b->used : NULL;
+    b->used += (n + 63) & ~(int64_t)63; /* 256-byte steps (device alignment) */
+    return p;
+}
+
+static int64_t max2(int64_t a, int64_t b) {
+    return a > b ? a : b;
+}
+
+/* ======================= saved activations ============================================== */
+
+typedef struct moe_sv {
+    float *s;     /* (T, E) */
+    int32_t *sel; /* (T, k) */
+    float *pw;    /* (T, k) */
+    float *z;     /* (T, dz) */
+    float *esave; /* the device's routed-expert save */
+    float *u_pre; /* (T, dz) */
+    float *rstd;  /* (T) */
+    float *u;     /* (T, dz) */
+    float *sgu;   /* (T, 2 fs) */
+    float *sh;    /* (T, fs) */
+} moe_sv;
+
+typedef struct dev_rec {
+    float *h, *x1, *rstd1, *p_mid, *mfx, *x2, *rstd2; /* as arl_layer_rec */
+    arl_kda_layer_save kda;
+    arl_mla_layer_save mla;
+    arl_dense_save dense; /* gu (T, 2 fd), h (T, fd) */
+    moe_sv moe;
+} dev_rec;
+
+static void kda_save_layout(arl_kda_layer_save *s, bump *w, const arl_model_dev *m, int64_t T,
+                            int32_t N) {
+    const arl_kda_layer_cfg *c = &m->kda;
+    const int64_t H = c->H, dk = c->dk, dv = c->dv, P = H * dk, Pv = H * dv;
+    for (int j = 0; j < 3; j++)
+        s->pre[j] = take(w, T * P);
+    s->z[0] = take(w, T * P);
+    s->z[1] = take(w, T * P);
+    s->qkv[0] = take(w, T * P);
+    s->qkv[1] = take(w, T * P);
+    s->qkv[2] = take(w, T * Pv);
+    s->rn[0] = take(w, T * H);
+    s->rn[1] = take(w, T * H);
+    s->fa = take(w, T * dk);
+    s->f = take(w, T * P);
+    s->g = take(w, T * P);
+    s->bl = take(w, T * H);
+    s->beta = take(w, T * H);
+    s->o = take(w, T * Pv);
+    s->gam = take(w, T * Pv);
+    s->ga = take(w, T * dk);
+    s->rstd = take(w, T * H);
+    s->ob = take(w, T * Pv);
+    s->cst = take(w, (T / c->chunk + N + 1) * H * dk * dv);
+    s->n_chunks = 0;
+}
+
+static void mla_save_layout(arl_mla_layer_save *s, bump *w, const arl_model_dev *m, int64_t T) {
+    const arl_mla_layer_cfg *c = &m->mla;
+    const int64_t Hm = c->Hm, n = c->n, r = c->r, vm = c->vm, rkv = c->rkv;
+    const int64_t rq = c->rq > 0 ? c->rq : 1;
+    memset(s, 0, sizeof *s);
+    s->cq_pre = take(w, T * rq);
+    s->rstd_q = take(w, T);
+    s->cq = take(w, T * rq);
+    s->q_nope = take(w, T * Hm * n);
+    s->q_pe = take(w, T * Hm * r);
+    s->c_pre = take(w, T * rkv);
+    s->rstd_c = take(w, T);
+    s->c = take(w, T * rkv);
+    s->k_pe = take(w, T * r);
+    s->k_nope = take(w, T * Hm * n);
+    s->v = take(w, T * Hm * vm);
+    s->lse = take(w, T * Hm);
+    s->o = take(w, T * Hm * vm);
+    s->gam = take(w, T * Hm * vm);
+    s->u = take(w, T * Hm * vm);
+}
+
+static void moe_save_layout(moe_sv *s, bump *w, const arl_model_dev *m, int64_t T) {
+    const arl_moe_cfg *c = &m->moe;
+    s->s = take(w, T * c->E);
+    s->sel = (int32_t *)take(w, T * c->k);
+    s->pw = take(w, T * c->k);
+    s->z = take(w, T * c->dz);
+    s->esave = take(w, m->ops->moe_experts_save_floats(T, c->k, c->E, c->dz, c->f));
+    s->u_pre = take(w, T * c->dz);
+    s->rstd = take(w, T);
+    s->u = take(w, T * c->dz);
+    s->sgu = take(w, T * 2 * c->fs);
+    s->sh = take(w, T * c->fs);
+}
+
+static void rec_layout(dev_rec *r, bump *w, const arl_model_dev *m, int64_t l) {
+    const int64_t T = m->opts.max_tokens, d = m->dm.d;
+    r->h = take(w, T * d);
+    r->x1 = take(w, T * d);
+    r->rstd1 = take(w, T);
+    r->p_mid = take(w, T * d);
+    r->mfx = take(w, T * d);
+    r->x2 = take(w, T * d);
+    r->rstd2 = take(w, T);
+    if (arl_model_config_layer_kind(m->cfg, l) == ARL_LAYER_KDA)
+        kda_save_layout(&r->kda, w, m, T, m->opts.max_docs);
+    else
+        mla_save_layout(&r->mla, w, m, T);
+    if (arl_model_config_layer_is_moe(m->cfg, l)) {
+        moe_save_layout(&r->moe, w, m, T);
+    } else {
+        r->dense.gu = take(w, 2 * T * m->dm.fd);
+        r->dense.h = take(w, T * m->dm.fd);
+    }
+}
+
+/* ======================= work buffers (one ws shared by the sublayers) =================== */
+
+typedef struct kda_ws {
+    float *S0, *core, *dob, *d_o, *dgam, *dga, *dcore[3], *dg, *dbeta, *dbl, *df, *dfa, *dz, *dpre;
+} kda_ws;
+
+static int64_t kda_ws_layout(kda_ws *B, float *base, const arl_model_dev *m, int64_t T, int32_t N) {
+    const arl_kda_layer_cfg *c = &m->kda;
+    const arl_dev_ops *ops = m->ops;
+    const int64_t H = c->H, dk = c->dk, dv = c->dv, P = H * dk;
+    bump w = {base, 0};
+    B->S0 = take(&w, (int64_t)N * H * dk * dv);
+    B->core = take(&w, max2(ops->kda_chunk_ws_floats(T, N, H, dk, dv, c->chunk),
+                            ops->kda_chunk_bwd_ws_floats(T, N, H, dk, dv, c->chunk)));
+    B->dob = take(&w, T * P);
+    B->d_o = take(&w, T * P);
+    B->dgam = take(&w, T * P);
+    B->dga = take(&w, T * dk);
+    for (int j = 0; j < 3; j++)
+        B->dcore[j] = take(&w, T * P);
+    B->dg = take(&w, T * P);
+    B->dbeta = take(&w, T * H);
+    B->dbl = take(&w, T * H);
+    B->df = take(&w, T * P);
+    B->dfa = take(&w, T * dk);
+    B->dz = take(&w, T * P);
+    B->dpre = take(&w, T * P);
+    return w.used;
+}
+
+typedef struct mla_ws {
+    float *qf, *ckv, *kv, *attn, *du, *d_o, *dgam, *tmp, *dq_nope, *dq_pe, *dk_nope, *dv, *dkv,
+        *dk_pe, *dc, *dc_pre, *dckv, *dqf, *dcq, *dcq_pre;
+} mla_ws;
+
+static int64_t mla_ws_layout(mla_ws *B, float *base, const arl_model_dev *m, int64_t T) {
+    const arl_mla_layer_cfg *c = &m->mla;
+    const int64_t Hm = c->Hm, n = c->n, r = c->r, vm = c->vm, rkv = c->rkv, R = rkv + r;
+    const int64_t rq = c->rq > 0 ? c->rq : 1;
+    bump w = {base, 0};
+    B->qf = take(&w, T * Hm * (n + r));
+    B->ckv = take(&w, T * R);
+    B->kv = take(&w, T * Hm * (n + vm));
+    B->attn = take(
+        &w, max2(m->ops->mla_attn_ws_floats(T, Hm, r), m->ops->mla_attn_bwd_ws_floats(T, Hm, r)));
+    B->du = take(&w, T * Hm * vm);
+    B->d_o = take(&w, T * Hm * vm);
+    B->dgam = take(&w, T * Hm * vm);
+    B->tmp = take(&w, T * Hm * vm);
+    B->dq_nope = take(&w, T * Hm * n);
+    B->dq_pe = take(&w, T * Hm * r);
+    B->dk_nope = take(&w, T * Hm * n);
+    B->dv = take(&w, T * Hm * vm);
+    B->dkv = take(&w, T * Hm * (n + vm));
+    B->dk_pe = take(&w, T * r);
+    B->dc = take(&w, T * rkv);
+    B->dc_pre = take(&w, T * rkv);
+    B->dckv = take(&w, T * R);
+    B->dqf = take(&w, T * Hm * (n + r));
+    B->dcq = take(&w, T * rq);
+    B->dcq_pre = take(&w, T * rq);
+    return w.used;
+}
+
+typedef struct ffn_ws {
+    float *router, *experts, *dun, *du, *dp, *dz, *dh, *dgu;
+} ffn_ws;
+
+static int64_t ffn_ws_layout(ffn_ws *B, float *base, const arl_model_dev *m, int64_t T) {
+    const arl_moe_cfg *c = &m->moe;
+    const int64_t fw = max2(c->fs, m->dm.fd); /* shared experts or the dense FFN */
+    bump w = {base, 0};
+    B->router = take(&w, m->ops->router_ws_floats(T, c->E));
+    B->experts = take(&w, m->ops->moe_experts_bwd_ws_floats(T, c->k, c->E, c->dz, c->f));
+    B->dun = take(&w, T * c->dz);
+    B->du = take(&w, T * c->dz);
+    B->dp = take(&w, T * c->k);
+    B->dz = take(&w, T * c->dz);
+    B->dh = take(&w, T * fw);
+    B->dgu = take(&w, T * 2 * fw);
+    return w.used;
+}
+
+/* ======================= layout, init ==================================================== */
+
+static int64_t train_layout(arl_model_dev_train *tr, const arl_model_dev *m, float *base,
+                            int64_t n_chunks) {
+    const arl_model_dims *dm = &m->dm;
+    const int64_t T = m->opts.max_tokens, d = dm->d, L = dm->L, V = dm->V;
+    const int32_t N = m->opts.max_docs;
+    const int32_t n_res = m->n_blocks + 1;
+    int64_t rows = LOGIT_BLOCK_FLOATS / V;
+    rows = rows < 1 ? 1 : rows > T ? T : rows;
+    tr->n_res = n_res;
+    tr->logit_rows = rows;
+    bump w = {base, 0};
+    tr->grads = take(&w, m->weight_floats);
+    tr->mom_m = take(&w, m->weight_floats);
+    tr->mom_v = take(&w, m->weight_floats);
+    tr->res = take(&w, n_res * T * d);
+    tr->layer_in = take(&w, L * T * d);
+    dev_rec *recs = tr->layers;
+    for (int64_t l = 0; l < L; l++) {
+        dev_rec tmp;
+        rec_layout(base ? &recs[l] : &tmp, &w, m, l);
+    }
+    tr->fin = take(&w, T * d);
+    tr->xf = take(&w, T * d);
+    tr->rstd_f = take(&w, T);
+    tr->lse = take(&w, T);
+    tr->logp = take(&w, T);
+    tr->dlogp = take(&w, T);
+    tr->logits = take(&w, rows * V);
+    tr->dlogits = take(&w, rows * V);
+    tr->ybuf = take(&w, T * d);
+    tr->d_res = take(&w, (n_res - 1) * T * d);
+    tr->dp = take(&w, T * d);
+    tr->dx = take(&w, T * d);
+    tr->dmix = take(&w, T * d);
+    tr->mix_ws = take(&w, m->ops->attnres_bwd_ws_floats(n_res, T));
+    kda_ws kb;
+    mla_ws mb;
+    ffn_ws fb;
+    int64_t ws = 16;
+    if (dm->n_kda) ws = max2(ws, kda_ws_layout(&kb, NULL, m, T, N));
+    if (dm->n_mla) ws = max2(ws, mla_ws_layout(&mb, NULL, m, T));
+    ws = max2(ws, ffn_ws_layout(&fb, NULL, m, T));
+    tr->ws = take(&w, ws);
+    tr->ws_floats = ws;
+    tr->sumsq = (double *)take(&w, 2 * (n_chunks > 0 ? n_chunks : 1));
+    tr->ranges = (int64_t *)take(&w, 4 * (n_chunks > 0 ? n_chunks : 1));
+    return w.used;
+}
+
+/* The optimizer's chunk table (policy/optimizer.c arl_adamw_init) and the contiguous runs of
+ * trained tensors with one decay rule; host arrays. */
+static arl_status optim_tables(arl_model_dev_train *tr, const arl_param_inventory *inv,
+                               int64_t *ranges_host) {
+    int64_t nch = 0, nrun = 0;
+    for (int64_t i = 0; i < inv->n; i++)
+        if (arl_optim_tensor_rule(&inv->t[i]) & ARL_OPTIM_TRAIN) {
+            nch += (inv->t[i].numel + ARL_OPTIM_CHUNK - 1) / ARL_OPTIM_CHUNK;
+            nrun++;
+        }
+    if (!ranges_host) {
+        tr->n_chunks = nch;
+        tr->chunk_tensor = malloc(sizeof(int64_t) * (size_t)(nch ? nch : 1));
+        tr->sumsq_host = malloc(sizeof(double) * (size_t)(nch ? nch : 1));
+        tr->run_begin = malloc(sizeof(int64_t) * (size_t)(nrun ? nrun : 1));
+        tr->run_len = malloc(sizeof(int64_t) * (size_t)(nrun ? nrun : 1));
+        tr->run_decay = malloc(sizeof(int32_t) * (size_t)(nrun ? nrun : 1));
+        size_t pool = 1;
+        for (int64_t i = 0; i < inv->n; i++)
+            pool += strlen(inv->t[i].name) + 1;
+        tr->name_pool = malloc(pool);
+        tr->tensor_name = malloc(sizeof(char *) * (size_t)(inv->n ? inv->n : 1));
+        if (!tr->chunk_tensor || !tr->sumsq_host || !tr->run_begin || !tr->run_len ||
+            !tr->run_decay || !tr->name_pool || !tr->tensor_name)
+            return arl_errorf(ARL_ERR_NOMEM, "training (device): optimizer tables");
+        char *q = tr->name_pool;
+        for (int64_t i = 0; i < inv->n; i++) {
+            size_t len = strlen(inv->t[i].name) + 1;
+            memcpy(q, inv->t[i].name, len);
+            tr->tensor_name[i] = q;
+            q += len;
+        }
+        return ARL_OK;
+    }
+    int64_t c = 0;
+    tr->n_runs = 0;
+    for (int64_t i = 0; i < inv->n; i++) {
+        const arl_param_tensor *t = &inv->t[i];
+        unsigned rule = arl_optim_tensor_rule(t);
+        if (!(rule & ARL_OPTIM_TRAIN)) continue;
+        for (int64_t b = 0; b < t->numel; b += ARL_OPTIM_CHUNK) {
+            tr->chunk_tensor[c] = i;
+            ranges_host[2 * c] = t->offset + b;
+            ranges_host[2 * c + 1] =
+                t->offset + (b + ARL_OPTIM_CHUNK < t->numel ? b + ARL_OPTIM_CHUNK : t->numel);
+            c++;
+        }
+        int32_t decay = (rule & ARL_OPTIM_DECAY) != 0;
+        int64_t r = tr->n_runs;
+        if (r > 0 && tr->run_decay[r - 1] == decay &&
+            tr->run_begin[r - 1] + tr->run_len[r - 1] == t->offset) {
+            tr->run_len[r - 1] += t->numel; /* adjacent with the same rule: one launch */
+        } else {
+            tr->run_begin[r] = t->offset;
+            tr->run_len[r] = t->numel;
+            tr->run_decay[r] = decay;
+            tr->n_runs++;
+        }
+    }
+    ARL_ASSERT(c == tr->n_chunks);
+    return ARL_OK;
+}
+
+int64_t arl_model_dev_train_bytes(const arl_model_dev *m) {
+    arl_model_dev_train tr;
+    memset(&tr, 0, sizeof tr);
+    arl_param_inventory inv;
+    if (arl_param_inventory_build(m->cfg, &inv)) return -1;
+    int64_t nch = 0;
+    for (int64_t i = 0; i < inv.n; i++)
+        if (arl_optim_tensor_rule(&inv.t[i]) & ARL_OPTIM_TRAIN)
+            nch += (inv.t[i].numel + ARL_OPTIM_CHUNK - 1) / ARL_OPTIM_CHUNK;
+    arl_param_inventory_free(&inv);
+    return train_layout(&tr, m, NULL, nch) * (int64_t)sizeof(float);
+}
+
+static int has_training_ops(const arl_dev_ops *o) {
+    return o->kda_conv_bwd && o->kda_gate_k3_bwd && o->kda_gate_softplus_bwd && o->kda_onorm_bwd &&
+           o->kda_chunk_bwd_ws_floats && o->kda_chunk_bwd && o->mla_attn_bwd_ws_floats &&
+           o->mla_attn_bwd && o->attnres_bwd_ws_floats && o->attnres_mix_bwd && o->router_bwd &&
+           o->moe_experts_save_floats && o->moe_experts_fwd_save && o->moe_experts_bwd_ws_floats &&
+           o->moe_experts_bwd && o->embed_bwd && o->grad_sumsq && o->adamw_update;
+}
+
+arl_status arl_model_dev_train_init(arl_model_dev_train *tr, arl_model_dev *m,
+                                    const arl_optim_config *oc) {
+    memset(tr, 0, sizeof *tr);
+    const arl_dev_ops *ops = m->ops;
+    if (!has_training_ops(ops))
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "training (%s device): this device has no training ops; train on "
+                          "policy/model_backward.h",
+                          ops->name);
+    ARL_TRY(arl_optim_config_check(oc));
+    tr->m = m;
+    tr->ocfg = *oc;
+    arl_param_inventory inv;
+    ARL_TRY(arl_param_inventory_build(m->cfg, &inv));
+    arl_status s = optim_tables(tr, &inv, NULL);
+    int64_t *ranges_host = NULL;
+    if (!s) {
+        tr->layers = calloc((size_t)(m->dm.L > 0 ? m->dm.L : 1), sizeof(dev_rec));
+        ranges_host = malloc(sizeof(int64_t) * 2 * (size_t)(tr->n_chunks ? tr->n_chunks : 1));
+        const size_t T = (size_t)m->opts.max_tokens;
+        tr->dlogp_host = malloc(sizeof(float) * T);
+        tr->targets_host = malloc(sizeof(int32_t) * T);
+        tr->logp_host = malloc(sizeof(float) * T);
+        if (!tr->layers || !ranges_host || !tr->dlogp_host || !tr->targets_host || !tr->logp_host)
+            s = arl_errorf(ARL_ERR_NOMEM, "training (%s device): host tables", ops->name);
+    }
+    if (!s) s = optim_tables(tr, &inv, ranges_host);
+    if (!s) {
+        tr->arena_floats = train_layout(tr, m, NULL, tr->n_chunks);
+        s = ops->mem_alloc((size_t)tr->arena_floats * sizeof(float), "the training arena",
+                           &tr->arena, &tr->arena_token);
+        if (s) {
+            arl_error_prefix(s, "training (%s device, %lld bytes)", ops->name,
+                             (long long)(tr->arena_floats * 4));
+            tr->arena = NULL;
+        }
+    }
+    if (!s) {
+        train_layout(tr, m, (float *)tr->arena, tr->n_chunks);
+        s = arl_model_params_view(&tr->g, m->cfg, tr->grads);
+    }
+    if (!s) s = ops->upload(tr->ranges, ranges_host, sizeof(int64_t) * 2 * (size_t)tr->n_chunks);
+    if (!s) {
+        const arl_k_backend *kb = m->kb;
+        kb->fill(tr->grads, 0.0f, m->weight_floats);
+        kb->fill(tr->mom_m, 0.0f, m->weight_floats);
+        kb->fill(tr->mom_v, 0.0f, m->weight_floats);
+        s = ops->sync();
+    }
+    free(ranges_host);
+    arl_param_inventory_free(&inv);
+    if (s) arl_model_dev_train_free(tr);
+    return s;
+}
+
+void arl_model_dev_train_free(arl_model_dev_train *tr) {
+    if (!tr) return;
+    if (tr->arena) tr->m->ops->mem_free(tr->arena, tr->arena_token);
+    arl_model_params_free(&tr->g);
+    free(tr->layers);
+    free(tr->chunk_tensor);
+    free(tr->sumsq_host);
+    free(tr->run_begin);
+    free(tr->run_len);
+    free(tr->run_decay);
+    free((void *)tr->tensor_name);
+    free(tr->name_pool);
+    free(tr->dlogp_host);
+    free(tr->targets_host);
+    free(tr->logp_host);
+    memset(tr, 0, sizeof *tr);
+}
+
+arl_status arl_model_dev_zero_grad(arl_model_dev_train *tr) {
+    tr->m->kb->fill(tr->grads, 0.0f, tr->m->weight_floats);
+    return ARL_OK;
+}
+
+/* ======================= sublayer forwards (with saves) ================================== */
+
+/* policy/kda_layer_backward.c arl_kda_layer_fwd_save, fresh documents. */
+static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, const arl_kda_params *p,
+                         const int32_t *cu, int32_t N, int64_t T, arl_kda_layer_save *sv) {
+    const arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_kda_layer_cfg *c = &m->kda;
+    const int64_t d = c->d, H = c->H, dk = c->dk, dv = c->dv, P = H * dk, W = c->W;
+    kda_ws B;
+    kda_ws_layout(&B, tr->ws, m, T, N);
+
+    const float *proj[3] = {p->q_proj, p->k_proj, p->v_proj};
+    const float *conv[3] = {p->q_conv, p->k_conv, p->v_conv};
+    float *zout[3] = {sv->z[0], sv->z[1], sv->qkv[2]};
+    for (int j = 0; j < 3; j++) {
+        kb->linear_fwd(sv->pre[j], x, proj[j], T, d, P);
+        ops->kda_conv_fwd(zout[j], NULL, sv->pre[j], conv[j], NULL, cu, N, T, P, W);
+    }
+    kb->l2norm_fwd(sv->qkv[0], sv->rn[0], sv->z[0], T * H, dk, 1e-6f);
+    kb->l2norm_fwd(sv->qkv[1], sv->rn[1], sv->z[1], T * H, dk, 1e-6f);
+    kb->linear_fwd(sv->bl, x, p->b_proj, T, d, H);
+    kb->sigmoid_fwd(sv->beta, sv->bl, T * H);
+
+    kb->linear_fwd(sv->fa, x, p->f_a, T, d, dk);
+    kb->linear_fwd(sv->f, sv->fa, p->f_b, T, dk, P);
+    if (c->lower_bound_gate)
+        ops->kda_gate_k3_fwd(sv->g, sv->f, p->A_log, p->dt_bias, T, H, dk, c->g_min);
+    else
+        ops->kda_gate_softplus_fwd(sv->g, sv->f, p->A_log, p->dt_bias, T, H, dk);
+
+    kb->fill(B.S0, 0.0f, (int64_t)N * H * dk * dv);
+    const float scale = 1.0f / sqrtf((float)dk);
+    ops->kda_chunk_fwd(sv->o, B.S0, sv->cst, sv->qkv[0], sv->qkv[1], sv->qkv[2], sv->g, sv->beta,
+                       cu, N, T, H, dk, dv, scale, c->chunk, B.core);
+
+    if (p->g_proj) {
+        kb->linear_fwd(sv->gam, x, p->g_proj, T, d, H * dv);
+    } else {
+        kb->linear_fwd(sv->ga, x, p->g_a, T, d, dk);
+        kb->linear_fwd(sv->gam, sv->ga, p->g_b, T, dk, H * dv);
+    }
+    ops->kda_onorm_fwd(sv->ob, sv->rstd, sv->o, sv->gam, p->o_norm, T * H, dv, c->eps);
+    kb->linear_fwd(y, sv->ob, p->o_proj, T, H * dv, d);
+}
+
+/* policy/mla_layer_backward.c arl_mla_layer_fwd_save, fresh documents (expanded form). */
+static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, const arl_mla_params *p,
+                         const int32_t *cu, int32_t N, int64_t T, arl_mla_layer_save *sv) {
+    const arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_mla_layer_cfg *c = &m->mla;
+    const int64_t d = c->d, Hm = c->Hm, n = c->n, r = c->r, vm = c->vm, rkv = c->rkv;
+    const int64_t R = rkv + r;
+    const float scale = 1.0f / sqrtf((float)(n + r));
+    mla_ws B;
+    mla_ws_layout(&B, tr->ws, m, T);
+
+    if (p->q_a) {
+        kb->linear_fwd(sv->cq_pre, x, p->q_a, T, d, c->rq);
+        kb->rmsnorm_fwd(sv->cq, sv->rstd_q, sv->cq_pre, p->q_a_norm, T, c->rq, 1e-6f);
+        kb->linear_fwd(B.qf, sv->cq, p->q_b, T, c->rq, Hm * (n + r));
+    } else {
+        kb->linear_fwd(B.qf, x, p->q_proj, T, d, Hm * (n + r));
+    }
+    ops->copy_rows(sv->q_nope, n, B.qf, n + r, T * Hm, n);
+    ops->copy_rows(sv->q_pe, r, B.qf + n, n + r, T * Hm, r);
+    kb->linear_fwd(B.ckv, x, p->kv_a, T, d, R);
+    ops->copy_rows(sv->c_pre, rkv, B.ckv, R, T, rkv);
+    ops->copy_rows(sv->k_pe, r, B.ckv + rkv, R, T, r);
+    kb->rmsnorm_fwd(sv->c, sv->rstd_c, sv->c_pre, p->kv_a_norm, T, rkv, 1e-6f);
+    sv->absorbed = 0;
+
+    kb->linear_fwd(B.kv, sv->c, p->kv_b, T, rkv, Hm * (n + vm));
+    ops->copy_rows(sv->k_nope, n, B.kv, n + vm, T * Hm, n);
+    ops->copy_rows(sv->v, vm, B.kv + n, n + vm, T * Hm, vm);
+    ops->mla_attn_fwd(sv->o, sv->lse, sv->q_nope, sv->q_pe, sv->k_nope, sv->k_pe, sv->v, cu, N, T,
+                      Hm, n, r, vm, scale, B.attn);
+
+    const float *u = sv->o;
+    if (p->g_proj) {
+        kb->linear_fwd(sv->gam, x, p->g_proj, T, d, Hm * vm);
+        kb->sigmoid_fwd(sv->u, sv->gam, T * Hm * vm);
+        kb->mul(sv->u, sv->u, sv->o, T * Hm * vm);
+        u = sv->u;
+    }
+    kb->linear_fwd(y, u, p->o_proj, T, Hm * vm, d);
+}
+
+/* policy/moe_backward.c glu_fwd. */
+static void glu_fwd(const arl_model_dev *m, float *y, float beta, const float *x, const float *Wg,
+                    const float *Wu, const float *Wd, int64_t T, int64_t in, int64_t fw,
+                    int64_t out, float *gu, float *h) {
+    const arl_k_backend *kb = m->kb;
+    kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wg, in, 0.0f, gu, 2 * fw);
+    kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wu, in, 0.0f, gu + fw, 2 * fw);
+    if (m->act.situ)
+        kb->situ_glu_fwd(h, gu, gu + fw, T, fw, 2 * fw, m->act.beta1, m->act.beta2);
+    else
+        kb->swiglu_fwd(h, gu, gu + fw, T, fw, 2 * fw);
+    kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, out, fw, 1.0f, h, fw, Wd, fw, beta, y, out);
+}
+
+/* policy/moe_backward.c arl_moe_fwd_save (routes kept in sv->sel; forced checked before). */
+static void moe_fwd_save(arl_model_dev_train *tr, float *y, const float *x, const arl_moe_params *p,
+                         const int32_t *forced, int64_t T, moe_sv *sv) {
+    const arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_moe_cfg *c = &m->moe;
+    const int64_t d = c->d, E = c->E, k = c->k, dz = c->dz;
+    ffn_ws B;
+    ffn_ws_layout(&B, tr->ws, m, T);
+    ops->router_fwd(sv->sel, sv->pw, sv->s, x, p->gate, p->gate_bias, forced, T, d, E, k, c->rho,
+                    B.router);
+    kb->linear_fwd(sv->z, x, p->down_proj, T, d, dz);
+    ops->moe_experts_fwd_save(sv->u_pre, sv->z, sv->sel, sv->pw, p, c, T, sv->esave);
+    if (p->latent_norm)
+        kb->rmsnorm_fwd(sv->u, sv->rstd, sv->u_pre, p->latent_norm, T, dz, c->eps);
+    else
+        kb->copy(sv->u, sv->u_pre, T * dz);
+    kb->linear_fwd(y, sv->u, p->up_proj, T, dz, d);
+    if (c->fs > 0 && p->shared_gate_proj)
+        glu_fwd(m, y, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d,
+                c->fs, d, sv->sgu, sv->sh);
+}
+
+/* ======================= the training forward ============================================ */
+
+static int32_t entries_before(const arl_model_dev *m, int64_t l) {
+    const int64_t B = m->dm.B;
+    return B > 0 ? (int32_t)((l + B - 1) / B) : 0;
+}
+
+static int block_start(const arl_model_dev *m, int64_t l) {
+    return m->dm.B > 0 && l % m->dm.B == 0;
+}
+
+/* policy/model_backward.c layer_fwd (fresh documents). */
+static void layer_fwd(arl_model_dev_train *tr, int64_t l, const float *p_in, float *pnew,
+                      dev_rec *rec, int32_t N, int64_t T, const int32_t *forced) {
+    const arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_model_dims *dm = &m->dm;
+    const arl_layer_params *lp = &m->w.layers[l];
+    const int64_t d = dm->d, Tmax = m->opts.max_tokens, Td = T * d;
+    const int32_t nbl = entries_before(m, l), nb_after = nbl + block_start(m, l);
+    const float *src[ARL_ATTNRES_MAX_SOURCES];
+
+    const float *h = p_in;
+    if (dm->B > 0 && nbl > 0) {
+        for (int32_t j = 0; j < nbl; j++)
+            src[j] = tr->res + j * Tmax * d;
+        src[nbl] = p_in;
+        ops->attnres_mix_fwd(rec->h, NULL, src, nbl + 1, T, d, lp->attn_res_norm, lp->attn_res_proj,
+                             m->eps);
+        h = rec->h;
+    }
+    kb->rmsnorm_fwd(rec->x1, rec->rstd1, h, lp->input_norm, T, d, m->eps);
+    if (lp->kind == ARL_LAYER_KDA)
+        kda_fwd_save(tr, tr->ybuf, rec->x1, &lp->kda, m->cu, N, T, &rec->kda);
+    else
+        mla_fwd_save(tr, tr->ybuf, rec->x1, &lp->mla, m->cu, N, T, &rec->mla);
+    kb->add(pnew, pnew, tr->ybuf, Td);
+    kb->copy(rec->p_mid, pnew, Td);
+
+    const float *mx = pnew;
+    if (dm->B > 0) {
+        for (int32_t j = 0; j < nb_after; j++)
+            src[j] = tr->res + j * Tmax * d;
+        src[nb_after] = pnew;
+        ops->attnres_mix_fwd(rec->mfx, NULL, src, nb_after + 1, T, d, lp->mlp_res_norm,
+                             lp->mlp_res_proj, m->eps);
+        mx = rec->mfx;
+    }
+    kb->rmsnorm_fwd(rec->x2, rec->rstd2, mx, lp->post_norm, T, d, m->eps);
+    if (lp->is_moe)
+        moe_fwd_save(tr, tr->ybuf, rec->x2, &lp->moe, forced, T, &rec->moe);
+    else
+        glu_fwd(m, tr->ybuf, 0.0f, rec->x2, lp->dense.gate_proj, lp->dense.up_proj,
+                lp->dense.down_proj, T, d, dm->fd, d, rec->dense.gu, rec->dense.h);
+    kb->add(pnew, pnew, tr->ybuf, Td);
+}
+
+/* The device model's batch check (ids, boundaries, forced routes), by a zero-token probe:
+ * arl_model_dev_forward checks before it runs anything. */
+static arl_status check_batch(arl_model_dev_train *tr, const arl_batch *b) {
+    const arl_model_dev *m = tr->m;
+    const int64_t T = b->T;
+    const int32_t N = b->cu ? b->N : 1;
+    if (T < 1 || T > m->opts.max_tokens)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "training (%s device): batch of %lld tokens, the model takes "
+                          "1..%lld (max_tokens)",
+                          m->ops->name, (long long)T, (long long)m->opts.max_tokens);
+    if (N < 1 || N > m->opts.max_docs)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "training (%s device): batch of %d documents, the model takes "
+                          "1..%d (max_docs)",
+                          m->ops->name, N, m->opts.max_docs);
+    if (b->cu) {
+        if (b->cu[0] != 0 || b->cu[N] != T)
+            return arl_errorf(ARL_ERR_ARG,
+                              "training (%s device): cu must start at 0 and end at T = %lld",
+                              m->ops->name, (long long)T);
+        for (int32_t i = 0; i < N; i++)
+            if (b->cu[i + 1] <= b->cu[i])
+                return arl_errorf(ARL_ERR_ARG,
+                                  "training (%s device): document %d is empty or cu decreases",
+                                  m->ops->name, i);
+    }
+    if (b->media)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "training (%s device): image rows are not supported on this path "
+                          "yet; use policy/model_backward.h",
+                          m->ops->name);
+    const arl_model_dims *dm = &m->dm;
+    for (int64_t t = 0; t < T; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= dm->V)
+            return arl_errorf(ARL_ERR_RANGE,
+                              "training (%s device): token %d at position %lld is outside the "
+                              "vocabulary [0, %lld)",
+                              m->ops->name, b->tokens[t], (long long)t, (long long)dm->V);
+        if (b->targets && b->targets[t] >= dm->V)
+            return arl_errorf(ARL_ERR_RANGE,
+                              "training (%s device): target %d at position %lld is outside the "
+                              "vocabulary [0, %lld)",
+                              m->ops->name, b->targets[t], (long long)t, (long long)dm->V);
+    }
+    if (b->forced_routes)
+        for (int64_t j = 0; j < dm->n_moe * T; j++) {
+            const int32_t *r = b->forced_routes + j * dm->k;
+            for (int64_t a = 0; a < dm->k; a++) {
+                if (r[a] < 0 || r[a] >= dm->E)
+                    return arl_errorf(ARL_ERR_RANGE,
+                                      "training (%s device): forced route %d of token %lld (MoE "
+                                      "layer %lld) is outside [0, %lld)",
+                                      m->ops->name, r[a], (long long)(j % T), (long long)(j / T),
+                                      (long long)dm->E);
+                for (int64_t c = 0; c < a; c++)
+                    if (r[c] == r[a])
+                        return arl_errorf(ARL_ERR_RANGE,
+                                          "training (%s device): forced routes of token %lld "
+                                          "(MoE layer %lld) repeat expert %d",
+                                          m->ops->name, (long long)(j % T), (long long)(j / T),
+                                          r[a]);
+            }
+        }
+    return ARL_OK;
+}
+
+arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch *b,
+                                       const arl_forward_out *out) {
+    arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_model_dims *dm = &m->dm;
+    const arl_model_params *w = &m->w;
+    tr->fwd_done = 0;
+    if (out && (out->logits || out->entropy || out->expert_load || out->router_scores || out->acts))
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "training (%s device): the training forward returns log-probs and "
+                          "routes only",
+                          ops->name);
+    ARL_TRY(check_batch(tr, b));
+    const int64_t T = b->T, d = dm->d, Tmax = m->opts.max_tokens, Td = T * d, L = dm->L;
+    const int64_t k = dm->k, V = dm->V;
+    const int32_t N = b->cu ? b->N : 1;
+    int32_t cu_one[2] = {0, (int32_t)T};
+    const int32_t *cu_host = b->cu ? b->cu : cu_one;
+    const int32_t *targets = b->targets ? b->targets : m->no_targets;
+    ARL_TRY(ops->upload(m->tokens, b->tokens, sizeof(int32_t) * (size_t)T));
+    ARL_TRY(ops->upload(m->cu, cu_host, sizeof(int32_t) * (size_t)(N + 1)));
+    ARL_TRY(ops->upload(m->targets, targets, sizeof(int32_t) * (size_t)T));
+    if (b->forced_routes && dm->n_moe > 0)
+        ARL_TRY(ops->upload(m->forced, b->forced_routes,
+                            sizeof(int32_t) * (size_t)(dm->n_moe * T * k)));
+    tr->fwd_N = N;
+    tr->fwd_T = T;
+
+    /* 2.1 embedding */
+    float *p = tr->res;
+    ops->embed(p, w->embed_tokens, m->tokens, T, d, V);
+    dev_rec *recs = tr->layers;
+    int32_t nb = 0;
+    for (int64_t l = 0; l < L; l++) {
+        kb->copy(tr->layer_in + l * Tmax * d, p, Td);
+        float *pnew = p;
+        if (block_start(m, l)) {
+            pnew = tr->res + (nb + 1) * Tmax * d;
+            kb->fill(pnew, 0.0f, Td);
+        }
+        const int64_t mi = m->moe_index[l];
+        const int32_t *forced = mi >= 0 && b->forced_routes ? m->forced + mi * T * k : NULL;
+        layer_fwd(tr, l, p, pnew, &recs[l], N, T, forced);
+        if (block_start(m, l)) {
+            nb++;
+            p = pnew;
+        }
+    }
+
+    const float *fin = p;
+    if (dm->B > 0) {
+        const float *src[ARL_ATTNRES_MAX_SOURCES];
+        for (int32_t j = 0; j <= nb; j++)
+            src[j] = tr->res + j * Tmax * d;
+        ops->attnres_mix_fwd(tr->fin, NULL, src, nb + 1, T, d, w->out_res_norm, w->out_res_proj,
+                             m->eps);
+        fin = tr->fin;
+    }
+    kb->rmsnorm_fwd(tr->xf, tr->rstd_f, fin, w->norm, T, d, m->eps);
+    for (int64_t t0 = 0; t0 < T; t0 += tr->logit_rows) {
+        int64_t n = T - t0 < tr->logit_rows ? T - t0 : tr->logit_rows;
+        kb->linear_fwd(tr->logits, tr->xf + t0 * d, w->lm_head, n, d, V);
+        kb->logprob_fwd(tr->logp + t0, tr->lse + t0, NULL, tr->logits, m->targets + t0, n, V);
+    }
+    ARL_TRY(ops->sync());
+    if (out && out->logprobs)
+        ARL_TRY(ops->download(out->logprobs, tr->logp, sizeof(float) * (size_t)T));
+    if (out && out->routes)
+        for (int64_t l = 0; l < L; l++)
+            if (m->moe_index[l] >= 0)
+                ARL_TRY(ops->download(out->routes + m->moe_index[l] * T * k, recs[l].moe.sel,
+                                      sizeof(int32_t) * (size_t)(T * k)));
+    tr->fwd_done = 1;
+    return ARL_OK;
+}
+
+/* ======================= sublayer backwards ============================================== */
+
+/* policy/kda_layer_backward.c arl_kda_layer_bwd (fresh documents, no state gradients,
+ * chunkwise rule). */
+static void kda_bwd(arl_model_dev_train *tr, float *dx, const arl_kda_params *gp, const float *dy,
+                    const float *x, const arl_kda_params *p, const int32_t *cu, int32_t N,
+                    int64_t T, const arl_kda_layer_save *sv) {
+    const arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_kda_layer_cfg *c = &m->kda;
+    kda_ws B;
+    kda_ws_layout(&B, tr->ws, m, T, N);
+    const int64_t d = c->d, H = c->H, dk = c->dk, dv = c->dv, P = H * dk, Pv = H * dv, W = c->W;
+    const float scale = 1.0f / sqrtf((float)dk);
+
+    kb->linear_bwd_w(gp->o_proj, dy, sv->ob, T, Pv, d);
+    kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, Pv, d, 1.0f, dy, d, p->o_proj, Pv, 0.0f, B.dob, Pv);
+    kb->fill(B.d_o, 0.0f, T * Pv);
+    kb->fill(B.dgam, 0.0f, T * Pv);
+    ops->kda_onorm_bwd(B.d_o, B.dgam, gp->o_norm, B.dob, sv->o, sv->gam, p->o_norm, sv->rstd, T * H,
+                       dv);
+    if (p->g_proj) {
+        kb->linear_bwd_w(gp->g_proj, B.dgam, x, T, d, Pv);
+        kb->linear_bwd_x(dx, B.dgam, p->g_proj, T, d, Pv);
+    } else {
+        kb->linear_bwd_w(gp->g_b, B.dgam, sv->ga, T, dk, Pv);
+        kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, dk, Pv, 1.0f, B.dgam, Pv, p->g_b, dk, 0.0f, B.dga,
+                 dk);
+        kb->linear_bwd_w(gp->g_a, B.dga, x, T, d, dk);
+        kb->linear_bwd_x(dx, B.dga, p->g_a, T, d, dk);
+    }
+
+    for (int j = 0; j < 3; j++)
+        kb->fill(B.dcore[j], 0.0f, T * P);
+    kb->fill(B.dg, 0.0f, T * P);
+    kb->fill(B.dbeta, 0.0f, T * H);
+    ops->kda_chunk_bwd(B.dcore[0], B.dcore[1], B.dcore[2], B.dg, B.dbeta, NULL, B.d_o, NULL,
+                       sv->qkv[0], sv->qkv[1], sv->qkv[2], sv->g, sv->beta, sv->cst, cu, N, T, H,
+                       dk, dv, scale, c->chunk, B.core);
+
+    kb->fill(B.dbl, 0.0f, T * H);
+    kb->sigmoid_bwd(B.dbl, B.dbeta, sv->bl, T * H);
+    kb->linear_bwd_w(gp->b_proj, B.dbl, x, T, d, H);
+    kb->linear_bwd_x(dx, B.dbl, p->b_proj, T, d, H);
+
+    kb->fill(B.df, 0.0f, T * P);
+    if (c->lower_bound_gate)
+        ops->kda_gate_k3_bwd(B.df, gp->A_log, gp->dt_bias, B.dg, sv->f, p->A_log, p->dt_bias, T, H,
+                             dk, c->g_min);
+    else
+        ops->kda_gate_softplus_bwd(B.df, gp->A_log, gp->dt_bias, B.dg, sv->f, p->A_log, p->dt_bias,
+                                   T, H, dk);
+    kb->linear_bwd_w(gp->f_b, B.df, sv->fa, T, dk, P);
+    kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, dk, P, 1.0f, B.df, P, p->f_b, dk, 0.0f, B.dfa, dk);
+    kb->linear_bwd_w(gp->f_a, B.dfa, x, T, d, dk);
+    kb->linear_bwd_x(dx, B.dfa, p->f_a, T, d, dk);
+
+    const float *proj[3] = {p->q_proj, p->k_proj, p->v_proj};
+    const float *conv[3] = {p->q_conv, p->k_conv, p->v_conv};
+    float *gproj[3] = {gp->q_proj, gp->k_proj, gp->v_proj};
+    float *gconv[3] = {gp->q_conv, gp->k_conv, gp->v_conv};
+    for (int j = 0; j < 3; j++) {
+        const float *dzj = B.dcore[j];
+        if (j < 2) {
+            kb->fill(B.dz, 0.0f, T * P);
+            kb->l2norm_bwd(B.dz, B.dcore[j], sv->z[j], sv->rn[j], T * H, dk);
+            dzj = B.dz;
+        }
+        kb->fill(B.dpre, 0.0f, T * P);
+        ops->kda_conv_bwd(B.dpre, gconv[j], dzj, sv->pre[j], conv[j], NULL, cu, N, T, P, W);
+        kb->linear_bwd_w(gproj[j], B.dpre, x, T, d, P);
+        kb->linear_bwd_x(dx, B.dpre, proj[j], T, d, P);
+    }
+}
+
+/* policy/mla_layer_backward.c arl_mla_layer_bwd (expanded form, fresh documents). */
+static void mla_bwd(arl_model_dev_train *tr, float *dx, const arl_mla_params *gp, const float *dy,
+                    const float *x, const arl_mla_params *p, const int32_t *cu, int32_t N,
+                    int64_t T, const arl_mla_layer_save *sv) {
+    const arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_mla_layer_cfg *c = &m->mla;
+    mla_ws B;
+    mla_ws_layout(&B, tr->ws, m, T);
+    const int64_t d = c->d, Hm = c->Hm, n = c->n, r = c->r, vm = c->vm, rkv = c->rkv;
+    const int64_t R = rkv + r, Pv = Hm * vm;
+    const float scale = 1.0f / sqrtf((float)(n + r));
+
+    const float *u = p->g_proj ? sv->u : sv->o;
+    kb->linear_bwd_w(gp->o_proj, dy, u, T, Pv, d);
+    kb->fill(B.du, 0.0f, T * Pv);
+    kb->linear_bwd_x(B.du, dy, p->o_proj, T, Pv, d);
+    const float *d_o = B.du;
+    if (p->g_proj) {
+        kb->sigmoid_fwd(B.tmp, sv->gam, T * Pv);
+        kb->mul(B.d_o, B.du, B.tmp, T * Pv);
+        kb->mul(B.tmp, B.du, sv->o, T * Pv);
+        kb->fill(B.dgam, 0.0f, T * Pv);
+        kb->sigmoid_bwd(B.dgam, B.tmp, sv->gam, T * Pv);
+        kb->linear_bwd_w(gp->g_proj, B.dgam, x, T, d, Pv);
+        kb->linear_bwd_x(dx, B.dgam, p->g_proj, T, d, Pv);
+        d_o = B.d_o;
+    }
+
+    kb->fill(B.dq_nope, 0.0f, T * Hm * n);
+    kb->fill(B.dq_pe, 0.0f, T * Hm * r);
+    kb->fill(B.dc, 0.0f, T * rkv);
+    kb->fill(B.dk_pe, 0.0f, T * r);
+    kb->fill(B.dk_nope, 0.0f, T * Hm * n);
+    kb->fill(B.dv, 0.0f, T * Pv);
+    ops->mla_attn_bwd(B.dq_nope, B.dq_pe, B.dk_nope, B.dk_pe, B.dv, d_o, sv->o, sv->lse, sv->q_nope,
+                      sv->q_pe, sv->k_nope, sv->k_pe, sv->v, cu, N, T, Hm, n, r, vm, scale, B.attn);
+    ops->copy_rows(B.dkv, n + vm, B.dk_nope, n, T * Hm, n);
+    ops->copy_rows(B.dkv + n, n + vm, B.dv, vm, T * Hm, vm);
+    kb->linear_bwd_w(gp->kv_b, B.dkv, sv->c, T, rkv, Hm * (n + vm));
+    kb->linear_bwd_x(B.dc, B.dkv, p->kv_b, T, rkv, Hm * (n + vm));
+
+    kb->fill(B.dc_pre, 0.0f, T * rkv);
+    kb->rmsnorm_bwd(B.dc_pre, gp->kv_a_norm, B.dc, sv->c_pre, p->kv_a_norm, sv->rstd_c, T, rkv);
+    ops->copy_rows(B.dckv, R, B.dc_pre, rkv, T, rkv);
+    ops->copy_rows(B.dckv + rkv, R, B.dk_pe, r, T, r);
+    kb->linear_bwd_w(gp->kv_a, B.dckv, x, T, d, R);
+    kb->linear_bwd_x(dx, B.dckv, p->kv_a, T, d, R);
+
+    ops->copy_rows(B.dqf, n + r, B.dq_nope, n, T * Hm, n);
+    ops->copy_rows(B.dqf + n, n + r, B.dq_pe, r, T * Hm, r);
+    if (p->q_a) {
+        kb->linear_bwd_w(gp->q_b, B.dqf, sv->cq, T, c->rq, Hm * (n + r));
+        kb->fill(B.dcq, 0.0f, T * c->rq);
+        kb->linear_bwd_x(B.dcq, B.dqf, p->q_b, T, c->rq, Hm * (n + r));
+        kb->fill(B.dcq_pre, 0.0f, T * c->rq);
+        kb->rmsnorm_bwd(B.dcq_pre, gp->q_a_norm, B.dcq, sv->cq_pre, p->q_a_norm, sv->rstd_q, T,
+                        c->rq);
+        kb->linear_bwd_w(gp->q_a, B.dcq_pre, x, T, d, c->rq);
+        kb->linear_bwd_x(dx, B.dcq_pre, p->q_a, T, d, c->rq);
+    } else {
+        kb->linear_bwd_w(gp->q_proj, B.dqf, x, T, d, Hm * (n + r));
+        kb->linear_bwd_x(dx, B.dqf, p->q_proj, T, d, Hm * (n + r));
+    }
+}
+
+/* policy/moe_backward.c glu_bwd. */
+static void glu_bwd(const arl_model_dev *m, float *dx, float dx_beta, float *dWg, float *dWu,
+                    float *dWd, const float *dy, const float *x, const float *Wg, const float *Wu,
+                    const float *Wd, int64_t T, int64_t in, int64_t fw, int64_t out,
+                    const float *gu, const float *h, float *dh, float *dgu) {
+    const arl_k_backend *kb = m->kb;
+    kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, fw, out, 1.0f, dy, out, Wd, fw, 0.0f, dh, fw);
+    kb->gemm(ARL_K_TRANS, ARL_K_NOTRANS, out, fw, T, 1.0f, dy, out, h, fw, 1.0f, dWd, fw);
+    kb->fill(dgu, 0.0f, T * 2 * fw);
+    if (m->act.situ)
+        kb->situ_glu_bwd(dgu, dgu + fw, dh, gu, gu + fw, T, fw, 2 * fw, m->act.beta1, m->act.beta2);
+    else
+        kb->swiglu_bwd(dgu, dgu + fw, dh, gu, gu + fw, T, fw, 2 * fw);
+    kb->gemm(ARL_K_TRANS, ARL_K_NOTRANS, fw, in, T, 1.0f, dgu, 2 * fw, x, in, 1.0f, dWg, in);
+    kb->gemm(ARL_K_TRANS, ARL_K_NOTRANS, fw, in, T, 1.0f, dgu + fw, 2 * fw, x, in, 1.0f, dWu, in);
+    kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu, 2 * fw, Wg, in, dx_beta, dx, in);
+    kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu + fw, 2 * fw, Wu, in, 1.0f, dx, in);
+}
+
+/* policy/moe_backward.c arl_moe_bwd. */
+static void moe_bwd(arl_model_dev_train *tr, float *dx, const arl_moe_params *gp, const float *dy,
+                    const float *x, const arl_moe_params *p, int64_t T, const moe_sv *sv) {
+    const arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_moe_cfg *c = &m->moe;
+    const int64_t d = c->d, E = c->E, k = c->k, dz = c->dz;
+    ffn_ws B;
+    ffn_ws_layout(&B, tr->ws, m, T);
+
+    kb->linear_bwd_w(gp->up_proj, dy, sv->u, T, dz, d);
+    kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, dz, d, 1.0f, dy, d, p->up_proj, dz, 0.0f, B.dun, dz);
+    const float *du = B.dun;
+    if (p->latent_norm) {
+        kb->fill(B.du, 0.0f, T * dz);
+        kb->rmsnorm_bwd(B.du, gp->latent_norm, B.dun, sv->u_pre, p->latent_norm, sv->rstd, T, dz);
+        du = B.du;
+    }
+    if (c->fs > 0 && p->shared_gate_proj)
+        glu_bwd(m, dx, 1.0f, gp->shared_gate_proj, gp->shared_up_proj, gp->shared_down_proj, dy, x,
+                p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d, c->fs, d,
+                sv->sgu, sv->sh, B.dh, B.dgu);
+    ops->moe_experts_bwd(B.dz, B.dp, gp, du, sv->sel, sv->pw, p, c, T, sv->esave, B.experts);
+    kb->linear_bwd_w(gp->down_proj, B.dz, x, T, d, dz);
+    kb->linear_bwd_x(dx, B.dz, p->down_proj, T, d, dz);
+    ops->router_bwd(dx, gp->gate, B.dp, x, p->gate, sv->s, sv->sel, T, d, E, k, c->rho, B.router);
+}
+
+/* ======================= the backward ==================================================== */
+
+/* policy/model_backward.c head_bwd: lm_head, log-softmax, final norm and mix. */
+static void head_bwd(arl_model_dev_train *tr, const arl_batch *b, const float *dlogp_host) {
+    const arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_model_dims *dm = &m->dm;
+    const arl_model_params *w = &m->w;
+    const arl_model_params *g = &tr->g;
+    const int64_t T = b->T, d = dm->d, V = dm->V, Tmax = m->opts.max_tokens;
+    float *dxf = tr->dx;
+    kb->fill(dxf, 0.0f, T * d);
+    for (int64_t t0 = 0; t0 < T; t0 += tr->logit_rows) {
+        int64_t n = T - t0 < tr->logit_rows ? T - t0 : tr->logit_rows;
+        int any = 0;
+        for (int64_t t = t0; t < t0 + n; t++)
+            any |= b->targets[t] >= 0 && dlogp_host[t] != 0.0f;
+        if (!any) continue;
+        kb->linear_fwd(tr->logits, tr->xf + t0 * d, w->lm_head, n, d, V);
+        kb->fill(tr->dlogits, 0.0f, n * V);
+        kb->logprob_bwd(tr->dlogits, tr->dlogp + t0, tr->logits, tr->lse + t0, m->targets + t0, n,
+                        V);
+        kb->linear_bwd_w(g->lm_head, tr->dlogits, tr->xf + t0 * d, n, d, V);
+        kb->linear_bwd_x(dxf + t0 * d, tr->dlogits, w->lm_head, n, d, V);
+    }
+    const int32_t nb = m->n_blocks;
+    const float *fin = dm->B > 0 ? tr->fin : tr->res + nb * Tmax * d;
+    float *dfin = tr->dmix;
+    kb->fill(dfin, 0.0f, T * d);
+    kb->rmsnorm_bwd(dfin, g->norm, dxf, fin, w->norm, tr->rstd_f, T, d);
+    if (dm->B > 0) {
+        const float *src[ARL_ATTNRES_MAX_SOURCES];
+        float *dsrc[ARL_ATTNRES_MAX_SOURCES];
+        for (int32_t j = 0; j < nb; j++) {
+            src[j] = tr->res + j * Tmax * d;
+            dsrc[j] = tr->d_res + j * Tmax * d;
+        }
+        src[nb] = tr->res + nb * Tmax * d;
+        dsrc[nb] = tr->dp;
+        ops->attnres_mix_bwd(dsrc, g->out_res_norm, g->out_res_proj, dfin, src, nb + 1, T, d,
+                             w->out_res_norm, w->out_res_proj, m->eps, tr->mix_ws);
+    } else {
+        kb->add(tr->dp, tr->dp, dfin, T * d);
+    }
+}
+
+arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, const float *dlogp) {
+    arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_k_backend *kb = m->kb;
+    const arl_model_dims *dm = &m->dm;
+    const arl_model_params *w = &m->w;
+    const arl_model_params *grads = &tr->g;
+    if (!tr->fwd_done)
+        return arl_errorf(ARL_ERR_STATE,
+                          "training (%s device): backward without a forward (or the forward "
+                          "failed)",
+                          ops->name);
+    const int32_t N = b->cu ? b->N : 1;
+    if (b->T != tr->fwd_T || N != tr->fwd_N)
+        return arl_errorf(ARL_ERR_ARG,
+                          "training (%s device): backward over %lld tokens in %d documents, the "
+                          "forward had %lld in %d",
+                          ops->name, (long long)b->T, N, (long long)tr->fwd_T, tr->fwd_N);
+    if (!b->targets || !dlogp)
+        return arl_errorf(ARL_ERR_ARG, "training (%s device): the backward needs targets and dlogp",
+                          ops->name);
+    const int64_t T = b->T, d = dm->d, Td = T * d, Tmax = m->opts.max_tokens, L = dm->L;
+    ARL_TRY(ops->upload(tr->dlogp, dlogp, sizeof(float) * (size_t)T));
+    ARL_TRY(ops->upload(m->targets, b->targets, sizeof(int32_t) * (size_t)T));
+    const int32_t *cu = m->cu; /* uploaded by the forward */
+    dev_rec *recs = tr->layers;
+
+    kb->fill(tr->dp, 0.0f, Td);
+    for (int32_t j = 0; j + 1 < tr->n_res; j++)
+        kb->fill(tr->d_res + j * Tmax * d, 0.0f, Td);
+    head_bwd(tr, b, dlogp);
+
+    const float *src[ARL_ATTNRES_MAX_SOURCES];
+    float *dsrc[ARL_ATTNRES_MAX_SOURCES];
+    for (int64_t l = L - 1; l >= 0; l--) {
+        const arl_layer_params *lp = &w->layers[l];
+        const arl_layer_params *gl = &grads->layers[l];
+        const dev_rec *rec = &recs[l];
+        const int32_t nbl = entries_before(m, l), nb_after = nbl + block_start(m, l);
+        const float *p_in = tr->layer_in + l * Tmax * d;
+
+        /* FFN */
+        kb->fill(tr->dx, 0.0f, Td);
+        if (lp->is_moe) {
+            moe_bwd(tr, tr->dx, &gl->moe, tr->dp, rec->x2, &lp->moe, T, &rec->moe);
+        } else {
+            ffn_ws B;
+            ffn_ws_layout(&B, tr->ws, m, T);
+            glu_bwd(m, tr->dx, 1.0f, gl->dense.gate_proj, gl->dense.up_proj, gl->dense.down_proj,
+                    tr->dp, rec->x2, lp->dense.gate_proj, lp->dense.up_proj, lp->dense.down_proj, T,
+                    d, dm->fd, d, rec->dense.gu, rec->dense.h, B.dh, B.dgu);
+        }
+        kb->fill(tr->dmix, 0.0f, Td);
+        kb->rmsnorm_bwd(tr->dmix, gl->post_norm, tr->dx, dm->B > 0 ? rec->mfx : rec->p_mid,
+                        lp->post_norm, rec->rstd2, T, d);
+        if (dm->B > 0) {
+            for (int32_t j = 0; j < nb_after; j++) {
+                src[j] = tr->res + j * Tmax * d;
+                dsrc[j] = tr->d_res + j * Tmax * d;
+            }
+            src[nb_after] = rec->p_mid;
+            dsrc[nb_after] = tr->dp;
+            ops->attnres_mix_bwd(dsrc, gl->mlp_res_norm, gl->mlp_res_proj, tr->dmix, src,
+                                 nb_after + 1, T, d, lp->mlp_res_norm, lp->mlp_res_proj, m->eps,
+                                 tr->mix_ws);
+        } else {
+            kb->add(tr->dp, tr->dp, tr->dmix, Td);
+        }
+
+        /* mixer */
+        kb->fill(tr->dx, 0.0f, Td);
+        if (lp->kind == ARL_LAYER_KDA)
+            kda_bwd(tr, tr->dx, &gl->kda, tr->dp, rec->x1, &lp->kda, cu, N, T, &rec->kda);
+        else
+            mla_bwd(tr, tr->dx, &gl->mla, tr->dp, rec->x1, &lp->mla, cu, N, T, &rec->mla);
+        kb->fill(tr->dmix, 0.0f, Td);
+        const float *h = dm->B > 0 && nbl > 0 ? rec->h : p_in;
+        kb->rmsnorm_bwd(tr->dmix, gl->input_norm, tr->dx, h, lp->input_norm, rec->rstd1, T, d);
+
+        /* 5.4: at a block start p was reset, so the old p is the snapshot entry */
+        if (block_start(m, l)) kb->copy(tr->dp, tr->d_res + nbl * Tmax * d, Td);
+        if (dm->B == 0 || nbl == 0) {
+            kb->add(tr->dp, tr->dp, tr->dmix, Td);
+        } else {
+            for (int32_t j = 0; j < nbl; j++) {
+                src[j] = tr->res + j * Tmax * d;
+                dsrc[j] = tr->d_res + j * Tmax * d;
+            }
+            src[nbl] = p_in;
+            dsrc[nbl] = tr->dp;
+            ops->attnres_mix_bwd(dsrc, gl->attn_res_norm, gl->attn_res_proj, tr->dmix, src, nbl + 1,
+                                 T, d, lp->attn_res_norm, lp->attn_res_proj, m->eps, tr->mix_ws);
+        }
+    }
+    /* dp is now the gradient of the embedded rows */
+    ops->embed_bwd(grads->embed_tokens, tr->dp, m->tokens, T, d);
+    return ops->sync();
+}
+
+/* ======================= losses ========================================================== */
+
+arl_status arl_model_dev_loss_and_grad(arl_model_dev_train *tr, const arl_batch *b, double *loss) {
+    *loss = 0.0;
+    ARL_TRY(check_batch(tr, b));
+    const int64_t T = b->T;
+    const int32_t *targets = b->targets;
+    if (!targets) {
+        arl_batch_next_token_targets(tr->targets_host, b->tokens, b->cu, b->cu ? b->N : 1, T);
+        targets = tr->targets_host;
+    }
+    int64_t count = 0;
+    for (int64_t t = 0; t < T; t++)
+        count += targets[t] >= 0;
+    const double scale = count ? 1.0 / (double)count : 0.0;
+    arl_batch bt = *b;
+    bt.targets = targets;
+    arl_forward_out o = {.logprobs = tr->logp_host};
+    ARL_TRY(arl_model_dev_train_forward(tr, &bt, &o));
+    double sum = 0.0;
+    for (int64_t t = 0; t < T; t++) {
+        int on = targets[t] >= 0;
+        if (on) sum -= (double)tr->logp_host[t];
+        tr->dlogp_host[t] = on ? (float)(-scale) : 0.0f;
+    }
+    ARL_TRY(arl_model_dev_backward(tr, &bt, tr->dlogp_host));
+    *loss = count ? sum / (double)count : 0.0;
+    return ARL_OK;
+}
+
+/* ======================= AdamW (policy/optimizer.c arl_adamw_step) ======================= */
+
+arl_status arl_model_dev_optim_step(arl_model_dev_train *tr, arl_optim_report *rep) {
+    arl_model_dev *m = tr->m;
+    const arl_dev_ops *ops = m->ops;
+    const arl_optim_config *c = &tr->ocfg;
+    ops->grad_sumsq(tr->sumsq, tr->grads, tr->ranges, tr->n_chunks);
+    ARL_TRY(ops->sync());
+    ARL_TRY(ops->download(tr->sumsq_host, tr->sumsq, sizeof(double) * (size_t)tr->n_chunks));
+    double total = 0;
+    for (int64_t k = 0; k < tr->n_chunks; k++)
+        total += tr->sumsq_host[k];
+    double norm = sqrt(total);
+    if (!isfinite(norm)) {
+        const char *name = "?";
+        for (int64_t k = 0; k < tr->n_chunks; k++)
+            if (!isfinite(tr->sumsq_host[k])) {
+                name = tr->tensor_name[tr->chunk_tensor[k]];
+                break;
+            }
+        return arl_errorf(ARL_ERR_RANGE,
+                          "optimizer step %lld (%s device): the gradient norm is not finite (%g); "
+                          "first tensor with a non-finite gradient: %s; the step was skipped and "
+                          "no parameter changed",
+                          (long long)tr->step, ops->name, norm, name);
+    }
+    double coef = 1.0;
+    if (c->clip_norm > 0 && norm > c->clip_norm) coef = c->clip_norm / (norm + 1e-6);
+    double lr = arl_optim_lr(c, tr->step);
+    double t = (double)(tr->step + 1);
+    double bc1 = 1.0 - pow(c->beta1, t);
+    double bc2 = 1.0 - pow(c->beta2, t);
+    arl_cuda_adamw_hp hp = {
+        .coef = (float)coef,
+        .decay = (float)(1.0 - lr * c->weight_decay),
+        .beta1 = (float)c->beta1,
+        .beta2 = (float)c->beta2,
+        .omb1 = (float)(1.0 - c->beta1),
+        .omb2 = (float)(1.0 - c->beta2),
+        .step_size = (float)(lr / bc1),
+        .inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2)),
+        .eps = (float)c->eps,
+    };
+    for (int64_t r = 0; r < tr->n_runs; r++) {
+        int64_t a = tr->run_begin[r];
+        ops->adamw_update(m->weights + a, tr->mom_m + a, tr->mom_v + a, tr->grads + a,
+                          tr->run_len[r], tr->run_decay[r], &hp);
+    }
+    if (m->wb16) ops->f32_to_bf16(m->wb16, m->weights, m->weight_floats);
+    ARL_TRY(ops->sync());
+    if (rep) {
+        rep->grad_norm = norm;
+        rep->clip_coef = coef;
+        rep->lr = lr;
+        rep->step = tr->step;
+    }
+    tr->step++;
+    return ARL_OK;
+}
+
+arl_status arl_model_dev_train_step(arl_model_dev_train *tr, const arl_batch *b, double *loss,
+                                    arl_optim_report *rep) {
+    ARL_TRY(arl_model_dev_zero_grad(tr));
+    ARL_TRY(arl_model_dev_loss_and_grad(tr, b, loss));
+    return arl_model_dev_optim_step(tr, rep);
+}
+
+/* ======================= downloads ======================================================= */
+
+arl_status arl_model_dev_grads_download(const arl_model_dev_train *tr, float *host) {
+    ARL_TRY(tr->m->ops->sync());
+    return tr->m->ops->download(host, tr->grads, sizeof(float) * (size_t)tr->m->weight_floats);
+}
+
+arl_status arl_model_dev_params_download(const arl_model_dev_train *tr, float *host) {
+    ARL_TRY(tr->m->ops->sync());
+    return tr->m->ops->download(host, tr->m->weights, sizeof(float) * (size_t)tr->m->weight_floats);
+}
+
+arl_status arl_model_dev_moments_download(const arl_model_dev_train *tr, float *mh, float *vh) {
+    const size_t bytes = sizeof(float) * (size_t)tr->m->weight_floats;
+    ARL_TRY(tr->m->ops->sync());
+    if (mh) ARL_TRY(tr->m->ops->download(mh, tr->mom_m, bytes));
+    if (vh) ARL_TRY(tr->m->ops->download(vh, tr->mom_v, bytes));
+    return ARL_OK;
+}

@@ -1,0 +1,379 @@
+/* tests/cuda/test_model_train.c: the training step over the device tables
+ * (policy/model_device_backward.h) against the CPU reference (policy/model_backward.h
+ * arl_model_loss_and_grad + policy/optimizer.h arl_adamw_step), on the tiny model with the
+ * model_tiny golden weights (O(1) activations in every stage; KDA, MLA, dense and MoE layers,
+ * AttnRes blocks, shared experts, latent norm).
+ *
+ *   test_model_train cpu   (unit) the "cpu" ops make exactly the reference's calls in the same
+ *                          order, so loss, every gradient, the grad norm, both AdamW moments and
+ *                          the updated weights must be BIT-identical (memcmp over the whole
+ *                          arenas): two steps (the second from the first one's weights and
+ *                          moments: bias correction of step 2), a packed batch of ragged
+ *                          documents crossing KDA chunk boundaries (kda_chunk 16), then the
+ *                          same batch with forced routes; plus the error cases.
+ *   test_model_train cuda  (gpu; exit 77 without a device or a CUDA build) one full step with
+ *                          the "cuda" ops vs the CPU reference, routes forced to the CPU's (a
+ *                          near-tie in top-k cannot switch an expert):
+ *                          - fp32 math (ARL_CUDA_MATH_FP32): loss rtol 1e-4; every tensor's
+ *                            gradient in the max|ref| form, atol 0, rtol 2e-3 (fp32
+ *                            throughout, only reduction orders differ, ~1e-6 relative per op,
+ *                            grown through 8 layers forward and back; a wrong index or
+ *                            boundary gives O(max|ref|)); the AdamW update delta = p_new -
+ *                            p_old: on the first step it is ~ -lr sign(g) (m / sqrt(v) = g /
+ *                            |g|), so an element whose gradient is near 0 may flip sign under
+ *                            any rounding difference: every |delta_dev - delta_ref| <= 2.2 lr
+ *                            (a flip plus the decay term) and >= 99% of elements within
+ *                            1e-2 lr;
+ *                          - bf16 GEMM inputs (ARL_CUDA_MATH_BF16): loss rtol 2e-2 and
+ *                            gradients rtol 5e-2 in the max|ref| form per tensor (bf16 operands
+ *                            carry 2^-9 relative rounding each; spec 16.4 allows 2e-2 on
+ *                            outputs; gradients go through twice as many GEMMs, so 5e-2).
+ *   test_model_train cuda-emu  the fp32 case under tests/cuda/emu (every kernel on the CPU).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "kernels/cuda/cuda.h"
+#include "policy/model_backward.h"
+#include "policy/model_device_backward.h"
+#include "tests/policy_model/tiny.h"
+
+static tiny_model TM;
+static const arl_dev_ops *OPS;
+
+static const int32_t CU[4] = {0, 17, 50, 57}; /* ragged; crosses chunks of 16 */
+#define NT 57
+#define ND 3
+
+static arl_model_opts test_opts(void) {
+    arl_model_opts o;
+    arl_model_opts_default(&o);
+    o.max_tokens = 64;
+    o.max_docs = 8;
+    o.max_context = 256;
+    o.kda_chunk = 16;
+    return o;
+}
+
+static void optim_cfg(arl_optim_config *c) {
+    arl_optim_config_defaults(c);
+    c->lr = 1e-3;
+    c->weight_decay = 0.1;
+    c->clip_norm = 1.0; /* the tiny model's gradient norm is above 1: clipping runs */
+    c->warmup_steps = 0;
+}
+
+static void rand_tokens(int32_t *t, uint64_t seed, int64_t n) {
+    arl_rng r;
+    arl_rng_seed(&r, seed);
+    for (int64_t i = 0; i < n; i++)
+        t[i] = (int32_t)arl_rng_below(&r, 266);
+    for (int i = 0; i < ND; i++)
+        t[CU[i]] = 256; /* <|bos|> */
+}
+
+/* k distinct experts per (MoE layer, token), random. */
+static void rand_routes(int32_t *r, uint64_t seed) {
+    const arl_model_dims *dm = &TM.cfg.dims;
+    arl_rng g;
+    arl_rng_seed(&g, seed);
+    for (int64_t j = 0; j < dm->n_moe * NT; j++)
+        for (int64_t a = 0; a < dm->k; a++) {
+            int32_t e;
+            int dup;
+            do {
+                e = (int32_t)arl_rng_below(&g, (uint64_t)dm->E);
+                dup = 0;
+                for (int64_t c = 0; c < a; c++)
+                    dup |= r[j * dm->k + c] == e;
+            } while (dup);
+            r[j * dm->k + a] = e;
+        }
+}
+
+/* The CPU reference: model, trainer, gradient arena and optimizer over a copy of the weights. */
+typedef struct ref_run {
+    arl_model_params w, g;
+    arl_model m;
+    arl_model_train tr;
+    arl_adamw opt;
+} ref_run;
+
+static void ref_init(ref_run *R, const arl_optim_config *oc) {
+    arl_model_opts o = test_opts();
+    CHECK(arl_model_params_alloc(&R->w, &TM.cfg) == ARL_OK);
+    memcpy(R->w.arena, TM.w.arena, sizeof(float) * (size_t)TM.w.inv.arena_floats);
+    CHECK(arl_model_params_alloc(&R->g, &TM.cfg) == ARL_OK);
+    if (arl_model_init(&R->m, &TM.cfg, &R->w, &o) ||
+        arl_model_train_init(&R->tr, &R->m, NULL, NULL) || arl_adamw_init(&R->opt, &TM.cfg, oc)) {
+        fprintf(stderr, "reference init: %s\n", arl_error_msg());
+        exit(1);
+    }
+}
+
+static void ref_free(ref_run *R) {
+    arl_adamw_free(&R->opt);
+    arl_model_train_free(&R->tr);
+    arl_model_free(&R->m);
+    arl_model_params_free(&R->g);
+    arl_model_params_free(&R->w);
+}
+
+static void ref_step(ref_run *R, const arl_batch *b, double *loss, arl_optim_report *rep) {
+    memset(R->g.arena, 0, sizeof(float) * (size_t)R->g.inv.arena_floats);
+    CHECK_MSG(arl_model_loss_and_grad(&R->tr, b, &R->g, loss) == ARL_OK, "reference: %s",
+              arl_error_msg());
+    CHECK_MSG(arl_adamw_step(&R->opt, &R->w, R->g.arena, rep) == ARL_OK, "reference step: %s",
+              arl_error_msg());
+}
+
+static void init_dev(arl_model_dev *md, arl_model_dev_train *dt, const arl_optim_config *oc) {
+    arl_model_opts o = test_opts();
+    if (arl_model_dev_init(md, OPS, &TM.cfg, &TM.w, &o, NULL) ||
+        arl_model_dev_train_init(dt, md, oc)) {
+        fprintf(stderr, "device init: %s\n", arl_error_msg());
+        exit(1);
+    }
+}
+
+/* ---- cpu: bit-identical ---- */
+
+static void test_cpu_bit_identical(void) {
+    const int64_t nf = TM.w.inv.arena_floats;
+    const size_t bytes = sizeof(float) * (size_t)nf;
+    const arl_model_dims *dm = &TM.cfg.dims;
+    arl_optim_config oc;
+    optim_cfg(&oc);
+    ref_run R;
+    ref_init(&R, &oc);
+    arl_model_dev md;
+    arl_model_dev_train dt;
+    init_dev(&md, &dt, &oc);
+    float *host = malloc(bytes), *hv = malloc(bytes);
+    int32_t tok[NT], *forced = malloc(sizeof(int32_t) * (size_t)(dm->n_moe * NT * dm->k));
+    rand_routes(forced, 77);
+    for (int step = 0; step < 3; step++) {
+        rand_tokens(tok, 0x7A11 + (uint64_t)step, NT);
+        arl_batch b = {.tokens = tok, .T = NT, .cu = CU, .N = ND};
+        if (step == 2) b.forced_routes = forced;
+        double lr_ = 0, ld = 0;
+        arl_optim_report rr, rd;
+        ref_step(&R, &b, &lr_, &rr);
+        CHECK_MSG(arl_model_dev_zero_grad(&dt) == ARL_OK &&
+                      arl_model_dev_loss_and_grad(&dt, &b, &ld) == ARL_OK,
+                  "device step %d: %s", step, arl_error_msg());
+        CHECK(arl_model_dev_grads_download(&dt, host) == ARL_OK);
+        CHECK_MSG(lr_ == ld && isfinite(ld) && ld > 0, "step %d: loss %.9g vs %.9g", step, ld, lr_);
+        CHECK_MSG(!memcmp(host, R.g.arena, bytes), "step %d: gradients differ", step);
+        for (int64_t i = 0; i < R.g.inv.n; i++) { /* name the first tensor that differs */
+            const arl_param_tensor *t = &R.g.inv.t[i];
+            if (memcmp(host + t->offset, R.g.arena + t->offset, sizeof(float) * (size_t)t->numel)) {
+                fprintf(stderr, "  first differing gradient: %s\n", t->name);
+                break;
+            }
+        }
+        /* the gradients are not trivially equal: most trained tensors receive one */
+        int64_t nonzero = 0, trained = 0;
+        for (int64_t i = 0; i < R.g.inv.n; i++) {
+            const arl_param_tensor *t = &R.g.inv.t[i];
+            if (t->no_grad || t->layer < 0) continue;
+            trained++;
+            for (int64_t j = 0; j < t->numel; j++)
+                if (R.g.arena[t->offset + j] != 0.0f) {
+                    nonzero++;
+                    break;
+                }
+        }
+        CHECK_MSG(nonzero >= trained * 9 / 10, "only %lld of %lld layer tensors have gradients",
+                  (long long)nonzero, (long long)trained);
+        CHECK_MSG(arl_model_dev_optim_step(&dt, &rd) == ARL_OK, "device optim: %s",
+                  arl_error_msg());
+        CHECK_MSG(rr.grad_norm == rd.grad_norm && rr.clip_coef == rd.clip_coef && rr.lr == rd.lr &&
+                      rr.step == rd.step,
+                  "step %d: report differs (norm %.9g vs %.9g)", step, rd.grad_norm, rr.grad_norm);
+        CHECK_MSG(rr.clip_coef < 1.0, "step %d: clipping did not run (norm %g)", step,
+                  rr.grad_norm);
+        CHECK(arl_model_dev_params_download(&dt, host) == ARL_OK);
+        CHECK_MSG(!memcmp(host, R.w.arena, bytes), "step %d: updated weights differ", step);
+        CHECK_MSG(memcmp(host, TM.w.arena, bytes) != 0, "step %d: the weights did not change",
+                  step);
+        CHECK(arl_model_dev_moments_download(&dt, host, hv) == ARL_OK);
+        CHECK_MSG(!memcmp(host, R.opt.m_arena, bytes) && !memcmp(hv, R.opt.v_arena, bytes),
+                  "step %d: AdamW moments differ", step);
+    }
+    free(forced);
+    free(host);
+    free(hv);
+    arl_model_dev_train_free(&dt);
+    arl_model_dev_free(&md);
+    ref_free(&R);
+    arl_optim_config_free(&oc);
+}
+
+static void test_cpu_errors(void) {
+    arl_optim_config oc;
+    optim_cfg(&oc);
+    arl_model_dev md;
+    arl_model_dev_train dt;
+    init_dev(&md, &dt, &oc);
+    int32_t tok[NT], tgt[NT];
+    rand_tokens(tok, 5, NT);
+    arl_batch_next_token_targets(tgt, tok, CU, ND, NT);
+    float dlogp[NT] = {0};
+    arl_batch b = {.tokens = tok, .T = NT, .cu = CU, .N = ND, .targets = tgt};
+    CHECK(arl_model_dev_backward(&dt, &b, dlogp) == ARL_ERR_STATE);
+    tok[3] = 400; /* >= V */
+    double loss;
+    CHECK(arl_model_dev_loss_and_grad(&dt, &b, &loss) == ARL_ERR_RANGE);
+    CHECK(strstr(arl_error_msg(), "position 3") != NULL);
+    tok[3] = 7;
+    CHECK(arl_model_dev_train_forward(&dt, &b, NULL) == ARL_OK);
+    arl_batch b2 = b;
+    b2.T = 50;
+    b2.cu = NULL;
+    b2.N = 1;
+    CHECK(arl_model_dev_backward(&dt, &b2, dlogp) == ARL_ERR_ARG);
+    float img[128];
+    b2 = b;
+    b2.media = img;
+    b2.n_media = 1;
+    CHECK(arl_model_dev_train_forward(&dt, &b2, NULL) == ARL_ERR_UNSUPPORTED);
+    /* a NaN gradient: the step is refused and names a tensor; nothing changes */
+    int64_t ti = 0;
+    while (dt.g.inv.t[ti].no_grad || dt.g.inv.t[ti].layer < 0)
+        ti++; /* the first trained tensor of a layer */
+    float nan = NAN;
+    CHECK(OPS->upload(dt.grads + dt.g.inv.t[ti].offset + 1, &nan, sizeof nan) == ARL_OK);
+    arl_optim_report rep;
+    CHECK(arl_model_dev_optim_step(&dt, &rep) == ARL_ERR_RANGE);
+    CHECK(strstr(arl_error_msg(), dt.g.inv.t[ti].name) != NULL);
+    CHECK(dt.step == 0);
+    arl_model_dev_train_free(&dt);
+    arl_model_dev_free(&md);
+    arl_optim_config_free(&oc);
+}
+
+/* ---- cuda: parity of one full step with the CPU reference ---- */
+
+static void cuda_step(arl_cuda_math math, double rtol_loss, double rtol_grad, int check_update,
+                      const char *mode) {
+    const int64_t nf = TM.w.inv.arena_floats;
+    const size_t bytes = sizeof(float) * (size_t)nf;
+    const arl_model_dims *dm = &TM.cfg.dims;
+    arl_cuda_set_math(arl_cuda_current(), math);
+    arl_optim_config oc;
+    optim_cfg(&oc);
+    ref_run R;
+    ref_init(&R, &oc);
+    int32_t tok[NT], *routes = malloc(sizeof(int32_t) * (size_t)(dm->n_moe * NT * dm->k));
+    rand_tokens(tok, 0x7A11, NT);
+    arl_batch b = {.tokens = tok, .T = NT, .cu = CU, .N = ND};
+    { /* the CPU's natural routes, forced on both sides */
+        int32_t tgt[NT];
+        arl_batch_next_token_targets(tgt, tok, CU, ND, NT);
+        arl_batch bt = b;
+        bt.targets = tgt;
+        arl_forward_out o = {.routes = routes};
+        CHECK(arl_model_train_forward(&R.tr, &bt, NULL, NULL, &o) == ARL_OK);
+    }
+    b.forced_routes = routes;
+    double lref = 0, ldev = 0;
+    arl_optim_report rr, rd;
+    ref_step(&R, &b, &lref, &rr);
+    arl_model_dev md;
+    arl_model_dev_train dt;
+    init_dev(&md, &dt, &oc);
+    float *gd = malloc(bytes), *pd = malloc(bytes);
+    CHECK_MSG(arl_model_dev_zero_grad(&dt) == ARL_OK &&
+                  arl_model_dev_loss_and_grad(&dt, &b, &ldev) == ARL_OK,
+              "%s: %s", mode, arl_error_msg());
+    CHECK(arl_model_dev_grads_download(&dt, gd) == ARL_OK);
+    CHECK_MSG(arl_model_dev_optim_step(&dt, &rd) == ARL_OK, "%s: %s", mode, arl_error_msg());
+    CHECK(arl_model_dev_params_download(&dt, pd) == ARL_OK);
+    CHECK_MSG(fabs(ldev - lref) <= rtol_loss * fabs(lref), "%s: loss %.7g vs %.7g", mode, ldev,
+              lref);
+    char what[256];
+    double worst_rel = 0; /* the largest |diff| / max|ref| over the tensors (printed) */
+    const char *worst_name = "";
+    for (int64_t i = 0; i < R.g.inv.n; i++) {
+        const arl_param_tensor *t = &R.g.inv.t[i];
+        snprintf(what, sizeof what, "%s grad %s", mode, t->name);
+        check_close_maxref_f32(what, gd + t->offset, R.g.arena + t->offset, (size_t)t->numel, 0.0,
+                               rtol_grad);
+        double m = 0, e = 0;
+        for (int64_t j = t->offset; j < t->offset + t->numel; j++) {
+            m = fabs(R.g.arena[j]) > m ? fabs(R.g.arena[j]) : m;
+            e = fabs(gd[j] - R.g.arena[j]) > e ? fabs(gd[j] - R.g.arena[j]) : e;
+        }
+        if (m > 0 && e / m > worst_rel) {
+            worst_rel = e / m;
+            worst_name = t->name;
+        }
+    }
+    fprintf(stderr, "%s: loss %.9g vs %.9g (rel %.2e); worst gradient %.2e max|ref| (%s)\n", mode,
+            ldev, lref, fabs(ldev - lref) / fabs(lref), worst_rel, worst_name);
+    if (check_update) {
+        const double lr = oc.lr;
+        int64_t close = 0, n = 0;
+        double worst = 0;
+        for (int64_t i = 0; i < R.w.inv.n; i++) {
+            const arl_param_tensor *t = &R.w.inv.t[i];
+            for (int64_t j = t->offset; j < t->offset + t->numel; j++) {
+                double dd = (double)pd[j] - TM.w.arena[j],
+                       dr = (double)R.w.arena[j] - TM.w.arena[j];
+                double e = fabs(dd - dr);
+                worst = e > worst ? e : worst;
+                close += e <= 1e-2 * lr;
+                n++;
+            }
+        }
+        CHECK_MSG(worst <= 2.2 * lr, "%s: an update differs by %g (lr %g)", mode, worst, lr);
+        CHECK_MSG(close >= n * 99 / 100, "%s: %lld of %lld updates within 1e-2 lr", mode,
+                  (long long)close, (long long)n);
+    }
+    free(gd);
+    free(pd);
+    free(routes);
+    arl_model_dev_train_free(&dt);
+    arl_model_dev_free(&md);
+    ref_free(&R);
+    arl_optim_config_free(&oc);
+}
+
+static void test_cuda_fp32(void) {
+    cuda_step(ARL_CUDA_MATH_FP32, 1e-4, 2e-3, 1, "cuda fp32");
+}
+static void test_cuda_bf16(void) {
+    cuda_step(ARL_CUDA_MATH_BF16, 2e-2, 5e-2, 0, "cuda bf16");
+}
+
+int main(int argc, char **argv) {
+    const char *dev = argc > 1 ? argv[1] : "cpu";
+    tiny_load(&TM);
+    if (strcmp(dev, "cpu") == 0) {
+        OPS = arl_dev_ops_cpu();
+        TEST_RUN(test_cpu_bit_identical);
+        TEST_RUN(test_cpu_errors);
+    } else {
+        if (arl_cuda_device_count() == 0) {
+            fprintf(stderr, "skip: no CUDA device (or a build without CUDA)\n");
+            tiny_free(&TM);
+            return TEST_SKIP;
+        }
+        /* the model, its training block (weights x 4 and the tiny activations) and the
+         * context's own part: 256 MiB */
+        if (arl_dev_ops_get("cuda", (size_t)256 << 20, &OPS) != ARL_OK) {
+            fprintf(stderr, "cuda: %s\n", arl_error_msg());
+            tiny_free(&TM);
+            return 1;
+        }
+        TEST_RUN(test_cuda_fp32);
+        if (strcmp(dev, "cuda-emu") != 0) /* the emulator: fp32 only (every launch is slow) */
+            TEST_RUN(test_cuda_bf16);
+    }
+    tiny_free(&TM);
+    return test_finish();
+}
