@@ -8,10 +8,28 @@
 #include "envs/builtin/teacher.h"
 #include "experiments/heldout.h"
 
-arl_status arl_heldout_task(const char *env, uint64_t seed, const char *options_json, double frac,
-                            int *heldout) {
-    *heldout = 0;
-    if (!(frac > 0)) return ARL_OK;
+static const char *side_name(arl_heldout_side side) {
+    switch (side) {
+    case ARL_HELDOUT_SIDE_TEST: return "test";
+    case ARL_HELDOUT_SIDE_VALIDATION: return "validation";
+    default: return "training";
+    }
+}
+
+static arl_status split_check(const arl_heldout_split *sp) {
+    if (!(sp->test >= 0 && sp->validation >= 0 && sp->test + sp->validation < 1))
+        return arl_errorf(ARL_ERR_ARG,
+                          "held-out split: fractions test %g and validation %g: each must be >= 0 "
+                          "and their sum < 1",
+                          sp->test, sp->validation);
+    return ARL_OK;
+}
+
+arl_status arl_heldout_task_side(const char *env, uint64_t seed, const char *options_json,
+                                 const arl_heldout_split *sp, arl_heldout_side *side) {
+    *side = ARL_HELDOUT_SIDE_TRAIN;
+    ARL_TRY(split_check(sp));
+    if (!(sp->test + sp->validation > 0)) return ARL_OK;
     json_t *options = NULL;
     if (options_json && *options_json) {
         json_error_t je;
@@ -47,7 +65,9 @@ arl_status arl_heldout_task(const char *env, uint64_t seed, const char *options_
         for (int k = 0; k < 8; k++)
             v = v << 8 | h[k];
         const double u = (double)(v >> 11) / 9007199254740992.0; /* 53 bits: exact in double */
-        *heldout = u < frac;
+        *side = u < sp->test                   ? ARL_HELDOUT_SIDE_TEST
+                : u < sp->test + sp->validation ? ARL_HELDOUT_SIDE_VALIDATION
+                                                : ARL_HELDOUT_SIDE_TRAIN;
     }
     free(text);
     json_decref(prompt);
@@ -59,20 +79,40 @@ arl_status arl_heldout_task(const char *env, uint64_t seed, const char *options_
              : ARL_OK;
 }
 
-arl_status arl_heldout_seeds(const char *env, uint64_t seed0, const char *options_json,
-                             double frac, int want_heldout, int64_t n, int64_t max_scan,
-                             int64_t *seeds) {
+arl_status arl_heldout_side_seeds(const char *env, uint64_t seed0, const char *options_json,
+                                  const arl_heldout_split *sp, arl_heldout_side side, int64_t n,
+                                  int64_t max_scan, int64_t *seeds) {
+    ARL_TRY(split_check(sp));
     int64_t got = 0;
     for (int64_t k = 0; got < n; k++) {
         if (k >= max_scan)
             return arl_errorf(ARL_ERR_RANGE,
                               "held-out split: only %lld of %lld %s tasks among %lld seeds from "
-                              "%llu at fraction %g",
-                              (long long)got, (long long)n, want_heldout ? "held-out" : "training",
-                              (long long)max_scan, (unsigned long long)seed0, frac);
-        int h;
-        ARL_TRY(arl_heldout_task(env, seed0 + (uint64_t)k, options_json, frac, &h));
-        if (h == (want_heldout != 0)) seeds[got++] = (int64_t)(seed0 + (uint64_t)k);
+                              "%llu at fractions test %g, validation %g",
+                              (long long)got, (long long)n, side_name(side), (long long)max_scan,
+                              (unsigned long long)seed0, sp->test, sp->validation);
+        arl_heldout_side h;
+        ARL_TRY(arl_heldout_task_side(env, seed0 + (uint64_t)k, options_json, sp, &h));
+        if (h == side) seeds[got++] = (int64_t)(seed0 + (uint64_t)k);
     }
     return ARL_OK;
+}
+
+arl_status arl_heldout_task(const char *env, uint64_t seed, const char *options_json, double frac,
+                            int *heldout) {
+    arl_heldout_split sp = {frac, 0};
+    arl_heldout_side side;
+    *heldout = 0;
+    ARL_TRY(arl_heldout_task_side(env, seed, options_json, &sp, &side));
+    *heldout = side == ARL_HELDOUT_SIDE_TEST;
+    return ARL_OK;
+}
+
+arl_status arl_heldout_seeds(const char *env, uint64_t seed0, const char *options_json,
+                             double frac, int want_heldout, int64_t n, int64_t max_scan,
+                             int64_t *seeds) {
+    arl_heldout_split sp = {frac, 0};
+    return arl_heldout_side_seeds(env, seed0, options_json, &sp,
+                                  want_heldout ? ARL_HELDOUT_SIDE_TEST : ARL_HELDOUT_SIDE_TRAIN, n,
+                                  max_scan, seeds);
 }

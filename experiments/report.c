@@ -791,6 +791,7 @@ void arl_report_eval_init(arl_report_eval *e) {
     memset(&e->paired, 0, sizeof e->paired);
     e->paired.tasks = -1;
     e->kl_target = e->kl_mean = NAN;
+    e->set[0] = 0;
 }
 
 double arl_report_wilson(int64_t k, int64_t n, double z, double *lo, double *hi) {
@@ -943,10 +944,18 @@ arl_status arl_report_eval_read(const char *path, arl_report_eval *e) {
                                    k);
                 else
                     *(!strcmp(k, "kl_target") ? &e->kl_target : &e->kl_mean) = json_number_value(v);
+            } else if (!strcmp(k, "set")) {
+                const char *t = json_string_value(v);
+                if (!t || !*t || strlen(t) >= sizeof e->set)
+                    s = arl_errorf(ARL_ERR_FORMAT,
+                                   "%s: field 'set': expected a name of 1 to %zu characters", path,
+                                   sizeof e->set - 1);
+                else
+                    snprintf(e->set, sizeof e->set, "%s", t);
             } else {
                 s = arl_errorf(ARL_ERR_FORMAT,
                                "%s: field '%s': unknown key (expected version, before, after, "
-                               "paired, kl_target, kl_mean)",
+                               "paired, kl_target, kl_mean, set)",
                                path, k);
             }
             if (s != ARL_OK) break;
@@ -979,6 +988,14 @@ static arl_status eval_cb(const void *ctx, FILE *f) {
     if (isfinite(e->kl_mean)) {
         fmt_double(num, sizeof num, e->kl_mean);
         fprintf(f, ", \"kl_mean\": %s%s", num, strpbrk(num, ".e") ? "" : ".0");
+    }
+    if (e->set[0]) {
+        fputs(", \"set\": ", f);
+        json_t *str = json_string(e->set); /* escaped as JSON */
+        char *t = str ? json_dumps(str, JSON_ENCODE_ANY) : NULL;
+        fputs(t ? t : "\"\"", f);
+        free(t);
+        json_decref(str);
     }
     fprintf(f, "}\n");
     return ferror(f) ? arl_errorf(ARL_ERR_IO, "write error") : ARL_OK;
@@ -1051,6 +1068,31 @@ static double col_final(const arl_metrics *m, const char *name) {
     return NAN;
 }
 
+/* Per update: kl/k3 / kl/target over the last quarter of the updates (the span of eval.json's
+ * kl_mean) and its highest value over the run, with its step. */
+static void summary_kl_updates(FILE *f, const arl_metrics *m) {
+    int32_t kk = arl_metrics_find(m, "kl/k3"), kt = arl_metrics_find(m, "kl/target");
+    if (kk < 0 || kt < 0) return;
+    const double *xk, *yk, *xt, *yt;
+    int64_t nk = arl_metrics_series(m, kk, &xk, &yk), nt = arl_metrics_series(m, kt, &xt, &yt);
+    if (nk != nt || nk < 1) return;
+    const int64_t from = nk - (nk + 3) / 4;
+    double lo = INFINITY, hi = -INFINITY, top = -INFINITY, top_x = NAN;
+    for (int64_t i = 0; i < nk; i++) {
+        if (!isfinite(yk[i]) || !(yt[i] > 0) || xk[i] != xt[i]) continue;
+        const double r = yk[i] / yt[i];
+        if (i >= from) lo = fmin(lo, r), hi = fmax(hi, r);
+        if (r > top) top = r, top_x = xk[i];
+    }
+    if (!isfinite(top)) return;
+    fprintf(f, " Per update (kl/k3 / kl/target):");
+    if (isfinite(lo))
+        fprintf(f, " %.2f\xC3\x97 to %.2f\xC3\x97 over the last %lld;", lo, hi,
+                (long long)(nk - from));
+    fprintf(f, " highest %.2f\xC3\x97 (step %g) over the %lld updates.", top, top_x,
+            (long long)nk);
+}
+
 static void summary_eval(FILE *f, const summary_ctx *c) {
     const arl_report_eval *e = c->o->eval;
     fputs("## Evaluation\n\n", f);
@@ -1061,8 +1103,16 @@ static void summary_eval(FILE *f, const summary_ctx *c) {
         fputs("Held-out success rate of the policy before and after training. Intervals are 95%: "
               "Wilson score intervals for each rate, Newcombe's hybrid score interval (method 10) "
               "for the difference, unpaired (independent samples) and, when the outcomes are "
-              "recorded task by task, paired.\n\n",
+              "recorded task by task, paired.",
               f);
+        if (!strcmp(e->set, "validation"))
+            fputs(" Evaluation set: **validation** (held-out questions for tuning, disjoint from "
+                  "the training and the test questions; a result to report comes from a run on "
+                  "the test set).",
+                  f);
+        else if (e->set[0])
+            fprintf(f, " Evaluation set: **%s**.", e->set);
+        fputs("\n\n", f);
         fputs("| policy | episodes | successes | success rate | 95% CI |\n", f);
         fputs("|---|---:|---:|---:|---|\n", f);
         const arl_report_eval_arm *arms[2] = {&e->before, &e->after};
@@ -1150,11 +1200,14 @@ static void summary_eval(FILE *f, const summary_ctx *c) {
     if (!isfinite(target)) target = col_final(c->m, "kl/target"), tg_src = "final kl/target";
     if (isfinite(kl)) {
         fprintf(f, "Per-token KL to the reference policy: %.4g (%s)", kl, kl_src);
-        if (isfinite(target) && target > 0)
-            fprintf(f, "; target %.4g (%s): %.2f\xC3\x97 the target.\n\n", target, tg_src,
+        if (isfinite(target) && target > 0) {
+            fprintf(f, "; target %.4g (%s): %.2f\xC3\x97 the target.", target, tg_src,
                     kl / target);
-        else
+            summary_kl_updates(f, c->m);
+            fputs("\n\n", f);
+        } else {
             fputs("; no KL target given.\n\n", f);
+        }
     } else {
         fputs("Per-token KL to the reference policy: not measured.\n\n", f);
     }

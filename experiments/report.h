@@ -26,14 +26,16 @@
  *                   "before": {"episodes": N, "successes": K},
  *                   "after":  {"episodes": N, "successes": K},
  *                   "paired": {"both": A, "before_only": B, "after_only": C, "neither": D},
- *                   "kl_target": x, "kl_mean": y}
+ *                   "kl_target": x, "kl_mean": y, "set": "test"}
  *                  Every key is optional ("version" must be 1 when present); unknown keys,
  *                  K > N, negative counts and non-finite KL values are errors naming the key.
  *                  "before" is the policy before training, "after" the final policy, both on
  *                  the same held-out tasks; "paired" (optional) counts those tasks by their
  *                  outcome in both arms (task j before vs task j after); kl_mean is the mean
  *                  per-token KL of the final
- *                  policy to the reference, kl_target the controller's target.
+ *                  policy to the reference, kl_target the controller's target; set names the
+ *                  held-out questions evaluated ("test" or "validation", experiments/heldout.h;
+ *                  at most 15 characters).
  *
  * Output folder (arl_report_write):
  *   metrics.csv     header row of metric names, then one row per metrics line that had a
@@ -172,6 +174,7 @@ typedef struct arl_report_eval {
     arl_report_eval_paired paired; /* paired.tasks < 0: not recorded */
     double kl_target;              /* per-token KL target; NaN: absent */
     double kl_mean;                /* measured mean per-token KL to the reference; NaN: absent */
+    char set[16];                  /* held-out set evaluated ("test", "validation"); "": absent */
 } arl_report_eval;
 
 /* Everything absent. */

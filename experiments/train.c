@@ -64,6 +64,15 @@ static const arl_option train_tab[] = {
      "question is trained on under another seed (0: off; evaluation uses seeds eval-task-seed + "
      "j, disjoint from the training seeds only)",
      0, 0.9, NULL, 0, "F"},
+    {"validation-split", ARL_OPT_FLOAT, F(validation_split), "0",
+     "hold out a further fraction of the task prompts, disjoint from the eval-split ones and "
+     "never trained on, as a validation set for tuning (experiments/heldout.h; needs eval-split "
+     "> 0; 0: none)",
+     0, 0.9, NULL, 0, "F"},
+    {"eval-set", ARL_OPT_CHOICE, F(eval_set), "test",
+     "which held-out prompts the evaluation draws: test (eval-split, the reported result) or "
+     "validation (validation-split: tune on it, then report one run on test)",
+     0, 0, "test|validation", 0, NULL},
     {"eval-temperature", ARL_OPT_FLOAT, F(eval_temperature), "0",
      "sampling temperature of the evaluation (0: greedy)", 0, 100, NULL, 0, "T"},
     {"eval-before", ARL_OPT_BOOL, F(eval_before), "true", "evaluate the initial policy", 0, 0, NULL,
@@ -257,6 +266,18 @@ arl_status arl_train_config_check(const arl_train_config *c) {
                           "key 'eval-split': the prompt split needs a built-in environment's "
                           "teacher, and rollout.env is %s",
                           r->env);
+    if (c->validation_split > 0 && !(c->eval_split > 0))
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "key 'validation-split': needs eval-split > 0 (the validation prompts "
+                          "are taken after the test prompts)");
+    if (c->eval_split + c->validation_split > 0.9)
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "keys 'eval-split' (%g) and 'validation-split' (%g): together at most "
+                          "0.9, so that training keeps a tenth of the prompts",
+                          c->eval_split, c->validation_split);
+    if (!strcmp(c->eval_set, "validation") && !(c->validation_split > 0))
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "key 'eval-set': 'validation' needs validation-split > 0");
     if (c->eval_split > 0 && r->task_file)
         return arl_errorf(ARL_ERR_CONFIG,
                           "key 'eval-split': not with rollout.task-file (split the task file "
@@ -574,7 +595,7 @@ static arl_status run_hash(tr_run *r) {
         "out",         "model",      "init",           "threads",
         "steps",       "progress",   "title",          "checkpoint-interval",
         "keep-last",   "eval-tasks", "eval-task-seed", "eval-temperature",
-        "eval-before", "eval-after"};
+        "eval-before", "eval-after", "eval-set"};
     for (size_t i = 0; i < sizeof unhashed / sizeof unhashed[0]; i++)
         json_object_del(j, unhashed[i]);
     json_t *ro = json_object_get(j, "rollout");
@@ -679,11 +700,14 @@ static arl_status split_seeds(tr_run *r) {
     r->train_seeds = malloc(sizeof(int64_t) * (size_t)(nt > 0 ? nt : 1));
     r->eval_seeds = malloc(sizeof(int64_t) * (size_t)(ne > 0 ? ne : 1));
     if (!r->train_seeds || !r->eval_seeds) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
-    const double f = c->eval_split;
-    ARL_TRY(arl_heldout_seeds(env, (uint64_t)c->rollout.task_seed, c->rollout.task_data, f, 0, nt,
-                              scan_cap(nt, 1 - f), r->train_seeds));
-    ARL_TRY(arl_heldout_seeds(env, (uint64_t)c->eval_task_seed, c->rollout.task_data, f, 1, ne,
-                              scan_cap(ne, f), r->eval_seeds));
+    const arl_heldout_split sp = {c->eval_split, c->validation_split};
+    const int val = !strcmp(c->eval_set, "validation");
+    ARL_TRY(arl_heldout_side_seeds(env, (uint64_t)c->rollout.task_seed, c->rollout.task_data, &sp,
+                                   ARL_HELDOUT_SIDE_TRAIN, nt,
+                                   scan_cap(nt, 1 - sp.test - sp.validation), r->train_seeds));
+    ARL_TRY(arl_heldout_side_seeds(env, (uint64_t)c->eval_task_seed, c->rollout.task_data, &sp,
+                                   val ? ARL_HELDOUT_SIDE_VALIDATION : ARL_HELDOUT_SIDE_TEST, ne,
+                                   scan_cap(ne, val ? sp.validation : sp.test), r->eval_seeds));
     return ARL_OK;
 }
 
@@ -941,9 +965,11 @@ static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
             /* training prompts only: the demonstrations of the first sft-demos seeds from
              * sft-demo-seed whose prompt is not held out */
             int64_t *seeds = malloc(sizeof(int64_t) * (size_t)c->sft_demos);
-            s = seeds ? arl_heldout_seeds(env, (uint64_t)c->sft_demo_seed, opts, c->eval_split, 0,
-                                          c->sft_demos, scan_cap(c->sft_demos, 1 - c->eval_split),
-                                          seeds)
+            const arl_heldout_split sp = {c->eval_split, c->validation_split};
+            s = seeds ? arl_heldout_side_seeds(env, (uint64_t)c->sft_demo_seed, opts, &sp,
+                                               ARL_HELDOUT_SIDE_TRAIN, c->sft_demos,
+                                               scan_cap(c->sft_demos, 1 - sp.test - sp.validation),
+                                               seeds)
                       : arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
             memset(&ds, 0, sizeof ds);
             for (int64_t j = 0; !s && j < c->sft_demos; j++) {
@@ -1049,9 +1075,21 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
     outc[E] = 0;
     arm->episodes = -1;
     arm->successes = 0;
+    /* the held-out set of this run ("": seeds, no prompt split); an arm evaluated on another
+     * set (eval-set changed before a resume) is not read back as this one */
+    const char *set = r->c->eval_split > 0 ? r->c->eval_set : "";
+    arl_status bad = ARL_OK;
     if (r->rank0 && path_exists(file)) {
         arl_report_eval e;
-        if (arl_report_eval_read(file, &e) == ARL_OK) {
+        if (arl_report_eval_read(file, &e) != ARL_OK) {
+            arl_error_clear();
+        } else if (e.set[0] && strcmp(e.set, set)) {
+            bad = arl_errorf(ARL_ERR_STATE,
+                             "train: %s holds an evaluation of the %s set, and this run "
+                             "evaluates the %s set (eval-set): remove %s, eval-%s.outcomes and "
+                             "replay/eval-%s to evaluate again",
+                             file, e.set, set[0] ? set : "seed", file, name, name);
+        } else {
             *arm = strcmp(name, "after") ? e.before : e.after;
             char *t = NULL;
             if (read_text(ofile, &t) == ARL_OK && (int64_t)strcspn(t, "\n") == E)
@@ -1059,9 +1097,9 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
             else
                 arl_error_clear();
             free(t);
-        } else
-            arl_error_clear();
+        }
     }
+    ARL_TRY(sync_status(r, bad));
     int64_t have = arm->episodes;
     ARL_TRY(arl_dist_bcast_bytes(r->d->world, &have, sizeof have, 0));
     if (have >= 0) return ARL_OK;
@@ -1102,6 +1140,7 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
                 e.before = *arm;
             else
                 e.after = *arm;
+            snprintf(e.set, sizeof e.set, "%s", set);
             s = arl_report_eval_write(file, &e);
             if (!s) {
                 outc[E] = '\n';
@@ -1112,8 +1151,9 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
             double p = arl_report_wilson(arm->successes, arm->episodes, ARL_REPORT_Z95, &lo, &hi);
             say(r,
                 "train: evaluation %s: %lld/%lld held-out episodes succeed (%.3f, 95%% CI "
-                "[%.3f, %.3f]), %.1f s",
-                name, (long long)arm->successes, (long long)arm->episodes, p, lo, hi, now_s() - t0);
+                "[%.3f, %.3f]; %s set), %.1f s",
+                name, (long long)arm->successes, (long long)arm->episodes, p, lo, hi,
+                r->c->eval_split > 0 ? r->c->eval_set : "seed", now_s() - t0);
         }
     }
     return sync_status(r, s);
@@ -1688,6 +1728,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         if (c->eval_tasks > 0) {
             ev.kl_target = r->klc.target;
             ev.kl_mean = kl_mean_of(metrics);
+            if (c->eval_split > 0) snprintf(ev.set, sizeof ev.set, "%s", c->eval_set);
             pathf(p, sizeof p, r, "eval.json");
             s = arl_report_eval_write(p, &ev);
             res->eval_episodes = ev.before.episodes > 0 ? ev.before.episodes : ev.after.episodes;

@@ -114,6 +114,8 @@ typedef struct arl_train_config {
     int64_t eval_tasks; /* held-out episodes before and after (0: none) */
     int64_t eval_task_seed;
     double eval_split; /* fraction of task prompts held out (experiments/heldout.h); 0: off */
+    double validation_split; /* further fraction held out for tuning (needs eval_split > 0) */
+    char *eval_set;          /* test|validation: the held-out side the evaluation draws */
     double eval_temperature;
     int eval_before, eval_after;
     int64_t sft_demos; /* teacher episodes for the SFT warm start (0: no SFT) */

@@ -116,8 +116,10 @@ static void test_eval_json_and_summary(void) {
     e.before = (arl_report_eval_arm){200, 46};
     e.after = (arl_report_eval_arm){200, 59};
     e.paired = table(40, 6, 19, 135);
+    snprintf(e.set, sizeof e.set, "validation");
     CHECK_EQ_INT(arl_report_eval_write(path, &e), ARL_OK);
     CHECK_EQ_INT(arl_report_eval_read(path, &r), ARL_OK);
+    CHECK_STR_EQ(r.set, "validation");
     CHECK_EQ_INT(r.paired.tasks, 200);
     CHECK_EQ_INT(r.paired.both, 40);
     CHECK_EQ_INT(r.paired.before_only, 6);
@@ -139,11 +141,25 @@ static void test_eval_json_and_summary(void) {
           f);
     fclose(f);
     CHECK_EQ_INT(arl_report_eval_read(path, &r), ARL_ERR_FORMAT);
+    /* a set name must be a non-empty string that fits */
+    const char *bad_sets[3] = {"{\"version\": 1, \"set\": 3}\n", "{\"version\": 1, \"set\": \"\"}\n",
+                               "{\"version\": 1, \"set\": \"a-name-of-16-char\"}\n"};
+    for (int i = 0; i < 3; i++) {
+        f = fopen(path, "w");
+        fputs(bad_sets[i], f);
+        fclose(f);
+        CHECK_EQ_INT(arl_report_eval_read(path, &r), ARL_ERR_FORMAT);
+    }
     /* summary.md: both intervals, the 2x2 table, the verdict from the paired interval */
     char mpath[1024];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", dir);
     f = fopen(mpath, "w");
     fputs("{\"step\": 0, \"kl/k3\": 0.01, \"kl/target\": 0.01}\n", f);
+    /* 8 updates: the last quarter is steps 6 and 7 (ratios 0.5 and 1.5), the highest ratio is
+     * step 3's 2.5 */
+    const double k3[7] = {0.004, 0.012, 0.025, 0.009, 0.011, 0.005, 0.015};
+    for (int i = 0; i < 7; i++)
+        fprintf(f, "{\"step\": %d, \"kl/k3\": %g, \"kl/target\": 0.01}\n", i + 1, k3[i]);
     fclose(f);
     arl_metrics *m = NULL;
     CHECK_EQ_INT(arl_metrics_read(mpath, &m), ARL_OK);
@@ -164,6 +180,10 @@ static void test_eval_json_and_summary(void) {
     CHECK(strstr(md, "| before: failure | 19 | 135 |") != NULL);
     CHECK(strstr(md, "McNemar test p = ") != NULL);
     CHECK(strstr(md, "Improved: the 95% interval of the difference lies above zero.") != NULL);
+    CHECK_MSG(strstr(md, "Per update (kl/k3 / kl/target): 0.50\xC3\x97 to 1.50\xC3\x97 over the "
+                         "last 2; highest 2.50\xC3\x97 (step 3) over the 8 updates.") != NULL,
+              "%s", strstr(md, "Per-token KL") ? strstr(md, "Per-token KL") : "no KL line");
+    CHECK(strstr(md, "Evaluation set: **validation**") != NULL);
 }
 
 int main(void) {

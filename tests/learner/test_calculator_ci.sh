@@ -32,7 +32,17 @@ for a in before after; do
     [ "$(tr -d '\n' < "$out/eval-$a.outcomes" | wc -c)" -eq 8 ] || fail "eval-$a.outcomes: $(cat "$out/eval-$a.outcomes")"
 done
 grep -q '"paired": {"both": ' "$out/eval.json" || fail "eval.json has no paired table: $(cat "$out/eval.json")"
-grep -q "paired, 8 tasks" "$out/summary.md" || fail "summary.md has no paired difference"
+# the three-sided prompt split (eval-split, validation-split): the evaluation drew the test side
+grep -q '"set": "test"' "$out/eval.json" || fail "eval.json does not name the test set: $(cat "$out/eval.json")"
+grep -q "Evaluation set: \*\*test\*\*" "$out/summary.md" || fail "summary.md does not name the evaluation set"
+grep -q "Per update (kl/k3 / kl/target)" "$out/summary.md" || fail "summary.md has no per-update KL/target line"
+# resumed with the other eval-set, the finished run refuses to read its test-set evaluation back
+# as a validation one
+"$bin" train "$src/experiments/calculator-ci.json" --set "out=$out" --set progress=plain \
+    --set eval-set=validation --resume > "$tmp/log2" 2>&1 && fail "a resume with another eval-set succeeded"
+grep -q "holds an evaluation of the test set" "$tmp/log2" || { tail -5 "$tmp/log2"; fail "no eval-set mismatch message"; }
+# tasks without a valid episode in one arm (masked, e.g. an observation over its cap) are not paired
+grep -q "paired, [1-8] tasks" "$out/summary.md" || fail "summary.md has no paired difference"
 # SFT with the shared prefix, demonstrations and evaluation split by prompt
 grep -q "shared prefix of" "$tmp/log" || fail "the SFT stage did not share the prompt prefix"
 grep -q "^## Evaluation" "$out/summary.md" || fail "summary.md has no Evaluation section"
