@@ -1,7 +1,7 @@
 /* learner/batch.c: step 1 of an update - the groups of the update read from the replay stores
  * into an arl_update_batch (learner/update.h): members and segment metadata of every group on
- * every rank, tokens / routes / turns / rewards of this rank's groups, and the shard data
- * metrics.  Not the passes (learner/passes.c). */
+ * every rank, tokens / routes / turns / rewards / observation images (learner/media.c) of this
+ * rank's groups, and the shard data metrics.  Not the passes (learner/passes.c). */
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +24,7 @@ static void seg_free(arl_upd_seg *s) {
     free(s->lp_theta);
     free(s->turn);
     free(s->routes);
+    free(s->media_idx);
 }
 
 static void traj_free(arl_upd_traj *t) {
@@ -37,6 +38,7 @@ static void traj_free(arl_upd_traj *t) {
         for (int32_t k = 0; k < t->n_turns; k++)
             free(t->anchors[k]);
     free(t->anchors);
+    lr_media_free(t->media);
 }
 
 void arl_update_batch_free(arl_update_batch *b) {
@@ -131,8 +133,8 @@ static arl_status seg_load(arl_learner *l, replay_store *st, const arl_upd_traj 
         s->versions[i] = d->versions[i];
         s->lp_mu[i] = s->amask[i] ? (double)d->logprobs[i] : 0.0;
         s->n_action += s->amask[i];
-        /* an image placeholder the environment sent needs its image rows, which are not
-         * rebuilt here; one the policy sampled is an ordinary token (it was fed as one) */
+        /* an image placeholder the environment sent needs its image row (learner/media.c);
+         * one the policy sampled is an ordinary token (it was fed as one) */
         if (media >= 0 && s->tokens[i] == media && !s->amask[i]) s->has_media = 1;
     }
     if (s->amask[0]) { /* a segment never starts with a sampled token (update.h): not trained */
@@ -182,16 +184,15 @@ static arl_status seg_load(arl_learner *l, replay_store *st, const arl_upd_traj 
         for (int64_t i = 0; i < s->n_fed && !absent_fed; i++)
             for (int64_t j = 0; j < l->n_moe * l->k && !absent_fed; j++)
                 absent_fed = s->routes[(j / l->k * T + i) * l->k + j % l->k] < 0;
-        s->routes_ok = !bad && !absent_fed && !s->has_media;
+        s->routes_ok = !bad && !absent_fed;
         if (!s->routes_ok) {
             free(s->routes);
             s->routes = NULL;
             s->n_fed = T; /* natural routing: every token can be fed */
         }
     } else if (l->lc.routing_replay && l->n_moe == 0) {
-        s->routes_ok = !s->has_media;
+        s->routes_ok = 1;
     }
-    if (s->has_media) s->routes_ok = 0;
     return ARL_OK;
 }
 
@@ -378,6 +379,7 @@ arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n
                     sg->fresh = !strcmp(refs[j].start_kind, "fresh");
                     snprintf(sg->end_cause, sizeof sg->end_cause, "%s", refs[j].end_cause);
                     sg->tok_start = refs[j].tok_start;
+                    sg->first_step = refs[j].first_step;
                     sg->ctx_start = refs[j].ctx_start;
                     sg->T = refs[j].n_tokens;
                     sg->n_action = refs[j].n_action_tokens;
@@ -409,6 +411,7 @@ arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n
                 for (int32_t k = 0; s == ARL_OK && k < t->n_segs; k++)
                     s = seg_load(l, src[si].store, t, &b->segs[t->seg0 + k], k + 1 == t->n_segs,
                                  &d);
+                if (s == ARL_OK) s = lr_media_load(l, src[si].store, t);
                 if (s == ARL_OK) s = traj_rewards(l, sr, t, b->segs);
             }
         }

@@ -1,8 +1,9 @@
 /* learner/passes.c: the forward passes of an update (learner/update.h steps 2, 3 and 5) - the
  * pi_old and reference passes over whole trajectories in waves of segments, the state cache
  * and its validity rule, start states for the gradient pass (cached or recomputed), and the
- * forward + backward of a minibatch.  Not the loading (batch.c) or the orchestration and
- * metrics (update.c). */
+ * forward + backward of a minibatch, each forward with the image rows of its placeholders under
+ * its weights (learner/media.c).  Not the loading (batch.c) or the orchestration and metrics
+ * (update.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,11 +159,14 @@ static int64_t fill_call(arl_learner *l, int64_t p0, int64_t p1, const int32_t *
     return T;
 }
 
-static arl_batch call_batch(const arl_learner *l, int64_t T, int32_t ndoc, int replay) {
+static arl_batch call_batch(const arl_learner *l, int64_t T, int32_t ndoc, int replay,
+                            int64_t n_media) {
     arl_batch b = {.tokens = l->tok,
                    .T = T,
                    .cu = l->cu,
                    .N = ndoc,
+                   .media = n_media > 0 ? l->media : NULL,
+                   .n_media = n_media,
                    .targets = l->tgt,
                    .forced_routes = replay ? l->forced : NULL};
     return b;
@@ -264,7 +268,12 @@ arl_status lr_score_pass(arl_learner *l, int which) {
                 const int32_t nd = (int32_t)(p1 - p0);
                 const int64_t T = fill_call(l, p0, p1, NULL, l->traj_slot);
                 const int replay = l->pieces[p0].replay;
-                arl_batch bt = call_batch(l, T, nd, replay);
+                int64_t n_media = 0;
+                st = which == LR_PASS_OLD
+                         ? lr_media_call(l, p0, p1, l->in.params, l->in.opt->step, &n_media)
+                         : lr_media_call(l, p0, p1, l->in.ref_params, -1, &n_media);
+                if (st) break;
+                arl_batch bt = call_batch(l, T, nd, replay, n_media);
                 arl_forward_out fo = {.logprobs = l->lp};
                 if (which == LR_PASS_OLD) {
                     fo.entropy = l->ent;
@@ -319,9 +328,13 @@ static arl_status feed_segment(arl_learner *l, int32_t sg, int32_t slot, int64_t
             for (int64_t j = 0; j < l->n_moe; j++)
                 memcpy(l->forced + j * n * l->k, s->routes + (j * s->T + a) * l->k,
                        sizeof(int32_t) * (size_t)(n * l->k));
+        int64_t n_media = 0;
+        ARL_TRY(lr_media_span(l, sg, a, a + n, l->in.params, l->in.opt->step, &n_media));
         arl_batch bt = {.tokens = l->tok,
                         .T = n,
                         .N = 1,
+                        .media = n_media > 0 ? l->media : NULL,
+                        .n_media = n_media,
                         .targets = l->tgt,
                         .forced_routes = replay ? l->forced : NULL};
         arl_forward_out fo = {.logprobs = l->lp};
@@ -400,9 +413,14 @@ static arl_status drift_segment(arl_learner *l, int32_t sg) {
             for (int64_t j = 0; j < l->n_moe; j++)
                 memcpy(l->forced + j * n * l->k, s->routes + (j * s->T + a) * l->k,
                        sizeof(int32_t) * (size_t)(n * l->k));
+        int64_t n_media = 0;
+        st = lr_media_span(l, sg, a, a + n, l->in.params, l->in.opt->step, &n_media);
+        if (st) break;
         arl_batch bt = {.tokens = l->tok,
                         .T = n,
                         .N = 1,
+                        .media = n_media > 0 ? l->media : NULL,
+                        .n_media = n_media,
                         .targets = l->tgt,
                         .forced_routes = replay ? l->forced : NULL};
         arl_forward_out fo = {.logprobs = l->lp};
@@ -423,8 +441,9 @@ static arl_status drift_segment(arl_learner *l, int32_t sg) {
     return st;
 }
 
-arl_status lr_grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, int drift,
-                        arl_loss_acc *acc) {
+/* lr_grad_pass (backward 1) and lr_loss_pass (backward 0: forward and loss only). */
+static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, int drift,
+                            arl_loss_acc *acc, int backward, double *loss_sum) {
     arl_update_batch *b = &l->b;
     pieces_reset(l);
     arl_status st = ARL_OK;
@@ -451,9 +470,12 @@ arl_status lr_grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, i
         if (st) break;
         const int64_t T = fill_call(l, p0, p1, l->seg_slot, NULL);
         const int replay = l->pieces[p0].replay;
-        arl_batch bt = call_batch(l, T, nd, replay);
+        int64_t n_media = 0;
+        st = lr_media_call(l, p0, p1, l->in.params, l->in.opt->step, &n_media);
+        if (st) break;
+        arl_batch bt = call_batch(l, T, nd, replay, n_media);
         arl_forward_out fo = {.logprobs = l->lp};
-        if (l->qb_on && l->n_moe > 0) {
+        if (backward && l->qb_on && l->n_moe > 0) {
             fo.router_scores = l->rscores;
             fo.routes = l->routes_out;
         }
@@ -484,15 +506,21 @@ arl_status lr_grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, i
                                   .inv_norm = t->inv_norm};
                 double loss = 0;
                 st = arl_loss_seg_step(lp, &v, &s->mk, s->lp_theta + r0, &loss, l->gtmp, acc);
+                if (loss_sum) *loss_sum += loss;
                 for (int64_t i = 0; st == ARL_OK && i < nt; i++)
                     l->dlogp[off + i] = (float)l->gtmp[i];
             }
             off += n;
         }
         if (st) break;
-        st = arl_model_backward(&l->tr, &bt, l->dlogp, &l->grads, NULL, NULL);
-        if (st) break;
-        if (l->qb_on && l->n_moe > 0) {
+        if (backward) {
+            if (n_media > 0) memset(l->dmedia, 0, sizeof(float) * (size_t)(n_media * l->dm.d));
+            st = arl_model_backward(&l->tr, &bt, l->dlogp, &l->grads, NULL,
+                                    n_media > 0 ? l->dmedia : NULL);
+            if (st) break;
+            lr_media_grad(l, n_media);
+        }
+        if (backward && l->qb_on && l->n_moe > 0) {
             for (int64_t layer = 0; st == ARL_OK && layer < l->dm.L; layer++) {
                 const int64_t j = l->m.moe_index[layer];
                 if (j < 0) continue;
@@ -515,6 +543,8 @@ arl_status lr_grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, i
             }
         }
     }
+    /* the image rows' gradient through the vision tower (the weights are still this step's) */
+    if (st == ARL_OK && backward) st = lr_media_backward(l);
     if (st == ARL_OK && drift && l->lc.drift_sample > 0) {
         for (int32_t i = 0; st == ARL_OK && i < no; i++) {
             const arl_upd_seg *s = &b->segs[order[i]];
@@ -533,4 +563,14 @@ arl_status lr_grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, i
             l->seg_slot[i] = -1;
         }
     return st;
+}
+
+arl_status lr_grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, int drift,
+                        arl_loss_acc *acc) {
+    return grad_pass(l, lp, mb, drift, acc, 1, NULL);
+}
+
+arl_status lr_loss_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, double *loss) {
+    *loss = 0;
+    return grad_pass(l, lp, mb, 0, NULL, 0, loss);
 }

@@ -172,6 +172,11 @@ void arl_learner_free(arl_learner *l) {
     free(l->seg_slot);
     free(l->traj_slot);
     free(l->pieces);
+    free(l->media);
+    free(l->dmedia);
+    free(l->media_traj);
+    free(l->media_row);
+    free(l->vws);
     free(l->cnt.agree_layer);
     free(l->cnt.exact_layer);
     free(l->cnt.load_rollout);
@@ -233,10 +238,21 @@ arl_status arl_learner_create(arl_learner **out, const arl_learner_init *in) {
     l->cnt.load_rollout = calloc((size_t)(nm * l->E), sizeof(double));
     l->cnt.load_trainer = calloc((size_t)(nm * l->E), sizeof(double));
     if (!l->tok || !l->tgt || !l->cu || !l->slots || !l->forced || !l->routes_out || !l->lp ||
-        !l->ent || !l->rscores || !l->agree_ws || !l->dlogp || !l->dtmp || !l->gtmp || !l->cnt.agree_layer ||
-        !l->cnt.exact_layer || !l->cnt.load_tokens || !l->cnt.load_rollout || !l->cnt.load_trainer)
+        !l->ent || !l->rscores || !l->agree_ws || !l->dlogp || !l->dtmp || !l->gtmp ||
+        !l->cnt.agree_layer || !l->cnt.exact_layer || !l->cnt.load_tokens || !l->cnt.load_rollout ||
+        !l->cnt.load_trainer)
         return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (forward buffers for %lld tokens)",
                           (long long)l->Tm);
+    if (in->cfg->has_vision) { /* image rows of one forward: at most one per token */
+        l->media_max = l->Tm;
+        l->media = malloc(sizeof(float) * (size_t)(l->Tm * l->dm.d));
+        l->dmedia = malloc(sizeof(float) * (size_t)(l->Tm * l->dm.d));
+        l->media_traj = malloc(sizeof(int32_t) * (size_t)l->Tm);
+        l->media_row = malloc(sizeof(int64_t) * (size_t)l->Tm);
+        if (!l->media || !l->dmedia || !l->media_traj || !l->media_row)
+            return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (image rows for %lld tokens)",
+                              (long long)l->Tm);
+    }
     l->qb_on = in->opt->cfg.qb_method && strcmp(in->opt->cfg.qb_method, "off") != 0;
     l->cache.max_bytes = l->lc.state_cache_bytes;
     return ARL_OK;
@@ -245,6 +261,21 @@ arl_status arl_learner_create(arl_learner **out, const arl_learner_init *in) {
 void arl_learner_set_hook(arl_learner *l, arl_learner_hook_fn fn, void *ctx) {
     l->hook = fn;
     l->hook_ctx = ctx;
+}
+
+void arl_learner_set_grad_hook(arl_learner *l, arl_learner_grad_hook_fn fn, void *ctx) {
+    l->grad_hook = fn;
+    l->grad_hook_ctx = ctx;
+}
+
+arl_status arl_learner_minibatch_loss(arl_learner *l, int32_t mb, double *loss) {
+    *loss = NAN;
+    if (!l->have_lpar || mb < 0 || mb >= l->lc.minibatches)
+        return arl_errorf(ARL_ERR_STATE, "learner: no update running with minibatch %d", (int)mb);
+    lr_media_invalidate(l); /* the caller may have changed the weights */
+    arl_status st = lr_loss_pass(l, &l->lpar, mb, loss);
+    lr_media_invalidate(l);
+    return st;
 }
 
 arl_state_cache *arl_learner_cache(arl_learner *l) {
@@ -652,6 +683,8 @@ arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source
                 l->traj_slot[i] = -1;
         }
     }
+    if (st == ARL_OK) st = lr_media_prepare(l);
+    l->have_lpar = 0;
     const double t_load = now_s();
 
     /* 2-3. pi_old and reference passes */
@@ -735,6 +768,10 @@ arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source
     if (st == ARL_OK)
         st = arl_loss_params_init(&lpar, l->in.loss, l->lc.n_traj_per_update, l->lc.minibatches,
                                   arl_klctl_lambda2(l->in.kl), n);
+    if (st == ARL_OK) {
+        l->lpar = lpar;
+        l->have_lpar = 1;
+    }
     for (int32_t i = 0; st == ARL_OK && i < b->n_trajs; i++)
         if (b->trajs[i].valid)
             b->trajs[i].inv_norm = arl_loss_inv_norm(&lpar, b->n_valid, b->trajs[i].n_action);
@@ -790,6 +827,7 @@ arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source
         arl_loss_acc am;
         arl_loss_acc_init(&am);
         st = lr_grad_pass(l, &lpar, m, m == M - 1 && M > 1, &am);
+        if (st == ARL_OK && l->grad_hook) l->grad_hook(l->grad_hook_ctx, l, m, &l->grads);
         if (st == ARL_OK && n_learners(l) > 1)
             st = arl_dist_allreduce_f32(l->in.dist->learners, l->grads.arena,
                                         l->grads.inv.arena_floats);
@@ -891,5 +929,6 @@ arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source
     arl_shard_stats_free(&ss);
     free(rt);
     free(rg);
+    l->have_lpar = 0; /* arl_learner_minibatch_loss: only while the update runs */
     return st;
 }

@@ -54,9 +54,22 @@
  * it).  Tokens whose stored routes are absent (the last sampled token of a trajectory, which
  * was never fed back to the engine) are only targets: a trailing run of them is not fed.  A
  * segment with routes missing, invalid, or absent at a fed token is masked from the loss
- * (m_route = 0, section 11.3) and its passes use natural routing.  Segments with image
- * placeholders in their context (images the environment sent) are masked the same way: their
- * image rows are not rebuilt here.  A placeholder the policy sampled is an ordinary token.
+ * (m_route = 0, section 11.3) and its passes use natural routing.
+ *
+ * Images (spec/policy.md 10, spec/replay.md 4.10).  The <|media_pad|> placeholders of a
+ * trajectory's context (images the environment sent) take image rows rebuilt from the store:
+ * the observations' images are loaded and patchified once per update (rollout/media.h
+ * ro_media_load_input, which hands each placeholder its row by the same cursor rule the rollout,
+ * re-scoring and resume use) and encoded by the vision tower under the weights of each pass -
+ * the current weights for pi_old, the reference weights for the reference pass, and the weights
+ * of the optimizer step for the gradient pass and the prefixes it recomputes (learner/media.c).
+ * In the gradient pass the gradient of the rows (arl_model_backward's d_media) goes through the
+ * vision tower's backward, so the vision tower and projector are trained like every other
+ * tensor.  A placeholder the policy sampled is an ordinary token (its embedding row, which
+ * receives its gradient).  A trajectory whose stored observations cannot explain its
+ * placeholders (images missing or unreadable, or a model without a vision tower) is trained on
+ * none of its segments (m_route = 0 for each, its placeholders fed as plain tokens) and the
+ * reason is logged and kept in its media_error.
  *
  * Determinism: for a fixed thread count and learner count an update is bit-reproducible.
  * With L learners the gradient of a minibatch is the rank-ordered sum of the ranks' partial
@@ -206,11 +219,17 @@ typedef struct arl_upd_seg {
     uint8_t *amask; /* loss mask: 1 = action token */
     uint32_t *versions;
     double *lp_mu, *lp_old, *lp_ref, *adv, *entropy, *lp_theta;
-    int32_t *turn;   /* 1-based turn index at action tokens, 0 elsewhere */
-    int32_t *routes; /* (n_moe, T, k) stored routes, or NULL */
-    int routes_ok;   /* routes present and valid for every fed token */
-    int64_t n_fed;   /* tokens fed to the model (T minus trailing route-less tokens) */
-    int has_media;
+    int32_t *turn;      /* 1-based turn index at action tokens, 0 elsewhere */
+    int32_t *routes;    /* (n_moe, T, k) stored routes, or NULL */
+    int routes_ok;      /* routes present and valid for every fed token */
+    int64_t n_fed;      /* tokens fed to the model (T minus trailing route-less tokens) */
+    int32_t first_step; /* the first step whose turn the segment holds (the image cursor of a
+                           fresh start, rollout/media.h ro_media_fresh) */
+    int has_media;      /* placeholders in its context (images the environment sent) */
+    int64_t n_media;    /* <|media_pad|> tokens of the segment, sampled ones included */
+    int64_t *media_idx; /* (n_media) row of the trajectory's image rows for each, in order,
+                           -1 for a sampled one; NULL when the trajectory's images are not
+                           rebuilt (all fed as plain tokens); owned */
     arl_loss_seg_mask mk;
 } arl_upd_seg;
 
@@ -231,6 +250,10 @@ typedef struct arl_upd_traj {
     double *adv_turn;           /* (K) */
     char **anchors;             /* (K) owned strings or NULL */
     double inv_norm;
+    struct lr_media *media; /* its observation images (learner/media.c), NULL without context
+                               placeholders; owned */
+    int media_bad;          /* placeholders the stored images cannot explain: not trained */
+    char media_error[200];  /* why, when media_bad */
 } arl_upd_traj;
 
 typedef struct arl_upd_group {
@@ -285,6 +308,18 @@ void arl_learner_free(arl_learner *l); /* NULL-safe */
  * replace cached states).  NULL: none. */
 typedef void (*arl_learner_hook_fn)(void *ctx, arl_learner *l);
 void arl_learner_set_hook(arl_learner *l, arl_learner_hook_fn fn, void *ctx);
+
+/* Test hook: called after minibatch mb's gradient pass, with its gradient in grads (before the
+ * all-reduce and the optimizer step).  NULL: none. */
+typedef void (*arl_learner_grad_hook_fn)(void *ctx, arl_learner *l, int32_t mb,
+                                         const arl_model_params *grads);
+void arl_learner_set_grad_hook(arl_learner *l, arl_learner_grad_hook_fn fn, void *ctx);
+
+/* For finite differences in tests, from a grad hook: the loss of minibatch mb (the sum of its
+ * segments' terms, learner/loss.h arl_loss_seg_step) at the parameters as they are now (the
+ * caller may have changed them), forward only.  Changes no gradient, optimizer or router-score
+ * state; the segments' lp_theta are overwritten. */
+arl_status arl_learner_minibatch_loss(arl_learner *l, int32_t mb, double *loss);
 
 /* The state cache and the batch of the last (or running) update; valid until the next update
  * or arl_learner_free. */

@@ -6,6 +6,7 @@
 
 #include "learner/ledger.h"
 #include "learner/update.h"
+#include "rollout/media.h"
 
 /* A run of tokens of one segment fed in one forward: positions [a, b) of the segment. */
 typedef struct lr_piece {
@@ -62,12 +63,62 @@ struct arl_learner {
     lr_counters cnt;
     arl_learner_hook_fn hook;
     void *hook_ctx;
+    arl_learner_grad_hook_fn grad_hook;
+    void *grad_hook_ctx;
+    arl_loss_params lpar; /* the loss parameters of the running update */
+    int have_lpar;
     int64_t update_n;
+    /* images (learner/media.c); allocated with a vision tower only */
+    float *media;        /* (Tm, d) image rows of one forward */
+    float *dmedia;       /* (Tm, d) their gradient */
+    int32_t *media_traj; /* (Tm) trajectory of each row of a forward */
+    int64_t *media_row;  /* (Tm) its row in the trajectory's rows, -1: the placeholder's own
+                            embedding row */
+    int64_t media_max;   /* image rows one forward may hold (Tm) */
+    float *vws;          /* (vws_n) vision work buffer, forward and backward */
+    int64_t vws_n;
 };
+
+/* The image inputs of one trajectory and its rows under the weights of the last encoding. */
+typedef struct lr_media {
+    ro_media_input in; /* every observation's patches and grids */
+    ro_media cur;      /* row bookkeeping (rows NULL) */
+    float *rows;       /* (n_rows, d) */
+    float *drows;      /* (n_rows, d) gradient of the rows during a gradient pass */
+    int64_t n_rows;
+    const arl_model_params *key_w; /* the weights rows were encoded under (NULL: none) */
+    int64_t key_step;              /* and the optimizer step they were at */
+    int dirty;                     /* drows holds a gradient */
+} lr_media;
 
 /* ---- batch.c ---- */
 arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n_src,
                          arl_shard_stats *sstats);
+
+/* ---- media.c ---- */
+void lr_media_free(lr_media *m); /* NULL-safe; frees m itself */
+/* After the segments of local valid trajectory t are loaded: when its context holds
+ * placeholders, its images and each placeholder's row; images that cannot explain them make
+ * the trajectory media_bad (logged, not an error).  ARL_ERR_NOMEM only. */
+arl_status lr_media_load(arl_learner *l, replay_store *st, arl_upd_traj *t);
+/* After the batch is loaded: the vision work buffer for its largest observation. */
+arl_status lr_media_prepare(arl_learner *l);
+/* The image rows of the placeholders of pieces [p0, p1) (one forward) under weights w at
+ * optimizer step `step` (-1: weights that never change) into l->media, *n_media of them (0:
+ * none, pass media NULL). */
+arl_status lr_media_call(arl_learner *l, int64_t p0, int64_t p1, const arl_model_params *w,
+                         int64_t step, int64_t *n_media);
+/* The same for positions [a, b) of segment sg alone. */
+arl_status lr_media_span(arl_learner *l, int32_t sg, int64_t a, int64_t b,
+                         const arl_model_params *w, int64_t step, int64_t *n_media);
+/* After a backward of the last lr_media_call with d_media = l->dmedia (n_media rows): the rows'
+ * gradients kept per trajectory; a sampled placeholder's goes to its embedding row. */
+void lr_media_grad(arl_learner *l, int64_t n_media);
+/* The vision tower's backward of the kept row gradients under the policy weights (l->grads +=);
+ * clears them. */
+arl_status lr_media_backward(arl_learner *l);
+/* Forget every encoding (the weights changed outside the optimizer). */
+void lr_media_invalidate(arl_learner *l);
 
 /* ---- passes.c ---- */
 enum { LR_PASS_OLD = 0, LR_PASS_REF = 1 };
@@ -77,6 +128,9 @@ arl_status lr_score_pass(arl_learner *l, int which);
  * loss statistics into acc.  drift: also measure state/prefix_drift on sampled segments. */
 arl_status lr_grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, int drift,
                         arl_loss_acc *acc);
+/* The forward of lr_grad_pass alone: *loss = the minibatch's loss; no gradient, no router
+ * scores, no drift. */
+arl_status lr_loss_pass(arl_learner *l, const arl_loss_params *lp, int32_t mb, double *loss);
 /* Put the start state of continue segment seg into slot (reset first): the valid cached state,
  * else the recomputed prefix. */
 arl_status lr_start_state(arl_learner *l, int32_t seg, int32_t slot);

@@ -123,8 +123,9 @@ static arl_status chain_calls(replay_store *st, call_chain *ch, int64_t traj_id,
             return ARL_OK;
         }
     if (ch->n == (int)(sizeof ch->src / sizeof ch->src[0]))
-        return arl_errorf(ARL_ERR_UNSUPPORTED, "rollout: trajectory %lld: forks nested deeper "
-                                               "than %d levels",
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "rollout: trajectory %lld: forks nested deeper "
+                          "than %d levels",
                           (long long)ch->own, ch->n);
     call_src *c = &ch->src[ch->n];
     c->traj_id = traj_id;
@@ -143,12 +144,57 @@ static int64_t chain_owner(const call_chain *ch, int64_t k) {
     return ch->own;
 }
 
-arl_status ro_media_load(replay_store *st, int64_t traj_id, const ro_engine *e, ro_media *m) {
+void ro_media_input_free(ro_media_input *in) {
+    if (!in) return;
+    for (int32_t i = 0; i < in->n_obs; i++) {
+        free(in->obs[i].patches);
+        free(in->obs[i].grids);
+    }
+    free(in->obs);
+    memset(in, 0, sizeof *in);
+}
+
+/* One observation's images patchified (the grids the chat template counted placeholders
+ * with) into a new entry of in. */
+static arl_status obs_add(ro_media_input *in, const arl_model_config *cfg, int64_t max_patches,
+                          const img_list *imgs, int64_t row0) {
+    ro_media_obs *v = realloc(in->obs, (size_t)(in->n_obs + 1) * sizeof *v);
+    if (!v) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory (image inputs)");
+    in->obs = v;
+    ro_media_obs *o = &in->obs[in->n_obs];
+    memset(o, 0, sizeof *o);
+    const int32_t p = (int32_t)cfg->dims.vp;
+    o->grids = malloc(sizeof(int32_t) * 2 * (size_t)imgs->n);
+    if (!o->grids) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory (image inputs)");
+    in->n_obs++; /* owned from here: freed with in */
+    o->n_img = imgs->n;
+    o->row0 = row0;
+    for (int32_t i = 0; i < imgs->n; i++) {
+        ARL_TRY(arl_image_grid(imgs->v[i].width, imgs->v[i].height, p, max_patches,
+                               &o->grids[2 * i], &o->grids[2 * i + 1]));
+        o->Np += (int64_t)o->grids[2 * i] * o->grids[2 * i + 1];
+    }
+    o->patches = malloc(sizeof(float) * (size_t)(o->Np * 3 * p * p));
+    if (!o->patches)
+        return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory for %lld image patches",
+                          (long long)o->Np);
+    int64_t at = 0;
+    for (int32_t i = 0; i < imgs->n; i++) {
+        arl_image_patchify(&imgs->v[i], p, o->grids[2 * i], o->grids[2 * i + 1],
+                           o->patches + at * 3 * p * p);
+        at += (int64_t)o->grids[2 * i] * o->grids[2 * i + 1];
+    }
+    if (o->Np > in->max_Np) in->max_Np = o->Np;
+    return ARL_OK;
+}
+
+arl_status ro_media_load_input(replay_store *st, int64_t traj_id, const arl_model_config *cfg,
+                               int64_t max_patches, ro_media_input *in, ro_media *m) {
     memset(m, 0, sizeof *m);
-    m->d = e->d;
-    m->media_id = (int32_t)e->cfg.media_placeholder_token_id;
-    m->pad_row = e->m.w->embed_tokens + (int64_t)m->media_id * e->d;
-    if (!e->cfg.has_vision) return ARL_OK;
+    memset(in, 0, sizeof *in);
+    m->d = cfg->dims.d;
+    m->media_id = (int32_t)cfg->media_placeholder_token_id;
+    if (!cfg->has_vision) return ARL_OK;
     call_chain ch;
     memset(&ch, 0, sizeof ch);
     ch.own = traj_id;
@@ -178,26 +224,40 @@ arl_status ro_media_load(replay_store *st, int64_t traj_id, const ro_engine *e, 
         if (s) break;
         m->step_reset[k] |= (uint8_t)reset;
         if (!imgs.n) continue;
-        /* one observation at a time, as the rollout encoded them */
-        float *rows = NULL;
-        int64_t nr = 0;
-        s = arl_vision_encode_images(e->m.w, &e->cfg, imgs.v, imgs.n, e->tpl.image_max_patches,
-                                     &rows, &nr);
+        s = obs_add(in, cfg, max_patches, &imgs, m->n_rows);
         if (s) break;
-        float *all = realloc(m->rows, sizeof(float) * (size_t)((m->n_rows + nr) * m->d));
-        if (!all) {
-            free(rows);
-            s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory (image rows)");
-            break;
-        }
-        memcpy(all + m->n_rows * m->d, rows, sizeof(float) * (size_t)(nr * m->d));
-        free(rows);
-        m->rows = all;
-        m->n_rows += nr;
+        m->n_rows += in->obs[in->n_obs - 1].Np / 4;
     }
     img_list_clear(&imgs);
     free(imgs.v);
     chain_free(&ch);
+    if (s) {
+        ro_media_input_free(in);
+        ro_media_free(m);
+    }
+    return s;
+}
+
+arl_status ro_media_load(replay_store *st, int64_t traj_id, const ro_engine *e, ro_media *m) {
+    ro_media_input in;
+    ARL_TRY(ro_media_load_input(st, traj_id, &e->cfg, e->tpl.image_max_patches, &in, m));
+    m->pad_row = e->m.w->embed_tokens + (int64_t)m->media_id * e->d;
+    arl_status s = ARL_OK;
+    float *ws = NULL;
+    const int64_t wsn = in.n_obs ? arl_vision_ws_floats(&e->cfg, in.max_Np) : 0;
+    if (m->n_rows > 0) {
+        m->rows = malloc(sizeof(float) * (size_t)(m->n_rows * m->d));
+        ws = malloc(sizeof(float) * (size_t)wsn);
+        if (!m->rows || !ws) s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory (image rows)");
+    }
+    /* one observation at a time, as the rollout encoded them */
+    for (int32_t i = 0; s == ARL_OK && i < in.n_obs; i++) {
+        const ro_media_obs *o = &in.obs[i];
+        s = arl_vision_fwd(m->rows + o->row0 * m->d, e->m.w, &e->cfg, o->patches, o->grids,
+                           o->n_img, ws, wsn, NULL);
+    }
+    free(ws);
+    ro_media_input_free(&in);
     if (s) ro_media_free(m);
     return s;
 }
@@ -213,9 +273,10 @@ void ro_media_fresh(ro_media *m, int64_t k) {
     m->cursor = k >= 0 ? m->step_row[k] : 0;
 }
 
-arl_status ro_media_take(ro_media *m, const uint32_t *tokens, const uint8_t *mask, int64_t n,
-                         float *out, int64_t *count) {
-    int64_t c = 0, need = 0;
+/* Rows the placeholders of n stream tokens need; ARL_ERR_NOT_FOUND past the stored ones. */
+static arl_status take_check(const ro_media *m, const uint32_t *tokens, const uint8_t *mask,
+                             int64_t n) {
+    int64_t need = 0;
     for (int64_t i = 0; i < n; i++)
         if ((int32_t)tokens[i] == m->media_id) need += !mask[i];
     if (m->cursor + need > m->n_rows)
@@ -223,11 +284,28 @@ arl_status ro_media_take(ro_media *m, const uint32_t *tokens, const uint8_t *mas
                           "rollout: the stream holds %lld more image placeholders than the "
                           "stored observations' images give (%lld rows, %lld used)",
                           (long long)need, (long long)m->n_rows, (long long)m->cursor);
+    return ARL_OK;
+}
+
+arl_status ro_media_take(ro_media *m, const uint32_t *tokens, const uint8_t *mask, int64_t n,
+                         float *out, int64_t *count) {
+    ARL_TRY(take_check(m, tokens, mask, n));
+    int64_t c = 0;
     for (int64_t i = 0; i < n; i++) {
         if ((int32_t)tokens[i] != m->media_id) continue;
         const float *src = mask[i] ? m->pad_row : m->rows + (m->cursor++) * m->d;
         memcpy(out + (c++) * m->d, src, sizeof(float) * (size_t)m->d);
     }
+    *count = c;
+    return ARL_OK;
+}
+
+arl_status ro_media_take_index(ro_media *m, const uint32_t *tokens, const uint8_t *mask, int64_t n,
+                               int64_t *idx, int64_t *count) {
+    ARL_TRY(take_check(m, tokens, mask, n));
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++)
+        if ((int32_t)tokens[i] == m->media_id) idx[c++] = mask[i] ? -1 : m->cursor++;
     *count = c;
     return ARL_OK;
 }
