@@ -1,5 +1,6 @@
-/* replay/codec.h: byte codecs the replay store needs and SQLite lacks: SHA-256 (FIPS 180-4),
- * lower-case hex, and standard base64 (RFC 4648 section 4, '=' padding, no line breaks).
+/* replay/codec.h: byte codecs the replay store needs and SQLite lacks: SHA-256 as hex (over
+ * core/sha256.h, which the callers use for raw digests), lower-case hex, and standard base64
+ * (RFC 4648 section 4, '=' padding, no line breaks).
  * Not a crypto library: SHA-256 is used for content addressing (images, bodies, configs). */
 #ifndef ARL_REPLAY_CODEC_H
 #define ARL_REPLAY_CODEC_H
@@ -7,18 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct replay_sha256_ctx {
-    uint32_t h[8];
-    uint64_t nbytes;
-    uint8_t buf[64];
-    size_t nbuf;
-} replay_sha256_ctx;
-
-void replay_sha256_init(replay_sha256_ctx *c);
-void replay_sha256_update(replay_sha256_ctx *c, const void *data, size_t n);
-void replay_sha256_final(replay_sha256_ctx *c, uint8_t out[32]);
-/* One-shot digest of data[0..n). */
-void replay_sha256(const void *data, size_t n, uint8_t out[32]);
 /* One-shot digest as 64 lower-case hex digits plus NUL into out[65]. */
 void replay_sha256_hex(const void *data, size_t n, char out[65]);
 

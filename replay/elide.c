@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/sha256.h"
 #include "replay/codec.h"
 #include "replay/internal.h"
 
@@ -90,7 +91,7 @@ arl_status relide_images(const uint8_t *body, size_t n, uint8_t **out, size_t *o
                             im->png_nbytes = pn;
                             im->width = (int32_t)be32(png + 16);
                             im->height = (int32_t)be32(png + 20);
-                            replay_sha256(png, pn, im->sha256);
+                            arl_sha256(png, pn, im->sha256);
                             /* copy up to the string's first byte, then the placeholder */
                             memcpy(o + on, body + copied, v + 1 - copied);
                             on += v + 1 - copied;
@@ -135,7 +136,7 @@ arl_status rimages_restore(const uint8_t *stored, size_t n, const rimage_ref *re
         size_t off = refs[i].body_offset;
         uint8_t sha[32];
         char want[PLACEHOLDER_LEN + 1];
-        replay_sha256(refs[i].png, refs[i].png_nbytes, sha);
+        arl_sha256(refs[i].png, refs[i].png_nbytes, sha);
         memcpy(want, "sha256:", 7);
         replay_hex_encode(sha, 32, want + 7);
         if (off < at || off + PLACEHOLDER_LEN > n || memcmp(stored + off, want, PLACEHOLDER_LEN)) {

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/sha256.h"
 #include "replay/codec.h"
 #include "replay/inspect.h"
 #include "replay/internal.h"
@@ -519,7 +520,7 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
                 while (nr < 64 && sqlite3_step(iq) == SQLITE_ROW) {
                     size_t pn = (size_t)sqlite3_column_bytes(iq, 1);
                     uint8_t sh[32];
-                    replay_sha256(sqlite3_column_blob(iq, 1), pn, sh);
+                    arl_sha256(sqlite3_column_blob(iq, 1), pn, sh);
                     if (sqlite3_column_bytes(iq, 2) != 32 ||
                         memcmp(sh, sqlite3_column_blob(iq, 2), 32))
                         finding(v, 1, "%s: an image's PNG does not match its sha256", d->name);
@@ -541,7 +542,7 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
                         arl_error_msg());
             else {
                 uint8_t sh[32];
-                replay_sha256(full, fn, sh);
+                arl_sha256(full, fn, sh);
                 if (sqlite3_column_bytes(q, 2) != 32 || memcmp(sh, sqlite3_column_blob(q, 2), 32))
                     finding(v, 1,
                             "%s: trajectory %s call %lld: reconstructed response does not match "

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/sha256.h"
 #include "core/log.h"
 #include "replay/codec.h"
 #include "replay/internal.h"
@@ -621,7 +622,7 @@ static arl_status insert_env_call(replay_writer *w, int64_t traj_id, const repla
         return arl_errorf(ARL_ERR_ARG, "replay: %s: env call %lld has no endpoint", w->file,
                           (long long)c->call_seq);
     if (resp && c->response_complete) {
-        replay_sha256(resp, resp_n, sha);
+        arl_sha256(resp, resp_n, sha);
         ARL_TRY(relide_images(resp, resp_n, &body, &body_n, &imgs, &n_imgs));
         resp = body;
         resp_n = body_n;

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/sha256.h"
 #include "replay/inspect.h"
 #include "replay/internal.h"
 #include "tests/replay/fixture.h"
@@ -148,7 +149,7 @@ static void test_roundtrip(void) {
     size_t fn;
     CHECK(rimages_restore(body, bn, &ir, 1, &full, &fn) == ARL_OK);
     uint8_t sha[32];
-    replay_sha256(full, fn, sha);
+    arl_sha256(full, fn, sha);
     CHECK(!memcmp(sha, sqlite3_column_blob(q, 1), 32));
     free(full);
     sqlite3_finalize(q);
