@@ -9,10 +9,10 @@
 #include <string.h>
 
 #include "core/crc32.h"
+#include "rollout/boundary.h"
 #include "rollout/internal.h"
 #include "rollout/rescore.h"
 
-#define NUMERICS "cpu-f32"
 
 static const char *endpoint_name(arl_env_endpoint ep, int64_t segment_index) {
     switch (ep) {
@@ -158,74 +158,19 @@ arl_status ro_seg_desc(arl_rollout_worker *w, ro_traj *t, const char *end_cause,
     return ARL_OK;
 }
 
-/* Rows of one latent blob of width R (f32) under the 64 MiB chunk limit. */
-static int64_t latent_rows_per_chunk(int64_t R) {
-    int64_t r = (int64_t)((ARL_BLOB_MAX_BYTES - ARL_BLOB_HEADER_SIZE) / (uint64_t)(R * 4));
-    return r > 0 ? r : 1;
-}
-
 arl_status ro_states_put(arl_rollout_worker *w, ro_traj *t, int64_t *end_id, int64_t *lat_id) {
-    *end_id = *lat_id = -1;
-    ro_engine *e = &w->eng;
-    const arl_model_dims *dm = &e->cfg.dims;
-    const arl_decode_state *ds = &e->st;
     const ro_seg *s = &t->seg;
-    const int64_t pos = arl_decode_state_position(ds, t->slot);
-    if (pos != s->ctx_start + s->n)
-        return arl_errorf(ARL_ERR_INTERNAL,
-                          "rollout: %s segment %d: decode position %lld, the segment ends at %lld",
-                          t->uid, (int)s->seg_index, (long long)pos, (long long)(s->ctx_start + s->n));
-    const int64_t R = dm->rkv + dm->r, rpc = latent_rows_per_chunk(R);
-    size_t n_lat = dm->n_mla ? (size_t)dm->n_mla * (size_t)((s->n + rpc - 1) / rpc) : 0;
-    size_t cap = (size_t)(2 * dm->n_kda) + n_lat + 1;
-    replay_state_chunk *ch = calloc(cap, sizeof *ch);
-    if (!ch) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
-    size_t n = 0;
-    for (int64_t l = 0; l < dm->L; l++) {
-        if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_KDA) continue;
-        ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "S",
-                                       .kind = ARL_BLOB_KDA_STATE, .dtype = ARL_BLOB_F32, .ndim = 3,
-                                       .dims = {(uint64_t)dm->H, (uint64_t)dm->dk, (uint64_t)dm->dv},
-                                       .data = arl_decode_state_kda_S(ds, t->slot, l)};
-        ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "conv",
-                                       .kind = ARL_BLOB_CONV_TAIL, .dtype = ARL_BLOB_F32, .ndim = 3,
-                                       .dims = {3, (uint64_t)dm->P, (uint64_t)(dm->W - 1)},
-                                       .data = arl_decode_state_kda_conv(ds, t->slot, l)};
+    uint32_t vmin = UINT32_MAX, vmax = 0;
+    for (int64_t i = 0; i < s->n; i++) {
+        if (s->versions[i] < vmin) vmin = s->versions[i];
+        if (s->versions[i] > vmax) vmax = s->versions[i];
     }
-    replay_state_desc sd = {.traj_uid = t->uid, .seg_index = s->seg_index, .kind = "kda_boundary",
-                            .producer = "rollout", .pass_uid = t->pass_uid,
-                            .version_min = t->ctx_vmin, .version_max = t->ctx_vmax,
-                            .numerics = NUMERICS, .routing = "natural",
-                            .model_config_sha256 = e->cfg_hash, .ctx_start = 0, .n_tokens = pos};
-    arl_status st = replay_state_put(w->w, &sd, ch, n, end_id);
-    if (st == ARL_OK) {
-        n = 0;
-        uint32_t vmin = UINT32_MAX, vmax = 0;
-        for (int64_t i = 0; i < s->n; i++) {
-            if (s->versions[i] < vmin) vmin = s->versions[i];
-            if (s->versions[i] > vmax) vmax = s->versions[i];
-        }
-        for (int64_t l = 0; l < dm->L; l++) {
-            if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_MLA) continue;
-            const float *lat = arl_decode_state_latent(ds, t->slot, l);
-            for (int64_t r0 = 0; r0 < s->n; r0 += rpc) {
-                int64_t rows = s->n - r0 < rpc ? s->n - r0 : rpc;
-                ch[n++] = (replay_state_chunk){
-                    .layer = (int32_t)l, .tensor = "latent", .row_start = r0,
-                    .kind = ARL_BLOB_MLA_LATENT, .dtype = ARL_BLOB_F32, .ndim = 2,
-                    .dims = {(uint64_t)rows, (uint64_t)R},
-                    .data = lat + (s->ctx_start + r0) * R};
-            }
-        }
-        sd.kind = "mla_segment";
-        sd.version_min = vmin;
-        sd.version_max = vmax;
-        sd.ctx_start = s->ctx_start;
-        sd.n_tokens = s->n;
-        st = replay_state_put(w->w, &sd, ch, n, lat_id);
-    }
-    free(ch);
-    return st;
+    replay_state_desc id = {.traj_uid = t->uid, .seg_index = s->seg_index, .producer = "rollout",
+                            .pass_uid = t->pass_uid, .version_min = t->ctx_vmin,
+                            .version_max = t->ctx_vmax, .routing = "natural"};
+    arl_status st = ro_boundary_put(w->w, &w->eng, t->slot, &id, s->ctx_start, s->n, vmin, vmax,
+                                    end_id, lat_id);
+    return st ? arl_error_prefix(st, "rollout") : ARL_OK;
 }
 
 /* ---- boundary parts -> ARLS export (policy/state.h) ---- */
@@ -257,10 +202,10 @@ arl_status arl_rollout_state_assemble(const arl_model_config *cfg, const char *c
                               "state %lld was computed by another model config (%s, not %s): "
                               "cache miss",
                               (long long)parts[i].state_id, parts[i].model_config_sha256, cfg_hash);
-        if (strcmp(parts[i].numerics, NUMERICS))
+        if (strcmp(parts[i].numerics, RO_NUMERICS))
             return arl_errorf(ARL_ERR_NOT_FOUND, "state %lld has numerics %s, this engine %s: "
                                                  "cache miss",
-                              (long long)parts[i].state_id, parts[i].numerics, NUMERICS);
+                              (long long)parts[i].state_id, parts[i].numerics, RO_NUMERICS);
     }
     const int64_t pos = parts[0].ctx_start + parts[0].n_tokens;
     int64_t want_ctx = 0;

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/sha256.h"
+#include "rollout/boundary.h"
 #include "rollout/engine.h"
 #include "rollout/media.h"
 #include "rollout/rescore.h"
@@ -21,6 +22,22 @@
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* The end of both imports below: when s is ARL_OK, the boundary parts assembled into an ARLS
+ * export and imported into slot 0 (a part that does not fit is a miss, ARL_ERR_NOT_FOUND);
+ * parts are freed in every case.  Returns s or the first error. */
+static arl_status import_parts(ro_engine *e, replay_state_data *parts, size_t np, arl_status s) {
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, parts, np, &buf, &len);
+    replay_boundary_free(parts, np);
+    if (s == ARL_OK) {
+        s = arl_decode_state_import(&e->st, 0, buf, len);
+        if (s) s = arl_error_prefix(ARL_ERR_NOT_FOUND, "importing the cached boundary");
+    }
+    free(buf);
+    return s;
 }
 
 /* Import the cached full boundary of segment seg_index of traj into slot 0, if every part was
@@ -37,21 +54,8 @@ static arl_status import_boundary(replay_store *st, ro_engine *e, int64_t traj_i
             s = arl_errorf(ARL_ERR_NOT_FOUND, "state %lld holds versions %lld..%lld, not %lld",
                            (long long)parts[i].state_id, (long long)parts[i].version_min,
                            (long long)parts[i].version_max, (long long)version);
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, parts, np, &buf, &len);
-    replay_boundary_free(parts, np);
-    if (s == ARL_OK) {
-        s = arl_decode_state_import(&e->st, 0, buf, len);
-        if (s) s = arl_error_prefix(ARL_ERR_NOT_FOUND, "importing the cached boundary");
-    }
-    free(buf);
-    return s;
+    return import_parts(e, parts, np, s);
 }
-
-/* The numerics of this build's CPU forward: NUMERICS of rollout/commit.c, the tag
- * arl_rollout_state_assemble accepts. */
-#define RESCORE_NUMERICS "cpu-f32"
 
 /* Import the tool states of pass `pass` for the boundary at the end of refs[si - 1]: its
  * kda_boundary and the mla_segment states of refs[f..si-1] from the last fresh start f.
@@ -69,77 +73,21 @@ static arl_status import_tool_boundary(replay_store *st, ro_engine *e, const cha
     for (size_t j = f; s == ARL_OK && j < si; j++)
         s = replay_state_find(st, traj_uid, refs[j].seg_index, "mla_segment", "tool", pass,
                               &parts[1 + j - f]);
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, parts, np, &buf, &len);
-    replay_boundary_free(parts, np);
-    if (s == ARL_OK) {
-        s = arl_decode_state_import(&e->st, 0, buf, len);
-        if (s) s = arl_error_prefix(ARL_ERR_NOT_FOUND, "importing the cached boundary");
-    }
-    free(buf);
-    return s;
-}
-
-/* Rows of one latent blob of width R (f32) under the 64 MiB chunk limit. */
-static int64_t latent_rows_per_chunk(int64_t R) {
-    int64_t r = (int64_t)((ARL_BLOB_MAX_BYTES - ARL_BLOB_HEADER_SIZE) / (uint64_t)(R * 4));
-    return r > 0 ? r : 1;
+    return import_parts(e, parts, np, s);
 }
 
 /* Write the state of slot at the end of segment r (spec 13.6 step 3) as producer 'tool' of pass
- * `pass`: the kda_boundary (every KDA layer's S and conv tail, positions 0..end) and the
- * mla_segment (the segment's latent rows of every MLA layer), as the rollout writes its own. */
+ * `pass`, as the rollout writes its own (rollout/boundary.h). */
 static arl_status save_boundary(replay_writer *w, ro_engine *e, int32_t slot, const char *traj_uid,
                                 const replay_seg_ref *r, const char *pass, int64_t version,
                                 const char *routing) {
-    const arl_model_dims *dm = &e->cfg.dims;
-    const arl_decode_state *ds = &e->st;
-    const int64_t pos = arl_decode_state_position(ds, slot), T = r->n_tokens;
-    const int64_t R = dm->rkv + dm->r, rpc = latent_rows_per_chunk(R);
-    size_t n_lat = dm->n_mla ? (size_t)dm->n_mla * (size_t)((T + rpc - 1) / rpc) : 0;
-    replay_state_chunk *ch = calloc((size_t)(2 * dm->n_kda) + n_lat + 1, sizeof *ch);
-    if (!ch) return arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
-    size_t n = 0;
-    for (int64_t l = 0; l < dm->L; l++) {
-        if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_KDA) continue;
-        ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "S",
-                                       .kind = ARL_BLOB_KDA_STATE, .dtype = ARL_BLOB_F32, .ndim = 3,
-                                       .dims = {(uint64_t)dm->H, (uint64_t)dm->dk, (uint64_t)dm->dv},
-                                       .data = arl_decode_state_kda_S(ds, slot, l)};
-        ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "conv",
-                                       .kind = ARL_BLOB_CONV_TAIL, .dtype = ARL_BLOB_F32, .ndim = 3,
-                                       .dims = {3, (uint64_t)dm->P, (uint64_t)(dm->W - 1)},
-                                       .data = arl_decode_state_kda_conv(ds, slot, l)};
-    }
-    replay_state_desc sd = {.traj_uid = traj_uid, .seg_index = r->seg_index,
-                            .kind = "kda_boundary", .producer = "tool", .pass_uid = pass,
-                            .version_min = version, .version_max = version,
-                            .numerics = RESCORE_NUMERICS, .routing = routing,
-                            .model_config_sha256 = e->cfg_hash, .ctx_start = 0, .n_tokens = pos};
-    int64_t id;
-    arl_status s = replay_state_put(w, &sd, ch, n, &id);
-    if (s == ARL_OK) {
-        n = 0;
-        for (int64_t l = 0; l < dm->L; l++) {
-            if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_MLA) continue;
-            const float *lat = arl_decode_state_latent(ds, slot, l);
-            for (int64_t r0 = 0; r0 < T; r0 += rpc) {
-                int64_t rows = T - r0 < rpc ? T - r0 : rpc;
-                ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "latent",
-                                               .row_start = r0, .kind = ARL_BLOB_MLA_LATENT,
-                                               .dtype = ARL_BLOB_F32, .ndim = 2,
-                                               .dims = {(uint64_t)rows, (uint64_t)R},
-                                               .data = lat + (r->ctx_start + r0) * R};
-            }
-        }
-        sd.kind = "mla_segment";
-        sd.ctx_start = r->ctx_start;
-        sd.n_tokens = T;
-        s = replay_state_put(w, &sd, ch, n, &id);
-    }
-    free(ch);
-    return s;
+    replay_state_desc id = {.traj_uid = traj_uid, .seg_index = r->seg_index, .producer = "tool",
+                            .pass_uid = pass, .version_min = version, .version_max = version,
+                            .routing = routing};
+    int64_t end_id, lat_id;
+    arl_status s = ro_boundary_put(w, e, slot, &id, r->ctx_start, r->n_tokens, version, version,
+                                   &end_id, &lat_id);
+    return s ? arl_error_prefix(s, "rescore --save-states") : ARL_OK;
 }
 
 /* Which version's rollout states may start segments (opts->version, section on

@@ -1,0 +1,72 @@
+/* rollout/boundary.c: slot state -> kda_boundary and mla_segment states (see boundary.h). */
+#include "rollout/boundary.h"
+
+#include <stdlib.h>
+
+#include "core/blob.h"
+
+/* Rows of one latent blob of width R (f32) under the 64 MiB chunk limit. */
+static int64_t latent_rows_per_chunk(int64_t R) {
+    int64_t r = (int64_t)((ARL_BLOB_MAX_BYTES - ARL_BLOB_HEADER_SIZE) / (uint64_t)(R * 4));
+    return r > 0 ? r : 1;
+}
+
+arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
+                           const replay_state_desc *id, int64_t seg_ctx_start, int64_t seg_n,
+                           int64_t seg_vmin, int64_t seg_vmax, int64_t *end_id, int64_t *lat_id) {
+    *end_id = *lat_id = -1;
+    const arl_model_dims *dm = &e->cfg.dims;
+    const arl_decode_state *ds = &e->st;
+    const int64_t pos = arl_decode_state_position(ds, slot);
+    if (pos != seg_ctx_start + seg_n)
+        return arl_errorf(ARL_ERR_INTERNAL,
+                          "%s segment %d: decode position %lld, the segment ends at %lld",
+                          id->traj_uid, (int)id->seg_index, (long long)pos,
+                          (long long)(seg_ctx_start + seg_n));
+    const int64_t R = dm->rkv + dm->r, rpc = latent_rows_per_chunk(R);
+    size_t n_lat = dm->n_mla ? (size_t)dm->n_mla * (size_t)((seg_n + rpc - 1) / rpc) : 0;
+    replay_state_chunk *ch = calloc((size_t)(2 * dm->n_kda) + n_lat + 1, sizeof *ch);
+    if (!ch) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory for the state chunks", id->traj_uid);
+    size_t n = 0;
+    for (int64_t l = 0; l < dm->L; l++) {
+        if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_KDA) continue;
+        ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "S",
+                                       .kind = ARL_BLOB_KDA_STATE, .dtype = ARL_BLOB_F32, .ndim = 3,
+                                       .dims = {(uint64_t)dm->H, (uint64_t)dm->dk, (uint64_t)dm->dv},
+                                       .data = arl_decode_state_kda_S(ds, slot, l)};
+        ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "conv",
+                                       .kind = ARL_BLOB_CONV_TAIL, .dtype = ARL_BLOB_F32, .ndim = 3,
+                                       .dims = {3, (uint64_t)dm->P, (uint64_t)(dm->W - 1)},
+                                       .data = arl_decode_state_kda_conv(ds, slot, l)};
+    }
+    replay_state_desc sd = *id;
+    sd.kind = "kda_boundary";
+    sd.numerics = RO_NUMERICS;
+    sd.model_config_sha256 = e->cfg_hash;
+    sd.ctx_start = 0;
+    sd.n_tokens = pos;
+    arl_status st = replay_state_put(w, &sd, ch, n, end_id);
+    if (st == ARL_OK) {
+        n = 0;
+        for (int64_t l = 0; l < dm->L; l++) {
+            if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_MLA) continue;
+            const float *lat = arl_decode_state_latent(ds, slot, l);
+            for (int64_t r0 = 0; r0 < seg_n; r0 += rpc) {
+                int64_t rows = seg_n - r0 < rpc ? seg_n - r0 : rpc;
+                ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "latent",
+                                               .row_start = r0, .kind = ARL_BLOB_MLA_LATENT,
+                                               .dtype = ARL_BLOB_F32, .ndim = 2,
+                                               .dims = {(uint64_t)rows, (uint64_t)R},
+                                               .data = lat + (seg_ctx_start + r0) * R};
+            }
+        }
+        sd.kind = "mla_segment";
+        sd.version_min = seg_vmin;
+        sd.version_max = seg_vmax;
+        sd.ctx_start = seg_ctx_start;
+        sd.n_tokens = seg_n;
+        st = replay_state_put(w, &sd, ch, n, lat_id);
+    }
+    free(ch);
+    return st;
+}

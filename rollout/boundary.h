@@ -1,0 +1,35 @@
+/* rollout/boundary.h: the decode state of one engine slot at the end of a segment, written to
+ * the store as its two states (spec/replay.md 4.12): the kda_boundary (every KDA layer's S and
+ * convolution tail, covering positions 0..end) and the mla_segment (the segment's own latent rows
+ * of every MLA layer, split into chunks under the blob limit, spec/replay.md 5.4).
+ *
+ * What this is: the one place that turns slot state into state chunks, for the rollout worker
+ * (producer 'rollout', rollout/commit.c) and `replay rescore --save-states` (producer 'tool').
+ * What this is not: the choice of which cached states may start a segment (validity rules stay
+ * with the callers), or reading states back (arl_rollout_state_assemble, rollout/rescore.h).
+ */
+#ifndef ARL_ROLLOUT_BOUNDARY_H
+#define ARL_ROLLOUT_BOUNDARY_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "replay/replay.h"
+#include "rollout/engine.h"
+
+/* The numerics tag of this build's CPU forward (spec/replay.md 4.12 states.numerics): the tag
+ * the writers record and arl_rollout_state_assemble accepts. */
+#define RO_NUMERICS "cpu-f32"
+
+/* Write the state of `slot` at the end of the segment [seg_ctx_start, seg_ctx_start + seg_n).
+ * id names the states: traj_uid, seg_index, producer, pass_uid, routing, and the version range
+ * of the whole covered computation (version_min/max, for the kda_boundary); kind, numerics,
+ * model_config_sha256, ctx_start and n_tokens are filled here.  seg_vmin/seg_vmax: the versions
+ * of the segment's own tokens (the mla_segment's range).  *end_id, *lat_id: the new state ids
+ * (-1 until written).  ARL_ERR_INTERNAL when the slot's position is not the segment's end;
+ * ARL_ERR_NOMEM; the store's errors. */
+arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
+                           const replay_state_desc *id, int64_t seg_ctx_start, int64_t seg_n,
+                           int64_t seg_vmin, int64_t seg_vmax, int64_t *end_id, int64_t *lat_id);
+
+#endif
