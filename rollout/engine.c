@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/sha256.h"
 #include "kernels/gemm.h"
 #include "policy/checkpoint.h"
 
@@ -129,4 +130,11 @@ arl_status ro_engine_forward(ro_engine *e, int32_t N, const int32_t *slots, cons
 arl_status ro_engine_decode(ro_engine *e, int32_t n, const int32_t *slots, const int32_t *tokens) {
     return arl_model_decode_step(&e->m, &e->st, slots, n, tokens, e->logits,
                                  e->n_moe ? e->routes : NULL);
+}
+
+void ro_engine_weights_sha256(const ro_engine *e, int which, char hex[65]) {
+    uint8_t dg[ARL_SHA256_BYTES];
+    const arl_model_params *p = &e->params[which];
+    arl_sha256(p->arena, sizeof(float) * (size_t)p->inv.arena_floats, dg);
+    arl_sha256_hex(dg, hex);
 }

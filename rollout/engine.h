@@ -82,4 +82,10 @@ arl_status ro_engine_forward(ro_engine *e, int32_t N, const int32_t *slots, cons
  * routes (n_moe, n, k) into e->routes. */
 arl_status ro_engine_decode(ro_engine *e, int32_t n, const int32_t *slots, const int32_t *tokens);
 
+/* The identity of parameter buffer `which` (0 or 1, an index into params) as loaded: SHA-256 of
+ * its fp32 arena as lower-case hex into hex[65].  Recorded as policy_versions.weights_sha256
+ * by the worker and matched by `replay rescore` (spec/replay.md 13.6) to find a checkpoint's
+ * version.  Reads the whole arena: seconds for a large model, so once per loaded version. */
+void ro_engine_weights_sha256(const ro_engine *e, int which, char hex[65]);
+
 #endif

@@ -165,9 +165,7 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
      * version match and of this checkpoint's tool states (pass_uid) */
     char wsha[ARL_SHA256_HEX_CHARS] = "";
     if (s == ARL_OK && (opts->version != -1 || opts->save_states)) {
-        uint8_t dg[ARL_SHA256_BYTES];
-        arl_sha256(e.params[0].arena, sizeof(float) * (size_t)e.params[0].inv.arena_floats, dg);
-        arl_sha256_hex(dg, wsha);
+        ro_engine_weights_sha256(&e, e.cur, wsha);
         snprintf(out->pass_uid, sizeof out->pass_uid, "rescore:%.32s:%s:mla%lld/%lld", wsha,
                  opts->natural_routing ? "natural" : "replay", (long long)opts->sparse_topk,
                  (long long)(opts->sparse_topk > 0 ? eo.sparse_chunk : 0));

@@ -1012,9 +1012,13 @@ static int decode_pass(arl_rollout_worker *w, arl_status *st) {
 
 /* ---- weights ---- */
 
-static arl_status version_record(arl_rollout_worker *w, int64_t version, const char *uri) {
+/* Record policy version `version`, loaded from uri into params[which], with its weights hash. */
+static arl_status version_record(arl_rollout_worker *w, int64_t version, const char *uri,
+                                 int which) {
+    char wsha[65];
+    ro_engine_weights_sha256(&w->eng, which, wsha);
     replay_version_desc d = {.run_id = w->run_id, .version = version, .update_n = version > 0 ? version - 1 : -1,
-                             .checkpoint_uri = uri, .kl_coef = NAN};
+                             .checkpoint_uri = uri, .weights_sha256 = wsha, .kl_coef = NAN};
     arl_status s = replay_version_add(w->st, &d);
     if (s == ARL_ERR_STATE) { /* recorded before with other content (another path): keep it */
         arl_error_clear();
@@ -1028,7 +1032,7 @@ arl_status arl_rollout_worker_publish(arl_rollout_worker *w, int64_t version, co
         return arl_errorf(ARL_ERR_ARG, "rollout: policy version %lld is not newer than %lld",
                           (long long)version, (long long)w->eng.version);
     ARL_TRY(ro_engine_load_next(&w->eng, ckpt_dir, version));
-    ARL_TRY(version_record(w, version, ckpt_dir));
+    ARL_TRY(version_record(w, version, ckpt_dir, 1 - w->eng.cur));
     if (!w->swap_pending) w->swap_since_ms = ro_now_ms();
     w->swap_pending = 1;
     arl_log_info("rollout: policy version %lld loaded from %s; swapping in between turns",
@@ -1199,7 +1203,7 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
                   : arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     free(info_copy);
     ARL_TRY(s);
-    ARL_TRY(version_record(w, w->eng.version, w->ckpt_dir));
+    ARL_TRY(version_record(w, w->eng.version, w->ckpt_dir, w->eng.cur));
     if (with_tasks) ARL_TRY(tasks_load(w));
     w->group_ids = calloc((size_t)w->n_tasks + 1, sizeof(int64_t));
     w->task_ids = calloc((size_t)w->n_tasks + 1, sizeof(int64_t));

@@ -240,7 +240,7 @@ JSON
 expect 0 "$A" rollout "$R/exp.json" --ckpt "$R/a" --out "$R/db" --tasks 1 --shard 1
 expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/a"
 has "router agreement over [1-9][0-9]* tokens: overlap 1.0000 exact layer 1.0000 exact token 1.0000"
-has "start states: rollout states of version 0 (the run's version at this checkpoint path)"
+has "start states: rollout states of version 0 (the run's version with these weights)"
 has "entropy mean [0-9]"
 expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/a" --routing natural --json \
     --label a-nat

@@ -179,10 +179,11 @@ static void test_start_states(void) {
     size_t n = 0;
     const int64_t AUTO = ARL_ROLLOUT_RESCORE_VERSION_AUTO;
 
-    /* the default under A: version 0 from the checkpoint path, its rollout states used */
+    /* the default under A: version 0 by the weights hash the worker recorded, its rollout
+     * states used */
     free(rescore_v(st, ckpt_a, uid, AUTO, 0, NULL, &rs, &n));
     CHECK_EQ_INT(rs.version, 0);
-    CHECK_EQ_INT(rs.version_how, ARL_ROLLOUT_RESCORE_VERSION_PATH);
+    CHECK_EQ_INT(rs.version_how, ARL_ROLLOUT_RESCORE_VERSION_WEIGHTS);
     CHECK_EQ_INT(rs.from_state, cont);
     CHECK_MSG(rs.max_abs < 1e-3, "max |diff| %g", rs.max_abs); /* fp32 rounding: helpers.h */
     /* the default under B: no version of the run is B, so no rollout state of A starts a
@@ -201,6 +202,22 @@ static void test_start_states(void) {
                               .checkpoint_uri = "/nonexistent/v1", .weights_sha256 = hb,
                               .kl_coef = NAN};
     H_DIE(replay_version_add(st, &vd), "version 1");
+    /* a row without a recorded hash (a store written before workers recorded it) matches by its
+     * checkpoint directory after realpath; a row with another hash never matches by path */
+    char via[760];
+    snprintf(via, sizeof via, "%s/../%s", ckpt_b, strrchr(ckpt_b, '/') + 1);
+    replay_version_desc vd2 = {.run_id = tr.run_id, .version = 2, .update_n = 1,
+                               .checkpoint_uri = ckpt_b, .kl_coef = NAN};
+    H_DIE(replay_version_add(st, &vd2), "version 2");
+    int64_t fv = -9;
+    int how = -1;
+    const char *unknown = "0000000000000000000000000000000000000000000000000000000000000000";
+    H_DIE(replay_version_find(st, tr.run_id, unknown, via, &fv, &how), "find by path");
+    CHECK_EQ_INT(fv, 2);
+    CHECK_EQ_INT(how, 2);
+    CHECK(replay_version_find(st, tr.run_id, unknown, ckpt_a, &fv, &how) == ARL_ERR_NOT_FOUND);
+    arl_error_clear();
+    CHECK_EQ_INT(fv, -1);
     free(rescore_v(st, ckpt_a, uid, 1, 0, NULL, &rs, &n));
     CHECK_EQ_INT(rs.version_how, ARL_ROLLOUT_RESCORE_VERSION_REFUSED);
     CHECK_EQ_INT(rs.version, -1);
