@@ -23,6 +23,8 @@
 #include "policy/attnres.h"
 #include "policy/kda.h"
 #include "policy/mla.h"
+#include "policy/moe_internal.h"
+#include "policy/optimizer_internal.h"
 #include "policy/router.h"
 
 /* ======================= host ops ======================================================== */
@@ -92,99 +94,6 @@ static float *take_f(float *base, int64_t *used, int64_t n) {
     return p;
 }
 
-typedef struct cpu_moe_bufs {
-    int64_t *start; /* (E + 1) */
-    int64_t *fill;  /* (E) */
-    int64_t *row;   /* (T*k) */
-    float *zg;      /* (T*k, dz) */
-    float *gu;      /* (T*k, 2f) */
-    float *h;       /* (T*k, f) */
-    float *yg;      /* (T*k, dz) */
-} cpu_moe_bufs;
-
-static int64_t cpu_moe_layout(cpu_moe_bufs *B, float *base, int64_t T, int64_t k, int64_t E,
-                              int64_t dz, int64_t f) {
-    int64_t used = 0, Tk = T * k;
-    B->start = (int64_t *)take_f(base, &used, 2 * (E + 1));
-    B->fill = (int64_t *)take_f(base, &used, 2 * E);
-    B->row = (int64_t *)take_f(base, &used, 2 * Tk);
-    B->zg = take_f(base, &used, Tk * dz);
-    B->gu = take_f(base, &used, Tk * 2 * f);
-    B->h = take_f(base, &used, Tk * f);
-    B->yg = take_f(base, &used, Tk * dz);
-    return used;
-}
-
-static int64_t cpu_moe_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
-    cpu_moe_bufs B;
-    return cpu_moe_layout(&B, NULL, T, k, E, dz, f);
-}
-
-static void cpu_moe_experts_fwd(float *u, const float *z, const int32_t *sel, const float *pw,
-                                const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
-                                const uint16_t *const *banks, float *ws) {
-    ARL_ASSERT(!banks); /* no bf16 weights on the host */
-    const int64_t E = c->E, k = c->k, dz = c->dz, f = c->f;
-    cpu_moe_bufs B;
-    cpu_moe_layout(&B, ws, T, k, E, dz, f);
-    for (int64_t e = 0; e <= E; e++)
-        B.start[e] = 0;
-    for (int64_t i = 0; i < T * k; i++)
-        B.start[sel[i] + 1]++;
-    for (int64_t e = 0; e < E; e++) {
-        B.start[e + 1] += B.start[e];
-        B.fill[e] = B.start[e];
-    }
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            int64_t r = B.fill[sel[t * k + j]]++;
-            B.row[t * k + j] = r;
-            memcpy(B.zg + r * dz, z + t * dz, sizeof(float) * (size_t)dz);
-        }
-    for (int64_t e = 0; e < E; e++) {
-        int64_t r0 = B.start[e], ne = B.start[e + 1] - r0;
-        if (ne == 0) continue;
-        float *gu = B.gu + r0 * 2 * f, *h = B.h + r0 * f;
-        const float *x = B.zg + r0 * dz;
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, f, dz, 1.0f, x, dz, p->w1 + e * f * dz, dz, 0.0f,
-                   gu, 2 * f);
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, f, dz, 1.0f, x, dz, p->w3 + e * f * dz, dz, 0.0f,
-                   gu + f, 2 * f);
-        arl_glu_act_fwd(&c->act, h, gu, gu + f, ne, f, 2 * f);
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, dz, f, 1.0f, h, f, p->w2 + e * dz * f, f, 0.0f,
-                   B.yg + r0 * dz, dz);
-    }
-    for (int64_t t = 0; t < T; t++) {
-        float *ut = u + t * dz;
-        for (int64_t i = 0; i < dz; i++)
-            ut[i] = 0.0f;
-        for (int64_t j = 0; j < k; j++) {
-            float pj = pw[t * k + j];
-            const float *yr = B.yg + B.row[t * k + j] * dz;
-            for (int64_t i = 0; i < dz; i++)
-                ut[i] += pj * yr[i];
-        }
-    }
-}
-
-/* ---- training ops (the backward of policy/model_backward.c and the AdamW of
- * policy/optimizer.c, line by line) ---- */
-
-static int64_t cpu_kda_chunk_bwd_ws(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
-                                    int64_t C) {
-    (void)T, (void)N;
-    return arl_kda_bwd_ws_floats(H, dk, dv, C);
-}
-static int64_t cpu_attnres_bwd_ws(int32_t N, int64_t T) {
-    return 2 * arl_attnres_bwd_ws_doubles(N, T);
-}
-static void cpu_attnres_mix_bwd(float *const *dsrc, float *dw_norm, float *dw_proj, const float *dh,
-                                const float *const *src, int32_t N, int64_t T, int64_t d,
-                                const float *w_norm, const float *w_proj, float eps, float *ws) {
-    arl_attnres_mix_bwd_ws(dsrc, dw_norm, dw_proj, dh, src, N, T, d, w_norm, w_proj, eps,
-                           (double *)ws);
-}
-
 /* What the training forward of the routed experts keeps (policy/moe_backward.c's save). */
 typedef struct cpu_moe_save {
     int64_t *start; /* (E + 1) */
@@ -219,44 +128,36 @@ static void cpu_moe_experts_fwd_save(float *u, const float *z, const int32_t *se
     cpu_moe_save S;
     int64_t used = cpu_moe_save_layout(&S, save, T, k, E, dz, f);
     int64_t *fill = (int64_t *)(save + used);
-    for (int64_t e = 0; e <= E; e++)
-        S.start[e] = 0;
-    for (int64_t i = 0; i < T * k; i++)
-        S.start[sel[i] + 1]++;
-    for (int64_t e = 0; e < E; e++) {
-        S.start[e + 1] += S.start[e];
-        fill[e] = S.start[e];
-    }
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            int64_t r = fill[sel[t * k + j]]++;
-            S.row[t * k + j] = r;
-            memcpy(S.zg + r * dz, z + t * dz, sizeof(float) * (size_t)dz);
-        }
-    for (int64_t e = 0; e < E; e++) {
-        int64_t r0 = S.start[e], ne = S.start[e + 1] - r0;
-        if (ne == 0) continue;
-        float *gu = S.gu + r0 * 2 * f, *h = S.h + r0 * f;
-        const float *x = S.zg + r0 * dz;
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, f, dz, 1.0f, x, dz, p->w1 + e * f * dz, dz, 0.0f,
-                   gu, 2 * f);
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, f, dz, 1.0f, x, dz, p->w3 + e * f * dz, dz, 0.0f,
-                   gu + f, 2 * f);
-        arl_glu_act_fwd(&c->act, h, gu, gu + f, ne, f, 2 * f);
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, ne, dz, f, 1.0f, h, f, p->w2 + e * dz * f, f, 0.0f,
-                   S.yg + r0 * dz, dz);
-    }
-    for (int64_t t = 0; t < T; t++) {
-        float *ut = u + t * dz;
-        for (int64_t i = 0; i < dz; i++)
-            ut[i] = 0.0f;
-        for (int64_t j = 0; j < k; j++) {
-            float pj = pw[t * k + j];
-            const float *yr = S.yg + S.row[t * k + j] * dz;
-            for (int64_t i = 0; i < dz; i++)
-                ut[i] += pj * yr[i];
-        }
-    }
+    arl_moe_group(S.start, fill, S.row, S.zg, z, sel, T, k, E, dz);
+    arl_moe_experts_fwd_range(S.yg, S.gu, S.h, S.zg, S.start, p, c, 0, E);
+    arl_moe_combine_range(u, pw, S.yg, S.row, k, dz, 0, T);
+}
+
+/* The inference forward is the training forward with its save in the work buffer. */
+static void cpu_moe_experts_fwd(float *u, const float *z, const int32_t *sel, const float *pw,
+                                const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
+                                const uint16_t *const *banks, float *ws) {
+    ARL_ASSERT(!banks); /* no bf16 weights on the host */
+    cpu_moe_experts_fwd_save(u, z, sel, pw, p, c, T, ws);
+}
+
+/* ---- training ops (the backward of policy/model_backward.c and the AdamW of
+ * policy/optimizer.c: their shared pieces, policy/moe_internal.h, policy/optimizer_internal.h) ----
+ */
+
+static int64_t cpu_kda_chunk_bwd_ws(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
+                                    int64_t C) {
+    (void)T, (void)N;
+    return arl_kda_bwd_ws_floats(H, dk, dv, C);
+}
+static int64_t cpu_attnres_bwd_ws(int32_t N, int64_t T) {
+    return 2 * arl_attnres_bwd_ws_doubles(N, T);
+}
+static void cpu_attnres_mix_bwd(float *const *dsrc, float *dw_norm, float *dw_proj, const float *dh,
+                                const float *const *src, int32_t N, int64_t T, int64_t d,
+                                const float *w_norm, const float *w_proj, float eps, float *ws) {
+    arl_attnres_mix_bwd_ws(dsrc, dw_norm, dw_proj, dh, src, N, T, d, w_norm, w_proj, eps,
+                           (double *)ws);
 }
 
 static int64_t cpu_moe_bwd_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
@@ -266,8 +167,8 @@ static int64_t cpu_moe_bwd_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64
            ((Tk * 2 * f + 15) & ~(int64_t)15) + ((Tk * dz + 15) & ~(int64_t)15);
 }
 
-/* policy/moe_backward.c: slots_bwd_rows, experts_bwd (glu_bwd with dx_beta 0), then
- * gather_dz_rows; one thread (the reference's parts compute the same bits). */
+/* policy/moe_backward.c's pieces (policy/moe_internal.h) over all tokens and experts on one
+ * thread (the reference's parallel parts compute the same bits). */
 static void cpu_moe_experts_bwd(float *dz, float *dp, const arl_moe_params *gw, const float *du,
                                 const int32_t *sel, const float *pw, const arl_moe_params *p,
                                 const arl_moe_cfg *c, int64_t T, const float *save, float *ws) {
@@ -279,54 +180,9 @@ static void cpu_moe_experts_bwd(float *dz, float *dp, const arl_moe_params *gw, 
     float *dh = dyg + ((Tk * dzw + 15) & ~(int64_t)15);
     float *dgu = dh + ((Tk * f + 15) & ~(int64_t)15);
     float *dzg = dgu + ((Tk * 2 * f + 15) & ~(int64_t)15);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            int64_t r = S.row[t * k + j];
-            const float *yr = S.yg + r * dzw, *dut = du + t * dzw;
-            double acc = 0.0;
-            for (int64_t i = 0; i < dzw; i++)
-                acc += (double)yr[i] * dut[i];
-            dp[t * k + j] = (float)acc;
-            const float pj = pw[t * k + j];
-            float *dr = dyg + r * dzw;
-            for (int64_t i = 0; i < dzw; i++)
-                dr[i] = pj * dut[i];
-        }
-    for (int64_t e = 0; e < E; e++) {
-        int64_t r0 = S.start[e], ne = S.start[e + 1] - r0;
-        if (ne == 0) continue;
-        const float *dy = dyg + r0 * dzw, *x = S.zg + r0 * dzw, *gu = S.gu + r0 * 2 * f,
-                    *h = S.h + r0 * f;
-        const float *Wg = p->w1 + e * f * dzw, *Wu = p->w3 + e * f * dzw, *Wd = p->w2 + e * dzw * f;
-        float *dWg = gw->w1 + e * f * dzw, *dWu = gw->w3 + e * f * dzw, *dWd = gw->w2 + e * dzw * f;
-        float *dhe = dh + r0 * f, *dgue = dgu + r0 * 2 * f, *dx = dzg + r0 * dzw;
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, ne, f, dzw, 1.0f, dy, dzw, Wd, f, 0.0f, dhe, f);
-        arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, dzw, f, ne, 1.0f, dy, dzw, h, f, 1.0f, dWd, f);
-        arl_k_fill(dgue, 0.0f, ne * 2 * f);
-        if (c->act.situ)
-            arl_k_situ_glu_bwd(dgue, dgue + f, dhe, gu, gu + f, ne, f, 2 * f, c->act.beta1,
-                               c->act.beta2);
-        else
-            arl_k_swiglu_bwd(dgue, dgue + f, dhe, gu, gu + f, ne, f, 2 * f);
-        arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, f, dzw, ne, 1.0f, dgue, 2 * f, x, dzw, 1.0f, dWg,
-                   dzw);
-        arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, f, dzw, ne, 1.0f, dgue + f, 2 * f, x, dzw, 1.0f, dWu,
-                   dzw);
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, ne, dzw, f, 1.0f, dgue, 2 * f, Wg, dzw, 0.0f, dx,
-                   dzw);
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, ne, dzw, f, 1.0f, dgue + f, 2 * f, Wu, dzw, 1.0f,
-                   dx, dzw);
-    }
-    for (int64_t t = 0; t < T; t++) {
-        float *dzt = dz + t * dzw;
-        for (int64_t i = 0; i < dzw; i++)
-            dzt[i] = 0.0f;
-        for (int64_t j = 0; j < k; j++) {
-            const float *src = dzg + S.row[t * k + j] * dzw;
-            for (int64_t i = 0; i < dzw; i++)
-                dzt[i] += src[i];
-        }
-    }
+    arl_moe_slots_bwd_range(dp, dyg, du, S.yg, pw, S.row, k, dzw, 0, T);
+    arl_moe_experts_bwd_range(dzg, gw, dyg, S.zg, S.gu, S.h, S.start, p, c, dh, dgu, 0, E);
+    arl_moe_gather_dz_range(dz, dzg, S.row, k, dzw, 0, T);
 }
 
 static void cpu_router_bwd(float *dx, float *dW_r, const float *dp, const float *x,
@@ -345,28 +201,10 @@ static void cpu_embed_bwd(float *dtable, const float *dx, const int32_t *tokens,
     }
 }
 
-/* policy/optimizer.c norm_range and step_range, element for element. */
+/* policy/optimizer.c's norm chunks and element update (policy/optimizer_internal.h). */
 static void cpu_grad_sumsq(double *out, const float *g, const int64_t *ranges, int64_t n) {
-    for (int64_t c = 0; c < n; c++) {
-        double acc = 0;
-        for (int64_t i = ranges[2 * c]; i < ranges[2 * c + 1]; i++)
-            acc += (double)g[i] * (double)g[i];
-        out[c] = acc;
-    }
-}
-static void cpu_adamw_update(float *pp, float *mm, float *vv, const float *gg, int64_t n,
-                             int32_t apply_decay, const arl_cuda_adamw_hp *c) {
-    for (int64_t i = 0; i < n; i++) {
-        float g = gg[i] * c->coef;
-        float p = pp[i];
-        if (apply_decay) p *= c->decay;
-        float m = c->beta1 * mm[i] + c->omb1 * g;
-        float v = c->beta2 * vv[i] + c->omb2 * (g * g);
-        mm[i] = m;
-        vv[i] = v;
-        float denom = sqrtf(v) * c->inv_sqrt_bc2 + c->eps;
-        pp[i] = p - c->step_size * (m / denom);
-    }
+    for (int64_t c = 0; c < n; c++)
+        out[c] = arl_optim_sumsq(g + ranges[2 * c], ranges[2 * c + 1] - ranges[2 * c]);
 }
 
 static const arl_dev_ops cpu_ops = {
@@ -394,7 +232,7 @@ static const arl_dev_ops cpu_ops = {
     .attnres_mix_fwd = arl_attnres_mix_fwd,
     .router_ws_floats = arl_router_ws_floats,
     .router_fwd = cpu_router_fwd,
-    .moe_experts_ws_floats = cpu_moe_ws,
+    .moe_experts_ws_floats = cpu_moe_save_floats,
     .moe_experts_fwd = cpu_moe_experts_fwd,
     .kda_conv_bwd = arl_kda_conv_bwd,
     .kda_gate_k3_bwd = arl_kda_gate_k3_bwd,
@@ -413,7 +251,7 @@ static const arl_dev_ops cpu_ops = {
     .moe_experts_bwd = cpu_moe_experts_bwd,
     .embed_bwd = cpu_embed_bwd,
     .grad_sumsq = cpu_grad_sumsq,
-    .adamw_update = cpu_adamw_update,
+    .adamw_update = arl_optim_update,
 };
 
 const arl_dev_ops *arl_dev_ops_cpu(void) {

@@ -20,6 +20,7 @@
 #include "policy/kda_layer_backward.h"
 #include "policy/mla_layer_backward.h"
 #include "policy/moe_backward.h"
+#include "policy/optimizer_internal.h"
 
 /* Rows of logits computed at a time: about 4 MiB (as policy/model_backward.c). */
 #define LOGIT_BLOCK_FLOATS ((int64_t)1 << 20)
@@ -1166,23 +1167,9 @@ arl_status arl_model_dev_optim_step(arl_model_dev_train *tr, arl_optim_report *r
                           "no parameter changed",
                           (long long)tr->step, ops->name, norm, name);
     }
-    double coef = 1.0;
-    if (c->clip_norm > 0 && norm > c->clip_norm) coef = c->clip_norm / (norm + 1e-6);
-    double lr = arl_optim_lr(c, tr->step);
-    double t = (double)(tr->step + 1);
-    double bc1 = 1.0 - pow(c->beta1, t);
-    double bc2 = 1.0 - pow(c->beta2, t);
-    arl_cuda_adamw_hp hp = {
-        .coef = (float)coef,
-        .decay = (float)(1.0 - lr * c->weight_decay),
-        .beta1 = (float)c->beta1,
-        .beta2 = (float)c->beta2,
-        .omb1 = (float)(1.0 - c->beta1),
-        .omb2 = (float)(1.0 - c->beta2),
-        .step_size = (float)(lr / bc1),
-        .inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2)),
-        .eps = (float)c->eps,
-    };
+    double coef, lr;
+    arl_cuda_adamw_hp hp;
+    arl_optim_step_scalars(&hp, &coef, &lr, c, tr->step, norm);
     for (int64_t r = 0; r < tr->n_runs; r++) {
         int64_t a = tr->run_begin[r];
         ops->adamw_update(m->weights + a, tr->mom_m + a, tr->mom_v + a, tr->grads + a,

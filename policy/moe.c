@@ -6,6 +6,7 @@
 
 #include "core/assert.h"
 #include "kernels/kernels.h"
+#include "policy/moe_internal.h"
 #include "policy/router.h"
 
 typedef struct ws_bump {
@@ -27,11 +28,9 @@ void arl_glu_act_fwd(const arl_glu_act *a, float *h, const float *g, const float
         arl_k_swiglu_fwd(h, g, u, T, f, ld);
 }
 
-/* y (T, out) = W_d act(W_g x, W_u x) for x (T, in); gu (T, 2 fw) and h (T, fw) are scratch.
- * beta 0 overwrites y, 1 adds to it. */
-static void glu_fwd(float *y, float beta, const float *x, const float *Wg, const float *Wu,
-                    const float *Wd, int64_t T, int64_t in, int64_t fw, int64_t out,
-                    const arl_glu_act *act, float *gu, float *h) {
+void arl_moe_glu_fwd(float *y, float beta, const float *x, const float *Wg, const float *Wu,
+                     const float *Wd, int64_t T, int64_t in, int64_t fw, int64_t out,
+                     const arl_glu_act *act, float *gu, float *h) {
     arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wg, in, 0.0f, gu, 2 * fw);
     arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wu, in, 0.0f, gu + fw, 2 * fw);
     arl_glu_act_fwd(act, h, gu, gu + fw, T, fw, 2 * fw);
@@ -49,8 +48,8 @@ void arl_dense_ffn_fwd(float *y, const float *x, const arl_dense_params *p, int6
                        const arl_glu_act *act, int64_t T, float *ws) {
     ARL_ASSERT(y != x);
     if (T == 0) return;
-    glu_fwd(y, 0.0f, x, p->gate_proj, p->up_proj, p->down_proj, T, d, fd, d, act, ws,
-            ws + 2 * T * fd);
+    arl_moe_glu_fwd(y, 0.0f, x, p->gate_proj, p->up_proj, p->down_proj, T, d, fd, d, act, ws,
+                    ws + 2 * T * fd);
 }
 
 /* ---- LatentMoE ---- */
@@ -111,13 +110,18 @@ typedef struct experts_ctx {
 static void experts_run(void *vctx, int64_t e0, int64_t e1) {
     const experts_ctx *X = vctx;
     const moe_bufs *B = X->B;
-    const int64_t f = X->c->f, dz = X->c->dz;
+    arl_moe_experts_fwd_range(B->yg, B->gu, B->h, B->zg, B->start, X->p, X->c, e0, e1);
+}
+
+void arl_moe_experts_fwd_range(float *yg, float *gu, float *h, const float *zg,
+                               const int64_t *start, const arl_moe_params *p, const arl_moe_cfg *c,
+                               int64_t e0, int64_t e1) {
+    const int64_t f = c->f, dz = c->dz;
     for (int64_t e = e0; e < e1; e++) {
-        int64_t r0 = B->start[e], ne = B->start[e + 1] - r0;
+        int64_t r0 = start[e], ne = start[e + 1] - r0;
         if (ne == 0) continue;
-        glu_fwd(B->yg + r0 * dz, 0.0f, B->zg + r0 * dz, X->p->w1 + e * f * dz,
-                X->p->w3 + e * f * dz, X->p->w2 + e * dz * f, ne, dz, f, dz, &X->c->act,
-                B->gu + r0 * 2 * f, B->h + r0 * f);
+        arl_moe_glu_fwd(yg + r0 * dz, 0.0f, zg + r0 * dz, p->w1 + e * f * dz, p->w3 + e * f * dz,
+                        p->w2 + e * dz * f, ne, dz, f, dz, &c->act, gu + r0 * 2 * f, h + r0 * f);
     }
 }
 
@@ -130,17 +134,40 @@ typedef struct combine_ctx {
 static void combine_rows(void *vctx, int64_t t0, int64_t t1) {
     const combine_ctx *X = vctx;
     const moe_bufs *B = X->B;
+    arl_moe_combine_range(B->u, B->pw, B->yg, B->row, X->k, X->dz, t0, t1);
+}
+
+void arl_moe_combine_range(float *u, const float *pw, const float *yg, const int64_t *row,
+                           int64_t k, int64_t dz, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++) {
-        float *ut = B->u + t * X->dz;
-        for (int64_t i = 0; i < X->dz; i++)
+        float *ut = u + t * dz;
+        for (int64_t i = 0; i < dz; i++)
             ut[i] = 0.0f;
-        for (int64_t j = 0; j < X->k; j++) {
-            float pj = B->pw[t * X->k + j];
-            const float *yr = B->yg + B->row[t * X->k + j] * X->dz;
-            for (int64_t i = 0; i < X->dz; i++)
+        for (int64_t j = 0; j < k; j++) {
+            float pj = pw[t * k + j];
+            const float *yr = yg + row[t * k + j] * dz;
+            for (int64_t i = 0; i < dz; i++)
                 ut[i] += pj * yr[i];
         }
     }
+}
+
+void arl_moe_group(int64_t *start, int64_t *fill, int64_t *row, float *zg, const float *z,
+                   const int32_t *sel, int64_t T, int64_t k, int64_t E, int64_t dz) {
+    for (int64_t e = 0; e <= E; e++)
+        start[e] = 0;
+    for (int64_t i = 0; i < T * k; i++)
+        start[sel[i] + 1]++;
+    for (int64_t e = 0; e < E; e++) {
+        start[e + 1] += start[e];
+        fill[e] = start[e];
+    }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t r = fill[sel[t * k + j]]++;
+            row[t * k + j] = r;
+            memcpy(zg + r * dz, z + t * dz, sizeof(float) * (size_t)dz);
+        }
 }
 
 arl_status arl_moe_fwd(float *y, const arl_moe_out *out, const float *x, const arl_moe_params *p,
@@ -160,20 +187,7 @@ arl_status arl_moe_fwd(float *y, const arl_moe_out *out, const float *x, const a
 
     /* 7.2 count tokens per expert, then gather the latent rows z = W_down x by expert */
     arl_k_linear_fwd(B.z, x, p->down_proj, T, d, dz);
-    for (int64_t e = 0; e <= E; e++)
-        B.start[e] = 0;
-    for (int64_t i = 0; i < T * k; i++)
-        B.start[B.sel[i] + 1]++;
-    for (int64_t e = 0; e < E; e++) {
-        B.start[e + 1] += B.start[e];
-        B.fill[e] = B.start[e];
-    }
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            int64_t r = B.fill[B.sel[t * k + j]]++;
-            B.row[t * k + j] = r;
-            memcpy(B.zg + r * dz, B.z + t * dz, sizeof(float) * (size_t)dz);
-        }
+    arl_moe_group(B.start, B.fill, B.row, B.zg, B.z, B.sel, T, k, E, dz);
 
     /* routed experts E_i(z) = W2_i act(W1_i z, W3_i z) in the latent space */
     experts_ctx X = {&B, c, p};
@@ -187,8 +201,8 @@ arl_status arl_moe_fwd(float *y, const arl_moe_out *out, const float *x, const a
 
     /* fused shared experts on the full-width x, added to y */
     if (c->fs > 0 && p->shared_gate_proj)
-        glu_fwd(y, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d,
-                c->fs, d, &c->act, B.sgu, B.sh);
+        arl_moe_glu_fwd(y, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T,
+                        d, c->fs, d, &c->act, B.sgu, B.sh);
 
     if (out) {
         if (out->routes) memcpy(out->routes, B.sel, sizeof(int32_t) * (size_t)(T * k));

@@ -7,6 +7,7 @@
 
 #include "core/assert.h"
 #include "kernels/kernels.h"
+#include "policy/moe_internal.h"
 #include "policy/router.h"
 
 typedef struct ws_bump {
@@ -33,24 +34,10 @@ static void glu_act_bwd(const arl_glu_act *a, float *dg, float *du, const float 
         arl_k_swiglu_bwd(dg, du, dh, g, u, T, f, ld);
 }
 
-/* Forward of y (T, out) = W_d act(W_g x, W_u x) as policy/moe.c glu_fwd, keeping gu (T, 2fw)
- * and h (T, fw).  beta 0 overwrites y, 1 adds to it. */
-static void glu_fwd(float *y, float beta, const float *x, const float *Wg, const float *Wu,
-                    const float *Wd, int64_t T, int64_t in, int64_t fw, int64_t out,
-                    const arl_glu_act *act, float *gu, float *h) {
-    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wg, in, 0.0f, gu, 2 * fw);
-    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wu, in, 0.0f, gu + fw, 2 * fw);
-    arl_glu_act_fwd(act, h, gu, gu + fw, T, fw, 2 * fw);
-    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, out, fw, 1.0f, h, fw, Wd, fw, beta, y, out);
-}
-
-/* Backward of glu_fwd for dy (T, out): dW_d, dW_g, dW_u +=; dx (T, in) = dx_beta dx + the
- * input gradient (dx_beta 1 accumulates, 0 overwrites without reading; dx may be NULL);
- * dh (T, fw) and dgu (T, 2fw) are scratch. */
-static void glu_bwd(float *dx, float dx_beta, float *dWg, float *dWu, float *dWd, const float *dy, const float *x,
-                    const float *Wg, const float *Wu, const float *Wd, int64_t T, int64_t in,
-                    int64_t fw, int64_t out, const arl_glu_act *act, const float *gu,
-                    const float *h, float *dh, float *dgu) {
+void arl_moe_glu_bwd(float *dx, float dx_beta, float *dWg, float *dWu, float *dWd, const float *dy,
+                     const float *x, const float *Wg, const float *Wu, const float *Wd, int64_t T,
+                     int64_t in, int64_t fw, int64_t out, const arl_glu_act *act, const float *gu,
+                     const float *h, float *dh, float *dgu) {
     if (T == 0) return;
     arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, fw, out, 1.0f, dy, out, Wd, fw, 0.0f, dh, fw);
     arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, out, fw, T, 1.0f, dy, out, h, fw, 1.0f, dWd, fw);
@@ -59,8 +46,8 @@ static void glu_bwd(float *dx, float dx_beta, float *dWg, float *dWu, float *dWd
     arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, fw, in, T, 1.0f, dgu, 2 * fw, x, in, 1.0f, dWg, in);
     arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, fw, in, T, 1.0f, dgu + fw, 2 * fw, x, in, 1.0f, dWu, in);
     if (dx) {
-        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu, 2 * fw, Wg, in, dx_beta,
-                   dx, in);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu, 2 * fw, Wg, in, dx_beta, dx,
+                   in);
         arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, fw, 1.0f, dgu + fw, 2 * fw, Wu, in, 1.0f,
                    dx, in);
     }
@@ -86,15 +73,16 @@ void arl_dense_ffn_fwd_save(float *y, const float *x, const arl_dense_params *p,
                             int64_t fd, const arl_glu_act *act, int64_t T, arl_dense_save *sv) {
     ARL_ASSERT(y != x);
     if (T == 0) return;
-    glu_fwd(y, 0.0f, x, p->gate_proj, p->up_proj, p->down_proj, T, d, fd, d, act, sv->gu, sv->h);
+    arl_moe_glu_fwd(y, 0.0f, x, p->gate_proj, p->up_proj, p->down_proj, T, d, fd, d, act, sv->gu,
+                    sv->h);
 }
 
 void arl_dense_ffn_bwd(float *dx, const arl_dense_params *gp, const float *dy, const float *x,
                        const arl_dense_params *p, int64_t d, int64_t fd, const arl_glu_act *act,
                        int64_t T, const arl_dense_save *sv, float *ws) {
     float *dh = ws, *dgu = ws + ((T * fd + 15) & ~(int64_t)15);
-    glu_bwd(dx, 1.0f, gp->gate_proj, gp->up_proj, gp->down_proj, dy, x, p->gate_proj, p->up_proj,
-            p->down_proj, T, d, fd, d, act, sv->gu, sv->h, dh, dgu);
+    arl_moe_glu_bwd(dx, 1.0f, gp->gate_proj, gp->up_proj, gp->down_proj, dy, x, p->gate_proj,
+                    p->up_proj, p->down_proj, T, d, fd, d, act, sv->gu, sv->h, dh, dgu);
 }
 
 /* ---- LatentMoE ---- */
@@ -172,14 +160,7 @@ typedef struct experts_ctx {
 static void experts_fwd(void *vctx, int64_t e0, int64_t e1) {
     const experts_ctx *X = vctx;
     const arl_moe_save *S = X->sv;
-    const int64_t f = X->c->f, dz = X->c->dz;
-    for (int64_t e = e0; e < e1; e++) {
-        int64_t r0 = S->start[e], ne = S->start[e + 1] - r0;
-        if (ne == 0) continue;
-        glu_fwd(S->yg + r0 * dz, 0.0f, S->zg + r0 * dz, X->p->w1 + e * f * dz,
-                X->p->w3 + e * f * dz, X->p->w2 + e * dz * f, ne, dz, f, dz, &X->c->act,
-                S->gu + r0 * 2 * f, S->h + r0 * f);
-    }
+    arl_moe_experts_fwd_range(S->yg, S->gu, S->h, S->zg, S->start, X->p, X->c, e0, e1);
 }
 
 /* Backward of experts [e0, e1): their weight gradients from their own rows only; dzg rows. */
@@ -187,15 +168,23 @@ static void experts_bwd(void *vctx, int64_t e0, int64_t e1) {
     const experts_ctx *X = vctx;
     const arl_moe_save *S = X->sv;
     const moe_ws *B = X->B;
-    const int64_t f = X->c->f, dz = X->c->dz;
+    arl_moe_experts_bwd_range(B->dzg, X->gp, B->dyg, S->zg, S->gu, S->h, S->start, X->p, X->c,
+                              B->dh, B->dgu, e0, e1);
+}
+
+void arl_moe_experts_bwd_range(float *dzg, const arl_moe_params *gw, const float *dyg,
+                               const float *zg, const float *gu, const float *h,
+                               const int64_t *start, const arl_moe_params *p, const arl_moe_cfg *c,
+                               float *dh, float *dgu, int64_t e0, int64_t e1) {
+    const int64_t f = c->f, dz = c->dz;
     for (int64_t e = e0; e < e1; e++) {
-        int64_t r0 = S->start[e], ne = S->start[e + 1] - r0;
+        int64_t r0 = start[e], ne = start[e + 1] - r0;
         if (ne == 0) continue;
-        float *dzg = B->dzg + r0 * dz; /* overwritten (dx_beta 0) */
-        glu_bwd(dzg, 0.0f, X->gp->w1 + e * f * dz, X->gp->w3 + e * f * dz, X->gp->w2 + e * dz * f,
-                B->dyg + r0 * dz, S->zg + r0 * dz, X->p->w1 + e * f * dz, X->p->w3 + e * f * dz,
-                X->p->w2 + e * dz * f, ne, dz, f, dz, &X->c->act, S->gu + r0 * 2 * f, S->h + r0 * f,
-                B->dh + r0 * f, B->dgu + r0 * 2 * f);
+        /* dzg rows overwritten (dx_beta 0) */
+        arl_moe_glu_bwd(dzg + r0 * dz, 0.0f, gw->w1 + e * f * dz, gw->w3 + e * f * dz,
+                        gw->w2 + e * dz * f, dyg + r0 * dz, zg + r0 * dz, p->w1 + e * f * dz,
+                        p->w3 + e * f * dz, p->w2 + e * dz * f, ne, dz, f, dz, &c->act,
+                        gu + r0 * 2 * f, h + r0 * f, dh + r0 * f, dgu + r0 * 2 * f);
     }
 }
 
@@ -204,25 +193,16 @@ typedef struct combine_ctx {
     int64_t k, dz;
 } combine_ctx;
 
-/* u[t] = sum_j p[t, j] E_{sel[t, j]}(z_t), in slot order j = 0..k-1 (as policy/moe.c). */
+/* u_pre as policy/moe.c's combine (arl_moe_combine_range). */
 static void combine_rows(void *vctx, int64_t t0, int64_t t1) {
     const combine_ctx *X = vctx;
     const arl_moe_save *S = X->sv;
-    for (int64_t t = t0; t < t1; t++) {
-        float *ut = S->u_pre + t * X->dz;
-        for (int64_t i = 0; i < X->dz; i++)
-            ut[i] = 0.0f;
-        for (int64_t j = 0; j < X->k; j++) {
-            float pj = S->pw[t * X->k + j];
-            const float *yr = S->yg + S->row[t * X->k + j] * X->dz;
-            for (int64_t i = 0; i < X->dz; i++)
-                ut[i] += pj * yr[i];
-        }
-    }
+    arl_moe_combine_range(S->u_pre, S->pw, S->yg, S->row, X->k, X->dz, t0, t1);
 }
 
 /* Rows per part for a memory-bound row loop of `width` elements a row: ~32K elements a part
- * (kernels/cpu's grain for row kernels).  Rows are independent, so any split gives the same bits. */
+ * (kernels/cpu's grain for row kernels).  Rows are independent, so any split gives the same bits.
+ */
 static int64_t row_grain(int64_t width) {
     const int64_t elems = (int64_t)1 << 15;
     return width >= elems ? 1 : elems / (width > 0 ? width : 1);
@@ -239,17 +219,22 @@ typedef struct slots_ctx {
 static void slots_bwd_rows(void *vctx, int64_t t0, int64_t t1) {
     const slots_ctx *X = vctx;
     const arl_moe_save *S = X->sv;
-    const int64_t k = X->k, dz = X->dz;
+    arl_moe_slots_bwd_range(X->B->dp, X->B->dyg, X->du, S->yg, S->pw, S->row, X->k, X->dz, t0, t1);
+}
+
+void arl_moe_slots_bwd_range(float *dp, float *dyg, const float *du, const float *yg,
+                             const float *pw, const int64_t *row, int64_t k, int64_t dz, int64_t t0,
+                             int64_t t1) {
     for (int64_t t = t0; t < t1; t++)
         for (int64_t j = 0; j < k; j++) {
-            int64_t r = S->row[t * k + j];
-            const float *yr = S->yg + r * dz, *dut = X->du + t * dz;
+            int64_t r = row[t * k + j];
+            const float *yr = yg + r * dz, *dut = du + t * dz;
             double acc = 0.0;
             for (int64_t i = 0; i < dz; i++)
                 acc += (double)yr[i] * dut[i];
-            X->B->dp[t * k + j] = (float)acc;
-            const float pj = S->pw[t * k + j];
-            float *dr = X->B->dyg + r * dz;
+            dp[t * k + j] = (float)acc;
+            const float pj = pw[t * k + j];
+            float *dr = dyg + r * dz;
             for (int64_t i = 0; i < dz; i++)
                 dr[i] = pj * dut[i];
         }
@@ -258,15 +243,18 @@ static void slots_bwd_rows(void *vctx, int64_t t0, int64_t t1) {
 /* Rows [t0, t1) of dz (T, dz) = the sum of the token's dzg rows, slots in order from 0. */
 static void gather_dz_rows(void *vctx, int64_t t0, int64_t t1) {
     const slots_ctx *X = vctx;
-    const arl_moe_save *S = X->sv;
-    const int64_t k = X->k, dz = X->dz;
+    arl_moe_gather_dz_range(X->B->dz, X->B->dzg, X->sv->row, X->k, X->dz, t0, t1);
+}
+
+void arl_moe_gather_dz_range(float *dz, const float *dzg, const int64_t *row, int64_t k,
+                             int64_t dzw, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++) {
-        float *dzt = X->B->dz + t * dz;
-        for (int64_t i = 0; i < dz; i++)
+        float *dzt = dz + t * dzw;
+        for (int64_t i = 0; i < dzw; i++)
             dzt[i] = 0.0f;
         for (int64_t j = 0; j < k; j++) {
-            const float *src = X->B->dzg + S->row[t * k + j] * dz;
-            for (int64_t i = 0; i < dz; i++)
+            const float *src = dzg + row[t * k + j] * dzw;
+            for (int64_t i = 0; i < dzw; i++)
                 dzt[i] += src[i];
         }
     }
@@ -287,20 +275,7 @@ arl_status arl_moe_fwd_save(float *y, const arl_moe_out *out, const float *x,
     ARL_TRY(arl_router_fwd(sv->sel, sv->pw, sv->s, x, p->gate, p->gate_bias, forced, T, d, E, k,
                            c->rho, B.router));
     arl_k_linear_fwd(sv->z, x, p->down_proj, T, d, dz);
-    for (int64_t e = 0; e <= E; e++)
-        sv->start[e] = 0;
-    for (int64_t i = 0; i < T * k; i++)
-        sv->start[sv->sel[i] + 1]++;
-    for (int64_t e = 0; e < E; e++) {
-        sv->start[e + 1] += sv->start[e];
-        B.fill[e] = sv->start[e];
-    }
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t j = 0; j < k; j++) {
-            int64_t r = B.fill[sv->sel[t * k + j]]++;
-            sv->row[t * k + j] = r;
-            memcpy(sv->zg + r * dz, sv->z + t * dz, sizeof(float) * (size_t)dz);
-        }
+    arl_moe_group(sv->start, B.fill, sv->row, sv->zg, sv->z, sv->sel, T, k, E, dz);
 
     experts_ctx X = {sv, &B, c, p, NULL};
     arl_k_parallel_for(E, 1, experts_fwd, &X);
@@ -314,8 +289,8 @@ arl_status arl_moe_fwd_save(float *y, const arl_moe_out *out, const float *x,
     arl_k_linear_fwd(y, sv->u, p->up_proj, T, dz, d);
 
     if (c->fs > 0 && p->shared_gate_proj)
-        glu_fwd(y, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d,
-                c->fs, d, &c->act, sv->sgu, sv->sh);
+        arl_moe_glu_fwd(y, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T,
+                        d, c->fs, d, &c->act, sv->sgu, sv->sh);
 
     if (out) {
         if (out->routes) memcpy(out->routes, sv->sel, sizeof(int32_t) * (size_t)(T * k));
@@ -349,9 +324,9 @@ void arl_moe_bwd(float *dx, const arl_moe_params *gp, const float *dy, const flo
         du = B.du;
     }
     if (c->fs > 0 && p->shared_gate_proj)
-        glu_bwd(dx, 1.0f, gp->shared_gate_proj, gp->shared_up_proj, gp->shared_down_proj, dy, x,
-                p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d, c->fs, d,
-                &c->act, sv->sgu, sv->sh, B.dsh, B.dsgu);
+        arl_moe_glu_bwd(dx, 1.0f, gp->shared_gate_proj, gp->shared_up_proj, gp->shared_down_proj,
+                        dy, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d,
+                        c->fs, d, &c->act, sv->sgu, sv->sh, B.dsh, B.dsgu);
 
     /* u = sum_i p_i E_i(z): dp_i = E_i(z) . du (for the router), dE_i = p_i du; tokens in
      * parallel (each token writes its own dp entries and its own dyg rows) */

@@ -7,6 +7,7 @@
 
 #include "core/assert.h"
 #include "kernels/threadpool.h"
+#include "policy/optimizer_internal.h"
 #include "policy/qb.h"
 
 /* ------------------------------------------------------------------------------------ */
@@ -199,14 +200,18 @@ typedef struct norm_ctx {
     const float *g;
 } norm_ctx;
 
+double arl_optim_sumsq(const float *g, int64_t n) {
+    double acc = 0;
+    for (int64_t i = 0; i < n; i++)
+        acc += (double)g[i] * (double)g[i];
+    return acc;
+}
+
 static void norm_range(void *vctx, int64_t begin, int64_t end) {
     norm_ctx *c = vctx;
     for (int64_t k = begin; k < end; k++) {
         const arl_optim_chunk *ch = &c->opt->chunk[k];
-        double acc = 0;
-        for (int64_t i = ch->begin; i < ch->end; i++)
-            acc += (double)c->g[i] * (double)c->g[i];
-        c->opt->chunk_sumsq[k] = acc;
+        c->opt->chunk_sumsq[k] = arl_optim_sumsq(c->g + ch->begin, ch->end - ch->begin);
     }
 }
 
@@ -224,35 +229,59 @@ double arl_adamw_grad_norm(arl_adamw *opt, const float *grad_arena) {
 
 typedef struct step_ctx {
     const arl_adamw *opt;
-    float *p;                       /* parameter arena */
-    const float *g;                 /* gradient arena */
-    float *m, *v;                   /* moment arenas */
-    float coef;                     /* clip coefficient */
-    float decay;                    /* 1 - lr * weight_decay */
-    float beta1, beta2, omb1, omb2; /* betas and 1 - betas */
-    float step_size;                /* lr / (1 - beta1^t) */
-    float inv_sqrt_bc2;             /* 1 / sqrt(1 - beta2^t) */
-    float eps;
+    float *p;             /* parameter arena */
+    const float *g;       /* gradient arena */
+    float *m, *v;         /* moment arenas */
+    arl_cuda_adamw_hp hp; /* the step's scalars */
 } step_ctx;
 
-/* The element update of one chunk (the op the CUDA mirror reproduces). */
+/* The element update of n floats (the op the CUDA mirror reproduces). */
+void arl_optim_update(float *pp, float *mm, float *vv, const float *gg, int64_t n, int32_t decay,
+                      const arl_cuda_adamw_hp *c) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gg[i] * c->coef;
+        float p = pp[i];
+        if (decay) p *= c->decay;
+        float m = c->beta1 * mm[i] + c->omb1 * g;
+        float v = c->beta2 * vv[i] + c->omb2 * (g * g);
+        mm[i] = m;
+        vv[i] = v;
+        float denom = sqrtf(v) * c->inv_sqrt_bc2 + c->eps;
+        pp[i] = p - c->step_size * (m / denom);
+    }
+}
+
 static void step_range(void *vctx, int64_t begin, int64_t end) {
     const step_ctx *c = vctx;
     for (int64_t k = begin; k < end; k++) {
         const arl_optim_chunk *ch = &c->opt->chunk[k];
-        const int decay = (c->opt->rule[ch->tensor] & ARL_OPTIM_DECAY) != 0;
-        for (int64_t i = ch->begin; i < ch->end; i++) {
-            float g = c->g[i] * c->coef;
-            float p = c->p[i];
-            if (decay) p *= c->decay;
-            float m = c->beta1 * c->m[i] + c->omb1 * g;
-            float v = c->beta2 * c->v[i] + c->omb2 * (g * g);
-            c->m[i] = m;
-            c->v[i] = v;
-            float denom = sqrtf(v) * c->inv_sqrt_bc2 + c->eps;
-            c->p[i] = p - c->step_size * (m / denom);
-        }
+        const int32_t decay = (c->opt->rule[ch->tensor] & ARL_OPTIM_DECAY) != 0;
+        const int64_t b = ch->begin;
+        arl_optim_update(c->p + b, c->m + b, c->v + b, c->g + b, ch->end - b, decay, &c->hp);
     }
+}
+
+void arl_optim_step_scalars(arl_cuda_adamw_hp *hp, double *coef_out, double *lr_out,
+                            const arl_optim_config *c, int64_t step, double norm) {
+    double coef = 1.0;
+    if (c->clip_norm > 0 && norm > c->clip_norm) coef = c->clip_norm / (norm + 1e-6);
+    double lr = arl_optim_lr(c, step);
+    double t = (double)(step + 1);
+    double bc1 = 1.0 - pow(c->beta1, t);
+    double bc2 = 1.0 - pow(c->beta2, t);
+    *hp = (arl_cuda_adamw_hp){
+        .coef = (float)coef,
+        .decay = (float)(1.0 - lr * c->weight_decay),
+        .beta1 = (float)c->beta1,
+        .beta2 = (float)c->beta2,
+        .omb1 = (float)(1.0 - c->beta1),
+        .omb2 = (float)(1.0 - c->beta2),
+        .step_size = (float)(lr / bc1),
+        .inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2)),
+        .eps = (float)c->eps,
+    };
+    *coef_out = coef;
+    *lr_out = lr;
 }
 
 static int64_t first_nonfinite_tensor(const arl_adamw *opt, const float *g) {
@@ -278,28 +307,15 @@ arl_status arl_adamw_step(arl_adamw *opt, arl_model_params *params, const float 
                           "parameter changed",
                           (long long)opt->step, norm, ti >= 0 ? opt->m.inv.t[ti].name : "?");
     }
-    double coef = 1.0;
-    if (c->clip_norm > 0 && norm > c->clip_norm) coef = c->clip_norm / (norm + 1e-6);
-    double lr = arl_optim_lr(c, opt->step);
-    double t = (double)(opt->step + 1);
-    double bc1 = 1.0 - pow(c->beta1, t);
-    double bc2 = 1.0 - pow(c->beta2, t);
+    double coef, lr;
     step_ctx sc = {
         .opt = opt,
         .p = params->arena,
         .g = grad_arena,
         .m = opt->m_arena,
         .v = opt->v_arena,
-        .coef = (float)coef,
-        .decay = (float)(1.0 - lr * c->weight_decay),
-        .beta1 = (float)c->beta1,
-        .beta2 = (float)c->beta2,
-        .omb1 = (float)(1.0 - c->beta1),
-        .omb2 = (float)(1.0 - c->beta2),
-        .step_size = (float)(lr / bc1),
-        .inv_sqrt_bc2 = (float)(1.0 / sqrt(bc2)),
-        .eps = (float)c->eps,
     };
+    arl_optim_step_scalars(&sc.hp, &coef, &lr, c, opt->step, norm);
     arl_k_parallel_for(opt->n_chunks, 1, step_range, &sc);
     if (rep) {
         rep->grad_norm = norm;
