@@ -576,49 +576,49 @@ arl_status arl_model_dev_set_params(arl_model_dev *m, const arl_model_params *ho
 
 /* ======================= batch check ===================================================== */
 
-static arl_status check_batch(const arl_model_dev *m, const arl_batch *b) {
+arl_status arl_model_dev_batch_check(const arl_model_dev *m, const arl_batch *b, const char *what) {
     const arl_model_dims *dm = &m->dm;
     const int64_t T = b->T;
     const int32_t N = b->cu ? b->N : 1;
     if (T < 1 || T > m->opts.max_tokens)
         return arl_errorf(ARL_ERR_RANGE,
-                          "model (%s device): batch of %lld tokens, the model "
+                          "%s (%s device): batch of %lld tokens, the model "
                           "takes 1..%lld (max_tokens)",
-                          m->ops->name, (long long)T, (long long)m->opts.max_tokens);
+                          what, m->ops->name, (long long)T, (long long)m->opts.max_tokens);
     if (N < 1 || N > m->opts.max_docs)
         return arl_errorf(ARL_ERR_RANGE,
-                          "model (%s device): batch of %d documents, the model "
+                          "%s (%s device): batch of %d documents, the model "
                           "takes 1..%d (max_docs)",
-                          m->ops->name, N, m->opts.max_docs);
+                          what, m->ops->name, N, m->opts.max_docs);
     if (b->cu) {
         if (b->cu[0] != 0 || b->cu[N] != T)
             return arl_errorf(ARL_ERR_ARG,
-                              "model (%s device): cu must start at 0 and end at "
+                              "%s (%s device): cu must start at 0 and end at "
                               "T = %lld",
-                              m->ops->name, (long long)T);
+                              what, m->ops->name, (long long)T);
         for (int32_t i = 0; i < N; i++)
             if (b->cu[i + 1] <= b->cu[i])
                 return arl_errorf(ARL_ERR_ARG,
-                                  "model (%s device): document %d is empty or "
+                                  "%s (%s device): document %d is empty or "
                                   "cu decreases",
-                                  m->ops->name, i);
+                                  what, m->ops->name, i);
     }
     if (b->media)
         return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "model (%s device): image rows are not "
-                          "supported on this path yet; use policy/model.h",
-                          m->ops->name);
+                          "%s (%s device): image rows are not "
+                          "supported on this path yet; use policy/model.h or policy/model_backward.h",
+                          what, m->ops->name);
     for (int64_t t = 0; t < T; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= dm->V)
             return arl_errorf(ARL_ERR_RANGE,
-                              "model (%s device): token %d at position %lld is "
+                              "%s (%s device): token %d at position %lld is "
                               "outside the vocabulary [0, %lld)",
-                              m->ops->name, b->tokens[t], (long long)t, (long long)dm->V);
+                              what, m->ops->name, b->tokens[t], (long long)t, (long long)dm->V);
         if (b->targets && b->targets[t] >= dm->V)
             return arl_errorf(ARL_ERR_RANGE,
-                              "model (%s device): target %d at position %lld is "
+                              "%s (%s device): target %d at position %lld is "
                               "outside the vocabulary [0, %lld)",
-                              m->ops->name, b->targets[t], (long long)t, (long long)dm->V);
+                              what, m->ops->name, b->targets[t], (long long)t, (long long)dm->V);
     }
     if (b->forced_routes)
         for (int64_t j = 0; j < dm->n_moe; j++)
@@ -627,16 +627,16 @@ static arl_status check_batch(const arl_model_dev *m, const arl_batch *b) {
                 for (int64_t a = 0; a < dm->k; a++) {
                     if (r[a] < 0 || r[a] >= dm->E)
                         return arl_errorf(ARL_ERR_RANGE,
-                                          "model (%s device): forced route %d "
+                                          "%s (%s device): forced route %d "
                                           "of token %lld (MoE layer %lld) is outside [0, %lld)",
-                                          m->ops->name, r[a], (long long)t, (long long)j,
+                                          what, m->ops->name, r[a], (long long)t, (long long)j,
                                           (long long)dm->E);
                     for (int64_t c = 0; c < a; c++)
                         if (r[c] == r[a])
                             return arl_errorf(ARL_ERR_RANGE,
-                                              "model (%s device): forced routes "
+                                              "%s (%s device): forced routes "
                                               "of token %lld (MoE layer %lld) repeat expert %d",
-                                              m->ops->name, (long long)t, (long long)j, r[a]);
+                                              what, m->ops->name, (long long)t, (long long)j, r[a]);
                 }
             }
     return ARL_OK;
@@ -905,7 +905,7 @@ static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *s
                           "model (%s device): expert loads, router scores "
                           "and saved activations are not returned by this path yet",
                           ops->name);
-    ARL_TRY(check_batch(m, b));
+    ARL_TRY(arl_model_dev_batch_check(m, b, "model"));
     const arl_model_dims *dm = &m->dm;
     const arl_model_params *w = &m->w;
     const int64_t T = b->T, d = dm->d, Td = T * d, L = dm->L, B = dm->B, V = dm->V, k = dm->k;

@@ -309,6 +309,11 @@ arl_status arl_model_dev_set_params(arl_model_dev *m, const arl_model_params *ho
  * anything runs: ARL_ERR_RANGE for T or N above the limits, ids outside [0, V), bad forced
  * routes; ARL_ERR_ARG for bad cu.  Device failures: ARL_ERR_DEVICE. */
 arl_status arl_model_dev_forward(arl_model_dev *m, const arl_batch *b, const arl_forward_out *out);
+/* The batch check of the device paths (forward and training step): token count and documents
+ * within the model's max_tokens / max_docs, cu boundaries, token and target ids, forced routes
+ * in range and distinct per token; image rows are ARL_ERR_UNSUPPORTED here.  Messages start with
+ * "<what> (<device> device)". */
+arl_status arl_model_dev_batch_check(const arl_model_dev *m, const arl_batch *b, const char *what);
 
 /* Empty slot `slot` (position 0, zero state) for a new sequence.  ARL_ERR_RANGE for a slot
  * outside [0, n_slots). */

@@ -630,73 +630,6 @@ static void layer_fwd(arl_model_dev_train *tr, int64_t l, const float *p_in, flo
     kb->add(pnew, pnew, tr->ybuf, Td);
 }
 
-/* The device model's batch check (ids, boundaries, forced routes), by a zero-token probe:
- * arl_model_dev_forward checks before it runs anything. */
-static arl_status check_batch(arl_model_dev_train *tr, const arl_batch *b) {
-    const arl_model_dev *m = tr->m;
-    const int64_t T = b->T;
-    const int32_t N = b->cu ? b->N : 1;
-    if (T < 1 || T > m->opts.max_tokens)
-        return arl_errorf(ARL_ERR_RANGE,
-                          "training (%s device): batch of %lld tokens, the model takes "
-                          "1..%lld (max_tokens)",
-                          m->ops->name, (long long)T, (long long)m->opts.max_tokens);
-    if (N < 1 || N > m->opts.max_docs)
-        return arl_errorf(ARL_ERR_RANGE,
-                          "training (%s device): batch of %d documents, the model takes "
-                          "1..%d (max_docs)",
-                          m->ops->name, N, m->opts.max_docs);
-    if (b->cu) {
-        if (b->cu[0] != 0 || b->cu[N] != T)
-            return arl_errorf(ARL_ERR_ARG,
-                              "training (%s device): cu must start at 0 and end at T = %lld",
-                              m->ops->name, (long long)T);
-        for (int32_t i = 0; i < N; i++)
-            if (b->cu[i + 1] <= b->cu[i])
-                return arl_errorf(ARL_ERR_ARG,
-                                  "training (%s device): document %d is empty or cu decreases",
-                                  m->ops->name, i);
-    }
-    if (b->media)
-        return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "training (%s device): image rows are not supported on this path "
-                          "yet; use policy/model_backward.h",
-                          m->ops->name);
-    const arl_model_dims *dm = &m->dm;
-    for (int64_t t = 0; t < T; t++) {
-        if (b->tokens[t] < 0 || b->tokens[t] >= dm->V)
-            return arl_errorf(ARL_ERR_RANGE,
-                              "training (%s device): token %d at position %lld is outside the "
-                              "vocabulary [0, %lld)",
-                              m->ops->name, b->tokens[t], (long long)t, (long long)dm->V);
-        if (b->targets && b->targets[t] >= dm->V)
-            return arl_errorf(ARL_ERR_RANGE,
-                              "training (%s device): target %d at position %lld is outside the "
-                              "vocabulary [0, %lld)",
-                              m->ops->name, b->targets[t], (long long)t, (long long)dm->V);
-    }
-    if (b->forced_routes)
-        for (int64_t j = 0; j < dm->n_moe * T; j++) {
-            const int32_t *r = b->forced_routes + j * dm->k;
-            for (int64_t a = 0; a < dm->k; a++) {
-                if (r[a] < 0 || r[a] >= dm->E)
-                    return arl_errorf(ARL_ERR_RANGE,
-                                      "training (%s device): forced route %d of token %lld (MoE "
-                                      "layer %lld) is outside [0, %lld)",
-                                      m->ops->name, r[a], (long long)(j % T), (long long)(j / T),
-                                      (long long)dm->E);
-                for (int64_t c = 0; c < a; c++)
-                    if (r[c] == r[a])
-                        return arl_errorf(ARL_ERR_RANGE,
-                                          "training (%s device): forced routes of token %lld "
-                                          "(MoE layer %lld) repeat expert %d",
-                                          m->ops->name, (long long)(j % T), (long long)(j / T),
-                                          r[a]);
-            }
-        }
-    return ARL_OK;
-}
-
 arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch *b,
                                        const arl_forward_out *out) {
     arl_model_dev *m = tr->m;
@@ -710,7 +643,7 @@ arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch 
                           "training (%s device): the training forward returns log-probs and "
                           "routes only",
                           ops->name);
-    ARL_TRY(check_batch(tr, b));
+    ARL_TRY(arl_model_dev_batch_check(tr->m, b, "training"));
     const int64_t T = b->T, d = dm->d, Tmax = m->opts.max_tokens, Td = T * d, L = dm->L;
     const int64_t k = dm->k, V = dm->V;
     const int32_t N = b->cu ? b->N : 1;
@@ -1115,7 +1048,7 @@ arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, c
 
 arl_status arl_model_dev_loss_and_grad(arl_model_dev_train *tr, const arl_batch *b, double *loss) {
     *loss = 0.0;
-    ARL_TRY(check_batch(tr, b));
+    ARL_TRY(arl_model_dev_batch_check(tr->m, b, "training"));
     const int64_t T = b->T;
     const int32_t *targets = b->targets;
     if (!targets) {
