@@ -23,6 +23,7 @@
 #include "policy/attnres.h"
 #include "policy/kda.h"
 #include "policy/mla.h"
+#include "policy/model_device_bump.h"
 #include "policy/moe_internal.h"
 #include "policy/optimizer_internal.h"
 #include "policy/router.h"
@@ -277,16 +278,6 @@ arl_status arl_dev_ops_get(const char *device, size_t cuda_arena_bytes, const ar
 
 /* ======================= workspace layout ================================================ */
 
-typedef struct bump {
-    float *base;
-    int64_t used;
-} bump;
-
-static float *take(bump *b, int64_t n) {
-    float *p = b->base ? b->base + b->used : NULL;
-    b->used += (n + 63) & ~(int64_t)63; /* 256-byte steps (device alignment) */
-    return p;
-}
 
 typedef struct kda_bufs {
     float *proj, *q, *k, *v, *fa, *g, *beta, *o, *gam, *ga, *S0, *core;

@@ -20,21 +20,12 @@
 #include "policy/kda_layer_backward.h"
 #include "policy/mla_layer_backward.h"
 #include "policy/moe_backward.h"
+#include "policy/model_device_bump.h"
 #include "policy/optimizer_internal.h"
 
 /* Rows of logits computed at a time: about 4 MiB (as policy/model_backward.c). */
 #define LOGIT_BLOCK_FLOATS ((int64_t)1 << 20)
 
-typedef struct bump {
-    float *base;
-    int64_t used;
-} bump;
-
-static float *take(bump *b, int64_t n) {
-    float *p = b->base ? b->base + b->used : NULL;
-    b->used += (n + 63) & ~(int64_t)63; /* 256-byte steps (device alignment) */
-    return p;
-}
 
 static int64_t max2(int64_t a, int64_t b) {
     return a > b ? a : b;
