@@ -208,16 +208,25 @@ static void bench_mla(int quick) {
     float *v = drand(T * Hm * vm, -1, 1, "v");
     float *o = dalloc(sizeof(float) * (size_t)(T * Hm * vm), "o");
     float *lse = dalloc(sizeof(float) * (size_t)(T * Hm), "lse");
-    float ms;
-    TIME_MS(ms, 3,
-            arl_cuda_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, NULL, 1, T, Hm, n, r, vm,
-                                  1.0f / sqrtf((float)(n + r))));
+    float ms, ms32;
     /* causal: T(T+1)/2 pairs, 2 (n + r) + 2 vm flops each */
     double fl = (double)Hm * T * (T + 1) / 2.0 * (2.0 * (n + r) + 2.0 * vm);
-    double tf = fl / (ms * 1e-3) / 1e12;
-    printf("MLA prefill attention T=%lld Hm=%lld qk=%lld v=%lld causal: %.3f ms, %.2f TFLOP/s\n",
-           (long long)T, (long long)Hm, (long long)(n + r), (long long)vm, ms, tf);
-    printf("RESULT mla_ms=%.4f\nRESULT mla_tflops=%.4f\n", ms, tf);
+    /* the fp32 kernel (the parity default), then the tensor-core kernel (bf16 operands, fp32
+     * accumulation and softmax), which the context's bf16 math mode selects */
+    TIME_MS(ms32, 1,
+            arl_cuda_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, NULL, 1, T, Hm, n, r, vm,
+                                  1.0f / sqrtf((float)(n + r))));
+    arl_cuda_set_math(ctx, ARL_CUDA_MATH_BF16);
+    TIME_MS(ms, 5,
+            arl_cuda_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, NULL, 1, T, Hm, n, r, vm,
+                                  1.0f / sqrtf((float)(n + r))));
+    arl_cuda_set_math(ctx, ARL_CUDA_MATH_FP32);
+    double tf = fl / (ms * 1e-3) / 1e12, tf32 = fl / (ms32 * 1e-3) / 1e12;
+    printf("MLA prefill attention T=%lld Hm=%lld qk=%lld v=%lld causal: %.3f ms, %.2f TFLOP/s "
+           "(bf16 tensor cores); fp32 kernel %.3f ms, %.2f TFLOP/s\n",
+           (long long)T, (long long)Hm, (long long)(n + r), (long long)vm, ms, tf, ms32, tf32);
+    printf("RESULT mla_ms=%.4f\nRESULT mla_tflops=%.4f\nRESULT mla_fp32_tflops=%.4f\n", ms, tf,
+           tf32);
     arl_cuda_release(ctx, mark);
 }
 

@@ -12,7 +12,8 @@
  *
  * Weights: deterministic small uniform values, norms 1.  Runs: ARL_CUDA_MATH_BF16 (bf16 GEMM
  * inputs, fp32 accumulation, fp32 master weights and moments) and ARL_CUDA_MATH_TF32.  Batch:
- * 8 documents of 256 tokens (T = 2048; --quick: the tiny config, 2 x 32).  Prints the median
+ * 8 documents of 256 tokens (T = 2048; --quick: the tiny config, 2 x 32; --docs N --len L:
+ * another batch).  Prints the median
  * of 5 steps after 2 warm-up steps, and the forward (with saves) and the optimizer step
  * alone.  Output: human-readable lines and "RESULT key=value".  Exits 77 without a GPU.
  */
@@ -131,8 +132,15 @@ int main(int argc, char **argv) {
             }
         }
     }
-    const int32_t N = quick ? 2 : 8;
-    const int64_t len = quick ? 32 : 256, T = N * len;
+    /* --docs N --len L: another token batch (default 8 x 256; --quick 2 x 32) */
+    int32_t N = quick ? 2 : 8;
+    int64_t len = quick ? 32 : 256;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--docs") == 0) N = (int32_t)atoi(argv[i + 1]);
+        if (strcmp(argv[i], "--len") == 0) len = atoll(argv[i + 1]);
+    }
+    if (N < 1 || len < 1) die("--docs and --len must be positive");
+    const int64_t T = N * len;
     arl_model_opts o;
     arl_model_opts_default(&o);
     o.max_tokens = T;
@@ -193,6 +201,10 @@ int main(int argc, char **argv) {
                tf * 1e3, to * 1e3, (ts - tf - to) * 1e3);
         printf("RESULT train_step_%s_ms=%.3f\nRESULT train_step_%s_mfu=%.4f\n", names[mi], ts * 1e3,
                names[mi], rate / peak);
+        if (mi == 0) { /* where one bf16 step's GPU time goes, per op of the device table */
+            if (arl_cuda_profile_begin(ctx) || run_step(&sa) || arl_cuda_profile_end(ctx, stdout))
+                die("profiled step");
+        }
     }
     printf("RESULT train_cublas_bf16_tflops=%.2f\n", peak);
     printf("RESULT train_step_gflop=%.1f\n", flops / 1e9);

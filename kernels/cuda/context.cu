@@ -65,13 +65,81 @@ arl_status arl_cuda_blas_status(const char *op, cublasStatus_t s) {
     return arl_errorf(ARL_ERR_DEVICE, "cublas: %s: %s (status %d)", op, blas_str(s), (int)s);
 }
 
+struct arl_cuda_prof {
+    int32_t on, n, created;
+    cudaEvent_t ev[ARL_CUDA_PROFILE_MAX];
+    const char *name[ARL_CUDA_PROFILE_MAX];
+};
+
+static void prof_mark(arl_cuda_ctx *ctx, const char *op) {
+    arl_cuda_prof *p = ctx->prof;
+    if (!p || !p->on || p->n >= ARL_CUDA_PROFILE_MAX) return;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)
+        return;
+    if (cudaEventRecord(p->ev[p->n], ctx->stream) == cudaSuccess) p->name[p->n++] = op;
+}
+
+extern "C" arl_status arl_cuda_profile_begin(arl_cuda_ctx *ctx) {
+    if (!ctx->prof) {
+        ctx->prof = (arl_cuda_prof *)calloc(1, sizeof *ctx->prof);
+        if (!ctx->prof) return arl_errorf(ARL_ERR_NOMEM, "cuda: out of host memory (profile)");
+    }
+    arl_cuda_prof *p = ctx->prof;
+    for (; p->created < ARL_CUDA_PROFILE_MAX; p->created++)
+        ARL_TRY(arl_cuda_status("cudaEventCreate (profile)", cudaEventCreate(&p->ev[p->created])));
+    p->on = 1;
+    p->n = 0;
+    prof_mark(ctx, "(begin)");
+    return ARL_OK;
+}
+
+extern "C" arl_status arl_cuda_profile_end(arl_cuda_ctx *ctx, FILE *out) {
+    arl_cuda_prof *p = ctx->prof;
+    if (!p || !p->on) return arl_errorf(ARL_ERR_STATE, "cuda: profile_end without profile_begin");
+    p->on = 0;
+    ARL_TRY(arl_cuda_status("cudaStreamSynchronize (profile)", cudaStreamSynchronize(ctx->stream)));
+    enum { MAXN = 256 };
+    const char *names[MAXN];
+    double ms[MAXN];
+    int32_t cnt[MAXN], nn = 0;
+    double total = 0.0;
+    for (int32_t i = 1; i < p->n; i++) {
+        float dt = 0.0f;
+        ARL_TRY(arl_cuda_status("cudaEventElapsedTime (profile)",
+                                cudaEventElapsedTime(&dt, p->ev[i - 1], p->ev[i])));
+        int32_t j = 0;
+        while (j < nn && strcmp(names[j], p->name[i]) != 0)
+            j++;
+        if (j == nn) {
+            if (nn == MAXN) continue;
+            names[nn] = p->name[i], ms[nn] = 0.0, cnt[nn] = 0, nn++;
+        }
+        ms[j] += dt, cnt[j]++, total += dt;
+    }
+    for (int32_t a = 0; a < nn; a++) /* largest first (insertion sort, few names) */
+        for (int32_t b = a; b > 0 && ms[b] > ms[b - 1]; b--) {
+            double tm = ms[b]; ms[b] = ms[b - 1], ms[b - 1] = tm;
+            int32_t tc = cnt[b]; cnt[b] = cnt[b - 1], cnt[b - 1] = tc;
+            const char *tn = names[b]; names[b] = names[b - 1], names[b - 1] = tn;
+        }
+    fprintf(out, "per-op GPU time (%d events%s): total %.3f ms\n", (int)p->n,
+            p->n >= ARL_CUDA_PROFILE_MAX ? ", truncated" : "", total);
+    for (int32_t j = 0; j < nn; j++)
+        fprintf(out, "  %-44s %9.3f ms %5.1f%% %6d calls\n", names[j], ms[j],
+                total > 0 ? 100.0 * ms[j] / total : 0.0, (int)cnt[j]);
+    return ARL_OK;
+}
+
 void arl_cuda_record(arl_cuda_ctx *ctx, const char *op, cudaError_t e) {
+    prof_mark(ctx, op);
     if (e == cudaSuccess || ctx->sticky != ARL_OK) return;
     ctx->sticky = ARL_ERR_DEVICE;
     snprintf(ctx->sticky_msg, sizeof ctx->sticky_msg, "cuda: %s: %s", op, cudaGetErrorString(e));
 }
 
 void arl_cuda_record_blas(arl_cuda_ctx *ctx, const char *op, cublasStatus_t s) {
+    prof_mark(ctx, op);
     if (s == CUBLAS_STATUS_SUCCESS || ctx->sticky != ARL_OK) return;
     ctx->sticky = ARL_ERR_DEVICE;
     snprintf(ctx->sticky_msg, sizeof ctx->sticky_msg, "cublas: %s: %s", op, blas_str(s));
@@ -187,6 +255,11 @@ extern "C" void arl_cuda_close(arl_cuda_ctx *ctx) {
     if (ctx->blas) cublasDestroy(ctx->blas);
     if (ctx->ev0) cudaEventDestroy(ctx->ev0);
     if (ctx->ev1) cudaEventDestroy(ctx->ev1);
+    if (ctx->prof) {
+        for (int32_t i = 0; i < ctx->prof->created; i++)
+            cudaEventDestroy(ctx->prof->ev[i]);
+        free(ctx->prof);
+    }
     if (ctx->arena) cudaFree(ctx->arena);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     (void)cudaGetLastError();

@@ -54,6 +54,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -139,6 +140,16 @@ void arl_cuda_bf16_to_f32(float *y, const uint16_t *x, int64_t n);
  * waits and returns the elapsed time (< 0 on error). */
 void arl_cuda_timer_start(arl_cuda_ctx *ctx);
 float arl_cuda_timer_stop(arl_cuda_ctx *ctx);
+
+/* Per-op profile (benchmarks): after arl_cuda_profile_begin, every launch and cuBLAS call of a
+ * table entry records an event on the stream with its op name (not while a graph is being
+ * captured; at most ARL_CUDA_PROFILE_MAX of them); arl_cuda_profile_end waits for the stream,
+ * writes to `out` the GPU time between consecutive events summed per op name (each op is
+ * charged the time since the previous event: its own run plus any idle gap before it), largest
+ * first, and stops recording.  Events are created once, at the first begin. */
+#define ARL_CUDA_PROFILE_MAX 16384
+arl_status arl_cuda_profile_begin(arl_cuda_ctx *ctx);
+arl_status arl_cuda_profile_end(arl_cuda_ctx *ctx, FILE *out);
 
 /* ---- CUDA graphs (decode steps) ----
  * Capture a fixed sequence of device ops on the context's stream once and replay it with one

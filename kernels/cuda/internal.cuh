@@ -41,6 +41,7 @@ struct arl_cuda_ctx {
     arl_status sticky; /* first failed launch / cuBLAS call of a void entry */
     char sticky_msg[256];
     cudaEvent_t ev0, ev1;
+    struct arl_cuda_prof *prof; /* per-op profile (arl_cuda_profile_begin), or NULL */
 };
 
 /* Current context of the thread; asserts one exists (programmer error otherwise). */
@@ -77,6 +78,47 @@ static inline unsigned arl_blocks(int64_t n, int threads) {
 #define ARL_GRID_STRIDE(i, n)                                                                      \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
          i += (int64_t)blockDim.x * gridDim.x)
+
+/* Deterministic column sums (the weight gradients of row-wise ops): for each column col <
+ * ncol, out(col, sum over rows r < nrow of f(r, col)) with f returning a double.  One block
+ * per 32 columns; ARL_COLSUM_LANES row lanes each walk rows lane, lane + LANES, ... in order,
+ * then the lanes' sums are added in lane order: the same result every run (no atomics), with
+ * 32 x LANES threads per block instead of one thread walking all rows.  F and G are functor
+ * types with `__device__ double operator()(int64_t r, int64_t col) const` and
+ * `__device__ void operator()(int64_t col, double sum) const`. */
+#define ARL_COLSUM_LANES 16
+template <class F, class G>
+__global__ void __launch_bounds__(32 * ARL_COLSUM_LANES)
+    k_colsum(int64_t nrow, int64_t ncol, F f, G out) {
+    __shared__ double part[ARL_COLSUM_LANES][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int64_t col = (int64_t)blockIdx.x * 32 + tx;
+    double acc = 0.0;
+    if (col < ncol)
+        for (int64_t r = ty; r < nrow; r += ARL_COLSUM_LANES)
+            acc += f(r, col);
+    part[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && col < ncol) {
+        double sum = 0.0;
+        for (int l = 0; l < ARL_COLSUM_LANES; l++)
+            sum += part[l][tx];
+        out(col, sum);
+    }
+}
+template <class F, class G>
+static inline void arl_colsum(cudaStream_t st, int64_t nrow, int64_t ncol, F f, G out) {
+    if (ncol <= 0) return;
+    k_colsum<F, G><<<(unsigned)((ncol + 31) / 32), 32 * ARL_COLSUM_LANES, 0, st>>>(nrow, ncol, f,
+                                                                                 out);
+}
+/* out functor: dst[col] += (float)sum */
+struct arl_colsum_add {
+    float *dst;
+    __device__ void operator()(int64_t col, double sum) const {
+        dst[col] += (float)sum;
+    }
+};
 
 __device__ static inline double arl_warp_sum_d(double v) {
     for (int o = 16; o > 0; o >>= 1)

@@ -72,29 +72,24 @@ __global__ void k_conv_bwd_x(float *dx, const float *dz, const float *x, const f
     }
 }
 
-/* dw[c, j] += sum_t dy_t[c] x_{t-W+1+j}[c]; one thread per channel, tokens in order. */
-__global__ void k_conv_bwd_w(float *dw, const float *dz, const float *x, const float *w,
-                             const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
-                             int64_t W) {
-    ARL_GRID_STRIDE(c, C) {
-        float acc[16];
-        for (int64_t j = 0; j < W; j++)
-            acc[j] = 0.0f;
-        for (int32_t di = 0; di < N; di++) {
-            int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
-            const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
-            for (int64_t t = a; t < b; t++) {
-                float y = conv_pre(x, w, tail, a, t - a, c, C, W);
-                float s = arl_sigmoidf(y);
-                float dy = dz[t * C + c] * s * (1.0f + y * (1.0f - s));
-                for (int64_t j = 0; j < W; j++)
-                    acc[j] += dy * conv_in(x, tail, a, t - a - (W - 1) + j, c, C, W);
-            }
-        }
-        for (int64_t j = 0; j < W; j++)
-            dw[c * W + j] += acc[j];
+/* dw[c, j] += sum_t dy_t[c] x_{t-W+1+j}[c]: column c W + j of arl_colsum (deterministic; the
+ * tokens of all documents in order, split over lanes). */
+struct conv_dw_term {
+    const float *dz, *x, *w, *tails;
+    const int32_t *cu;
+    int32_t N;
+    int64_t T, C, W;
+    __device__ double operator()(int64_t t, int64_t col) const {
+        const int64_t c = col / W, j = col % W;
+        const int32_t di = doc_of(cu, N, t);
+        const int64_t a = cu ? cu[di] : 0;
+        const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
+        const float y = conv_pre(x, w, tail, a, t - a, c, C, W);
+        const float s = arl_sigmoidf(y);
+        const float dy = dz[t * C + c] * s * (1.0f + y * (1.0f - s));
+        return (double)(dy * conv_in(x, tail, a, t - a - (W - 1) + j, c, C, W));
     }
-}
+};
 
 extern "C" void arl_cuda_conv_fwd(float *z, float *y, const float *x, const float *w,
                                   const float *tails, const int32_t *cu, int32_t N, int64_t T,
@@ -115,8 +110,8 @@ extern "C" void arl_cuda_conv_bwd(float *dx, float *dw, const float *dz, const f
     k_conv_bwd_x<<<arl_blocks(T * C, 256), 256, 0, c->stream>>>(dx, dz, x, w, tails, cu, N, T, C,
                                                                 W);
     if (dw)
-        k_conv_bwd_w<<<arl_blocks(C, 128), 128, 0, c->stream>>>(dw, dz, x, w, tails, cu, N, T, C,
-                                                                W);
+        arl_colsum(c->stream, T, C * W, conv_dw_term{dz, x, w, tails, cu, N, T, C, W},
+                   arl_colsum_add{dw});
     ARL_CUDA_LAUNCHED(c, "conv_bwd");
 }
 
@@ -216,18 +211,28 @@ __global__ void k_mix_bwd(dsrcs D, float *ws, const float *dh, srcs S, int32_t N
     }
 }
 
-/* dw[i] = sum_t sum_j (dz_j rho_j)[t] V_j[t, i]; tokens and sources in order. */
-__global__ void k_mix_bwd_w(float *dwn, float *dwp, const float *ws, srcs S, int32_t N, int64_t T,
-                            int64_t d, const float *wn, const float *wp) {
-    ARL_GRID_STRIDE(i, d) {
-        double dw = 0.0;
-        for (int64_t t = 0; t < T; t++)
-            for (int32_t j = 0; j < N; j++)
-                dw += (double)ws[(int64_t)j * T + t] * S.p[j][t * d + i];
+/* dw[i] = sum_t sum_j (dz_j rho_j)[t] V_j[t, i] (arl_colsum: tokens split over lanes, sources
+ * in order); then dw_norm += dw w_proj, dw_proj += dw w_norm. */
+struct mix_dw_term {
+    const float *ws;
+    srcs S;
+    int32_t N;
+    int64_t T, d;
+    __device__ double operator()(int64_t t, int64_t i) const {
+        double acc = 0.0;
+        for (int32_t j = 0; j < N; j++)
+            acc += (double)ws[(int64_t)j * T + t] * S.p[j][t * d + i];
+        return acc;
+    }
+};
+struct mix_dw_out {
+    float *dwn, *dwp;
+    const float *wn, *wp;
+    __device__ void operator()(int64_t i, double dw) const {
         if (dwn) dwn[i] += (float)(dw * wp[i]);
         if (dwp) dwp[i] += (float)(dw * wn[i]);
     }
-}
+};
 
 extern "C" void arl_cuda_attnres_mix_fwd(float *out, float *a, const float *const *src, int32_t N,
                                          int64_t T, int64_t d, const float *w_norm,
@@ -257,8 +262,8 @@ extern "C" void arl_cuda_attnres_mix_bwd(float *const *dsrc, float *dw_norm, flo
     }
     k_mix_bwd<<<(unsigned)T, 256, 0, c->stream>>>(D, ws, dh, S, N, T, d, w_norm, w_proj, eps);
     if (dw_norm || dw_proj)
-        k_mix_bwd_w<<<arl_blocks(d, 128), 128, 0, c->stream>>>(dw_norm, dw_proj, ws, S, N, T, d,
-                                                               w_norm, w_proj);
+        arl_colsum(c->stream, T, d, mix_dw_term{ws, S, N, T, d},
+                   mix_dw_out{dw_norm, dw_proj, w_norm, w_proj});
     ARL_CUDA_LAUNCHED(c, "attnres_mix_bwd");
 }
 

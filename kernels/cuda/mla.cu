@@ -2,8 +2,10 @@
  * expanded causal attention forward (flash-style online softmax) and backward, and the
  * absorbed decode over the latent cache.  One kernel serves both forwards: a key is the
  * concatenation of two parts ([k_nope; k_pe] or [c; k_pe]) and a query likewise.
- * Work split: one warp per (query, head); each lane scores one key of a 32-key block, then
- * the warp accumulates the value rows with lanes over the value dims (fp32 throughout). */
+ * Work split (fp32 kernel): one warp per (query, head); each lane scores one key of a 32-key
+ * block, then the warp accumulates the value rows with lanes over the value dims (fp32
+ * throughout).  Under ARL_CUDA_MATH_BF16 the expanded forward runs on tensor cores instead
+ * (k_attn_fwd_tc below: bf16 operands, fp32 accumulation and softmax). */
 #include <math.h>
 
 #include "kernels/cuda/internal.cuh"
@@ -101,11 +103,265 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
     if (A.lse && lane == 0) A.lse[item] = m + logf(l);
 }
 
+/* ---- the expanded forward on tensor cores (ARL_CUDA_MATH_BF16) ----
+ * Flash-attention style: a block takes TC_TQ queries of one head (16 per warp) and walks the
+ * key tiles of TC_TK keys its queries can see (documents and causality); S = Q K^T and O += P V
+ * run as mma.sync m16n8k16 with bf16 operands and fp32 accumulators; the online softmax (max,
+ * exp, row sums) stays in fp32 registers (spec 1.4).  Q, K and V are rounded to bf16 as they
+ * are loaded (fp32 in memory), K is kept row-major and V transposed in shared memory so that
+ * every B fragment is one 32-bit load; the S accumulators are repacked as the A fragments of
+ * P V without leaving registers.  Rows padded to DQ (qk width) and DV (value width) are zero.
+ * Fragment layout (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4): A regs {a0..a3} hold
+ * (row g, cols 2t..2t+1), (row g+8, same), (row g, cols 2t+8..), (row g+8, cols 2t+8..);
+ * B regs {b0, b1} hold (k 2t..2t+1, col g), (k 2t+8.., col g); C {c0..c3} hold (row g, cols
+ * 2t, 2t+1) and (row g+8, cols 2t, 2t+1). */
+#define TC_TK 64
+
+__device__ static inline uint32_t tc_bf16_bits(float f) { /* round to nearest even */
+    uint32_t u = __float_as_uint(f);
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ static inline uint32_t tc_pack(float lo, float hi) {
+    return tc_bf16_bits(lo) | (tc_bf16_bits(hi) << 16);
+}
+
+#if defined(__CUDACC__)
+__device__ static inline void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#else /* the CPU emulator (tests/cuda/emu): the same product gathered through shuffles */
+static inline float tc_lo(uint32_t x) {
+    return __uint_as_float(x << 16);
+}
+static inline float tc_hi(uint32_t x) {
+    return __uint_as_float(x & 0xffff0000u);
+}
+static inline void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int tt = 0; tt < 4; tt++) {
+        uint32_t a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + tt);
+        uint32_t a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + tt);
+        uint32_t a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + tt);
+        uint32_t a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + tt);
+        for (int j = 0; j < 2; j++) {
+            uint32_t x0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * t + j) + tt);
+            uint32_t x1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * t + j) + tt);
+            c[j] += tc_lo(a0) * tc_lo(x0) + tc_hi(a0) * tc_hi(x0) + tc_lo(a2) * tc_lo(x1) +
+                    tc_hi(a2) * tc_hi(x1);
+            c[2 + j] += tc_lo(a1) * tc_lo(x0) + tc_hi(a1) * tc_hi(x0) + tc_lo(a3) * tc_lo(x1) +
+                        tc_hi(a3) * tc_hi(x1);
+        }
+    }
+}
+#endif
+
+/* element (row, col) of the concatenated query [qa | qb] of head h, 0 outside */
+__device__ static inline float tc_q(const attn_args &A, int64_t row, int64_t col, int64_t h) {
+    if (row >= A.Tq || col >= A.nA + A.nB) return 0.0f;
+    const int64_t item = row * A.Hm + h;
+    return col < A.nA ? A.qa[item * A.nA + col] : A.qb[item * A.nB + col - A.nA];
+}
+
+template <int DQ, int DV, int TC_WARPS>
+__global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
+    constexpr int TC_TQ = 16 * TC_WARPS;
+    __shared__ __align__(16) uint32_t ks[TC_TK][DQ / 2 + 4]; /* key tile, bf16 pairs */
+    __shared__ __align__(16) uint32_t vt[DV][TC_TK / 2 + 4]; /* value tile^T, bf16 pairs */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t nqb = (A.Tq + TC_TQ - 1) / TC_TQ;
+    const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * TC_TQ; /* longest rows first */
+    const int64_t h = blockIdx.y, nq = A.nA + A.nB;
+    const int64_t wr0 = q0 + 16 * w;               /* the warp's first row */
+    const int64_t r0 = wr0 + g, r1 = r0 + 8;         /* this thread's rows */
+    const int64_t lo0 = r0 < A.Tq ? first_key(A.cu, A.N, r0) : A.Tq;
+    const int64_t lo1 = r1 < A.Tq ? first_key(A.cu, A.N, r1) : A.Tq;
+    const int64_t hi0 = r0 < A.Tq ? r0 : -1, hi1 = r1 < A.Tq ? r1 : -1;
+    const int64_t blk_hi = q0 + TC_TQ - 1 < A.Tq - 1 ? q0 + TC_TQ - 1 : A.Tq - 1;
+    const int64_t blk_lo = first_key(A.cu, A.N, q0) / TC_TK * TC_TK;
+    const int64_t w_hi = wr0 + 15 < A.Tq - 1 ? wr0 + 15 : A.Tq - 1;
+    const int64_t w_lo = wr0 < A.Tq ? first_key(A.cu, A.N, wr0) : A.Tq;
+    const float sl2 = A.scale * 1.4426950408889634f; /* scores in log2 units */
+
+    uint32_t qf[DQ / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < DQ / 16; kc++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int64_t col = kc * 16 + hh * 8 + 2 * t;
+            qf[kc][2 * hh] = tc_pack(tc_q(A, r0, col, h), tc_q(A, r0, col + 1, h));
+            qf[kc][2 * hh + 1] = tc_pack(tc_q(A, r1, col, h), tc_q(A, r1, col + 1, h));
+        }
+    float o[DV / 8][4];
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++)
+        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    for (int64_t s0 = blk_lo; s0 <= blk_hi; s0 += TC_TK) {
+        __syncthreads(); /* the previous tile is consumed */
+        /* each thread issues its loads of a tile in batches of TC_LB pairs before converting
+         * and storing them, so that their latencies overlap (a load-store loop would wait for
+         * each load in turn); batches bound the registers held */
+        constexpr int KIT = TC_TK * (DQ / 2) / (32 * TC_WARPS); /* key pairs per thread */
+        constexpr int VIT = DV * (TC_TK / 2) / (32 * TC_WARPS); /* value pairs per thread */
+        constexpr int TC_LB = 8;
+#pragma unroll
+        for (int b0 = 0; b0 < KIT; b0 += TC_LB) {
+            float2 kr[TC_LB];
+#pragma unroll
+            for (int u = 0; u < TC_LB; u++) {
+                const int idx = threadIdx.x + (b0 + u) * 32 * TC_WARPS;
+                const int j = idx / (DQ / 2), c2 = idx % (DQ / 2);
+                const int64_t s = s0 + j, col = 2 * c2;
+                kr[u] = make_float2(0.0f, 0.0f);
+                if (b0 + u < KIT && s <= blk_hi && col < nq) {
+                    const float *src = col < A.nA
+                                           ? A.ka + s * A.ka_tok + h * A.ka_head + col
+                                           : A.kb + s * A.kb_tok + h * A.kb_head + col - A.nA;
+                    kr[u] = make_float2(src[0], src[1]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < TC_LB; u++) {
+                const int idx = threadIdx.x + (b0 + u) * 32 * TC_WARPS;
+                if (b0 + u < KIT) ks[idx / (DQ / 2)][idx % (DQ / 2)] = tc_pack(kr[u].x, kr[u].y);
+            }
+        }
+#pragma unroll
+        for (int b0 = 0; b0 < VIT; b0 += TC_LB) {
+            float2 vr[TC_LB];
+#pragma unroll
+            for (int u = 0; u < TC_LB; u++) {
+                const int idx = threadIdx.x + (b0 + u) * 32 * TC_WARPS;
+                const int d = idx % DV, jp = idx / DV;
+                const int64_t s = s0 + 2 * jp;
+                vr[u] = make_float2(0.0f, 0.0f);
+                if (b0 + u < VIT && d < A.nv) {
+                    const float *src = A.vp + s * A.v_tok + h * A.v_head + d;
+                    if (s <= blk_hi) vr[u].x = src[0];
+                    if (s + 1 <= blk_hi) vr[u].y = src[A.v_tok];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < TC_LB; u++) {
+                const int idx = threadIdx.x + (b0 + u) * 32 * TC_WARPS;
+                if (b0 + u < VIT) vt[idx % DV][idx / DV] = tc_pack(vr[u].x, vr[u].y);
+            }
+        }
+        __syncthreads();
+        if (s0 > w_hi || s0 + TC_TK - 1 < w_lo) continue; /* no row of this warp sees the tile */
+
+        float sc[TC_TK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < TC_TK / 8; nt++) {
+            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < DQ / 16; kc++)
+                tc_mma(sc[nt], qf[kc], ks[nt * 8 + g][kc * 8 + t], ks[nt * 8 + g][kc * 8 + 4 + t]);
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < TC_TK / 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int64_t s = s0 + nt * 8 + 2 * t + j;
+                sc[nt][j] = s >= lo0 && s <= hi0 ? sc[nt][j] * sl2 : -INFINITY;
+                sc[nt][2 + j] = s >= lo1 && s <= hi1 ? sc[nt][2 + j] * sl2 : -INFINITY;
+                mx0 = fmaxf(mx0, sc[nt][j]);
+                mx1 = fmaxf(mx1, sc[nt][2 + j]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
+        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1); /* 0 while m = -inf */
+        m0 = mx0, m1 = mx1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < TC_TK / 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                sc[nt][j] = exp2f(sc[nt][j] - b0);
+                sc[nt][2 + j] = exp2f(sc[nt][2 + j] - b1);
+                ps0 += sc[nt][j];
+                ps1 += sc[nt][2 + j];
+            }
+        l0 = l0 * c0 + ps0;
+        l1 = l1 * c1 + ps1;
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            o[j][0] *= c0, o[j][1] *= c0;
+            o[j][2] *= c1, o[j][3] *= c1;
+        }
+#pragma unroll
+        for (int kc = 0; kc < TC_TK / 16; kc++) {
+            const uint32_t pa[4] = {tc_pack(sc[2 * kc][0], sc[2 * kc][1]),
+                                    tc_pack(sc[2 * kc][2], sc[2 * kc][3]),
+                                    tc_pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
+                                    tc_pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
+#pragma unroll
+            for (int j = 0; j < DV / 8; j++)
+                tc_mma(o[j], pa, vt[j * 8 + g][kc * 8 + t], vt[j * 8 + g][kc * 8 + 4 + t]);
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int64_t d = j * 8 + 2 * t + e;
+            if (d >= A.nv) continue;
+            if (r0 < A.Tq) A.o[(r0 * A.Hm + h) * A.nv + d] = o[j][e] * i0;
+            if (r1 < A.Tq) A.o[(r1 * A.Hm + h) * A.nv + d] = o[j][2 + e] * i1;
+        }
+    if (A.lse && t == 0) { /* natural-log units: (m + log2 l) ln 2 */
+        if (r0 < A.Tq) A.lse[r0 * A.Hm + h] = (m0 + log2f(l0)) * 0.6931471805599453f;
+        if (r1 < A.Tq) A.lse[r1 * A.Hm + h] = (m1 + log2f(l1)) * 0.6931471805599453f;
+    }
+}
+
+/* The tensor-core forward when the context computes in bf16 and the widths fit (qk <= 192,
+ * values <= 128, even part widths); returns 0 to leave the call to the fp32 kernel. */
+static int attn_launch_tc(const attn_args *A, arl_cuda_ctx *c, const char *name) {
+    const int64_t nq = A->nA + A->nB;
+    if (c->math != ARL_CUDA_MATH_BF16 || A->absorbed || nq > 192 || A->nv > 128 ||
+        (A->nA & 1) || (A->nB & 1) || (A->nv & 1))
+        return 0;
+    const int dq = nq <= 64 ? 64 : nq <= 96 ? 96 : nq <= 128 ? 128 : 192;
+    const int dv = A->nv <= 64 ? 64 : 128;
+    /* 8 warps (128 queries) per block: the H200 ran the mini shape at 25.9 TFLOP/s with 8
+     * and 14.8 with 4 warps per block */
+#define TC_LAUNCH(Q, V)                                                                            \
+    if (dq == Q && dv == V)                                                                        \
+        k_attn_fwd_tc<Q, V, 8><<<dim3((unsigned)((A->Tq + 127) / 128), (unsigned)A->Hm), 256, 0,   \
+                                 c->stream>>>(*A);
+    TC_LAUNCH(64, 64);
+    TC_LAUNCH(64, 128);
+    TC_LAUNCH(96, 64);
+    TC_LAUNCH(96, 128);
+    TC_LAUNCH(128, 64);
+    TC_LAUNCH(128, 128);
+    TC_LAUNCH(192, 64);
+    TC_LAUNCH(192, 128);
+#undef TC_LAUNCH
+    ARL_CUDA_LAUNCHED(c, name);
+    return 1;
+}
+
 static void attn_launch(const attn_args *A, const char *name) {
     arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(A->nA + A->nB <= QMAX && A->nv <= VMAX && A->nv >= 1);
     int64_t items = A->Tq * A->Hm;
     if (items == 0) return;
+    if (attn_launch_tc(A, c, name)) return;
     unsigned blocks = (unsigned)((items + AW - 1) / AW);
     if (A->nv <= 64)
         k_attn_fwd<2><<<blocks, 32 * AW, 0, c->stream>>>(*A);

@@ -280,6 +280,11 @@ __global__ void k_grouped_f32(float *Y, const float *X, const float *W, int32_t 
     }
 }
 
+/* the tensor-core tile (below), used by arl_cuda_grouped_gemm under the bf16 math mode */
+template <int TRANS, class IN>
+__global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_plan P, int64_t N,
+                               int64_t K, float beta);
+
 static unsigned max_row_tiles(const arl_cuda_moe_plan *P) {
     return (unsigned)((P->T * P->k + BM - 1) / BM + P->E);
 }
@@ -290,7 +295,14 @@ extern "C" void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, 
     arl_cuda_ctx *c = arl_cuda_need();
     if (plan->T * plan->k == 0 || N == 0) return;
     dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
-    k_grouped_f32<<<grid, 256, 0, c->stream>>>(Y, X, W, trans_w, *plan, N, K, beta);
+    if (c->math == ARL_CUDA_MATH_BF16 && N % 16 == 0 && K % 16 == 0) { /* tensor cores */
+        if (trans_w)
+            k_grouped_bf16<1, float><<<grid, 128, 0, c->stream>>>(Y, X, W, *plan, N, K, beta);
+        else
+            k_grouped_bf16<0, float><<<grid, 128, 0, c->stream>>>(Y, X, W, *plan, N, K, beta);
+    } else {
+        k_grouped_f32<<<grid, 256, 0, c->stream>>>(Y, X, W, trans_w, *plan, N, K, beta);
+    }
     ARL_CUDA_LAUNCHED(c, "grouped_gemm");
 }
 
@@ -310,11 +322,45 @@ __device__ static inline void load8(__nv_bfloat16 *dst, const __nv_bfloat16 *row
     }
 }
 
+/* The same from fp32 operands, rounded to bf16 (nearest even) as they are staged: the grouped
+ * GEMM of the bf16 math mode (ARL_CUDA_MATH_BF16) on fp32 activations and weights. */
+__device__ static inline void load8(__nv_bfloat16 *dst, const float *row, bool row_ok, int64_t k,
+                                    int64_t K) {
+    if (row_ok && k + 8 <= K) {
+        const float4 a = *reinterpret_cast<const float4 *>(row + k);
+        const float4 b = *reinterpret_cast<const float4 *>(row + k + 4);
+        dst[0] = __float2bfloat16_rn(a.x), dst[1] = __float2bfloat16_rn(a.y);
+        dst[2] = __float2bfloat16_rn(a.z), dst[3] = __float2bfloat16_rn(a.w);
+        dst[4] = __float2bfloat16_rn(b.x), dst[5] = __float2bfloat16_rn(b.y);
+        dst[6] = __float2bfloat16_rn(b.z), dst[7] = __float2bfloat16_rn(b.w);
+    } else {
+        for (int q = 0; q < 8; q++)
+            dst[q] = __float2bfloat16_rn((row_ok && k + q < K) ? row[k + q] : 0.0f);
+    }
+}
+
+/* acc[i][j] += fa[i] fb[j] over a warp's 2x2 fragments, and their store into the block's
+ * 64x64 fp32 tile Cs (row stride BN + 4) at the warp's 32x32 corner (wr, wc). */
+template <class FA, class FB, class ACC>
+__device__ static inline void mma_2x2(ACC (&acc)[2][2], const FA (&fa)[2], const FB (&fb)[2]) {
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+}
+template <class ACC>
+__device__ static inline void store_2x2(float (*Cs)[BN + 4], ACC (&acc)[2][2], int wr, int wc) {
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&Cs[wr * 32 + i * 16][wc * 32 + j * 16], acc[i][j], BN + 4,
+                                    wmma::mem_row_major);
+}
+
 /* TRANS = 1: W_e (N, K) row-major is B = W_e^T in column-major with ld K, staged as
- * Bs[nn][kk]; TRANS = 0: W_e (K, N) row-major, staged as Bs[kk][nn]. */
-template <int TRANS>
-__global__ void k_grouped_bf16(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
-                               arl_cuda_moe_plan P, int64_t N, int64_t K, float beta) {
+ * Bs[nn][kk]; TRANS = 0: W_e (K, N) row-major, staged as Bs[kk][nn].  IN: the operands'
+ * element type in memory (__nv_bfloat16, or float rounded to bf16 when staged). */
+template <int TRANS, class IN>
+__global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_plan P, int64_t N,
+                               int64_t K, float beta) {
     __shared__ __align__(32) __nv_bfloat16 As[BM][WK + 8];
     __shared__ __align__(32) __nv_bfloat16 Bs[TRANS ? BN : WK][TRANS ? WK + 8 : BN + 8];
     __shared__ __align__(32) float Cs[BM][BN + 4];
@@ -322,7 +368,7 @@ __global__ void k_grouped_bf16(float *Y, const __nv_bfloat16 *X, const __nv_bflo
     int32_t e, r0, nr;
     if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
     int64_t n0 = (int64_t)blockIdx.y * BN;
-    const __nv_bfloat16 *We = W + (int64_t)e * N * K;
+    const IN *We = W + (int64_t)e * N * K;
     int warp = threadIdx.x / 32, wr = warp / 2, wc = warp % 2;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
     for (int i = 0; i < 2; i++)
@@ -358,16 +404,11 @@ __global__ void k_grouped_bf16(float *Y, const __nv_bfloat16 *X, const __nv_bflo
                 else
                     wmma::load_matrix_sync(fb[j], &Bs[ks][wc * 32 + j * 16], BN + 8);
             }
-            for (int i = 0; i < 2; i++)
-                for (int j = 0; j < 2; j++)
-                    wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+            mma_2x2(acc, fa, fb);
         }
         __syncthreads();
     }
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(&Cs[wr * 32 + i * 16][wc * 32 + j * 16], acc[i][j], BN + 4,
-                                    wmma::mem_row_major);
+    store_2x2(Cs, acc, wr, wc);
     __syncthreads();
     for (int i = threadIdx.x; i < BM * BN; i += blockDim.x) {
         int r = i / BN, nn = i % BN;
@@ -384,12 +425,11 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
     ARL_ASSERT(N % 16 == 0 && K % 16 == 0);
     if (plan->T * plan->k == 0 || N == 0) return;
     dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
+    const __nv_bfloat16 *xb = (const __nv_bfloat16 *)X, *wb = (const __nv_bfloat16 *)W;
     if (trans_w)
-        k_grouped_bf16<1><<<grid, 128, 0, c->stream>>>(Y, (const __nv_bfloat16 *)X,
-                                                       (const __nv_bfloat16 *)W, *plan, N, K, beta);
+        k_grouped_bf16<1, __nv_bfloat16><<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
     else
-        k_grouped_bf16<0><<<grid, 128, 0, c->stream>>>(Y, (const __nv_bfloat16 *)X,
-                                                       (const __nv_bfloat16 *)W, *plan, N, K, beta);
+        k_grouped_bf16<0, __nv_bfloat16><<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_bf16");
 }
 
@@ -426,11 +466,60 @@ __global__ void k_grouped_wgrad(float *dW, const float *dY, const float *X, arl_
         }
 }
 
+/* The same on tensor cores for the bf16 math mode: dY and X rows rounded to bf16 as they are
+ * staged (Ys[r][n] read as dY^T in column-major, Xs[r][c] row-major), 4 warps in 2x2 over the
+ * 64x64 tile with 2x2 WMMA fragments each, fp32 accumulation over the expert's rows in order. */
+__global__ void k_grouped_wgrad_bf16(float *dW, const float *dY, const float *X,
+                                     arl_cuda_moe_plan P, int64_t N, int64_t K) {
+    __shared__ __align__(32) __nv_bfloat16 Ys[WK][BN + 8];
+    __shared__ __align__(32) __nv_bfloat16 Xs[WK][BN + 8];
+    __shared__ __align__(32) float Cs[BN][BN + 4];
+    int32_t e = blockIdx.z;
+    int32_t a = P.offsets[e], b = P.offsets[e + 1];
+    if (a == b) return;
+    int64_t n0 = (int64_t)blockIdx.y * BN, c0 = (int64_t)blockIdx.x * BN;
+    int warp = threadIdx.x / 32, wr = warp / 2, wc = warp % 2;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int32_t r0 = a; r0 < b; r0 += WK) {
+        for (int i = threadIdx.x; i < WK * (BN / 8); i += blockDim.x) {
+            int rr = i / (BN / 8), j = (i % (BN / 8)) * 8;
+            bool in = r0 + rr < b;
+            int64_t row = in ? r0 + rr : a;
+            load8(&Ys[rr][j], dY + row * N, in, n0 + j, N);
+            load8(&Xs[rr][j], X + row * K, in, c0 + j, K);
+        }
+        __syncthreads();
+        for (int ks = 0; ks < WK; ks += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb[2];
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], &Ys[ks][wr * 32 + i * 16], BN + 8);
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(fb[j], &Xs[ks][wc * 32 + j * 16], BN + 8);
+            mma_2x2(acc, fa, fb);
+        }
+        __syncthreads();
+    }
+    store_2x2(Cs, acc, wr, wc);
+    __syncthreads();
+    float *dWe = dW + (int64_t)e * N * K;
+    for (int i = threadIdx.x; i < BN * BN; i += blockDim.x) {
+        int nn = i / BN, cc = i % BN;
+        if (n0 + nn < N && c0 + cc < K) dWe[(n0 + nn) * K + c0 + cc] += Cs[nn][cc];
+    }
+}
+
 extern "C" void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const float *X,
                                             const arl_cuda_moe_plan *plan, int64_t N, int64_t K) {
     arl_cuda_ctx *c = arl_cuda_need();
     if (N == 0 || K == 0) return;
     dim3 grid((unsigned)((K + BN - 1) / BN), (unsigned)((N + BN - 1) / BN), (unsigned)plan->E);
-    k_grouped_wgrad<<<grid, 256, 0, c->stream>>>(dW, dY, X, *plan, N, K);
+    if (c->math == ARL_CUDA_MATH_BF16 && N % 16 == 0 && K % 16 == 0)
+        k_grouped_wgrad_bf16<<<grid, 128, 0, c->stream>>>(dW, dY, X, *plan, N, K);
+    else
+        k_grouped_wgrad<<<grid, 256, 0, c->stream>>>(dW, dY, X, *plan, N, K);
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_wgrad");
 }

@@ -101,16 +101,14 @@ __global__ void k_rmsnorm_bwd_x(float *dx, const float *dy, const float *x, cons
         dx[t * d + i] += r * w[i] * dyr[i] - c * xr[i];
 }
 
-/* dw[i] += sum_t dy x r, one thread per column, rows in order (deterministic). */
-__global__ void k_rmsnorm_bwd_w(float *dw, const float *dy, const float *x, const float *rstd,
-                                int64_t n, int64_t d) {
-    ARL_GRID_STRIDE(i, d) {
-        double acc = 0.0;
-        for (int64_t t = 0; t < n; t++)
-            acc += (double)dy[t * d + i] * x[t * d + i] * rstd[t];
-        dw[i] += (float)acc;
+/* dw[i] += sum_t dy x r (arl_colsum: deterministic, rows split over lanes). */
+struct rmsnorm_dw_term {
+    const float *dy, *x, *rstd;
+    int64_t d;
+    __device__ double operator()(int64_t t, int64_t i) const {
+        return (double)dy[t * d + i] * x[t * d + i] * rstd[t];
     }
-}
+};
 
 static void cu_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t n,
                            int64_t d, float eps) {
@@ -126,7 +124,7 @@ static void cu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x
     arl_cuda_ctx *c = arl_cuda_need();
     if (n == 0) return;
     k_rmsnorm_bwd_x<<<(unsigned)n, NT, 0, c->stream>>>(dx, dy, x, w, rstd, d);
-    if (dw) k_rmsnorm_bwd_w<<<arl_blocks(d, 128), 128, 0, c->stream>>>(dw, dy, x, rstd, n, d);
+    if (dw) arl_colsum(c->stream, n, d, rmsnorm_dw_term{dy, x, rstd, d}, arl_colsum_add{dw});
     ARL_CUDA_LAUNCHED(c, "rmsnorm_bwd");
 }
 

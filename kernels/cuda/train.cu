@@ -4,9 +4,9 @@
  * per-chunk gradient sums of squares of the AdamW norm.  Each mirrors its CPU function (named
  * in kernels/cuda/ops.h), fp32 with double sums where the CPU sums in double (spec/policy.md
  * 1.4), and every sum runs in a fixed order: the results are deterministic run to run (no
- * floating-point atomics).  The parameter sums over the tokens (dt_bias, A_log, the embedding
- * rows) walk the tokens in ascending order like the CPU; the norm weight's sums over rows split
- * the rows among 32 warps and add the parts in warp order. */
+ * floating-point atomics).  The embedding rows' sums walk the tokens in ascending order like
+ * the CPU; the gate parameters' sums (dt_bias, A_log) and the norm weight's sums over rows
+ * (arl_colsum) split the rows among lanes and add the parts in lane order. */
 #include <math.h>
 
 #include "kernels/cuda/internal.cuh"
@@ -14,45 +14,59 @@
 
 /* ======================= KDA decay gates (policy/kda.c arl_kda_gate_*_bwd) =============== */
 
-#define GATE_THREADS 128
+#define GATE_LANES 32 /* row lanes per block (x 32 channels) */
 #define GATE_MAX_DK 256
 
-/* One block per head h: thread i owns channels c = h dk + i, i + 128, ... and walks the tokens
- * in order (df += per element, ddt_bias and the per-channel dA in double); then thread 0 adds
- * the channels' dA in channel order into dA_log[h] (policy/kda.c's order).  softplus: 0 the K3
- * gate g = g_min sigmoid(a u), 1 the softplus gate g = -a softplus(u); u = f + dt_bias. */
-__global__ void k_gate_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg,
-                           const float *f, const float *A_log, const float *dt_bias, int64_t T,
-                           int64_t H, int64_t dk, float g_min, int softplus) {
+/* One block per head h, 32 channels x GATE_LANES token lanes: for each group of 32 channels,
+ * lane l walks tokens l, l + GATE_LANES, ... (df += per element; ddt_bias and the channel's dA
+ * summed in double), the lanes' sums are added in lane order, then thread 0 adds the channels'
+ * dA in channel order into dA_log[h]: deterministic run to run.  softplus: 0 the K3 gate
+ * g = g_min sigmoid(a u), 1 the softplus gate g = -a softplus(u); u = f + dt_bias. */
+__global__ void __launch_bounds__(32 * GATE_LANES)
+    k_gate_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg, const float *f,
+               const float *A_log, const float *dt_bias, int64_t T, int64_t H, int64_t dk,
+               float g_min, int softplus) {
     __shared__ double sh_dA[GATE_MAX_DK];
+    __shared__ double p_db[GATE_LANES][33], p_dA[GATE_LANES][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
     const int64_t P = H * dk, h = blockIdx.x;
     const float a = expf(A_log[h]);
-    for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
-        const int64_t c = h * dk + i;
-        const float bias = dt_bias[c];
+    for (int64_t g0 = 0; g0 < dk; g0 += 32) {
+        const int64_t i = g0 + tx, c = h * dk + i;
         double db = 0.0, dA = 0.0;
-        for (int64_t t = 0; t < T; t++) {
-            const float d = dg[t * P + c];
-            float du;
-            if (softplus) {
-                const float u = f[t * P + c] + bias;
-                const float sp = u > 20.0f ? u : log1pf(expf(u));
-                du = -a * arl_sigmoidf(u) * d;
-                dA += (double)(-a * sp) * d;
-            } else {
-                const float z = a * (f[t * P + c] + bias);
-                const float sg = arl_sigmoidf(z);
-                const float dz = d * g_min * sg * (1.0f - sg);
-                du = a * dz;
-                dA += (double)dz * z;
+        if (i < dk) {
+            const float bias = dt_bias[c];
+            for (int64_t t = ty; t < T; t += GATE_LANES) {
+                const float d = dg[t * P + c];
+                float du;
+                if (softplus) {
+                    const float u = f[t * P + c] + bias;
+                    const float sp = u > 20.0f ? u : log1pf(expf(u));
+                    du = -a * arl_sigmoidf(u) * d;
+                    dA += (double)(-a * sp) * d;
+                } else {
+                    const float z = a * (f[t * P + c] + bias);
+                    const float sg = arl_sigmoidf(z);
+                    const float dz = d * g_min * sg * (1.0f - sg);
+                    du = a * dz;
+                    dA += (double)dz * z;
+                }
+                if (df) df[t * P + c] += du;
+                db += du;
             }
-            if (df) df[t * P + c] += du;
-            db += du;
         }
-        if (ddt_bias) ddt_bias[c] += (float)db;
-        sh_dA[i] = dA;
+        p_db[ty][tx] = db;
+        p_dA[ty][tx] = dA;
+        __syncthreads();
+        if (ty == 0 && i < dk) {
+            double sb = 0.0, sa = 0.0;
+            for (int l = 0; l < GATE_LANES; l++)
+                sb += p_db[l][tx], sa += p_dA[l][tx];
+            if (ddt_bias) ddt_bias[c] += (float)sb;
+            sh_dA[i] = sa;
+        }
+        __syncthreads();
     }
-    __syncthreads();
     if (threadIdx.x == 0 && dA_log) {
         double s = 0.0;
         for (int64_t i = 0; i < dk; i++)
@@ -67,8 +81,9 @@ static void gate_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg,
     arl_cuda_ctx *ctx = arl_cuda_need();
     if (T <= 0 || H <= 0) return;
     ARL_ASSERT(dk >= 1 && dk <= GATE_MAX_DK);
-    k_gate_bwd<<<(unsigned)H, GATE_THREADS, 0, ctx->stream>>>(df, dA_log, ddt_bias, dg, f, A_log,
-                                                              dt_bias, T, H, dk, g_min, softplus);
+    k_gate_bwd<<<(unsigned)H, 32 * GATE_LANES, 0, ctx->stream>>>(df, dA_log, ddt_bias, dg, f,
+                                                                 A_log, dt_bias, T, H, dk, g_min,
+                                                                 softplus);
     ARL_CUDA_LAUNCHED(ctx, op);
 }
 
@@ -109,28 +124,15 @@ __global__ void k_onorm_bwd_rows(float *d_o, float *dgam, const float *dob, cons
     }
 }
 
-/* dw[i] += sum over the rows of dob * xh * sigmoid(gam): one block of 32 warps per 32 columns;
- * lane l owns column 32 b + l, warp w the rows w, w + 32, ... (a running fp32 sum each), then
- * thread l adds the 32 warp sums in warp order: a fixed order, so deterministic. */
-#define DW_WARPS 32
-__global__ void k_onorm_bwd_dw(float *dw, const float *dob, const float *o, const float *gam,
-                               const float *rstd, int64_t n, int64_t dv) {
-    __shared__ float part[DW_WARPS][33];
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int64_t i = (int64_t)blockIdx.x * 32 + lane;
-    float acc = 0.0f;
-    if (i < dv)
-        for (int64_t t = w; t < n; t += DW_WARPS)
-            acc += dob[t * dv + i] * (o[t * dv + i] * rstd[t]) * arl_sigmoidf(gam[t * dv + i]);
-    part[w][lane] = acc;
-    __syncthreads();
-    if (w == 0 && i < dv) {
-        float s = 0.0f;
-        for (int j = 0; j < DW_WARPS; j++)
-            s += part[j][lane];
-        dw[i] += s;
+/* dw[i] += sum over the rows of dob * xh * sigmoid(gam) (arl_colsum: rows split over lanes,
+ * added in lane order; deterministic). */
+struct onorm_dw_term {
+    const float *dob, *o, *gam, *rstd;
+    int64_t dv;
+    __device__ double operator()(int64_t t, int64_t i) const {
+        return (double)(dob[t * dv + i] * (o[t * dv + i] * rstd[t]) * arl_sigmoidf(gam[t * dv + i]));
     }
-}
+};
 
 extern "C" void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const float *dob,
                                        const float *o, const float *gam, const float *w,
@@ -141,8 +143,7 @@ extern "C" void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const
     k_onorm_bwd_rows<<<blocks, 128, 0, ctx->stream>>>(d_o, dgam, dob, o, gam, w, rstd, n, dv);
     ARL_CUDA_LAUNCHED(ctx, "kda_onorm_bwd");
     if (!dw) return;
-    k_onorm_bwd_dw<<<(unsigned)((dv + 31) / 32), 32 * DW_WARPS, 0, ctx->stream>>>(dw, dob, o, gam,
-                                                                                  rstd, n, dv);
+    arl_colsum(ctx->stream, n, dv, onorm_dw_term{dob, o, gam, rstd, dv}, arl_colsum_add{dw});
     ARL_CUDA_LAUNCHED(ctx, "kda_onorm_bwd (dw)");
 }
 

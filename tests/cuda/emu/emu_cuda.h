@@ -52,6 +52,11 @@ unsigned __ballot_sync(unsigned, int p);
 static inline int __popc(unsigned x) {
     return __builtin_popcount(x);
 }
+static inline uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
 static inline float __uint_as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
@@ -161,6 +166,12 @@ static inline cudaError_t cudaEventSynchronize(cudaEvent_t) {
 }
 static inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t) {
     *ms = 0;
+    return 0;
+}
+typedef int cudaStreamCaptureStatus;
+enum { cudaStreamCaptureStatusNone = 0 };
+static inline cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus *s) {
+    *s = cudaStreamCaptureStatusNone; /* launches are recorded, never captured, here */
     return 0;
 }
 template <class F> static inline cudaError_t cudaFuncSetAttribute(F, int, int) {
@@ -291,6 +302,15 @@ cublasGemmStridedBatchedEx(cublasHandle_t, int ta, int tb, int m, int n, int k, 
                  (const float *)B + b * sB, bt, ldb, beta, (float *)C + b * sC, ldc);
     return CUBLAS_STATUS_SUCCESS;
 }
+struct float2 {
+    float x, y;
+};
+static inline float2 make_float2(float x, float y) {
+    return float2{x, y};
+}
+struct float4 {
+    float x, y, z, w;
+};
 struct uint4 {
     uint32_t x, y, z, w;
 };
