@@ -347,11 +347,11 @@ __device__ static inline void mma_2x2(ACC (&acc)[2][2], const FA (&fa)[2], const
         for (int j = 0; j < 2; j++)
             wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
 }
-template <class ACC>
-__device__ static inline void store_2x2(float (*Cs)[BN + 4], ACC (&acc)[2][2], int wr, int wc) {
+template <int LD, class ACC>
+__device__ static inline void store_2x2(float (*Cs)[LD], ACC (&acc)[2][2], int wr, int wc) {
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(&Cs[wr * 32 + i * 16][wc * 32 + j * 16], acc[i][j], BN + 4,
+            wmma::store_matrix_sync(&Cs[wr * 32 + i * 16][wc * 32 + j * 16], acc[i][j], LD,
                                     wmma::mem_row_major);
 }
 
@@ -408,10 +408,105 @@ __global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_
         }
         __syncthreads();
     }
-    store_2x2(Cs, acc, wr, wc);
+    store_2x2<BN + 4>(Cs, acc, wr, wc);
     __syncthreads();
     for (int i = threadIdx.x; i < BM * BN; i += blockDim.x) {
         int r = i / BN, nn = i % BN;
+        if (r >= nr || n0 + nn >= N) continue;
+        float *y = Y + (int64_t)(r0 + r) * N + n0 + nn;
+        *y = beta != 0.0f ? Cs[r][nn] + beta * *y : Cs[r][nn];
+    }
+}
+
+/* The wide tile for bf16 operands and W (E, N, K) (trans_w = 1, the forward's layout): 64 rows
+ * x 128 columns per block, 8 warps in 2x4 with 2x2 WMMA fragments each, K in slabs of 32
+ * copied with cp.async into two shared buffers, so the next slab loads while this one is
+ * multiplied; the fp32 tile is staged in shared memory (over the operand buffers) and written
+ * with beta as k_grouped_bf16 does. */
+#define WN 128 /* columns per block of the wide tile */
+#define WLD (WK + 8)
+
+__device__ static inline void cp_async16(void *smem, const void *gmem, bool ok) {
+#if defined(__CUDACC__)
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem),
+                 "r"(ok ? 16 : 0));
+#else /* the CPU emulator */
+    if (ok)
+        memcpy(smem, gmem, 16);
+    else
+        memset(smem, 0, 16);
+#endif
+}
+__device__ static inline void cp_async_commit(void) {
+#if defined(__CUDACC__)
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ static inline void cp_async_wait1(void) { /* all but the newest group landed */
+#if defined(__CUDACC__)
+    asm volatile("cp.async.wait_group 1;\n" ::);
+#endif
+}
+
+__global__ void __launch_bounds__(256)
+    k_grouped_bf16_wide(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                        arl_cuda_moe_plan P, int64_t N, int64_t K, float beta) {
+    constexpr int A_BYTES = 2 * BM * WLD * 2, B_BYTES = 2 * WN * WLD * 2;
+    constexpr int C_BYTES = BM * (WN + 4) * 4;
+    constexpr int RAW = A_BYTES + B_BYTES > C_BYTES ? A_BYTES + B_BYTES : C_BYTES;
+    __shared__ __align__(128) unsigned char raw[RAW];
+    __nv_bfloat16(*As)[BM][WLD] = reinterpret_cast<__nv_bfloat16(*)[BM][WLD]>(raw);
+    __nv_bfloat16(*Bs)[WN][WLD] = reinterpret_cast<__nv_bfloat16(*)[WN][WLD]>(raw + A_BYTES);
+    float(*Cs)[WN + 4] = reinterpret_cast<float(*)[WN + 4]>(raw);
+    int32_t e, r0, nr;
+    if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
+    const int64_t n0 = (int64_t)blockIdx.y * WN;
+    const __nv_bfloat16 *We = W + (int64_t)e * N * K;
+    const int warp = threadIdx.x / 32, wr = warp / 4, wc = warp % 4;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+    const int64_t nslab = (K + WK - 1) / WK;
+    /* one 16-byte chunk of A and two of B per thread and slab */
+    auto load = [&](int64_t slab, int buf) {
+        const int64_t k0 = slab * WK;
+        {
+            const int r = threadIdx.x / (WK / 8), kk = (threadIdx.x % (WK / 8)) * 8;
+            const bool ok = r < nr && k0 + kk < K;
+            cp_async16(&As[buf][r][kk], X + (int64_t)(r0 + (ok ? r : 0)) * K + (ok ? k0 + kk : 0),
+                       ok);
+        }
+        for (int q = 0; q < 2; q++) {
+            const int i = threadIdx.x + q * 256, nn = i / (WK / 8), kk = (i % (WK / 8)) * 8;
+            const bool ok = n0 + nn < N && k0 + kk < K;
+            cp_async16(&Bs[buf][nn][kk], We + (ok ? (n0 + nn) * K + k0 + kk : 0), ok);
+        }
+    };
+    load(0, 0);
+    cp_async_commit();
+    for (int64_t sl = 0; sl < nslab; sl++) {
+        if (sl + 1 < nslab) load(sl + 1, (int)((sl + 1) & 1));
+        cp_async_commit(); /* possibly empty: keeps "all but the newest" meaning slab sl */
+        cp_async_wait1();
+        __syncthreads();
+        const int buf = (int)(sl & 1);
+        for (int ks = 0; ks < WK; ks += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], &As[buf][wr * 32 + i * 16][ks], WLD);
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(fb[j], &Bs[buf][wc * 32 + j * 16][ks], WLD);
+            mma_2x2(acc, fa, fb);
+        }
+        __syncthreads(); /* the buffer is free for the slab after next */
+    }
+    store_2x2<WN + 4>(Cs, acc, wr, wc);
+    __syncthreads();
+    for (int i = threadIdx.x; i < BM * WN; i += blockDim.x) {
+        const int r = i / WN, nn = i % WN;
         if (r >= nr || n0 + nn >= N) continue;
         float *y = Y + (int64_t)(r0 + r) * N + n0 + nn;
         *y = beta != 0.0f ? Cs[r][nn] + beta * *y : Cs[r][nn];
@@ -427,7 +522,8 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
     dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)X, *wb = (const __nv_bfloat16 *)W;
     if (trans_w)
-        k_grouped_bf16<1, __nv_bfloat16><<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
+        k_grouped_bf16_wide<<<dim3(max_row_tiles(plan), (unsigned)((N + WN - 1) / WN)), 256, 0,
+                              c->stream>>>(Y, xb, wb, *plan, N, K, beta);
     else
         k_grouped_bf16<0, __nv_bfloat16><<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_bf16");
@@ -503,7 +599,7 @@ __global__ void k_grouped_wgrad_bf16(float *dW, const float *dY, const float *X,
         }
         __syncthreads();
     }
-    store_2x2(Cs, acc, wr, wc);
+    store_2x2<BN + 4>(Cs, acc, wr, wc);
     __syncthreads();
     float *dWe = dW + (int64_t)e * N * K;
     for (int i = threadIdx.x; i < BN * BN; i += blockDim.x) {
