@@ -341,18 +341,23 @@ __device__ static inline void load8(__nv_bfloat16 *dst, const float *row, bool r
 
 /* acc[i][j] += fa[i] fb[j] over a warp's 2x2 fragments, and their store into the block's
  * 64x64 fp32 tile Cs (row stride BN + 4) at the warp's 32x32 corner (wr, wc). */
-template <class FA, class FB, class ACC>
-__device__ static inline void mma_2x2(ACC (&acc)[2][2], const FA (&fa)[2], const FB (&fb)[2]) {
+template <int NJ, class FA, class FB, class ACC>
+__device__ static inline void mma_2xn(ACC (&acc)[2][NJ], const FA (&fa)[2], const FB (&fb)[NJ]) {
     for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < NJ; j++)
             wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+}
+/* the warp's 32 x (16 NJ) corner (wr, wc) */
+template <int LD, int NJ, class ACC>
+__device__ static inline void store_2xn(float *Cs, ACC (&acc)[2][NJ], int wr, int wc) {
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < NJ; j++)
+            wmma::store_matrix_sync(Cs + (wr * 32 + i * 16) * LD + wc * 16 * NJ + j * 16,
+                                    acc[i][j], LD, wmma::mem_row_major);
 }
 template <int LD, class ACC>
 __device__ static inline void store_2x2(float (*Cs)[LD], ACC (&acc)[2][2], int wr, int wc) {
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(&Cs[wr * 32 + i * 16][wc * 32 + j * 16], acc[i][j], LD,
-                                    wmma::mem_row_major);
+    store_2xn<LD, 2>(&Cs[0][0], acc, wr, wc);
 }
 
 /* TRANS = 1: W_e (N, K) row-major is B = W_e^T in column-major with ld K, staged as
@@ -404,7 +409,7 @@ __global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_
                 else
                     wmma::load_matrix_sync(fb[j], &Bs[ks][wc * 32 + j * 16], BN + 8);
             }
-            mma_2x2(acc, fa, fb);
+            mma_2xn<2>(acc, fa, fb);
         }
         __syncthreads();
     }
@@ -419,11 +424,11 @@ __global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_
 }
 
 /* The wide tile for bf16 operands and W (E, N, K) (trans_w = 1, the forward's layout): 64 rows
- * x 128 columns per block, 8 warps in 2x4 with 2x2 WMMA fragments each, K in slabs of 32
+ * x 64 NJ columns per block (NJ = 2 is launched), 8 warps in 2x4 with 2 x NJ WMMA fragments
+ * each, K in slabs of 32
  * copied with cp.async into two shared buffers, so the next slab loads while this one is
  * multiplied; the fp32 tile is staged in shared memory (over the operand buffers) and written
  * with beta as k_grouped_bf16 does. */
-#define WN 128 /* columns per block of the wide tile */
 #define WLD (WK + 8)
 
 __device__ static inline void cp_async16(void *smem, const void *gmem, bool ok) {
@@ -449,27 +454,36 @@ __device__ static inline void cp_async_wait1(void) { /* all but the newest group
 #endif
 }
 
+/* shared bytes of the wide tile with NJ fragments per warp in N: the two operand buffers, or
+ * the fp32 output tile staged over them, whichever is larger */
+static constexpr int wide_smem(int NJ) {
+    return 2 * BM * WLD * 2 + 2 * (64 * NJ) * WLD * 2 > BM * (64 * NJ + 4) * 4
+               ? 2 * BM * WLD * 2 + 2 * (64 * NJ) * WLD * 2
+               : BM * (64 * NJ + 4) * 4;
+}
+
+template <int NJ>
 __global__ void __launch_bounds__(256)
     k_grouped_bf16_wide(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
                         arl_cuda_moe_plan P, int64_t N, int64_t K, float beta) {
-    constexpr int A_BYTES = 2 * BM * WLD * 2, B_BYTES = 2 * WN * WLD * 2;
-    constexpr int C_BYTES = BM * (WN + 4) * 4;
-    constexpr int RAW = A_BYTES + B_BYTES > C_BYTES ? A_BYTES + B_BYTES : C_BYTES;
-    __shared__ __align__(128) unsigned char raw[RAW];
+    constexpr int WNT = 64 * NJ; /* columns per block: 4 warps of 16 NJ */
+    constexpr int A_BYTES = 2 * BM * WLD * 2;
+    extern __shared__ float sm[];
+    unsigned char *raw = reinterpret_cast<unsigned char *>(sm);
     __nv_bfloat16(*As)[BM][WLD] = reinterpret_cast<__nv_bfloat16(*)[BM][WLD]>(raw);
-    __nv_bfloat16(*Bs)[WN][WLD] = reinterpret_cast<__nv_bfloat16(*)[WN][WLD]>(raw + A_BYTES);
-    float(*Cs)[WN + 4] = reinterpret_cast<float(*)[WN + 4]>(raw);
+    __nv_bfloat16(*Bs)[WNT][WLD] = reinterpret_cast<__nv_bfloat16(*)[WNT][WLD]>(raw + A_BYTES);
+    float *Cs = sm; /* (BM, WNT + 4) after the last slab */
     int32_t e, r0, nr;
     if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
-    const int64_t n0 = (int64_t)blockIdx.y * WN;
+    const int64_t n0 = (int64_t)blockIdx.y * WNT;
     const __nv_bfloat16 *We = W + (int64_t)e * N * K;
     const int warp = threadIdx.x / 32, wr = warp / 4, wc = warp % 4;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][NJ];
     for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < NJ; j++)
             wmma::fill_fragment(acc[i][j], 0.0f);
     const int64_t nslab = (K + WK - 1) / WK;
-    /* one 16-byte chunk of A and two of B per thread and slab */
+    /* one 16-byte chunk of A and NJ of B per thread and slab */
     auto load = [&](int64_t slab, int buf) {
         const int64_t k0 = slab * WK;
         {
@@ -478,7 +492,7 @@ __global__ void __launch_bounds__(256)
             cp_async16(&As[buf][r][kk], X + (int64_t)(r0 + (ok ? r : 0)) * K + (ok ? k0 + kk : 0),
                        ok);
         }
-        for (int q = 0; q < 2; q++) {
+        for (int q = 0; q < NJ; q++) {
             const int i = threadIdx.x + q * 256, nn = i / (WK / 8), kk = (i % (WK / 8)) * 8;
             const bool ok = n0 + nn < N && k0 + kk < K;
             cp_async16(&Bs[buf][nn][kk], We + (ok ? (n0 + nn) * K + k0 + kk : 0), ok);
@@ -494,22 +508,23 @@ __global__ void __launch_bounds__(256)
         const int buf = (int)(sl & 1);
         for (int ks = 0; ks < WK; ks += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[NJ];
             for (int i = 0; i < 2; i++)
                 wmma::load_matrix_sync(fa[i], &As[buf][wr * 32 + i * 16][ks], WLD);
-            for (int j = 0; j < 2; j++)
-                wmma::load_matrix_sync(fb[j], &Bs[buf][wc * 32 + j * 16][ks], WLD);
-            mma_2x2(acc, fa, fb);
+            for (int j = 0; j < NJ; j++)
+                wmma::load_matrix_sync(fb[j], &Bs[buf][wc * 16 * NJ + j * 16][ks], WLD);
+            mma_2xn<NJ>(acc, fa, fb);
         }
         __syncthreads(); /* the buffer is free for the slab after next */
     }
-    store_2x2<WN + 4>(Cs, acc, wr, wc);
+    store_2xn<WNT + 4, NJ>(Cs, acc, wr, wc);
     __syncthreads();
-    for (int i = threadIdx.x; i < BM * WN; i += blockDim.x) {
-        const int r = i / WN, nn = i % WN;
+    for (int i = threadIdx.x; i < BM * WNT; i += blockDim.x) {
+        const int r = i / WNT, nn = i % WNT;
         if (r >= nr || n0 + nn >= N) continue;
         float *y = Y + (int64_t)(r0 + r) * N + n0 + nn;
-        *y = beta != 0.0f ? Cs[r][nn] + beta * *y : Cs[r][nn];
+        const float v = Cs[r * (WNT + 4) + nn];
+        *y = beta != 0.0f ? v + beta * *y : v;
     }
 }
 
@@ -521,9 +536,10 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
     if (plan->T * plan->k == 0 || N == 0) return;
     dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)X, *wb = (const __nv_bfloat16 *)W;
-    if (trans_w)
-        k_grouped_bf16_wide<<<dim3(max_row_tiles(plan), (unsigned)((N + WN - 1) / WN)), 256, 0,
-                              c->stream>>>(Y, xb, wb, *plan, N, K, beta);
+    if (trans_w) /* NJ = 2: on the H200 NJ = 4 (64 x 256, 66 KB of shared memory) ran the
+                  * benchmark's shapes at 98-107 TFLOP/s against 124-133 with NJ = 2 */
+        k_grouped_bf16_wide<2><<<dim3(max_row_tiles(plan), (unsigned)((N + 127) / 128)), 256,
+                                 wide_smem(2), c->stream>>>(Y, xb, wb, *plan, N, K, beta);
     else
         k_grouped_bf16<0, __nv_bfloat16><<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_bf16");
@@ -595,7 +611,7 @@ __global__ void k_grouped_wgrad_bf16(float *dW, const float *dY, const float *X,
                 wmma::load_matrix_sync(fa[i], &Ys[ks][wr * 32 + i * 16], BN + 8);
             for (int j = 0; j < 2; j++)
                 wmma::load_matrix_sync(fb[j], &Xs[ks][wc * 32 + j * 16], BN + 8);
-            mma_2x2(acc, fa, fb);
+            mma_2xn<2>(acc, fa, fb);
         }
         __syncthreads();
     }

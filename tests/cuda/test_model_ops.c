@@ -596,6 +596,50 @@ static void test_moe(void) {
     CT_CASE_END;
 }
 
+/* The wide bf16 tile (kernels/cuda/moe.cu k_grouped_bf16_wide, 64 x 128 per block): N = 272
+ * leaves a third column block of 16, K = 80 two and a half K slabs of 32, 200 rows spread over experts with 1 to 70 rows (a partial 64-row tile and an expert
+ * with one row); bound per element 2^-7 sum|x w| as for the other bf16 paths. */
+static void test_moe_wide(void) {
+    CT_CASE_BEGIN;
+    const int64_t T = 100, k = 2, E = 6, K = 80, N = 272, R = T * k;
+    int32_t *sel = ct_host(sizeof(int32_t) * R);
+    for (int64_t t = 0; t < T; t++) {
+        sel[t * k] = t == 7 ? 5 : (int32_t)(t % 3);          /* expert 5: one row */
+        sel[t * k + 1] = t < 70 ? 3 : 4; /* 70 rows of expert 3, 30 of expert 4 */
+    }
+    float *x = ct_rand(T * K, -1, 1), *W = ct_rand(E * N * K, -1, 1);
+    int32_t *d_sel = ct_dev_i32(sel, R);
+    int32_t *d_buf = ct_dev_i32(NULL, arl_cuda_moe_plan_ints(T, k, E));
+    arl_cuda_moe_plan plan;
+    arl_cuda_moe_plan_build(&plan, d_buf, d_sel, T, k, E);
+    float *d_x = ct_dev(x, T * K), *d_W = ct_dev(W, E * N * K), *d_yp = ct_dev(NULL, R * N);
+    uint16_t *d_xpb = ct_dev_bytes(NULL, 2 * R * K), *d_Wb = ct_dev_bytes(NULL, 2 * E * N * K);
+    arl_cuda_moe_gather_bf16(d_xpb, d_x, &plan, K);
+    arl_cuda_f32_to_bf16(d_Wb, d_W, E * N * K);
+    arl_cuda_grouped_gemm_bf16(d_yp, d_xpb, d_Wb, 1, &plan, N, K, 0.0f);
+    float *h = ct_get(d_yp, R * N);
+    int32_t *slot = ct_get_i32(plan.slot_row, R);
+    int bad = 0;
+    for (int64_t i = 0; i < R && !bad; i++) {
+        const int64_t t = i / k, e = sel[i], row = slot[i];
+        for (int64_t j = 0; j < N && !bad; j++) {
+            double acc = 0, b = 0;
+            for (int64_t c = 0; c < K; c++) {
+                acc += (double)x[t * K + c] * W[(e * N + j) * K + c];
+                b += fabs((double)x[t * K + c] * W[(e * N + j) * K + c]);
+            }
+            if (!(fabs((double)h[row * N + j] - acc) <= b / 128.0 + 1e-6)) {
+                fprintf(stderr, "grouped_gemm_bf16 wide [%lld, %lld]: %g vs %g\n", (long long)row,
+                        (long long)j, h[row * N + j], acc);
+                bad = 1;
+            }
+        }
+    }
+    CHECK(!bad);
+    free(sel), free(x), free(W), free(h), free(slot);
+    CT_CASE_END;
+}
+
 /* ---------------------------------------------------------------- AdamW */
 static void test_adamw(void) {
     CT_CASE_BEGIN;
@@ -692,6 +736,7 @@ int main(void) {
     TEST_RUN(test_router);
     TEST_RUN(test_qb);
     TEST_RUN(test_moe);
+    TEST_RUN(test_moe_wide);
     TEST_RUN(test_adamw);
     TEST_RUN(test_mla_tc);
     TEST_RUN(test_graph);
