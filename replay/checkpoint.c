@@ -11,18 +11,25 @@
  *     thread has fallen behind; it first waits for a background pass in progress (less time
  *     than its own checkpoint would take), so the WAL never grows past the limit by more than
  *     one commit's frames;
- *   - a commit that leaves RCKPT_WAKE_FRAMES frames or more wakes the background thread, which
- *     runs a PASSIVE checkpoint on its own connection (same file, same VFS, same synchronous
- *     setting, so the database file is synced as the foreground checkpoint would sync it).
- * A background checkpoint never blocks the writer's commits and never loses anything: the WAL
- * keeps every frame until the database file holds it, so a crash (SIGKILL, power) at any point of a
- * background checkpoint leaves the same committed data as one in the foreground.  A failed
- * background checkpoint (I/O error, full disk) is recorded and retried at the next wake; the
- * writer's own commits report their own errors as before.
+ *   - a commit that leaves RCKPT_WAKE_FRAMES frames or more wakes the background thread (unless
+ *     a pass is running: that pass copies what the commit added), which checkpoints on its own
+ *     connection (same file, same VFS, same synchronous setting, so the database file is synced
+ *     as the foreground checkpoint would sync it): a PASSIVE pass for the bulk, then RESTART
+ *     passes without busy wait for the few frames the writer added meanwhile, so that the WAL
+ *     restarts from its beginning (see ckpt_main);
+ *   - replay_writer_checkpoint (rckpt_truncate) empties the WAL on the writer's connection
+ *     after the background pass in progress has finished.
+ * A background checkpoint never loses anything: the WAL keeps every frame until the database
+ * file holds it, so a crash (SIGKILL, power) at any point of a background checkpoint leaves the
+ * same committed data as one in the foreground.  It blocks the writer only for the tail of a
+ * RESTART pass (the writer's BEGIN waits through its busy timeout).  A failed background
+ * checkpoint (I/O error, full disk) is recorded and retried at the next wake; the writer's own
+ * commits report their own errors as before.
  * Not here: the connection settings (schema.c), the writer's transactions (writer.c). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/assert.h"
 #include "replay/internal.h"
@@ -57,7 +64,10 @@ static int wal_hook(void *arg, sqlite3 *db, const char *name, int n) {
         pthread_mutex_lock(&c->mu);
         c->busy = 0;
         pthread_cond_broadcast(&c->cv);
-    } else if (n >= RCKPT_WAKE_FRAMES && !c->wake) {
+    } else if (n >= RCKPT_WAKE_FRAMES && !c->wake && !c->busy) {
+        /* not while a pass runs: its loop copies the frames appended meanwhile, and a wake
+         * queued now would start another pass (two more syncs) on the WAL that pass left,
+         * usually restarted and nearly empty by then */
         c->wake = 1;
         pthread_cond_broadcast(&c->cv);
     }
@@ -75,14 +85,28 @@ static void *ckpt_main(void *arg) {
         c->wake = 0;
         c->busy = 1;
         pthread_mutex_unlock(&c->mu);
-        /* Frames the writer appended during a pass are copied by another pass at once: the
-         * writer's next transaction restarts the WAL from its beginning only if the checkpoint
-         * is complete by then.  Each pass copies fewer frames; at most 8 passes per wake. */
+        /* The first pass copies the bulk without blocking the writer (PASSIVE).  The writer's
+         * next transaction restarts the WAL from its beginning only if no frame is left to copy
+         * when it starts, which a writer that commits while the pass runs rarely allows: the
+         * WAL would then grow to the 1000-frame backstop with a pass (two syncs) after nearly
+         * every commit.  So the next passes are RESTART checkpoints with no busy wait: between
+         * two of the writer's transactions one takes the write lock, copies the few frames
+         * left, syncs and leaves the WAL to be restarted (the writer's next BEGIN waits for
+         * that short tail); while the writer is inside a transaction, or a reader still uses
+         * the WAL, it copies what it can and answers SQLITE_BUSY, and is tried again after a
+         * millisecond, up to 8 passes per wake. */
         int rc = SQLITE_OK, n_log = 0, n_done = 0;
         for (int pass = 0; pass < 8; pass++) {
-            rc = sqlite3_wal_checkpoint_v2(c->db, "main", SQLITE_CHECKPOINT_PASSIVE, &n_log,
-                                           &n_done);
-            if (rc != SQLITE_OK || n_done >= n_log) break;
+            rc = sqlite3_wal_checkpoint_v2(c->db, "main",
+                                           pass ? SQLITE_CHECKPOINT_RESTART
+                                                : SQLITE_CHECKPOINT_PASSIVE,
+                                           &n_log, &n_done);
+            if (rc == SQLITE_BUSY) {
+                rc = SQLITE_OK;
+                usleep(1000);
+                continue;
+            }
+            if (rc != SQLITE_OK || pass) break;
         }
         pthread_mutex_lock(&c->mu);
         c->busy = 0;
@@ -152,6 +176,28 @@ void rckpt_stop(rckpt *c) {
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
+}
+
+int rckpt_truncate(rckpt *c, rdb *d, int *n_log, int *n_done) {
+    *n_log = *n_done = 0;
+    if (c) {
+        /* the background pass in progress finishes first; none starts until this one is done */
+        pthread_mutex_lock(&c->mu);
+        while (c->busy)
+            pthread_cond_wait(&c->cv, &c->mu);
+        c->busy = 1;
+        c->wake = 0;
+        pthread_mutex_unlock(&c->mu);
+    }
+    int rc = sqlite3_wal_checkpoint_v2(d->db, "main", SQLITE_CHECKPOINT_TRUNCATE, n_log, n_done);
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        c->busy = 0;
+        if (rc == SQLITE_OK) c->stats.last_frames = 0;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+    return rc;
 }
 
 void rckpt_get_stats(rckpt *c, rckpt_stats *out) {

@@ -200,6 +200,11 @@ arl_status rckpt_start(rdb *d, const char *vfs, rckpt **out);
 /* Stop and join the thread (a checkpoint in progress completes first), close its connection and
  * give d->db SQLite's automatic checkpoint at 1000 frames back.  NULL is a no-op. */
 void rckpt_stop(rckpt *c);
+/* A TRUNCATE checkpoint of d (the file c checkpoints; c may be NULL) on the writer's own
+ * connection, after the background pass in progress, if any, has finished; no background pass
+ * runs during it.  Returns SQLite's code (SQLITE_BUSY: a reader holds an old snapshot, after
+ * d's busy timeout); *n_log, *n_done as sqlite3_wal_checkpoint_v2 reports them. */
+int rckpt_truncate(rckpt *c, rdb *d, int *n_log, int *n_done);
 /* Wake the thread for a checkpoint now, whatever the WAL holds (returns at once).  NULL: no-op. */
 void rckpt_wake(rckpt *c);
 /* A snapshot of the counters (zeros for NULL). */

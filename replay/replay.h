@@ -207,6 +207,13 @@ arl_status replay_catalog_reconcile(replay_store *st);
  * is used from one thread at a time, as before. */
 arl_status replay_writer_open(replay_store *st, replay_file_kind kind, int32_t shard_id,
                               const char *run_uid, replay_writer **out);
+/* Copy everything committed to the writer's worker and states files from their WALs into the
+ * database files, sync them and empty the WALs (PRAGMA wal_checkpoint(TRUNCATE) on each, after
+ * the background checkpoint in progress, if any, has finished).  For a consistent end point:
+ * before a backup or an idle period, and at the end of a timed benchmark run.  ARL_ERR_BUSY
+ * when a reader keeps an old snapshot open past the busy timeout (nothing is lost: the WAL
+ * keeps every frame). */
+arl_status replay_writer_checkpoint(replay_writer *w);
 /* Stop the checkpoint threads, close the files and release the lock (running trajectories stay
  * running).  NULL: no-op. */
 void replay_writer_close(replay_writer *w);

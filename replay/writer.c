@@ -1122,6 +1122,19 @@ arl_status replay_writer_recover(replay_writer *w, int mask_all, int64_t *n_mask
     return ARL_OK;
 }
 
+arl_status replay_writer_checkpoint(replay_writer *w) {
+    rdb *d[2] = {&w->w, &w->s};
+    rckpt *c[2] = {w->ckpt_w, w->ckpt_s};
+    arl_status s = ARL_OK;
+    for (int i = 0; i < 2; i++) {
+        if (!d[i]->db) continue;
+        int n_log, n_done, rc = rckpt_truncate(c[i], d[i], &n_log, &n_done);
+        if (rc != SQLITE_OK && s == ARL_OK)
+            s = rdb_fail(d[i], rc, "checkpointing the WAL (TRUNCATE)");
+    }
+    return s;
+}
+
 arl_status replay_writer_seal(replay_writer *w) {
     /* leaving WAL mode needs the only connection: the checkpointers go first */
     rckpt_stop(w->ckpt_w);

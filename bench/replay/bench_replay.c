@@ -1,47 +1,54 @@
 /* bench/replay/bench_replay.c: the replay store against raw SQLite, measured in the same run.
  *
- *   bench_replay [--segments N] [--rounds R] [--dir DIR] [--k3] [--deflate] [--fg-checkpoint]
- *                [--check]
+ *   bench_replay [--sustained N] [--sustained-rounds R] [--segments N] [--rounds R] [--dir DIR]
+ *                [--k3] [--deflate] [--fg-checkpoint] [--check]
  *
  * Segments are realistic for the tiny model (spec/replay.md section 10): T = 8192 tokens with
  * ids, behaviour log-probs, loss mask and versions (13 B/token), routes of 7 MoE layers x k=4
  * (u8, 28 B/token), and a KDA boundary state (6 layers x S[2,64,64] + conv[3,128,3], f32,
  * 224 KiB) written to the states file before the segment (S_s then C_s).
- *   write: replay_state_put + replay_segment_append, against raw prepared INSERTs of the same
- *          blob bytes (pre-encoded) into plain INTEGER PRIMARY KEY tables, with the same
- *          transactions (one per state in a states file, one per segment in a worker file),
- *          WAL and the store's synchronous settings (FULL worker, NORMAL states), at two file
- *          settings:
- *            raw A: the store's own settings (page sizes of replay/internal.h, incremental
- *                   auto_vacuum on the states file) -- the headline ratio;
- *            raw B: SQLite's defaults (4 KiB pages, no auto_vacuum);
- *          and, to separate the library's own cost from the schema's, against raw prepared
- *          statements writing the very rows the store writes (the spec's tables and indexes:
- *          states row and chunks, segment row, routes, trajectory counters, an event);
- *   read:  replay_segment_load (tokens + routes: header, shape and CRC checks, copies into the
- *          learner's arrays), against raw SELECTs of the same rows copied into the same arrays
- *          (raw A headline, raw B also printed).
- * Throughput counts blob bytes.  Store and raws alternate segment by segment, in an order that
- * rotates (a commit's fsync also flushes what the previous writer left dirty); a ratio is the
- * median over segments of raw time / store time (robust to a shared machine's load), the MB/s
- * are those of the best round.  Also printed: the median times of S_s and C_s, the WAL bytes one
- * segment (state + segment transactions) writes, store and raw A, and for one steady-state
- * segment the pages those transactions wrote, by b-tree (from the WAL frames and dbstat) --
- * where the time goes.  The raws checkpoint as SQLite's wal_autocheckpoint = 1000 does, in the
- * committing thread (see wal_hook); the store checkpoints in its background threads
- * (replay/checkpoint.c, the 1000-frame rule kept as a backstop), or with --fg-checkpoint as the
- * raws do.  A second write ratio sums every segment's time, checkpoints included (the median of
- * pairs above cannot see a checkpoint that comes once in 30-70 segments): that is the sustained
- * throughput.
- * Fairness: the same blob bytes (codec 0, as the store writes them), the same transaction per
- * state and per segment, the same synchronous setting per file, the same page sizes.  The store
- * writes more pages than raw A only because of the spec's schema: each b-tree a transaction
- * touches costs at least one page (16 KiB worker, 64 KiB states) of WAL; that is what the
- * same-schema raw isolates.
+ * Writers compared, all with WAL, wal_autocheckpoint = 1000 and the store's synchronous
+ * settings (FULL worker file, NORMAL states file), the same blob bytes (codec 0, pre-encoded for
+ * the raws), the same rows per segment (one row of four per-token blobs, one row per MoE layer's
+ * routes, one row per state chunk) and the same transactions (one per state in a states file,
+ * one per segment in a worker file):
+ *   store:  replay_state_put + replay_segment_append;
+ *   raw A:  prepared INSERTs into plain INTEGER PRIMARY KEY tables at the store's file settings
+ *           (16 KiB / 64 KiB pages, incremental auto_vacuum on the states file);
+ *   raw B:  the same at SQLite's defaults (4 KiB pages, no auto_vacuum);
+ *   same-schema raw: prepared statements writing the very rows the store writes (the spec's
+ *           tables and indexes: states row and chunks, segment row, routes, trajectory
+ *           counters, an event) -- separates the library's own cost from the schema's.
+ * Measures:
+ *   1. sustained write throughput (the headline): each writer writes N segments (--sustained,
+ *      default 96, 8 with --k3), then a timed PRAGMA wal_checkpoint(TRUNCATE) of both its files, so that
+ *      every byte is in the database files, synced, and no writer leaves checkpoint work
+ *      behind (the store: replay_writer_checkpoint, which first lets the background checkpoint
+ *      pass in progress finish, inside the timing).  The writers take turns in an order that
+ *      rotates per round; the ratio of a round is raw time / store time, reported as median
+ *      and min..max over the rounds (--sustained-rounds, default 9).  The headline compares
+ *      against the faster raw setting of the run (raw A or raw B by median time): raw sqlite3
+ *      at its own best reasonable setting, not only at the store's.
+ *   2. per-segment write latency (secondary): store and raws alternate segment by segment
+ *      (rotating order: a commit's fsync also flushes what the previous writer left dirty);
+ *      the ratio is the median over segments of raw time / store time for one S_s + C_s --
+ *      how long a rollout worker waits per segment commit.  The store's background checkpoints
+ *      run outside these commits and the raws' inline ones come once in ~30-70 segments, so the
+ *      median leaves checkpoint work out on both sides: this is latency, not throughput.  Also
+ *      printed: the median times of S_s and C_s, the WAL bytes one segment writes, and for one
+ *      steady-state segment the pages its transactions wrote, by b-tree (from the WAL frames
+ *      and dbstat) -- where the store writes more than raw A (the spec's indexes, section 4).
+ *   3. read (headline): replay_segment_load (tokens + routes: header, shape and CRC checks,
+ *      copies into the learner's arrays) against raw SELECTs of the same rows copied into the
+ *      same arrays; median of per-segment paired ratios.
+ * Throughput counts blob bytes.  The raws checkpoint as SQLite's wal_autocheckpoint = 1000
+ * does, in the committing thread (see wal_hook); the store checkpoints in its background
+ * threads (replay/checkpoint.c, the 1000-frame rule kept as a backstop), or with
+ * --fg-checkpoint as the raws do.
  * --deflate opens the store with REPLAY_OPEN_DEFLATE (per-token arrays with codec 1 when that
- * saves 20 %): the store then writes fewer bytes than the raws and inflates on read -- a
- * different comparison, printed as such, never the headline.
- * Targets: write >= 0.8x, read >= 0.8x against raw A (--check: exit 1 if missed). */
+ * saves 20 %): the store then writes fewer bytes than the raws and inflates on read; the MB/s
+ * still count the uncompressed blob bytes.
+ * Targets: write (sustained) >= 0.8x, read >= 0.8x (--check: exit 1 if missed). */
 #include <math.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -608,14 +615,71 @@ static void raw_read_one(raw_base *b, int round, int s) {
     if (l != LMOE) sql_die(b->r, "routes");
 }
 
+/* ---- sustained throughput: n segments, then a timed final checkpoint, per side ---- */
+
+/* PRAGMA wal_checkpoint(TRUNCATE) of one raw file: everything in its database file, synced
+ * (synchronous FULL and NORMAL both sync the database file in a checkpoint), the WAL emptied. */
+static void raw_truncate(sqlite3 *db) {
+    int n_log = 0, n_done = 0;
+    int rc = sqlite3_wal_checkpoint_v2(db, "main", SQLITE_CHECKPOINT_TRUNCATE, &n_log, &n_done);
+    if (rc != SQLITE_OK) sql_die(db, "wal_checkpoint(TRUNCATE)");
+}
+
+static void store_truncate(void) {
+    if (replay_writer_checkpoint(w)) die("replay_writer_checkpoint");
+}
+
+/* One side's timed run: n segments (S_s + C_s each) of a new trajectory or key range `round`,
+ * then the final checkpoint of both of its files.  which: 0 store, 1 raw A, 2 raw B,
+ * 3 same-schema raw.  *t_ckpt: the final checkpoint's share. */
+static double sustained_run(int which, int round, int n, double *t_ckpt) {
+    int64_t t = which == 0 ? store_begin(round) : 0; /* T0, untimed: the raws have none */
+    double dummy, t0 = now();
+    for (int s = 0; s < n; s++) {
+        if (which == 0)
+            store_write_one(round, t, s, &dummy);
+        else if (which == 3)
+            schema_write_one(round, s);
+        else
+            raw_write_one(which == 1 ? &raw_store : &raw_dflt, round, s, NULL);
+    }
+    double t1 = now();
+    if (which == 0) {
+        store_truncate();
+    } else if (which == 3) {
+        raw_truncate(qw);
+        raw_truncate(qs);
+    } else {
+        raw_base *b = which == 1 ? &raw_store : &raw_dflt;
+        raw_truncate(b->w);
+        raw_truncate(b->s);
+    }
+    double t2 = now();
+    *t_ckpt = t2 - t1;
+    return t2 - t0;
+}
+
+/* min and max of n values */
+static void min_max(const double *v, int n, double *lo, double *hi) {
+    *lo = *hi = v[0];
+    for (int i = 1; i < n; i++) {
+        if (v[i] < *lo) *lo = v[i];
+        if (v[i] > *hi) *hi = v[i];
+    }
+}
+
 int main(int argc, char **argv) {
-    int n = 16, rounds = 8, check = 0;
+    int n = 16, rounds = 8, check = 0, n_sus = -1, sus_rounds = 9;
     const char *dir = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--segments") && i + 1 < argc)
             n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
             rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--sustained") && i + 1 < argc)
+            n_sus = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--sustained-rounds") && i + 1 < argc)
+            sus_rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
             dir = argv[++i];
         else if (!strcmp(argv[i], "--check"))
@@ -631,13 +695,16 @@ int main(int argc, char **argv) {
         } else {
             fprintf(
                 stderr,
-                "usage: bench_replay [--segments N] [--rounds R] [--dir DIR] [--k3] [--deflate] "
-                "[--fg-checkpoint] [--check]\n");
+                "usage: bench_replay [--sustained N] [--sustained-rounds R] [--segments N] "
+                "[--rounds R] [--dir DIR] [--k3] [--deflate] [--fg-checkpoint] [--check]\n");
             return 2;
         }
     }
-    if (n < 1 || rounds < 1 || n > 100000) {
-        fprintf(stderr, "bench_replay: --segments 1..100000 and --rounds >= 1\n");
+    if (n_sus == -1) n_sus = LMOE == 92 ? 8 : 96; /* K3 segments are ~24 MiB each */
+    if (n < 1 || rounds < 1 || n > 100000 || n_sus < 1 || n_sus > 100000 || sus_rounds < 1 ||
+        rounds >= 1000 || sus_rounds > 1000) {
+        fprintf(stderr, "bench_replay: --segments and --sustained 1..100000, --rounds 1..999, "
+                        "--sustained-rounds 1..1000\n");
         return 2;
     }
     char tmpl[] = "/tmp/arl-bench-replay-XXXXXX";
@@ -676,6 +743,41 @@ int main(int argc, char **argv) {
                ? "  --deflate: the STORE writes per-token arrays with codec 1 (fewer bytes than "
                  "the raws, inflated on read): not the headline comparison\n"
                : "");
+    /* Sustained write throughput (the headline): each side writes n_sus segments, then makes
+     * them durable in its database files with a timed final checkpoint (TRUNCATE, both files;
+     * the store's background pass in progress finishes first, inside the timing), so no side
+     * leaves checkpoint work behind.  Sides take turns in a rotating order, several rounds; the
+     * ratio of a round is raw time / store time for the same bytes. */
+    double sus_t[4][1000], sus_ck[4][1000], sus_ra[1000], sus_rb[1000], sus_rq[1000];
+    const double mb_sus = (double)seg_bytes(1) * n_sus / 1e6;
+    store_truncate(); /* every side starts with an empty WAL */
+    raw_truncate(raw_store.w);
+    raw_truncate(raw_store.s);
+    raw_truncate(raw_dflt.w);
+    raw_truncate(raw_dflt.s);
+    raw_truncate(qw);
+    raw_truncate(qs);
+    printf("sustained write: %d segments (%.1f MB) per side and round, each side ending with a "
+           "timed wal_checkpoint(TRUNCATE) of its worker and states files; %d rounds, sides in "
+           "rotating order\n",
+           n_sus, mb_sus, sus_rounds);
+    for (int r = 0; r < sus_rounds; r++) {
+        for (int k = 0; k < 4; k++) {
+            int which = (k + r) % 4;
+            sus_t[which][r] = sustained_run(which, 1000 + r, n_sus, &sus_ck[which][r]);
+        }
+        sus_ra[r] = sus_t[1][r] / sus_t[0][r];
+        sus_rb[r] = sus_t[2][r] / sus_t[0][r];
+        sus_rq[r] = sus_t[3][r] / sus_t[0][r];
+        printf("  round %d: store %.1f raw A %.1f raw B %.1f same-schema %.1f MB/s (final "
+               "checkpoint %.0f / %.0f / %.0f / %.0f ms); store/raw A %.2f, store/raw B %.2f\n",
+               r, mb_sus / sus_t[0][r], mb_sus / sus_t[1][r], mb_sus / sus_t[2][r],
+               mb_sus / sus_t[3][r], sus_ck[0][r] * 1e3, sus_ck[1][r] * 1e3, sus_ck[2][r] * 1e3,
+               sus_ck[3][r] * 1e3, sus_ra[r], sus_rb[r]);
+    }
+    rckpt_stats sus_cw, sus_cs; /* the store's checkpoint counters after the sustained phase */
+    rckpt_get_stats(w->ckpt_w, &sus_cw);
+    rckpt_get_stats(w->ckpt_s, &sus_cs);
     double best_sw = 1e30, best_aw = 1e30, best_bw = 1e30, best_qw = 1e30, best_sr = 1e30,
            best_ar = 1e30, best_br = 1e30;
     /* per-segment paired ratios raw/store: the median is robust to the machine's other load */
@@ -689,13 +791,16 @@ int main(int argc, char **argv) {
     if (!pa || !pb || !pq || !pra || !prb || !ps_st || !pa_st || !fs || !fa || !ps_c || !pa_c)
         die("out of memory");
     int np = 0;
-    double tot_w[3] = {0, 0, 0}; /* all write time, checkpoints included: store, raw A, schema */
     replay_seg_data d = {0};
     /* Store and raws alternate segment by segment, so that they see the same machine load (the
-     * machine is shared); each round sums its per-segment times, the best round is reported. */
+     * machine is shared); each round sums its per-segment times, the best round is reported.
+     * Round ids: the sustained phase used 1000 + r, this one 2000 + r (2000 + rounds for the
+     * page attribution), so that the raws' INTEGER PRIMARY KEYs only grow and every insert
+     * appends to their b-trees, as the store's rowids do (a key below the largest one would
+     * split pages in the middle of a raw b-tree and make the raws write more). */
     for (int r = 0; r < rounds; r++) {
         double sw = 0, aw = 0, bw = 0, qw_t = 0, sr = 0, ar = 0, br = 0;
-        int64_t t = store_begin(r);
+        int64_t t = store_begin(2000 + r);
         for (int s = 0; s < n; s++) {
             /* the four writers take turns going first: a writer's commit (fsync) also flushes
              * what the writer before it left dirty, so a fixed order would bias the ratios */
@@ -704,18 +809,15 @@ int main(int argc, char **argv) {
                 int which = (k + s + r) % 4;
                 double t0 = now();
                 if (which == 0)
-                    store_write_one(r, t, s, &tss);
+                    store_write_one(2000 + r, t, s, &tss);
                 else if (which == 1)
-                    raw_write_one(&raw_store, r, s, &tas);
+                    raw_write_one(&raw_store, 2000 + r, s, &tas);
                 else if (which == 2)
-                    raw_write_one(&raw_dflt, r, s, NULL);
+                    raw_write_one(&raw_dflt, 2000 + r, s, NULL);
                 else
-                    schema_write_one(r, s);
+                    schema_write_one(2000 + r, s);
                 dt[which] = now() - t0;
             }
-            tot_w[0] += dt[0];
-            tot_w[1] += dt[1];
-            tot_w[2] += dt[3];
             sw += dt[0];
             aw += dt[1];
             bw += dt[2];
@@ -743,7 +845,7 @@ int main(int argc, char **argv) {
                 if (which == 0)
                     store_read_one(t, s, &d);
                 else
-                    raw_read_one(which == 1 ? &raw_store : &raw_dflt, r, s);
+                    raw_read_one(which == 1 ? &raw_store : &raw_dflt, 2000 + r, s);
                 dt[which] = now() - t0;
             }
             sr += dt[0];
@@ -774,17 +876,17 @@ int main(int argc, char **argv) {
      * transactions wrote, by b-tree (segment 1 is a steady-state 'continue' segment). */
     {
         printf("pages written by one segment (S_s + C_s), by b-tree:\n");
-        int64_t t = store_begin(rounds);
+        int64_t t = store_begin(2000 + rounds);
         double dummy;
-        store_write_one(rounds, t, 0, &dummy);
-        raw_write_one(&raw_store, rounds, 0, NULL);
+        store_write_one(2000 + rounds, t, 0, &dummy);
+        raw_write_one(&raw_store, 2000 + rounds, 0, NULL);
         int b0 = store_frames[0], b1 = store_frames[1];
-        store_write_one(rounds, t, 1, &dummy);
+        store_write_one(2000 + rounds, t, 1, &dummy);
         wal_attribute(w->s.db, "store states", b1, store_frames[1]);
         wal_attribute(w->w.db, "store worker", b0, store_frames[0]);
         b0 = raw_store.frames[0];
         b1 = raw_store.frames[1];
-        raw_write_one(&raw_store, rounds, 1, NULL);
+        raw_write_one(&raw_store, 2000 + rounds, 1, NULL);
         wal_attribute(raw_store.s, "raw A states", b1, raw_store.frames[1]);
         wal_attribute(raw_store.w, "raw A worker", b0, raw_store.frames[0]);
     }
@@ -794,33 +896,54 @@ int main(int argc, char **argv) {
            "states %.2f ms, segment %.2f ms; WAL written: store %.0f KiB, raw A %.0f KiB\n",
            median(ps_st, np), median(ps_c, np), median(pa_st, np), median(pa_c, np), median(fs, np),
            median(fa, np));
-    printf("write: store %.1f MB/s; raw A %.1f, raw B %.1f, same-schema raw %.1f MB/s (best "
-           "rounds)\n",
+    printf("per-segment write (secondary): store %.1f MB/s; raw A %.1f, raw B %.1f, same-schema "
+           "raw %.1f MB/s (best rounds of the paired phase)\n",
            mb_w / best_sw, mb_w / best_aw, mb_w / best_bw, mb_w / best_qw);
-    printf("write ratio (median paired raw/store): vs raw A %.2f (headline, target >= 0.80: %s); "
-           "vs raw B %.2f; vs same-schema raw %.2f\n",
-           wa, wa >= 0.8 ? "ok" : "MISSED", wb, wq);
-    /* Throughput over the whole run (sum of times, every checkpoint included), next to the
-     * median of per-segment pairs above, which a checkpoint every ~30-70 segments cannot move. */
-    printf("write ratio (sum over all segments, checkpoints included): vs raw A %.2f; vs "
-           "same-schema raw %.2f\n",
-           tot_w[1] / tot_w[0], tot_w[2] / tot_w[0]);
+    printf("per-segment write latency ratio (secondary; median over segments of raw/store time "
+           "of one S_s + C_s, i.e. how long a rollout worker waits per segment; the store's "
+           "background checkpoints and the raws' rare inline ones fall outside it): vs raw A "
+           "%.2f; vs raw B %.2f; vs same-schema raw %.2f\n",
+           wa, wb, wq);
     if (w->ckpt_w) {
-        rckpt_stats a, b;
-        rckpt_get_stats(w->ckpt_w, &a);
-        rckpt_get_stats(w->ckpt_s, &b);
-        printf("store checkpoints: worker %lld background (%lld failed), %lld foreground, max "
-               "%d WAL frames; states %lld background (%lld failed), %lld foreground, max %d "
-               "frames\n",
-               (long long)a.n_background, (long long)a.n_failed, (long long)a.n_foreground,
-               a.max_frames, (long long)b.n_background, (long long)b.n_failed,
-               (long long)b.n_foreground, b.max_frames);
+        printf("store checkpoints in the sustained phase: worker %lld background (%lld failed), "
+               "%lld foreground, max %d WAL frames; states %lld background (%lld failed), %lld "
+               "foreground, max %d frames; plus one final TRUNCATE per round\n",
+               (long long)sus_cw.n_background, (long long)sus_cw.n_failed,
+               (long long)sus_cw.n_foreground, sus_cw.max_frames, (long long)sus_cs.n_background,
+               (long long)sus_cs.n_failed, (long long)sus_cs.n_foreground, sus_cs.max_frames);
     } else {
         printf("store checkpoints: in the writer's thread (--fg-checkpoint)\n");
     }
     printf("read:  store %.0f MB/s; raw A %.0f, raw B %.0f MB/s (best rounds)\n", mb_r / best_sr,
            mb_r / best_ar, mb_r / best_br);
-    printf("read ratio (median paired raw/store): vs raw A %.2f (headline, target >= 0.80: %s); "
+    /* the headlines */
+    double mt[4], mck[4], lo_a, hi_a, lo_b, hi_b, lo_q, hi_q, tmp[1000];
+    for (int i = 0; i < 4; i++) {
+        memcpy(tmp, sus_t[i], sizeof(double) * (size_t)sus_rounds);
+        mt[i] = median(tmp, sus_rounds);
+        memcpy(tmp, sus_ck[i], sizeof(double) * (size_t)sus_rounds);
+        mck[i] = median(tmp, sus_rounds);
+    }
+    min_max(sus_ra, sus_rounds, &lo_a, &hi_a);
+    min_max(sus_rb, sus_rounds, &lo_b, &hi_b);
+    min_max(sus_rq, sus_rounds, &lo_q, &hi_q);
+    double sa = median(sus_ra, sus_rounds), sb = median(sus_rb, sus_rounds),
+           sq = median(sus_rq, sus_rounds);
+    printf("sustained write, median of %d rounds: store %.1f MB/s, raw A %.1f, raw B %.1f, "
+           "same-schema raw %.1f MB/s (final checkpoints %.0f / %.0f / %.0f / %.0f ms)\n",
+           sus_rounds, mb_sus / mt[0], mb_sus / mt[1], mb_sus / mt[2], mb_sus / mt[3],
+           mck[0] * 1e3, mck[1] * 1e3, mck[2] * 1e3, mck[3] * 1e3);
+    /* the headline baseline is the raw setting that wrote faster in this run (median time):
+     * raw sqlite3 at its own best of the two reasonable settings, not only at the store's */
+    const int fa_ = mt[1] <= mt[2];
+    const double sh = fa_ ? sa : sb, lo_h = fa_ ? lo_a : lo_b, hi_h = fa_ ? hi_a : hi_b;
+    printf("write ratio (sustained, median over rounds of raw/store time, min..max): vs raw A "
+           "%.2f (%.2f..%.2f); vs raw B %.2f (%.2f..%.2f); vs same-schema raw %.2f (%.2f..%.2f)\n",
+           sa, lo_a, hi_a, sb, lo_b, hi_b, sq, lo_q, hi_q);
+    printf("WRITE ratio (headline: sustained, vs the faster raw of this run, raw %s): %.2f "
+           "(%.2f..%.2f over %d rounds), target >= 0.80: %s\n",
+           fa_ ? "A" : "B", sh, lo_h, hi_h, sus_rounds, sh >= 0.8 ? "ok" : "MISSED");
+    printf("READ ratio (headline: median paired raw/store): vs raw A %.2f, target >= 0.80: %s; "
            "vs raw B %.2f\n",
            ra, ra >= 0.8 ? "ok" : "MISSED", rb);
     free(pa);
@@ -853,5 +976,5 @@ int main(int argc, char **argv) {
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
         if (system(cmd)) fprintf(stderr, "bench_replay: could not remove %s\n", dir);
     }
-    return check && (wa < 0.8 || ra < 0.8) ? 1 : 0;
+    return check && (sh < 0.8 || ra < 0.8) ? 1 : 0;
 }

@@ -4,7 +4,10 @@
  * checkpoint (fsync error) loses nothing and the writer goes on; a writer killed with SIGKILL
  * while its checkpointer runs leaves a store that verifies, with every reported segment and
  * state intact.  The states here are large (12 chunks of 64 KiB, 14 WAL frames of 64 KiB per
- * S_s) so that the states file's WAL reaches the wake threshold within ~40 states. */
+ * S_s) so that the states file's WAL reaches the wake threshold within ~40 states.
+ * replay_writer_checkpoint (a TRUNCATE checkpoint of both files after any background pass)
+ * leaves empty WALs and database files that hold every committed segment; a reader holding
+ * an old snapshot makes background passes wait, never fail. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -176,6 +179,134 @@ static void test_background(void) {
     fx_rmtree(dir);
 }
 
+static int64_t file_size(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) ? -1 : (int64_t)sb.st_size;
+}
+
+/* Segments in a copy of the worker file taken without its WAL (what the database file alone
+ * holds); -1 if it cannot be read. */
+static int64_t segments_in_db_file(const char *path, const char *dir) {
+    char copy[600], cmd[1400];
+    snprintf(copy, sizeof copy, "%s/copy.sqlite", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path, copy);
+    if (system(cmd)) return -1;
+    sqlite3 *db;
+    sqlite3_stmt *q = NULL;
+    int64_t n = -1;
+    if (sqlite3_open_v2(copy, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT count(*) FROM segments", -1, &q, NULL) == SQLITE_OK &&
+        sqlite3_step(q) == SQLITE_ROW)
+        n = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    unlink(copy);
+    return n;
+}
+
+/* replay_writer_checkpoint: after it, both WALs are empty and the database files alone hold
+ * every committed segment; it waits for a background pass in progress (the states file's WAL
+ * passes the wake threshold just before it is called), and the writer and its checkpointers go
+ * on afterwards; the same without background threads. */
+static void test_truncate(void) {
+    const char *dir = test_tmpdir("ckpt-trunc");
+    char root[512], wal_w[600], wal_s[600], db_w[600];
+    snprintf(root, sizeof root, "%s/store", dir);
+    for (int fg = 0; fg < 2; fg++) {
+        replay_open_opts o = {.flags = REPLAY_OPEN_CREATE | (fg ? REPLAY_OPEN_FG_CHECKPOINT : 0)};
+        replay_store *st;
+        CHECK(replay_store_open(root, &o, &st) == ARL_OK);
+        if (!fg) CHECK(fx_catalog(st, 1, 1, &ids) == ARL_OK);
+        replay_writer *w;
+        CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
+        CHECK(fg ? !w->ckpt_s : w->ckpt_s != NULL);
+        snprintf(wal_w, sizeof wal_w, "%s/%s-wal", root, w->file);
+        snprintf(wal_s, sizeof wal_s, "%s/%s-wal", root, w->states_file);
+        snprintf(db_w, sizeof db_w, "%s/%s", root, w->file);
+        char uid[16];
+        snprintf(uid, sizeof uid, "tr/%d", fg);
+        int64_t t, before = fg ? segments_in_db_file(db_w, dir) : 0;
+        CHECK(before >= 0);
+        CHECK(begin(w, uid, &t) == ARL_OK);
+        /* 37 states of 14 frames: the last commit passes 500 frames and wakes the thread */
+        for (int s = 0; s < 37; s++)
+            CHECK(put_segment(w, t, uid, 4000 + 100 * (uint64_t)fg, s, NULL) == ARL_OK);
+        CHECK(file_size(wal_s) > 0);
+        arl_status r = replay_writer_checkpoint(w);
+        CHECK_MSG(r == ARL_OK, "checkpoint: %s", arl_error_msg());
+        CHECK_MSG(file_size(wal_w) == 0 && file_size(wal_s) == 0, "WAL sizes %lld, %lld",
+                  (long long)file_size(wal_w), (long long)file_size(wal_s));
+        CHECK_EQ_INT(segments_in_db_file(db_w, dir), before + 37);
+        rckpt_stats a;
+        rckpt_get_stats(w->ckpt_s, &a);
+        CHECK_EQ_INT(a.n_failed, 0);
+        /* the writer goes on after it */
+        for (int s = 37; s < 40; s++)
+            CHECK(put_segment(w, t, uid, 4000 + 100 * (uint64_t)fg, s, NULL) == ARL_OK);
+        CHECK(file_size(wal_w) > 0);
+        replay_writer_close(w);
+        CHECK(verify_clean(st));
+        replay_store_close(st);
+    }
+    fx_rmtree(dir);
+}
+
+/* A reader that keeps an old snapshot of the states file open: the background passes (whose
+ * RESTART step then answers SQLITE_BUSY) are not failures and copy what they may; once the
+ * reader is gone, the next wake completes the checkpoint and the WAL restarts. */
+static void test_reader(void) {
+    const char *dir = test_tmpdir("ckpt-reader");
+    char root[512], path[600];
+    snprintf(root, sizeof root, "%s/store", dir);
+    replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *st;
+    CHECK(replay_store_open(root, &o, &st) == ARL_OK);
+    CHECK(fx_catalog(st, 1, 1, &ids) == ARL_OK);
+    replay_writer *w;
+    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
+    CHECK(w->ckpt_s != NULL);
+    int64_t t;
+    CHECK(begin(w, "rd/0", &t) == ARL_OK);
+    CHECK(put_segment(w, t, "rd/0", 5000, 0, NULL) == ARL_OK);
+    snprintf(path, sizeof path, "%s/%s", root, w->states_file);
+    sqlite3 *rd;
+    sqlite3_stmt *q = NULL;
+    CHECK(sqlite3_open_v2(path, &rd, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK);
+    CHECK(sqlite3_exec(rd, "BEGIN", NULL, NULL, NULL) == SQLITE_OK);
+    CHECK(sqlite3_prepare_v2(rd, "SELECT count(*) FROM states", -1, &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_step(q) == SQLITE_ROW); /* the snapshot is held until COMMIT */
+    CHECK_EQ_INT(sqlite3_column_int(q, 0), 1);
+    sqlite3_finalize(q);
+    /* 36 more states of 14 frames: past the wake threshold, below the backstop */
+    for (int s = 1; s < 37; s++)
+        CHECK(put_segment(w, t, "rd/0", 5000, s, NULL) == ARL_OK);
+    rckpt_stats a;
+    wait_stats(w->ckpt_s, 1, 0, &a);
+    CHECK_MSG(a.n_background >= 1 && a.n_failed == 0, "%lld background, %lld failed (rc %d)",
+              (long long)a.n_background, (long long)a.n_failed, a.last_rc);
+    CHECK(a.last_frames >= RCKPT_WAKE_FRAMES); /* not restarted under the reader */
+    CHECK(sqlite3_exec(rd, "COMMIT", NULL, NULL, NULL) == SQLITE_OK);
+    sqlite3_close(rd);
+    /* With the reader gone, a later commit wakes the thread (one made while a pass still
+     * retries is left to that pass) and the WAL restarts: a commit then leaves few frames.
+     * The writer pauses 50 ms after each commit, as a rollout worker between segments does;
+     * 20 commits leave a loaded machine time to schedule the thread. */
+    int s = 37;
+    for (; s < 57; s++) {
+        CHECK(put_segment(w, t, "rd/0", 5000, s, NULL) == ARL_OK);
+        rckpt_get_stats(w->ckpt_s, &a);
+        if (a.last_frames < 100) break;
+        usleep(50000);
+    }
+    CHECK_MSG(a.last_frames < 100 && a.n_failed == 0,
+              "%d frames after %d commits without the reader, %lld failed", a.last_frames,
+              s - 36, (long long)a.n_failed);
+    replay_writer_close(w);
+    CHECK(verify_clean(st));
+    replay_store_close(st);
+    fx_rmtree(dir);
+}
+
 /* A background checkpoint whose fsync fails: recorded, nothing lost, the writer goes on, and the
  * next wake after the fault clears checkpoints. */
 static void test_failure(void) {
@@ -312,6 +443,8 @@ int main(void) {
         return 1;
     }
     TEST_RUN(test_background);
+    TEST_RUN(test_truncate);
+    TEST_RUN(test_reader);
     TEST_RUN(test_failure);
     TEST_RUN(test_crash);
     return test_finish();
