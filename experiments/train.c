@@ -1585,6 +1585,8 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->lc.act_checkpoint = c->learner.own.act_checkpoint;
     r->lc.state_cache_bytes = (int64_t)(c->learner.own.state_cache_mb * 1048576.0);
     r->lc.drift_sample = c->learner.own.drift_sample;
+    r->lc.shared_prefix = c->learner.own.shared_prefix;
+    r->lc.shared_prefix_min = c->learner.own.shared_prefix_min;
     r->lc.seed = (uint64_t)c->seed;
     r->lc.n_traj_per_update = r->B * r->G;
     r->lc.segment_tokens = c->rollout.segment_tokens;

@@ -98,18 +98,24 @@ static arl_status piece_push(arl_learner *l, const lr_piece *p) {
     return ARL_OK;
 }
 
-/* The pieces of one segment (n_fed tokens in runs of at most Tm). */
-static arl_status pieces_add(arl_learner *l, int32_t seg, int replay, int count_splits) {
-    const arl_upd_seg *s = &l->b.segs[seg];
-    const int64_t n = s->n_fed;
-    for (int64_t a = 0; a < n; a += l->Tm) {
+/* The pieces of positions [a0, n) of one segment in runs of at most Tm (a0: its shared_start,
+ * n: n_fed; or [0, P) for a shared prefix). */
+static arl_status pieces_add_range(arl_learner *l, int32_t seg, int64_t a0, int64_t n, int replay,
+                                   int count_splits) {
+    for (int64_t a = a0; a < n; a += l->Tm) {
         int64_t b = a + l->Tm < n ? a + l->Tm : n;
         lr_piece p = {
-            .seg = seg, .a = a, .b = b, .first = a == 0, .last = b == n, .replay = replay};
-        if (a > 0 && count_splits) l->cnt.piece_splits++;
+            .seg = seg, .a = a, .b = b, .first = a == a0, .last = b == n, .replay = replay};
+        if (a > a0 && count_splits) l->cnt.piece_splits++;
         ARL_TRY(piece_push(l, &p));
     }
     return ARL_OK;
+}
+
+/* The pieces of one segment: its n_fed tokens from its shared_start on. */
+static arl_status pieces_add(arl_learner *l, int32_t seg, int replay, int count_splits) {
+    const arl_upd_seg *s = &l->b.segs[seg];
+    return pieces_add_range(l, seg, s->shared_start, s->n_fed, replay, count_splits);
 }
 
 /* The pieces [p0, *p1) of the next forward: at most Tm tokens and N documents, one routing
@@ -205,6 +211,208 @@ static void agreement(arl_learner *l, const arl_upd_seg *s, int64_t a, int64_t n
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* shared prompt prefixes (learner/update.h "Shared prompt prefix")                             */
+
+/* The first segment of trajectory t when it may start from a shared prefix, else NULL; *maxp:
+ * the longest prefix it allows (tokens 1..P context, at least one token left to feed). */
+static arl_upd_seg *px_eligible(arl_learner *l, const arl_upd_traj *t, int64_t *maxp) {
+    if (!t->valid || !t->local || t->n_segs <= 0 || t->media) return NULL;
+    arl_upd_seg *s = &l->b.segs[t->seg0];
+    if (!s->fresh || s->ctx_start != 0 || s->has_media || !s->tokens || s->n_fed < 2) return NULL;
+    int64_t f = 1;
+    while (f < s->T && !s->amask[f])
+        f++;
+    *maxp = f - 1 < s->n_fed - 1 ? f - 1 : s->n_fed - 1;
+    return s;
+}
+
+/* Positions [0, n) on which u and c agree, n <= lim: tokens, and with routing replay the
+ * stored routes (and whether routes are replayed at all). */
+static int64_t px_common(const arl_learner *l, const arl_upd_seg *u, const arl_upd_seg *c,
+                         int64_t lim) {
+    int64_t n = 0;
+    while (n < lim && u->tokens[n] == c->tokens[n])
+        n++;
+    if (!l->lc.routing_replay || l->n_moe == 0) return n;
+    const int ru = u->routes_ok && u->routes != NULL, rc = c->routes_ok && c->routes != NULL;
+    if (ru != rc) return 0;
+    if (!ru) return n;
+    const size_t row = sizeof(int32_t) * (size_t)l->k;
+    for (int64_t j = 0; j < l->n_moe; j++)
+        for (int64_t t = 0; t < n; t++)
+            if (memcmp(u->routes + (j * u->T + t) * l->k, c->routes + (j * c->T + t) * l->k, row)) {
+                n = t;
+                break;
+            }
+    return n;
+}
+
+static int cmp_desc_i64(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+arl_status lr_prefix_find(arl_learner *l) {
+    arl_update_batch *b = &l->b;
+    for (int32_t i = 0; i < b->n_segs; i++)
+        b->segs[i].shared_start = 0;
+    if (b->n_groups > l->px_cap) {
+        lr_px *v = realloc(l->px, sizeof *v * (size_t)b->n_groups);
+        if (!v) return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (shared prefixes)");
+        memset(v + l->px_cap, 0, sizeof *v * (size_t)(b->n_groups - l->px_cap));
+        l->px = v;
+        l->px_cap = b->n_groups;
+    }
+    l->px_n = b->n_groups;
+    for (int32_t g = 0; g < l->px_n; g++) {
+        lr_px *x = &l->px[g];
+        x->seg = -1;
+        x->len = 0;
+        x->users = 0;
+        x->kind = LR_PX_NONE;
+        x->need = 0;
+    }
+    if (!l->lc.shared_prefix) return ARL_OK;
+    const int64_t pmin = l->lc.shared_prefix_min > 0 ? l->lc.shared_prefix_min : 1;
+    int64_t *len = malloc(sizeof(int64_t) * (size_t)(2 * b->n_trajs + 1));
+    if (!len) return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (shared prefixes)");
+    int64_t *srt = len + b->n_trajs;
+    for (int32_t g = 0; g < b->n_groups; g++) {
+        const arl_upd_group *G = &b->groups[g];
+        /* the first eligible member is the candidate; every member's agreement with it */
+        const arl_upd_seg *c = NULL;
+        int64_t cmax = 0;
+        for (int32_t i = G->traj0; i < G->traj0 + G->n_trajs && !c; i++)
+            c = px_eligible(l, &b->trajs[i], &cmax);
+        if (!c || cmax < pmin) continue;
+        int32_t nv = 0;
+        for (int32_t i = G->traj0; i < G->traj0 + G->n_trajs; i++) {
+            int64_t mp = 0;
+            const arl_upd_seg *u = px_eligible(l, &b->trajs[i], &mp);
+            len[i - G->traj0] = u ? px_common(l, u, c, mp < cmax ? mp : cmax) : 0;
+            if (len[i - G->traj0] >= pmin) srt[nv++] = len[i - G->traj0];
+        }
+        /* P saving the most tokens: the k longest agreements allow P = the k-th, saving
+         * P * (k - 1) (the first longest k wins a tie) */
+        qsort(srt, (size_t)nv, sizeof *srt, cmp_desc_i64);
+        int64_t best = 0, P = 0;
+        for (int32_t k = 1; k < nv; k++)
+            if (srt[k] * k > best) {
+                best = srt[k] * k;
+                P = srt[k];
+            }
+        if (best <= 0) continue;
+        lr_px *x = &l->px[g];
+        x->seg = (int32_t)(c - b->segs);
+        x->len = P;
+        for (int32_t i = G->traj0; i < G->traj0 + G->n_trajs; i++)
+            if (len[i - G->traj0] >= P) {
+                b->segs[b->trajs[i].seg0].shared_start = P;
+                x->users++;
+            }
+    }
+    free(len);
+    return ARL_OK;
+}
+
+/* Prefill the shared prefixes of the groups with need set (all with a prefix when need_all)
+ * with model m, in waves of at most N prefixes and Tm tokens per forward, and keep each one's
+ * decode-state export tagged (kind, step).  Routes are replayed when mode and the prefix's
+ * segment has them.  kind LR_PASS_OLD also writes the users' entropies at positions 1..P and
+ * counts the router agreement of the prefix once per user (the metrics equal those of feeding
+ * every user whole).  Uses pieces, tok/tgt/forced/lp/ent/rscores and traj_slot (restored to
+ * -1): call before a pass builds its own pieces. */
+static arl_status px_compute(arl_learner *l, arl_model *m, int mode, int need_all, int kind,
+                             int64_t step) {
+    arl_update_batch *b = &l->b;
+    if (!l->have_pst) {
+        ARL_TRY(arl_decode_state_init(&l->pst, l->cfg, l->N, l->m.opts.max_context));
+        l->have_pst = 1;
+    }
+    arl_status st = ARL_OK;
+    int32_t g = 0;
+    while (st == ARL_OK && g < l->px_n) {
+        /* a wave: the next prefixes to compute, one pst slot each */
+        int32_t w0 = g, nw = 0;
+        pieces_reset(l);
+        for (; st == ARL_OK && g < l->px_n && nw < l->N; g++) {
+            lr_px *x = &l->px[g];
+            if (x->seg < 0 || !(need_all || x->need)) continue;
+            const arl_upd_seg *s = &b->segs[x->seg];
+            st = arl_decode_state_join(&l->pst, &l->traj_slot[s->traj]);
+            if (st == ARL_OK)
+                st = pieces_add_range(l, x->seg, 0, x->len,
+                                      mode && s->routes_ok && s->routes != NULL, 0);
+            nw++;
+        }
+        for (int64_t p0 = 0, p1; st == ARL_OK && p0 < l->n_pieces; p0 = p1) {
+            pack_call(l, p0, &p1);
+            const int32_t nd = (int32_t)(p1 - p0);
+            const int64_t T = fill_call(l, p0, p1, NULL, l->traj_slot);
+            const int replay = l->pieces[p0].replay;
+            arl_batch bt = call_batch(l, T, nd, replay, 0);
+            arl_forward_out fo = {.logprobs = l->lp};
+            if (kind == LR_PASS_OLD) {
+                fo.entropy = l->ent;
+                if (replay && l->n_moe > 0) fo.router_scores = l->rscores;
+            }
+            st = arl_model_forward_state(m, &l->pst, l->slots, &bt, &fo);
+            if (st || kind != LR_PASS_OLD) continue;
+            int64_t off = 0;
+            for (int64_t q = p0; q < p1; q++) {
+                const lr_piece *p = &l->pieces[q];
+                const arl_upd_seg *s = &b->segs[p->seg];
+                const arl_upd_group *G = &b->groups[b->trajs[s->traj].group];
+                const int64_t n = p->b - p->a;
+                for (int32_t i = G->traj0; i < G->traj0 + G->n_trajs; i++) {
+                    arl_upd_seg *u = &b->segs[b->trajs[i].seg0];
+                    if (u->shared_start <= 0) continue;
+                    for (int64_t j = 0; j < n; j++)
+                        u->entropy[p->a + j + 1] = (double)l->ent[off + j];
+                    if (replay && l->n_moe > 0) agreement(l, s, p->a, n, off, T);
+                }
+                off += n;
+            }
+        }
+        for (int32_t h = w0; h < g; h++) {
+            lr_px *x = &l->px[h];
+            if (x->seg < 0 || !(need_all || x->need)) continue;
+            int32_t *slot = &l->traj_slot[b->segs[x->seg].traj];
+            if (*slot < 0) continue;
+            if (st == ARL_OK) {
+                const size_t sz = arl_decode_state_export_size(&l->pst, *slot);
+                if (sz > x->cap) {
+                    uint8_t *nb = realloc(x->buf, sz);
+                    if (!nb)
+                        st = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (prefix state)");
+                    else {
+                        x->buf = nb;
+                        x->cap = sz;
+                    }
+                }
+                if (st == ARL_OK)
+                    st = arl_decode_state_export(&l->pst, *slot, x->buf, x->cap, &x->bytes);
+                x->kind = st == ARL_OK ? kind : LR_PX_NONE;
+                x->step = step;
+            }
+            arl_decode_state_leave(&l->pst, *slot);
+            *slot = -1;
+        }
+    }
+    return st;
+}
+
+/* Start segment sg (a user of its group's prefix) in slot of l->st from the prefix state. */
+static arl_status px_import(arl_learner *l, int32_t sg, int32_t slot) {
+    const arl_upd_seg *s = &l->b.segs[sg];
+    const lr_px *x = &l->px[l->b.trajs[s->traj].group];
+    ARL_ASSERT(x->seg >= 0 && x->len == s->shared_start && x->kind != LR_PX_NONE);
+    ARL_TRY(arl_decode_state_import(&l->st, slot, x->buf, x->bytes));
+    ARL_ASSERT(arl_decode_state_position(&l->st, slot) == s->shared_start);
+    return ARL_OK;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* pi_old and reference passes                                                                  */
 
 static arl_status export_state(arl_learner *l, const arl_upd_seg *s, int32_t slot, int replay) {
@@ -235,6 +443,11 @@ arl_status lr_score_pass(arl_learner *l, int which) {
     for (int32_t i = 0; i < b->n_trajs; i++)
         if (b->trajs[i].valid && b->trajs[i].local && b->trajs[i].n_segs > 0) list[nl++] = i;
     arl_status st = ARL_OK;
+    /* the groups' shared prefixes under this pass's weights */
+    int any = 0;
+    for (int32_t g = 0; g < l->px_n; g++)
+        any |= l->px[g].seg >= 0;
+    if (any) st = px_compute(l, m, mode, 1, which, -1);
     for (int32_t c0 = 0; st == ARL_OK && c0 < nl; c0 += l->N) {
         const int32_t c1 = c0 + l->N < nl ? c0 + l->N : nl;
         int32_t maxS = 0;
@@ -252,6 +465,8 @@ arl_status lr_score_pass(arl_learner *l, int which) {
                 const int32_t slot = l->traj_slot[list[i]];
                 if (s->fresh) {
                     if (w > 0) arl_decode_state_reset(&l->st, slot);
+                    if (s->shared_start > 0) st = px_import(l, sg, slot);
+                    if (st) break;
                 } else if (arl_decode_state_position(&l->st, slot) != s->ctx_start) {
                     st = arl_errorf(ARL_ERR_CORRUPT,
                                     "learner: trajectory %s segment %d starts at context position "
@@ -451,6 +666,25 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
     const int32_t *order;
     int32_t no;
     ARL_TRY(lr_minibatch_order(l, mb, &order, &no));
+    /* the shared prefixes this minibatch starts from, under this step's weights (a loss pass
+     * at the same step reuses them: no gradient reaches a prefix state, so the loss of
+     * perturbed weights starts from the same one, like a cached start state) */
+    int any = 0;
+    for (int32_t g = 0; g < l->px_n; g++)
+        l->px[g].need = 0;
+    for (int32_t i = 0; i < no; i++) {
+        const arl_upd_seg *s = &b->segs[order[i]];
+        if (!s->local || !s->mk.m || s->n_action == 0 || s->n_fed == 0 || s->shared_start <= 0)
+            continue;
+        lr_px *x = &l->px[b->trajs[s->traj].group];
+        if (backward || x->kind != LR_PX_STEP || x->step != l->in.opt->step) {
+            x->need = 1;
+            any = 1;
+        }
+    }
+    if (any)
+        ARL_TRY(px_compute(l, &l->m, l->lc.routing_replay, 0, LR_PX_STEP, l->in.opt->step));
+    pieces_reset(l);
     for (int32_t i = 0; st == ARL_OK && i < no; i++) {
         const arl_upd_seg *s = &b->segs[order[i]];
         if (!s->local || !s->mk.m || s->n_action == 0 || s->n_fed == 0) continue;
@@ -466,6 +700,8 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
             st = arl_decode_state_join(&l->st, &l->seg_slot[p->seg]);
             if (st == ARL_OK && !b->segs[p->seg].fresh)
                 st = lr_start_state(l, p->seg, l->seg_slot[p->seg]);
+            else if (st == ARL_OK && b->segs[p->seg].shared_start > 0)
+                st = px_import(l, p->seg, l->seg_slot[p->seg]);
         }
         if (st) break;
         const int64_t T = fill_call(l, p0, p1, l->seg_slot, NULL);

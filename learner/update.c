@@ -44,6 +44,15 @@ static const arl_option own_tab[] = {
     {"prefix-drift-sample", ARL_OPT_FLOAT, OWN(drift_sample), "0.01",
      "fraction of continue segments of the last minibatch measured for state/prefix_drift", 0, 1,
      NULL, 0, "F"},
+    {"shared-prefix", ARL_OPT_BOOL, OWN(shared_prefix), "false",
+     "compute the prompt prefix that the update's trajectories share (tool declarations, system "
+     "text) once per pass and weight set, and start each trajectory from its state; no gradient "
+     "flows into the prefix's state (a start state like a segment boundary's cached state, "
+     "spec/objective.md 10.1), so the gradient differs from whole-trajectory training by the "
+     "terms through the prefix's keys, values and recurrent state",
+     0, 0, NULL, 0, NULL},
+    {"shared-prefix-min", ARL_OPT_INT, OWN(shared_prefix_min), "64",
+     "fewest tokens a shared prefix must have to be used", 1, 1 << 30, NULL, 0, "N"},
 };
 #undef OWN
 
@@ -172,6 +181,10 @@ void arl_learner_free(arl_learner *l) {
     free(l->seg_slot);
     free(l->traj_slot);
     free(l->pieces);
+    for (int32_t g = 0; g < l->px_cap; g++)
+        free(l->px[g].buf);
+    free(l->px);
+    if (l->have_pst) arl_decode_state_free(&l->pst);
     free(l->media);
     free(l->dmedia);
     free(l->media_traj);
@@ -667,6 +680,7 @@ arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source
     /* 1. load */
     arl_shard_stats ss;
     memset(&ss, 0, sizeof ss);
+    l->px_n = 0;
     arl_status st = lr_batch_load(l, src, n_src, me == 0 ? &ss : NULL);
     arl_update_batch *b = &l->b;
     if (st == ARL_OK) {
@@ -684,6 +698,7 @@ arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source
         }
     }
     if (st == ARL_OK) st = lr_media_prepare(l);
+    if (st == ARL_OK) st = lr_prefix_find(l);
     l->have_lpar = 0;
     const double t_load = now_s();
 
@@ -865,10 +880,15 @@ arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source
     if (st == ARL_OK) st = arl_klctl_update(l->in.kl, kl_hat, b->n_valid, &ks);
 
     /* 7. metrics */
-    double cnt[6] = {
+    double cnt[8] = {
         (double)l->cnt.starts,       (double)l->cnt.hits, (double)l->cnt.recompute_tokens,
-        (double)l->cnt.piece_splits, l->cnt.drift_sum,    (double)l->cnt.drift_n};
-    if (st == ARL_OK) st = lr_allreduce_f64(l, cnt, 6, ARL_DIST_SUM);
+        (double)l->cnt.piece_splits, l->cnt.drift_sum,    (double)l->cnt.drift_n, 0, 0};
+    for (int32_t g = 0; g < l->px_n; g++)
+        if (l->px[g].seg >= 0) {
+            cnt[6] += l->px[g].users;
+            cnt[7] += (double)l->px[g].len * (l->px[g].users - 1);
+        }
+    if (st == ARL_OK) st = lr_allreduce_f64(l, cnt, 8, ARL_DIST_SUM);
     mctx mc = {json_object()};
     if (!mc.o && st == ARL_OK) st = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
     if (st == ARL_OK) {
@@ -895,6 +915,10 @@ arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source
         mset(&mc, "state/prefix_drift", cnt[5] > 0 ? cnt[4] / cnt[5] : 0);
         mset(&mc, "state/piece_splits", cnt[3]);
         mset(&mc, "state/cache_dropped", (double)l->cache.dropped);
+        /* shared prompt prefixes: trajectories starting from one, and the tokens each pass
+         * did not feed again thanks to them */
+        mset(&mc, "state/shared_prefix_trajs", cnt[6]);
+        mset(&mc, "state/shared_prefix_saved_tokens", cnt[7]);
         st = moe_metrics(l, &mc);
     }
     const double t_end = now_s();

@@ -71,6 +71,28 @@
  * none of its segments (m_route = 0 for each, its placeholders fed as plain tokens) and the
  * reason is logged and kept in its media_error.
  *
+ * Shared prompt prefix (option shared-prefix).  Trajectories of agentic tasks start with the
+ * same long context (the chat template's opening, the tool declarations and the system text);
+ * the learner would feed it again for every trajectory in the pi_old pass, the reference pass
+ * and every gradient step.  With the option on, after loading, the update's shared prefix is
+ * found: among the first segments of local valid trajectories that start fresh at context
+ * position 0 and carry no images, the longest run of positions [0, P) on which the tokens (and,
+ * with routing replay, the stored routes) equal those of the first such segment, chosen to save
+ * the most tokens (P times the other users), with at least shared-prefix-min tokens and no
+ * action token among tokens 1..P (each of those must keep its own log-probability and
+ * gradient).  Each pass then prefills the prefix once - pi_old under the current weights,
+ * reference under the reference weights, each gradient step under that step's weights -
+ * exports its decode state, imports it into every user's slot and feeds each user from
+ * position P on.  Log-probabilities and entropies equal those of whole-segment forwards up to
+ * fp32 rounding (the prefix is the same computation, chunked differently).  In the gradient
+ * pass no gradient flows into the prefix's state: it is a start state like a segment
+ * boundary's cached state (spec/objective.md 10.1, segment-wise training), so the weights get
+ * the gradient of the action tokens through their own positions only, not through the keys,
+ * values and recurrent state the prefix contributes.  arl_learner_minibatch_loss uses the
+ * prefix state of the running gradient step (like the cached start states), so finite
+ * differences of it check exactly that gradient.  Trajectories whose first segment differs
+ * within the shortest useful prefix, continues or forks, or has images, are fed whole.
+ *
  * Determinism: for a fixed thread count and learner count an update is bit-reproducible.
  * With L learners the gradient of a minibatch is the rank-ordered sum of the ranks' partial
  * gradients (each divided by the same constant Z / M), so parameters agree with one process
@@ -114,6 +136,8 @@ typedef struct arl_learner_own_opts {
     int act_checkpoint;    /* recompute layer internals in the backward */
     double state_cache_mb; /* memory for cached boundary states */
     double drift_sample;   /* fraction of continue segments sampled for state/prefix_drift */
+    int shared_prefix;     /* compute the update's shared prompt prefix once per pass */
+    int64_t shared_prefix_min; /* fewest shared tokens worth it */
 } arl_learner_own_opts;
 
 /* The whole "learner" section: the learner's keys, the objective's reward keys
@@ -146,6 +170,8 @@ typedef struct arl_learner_config {
     int act_checkpoint;
     int64_t state_cache_bytes;
     double drift_sample;
+    int shared_prefix;         /* see "Shared prompt prefix" above */
+    int64_t shared_prefix_min; /* fewest tokens a shared prefix must have (>= 1) */
     uint64_t seed;             /* run seed (minibatch shuffles) */
     int64_t n_traj_per_update; /* N_traj = B * G: the constant normaliser's trajectory count */
     int64_t segment_tokens;    /* L_seg of the rollout (segment/oversize_frac) */
@@ -230,6 +256,9 @@ typedef struct arl_upd_seg {
     int64_t *media_idx; /* (n_media) row of the trajectory's image rows for each, in order,
                            -1 for a sampled one; NULL when the trajectory's images are not
                            rebuilt (all fed as plain tokens); owned */
+    int64_t shared_start; /* > 0: positions [0, shared_start) are the update's shared prefix,
+                             whose state each pass computes once and imports (first segments
+                             only, see "Shared prompt prefix"); 0: fed from position 0 */
     arl_loss_seg_mask mk;
 } arl_upd_seg;
 

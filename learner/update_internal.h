@@ -77,6 +77,12 @@ struct arl_learner {
     int64_t media_max;   /* image rows one forward may hold (Tm) */
     float *vws;          /* (vws_n) vision work buffer, forward and backward */
     int64_t vws_n;
+    /* the shared prompt prefixes of the update's groups (learner/update.h "Shared prompt
+     * prefix") */
+    struct lr_px *px;     /* (px_n) one per group of the batch, owned */
+    int32_t px_n, px_cap;
+    arl_decode_state pst; /* the prefixes' forwards (N slots), allocated on first use */
+    int have_pst;
 };
 
 /* The image inputs of one trajectory and its rows under the weights of the last encoding. */
@@ -90,6 +96,18 @@ typedef struct lr_media {
     int64_t key_step;              /* and the optimizer step they were at */
     int dirty;                     /* drows holds a gradient */
 } lr_media;
+
+/* The shared prefix of one group: positions [0, len) of its members' first segments. */
+typedef struct lr_px {
+    int32_t seg;   /* the member segment whose tokens and routes are fed (-1: none) */
+    int64_t len;   /* P */
+    int32_t users; /* members starting from it */
+    uint8_t *buf;  /* (cap) export of the prefix's decode state, owned */
+    size_t cap, bytes;
+    int kind;     /* what buf holds: LR_PX_NONE, LR_PASS_OLD, LR_PASS_REF or LR_PX_STEP */
+    int64_t step; /* LR_PX_STEP: the optimizer step of the weights */
+    int need;     /* scratch of lr_grad_pass */
+} lr_px;
 
 /* ---- batch.c ---- */
 arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n_src,
@@ -121,7 +139,10 @@ arl_status lr_media_backward(arl_learner *l);
 void lr_media_invalidate(arl_learner *l);
 
 /* ---- passes.c ---- */
-enum { LR_PASS_OLD = 0, LR_PASS_REF = 1 };
+enum { LR_PASS_OLD = 0, LR_PASS_REF = 1, LR_PX_STEP = 2, LR_PX_NONE = -1 };
+/* After the batch is loaded: the update's shared prefix (segments' shared_start, px_*); none
+ * when the option is off.  No error but ARL_ERR_NOMEM. */
+arl_status lr_prefix_find(arl_learner *l);
 /* The pi_old or reference pass over the local valid trajectories. */
 arl_status lr_score_pass(arl_learner *l, int which);
 /* Forward + backward of the local segments of minibatch mb (gradients added to l->grads),

@@ -90,9 +90,11 @@ typedef struct lh_learner {
     arl_learner *l;
 } lh_learner;
 
-/* ref_ckpt: the reference's weights (NULL: the policy's own). */
-static inline void lh_learner_open(lh_learner *h, const char *ckpt, const char *ref_ckpt,
-                                   int32_t minibatches, int64_t n_traj, arl_dist *dist) {
+/* ref_ckpt: the reference's weights (NULL: the policy's own).  shared_prefix: the learner
+ * option shared-prefix (learner/update.h), with shared-prefix-min 64. */
+static inline void lh_learner_open_px(lh_learner *h, const char *ckpt, const char *ref_ckpt,
+                                      int32_t minibatches, int64_t n_traj, arl_dist *dist,
+                                      int shared_prefix) {
     memset(h, 0, sizeof *h);
     char cfgp[700];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", ckpt);
@@ -120,6 +122,8 @@ static inline void lh_learner_open(lh_learner *h, const char *ckpt, const char *
     h->lc.seed = 5;
     h->lc.n_traj_per_update = n_traj;
     h->lc.segment_tokens = 600;
+    h->lc.shared_prefix = shared_prefix;
+    h->lc.shared_prefix_min = 64;
     arl_learner_init in = {.cfg = &h->cfg,
                            .params = &h->params,
                            .ref_params = &h->ref,
@@ -130,6 +134,11 @@ static inline void lh_learner_open(lh_learner *h, const char *ckpt, const char *
                            .lc = &h->lc,
                            .dist = dist};
     L_DIE(arl_learner_create(&h->l, &in), "learner");
+}
+
+static inline void lh_learner_open(lh_learner *h, const char *ckpt, const char *ref_ckpt,
+                                   int32_t minibatches, int64_t n_traj, arl_dist *dist) {
+    lh_learner_open_px(h, ckpt, ref_ckpt, minibatches, n_traj, dist, 0);
 }
 
 static inline void lh_learner_close(lh_learner *h) {

@@ -25,6 +25,8 @@ for k in '"step":2' '"kl/k3"' '"kl/coef"' '"loss/total"' '"reward/outcome/mean"'
          '"throughput/action_tokens_per_s"' '"rollout/success_rate"' '"time/rollout_s"'; do
     tail -1 "$out/metrics.jsonl" | grep -q "$k" || fail "the last metrics line lacks $k"
 done
+# the learner's shared prompt prefix (learner option shared-prefix, on in calculator-ci.json)
+grep -q '"step":0.*"state/shared_prefix_trajs":[1-9]' "$out/metrics.jsonl" || fail "update 0 started no trajectory from a shared prefix"
 grep -q '"before": {"episodes": 8' "$out/eval.json" || fail "eval.json: $(cat "$out/eval.json")"
 grep -q '"after": {"episodes": 8' "$out/eval.json" || fail "eval.json: $(cat "$out/eval.json")"
 # the paired comparison: one outcome per held-out task in each arm, the 2x2 table in eval.json
