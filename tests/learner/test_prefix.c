@@ -137,11 +137,20 @@ static double max_diff(const double *a, const double *b, int64_t n) {
 }
 
 static void test_prefix(void) {
+    /* Under the sanitizers (CI's ASan+UBSan pass) one update with sharing and the checks of
+     * (a): the shared-prefix code runs under ASan/UBSan in a few minutes; the comparisons with
+     * whole-trajectory updates, the finite differences and the repeat run (three updates, 38
+     * minutes under ASan on this machine) run in the Release pass. */
+#ifdef ARL_SANITIZE
+    const int sanitized = 1;
+#else
+    const int sanitized = 0;
+#endif
     px_run off, on, on2;
-    run_update(&off, 0, 0);
-    run_update(&on, 1, 1);
-    run_update(&on2, 1, 0);
-    const char *mo = off.res.metrics_json, *mn = on.res.metrics_json;
+    if (!sanitized) run_update(&off, 0, 0);
+    run_update(&on, 1, !sanitized);
+    if (!sanitized) run_update(&on2, 1, 0);
+    const char *mn = on.res.metrics_json;
     const arl_update_batch *b = arl_learner_batch(on.h.l);
     /* (a) where the prefix is: all 8 members of the two groups, not the lone member */
     int32_t users = 0, lone = 0, cont = 0;
@@ -168,8 +177,15 @@ static void test_prefix(void) {
     CHECK(cont > 0);
     CHECK(lh_metric(mn, "state/shared_prefix_trajs") == 8);
     CHECK(lh_metric(mn, "state/shared_prefix_saved_tokens") > 0);
-    CHECK(lh_metric(mo, "state/shared_prefix_trajs") == 0);
     CHECK(lh_metric(mn, "state/hit_frac") == 1);
+    CHECK(on.rec.n > 0 && isfinite(on.rec.loss0));
+    if (sanitized) {
+        fprintf(stderr, "  (sanitizer build: (a) only; the comparisons run in the Release pass)\n");
+        run_close(&on);
+        return;
+    }
+    const char *mo = off.res.metrics_json;
+    CHECK(lh_metric(mo, "state/shared_prefix_trajs") == 0);
     /* log-probs of pi_old and the reference and pi_old's entropy: the same computation in
      * another chunking and batch composition (fp32, spec/policy.md 16.4; measured below
      * ~1e-6): 1e-4 nats, while a wrong state, position or route is off by 0.1-10 nats */
