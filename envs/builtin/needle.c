@@ -1,6 +1,8 @@
 /* envs/builtin/needle.c: the "needle" built-in environment: retrieval from a long document
  * (up to millions of tokens) through open(), read(offset, length) and search(pattern), then
- * answer(value).
+ * answer(value).  read's arguments are optional, as with a file: offset defaults to where the
+ * previous read ended (0 before any read), length to max_read, so read({}) reads the next
+ * chunk and a whole-document scan needs no arithmetic on offsets.
  *
  * The document is never stored.  It is a sequence of N fixed-width lines of NEEDLE_LW bytes
  * (63 characters and '\n'; line k starts at byte 64*k), and any line is generated on demand
@@ -16,10 +18,12 @@
  * is a few KiB whatever the size).
  *
  * Options (or task.data): doc_tokens (document size in tokens, estimated at 4 bytes per
- * token: N = ceil(doc_tokens / 16) lines; default 2000, 256 .. 4194304), hops (1 or 2),
+ * token: N = ceil(doc_tokens / 16) lines; default 2000, 256 .. 4194304), doc_tokens_min (when
+ * set, each task's size is drawn from [doc_tokens_min, doc_tokens] by its seed), hops (1 or 2),
  * distractors (0..64, default 8), max_read (largest read length, 256..65536, default 8192),
  * teacher ("search": open, read the question, search, answer; "scan": read the whole
- * document from the start, then answer: drives trajectories as long as the document).
+ * document from the start with read({}), then answer: drives trajectories as long as the
+ * document).
  *
  * Rewards: process found (+0.1 the first time the question is shown, +0.2 the first time
  * each needed fact line is shown whole by a read or a search hit), format (-0.1 per
@@ -46,11 +50,12 @@ static const char needle_info_json[] =
     "\"parameters\": {\"type\": \"object\", \"properties\": {}, \"required\": [], "
     "\"additionalProperties\": false}}},"
     "{\"type\": \"function\", \"function\": {\"name\": \"read\", "
-    "\"description\": \"Read length bytes of the document from byte offset.\", "
+    "\"description\": \"Read length bytes of the document from byte offset (defaults: offset "
+    "where the previous read ended, length the largest read).\", "
     "\"parameters\": {\"type\": \"object\", \"properties\": {\"offset\": {\"type\": "
     "\"integer\", \"minimum\": 0, \"maximum\": 9007199254740991}, \"length\": {\"type\": "
-    "\"integer\", \"minimum\": 1, \"maximum\": 1048576}}, \"required\": [\"offset\", "
-    "\"length\"], \"additionalProperties\": false}}},"
+    "\"integer\", \"minimum\": 1, \"maximum\": 1048576}}, \"required\": [], "
+    "\"additionalProperties\": false}}},"
     "{\"type\": \"function\", \"function\": {\"name\": \"search\", "
     "\"description\": \"Find the lines containing pattern (case-sensitive text).\", "
     "\"parameters\": {\"type\": \"object\", \"properties\": {\"pattern\": {\"type\": "
@@ -163,6 +168,7 @@ typedef struct needle_state {
     int opened;
     int seen;         /* milestone bits: 1 question, 2 first fact, 4 second fact (hops 2) */
     int64_t scan_hwm; /* bytes [0, scan_hwm) read contiguously from the start */
+    int64_t cursor;   /* where the last read ended: read's default offset */
     int64_t steps;
     uint8_t progress_at[NEEDLE_MAX_STEPS + 1]; /* popcount(seen) after each step */
     int answered, correct;
@@ -329,10 +335,11 @@ static void needle_generate(needle_state *s) {
 
 /* ---- session ---- */
 
-static const char *const needle_data_keys[] = {"doc_tokens", "hops",    "distractors",
-                                               "max_read",   "teacher", NULL};
-static const char *const needle_option_keys[] = {
-    "doc_tokens", "hops", "distractors", "max_read", "teacher", "max_steps", NULL};
+static const char *const needle_data_keys[] = {
+    "doc_tokens", "doc_tokens_min", "hops", "distractors", "max_read", "teacher", NULL};
+static const char *const needle_option_keys[] = {"doc_tokens", "doc_tokens_min", "hops",
+                                                 "distractors", "max_read", "teacher",
+                                                 "max_steps", NULL};
 static const char *const needle_teachers[] = {"search", "scan", NULL};
 
 static uint64_t needle_anchor_hash(const needle_state *s) {
@@ -349,9 +356,11 @@ static void needle_instance_destroy(void *inst) {
     arl_bi_instance_close(inst);
 }
 
-static arl_status needle_options(const json_t *o, const char *where, int64_t *tokens, int64_t *hops,
-                                 int64_t *distr, int64_t *max_read, const char **teacher) {
+static arl_status needle_options(const json_t *o, const char *where, int64_t *tokens,
+                                 int64_t *tokens_min, int64_t *hops, int64_t *distr,
+                                 int64_t *max_read, const char **teacher) {
     ARL_TRY(arl_bi_get_int(o, "doc_tokens", where, *tokens, 256, 4194304, tokens));
+    ARL_TRY(arl_bi_get_int(o, "doc_tokens_min", where, *tokens_min, 0, 4194304, tokens_min));
     ARL_TRY(arl_bi_get_int(o, "hops", where, *hops, 1, 2, hops));
     ARL_TRY(arl_bi_get_int(o, "distractors", where, *distr, 0, 64, distr));
     ARL_TRY(arl_bi_get_int(o, "max_read", where, *max_read, 256, 65536, max_read));
@@ -362,11 +371,24 @@ static arl_status needle_reset(void *inst, const arl_env_reset_req *req, void **
                                arl_env_result *out) {
     ARL_TRY(arl_bi_check_keys(req->task.data, "task.data", needle_data_keys));
     ARL_TRY(arl_bi_check_keys(req->options, "options", needle_option_keys));
-    int64_t tokens = 2000, hops = 1, distr = 8, max_read = 8192;
+    int64_t tokens = 2000, tokens_min = 0, hops = 1, distr = 8, max_read = 8192;
     const char *teacher = "search";
-    ARL_TRY(needle_options(req->options, "options", &tokens, &hops, &distr, &max_read, &teacher));
-    ARL_TRY(
-        needle_options(req->task.data, "task.data", &tokens, &hops, &distr, &max_read, &teacher));
+    ARL_TRY(needle_options(req->options, "options", &tokens, &tokens_min, &hops, &distr,
+                           &max_read, &teacher));
+    ARL_TRY(needle_options(req->task.data, "task.data", &tokens, &tokens_min, &hops, &distr,
+                           &max_read, &teacher));
+    if (tokens_min > tokens)
+        return arl_errorf(ARL_ERR_ARG,
+                          "needle: doc_tokens_min %lld is above doc_tokens %lld (the document "
+                          "size is drawn from [doc_tokens_min, doc_tokens])",
+                          (long long)tokens_min, (long long)tokens);
+    if (tokens_min > 0) {
+        /* a size per task, from the seed alone (the same task always has the same document) */
+        arl_rng r;
+        arl_rng_seed_stream(&r, req->task.seed, 0x73697a65u /* "size" */);
+        int64_t lo = tokens_min < 256 ? 256 : tokens_min;
+        tokens = lo + (int64_t)arl_rng_below(&r, (uint64_t)(tokens - lo + 1));
+    }
     needle_state *s = calloc(1, sizeof *s);
     if (!s) return arl_errorf(ARL_ERR_NOMEM, "needle: out of memory");
     s->seed = req->task.seed;
@@ -458,8 +480,18 @@ static arl_status needle_run_call(void *ctx, const arl_env_tool_call *c, arl_env
                                     ARL_ENV_TOOL_RUNTIME_ERROR);
     }
     if (!strcmp(c->name, "read")) {
-        int64_t off = json_integer_value(json_object_get(c->arguments, "offset"));
-        int64_t len = json_integer_value(json_object_get(c->arguments, "length"));
+        const json_t *jo = json_object_get(c->arguments, "offset");
+        const json_t *jl = json_object_get(c->arguments, "length");
+        int64_t off = jo ? json_integer_value(jo) : s->cursor;
+        int64_t len = jl ? json_integer_value(jl) : s->max_read;
+        if (!jo && off >= size) {
+            *kind = ARL_BI_CALL_RUNTIME;
+            snprintf(buf, sizeof buf,
+                     "Error: nothing left to read: the previous read ended at the end of the "
+                     "document (%lld bytes).",
+                     (long long)size);
+            return arl_env_obs_add_tool(obs, c->id, buf, ARL_ENV_TOOL_RUNTIME_ERROR);
+        }
         if (off >= size) {
             *kind = ARL_BI_CALL_RUNTIME;
             snprintf(buf, sizeof buf,
@@ -475,6 +507,7 @@ static arl_status needle_run_call(void *ctx, const arl_env_tool_call *c, arl_env
         needle_read_bytes(s, off, n, text);
         text[n] = 0;
         t->newly |= needle_mark_range(s, off, n);
+        s->cursor = off + n;
         if (off == 0 || off <= s->scan_hwm) {
             if (off + n > s->scan_hwm) s->scan_hwm = off + n;
         }
@@ -548,7 +581,7 @@ static arl_status needle_step(void *inst, void *state, const arl_env_step_req *r
     needle_state *s = state;
     /* atomic: remember the mutable part */
     int opened = s->opened, seen = s->seen, answered = s->answered, correct = s->correct;
-    int64_t hwm = s->scan_hwm;
+    int64_t hwm = s->scan_hwm, cursor = s->cursor;
     needle_turn t = {s, 0};
     arl_bi_turn_stats st;
     int ended;
@@ -569,7 +602,7 @@ static arl_status needle_step(void *inst, void *state, const arl_env_step_req *r
         s->steps--;
     }
     s->opened = opened, s->seen = seen, s->answered = answered, s->correct = correct;
-    s->scan_hwm = hwm;
+    s->scan_hwm = hwm, s->cursor = cursor;
     return r;
 }
 
@@ -631,10 +664,14 @@ arl_status arl_env_needle_teacher(void *inst, const void *state, int64_t next_st
         return arl_bi_teacher_finish(out, "Opening the document.");
     }
     if (s->scan_teacher && s->scan_hwm < size) {
+        /* read on from the cursor when it sits at the end of the contiguous prefix (always,
+         * unless the policy read elsewhere in between) */
         int64_t n = size - s->scan_hwm < s->max_read ? size - s->scan_hwm : s->max_read;
-        ARL_TRY(arl_bi_teacher_call(
-            out, next_step, "read",
-            json_pack("{s:I, s:I}", "offset", (json_int_t)s->scan_hwm, "length", (json_int_t)n)));
+        json_t *args = s->cursor == s->scan_hwm
+                           ? json_object()
+                           : json_pack("{s:I, s:I}", "offset", (json_int_t)s->scan_hwm, "length",
+                                       (json_int_t)n);
+        ARL_TRY(arl_bi_teacher_call(out, next_step, "read", args));
         return arl_bi_teacher_finish(out,
                                      s->scan_hwm == 0 ? "Reading from the start." : "Reading on.");
     }
@@ -680,7 +717,7 @@ static const arl_env_ops needle_ops = {
 
 const arl_env_def arl_env_needle = {
     .name = "needle",
-    .version = "1.0.0",
+    .version = "1.1.0",
     .description = "Find facts planted far back in a long generated document and answer.",
     .info_json = needle_info_json,
     .ops = &needle_ops,

@@ -235,13 +235,14 @@ static json_t *make_script(int e) {
         json_array_append(hist, m);
     }
     /* bad_args_action: the first action's tool called without its first required argument
-     * (open() has none: then read without "length") */
+     * (open() has none and read's arguments are optional: then read at offset -1, below the
+     * schema's minimum 0) */
     json_t *bad = json_deep_copy(json_array_get(actions, 0));
     json_t *call = json_array_get(json_object_get(bad, "tool_calls"), 0);
     const char *tool = json_string_value(json_object_get(call, "name"));
     if (!strcmp(tool, "open")) {
         json_object_set_new(call, "name", json_string("read"));
-        json_object_set_new(call, "arguments", json_pack("{s:i}", "offset", 0));
+        json_object_set_new(call, "arguments", json_pack("{s:i}", "offset", -1));
     } else {
         json_t *args = json_object_get(call, "arguments");
         json_object_clear(args);

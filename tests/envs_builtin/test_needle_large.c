@@ -2,7 +2,7 @@
  * is instant (the document is never materialised), reads at far offsets return the right
  * bytes without memory proportional to the document, a search over the whole document is
  * fast, and both teachers succeed (the scan teacher reads all of it: a million-token
- * trajectory).  Time limits are generous bounds for a loaded 2-core CI machine, stated
+ * trajectory); read's defaults (the cursor) on a small document.  Time limits are generous bounds for a loaded 2-core CI machine, stated
  * where they are checked. */
 #include <string.h>
 #include <sys/resource.h>
@@ -137,7 +137,109 @@ static void test_large_teachers(void) {
             t_search, (long long)steps, t_scan);
 }
 
+/* read's optional arguments (the cursor): read({}) continues where the previous read ended
+ * with max_read bytes, so a scan needs no offsets; an explicit offset moves the cursor; read({})
+ * at the end is a runtime error; the scan teacher reads by cursor and still succeeds. */
+static void test_cursor_reads(void) {
+    /* 8000 doc tokens: 500 lines, 32,000 bytes; max_read 3000: 11 reads, the last of 2000 */
+    drv d;
+    CHECK_EQ_INT(drv_open(&d, "needle", 11, NULL, "{\"doc_tokens\": 8000, \"max_read\": 3000}"),
+                 ARL_OK);
+    CHECK_EQ_INT(drv_step_json(&d, "{\"tool_calls\": [{\"id\": \"o\", \"name\": \"open\", "
+                                   "\"arguments\": {}}]}"),
+                 ARL_OK);
+    static char whole[32000 + 1], scan[32000 + 1];
+    CHECK_EQ_INT(do_read(&d, 0, 32000), 3000); /* capped at max_read */
+    memcpy(whole, read_buf, 3000);
+    for (int64_t off = 3000; off < 32000; off += 3000)
+        memcpy(whole + off, read_buf, do_read(&d, off, 3000));
+    const char *next = "{\"tool_calls\": [{\"id\": \"r\", \"name\": \"read\", \"arguments\": {}}]}";
+    /* the cursor is at the end now: read({}) has nothing left */
+    CHECK_EQ_INT(drv_step_json(&d, next), ARL_OK);
+    CHECK_STR_EQ(drv_code(&d, 0), "TOOL_RUNTIME_ERROR");
+    CHECK(strstr(drv_text(&d, 0), "nothing left to read") != NULL);
+    /* back to 0 by an explicit offset (length defaults to max_read), then read on */
+    CHECK_EQ_INT(drv_step_json(&d, "{\"tool_calls\": [{\"id\": \"r\", \"name\": \"read\", "
+                                   "\"arguments\": {\"offset\": 0}}]}"),
+                 ARL_OK);
+    size_t n = strlen(drv_text(&d, 0)), total = n;
+    CHECK_EQ_INT(n, 3000);
+    memcpy(scan, drv_text(&d, 0), n);
+    int reads = 1;
+    while (total < 32000 && reads < 20) {
+        CHECK_EQ_INT(drv_step_json(&d, next), ARL_OK);
+        CHECK_STR_EQ(drv_code(&d, 0), "");
+        n = strlen(drv_text(&d, 0));
+        CHECK(n == (32000 - total < 3000 ? 32000 - total : 3000));
+        memcpy(scan + total, drv_text(&d, 0), n);
+        total += n, reads++;
+    }
+    CHECK_EQ_INT(reads, 11);
+    CHECK(total == 32000 && !memcmp(whole, scan, 32000));
+    /* a length alone reads from the cursor: after a read of [64, 128) comes [128, 138) */
+    CHECK_EQ_INT(do_read(&d, 64, 64), 64);
+    CHECK_EQ_INT(drv_step_json(&d, "{\"tool_calls\": [{\"id\": \"r\", \"name\": \"read\", "
+                                   "\"arguments\": {\"length\": 10}}]}"),
+                 ARL_OK);
+    CHECK(strlen(drv_text(&d, 0)) == 10 && !memcmp(drv_text(&d, 0), whole + 128, 10));
+    drv_close(&d);
+    /* the scan teacher reads by cursor: open, 11 reads, answer; the demo's read calls carry no
+     * arguments */
+    int64_t steps = 0;
+    double o = drv_teacher_episode("needle", 12, NULL,
+                                   "{\"doc_tokens\": 8000, \"max_read\": 3000, \"teacher\": "
+                                   "\"scan\"}",
+                                   NULL, &steps);
+    CHECK_CLOSE(o, 1, 0, 0);
+    CHECK_EQ_INT(steps, 1 + 11 + 1);
+    CHECK_EQ_INT(drv_open(&d, "needle", 12, NULL,
+                          "{\"doc_tokens\": 8000, \"max_read\": 3000, \"teacher\": \"scan\"}"),
+                 ARL_OK);
+    CHECK_EQ_INT(drv_teacher_step(&d), ARL_OK); /* open */
+    arl_env_action a;
+    memset(&a, 0, sizeof a);
+    CHECK_EQ_INT(d.b->teacher(d.inst, d.state, d.steps + 1, &a), ARL_OK);
+    CHECK(a.n_tool_calls == 1 && !strcmp(a.tool_calls[0].name, "read") &&
+          json_object_size(a.tool_calls[0].arguments) == 0);
+    arl_env_action_clear(&a);
+    drv_close(&d);
+}
+
+/* doc_tokens_min: each task's document size is drawn from [doc_tokens_min, doc_tokens] by its
+ * seed (the same seed, the same size); sizes spread over the range; min > max is an error. */
+static void test_size_range(void) {
+    int64_t lo = 1 << 30, hi = 0;
+    for (uint64_t seed = 1; seed <= 40; seed++) {
+        int64_t b[2];
+        for (int k = 0; k < 2; k++) {
+            drv d;
+            CHECK_EQ_INT(drv_open(&d, "needle", seed, NULL,
+                                  "{\"doc_tokens\": 4096, \"doc_tokens_min\": 1024}"),
+                         ARL_OK);
+            json_t *dbg = d.b->def->ops->debug_state(d.inst, d.state);
+            b[k] = json_integer_value(json_object_get(dbg, "bytes"));
+            json_decref(dbg);
+            drv_close(&d);
+        }
+        CHECK_EQ_INT(b[0], b[1]);
+        /* 1024..4096 tokens: 64..256 lines of 64 bytes */
+        CHECK_MSG(b[0] >= 64 * 64 && b[0] <= 256 * 64, "seed %llu: %lld bytes",
+                  (unsigned long long)seed, (long long)b[0]);
+        if (b[0] < lo) lo = b[0];
+        if (b[0] > hi) hi = b[0];
+    }
+    CHECK_MSG(lo < 128 * 64 && hi > 192 * 64, "40 sizes within [%lld, %lld] bytes", (long long)lo,
+              (long long)hi);
+    drv d;
+    CHECK(drv_open(&d, "needle", 1, NULL, "{\"doc_tokens\": 1024, \"doc_tokens_min\": 2048}") ==
+          ARL_ERR_ARG);
+    CHECK(strstr(arl_error_msg(), "doc_tokens_min") != NULL);
+    drv_close(&d);
+}
+
 int main(void) {
+    TEST_RUN(test_size_range);
+    TEST_RUN(test_cursor_reads);
     TEST_RUN(test_large_reads);
     TEST_RUN(test_large_teachers);
     return test_finish();
