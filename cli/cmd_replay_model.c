@@ -1,14 +1,19 @@
 /* cli/cmd_replay_model.c: the replay operations that need the policy model (spec/replay.md 13.6,
  * 13.7), on top of rollout/rescore.h and rollout/rollout.h:
  *   agentrl replay rescore DB TRAJ... --ckpt DIR [--version auto|N|none] [--save-states]
- *                          [--routing replay|natural]
+ *                          [--routing replay|natural] [--rewards [--env SPEC]]
+ *   agentrl replay rescore DB TRAJ... --rewards [--env SPEC] [--label L]
  *   agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] [EXPERIMENT / rollout keys]
  * rescore prints, per trajectory, how each segment started (cached state or recomputed prefix),
  * the mean, p99 and max of |l - l_mu| over its action tokens, the mean entropy there and the
  * router agreement with the stored routes (overlap, exact layer, exact token), and writes one
  * rescores row per segment (RESCORE_LOGPROBS and stats_json) into a tool file of the store
  * (--no-save: not);
+ * with --rewards (with or without --ckpt) it also replays each trajectory's stored actions against
+ * its environment (deterministic_replay; rollout/rescore_rewards.h), writes the re-scored rewards
+ * rows (source 'rescore:<label>') into the tool file and prints the drift per reward level;
  * fork writes the continuations into a tool file of the store and prints their ids. */
+#include <jansson.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -18,6 +23,7 @@
 #include "cli/cli.h"
 #include "replay/replay.h"
 #include "rollout/rescore.h"
+#include "rollout/rescore_rewards.h"
 #include "rollout/rollout.h"
 
 /* ---- rescore ---- */
@@ -33,6 +39,9 @@ typedef struct rescore_cli {
     char *label;
     int no_save;
     int save_states;
+    int rewards;
+    char *env;
+    char *env_config;
 } rescore_cli;
 
 static const arl_option rescore_tab[] = {
@@ -41,8 +50,8 @@ static const arl_option rescore_tab[] = {
     {"traj", ARL_OPT_LIST, offsetof(rescore_cli, traj), NULL,
      "trajectories (traj_uid or traj_id); repeat for several", 0, 0, NULL, ARL_OPT_REQUIRED,
      "TRAJ"},
-    {"ckpt", ARL_OPT_STRING, offsetof(rescore_cli, ckpt), NULL, "checkpoint to score under", 0, 0,
-     NULL, ARL_OPT_REQUIRED, "DIR"},
+    {"ckpt", ARL_OPT_STRING, offsetof(rescore_cli, ckpt), NULL,
+     "checkpoint to score under (required unless --rewards)", 0, 0, NULL, 0, "DIR"},
     {"version", ARL_OPT_STRING, offsetof(rescore_cli, version), "auto",
      "policy version of --ckpt, whose rollout states (computed entirely at it) may start "
      "segments: auto = the run's version with the checkpoint's weights (recorded "
@@ -59,8 +68,9 @@ static const arl_option rescore_tab[] = {
     {"json", ARL_OPT_BOOL, offsetof(rescore_cli, json), NULL, "one JSON object per trajectory", 0,
      0, NULL, 0, NULL},
     {"label", ARL_OPT_STRING, offsetof(rescore_cli, label), NULL,
-     "name of this re-score in the rescores rows (default: the checkpoint directory's name)", 0,
-     0, NULL, 0, "L"},
+     "name of this re-score in the rescores rows and the rewards rows' source 'rescore:L' "
+     "(default: the checkpoint directory's name; 'rewards' without --ckpt)",
+     0, 0, NULL, 0, "L"},
     {"no-save", ARL_OPT_BOOL, offsetof(rescore_cli, no_save), NULL,
      "do not write rescores rows into a tool file of the store", 0, 0, NULL, 0, NULL},
     {"save-states", ARL_OPT_BOOL, offsetof(rescore_cli, save_states), NULL,
@@ -68,6 +78,21 @@ static const arl_option rescore_tab[] = {
      "later rescore under the same checkpoint and routing starts its segments from them; this "
      "pass computes every state itself",
      0, 0, NULL, 0, NULL},
+    {"rewards", ARL_OPT_BOOL, offsetof(rescore_cli, rewards), NULL,
+     "also re-score the rewards: replay each trajectory's stored actions in a new session of its "
+     "environment (it must declare deterministic_replay), request the scores again, write them as "
+     "rewards rows with source 'rescore:<label>' into the tool file and print the drift from the "
+     "stored ones per level; a response whose observation or episode end differs stops the "
+     "trajectory (diverged, nothing written for it)",
+     0, 0, NULL, 0, NULL},
+    {"env", ARL_OPT_STRING, offsetof(rescore_cli, env), NULL,
+     "with --rewards: the environment to replay against (builtin:NAME, NAME or an AEP/1 base "
+     "URL); default: the one the trajectory's run used (its config key env)",
+     0, 0, NULL, 0, "SPEC"},
+    {"env-config", ARL_OPT_STRING, offsetof(rescore_cli, env_config), NULL,
+     "with --rewards: configuration JSON of a built-in environment (default: the run's "
+     "env-config when --env is the run's environment)",
+     0, 0, NULL, 0, "JSON"},
 };
 #define RESCORE_N ARL_OPTIONS_COUNT(rescore_tab)
 
@@ -237,6 +262,101 @@ static void default_label(const char *ckpt, char *out, size_t cap) {
     if (!out[0]) snprintf(out, cap, "rescore");
 }
 
+static const char *const level_key[3] = {"process", "segment", "outcome"};
+
+/* The --rewards report of one trajectory as a JSON object (caller decrefs). */
+static json_t *rewards_json(const arl_rollout_rescore_rewards_stats *r) {
+    json_t *o = json_object(), *lv = json_object(), *dif = json_array();
+    json_object_set_new(o, "env", json_string(r->env_name));
+    json_object_set_new(o, "env_version", json_string(r->env_version));
+    json_object_set_new(o, "where", json_string(r->env_where));
+    json_object_set_new(o, "steps", json_integer(r->steps));
+    json_object_set_new(o, "segment_scores", json_integer(r->segment_scores));
+    json_object_set_new(o, "episode_scores", json_integer(r->episode_scores));
+    json_object_set_new(o, "partial", json_boolean(r->partial));
+    json_object_set_new(o, "note", json_string(r->note));
+    json_object_set_new(o, "mismatched_responses", json_integer(r->mismatched));
+    json_object_set_new(o, "first_mismatch", json_string(r->first_mismatch));
+    json_object_set_new(o, "rows_written", json_integer(r->rows_written));
+    for (int l = 0; l < 3; l++) {
+        const arl_rollout_reward_drift *d = &r->level[l];
+        json_t *x = json_object();
+        json_object_set_new(x, "compared", json_integer(d->compared));
+        json_object_set_new(x, "differing", json_integer(d->differing));
+        json_object_set_new(x, "missing", json_integer(d->missing));
+        json_object_set_new(x, "extra", json_integer(d->extra));
+        json_object_set_new(x, "max_abs", json_real(d->max_abs));
+        const double nv = (double)d->n_values;
+        json_object_set_new(x, "stored_mean",
+                            d->n_values ? json_real(d->stored_sum / nv) : json_null());
+        json_object_set_new(x, "rescored_mean",
+                            d->n_values ? json_real(d->rescored_sum / nv) : json_null());
+        json_object_set_new(lv, level_key[l], x);
+    }
+    json_object_set_new(o, "levels", lv);
+    for (size_t i = 0; i < r->n_pairs; i++) {
+        const arl_rollout_reward_pair *p = &r->pairs[i];
+        const int same = p->present == 3 && ((isnan(p->stored) && isnan(p->rescored)) ||
+                                             p->stored == p->rescored);
+        if (same) continue;
+        json_array_append_new(
+            dif, json_pack("{s:s,s:I,s:s,s:o,s:o}", "level", level_key[p->level], "scope",
+                           (json_int_t)p->scope_index, "component", p->component, "stored",
+                           isnan(p->stored) ? json_null() : json_real(p->stored), "rescored",
+                           isnan(p->rescored) ? json_null() : json_real(p->rescored)));
+    }
+    json_object_set_new(o, "differing", dif);
+    return o;
+}
+
+static void fmt_value(char *buf, size_t cap, double v, int present) {
+    if (!present)
+        snprintf(buf, cap, "absent");
+    else if (isnan(v))
+        snprintf(buf, cap, "null");
+    else
+        snprintf(buf, cap, "%.9g", v);
+}
+
+static void rewards_print(const char *traj, const arl_rollout_rescore_rewards_stats *r) {
+    printf("%s: rewards re-scored against %s %s (%s): %lld steps, %lld segment scores, %s; %lld "
+           "responses differ from the stored bytes%s%s\n",
+           traj, r->env_name, r->env_version, r->env_where, (long long)r->steps,
+           (long long)r->segment_scores, r->episode_scores ? "episode score" : "no episode score",
+           (long long)r->mismatched, r->mismatched ? ", first: " : "", r->first_mismatch);
+    if (r->partial) printf("  partial: %s\n", r->note);
+    for (int l = 0; l < 3; l++) {
+        const arl_rollout_reward_drift *d = &r->level[l];
+        printf("  %-7s: %lld rows compared, %lld differ, max |diff| %.6g", level_key[l],
+               (long long)d->compared, (long long)d->differing, d->max_abs);
+        if (d->n_values)
+            printf(" (mean stored %.6g, re-scored %.6g)", d->stored_sum / (double)d->n_values,
+                   d->rescored_sum / (double)d->n_values);
+        if (d->missing || d->extra)
+            printf("; %lld stored rows not reproduced, %lld new rows", (long long)d->missing,
+                   (long long)d->extra);
+        printf("\n");
+    }
+    size_t shown = 0, total = 0;
+    for (size_t i = 0; i < r->n_pairs; i++) {
+        const arl_rollout_reward_pair *p = &r->pairs[i];
+        if (p->present == 3 &&
+            ((isnan(p->stored) && isnan(p->rescored)) || p->stored == p->rescored))
+            continue;
+        total++;
+        if (shown == 20) continue;
+        char a[32], b[32];
+        fmt_value(a, sizeof a, p->stored, p->present & 1);
+        fmt_value(b, sizeof b, p->rescored, p->present & 2);
+        printf("    %s %s %lld '%s': stored %s, re-scored %s\n", level_key[p->level],
+               p->level == 0 ? "step" : p->level == 1 ? "segment" : "scope",
+               (long long)p->scope_index, p->component, a, b);
+        shown++;
+    }
+    if (total > shown)
+        printf("    ... %zu more differing rows (--json lists all)\n", total - shown);
+}
+
 int cmd_replay_rescore(int argc, char **argv) {
     rescore_cli o;
     /* TRAJ... are positional after DB: turn them into --traj for the table */
@@ -263,10 +383,14 @@ int cmd_replay_rescore(int argc, char **argv) {
     }
     int rc = cli_parse(rescore_tab, RESCORE_N, ac, av,  &o,
                        "agentrl replay rescore DB TRAJ... --ckpt DIR [--version auto|N|none] "
-                       "[--save-states] [--routing replay|natural] [--json]",
+                       "[--save-states] [--routing replay|natural] [--rewards [--env SPEC]] "
+                       "[--json]\n       agentrl replay rescore DB TRAJ... --rewards [--env SPEC] "
+                       "[--label L] [--json]",
                        "Re-score stored trajectories under a checkpoint: each segment from its "
                        "cached boundary state (or the recomputed prefix), and compare with the "
-                       "behaviour log-probabilities.");
+                       "behaviour log-probabilities.  With --rewards, also replay the stored "
+                       "actions against the environment and compare its rewards with the stored "
+                       "ones.");
     free(av);
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     int64_t version = ARL_ROLLOUT_RESCORE_VERSION_AUTO;
@@ -284,6 +408,22 @@ int cmd_replay_rescore(int argc, char **argv) {
         }
         version = v;
     }
+    if (!o.ckpt && !o.rewards) {
+        fprintf(stderr, "agentrl replay rescore: missing required option '--ckpt DIR' (or "
+                        "--rewards for a rewards-only re-score)\n");
+        arl_options_free(rescore_tab, RESCORE_N, &o);
+        return ARL_EXIT_USAGE;
+    }
+    if (!o.ckpt && o.save_states) {
+        fprintf(stderr, "agentrl replay rescore: --save-states needs --ckpt\n");
+        arl_options_free(rescore_tab, RESCORE_N, &o);
+        return ARL_EXIT_USAGE;
+    }
+    if (!o.rewards && (o.env || o.env_config)) {
+        fprintf(stderr, "agentrl replay rescore: --env and --env-config go with --rewards\n");
+        arl_options_free(rescore_tab, RESCORE_N, &o);
+        return ARL_EXIT_USAGE;
+    }
     if (o.save_states && o.no_save) {
         fprintf(stderr, "agentrl replay rescore: --save-states writes into a tool file: it "
                         "cannot go with --no-save\n");
@@ -295,7 +435,10 @@ int cmd_replay_rescore(int argc, char **argv) {
     replay_store *st = NULL;
     replay_writer *tw = NULL;
     char label[256];
-    default_label(o.ckpt, label, sizeof label);
+    if (o.ckpt)
+        default_label(o.ckpt, label, sizeof label);
+    else
+        snprintf(label, sizeof label, "rewards");
     if (o.label) snprintf(label, sizeof label, "%s", o.label);
     arl_status s = replay_store_open(o.db, &so, &st);
     int save = s == ARL_OK && !o.no_save && replay_store_has_catalog(st);
@@ -308,6 +451,30 @@ int cmd_replay_rescore(int argc, char **argv) {
     /* the states go into the tool file's states file as they are computed */
     if (s == ARL_OK && o.save_states) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
     for (int i = 0; s == ARL_OK && i < o.traj.n; i++) {
+        /* the rewards first: an environment that cannot replay stops before anything of this
+         * trajectory is written */
+        arl_rollout_rescore_rewards_stats rw;
+        memset(&rw, 0, sizeof rw);
+        if (o.rewards) {
+            arl_rollout_rescore_rewards_opts rro = {.env = o.env, .env_config = o.env_config,
+                                                    .label = label};
+            s = arl_rollout_rescore_rewards(st, o.traj.v[i], &rro, save ? &tw : NULL, &rw);
+            if (s) break;
+        }
+        if (!o.ckpt) {
+            if (o.json) {
+                json_t *j = json_pack("{s:s,s:o}", "traj", o.traj.v[i], "rewards",
+                                      rewards_json(&rw));
+                char *txt = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+                printf("%s\n", txt ? txt : "{}");
+                free(txt);
+                json_decref(j);
+            } else {
+                rewards_print(o.traj.v[i], &rw);
+            }
+            free(rw.pairs);
+            continue;
+        }
         arl_rollout_rescore_opts ro = {.ckpt_dir = o.ckpt, .version = version,
                                        .save_states = o.save_states ? tw : NULL,
                                        .natural_routing = !strcmp(o.routing, "natural"),
@@ -327,20 +494,32 @@ int cmd_replay_rescore(int argc, char **argv) {
         free(mu);
         free(det.entropy);
         free(det.overlap);
-        if (s) break;
+        if (s) {
+            free(rw.pairs);
+            break;
+        }
         if (o.json)
             printf("{\"traj\":\"%s\",\"segments\":%lld,\"from_state\":%lld,\"recomputed\":%lld,"
                    "\"skipped\":%lld,\"action_tokens\":%lld,\"mean_abs\":%.9g,\"p99_abs\":%.9g,"
                    "\"max_abs\":%.9g,\"worst_token\":%lld,\"entropy_mean\":%.9g,"
                    "\"route_tokens\":%lld,\"agree_overlap\":%.9g,\"agree_exact_layer\":%.9g,"
                    "\"agree_exact_token\":%.9g,\"version\":%lld,\"version_how\":\"%s\","
-                   "\"from_tool_state\":%lld,\"states_saved\":%lld}\n",
+                   "\"from_tool_state\":%lld,\"states_saved\":%lld",
                    o.traj.v[i], (long long)r.segments, (long long)r.from_state,
                    (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
                    r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
                    (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,
                    r.agree_exact_token, (long long)r.version, version_how_key(r.version_how),
                    (long long)r.from_tool_state, (long long)r.states_saved);
+        if (o.json && o.rewards) {
+            json_t *j = rewards_json(&rw);
+            char *txt = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+            printf(",\"rewards\":%s", txt ? txt : "{}");
+            free(txt);
+            json_decref(j);
+        }
+        if (o.json)
+            printf("}\n");
         else
             printf("%s: %lld segments (%lld from cached states, %lld recomputed, %lld skipped: "
                    "images), %lld action tokens: |l - l_mu| mean %.3g p99 %.3g max %.3g (token "
@@ -361,7 +540,9 @@ int cmd_replay_rescore(int argc, char **argv) {
             printf("; %lld from tool states of this checkpoint", (long long)r.from_tool_state);
             if (o.save_states) printf("; %lld boundaries saved", (long long)r.states_saved);
             printf("\n");
+            if (o.rewards) rewards_print(o.traj.v[i], &rw);
         }
+        free(rw.pairs);
     }
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
     if (tw && !rc)

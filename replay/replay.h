@@ -714,4 +714,32 @@ typedef struct replay_rescore_desc {
  * writer's file, which must be a TOOL file.  One transaction; arrays borrowed. */
 arl_status replay_rescore_put(replay_writer *w, const replay_rescore_desc *r);
 
+/* ---- rewards rows by trajectory (spec section 4.9; replay/rewards.c) ---------------------- */
+
+/* One rewards row as read back. */
+typedef struct replay_reward_row {
+    char level[12];        /* "process", "segment", "outcome" */
+    int64_t scope_index;   /* step_index | seg_index | 0 */
+    char component[72];    /* "" = scalar reward as sent; "@derived"; a component name */
+    char source[300];      /* "env", "client", "rescore:<label>" */
+    double value;          /* NAN: NULL (unscorable) */
+    int64_t call_seq;      /* -1: NULL */
+} replay_reward_row;
+
+/* The rewards rows of trajectory traj_id, ordered by (level, scope_index, component, source).
+ * source NULL: every row in the trajectory's own file (what its rollout wrote); else the rows
+ * with that source ('rescore:<label>') in the store's tool files.  *rows is malloc'ed (free
+ * with replay_reward_rows_free; NULL when *n is 0). */
+arl_status replay_rewards_load(replay_store *st, int64_t traj_id, const char *source,
+                               replay_reward_row **rows, size_t *n);
+void replay_reward_rows_free(replay_reward_row *rows); /* NULL: no-op */
+
+/* Replace the re-scored rewards rows of trajectory traj_id (a trajectory of any file of the
+ * store) with source `source` ('rescore:<label>', spec section 13.6 --rewards) in the writer's
+ * file, which must be a TOOL file: the old rows of that source are deleted and rows[0..n)
+ * inserted (their .source must be NULL or equal to source) in one transaction.  The rows keep
+ * the global traj_id; the trajectory's row stays in its own file.  Arrays borrowed. */
+arl_status replay_rescore_rewards_put(replay_writer *w, int64_t traj_id, const char *source,
+                                      const replay_reward *rows, size_t n);
+
 #endif

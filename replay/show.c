@@ -448,6 +448,26 @@ arl_status replay_show(replay_store *st, const char *traj, const replay_show_opt
     print_rewards(out, d, t.traj_id, "outcome", -1, "    ");
     print_rewards(out, d, t.traj_id, "segment", -1, "    ");
     print_rewards(out, d, t.traj_id, "process", -1, "    ");
+    /* rows that `rescore --rewards` wrote into tool files (source rescore:<label>, 13.6) */
+    for (size_t i = 0; i < st->n_shards; i++) {
+        rshard *ts = &st->shards[i];
+        rdb *td;
+        sqlite3_stmt *cq;
+        if (ts == sh || ts->kind != REPLAY_FILE_TOOL || rstore_shard_db(st, ts, &td) != ARL_OK ||
+            rstore_prepare(st, td, "SELECT 1 FROM rewards WHERE traj_id = ?1 LIMIT 1", &cq) !=
+                ARL_OK) {
+            arl_error_clear();
+            continue;
+        }
+        sqlite3_bind_int64(cq, 1, t.traj_id);
+        const int any = sqlite3_step(cq) == SQLITE_ROW;
+        sqlite3_finalize(cq);
+        if (!any) continue;
+        fprintf(out, "  re-scored rewards (%s):\n", ts->file);
+        print_rewards(out, td, t.traj_id, "outcome", -1, "    ");
+        print_rewards(out, td, t.traj_id, "segment", -1, "    ");
+        print_rewards(out, td, t.traj_id, "process", -1, "    ");
+    }
     if (o->group) ARL_TRY(print_group(out, st, &t));
 
     /* turns with their calls, grouped under their segments */

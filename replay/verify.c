@@ -133,11 +133,39 @@ static void integrity(vctx *v, rdb *d, int full) {
     }
     if (rc != SQLITE_DONE) finding(v, 1, "%s: integrity check: %s", d->name, sqlite3_errmsg(d->db));
     sqlite3_finalize(q);
+    const int tool = d->kind == REPLAY_FILE_TOOL;
     if (sqlite3_prepare_v2(d->db, "PRAGMA foreign_key_check", -1, &q, NULL) == SQLITE_OK) {
-        while (sqlite3_step(q) == SQLITE_ROW)
+        while (sqlite3_step(q) == SQLITE_ROW) {
+            /* a tool file's re-scored rewards refer to trajectories of other files: below */
+            if (tool && !strcmp((const char *)sqlite3_column_text(q, 0), "rewards")) continue;
             finding(v, 1, "%s: table %s row %lld refers to a missing %s row (orphan)", d->name,
                     sqlite3_column_text(q, 0), (long long)sqlite3_column_int64(q, 1),
                     sqlite3_column_text(q, 2));
+        }
+        sqlite3_finalize(q);
+    }
+    /* rewards rows of a tool file without their trajectory in it: only re-scored rows
+     * (rescore --rewards, spec section 13.6) of a trajectory that exists in the store */
+    if (tool && sqlite3_prepare_v2(d->db,
+                                   "SELECT DISTINCT r.traj_id, r.source FROM rewards r WHERE NOT "
+                                   "EXISTS (SELECT 1 FROM trajectories t WHERE t.traj_id = "
+                                   "r.traj_id)",
+                                   -1, &q, NULL) == SQLITE_OK) {
+        while (sqlite3_step(q) == SQLITE_ROW) {
+            const int64_t id = sqlite3_column_int64(q, 0);
+            const char *src = (const char *)sqlite3_column_text(q, 1);
+            replay_traj_row t;
+            if (!src || strncmp(src, "rescore:", 8))
+                finding(v, 1, "%s: rewards of trajectory %lld (source %s) without its trajectory "
+                              "row (orphan)",
+                        d->name, (long long)id, src ? src : "NULL");
+            else if (replay_traj_get_id(v->st, id, &t) != ARL_OK) {
+                arl_error_clear();
+                finding(v, 1, "%s: re-scored rewards (%s) of trajectory %lld, which is in no file "
+                              "of the store (orphan)",
+                        d->name, src, (long long)id);
+            }
+        }
         sqlite3_finalize(q);
     }
 }

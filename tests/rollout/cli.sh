@@ -4,7 +4,8 @@
 # behaviour log-probability recomputed from the cached states - state_cache all keeps those of
 # finished trajectories - within 1e-3 nats: fp32 rounding
 # of other batch compositions, spec/policy.md 16.4), `agentrl replay fork`, a restart on the same
-# shard that finds nothing left to do, and usage errors (exit 2).
+# shard that finds nothing left to do, and usage errors (exit 2); `replay rescore --rewards`
+# (the stored rewards reproduced exactly by replay, the rows visible to show and verify).
 set -u
 BIN=${ARL_BIN:-build/agentrl}
 [ -x "$BIN" ] || { echo "no $BIN (build the agentrl target)"; exit 77; }
@@ -27,6 +28,26 @@ grep -q "group-size *= 2" "$T/err" || fail "resolved config not printed"
     || fail "rescore"
 awk -F'"max_abs":' '{ split($2, a, ","); if (a[1] + 0 > 1e-3 || index($0, "\"action_tokens\":0,")) bad = 1 }
      END { exit bad }' "$T/rescore" || { cat "$T/rescore"; fail "rescore mismatch"; }
+# --rewards (spec/replay.md 13.6): replaying the stored actions against the same built-in
+# reproduces every stored reward exactly (no differing row, max |diff| 0); the rows land in a
+# tool file (source rescore:<label>) that verify accepts and show lists; with --ckpt both
+"$BIN" replay rescore "$T/db" rollout/g000000/r0 --rewards --label audit --json > "$T/rw" 2> "$T/rwerr" \
+    || { cat "$T/rwerr"; fail "rescore --rewards"; }
+grep -q '"differing":\[\]' "$T/rw" && grep -q '"rows_written":[1-9]' "$T/rw" \
+    && ! grep -o '"max_abs":[^,}]*' "$T/rw" | grep -qv '"max_abs":0\.0$' \
+    && ! grep -q '"mismatched_responses":[1-9]' "$T/rw" \
+    || { cat "$T/rw"; fail "rescore --rewards drift"; }
+"$BIN" replay rescore "$T/db" rollout/g000001/r1 --rewards --ckpt "$T/ckpt" > "$T/rw2" 2>&1 \
+    || { cat "$T/rw2"; fail "rescore --rewards --ckpt"; }
+grep -q "process: [1-9][0-9]* rows compared, 0 differ" "$T/rw2" || { cat "$T/rw2"; fail "rewards report"; }
+"$BIN" replay show "$T/db" rollout/g000000/r0 | grep -q "@rescore:audit" || fail "show: re-scored rewards"
+"$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after --rewards"; }
+# an environment that cannot be reached: exit 1, a message naming it; no --ckpt, no --rewards: 2
+"$BIN" replay rescore "$T/db" rollout/g000000/r0 --rewards --env http://127.0.0.1:9 --label gone \
+    > /dev/null 2> "$T/rwerr"
+[ $? -eq 1 ] && grep -q "127.0.0.1:9" "$T/rwerr" || { cat "$T/rwerr"; fail "unreachable env: exit 1"; }
+"$BIN" replay show "$T/db" rollout/g000000/r0 | grep -q "@rescore:gone" && fail "unreachable env wrote rows"
+"$BIN" replay rescore "$T/db" rollout/g000000/r0 > /dev/null 2>&1; [ $? -eq 2 ] || fail "no --ckpt: exit 2"
 "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --ckpt "$T/ckpt" --experiment "$T/exp.json" \
     --count 2 > "$T/fork" 2>&1 || { cat "$T/fork"; fail "fork"; }
 grep -q "rollout/g000000/r0/f1.1" "$T/fork" || fail "fork ids"
