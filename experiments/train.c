@@ -1591,6 +1591,8 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->lc.n_traj_per_update = r->B * r->G;
     r->lc.segment_tokens = c->rollout.segment_tokens;
     r->lc.max_context = c->rollout.context_tokens;
+    r->lc.mla_sparse_topk = c->rollout.mla_sparse_topk; /* one setting for rollout and learner */
+    r->lc.mla_sparse_chunk = c->rollout.mla_sparse_chunk;
     for (int i = 0; i < c->context_stages.n; i++) {
         int64_t st, tok;
         if (parse_stage(c->context_stages.v[i], &st, &tok) == ARL_OK && tok > r->lc.max_context)

@@ -220,6 +220,11 @@ arl_status arl_learner_create(arl_learner **out, const arl_learner_init *in) {
     mo.max_tokens = l->Tm;
     mo.max_docs = l->N;
     mo.max_context = l->lc.max_context;
+    if (l->lc.mla_sparse_topk > 0) { /* the run's block-sparse setting: every learner pass
+                                      * (pi_old, reference, gradient) runs it */
+        mo.mla_sparse_topk = l->lc.mla_sparse_topk;
+        mo.mla_sparse_chunk = l->lc.mla_sparse_chunk;
+    }
     ARL_TRY(arl_model_init(&l->m, in->cfg, in->params, &mo));
     l->have_m = 1;
     ARL_TRY(arl_model_init(&l->mref, in->cfg, in->ref_params, &mo));

@@ -11,6 +11,10 @@
  * rows as one product for all pairs (causal prefix per pair) and each selected chunk as one
  * product for the pairs that chose it, scores and weighted sum back to back (online softmax:
  * a pair's running maximum, sum and output are rescaled when a chunk raises the maximum).
+ * Its backward (training) takes the forward's selection and lse and walks the same blocks: the
+ * own chunk for all pairs in one set of products, then each selected chunk once for the pairs
+ * that chose it, recomputing the probabilities from lse; row and query gradients are summed in
+ * a fixed order (chunks in order, pairs in order inside a chunk).
  */
 #include "policy/mla.h"
 
@@ -221,15 +225,16 @@ void arl_mla_expand_o(float *o, const float *ohat, const float *kv_b, int64_t T,
 
 /* One query of one head over the rows 0..pos, dense: the scores as one one-row GEMM with the
  * query row [qhat; q_pe] (w), softmax, then the weighted sum of c as a GEMM.  sc (pos + 1). */
-static void dense_row(float *oh, const float *qrow, const float *cache, int64_t pos, int64_t rkv,
-                      int64_t r, float scale, float *sc) {
+static void dense_row(float *oh, float *lse, const float *qrow, const float *cache, int64_t pos,
+                      int64_t rkv, int64_t r, float scale, float *sc) {
     const int64_t w = rkv + r, nr = pos + 1;
     arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, 1, nr, w, scale, qrow, w, cache, w, 0.0f, sc, nr);
     float mx = arl_k_vmax(sc, nr);
     for (int64_t s = 0; s < nr; s++)
         sc[s] -= mx;
     arl_k_vexp(sc, sc, nr);
-    float inv = 1.0f / arl_k_vsum(sc, nr);
+    float sum = arl_k_vsum(sc, nr), inv = 1.0f / sum;
+    if (lse) *lse = mx + logf(sum);
     arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, 1, rkv, nr, inv, sc, nr, cache, w, 0.0f, oh, rkv);
 }
 
@@ -253,7 +258,8 @@ void arl_mla_absorbed_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const 
             for (int64_t h = 0; h < Hm; h++) {
                 memcpy(qrow, qhat + (i * Hm + h) * rkv, sizeof(float) * (size_t)rkv);
                 memcpy(qrow + rkv, q_pe + (i * Hm + h) * r, sizeof(float) * (size_t)r);
-                dense_row(ohat + (i * Hm + h) * rkv, qrow, cache, pos0 + i, rkv, r, scale, sc);
+                dense_row(ohat + (i * Hm + h) * rkv, NULL, qrow, cache, pos0 + i, rkv, r, scale,
+                          sc);
                 if (sel) memset(sel + (i * Hm + h) * sel_stride, 0, (size_t)sel_stride);
             }
         return;
@@ -372,6 +378,15 @@ void arl_mla_sparse_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const fl
                          const float *q_pe, const float *cache, const float *means, int64_t pos0,
                          int64_t Tq, int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
                          int64_t k_c, float *ws) {
+    arl_mla_sparse_attn_save(ohat, sel, sel_stride, NULL, NULL, qhat, q_pe, cache, means, pos0, Tq,
+                             Hm, rkv, r, scale, n_c, k_c, ws);
+}
+
+void arl_mla_sparse_attn_save(float *ohat, uint8_t *sel, int64_t sel_stride, float *lse,
+                              int32_t *list, const float *qhat, const float *q_pe,
+                              const float *cache, const float *means, int64_t pos0, int64_t Tq,
+                              int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                              int64_t k_c, float *ws) {
     ARL_ASSERT(pos0 >= 0 && Tq >= 0 && ws && means && k_c >= 1 && n_c >= 1);
     const int64_t w = rkv + r, S = pos0 + Tq, K = sparse_k(S, n_c, k_c), Jmax = S / n_c + 1;
     sparse_ws b;
@@ -389,8 +404,13 @@ void arl_mla_sparse_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const fl
         }
         if (J <= k_c) { /* every chunk up to the own one is selected: dense, bit for bit */
             for (int64_t p = 0; p < np; p++) { /* (K + 1) n_c >= pos + 1 floats at b.own */
-                dense_row(oh + p * rkv, b.qw + p * w, cache, pos0 + i0 + p / Hm, rkv, r, scale,
-                          b.own);
+                dense_row(oh + p * rkv, lse ? lse + i0 * Hm + p : NULL, b.qw + p * w, cache,
+                          pos0 + i0 + p / Hm, rkv, r, scale, b.own);
+                if (list) { /* chunks 0 .. J-1 (J <= k_c), then none */
+                    int32_t *lrow = list + (i0 * Hm + p) * k_c;
+                    for (int64_t k = 0; k < k_c; k++)
+                        lrow[k] = k < J ? (int32_t)k : -1;
+                }
                 if (sel) {
                     uint8_t *srow = sel + (i0 * Hm + p) * sel_stride;
                     memset(srow, 0, (size_t)sel_stride);
@@ -409,6 +429,11 @@ void arl_mla_sparse_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const fl
             select_topk(best, b.sig + p * J, J, K);
             for (int64_t k = 0; k < K; k++)
                 b.off[best[k] + 1]++;
+            if (list) { /* K = k_c here (J > k_c) */
+                int32_t *lrow = list + (i0 * Hm + p) * k_c;
+                for (int64_t k = 0; k < k_c; k++)
+                    lrow[k] = k < K ? best[k] : -1;
+            }
             if (sel) {
                 uint8_t *srow = sel + (i0 * Hm + p) * sel_stride;
                 memset(srow, 0, (size_t)sel_stride);
@@ -476,8 +501,161 @@ void arl_mla_sparse_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const fl
             for (int64_t e = 0; e < m; e++)
                 arl_k_vaxpy(oh + b.ent[e0 + e] * rkv, 1.0f, b.og + e * rkv, rkv);
         }
-        for (int64_t p = 0; p < np; p++)
+        for (int64_t p = 0; p < np; p++) {
             arl_k_vscale(oh + p * rkv, 1.0f / b.sum[p], rkv);
+            if (lse) lse[i0 * Hm + p] = b.mx[p] + logf(b.sum[p]);
+        }
+        i0 = i1;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------
+ * backward of the block-sparse core (training)
+ * --------------------------------------------------------------------------------------- */
+
+int64_t arl_mla_sparse_bwd_ws_floats(int64_t Tq_max, int64_t Hm, int64_t S, int64_t rkv,
+                                     int64_t r, int64_t n_c, int64_t k_c) {
+    ARL_ASSERT(n_c >= 1 && k_c >= 1);
+    const int64_t np = Tq_max * Hm, w = rkv + r, J = S / n_c + 1;
+    /* qw, dqw, qg, dqg (np, w); dog (np, rkv); P, dP (np, n_c); D, lse of the entries (np);
+     * D of the pairs (np); entries (np k_c) and chunk offsets (J + 1) as int32 */
+    return np * (4 * w + rkv + 2 * n_c + 3 + k_c) + J + 1 + 16 * 12;
+}
+
+/* dst rows [s0, s0 + ns) of the sequence: rows below `split` go to dpre (skipped when NULL),
+ * the others to dnew (row split first).  dst += P^T dO (the c part) + scale dZ^T Q, with P,
+ * dZ (m, ld) for the m entries, dO (m, rkv) at ldo, Q (m, w) at ldq. */
+static void rows_grad(float *dpre, float *dnew, int64_t split, int64_t s0, int64_t ns,
+                      const float *P, const float *dZ, int64_t ld, const float *dO, int64_t ldo,
+                      const float *Q, int64_t ldq, int64_t m, int64_t rkv, int64_t w,
+                      float scale) {
+    for (int part = 0; part < 2; part++) {
+        int64_t a = part == 0 ? s0 : (split > s0 ? split : s0);
+        int64_t b = part == 0 ? (split < s0 + ns ? split : s0 + ns) : s0 + ns;
+        if (b <= a) continue;
+        float *dst = part == 0 ? (dpre ? dpre + a * w : NULL) : dnew + (a - split) * w;
+        if (!dst) continue;
+        arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, b - a, rkv, m, 1.0f, P + (a - s0), ld, dO, ldo,
+                   1.0f, dst, w);
+        arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, b - a, w, m, scale, dZ + (a - s0), ld, Q, ldq, 1.0f,
+                   dst, w);
+    }
+}
+
+/* Carves work buffers (16-float aligned) from ws. */
+typedef struct ws_cut {
+    float *at;
+} ws_cut;
+
+static float *cut(ws_cut *c, int64_t n) {
+    float *p = c->at;
+    c->at += (n + 15) & ~(int64_t)15;
+    return p;
+}
+
+/* Scores S (m, ns) at ld in P become P = exp(S - lse) on the first nr[e] entries of row e (0
+ * beyond); dP = dO C^T (rows: ns rows w wide), then dZ = P (dP - D) in place of dP. */
+static void probs_dz(float *P, float *dP, int64_t ld, const float *lse, const float *D,
+                     int64_t nr0, int64_t Hm, int64_t nr_full, const float *dO, int64_t ldo,
+                     const float *rows, int64_t m, int64_t ns, int64_t rkv, int64_t w) {
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, m, ns, rkv, 1.0f, dO, ldo, rows, w, 0.0f, dP, ld);
+    for (int64_t e = 0; e < m; e++) {
+        float *pr = P + e * ld, *dr = dP + e * ld;
+        const int64_t nr = Hm > 0 ? nr0 + e / Hm : nr_full; /* causal in the own chunk */
+        const float l = lse[e], Dv = D[e];
+        for (int64_t s = 0; s < ns; s++) {
+            float pv = s < nr ? expf(pr[s] - l) : 0.0f;
+            pr[s] = pv;
+            dr[s] = pv * (dr[s] - Dv);
+        }
+    }
+}
+
+void arl_mla_sparse_attn_bwd(float *dqhat, float *dq_pe, float *dpre, float *dnew, int64_t split,
+                             const float *dohat, const float *ohat, const float *lse,
+                             const int32_t *list, const float *qhat, const float *q_pe,
+                             const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
+                             int64_t rkv, int64_t r, float scale, int64_t n_c, int64_t k_c,
+                             float *ws) {
+    ARL_ASSERT(pos0 >= 0 && Tq >= 0 && ws && list && k_c >= 1 && n_c >= 1);
+    ARL_ASSERT(split >= 0 && split <= pos0 && dnew);
+    const int64_t w = rkv + r, S = pos0 + Tq, Jmax = S / n_c + 1, np_max = Tq * Hm;
+    ws_cut c = {ws};
+    float *qw = cut(&c, np_max * w), *dqw = cut(&c, np_max * w), *qg = cut(&c, np_max * w);
+    float *dqg = cut(&c, np_max * w), *dog = cut(&c, np_max * rkv);
+    float *P = cut(&c, np_max * n_c), *dP = cut(&c, np_max * n_c);
+    float *Dg = cut(&c, np_max), *lg = cut(&c, np_max), *Dp = cut(&c, np_max);
+    int32_t *ent = (int32_t *)cut(&c, np_max * k_c), *off = (int32_t *)cut(&c, Jmax + 1);
+    for (int64_t i0 = 0; i0 < Tq;) {
+        /* a block of queries in one chunk J, as in the forward */
+        const int64_t J = (pos0 + i0) / n_c;
+        int64_t i1 = (J + 1) * n_c - pos0;
+        if (i1 > Tq) i1 = Tq;
+        const int64_t np = (i1 - i0) * Hm, a = J * n_c, own = pos0 + i1 - a;
+        const float *dOb = dohat + i0 * Hm * rkv, *Ob = ohat + i0 * Hm * rkv;
+        const float *lb = lse + i0 * Hm;
+        const int32_t *lst = list + i0 * Hm * k_c;
+        for (int64_t p = 0; p < np; p++) {
+            memcpy(qw + p * w, qhat + (i0 * Hm + p) * rkv, sizeof(float) * (size_t)rkv);
+            memcpy(qw + p * w + rkv, q_pe + (i0 * Hm + p) * r, sizeof(float) * (size_t)r);
+            Dp[p] = arl_k_vdot(dOb + p * rkv, Ob + p * rkv, rkv); /* rowsum(dA * A) */
+        }
+        memset(dqw, 0, sizeof(float) * (size_t)(np * w));
+
+        /* own chunk: rows a .. a + own - 1, pair p sees the first pos - a + 1 of them */
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, np, own, w, scale, qw, w, cache + a * w, w, 0.0f,
+                   P, n_c);
+        probs_dz(P, dP, n_c, lb, Dp, pos0 + i0 - a + 1, Hm, 0, dOb, rkv, cache + a * w, np, own,
+                 rkv, w);
+        arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, np, w, own, scale, dP, n_c, cache + a * w, w,
+                   1.0f, dqw, w);
+        rows_grad(dpre, dnew, split, a, own, P, dP, n_c, dOb, rkv, qw, w, np, rkv, w, scale);
+
+        /* the selected earlier chunks: entries grouped by chunk (pairs in order inside a
+         * chunk), one set of products per chunk for all the pairs that chose it */
+        memset(off, 0, sizeof(int32_t) * (size_t)(J + 1));
+        for (int64_t p = 0; p < np; p++)
+            for (int64_t k = 0; k < k_c; k++) {
+                int32_t j = lst[p * k_c + k];
+                if (j < 0) break;
+                ARL_ASSERT(j < J);
+                off[j + 1]++;
+            }
+        for (int64_t j = 0; j < J; j++)
+            off[j + 1] += off[j];
+        for (int64_t p = 0; p < np; p++)
+            for (int64_t k = 0; k < k_c; k++) {
+                int32_t j = lst[p * k_c + k];
+                if (j < 0) break;
+                ent[off[j]++] = (int32_t)p;
+            }
+        for (int64_t j = J; j > 0; j--)
+            off[j] = off[j - 1];
+        off[0] = 0;
+        for (int64_t j = 0; j < J; j++) {
+            const int64_t e0 = off[j], m = off[j + 1] - e0;
+            if (m == 0) continue;
+            const float *rows = cache + j * n_c * w;
+            for (int64_t e = 0; e < m; e++) {
+                const int64_t p = ent[e0 + e];
+                memcpy(qg + e * w, qw + p * w, sizeof(float) * (size_t)w);
+                memcpy(dog + e * rkv, dOb + p * rkv, sizeof(float) * (size_t)rkv);
+                Dg[e] = Dp[p];
+                lg[e] = lb[p];
+            }
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, m, n_c, w, scale, qg, w, rows, w, 0.0f, P, n_c);
+            probs_dz(P, dP, n_c, lg, Dg, 0, 0, n_c, dog, rkv, rows, m, n_c, rkv, w);
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, m, w, n_c, scale, dP, n_c, rows, w, 0.0f, dqg,
+                       w);
+            for (int64_t e = 0; e < m; e++)
+                arl_k_vaxpy(dqw + ent[e0 + e] * w, 1.0f, dqg + e * w, w);
+            rows_grad(dpre, dnew, split, j * n_c, n_c, P, dP, n_c, dog, rkv, qg, w, m, rkv, w,
+                      scale);
+        }
+        for (int64_t p = 0; p < np; p++) {
+            arl_k_vaxpy(dqhat + (i0 * Hm + p) * rkv, 1.0f, dqw + p * w, rkv);
+            arl_k_vaxpy(dq_pe + (i0 * Hm + p) * r, 1.0f, dqw + p * w + rkv, r);
+        }
         i0 = i1;
     }
 }

@@ -4,8 +4,9 @@
  * What this is: (1) the expanded ("naive") attention of 4.1 over a packed batch with causal
  * and document masks, forward and backward (4.3); (2) the absorbed form of 4.2 over the
  * latent cache rows [c; k_pe] - the decode path, also usable for prefill - with the optional
- * block-sparse chunk selection of 4.5; (3) the two per-head maps between them (q_hat =
- * W_UK^T q_nope and o = W_UV o_hat).
+ * block-sparse chunk selection of 4.5, and the training backward of the block-sparse core over
+ * the selected rows; (3) the two per-head maps between them (q_hat = W_UK^T q_nope and
+ * o = W_UV o_hat).
  * What this is not: the projections, their RMSNorms and the output gate (kernels/gemm.h,
  * kernels/norm.h, kernels/activation.h compose them; see tests/golden/test_mla.c), the cache
  * storage or its export (section 4.4).
@@ -73,7 +74,7 @@ int64_t arl_mla_absorbed_ws_floats(int64_t S, int64_t rkv, int64_t r, int64_t n_
  * sel (Tq, Hm, sel_stride) uint8 receives 1 for each chunk in Sel, 0 otherwise (chunks up to
  * the query's own), unless NULL; sel_stride >= number of chunks covering pos0+Tq rows.
  * qhat (Tq, Hm, rkv), q_pe (Tq, Hm, r), ohat (Tq, Hm, rkv).  Forward only: selection carries
- * no gradient and training uses the expanded form. */
+ * no gradient; training uses arl_mla_sparse_attn_save / _bwd below. */
 void arl_mla_absorbed_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const float *qhat,
                            const float *q_pe, const float *cache, int64_t pos0, int64_t Tq,
                            int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
@@ -112,5 +113,40 @@ void arl_mla_sparse_attn(float *ohat, uint8_t *sel, int64_t sel_stride, const fl
                          const float *q_pe, const float *cache, const float *means, int64_t pos0,
                          int64_t Tq, int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
                          int64_t k_c, float *ws);
+
+/* arl_mla_sparse_attn that also keeps what its backward needs (training, spec 4.5 with 4.3):
+ * lse (Tq, Hm) the log-sum-exp of each pair's softmax over its selected rows, unless NULL;
+ * list (Tq, Hm, k_c) int32 the earlier chunks the pair selected, increasing, -1 after the last
+ * (all chunks 0 .. J_t - 1 when J_t <= k_c), unless NULL.  ohat and sel exactly as
+ * arl_mla_sparse_attn (which is this call with lse = list = NULL). */
+void arl_mla_sparse_attn_save(float *ohat, uint8_t *sel, int64_t sel_stride, float *lse,
+                              int32_t *list, const float *qhat, const float *q_pe,
+                              const float *cache, const float *means, int64_t pos0, int64_t Tq,
+                              int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                              int64_t k_c, float *ws);
+
+/* Floats of work buffer for arl_mla_sparse_attn_bwd over at most Tq_max queries, S rows. */
+int64_t arl_mla_sparse_bwd_ws_floats(int64_t Tq_max, int64_t Hm, int64_t S, int64_t rkv,
+                                     int64_t r, int64_t n_c, int64_t k_c);
+
+/* Backward of arl_mla_sparse_attn_save for its queries (same pos0, Tq, cache) with the lse and
+ * list it returned and its ohat; the selection is taken as given (no gradient).  Over each
+ * pair's selected rows (its own chunk's rows up to the query, and the listed chunks):
+ *   P = exp(Z - lse), dP = dohat C^T, dZ = P (dP - dohat . ohat),
+ *   dqhat += scale dZ C, dq_pe += scale dZ Kpe,
+ *   drow += P^T dohat (its c part) + scale dZ^T [qhat; q_pe].
+ * Row gradients: cache row s < split goes to dpre (s, R) (dropped when dpre is NULL), s >= split
+ * to dnew (s - split, R); split <= pos0 (the first row of the current segment).  All +=.
+ * Queries are processed in blocks inside one chunk; each selected chunk's products run once
+ * for all the block's pairs that chose it (rows read once per block, as the forward); sums run in a fixed order (entries of a chunk in pair
+ * order, chunks in order), so the result does not depend on the thread count beyond the GEMMs'.
+ * Cost per query O((k_c + 1) n_c (2 rkv + r)).  dohat, ohat, qhat (Tq, Hm, rkv), q_pe, dq_pe
+ * (Tq, Hm, r); Tq <= the work buffer's Tq_max. */
+void arl_mla_sparse_attn_bwd(float *dqhat, float *dq_pe, float *dpre, float *dnew, int64_t split,
+                             const float *dohat, const float *ohat, const float *lse,
+                             const int32_t *list, const float *qhat, const float *q_pe,
+                             const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
+                             int64_t rkv, int64_t r, float scale, int64_t n_c, int64_t k_c,
+                             float *ws);
 
 #endif

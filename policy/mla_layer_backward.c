@@ -22,6 +22,16 @@
 #include "policy/mla.h"
 
 #define QBLK 64 /* queries per score block of the absorbed core */
+/* (query, head) pairs per call of the block-sparse cores: the pairs of a call that selected the
+ * same chunk share one read (and one packing) of its rows, so the cost per pair stays flat as
+ * the chunk count J grows only while about SPAIRS k_c / J pairs share each chunk (measured:
+ * 8192 pairs keep a 256K context as fast per token as 64K at n_c 1024, k_c 4; 2048 pairs were
+ * 1.8x slower there).  The work buffer holds ~(k_c + 1) (rkv + r) + 2 n_c + J floats per pair. */
+#define SPAIRS 8192
+
+static int64_t sparse_queries(const arl_mla_layer_cfg *c) {
+    return SPAIRS / c->Hm > 0 ? SPAIRS / c->Hm : 1;
+}
 
 typedef struct ws_bump {
     float *base;
@@ -61,6 +71,7 @@ static int64_t save_layout(arl_mla_layer_save *s, float *base, const arl_mla_lay
     s->o = take(&w, T * Hm * vm);
     s->gam = take(&w, T * Hm * vm);
     s->u = take(&w, T * Hm * vm);
+    s->sel = (int32_t *)take(&w, c->sparse_topk > 0 ? T * Hm * c->sparse_topk : 0);
     s->absorbed = 0;
     return w.used;
 }
@@ -84,6 +95,8 @@ typedef struct mla_ws {
     float *du, *d_o, *dgam, *tmp;
     float *dq_nope, *dq_pe, *dk_nope, *dv, *dkv, *dk_pe, *dc;
     float *dqhat, *dohat, *dlat, *dc_pre, *dckv, *dqf, *dcq, *dcq_pre;
+    float *means;  /* block-sparse: one document's chunk summaries (max_rows / n_c + 1, R) */
+    float *sparse; /* block-sparse: work buffer of the forward and backward cores */
     const float **rows; /* (N) each document's latent rows (absorbed form) */
     int64_t *p0;        /* (N) rows before each document's first query */
 } mla_ws;
@@ -95,9 +108,20 @@ static int64_t ws_layout(mla_ws *B, float *base, const arl_mla_layer_cfg *c, int
     B->qf = take(&w, T * Hm * (n + r));
     B->ckv = take(&w, T * R);
     B->kv = take(&w, T * Hm * (n + vm));
-    B->attn = take(&w, arl_mla_attn_ws_floats(T, Hm, r));
-    int64_t fwd = Hm * QBLK * c->max_rows, bwd = 2 * QBLK * c->max_rows + QBLK;
-    B->score = take(&w, fwd > bwd ? fwd : bwd);
+    if (c->sparse_topk > 0) { /* always the absorbed form, through the sparse cores */
+        const int64_t S = c->max_rows > T ? c->max_rows : T, n_c = c->sparse_chunk;
+        const int64_t sq = sparse_queries(c) < T ? sparse_queries(c) : (T > 0 ? T : 1);
+        int64_t f = arl_mla_sparse_ws_floats(sq, Hm, S, rkv, r, n_c, c->sparse_topk);
+        int64_t g = arl_mla_sparse_bwd_ws_floats(sq, Hm, S, rkv, r, n_c, c->sparse_topk);
+        B->attn = B->score = NULL;
+        B->means = take(&w, (S / n_c + 1) * R);
+        B->sparse = take(&w, f > g ? f : g);
+    } else {
+        B->attn = take(&w, arl_mla_attn_ws_floats(T, Hm, r));
+        int64_t fwd = Hm * QBLK * c->max_rows, bwd = 2 * QBLK * c->max_rows + QBLK;
+        B->score = take(&w, fwd > bwd ? fwd : bwd);
+        B->means = B->sparse = NULL;
+    }
     B->du = take(&w, T * Hm * vm);
     B->d_o = take(&w, T * Hm * vm);
     B->dgam = take(&w, T * Hm * vm);
@@ -272,6 +296,52 @@ static void abs_bwd(const abs_args *A, const float *dohat, float *dqhat, float *
     }
 }
 
+/* ---- the block-sparse absorbed core (4.5): policy/mla.h's sparse cores per document ----
+ * Forward: the chunk summaries of the document's rows (all of them, prefix included, in row
+ * order: the same fp32 sums as the kept summaries of the decode path), then blocks of
+ * SPAIRS / Hm queries through arl_mla_sparse_attn_save, which keeps each pair's lse and
+ * selected chunks (sv->sel).  Backward: the same blocks through arl_mla_sparse_attn_bwd with
+ * that selection.  Documents and blocks run in order, parallel inside the GEMMs, so results do
+ * not depend on the thread count (AVX2/FMA GEMM; kernels/gemm.h). */
+
+static void sparse_fwd(mla_ws *B, arl_mla_layer_save *sv, const arl_mla_layer_cfg *c,
+                       const int32_t *cu, int32_t N, int64_t T, float scale) {
+    const int64_t Hm = c->Hm, rkv = c->rkv, r = c->r, R = rkv + r, k_c = c->sparse_topk;
+    const int64_t sq = sparse_queries(c);
+    for (int32_t di = 0; di < N; di++) {
+        const int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a, p0 = B->p0[di];
+        if (len == 0) continue;
+        arl_mla_chunk_means_update(B->means, B->rows[di], 0, p0 + len, R, c->sparse_chunk);
+        for (int64_t q0 = 0; q0 < len; q0 += sq) {
+            const int64_t nq = len - q0 < sq ? len - q0 : sq, t = a + q0;
+            arl_mla_sparse_attn_save(sv->ohat + t * Hm * rkv, NULL, 0, sv->lse + t * Hm,
+                                     sv->sel + t * Hm * k_c, sv->qhat + t * Hm * rkv,
+                                     sv->q_pe + t * Hm * r, B->rows[di], B->means, p0 + q0, nq,
+                                     Hm, rkv, r, scale, c->sparse_chunk, k_c, B->sparse);
+        }
+    }
+}
+
+static void sparse_bwd(mla_ws *B, const arl_mla_layer_save *sv, const arl_mla_layer_cfg *c,
+                       const int32_t *cu, int32_t N, int64_t T, float scale,
+                       float *const *dprefix) {
+    const int64_t Hm = c->Hm, rkv = c->rkv, r = c->r, R = rkv + r, k_c = c->sparse_topk;
+    const int64_t sq = sparse_queries(c);
+    for (int32_t di = 0; di < N; di++) {
+        const int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a, p0 = B->p0[di];
+        float *dpre = dprefix && p0 > 0 ? dprefix[di] : NULL;
+        for (int64_t q0 = 0; q0 < len; q0 += sq) {
+            const int64_t nq = len - q0 < sq ? len - q0 : sq, t = a + q0;
+            arl_mla_sparse_attn_bwd(B->dqhat + t * Hm * rkv, B->dq_pe + t * Hm * r, dpre,
+                                    B->dlat + a * R, p0, B->dohat + t * Hm * rkv,
+                                    sv->ohat + t * Hm * rkv, sv->lse + t * Hm,
+                                    sv->sel + t * Hm * k_c, sv->qhat + t * Hm * rkv,
+                                    sv->q_pe + t * Hm * r, B->rows[di], p0 + q0, nq, Hm, rkv, r,
+                                    scale, c->sparse_chunk, k_c, B->sparse);
+        }
+    }
+}
+
 /* The rows each document attends over, and its position: caches (after the append) or the
  * new rows of fresh documents. */
 static void doc_rows(const float **rows, int64_t *p0, const arl_mla_layer_save *sv,
@@ -290,7 +360,7 @@ void arl_mla_layer_fwd_save(float *y, const float *x, const arl_mla_params *p,
                             float *const *caches, const int64_t *pos, int absorbed,
                             arl_mla_layer_save *sv, float *ws) {
     ARL_ASSERT(y && x && p && c && sv && ws && N >= 1 && T >= 0 && y != x);
-    ARL_ASSERT(c->sparse_topk == 0);
+    ARL_ASSERT(c->sparse_topk == 0 || c->sparse_chunk >= 1);
     if (T == 0) return;
     mla_ws B;
     ws_layout(&B, ws, c, T, N);
@@ -328,7 +398,7 @@ void arl_mla_layer_fwd_save(float *y, const float *x, const arl_mla_params *p,
             memcpy(caches[i] + pos[i] * R, sv->lat + a * R, sizeof(float) * (size_t)((e - a) * R));
             fresh &= pos[i] == 0;
         }
-    sv->absorbed = absorbed || !fresh;
+    sv->absorbed = absorbed || !fresh || c->sparse_topk > 0;
 
     if (!sv->absorbed) {
         arl_k_linear_fwd(B.kv, sv->c, p->kv_b, T, rkv, Hm * (n + vm));
@@ -339,8 +409,12 @@ void arl_mla_layer_fwd_save(float *y, const float *x, const arl_mla_params *p,
         /* 4.2: qhat = W_UK^T q_nope, attention over the rows, o = W_UV ohat */
         arl_mla_absorb_q(sv->qhat, sv->q_nope, p->kv_b, T, Hm, n, vm, rkv);
         doc_rows(B.rows, B.p0, sv, cu, N, R, caches, pos);
-        abs_args A = {sv, c, cu, N, T, B.rows, B.p0, B.score, scale};
-        arl_k_parallel_for(Hm, 1, abs_fwd_heads, &A);
+        if (c->sparse_topk > 0) {
+            sparse_fwd(&B, sv, c, cu, N, T, scale);
+        } else {
+            abs_args A = {sv, c, cu, N, T, B.rows, B.p0, B.score, scale};
+            arl_k_parallel_for(Hm, 1, abs_fwd_heads, &A);
+        }
         arl_mla_expand_o(sv->o, sv->ohat, p->kv_b, T, Hm, n, vm, rkv);
     }
 
@@ -414,10 +488,14 @@ void arl_mla_layer_bwd(float *dx, const arl_mla_params *gp, const float *dy, con
                        rkv);
         }
         doc_rows(B.rows, B.p0, sv, cu, N, R, caches, pos);
-        abs_args A = {sv, c, cu, N, T, B.rows, B.p0, B.score, scale};
         zero(B.dqhat, T * Hm * rkv);
         zero(B.dlat, T * R);
-        abs_bwd(&A, B.dohat, B.dqhat, B.dq_pe, B.dlat, caches ? dprefix : NULL);
+        if (c->sparse_topk > 0) {
+            sparse_bwd(&B, sv, c, cu, N, T, scale, caches ? dprefix : NULL);
+        } else {
+            abs_args A = {sv, c, cu, N, T, B.rows, B.p0, B.score, scale};
+            abs_bwd(&A, B.dohat, B.dqhat, B.dq_pe, B.dlat, caches ? dprefix : NULL);
+        }
         for (int64_t t = 0; t < T; t++) {
             memcpy(B.dc + t * rkv, B.dlat + t * R, sizeof(float) * rkv);
             memcpy(B.dk_pe + t * r, B.dlat + t * R + rkv, sizeof(float) * r);

@@ -12,7 +12,10 @@
  *     still acts on the earlier rows inside this segment, so it receives their share of the
  *     gradient; the rows themselves receive a gradient only on request (dprefix).
  * The absorbed core here is blocked over 64 queries with GEMMs and keeps each row's
- * log-sum-exp for the backward; block-sparse selection (4.5) is not supported in training.
+ * log-sum-exp for the backward.  With block-sparse selection (4.5, c->sparse_topk > 0) every
+ * document runs the absorbed form through policy/mla.h's sparse cores: the forward keeps each
+ * (token, head)'s selected chunks, the backward runs over the selected rows only (the
+ * selection carries no gradient); cost per query O((k_c + 1) n_c), not O(rows).
  * What this is not: the residual stream (policy/model_backward.c), cache storage
  * (policy/state.h).
  *
@@ -47,6 +50,8 @@ typedef struct arl_mla_layer_save {
     float *o;         /* (T, Hm, vm) attention output */
     float *gam;       /* (T, Hm*vm) gate logits W_g x */
     float *u;         /* (T, Hm*vm) sigmoid(gam) * o, input of o_proj */
+    int32_t *sel;     /* (T, Hm, sparse_topk) block-sparse: the earlier chunks each (token,
+                       * head) selected, increasing, -1 after the last (NULL when dense) */
     int32_t absorbed; /* the form the forward used */
 } arl_mla_layer_save;
 
@@ -61,7 +66,8 @@ int64_t arl_mla_layer_train_ws_floats(const arl_mla_layer_cfg *c, int64_t T, int
 /* y (T, d) = the MLA mixer of x (T, d).  caches, pos: NULL (fresh documents), or as in
  * arl_mla_layer_fwd (caches[i] holds pos[i] rows and has room for the document's; its new rows
  * are written there).  absorbed: 1 forces the absorbed form (also for fresh documents); 0
- * uses it only when some pos[i] > 0.  c->sparse_topk must be 0.  ws: train ws floats. */
+ * uses it only when some pos[i] > 0 (always used when c->sparse_topk > 0).  ws: train ws
+ * floats. */
 void arl_mla_layer_fwd_save(float *y, const float *x, const arl_mla_params *p,
                             const arl_mla_layer_cfg *c, const int32_t *cu, int32_t N, int64_t T,
                             float *const *caches, const int64_t *pos, int absorbed,

@@ -170,11 +170,6 @@ arl_status arl_model_train_init(arl_model_train *tr, arl_model *m, const arl_tra
         tr->opts = *o;
     else
         arl_train_opts_default(&tr->opts);
-    if (m->opts.mla_sparse_topk > 0 && m->dm.n_mla > 0)
-        return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "training: block-sparse MLA (mla_sparse_topk %lld, spec 4.5) has no "
-                          "backward; train with mla_sparse_topk 0",
-                          (long long)m->opts.mla_sparse_topk);
     if (tr->opts.max_state_docs < 0)
         return arl_errorf(ARL_ERR_ARG, "training: max_state_docs must be >= 0, got %d",
                           tr->opts.max_state_docs);

@@ -17,7 +17,10 @@
  * internals from its input with the same code, so the gradients are bit-identical to those
  * without checkpointing.  The absorbed MLA attention's score buffers grow with the model's
  * max_context (rows one sequence may attend over): set it to the longest sequence trained
- * from a decode state, not to max_position_embeddings, on large models.
+ * from a decode state, not to max_position_embeddings, on large models.  With block-sparse
+ * MLA (the model's mla_sparse_topk > 0, spec 4.5) every document runs the absorbed form over
+ * its selected chunks only (policy/mla_layer_backward.h), the same setting as the model's
+ * forward: no O(max_context) score buffers, cost per query O((k_c + 1) n_c).
  *
  * Segment-wise training (spec 3.6, 4.2, 11): a document may continue the sequence of a decode
  * state slot.  Its initial state - KDA S and conv tails, the MLA latent rows of earlier
@@ -31,8 +34,7 @@
  * backpropagation across segments possible (backward in reverse segment order).
  *
  * What this is not: the optimizer (policy/optimizer.h), the vision tower's backward
- * (policy/vision_backward.h: it takes the image-token gradient this backward returns),
- * block-sparse MLA (4.5) in training (rejected).
+ * (policy/vision_backward.h: it takes the image-token gradient this backward returns).
  *
  * Symbols: T tokens of a batch, N documents, d width, V vocabulary, L layers, n_moe MoE layers,
  * k experts per token.  Threads and determinism as policy/model.h: for a fixed thread count
@@ -128,8 +130,7 @@ int64_t arl_model_train_arena_floats(const arl_model *m, const arl_train_opts *o
 
 /* Set up training over model m (borrowed).  arena: arl_model_train_arena_floats floats the
  * caller owns and keeps while tr lives, or NULL to allocate (freed by arl_model_train_free).
- * Errors: ARL_ERR_UNSUPPORTED for block-sparse MLA (mla_sparse_topk > 0), ARL_ERR_ARG for
- * bad options, ARL_ERR_NOMEM naming the size. */
+ * Errors: ARL_ERR_ARG for bad options, ARL_ERR_NOMEM naming the size. */
 arl_status arl_model_train_init(arl_model_train *tr, arl_model *m, const arl_train_opts *o,
                                 float *arena);
 void arl_model_train_free(arl_model_train *tr); /* NULL is a no-op */

@@ -221,14 +221,14 @@ static void test_errors(void) {
     CHECK(arl_model_backward(&tr, &b, dlogp, &G.g, NULL, NULL) == ARL_ERR_STATE);
     arl_model_train_free(&tr);
     arl_model_free(&m);
-    /* block-sparse MLA has no backward */
+    /* block-sparse MLA trains too (its gradients: tests/policy_backward/test_mla_sparse_train.c) */
     arl_model_opts o;
     arl_model_opts_default(&o);
     o.max_tokens = 64;
     o.mla_sparse_topk = 2;
     o.mla_sparse_chunk = 16;
     CHECK(arl_model_init(&m, &TM.cfg, &TM.w, &o) == ARL_OK);
-    CHECK(arl_model_train_init(&tr, &m, NULL, NULL) == ARL_ERR_UNSUPPORTED);
+    CHECK(arl_model_train_init(&tr, &m, NULL, NULL) == ARL_OK);
     arl_model_train_free(&tr);
     arl_model_free(&m);
     bw_grads_free(&G);
