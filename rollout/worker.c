@@ -336,6 +336,8 @@ static arl_status sample_next(arl_rollout_worker *w, ro_traj *t, const float *lo
     if (t->seg.vmin < 0 || t->turn_version < t->seg.vmin) t->seg.vmin = t->turn_version;
     if (t->turn_version > t->seg.vmax) t->seg.vmax = t->turn_version;
     t->turn_n++;
+    t->n_ctx++; /* the action is part of the context and the stream (rule 8's counts) */
+    t->n_total++;
     t->pending = tok;
     int stop = 0;
     for (size_t i = 0; i < w->n_stop; i++)

@@ -93,6 +93,38 @@ static void test_context_budget(void) {
     arl_rollout_config_free(&c);
 }
 
+/* The context budget counts the sampled action tokens too (a bug fixed: the worker's context
+ * and stream counters grew only by observations, so a long trajectory of many turns ran past
+ * the model's max_context, which the worker sets to context-tokens, and the whole run failed
+ * with "the sequence ... would reach N positions").  Many turns of full-length actions (24
+ * tokens each) against a budget: the trajectory ends with context_budget, its stored tokens
+ * plus one more turn fit, and the worker's token count equals the store's. */
+static void test_context_budget_counts_actions(void) {
+    arl_rollout_config c;
+    h_config(&c, "calculator");
+    c.tasks = 1;
+    c.group_size = 2;
+    c.max_turns = 1000;
+    c.segment_tokens = 1024;
+    c.context_tokens = 3000;
+    c.trajectory_tokens = 3000;
+    c.temperature = 4.0; /* a random policy rarely stops before turn-tokens or answers */
+    replay_store *st = run(&c, 2);
+    int64_t stored = 0;
+    for (int i = 0; i < 2; i++) {
+        char uid[64];
+        snprintf(uid, sizeof uid, "rollout/g000000/r%d", i);
+        replay_traj_row r;
+        H_DIE(replay_traj_get(st, uid, &r), uid);
+        CHECK_MSG(r.n_tokens + c.turn_tokens <= 3000, "%s: %lld tokens", uid, (long long)r.n_tokens);
+        CHECK_MSG(r.n_turns >= 8, "%s: %d turns (the test needs many)", uid, r.n_turns);
+        if (!strcmp(r.end_cause, "context_budget")) stored++;
+    }
+    CHECK_MSG(stored >= 1, "no trajectory reached the context budget");
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+}
+
 static void test_env_truncated(void) {
     arl_rollout_config c;
     h_config(&c, "calculator");
@@ -127,6 +159,7 @@ int main(void) {
     h_make_ckpt(ckpt, NULL, 3);
     TEST_RUN(test_turn_budget_and_length);
     TEST_RUN(test_context_budget);
+    TEST_RUN(test_context_budget_counts_actions);
     TEST_RUN(test_env_truncated);
     TEST_RUN(test_wall_clock);
     return test_finish();
