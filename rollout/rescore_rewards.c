@@ -242,19 +242,12 @@ static arl_status replay(replay_store *st, const replay_traj_row *t, arl_env *en
         const replay_seg_ref *r = &refs[si];
         for (int64_t k = r->first_step; k <= r->last_step && k <= m; k++) {
             const ro_call *sc = ro_calls_step(calls, k);
-            json_t *sj = sc->request ? json_loadb(sc->request, sc->request_len, 0, NULL) : NULL;
             arl_env_action act;
-            memset(&act, 0, sizeof act);
-            char why[256] = "";
-            if (!sj || aep_action_from_json(json_object_get(sj, "action"), &act, why, sizeof why)) {
-                json_decref(sj);
-                arl_env_action_clear(&act);
-                return arl_errorf(ARL_ERR_CORRUPT,
-                                  "%s: the stored action of step %lld cannot "
-                                  "be read: %s",
-                                  t->traj_uid, (long long)k, why[0] ? why : "no request body");
-            }
-            json_decref(sj);
+            char why[256];
+            if (ro_call_action(sc, &act, why, sizeof why))
+                return arl_errorf(ARL_ERR_CORRUPT, "%s: the stored action of step %lld cannot be "
+                                                   "read: %s",
+                                  t->traj_uid, (long long)k, why);
             s = arl_env_session_step(sess, &act, o->step_deadline_ms);
             arl_env_action_clear(&act);
             c = arl_env_session_call(sess);

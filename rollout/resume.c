@@ -194,18 +194,13 @@ static arl_status replay_env(rs_ctx *x, int *failed) {
         const replay_seg_ref *r = &x->refs[si];
         for (int64_t k = r->first_step; k <= r->last_step; k++) {
             const ro_call *sc = ro_calls_step(&x->calls, k);
-            json_t *rq = sc && sc->request ? json_loadb(sc->request, sc->request_len, 0, NULL) : NULL;
             arl_env_action act;
-            memset(&act, 0, sizeof act);
-            char why[256] = "";
-            if (!rq || aep_action_from_json(json_object_get(rq, "action"), &act, why, sizeof why)) {
-                json_decref(rq);
-                arl_env_action_clear(&act);
+            char why[256];
+            if (ro_call_action(sc, &act, why, sizeof why)) {
                 *failed = fail_with(x, "RESUME_IMPOSSIBLE", "infra",
                                     "the stored action of a step cannot be read: %s", why);
                 return ARL_OK;
             }
-            json_decref(rq);
             s = arl_env_session_step(t->sess, &act, w->cfg.step_deadline_ms);
             arl_env_action_clear(&act);
             ARL_TRY(rec(x, k, -1));
@@ -415,17 +410,12 @@ static arl_status restore_stream(rs_ctx *x, int fresh, int *failed) {
                             "");
         return ARL_OK;
     }
-    json_t *rq = cm->request ? json_loadb(cm->request, cm->request_len, 0, NULL) : NULL;
     arl_env_action act;
-    memset(&act, 0, sizeof act);
-    char why[256] = "";
-    if (!rq || aep_action_from_json(json_object_get(rq, "action"), &act, why, sizeof why)) {
-        json_decref(rq);
-        arl_env_action_clear(&act);
+    char why[256];
+    if (ro_call_action(cm, &act, why, sizeof why)) {
         *failed = fail_with(x, "RESUME_IMPOSSIBLE", "infra", "stored action unreadable: %s", why);
         return ARL_OK;
     }
-    json_decref(rq);
     const char **ids = calloc((size_t)(act.n_tool_calls + act.n_parse_errors + 1), sizeof *ids);
     if (!ids) {
         arl_env_action_clear(&act);

@@ -7,6 +7,7 @@
  * spec/replay.md 4.8 and 4.10.  It writes nothing.  Replace it with the replay module's reader
  * once there is one. */
 #include <sqlite3.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -203,4 +204,22 @@ const ro_call *ro_calls_segment_score(const ro_calls *c, int64_t seg) {
             best = x;
     }
     return best;
+}
+
+arl_status ro_call_action(const ro_call *c, arl_env_action *act, char *why, size_t why_size) {
+    memset(act, 0, sizeof *act);
+    if (why_size) why[0] = 0;
+    json_t *rq = c && c->request ? json_loadb(c->request, c->request_len, 0, NULL) : NULL;
+    if (!rq) {
+        snprintf(why, why_size, "no request body");
+        return ARL_ERR_CORRUPT;
+    }
+    int bad = aep_action_from_json(json_object_get(rq, "action"), act, why, why_size);
+    json_decref(rq);
+    if (bad) {
+        arl_env_action_clear(act);
+        if (why_size && !why[0]) snprintf(why, why_size, "no action in the request body");
+        return ARL_ERR_CORRUPT;
+    }
+    return ARL_OK;
 }

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "envs/env.h"
 #include "replay/replay.h"
 
 typedef struct ro_call {
@@ -37,5 +38,9 @@ const ro_call *ro_calls_find(const ro_calls *c, int64_t call_seq);
 const ro_call *ro_calls_step(const ro_calls *c, int64_t step);
 /* The last complete, error-free score call of segment seg, or NULL. */
 const ro_call *ro_calls_segment_score(const ro_calls *c, int64_t seg);
+/* The action a stored step call sent (its request body's "action") into *act (cleared first;
+ * the caller clears it after use).  ARL_ERR_CORRUPT with why[] filled when c is NULL, has no
+ * request body, or the body holds no readable action. */
+arl_status ro_call_action(const ro_call *c, arl_env_action *act, char *why, size_t why_size);
 
 #endif

@@ -43,9 +43,10 @@ static inline void lh_make_ckpt(const char *dir, uint64_t seed) {
 }
 
 /* Roll out `tasks` calculator tasks x G into a new store at db (run uid "lt").  Short turns and
- * a segment budget just above the initial context: every trajectory has continue segments. */
-static inline void lh_rollout(const char *db, const char *ckpt, int64_t tasks, int64_t G,
-                              int64_t task_seed) {
+ * a segment budget just above the initial context: every trajectory has continue segments.
+ * Block-sparse MLA with k_c = sparse_topk chunks of sparse_chunk (0: dense). */
+static inline void lh_rollout_mla(const char *db, const char *ckpt, int64_t tasks, int64_t G,
+                                  int64_t task_seed, int64_t sparse_topk, int64_t sparse_chunk) {
     arl_rollout_config c;
     L_DIE(arl_rollout_config_defaults(&c), "defaults");
     L_DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "env", "builtin:calculator",
@@ -65,6 +66,8 @@ static inline void lh_rollout(const char *db, const char *ckpt, int64_t tasks, i
     c.prefill_chunk = 1024;
     c.progress_s = 0;
     c.seed = 11;
+    c.mla_sparse_topk = sparse_topk;
+    if (sparse_chunk > 0) c.mla_sparse_chunk = sparse_chunk;
     replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
     replay_store *st;
     L_DIE(replay_store_open(db, &o, &st), "store");
@@ -74,6 +77,11 @@ static inline void lh_rollout(const char *db, const char *ckpt, int64_t tasks, i
     arl_rollout_worker_close(w);
     replay_store_close(st);
     arl_rollout_config_free(&c);
+}
+
+static inline void lh_rollout(const char *db, const char *ckpt, int64_t tasks, int64_t G,
+                              int64_t task_seed) {
+    lh_rollout_mla(db, ckpt, tasks, G, task_seed, 0, 0);
 }
 
 /* A learner over a tiny checkpoint with the objective's defaults except M and a large lr (so

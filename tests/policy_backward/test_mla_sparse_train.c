@@ -703,41 +703,6 @@ static void test_model_segments_exact(void) {
 
 /* ---- 5. the learner on a sparse rollout ---- */
 
-/* tests/learner/lhelpers.h lh_rollout with block-sparse MLA (k_c 2, n_c 16: calculator
- * trajectories of a few hundred tokens span many chunks). */
-static void sparse_rollout(const char *db, const char *ckpt) {
-    arl_rollout_config c;
-    L_DIE(arl_rollout_config_defaults(&c), "defaults");
-    L_DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "env", "builtin:calculator",
-                          &c),
-          "env");
-    L_DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "run-uid", "lt", &c), "uid");
-    c.tasks = 2;
-    c.task_seed = 0;
-    c.group_size = 2;
-    c.turn_tokens = 16;
-    c.observation_tokens = 256;
-    c.segment_tokens = 600;
-    c.context_tokens = 4096;
-    c.trajectory_tokens = 4096;
-    c.max_turns = 3;
-    c.batch_size = 8;
-    c.prefill_chunk = 1024;
-    c.progress_s = 0;
-    c.seed = 11;
-    c.mla_sparse_topk = 2;
-    c.mla_sparse_chunk = 16;
-    replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
-    replay_store *st;
-    L_DIE(replay_store_open(db, &o, &st), "store");
-    arl_rollout_worker *w;
-    L_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "worker open");
-    L_DIE(arl_rollout_worker_run(w), "worker run");
-    arl_rollout_worker_close(w);
-    replay_store_close(st);
-    arl_rollout_config_free(&c);
-}
-
 /* One update (pi_old, reference and gradient passes) over the rollout with the learner's
  * block-sparse setting topk / n_c 16; returns mismatch/abs_logratio/mean (pi_old vs the stored
  * behaviour log-probs). */
@@ -810,7 +775,7 @@ static void test_learner(void) {
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
     snprintf(db, sizeof db, "%s/db", tmp);
     lh_make_ckpt(ckpt, 3);
-    sparse_rollout(db, ckpt);
+    lh_rollout_mla(db, ckpt, 2, 2, 0, 2, 16); /* k_c 2, n_c 16: a few hundred tokens span many chunks */
     /* pi_old reproduces the behaviour log-probs (tests/learner/test_update.c's bound: 1e-3
      * nats, far below a wrong state, token or chunk selection); a learner left dense does not */
     double ms = learner_mismatch(ckpt, db, 2);
