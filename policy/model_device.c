@@ -594,11 +594,17 @@ arl_status arl_model_dev_batch_check(const arl_model_dev *m, const arl_batch *b,
                                   "cu decreases",
                                   what, m->ops->name, i);
     }
-    if (b->media)
-        return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "%s (%s device): image rows are not "
-                          "supported on this path yet; use policy/model.h or policy/model_backward.h",
-                          what, m->ops->name);
+    if (b->media) { /* as arl_vision_place: one row per <|media_pad|> placeholder */
+        const int64_t media_id = m->cfg->media_placeholder_token_id;
+        int64_t ph = 0;
+        for (int64_t t = 0; t < T; t++)
+            ph += b->tokens[t] == media_id;
+        if (ph != b->n_media)
+            return arl_errorf(ARL_ERR_ARG,
+                              "%s (%s device): the batch has %lld <|media_pad|> placeholders but "
+                              "%lld image token rows",
+                              what, m->ops->name, (long long)ph, (long long)b->n_media);
+    }
     for (int64_t t = 0; t < T; t++) {
         if (b->tokens[t] < 0 || b->tokens[t] >= dm->V)
             return arl_errorf(ARL_ERR_RANGE,
@@ -960,9 +966,26 @@ static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *s
         ARL_TRY(ops->graph_begin());
     }
 
-    /* 2.1 embedding */
+    /* 2.1 embedding; image token rows replace the placeholders (10.1), one upload per run of
+     * consecutive placeholders (an image's rows are contiguous in the sequence) */
     float *p = m->res;
     ops->embed(p, w->embed_tokens, m->tokens, T, d, V);
+    if (b->media) {
+        const int64_t media_id = m->cfg->media_placeholder_token_id;
+        int64_t mi = 0;
+        for (int64_t t = 0; t < T;) {
+            if (b->tokens[t] != media_id) {
+                t++;
+                continue;
+            }
+            int64_t e = t;
+            while (e < T && b->tokens[e] == media_id)
+                e++;
+            ARL_TRY(ops->upload(p + t * d, b->media + mi * d, sizeof(float) * (size_t)((e - t) * d)));
+            mi += e - t;
+            t = e;
+        }
+    }
 
     const float *src[ARL_ATTNRES_MAX_SOURCES];
     int32_t nb = 0;
@@ -1130,4 +1153,100 @@ arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int
     for (int32_t i = 0; i < n && graph_ok; i++)
         graph_ok = slots[i] >= 0 && slots[i] < m->n_slots && m->st_pos[slots[i]] > 0;
     return dev_run(m, &b, slots, &o, graph_ok);
+}
+
+/* ======================= rows of the last forward, slot states <-> policy/state.h ========= */
+
+arl_status arl_model_dev_rows_logits(arl_model_dev *m, int32_t n, const int64_t *rows,
+                                     int64_t T_last, float *logits) {
+    const int64_t V = m->dm.V, d = m->dm.d;
+    if (n < 1 || n > m->opts.max_tokens)
+        return arl_errorf(ARL_ERR_RANGE, "model (%s device): %d logit rows, at most %lld",
+                          m->ops->name, n, (long long)m->opts.max_tokens);
+    for (int32_t i = 0; i < n; i++)
+        if (rows[i] < 0 || rows[i] >= T_last || T_last > m->opts.max_tokens)
+            return arl_errorf(ARL_ERR_RANGE,
+                              "model (%s device): logit row %lld outside the last forward's "
+                              "%lld rows",
+                              m->ops->name, (long long)rows[i], (long long)T_last);
+    /* xbuf (T_last, d) holds the final-norm rows; one product per row, as the reference's
+     * rollout engine computes them (bit-identical on "cpu"; n is a handful of documents) */
+    for (int32_t i = 0; i < n; i++)
+        lin(m, m->logits + (int64_t)i * V, m->xbuf + rows[i] * d, m->w.lm_head, 1, d, V);
+    ARL_TRY(m->ops->sync());
+    return m->ops->download(logits, m->logits, sizeof(float) * (size_t)((int64_t)n * V));
+}
+
+/* The checks of both directions: slot and host slot in range, the host slot active, and the
+ * host state of this model's shapes. */
+static arl_status slot_xfer_check(const arl_model_dev *m, int32_t slot, const arl_decode_state *st,
+                                  int32_t hslot, const char *what) {
+    const arl_model_dims *a = &m->dm, *b = &st->dm;
+    if (slot < 0 || slot >= m->n_slots)
+        return arl_errorf(ARL_ERR_RANGE, "%s (%s device): slot %d outside [0, %d)", what,
+                          m->ops->name, slot, m->n_slots);
+    if (hslot < 0 || hslot >= st->n_slots || !st->slots[hslot].active)
+        return arl_errorf(ARL_ERR_STATE, "%s (%s device): host slot %d is not an active slot",
+                          what, m->ops->name, hslot);
+    if (a->n_kda != b->n_kda || a->n_mla != b->n_mla || a->H != b->H || a->dk != b->dk ||
+        a->dv != b->dv || a->P != b->P || a->W != b->W || a->rkv != b->rkv || a->r != b->r)
+        return arl_errorf(ARL_ERR_SHAPE,
+                          "%s (%s device): the host decode state was made for another model "
+                          "config",
+                          what, m->ops->name);
+    return ARL_OK;
+}
+
+arl_status arl_model_dev_slot_download(arl_model_dev *m, int32_t slot, arl_decode_state *st,
+                                       int32_t hslot, int64_t row0) {
+    ARL_TRY(slot_xfer_check(m, slot, st, hslot, "slot download"));
+    const arl_model_dims *dm = &m->dm;
+    const int64_t pos = m->st_pos[slot], R = dm->rkv + dm->r;
+    const int64_t sn = dm->H * dm->dk * dm->dv, tn = 3 * dm->P * (dm->W - 1);
+    if (row0 < 0 || row0 > pos)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "slot download (%s device): first row %lld outside [0, %lld] (the "
+                          "slot's position)",
+                          m->ops->name, (long long)row0, (long long)pos);
+    if (dm->n_mla > 0 && pos > 0) ARL_TRY(arl_decode_state_reserve(st, hslot, pos));
+    arl_decode_slot *h = &st->slots[hslot];
+    ARL_TRY(m->ops->sync());
+    for (int64_t j = 0; j < dm->n_kda; j++) {
+        const float *src = m->st_kda + (j * m->n_slots + slot) * (sn + tn);
+        ARL_TRY(m->ops->download(h->kda_S + j * sn, src, sizeof(float) * (size_t)sn));
+        ARL_TRY(m->ops->download(h->kda_conv + j * tn, src + sn, sizeof(float) * (size_t)tn));
+    }
+    for (int64_t j = 0; j < dm->n_mla && pos > row0; j++)
+        ARL_TRY(m->ops->download(h->latent[j] + row0 * R,
+                                 m->st_lat + ((j * m->n_slots + slot) * m->max_context + row0) * R,
+                                 sizeof(float) * (size_t)((pos - row0) * R)));
+    h->pos = pos;
+    if (h->means_rows) /* chunk summaries (block-sparse MLA) no longer cover these rows */
+        for (int64_t j = 0; j < dm->n_mla; j++)
+            h->means_rows[j] = 0;
+    return ARL_OK;
+}
+
+arl_status arl_model_dev_slot_upload(arl_model_dev *m, int32_t slot, const arl_decode_state *st,
+                                     int32_t hslot) {
+    ARL_TRY(slot_xfer_check(m, slot, st, hslot, "slot upload"));
+    const arl_model_dims *dm = &m->dm;
+    const arl_decode_slot *h = &st->slots[hslot];
+    const int64_t pos = h->pos, R = dm->rkv + dm->r;
+    const int64_t sn = dm->H * dm->dk * dm->dv, tn = 3 * dm->P * (dm->W - 1);
+    if (dm->n_mla > 0 && pos > m->max_context)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "slot upload (%s device): the host slot holds %lld positions, the "
+                          "model was set up for %lld (max_context)",
+                          m->ops->name, (long long)pos, (long long)m->max_context);
+    for (int64_t j = 0; j < dm->n_kda; j++) {
+        float *dst = m->st_kda + (j * m->n_slots + slot) * (sn + tn);
+        ARL_TRY(m->ops->upload(dst, h->kda_S + j * sn, sizeof(float) * (size_t)sn));
+        ARL_TRY(m->ops->upload(dst + sn, h->kda_conv + j * tn, sizeof(float) * (size_t)tn));
+    }
+    for (int64_t j = 0; j < dm->n_mla && pos > 0; j++)
+        ARL_TRY(m->ops->upload(m->st_lat + (j * m->n_slots + slot) * m->max_context * R,
+                               h->latent[j], sizeof(float) * (size_t)(pos * R)));
+    m->st_pos[slot] = pos;
+    return ARL_OK;
 }

@@ -18,8 +18,11 @@
  * arl_decode_state (the same ops in the same order: bit-identical on "cpu").
  * The training step (saved activations, backward, AdamW) over the same tables is
  * policy/model_device_backward.h.
- * What this is not (yet): images (media rows), block-sparse MLA, state export/import.  Those
- * stay on policy/model.h.
+ * Images: the forwards take media rows (b->media, computed on the host by policy/vision.h)
+ * and place them at the <|media_pad|> rows as policy/model.c does; the training step does not.
+ * A slot's state moves to and from a host arl_decode_state (policy/state.h) with
+ * arl_model_dev_slot_download / _upload, which is how it is exported, cached and imported.
+ * What this is not (yet): block-sparse MLA (policy/model.h only).
  *
  * Symbols: T tokens of a batch, N documents, d width, V vocabulary, L layers, E experts,
  * k experts per token, H KDA heads, dk = dv, P = H*dk, Hm MLA heads, dz latent width,
@@ -332,5 +335,26 @@ arl_status arl_model_dev_prefill(arl_model_dev *m, int32_t slot, const int32_t *
                                  float *logits, float *last_logits);
 arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int32_t n,
                                      const int32_t *tokens, float *logits, int32_t *routes);
+
+
+/* Logits (n, V, HOST) of rows rows[0..n) (host array, each in [0, T_last)) of the final-norm
+ * rows the last forward left on the device (T_last: that forward's token count), without the
+ * (T, V) logits of every row: how a rollout engine gets the next-token logits of the documents
+ * of a chunked prefill.  Valid until the next forward of m. */
+arl_status arl_model_dev_rows_logits(arl_model_dev *m, int32_t n, const int64_t *rows,
+                                     int64_t T_last, float *logits);
+
+/* Slot `slot` of the device -> host slot `hslot` (active) of st: the KDA states and conv tails,
+ * the MLA latent rows [row0, position) (rows below row0 are left as the host has them: a
+ * caller that keeps the host copy current passes where its last download ended), and the
+ * position; the host slot's block-sparse chunk summaries are marked stale.  st must be made
+ * for the same model config (ARL_ERR_SHAPE).  Latent rows are reserved in st as needed. */
+arl_status arl_model_dev_slot_download(arl_model_dev *m, int32_t slot, arl_decode_state *st,
+                                       int32_t hslot, int64_t row0);
+/* Host slot `hslot` (active) of st -> device slot `slot`: states, conv tails, every latent row
+ * and the position (an imported export, a resumed or forked sequence).  ARL_ERR_RANGE when the
+ * host position exceeds the device's max_context. */
+arl_status arl_model_dev_slot_upload(arl_model_dev *m, int32_t slot, const arl_decode_state *st,
+                                     int32_t hslot);
 
 #endif

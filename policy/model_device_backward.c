@@ -634,6 +634,11 @@ arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch 
                           "training (%s device): the training forward returns log-probs and "
                           "routes only",
                           ops->name);
+    if (b->media)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "training (%s device): image rows are not supported by the device "
+                          "training step yet; train on policy/model_backward.h",
+                          ops->name);
     ARL_TRY(arl_model_dev_batch_check(tr->m, b, "training"));
     const int64_t T = b->T, d = dm->d, Tmax = m->opts.max_tokens, Td = T * d, L = dm->L;
     const int64_t k = dm->k, V = dm->V;

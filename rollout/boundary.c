@@ -41,7 +41,7 @@ arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
     }
     replay_state_desc sd = *id;
     sd.kind = "kda_boundary";
-    sd.numerics = RO_NUMERICS;
+    sd.numerics = e->numerics;
     sd.model_config_sha256 = e->cfg_hash;
     sd.ctx_start = 0;
     sd.n_tokens = pos;

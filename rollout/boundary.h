@@ -17,10 +17,6 @@
 #include "replay/replay.h"
 #include "rollout/engine.h"
 
-/* The numerics tag of this build's CPU forward (spec/replay.md 4.12 states.numerics): the tag
- * the writers record and arl_rollout_state_assemble accepts. */
-#define RO_NUMERICS "cpu-f32"
-
 /* Write the state of `slot` at the end of the segment [seg_ctx_start, seg_ctx_start + seg_n).
  * id names the states: traj_uid, seg_index, producer, pass_uid, routing, and the version range
  * of the whole covered computation (version_min/max, for the kda_boundary); kind, numerics,

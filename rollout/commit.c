@@ -168,8 +168,10 @@ arl_status ro_states_put(arl_rollout_worker *w, ro_traj *t, int64_t *end_id, int
     replay_state_desc id = {.traj_uid = t->uid, .seg_index = s->seg_index, .producer = "rollout",
                             .pass_uid = t->pass_uid, .version_min = t->ctx_vmin,
                             .version_max = t->ctx_vmax, .routing = "natural"};
-    arl_status st = ro_boundary_put(w->w, &w->eng, t->slot, &id, s->ctx_start, s->n, vmin, vmax,
-                                    end_id, lat_id);
+    arl_status st = ro_engine_slot_sync(&w->eng, t->slot, s->ctx_start);
+    if (st == ARL_OK)
+        st = ro_boundary_put(w->w, &w->eng, t->slot, &id, s->ctx_start, s->n, vmin, vmax, end_id,
+                             lat_id);
     return st ? arl_error_prefix(st, "rollout") : ARL_OK;
 }
 
@@ -191,7 +193,7 @@ static size_t blob_size(const replay_state_chunk_data *c) {
 }
 
 arl_status arl_rollout_state_assemble(const arl_model_config *cfg, const char *cfg_hash,
-                                const replay_state_data *parts, size_t n_parts, uint8_t **out,
+                                const char *numerics, const replay_state_data *parts, size_t n_parts, uint8_t **out,
                                 size_t *out_len) {
     *out = NULL;
     *out_len = 0;
@@ -202,10 +204,10 @@ arl_status arl_rollout_state_assemble(const arl_model_config *cfg, const char *c
                               "state %lld was computed by another model config (%s, not %s): "
                               "cache miss",
                               (long long)parts[i].state_id, parts[i].model_config_sha256, cfg_hash);
-        if (strcmp(parts[i].numerics, RO_NUMERICS))
+        if (strcmp(parts[i].numerics, numerics))
             return arl_errorf(ARL_ERR_NOT_FOUND, "state %lld has numerics %s, this engine %s: "
                                                  "cache miss",
-                              (long long)parts[i].state_id, parts[i].numerics, RO_NUMERICS);
+                              (long long)parts[i].state_id, parts[i].numerics, numerics);
     }
     const int64_t pos = parts[0].ctx_start + parts[0].n_tokens;
     int64_t want_ctx = 0;

@@ -96,6 +96,16 @@ const arl_option arl_rollout_options[] = {
      "allocate each slot's MLA latent cache for context-tokens rows up front (address space; "
      "pages are touched as the context grows), so that it never grows by copying",
      0, 0, NULL, 0, NULL},
+    {"device", ARL_OPT_CHOICE, F(device), "cpu",
+     "where the policy runs: cpu (policy/model.h, the reference), cuda (policy/model_device.h "
+     "on GPU 0: slots' states on the device, copied to the host at segment boundaries; dense "
+     "MLA only; image rows are encoded on the CPU), or cpu-device (the device code over host "
+     "memory, bit-identical to cpu: for tests)",
+     0, 0, "cpu|cuda|cpu-device", 0, NULL},
+    {"device-bf16", ARL_OPT_BOOL, F(device_bf16), "false",
+     "device cuda: run the weight GEMMs on bf16 copies of the weights (fp32 accumulation; "
+     "stored states are tagged cuda-bf16w instead of cuda-f32)",
+     0, 0, NULL, 0, NULL},
     {"state-cache", ARL_OPT_CHOICE, F(state_cache), "last",
      "rollout states written at token_budget boundaries: only the newest boundary of each "
      "running trajectory and none of finished ones (last, spec/replay.md 9.3), all kept (all: "

@@ -1,6 +1,7 @@
 /* rollout/engine.c: the rollout worker's inference engine (see engine.h). */
 #include "rollout/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,8 +34,10 @@ void ro_engine_close(ro_engine *e) {
     free(e->slots);
     free(e->media);
     arl_sampler_free(&e->smp);
+    free(e->dev_rows);
     arl_decode_state_free(&e->st);
     arl_model_free(&e->m);
+    arl_model_dev_free(&e->md);
     arl_model_params_free(&e->params[0]);
     arl_model_params_free(&e->params[1]);
     arl_model_config_free(&e->cfg);
@@ -67,7 +70,32 @@ arl_status ro_engine_open(ro_engine *e, const char *ckpt_dir, int64_t version,
     mo.max_context = o->max_context;
     mo.mla_sparse_topk = o->sparse_topk;
     mo.mla_sparse_chunk = o->sparse_chunk;
-    ARL_TRY(arl_model_init(&e->m, &e->cfg, &e->params[0], &mo));
+    if (o->device) {
+        if (o->sparse_topk > 0)
+            return arl_errorf(ARL_ERR_UNSUPPORTED,
+                              "rollout: block-sparse MLA (mla-sparse-topk %lld) runs on the CPU "
+                              "reference path only; use device cpu or mla-sparse-topk 0",
+                              (long long)o->sparse_topk);
+        if (o->bf16_weights && strcmp(o->device, "cuda"))
+            return arl_errorf(ARL_ERR_ARG, "rollout: bf16 weights exist only on device cuda");
+        mo.mla_sparse_topk = 0;
+        arl_model_dev_opts dopts = {.n_slots = o->n_slots, .bf16_weights = o->bf16_weights};
+        /* the model's block plus the context's own part (cuBLAS workspace, tables) */
+        const int64_t need = strcmp(o->device, "cuda")
+                                 ? 0
+                                 : arl_model_dev_bytes(&e->cfg, &mo, arl_dev_ops_cuda(), &dopts);
+        s = arl_dev_ops_get(o->device, (size_t)need + ((size_t)64 << 20), &e->ops);
+        if (s) return arl_error_prefix(s, "rollout: device %s", o->device);
+        s = arl_model_dev_init(&e->md, e->ops, &e->cfg, &e->params[0], &mo, &dopts);
+        if (s) return arl_error_prefix(s, "rollout: the model on device %s", o->device);
+        e->dev_rows = malloc(sizeof(int64_t) * (size_t)o->n_slots);
+        if (!e->dev_rows) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory (engine rows)");
+        snprintf(e->numerics, sizeof e->numerics, "%s",
+                 strcmp(o->device, "cuda") ? "cpu-f32" : o->bf16_weights ? "cuda-bf16w" : "cuda-f32");
+    } else {
+        ARL_TRY(arl_model_init(&e->m, &e->cfg, &e->params[0], &mo));
+        snprintf(e->numerics, sizeof e->numerics, "%s", "cpu-f32");
+    }
     ARL_TRY(arl_decode_state_init(&e->st, &e->cfg, o->n_slots, o->max_context));
     ARL_TRY(arl_sampler_init(&e->smp, e->V));
     const size_t T = (size_t)o->max_tokens, N = (size_t)o->n_slots;
@@ -105,12 +133,23 @@ arl_status ro_engine_load_next(ro_engine *e, const char *ckpt_dir, int64_t versi
     return ARL_OK;
 }
 
-void ro_engine_swap(ro_engine *e) {
-    if (!e->have_next) return;
+arl_status ro_engine_swap(ro_engine *e) {
+    if (!e->have_next) return ARL_OK;
+    if (e->ops) { /* the device keeps its own copy: upload the next version's weights */
+        arl_status s = arl_model_dev_set_params(&e->md, &e->params[1 - e->cur]);
+        if (s)
+            return arl_error_prefix(s, "rollout: policy version %lld to device %s",
+                                    (long long)e->next_version, e->ops->name);
+    }
     e->cur = 1 - e->cur;
     e->m.w = &e->params[e->cur]; /* the model borrows its parameters; same config */
     e->version = e->next_version;
     e->have_next = 0;
+    return ARL_OK;
+}
+
+const arl_model_params *ro_engine_params(const ro_engine *e) {
+    return &e->params[e->cur];
 }
 
 arl_status ro_engine_forward(ro_engine *e, int32_t N, const int32_t *slots, const int32_t *cu,
@@ -118,6 +157,29 @@ arl_status ro_engine_forward(ro_engine *e, int32_t N, const int32_t *slots, cons
                              int64_t n_media, const int *want, float *logits) {
     arl_batch b = {.tokens = tokens, .T = T, .cu = cu, .N = N, .media = media, .n_media = n_media};
     arl_forward_out out = {.routes = e->n_moe ? e->routes : NULL};
+    if (e->ops) {
+        for (int32_t i = 0; i < N; i++) /* the device model keeps the slots' positions */
+            if (slots[i] < 0 || slots[i] >= e->st.n_slots || !e->st.slots[slots[i]].active)
+                return arl_errorf(ARL_ERR_STATE, "rollout: forward over inactive slot %d",
+                                  slots[i]);
+        ARL_TRY(arl_model_dev_forward_state(&e->md, slots, &b, &out));
+        e->dev_T = T;
+        if (!want || !logits) return ARL_OK;
+        int32_t n = 0;
+        for (int32_t i = 0; i < N; i++)
+            if (want[i]) e->dev_rows[n++] = cu[i + 1] - 1;
+        if (n == 0) return ARL_OK;
+        ARL_TRY(arl_model_dev_rows_logits(&e->md, n, e->dev_rows, T, e->logits));
+        /* rows j <= i: spread from the top (logits may be e->logits) */
+        for (int32_t i = N - 1, j = n - 1; i >= 0; i--)
+            if (want[i]) {
+                if (logits + (int64_t)i * e->V != e->logits + (int64_t)j * e->V)
+                    memmove(logits + (int64_t)i * e->V, e->logits + (int64_t)j * e->V,
+                            sizeof(float) * (size_t)e->V);
+                j--;
+            }
+        return ARL_OK;
+    }
     ARL_TRY(arl_model_forward_state(&e->m, &e->st, slots, &b, &out));
     if (want && logits)
         for (int32_t i = 0; i < N; i++) /* m.xbuf holds the final-norm rows (T, d) */
@@ -128,8 +190,50 @@ arl_status ro_engine_forward(ro_engine *e, int32_t N, const int32_t *slots, cons
 }
 
 arl_status ro_engine_decode(ro_engine *e, int32_t n, const int32_t *slots, const int32_t *tokens) {
+    if (e->ops) {
+        for (int32_t i = 0; i < n; i++)
+            if (slots[i] < 0 || slots[i] >= e->st.n_slots || !e->st.slots[slots[i]].active)
+                return arl_errorf(ARL_ERR_STATE, "rollout: decode step over inactive slot %d",
+                                  slots[i]);
+        e->dev_T = n;
+        return arl_model_dev_decode_step(&e->md, slots, n, tokens, e->logits,
+                                         e->n_moe ? e->routes : NULL);
+    }
     return arl_model_decode_step(&e->m, &e->st, slots, n, tokens, e->logits,
                                  e->n_moe ? e->routes : NULL);
+}
+
+arl_status ro_engine_slot_join(ro_engine *e, int32_t *slot) {
+    ARL_TRY(arl_decode_state_join(&e->st, slot));
+    if (e->ops) {
+        arl_status s = arl_model_dev_slot_reset(&e->md, *slot);
+        if (s) {
+            arl_decode_state_leave(&e->st, *slot);
+            return s;
+        }
+    }
+    return ARL_OK;
+}
+
+arl_status ro_engine_slot_reset(ro_engine *e, int32_t slot) {
+    arl_decode_state_reset(&e->st, slot);
+    return e->ops ? arl_model_dev_slot_reset(&e->md, slot) : ARL_OK;
+}
+
+arl_status ro_engine_slot_import(ro_engine *e, int32_t slot, const void *buf, size_t len) {
+    ARL_TRY(arl_decode_state_import(&e->st, slot, buf, len));
+    if (!e->ops) return ARL_OK;
+    arl_status s = arl_model_dev_slot_upload(&e->md, slot, &e->st, slot);
+    if (s) { /* neither side keeps a half-imported state */
+        arl_decode_state_reset(&e->st, slot);
+        arl_model_dev_slot_reset(&e->md, slot);
+    }
+    return s;
+}
+
+arl_status ro_engine_slot_sync(ro_engine *e, int32_t slot, int64_t row0) {
+    if (!e->ops) return ARL_OK;
+    return arl_model_dev_slot_download(&e->md, slot, &e->st, slot, row0);
 }
 
 void ro_engine_weights_sha256(const ro_engine *e, int which, char hex[65]) {

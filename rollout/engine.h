@@ -20,6 +20,7 @@
 #include "policy/chat.h"
 #include "policy/config.h"
 #include "policy/model.h"
+#include "policy/model_device.h"
 #include "policy/params.h"
 #include "policy/sample.h"
 #include "policy/state.h"
@@ -30,6 +31,10 @@ typedef struct ro_engine_opts {
     int64_t max_context;  /* most positions of one sequence since its fresh start */
     int64_t sparse_topk;  /* block-sparse MLA chunks (0: dense) */
     int64_t sparse_chunk; /* block-sparse MLA chunk length */
+    const char *device;   /* NULL: policy/model.h on the CPU (the reference); else a device of
+                             policy/model_device.h (arl_dev_ops_get: "cuda", or "cpu", the
+                             device code over host memory, bit-identical to the reference) */
+    int32_t bf16_weights; /* with device "cuda": GEMMs on bf16 copies of the weights */
 } ro_engine_opts;
 
 typedef struct ro_engine {
@@ -39,8 +44,15 @@ typedef struct ro_engine {
     int64_t version;            /* policy version of params[cur] */
     int have_next;              /* params[1 - cur] holds version next_version */
     int64_t next_version;
-    arl_model m;
-    arl_decode_state st;
+    arl_model m;          /* the reference path (o.device NULL) */
+    arl_decode_state st;  /* the slots: on the reference path the state itself; on a device
+                             the bookkeeping (join / leave / reserve) and a host copy of each
+                             slot, current only after ro_engine_slot_sync */
+    const arl_dev_ops *ops; /* the device (o.device set), else NULL */
+    arl_model_dev md;       /* the model on that device; its slot i is st's slot i */
+    int64_t dev_T;          /* tokens of the device model's last forward */
+    int64_t *dev_rows;      /* (n_slots) rows whose logits a device forward returns */
+    char numerics[32];      /* the states' numerics tag (spec/replay.md 9.2): "cpu-f32", ... */
     arl_sampler smp;
     arl_chat_template tpl;
     char cfg_hash[65];          /* config hash, hex */
@@ -68,7 +80,7 @@ void ro_engine_close(ro_engine *e); /* NULL-safe */
  * untouched).  Its config must hash like the running one (ARL_ERR_CONFIG otherwise). */
 arl_status ro_engine_load_next(ro_engine *e, const char *ckpt_dir, int64_t version);
 /* Make the loaded next version the running one (no-op without one). */
-void ro_engine_swap(ro_engine *e);
+arl_status ro_engine_swap(ro_engine *e); /* uploads the weights to a device */
 
 /* One forward continuing N sequences: document i (tokens[cu[i] .. cu[i+1])) continues slot
  * slots[i].  media: (n_media, d) rows for the <|media_pad|> tokens in order, or NULL.
@@ -81,6 +93,19 @@ arl_status ro_engine_forward(ro_engine *e, int32_t N, const int32_t *slots, cons
 /* One decode step: token tokens[i] appended to slot slots[i]; logits (n, V) into e->logits,
  * routes (n_moe, n, k) into e->routes. */
 arl_status ro_engine_decode(ro_engine *e, int32_t n, const int32_t *slots, const int32_t *tokens);
+
+/* Slots (both paths; st's slot bookkeeping, and the device slot with it).  join: a free slot,
+ * fresh; reset: the slot starts fresh; import: the slot's state becomes an export
+ * (arl_decode_state_import's checks); sync: st's copy of the slot made current, its latent
+ * rows from row0 on (rows below are taken as current: the caller's last sync reached them;
+ * no-op on the reference path). */
+arl_status ro_engine_slot_join(ro_engine *e, int32_t *slot);
+arl_status ro_engine_slot_reset(ro_engine *e, int32_t slot);
+arl_status ro_engine_slot_import(ro_engine *e, int32_t slot, const void *buf, size_t len);
+arl_status ro_engine_slot_sync(ro_engine *e, int32_t slot, int64_t row0);
+
+/* The running weights (host fp32; the vision tower reads them). */
+const arl_model_params *ro_engine_params(const ro_engine *e);
 
 /* The identity of parameter buffer `which` (0 or 1, an index into params) as loaded: SHA-256 of
  * its fp32 arena as lower-case hex into hex[65].  Recorded as policy_versions.weights_sha256

@@ -241,7 +241,7 @@ arl_status ro_media_load_input(replay_store *st, int64_t traj_id, const arl_mode
 arl_status ro_media_load(replay_store *st, int64_t traj_id, const ro_engine *e, ro_media *m) {
     ro_media_input in;
     ARL_TRY(ro_media_load_input(st, traj_id, &e->cfg, e->tpl.image_max_patches, &in, m));
-    m->pad_row = e->m.w->embed_tokens + (int64_t)m->media_id * e->d;
+    m->pad_row = ro_engine_params(e)->embed_tokens + (int64_t)m->media_id * e->d;
     arl_status s = ARL_OK;
     float *ws = NULL;
     const int64_t wsn = in.n_obs ? arl_vision_ws_floats(&e->cfg, in.max_Np) : 0;
@@ -253,7 +253,7 @@ arl_status ro_media_load(replay_store *st, int64_t traj_id, const ro_engine *e, 
     /* one observation at a time, as the rollout encoded them */
     for (int32_t i = 0; s == ARL_OK && i < in.n_obs; i++) {
         const ro_media_obs *o = &in.obs[i];
-        s = arl_vision_fwd(m->rows + o->row0 * m->d, e->m.w, &e->cfg, o->patches, o->grids,
+        s = arl_vision_fwd(m->rows + o->row0 * m->d, ro_engine_params(e), &e->cfg, o->patches, o->grids,
                            o->n_img, ws, wsn, NULL);
     }
     free(ws);

@@ -30,10 +30,10 @@ static int cmp_double(const void *a, const void *b) {
 static arl_status import_parts(ro_engine *e, replay_state_data *parts, size_t np, arl_status s) {
     uint8_t *buf = NULL;
     size_t len = 0;
-    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, parts, np, &buf, &len);
+    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, e->numerics, parts, np, &buf, &len);
     replay_boundary_free(parts, np);
     if (s == ARL_OK) {
-        s = arl_decode_state_import(&e->st, 0, buf, len);
+        s = ro_engine_slot_import(e, 0, buf, len);
         if (s) s = arl_error_prefix(ARL_ERR_NOT_FOUND, "importing the cached boundary");
     }
     free(buf);

@@ -20,10 +20,12 @@
 
 /* The ARLS export (policy/state.h) of a full boundary from replay_boundary_load parts: the
  * kda_boundary part first, then the mla_segment parts from the last fresh start in order.
- * Parts of another model config or numerics, or not contiguous, are ARL_ERR_NOT_FOUND (a
- * cache miss).  *out is malloc'ed (caller frees), *out_len its size. */
+ * Parts of another model config or numerics (the engine's tag, ro_engine.numerics), or not
+ * contiguous, are ARL_ERR_NOT_FOUND (a cache miss).  *out is malloc'ed (caller frees),
+ * *out_len its size. */
 arl_status arl_rollout_state_assemble(const arl_model_config *cfg, const char *cfg_hash,
-                                      const replay_state_data *parts, size_t n_parts,
+                                      const char *numerics, const replay_state_data *parts,
+                                      size_t n_parts,
                                       uint8_t **out, size_t *out_len);
 
 #endif

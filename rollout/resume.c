@@ -317,8 +317,8 @@ static arl_status restore_model(rs_ctx *x, int *failed) {
     arl_status s = replay_boundary_load(w->st, x->row.traj_id, last->seg_index, &parts, &np);
     uint8_t *buf = NULL;
     size_t len = 0;
-    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, parts, np, &buf, &len);
-    if (s == ARL_OK) s = arl_decode_state_import(&e->st, t->slot, buf, len);
+    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, e->numerics, parts, np, &buf, &len);
+    if (s == ARL_OK) s = ro_engine_slot_import(e, t->slot, buf, len);
     free(buf);
     if (s == ARL_OK) {
         snprintf(t->pass_uid, sizeof t->pass_uid, "%s", parts[0].pass_uid);
@@ -338,7 +338,7 @@ static arl_status restore_model(rs_ctx *x, int *failed) {
     arl_error_clear();
     s = ARL_OK; /* a cache miss: recompute */
     /* recompute: prefill the stored tokens since the last fresh start at the current version */
-    arl_decode_state_reset(&e->st, t->slot);
+    ARL_TRY(ro_engine_slot_reset(e, t->slot));
     size_t f = x->c - 1;
     while (f > 0 && strcmp(x->refs[f].start_kind, "fresh")) f--;
     replay_seg_data d;
@@ -610,7 +610,7 @@ arl_status ro_resume_one(arl_rollout_worker *w, int64_t traj_id) {
     if (s == ARL_OK && !failed) s = restore_env(&x, &failed);
     if (s == ARL_OK && !failed) {
         if (fresh) {
-            arl_decode_state_reset(&w->eng.st, t->slot);
+            s = ro_engine_slot_reset(&w->eng, t->slot);
             snprintf(t->pass_uid, sizeof t->pass_uid, "%s#p%d", t->uid, x.row.resume_count + 1);
             x.state_how = "fresh";
         } else {
@@ -643,6 +643,7 @@ arl_status ro_resume_one(arl_rollout_worker *w, int64_t traj_id) {
             t->n_ctx += t->e_n;
             t->n_total += t->e_n;
             if (!x.fork) w->stats.resumed++;
+            if (!x.fork && !strcmp(x.state_how, "cached")) w->stats.resumed_from_state++;
             arl_log_info("rollout: %s %s at step %lld (environment %s, model state %s)", t->uid,
                          x.fork ? "forked" : "resumed", (long long)x.m, x.how, x.state_how);
         }

@@ -83,6 +83,9 @@ typedef struct arl_rollout_config {
     int64_t mla_sparse_chunk; /* block-sparse MLA: chunk length */
     int64_t threads;          /* CPU threads (0: the kernels' default) */
     int reserve_context;      /* allocate each slot's MLA cache for L_ctx rows at once */
+    char *device;             /* "cpu" (policy/model.h), "cuda" or "cpu-device" (the device
+                                 code of policy/model_device.h over host memory) */
+    int device_bf16;          /* device cuda: weight GEMMs on bf16 copies of the weights */
     /* states, faults, weights */
     char *state_cache;       /* "last" (spec/replay.md 9.3, the default), "all" or "off" */
     int resume_interrupted;  /* resume (1) or mask (0) interrupted trajectories */
@@ -117,6 +120,7 @@ typedef struct arl_rollout_stats {
     int64_t trajectories;     /* finished: complete + truncated + masked */
     int64_t complete, truncated, masked;
     int64_t resumed, interrupted_masked;
+    int64_t resumed_from_state; /* resumed from a cached boundary state (not recomputed) */
     int64_t successes;        /* outcome at the top of the declared outcome range */
     int64_t tokens, action_tokens, turns, segments;
     int64_t prefill_tokens, decode_tokens;

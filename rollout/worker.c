@@ -149,7 +149,7 @@ arl_status ro_traj_new(arl_rollout_worker *w, int64_t task, int32_t gslot, int32
     t->seg.route_bytes = w->eng.route_bytes;
     t->seg.rk = w->eng.n_moe * w->eng.k;
     t->ctx_vmin = t->ctx_vmax = -1;
-    arl_status s = arl_decode_state_join(&w->eng.st, &t->slot);
+    arl_status s = ro_engine_slot_join(&w->eng, &t->slot);
     if (s) {
         free(t);
         return arl_error_prefix(s, "rollout: no free decode slot");
@@ -300,7 +300,7 @@ arl_status ro_encode_images(arl_rollout_worker *w, const ro_images *imgs, float 
     *media = NULL;
     *n_media = 0;
     if (!imgs || !imgs->n) return ARL_OK;
-    return arl_vision_encode_images(w->eng.m.w, &w->eng.cfg, imgs->v, imgs->n,
+    return arl_vision_encode_images(ro_engine_params(&w->eng), &w->eng.cfg, imgs->v, imgs->n,
                                     w->eng.tpl.image_max_patches, media, n_media);
 }
 
@@ -500,7 +500,7 @@ static arl_status commit_boundary(arl_rollout_worker *w, ro_traj *t) {
     ro_seg_reset(s, idx + 1, fresh ? "fresh" : "continue", (int32_t)t->step + 1, tok_start,
                  ctx_start);
     if (fresh) {
-        arl_decode_state_reset(&w->eng.st, t->slot);
+        ARL_TRY(ro_engine_slot_reset(&w->eng, t->slot));
         t->n_ctx = 0;
         t->ctx_vmin = t->ctx_vmax = -1;
     }
@@ -1065,17 +1065,18 @@ static arl_status poll_weights(arl_rollout_worker *w) {
     return arl_rollout_worker_publish(w, v, dir);
 }
 
-static void maybe_swap(arl_rollout_worker *w) {
-    if (!w->swap_pending) return;
+static arl_status maybe_swap(arl_rollout_worker *w) {
+    if (!w->swap_pending) return ARL_OK;
     for (ro_traj *t = w->all; t; t = t->next_all)
-        if (t->state == RO_T_GENERATE) return;
-    ro_engine_swap(&w->eng);
+        if (t->state == RO_T_GENERATE) return ARL_OK;
+    ARL_TRY(ro_engine_swap(&w->eng));
     int64_t waited = ro_now_ms() - w->swap_since_ms;
     for (ro_traj *t = w->all; t; t = t->next_all)
         t->paused_ms += waited; /* waiting for weights is not charged to the wall clock */
     w->swap_pending = 0;
     w->stats.versions_loaded++;
     arl_log_info("rollout: now sampling with policy version %lld", (long long)w->eng.version);
+    return ARL_OK;
 }
 
 /* ---- progress ---- */
@@ -1134,7 +1135,11 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
     if (c->threads > 0) ARL_TRY(arl_k_threads_init((int)c->threads));
     ro_engine_opts eo = {.n_slots = (int32_t)c->batch_size, .max_tokens = c->prefill_chunk,
                          .max_context = c->context_tokens, .sparse_topk = c->mla_sparse_topk,
-                         .sparse_chunk = c->mla_sparse_chunk};
+                         .sparse_chunk = c->mla_sparse_chunk,
+                         .device = !strcmp(c->device, "cpu")          ? NULL
+                                   : !strcmp(c->device, "cpu-device") ? "cpu"
+                                                                      : c->device,
+                         .bf16_weights = c->device_bf16};
     ARL_TRY(ro_engine_open(&w->eng, w->ckpt_dir, c->policy_version, &eo));
     w->sp = (arl_sample_params){.temperature = c->temperature, .top_p = c->top_p};
     ARL_TRY(arl_sample_params_check(&w->sp));
@@ -1316,7 +1321,7 @@ arl_status arl_rollout_worker_run(arl_rollout_worker *w) {
     arl_status st = ARL_OK;
     while (!w->stop) {
         ARL_TRY(poll_weights(w));
-        maybe_swap(w);
+        ARL_TRY(maybe_swap(w));
         ARL_TRY(admit(w));
         for (;;) {
             arl_env_session *done = NULL;
@@ -1412,8 +1417,10 @@ void arl_rollout_stats_print(const arl_rollout_stats *s, FILE *f) {
                "action_too_large %lld; wall clock %lld\n",
             (long long)s->truncations[0], (long long)s->truncations[1],
             (long long)s->truncations[2], (long long)s->truncations[3], (long long)s->wall_clock);
-    fprintf(f, "  env errors    %lld masked; resumed %lld, interrupted masked %lld\n",
-            (long long)s->env_errors, (long long)s->resumed, (long long)s->interrupted_masked);
+    fprintf(f, "  env errors    %lld masked; resumed %lld (%lld from cached states), interrupted "
+               "masked %lld\n",
+            (long long)s->env_errors, (long long)s->resumed, (long long)s->resumed_from_state,
+            (long long)s->interrupted_masked);
     fprintf(f, "  tokens        %lld sampled (%.0f/s), %lld prefilled (%.0f/s)\n",
             (long long)s->decode_tokens, s->decode_s > 0 ? (double)s->decode_tokens / s->decode_s : 0.0,
             (long long)s->prefill_tokens,

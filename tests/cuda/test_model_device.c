@@ -36,6 +36,7 @@
 
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
+#include "kernels/gemm.h"
 #include "policy/model_device.h"
 #include "tests/policy_model/tiny.h"
 
@@ -537,6 +538,151 @@ static void test_cuda_decode(void) {
 
 /* ARL_TEST_CASES (environment): run only the cases whose names contain one of its
  * comma-separated words (e.g. "graphs" under the emulator); unset: all. */
+/* ---- slot states to and from the host, image rows, rows' logits ----
+ * rtol < 0: bit-identical ("cpu"); else the max|ref| bound of decode_compare (the states are
+ * compared the same way: KDA states, conv tails and latent rows are activations of the same
+ * fp32 computation). */
+static void cmp_f32(const char *what, const float *dev, const float *ref, size_t n, double rtol) {
+    if (rtol < 0)
+        CHECK_MSG(!memcmp(dev, ref, sizeof(float) * n), "%s differ", what);
+    else
+        check_close_maxref_f32(what, dev, ref, n, 0.0, rtol);
+}
+
+static void cmp_slot(const char *what, const arl_decode_state *a, int32_t sa,
+                     const arl_decode_state *b, int32_t sb, double rtol) {
+    const arl_model_dims *dm = &TM.cfg.dims;
+    const arl_decode_slot *x = &a->slots[sa], *y = &b->slots[sb];
+    CHECK_EQ_INT(x->pos, y->pos);
+    char name[128];
+    snprintf(name, sizeof name, "%s: KDA states", what);
+    cmp_f32(name, x->kda_S, y->kda_S, (size_t)(dm->n_kda * dm->H * dm->dk * dm->dv), rtol);
+    snprintf(name, sizeof name, "%s: conv tails", what);
+    cmp_f32(name, x->kda_conv, y->kda_conv, (size_t)(dm->n_kda * 3 * dm->P * (dm->W - 1)), rtol);
+    for (int64_t j = 0; j < dm->n_mla; j++) {
+        snprintf(name, sizeof name, "%s: latent rows of MLA layer %lld", what, (long long)j);
+        cmp_f32(name, x->latent[j], y->latent[j], (size_t)(x->pos * (dm->rkv + dm->r)), rtol);
+    }
+}
+
+/* One forward of documents (cu, N) over reference slots rs and device slots ds; the device
+ * takes the reference's routes (a near-tie of the fp32 router scores must not switch an expert
+ * between the CPU and the GPU); logits (T, V) of both into lr, ld. */
+static void pair_state(arl_model *m, arl_decode_state *st, const int32_t *rs, arl_model_dev *md,
+                       const int32_t *ds, const arl_batch *b, float *lr, float *ld) {
+    const arl_model_dims *dm = &TM.cfg.dims;
+    int32_t *routes = malloc(sizeof(int32_t) * (size_t)(dm->n_moe * b->T * dm->k));
+    arl_forward_out ro = {.logits = lr, .routes = routes};
+    CHECK_MSG(arl_model_forward_state(m, st, rs, b, &ro) == ARL_OK, "ref: %s", arl_error_msg());
+    arl_batch bd = *b;
+    bd.forced_routes = routes;
+    arl_forward_out dout = {.logits = ld};
+    CHECK_MSG(arl_model_dev_forward_state(md, ds, &bd, &dout) == ARL_OK, "dev: %s",
+              arl_error_msg());
+    free(routes);
+}
+
+static void slot_transfer_compare(double rtol, const char *mode) {
+    const arl_model_dims *dm = &TM.cfg.dims;
+    const int64_t V = dm->V, d = dm->d;
+    arl_model m;
+    arl_model_opts o = test_opts();
+    if (arl_model_init(&m, &TM.cfg, &TM.w, &o)) exit(1);
+    arl_decode_state st, cp; /* the reference's slots; the host copies of the device's */
+    CHECK(arl_decode_state_init(&st, &TM.cfg, 2, o.max_context) == ARL_OK);
+    CHECK(arl_decode_state_init(&cp, &TM.cfg, 3, o.max_context) == ARL_OK);
+    arl_model_dev md;
+    init_dev(&md);
+    int32_t h0, h1, c0, c1, c2;
+    CHECK(arl_decode_state_join(&st, &h0) == ARL_OK && arl_decode_state_join(&st, &h1) == ARL_OK);
+    CHECK(arl_decode_state_join(&cp, &c0) == ARL_OK && arl_decode_state_join(&cp, &c1) == ARL_OK);
+    CHECK(arl_decode_state_join(&cp, &c2) == ARL_OK);
+    /* two documents, the second with an image's rows (3 placeholders) when the model has a
+     * vision tower: device slots 0 and 1 against reference slots 0 and 1 */
+    int32_t *tok = rand_tokens(77, 50);
+    const int64_t mid = TM.cfg.media_placeholder_token_id;
+    const int img = TM.cfg.has_vision && mid >= 0 && mid < V;
+    float *media = NULL;
+    if (img) {
+        for (int t = 30; t < 33; t++)
+            tok[t] = (int32_t)mid;
+        media = malloc(sizeof(float) * (size_t)(3 * d));
+        arl_rng r;
+        arl_rng_seed(&r, 5);
+        for (int64_t i = 0; i < 3 * d; i++)
+            media[i] = (float)(arl_rng_uniform(&r) - 0.5);
+    }
+    int32_t cu[3] = {0, 20, 50}, slots[2] = {0, 1};
+    arl_batch b = {.tokens = tok, .T = 50, .cu = cu, .N = 2, .media = media, .n_media = img ? 3 : 0};
+    float *lr = malloc(sizeof(float) * (size_t)(50 * V)), *ld = malloc(sizeof(float) * (size_t)(50 * V));
+    pair_state(&m, &st, slots, &md, slots, &b, lr, ld);
+    char name[96];
+    snprintf(name, sizeof name, "%s: forward with %s logits", mode, img ? "image rows" : "two docs");
+    cmp_f32(name, ld, lr, (size_t)(50 * V), rtol);
+    /* the logits of each document's last row alone (a rollout engine's prefill) */
+    float rl[2 * 384], dl[2 * 384];
+    CHECK(V <= 384);
+    int64_t rows[2] = {19, 49};
+    for (int i = 0; i < 2; i++)
+        arl_k_linear_fwd(rl + i * V, m.xbuf + rows[i] * d, TM.w.lm_head, 1, d, V);
+    CHECK(arl_model_dev_rows_logits(&md, 2, rows, 50, dl) == ARL_OK);
+    snprintf(name, sizeof name, "%s: rows' logits", mode);
+    cmp_f32(name, dl, rl, (size_t)(2 * V), rtol);
+    int64_t bad = 50;
+    CHECK(arl_model_dev_rows_logits(&md, 1, &bad, 50, dl) == ARL_ERR_RANGE);
+
+    /* device slot 1 -> host copy c1 equals the reference's slot 1 */
+    CHECK(arl_model_dev_slot_download(&md, 1, &cp, c1, 0) == ARL_OK);
+    snprintf(name, sizeof name, "%s: downloaded slot after a forward", mode);
+    cmp_slot(name, &cp, c1, &st, h1, rtol);
+    /* a decode step (one token per document) on both; a download from row 30 on updates the
+     * rows that changed */
+    int32_t step_tok[2] = {5, 9}, cu2[3] = {0, 1, 2};
+    arl_batch bs = {.tokens = step_tok, .T = 2, .cu = cu2, .N = 2};
+    pair_state(&m, &st, slots, &md, slots, &bs, lr, ld);
+    CHECK(arl_model_dev_slot_download(&md, 1, &cp, c1, 30) == ARL_OK);
+    snprintf(name, sizeof name, "%s: slot downloaded from row 30 after a step", mode);
+    cmp_slot(name, &cp, c1, &st, h1, rtol);
+    /* the reference's slot 0 -> export -> host slot c2 -> device slot 2: a step there equals
+     * the reference's step on slot 0 */
+    uint8_t *ex = NULL;
+    size_t len = 0;
+    CHECK(arl_decode_state_export_alloc(&st, h0, &ex, &len) == ARL_OK);
+    CHECK(arl_decode_state_import(&cp, c2, ex, len) == ARL_OK);
+    CHECK(arl_model_dev_slot_upload(&md, 2, &cp, c2) == ARL_OK);
+    CHECK_EQ_INT(arl_model_dev_slot_pos(&md, 2), st.slots[h0].pos);
+    int32_t s0 = 0, s2 = 2, t1 = 11;
+    arl_batch b1 = {.tokens = &t1, .T = 1};
+    pair_state(&m, &st, &s0, &md, &s2, &b1, lr, ld);
+    snprintf(name, sizeof name, "%s: step on an uploaded slot", mode);
+    cmp_f32(name, ld, lr, (size_t)V, rtol);
+    /* errors: an inactive host slot, a first row past the position, a slot outside the model */
+    arl_decode_state_leave(&cp, c0);
+    CHECK(arl_model_dev_slot_download(&md, 0, &cp, c0, 0) == ARL_ERR_STATE);
+    CHECK(arl_model_dev_slot_upload(&md, 0, &cp, c0) == ARL_ERR_STATE);
+    CHECK(arl_model_dev_slot_download(&md, 1, &cp, c1, 1000) == ARL_ERR_RANGE);
+    CHECK(arl_model_dev_slot_download(&md, 7, &cp, c1, 0) == ARL_ERR_RANGE);
+    arl_error_clear();
+    free(ex);
+    free(tok);
+    free(media);
+    free(lr);
+    free(ld);
+    arl_model_dev_free(&md);
+    arl_decode_state_free(&cp);
+    arl_decode_state_free(&st);
+    arl_model_free(&m);
+}
+
+static void test_cpu_slot_transfer(void) {
+    slot_transfer_compare(-1.0, "cpu");
+}
+
+static void test_cuda_slot_transfer(void) {
+    arl_cuda_set_math(arl_cuda_current(), ARL_CUDA_MATH_FP32);
+    slot_transfer_compare(1e-3, "cuda fp32");
+}
+
 static int wanted(const char *name) {
     const char *w = getenv("ARL_TEST_CASES");
     if (!w || !*w) return 1;
@@ -574,6 +720,7 @@ int main(int argc, char **argv) {
         if (!EMU) RUN(test_cuda_bf16); /* the emulator checks logic, not bf16 numerics */
         RUN(test_cuda_decode);
         RUN(test_cuda_graphs);
+        RUN(test_cuda_slot_transfer);
         if (!EMU) RUN(test_cuda_bf16_weights);
     } else {
         OPS = arl_dev_ops_cpu();
@@ -581,6 +728,7 @@ int main(int argc, char **argv) {
         RUN(test_cpu_errors);
         RUN(test_cpu_decode_bit_identical);
         RUN(test_cpu_prefill_decode_wrappers);
+        RUN(test_cpu_slot_transfer);
     }
     tiny_free(&TM);
     return test_finish();

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "policy/checkpoint.h"
 #include "policy/config.h"
@@ -98,6 +100,34 @@ static inline int64_t h_rescore_check(replay_store *st, const char *ckpt, const 
     CHECK_MSG(rs.max_abs < 1e-3, "%s: max |l - l_mu| = %g at stream token %lld", uid, rs.max_abs,
               (long long)rs.worst_token);
     return rs.from_state;
+}
+
+/* Run a worker of config c on shard `shard` of the store at db in a child process that dies
+ * (_exit, as a crash would) right after the first committed boundary: another process, so its
+ * death leaves the trajectory running for the next writer of the shard.  CHECKs that the
+ * child got that far. */
+static inline int h_exit_at_first_(void *user, const char *uid, int32_t seg, int final) {
+    (void)user;
+    (void)uid;
+    (void)seg;
+    if (!final) _exit(0);
+    return 0;
+}
+static inline void h_run_until_first_boundary(arl_rollout_config *c, const char *ckpt,
+                                              const char *db, int32_t shard) {
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) {
+        replay_store *cst = h_store(db);
+        arl_rollout_hooks hk = {.on_commit = h_exit_at_first_};
+        arl_rollout_worker *cw;
+        if (arl_rollout_worker_open(c, ckpt, cst, shard, &hk, &cw) || arl_rollout_worker_run(cw))
+            _exit(3);
+        _exit(4); /* finished without a boundary */
+    }
+    int status = -1;
+    waitpid(pid, &status, 0);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
 }
 
 #endif

@@ -14,9 +14,6 @@
  *
  * Tolerance: |l - l_mu| < 1e-3 nats, as tests/rollout/helpers.h explains (fp32 rounding of
  * different chunkings is ~1e-6; a wrong image row, state or route gives 0.1 and more). */
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include "tests/rollout/helpers.h"
 
 static char ckpt[600], tmp[512];
@@ -131,14 +128,6 @@ static void test_images_rescore(void) {
     arl_rollout_config_free(&c);
 }
 
-static int exit_at_first(void *user, const char *uid, int32_t seg, int final) {
-    (void)user;
-    (void)uid;
-    (void)seg;
-    if (!final) _exit(0); /* the first boundary is committed: die as a crash would */
-    return 0;
-}
-
 static void test_images_resume(void) {
     char db[700];
     snprintf(db, sizeof db, "%s/db-shapes-resume", tmp);
@@ -147,21 +136,7 @@ static void test_images_resume(void) {
     c.tasks = 1;
     c.group_size = 1;
     h_set(&c, "state-cache", "off"); /* no cached state: the resume must recompute the prefix */
-    /* the first worker runs in a child (another process: its death leaves the trajectory
-     * interrupted for the next writer of the shard) */
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        replay_store *cst = h_store(db);
-        arl_rollout_hooks hk = {.on_commit = exit_at_first};
-        arl_rollout_worker *cw;
-        if (arl_rollout_worker_open(&c, ckpt, cst, 1, &hk, &cw) || arl_rollout_worker_run(cw))
-            _exit(3);
-        _exit(4); /* finished without a boundary */
-    }
-    int status = -1;
-    waitpid(pid, &status, 0);
-    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d", status);
+    h_run_until_first_boundary(&c, ckpt, db, 1);
     replay_store *st = h_store(db);
     const int32_t shard = 1;
     arl_rollout_worker *w;

@@ -1,0 +1,269 @@
+/* tests/rollout/test_device.c: the rollout engine on a device (rollout.device,
+ * policy/model_device.h) against the reference engine (policy/model.h).
+ *
+ *   - device cpu-device (the device code over host memory, every op the reference's own): the
+ *     same rollout as device cpu, bit for bit: every stored token, behaviour log-probability,
+ *     route, version, status and every stored state's bytes (KDA states, conv tails, latent
+ *     rows: copied back from the device slots at the boundaries), over the calculator with
+ *     segments short enough for continue boundaries, and over builtin:shapes (image rows placed
+ *     by the device forward); their numerics tag is "cpu-f32" on both;
+ *   - a worker on the device killed after its first boundary resumes the trajectory on restart
+ *     from the cached state (imported into the device slot), and the finished trajectory
+ *     re-scores (reference engine) to its behaviour log-probabilities (< 1e-3 nats, as
+ *     tests/rollout/helpers.h explains);
+ *   - refusals before anything is written: device cuda in a build or on a machine without a GPU
+ *     (the error names the device), block-sparse MLA on a device, bf16 weights off cuda;
+ *   - with a GPU (device cuda opens): the calculator rollout on the GPU re-scores on the CPU
+ *     within 1e-3 nats and its states are tagged cuda-f32.
+ */
+#include "policy/model_device.h"
+#include "tests/rollout/helpers.h"
+
+static char ckpt[600], tmp[512];
+
+/* Run a worker of config c over a new store at tmp/name; returns the store (caller closes). */
+static replay_store *run_into(const char *name, arl_rollout_config *c) {
+    char db[700];
+    snprintf(db, sizeof db, "%s/%s", tmp, name);
+    replay_store *st = h_store(db);
+    arl_rollout_worker *w;
+    H_DIE(arl_rollout_worker_open(c, ckpt, st, 0, NULL, &w), name);
+    H_DIE(arl_rollout_worker_run(w), name);
+    CHECK_EQ_INT(arl_rollout_worker_stats(w)->masked, 0);
+    arl_rollout_worker_close(w);
+    CHECK_EQ_INT(h_verify(st), 0);
+    return st;
+}
+
+/* 1 when state a and b (ids in their stores) hold the same chunks, byte for byte. */
+static int same_state(replay_store *sa, int32_t shard_a, int64_t a, replay_store *sb,
+                      int32_t shard_b, int64_t b, const char *numerics) {
+    if (a < 0 || b < 0) return a == b;
+    replay_state_data da, db;
+    memset(&da, 0, sizeof da);
+    memset(&db, 0, sizeof db);
+    H_DIE(replay_state_load(sa, shard_a, a, &da), "state a");
+    H_DIE(replay_state_load(sb, shard_b, b, &db), "state b");
+    int same = da.n_chunks == db.n_chunks && !strcmp(da.kind, db.kind) &&
+               da.n_tokens == db.n_tokens && da.ctx_start == db.ctx_start &&
+               !strcmp(da.numerics, numerics) && !strcmp(db.numerics, numerics);
+    for (size_t i = 0; same && i < da.n_chunks; i++) {
+        const replay_state_chunk_data *x = &da.chunks[i], *y = &db.chunks[i];
+        same = x->layer == y->layer && !strcmp(x->tensor, y->tensor) &&
+               x->row_start == y->row_start &&
+               x->h.payload_nbytes == y->h.payload_nbytes &&
+               !memcmp(x->data, y->data, (size_t)x->h.payload_nbytes);
+    }
+    replay_state_data_free(&da);
+    replay_state_data_free(&db);
+    return same;
+}
+
+/* Every stored column and state of trajectory uid equal in both stores; returns the number of
+ * states compared. */
+static int64_t compare_traj(replay_store *a, replay_store *b, const char *uid) {
+    replay_traj_row ra, rb;
+    H_DIE(replay_traj_get(a, uid, &ra), "traj a");
+    H_DIE(replay_traj_get(b, uid, &rb), "traj b");
+    CHECK_EQ_INT(ra.status, rb.status);
+    CHECK_EQ_INT(ra.n_tokens, rb.n_tokens);
+    CHECK_EQ_INT(ra.n_action_tokens, rb.n_action_tokens);
+    replay_seg_ref *fa, *fb;
+    size_t na, nb;
+    H_DIE(replay_traj_segments(a, ra.traj_id, &fa, &na), "segments a");
+    H_DIE(replay_traj_segments(b, rb.traj_id, &fb, &nb), "segments b");
+    CHECK_EQ_INT(na, nb);
+    int64_t states = 0;
+    replay_seg_data da, db;
+    memset(&da, 0, sizeof da);
+    memset(&db, 0, sizeof db);
+    for (size_t i = 0; i < na && i < nb; i++) {
+        H_DIE(replay_segment_load(a, ra.traj_id, (int32_t)i, REPLAY_LOAD_TOKENS | REPLAY_LOAD_ROUTES,
+                                  &da),
+              "load a");
+        H_DIE(replay_segment_load(b, rb.traj_id, (int32_t)i, REPLAY_LOAD_TOKENS | REPLAY_LOAD_ROUTES,
+                                  &db),
+              "load b");
+        const int64_t T = fa[i].n_tokens;
+        CHECK_EQ_INT(T, fb[i].n_tokens);
+        CHECK(!strcmp(fa[i].start_kind, fb[i].start_kind) && !strcmp(fa[i].end_cause, fb[i].end_cause));
+        if (T != fb[i].n_tokens) break;
+        CHECK_MSG(!memcmp(da.tokens, db.tokens, sizeof(uint32_t) * (size_t)T), "%s seg %zu tokens",
+                  uid, i);
+        CHECK_MSG(!memcmp(da.logprobs, db.logprobs, sizeof(float) * (size_t)T),
+                  "%s seg %zu log-probs", uid, i);
+        CHECK(!memcmp(da.loss_mask, db.loss_mask, (size_t)T));
+        CHECK(!memcmp(da.versions, db.versions, sizeof(uint32_t) * (size_t)T));
+        CHECK_EQ_INT(da.n_moe_layers, db.n_moe_layers);
+        const size_t rb_ = (size_t)da.n_moe_layers * (size_t)T * (size_t)da.route_k *
+                           (da.route_dtype == ARL_BLOB_U8 ? 1 : 2);
+        CHECK_MSG(da.n_moe_layers > 0 && !memcmp(da.routes, db.routes, rb_), "%s seg %zu routes",
+                  uid, i);
+        CHECK_MSG(same_state(a, fa[i].shard_id, fa[i].end_state_id, b, fb[i].shard_id,
+                             fb[i].end_state_id, "cpu-f32"),
+                  "%s seg %zu boundary state", uid, i);
+        CHECK_MSG(same_state(a, fa[i].shard_id, fa[i].latent_state_id, b, fb[i].shard_id,
+                             fb[i].latent_state_id, "cpu-f32"),
+                  "%s seg %zu latent state", uid, i);
+        states += (fa[i].end_state_id >= 0) + (fa[i].latent_state_id >= 0);
+    }
+    replay_seg_data_free(&da);
+    replay_seg_data_free(&db);
+    free(fa);
+    free(fb);
+    return states;
+}
+
+static void test_calculator_bit_identical(void) {
+    arl_rollout_config c;
+    h_config(&c, "calculator");
+    c.observation_tokens = 576;
+    c.segment_tokens = 600; /* continue boundaries with states in every trajectory */
+    h_set(&c, "state-cache", "all");
+    replay_store *ref = run_into("calc-ref", &c);
+    h_set(&c, "device", "cpu-device");
+    replay_store *dev = run_into("calc-dev", &c);
+    const char *uids[] = {"rollout/g000000/r0", "rollout/g000000/r1", "rollout/g000001/r0",
+                          "rollout/g000001/r1"};
+    int64_t states = 0;
+    for (int i = 0; i < 4; i++)
+        states += compare_traj(ref, dev, uids[i]);
+    fprintf(stderr, "  calculator: 4 trajectories and %lld stored states identical\n",
+            (long long)states);
+    CHECK(states >= 4);
+    replay_store_close(ref);
+    replay_store_close(dev);
+    arl_rollout_config_free(&c);
+}
+
+static void test_images_bit_identical(void) {
+    arl_rollout_config c;
+    h_config(&c, "builtin:shapes");
+    c.tasks = 1;
+    h_set(&c, "state-cache", "all");
+    replay_store *ref = run_into("shapes-ref", &c);
+    h_set(&c, "device", "cpu-device");
+    replay_store *dev = run_into("shapes-dev", &c);
+    compare_traj(ref, dev, "rollout/g000000/r0");
+    compare_traj(ref, dev, "rollout/g000000/r1");
+    replay_store_close(ref);
+    replay_store_close(dev);
+    arl_rollout_config_free(&c);
+}
+
+static void test_resume_from_cached_state(void) {
+    char db[700];
+    snprintf(db, sizeof db, "%s/calc-resume", tmp);
+    arl_rollout_config c;
+    h_config(&c, "calculator");
+    c.tasks = 1;
+    c.group_size = 1;
+    c.observation_tokens = 576;
+    c.segment_tokens = 600;
+    h_set(&c, "state-cache", "last");
+    h_set(&c, "device", "cpu-device");
+    h_run_until_first_boundary(&c, ckpt, db, 1);
+    replay_store *st = h_store(db);
+    replay_traj_row r;
+    H_DIE(replay_traj_get(st, "rollout/g000000/r0", &r), "traj");
+    CHECK(r.status == REPLAY_RUNNING);
+    arl_rollout_worker *w;
+    H_DIE(arl_rollout_worker_open(&c, ckpt, st, 1, NULL, &w), "reopen");
+    H_DIE(arl_rollout_worker_run(w), "rerun");
+    const arl_rollout_stats *s = arl_rollout_worker_stats(w);
+    CHECK_EQ_INT(s->resumed, 1);
+    CHECK_EQ_INT(s->masked, 0);
+    CHECK_EQ_INT(s->resumed_from_state, 1); /* the cached boundary, imported into the device */
+    arl_rollout_worker_close(w);
+    H_DIE(replay_traj_get(st, "rollout/g000000/r0", &r), "traj");
+    CHECK(r.status == REPLAY_COMPLETE || r.status == REPLAY_TRUNCATED);
+    CHECK_EQ_INT(h_verify(st), 0);
+    h_rescore_check(st, ckpt, "rollout/g000000/r0");
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+}
+
+/* Opening a worker with c fails with code `want` and a message containing `needle`; the store
+ * holds no trajectory. */
+static void expect_refusal(arl_rollout_config *c, const char *name, arl_status want,
+                           const char *needle) {
+    char db[700];
+    snprintf(db, sizeof db, "%s/%s", tmp, name);
+    replay_store *st = h_store(db);
+    arl_rollout_worker *w = NULL;
+    arl_status s = arl_rollout_worker_open(c, ckpt, st, 0, NULL, &w);
+    if (s == ARL_OK) s = arl_rollout_worker_run(w);
+    CHECK_MSG(s == want, "%s: status %d, want %d (%s)", name, s, want, arl_error_msg());
+    CHECK_MSG(strstr(arl_error_msg(), needle) != NULL, "%s: message '%s' lacks '%s'", name,
+              arl_error_msg(), needle);
+    arl_error_clear();
+    arl_rollout_worker_close(w);
+    replay_traj_row r;
+    CHECK(replay_traj_get(st, "rollout/g000000/r0", &r) == ARL_ERR_NOT_FOUND);
+    arl_error_clear();
+    replay_store_close(st);
+}
+
+static void test_refusals_and_cuda(void) {
+    arl_rollout_config c;
+    h_config(&c, "calculator");
+    h_set(&c, "device", "cpu-device");
+    h_set(&c, "mla-sparse-topk", "2");
+    h_set(&c, "mla-sparse-chunk", "16");
+    expect_refusal(&c, "refuse-sparse", ARL_ERR_UNSUPPORTED, "block-sparse MLA");
+    h_set(&c, "mla-sparse-topk", "0");
+    h_set(&c, "device-bf16", "true");
+    expect_refusal(&c, "refuse-bf16", ARL_ERR_ARG, "bf16 weights");
+    h_set(&c, "device-bf16", "false");
+    CHECK(arl_options_set(arl_rollout_options, arl_rollout_n_options, "device", "tpu", &c) != ARL_OK);
+    arl_error_clear();
+
+    /* device cuda: refused without a GPU; with one, the rollout runs there */
+    h_set(&c, "device", "cuda");
+    const arl_dev_ops *ops = NULL;
+    arl_status s = arl_dev_ops_get("cuda", 0, &ops);
+    arl_error_clear();
+    if (s != ARL_OK) {
+        expect_refusal(&c, "refuse-cuda", s, "device cuda");
+        fprintf(stderr, "  device cuda: refused here (no GPU or no CUDA build), as expected\n");
+    } else {
+        c.tasks = 1;
+        c.observation_tokens = 576;
+        c.segment_tokens = 600;
+        h_set(&c, "state-cache", "all");
+        replay_store *st = run_into("calc-cuda", &c);
+        const char *uids[] = {"rollout/g000000/r0", "rollout/g000000/r1"};
+        for (int i = 0; i < 2; i++) {
+            replay_traj_row r;
+            H_DIE(replay_traj_get(st, uids[i], &r), "traj");
+            replay_seg_ref *refs;
+            size_t n;
+            H_DIE(replay_traj_segments(st, r.traj_id, &refs, &n), "segments");
+            for (size_t j = 0; j < n; j++)
+                if (refs[j].end_state_id >= 0) {
+                    replay_state_data d;
+                    memset(&d, 0, sizeof d);
+                    H_DIE(replay_state_load(st, refs[j].shard_id, refs[j].end_state_id, &d), "state");
+                    CHECK(!strcmp(d.numerics, "cuda-f32"));
+                    replay_state_data_free(&d);
+                }
+            free(refs);
+            /* the stored routes are replayed by the CPU re-score; fp32 cuBLAS and the CUDA
+             * kernels differ from the CPU by ~1e-5 in log-probability */
+            h_rescore_check(st, ckpt, uids[i]);
+        }
+        replay_store_close(st);
+    }
+    arl_rollout_config_free(&c);
+}
+
+int main(void) {
+    snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-device"));
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
+    h_make_ckpt(ckpt, NULL, 3);
+    TEST_RUN(test_calculator_bit_identical);
+    TEST_RUN(test_images_bit_identical);
+    TEST_RUN(test_resume_from_cached_state);
+    TEST_RUN(test_refusals_and_cuda);
+    return test_finish();
+}
