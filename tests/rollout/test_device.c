@@ -13,8 +13,8 @@
  *     tests/rollout/helpers.h explains);
  *   - refusals before anything is written: device cuda in a build or on a machine without a GPU
  *     (the error names the device), block-sparse MLA on a device, bf16 weights off cuda;
- *   - with a GPU (device cuda opens): the calculator rollout on the GPU re-scores on the CPU
- *     within 1e-3 nats and its states are tagged cuda-f32.
+ *   - `test_rollout_device cuda` (gpu; exit 77 without one): the calculator rollout on the GPU
+ *     re-scores on the CPU within 1e-3 nats and its states are tagged cuda-f32.
  */
 #include "policy/model_device.h"
 #include "tests/rollout/helpers.h"
@@ -204,7 +204,7 @@ static void expect_refusal(arl_rollout_config *c, const char *name, arl_status w
     replay_store_close(st);
 }
 
-static void test_refusals_and_cuda(void) {
+static void test_refusals(void) {
     arl_rollout_config c;
     h_config(&c, "calculator");
     h_set(&c, "device", "cpu-device");
@@ -218,52 +218,74 @@ static void test_refusals_and_cuda(void) {
     CHECK(arl_options_set(arl_rollout_options, arl_rollout_n_options, "device", "tpu", &c) != ARL_OK);
     arl_error_clear();
 
-    /* device cuda: refused without a GPU; with one, the rollout runs there */
-    h_set(&c, "device", "cuda");
+    /* device cuda without a GPU (or in a build without CUDA): refused, naming the device */
     const arl_dev_ops *ops = NULL;
-    arl_status s = arl_dev_ops_get("cuda", 0, &ops);
-    arl_error_clear();
-    if (s != ARL_OK) {
-        expect_refusal(&c, "refuse-cuda", s, "device cuda");
-        fprintf(stderr, "  device cuda: refused here (no GPU or no CUDA build), as expected\n");
-    } else {
-        c.tasks = 1;
-        c.observation_tokens = 576;
-        c.segment_tokens = 600;
-        h_set(&c, "state-cache", "all");
-        replay_store *st = run_into("calc-cuda", &c);
-        const char *uids[] = {"rollout/g000000/r0", "rollout/g000000/r1"};
-        for (int i = 0; i < 2; i++) {
-            replay_traj_row r;
-            H_DIE(replay_traj_get(st, uids[i], &r), "traj");
-            replay_seg_ref *refs;
-            size_t n;
-            H_DIE(replay_traj_segments(st, r.traj_id, &refs, &n), "segments");
-            for (size_t j = 0; j < n; j++)
-                if (refs[j].end_state_id >= 0) {
-                    replay_state_data d;
-                    memset(&d, 0, sizeof d);
-                    H_DIE(replay_state_load(st, refs[j].shard_id, refs[j].end_state_id, &d), "state");
-                    CHECK(!strcmp(d.numerics, "cuda-f32"));
-                    replay_state_data_free(&d);
-                }
-            free(refs);
-            /* the stored routes are replayed by the CPU re-score; fp32 cuBLAS and the CUDA
-             * kernels differ from the CPU by ~1e-5 in log-probability */
-            h_rescore_check(st, ckpt, uids[i]);
-        }
-        replay_store_close(st);
+    arl_status want = arl_dev_ops_get("cuda", 0, &ops);
+    if (want != ARL_OK) {
+        arl_error_clear();
+        h_set(&c, "device", "cuda");
+        expect_refusal(&c, "refuse-cuda", want, "device cuda");
     }
+    arl_error_clear();
     arl_rollout_config_free(&c);
 }
 
-int main(void) {
+/* (cuda) the calculator rollout on the GPU: states tagged cuda-f32, and the CPU re-score of
+ * the stored routes reproduces the behaviour log-probabilities: fp32 cuBLAS and the CUDA
+ * kernels differ from the CPU by ~1e-5 nats; 1e-3 as tests/rollout/helpers.h explains */
+static void test_cuda_rollout(void) {
+    arl_rollout_config c;
+    h_config(&c, "calculator");
+    c.tasks = 1;
+    c.observation_tokens = 576;
+    c.segment_tokens = 600;
+    h_set(&c, "state-cache", "all");
+    h_set(&c, "device", "cuda");
+    replay_store *st = run_into("calc-cuda", &c);
+    const char *uids[] = {"rollout/g000000/r0", "rollout/g000000/r1"};
+    int64_t states = 0;
+    for (int i = 0; i < 2; i++) {
+        replay_traj_row r;
+        H_DIE(replay_traj_get(st, uids[i], &r), "traj");
+        replay_seg_ref *refs;
+        size_t n;
+        H_DIE(replay_traj_segments(st, r.traj_id, &refs, &n), "segments");
+        for (size_t j = 0; j < n; j++)
+            if (refs[j].end_state_id >= 0) {
+                replay_state_data d;
+                memset(&d, 0, sizeof d);
+                H_DIE(replay_state_load(st, refs[j].shard_id, refs[j].end_state_id, &d), "state");
+                CHECK(!strcmp(d.numerics, "cuda-f32"));
+                replay_state_data_free(&d);
+                states++;
+            }
+        free(refs);
+        h_rescore_check(st, ckpt, uids[i]);
+    }
+    CHECK(states >= 2);
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+}
+
+int main(int argc, char **argv) {
+    const int cuda = argc > 1 && !strcmp(argv[1], "cuda");
+    if (cuda) {
+        const arl_dev_ops *ops = NULL;
+        if (arl_dev_ops_get("cuda", 0, &ops) != ARL_OK) {
+            fprintf(stderr, "skip: %s\n", arl_error_msg());
+            return TEST_SKIP;
+        }
+    }
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-device"));
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
     h_make_ckpt(ckpt, NULL, 3);
-    TEST_RUN(test_calculator_bit_identical);
-    TEST_RUN(test_images_bit_identical);
-    TEST_RUN(test_resume_from_cached_state);
-    TEST_RUN(test_refusals_and_cuda);
+    if (cuda) {
+        TEST_RUN(test_cuda_rollout);
+    } else {
+        TEST_RUN(test_calculator_bit_identical);
+        TEST_RUN(test_images_bit_identical);
+        TEST_RUN(test_resume_from_cached_state);
+        TEST_RUN(test_refusals);
+    }
     return test_finish();
 }
