@@ -106,6 +106,14 @@ const arl_option arl_rollout_options[] = {
      "device cuda: run the weight GEMMs on bf16 copies of the weights (fp32 accumulation; "
      "stored states are tagged cuda-bf16w instead of cuda-f32)",
      0, 0, NULL, 0, NULL},
+    {"device-index", ARL_OPT_INT, F(device_index), "-1",
+     "device cuda: the GPU this worker uses (-1: its local MPI rank modulo the GPU count, so "
+     "the rollout ranks of a node spread over its GPUs)",
+     -1, 4096, NULL, 0, "N"},
+    {"device-graphs", ARL_OPT_BOOL, F(device_graphs), "false",
+     "device cuda: replay each decode step as a CUDA graph, captured once per set of decoding "
+     "slots (again when a trajectory joins or leaves the set); the same kernels, the same bits",
+     0, 0, NULL, 0, NULL},
     {"state-cache", ARL_OPT_CHOICE, F(state_cache), "last",
      "rollout states written at token_budget boundaries: only the newest boundary of each "
      "running trajectory and none of finished ones (last, spec/replay.md 9.3), all kept (all: "

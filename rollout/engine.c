@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/sha256.h"
+#include "kernels/cuda/cuda.h"
 #include "kernels/gemm.h"
 #include "policy/checkpoint.h"
 
@@ -44,6 +45,31 @@ void ro_engine_close(ro_engine *e) {
     memset(e, 0, sizeof *e);
 }
 
+/* The CUDA context of this process's GPU (o->device_index), opened with an arena of `bytes`
+ * and made current, unless the thread has one already (it lives until the process exits, as
+ * arl_dev_ops_get's own).  Without a GPU nothing is opened: arl_dev_ops_get says why. */
+static arl_status open_gpu(const ro_engine_opts *o, size_t bytes) {
+    const int32_t n = arl_cuda_device_count();
+    if (arl_cuda_current() || n <= 0) return ARL_OK;
+    int32_t idx = o->device_index;
+    if (idx < 0) {
+        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        idx = lr && *lr ? (int32_t)(strtol(lr, NULL, 10) % n) : 0;
+    }
+    if (idx >= n)
+        return arl_errorf(ARL_ERR_ARG, "rollout: device-index %d, this machine has %d GPU(s)", idx,
+                          n);
+    arl_cuda_config c;
+    arl_cuda_config_defaults(&c);
+    c.device = idx;
+    c.arena_bytes = bytes;
+    arl_cuda_ctx *ctx = NULL;
+    arl_status s = arl_cuda_open(&c, &ctx);
+    if (s) return arl_error_prefix(s, "rollout: device cuda (GPU %d)", idx);
+    arl_cuda_make_current(ctx);
+    return ARL_OK;
+}
+
 arl_status ro_engine_open(ro_engine *e, const char *ckpt_dir, int64_t version,
                           const ro_engine_opts *o) {
     memset(e, 0, sizeof *e);
@@ -78,12 +104,16 @@ arl_status ro_engine_open(ro_engine *e, const char *ckpt_dir, int64_t version,
                               (long long)o->sparse_topk);
         if (o->bf16_weights && strcmp(o->device, "cuda"))
             return arl_errorf(ARL_ERR_ARG, "rollout: bf16 weights exist only on device cuda");
+        if (o->decode_graphs && strcmp(o->device, "cuda"))
+            return arl_errorf(ARL_ERR_ARG, "rollout: CUDA graphs exist only on device cuda");
         mo.mla_sparse_topk = 0;
-        arl_model_dev_opts dopts = {.n_slots = o->n_slots, .bf16_weights = o->bf16_weights};
+        arl_model_dev_opts dopts = {.n_slots = o->n_slots, .bf16_weights = o->bf16_weights,
+                                    .decode_graphs = o->decode_graphs};
         /* the model's block plus the context's own part (cuBLAS workspace, tables) */
         const int64_t need = strcmp(o->device, "cuda")
                                  ? 0
                                  : arl_model_dev_bytes(&e->cfg, &mo, arl_dev_ops_cuda(), &dopts);
+        if (!strcmp(o->device, "cuda")) ARL_TRY(open_gpu(o, (size_t)need + ((size_t)64 << 20)));
         s = arl_dev_ops_get(o->device, (size_t)need + ((size_t)64 << 20), &e->ops);
         if (s) return arl_error_prefix(s, "rollout: device %s", o->device);
         s = arl_model_dev_init(&e->md, e->ops, &e->cfg, &e->params[0], &mo, &dopts);

@@ -35,6 +35,10 @@ typedef struct ro_engine_opts {
                              policy/model_device.h (arl_dev_ops_get: "cuda", or "cpu", the
                              device code over host memory, bit-identical to the reference) */
     int32_t bf16_weights; /* with device "cuda": GEMMs on bf16 copies of the weights */
+    int32_t decode_graphs; /* with device "cuda": decode steps replayed as CUDA graphs */
+    int32_t device_index;  /* with device "cuda": the GPU ordinal; -1: the process's local MPI
+                              rank (OMPI_COMM_WORLD_LOCAL_RANK, else 0) modulo the GPU count.
+                              Applies when the thread has no current CUDA context yet. */
 } ro_engine_opts;
 
 typedef struct ro_engine {

@@ -86,6 +86,8 @@ typedef struct arl_rollout_config {
     char *device;             /* "cpu" (policy/model.h), "cuda" or "cpu-device" (the device
                                  code of policy/model_device.h over host memory) */
     int device_bf16;          /* device cuda: weight GEMMs on bf16 copies of the weights */
+    int device_graphs;        /* device cuda: decode steps replayed as CUDA graphs */
+    int64_t device_index;     /* device cuda: GPU ordinal, -1: the local MPI rank's */
     /* states, faults, weights */
     char *state_cache;       /* "last" (spec/replay.md 9.3, the default), "all" or "off" */
     int resume_interrupted;  /* resume (1) or mask (0) interrupted trajectories */

@@ -1139,7 +1139,9 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
                          .device = !strcmp(c->device, "cpu")          ? NULL
                                    : !strcmp(c->device, "cpu-device") ? "cpu"
                                                                       : c->device,
-                         .bf16_weights = c->device_bf16};
+                         .bf16_weights = c->device_bf16,
+                         .decode_graphs = c->device_graphs,
+                         .device_index = (int32_t)c->device_index};
     ARL_TRY(ro_engine_open(&w->eng, w->ckpt_dir, c->policy_version, &eo));
     w->sp = (arl_sample_params){.temperature = c->temperature, .top_p = c->top_p};
     ARL_TRY(arl_sample_params_check(&w->sp));

@@ -12,9 +12,11 @@
  *     re-scores (reference engine) to its behaviour log-probabilities (< 1e-3 nats, as
  *     tests/rollout/helpers.h explains);
  *   - refusals before anything is written: device cuda in a build or on a machine without a GPU
- *     (the error names the device), block-sparse MLA on a device, bf16 weights off cuda;
+ *     (the error names the device), block-sparse MLA on a device, bf16 weights or CUDA graphs
+ *     off cuda;
  *   - `test_rollout_device cuda` (gpu; exit 77 without one): the calculator rollout on the GPU
- *     re-scores on the CPU within 1e-3 nats and its states are tagged cuda-f32.
+ *     re-scores on the CPU within 1e-3 nats and its states are tagged cuda-f32; with
+ *     device-graphs (decode steps replayed as CUDA graphs) the store is the same bit for bit.
  */
 #include "policy/model_device.h"
 #include "tests/rollout/helpers.h"
@@ -61,7 +63,8 @@ static int same_state(replay_store *sa, int32_t shard_a, int64_t a, replay_store
 
 /* Every stored column and state of trajectory uid equal in both stores; returns the number of
  * states compared. */
-static int64_t compare_traj(replay_store *a, replay_store *b, const char *uid) {
+static int64_t compare_traj(replay_store *a, replay_store *b, const char *uid,
+                            const char *numerics) {
     replay_traj_row ra, rb;
     H_DIE(replay_traj_get(a, uid, &ra), "traj a");
     H_DIE(replay_traj_get(b, uid, &rb), "traj b");
@@ -100,10 +103,10 @@ static int64_t compare_traj(replay_store *a, replay_store *b, const char *uid) {
         CHECK_MSG(da.n_moe_layers > 0 && !memcmp(da.routes, db.routes, rb_), "%s seg %zu routes",
                   uid, i);
         CHECK_MSG(same_state(a, fa[i].shard_id, fa[i].end_state_id, b, fb[i].shard_id,
-                             fb[i].end_state_id, "cpu-f32"),
+                             fb[i].end_state_id, numerics),
                   "%s seg %zu boundary state", uid, i);
         CHECK_MSG(same_state(a, fa[i].shard_id, fa[i].latent_state_id, b, fb[i].shard_id,
-                             fb[i].latent_state_id, "cpu-f32"),
+                             fb[i].latent_state_id, numerics),
                   "%s seg %zu latent state", uid, i);
         states += (fa[i].end_state_id >= 0) + (fa[i].latent_state_id >= 0);
     }
@@ -127,7 +130,7 @@ static void test_calculator_bit_identical(void) {
                           "rollout/g000001/r1"};
     int64_t states = 0;
     for (int i = 0; i < 4; i++)
-        states += compare_traj(ref, dev, uids[i]);
+        states += compare_traj(ref, dev, uids[i], "cpu-f32");
     fprintf(stderr, "  calculator: 4 trajectories and %lld stored states identical\n",
             (long long)states);
     CHECK(states >= 4);
@@ -144,8 +147,8 @@ static void test_images_bit_identical(void) {
     replay_store *ref = run_into("shapes-ref", &c);
     h_set(&c, "device", "cpu-device");
     replay_store *dev = run_into("shapes-dev", &c);
-    compare_traj(ref, dev, "rollout/g000000/r0");
-    compare_traj(ref, dev, "rollout/g000000/r1");
+    compare_traj(ref, dev, "rollout/g000000/r0", "cpu-f32");
+    compare_traj(ref, dev, "rollout/g000000/r1", "cpu-f32");
     replay_store_close(ref);
     replay_store_close(dev);
     arl_rollout_config_free(&c);
@@ -215,6 +218,9 @@ static void test_refusals(void) {
     h_set(&c, "device-bf16", "true");
     expect_refusal(&c, "refuse-bf16", ARL_ERR_ARG, "bf16 weights");
     h_set(&c, "device-bf16", "false");
+    h_set(&c, "device-graphs", "true");
+    expect_refusal(&c, "refuse-graphs", ARL_ERR_ARG, "CUDA graphs");
+    h_set(&c, "device-graphs", "false");
     CHECK(arl_options_set(arl_rollout_options, arl_rollout_n_options, "device", "tpu", &c) != ARL_OK);
     arl_error_clear();
 
@@ -263,6 +269,12 @@ static void test_cuda_rollout(void) {
         h_rescore_check(st, ckpt, uids[i]);
     }
     CHECK(states >= 2);
+    /* decode steps replayed as CUDA graphs: the same kernels, so the same store bit for bit */
+    h_set(&c, "device-graphs", "true");
+    replay_store *sg = run_into("calc-cuda-graphs", &c);
+    for (int i = 0; i < 2; i++)
+        compare_traj(st, sg, uids[i], "cuda-f32");
+    replay_store_close(sg);
     replay_store_close(st);
     arl_rollout_config_free(&c);
 }
