@@ -6,7 +6,8 @@
  * <|end_of_msg|> or --max-tokens.  The decoded text of the drawn tokens (without the stop
  * token; special tokens by name) goes to stdout; a summary line goes to stderr.
  * --device cuda: prefill and decode steps run on the GPU (policy/model_device.h, decode steps
- * replayed as a CUDA graph); text prompts only.
+ * replayed as a CUDA graph); an --image's rows are encoded by the vision tower on the CPU and
+ * placed by the device prefill.
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -147,9 +148,6 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
                           "--image %s: the model has no vision tower (its "
                           "config.json has no vision_config)",
                           o->image);
-    if (o->image && strcmp(o->device, "cpu") != 0)
-        return arl_errorf(ARL_ERR_UNSUPPORTED, "--image runs on the CPU only; drop --device %s",
-                          o->device);
     if (o->image) ARL_TRY(arl_image_load(o->image, o->max_pixels, &g->img));
     ARL_TRY(arl_model_params_alloc(&g->w, cfg));
     ARL_TRY(arl_checkpoint_load(o->ckpt, cfg, &g->w));
@@ -189,7 +187,8 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
     double t0 = now_s();
     int32_t slot = 0;
     if (g->on_dev) {
-        ARL_TRY(arl_model_dev_prefill(&g->md, slot, g->prompt.ids, n_prompt, NULL, g->logits));
+        ARL_TRY(arl_model_dev_prefill(&g->md, slot, g->prompt.ids, n_prompt, g->media, g->n_media,
+                                      NULL, g->logits));
     } else {
         ARL_TRY(arl_decode_state_join(&g->st, &slot));
         ARL_TRY(arl_model_prefill(&g->m, &g->st, slot, g->prompt.ids, n_prompt, g->media,

@@ -35,6 +35,7 @@ typedef struct rescore_cli {
     char *version;
     char *routing;
     int64_t sparse_topk, sparse_chunk;
+    char *device;
     int json;
     char *label;
     int no_save;
@@ -65,6 +66,10 @@ static const arl_option rescore_tab[] = {
      "block-sparse MLA as the rollout ran it (0: dense)", 0, 1 << 20, NULL, 0, "K"},
     {"mla-sparse-chunk", ARL_OPT_INT, offsetof(rescore_cli, sparse_chunk), "4096",
      "block-sparse MLA chunk length", 1, 1 << 24, NULL, 0, "N"},
+    {"device", ARL_OPT_CHOICE, offsetof(rescore_cli, device), "cpu",
+     "where the checkpoint runs: cpu, cuda (a GPU; dense MLA; its saved states are tagged "
+     "cuda-f32) or cpu-device (the device code over host memory, bit-identical to cpu)",
+     0, 0, "cpu|cuda|cpu-device", 0, NULL},
     {"json", ARL_OPT_BOOL, offsetof(rescore_cli, json), NULL, "one JSON object per trajectory", 0,
      0, NULL, 0, NULL},
     {"label", ARL_OPT_STRING, offsetof(rescore_cli, label), NULL,
@@ -479,7 +484,8 @@ int cmd_replay_rescore(int argc, char **argv) {
                                        .save_states = o.save_states ? tw : NULL,
                                        .natural_routing = !strcmp(o.routing, "natural"),
                                        .sparse_topk = o.sparse_topk,
-                                       .sparse_chunk = o.sparse_chunk};
+                                       .sparse_chunk = o.sparse_chunk,
+                                       .device = o.device};
         arl_rollout_rescore_stats r;
         float *lp = NULL, *mu = NULL;
         size_t nlp = 0;

@@ -515,8 +515,10 @@ arl_status arl_model_dev_init(arl_model_dev *m, const arl_dev_ops *ops, const ar
         m->cu_host1 = malloc(sizeof(int32_t) * (size_t)(m->opts.max_docs + 1));
         m->pos_host = malloc(sizeof(int64_t) * (size_t)m->opts.max_docs);
         m->graph_slots = malloc(sizeof(int32_t) * (size_t)m->opts.max_docs);
+        m->routes_host =
+            malloc(sizeof(int32_t) * (size_t)(m->opts.max_tokens * (m->dm.k > 0 ? m->dm.k : 1)));
         if (!m->moe_index || !m->no_targets || !m->st_pos || !m->caches || !m->cu_host1 ||
-            !m->pos_host || !m->graph_slots)
+            !m->pos_host || !m->graph_slots || !m->routes_host)
             s = arl_errorf(ARL_ERR_NOMEM, "model (%s device): host index arrays", ops->name);
     }
     if (!s) {
@@ -546,6 +548,7 @@ void arl_model_dev_free(arl_model_dev *m) {
     free(m->cu_host1);
     free(m->pos_host);
     free(m->graph_slots);
+    free(m->routes_host);
     memset(m, 0, sizeof *m);
 }
 
@@ -859,8 +862,11 @@ static void glu_fwd(arl_model_dev *m, float *y, float beta, const float *x, cons
 }
 
 /* policy/moe.c arl_moe_fwd / arl_dense_ffn_fwd on xbuf -> ybuf. */
-static void ffn_fwd(arl_model_dev *m, const arl_layer_params *lp, int64_t l, int32_t *routes,
-                    const int32_t *forced, int64_t T) {
+/* scores_host: NULL, or (T, E) HOST rows that receive the layer's sigmoid router scores
+ * (spec 7.1; Quantile Balancing and router agreement read them): one download per MoE layer,
+ * which waits for the queued work (a forward that asks for scores is not a graph capture). */
+static arl_status ffn_fwd(arl_model_dev *m, const arl_layer_params *lp, int64_t l, int32_t *routes,
+                          const int32_t *forced, int64_t T, float *scores_host) {
     const arl_k_backend *kb = m->kb;
     const arl_moe_cfg *c = &m->moe;
     const float *x = m->xbuf;
@@ -869,12 +875,14 @@ static void ffn_fwd(arl_model_dev *m, const arl_layer_params *lp, int64_t l, int
     if (!lp->is_moe) {
         glu_fwd(m, m->ybuf, 0.0f, x, lp->dense.gate_proj, lp->dense.up_proj, lp->dense.down_proj, T,
                 c->d, m->dm.fd, c->d, B.gu, B.h);
-        return;
+        return ARL_OK;
     }
     (void)l;
     const arl_moe_params *p = &lp->moe;
     m->ops->router_fwd(routes, B.pw, B.s, x, p->gate, p->gate_bias, forced, T, c->d, c->E, c->k,
                        c->rho, B.router);
+    if (scores_host)
+        ARL_TRY(m->ops->download(scores_host, B.s, sizeof(float) * (size_t)(T * c->E)));
     lin(m, B.z, x, p->down_proj, T, c->d, c->dz);
     const uint16_t *banks[3] = {NULL, NULL, NULL};
     if (m->wb16) {
@@ -888,6 +896,7 @@ static void ffn_fwd(arl_model_dev *m, const arl_layer_params *lp, int64_t l, int
     if (c->fs > 0 && p->shared_gate_proj)
         glu_fwd(m, m->ybuf, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T,
                 c->d, c->fs, c->d, B.gu, B.h);
+    return ARL_OK;
 }
 
 /* ======================= the forward (policy/model.c model_run) ========================== */
@@ -897,10 +906,15 @@ static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *s
                           const arl_forward_out *out, int graph_ok) {
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
-    if (out && (out->expert_load || out->router_scores || out->acts))
+    if (out && out->acts)
         return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "model (%s device): expert loads, router scores "
-                          "and saved activations are not returned by this path yet",
+                          "model (%s device): saved activations are not returned by this path "
+                          "(the training step keeps its own: policy/model_device_backward.h)",
+                          ops->name);
+    if (graph_ok && out && (out->router_scores || out->expert_load))
+        return arl_errorf(ARL_ERR_ARG,
+                          "model (%s device): a decode step replayed as a graph returns no "
+                          "router scores or expert loads",
                           ops->name);
     ARL_TRY(arl_model_dev_batch_check(m, b, "model"));
     const arl_model_dims *dm = &m->dm;
@@ -1041,8 +1055,11 @@ static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *s
         }
         kb->rmsnorm_fwd(m->xbuf, NULL, mx, lp->post_norm, T, d, m->eps);
         int64_t mi = m->moe_index[l];
-        ffn_fwd(m, lp, l, mi >= 0 ? m->routes + mi * T * k : NULL,
-                b->forced_routes && mi >= 0 ? m->forced + mi * T * k : NULL, T);
+        ARL_TRY(ffn_fwd(m, lp, l, mi >= 0 ? m->routes + mi * T * k : NULL,
+                        b->forced_routes && mi >= 0 ? m->forced + mi * T * k : NULL, T,
+                        out && out->router_scores && mi >= 0
+                            ? out->router_scores + mi * T * dm->E
+                            : NULL));
         kb->add(p, p, m->ybuf, Td);
     }
     (void)R;
@@ -1082,6 +1099,17 @@ finish:
     if (out->routes && dm->n_moe > 0)
         ARL_TRY(
             ops->download(out->routes, m->routes, sizeof(int32_t) * (size_t)(dm->n_moe * T * k)));
+    if (out->expert_load) /* (n_moe, E): (token, slot) pairs routed to each expert */
+        for (int64_t j = 0; j < dm->n_moe; j++) {
+            const int32_t *r = out->routes ? out->routes + j * T * k : m->routes_host;
+            if (!out->routes)
+                ARL_TRY(ops->download(m->routes_host, m->routes + j * T * k,
+                                      sizeof(int32_t) * (size_t)(T * k)));
+            int64_t *ld = out->expert_load + j * dm->E;
+            memset(ld, 0, sizeof(int64_t) * (size_t)dm->E);
+            for (int64_t i = 0; i < T * k; i++)
+                ld[r[i]]++;
+        }
     return ARL_OK;
 }
 
@@ -1115,16 +1143,37 @@ int64_t arl_model_dev_slot_pos(const arl_model_dev *m, int32_t slot) {
 }
 
 arl_status arl_model_dev_prefill(arl_model_dev *m, int32_t slot, const int32_t *tokens, int64_t n,
-                                 float *logits, float *last_logits) {
+                                 const float *media, int64_t n_media, float *logits,
+                                 float *last_logits) {
     if (n < 1)
         return arl_errorf(ARL_ERR_ARG, "model (%s device): prefill of an empty sequence",
                           m->ops->name);
-    const int64_t V = m->dm.V, d = m->dm.d;
+    const int64_t V = m->dm.V, d = m->dm.d, media_id = m->cfg->media_placeholder_token_id;
+    if (media) { /* before anything runs: the slot is untouched on a mismatch */
+        int64_t ph = 0;
+        for (int64_t t = 0; t < n; t++)
+            ph += tokens[t] == media_id;
+        if (ph != n_media)
+            return arl_errorf(ARL_ERR_ARG,
+                              "model (%s device): prefill has %lld <|media_pad|> placeholders "
+                              "but %lld image token rows were given",
+                              m->ops->name, (long long)ph, (long long)n_media);
+    }
+    int64_t used_media = 0;
     for (int64_t t0 = 0; t0 < n; t0 += m->opts.max_tokens) {
         int64_t c = n - t0 < m->opts.max_tokens ? n - t0 : m->opts.max_tokens;
-        arl_batch b = {.tokens = tokens + t0, .T = c, .cu = NULL, .N = 1};
+        int64_t ph = 0;
+        for (int64_t t = t0; media && t < t0 + c; t++)
+            ph += tokens[t] == media_id;
+        arl_batch b = {.tokens = tokens + t0,
+                       .T = c,
+                       .cu = NULL,
+                       .N = 1,
+                       .media = media ? media + used_media * d : NULL,
+                       .n_media = ph};
         arl_forward_out o = {.logits = logits ? logits + t0 * V : NULL};
         ARL_TRY(dev_run(m, &b, &slot, &o, 0));
+        used_media += ph;
         if (!logits && last_logits && t0 + c == n) { /* xbuf holds the final-norm rows */
             lin(m, m->logits, m->xbuf + (c - 1) * d, m->w.lm_head, 1, d, V);
             ARL_TRY(m->ops->sync());

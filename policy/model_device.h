@@ -237,6 +237,7 @@ typedef struct arl_model_dev {
     int32_t n_blocks;      /* AttnRes block entries ceil(L / B); 0 without AttnRes */
     int32_t *moe_index;    /* (L) host: index among MoE layers or -1; owned */
     int32_t *no_targets;   /* (max_tokens) host, all -1; owned */
+    int32_t *routes_host;  /* (max_tokens, k) host: one MoE layer's routes (expert loads); owned */
     arl_model_params w;    /* parameter view whose pointers are DEVICE memory (the weights) */
     void *arena;           /* the one device block, owned */
     size_t arena_token;
@@ -307,8 +308,8 @@ arl_status arl_model_dev_plan(arl_model_dev *m, const arl_dev_ops *ops, const ar
 arl_status arl_model_dev_set_params(arl_model_dev *m, const arl_model_params *host_w);
 
 /* Forward over fresh documents, arl_model_forward's contract (policy/model.h) with HOST
- * outputs: logits, logprobs, entropy and routes are copied back; expert_load, router_scores
- * and acts must be NULL, and b->media NULL (ARL_ERR_UNSUPPORTED otherwise).  Errors before
+ * outputs: logits, logprobs, entropy, routes, router_scores (one download per MoE layer) and
+ * expert_load are copied back; acts must be NULL (ARL_ERR_UNSUPPORTED).  Errors before
  * anything runs: ARL_ERR_RANGE for T or N above the limits, ids outside [0, V), bad forced
  * routes; ARL_ERR_ARG for bad cu.  Device failures: ARL_ERR_DEVICE. */
 arl_status arl_model_dev_forward(arl_model_dev *m, const arl_batch *b, const arl_forward_out *out);
@@ -329,10 +330,12 @@ int64_t arl_model_dev_slot_pos(const arl_model_dev *m, int32_t slot);
  * repeated or unknown slot, ARL_ERR_RANGE past max_context. */
 arl_status arl_model_dev_forward_state(arl_model_dev *m, const int32_t *slots, const arl_batch *b,
                                        const arl_forward_out *out);
-/* arl_model_prefill / arl_model_decode_step on the device (no media; routes of the decode
- * step (n_moe, n, k) or NULL). */
+/* arl_model_prefill / arl_model_decode_step on the device (media: (n_media, d) HOST rows for
+ * the <|media_pad|> placeholders, or NULL; a count mismatch is ARL_ERR_ARG before anything
+ * runs; routes of the decode step (n_moe, n, k) or NULL). */
 arl_status arl_model_dev_prefill(arl_model_dev *m, int32_t slot, const int32_t *tokens, int64_t n,
-                                 float *logits, float *last_logits);
+                                 const float *media, int64_t n_media, float *logits,
+                                 float *last_logits);
 arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int32_t n,
                                      const int32_t *tokens, float *logits, int32_t *routes);
 

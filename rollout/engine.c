@@ -233,6 +233,24 @@ arl_status ro_engine_decode(ro_engine *e, int32_t n, const int32_t *slots, const
                                  e->n_moe ? e->routes : NULL);
 }
 
+arl_status ro_engine_score(ro_engine *e, const int32_t *slots, const arl_batch *b,
+                           const arl_forward_out *out) {
+    const int32_t N = b->cu ? b->N : 1;
+    for (int32_t i = 0; i < N; i++)
+        if (slots[i] < 0 || slots[i] >= e->st.n_slots || !e->st.slots[slots[i]].active)
+            return arl_errorf(ARL_ERR_STATE, "rollout: forward over inactive slot %d", slots[i]);
+    if (e->ops) {
+        ARL_TRY(arl_model_dev_forward_state(&e->md, slots, b, out));
+        e->dev_T = b->T;
+        return ARL_OK;
+    }
+    return arl_model_forward_state(&e->m, &e->st, slots, b, out);
+}
+
+int64_t ro_engine_slot_pos(const ro_engine *e, int32_t slot) {
+    return e->ops ? arl_model_dev_slot_pos(&e->md, slot) : arl_decode_state_position(&e->st, slot);
+}
+
 arl_status ro_engine_slot_join(ro_engine *e, int32_t *slot) {
     ARL_TRY(arl_decode_state_join(&e->st, slot));
     if (e->ops) {

@@ -108,6 +108,14 @@ arl_status ro_engine_slot_reset(ro_engine *e, int32_t slot);
 arl_status ro_engine_slot_import(ro_engine *e, int32_t slot, const void *buf, size_t len);
 arl_status ro_engine_slot_sync(ro_engine *e, int32_t slot, int64_t row0);
 
+/* A forward of b continuing the engine's slots (either path): document i continues slot
+ * slots[i] (active); out as arl_model_forward_state's (HOST arrays: log-probabilities,
+ * entropy, routes, router scores, expert loads, logits). */
+arl_status ro_engine_score(ro_engine *e, const int32_t *slots, const arl_batch *b,
+                           const arl_forward_out *out);
+/* Tokens held by an active slot (either path). */
+int64_t ro_engine_slot_pos(const ro_engine *e, int32_t slot);
+
 /* The running weights (host fp32; the vision tower reads them). */
 const arl_model_params *ro_engine_params(const ro_engine *e);
 

@@ -85,8 +85,10 @@ static arl_status save_boundary(replay_writer *w, ro_engine *e, int32_t slot, co
                             .pass_uid = pass, .version_min = version, .version_max = version,
                             .routing = routing};
     int64_t end_id, lat_id;
-    arl_status s = ro_boundary_put(w, e, slot, &id, r->ctx_start, r->n_tokens, version, version,
-                                   &end_id, &lat_id);
+    arl_status s = ro_engine_slot_sync(e, slot, r->ctx_start);
+    if (s == ARL_OK)
+        s = ro_boundary_put(w, e, slot, &id, r->ctx_start, r->n_tokens, version, version, &end_id,
+                            &lat_id);
     return s ? arl_error_prefix(s, "rescore --save-states") : ARL_OK;
 }
 
@@ -158,7 +160,11 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
     ro_engine e;
     ro_engine_opts eo = {.n_slots = 1, .max_tokens = chunk, .max_context = max_ctx + 1,
                          .sparse_topk = opts->sparse_topk,
-                         .sparse_chunk = opts->sparse_chunk > 0 ? opts->sparse_chunk : 4096};
+                         .sparse_chunk = opts->sparse_chunk > 0 ? opts->sparse_chunk : 4096,
+                         .device = !opts->device || !strcmp(opts->device, "cpu") ? NULL
+                                   : !strcmp(opts->device, "cpu-device")        ? "cpu"
+                                                                                : opts->device,
+                         .device_index = -1};
     arl_status s = ro_engine_open(&e, opts->ckpt_dir, opts->version >= 0 ? opts->version : -1,
                                   &eo);
     /* the checkpoint's identity: SHA-256 of its parameters as loaded (fp32), the key of the
@@ -195,8 +201,9 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
     uint8_t *ovl = malloc((size_t)(total ? total : 1) * (size_t)(nm ? nm : 1));
     if (ovl) memset(ovl, 0xFF, (size_t)(total ? total : 1) * (size_t)(nm ? nm : 1));
     if (s == ARL_OK && bias)
-        for (int64_t l = 0; l < e.cfg.dims.L; l++)
-            if (e.m.moe_index[l] >= 0) bias[e.m.moe_index[l]] = e.m.w->layers[l].moe.gate_bias;
+        for (int64_t l = 0, j = 0; l < e.cfg.dims.L; l++)
+            if (ro_engine_params(&e)->layers[l].is_moe)
+                bias[j++] = ro_engine_params(&e)->layers[l].moe.gate_bias;
     double ov_sum = 0, ent_sum = 0;
     int64_t rt = 0, ex_layer = 0, ex_token = 0;
     int32_t slot = 0;
@@ -216,7 +223,7 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
     if (s == ARL_OK && (!lp || !mu || !diffs || !tok || !tgt || !clp || !forced || !cent ||
                         (nm && !rsc) || !rws || !nat || !sr || !bias || !ent || !ovl))
         s = arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
-    if (s == ARL_OK) s = arl_decode_state_join(&e.st, &slot);
+    if (s == ARL_OK) s = ro_engine_slot_join(&e, &slot);
     replay_seg_data d;
     memset(&d, 0, sizeof d);
     int64_t nd = 0;
@@ -230,7 +237,8 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
                                 &d);
         if (s) break;
         if (!strcmp(r->start_kind, "fresh")) {
-            arl_decode_state_reset(&e.st, slot);
+            s = ro_engine_slot_reset(&e, slot);
+            if (s) break;
             ro_media_fresh(&md, r->first_step - 1);
             tainted = 0;
             lost = 0;
@@ -257,11 +265,11 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
         } else if (si > 0) {
             out->recomputed++;
         }
-        if (arl_decode_state_position(&e.st, slot) != r->ctx_start) {
+        if (ro_engine_slot_pos(&e, slot) != r->ctx_start) {
             s = arl_errorf(ARL_ERR_STATE, "rescore: segment %d starts at context position %lld, the "
                                           "state is at %lld",
                            (int)r->seg_index, (long long)r->ctx_start,
-                           (long long)arl_decode_state_position(&e.st, slot));
+                           (long long)ro_engine_slot_pos(&e, slot));
             break;
         }
         const int64_t T = r->n_tokens;
@@ -313,7 +321,7 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
                            .media = n_media > 0 ? mrows : NULL, .n_media = n_media};
             arl_forward_out fo = {.logprobs = clp, .entropy = cent,
                                   .router_scores = have_routes ? rsc : NULL};
-            s = arl_model_forward_state(&e.m, &e.st, &slot, &b, &fo);
+            s = ro_engine_score(&e, &slot, &b, &fo);
             if (s) break;
             for (int64_t i = 0; i < c; i++)
                 if (c0 + i + 1 < T) {

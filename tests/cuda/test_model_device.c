@@ -72,6 +72,8 @@ static int32_t *rand_tokens(uint64_t seed, int64_t n) {
 typedef struct fwd_res {
     float *logits, *logprobs, *entropy;
     int32_t *routes;
+    float *scores;  /* (n_moe, T, E) router scores */
+    int64_t *load;  /* (n_moe, E) expert loads */
 } fwd_res;
 
 static void res_alloc(fwd_res *r, int64_t T) {
@@ -80,12 +82,16 @@ static void res_alloc(fwd_res *r, int64_t T) {
     r->logprobs = calloc((size_t)T, sizeof(float));
     r->entropy = calloc((size_t)T, sizeof(float));
     r->routes = calloc((size_t)(dm->n_moe * T * dm->k), sizeof(int32_t));
+    r->scores = calloc((size_t)(dm->n_moe * T * dm->E), sizeof(float));
+    r->load = calloc((size_t)(dm->n_moe * dm->E), sizeof(int64_t));
 }
 static void res_free(fwd_res *r) {
     free(r->logits);
     free(r->logprobs);
     free(r->entropy);
     free(r->routes);
+    free(r->scores);
+    free(r->load);
 }
 
 static arl_model_opts test_opts(void) {
@@ -119,13 +125,17 @@ static void run_pair(const batch_case *c, const int32_t *forced, fwd_res *ref, f
     arl_forward_out ro = {.logits = ref->logits,
                           .logprobs = ref->logprobs,
                           .entropy = ref->entropy,
-                          .routes = ref->routes};
+                          .routes = ref->routes,
+                          .router_scores = ref->scores,
+                          .expert_load = ref->load};
     CHECK_MSG(arl_model_forward(&m, &b, &ro) == ARL_OK, "%s: reference: %s", c->name,
               arl_error_msg());
     arl_forward_out dout = {.logits = dev->logits,
                             .logprobs = dev->logprobs,
                             .entropy = dev->entropy,
-                            .routes = dev->routes};
+                            .routes = dev->routes,
+                            .router_scores = dev->scores,
+                            .expert_load = dev->load};
     CHECK_MSG(arl_model_dev_forward(md, &b, &dout) == ARL_OK, "%s: device: %s", c->name,
               arl_error_msg());
     arl_model_free(&m);
@@ -161,6 +171,11 @@ static void test_cpu_bit_identical(void) {
         CHECK_MSG(
             !memcmp(ref.routes, dev.routes, sizeof(int32_t) * (size_t)(dm->n_moe * T * dm->k)),
             "%s: routes differ", c->name);
+        CHECK_MSG(
+            !memcmp(ref.scores, dev.scores, sizeof(float) * (size_t)(dm->n_moe * T * dm->E)),
+            "%s: router scores differ", c->name);
+        CHECK_MSG(!memcmp(ref.load, dev.load, sizeof(int64_t) * (size_t)(dm->n_moe * dm->E)),
+                  "%s: expert loads differ", c->name);
         /* forced routes (every expert id shifted by one) change the output the same way */
         int32_t *forced = malloc(sizeof(int32_t) * (size_t)(dm->n_moe * T * dm->k));
         for (int64_t j = 0; j < dm->n_moe * T; j++)
@@ -357,12 +372,31 @@ static void test_cpu_prefill_decode_wrappers(void) {
     float *rall = malloc(sizeof(float) * 9 * 384), *dall = malloc(sizeof(float) * 9 * 384);
     /* 100 tokens: chunks of 64 + 36, only the last row of logits (a one-row GEMM) */
     CHECK(arl_model_prefill(&m, &st, 0, pa, 100, NULL, 0, NULL, ra) == ARL_OK);
-    CHECK(arl_model_dev_prefill(&md, 0, pa, 100, NULL, da) == ARL_OK);
+    CHECK(arl_model_dev_prefill(&md, 0, pa, 100, NULL, 0, NULL, da) == ARL_OK);
     CHECK_MSG(!memcmp(ra, da, sizeof ra), "prefill last logits differ");
     CHECK(arl_model_prefill(&m, &st, 1, pb, 9, NULL, 0, rall, ra) == ARL_OK);
-    CHECK(arl_model_dev_prefill(&md, 1, pb, 9, dall, da) == ARL_OK);
+    CHECK(arl_model_dev_prefill(&md, 1, pb, 9, NULL, 0, dall, da) == ARL_OK);
     CHECK_MSG(!memcmp(rall, dall, sizeof(float) * 9 * 384), "prefill logits differ");
     CHECK_MSG(!memcmp(ra, da, sizeof ra), "prefill last logits (with all logits) differ");
+    /* with an image's rows: 11 placeholders across the chunk boundary at 64 (4 + 7 rows) */
+    const int64_t mid = TM.cfg.media_placeholder_token_id, d = TM.cfg.dims.d;
+    if (TM.cfg.has_vision && mid >= 0 && mid < V) {
+        int32_t s2;
+        CHECK(arl_decode_state_join(&st, &s2) == ARL_OK && s2 == 2);
+        int32_t *pc = rand_tokens(13, 100);
+        for (int t = 0; t < 100; t++)
+            if (pc[t] == mid || (t >= 60 && t < 71)) pc[t] = t >= 60 && t < 71 ? (int32_t)mid : 7;
+        float *img = malloc(sizeof(float) * (size_t)(11 * d));
+        for (int64_t i = 0; i < 11 * d; i++)
+            img[i] = 0.01f * (float)(i % 97) - 0.4f;
+        CHECK(arl_model_dev_prefill(&md, 2, pc, 100, img, 10, NULL, da) == ARL_ERR_ARG);
+        CHECK_EQ_INT(arl_model_dev_slot_pos(&md, 2), 0); /* refused before anything ran */
+        CHECK_MSG(arl_model_prefill(&m, &st, 2, pc, 100, img, 11, NULL, ra) == ARL_OK, "%s", arl_error_msg());
+        CHECK(arl_model_dev_prefill(&md, 2, pc, 100, img, 11, NULL, da) == ARL_OK);
+        CHECK_MSG(!memcmp(ra, da, sizeof ra), "prefill with image rows: last logits differ");
+        free(pc);
+        free(img);
+    }
     for (int i = 0; i < 3; i++) {
         int32_t tok[2] = {pa[i], pb[i]};
         CHECK(arl_model_decode_step(&m, &st, slots, 2, tok, rl, NULL) == ARL_OK);
@@ -395,6 +429,15 @@ static void compare_blocks(const batch_case *c, const fwd_res *ref, const fwd_re
     check_close_maxref_f32(what, dev->logprobs, ref->logprobs, (size_t)c->T, 0.0, rtol);
     snprintf(what, sizeof what, "%s %s entropy", mode, c->name);
     check_close_maxref_f32(what, dev->entropy, ref->entropy, (size_t)c->T, 0.0, rtol);
+    /* router scores: sigmoids of the router's fp32 products (spec 1.4: the router stays fp32;
+     * its input carries the layer's differences), the same bound; the loads follow the
+     * (forced, identical) routes exactly */
+    const arl_model_dims *dm = &TM.cfg.dims;
+    snprintf(what, sizeof what, "%s %s router scores", mode, c->name);
+    check_close_maxref_f32(what, dev->scores, ref->scores, (size_t)(dm->n_moe * c->T * dm->E), 0.0,
+                           rtol);
+    CHECK_MSG(!memcmp(ref->load, dev->load, sizeof(int64_t) * (size_t)(dm->n_moe * dm->E)),
+              "%s %s: expert loads differ", mode, c->name);
 }
 
 static void cuda_parity(arl_cuda_math math, double rtol, int route_pct, const char *mode) {
@@ -503,10 +546,10 @@ static void test_cuda_graphs(void) {
     }
     int32_t *p0 = rand_tokens(7, 5), *p1 = rand_tokens(8, 3), *dec = rand_tokens(9, 12);
     float la[2 * 384], lg[2 * 384];
-    CHECK(arl_model_dev_prefill(&a, 0, p0, 5, NULL, la) == ARL_OK);
-    CHECK(arl_model_dev_prefill(&g, 0, p0, 5, NULL, lg) == ARL_OK);
-    CHECK(arl_model_dev_prefill(&a, 1, p1, 3, NULL, la) == ARL_OK);
-    CHECK(arl_model_dev_prefill(&g, 1, p1, 3, NULL, lg) == ARL_OK);
+    CHECK(arl_model_dev_prefill(&a, 0, p0, 5, NULL, 0, NULL, la) == ARL_OK);
+    CHECK(arl_model_dev_prefill(&g, 0, p0, 5, NULL, 0, NULL, lg) == ARL_OK);
+    CHECK(arl_model_dev_prefill(&a, 1, p1, 3, NULL, 0, NULL, la) == ARL_OK);
+    CHECK(arl_model_dev_prefill(&g, 1, p1, 3, NULL, 0, NULL, lg) == ARL_OK);
     /* steps: both slots x3 (capture, 2 replays), slot 1 alone (re-capture), both (re-capture) */
     const int32_t both[2] = {0, 1}, one[1] = {1};
     const int32_t *sets[5] = {both, both, both, one, both};
@@ -604,8 +647,8 @@ static void slot_transfer_compare(double rtol, const char *mode) {
     const int img = TM.cfg.has_vision && mid >= 0 && mid < V;
     float *media = NULL;
     if (img) {
-        for (int t = 30; t < 33; t++)
-            tok[t] = (int32_t)mid;
+        for (int t = 0; t < 50; t++)
+            if (tok[t] == mid || (t >= 30 && t < 33)) tok[t] = t >= 30 && t < 33 ? (int32_t)mid : 7;
         media = malloc(sizeof(float) * (size_t)(3 * d));
         arl_rng r;
         arl_rng_seed(&r, 5);

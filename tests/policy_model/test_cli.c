@@ -311,11 +311,13 @@ static void test_generate(void) {
     CHECK(stderr_has("i.ppm"));
     snprintf(cmd, sizeof cmd, "%s generate --ckpt %s --prompt x --top-p 1.5", BIN, CKPT);
     CHECK_EQ_INT(run(cmd, out, 1 << 16), 2);
-    /* images stay on the CPU: a clear error with --device cuda, GPU or not */
-    snprintf(cmd, sizeof cmd, "%s generate --ckpt %s --prompt x --image %s --device cuda", BIN,
-             CKPT, img);
-    CHECK_EQ_INT(run(cmd, out, 1 << 16), 1);
-    CHECK(stderr_has("--image runs on the CPU only"));
+    /* --image with --device cuda: the rows are encoded on the CPU and placed by the device
+     * prefill; without a GPU (or in a build without CUDA) a clear error naming the device */
+    snprintf(cmd, sizeof cmd, "%s generate --ckpt %s --prompt x --image %s --device cuda "
+             "--max-tokens 4", BIN, CKPT, img);
+    int rc = run(cmd, out, 1 << 16);
+    CHECK_MSG(rc == 0 || (rc == 1 && stderr_has("cuda")), "generate --image --device cuda: %d",
+              rc);
     free(out);
     free(out2);
 }

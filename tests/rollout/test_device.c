@@ -7,6 +7,8 @@
  *     rows: copied back from the device slots at the boundaries), over the calculator with
  *     segments short enough for continue boundaries, and over builtin:shapes (image rows placed
  *     by the device forward); their numerics tag is "cpu-f32" on both;
+ *   - replay rescore on the device (cpu-device): log-probabilities, cached-state starts, router
+ *     agreement, entropy and saved tool states identical to the reference's;
  *   - a worker on the device killed after its first boundary resumes the trajectory on restart
  *     from the cached state (imported into the device slot), and the finished trajectory
  *     re-scores (reference engine) to its behaviour log-probabilities (< 1e-3 nats, as
@@ -154,6 +156,85 @@ static void test_images_bit_identical(void) {
     arl_rollout_config_free(&c);
 }
 
+/* Re-score trajectory uid of st under device `device` (NULL: the reference), version auto
+ * (the rollout states of the checkpoint's version may start segments), saving its states into
+ * tw when non-NULL; returns the per-token log-probabilities (caller frees). */
+static float *rescore_on(replay_store *st, const char *uid, const char *device, replay_writer *tw,
+                         arl_rollout_rescore_stats *rs, size_t *n) {
+    arl_rollout_rescore_opts o = {.ckpt_dir = ckpt, .version = ARL_ROLLOUT_RESCORE_VERSION_AUTO,
+                                  .device = device, .save_states = tw};
+    float *lp = NULL;
+    H_DIE(arl_rollout_rescore(st, uid, &o, rs, &lp, NULL, n), "rescore");
+    return lp;
+}
+
+/* replay rescore on a device: the same log-probabilities, cached-state starts, router
+ * agreement and entropy as the reference bit for bit (cpu-device), from the rollout's states
+ * (imported into the device slot) and, with save_states, writing the same tool states */
+static void test_rescore_on_device(void) {
+    char db[700];
+    snprintf(db, sizeof db, "%s/calc-ref", tmp); /* test_calculator_bit_identical's store */
+    replay_store *st = h_store(db);
+    const char *uid = "rollout/g000001/r0";
+    arl_rollout_rescore_stats a, b;
+    size_t na = 0, nb = 0;
+    float *la = rescore_on(st, uid, NULL, NULL, &a, &na);
+    float *lb = rescore_on(st, uid, "cpu-device", NULL, &b, &nb);
+    CHECK_EQ_INT(na, nb);
+    CHECK(la && lb && na > 0 && !memcmp(la, lb, sizeof(float) * na));
+    CHECK(a.from_state > 0); /* segments started from the rollout's cached states */
+    CHECK_EQ_INT(a.from_state, b.from_state);
+    CHECK_EQ_INT(a.action_tokens, b.action_tokens);
+    CHECK(a.max_abs == b.max_abs && a.mean_abs == b.mean_abs);
+    CHECK(a.route_tokens > 0 && a.route_tokens == b.route_tokens);
+    CHECK(a.agree_overlap == b.agree_overlap && a.agree_exact_token == b.agree_exact_token);
+    CHECK(a.entropy_mean == b.entropy_mean);
+    fprintf(stderr, "  rescore on cpu-device: %lld segments (%lld from cached states), max |diff| "
+                    "%.3g, agreement %.4f: identical to the reference\n",
+            (long long)b.segments, (long long)b.from_state, b.max_abs, b.agree_overlap);
+    /* save_states: the device pass writes the same tool states as the reference pass */
+    replay_writer *tw;
+    H_DIE(replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw), "tool writer");
+    free(rescore_on(st, uid, NULL, tw, &a, &na));
+    replay_writer_close(tw);
+    CHECK(a.states_saved > 0);
+    snprintf(db, sizeof db, "%s/calc-dev", tmp); /* the same trajectory, bit for bit */
+    replay_store *sd = h_store(db);
+    H_DIE(replay_writer_open(sd, REPLAY_FILE_TOOL, 0, NULL, &tw), "tool writer");
+    free(rescore_on(sd, uid, "cpu-device", tw, &b, &nb));
+    replay_writer_close(tw);
+    CHECK_EQ_INT(a.states_saved, b.states_saved);
+    CHECK(!strcmp(a.pass_uid, b.pass_uid));
+    int64_t same = 0;
+    const char *kinds[2] = {"kda_boundary", "mla_segment"};
+    for (int32_t seg = 0; seg < 64; seg++)
+        for (int q = 0; q < 2; q++) {
+            replay_state_data x, y;
+            memset(&x, 0, sizeof x);
+            memset(&y, 0, sizeof y);
+            arl_status sx = replay_state_find(st, uid, seg, kinds[q], "tool", a.pass_uid, &x);
+            arl_status sy = replay_state_find(sd, uid, seg, kinds[q], "tool", b.pass_uid, &y);
+            arl_error_clear();
+            CHECK_EQ_INT(sx, sy);
+            if (sx == ARL_OK && sy == ARL_OK) {
+                int ok = x.n_chunks == y.n_chunks && !strcmp(x.numerics, y.numerics);
+                for (size_t c = 0; ok && c < x.n_chunks; c++)
+                    ok = x.chunks[c].h.payload_nbytes == y.chunks[c].h.payload_nbytes &&
+                         !memcmp(x.chunks[c].data, y.chunks[c].data,
+                                 (size_t)x.chunks[c].h.payload_nbytes);
+                CHECK_MSG(ok, "tool state %s of segment %d differs", kinds[q], seg);
+                same += ok && q == 0;
+            }
+            replay_state_data_free(&x);
+            replay_state_data_free(&y);
+        }
+    CHECK_EQ_INT(same, a.states_saved);
+    free(la);
+    free(lb);
+    replay_store_close(sd);
+    replay_store_close(st);
+}
+
 static void test_resume_from_cached_state(void) {
     char db[700];
     snprintf(db, sizeof db, "%s/calc-resume", tmp);
@@ -269,6 +350,13 @@ static void test_cuda_rollout(void) {
         h_rescore_check(st, ckpt, uids[i]);
     }
     CHECK(states >= 2);
+    /* re-scored on the GPU: the rollout's cuda-f32 states start segments (same numerics), the
+     * log-probabilities within 1e-3 nats of the behaviour's (other batch compositions) */
+    arl_rollout_rescore_stats rs;
+    size_t nl = 0;
+    free(rescore_on(st, uids[0], "cuda", NULL, &rs, &nl));
+    CHECK(rs.from_state > 0);
+    CHECK_MSG(rs.max_abs < 1e-3, "cuda rescore max |diff| %g", rs.max_abs);
     /* decode steps replayed as CUDA graphs: the same kernels, so the same store bit for bit */
     h_set(&c, "device-graphs", "true");
     replay_store *sg = run_into("calc-cuda-graphs", &c);
@@ -295,6 +383,7 @@ int main(int argc, char **argv) {
         TEST_RUN(test_cuda_rollout);
     } else {
         TEST_RUN(test_calculator_bit_identical);
+        TEST_RUN(test_rescore_on_device);
         TEST_RUN(test_images_bit_identical);
         TEST_RUN(test_resume_from_cached_state);
         TEST_RUN(test_refusals);
