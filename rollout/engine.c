@@ -10,6 +10,13 @@
 #include "kernels/gemm.h"
 #include "policy/checkpoint.h"
 
+/* The CUDA context the engines of this thread opened (NULL: none), and how many engines use it.
+ * It lives until the process exits (as arl_dev_ops_get's own) unless a later engine needs a
+ * larger arena while no engine is open: then it is replaced (an experiment's context stages
+ * grow max_context from one update's worker to the next). */
+static _Thread_local arl_cuda_ctx *g_ctx;
+static _Thread_local int32_t g_ctx_users;
+
 arl_status ro_template_from_config(const arl_model_config *cfg, arl_chat_template *t) {
     arl_chat_template_default(t);
     t->tok.vocab_size = (int32_t)cfg->dims.V;
@@ -39,18 +46,26 @@ void ro_engine_close(ro_engine *e) {
     arl_decode_state_free(&e->st);
     arl_model_free(&e->m);
     arl_model_dev_free(&e->md);
+    g_ctx_users -= e->ctx_user;
     arl_model_params_free(&e->params[0]);
     arl_model_params_free(&e->params[1]);
     arl_model_config_free(&e->cfg);
     memset(e, 0, sizeof *e);
 }
 
-/* The CUDA context of this process's GPU (o->device_index), opened with an arena of `bytes`
- * and made current, unless the thread has one already (it lives until the process exits, as
- * arl_dev_ops_get's own).  Without a GPU nothing is opened: arl_dev_ops_get says why. */
-static arl_status open_gpu(const ro_engine_opts *o, size_t bytes) {
+/* The CUDA context of this process's GPU (o->device_index) with room for `need` bytes of
+ * model, made current, unless the thread has a context of its own already.  Without a GPU
+ * nothing is opened: arl_dev_ops_get then says why. */
+static arl_status open_gpu(const ro_engine_opts *o, size_t need) {
+    const size_t bytes = need + ((size_t)64 << 20); /* + the context's own part */
     const int32_t n = arl_cuda_device_count();
-    if (arl_cuda_current() || n <= 0) return ARL_OK;
+    arl_cuda_ctx *cur = arl_cuda_current();
+    if (cur && cur == g_ctx && g_ctx_users == 0 && arl_cuda_arena_free(cur) < need) {
+        arl_cuda_make_current(NULL); /* ours, unused, too small: replace it */
+        arl_cuda_close(cur);
+        g_ctx = cur = NULL;
+    }
+    if (cur || n <= 0) return ARL_OK;
     int32_t idx = o->device_index;
     if (idx < 0) {
         const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
@@ -67,6 +82,7 @@ static arl_status open_gpu(const ro_engine_opts *o, size_t bytes) {
     arl_status s = arl_cuda_open(&c, &ctx);
     if (s) return arl_error_prefix(s, "rollout: device cuda (GPU %d)", idx);
     arl_cuda_make_current(ctx);
+    g_ctx = ctx;
     return ARL_OK;
 }
 
@@ -113,11 +129,13 @@ arl_status ro_engine_open(ro_engine *e, const char *ckpt_dir, int64_t version,
         const int64_t need = strcmp(o->device, "cuda")
                                  ? 0
                                  : arl_model_dev_bytes(&e->cfg, &mo, arl_dev_ops_cuda(), &dopts);
-        if (!strcmp(o->device, "cuda")) ARL_TRY(open_gpu(o, (size_t)need + ((size_t)64 << 20)));
+        if (!strcmp(o->device, "cuda")) ARL_TRY(open_gpu(o, (size_t)need));
         s = arl_dev_ops_get(o->device, (size_t)need + ((size_t)64 << 20), &e->ops);
         if (s) return arl_error_prefix(s, "rollout: device %s", o->device);
         s = arl_model_dev_init(&e->md, e->ops, &e->cfg, &e->params[0], &mo, &dopts);
         if (s) return arl_error_prefix(s, "rollout: the model on device %s", o->device);
+        e->ctx_user = arl_cuda_current() && arl_cuda_current() == g_ctx;
+        g_ctx_users += e->ctx_user;
         e->dev_rows = malloc(sizeof(int64_t) * (size_t)o->n_slots);
         if (!e->dev_rows) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory (engine rows)");
         snprintf(e->numerics, sizeof e->numerics, "%s",

@@ -57,6 +57,7 @@ typedef struct ro_engine {
     int64_t dev_T;          /* tokens of the device model's last forward */
     int64_t *dev_rows;      /* (n_slots) rows whose logits a device forward returns */
     char numerics[32];      /* the states' numerics tag (spec/replay.md 9.2): "cpu-f32", ... */
+    int ctx_user;           /* 1: the model lives in the CUDA context the engines opened */
     arl_sampler smp;
     arl_chat_template tpl;
     char cfg_hash[65];          /* config hash, hex */

@@ -363,6 +363,14 @@ static void test_cuda_rollout(void) {
     for (int i = 0; i < 2; i++)
         compare_traj(st, sg, uids[i], "cuda-f32");
     replay_store_close(sg);
+    /* a later worker of the process with a larger context (an experiment's context stages):
+     * its slots need more device memory than the first context's arena holds, so the engine
+     * replaces the unused context; the trajectories are those of the first run */
+    c.context_tokens = c.trajectory_tokens = 65536;
+    replay_store *sb = run_into("calc-cuda-bigger", &c);
+    for (int i = 0; i < 2; i++)
+        compare_traj(st, sb, uids[i], "cuda-f32");
+    replay_store_close(sb);
     replay_store_close(st);
     arl_rollout_config_free(&c);
 }
