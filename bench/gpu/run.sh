@@ -15,9 +15,10 @@
 # compiled with nvcc from kernels/cuda/*.cu and core/{status,rng}.c (the tests then cannot run).
 # Output: each measurement, then a summary of ratios against the in-run baselines.  After
 # bench_gpu, bench_gpu_model (bench/gpu/bench_model.c) times the mini config's whole forward on
-# the GPU (policy/model_device.h) and reports its MFU against the in-run cuBLAS bf16 rate, and
+# the GPU (policy/model_device.h) and reports its MFU against the in-run cuBLAS bf16 rate,
 # bench_gpu_train (bench/gpu/bench_train.c) the MFU of a whole training step (forward, backward,
-# AdamW on the device; policy/model_device_backward.h).
+# AdamW on the device; policy/model_device_backward.h), and bench_rollout --device cuda the
+# rollout worker's decode rate on the GPU against the bare device decode loop.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD:-$root/build-gpu}
@@ -109,6 +110,17 @@ if [ -x "$build/bench/gpu/bench_gpu_train" ] ||
         { echo "bench_gpu_train failed"; rc=1; }
 else
     echo "RESULT train_skip=bench_gpu_train_not_built" | tee -a "$res"
+fi
+
+# the rollout worker on the GPU (rollout.device cuda) against the bare device decode loop, wall
+# time, batch 16 (bench/rollout/bench_rollout.c --device cuda)
+echo "== bench_rollout --device cuda --batch 16 --quick"
+if [ -x "$build/bench/rollout/bench_rollout" ] ||
+    cmake --build "$build" --target bench_rollout -j"$jobs" >>"$logs/build.log" 2>&1; then
+    ARL_SOURCE_DIR="$root" timeout 120 "$build/bench/rollout/bench_rollout" --device cuda \
+        --batch 16 --quick 2>/dev/null || { echo "bench_rollout failed"; rc=1; }
+else
+    echo "bench_rollout not built"
 fi
 
 py=""

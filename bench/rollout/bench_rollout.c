@@ -50,9 +50,16 @@
  * Rates are tokens per second of process CPU time (--threads 1 by default: on a shared machine
  * wall time mostly measures the neighbours), interleaved repetitions, medians.
  *
+ * --device cuda (or cpu-device): both sides on policy/model_device.h - the worker with
+ * rollout.device, the bare loop over arl_model_dev_decode_step with the same host sampling -
+ * and rates per second of WALL time (the GPU's work is not the process's CPU time); the
+ * machinery share is then the wall time outside the model's decode forwards.  Run it on an idle
+ * machine.
+ *
  * Usage: bench_rollout [--ckpt DIR] [--turn-tokens N] [--turns N] [--obs-bytes N] [--reps R]
  *                      [--threads N] [--batch B] [--only rollout|bare] [--quick]
  *                      [--ragged] [--long-context] [--mla-chunk N] [--mla-topk K]
+ *                      [--device cpu|cuda|cpu-device]
  *   --batch B    measure only batch B (any size >= 1) instead of 1, 16 and 64
  *   --only X     run only the rollout or only the bare side (for profiling one of them)
  *   --quick      a short run while iterating: 2 turns, observations of 256 tokens, 2
@@ -71,6 +78,7 @@
 #include "envs/env.h"
 #include "policy/checkpoint.h"
 #include "policy/model.h"
+#include "policy/model_device.h"
 #include "policy/params.h"
 #include "policy/sample.h"
 #include "replay/replay.h"
@@ -163,6 +171,14 @@ static double cpu_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* --device: NULL (policy/model.h, CPU time) or a device of policy/model_device.h (wall time) */
+static const char *g_device;
+static const char *g_dev_name; /* the arl_dev_ops_get name: "cuda" or "cpu" */
+
+static double clock_s(void) {
+    return g_device ? now_s() : cpu_s();
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -208,6 +224,7 @@ static rollout_run run_rollout(const char *ckpt, const char *dir, int B, int gro
     c.prefill_chunk = 2048;
     c.progress_s = 0;
     c.seed = (int64_t)rep;
+    if (g_device) DIE(arl_options_set(arl_rollout_options, arl_rollout_n_options, "device", g_device, &c));
     replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
     replay_store *st;
     DIE(replay_store_open(db, &o, &st));
@@ -227,11 +244,15 @@ static rollout_run run_rollout(const char *ckpt, const char *dir, int B, int gro
             (long long)s->decode_tokens);
     r.decode_rate = (double)s->decode_tokens / (cpu - s->prefill_cpu_s);
     r.rest_share = (cpu - s->prefill_cpu_s - s->decode_cpu_s) / (cpu - s->prefill_cpu_s);
+    if (g_device) { /* wall time: the forwards run on the device */
+        r.decode_rate = (double)s->decode_tokens / (wall - s->prefill_s);
+        r.rest_share = (wall - s->prefill_s - s->decode_s) / (wall - s->prefill_s);
+    }
     fprintf(stderr, "  [batch %d: CPU %.2f s = prefill forwards %.2f + decode forwards %.2f + the "
                     "rest %.2f (%.1f %% of the decode side)]\n",
             B, cpu, s->prefill_cpu_s, s->decode_cpu_s, cpu - s->prefill_cpu_s - s->decode_cpu_s,
             100.0 * (cpu - s->prefill_cpu_s - s->decode_cpu_s) / (cpu - s->prefill_cpu_s));
-    r.prefill_rate = (double)s->prefill_tokens / s->prefill_cpu_s;
+    r.prefill_rate = (double)s->prefill_tokens / (g_device ? s->prefill_s : s->prefill_cpu_s);
     arl_rollout_worker_close(w);
     replay_store_close(st);
     arl_rollout_config_free(&c);
@@ -244,14 +265,23 @@ static rollout_run run_rollout(const char *ckpt, const char *dir, int B, int gro
 static double run_bare(const arl_model_config *cfg, const arl_model_params *p, int B, int groups,
                        int64_t turn_tokens, int64_t turns, int64_t obs) {
     arl_model m;
+    arl_model_dev md;
     arl_model_opts mo;
     arl_model_opts_default(&mo);
     mo.max_tokens = 2048;
     mo.max_docs = B;
     mo.max_context = 64 + turns * (turn_tokens + obs) + 16;
-    DIE(arl_model_init(&m, cfg, p, &mo));
     arl_decode_state st;
     DIE(arl_decode_state_init(&st, cfg, B, mo.max_context));
+    if (g_device) {
+        const arl_dev_ops *ops;
+        arl_model_dev_opts dopts = {.n_slots = B};
+        int64_t need = arl_model_dev_bytes(cfg, &mo, arl_dev_ops_cuda(), &dopts);
+        DIE(arl_dev_ops_get(g_dev_name, (size_t)need + ((size_t)64 << 20), &ops));
+        DIE(arl_model_dev_init(&md, ops, cfg, p, &mo, &dopts));
+    } else {
+        DIE(arl_model_init(&m, cfg, p, &mo));
+    }
     arl_sampler smp;
     DIE(arl_sampler_init(&smp, cfg->dims.V));
     const int64_t V = cfg->dims.V;
@@ -266,25 +296,39 @@ static double run_bare(const arl_model_config *cfg, const arl_model_params *p, i
         for (int b = 0; b < B; b++) {
             if (g > 0) arl_decode_state_leave(&st, slots[b]);
             DIE(arl_decode_state_join(&st, &slots[b]));
-            DIE(arl_model_prefill(&m, &st, slots[b], ot, 24, NULL, 0, NULL,
-                                  logits + (int64_t)b * V));
+            if (g_device) {
+                DIE(arl_model_dev_slot_reset(&md, slots[b]));
+                DIE(arl_model_dev_prefill(&md, slots[b], ot, 24, NULL, 0, NULL,
+                                          logits + (int64_t)b * V));
+            } else {
+                DIE(arl_model_prefill(&m, &st, slots[b], ot, 24, NULL, 0, NULL,
+                                      logits + (int64_t)b * V));
+            }
             arl_rng_seed_stream(&rng[b % 64], 1, (uint64_t)(g * B + b));
         }
         for (int64_t turn = 0; turn < turns; turn++) {
-            double t0 = cpu_s();
+            double t0 = clock_s();
             for (int64_t k = 0; k < turn_tokens; k++) {
                 for (int b = 0; b < B; b++) {
                     float lp;
                     tok[b] = arl_sample(&smp, logits + (int64_t)b * V, &sp, &rng[b % 64], &lp,
                                         NULL);
                 }
-                DIE(arl_model_decode_step(&m, &st, slots, B, tok, logits, NULL));
+                if (g_device)
+                    DIE(arl_model_dev_decode_step(&md, slots, B, tok, logits, NULL));
+                else
+                    DIE(arl_model_decode_step(&m, &st, slots, B, tok, logits, NULL));
             }
-            timed += cpu_s() - t0;
+            timed += clock_s() - t0;
             if (turn + 1 < turns)
-                for (int b = 0; b < B; b++)
-                    DIE(arl_model_prefill(&m, &st, slots[b], ot, obs + 32, NULL, 0, NULL,
-                                          logits + (int64_t)b * V));
+                for (int b = 0; b < B; b++) {
+                    if (g_device)
+                        DIE(arl_model_dev_prefill(&md, slots[b], ot, obs + 32, NULL, 0, NULL,
+                                                  logits + (int64_t)b * V));
+                    else
+                        DIE(arl_model_prefill(&m, &st, slots[b], ot, obs + 32, NULL, 0, NULL,
+                                              logits + (int64_t)b * V));
+                }
         }
     }
     double rate = (double)(groups * turns * turn_tokens * B) / timed;
@@ -294,7 +338,10 @@ static double run_bare(const arl_model_config *cfg, const arl_model_params *p, i
     free(logits);
     arl_sampler_free(&smp);
     arl_decode_state_free(&st);
-    arl_model_free(&m);
+    if (g_device)
+        arl_model_dev_free(&md);
+    else
+        arl_model_free(&m);
     return rate;
 }
 
@@ -308,21 +355,36 @@ static double run_bare_prefill(const arl_model_config *cfg, const arl_model_para
     mo.max_tokens = 2048;
     mo.max_docs = 1;
     mo.max_context = ctx + n + 16;
-    DIE(arl_model_init(&m, cfg, p, &mo));
     arl_decode_state st;
     DIE(arl_decode_state_init(&st, cfg, 1, mo.max_context));
     int32_t slot, *t = malloc(sizeof(int32_t) * (size_t)(n > ctx ? n : ctx));
     float *last = malloc(sizeof(float) * (size_t)cfg->dims.V);
     for (int64_t i = 0; i < (n > ctx ? n : ctx); i++) t[i] = 'a' + (int32_t)(i % 26);
     DIE(arl_decode_state_join(&st, &slot));
-    if (ctx > 0) DIE(arl_model_prefill(&m, &st, slot, t, ctx, NULL, 0, NULL, last));
-    double t0 = cpu_s();
-    DIE(arl_model_prefill(&m, &st, slot, t, n, NULL, 0, NULL, last));
-    double rate = (double)n / (cpu_s() - t0);
+    double rate;
+    if (g_device) {
+        arl_model_dev md;
+        const arl_dev_ops *ops;
+        arl_model_dev_opts dopts = {.n_slots = 1};
+        int64_t need = arl_model_dev_bytes(cfg, &mo, arl_dev_ops_cuda(), &dopts);
+        DIE(arl_dev_ops_get(g_dev_name, (size_t)need + ((size_t)64 << 20), &ops));
+        DIE(arl_model_dev_init(&md, ops, cfg, p, &mo, &dopts));
+        if (ctx > 0) DIE(arl_model_dev_prefill(&md, 0, t, ctx, NULL, 0, NULL, last));
+        double t0 = clock_s();
+        DIE(arl_model_dev_prefill(&md, 0, t, n, NULL, 0, NULL, last));
+        rate = (double)n / (clock_s() - t0);
+        arl_model_dev_free(&md);
+    } else {
+        DIE(arl_model_init(&m, cfg, p, &mo));
+        if (ctx > 0) DIE(arl_model_prefill(&m, &st, slot, t, ctx, NULL, 0, NULL, last));
+        double t0 = cpu_s();
+        DIE(arl_model_prefill(&m, &st, slot, t, n, NULL, 0, NULL, last));
+        rate = (double)n / (cpu_s() - t0);
+        arl_model_free(&m);
+    }
     free(t);
     free(last);
     arl_decode_state_free(&st);
-    arl_model_free(&m);
     return rate;
 }
 
@@ -424,7 +486,8 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--help")) {
             printf("usage: bench_rollout [--ckpt DIR] [--turn-tokens N] [--turns N] [--obs-bytes N] "
                    "[--reps R] [--threads N] [--batch B] [--only rollout|bare] [--quick] "
-                   "[--ragged] [--long-context] [--mla-chunk N] [--mla-topk K]\n");
+                   "[--ragged] [--long-context] [--mla-chunk N] [--mla-topk K] "
+                   "[--device cpu|cuda|cpu-device]\n");
             return 0;
         }
         if (!strcmp(a, "--long-context")) {
@@ -455,6 +518,15 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--mla-topk")) mla_topk = atoll(v);
         else if (!strcmp(a, "--batch")) one_batch = atoi(v);
         else if (!strcmp(a, "--only")) only = v;
+        else if (!strcmp(a, "--device")) {
+            if (!strcmp(v, "cuda") || !strcmp(v, "cpu-device")) {
+                g_device = v;
+                g_dev_name = strcmp(v, "cuda") ? "cpu" : "cuda";
+            } else if (strcmp(v, "cpu")) {
+                fprintf(stderr, "bench_rollout: --device cpu|cuda|cpu-device\n");
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "bench_rollout: unknown option %s\n", a);
             return 2;
@@ -498,9 +570,14 @@ int main(int argc, char **argv) {
         DIE(arl_model_params_alloc(&p, &cfg));
         DIE(arl_checkpoint_load(ckpt, &cfg, &p));
     }
+    if (g_device && long_context) {
+        fprintf(stderr, "bench_rollout: --long-context runs block-sparse MLA: CPU only\n");
+        return 2;
+    }
     printf("bench_rollout: %s, turns of %lld tokens, %lld turns, observations of %lld tokens, "
-           "median of %d, %d thread(s), tokens per CPU second; %s\n\n",
+           "median of %d, %d thread(s), tokens per %s second; %s\n\n",
            ckpt, (long long)turn_tokens, (long long)turns, (long long)obs_bytes, reps, threads,
+           g_device ? "WALL (device)" : "CPU",
            ragged ? "random checkpoint (ragged turns)"
                   : "byte-only checkpoint (every turn runs to the cap on both sides)");
     printf("decode tokens/s          rollout       bare    overhead  target    spread of the "
@@ -556,7 +633,8 @@ int main(int argc, char **argv) {
            "context)\n",
            (long long)obs_bytes, (long long)ctx);
     printf("  rollout (batched observations)  %10.0f\n", npf ? median(pf, npf) : 0.0);
-    printf("  bare arl_model_prefill          %10.0f\n", median(bp, reps));
+    printf("  bare %-26s %10.0f\n", g_device ? "arl_model_dev_prefill" : "arl_model_prefill",
+           median(bp, reps));
 long_ctx:
     if (long_context) {
         printf("\nlong context, block-sparse MLA (chunks of %lld, top %lld): tokens/s of one "
