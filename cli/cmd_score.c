@@ -18,7 +18,9 @@
  * (T <= --max-tokens).
  *
  * --device cuda: the forward runs on the GPU (policy/model_device.h: fp32 weights, the same
- * packing and chunking); --grads-out stays on the CPU.
+ * packing and chunking), and so does --grads-out (policy/model_device_backward.h: the device
+ * training forward and backward, gradients copied back); cpu-device runs the same device code
+ * over host memory (bit-identical to cpu: for tests).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -33,6 +35,7 @@
 #include "policy/model.h"
 #include "policy/model_backward.h"
 #include "policy/model_device.h"
+#include "policy/model_device_backward.h"
 #include "policy/tokenizer.h"
 
 typedef struct score_opts {
@@ -69,8 +72,9 @@ static const arl_option score_tab[] = {
     {"max-tokens", ARL_OPT_INT, offsetof(score_opts, max_tokens), "2048",
      "most tokens in one forward; longer sequences run in chunks", 1, 1 << 24, NULL, 0, "N"},
     {"device", ARL_OPT_CHOICE, offsetof(score_opts, device), "cpu",
-     "where the forward runs: cpu, or cuda (a GPU; needs a CUDA build and a visible device)", 0,
-     0, "cpu|cuda", 0, "DEV"},
+     "where the forward (and --grads-out) runs: cpu, cuda (a GPU; needs a CUDA build and a "
+     "visible device), or cpu-device (the device code over host memory, bit-identical to cpu)",
+     0, 0, "cpu|cuda|cpu-device", 0, "DEV"},
     {"threads", ARL_OPT_INT, offsetof(score_opts, threads), "0",
      "CPU threads (0: the default of the kernels' pool)", 0, 1024, NULL, 0, "N"},
 };
@@ -249,6 +253,20 @@ static arl_status score_all(arl_model *m, arl_model_dev *md, const arl_model_con
     return s;
 }
 
+/* The packed batch of sequences b0 .. b0 + per - 1 (fewer at the end) of ids (B, T) for the
+ * gradient of their summed log-probability: cu, targets and dlogp (1 at every target) filled. */
+static arl_batch grads_batch(const int32_t *ids, int64_t B, int64_t T, int64_t b0, int64_t per,
+                             int32_t *cu, int32_t *targets, float *dlogp) {
+    int64_t nb = B - b0 < per ? B - b0 : per;
+    for (int64_t i = 0; i <= nb; i++)
+        cu[i] = (int32_t)(i * T);
+    arl_batch_next_token_targets(targets, ids + b0 * T, cu, (int32_t)nb, nb * T);
+    for (int64_t t = 0; t < nb * T; t++)
+        dlogp[t] = targets[t] >= 0 ? 1.0f : 0.0f;
+    return (arl_batch){
+        .tokens = ids + b0 * T, .T = nb * T, .cu = cu, .N = (int32_t)nb, .targets = targets};
+}
+
 /* Gradient of sum over sequences and positions 1..T-1 of log pi(ids[b, t] | ids[b, <t]) into a
  * zeroed gradient arena, sequences packed as score_all packs them; written to path. */
 static arl_status score_grads(arl_model *m, const arl_model_config *cfg, const arl_model_params *w,
@@ -282,14 +300,7 @@ static arl_status score_grads(arl_model *m, const arl_model_config *cfg, const a
     int64_t per = m->opts.max_tokens / T;
     if (per > m->opts.max_docs) per = m->opts.max_docs;
     for (int64_t b0 = 0; b0 < B && !s; b0 += per) {
-        int64_t nb = B - b0 < per ? B - b0 : per;
-        for (int64_t i = 0; i <= nb; i++)
-            cu[i] = (int32_t)(i * T);
-        arl_batch_next_token_targets(targets, ids + b0 * T, cu, (int32_t)nb, nb * T);
-        for (int64_t t = 0; t < nb * T; t++)
-            dlogp[t] = targets[t] >= 0 ? 1.0f : 0.0f;
-        arl_batch bt = {
-            .tokens = ids + b0 * T, .T = nb * T, .cu = cu, .N = (int32_t)nb, .targets = targets};
+        arl_batch bt = grads_batch(ids, B, T, b0, per, cu, targets, dlogp);
         s = arl_model_train_forward(&tr, &bt, NULL, NULL, NULL);
         if (!s) s = arl_model_backward(&tr, &bt, dlogp, &g, NULL, NULL);
     }
@@ -299,6 +310,55 @@ static arl_status score_grads(arl_model *m, const arl_model_config *cfg, const a
     if (!s) arl_log_info("gradients of %lld tensors in %s", (long long)g.inv.n, path);
     arl_model_train_free(&tr);
     arl_model_params_free(&g);
+    free(garena);
+    free(targets);
+    free(cu);
+    free(dlogp);
+    return s;
+}
+
+/* score_grads on the device model md (fresh documents, the same packing): the device training
+ * forward and backward, the gradients downloaded into a host arena and written to path. */
+static arl_status score_grads_dev(arl_model_dev *md, const arl_model_config *cfg,
+                                  const arl_model_params *w, const int32_t *ids, int64_t B,
+                                  int64_t T, const char *path) {
+    arl_optim_config oc;
+    arl_optim_config_defaults(&oc);
+    arl_model_dev_train dt;
+    arl_model_params g;
+    memset(&g, 0, sizeof g);
+    const int64_t n = md->opts.max_tokens;
+    float *garena = calloc((size_t)w->inv.arena_floats, sizeof(float));
+    int32_t *targets = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *cu = malloc(sizeof(int32_t) * (size_t)(md->opts.max_docs + 1));
+    float *dlogp = malloc(sizeof(float) * (size_t)n);
+    arl_status s = ARL_OK;
+    if (!garena || !targets || !cu || !dlogp)
+        s = arl_errorf(ARL_ERR_NOMEM, "out of memory for the gradients (%.1f MiB)",
+                       (double)w->inv.arena_floats * 4.0 / 1048576.0);
+    if (!s)
+        s = arl_model_dev_train_init(&dt, md, &oc);
+    else
+        memset(&dt, 0, sizeof dt);
+    if (!s) s = arl_model_dev_zero_grad(&dt);
+    int64_t per = n / T;
+    if (per > md->opts.max_docs) per = md->opts.max_docs;
+    for (int64_t b0 = 0; b0 < B && !s; b0 += per) {
+        arl_batch bt = grads_batch(ids, B, T, b0, per, cu, targets, dlogp);
+        s = arl_model_dev_train_forward(&dt, &bt, NULL);
+        if (!s) s = arl_model_dev_backward(&dt, &bt, dlogp);
+    }
+    if (!s) s = arl_model_dev_grads_download(&dt, garena);
+    if (!s) s = arl_model_params_view(&g, cfg, garena);
+    if (!s)
+        s = arl_model_grads_save(path, &g,
+                                 "gradient of the summed target log-probability (agentrl score)");
+    if (!s)
+        arl_log_info("gradients of %lld tensors (device %s) in %s", (long long)g.inv.n,
+                     md->ops->name, path);
+    arl_model_dev_train_free(&dt);
+    arl_model_params_free(&g);
+    arl_optim_config_free(&oc);
     free(garena);
     free(targets);
     free(cu);
@@ -347,16 +407,17 @@ int cmd_score(int argc, char **argv) {
         mo.max_context = T;
         s = arl_model_init(&m, &cfg, &w, &mo);
         if (!s && strcmp(o.device, "cpu") != 0) {
-            if (o.grads_out)
-                s = arl_errorf(ARL_ERR_UNSUPPORTED,
-                               "--grads-out runs on the CPU only; drop --device %s or "
-                               "--grads-out",
-                               o.device);
             const arl_dev_ops *ops = NULL;
             arl_model_dev_opts dopts = {.n_slots = 1, .bf16_weights = 0, .decode_graphs = 0};
-            /* the model's block plus the context's own part (cuBLAS workspace, tables) */
+            /* the model's block (and with --grads-out the training block) plus the context's
+             * own part (cuBLAS workspace, tables) */
             int64_t need = arl_model_dev_bytes(&cfg, &mo, arl_dev_ops_cuda(), &dopts);
-            if (!s) s = arl_dev_ops_get(o.device, (size_t)need + ((size_t)64 << 20), &ops);
+            arl_model_dev plan;
+            if (!s && o.grads_out &&
+                !(s = arl_model_dev_plan(&plan, arl_dev_ops_cuda(), &cfg, &mo, &dopts)))
+                need += arl_model_dev_train_bytes(&plan);
+            const char *dev = strcmp(o.device, "cpu-device") ? o.device : "cpu";
+            if (!s) s = arl_dev_ops_get(dev, (size_t)need + ((size_t)64 << 20), &ops);
             if (!s) s = arl_model_dev_init(&md, ops, &cfg, &w, &mo, &dopts);
             on_dev = !s;
         }
@@ -370,7 +431,9 @@ int cmd_score(int argc, char **argv) {
                            (long long)T);
     }
     if (!s) s = score_all(&m, on_dev ? &md : NULL, &cfg, ids, B, T, lp, logits);
-    if (!s && o.grads_out) s = score_grads(&m, &cfg, &w, ids, B, T, o.grads_out);
+    if (!s && o.grads_out)
+        s = on_dev ? score_grads_dev(&md, &cfg, &w, ids, B, T, o.grads_out)
+                   : score_grads(&m, &cfg, &w, ids, B, T, o.grads_out);
     if (!s && o.logits_out) {
         int64_t shape[3] = {B, T, V};
         s = rank == 2 ? arl_npy_write(o.logits_out, ARL_DTYPE_F32, 3, shape, logits)

@@ -5,6 +5,8 @@
  * gradient computed in process (arl_model_nll_grad with scale -1 over the same packed batch) -
  * and zeros for the router bias and the vision tower; the scores printed are unchanged by the
  * option.  A sequence longer than --max-tokens is a usage error (exit 2), and no file is written.
+ * --device cpu-device (the device training step over host memory) gives the same file; --device
+ * cuda on a GPU within fp32 bounds, without one a clear error.
  *
  * Tolerance: max|ref| form per tensor, atol 0, rtol 1e-4: the CLI and the reference run the
  * same code on the same packed batch (the CLI with checkpointing, which is bit-identical), but
@@ -48,6 +50,43 @@ static int stderr_has(const char *needle) {
     return strstr(buf, needle) != NULL;
 }
 
+/* The gradient file at path against the reference G: every tensor under its name, F32, in
+ * checkpoint shape (A_log padded), within rtol of its max|ref|, zeros where no gradient. */
+static void check_file(const char *path, const bw_grads *G, double rtol, const char *label) {
+    const char *gpath = path;
+    arl_st_file *f = NULL;
+    CHECK_MSG(arl_st_file_open(gpath, &f) == ARL_OK, "%s: %s", label, arl_error_msg());
+    if (f) {
+        const arl_param_inventory *inv = &TM.w.inv;
+        CHECK_EQ_INT(arl_st_file_count(f), inv->n);
+        float *buf = malloc(sizeof(float) * 1 << 20);
+        for (int64_t i = 0; i < inv->n; i++) {
+            const arl_param_tensor *t = &inv->t[i];
+            const arl_st_tensor *st = arl_st_file_find(f, t->name);
+            CHECK_MSG(st != NULL, "%s missing from the gradient file", t->name);
+            if (!st) continue;
+            int64_t n = t->is_a_log ? t->stored_numel : t->numel;
+            CHECK_MSG(arl_st_tensor_check_shape(st, t->is_a_log ? 1 : t->rank,
+                                                t->is_a_log ? &t->stored_numel : t->shape) ==
+                          ARL_OK,
+                      "%s: shape", t->name);
+            CHECK(n <= (1 << 20) && arl_st_tensor_read_f32(st, buf, n) == ARL_OK);
+            const float *ref = arl_model_params_tensor(&G->g, i);
+            char what[600];
+            snprintf(what, sizeof what, "%s %s", label, t->name);
+            check_close_maxref_f32(what, buf, ref, (size_t)t->numel, 0.0, rtol);
+            for (int64_t j = t->numel; j < n; j++)
+                CHECK(buf[j] == 0.0f); /* A_log padding */
+            if (t->no_grad || t->component == ARL_COMP_VISION || t->component == ARL_COMP_PROJECTOR)
+                for (int64_t j = 0; j < n; j++)
+                    CHECK(buf[j] == 0.0f);
+        }
+        free(buf);
+        arl_st_file_close(f);
+    }
+
+}
+
 static void test_grads_out(void) {
     enum { B = 2, T = 45 };
     int32_t ids[B * T], cu[B + 1] = {0, T, 2 * T};
@@ -77,35 +116,28 @@ static void test_grads_out(void) {
     double nll;
     CHECK(arl_model_nll_grad(&tr, &b, NULL, NULL, -1.0, &G.g, &nll, NULL) == ARL_OK);
 
-    arl_st_file *f = NULL;
-    CHECK(arl_st_file_open(gpath, &f) == ARL_OK);
-    if (f) {
-        const arl_param_inventory *inv = &TM.w.inv;
-        CHECK_EQ_INT(arl_st_file_count(f), inv->n);
-        float *buf = malloc(sizeof(float) * 1 << 20);
-        for (int64_t i = 0; i < inv->n; i++) {
-            const arl_param_tensor *t = &inv->t[i];
-            const arl_st_tensor *st = arl_st_file_find(f, t->name);
-            CHECK_MSG(st != NULL, "%s missing from the gradient file", t->name);
-            if (!st) continue;
-            int64_t n = t->is_a_log ? t->stored_numel : t->numel;
-            CHECK_MSG(arl_st_tensor_check_shape(st, t->is_a_log ? 1 : t->rank,
-                                                t->is_a_log ? &t->stored_numel : t->shape) ==
-                          ARL_OK,
-                      "%s: shape", t->name);
-            CHECK(n <= (1 << 20) && arl_st_tensor_read_f32(st, buf, n) == ARL_OK);
-            const float *ref = arl_model_params_tensor(&G.g, i);
-            char what[600];
-            snprintf(what, sizeof what, "--grads-out %s", t->name);
-            check_close_maxref_f32(what, buf, ref, (size_t)t->numel, 0.0, 1e-4);
-            for (int64_t j = t->numel; j < n; j++)
-                CHECK(buf[j] == 0.0f); /* A_log padding */
-            if (t->no_grad || t->component == ARL_COMP_VISION || t->component == ARL_COMP_PROJECTOR)
-                for (int64_t j = 0; j < n; j++)
-                    CHECK(buf[j] == 0.0f);
-        }
-        free(buf);
-        arl_st_file_close(f);
+    check_file(gpath, &G, 1e-4, "--grads-out");
+    /* --device cpu-device: the device training step over host memory, the same gradients;
+     * --device cuda: on a GPU within test_cuda_model_train's fp32 bound (rtol 2e-3 of each
+     * tensor's max|ref|: reduction orders differ, grown through 8 layers forward and back),
+     * without one a clear error and no file */
+    char dpath[700];
+    snprintf(dpath, sizeof dpath, "%s/grads-dev.safetensors", DIR_);
+    snprintf(cmd, sizeof cmd, "%s score --ckpt %s --tokens %s --device cpu-device --grads-out %s",
+             BIN, CKPT, npy, dpath);
+    CHECK_EQ_INT(run(cmd, out2, 1 << 20), 0);
+    CHECK_MSG(strcmp(out1, out2) == 0, "--device cpu-device changes the printed scores");
+    check_file(dpath, &G, 1e-4, "--device cpu-device --grads-out");
+    unlink(dpath);
+    snprintf(cmd, sizeof cmd, "%s score --ckpt %s --tokens %s --device cuda --grads-out %s", BIN,
+             CKPT, npy, dpath);
+    int rc = run(cmd, out2, 1 << 20);
+    if (rc == 0) {
+        check_file(dpath, &G, 2e-3, "--device cuda --grads-out");
+    } else {
+        CHECK_EQ_INT(rc, 1);
+        CHECK(stderr_has("cuda"));
+        CHECK(access(dpath, F_OK) != 0);
     }
 
     /* a sequence longer than --max-tokens: a usage error, nothing written */
