@@ -17,6 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define TEST_SKIP 77
 
@@ -138,8 +141,26 @@ static inline int check_close_maxref_f32(const char *what, const float *a, const
         }                                                                                          \
     } while (0)
 
+/* The directories test_tmpdir made in this process (removed by test_finish when nothing failed,
+ * kept for inspection otherwise or with ARL_TEST_KEEP=1). */
+static char test_tmpdirs_[16][512];
+static int test_n_tmpdirs_ = 0;
+static pid_t test_tmpdir_pid_ = 0;
+
+static inline int test_rm_entry_(const char *path, const struct stat *sb, int flag, struct FTW *f) {
+    (void)sb, (void)flag, (void)f;
+    remove(path);
+    return 0;
+}
+
 static inline int test_finish(void) {
     fprintf(stderr, "%d passed, %d failed\n", test_cases_passed_, test_cases_failed_);
+    const char *keep = getenv("ARL_TEST_KEEP");
+    /* only the process that made them (a forked child that returns here must not remove its
+     * parent's files), and only after a clean run */
+    if (!test_failures_ && !(keep && *keep == '1') && getpid() == test_tmpdir_pid_)
+        for (int i = 0; i < test_n_tmpdirs_; i++)
+            nftw(test_tmpdirs_[i], test_rm_entry_, 16, FTW_DEPTH | FTW_PHYS);
     return test_failures_ ? 1 : 0;
 }
 
@@ -153,7 +174,8 @@ static inline const char *test_src_path(const char *rel) {
     return b;
 }
 
-/* A fresh temporary directory for a test (removed by the caller or left under /tmp). */
+/* A fresh temporary directory for a test: removed with everything in it by test_finish when
+ * the program passed (ARL_TEST_KEEP=1 keeps it), left under /tmp for inspection when it failed. */
 static inline const char *test_tmpdir(const char *tag) {
     static char buf[512];
     snprintf(buf, sizeof buf, "/tmp/arl-test-%s-XXXXXX", tag);
@@ -161,6 +183,10 @@ static inline const char *test_tmpdir(const char *tag) {
     if (!mkdtemp(buf)) {
         perror("mkdtemp");
         exit(1);
+    }
+    if (test_n_tmpdirs_ < 16) {
+        snprintf(test_tmpdirs_[test_n_tmpdirs_++], sizeof test_tmpdirs_[0], "%s", buf);
+        test_tmpdir_pid_ = getpid();
     }
     return buf;
 }
