@@ -16,7 +16,8 @@
  * tails, MLA latent caches of max_context rows), continued by arl_model_dev_forward_state,
  * arl_model_dev_prefill and arl_model_dev_decode_step exactly as policy/model.h continues an
  * arl_decode_state (the same ops in the same order: bit-identical on "cpu").
- * The training step (saved activations, backward, AdamW) over the same tables is
+ * The training step (saved activations, backward, AdamW; fresh documents or documents
+ * continuing the slots, with state gradients) over the same tables is
  * policy/model_device_backward.h.
  * Images: the forwards take media rows (b->media, computed on the host by policy/vision.h)
  * and place them at the <|media_pad|> rows as policy/model.c does; the training step does not.
@@ -193,6 +194,35 @@ typedef struct arl_dev_ops {
     void (*grad_sumsq)(double *out, const float *g, const int64_t *ranges, int64_t n);
     void (*adamw_update)(float *p, float *m, float *v, const float *g, int64_t n,
                          int32_t apply_decay, const arl_cuda_adamw_hp *hp);
+
+    /* ---- training from decode states (segment-wise, policy/model_device_backward.h); NULL
+     * where the device lacks them (the state forward then answers ARL_ERR_UNSUPPORTED) ---- */
+    /* policy/kda_layer_backward.c: the gradient of the incoming conv tails from dz (T, C):
+     * dtail (N, C, W-1) +=, the pre-activations recomputed from x (T, C), w (C, W) and tails
+     * (N, C, W-1; NULL = zeros) */
+    void (*kda_conv_tail_bwd)(float *dtail, const float *dz, const float *x, const float *w,
+                              const float *tails, const int32_t *cu, int32_t N, int64_t T,
+                              int64_t C, int64_t W);
+    /* the gradient of each document's final tail dtail_out (N, C, W-1) routed to its inputs:
+     * dpre (T, C) +=, and for documents shorter than W-1 partly to dtail_in (N, C, W-1) += (or
+     * dropped when NULL) */
+    void (*kda_conv_tail_out_bwd)(float *dpre, float *dtail_in, const float *dtail_out,
+                                  const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W);
+    /* The absorbed MLA core of policy/mla_layer_backward.c (dense), one document per call:
+     * Tq queries at positions p0.. over its rows (p0 + Tq, rkv + r) (the prefix, then its own).
+     * Forward: ohat (Tq, Hm, rkv) and lse (Tq, Hm) OVERWRITTEN from qhat (Tq, Hm, rkv) and q_pe
+     * (Tq, Hm, r) (token rows of stride Hm*rkv / Hm*r).  Backward for dohat (Tq, Hm, rkv):
+     * dqhat, dq_pe +=, dnew (Tq, rkv + r) += (the document's own rows), dprefix (p0, rkv + r)
+     * += (or NULL: not wanted).  ws: mla_abs_train_ws_floats(S, Hm, rkv, r) floats for
+     * documents of at most S rows. */
+    int64_t (*mla_abs_train_ws_floats)(int64_t S, int64_t Hm, int64_t rkv, int64_t r);
+    void (*mla_abs_fwd_save)(float *ohat, float *lse, const float *qhat, const float *q_pe,
+                             const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                             int64_t r, float scale, float *ws);
+    void (*mla_abs_bwd)(float *dqhat, float *dq_pe, float *dnew, float *dprefix, const float *dohat,
+                        const float *ohat, const float *lse, const float *qhat, const float *q_pe,
+                        const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                        int64_t r, float scale, float *ws);
 } arl_dev_ops;
 
 /* The host ops (static table, never NULL). */
@@ -338,7 +368,6 @@ arl_status arl_model_dev_prefill(arl_model_dev *m, int32_t slot, const int32_t *
                                  float *last_logits);
 arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int32_t n,
                                      const int32_t *tokens, float *logits, int32_t *routes);
-
 
 /* Logits (n, V, HOST) of rows rows[0..n) (host array, each in [0, T_last)) of the final-norm
  * rows the last forward left on the device (T_last: that forward's token count), without the

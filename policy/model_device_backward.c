@@ -4,8 +4,10 @@
  * Reading order: the arena layout (per-layer saves, work buffers), init, the sublayer
  * forwards with saves (policy/kda_layer_backward.c, policy/mla_layer_backward.c,
  * policy/moe_backward.c, step for step), the training forward (policy/model_backward.c
- * arl_model_train_forward), the sublayer backwards, the backward (arl_model_backward's
- * bookkeeping of spec/policy.md 5.4 line by line), the loss, AdamW (policy/optimizer.c).
+ * arl_model_train_forward, fresh or from the model's decode slots), the sublayer backwards
+ * (with the state gradients of policy/model_backward.c mixer_bwd), the backward
+ * (arl_model_backward's bookkeeping of spec/policy.md 5.4 line by line), the state-gradient
+ * slots, the loss, AdamW (policy/optimizer.c).
  * Keep each function in step with the CPU function it names: the cpu-device test compares
  * the two bit for bit.
  */
@@ -19,13 +21,12 @@
 #include "policy/attnres.h"
 #include "policy/kda_layer_backward.h"
 #include "policy/mla_layer_backward.h"
-#include "policy/moe_backward.h"
 #include "policy/model_device_bump.h"
+#include "policy/moe_backward.h"
 #include "policy/optimizer_internal.h"
 
 /* Rows of logits computed at a time: about 4 MiB (as policy/model_backward.c). */
 #define LOGIT_BLOCK_FLOATS ((int64_t)1 << 20)
-
 
 static int64_t max2(int64_t a, int64_t b) {
     return a > b ? a : b;
@@ -95,6 +96,11 @@ static void mla_save_layout(arl_mla_layer_save *s, bump *w, const arl_model_dev 
     s->rstd_c = take(w, T);
     s->c = take(w, T * rkv);
     s->k_pe = take(w, T * r);
+    if (m->n_slots > 0) { /* the absorbed form of documents continuing a slot */
+        s->lat = take(w, T * (rkv + r));
+        s->qhat = take(w, T * Hm * rkv);
+        s->ohat = take(w, T * Hm * rkv);
+    }
     s->k_nope = take(w, T * Hm * n);
     s->v = take(w, T * Hm * vm);
     s->lse = take(w, T * Hm);
@@ -142,6 +148,10 @@ static void rec_layout(dev_rec *r, bump *w, const arl_model_dev *m, int64_t l) {
 
 typedef struct kda_ws {
     float *S0, *core, *dob, *d_o, *dgam, *dga, *dcore[3], *dg, *dbeta, *dbl, *df, *dfa, *dz, *dpre;
+    /* documents continuing slots (models with slots only): gathered states (N, H, dk, dv) and
+     * tails (N, 3, P, W-1), the tails of one projection per j (3, N, P, W-1), the state
+     * gradients after (_T) and before (0) the segment, one projection's tail gradients */
+    float *S, *tails, *tin, *dS_T, *dS0, *dtails_T, *dtails0, *dtail, *dtail_out;
 } kda_ws;
 
 static int64_t kda_ws_layout(kda_ws *B, float *base, const arl_model_dev *m, int64_t T, int32_t N) {
@@ -165,12 +175,28 @@ static int64_t kda_ws_layout(kda_ws *B, float *base, const arl_model_dev *m, int
     B->dfa = take(&w, T * dk);
     B->dz = take(&w, T * P);
     B->dpre = take(&w, T * P);
+    if (m->n_slots > 0) {
+        const int64_t sn = H * dk * dv, tl = P * (c->W - 1);
+        B->S = take(&w, (int64_t)N * sn);
+        B->tails = take(&w, (int64_t)N * 3 * tl);
+        B->tin = take(&w, (int64_t)N * 3 * tl);
+        B->dS_T = take(&w, (int64_t)N * sn);
+        B->dS0 = take(&w, (int64_t)N * sn);
+        B->dtails_T = take(&w, (int64_t)N * 3 * tl);
+        B->dtails0 = take(&w, (int64_t)N * 3 * tl);
+        B->dtail = take(&w, (int64_t)N * tl);
+        B->dtail_out = take(&w, (int64_t)N * tl);
+    }
     return w.used;
 }
 
 typedef struct mla_ws {
     float *qf, *ckv, *kv, *attn, *du, *d_o, *dgam, *tmp, *dq_nope, *dq_pe, *dk_nope, *dv, *dkv,
         *dk_pe, *dc, *dc_pre, *dckv, *dqf, *dcq, *dcq_pre;
+    /* documents continuing slots (models with slots only): the absorbed core's work buffer,
+     * dohat and dqhat (T, Hm, rkv), the gradient of the new rows dlat and of the rows after
+     * the segment dlat_T (T, R), one part of dlat_T (T, rkv) */
+    float *abs, *dohat, *dqhat, *dlat, *dlat_T, *dpart;
 } mla_ws;
 
 static int64_t mla_ws_layout(mla_ws *B, float *base, const arl_model_dev *m, int64_t T) {
@@ -199,6 +225,14 @@ static int64_t mla_ws_layout(mla_ws *B, float *base, const arl_model_dev *m, int
     B->dqf = take(&w, T * Hm * (n + r));
     B->dcq = take(&w, T * rq);
     B->dcq_pre = take(&w, T * rq);
+    if (m->n_slots > 0 && m->ops->mla_abs_train_ws_floats) {
+        B->abs = take(&w, m->ops->mla_abs_train_ws_floats(m->max_context, Hm, rkv, r));
+        B->dohat = take(&w, T * Hm * rkv);
+        B->dqhat = take(&w, T * Hm * rkv);
+        B->dlat = take(&w, T * R);
+        B->dlat_T = take(&w, T * R);
+        B->dpart = take(&w, T * rkv);
+    }
     return w.used;
 }
 
@@ -239,6 +273,9 @@ static int64_t train_layout(arl_model_dev_train *tr, const arl_model_dev *m, flo
     tr->mom_v = take(&w, m->weight_floats);
     tr->res = take(&w, n_res * T * d);
     tr->layer_in = take(&w, L * T * d);
+    tr->tails0 = NULL;
+    if (m->n_slots > 0 && dm->n_kda > 0)
+        tr->tails0 = take(&w, dm->n_kda * (int64_t)N * 3 * dm->P * (dm->W - 1));
     dev_rec *recs = tr->layers;
     for (int64_t l = 0; l < L; l++) {
         dev_rec tmp;
@@ -379,7 +416,11 @@ arl_status arl_model_dev_train_init(arl_model_dev_train *tr, arl_model_dev *m,
         tr->dlogp_host = malloc(sizeof(float) * T);
         tr->targets_host = malloc(sizeof(int32_t) * T);
         tr->logp_host = malloc(sizeof(float) * T);
-        if (!tr->layers || !ranges_host || !tr->dlogp_host || !tr->targets_host || !tr->logp_host)
+        const size_t Nd = (size_t)m->opts.max_docs;
+        tr->fwd_slots = malloc(sizeof(int32_t) * Nd);
+        tr->fwd_pos0 = malloc(sizeof(int64_t) * Nd);
+        if (!tr->layers || !ranges_host || !tr->dlogp_host || !tr->targets_host || !tr->logp_host ||
+            !tr->fwd_slots || !tr->fwd_pos0)
             s = arl_errorf(ARL_ERR_NOMEM, "training (%s device): host tables", ops->name);
     }
     if (!s) s = optim_tables(tr, &inv, ranges_host);
@@ -413,7 +454,11 @@ arl_status arl_model_dev_train_init(arl_model_dev_train *tr, arl_model_dev *m,
 
 void arl_model_dev_train_free(arl_model_dev_train *tr) {
     if (!tr) return;
+    if (tr->garena) tr->m->ops->mem_free(tr->garena, tr->garena_token); /* taken last */
     if (tr->arena) tr->m->ops->mem_free(tr->arena, tr->arena_token);
+    free(tr->g_pos);
+    free(tr->fwd_slots);
+    free(tr->fwd_pos0);
     arl_model_params_free(&tr->g);
     free(tr->layers);
     free(tr->chunk_tensor);
@@ -436,23 +481,86 @@ arl_status arl_model_dev_zero_grad(arl_model_dev_train *tr) {
 
 /* ======================= sublayer forwards (with saves) ================================== */
 
-/* policy/kda_layer_backward.c arl_kda_layer_fwd_save, fresh documents. */
+/* The documents of a forward: host boundaries, and for a state forward each one's slot and
+ * position before the segment (slots NULL: fresh documents). */
+typedef struct seg_docs {
+    const int32_t *cu_host; /* (N + 1) host */
+    const int32_t *slots;   /* (N) host or NULL */
+    const int64_t *pos0;    /* (N) host or NULL */
+} seg_docs;
+
+/* Layer kind index (among KDA or MLA layers) of layer l. */
+static int64_t kind_index(const arl_model_dev *m, int64_t l) {
+    int64_t i = 0;
+    const arl_layer_kind kind = arl_model_config_layer_kind(m->cfg, l);
+    for (int64_t j = 0; j < l; j++)
+        i += arl_model_config_layer_kind(m->cfg, j) == kind;
+    return i;
+}
+
+/* Slot `slot` of KDA layer ki of the model's states (S then tails) or of the state gradients. */
+static float *kda_slot(float *base, const arl_model_dev *m, int64_t ki, int32_t slot) {
+    const int64_t sn = m->dm.H * m->dm.dk * m->dm.dv, tn = 3 * m->dm.P * (m->dm.W - 1);
+    return base + (ki * m->n_slots + slot) * (sn + tn);
+}
+
+/* Rows of slot `slot` of MLA layer mi (max_context, R) of the caches or their gradients. */
+static float *lat_slot(float *base, const arl_model_dev *m, int64_t mi, int32_t slot) {
+    return base + (mi * m->n_slots + slot) * m->max_context * (m->dm.rkv + m->dm.r);
+}
+
+/* dst (N, P, W-1) = projection j's part of each document's tails (N, 3, P, W-1) (tl =
+ * P*(W-1)): the gather_tails of policy/kda_layer_backward.c. */
+static void gather_proj(const arl_k_backend *kb, float *dst, const float *tails, int j, int32_t N,
+                        int64_t tl) {
+    for (int32_t i = 0; i < N; i++)
+        kb->copy(dst + i * tl, tails + (i * 3 + j) * tl, tl);
+}
+
+/* policy/kda_layer_backward.c arl_kda_layer_fwd_save; for a state forward (D->slots) the
+ * documents' states of KDA layer ki are gathered, their initial tails kept for the backward
+ * (tr->tails0), and the advanced states scattered back (policy/model_backward.c). */
 static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, const arl_kda_params *p,
-                         const int32_t *cu, int32_t N, int64_t T, arl_kda_layer_save *sv) {
+                         const int32_t *cu, int32_t N, int64_t T, arl_kda_layer_save *sv,
+                         const seg_docs *D, int64_t ki) {
     const arl_model_dev *m = tr->m;
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
     const arl_kda_layer_cfg *c = &m->kda;
     const int64_t d = c->d, H = c->H, dk = c->dk, dv = c->dv, P = H * dk, W = c->W;
+    const int64_t sn = H * dk * dv, tl = P * (W - 1), tn = 3 * tl;
     kda_ws B;
     kda_ws_layout(&B, tr->ws, m, T, N);
+    float *S = NULL, *tails = NULL;
+    if (D->slots) {
+        S = B.S;
+        tails = B.tails;
+        float *t0 = tr->tails0 + ki * (int64_t)m->opts.max_docs * tn;
+        for (int32_t i = 0; i < N; i++) {
+            const float *src = kda_slot(m->st_kda, m, ki, D->slots[i]);
+            kb->copy(S + i * sn, src, sn);
+            kb->copy(tails + i * tn, src + sn, tn);
+            kb->copy(t0 + i * tn, src + sn, tn);
+        }
+    }
 
     const float *proj[3] = {p->q_proj, p->k_proj, p->v_proj};
     const float *conv[3] = {p->q_conv, p->k_conv, p->v_conv};
     float *zout[3] = {sv->z[0], sv->z[1], sv->qkv[2]};
     for (int j = 0; j < 3; j++) {
         kb->linear_fwd(sv->pre[j], x, proj[j], T, d, P);
-        ops->kda_conv_fwd(zout[j], NULL, sv->pre[j], conv[j], NULL, cu, N, T, P, W);
+        const float *tin = NULL;
+        if (tails && tl > 0) {
+            gather_proj(kb, B.tin + (int64_t)j * N * tl, tails, j, N, tl);
+            tin = B.tin + (int64_t)j * N * tl;
+        }
+        ops->kda_conv_fwd(zout[j], NULL, sv->pre[j], conv[j], tin, cu, N, T, P, W);
+        if (tails && tl > 0)
+            for (int32_t i = 0; i < N; i++) {
+                int64_t a = D->cu_host[i], e = D->cu_host[i + 1];
+                ops->kda_conv_tail(tails + (i * 3 + j) * tl, sv->pre[j] + a * P, e - a,
+                                   tin + i * tl, P, W);
+            }
     }
     kb->l2norm_fwd(sv->qkv[0], sv->rn[0], sv->z[0], T * H, dk, 1e-6f);
     kb->l2norm_fwd(sv->qkv[1], sv->rn[1], sv->z[1], T * H, dk, 1e-6f);
@@ -466,10 +574,14 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     else
         ops->kda_gate_softplus_fwd(sv->g, sv->f, p->A_log, p->dt_bias, T, H, dk);
 
-    kb->fill(B.S0, 0.0f, (int64_t)N * H * dk * dv);
+    float *St = S;
+    if (!St) {
+        St = B.S0;
+        kb->fill(St, 0.0f, (int64_t)N * H * dk * dv);
+    }
     const float scale = 1.0f / sqrtf((float)dk);
-    ops->kda_chunk_fwd(sv->o, B.S0, sv->cst, sv->qkv[0], sv->qkv[1], sv->qkv[2], sv->g, sv->beta,
-                       cu, N, T, H, dk, dv, scale, c->chunk, B.core);
+    ops->kda_chunk_fwd(sv->o, St, sv->cst, sv->qkv[0], sv->qkv[1], sv->qkv[2], sv->g, sv->beta, cu,
+                       N, T, H, dk, dv, scale, c->chunk, B.core);
 
     if (p->g_proj) {
         kb->linear_fwd(sv->gam, x, p->g_proj, T, d, H * dv);
@@ -479,11 +591,20 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     }
     ops->kda_onorm_fwd(sv->ob, sv->rstd, sv->o, sv->gam, p->o_norm, T * H, dv, c->eps);
     kb->linear_fwd(y, sv->ob, p->o_proj, T, H * dv, d);
+    if (D->slots)
+        for (int32_t i = 0; i < N; i++) {
+            float *dst = kda_slot(m->st_kda, m, ki, D->slots[i]);
+            kb->copy(dst, S + i * sn, sn);
+            kb->copy(dst + sn, tails + i * tn, tn);
+        }
 }
 
-/* policy/mla_layer_backward.c arl_mla_layer_fwd_save, fresh documents (expanded form). */
+/* policy/mla_layer_backward.c arl_mla_layer_fwd_save (dense): the expanded form for fresh
+ * documents (and for a state forward whose documents all start at position 0), else the
+ * absorbed form over the slots' rows of MLA layer mi, after the new rows are appended. */
 static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, const arl_mla_params *p,
-                         const int32_t *cu, int32_t N, int64_t T, arl_mla_layer_save *sv) {
+                         const int32_t *cu, int32_t N, int64_t T, arl_mla_layer_save *sv,
+                         const seg_docs *D, int64_t mi) {
     const arl_model_dev *m = tr->m;
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
@@ -508,12 +629,42 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     ops->copy_rows(sv->k_pe, r, B.ckv + rkv, R, T, r);
     kb->rmsnorm_fwd(sv->c, sv->rstd_c, sv->c_pre, p->kv_a_norm, T, rkv, 1e-6f);
     sv->absorbed = 0;
+    if (D->slots) { /* the new rows [c; k_pe] appended to every document's slot */
+        ops->copy_rows(sv->lat, R, sv->c, rkv, T, rkv);
+        ops->copy_rows(sv->lat + rkv, R, sv->k_pe, r, T, r);
+        int fresh = 1;
+        for (int32_t i = 0; i < N; i++) {
+            int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a;
+            kb->copy(lat_slot(m->st_lat, m, mi, D->slots[i]) + D->pos0[i] * R, sv->lat + a * R,
+                     len * R);
+            fresh &= D->pos0[i] == 0;
+        }
+        sv->absorbed = !fresh;
+    }
 
-    kb->linear_fwd(B.kv, sv->c, p->kv_b, T, rkv, Hm * (n + vm));
-    ops->copy_rows(sv->k_nope, n, B.kv, n + vm, T * Hm, n);
-    ops->copy_rows(sv->v, vm, B.kv + n, n + vm, T * Hm, vm);
-    ops->mla_attn_fwd(sv->o, sv->lse, sv->q_nope, sv->q_pe, sv->k_nope, sv->k_pe, sv->v, cu, N, T,
-                      Hm, n, r, vm, scale, B.attn);
+    if (!sv->absorbed) {
+        kb->linear_fwd(B.kv, sv->c, p->kv_b, T, rkv, Hm * (n + vm));
+        ops->copy_rows(sv->k_nope, n, B.kv, n + vm, T * Hm, n);
+        ops->copy_rows(sv->v, vm, B.kv + n, n + vm, T * Hm, vm);
+        ops->mla_attn_fwd(sv->o, sv->lse, sv->q_nope, sv->q_pe, sv->k_nope, sv->k_pe, sv->v, cu, N,
+                          T, Hm, n, r, vm, scale, B.attn);
+    } else {
+        /* 4.2: qhat = W_UK^T q_nope (policy/mla.c arl_mla_absorb_q), the core per document
+         * over its slot's rows, o = W_UV ohat (arl_mla_expand_o) */
+        for (int64_t h = 0; h < Hm; h++)
+            kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, rkv, n, 1.0f, sv->q_nope + h * n, Hm * n,
+                     p->kv_b + h * (n + vm) * rkv, rkv, 0.0f, sv->qhat + h * rkv, Hm * rkv);
+        for (int32_t i = 0; i < N; i++) {
+            int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a;
+            ops->mla_abs_fwd_save(sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
+                                  sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r,
+                                  lat_slot(m->st_lat, m, mi, D->slots[i]), D->pos0[i], len, Hm, rkv,
+                                  r, scale, B.abs);
+        }
+        for (int64_t h = 0; h < Hm; h++)
+            kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, vm, rkv, 1.0f, sv->ohat + h * rkv, Hm * rkv,
+                     p->kv_b + (h * (n + vm) + n) * rkv, rkv, 0.0f, sv->o + h * vm, Hm * vm);
+    }
 
     const float *u = sv->o;
     if (p->g_proj) {
@@ -574,9 +725,10 @@ static int block_start(const arl_model_dev *m, int64_t l) {
     return m->dm.B > 0 && l % m->dm.B == 0;
 }
 
-/* policy/model_backward.c layer_fwd (fresh documents). */
+/* policy/model_backward.c layer_fwd. */
 static void layer_fwd(arl_model_dev_train *tr, int64_t l, const float *p_in, float *pnew,
-                      dev_rec *rec, int32_t N, int64_t T, const int32_t *forced) {
+                      dev_rec *rec, int32_t N, int64_t T, const int32_t *forced,
+                      const seg_docs *D) {
     const arl_model_dev *m = tr->m;
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
@@ -597,9 +749,9 @@ static void layer_fwd(arl_model_dev_train *tr, int64_t l, const float *p_in, flo
     }
     kb->rmsnorm_fwd(rec->x1, rec->rstd1, h, lp->input_norm, T, d, m->eps);
     if (lp->kind == ARL_LAYER_KDA)
-        kda_fwd_save(tr, tr->ybuf, rec->x1, &lp->kda, m->cu, N, T, &rec->kda);
+        kda_fwd_save(tr, tr->ybuf, rec->x1, &lp->kda, m->cu, N, T, &rec->kda, D, kind_index(m, l));
     else
-        mla_fwd_save(tr, tr->ybuf, rec->x1, &lp->mla, m->cu, N, T, &rec->mla);
+        mla_fwd_save(tr, tr->ybuf, rec->x1, &lp->mla, m->cu, N, T, &rec->mla, D, kind_index(m, l));
     kb->add(pnew, pnew, tr->ybuf, Td);
     kb->copy(rec->p_mid, pnew, Td);
 
@@ -621,8 +773,45 @@ static void layer_fwd(arl_model_dev_train *tr, int64_t l, const float *p_in, flo
     kb->add(pnew, pnew, tr->ybuf, Td);
 }
 
-arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch *b,
-                                       const arl_forward_out *out) {
+/* The checks of a state forward (policy/model_backward.c arl_model_train_forward and
+ * policy/model_device.c dev_run): slots in range and distinct, the ops present, the rows
+ * within max_context. */
+static arl_status state_check(const arl_model_dev_train *tr, const arl_batch *b,
+                              const int32_t *slots) {
+    const arl_model_dev *m = tr->m;
+    const char *dn = m->ops->name;
+    const arl_dev_ops *o = m->ops;
+    if (!o->kda_conv_tail_bwd || !o->kda_conv_tail_out_bwd || !o->mla_abs_train_ws_floats ||
+        !o->mla_abs_fwd_save || !o->mla_abs_bwd)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "training (%s device): this device cannot train documents continuing "
+                          "a decode state (no conv-tail backward or absorbed MLA training ops); "
+                          "train them on policy/model_backward.h",
+                          dn);
+    const int32_t N = b->cu ? b->N : 1;
+    for (int32_t i = 0; i < N; i++) {
+        if (slots[i] < 0 || slots[i] >= m->n_slots)
+            return arl_errorf(ARL_ERR_STATE,
+                              "training (%s device): document %d names slot %d, the model has "
+                              "%d",
+                              dn, i, slots[i], m->n_slots);
+        for (int32_t j = 0; j < i; j++)
+            if (slots[j] == slots[i])
+                return arl_errorf(ARL_ERR_STATE,
+                                  "training (%s device): slot %d appears twice in one forward", dn,
+                                  slots[i]);
+        int64_t end = m->st_pos[slots[i]] + (b->cu ? b->cu[i + 1] - b->cu[i] : b->T);
+        if (m->dm.n_mla > 0 && end > m->max_context)
+            return arl_errorf(ARL_ERR_RANGE,
+                              "training (%s device): the sequence of slot %d would reach %lld "
+                              "positions, the model was set up for %lld (max_context)",
+                              dn, slots[i], (long long)end, (long long)m->max_context);
+    }
+    return ARL_OK;
+}
+
+static arl_status train_forward(arl_model_dev_train *tr, const arl_batch *b, const int32_t *slots,
+                                const arl_forward_out *out) {
     arl_model_dev *m = tr->m;
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
@@ -640,11 +829,18 @@ arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch 
                           "training step yet; train on policy/model_backward.h",
                           ops->name);
     ARL_TRY(arl_model_dev_batch_check(tr->m, b, "training"));
+    if (slots) ARL_TRY(state_check(tr, b, slots));
     const int64_t T = b->T, d = dm->d, Tmax = m->opts.max_tokens, Td = T * d, L = dm->L;
     const int64_t k = dm->k, V = dm->V;
     const int32_t N = b->cu ? b->N : 1;
     int32_t cu_one[2] = {0, (int32_t)T};
     const int32_t *cu_host = b->cu ? b->cu : cu_one;
+    tr->fwd_state = slots != NULL;
+    for (int32_t i = 0; slots && i < N; i++) {
+        tr->fwd_slots[i] = slots[i];
+        tr->fwd_pos0[i] = m->st_pos[slots[i]];
+    }
+    seg_docs D = {cu_host, slots ? tr->fwd_slots : NULL, slots ? tr->fwd_pos0 : NULL};
     const int32_t *targets = b->targets ? b->targets : m->no_targets;
     ARL_TRY(ops->upload(m->tokens, b->tokens, sizeof(int32_t) * (size_t)T));
     ARL_TRY(ops->upload(m->cu, cu_host, sizeof(int32_t) * (size_t)(N + 1)));
@@ -669,7 +865,7 @@ arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch 
         }
         const int64_t mi = m->moe_index[l];
         const int32_t *forced = mi >= 0 && b->forced_routes ? m->forced + mi * T * k : NULL;
-        layer_fwd(tr, l, p, pnew, &recs[l], N, T, forced);
+        layer_fwd(tr, l, p, pnew, &recs[l], N, T, forced, &D);
         if (block_start(m, l)) {
             nb++;
             p = pnew;
@@ -699,17 +895,35 @@ arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch 
             if (m->moe_index[l] >= 0)
                 ARL_TRY(ops->download(out->routes + m->moe_index[l] * T * k, recs[l].moe.sel,
                                       sizeof(int32_t) * (size_t)(T * k)));
+    for (int32_t i = 0; slots && i < N; i++)
+        m->st_pos[slots[i]] += cu_host[i + 1] - cu_host[i];
     tr->fwd_done = 1;
     return ARL_OK;
 }
 
+arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch *b,
+                                       const arl_forward_out *out) {
+    return train_forward(tr, b, NULL, out);
+}
+
+arl_status arl_model_dev_train_forward_state(arl_model_dev_train *tr, const arl_batch *b,
+                                             const int32_t *slots, const arl_forward_out *out) {
+    tr->fwd_done = 0;
+    if (!slots)
+        return arl_errorf(ARL_ERR_ARG, "training (%s device): a state forward needs slots",
+                          tr->m->ops->name);
+    return train_forward(tr, b, slots, out);
+}
+
 /* ======================= sublayer backwards ============================================== */
 
-/* policy/kda_layer_backward.c arl_kda_layer_bwd (fresh documents, no state gradients,
- * chunkwise rule). */
+/* policy/kda_layer_backward.c arl_kda_layer_bwd (chunkwise rule) as policy/model_backward.c
+ * mixer_bwd calls it: after a state forward the initial tails of KDA layer ki (tr->tails0);
+ * with the state gradients (dstate) the gradients after the segment are read from the
+ * documents' gradient slots and those before it written there. */
 static void kda_bwd(arl_model_dev_train *tr, float *dx, const arl_kda_params *gp, const float *dy,
                     const float *x, const arl_kda_params *p, const int32_t *cu, int32_t N,
-                    int64_t T, const arl_kda_layer_save *sv) {
+                    int64_t T, const arl_kda_layer_save *sv, int64_t ki, int dstate) {
     const arl_model_dev *m = tr->m;
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
@@ -717,7 +931,24 @@ static void kda_bwd(arl_model_dev_train *tr, float *dx, const arl_kda_params *gp
     kda_ws B;
     kda_ws_layout(&B, tr->ws, m, T, N);
     const int64_t d = c->d, H = c->H, dk = c->dk, dv = c->dv, P = H * dk, Pv = H * dv, W = c->W;
+    const int64_t sn = H * dk * dv, tl = P * (W - 1), tn = 3 * tl;
     const float scale = 1.0f / sqrtf((float)dk);
+    const float *tails0 = tr->fwd_state ? tr->tails0 + ki * (int64_t)m->opts.max_docs * tn : NULL;
+    float *dS0 = NULL, *dtails0 = NULL;
+    const float *dS_T = NULL, *dtails_T = NULL;
+    if (dstate) {
+        for (int32_t i = 0; i < N; i++) {
+            const float *g = kda_slot(tr->g_kda, m, ki, tr->fwd_slots[i]);
+            kb->copy(B.dS_T + i * sn, g, sn);
+            kb->copy(B.dtails_T + i * tn, g + sn, tn);
+        }
+        kb->fill(B.dS0, 0.0f, N * sn);
+        kb->fill(B.dtails0, 0.0f, N * tn);
+        dS_T = B.dS_T;
+        dtails_T = B.dtails_T;
+        dS0 = B.dS0;
+        dtails0 = B.dtails0;
+    }
 
     kb->linear_bwd_w(gp->o_proj, dy, sv->ob, T, Pv, d);
     kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, Pv, d, 1.0f, dy, d, p->o_proj, Pv, 0.0f, B.dob, Pv);
@@ -740,7 +971,7 @@ static void kda_bwd(arl_model_dev_train *tr, float *dx, const arl_kda_params *gp
         kb->fill(B.dcore[j], 0.0f, T * P);
     kb->fill(B.dg, 0.0f, T * P);
     kb->fill(B.dbeta, 0.0f, T * H);
-    ops->kda_chunk_bwd(B.dcore[0], B.dcore[1], B.dcore[2], B.dg, B.dbeta, NULL, B.d_o, NULL,
+    ops->kda_chunk_bwd(B.dcore[0], B.dcore[1], B.dcore[2], B.dg, B.dbeta, dS0, B.d_o, dS_T,
                        sv->qkv[0], sv->qkv[1], sv->qkv[2], sv->g, sv->beta, sv->cst, cu, N, T, H,
                        dk, dv, scale, c->chunk, B.core);
 
@@ -772,17 +1003,41 @@ static void kda_bwd(arl_model_dev_train *tr, float *dx, const arl_kda_params *gp
             kb->l2norm_bwd(B.dz, B.dcore[j], sv->z[j], sv->rn[j], T * H, dk);
             dzj = B.dz;
         }
+        const float *tin = NULL;
+        if (tails0 && tl > 0) {
+            gather_proj(kb, B.tin + (int64_t)j * N * tl, tails0, j, N, tl);
+            tin = B.tin + (int64_t)j * N * tl;
+        }
         kb->fill(B.dpre, 0.0f, T * P);
-        ops->kda_conv_bwd(B.dpre, gconv[j], dzj, sv->pre[j], conv[j], NULL, cu, N, T, P, W);
+        ops->kda_conv_bwd(B.dpre, gconv[j], dzj, sv->pre[j], conv[j], tin, cu, N, T, P, W);
+        if (tl > 0 && dstate) {
+            kb->fill(B.dtail, 0.0f, (int64_t)N * tl);
+            ops->kda_conv_tail_bwd(B.dtail, dzj, sv->pre[j], conv[j], tin, cu, N, T, P, W);
+            gather_proj(kb, B.dtail_out, dtails_T, j, N, tl);
+            ops->kda_conv_tail_out_bwd(B.dpre, B.dtail, B.dtail_out, cu, N, T, P, W);
+            for (int32_t i = 0; i < N; i++)
+                kb->add(dtails0 + (i * 3 + j) * tl, dtails0 + (i * 3 + j) * tl, B.dtail + i * tl,
+                        tl);
+        }
         kb->linear_bwd_w(gproj[j], B.dpre, x, T, d, P);
         kb->linear_bwd_x(dx, B.dpre, proj[j], T, d, P);
     }
+    if (dstate)
+        for (int32_t i = 0; i < N; i++) {
+            float *g = kda_slot(tr->g_kda, m, ki, tr->fwd_slots[i]);
+            kb->copy(g, dS0 + i * sn, sn);
+            kb->copy(g + sn, dtails0 + i * tn, tn);
+        }
 }
 
-/* policy/mla_layer_backward.c arl_mla_layer_bwd (expanded form, fresh documents). */
+/* policy/mla_layer_backward.c arl_mla_layer_bwd (dense) as policy/model_backward.c mixer_bwd
+ * calls it: the expanded form, or the absorbed one over the slots' rows of MLA layer mi; with
+ * the state gradients (dstate) the gradient of the new rows after the segment is read from the
+ * documents' gradient slots and that of the prefix rows added there. */
 static void mla_bwd(arl_model_dev_train *tr, float *dx, const arl_mla_params *gp, const float *dy,
                     const float *x, const arl_mla_params *p, const int32_t *cu, int32_t N,
-                    int64_t T, const arl_mla_layer_save *sv) {
+                    int64_t T, const arl_mla_layer_save *sv, const int32_t *cu_host, int64_t mi,
+                    int dstate) {
     const arl_model_dev *m = tr->m;
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
@@ -813,14 +1068,59 @@ static void mla_bwd(arl_model_dev_train *tr, float *dx, const arl_mla_params *gp
     kb->fill(B.dq_pe, 0.0f, T * Hm * r);
     kb->fill(B.dc, 0.0f, T * rkv);
     kb->fill(B.dk_pe, 0.0f, T * r);
-    kb->fill(B.dk_nope, 0.0f, T * Hm * n);
-    kb->fill(B.dv, 0.0f, T * Pv);
-    ops->mla_attn_bwd(B.dq_nope, B.dq_pe, B.dk_nope, B.dk_pe, B.dv, d_o, sv->o, sv->lse, sv->q_nope,
-                      sv->q_pe, sv->k_nope, sv->k_pe, sv->v, cu, N, T, Hm, n, r, vm, scale, B.attn);
-    ops->copy_rows(B.dkv, n + vm, B.dk_nope, n, T * Hm, n);
-    ops->copy_rows(B.dkv + n, n + vm, B.dv, vm, T * Hm, vm);
-    kb->linear_bwd_w(gp->kv_b, B.dkv, sv->c, T, rkv, Hm * (n + vm));
-    kb->linear_bwd_x(B.dc, B.dkv, p->kv_b, T, rkv, Hm * (n + vm));
+    if (!sv->absorbed) {
+        kb->fill(B.dk_nope, 0.0f, T * Hm * n);
+        kb->fill(B.dv, 0.0f, T * Pv);
+        ops->mla_attn_bwd(B.dq_nope, B.dq_pe, B.dk_nope, B.dk_pe, B.dv, d_o, sv->o, sv->lse,
+                          sv->q_nope, sv->q_pe, sv->k_nope, sv->k_pe, sv->v, cu, N, T, Hm, n, r, vm,
+                          scale, B.attn);
+        ops->copy_rows(B.dkv, n + vm, B.dk_nope, n, T * Hm, n);
+        ops->copy_rows(B.dkv + n, n + vm, B.dv, vm, T * Hm, vm);
+        kb->linear_bwd_w(gp->kv_b, B.dkv, sv->c, T, rkv, Hm * (n + vm));
+        kb->linear_bwd_x(B.dc, B.dkv, p->kv_b, T, rkv, Hm * (n + vm));
+    } else {
+        /* o = W_UV^h ohat per head: dohat = do W_UV^h, dW_UV^h += do^T ohat */
+        kb->fill(B.dohat, 0.0f, T * Hm * rkv);
+        for (int64_t h = 0; h < Hm; h++) {
+            const float *Wuv = p->kv_b + (h * (n + vm) + n) * rkv;
+            kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, rkv, vm, 1.0f, d_o + h * vm, Pv, Wuv, rkv,
+                     0.0f, B.dohat + h * rkv, Hm * rkv);
+            kb->gemm(ARL_K_TRANS, ARL_K_NOTRANS, vm, rkv, T, 1.0f, d_o + h * vm, Pv,
+                     sv->ohat + h * rkv, Hm * rkv, 1.0f, gp->kv_b + (h * (n + vm) + n) * rkv, rkv);
+        }
+        kb->fill(B.dqhat, 0.0f, T * Hm * rkv);
+        kb->fill(B.dlat, 0.0f, T * R);
+        for (int32_t i = 0; i < N; i++) {
+            int64_t a = cu_host[i], len = cu_host[i + 1] - a;
+            float *dpre = dstate ? lat_slot(tr->g_lat, m, mi, tr->fwd_slots[i]) : NULL;
+            ops->mla_abs_bwd(B.dqhat + a * Hm * rkv, B.dq_pe + a * Hm * r, B.dlat + a * R, dpre,
+                             B.dohat + a * Hm * rkv, sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
+                             sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r,
+                             lat_slot(m->st_lat, m, mi, tr->fwd_slots[i]), tr->fwd_pos0[i], len, Hm,
+                             rkv, r, scale, B.abs);
+        }
+        ops->copy_rows(B.dc, rkv, B.dlat, R, T, rkv);
+        ops->copy_rows(B.dk_pe, r, B.dlat + rkv, R, T, r);
+        /* qhat = W_UK^h^T q_nope: dq_nope = dqhat W_UK^h^T, dW_UK^h += q_nope^T dqhat */
+        for (int64_t h = 0; h < Hm; h++) {
+            const float *Wuk = p->kv_b + h * (n + vm) * rkv;
+            kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, n, rkv, 1.0f, B.dqhat + h * rkv, Hm * rkv, Wuk,
+                     rkv, 1.0f, B.dq_nope + h * n, Hm * n);
+            kb->gemm(ARL_K_TRANS, ARL_K_NOTRANS, n, rkv, T, 1.0f, sv->q_nope + h * n, Hm * n,
+                     B.dqhat + h * rkv, Hm * rkv, 1.0f, gp->kv_b + h * (n + vm) * rkv, rkv);
+        }
+    }
+    if (dstate) { /* the gradient of the new rows after the segment */
+        for (int32_t i = 0; i < N; i++) {
+            int64_t a = cu_host[i], len = cu_host[i + 1] - a;
+            kb->copy(B.dlat_T + a * R,
+                     lat_slot(tr->g_lat, m, mi, tr->fwd_slots[i]) + tr->fwd_pos0[i] * R, len * R);
+        }
+        ops->copy_rows(B.dpart, rkv, B.dlat_T, R, T, rkv);
+        kb->add(B.dc, B.dc, B.dpart, T * rkv);
+        ops->copy_rows(B.dpart, r, B.dlat_T + rkv, R, T, r);
+        kb->add(B.dk_pe, B.dk_pe, B.dpart, T * r);
+    }
 
     kb->fill(B.dc_pre, 0.0f, T * rkv);
     kb->rmsnorm_bwd(B.dc_pre, gp->kv_a_norm, B.dc, sv->c_pre, p->kv_a_norm, sv->rstd_c, T, rkv);
@@ -941,7 +1241,8 @@ static void head_bwd(arl_model_dev_train *tr, const arl_batch *b, const float *d
     }
 }
 
-arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, const float *dlogp) {
+static arl_status backward(arl_model_dev_train *tr, const arl_batch *b, const float *dlogp,
+                           int dstate) {
     arl_model_dev *m = tr->m;
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
@@ -962,6 +1263,30 @@ arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, c
     if (!b->targets || !dlogp)
         return arl_errorf(ARL_ERR_ARG, "training (%s device): the backward needs targets and dlogp",
                           ops->name);
+    int32_t cu_one[2] = {0, (int32_t)b->T};
+    const int32_t *cu_host = b->cu ? b->cu : cu_one;
+    if (dstate) {
+        if (!tr->fwd_state)
+            return arl_errorf(ARL_ERR_ARG,
+                              "training (%s device): a state gradient needs a forward from "
+                              "decode states (arl_model_dev_train_forward_state)",
+                              ops->name);
+        if (!tr->g_pos)
+            return arl_errorf(ARL_ERR_STATE,
+                              "training (%s device): no state-gradient slots; call "
+                              "arl_model_dev_state_grads_init first",
+                              ops->name);
+        for (int32_t i = 0; i < N; i++) {
+            int32_t s = tr->fwd_slots[i];
+            int64_t want = tr->fwd_pos0[i] + cu_host[i + 1] - cu_host[i];
+            if (tr->g_pos[s] != want)
+                return arl_errorf(ARL_ERR_STATE,
+                                  "training (%s device): state-gradient slot %d is at position "
+                                  "%lld, the end of the segment is %lld; prepare it with "
+                                  "arl_model_dev_state_grad_prepare (or upload it)",
+                                  ops->name, s, (long long)tr->g_pos[s], (long long)want);
+        }
+    }
     const int64_t T = b->T, d = dm->d, Td = T * d, Tmax = m->opts.max_tokens, L = dm->L;
     ARL_TRY(ops->upload(tr->dlogp, dlogp, sizeof(float) * (size_t)T));
     ARL_TRY(ops->upload(m->targets, b->targets, sizeof(int32_t) * (size_t)T));
@@ -1013,9 +1338,11 @@ arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, c
         /* mixer */
         kb->fill(tr->dx, 0.0f, Td);
         if (lp->kind == ARL_LAYER_KDA)
-            kda_bwd(tr, tr->dx, &gl->kda, tr->dp, rec->x1, &lp->kda, cu, N, T, &rec->kda);
+            kda_bwd(tr, tr->dx, &gl->kda, tr->dp, rec->x1, &lp->kda, cu, N, T, &rec->kda,
+                    kind_index(m, l), dstate);
         else
-            mla_bwd(tr, tr->dx, &gl->mla, tr->dp, rec->x1, &lp->mla, cu, N, T, &rec->mla);
+            mla_bwd(tr, tr->dx, &gl->mla, tr->dp, rec->x1, &lp->mla, cu, N, T, &rec->mla, cu_host,
+                    kind_index(m, l), dstate);
         kb->fill(tr->dmix, 0.0f, Td);
         const float *h = dm->B > 0 && nbl > 0 ? rec->h : p_in;
         kb->rmsnorm_bwd(tr->dmix, gl->input_norm, tr->dx, h, lp->input_norm, rec->rstd1, T, d);
@@ -1037,7 +1364,122 @@ arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, c
     }
     /* dp is now the gradient of the embedded rows */
     ops->embed_bwd(grads->embed_tokens, tr->dp, m->tokens, T, d);
-    return ops->sync();
+    ARL_TRY(ops->sync());
+    if (dstate)
+        for (int32_t i = 0; i < N; i++)
+            tr->g_pos[tr->fwd_slots[i]] = tr->fwd_pos0[i];
+    return ARL_OK;
+}
+
+arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, const float *dlogp) {
+    return backward(tr, b, dlogp, 0);
+}
+
+arl_status arl_model_dev_backward_state(arl_model_dev_train *tr, const arl_batch *b,
+                                        const float *dlogp) {
+    return backward(tr, b, dlogp, 1);
+}
+
+/* ======================= state gradients ================================================= */
+
+arl_status arl_model_dev_state_grads_init(arl_model_dev_train *tr) {
+    arl_model_dev *m = tr->m;
+    const arl_model_dims *dm = &m->dm;
+    if (tr->g_pos) return ARL_OK;
+    if (m->n_slots <= 0)
+        return arl_errorf(ARL_ERR_STATE,
+                          "training (%s device): the model has no decode slots (dopts.n_slots)",
+                          m->ops->name);
+    const int64_t sn = dm->H * dm->dk * dm->dv, tn = 3 * dm->P * (dm->W - 1);
+    const int64_t R = dm->rkv + dm->r;
+    bump w = {NULL, 0};
+    take(&w, dm->n_kda * m->n_slots * (sn + tn));
+    take(&w, dm->n_mla * m->n_slots * m->max_context * R);
+    tr->g_pos = calloc((size_t)m->n_slots, sizeof(int64_t));
+    if (!tr->g_pos)
+        return arl_errorf(ARL_ERR_NOMEM, "training (%s device): state-gradient table",
+                          m->ops->name);
+    arl_status s = m->ops->mem_alloc((size_t)w.used * sizeof(float), "the state gradients",
+                                     &tr->garena, &tr->garena_token);
+    if (s) {
+        arl_error_prefix(s, "training (%s device, %lld bytes of state gradients)", m->ops->name,
+                         (long long)(w.used * 4));
+        free(tr->g_pos);
+        tr->g_pos = NULL;
+        tr->garena = NULL;
+        return s;
+    }
+    w = (bump){(float *)tr->garena, 0};
+    tr->g_kda = take(&w, dm->n_kda * m->n_slots * (sn + tn));
+    tr->g_lat = take(&w, dm->n_mla * m->n_slots * m->max_context * R);
+    m->kb->fill((float *)tr->garena, 0.0f, w.used);
+    return m->ops->sync();
+}
+
+static arl_status gslot_check(const arl_model_dev_train *tr, int32_t slot, const char *what) {
+    if (!tr->g_pos)
+        return arl_errorf(ARL_ERR_STATE,
+                          "%s (%s device): no state-gradient slots; call "
+                          "arl_model_dev_state_grads_init first",
+                          what, tr->m->ops->name);
+    if (slot < 0 || slot >= tr->m->n_slots)
+        return arl_errorf(ARL_ERR_RANGE, "%s (%s device): slot %d outside [0, %d)", what,
+                          tr->m->ops->name, slot, tr->m->n_slots);
+    return ARL_OK;
+}
+
+arl_status arl_model_dev_state_grad_prepare(arl_model_dev_train *tr, int32_t slot,
+                                            int64_t position) {
+    ARL_TRY(gslot_check(tr, slot, "state-gradient prepare"));
+    arl_model_dev *m = tr->m;
+    const arl_model_dims *dm = &m->dm;
+    if (position < 0 || (dm->n_mla > 0 && position > m->max_context))
+        return arl_errorf(ARL_ERR_RANGE,
+                          "state-gradient prepare (%s device): position %lld outside [0, %lld] "
+                          "(max_context)",
+                          m->ops->name, (long long)position, (long long)m->max_context);
+    const int64_t sn = dm->H * dm->dk * dm->dv, tn = 3 * dm->P * (dm->W - 1);
+    for (int64_t j = 0; j < dm->n_kda; j++)
+        m->kb->fill(kda_slot(tr->g_kda, m, j, slot), 0.0f, sn + tn);
+    for (int64_t j = 0; j < dm->n_mla && position > 0; j++)
+        m->kb->fill(lat_slot(tr->g_lat, m, j, slot), 0.0f, position * (dm->rkv + dm->r));
+    tr->g_pos[slot] = position;
+    return m->ops->sync();
+}
+
+int64_t arl_model_dev_state_grad_pos(const arl_model_dev_train *tr, int32_t slot) {
+    return tr->g_pos && slot >= 0 && slot < tr->m->n_slots ? tr->g_pos[slot] : -1;
+}
+
+/* The gradient slots have the layout of the model's slots (policy/model_device.h st_kda,
+ * st_lat, st_pos), so the model's slot transfers serve them: the model's slot pointers are
+ * pointed at the gradient storage for the call (one thread uses a model at a time). */
+static arl_status grad_xfer(arl_model_dev_train *tr, int32_t slot, arl_decode_state *g,
+                            const arl_decode_state *gc, int32_t hslot, const char *what) {
+    ARL_TRY(gslot_check(tr, slot, what));
+    arl_model_dev *m = tr->m;
+    float *kda = m->st_kda, *lat = m->st_lat;
+    int64_t *pos = m->st_pos;
+    m->st_kda = tr->g_kda;
+    m->st_lat = tr->g_lat;
+    m->st_pos = tr->g_pos;
+    arl_status s = g ? arl_model_dev_slot_download(m, slot, g, hslot, 0)
+                     : arl_model_dev_slot_upload(m, slot, gc, hslot);
+    m->st_kda = kda;
+    m->st_lat = lat;
+    m->st_pos = pos;
+    if (s) arl_error_prefix(s, "%s", what);
+    return s;
+}
+
+arl_status arl_model_dev_state_grad_upload(arl_model_dev_train *tr, int32_t slot,
+                                           const arl_decode_state *g, int32_t hslot) {
+    return grad_xfer(tr, slot, NULL, g, hslot, "state-gradient upload");
+}
+
+arl_status arl_model_dev_state_grad_download(arl_model_dev_train *tr, int32_t slot,
+                                             arl_decode_state *g, int32_t hslot) {
+    return grad_xfer(tr, slot, g, NULL, hslot, "state-gradient download");
 }
 
 /* ======================= losses ========================================================== */

@@ -5,16 +5,27 @@
  *
  * What this is: policy/model_backward.c (arl_model_train_forward, arl_model_backward,
  * arl_model_loss_and_grad) and policy/optimizer.c (arl_adamw_step) op for op over the tables,
- * for batches of fresh documents (packed, ragged, forced routes).  Gradients (fp32, the layout
+ * for batches of fresh documents (packed, ragged, forced routes), or of documents continuing
+ * the model's decode-state slots (segment-wise training, below).  Gradients (fp32, the layout
  * of policy/params.h), the AdamW moments and the saved activations live in one device block
  * taken at init from the model's device (sized from its max_tokens / max_docs); a step
  * allocates nothing on the device.  The fp32 weights of the model are the master weights: the
  * step updates them in place and refreshes the bf16 copies (bf16_weights) after it.  With the
  * "cpu" ops every call is the one the CPU reference makes, in the same order, so loss,
  * gradients, moments and updated weights are bit-identical to the reference (tested).
- * What this is not: documents continuing a decode state (segment-wise training),
- * checkpointing (recomputation), images, the QB router-bias update (policy/optimizer.h
- * arl_qb_update: scores are not returned by the device forward yet), gradient all-reduce.
+ * Segment-wise training (policy/model_backward.h): arl_model_dev_train_forward_state starts
+ * document i from the model's slot slots[i] (policy/model_device.h: KDA states and conv tails,
+ * MLA latent rows; position 0 = a fresh start) and advances the slot as
+ * arl_model_dev_forward_state does; the initial state is a constant input of the segment.
+ * arl_model_dev_backward_state also returns the gradient of each document's state before the
+ * segment from that after it, in state-gradient slots owned by the train object (one per
+ * model slot, same ids; arl_model_dev_state_grads_init), moved to and from host
+ * arl_decode_states (the learner's gradient states) with arl_model_dev_state_grad_upload /
+ * _download.  With the "cpu" ops bit-identical to arl_model_train_forward(st, slots) /
+ * arl_model_backward(dstate) (tested).  Block-sparse MLA is refused by the device model.
+ * What this is not: checkpointing (recomputation), images, the QB router-bias update
+ * (policy/optimizer.h arl_qb_update: scores are not returned by the device forward yet), gradient
+ * all-reduce.
  *
  * Symbols: T tokens, N documents, d width, V vocabulary, L layers, k experts per token.
  * An arl_model_dev_train is used by one thread at a time.
@@ -41,6 +52,15 @@ typedef struct arl_model_dev_train {
     float *grads;         /* (weight_floats) */
     float *mom_m, *mom_v; /* (weight_floats) AdamW moments */
     void *layers;         /* (L) per-layer saved activations (device pointers); owned host table */
+    float *tails0;        /* (n_kda, max_docs, 3, P, W-1) the initial conv tails of a state forward
+                             (models with slots only; in the arena) */
+    /* state gradients (arl_model_dev_state_grads_init; NULL/0 until then): a second device
+     * block, valid until arl_model_dev_train_free */
+    void *garena;
+    size_t garena_token;
+    float *g_kda;   /* (n_kda, n_slots, H*dk*dv + 3*P*(W-1)) gradients of S, then of the tails */
+    float *g_lat;   /* (n_mla, n_slots, max_context, rkv + r) gradients of the latent rows */
+    int64_t *g_pos; /* (n_slots) host: position of each gradient slot; owned */
     /* named device buffers inside the arena, valid until arl_model_dev_train_free
      * (T = max_tokens) */
     float *res;              /* (n_res, T, d) */
@@ -73,6 +93,9 @@ typedef struct arl_model_dev_train {
     int32_t fwd_done;
     int64_t fwd_T;
     int32_t fwd_N;
+    int32_t fwd_state;  /* 1: from slots */
+    int32_t *fwd_slots; /* (max_docs) host: its slots; owned */
+    int64_t *fwd_pos0;  /* (max_docs) host: their positions before it; owned */
 } arl_model_dev_train;
 
 /* Set up training of model m (borrowed; its weights become the master weights) with the
@@ -85,7 +108,10 @@ arl_status arl_model_dev_train_init(arl_model_dev_train *tr, arl_model_dev *m,
 void arl_model_dev_train_free(arl_model_dev_train *tr); /* NULL is a no-op */
 
 /* Bytes arl_model_dev_train_init takes from the device for model m (an initialised model, or
- * one from arl_model_dev_plan). */
+ * one from arl_model_dev_plan).  A model with decode slots adds the buffers of the state
+ * forward: the initial conv tails, per-document state buffers, and the absorbed MLA core's
+ * work buffer (mla_abs_train_ws_floats of max_context rows: ~2 x 16 x Hm x max_context floats
+ * on "cuda", Hm x 64 x max_context on "cpu"; set max_context to the longest sequence trained). */
 int64_t arl_model_dev_train_bytes(const arl_model_dev *m);
 
 /* Gradients = 0. */
@@ -97,10 +123,50 @@ arl_status arl_model_dev_zero_grad(arl_model_dev_train *tr);
 arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch *b,
                                        const arl_forward_out *out);
 
+/* The training forward from decode states (arl_model_train_forward with st, slots): document
+ * i continues the model's slot slots[i] (HOST array of N distinct slots in [0, n_slots);
+ * position 0 = a fresh start), whose state is read and advanced as
+ * arl_model_dev_forward_state does.  The slots' rows must not change until the backward (the
+ * next forward of the model may change them).  Errors as arl_model_dev_train_forward, plus
+ * ARL_ERR_STATE for a slot out of range or repeated, ARL_ERR_RANGE past max_context,
+ * ARL_ERR_UNSUPPORTED on a device without the state-training ops. */
+arl_status arl_model_dev_train_forward_state(arl_model_dev_train *tr, const arl_batch *b,
+                                             const int32_t *slots, const arl_forward_out *out);
+
 /* Backward of loss = sum_t dlogp[t] log pi(b->targets[t]) (dlogp: HOST (T)) for the last
- * forward over the same batch: gradients +=.  Errors: ARL_ERR_STATE without a forward,
- * ARL_ERR_ARG for another batch shape or missing targets. */
+ * forward over the same batch (fresh or from states): gradients +=.  Errors: ARL_ERR_STATE
+ * without a forward, ARL_ERR_ARG for another batch shape or missing targets. */
 arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, const float *dlogp);
+
+/* arl_model_dev_backward after arl_model_dev_train_forward_state, with the state gradients
+ * (arl_model_backward with dstate): on entry the state-gradient slot of each document's slot
+ * must be at position pos_i + len_i and hold the gradient of its state after the segment
+ * (zeros: arl_model_dev_state_grad_prepare); on return it is at pos_i and holds the gradient
+ * of the state before it (KDA S and tails; MLA rows [0, pos_i) +=).  Errors as
+ * arl_model_dev_backward, plus ARL_ERR_ARG after a fresh forward, ARL_ERR_STATE without
+ * state-gradient slots or for a slot at another position. */
+arl_status arl_model_dev_backward_state(arl_model_dev_train *tr, const arl_batch *b,
+                                        const float *dlogp);
+
+/* Take the state-gradient slots (one per slot of the model, all zero at position 0): one more
+ * device block of n_kda * n_slots * (H*dk*dv + 3*P*(W-1)) + n_mla * n_slots * max_context *
+ * (rkv + r) floats, released by arl_model_dev_train_free (call it right after
+ * arl_model_dev_train_init: "cuda" blocks are released in stack order).  A second call does
+ * nothing.  Errors: ARL_ERR_STATE for a model without slots, ARL_ERR_NOMEM naming the bytes. */
+arl_status arl_model_dev_state_grads_init(arl_model_dev_train *tr);
+/* Gradient slot `slot` = 0 at `position` (arl_state_grad_prepare).  ARL_ERR_RANGE for a slot
+ * or position out of range, ARL_ERR_STATE without state-gradient slots. */
+arl_status arl_model_dev_state_grad_prepare(arl_model_dev_train *tr, int32_t slot,
+                                            int64_t position);
+/* Position of a gradient slot (-1 for none). */
+int64_t arl_model_dev_state_grad_pos(const arl_model_dev_train *tr, int32_t slot);
+/* Host gradient state g slot hslot (active; policy/state.h layout) -> gradient slot `slot`:
+ * S and tail gradients, rows [0, pos), the position; and back (rows reserved in g as needed).
+ * ARL_ERR_SHAPE for a state of another config, ARL_ERR_RANGE past max_context. */
+arl_status arl_model_dev_state_grad_upload(arl_model_dev_train *tr, int32_t slot,
+                                           const arl_decode_state *g, int32_t hslot);
+arl_status arl_model_dev_state_grad_download(arl_model_dev_train *tr, int32_t slot,
+                                             arl_decode_state *g, int32_t hslot);
 
 /* arl_model_loss_and_grad on the device: *loss = mean next-token NLL over the target
  * positions (targets: b->targets or the next token inside each document), gradients +=. */

@@ -351,6 +351,11 @@ static const arl_dev_ops cuda_ops = {
     .embed_bwd = arl_cuda_embed_bwd,
     .grad_sumsq = arl_cuda_grad_sumsq,
     .adamw_update = arl_cuda_adamw_step,
+    .kda_conv_tail_bwd = arl_cuda_kda_conv_tail_bwd,
+    .kda_conv_tail_out_bwd = arl_cuda_kda_conv_tail_out_bwd,
+    .mla_abs_train_ws_floats = arl_cuda_mla_abs_train_ws_floats,
+    .mla_abs_fwd_save = arl_cuda_mla_abs_fwd_save,
+    .mla_abs_bwd = arl_cuda_mla_abs_bwd,
 };
 
 const arl_dev_ops *arl_dev_ops_cuda(void) {

@@ -289,6 +289,27 @@ void arl_cuda_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, i
  * device int64): the per-chunk sums of the AdamW gradient norm (policy/optimizer.c). */
 void arl_cuda_grad_sumsq(double *out, const float *g, const int64_t *ranges, int64_t n);
 
+/* ======================= segment-wise training (kernels/cuda/segment.cu) ================= */
+
+/* The contracts of policy/model_device.h arl_dev_ops kda_conv_tail_bwd, kda_conv_tail_out_bwd
+ * (cu: device int32 (N + 1) or NULL for one document) and mla_abs_train_ws_floats,
+ * mla_abs_fwd_save, mla_abs_bwd (one document per call, rows: its (p0 + Tq, rkv + r) latent
+ * rows; ws: arl_cuda_mla_abs_train_ws_floats(S >= p0 + Tq, ...) floats).  fp32, every output
+ * written by one thread, sums in a fixed order: deterministic run to run. */
+void arl_cuda_kda_conv_tail_bwd(float *dtail, const float *dz, const float *x, const float *w,
+                                const float *tails, const int32_t *cu, int32_t N, int64_t T,
+                                int64_t C, int64_t W);
+void arl_cuda_kda_conv_tail_out_bwd(float *dpre, float *dtail_in, const float *dtail_out,
+                                    const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W);
+int64_t arl_cuda_mla_abs_train_ws_floats(int64_t S, int64_t Hm, int64_t rkv, int64_t r);
+void arl_cuda_mla_abs_fwd_save(float *ohat, float *lse, const float *qhat, const float *q_pe,
+                               const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                               int64_t r, float scale, float *ws);
+void arl_cuda_mla_abs_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
+                          const float *dohat, const float *ohat, const float *lse,
+                          const float *qhat, const float *q_pe, const float *rows, int64_t p0,
+                          int64_t Tq, int64_t Hm, int64_t rkv, int64_t r, float scale, float *ws);
+
 #ifdef __cplusplus
 }
 #endif

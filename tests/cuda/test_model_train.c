@@ -46,6 +46,7 @@
 #include "kernels/cuda/cuda.h"
 #include "policy/model_backward.h"
 #include "policy/model_device_backward.h"
+#include "tests/cuda/cuda_open.h"
 #include "tests/policy_model/tiny.h"
 
 static tiny_model TM;
@@ -377,17 +378,12 @@ int main(int argc, char **argv) {
         TEST_RUN(test_cpu_bit_identical);
         TEST_RUN(test_cpu_errors);
     } else {
-        if (arl_cuda_device_count() == 0) {
-            fprintf(stderr, "skip: no CUDA device (or a build without CUDA)\n");
-            tiny_free(&TM);
-            return TEST_SKIP;
-        }
         /* the model, its training block (weights x 4 and the tiny activations) and the
          * context's own part: 256 MiB */
-        if (arl_dev_ops_get("cuda", (size_t)256 << 20, &OPS) != ARL_OK) {
-            fprintf(stderr, "cuda: %s\n", arl_error_msg());
+        int rc = test_cuda_open((size_t)256 << 20, &OPS);
+        if (rc) {
             tiny_free(&TM);
-            return 1;
+            return rc;
         }
         TEST_RUN(test_cuda_fp32);
         if (strcmp(dev, "cuda-emu") != 0) /* the emulator: fp32 only (every launch is slow) */

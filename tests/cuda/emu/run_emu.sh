@@ -54,7 +54,10 @@ rc=0
 # steps of policy/model_device.c with every kernel emulated ("cuda-emu": the fp32 cases, not the
 # bf16 one; ~10 forwards, several minutes); test_train_ops the training ops of the "cuda" table
 # (under a minute); test_model_train (not in the default list: ~25 minutes on a loaded 2-core
-# machine) one whole training step of policy/model_device_backward.c, fp32.
+# machine) one whole training step of policy/model_device_backward.c, fp32;
+# test_model_train_state (not in the default list either) one segment of 28 tokens trained from
+# decode states (policy/model_device_backward.c arl_model_dev_train_forward_state and the state
+# gradients), fp32.
 for t in ${EMU_TESTS:-test_ops test_model_ops test_train_ops test_model_device}; do
     gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/cuda/$t.c" -o "$work/$t.o"
     g++ $flags -o "$work/$t" "$work/$t.o" "$work/golden.o" $objs "$work/emu_rt.o" $libs $extra \
@@ -63,6 +66,7 @@ for t in ${EMU_TESTS:-test_ops test_model_ops test_train_ops test_model_device};
     arg=""
     [ "$t" = test_model_device ] && arg=cuda-emu
     [ "$t" = test_model_train ] && arg=cuda-emu
+    [ "$t" = test_model_train_state ] && arg=cuda-emu
     "$work/$t" $arg || rc=1
 done
 exit $rc
