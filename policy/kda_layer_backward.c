@@ -206,9 +206,9 @@ void arl_kda_layer_fwd_save(float *y, const float *x, const arl_kda_params *p,
 /* Gradient of the conv tail (the W-1 inputs before each document) from dz (T, C): the first
  * W-1 outputs of a document read the tail.  dtail (N, C, W-1) +=.  The pre-activation is
  * recomputed as in arl_kda_conv_fwd. */
-static void conv_tail_bwd(float *dtail, const float *dz, const float *x, const float *w,
-                          const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
-                          int64_t W) {
+void arl_kda_conv_tail_bwd(float *dtail, const float *dz, const float *x, const float *w,
+                           const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
+                           int64_t W) {
     for (int32_t di = 0; di < N; di++) {
         int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a;
         const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
@@ -235,8 +235,8 @@ static void conv_tail_bwd(float *dtail, const float *dz, const float *x, const f
 /* The final tail of a document is the last W-1 elements of [tail_in; x_doc]: route its
  * gradient dtail_out (N, C, W-1) to the inputs (dpre (T, C) +=) or, for documents shorter
  * than W-1, partly to the incoming tail (dtail_in (N, C, W-1) +=, or dropped when NULL). */
-static void conv_tail_out_bwd(float *dpre, float *dtail_in, const float *dtail_out,
-                              const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W) {
+void arl_kda_conv_tail_out_bwd(float *dpre, float *dtail_in, const float *dtail_out,
+                               const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W) {
     for (int32_t di = 0; di < N; di++) {
         int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a;
         const float *g = dtail_out + (int64_t)di * C * (W - 1);
@@ -339,10 +339,12 @@ void arl_kda_layer_bwd(float *dx, const arl_kda_params *gp, const float *dy, con
         arl_kda_conv_bwd(B.dpre, gconv[j], dzj, sv->pre[j], conv[j], tin, cu, N, T, P, W);
         if (tl > 0 && (dtails0 || dtails_T)) {
             zero(B.dtail, (int64_t)N * tl);
-            if (dtails0) conv_tail_bwd(B.dtail, dzj, sv->pre[j], conv[j], tin, cu, N, T, P, W);
+            if (dtails0)
+                arl_kda_conv_tail_bwd(B.dtail, dzj, sv->pre[j], conv[j], tin, cu, N, T, P, W);
             if (dtails_T) {
                 gather_tails(B.dtail_out, dtails_T, j, N, tl);
-                conv_tail_out_bwd(B.dpre, dtails0 ? B.dtail : NULL, B.dtail_out, cu, N, T, P, W);
+                arl_kda_conv_tail_out_bwd(B.dpre, dtails0 ? B.dtail : NULL, B.dtail_out, cu, N, T,
+                                          P, W);
             }
             if (dtails0)
                 for (int32_t i = 0; i < N; i++)

@@ -65,6 +65,17 @@ void arl_kda_layer_fwd_save(float *y, const float *x, const arl_kda_params *p,
                             const arl_kda_layer_cfg *c, const int32_t *cu, int32_t N, int64_t T,
                             float *S, float *tails, arl_kda_layer_save *sv, float *ws);
 
+/* The conv-tail gradients of the backward (also the "cpu" ops of the device training step,
+ * policy/model_device.h): the gradient of the incoming tails (N, C, W-1; NULL = zeros) from dz
+ * (T, C) of the conv + SiLU over x (T, C), w (C, W): dtail (N, C, W-1) +=; and the gradient of
+ * each document's final tail dtail_out (N, C, W-1) routed to its inputs: dpre (T, C) +=, for
+ * documents shorter than W-1 partly to dtail_in (N, C, W-1) += (or dropped when NULL). */
+void arl_kda_conv_tail_bwd(float *dtail, const float *dz, const float *x, const float *w,
+                           const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
+                           int64_t W);
+void arl_kda_conv_tail_out_bwd(float *dpre, float *dtail_in, const float *dtail_out,
+                               const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W);
+
 /* Backward of the layer for upstream dy (T, d), with sv from arl_kda_layer_fwd_save over the
  * same x, cu, N, T.  dx (T, d) +=; every parameter gradient in gp (a view over a gradient
  * arena; NULL fields are not used) +=.

@@ -171,18 +171,6 @@ static void merge_heads(float *dst, const float *A, const float *Bp, int64_t T, 
 
 /* ---- the absorbed core ---- */
 
-typedef struct abs_args {
-    const arl_mla_layer_save *sv;
-    const arl_mla_layer_cfg *c;
-    const int32_t *cu;
-    int32_t N;
-    int64_t T;
-    const float **rows; /* (N) each document's rows, pos[i] + len_i of them */
-    const int64_t *pos; /* (N) rows before the document's first query */
-    float *score;
-    float scale;
-} abs_args;
-
 static inline int64_t doc_lo(const int32_t *cu, int32_t i) {
     return cu ? cu[i] : 0;
 }
@@ -191,109 +179,116 @@ static inline int64_t doc_hi(const int32_t *cu, int32_t i, int64_t T) {
     return cu ? cu[i + 1] : T;
 }
 
-/* S (nq, m) = scale (qhat Cᵀ + q_pe Kpeᵀ) for head h, queries [t0, t0 + nq) and rows [0, m). */
-static void abs_scores(const abs_args *A, int64_t h, const float *rows, int64_t t0, int64_t nq,
-                       int64_t m, float *S) {
-    const arl_mla_layer_save *sv = A->sv;
-    const int64_t Hm = A->c->Hm, rkv = A->c->rkv, r = A->c->r, R = rkv + r;
-    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, rkv, A->scale, sv->qhat + (t0 * Hm + h) * rkv,
-               Hm * rkv, rows, R, 0.0f, S, m);
-    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, r, A->scale, sv->q_pe + (t0 * Hm + h) * r, Hm * r,
-               rows + rkv, R, 1.0f, S, m);
+/* ---- the absorbed core, one document per call (policy/mla_layer_backward.h) ---- */
+
+typedef struct abs_args {
+    float *ohat, *lse;
+    const float *qhat, *q_pe, *rows;
+    int64_t p0, Tq, Hm, rkv, r;
+    float scale;
+    float *ws;
+} abs_args;
+
+/* S (nq, m) = scale (qhat C^T + q_pe Kpe^T) for head h, queries [t0, t0 + nq), rows [0, m). */
+static void abs_scores(const abs_args *A, int64_t h, int64_t t0, int64_t nq, int64_t m, float *S) {
+    const int64_t Hm = A->Hm, rkv = A->rkv, r = A->r, R = rkv + r;
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, rkv, A->scale, A->qhat + (t0 * Hm + h) * rkv,
+               Hm * rkv, A->rows, R, 0.0f, S, m);
+    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, r, A->scale, A->q_pe + (t0 * Hm + h) * r, Hm * r,
+               A->rows + rkv, R, 1.0f, S, m);
 }
 
 static void abs_fwd_heads(void *vctx, int64_t h0, int64_t h1) {
     const abs_args *A = vctx;
-    const arl_mla_layer_save *sv = A->sv;
-    const int64_t Hm = A->c->Hm, rkv = A->c->rkv, R = rkv + A->c->r;
+    const int64_t Hm = A->Hm, rkv = A->rkv, R = rkv + A->r, p0 = A->p0, M = p0 + A->Tq;
     for (int64_t h = h0; h < h1; h++) {
-        float *S = A->score + h * QBLK * A->c->max_rows;
-        for (int32_t di = 0; di < A->N; di++) {
-            int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T), p0 = A->pos[di];
-            const float *rows = A->rows[di];
-            for (int64_t q0 = 0; q0 < b - a; q0 += QBLK) {
-                int64_t nq = b - a - q0 < QBLK ? b - a - q0 : QBLK, m = p0 + q0 + nq;
-                int64_t t0 = a + q0;
-                abs_scores(A, h, rows, t0, nq, m, S);
-                for (int64_t i = 0; i < nq; i++) {
-                    float *row = S + i * m;
-                    int64_t lim = p0 + q0 + i; /* rows 0..lim */
-                    float mx = row[0];
-                    for (int64_t j = 1; j <= lim; j++)
-                        mx = row[j] > mx ? row[j] : mx;
-                    float sum = 0.0f;
-                    for (int64_t j = 0; j <= lim; j++) {
-                        row[j] = expf(row[j] - mx);
-                        sum += row[j];
-                    }
-                    float inv = 1.0f / sum;
-                    for (int64_t j = 0; j <= lim; j++)
-                        row[j] *= inv;
-                    for (int64_t j = lim + 1; j < m; j++)
-                        row[j] = 0.0f;
-                    sv->lse[(t0 + i) * Hm + h] = mx + logf(sum);
+        float *S = A->ws + h * QBLK * M;
+        for (int64_t q0 = 0; q0 < A->Tq; q0 += QBLK) {
+            int64_t nq = A->Tq - q0 < QBLK ? A->Tq - q0 : QBLK, m = p0 + q0 + nq;
+            int64_t t0 = q0;
+            abs_scores(A, h, t0, nq, m, S);
+            for (int64_t i = 0; i < nq; i++) {
+                float *row = S + i * m;
+                int64_t lim = p0 + q0 + i; /* rows 0..lim */
+                float mx = row[0];
+                for (int64_t j = 1; j <= lim; j++)
+                    mx = row[j] > mx ? row[j] : mx;
+                float sum = 0.0f;
+                for (int64_t j = 0; j <= lim; j++) {
+                    row[j] = expf(row[j] - mx);
+                    sum += row[j];
                 }
-                arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, rkv, m, 1.0f, S, m, rows, R, 0.0f,
-                           sv->ohat + (t0 * Hm + h) * rkv, Hm * rkv);
+                float inv = 1.0f / sum;
+                for (int64_t j = 0; j <= lim; j++)
+                    row[j] *= inv;
+                for (int64_t j = lim + 1; j < m; j++)
+                    row[j] = 0.0f;
+                A->lse[(t0 + i) * Hm + h] = mx + logf(sum);
             }
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, rkv, m, 1.0f, S, m, A->rows, R, 0.0f,
+                       A->ohat + (t0 * Hm + h) * rkv, Hm * rkv);
         }
     }
 }
 
-/* Backward of the absorbed core: dqhat, dq_pe (T, Hm, ·) +=, dlat (T, R) += for the documents'
- * own rows, dprefix[i] (pos[i], R) += for earlier rows (when dprefix and dprefix[i]). */
-static void abs_bwd(const abs_args *A, const float *dohat, float *dqhat, float *dq_pe, float *dlat,
-                    float *const *dprefix) {
-    const arl_mla_layer_save *sv = A->sv;
-    const int64_t Hm = A->c->Hm, rkv = A->c->rkv, r = A->c->r, R = rkv + r;
-    float *P = A->score, *dP = P + QBLK * A->c->max_rows, *D = dP + QBLK * A->c->max_rows;
-    for (int32_t di = 0; di < A->N; di++) {
-        int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T), p0 = A->pos[di];
-        const float *rows = A->rows[di];
-        float *dpre = dprefix ? dprefix[di] : NULL;
-        for (int64_t h = 0; h < Hm; h++)
-            for (int64_t q0 = 0; q0 < b - a; q0 += QBLK) {
-                int64_t nq = b - a - q0 < QBLK ? b - a - q0 : QBLK, m = p0 + q0 + nq;
-                int64_t t0 = a + q0;
-                const float *dOb = dohat + (t0 * Hm + h) * rkv,
-                            *Ob = sv->ohat + (t0 * Hm + h) * rkv;
-                const float *Qb = sv->qhat + (t0 * Hm + h) * rkv,
-                            *Qp = sv->q_pe + (t0 * Hm + h) * r;
-                abs_scores(A, h, rows, t0, nq, m, P);
-                for (int64_t i = 0; i < nq; i++) {
-                    int64_t lim = p0 + q0 + i;
-                    float l = sv->lse[(t0 + i) * Hm + h];
-                    for (int64_t j = 0; j < m; j++)
-                        P[i * m + j] = j <= lim ? expf(P[i * m + j] - l) : 0.0f;
-                    float acc = 0.0f; /* rowsum(dA * A) = dohat . ohat */
-                    for (int64_t j = 0; j < rkv; j++)
-                        acc += dOb[i * Hm * rkv + j] * Ob[i * Hm * rkv + j];
-                    D[i] = acc;
-                }
-                arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, rkv, 1.0f, dOb, Hm * rkv, rows, R,
-                           0.0f, dP, m);
-                for (int64_t i = 0; i < nq; i++)
-                    for (int64_t j = 0; j < m; j++)
-                        dP[i * m + j] = P[i * m + j] * (dP[i * m + j] - D[i]);
-                /* query side */
-                arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, rkv, m, A->scale, dP, m, rows, R, 1.0f,
-                           dqhat + (t0 * Hm + h) * rkv, Hm * rkv);
-                arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, r, m, A->scale, dP, m, rows + rkv, R,
-                           1.0f, dq_pe + (t0 * Hm + h) * r, Hm * r);
-                /* row side: own rows [p0, m) -> dlat, earlier rows [0, p0) -> dprefix */
-                for (int part = 0; part < 2; part++) {
-                    int64_t s0 = part == 0 ? p0 : 0, s1 = part == 0 ? m : p0;
-                    float *dst = part == 0 ? dlat + a * R : dpre;
-                    if (s1 <= s0 || !dst) continue;
-                    arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, s1 - s0, rkv, nq, 1.0f, P + s0, m, dOb,
-                               Hm * rkv, 1.0f, dst, R);
-                    arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, s1 - s0, rkv, nq, A->scale, dP + s0, m,
-                               Qb, Hm * rkv, 1.0f, dst, R);
-                    arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, s1 - s0, r, nq, A->scale, dP + s0, m, Qp,
-                               Hm * r, 1.0f, dst + rkv, R);
-                }
+int64_t arl_mla_absorbed_train_ws_floats(int64_t S, int64_t Hm) {
+    int64_t fwd = Hm * QBLK * S, bwd = 2 * QBLK * S + QBLK;
+    return fwd > bwd ? fwd : bwd;
+}
+
+void arl_mla_absorbed_fwd_save(float *ohat, float *lse, const float *qhat, const float *q_pe,
+                               const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                               int64_t r, float scale, float *ws) {
+    if (Tq == 0) return;
+    abs_args A = {ohat, lse, qhat, q_pe, rows, p0, Tq, Hm, rkv, r, scale, ws};
+    arl_k_parallel_for(Hm, 1, abs_fwd_heads, &A);
+}
+
+void arl_mla_absorbed_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
+                          const float *dohat, const float *ohat, const float *lse,
+                          const float *qhat, const float *q_pe, const float *rows, int64_t p0,
+                          int64_t Tq, int64_t Hm, int64_t rkv, int64_t r, float scale, float *ws) {
+    const abs_args A = {NULL, NULL, qhat, q_pe, rows, p0, Tq, Hm, rkv, r, scale, ws};
+    const int64_t R = rkv + r, M = p0 + Tq;
+    float *P = ws, *dP = P + QBLK * M, *D = dP + QBLK * M;
+    for (int64_t h = 0; h < Hm; h++)
+        for (int64_t q0 = 0; q0 < Tq; q0 += QBLK) {
+            int64_t nq = Tq - q0 < QBLK ? Tq - q0 : QBLK, m = p0 + q0 + nq;
+            int64_t t0 = q0;
+            const float *dOb = dohat + (t0 * Hm + h) * rkv, *Ob = ohat + (t0 * Hm + h) * rkv;
+            const float *Qb = qhat + (t0 * Hm + h) * rkv, *Qp = q_pe + (t0 * Hm + h) * r;
+            abs_scores(&A, h, t0, nq, m, P);
+            for (int64_t i = 0; i < nq; i++) {
+                int64_t lim = p0 + q0 + i;
+                float l = lse[(t0 + i) * Hm + h];
+                for (int64_t j = 0; j < m; j++)
+                    P[i * m + j] = j <= lim ? expf(P[i * m + j] - l) : 0.0f;
+                float acc = 0.0f; /* rowsum(dA * A) = dohat . ohat */
+                for (int64_t j = 0; j < rkv; j++)
+                    acc += dOb[i * Hm * rkv + j] * Ob[i * Hm * rkv + j];
+                D[i] = acc;
             }
-    }
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, rkv, 1.0f, dOb, Hm * rkv, rows, R, 0.0f,
+                       dP, m);
+            for (int64_t i = 0; i < nq; i++)
+                for (int64_t j = 0; j < m; j++)
+                    dP[i * m + j] = P[i * m + j] * (dP[i * m + j] - D[i]);
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, rkv, m, scale, dP, m, rows, R, 1.0f,
+                       dqhat + (t0 * Hm + h) * rkv, Hm * rkv);
+            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, r, m, scale, dP, m, rows + rkv, R, 1.0f,
+                       dq_pe + (t0 * Hm + h) * r, Hm * r);
+            for (int part = 0; part < 2; part++) { /* own rows -> dnew, earlier -> dprefix */
+                int64_t s0 = part == 0 ? p0 : 0, s1 = part == 0 ? m : p0;
+                float *dst = part == 0 ? dnew : dprefix;
+                if (s1 <= s0 || !dst) continue;
+                arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, s1 - s0, rkv, nq, 1.0f, P + s0, m, dOb,
+                           Hm * rkv, 1.0f, dst, R);
+                arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, s1 - s0, rkv, nq, scale, dP + s0, m, Qb,
+                           Hm * rkv, 1.0f, dst, R);
+                arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, s1 - s0, r, nq, scale, dP + s0, m, Qp,
+                           Hm * r, 1.0f, dst + rkv, R);
+            }
+        }
 }
 
 /* ---- the block-sparse absorbed core (4.5): policy/mla.h's sparse cores per document ----
@@ -412,8 +407,13 @@ void arl_mla_layer_fwd_save(float *y, const float *x, const arl_mla_params *p,
         if (c->sparse_topk > 0) {
             sparse_fwd(&B, sv, c, cu, N, T, scale);
         } else {
-            abs_args A = {sv, c, cu, N, T, B.rows, B.p0, B.score, scale};
-            arl_k_parallel_for(Hm, 1, abs_fwd_heads, &A);
+            for (int32_t di = 0; di < N; di++) {
+                const int64_t a = doc_lo(cu, di);
+                arl_mla_absorbed_fwd_save(sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
+                                          sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r,
+                                          B.rows[di], B.p0[di], doc_hi(cu, di, T) - a, Hm, rkv, r,
+                                          scale, B.score);
+            }
         }
         arl_mla_expand_o(sv->o, sv->ohat, p->kv_b, T, Hm, n, vm, rkv);
     }
@@ -493,8 +493,15 @@ void arl_mla_layer_bwd(float *dx, const arl_mla_params *gp, const float *dy, con
         if (c->sparse_topk > 0) {
             sparse_bwd(&B, sv, c, cu, N, T, scale, caches ? dprefix : NULL);
         } else {
-            abs_args A = {sv, c, cu, N, T, B.rows, B.p0, B.score, scale};
-            abs_bwd(&A, B.dohat, B.dqhat, B.dq_pe, B.dlat, caches ? dprefix : NULL);
+            for (int32_t di = 0; di < N; di++) {
+                const int64_t a = doc_lo(cu, di);
+                arl_mla_absorbed_bwd(B.dqhat + a * Hm * rkv, B.dq_pe + a * Hm * r, B.dlat + a * R,
+                                     caches && dprefix ? dprefix[di] : NULL,
+                                     B.dohat + a * Hm * rkv, sv->ohat + a * Hm * rkv,
+                                     sv->lse + a * Hm, sv->qhat + a * Hm * rkv,
+                                     sv->q_pe + a * Hm * r, B.rows[di], B.p0[di],
+                                     doc_hi(cu, di, T) - a, Hm, rkv, r, scale, B.score);
+            }
         }
         for (int64_t t = 0; t < T; t++) {
             memcpy(B.dc + t * rkv, B.dlat + t * R, sizeof(float) * rkv);

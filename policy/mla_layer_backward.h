@@ -63,6 +63,22 @@ void arl_mla_layer_save_bind(arl_mla_layer_save *s, const arl_mla_layer_cfg *c, 
  * sequence attends over, for the absorbed form). */
 int64_t arl_mla_layer_train_ws_floats(const arl_mla_layer_cfg *c, int64_t T, int32_t N);
 
+/* The dense absorbed core of the layer (4.2), one document per call (also the "cpu" ops of the
+ * device training step, policy/model_device.h mla_abs_*): Tq queries at positions p0.. over the
+ * document's rows (p0 + Tq, rkv + r), token rows of stride Hm*rkv (qhat, ohat, dohat, dqhat),
+ * Hm*r (q_pe, dq_pe), Hm (lse).  Forward: ohat, lse OVERWRITTEN (heads in parallel).  Backward
+ * for dohat: dqhat, dq_pe +=, dnew (Tq, rkv + r) += (the document's own rows), dprefix (p0,
+ * rkv + r) += (NULL: not wanted); heads and query blocks in order.  ws:
+ * arl_mla_absorbed_train_ws_floats(S >= p0 + Tq, Hm) floats. */
+int64_t arl_mla_absorbed_train_ws_floats(int64_t S, int64_t Hm);
+void arl_mla_absorbed_fwd_save(float *ohat, float *lse, const float *qhat, const float *q_pe,
+                               const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                               int64_t r, float scale, float *ws);
+void arl_mla_absorbed_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
+                          const float *dohat, const float *ohat, const float *lse,
+                          const float *qhat, const float *q_pe, const float *rows, int64_t p0,
+                          int64_t Tq, int64_t Hm, int64_t rkv, int64_t r, float scale, float *ws);
+
 /* y (T, d) = the MLA mixer of x (T, d).  caches, pos: NULL (fresh documents), or as in
  * arl_mla_layer_fwd (caches[i] holds pos[i] rows and has room for the document's; its new rows
  * are written there).  absorbed: 1 forces the absorbed form (also for fresh documents); 0

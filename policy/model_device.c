@@ -22,7 +22,9 @@
 #include "kernels/kernels.h"
 #include "policy/attnres.h"
 #include "policy/kda.h"
+#include "policy/kda_layer_backward.h"
 #include "policy/mla.h"
+#include "policy/mla_layer_backward.h"
 #include "policy/model_device_bump.h"
 #include "policy/moe_internal.h"
 #include "policy/optimizer_internal.h"
@@ -208,20 +210,11 @@ static void cpu_grad_sumsq(double *out, const float *g, const int64_t *ranges, i
         out[c] = arl_optim_sumsq(g + ranges[2 * c], ranges[2 * c + 1] - ranges[2 * c]);
 }
 
-/* segment-wise training: the CPU reference cores (defined at the end of this file) */
-static void cpu_conv_tail_bwd(float *dtail, const float *dz, const float *x, const float *w,
-                              const float *tails, const int32_t *cu, int32_t N, int64_t T,
-                              int64_t C, int64_t W);
-static void cpu_conv_tail_out_bwd(float *dpre, float *dtail_in, const float *dtail_out,
-                                  const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W);
-static int64_t cpu_abs_train_ws(int64_t S, int64_t Hm, int64_t rkv, int64_t r);
-static void cpu_abs_fwd_save(float *ohat, float *lse, const float *qhat, const float *q_pe,
-                             const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
-                             int64_t r, float scale, float *ws);
-static void cpu_abs_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix, const float *dohat,
-                        const float *ohat, const float *lse, const float *qhat, const float *q_pe,
-                        const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
-                        int64_t r, float scale, float *ws);
+/* segment-wise training: the absorbed core's work buffer (policy/mla_layer_backward.h) */
+static int64_t cpu_abs_train_ws(int64_t S, int64_t Hm, int64_t rkv, int64_t r) {
+    (void)rkv, (void)r;
+    return arl_mla_absorbed_train_ws_floats(S, Hm);
+}
 
 static const arl_dev_ops cpu_ops = {
     .name = "cpu",
@@ -268,11 +261,11 @@ static const arl_dev_ops cpu_ops = {
     .embed_bwd = cpu_embed_bwd,
     .grad_sumsq = cpu_grad_sumsq,
     .adamw_update = arl_optim_update,
-    .kda_conv_tail_bwd = cpu_conv_tail_bwd,
-    .kda_conv_tail_out_bwd = cpu_conv_tail_out_bwd,
+    .kda_conv_tail_bwd = arl_kda_conv_tail_bwd,
+    .kda_conv_tail_out_bwd = arl_kda_conv_tail_out_bwd,
     .mla_abs_train_ws_floats = cpu_abs_train_ws,
-    .mla_abs_fwd_save = cpu_abs_fwd_save,
-    .mla_abs_bwd = cpu_abs_bwd,
+    .mla_abs_fwd_save = arl_mla_absorbed_fwd_save,
+    .mla_abs_bwd = arl_mla_absorbed_bwd,
 };
 
 const arl_dev_ops *arl_dev_ops_cpu(void) {
@@ -1318,169 +1311,4 @@ arl_status arl_model_dev_slot_upload(arl_model_dev *m, int32_t slot, const arl_d
                                h->latent[j], sizeof(float) * (size_t)(pos * R)));
     m->st_pos[slot] = pos;
     return ARL_OK;
-}
-
-/* ======================= host ops of segment-wise training ============================== */
-/* policy/kda_layer_backward.c conv_tail_bwd / conv_tail_out_bwd and policy/mla_layer_backward.c
- * abs_fwd_heads / abs_bwd (static there) line by line, one document per absorbed call: the
- * device training step from decode states (policy/model_device_backward.c) makes the same
- * calls as policy/model_backward.c through these, bit for bit (tests/cuda/test_model_train.c).
- * Keep them in step with those files. */
-
-static void cpu_conv_tail_bwd(float *dtail, const float *dz, const float *x, const float *w,
-                              const float *tails, const int32_t *cu, int32_t N, int64_t T,
-                              int64_t C, int64_t W) {
-    for (int32_t di = 0; di < N; di++) {
-        int64_t a = cu ? cu[di] : 0, len = (cu ? cu[di + 1] : T) - a;
-        const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
-        float *dt = dtail + (int64_t)di * C * (W - 1);
-        for (int64_t pos = 0; pos < W - 1 && pos < len; pos++)
-            for (int64_t c = 0; c < C; c++) {
-                float acc = 0.0f;
-                for (int64_t j = 0; j < W; j++) {
-                    int64_t src = pos - (W - 1) + j;
-                    float in = src >= 0 ? x[(a + src) * C + c]
-                                        : (tail ? tail[c * (W - 1) + (W - 1 + src)] : 0.0f);
-                    acc += w[c * W + j] * in;
-                }
-                float s = acc >= 0.0f ? 1.0f / (1.0f + expf(-acc)) : expf(acc) / (1.0f + expf(acc));
-                float dy = dz[(a + pos) * C + c] * s * (1.0f + acc * (1.0f - s));
-                for (int64_t j = 0; j < W; j++) {
-                    int64_t src = pos - (W - 1) + j;
-                    if (src < 0) dt[c * (W - 1) + (W - 1 + src)] += w[c * W + j] * dy;
-                }
-            }
-    }
-}
-
-static void cpu_conv_tail_out_bwd(float *dpre, float *dtail_in, const float *dtail_out,
-                                  const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W) {
-    for (int32_t di = 0; di < N; di++) {
-        int64_t a = cu ? cu[di] : 0, len = (cu ? cu[di + 1] : T) - a;
-        const float *g = dtail_out + (int64_t)di * C * (W - 1);
-        for (int64_t i = 0; i < W - 1; i++) {
-            int64_t m = len + i; /* index into [tail_in; x_doc] */
-            for (int64_t c = 0; c < C; c++) {
-                float v = g[c * (W - 1) + i];
-                if (m >= W - 1)
-                    dpre[(a + m - (W - 1)) * C + c] += v;
-                else if (dtail_in)
-                    dtail_in[(int64_t)di * C * (W - 1) + c * (W - 1) + m] += v;
-            }
-        }
-    }
-}
-
-#define ABS_QBLK 64 /* policy/mla_layer_backward.c QBLK */
-
-typedef struct cpu_abs_args {
-    float *ohat, *lse;
-    const float *qhat, *q_pe, *rows;
-    int64_t p0, Tq, Hm, rkv, r;
-    float scale;
-    float *ws;
-} cpu_abs_args;
-
-/* S (nq, m) = scale (qhat C^T + q_pe Kpe^T) for head h, queries [t0, t0 + nq), rows [0, m). */
-static void cpu_abs_scores(const cpu_abs_args *A, int64_t h, int64_t t0, int64_t nq, int64_t m,
-                           float *S) {
-    const int64_t Hm = A->Hm, rkv = A->rkv, r = A->r, R = rkv + r;
-    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, rkv, A->scale, A->qhat + (t0 * Hm + h) * rkv,
-               Hm * rkv, A->rows, R, 0.0f, S, m);
-    arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, r, A->scale, A->q_pe + (t0 * Hm + h) * r, Hm * r,
-               A->rows + rkv, R, 1.0f, S, m);
-}
-
-static void cpu_abs_fwd_heads(void *vctx, int64_t h0, int64_t h1) {
-    const cpu_abs_args *A = vctx;
-    const int64_t Hm = A->Hm, rkv = A->rkv, R = rkv + A->r, p0 = A->p0, M = p0 + A->Tq;
-    for (int64_t h = h0; h < h1; h++) {
-        float *S = A->ws + h * ABS_QBLK * M;
-        for (int64_t q0 = 0; q0 < A->Tq; q0 += ABS_QBLK) {
-            int64_t nq = A->Tq - q0 < ABS_QBLK ? A->Tq - q0 : ABS_QBLK, m = p0 + q0 + nq;
-            int64_t t0 = q0;
-            cpu_abs_scores(A, h, t0, nq, m, S);
-            for (int64_t i = 0; i < nq; i++) {
-                float *row = S + i * m;
-                int64_t lim = p0 + q0 + i; /* rows 0..lim */
-                float mx = row[0];
-                for (int64_t j = 1; j <= lim; j++)
-                    mx = row[j] > mx ? row[j] : mx;
-                float sum = 0.0f;
-                for (int64_t j = 0; j <= lim; j++) {
-                    row[j] = expf(row[j] - mx);
-                    sum += row[j];
-                }
-                float inv = 1.0f / sum;
-                for (int64_t j = 0; j <= lim; j++)
-                    row[j] *= inv;
-                for (int64_t j = lim + 1; j < m; j++)
-                    row[j] = 0.0f;
-                A->lse[(t0 + i) * Hm + h] = mx + logf(sum);
-            }
-            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, rkv, m, 1.0f, S, m, A->rows, R, 0.0f,
-                       A->ohat + (t0 * Hm + h) * rkv, Hm * rkv);
-        }
-    }
-}
-
-static int64_t cpu_abs_train_ws(int64_t S, int64_t Hm, int64_t rkv, int64_t r) {
-    (void)rkv, (void)r;
-    int64_t fwd = Hm * ABS_QBLK * S, bwd = 2 * ABS_QBLK * S + ABS_QBLK;
-    return fwd > bwd ? fwd : bwd;
-}
-
-static void cpu_abs_fwd_save(float *ohat, float *lse, const float *qhat, const float *q_pe,
-                             const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
-                             int64_t r, float scale, float *ws) {
-    if (Tq == 0) return;
-    cpu_abs_args A = {ohat, lse, qhat, q_pe, rows, p0, Tq, Hm, rkv, r, scale, ws};
-    arl_k_parallel_for(Hm, 1, cpu_abs_fwd_heads, &A);
-}
-
-static void cpu_abs_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix, const float *dohat,
-                        const float *ohat, const float *lse, const float *qhat, const float *q_pe,
-                        const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
-                        int64_t r, float scale, float *ws) {
-    const cpu_abs_args A = {NULL, NULL, qhat, q_pe, rows, p0, Tq, Hm, rkv, r, scale, ws};
-    const int64_t R = rkv + r, M = p0 + Tq;
-    float *P = ws, *dP = P + ABS_QBLK * M, *D = dP + ABS_QBLK * M;
-    for (int64_t h = 0; h < Hm; h++)
-        for (int64_t q0 = 0; q0 < Tq; q0 += ABS_QBLK) {
-            int64_t nq = Tq - q0 < ABS_QBLK ? Tq - q0 : ABS_QBLK, m = p0 + q0 + nq;
-            int64_t t0 = q0;
-            const float *dOb = dohat + (t0 * Hm + h) * rkv, *Ob = ohat + (t0 * Hm + h) * rkv;
-            const float *Qb = qhat + (t0 * Hm + h) * rkv, *Qp = q_pe + (t0 * Hm + h) * r;
-            cpu_abs_scores(&A, h, t0, nq, m, P);
-            for (int64_t i = 0; i < nq; i++) {
-                int64_t lim = p0 + q0 + i;
-                float l = lse[(t0 + i) * Hm + h];
-                for (int64_t j = 0; j < m; j++)
-                    P[i * m + j] = j <= lim ? expf(P[i * m + j] - l) : 0.0f;
-                float acc = 0.0f; /* rowsum(dA * A) = dohat . ohat */
-                for (int64_t j = 0; j < rkv; j++)
-                    acc += dOb[i * Hm * rkv + j] * Ob[i * Hm * rkv + j];
-                D[i] = acc;
-            }
-            arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, rkv, 1.0f, dOb, Hm * rkv, rows, R, 0.0f,
-                       dP, m);
-            for (int64_t i = 0; i < nq; i++)
-                for (int64_t j = 0; j < m; j++)
-                    dP[i * m + j] = P[i * m + j] * (dP[i * m + j] - D[i]);
-            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, rkv, m, scale, dP, m, rows, R, 1.0f,
-                       dqhat + (t0 * Hm + h) * rkv, Hm * rkv);
-            arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, r, m, scale, dP, m, rows + rkv, R, 1.0f,
-                       dq_pe + (t0 * Hm + h) * r, Hm * r);
-            for (int part = 0; part < 2; part++) { /* own rows -> dnew, earlier -> dprefix */
-                int64_t s0 = part == 0 ? p0 : 0, s1 = part == 0 ? m : p0;
-                float *dst = part == 0 ? dnew : dprefix;
-                if (s1 <= s0 || !dst) continue;
-                arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, s1 - s0, rkv, nq, 1.0f, P + s0, m, dOb,
-                           Hm * rkv, 1.0f, dst, R);
-                arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, s1 - s0, rkv, nq, scale, dP + s0, m, Qb,
-                           Hm * rkv, 1.0f, dst, R);
-                arl_k_gemm(ARL_K_TRANS, ARL_K_NOTRANS, s1 - s0, r, nq, scale, dP + s0, m, Qp,
-                           Hm * r, 1.0f, dst + rkv, R);
-            }
-        }
 }
