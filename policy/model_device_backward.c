@@ -818,10 +818,10 @@ static arl_status train_forward(arl_model_dev_train *tr, const arl_batch *b, con
     const arl_model_dims *dm = &m->dm;
     const arl_model_params *w = &m->w;
     tr->fwd_done = 0;
-    if (out && (out->logits || out->entropy || out->expert_load || out->router_scores || out->acts))
+    if (out && (out->logits || out->entropy || out->acts))
         return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "training (%s device): the training forward returns log-probs and "
-                          "routes only",
+                          "training (%s device): the training forward returns log-probs, "
+                          "routes, router scores and expert loads only",
                           ops->name);
     if (b->media)
         return arl_errorf(ARL_ERR_UNSUPPORTED,
@@ -895,6 +895,26 @@ static arl_status train_forward(arl_model_dev_train *tr, const arl_batch *b, con
             if (m->moe_index[l] >= 0)
                 ARL_TRY(ops->download(out->routes + m->moe_index[l] * T * k, recs[l].moe.sel,
                                       sizeof(int32_t) * (size_t)(T * k)));
+    /* the router scores kept for the backward (spec 7.1; Quantile Balancing reads them) and
+     * the expert loads of the routes, (n_moe, E): (token, slot) pairs per expert */
+    if (out && out->router_scores)
+        for (int64_t l = 0; l < L; l++)
+            if (m->moe_index[l] >= 0)
+                ARL_TRY(ops->download(out->router_scores + m->moe_index[l] * T * dm->E,
+                                      recs[l].moe.s, sizeof(float) * (size_t)(T * dm->E)));
+    if (out && out->expert_load)
+        for (int64_t l = 0; l < L; l++) {
+            const int64_t j = m->moe_index[l];
+            if (j < 0) continue;
+            const int32_t *r = out->routes ? out->routes + j * T * k : m->routes_host;
+            if (!out->routes)
+                ARL_TRY(ops->download(m->routes_host, recs[l].moe.sel,
+                                      sizeof(int32_t) * (size_t)(T * k)));
+            int64_t *ld = out->expert_load + j * dm->E;
+            memset(ld, 0, sizeof(int64_t) * (size_t)dm->E);
+            for (int64_t i = 0; i < T * k; i++)
+                ld[r[i]]++;
+        }
     for (int32_t i = 0; slots && i < N; i++)
         m->st_pos[slots[i]] += cu_host[i + 1] - cu_host[i];
     tr->fwd_done = 1;

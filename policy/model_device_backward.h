@@ -23,9 +23,9 @@
  * arl_decode_states (the learner's gradient states) with arl_model_dev_state_grad_upload /
  * _download.  With the "cpu" ops bit-identical to arl_model_train_forward(st, slots) /
  * arl_model_backward(dstate) (tested).  Block-sparse MLA is refused by the device model.
- * What this is not: checkpointing (recomputation), images, the QB router-bias update
- * (policy/optimizer.h arl_qb_update: scores are not returned by the device forward yet), gradient
- * all-reduce.
+ * The training forward returns the router scores and expert loads Quantile Balancing reads;
+ * the QB bias update itself (policy/optimizer.h arl_qb_update) runs on the host over them.
+ * What this is not: checkpointing (recomputation), images, gradient all-reduce.
  *
  * Symbols: T tokens, N documents, d width, V vocabulary, L layers, k experts per token.
  * An arl_model_dev_train is used by one thread at a time.
@@ -119,7 +119,8 @@ arl_status arl_model_dev_zero_grad(arl_model_dev_train *tr);
 
 /* The training forward over fresh documents (arl_model_train_forward with st = NULL):
  * b->targets (or NULL: no log-probabilities), forced routes; out (may be NULL): host
- * logprobs and routes only (others must be NULL).  Errors as arl_model_dev_forward. */
+ * logprobs, routes, router_scores (n_moe, T, E) and expert_load (n_moe, E); logits, entropy
+ * and acts must be NULL (ARL_ERR_UNSUPPORTED).  Errors as arl_model_dev_forward. */
 arl_status arl_model_dev_train_forward(arl_model_dev_train *tr, const arl_batch *b,
                                        const arl_forward_out *out);
 

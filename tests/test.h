@@ -1,6 +1,7 @@
 /* tests/test.h: the small test harness of agentrl's C tests.
  *
- * A test program runs its cases with TEST_RUN(fn); each failed CHECK prints the file,
+ * A test program runs its cases with TEST_RUN(fn) (ARL_TEST_CASES=a,b runs only the cases whose
+ * names contain a or b); each failed CHECK prints the file,
  * line and values and marks the program failed; main returns test_finish(), which prints
  * "N passed, N failed" and returns 0 only if nothing failed.  Tests that need hardware that
  * is absent return TEST_SKIP (77), which ctest reports as skipped.
@@ -128,8 +129,22 @@ static inline int check_close_maxref_f32(const char *what, const float *a, const
     return 1;
 }
 
+/* ARL_TEST_CASES=a,b (optional): run only the cases whose names contain a or b (a slow
+ * program, e.g. under the CUDA emulator, run for one case). */
+static inline int test_case_wanted_(const char *name) {
+    const char *w = getenv("ARL_TEST_CASES");
+    if (!w || !*w) return 1;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", w);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (strstr(name, t)) return 1;
+    return 0;
+}
+
 #define TEST_RUN(fn)                                                                               \
     do {                                                                                           \
+        if (!test_case_wanted_(#fn)) break;                                                        \
         int before_ = test_failures_;                                                              \
         fn();                                                                                      \
         if (test_failures_ == before_) {                                                           \

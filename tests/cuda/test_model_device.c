@@ -579,8 +579,6 @@ static void test_cuda_decode(void) {
     decode_compare(1e-3, 1, "cuda fp32");
 }
 
-/* ARL_TEST_CASES (environment): run only the cases whose names contain one of its
- * comma-separated words (e.g. "graphs" under the emulator); unset: all. */
 /* ---- slot states to and from the host, image rows, rows' logits ----
  * rtol < 0: bit-identical ("cpu"); else the max|ref| bound of decode_compare (the states are
  * compared the same way: KDA states, conv tails and latent rows are activations of the same
@@ -726,20 +724,6 @@ static void test_cuda_slot_transfer(void) {
     slot_transfer_compare(1e-3, "cuda fp32");
 }
 
-static int wanted(const char *name) {
-    const char *w = getenv("ARL_TEST_CASES");
-    if (!w || !*w) return 1;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", w);
-    for (char *t = strtok(buf, ","); t; t = strtok(NULL, ","))
-        if (strstr(name, t)) return 1;
-    return 0;
-}
-#define RUN(fn)                                                                                    \
-    do {                                                                                           \
-        if (wanted(#fn)) TEST_RUN(fn);                                                             \
-    } while (0)
-
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "cpu";
     tiny_load(&TM);
@@ -759,19 +743,19 @@ int main(int argc, char **argv) {
             fprintf(stderr, "cuda: %s\n", arl_error_msg());
             return 1;
         }
-        RUN(test_cuda_fp32);
-        if (!EMU) RUN(test_cuda_bf16); /* the emulator checks logic, not bf16 numerics */
-        RUN(test_cuda_decode);
-        RUN(test_cuda_graphs);
-        RUN(test_cuda_slot_transfer);
-        if (!EMU) RUN(test_cuda_bf16_weights);
+        TEST_RUN(test_cuda_fp32);
+        if (!EMU) TEST_RUN(test_cuda_bf16); /* the emulator checks logic, not bf16 numerics */
+        TEST_RUN(test_cuda_decode);
+        TEST_RUN(test_cuda_graphs);
+        TEST_RUN(test_cuda_slot_transfer);
+        if (!EMU) TEST_RUN(test_cuda_bf16_weights);
     } else {
         OPS = arl_dev_ops_cpu();
-        RUN(test_cpu_bit_identical);
-        RUN(test_cpu_errors);
-        RUN(test_cpu_decode_bit_identical);
-        RUN(test_cpu_prefill_decode_wrappers);
-        RUN(test_cpu_slot_transfer);
+        TEST_RUN(test_cpu_bit_identical);
+        TEST_RUN(test_cpu_errors);
+        TEST_RUN(test_cpu_decode_bit_identical);
+        TEST_RUN(test_cpu_prefill_decode_wrappers);
+        TEST_RUN(test_cpu_slot_transfer);
     }
     tiny_free(&TM);
     return test_finish();

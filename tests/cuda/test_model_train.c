@@ -221,6 +221,92 @@ static void test_cpu_bit_identical(void) {
     arl_optim_config_free(&oc);
 }
 
+/* The training forward's outputs against arl_model_train_forward's: log-probabilities, routes,
+ * router scores (the rows Quantile Balancing reads) and expert loads; the device takes the
+ * reference's routes (forced; a near-tie of the fp32 scores must not switch an expert between
+ * the CPU and the GPU).  rtol < 0: bit-identical ("cpu"); else the max|ref| form (the scores
+ * are sigmoids of the router's fp32 products, whose input carries the layers' differences),
+ * the loads exactly (they follow the identical routes). */
+typedef struct pair_run { /* the reference and the device trainer over the same weights */
+    arl_optim_config oc;
+    ref_run R;
+    arl_model_dev md;
+    arl_model_dev_train dt;
+} pair_run;
+
+static void pair_init(pair_run *P) {
+    optim_cfg(&P->oc);
+    ref_init(&P->R, &P->oc);
+    init_dev(&P->md, &P->dt, &P->oc);
+}
+
+static void pair_free(pair_run *P) {
+    arl_model_dev_train_free(&P->dt);
+    arl_model_dev_free(&P->md);
+    ref_free(&P->R);
+    arl_optim_config_free(&P->oc);
+}
+
+static void forward_outputs(double rtol, const char *mode) {
+    const arl_model_dims *dm = &TM.cfg.dims;
+    pair_run P;
+    pair_init(&P);
+    int32_t tok[NT], tgt[NT];
+    rand_tokens(tok, 0x5C0, NT);
+    arl_batch_next_token_targets(tgt, tok, CU, ND, NT);
+    const size_t nr = (size_t)(dm->n_moe * NT * dm->k), ns = (size_t)(dm->n_moe * NT * dm->E);
+    float lp[2][NT], *sc[2];
+    int32_t *ro[2];
+    int64_t *ld[2];
+    for (int i = 0; i < 2; i++) {
+        sc[i] = malloc(sizeof(float) * ns);
+        ro[i] = malloc(sizeof(int32_t) * nr);
+        ld[i] = malloc(sizeof(int64_t) * (size_t)(dm->n_moe * dm->E));
+    }
+    arl_batch b = {.tokens = tok, .T = NT, .cu = CU, .N = ND, .targets = tgt};
+    arl_forward_out o = {.logprobs = lp[0], .routes = ro[0], .router_scores = sc[0],
+                         .expert_load = ld[0]};
+    CHECK(arl_model_train_forward(&P.R.tr, &b, NULL, NULL, &o) == ARL_OK);
+    b.forced_routes = ro[0];
+    arl_forward_out od = {.logprobs = lp[1], .routes = ro[1], .router_scores = sc[1],
+                          .expert_load = ld[1]};
+    CHECK_MSG(arl_model_dev_train_forward(&P.dt, &b, &od) == ARL_OK, "%s: %s", mode,
+              arl_error_msg());
+    char what[128];
+    snprintf(what, sizeof what, "%s training forward log-probs", mode);
+    if (rtol < 0) {
+        CHECK_MSG(!memcmp(lp[0], lp[1], sizeof lp[0]), "%s differ", what);
+        CHECK_MSG(!memcmp(sc[0], sc[1], sizeof(float) * ns), "%s: router scores differ", mode);
+    } else {
+        check_close_maxref_f32(what, lp[1], lp[0], NT, 0.0, rtol);
+        snprintf(what, sizeof what, "%s training forward router scores", mode);
+        check_close_maxref_f32(what, sc[1], sc[0], ns, 0.0, rtol);
+    }
+    CHECK_MSG(!memcmp(ro[0], ro[1], sizeof(int32_t) * nr), "%s: routes differ", mode);
+    CHECK_MSG(!memcmp(ld[0], ld[1], sizeof(int64_t) * (size_t)(dm->n_moe * dm->E)),
+              "%s: expert loads differ", mode);
+    int64_t total = 0; /* every (token, slot) pair counted once per layer */
+    for (int64_t e = 0; e < dm->E; e++)
+        total += ld[1][e];
+    CHECK_EQ_INT(total, NT * dm->k);
+    for (int i = 0; i < 2; i++) {
+        free(sc[i]);
+        free(ro[i]);
+        free(ld[i]);
+    }
+    pair_free(&P);
+}
+
+static void test_cpu_forward_outputs(void) {
+    forward_outputs(-1.0, "cpu");
+}
+
+static void test_cuda_forward_outputs(void) {
+    arl_cuda_set_math(arl_cuda_current(), ARL_CUDA_MATH_FP32);
+    /* fp32 throughout, 8 layers of reduction-order differences: test_cuda_model_device's bound */
+    forward_outputs(1e-3, "cuda fp32");
+}
+
 static void test_cpu_errors(void) {
     arl_optim_config oc;
     optim_cfg(&oc);
@@ -377,6 +463,7 @@ int main(int argc, char **argv) {
         OPS = arl_dev_ops_cpu();
         TEST_RUN(test_cpu_bit_identical);
         TEST_RUN(test_cpu_errors);
+        TEST_RUN(test_cpu_forward_outputs);
     } else {
         /* the model, its training block (weights x 4 and the tiny activations) and the
          * context's own part: 256 MiB */
@@ -386,6 +473,7 @@ int main(int argc, char **argv) {
             return rc;
         }
         TEST_RUN(test_cuda_fp32);
+        TEST_RUN(test_cuda_forward_outputs);
         if (strcmp(dev, "cuda-emu") != 0) /* the emulator: fp32 only (every launch is slow) */
             TEST_RUN(test_cuda_bf16);
     }
