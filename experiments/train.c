@@ -19,6 +19,7 @@
 #include "experiments/heldout.h"
 #include "experiments/report.h"
 #include "experiments/train.h"
+#include "kernels/cuda/cuda.h"
 #include "kernels/threadpool.h"
 #include "learner/ledger.h"
 #include "policy/checkpoint.h"
@@ -266,6 +267,11 @@ arl_status arl_train_config_check(const arl_train_config *c) {
                           "key 'eval-split': the prompt split needs a built-in environment's "
                           "teacher, and rollout.env is %s",
                           r->env);
+    if (strcmp(c->learner.own.device, "cpu") && r->mla_sparse_topk > 0)
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "key 'learner.device': %s, and rollout.mla-sparse-topk is %lld: "
+                          "block-sparse MLA trains on the CPU reference only (learner.device cpu)",
+                          c->learner.own.device, (long long)r->mla_sparse_topk);
     if (c->validation_split > 0 && !(c->eval_split > 0))
         return arl_errorf(ARL_ERR_CONFIG,
                           "key 'validation-split': needs eval-split > 0 (the validation prompts "
@@ -1576,6 +1582,15 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     if (!s) s = run_hash(r);
     if (!s) s = load_dataset(r);
     if (!s) s = split_seeds(r);
+    /* a GPU asked for and none here: say so before the SFT stage and the first rollout */
+    const char *gpu_key = NULL;
+    if (!strcmp(c->learner.own.device, "cuda")) gpu_key = "learner";
+    if (c->rollout.device && !strcmp(c->rollout.device, "cuda")) gpu_key = "rollout";
+    if (!s && gpu_key && arl_cuda_device_count() <= 0)
+        s = arl_errorf(ARL_ERR_DEVICE,
+                       "train: %s.device is cuda, and this machine has no usable CUDA device (or "
+                       "this build has no CUDA); use cpu",
+                       gpu_key);
     r->lc.minibatches = (int32_t)c->learner.own.minibatches;
     r->lc.max_tokens = c->learner.own.max_tokens;
     r->lc.max_docs = (int32_t)c->learner.own.max_docs;
@@ -1583,6 +1598,9 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->lc.ref_routing_replay = !strcmp(c->learner.own.ref_routing, "replay");
     r->lc.prefix_per_minibatch = !strcmp(c->learner.own.prefix_refresh, "per_minibatch");
     r->lc.act_checkpoint = c->learner.own.act_checkpoint;
+    snprintf(r->lc.device, sizeof r->lc.device, "%s", c->learner.own.device);
+    snprintf(r->lc.device_allreduce, sizeof r->lc.device_allreduce, "%s",
+             c->learner.own.device_allreduce);
     r->lc.state_cache_bytes = (int64_t)(c->learner.own.state_cache_mb * 1048576.0);
     r->lc.drift_sample = c->learner.own.drift_sample;
     r->lc.shared_prefix = c->learner.own.shared_prefix;

@@ -2,8 +2,9 @@
  * pi_old and reference passes over whole trajectories in waves of segments, the state cache
  * and its validity rule, start states for the gradient pass (cached or recomputed), and the
  * forward + backward of a minibatch, each forward with the image rows of its placeholders under
- * its weights (learner/media.c).  Not the loading (batch.c) or the orchestration and metrics
- * (update.c). */
+ * its weights (learner/media.c).  Every forward, backward and slot change goes through the
+ * model facade of learner/device.c (the CPU reference or learner.device).  Not the loading
+ * (batch.c) or the orchestration and metrics (update.c). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,10 +72,10 @@ arl_status arl_state_cache_put(arl_state_cache *c, const arl_state_entry *e) {
     return ARL_OK;
 }
 
-int arl_state_entry_valid(const arl_state_entry *e, int64_t version, int routing_replay,
-                          int64_t opt_step) {
+int arl_state_entry_valid(const arl_state_entry *e, const char *numerics, int64_t version,
+                          int routing_replay, int64_t opt_step) {
     return e && e->buf && e->producer_learner && e->version == version &&
-           !strcmp(e->numerics, ARL_LEARNER_NUMERICS) && e->routing_replay == routing_replay &&
+           !strcmp(e->numerics, numerics) && e->routing_replay == routing_replay &&
            (opt_step < 0 || e->opt_step == opt_step);
 }
 
@@ -339,7 +340,7 @@ static arl_status px_compute(arl_learner *l, arl_model *m, int mode, int need_al
             lr_px *x = &l->px[g];
             if (x->seg < 0 || !(need_all || x->need)) continue;
             const arl_upd_seg *s = &b->segs[x->seg];
-            st = arl_decode_state_join(&l->pst, &l->traj_slot[s->traj]);
+            st = lr_slot_join(l, &l->pst, &l->traj_slot[s->traj]);
             if (st == ARL_OK)
                 st = pieces_add_range(l, x->seg, 0, x->len,
                                       mode && s->routes_ok && s->routes != NULL, 0);
@@ -356,7 +357,7 @@ static arl_status px_compute(arl_learner *l, arl_model *m, int mode, int need_al
                 fo.entropy = l->ent;
                 if (replay && l->n_moe > 0) fo.router_scores = l->rscores;
             }
-            st = arl_model_forward_state(m, &l->pst, l->slots, &bt, &fo);
+            st = lr_forward_state(l, m, &l->pst, l->slots, &bt, &fo);
             if (st || kind != LR_PASS_OLD) continue;
             int64_t off = 0;
             for (int64_t q = p0; q < p1; q++) {
@@ -407,7 +408,7 @@ static arl_status px_import(arl_learner *l, int32_t sg, int32_t slot) {
     const arl_upd_seg *s = &l->b.segs[sg];
     const lr_px *x = &l->px[l->b.trajs[s->traj].group];
     ARL_ASSERT(x->seg >= 0 && x->len == s->shared_start && x->kind != LR_PX_NONE);
-    ARL_TRY(arl_decode_state_import(&l->st, slot, x->buf, x->bytes));
+    ARL_TRY(lr_slot_import(l, &l->st, slot, x->buf, x->bytes));
     ARL_ASSERT(arl_decode_state_position(&l->st, slot) == s->shared_start);
     return ARL_OK;
 }
@@ -426,7 +427,7 @@ static arl_status export_state(arl_learner *l, const arl_upd_seg *s, int32_t slo
     e.opt_step = l->in.opt->step;
     e.producer_learner = 1;
     e.routing_replay = replay;
-    snprintf(e.numerics, sizeof e.numerics, "%s", ARL_LEARNER_NUMERICS);
+    snprintf(e.numerics, sizeof e.numerics, "%s", l->numerics);
     ARL_TRY(arl_decode_state_export_alloc(&l->st, slot, &e.buf, &e.len));
     return arl_state_cache_put(&l->cache, &e);
 }
@@ -452,7 +453,7 @@ arl_status lr_score_pass(arl_learner *l, int which) {
         const int32_t c1 = c0 + l->N < nl ? c0 + l->N : nl;
         int32_t maxS = 0;
         for (int32_t i = c0; st == ARL_OK && i < c1; i++) {
-            st = arl_decode_state_join(&l->st, &l->traj_slot[list[i]]);
+            st = lr_slot_join(l, &l->st, &l->traj_slot[list[i]]);
             if (b->trajs[list[i]].n_segs > maxS) maxS = b->trajs[list[i]].n_segs;
         }
         for (int32_t w = 0; st == ARL_OK && w < maxS; w++) {
@@ -464,7 +465,7 @@ arl_status lr_score_pass(arl_learner *l, int which) {
                 const arl_upd_seg *s = &b->segs[sg];
                 const int32_t slot = l->traj_slot[list[i]];
                 if (s->fresh) {
-                    if (w > 0) arl_decode_state_reset(&l->st, slot);
+                    if (w > 0) lr_slot_reset(l, &l->st, slot);
                     if (s->shared_start > 0) st = px_import(l, sg, slot);
                     if (st) break;
                 } else if (arl_decode_state_position(&l->st, slot) != s->ctx_start) {
@@ -494,7 +495,7 @@ arl_status lr_score_pass(arl_learner *l, int which) {
                     fo.entropy = l->ent;
                     if (replay && l->n_moe > 0) fo.router_scores = l->rscores;
                 }
-                st = arl_model_forward_state(m, &l->st, l->slots, &bt, &fo);
+                st = lr_forward_state(l, m, &l->st, l->slots, &bt, &fo);
                 if (st) break;
                 int64_t off = 0;
                 for (int64_t q = p0; q < p1; q++) {
@@ -553,7 +554,7 @@ static arl_status feed_segment(arl_learner *l, int32_t sg, int32_t slot, int64_t
                         .targets = l->tgt,
                         .forced_routes = replay ? l->forced : NULL};
         arl_forward_out fo = {.logprobs = l->lp};
-        ARL_TRY(arl_model_forward_state(&l->m, &l->st, &slot, &bt, &fo));
+        ARL_TRY(lr_forward_state(l, &l->m, &l->st, &slot, &bt, &fo));
         if (tokens) *tokens += n;
     }
     return ARL_OK;
@@ -567,7 +568,7 @@ static arl_status recompute_prefix(arl_learner *l, int32_t sg, int32_t slot, int
     int32_t f = sg - 1;
     while (f > t->seg0 && !l->b.segs[f].fresh)
         f--;
-    arl_decode_state_reset(&l->st, slot);
+    lr_slot_reset(l, &l->st, slot);
     for (int32_t j = f; j < sg; j++)
         ARL_TRY(feed_segment(l, j, slot, tokens));
     if (arl_decode_state_position(&l->st, slot) != s->ctx_start)
@@ -587,8 +588,8 @@ arl_status lr_start_state(arl_learner *l, int32_t sg, int32_t slot) {
     l->cnt.starts++;
     arl_state_entry *e = arl_state_cache_find(&l->cache, t->shard_id, t->traj_id, prev->seg_index);
     const int64_t need_step = l->lc.prefix_per_minibatch ? l->in.opt->step : -1;
-    if (arl_state_entry_valid(e, l->update_n, l->lc.routing_replay, need_step)) {
-        arl_status st = arl_decode_state_import(&l->st, slot, e->buf, e->len);
+    if (arl_state_entry_valid(e, l->numerics, l->update_n, l->lc.routing_replay, need_step)) {
+        arl_status st = lr_slot_import(l, &l->st, slot, e->buf, e->len);
         if (st == ARL_OK && arl_decode_state_position(&l->st, slot) == s->ctx_start) {
             l->cnt.hits++;
             return ARL_OK;
@@ -613,7 +614,7 @@ static uint64_t mix64(uint64_t x) {
 static arl_status drift_segment(arl_learner *l, int32_t sg) {
     const arl_upd_seg *s = &l->b.segs[sg];
     int32_t slot;
-    ARL_TRY(arl_decode_state_join(&l->st, &slot));
+    ARL_TRY(lr_slot_join(l, &l->st, &slot));
     arl_status st = recompute_prefix(l, sg, slot, NULL);
     double sum = 0;
     int64_t cnt = 0;
@@ -639,7 +640,7 @@ static arl_status drift_segment(arl_learner *l, int32_t sg) {
                         .targets = l->tgt,
                         .forced_routes = replay ? l->forced : NULL};
         arl_forward_out fo = {.logprobs = l->lp};
-        st = arl_model_forward_state(&l->m, &l->st, &slot, &bt, &fo);
+        st = lr_forward_state(l, &l->m, &l->st, &slot, &bt, &fo);
         for (int64_t i = 0; st == ARL_OK && i < n; i++) {
             const int64_t tp = a + i + 1;
             if (tp < s->T && s->amask[tp]) {
@@ -684,6 +685,7 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
     }
     if (any)
         ARL_TRY(px_compute(l, &l->m, l->lc.routing_replay, 0, LR_PX_STEP, l->in.opt->step));
+    if (backward) ARL_TRY(lr_grads_begin(l));
     pieces_reset(l);
     for (int32_t i = 0; st == ARL_OK && i < no; i++) {
         const arl_upd_seg *s = &b->segs[order[i]];
@@ -697,7 +699,7 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
         for (int64_t q = p0; st == ARL_OK && q < p1; q++) {
             const lr_piece *p = &l->pieces[q];
             if (!p->first) continue;
-            st = arl_decode_state_join(&l->st, &l->seg_slot[p->seg]);
+            st = lr_slot_join(l, &l->st, &l->seg_slot[p->seg]);
             if (st == ARL_OK && !b->segs[p->seg].fresh)
                 st = lr_start_state(l, p->seg, l->seg_slot[p->seg]);
             else if (st == ARL_OK && b->segs[p->seg].shared_start > 0)
@@ -715,7 +717,7 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
             fo.router_scores = l->rscores;
             fo.routes = l->routes_out;
         }
-        st = arl_model_train_forward(&l->tr, &bt, &l->st, l->slots, &fo);
+        st = lr_train_forward(l, l->slots, &bt, &fo);
         if (st) break;
         int64_t off = 0;
         for (int64_t q = p0; st == ARL_OK && q < p1; q++) {
@@ -751,8 +753,7 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
         if (st) break;
         if (backward) {
             if (n_media > 0) memset(l->dmedia, 0, sizeof(float) * (size_t)(n_media * l->dm.d));
-            st = arl_model_backward(&l->tr, &bt, l->dlogp, &l->grads, NULL,
-                                    n_media > 0 ? l->dmedia : NULL);
+            st = lr_backward(l, &bt, l->dlogp, n_media > 0 ? l->dmedia : NULL);
             if (st) break;
             lr_media_grad(l, n_media);
         }
@@ -779,6 +780,7 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
             }
         }
     }
+    if (st == ARL_OK && backward) st = lr_grads_end(l);
     /* the image rows' gradient through the vision tower (the weights are still this step's) */
     if (st == ARL_OK && backward) st = lr_media_backward(l);
     if (st == ARL_OK && drift && l->lc.drift_sample > 0) {

@@ -53,6 +53,19 @@ static const arl_option own_tab[] = {
      0, 0, NULL, 0, NULL},
     {"shared-prefix-min", ARL_OPT_INT, OWN(shared_prefix_min), "64",
      "fewest tokens a shared prefix must have to be used", 1, 1 << 30, NULL, 0, "N"},
+    {"device", ARL_OPT_CHOICE, OWN(device), "cpu",
+     "where the learner's passes run: cpu (policy/model.h, the reference), cuda "
+     "(policy/model_device.h on the GPU of the local MPI rank: the forwards, the training "
+     "forward and backward; gradients are copied to the host for the all-reduce and AdamW, "
+     "weights uploaded after each step; image rows encoded on the CPU; dense MLA only), "
+     "or cpu-device (the device code over host memory, bit-identical to cpu: for tests)",
+     0, 0, "cpu|cuda|cpu-device", 0, NULL},
+    {"device-allreduce", ARL_OPT_CHOICE, OWN(device_allreduce), "auto",
+     "device cuda: the gradient all-reduce between learner ranks: nccl (on the GPUs, its "
+     "communicator bootstrapped over MPI), mpi (on the host, bit-reproducible for a fixed "
+     "rank count, learner/dist.h), or auto (nccl with several learner ranks when the build has "
+     "NCCL, else mpi)",
+     0, 0, "auto|nccl|mpi", 0, NULL},
 };
 #undef OWN
 
@@ -159,6 +172,7 @@ void arl_learner_free(arl_learner *l) {
     free(x->qb_buf);
     arl_update_batch_free(&l->b);
     arl_state_cache_free(&l->cache);
+    lr_dev_close(l);
     if (l->have_tr) arl_model_train_free(&l->tr);
     if (l->have_m) arl_model_free(&l->m);
     if (l->have_mref) arl_model_free(&l->mref);
@@ -229,11 +243,14 @@ arl_status arl_learner_create(arl_learner **out, const arl_learner_init *in) {
     l->have_m = 1;
     ARL_TRY(arl_model_init(&l->mref, in->cfg, in->ref_params, &mo));
     l->have_mref = 1;
-    arl_train_opts to;
-    arl_train_opts_default(&to);
-    to.checkpoint = l->lc.act_checkpoint;
-    ARL_TRY(arl_model_train_init(&l->tr, &l->m, &to, NULL));
-    l->have_tr = 1;
+    ARL_TRY(lr_dev_open(l));
+    if (!l->ops) { /* on a device its training step replaces this one */
+        arl_train_opts to;
+        arl_train_opts_default(&to);
+        to.checkpoint = l->lc.act_checkpoint;
+        ARL_TRY(arl_model_train_init(&l->tr, &l->m, &to, NULL));
+        l->have_tr = 1;
+    }
     ARL_TRY(arl_model_params_alloc(&l->grads, in->cfg));
     ARL_TRY(arl_decode_state_init(&l->st, in->cfg, l->N, l->m.opts.max_context));
     const int64_t nm = l->n_moe > 0 ? l->n_moe : 1;
@@ -291,8 +308,12 @@ arl_status arl_learner_minibatch_loss(arl_learner *l, int32_t mb, double *loss) 
     if (!l->have_lpar || mb < 0 || mb >= l->lc.minibatches)
         return arl_errorf(ARL_ERR_STATE, "learner: no update running with minibatch %d", (int)mb);
     lr_media_invalidate(l); /* the caller may have changed the weights */
+    lr_dev_weights_stale(l);
+    lr_dev_enter(l);
     arl_status st = lr_loss_pass(l, &l->lpar, mb, loss);
+    lr_dev_exit(l);
     lr_media_invalidate(l);
+    lr_dev_weights_stale(l); /* the caller restores them */
     return st;
 }
 
@@ -672,8 +693,20 @@ static double now_s(void) {
 /* ------------------------------------------------------------------------------------------ */
 /* the update                                                                                   */
 
+static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source *src,
+                             int32_t n_src, arl_update_result *res);
+
 arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source *src,
                               int32_t n_src, arl_update_result *res) {
+    lr_dev_weights_stale(l); /* the caller may have loaded other weights since the last update */
+    lr_dev_enter(l);
+    arl_status st = update_run(l, n, src, n_src, res);
+    lr_dev_exit(l);
+    return st;
+}
+
+static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source *src,
+                             int32_t n_src, arl_update_result *res) {
     memset(res, 0, sizeof *res);
     const double t0 = now_s();
     l->update_n = n;
@@ -848,9 +881,7 @@ arl_status arl_learner_update(arl_learner *l, int64_t n, const arl_update_source
         arl_loss_acc_init(&am);
         st = lr_grad_pass(l, &lpar, m, m == M - 1 && M > 1, &am);
         if (st == ARL_OK && l->grad_hook) l->grad_hook(l->grad_hook_ctx, l, m, &l->grads);
-        if (st == ARL_OK && n_learners(l) > 1)
-            st = arl_dist_allreduce_f32(l->in.dist->learners, l->grads.arena,
-                                        l->grads.inv.arena_floats);
+        if (st == ARL_OK && (n_learners(l) > 1 || l->nccl)) st = lr_grads_allreduce(l);
         arl_optim_report rep;
         memset(&rep, 0, sizeof rep);
         if (st == ARL_OK) st = arl_adamw_step(l->in.opt, l->in.params, l->grads.arena, &rep);

@@ -138,6 +138,8 @@ typedef struct arl_learner_own_opts {
     double drift_sample;   /* fraction of continue segments sampled for state/prefix_drift */
     int shared_prefix;     /* compute the update's shared prompt prefix once per pass */
     int64_t shared_prefix_min; /* fewest shared tokens worth it */
+    char *device;              /* cpu|cuda|cpu-device */
+    char *device_allreduce;    /* auto|nccl|mpi */
 } arl_learner_own_opts;
 
 /* The whole "learner" section: the learner's keys, the objective's reward keys
@@ -181,6 +183,12 @@ typedef struct arl_learner_config {
                                   rollout's setting: "a run uses one setting for its rollout and
                                   learner passes"); 0: dense */
     int64_t mla_sparse_chunk;  /* its chunk length n_c (>= 1 when mla_sparse_topk > 0) */
+    char device[16];           /* where the learner's passes run: "cpu" (or empty: the CPU
+                                  reference), "cuda", "cpu-device" (learner/device.c) */
+    char device_allreduce[8];  /* the gradient all-reduce of learners on device cuda: "nccl"
+                                  (on the GPUs, a communicator bootstrapped over MPI), "mpi"
+                                  (learner/dist.h on the host), "auto" or empty (nccl when
+                                  there are several learner ranks and the build has NCCL) */
 } arl_learner_config;
 
 /* ------------------------------------------------------------------------------------------ */
@@ -218,10 +226,12 @@ arl_state_entry *arl_state_cache_find(arl_state_cache *c, int32_t shard_id, int6
                                       int32_t seg_index);
 /* Add or replace; buf is taken over (freed by the cache, also on error). */
 arl_status arl_state_cache_put(arl_state_cache *c, const arl_state_entry *e);
-/* 1 if e may start a gradient computation of update n (section 10.3); opt_step >= 0 also
- * requires that many optimizer steps (prefix-refresh per_minibatch), -1 does not. */
-int arl_state_entry_valid(const arl_state_entry *e, int64_t version, int routing_replay,
-                          int64_t opt_step);
+/* 1 if e may start a gradient computation of update n (section 10.3) on a learner whose
+ * kernels and precision are tagged `numerics` (ARL_LEARNER_NUMERICS on device cpu and
+ * cpu-device, "cuda-f32" on cuda); opt_step >= 0 also requires that many optimizer steps
+ * (prefix-refresh per_minibatch), -1 does not. */
+int arl_state_entry_valid(const arl_state_entry *e, const char *numerics, int64_t version,
+                          int routing_replay, int64_t opt_step);
 
 /* ------------------------------------------------------------------------------------------ */
 /* The data of one update                                                                      */

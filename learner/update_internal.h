@@ -6,6 +6,7 @@
 
 #include "learner/ledger.h"
 #include "learner/update.h"
+#include "policy/model_device_backward.h"
 #include "rollout/media.h"
 
 /* A run of tokens of one segment fed in one forward: positions [a, b) of the segment. */
@@ -83,6 +84,23 @@ struct arl_learner {
     int32_t px_n, px_cap;
     arl_decode_state pst; /* the prefixes' forwards (N slots), allocated on first use */
     int have_pst;
+    /* the model on a device (learner/device.c; ops NULL: the CPU reference m, mref, tr) */
+    const arl_dev_ops *ops;
+    arl_model_dev md;          /* policy and reference passes: the pass's weights uploaded */
+    arl_model_dev_train mdt;   /* gradient passes over md */
+    int have_md, have_mdt;
+    struct arl_cuda_ctx *ctx;      /* the learner's own context (device cuda), owned */
+    struct arl_cuda_nccl *nccl;    /* the learners' NCCL communicator, or NULL (MPI), owned */
+    struct arl_cuda_ctx *ctx_prev; /* the thread's context before lr_dev_enter */
+    int32_t ctx_depth;             /* lr_dev_enter calls not yet exited */
+    const arl_model_params *dev_w; /* the host weights md holds (NULL: unknown) */
+    int64_t dev_w_step;            /* at this optimizer step */
+    uint8_t *dev_cur;  /* (N) what device slot i mirrors: host slot i of st, of pst, or
+                          nothing (learner/device.c) */
+    int64_t *dpos0;    /* (N) their positions before it */
+    float *gstage;     /* (weight floats) the device's gradients on their way to grads */
+    char numerics[16]; /* the tag of the learner's cached states (ARL_LEARNER_NUMERICS on cpu
+                          and cpu-device, which are bit-identical; cuda-f32) */
 };
 
 /* The image inputs of one trajectory and its rows under the weights of the last encoding. */
@@ -108,6 +126,37 @@ typedef struct lr_px {
     int64_t step; /* LR_PX_STEP: the optimizer step of the weights */
     int need;     /* scratch of lr_grad_pass */
 } lr_px;
+
+/* ---- device.c: the model facade (see there) ----
+ * lr_dev_open after the CPU models exist (nothing on device cpu); lr_dev_close frees what it
+ * made (also after a failed open).  lr_dev_enter / lr_dev_exit bracket every public entry that
+ * runs the model (the learner's CUDA context current, the caller's restored).  The slot calls
+ * are arl_decode_state_join / _reset / _import on host state hs (l->st or l->pst) that also
+ * mark the device mirror stale.  lr_forward_state: arl_model_forward_state with model m (l->m
+ * or l->mref: its weights on a device); lr_train_forward / lr_backward: the training forward
+ * from l->st's slots and its backward into l->grads (on a device: into the device gradients,
+ * added to l->grads by lr_grads_end; lr_grads_begin zeroes them; image-row gradients into
+ * dmedia either way).  lr_dev_weights_stale: the
+ * caller may have changed the weights in place (upload before the next forward). */
+arl_status lr_dev_open(arl_learner *l);
+void lr_dev_close(arl_learner *l);
+void lr_dev_enter(arl_learner *l);
+void lr_dev_exit(arl_learner *l);
+void lr_dev_weights_stale(arl_learner *l);
+arl_status lr_slot_join(arl_learner *l, arl_decode_state *hs, int32_t *slot);
+void lr_slot_reset(arl_learner *l, arl_decode_state *hs, int32_t slot);
+arl_status lr_slot_import(arl_learner *l, arl_decode_state *hs, int32_t slot, const void *buf,
+                          size_t len);
+arl_status lr_forward_state(arl_learner *l, arl_model *m, arl_decode_state *hs,
+                            const int32_t *slots, const arl_batch *b, const arl_forward_out *fo);
+arl_status lr_train_forward(arl_learner *l, const int32_t *slots, const arl_batch *b,
+                            const arl_forward_out *fo);
+arl_status lr_backward(arl_learner *l, const arl_batch *b, const float *dlogp, float *dmedia);
+/* grads = their sum over the learner ranks: over NCCL on the GPUs (l->nccl), else
+ * arl_dist_allreduce_f32. */
+arl_status lr_grads_allreduce(arl_learner *l);
+arl_status lr_grads_begin(arl_learner *l);
+arl_status lr_grads_end(arl_learner *l);
 
 /* ---- batch.c ---- */
 arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n_src,

@@ -914,6 +914,37 @@ static arl_status ffn_fwd(arl_model_dev *m, const arl_layer_params *lp, int64_t 
 
 /* ======================= the forward (policy/model.c model_run) ========================== */
 
+/* Image rows in and their gradient out (model_device.h). */
+arl_status arl_model_dev_media_rows(arl_model_dev *m, float *p, const arl_batch *b, float *dmedia,
+                                    float *stage) {
+    const int64_t media_id = m->cfg->media_placeholder_token_id, T = b->T, d = m->dm.d;
+    int64_t mi = 0;
+    for (int64_t t = 0; t < T;) {
+        if (b->tokens[t] != media_id) {
+            t++;
+            continue;
+        }
+        int64_t e = t;
+        while (e < T && b->tokens[e] == media_id)
+            e++;
+        const size_t bytes = sizeof(float) * (size_t)((e - t) * d);
+        if (!stage) {
+            ARL_TRY(m->ops->upload(p + t * d, b->media + mi * d, bytes));
+        } else {
+            if (dmedia) { /* += as the reference (policy/model_backward.c) */
+                ARL_TRY(m->ops->download(stage, p + t * d, bytes));
+                float *dst = dmedia + mi * d;
+                for (int64_t i = 0; i < (e - t) * d; i++)
+                    dst[i] += stage[i];
+            }
+            m->kb->fill(p + t * d, 0.0f, (e - t) * d);
+        }
+        mi += e - t;
+        t = e;
+    }
+    return ARL_OK;
+}
+
 /* slots: NULL for fresh documents, else (N) host slot of each document (checked). */
 static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *slots,
                           const arl_forward_out *out, int graph_ok) {
@@ -997,22 +1028,7 @@ static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *s
      * consecutive placeholders (an image's rows are contiguous in the sequence) */
     float *p = m->res;
     ops->embed(p, w->embed_tokens, m->tokens, T, d, V);
-    if (b->media) {
-        const int64_t media_id = m->cfg->media_placeholder_token_id;
-        int64_t mi = 0;
-        for (int64_t t = 0; t < T;) {
-            if (b->tokens[t] != media_id) {
-                t++;
-                continue;
-            }
-            int64_t e = t;
-            while (e < T && b->tokens[e] == media_id)
-                e++;
-            ARL_TRY(ops->upload(p + t * d, b->media + mi * d, sizeof(float) * (size_t)((e - t) * d)));
-            mi += e - t;
-            t = e;
-        }
-    }
+    if (b->media) ARL_TRY(arl_model_dev_media_rows(m, p, b, NULL, NULL));
 
     const float *src[ARL_ATTNRES_MAX_SOURCES];
     int32_t nb = 0;

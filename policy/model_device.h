@@ -249,6 +249,10 @@ typedef struct arl_model_dev_opts {
     int32_t decode_graphs; /* 1 ("cuda" only): arl_model_dev_decode_step replays a CUDA graph
                               of the whole step, captured once per set of slots (again when
                               the set changes); same kernels, so the same bits as without */
+    int32_t train_checkpoint; /* 1: the training step (policy/model_device_backward.h) keeps
+                                 only each layer's input and recomputes the layer in the
+                                 backward (activation checkpointing: one layer's saved
+                                 activations instead of L; the same bits as without) */
 } arl_model_dev_opts;
 
 typedef struct arl_model_dev {
@@ -348,6 +352,13 @@ arl_status arl_model_dev_forward(arl_model_dev *m, const arl_batch *b, const arl
  * in range and distinct per token; image rows are ARL_ERR_UNSUPPORTED here.  Messages start with
  * "<what> (<device> device)". */
 arl_status arl_model_dev_batch_check(const arl_model_dev *m, const arl_batch *b, const char *what);
+
+/* The rows of the <|media_pad|> placeholders of batch b in p ((b->T, d) DEVICE), one transfer
+ * per run of consecutive placeholders: stage NULL uploads b->media's rows into them (the
+ * forwards); else their values are added to dmedia ((n_media, d) HOST, unless NULL) through
+ * stage (HOST, >= b->T * d floats) and the rows zeroed (the backward). */
+arl_status arl_model_dev_media_rows(arl_model_dev *m, float *p, const arl_batch *b, float *dmedia,
+                                    float *stage);
 
 /* Empty slot `slot` (position 0, zero state) for a new sequence.  ARL_ERR_RANGE for a slot
  * outside [0, n_slots). */

@@ -123,7 +123,8 @@ static void moe_save_layout(moe_sv *s, bump *w, const arl_model_dev *m, int64_t 
     s->sh = take(w, T * c->fs);
 }
 
-static void rec_layout(dev_rec *r, bump *w, const arl_model_dev *m, int64_t l) {
+/* The part of a layer's record every layer has (mixes, norms, the block sum mid-layer). */
+static void rec_layout_common(dev_rec *r, bump *w, const arl_model_dev *m) {
     const int64_t T = m->opts.max_tokens, d = m->dm.d;
     r->h = take(w, T * d);
     r->x1 = take(w, T * d);
@@ -132,6 +133,11 @@ static void rec_layout(dev_rec *r, bump *w, const arl_model_dev *m, int64_t l) {
     r->mfx = take(w, T * d);
     r->x2 = take(w, T * d);
     r->rstd2 = take(w, T);
+}
+
+static void rec_layout(dev_rec *r, bump *w, const arl_model_dev *m, int64_t l) {
+    const int64_t T = m->opts.max_tokens;
+    rec_layout_common(r, w, m);
     if (arl_model_config_layer_kind(m->cfg, l) == ARL_LAYER_KDA)
         kda_save_layout(&r->kda, w, m, T, m->opts.max_docs);
     else
@@ -139,6 +145,32 @@ static void rec_layout(dev_rec *r, bump *w, const arl_model_dev *m, int64_t l) {
     if (arl_model_config_layer_is_moe(m->cfg, l)) {
         moe_save_layout(&r->moe, w, m, T);
     } else {
+        r->dense.gu = take(w, 2 * T * m->dm.fd);
+        r->dense.h = take(w, T * m->dm.fd);
+    }
+}
+
+/* A record that serves any layer (activation checkpointing): the common part, the saves of
+ * both mixers and of both FFN kinds the model has. */
+static void rec_layout_any(dev_rec *r, bump *w, const arl_model_dev *m) {
+    const int64_t T = m->opts.max_tokens;
+    memset(r, 0, sizeof *r);
+    rec_layout_common(r, w, m);
+    int kda = 0, mla = 0, moe = 0, dense = 0;
+    for (int64_t l = 0; l < m->dm.L; l++) {
+        if (arl_model_config_layer_kind(m->cfg, l) == ARL_LAYER_KDA)
+            kda = 1;
+        else
+            mla = 1;
+        if (arl_model_config_layer_is_moe(m->cfg, l))
+            moe = 1;
+        else
+            dense = 1;
+    }
+    if (kda) kda_save_layout(&r->kda, w, m, T, m->opts.max_docs);
+    if (mla) mla_save_layout(&r->mla, w, m, T);
+    if (moe) moe_save_layout(&r->moe, w, m, T);
+    if (dense) {
         r->dense.gu = take(w, 2 * T * m->dm.fd);
         r->dense.h = take(w, T * m->dm.fd);
     }
@@ -277,9 +309,29 @@ static int64_t train_layout(arl_model_dev_train *tr, const arl_model_dev *m, flo
     if (m->n_slots > 0 && dm->n_kda > 0)
         tr->tails0 = take(&w, dm->n_kda * (int64_t)N * 3 * dm->P * (dm->W - 1));
     dev_rec *recs = tr->layers;
-    for (int64_t l = 0; l < L; l++) {
-        dev_rec tmp;
-        rec_layout(base ? &recs[l] : &tmp, &w, m, l);
+    tr->S0 = tr->pnew_scr = NULL;
+    if (m->dopts.train_checkpoint) {
+        /* one layer's activations shared by every layer (recomputed in the backward), except
+         * each MoE layer's router scores and routes (the forward's outputs); the initial KDA
+         * states of a state forward and the layer's running block sum for the recomputation */
+        dev_rec u;
+        rec_layout_any(&u, &w, m);
+        for (int64_t l = 0; l < L; l++) {
+            dev_rec r = u;
+            if (arl_model_config_layer_is_moe(m->cfg, l)) {
+                r.moe.s = take(&w, T * dm->E);
+                r.moe.sel = (int32_t *)take(&w, T * dm->k);
+            }
+            if (base) recs[l] = r;
+        }
+        tr->pnew_scr = take(&w, T * d);
+        if (m->n_slots > 0 && dm->n_kda > 0)
+            tr->S0 = take(&w, dm->n_kda * (int64_t)N * dm->H * dm->dk * dm->dv);
+    } else {
+        for (int64_t l = 0; l < L; l++) {
+            dev_rec tmp;
+            rec_layout(base ? &recs[l] : &tmp, &w, m, l);
+        }
     }
     tr->fin = take(&w, T * d);
     tr->xf = take(&w, T * d);
@@ -416,11 +468,12 @@ arl_status arl_model_dev_train_init(arl_model_dev_train *tr, arl_model_dev *m,
         tr->dlogp_host = malloc(sizeof(float) * T);
         tr->targets_host = malloc(sizeof(int32_t) * T);
         tr->logp_host = malloc(sizeof(float) * T);
+        if (m->cfg->has_vision) tr->media_host = malloc(sizeof(float) * T * (size_t)m->dm.d);
         const size_t Nd = (size_t)m->opts.max_docs;
         tr->fwd_slots = malloc(sizeof(int32_t) * Nd);
         tr->fwd_pos0 = malloc(sizeof(int64_t) * Nd);
         if (!tr->layers || !ranges_host || !tr->dlogp_host || !tr->targets_host || !tr->logp_host ||
-            !tr->fwd_slots || !tr->fwd_pos0)
+            !tr->fwd_slots || !tr->fwd_pos0 || (m->cfg->has_vision && !tr->media_host))
             s = arl_errorf(ARL_ERR_NOMEM, "training (%s device): host tables", ops->name);
     }
     if (!s) s = optim_tables(tr, &inv, ranges_host);
@@ -471,6 +524,7 @@ void arl_model_dev_train_free(arl_model_dev_train *tr) {
     free(tr->dlogp_host);
     free(tr->targets_host);
     free(tr->logp_host);
+    free(tr->media_host);
     memset(tr, 0, sizeof *tr);
 }
 
@@ -487,6 +541,9 @@ typedef struct seg_docs {
     const int32_t *cu_host; /* (N + 1) host */
     const int32_t *slots;   /* (N) host or NULL */
     const int64_t *pos0;    /* (N) host or NULL */
+    int recompute;          /* 1: a checkpointed layer recomputed in the backward: the KDA
+                               states start from tr->S0 / tr->tails0, the slots are not
+                               advanced (their MLA rows are rewritten with the same values) */
 } seg_docs;
 
 /* Layer kind index (among KDA or MLA layers) of layer l. */
@@ -536,11 +593,18 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
         S = B.S;
         tails = B.tails;
         float *t0 = tr->tails0 + ki * (int64_t)m->opts.max_docs * tn;
+        float *s0 = tr->S0 ? tr->S0 + ki * (int64_t)m->opts.max_docs * sn : NULL;
         for (int32_t i = 0; i < N; i++) {
+            if (D->recompute) { /* the states the forward started from */
+                kb->copy(S + i * sn, s0 + i * sn, sn);
+                kb->copy(tails + i * tn, t0 + i * tn, tn);
+                continue;
+            }
             const float *src = kda_slot(m->st_kda, m, ki, D->slots[i]);
             kb->copy(S + i * sn, src, sn);
             kb->copy(tails + i * tn, src + sn, tn);
             kb->copy(t0 + i * tn, src + sn, tn);
+            if (s0) kb->copy(s0 + i * sn, src, sn);
         }
     }
 
@@ -591,7 +655,7 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     }
     ops->kda_onorm_fwd(sv->ob, sv->rstd, sv->o, sv->gam, p->o_norm, T * H, dv, c->eps);
     kb->linear_fwd(y, sv->ob, p->o_proj, T, H * dv, d);
-    if (D->slots)
+    if (D->slots && !D->recompute)
         for (int32_t i = 0; i < N; i++) {
             float *dst = kda_slot(m->st_kda, m, ki, D->slots[i]);
             kb->copy(dst, S + i * sn, sn);
@@ -773,6 +837,27 @@ static void layer_fwd(arl_model_dev_train *tr, int64_t l, const float *p_in, flo
     kb->add(pnew, pnew, tr->ybuf, Td);
 }
 
+/* Recompute layer l of the last forward into its record (activation checkpointing; as
+ * policy/model_backward.c layer_recompute): from the layer's saved input, its block sum
+ * restarted (a block's first layer) or continued from that input, the KDA states the forward
+ * started from. */
+static void layer_recompute(arl_model_dev_train *tr, int64_t l, const int32_t *cu_host) {
+    arl_model_dev *m = tr->m;
+    const arl_k_backend *kb = m->kb;
+    const int64_t T = tr->fwd_T, d = m->dm.d, Td = T * d, k = m->dm.k;
+    const float *p_in = tr->layer_in + l * m->opts.max_tokens * d;
+    if (block_start(m, l))
+        kb->fill(tr->pnew_scr, 0.0f, Td);
+    else
+        kb->copy(tr->pnew_scr, p_in, Td);
+    const int64_t mi = m->moe_index[l];
+    const int32_t *forced = mi >= 0 && tr->fwd_forced ? m->forced + mi * T * k : NULL;
+    seg_docs D = {cu_host, tr->fwd_state ? tr->fwd_slots : NULL,
+                  tr->fwd_state ? tr->fwd_pos0 : NULL, 1};
+    dev_rec *recs = tr->layers;
+    layer_fwd(tr, l, p_in, tr->pnew_scr, &recs[l], tr->fwd_N, T, forced, &D);
+}
+
 /* The checks of a state forward (policy/model_backward.c arl_model_train_forward and
  * policy/model_device.c dev_run): slots in range and distinct, the ops present, the rows
  * within max_context. */
@@ -823,11 +908,6 @@ static arl_status train_forward(arl_model_dev_train *tr, const arl_batch *b, con
                           "training (%s device): the training forward returns log-probs, "
                           "routes, router scores and expert loads only",
                           ops->name);
-    if (b->media)
-        return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "training (%s device): image rows are not supported by the device "
-                          "training step yet; train on policy/model_backward.h",
-                          ops->name);
     ARL_TRY(arl_model_dev_batch_check(tr->m, b, "training"));
     if (slots) ARL_TRY(state_check(tr, b, slots));
     const int64_t T = b->T, d = dm->d, Tmax = m->opts.max_tokens, Td = T * d, L = dm->L;
@@ -840,7 +920,7 @@ static arl_status train_forward(arl_model_dev_train *tr, const arl_batch *b, con
         tr->fwd_slots[i] = slots[i];
         tr->fwd_pos0[i] = m->st_pos[slots[i]];
     }
-    seg_docs D = {cu_host, slots ? tr->fwd_slots : NULL, slots ? tr->fwd_pos0 : NULL};
+    seg_docs D = {cu_host, slots ? tr->fwd_slots : NULL, slots ? tr->fwd_pos0 : NULL, 0};
     const int32_t *targets = b->targets ? b->targets : m->no_targets;
     ARL_TRY(ops->upload(m->tokens, b->tokens, sizeof(int32_t) * (size_t)T));
     ARL_TRY(ops->upload(m->cu, cu_host, sizeof(int32_t) * (size_t)(N + 1)));
@@ -850,10 +930,12 @@ static arl_status train_forward(arl_model_dev_train *tr, const arl_batch *b, con
                             sizeof(int32_t) * (size_t)(dm->n_moe * T * k)));
     tr->fwd_N = N;
     tr->fwd_T = T;
+    tr->fwd_forced = b->forced_routes != NULL;
 
-    /* 2.1 embedding */
+    /* 2.1 embedding; image rows replace the placeholders (10.1) */
     float *p = tr->res;
     ops->embed(p, w->embed_tokens, m->tokens, T, d, V);
+    if (b->media) ARL_TRY(arl_model_dev_media_rows(m, p, b, NULL, NULL));
     dev_rec *recs = tr->layers;
     int32_t nb = 0;
     for (int64_t l = 0; l < L; l++) {
@@ -1262,7 +1344,7 @@ static void head_bwd(arl_model_dev_train *tr, const arl_batch *b, const float *d
 }
 
 static arl_status backward(arl_model_dev_train *tr, const arl_batch *b, const float *dlogp,
-                           int dstate) {
+                           int dstate, float *dmedia) {
     arl_model_dev *m = tr->m;
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
@@ -1323,6 +1405,7 @@ static arl_status backward(arl_model_dev_train *tr, const arl_batch *b, const fl
     for (int64_t l = L - 1; l >= 0; l--) {
         const arl_layer_params *lp = &w->layers[l];
         const arl_layer_params *gl = &grads->layers[l];
+        if (m->dopts.train_checkpoint) layer_recompute(tr, l, cu_host);
         const dev_rec *rec = &recs[l];
         const int32_t nbl = entries_before(m, l), nb_after = nbl + block_start(m, l);
         const float *p_in = tr->layer_in + l * Tmax * d;
@@ -1382,7 +1465,9 @@ static arl_status backward(arl_model_dev_train *tr, const arl_batch *b, const fl
                                  T, d, lp->attn_res_norm, lp->attn_res_proj, m->eps, tr->mix_ws);
         }
     }
-    /* dp is now the gradient of the embedded rows */
+    /* dp is now the gradient of the embedded rows: the image rows' go to dmedia (and are
+     * zeroed, so that the placeholders' embedding row gets nothing), the rest to the table */
+    if (b->media) ARL_TRY(arl_model_dev_media_rows(m, tr->dp, b, dmedia, tr->media_host));
     ops->embed_bwd(grads->embed_tokens, tr->dp, m->tokens, T, d);
     ARL_TRY(ops->sync());
     if (dstate)
@@ -1392,12 +1477,17 @@ static arl_status backward(arl_model_dev_train *tr, const arl_batch *b, const fl
 }
 
 arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, const float *dlogp) {
-    return backward(tr, b, dlogp, 0);
+    return backward(tr, b, dlogp, 0, NULL);
+}
+
+arl_status arl_model_dev_backward_media(arl_model_dev_train *tr, const arl_batch *b,
+                                        const float *dlogp, float *dmedia) {
+    return backward(tr, b, dlogp, 0, dmedia);
 }
 
 arl_status arl_model_dev_backward_state(arl_model_dev_train *tr, const arl_batch *b,
                                         const float *dlogp) {
-    return backward(tr, b, dlogp, 1);
+    return backward(tr, b, dlogp, 1, NULL);
 }
 
 /* ======================= state gradients ================================================= */

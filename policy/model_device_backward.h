@@ -25,7 +25,14 @@
  * arl_model_backward(dstate) (tested).  Block-sparse MLA is refused by the device model.
  * The training forward returns the router scores and expert loads Quantile Balancing reads;
  * the QB bias update itself (policy/optimizer.h arl_qb_update) runs on the host over them.
- * What this is not: checkpointing (recomputation), images, gradient all-reduce.
+ * Images: the training forward takes image rows for the placeholders (b->media, encoded by the
+ * caller) and arl_model_dev_backward_media returns their gradient; the vision tower itself runs
+ * on the host (policy/vision.h).
+ * Activation checkpointing (dopts.train_checkpoint of the model): the forward keeps each
+ * layer's input only (and the MoE layers' router scores and routes) in one shared record, and
+ * the backward recomputes each layer into it before its backward - the same kernels on the same
+ * inputs, so the same bits as without (tested).
+ * What this is not: gradient all-reduce.
  *
  * Symbols: T tokens, N documents, d width, V vocabulary, L layers, k experts per token.
  * An arl_model_dev_train is used by one thread at a time.
@@ -54,6 +61,9 @@ typedef struct arl_model_dev_train {
     void *layers;         /* (L) per-layer saved activations (device pointers); owned host table */
     float *tails0;        /* (n_kda, max_docs, 3, P, W-1) the initial conv tails of a state forward
                              (models with slots only; in the arena) */
+    float *S0;            /* (n_kda, max_docs, H, dk, dv) its initial KDA states (checkpointing
+                             with slots only; in the arena) */
+    float *pnew_scr;      /* (T, d) a recomputed layer's block sum (checkpointing only) */
     /* state gradients (arl_model_dev_state_grads_init; NULL/0 until then): a second device
      * block, valid until arl_model_dev_train_free */
     void *garena;
@@ -89,11 +99,14 @@ typedef struct arl_model_dev_train {
     float *dlogp_host;     /* (T) */
     int32_t *targets_host; /* (T) */
     float *logp_host;      /* (T) */
+    float *media_host;     /* (T, d) staging of image-row gradients (models with a vision
+                              tower), or NULL */
     /* the last forward */
     int32_t fwd_done;
     int64_t fwd_T;
     int32_t fwd_N;
     int32_t fwd_state;  /* 1: from slots */
+    int32_t fwd_forced; /* 1: with forced routes (still in the model's buffer) */
     int32_t *fwd_slots; /* (max_docs) host: its slots; owned */
     int64_t *fwd_pos0;  /* (max_docs) host: their positions before it; owned */
 } arl_model_dev_train;
@@ -138,6 +151,13 @@ arl_status arl_model_dev_train_forward_state(arl_model_dev_train *tr, const arl_
  * forward over the same batch (fresh or from states): gradients +=.  Errors: ARL_ERR_STATE
  * without a forward, ARL_ERR_ARG for another batch shape or missing targets. */
 arl_status arl_model_dev_backward(arl_model_dev_train *tr, const arl_batch *b, const float *dlogp);
+
+/* arl_model_dev_backward of a batch with image rows (b->media, placed by the forward in place of
+ * the <|media_pad|> placeholders, spec 10.1): their gradient is added to dmedia (n_media, d,
+ * HOST; NULL drops it), and the placeholders' embedding row gets none (as
+ * arl_model_backward's d_media, policy/model_backward.h). */
+arl_status arl_model_dev_backward_media(arl_model_dev_train *tr, const arl_batch *b,
+                                        const float *dlogp, float *dmedia);
 
 /* arl_model_dev_backward after arl_model_dev_train_forward_state, with the state gradients
  * (arl_model_backward with dstate): on entry the state-gradient slot of each document's slot

@@ -5,7 +5,7 @@
 #   bench/gpu/run.sh [--quick] [--tests]
 #
 #   --tests  first run the parity tests labelled gpu (ctest -L gpu; needs the full CMake build),
-#            then the CI experiment with its rollout on the GPU
+#            then the CI experiment with its rollout and learner on the GPU
 #   --quick  small sizes (smoke run of a few seconds)
 # Environment: BUILD (build directory, default build-gpu), PYTHON (interpreter with torch for
 # the PyTorch baselines; default: the first of python3, /usr/bin/python3 that imports torch).
@@ -72,13 +72,15 @@ if [ "$tests" = 1 ]; then
     echo "== parity tests (ctest -L gpu)"
     cmake --build "$build" --target test_cuda_ops test_cuda_model_ops test_cuda_nccl \
         test_cuda_select test_cuda_model_device test_cuda_model_device_cpu test_cuda_train_ops \
-        test_cuda_model_train test_cuda_model_train_cpu test_rollout_device_cuda agentrl \
+        test_cuda_model_train test_cuda_model_train_cpu test_rollout_device_cuda \
+        test_learner_device_cuda agentrl \
         -j"$jobs" >>"$logs/build.log" 2>&1 || { echo "test build failed"; rc=1; }
     (cd "$build" && ctest -L gpu --output-on-failure --timeout 120) || rc=1
-    # the CI experiment with its rollout on the GPU (rollout.device cuda; the learner on the CPU)
-    echo "== agentrl train experiments/calculator-ci.json --set rollout.device=cuda"
+    # the CI experiment with its rollout and its learner on the GPU
+    echo "== agentrl train experiments/calculator-ci.json --set rollout.device=cuda --set learner.device=cuda"
     (cd "$root" && timeout 300 "$build/agentrl" train experiments/calculator-ci.json \
-        --set out="$logs/train-cuda" --set rollout.device=cuda >"$logs/train-cuda.log" 2>&1) &&
+        --set out="$logs/train-cuda" --set rollout.device=cuda --set learner.device=cuda \
+        >"$logs/train-cuda.log" 2>&1) &&
         tail -3 "$logs/train-cuda.log" || { tail -20 "$logs/train-cuda.log"; rc=1; }
 fi
 

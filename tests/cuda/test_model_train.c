@@ -36,6 +36,8 @@
  *                            of max|ref| (A_log of layer 2; expert w3 5.6%).  A wrong index,
  *                            boundary or missing term gives errors of order max|ref|.
  *   test_model_train cuda-emu  the fp32 case under tests/cuda/emu (every kernel on the CPU).
+ * Both devices also train on image rows in place of the <|media_pad|> placeholders
+ * (test_cpu_media bit-identical, test_cuda_media in the fp32 bounds).
  */
 #include <math.h>
 #include <stdio.h>
@@ -138,9 +140,12 @@ static void ref_step(ref_run *R, const arl_batch *b, double *loss, arl_optim_rep
               arl_error_msg());
 }
 
+static int g_ckpt; /* the device trainers of a case checkpoint activations */
+
 static void init_dev(arl_model_dev *md, arl_model_dev_train *dt, const arl_optim_config *oc) {
     arl_model_opts o = test_opts();
-    if (arl_model_dev_init(md, OPS, &TM.cfg, &TM.w, &o, NULL) ||
+    arl_model_dev_opts dopts = {.train_checkpoint = g_ckpt};
+    if (arl_model_dev_init(md, OPS, &TM.cfg, &TM.w, &o, &dopts) ||
         arl_model_dev_train_init(dt, md, oc)) {
         fprintf(stderr, "device init: %s\n", arl_error_msg());
         exit(1);
@@ -264,12 +269,12 @@ static void forward_outputs(double rtol, const char *mode) {
         ld[i] = malloc(sizeof(int64_t) * (size_t)(dm->n_moe * dm->E));
     }
     arl_batch b = {.tokens = tok, .T = NT, .cu = CU, .N = ND, .targets = tgt};
-    arl_forward_out o = {.logprobs = lp[0], .routes = ro[0], .router_scores = sc[0],
-                         .expert_load = ld[0]};
+    arl_forward_out o = {
+        .logprobs = lp[0], .routes = ro[0], .router_scores = sc[0], .expert_load = ld[0]};
     CHECK(arl_model_train_forward(&P.R.tr, &b, NULL, NULL, &o) == ARL_OK);
     b.forced_routes = ro[0];
-    arl_forward_out od = {.logprobs = lp[1], .routes = ro[1], .router_scores = sc[1],
-                          .expert_load = ld[1]};
+    arl_forward_out od = {
+        .logprobs = lp[1], .routes = ro[1], .router_scores = sc[1], .expert_load = ld[1]};
     CHECK_MSG(arl_model_dev_train_forward(&P.dt, &b, &od) == ARL_OK, "%s: %s", mode,
               arl_error_msg());
     char what[128];
@@ -295,6 +300,87 @@ static void forward_outputs(double rtol, const char *mode) {
         free(ld[i]);
     }
     pair_free(&P);
+}
+
+/* Image rows in the training step (spec/policy.md 10.1): the rows replace the <|media_pad|>
+ * placeholders' embeddings in the forward, and the backward returns their gradient (dmedia +=)
+ * and gives the placeholders' embedding row none - against arl_model_train_forward +
+ * arl_model_backward with d_media.  A run of three placeholders in document 1 and one in
+ * document 2; dmedia starts at 1 (the += is checked).  rtol < 0: bit-identical; else the
+ * max|ref| form on log-probs, the image-row gradient and the embedding gradient. */
+static void media_step(double rtol, const char *mode) {
+    const arl_model_dims *dm = &TM.cfg.dims;
+    const int64_t d = dm->d, NM = 4, ph = TM.cfg.media_placeholder_token_id;
+    pair_run P;
+    pair_init(&P);
+    int32_t tok[NT], tgt[NT];
+    rand_tokens(tok, 0x1AA6E, NT);
+    for (int64_t t = 0; t < NT; t++)
+        if (tok[t] == ph) tok[t] = 7;
+    tok[20] = tok[21] = tok[22] = tok[52] = (int32_t)ph;
+    arl_batch_next_token_targets(tgt, tok, CU, ND, NT);
+    float *rows = malloc(sizeof(float) * (size_t)(NM * d)), *dm_[2], dlogp[NT], lp[2][NT];
+    arl_rng g;
+    arl_rng_seed(&g, 0x1AA6E);
+    for (int64_t i = 0; i < NM * d; i++)
+        rows[i] = (float)(arl_rng_uniform(&g) * 2.0 - 1.0);
+    for (int64_t t = 0; t < NT; t++)
+        dlogp[t] = (float)(-(0.5 + arl_rng_uniform(&g)) / NT);
+    for (int i = 0; i < 2; i++) {
+        dm_[i] = malloc(sizeof(float) * (size_t)(NM * d));
+        for (int64_t j = 0; j < NM * d; j++)
+            dm_[i][j] = 1.0f;
+    }
+    arl_batch b = {
+        .tokens = tok, .T = NT, .cu = CU, .N = ND, .targets = tgt, .media = rows, .n_media = NM};
+    memset(P.R.g.arena, 0, sizeof(float) * (size_t)P.R.g.inv.arena_floats);
+    arl_forward_out o = {.logprobs = lp[0]};
+    CHECK(arl_model_train_forward(&P.R.tr, &b, NULL, NULL, &o) == ARL_OK);
+    CHECK(arl_model_backward(&P.R.tr, &b, dlogp, &P.R.g, NULL, dm_[0]) == ARL_OK);
+    arl_forward_out od = {.logprobs = lp[1]};
+    CHECK_MSG(arl_model_dev_zero_grad(&P.dt) == ARL_OK &&
+                  arl_model_dev_train_forward(&P.dt, &b, &od) == ARL_OK &&
+                  arl_model_dev_backward_media(&P.dt, &b, dlogp, dm_[1]) == ARL_OK,
+              "%s: %s", mode, arl_error_msg());
+    const size_t bytes = sizeof(float) * (size_t)P.R.g.inv.arena_floats;
+    float *gd = malloc(bytes);
+    CHECK(arl_model_dev_grads_download(&P.dt, gd) == ARL_OK);
+    const size_t eo = (size_t)(P.R.g.embed_tokens - P.R.g.arena);
+    /* the placeholders' embedding row got nothing; the rows' gradient is not trivial */
+    for (int64_t i = 0; i < d; i++)
+        CHECK(gd[eo + (size_t)(ph * d + i)] == 0.0f && P.R.g.embed_tokens[ph * d + i] == 0.0f);
+    double moved = 0;
+    for (int64_t i = 0; i < NM * d; i++)
+        moved += fabs(dm_[0][i] - 1.0);
+    CHECK(moved > 0);
+    char what[128];
+    if (rtol < 0) {
+        CHECK_MSG(!memcmp(lp[0], lp[1], sizeof lp[0]), "%s: log-probs differ", mode);
+        CHECK_MSG(!memcmp(dm_[0], dm_[1], sizeof(float) * (size_t)(NM * d)),
+                  "%s: image-row gradients differ", mode);
+        CHECK_MSG(!memcmp(gd, P.R.g.arena, bytes), "%s: gradients differ", mode);
+    } else {
+        snprintf(what, sizeof what, "%s log-probs with image rows", mode);
+        check_close_maxref_f32(what, lp[1], lp[0], NT, 0.0, rtol);
+        snprintf(what, sizeof what, "%s image-row gradient", mode);
+        check_close_maxref_f32(what, dm_[1], dm_[0], (size_t)(NM * d), 0.0, rtol);
+        snprintf(what, sizeof what, "%s embedding gradient", mode);
+        check_close_maxref_f32(what, gd + eo, P.R.g.embed_tokens, (size_t)(dm->V * d), 0.0, rtol);
+    }
+    free(gd);
+    free(rows);
+    free(dm_[0]);
+    free(dm_[1]);
+    pair_free(&P);
+}
+
+static void test_cpu_media(void) {
+    media_step(-1.0, "cpu");
+}
+
+static void test_cuda_media(void) {
+    arl_cuda_set_math(arl_cuda_current(), ARL_CUDA_MATH_FP32);
+    media_step(2e-3, "cuda fp32"); /* test_cuda_fp32's gradient bound (file comment) */
 }
 
 static void test_cpu_forward_outputs(void) {
@@ -333,8 +419,9 @@ static void test_cpu_errors(void) {
     float img[128];
     b2 = b;
     b2.media = img;
-    b2.n_media = 1;
-    CHECK(arl_model_dev_train_forward(&dt, &b2, NULL) == ARL_ERR_UNSUPPORTED);
+    b2.n_media = 1; /* image rows for placeholders the batch does not have */
+    CHECK(arl_model_dev_train_forward(&dt, &b2, NULL) == ARL_ERR_ARG);
+    CHECK(strstr(arl_error_msg(), "placeholders") != NULL);
     /* a NaN gradient: the step is refused and names a tensor; nothing changes */
     int64_t ti = 0;
     while (dt.g.inv.t[ti].no_grad || dt.g.inv.t[ti].layer < 0)
@@ -452,6 +539,33 @@ static void cuda_step(arl_cuda_math math, double rtol_loss, double rtol_grad, in
 static void test_cuda_fp32(void) {
     cuda_step(ARL_CUDA_MATH_FP32, 1e-4, 2e-3, 1, "cuda fp32");
 }
+
+/* Activation checkpointing (dopts.train_checkpoint): the layers recomputed in the backward
+ * from their saved inputs give the same step - "cpu": bit-identical to the reference (three
+ * steps, forced routes, AdamW) and to the device without it; "cuda": test_cuda_fp32's bounds.
+ * The training block shrinks from L records to one (printed). */
+static void test_cpu_checkpoint(void) {
+    arl_model_dev md;
+    arl_model_opts o = test_opts();
+    arl_model_dev_opts d0 = {0}, d1 = {.train_checkpoint = 1};
+    CHECK(arl_model_dev_plan(&md, OPS, &TM.cfg, &o, &d0) == ARL_OK);
+    const int64_t full = arl_model_dev_train_bytes(&md);
+    CHECK(arl_model_dev_plan(&md, OPS, &TM.cfg, &o, &d1) == ARL_OK);
+    const int64_t ck = arl_model_dev_train_bytes(&md);
+    fprintf(stderr, "  training block: %lld bytes, %lld with checkpointing\n", (long long)full,
+            (long long)ck);
+    CHECK(ck < full);
+    g_ckpt = 1;
+    test_cpu_bit_identical();
+    test_cpu_media();
+    g_ckpt = 0;
+}
+
+static void test_cuda_checkpoint(void) {
+    g_ckpt = 1;
+    cuda_step(ARL_CUDA_MATH_FP32, 1e-4, 2e-3, 1, "cuda fp32 checkpointing");
+    g_ckpt = 0;
+}
 static void test_cuda_bf16(void) {
     cuda_step(ARL_CUDA_MATH_BF16, 2e-2, 0.15, 0, "cuda bf16");
 }
@@ -464,6 +578,8 @@ int main(int argc, char **argv) {
         TEST_RUN(test_cpu_bit_identical);
         TEST_RUN(test_cpu_errors);
         TEST_RUN(test_cpu_forward_outputs);
+        TEST_RUN(test_cpu_media);
+        TEST_RUN(test_cpu_checkpoint);
     } else {
         /* the model, its training block (weights x 4 and the tiny activations) and the
          * context's own part: 256 MiB */
@@ -474,6 +590,8 @@ int main(int argc, char **argv) {
         }
         TEST_RUN(test_cuda_fp32);
         TEST_RUN(test_cuda_forward_outputs);
+        TEST_RUN(test_cuda_media);
+        TEST_RUN(test_cuda_checkpoint);
         if (strcmp(dev, "cuda-emu") != 0) /* the emulator: fp32 only (every launch is slow) */
             TEST_RUN(test_cuda_bf16);
     }

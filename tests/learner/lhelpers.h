@@ -98,11 +98,21 @@ typedef struct lh_learner {
     arl_learner *l;
 } lh_learner;
 
-/* ref_ckpt: the reference's weights (NULL: the policy's own).  shared_prefix: the learner
- * option shared-prefix (learner/update.h), with shared-prefix-min 64. */
-static inline void lh_learner_open_px(lh_learner *h, const char *ckpt, const char *ref_ckpt,
-                                      int32_t minibatches, int64_t n_traj, arl_dist *dist,
-                                      int shared_prefix) {
+/* Learner settings beyond the defaults of lh_learner_open (zero: the default). */
+typedef struct lh_opts {
+    int shared_prefix;        /* learner option shared-prefix, with shared-prefix-min 64 */
+    const char *device;       /* learner.device (NULL: cpu) */
+    const char *allreduce;    /* learner.device-allreduce (NULL: auto) */
+    int prefix_per_minibatch; /* prefix-refresh per_minibatch */
+    int act_checkpoint;       /* activation-checkpointing */
+    int64_t sparse_topk;      /* block-sparse MLA k_c (chunk 64) */
+} lh_opts;
+
+/* lh_learner_open with the settings of o; the status of arl_learner_create (h is to be closed
+ * either way). */
+static inline arl_status lh_learner_try_open(lh_learner *h, const char *ckpt, const char *ref_ckpt,
+                                             int32_t minibatches, int64_t n_traj, arl_dist *dist,
+                                             const lh_opts *o) {
     memset(h, 0, sizeof *h);
     char cfgp[700];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", ckpt);
@@ -130,8 +140,15 @@ static inline void lh_learner_open_px(lh_learner *h, const char *ckpt, const cha
     h->lc.seed = 5;
     h->lc.n_traj_per_update = n_traj;
     h->lc.segment_tokens = 600;
-    h->lc.shared_prefix = shared_prefix;
+    h->lc.shared_prefix = o->shared_prefix;
     h->lc.shared_prefix_min = 64;
+    snprintf(h->lc.device, sizeof h->lc.device, "%s", o->device ? o->device : "cpu");
+    snprintf(h->lc.device_allreduce, sizeof h->lc.device_allreduce, "%s",
+             o->allreduce ? o->allreduce : "auto");
+    h->lc.prefix_per_minibatch = o->prefix_per_minibatch;
+    h->lc.act_checkpoint = o->act_checkpoint;
+    h->lc.mla_sparse_topk = o->sparse_topk;
+    h->lc.mla_sparse_chunk = o->sparse_topk > 0 ? 64 : 0;
     arl_learner_init in = {.cfg = &h->cfg,
                            .params = &h->params,
                            .ref_params = &h->ref,
@@ -141,7 +158,16 @@ static inline void lh_learner_open_px(lh_learner *h, const char *ckpt, const cha
                            .loss = &h->lossc,
                            .lc = &h->lc,
                            .dist = dist};
-    L_DIE(arl_learner_create(&h->l, &in), "learner");
+    return arl_learner_create(&h->l, &in);
+}
+
+/* ref_ckpt: the reference's weights (NULL: the policy's own).  shared_prefix: the learner
+ * option shared-prefix (learner/update.h), with shared-prefix-min 64. */
+static inline void lh_learner_open_px(lh_learner *h, const char *ckpt, const char *ref_ckpt,
+                                      int32_t minibatches, int64_t n_traj, arl_dist *dist,
+                                      int shared_prefix) {
+    lh_opts o = {.shared_prefix = shared_prefix};
+    L_DIE(lh_learner_try_open(h, ckpt, ref_ckpt, minibatches, n_traj, dist, &o), "learner");
 }
 
 static inline void lh_learner_open(lh_learner *h, const char *ckpt, const char *ref_ckpt,

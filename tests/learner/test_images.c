@@ -66,16 +66,22 @@ typedef struct img_run {
     int64_t gids[256];
 } img_run;
 
-static void run_open(img_run *r, const char *dir, int32_t minibatches) {
+/* device: learner.device (NULL: cpu) */
+static void run_open_on(img_run *r, const char *dir, int32_t minibatches, const char *device) {
     memset(r, 0, sizeof *r);
     const int64_t ng = lh_plan(dir, 0, 64, r->gids);
     CHECK(ng > 0);
-    lh_learner_open(&r->h, ckpt, NULL, minibatches, ng * 2, NULL);
+    lh_opts lo = {.device = device};
+    L_DIE(lh_learner_try_open(&r->h, ckpt, NULL, minibatches, ng * 2, NULL, &lo), "learner");
     r->src.root = dir;
     r->src.group_ids = r->gids;
     r->src.n_groups = ng;
     replay_open_opts o = {0};
     L_DIE(replay_store_open(dir, &o, &r->src.store), "store");
+}
+
+static void run_open(img_run *r, const char *dir, int32_t minibatches) {
+    run_open_on(r, dir, minibatches, NULL);
 }
 
 static char *run_update(img_run *r, int64_t n) {
@@ -95,6 +101,14 @@ static double seg_maxdiff(const arl_upd_seg *s, const double *x, const double *y
     for (int64_t p = 0; p < s->T; p++)
         if (s->amask[p] && fabs(x[p] - y[p]) > m) m = fabs(x[p] - y[p]);
     return m;
+}
+
+/* 1 when two runs ended with the same bits: weights and both AdamW moments. */
+static int same_end(const img_run *a, const img_run *b) {
+    const size_t bytes = sizeof(float) * (size_t)a->h.params.inv.arena_floats;
+    return !memcmp(a->h.params.arena, b->h.params.arena, bytes) &&
+           !memcmp(a->h.opt.m_arena, b->h.opt.m_arena, bytes) &&
+           !memcmp(a->h.opt.v_arena, b->h.opt.v_arena, bytes);
 }
 
 static void drop_cache(void *ctx, arl_learner *l) {
@@ -237,12 +251,8 @@ static void test_train(void) {
     }
     CHECK(c.done && c.n_checked == 4);
     CHECK(c.vision_abs > 0);
-    const arl_model_params *p = &r[0].h.params, *q = &r[1].h.params;
-    CHECK(!memcmp(p->arena, q->arena, sizeof(float) * (size_t)p->inv.arena_floats));
-    CHECK(!memcmp(r[0].h.opt.m_arena, r[1].h.opt.m_arena,
-                  sizeof(float) * (size_t)p->inv.arena_floats));
-    CHECK(!memcmp(r[0].h.opt.v_arena, r[1].h.opt.v_arena,
-                  sizeof(float) * (size_t)p->inv.arena_floats));
+    CHECK(same_end(&r[0], &r[1]));
+    const arl_model_params *p = &r[0].h.params;
     /* the vision tensors moved, and their first moments hold the gradients they received */
     arl_model_params w0;
     L_DIE(arl_model_params_alloc(&w0, &r[0].h.cfg), "params");
@@ -263,6 +273,20 @@ static void test_train(void) {
         CHECK_MSG(dw > 0 && mm > 0, "%s not trained", names[k]);
     }
     arl_model_params_free(&w0);
+    run_close(&r[0]);
+    run_close(&r[1]);
+}
+
+/* the learner on a device (learner.device cpu-device: the device code over host memory) trains
+ * the same update to the same bits: image rows encoded on the host, placed by the device
+ * forward, their gradient back from the device backward into the vision tower's */
+static void test_train_device(void) {
+    img_run r[2];
+    for (int k = 0; k < 2; k++) {
+        run_open_on(&r[k], db, 2, k ? "cpu-device" : "cpu");
+        free(run_update(&r[k], 0));
+    }
+    CHECK(same_end(&r[0], &r[1]));
     run_close(&r[0]);
     run_close(&r[1]);
 }
@@ -381,6 +405,7 @@ int main(void) {
     if (!sanitized) {
         TEST_RUN(test_logprobs);
         TEST_RUN(test_train);
+        TEST_RUN(test_train_device);
     }
     TEST_RUN(test_lost_images); /* these two change the store */
     if (!sanitized) TEST_RUN(test_damaged_images);

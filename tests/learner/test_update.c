@@ -43,17 +43,22 @@ static void test_validity_rule(void) {
     e.producer_learner = 1;
     e.routing_replay = 1;
     snprintf(e.numerics, sizeof e.numerics, "%s", ARL_LEARNER_NUMERICS);
-    CHECK(arl_state_entry_valid(&e, 7, 1, -1));
-    CHECK(arl_state_entry_valid(&e, 7, 1, 3));
-    CHECK(!arl_state_entry_valid(&e, 7, 1, 4));  /* per_minibatch: computed before a step */
-    CHECK(!arl_state_entry_valid(&e, 8, 1, -1)); /* another version */
-    CHECK(!arl_state_entry_valid(&e, 7, 0, -1)); /* another routing mode */
-    e.producer_learner = 0;                      /* a rollout state never qualifies */
-    CHECK(!arl_state_entry_valid(&e, 7, 1, -1));
+    CHECK(arl_state_entry_valid(&e, ARL_LEARNER_NUMERICS, 7, 1, -1));
+    CHECK(arl_state_entry_valid(&e, ARL_LEARNER_NUMERICS, 7, 1, 3));
+    /* per_minibatch: computed before a step */
+    CHECK(!arl_state_entry_valid(&e, ARL_LEARNER_NUMERICS, 7, 1, 4));
+    CHECK(!arl_state_entry_valid(&e, ARL_LEARNER_NUMERICS, 8, 1, -1)); /* another version */
+    CHECK(!arl_state_entry_valid(&e, ARL_LEARNER_NUMERICS, 7, 0, -1)); /* another routing mode */
+    e.producer_learner = 0; /* a rollout state never qualifies */
+    CHECK(!arl_state_entry_valid(&e, ARL_LEARNER_NUMERICS, 7, 1, -1));
     e.producer_learner = 1;
     snprintf(e.numerics, sizeof e.numerics, "cuda-bf16");
-    CHECK(!arl_state_entry_valid(&e, 7, 1, -1));
-    CHECK(!arl_state_entry_valid(NULL, 7, 1, -1));
+    CHECK(!arl_state_entry_valid(&e, ARL_LEARNER_NUMERICS, 7, 1, -1));
+    /* a GPU learner's states serve only a GPU learner (another device: other rounding) */
+    snprintf(e.numerics, sizeof e.numerics, "cuda-f32");
+    CHECK(!arl_state_entry_valid(&e, ARL_LEARNER_NUMERICS, 7, 1, -1));
+    CHECK(arl_state_entry_valid(&e, "cuda-f32", 7, 1, -1));
+    CHECK(!arl_state_entry_valid(NULL, ARL_LEARNER_NUMERICS, 7, 1, -1));
 }
 
 static void test_update_and_masked(void) {

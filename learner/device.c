@@ -1,0 +1,293 @@
+/* learner/device.c: the learner's model facade - every forward, training forward, backward and
+ * decode-slot change of the passes (learner/passes.c) goes through here, to the CPU reference
+ * (policy/model.h, policy/model_backward.h) or to a device model (policy/model_device.h,
+ * policy/model_device_backward.h) chosen by learner.device.
+ *
+ * On a device: one device model serves the pi_old, reference and gradient passes; the weights
+ * of the pass (the policy's or the reference's) are uploaded when they are not the ones on the
+ * device (another set, or an optimizer step since).  The host decode states of the passes
+ * (l->st, and l->pst for the shared prefixes) stay the bookkeeping: which slot a segment holds,
+ * positions, the boundary states exported to the state cache and the prefix states imported
+ * from it.  Device slot i mirrors host slot i of l->st or of l->pst (whichever used it last: the
+ * prefixes' forwards and the passes' do not overlap, and the device holds N slots of
+ * max_context latent rows, not 2N); a mirror is uploaded before a forward when its slot was
+ * joined, reset or imported since, or used by the other state, and every forward's new state is
+ * downloaded back (the KDA states and only the new latent rows), so that the host state is
+ * always current and a mirror is only a cache.  Gradients accumulate on the device over a
+ * gradient pass and are added to the host gradient arena at its end.  Several learner ranks on
+ * device cuda sum them over NCCL on the GPUs (the communicator bootstrapped over MPI;
+ * learner.device-allreduce), else over MPI on the host (learner/dist.h).  The optimizer step
+ * and Quantile Balancing run on the host (the optimizer state is the checkpoint's).
+ *
+ * Images: the rows of a forward are encoded on the host (learner/media.c, the vision tower on the
+ * CPU) and placed by the device; their gradient comes back per backward.
+ * What this is not (yet): block-sparse MLA training on a device (refused at creation), AdamW on
+ * the device. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/assert.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/nccl.h"
+#include "learner/update_internal.h"
+
+/* The learner's own CUDA context on its GPU (the local MPI rank modulo the GPU count), with an
+ * arena of `need` bytes plus the context's own part.  Not made current. */
+static arl_status open_gpu(size_t need, arl_cuda_ctx **out) {
+    const int32_t n = arl_cuda_device_count();
+    if (n <= 0)
+        return arl_errorf(ARL_ERR_DEVICE, "learner: device cuda: no CUDA device is visible");
+    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    arl_cuda_config c;
+    arl_cuda_config_defaults(&c);
+    c.device = lr && *lr ? (int32_t)(strtol(lr, NULL, 10) % n) : 0;
+    c.arena_bytes = need + ((size_t)64 << 20);
+    arl_status s = arl_cuda_open(&c, out);
+    if (s) return arl_error_prefix(s, "learner: device cuda (GPU %d)", (int)c.device);
+    return ARL_OK;
+}
+
+/* The learners' NCCL communicator on the learner's context (current): rank 0 makes the id and
+ * broadcasts it over the learners' MPI communicator (a one-rank communicator without one),
+ * with a flag so that a failure on rank 0 fails every rank instead of leaving them waiting. */
+static arl_status open_nccl(arl_learner *l) {
+    arl_dist_comm *c = l->in.dist ? l->in.dist->learners : NULL;
+    const int32_t rank = c ? arl_dist_comm_rank(c) : 0, R = c ? arl_dist_comm_size(c) : 1;
+    uint8_t msg[1 + ARL_CUDA_NCCL_ID_BYTES];
+    memset(msg, 0, sizeof msg);
+    arl_status s = ARL_OK;
+    if (rank == 0) {
+        s = arl_cuda_nccl_unique_id(msg + 1);
+        msg[0] = s == ARL_OK;
+    }
+    if (c) ARL_TRY(arl_dist_bcast_bytes(c, msg, (int64_t)sizeof msg, 0));
+    if (s) return arl_error_prefix(s, "learner: NCCL id");
+    if (!msg[0])
+        return arl_errorf(ARL_ERR_DEVICE, "learner: learner rank 0 could not make the NCCL id");
+    s = arl_cuda_nccl_open(l->ctx, msg + 1, rank, R, &l->nccl);
+    if (s)
+        return arl_error_prefix(s,
+                                "learner: NCCL communicator of %d learner ranks (rank %d; "
+                                "set learner.device-allreduce=mpi to sum on the host)",
+                                (int)R, (int)rank);
+    return ARL_OK;
+}
+
+arl_status lr_dev_open(arl_learner *l) {
+    const char *dev = l->lc.device;
+    snprintf(l->numerics, sizeof l->numerics, "%s", ARL_LEARNER_NUMERICS);
+    if (!dev[0] || !strcmp(dev, "cpu")) return ARL_OK;
+    if (strcmp(dev, "cuda") && strcmp(dev, "cpu-device"))
+        return arl_errorf(ARL_ERR_ARG, "learner: device '%s' (cpu, cuda or cpu-device)", dev);
+    if (l->lc.mla_sparse_topk > 0)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "learner: device %s: block-sparse MLA (mla-sparse-topk %lld) trains on "
+                          "the CPU reference only; use learner.device cpu",
+                          dev, (long long)l->lc.mla_sparse_topk);
+    const int cuda = !strcmp(dev, "cuda");
+    const char *ar = l->lc.device_allreduce[0] ? l->lc.device_allreduce : "auto";
+    if (strcmp(ar, "auto") && strcmp(ar, "nccl") && strcmp(ar, "mpi"))
+        return arl_errorf(ARL_ERR_ARG, "learner: device-allreduce '%s' (auto, nccl or mpi)", ar);
+    if (!strcmp(ar, "nccl") && !cuda)
+        return arl_errorf(ARL_ERR_ARG,
+                          "learner: device-allreduce nccl needs learner.device cuda "
+                          "(the device is %s)",
+                          dev);
+    if (!strcmp(ar, "nccl") && !arl_cuda_nccl_available())
+        return arl_errorf(ARL_ERR_UNSUPPORTED, "learner: device-allreduce nccl: this build has no "
+                                               "NCCL (use mpi)");
+    const int32_t R =
+        l->in.dist && l->in.dist->learners ? arl_dist_comm_size(l->in.dist->learners) : 1;
+    const int nccl = cuda && (!strcmp(ar, "nccl") ||
+                              (!strcmp(ar, "auto") && R > 1 && arl_cuda_nccl_available()));
+    arl_model_opts mo = l->m.opts; /* the CPU policy model's settings (dense MLA) */
+    arl_model_dev_opts dopts = {.n_slots = l->N, .train_checkpoint = l->lc.act_checkpoint};
+    if (cuda) {
+        arl_model_dev plan;
+        ARL_TRY(arl_model_dev_plan(&plan, arl_dev_ops_cuda(), l->cfg, &mo, &dopts));
+        const int64_t need = arl_model_dev_bytes(l->cfg, &mo, arl_dev_ops_cuda(), &dopts) +
+                             arl_model_dev_train_bytes(&plan);
+        ARL_TRY(open_gpu((size_t)need, &l->ctx));
+    }
+    lr_dev_enter(l);
+    arl_status s = arl_dev_ops_get(cuda ? "cuda" : "cpu", 0, &l->ops);
+    if (s) s = arl_error_prefix(s, "learner: device %s", dev);
+    if (!s) {
+        s = arl_model_dev_init(&l->md, l->ops, l->cfg, l->in.params, &mo, &dopts);
+        if (s) s = arl_error_prefix(s, "learner: the model on device %s", dev);
+        l->have_md = s == ARL_OK;
+    }
+    if (!s) {
+        s = arl_model_dev_train_init(&l->mdt, &l->md, &l->in.opt->cfg);
+        if (s) s = arl_error_prefix(s, "learner: the training step on device %s", dev);
+        l->have_mdt = s == ARL_OK;
+    }
+    if (!s && nccl) s = open_nccl(l);
+    lr_dev_exit(l);
+    if (s) return s;
+    l->dev_w = l->in.params;
+    l->dev_w_step = l->in.opt->step;
+    l->dpos0 = malloc(sizeof(int64_t) * (size_t)l->N);
+    l->dev_cur = calloc((size_t)l->N, 1);
+    l->gstage = malloc(sizeof(float) * (size_t)l->md.weight_floats);
+    if (!l->dpos0 || !l->dev_cur || !l->gstage)
+        return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (device slots)");
+    if (cuda) snprintf(l->numerics, sizeof l->numerics, "%s", "cuda-f32");
+    return ARL_OK;
+}
+
+void lr_dev_close(arl_learner *l) {
+    if (l->have_mdt || l->have_md) {
+        lr_dev_enter(l);
+        if (l->have_mdt) arl_model_dev_train_free(&l->mdt); /* stack order: train block first */
+        if (l->have_md) arl_model_dev_free(&l->md);
+        lr_dev_exit(l);
+    }
+    l->have_mdt = l->have_md = 0;
+    arl_cuda_nccl_close(l->nccl);
+    l->nccl = NULL;
+    arl_cuda_close(l->ctx);
+    l->ctx = NULL;
+    free(l->dpos0);
+    free(l->dev_cur);
+    free(l->gstage);
+    l->gstage = NULL;
+    l->dpos0 = NULL;
+    l->dev_cur = NULL;
+}
+
+void lr_dev_enter(arl_learner *l) {
+    if (!l->ctx || l->ctx_depth++ > 0) return; /* nested: a test's grad hook computing a loss */
+    l->ctx_prev = arl_cuda_current();
+    arl_cuda_make_current(l->ctx);
+}
+
+void lr_dev_exit(arl_learner *l) {
+    if (!l->ctx || --l->ctx_depth > 0) return;
+    arl_cuda_make_current(l->ctx_prev);
+    l->ctx_prev = NULL;
+}
+
+void lr_dev_weights_stale(arl_learner *l) {
+    l->dev_w = NULL;
+}
+
+/* What device slot i holds (l->dev_cur[i]): nothing known, or host slot i of l->st / l->pst. */
+enum { DEV_STALE = 0, DEV_ST = 1, DEV_PST = 2 };
+
+static uint8_t dev_owner(const arl_learner *l, const arl_decode_state *hs) {
+    return hs == &l->pst ? DEV_PST : DEV_ST;
+}
+
+arl_status lr_slot_join(arl_learner *l, arl_decode_state *hs, int32_t *slot) {
+    ARL_TRY(arl_decode_state_join(hs, slot));
+    if (l->ops) l->dev_cur[*slot] = DEV_STALE;
+    return ARL_OK;
+}
+
+void lr_slot_reset(arl_learner *l, arl_decode_state *hs, int32_t slot) {
+    arl_decode_state_reset(hs, slot);
+    if (l->ops) l->dev_cur[slot] = DEV_STALE;
+}
+
+arl_status lr_slot_import(arl_learner *l, arl_decode_state *hs, int32_t slot, const void *buf,
+                          size_t len) {
+    if (l->ops) l->dev_cur[slot] = DEV_STALE;
+    return arl_decode_state_import(hs, slot, buf, len);
+}
+
+/* Device weights = w (host), uploaded unless they are there at this optimizer step. */
+static arl_status dev_weights(arl_learner *l, const arl_model_params *w) {
+    if (l->dev_w == w && l->dev_w_step == l->in.opt->step) return ARL_OK;
+    l->dev_w = NULL;
+    arl_status s = arl_model_dev_set_params(&l->md, w);
+    if (s) return arl_error_prefix(s, "learner: weights to device %s", l->lc.device);
+    l->dev_w = w;
+    l->dev_w_step = l->in.opt->step;
+    return ARL_OK;
+}
+
+/* Before a device forward over host slots slots[0..n) of hs (the same device slots): the
+ * mirrors that do not hold them uploaded, their positions in l->dpos0. */
+static arl_status dev_slots_prepare(arl_learner *l, arl_decode_state *hs, const int32_t *slots,
+                                    int32_t n) {
+    const uint8_t own = dev_owner(l, hs);
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t ds = slots[i];
+        l->dpos0[i] = arl_decode_state_position(hs, slots[i]);
+        if (l->dev_cur[ds] == own) continue;
+        l->dev_cur[ds] = DEV_STALE;
+        arl_status s = arl_model_dev_slot_upload(&l->md, ds, hs, slots[i]);
+        if (s) return arl_error_prefix(s, "learner: a decode state to device %s", l->lc.device);
+        l->dev_cur[ds] = own;
+    }
+    return ARL_OK;
+}
+
+/* After a device forward (status fs): the advanced states back to the host (rows from the
+ * positions before it on), or, after a failure, every mirror of the call stale. */
+static arl_status dev_slots_finish(arl_learner *l, arl_decode_state *hs, const int32_t *slots,
+                                   int32_t n, arl_status fs) {
+    for (int32_t i = 0; i < n; i++) {
+        if (fs == ARL_OK) {
+            arl_status s = arl_model_dev_slot_download(&l->md, slots[i], hs, slots[i], l->dpos0[i]);
+            if (s) fs = arl_error_prefix(s, "learner: a decode state from device %s", l->lc.device);
+        }
+        if (fs != ARL_OK) l->dev_cur[slots[i]] = DEV_STALE;
+    }
+    return fs;
+}
+
+arl_status lr_forward_state(arl_learner *l, arl_model *m, arl_decode_state *hs,
+                            const int32_t *slots, const arl_batch *b, const arl_forward_out *fo) {
+    if (!l->ops) return arl_model_forward_state(m, hs, slots, b, fo);
+    ARL_TRY(dev_weights(l, m->w));
+    ARL_TRY(dev_slots_prepare(l, hs, slots, b->N));
+    arl_status s = arl_model_dev_forward_state(&l->md, slots, b, fo);
+    return dev_slots_finish(l, hs, slots, b->N, s);
+}
+
+arl_status lr_train_forward(arl_learner *l, const int32_t *slots, const arl_batch *b,
+                            const arl_forward_out *fo) {
+    if (!l->ops) return arl_model_train_forward(&l->tr, b, &l->st, slots, fo);
+    ARL_TRY(dev_weights(l, l->in.params));
+    ARL_TRY(dev_slots_prepare(l, &l->st, slots, b->N));
+    arl_status s = arl_model_dev_train_forward_state(&l->mdt, b, slots, fo);
+    return dev_slots_finish(l, &l->st, slots, b->N, s);
+}
+
+arl_status lr_backward(arl_learner *l, const arl_batch *b, const float *dlogp, float *dmedia) {
+    if (!l->ops) return arl_model_backward(&l->tr, b, dlogp, &l->grads, NULL, dmedia);
+    return arl_model_dev_backward_media(&l->mdt, b, dlogp, dmedia);
+}
+
+arl_status lr_grads_allreduce(arl_learner *l) {
+    const int64_t n = l->grads.inv.arena_floats;
+    if (!l->nccl) return arl_dist_allreduce_f32(l->in.dist->learners, l->grads.arena, n);
+    /* the host's gradient (the device's plus what the host added: image rows, vision tower)
+     * through the device's gradient buffer, summed there, and back */
+    const size_t bytes = sizeof(float) * (size_t)n;
+    arl_status s = l->ops->upload(l->mdt.grads, l->grads.arena, bytes);
+    if (!s) s = arl_cuda_nccl_allreduce_sum(l->nccl, l->mdt.grads, n);
+    if (!s) s = l->ops->download(l->grads.arena, l->mdt.grads, bytes);
+    if (s) return arl_error_prefix(s, "learner: gradient all-reduce over NCCL");
+    return ARL_OK;
+}
+
+arl_status lr_grads_begin(arl_learner *l) {
+    if (!l->ops) return ARL_OK;
+    return arl_model_dev_zero_grad(&l->mdt);
+}
+
+arl_status lr_grads_end(arl_learner *l) {
+    if (!l->ops) return ARL_OK;
+    /* the host arena was zero, and the pass added to it only what the device does not compute
+     * (the embedding row of the <|media_pad|> placeholders, learner/media.c): adding the
+     * device's sums gives the host's, term for term */
+    arl_status s = arl_model_dev_grads_download(&l->mdt, l->gstage);
+    if (s) return arl_error_prefix(s, "learner: gradients from device %s", l->lc.device);
+    float *g = l->grads.arena;
+    for (int64_t i = 0; i < l->grads.inv.arena_floats; i++)
+        g[i] += l->gstage[i];
+    return ARL_OK;
+}

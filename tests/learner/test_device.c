@@ -1,0 +1,289 @@
+/* tests/learner/test_device.c: the learner on a device (learner.device, learner/device.c).
+ *
+ *   - cpu-device (the device code over host memory) reproduces the CPU learner bit for bit:
+ *     two updates over calculator trajectories with continue segments (cached start states,
+ *     drift recomputation), a reference of other weights, routing replay, Quantile Balancing,
+ *     two minibatches: every updated weight, the optimizer moments, every metric but the
+ *     timings, each segment's pi_old / reference / theta log-probs, and the minibatch loss a
+ *     test's grad hook asks for (weights perturbed and restored); with the shared prompt prefix
+ *     with prefix-refresh per_minibatch (start states recomputed at the current weights), and
+ *     with activation checkpointing (layers recomputed in the backward, on both sides).
+ *   - refusals: block-sparse MLA on a device, an unknown device
+ *     name, device-allreduce nccl off cuda (a clear error from arl_learner_create).
+ *   - `test_learner_device cuda` (gpu; exit 77 without one): the same two updates on the GPU
+ *     against the CPU: fp32 sums in other orders (cuBLAS and the device kernels, spec/policy.md
+ *     16.4) give gradients equal to ~1e-6 relative; AdamW divides each entry by its own
+ *     magnitude, so an entry whose gradient is near the rounding level (|g| ~ eps = 1e-8) may
+ *     step differently by up to lr |g| / (|g| + eps) per step: the weights within 5% of the
+ *     largest step of the four, the log-probs of the passes within 1e-3 nats, the loss,
+ *     KL, entropy and gradient norm within 1e-3 relative; with the gradient all-reduce over a
+ *     one-rank NCCL communicator (learner.device-allreduce nccl) the same bits as without.
+ */
+#include <jansson.h>
+#include <math.h>
+
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/nccl.h"
+#include "tests/learner/lhelpers.h"
+
+static char tmp[512], ckpt[600], ref_ckpt[600], db[600];
+static int64_t gids[2][8];
+static int64_t n_gids[2];
+static int cuda;
+
+/* What a grad hook saw: the loss of minibatch mb at the weights with one entry moved (what a
+ * finite-difference test does), the weights put back after. */
+typedef struct hook_rec {
+    arl_model_params *w;
+    double loss[4];
+    int n;
+} hook_rec;
+
+static void loss_hook(void *ctx, arl_learner *l, int32_t mb, const arl_model_params *g) {
+    (void)g;
+    hook_rec *r = ctx;
+    if (r->n >= 4) return;
+    float *x = &r->w->arena[r->w->inv.arena_floats / 3];
+    const float keep = *x;
+    *x += 1e-2f;
+    double loss = NAN;
+    L_DIE(arl_learner_minibatch_loss(l, mb, &loss), "minibatch loss");
+    *x = keep;
+    r->loss[r->n++] = loss;
+}
+
+typedef struct run {
+    lh_learner h;
+    hook_rec hook;
+    char *metrics[2];
+} run;
+
+/* Two updates (the second over the next groups, at the weights of the first) on device dev. */
+static void run_two(run *r, const char *dev, const lh_opts *base) {
+    memset(r, 0, sizeof *r);
+    lh_opts o = *base;
+    o.device = dev;
+    L_DIE(lh_learner_try_open(&r->h, ckpt, ref_ckpt, 2, 6, NULL, &o), "learner");
+    r->hook.w = &r->h.params;
+    arl_learner_set_grad_hook(r->h.l, loss_hook, &r->hook);
+    for (int n = 0; n < 2; n++) {
+        arl_update_source src = {.root = db, .group_ids = gids[n], .n_groups = n_gids[n]};
+        replay_open_opts oo = {0};
+        L_DIE(replay_store_open(db, &oo, &src.store), "store");
+        arl_update_result res;
+        L_DIE(arl_learner_update(r->h.l, n, &src, 1, &res), "update");
+        r->metrics[n] = res.metrics_json;
+        replay_store_close(src.store);
+    }
+}
+
+static void run_free(run *r) {
+    lh_learner_close(&r->h);
+    free(r->metrics[0]);
+    free(r->metrics[1]);
+}
+
+static int timing_key(const char *k) {
+    return !strncmp(k, "time/", 5) || !strncmp(k, "throughput/", 11) || strstr(k, "_per_s");
+}
+
+/* Every numeric metric of a and b but the timings: equal. */
+static void metrics_match(const char *a, const char *b, const char *what) {
+    json_t *ja = json_loads(a, 0, NULL), *jb = json_loads(b, 0, NULL);
+    CHECK(ja && jb);
+    const char *k;
+    json_t *va;
+    int n = 0, bad = 0;
+    json_object_foreach(ja, k, va) {
+        if (!json_is_number(va) || timing_key(k)) continue;
+        json_t *vb = json_object_get(jb, k);
+        const double x = json_number_value(va),
+                     y = json_is_number(vb) ? json_number_value(vb) : NAN;
+        const int same = x == y || (isnan(x) && isnan(y));
+        if (!same && bad++ < 5) fprintf(stderr, "  %s: metric %s: %.17g vs %.17g\n", what, k, x, y);
+        n++;
+    }
+    CHECK_MSG(bad == 0, "%s: %d of %d metrics differ", what, bad, n);
+    CHECK(n > 40);
+    json_decref(ja);
+    json_decref(jb);
+}
+
+/* The largest |a - b| over the arenas, and the largest |a - a0| (the step's size). */
+static void arena_diff(const float *a, const float *b, const float *a0, int64_t n, double *d,
+                       double *step) {
+    *d = 0;
+    *step = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const double x = fabs((double)a[i] - (double)b[i]);
+        if (x > *d || isnan(x)) *d = isnan(x) ? INFINITY : x;
+        if (a0) {
+            const double s = fabs((double)a[i] - (double)a0[i]);
+            if (s > *step) *step = s;
+        }
+    }
+}
+
+/* Log-probs of every loaded segment (pi_old, reference, theta): max |a - b|. */
+static double logprob_diff(const arl_learner *la, const arl_learner *lb) {
+    const arl_update_batch *ba = arl_learner_batch(la), *bb = arl_learner_batch(lb);
+    CHECK_EQ_INT(ba->n_segs, bb->n_segs);
+    double d = 0;
+    for (int32_t i = 0; i < ba->n_segs && i < bb->n_segs; i++) {
+        const arl_upd_seg *x = &ba->segs[i], *y = &bb->segs[i];
+        if (!x->local || !x->lp_old) continue;
+        CHECK_EQ_INT(x->T, y->T);
+        for (int64_t t = 0; t < x->T; t++) {
+            const double v[3] = {fabs(x->lp_old[t] - y->lp_old[t]),
+                                 fabs(x->lp_ref[t] - y->lp_ref[t]),
+                                 fabs(x->lp_theta[t] - y->lp_theta[t])};
+            for (int j = 0; j < 3; j++)
+                if (!(v[j] <= d)) d = isnan(v[j]) ? INFINITY : v[j];
+        }
+    }
+    return d;
+}
+
+static void compare(const lh_opts *o, const char *what) {
+    run a, b;
+    run_two(&a, "cpu", o);
+    run_two(&b, cuda ? "cuda" : "cpu-device", o);
+    const int64_t nf = a.h.params.inv.arena_floats;
+    double dw, step, dm, dv, ds;
+    arl_model_params w0;
+    L_DIE(arl_model_params_alloc(&w0, &a.h.cfg), "params");
+    L_DIE(arl_checkpoint_load(ckpt, &a.h.cfg, &w0), "load");
+    arena_diff(a.h.params.arena, b.h.params.arena, w0.arena, nf, &dw, &step);
+    arena_diff(a.h.opt.m.arena, b.h.opt.m.arena, NULL, nf, &dm, &ds);
+    arena_diff(a.h.opt.v.arena, b.h.opt.v.arena, NULL, nf, &dv, &ds);
+    const double dl = logprob_diff(a.h.l, b.h.l);
+    fprintf(stderr,
+            "  %s: weights moved up to %.3g; |cpu - %s|: weights %.3g, moments %.3g / %.3g, "
+            "log-probs %.3g\n",
+            what, step, cuda ? "cuda" : "cpu-device", dw, dm, dv, dl);
+    CHECK(step > 0);
+    CHECK_EQ_INT(a.hook.n, 4); /* two minibatches per update */
+    CHECK_EQ_INT(b.hook.n, 4);
+    CHECK(a.h.opt.step == 4 && b.h.opt.step == 4);
+    if (!cuda) {
+        CHECK(dw == 0 && dm == 0 && dv == 0 && dl == 0);
+        for (int i = 0; i < a.hook.n; i++)
+            CHECK_MSG(a.hook.loss[i] == b.hook.loss[i], "minibatch loss %d: %.17g vs %.17g", i,
+                      a.hook.loss[i], b.hook.loss[i]);
+        metrics_match(a.metrics[0], b.metrics[0], "update 0");
+        metrics_match(a.metrics[1], b.metrics[1], "update 1");
+    } else {
+        /* fp32 sums in other orders (tolerances in the file comment) */
+        CHECK(dw <= 0.05 * step);
+        CHECK(dl <= 1e-3);
+        /* continuous metrics of the first update (counts such as clip fractions may move by a
+         * token) */
+        static const char *keys[] = {"loss/total", "kl/k3", "policy/entropy", "grad/norm/mean"};
+        for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+            const double x = lh_metric(a.metrics[0], keys[i]), y = lh_metric(b.metrics[0], keys[i]);
+            CHECK_MSG(fabs(x - y) <= 1e-3 * (1 + fabs(x)), "%s: cpu %.9g, cuda %.9g", keys[i], x,
+                      y);
+        }
+    }
+    arl_model_params_free(&w0);
+    run_free(&a);
+    run_free(&b);
+}
+
+static void test_device_matches_cpu(void) {
+    lh_opts o = {0};
+    compare(&o, "cached states");
+}
+
+static void test_device_shared_prefix(void) {
+    lh_opts o = {.shared_prefix = 1};
+    compare(&o, "shared prefix");
+}
+
+static void test_device_checkpointing(void) {
+    lh_opts o = {.act_checkpoint = 1};
+    compare(&o, "activation checkpointing");
+}
+
+static void test_device_per_minibatch(void) {
+    lh_opts o = {.prefix_per_minibatch = 1};
+    compare(&o, "prefix-refresh per_minibatch");
+}
+
+/* cuda: the gradient all-reduce over a one-rank NCCL communicator (learner.device-allreduce
+ * nccl: the host's gradient through the device and back) trains to the same bits as without */
+static void test_device_nccl_one_rank(void) {
+    if (!arl_cuda_nccl_available()) {
+        fprintf(stderr, "  (this build has no NCCL)\n");
+        return;
+    }
+    lh_opts o = {0}, on = {.allreduce = "nccl"};
+    run a, b;
+    run_two(&a, "cuda", &o);
+    run_two(&b, "cuda", &on);
+    const size_t bytes = sizeof(float) * (size_t)a.h.params.inv.arena_floats;
+    CHECK(!memcmp(a.h.params.arena, b.h.params.arena, bytes));
+    CHECK(!memcmp(a.h.opt.m.arena, b.h.opt.m.arena, bytes));
+    run_free(&a);
+    run_free(&b);
+}
+
+static void refused(const lh_opts *o, const char *needle) {
+    lh_learner h;
+    arl_status s = lh_learner_try_open(&h, ckpt, NULL, 2, 6, NULL, o);
+    CHECK(s == ARL_ERR_UNSUPPORTED || s == ARL_ERR_ARG);
+    CHECK_MSG(strstr(arl_error_msg(), needle) != NULL, "message: %s", arl_error_msg());
+    arl_error_clear();
+    lh_learner_close(&h);
+}
+
+static void test_device_refusals(void) {
+    lh_opts sp = {.device = "cpu-device", .sparse_topk = 2};
+    refused(&sp, "block-sparse MLA");
+    lh_opts bad = {.device = "tpu"};
+    refused(&bad, "device 'tpu'");
+    lh_opts nc = {.device = "cpu-device", .allreduce = "nccl"};
+    refused(&nc, "device-allreduce nccl needs learner.device cuda");
+    /* the option table takes only the three names */
+    arl_learner_opts lo;
+    L_DIE(arl_learner_opts_defaults(&lo), "defaults");
+    size_t n;
+    const arl_option *tab = arl_learner_options(&n);
+    CHECK(arl_options_set(tab, n, "device", "tpu", &lo) != ARL_OK);
+    arl_error_clear();
+    CHECK(arl_options_set(tab, n, "device", "cpu-device", &lo) == ARL_OK);
+    CHECK_STR_EQ(lo.own.device, "cpu-device");
+    CHECK_STR_EQ(lo.own.device_allreduce, "auto");
+    CHECK(arl_options_set(tab, n, "device-allreduce", "gloo", &lo) != ARL_OK);
+    arl_error_clear();
+    arl_learner_opts_free(&lo);
+}
+
+int main(int argc, char **argv) {
+    cuda = argc > 1 && !strcmp(argv[1], "cuda");
+    if (cuda && arl_cuda_device_count() <= 0) {
+        fprintf(stderr, "test_learner_device cuda: no CUDA device (skipped)\n");
+        return TEST_SKIP;
+    }
+    snprintf(tmp, sizeof tmp, "%s", test_tmpdir("learner-device"));
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
+    snprintf(ref_ckpt, sizeof ref_ckpt, "%s/ref", tmp);
+    snprintf(db, sizeof db, "%s/db", tmp);
+    lh_make_ckpt(ckpt, 3);
+    lh_make_ckpt(ref_ckpt, 4);
+    lh_rollout(db, ckpt, 4, 3, 0);
+    /* four groups: two per update (the learner reads the groups it is given; the ledger is
+     * the train driver's) */
+    int64_t all[8];
+    CHECK_EQ_INT(lh_plan(db, 0, 4, all), 4);
+    for (int i = 0; i < 4; i++)
+        gids[i / 2][i % 2] = all[i];
+    n_gids[0] = n_gids[1] = 2;
+    if (!cuda) TEST_RUN(test_device_refusals);
+    TEST_RUN(test_device_matches_cpu);
+    TEST_RUN(test_device_shared_prefix);
+    TEST_RUN(test_device_per_minibatch);
+    TEST_RUN(test_device_checkpointing);
+    if (cuda) TEST_RUN(test_device_nccl_one_rank);
+    return test_finish();
+}
