@@ -17,7 +17,8 @@
 # bench_gpu, bench_gpu_model (bench/gpu/bench_model.c) times the mini config's whole forward on
 # the GPU (policy/model_device.h) and reports its MFU against the in-run cuBLAS bf16 rate,
 # bench_gpu_train (bench/gpu/bench_train.c) the MFU of a whole training step (forward, backward,
-# AdamW on the device; policy/model_device_backward.h), and bench_rollout --device cuda the
+# AdamW on the device; policy/model_device_backward.h), bench_train --device cuda the learner on
+# the GPU against its bare device entry points, and bench_rollout --device cuda the
 # rollout worker's decode rate on the GPU against the bare device decode loop.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -123,6 +124,17 @@ if [ -x "$build/bench/rollout/bench_rollout" ] ||
         --batch 16 --quick 2>/dev/null || { echo "bench_rollout failed"; rc=1; }
 else
     echo "bench_rollout not built"
+fi
+
+# the learner on the GPU (learner.device cuda) against the bare device training entry points,
+# wall time (bench/train/bench_train.c --device cuda; its rollout runs on the CPU)
+echo "== bench_train --device cuda --reps 2"
+if [ -x "$build/bench/train/bench_train" ] ||
+    cmake --build "$build" --target bench_train -j"$jobs" >>"$logs/build.log" 2>&1; then
+    (cd "$root" && timeout 150 "$build/bench/train/bench_train" --device cuda --reps 2 \
+        2>/dev/null) || { echo "bench_train failed"; rc=1; }
+else
+    echo "bench_train not built"
 fi
 
 py=""

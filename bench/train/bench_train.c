@@ -14,8 +14,13 @@
  *
  * Rates use process CPU time (--threads 1 by default: on a shared machine wall time mostly
  * measures the neighbours); the learner repeats are interleaved with the bare ones; medians.
+ * --device cuda|cpu-device: the learner on that device (learner.device, learner/device.c)
+ * against the bare device model through the same entry points (arl_model_dev_forward_state
+ * twice, arl_model_dev_train_forward_state + arl_model_dev_backward, the gradients copied to the
+ * host for AdamW as the learner does), in wall time (a GPU's time is not the process's CPU
+ * time); the rollout stays on the CPU.
  *
- * Usage: bench_train [--tasks B] [--group G] [--reps R] [--threads N]
+ * Usage: bench_train [--tasks B] [--group G] [--reps R] [--threads N] [--device D]
  * Exit status: 0 done (whatever the ratios), 1 failure, 2 usage error. */
 #include <jansson.h>
 #include <math.h>
@@ -32,6 +37,7 @@
 #include "policy/checkpoint.h"
 #include "policy/model.h"
 #include "policy/model_backward.h"
+#include "policy/model_device_backward.h"
 #include "replay/replay.h"
 #include "rollout/rollout.h"
 
@@ -44,9 +50,11 @@
         }                                                                                          \
     } while (0)
 
+static int g_wall; /* time in wall seconds (a device run), else process CPU seconds */
+
 static double cpu_s(void) {
     struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    clock_gettime(g_wall ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -81,7 +89,8 @@ typedef struct lrn {
     arl_learner *l;
 } lrn;
 
-static void lrn_open(lrn *h, const char *ckpt, int64_t n_traj, int shared_prefix) {
+static void lrn_open(lrn *h, const char *ckpt, int64_t n_traj, int shared_prefix,
+                     const char *device) {
     memset(h, 0, sizeof *h);
     char p[700];
     snprintf(p, sizeof p, "%s/config.json", ckpt);
@@ -110,6 +119,7 @@ static void lrn_open(lrn *h, const char *ckpt, int64_t n_traj, int shared_prefix
                                  .segment_tokens = 4096,
                                  .shared_prefix = shared_prefix,
                                  .shared_prefix_min = 64};
+    snprintf(h->lc.device, sizeof h->lc.device, "%s", device);
     arl_learner_init in = {.cfg = &h->cfg,
                            .params = &h->params,
                            .ref_params = &h->ref,
@@ -131,16 +141,54 @@ static void lrn_close(lrn *h) {
     arl_model_config_free(&h->cfg);
 }
 
-/* The bare model over the segments of the last update: 2 forwards + 1 training step. */
+/* The bare model over the segments of the last update: 2 forwards + 1 training step; on a
+ * device (ops set) the device model with 64 slots and its training step. */
 typedef struct bare {
     arl_model m;
     arl_decode_state st;
     int32_t slots[64];
     arl_model_train tr;
     arl_model_params grads;
+    const arl_dev_ops *ops;
+    arl_model_dev md;
+    arl_model_dev_train mdt;
     int32_t *tok, *tgt, *cu, *forced;
     float *lp, *dlogp;
 } bare;
+
+/* One pack of documents through the bare model: a forward from fresh slots (pass 0, 1) or the
+ * training forward and backward (pass 2). */
+static void bare_pack(bare *x, const arl_batch *bt, int32_t nd, int pass) {
+    arl_forward_out fo = {.logprobs = x->lp};
+    for (int64_t p = 0; p < bt->T; p++)
+        x->dlogp[p] = -1e-4f;
+    if (x->ops) {
+        for (int32_t q = 0; q < nd; q++) {
+            x->slots[q] = q;
+            DIE(arl_model_dev_slot_reset(&x->md, q), "slot reset");
+        }
+        if (pass < 2) {
+            DIE(arl_model_dev_forward_state(&x->md, x->slots, bt, &fo), "bare device forward");
+        } else {
+            DIE(arl_model_dev_train_forward_state(&x->mdt, bt, x->slots, &fo),
+                "bare device train forward");
+            DIE(arl_model_dev_backward(&x->mdt, bt, x->dlogp), "bare device backward");
+        }
+        return;
+    }
+    /* the learner's entry points: documents continue (fresh) decode-state slots, so that the
+     * state after each segment is there for the segment that follows it */
+    for (int32_t q = 0; q < nd; q++)
+        DIE(arl_decode_state_join(&x->st, &x->slots[q]), "join");
+    if (pass < 2) {
+        DIE(arl_model_forward_state(&x->m, &x->st, x->slots, bt, &fo), "bare forward");
+    } else {
+        DIE(arl_model_train_forward(&x->tr, bt, &x->st, x->slots, &fo), "bare train forward");
+        DIE(arl_model_backward(&x->tr, bt, x->dlogp, &x->grads, NULL, NULL), "bare backward");
+    }
+    for (int32_t q = 0; q < nd; q++)
+        arl_decode_state_leave(&x->st, x->slots[q]);
+}
 
 static void bare_run(bare *x, lrn *h, const arl_update_batch *b, double *t_fwd2, double *t_train) {
     const int64_t Tm = 4096, nm = h->cfg.dims.n_moe, k = h->cfg.dims.k;
@@ -148,6 +196,8 @@ static void bare_run(bare *x, lrn *h, const arl_update_batch *b, double *t_fwd2,
     for (int pass = 0; pass < 3; pass++) {
         const double c0 = cpu_s();
         if (pass == 2) memset(x->grads.arena, 0, sizeof(float) * (size_t)x->grads.inv.arena_floats);
+        if (x->ops && pass == 0) DIE(arl_model_dev_set_params(&x->md, &h->params), "weights");
+        if (x->ops && pass == 2) DIE(arl_model_dev_zero_grad(&x->mdt), "zero grad");
         int32_t i = 0;
         if (pass == 0) {
             int32_t nr = 0;
@@ -191,25 +241,11 @@ static void bare_run(bare *x, lrn *h, const arl_update_batch *b, double *t_fwd2,
                             .N = nd,
                             .targets = x->tgt,
                             .forced_routes = all_routes ? x->forced : NULL};
-            arl_forward_out fo = {.logprobs = x->lp};
-            /* the learner's entry points: documents continue (fresh) decode-state slots, so
-             * that the state after each segment is there for the segment that follows it */
-            for (int32_t q = 0; q < nd; q++)
-                DIE(arl_decode_state_join(&x->st, &x->slots[q]), "join");
-            if (pass < 2) {
-                DIE(arl_model_forward_state(&x->m, &x->st, x->slots, &bt, &fo), "bare forward");
-            } else {
-                DIE(arl_model_train_forward(&x->tr, &bt, &x->st, x->slots, &fo),
-                    "bare train forward");
-                for (int64_t p = 0; p < T; p++)
-                    x->dlogp[p] = -1e-4f;
-                DIE(arl_model_backward(&x->tr, &bt, x->dlogp, &x->grads, NULL, NULL),
-                    "bare backward");
-            }
-            for (int32_t q = 0; q < nd; q++) arl_decode_state_leave(&x->st, x->slots[q]);
+            bare_pack(x, &bt, nd, pass);
             i = j;
         }
         if (pass == 2) {
+            if (x->ops) DIE(arl_model_dev_grads_download(&x->mdt, x->grads.arena), "grads");
             arl_optim_report rep;
             DIE(arl_adamw_step(&h->opt, &h->params, x->grads.arena, &rep), "bare adamw");
         }
@@ -225,6 +261,7 @@ static void bare_run(bare *x, lrn *h, const arl_update_batch *b, double *t_fwd2,
 
 int main(int argc, char **argv) {
     int64_t B = 4, G = 4, reps = 3, threads = 1;
+    const char *device = "cpu";
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && !strcmp(argv[i], "--tasks"))
             B = atoll(argv[++i]);
@@ -234,13 +271,20 @@ int main(int argc, char **argv) {
             reps = atoll(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--threads"))
             threads = atoll(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--device"))
+            device = argv[++i];
         else {
-            fprintf(stderr,
-                    "usage: bench_train [--tasks B] [--group G] [--reps R] [--threads N]\n");
+            fprintf(stderr, "usage: bench_train [--tasks B] [--group G] [--reps R] [--threads N] "
+                            "[--device cpu|cuda|cpu-device]\n");
             return 2;
         }
     }
     if (B < 1 || G < 1 || reps < 1 || reps > 64 || threads < 0) return 2;
+    if (strcmp(device, "cpu") && strcmp(device, "cuda") && strcmp(device, "cpu-device")) {
+        fprintf(stderr, "bench_train: --device %s: cpu, cuda or cpu-device\n", device);
+        return 2;
+    }
+    g_wall = strcmp(device, "cpu") != 0;
     DIE(arl_k_threads_init((int)threads), "threads");
     char tmp[] = "/tmp/arl-bench-train-XXXXXX";
     if (!mkdtemp(tmp)) return 1;
@@ -310,8 +354,8 @@ int main(int argc, char **argv) {
     }
     arl_update_source src = {.store = st, .root = db, .group_ids = gids, .n_groups = ng};
     lrn h, hs;
-    lrn_open(&h, ckpt, B * G, 0);
-    lrn_open(&hs, ckpt, B * G, 1); /* the same with the shared prompt prefix */
+    lrn_open(&h, ckpt, B * G, 0, device);
+    lrn_open(&hs, ckpt, B * G, 1, device); /* the same with the shared prompt prefix */
     bare x;
     memset(&x, 0, sizeof x);
     arl_model_opts mo;
@@ -322,6 +366,21 @@ int main(int argc, char **argv) {
     DIE(arl_model_train_init(&x.tr, &x.m, NULL, NULL), "train");
     DIE(arl_decode_state_init(&x.st, &h.cfg, 64, x.m.opts.max_context), "state");
     DIE(arl_model_params_alloc(&x.grads, &h.cfg), "grads");
+    if (g_wall) {
+        const int cuda = !strcmp(device, "cuda");
+        arl_model_dev_opts dopts = {.n_slots = 64};
+        size_t bytes = 0;
+        if (cuda) {
+            arl_model_dev plan;
+            DIE(arl_model_dev_plan(&plan, arl_dev_ops_cuda(), &h.cfg, &x.m.opts, &dopts), "plan");
+            bytes = (size_t)(arl_model_dev_bytes(&h.cfg, &x.m.opts, arl_dev_ops_cuda(), &dopts) +
+                             arl_model_dev_train_bytes(&plan)) +
+                    ((size_t)64 << 20);
+        }
+        DIE(arl_dev_ops_get(cuda ? "cuda" : "cpu", bytes, &x.ops), "device");
+        DIE(arl_model_dev_init(&x.md, x.ops, &h.cfg, &h.params, &x.m.opts, &dopts), "device model");
+        DIE(arl_model_dev_train_init(&x.mdt, &x.md, &h.oc), "device training");
+    }
     const int64_t nm = h.cfg.dims.n_moe ? h.cfg.dims.n_moe : 1;
     x.tok = malloc(4 * 4096);
     x.tgt = malloc(4 * 4096);
@@ -364,8 +423,9 @@ int main(int argc, char **argv) {
                  mbt = median(tbt, (int)reps);
     printf(
         "bench_train: tiny model, calculator level 1, %lld tasks x %lld samples, %lld tokens per "
-        "update, %lld thread(s), CPU time, median of %lld\n",
-        (long long)B, (long long)G, (long long)tokens, (long long)threads, (long long)reps);
+        "update, %lld thread(s), learner on %s, %s time, median of %lld\n",
+        (long long)B, (long long)G, (long long)tokens, (long long)threads, device,
+        g_wall ? "wall" : "CPU", (long long)reps);
     printf(
         "  step: rollout %.2f s, learning %.2f s: rollout %.0f %%, learning %.0f %% of the step\n",
         t_roll, t_learn_first, 100 * t_roll / (t_roll + t_learn_first),
@@ -386,6 +446,10 @@ int main(int argc, char **argv) {
     free(x.lp);
     free(x.dlogp);
     arl_model_params_free(&x.grads);
+    if (x.ops) {
+        arl_model_dev_train_free(&x.mdt);
+        arl_model_dev_free(&x.md);
+    }
     arl_decode_state_free(&x.st);
     arl_model_train_free(&x.tr);
     arl_model_free(&x.m);
