@@ -14,15 +14,16 @@
  * joined, reset or imported since, or used by the other state, and every forward's new state is
  * downloaded back (the KDA states and only the new latent rows), so that the host state is
  * always current and a mirror is only a cache.  Gradients accumulate on the device over a
- * gradient pass and are added to the host gradient arena at its end.  Several learner ranks on
- * device cuda sum them over NCCL on the GPUs (the communicator bootstrapped over MPI;
- * learner.device-allreduce), else over MPI on the host (learner/dist.h).  The optimizer step
- * and Quantile Balancing run on the host (the optimizer state is the checkpoint's).
+ * gradient pass.  Several learner ranks on device cuda sum them over NCCL on the GPUs (the
+ * communicator bootstrapped over MPI; learner.device-allreduce), and AdamW runs on the device
+ * (lr_optim_step: the moments there for the update, the weights copied to the host after each
+ * step for Quantile Balancing, the image encoder and checkpoints); with the sum over MPI on the
+ * host (learner/dist.h), or a test's grad hook, the gradients are added to the host arena at the
+ * end of the pass and AdamW runs on the host.
  *
  * Images: the rows of a forward are encoded on the host (learner/media.c, the vision tower on the
  * CPU) and placed by the device; their gradient comes back per backward.
- * What this is not (yet): block-sparse MLA training on a device (refused at creation), AdamW on
- * the device. */
+ * What this is not (yet): block-sparse MLA training on a device (refused at creation). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,7 +107,8 @@ arl_status lr_dev_open(arl_learner *l) {
         arl_model_dev plan;
         ARL_TRY(arl_model_dev_plan(&plan, arl_dev_ops_cuda(), l->cfg, &mo, &dopts));
         const int64_t need = arl_model_dev_bytes(l->cfg, &mo, arl_dev_ops_cuda(), &dopts) +
-                             arl_model_dev_train_bytes(&plan);
+                             arl_model_dev_train_bytes(&plan) +
+                             (int64_t)sizeof(float) * plan.weight_floats + 4096;
         ARL_TRY(open_gpu((size_t)need, &l->ctx));
     }
     lr_dev_enter(l);
@@ -121,6 +123,12 @@ arl_status lr_dev_open(arl_learner *l) {
         s = arl_model_dev_train_init(&l->mdt, &l->md, &l->in.opt->cfg);
         if (s) s = arl_error_prefix(s, "learner: the training step on device %s", dev);
         l->have_mdt = s == ARL_OK;
+    }
+    if (!s) {
+        s = l->ops->mem_alloc(sizeof(float) * (size_t)l->md.weight_floats,
+                              "the learner's gradient staging", &l->dstage, &l->dstage_token);
+        if (s) s = arl_error_prefix(s, "learner: device %s", dev);
+        if (s) l->dstage = NULL;
     }
     if (!s && nccl) s = open_nccl(l);
     lr_dev_exit(l);
@@ -139,7 +147,9 @@ arl_status lr_dev_open(arl_learner *l) {
 void lr_dev_close(arl_learner *l) {
     if (l->have_mdt || l->have_md) {
         lr_dev_enter(l);
-        if (l->have_mdt) arl_model_dev_train_free(&l->mdt); /* stack order: train block first */
+        if (l->dstage) l->ops->mem_free(l->dstage, l->dstage_token); /* stack order */
+        l->dstage = NULL;
+        if (l->have_mdt) arl_model_dev_train_free(&l->mdt);
         if (l->have_md) arl_model_dev_free(&l->md);
         lr_dev_exit(l);
     }
@@ -274,13 +284,64 @@ arl_status lr_grads_allreduce(arl_learner *l) {
     return ARL_OK;
 }
 
+arl_status lr_optim_begin(arl_learner *l) {
+    const int32_t R =
+        l->in.dist && l->in.dist->learners ? arl_dist_comm_size(l->in.dist->learners) : 1;
+    l->dev_opt = l->ops && !l->grad_hook && (R <= 1 || l->nccl);
+    if (!l->dev_opt) return ARL_OK;
+    const arl_adamw *o = l->in.opt;
+    arl_status s = arl_model_dev_moments_upload(&l->mdt, o->m_arena, o->v_arena, o->step);
+    if (s) return arl_error_prefix(s, "learner: optimizer state to device %s", l->lc.device);
+    return ARL_OK;
+}
+
+arl_status lr_optim_step(arl_learner *l, arl_optim_report *rep) {
+    if (!l->dev_opt) {
+        if (l->nccl ||
+            (l->in.dist && l->in.dist->learners && arl_dist_comm_size(l->in.dist->learners) > 1))
+            ARL_TRY(lr_grads_allreduce(l));
+        return arl_adamw_step(l->in.opt, l->in.params, l->grads.arena, rep);
+    }
+    const int64_t n = l->md.weight_floats;
+    const size_t bytes = sizeof(float) * (size_t)n;
+    arl_status s = ARL_OK;
+    if (l->host_grads) { /* what the host added (image rows, the vision tower): onto the device's
+                          * sums, in the order lr_grads_end adds them */
+        s = l->ops->upload(l->dstage, l->grads.arena, bytes);
+        if (!s) l->md.kb->add(l->mdt.grads, l->mdt.grads, l->dstage, n);
+    }
+    if (!s && l->nccl) s = arl_cuda_nccl_allreduce_sum(l->nccl, l->mdt.grads, n);
+    if (s) return arl_error_prefix(s, "learner: gradients on device %s", l->lc.device);
+    /* the masters are the policy's weights at this step (a minibatch with nothing to train ran
+     * no forward since the reference pass) */
+    ARL_TRY(dev_weights(l, l->in.params));
+    ARL_TRY(arl_model_dev_optim_step(&l->mdt, rep)); /* names a non-finite tensor */
+    l->in.opt->step = l->mdt.step;
+    /* the new weights to the host (checkpoints, Quantile Balancing, the image encoder); the
+     * device's are uploaded again before the next pass (QB changes the host's) */
+    l->dev_w = NULL;
+    s = arl_model_dev_params_download(&l->mdt, l->in.params->arena);
+    if (s) return arl_error_prefix(s, "learner: weights from device %s", l->lc.device);
+    return ARL_OK;
+}
+
+arl_status lr_optim_end(arl_learner *l) {
+    if (!l->dev_opt) return ARL_OK;
+    l->dev_opt = 0;
+    arl_adamw *o = l->in.opt;
+    arl_status s = arl_model_dev_moments_download(&l->mdt, o->m_arena, o->v_arena);
+    if (s) return arl_error_prefix(s, "learner: optimizer state from device %s", l->lc.device);
+    return ARL_OK;
+}
+
 arl_status lr_grads_begin(arl_learner *l) {
+    l->host_grads = 0;
     if (!l->ops) return ARL_OK;
     return arl_model_dev_zero_grad(&l->mdt);
 }
 
 arl_status lr_grads_end(arl_learner *l) {
-    if (!l->ops) return ARL_OK;
+    if (!l->ops || l->dev_opt) return ARL_OK; /* AdamW on the device: the sums stay there */
     /* the host arena was zero, and the pass added to it only what the device does not compute
      * (the embedding row of the <|media_pad|> placeholders, learner/media.c): adding the
      * device's sums gives the host's, term for term */

@@ -217,6 +217,7 @@ void lr_media_grad(arl_learner *l, int64_t n_media) {
         for (int64_t c = 0; c < d; c++)
             dst[c] += g[c];
     }
+    if (n_media > 0) l->host_grads = 1;
 }
 
 arl_status lr_media_backward(arl_learner *l) {
@@ -233,6 +234,7 @@ arl_status lr_media_backward(arl_learner *l) {
             while (nz < n && g[nz] == 0.0f)
                 nz++;
             if (nz == n) continue; /* no gradient reached this observation's rows */
+            l->host_grads = 1;
             arl_status s = arl_vision_bwd(&l->grads, NULL, g, l->in.params, l->cfg, o->patches,
                                           o->grids, o->n_img, l->vws, l->vws_n);
             if (s)

@@ -56,8 +56,9 @@ static const arl_option own_tab[] = {
     {"device", ARL_OPT_CHOICE, OWN(device), "cpu",
      "where the learner's passes run: cpu (policy/model.h, the reference), cuda "
      "(policy/model_device.h on the GPU of the local MPI rank: the forwards, the training "
-     "forward and backward; gradients are copied to the host for the all-reduce and AdamW, "
-     "weights uploaded after each step; image rows encoded on the CPU; dense MLA only), "
+     "forward and backward, AdamW unless the gradients are summed over MPI on the host; the "
+     "weights copied to the host after each step; image rows encoded on the CPU; dense MLA "
+     "only), "
      "or cpu-device (the device code over host memory, bit-identical to cpu: for tests)",
      0, 0, "cpu|cuda|cpu-device", 0, NULL},
     {"device-allreduce", ARL_OPT_CHOICE, OWN(device_allreduce), "auto",
@@ -873,6 +874,7 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
             l->rs_cap = st == ARL_OK ? need : 0;
         }
     }
+    if (st == ARL_OK) st = lr_optim_begin(l);
     for (int32_t m = 0; st == ARL_OK && m < M; m++) {
         const double tg0 = now_s();
         memset(l->grads.arena, 0, sizeof(float) * (size_t)l->grads.inv.arena_floats);
@@ -881,10 +883,9 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
         arl_loss_acc_init(&am);
         st = lr_grad_pass(l, &lpar, m, m == M - 1 && M > 1, &am);
         if (st == ARL_OK && l->grad_hook) l->grad_hook(l->grad_hook_ctx, l, m, &l->grads);
-        if (st == ARL_OK && (n_learners(l) > 1 || l->nccl)) st = lr_grads_allreduce(l);
         arl_optim_report rep;
         memset(&rep, 0, sizeof rep);
-        if (st == ARL_OK) st = arl_adamw_step(l->in.opt, l->in.params, l->grads.arena, &rep);
+        if (st == ARL_OK) st = lr_optim_step(l, &rep);
         if (st == ARL_OK && l->qb_on && l->n_moe > 0) {
             arl_router_scores *rs = NULL;
             st = qb_gather(l, &rs);
@@ -904,6 +905,11 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
             if (m == M - 1) acc_last = am;
         }
         t_grad += now_s() - tg0;
+    }
+
+    { /* the optimizer state back on the host (a failed update is reloaded anyway) */
+        arl_status se = lr_optim_end(l);
+        if (st == ARL_OK) st = se;
     }
 
     /* 6. controller */

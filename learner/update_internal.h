@@ -99,6 +99,10 @@ struct arl_learner {
                           nothing (learner/device.c) */
     int64_t *dpos0;    /* (N) their positions before it */
     float *gstage;     /* (weight floats) the device's gradients on their way to grads */
+    void *dstage;      /* (weight floats) DEVICE: the host's gradient on its way to the device's */
+    size_t dstage_token;
+    int dev_opt;       /* this update runs AdamW on the device (lr_optim_begin) */
+    int host_grads;    /* the host arena received a gradient in this pass (learner/media.c) */
     char numerics[16]; /* the tag of the learner's cached states (ARL_LEARNER_NUMERICS on cpu
                           and cpu-device, which are bit-identical; cuda-f32) */
 };
@@ -155,6 +159,15 @@ arl_status lr_backward(arl_learner *l, const arl_batch *b, const float *dlogp, f
 /* grads = their sum over the learner ranks: over NCCL on the GPUs (l->nccl), else
  * arl_dist_allreduce_f32. */
 arl_status lr_grads_allreduce(arl_learner *l);
+/* The optimizer step of a minibatch after its gradient pass: the all-reduce and AdamW.  On a
+ * device, between lr_optim_begin and lr_optim_end of an update, AdamW runs there when the
+ * gradient need not come to the host (one learner rank or NCCL, no grad hook): the host's part
+ * of the gradient (images) is added on the device, the moments stay there for the update
+ * (uploaded by lr_optim_begin, downloaded by lr_optim_end), the new weights are downloaded to
+ * the host parameters after each step.  Else arl_adamw_step on the host over l->grads. */
+arl_status lr_optim_begin(arl_learner *l);
+arl_status lr_optim_step(arl_learner *l, arl_optim_report *rep);
+arl_status lr_optim_end(arl_learner *l);
 arl_status lr_grads_begin(arl_learner *l);
 arl_status lr_grads_end(arl_learner *l);
 

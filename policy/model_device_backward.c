@@ -1694,3 +1694,12 @@ arl_status arl_model_dev_moments_download(const arl_model_dev_train *tr, float *
     if (vh) ARL_TRY(tr->m->ops->download(vh, tr->mom_v, bytes));
     return ARL_OK;
 }
+
+arl_status arl_model_dev_moments_upload(arl_model_dev_train *tr, const float *mh, const float *vh,
+                                        int64_t step) {
+    const size_t bytes = sizeof(float) * (size_t)tr->m->weight_floats;
+    ARL_TRY(tr->m->ops->upload(tr->mom_m, mh, bytes));
+    ARL_TRY(tr->m->ops->upload(tr->mom_v, vh, bytes));
+    tr->step = step;
+    return ARL_OK;
+}

@@ -207,5 +207,9 @@ arl_status arl_model_dev_train_step(arl_model_dev_train *tr, const arl_batch *b,
 arl_status arl_model_dev_grads_download(const arl_model_dev_train *tr, float *host);
 arl_status arl_model_dev_params_download(const arl_model_dev_train *tr, float *host);
 arl_status arl_model_dev_moments_download(const arl_model_dev_train *tr, float *m, float *v);
+/* The other way, with the optimizer's step count (a host optimizer's state, policy/optimizer.h
+ * arl_adamw: a resumed run's moments continue on the device). */
+arl_status arl_model_dev_moments_upload(arl_model_dev_train *tr, const float *m, const float *v,
+                                        int64_t step);
 
 #endif

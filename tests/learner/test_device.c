@@ -7,7 +7,8 @@
  *     timings, each segment's pi_old / reference / theta log-probs, and the minibatch loss a
  *     test's grad hook asks for (weights perturbed and restored); with the shared prompt prefix
  *     with prefix-refresh per_minibatch (start states recomputed at the current weights), and
- *     with activation checkpointing (layers recomputed in the backward, on both sides).
+ *     with activation checkpointing (layers recomputed in the backward, on both sides), and
+ *     without the hook, which lets the device run AdamW (moments on the device for the update).
  *   - refusals: block-sparse MLA on a device, an unknown device
  *     name, device-allreduce nccl off cuda (a clear error from arl_learner_create).
  *   - `test_learner_device cuda` (gpu; exit 77 without one): the same two updates on the GPU
@@ -17,7 +18,8 @@
  *     step differently by up to lr |g| / (|g| + eps) per step: the weights within 5% of the
  *     largest step of the four, the log-probs of the passes within 1e-3 nats, the loss,
  *     KL, entropy and gradient norm within 1e-3 relative; with the gradient all-reduce over a
- *     one-rank NCCL communicator (learner.device-allreduce nccl) the same bits as without.
+ *     one-rank NCCL communicator (learner.device-allreduce nccl) the same bits as without, AdamW
+ *     on the host (with the hook) and on the device (without).
  */
 #include <jansson.h>
 #include <math.h>
@@ -30,6 +32,7 @@ static char tmp[512], ckpt[600], ref_ckpt[600], db[600];
 static int64_t gids[2][8];
 static int64_t n_gids[2];
 static int cuda;
+static int g_hook = 1; /* the runs set the loss hook (which keeps AdamW on the host) */
 
 /* What a grad hook saw: the loss of minibatch mb at the weights with one entry moved (what a
  * finite-difference test does), the weights put back after. */
@@ -65,7 +68,7 @@ static void run_two(run *r, const char *dev, const lh_opts *base) {
     o.device = dev;
     L_DIE(lh_learner_try_open(&r->h, ckpt, ref_ckpt, 2, 6, NULL, &o), "learner");
     r->hook.w = &r->h.params;
-    arl_learner_set_grad_hook(r->h.l, loss_hook, &r->hook);
+    if (g_hook) arl_learner_set_grad_hook(r->h.l, loss_hook, &r->hook);
     for (int n = 0; n < 2; n++) {
         arl_update_source src = {.root = db, .group_ids = gids[n], .n_groups = n_gids[n]};
         replay_open_opts oo = {0};
@@ -157,13 +160,22 @@ static void compare(const lh_opts *o, const char *what) {
     arena_diff(a.h.opt.m.arena, b.h.opt.m.arena, NULL, nf, &dm, &ds);
     arena_diff(a.h.opt.v.arena, b.h.opt.v.arena, NULL, nf, &dv, &ds);
     const double dl = logprob_diff(a.h.l, b.h.l);
+    if (dw > 0) /* name the first tensor whose weights differ */
+        for (int64_t i = 0; i < a.h.params.inv.n; i++) {
+            const arl_param_tensor *t = &a.h.params.inv.t[i];
+            if (memcmp(a.h.params.arena + t->offset, b.h.params.arena + t->offset,
+                       sizeof(float) * (size_t)t->numel)) {
+                fprintf(stderr, "  first differing weights: %s\n", t->name);
+                break;
+            }
+        }
     fprintf(stderr,
             "  %s: weights moved up to %.3g; |cpu - %s|: weights %.3g, moments %.3g / %.3g, "
             "log-probs %.3g\n",
             what, step, cuda ? "cuda" : "cpu-device", dw, dm, dv, dl);
     CHECK(step > 0);
-    CHECK_EQ_INT(a.hook.n, 4); /* two minibatches per update */
-    CHECK_EQ_INT(b.hook.n, 4);
+    CHECK_EQ_INT(a.hook.n, g_hook ? 4 : 0); /* two minibatches per update */
+    CHECK_EQ_INT(b.hook.n, g_hook ? 4 : 0);
     CHECK(a.h.opt.step == 4 && b.h.opt.step == 4);
     if (!cuda) {
         CHECK(dw == 0 && dm == 0 && dv == 0 && dl == 0);
@@ -200,6 +212,14 @@ static void test_device_shared_prefix(void) {
     compare(&o, "shared prefix");
 }
 
+/* without a grad hook the device runs AdamW itself (moments kept there for the update) */
+static void test_device_adamw(void) {
+    lh_opts o = {0};
+    g_hook = 0;
+    compare(&o, "AdamW on the device");
+    g_hook = 1;
+}
+
 static void test_device_checkpointing(void) {
     lh_opts o = {.act_checkpoint = 1};
     compare(&o, "activation checkpointing");
@@ -218,14 +238,17 @@ static void test_device_nccl_one_rank(void) {
         return;
     }
     lh_opts o = {0}, on = {.allreduce = "nccl"};
-    run a, b;
-    run_two(&a, "cuda", &o);
-    run_two(&b, "cuda", &on);
-    const size_t bytes = sizeof(float) * (size_t)a.h.params.inv.arena_floats;
-    CHECK(!memcmp(a.h.params.arena, b.h.params.arena, bytes));
-    CHECK(!memcmp(a.h.opt.m.arena, b.h.opt.m.arena, bytes));
-    run_free(&a);
-    run_free(&b);
+    for (g_hook = 1; g_hook >= 0; g_hook--) { /* AdamW on the host, then on the device */
+        run a, b;
+        run_two(&a, "cuda", &o);
+        run_two(&b, "cuda", &on);
+        const size_t bytes = sizeof(float) * (size_t)a.h.params.inv.arena_floats;
+        CHECK(!memcmp(a.h.params.arena, b.h.params.arena, bytes));
+        CHECK(!memcmp(a.h.opt.m.arena, b.h.opt.m.arena, bytes));
+        run_free(&a);
+        run_free(&b);
+    }
+    g_hook = 1;
 }
 
 static void refused(const lh_opts *o, const char *needle) {
@@ -284,6 +307,7 @@ int main(int argc, char **argv) {
     TEST_RUN(test_device_shared_prefix);
     TEST_RUN(test_device_per_minibatch);
     TEST_RUN(test_device_checkpointing);
+    TEST_RUN(test_device_adamw);
     if (cuda) TEST_RUN(test_device_nccl_one_rank);
     return test_finish();
 }

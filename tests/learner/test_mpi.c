@@ -3,7 +3,10 @@
  * tiny model rolled out (group g of an update goes to learner g mod R; gradients are all-reduced
  * deterministically); then rank 0 runs the same updates alone, as one process with the same
  * global batch, and compares the parameters.  Also: every rank ends with bit-identical
- * parameters.  With one process (no mpirun) it checks the single-rank path against itself. */
+ * parameters.  With one process (no mpirun) it checks the single-rank path against itself.
+ * `test_learner_mpi cpu-device`: the distributed learners run on device cpu-device (the device
+ * code over host memory: gradients copied to the host, summed over MPI, AdamW on the host), and
+ * a second distributed run on the CPU must end with the same bits on every rank. */
 #include <math.h>
 
 #include "core/sha256.h"
@@ -62,18 +65,38 @@ int main(int argc, char **argv) {
     snprintf(ref, sizeof ref, "%s/ref", tmp);
     if (rank == 0) lh_make_ckpt(ref, 4);
     L_DIE(arl_dist_barrier(d->world), "barrier");
+    const char *device = argc > 1 ? argv[1] : "cpu";
     lh_learner a;
-    lh_learner_open(&a, ckpt, ref, 2, B * G, R > 1 ? d : NULL);
+    lh_opts lo = {.device = device};
+    L_DIE(lh_learner_try_open(&a, ckpt, ref, 2, B * G, R > 1 ? d : NULL, &lo), "learner");
     for (int n = 0; n < N_UPDATES; n++) {
         arl_update_source src = {.store = st, .root = db, .group_ids = gids + n * B, .n_groups = B};
         arl_update_result res;
         L_DIE(arl_learner_update(a.l, n, &src, 1, &res), "update (distributed)");
         if (rank == 0)
             fprintf(stderr,
-                    "  update %d on %d rank(s): loss %.6g, kl/k3 %.3g, grad norm %.4g, %.1f s\n", n,
-                    R, res.loss, lh_metric(res.metrics_json, "kl/k3"),
+                    "  update %d on %d rank(s), device %s: loss %.6g, kl/k3 %.3g, grad norm %.4g, "
+                    "%.1f s\n",
+                    n, R, device, res.loss, lh_metric(res.metrics_json, "kl/k3"),
                     lh_metric(res.metrics_json, "grad/norm/max"), res.seconds);
         free(res.metrics_json);
+    }
+    if (strcmp(device, "cpu")) { /* the same distributed run on the CPU: the same bits */
+        lh_learner c;
+        lh_learner_open(&c, ckpt, ref, 2, B * G, R > 1 ? d : NULL);
+        for (int n = 0; n < N_UPDATES; n++) {
+            arl_update_source src = {
+                .store = st, .root = db, .group_ids = gids + n * B, .n_groups = B};
+            arl_update_result res;
+            L_DIE(arl_learner_update(c.l, n, &src, 1, &res), "update (distributed, cpu)");
+            free(res.metrics_json);
+        }
+        const size_t bytes = sizeof(float) * (size_t)a.params.inv.arena_floats;
+        CHECK_MSG(!memcmp(a.params.arena, c.params.arena, bytes) &&
+                      !memcmp(a.opt.m_arena, c.opt.m_arena, bytes) &&
+                      !memcmp(a.opt.v_arena, c.opt.v_arena, bytes),
+                  "rank %d: device %s and cpu end with other weights or moments", rank, device);
+        lh_learner_close(&c);
     }
     /* every rank holds the same bits */
     const int64_t nf = a.params.inv.arena_floats;
