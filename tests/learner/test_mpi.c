@@ -26,6 +26,24 @@ static double l2diff(const float *a, const float *b, int64_t n) {
     return sqrt(s);
 }
 
+/* The N_UPDATES updates, update n over groups [nB, nB + B); each one's loss printed under the
+ * name `device` unless NULL. */
+static void run_updates(lh_learner *h, replay_store *st, const char *db, const int64_t *gids,
+                        const char *device, int R) {
+    for (int n = 0; n < N_UPDATES; n++) {
+        arl_update_source src = {.store = st, .root = db, .group_ids = gids + n * B, .n_groups = B};
+        arl_update_result res;
+        L_DIE(arl_learner_update(h->l, n, &src, 1, &res), "update");
+        if (device)
+            fprintf(stderr,
+                    "  update %d on %d rank(s), device %s: loss %.6g, kl/k3 %.3g, grad norm %.4g, "
+                    "%.1f s\n",
+                    n, R, device, res.loss, lh_metric(res.metrics_json, "kl/k3"),
+                    lh_metric(res.metrics_json, "grad/norm/max"), res.seconds);
+        free(res.metrics_json);
+    }
+}
+
 int main(int argc, char **argv) {
     arl_dist *d = NULL;
     L_DIE(arl_dist_init(&d, &argc, &argv), "dist init");
@@ -69,28 +87,11 @@ int main(int argc, char **argv) {
     lh_learner a;
     lh_opts lo = {.device = device};
     L_DIE(lh_learner_try_open(&a, ckpt, ref, 2, B * G, R > 1 ? d : NULL, &lo), "learner");
-    for (int n = 0; n < N_UPDATES; n++) {
-        arl_update_source src = {.store = st, .root = db, .group_ids = gids + n * B, .n_groups = B};
-        arl_update_result res;
-        L_DIE(arl_learner_update(a.l, n, &src, 1, &res), "update (distributed)");
-        if (rank == 0)
-            fprintf(stderr,
-                    "  update %d on %d rank(s), device %s: loss %.6g, kl/k3 %.3g, grad norm %.4g, "
-                    "%.1f s\n",
-                    n, R, device, res.loss, lh_metric(res.metrics_json, "kl/k3"),
-                    lh_metric(res.metrics_json, "grad/norm/max"), res.seconds);
-        free(res.metrics_json);
-    }
+    run_updates(&a, st, db, gids, rank == 0 ? device : NULL, R);
     if (strcmp(device, "cpu")) { /* the same distributed run on the CPU: the same bits */
         lh_learner c;
         lh_learner_open(&c, ckpt, ref, 2, B * G, R > 1 ? d : NULL);
-        for (int n = 0; n < N_UPDATES; n++) {
-            arl_update_source src = {
-                .store = st, .root = db, .group_ids = gids + n * B, .n_groups = B};
-            arl_update_result res;
-            L_DIE(arl_learner_update(c.l, n, &src, 1, &res), "update (distributed, cpu)");
-            free(res.metrics_json);
-        }
+        run_updates(&c, st, db, gids, NULL, R);
         const size_t bytes = sizeof(float) * (size_t)a.params.inv.arena_floats;
         CHECK_MSG(!memcmp(a.params.arena, c.params.arena, bytes) &&
                       !memcmp(a.opt.m_arena, c.opt.m_arena, bytes) &&
@@ -112,13 +113,7 @@ int main(int argc, char **argv) {
         /* one process, the same global batches */
         lh_learner b;
         lh_learner_open(&b, ckpt, ref, 2, B * G, NULL);
-        for (int n = 0; n < N_UPDATES; n++) {
-            arl_update_source src = {
-                .store = st, .root = db, .group_ids = gids + n * B, .n_groups = B};
-            arl_update_result res;
-            L_DIE(arl_learner_update(b.l, n, &src, 1, &res), "update (one process)");
-            free(res.metrics_json);
-        }
+        run_updates(&b, st, db, gids, NULL, 1);
         /* the change the updates made, and how far apart the two runs end */
         arl_model_params p0;
         L_DIE(arl_model_params_alloc(&p0, &b.cfg), "params");
