@@ -135,10 +135,10 @@ arl_status lr_dev_open(arl_learner *l) {
     if (s) return s;
     l->dev_w = l->in.params;
     l->dev_w_step = l->in.opt->step;
-    l->dpos0 = malloc(sizeof(int64_t) * (size_t)l->N);
     l->dev_cur = calloc((size_t)l->N, 1);
+    l->dev_ahead = calloc((size_t)l->N, 1);
     l->gstage = malloc(sizeof(float) * (size_t)l->md.weight_floats);
-    if (!l->dpos0 || !l->dev_cur || !l->gstage)
+    if (!l->dev_ahead || !l->dev_cur || !l->gstage)
         return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (device slots)");
     if (cuda) snprintf(l->numerics, sizeof l->numerics, "%s", "cuda-f32");
     return ARL_OK;
@@ -158,11 +158,11 @@ void lr_dev_close(arl_learner *l) {
     l->nccl = NULL;
     arl_cuda_close(l->ctx);
     l->ctx = NULL;
-    free(l->dpos0);
+    free(l->dev_ahead);
     free(l->dev_cur);
     free(l->gstage);
     l->gstage = NULL;
-    l->dpos0 = NULL;
+    l->dev_ahead = NULL;
     l->dev_cur = NULL;
 }
 
@@ -189,21 +189,48 @@ static uint8_t dev_owner(const arl_learner *l, const arl_decode_state *hs) {
     return hs == &l->pst ? DEV_PST : DEV_ST;
 }
 
+/* Device slot `slot` no longer mirrors anything (the host's state changed, or was dropped). */
+static void dev_forget(arl_learner *l, int32_t slot) {
+    if (!l->ops) return;
+    l->dev_cur[slot] = DEV_STALE;
+    l->dev_ahead[slot] = 0;
+}
+
 arl_status lr_slot_join(arl_learner *l, arl_decode_state *hs, int32_t *slot) {
     ARL_TRY(arl_decode_state_join(hs, slot));
-    if (l->ops) l->dev_cur[*slot] = DEV_STALE;
+    dev_forget(l, *slot);
     return ARL_OK;
+}
+
+void lr_slot_leave(arl_learner *l, arl_decode_state *hs, int32_t slot) {
+    if (l->ops && l->dev_cur[slot] == dev_owner(l, hs)) dev_forget(l, slot);
+    arl_decode_state_leave(hs, slot);
 }
 
 void lr_slot_reset(arl_learner *l, arl_decode_state *hs, int32_t slot) {
     arl_decode_state_reset(hs, slot);
-    if (l->ops) l->dev_cur[slot] = DEV_STALE;
+    dev_forget(l, slot);
 }
 
 arl_status lr_slot_import(arl_learner *l, arl_decode_state *hs, int32_t slot, const void *buf,
                           size_t len) {
-    if (l->ops) l->dev_cur[slot] = DEV_STALE;
+    dev_forget(l, slot);
     return arl_decode_state_import(hs, slot, buf, len);
+}
+
+int64_t lr_slot_pos(const arl_learner *l, const arl_decode_state *hs, int32_t slot) {
+    if (l->ops && l->dev_cur[slot] == dev_owner(l, hs) && l->dev_ahead[slot])
+        return arl_model_dev_slot_pos(&l->md, slot);
+    return arl_decode_state_position(hs, slot);
+}
+
+arl_status lr_slot_sync(arl_learner *l, arl_decode_state *hs, int32_t slot) {
+    if (!l->ops || l->dev_cur[slot] != dev_owner(l, hs) || !l->dev_ahead[slot]) return ARL_OK;
+    arl_status s =
+        arl_model_dev_slot_download(&l->md, slot, hs, slot, arl_decode_state_position(hs, slot));
+    if (s) return arl_error_prefix(s, "learner: a decode state from device %s", l->lc.device);
+    l->dev_ahead[slot] = 0;
+    return ARL_OK;
 }
 
 /* Device weights = w (host), uploaded unless they are there at this optimizer step. */
@@ -218,15 +245,17 @@ static arl_status dev_weights(arl_learner *l, const arl_model_params *w) {
 }
 
 /* Before a device forward over host slots slots[0..n) of hs (the same device slots): the
- * mirrors that do not hold them uploaded, their positions in l->dpos0. */
+ * mirrors that do not hold them uploaded (a state of the other host state that the device is
+ * ahead of is downloaded to it first; the passes never leave one behind, this is a guard). */
 static arl_status dev_slots_prepare(arl_learner *l, arl_decode_state *hs, const int32_t *slots,
                                     int32_t n) {
     const uint8_t own = dev_owner(l, hs);
     for (int32_t i = 0; i < n; i++) {
         const int32_t ds = slots[i];
-        l->dpos0[i] = arl_decode_state_position(hs, slots[i]);
         if (l->dev_cur[ds] == own) continue;
-        l->dev_cur[ds] = DEV_STALE;
+        if (l->dev_cur[ds] != DEV_STALE && l->dev_ahead[ds])
+            ARL_TRY(lr_slot_sync(l, l->dev_cur[ds] == DEV_PST ? &l->pst : &l->st, ds));
+        dev_forget(l, ds);
         arl_status s = arl_model_dev_slot_upload(&l->md, ds, hs, slots[i]);
         if (s) return arl_error_prefix(s, "learner: a decode state to device %s", l->lc.device);
         l->dev_cur[ds] = own;
@@ -234,17 +263,15 @@ static arl_status dev_slots_prepare(arl_learner *l, arl_decode_state *hs, const 
     return ARL_OK;
 }
 
-/* After a device forward (status fs): the advanced states back to the host (rows from the
- * positions before it on), or, after a failure, every mirror of the call stale. */
-static arl_status dev_slots_finish(arl_learner *l, arl_decode_state *hs, const int32_t *slots,
-                                   int32_t n, arl_status fs) {
-    for (int32_t i = 0; i < n; i++) {
-        if (fs == ARL_OK) {
-            arl_status s = arl_model_dev_slot_download(&l->md, slots[i], hs, slots[i], l->dpos0[i]);
-            if (s) fs = arl_error_prefix(s, "learner: a decode state from device %s", l->lc.device);
-        }
-        if (fs != ARL_OK) l->dev_cur[slots[i]] = DEV_STALE;
-    }
+/* After a device forward (status fs): the device is ahead of the host in these slots (their
+ * states come to the host when lr_slot_sync asks); after a failure their states are lost (the
+ * update fails). */
+static arl_status dev_slots_finish(arl_learner *l, const int32_t *slots, int32_t n, arl_status fs) {
+    for (int32_t i = 0; i < n; i++)
+        if (fs == ARL_OK)
+            l->dev_ahead[slots[i]] = 1;
+        else
+            dev_forget(l, slots[i]);
     return fs;
 }
 
@@ -254,7 +281,7 @@ arl_status lr_forward_state(arl_learner *l, arl_model *m, arl_decode_state *hs,
     ARL_TRY(dev_weights(l, m->w));
     ARL_TRY(dev_slots_prepare(l, hs, slots, b->N));
     arl_status s = arl_model_dev_forward_state(&l->md, slots, b, fo);
-    return dev_slots_finish(l, hs, slots, b->N, s);
+    return dev_slots_finish(l, slots, b->N, s);
 }
 
 arl_status lr_train_forward(arl_learner *l, const int32_t *slots, const arl_batch *b,
@@ -263,7 +290,7 @@ arl_status lr_train_forward(arl_learner *l, const int32_t *slots, const arl_batc
     ARL_TRY(dev_weights(l, l->in.params));
     ARL_TRY(dev_slots_prepare(l, &l->st, slots, b->N));
     arl_status s = arl_model_dev_train_forward_state(&l->mdt, b, slots, fo);
-    return dev_slots_finish(l, &l->st, slots, b->N, s);
+    return dev_slots_finish(l, slots, b->N, s);
 }
 
 arl_status lr_backward(arl_learner *l, const arl_batch *b, const float *dlogp, float *dmedia) {

@@ -381,7 +381,8 @@ static arl_status px_compute(arl_learner *l, arl_model *m, int mode, int need_al
             int32_t *slot = &l->traj_slot[b->segs[x->seg].traj];
             if (*slot < 0) continue;
             if (st == ARL_OK) {
-                const size_t sz = arl_decode_state_export_size(&l->pst, *slot);
+                st = lr_slot_sync(l, &l->pst, *slot);
+                const size_t sz = st ? 0 : arl_decode_state_export_size(&l->pst, *slot);
                 if (sz > x->cap) {
                     uint8_t *nb = realloc(x->buf, sz);
                     if (!nb)
@@ -396,7 +397,7 @@ static arl_status px_compute(arl_learner *l, arl_model *m, int mode, int need_al
                 x->kind = st == ARL_OK ? kind : LR_PX_NONE;
                 x->step = step;
             }
-            arl_decode_state_leave(&l->pst, *slot);
+            lr_slot_leave(l, &l->pst, *slot);
             *slot = -1;
         }
     }
@@ -409,7 +410,7 @@ static arl_status px_import(arl_learner *l, int32_t sg, int32_t slot) {
     const lr_px *x = &l->px[l->b.trajs[s->traj].group];
     ARL_ASSERT(x->seg >= 0 && x->len == s->shared_start && x->kind != LR_PX_NONE);
     ARL_TRY(lr_slot_import(l, &l->st, slot, x->buf, x->bytes));
-    ARL_ASSERT(arl_decode_state_position(&l->st, slot) == s->shared_start);
+    ARL_ASSERT(lr_slot_pos(l, &l->st, slot) == s->shared_start);
     return ARL_OK;
 }
 
@@ -428,6 +429,7 @@ static arl_status export_state(arl_learner *l, const arl_upd_seg *s, int32_t slo
     e.producer_learner = 1;
     e.routing_replay = replay;
     snprintf(e.numerics, sizeof e.numerics, "%s", l->numerics);
+    ARL_TRY(lr_slot_sync(l, &l->st, slot));
     ARL_TRY(arl_decode_state_export_alloc(&l->st, slot, &e.buf, &e.len));
     return arl_state_cache_put(&l->cache, &e);
 }
@@ -468,12 +470,12 @@ arl_status lr_score_pass(arl_learner *l, int which) {
                     if (w > 0) lr_slot_reset(l, &l->st, slot);
                     if (s->shared_start > 0) st = px_import(l, sg, slot);
                     if (st) break;
-                } else if (arl_decode_state_position(&l->st, slot) != s->ctx_start) {
+                } else if (lr_slot_pos(l, &l->st, slot) != s->ctx_start) {
                     st = arl_errorf(ARL_ERR_CORRUPT,
                                     "learner: trajectory %s segment %d starts at context position "
                                     "%lld, the pass is at %lld",
                                     t->row.traj_uid, (int)s->seg_index, (long long)s->ctx_start,
-                                    (long long)arl_decode_state_position(&l->st, slot));
+                                    (long long)lr_slot_pos(l, &l->st, slot));
                     break;
                 }
                 st = pieces_add(l, sg, mode && s->routes_ok && s->routes != NULL,
@@ -519,7 +521,7 @@ arl_status lr_score_pass(arl_learner *l, int which) {
         }
         for (int32_t i = c0; i < c1; i++)
             if (l->traj_slot[list[i]] >= 0) {
-                arl_decode_state_leave(&l->st, l->traj_slot[list[i]]);
+                lr_slot_leave(l, &l->st, l->traj_slot[list[i]]);
                 l->traj_slot[list[i]] = -1;
             }
     }
@@ -571,12 +573,12 @@ static arl_status recompute_prefix(arl_learner *l, int32_t sg, int32_t slot, int
     lr_slot_reset(l, &l->st, slot);
     for (int32_t j = f; j < sg; j++)
         ARL_TRY(feed_segment(l, j, slot, tokens));
-    if (arl_decode_state_position(&l->st, slot) != s->ctx_start)
+    if (lr_slot_pos(l, &l->st, slot) != s->ctx_start)
         return arl_errorf(ARL_ERR_CORRUPT,
                           "learner: trajectory %s segment %d starts at context position %lld, "
                           "its recomputed prefix ends at %lld",
                           t->row.traj_uid, (int)s->seg_index, (long long)s->ctx_start,
-                          (long long)arl_decode_state_position(&l->st, slot));
+                          (long long)lr_slot_pos(l, &l->st, slot));
     return ARL_OK;
 }
 
@@ -590,7 +592,7 @@ arl_status lr_start_state(arl_learner *l, int32_t sg, int32_t slot) {
     const int64_t need_step = l->lc.prefix_per_minibatch ? l->in.opt->step : -1;
     if (arl_state_entry_valid(e, l->numerics, l->update_n, l->lc.routing_replay, need_step)) {
         arl_status st = lr_slot_import(l, &l->st, slot, e->buf, e->len);
-        if (st == ARL_OK && arl_decode_state_position(&l->st, slot) == s->ctx_start) {
+        if (st == ARL_OK && lr_slot_pos(l, &l->st, slot) == s->ctx_start) {
             l->cnt.hits++;
             return ARL_OK;
         }
@@ -649,7 +651,7 @@ static arl_status drift_segment(arl_learner *l, int32_t sg) {
             }
         }
     }
-    arl_decode_state_leave(&l->st, slot);
+    lr_slot_leave(l, &l->st, slot);
     if (st == ARL_OK && cnt) {
         l->cnt.drift_sum += sum / (double)cnt;
         l->cnt.drift_n++;
@@ -775,7 +777,7 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
         for (int64_t q = p0; q < p1; q++) {
             const lr_piece *p = &l->pieces[q];
             if (p->last) {
-                arl_decode_state_leave(&l->st, l->seg_slot[p->seg]);
+                lr_slot_leave(l, &l->st, l->seg_slot[p->seg]);
                 l->seg_slot[p->seg] = -1;
             }
         }
@@ -797,7 +799,7 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
     /* release slots of an aborted call */
     for (int32_t i = 0; i < b->n_segs; i++)
         if (l->seg_slot[i] >= 0) {
-            arl_decode_state_leave(&l->st, l->seg_slot[i]);
+            lr_slot_leave(l, &l->st, l->seg_slot[i]);
             l->seg_slot[i] = -1;
         }
     return st;

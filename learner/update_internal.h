@@ -97,7 +97,8 @@ struct arl_learner {
     int64_t dev_w_step;            /* at this optimizer step */
     uint8_t *dev_cur;  /* (N) what device slot i mirrors: host slot i of st, of pst, or
                           nothing (learner/device.c) */
-    int64_t *dpos0;    /* (N) their positions before it */
+    uint8_t *dev_ahead; /* (N) 1: device slot i is ahead of the host slot it mirrors (the host's
+                           comes up to date at lr_slot_sync) */
     float *gstage;     /* (weight floats) the device's gradients on their way to grads */
     void *dstage;      /* (weight floats) DEVICE: the host's gradient on its way to the device's */
     size_t dstage_token;
@@ -135,8 +136,9 @@ typedef struct lr_px {
  * lr_dev_open after the CPU models exist (nothing on device cpu); lr_dev_close frees what it
  * made (also after a failed open).  lr_dev_enter / lr_dev_exit bracket every public entry that
  * runs the model (the learner's CUDA context current, the caller's restored).  The slot calls
- * are arl_decode_state_join / _reset / _import on host state hs (l->st or l->pst) that also
- * mark the device mirror stale.  lr_forward_state: arl_model_forward_state with model m (l->m
+ * are arl_decode_state_join / _leave / _reset / _import / _position on host state hs (l->st or
+ * l->pst) that also keep the device mirror's bookkeeping: on a device the host state of a slot
+ * is behind after a forward until lr_slot_sync (before an export) brings it up to date.  lr_forward_state: arl_model_forward_state with model m (l->m
  * or l->mref: its weights on a device); lr_train_forward / lr_backward: the training forward
  * from l->st's slots and its backward into l->grads (on a device: into the device gradients,
  * added to l->grads by lr_grads_end; lr_grads_begin zeroes them; image-row gradients into
@@ -151,6 +153,9 @@ arl_status lr_slot_join(arl_learner *l, arl_decode_state *hs, int32_t *slot);
 void lr_slot_reset(arl_learner *l, arl_decode_state *hs, int32_t slot);
 arl_status lr_slot_import(arl_learner *l, arl_decode_state *hs, int32_t slot, const void *buf,
                           size_t len);
+void lr_slot_leave(arl_learner *l, arl_decode_state *hs, int32_t slot);
+int64_t lr_slot_pos(const arl_learner *l, const arl_decode_state *hs, int32_t slot);
+arl_status lr_slot_sync(arl_learner *l, arl_decode_state *hs, int32_t slot);
 arl_status lr_forward_state(arl_learner *l, arl_model *m, arl_decode_state *hs,
                             const int32_t *slots, const arl_batch *b, const arl_forward_out *fo);
 arl_status lr_train_forward(arl_learner *l, const int32_t *slots, const arl_batch *b,
