@@ -67,8 +67,8 @@ static const arl_option rescore_tab[] = {
     {"mla-sparse-chunk", ARL_OPT_INT, offsetof(rescore_cli, sparse_chunk), "4096",
      "block-sparse MLA chunk length", 1, 1 << 24, NULL, 0, "N"},
     {"device", ARL_OPT_CHOICE, offsetof(rescore_cli, device), "cpu",
-     "where the checkpoint runs: cpu, cuda (a GPU; dense MLA; its saved states are tagged "
-     "cuda-f32) or cpu-device (the device code over host memory, bit-identical to cpu)",
+     "where the checkpoint runs: cpu, cuda (a GPU; dense or block-sparse MLA; its saved "
+     "states are tagged cuda-f32) or cpu-device (the device code over host memory, bit-identical to cpu)",
      0, 0, "cpu|cuda|cpu-device", 0, NULL},
     {"json", ARL_OPT_BOOL, offsetof(rescore_cli, json), NULL, "one JSON object per trajectory", 0,
      0, NULL, 0, NULL},

@@ -58,7 +58,7 @@ static const arl_option own_tab[] = {
      "(policy/model_device.h on the GPU of the local MPI rank: the forwards, the training "
      "forward and backward, AdamW unless the gradients are summed over MPI on the host; the "
      "weights copied to the host after each step; image rows encoded on the CPU; dense MLA "
-     "only), "
+     "only: block-sparse MLA trains on the CPU), "
      "or cpu-device (the device code over host memory, bit-identical to cpu: for tests)",
      0, 0, "cpu|cuda|cpu-device", 0, NULL},
     {"device-allreduce", ARL_OPT_CHOICE, OWN(device_allreduce), "auto",

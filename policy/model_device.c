@@ -30,6 +30,9 @@
 #include "policy/optimizer_internal.h"
 #include "policy/router.h"
 
+/* Queries of one document per absorbed-attention call (policy/mla_layer.c MLA_QBLOCK). */
+#define MLA_QBLOCK 16
+
 /* ======================= host ops ======================================================== */
 
 static const arl_k_backend *cpu_backend(void) {
@@ -80,6 +83,13 @@ static void cpu_absorbed_attn(float *ohat, const float *qhat, const float *q_pe,
                               int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
                               float scale, float *ws) {
     arl_mla_absorbed_attn(ohat, NULL, 0, qhat, q_pe, cache, pos0, Tq, Hm, rkv, r, scale, 0, 0, ws);
+}
+/* block-sparse MLA: the reference's own core (policy/mla.c), no selection mask */
+static void cpu_sparse_attn(float *ohat, const float *qhat, const float *q_pe, const float *cache,
+                            const float *means, int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv,
+                            int64_t r, float scale, int64_t n_c, int64_t k_c, float *ws) {
+    arl_mla_sparse_attn(ohat, NULL, 0, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r, scale, n_c,
+                        k_c, ws);
 }
 static void cpu_router_fwd(int32_t *sel, float *p, float *s, const float *x, const float *W_r,
                            const float *bias, const int32_t *forced, int64_t T, int64_t d,
@@ -266,6 +276,9 @@ static const arl_dev_ops cpu_ops = {
     .mla_abs_train_ws_floats = cpu_abs_train_ws,
     .mla_abs_fwd_save = arl_mla_absorbed_fwd_save,
     .mla_abs_bwd = arl_mla_absorbed_bwd,
+    .mla_chunk_means_update = arl_mla_chunk_means_update,
+    .mla_sparse_ws_floats = arl_mla_sparse_ws_floats,
+    .mla_sparse_attn = cpu_sparse_attn,
 };
 
 const arl_dev_ops *arl_dev_ops_cpu(void) {
@@ -392,19 +405,32 @@ static int64_t dev_layout(arl_model_dev *m, float *base) {
     int64_t nr = (dm->n_moe > 0 ? dm->n_moe : 1) * T * (dm->k > 0 ? dm->k : 1);
     m->routes = (int32_t *)take(&w, nr);
     m->forced = (int32_t *)take(&w, nr);
+    const int sparse = m->mla.sparse_topk > 0 && dm->n_mla > 0;
+    const int64_t R = dm->rkv + dm->r;
     if (m->n_slots > 0) {
-        const int64_t R = dm->rkv + dm->r, sn = dm->H * dm->dk * dm->dv;
+        const int64_t sn = dm->H * dm->dk * dm->dv;
         const int64_t tn = 3 * dm->P * (dm->W - 1);
         m->st_kda = take(&w, dm->n_kda * m->n_slots * (sn + tn));
         m->st_lat = take(&w, dm->n_mla * m->n_slots * m->max_context * R);
         m->kda_S = take(&w, (int64_t)N * sn);
         m->kda_tails = take(&w, (int64_t)N * tn);
         m->kda_tin = take(&w, (int64_t)N * dm->P * (dm->W - 1));
+        m->mla_ws = take(&w, m->ops->mla_absorbed_ws_floats(m->max_context, dm->rkv, dm->r));
+        m->pos_dev = (int64_t *)take(&w, 2 * (int64_t)N);
+    }
+    if (m->n_slots > 0 || sparse) {
         m->lat = take(&w, T * R);
         m->qhat = take(&w, T * dm->Hm * dm->rkv);
         m->ohat = take(&w, T * dm->Hm * dm->rkv);
-        m->mla_ws = take(&w, m->ops->mla_absorbed_ws_floats(m->max_context, dm->rkv, dm->r));
-        m->pos_dev = (int64_t *)take(&w, 2 * (int64_t)N);
+    }
+    if (sparse) { /* spec 4.5: chunk summaries of the slots and of a forward's fresh documents */
+        const int64_t n_c = m->mla.sparse_chunk;
+        m->means_rows = (m->max_context + n_c - 1) / n_c;
+        m->st_means = m->n_slots > 0 ? take(&w, dm->n_mla * m->n_slots * m->means_rows * R) : NULL;
+        m->fmeans = take(&w, (T / n_c + N + 1) * R); /* a document of len has len / n_c + 1 */
+        m->sparse_ws = take(&w, m->ops->mla_sparse_ws_floats(MLA_QBLOCK, dm->Hm, m->mla.max_rows,
+                                                             dm->rkv, dm->r, n_c,
+                                                             m->mla.sparse_topk));
     }
     kda_bufs kb;
     mla_bufs mb;
@@ -454,10 +480,16 @@ static arl_status dev_settings(arl_model_dev *m, const arl_dev_ops *ops,
                           "model (%s device): kda_chunk must be in [1, %lld], got "
                           "%lld",
                           ops->name, (long long)cmax, (long long)o.kda_chunk);
-    if (o.mla_sparse_topk != 0)
+    if (o.mla_sparse_topk < 0 || (o.mla_sparse_topk > 0 && o.mla_sparse_chunk < 1))
+        return arl_errorf(ARL_ERR_ARG,
+                          "model (%s device): mla_sparse_topk must be >= 0 and "
+                          "mla_sparse_chunk >= 1, got %lld and %lld",
+                          ops->name, (long long)o.mla_sparse_topk, (long long)o.mla_sparse_chunk);
+    if (o.mla_sparse_topk > 0 &&
+        (!ops->mla_chunk_means_update || !ops->mla_sparse_ws_floats || !ops->mla_sparse_attn))
         return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "model (%s device): block-sparse MLA "
-                          "(mla_sparse_topk = %lld) runs only on policy/model.h; use 0",
+                          "model (%s device): this device has no block-sparse MLA ops "
+                          "(mla_sparse_topk = %lld); use 0 or policy/model.h",
                           ops->name, (long long)o.mla_sparse_topk);
     if (o.max_docs > o.max_tokens) o.max_docs = (int32_t)o.max_tokens;
     if (o.max_context <= 0) o.max_context = cfg->text.max_position_embeddings;
@@ -473,9 +505,8 @@ static arl_status dev_settings(arl_model_dev *m, const arl_dev_ops *ops,
     m->cfg = cfg;
     m->dm = *dm;
     m->opts = o;
-    /* the CPU model's settings; the device path has no block-sparse MLA (dense selection) */
+    /* the CPU model's settings (block-sparse MLA included) */
     arl_model_layer_cfgs_make(cfg, &o, &m->eps, &m->act, &m->kda, &m->mla, &m->moe);
-    m->mla.sparse_topk = 0;
     m->n_blocks = dm->B > 0 ? (int32_t)((dm->L + dm->B - 1) / dm->B) : 0;
     arl_param_inventory inv;
     ARL_TRY(arl_param_inventory_build(cfg, &inv));
@@ -765,12 +796,17 @@ static void kda_fwd(arl_model_dev *m, const arl_kda_params *p, const run_docs *D
     lin(m, m->ybuf, B.q, p->o_proj, T, H * dv, d);
 }
 
-/* Queries of one document per absorbed-attention call (policy/mla_layer.c MLA_QBLOCK). */
-#define MLA_QBLOCK 16
+/* The kept chunk summaries of MLA layer l_mla of a slot (block-sparse MLA). */
+static float *slot_means(const arl_model_dev *m, int64_t l_mla, int32_t slot) {
+    const int64_t R = m->dm.rkv + m->dm.r;
+    return m->st_means + (l_mla * m->n_slots + slot) * m->means_rows * R;
+}
 
-/* policy/mla_layer.c arl_mla_layer_fwd, dense: the expanded form for fresh documents (and
- * for decode-state documents that all start at position 0), else the absorbed form over the
- * caches.  l_mla: index among MLA layers (for the slot caches). */
+/* policy/mla_layer.c arl_mla_layer_fwd_means: dense, the expanded form for fresh documents
+ * (and for decode-state documents that all start at position 0), else the absorbed form over
+ * the caches; block-sparse (spec 4.5), always the absorbed form with the chunk selection, over
+ * the slots' kept summaries (brought up to the new rows first) or, for fresh documents, over
+ * summaries of their rows made here.  l_mla: index among MLA layers (slot caches, summaries). */
 static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D, int64_t T,
                     int64_t l_mla) {
     const arl_dev_ops *ops = m->ops;
@@ -799,11 +835,15 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
     ops->copy_rows(B.k_pe, r, B.ckv + rkv, R, T, r);
     kb->rmsnorm_fwd(B.c, NULL, B.c, p->kv_a_norm, T, rkv, 1e-6f);
 
+    const int sparse = c->sparse_topk > 0;
+    const int64_t n_c = c->sparse_chunk;
     int fresh = 1;
-    if (D->slots) {
-        /* the new latent rows [c; k_pe] appended to every document's cache */
+    if (D->slots || sparse) { /* the new latent rows [c; k_pe] */
         ops->copy_rows(m->lat, R, B.c, rkv, T, rkv);
         ops->copy_rows(m->lat + rkv, R, B.k_pe, r, T, r);
+    }
+    if (D->slots) {
+        /* appended to every document's cache */
         for (int32_t i = 0; i < N; i++) {
             int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a, pos = m->st_pos[D->slots[i]];
             float *cache = m->st_lat + (l_mla * m->n_slots + D->slots[i]) * m->max_context * R;
@@ -815,9 +855,24 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
             fresh &= pos == 0;
         }
         if (D->dpos) fresh = 0;
+        if (sparse) { /* the kept summaries brought up to the new rows (the CPU's from = pos) */
+            ARL_ASSERT(!D->dpos); /* no graph capture of block-sparse steps */
+            for (int32_t i = 0; i < N; i++) {
+                int64_t len = D->cu_host[i + 1] - D->cu_host[i], pos = m->st_pos[D->slots[i]];
+                ops->mla_chunk_means_update(slot_means(m, l_mla, D->slots[i]), m->caches[i], pos,
+                                            pos + len, R, n_c);
+            }
+        }
+    } else if (sparse) { /* fresh documents: the summaries of their rows, once per call */
+        int64_t off = 0;
+        for (int32_t i = 0; i < N; i++) {
+            int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a;
+            ops->mla_chunk_means_update(m->fmeans + off, m->lat + a * R, 0, len, R, n_c);
+            off += (len / n_c + 1) * R;
+        }
     }
 
-    if (fresh) {
+    if (fresh && !sparse) {
         lin(m, B.kv, B.c, p->kv_b, T, rkv, Hm * (n + vm));
         ops->copy_rows(B.k_nope, n, B.kv, n + vm, T * Hm, n);
         ops->copy_rows(B.v, vm, B.kv + n, n + vm, T * Hm, vm);
@@ -828,8 +883,22 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
         for (int64_t h = 0; h < Hm; h++)
             kb->gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, rkv, n, 1.0f, B.q_nope + h * n, Hm * n,
                      p->kv_b + h * (n + vm) * rkv, rkv, 0.0f, m->qhat + h * rkv, Hm * rkv);
+        int64_t off = 0; /* fresh block-sparse documents: offset of their summaries */
         for (int32_t i = 0; i < N; i++) {
-            int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a, pos = m->st_pos[D->slots[i]];
+            int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a;
+            int64_t pos = D->slots ? m->st_pos[D->slots[i]] : 0;
+            if (sparse) {
+                const float *cache = D->slots ? m->caches[i] : m->lat + a * R;
+                const float *mn = D->slots ? slot_means(m, l_mla, D->slots[i]) : m->fmeans + off;
+                off += (len / n_c + 1) * R;
+                for (int64_t q0 = 0; q0 < len; q0 += MLA_QBLOCK) {
+                    int64_t nq = len - q0 < MLA_QBLOCK ? len - q0 : MLA_QBLOCK, t = a + q0;
+                    ops->mla_sparse_attn(m->ohat + t * Hm * rkv, m->qhat + t * Hm * rkv,
+                                         B.q_pe + t * Hm * r, cache, mn, pos + q0, nq, Hm, rkv, r,
+                                         scale, n_c, c->sparse_topk, m->sparse_ws);
+                }
+                continue;
+            }
             if (D->dpos) { /* one token per document (decode step) */
                 ARL_ASSERT(len == 1);
                 ops->mla_absorbed_attn_dpos(m->ohat + a * Hm * rkv, m->qhat + a * Hm * rkv,
@@ -1162,6 +1231,8 @@ arl_status arl_model_dev_slot_reset(arl_model_dev *m, int32_t slot) {
     const int64_t sn = dm->H * dm->dk * dm->dv, tn = 3 * dm->P * (dm->W - 1);
     for (int64_t j = 0; j < dm->n_kda; j++)
         m->kb->fill(m->st_kda + (j * m->n_slots + slot) * (sn + tn), 0.0f, sn + tn);
+    for (int64_t j = 0; m->st_means && j < dm->n_mla; j++) /* no summaries (none are read) */
+        m->kb->fill(slot_means(m, j, slot), 0.0f, m->means_rows * (dm->rkv + dm->r));
     m->st_pos[slot] = 0;
     return ARL_OK;
 }
@@ -1226,8 +1297,9 @@ arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int
     arl_batch b = {.tokens = tokens, .T = n, .cu = cu, .N = n};
     arl_forward_out o = {.logits = logits, .routes = routes};
     /* a graph replays only when every slot continues (position > 0): the fresh form of MLA
-     * would be another sequence of ops */
-    int graph_ok = m->dopts.decode_graphs;
+     * would be another sequence of ops; block-sparse steps are never captured (the summaries'
+     * update and the selection read positions on the host) */
+    int graph_ok = m->dopts.decode_graphs && !m->st_means;
     for (int32_t i = 0; i < n && graph_ok; i++)
         graph_ok = slots[i] >= 0 && slots[i] < m->n_slots && m->st_pos[slots[i]] > 0;
     return dev_run(m, &b, slots, &o, graph_ok);
@@ -1322,9 +1394,13 @@ arl_status arl_model_dev_slot_upload(arl_model_dev *m, int32_t slot, const arl_d
         ARL_TRY(m->ops->upload(dst, h->kda_S + j * sn, sizeof(float) * (size_t)sn));
         ARL_TRY(m->ops->upload(dst + sn, h->kda_conv + j * tn, sizeof(float) * (size_t)tn));
     }
-    for (int64_t j = 0; j < dm->n_mla && pos > 0; j++)
-        ARL_TRY(m->ops->upload(m->st_lat + (j * m->n_slots + slot) * m->max_context * R,
-                               h->latent[j], sizeof(float) * (size_t)(pos * R)));
+    for (int64_t j = 0; j < dm->n_mla && pos > 0; j++) {
+        float *cache = m->st_lat + (j * m->n_slots + slot) * m->max_context * R;
+        ARL_TRY(m->ops->upload(cache, h->latent[j], sizeof(float) * (size_t)(pos * R)));
+        if (m->st_means) /* block-sparse: the summaries of the uploaded rows (spec 4.5) */
+            m->ops->mla_chunk_means_update(slot_means(m, j, slot), cache, 0, pos, R,
+                                           m->mla.sparse_chunk);
+    }
     m->st_pos[slot] = pos;
     return ARL_OK;
 }

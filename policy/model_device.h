@@ -23,7 +23,13 @@
  * and place them at the <|media_pad|> rows as policy/model.c does; the training step does not.
  * A slot's state moves to and from a host arl_decode_state (policy/state.h) with
  * arl_model_dev_slot_download / _upload, which is how it is exported, cached and imported.
- * What this is not (yet): block-sparse MLA (policy/model.h only).
+ * Block-sparse MLA (spec 4.5, opts mla_sparse_topk > 0): every MLA layer runs the absorbed
+ * form with the chunk selection, as policy/mla_layer.c does: fresh documents over their own
+ * chunk summaries (made once per forward), decode slots over summaries kept beside their
+ * latent rows on the device (st_means), brought up to date by every forward and recomputed
+ * from the rows by arl_model_dev_slot_upload.  Inference only: the training step
+ * (policy/model_device_backward.h) refuses a block-sparse model; decode steps of a block-sparse
+ * model are never captured as CUDA graphs (they run op by op, same bits).
  *
  * Symbols: T tokens of a batch, N documents, d width, V vocabulary, L layers, E experts,
  * k experts per token, H KDA heads, dk = dv, P = H*dk, Hm MLA heads, dz latent width,
@@ -223,6 +229,24 @@ typedef struct arl_dev_ops {
                         const float *ohat, const float *lse, const float *qhat, const float *q_pe,
                         const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
                         int64_t r, float scale, float *ws);
+
+    /* ---- block-sparse MLA inference (spec 4.5; policy/mla.h); NULL where the device lacks
+     * them (a model with mla_sparse_topk > 0 then answers ARL_ERR_UNSUPPORTED at init) ---- */
+    /* arl_mla_chunk_means_update: the summaries means (ceil(to / n_c), R) of cache (to, R)
+     * brought from `from` rows to `to` rows (complete chunks: fp32 means; the open chunk: the
+     * running sum) */
+    void (*mla_chunk_means_update)(float *means, const float *cache, int64_t from, int64_t to,
+                                   int64_t R, int64_t n_c);
+    /* arl_mla_sparse_attn (no selection mask): Tq queries at positions pos0.. of one sequence
+     * over its cache rows (pos0 + Tq, rkv + r) and their summaries means (as
+     * mla_chunk_means_update leaves them for those rows); k_c >= 1.  qhat, ohat (Tq, Hm, rkv),
+     * q_pe (Tq, Hm, r).  ws: mla_sparse_ws_floats(Tq_max >= Tq, Hm, S >= pos0 + Tq, ...)
+     * floats. */
+    int64_t (*mla_sparse_ws_floats)(int64_t Tq_max, int64_t Hm, int64_t S, int64_t rkv, int64_t r,
+                                    int64_t n_c, int64_t k_c);
+    void (*mla_sparse_attn)(float *ohat, const float *qhat, const float *q_pe, const float *cache,
+                            const float *means, int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv,
+                            int64_t r, float scale, int64_t n_c, int64_t k_c, float *ws);
 } arl_dev_ops;
 
 /* The host ops (static table, never NULL). */
@@ -301,9 +325,14 @@ typedef struct arl_model_dev {
     float *kda_S;          /* (N, H, dk, dv) gathered states */
     float *kda_tails;      /* (N, 3, P, W-1) gathered conv tails */
     float *kda_tin;        /* (N, P, W-1) the tails of one projection */
-    float *lat;            /* (T, rkv + r) new latent rows */
-    float *qhat, *ohat;    /* (T, Hm, rkv) absorbed MLA */
+    float *lat;            /* (T, rkv + r) new latent rows (slots or block-sparse) */
+    float *qhat, *ohat;    /* (T, Hm, rkv) absorbed MLA (slots or block-sparse) */
     float *mla_ws;         /* absorbed attention work buffer */
+    /* block-sparse MLA (mla.sparse_topk > 0; else NULL) */
+    int64_t means_rows;    /* ceil(max_context / n_c): summary rows per slot and MLA layer */
+    float *st_means;       /* (n_mla, n_slots, means_rows, rkv + r) chunk summaries of st_lat */
+    float *fmeans;         /* (T / n_c + N + 1, rkv + r) summaries of a forward's fresh docs */
+    float *sparse_ws;      /* mla_sparse_ws_floats(16, Hm, mla.max_rows, ...) floats */
     float **caches;        /* (N) host: cache of each document in one MLA layer; owned */
     int32_t *cu_host1;     /* (N + 1) host: boundaries of a one-token-per-document step; owned */
     int64_t *pos_dev;      /* (N) device: positions of a graph step's documents */
@@ -318,7 +347,8 @@ typedef struct arl_model_dev {
 
 /* Model over cfg (borrowed) on the device of ops, with the weights of host_w (fp32 host
  * parameters of the same config) uploaded once.  opts NULL = the defaults of
- * arl_model_opts_default; mla_sparse_topk must be 0 and kda_chunk <= 64 on "cuda".
+ * arl_model_opts_default; kda_chunk <= 64 on "cuda"; mla_sparse_topk > 0 (with
+ * mla_sparse_chunk >= 1) selects block-sparse MLA (spec 4.5) as in policy/model.h.
  * dopts NULL = no decode slots, fp32 weights (arl_model_dev_opts); slots hold
  * opts->max_context rows (0: max_position_embeddings), every slot empty (position 0).
  * ARL_ERR_NOMEM names the bytes (for "cuda": the context's arena is too small; open the
@@ -395,8 +425,9 @@ arl_status arl_model_dev_rows_logits(arl_model_dev *m, int32_t n, const int64_t 
 arl_status arl_model_dev_slot_download(arl_model_dev *m, int32_t slot, arl_decode_state *st,
                                        int32_t hslot, int64_t row0);
 /* Host slot `hslot` (active) of st -> device slot `slot`: states, conv tails, every latent row
- * and the position (an imported export, a resumed or forked sequence).  ARL_ERR_RANGE when the
- * host position exceeds the device's max_context. */
+ * and the position (an imported export, a resumed or forked sequence); with block-sparse MLA
+ * the slot's chunk summaries are recomputed on the device from the uploaded rows (the host's
+ * are not read).  ARL_ERR_RANGE when the host position exceeds the device's max_context. */
 arl_status arl_model_dev_slot_upload(arl_model_dev *m, int32_t slot, const arl_decode_state *st,
                                      int32_t hslot);
 

@@ -454,6 +454,12 @@ arl_status arl_model_dev_train_init(arl_model_dev_train *tr, arl_model_dev *m,
                           "training (%s device): this device has no training ops; train on "
                           "policy/model_backward.h",
                           ops->name);
+    if (m->mla.sparse_topk > 0 && m->dm.n_mla > 0)
+        return arl_errorf(ARL_ERR_UNSUPPORTED,
+                          "training (%s device): block-sparse MLA (mla_sparse_topk = %lld) is "
+                          "inference-only on a device; train on policy/model_backward.h or "
+                          "with mla_sparse_topk 0",
+                          ops->name, (long long)m->mla.sparse_topk);
     ARL_TRY(arl_optim_config_check(oc));
     tr->m = m;
     tr->ocfg = *oc;

@@ -1,10 +1,11 @@
 /* policy/model_device_cuda.c: the "cuda" ops table of policy/model_device.h - thin wrappers
- * of kernels/cuda/ (ops.h, model.cu, train.cu) on the current CUDA context, plus the routed
- * experts as a routing plan, one gather, three grouped GEMMs (all experts per launch) and a
- * combine (spec 7.2), and their training forward and backward the same way (grouped GEMMs for
- * the input gradients, grouped weight-gradient GEMMs).  Compiled in every build: without CUDA the
- * entry points are the stubs of kernels/cuda/stub/, which cannot be reached because no context can
- * be opened (arl_dev_ops_get fails first with ARL_ERR_UNSUPPORTED). */
+ * of kernels/cuda/ (ops.h, model.cu, train.cu, segment.cu, sparse.cu) on the current CUDA
+ * context, plus the routed experts as a routing plan, one gather, three grouped GEMMs (all
+ * experts per launch) and a combine (spec 7.2), and their training forward and backward the same
+ * way (grouped GEMMs for the input gradients, grouped weight-gradient GEMMs).  Compiled in every
+ * build: without CUDA the entry points are the stubs of kernels/cuda/stub/, which cannot be
+ * reached because no context can be opened (arl_dev_ops_get fails first with
+ * ARL_ERR_UNSUPPORTED). */
 #include <string.h>
 
 #include "core/assert.h"
@@ -356,6 +357,9 @@ static const arl_dev_ops cuda_ops = {
     .mla_abs_train_ws_floats = arl_cuda_mla_abs_train_ws_floats,
     .mla_abs_fwd_save = arl_cuda_mla_abs_fwd_save,
     .mla_abs_bwd = arl_cuda_mla_abs_bwd,
+    .mla_chunk_means_update = arl_cuda_mla_chunk_means_update,
+    .mla_sparse_ws_floats = arl_cuda_mla_sparse_ws_floats,
+    .mla_sparse_attn = arl_cuda_mla_sparse_attn,
 };
 
 const arl_dev_ops *arl_dev_ops_cuda(void) {

@@ -99,8 +99,8 @@ const arl_option arl_rollout_options[] = {
     {"device", ARL_OPT_CHOICE, F(device), "cpu",
      "where the policy runs: cpu (policy/model.h, the reference), cuda (policy/model_device.h "
      "on GPU 0: slots' states on the device, copied to the host at segment boundaries; dense "
-     "MLA only; image rows are encoded on the CPU), or cpu-device (the device code over host "
-     "memory, bit-identical to cpu: for tests)",
+     "or block-sparse MLA; image rows are encoded on the CPU), or cpu-device (the device code "
+     "over host memory, bit-identical to cpu: for tests)",
      0, 0, "cpu|cuda|cpu-device", 0, NULL},
     {"device-bf16", ARL_OPT_BOOL, F(device_bf16), "false",
      "device cuda: run the weight GEMMs on bf16 copies of the weights (fp32 accumulation; "

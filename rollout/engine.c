@@ -112,17 +112,11 @@ arl_status ro_engine_open(ro_engine *e, const char *ckpt_dir, int64_t version,
     mo.max_context = o->max_context;
     mo.mla_sparse_topk = o->sparse_topk;
     mo.mla_sparse_chunk = o->sparse_chunk;
-    if (o->device) {
-        if (o->sparse_topk > 0)
-            return arl_errorf(ARL_ERR_UNSUPPORTED,
-                              "rollout: block-sparse MLA (mla-sparse-topk %lld) runs on the CPU "
-                              "reference path only; use device cpu or mla-sparse-topk 0",
-                              (long long)o->sparse_topk);
+    if (o->device) { /* block-sparse MLA (mo.mla_sparse_topk > 0) included */
         if (o->bf16_weights && strcmp(o->device, "cuda"))
             return arl_errorf(ARL_ERR_ARG, "rollout: bf16 weights exist only on device cuda");
         if (o->decode_graphs && strcmp(o->device, "cuda"))
             return arl_errorf(ARL_ERR_ARG, "rollout: CUDA graphs exist only on device cuda");
-        mo.mla_sparse_topk = 0;
         arl_model_dev_opts dopts = {.n_slots = o->n_slots, .bf16_weights = o->bf16_weights,
                                     .decode_graphs = o->decode_graphs};
         /* the model's block plus the context's own part (cuBLAS workspace, tables) */

@@ -66,8 +66,9 @@ typedef struct arl_rollout_rescore_opts {
     int64_t sparse_topk;  /* block-sparse MLA as the rollout ran it (0: dense) */
     int64_t sparse_chunk; /* its chunk length (0: 4096) */
     const char *device;   /* NULL or "cpu": policy/model.h; "cuda" (GPU) or "cpu-device" (the
-                             device code over host memory) as rollout.device: policy/model_device.h,
-                             dense MLA only; its states carry the engine's numerics tag */
+                             device code over host memory) as rollout.device: policy/model_device.h
+                             (dense or block-sparse MLA); its states carry the engine's numerics
+                             tag */
 } arl_rollout_rescore_opts;
 
 typedef struct arl_rollout_rescore_stats {

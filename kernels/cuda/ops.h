@@ -117,8 +117,9 @@ void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *
                            const float *v, const int32_t *cu, int32_t N, int64_t T, int64_t Hm,
                            int64_t n, int64_t r, int64_t vm, float scale, float *ws);
 
-/* arl_mla_absorbed_attn on the device, dense only (the block-sparse selection of 4.5 stays on
- * the CPU): query i attends to cache rows s <= pos0 + i.  rkv + r <= 1024, rkv <= 512. */
+/* arl_mla_absorbed_attn on the device, dense (the block-sparse selection of 4.5 is
+ * arl_cuda_mla_sparse_attn below): query i attends to cache rows s <= pos0 + i.
+ * rkv + r <= 1024, rkv <= 512. */
 void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const float *q_pe,
                                 const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
                                 int64_t rkv, int64_t r, float scale);
@@ -309,6 +310,30 @@ void arl_cuda_mla_abs_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefi
                           const float *dohat, const float *ohat, const float *lse,
                           const float *qhat, const float *q_pe, const float *rows, int64_t p0,
                           int64_t Tq, int64_t Hm, int64_t rkv, int64_t r, float scale, float *ws);
+
+/* ======================= block-sparse MLA inference (kernels/cuda/sparse.cu) ============== */
+
+/* arl_mla_chunk_means_update (policy/mla.h) on the device: means (ceil(to / n_c), R) of cache
+ * (to, R) brought from `from` to `to` rows; one thread per (chunk, column) adds the chunk's new
+ * rows in row order to its running sum (0 at a chunk start) and divides a chunk completed here
+ * by n_c once: the CPU's operations in the CPU's order, so the same bits. */
+void arl_cuda_mla_chunk_means_update(float *means, const float *cache, int64_t from, int64_t to,
+                                     int64_t R, int64_t n_c);
+
+/* arl_mla_sparse_attn (policy/mla.h, spec 4.5) on the device, without the selection mask:
+ * query i (position t = pos0 + i, own chunk J = t / n_c) and head h attend to the rows s <= t
+ * of the chunks Sel = {the k_c complete chunks j < J with the largest [qhat; q_pe] . means_j,
+ * ties to the lower j} U {J}; every chunk when J <= k_c (then exactly the dense rows 0..t).
+ * One warp per (query, head): sigma and the selection (the CPU's insertion rule) into ws, then
+ * one online-softmax pass over the selected rows in increasing order.  fp32, fixed order.
+ * rkv <= 512, rkv + r <= 1024.  ws: arl_cuda_mla_sparse_ws_floats(Tq_max >= Tq, Hm,
+ * S >= pos0 + Tq, ...) floats. */
+int64_t arl_cuda_mla_sparse_ws_floats(int64_t Tq_max, int64_t Hm, int64_t S, int64_t rkv,
+                                      int64_t r, int64_t n_c, int64_t k_c);
+void arl_cuda_mla_sparse_attn(float *ohat, const float *qhat, const float *q_pe,
+                              const float *cache, const float *means, int64_t pos0, int64_t Tq,
+                              int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                              int64_t k_c, float *ws);
 
 #ifdef __cplusplus
 }

@@ -13,9 +13,12 @@
  *     from the cached state (imported into the device slot), and the finished trajectory
  *     re-scores (reference engine) to its behaviour log-probabilities (< 1e-3 nats, as
  *     tests/rollout/helpers.h explains);
+ *   - block-sparse MLA (mla-sparse-topk 2, chunks of 16 rows: trajectories of many chunks) on
+ *     cpu-device: the same rollout as cpu with the same settings, bit for bit, and its replay
+ *     rescore from the cached states (imported into the device slots, whose chunk summaries are
+ *     recomputed there) identical to the reference's;
  *   - refusals before anything is written: device cuda in a build or on a machine without a GPU
- *     (the error names the device), block-sparse MLA on a device, bf16 weights or CUDA graphs
- *     off cuda;
+ *     (the error names the device), bf16 weights or CUDA graphs off cuda;
  *   - `test_rollout_device cuda` (gpu; exit 77 without one): the calculator rollout on the GPU
  *     re-scores on the CPU within 1e-3 nats and its states are tagged cuda-f32; with
  *     device-graphs (decode steps replayed as CUDA graphs) the store is the same bit for bit.
@@ -136,6 +139,69 @@ static void test_calculator_bit_identical(void) {
     fprintf(stderr, "  calculator: 4 trajectories and %lld stored states identical\n",
             (long long)states);
     CHECK(states >= 4);
+    replay_store_close(ref);
+    replay_store_close(dev);
+    arl_rollout_config_free(&c);
+}
+
+/* Block-sparse MLA: the calculator with continue boundaries, cpu-device against cpu. */
+static void test_calculator_sparse_bit_identical(void) {
+    arl_rollout_config c;
+    h_config(&c, "calculator");
+    c.tasks = 1;
+    c.observation_tokens = 576;
+    c.segment_tokens = 600;
+    h_set(&c, "state-cache", "all");
+    h_set(&c, "mla-sparse-topk", "2");
+    h_set(&c, "mla-sparse-chunk", "16");
+    replay_store *ref = run_into("calc-sparse-ref", &c);
+    h_set(&c, "device", "cpu-device");
+    replay_store *dev = run_into("calc-sparse-dev", &c);
+    const char *uids[] = {"rollout/g000000/r0", "rollout/g000000/r1"};
+    int64_t states = 0;
+    for (int i = 0; i < 2; i++)
+        states += compare_traj(ref, dev, uids[i], "cpu-f32");
+    fprintf(stderr, "  calculator, block-sparse MLA: 2 trajectories and %lld stored states "
+                    "identical\n",
+            (long long)states);
+    CHECK(states >= 2);
+    /* replay rescore with the rollout's sparse setting: segments start from its cached states
+     * (uploaded into the device slot, the summaries recomputed there), identical on cpu-device */
+    arl_rollout_rescore_opts ro = {.ckpt_dir = ckpt, .version = ARL_ROLLOUT_RESCORE_VERSION_AUTO,
+                                   .sparse_topk = 2, .sparse_chunk = 16};
+    arl_rollout_rescore_stats sa, sb;
+    float *la = NULL, *lb = NULL;
+    size_t nla = 0, nlb = 0;
+    H_DIE(arl_rollout_rescore(ref, uids[0], &ro, &sa, &la, NULL, &nla), "rescore sparse cpu");
+    ro.device = "cpu-device";
+    H_DIE(arl_rollout_rescore(ref, uids[0], &ro, &sb, &lb, NULL, &nlb), "rescore sparse dev");
+    CHECK(sa.from_state > 0 && sa.from_state == sb.from_state);
+    CHECK(nla > 0 && nla == nlb && !memcmp(la, lb, sizeof(float) * nla));
+    CHECK_MSG(sa.max_abs < 1e-3, "sparse rescore max |diff| %g", sa.max_abs);
+    free(la);
+    free(lb);
+    /* the sparse setting is used: the dense rollout of the same task (test_calculator_bit_
+     * identical's store, when it ran) has other log-probabilities */
+    char db[700];
+    snprintf(db, sizeof db, "%s/calc-ref", tmp);
+    if (access(db, F_OK) == 0) {
+        replay_store *dense = h_store(db);
+        replay_traj_row ra, rb;
+        H_DIE(replay_traj_get(ref, uids[0], &ra), "traj sparse");
+        H_DIE(replay_traj_get(dense, uids[0], &rb), "traj dense");
+        replay_seg_data da, db_;
+        memset(&da, 0, sizeof da);
+        memset(&db_, 0, sizeof db_);
+        H_DIE(replay_segment_load(ref, ra.traj_id, 0, REPLAY_LOAD_TOKENS, &da), "load sparse");
+        H_DIE(replay_segment_load(dense, rb.traj_id, 0, REPLAY_LOAD_TOKENS, &db_), "load dense");
+        const int64_t T = da.ref.n_tokens < db_.ref.n_tokens ? da.ref.n_tokens : db_.ref.n_tokens;
+        CHECK(T > 0);
+        CHECK_MSG(memcmp(da.logprobs, db_.logprobs, sizeof(float) * (size_t)T) != 0,
+                  "block-sparse and dense rollouts have the same log-probabilities");
+        replay_seg_data_free(&da);
+        replay_seg_data_free(&db_);
+        replay_store_close(dense);
+    }
     replay_store_close(ref);
     replay_store_close(dev);
     arl_rollout_config_free(&c);
@@ -292,10 +358,6 @@ static void test_refusals(void) {
     arl_rollout_config c;
     h_config(&c, "calculator");
     h_set(&c, "device", "cpu-device");
-    h_set(&c, "mla-sparse-topk", "2");
-    h_set(&c, "mla-sparse-chunk", "16");
-    expect_refusal(&c, "refuse-sparse", ARL_ERR_UNSUPPORTED, "block-sparse MLA");
-    h_set(&c, "mla-sparse-topk", "0");
     h_set(&c, "device-bf16", "true");
     expect_refusal(&c, "refuse-bf16", ARL_ERR_ARG, "bf16 weights");
     h_set(&c, "device-bf16", "false");
@@ -391,6 +453,7 @@ int main(int argc, char **argv) {
         TEST_RUN(test_cuda_rollout);
     } else {
         TEST_RUN(test_calculator_bit_identical);
+        TEST_RUN(test_calculator_sparse_bit_identical);
         TEST_RUN(test_rescore_on_device);
         TEST_RUN(test_images_bit_identical);
         TEST_RUN(test_resume_from_cached_state);

@@ -57,7 +57,8 @@ rc=0
 # machine) one whole training step of policy/model_device_backward.c, fp32;
 # test_model_train_state (not in the default list either) one segment of 28 tokens trained from
 # decode states (policy/model_device_backward.c arl_model_dev_train_forward_state and the state
-# gradients), fp32.
+# gradients), fp32; test_model_sparse (not in the default list) block-sparse MLA in the device
+# model's inference paths, fp32.
 for t in ${EMU_TESTS:-test_ops test_model_ops test_train_ops test_model_device}; do
     gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/cuda/$t.c" -o "$work/$t.o"
     g++ $flags -o "$work/$t" "$work/$t.o" "$work/golden.o" $objs "$work/emu_rt.o" $libs $extra \
@@ -67,6 +68,7 @@ for t in ${EMU_TESTS:-test_ops test_model_ops test_train_ops test_model_device};
     [ "$t" = test_model_device ] && arg=cuda-emu
     [ "$t" = test_model_train ] && arg=cuda-emu
     [ "$t" = test_model_train_state ] && arg=cuda-emu
+    [ "$t" = test_model_sparse ] && arg=cuda-emu
     "$work/$t" $arg || rc=1
 done
 exit $rc

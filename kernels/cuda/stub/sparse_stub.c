@@ -1,0 +1,30 @@
+/* kernels/cuda/stub/sparse_stub.c: the block-sparse MLA ops of kernels/cuda/sparse.cu in a
+ * build without CUDA.  They cannot be reached (no context can exist), so a call is a programmer
+ * error (ARL_ASSERT), as for the other device ops (kernels/cuda/stub/segment_stub.c); the
+ * work-buffer size is plain arithmetic and answers as the CUDA build does. */
+#include <stdint.h>
+
+#include "core/assert.h"
+#include "kernels/cuda/ops.h"
+
+#define NO_CTX ARL_ASSERT(!"CUDA op called in a build without CUDA (no context can exist)")
+
+void arl_cuda_mla_chunk_means_update(float *means, const float *cache, int64_t from, int64_t to,
+                                     int64_t R, int64_t n_c) {
+    (void)means, (void)cache, (void)from, (void)to, (void)R, (void)n_c;
+    NO_CTX;
+}
+int64_t arl_cuda_mla_sparse_ws_floats(int64_t Tq_max, int64_t Hm, int64_t S, int64_t rkv,
+                                      int64_t r, int64_t n_c, int64_t k_c) {
+    (void)rkv, (void)r;
+    ARL_ASSERT(n_c >= 1 && k_c >= 1);
+    return Tq_max * Hm * (S / n_c + 1 + k_c); /* kernels/cuda/sparse.cu */
+}
+void arl_cuda_mla_sparse_attn(float *ohat, const float *qhat, const float *q_pe,
+                              const float *cache, const float *means, int64_t pos0, int64_t Tq,
+                              int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                              int64_t k_c, float *ws) {
+    (void)ohat, (void)qhat, (void)q_pe, (void)cache, (void)means, (void)pos0, (void)Tq, (void)Hm;
+    (void)rkv, (void)r, (void)scale, (void)n_c, (void)k_c, (void)ws;
+    NO_CTX;
+}
