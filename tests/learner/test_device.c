@@ -32,6 +32,16 @@ static char tmp[512], ckpt[600], ref_ckpt[600], db[600];
 static int64_t gids[2][8];
 static int64_t n_gids[2];
 static int cuda;
+/* updates per run: AddressSanitizer at -O0 runs an update 20-30x slower, so there one update
+ * (the refusals and the device AdamW case only: the facade, the passes and the device
+ * optimizer under the sanitizers; every case runs in the Release pass) */
+#if defined(__SANITIZE_ADDRESS__)
+#define N_UPD 1
+static const int sanitized = 1;
+#else
+#define N_UPD 2
+static const int sanitized = 0;
+#endif
 static int g_hook = 1; /* the runs set the loss hook (which keeps AdamW on the host) */
 
 /* What a grad hook saw: the loss of minibatch mb at the weights with one entry moved (what a
@@ -69,7 +79,7 @@ static void run_two(run *r, const char *dev, const lh_opts *base) {
     L_DIE(lh_learner_try_open(&r->h, ckpt, ref_ckpt, 2, 6, NULL, &o), "learner");
     r->hook.w = &r->h.params;
     if (g_hook) arl_learner_set_grad_hook(r->h.l, loss_hook, &r->hook);
-    for (int n = 0; n < 2; n++) {
+    for (int n = 0; n < N_UPD; n++) {
         arl_update_source src = {.root = db, .group_ids = gids[n], .n_groups = n_gids[n]};
         replay_open_opts oo = {0};
         L_DIE(replay_store_open(db, &oo, &src.store), "store");
@@ -174,16 +184,16 @@ static void compare(const lh_opts *o, const char *what) {
             "log-probs %.3g\n",
             what, step, cuda ? "cuda" : "cpu-device", dw, dm, dv, dl);
     CHECK(step > 0);
-    CHECK_EQ_INT(a.hook.n, g_hook ? 4 : 0); /* two minibatches per update */
-    CHECK_EQ_INT(b.hook.n, g_hook ? 4 : 0);
-    CHECK(a.h.opt.step == 4 && b.h.opt.step == 4);
+    CHECK_EQ_INT(a.hook.n, g_hook ? 2 * N_UPD : 0); /* two minibatches per update */
+    CHECK_EQ_INT(b.hook.n, g_hook ? 2 * N_UPD : 0);
+    CHECK(a.h.opt.step == 2 * N_UPD && b.h.opt.step == 2 * N_UPD);
     if (!cuda) {
         CHECK(dw == 0 && dm == 0 && dv == 0 && dl == 0);
         for (int i = 0; i < a.hook.n; i++)
             CHECK_MSG(a.hook.loss[i] == b.hook.loss[i], "minibatch loss %d: %.17g vs %.17g", i,
                       a.hook.loss[i], b.hook.loss[i]);
         metrics_match(a.metrics[0], b.metrics[0], "update 0");
-        metrics_match(a.metrics[1], b.metrics[1], "update 1");
+        if (N_UPD > 1) metrics_match(a.metrics[1], b.metrics[1], "update 1");
     } else {
         /* fp32 sums in other orders (tolerances in the file comment) */
         CHECK(dw <= 0.05 * step);
@@ -303,10 +313,12 @@ int main(int argc, char **argv) {
         gids[i / 2][i % 2] = all[i];
     n_gids[0] = n_gids[1] = 2;
     if (!cuda) TEST_RUN(test_device_refusals);
-    TEST_RUN(test_device_matches_cpu);
-    TEST_RUN(test_device_shared_prefix);
-    TEST_RUN(test_device_per_minibatch);
-    TEST_RUN(test_device_checkpointing);
+    if (!sanitized) {
+        TEST_RUN(test_device_matches_cpu);
+        TEST_RUN(test_device_shared_prefix);
+        TEST_RUN(test_device_per_minibatch);
+        TEST_RUN(test_device_checkpointing);
+    }
     TEST_RUN(test_device_adamw);
     if (cuda) TEST_RUN(test_device_nccl_one_rank);
     return test_finish();
