@@ -267,11 +267,6 @@ arl_status arl_train_config_check(const arl_train_config *c) {
                           "key 'eval-split': the prompt split needs a built-in environment's "
                           "teacher, and rollout.env is %s",
                           r->env);
-    if (strcmp(c->learner.own.device, "cpu") && r->mla_sparse_topk > 0)
-        return arl_errorf(ARL_ERR_CONFIG,
-                          "key 'learner.device': %s, and rollout.mla-sparse-topk is %lld: "
-                          "block-sparse MLA trains on the CPU reference only (learner.device cpu)",
-                          c->learner.own.device, (long long)r->mla_sparse_topk);
     if (c->validation_split > 0 && !(c->eval_split > 0))
         return arl_errorf(ARL_ERR_CONFIG,
                           "key 'validation-split': needs eval-split > 0 (the validation prompts "

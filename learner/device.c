@@ -23,7 +23,8 @@
  *
  * Images: the rows of a forward are encoded on the host (learner/media.c, the vision tower on the
  * CPU) and placed by the device; their gradient comes back per backward.
- * What this is not (yet): block-sparse MLA training on a device (refused at creation). */
+ * Block-sparse MLA (the run's mla-sparse-topk) runs in every pass on the device as on the CPU:
+ * the forwards over kept chunk summaries, the training step over each pair's selected chunks. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,11 +81,6 @@ arl_status lr_dev_open(arl_learner *l) {
     if (!dev[0] || !strcmp(dev, "cpu")) return ARL_OK;
     if (strcmp(dev, "cuda") && strcmp(dev, "cpu-device"))
         return arl_errorf(ARL_ERR_ARG, "learner: device '%s' (cpu, cuda or cpu-device)", dev);
-    if (l->lc.mla_sparse_topk > 0)
-        return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "learner: device %s: block-sparse MLA (mla-sparse-topk %lld) trains on "
-                          "the CPU reference only; use learner.device cpu",
-                          dev, (long long)l->lc.mla_sparse_topk);
     const int cuda = !strcmp(dev, "cuda");
     const char *ar = l->lc.device_allreduce[0] ? l->lc.device_allreduce : "auto";
     if (strcmp(ar, "auto") && strcmp(ar, "nccl") && strcmp(ar, "mpi"))
@@ -101,7 +97,7 @@ arl_status lr_dev_open(arl_learner *l) {
         l->in.dist && l->in.dist->learners ? arl_dist_comm_size(l->in.dist->learners) : 1;
     const int nccl = cuda && (!strcmp(ar, "nccl") ||
                               (!strcmp(ar, "auto") && R > 1 && arl_cuda_nccl_available()));
-    arl_model_opts mo = l->m.opts; /* the CPU policy model's settings (dense MLA) */
+    arl_model_opts mo = l->m.opts; /* the CPU policy model's settings (block-sparse MLA too) */
     arl_model_dev_opts dopts = {.n_slots = l->N, .train_checkpoint = l->lc.act_checkpoint};
     if (cuda) {
         arl_model_dev plan;

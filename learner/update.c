@@ -57,8 +57,8 @@ static const arl_option own_tab[] = {
      "where the learner's passes run: cpu (policy/model.h, the reference), cuda "
      "(policy/model_device.h on the GPU of the local MPI rank: the forwards, the training "
      "forward and backward, AdamW unless the gradients are summed over MPI on the host; the "
-     "weights copied to the host after each step; image rows encoded on the CPU; dense MLA "
-     "only: block-sparse MLA trains on the CPU), "
+     "weights copied to the host after each step; image rows encoded on the CPU; block-sparse "
+     "MLA too), "
      "or cpu-device (the device code over host memory, bit-identical to cpu: for tests)",
      0, 0, "cpu|cuda|cpu-device", 0, NULL},
     {"device-allreduce", ARL_OPT_CHOICE, OWN(device_allreduce), "auto",

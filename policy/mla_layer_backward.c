@@ -29,10 +29,6 @@
  * 1.8x slower there).  The work buffer holds ~(k_c + 1) (rkv + r) + 2 n_c + J floats per pair. */
 #define SPAIRS 8192
 
-static int64_t sparse_queries(const arl_mla_layer_cfg *c) {
-    return SPAIRS / c->Hm > 0 ? SPAIRS / c->Hm : 1;
-}
-
 typedef struct ws_bump {
     float *base;
     int64_t used;
@@ -95,8 +91,7 @@ typedef struct mla_ws {
     float *du, *d_o, *dgam, *tmp;
     float *dq_nope, *dq_pe, *dk_nope, *dv, *dkv, *dk_pe, *dc;
     float *dqhat, *dohat, *dlat, *dc_pre, *dckv, *dqf, *dcq, *dcq_pre;
-    float *means;  /* block-sparse: one document's chunk summaries (max_rows / n_c + 1, R) */
-    float *sparse; /* block-sparse: work buffer of the forward and backward cores */
+    float *sparse; /* block-sparse: arl_mla_sparse_doc_ws_floats (summaries, the cores' buffer) */
     const float **rows; /* (N) each document's latent rows (absorbed form) */
     int64_t *p0;        /* (N) rows before each document's first query */
 } mla_ws;
@@ -109,18 +104,15 @@ static int64_t ws_layout(mla_ws *B, float *base, const arl_mla_layer_cfg *c, int
     B->ckv = take(&w, T * R);
     B->kv = take(&w, T * Hm * (n + vm));
     if (c->sparse_topk > 0) { /* always the absorbed form, through the sparse cores */
-        const int64_t S = c->max_rows > T ? c->max_rows : T, n_c = c->sparse_chunk;
-        const int64_t sq = sparse_queries(c) < T ? sparse_queries(c) : (T > 0 ? T : 1);
-        int64_t f = arl_mla_sparse_ws_floats(sq, Hm, S, rkv, r, n_c, c->sparse_topk);
-        int64_t g = arl_mla_sparse_bwd_ws_floats(sq, Hm, S, rkv, r, n_c, c->sparse_topk);
+        const int64_t S = c->max_rows > T ? c->max_rows : T;
         B->attn = B->score = NULL;
-        B->means = take(&w, (S / n_c + 1) * R);
-        B->sparse = take(&w, f > g ? f : g);
+        B->sparse = take(&w, arl_mla_sparse_doc_ws_floats(T > 0 ? T : 1, S, Hm, rkv, r,
+                                                          c->sparse_chunk, c->sparse_topk));
     } else {
         B->attn = take(&w, arl_mla_attn_ws_floats(T, Hm, r));
         int64_t fwd = Hm * QBLK * c->max_rows, bwd = 2 * QBLK * c->max_rows + QBLK;
         B->score = take(&w, fwd > bwd ? fwd : bwd);
-        B->means = B->sparse = NULL;
+        B->sparse = NULL;
     }
     B->du = take(&w, T * Hm * vm);
     B->d_o = take(&w, T * Hm * vm);
@@ -299,21 +291,62 @@ void arl_mla_absorbed_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefi
  * that selection.  Documents and blocks run in order, parallel inside the GEMMs, so results do
  * not depend on the thread count (AVX2/FMA GEMM; kernels/gemm.h). */
 
+static int64_t sparse_block(int64_t Hm) {
+    return SPAIRS / Hm > 0 ? SPAIRS / Hm : 1;
+}
+
+int64_t arl_mla_sparse_doc_ws_floats(int64_t Tq_max, int64_t S, int64_t Hm, int64_t rkv, int64_t r,
+                                     int64_t n_c, int64_t k_c) {
+    ARL_ASSERT(Tq_max >= 1 && S >= 1 && n_c >= 1 && k_c >= 1);
+    const int64_t sq = sparse_block(Hm) < Tq_max ? sparse_block(Hm) : Tq_max;
+    const int64_t f = arl_mla_sparse_ws_floats(sq, Hm, S, rkv, r, n_c, k_c);
+    const int64_t g = arl_mla_sparse_bwd_ws_floats(sq, Hm, S, rkv, r, n_c, k_c);
+    const int64_t means = ((S / n_c + 1) * (rkv + r) + 15) & ~(int64_t)15;
+    return means + (f > g ? f : g);
+}
+
+void arl_mla_sparse_doc_fwd_save(float *ohat, float *lse, int32_t *list, const float *qhat,
+                                 const float *q_pe, const float *rows, int64_t p0, int64_t Tq,
+                                 int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                 int64_t k_c, float *ws) {
+    if (Tq == 0) return;
+    const int64_t R = rkv + r, sq = sparse_block(Hm);
+    float *means = ws, *core = ws + (((p0 + Tq) / n_c + 1) * R + 15) / 16 * 16;
+    arl_mla_chunk_means_update(means, rows, 0, p0 + Tq, R, n_c);
+    for (int64_t q0 = 0; q0 < Tq; q0 += sq) {
+        const int64_t nq = Tq - q0 < sq ? Tq - q0 : sq;
+        arl_mla_sparse_attn_save(ohat + q0 * Hm * rkv, NULL, 0, lse + q0 * Hm, list + q0 * Hm * k_c,
+                                 qhat + q0 * Hm * rkv, q_pe + q0 * Hm * r, rows, means, p0 + q0, nq,
+                                 Hm, rkv, r, scale, n_c, k_c, core);
+    }
+}
+
+void arl_mla_sparse_doc_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
+                            const float *dohat, const float *ohat, const float *lse,
+                            const int32_t *list, const float *qhat, const float *q_pe,
+                            const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                            int64_t r, float scale, int64_t n_c, int64_t k_c, float *ws) {
+    const int64_t sq = sparse_block(Hm);
+    float *dpre = dprefix && p0 > 0 ? dprefix : NULL;
+    float *core = ws + (((p0 + Tq) / n_c + 1) * (rkv + r) + 15) / 16 * 16;
+    for (int64_t q0 = 0; q0 < Tq; q0 += sq) {
+        const int64_t nq = Tq - q0 < sq ? Tq - q0 : sq;
+        arl_mla_sparse_attn_bwd(dqhat + q0 * Hm * rkv, dq_pe + q0 * Hm * r, dpre, dnew, p0,
+                                dohat + q0 * Hm * rkv, ohat + q0 * Hm * rkv, lse + q0 * Hm,
+                                list + q0 * Hm * k_c, qhat + q0 * Hm * rkv, q_pe + q0 * Hm * r,
+                                rows, p0 + q0, nq, Hm, rkv, r, scale, n_c, k_c, core);
+    }
+}
+
 static void sparse_fwd(mla_ws *B, arl_mla_layer_save *sv, const arl_mla_layer_cfg *c,
                        const int32_t *cu, int32_t N, int64_t T, float scale) {
-    const int64_t Hm = c->Hm, rkv = c->rkv, r = c->r, R = rkv + r, k_c = c->sparse_topk;
-    const int64_t sq = sparse_queries(c);
+    const int64_t Hm = c->Hm, rkv = c->rkv, r = c->r, k_c = c->sparse_topk;
     for (int32_t di = 0; di < N; di++) {
-        const int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a, p0 = B->p0[di];
-        if (len == 0) continue;
-        arl_mla_chunk_means_update(B->means, B->rows[di], 0, p0 + len, R, c->sparse_chunk);
-        for (int64_t q0 = 0; q0 < len; q0 += sq) {
-            const int64_t nq = len - q0 < sq ? len - q0 : sq, t = a + q0;
-            arl_mla_sparse_attn_save(sv->ohat + t * Hm * rkv, NULL, 0, sv->lse + t * Hm,
-                                     sv->sel + t * Hm * k_c, sv->qhat + t * Hm * rkv,
-                                     sv->q_pe + t * Hm * r, B->rows[di], B->means, p0 + q0, nq,
-                                     Hm, rkv, r, scale, c->sparse_chunk, k_c, B->sparse);
-        }
+        const int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a;
+        arl_mla_sparse_doc_fwd_save(sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
+                                    sv->sel + a * Hm * k_c, sv->qhat + a * Hm * rkv,
+                                    sv->q_pe + a * Hm * r, B->rows[di], B->p0[di], len, Hm, rkv, r,
+                                    scale, c->sparse_chunk, k_c, B->sparse);
     }
 }
 
@@ -321,19 +354,13 @@ static void sparse_bwd(mla_ws *B, const arl_mla_layer_save *sv, const arl_mla_la
                        const int32_t *cu, int32_t N, int64_t T, float scale,
                        float *const *dprefix) {
     const int64_t Hm = c->Hm, rkv = c->rkv, r = c->r, R = rkv + r, k_c = c->sparse_topk;
-    const int64_t sq = sparse_queries(c);
     for (int32_t di = 0; di < N; di++) {
-        const int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a, p0 = B->p0[di];
-        float *dpre = dprefix && p0 > 0 ? dprefix[di] : NULL;
-        for (int64_t q0 = 0; q0 < len; q0 += sq) {
-            const int64_t nq = len - q0 < sq ? len - q0 : sq, t = a + q0;
-            arl_mla_sparse_attn_bwd(B->dqhat + t * Hm * rkv, B->dq_pe + t * Hm * r, dpre,
-                                    B->dlat + a * R, p0, B->dohat + t * Hm * rkv,
-                                    sv->ohat + t * Hm * rkv, sv->lse + t * Hm,
-                                    sv->sel + t * Hm * k_c, sv->qhat + t * Hm * rkv,
-                                    sv->q_pe + t * Hm * r, B->rows[di], p0 + q0, nq, Hm, rkv, r,
-                                    scale, c->sparse_chunk, k_c, B->sparse);
-        }
+        const int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a;
+        arl_mla_sparse_doc_bwd(B->dqhat + a * Hm * rkv, B->dq_pe + a * Hm * r, B->dlat + a * R,
+                               dprefix ? dprefix[di] : NULL, B->dohat + a * Hm * rkv,
+                               sv->ohat + a * Hm * rkv, sv->lse + a * Hm, sv->sel + a * Hm * k_c,
+                               sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r, B->rows[di],
+                               B->p0[di], len, Hm, rkv, r, scale, c->sparse_chunk, k_c, B->sparse);
     }
 }
 

@@ -79,6 +79,28 @@ void arl_mla_absorbed_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefi
                           const float *qhat, const float *q_pe, const float *rows, int64_t p0,
                           int64_t Tq, int64_t Hm, int64_t rkv, int64_t r, float scale, float *ws);
 
+/* The block-sparse core of the layer (4.5 with 4.3), one document per call, as the layer runs
+ * it (also the "cpu" ops of the device training step, policy/model_device.h mla_sparse_*):
+ * Tq queries at positions p0.. over the document's rows (p0 + Tq, rkv + r) (the prefix, then
+ * its own), token rows as arl_mla_absorbed_fwd_save.  Forward: the chunk summaries of all the
+ * rows (arl_mla_chunk_means_update from row 0), then arl_mla_sparse_attn_save in blocks of at
+ * most 8192 (query, head) pairs: ohat, lse and list (Tq, Hm, k_c) (each pair's selected earlier
+ * chunks, increasing, -1 after the last) OVERWRITTEN.  Backward with that list
+ * (arl_mla_sparse_attn_bwd, the same blocks): dqhat, dq_pe +=, dnew (Tq, rkv + r) +=, dprefix
+ * (p0, rkv + r) += (NULL: not wanted).  n_c >= 1, k_c >= 1.  ws:
+ * arl_mla_sparse_doc_ws_floats(Tq_max >= Tq, S >= p0 + Tq, ...) floats. */
+int64_t arl_mla_sparse_doc_ws_floats(int64_t Tq_max, int64_t S, int64_t Hm, int64_t rkv, int64_t r,
+                                     int64_t n_c, int64_t k_c);
+void arl_mla_sparse_doc_fwd_save(float *ohat, float *lse, int32_t *list, const float *qhat,
+                                 const float *q_pe, const float *rows, int64_t p0, int64_t Tq,
+                                 int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                 int64_t k_c, float *ws);
+void arl_mla_sparse_doc_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
+                            const float *dohat, const float *ohat, const float *lse,
+                            const int32_t *list, const float *qhat, const float *q_pe,
+                            const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                            int64_t r, float scale, int64_t n_c, int64_t k_c, float *ws);
+
 /* y (T, d) = the MLA mixer of x (T, d).  caches, pos: NULL (fresh documents), or as in
  * arl_mla_layer_fwd (caches[i] holds pos[i] rows and has room for the document's; its new rows
  * are written there).  absorbed: 1 forces the absorbed form (also for fresh documents); 0

@@ -279,6 +279,9 @@ static const arl_dev_ops cpu_ops = {
     .mla_chunk_means_update = arl_mla_chunk_means_update,
     .mla_sparse_ws_floats = arl_mla_sparse_ws_floats,
     .mla_sparse_attn = cpu_sparse_attn,
+    .mla_sparse_train_ws_floats = arl_mla_sparse_doc_ws_floats,
+    .mla_sparse_fwd_save = arl_mla_sparse_doc_fwd_save,
+    .mla_sparse_bwd = arl_mla_sparse_doc_bwd,
 };
 
 const arl_dev_ops *arl_dev_ops_cpu(void) {

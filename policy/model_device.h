@@ -27,8 +27,8 @@
  * form with the chunk selection, as policy/mla_layer.c does: fresh documents over their own
  * chunk summaries (made once per forward), decode slots over summaries kept beside their
  * latent rows on the device (st_means), brought up to date by every forward and recomputed
- * from the rows by arl_model_dev_slot_upload.  Inference only: the training step
- * (policy/model_device_backward.h) refuses a block-sparse model; decode steps of a block-sparse
+ * from the rows by arl_model_dev_slot_upload.  The training step (policy/model_device_backward.h)
+ * runs it as policy/mla_layer_backward.c (ops mla_sparse_*); decode steps of a block-sparse
  * model are never captured as CUDA graphs (they run op by op, same bits).
  *
  * Symbols: T tokens of a batch, N documents, d width, V vocabulary, L layers, E experts,
@@ -247,6 +247,26 @@ typedef struct arl_dev_ops {
     void (*mla_sparse_attn)(float *ohat, const float *qhat, const float *q_pe, const float *cache,
                             const float *means, int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv,
                             int64_t r, float scale, int64_t n_c, int64_t k_c, float *ws);
+
+    /* ---- block-sparse MLA training (spec 4.5 with 4.3): policy/mla_layer_backward.h
+     * arl_mla_sparse_doc_*, one document per call; NULL where the device lacks them (training a
+     * block-sparse model then answers ARL_ERR_UNSUPPORTED at init) ----
+     * Forward: the chunk summaries of the rows (p0 + Tq, rkv + r) from row 0, then Tq queries at
+     * positions p0..: ohat (Tq, Hm, rkv), lse (Tq, Hm) and list (Tq, Hm, k_c) int32 (the earlier
+     * chunks each (query, head) selected, increasing, -1 after the last) OVERWRITTEN.  Backward
+     * over that selection: as mla_abs_bwd.  ws: mla_sparse_train_ws_floats(Tq_max >= Tq,
+     * S >= p0 + Tq, ...) floats. */
+    int64_t (*mla_sparse_train_ws_floats)(int64_t Tq_max, int64_t S, int64_t Hm, int64_t rkv,
+                                          int64_t r, int64_t n_c, int64_t k_c);
+    void (*mla_sparse_fwd_save)(float *ohat, float *lse, int32_t *list, const float *qhat,
+                                const float *q_pe, const float *rows, int64_t p0, int64_t Tq,
+                                int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                int64_t k_c, float *ws);
+    void (*mla_sparse_bwd)(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
+                           const float *dohat, const float *ohat, const float *lse,
+                           const int32_t *list, const float *qhat, const float *q_pe,
+                           const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                           int64_t r, float scale, int64_t n_c, int64_t k_c, float *ws);
 } arl_dev_ops;
 
 /* The host ops (static table, never NULL). */

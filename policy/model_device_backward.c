@@ -96,11 +96,14 @@ static void mla_save_layout(arl_mla_layer_save *s, bump *w, const arl_model_dev 
     s->rstd_c = take(w, T);
     s->c = take(w, T * rkv);
     s->k_pe = take(w, T * r);
-    if (m->n_slots > 0) { /* the absorbed form of documents continuing a slot */
+    if (m->n_slots > 0 || c->sparse_topk > 0) { /* the absorbed form (continuing a slot, or
+                                                   block-sparse) */
         s->lat = take(w, T * (rkv + r));
         s->qhat = take(w, T * Hm * rkv);
         s->ohat = take(w, T * Hm * rkv);
     }
+    if (c->sparse_topk > 0) /* block-sparse: each (token, head)'s selected chunks */
+        s->sel = (int32_t *)take(w, T * Hm * c->sparse_topk);
     s->k_nope = take(w, T * Hm * n);
     s->v = take(w, T * Hm * vm);
     s->lse = take(w, T * Hm);
@@ -225,9 +228,9 @@ static int64_t kda_ws_layout(kda_ws *B, float *base, const arl_model_dev *m, int
 typedef struct mla_ws {
     float *qf, *ckv, *kv, *attn, *du, *d_o, *dgam, *tmp, *dq_nope, *dq_pe, *dk_nope, *dv, *dkv,
         *dk_pe, *dc, *dc_pre, *dckv, *dqf, *dcq, *dcq_pre;
-    /* documents continuing slots (models with slots only): the absorbed core's work buffer,
-     * dohat and dqhat (T, Hm, rkv), the gradient of the new rows dlat and of the rows after
-     * the segment dlat_T (T, R), one part of dlat_T (T, rkv) */
+    /* the absorbed form (documents continuing slots, or block-sparse): the core's work
+     * buffer, dohat and dqhat (T, Hm, rkv), the gradient of the new rows dlat and of the rows
+     * after the segment dlat_T (T, R), one part of dlat_T (T, rkv) */
     float *abs, *dohat, *dqhat, *dlat, *dlat_T, *dpart;
 } mla_ws;
 
@@ -257,8 +260,13 @@ static int64_t mla_ws_layout(mla_ws *B, float *base, const arl_model_dev *m, int
     B->dqf = take(&w, T * Hm * (n + r));
     B->dcq = take(&w, T * rq);
     B->dcq_pre = take(&w, T * rq);
-    if (m->n_slots > 0 && m->ops->mla_abs_train_ws_floats) {
-        B->abs = take(&w, m->ops->mla_abs_train_ws_floats(m->max_context, Hm, rkv, r));
+    const int sparse = c->sparse_topk > 0;
+    if ((m->n_slots > 0 && m->ops->mla_abs_train_ws_floats) || sparse) {
+        const int64_t S = max2(m->n_slots > 0 ? m->max_context : 0, T);
+        B->abs =
+            take(&w, sparse ? m->ops->mla_sparse_train_ws_floats(T > 0 ? T : 1, S, Hm, rkv, r,
+                                                                 c->sparse_chunk, c->sparse_topk)
+                            : m->ops->mla_abs_train_ws_floats(m->max_context, Hm, rkv, r));
         B->dohat = take(&w, T * Hm * rkv);
         B->dqhat = take(&w, T * Hm * rkv);
         B->dlat = take(&w, T * R);
@@ -454,10 +462,11 @@ arl_status arl_model_dev_train_init(arl_model_dev_train *tr, arl_model_dev *m,
                           "training (%s device): this device has no training ops; train on "
                           "policy/model_backward.h",
                           ops->name);
-    if (m->mla.sparse_topk > 0 && m->dm.n_mla > 0)
+    if (m->mla.sparse_topk > 0 && m->dm.n_mla > 0 &&
+        (!ops->mla_sparse_train_ws_floats || !ops->mla_sparse_fwd_save || !ops->mla_sparse_bwd))
         return arl_errorf(ARL_ERR_UNSUPPORTED,
-                          "training (%s device): block-sparse MLA (mla_sparse_topk = %lld) is "
-                          "inference-only on a device; train on policy/model_backward.h or "
+                          "training (%s device): this device has no block-sparse MLA training "
+                          "ops (mla_sparse_topk = %lld); train on policy/model_backward.h or "
                           "with mla_sparse_topk 0",
                           ops->name, (long long)m->mla.sparse_topk);
     ARL_TRY(arl_optim_config_check(oc));
@@ -669,9 +678,10 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
         }
 }
 
-/* policy/mla_layer_backward.c arl_mla_layer_fwd_save (dense): the expanded form for fresh
- * documents (and for a state forward whose documents all start at position 0), else the
- * absorbed form over the slots' rows of MLA layer mi, after the new rows are appended. */
+/* policy/mla_layer_backward.c arl_mla_layer_fwd_save: the expanded form for fresh documents
+ * (and for a state forward whose documents all start at position 0), else the absorbed form
+ * over the slots' rows of MLA layer mi, after the new rows are appended; block-sparse
+ * (spec 4.5): always the absorbed form, over the slots' rows or each fresh document's own. */
 static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, const arl_mla_params *p,
                          const int32_t *cu, int32_t N, int64_t T, arl_mla_layer_save *sv,
                          const seg_docs *D, int64_t mi) {
@@ -698,10 +708,13 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     ops->copy_rows(sv->c_pre, rkv, B.ckv, R, T, rkv);
     ops->copy_rows(sv->k_pe, r, B.ckv + rkv, R, T, r);
     kb->rmsnorm_fwd(sv->c, sv->rstd_c, sv->c_pre, p->kv_a_norm, T, rkv, 1e-6f);
-    sv->absorbed = 0;
-    if (D->slots) { /* the new rows [c; k_pe] appended to every document's slot */
+    const int sparse = c->sparse_topk > 0;
+    sv->absorbed = sparse;
+    if (D->slots || sparse) { /* the new rows [c; k_pe] */
         ops->copy_rows(sv->lat, R, sv->c, rkv, T, rkv);
         ops->copy_rows(sv->lat + rkv, R, sv->k_pe, r, T, r);
+    }
+    if (D->slots) { /* appended to every document's slot */
         int fresh = 1;
         for (int32_t i = 0; i < N; i++) {
             int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a;
@@ -709,7 +722,7 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
                      len * R);
             fresh &= D->pos0[i] == 0;
         }
-        sv->absorbed = !fresh;
+        sv->absorbed = sparse || !fresh;
     }
 
     if (!sv->absorbed) {
@@ -726,10 +739,18 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
                      p->kv_b + h * (n + vm) * rkv, rkv, 0.0f, sv->qhat + h * rkv, Hm * rkv);
         for (int32_t i = 0; i < N; i++) {
             int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a;
-            ops->mla_abs_fwd_save(sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
-                                  sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r,
-                                  lat_slot(m->st_lat, m, mi, D->slots[i]), D->pos0[i], len, Hm, rkv,
-                                  r, scale, B.abs);
+            const float *rows =
+                D->slots ? lat_slot(m->st_lat, m, mi, D->slots[i]) : sv->lat + a * R;
+            const int64_t p0 = D->slots ? D->pos0[i] : 0;
+            if (sparse)
+                ops->mla_sparse_fwd_save(sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
+                                         sv->sel + a * Hm * c->sparse_topk, sv->qhat + a * Hm * rkv,
+                                         sv->q_pe + a * Hm * r, rows, p0, len, Hm, rkv, r, scale,
+                                         c->sparse_chunk, c->sparse_topk, B.abs);
+            else
+                ops->mla_abs_fwd_save(sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
+                                      sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r, rows, p0, len,
+                                      Hm, rkv, r, scale, B.abs);
         }
         for (int64_t h = 0; h < Hm; h++)
             kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, vm, rkv, 1.0f, sv->ohat + h * rkv, Hm * rkv,
@@ -1138,8 +1159,9 @@ static void kda_bwd(arl_model_dev_train *tr, float *dx, const arl_kda_params *gp
         }
 }
 
-/* policy/mla_layer_backward.c arl_mla_layer_bwd (dense) as policy/model_backward.c mixer_bwd
- * calls it: the expanded form, or the absorbed one over the slots' rows of MLA layer mi; with
+/* policy/mla_layer_backward.c arl_mla_layer_bwd as policy/model_backward.c mixer_bwd calls it:
+ * the expanded form, or the absorbed one (dense or block-sparse) over the slots' rows of MLA
+ * layer mi or the fresh documents' own; with
  * the state gradients (dstate) the gradient of the new rows after the segment is read from the
  * documents' gradient slots and that of the prefix rows added there. */
 static void mla_bwd(arl_model_dev_train *tr, float *dx, const arl_mla_params *gp, const float *dy,
@@ -1201,11 +1223,20 @@ static void mla_bwd(arl_model_dev_train *tr, float *dx, const arl_mla_params *gp
         for (int32_t i = 0; i < N; i++) {
             int64_t a = cu_host[i], len = cu_host[i + 1] - a;
             float *dpre = dstate ? lat_slot(tr->g_lat, m, mi, tr->fwd_slots[i]) : NULL;
-            ops->mla_abs_bwd(B.dqhat + a * Hm * rkv, B.dq_pe + a * Hm * r, B.dlat + a * R, dpre,
-                             B.dohat + a * Hm * rkv, sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
-                             sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r,
-                             lat_slot(m->st_lat, m, mi, tr->fwd_slots[i]), tr->fwd_pos0[i], len, Hm,
-                             rkv, r, scale, B.abs);
+            const int st = tr->fwd_state;
+            const float *rows = st ? lat_slot(m->st_lat, m, mi, tr->fwd_slots[i]) : sv->lat + a * R;
+            const int64_t p0 = st ? tr->fwd_pos0[i] : 0;
+            if (c->sparse_topk > 0)
+                ops->mla_sparse_bwd(B.dqhat + a * Hm * rkv, B.dq_pe + a * Hm * r, B.dlat + a * R,
+                                    dpre, B.dohat + a * Hm * rkv, sv->ohat + a * Hm * rkv,
+                                    sv->lse + a * Hm, sv->sel + a * Hm * c->sparse_topk,
+                                    sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r, rows, p0, len,
+                                    Hm, rkv, r, scale, c->sparse_chunk, c->sparse_topk, B.abs);
+            else
+                ops->mla_abs_bwd(B.dqhat + a * Hm * rkv, B.dq_pe + a * Hm * r, B.dlat + a * R, dpre,
+                                 B.dohat + a * Hm * rkv, sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
+                                 sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r, rows, p0, len, Hm,
+                                 rkv, r, scale, B.abs);
         }
         ops->copy_rows(B.dc, rkv, B.dlat, R, T, rkv);
         ops->copy_rows(B.dk_pe, r, B.dlat + rkv, R, T, r);

@@ -22,8 +22,9 @@
  * model slot, same ids; arl_model_dev_state_grads_init), moved to and from host
  * arl_decode_states (the learner's gradient states) with arl_model_dev_state_grad_upload /
  * _download.  With the "cpu" ops bit-identical to arl_model_train_forward(st, slots) /
- * arl_model_backward(dstate) (tested).  Block-sparse MLA is inference-only on a device:
- * arl_model_dev_train_init refuses a block-sparse model.
+ * arl_model_backward(dstate) (tested).  Block-sparse MLA (spec 4.5) trains as
+ * policy/mla_layer_backward.c: always the absorbed form, each (token, head)'s selected chunks
+ * kept for the backward (ops mla_sparse_fwd_save / mla_sparse_bwd, one document per call).
  * The training forward returns the router scores and expert loads Quantile Balancing reads;
  * the QB bias update itself (policy/optimizer.h arl_qb_update) runs on the host over them.
  * Images: the training forward takes image rows for the placeholders (b->media, encoded by the

@@ -360,6 +360,9 @@ static const arl_dev_ops cuda_ops = {
     .mla_chunk_means_update = arl_cuda_mla_chunk_means_update,
     .mla_sparse_ws_floats = arl_cuda_mla_sparse_ws_floats,
     .mla_sparse_attn = arl_cuda_mla_sparse_attn,
+    .mla_sparse_train_ws_floats = arl_cuda_mla_sparse_train_ws_floats,
+    .mla_sparse_fwd_save = arl_cuda_mla_sparse_fwd_save,
+    .mla_sparse_bwd = arl_cuda_mla_sparse_bwd,
 };
 
 const arl_dev_ops *arl_dev_ops_cuda(void) {

@@ -73,7 +73,8 @@ if [ "$tests" = 1 ]; then
     echo "== parity tests (ctest -L gpu)"
     cmake --build "$build" --target test_cuda_ops test_cuda_model_ops test_cuda_nccl \
         test_cuda_select test_cuda_model_device test_cuda_model_device_cpu test_cuda_train_ops \
-        test_cuda_model_train test_cuda_model_train_cpu test_rollout_device_cuda \
+        test_cuda_model_train test_cuda_model_train_cpu test_cuda_model_train_state \
+        test_cuda_model_sparse test_rollout_device_cuda \
         test_learner_device_cuda agentrl \
         -j"$jobs" >>"$logs/build.log" 2>&1 || { echo "test build failed"; rc=1; }
     (cd "$build" && ctest -L gpu --output-on-failure --timeout 120) || rc=1

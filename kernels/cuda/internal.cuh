@@ -136,6 +136,19 @@ __device__ static inline float arl_warp_max(float v) {
     return v;
 }
 
+/* The unscaled score of absorbed MLA (spec 4.2) of query row [qh; qp] with the latent row
+ * [c; k_pe] (width rkv + r): qh . c + qp . k_pe, each part in column order. */
+__device__ static inline float arl_latent_dot(const float *qh, const float *qp, const float *row,
+                                              int64_t rkv, int64_t r) {
+    float s = 0.0f;
+    for (int64_t c = 0; c < rkv; c++)
+        s += qh[c] * row[c];
+    float e = 0.0f;
+    for (int64_t c = 0; c < r; c++)
+        e += qp[c] * row[rkv + c];
+    return s + e;
+}
+
 /* Block-wide sum in double with a fixed order (warp trees, then warp 0); every thread gets
  * the total.  sh: 33 doubles of shared memory.  blockDim.x a multiple of 32, <= 1024. */
 __device__ static inline double arl_block_sum_d(double v, double *sh) {

@@ -335,6 +335,27 @@ void arl_cuda_mla_sparse_attn(float *ohat, const float *qhat, const float *q_pe,
                               int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
                               int64_t k_c, float *ws);
 
+/* Block-sparse MLA training (policy/mla_layer_backward.h arl_mla_sparse_doc_*, the contracts of
+ * policy/model_device.h mla_sparse_train_ws_floats / mla_sparse_fwd_save / mla_sparse_bwd), one
+ * document per call.  Forward: the summaries of rows 0 .. p0+Tq-1 (as above), then the kernel
+ * of arl_cuda_mla_sparse_attn in launches of at most 16384 (query, head) pairs, also writing
+ * lse and the selected list.  Backward over the list, in blocks of queries: per (query, head)
+ * P and dZ over its (k_c + 1) n_c entries into ws, dqhat and dq_pe += (sums over the entries in
+ * order); then per chunk the block's entries that read it, in pair order (counted, scanned and
+ * written by one thread per chunk), and per (row, column) the sum over them in that order,
+ * added to dnew or dprefix.  fp32, no atomics: deterministic run to run. */
+int64_t arl_cuda_mla_sparse_train_ws_floats(int64_t Tq_max, int64_t S, int64_t Hm, int64_t rkv,
+                                            int64_t r, int64_t n_c, int64_t k_c);
+void arl_cuda_mla_sparse_fwd_save(float *ohat, float *lse, int32_t *list, const float *qhat,
+                                  const float *q_pe, const float *rows, int64_t p0, int64_t Tq,
+                                  int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                  int64_t k_c, float *ws);
+void arl_cuda_mla_sparse_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
+                             const float *dohat, const float *ohat, const float *lse,
+                             const int32_t *list, const float *qhat, const float *q_pe,
+                             const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                             int64_t r, float scale, int64_t n_c, int64_t k_c, float *ws);
+
 #ifdef __cplusplus
 }
 #endif

@@ -102,18 +102,6 @@ extern "C" void arl_cuda_kda_conv_tail_out_bwd(float *dpre, float *dtail_in,
 
 /* ======================= absorbed MLA core =============================================== */
 
-/* z_j (unscaled dot products) of query row (qh, qp) with row j. */
-__device__ static inline float abs_dot(const float *qh, const float *qp, const float *row,
-                                       int64_t rkv, int64_t r) {
-    float s = 0.0f;
-    for (int64_t c = 0; c < rkv; c++)
-        s += qh[c] * row[c];
-    float e = 0.0f;
-    for (int64_t c = 0; c < r; c++)
-        e += qp[c] * row[rkv + c];
-    return s + e;
-}
-
 /* One block per (query i of the block, head h): scores into sc (ld rows of ws), softmax, lse,
  * ohat. */
 __global__ void __launch_bounds__(ABS_THREADS)
@@ -128,7 +116,7 @@ __global__ void __launch_bounds__(ABS_THREADS)
     float *sc = ws + bid * ld;
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
-        float z = scale * abs_dot(qh, qp, rows + j * R, rkv, r);
+        float z = scale * arl_latent_dot(qh, qp, rows + j * R, rkv, r);
         sc[j] = z;
         mx = fmaxf(mx, z);
     }
@@ -170,7 +158,7 @@ __global__ void __launch_bounds__(ABS_THREADS)
     const float l = lse[t * Hm + h];
     for (int64_t j = threadIdx.x; j < m; j += blockDim.x) {
         const float *row = rows + j * R;
-        const float p = expf(scale * abs_dot(qh, qp, row, rkv, r) - l);
+        const float p = expf(scale * arl_latent_dot(qh, qp, row, rkv, r) - l);
         float dp = 0.0f;
         for (int64_t c = 0; c < rkv; c++)
             dp += dO[c] * row[c];

@@ -5,8 +5,12 @@
  * head); every sum runs in a fixed order (no atomics), so the results are deterministic run to
  * run.  The contracts are those of policy/model_device.h (arl_dev_ops mla_chunk_means_update,
  * mla_sparse_ws_floats, mla_sparse_attn) and kernels/cuda/ops.h.
- * What this is not: the training form (its lse and selected lists, the backward) or a tensor-core
- * kernel; the selection runs on one lane per (query, head) (O(J k_c), J the query's chunk).
+ * The training form (policy/mla_layer_backward.h arl_mla_sparse_doc_*): the same forward kernel
+ * also writes each pair's lse and selected list; the backward recomputes each pair's
+ * probabilities over its selected rows (query side: dqhat, dq_pe), then sums the row gradients
+ * chunk by chunk over the pairs that selected the chunk, listed per chunk in pair order (no
+ * atomics).  What this is not: a tensor-core kernel; the selection runs on one lane per
+ * (query, head) (O(J k_c), J the query's chunk).
  *
  * Query t (position since the sequence's start, own chunk J = t / n_c), head h, query row
  * q = [qhat; q_pe]: sigma_j = q . means_j (unscaled, fp32, in column order) for the complete
@@ -19,6 +23,7 @@
 
 #include "kernels/cuda/internal.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/sparse_layout.h"
 
 #define SP_QMAX 1024 /* query width rkv + r */
 #define SP_VMAX 512  /* value width rkv */
@@ -133,7 +138,7 @@ __global__ void __launch_bounds__(32)
     k_sparse_attn(float *ohat, const float *qhat, const float *q_pe, const float *cache,
                   const float *means, int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
                   float scale, int64_t n_c, int64_t k_c, float *sig_ws, int32_t *list_ws,
-                  int64_t ldj) {
+                  int64_t ldj, float *lse_out, int32_t *list_out) {
     __shared__ float qv[SP_QMAX];
     const int lane = threadIdx.x & 31;
     const int64_t item = blockIdx.x;
@@ -147,9 +152,12 @@ __global__ void __launch_bounds__(32)
         acc[u] = 0.0f;
     if (J <= k_c) { /* every chunk up to the own one: the dense rows */
         sp_rows<U>(m, l, acc, qv, cache, 0, t, rkv, r, scale);
+        if (list_out) /* training: the earlier chunks 0 .. J-1, then none */
+            for (int64_t k = lane; k < k_c; k += 32)
+                list_out[item * k_c + k] = k < J ? (int32_t)k : -1;
     } else {
         float *sig = sig_ws + item * ldj;
-        int32_t *best = list_ws + item * k_c;
+        int32_t *best = (list_out ? list_out : list_ws) + item * k_c;
         for (int64_t j = lane; j < J; j += 32) {
             const float *mn = means + j * w;
             float dot = 0.0f;
@@ -171,6 +179,7 @@ __global__ void __launch_bounds__(32)
         const int64_t d = lane + 32 * u;
         if (d < rkv) ohat[item * rkv + d] = acc[u] * inv;
     }
+    if (lse_out && lane == 0) lse_out[item] = m + logf(l);
 }
 
 extern "C" int64_t arl_cuda_mla_sparse_ws_floats(int64_t Tq_max, int64_t Hm, int64_t S,
@@ -179,6 +188,27 @@ extern "C" int64_t arl_cuda_mla_sparse_ws_floats(int64_t Tq_max, int64_t Hm, int
     (void)rkv, (void)r;
     ARL_ASSERT(n_c >= 1 && k_c >= 1);
     return Tq_max * Hm * (S / n_c + 1 + k_c); /* sigma per chunk, then the selected list */
+}
+
+/* The kernel over the items of Tq queries at pos0.. (sig, list: this call's work buffer). */
+static void sparse_launch(cudaStream_t st, float *ohat, float *lse, int32_t *list_out,
+                          const float *qhat, const float *q_pe, const float *cache,
+                          const float *means, int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv,
+                          int64_t r, float scale, int64_t n_c, int64_t k_c, float *sig,
+                          int32_t *list, int64_t ldj) {
+    const unsigned nb = (unsigned)(Tq * Hm);
+    if (rkv <= 64)
+        k_sparse_attn<2><<<nb, 32, 0, st>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
+                                            scale, n_c, k_c, sig, list, ldj, lse, list_out);
+    else if (rkv <= 128)
+        k_sparse_attn<4><<<nb, 32, 0, st>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
+                                            scale, n_c, k_c, sig, list, ldj, lse, list_out);
+    else if (rkv <= 256)
+        k_sparse_attn<8><<<nb, 32, 0, st>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
+                                            scale, n_c, k_c, sig, list, ldj, lse, list_out);
+    else
+        k_sparse_attn<16><<<nb, 32, 0, st>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
+                                             scale, n_c, k_c, sig, list, ldj, lse, list_out);
 }
 
 extern "C" void arl_cuda_mla_sparse_attn(float *ohat, const float *qhat, const float *q_pe,
@@ -192,21 +222,217 @@ extern "C" void arl_cuda_mla_sparse_attn(float *ohat, const float *qhat, const f
     if (items == 0) return;
     /* the layout of this call's (Tq, pos0 + Tq) inside the (Tq_max, S) work buffer */
     const int64_t ldj = (pos0 + Tq) / n_c + 1;
-    float *sig = ws;
-    int32_t *list = (int32_t *)(ws + items * ldj);
-    const unsigned nb = (unsigned)items;
-    if (rkv <= 64)
-        k_sparse_attn<2><<<nb, 32, 0, ctx->stream>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm,
-                                                      rkv, r, scale, n_c, k_c, sig, list, ldj);
-    else if (rkv <= 128)
-        k_sparse_attn<4><<<nb, 32, 0, ctx->stream>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm,
-                                                      rkv, r, scale, n_c, k_c, sig, list, ldj);
-    else if (rkv <= 256)
-        k_sparse_attn<8><<<nb, 32, 0, ctx->stream>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm,
-                                                      rkv, r, scale, n_c, k_c, sig, list, ldj);
-    else
-        k_sparse_attn<16><<<nb, 32, 0, ctx->stream>>>(ohat, qhat, q_pe, cache, means, pos0, Tq,
-                                                       Hm, rkv, r, scale, n_c, k_c, sig, list,
-                                                       ldj);
+    sparse_launch(ctx->stream, ohat, NULL, NULL, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
+                  scale, n_c, k_c, ws, (int32_t *)(ws + items * ldj), ldj);
     ARL_CUDA_LAUNCHED(ctx, "mla_sparse_attn");
+}
+
+/* ======================= block-sparse MLA training ======================================= */
+
+#define SPT_THREADS 128 /* backward query side: threads per (query, head) */
+
+/* The work buffer (kernels/cuda/sparse_layout.h) as pointers. */
+typedef struct spt_ws {
+    float *means, *sig, *P, *dZ;
+    int32_t *cnt, *off, *used, *nused, *ent;
+} spt_ws;
+
+static void spt_bind(spt_ws *b, float *ws, int64_t Tq_max, int64_t S, int64_t Hm, int64_t R,
+                     int64_t n_c, int64_t k_c) {
+    arl_spt_layout L;
+    arl_spt_layout_make(&L, Tq_max, S, Hm, R, n_c, k_c);
+    b->means = ws + L.means;
+    b->sig = ws + L.sig;
+    b->P = ws + L.P;
+    b->dZ = ws + L.dZ;
+    b->cnt = (int32_t *)(ws + L.cnt);
+    b->off = (int32_t *)(ws + L.off);
+    b->used = (int32_t *)(ws + L.used);
+    b->nused = (int32_t *)(ws + L.nused);
+    b->ent = (int32_t *)(ws + L.ent);
+}
+
+extern "C" int64_t arl_cuda_mla_sparse_train_ws_floats(int64_t Tq_max, int64_t S, int64_t Hm,
+                                                       int64_t rkv, int64_t r, int64_t n_c,
+                                                       int64_t k_c) {
+    ARL_ASSERT(Tq_max >= 1 && S >= 1 && Hm >= 1 && n_c >= 1 && k_c >= 1);
+    arl_spt_layout L;
+    arl_spt_layout_make(&L, Tq_max, S, Hm, rkv + r, n_c, k_c);
+    return L.floats;
+}
+
+extern "C" void arl_cuda_mla_sparse_fwd_save(float *ohat, float *lse, int32_t *list,
+                                             const float *qhat, const float *q_pe,
+                                             const float *rows, int64_t p0, int64_t Tq, int64_t Hm,
+                                             int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                             int64_t k_c, float *ws) {
+    arl_cuda_ctx *ctx = arl_cuda_need();
+    ARL_ASSERT(p0 >= 0 && Tq >= 0 && n_c >= 1 && k_c >= 1 && rkv >= 1 && rkv <= SP_VMAX &&
+               rkv + r <= SP_QMAX);
+    if (Tq == 0) return;
+    const int64_t R = rkv + r, M = p0 + Tq, fq = arl_spt_fwd_queries(Hm);
+    spt_ws b;
+    spt_bind(&b, ws, Tq, M, Hm, R, n_c, k_c);
+    const int64_t J = M / n_c + 1;
+    arl_cuda_mla_chunk_means_update(b.means, rows, 0, M, R, n_c);
+    for (int64_t q0 = 0; q0 < Tq; q0 += fq) {
+        const int64_t nq = Tq - q0 < fq ? Tq - q0 : fq;
+        sparse_launch(ctx->stream, ohat + q0 * Hm * rkv, lse + q0 * Hm, list + q0 * Hm * k_c,
+                      qhat + q0 * Hm * rkv, q_pe + q0 * Hm * r, rows, b.means, p0 + q0, nq, Hm, rkv,
+                      r, scale, n_c, k_c, b.sig, NULL, J);
+    }
+    ARL_CUDA_LAUNCHED(ctx, "mla_sparse_fwd_save");
+}
+
+/* Chunk of entry slot k (0 .. k_c) of the pair with list row lrow and own chunk J: the listed
+ * chunk (-1: none), or J for the last slot. */
+__device__ static inline int64_t spt_chunk(const int32_t *lrow, int64_t k, int64_t k_c, int64_t J) {
+    return k < k_c ? (int64_t)lrow[k] : J;
+}
+
+/* Query side: one block per pair p = i Hm + h of the block's queries (query q0 + i): its
+ * entries e = k n_c + o (row chunk(k) n_c + o when it exists and is <= t) get P_e and
+ * dZ_e = P_e (dohat . c_e - D) in the block's buffers (0 for the others), then dqhat, dq_pe
+ * += scale sum_e dZ_e row_e (entries in order). */
+__global__ void __launch_bounds__(SPT_THREADS)
+    k_spt_bwd_q(float *dqhat, float *dq_pe, float *Pb, float *dZb, const float *dohat,
+                const float *ohat, const float *lse, const int32_t *list, const float *qhat,
+                const float *q_pe, const float *rows, int64_t p0, int64_t q0, int64_t Hm,
+                int64_t rkv, int64_t r, float scale, int64_t n_c, int64_t k_c) {
+    __shared__ double shd[33];
+    const int64_t p = blockIdx.x, g = q0 * Hm + p, t = p0 + q0 + p / Hm, J = t / n_c;
+    const int64_t R = rkv + r, E = (k_c + 1) * n_c;
+    const float *qh = qhat + g * rkv, *qp = q_pe + g * r, *dO = dohat + g * rkv;
+    const int32_t *lrow = list + g * k_c;
+    float *P = Pb + p * E, *dZ = dZb + p * E;
+    double dd = 0.0;
+    for (int64_t c = threadIdx.x; c < rkv; c += blockDim.x)
+        dd += (double)dO[c] * ohat[g * rkv + c];
+    const float D = (float)arl_block_sum_d(dd, shd);
+    const float l = lse[g];
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+        const int64_t j = spt_chunk(lrow, e / n_c, k_c, J), s = j * n_c + e % n_c;
+        float pv = 0.0f, dz = 0.0f;
+        if (j >= 0 && s <= t) {
+            const float *row = rows + s * R;
+            float dp = 0.0f;
+            for (int64_t c = 0; c < rkv; c++)
+                dp += dO[c] * row[c];
+            pv = expf(scale * arl_latent_dot(qh, qp, row, rkv, r) - l);
+            dz = pv * (dp - D);
+        }
+        P[e] = pv;
+        dZ[e] = dz;
+    }
+    __syncthreads();
+    for (int64_t c = threadIdx.x; c < R; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t e = 0; e < E; e++) {
+            const int64_t j = spt_chunk(lrow, e / n_c, k_c, J), s = j * n_c + e % n_c;
+            if (j >= 0 && s <= t) acc += dZ[e] * rows[s * R + c];
+        }
+        if (c < rkv)
+            dqhat[g * rkv + c] += scale * acc;
+        else
+            dq_pe[g * r + (c - rkv)] += scale * acc;
+    }
+}
+
+/* Per chunk j < Jb (one thread each): the entries (pair, slot) of the block's np pairs that
+ * read chunk j, counted (fill = 0) or written in pair order from off[j] (fill = 1). */
+__global__ void k_spt_lists(int32_t *cnt, int32_t *ent, const int32_t *off, const int32_t *list,
+                            int64_t p0, int64_t q0, int64_t np, int64_t Hm, int64_t n_c,
+                            int64_t k_c, int64_t Jb, int fill) {
+    ARL_GRID_STRIDE(j, Jb) {
+        int32_t n = 0, at = fill ? off[j] : 0;
+        for (int64_t p = 0; p < np; p++) {
+            const int64_t g = q0 * Hm + p, J = (p0 + q0 + p / Hm) / n_c;
+            const int32_t *lrow = list + g * k_c;
+            for (int64_t k = 0; k <= k_c; k++)
+                if (spt_chunk(lrow, k, k_c, J) == j) {
+                    if (fill)
+                        ent[at++] = (int32_t)(p * (k_c + 1) + k);
+                    else
+                        n++;
+                }
+        }
+        if (!fill) cnt[j] = n;
+    }
+}
+
+/* One thread: the entry offsets of the chunks and the list of chunks with entries. */
+__global__ void k_spt_scan(int32_t *off, int32_t *used, int32_t *nused, const int32_t *cnt,
+                           int64_t Jb) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    int32_t o = 0, nu = 0;
+    for (int64_t j = 0; j < Jb; j++) {
+        off[j] = o;
+        o += cnt[j];
+        if (cnt[j] > 0) used[nu++] = (int32_t)j;
+    }
+    off[Jb] = o;
+    *nused = nu;
+}
+
+/* Row side: one thread per (row of a chunk with entries, column c): the sum over the chunk's
+ * entries in order (pairs in order, then slots) of P dohat + scale dZ [qhat; q_pe], added to
+ * dnew (rows >= p0) or dprefix (rows < p0; skipped when NULL).  Rows past the block's last
+ * query are not touched. */
+__global__ void k_spt_bwd_rows(float *dnew, float *dprefix, const float *Pb, const float *dZb,
+                               const int32_t *ent, const int32_t *off, const int32_t *used,
+                               const int32_t *nused, const float *dohat, const float *qhat,
+                               const float *q_pe, int64_t p0, int64_t q0, int64_t nq, int64_t Hm,
+                               int64_t rkv, int64_t r, float scale, int64_t n_c, int64_t k_c) {
+    const int64_t R = rkv + r, E = (k_c + 1) * n_c, last = p0 + q0 + nq - 1;
+    const int64_t total = (int64_t)*nused * n_c * R;
+    ARL_GRID_STRIDE(idx, total) {
+        const int64_t j = used[idx / (n_c * R)], o = (idx / R) % n_c, c = idx % R;
+        const int64_t s = j * n_c + o;
+        if (s > last || (s < p0 && !dprefix)) continue;
+        float acc = 0.0f;
+        for (int32_t x = off[j]; x < off[j + 1]; x++) {
+            const int64_t pe = ent[x], p = pe / (k_c + 1), k = pe % (k_c + 1);
+            const int64_t g = q0 * Hm + p, e = p * E + k * n_c + o;
+            const float pv = Pb[e], dz = dZb[e];
+            if (c < rkv)
+                acc += pv * dohat[g * rkv + c] + scale * dz * qhat[g * rkv + c];
+            else
+                acc += scale * dz * q_pe[g * r + (c - rkv)];
+        }
+        if (s < p0)
+            dprefix[s * R + c] += acc;
+        else
+            dnew[(s - p0) * R + c] += acc;
+    }
+}
+
+extern "C" void arl_cuda_mla_sparse_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
+                                        const float *dohat, const float *ohat, const float *lse,
+                                        const int32_t *list, const float *qhat, const float *q_pe,
+                                        const float *rows, int64_t p0, int64_t Tq, int64_t Hm,
+                                        int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                        int64_t k_c, float *ws) {
+    arl_cuda_ctx *ctx = arl_cuda_need();
+    ARL_ASSERT(p0 >= 0 && Tq >= 0 && n_c >= 1 && k_c >= 1 && rkv >= 1);
+    if (Tq == 0) return;
+    const int64_t R = rkv + r, M = p0 + Tq, bq = arl_spt_bwd_queries(Hm, n_c, k_c);
+    float *dpre = p0 > 0 ? dprefix : NULL;
+    spt_ws b;
+    spt_bind(&b, ws, Tq, M, Hm, R, n_c, k_c);
+    for (int64_t q0 = 0; q0 < Tq; q0 += bq) {
+        const int64_t nq = Tq - q0 < bq ? Tq - q0 : bq, np = nq * Hm;
+        const int64_t Jb = (p0 + q0 + nq - 1) / n_c + 1;
+        k_spt_bwd_q<<<(unsigned)np, SPT_THREADS, 0, ctx->stream>>>(
+            dqhat, dq_pe, b.P, b.dZ, dohat, ohat, lse, list, qhat, q_pe, rows, p0, q0, Hm, rkv, r,
+            scale, n_c, k_c);
+        k_spt_lists<<<arl_blocks(Jb, 128), 128, 0, ctx->stream>>>(b.cnt, b.ent, b.off, list, p0, q0,
+                                                                  np, Hm, n_c, k_c, Jb, 0);
+        k_spt_scan<<<1, 1, 0, ctx->stream>>>(b.off, b.used, b.nused, b.cnt, Jb);
+        k_spt_lists<<<arl_blocks(Jb, 128), 128, 0, ctx->stream>>>(b.cnt, b.ent, b.off, list, p0, q0,
+                                                                  np, Hm, n_c, k_c, Jb, 1);
+        k_spt_bwd_rows<<<arl_blocks(Jb * n_c * R, 256), 256, 0, ctx->stream>>>(
+            dnew, dpre, b.P, b.dZ, b.ent, b.off, b.used, b.nused, dohat, qhat, q_pe, p0, q0, nq, Hm,
+            rkv, r, scale, n_c, k_c);
+    }
+    ARL_CUDA_LAUNCHED(ctx, "mla_sparse_bwd");
 }

@@ -37,7 +37,10 @@
  *                            boundary or missing term gives errors of order max|ref|.
  *   test_model_train cuda-emu  the fp32 case under tests/cuda/emu (every kernel on the CPU).
  * Both devices also train on image rows in place of the <|media_pad|> placeholders
- * (test_cpu_media bit-identical, test_cuda_media in the fp32 bounds).
+ * (test_cpu_media bit-identical, test_cuda_media in the fp32 bounds), and a block-sparse MLA
+ * model (spec 4.5, chunks of 5 tokens, k_c 2: the 33-token document's queries choose among up
+ * to 6 earlier chunks; test_cpu_sparse bit-identical with and without activation
+ * checkpointing, test_cuda_sparse in the fp32 bounds).
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,6 +56,7 @@
 
 static tiny_model TM;
 static const arl_dev_ops *OPS;
+static int g_sparse; /* the models of a case (reference and device) are block-sparse */
 
 static const int32_t CU[4] = {0, 17, 50, 57}; /* ragged; crosses chunks of 16 */
 #define NT 57
@@ -65,6 +69,10 @@ static arl_model_opts test_opts(void) {
     o.max_docs = 8;
     o.max_context = 256;
     o.kda_chunk = 16;
+    if (g_sparse) {
+        o.mla_sparse_topk = 2;
+        o.mla_sparse_chunk = 5;
+    }
     return o;
 }
 
@@ -566,6 +574,21 @@ static void test_cuda_checkpoint(void) {
     cuda_step(ARL_CUDA_MATH_FP32, 1e-4, 2e-3, 1, "cuda fp32 checkpointing");
     g_ckpt = 0;
 }
+static void test_cpu_sparse(void) {
+    g_sparse = 1;
+    test_cpu_bit_identical();
+    g_ckpt = 1;
+    test_cpu_bit_identical();
+    g_ckpt = 0;
+    g_sparse = 0;
+}
+
+static void test_cuda_sparse(void) {
+    g_sparse = 1;
+    cuda_step(ARL_CUDA_MATH_FP32, 1e-4, 2e-3, 1, "cuda fp32 block-sparse");
+    g_sparse = 0;
+}
+
 static void test_cuda_bf16(void) {
     cuda_step(ARL_CUDA_MATH_BF16, 2e-2, 0.15, 0, "cuda bf16");
 }
@@ -580,6 +603,7 @@ int main(int argc, char **argv) {
         TEST_RUN(test_cpu_forward_outputs);
         TEST_RUN(test_cpu_media);
         TEST_RUN(test_cpu_checkpoint);
+        TEST_RUN(test_cpu_sparse);
     } else {
         /* the model, its training block (weights x 4 and the tiny activations) and the
          * context's own part: 256 MiB */
@@ -592,6 +616,7 @@ int main(int argc, char **argv) {
         TEST_RUN(test_cuda_forward_outputs);
         TEST_RUN(test_cuda_media);
         TEST_RUN(test_cuda_checkpoint);
+        TEST_RUN(test_cuda_sparse);
         if (strcmp(dev, "cuda-emu") != 0) /* the emulator: fp32 only (every launch is slow) */
             TEST_RUN(test_cuda_bf16);
     }

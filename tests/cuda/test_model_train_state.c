@@ -32,6 +32,12 @@
  *                                the state gradients go through the same backward); states
  *                                rtol 1e-4 (forward values).  A wrong index, boundary or
  *                                missing term gives errors of order max|ref|.
+ * The same segments with block-sparse MLA (spec 4.5: chunks of 5 rows, k_c = 2; the documents
+ * reach 8 chunks, so most queries select among earlier chunks): the absorbed form for fresh
+ * documents too, each (token, head)'s selection kept for the backward (ops mla_sparse_*).
+ * On the GPU with the cuda tolerances: the chunk scores are fp32 sums in another order, so a
+ * (token, head) whose two best scores agree to ~1e-7 relative could select the other chunk
+ * (a failure of order max|ref|, not of the kernels); random rows make that a ~1% event here.
  *   test_model_train_state cuda-emu  under tests/cuda/emu (every kernel on the CPU; each launch is
  *                                slow there): segment 1 on the reference only, its states
  *                                uploaded to the device's slots, then a shorter mixed segment 2,
@@ -52,7 +58,11 @@
 
 static tiny_model TM;
 static const arl_dev_ops *OPS;
-static int EXACT; /* 1: "cpu" ops, memcmp */
+static int EXACT;  /* 1: "cpu" ops, memcmp */
+static int SPARSE; /* 1: block-sparse MLA (SP_CHUNK, SP_TOPK) */
+
+#define SP_CHUNK 5
+#define SP_TOPK 2
 
 #define NSLOT 4
 #define MAXCTX 128
@@ -64,6 +74,10 @@ static arl_model_opts test_opts(void) {
     o.max_docs = 4;
     o.max_context = MAXCTX;
     o.kda_chunk = 16;
+    if (SPARSE) {
+        o.mla_sparse_topk = SP_TOPK;
+        o.mla_sparse_chunk = SP_CHUNK;
+    }
     return o;
 }
 
@@ -313,6 +327,18 @@ static void test_segments_emu(void) {
     run_segments(1);
 }
 
+static void test_segments_sparse(void) {
+    SPARSE = 1;
+    run_segments(0);
+    SPARSE = 0;
+}
+
+static void test_segments_sparse_emu(void) {
+    SPARSE = 1;
+    run_segments(1);
+    SPARSE = 0;
+}
+
 static void test_errors(void) {
     sides S;
     sides_init(&S);
@@ -420,6 +446,63 @@ static void dcmp(const char *what, const float *dev, const float *ref, int64_t n
  * expf may differ by an ulp on the device); the absorbed core rtol 1e-4 (the dot products and
  * the softmax sums run in another order, and the softmax sum in double: ~1e-6 relative; a wrong
  * row, head or boundary gives O(max|ref|)). */
+/* The block-sparse core (chunks of 5, k_c 2): a document after a prefix of 37 rows (70
+ * queries: crosses the device backward's blocks of 64 queries; up to 21 chunks), one from
+ * position 0 (a query's own chunk and the dense case J <= k_c included).  The selected lists
+ * must be equal (random rows: no near-ties), the rest within the absorbed core's bounds. */
+static void sparse_ops(dblock *B) {
+    const arl_dev_ops *C = arl_dev_ops_cpu();
+    const int64_t Hm = 2, rkv = 16, r = 8, R = rkv + r, n_c = 5, k_c = 2;
+    const float scale = 0.2f;
+    for (int c = 0; c < 2; c++) {
+        const int64_t p0 = c == 0 ? 37 : 0, Tq = c == 0 ? 70 : 23, M = p0 + Tq;
+        B->used = 0;
+        float *rows = rnd(M * R, 110 + c, 1.0f), *qh = rnd(Tq * Hm * rkv, 120 + c, 1.0f);
+        float *qp = rnd(Tq * Hm * r, 130 + c, 1.0f), *dO = rnd(Tq * Hm * rkv, 140 + c, 1.0f);
+        float *ohat = malloc(sizeof(float) * (size_t)(Tq * Hm * rkv));
+        float *lse = malloc(sizeof(float) * (size_t)(Tq * Hm));
+        int32_t *list = malloc(sizeof(int32_t) * (size_t)(Tq * Hm * k_c));
+        int32_t *dlist_h = malloc(sizeof(int32_t) * (size_t)(Tq * Hm * k_c));
+        float *dqh = rnd(Tq * Hm * rkv, 150 + c, 0.1f), *dqp = rnd(Tq * Hm * r, 160 + c, 0.1f);
+        float *dnew = rnd(Tq * R, 170 + c, 0.1f), *dpre = rnd(p0 > 0 ? p0 * R : 1, 180 + c, 0.1f);
+        float *ws = malloc(sizeof(float) *
+                           (size_t)C->mla_sparse_train_ws_floats(Tq, M, Hm, rkv, r, n_c, k_c));
+        float *drows = dput(B, rows, M * R), *dqh_in = dput(B, qh, Tq * Hm * rkv);
+        float *dqp_in = dput(B, qp, Tq * Hm * r), *ddO = dput(B, dO, Tq * Hm * rkv);
+        float *dohat = dput(B, NULL, Tq * Hm * rkv), *dlse = dput(B, NULL, Tq * Hm);
+        int32_t *dlist = (int32_t *)dput(B, NULL, Tq * Hm * k_c);
+        float *ddqh = dput(B, dqh, Tq * Hm * rkv), *ddqp = dput(B, dqp, Tq * Hm * r);
+        float *ddnew = dput(B, dnew, Tq * R), *ddpre = dput(B, dpre, p0 > 0 ? p0 * R : 1);
+        float *dws = dput(B, NULL, OPS->mla_sparse_train_ws_floats(Tq, M, Hm, rkv, r, n_c, k_c));
+        C->mla_sparse_fwd_save(ohat, lse, list, qh, qp, rows, p0, Tq, Hm, rkv, r, scale, n_c, k_c,
+                               ws);
+        OPS->mla_sparse_fwd_save(dohat, dlse, dlist, dqh_in, dqp_in, drows, p0, Tq, Hm, rkv, r,
+                                 scale, n_c, k_c, dws);
+        dcmp("mla_sparse_fwd_save ohat", dohat, ohat, Tq * Hm * rkv, 1e-4);
+        dcmp("mla_sparse_fwd_save lse", dlse, lse, Tq * Hm, 1e-4);
+        CHECK(OPS->download(dlist_h, dlist, sizeof(int32_t) * (size_t)(Tq * Hm * k_c)) == ARL_OK);
+        CHECK_MSG(!memcmp(dlist_h, list, sizeof(int32_t) * (size_t)(Tq * Hm * k_c)),
+                  "mla_sparse_fwd_save: the selected chunks differ");
+        /* not the dense case everywhere: the last query selected fewer chunks than it has */
+        const int64_t J_last = (M - 1) / n_c;
+        CHECK(J_last > k_c && list[(Tq * Hm - 1) * k_c + k_c - 1] >= 0);
+        for (int with_pre = 0; with_pre < 2; with_pre++) {
+            CHECK(OPS->upload(dohat, ohat, sizeof(float) * (size_t)(Tq * Hm * rkv)) == ARL_OK);
+            CHECK(OPS->upload(dlse, lse, sizeof(float) * (size_t)(Tq * Hm)) == ARL_OK);
+            C->mla_sparse_bwd(dqh, dqp, dnew, with_pre ? dpre : NULL, dO, ohat, lse, list, qh, qp,
+                              rows, p0, Tq, Hm, rkv, r, scale, n_c, k_c, ws);
+            OPS->mla_sparse_bwd(ddqh, ddqp, ddnew, with_pre ? ddpre : NULL, ddO, dohat, dlse, dlist,
+                                dqh_in, dqp_in, drows, p0, Tq, Hm, rkv, r, scale, n_c, k_c, dws);
+            dcmp("mla_sparse_bwd dqhat", ddqh, dqh, Tq * Hm * rkv, 1e-4);
+            dcmp("mla_sparse_bwd dq_pe", ddqp, dqp, Tq * Hm * r, 1e-4);
+            dcmp("mla_sparse_bwd dnew", ddnew, dnew, Tq * R, 1e-4);
+            if (p0 > 0) dcmp("mla_sparse_bwd dprefix", ddpre, dpre, p0 * R, 1e-4);
+        }
+        free(rows), free(qh), free(qp), free(dO), free(ohat), free(lse), free(list), free(dlist_h);
+        free(dqh), free(dqp), free(dnew), free(dpre), free(ws);
+    }
+}
+
 static void test_cuda_ops(void) {
     const arl_dev_ops *C = arl_dev_ops_cpu();
     dblock B = {.cap = (size_t)8 << 20};
@@ -489,6 +572,7 @@ static void test_cuda_ops(void) {
         free(rows), free(qh), free(qp), free(dO), free(ohat), free(lse), free(dqh), free(dqp);
         free(dnew), free(dpre), free(ws);
     }
+    sparse_ops(&B);
     OPS->mem_free(B.base, B.token);
 }
 
@@ -499,6 +583,7 @@ int main(int argc, char **argv) {
         OPS = arl_dev_ops_cpu();
         EXACT = 1;
         TEST_RUN(test_segments);
+        TEST_RUN(test_segments_sparse);
         TEST_RUN(test_errors);
     } else {
         /* the model with 4 slots of 128 rows, its training block, the state gradients and
@@ -510,14 +595,25 @@ int main(int argc, char **argv) {
         }
         arl_cuda_set_math(arl_cuda_current(), ARL_CUDA_MATH_FP32);
         /* ARL_TEST_CASES=ops: the op tests only (a quick run under the emulator, e.g. with
-         * EMU_ASAN=1 for the kernels' indexing) */
+         * EMU_ASAN=1 for the kernels' indexing); =sparse: the ops and the block-sparse
+         * segments only (the emulator's default is the dense segments) */
         const char *cases = getenv("ARL_TEST_CASES");
         const int ops_only = cases && strcmp(cases, "ops") == 0;
+        const int sparse_only = cases && strcmp(cases, "sparse") == 0;
+        const int emu = strcmp(dev, "cuda-emu") == 0;
         TEST_RUN(test_cuda_ops);
-        if (!ops_only && strcmp(dev, "cuda-emu") == 0)
-            TEST_RUN(test_segments_emu);
-        else if (!ops_only)
-            TEST_RUN(test_segments);
+        if (!ops_only && !sparse_only) {
+            if (emu)
+                TEST_RUN(test_segments_emu);
+            else
+                TEST_RUN(test_segments);
+        }
+        if (!ops_only && (sparse_only || !emu)) {
+            if (emu)
+                TEST_RUN(test_segments_sparse_emu);
+            else
+                TEST_RUN(test_segments_sparse);
+        }
     }
     tiny_free(&TM);
     return test_finish();

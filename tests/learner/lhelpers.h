@@ -105,7 +105,8 @@ typedef struct lh_opts {
     const char *allreduce;    /* learner.device-allreduce (NULL: auto) */
     int prefix_per_minibatch; /* prefix-refresh per_minibatch */
     int act_checkpoint;       /* activation-checkpointing */
-    int64_t sparse_topk;      /* block-sparse MLA k_c (chunk 64) */
+    int64_t sparse_topk;      /* block-sparse MLA k_c */
+    int64_t sparse_chunk;     /* its chunk length (0: 64) */
 } lh_opts;
 
 /* lh_learner_open with the settings of o; the status of arl_learner_create (h is to be closed
@@ -148,7 +149,7 @@ static inline arl_status lh_learner_try_open(lh_learner *h, const char *ckpt, co
     h->lc.prefix_per_minibatch = o->prefix_per_minibatch;
     h->lc.act_checkpoint = o->act_checkpoint;
     h->lc.mla_sparse_topk = o->sparse_topk;
-    h->lc.mla_sparse_chunk = o->sparse_topk > 0 ? 64 : 0;
+    h->lc.mla_sparse_chunk = o->sparse_topk <= 0 ? 0 : o->sparse_chunk > 0 ? o->sparse_chunk : 64;
     arl_learner_init in = {.cfg = &h->cfg,
                            .params = &h->params,
                            .ref_params = &h->ref,

@@ -150,9 +150,7 @@ static void test_errors(void) {
     /* budgets of spec/objective.md 3.2 */
     const char *bad_budget[] = {"rollout.segment-tokens=100"};
     expect_error(base, bad_budget, 1, "segment-tokens");
-    /* the learner on a device trains dense MLA only; an unknown device name */
-    const char *bad_dev[] = {"learner.device=cpu-device", "rollout.mla-sparse-topk=2"};
-    expect_error(base, bad_dev, 2, "block-sparse MLA trains on the CPU reference only");
+    /* an unknown device name */
     const char *bad_dev2[] = {"learner.device=tpu"};
     expect_error(base, bad_dev2, 1, "device");
     /* the teacher's demonstrations need a built-in environment */

@@ -1,11 +1,13 @@
 /* kernels/cuda/stub/sparse_stub.c: the block-sparse MLA ops of kernels/cuda/sparse.cu in a
  * build without CUDA.  They cannot be reached (no context can exist), so a call is a programmer
  * error (ARL_ASSERT), as for the other device ops (kernels/cuda/stub/segment_stub.c); the
- * work-buffer size is plain arithmetic and answers as the CUDA build does. */
+ * work-buffer sizes are plain arithmetic and answer as the CUDA build does (the training one
+ * from kernels/cuda/sparse_layout.h). */
 #include <stdint.h>
 
 #include "core/assert.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/sparse_layout.h"
 
 #define NO_CTX ARL_ASSERT(!"CUDA op called in a build without CUDA (no context can exist)")
 
@@ -26,5 +28,30 @@ void arl_cuda_mla_sparse_attn(float *ohat, const float *qhat, const float *q_pe,
                               int64_t k_c, float *ws) {
     (void)ohat, (void)qhat, (void)q_pe, (void)cache, (void)means, (void)pos0, (void)Tq, (void)Hm;
     (void)rkv, (void)r, (void)scale, (void)n_c, (void)k_c, (void)ws;
+    NO_CTX;
+}
+int64_t arl_cuda_mla_sparse_train_ws_floats(int64_t Tq_max, int64_t S, int64_t Hm, int64_t rkv,
+                                            int64_t r, int64_t n_c, int64_t k_c) {
+    ARL_ASSERT(Tq_max >= 1 && S >= 1 && Hm >= 1 && n_c >= 1 && k_c >= 1);
+    arl_spt_layout L;
+    arl_spt_layout_make(&L, Tq_max, S, Hm, rkv + r, n_c, k_c);
+    return L.floats;
+}
+void arl_cuda_mla_sparse_fwd_save(float *ohat, float *lse, int32_t *list, const float *qhat,
+                                  const float *q_pe, const float *rows, int64_t p0, int64_t Tq,
+                                  int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                  int64_t k_c, float *ws) {
+    (void)ohat, (void)lse, (void)list, (void)qhat, (void)q_pe, (void)rows, (void)p0, (void)Tq;
+    (void)Hm, (void)rkv, (void)r, (void)scale, (void)n_c, (void)k_c, (void)ws;
+    NO_CTX;
+}
+void arl_cuda_mla_sparse_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
+                             const float *dohat, const float *ohat, const float *lse,
+                             const int32_t *list, const float *qhat, const float *q_pe,
+                             const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
+                             int64_t r, float scale, int64_t n_c, int64_t k_c, float *ws) {
+    (void)dqhat, (void)dq_pe, (void)dnew, (void)dprefix, (void)dohat, (void)ohat, (void)lse;
+    (void)list, (void)qhat, (void)q_pe, (void)rows, (void)p0, (void)Tq, (void)Hm, (void)rkv;
+    (void)r, (void)scale, (void)n_c, (void)k_c, (void)ws;
     NO_CTX;
 }
