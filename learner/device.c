@@ -36,13 +36,12 @@
 /* The learner's own CUDA context on its GPU (the local MPI rank modulo the GPU count), with an
  * arena of `need` bytes plus the context's own part.  Not made current. */
 static arl_status open_gpu(size_t need, arl_cuda_ctx **out) {
-    const int32_t n = arl_cuda_device_count();
-    if (n <= 0)
+    const int32_t dev = arl_cuda_local_device();
+    if (dev < 0)
         return arl_errorf(ARL_ERR_DEVICE, "learner: device cuda: no CUDA device is visible");
-    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     arl_cuda_config c;
     arl_cuda_config_defaults(&c);
-    c.device = lr && *lr ? (int32_t)(strtol(lr, NULL, 10) % n) : 0;
+    c.device = dev;
     c.arena_bytes = need + ((size_t)64 << 20);
     arl_status s = arl_cuda_open(&c, out);
     if (s) return arl_error_prefix(s, "learner: device cuda (GPU %d)", (int)c.device);
@@ -105,7 +104,19 @@ arl_status lr_dev_open(arl_learner *l) {
         const int64_t need = arl_model_dev_bytes(l->cfg, &mo, arl_dev_ops_cuda(), &dopts) +
                              arl_model_dev_train_bytes(&plan) +
                              (int64_t)sizeof(float) * plan.weight_floats + 4096;
-        ARL_TRY(open_gpu((size_t)need, &l->ctx));
+        arl_status so = open_gpu((size_t)need, &l->ctx);
+        if (so && arl_cuda_device_count() > 0) { /* where the bytes go: the slots' rows, mostly */
+            const arl_model_dims *dm = &l->cfg->dims;
+            const double slots = (double)sizeof(float) * (double)dm->n_mla * (double)l->N *
+                                 (double)plan.max_context * (double)(dm->rkv + dm->r);
+            return arl_error_prefix(so,
+                                    "learner: device cuda needs %.2f GiB, of which %.2f GiB are "
+                                    "the latent rows of %d document slots (learner.max-docs) x "
+                                    "%lld positions (the context); lower either",
+                                    (double)need / 1073741824.0, slots / 1073741824.0, (int)l->N,
+                                    (long long)plan.max_context);
+        }
+        if (so) return so;
     }
     lr_dev_enter(l);
     arl_status s = arl_dev_ops_get(cuda ? "cuda" : "cpu", 0, &l->ops);
@@ -133,8 +144,7 @@ arl_status lr_dev_open(arl_learner *l) {
     l->dev_w_step = l->in.opt->step;
     l->dev_cur = calloc((size_t)l->N, 1);
     l->dev_ahead = calloc((size_t)l->N, 1);
-    l->gstage = malloc(sizeof(float) * (size_t)l->md.weight_floats);
-    if (!l->dev_ahead || !l->dev_cur || !l->gstage)
+    if (!l->dev_ahead || !l->dev_cur)
         return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (device slots)");
     if (cuda) snprintf(l->numerics, sizeof l->numerics, "%s", "cuda-f32");
     return ARL_OK;
@@ -367,7 +377,12 @@ arl_status lr_grads_end(arl_learner *l) {
     if (!l->ops || l->dev_opt) return ARL_OK; /* AdamW on the device: the sums stay there */
     /* the host arena was zero, and the pass added to it only what the device does not compute
      * (the embedding row of the <|media_pad|> placeholders, learner/media.c): adding the
-     * device's sums gives the host's, term for term */
+     * device's sums gives the host's, term for term.  The staging arena is made on the first
+     * such pass (a learner whose AdamW always runs on the device never needs it). */
+    if (!l->gstage) l->gstage = malloc(sizeof(float) * (size_t)l->md.weight_floats);
+    if (!l->gstage)
+        return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (gradient staging, %lld floats)",
+                          (long long)l->md.weight_floats);
     arl_status s = arl_model_dev_grads_download(&l->mdt, l->gstage);
     if (s) return arl_error_prefix(s, "learner: gradients from device %s", l->lc.device);
     float *g = l->grads.arena;

@@ -99,7 +99,8 @@ struct arl_learner {
                           nothing (learner/device.c) */
     uint8_t *dev_ahead; /* (N) 1: device slot i is ahead of the host slot it mirrors (the host's
                            comes up to date at lr_slot_sync) */
-    float *gstage;     /* (weight floats) the device's gradients on their way to grads */
+    float *gstage;      /* (weight floats) the device's gradients on their way to grads (made
+                           by the first pass whose AdamW runs on the host) */
     void *dstage;      /* (weight floats) DEVICE: the host's gradient on its way to the device's */
     size_t dstage_token;
     int dev_opt;       /* this update runs AdamW on the device (lr_optim_begin) */

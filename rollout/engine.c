@@ -66,11 +66,7 @@ static arl_status open_gpu(const ro_engine_opts *o, size_t need) {
         g_ctx = cur = NULL;
     }
     if (cur || n <= 0) return ARL_OK;
-    int32_t idx = o->device_index;
-    if (idx < 0) {
-        const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-        idx = lr && *lr ? (int32_t)(strtol(lr, NULL, 10) % n) : 0;
-    }
+    const int32_t idx = o->device_index < 0 ? arl_cuda_local_device() : o->device_index;
     if (idx >= n)
         return arl_errorf(ARL_ERR_ARG, "rollout: device-index %d, this machine has %d GPU(s)", idx,
                           n);

@@ -87,6 +87,11 @@ void arl_cuda_config_defaults(arl_cuda_config *c);
  * a build without CUDA).  Never fails. */
 int32_t arl_cuda_device_count(void);
 
+/* This process's GPU among the visible ones: the local MPI rank (OMPI_COMM_WORLD_LOCAL_RANK)
+ * modulo arl_cuda_device_count(), 0 outside mpirun; -1 without a device.  Never fails
+ * (kernels/cuda/select.c; the rollout engine and the learner open their context on it). */
+int32_t arl_cuda_local_device(void);
+
 /* Opens a context on c->device: stream, cuBLAS handle, arena.  *out is owned by the caller
  * (arl_cuda_close).  ARL_ERR_UNSUPPORTED without CUDA; ARL_ERR_DEVICE when the device does not
  * exist or the arena cannot be allocated (the message says how much was asked). */

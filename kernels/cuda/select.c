@@ -1,6 +1,7 @@
 /* kernels/cuda/select.c: backend selection by name (kernels/backend.h arl_k_backend_get),
  * in every build: with CUDA it returns the device table, without it a clear error
  * (kernels/cuda/stub/cuda_stub.c supplies the CUDA entry points then). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/backend.h"
@@ -27,4 +28,12 @@ arl_status arl_k_backend_get(const char *name, const arl_k_backend **out) {
     if (!ctx) ARL_TRY(arl_cuda_default(&ctx));
     *out = arl_k_backend_cuda();
     return ARL_OK;
+}
+
+int32_t arl_cuda_local_device(void) {
+    const int32_t n = arl_cuda_device_count();
+    if (n <= 0) return -1;
+    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const long r = lr && *lr ? strtol(lr, NULL, 10) : 0;
+    return (int32_t)((r < 0 ? 0 : r) % n);
 }
