@@ -603,6 +603,7 @@ static arl_status run_hash(tr_run *r) {
     json_object_del(ro, "threads");
     json_object_del(ro, "progress-s");
     json_t *le = json_object_get(j, "learner");
+    json_object_del(le, "device-slot-rows"); /* memory only: the same bits either way */
     json_object_set_new(le, "resolved-total-steps", json_integer(r->ocfg.total_steps));
     char *canon = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(j);
@@ -1596,6 +1597,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     snprintf(r->lc.device, sizeof r->lc.device, "%s", c->learner.own.device);
     snprintf(r->lc.device_allreduce, sizeof r->lc.device_allreduce, "%s",
              c->learner.own.device_allreduce);
+    r->lc.device_slot_rows = c->learner.own.device_slot_rows;
     r->lc.state_cache_bytes = (int64_t)(c->learner.own.state_cache_mb * 1048576.0);
     r->lc.drift_sample = c->learner.own.drift_sample;
     r->lc.shared_prefix = c->learner.own.shared_prefix;

@@ -97,7 +97,9 @@ arl_status lr_dev_open(arl_learner *l) {
     const int nccl = cuda && (!strcmp(ar, "nccl") ||
                               (!strcmp(ar, "auto") && R > 1 && arl_cuda_nccl_available()));
     arl_model_opts mo = l->m.opts; /* the CPU policy model's settings (block-sparse MLA too) */
-    arl_model_dev_opts dopts = {.n_slots = l->N, .train_checkpoint = l->lc.act_checkpoint};
+    arl_model_dev_opts dopts = {.n_slots = l->N,
+                                .train_checkpoint = l->lc.act_checkpoint,
+                                .slot_rows = l->lc.device_slot_rows};
     if (cuda) {
         arl_model_dev plan;
         ARL_TRY(arl_model_dev_plan(&plan, arl_dev_ops_cuda(), l->cfg, &mo, &dopts));
@@ -107,14 +109,15 @@ arl_status lr_dev_open(arl_learner *l) {
         arl_status so = open_gpu((size_t)need, &l->ctx);
         if (so && arl_cuda_device_count() > 0) { /* where the bytes go: the slots' rows, mostly */
             const arl_model_dims *dm = &l->cfg->dims;
-            const double slots = (double)sizeof(float) * (double)dm->n_mla * (double)l->N *
-                                 (double)plan.max_context * (double)(dm->rkv + dm->r);
-            return arl_error_prefix(so,
-                                    "learner: device cuda needs %.2f GiB, of which %.2f GiB are "
-                                    "the latent rows of %d document slots (learner.max-docs) x "
-                                    "%lld positions (the context); lower either",
-                                    (double)need / 1073741824.0, slots / 1073741824.0, (int)l->N,
-                                    (long long)plan.max_context);
+            const double slots = (double)sizeof(float) * (double)dm->n_mla * (double)plan.lat_rows *
+                                 (double)(dm->rkv + dm->r);
+            return arl_error_prefix(
+                so,
+                "learner: device cuda needs %.2f GiB, of which %.2f GiB are the %lld latent rows "
+                "per MLA layer of the document slots (learner.device-slot-rows, or when 0 "
+                "learner.max-docs %d x the context %lld); lower them",
+                (double)need / 1073741824.0, slots / 1073741824.0, (long long)plan.lat_rows,
+                (int)l->N, (long long)plan.max_context);
         }
         if (so) return so;
     }

@@ -67,6 +67,12 @@ static const arl_option own_tab[] = {
      "rank count, learner/dist.h), or auto (nccl with several learner ranks when the build has "
      "NCCL, else mpi)",
      0, 0, "auto|nccl|mpi", 0, NULL},
+    {"device-slot-rows", ARL_OPT_INT, OWN(device_slot_rows), "0",
+     "device cuda|cpu-device: MLA latent rows (per layer) the document slots share; 0: each of "
+     "the max-docs slots keeps the whole context; fewer: a slot's rows follow its document's "
+     "length (made, grown and freed as the passes go; a pass whose documents need more stops "
+     "with an error naming the counts). Memory, not numerics: a resume may change it",
+     0, 1e12, NULL, 0, "ROWS"},
 };
 #undef OWN
 

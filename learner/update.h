@@ -140,6 +140,7 @@ typedef struct arl_learner_own_opts {
     int64_t shared_prefix_min; /* fewest shared tokens worth it */
     char *device;              /* cpu|cuda|cpu-device */
     char *device_allreduce;    /* auto|nccl|mpi */
+    int64_t device_slot_rows;  /* latent rows the device's slots share (0: each its own) */
 } arl_learner_own_opts;
 
 /* The whole "learner" section: the learner's keys, the objective's reward keys
@@ -189,6 +190,10 @@ typedef struct arl_learner_config {
                                   (on the GPUs, a communicator bootstrapped over MPI), "mpi"
                                   (learner/dist.h on the host), "auto" or empty (nccl when
                                   there are several learner ranks and the build has NCCL) */
+    int64_t device_slot_rows;  /* > 0: the device model's slots share that many latent rows
+                                  per MLA layer (policy/model_device.h slot_rows), each slot's
+                                  range following its document's length; 0: max_docs slots of
+                                  max_context rows each */
 } arl_learner_config;
 
 /* ------------------------------------------------------------------------------------------ */

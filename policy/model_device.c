@@ -414,7 +414,7 @@ static int64_t dev_layout(arl_model_dev *m, float *base) {
         const int64_t sn = dm->H * dm->dk * dm->dv;
         const int64_t tn = 3 * dm->P * (dm->W - 1);
         m->st_kda = take(&w, dm->n_kda * m->n_slots * (sn + tn));
-        m->st_lat = take(&w, dm->n_mla * m->n_slots * m->max_context * R);
+        m->st_lat = take(&w, dm->n_mla * m->lat_rows * R);
         m->kda_S = take(&w, (int64_t)N * sn);
         m->kda_tails = take(&w, (int64_t)N * tn);
         m->kda_tin = take(&w, (int64_t)N * dm->P * (dm->W - 1));
@@ -499,8 +499,15 @@ static arl_status dev_settings(arl_model_dev *m, const arl_dev_ops *ops,
     if (n_slots < 0)
         return arl_errorf(ARL_ERR_ARG, "model (%s device): n_slots must be >= 0, got %d", ops->name,
                           n_slots);
+    if (dopts->slot_rows < 0 || (dopts->slot_rows > 0 && dopts->decode_graphs))
+        return arl_errorf(ARL_ERR_ARG,
+                          "model (%s device): slot_rows must be >= 0 (got %lld), and shared slot "
+                          "rows cannot be used with decode_graphs (a captured step keeps the "
+                          "rows' addresses)",
+                          ops->name, (long long)dopts->slot_rows);
     m->n_slots = n_slots;
     m->max_context = o.max_context;
+    m->lat_rows = dopts->slot_rows > 0 ? dopts->slot_rows : (int64_t)n_slots * o.max_context;
     if (dm->dk != dm->dv)
         return arl_errorf(ARL_ERR_CONFIG, "model (%s device): KDA needs head_dim dk = dv",
                           ops->name);
@@ -558,14 +565,16 @@ arl_status arl_model_dev_init(arl_model_dev *m, const arl_dev_ops *ops, const ar
         m->moe_index = malloc(sizeof(int32_t) * (size_t)(m->dm.L > 0 ? m->dm.L : 1));
         m->no_targets = malloc(sizeof(int32_t) * (size_t)m->opts.max_tokens);
         m->st_pos = calloc((size_t)(m->n_slots > 0 ? m->n_slots : 1), sizeof(int64_t));
+        m->slot_row0 = calloc((size_t)(m->n_slots > 0 ? m->n_slots : 1), sizeof(int64_t));
+        m->slot_cap = calloc((size_t)(m->n_slots > 0 ? m->n_slots : 1), sizeof(int64_t));
         m->caches = calloc((size_t)m->opts.max_docs, sizeof(float *));
         m->cu_host1 = malloc(sizeof(int32_t) * (size_t)(m->opts.max_docs + 1));
         m->pos_host = malloc(sizeof(int64_t) * (size_t)m->opts.max_docs);
         m->graph_slots = malloc(sizeof(int32_t) * (size_t)m->opts.max_docs);
         m->routes_host =
             malloc(sizeof(int32_t) * (size_t)(m->opts.max_tokens * (m->dm.k > 0 ? m->dm.k : 1)));
-        if (!m->moe_index || !m->no_targets || !m->st_pos || !m->caches || !m->cu_host1 ||
-            !m->pos_host || !m->graph_slots || !m->routes_host)
+        if (!m->moe_index || !m->no_targets || !m->st_pos || !m->slot_row0 || !m->slot_cap ||
+            !m->caches || !m->cu_host1 || !m->pos_host || !m->graph_slots || !m->routes_host)
             s = arl_errorf(ARL_ERR_NOMEM, "model (%s device): host index arrays", ops->name);
     }
     if (!s) {
@@ -574,6 +583,10 @@ arl_status arl_model_dev_init(arl_model_dev *m, const arl_dev_ops *ops, const ar
             m->moe_index[l] = m->w.layers[l].is_moe ? j++ : -1;
         for (int64_t t = 0; t < m->opts.max_tokens; t++)
             m->no_targets[t] = -1;
+        for (int32_t i = 0; i < m->n_slots && m->dopts.slot_rows == 0; i++) { /* fixed ranges */
+            m->slot_row0[i] = i * m->max_context;
+            m->slot_cap[i] = m->max_context;
+        }
         s = arl_model_dev_set_params(m, host_w);
         for (int32_t i = 0; i < m->n_slots && !s; i++)
             s = arl_model_dev_slot_reset(m, i);
@@ -591,6 +604,8 @@ void arl_model_dev_free(arl_model_dev *m) {
     free(m->moe_index);
     free(m->no_targets);
     free(m->st_pos);
+    free(m->slot_row0);
+    free(m->slot_cap);
     free((void *)m->caches);
     free(m->cu_host1);
     free(m->pos_host);
@@ -849,7 +864,7 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
         /* appended to every document's cache */
         for (int32_t i = 0; i < N; i++) {
             int64_t a = D->cu_host[i], len = D->cu_host[i + 1] - a, pos = m->st_pos[D->slots[i]];
-            float *cache = m->st_lat + (l_mla * m->n_slots + D->slots[i]) * m->max_context * R;
+            float *cache = arl_model_dev_slot_rows(m, m->st_lat, l_mla, D->slots[i]);
             if (D->dpos)
                 ops->cache_append_dpos(cache, m->pos_dev + i, m->lat + a * R, len, R);
             else
@@ -1065,6 +1080,9 @@ static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *s
                                   "(max_context)",
                                   ops->name, slots[i], (long long)end, (long long)m->max_context);
         }
+        for (int32_t i = 0; i < N; i++) /* their latent rows (shared slot rows: made, grown) */
+            ARL_TRY(arl_model_dev_slot_fit(m, slots[i],
+                                           m->st_pos[slots[i]] + cu_host[i + 1] - cu_host[i]));
     }
 
     ARL_TRY(ops->upload(m->tokens, b->tokens, sizeof(int32_t) * (size_t)T));
@@ -1237,6 +1255,7 @@ arl_status arl_model_dev_slot_reset(arl_model_dev *m, int32_t slot) {
     for (int64_t j = 0; m->st_means && j < dm->n_mla; j++) /* no summaries (none are read) */
         m->kb->fill(slot_means(m, j, slot), 0.0f, m->means_rows * (dm->rkv + dm->r));
     m->st_pos[slot] = 0;
+    if (m->dopts.slot_rows > 0) m->slot_cap[slot] = 0; /* shared rows: the range is free */
     return ARL_OK;
 }
 
@@ -1371,7 +1390,7 @@ arl_status arl_model_dev_slot_download(arl_model_dev *m, int32_t slot, arl_decod
     }
     for (int64_t j = 0; j < dm->n_mla && pos > row0; j++)
         ARL_TRY(m->ops->download(h->latent[j] + row0 * R,
-                                 m->st_lat + ((j * m->n_slots + slot) * m->max_context + row0) * R,
+                                 arl_model_dev_slot_rows(m, m->st_lat, j, slot) + row0 * R,
                                  sizeof(float) * (size_t)((pos - row0) * R)));
     h->pos = pos;
     if (h->means_rows) /* chunk summaries (block-sparse MLA) no longer cover these rows */
@@ -1392,13 +1411,14 @@ arl_status arl_model_dev_slot_upload(arl_model_dev *m, int32_t slot, const arl_d
                           "slot upload (%s device): the host slot holds %lld positions, the "
                           "model was set up for %lld (max_context)",
                           m->ops->name, (long long)pos, (long long)m->max_context);
+    ARL_TRY(arl_model_dev_slot_fit(m, slot, pos));
     for (int64_t j = 0; j < dm->n_kda; j++) {
         float *dst = m->st_kda + (j * m->n_slots + slot) * (sn + tn);
         ARL_TRY(m->ops->upload(dst, h->kda_S + j * sn, sizeof(float) * (size_t)sn));
         ARL_TRY(m->ops->upload(dst + sn, h->kda_conv + j * tn, sizeof(float) * (size_t)tn));
     }
     for (int64_t j = 0; j < dm->n_mla && pos > 0; j++) {
-        float *cache = m->st_lat + (j * m->n_slots + slot) * m->max_context * R;
+        float *cache = arl_model_dev_slot_rows(m, m->st_lat, j, slot);
         ARL_TRY(m->ops->upload(cache, h->latent[j], sizeof(float) * (size_t)(pos * R)));
         if (m->st_means) /* block-sparse: the summaries of the uploaded rows (spec 4.5) */
             m->ops->mla_chunk_means_update(slot_means(m, j, slot), cache, 0, pos, R,

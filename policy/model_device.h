@@ -297,6 +297,12 @@ typedef struct arl_model_dev_opts {
                                  only each layer's input and recomputes the layer in the
                                  backward (activation checkpointing: one layer's saved
                                  activations instead of L; the same bits as without) */
+    int64_t slot_rows;        /* 0: each slot owns max_context latent rows per MLA layer (n_slots x
+                                 max_context in all); > 0: that many rows per MLA layer, shared:
+                                 a slot's rows are a range made and grown as its sequence grows
+                                 and freed by arl_model_dev_slot_reset (arl_model_dev_slot_fit;
+                                 policy/model_device_rows.c), so memory follows the documents'
+                                 lengths, not the longest possible; not with decode_graphs */
 } arl_model_dev_opts;
 
 typedef struct arl_model_dev {
@@ -340,7 +346,14 @@ typedef struct arl_model_dev {
     int32_t n_slots;
     int64_t max_context;   /* MLA cache rows per slot */
     float *st_kda;         /* (n_kda, n_slots, H*dk*dv + 3*P*(W-1)) S then conv tails */
-    float *st_lat;         /* (n_mla, n_slots, max_context, rkv + r) latent rows */
+    float *st_lat;         /* (n_mla, lat_rows, rkv + r) latent rows; slot i's are rows
+                              slot_row0[i] .. + slot_cap[i] of each MLA layer */
+    int64_t lat_rows;      /* n_slots x max_context, or dopts.slot_rows */
+    int64_t *slot_row0;    /* (n_slots) host: first row of each slot's range; owned */
+    int64_t *slot_cap;     /* (n_slots) host: rows of each slot's range (slot_rows > 0: 0 until
+                              the slot holds rows); owned */
+    float *lat_twin;       /* NULL, or an array of st_lat's layout moved with it when slot
+                              ranges move (the training step's state gradients) */
     int64_t *st_pos;       /* (n_slots) host: tokens in each slot; owned */
     float *kda_S;          /* (N, H, dk, dv) gathered states */
     float *kda_tails;      /* (N, 3, P, W-1) gathered conv tails */
@@ -436,6 +449,18 @@ arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int
  * of a chunked prefill.  Valid until the next forward of m. */
 arl_status arl_model_dev_rows_logits(arl_model_dev *m, int32_t n, const int64_t *rows,
                                      int64_t T_last, float *logits);
+
+/* Slot `slot`'s latent rows of MLA layer j inside base (st_lat, or lat_twin: arrays of st_lat's
+ * layout).  Valid until the next arl_model_dev_slot_fit (a forward, an upload). */
+float *arl_model_dev_slot_rows(const arl_model_dev *m, float *base, int64_t j, int32_t slot);
+
+/* Makes slot `slot`'s range hold at least `rows` latent rows per MLA layer (the forwards and
+ * uploads call it).  With dopts.slot_rows > 0 the range is made or grown (with headroom, up to
+ * max_context), moving this slot's rows, or the others' to close the gaps between them, with
+ * their contents (and lat_twin's) kept; otherwise each slot owns max_context rows.
+ * ARL_ERR_RANGE when rows > max_context or the shared rows cannot hold it (the message says
+ * how many are in use): nothing is lost then, every slot keeps its rows. */
+arl_status arl_model_dev_slot_fit(arl_model_dev *m, int32_t slot, int64_t rows);
 
 /* Slot `slot` of the device -> host slot `hslot` (active) of st: the KDA states and conv tails,
  * the MLA latent rows [row0, position) (rows below row0 are left as the host has them: a

@@ -522,7 +522,10 @@ arl_status arl_model_dev_train_init(arl_model_dev_train *tr, arl_model_dev *m,
 
 void arl_model_dev_train_free(arl_model_dev_train *tr) {
     if (!tr) return;
-    if (tr->garena) tr->m->ops->mem_free(tr->garena, tr->garena_token); /* taken last */
+    if (tr->garena) {
+        if (tr->m->lat_twin == tr->g_lat) tr->m->lat_twin = NULL;
+        tr->m->ops->mem_free(tr->garena, tr->garena_token); /* taken last */
+    }
     if (tr->arena) tr->m->ops->mem_free(tr->arena, tr->arena_token);
     free(tr->g_pos);
     free(tr->fwd_slots);
@@ -576,9 +579,9 @@ static float *kda_slot(float *base, const arl_model_dev *m, int64_t ki, int32_t 
     return base + (ki * m->n_slots + slot) * (sn + tn);
 }
 
-/* Rows of slot `slot` of MLA layer mi (max_context, R) of the caches or their gradients. */
+/* Rows of slot `slot` of MLA layer mi of the caches or their gradients (one layout). */
 static float *lat_slot(float *base, const arl_model_dev *m, int64_t mi, int32_t slot) {
-    return base + (mi * m->n_slots + slot) * m->max_context * (m->dm.rkv + m->dm.r);
+    return arl_model_dev_slot_rows(m, base, mi, slot);
 }
 
 /* dst (N, P, W-1) = projection j's part of each document's tails (N, 3, P, W-1) (tl =
@@ -919,6 +922,9 @@ static arl_status state_check(const arl_model_dev_train *tr, const arl_batch *b,
                               "positions, the model was set up for %lld (max_context)",
                               dn, slots[i], (long long)end, (long long)m->max_context);
     }
+    for (int32_t i = 0; i < N; i++) /* their latent rows (shared slot rows: made, grown) */
+        ARL_TRY(arl_model_dev_slot_fit(
+            tr->m, slots[i], m->st_pos[slots[i]] + (b->cu ? b->cu[i + 1] - b->cu[i] : b->T)));
     return ARL_OK;
 }
 
@@ -1541,7 +1547,7 @@ arl_status arl_model_dev_state_grads_init(arl_model_dev_train *tr) {
     const int64_t R = dm->rkv + dm->r;
     bump w = {NULL, 0};
     take(&w, dm->n_kda * m->n_slots * (sn + tn));
-    take(&w, dm->n_mla * m->n_slots * m->max_context * R);
+    take(&w, dm->n_mla * m->lat_rows * R);
     tr->g_pos = calloc((size_t)m->n_slots, sizeof(int64_t));
     if (!tr->g_pos)
         return arl_errorf(ARL_ERR_NOMEM, "training (%s device): state-gradient table",
@@ -1558,7 +1564,8 @@ arl_status arl_model_dev_state_grads_init(arl_model_dev_train *tr) {
     }
     w = (bump){(float *)tr->garena, 0};
     tr->g_kda = take(&w, dm->n_kda * m->n_slots * (sn + tn));
-    tr->g_lat = take(&w, dm->n_mla * m->n_slots * m->max_context * R);
+    tr->g_lat = take(&w, dm->n_mla * m->lat_rows * R);
+    m->lat_twin = tr->g_lat; /* moved with the slots' rows (shared slot rows) */
     m->kb->fill((float *)tr->garena, 0.0f, w.used);
     return m->ops->sync();
 }
@@ -1585,6 +1592,7 @@ arl_status arl_model_dev_state_grad_prepare(arl_model_dev_train *tr, int32_t slo
                           "state-gradient prepare (%s device): position %lld outside [0, %lld] "
                           "(max_context)",
                           m->ops->name, (long long)position, (long long)m->max_context);
+    ARL_TRY(arl_model_dev_slot_fit(m, slot, position));
     const int64_t sn = dm->H * dm->dk * dm->dv, tn = 3 * dm->P * (dm->W - 1);
     for (int64_t j = 0; j < dm->n_kda; j++)
         m->kb->fill(kda_slot(tr->g_kda, m, j, slot), 0.0f, sn + tn);
@@ -1599,22 +1607,25 @@ int64_t arl_model_dev_state_grad_pos(const arl_model_dev_train *tr, int32_t slot
 }
 
 /* The gradient slots have the layout of the model's slots (policy/model_device.h st_kda,
- * st_lat, st_pos), so the model's slot transfers serve them: the model's slot pointers are
- * pointed at the gradient storage for the call (one thread uses a model at a time). */
+ * st_lat, st_pos; the same row ranges), so the model's slot transfers serve them: the model's
+ * slot pointers are pointed at the gradient storage for the call, and the caches at lat_twin
+ * (an upload may move the ranges: both arrays move) (one thread uses a model at a time). */
 static arl_status grad_xfer(arl_model_dev_train *tr, int32_t slot, arl_decode_state *g,
                             const arl_decode_state *gc, int32_t hslot, const char *what) {
     ARL_TRY(gslot_check(tr, slot, what));
     arl_model_dev *m = tr->m;
-    float *kda = m->st_kda, *lat = m->st_lat;
+    float *kda = m->st_kda, *lat = m->st_lat, *twin = m->lat_twin;
     int64_t *pos = m->st_pos;
     m->st_kda = tr->g_kda;
     m->st_lat = tr->g_lat;
     m->st_pos = tr->g_pos;
+    m->lat_twin = lat;
     arl_status s = g ? arl_model_dev_slot_download(m, slot, g, hslot, 0)
                      : arl_model_dev_slot_upload(m, slot, gc, hslot);
     m->st_kda = kda;
     m->st_lat = lat;
     m->st_pos = pos;
+    m->lat_twin = twin;
     if (s) arl_error_prefix(s, "%s", what);
     return s;
 }

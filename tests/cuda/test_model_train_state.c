@@ -32,6 +32,8 @@
  *                                the state gradients go through the same backward); states
  *                                rtol 1e-4 (forward values).  A wrong index, boundary or
  *                                missing term gives errors of order max|ref|.
+ * The same segments with the device slots sharing 128 latent rows (shared: slot ranges made,
+ * moved and grown with their contents and state gradients, policy/model_device_rows.c).
  * The same segments with block-sparse MLA (spec 4.5: chunks of 5 rows, k_c = 2; the documents
  * reach 8 chunks, so most queries select among earlier chunks): the absorbed form for fresh
  * documents too, each (token, head)'s selection kept for the backward (ops mla_sparse_*).
@@ -60,6 +62,7 @@ static tiny_model TM;
 static const arl_dev_ops *OPS;
 static int EXACT;  /* 1: "cpu" ops, memcmp */
 static int SPARSE; /* 1: block-sparse MLA (SP_CHUNK, SP_TOPK) */
+static int64_t SHARED; /* > 0: the device slots share that many latent rows (dopts.slot_rows) */
 
 #define SP_CHUNK 5
 #define SP_TOPK 2
@@ -123,7 +126,7 @@ static void sides_init(sides *S) {
     CHECK(arl_model_params_alloc(&S->w, &TM.cfg) == ARL_OK);
     memcpy(S->w.arena, TM.w.arena, sizeof(float) * (size_t)TM.w.inv.arena_floats);
     CHECK(arl_model_params_alloc(&S->g, &TM.cfg) == ARL_OK);
-    arl_model_dev_opts dopts = {.n_slots = NSLOT};
+    arl_model_dev_opts dopts = {.n_slots = NSLOT, .slot_rows = SHARED};
     if (arl_model_init(&S->m, &TM.cfg, &S->w, &o) ||
         arl_model_train_init(&S->tr, &S->m, NULL, NULL) ||
         arl_decode_state_init(&S->st, &TM.cfg, NSLOT, MAXCTX) ||
@@ -331,6 +334,15 @@ static void test_segments_sparse(void) {
     SPARSE = 1;
     run_segments(0);
     SPARSE = 0;
+}
+
+/* The device slots sharing 128 latent rows (dopts.slot_rows; 4 x 128 otherwise): segment 2's
+ * state gradients move slot 0's range (its rows and its gradient rows) past slot 1's, slot 2
+ * takes the rows slot 0 left, segment 3 grows slot 0 in place; the same bits. */
+static void test_segments_shared(void) {
+    SHARED = 128;
+    run_segments(0);
+    SHARED = 0;
 }
 
 static void test_segments_sparse_emu(void) {
@@ -584,6 +596,7 @@ int main(int argc, char **argv) {
         EXACT = 1;
         TEST_RUN(test_segments);
         TEST_RUN(test_segments_sparse);
+        TEST_RUN(test_segments_shared);
         TEST_RUN(test_errors);
     } else {
         /* the model with 4 slots of 128 rows, its training block, the state gradients and

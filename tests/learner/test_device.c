@@ -49,6 +49,9 @@ static const int sanitized = 1;
 static const int sanitized = 0;
 #endif
 static int g_hook = 1; /* the runs set the loss hook (which keeps AdamW on the host) */
+/* learner.device-slot-rows of test_device_shared_rows: one context's rows (8192) for the six
+ * slots instead of 6 x 8192; a pass's documents (up to ~1000 rows each) fit */
+#define SHARED_ROWS 8192
 
 /* What a grad hook saw: the loss of minibatch mb at the weights with one entry moved (what a
  * finite-difference test does), the weights put back after. */
@@ -257,6 +260,13 @@ static void test_device_sparse(void) {
     compare(&o, "block-sparse MLA");
 }
 
+/* the device's slots sharing fewer latent rows than max-docs x the context
+ * (learner.device-slot-rows): ranges made, grown, moved and freed as the passes go */
+static void test_device_shared_rows(void) {
+    lh_opts o = {.slot_rows = SHARED_ROWS};
+    compare(&o, "shared slot rows");
+}
+
 static void test_device_per_minibatch(void) {
     lh_opts o = {.prefix_per_minibatch = 1};
     compare(&o, "prefix-refresh per_minibatch");
@@ -343,6 +353,7 @@ int main(int argc, char **argv) {
         TEST_RUN(test_device_per_minibatch);
         TEST_RUN(test_device_checkpointing);
         TEST_RUN(test_device_sparse);
+        TEST_RUN(test_device_shared_rows);
     }
     TEST_RUN(test_device_adamw);
     if (cuda) TEST_RUN(test_device_nccl_one_rank);
