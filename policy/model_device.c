@@ -1037,6 +1037,7 @@ static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *s
                           const arl_forward_out *out, int graph_ok) {
     const arl_dev_ops *ops = m->ops;
     const arl_k_backend *kb = m->kb;
+    m->last_T = 0; /* until this forward completes, xbuf holds no rows */
     if (out && out->acts)
         return arl_errorf(ARL_ERR_UNSUPPORTED,
                           "model (%s device): saved activations are not returned by this path "
@@ -1209,6 +1210,7 @@ finish:
     if (slots)
         for (int32_t i = 0; i < N; i++)
             m->st_pos[slots[i]] += cu_host[i + 1] - cu_host[i];
+    m->last_T = T; /* xbuf holds this forward's final-norm rows */
     if (!out) return ARL_OK;
     if (out->logits)
         ARL_TRY(ops->download(out->logits, m->logits, sizeof(float) * (size_t)(T * V)));
@@ -1330,13 +1332,13 @@ arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int
 /* ======================= rows of the last forward, slot states <-> policy/state.h ========= */
 
 arl_status arl_model_dev_rows_logits(arl_model_dev *m, int32_t n, const int64_t *rows,
-                                     int64_t T_last, float *logits) {
-    const int64_t V = m->dm.V, d = m->dm.d;
+                                     float *logits) {
+    const int64_t V = m->dm.V, d = m->dm.d, T_last = m->last_T;
     if (n < 1 || n > m->opts.max_tokens)
         return arl_errorf(ARL_ERR_RANGE, "model (%s device): %d logit rows, at most %lld",
                           m->ops->name, n, (long long)m->opts.max_tokens);
     for (int32_t i = 0; i < n; i++)
-        if (rows[i] < 0 || rows[i] >= T_last || T_last > m->opts.max_tokens)
+        if (rows[i] < 0 || rows[i] >= T_last)
             return arl_errorf(ARL_ERR_RANGE,
                               "model (%s device): logit row %lld outside the last forward's "
                               "%lld rows",

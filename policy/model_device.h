@@ -355,6 +355,7 @@ typedef struct arl_model_dev {
     float *lat_twin;       /* NULL, or an array of st_lat's layout moved with it when slot
                               ranges move (the training step's state gradients) */
     int64_t *st_pos;       /* (n_slots) host: tokens in each slot; owned */
+    int64_t last_T;        /* rows of the last completed forward in xbuf (0: none) */
     float *kda_S;          /* (N, H, dk, dv) gathered states */
     float *kda_tails;      /* (N, 3, P, W-1) gathered conv tails */
     float *kda_tin;        /* (N, P, W-1) the tails of one projection */
@@ -443,12 +444,13 @@ arl_status arl_model_dev_prefill(arl_model_dev *m, int32_t slot, const int32_t *
 arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int32_t n,
                                      const int32_t *tokens, float *logits, int32_t *routes);
 
-/* Logits (n, V, HOST) of rows rows[0..n) (host array, each in [0, T_last)) of the final-norm
- * rows the last forward left on the device (T_last: that forward's token count), without the
- * (T, V) logits of every row: how a rollout engine gets the next-token logits of the documents
- * of a chunked prefill.  Valid until the next forward of m. */
+/* Logits (n, V, HOST) of rows rows[0..n) (host array, each in [0, last_T)) of the final-norm
+ * rows the last forward left on the device (last_T: that forward's token count, 0 after a
+ * failed one: ARL_ERR_RANGE), without the (T, V) logits of every row: how a rollout engine gets
+ * the next-token logits of the documents of a chunked prefill.  Valid until the next forward
+ * of m. */
 arl_status arl_model_dev_rows_logits(arl_model_dev *m, int32_t n, const int64_t *rows,
-                                     int64_t T_last, float *logits);
+                                     float *logits);
 
 /* Slot `slot`'s latent rows of MLA layer j inside base (st_lat, or lat_twin: arrays of st_lat's
  * layout).  Valid until the next arl_model_dev_slot_fit (a forward, an upload). */

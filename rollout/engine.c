@@ -201,13 +201,12 @@ arl_status ro_engine_forward(ro_engine *e, int32_t N, const int32_t *slots, cons
                 return arl_errorf(ARL_ERR_STATE, "rollout: forward over inactive slot %d",
                                   slots[i]);
         ARL_TRY(arl_model_dev_forward_state(&e->md, slots, &b, &out));
-        e->dev_T = T;
         if (!want || !logits) return ARL_OK;
         int32_t n = 0;
         for (int32_t i = 0; i < N; i++)
             if (want[i]) e->dev_rows[n++] = cu[i + 1] - 1;
         if (n == 0) return ARL_OK;
-        ARL_TRY(arl_model_dev_rows_logits(&e->md, n, e->dev_rows, T, e->logits));
+        ARL_TRY(arl_model_dev_rows_logits(&e->md, n, e->dev_rows, e->logits));
         /* rows j <= i: spread from the top (logits may be e->logits) */
         for (int32_t i = N - 1, j = n - 1; i >= 0; i--)
             if (want[i]) {
@@ -233,7 +232,6 @@ arl_status ro_engine_decode(ro_engine *e, int32_t n, const int32_t *slots, const
             if (slots[i] < 0 || slots[i] >= e->st.n_slots || !e->st.slots[slots[i]].active)
                 return arl_errorf(ARL_ERR_STATE, "rollout: decode step over inactive slot %d",
                                   slots[i]);
-        e->dev_T = n;
         return arl_model_dev_decode_step(&e->md, slots, n, tokens, e->logits,
                                          e->n_moe ? e->routes : NULL);
     }
@@ -249,7 +247,6 @@ arl_status ro_engine_score(ro_engine *e, const int32_t *slots, const arl_batch *
             return arl_errorf(ARL_ERR_STATE, "rollout: forward over inactive slot %d", slots[i]);
     if (e->ops) {
         ARL_TRY(arl_model_dev_forward_state(&e->md, slots, b, out));
-        e->dev_T = b->T;
         return ARL_OK;
     }
     return arl_model_forward_state(&e->m, &e->st, slots, b, out);

@@ -54,7 +54,6 @@ typedef struct ro_engine {
                              slot, current only after ro_engine_slot_sync */
     const arl_dev_ops *ops; /* the device (o.device set), else NULL */
     arl_model_dev md;       /* the model on that device; its slot i is st's slot i */
-    int64_t dev_T;          /* tokens of the device model's last forward */
     int64_t *dev_rows;      /* (n_slots) rows whose logits a device forward returns */
     char numerics[32];      /* the states' numerics tag (spec/replay.md 9.2): "cpu-f32", ... */
     int ctx_user;           /* 1: the model lives in the CUDA context the engines opened */

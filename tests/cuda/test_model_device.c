@@ -666,11 +666,19 @@ static void slot_transfer_compare(double rtol, const char *mode) {
     int64_t rows[2] = {19, 49};
     for (int i = 0; i < 2; i++)
         arl_k_linear_fwd(rl + i * V, m.xbuf + rows[i] * d, TM.w.lm_head, 1, d, V);
-    CHECK(arl_model_dev_rows_logits(&md, 2, rows, 50, dl) == ARL_OK);
+    CHECK(arl_model_dev_rows_logits(&md, 2, rows, dl) == ARL_OK);
     snprintf(name, sizeof name, "%s: rows' logits", mode);
     cmp_f32(name, dl, rl, (size_t)(2 * V), rtol);
-    int64_t bad = 50;
-    CHECK(arl_model_dev_rows_logits(&md, 1, &bad, 50, dl) == ARL_ERR_RANGE);
+    int64_t bad = 50; /* past the last forward's 50 rows */
+    CHECK(arl_model_dev_rows_logits(&md, 1, &bad, dl) == ARL_ERR_RANGE);
+    arl_error_clear();
+    { /* a refused forward leaves no rows to take logits of */
+        int32_t tok1 = 1, nos = 99;
+        arl_batch b1 = {.tokens = &tok1, .T = 1, .N = 1};
+        CHECK(arl_model_dev_forward_state(&md, &nos, &b1, NULL) == ARL_ERR_STATE);
+        CHECK(arl_model_dev_rows_logits(&md, 1, rows, dl) == ARL_ERR_RANGE);
+        arl_error_clear();
+    }
 
     /* device slot 1 -> host copy c1 equals the reference's slot 1 */
     CHECK(arl_model_dev_slot_download(&md, 1, &cp, c1, 0) == ARL_OK);

@@ -621,6 +621,7 @@ int main(int argc, char **argv) {
             else
                 TEST_RUN(test_segments);
         }
+        if (!ops_only && !sparse_only && !emu) TEST_RUN(test_segments_shared);
         if (!ops_only && (sparse_only || !emu)) {
             if (emu)
                 TEST_RUN(test_segments_sparse_emu);
