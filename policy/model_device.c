@@ -873,8 +873,11 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
             fresh &= pos == 0;
         }
         if (D->dpos) fresh = 0;
-        if (sparse) { /* the kept summaries brought up to the new rows (the CPU's from = pos) */
-            ARL_ASSERT(!D->dpos); /* no graph capture of block-sparse steps */
+        if (sparse && D->dpos) { /* a captured step: the row at each slot's device position */
+            for (int32_t i = 0; i < N; i++)
+                ops->mla_chunk_means_update_dpos(slot_means(m, l_mla, D->slots[i]), m->caches[i],
+                                                 m->pos_dev + i, R, n_c);
+        } else if (sparse) { /* the kept summaries brought up to the new rows (from = pos) */
             for (int32_t i = 0; i < N; i++) {
                 int64_t len = D->cu_host[i + 1] - D->cu_host[i], pos = m->st_pos[D->slots[i]];
                 ops->mla_chunk_means_update(slot_means(m, l_mla, D->slots[i]), m->caches[i], pos,
@@ -909,6 +912,14 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
                 const float *cache = D->slots ? m->caches[i] : m->lat + a * R;
                 const float *mn = D->slots ? slot_means(m, l_mla, D->slots[i]) : m->fmeans + off;
                 off += (len / n_c + 1) * R;
+                if (D->dpos) { /* one token per document (a captured decode step) */
+                    ARL_ASSERT(len == 1);
+                    ops->mla_sparse_attn_dpos(m->ohat + a * Hm * rkv, m->qhat + a * Hm * rkv,
+                                              B.q_pe + a * Hm * r, cache, mn, m->pos_dev + i, Hm,
+                                              rkv, r, scale, n_c, c->sparse_topk, c->max_rows,
+                                              m->sparse_ws);
+                    continue;
+                }
                 for (int64_t q0 = 0; q0 < len; q0 += MLA_QBLOCK) {
                     int64_t nq = len - q0 < MLA_QBLOCK ? len - q0 : MLA_QBLOCK, t = a + q0;
                     ops->mla_sparse_attn(m->ohat + t * Hm * rkv, m->qhat + t * Hm * rkv,
@@ -1321,9 +1332,11 @@ arl_status arl_model_dev_decode_step(arl_model_dev *m, const int32_t *slots, int
     arl_batch b = {.tokens = tokens, .T = n, .cu = cu, .N = n};
     arl_forward_out o = {.logits = logits, .routes = routes};
     /* a graph replays only when every slot continues (position > 0): the fresh form of MLA
-     * would be another sequence of ops; block-sparse steps are never captured (the summaries'
-     * update and the selection read positions on the host) */
-    int graph_ok = m->dopts.decode_graphs && !m->st_means;
+     * would be another sequence of ops; block-sparse steps are captured when the device has
+     * the position-independent forms of the summaries' update and the selection */
+    int graph_ok =
+        m->dopts.decode_graphs &&
+        (!m->st_means || (m->ops->mla_chunk_means_update_dpos && m->ops->mla_sparse_attn_dpos));
     for (int32_t i = 0; i < n && graph_ok; i++)
         graph_ok = slots[i] >= 0 && slots[i] < m->n_slots && m->st_pos[slots[i]] > 0;
     return dev_run(m, &b, slots, &o, graph_ok);

@@ -29,7 +29,8 @@
  * latent rows on the device (st_means), brought up to date by every forward and recomputed
  * from the rows by arl_model_dev_slot_upload.  The training step (policy/model_device_backward.h)
  * runs it as policy/mla_layer_backward.c (ops mla_sparse_*); decode steps of a block-sparse
- * model are never captured as CUDA graphs (they run op by op, same bits).
+ * model are captured as CUDA graphs when the device has the position-independent ops
+ * (mla_chunk_means_update_dpos, mla_sparse_attn_dpos; same bits as op by op).
  *
  * Symbols: T tokens of a batch, N documents, d width, V vocabulary, L layers, E experts,
  * k experts per token, H KDA heads, dk = dv, P = H*dk, Hm MLA heads, dz latent width,
@@ -134,6 +135,15 @@ typedef struct arl_dev_ops {
     void (*mla_absorbed_attn_dpos)(float *ohat, const float *qhat, const float *q_pe,
                                    const float *cache, const int64_t *pos_dev, int64_t Tq,
                                    int64_t Hm, int64_t rkv, int64_t r, float scale);
+    /* block-sparse MLA (spec 4.5) in a decode step, one row / query at position *pos_dev:
+     * mla_chunk_means_update(means, cache, pos, pos + 1, ...) and mla_sparse_attn(..., pos, 1,
+     * ...) with ws for S >= pos + 1 rows (NULL: block-sparse steps are not captured) */
+    void (*mla_chunk_means_update_dpos)(float *means, const float *cache, const int64_t *pos_dev,
+                                        int64_t R, int64_t n_c);
+    void (*mla_sparse_attn_dpos)(float *ohat, const float *qhat, const float *q_pe,
+                                 const float *cache, const float *means, const int64_t *pos_dev,
+                                 int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                 int64_t k_c, int64_t S, float *ws);
     arl_status (*graph_begin)(void);
     arl_status (*graph_end)(void **graph);
     arl_status (*graph_launch)(void *graph);

@@ -334,6 +334,14 @@ void arl_cuda_mla_sparse_attn(float *ohat, const float *qhat, const float *q_pe,
                               const float *cache, const float *means, int64_t pos0, int64_t Tq,
                               int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
                               int64_t k_c, float *ws);
+/* The decode-step forms (CUDA graphs): one row / query at position *pos_dev, read when the
+ * kernels run (the same kernels, so the same bits); ws as above with S rows. */
+void arl_cuda_mla_chunk_means_update_dpos(float *means, const float *cache, const int64_t *pos_dev,
+                                          int64_t R, int64_t n_c);
+void arl_cuda_mla_sparse_attn_dpos(float *ohat, const float *qhat, const float *q_pe,
+                                   const float *cache, const float *means, const int64_t *pos_dev,
+                                   int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                   int64_t k_c, int64_t S, float *ws);
 
 /* Block-sparse MLA training (policy/mla_layer_backward.h arl_mla_sparse_doc_*, the contracts of
  * policy/model_device.h mla_sparse_train_ws_floats / mla_sparse_fwd_save / mla_sparse_bwd), one

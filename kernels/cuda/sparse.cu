@@ -33,8 +33,13 @@
 /* One thread per (chunk j0 + jj, column e): the rows [from, to) of the chunk added in order to
  * its running sum (0 when the chunk starts inside the range), then divided by n_c once when
  * the chunk is complete at `to` (the CPU's order of operations). */
-__global__ void k_chunk_means(float *means, const float *cache, int64_t from, int64_t to,
-                              int64_t R, int64_t n_c, int64_t j0, int64_t nj) {
+__global__ void k_chunk_means(float *means, const float *cache, int64_t from, int64_t to, int64_t R,
+                              int64_t n_c, int64_t j0, int64_t nj, const int64_t *pos_dev) {
+    if (pos_dev) { /* a decode step: the one row at *pos_dev (nj = 1) */
+        from = *pos_dev;
+        to = from + 1;
+        j0 = from / n_c;
+    }
     ARL_GRID_STRIDE(idx, nj * R) {
         const int64_t j = j0 + idx / R, e = idx % R;
         const int64_t a = j * n_c, b = a + n_c;
@@ -54,9 +59,19 @@ extern "C" void arl_cuda_mla_chunk_means_update(float *means, const float *cache
     ARL_ASSERT(from >= 0 && from <= to && n_c >= 1 && R >= 1);
     if (from == to) return;
     const int64_t j0 = from / n_c, j1 = (to + n_c - 1) / n_c;
-    k_chunk_means<<<arl_blocks((j1 - j0) * R, 256), 256, 0, ctx->stream>>>(means, cache, from, to,
-                                                                           R, n_c, j0, j1 - j0);
+    k_chunk_means<<<arl_blocks((j1 - j0) * R, 256), 256, 0, ctx->stream>>>(
+        means, cache, from, to, R, n_c, j0, j1 - j0, NULL);
     ARL_CUDA_LAUNCHED(ctx, "mla_chunk_means_update");
+}
+
+extern "C" void arl_cuda_mla_chunk_means_update_dpos(float *means, const float *cache,
+                                                     const int64_t *pos_dev, int64_t R,
+                                                     int64_t n_c) {
+    arl_cuda_ctx *ctx = arl_cuda_need();
+    ARL_ASSERT(n_c >= 1 && R >= 1);
+    k_chunk_means<<<arl_blocks(R, 256), 256, 0, ctx->stream>>>(means, cache, 0, 0, R, n_c, 0, 1,
+                                                               pos_dev);
+    ARL_CUDA_LAUNCHED(ctx, "mla_chunk_means_update_dpos");
 }
 
 /* ======================= sparse absorbed attention ======================================= */
@@ -138,11 +153,12 @@ __global__ void __launch_bounds__(32)
     k_sparse_attn(float *ohat, const float *qhat, const float *q_pe, const float *cache,
                   const float *means, int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
                   float scale, int64_t n_c, int64_t k_c, float *sig_ws, int32_t *list_ws,
-                  int64_t ldj, float *lse_out, int32_t *list_out) {
+                  int64_t ldj, float *lse_out, int32_t *list_out, const int64_t *pos_dev) {
     __shared__ float qv[SP_QMAX];
     const int lane = threadIdx.x & 31;
     const int64_t item = blockIdx.x;
     if (item >= Tq * Hm) return;
+    if (pos_dev) pos0 = *pos_dev; /* a decode step (CUDA graphs): the position when it runs */
     const int64_t i = item / Hm, w = rkv + r, t = pos0 + i, J = t / n_c;
     for (int64_t d = lane; d < w; d += 32)
         qv[d] = d < rkv ? qhat[item * rkv + d] : q_pe[item * r + d - rkv];
@@ -195,20 +211,24 @@ static void sparse_launch(cudaStream_t st, float *ohat, float *lse, int32_t *lis
                           const float *qhat, const float *q_pe, const float *cache,
                           const float *means, int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv,
                           int64_t r, float scale, int64_t n_c, int64_t k_c, float *sig,
-                          int32_t *list, int64_t ldj) {
+                          int32_t *list, int64_t ldj, const int64_t *pos_dev = NULL) {
     const unsigned nb = (unsigned)(Tq * Hm);
     if (rkv <= 64)
         k_sparse_attn<2><<<nb, 32, 0, st>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
-                                            scale, n_c, k_c, sig, list, ldj, lse, list_out);
+                                            scale, n_c, k_c, sig, list, ldj, lse, list_out,
+                                            pos_dev);
     else if (rkv <= 128)
         k_sparse_attn<4><<<nb, 32, 0, st>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
-                                            scale, n_c, k_c, sig, list, ldj, lse, list_out);
+                                            scale, n_c, k_c, sig, list, ldj, lse, list_out,
+                                            pos_dev);
     else if (rkv <= 256)
         k_sparse_attn<8><<<nb, 32, 0, st>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
-                                            scale, n_c, k_c, sig, list, ldj, lse, list_out);
+                                            scale, n_c, k_c, sig, list, ldj, lse, list_out,
+                                            pos_dev);
     else
         k_sparse_attn<16><<<nb, 32, 0, st>>>(ohat, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
-                                             scale, n_c, k_c, sig, list, ldj, lse, list_out);
+                                             scale, n_c, k_c, sig, list, ldj, lse, list_out,
+                                             pos_dev);
 }
 
 extern "C" void arl_cuda_mla_sparse_attn(float *ohat, const float *qhat, const float *q_pe,
@@ -225,6 +245,20 @@ extern "C" void arl_cuda_mla_sparse_attn(float *ohat, const float *qhat, const f
     sparse_launch(ctx->stream, ohat, NULL, NULL, qhat, q_pe, cache, means, pos0, Tq, Hm, rkv, r,
                   scale, n_c, k_c, ws, (int32_t *)(ws + items * ldj), ldj);
     ARL_CUDA_LAUNCHED(ctx, "mla_sparse_attn");
+}
+
+extern "C" void arl_cuda_mla_sparse_attn_dpos(float *ohat, const float *qhat, const float *q_pe,
+                                              const float *cache, const float *means,
+                                              const int64_t *pos_dev, int64_t Hm, int64_t rkv,
+                                              int64_t r, float scale, int64_t n_c, int64_t k_c,
+                                              int64_t S, float *ws) {
+    arl_cuda_ctx *ctx = arl_cuda_need();
+    ARL_ASSERT(S >= 1 && n_c >= 1 && k_c >= 1 && rkv >= 1 && rkv <= SP_VMAX && rkv + r <= SP_QMAX);
+    /* the layout for one query over at most S rows (the position is not known here) */
+    const int64_t ldj = S / n_c + 1;
+    sparse_launch(ctx->stream, ohat, NULL, NULL, qhat, q_pe, cache, means, 0, 1, Hm, rkv, r, scale,
+                  n_c, k_c, ws, (int32_t *)(ws + Hm * ldj), ldj, pos_dev);
+    ARL_CUDA_LAUNCHED(ctx, "mla_sparse_attn_dpos");
 }
 
 /* ======================= block-sparse MLA training ======================================= */

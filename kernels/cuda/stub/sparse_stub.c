@@ -55,3 +55,16 @@ void arl_cuda_mla_sparse_bwd(float *dqhat, float *dq_pe, float *dnew, float *dpr
     (void)r, (void)scale, (void)n_c, (void)k_c, (void)ws;
     NO_CTX;
 }
+void arl_cuda_mla_chunk_means_update_dpos(float *means, const float *cache, const int64_t *pos_dev,
+                                          int64_t R, int64_t n_c) {
+    (void)means, (void)cache, (void)pos_dev, (void)R, (void)n_c;
+    NO_CTX;
+}
+void arl_cuda_mla_sparse_attn_dpos(float *ohat, const float *qhat, const float *q_pe,
+                                   const float *cache, const float *means, const int64_t *pos_dev,
+                                   int64_t Hm, int64_t rkv, int64_t r, float scale, int64_t n_c,
+                                   int64_t k_c, int64_t S, float *ws) {
+    (void)ohat, (void)qhat, (void)q_pe, (void)cache, (void)means, (void)pos_dev, (void)Hm;
+    (void)rkv, (void)r, (void)scale, (void)n_c, (void)k_c, (void)S, (void)ws;
+    NO_CTX;
+}
