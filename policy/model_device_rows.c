@@ -8,8 +8,10 @@
  * when a forward or an upload needs it, grows it with headroom (1.5x, up to max_context, in
  * grains of ROW_GRAIN rows) and loses it at arl_model_dev_slot_reset.  Growing tries, in order:
  * the rows right after the range; the first free gap elsewhere (the rows copied there); the
- * slots slid down in row order to close the gaps, this one then extended in place or copied
- * after the others (through the free rows at the end when it is not last).  Every move copies
+ * slots slid down in row order to close the gaps, this one then extended in place, copied
+ * after the others, or (when the free rows at the end cannot hold it) rotated behind them
+ * through those free rows (rotate_rows).  A fit is refused only when the other slots hold more
+ * than slot_rows minus the rows it needs.  Every move copies
  * the whole range of every MLA layer of st_lat and of lat_twin (the training step's state
  * gradients, same layout), in pieces no longer than the distance moved, so that overlapping
  * source and destination copy correctly.  Moves happen only when a slot outgrows its range:
@@ -47,6 +49,47 @@ static void move_rows(arl_model_dev *m, int64_t from, int64_t to, int64_t n) {
                 m->kb->copy(b + (to + off) * R, b + (from + off) * R, c * R);
                 done += c;
             }
+        }
+    }
+}
+
+/* Blocks [a, a + n) and [b, b + n) (disjoint) swapped through the free rows [buf, buf + nb). */
+static void swap_rows(arl_model_dev *m, int64_t a, int64_t b, int64_t n, int64_t buf, int64_t nb) {
+    for (int64_t done = 0; done < n; done += nb) {
+        const int64_t c = n - done < nb ? n - done : nb;
+        move_rows(m, a + done, buf, c);
+        move_rows(m, b + done, a + done, c);
+        move_rows(m, buf, b + done, c);
+    }
+}
+
+/* Rows [a, a + x + y) holding X (x rows) then Y (y rows) made Y then X, with nb >= 1 free rows
+ * at buf outside them: a part that fits the free rows is parked there while the other slides;
+ * otherwise the shorter part is swapped with the far end of the longer (Gries-Mills block
+ * swaps), which puts it in its final place and leaves a smaller rotation of the same kind. */
+static void rotate_rows(arl_model_dev *m, int64_t a, int64_t x, int64_t y, int64_t buf,
+                        int64_t nb) {
+    ARL_ASSERT(nb >= 1);
+    while (x > 0 && y > 0) {
+        if (x <= nb) { /* X parked, Y slid down over it, X placed after Y */
+            move_rows(m, a, buf, x);
+            move_rows(m, a + x, a, y);
+            move_rows(m, buf, a + y, x);
+            return;
+        }
+        if (y <= nb) { /* Y parked, X slid up, Y placed first */
+            move_rows(m, a + x, buf, y);
+            move_rows(m, a, a + y, x);
+            move_rows(m, buf, a, y);
+            return;
+        }
+        if (x <= y) { /* X Y1 Y2 (|Y2| = x) -> Y2 Y1 X: X in place, Y2 Y1 left to rotate */
+            swap_rows(m, a, a + y, x, buf, nb);
+            y -= x;
+        } else { /* X1 X2 Y (|X1| = y) -> Y X2 X1: Y in place, X2 X1 left to rotate */
+            swap_rows(m, a, a + x, y, buf, nb);
+            a += y;
+            x -= y;
         }
     }
 }
@@ -136,28 +179,13 @@ static arl_status grow(arl_model_dev *m, int32_t slot, int64_t need, int64_t wan
         m->slot_cap[slot] = m->lat_rows - used < want ? m->lat_rows - used : want;
         goto done;
     }
-    if (m->lat_rows - used < cap) { /* no room to park its rows while the others slide */
-        s = arl_errorf(ARL_ERR_RANGE,
-                       "model (%s device): slot %d needs %lld latent rows; %lld of the %lld "
-                       "shared rows (slot_rows) are free, too few to move its %lld rows behind "
-                       "the other slots; raise slot_rows",
-                       m->ops->name, slot, (long long)need, (long long)(m->lat_rows - used),
-                       (long long)m->lat_rows, (long long)cap);
-        goto done;
-    }
-    { /* parked at the end, the slots after it slid down over its rows, then placed last */
-        const int64_t park = m->lat_rows - cap;
-        move_rows(m, m->slot_row0[slot], park, cap);
-        int64_t at = m->slot_row0[slot];
-        for (int32_t k = self_k + 1; k < n; k++) {
-            const int32_t i = ids[k];
-            move_rows(m, m->slot_row0[i], at, m->slot_cap[i]);
-            m->slot_row0[i] = at;
-            at += m->slot_cap[i];
-        }
-        move_rows(m, park, at, cap);
-        m->slot_row0[slot] = at;
-        m->slot_cap[slot] = m->lat_rows - at < want ? m->lat_rows - at : want;
+    { /* rotated: the slots after it slid down over its rows, its rows placed last */
+        const int64_t at = m->slot_row0[slot];
+        rotate_rows(m, at, cap, used - at - cap, used, m->lat_rows - used);
+        for (int32_t k = self_k + 1; k < n; k++)
+            m->slot_row0[ids[k]] -= cap;
+        m->slot_row0[slot] = used - cap;
+        m->slot_cap[slot] = m->lat_rows - (used - cap) < want ? m->lat_rows - (used - cap) : want;
     }
 done:
     free(ids);

@@ -4,13 +4,16 @@
  * copies are the backend's).
  *
  *   - a scripted sequence that takes each way a range grows: in place, into a free gap
- *     elsewhere, after sliding every slot down (the growing slot last), and after parking the
- *     growing slot's rows at the end while the slots behind it slide over them; then an
- *     exhausted pool (ARL_ERR_RANGE with the counts) and a range past max_context;
+ *     elsewhere, after sliding every slot down (the growing slot last), after parking the
+ *     growing slot's rows at the end while the slots behind it slide over them, and, when the
+ *     free rows at the end are fewer than its rows, after rotating it behind them (block swaps
+ *     through those free rows); then an exhausted pool (ARL_ERR_RANGE with the counts) and a
+ *     range past max_context;
  *   - 3000 random operations on four slots over a tight pool (grow by fits, uploads of new rows,
  *     resets): after every one, every slot's latent rows, KDA states and position downloaded
  *     equal the host's mirror bit for bit, the ranges lie inside the pool without overlapping and
- *     hold the slots' positions (a failed fit loses nothing either);
+ *     hold the slots' positions (a failed fit loses nothing either), and a fit is refused only
+ *     when the other slots hold more than the pool less the rows it needs;
  *   - the settings' errors (slot_rows < 0; shared rows with CUDA graphs).
  * The training step over shared rows (the state gradients moved with them) is
  * tests/cuda/test_model_train_state.c's shared-rows case.
@@ -174,6 +177,42 @@ static void test_scripted(void) {
           g.md.slot_cap[2] == 48);
     check_all(&g, "copied after the slid slots");
     rig_close(&g);
+
+    /* pool 96: slot 0 [0,48), slot 1 [48,64), slot 2 [64,80), 16 rows free: slot 0 grows to 64
+     * rows (the others hold 32, so the rows suffice) but the 16 free rows cannot park its 48:
+     * rotated behind slots 1 and 2 (a block swap of 32 rows, then 16 parked) */
+    rig_open(&g, 96);
+    CHECK(put(&g, 0, 48) == ARL_OK);
+    CHECK(put(&g, 1, 16) == ARL_OK);
+    CHECK(put(&g, 2, 16) == ARL_OK);
+    CHECK(g.md.slot_row0[0] == 0 && g.md.slot_cap[0] == 48 && g.md.slot_row0[2] == 64);
+    CHECK_MSG(arl_model_dev_slot_fit(&g.md, 0, 64) == ARL_OK, "%s", arl_error_msg());
+    CHECK(g.md.slot_row0[1] == 0 && g.md.slot_row0[2] == 16 && g.md.slot_row0[0] == 32 &&
+          g.md.slot_cap[0] == 64);
+    check_all(&g, "rotated behind the others");
+    CHECK(put(&g, 0, 64) == ARL_OK);
+    check_all(&g, "rotated slot filled");
+    rig_close(&g);
+
+    /* the same with the growing slot's rows shorter than the others': 16 rows of slot 0, 48 of
+     * slots 1 and 2 between it and 16 free rows at the end (its rows parked at once) */
+    rig_open(&g, 96);
+    CHECK(put(&g, 0, 16) == ARL_OK);
+    CHECK(put(&g, 1, 32) == ARL_OK);
+    CHECK(put(&g, 2, 32) == ARL_OK);
+    CHECK(arl_model_dev_slot_fit(&g.md, 0, 20) == ARL_OK);
+    CHECK(g.md.slot_row0[1] == 0 && g.md.slot_row0[2] == 32 && g.md.slot_row0[0] == 64 &&
+          g.md.slot_cap[0] == 32);
+    check_all(&g, "parked behind longer slots");
+    rig_close(&g);
+}
+
+/* The rows the other slots than i hold. */
+static int64_t others_rows(const rig *g, int32_t i) {
+    int64_t n = 0;
+    for (int32_t k = 0; k < NS; k++)
+        if (k != i) n += g->md.slot_cap[k];
+    return n;
 }
 
 /* Random growth, uploads and resets over a tight pool (most fits move something). */
@@ -187,18 +226,27 @@ static void test_random(void) {
         const int64_t pos = g.host.slots[i].pos;
         const uint64_t op = arl_rng_below(&g.rng, 10);
         arl_status s = ARL_OK;
+        int64_t rows = 0;
         if (op == 0) {
             reset(&g, i);
         } else if (op < 6) { /* room for more rows, as a forward asks */
             const int64_t want = pos + 1 + (int64_t)arl_rng_below(&g.rng, 40);
-            s = arl_model_dev_slot_fit(&g.md, i, want < MAXCTX ? want : MAXCTX);
+            rows = want < MAXCTX ? want : MAXCTX;
+            s = arl_model_dev_slot_fit(&g.md, i, rows);
             fits++;
         } else { /* new rows uploaded */
             const int64_t to = pos + 1 + (int64_t)arl_rng_below(&g.rng, 24);
-            s = put(&g, i, to < MAXCTX ? to : MAXCTX);
+            rows = to < MAXCTX ? to : MAXCTX;
+            s = put(&g, i, rows);
         }
         if (s) {
             CHECK(s == ARL_ERR_RANGE);
+            /* refused only when the rows do not suffice (grains of 16 rows) */
+            CHECK_MSG(others_rows(&g, i) + (rows + 15) / 16 * 16 > g.md.lat_rows,
+                      "operation %d: slot %d refused %lld rows with %lld of %lld held by the "
+                      "others: %s",
+                      n, i, (long long)rows, (long long)others_rows(&g, i),
+                      (long long)g.md.lat_rows, arl_error_msg());
             arl_error_clear();
             refused++;
         }
