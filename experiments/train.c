@@ -603,7 +603,9 @@ static arl_status run_hash(tr_run *r) {
     json_object_del(ro, "threads");
     json_object_del(ro, "progress-s");
     json_t *le = json_object_get(j, "learner");
-    json_object_del(le, "device-slot-rows"); /* memory only: the same bits either way */
+    /* memory: the same bits unless a forward's documents outgrow the rows (then its calls are
+     * split and the gradient is summed in more parts, equal to fp32 rounding) */
+    json_object_del(le, "device-slot-rows");
     json_object_set_new(le, "resolved-total-steps", json_integer(r->ocfg.total_steps));
     char *canon = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(j);

@@ -24,7 +24,14 @@
  * Images: the rows of a forward are encoded on the host (learner/media.c, the vision tower on the
  * CPU) and placed by the device; their gradient comes back per backward.
  * Block-sparse MLA (the run's mla-sparse-topk) runs in every pass on the device as on the CPU:
- * the forwards over kept chunk summaries, the training step over each pair's selected chunks. */
+ * the forwards over kept chunk summaries, the training step over each pair's selected chunks.
+ *
+ * Shared slot rows (learner.device-slot-rows > 0): a device slot's latent rows are freed when
+ * the host slot it mirrors is left, reset or imported over; before each forward dev_room fits
+ * the forward's slots to their new lengths, evicting the other device slots (states synced to
+ * the host first, then their rows freed: the host state is the authority, a mirror a cache)
+ * when the rows run short, and refuses before anything runs (l->rows_short) when the forward's
+ * own documents need more rows than there are: the passes then split the call. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -205,6 +212,20 @@ static void dev_forget(arl_learner *l, int32_t slot) {
     l->dev_ahead[slot] = 0;
 }
 
+/* Shared slot rows: the rows of device slot `slot` freed (what they held is not wanted). */
+static void dev_release(arl_learner *l, int32_t slot) {
+    if (l->ops && l->md.dopts.slot_rows > 0 && l->md.slot_cap[slot] > 0)
+        (void)arl_model_dev_slot_reset(&l->md, slot); /* fails only for a slot out of range */
+}
+
+/* Host slot `slot` of hs changed or was dropped: the device's mirror of it forgotten (and its
+ * rows freed); a device slot mirroring the other host state is not touched. */
+static void dev_drop(arl_learner *l, arl_decode_state *hs, int32_t slot) {
+    if (!l->ops || l->dev_cur[slot] != dev_owner(l, hs)) return;
+    dev_forget(l, slot);
+    dev_release(l, slot);
+}
+
 arl_status lr_slot_join(arl_learner *l, arl_decode_state *hs, int32_t *slot) {
     ARL_TRY(arl_decode_state_join(hs, slot));
     dev_forget(l, *slot);
@@ -212,17 +233,19 @@ arl_status lr_slot_join(arl_learner *l, arl_decode_state *hs, int32_t *slot) {
 }
 
 void lr_slot_leave(arl_learner *l, arl_decode_state *hs, int32_t slot) {
-    if (l->ops && l->dev_cur[slot] == dev_owner(l, hs)) dev_forget(l, slot);
+    dev_drop(l, hs, slot);
     arl_decode_state_leave(hs, slot);
 }
 
 void lr_slot_reset(arl_learner *l, arl_decode_state *hs, int32_t slot) {
     arl_decode_state_reset(hs, slot);
+    dev_drop(l, hs, slot);
     dev_forget(l, slot);
 }
 
 arl_status lr_slot_import(arl_learner *l, arl_decode_state *hs, int32_t slot, const void *buf,
                           size_t len) {
+    dev_drop(l, hs, slot);
     dev_forget(l, slot);
     return arl_decode_state_import(hs, slot, buf, len);
 }
@@ -240,6 +263,65 @@ arl_status lr_slot_sync(arl_learner *l, arl_decode_state *hs, int32_t slot) {
     if (s) return arl_error_prefix(s, "learner: a decode state from device %s", l->lc.device);
     l->dev_ahead[slot] = 0;
     return ARL_OK;
+}
+
+/* Device slot ds evicted: its state brought to the host it mirrors when the device is ahead,
+ * then forgotten and its rows freed. */
+static arl_status dev_evict(arl_learner *l, int32_t ds) {
+    if (l->dev_cur[ds] != DEV_STALE && l->dev_ahead[ds])
+        ARL_TRY(lr_slot_sync(l, l->dev_cur[ds] == DEV_PST ? &l->pst : &l->st, ds));
+    dev_forget(l, ds);
+    dev_release(l, ds);
+    return ARL_OK;
+}
+
+/* Shared slot rows: room for a forward over slots[0..b->N) of hs adding the batch's tokens,
+ * made before anything is uploaded or run (see the file comment).  Device slots of the forward
+ * that mirror something else are evicted first (they are uploaded afresh), then each slot's
+ * range is fitted to its position plus its new tokens; when that fails the other device slots
+ * holding rows are evicted and the fits tried again.  A forward whose own documents need more
+ * rows than there are: ARL_ERR_RANGE, l->rows_short set, nothing lost. */
+static arl_status dev_room(arl_learner *l, arl_decode_state *hs, const int32_t *slots,
+                           const arl_batch *b) {
+    l->rows_short = 0;
+    if (!l->ops || l->md.dopts.slot_rows <= 0 || l->md.dm.n_mla == 0) return ARL_OK;
+    const uint8_t own = dev_owner(l, hs);
+    for (int32_t i = 0; i < b->N; i++)
+        if (l->dev_cur[slots[i]] != own) ARL_TRY(dev_evict(l, slots[i]));
+    arl_status s = ARL_OK;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        s = ARL_OK;
+        for (int32_t i = 0; s == ARL_OK && i < b->N; i++) {
+            const int64_t rows =
+                lr_slot_pos(l, hs, slots[i]) + (b->cu ? b->cu[i + 1] - b->cu[i] : b->T);
+            if (rows <= l->md.max_context) /* past it: the forward's own error */
+                s = arl_model_dev_slot_fit(&l->md, slots[i], rows);
+        }
+        if (s != ARL_ERR_RANGE || attempt > 0) break;
+        int64_t evicted = 0;
+        for (int32_t ds = 0; ds < l->N; ds++) {
+            int in_call = 0;
+            for (int32_t i = 0; i < b->N && !in_call; i++)
+                in_call = slots[i] == ds;
+            if (in_call || l->md.slot_cap[ds] <= 0) continue;
+            ARL_TRY(dev_evict(l, ds));
+            evicted++;
+        }
+        if (evicted == 0) break;
+        l->cnt.dev_evictions += evicted;
+        arl_error_clear();
+    }
+    if (s != ARL_ERR_RANGE) return s;
+    l->rows_short = 1;
+    if (b->N == 1)
+        return arl_error_prefix(s,
+                                "learner: device %s: one document needs more latent rows than "
+                                "learner.device-slot-rows (%lld) holds; raise it",
+                                l->lc.device, (long long)l->md.lat_rows);
+    return arl_error_prefix(s,
+                            "learner: device %s: the %d documents of one forward do not fit "
+                            "learner.device-slot-rows (%lld latent rows) at once",
+                            l->lc.device, (int)b->N, (long long)l->md.lat_rows);
 }
 
 /* Device weights = w (host), uploaded unless they are there at this optimizer step. */
@@ -287,6 +369,7 @@ static arl_status dev_slots_finish(arl_learner *l, const int32_t *slots, int32_t
 arl_status lr_forward_state(arl_learner *l, arl_model *m, arl_decode_state *hs,
                             const int32_t *slots, const arl_batch *b, const arl_forward_out *fo) {
     if (!l->ops) return arl_model_forward_state(m, hs, slots, b, fo);
+    ARL_TRY(dev_room(l, hs, slots, b));
     ARL_TRY(dev_weights(l, m->w));
     ARL_TRY(dev_slots_prepare(l, hs, slots, b->N));
     arl_status s = arl_model_dev_forward_state(&l->md, slots, b, fo);
@@ -296,6 +379,7 @@ arl_status lr_forward_state(arl_learner *l, arl_model *m, arl_decode_state *hs,
 arl_status lr_train_forward(arl_learner *l, const int32_t *slots, const arl_batch *b,
                             const arl_forward_out *fo) {
     if (!l->ops) return arl_model_train_forward(&l->tr, b, &l->st, slots, fo);
+    ARL_TRY(dev_room(l, &l->st, slots, b));
     ARL_TRY(dev_weights(l, l->in.params));
     ARL_TRY(dev_slots_prepare(l, &l->st, slots, b->N));
     arl_status s = arl_model_dev_train_forward_state(&l->mdt, b, slots, fo);

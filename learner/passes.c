@@ -119,19 +119,37 @@ static arl_status pieces_add(arl_learner *l, int32_t seg, int replay, int count_
     return pieces_add_range(l, seg, s->shared_start, s->n_fed, replay, count_splits);
 }
 
-/* The pieces [p0, *p1) of the next forward: at most Tm tokens and N documents, one routing
- * mode. */
-static void pack_call(const arl_learner *l, int64_t p0, int64_t *p1) {
+/* The pieces [p0, *p1) of the next forward: at most Tm tokens and lim (<= N) documents, one
+ * routing mode. */
+static void pack_call(const arl_learner *l, int64_t p0, int64_t *p1, int32_t lim) {
     int64_t tok = 0, q = p0;
     while (q < l->n_pieces) {
         const lr_piece *p = &l->pieces[q];
         int64_t n = p->b - p->a;
-        if (q > p0 && (tok + n > l->Tm || q - p0 >= l->N || p->replay != l->pieces[p0].replay))
+        if (q > p0 && (tok + n > l->Tm || q - p0 >= lim || p->replay != l->pieces[p0].replay))
             break;
         tok += n;
         q++;
     }
     *p1 = q;
+}
+
+/* After the forward of a call of nd documents (status *st): when the device's shared slot
+ * rows could not hold its documents at once (refused before it ran, nothing lost:
+ * learner/device.c dev_room) and it has several, the error is cleared, *lim halved and 1
+ * returned: the caller packs the call again from the same piece.  Otherwise *lim back to N. */
+static int call_split(arl_learner *l, arl_status *st, int32_t nd, int32_t *lim) {
+    const int short_rows = l->rows_short;
+    l->rows_short = 0;
+    if (*st != ARL_ERR_RANGE || !short_rows || nd <= 1) {
+        *lim = l->N;
+        return 0;
+    }
+    arl_error_clear();
+    *st = ARL_OK;
+    *lim = nd / 2;
+    l->cnt.dev_splits++;
+    return 1;
 }
 
 /* Fill tok, tgt, cu, forced for pieces [p0, p1); slot of piece i from slot_of. Returns T. */
@@ -346,8 +364,9 @@ static arl_status px_compute(arl_learner *l, arl_model *m, int mode, int need_al
                                       mode && s->routes_ok && s->routes != NULL, 0);
             nw++;
         }
+        int32_t lim = l->N;
         for (int64_t p0 = 0, p1; st == ARL_OK && p0 < l->n_pieces; p0 = p1) {
-            pack_call(l, p0, &p1);
+            pack_call(l, p0, &p1, lim);
             const int32_t nd = (int32_t)(p1 - p0);
             const int64_t T = fill_call(l, p0, p1, NULL, l->traj_slot);
             const int replay = l->pieces[p0].replay;
@@ -358,6 +377,10 @@ static arl_status px_compute(arl_learner *l, arl_model *m, int mode, int need_al
                 if (replay && l->n_moe > 0) fo.router_scores = l->rscores;
             }
             st = lr_forward_state(l, m, &l->pst, l->slots, &bt, &fo);
+            if (call_split(l, &st, nd, &lim)) {
+                p1 = p0;
+                continue;
+            }
             if (st || kind != LR_PASS_OLD) continue;
             int64_t off = 0;
             for (int64_t q = p0; q < p1; q++) {
@@ -481,8 +504,9 @@ arl_status lr_score_pass(arl_learner *l, int which) {
                 st = pieces_add(l, sg, mode && s->routes_ok && s->routes != NULL,
                                 which == LR_PASS_OLD);
             }
+            int32_t lim = l->N;
             for (int64_t p0 = 0, p1; st == ARL_OK && p0 < l->n_pieces; p0 = p1) {
-                pack_call(l, p0, &p1);
+                pack_call(l, p0, &p1, lim);
                 const int32_t nd = (int32_t)(p1 - p0);
                 const int64_t T = fill_call(l, p0, p1, NULL, l->traj_slot);
                 const int replay = l->pieces[p0].replay;
@@ -498,6 +522,10 @@ arl_status lr_score_pass(arl_learner *l, int which) {
                     if (replay && l->n_moe > 0) fo.router_scores = l->rscores;
                 }
                 st = lr_forward_state(l, m, &l->st, l->slots, &bt, &fo);
+                if (call_split(l, &st, nd, &lim)) {
+                    p1 = p0;
+                    continue;
+                }
                 if (st) break;
                 int64_t off = 0;
                 for (int64_t q = p0; q < p1; q++) {
@@ -694,13 +722,15 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
         if (!s->local || !s->mk.m || s->n_action == 0 || s->n_fed == 0) continue;
         st = pieces_add(l, order[i], l->lc.routing_replay && s->routes_ok && s->routes != NULL, 1);
     }
+    int32_t lim = l->N;
     for (int64_t p0 = 0, p1; st == ARL_OK && p0 < l->n_pieces; p0 = p1) {
-        pack_call(l, p0, &p1);
+        pack_call(l, p0, &p1, lim);
         const int32_t nd = (int32_t)(p1 - p0);
-        /* start states of the segments that begin in this call */
+        /* start states of the segments that begin in this call (a call made again with fewer
+         * documents: those of the first try are started already) */
         for (int64_t q = p0; st == ARL_OK && q < p1; q++) {
             const lr_piece *p = &l->pieces[q];
-            if (!p->first) continue;
+            if (!p->first || l->seg_slot[p->seg] >= 0) continue;
             st = lr_slot_join(l, &l->st, &l->seg_slot[p->seg]);
             if (st == ARL_OK && !b->segs[p->seg].fresh)
                 st = lr_start_state(l, p->seg, l->seg_slot[p->seg]);
@@ -720,6 +750,10 @@ static arl_status grad_pass(arl_learner *l, const arl_loss_params *lp, int32_t m
             fo.routes = l->routes_out;
         }
         st = lr_train_forward(l, l->slots, &bt, &fo);
+        if (call_split(l, &st, nd, &lim)) {
+            p1 = p0;
+            continue;
+        }
         if (st) break;
         int64_t off = 0;
         for (int64_t q = p0; st == ARL_OK && q < p1; q++) {

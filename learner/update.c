@@ -70,8 +70,11 @@ static const arl_option own_tab[] = {
     {"device-slot-rows", ARL_OPT_INT, OWN(device_slot_rows), "0",
      "device cuda|cpu-device: MLA latent rows (per layer) the document slots share; 0: each of "
      "the max-docs slots keeps the whole context; fewer: a slot's rows follow its document's "
-     "length (made, grown and freed as the passes go; a pass whose documents need more stops "
-     "with an error naming the counts). Memory, not numerics: a resume may change it",
+     "length (made, grown and freed as the passes go); when a forward's documents need more, "
+     "other slots' states go back to the host and, if that is not enough, the forward is made "
+     "with fewer documents at a time (the gradient summed in more parts: equal to fp32 "
+     "rounding; state/device_call_splits counts them); one document needing more stops with "
+     "an error naming the counts. Memory, not the model: a resume may change it",
      0, 1e12, NULL, 0, "ROWS"},
 };
 #undef OWN
@@ -134,6 +137,7 @@ void arl_learner_opts_free(arl_learner_opts *o) {
 static void counters_zero(arl_learner *l) {
     lr_counters *c = &l->cnt;
     c->starts = c->hits = c->recompute_tokens = c->piece_splits = 0;
+    c->dev_splits = c->dev_evictions = 0;
     c->drift_sum = 0;
     c->drift_n = 0;
     c->agree_tokens = c->exact_tokens = 0;
@@ -928,15 +932,22 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
     if (st == ARL_OK) st = arl_klctl_update(l->in.kl, kl_hat, b->n_valid, &ks);
 
     /* 7. metrics */
-    double cnt[8] = {
-        (double)l->cnt.starts,       (double)l->cnt.hits, (double)l->cnt.recompute_tokens,
-        (double)l->cnt.piece_splits, l->cnt.drift_sum,    (double)l->cnt.drift_n, 0, 0};
+    double cnt[10] = {(double)l->cnt.starts,
+                      (double)l->cnt.hits,
+                      (double)l->cnt.recompute_tokens,
+                      (double)l->cnt.piece_splits,
+                      l->cnt.drift_sum,
+                      (double)l->cnt.drift_n,
+                      0,
+                      0,
+                      (double)l->cnt.dev_splits,
+                      (double)l->cnt.dev_evictions};
     for (int32_t g = 0; g < l->px_n; g++)
         if (l->px[g].seg >= 0) {
             cnt[6] += l->px[g].users;
             cnt[7] += (double)l->px[g].len * (l->px[g].users - 1);
         }
-    if (st == ARL_OK) st = lr_allreduce_f64(l, cnt, 8, ARL_DIST_SUM);
+    if (st == ARL_OK) st = lr_allreduce_f64(l, cnt, 10, ARL_DIST_SUM);
     mctx mc = {json_object()};
     if (!mc.o && st == ARL_OK) st = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
     if (st == ARL_OK) {
@@ -962,6 +973,10 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
         mset(&mc, "state/hit_frac", cnt[0] > 0 ? cnt[1] / cnt[0] : 0);
         mset(&mc, "state/prefix_drift", cnt[5] > 0 ? cnt[4] / cnt[5] : 0);
         mset(&mc, "state/piece_splits", cnt[3]);
+        /* shared device slot rows (learner.device-slot-rows): forwards made again with fewer
+         * documents, device slots evicted to make room */
+        mset(&mc, "state/device_call_splits", cnt[8]);
+        mset(&mc, "state/device_evictions", cnt[9]);
         mset(&mc, "state/cache_dropped", (double)l->cache.dropped);
         /* shared prompt prefixes: trajectories starting from one, and the tokens each pass
          * did not feed again thanks to them */

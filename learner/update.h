@@ -192,8 +192,10 @@ typedef struct arl_learner_config {
                                   there are several learner ranks and the build has NCCL) */
     int64_t device_slot_rows;  /* > 0: the device model's slots share that many latent rows
                                   per MLA layer (policy/model_device.h slot_rows), each slot's
-                                  range following its document's length; 0: max_docs slots of
-                                  max_context rows each */
+                                  range following its document's length (a forward whose
+                                  documents need more is made with fewer at a time,
+                                  learner/device.c); 0: max_docs slots of max_context rows
+                                  each */
 } arl_learner_config;
 
 /* ------------------------------------------------------------------------------------------ */

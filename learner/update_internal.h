@@ -20,6 +20,8 @@ typedef struct lr_piece {
 /* Per-update counters of the passes (section 12 state/, moe/). */
 typedef struct lr_counters {
     int64_t starts, hits, recompute_tokens, piece_splits;
+    int64_t dev_splits;    /* forwards made again with fewer documents (shared slot rows) */
+    int64_t dev_evictions; /* device slots evicted to make room (their states on the host) */
     double drift_sum;
     int64_t drift_n;
     /* router agreement (pi_old pass): sums over tokens with routes */
@@ -105,6 +107,8 @@ struct arl_learner {
     size_t dstage_token;
     int dev_opt;       /* this update runs AdamW on the device (lr_optim_begin) */
     int host_grads;    /* the host arena received a gradient in this pass (learner/media.c) */
+    int rows_short;    /* the last forward was refused before it ran: its documents need more
+                          shared slot rows than the device has (learner/device.c dev_room) */
     char numerics[16]; /* the tag of the learner's cached states (ARL_LEARNER_NUMERICS on cpu
                           and cpu-device, which are bit-identical; cuda-f32) */
 };
@@ -139,12 +143,17 @@ typedef struct lr_px {
  * runs the model (the learner's CUDA context current, the caller's restored).  The slot calls
  * are arl_decode_state_join / _leave / _reset / _import / _position on host state hs (l->st or
  * l->pst) that also keep the device mirror's bookkeeping: on a device the host state of a slot
- * is behind after a forward until lr_slot_sync (before an export) brings it up to date.  lr_forward_state: arl_model_forward_state with model m (l->m
- * or l->mref: its weights on a device); lr_train_forward / lr_backward: the training forward
- * from l->st's slots and its backward into l->grads (on a device: into the device gradients,
- * added to l->grads by lr_grads_end; lr_grads_begin zeroes them; image-row gradients into
- * dmedia either way).  lr_dev_weights_stale: the
- * caller may have changed the weights in place (upload before the next forward). */
+ * is behind after a forward until lr_slot_sync (before an export) brings it up to date.
+ * lr_forward_state: arl_model_forward_state with model m (l->m or l->mref: its weights on a
+ * device); lr_train_forward / lr_backward: the training forward from l->st's slots and its backward
+ * into l->grads (on a device: into the device gradients, added to l->grads by lr_grads_end;
+ * lr_grads_begin zeroes them; image-row gradients into dmedia either way).  lr_dev_weights_stale:
+ * the caller may have changed the weights in place (upload before the next forward). With shared
+ * slot rows (learner.device-slot-rows) a forward first makes room for its documents, evicting other
+ * device slots (their states synced to the host) when it must; when its own documents need more
+ * rows than there are it fails before anything runs, nothing lost, with ARL_ERR_RANGE and
+ * l->rows_short set, and the passes make the call again with fewer documents (learner/passes.c
+ * call_split). */
 arl_status lr_dev_open(arl_learner *l);
 void lr_dev_close(arl_learner *l);
 void lr_dev_enter(arl_learner *l);
