@@ -126,6 +126,14 @@ static void bench_kda(int quick, double copy_bw) {
            fwd_ms / min_ms);
     printf("RESULT kda_fwd_ms=%.4f\nRESULT kda_min_copy_ms=%.4f\nRESULT kda_fwd_over_copy=%.3f\n",
            fwd_ms, min_ms, fwd_ms / min_ms);
+    /* where the forward's time goes: kernel 1 (every chunk's factors, in parallel) and the rest
+     * (kernel 2, the chunks of each head in order) */
+    float prep_ms;
+    TIME_MS(prep_ms, 5,
+            arl_cuda_kda_chunk_prep(ws, q, k, v, g, beta, NULL, N, T, H, D, D, scale, C));
+    printf("  of which chunk factors (kernel 1) %.3f ms, state pass (kernel 2) %.3f ms\n", prep_ms,
+           fwd_ms - prep_ms);
+    printf("RESULT kda_prep_ms=%.4f\nRESULT kda_state_pass_ms=%.4f\n", prep_ms, fwd_ms - prep_ms);
 
     float *d_o = drand(n, -1, 1, "kda do");
     float *dq = dalloc(sizeof(float) * (size_t)n, "dq"),

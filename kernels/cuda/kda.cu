@@ -382,6 +382,16 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+/* The chunkwise entry points' limits checked (ops.h); the chunks the index table must hold. */
+static int64_t chunk_args(int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, int64_t C) {
+    ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dv >= 1);
+    ARL_ASSERT(dk <= ARL_CUDA_KDA_MAX_DK && dv <= ARL_CUDA_KDA_MAX_DV && C >= 1 &&
+               C <= ARL_CUDA_KDA_MAX_C);
+    const int64_t nc = max_chunks(T, N, C);
+    ARL_ASSERT(nc <= chunk_cap(N));
+    return nc;
+}
+
 /* The chunk table of the packed documents and kernel 1 (the per-chunk prep, all chunks in
  * parallel) into ws: the common first stage of the chunkwise forward and backward. */
 static void chunk_prep_launch(arl_cuda_ctx *c, float *ws, const float *q, const float *k,
@@ -396,18 +406,25 @@ static void chunk_prep_launch(arl_cuda_ctx *c, float *ws, const float *q, const 
         ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
 }
 
+extern "C" void arl_cuda_kda_chunk_prep(float *ws, const float *q, const float *k, const float *v,
+                                        const float *g, const float *beta, const int32_t *cu,
+                                        int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv,
+                                        float scale, int64_t C) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    const int64_t nc = chunk_args(N, T, H, dk, dv, C);
+    if (T == 0) return;
+    chunk_prep_launch(c, ws, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
+    ARL_CUDA_LAUNCHED(c, "kda_chunk_prep");
+}
+
 extern "C" void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float *q,
                                        const float *k, const float *v, const float *g,
                                        const float *beta, const int32_t *cu, int32_t N, int64_t T,
                                        int64_t H, int64_t dk, int64_t dv, float scale, int64_t C,
                                        float *ws) {
     arl_cuda_ctx *c = arl_cuda_need();
-    ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dv >= 1);
-    ARL_ASSERT(dk <= ARL_CUDA_KDA_MAX_DK && dv <= ARL_CUDA_KDA_MAX_DV && C >= 1 &&
-               C <= ARL_CUDA_KDA_MAX_C);
     static_assert(ARL_CUDA_KDA_MAX_C <= 8 * RPW && ARL_CUDA_KDA_MAX_DK <= 8 * CPW, "tiling");
-    int64_t nc = max_chunks(T, N, C);
-    ARL_ASSERT(nc <= chunk_cap(N));
+    const int64_t nc = chunk_args(N, T, H, dk, dv, C);
     if (T == 0) return;
     chunk_prep_launch(c, ws, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
     size_t sm2 =
@@ -930,11 +947,7 @@ extern "C" void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float 
                                        const int32_t *cu, int32_t N, int64_t T, int64_t H,
                                        int64_t dk, int64_t dv, float scale, int64_t C, float *ws) {
     arl_cuda_ctx *c = arl_cuda_need();
-    ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dv >= 1);
-    ARL_ASSERT(dk <= ARL_CUDA_KDA_MAX_DK && dv <= ARL_CUDA_KDA_MAX_DV && C >= 1 &&
-               C <= ARL_CUDA_KDA_MAX_C);
-    const int64_t nc = max_chunks(T, N, C);
-    ARL_ASSERT(nc <= chunk_cap(N));
+    const int64_t nc = chunk_args(N, T, H, dk, dv, C);
     if (T == 0) return;
     float *ws_fwd = ws, *dSp = ws_fwd + nc * H * chunk_scratch(dk, dv, C);
     float *dVt = dSp + nc * H * dk * dv, *ws3 = dVt + T * H * dv;

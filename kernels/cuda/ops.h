@@ -69,6 +69,12 @@ void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float
                             const float *v, const float *g, const float *beta, const int32_t *cu,
                             int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, float scale,
                             int64_t C, float *ws);
+/* Kernel (1) of arl_cuda_kda_chunk_fwd alone (the chunk table and every chunk's factors into
+ * ws), for the benchmark's split of the forward's time (bench/gpu/bench_gpu.c); the forward
+ * and the chunkwise backward run it themselves. */
+void arl_cuda_kda_chunk_prep(float *ws, const float *q, const float *k, const float *v,
+                             const float *g, const float *beta, const int32_t *cu, int32_t N,
+                             int64_t T, int64_t H, int64_t dk, int64_t dv, float scale, int64_t C);
 
 /* arl_kda_recurrent_bwd on the device (spec 3.7): per (document, head) one block keeps S and
  * dS (dk x dv fp32, shared memory), runs the chunks in reverse, recomputes each chunk's

@@ -193,6 +193,11 @@ void arl_cuda_kda_chunk_fwd(float *o, float *S, float *cs, const float *q, const
                             int64_t C, float *ws) {
     NO_CTX;
 }
+void arl_cuda_kda_chunk_prep(float *ws, const float *q, const float *k, const float *v,
+                             const float *g, const float *beta, const int32_t *cu, int32_t N,
+                             int64_t T, int64_t H, int64_t dk, int64_t dv, float scale, int64_t C) {
+    NO_CTX;
+}
 int64_t arl_cuda_kda_bwd_ws_floats(int32_t N, int64_t H, int64_t dk, int64_t dv, int64_t C) {
     return 0;
 }
