@@ -567,6 +567,7 @@ arl_status arl_model_dev_init(arl_model_dev *m, const arl_dev_ops *ops, const ar
         m->st_pos = calloc((size_t)(m->n_slots > 0 ? m->n_slots : 1), sizeof(int64_t));
         m->slot_row0 = calloc((size_t)(m->n_slots > 0 ? m->n_slots : 1), sizeof(int64_t));
         m->slot_cap = calloc((size_t)(m->n_slots > 0 ? m->n_slots : 1), sizeof(int64_t));
+        m->slot_order = calloc((size_t)(m->n_slots > 0 ? m->n_slots : 1), sizeof(int32_t));
         m->caches = calloc((size_t)m->opts.max_docs, sizeof(float *));
         m->cu_host1 = malloc(sizeof(int32_t) * (size_t)(m->opts.max_docs + 1));
         m->pos_host = malloc(sizeof(int64_t) * (size_t)m->opts.max_docs);
@@ -574,7 +575,8 @@ arl_status arl_model_dev_init(arl_model_dev *m, const arl_dev_ops *ops, const ar
         m->routes_host =
             malloc(sizeof(int32_t) * (size_t)(m->opts.max_tokens * (m->dm.k > 0 ? m->dm.k : 1)));
         if (!m->moe_index || !m->no_targets || !m->st_pos || !m->slot_row0 || !m->slot_cap ||
-            !m->caches || !m->cu_host1 || !m->pos_host || !m->graph_slots || !m->routes_host)
+            !m->slot_order || !m->caches || !m->cu_host1 || !m->pos_host || !m->graph_slots ||
+            !m->routes_host)
             s = arl_errorf(ARL_ERR_NOMEM, "model (%s device): host index arrays", ops->name);
     }
     if (!s) {
@@ -606,6 +608,7 @@ void arl_model_dev_free(arl_model_dev *m) {
     free(m->st_pos);
     free(m->slot_row0);
     free(m->slot_cap);
+    free(m->slot_order);
     free((void *)m->caches);
     free(m->cu_host1);
     free(m->pos_host);

@@ -362,6 +362,8 @@ typedef struct arl_model_dev {
     int64_t *slot_row0;    /* (n_slots) host: first row of each slot's range; owned */
     int64_t *slot_cap;     /* (n_slots) host: rows of each slot's range (slot_rows > 0: 0 until
                               the slot holds rows); owned */
+    int32_t *slot_order;   /* (n_slots) host: the ranges' scratch ordering (a slot outgrowing
+                              its range, policy/model_device_rows.c); owned */
     float *lat_twin;       /* NULL, or an array of st_lat's layout moved with it when slot
                               ranges move (the training step's state gradients) */
     int64_t *st_pos;       /* (n_slots) host: tokens in each slot; owned */

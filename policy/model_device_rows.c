@@ -17,8 +17,6 @@
  * source and destination copy correctly.  Moves happen only when a slot outgrows its range:
  * O(log(max_context)) times per sequence with the headroom, never per decode step.
  */
-#include <stdlib.h>
-
 #include "core/assert.h"
 #include "policy/model_device.h"
 
@@ -122,11 +120,9 @@ static int64_t find_gap(const arl_model_dev *m, const int32_t *ids, int32_t n, i
 }
 
 static arl_status grow(arl_model_dev *m, int32_t slot, int64_t need, int64_t want) {
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)m->n_slots);
-    if (!ids) return arl_errorf(ARL_ERR_NOMEM, "model (%s device): slot ranges", m->ops->name);
+    int32_t *ids = m->slot_order;
     const int64_t row0 = m->slot_row0[slot], cap = m->slot_cap[slot];
     int32_t n = live_sorted(m, ids);
-    arl_status s = ARL_OK;
     /* 1. the rows right after the range */
     int64_t next = m->lat_rows;
     for (int32_t k = 0; k < n; k++)
@@ -134,7 +130,7 @@ static arl_status grow(arl_model_dev *m, int32_t slot, int64_t need, int64_t wan
             next = m->slot_row0[ids[k]];
     if (cap > 0 && next - row0 >= need) {
         m->slot_cap[slot] = next - row0 < want ? next - row0 : want;
-        goto done;
+        return ARL_OK;
     }
     /* 2. a free gap elsewhere */
     for (int pass = 0; pass < 2; pass++) {
@@ -143,7 +139,7 @@ static arl_status grow(arl_model_dev *m, int32_t slot, int64_t need, int64_t wan
         move_rows(m, row0, at, cap);
         m->slot_row0[slot] = at;
         m->slot_cap[slot] = pass == 0 ? want : need;
-        goto done;
+        return ARL_OK;
     }
     /* 3. close the gaps: every slot slid down in row order */
     int64_t used = 0, others = 0;
@@ -158,26 +154,24 @@ static arl_status grow(arl_model_dev *m, int32_t slot, int64_t need, int64_t wan
         else
             others += m->slot_cap[i];
     }
-    if (m->lat_rows - others < need) {
-        s = arl_errorf(ARL_ERR_RANGE,
-                       "model (%s device): slot %d needs %lld latent rows, and %lld of the %lld "
-                       "shared rows (slot_rows) are held by the other slots; raise slot_rows or "
-                       "hold fewer documents at once",
-                       m->ops->name, slot, (long long)need, (long long)others,
-                       (long long)m->lat_rows);
-        goto done;
-    }
+    if (m->lat_rows - others < need)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "model (%s device): slot %d needs %lld latent rows, and %lld of the "
+                          "%lld shared rows (slot_rows) are held by the other slots; raise "
+                          "slot_rows or hold fewer documents at once",
+                          m->ops->name, slot, (long long)need, (long long)others,
+                          (long long)m->lat_rows);
     if (self_k < 0 || self_k == n - 1) { /* new, or already last: start or extend at the end */
         const int64_t at = self_k < 0 ? used : m->slot_row0[slot];
         m->slot_row0[slot] = at;
         m->slot_cap[slot] = m->lat_rows - at < want ? m->lat_rows - at : want;
-        goto done;
+        return ARL_OK;
     }
     if (m->lat_rows - used >= need) { /* copied after the others */
         move_rows(m, m->slot_row0[slot], used, cap);
         m->slot_row0[slot] = used;
         m->slot_cap[slot] = m->lat_rows - used < want ? m->lat_rows - used : want;
-        goto done;
+        return ARL_OK;
     }
     { /* rotated: the slots after it slid down over its rows, its rows placed last */
         const int64_t at = m->slot_row0[slot];
@@ -187,9 +181,7 @@ static arl_status grow(arl_model_dev *m, int32_t slot, int64_t need, int64_t wan
         m->slot_row0[slot] = used - cap;
         m->slot_cap[slot] = m->lat_rows - (used - cap) < want ? m->lat_rows - (used - cap) : want;
     }
-done:
-    free(ids);
-    return s;
+    return ARL_OK;
 }
 
 arl_status arl_model_dev_slot_fit(arl_model_dev *m, int32_t slot, int64_t rows) {
