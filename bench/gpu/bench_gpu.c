@@ -127,13 +127,21 @@ static void bench_kda(int quick, double copy_bw) {
     printf("RESULT kda_fwd_ms=%.4f\nRESULT kda_min_copy_ms=%.4f\nRESULT kda_fwd_over_copy=%.3f\n",
            fwd_ms, min_ms, fwd_ms / min_ms);
     /* where the forward's time goes: kernel 1 (every chunk's factors, in parallel) and the rest
-     * (kernel 2, the chunks of each head in order) */
-    float prep_ms;
+     * (kernel 2, the chunks of each head in order); kernel 1 with its pair products in the
+     * factored form (the default) and in the difference form (ops.h arl_cuda_kda_prep_form) */
+    float prep_ms, prep_diff_ms;
     TIME_MS(prep_ms, 5,
             arl_cuda_kda_chunk_prep(ws, q, k, v, g, beta, NULL, N, T, H, D, D, scale, C));
-    printf("  of which chunk factors (kernel 1) %.3f ms, state pass (kernel 2) %.3f ms\n", prep_ms,
-           fwd_ms - prep_ms);
-    printf("RESULT kda_prep_ms=%.4f\nRESULT kda_state_pass_ms=%.4f\n", prep_ms, fwd_ms - prep_ms);
+    const int32_t form = arl_cuda_kda_prep_form(ARL_CUDA_KDA_PREP_DIFFERENCE);
+    TIME_MS(prep_diff_ms, 5,
+            arl_cuda_kda_chunk_prep(ws, q, k, v, g, beta, NULL, N, T, H, D, D, scale, C));
+    arl_cuda_kda_prep_form(form);
+    printf("  of which chunk factors (kernel 1) %.3f ms (pair products in the difference form: "
+           "%.3f ms), state pass (kernel 2) %.3f ms\n",
+           prep_ms, prep_diff_ms, fwd_ms - prep_ms);
+    printf("RESULT kda_prep_ms=%.4f\nRESULT kda_prep_difference_ms=%.4f\n"
+           "RESULT kda_state_pass_ms=%.4f\n",
+           prep_ms, prep_diff_ms, fwd_ms - prep_ms);
 
     float *d_o = drand(n, -1, 1, "kda do");
     float *dq = dalloc(sizeof(float) * (size_t)n, "dq"),

@@ -42,6 +42,7 @@ struct arl_cuda_ctx {
     char sticky_msg[256];
     cudaEvent_t ev0, ev1;
     struct arl_cuda_prof *prof; /* per-op profile (arl_cuda_profile_begin), or NULL */
+    int32_t kda_prep;           /* ARL_CUDA_KDA_PREP_* of the chunkwise KDA's kernel 1 */
 };
 
 /* Current context of the thread; asserts one exists (programmer error otherwise). */

@@ -163,8 +163,103 @@ __device__ static inline chunk_ptrs scratch_of(float *ws, int64_t ci, int64_t h,
     return p;
 }
 
+#define KDA_SUB 16            /* rows of a sub-chunk of the factored pair products */
+#define KDA_FACTOR_SPAN 80.0f /* largest exponent of a factor (policy/kda.c: e^80 is normal) */
+
+/* A_kk (as -beta_r A_kk, strictly lower, into A) and A_qk (lower with the diagonal, into Aqk)
+ * for rows [r0, r1) of a chunk of n rows: one exp per (pair, channel), the difference form. */
+__device__ static inline void pairs_difference(float *A, float *Aqk, const float *Ks,
+                                               const float *Qs, const float *Gs, const float *bs,
+                                               int64_t r0, int64_t r1, int64_t n, int64_t dk,
+                                               int64_t C, int64_t LD, int64_t LA, int tid, int nt) {
+    for (int64_t i = r0 * C + tid; i < r1 * C; i += nt) {
+        int64_t r = i / C, s = i % C;
+        float akk = 0.0f, aqk = 0.0f;
+        if (r < n && s <= r) {
+            for (int64_t c = 0; c < dk; c++) {
+                float e = expf(Gs[r * LD + c] - Gs[s * LD + c]);
+                float ke = Ks[s * LD + c] * e;
+                akk += Ks[r * LD + c] * ke;
+                aqk += Qs[r * LD + c] * ke;
+            }
+        }
+        A[r * LA + s] = (s < r && r < n) ? -bs[r] * akk : 0.0f;
+        Aqk[r * C + s] = (r < n && s <= r) ? aqk : 0.0f;
+    }
+}
+
+/* The same in the factored form of the CPU reference (policy/kda.c chunk_pairs, spec 3.5):
+ * per sub-chunk R = [r0, r0 + KDA_SUB) with boundary b = r0, for r in R and i < r + 1,
+ *   exp(G_r - G_i) = exp(G_r - G_b) exp(G_b - G_i),
+ * so A[r, i] = sum_c (K_r e^{G_r - G_b})_c (K_i e^{G_b - G_i})_c (Q_r for A_qk): one exp per
+ * (row, channel) of each sub-chunk instead of one per (pair, channel), and per product
+ * channel three shared loads and two multiply-adds instead of five loads and an exp.  A
+ * sub-chunk one of whose exponents exceeds KDA_FACTOR_SPAN takes the difference form (as the
+ * CPU does).  Shared: XR (C, LD) the right factors K_i e^{G_b - G_i}, LK and LQ (KDA_SUB, LD)
+ * the left ones, flag. */
+__device__ static inline void pairs_factored(float *A, float *Aqk, const float *Ks, const float *Qs,
+                                             const float *Gs, const float *bs, float *XR, float *LK,
+                                             float *LQ, int *flag, int64_t n, int64_t dk, int64_t C,
+                                             int64_t LD, int64_t LA, int tid, int nt) {
+    for (int64_t r0 = 0; r0 < C; r0 += KDA_SUB) {
+        const int64_t r1 = r0 + KDA_SUB < C ? r0 + KDA_SUB : C, re = r1 < n ? r1 : n;
+        if (r0 >= n) { /* rows past the chunk's end: zeros */
+            pairs_difference(A, Aqk, Ks, Qs, Gs, bs, r0, r1, n, dk, C, LD, LA, tid, nt);
+            continue;
+        }
+        if (tid == 0) *flag = 0;
+        __syncthreads();
+        for (int64_t i = tid; i < re * dk; i += nt) { /* rows 0 .. re of the chunk */
+            const int64_t r = i / dk, c = i % dk;
+            const float e = Gs[r0 * LD + c] - Gs[r * LD + c];
+            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            XR[r * LD + c] = Ks[r * LD + c] * expf(e);
+        }
+        for (int64_t i = tid; i < (re - r0) * dk; i += nt) { /* the sub-chunk's own rows */
+            const int64_t r = r0 + i / dk, c = i % dk;
+            const float e = Gs[r * LD + c] - Gs[r0 * LD + c];
+            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            const float x = expf(e);
+            LK[(r - r0) * LD + c] = Ks[r * LD + c] * x;
+            LQ[(r - r0) * LD + c] = Qs[r * LD + c] * x;
+        }
+        __syncthreads();
+        if (*flag) {
+            pairs_difference(A, Aqk, Ks, Qs, Gs, bs, r0, r1, n, dk, C, LD, LA, tid, nt);
+        } else {
+            for (int64_t i = r0 * C + tid; i < r1 * C; i += nt) {
+                const int64_t r = i / C, s = i % C;
+                float akk = 0.0f, aqk = 0.0f;
+                if (r < n && s <= r) {
+                    const float *lk = LK + (r - r0) * LD, *lq = LQ + (r - r0) * LD;
+                    const float *xr = XR + s * LD;
+                    for (int64_t c = 0; c < dk; c++) {
+                        const float x = xr[c];
+                        akk += lk[c] * x;
+                        aqk += lq[c] * x;
+                    }
+                }
+                A[r * LA + s] = (s < r && r < n) ? -bs[r] * akk : 0.0f;
+                Aqk[r * C + s] = (r < n && s <= r) ? aqk : 0.0f;
+            }
+        }
+        __syncthreads(); /* XR, LK, LQ and the flag are the next sub-chunk's */
+    }
+}
+
+/* Shared floats of kernel 1: Ks, Qs, Gs (C, LD), A (C, C + 1), beta (C); the factored pair
+ * products add XR (C, LD), LK and LQ (KDA_SUB, LD) and the flag. */
+static size_t prep_smem_floats(int64_t dk, int64_t dv, int64_t C, int factored) {
+    const int64_t LD = (dk > dv ? dk : dv) + 1;
+    size_t f = (size_t)(3 * C * LD + C * (C + 1) + C);
+    if (factored) f += (size_t)(C * LD + 2 * KDA_SUB * LD + 1);
+    return f;
+}
+
 /* Kernel 1: one block per (chunk, head).  Shared: Ks, Qs, Gs (C, LD) with LD = max(dk, dv) + 1
- * (padding against bank conflicts), A (C, C + 1), beta (C). */
+ * (padding against bank conflicts), A (C, C + 1), beta (C), and with FACTORED the factored
+ * form's buffers (pairs_factored). */
+template <bool FACTORED>
 __global__ void k_kda_chunk_prep(float *ws, const int32_t *ix, const float *q, const float *k,
                                  const float *v, const float *g, const float *beta, int32_t N,
                                  int64_t H, int64_t dk, int64_t dv, float scale, int64_t C) {
@@ -191,21 +286,15 @@ __global__ void k_kda_chunk_prep(float *ws, const int32_t *ix, const float *q, c
         for (int64_t r = 1; r < n; r++)
             Gs[r * LD + c] += Gs[(r - 1) * LD + c];
     __syncthreads();
-    /* (2), (6): A = -A_kk (strictly lower), Aqk (lower with diagonal), one exp per pair. */
-    for (int64_t i = tid; i < C * C; i += nt) {
-        int64_t r = i / C, s = i % C;
-        float akk = 0.0f, aqk = 0.0f;
-        if (r < n && s <= r) {
-            for (int64_t c = 0; c < dk; c++) {
-                float e = expf(Gs[r * LD + c] - Gs[s * LD + c]);
-                float ke = Ks[s * LD + c] * e;
-                akk += Ks[r * LD + c] * ke;
-                aqk += Qs[r * LD + c] * ke;
-            }
-        }
-        A[r * LA + s] = (s < r && r < n) ? -bs[r] * akk : 0.0f;
-        P.Aqk[r * C + s] = (r < n && s <= r) ? aqk : 0.0f;
+    /* (2), (6): A = -A_kk (strictly lower), Aqk (lower with diagonal) */
+    if (FACTORED) {
+        float *XR = bs + C, *LK = XR + C * LD, *LQ = LK + KDA_SUB * LD;
+        pairs_factored(A, P.Aqk, Ks, Qs, Gs, bs, XR, LK, LQ, (int *)(LQ + KDA_SUB * LD), n, dk, C,
+                       LD, LA, tid, nt);
+    } else {
+        pairs_difference(A, P.Aqk, Ks, Qs, Gs, bs, 0, C, n, dk, C, LD, LA, tid, nt);
     }
+    __syncthreads(); /* A's rows are read by other threads than wrote them (sub-chunks) */
     /* Qg = Gamma Q (scaled), Kb = exp(G_n - G) K, gn = exp(G_n) */
     for (int64_t i = tid; i < n * dk; i += nt) {
         int64_t r = i / dk, c = i % dk;
@@ -399,11 +488,28 @@ static void chunk_prep_launch(arl_cuda_ctx *c, float *ws, const float *q, const 
                               int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, float scale,
                               int64_t C, int64_t nc) {
     k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
-    const int64_t LD = (dk > dv ? dk : dv) + 1;
-    size_t sm1 = sizeof(float) * (size_t)(3 * C * LD + C * (C + 1) + C);
-    cudaFuncSetAttribute(k_kda_chunk_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm1);
-    k_kda_chunk_prep<<<dim3((unsigned)nc, (unsigned)H), 256, sm1, c->stream>>>(
-        ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
+    const int factored = c->kda_prep != ARL_CUDA_KDA_PREP_DIFFERENCE;
+    const size_t sm1 = sizeof(float) * prep_smem_floats(dk, dv, C, factored);
+    const dim3 grid((unsigned)nc, (unsigned)H);
+    if (factored) {
+        cudaFuncSetAttribute(k_kda_chunk_prep<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)sm1);
+        k_kda_chunk_prep<true>
+            <<<grid, 256, sm1, c->stream>>>(ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
+    } else {
+        cudaFuncSetAttribute(k_kda_chunk_prep<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)sm1);
+        k_kda_chunk_prep<false>
+            <<<grid, 256, sm1, c->stream>>>(ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
+    }
+}
+
+extern "C" int32_t arl_cuda_kda_prep_form(int32_t form) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(form == ARL_CUDA_KDA_PREP_FACTORED || form == ARL_CUDA_KDA_PREP_DIFFERENCE);
+    const int32_t was = c->kda_prep;
+    c->kda_prep = form;
+    return was;
 }
 
 extern "C" void arl_cuda_kda_chunk_prep(float *ws, const float *q, const float *k, const float *v,

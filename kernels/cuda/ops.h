@@ -69,6 +69,15 @@ void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float
                             const float *v, const float *g, const float *beta, const int32_t *cu,
                             int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, float scale,
                             int64_t C, float *ws);
+/* The pair products A_kk, A_qk of the chunkwise forward's kernel 1 (and of the chunkwise
+ * backward, which runs it too): FACTORED (the default, the CPU reference's form: per 16-row
+ * sub-chunk one exp per (row, channel), products of factors; a sub-chunk whose exponents
+ * exceed 80 falls back to the difference form) or DIFFERENCE (one exp per (pair, channel)).
+ * Equal to fp32 rounding.  arl_cuda_kda_prep_form sets the current context's and returns the
+ * previous one (the benchmark times both, the parity tests check both). */
+#define ARL_CUDA_KDA_PREP_FACTORED 0
+#define ARL_CUDA_KDA_PREP_DIFFERENCE 1
+int32_t arl_cuda_kda_prep_form(int32_t form);
 /* Kernel (1) of arl_cuda_kda_chunk_fwd alone (the chunk table and every chunk's factors into
  * ws), for the benchmark's split of the forward's time (bench/gpu/bench_gpu.c); the forward
  * and the chunkwise backward run it themselves. */

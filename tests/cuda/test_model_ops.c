@@ -70,7 +70,9 @@ typedef struct kda_in {
     float *q, *k, *v, *g, *beta, *S0;
 } kda_in;
 
-static kda_in kda_make(int64_t dk, int64_t dv, int64_t C) {
+/* gmax: the gate g = -gmax sigmoid(u) (5 for K3; 10 makes some 16-row sub-chunks' factors
+ * exceed e^80, so the factored pair products fall back to the difference form there) */
+static kda_in kda_make(int64_t dk, int64_t dv, int64_t C, float gmax) {
     kda_in a = {.N = 3, .T = 150, .H = 3, .dk = dk, .dv = dv, .C = C, .cu = {0, 70, 71, 150}};
     int64_t T = a.T, H = a.H;
     a.q = ct_rand(T * H * dk, -1, 1);
@@ -80,7 +82,7 @@ static kda_in kda_make(int64_t dk, int64_t dv, int64_t C) {
     a.v = ct_rand(T * H * dv, -1, 1);
     a.g = ct_rand(T * H * dk, -6, 6); /* K3 gate: g = -5 sigmoid(u) in (-5, 0) */
     for (int64_t i = 0; i < T * H * dk; i++)
-        a.g[i] = -5.0f / (1.0f + expf(-a.g[i]));
+        a.g[i] = -gmax / (1.0f + expf(-a.g[i]));
     a.beta = ct_rand(T * H, 0.02f, 0.98f);
     a.S0 = ct_rand(a.N * H * dk * dv, -0.5f, 0.5f);
     return a;
@@ -90,9 +92,9 @@ static void kda_free(kda_in *a) {
     free(a->q), free(a->k), free(a->v), free(a->g), free(a->beta), free(a->S0);
 }
 
-static void kda_case(int64_t dk, int64_t dv, int64_t C) {
+static void kda_case(int64_t dk, int64_t dv, int64_t C, float gmax) {
     CT_CASE_BEGIN;
-    kda_in a = kda_make(dk, dv, C);
+    kda_in a = kda_make(dk, dv, C, gmax);
     const int64_t T = a.T, H = a.H, N = a.N, nS = N * H * dk * dv;
     const float scale = 1.0f / sqrtf((float)dk);
     int64_t nc = arl_kda_num_chunks(a.cu, a.N, T, C);
@@ -117,16 +119,23 @@ static void kda_case(int64_t dk, int64_t dv, int64_t C) {
     ct_check_maxref("kda_recurrent_fwd final S", d_S, S, nS, 1e-5, 1e-4);
     ct_check_maxref("kda_recurrent_fwd chunk_states", d_cs, cs, nc * H * dk * dv, 1e-5, 1e-4);
 
-    /* chunk form on the device */
-    arl_cuda_upload(ct_ctx, d_S, a.S0, sizeof(float) * nS);
+    /* chunk form on the device, the pair products in either form (ops.h); the backward below
+     * runs the default (factored) one */
     float *d_ws = ct_dev(NULL, arl_cuda_kda_chunk_ws_floats(T, a.N, H, dk, dv, C));
-    arl_cuda_kda_chunk_fwd(d_o, d_S, d_cs, d_q, d_k, d_v, d_g, d_b, d_cu, a.N, T, H, dk, dv, scale,
-                           C, d_ws);
-    snprintf(what, sizeof what, "kda_chunk_fwd o dk=%lld dv=%lld C=%lld", (long long)dk,
-             (long long)dv, (long long)C);
-    ct_check_maxref(what, d_o, o, T * H * dv, 1e-5, 1e-4);
-    ct_check_maxref("kda_chunk_fwd final S", d_S, S, nS, 1e-5, 1e-4);
-    ct_check_maxref("kda_chunk_fwd chunk_states", d_cs, cs, nc * H * dk * dv, 1e-5, 1e-4);
+    for (int form = 0; form < 2; form++) {
+        const int32_t f = form ? ARL_CUDA_KDA_PREP_DIFFERENCE : ARL_CUDA_KDA_PREP_FACTORED;
+        const int32_t was = arl_cuda_kda_prep_form(f);
+        arl_cuda_upload(ct_ctx, d_S, a.S0, sizeof(float) * nS);
+        arl_cuda_kda_chunk_fwd(d_o, d_S, d_cs, d_q, d_k, d_v, d_g, d_b, d_cu, a.N, T, H, dk, dv,
+                               scale, C, d_ws);
+        arl_cuda_kda_prep_form(was);
+        snprintf(what, sizeof what, "kda_chunk_fwd (%s) o dk=%lld dv=%lld C=%lld gmax=%g",
+                 form ? "difference" : "factored", (long long)dk, (long long)dv, (long long)C,
+                 (double)gmax);
+        ct_check_maxref(what, d_o, o, T * H * dv, 1e-5, 1e-4);
+        ct_check_maxref("kda_chunk_fwd final S", d_S, S, nS, 1e-5, 1e-4);
+        ct_check_maxref("kda_chunk_fwd chunk_states", d_cs, cs, nc * H * dk * dv, 1e-5, 1e-4);
+    }
 
     /* backward (recurrent rule, 3.7) from the CPU's chunk states, non-zero dS_T */
     if (dk <= 128 && dv <= 128) {
@@ -184,9 +193,11 @@ static void kda_case(int64_t dk, int64_t dv, int64_t C) {
 }
 
 static void test_kda(void) {
-    kda_case(32, 32, 16);
-    kda_case(64, 48, 32);   /* dv not a multiple of the 32-column slice */
-    kda_case(128, 128, 64); /* the benchmark's head dims */
+    kda_case(32, 32, 16, 5.0f);
+    kda_case(64, 48, 32, 5.0f);   /* dv not a multiple of the 32-column slice */
+    kda_case(128, 128, 64, 5.0f); /* the benchmark's head dims */
+    kda_case(32, 32, 40, 10.0f);  /* steep gates (difference-form sub-chunks), C = 40: the last
+                                     sub-chunk of 8 rows; a 1-row chunk of document 2 */
 }
 
 /* ---------------------------------------------------------------- MLA */
