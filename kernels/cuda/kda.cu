@@ -491,17 +491,9 @@ static void chunk_prep_launch(arl_cuda_ctx *c, float *ws, const float *q, const 
     const int factored = c->kda_prep != ARL_CUDA_KDA_PREP_DIFFERENCE;
     const size_t sm1 = sizeof(float) * prep_smem_floats(dk, dv, C, factored);
     const dim3 grid((unsigned)nc, (unsigned)H);
-    if (factored) {
-        cudaFuncSetAttribute(k_kda_chunk_prep<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)sm1);
-        k_kda_chunk_prep<true>
-            <<<grid, 256, sm1, c->stream>>>(ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
-    } else {
-        cudaFuncSetAttribute(k_kda_chunk_prep<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             (int)sm1);
-        k_kda_chunk_prep<false>
-            <<<grid, 256, sm1, c->stream>>>(ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
-    }
+    auto prep = factored ? k_kda_chunk_prep<true> : k_kda_chunk_prep<false>;
+    cudaFuncSetAttribute(prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm1);
+    prep<<<grid, 256, sm1, c->stream>>>(ws, c->index, q, k, v, g, beta, N, H, dk, dv, scale, C);
 }
 
 extern "C" int32_t arl_cuda_kda_prep_form(int32_t form) {

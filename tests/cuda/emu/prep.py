@@ -5,7 +5,7 @@
   kernels/cuda/internal.cuh becomes the rewritten internal_emu.h;
 - `extern __shared__ float sm[];` becomes a pointer to the emulated block's shared memory;
 - every launch `kern<<<grid, block, smem, stream>>>(args);` becomes
-  `emu_launch(dim3(grid), dim3(block), smem, [a = make_tuple(args)] { apply(kern, a); });`
+  `emu_launch(dim3(grid), dim3(block), smem, [k = kern, a = make_tuple(args)] { apply(k, a); });`
   (arguments evaluated at the launch, as CUDA does: graph replays see the launch's values).
 Only the text the backend actually uses is handled; this is a test tool, not a CUDA parser.
 """
@@ -51,12 +51,14 @@ def launch(m):
     smem = p[2] if len(p) > 2 else "0"
     # the arguments are evaluated at the launch (as CUDA copies them), not when the emulated
     # kernel runs: a graph replay must not read the launcher's (dead) locals
+    # (the kernel is captured too: it may be a local function pointer)
     return ("emu_launch(dim3(%s), dim3(%s), (size_t)(%s), "
-            "[emu_args_ = std::make_tuple(%s)] { std::apply(%s, emu_args_); });" % (
-                p[0], p[1], smem, args, name))
+            "[emu_k_ = %s, emu_args_ = std::make_tuple(%s)] { std::apply(emu_k_, emu_args_); });" % (
+                p[0], p[1], smem, name, args))
 
 
-src = re.sub(r"([A-Za-z_]\w*(?:<[^<>;]*>)?)<<<(.*?)>>>\((.*?)\);", launch, src, flags=re.S)
+# (a line break may stand between the kernel's name and <<<: clang-format puts one there)
+src = re.sub(r"([A-Za-z_]\w*(?:<[^<>;]*>)?)\s*<<<(.*?)>>>\((.*?)\);", launch, src, flags=re.S)
 if sys.argv[1].endswith("internal.cuh"):
     src = src.replace('#include "kernels/cuda/cuda.h"',
                       '#include "emu_cuda.h"\n#include "kernels/cuda/cuda.h"')
