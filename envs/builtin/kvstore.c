@@ -290,11 +290,14 @@ static void kv_generate(kv_state *s, int ngoals) {
             while (kv_get(st, g->a) && !strcmp(kv_get(st, g->a), g->b));
             kv_put(&s->target, g->a, g->b);
             break;
-        case KG_COPY:
-            snprintf(g->b, KV_STR, "backup:%s", g->a + 5);
+        case KG_COPY: {
+            char key[KV_STR]; /* g->a's name apart (GCC's -Wrestrict cannot tell a from b) */
+            snprintf(key, sizeof key, "%s", g->a + 5);
+            snprintf(g->b, KV_STR, "backup:%s", key);
             snprintf(g->expect, KV_STR, "%s", kv_get(st, g->a));
             kv_put(&s->target, g->b, g->expect);
             break;
+        }
         case KG_INCR:
             g->n = 1 + (int64_t)arl_rng_below(&r, 20);
             snprintf(g->expect, KV_STR, "%lld", atoll(kv_get(st, g->a)) + (long long)g->n);
