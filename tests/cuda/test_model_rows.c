@@ -6,9 +6,10 @@
  *   - a scripted sequence that takes each way a range grows: in place, into a free gap
  *     elsewhere, after sliding every slot down (the growing slot last), after parking the
  *     growing slot's rows at the end while the slots behind it slide over them, and, when the
- *     free rows at the end are fewer than its rows, after rotating it behind them (block swaps
- *     through those free rows); then an exhausted pool (ARL_ERR_RANGE with the counts) and a
- *     range past max_context;
+ *     free rows at the end are fewer than its rows, after rotating it behind them through those
+ *     free rows (each way of rotate_rows: its rows parked, the others' parked, block swaps with
+ *     the longer part first on either side); then an exhausted pool (ARL_ERR_RANGE with the counts)
+ * and a range past max_context;
  *   - 3000 random operations on four slots over a tight pool (grow by fits, uploads of new rows,
  *     resets): after every one, every slot's latent rows, KDA states and position downloaded
  *     equal the host's mirror bit for bit, the ranges lie inside the pool without overlapping and
@@ -204,6 +205,29 @@ static void test_scripted(void) {
     CHECK(g.md.slot_row0[1] == 0 && g.md.slot_row0[2] == 32 && g.md.slot_row0[0] == 64 &&
           g.md.slot_cap[0] == 32);
     check_all(&g, "parked behind longer slots");
+    rig_close(&g);
+
+    /* pool 80: slot 0 [0,48), slot 1 [48,64), 16 free: slot 0 grows to 64; the other slot's
+     * 16 rows fit the free rows: they are parked and slot 0 slides up behind them */
+    rig_open(&g, 80);
+    CHECK(put(&g, 0, 48) == ARL_OK);
+    CHECK(put(&g, 1, 16) == ARL_OK);
+    CHECK_MSG(arl_model_dev_slot_fit(&g.md, 0, 64) == ARL_OK, "%s", arl_error_msg());
+    CHECK(g.md.slot_row0[1] == 0 && g.md.slot_row0[0] == 16 && g.md.slot_cap[0] == 64);
+    check_all(&g, "the others parked");
+    rig_close(&g);
+
+    /* pool 112: slot 0 [0,32), slots 1 and 2 [32,96), 16 free: slot 0 grows to 48; neither
+     * part fits the free rows and slot 0's is the shorter: swapped with the last 32 rows of the
+     * others, then the rest rotated */
+    rig_open(&g, 112);
+    CHECK(put(&g, 0, 32) == ARL_OK);
+    CHECK(put(&g, 1, 32) == ARL_OK);
+    CHECK(put(&g, 2, 32) == ARL_OK);
+    CHECK_MSG(arl_model_dev_slot_fit(&g.md, 0, 48) == ARL_OK, "%s", arl_error_msg());
+    CHECK(g.md.slot_row0[1] == 0 && g.md.slot_row0[2] == 32 && g.md.slot_row0[0] == 64 &&
+          g.md.slot_cap[0] == 48);
+    check_all(&g, "swapped with a longer part");
     rig_close(&g);
 }
 
