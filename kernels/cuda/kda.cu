@@ -832,12 +832,122 @@ __global__ void __launch_bounds__(256)
         }
 }
 
+/* ---- staged products (k_kda_cbwd) ---- */
+#define TJ 32   /* reduction slice of a staged product */
+#define TCOLS 4 /* output columns per lane of a staged product: nB <= 32 TCOLS */
+
+/* One term of a staged product: A has nA rows lda apart, K wide; B has nB rows ldb apart, K wide
+ * ("A B^T", B_T) or K rows ldb apart, nB wide ("A B"). */
+struct prod_term {
+    const float *A;
+    int64_t lda;
+    const float *B;
+    int64_t ldb, K;
+};
+
+/* Shared floats of a staged product's slices: As (8 RPW, TJ + 1) and Bs (32 TCOLS, TJ + 1) or
+ * (TJ, 32 TCOLS + 1). */
+static int64_t staged_smem_floats(void) {
+    const int64_t bt = 32 * TCOLS * (TJ + 1), bn = TJ * (32 * TCOLS + 1);
+    return 8 * RPW * (TJ + 1) + (bt > bn ? bt : bn);
+}
+
+/* acc[i][u] = the sum over the two terms (t2.K = 0: none) of (A B^T or A B)[r0 + i, lane + 32 u]
+ * with r0 = RPW * warp, for nA <= 8 RPW rows and nB <= 32 TCOLS columns, 256 threads.  Slices of TJ
+ * along K pass through shared memory from coalesced global reads (As, Bs: conflict-free in both
+ * layouts), and each shared value read feeds RPW or TCOLS multiply-adds from registers.  Rows and
+ * columns past nA, nB hold garbage.  Starts and ends with a barrier: global writes before the call
+ * are visible to the loads, and the caller may reuse the slices' memory at once. */
+template <bool B_T>
+__device__ static void staged_product(float (&acc)[RPW][TCOLS], prod_term t1, prod_term t2,
+                                      int64_t nA, int64_t nB, float *As, float *Bs, int tid,
+                                      int nt) {
+    const int lane = tid & 31;
+    const int64_t r0 = (int64_t)(tid >> 5) * RPW, LS = TJ + 1, LN = 32 * TCOLS + 1;
+    const int nr = nA - r0 <= 0 ? 0 : (nA - r0 < RPW ? (int)(nA - r0) : RPW); /* warp-uniform */
+#pragma unroll
+    for (int i = 0; i < RPW; i++)
+#pragma unroll
+        for (int u = 0; u < TCOLS; u++)
+            acc[i][u] = 0.0f;
+    for (int p = 0; p < 2; p++) {
+        const prod_term t = p == 0 ? t1 : t2;
+        for (int64_t j0 = 0; j0 < t.K; j0 += TJ) {
+            const int64_t nj = t.K - j0 < TJ ? t.K - j0 : TJ;
+            __syncthreads(); /* the previous slice is consumed; earlier global writes visible */
+            for (int64_t i = tid; i < nA * TJ; i += nt) {
+                const int64_t r = i / TJ, jj = i % TJ;
+                As[r * LS + jj] = jj < nj ? t.A[r * t.lda + j0 + jj] : 0.0f;
+            }
+            if (B_T)
+                for (int64_t i = tid; i < nB * TJ; i += nt) {
+                    const int64_t s = i / TJ, jj = i % TJ;
+                    Bs[s * LS + jj] = jj < nj ? t.B[s * t.ldb + j0 + jj] : 0.0f;
+                }
+            else
+                for (int64_t i = tid; i < nj * nB; i += nt) {
+                    const int64_t jj = i / nB, s = i % nB;
+                    Bs[jj * LN + s] = t.B[(j0 + jj) * t.ldb + s];
+                }
+            __syncthreads();
+            for (int64_t jj = 0; jj < nj; jj++) {
+                float b[TCOLS];
+#pragma unroll
+                for (int u = 0; u < TCOLS; u++) {
+                    const int64_t s = lane + 32 * u;
+                    b[u] = s < nB ? (B_T ? Bs[s * LS + jj] : Bs[jj * LN + s]) : 0.0f;
+                }
+#pragma unroll
+                for (int i = 0; i < RPW; i++)
+                    if (i < nr) {
+                        const float a = As[(r0 + i) * LS + jj];
+#pragma unroll
+                        for (int u = 0; u < TCOLS; u++)
+                            acc[i][u] += a * b[u];
+                    }
+            }
+        }
+    }
+    __syncthreads();
+}
+
+/* f(r, s, x) for each element (r, s) = x of the staged product's tile this thread holds, r < nA,
+ * s < nB (r0 = RPW * warp). */
+template <class F>
+__device__ static inline void tile_each(const float (&acc)[RPW][TCOLS], int64_t r0, int lane,
+                                        int64_t nA, int64_t nB, F f) {
+#pragma unroll
+    for (int i = 0; i < RPW; i++)
+#pragma unroll
+        for (int u = 0; u < TCOLS; u++) {
+            const int64_t r = r0 + i, s = lane + 32 * u;
+            if (r < nA && s < nB) f(r, s, acc[i][u]);
+        }
+}
+
+/* Shared floats of k_kda_cbwd: Ks, Qs, Gs (C, dk + 1); dA, dT (C, C + 1); beta, dbeta (C); dGn
+ * (dk); a flag; then one region used in turn by the staged products' slices, by Tm, Akk and Pm
+ * (C, C + 1) each, and by the pair terms' factors Rf (C, dk + 1) and Lf (KDA_SUB, dk + 1). */
+static size_t cbwd_smem_floats(int64_t dk, int64_t C) {
+    const int64_t LD = dk + 1, LA = C + 1;
+    int64_t reg = staged_smem_floats();
+    if (3 * C * LA > reg) reg = 3 * C * LA;
+    if ((C + KDA_SUB) * LD > reg) reg = (C + KDA_SUB) * LD;
+    return (size_t)(3 * C * LD + 2 * C * LA + 2 * C + dk + 1 + reg);
+}
+
 /* Per (chunk, head): everything of spec 3.8 that stays inside the chunk, from the stored
- * incoming state S, the outgoing-state gradient dSp, dVt and dO.  Shared: K, Q (scaled),
- * G (C, dk + 1); Tm, Akk, dA, dT, P (C, C + 1); beta, dbeta (C); dGn (dk).  Gradients of q, k,
- * v are added to the outputs directly (this block owns the chunk's rows); dG is kept in the
- * scratch until its reverse cumulative sum. */
-__global__ void __launch_bounds__(256)
+ * incoming state S, the outgoing-state gradient dSp, dVt and dO.  The products with a dv or dk
+ * long reduction (Vt, dAqk, M, dW, dKbar, dT) are staged products; the pair terms of A_qk and
+ * A_kk are in the factored form of the CPU reference (policy/kda.c chunk_pairs_bwd): per
+ * sub-chunk of KDA_SUB rows, one exp per (row, channel) instead of one per (pair, channel), and
+ * the difference form where a factor would leave e^KDA_FACTOR_SPAN.  Gradients of q, k, v are
+ * added to the outputs directly (this block owns the chunk's rows); dG is kept in the scratch
+ * until its reverse cumulative sum.
+ * (256, 1): one block per SM (the shared memory leaves room for no second), so each thread may
+ * hold 255 registers and the staged products' accumulators stay in them (sm_90: 200, no
+ * spills; under the default cap of 128 they spilled). */
+__global__ void __launch_bounds__(256, 1)
     k_kda_cbwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, const float *q,
                const float *k, const float *v, const float *g, const float *beta,
                const float *chunk_states, const float *dSp_all, const float *dVt_all,
@@ -848,18 +958,26 @@ __global__ void __launch_bounds__(256)
     if (ci >= ix[0]) return;
     const int32_t *ch = CT_CHUNKS(ix, N);
     const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
-    const int64_t LD = dk + 1, LA = C + 1;
-    float *Ks = sm, *Qs = Ks + C * LD, *Gs = Qs + C * LD;
-    float *Tm = Gs + C * LD, *Ak = Tm + C * LA, *dA = Ak + C * LA, *dT = dA + C * LA,
-          *Pm = dT + C * LA;
-    float *bs = Pm + C * LA, *dbs = bs + C, *dGn = dbs + C;
-    const int tid = threadIdx.x, nt = blockDim.x;
+    const int64_t LD = dk + 1, LA = C + 1, HV = H * dv;
+    float *Ks = sm, *Qs = Ks + C * LD, *Gs = Qs + C * LD, *dA = Gs + C * LD, *dT = dA + C * LA;
+    float *bs = dT + C * LA, *dbs = bs + C, *dGn = dbs + C;
+    int *flag = (int *)(dGn + dk);
+    float *Rg = dGn + dk + 1; /* the region */
+    float *As = Rg, *Bs = As + 8 * RPW * (TJ + 1);
+    float *Tm = Rg, *Ak = Tm + C * LA, *Pm = Ak + C * LA;
+    float *Rf = Rg, *Lf = Rf + C * LD;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
+    const int64_t r0 = (int64_t)(tid >> 5) * RPW;
     const chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
-    const float *S = chunk_states + (ci * H + h) * dk * dv;
-    const float *dSp = dSp_all + (ci * H + h) * dk * dv;
+    const float *S = chunk_states + (ci * H + h) * dk * dv;  /* (dk, dv) */
+    const float *dSp = dSp_all + (ci * H + h) * dk * dv;     /* (dk, dv) */
+    const float *dOc = d_o + (t0 * H + h) * dv;              /* (n, dv), rows HV apart */
+    const float *dUc = dVt_all + (t0 * H + h) * dv;          /* (n, dv), rows HV apart */
+    const float *vc = v + (t0 * H + h) * dv;                 /* (n, dv), rows HV apart */
     float *Vts = ws3 + (ci * H + h) * C * (4 * dk + 2 * dv); /* (C, dv) */
     float *dW = Vts + C * dv, *dGs = dW + C * dk, *E1 = dGs + C * dk, *dXw = E1 + C * dk;
     float *dXu = dXw + C * dk; /* (C, dv) */
+    float acc[RPW][TCOLS];
 #define ROW(x, r) (((t0 + (r)) * H + h) * (x))
     for (int64_t i = tid; i < n * dk; i += nt) {
         int64_t r = i / dk, c = i % dk;
@@ -871,166 +989,207 @@ __global__ void __launch_bounds__(256)
         bs[r] = beta[(t0 + r) * H + h];
         dbs[r] = 0.0f;
     }
-    for (int64_t i = tid; i < C * C; i += nt) {
-        Tm[(i / C) * LA + i % C] = P.Tm[i];
-        Ak[(i / C) * LA + i % C] = P.Akk[i];
-    }
     __syncthreads();
     for (int64_t c = tid; c < dk; c += nt)
         for (int64_t r = 1; r < n; r++)
             Gs[r * LD + c] += Gs[(r - 1) * LD + c];
-    /* Vt = U - W S */
-    for (int64_t i = tid; i < n * dv; i += nt) {
-        int64_t r = i / dv, j = i % dv;
-        float acc = P.U[r * dv + j];
-        for (int64_t c = 0; c < dk; c++)
-            acc -= P.W[r * dk + c] * S[c * dv + j];
-        Vts[r * dv + j] = acc;
+    { /* Vt = U - W S */
+        const prod_term t = {P.W, dk, S, dv, dk}, none = {};
+        staged_product<false>(acc, t, none, n, dv, As, Bs, tid, nt);
+        tile_each(acc, r0, lane, n, dv,
+                  [&](int64_t r, int64_t s, float x) { Vts[r * dv + s] = P.U[r * dv + s] - x; });
+    }
+    { /* dAqk = Tril(dO Vt^T) */
+        const prod_term t = {dOc, HV, Vts, dv, dv}, none = {};
+        staged_product<true>(acc, t, none, n, n, As, Bs, tid, nt);
+        tile_each(acc, r0, lane, n, n,
+                  [&](int64_t r, int64_t s, float x) { dA[r * LA + s] = s <= r ? x : 0.0f; });
+    }
+    { /* M = dO S^T: dQ = Gamma M, dG = Gamma Q M */
+        const prod_term t = {dOc, HV, S, dv, dv}, none = {};
+        staged_product<true>(acc, t, none, n, dk, As, Bs, tid, nt);
+        tile_each(acc, r0, lane, n, dk, [&](int64_t r, int64_t s, float x) {
+            const float gam = expf(Gs[r * LD + s]);
+            dq[ROW(dk, r) + s] += scale * gam * x;
+            dGs[r * dk + s] = gam * Qs[r * LD + s] * x;
+        });
+    }
+    { /* dW = -dVt S^T */
+        const prod_term t = {dUc, HV, S, dv, dv}, none = {};
+        staged_product<true>(acc, t, none, n, dk, As, Bs, tid, nt);
+        tile_each(acc, r0, lane, n, dk,
+                  [&](int64_t r, int64_t s, float x) { dW[r * dk + s] = -x; });
+    }
+    { /* dKbar = Vt dSp^T: dK = exp(G_n - G) dKbar, dG -= Kbar dKbar */
+        const prod_term t = {Vts, dv, dSp, dv, dv}, none = {};
+        staged_product<true>(acc, t, none, n, dk, As, Bs, tid, nt);
+        tile_each(acc, r0, lane, n, dk, [&](int64_t r, int64_t s, float x) {
+            const float eb = expf(Gs[(n - 1) * LD + s] - Gs[r * LD + s]);
+            const float kb = eb * Ks[r * LD + s];
+            dk_[ROW(dk, r) + s] += eb * x;
+            dGs[r * dk + s] -= kb * x;
+            E1[r * dk + s] = kb * x;
+        });
     }
     __syncthreads();
-    /* dAqk = Tril(dO Vt^T) */
-    for (int64_t i = tid; i < C * C; i += nt) {
-        int64_t r = i / C, s2 = i % C;
-        float acc = 0.0f;
-        if (r < n && s2 <= r)
-            for (int64_t j = 0; j < dv; j++)
-                acc += d_o[ROW(dv, r) + j] * Vts[s2 * dv + j];
-        dA[r * LA + s2] = acc;
-    }
-    /* M = dO S^T, dW = -dVt S^T, dKbar = Vt dSp^T, per element (r, c) */
-    for (int64_t i = tid; i < n * dk; i += nt) {
-        int64_t r = i / dk, c = i % dk;
-        float M = 0.0f, W_ = 0.0f, dKb = 0.0f;
-        for (int64_t j = 0; j < dv; j++) {
-            float sv = S[c * dv + j];
-            M += d_o[ROW(dv, r) + j] * sv;
-            W_ -= dVt_all[ROW(dv, r) + j] * sv;
-            dKb += Vts[r * dv + j] * dSp[c * dv + j];
-        }
-        const float G = Gs[r * LD + c], Gn = Gs[(n - 1) * LD + c];
-        const float gam = expf(G), eb = expf(Gn - G), Kb = eb * Ks[r * LD + c];
-        dq[ROW(dk, r) + c] += scale * gam * M;
-        dk_[ROW(dk, r) + c] += eb * dKb;
-        dGs[r * dk + c] = gam * Qs[r * LD + c] * M - Kb * dKb;
-        E1[r * dk + c] = Kb * dKb;
-        dW[r * dk + c] = W_;
+    /* dGn = colsum(Kbar . dKbar) + exp(Gn) rowsum(dSp . S), one warp per channel */
+    for (int64_t c = tid >> 5; c < dk; c += nt >> 5) {
+        float a1 = 0.0f, a2 = 0.0f;
+        for (int64_t r = lane; r < n; r += 32)
+            a1 += E1[r * dk + c];
+        for (int64_t j = lane; j < dv; j += 32)
+            a2 += dSp[c * dv + j] * S[c * dv + j];
+        a1 = arl_warp_sum(a1);
+        a2 = arl_warp_sum(a2);
+        if (lane == 0) dGn[c] = a1 + expf(Gs[(n - 1) * LD + c]) * a2;
     }
     __syncthreads();
-    /* dGn = colsum(Kbar . dKbar) + exp(Gn) rowsum(dSp . S) */
-    for (int64_t c = tid; c < dk; c += nt) {
-        float acc = 0.0f, acc2 = 0.0f;
-        for (int64_t r = 0; r < n; r++)
-            acc += E1[r * dk + c];
-        for (int64_t j = 0; j < dv; j++)
-            acc2 += dSp[c * dv + j] * S[c * dv + j];
-        dGn[c] = acc + expf(Gs[(n - 1) * LD + c]) * acc2;
+    for (int64_t i = tid; i < n * dk; i += nt) { /* Gamma K into E1 (X_w = beta Gamma K) */
+        const int64_t r = i / dk, c = i % dk;
+        E1[r * dk + c] = expf(Gs[r * LD + c]) * Ks[r * LD + c];
     }
-    /* Aqk pair terms: tq (row r) and tk (row i) */
-    for (int64_t i = tid; i < n * dk; i += nt) {
-        int64_t x = i / dk, c = i % dk;
-        const float Gx = Gs[x * LD + c];
-        float tq = 0.0f, tk = 0.0f;
-        for (int64_t s2 = 0; s2 <= x; s2++) /* x as the query row r */
-            tq += dA[x * LA + s2] * Ks[s2 * LD + c] * expf(Gx - Gs[s2 * LD + c]);
-        for (int64_t r = x; r < n; r++) /* x as the key row i */
-            tk += dA[r * LA + x] * Qs[r * LD + c] * expf(Gs[r * LD + c] - Gx);
-        dq[ROW(dk, x) + c] += scale * tq;
-        dk_[ROW(dk, x) + c] += tk;
-        dGs[x * dk + c] += Qs[x * LD + c] * tq - Ks[x * LD + c] * tk;
+    { /* dT (strictly lower) = dW X_w^T + dU X_u^T = (dW (Gamma K)^T + dVt V^T) diag(beta) */
+        const prod_term t1 = {dW, dk, E1, dk, dk}, t2 = {dUc, HV, vc, HV, dv};
+        staged_product<true>(acc, t1, t2, n, n, As, Bs, tid, nt);
+        tile_each(acc, r0, lane, n, n, [&](int64_t r, int64_t s, float x) {
+            dT[r * LA + s] = s < r ? x * bs[s] : 0.0f;
+        });
+    }
+    for (int64_t i = tid; i < C * C; i += nt) { /* the region's slices are consumed */
+        Tm[(i / C) * LA + i % C] = P.Tm[i];
+        Ak[(i / C) * LA + i % C] = P.Akk[i];
     }
     __syncthreads();
-    /* dT (strictly lower) = dW Xw^T + dU Xu^T, Xw = beta Gamma K, Xu = beta V, dU = dVt */
-    for (int64_t i = tid; i < C * C; i += nt) {
-        int64_t r = i / C, s2 = i % C;
-        float acc = 0.0f;
-        if (r < n && s2 < r) {
-            for (int64_t c = 0; c < dk; c++)
-                acc += dW[r * dk + c] * expf(Gs[s2 * LD + c]) * Ks[s2 * LD + c];
-            for (int64_t j = 0; j < dv; j++)
-                acc += dVt_all[ROW(dv, r) + j] * v[ROW(dv, s2) + j];
-            acc *= bs[s2];
-        }
-        dT[r * LA + s2] = acc;
-    }
     /* dXw = T^T dW, dXu = T^T dU (T unit lower triangular) */
     for (int64_t i = tid; i < n * dk; i += nt) {
         int64_t x = i / dk, c = i % dk;
-        float acc = dW[x * dk + c];
+        float a = dW[x * dk + c];
         for (int64_t r = x + 1; r < n; r++)
-            acc += Tm[r * LA + x] * dW[r * dk + c];
-        dXw[x * dk + c] = acc;
+            a += Tm[r * LA + x] * dW[r * dk + c];
+        dXw[x * dk + c] = a;
     }
     for (int64_t i = tid; i < n * dv; i += nt) {
         int64_t x = i / dv, j = i % dv;
-        float acc = dVt_all[ROW(dv, x) + j];
+        float a = dUc[x * HV + j];
         for (int64_t r = x + 1; r < n; r++)
-            acc += Tm[r * LA + x] * dVt_all[ROW(dv, r) + j];
-        dXu[x * dv + j] = acc;
+            a += Tm[r * LA + x] * dUc[r * HV + j];
+        dXu[x * dv + j] = a;
     }
-    __syncthreads();
     /* Pm = dT T^T:  Pm[r, b] = sum_j dT[r, j] T[b, j] (T[b, b] = 1, j <= b) */
     for (int64_t i = tid; i < C * C; i += nt) {
         int64_t r = i / C, b = i % C;
-        float acc = 0.0f;
+        float a = 0.0f;
         if (r < n && b < n) {
             int64_t jmax = b < r - 1 ? b : r - 1; /* dT[r, j] is zero for j >= r */
             for (int64_t j = 0; j <= jmax; j++)
-                acc += dT[r * LA + j] * (j == b ? 1.0f : Tm[b * LA + j]);
+                a += dT[r * LA + j] * (j == b ? 1.0f : Tm[b * LA + j]);
         }
-        Pm[r * LA + b] = acc;
+        Pm[r * LA + b] = a;
     }
     __syncthreads();
-    /* dAkk[a, b] = -sum_i T[i, a] Pm[i, b] for a > b; kept in dA (dAqk is no longer needed) */
-    for (int64_t i = tid; i < C * C; i += nt) {
-        int64_t a = i / C, b = i % C;
-        float acc = 0.0f;
-        if (a < n && b < a)
+    /* dAkk[a, b] = -sum_i T[i, a] Pm[i, b] for a > b; into dT (read only by Pm) */
+    for (int64_t i = tid; i < n * n; i += nt) {
+        int64_t a = i / n, b = i % n;
+        if (b < a) {
+            float s = 0.0f;
             for (int64_t r = a; r < n; r++)
-                acc -= (r == a ? 1.0f : Tm[r * LA + a]) * Pm[r * LA + b];
-        dA[a * LA + b] = acc;
+                s -= (r == a ? 1.0f : Tm[r * LA + a]) * Pm[r * LA + b];
+            dT[a * LA + b] = s;
+        }
     }
     __syncthreads();
-    /* from Xw and Xu; dbeta row sums (one thread per row, fixed order) */
-    for (int64_t i = tid; i < n * dk; i += nt) {
-        int64_t x = i / dk, c = i % dk;
-        const float gam = expf(Gs[x * LD + c]), d = dXw[x * dk + c];
-        dk_[ROW(dk, x) + c] += bs[x] * gam * d;
-        dGs[x * dk + c] += bs[x] * gam * Ks[x * LD + c] * d;
+    /* from X_w and X_u, and dbeta, one warp per row; then D = diag(beta) dAkk in place */
+    for (int64_t x = tid >> 5; x < n; x += nt >> 5) {
+        const float be = bs[x];
+        float db = 0.0f;
+        for (int64_t c = lane; c < dk; c += 32) {
+            const float gk = expf(Gs[x * LD + c]) * dXw[x * dk + c];
+            dk_[ROW(dk, x) + c] += be * gk;
+            dGs[x * dk + c] += be * gk * Ks[x * LD + c];
+            db += gk * Ks[x * LD + c];
+        }
+        for (int64_t j = lane; j < dv; j += 32) {
+            dv_[ROW(dv, x) + j] += be * dXu[x * dv + j];
+            db += vc[x * HV + j] * dXu[x * dv + j];
+        }
+        for (int64_t s2 = lane; s2 < x; s2 += 32) { /* A_kk / beta_x = the raw decayed k.k sum */
+            db += dT[x * LA + s2] * Ak[x * LA + s2] / be;
+            dT[x * LA + s2] *= be;
+        }
+        db = arl_warp_sum(db);
+        if (lane == 0) dbs[x] = db;
     }
-    for (int64_t i = tid; i < n * dv; i += nt) {
-        int64_t x = i / dv, j = i % dv;
-        dv_[ROW(dv, x) + j] += bs[x] * dXu[x * dv + j];
-    }
-    for (int64_t x = tid; x < n; x += nt) {
-        float acc = 0.0f;
-        for (int64_t c = 0; c < dk; c++)
-            acc += expf(Gs[x * LD + c]) * Ks[x * LD + c] * dXw[x * dk + c];
-        for (int64_t j = 0; j < dv; j++)
-            acc += v[ROW(dv, x) + j] * dXu[x * dv + j];
-        for (int64_t s2 = 0; s2 < x; s2++) /* A_kk / beta_x = the raw decayed k.k sum */
-            acc += dA[x * LA + s2] * Ak[x * LA + s2] / bs[x];
-        dbs[x] = acc;
-    }
-    __syncthreads();
-    /* A_kk pair terms with D = diag(beta) dAkk: ti (row r), tj (row i) */
-    for (int64_t i = tid; i < n * dk; i += nt) {
-        int64_t x = i / dk, c = i % dk;
-        const float Gx = Gs[x * LD + c];
-        float ti = 0.0f, tj = 0.0f;
-        for (int64_t s2 = 0; s2 < x; s2++)
-            ti += bs[x] * dA[x * LA + s2] * Ks[s2 * LD + c] * expf(Gx - Gs[s2 * LD + c]);
-        for (int64_t r = x + 1; r < n; r++)
-            tj += bs[r] * dA[r * LA + x] * Ks[r * LD + c] * expf(Gs[r * LD + c] - Gx);
-        dk_[ROW(dk, x) + c] += ti + tj;
-        dGs[x * dk + c] += Ks[x * LD + c] * (ti - tj);
+    /* the pair terms, per sub-chunk Q = [q0, q1) with boundary b = q0: for r in Q and i <= r,
+     * exp(G_r - G_i) = Lf_r Rf_i with Lf = exp(G_Q - G_b), Rf = exp(G_b - G_{<q1}) */
+    for (int64_t q0 = 0; q0 < n; q0 += KDA_SUB) {
+        const int64_t q1 = n - q0 < KDA_SUB ? n : q0 + KDA_SUB, m = q1 - q0;
+        __syncthreads(); /* the previous sub-chunk's factors and gradients are done */
+        if (tid == 0) *flag = 0;
+        __syncthreads();
+        for (int64_t i = tid; i < q1 * dk; i += nt) {
+            const int64_t x = i / dk, c = i % dk;
+            const float e = Gs[q0 * LD + c] - Gs[x * LD + c];
+            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            Rf[x * LD + c] = expf(e);
+        }
+        for (int64_t i = tid; i < m * dk; i += nt) {
+            const int64_t x = q0 + i / dk, c = i % dk;
+            const float e = Gs[x * LD + c] - Gs[q0 * LD + c];
+            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            Lf[(x - q0) * LD + c] = expf(e);
+        }
+        __syncthreads();
+        const bool fac = *flag == 0;
+        /* rows x of Q: tq (A_qk, x the query row), ti (A_kk, x the row) */
+        for (int64_t i = tid; i < m * dk; i += nt) {
+            const int64_t x = q0 + i / dk, c = i % dk;
+            const float Gx = Gs[x * LD + c];
+            float tq = 0.0f, ti = 0.0f;
+            for (int64_t s2 = 0; s2 < x; s2++) {
+                const float kr =
+                    Ks[s2 * LD + c] * (fac ? Rf[s2 * LD + c] : expf(Gx - Gs[s2 * LD + c]));
+                tq += dA[x * LA + s2] * kr;
+                ti += dT[x * LA + s2] * kr;
+            }
+            if (fac) {
+                const float l = Lf[(x - q0) * LD + c];
+                tq = l * (tq + dA[x * LA + x] * Ks[x * LD + c] * Rf[x * LD + c]);
+                ti *= l;
+            } else {
+                tq += dA[x * LA + x] * Ks[x * LD + c];
+            }
+            dq[ROW(dk, x) + c] += scale * tq;
+            dk_[ROW(dk, x) + c] += ti;
+            dGs[x * dk + c] += Qs[x * LD + c] * tq + Ks[x * LD + c] * ti;
+        }
+        __syncthreads();
+        /* columns x < q1 against Q's rows r >= x: tk (A_qk, x the key row), tj (A_kk, x the
+         * column) */
+        for (int64_t i = tid; i < q1 * dk; i += nt) {
+            const int64_t x = i / dk, c = i % dk;
+            const float Gx = Gs[x * LD + c];
+            float tk = 0.0f, tj = 0.0f;
+            if (x >= q0) {
+                const float f = fac ? Lf[(x - q0) * LD + c] : 1.0f;
+                tk = dA[x * LA + x] * Qs[x * LD + c] * f;
+            }
+            for (int64_t r = x + 1 > q0 ? x + 1 : q0; r < q1; r++) {
+                const float f = fac ? Lf[(r - q0) * LD + c] : expf(Gs[r * LD + c] - Gx);
+                tk += dA[r * LA + x] * Qs[r * LD + c] * f;
+                tj += dT[r * LA + x] * Ks[r * LD + c] * f;
+            }
+            const float y = fac ? Rf[x * LD + c] * (tk + tj) : tk + tj;
+            dk_[ROW(dk, x) + c] += y;
+            dGs[x * dk + c] -= Ks[x * LD + c] * y;
+        }
     }
     __syncthreads();
     /* dG[n-1] += dGn; dg = reverse cumulative sum over the chunk's rows */
     for (int64_t c = tid; c < dk; c += nt) {
-        float acc = dGn[c];
+        float a = dGn[c];
         for (int64_t r = n - 1; r >= 0; r--) {
-            acc += dGs[r * dk + c];
-            dg[ROW(dk, r) + c] += acc;
+            a += dGs[r * dk + c];
+            dg[ROW(dk, r) + c] += a;
         }
     }
     for (int64_t x = tid; x < n; x += nt)
@@ -1056,7 +1215,10 @@ extern "C" void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float 
     dim3 g2((unsigned)((dv + TV - 1) / TV), (unsigned)H, (unsigned)N);
     k_kda_cbwd_state<<<g2, 256, sm2, c->stream>>>(dSp, dVt, dS0, dS_T, d_o, ws_fwd, c->index, N, H,
                                                   dk, dv, C);
-    size_t sm3 = sizeof(float) * (size_t)(3 * C * (dk + 1) + 5 * C * (C + 1) + 2 * C + dk);
+    static_assert(ARL_CUDA_KDA_MAX_C <= 8 * RPW && ARL_CUDA_KDA_MAX_DK <= 32 * TCOLS &&
+                      ARL_CUDA_KDA_MAX_DV <= 32 * TCOLS,
+                  "staged products");
+    size_t sm3 = sizeof(float) * cbwd_smem_floats(dk, C);
     cudaFuncSetAttribute(k_kda_cbwd, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm3);
     k_kda_cbwd<<<dim3((unsigned)nc, (unsigned)H), 256, sm3, c->stream>>>(
         dq, dk_, dv_, dg, dbeta, q, k, v, g, beta, chunk_states, dSp, dVt, d_o, ws_fwd, ws3,

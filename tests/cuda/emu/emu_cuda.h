@@ -91,7 +91,7 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
 #define __global__
 #define __device__
 #define __host__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
