@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda.h"
 
@@ -135,6 +136,48 @@ __device__ static inline float arl_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+/* Asynchronous copies global -> shared (sm_80+ cp.async): 16 bytes (both 16-aligned) or 4
+ * bytes; ok = 0 fills the destination with zeros and reads nothing (gmem must still be a valid
+ * address).  A thread's copies since the last commit form a group; wait_group N returns when at
+ * most the N newest groups are in flight (then a barrier makes them visible to the block).
+ * The CPU emulator (tests/cuda/emu) copies at once. */
+__device__ static inline void cp_async16(void *smem, const void *gmem, bool ok) {
+#if defined(__CUDACC__)
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem),
+                 "r"(ok ? 16 : 0));
+#else
+    if (ok)
+        memcpy(smem, gmem, 16);
+    else
+        memset(smem, 0, 16);
+#endif
+}
+__device__ static inline void cp_async4(float *smem, const float *gmem, bool ok) {
+#if defined(__CUDACC__)
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem),
+                 "r"(ok ? 4 : 0));
+#else
+    *smem = ok ? *gmem : 0.0f;
+#endif
+}
+__device__ static inline void cp_async_commit(void) {
+#if defined(__CUDACC__)
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+__device__ static inline void cp_async_wait1(void) { /* all but the newest group landed */
+#if defined(__CUDACC__)
+    asm volatile("cp.async.wait_group 1;\n" ::);
+#endif
+}
+__device__ static inline void cp_async_wait0(void) { /* every group landed */
+#if defined(__CUDACC__)
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
 }
 
 /* The unscaled score of absorbed MLA (spec 4.2) of query row [qh; qp] with the latent row

@@ -107,8 +107,10 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
  * Flash-attention style: a block takes TC_TQ queries of one head (16 per warp) and walks the
  * key tiles of TC_TK keys its queries can see (documents and causality); S = Q K^T and O += P V
  * run as mma.sync m16n8k16 with bf16 operands and fp32 accumulators; the online softmax (max,
- * exp, row sums) stays in fp32 registers (spec 1.4).  Q, K and V are rounded to bf16 as they
- * are loaded (fp32 in memory), K is kept row-major and V transposed in shared memory so that
+ * exp, row sums) stays in fp32 registers (spec 1.4).  Q, K and V are fp32 in memory and rounded
+ * to bf16 in the kernel: Q as it is loaded; each key/value tile is copied asynchronously
+ * (cp.async, no registers held) into an fp32 stage of dynamic shared memory while the products
+ * of the tile before run, then rounded into the bf16 tiles, K row-major and V transposed so that
  * every B fragment is one 32-bit load; the S accumulators are repacked as the A fragments of
  * P V without leaving registers.  Rows padded to DQ (qk width) and DV (value width) are zero.
  * Fragment layout (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4): A regs {a0..a3} hold
@@ -170,6 +172,9 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
     constexpr int TC_TQ = 16 * TC_WARPS;
     __shared__ __align__(16) uint32_t ks[TC_TK][DQ / 2 + 4]; /* key tile, bf16 pairs */
     __shared__ __align__(16) uint32_t vt[DV][TC_TK / 2 + 4]; /* value tile^T, bf16 pairs */
+    extern __shared__ float sm[];
+    float *stk = sm,
+          *stv = stk + TC_TK * DQ; /* a tile in fp32: keys (TC_TK, DQ), values (TC_TK, DV) */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t nqb = (A.Tq + TC_TQ - 1) / TC_TQ;
     const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * TC_TQ; /* longest rows first */
@@ -200,58 +205,38 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
+    /* the fp32 key and value rows of the tile from s0 into the stage, asynchronously: zeros
+     * past the block's last key and the padded widths */
+    const auto issue = [&](int64_t s0) {
+        for (int idx = threadIdx.x; idx < TC_TK * DQ; idx += 32 * TC_WARPS) {
+            const int64_t s = s0 + idx / DQ, col = idx % DQ;
+            const bool ok = s <= blk_hi && col < nq;
+            const float *src = !ok          ? A.ka
+                               : col < A.nA ? A.ka + s * A.ka_tok + h * A.ka_head + col
+                                            : A.kb + s * A.kb_tok + h * A.kb_head + col - A.nA;
+            cp_async4(stk + idx, src, ok);
+        }
+        for (int idx = threadIdx.x; idx < TC_TK * DV; idx += 32 * TC_WARPS) {
+            const int64_t s = s0 + idx / DV, d = idx % DV;
+            const bool ok = s <= blk_hi && d < A.nv;
+            cp_async4(stv + idx, ok ? A.vp + s * A.v_tok + h * A.v_head + d : A.vp, ok);
+        }
+        cp_async_commit();
+    };
+    issue(blk_lo);
     for (int64_t s0 = blk_lo; s0 <= blk_hi; s0 += TC_TK) {
-        __syncthreads(); /* the previous tile is consumed */
-        /* each thread issues its loads of a tile in batches of TC_LB pairs before converting
-         * and storing them, so that their latencies overlap (a load-store loop would wait for
-         * each load in turn); batches bound the registers held */
-        constexpr int KIT = TC_TK * (DQ / 2) / (32 * TC_WARPS); /* key pairs per thread */
-        constexpr int VIT = DV * (TC_TK / 2) / (32 * TC_WARPS); /* value pairs per thread */
-        constexpr int TC_LB = 8;
-#pragma unroll
-        for (int b0 = 0; b0 < KIT; b0 += TC_LB) {
-            float2 kr[TC_LB];
-#pragma unroll
-            for (int u = 0; u < TC_LB; u++) {
-                const int idx = threadIdx.x + (b0 + u) * 32 * TC_WARPS;
-                const int j = idx / (DQ / 2), c2 = idx % (DQ / 2);
-                const int64_t s = s0 + j, col = 2 * c2;
-                kr[u] = make_float2(0.0f, 0.0f);
-                if (b0 + u < KIT && s <= blk_hi && col < nq) {
-                    const float *src = col < A.nA
-                                           ? A.ka + s * A.ka_tok + h * A.ka_head + col
-                                           : A.kb + s * A.kb_tok + h * A.kb_head + col - A.nA;
-                    kr[u] = make_float2(src[0], src[1]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < TC_LB; u++) {
-                const int idx = threadIdx.x + (b0 + u) * 32 * TC_WARPS;
-                if (b0 + u < KIT) ks[idx / (DQ / 2)][idx % (DQ / 2)] = tc_pack(kr[u].x, kr[u].y);
-            }
+        cp_async_wait0();
+        __syncthreads(); /* the tile is staged; the previous tile's products are done */
+        for (int idx = threadIdx.x; idx < TC_TK * (DQ / 2); idx += 32 * TC_WARPS) {
+            const int j = idx / (DQ / 2), c2 = idx % (DQ / 2);
+            ks[j][c2] = tc_pack(stk[j * DQ + 2 * c2], stk[j * DQ + 2 * c2 + 1]);
         }
-#pragma unroll
-        for (int b0 = 0; b0 < VIT; b0 += TC_LB) {
-            float2 vr[TC_LB];
-#pragma unroll
-            for (int u = 0; u < TC_LB; u++) {
-                const int idx = threadIdx.x + (b0 + u) * 32 * TC_WARPS;
-                const int d = idx % DV, jp = idx / DV;
-                const int64_t s = s0 + 2 * jp;
-                vr[u] = make_float2(0.0f, 0.0f);
-                if (b0 + u < VIT && d < A.nv) {
-                    const float *src = A.vp + s * A.v_tok + h * A.v_head + d;
-                    if (s <= blk_hi) vr[u].x = src[0];
-                    if (s + 1 <= blk_hi) vr[u].y = src[A.v_tok];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < TC_LB; u++) {
-                const int idx = threadIdx.x + (b0 + u) * 32 * TC_WARPS;
-                if (b0 + u < VIT) vt[idx % DV][idx / DV] = tc_pack(vr[u].x, vr[u].y);
-            }
+        for (int idx = threadIdx.x; idx < DV * (TC_TK / 2); idx += 32 * TC_WARPS) {
+            const int d = idx % DV, jp = idx / DV;
+            vt[d][jp] = tc_pack(stv[2 * jp * DV + d], stv[(2 * jp + 1) * DV + d]);
         }
-        __syncthreads();
+        __syncthreads(); /* the stage is free: the next tile's copies run under these products */
+        if (s0 + TC_TK <= blk_hi) issue(s0 + TC_TK);
         if (s0 > w_hi || s0 + TC_TK - 1 < w_lo) continue; /* no row of this warp sees the tile */
 
         float sc[TC_TK / 8][4];
@@ -328,6 +313,16 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
     }
 }
 
+/* one launch of the tensor-core forward: 8 warps (128 queries) per block, the stage of dynamic
+ * shared memory */
+static void tc_launch(void (*kern)(attn_args), int dq, int dv, const attn_args *A,
+                      arl_cuda_ctx *c) {
+    const int stage = (int)sizeof(float) * TC_TK * (dq + dv);
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, stage);
+    kern<<<dim3((unsigned)((A->Tq + 127) / 128), (unsigned)A->Hm), 256, (size_t)stage, c->stream>>>(
+        *A);
+}
+
 /* The tensor-core forward when the context computes in bf16 and the widths fit (qk <= 192,
  * values <= 128, even part widths); returns 0 to leave the call to the fp32 kernel. */
 static int attn_launch_tc(const attn_args *A, arl_cuda_ctx *c, const char *name) {
@@ -338,11 +333,9 @@ static int attn_launch_tc(const attn_args *A, arl_cuda_ctx *c, const char *name)
     const int dq = nq <= 64 ? 64 : nq <= 96 ? 96 : nq <= 128 ? 128 : 192;
     const int dv = A->nv <= 64 ? 64 : 128;
     /* 8 warps (128 queries) per block: the H200 ran the mini shape at 25.9 TFLOP/s with 8
-     * and 14.8 with 4 warps per block */
+     * and 14.8 with 4 warps per block (session 6, before the asynchronous stage) */
 #define TC_LAUNCH(Q, V)                                                                            \
-    if (dq == Q && dv == V)                                                                        \
-        k_attn_fwd_tc<Q, V, 8><<<dim3((unsigned)((A->Tq + 127) / 128), (unsigned)A->Hm), 256, 0,   \
-                                 c->stream>>>(*A);
+    if (dq == Q && dv == V) tc_launch(k_attn_fwd_tc<Q, V, 8>, Q, V, A, c);
     TC_LAUNCH(64, 64);
     TC_LAUNCH(64, 128);
     TC_LAUNCH(96, 64);

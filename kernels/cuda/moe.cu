@@ -431,29 +431,6 @@ __global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_
  * with beta as k_grouped_bf16 does. */
 #define WLD (WK + 8)
 
-__device__ static inline void cp_async16(void *smem, const void *gmem, bool ok) {
-#if defined(__CUDACC__)
-    const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem),
-                 "r"(ok ? 16 : 0));
-#else /* the CPU emulator */
-    if (ok)
-        memcpy(smem, gmem, 16);
-    else
-        memset(smem, 0, 16);
-#endif
-}
-__device__ static inline void cp_async_commit(void) {
-#if defined(__CUDACC__)
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-__device__ static inline void cp_async_wait1(void) { /* all but the newest group landed */
-#if defined(__CUDACC__)
-    asm volatile("cp.async.wait_group 1;\n" ::);
-#endif
-}
-
 /* shared bytes of the wide tile with NJ fragments per warp in N: the two operand buffers, or
  * the fp32 output tile staged over them, whichever is larger */
 static constexpr int wide_smem(int NJ) {
