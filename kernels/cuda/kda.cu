@@ -247,13 +247,81 @@ __device__ static inline void pairs_factored(float *A, float *Aqk, const float *
     }
 }
 
-/* Shared floats of kernel 1: Ks, Qs, Gs (C, LD), A (C, C + 1), beta (C); the factored pair
- * products add XR (C, LD), LK and LQ (KDA_SUB, LD) and the flag. */
+/* Spec 3.5 (3): A holds L = -beta A_kk (strictly lower, rows n.. zero) on entry and X = T - I
+ * on return, T = (I - L)^-1, i.e. X = L + L X.  By blocks of KDA_SUB rows: the diagonal blocks
+ * X_bb by forward substitution, all blocks at once (KDA_SUB steps, not n); then the blocks
+ * below them one block diagonal at a time,
+ *   R_ij = sum_{k=j}^{i-1} L_ik T_kj  (T_jj = I + X_jj, T_kj = X_kj below the diagonal),
+ *   X_ij = T_ii R_ij = R_ij + X_ii R_ij,
+ * each element of a diagonal's blocks by its own thread.  The X_ij go to Xo (C, LA) until the
+ * end (the L_ik they read stay in A); Rb holds the R of one block diagonal (at most
+ * C / KDA_SUB - 1 blocks of KDA_SUB^2).  Exact in exact arithmetic; the sums' order differs
+ * from the row-by-row substitution. */
+__device__ static inline void invert_unit_lower(float *A, float *Xo, float *Rb, int64_t n,
+                                                int64_t LA, int tid, int nt) {
+    const int64_t B = KDA_SUB, nb = (n + B - 1) / B;
+    for (int64_t i = 1; i < B; i++) { /* local row i of every diagonal block */
+        const int64_t b = tid / B, j = tid % B, r = b * B + i, c = b * B + j;
+        const bool act = b < nb && r < n && j < i;
+        float val = 0.0f;
+        if (act) {
+            val = A[r * LA + c];
+            for (int64_t m = j + 1; m < i; m++)
+                val += A[r * LA + b * B + m] * A[(b * B + m) * LA + c];
+        }
+        __syncthreads();
+        if (act) A[r * LA + c] = val;
+        __syncthreads();
+    }
+    for (int64_t d = 1; d < nb; d++) { /* blocks (i, i - d) */
+        const int64_t cnt = (nb - d) * B * B;
+        for (int64_t e = tid; e < cnt; e += nt) {
+            const int64_t i = d + e / (B * B), j = i - d, rr = e % (B * B) / B, cc = e % B;
+            const int64_t r = i * B + rr, c = j * B + cc;
+            float val = 0.0f;
+            if (r < n) {
+                val = A[r * LA + c]; /* k = j: L_ij (I + X_jj) */
+                for (int64_t m = cc + 1; m < B; m++)
+                    val += A[r * LA + j * B + m] * A[(j * B + m) * LA + c];
+                for (int64_t m = (j + 1) * B; m < i * B; m++) /* k = j+1 .. i-1 */
+                    val += A[r * LA + m] * Xo[m * LA + c];
+            }
+            Rb[e] = val;
+        }
+        __syncthreads();
+        for (int64_t e = tid; e < cnt; e += nt) {
+            const int64_t i = d + e / (B * B), j = i - d, rr = e % (B * B) / B, cc = e % B;
+            const int64_t r = i * B + rr, c = j * B + cc;
+            if (r >= n) continue;
+            const float *Rp = Rb + (e / (B * B)) * B * B;
+            float val = Rp[rr * B + cc];
+            for (int64_t m = 0; m < rr; m++)
+                val += A[r * LA + i * B + m] * Rp[m * B + cc];
+            Xo[r * LA + c] = val;
+        }
+        __syncthreads();
+    }
+    for (int64_t e = tid; e < n * n; e += nt) { /* the blocks below the diagonal into A */
+        const int64_t r = e / n, c = e % n;
+        if (c < r / B * B) A[r * LA + c] = Xo[r * LA + c];
+    }
+    __syncthreads();
+}
+
+/* Shared floats of invert_unit_lower's Xo and Rb. */
+static int64_t invert_smem_floats(int64_t C) {
+    const int64_t nb = (C + KDA_SUB - 1) / KDA_SUB;
+    return C * (C + 1) + (nb - 1) * KDA_SUB * KDA_SUB;
+}
+
+/* Shared floats of kernel 1: Ks, Qs, Gs (C, LD), A (C, C + 1), beta (C), then a region that
+ * holds the factored pair products' XR (C, LD), LK and LQ (KDA_SUB, LD) and flag, and after
+ * them invert_unit_lower's Xo and Rb. */
 static size_t prep_smem_floats(int64_t dk, int64_t dv, int64_t C, int factored) {
     const int64_t LD = (dk > dv ? dk : dv) + 1;
-    size_t f = (size_t)(3 * C * LD + C * (C + 1) + C);
-    if (factored) f += (size_t)(C * LD + 2 * KDA_SUB * LD + 1);
-    return f;
+    int64_t work = invert_smem_floats(C);
+    if (factored && C * LD + 2 * KDA_SUB * LD + 1 > work) work = C * LD + 2 * KDA_SUB * LD + 1;
+    return (size_t)(3 * C * LD + C * (C + 1) + C + work);
 }
 
 /* Kernel 1: one block per (chunk, head).  Shared: Ks, Qs, Gs (C, LD) with LD = max(dk, dv) + 1
@@ -307,19 +375,8 @@ __global__ void k_kda_chunk_prep(float *ws, const int32_t *ix, const float *q, c
     for (int64_t i = tid; i < C * C; i += nt) /* A_kk for the backward (A holds -A_kk) */
         P.Akk[i] = -A[(i / C) * LA + i % C];
     __syncthreads();
-    /* (3) forward substitution: row i of T - I from the finished rows above it. */
-    for (int64_t i = 1; i < n; i++) {
-        float val = 0.0f;
-        int64_t j = tid;
-        if (j < i) {
-            val = A[i * LA + j];
-            for (int64_t m = j + 1; m < i; m++)
-                val += A[i * LA + m] * A[m * LA + j];
-        }
-        __syncthreads();
-        if (j < i) A[i * LA + j] = val;
-        __syncthreads();
-    }
+    /* (3) T - I into A (the region after beta is free: the pair products are done) */
+    invert_unit_lower(A, bs + C, bs + C + C * LA, n, LA, tid, nt);
     for (int64_t i = tid; i < C * C; i += nt) /* T - I for the backward */
         P.Tm[i] = A[(i / C) * LA + i % C];
     /* Ks <- beta Gamma K (X_w); Qs <- beta V (X_u) */
@@ -354,9 +411,20 @@ __global__ void k_kda_chunk_prep(float *ws, const int32_t *ix, const float *q, c
 /* Kernel 2: one block per (32-column slice, head, document), 256 threads, chunks in order.
  * Lane l of warp w owns state column j0 + l; for the (n, 32) products warp w owns the rows
  * w*8 .. w*8+7 (C <= 64) and for the state update the key channels w + 8u (dk <= 128), so
- * each shared-memory operand is read once per 8 or 16 multiply-adds (register tiling). */
+ * each shared-memory operand is read once per 8 or 16 multiply-adds (register tiling).  The
+ * chunk's operands W, Qg (with Aqk) and Kb pass through two buffers by asynchronous copies, each
+ * copied while the one before it is multiplied (the next chunk's W during the state update), so
+ * that the chunks' walk does not wait on global memory between its products. */
 #define RPW 8  /* rows per warp */
 #define CPW 16 /* key channels per warp */
+/* Rows 0 .. n of src (cols wide, dense) into dst (rows ld apart) by asynchronous copies of the
+ * calling thread's share; the caller commits, waits and synchronises. */
+__device__ static inline void stage_rows(float *dst, int64_t ld, const float *src, int64_t n,
+                                         int64_t cols, int tid, int nt) {
+    for (int64_t i = tid; i < n * cols; i += nt)
+        cp_async4(dst + (i / cols) * ld + i % cols, src + i, true);
+}
+
 /* acc[i] = sum_c buf[r0 + i, c] S[c, lane] for the warp's rows i < nr (register tiling: each
  * shared-memory state value is read once per RPW multiply-adds); buf (C, ldb), S (dk, lds). */
 __device__ static inline void rows_times_state(float *acc, const float *buf, int64_t ldb,
@@ -380,7 +448,7 @@ __global__ void __launch_bounds__(256)
     const int64_t j0 = (int64_t)blockIdx.x * TV, h = blockIdx.y;
     const int32_t di = blockIdx.z;
     const int64_t LS = TV + 1, LB = dk + 1, LA = C + 1;
-    float *Ss = sm, *buf = Ss + dk * LS, *Vt = buf + C * LB, *As = Vt + C * LS;
+    float *Ss = sm, *bufs = Ss + dk * LS, *Vt = bufs + 2 * C * LB, *As = Vt + C * LS;
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, w = tid >> 5;
     const int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
     float *Sd = S + ((int64_t)di * H + h) * dk * dv;
@@ -392,6 +460,14 @@ __global__ void __launch_bounds__(256)
         Ss[c * LS + jj] = jj < nj ? Sd[c * dv + j0 + jj] : 0.0f;
     }
     __syncthreads();
+    /* The operands go through two buffers in turn (W, Qg, Kb of a chunk, then the next chunk's
+     * W, ...): each is copied asynchronously while the one before it is multiplied. */
+    int m = 0; /* the operand in use is in bufs + (m & 1) * C * LB */
+    if (doc[di] < doc[di + 1]) {
+        const chunk_ptrs P0 = scratch_of((float *)ws, doc[di], h, H, dk, dv, C);
+        stage_rows(bufs, LB, P0.W, ch[2 * doc[di] + 1], dk, tid, nt);
+    }
+    cp_async_commit();
     for (int32_t ci = doc[di]; ci < doc[di + 1]; ci++) {
         const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
         const int64_t r0 = (int64_t)w * RPW;
@@ -404,13 +480,15 @@ __global__ void __launch_bounds__(256)
                 cs[c * dv + j0 + jj] = Ss[c * LS + jj];
             }
         }
-        /* (5) Vt = U - W S */
-        for (int64_t i = tid; i < n * dk; i += nt)
-            buf[(i / dk) * LB + i % dk] = P.W[i];
+        /* (5) Vt = U - W S; Qg and Aqk on their way */
+        stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, P.Qg, n, dk, tid, nt);
+        stage_rows(As, LA, P.Aqk, n, C, tid, nt);
+        cp_async_commit();
+        cp_async_wait1();
         __syncthreads();
         {
             float acc[RPW];
-            rows_times_state(acc, buf, LB, Ss, LS, r0, nr, dk, lane);
+            rows_times_state(acc, bufs + (m & 1) * C * LB, LB, Ss, LS, r0, nr, dk, lane);
 #pragma unroll
             for (int i = 0; i < RPW; i++)
                 if (i < nr)
@@ -418,13 +496,14 @@ __global__ void __launch_bounds__(256)
                         colok ? P.U[(r0 + i) * dv + j0 + lane] - acc[i] : 0.0f;
         }
         __syncthreads();
-        /* (7) O = Qg S + Aqk Vt */
-        for (int64_t i = tid; i < n * dk; i += nt)
-            buf[(i / dk) * LB + i % dk] = P.Qg[i];
-        for (int64_t i = tid; i < n * C; i += nt)
-            As[(i / C) * LA + i % C] = P.Aqk[i];
+        m++;
+        /* (7) O = Qg S + Aqk Vt; Kb on its way */
+        stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, P.Kb, n, dk, tid, nt);
+        cp_async_commit();
+        cp_async_wait1();
         __syncthreads();
         {
+            const float *buf = bufs + (m & 1) * C * LB;
             float acc[RPW];
             rows_times_state(acc, buf, LB, Ss, LS, r0, nr, dk, lane);
             for (int64_t s2 = 0; nr > 0 && s2 < r0 + nr; s2++) { /* Aqk: zero above diagonal */
@@ -438,11 +517,17 @@ __global__ void __launch_bounds__(256)
                 if (i < nr && colok) o[((t0 + r0 + i) * H + h) * dv + j0 + lane] = acc[i];
         }
         __syncthreads();
-        /* (8) S = diag(gn) S + Kb^T Vt */
-        for (int64_t i = tid; i < n * dk; i += nt)
-            buf[(i / dk) * LB + i % dk] = P.Kb[i];
+        m++;
+        /* (8) S = diag(gn) S + Kb^T Vt; the next chunk's W on its way */
+        if (ci + 1 < doc[di + 1]) {
+            const chunk_ptrs Pn = scratch_of((float *)ws, ci + 1, h, H, dk, dv, C);
+            stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, Pn.W, ch[2 * (ci + 1) + 1], dk, tid, nt);
+        }
+        cp_async_commit();
+        cp_async_wait1();
         __syncthreads();
         {
+            const float *buf = bufs + (m & 1) * C * LB;
             float acc[CPW];
 #pragma unroll
             for (int u = 0; u < CPW; u++) {
@@ -464,6 +549,7 @@ __global__ void __launch_bounds__(256)
             }
         }
         __syncthreads();
+        m++;
     }
     for (int64_t i = tid; i < dk * nj; i += nt) {
         int64_t c = i / nj, jj = i % nj;
@@ -526,7 +612,7 @@ extern "C" void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, 
     if (T == 0) return;
     chunk_prep_launch(c, ws, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
     size_t sm2 =
-        sizeof(float) * (size_t)(dk * (TV + 1) + C * (dk + 1) + C * (TV + 1) + C * (C + 1));
+        sizeof(float) * (size_t)(dk * (TV + 1) + 2 * C * (dk + 1) + C * (TV + 1) + C * (C + 1));
     cudaFuncSetAttribute(k_kda_chunk_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
     dim3 g2((unsigned)((dv + TV - 1) / TV), (unsigned)H, (unsigned)N);
     k_kda_chunk_state<<<g2, 256, sm2, c->stream>>>(o, S, chunk_states, ws, c->index, N, H, dk, dv,
@@ -733,7 +819,8 @@ __global__ void __launch_bounds__(256)
     const int64_t j0 = (int64_t)blockIdx.x * TV, h = blockIdx.y;
     const int32_t di = blockIdx.z;
     const int64_t LS = TV + 1, LB = dk + 1, LA = C + 1;
-    float *dS = sm, *buf = dS + dk * LS, *dO = buf + C * LB, *dV = dO + C * LS, *As = dV + C * LS;
+    float *dS = sm, *bufs = dS + dk * LS, *dO = bufs + 2 * C * LB, *dV = dO + C * LS;
+    float *As = dV + C * LS;
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, w = tid >> 5;
     const int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
     const int64_t sd = ((int64_t)di * H + h) * dk * dv;
@@ -745,6 +832,22 @@ __global__ void __launch_bounds__(256)
         dS[c * LS + jj] = (dS_T && jj < nj) ? dS_T[sd + c * dv + j0 + jj] : 0.0f;
     }
     __syncthreads();
+    /* a chunk's first operands (Kb, Aqk and its dO slice), then Qg, then W, through two
+     * buffers: each copied asynchronously while the one before it is multiplied */
+    const auto stage_first = [&](int32_t ci, float *kb_buf) {
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
+        const chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
+        stage_rows(kb_buf, LB, P.Kb, n, dk, tid, nt);
+        stage_rows(As, LA, P.Aqk, n, C, tid, nt);
+        for (int64_t i = tid; i < n * TV; i += nt) {
+            const int64_t r = i / TV, jj = i % TV;
+            const bool ok = jj < nj;
+            cp_async4(dO + r * LS + jj, ok ? d_o + ((t0 + r) * H + h) * dv + j0 + jj : d_o, ok);
+        }
+    };
+    int m = 0; /* the operand in use is in bufs + (m & 1) * C * LB */
+    if (doc[di + 1] > doc[di]) stage_first(doc[di + 1] - 1, bufs);
+    cp_async_commit();
     for (int32_t ci = doc[di + 1] - 1; ci >= doc[di]; ci--) {
         const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
         const int64_t r0 = (int64_t)w * RPW;
@@ -755,16 +858,12 @@ __global__ void __launch_bounds__(256)
             int64_t c = i / nj, jj = i % nj;
             dSp[c * dv + j0 + jj] = dS[c * LS + jj];
         }
-        for (int64_t i = tid; i < n * TV; i += nt) {
-            int64_t r = i / TV, jj = i % TV;
-            dO[r * LS + jj] = jj < nj ? d_o[((t0 + r) * H + h) * dv + j0 + jj] : 0.0f;
-        }
-        for (int64_t i = tid; i < n * dk; i += nt)
-            buf[(i / dk) * LB + i % dk] = P.Kb[i];
-        for (int64_t i = tid; i < n * C; i += nt)
-            As[(i / C) * LA + i % C] = P.Aqk[i];
+        stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, P.Qg, n, dk, tid, nt);
+        cp_async_commit();
+        cp_async_wait1();
         __syncthreads();
         { /* dVt = Aqk^T dO + Kb dS */
+            const float *buf = bufs + (m & 1) * C * LB;
             float acc[RPW];
 #pragma unroll
             for (int i = 0; i < RPW; i++)
@@ -789,33 +888,43 @@ __global__ void __launch_bounds__(256)
                 }
         }
         __syncthreads();
-        float acc[CPW]; /* dS <- diag(gn) dS + Qg^T dO - W^T dVt */
-#pragma unroll
-        for (int u = 0; u < CPW; u++) {
-            const int64_t c = w + 8 * u;
-            acc[u] = c < dk ? P.gn[c] * dS[c * LS + lane] : 0.0f;
-        }
-        for (int64_t i = tid; i < n * dk; i += nt)
-            buf[(i / dk) * LB + i % dk] = P.Qg[i];
+        m++;
+        stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, P.W, n, dk, tid, nt);
+        cp_async_commit();
+        cp_async_wait1();
         __syncthreads();
-        for (int64_t r = 0; r < n; r++) {
-            const float g2 = dO[r * LS + lane];
+        float acc[CPW]; /* dS <- diag(gn) dS + Qg^T dO - W^T dVt */
+        {
+            const float *buf = bufs + (m & 1) * C * LB;
 #pragma unroll
             for (int u = 0; u < CPW; u++) {
                 const int64_t c = w + 8 * u;
-                if (c < dk) acc[u] += buf[r * LB + c] * g2;
+                acc[u] = c < dk ? P.gn[c] * dS[c * LS + lane] : 0.0f;
+            }
+            for (int64_t r = 0; r < n; r++) {
+                const float g2 = dO[r * LS + lane];
+#pragma unroll
+                for (int u = 0; u < CPW; u++) {
+                    const int64_t c = w + 8 * u;
+                    if (c < dk) acc[u] += buf[r * LB + c] * g2;
+                }
             }
         }
         __syncthreads();
-        for (int64_t i = tid; i < n * dk; i += nt)
-            buf[(i / dk) * LB + i % dk] = P.W[i];
+        m++;
+        if (ci > doc[di]) stage_first(ci - 1, bufs + ((m + 1) & 1) * C * LB);
+        cp_async_commit();
+        cp_async_wait1();
         __syncthreads();
-        for (int64_t r = 0; r < n; r++) {
-            const float g2 = dV[r * LS + lane];
+        {
+            const float *buf = bufs + (m & 1) * C * LB;
+            for (int64_t r = 0; r < n; r++) {
+                const float g2 = dV[r * LS + lane];
 #pragma unroll
-            for (int u = 0; u < CPW; u++) {
-                const int64_t c = w + 8 * u;
-                if (c < dk) acc[u] -= buf[r * LB + c] * g2;
+                for (int u = 0; u < CPW; u++) {
+                    const int64_t c = w + 8 * u;
+                    if (c < dk) acc[u] -= buf[r * LB + c] * g2;
+                }
             }
         }
 #pragma unroll
@@ -824,6 +933,7 @@ __global__ void __launch_bounds__(256)
             if (c < dk) dS[c * LS + lane] = acc[u];
         }
         __syncthreads();
+        m++;
     }
     if (dS0)
         for (int64_t i = tid; i < dk * nj; i += nt) {
@@ -1210,7 +1320,7 @@ extern "C" void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float 
     float *dVt = dSp + nc * H * dk * dv, *ws3 = dVt + T * H * dv;
     chunk_prep_launch(c, ws_fwd, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
     size_t sm2 =
-        sizeof(float) * (size_t)(dk * (TV + 1) + C * (dk + 1) + 2 * C * (TV + 1) + C * (C + 1));
+        sizeof(float) * (size_t)(dk * (TV + 1) + 2 * C * (dk + 1) + 2 * C * (TV + 1) + C * (C + 1));
     cudaFuncSetAttribute(k_kda_cbwd_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
     dim3 g2((unsigned)((dv + TV - 1) / TV), (unsigned)H, (unsigned)N);
     k_kda_cbwd_state<<<g2, 256, sm2, c->stream>>>(dSp, dVt, dS0, dS_T, d_o, ws_fwd, c->index, N, H,
