@@ -441,6 +441,27 @@ __device__ static inline void rows_times_state(float *acc, const float *buf, int
     }
 }
 
+/* acc[u] = gn[c] Sx[c, lane] + sum_{r < n} buf[r, c] x[r, lane] for the warp's key channels
+ * c = w + 8u (the state update of both state passes: Sx (dk, lds), buf (C, ldb), x (C, lds)). */
+__device__ static inline void decay_plus_rows(float *acc, const float *gn, const float *Sx,
+                                              int64_t lds, const float *buf, int64_t ldb,
+                                              const float *x, int64_t n, int64_t dk, int w,
+                                              int lane) {
+#pragma unroll
+    for (int u = 0; u < CPW; u++) {
+        const int64_t c = w + 8 * u;
+        acc[u] = c < dk ? gn[c] * Sx[c * lds + lane] : 0.0f;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        const float xv = x[r * lds + lane];
+#pragma unroll
+        for (int u = 0; u < CPW; u++) {
+            const int64_t c = w + 8 * u;
+            if (c < dk) acc[u] += buf[r * ldb + c] * xv;
+        }
+    }
+}
+
 __global__ void __launch_bounds__(256)
     k_kda_chunk_state(float *o, float *S, float *chunk_states, const float *ws, const int32_t *ix,
                       int32_t N, int64_t H, int64_t dk, int64_t dv, int64_t C) {
@@ -529,19 +550,7 @@ __global__ void __launch_bounds__(256)
         {
             const float *buf = bufs + (m & 1) * C * LB;
             float acc[CPW];
-#pragma unroll
-            for (int u = 0; u < CPW; u++) {
-                const int64_t c = w + 8 * u;
-                acc[u] = c < dk ? P.gn[c] * Ss[c * LS + lane] : 0.0f;
-            }
-            for (int64_t r = 0; r < n; r++) {
-                const float vt = Vt[r * LS + lane];
-#pragma unroll
-                for (int u = 0; u < CPW; u++) {
-                    const int64_t c = w + 8 * u;
-                    if (c < dk) acc[u] += buf[r * LB + c] * vt;
-                }
-            }
+            decay_plus_rows(acc, P.gn, Ss, LS, buf, LB, Vt, n, dk, w, lane);
 #pragma unroll
             for (int u = 0; u < CPW; u++) {
                 const int64_t c = w + 8 * u;
@@ -896,19 +905,7 @@ __global__ void __launch_bounds__(256)
         float acc[CPW]; /* dS <- diag(gn) dS + Qg^T dO - W^T dVt */
         {
             const float *buf = bufs + (m & 1) * C * LB;
-#pragma unroll
-            for (int u = 0; u < CPW; u++) {
-                const int64_t c = w + 8 * u;
-                acc[u] = c < dk ? P.gn[c] * dS[c * LS + lane] : 0.0f;
-            }
-            for (int64_t r = 0; r < n; r++) {
-                const float g2 = dO[r * LS + lane];
-#pragma unroll
-                for (int u = 0; u < CPW; u++) {
-                    const int64_t c = w + 8 * u;
-                    if (c < dk) acc[u] += buf[r * LB + c] * g2;
-                }
-            }
+            decay_plus_rows(acc, P.gn, dS, LS, buf, LB, dO, n, dk, w, lane);
         }
         __syncthreads();
         m++;
