@@ -9,7 +9,8 @@
  *   - MoE grouped GEMM (bf16, all experts in one launch) vs one dense cuBLAS bf16 GEMM of the
  *     same total rows, at the mini config's expert shapes (fine: E=128, k=8, 512x512) and a
  *     coarse shape (E=8, k=2, 2048x512);
- *   - MLA prefill attention (mini dims: 8 heads, q/k 64+32, v 128, T=8192, causal): TFLOP/s.
+ *   - MLA prefill attention (mini dims: 8 heads, q/k 64+32, v 128, T=8192, causal): TFLOP/s,
+ *     forward and backward.
  * The PyTorch baselines (eager chunked KDA, SDPA) come from bench/gpu/torch_ref.py; run.sh
  * joins the two outputs.  Output: human-readable lines and "RESULT key=value" lines.
  * `--quick` shrinks every size (a smoke run of a few seconds).  Exits 77 without a GPU.
@@ -249,6 +250,33 @@ static void bench_mla(int quick) {
            (long long)T, (long long)Hm, (long long)(n + r), (long long)vm, ms, tf, ms32, tf32);
     printf("RESULT mla_ms=%.4f\nRESULT mla_tflops=%.4f\nRESULT mla_fp32_tflops=%.4f\n", ms, tf,
            tf32);
+
+    /* the backward from the forward's o and lse: the fp32 kernels, then the tensor-core ones
+     * (bf16 math); flops counted as FlashAttention's: S and dP recomputed, dV, dK, dQ - per pair
+     * 6 (n + r) + 4 vm, whatever the kernels recompute on top (they compute S and dP twice) */
+    float *dO = drand(T * Hm * vm, -1, 1, "dO");
+    float *dqn = dalloc(sizeof(float) * (size_t)(T * Hm * n), "dq_nope");
+    float *dqp = dalloc(sizeof(float) * (size_t)(T * Hm * r), "dq_pe");
+    float *dkn = dalloc(sizeof(float) * (size_t)(T * Hm * n), "dk_nope");
+    float *dkp = dalloc(sizeof(float) * (size_t)(T * r), "dk_pe");
+    float *dv = dalloc(sizeof(float) * (size_t)(T * Hm * vm), "dv");
+    float *bws = dalloc(sizeof(float) * (size_t)arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r), "ws");
+    double flb = (double)Hm * T * (T + 1) / 2.0 * (6.0 * (n + r) + 4.0 * vm);
+    float bms, bms32;
+    TIME_MS(bms32, 1,
+            arl_cuda_mla_attn_bwd(dqn, dqp, dkn, dkp, dv, dO, o, lse, qn, qp, kn, kp, v, NULL, 1, T,
+                                  Hm, n, r, vm, 1.0f / sqrtf((float)(n + r)), bws));
+    arl_cuda_set_math(ctx, ARL_CUDA_MATH_BF16);
+    TIME_MS(bms, 5,
+            arl_cuda_mla_attn_bwd(dqn, dqp, dkn, dkp, dv, dO, o, lse, qn, qp, kn, kp, v, NULL, 1, T,
+                                  Hm, n, r, vm, 1.0f / sqrtf((float)(n + r)), bws));
+    arl_cuda_set_math(ctx, ARL_CUDA_MATH_FP32);
+    double btf = flb / (bms * 1e-3) / 1e12, btf32 = flb / (bms32 * 1e-3) / 1e12;
+    printf("MLA attention backward, same shape: %.3f ms, %.2f TFLOP/s (bf16 tensor cores); fp32 "
+           "kernels %.3f ms, %.2f TFLOP/s\n",
+           bms, btf, bms32, btf32);
+    printf("RESULT mla_bwd_ms=%.4f\nRESULT mla_bwd_tflops=%.4f\nRESULT mla_bwd_fp32_tflops=%.4f\n",
+           bms, btf, btf32);
     arl_cuda_release(ctx, mark);
 }
 

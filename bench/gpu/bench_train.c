@@ -201,6 +201,9 @@ int main(int argc, char **argv) {
                tf * 1e3, to * 1e3, (ts - tf - to) * 1e3);
         printf("RESULT train_step_%s_ms=%.3f\nRESULT train_step_%s_mfu=%.4f\n", names[mi], ts * 1e3,
                names[mi], rate / peak);
+        /* AdamW reads and writes every parameter whatever the batch: the MFU this step could
+         * reach were the forward and backward free (the token batch that a target needs) */
+        printf("RESULT train_step_%s_mfu_bound_adamw=%.4f\n", names[mi], flops / to / 1e12 / peak);
         if (mi == 0) { /* where one bf16 step's GPU time goes, per op of the device table */
             if (arl_cuda_profile_begin(ctx) || run_step(&sa) || arl_cuda_profile_end(ctx, stdout))
                 die("profiled step");

@@ -167,12 +167,16 @@ END {
         printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", sprintf("%.3f (%.2f vs %.1f TFLOP/s)", v["mla_tflops"] / v["torch_sdpa_tflops"], v["mla_tflops"], v["torch_sdpa_tflops"])
     else
         printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", "not measured (" v["torch_skip"] "); MLA " v["mla_tflops"] " TFLOP/s"
+    if (v["torch_sdpa_bwd_tflops"] != "" && v["torch_sdpa_bwd_tflops"] > 0)
+        printf f, "MLA attention backward TFLOP/s / PyTorch SDPA backward", sprintf("%.3f (%.2f vs %.1f TFLOP/s; fp32 kernels %.2f)", v["mla_bwd_tflops"] / v["torch_sdpa_bwd_tflops"], v["mla_bwd_tflops"], v["torch_sdpa_bwd_tflops"], v["mla_bwd_fp32_tflops"])
+    else
+        printf f, "MLA attention backward TFLOP/s / PyTorch SDPA backward", "not measured (" v["torch_skip"] "); MLA " v["mla_bwd_tflops"] " TFLOP/s"
     if (v["model_fwd_bf16_mfu"] != "")
         printf f, "mini forward MFU vs in-run cuBLAS bf16 (step target >= 25%)", sprintf("%.1f%% bf16 weights (%s ms), %.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP", 100 * v["model_fwd_bf16w_mfu"], v["model_fwd_bf16w_ms"], 100 * v["model_fwd_bf16_mfu"], v["model_fwd_bf16_ms"], 100 * v["model_fwd_tf32_mfu"], v["model_fwd_tf32_ms"], v["model_fwd_gflop"])
     else
         printf f, "mini forward MFU vs in-run cuBLAS bf16", "not measured (" v["model_skip"] ")"
     if (v["train_step_bf16_mfu"] != "")
-        printf f, "training step MFU of the mini config (>= 25%)", sprintf("%.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP", 100 * v["train_step_bf16_mfu"], v["train_step_bf16_ms"], 100 * v["train_step_tf32_mfu"], v["train_step_tf32_ms"], v["train_step_gflop"])
+        printf f, "training step MFU of the mini config (>= 25%)", sprintf("%.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP; AdamW alone caps it at %.0f%%", 100 * v["train_step_bf16_mfu"], v["train_step_bf16_ms"], 100 * v["train_step_tf32_mfu"], v["train_step_tf32_ms"], v["train_step_gflop"], 100 * v["train_step_bf16_mfu_bound_adamw"])
     else
         printf f, "training step MFU of the mini config (>= 25%)", "not measured (" v["train_skip"] ")"
 }' "$res"

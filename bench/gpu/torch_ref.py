@@ -6,7 +6,8 @@
     chunks - the same computation as arl_cuda_kda_chunk_fwd, at B=1, T=8192, H=64, D=128, C=64.
   - MLA-like prefill attention through torch.nn.functional.scaled_dot_product_attention
     (fused flash kernel, bf16, causal) at comparable head dimensions (8 heads, head dim 128,
-    T=8192), reported in TFLOP/s with the same causal flop count as bench_gpu.
+    T=8192), reported in TFLOP/s with the same causal flop count as bench_gpu; its backward
+    (forward + backward less the forward) likewise.
 
 Prints "RESULT key=value" lines.  Without torch, without CUDA in torch, or without SDPA
 (torch < 2.0) the affected part prints "RESULT torch_skip=<reason>" and the script exits 0.
@@ -100,6 +101,23 @@ def main():
     print(f"torch SDPA bf16 causal T={T2} H={Hm} d={hd}: {ms2:.3f} ms, {tf:.1f} TFLOP/s")
     print(f"RESULT torch_sdpa_ms={ms2:.4f}")
     print(f"RESULT torch_sdpa_tflops={tf:.4f}")
+
+    # the backward: forward + backward timed together, less the forward; FlashAttention's flop
+    # count (S and dP recomputed, dV, dK, dQ: 6 hd + 4 hd per pair), as bench_gpu counts it
+    qg, kg, vg = (x.detach().clone().requires_grad_(True) for x in (qs, ks, vs))
+    go = torch.randn_like(qs)
+
+    def fwd_bwd():
+        out = sdpa(qg, kg, vg, is_causal=True)
+        out.backward(go)
+
+    ms3 = timed(fwd_bwd, 10)
+    bms = max(ms3 - ms2, 1e-6)
+    btf = Hm * T2 * (T2 + 1) / 2.0 * (6.0 * hd + 4.0 * hd) / (bms * 1e-3) / 1e12
+    print(f"torch SDPA bf16 causal backward (fwd+bwd {ms3:.3f} ms less fwd): {bms:.3f} ms, "
+          f"{btf:.1f} TFLOP/s")
+    print(f"RESULT torch_sdpa_bwd_ms={bms:.4f}")
+    print(f"RESULT torch_sdpa_bwd_tflops={btf:.4f}")
     return 0
 
 

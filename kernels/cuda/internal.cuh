@@ -122,6 +122,20 @@ struct arl_colsum_add {
     }
 };
 
+/* Document of token t: the largest i with cu[i] <= t (binary search); cu NULL: document 0. */
+__device__ static inline int32_t arl_doc_of(const int32_t *cu, int32_t N, int64_t t) {
+    if (!cu) return 0;
+    int32_t lo = 0, hi = N - 1;
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+        if (cu[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 __device__ static inline double arl_warp_sum_d(double v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);

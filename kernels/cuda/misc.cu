@@ -5,20 +5,6 @@
 #include "kernels/cuda/internal.cuh"
 #include "kernels/cuda/ops.h"
 
-/* Document of token t: the largest i with cu[i] <= t (binary search); cu NULL: document 0. */
-__device__ static inline int32_t doc_of(const int32_t *cu, int32_t N, int64_t t) {
-    if (!cu) return 0;
-    int32_t lo = 0, hi = N - 1;
-    while (lo < hi) {
-        int32_t mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
 /* ======================= short conv ====================================================== */
 
 /* Input of tap position src (relative to the document start a; < 0 reads the tail). */
@@ -41,7 +27,7 @@ __global__ void k_conv_fwd(float *z, float *y, const float *x, const float *w, c
                            const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W) {
     ARL_GRID_STRIDE(i, T * C) {
         int64_t t = i / C, c = i % C;
-        int32_t di = doc_of(cu, N, t);
+        int32_t di = arl_doc_of(cu, N, t);
         int64_t a = cu ? cu[di] : 0;
         const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
         float acc = conv_pre(x, w, tail, a, t - a, c, C, W);
@@ -56,7 +42,7 @@ __global__ void k_conv_bwd_x(float *dx, const float *dz, const float *x, const f
                              int64_t W) {
     ARL_GRID_STRIDE(i, T * C) {
         int64_t tau = i / C, c = i % C;
-        int32_t di = doc_of(cu, N, tau);
+        int32_t di = arl_doc_of(cu, N, tau);
         int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
         const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
         float acc = 0.0f;
@@ -81,7 +67,7 @@ struct conv_dw_term {
     int64_t T, C, W;
     __device__ double operator()(int64_t t, int64_t col) const {
         const int64_t c = col / W, j = col % W;
-        const int32_t di = doc_of(cu, N, t);
+        const int32_t di = arl_doc_of(cu, N, t);
         const int64_t a = cu ? cu[di] : 0;
         const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
         const float y = conv_pre(x, w, tail, a, t - a, c, C, W);

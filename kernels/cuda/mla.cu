@@ -4,8 +4,9 @@
  * concatenation of two parts ([k_nope; k_pe] or [c; k_pe]) and a query likewise.
  * Work split (fp32 kernel): one warp per (query, head); each lane scores one key of a 32-key
  * block, then the warp accumulates the value rows with lanes over the value dims (fp32
- * throughout).  Under ARL_CUDA_MATH_BF16 the expanded forward runs on tensor cores instead
- * (k_attn_fwd_tc below: bf16 operands, fp32 accumulation and softmax). */
+ * throughout).  Under ARL_CUDA_MATH_BF16 the expanded forward and backward run on tensor cores
+ * instead (k_attn_fwd_tc, k_attn_bwd_kv_tc and k_attn_bwd_q_tc below: bf16 operands, fp32
+ * accumulation and softmax). */
 #include <math.h>
 
 #include "kernels/cuda/internal.cuh"
@@ -29,17 +30,14 @@ typedef struct attn_args {
     float scale;
 } attn_args;
 
+/* the first token of t's document (the first key that query t sees) */
 __device__ static inline int64_t first_key(const int32_t *cu, int32_t N, int64_t t) {
-    if (!cu) return 0;
-    int32_t lo = 0, hi = N - 1;
-    while (lo < hi) {
-        int32_t mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return cu[lo];
+    return cu ? cu[arl_doc_of(cu, N, t)] : 0;
+}
+
+/* the last token of s's document (the last query that sees key s) */
+__device__ static inline int64_t last_query(const int32_t *cu, int32_t N, int64_t T, int64_t s) {
+    return cu ? cu[arl_doc_of(cu, N, s) + 1] - 1 : T - 1;
 }
 
 template <int U> __global__ void k_attn_fwd(attn_args A) {
@@ -533,18 +531,7 @@ __global__ void k_attn_bwd_kv(bwd_args B) {
     const int64_t item = (int64_t)blockIdx.x * AW + (threadIdx.x >> 5);
     if (item >= B.T * B.Hm) return;
     const int64_t s = item / B.Hm, h = item % B.Hm, nq = B.n + B.r;
-    int64_t hi = B.T - 1; /* last token of s's document */
-    if (B.cu) {
-        int32_t lo = 0, up = B.N - 1;
-        while (lo < up) {
-            int32_t mid = (lo + up + 1) / 2;
-            if (B.cu[mid] <= s)
-                lo = mid;
-            else
-                up = mid - 1;
-        }
-        hi = B.cu[lo + 1] - 1;
-    }
+    const int64_t hi = last_query(B.cu, B.N, B.T, s);
     float ak[BQ / 32], av[BQ / 32];
     for (int u = 0; u < BQ / 32; u++)
         ak[u] = av[u] = 0.0f;
@@ -586,6 +573,331 @@ __global__ void k_sum_heads(float *dk_pe, const float *per_head, int64_t T, int6
     }
 }
 
+/* ---- the expanded backward on tensor cores (ARL_CUDA_MATH_BF16) ----
+ * FlashAttention-2's backward, split in two kernels so that no gradient is summed by atomics
+ * (the same bits on every run): k_attn_bwd_kv_tc owns 64 keys of one head (16 per warp) and
+ * walks the query tiles that see them, accumulating dV = P^T dO and dK = dS^T Q in
+ * registers; k_attn_bwd_q_tc owns 64 queries (16 per warp) and walks their key tiles,
+ * accumulating dQ = dS K.  Both recompute S = Q K^T and dP = dO V^T on tensor cores (bf16
+ * operands, fp32 accumulators), then P = exp(S scale - lse) from the forward's lse and
+ * dS = P (dP - D) in fp32 (spec 1.4: softmax statistics in fp32); P and dS are rounded to bf16
+ * as the A operands of the products that follow, repacked from the accumulators in registers
+ * as in the forward.  Operand tiles are rounded to bf16 pairs as they are copied into dynamic
+ * shared memory: row-major where the tile's rows are a product's rows (A) or columns (B), and
+ * transposed (rows the width, pairs along the tokens) where a product sums over the tile's
+ * tokens.  Row strides of W/2 + 4 pairs keep the eight rows of a fragment load in distinct
+ * banks.  The masks are the forward's: key s is seen by queries s .. the end of its document. */
+#define BW_ROWS 64 /* keys (kv kernel) or queries (q kernel) per block: 4 warps of 16 */
+
+/* a token-major tensor of two parts [a | b] of one head: part widths na, nb (even) */
+typedef struct bw_src {
+    const float *a, *b;
+    int64_t a_tok, a_head, na, b_tok, b_head, nb;
+} bw_src;
+
+/* element (tok, col) of head h; tokens from `end` on and columns past na + nb are 0 */
+__device__ static inline float bw_at(const bw_src &S, int64_t tok, int64_t end, int64_t col,
+                                     int64_t h) {
+    if (tok >= end || col >= S.na + S.nb) return 0.0f;
+    return col < S.na ? S.a[tok * S.a_tok + h * S.a_head + col]
+                      : S.b[tok * S.b_tok + h * S.b_head + col - S.na];
+}
+
+/* rows tok0 .. tok0 + R - 1 of head h as bf16 pairs, row-major: dst[j * (W/2 + 4) + c2] */
+template <int R, int W>
+__device__ static inline void bw_rows(uint32_t *dst, const bw_src &S, int64_t tok0, int64_t end,
+                                      int64_t h) {
+    for (int idx = threadIdx.x; idx < R * (W / 2); idx += blockDim.x) {
+        const int j = idx / (W / 2), c2 = idx % (W / 2);
+        dst[j * (W / 2 + 4) + c2] =
+            tc_pack(bw_at(S, tok0 + j, end, 2 * c2, h), bw_at(S, tok0 + j, end, 2 * c2 + 1, h));
+    }
+}
+
+/* the same rows transposed: dst[c * (R/2 + 4) + jp] holds tokens 2 jp, 2 jp + 1 of column c */
+template <int R, int W>
+__device__ static inline void bw_cols(uint32_t *dst, const bw_src &S, int64_t tok0, int64_t end,
+                                      int64_t h) {
+    for (int idx = threadIdx.x; idx < W * (R / 2); idx += blockDim.x) {
+        const int c = idx % W, jp = idx / W;
+        dst[c * (R / 2 + 4) + jp] =
+            tc_pack(bw_at(S, tok0 + 2 * jp, end, c, h), bw_at(S, tok0 + 2 * jp + 1, end, c, h));
+    }
+}
+
+template <int N> __device__ static inline void bw_zero(float (&c)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+}
+
+/* this thread's rows r0, r1 (r1 = r0 + 8; those from T on skipped) of (16 rows, DQ)
+ * accumulators of head h, times scale, into the parts [nope | pe] (n, r wide): nope gets +=,
+ * pe += or, with pe_set, = */
+template <int DQ>
+__device__ static inline void bw_store_qk(const float (&acc)[DQ / 8][4], int64_t r0, int64_t h,
+                                          const bwd_args &B, float *nope, float *pe, bool pe_set) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < DQ / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int64_t d = j * 8 + 2 * t + e;
+            if (d >= B.n + B.r) continue;
+            for (int half = 0; half < 2; half++) {
+                const int64_t row = r0 + 8 * half;
+                const float x = B.scale * acc[j][2 * half + e];
+                if (row >= B.T) continue;
+                if (d < B.n)
+                    nope[(row * B.Hm + h) * B.n + d] += x;
+                else if (pe_set)
+                    pe[(row * B.Hm + h) * B.r + d - B.n] = x;
+                else
+                    pe[(row * B.Hm + h) * B.r + d - B.n] += x;
+            }
+        }
+}
+
+/* c[nt] += A (16 rows at a, stride sa pairs, K = 16 KC) times the 8-row bands nt of b (stride
+ * sb): NT products per A fragment loaded */
+template <int KC, int NT>
+__device__ static inline void bw_mma_rows(float (&c)[NT][4], const uint32_t *a, int sa,
+                                          const uint32_t *b, int sb) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        const uint32_t af[4] = {a[g * sa + kc * 8 + t], a[(g + 8) * sa + kc * 8 + t],
+                                a[g * sa + kc * 8 + 4 + t], a[(g + 8) * sa + kc * 8 + 4 + t]};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            tc_mma(c[nt], af, b[(nt * 8 + g) * sb + kc * 8 + t],
+                   b[(nt * 8 + g) * sb + kc * 8 + 4 + t]);
+    }
+}
+
+/* the score and dP products of a warp's 16 rows, from zero: x = A1 B1^T over the qk width
+ * (row-major tiles a1, b1 of DQ), y = A2 B2^T over the value width (a2, b2 of DV) */
+template <int DQ, int DV, int NT>
+__device__ static inline void bw_products(float (&x)[NT][4], float (&y)[NT][4], const uint32_t *a1,
+                                          const uint32_t *b1, const uint32_t *a2,
+                                          const uint32_t *b2) {
+    bw_zero(x);
+    bw_zero(y);
+    bw_mma_rows<DQ / 16, NT>(x, a1, DQ / 2 + 4, b1, DQ / 2 + 4);
+    bw_mma_rows<DV / 16, NT>(y, a2, DV / 2 + 4, b2, DV / 2 + 4);
+}
+
+/* c[j] += X (16 x 16 KC, accumulators x[2 KC][4] rounded to bf16 A fragments) times the 8-row
+ * bands j of b (stride sb) */
+template <int KC, int NJ>
+__device__ static inline void bw_mma_acc(float (&c)[NJ][4], const float (&x)[2 * KC][4],
+                                         const uint32_t *b, int sb) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        const uint32_t pa[4] = {tc_pack(x[2 * kc][0], x[2 * kc][1]),
+                                tc_pack(x[2 * kc][2], x[2 * kc][3]),
+                                tc_pack(x[2 * kc + 1][0], x[2 * kc + 1][1]),
+                                tc_pack(x[2 * kc + 1][2], x[2 * kc + 1][3])};
+#pragma unroll
+        for (int j = 0; j < NJ; j++)
+            tc_mma(c[j], pa, b[(j * 8 + g) * sb + kc * 8 + t],
+                   b[(j * 8 + g) * sb + kc * 8 + 4 + t]);
+    }
+}
+
+static bw_src bw_query(const bwd_args &B) {
+    return {B.q_nope, B.q_pe, B.Hm * B.n, B.n, B.n, B.Hm * B.r, B.r, B.r};
+}
+static bw_src bw_key(const bwd_args &B) { /* k_pe is shared by the heads */
+    return {B.k_nope, B.k_pe, B.Hm * B.n, B.n, B.n, B.r, 0, B.r};
+}
+static bw_src bw_value(const bwd_args &B, const float *x) { /* v or dO: one part */
+    return {x, x, B.Hm * B.vm, B.vm, B.vm, 0, 0, 0};
+}
+
+/* shared floats of the kv kernel with QT queries per tile */
+static constexpr int bw_kv_smem_words(int DQ, int DV, int QT) {
+    return BW_ROWS * (DQ / 2 + 4) + BW_ROWS * (DV / 2 + 4) + QT * (DQ / 2 + 4) + DQ * (QT / 2 + 4) +
+           QT * (DV / 2 + 4) + DV * (QT / 2 + 4) + 2 * QT;
+}
+
+/* dK, dV of 64 keys of head blockIdx.y; the query tiles of QT from the first key to the end
+ * of the last key's document.  dk_nope and dv get +=, dk_pe_h (T, Hm, r) the head's share. */
+template <int DQ, int DV, int QT>
+__global__ void __launch_bounds__(128)
+    k_attn_bwd_kv_tc(bwd_args B, bw_src Q, bw_src K, bw_src V, bw_src G) {
+    constexpr int SQ = DQ / 2 + 4, SV = DV / 2 + 4, ST = QT / 2 + 4;
+    extern __shared__ float sm[];
+    uint32_t *ks = (uint32_t *)sm;       /* (64 keys, DQ) */
+    uint32_t *vs = ks + BW_ROWS * SQ;    /* (64 keys, DV) */
+    uint32_t *qs = vs + BW_ROWS * SV;    /* (QT queries, DQ) */
+    uint32_t *qt = qs + QT * SQ;         /* (DQ, QT queries) */
+    uint32_t *gs = qt + DQ * ST;         /* dO (QT queries, DV) */
+    uint32_t *gt = gs + QT * SV;         /* dO^T (DV, QT queries) */
+    float *l2 = (float *)(gt + DV * ST); /* (QT) the queries' lse in log2 units */
+    float *dd = l2 + QT;                 /* (QT) D = dO . O */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t k0 = (int64_t)blockIdx.x * BW_ROWS, h = blockIdx.y, T = B.T;
+    const int64_t s0 = k0 + 16 * w + g, s1 = s0 + 8; /* this thread's keys */
+    const int64_t e0 = s0 < T ? last_query(B.cu, B.N, T, s0) : -1;
+    const int64_t e1 = s1 < T ? last_query(B.cu, B.N, T, s1) : -1;
+    const int64_t kl = k0 + BW_ROWS - 1 < T - 1 ? k0 + BW_ROWS - 1 : T - 1;
+    const int64_t q_hi = last_query(B.cu, B.N, T, kl);
+    const int64_t wk = k0 + 16 * w, wkl = wk + 15 < T - 1 ? wk + 15 : T - 1;
+    const int64_t w_hi = wk < T ? last_query(B.cu, B.N, T, wkl) : -1;
+    const float sl2 = B.scale * 1.4426950408889634f;
+
+    bw_rows<BW_ROWS, DQ>(ks, K, k0, T, h);
+    bw_rows<BW_ROWS, DV>(vs, V, k0, T, h);
+    float dk[DQ / 8][4], dv[DV / 8][4];
+    bw_zero(dk);
+    bw_zero(dv);
+    for (int64_t q0 = k0; q0 <= q_hi; q0 += QT) {
+        __syncthreads(); /* the previous tile's products are done */
+        bw_rows<QT, DQ>(qs, Q, q0, q_hi + 1, h);
+        bw_cols<QT, DQ>(qt, Q, q0, q_hi + 1, h);
+        bw_rows<QT, DV>(gs, G, q0, q_hi + 1, h);
+        bw_cols<QT, DV>(gt, G, q0, q_hi + 1, h);
+        for (int j = threadIdx.x; j < QT; j += blockDim.x) {
+            const bool in = q0 + j <= q_hi;
+            l2[j] = in ? B.lse[(q0 + j) * B.Hm + h] * 1.4426950408889634f : 0.0f;
+            dd[j] = in ? B.D[(q0 + j) * B.Hm + h] : 0.0f;
+        }
+        __syncthreads();
+        if (q0 > w_hi || q0 + QT - 1 < wk) continue; /* no key of this warp is seen */
+        float st[QT / 8][4], dp[QT / 8][4];          /* S^T, dP^T: (16 keys, QT queries) */
+        bw_products<DQ, DV>(st, dp, ks + 16 * w * SQ, qs, vs + 16 * w * SV, gs);
+#pragma unroll
+        for (int nt = 0; nt < QT / 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int col = nt * 8 + 2 * t + j;
+                const int64_t tq = q0 + col;
+                const float p0 = tq >= s0 && tq <= e0 ? exp2f(st[nt][j] * sl2 - l2[col]) : 0.0f;
+                const float p1 = tq >= s1 && tq <= e1 ? exp2f(st[nt][2 + j] * sl2 - l2[col]) : 0.0f;
+                st[nt][j] = p0, st[nt][2 + j] = p1;
+                dp[nt][j] = p0 * (dp[nt][j] - dd[col]);
+                dp[nt][2 + j] = p1 * (dp[nt][2 + j] - dd[col]);
+            }
+        bw_mma_acc<QT / 16, DV / 8>(dv, st, gt, ST); /* dV += P^T dO */
+        bw_mma_acc<QT / 16, DQ / 8>(dk, dp, qt, ST); /* dK += dS^T Q */
+    }
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int64_t d = j * 8 + 2 * t + e;
+            if (d >= B.vm) continue;
+            if (s0 < T) B.dv[(s0 * B.Hm + h) * B.vm + d] += dv[j][e];
+            if (s1 < T) B.dv[(s1 * B.Hm + h) * B.vm + d] += dv[j][2 + e];
+        }
+    bw_store_qk<DQ>(dk, s0, h, B, B.dk_nope, B.dk_pe_h, true);
+}
+
+/* shared words of the q kernel with KT keys per tile */
+static constexpr int bw_q_smem_words(int DQ, int DV, int KT) {
+    return BW_ROWS * (DQ / 2 + 4) + BW_ROWS * (DV / 2 + 4) + KT * (DQ / 2 + 4) + KT * (DV / 2 + 4) +
+           DQ * (KT / 2 + 4);
+}
+
+/* dQ of 64 queries of head blockIdx.y (longest rows first): key tiles of KT from the first
+ * query's document start to the last query; dq_nope and dq_pe get +=. */
+template <int DQ, int DV, int KT>
+__global__ void __launch_bounds__(128)
+    k_attn_bwd_q_tc(bwd_args B, bw_src Q, bw_src K, bw_src V, bw_src G) {
+    constexpr int SQ = DQ / 2 + 4, SV = DV / 2 + 4, ST = KT / 2 + 4;
+    extern __shared__ float sm[];
+    uint32_t *qs = (uint32_t *)sm;    /* (64 queries, DQ) */
+    uint32_t *gs = qs + BW_ROWS * SQ; /* dO (64 queries, DV) */
+    uint32_t *ks = gs + BW_ROWS * SV; /* (KT keys, DQ) */
+    uint32_t *vs = ks + KT * SQ;      /* (KT keys, DV) */
+    uint32_t *kt = vs + KT * SV;      /* (DQ, KT keys) */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t T = B.T, nqb = (T + BW_ROWS - 1) / BW_ROWS;
+    const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * BW_ROWS, h = blockIdx.y;
+    const int64_t r0 = q0 + 16 * w + g, r1 = r0 + 8; /* this thread's queries */
+    const int64_t lo0 = r0 < T ? first_key(B.cu, B.N, r0) : T;
+    const int64_t lo1 = r1 < T ? first_key(B.cu, B.N, r1) : T;
+    const int64_t hi0 = r0 < T ? r0 : -1, hi1 = r1 < T ? r1 : -1;
+    const float l20 = r0 < T ? B.lse[r0 * B.Hm + h] * 1.4426950408889634f : 0.0f;
+    const float l21 = r1 < T ? B.lse[r1 * B.Hm + h] * 1.4426950408889634f : 0.0f;
+    const float D0 = r0 < T ? B.D[r0 * B.Hm + h] : 0.0f, D1 = r1 < T ? B.D[r1 * B.Hm + h] : 0.0f;
+    const int64_t blk_lo = first_key(B.cu, B.N, q0);
+    const int64_t blk_hi = q0 + BW_ROWS - 1 < T - 1 ? q0 + BW_ROWS - 1 : T - 1;
+    const int64_t wr = q0 + 16 * w, w_hi = wr + 15 < T - 1 ? wr + 15 : T - 1;
+    const int64_t w_lo = wr < T ? first_key(B.cu, B.N, wr) : T;
+    const float sl2 = B.scale * 1.4426950408889634f;
+
+    bw_rows<BW_ROWS, DQ>(qs, Q, q0, T, h);
+    bw_rows<BW_ROWS, DV>(gs, G, q0, T, h);
+    float dq[DQ / 8][4];
+    bw_zero(dq);
+    for (int64_t k0 = blk_lo; k0 <= blk_hi; k0 += KT) {
+        __syncthreads(); /* the previous tile's products are done */
+        bw_rows<KT, DQ>(ks, K, k0, blk_hi + 1, h);
+        bw_rows<KT, DV>(vs, V, k0, blk_hi + 1, h);
+        bw_cols<KT, DQ>(kt, K, k0, blk_hi + 1, h);
+        __syncthreads();
+        if (k0 > w_hi || k0 + KT - 1 < w_lo) continue; /* no query of this warp sees the tile */
+        float sc[KT / 8][4], dp[KT / 8][4];            /* S, dP: (16 queries, KT keys) */
+        bw_products<DQ, DV>(sc, dp, qs + 16 * w * SQ, ks, gs + 16 * w * SV, vs);
+#pragma unroll
+        for (int nt = 0; nt < KT / 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const int64_t s = k0 + nt * 8 + 2 * t + j;
+                const float p0 = s >= lo0 && s <= hi0 ? exp2f(sc[nt][j] * sl2 - l20) : 0.0f;
+                const float p1 = s >= lo1 && s <= hi1 ? exp2f(sc[nt][2 + j] * sl2 - l21) : 0.0f;
+                dp[nt][j] = p0 * (dp[nt][j] - D0);
+                dp[nt][2 + j] = p1 * (dp[nt][2 + j] - D1);
+            }
+        bw_mma_acc<KT / 16, DQ / 8>(dq, dp, kt, ST); /* dQ += dS K */
+    }
+    bw_store_qk<DQ>(dq, r0, h, B, B.dq_nope, B.dq_pe, false);
+}
+
+/* both kernels at one (DQ, DV): the query tile of the kv kernel 32 rows at DQ = 192 (its
+ * accumulators, 4 (DQ + DV) / 8 registers, leave room for no more), else 64 */
+template <int DQ, int DV> static void bw_launch(const bwd_args &B, arl_cuda_ctx *c) {
+    constexpr int QT = DQ > 128 ? 32 : 64, KT = 64;
+    const bw_src Q = bw_query(B), K = bw_key(B), V = bw_value(B, B.v), G = bw_value(B, B.d_o);
+    const int kv_bytes = (int)sizeof(uint32_t) * bw_kv_smem_words(DQ, DV, QT);
+    const int q_bytes = (int)sizeof(uint32_t) * bw_q_smem_words(DQ, DV, KT);
+    const unsigned blocks = (unsigned)((B.T + BW_ROWS - 1) / BW_ROWS);
+    cudaFuncSetAttribute(k_attn_bwd_kv_tc<DQ, DV, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kv_bytes);
+    cudaFuncSetAttribute(k_attn_bwd_q_tc<DQ, DV, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         q_bytes);
+    k_attn_bwd_kv_tc<DQ, DV, QT>
+        <<<dim3(blocks, (unsigned)B.Hm), 128, (size_t)kv_bytes, c->stream>>>(B, Q, K, V, G);
+    k_attn_bwd_q_tc<DQ, DV, KT>
+        <<<dim3(blocks, (unsigned)B.Hm), 128, (size_t)q_bytes, c->stream>>>(B, Q, K, V, G);
+}
+
+/* The tensor-core backward when the context computes in bf16 and the widths fit (those of the
+ * tensor-core forward); returns 0 to leave the call to the fp32 kernels. */
+static int attn_bwd_launch_tc(const bwd_args &B, arl_cuda_ctx *c) {
+    const int64_t nq = B.n + B.r;
+    if (c->math != ARL_CUDA_MATH_BF16 || nq > 192 || B.vm > 128 || (B.n & 1) || (B.r & 1) ||
+        (B.vm & 1))
+        return 0;
+    const int dq = nq <= 64 ? 64 : nq <= 96 ? 96 : nq <= 128 ? 128 : 192;
+    const int dv = B.vm <= 64 ? 64 : 128;
+#define BW_LAUNCH(Qw, Vw)                                                                          \
+    if (dq == Qw && dv == Vw) bw_launch<Qw, Vw>(B, c);
+    BW_LAUNCH(64, 64);
+    BW_LAUNCH(64, 128);
+    BW_LAUNCH(96, 64);
+    BW_LAUNCH(96, 128);
+    BW_LAUNCH(128, 64);
+    BW_LAUNCH(128, 128);
+    BW_LAUNCH(192, 64);
+    BW_LAUNCH(192, 128);
+#undef BW_LAUNCH
+    return 1;
+}
+
 extern "C" void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe,
                                       float *dv, const float *d_o, const float *o, const float *lse,
                                       const float *q_nope, const float *q_pe, const float *k_nope,
@@ -601,8 +913,10 @@ extern "C" void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_no
     k_attn_delta<<<blocks, 32 * AW, 0, c->stream>>>(D, d_o, o, items, vm);
     bwd_args B = {q_nope,   q_pe, k_nope, k_pe, v, d_o, lse, D, dq_nope, dq_pe, dk_nope,
                   per_head, dv,   cu,     N,    T, Hm,  n,   r, vm,      scale};
-    k_attn_bwd_q<<<blocks, 32 * AW, 0, c->stream>>>(B);
-    k_attn_bwd_kv<<<blocks, 32 * AW, 0, c->stream>>>(B);
+    if (!attn_bwd_launch_tc(B, c)) {
+        k_attn_bwd_q<<<blocks, 32 * AW, 0, c->stream>>>(B);
+        k_attn_bwd_kv<<<blocks, 32 * AW, 0, c->stream>>>(B);
+    }
     k_sum_heads<<<arl_blocks(T * r, 256), 256, 0, c->stream>>>(dk_pe, per_head, T, Hm, r);
     ARL_CUDA_LAUNCHED(c, "mla_attn_bwd");
 }

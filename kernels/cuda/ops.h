@@ -115,15 +115,19 @@ void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float *dg, float 
 
 /* arl_mla_attn_fwd on the device: flash-style (online softmax, one pass over the keys, no
  * (T, T) scores), causal within each document.  lse (T, Hm) may be NULL.  n + r <= 1024,
- * vm <= 512.  (fp32 CUDA cores: correct and simple, not yet a tensor-core kernel.) */
+ * vm <= 512.  fp32 CUDA cores; under ARL_CUDA_MATH_BF16, when n + r <= 192, vm <= 128 and
+ * the widths are even, tensor cores (bf16 operands, fp32 accumulation and softmax). */
 void arl_cuda_mla_attn_fwd(float *o, float *lse, const float *q_nope, const float *q_pe,
                            const float *k_nope, const float *k_pe, const float *v,
                            const int32_t *cu, int32_t N, int64_t T, int64_t Hm, int64_t n,
                            int64_t r, int64_t vm, float scale);
 
 /* arl_mla_attn_bwd on the device (spec 4.3) with the forward's o and lse: one warp per
- * (key, head) for dk/dv, one per (query, head) for dq; dk_pe summed over heads in a fixed
- * order (deterministic).  n + r <= 256, vm <= 256.
+ * (key, head) for dk/dv, one per (query, head) for dq, fp32; under ARL_CUDA_MATH_BF16, when
+ * n + r <= 192, vm <= 128 and the widths are even, on tensor cores instead (bf16 operands,
+ * fp32 accumulation and softmax; 64 keys per block for dk/dv, 64 queries for dq, no atomics).
+ * dk_pe summed over heads in a fixed order: deterministic either way.  n + r <= 256,
+ * vm <= 256.
  * ws: arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r) floats. */
 int64_t arl_cuda_mla_attn_bwd_ws_floats(int64_t T, int64_t Hm, int64_t r);
 void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe, float *dv,

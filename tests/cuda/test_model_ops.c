@@ -284,11 +284,84 @@ static void mla_tc_case(int64_t n, int64_t r, int64_t vm) {
     ct_check("mla_attn_fwd (tensor cores) lse", d_lse, lse, T * Hm, 2e-2, 0.0);
     free(qn), free(qp), free(kn), free(kp), free(v), free(o), free(lse), free(ws);
 }
+
+/* A gradient the kernels add (+=) to init: the device's sum less init against the reference's
+ * sum less init, in the max|ref| form; prints the measured |diff| / max|ref|. */
+static void tc_check_added(const char *what, const float *d, const float *ref, const float *init,
+                           int64_t n, double rtol) {
+    float *h = ct_get(d, n), *r = ct_copy_host(ref, n);
+    double m = 0.0, worst = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        h[i] -= init[i], r[i] -= init[i];
+        m = fmax(m, fabs((double)r[i]));
+        worst = fmax(worst, fabs((double)h[i] - (double)r[i]));
+    }
+    printf("  %s: max|diff| / max|ref| = %.3g (max|ref| %.3g)\n", what, m > 0 ? worst / m : worst,
+           m);
+    check_close_maxref_f32(what, h, r, (size_t)n, 0.0, rtol);
+    free(h), free(r);
+}
+
+/* The expanded backward on tensor cores (mla.cu k_attn_bwd_kv_tc, k_attn_bwd_q_tc) against the
+ * CPU fp32 backward on the CPU forward's o and lse, same shapes and documents as the forward
+ * case.  bf16 operands: S and dP = dO V^T are recomputed from bf16 q, k, v, dO (the scores'
+ * error, ~2^-8 of |s| ~ 3 here, moves P by ~1%), and P and dS = P (dP - D) are rounded to bf16
+ * (2^-9 relative) before the products that sum them; accumulation stays fp32.  Tolerance: the
+ * forward's, rtol 2e-2 of max|ref| for every gradient (the CPU emulator, which rounds as the
+ * GPU does and differs only in summation order, measured 1.9e-3 .. 6.2e-3 in three runs). */
+static void mla_tc_bwd_case(int64_t n, int64_t r, int64_t vm) {
+    CT_CASE_BEGIN;
+    const int32_t N = 5;
+    const int64_t T = 300, Hm = 3;
+    int32_t cu[6] = {0, 1, 2, 130, 197, 300};
+    const float scale = 1.0f / sqrtf((float)(n + r));
+    float *qn = ct_rand(T * Hm * n, -1, 1), *qp = ct_rand(T * Hm * r, -1, 1);
+    float *kn = ct_rand(T * Hm * n, -1, 1), *kp = ct_rand(T * r, -1, 1);
+    float *v = ct_rand(T * Hm * vm, -1, 1), *dO = ct_rand(T * Hm * vm, -1, 1);
+    float *o = ct_host(sizeof(float) * T * Hm * vm), *lse = ct_host(sizeof(float) * T * Hm);
+    float *ws = ct_host(sizeof(float) * arl_mla_attn_ws_floats(T, Hm, r));
+    arl_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, cu, N, T, Hm, n, r, vm, scale, ws);
+    float *gqn = ct_rand(T * Hm * n, -1, 1), *gqp = ct_rand(T * Hm * r, -1, 1);
+    float *gkn = ct_rand(T * Hm * n, -1, 1), *gkp = ct_rand(T * r, -1, 1);
+    float *gv = ct_rand(T * Hm * vm, -1, 1);
+    float *i_qn = ct_copy_host(gqn, T * Hm * n), *i_qp = ct_copy_host(gqp, T * Hm * r);
+    float *i_kn = ct_copy_host(gkn, T * Hm * n), *i_kp = ct_copy_host(gkp, T * r);
+    float *i_v = ct_copy_host(gv, T * Hm * vm);
+    float *d_qn = ct_dev(qn, T * Hm * n), *d_qp = ct_dev(qp, T * Hm * r);
+    float *d_kn = ct_dev(kn, T * Hm * n), *d_kp = ct_dev(kp, T * r), *d_v = ct_dev(v, T * Hm * vm);
+    float *d_gqn = ct_dev(gqn, T * Hm * n), *d_gqp = ct_dev(gqp, T * Hm * r);
+    float *d_gkn = ct_dev(gkn, T * Hm * n), *d_gkp = ct_dev(gkp, T * r);
+    float *d_gv = ct_dev(gv, T * Hm * vm), *d_dO = ct_dev(dO, T * Hm * vm);
+    float *d_o = ct_dev(o, T * Hm * vm), *d_lse = ct_dev(lse, T * Hm);
+    float *d_ws = ct_dev(NULL, arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r));
+    int32_t *d_cu = ct_dev_i32(cu, N + 1);
+    arl_mla_attn_bwd(gqn, gqp, gkn, gkp, gv, dO, o, lse, qn, qp, kn, kp, v, cu, N, T, Hm, n, r, vm,
+                     scale, ws);
+    arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
+    arl_cuda_mla_attn_bwd(d_gqn, d_gqp, d_gkn, d_gkp, d_gv, d_dO, d_o, d_lse, d_qn, d_qp, d_kn,
+                          d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale, d_ws);
+    arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_FP32);
+    printf("mla_attn_bwd on tensor cores, n %lld r %lld v %lld:\n", (long long)n, (long long)r,
+           (long long)vm);
+    tc_check_added("mla_attn_bwd (tensor cores) dq_nope", d_gqn, gqn, i_qn, T * Hm * n, 2e-2);
+    tc_check_added("mla_attn_bwd (tensor cores) dq_pe", d_gqp, gqp, i_qp, T * Hm * r, 2e-2);
+    tc_check_added("mla_attn_bwd (tensor cores) dk_nope", d_gkn, gkn, i_kn, T * Hm * n, 2e-2);
+    tc_check_added("mla_attn_bwd (tensor cores) dk_pe", d_gkp, gkp, i_kp, T * r, 2e-2);
+    tc_check_added("mla_attn_bwd (tensor cores) dv", d_gv, gv, i_v, T * Hm * vm, 2e-2);
+    free(qn), free(qp), free(kn), free(kp), free(v), free(dO), free(o), free(lse), free(ws);
+    free(gqn), free(gqp), free(gkn), free(gkp), free(gv);
+    free(i_qn), free(i_qp), free(i_kn), free(i_kp), free(i_v);
+    CT_CASE_END;
+}
+
 static void test_mla_tc(void) {
     CT_CASE_BEGIN;
     mla_tc_case(32, 16, 64);
     mla_tc_case(64, 32, 128);
     CT_CASE_END;
+    mla_tc_bwd_case(32, 16, 64);  /* tiny: qk 64, v 64 */
+    mla_tc_bwd_case(64, 32, 128); /* mini: qk 96, v 128 */
+    mla_tc_bwd_case(128, 64, 96); /* full scale's qk 192 (32-query tiles), v 96 padded to 128 */
 }
 
 /* ---------------------------------------------------------------- AttnRes */
