@@ -10,9 +10,14 @@
 # Environment: BUILD (build directory, default build-gpu), PYTHON (interpreter with torch for
 # the PyTorch baselines; default: the first of python3, /usr/bin/python3 that imports torch).
 #
-# Build: the normal CMake build of the project (Release, CUDA found).  If configuring fails
-# (the machine lacks a CPU-side dependency such as jansson or OpenBLAS), bench_gpu alone is
-# compiled with nvcc from kernels/cuda/*.cu and core/{status,rng}.c (the tests then cannot run).
+# PACK=FILE: take every program from an archive of bench/gpu/pack.sh (made where the project
+# builds) instead of building, for a GPU machine that lacks the CPU-side libraries (the lent
+# H200: carry .gpu-pack and run `PACK=.gpu-pack/pack.tar.xz bash bench/gpu/run.sh --tests`);
+# the shared libraries the pack does not hold (CUDA's) are searched for in CUDA's and Python's
+# usual folders.  Without PACK: the normal CMake build of the project (Release, CUDA found).
+# If configuring fails (the machine lacks a CPU-side dependency such as jansson or OpenBLAS),
+# bench_gpu alone is compiled with nvcc from kernels/cuda/*.cu and core/{status,rng}.c (the
+# tests then cannot run).
 # Output: each measurement, then a summary of ratios against the in-run baselines.  After
 # bench_gpu, bench_gpu_model (bench/gpu/bench_model.c) times the mini config's whole forward on
 # the GPU (policy/model_device.h) and reports its MFU against the in-run cuBLAS bf16 rate,
@@ -39,7 +44,30 @@ nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 command -v nvidia-smi >/dev/null 2>&1 &&
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 bench=""
-if cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
+pack=""
+if [ -n "${PACK:-}" ]; then
+    xz -dc "$PACK" | tar xf - -C "$logs" || { echo "run.sh: cannot unpack $PACK" >&2; exit 1; }
+    pack=$logs/pack
+    LD_LIBRARY_PATH=$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # what the loader still misses (CUDA's libraries outside its path): CUDA's, Python's folders
+    for l in $(ldd "$pack"/bin/* 2>/dev/null | awk '$3 == "not" {print $1}' | sort -u); do
+        f=$(find /usr/local/cuda*/lib* /usr/local/cuda*/targets/*/lib /usr/local/nvidia /opt \
+            /usr/lib /usr/local/lib -name "$l" 2>/dev/null | head -1)
+        [ -n "$f" ] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(dirname "$f") ||
+            echo "run.sh: $l not found on this machine" >&2
+    done
+    export LD_LIBRARY_PATH
+    # OpenMPI from the pack: its plugins, and MPI_Init of a lone process without a daemon
+    export OMPI_MCA_mca_base_component_path=$pack/openmpi OMPI_MCA_ess_singleton_isolated=1
+    bench=$pack/bin/bench_gpu
+    # the build folder's layout, as the steps below find their programs there
+    build=$logs/pack-build
+    mkdir -p "$build/bench/gpu" "$build/bench/rollout" "$build/bench/train"
+    for b in bench/gpu/bench_gpu_model bench/gpu/bench_gpu_train bench/rollout/bench_rollout \
+        bench/train/bench_train agentrl; do
+        ln -s "$pack/bin/$(basename "$b")" "$build/$b"
+    done
+elif cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$nvcc" \
         >"$logs/configure.log" 2>&1 &&
     cmake --build "$build" --target bench_gpu -j"$jobs" >"$logs/build.log" 2>&1; then
     bench="$build/bench/gpu/bench_gpu"
@@ -69,7 +97,22 @@ else
 fi
 
 rc=0
-if [ "$tests" = 1 ]; then
+if [ "$tests" = 1 ] && [ -n "$pack" ]; then
+    echo "== parity tests (the pack's gpu-labelled tests, as ctest runs them)"
+    while read -r name exe args; do
+        # shellcheck disable=SC2086
+        (cd "$root" && ARL_SOURCE_DIR="$root" ARL_BIN="$pack/bin/agentrl" OMPI_ALLOW_RUN_AS_ROOT=1 \
+            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 "$pack/bin/$exe" $args </dev/null \
+            >"$logs/$name.log" 2>&1)
+        trc=$?
+        case $trc in
+        0) echo "passed  $name" ;;
+        77) echo "skipped $name" ;;
+        *) echo "FAILED  $name (exit $trc)"; tail -20 "$logs/$name.log"; rc=1 ;;
+        esac
+    done <"$pack/manifest"
+fi
+if [ "$tests" = 1 ] && [ -z "$pack" ]; then
     echo "== parity tests (ctest -L gpu)"
     cmake --build "$build" --target test_cuda_ops test_cuda_model_ops test_cuda_nccl \
         test_cuda_select test_cuda_model_device test_cuda_model_device_cpu test_cuda_train_ops \
@@ -78,6 +121,8 @@ if [ "$tests" = 1 ]; then
         test_learner_device_cuda agentrl \
         -j"$jobs" >>"$logs/build.log" 2>&1 || { echo "test build failed"; rc=1; }
     (cd "$build" && ctest -L gpu --output-on-failure --timeout 120) || rc=1
+fi
+if [ "$tests" = 1 ]; then
     # the CI experiment with its rollout and its learner on the GPU
     echo "== agentrl train experiments/calculator-ci.json --set rollout.device=cuda --set learner.device=cuda"
     (cd "$root" && timeout 300 "$build/agentrl" train experiments/calculator-ci.json \
