@@ -716,26 +716,34 @@ static bw_src bw_value(const bwd_args &B, const float *x) { /* v or dO: one part
     return {x, x, B.Hm * B.vm, B.vm, B.vm, 0, 0, 0};
 }
 
-/* shared floats of the kv kernel with QT queries per tile */
-static constexpr int bw_kv_smem_words(int DQ, int DV, int QT) {
-    return BW_ROWS * (DQ / 2 + 4) + BW_ROWS * (DV / 2 + 4) + QT * (DQ / 2 + 4) + DQ * (QT / 2 + 4) +
-           QT * (DV / 2 + 4) + DV * (QT / 2 + 4) + 2 * QT;
-}
+/* The dynamic shared memory of a backward kernel, in 32-bit words: the block's own 64 rows at
+ * the qk and value widths (bf16 pairs, row strides S*), the walked tile's NW rows of both, the
+ * walked qk tile transposed and, with KV (the kv kernel), the walked value tile transposed and
+ * two floats per walked row (lse, D).  The kernels carve it and the launch sizes it from here. */
+template <int DQ, int DV, int NW, bool KV> struct bw_smem {
+    static constexpr int SQ = DQ / 2 + 4, SV = DV / 2 + 4, ST = NW / 2 + 4;
+    static constexpr int own_q = 0, own_v = own_q + BW_ROWS * SQ, walk_q = own_v + BW_ROWS * SV,
+                         walk_v = walk_q + NW * SQ, walk_qt = walk_v + NW * SV,
+                         walk_vt = walk_qt + DQ * ST, stats = walk_vt + (KV ? DV * ST : 0),
+                         words = stats + (KV ? 2 * NW : 0);
+};
 
 /* dK, dV of 64 keys of head blockIdx.y; the query tiles of QT from the first key to the end
  * of the last key's document.  dk_nope and dv get +=, dk_pe_h (T, Hm, r) the head's share. */
 template <int DQ, int DV, int QT>
 __global__ void __launch_bounds__(128)
     k_attn_bwd_kv_tc(bwd_args B, bw_src Q, bw_src K, bw_src V, bw_src G) {
-    constexpr int SQ = DQ / 2 + 4, SV = DV / 2 + 4, ST = QT / 2 + 4;
+    typedef bw_smem<DQ, DV, QT, true> L;
+    constexpr int SQ = L::SQ, SV = L::SV, ST = L::ST;
     extern __shared__ float sm[];
-    uint32_t *ks = (uint32_t *)sm;       /* (64 keys, DQ) */
-    uint32_t *vs = ks + BW_ROWS * SQ;    /* (64 keys, DV) */
-    uint32_t *qs = vs + BW_ROWS * SV;    /* (QT queries, DQ) */
-    uint32_t *qt = qs + QT * SQ;         /* (DQ, QT queries) */
-    uint32_t *gs = qt + DQ * ST;         /* dO (QT queries, DV) */
-    uint32_t *gt = gs + QT * SV;         /* dO^T (DV, QT queries) */
-    float *l2 = (float *)(gt + DV * ST); /* (QT) the queries' lse in log2 units */
+    uint32_t *const u = (uint32_t *)sm;
+    uint32_t *ks = u + L::own_q;         /* (64 keys, DQ) */
+    uint32_t *vs = u + L::own_v;         /* (64 keys, DV) */
+    uint32_t *qs = u + L::walk_q;        /* (QT queries, DQ) */
+    uint32_t *gs = u + L::walk_v;        /* dO (QT queries, DV) */
+    uint32_t *qt = u + L::walk_qt;       /* (DQ, QT queries) */
+    uint32_t *gt = u + L::walk_vt;       /* dO^T (DV, QT queries) */
+    float *l2 = (float *)(u + L::stats); /* (QT) the queries' lse in log2 units */
     float *dd = l2 + QT;                 /* (QT) D = dO . O */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t k0 = (int64_t)blockIdx.x * BW_ROWS, h = blockIdx.y, T = B.T;
@@ -795,24 +803,20 @@ __global__ void __launch_bounds__(128)
     bw_store_qk<DQ>(dk, s0, h, B, B.dk_nope, B.dk_pe_h, true);
 }
 
-/* shared words of the q kernel with KT keys per tile */
-static constexpr int bw_q_smem_words(int DQ, int DV, int KT) {
-    return BW_ROWS * (DQ / 2 + 4) + BW_ROWS * (DV / 2 + 4) + KT * (DQ / 2 + 4) + KT * (DV / 2 + 4) +
-           DQ * (KT / 2 + 4);
-}
-
 /* dQ of 64 queries of head blockIdx.y (longest rows first): key tiles of KT from the first
  * query's document start to the last query; dq_nope and dq_pe get +=. */
 template <int DQ, int DV, int KT>
 __global__ void __launch_bounds__(128)
     k_attn_bwd_q_tc(bwd_args B, bw_src Q, bw_src K, bw_src V, bw_src G) {
-    constexpr int SQ = DQ / 2 + 4, SV = DV / 2 + 4, ST = KT / 2 + 4;
+    typedef bw_smem<DQ, DV, KT, false> L;
+    constexpr int SQ = L::SQ, SV = L::SV, ST = L::ST;
     extern __shared__ float sm[];
-    uint32_t *qs = (uint32_t *)sm;    /* (64 queries, DQ) */
-    uint32_t *gs = qs + BW_ROWS * SQ; /* dO (64 queries, DV) */
-    uint32_t *ks = gs + BW_ROWS * SV; /* (KT keys, DQ) */
-    uint32_t *vs = ks + KT * SQ;      /* (KT keys, DV) */
-    uint32_t *kt = vs + KT * SV;      /* (DQ, KT keys) */
+    uint32_t *const u = (uint32_t *)sm;
+    uint32_t *qs = u + L::own_q;   /* (64 queries, DQ) */
+    uint32_t *gs = u + L::own_v;   /* dO (64 queries, DV) */
+    uint32_t *ks = u + L::walk_q;  /* (KT keys, DQ) */
+    uint32_t *vs = u + L::walk_v;  /* (KT keys, DV) */
+    uint32_t *kt = u + L::walk_qt; /* (DQ, KT keys) */
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t T = B.T, nqb = (T + BW_ROWS - 1) / BW_ROWS;
     const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * BW_ROWS, h = blockIdx.y;
@@ -862,8 +866,8 @@ __global__ void __launch_bounds__(128)
 template <int DQ, int DV> static void bw_launch(const bwd_args &B, arl_cuda_ctx *c) {
     constexpr int QT = DQ > 128 ? 32 : 64, KT = 64;
     const bw_src Q = bw_query(B), K = bw_key(B), V = bw_value(B, B.v), G = bw_value(B, B.d_o);
-    const int kv_bytes = (int)sizeof(uint32_t) * bw_kv_smem_words(DQ, DV, QT);
-    const int q_bytes = (int)sizeof(uint32_t) * bw_q_smem_words(DQ, DV, KT);
+    const int kv_bytes = (int)sizeof(uint32_t) * bw_smem<DQ, DV, QT, true>::words;
+    const int q_bytes = (int)sizeof(uint32_t) * bw_smem<DQ, DV, KT, false>::words;
     const unsigned blocks = (unsigned)((B.T + BW_ROWS - 1) / BW_ROWS);
     cudaFuncSetAttribute(k_attn_bwd_kv_tc<DQ, DV, QT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          kv_bytes);
