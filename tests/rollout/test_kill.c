@@ -24,10 +24,14 @@ static int hook_stall(void *user, const char *uid, int32_t seg, int final) {
     static int fired = 0;
     if (final || fired) return 0;
     fired = 1;
-    FILE *f = fopen((const char *)user, "w");
+    /* written beside the marker, then renamed onto it: the parent, which kills this process as
+     * soon as the marker exists, never reads it half written (it did, under load) */
+    char tmp[720];
+    snprintf(tmp, sizeof tmp, "%s.part", (const char *)user);
+    FILE *f = fopen(tmp, "w");
     if (f) {
         fprintf(f, "%s %d\n", uid, (int)seg);
-        fclose(f);
+        if (fclose(f) == 0) rename(tmp, (const char *)user);
     }
     sleep(600); /* killed here: a segment committed, the next step not yet sent */
     return 0;
