@@ -13,7 +13,9 @@
  * Weights: deterministic small uniform values, norms 1.  Runs: ARL_CUDA_MATH_BF16 (bf16 GEMM
  * inputs, fp32 accumulation, fp32 master weights and moments) and ARL_CUDA_MATH_TF32.  Batch:
  * 8 documents of 256 tokens (T = 2048; --quick: the tiny config, 2 x 32; --docs N --len L:
- * another batch).  Prints the median
+ * another batch, its RESULT keys suffixed _T<tokens>; --bf16: that mode alone).  AdamW's time
+ * does not depend on the batch, so at 2048 tokens it alone caps the mini step's MFU near 30%:
+ * run.sh also measures 16 x 1024 tokens, a learner batch where 25% is reachable.  Prints the median
  * of 5 steps after 2 warm-up steps, and the forward (with saves) and the optimizer step
  * alone.  Output: human-readable lines and "RESULT key=value".  Exits 77 without a GPU.
  */
@@ -102,7 +104,11 @@ static arl_status run_opt(void *v) {
 }
 
 int main(int argc, char **argv) {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int quick = 0, bf16_only = 0;
+    for (int i = 1; i < argc; i++) {
+        quick |= strcmp(argv[i], "--quick") == 0;
+        bf16_only |= strcmp(argv[i], "--bf16") == 0;
+    }
     if (arl_cuda_device_count() == 0) {
         fprintf(stderr, "bench_train: no CUDA device (or a build without CUDA)\n");
         return 77;
@@ -135,12 +141,14 @@ int main(int argc, char **argv) {
     /* --docs N --len L: another token batch (default 8 x 256; --quick 2 x 32) */
     int32_t N = quick ? 2 : 8;
     int64_t len = quick ? 32 : 256;
+    char sfx[32] = ""; /* RESULT key suffix of a batch other than the default */
     for (int i = 1; i + 1 < argc; i++) {
         if (strcmp(argv[i], "--docs") == 0) N = (int32_t)atoi(argv[i + 1]);
         if (strcmp(argv[i], "--len") == 0) len = atoll(argv[i + 1]);
     }
     if (N < 1 || len < 1) die("--docs and --len must be positive");
     const int64_t T = N * len;
+    if (T != (quick ? 64 : 2048)) snprintf(sfx, sizeof sfx, "_T%lld", (long long)T);
     arl_model_opts o;
     arl_model_opts_default(&o);
     o.max_tokens = T;
@@ -187,7 +195,7 @@ int main(int argc, char **argv) {
     const char *names[2] = {"bf16", "tf32"};
     const arl_cuda_math modes[2] = {ARL_CUDA_MATH_BF16, ARL_CUDA_MATH_TF32};
     step_arg sa = {&tr, &b};
-    for (int mi = 0; mi < 2; mi++) {
+    for (int mi = 0; mi < (bf16_only ? 1 : 2); mi++) {
         arl_cuda_set_math(ctx, modes[mi]);
         double lo, hi, flo, fhi, olo, ohi;
         double ts = time_median(run_step, &sa, 2, 5, &lo, &hi);
@@ -199,18 +207,19 @@ int main(int argc, char **argv) {
                "%.2f ms, backward ~%.2f ms)\n",
                names[mi], (long long)T, N, ts * 1e3, lo * 1e3, hi * 1e3, rate, 100.0 * rate / peak,
                tf * 1e3, to * 1e3, (ts - tf - to) * 1e3);
-        printf("RESULT train_step_%s_ms=%.3f\nRESULT train_step_%s_mfu=%.4f\n", names[mi], ts * 1e3,
-               names[mi], rate / peak);
+        printf("RESULT train_step_%s%s_ms=%.3f\nRESULT train_step_%s%s_mfu=%.4f\n", names[mi], sfx,
+               ts * 1e3, names[mi], sfx, rate / peak);
         /* AdamW reads and writes every parameter whatever the batch: the MFU this step could
          * reach were the forward and backward free (the token batch that a target needs) */
-        printf("RESULT train_step_%s_mfu_bound_adamw=%.4f\n", names[mi], flops / to / 1e12 / peak);
+        printf("RESULT train_step_%s%s_mfu_bound_adamw=%.4f\n", names[mi], sfx,
+               flops / to / 1e12 / peak);
         if (mi == 0) { /* where one bf16 step's GPU time goes, per op of the device table */
             if (arl_cuda_profile_begin(ctx) || run_step(&sa) || arl_cuda_profile_end(ctx, stdout))
                 die("profiled step");
         }
     }
     printf("RESULT train_cublas_bf16_tflops=%.2f\n", peak);
-    printf("RESULT train_step_gflop=%.1f\n", flops / 1e9);
+    printf("RESULT train_step%s_gflop=%.1f\n", sfx, flops / 1e9);
     arl_model_dev_train_free(&tr);
     arl_model_dev_free(&md);
     arl_model_params_free(&w);
