@@ -8,7 +8,8 @@
  *     the recurrent-rule backward's time;
  *   - MoE grouped GEMM (bf16, all experts in one launch) vs one dense cuBLAS bf16 GEMM of the
  *     same total rows, at the mini config's expert shapes (fine: E=128, k=8, 512x512) and a
- *     coarse shape (E=8, k=2, 2048x512);
+ *     coarse shape (E=8, k=2, 2048x512); and the training step's three grouped GEMMs on fp32
+ *     operands under the bf16 math mode (forward, input gradient, weight gradient);
  *   - MLA prefill attention (mini dims: 8 heads, q/k 64+32, v 128, T=8192, causal): TFLOP/s,
  *     forward and backward.
  * The PyTorch baselines (eager chunked KDA, SDPA) come from bench/gpu/torch_ref.py; run.sh
@@ -219,6 +220,24 @@ static void bench_moe(const char *tag, int64_t T, int64_t E, int64_t k, int64_t 
     printf("RESULT moe_%s_grouped_tflops=%.3f\nRESULT moe_%s_dense_tflops=%.3f\n"
            "RESULT moe_%s_ratio=%.4f\n",
            tag, g_tf, tag, d_tf, tag, g_tf / d_tf);
+    /* the training step's grouped GEMMs (fp32 activations and master weights, rounded to bf16
+     * as staged under the bf16 math mode): forward (W (N, K)), input gradient (W read as
+     * (K, N)) and weight gradient, each against the same dense bf16 rate */
+    float f_ms, x_ms, w_ms;
+    float *dx = dalloc(sizeof(float) * (size_t)(R * K), "dX"), *dw = w32;
+    arl_cuda_set_math(ctx, ARL_CUDA_MATH_BF16);
+    TIME_MS(f_ms, 10, arl_cuda_grouped_gemm(y, x32, w32, 1, &plan, Nout, K, 0.0f));
+    TIME_MS(x_ms, 10, arl_cuda_grouped_gemm(dx, y, w32, 0, &plan, K, Nout, 0.0f));
+    TIME_MS(w_ms, 10, arl_cuda_grouped_gemm_wgrad(dw, y, x32, &plan, Nout, K));
+    arl_cuda_set_math(ctx, ARL_CUDA_MATH_FP32);
+    const double f_tf = fl / (f_ms * 1e-3) / 1e12, x_tf = fl / (x_ms * 1e-3) / 1e12,
+                 w_tf = fl / (w_ms * 1e-3) / 1e12;
+    printf("  training (fp32 operands, bf16 math): forward %.1f, input gradient %.1f, weight "
+           "gradient %.1f TFLOP/s (ratios %.3f %.3f %.3f)\n",
+           f_tf, x_tf, w_tf, f_tf / d_tf, x_tf / d_tf, w_tf / d_tf);
+    printf("RESULT moe_%s_train_fwd_ratio=%.4f\nRESULT moe_%s_train_dx_ratio=%.4f\n"
+           "RESULT moe_%s_train_wgrad_ratio=%.4f\n",
+           tag, f_tf / d_tf, tag, x_tf / d_tf, tag, w_tf / d_tf);
     arl_cuda_release(ctx, mark);
 }
 

@@ -215,6 +215,8 @@ END {
     printf f, "KDA (fwd+bwd) / fwd (<= 5x)", v["kda_fwdbwd_over_fwd"] "x"
     printf f, "MoE grouped GEMM / dense cuBLAS, fine 512x512 (>= 0.35)", v["moe_fine_ratio"]
     printf f, "MoE grouped GEMM / dense cuBLAS, coarse 2048x512 (>= 0.8)", v["moe_coarse_ratio"]
+    printf f, "  training path (fp32 operands) fwd / dX / dW, fine", v["moe_fine_train_fwd_ratio"] " / " v["moe_fine_train_dx_ratio"] " / " v["moe_fine_train_wgrad_ratio"]
+    printf f, "  training path (fp32 operands) fwd / dX / dW, coarse", v["moe_coarse_train_fwd_ratio"] " / " v["moe_coarse_train_dx_ratio"] " / " v["moe_coarse_train_wgrad_ratio"]
     if (v["torch_sdpa_tflops"] != "" && v["torch_sdpa_tflops"] > 0)
         printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", sprintf("%.3f (%.2f vs %.1f TFLOP/s)", v["mla_tflops"] / v["torch_sdpa_tflops"], v["mla_tflops"], v["torch_sdpa_tflops"])
     else

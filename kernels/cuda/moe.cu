@@ -280,14 +280,14 @@ __global__ void k_grouped_f32(float *Y, const float *X, const float *W, int32_t 
     }
 }
 
-/* the tensor-core tile (below), used by arl_cuda_grouped_gemm under the bf16 math mode */
-template <int TRANS, class IN>
-__global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_plan P, int64_t N,
-                               int64_t K, float beta);
-
 static unsigned max_row_tiles(const arl_cuda_moe_plan *P) {
     return (unsigned)((P->T * P->k + BM - 1) / BM + P->E);
 }
+
+/* the wide fp32-operand tile on tensor cores (below) */
+static void grouped_f32_wide(float *Y, const float *X, const float *W, int32_t trans_w,
+                             const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta,
+                             arl_cuda_ctx *c);
 
 extern "C" void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t trans_w,
                                       const arl_cuda_moe_plan *plan, int64_t N, int64_t K,
@@ -296,10 +296,7 @@ extern "C" void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, 
     if (plan->T * plan->k == 0 || N == 0) return;
     dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
     if (c->math == ARL_CUDA_MATH_BF16 && N % 16 == 0 && K % 16 == 0) { /* tensor cores */
-        if (trans_w)
-            k_grouped_bf16<1, float><<<grid, 128, 0, c->stream>>>(Y, X, W, *plan, N, K, beta);
-        else
-            k_grouped_bf16<0, float><<<grid, 128, 0, c->stream>>>(Y, X, W, *plan, N, K, beta);
+        grouped_f32_wide(Y, X, W, trans_w, plan, N, K, beta, c);
     } else {
         k_grouped_f32<<<grid, 256, 0, c->stream>>>(Y, X, W, trans_w, *plan, N, K, beta);
     }
@@ -319,23 +316,6 @@ __device__ static inline void load8(__nv_bfloat16 *dst, const __nv_bfloat16 *row
     } else {
         for (int q = 0; q < 8; q++)
             dst[q] = (row_ok && k + q < K) ? row[k + q] : __float2bfloat16(0.0f);
-    }
-}
-
-/* The same from fp32 operands, rounded to bf16 (nearest even) as they are staged: the grouped
- * GEMM of the bf16 math mode (ARL_CUDA_MATH_BF16) on fp32 activations and weights. */
-__device__ static inline void load8(__nv_bfloat16 *dst, const float *row, bool row_ok, int64_t k,
-                                    int64_t K) {
-    if (row_ok && k + 8 <= K) {
-        const float4 a = *reinterpret_cast<const float4 *>(row + k);
-        const float4 b = *reinterpret_cast<const float4 *>(row + k + 4);
-        dst[0] = __float2bfloat16_rn(a.x), dst[1] = __float2bfloat16_rn(a.y);
-        dst[2] = __float2bfloat16_rn(a.z), dst[3] = __float2bfloat16_rn(a.w);
-        dst[4] = __float2bfloat16_rn(b.x), dst[5] = __float2bfloat16_rn(b.y);
-        dst[6] = __float2bfloat16_rn(b.z), dst[7] = __float2bfloat16_rn(b.w);
-    } else {
-        for (int q = 0; q < 8; q++)
-            dst[q] = __float2bfloat16_rn((row_ok && k + q < K) ? row[k + q] : 0.0f);
     }
 }
 
@@ -360,9 +340,24 @@ __device__ static inline void store_2x2(float (*Cs)[LD], ACC (&acc)[2][2], int w
     store_2xn<LD, 2>(&Cs[0][0], acc, wr, wc);
 }
 
+/* The block's output tile from its fp32 stage Cs (BM x WN, row stride LD) into Y rows r0..r0 +
+ * nr - 1, columns n0.. (< N): Y = Cs + beta Y (beta = 0: Y is not read). */
+template <int WN, int LD>
+__device__ static inline void tile_out(float *Y, const float *Cs, int32_t r0, int32_t nr,
+                                       int64_t n0, int64_t N, float beta) {
+    for (int i = threadIdx.x; i < BM * WN; i += blockDim.x) {
+        const int r = i / WN, nn = i % WN;
+        if (r >= nr || n0 + nn >= N) continue;
+        float *y = Y + (int64_t)(r0 + r) * N + n0 + nn;
+        const float v = Cs[r * LD + nn];
+        *y = beta != 0.0f ? v + beta * *y : v;
+    }
+}
+
 /* TRANS = 1: W_e (N, K) row-major is B = W_e^T in column-major with ld K, staged as
  * Bs[nn][kk]; TRANS = 0: W_e (K, N) row-major, staged as Bs[kk][nn].  IN: the operands'
- * element type in memory (__nv_bfloat16, or float rounded to bf16 when staged). */
+ * element type in memory (__nv_bfloat16, or float rounded to bf16 when staged); launched for
+ * bf16 operands with trans_w = 0 (the other cases take the wide tiles below). */
 template <int TRANS, class IN>
 __global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_plan P, int64_t N,
                                int64_t K, float beta) {
@@ -415,12 +410,7 @@ __global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_
     }
     store_2x2<BN + 4>(Cs, acc, wr, wc);
     __syncthreads();
-    for (int i = threadIdx.x; i < BM * BN; i += blockDim.x) {
-        int r = i / BN, nn = i % BN;
-        if (r >= nr || n0 + nn >= N) continue;
-        float *y = Y + (int64_t)(r0 + r) * N + n0 + nn;
-        *y = beta != 0.0f ? Cs[r][nn] + beta * *y : Cs[r][nn];
-    }
+    tile_out<BN, BN + 4>(Y, &Cs[0][0], r0, nr, n0, N, beta);
 }
 
 /* The wide tile for bf16 operands and W (E, N, K) (trans_w = 1, the forward's layout): 64 rows
@@ -496,13 +486,137 @@ __global__ void __launch_bounds__(256)
     }
     store_2xn<WNT + 4, NJ>(Cs, acc, wr, wc);
     __syncthreads();
-    for (int i = threadIdx.x; i < BM * WNT; i += blockDim.x) {
-        const int r = i / WNT, nn = i % WNT;
-        if (r >= nr || n0 + nn >= N) continue;
-        float *y = Y + (int64_t)(r0 + r) * N + n0 + nn;
-        const float v = Cs[r * (WNT + 4) + nn];
-        *y = beta != 0.0f ? v + beta * *y : v;
+    tile_out<WNT, WNT + 4>(Y, Cs, r0, nr, n0, N, beta);
+}
+
+/* The wide tile for fp32 operands under the bf16 math mode (the training step's expert
+ * forward and input gradients, on fp32 activations and master weights): 64 rows x 128 columns
+ * per block, 8 warps in 2 x 4 with 2 x 2 WMMA fragments each, K in slabs of 32.  The next
+ * slab's fp32 values are read into registers (float4) while this slab is multiplied, then
+ * rounded to bf16 into the other of two shared buffers, so a slab costs one barrier and its
+ * loads' latency hides behind the products.  TRANS = 1: W_e (N, K), staged Bs[nn][kk] and read
+ * as a column-major B; TRANS = 0: W_e (K, N), staged Bs[kk][nn], row-major B.  Needs N and K
+ * multiples of 4 (float4 rows; the launch asks for 16) and 16-byte aligned X, W. */
+#define FW_N 128                         /* columns per block */
+#define FW_BLD(T) ((T) ? WLD : FW_N + 8) /* the B stage's row length (bf16) */
+#define FW_BROWS(T) ((T) ? FW_N : WK)    /* and its rows */
+
+/* shared bytes: the two operand buffers, or the fp32 output tile staged over them */
+static constexpr int fw_smem(int trans) {
+    return 2 * BM * WLD * 2 + 2 * FW_BROWS(trans) * FW_BLD(trans) * 2 > BM * (FW_N + 4) * 4
+               ? 2 * BM * WLD * 2 + 2 * FW_BROWS(trans) * FW_BLD(trans) * 2
+               : BM * (FW_N + 4) * 4;
+}
+
+/* four fp32 values rounded to bf16 (nearest even) into dst (8-byte aligned) */
+__device__ static inline void put4(__nv_bfloat16 *dst, float4 v) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 u;
+    u.x = *reinterpret_cast<uint32_t *>(&lo);
+    u.y = *reinterpret_cast<uint32_t *>(&hi);
+    *reinterpret_cast<uint2 *>(dst) = u;
+}
+
+/* A ROWS x COLS slab of fp32 operands, read as float4 by a block of NT threads into registers
+ * (fetch: at(r, c) gives element (r, c)'s address, c a multiple of 4, or NULL for zeros) and
+ * later rounded to bf16 into a shared tile of row length LD (stash): the register stage of the
+ * wide fp32-operand tiles, which fetch slab s + 1 before multiplying slab s. */
+template <int ROWS, int COLS, int NT> struct f4_slab {
+    static constexpr int PER = ROWS * COLS / 4 / NT;
+    float4 v[PER];
+    template <class AT> __device__ void fetch(AT at) {
+        for (int q = 0; q < PER; q++) {
+            const int i = threadIdx.x + q * NT, r = i / (COLS / 4), c = (i % (COLS / 4)) * 4;
+            const float *p = at(r, c);
+            v[q] = p ? *reinterpret_cast<const float4 *>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
     }
+    __device__ void stash(__nv_bfloat16 *dst, int ld) const {
+        for (int q = 0; q < PER; q++) {
+            const int i = threadIdx.x + q * NT;
+            put4(dst + (i / (COLS / 4)) * ld + (i % (COLS / 4)) * 4, v[q]);
+        }
+    }
+};
+
+template <int TRANS>
+__global__ void __launch_bounds__(256, 2) /* two blocks per SM: at most 128 registers */
+    k_grouped_f32_wide(float *Y, const float *X, const float *W, arl_cuda_moe_plan P, int64_t N,
+                       int64_t K, float beta) {
+    constexpr int BLD = FW_BLD(TRANS), BROWS = FW_BROWS(TRANS);
+    constexpr int A_BYTES = 2 * BM * WLD * 2;
+    extern __shared__ float sm[];
+    unsigned char *raw = reinterpret_cast<unsigned char *>(sm);
+    __nv_bfloat16(*As)[BM][WLD] = reinterpret_cast<__nv_bfloat16(*)[BM][WLD]>(raw);
+    __nv_bfloat16(*Bs)[BROWS][BLD] = reinterpret_cast<__nv_bfloat16(*)[BROWS][BLD]>(raw + A_BYTES);
+    float *Cs = sm; /* (BM, FW_N + 4) after the last slab */
+    typedef typename std::conditional<TRANS, wmma::col_major, wmma::row_major>::type b_layout;
+    int32_t e, r0, nr;
+    if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
+    const int64_t n0 = (int64_t)blockIdx.y * FW_N;
+    const float *We = W + (int64_t)e * N * K;
+    const int warp = threadIdx.x / 32, wr = warp / 4, wc = warp % 4;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            wmma::fill_fragment(acc[i][j], 0.0f);
+    const int64_t nslab = (K + WK - 1) / WK;
+    /* the slab's X rows (64 x 32) and W_e block (128 x 32, or 32 x 128 when W_e is (K, N));
+     * zeros past the expert's rows, K and N (N, K multiples of 4: each float4 wholly in or out) */
+    f4_slab<BM, WK, 256> ra;
+    f4_slab<BROWS, TRANS ? WK : FW_N, 256> rb;
+    auto fetch = [&](int64_t slab) {
+        const int64_t k0 = slab * WK;
+        ra.fetch([&](int r, int c) -> const float * {
+            return r < nr && k0 + c < K ? X + (int64_t)(r0 + r) * K + k0 + c : nullptr;
+        });
+        rb.fetch([&](int r, int c) -> const float * {
+            if (TRANS) /* r: n, c: k */
+                return n0 + r < N && k0 + c < K ? We + (n0 + r) * K + k0 + c : nullptr;
+            return k0 + r < K && n0 + c < N ? We + (k0 + r) * N + n0 + c : nullptr;
+        });
+    };
+    fetch(0);
+    ra.stash(&As[0][0][0], WLD);
+    rb.stash(&Bs[0][0][0], BLD);
+    __syncthreads();
+    for (int64_t sl = 0; sl < nslab; sl++) {
+        const int buf = (int)(sl & 1);
+        if (sl + 1 < nslab) fetch(sl + 1); /* in flight during the products */
+        for (int ks = 0; ks < WK; ks += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, b_layout> fb[2];
+            for (int i = 0; i < 2; i++)
+                wmma::load_matrix_sync(fa[i], &As[buf][wr * 32 + i * 16][ks], WLD);
+            for (int j = 0; j < 2; j++) {
+                if (TRANS)
+                    wmma::load_matrix_sync(fb[j], &Bs[buf][wc * 32 + j * 16][ks], BLD);
+                else
+                    wmma::load_matrix_sync(fb[j], &Bs[buf][ks][wc * 32 + j * 16], BLD);
+            }
+            mma_2xn<2>(acc, fa, fb);
+        }
+        /* the other buffer was last read in slab sl - 1, before the barrier that ended it */
+        if (sl + 1 < nslab) {
+            ra.stash(&As[buf ^ 1][0][0], WLD);
+            rb.stash(&Bs[buf ^ 1][0][0], BLD);
+        }
+        __syncthreads();
+    }
+    store_2xn<FW_N + 4, 2>(Cs, acc, wr, wc);
+    __syncthreads();
+    tile_out<FW_N, FW_N + 4>(Y, Cs, r0, nr, n0, N, beta);
+}
+
+static void grouped_f32_wide(float *Y, const float *X, const float *W, int32_t trans_w,
+                             const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta,
+                             arl_cuda_ctx *c) {
+    ARL_ASSERT(((uintptr_t)X | (uintptr_t)W) % 16 == 0);
+    const dim3 grid(max_row_tiles(plan), (unsigned)((N + FW_N - 1) / FW_N));
+    if (trans_w)
+        k_grouped_f32_wide<1><<<grid, 256, fw_smem(1), c->stream>>>(Y, X, W, *plan, N, K, beta);
+    else
+        k_grouped_f32_wide<0><<<grid, 256, fw_smem(0), c->stream>>>(Y, X, W, *plan, N, K, beta);
 }
 
 extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W,
@@ -555,50 +669,72 @@ __global__ void k_grouped_wgrad(float *dW, const float *dY, const float *X, arl_
         }
 }
 
-/* The same on tensor cores for the bf16 math mode: dY and X rows rounded to bf16 as they are
- * staged (Ys[r][n] read as dY^T in column-major, Xs[r][c] row-major), 4 warps in 2x2 over the
- * 64x64 tile with 2x2 WMMA fragments each, fp32 accumulation over the expert's rows in order. */
-__global__ void k_grouped_wgrad_bf16(float *dW, const float *dY, const float *X,
-                                     arl_cuda_moe_plan P, int64_t N, int64_t K) {
-    __shared__ __align__(32) __nv_bfloat16 Ys[WK][BN + 8];
-    __shared__ __align__(32) __nv_bfloat16 Xs[WK][BN + 8];
-    __shared__ __align__(32) float Cs[BN][BN + 4];
-    int32_t e = blockIdx.z;
-    int32_t a = P.offsets[e], b = P.offsets[e + 1];
+/* The same on tensor cores for the bf16 math mode: a block per (expert, 64 x 128 tile of dW_e),
+ * 8 warps in 2 x 4 with 2 x 2 WMMA fragments each, the expert's rows in slabs of 32 and in
+ * order (fp32 accumulation).  As in k_grouped_f32_wide, the next slab's dY and X rows are read
+ * into registers while this slab is multiplied, then rounded to bf16 into the other of two
+ * shared buffers: Ys[rr][n] (read as dY^T, a column-major A) and Xs[rr][c] (row-major B). */
+#define WG_YLD (BN + 8)   /* Ys row length (bf16) */
+#define WG_XLD (FW_N + 8) /* Xs row length */
+static constexpr int wg_smem() {
+    return 2 * WK * WG_YLD * 2 + 2 * WK * WG_XLD * 2 > BN * (FW_N + 4) * 4
+               ? 2 * WK * WG_YLD * 2 + 2 * WK * WG_XLD * 2
+               : BN * (FW_N + 4) * 4;
+}
+
+__global__ void __launch_bounds__(256, 2)
+    k_grouped_wgrad_wide(float *dW, const float *dY, const float *X, arl_cuda_moe_plan P, int64_t N,
+                         int64_t K) {
+    extern __shared__ float sm[];
+    unsigned char *raw = reinterpret_cast<unsigned char *>(sm);
+    __nv_bfloat16(*Ys)[WK][WG_YLD] = reinterpret_cast<__nv_bfloat16(*)[WK][WG_YLD]>(raw);
+    __nv_bfloat16(*Xs)[WK][WG_XLD] =
+        reinterpret_cast<__nv_bfloat16(*)[WK][WG_XLD]>(raw + 2 * WK * WG_YLD * 2);
+    float *Cs = sm; /* (BN, FW_N + 4) after the last slab */
+    const int32_t e = blockIdx.z, a = P.offsets[e], b = P.offsets[e + 1];
     if (a == b) return;
-    int64_t n0 = (int64_t)blockIdx.y * BN, c0 = (int64_t)blockIdx.x * BN;
-    int warp = threadIdx.x / 32, wr = warp / 2, wc = warp % 2;
+    const int64_t n0 = (int64_t)blockIdx.y * BN, c0 = (int64_t)blockIdx.x * FW_N;
+    const int warp = threadIdx.x / 32, wr = warp / 4, wc = warp % 4;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++)
             wmma::fill_fragment(acc[i][j], 0.0f);
-    for (int32_t r0 = a; r0 < b; r0 += WK) {
-        for (int i = threadIdx.x; i < WK * (BN / 8); i += blockDim.x) {
-            int rr = i / (BN / 8), j = (i % (BN / 8)) * 8;
-            bool in = r0 + rr < b;
-            int64_t row = in ? r0 + rr : a;
-            load8(&Ys[rr][j], dY + row * N, in, n0 + j, N);
-            load8(&Xs[rr][j], X + row * K, in, c0 + j, K);
-        }
-        __syncthreads();
+    f4_slab<WK, BN, 256> ry;   /* dY rows, columns n0.. */
+    f4_slab<WK, FW_N, 256> rx; /* X rows, columns c0.. */
+    auto fetch = [&](int32_t s0) {
+        ry.fetch([&](int r, int c) -> const float * {
+            return s0 + r < b && n0 + c < N ? dY + (int64_t)(s0 + r) * N + n0 + c : nullptr;
+        });
+        rx.fetch([&](int r, int c) -> const float * {
+            return s0 + r < b && c0 + c < K ? X + (int64_t)(s0 + r) * K + c0 + c : nullptr;
+        });
+    };
+    fetch(a);
+    ry.stash(&Ys[0][0][0], WG_YLD);
+    rx.stash(&Xs[0][0][0], WG_XLD);
+    __syncthreads();
+    for (int32_t s0 = a, buf = 0; s0 < b; s0 += WK, buf ^= 1) {
+        const bool more = s0 + WK < b;
+        if (more) fetch(s0 + WK);
         for (int ks = 0; ks < WK; ks += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> fa[2];
             wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb[2];
             for (int i = 0; i < 2; i++)
-                wmma::load_matrix_sync(fa[i], &Ys[ks][wr * 32 + i * 16], BN + 8);
+                wmma::load_matrix_sync(fa[i], &Ys[buf][ks][wr * 32 + i * 16], WG_YLD);
             for (int j = 0; j < 2; j++)
-                wmma::load_matrix_sync(fb[j], &Xs[ks][wc * 32 + j * 16], BN + 8);
+                wmma::load_matrix_sync(fb[j], &Xs[buf][ks][wc * 32 + j * 16], WG_XLD);
             mma_2xn<2>(acc, fa, fb);
+        }
+        if (more) {
+            ry.stash(&Ys[buf ^ 1][0][0], WG_YLD);
+            rx.stash(&Xs[buf ^ 1][0][0], WG_XLD);
         }
         __syncthreads();
     }
-    store_2x2<BN + 4>(Cs, acc, wr, wc);
+    store_2xn<FW_N + 4, 2>(Cs, acc, wr, wc);
     __syncthreads();
-    float *dWe = dW + (int64_t)e * N * K;
-    for (int i = threadIdx.x; i < BN * BN; i += blockDim.x) {
-        int nn = i / BN, cc = i % BN;
-        if (n0 + nn < N && c0 + cc < K) dWe[(n0 + nn) * K + c0 + cc] += Cs[nn][cc];
-    }
+    const int32_t nr = N - n0 < BN ? (int32_t)(N - n0) : BN;
+    tile_out<FW_N, FW_N + 4>(dW + (int64_t)e * N * K, Cs, (int32_t)n0, nr, c0, K, 1.0f); /* += */
 }
 
 extern "C" void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const float *X,
@@ -606,9 +742,12 @@ extern "C" void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const fl
     arl_cuda_ctx *c = arl_cuda_need();
     if (N == 0 || K == 0) return;
     dim3 grid((unsigned)((K + BN - 1) / BN), (unsigned)((N + BN - 1) / BN), (unsigned)plan->E);
-    if (c->math == ARL_CUDA_MATH_BF16 && N % 16 == 0 && K % 16 == 0)
-        k_grouped_wgrad_bf16<<<grid, 128, 0, c->stream>>>(dW, dY, X, *plan, N, K);
-    else
+    if (c->math == ARL_CUDA_MATH_BF16 && N % 16 == 0 && K % 16 == 0) {
+        ARL_ASSERT(((uintptr_t)dY | (uintptr_t)X) % 16 == 0);
+        k_grouped_wgrad_wide<<<dim3((unsigned)((K + FW_N - 1) / FW_N), grid.y, grid.z), 256,
+                               wg_smem(), c->stream>>>(dW, dY, X, *plan, N, K);
+    } else {
         k_grouped_wgrad<<<grid, 256, 0, c->stream>>>(dW, dY, X, *plan, N, K);
+    }
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_wgrad");
 }

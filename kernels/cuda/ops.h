@@ -221,8 +221,9 @@ void arl_cuda_moe_combine_bwd(float *dyp, float *dp, const float *dy, const floa
  *   Y[R_e] (n_e, N) = X[R_e] (n_e, K) op(W_e) + beta * Y[R_e]
  * W (E, N, K) with trans_w = 1 (nn.Linear weights: Y = X W_e^T), or W (E, K, N) with
  * trans_w = 0 (Y = X W_e, e.g. the input gradient dX = dY W_e).  beta is 0 or 1.  Under
- * ARL_CUDA_MATH_BF16 (N, K multiples of 16) the operands are rounded to bf16 as they are staged
- * and multiplied on tensor cores (fp32 accumulation), as the bf16 math mode does for GEMMs. */
+ * ARL_CUDA_MATH_BF16 (N, K multiples of 16; X, W 16-byte aligned) the operands are rounded to
+ * bf16 as they are staged and multiplied on tensor cores (fp32 accumulation), as the bf16 math
+ * mode does for GEMMs. */
 void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t trans_w,
                            const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta);
 /* The same with bf16 X and W on tensor cores (fp32 accumulation, fp32 Y).  N, K multiples
@@ -230,8 +231,9 @@ void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t tra
 void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W, int32_t trans_w,
                                 const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta);
 /* Weight gradient: dW_e (N, K) += dY[R_e]^T X[R_e] for every expert (experts without rows
- * unchanged); dY (T*k, N), X (T*k, K) fp32.  Under ARL_CUDA_MATH_BF16 (N, K multiples of 16)
- * dY and X are rounded to bf16 and multiplied on tensor cores (fp32 accumulation). */
+ * unchanged); dY (T*k, N), X (T*k, K) fp32.  Under ARL_CUDA_MATH_BF16 (N, K multiples of 16;
+ * dY, X 16-byte aligned) dY and X are rounded to bf16 and multiplied on tensor cores (fp32
+ * accumulation). */
 void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const float *X,
                                  const arl_cuda_moe_plan *plan, int64_t N, int64_t K);
 

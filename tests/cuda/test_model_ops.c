@@ -680,47 +680,102 @@ static void test_moe(void) {
     CT_CASE_END;
 }
 
-/* The wide bf16 tile (kernels/cuda/moe.cu k_grouped_bf16_wide, 64 x 128 per block): N = 272
- * leaves a third column block of 16, K = 80 two and a half K slabs of 32, 200 rows spread over experts with 1 to 70 rows (a partial 64-row tile and an expert
- * with one row); bound per element 2^-7 sum|x w| as for the other bf16 paths. */
-static void test_moe_wide(void) {
-    CT_CASE_BEGIN;
-    const int64_t T = 100, k = 2, E = 6, K = 80, N = 272, R = T * k;
-    int32_t *sel = ct_host(sizeof(int32_t) * R);
-    for (int64_t t = 0; t < T; t++) {
-        sel[t * k] = t == 7 ? 5 : (int32_t)(t % 3);          /* expert 5: one row */
-        sel[t * k + 1] = t < 70 ? 3 : 4; /* 70 rows of expert 3, 30 of expert 4 */
-    }
-    float *x = ct_rand(T * K, -1, 1), *W = ct_rand(E * N * K, -1, 1);
-    int32_t *d_sel = ct_dev_i32(sel, R);
-    int32_t *d_buf = ct_dev_i32(NULL, arl_cuda_moe_plan_ints(T, k, E));
-    arl_cuda_moe_plan plan;
-    arl_cuda_moe_plan_build(&plan, d_buf, d_sel, T, k, E);
-    float *d_x = ct_dev(x, T * K), *d_W = ct_dev(W, E * N * K), *d_yp = ct_dev(NULL, R * N);
-    uint16_t *d_xpb = ct_dev_bytes(NULL, 2 * R * K), *d_Wb = ct_dev_bytes(NULL, 2 * E * N * K);
-    arl_cuda_moe_gather_bf16(d_xpb, d_x, &plan, K);
-    arl_cuda_f32_to_bf16(d_Wb, d_W, E * N * K);
-    arl_cuda_grouped_gemm_bf16(d_yp, d_xpb, d_Wb, 1, &plan, N, K, 0.0f);
-    float *h = ct_get(d_yp, R * N);
-    int32_t *slot = ct_get_i32(plan.slot_row, R);
-    int bad = 0;
-    for (int64_t i = 0; i < R && !bad; i++) {
+/* Checks the wide tiles' rows h (R, N; plan order) against x_t W_e^T (double) plus y0 (beta =
+ * 1; NULL: beta = 0) per element within 2^-7 sum|x w| (bf16 operands); 1 when all pass. */
+static int moe_wide_ok(const char *what, const float *h, const float *y0, const float *x,
+                       const float *W, const int32_t *sel, const int32_t *slot, int64_t R,
+                       int64_t k, int64_t N, int64_t K) {
+    for (int64_t i = 0; i < R; i++) {
         const int64_t t = i / k, e = sel[i], row = slot[i];
-        for (int64_t j = 0; j < N && !bad; j++) {
-            double acc = 0, b = 0;
+        for (int64_t j = 0; j < N; j++) {
+            double acc = y0 ? y0[row * N + j] : 0.0, b = 0;
             for (int64_t c = 0; c < K; c++) {
                 acc += (double)x[t * K + c] * W[(e * N + j) * K + c];
                 b += fabs((double)x[t * K + c] * W[(e * N + j) * K + c]);
             }
             if (!(fabs((double)h[row * N + j] - acc) <= b / 128.0 + 1e-6)) {
-                fprintf(stderr, "grouped_gemm_bf16 wide [%lld, %lld]: %g vs %g\n", (long long)row,
-                        (long long)j, h[row * N + j], acc);
-                bad = 1;
+                fprintf(stderr, "%s [%lld, %lld]: %g vs %g\n", what, (long long)row, (long long)j,
+                        h[row * N + j], acc);
+                return 0;
             }
         }
     }
+    return 1;
+}
+
+/* The wide tiles (kernels/cuda/moe.cu k_grouped_bf16_wide on bf16 operands, k_grouped_f32_wide
+ * on fp32 operands under the bf16 math mode, 64 x 128 per block): N = 272 leaves a third column
+ * block of 16, K = 80 two and a half K slabs of 32, 200 rows spread over experts with 1 to 70
+ * rows (a partial 64-row tile and an expert with one row); bound per element 2^-7 sum|x w| as
+ * for the other bf16 paths.  The fp32 tile in both weight layouts (W (E, N, K) and (E, K, N)),
+ * with beta 0 and 1 (added to what Y held), and the weight gradient's wide tile. */
+static void test_moe_wide(void) {
+    CT_CASE_BEGIN;
+    const int64_t T = 100, k = 2, E = 6, K = 80, N = 272, R = T * k;
+    int32_t *sel = ct_host(sizeof(int32_t) * R);
+    for (int64_t t = 0; t < T; t++) {
+        sel[t * k] = t == 7 ? 5 : (int32_t)(t % 3); /* expert 5: one row */
+        sel[t * k + 1] = t < 70 ? 3 : 4;            /* 70 rows of expert 3, 30 of expert 4 */
+    }
+    float *x = ct_rand(T * K, -1, 1), *W = ct_rand(E * N * K, -1, 1);
+    float *Wt = ct_host(sizeof(float) * E * N * K), *y0 = ct_rand(R * N, -1, 1);
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t c = 0; c < K; c++)
+                Wt[(e * K + c) * N + j] = W[(e * N + j) * K + c];
+    int32_t *d_sel = ct_dev_i32(sel, R);
+    int32_t *d_buf = ct_dev_i32(NULL, arl_cuda_moe_plan_ints(T, k, E));
+    arl_cuda_moe_plan plan;
+    arl_cuda_moe_plan_build(&plan, d_buf, d_sel, T, k, E);
+    float *d_x = ct_dev(x, T * K), *d_W = ct_dev(W, E * N * K), *d_yp = ct_dev(NULL, R * N);
+    float *d_Wt = ct_dev(Wt, E * N * K), *d_xp = ct_dev(NULL, R * K);
+    uint16_t *d_xpb = ct_dev_bytes(NULL, 2 * R * K), *d_Wb = ct_dev_bytes(NULL, 2 * E * N * K);
+    int32_t *slot = ct_get_i32(plan.slot_row, R);
+    arl_cuda_moe_gather_bf16(d_xpb, d_x, &plan, K);
+    arl_cuda_f32_to_bf16(d_Wb, d_W, E * N * K);
+    arl_cuda_grouped_gemm_bf16(d_yp, d_xpb, d_Wb, 1, &plan, N, K, 0.0f);
+    float *h = ct_get(d_yp, R * N);
+    CHECK(moe_wide_ok("grouped_gemm_bf16 wide", h, NULL, x, W, sel, slot, R, k, N, K));
+    free(h);
+    arl_cuda_moe_gather(d_xp, d_x, &plan, K);
+    arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
+    for (int tw = 0; tw < 2; tw++)
+        for (int beta = 0; beta < 2; beta++) {
+            char what[64];
+            snprintf(what, sizeof what, "grouped_gemm fp32 wide trans_w=%d beta=%d", tw, beta);
+            if (arl_cuda_upload(ct_ctx, d_yp, y0, sizeof(float) * (size_t)(R * N))) CHECK(0);
+            arl_cuda_grouped_gemm(d_yp, d_xp, tw ? d_W : d_Wt, tw, &plan, N, K, (float)beta);
+            h = ct_get(d_yp, R * N);
+            CHECK(moe_wide_ok(what, h, beta ? y0 : NULL, x, W, sel, slot, R, k, N, K));
+            free(h);
+        }
+    /* the weight gradient's wide tile (k_grouped_wgrad_wide, 64 x 128 of dW_e per block): dW_e
+     * (N, K) += dY[R_e]^T X[R_e] on y0 as dY, with the same per-element bound */
+    float *dW0 = ct_rand(E * N * K, -1, 1), *d_dW = ct_dev(dW0, E * N * K);
+    float *d_dy = ct_dev(y0, R * N);
+    arl_cuda_grouped_gemm_wgrad(d_dW, d_dy, d_xp, &plan, N, K);
+    arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_FP32);
+    h = ct_get(d_dW, E * N * K);
+    int bad = 0;
+    for (int64_t e = 0; e < E && !bad; e++)
+        for (int64_t j = 0; j < N && !bad; j++)
+            for (int64_t c = 0; c < K && !bad; c++) {
+                double acc = dW0[(e * N + j) * K + c], b = 0;
+                for (int64_t i = 0; i < R; i++)
+                    if (sel[i] == e) {
+                        const double v = (double)y0[(int64_t)slot[i] * N + j] * x[(i / k) * K + c];
+                        acc += v, b += fabs(v);
+                    }
+                const double got = h[(e * N + j) * K + c];
+                if (!(fabs(got - acc) <= b / 128.0 + 1e-5)) {
+                    fprintf(stderr, "grouped_gemm_wgrad wide [%lld, %lld, %lld]: %g vs %g\n",
+                            (long long)e, (long long)j, (long long)c, got, acc);
+                    bad = 1;
+                }
+            }
     CHECK(!bad);
-    free(sel), free(x), free(W), free(h), free(slot);
+    free(h), free(dW0);
+    free(sel), free(x), free(W), free(Wt), free(y0), free(slot);
     CT_CASE_END;
 }
 

@@ -311,9 +311,21 @@ static inline float2 make_float2(float x, float y) {
 struct float4 {
     float x, y, z, w;
 };
+static inline float4 make_float4(float x, float y, float z, float w) {
+    return float4{x, y, z, w};
+}
 struct uint4 {
     uint32_t x, y, z, w;
 };
+struct uint2 {
+    uint32_t x, y;
+};
+struct __nv_bfloat162 { /* .x in the low half, as on the GPU (little-endian) */
+    __nv_bfloat16 x, y;
+};
+static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+    return __nv_bfloat162{__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
+}
 static inline float emu_bf2f(__nv_bfloat16 b) {
     uint32_t u = (uint32_t)b.x << 16;
     float f;
