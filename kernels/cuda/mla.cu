@@ -27,6 +27,7 @@ typedef struct attn_args {
     int64_t Tq, Hm, pos0;
     const int64_t *pos_dev; /* absorbed: pos0 read from device memory (graph replays), or NULL */
     int32_t absorbed;
+    int32_t vec4; /* tensor-core forward: key and value rows copied 16 bytes at a time */
     float scale;
 } attn_args;
 
@@ -186,6 +187,9 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
     const int64_t blk_lo = first_key(A.cu, A.N, q0) / TC_TK * TC_TK;
     const int64_t w_hi = wr0 + 15 < A.Tq - 1 ? wr0 + 15 : A.Tq - 1;
     const int64_t w_lo = wr0 < A.Tq ? first_key(A.cu, A.N, wr0) : A.Tq;
+    /* a tile wholly at or after this first key and before the warp's first row is seen by all
+     * 16 rows (the first key never decreases with the row): no per-score mask there */
+    const int64_t w_lo_all = wr0 + 15 < A.Tq ? first_key(A.cu, A.N, wr0 + 15) : A.Tq;
     const float sl2 = A.scale * 1.4426950408889634f; /* scores in log2 units */
 
     uint32_t qf[DQ / 16][4];
@@ -206,6 +210,23 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
     /* the fp32 key and value rows of the tile from s0 into the stage, asynchronously: zeros
      * past the block's last key and the padded widths */
     const auto issue = [&](int64_t s0) {
+        if (A.vec4) { /* widths, strides and bases multiples of 4 floats: no float4 straddles */
+            for (int idx = threadIdx.x; idx < TC_TK * DQ / 4; idx += 32 * TC_WARPS) {
+                const int64_t s = s0 + idx / (DQ / 4), col = idx % (DQ / 4) * 4;
+                const bool ok = s <= blk_hi && col < nq;
+                const float *src = !ok          ? A.ka
+                                   : col < A.nA ? A.ka + s * A.ka_tok + h * A.ka_head + col
+                                                : A.kb + s * A.kb_tok + h * A.kb_head + col - A.nA;
+                cp_async16(stk + 4 * idx, src, ok);
+            }
+            for (int idx = threadIdx.x; idx < TC_TK * DV / 4; idx += 32 * TC_WARPS) {
+                const int64_t s = s0 + idx / (DV / 4), d = idx % (DV / 4) * 4;
+                const bool ok = s <= blk_hi && d < A.nv;
+                cp_async16(stv + 4 * idx, ok ? A.vp + s * A.v_tok + h * A.v_head + d : A.vp, ok);
+            }
+            cp_async_commit();
+            return;
+        }
         for (int idx = threadIdx.x; idx < TC_TK * DQ; idx += 32 * TC_WARPS) {
             const int64_t s = s0 + idx / DQ, col = idx % DQ;
             const bool ok = s <= blk_hi && col < nq;
@@ -246,16 +267,25 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
                 tc_mma(sc[nt], qf[kc], ks[nt * 8 + g][kc * 8 + t], ks[nt * 8 + g][kc * 8 + 4 + t]);
         }
         float mx0 = m0, mx1 = m1;
+        /* scores in log2 units, masked (-inf) where a row does not see the key unless the
+         * whole tile is visible to the warp (full: one copy of the loop without the tests) */
+        const auto scale_mask = [&](bool full) {
 #pragma unroll
-        for (int nt = 0; nt < TC_TK / 8; nt++)
+            for (int nt = 0; nt < TC_TK / 8; nt++)
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int64_t s = s0 + nt * 8 + 2 * t + j;
-                sc[nt][j] = s >= lo0 && s <= hi0 ? sc[nt][j] * sl2 : -INFINITY;
-                sc[nt][2 + j] = s >= lo1 && s <= hi1 ? sc[nt][2 + j] * sl2 : -INFINITY;
-                mx0 = fmaxf(mx0, sc[nt][j]);
-                mx1 = fmaxf(mx1, sc[nt][2 + j]);
-            }
+                for (int j = 0; j < 2; j++) {
+                    const int64_t s = s0 + nt * 8 + 2 * t + j;
+                    sc[nt][j] = full || (s >= lo0 && s <= hi0) ? sc[nt][j] * sl2 : -INFINITY;
+                    sc[nt][2 + j] =
+                        full || (s >= lo1 && s <= hi1) ? sc[nt][2 + j] * sl2 : -INFINITY;
+                    mx0 = fmaxf(mx0, sc[nt][j]);
+                    mx1 = fmaxf(mx1, sc[nt][2 + j]);
+                }
+        };
+        if (s0 >= w_lo_all && s0 + TC_TK - 1 <= wr0)
+            scale_mask(true);
+        else
+            scale_mask(false);
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
@@ -330,6 +360,11 @@ static int attn_launch_tc(const attn_args *A, arl_cuda_ctx *c, const char *name)
         return 0;
     const int dq = nq <= 64 ? 64 : nq <= 96 ? 96 : nq <= 128 ? 128 : 192;
     const int dv = A->nv <= 64 ? 64 : 128;
+    attn_args V = *A; /* 16-byte copies when every key and value float4 is aligned */
+    const int64_t floats = A->nA | A->nB | A->nv | A->ka_tok | A->ka_head | A->kb_tok | A->kb_head |
+                           A->v_tok | A->v_head;
+    V.vec4 = ((uintptr_t)A->ka | (uintptr_t)A->kb | (uintptr_t)A->vp) % 16 == 0 && floats % 4 == 0;
+    A = &V;
     /* 8 warps (128 queries) per block: the H200 ran the mini shape at 25.9 TFLOP/s with 8
      * and 14.8 with 4 warps per block (session 6, before the asynchronous stage) */
 #define TC_LAUNCH(Q, V)                                                                            \
@@ -589,11 +624,23 @@ __global__ void k_sum_heads(float *dk_pe, const float *per_head, int64_t T, int6
  * banks.  The masks are the forward's: key s is seen by queries s .. the end of its document. */
 #define BW_ROWS 64 /* keys (kv kernel) or queries (q kernel) per block: 4 warps of 16 */
 
-/* a token-major tensor of two parts [a | b] of one head: part widths na, nb (even) */
+/* a token-major tensor of two parts [a | b] of one head: part widths na, nb (even); vec4: both
+ * parts' bases, strides and widths multiples of 4 floats (rows read as float4) */
 typedef struct bw_src {
     const float *a, *b;
     int64_t a_tok, a_head, na, b_tok, b_head, nb;
+    int32_t vec4;
 } bw_src;
+
+/* columns col .. col + 3 (col a multiple of 4) of (tok, head h) of a vec4 source; zeros from
+ * token `end` on and past na + nb */
+__device__ static inline float4 bw_at4(const bw_src &S, int64_t tok, int64_t end, int64_t col,
+                                       int64_t h) {
+    if (tok >= end || col >= S.na + S.nb) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return *reinterpret_cast<const float4 *>(col < S.na
+                                                 ? S.a + tok * S.a_tok + h * S.a_head + col
+                                                 : S.b + tok * S.b_tok + h * S.b_head + col - S.na);
+}
 
 /* element (tok, col) of head h; tokens from `end` on and columns past na + nb are 0 */
 __device__ static inline float bw_at(const bw_src &S, int64_t tok, int64_t end, int64_t col,
@@ -607,6 +654,17 @@ __device__ static inline float bw_at(const bw_src &S, int64_t tok, int64_t end, 
 template <int R, int W>
 __device__ static inline void bw_rows(uint32_t *dst, const bw_src &S, int64_t tok0, int64_t end,
                                       int64_t h) {
+    if (S.vec4 && W % 4 == 0) { /* a float4 per thread and step: two pairs, one 8-byte store */
+        for (int idx = threadIdx.x; idx < R * (W / 4); idx += blockDim.x) {
+            const int j = idx / (W / 4), c4 = idx % (W / 4) * 4;
+            const float4 x = bw_at4(S, tok0 + j, end, c4, h);
+            uint2 u;
+            u.x = tc_pack(x.x, x.y);
+            u.y = tc_pack(x.z, x.w);
+            *reinterpret_cast<uint2 *>(dst + j * (W / 2 + 4) + c4 / 2) = u;
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < R * (W / 2); idx += blockDim.x) {
         const int j = idx / (W / 2), c2 = idx % (W / 2);
         dst[j * (W / 2 + 4) + c2] =
@@ -618,6 +676,18 @@ __device__ static inline void bw_rows(uint32_t *dst, const bw_src &S, int64_t to
 template <int R, int W>
 __device__ static inline void bw_cols(uint32_t *dst, const bw_src &S, int64_t tok0, int64_t end,
                                       int64_t h) {
+    if (S.vec4 && W % 4 == 0) { /* float4 of two tokens per thread and step: four pairs */
+        for (int idx = threadIdx.x; idx < (W / 4) * (R / 2); idx += blockDim.x) {
+            const int c4 = idx % (W / 4) * 4, jp = idx / (W / 4);
+            const float4 x = bw_at4(S, tok0 + 2 * jp, end, c4, h);
+            const float4 y = bw_at4(S, tok0 + 2 * jp + 1, end, c4, h);
+            dst[(c4 + 0) * (R / 2 + 4) + jp] = tc_pack(x.x, y.x);
+            dst[(c4 + 1) * (R / 2 + 4) + jp] = tc_pack(x.y, y.y);
+            dst[(c4 + 2) * (R / 2 + 4) + jp] = tc_pack(x.z, y.z);
+            dst[(c4 + 3) * (R / 2 + 4) + jp] = tc_pack(x.w, y.w);
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < W * (R / 2); idx += blockDim.x) {
         const int c = idx % W, jp = idx / W;
         dst[c * (R / 2 + 4) + jp] =
@@ -706,14 +776,19 @@ __device__ static inline void bw_mma_acc(float (&c)[NJ][4], const float (&x)[2 *
     }
 }
 
+static bw_src bw_vec4(bw_src S) {
+    S.vec4 = ((uintptr_t)S.a | (uintptr_t)S.b) % 16 == 0 &&
+             (S.a_tok | S.a_head | S.na | S.b_tok | S.b_head | S.nb) % 4 == 0;
+    return S;
+}
 static bw_src bw_query(const bwd_args &B) {
-    return {B.q_nope, B.q_pe, B.Hm * B.n, B.n, B.n, B.Hm * B.r, B.r, B.r};
+    return bw_vec4({B.q_nope, B.q_pe, B.Hm * B.n, B.n, B.n, B.Hm * B.r, B.r, B.r, 0});
 }
 static bw_src bw_key(const bwd_args &B) { /* k_pe is shared by the heads */
-    return {B.k_nope, B.k_pe, B.Hm * B.n, B.n, B.n, B.r, 0, B.r};
+    return bw_vec4({B.k_nope, B.k_pe, B.Hm * B.n, B.n, B.n, B.r, 0, B.r, 0});
 }
 static bw_src bw_value(const bwd_args &B, const float *x) { /* v or dO: one part */
-    return {x, x, B.Hm * B.vm, B.vm, B.vm, 0, 0, 0};
+    return bw_vec4({x, x, B.Hm * B.vm, B.vm, B.vm, 0, 0, 0, 0});
 }
 
 /* The dynamic shared memory of a backward kernel, in 32-bit words: the block's own 64 rows at

@@ -261,11 +261,15 @@ static void test_mla(void) {
  * of spec 16.4: max|ref| form, rtol 2e-2, for o; lse (scores of size ~3 here, bf16 error
  * ~1e-2 absolute) atol 2e-2.  Shapes: the tiny config's widths (qk 32+16 padded to 64, v 64)
  * and the mini config's (qk 64+32, v 128); documents of one token, documents crossing the
- * 64-key tile and the 128-query block, and a last partial block; 3 heads. */
-static void mla_tc_case(int64_t n, int64_t r, int64_t vm) {
-    const int32_t N = 5;
+ * 64-key tile and the 128-query block, and a last partial block; 3 heads.  one_doc: the 300
+ * tokens in one document, so that most key tiles are seen whole by a warp's rows (the
+ * forward's unmasked branch); with widths not multiples of 4 (30+18, v 62) the key and value
+ * rows are copied 4 bytes at a time instead of 16. */
+static void mla_tc_case(int64_t n, int64_t r, int64_t vm, int one_doc) {
+    const int32_t N = one_doc ? 1 : 5;
     const int64_t T = 300, Hm = 3;
     int32_t cu[6] = {0, 1, 2, 130, 197, 300};
+    if (one_doc) cu[1] = 300;
     const float scale = 1.0f / sqrtf((float)(n + r));
     float *qn = ct_rand(T * Hm * n, -1, 1), *qp = ct_rand(T * Hm * r, -1, 1);
     float *kn = ct_rand(T * Hm * n, -1, 1), *kp = ct_rand(T * r, -1, 1);
@@ -356,12 +360,15 @@ static void mla_tc_bwd_case(int64_t n, int64_t r, int64_t vm) {
 
 static void test_mla_tc(void) {
     CT_CASE_BEGIN;
-    mla_tc_case(32, 16, 64);
-    mla_tc_case(64, 32, 128);
+    mla_tc_case(32, 16, 64, 0);
+    mla_tc_case(64, 32, 128, 0);
+    mla_tc_case(64, 32, 128, 1);
+    mla_tc_case(30, 18, 62, 1);
     CT_CASE_END;
     mla_tc_bwd_case(32, 16, 64);  /* tiny: qk 64, v 64 */
     mla_tc_bwd_case(64, 32, 128); /* mini: qk 96, v 128 */
     mla_tc_bwd_case(128, 64, 96); /* full scale's qk 192 (32-query tiles), v 96 padded to 128 */
+    mla_tc_bwd_case(30, 18, 62);  /* widths not multiples of 4: tiles read a float at a time */
 }
 
 /* ---------------------------------------------------------------- AttnRes */
