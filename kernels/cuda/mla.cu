@@ -829,6 +829,9 @@ __global__ void __launch_bounds__(128)
     const int64_t q_hi = last_query(B.cu, B.N, T, kl);
     const int64_t wk = k0 + 16 * w, wkl = wk + 15 < T - 1 ? wk + 15 : T - 1;
     const int64_t w_hi = wk < T ? last_query(B.cu, B.N, T, wkl) : -1;
+    /* a query tile after the warp's last key and at most this last query (the first key's; it
+     * never decreases with the key) is seen by all 16 keys: no per-pair mask there */
+    const int64_t w_e_all = wk + 15 < T ? last_query(B.cu, B.N, T, wk) : -1;
     const float sl2 = B.scale * 1.4426950408889634f;
 
     bw_rows<BW_ROWS, DQ>(ks, K, k0, T, h);
@@ -851,18 +854,29 @@ __global__ void __launch_bounds__(128)
         if (q0 > w_hi || q0 + QT - 1 < wk) continue; /* no key of this warp is seen */
         float st[QT / 8][4], dp[QT / 8][4];          /* S^T, dP^T: (16 keys, QT queries) */
         bw_products<DQ, DV>(st, dp, ks + 16 * w * SQ, qs, vs + 16 * w * SV, gs);
+        const auto probs =
+            [&](bool full) { /* P and dS; full: every pair seen, no tests */
 #pragma unroll
-        for (int nt = 0; nt < QT / 8; nt++)
+                             for (int nt = 0; nt < QT / 8; nt++)
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int col = nt * 8 + 2 * t + j;
-                const int64_t tq = q0 + col;
-                const float p0 = tq >= s0 && tq <= e0 ? exp2f(st[nt][j] * sl2 - l2[col]) : 0.0f;
-                const float p1 = tq >= s1 && tq <= e1 ? exp2f(st[nt][2 + j] * sl2 - l2[col]) : 0.0f;
-                st[nt][j] = p0, st[nt][2 + j] = p1;
-                dp[nt][j] = p0 * (dp[nt][j] - dd[col]);
-                dp[nt][2 + j] = p1 * (dp[nt][2 + j] - dd[col]);
-            }
+                                 for (int j = 0; j < 2; j++) {
+                                     const int col = nt * 8 + 2 * t + j;
+                                     const int64_t tq = q0 + col;
+                                     const float p0 = full || (tq >= s0 && tq <= e0)
+                                                          ? exp2f(st[nt][j] * sl2 - l2[col])
+                                                          : 0.0f;
+                                     const float p1 = full || (tq >= s1 && tq <= e1)
+                                                          ? exp2f(st[nt][2 + j] * sl2 - l2[col])
+                                                          : 0.0f;
+                                     st[nt][j] = p0, st[nt][2 + j] = p1;
+                                     dp[nt][j] = p0 * (dp[nt][j] - dd[col]);
+                                     dp[nt][2 + j] = p1 * (dp[nt][2 + j] - dd[col]);
+                                 }
+            };
+        if (q0 >= wk + 15 && q0 + QT - 1 <= w_e_all)
+            probs(true);
+        else
+            probs(false);
         bw_mma_acc<QT / 16, DV / 8>(dv, st, gt, ST); /* dV += P^T dO */
         bw_mma_acc<QT / 16, DQ / 8>(dk, dp, qt, ST); /* dK += dS^T Q */
     }
@@ -906,6 +920,8 @@ __global__ void __launch_bounds__(128)
     const int64_t blk_hi = q0 + BW_ROWS - 1 < T - 1 ? q0 + BW_ROWS - 1 : T - 1;
     const int64_t wr = q0 + 16 * w, w_hi = wr + 15 < T - 1 ? wr + 15 : T - 1;
     const int64_t w_lo = wr < T ? first_key(B.cu, B.N, wr) : T;
+    /* key tiles that all 16 rows see whole, as in the forward: no per-pair mask there */
+    const int64_t w_lo_all = wr + 15 < T ? first_key(B.cu, B.N, wr + 15) : T;
     const float sl2 = B.scale * 1.4426950408889634f;
 
     bw_rows<BW_ROWS, DQ>(qs, Q, q0, T, h);
@@ -921,16 +937,27 @@ __global__ void __launch_bounds__(128)
         if (k0 > w_hi || k0 + KT - 1 < w_lo) continue; /* no query of this warp sees the tile */
         float sc[KT / 8][4], dp[KT / 8][4];            /* S, dP: (16 queries, KT keys) */
         bw_products<DQ, DV>(sc, dp, qs + 16 * w * SQ, ks, gs + 16 * w * SV, vs);
+        const auto dscores =
+            [&](bool full) { /* dS; full: every pair seen, no tests */
 #pragma unroll
-        for (int nt = 0; nt < KT / 8; nt++)
+                             for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                const int64_t s = k0 + nt * 8 + 2 * t + j;
-                const float p0 = s >= lo0 && s <= hi0 ? exp2f(sc[nt][j] * sl2 - l20) : 0.0f;
-                const float p1 = s >= lo1 && s <= hi1 ? exp2f(sc[nt][2 + j] * sl2 - l21) : 0.0f;
-                dp[nt][j] = p0 * (dp[nt][j] - D0);
-                dp[nt][2 + j] = p1 * (dp[nt][2 + j] - D1);
-            }
+                                 for (int j = 0; j < 2; j++) {
+                                     const int64_t s = k0 + nt * 8 + 2 * t + j;
+                                     const float p0 = full || (s >= lo0 && s <= hi0)
+                                                          ? exp2f(sc[nt][j] * sl2 - l20)
+                                                          : 0.0f;
+                                     const float p1 = full || (s >= lo1 && s <= hi1)
+                                                          ? exp2f(sc[nt][2 + j] * sl2 - l21)
+                                                          : 0.0f;
+                                     dp[nt][j] = p0 * (dp[nt][j] - D0);
+                                     dp[nt][2 + j] = p1 * (dp[nt][2 + j] - D1);
+                                 }
+            };
+        if (k0 >= w_lo_all && k0 + KT - 1 <= wr)
+            dscores(true);
+        else
+            dscores(false);
         bw_mma_acc<KT / 16, DQ / 8>(dq, dp, kt, ST); /* dQ += dS K */
     }
     bw_store_qk<DQ>(dq, r0, h, B, B.dq_nope, B.dq_pe, false);
