@@ -224,11 +224,11 @@ static void bench_moe(const char *tag, int64_t T, int64_t E, int64_t k, int64_t 
      * as staged under the bf16 math mode): forward (W (N, K)), input gradient (W read as
      * (K, N)) and weight gradient, each against the same dense bf16 rate */
     float f_ms, x_ms, w_ms;
-    float *dx = dalloc(sizeof(float) * (size_t)(R * K), "dX"), *dw = w32;
+    float *dx = dalloc(sizeof(float) * (size_t)(R * K), "dX");
     arl_cuda_set_math(ctx, ARL_CUDA_MATH_BF16);
     TIME_MS(f_ms, 10, arl_cuda_grouped_gemm(y, x32, w32, 1, &plan, Nout, K, 0.0f));
     TIME_MS(x_ms, 10, arl_cuda_grouped_gemm(dx, y, w32, 0, &plan, K, Nout, 0.0f));
-    TIME_MS(w_ms, 10, arl_cuda_grouped_gemm_wgrad(dw, y, x32, &plan, Nout, K));
+    TIME_MS(w_ms, 10, arl_cuda_grouped_gemm_wgrad(w32, y, x32, &plan, Nout, K));
     arl_cuda_set_math(ctx, ARL_CUDA_MATH_FP32);
     const double f_tf = fl / (f_ms * 1e-3) / 1e12, x_tf = fl / (x_ms * 1e-3) / 1e12,
                  w_tf = fl / (w_ms * 1e-3) / 1e12;

@@ -354,21 +354,18 @@ __device__ static inline void tile_out(float *Y, const float *Cs, int32_t r0, in
     }
 }
 
-/* TRANS = 1: W_e (N, K) row-major is B = W_e^T in column-major with ld K, staged as
- * Bs[nn][kk]; TRANS = 0: W_e (K, N) row-major, staged as Bs[kk][nn].  IN: the operands'
- * element type in memory (__nv_bfloat16, or float rounded to bf16 when staged); launched for
- * bf16 operands with trans_w = 0 (the other cases take the wide tiles below). */
-template <int TRANS, class IN>
-__global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_plan P, int64_t N,
-                               int64_t K, float beta) {
+/* The tile for bf16 operands and W (E, K, N) (trans_w = 0; trans_w = 1 takes the wide tile
+ * below): 64 x 64 outputs, 4 warps in 2x2 with 2x2 WMMA fragments each; W_e (K, N) row-major
+ * staged as Bs[kk][nn] (a row-major B). */
+__global__ void k_grouped_bf16_kn(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                                  arl_cuda_moe_plan P, int64_t N, int64_t K, float beta) {
     __shared__ __align__(32) __nv_bfloat16 As[BM][WK + 8];
-    __shared__ __align__(32) __nv_bfloat16 Bs[TRANS ? BN : WK][TRANS ? WK + 8 : BN + 8];
+    __shared__ __align__(32) __nv_bfloat16 Bs[WK][BN + 8];
     __shared__ __align__(32) float Cs[BM][BN + 4];
-    typedef typename std::conditional<TRANS, wmma::col_major, wmma::row_major>::type b_layout;
     int32_t e, r0, nr;
     if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
     int64_t n0 = (int64_t)blockIdx.y * BN;
-    const IN *We = W + (int64_t)e * N * K;
+    const __nv_bfloat16 *We = W + (int64_t)e * N * K;
     int warp = threadIdx.x / 32, wr = warp / 2, wc = warp % 2;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
     for (int i = 0; i < 2; i++)
@@ -379,31 +376,19 @@ __global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_
             int r = i / (WK / 8), kk = (i % (WK / 8)) * 8;
             load8(&As[r][kk], X + (int64_t)(r0 + (r < nr ? r : 0)) * K, r < nr, k0 + kk, K);
         }
-        if (TRANS) {
-            for (int i = threadIdx.x; i < BN * (WK / 8); i += blockDim.x) {
-                int nn = i / (WK / 8), kk = (i % (WK / 8)) * 8;
-                bool ok = n0 + nn < N;
-                load8(&Bs[nn][kk], We + (ok ? n0 + nn : 0) * K, ok, k0 + kk, K);
-            }
-        } else {
-            for (int i = threadIdx.x; i < WK * (BN / 8); i += blockDim.x) {
-                int kk = i / (BN / 8), nn = (i % (BN / 8)) * 8;
-                bool ok = k0 + kk < K;
-                load8(&Bs[kk][nn], We + (ok ? k0 + kk : 0) * N, ok, n0 + nn, N);
-            }
+        for (int i = threadIdx.x; i < WK * (BN / 8); i += blockDim.x) {
+            int kk = i / (BN / 8), nn = (i % (BN / 8)) * 8;
+            bool ok = k0 + kk < K;
+            load8(&Bs[kk][nn], We + (ok ? k0 + kk : 0) * N, ok, n0 + nn, N);
         }
         __syncthreads();
         for (int ks = 0; ks < WK; ks += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, b_layout> fb[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb[2];
             for (int i = 0; i < 2; i++)
                 wmma::load_matrix_sync(fa[i], &As[wr * 32 + i * 16][ks], WK + 8);
-            for (int j = 0; j < 2; j++) {
-                if (TRANS)
-                    wmma::load_matrix_sync(fb[j], &Bs[wc * 32 + j * 16][ks], WK + 8);
-                else
-                    wmma::load_matrix_sync(fb[j], &Bs[ks][wc * 32 + j * 16], BN + 8);
-            }
+            for (int j = 0; j < 2; j++)
+                wmma::load_matrix_sync(fb[j], &Bs[ks][wc * 32 + j * 16], BN + 8);
             mma_2xn<2>(acc, fa, fb);
         }
         __syncthreads();
@@ -418,15 +403,17 @@ __global__ void k_grouped_bf16(float *Y, const IN *X, const IN *W, arl_cuda_moe_
  * each, K in slabs of 32
  * copied with cp.async into two shared buffers, so the next slab loads while this one is
  * multiplied; the fp32 tile is staged in shared memory (over the operand buffers) and written
- * with beta as k_grouped_bf16 does. */
+ * with beta as k_grouped_bf16_kn does. */
 #define WLD (WK + 8)
 
-/* shared bytes of the wide tile with NJ fragments per warp in N: the two operand buffers, or
- * the fp32 output tile staged over them, whichever is larger */
+/* dynamic shared bytes of a wide tile: its operand buffers, or the fp32 output tile staged over
+ * them after the last slab, whichever is larger */
+static constexpr int smem_over(int operands, int out) {
+    return operands > out ? operands : out;
+}
+/* the bf16 wide tile with NJ fragments per warp in N */
 static constexpr int wide_smem(int NJ) {
-    return 2 * BM * WLD * 2 + 2 * (64 * NJ) * WLD * 2 > BM * (64 * NJ + 4) * 4
-               ? 2 * BM * WLD * 2 + 2 * (64 * NJ) * WLD * 2
-               : BM * (64 * NJ + 4) * 4;
+    return smem_over(2 * BM * WLD * 2 + 2 * (64 * NJ) * WLD * 2, BM * (64 * NJ + 4) * 4);
 }
 
 template <int NJ>
@@ -501,11 +488,10 @@ __global__ void __launch_bounds__(256)
 #define FW_BLD(T) ((T) ? WLD : FW_N + 8) /* the B stage's row length (bf16) */
 #define FW_BROWS(T) ((T) ? FW_N : WK)    /* and its rows */
 
-/* shared bytes: the two operand buffers, or the fp32 output tile staged over them */
+/* the fp32-operand wide tile's shared bytes (smem_over) */
 static constexpr int fw_smem(int trans) {
-    return 2 * BM * WLD * 2 + 2 * FW_BROWS(trans) * FW_BLD(trans) * 2 > BM * (FW_N + 4) * 4
-               ? 2 * BM * WLD * 2 + 2 * FW_BROWS(trans) * FW_BLD(trans) * 2
-               : BM * (FW_N + 4) * 4;
+    return smem_over(2 * BM * WLD * 2 + 2 * FW_BROWS(trans) * FW_BLD(trans) * 2,
+                     BM * (FW_N + 4) * 4);
 }
 
 /* four fp32 values rounded to bf16 (nearest even) into dst (8-byte aligned) */
@@ -632,7 +618,7 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
         k_grouped_bf16_wide<2><<<dim3(max_row_tiles(plan), (unsigned)((N + 127) / 128)), 256,
                                  wide_smem(2), c->stream>>>(Y, xb, wb, *plan, N, K, beta);
     else
-        k_grouped_bf16<0, __nv_bfloat16><<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
+        k_grouped_bf16_kn<<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_bf16");
 }
 
@@ -677,9 +663,7 @@ __global__ void k_grouped_wgrad(float *dW, const float *dY, const float *X, arl_
 #define WG_YLD (BN + 8)   /* Ys row length (bf16) */
 #define WG_XLD (FW_N + 8) /* Xs row length */
 static constexpr int wg_smem() {
-    return 2 * WK * WG_YLD * 2 + 2 * WK * WG_XLD * 2 > BN * (FW_N + 4) * 4
-               ? 2 * WK * WG_YLD * 2 + 2 * WK * WG_XLD * 2
-               : BN * (FW_N + 4) * 4;
+    return smem_over(2 * WK * WG_YLD * 2 + 2 * WK * WG_XLD * 2, BN * (FW_N + 4) * 4);
 }
 
 __global__ void __launch_bounds__(256, 2)
