@@ -314,12 +314,202 @@ static int64_t invert_smem_floats(int64_t C) {
     return C * (C + 1) + (nb - 1) * KDA_SUB * KDA_SUB;
 }
 
+/* ---- products on tensor cores, 3xTF32 (kernel 1's W and U, both state passes, k_kda_cbwd) ----
+ * The products run as mma.sync m16n8k8 with tf32 operands and fp32 accumulators.  Each fp32
+ * operand x is split as x = hi + lo, hi = tf32(x), lo = tf32(x - hi) (round to nearest), and a
+ * b is taken as hi_a hi_b + hi_a lo_b + lo_a hi_b: what is left out (lo_a lo_b and the split's
+ * rounding) is below 2^-21 of |a b|, so the products stay fp32-class (spec 1.4 keeps the KDA
+ * state and its gradients in fp32) at three tensor-core products per fp32 one.
+ * Fragment layout (PTX ISA, mma.m16n8k8 .tf32, g = lane / 4, t = lane % 4): A {a0..a3} hold
+ * (row g, col t), (row g + 8, col t), (row g, col t + 4), (row g + 8, col t + 4); B {b0, b1}
+ * hold (k t, col g), (k t + 4, col g); C {c0..c3} hold (row g, cols 2t, 2t + 1) and (row g + 8,
+ * cols 2t, 2t + 1). */
+#define SP_ROWS 64        /* nA <= SP_ROWS (4 warps of 16 rows) */
+#define SP_COLS 128       /* nB <= SP_COLS (2 warps of 64 columns) */
+#define TJ 32             /* reduction slice of a staged product */
+#define TJP (TJ + 4)      /* row stride of the (rows, TJ) slices: fragment reads hit 32 banks */
+#define TNP (SP_COLS + 8) /* row stride of the (TJ, nB) slice: the same */
+
+__device__ static inline uint32_t tf32_bits(float x) { /* round to nearest, ties away */
+#if defined(__CUDACC__)
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r & 0xffffe000u;
+#else
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+#endif
+}
+
+__device__ static inline void tf32_split(float x, uint32_t &hi, uint32_t &lo) {
+    hi = tf32_bits(x);
+    lo = tf32_bits(x - __uint_as_float(hi));
+}
+
+/* c += a b for one m16n8k8 tile from the split operands (ah + al, bh + bl), lo_a lo_b left out */
+#if defined(__CUDACC__)
+__device__ static inline void tf32_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ static inline void tf32_mma3(float c[4], const uint32_t ah[4], const uint32_t al[4],
+                                        const uint32_t bh[2], const uint32_t bl[2]) {
+    tf32_mma(c, al, bh[0], bh[1]);
+    tf32_mma(c, ah, bl[0], bl[1]);
+    tf32_mma(c, ah, bh[0], bh[1]);
+}
+#else /* the CPU emulator (tests/cuda/emu): the warp's fragments gathered through a per-warp       \
+       * table (one block runs at a time), the same sums in fp32 */
+static inline void tf32_mma3(float c[4], const uint32_t ah[4], const uint32_t al[4],
+                             const uint32_t bh[2], const uint32_t bl[2]) {
+    static uint32_t fr[32][32][12]; /* [warp][lane]: ah, al, bh, bl */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    uint32_t *me = fr[w][lane];
+    for (int i = 0; i < 4; i++)
+        me[i] = ah[i], me[4 + i] = al[i];
+    for (int i = 0; i < 2; i++)
+        me[8 + i] = bh[i], me[10 + i] = bl[i];
+    __syncwarp();
+    for (int e = 0; e < 4; e++) { /* c[e]: row g + 8 (e / 2), col 2t + e % 2 */
+        const int hh = e >> 1, col = 2 * t + (e & 1);
+        float sum = 0.0f;
+        for (int kk = 0; kk < 8; kk++) {
+            const uint32_t *a = fr[w][4 * g + (kk & 3)], *b = fr[w][4 * col + (kk & 3)];
+            const int ai = hh + 2 * (kk >> 2), bi = kk >> 2;
+            sum += __uint_as_float(a[ai]) * __uint_as_float(b[8 + bi]) +
+                   __uint_as_float(a[ai]) * __uint_as_float(b[10 + bi]) +
+                   __uint_as_float(a[4 + ai]) * __uint_as_float(b[8 + bi]);
+        }
+        c[e] += sum;
+    }
+    __syncwarp();
+}
+#endif
+
+/* c[j] += the (16, 8) tiles j < nj (warp-uniform, nj <= NJ) of A B over k < K (a multiple of
+ * 8), 3xTF32, for the calling warp: a(r, k) is A's element (r < 16), b(k, col) B's (col < 8 nj),
+ * both relative to the tile's origin.  Each k step's A fragment is split once for all nj tiles. */
+template <int NJ, class FA, class FB>
+__device__ static inline void warp_mma(float (&c)[NJ][4], int nj, FA a, FB b, int64_t K) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int64_t k0 = 0; k0 < K; k0 += 8) {
+        uint32_t ah[4], al[4];
+        tf32_split(a(g, k0 + t), ah[0], al[0]);
+        tf32_split(a(g + 8, k0 + t), ah[1], al[1]);
+        tf32_split(a(g, k0 + t + 4), ah[2], al[2]);
+        tf32_split(a(g + 8, k0 + t + 4), ah[3], al[3]);
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            if (j >= nj) break;
+            uint32_t bh[2], bl[2];
+            tf32_split(b(k0 + t, 8 * j + g), bh[0], bl[0]);
+            tf32_split(b(k0 + t + 4, 8 * j + g), bh[1], bl[1]);
+            tf32_mma3(c[j], ah, al, bh, bl);
+        }
+    }
+}
+
+/* f(j, e, r, col) for element e of each of the calling lane's C fragments j < NJ: row r < 16 and
+ * column col < 8 NJ of the warp's tile. */
+template <int NJ, class F> __device__ static inline void frag_each(F f) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            f(j, e, g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1));
+}
+
+/* One term of a staged product: A has nA rows lda apart, K wide (at: A^T is given, K rows lda
+ * apart, nA wide); B has nB rows ldb apart, K wide ("A B^T", B_T) or K rows ldb apart, nB wide
+ * ("A B"). */
+struct prod_term {
+    const float *A;
+    int64_t lda;
+    const float *B;
+    int64_t ldb, K;
+    bool at;
+};
+
+/* A staged product's accumulators: per warp a 16 x 64 tile of the (64, 128) output, as 8
+ * m16n8 C fragments (tile_each maps them to rows and columns). */
+typedef float prod_acc[8][4];
+
+/* Shared floats of a staged product's slices: As (SP_ROWS, TJP) and Bs (SP_COLS, TJP) or
+ * (TJ, TNP). */
+static int64_t staged_smem_floats(void) {
+    const int64_t bt = SP_COLS * TJP, bn = TJ * TNP;
+    return SP_ROWS * TJP + (bt > bn ? bt : bn);
+}
+
+/* acc = the sum over the two terms (t2.K = 0: none) of A B^T or A B, for nA <= SP_ROWS rows and
+ * nB <= SP_COLS columns, 256 threads: warp w owns rows 16 (w % 4) .. + 16 and columns
+ * 64 (w / 4) .. + 64.  Slices of TJ along K pass through shared memory from coalesced global
+ * reads, zero past nA, nB and K (the fragments read whole 8-wide k steps); each warp's A
+ * fragment of a k step is split once and meets its 8 column tiles.  Rows and columns past nA, nB
+ * hold zeros.  Starts and ends with a barrier: global writes before the call are visible to the
+ * loads, and the caller may reuse the slices' memory at once. */
+template <bool B_T>
+__device__ static void staged_product(prod_acc &acc, prod_term t1, prod_term t2, int64_t nA,
+                                      int64_t nB, float *As, float *Bs, int tid, int nt) {
+    const int w = tid >> 5;
+    const int64_t rb = 16 * (w & 3), cb = 64 * (w >> 2);
+    const bool busy = rb < nA && cb < nB; /* warp-uniform */
+    const int64_t NA = SP_ROWS, NB = SP_COLS;
+    frag_each<8>([&](int j, int e, int, int) { acc[j][e] = 0.0f; });
+    for (int p = 0; p < 2; p++) {
+        const prod_term t = p == 0 ? t1 : t2;
+        for (int64_t j0 = 0; j0 < t.K; j0 += TJ) {
+            const int64_t nj = t.K - j0 < TJ ? t.K - j0 : TJ;
+            __syncthreads(); /* the previous slice is consumed; earlier global writes visible */
+            for (int64_t i = tid; i < NA * TJ; i += nt) { /* coalesced in either layout */
+                const int64_t r = t.at ? i % NA : i / TJ, jj = t.at ? i / NA : i % TJ;
+                const bool ok = r < nA && jj < nj;
+                As[r * TJP + jj] =
+                    ok ? (t.at ? t.A[(j0 + jj) * t.lda + r] : t.A[r * t.lda + j0 + jj]) : 0.0f;
+            }
+            if (B_T)
+                for (int64_t i = tid; i < NB * TJ; i += nt) {
+                    const int64_t s = i / TJ, jj = i % TJ;
+                    Bs[s * TJP + jj] = s < nB && jj < nj ? t.B[s * t.ldb + j0 + jj] : 0.0f;
+                }
+            else
+                for (int64_t i = tid; i < TJ * NB; i += nt) {
+                    const int64_t jj = i / NB, s = i % NB;
+                    Bs[jj * TNP + s] = jj < nj && s < nB ? t.B[(j0 + jj) * t.ldb + s] : 0.0f;
+                }
+            __syncthreads();
+            if (!busy) continue;
+            const float *a0 = As + rb * TJP, *b0 = B_T ? Bs + cb * TJP : Bs + cb;
+            const int ntile = nB - cb >= 64 ? 8 : (int)((nB - cb + 7) / 8);
+            warp_mma<8>(
+                acc, ntile, [&](int64_t r, int64_t k) { return a0[r * TJP + k]; },
+                [&](int64_t k, int64_t col) { return B_T ? b0[col * TJP + k] : b0[k * TNP + col]; },
+                (nj + 7) & ~(int64_t)7);
+        }
+    }
+    __syncthreads();
+}
+
+/* f(r, s, x) for each element (r, s) = x of the staged product's output this thread holds,
+ * r < nA, s < nB. */
+template <class F>
+__device__ static inline void tile_each(const prod_acc &acc, int tid, int64_t nA, int64_t nB, F f) {
+    const int w = tid >> 5;
+    const int64_t rb = 16 * (w & 3), cb = 64 * (w >> 2);
+    frag_each<8>([&](int j, int e, int r, int col) {
+        if (rb + r < nA && cb + col < nB) f(rb + r, cb + col, acc[j][e]);
+    });
+}
+
 /* Shared floats of kernel 1: Ks, Qs, Gs (C, LD), A (C, C + 1), beta (C), then a region that
- * holds the factored pair products' XR (C, LD), LK and LQ (KDA_SUB, LD) and flag, and after
- * them invert_unit_lower's Xo and Rb. */
+ * holds the factored pair products' XR (C, LD), LK and LQ (KDA_SUB, LD) and flag, after
+ * them invert_unit_lower's Xo and Rb, and last the staged products' slices. */
 static size_t prep_smem_floats(int64_t dk, int64_t dv, int64_t C, int factored) {
     const int64_t LD = (dk > dv ? dk : dv) + 1;
     int64_t work = invert_smem_floats(C);
+    if (staged_smem_floats() > work) work = staged_smem_floats();
     if (factored && C * LD + 2 * KDA_SUB * LD + 1 > work) work = C * LD + 2 * KDA_SUB * LD + 1;
     return (size_t)(3 * C * LD + C * (C + 1) + C + work);
 }
@@ -389,180 +579,190 @@ __global__ void k_kda_chunk_prep(float *ws, const int32_t *ix, const float *q, c
         Qs[r * LD + c] = bs[r] * v[((t0 + r) * H + h) * dv + c];
     }
     __syncthreads();
-    /* (4) W = T X_w, U = T X_u (T unit lower triangular) */
-    for (int64_t i = tid; i < n * dk; i += nt) {
-        int64_t r = i / dk, c = i % dk;
-        float acc = Ks[r * LD + c];
-        for (int64_t s = 0; s < r; s++)
-            acc += A[r * LA + s] * Ks[s * LD + c];
-        P.W[r * dk + c] = acc;
+    /* (4) W = T X_w = X_w + (T - I) X_w, U = T X_u likewise: staged products (A holds T - I,
+     * zero on and above the diagonal and past row n; the region after beta is free again) */
+    float *As = bs + C, *Bs = As + SP_ROWS * TJP;
+    prod_acc acc;
+    {
+        const prod_term t = {A, LA, Ks, LD, n}, none = {};
+        staged_product<false>(acc, t, none, n, dk, As, Bs, tid, nt);
+        tile_each(acc, tid, n, dk,
+                  [&](int64_t r, int64_t c, float x) { P.W[r * dk + c] = Ks[r * LD + c] + x; });
     }
-    for (int64_t i = tid; i < n * dv; i += nt) {
-        int64_t r = i / dv, c = i % dv;
-        float acc = Qs[r * LD + c];
-        for (int64_t s = 0; s < r; s++)
-            acc += A[r * LA + s] * Qs[s * LD + c];
-        P.U[r * dv + c] = acc;
-    }
-}
-
-#define TV 32 /* state columns per block of the state pass */
-
-/* Kernel 2: one block per (32-column slice, head, document), 256 threads, chunks in order.
- * Lane l of warp w owns state column j0 + l; for the (n, 32) products warp w owns the rows
- * w*8 .. w*8+7 (C <= 64) and for the state update the key channels w + 8u (dk <= 128), so
- * each shared-memory operand is read once per 8 or 16 multiply-adds (register tiling).  The
- * chunk's operands W, Qg (with Aqk) and Kb pass through two buffers by asynchronous copies, each
- * copied while the one before it is multiplied (the next chunk's W during the state update), so
- * that the chunks' walk does not wait on global memory between its products. */
-#define RPW 8  /* rows per warp */
-#define CPW 16 /* key channels per warp */
-/* Rows 0 .. n of src (cols wide, dense) into dst (rows ld apart) by asynchronous copies of the
- * calling thread's share; the caller commits, waits and synchronises. */
-__device__ static inline void stage_rows(float *dst, int64_t ld, const float *src, int64_t n,
-                                         int64_t cols, int tid, int nt) {
-    for (int64_t i = tid; i < n * cols; i += nt)
-        cp_async4(dst + (i / cols) * ld + i % cols, src + i, true);
-}
-
-/* acc[i] = sum_c buf[r0 + i, c] S[c, lane] for the warp's rows i < nr (register tiling: each
- * shared-memory state value is read once per RPW multiply-adds); buf (C, ldb), S (dk, lds). */
-__device__ static inline void rows_times_state(float *acc, const float *buf, int64_t ldb,
-                                               const float *Ss, int64_t lds, int64_t r0, int nr,
-                                               int64_t dk, int lane) {
-#pragma unroll
-    for (int i = 0; i < RPW; i++)
-        acc[i] = 0.0f;
-    for (int64_t c = 0; c < dk; c++) {
-        const float sv = Ss[c * lds + lane];
-#pragma unroll
-        for (int i = 0; i < RPW; i++)
-            if (i < nr) acc[i] += buf[(r0 + i) * ldb + c] * sv;
+    {
+        const prod_term t = {A, LA, Qs, LD, n}, none = {};
+        staged_product<false>(acc, t, none, n, dv, As, Bs, tid, nt);
+        tile_each(acc, tid, n, dv,
+                  [&](int64_t r, int64_t c, float x) { P.U[r * dv + c] = Qs[r * LD + c] + x; });
     }
 }
 
-/* acc[u] = gn[c] Sx[c, lane] + sum_{r < n} buf[r, c] x[r, lane] for the warp's key channels
- * c = w + 8u (the state update of both state passes: Sx (dk, lds), buf (C, ldb), x (C, lds)). */
-__device__ static inline void decay_plus_rows(float *acc, const float *gn, const float *Sx,
-                                              int64_t lds, const float *buf, int64_t ldb,
-                                              const float *x, int64_t n, int64_t dk, int w,
-                                              int lane) {
-#pragma unroll
-    for (int u = 0; u < CPW; u++) {
-        const int64_t c = w + 8 * u;
-        acc[u] = c < dk ? gn[c] * Sx[c * lds + lane] : 0.0f;
-    }
-    for (int64_t r = 0; r < n; r++) {
-        const float xv = x[r * lds + lane];
-#pragma unroll
-        for (int u = 0; u < CPW; u++) {
-            const int64_t c = w + 8 * u;
-            if (c < dk) acc[u] += buf[r * ldb + c] * xv;
-        }
+#define TV 32 /* state columns per block of the state passes */
+
+/* The (rows, TV) tiles of the state passes (S, Vt; dS, dO, dV) are stored TV floats a row with
+ * the columns XOR-swizzled by the row: element (k, j) at k TV + (j ^ 8 (k % 4)), so that a B
+ * fragment's 32 reads (rows k0 + t, columns 8 jj + g) hit 32 banks without padding. */
+__device__ static inline int64_t swz(int64_t k, int64_t j) {
+    return k * TV + (j ^ ((k & 3) << 3));
+}
+
+/* The state update's operands for the calling warp's rows c0 .. c0 + 16 of a (dk, TV) state X
+ * (swizzled, rows past dk zero): acc = diag(gn) X, then acc += buf^T B over k < K (buf (K, ld)
+ * row-major, read transposed), and X = acc. */
+__device__ static inline void decay_rows(float (&acc)[4][4], const float *gn, const float *X,
+                                         int64_t c0, int64_t dk) {
+    frag_each<4>([&](int j, int e, int r, int col) {
+        acc[j][e] = c0 + r < dk ? gn[c0 + r] * X[swz(c0 + r, col)] : 0.0f;
+    });
+}
+__device__ static inline void update_rows(float (&acc)[4][4], const float *buf, int64_t ld,
+                                          const float *B, int64_t c0, int64_t dk, int64_t K) {
+    warp_mma<4>(
+        acc, 4, [&](int64_t r, int64_t k) { return c0 + r < dk ? buf[k * ld + c0 + r] : 0.0f; },
+        [&](int64_t k, int64_t col) { return B[swz(k, col)]; }, K);
+}
+__device__ static inline void store_rows(const float (&acc)[4][4], float *X, int64_t c0,
+                                         int64_t dk) {
+    frag_each<4>([&](int j, int e, int r, int col) {
+        if (c0 + r < dk) X[swz(c0 + r, col)] = acc[j][e];
+    });
+}
+
+/* acc = A1 X + A2 Y for the calling warp's (16, 16) tile at columns cb of a (rows, TV) output:
+ * A1 (16, K1) and A2 (16, K2) row-major, rows ld1 and ld2 apart; X (K1, TV) and Y (K2, TV)
+ * swizzled (K2 = 0: no second term). */
+__device__ static inline void tile_two(float (&acc)[2][4], const float *a1, int64_t ld1,
+                                       const float *X, int64_t K1, const float *a2, int64_t ld2,
+                                       const float *Y, int64_t K2, int64_t cb) {
+    frag_each<2>([&](int j, int e, int, int) { acc[j][e] = 0.0f; });
+    warp_mma<2>(
+        acc, 2, [&](int64_t r, int64_t k) { return a1[r * ld1 + k]; },
+        [&](int64_t k, int64_t col) { return X[swz(k, cb + col)]; }, K1);
+    warp_mma<2>(
+        acc, 2, [&](int64_t r, int64_t k) { return a2[r * ld2 + k]; },
+        [&](int64_t k, int64_t col) { return Y[swz(k, cb + col)]; }, K2);
+}
+
+/* Rows 0 .. n of src (cols wide, rows lds apart) into dst by asynchronous copies of the calling
+ * thread's share, element (r, c) to dst[r * ld + c] (T: dst[c * ld + r]); rows n .. n8 and
+ * columns cols .. cols8 (n and cols rounded up to 8) are zero, so that products may run over
+ * whole k steps.  The caller commits, waits and synchronises. */
+template <bool T>
+__device__ static inline void stage_rows(float *dst, int64_t ld, const float *src, int64_t lds,
+                                         int64_t n, int64_t cols, int tid, int nt) {
+    const int64_t n8 = (n + 7) & ~(int64_t)7, c8 = (cols + 7) & ~(int64_t)7;
+    for (int64_t i = tid; i < n8 * c8; i += nt) {
+        const int64_t r = i / c8, c = i % c8;
+        const bool ok = r < n && c < cols;
+        cp_async4(dst + (T ? c * ld + r : r * ld + c), ok ? src + r * lds + c : src, ok);
     }
 }
 
+/* Shared floats of one of the state passes' operand buffers: (C16, dk + 4), C16 = C rounded up
+ * to 16 (the products' row tiles read whole tiles; rows past the chunk's are never used). */
+__host__ __device__ static inline int64_t state_buf_floats(int64_t dk, int64_t C) {
+    return ((C + 15) & ~(int64_t)15) * (dk + 4);
+}
+
+/* Kernel 2: one block per (TV-column slice, head, document), 256 threads, chunks in order, the
+ * products on tensor cores (3xTF32, warp_mma).  Vt and O, (n, TV): warp w takes rows 16 (w % 4)
+ * .. + 16 and columns 16 (w / 4) .. + 16; the state update (dk, TV): rows (key channels) 16 w ..
+ * + 16, all columns.  The chunk's operands W, Qg (with Aqk) and Kb pass through two buffers by
+ * asynchronous copies, each copied while the one before it is multiplied (the next chunk's W
+ * during the state update), rows past the chunk's n zero.  Shared: S (dk8, TV) and Vt (C16, TV)
+ * swizzled (swz), the buffers (state_buf_floats), Aqk (C16, C16 + 4): 107 KB at dk = 128, C =
+ * 64, two blocks an SM.  The buffers' and Aqk's strides (dk + 4, C16 + 4) make the A fragments'
+ * reads hit 32 banks; Kb is read as Kb^T from its row-major buffer (two lanes a bank). */
 __global__ void __launch_bounds__(256)
     k_kda_chunk_state(float *o, float *S, float *chunk_states, const float *ws, const int32_t *ix,
                       int32_t N, int64_t H, int64_t dk, int64_t dv, int64_t C) {
     extern __shared__ float sm[];
     const int64_t j0 = (int64_t)blockIdx.x * TV, h = blockIdx.y;
     const int32_t di = blockIdx.z;
-    const int64_t LS = TV + 1, LB = dk + 1, LA = C + 1;
-    float *Ss = sm, *bufs = Ss + dk * LS, *Vt = bufs + 2 * C * LB, *As = Vt + C * LS;
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, w = tid >> 5;
+    const int64_t C16 = (C + 15) & ~(int64_t)15, dk8 = (dk + 7) & ~(int64_t)7;
+    const int64_t LB = dk + 4, LT = C16 + 4, BUF = state_buf_floats(dk, C);
+    float *Ss = sm, *bufs = Ss + dk8 * TV, *Vt = bufs + 2 * BUF, *As = Vt + C16 * TV;
+    const int tid = threadIdx.x, nt = blockDim.x, w = tid >> 5;
     const int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
     float *Sd = S + ((int64_t)di * H + h) * dk * dv;
     const int64_t nj = dv - j0 < TV ? dv - j0 : TV;
-    const bool colok = lane < nj;
+    const int64_t rb = 16 * (w & 3), cb = 16 * (w >> 2); /* Vt and O tiles */
 
-    for (int64_t i = tid; i < dk * TV; i += nt) {
-        int64_t c = i / TV, jj = i % TV;
-        Ss[c * LS + jj] = jj < nj ? Sd[c * dv + j0 + jj] : 0.0f;
+    for (int64_t i = tid; i < dk8 * TV; i += nt) {
+        const int64_t c = i / TV, jj = i % TV;
+        Ss[swz(c, jj)] = c < dk && jj < nj ? Sd[c * dv + j0 + jj] : 0.0f;
     }
-    __syncthreads();
-    /* The operands go through two buffers in turn (W, Qg, Kb of a chunk, then the next chunk's
-     * W, ...): each is copied asynchronously while the one before it is multiplied. */
-    int m = 0; /* the operand in use is in bufs + (m & 1) * C * LB */
+    int m = 0; /* the operand in use is in bufs + (m & 1) * BUF */
     if (doc[di] < doc[di + 1]) {
         const chunk_ptrs P0 = scratch_of((float *)ws, doc[di], h, H, dk, dv, C);
-        stage_rows(bufs, LB, P0.W, ch[2 * doc[di] + 1], dk, tid, nt);
+        stage_rows<false>(bufs, LB, P0.W, dk, ch[2 * doc[di] + 1], dk, tid, nt);
     }
     cp_async_commit();
+    __syncthreads();
     for (int32_t ci = doc[di]; ci < doc[di + 1]; ci++) {
-        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
-        const int64_t r0 = (int64_t)w * RPW;
-        const int nr = n - r0 <= 0 ? 0 : (n - r0 < RPW ? (int)(n - r0) : RPW); /* warp-uniform */
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1], n8 = (n + 7) & ~(int64_t)7;
+        const bool busy = rb < n; /* warp-uniform */
         chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
         if (chunk_states) {
             float *cs = chunk_states + ((int64_t)ci * H + h) * dk * dv;
             for (int64_t i = tid; i < dk * nj; i += nt) {
-                int64_t c = i / nj, jj = i % nj;
-                cs[c * dv + j0 + jj] = Ss[c * LS + jj];
+                const int64_t c = i / nj, jj = i % nj;
+                cs[c * dv + j0 + jj] = Ss[swz(c, jj)];
             }
         }
         /* (5) Vt = U - W S; Qg and Aqk on their way */
-        stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, P.Qg, n, dk, tid, nt);
-        stage_rows(As, LA, P.Aqk, n, C, tid, nt);
+        stage_rows<false>(bufs + ((m + 1) & 1) * BUF, LB, P.Qg, dk, n, dk, tid, nt);
+        stage_rows<false>(As, LT, P.Aqk, C, n, n, tid, nt);
         cp_async_commit();
         cp_async_wait1();
         __syncthreads();
-        {
-            float acc[RPW];
-            rows_times_state(acc, bufs + (m & 1) * C * LB, LB, Ss, LS, r0, nr, dk, lane);
-#pragma unroll
-            for (int i = 0; i < RPW; i++)
-                if (i < nr)
-                    Vt[(r0 + i) * LS + lane] =
-                        colok ? P.U[(r0 + i) * dv + j0 + lane] - acc[i] : 0.0f;
+        if (busy) {
+            float acc[2][4];
+            tile_two(acc, bufs + (m & 1) * BUF + rb * LB, LB, Ss, dk8, As, LT, Vt, 0, cb);
+            frag_each<2>([&](int jt, int e, int ro, int co) {
+                const int64_t r = rb + ro, jj = cb + co;
+                Vt[swz(r, jj)] = r < n && jj < nj ? P.U[r * dv + j0 + jj] - acc[jt][e] : 0.0f;
+            });
         }
         __syncthreads();
         m++;
         /* (7) O = Qg S + Aqk Vt; Kb on its way */
-        stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, P.Kb, n, dk, tid, nt);
+        stage_rows<false>(bufs + ((m + 1) & 1) * BUF, LB, P.Kb, dk, n, dk, tid, nt);
         cp_async_commit();
         cp_async_wait1();
         __syncthreads();
-        {
-            const float *buf = bufs + (m & 1) * C * LB;
-            float acc[RPW];
-            rows_times_state(acc, buf, LB, Ss, LS, r0, nr, dk, lane);
-            for (int64_t s2 = 0; nr > 0 && s2 < r0 + nr; s2++) { /* Aqk: zero above diagonal */
-                const float vt = Vt[s2 * LS + lane];
-#pragma unroll
-                for (int i = 0; i < RPW; i++)
-                    if (i < nr) acc[i] += As[(r0 + i) * LA + s2] * vt;
-            }
-#pragma unroll
-            for (int i = 0; i < RPW; i++)
-                if (i < nr && colok) o[((t0 + r0 + i) * H + h) * dv + j0 + lane] = acc[i];
+        if (busy) {
+            float acc[2][4];
+            tile_two(acc, bufs + (m & 1) * BUF + rb * LB, LB, Ss, dk8, As + rb * LT, LT, Vt, n8,
+                     cb);
+            frag_each<2>([&](int jt, int e, int ro, int co) {
+                const int64_t r = rb + ro, jj = cb + co;
+                if (r < n && jj < nj) o[((t0 + r) * H + h) * dv + j0 + jj] = acc[jt][e];
+            });
         }
         __syncthreads();
         m++;
         /* (8) S = diag(gn) S + Kb^T Vt; the next chunk's W on its way */
         if (ci + 1 < doc[di + 1]) {
             const chunk_ptrs Pn = scratch_of((float *)ws, ci + 1, h, H, dk, dv, C);
-            stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, Pn.W, ch[2 * (ci + 1) + 1], dk, tid, nt);
+            stage_rows<false>(bufs + ((m + 1) & 1) * BUF, LB, Pn.W, dk, ch[2 * (ci + 1) + 1], dk,
+                              tid, nt);
         }
         cp_async_commit();
         cp_async_wait1();
         __syncthreads();
-        {
-            const float *buf = bufs + (m & 1) * C * LB;
-            float acc[CPW];
-            decay_plus_rows(acc, P.gn, Ss, LS, buf, LB, Vt, n, dk, w, lane);
-#pragma unroll
-            for (int u = 0; u < CPW; u++) {
-                const int64_t c = w + 8 * u;
-                if (c < dk) Ss[c * LS + lane] = acc[u];
-            }
+        if (16 * w < dk) { /* warp-uniform */
+            float acc[4][4];
+            decay_rows(acc, P.gn, Ss, 16 * w, dk);
+            update_rows(acc, bufs + (m & 1) * BUF, LB, Vt, 16 * w, dk, n8);
+            store_rows(acc, Ss, 16 * w, dk);
         }
         __syncthreads();
         m++;
     }
     for (int64_t i = tid; i < dk * nj; i += nt) {
-        int64_t c = i / nj, jj = i % nj;
-        Sd[c * dv + j0 + jj] = Ss[c * LS + jj];
+        const int64_t c = i / nj, jj = i % nj;
+        Sd[c * dv + j0 + jj] = Ss[swz(c, jj)];
     }
 }
 
@@ -616,12 +816,13 @@ extern "C" void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, 
                                        int64_t H, int64_t dk, int64_t dv, float scale, int64_t C,
                                        float *ws) {
     arl_cuda_ctx *c = arl_cuda_need();
-    static_assert(ARL_CUDA_KDA_MAX_C <= 8 * RPW && ARL_CUDA_KDA_MAX_DK <= 8 * CPW, "tiling");
+    static_assert(ARL_CUDA_KDA_MAX_C <= 64 && ARL_CUDA_KDA_MAX_DK <= 128, "state pass tiles");
     const int64_t nc = chunk_args(N, T, H, dk, dv, C);
     if (T == 0) return;
     chunk_prep_launch(c, ws, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
-    size_t sm2 =
-        sizeof(float) * (size_t)(dk * (TV + 1) + 2 * C * (dk + 1) + C * (TV + 1) + C * (C + 1));
+    const int64_t C16 = (C + 15) & ~(int64_t)15, dk8 = (dk + 7) & ~(int64_t)7;
+    const size_t sm2 = sizeof(float) * (size_t)(dk8 * TV + 2 * state_buf_floats(dk, C) + C16 * TV +
+                                                C16 * (C16 + 4));
     cudaFuncSetAttribute(k_kda_chunk_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
     dim3 g2((unsigned)((dv + TV - 1) / TV), (unsigned)H, (unsigned)N);
     k_kda_chunk_state<<<g2, 256, sm2, c->stream>>>(o, S, chunk_states, ws, c->index, N, H, dk, dv,
@@ -815,11 +1016,15 @@ extern "C" int64_t arl_cuda_kda_chunk_bwd_ws_floats(int64_t T, int32_t N, int64_
            nc * H * cbwd_scratch(dk, dv, C);
 }
 
-/* Reverse state pass, one block per (32-column slice, head, document), chunks in reverse:
+/* Reverse state pass, one block per (TV-column slice, head, document), chunks in reverse:
  *   dSp[ci] = dS (the gradient of the chunk's outgoing state)
  *   dVt = Aqk^T dO + Kb dS
  *   dS <- diag(gn) dS + Qg^T dO - W^T dVt          (becomes the previous chunk's dS)
- * Every column of dS is independent, as in the forward. */
+ * Every column of dS is independent, as in the forward.  The products on tensor cores as in
+ * k_kda_chunk_state: dVt (n, TV) by warp w's rows 16 (w % 4) and columns 16 (w / 4), the update
+ * (dk, TV) by rows 16 w; Kb, then Qg and W (read transposed) through two buffers, Aqk staged
+ * transposed.  Shared: dS (dk8, TV), dO and dV (C16, TV) swizzled (swz), the buffers, Aqk^T (C16,
+ * C16 + 4).  dV holds -dVt, so that the update's last product subtracts. */
 __global__ void __launch_bounds__(256)
     k_kda_cbwd_state(float *dSp_all, float *dVt_all, float *dS0, const float *dS_T,
                      const float *d_o, const float *ws, const int32_t *ix, int32_t N, int64_t H,
@@ -827,208 +1032,88 @@ __global__ void __launch_bounds__(256)
     extern __shared__ float sm[];
     const int64_t j0 = (int64_t)blockIdx.x * TV, h = blockIdx.y;
     const int32_t di = blockIdx.z;
-    const int64_t LS = TV + 1, LB = dk + 1, LA = C + 1;
-    float *dS = sm, *bufs = dS + dk * LS, *dO = bufs + 2 * C * LB, *dV = dO + C * LS;
-    float *As = dV + C * LS;
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, w = tid >> 5;
+    const int64_t C16 = (C + 15) & ~(int64_t)15, dk8 = (dk + 7) & ~(int64_t)7;
+    const int64_t LB = dk + 4, LT = C16 + 4, BUF = state_buf_floats(dk, C);
+    float *dS = sm, *bufs = dS + dk8 * TV, *dO = bufs + 2 * BUF, *dV = dO + C16 * TV;
+    float *As = dV + C16 * TV;
+    const int tid = threadIdx.x, nt = blockDim.x, w = tid >> 5;
     const int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
     const int64_t sd = ((int64_t)di * H + h) * dk * dv;
     const int64_t nj = dv - j0 < TV ? dv - j0 : TV;
-    const bool colok = lane < nj;
+    const int64_t rb = 16 * (w & 3), cb = 16 * (w >> 2), c0 = 16 * w;
 
-    for (int64_t i = tid; i < dk * TV; i += nt) {
-        int64_t c = i / TV, jj = i % TV;
-        dS[c * LS + jj] = (dS_T && jj < nj) ? dS_T[sd + c * dv + j0 + jj] : 0.0f;
+    for (int64_t i = tid; i < dk8 * TV; i += nt) {
+        const int64_t c = i / TV, jj = i % TV;
+        dS[swz(c, jj)] = (dS_T && c < dk && jj < nj) ? dS_T[sd + c * dv + j0 + jj] : 0.0f;
     }
-    __syncthreads();
-    /* a chunk's first operands (Kb, Aqk and its dO slice), then Qg, then W, through two
+    /* a chunk's first operands (Kb, Aqk^T and its dO slice), then Qg, then W, through two
      * buffers: each copied asynchronously while the one before it is multiplied */
     const auto stage_first = [&](int32_t ci, float *kb_buf) {
-        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1], n8 = (n + 7) & ~(int64_t)7;
         const chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
-        stage_rows(kb_buf, LB, P.Kb, n, dk, tid, nt);
-        stage_rows(As, LA, P.Aqk, n, C, tid, nt);
-        for (int64_t i = tid; i < n * TV; i += nt) {
+        stage_rows<false>(kb_buf, LB, P.Kb, dk, n, dk, tid, nt);
+        stage_rows<true>(As, LT, P.Aqk, C, n, n, tid, nt);
+        for (int64_t i = tid; i < n8 * TV; i += nt) {
             const int64_t r = i / TV, jj = i % TV;
-            const bool ok = jj < nj;
-            cp_async4(dO + r * LS + jj, ok ? d_o + ((t0 + r) * H + h) * dv + j0 + jj : d_o, ok);
+            const bool ok = r < n && jj < nj;
+            cp_async4(dO + swz(r, jj), ok ? d_o + ((t0 + r) * H + h) * dv + j0 + jj : d_o, ok);
         }
     };
-    int m = 0; /* the operand in use is in bufs + (m & 1) * C * LB */
+    int m = 0; /* the operand in use is in bufs + (m & 1) * BUF */
     if (doc[di + 1] > doc[di]) stage_first(doc[di + 1] - 1, bufs);
     cp_async_commit();
+    __syncthreads();
     for (int32_t ci = doc[di + 1] - 1; ci >= doc[di]; ci--) {
-        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1];
-        const int64_t r0 = (int64_t)w * RPW;
-        const int nr = n - r0 <= 0 ? 0 : (n - r0 < RPW ? (int)(n - r0) : RPW);
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1], n8 = (n + 7) & ~(int64_t)7;
         chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
         float *dSp = dSp_all + ((int64_t)ci * H + h) * dk * dv;
         for (int64_t i = tid; i < dk * nj; i += nt) {
-            int64_t c = i / nj, jj = i % nj;
-            dSp[c * dv + j0 + jj] = dS[c * LS + jj];
+            const int64_t c = i / nj, jj = i % nj;
+            dSp[c * dv + j0 + jj] = dS[swz(c, jj)];
         }
-        stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, P.Qg, n, dk, tid, nt);
+        stage_rows<false>(bufs + ((m + 1) & 1) * BUF, LB, P.Qg, dk, n, dk, tid, nt);
         cp_async_commit();
         cp_async_wait1();
         __syncthreads();
-        { /* dVt = Aqk^T dO + Kb dS */
-            const float *buf = bufs + (m & 1) * C * LB;
-            float acc[RPW];
-#pragma unroll
-            for (int i = 0; i < RPW; i++)
-                acc[i] = 0.0f;
-            for (int64_t c = 0; c < dk; c++) {
-                const float sv = dS[c * LS + lane];
-#pragma unroll
-                for (int i = 0; i < RPW; i++)
-                    if (i < nr) acc[i] += buf[(r0 + i) * LB + c] * sv;
-            }
-            for (int64_t s2 = r0; s2 < n; s2++) { /* Aqk[s2][r] is zero for s2 < r */
-                const float g2 = dO[s2 * LS + lane];
-#pragma unroll
-                for (int i = 0; i < RPW; i++)
-                    if (i < nr) acc[i] += As[s2 * LA + r0 + i] * g2;
-            }
-#pragma unroll
-            for (int i = 0; i < RPW; i++)
-                if (i < nr) {
-                    dV[(r0 + i) * LS + lane] = colok ? acc[i] : 0.0f;
-                    if (colok) dVt_all[((t0 + r0 + i) * H + h) * dv + j0 + lane] = acc[i];
-                }
+        if (rb < n) { /* dVt = Aqk^T dO + Kb dS (warp-uniform) */
+            float acc[2][4];
+            tile_two(acc, bufs + (m & 1) * BUF + rb * LB, LB, dS, dk8, As + rb * LT, LT, dO, n8,
+                     cb);
+            frag_each<2>([&](int jt, int e, int ro, int co) {
+                const int64_t r = rb + ro, jj = cb + co;
+                const bool ok = r < n && jj < nj;
+                dV[swz(r, jj)] = ok ? -acc[jt][e] : 0.0f;
+                if (ok) dVt_all[((t0 + r) * H + h) * dv + j0 + jj] = acc[jt][e];
+            });
         }
         __syncthreads();
         m++;
-        stage_rows(bufs + ((m + 1) & 1) * C * LB, LB, P.W, n, dk, tid, nt);
+        stage_rows<false>(bufs + ((m + 1) & 1) * BUF, LB, P.W, dk, n, dk, tid, nt);
         cp_async_commit();
         cp_async_wait1();
         __syncthreads();
-        float acc[CPW]; /* dS <- diag(gn) dS + Qg^T dO - W^T dVt */
-        {
-            const float *buf = bufs + (m & 1) * C * LB;
-            decay_plus_rows(acc, P.gn, dS, LS, buf, LB, dO, n, dk, w, lane);
+        float acc[4][4]; /* dS <- diag(gn) dS + Qg^T dO - W^T dVt, rows c0 .. c0 + 16 */
+        if (c0 < dk) {   /* warp-uniform */
+            decay_rows(acc, P.gn, dS, c0, dk);
+            update_rows(acc, bufs + (m & 1) * BUF, LB, dO, c0, dk, n8);
         }
         __syncthreads();
         m++;
-        if (ci > doc[di]) stage_first(ci - 1, bufs + ((m + 1) & 1) * C * LB);
+        if (ci > doc[di]) stage_first(ci - 1, bufs + ((m + 1) & 1) * BUF);
         cp_async_commit();
         cp_async_wait1();
         __syncthreads();
-        {
-            const float *buf = bufs + (m & 1) * C * LB;
-            for (int64_t r = 0; r < n; r++) {
-                const float g2 = dV[r * LS + lane];
-#pragma unroll
-                for (int u = 0; u < CPW; u++) {
-                    const int64_t c = w + 8 * u;
-                    if (c < dk) acc[u] -= buf[r * LB + c] * g2;
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < CPW; u++) {
-            const int64_t c = w + 8 * u;
-            if (c < dk) dS[c * LS + lane] = acc[u];
+        if (c0 < dk) {
+            update_rows(acc, bufs + (m & 1) * BUF, LB, dV, c0, dk, n8);
+            store_rows(acc, dS, c0, dk);
         }
         __syncthreads();
         m++;
     }
     if (dS0)
         for (int64_t i = tid; i < dk * nj; i += nt) {
-            int64_t c = i / nj, jj = i % nj;
-            dS0[sd + c * dv + j0 + jj] += dS[c * LS + jj];
-        }
-}
-
-/* ---- staged products (k_kda_cbwd) ---- */
-#define TJ 32   /* reduction slice of a staged product */
-#define TCOLS 4 /* output columns per lane of a staged product: nB <= 32 TCOLS */
-
-/* One term of a staged product: A has nA rows lda apart, K wide; B has nB rows ldb apart, K wide
- * ("A B^T", B_T) or K rows ldb apart, nB wide ("A B"). */
-struct prod_term {
-    const float *A;
-    int64_t lda;
-    const float *B;
-    int64_t ldb, K;
-};
-
-/* Shared floats of a staged product's slices: As (8 RPW, TJ + 1) and Bs (32 TCOLS, TJ + 1) or
- * (TJ, 32 TCOLS + 1). */
-static int64_t staged_smem_floats(void) {
-    const int64_t bt = 32 * TCOLS * (TJ + 1), bn = TJ * (32 * TCOLS + 1);
-    return 8 * RPW * (TJ + 1) + (bt > bn ? bt : bn);
-}
-
-/* acc[i][u] = the sum over the two terms (t2.K = 0: none) of (A B^T or A B)[r0 + i, lane + 32 u]
- * with r0 = RPW * warp, for nA <= 8 RPW rows and nB <= 32 TCOLS columns, 256 threads.  Slices of TJ
- * along K pass through shared memory from coalesced global reads (As, Bs: conflict-free in both
- * layouts), and each shared value read feeds RPW or TCOLS multiply-adds from registers.  Rows and
- * columns past nA, nB hold garbage.  Starts and ends with a barrier: global writes before the call
- * are visible to the loads, and the caller may reuse the slices' memory at once. */
-template <bool B_T>
-__device__ static void staged_product(float (&acc)[RPW][TCOLS], prod_term t1, prod_term t2,
-                                      int64_t nA, int64_t nB, float *As, float *Bs, int tid,
-                                      int nt) {
-    const int lane = tid & 31;
-    const int64_t r0 = (int64_t)(tid >> 5) * RPW, LS = TJ + 1, LN = 32 * TCOLS + 1;
-    const int nr = nA - r0 <= 0 ? 0 : (nA - r0 < RPW ? (int)(nA - r0) : RPW); /* warp-uniform */
-#pragma unroll
-    for (int i = 0; i < RPW; i++)
-#pragma unroll
-        for (int u = 0; u < TCOLS; u++)
-            acc[i][u] = 0.0f;
-    for (int p = 0; p < 2; p++) {
-        const prod_term t = p == 0 ? t1 : t2;
-        for (int64_t j0 = 0; j0 < t.K; j0 += TJ) {
-            const int64_t nj = t.K - j0 < TJ ? t.K - j0 : TJ;
-            __syncthreads(); /* the previous slice is consumed; earlier global writes visible */
-            for (int64_t i = tid; i < nA * TJ; i += nt) {
-                const int64_t r = i / TJ, jj = i % TJ;
-                As[r * LS + jj] = jj < nj ? t.A[r * t.lda + j0 + jj] : 0.0f;
-            }
-            if (B_T)
-                for (int64_t i = tid; i < nB * TJ; i += nt) {
-                    const int64_t s = i / TJ, jj = i % TJ;
-                    Bs[s * LS + jj] = jj < nj ? t.B[s * t.ldb + j0 + jj] : 0.0f;
-                }
-            else
-                for (int64_t i = tid; i < nj * nB; i += nt) {
-                    const int64_t jj = i / nB, s = i % nB;
-                    Bs[jj * LN + s] = t.B[(j0 + jj) * t.ldb + s];
-                }
-            __syncthreads();
-            for (int64_t jj = 0; jj < nj; jj++) {
-                float b[TCOLS];
-#pragma unroll
-                for (int u = 0; u < TCOLS; u++) {
-                    const int64_t s = lane + 32 * u;
-                    b[u] = s < nB ? (B_T ? Bs[s * LS + jj] : Bs[jj * LN + s]) : 0.0f;
-                }
-#pragma unroll
-                for (int i = 0; i < RPW; i++)
-                    if (i < nr) {
-                        const float a = As[(r0 + i) * LS + jj];
-#pragma unroll
-                        for (int u = 0; u < TCOLS; u++)
-                            acc[i][u] += a * b[u];
-                    }
-            }
-        }
-    }
-    __syncthreads();
-}
-
-/* f(r, s, x) for each element (r, s) = x of the staged product's tile this thread holds, r < nA,
- * s < nB (r0 = RPW * warp). */
-template <class F>
-__device__ static inline void tile_each(const float (&acc)[RPW][TCOLS], int64_t r0, int lane,
-                                        int64_t nA, int64_t nB, F f) {
-#pragma unroll
-    for (int i = 0; i < RPW; i++)
-#pragma unroll
-        for (int u = 0; u < TCOLS; u++) {
-            const int64_t r = r0 + i, s = lane + 32 * u;
-            if (r < nA && s < nB) f(r, s, acc[i][u]);
+            const int64_t c = i / nj, jj = i % nj;
+            dS0[sd + c * dv + j0 + jj] += dS[swz(c, jj)];
         }
 }
 
@@ -1045,15 +1130,16 @@ static size_t cbwd_smem_floats(int64_t dk, int64_t C) {
 
 /* Per (chunk, head): everything of spec 3.8 that stays inside the chunk, from the stored
  * incoming state S, the outgoing-state gradient dSp, dVt and dO.  The products with a dv or dk
- * long reduction (Vt, dAqk, M, dW, dKbar, dT) are staged products; the pair terms of A_qk and
+ * long reduction (Vt, dAqk, M, dW, dKbar, dT) and the UT transform's T^T dW, T^T dU are staged
+ * products (tensor cores, 3xTF32); the pair terms of A_qk and
  * A_kk are in the factored form of the CPU reference (policy/kda.c chunk_pairs_bwd): per
  * sub-chunk of KDA_SUB rows, one exp per (row, channel) instead of one per (pair, channel), and
  * the difference form where a factor would leave e^KDA_FACTOR_SPAN.  Gradients of q, k, v are
  * added to the outputs directly (this block owns the chunk's rows); dG is kept in the scratch
  * until its reverse cumulative sum.
  * (256, 1): one block per SM (the shared memory leaves room for no second), so each thread may
- * hold 255 registers and the staged products' accumulators stay in them (sm_90: 200, no
- * spills; under the default cap of 128 they spilled). */
+ * hold 255 registers and the staged products' accumulators and fragments stay in them (sm_90:
+ * 168, no spills). */
 __global__ void __launch_bounds__(256, 1)
     k_kda_cbwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, const float *q,
                const float *k, const float *v, const float *g, const float *beta,
@@ -1070,11 +1156,10 @@ __global__ void __launch_bounds__(256, 1)
     float *bs = dT + C * LA, *dbs = bs + C, *dGn = dbs + C;
     int *flag = (int *)(dGn + dk);
     float *Rg = dGn + dk + 1; /* the region */
-    float *As = Rg, *Bs = As + 8 * RPW * (TJ + 1);
+    float *As = Rg, *Bs = As + SP_ROWS * TJP;
     float *Tm = Rg, *Ak = Tm + C * LA, *Pm = Ak + C * LA;
     float *Rf = Rg, *Lf = Rf + C * LD;
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
-    const int64_t r0 = (int64_t)(tid >> 5) * RPW;
     const chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
     const float *S = chunk_states + (ci * H + h) * dk * dv;  /* (dk, dv) */
     const float *dSp = dSp_all + (ci * H + h) * dk * dv;     /* (dk, dv) */
@@ -1084,7 +1169,7 @@ __global__ void __launch_bounds__(256, 1)
     float *Vts = ws3 + (ci * H + h) * C * (4 * dk + 2 * dv); /* (C, dv) */
     float *dW = Vts + C * dv, *dGs = dW + C * dk, *E1 = dGs + C * dk, *dXw = E1 + C * dk;
     float *dXu = dXw + C * dk; /* (C, dv) */
-    float acc[RPW][TCOLS];
+    prod_acc acc;
 #define ROW(x, r) (((t0 + (r)) * H + h) * (x))
     for (int64_t i = tid; i < n * dk; i += nt) {
         int64_t r = i / dk, c = i % dk;
@@ -1103,19 +1188,19 @@ __global__ void __launch_bounds__(256, 1)
     { /* Vt = U - W S */
         const prod_term t = {P.W, dk, S, dv, dk}, none = {};
         staged_product<false>(acc, t, none, n, dv, As, Bs, tid, nt);
-        tile_each(acc, r0, lane, n, dv,
+        tile_each(acc, tid, n, dv,
                   [&](int64_t r, int64_t s, float x) { Vts[r * dv + s] = P.U[r * dv + s] - x; });
     }
     { /* dAqk = Tril(dO Vt^T) */
         const prod_term t = {dOc, HV, Vts, dv, dv}, none = {};
         staged_product<true>(acc, t, none, n, n, As, Bs, tid, nt);
-        tile_each(acc, r0, lane, n, n,
+        tile_each(acc, tid, n, n,
                   [&](int64_t r, int64_t s, float x) { dA[r * LA + s] = s <= r ? x : 0.0f; });
     }
     { /* M = dO S^T: dQ = Gamma M, dG = Gamma Q M */
         const prod_term t = {dOc, HV, S, dv, dv}, none = {};
         staged_product<true>(acc, t, none, n, dk, As, Bs, tid, nt);
-        tile_each(acc, r0, lane, n, dk, [&](int64_t r, int64_t s, float x) {
+        tile_each(acc, tid, n, dk, [&](int64_t r, int64_t s, float x) {
             const float gam = expf(Gs[r * LD + s]);
             dq[ROW(dk, r) + s] += scale * gam * x;
             dGs[r * dk + s] = gam * Qs[r * LD + s] * x;
@@ -1124,13 +1209,12 @@ __global__ void __launch_bounds__(256, 1)
     { /* dW = -dVt S^T */
         const prod_term t = {dUc, HV, S, dv, dv}, none = {};
         staged_product<true>(acc, t, none, n, dk, As, Bs, tid, nt);
-        tile_each(acc, r0, lane, n, dk,
-                  [&](int64_t r, int64_t s, float x) { dW[r * dk + s] = -x; });
+        tile_each(acc, tid, n, dk, [&](int64_t r, int64_t s, float x) { dW[r * dk + s] = -x; });
     }
     { /* dKbar = Vt dSp^T: dK = exp(G_n - G) dKbar, dG -= Kbar dKbar */
         const prod_term t = {Vts, dv, dSp, dv, dv}, none = {};
         staged_product<true>(acc, t, none, n, dk, As, Bs, tid, nt);
-        tile_each(acc, r0, lane, n, dk, [&](int64_t r, int64_t s, float x) {
+        tile_each(acc, tid, n, dk, [&](int64_t r, int64_t s, float x) {
             const float eb = expf(Gs[(n - 1) * LD + s] - Gs[r * LD + s]);
             const float kb = eb * Ks[r * LD + s];
             dk_[ROW(dk, r) + s] += eb * x;
@@ -1158,30 +1242,27 @@ __global__ void __launch_bounds__(256, 1)
     { /* dT (strictly lower) = dW X_w^T + dU X_u^T = (dW (Gamma K)^T + dVt V^T) diag(beta) */
         const prod_term t1 = {dW, dk, E1, dk, dk}, t2 = {dUc, HV, vc, HV, dv};
         staged_product<true>(acc, t1, t2, n, n, As, Bs, tid, nt);
-        tile_each(acc, r0, lane, n, n, [&](int64_t r, int64_t s, float x) {
+        tile_each(acc, tid, n, n, [&](int64_t r, int64_t s, float x) {
             dT[r * LA + s] = s < r ? x * bs[s] : 0.0f;
         });
+    }
+    { /* dXw = T^T dW = dW + (T - I)^T dW (P.Tm: T - I, strictly lower, rows n.. zero) */
+        const prod_term t = {P.Tm, C, dW, dk, n, true}, none = {};
+        staged_product<false>(acc, t, none, n, dk, As, Bs, tid, nt);
+        tile_each(acc, tid, n, dk,
+                  [&](int64_t x, int64_t c, float y) { dXw[x * dk + c] = dW[x * dk + c] + y; });
+    }
+    { /* dXu = T^T dU likewise */
+        const prod_term t = {P.Tm, C, dUc, HV, n, true}, none = {};
+        staged_product<false>(acc, t, none, n, dv, As, Bs, tid, nt);
+        tile_each(acc, tid, n, dv,
+                  [&](int64_t x, int64_t j, float y) { dXu[x * dv + j] = dUc[x * HV + j] + y; });
     }
     for (int64_t i = tid; i < C * C; i += nt) { /* the region's slices are consumed */
         Tm[(i / C) * LA + i % C] = P.Tm[i];
         Ak[(i / C) * LA + i % C] = P.Akk[i];
     }
     __syncthreads();
-    /* dXw = T^T dW, dXu = T^T dU (T unit lower triangular) */
-    for (int64_t i = tid; i < n * dk; i += nt) {
-        int64_t x = i / dk, c = i % dk;
-        float a = dW[x * dk + c];
-        for (int64_t r = x + 1; r < n; r++)
-            a += Tm[r * LA + x] * dW[r * dk + c];
-        dXw[x * dk + c] = a;
-    }
-    for (int64_t i = tid; i < n * dv; i += nt) {
-        int64_t x = i / dv, j = i % dv;
-        float a = dUc[x * HV + j];
-        for (int64_t r = x + 1; r < n; r++)
-            a += Tm[r * LA + x] * dUc[r * HV + j];
-        dXu[x * dv + j] = a;
-    }
     /* Pm = dT T^T:  Pm[r, b] = sum_j dT[r, j] T[b, j] (T[b, b] = 1, j <= b) */
     for (int64_t i = tid; i < C * C; i += nt) {
         int64_t r = i / C, b = i % C;
@@ -1316,14 +1397,15 @@ extern "C" void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float 
     float *ws_fwd = ws, *dSp = ws_fwd + nc * H * chunk_scratch(dk, dv, C);
     float *dVt = dSp + nc * H * dk * dv, *ws3 = dVt + T * H * dv;
     chunk_prep_launch(c, ws_fwd, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
-    size_t sm2 =
-        sizeof(float) * (size_t)(dk * (TV + 1) + 2 * C * (dk + 1) + 2 * C * (TV + 1) + C * (C + 1));
+    const int64_t C16 = (C + 15) & ~(int64_t)15, dk8 = (dk + 7) & ~(int64_t)7;
+    const size_t sm2 = sizeof(float) * (size_t)(dk8 * TV + 2 * state_buf_floats(dk, C) +
+                                                2 * C16 * TV + C16 * (C16 + 4));
     cudaFuncSetAttribute(k_kda_cbwd_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
     dim3 g2((unsigned)((dv + TV - 1) / TV), (unsigned)H, (unsigned)N);
     k_kda_cbwd_state<<<g2, 256, sm2, c->stream>>>(dSp, dVt, dS0, dS_T, d_o, ws_fwd, c->index, N, H,
                                                   dk, dv, C);
-    static_assert(ARL_CUDA_KDA_MAX_C <= 8 * RPW && ARL_CUDA_KDA_MAX_DK <= 32 * TCOLS &&
-                      ARL_CUDA_KDA_MAX_DV <= 32 * TCOLS,
+    static_assert(ARL_CUDA_KDA_MAX_C <= SP_ROWS && ARL_CUDA_KDA_MAX_DK <= SP_COLS &&
+                      ARL_CUDA_KDA_MAX_DV <= SP_COLS,
                   "staged products");
     size_t sm3 = sizeof(float) * cbwd_smem_floats(dk, C);
     cudaFuncSetAttribute(k_kda_cbwd, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm3);

@@ -60,7 +60,9 @@ void arl_cuda_kda_recurrent_fwd(float *o, float *S, float *chunk_states, const f
  * gates), in two kernels: (1) per (chunk, head), all chunks in parallel: G = cumsum g, A_kk, the
  * UT transform T = (I + A_kk)^-1 by forward substitution, W, U, A_qk and the decay factors;
  * (2) per (document, head, 32-column slice of the state), chunks in order: V~ = U - W S,
- * O = (Gamma Q) S + A_qk V~, S <- exp(G_n) S + K~^T V~.  dk <= 128, dv <= 128, C <= 64;
+ * O = (Gamma Q) S + A_qk V~, S <- exp(G_n) S + K~^T V~.  The products of (2) and W, U of (1)
+ * run on tensor cores as 3xTF32 (each fp32 operand split into two tf32 parts, three products:
+ * fp32-class results); the state stays fp32 in shared memory.  dk <= 128, dv <= 128, C <= 64;
  * at most T/C + N chunks fit the context's index table (about 32K chunks).
  * ws: arl_cuda_kda_chunk_ws_floats(T, N, H, dk, dv, C) floats of device memory. */
 int64_t arl_cuda_kda_chunk_ws_floats(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
@@ -101,8 +103,9 @@ void arl_cuda_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, float *dg, fl
  * same C: (1) the forward's per-chunk prep again (all chunks in parallel), (2) a reverse pass
  * per (32-column slice, head, document) carrying dS through the chunks (dV~ and each chunk's
  * outgoing-state gradient), (3) per (chunk, head), all chunks in parallel, everything inside
- * the chunk (the A_qk, UT-transform and A_kk terms, reverse cumsum of dG).  Same contract
- * and limits as arl_cuda_kda_chunk_fwd.  ws: arl_cuda_kda_chunk_bwd_ws_floats floats. */
+ * the chunk (the A_qk, UT-transform and A_kk terms, reverse cumsum of dG).  The products of
+ * (2) and those of (3) with a dk- or dv-long reduction run as 3xTF32 as in the forward.  Same
+ * contract and limits as arl_cuda_kda_chunk_fwd.  ws: arl_cuda_kda_chunk_bwd_ws_floats floats. */
 int64_t arl_cuda_kda_chunk_bwd_ws_floats(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
                                          int64_t C);
 void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, float *dS0,

@@ -198,6 +198,8 @@ static void test_kda(void) {
     kda_case(128, 128, 64, 5.0f); /* the benchmark's head dims */
     kda_case(32, 32, 40, 10.0f);  /* steep gates (difference-form sub-chunks), C = 40: the last
                                      sub-chunk of 8 rows; a 1-row chunk of document 2 */
+    kda_case(20, 12, 24, 5.0f);   /* widths and chunk not multiples of the tensor-core tiles
+                                     (8-wide k steps, 16-row tiles): the zero padding */
 }
 
 /* ---------------------------------------------------------------- MLA */
