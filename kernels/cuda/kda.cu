@@ -163,186 +163,20 @@ __device__ static inline chunk_ptrs scratch_of(float *ws, int64_t ci, int64_t h,
     return p;
 }
 
-#define KDA_SUB 16            /* rows of a sub-chunk of the factored pair products */
-#define KDA_FACTOR_SPAN 80.0f /* largest exponent of a factor (policy/kda.c: e^80 is normal) */
-
-/* A_kk (as -beta_r A_kk, strictly lower, into A) and A_qk (lower with the diagonal, into Aqk)
- * for rows [r0, r1) of a chunk of n rows: one exp per (pair, channel), the difference form. */
-__device__ static inline void pairs_difference(float *A, float *Aqk, const float *Ks,
-                                               const float *Qs, const float *Gs, const float *bs,
-                                               int64_t r0, int64_t r1, int64_t n, int64_t dk,
-                                               int64_t C, int64_t LD, int64_t LA, int tid, int nt) {
-    for (int64_t i = r0 * C + tid; i < r1 * C; i += nt) {
-        int64_t r = i / C, s = i % C;
-        float akk = 0.0f, aqk = 0.0f;
-        if (r < n && s <= r) {
-            for (int64_t c = 0; c < dk; c++) {
-                float e = expf(Gs[r * LD + c] - Gs[s * LD + c]);
-                float ke = Ks[s * LD + c] * e;
-                akk += Ks[r * LD + c] * ke;
-                aqk += Qs[r * LD + c] * ke;
-            }
-        }
-        A[r * LA + s] = (s < r && r < n) ? -bs[r] * akk : 0.0f;
-        Aqk[r * C + s] = (r < n && s <= r) ? aqk : 0.0f;
-    }
-}
-
-/* The same in the factored form of the CPU reference (policy/kda.c chunk_pairs, spec 3.5):
- * per sub-chunk R = [r0, r0 + KDA_SUB) with boundary b = r0, for r in R and i < r + 1,
- *   exp(G_r - G_i) = exp(G_r - G_b) exp(G_b - G_i),
- * so A[r, i] = sum_c (K_r e^{G_r - G_b})_c (K_i e^{G_b - G_i})_c (Q_r for A_qk): one exp per
- * (row, channel) of each sub-chunk instead of one per (pair, channel), and per product
- * channel three shared loads and two multiply-adds instead of five loads and an exp.  A
- * sub-chunk one of whose exponents exceeds KDA_FACTOR_SPAN takes the difference form (as the
- * CPU does).  Shared: XR (C, LD) the right factors K_i e^{G_b - G_i}, LK and LQ (KDA_SUB, LD)
- * the left ones, flag. */
-__device__ static inline void pairs_factored(float *A, float *Aqk, const float *Ks, const float *Qs,
-                                             const float *Gs, const float *bs, float *XR, float *LK,
-                                             float *LQ, int *flag, int64_t n, int64_t dk, int64_t C,
-                                             int64_t LD, int64_t LA, int tid, int nt) {
-    for (int64_t r0 = 0; r0 < C; r0 += KDA_SUB) {
-        const int64_t r1 = r0 + KDA_SUB < C ? r0 + KDA_SUB : C, re = r1 < n ? r1 : n;
-        if (r0 >= n) { /* rows past the chunk's end: zeros */
-            pairs_difference(A, Aqk, Ks, Qs, Gs, bs, r0, r1, n, dk, C, LD, LA, tid, nt);
-            continue;
-        }
-        if (tid == 0) *flag = 0;
-        __syncthreads();
-        for (int64_t i = tid; i < re * dk; i += nt) { /* rows 0 .. re of the chunk */
-            const int64_t r = i / dk, c = i % dk;
-            const float e = Gs[r0 * LD + c] - Gs[r * LD + c];
-            if (e > KDA_FACTOR_SPAN) *flag = 1;
-            XR[r * LD + c] = Ks[r * LD + c] * expf(e);
-        }
-        for (int64_t i = tid; i < (re - r0) * dk; i += nt) { /* the sub-chunk's own rows */
-            const int64_t r = r0 + i / dk, c = i % dk;
-            const float e = Gs[r * LD + c] - Gs[r0 * LD + c];
-            if (e > KDA_FACTOR_SPAN) *flag = 1;
-            const float x = expf(e);
-            LK[(r - r0) * LD + c] = Ks[r * LD + c] * x;
-            LQ[(r - r0) * LD + c] = Qs[r * LD + c] * x;
-        }
-        __syncthreads();
-        if (*flag) {
-            pairs_difference(A, Aqk, Ks, Qs, Gs, bs, r0, r1, n, dk, C, LD, LA, tid, nt);
-        } else {
-            for (int64_t i = r0 * C + tid; i < r1 * C; i += nt) {
-                const int64_t r = i / C, s = i % C;
-                float akk = 0.0f, aqk = 0.0f;
-                if (r < n && s <= r) {
-                    const float *lk = LK + (r - r0) * LD, *lq = LQ + (r - r0) * LD;
-                    const float *xr = XR + s * LD;
-                    for (int64_t c = 0; c < dk; c++) {
-                        const float x = xr[c];
-                        akk += lk[c] * x;
-                        aqk += lq[c] * x;
-                    }
-                }
-                A[r * LA + s] = (s < r && r < n) ? -bs[r] * akk : 0.0f;
-                Aqk[r * C + s] = (r < n && s <= r) ? aqk : 0.0f;
-            }
-        }
-        __syncthreads(); /* XR, LK, LQ and the flag are the next sub-chunk's */
-    }
-}
-
-/* Spec 3.5 (3): A holds L = -beta A_kk (strictly lower, rows n.. zero) on entry and X = T - I
- * on return, T = (I - L)^-1, i.e. X = L + L X.  By blocks of KDA_SUB rows: the diagonal blocks
- * X_bb by forward substitution, all blocks at once (KDA_SUB steps, not n); then the blocks
- * below them one block diagonal at a time,
- *   R_ij = sum_{k=j}^{i-1} L_ik T_kj  (T_jj = I + X_jj, T_kj = X_kj below the diagonal),
- *   X_ij = T_ii R_ij = R_ij + X_ii R_ij,
- * each element of a diagonal's blocks by its own thread.  The X_ij go to Xo (C, LA) until the
- * end (the L_ik they read stay in A); Rb holds the R of one block diagonal (at most
- * C / KDA_SUB - 1 blocks of KDA_SUB^2).  Exact in exact arithmetic; the sums' order differs
- * from the row-by-row substitution. */
-__device__ static inline void invert_unit_lower(float *A, float *Xo, float *Rb, int64_t n,
-                                                int64_t LA, int tid, int nt) {
-    const int64_t B = KDA_SUB, nb = (n + B - 1) / B;
-    for (int64_t i = 1; i < B; i++) { /* local row i of every diagonal block */
-        const int64_t b = tid / B, j = tid % B, r = b * B + i, c = b * B + j;
-        const bool act = b < nb && r < n && j < i;
-        float val = 0.0f;
-        if (act) {
-            val = A[r * LA + c];
-            for (int64_t m = j + 1; m < i; m++)
-                val += A[r * LA + b * B + m] * A[(b * B + m) * LA + c];
-        }
-        __syncthreads();
-        if (act) A[r * LA + c] = val;
-        __syncthreads();
-    }
-    for (int64_t d = 1; d < nb; d++) { /* blocks (i, i - d) */
-        const int64_t cnt = (nb - d) * B * B;
-        for (int64_t e = tid; e < cnt; e += nt) {
-            const int64_t i = d + e / (B * B), j = i - d, rr = e % (B * B) / B, cc = e % B;
-            const int64_t r = i * B + rr, c = j * B + cc;
-            float val = 0.0f;
-            if (r < n) {
-                val = A[r * LA + c]; /* k = j: L_ij (I + X_jj) */
-                for (int64_t m = cc + 1; m < B; m++)
-                    val += A[r * LA + j * B + m] * A[(j * B + m) * LA + c];
-                for (int64_t m = (j + 1) * B; m < i * B; m++) /* k = j+1 .. i-1 */
-                    val += A[r * LA + m] * Xo[m * LA + c];
-            }
-            Rb[e] = val;
-        }
-        __syncthreads();
-        for (int64_t e = tid; e < cnt; e += nt) {
-            const int64_t i = d + e / (B * B), j = i - d, rr = e % (B * B) / B, cc = e % B;
-            const int64_t r = i * B + rr, c = j * B + cc;
-            if (r >= n) continue;
-            const float *Rp = Rb + (e / (B * B)) * B * B;
-            float val = Rp[rr * B + cc];
-            for (int64_t m = 0; m < rr; m++)
-                val += A[r * LA + i * B + m] * Rp[m * B + cc];
-            Xo[r * LA + c] = val;
-        }
-        __syncthreads();
-    }
-    for (int64_t e = tid; e < n * n; e += nt) { /* the blocks below the diagonal into A */
-        const int64_t r = e / n, c = e % n;
-        if (c < r / B * B) A[r * LA + c] = Xo[r * LA + c];
-    }
-    __syncthreads();
-}
-
-/* Shared floats of invert_unit_lower's Xo and Rb. */
-static int64_t invert_smem_floats(int64_t C) {
-    const int64_t nb = (C + KDA_SUB - 1) / KDA_SUB;
-    return C * (C + 1) + (nb - 1) * KDA_SUB * KDA_SUB;
-}
-
-/* ---- products on tensor cores, 3xTF32 (kernel 1's W and U, both state passes, k_kda_cbwd) ----
+/* ---- products on tensor cores, 3xTF32 (kernel 1, both state passes, k_kda_cbwd) ----
  * The products run as mma.sync m16n8k8 with tf32 operands and fp32 accumulators.  Each fp32
- * operand x is split as x = hi + lo, hi = tf32(x), lo = tf32(x - hi) (round to nearest), and a
- * b is taken as hi_a hi_b + hi_a lo_b + lo_a hi_b: what is left out (lo_a lo_b and the split's
- * rounding) is below 2^-21 of |a b|, so the products stay fp32-class (spec 1.4 keeps the KDA
- * state and its gradients in fp32) at three tensor-core products per fp32 one.
+ * operand x is split as x = hi + lo, hi = x truncated to tf32 (10 explicit mantissa bits), lo =
+ * x - hi (exact in fp32) truncated the same way, and a b is taken as hi_a hi_b + hi_a lo_b +
+ * lo_a hi_b: what is left out (lo_a lo_b and lo's truncation) is below 3 2^-20 of |a b|, so the
+ * products stay fp32-class (spec 1.4 keeps the KDA state and its gradients in fp32) at three
+ * tensor-core products per fp32 one; a split is three integer and float instructions.
  * Fragment layout (PTX ISA, mma.m16n8k8 .tf32, g = lane / 4, t = lane % 4): A {a0..a3} hold
  * (row g, col t), (row g + 8, col t), (row g, col t + 4), (row g + 8, col t + 4); B {b0, b1}
  * hold (k t, col g), (k t + 4, col g); C {c0..c3} hold (row g, cols 2t, 2t + 1) and (row g + 8,
  * cols 2t, 2t + 1). */
-#define SP_ROWS 64        /* nA <= SP_ROWS (4 warps of 16 rows) */
-#define SP_COLS 128       /* nB <= SP_COLS (2 warps of 64 columns) */
-#define TJ 32             /* reduction slice of a staged product */
-#define TJP (TJ + 4)      /* row stride of the (rows, TJ) slices: fragment reads hit 32 banks */
-#define TNP (SP_COLS + 8) /* row stride of the (TJ, nB) slice: the same */
-
-__device__ static inline uint32_t tf32_bits(float x) { /* round to nearest, ties away */
-#if defined(__CUDACC__)
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r & 0xffffe000u;
-#else
-    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-#endif
-}
-
 __device__ static inline void tf32_split(float x, uint32_t &hi, uint32_t &lo) {
-    hi = tf32_bits(x);
-    lo = tf32_bits(x - __uint_as_float(hi));
+    hi = __float_as_uint(x) & 0xffffe000u;
+    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
 }
 
 /* c += a b for one m16n8k8 tile from the split operands (ah + al, bh + bl), lo_a lo_b left out */
@@ -420,6 +254,170 @@ template <int NJ, class F> __device__ static inline void frag_each(F f) {
         for (int e = 0; e < 4; e++)
             f(j, e, g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1));
 }
+
+#define KDA_SUB 16            /* rows of a sub-chunk of the factored pair products */
+#define KDA_FACTOR_SPAN 80.0f /* largest exponent of a factor (policy/kda.c: e^80 is normal) */
+
+/* A_kk (as -beta_r A_kk, strictly lower, into A) and A_qk (lower with the diagonal, into Aqk)
+ * for rows [r0, r1) of a chunk of n rows: one exp per (pair, channel), the difference form. */
+__device__ static inline void pairs_difference(float *A, float *Aqk, const float *Ks,
+                                               const float *Qs, const float *Gs, const float *bs,
+                                               int64_t r0, int64_t r1, int64_t n, int64_t dk,
+                                               int64_t C, int64_t LD, int64_t LA, int tid, int nt) {
+    for (int64_t i = r0 * C + tid; i < r1 * C; i += nt) {
+        int64_t r = i / C, s = i % C;
+        float akk = 0.0f, aqk = 0.0f;
+        if (r < n && s <= r) {
+            for (int64_t c = 0; c < dk; c++) {
+                float e = expf(Gs[r * LD + c] - Gs[s * LD + c]);
+                float ke = Ks[s * LD + c] * e;
+                akk += Ks[r * LD + c] * ke;
+                aqk += Qs[r * LD + c] * ke;
+            }
+        }
+        A[r * LA + s] = (s < r && r < n) ? -bs[r] * akk : 0.0f;
+        Aqk[r * C + s] = (r < n && s <= r) ? aqk : 0.0f;
+    }
+}
+
+/* The same in the factored form of the CPU reference (policy/kda.c chunk_pairs, spec 3.5):
+ * per sub-chunk R = [r0, r0 + KDA_SUB) with boundary b = r0, for r in R and i < r + 1,
+ *   exp(G_r - G_i) = exp(G_r - G_b) exp(G_b - G_i),
+ * so A[r, i] = sum_c (K_r e^{G_r - G_b})_c (K_i e^{G_b - G_i})_c (Q_r for A_qk): one exp per
+ * (row, channel) of each sub-chunk instead of one per (pair, channel), and the pair sums two
+ * (16, C) matrix products (3xTF32 on tensor cores) instead of five loads and an exp each.  A
+ * sub-chunk one of whose exponents exceeds KDA_FACTOR_SPAN takes the difference form (as the
+ * CPU does).  Shared: XR (C, LD) the right factors K_i e^{G_b - G_i}, LK and LQ (KDA_SUB, LD)
+ * the left ones, flag. */
+__device__ static inline void pairs_factored(float *A, float *Aqk, const float *Ks, const float *Qs,
+                                             const float *Gs, const float *bs, float *XR, float *LK,
+                                             float *LQ, int *flag, int64_t n, int64_t dk, int64_t C,
+                                             int64_t LD, int64_t LA, int tid, int nt) {
+    for (int64_t r0 = 0; r0 < C; r0 += KDA_SUB) {
+        const int64_t r1 = r0 + KDA_SUB < C ? r0 + KDA_SUB : C, re = r1 < n ? r1 : n;
+        if (r0 >= n) { /* rows past the chunk's end: zeros */
+            pairs_difference(A, Aqk, Ks, Qs, Gs, bs, r0, r1, n, dk, C, LD, LA, tid, nt);
+            continue;
+        }
+        if (tid == 0) *flag = 0;
+        __syncthreads();
+        for (int64_t i = tid; i < re * dk; i += nt) { /* rows 0 .. re of the chunk */
+            const int64_t r = i / dk, c = i % dk;
+            const float e = Gs[r0 * LD + c] - Gs[r * LD + c];
+            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            XR[r * LD + c] = Ks[r * LD + c] * expf(e);
+        }
+        for (int64_t i = tid; i < (re - r0) * dk; i += nt) { /* the sub-chunk's own rows */
+            const int64_t r = r0 + i / dk, c = i % dk;
+            const float e = Gs[r * LD + c] - Gs[r0 * LD + c];
+            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            const float x = expf(e);
+            LK[(r - r0) * LD + c] = Ks[r * LD + c] * x;
+            LQ[(r - r0) * LD + c] = Qs[r * LD + c] * x;
+        }
+        __syncthreads();
+        if (*flag) {
+            pairs_difference(A, Aqk, Ks, Qs, Gs, bs, r0, r1, n, dk, C, LD, LA, tid, nt);
+        } else { /* LK XR^T and LQ XR^T on tensor cores: warp w takes the product w / 4 and
+                  * the columns 16 (w % 4) .. + 16 (read past dk as zero; rows past re and columns
+                  * past C land in outputs left unwritten or masked) */
+            const int w = tid >> 5;
+            const int64_t cb = 16 * (w & 3);
+            if (cb < C) { /* warp-uniform */
+                const float *L = (w >> 2) ? LQ : LK;
+                float acc[2][4] = {};
+                warp_mma<2>(
+                    acc, C - cb > 8 ? 2 : 1,
+                    [&](int64_t r, int64_t k) { return k < dk ? L[r * LD + k] : 0.0f; },
+                    [&](int64_t k, int64_t col) { return k < dk ? XR[(cb + col) * LD + k] : 0.0f; },
+                    (dk + 7) & ~(int64_t)7);
+                frag_each<2>([&](int j, int e, int ro, int co) {
+                    const int64_t r = r0 + ro, s = cb + co;
+                    if (r >= r1 || s >= C) return;
+                    if (w >> 2)
+                        Aqk[r * C + s] = (r < n && s <= r) ? acc[j][e] : 0.0f;
+                    else
+                        A[r * LA + s] = (s < r && r < n) ? -bs[r] * acc[j][e] : 0.0f;
+                });
+            }
+        }
+        __syncthreads(); /* XR, LK, LQ and the flag are the next sub-chunk's */
+    }
+}
+
+/* Spec 3.5 (3): A holds L = -beta A_kk (strictly lower, rows n.. zero) on entry and X = T - I
+ * on return, T = (I - L)^-1, i.e. X = L + L X.  By blocks of KDA_SUB rows: the diagonal blocks
+ * X_bb by forward substitution, all blocks at once (KDA_SUB steps, not n); then the blocks
+ * below them one block diagonal at a time,
+ *   R_ij = sum_{k=j}^{i-1} L_ik T_kj  (T_jj = I + X_jj, T_kj = X_kj below the diagonal),
+ *   X_ij = T_ii R_ij = R_ij + X_ii R_ij,
+ * each element of a diagonal's blocks by its own thread.  The X_ij go to Xo (C, LA) until the
+ * end (the L_ik they read stay in A); Rb holds the R of one block diagonal (at most
+ * C / KDA_SUB - 1 blocks of KDA_SUB^2).  Exact in exact arithmetic; the sums' order differs
+ * from the row-by-row substitution. */
+__device__ static inline void invert_unit_lower(float *A, float *Xo, float *Rb, int64_t n,
+                                                int64_t LA, int tid, int nt) {
+    const int64_t B = KDA_SUB, nb = (n + B - 1) / B;
+    for (int64_t i = 1; i < B; i++) { /* local row i of every diagonal block */
+        const int64_t b = tid / B, j = tid % B, r = b * B + i, c = b * B + j;
+        const bool act = b < nb && r < n && j < i;
+        float val = 0.0f;
+        if (act) {
+            val = A[r * LA + c];
+            for (int64_t m = j + 1; m < i; m++)
+                val += A[r * LA + b * B + m] * A[(b * B + m) * LA + c];
+        }
+        __syncthreads();
+        if (act) A[r * LA + c] = val;
+        __syncthreads();
+    }
+    for (int64_t d = 1; d < nb; d++) { /* blocks (i, i - d) */
+        const int64_t cnt = (nb - d) * B * B;
+        for (int64_t e = tid; e < cnt; e += nt) {
+            const int64_t i = d + e / (B * B), j = i - d, rr = e % (B * B) / B, cc = e % B;
+            const int64_t r = i * B + rr, c = j * B + cc;
+            float val = 0.0f;
+            if (r < n) {
+                val = A[r * LA + c]; /* k = j: L_ij (I + X_jj) */
+                for (int64_t m = cc + 1; m < B; m++)
+                    val += A[r * LA + j * B + m] * A[(j * B + m) * LA + c];
+                for (int64_t m = (j + 1) * B; m < i * B; m++) /* k = j+1 .. i-1 */
+                    val += A[r * LA + m] * Xo[m * LA + c];
+            }
+            Rb[e] = val;
+        }
+        __syncthreads();
+        for (int64_t e = tid; e < cnt; e += nt) {
+            const int64_t i = d + e / (B * B), j = i - d, rr = e % (B * B) / B, cc = e % B;
+            const int64_t r = i * B + rr, c = j * B + cc;
+            if (r >= n) continue;
+            const float *Rp = Rb + (e / (B * B)) * B * B;
+            float val = Rp[rr * B + cc];
+            for (int64_t m = 0; m < rr; m++)
+                val += A[r * LA + i * B + m] * Rp[m * B + cc];
+            Xo[r * LA + c] = val;
+        }
+        __syncthreads();
+    }
+    for (int64_t e = tid; e < n * n; e += nt) { /* the blocks below the diagonal into A */
+        const int64_t r = e / n, c = e % n;
+        if (c < r / B * B) A[r * LA + c] = Xo[r * LA + c];
+    }
+    __syncthreads();
+}
+
+/* Shared floats of invert_unit_lower's Xo and Rb. */
+static int64_t invert_smem_floats(int64_t C) {
+    const int64_t nb = (C + KDA_SUB - 1) / KDA_SUB;
+    return C * (C + 1) + (nb - 1) * KDA_SUB * KDA_SUB;
+}
+
+/* ---- staged products (kernel 1's W and U, k_kda_cbwd) ---- */
+#define SP_ROWS 64        /* nA <= SP_ROWS (4 warps of 16 rows) */
+#define SP_COLS 128       /* nB <= SP_COLS (2 warps of 64 columns) */
+#define TJ 32             /* reduction slice of a staged product */
+#define TJP (TJ + 4)      /* row stride of the (rows, TJ) slices: fragment reads hit 32 banks */
+#define TNP (SP_COLS + 8) /* row stride of the (TJ, nB) slice: the same */
 
 /* One term of a staged product: A has nA rows lda apart, K wide (at: A^T is given, K rows lda
  * apart, nA wide); B has nB rows ldb apart, K wide ("A B^T", B_T) or K rows ldb apart, nB wide
@@ -1131,15 +1129,15 @@ static size_t cbwd_smem_floats(int64_t dk, int64_t C) {
 /* Per (chunk, head): everything of spec 3.8 that stays inside the chunk, from the stored
  * incoming state S, the outgoing-state gradient dSp, dVt and dO.  The products with a dv or dk
  * long reduction (Vt, dAqk, M, dW, dKbar, dT) and the UT transform's T^T dW, T^T dU are staged
- * products (tensor cores, 3xTF32); the pair terms of A_qk and
- * A_kk are in the factored form of the CPU reference (policy/kda.c chunk_pairs_bwd): per
- * sub-chunk of KDA_SUB rows, one exp per (row, channel) instead of one per (pair, channel), and
- * the difference form where a factor would leave e^KDA_FACTOR_SPAN.  Gradients of q, k, v are
- * added to the outputs directly (this block owns the chunk's rows); dG is kept in the scratch
- * until its reverse cumulative sum.
+ * products (tensor cores, 3xTF32); the pair terms of A_qk and A_kk are in the factored form
+ * of the CPU reference (policy/kda.c chunk_pairs_bwd): per sub-chunk of KDA_SUB rows, one exp
+ * per (row, channel) instead of one per (pair, channel) and the pair sums as products on tensor
+ * cores, or the difference form in scalar code where a factor would leave e^KDA_FACTOR_SPAN.
+ * Gradients of q, k, v are added to the outputs directly (this block owns the chunk's rows); dG
+ * is kept in the scratch until its reverse cumulative sum.
  * (256, 1): one block per SM (the shared memory leaves room for no second), so each thread may
- * hold 255 registers and the staged products' accumulators and fragments stay in them (sm_90:
- * 168, no spills). */
+ * hold 255 registers and the products' accumulators and fragments stay in them (sm_90: 194, no
+ * spills). */
 __global__ void __launch_bounds__(256, 1)
     k_kda_cbwd(float *dq, float *dk_, float *dv_, float *dg, float *dbeta, const float *q,
                const float *k, const float *v, const float *g, const float *beta,
@@ -1327,48 +1325,101 @@ __global__ void __launch_bounds__(256, 1)
             Lf[(x - q0) * LD + c] = expf(e);
         }
         __syncthreads();
-        const bool fac = *flag == 0;
+        const bool fac = *flag == 0; /* block-uniform */
+        const int w = tid >> 5;
         /* rows x of Q: tq (A_qk, x the query row), ti (A_kk, x the row) */
-        for (int64_t i = tid; i < m * dk; i += nt) {
-            const int64_t x = q0 + i / dk, c = i % dk;
-            const float Gx = Gs[x * LD + c];
-            float tq = 0.0f, ti = 0.0f;
-            for (int64_t s2 = 0; s2 < x; s2++) {
-                const float kr =
-                    Ks[s2 * LD + c] * (fac ? Rf[s2 * LD + c] : expf(Gx - Gs[s2 * LD + c]));
-                tq += dA[x * LA + s2] * kr;
-                ti += dT[x * LA + s2] * kr;
+        if (fac) { /* tq = Lf (dA_Q KR), ti = Lf (dT_Q KR), KR = K Rf over the rows < q1, on
+                    * tensor cores: warp w takes the columns 16 w .. + 16 */
+            const int64_t cb = 16 * w, K8 = (q1 + 7) & ~(int64_t)7;
+            if (cb < dk) { /* warp-uniform */
+                const int ntile = dk - cb > 8 ? 2 : 1;
+                const auto kr = [&](int64_t s2, int64_t col) {
+                    const int64_t c = cb + col;
+                    return s2 < q1 && c < dk ? Ks[s2 * LD + c] * Rf[s2 * LD + c] : 0.0f;
+                };
+                float aq[2][4] = {}, ai[2][4] = {};
+                /* acc = D_Q KR */
+                const auto rows = [&](float(&acc)[2][4], const float *D) {
+                    warp_mma<2>(
+                        acc, ntile,
+                        [&](int64_t r, int64_t s2) {
+                            return q0 + r < q1 && s2 < q1 ? D[(q0 + r) * LA + s2] : 0.0f;
+                        },
+                        kr, K8);
+                };
+                rows(aq, dA);
+                rows(ai, dT);
+                frag_each<2>([&](int j, int e, int ro, int co) {
+                    const int64_t x = q0 + ro, c = cb + co;
+                    if (x >= q1 || c >= dk) return;
+                    const float l = Lf[ro * LD + c], tq = l * aq[j][e], ti = l * ai[j][e];
+                    dq[ROW(dk, x) + c] += scale * tq;
+                    dk_[ROW(dk, x) + c] += ti;
+                    dGs[x * dk + c] += Qs[x * LD + c] * tq + Ks[x * LD + c] * ti;
+                });
             }
-            if (fac) {
-                const float l = Lf[(x - q0) * LD + c];
-                tq = l * (tq + dA[x * LA + x] * Ks[x * LD + c] * Rf[x * LD + c]);
-                ti *= l;
-            } else {
+        } else { /* the difference form: one exp per pair and channel */
+            for (int64_t i = tid; i < m * dk; i += nt) {
+                const int64_t x = q0 + i / dk, c = i % dk;
+                const float Gx = Gs[x * LD + c];
+                float tq = 0.0f, ti = 0.0f;
+                for (int64_t s2 = 0; s2 < x; s2++) {
+                    const float kr = Ks[s2 * LD + c] * expf(Gx - Gs[s2 * LD + c]);
+                    tq += dA[x * LA + s2] * kr;
+                    ti += dT[x * LA + s2] * kr;
+                }
                 tq += dA[x * LA + x] * Ks[x * LD + c];
+                dq[ROW(dk, x) + c] += scale * tq;
+                dk_[ROW(dk, x) + c] += ti;
+                dGs[x * dk + c] += Qs[x * LD + c] * tq + Ks[x * LD + c] * ti;
             }
-            dq[ROW(dk, x) + c] += scale * tq;
-            dk_[ROW(dk, x) + c] += ti;
-            dGs[x * dk + c] += Qs[x * LD + c] * tq + Ks[x * LD + c] * ti;
         }
         __syncthreads();
         /* columns x < q1 against Q's rows r >= x: tk (A_qk, x the key row), tj (A_kk, x the
          * column) */
-        for (int64_t i = tid; i < q1 * dk; i += nt) {
-            const int64_t x = i / dk, c = i % dk;
-            const float Gx = Gs[x * LD + c];
-            float tk = 0.0f, tj = 0.0f;
-            if (x >= q0) {
-                const float f = fac ? Lf[(x - q0) * LD + c] : 1.0f;
-                tk = dA[x * LA + x] * Qs[x * LD + c] * f;
+        if (fac) { /* Rf (dA_Q^T (Q Lf) + dT_Q^T (K Lf)) on tensor cores (dA_Q is zero above
+                    * the diagonal, dT_Q on it): warp w takes the rows 16 (w % 4) .. + 16 and
+                    * the columns 64 (w / 4) .. + 64 */
+            const int64_t rb = 16 * (w & 3), cb = 64 * (w >> 2), m8 = (m + 7) & ~(int64_t)7;
+            if (rb < q1 && cb < dk) { /* warp-uniform */
+                const int ntile = dk - cb >= 64 ? 8 : (int)((dk - cb + 7) / 8);
+                float acc[8][4] = {};
+                /* acc += D_Q^T (X Lf) */
+                const auto term = [&](const float *D, const float *X) {
+                    warp_mma<8>(
+                        acc, ntile,
+                        [&](int64_t r, int64_t k) {
+                            return rb + r < q1 && k < m ? D[(q0 + k) * LA + rb + r] : 0.0f;
+                        },
+                        [&](int64_t k, int64_t col) {
+                            const int64_t c = cb + col;
+                            return k < m && c < dk ? X[(q0 + k) * LD + c] * Lf[k * LD + c] : 0.0f;
+                        },
+                        m8);
+                };
+                term(dA, Qs);
+                term(dT, Ks);
+                frag_each<8>([&](int j, int e, int ro, int co) {
+                    const int64_t x = rb + ro, c = cb + co;
+                    if (x >= q1 || c >= dk) return;
+                    const float y = Rf[x * LD + c] * acc[j][e];
+                    dk_[ROW(dk, x) + c] += y;
+                    dGs[x * dk + c] -= Ks[x * LD + c] * y;
+                });
             }
-            for (int64_t r = x + 1 > q0 ? x + 1 : q0; r < q1; r++) {
-                const float f = fac ? Lf[(r - q0) * LD + c] : expf(Gs[r * LD + c] - Gx);
-                tk += dA[r * LA + x] * Qs[r * LD + c] * f;
-                tj += dT[r * LA + x] * Ks[r * LD + c] * f;
+        } else {
+            for (int64_t i = tid; i < q1 * dk; i += nt) {
+                const int64_t x = i / dk, c = i % dk;
+                const float Gx = Gs[x * LD + c];
+                float tk = x >= q0 ? dA[x * LA + x] * Qs[x * LD + c] : 0.0f, tj = 0.0f;
+                for (int64_t r = x + 1 > q0 ? x + 1 : q0; r < q1; r++) {
+                    const float f = expf(Gs[r * LD + c] - Gx);
+                    tk += dA[r * LA + x] * Qs[r * LD + c] * f;
+                    tj += dT[r * LA + x] * Ks[r * LD + c] * f;
+                }
+                dk_[ROW(dk, x) + c] += tk + tj;
+                dGs[x * dk + c] -= Ks[x * LD + c] * (tk + tj);
             }
-            const float y = fac ? Rf[x * LD + c] * (tk + tj) : tk + tj;
-            dk_[ROW(dk, x) + c] += y;
-            dGs[x * dk + c] -= Ks[x * LD + c] * y;
         }
     }
     __syncthreads();
