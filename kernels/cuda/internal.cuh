@@ -16,7 +16,7 @@ extern "C" {
 }
 
 /* Internal part of the arena (carved off first at open). */
-#define ARL_CUDA_PARTIALS 1024                /* doubles for two-pass reductions */
+#define ARL_CUDA_PARTIALS 16384               /* doubles for two-pass reductions */
 #define ARL_CUDA_INDEX_INTS (1 << 16)         /* int32 index tables (chunk maps, MoE) */
 #define ARL_CUDA_CUBLAS_WS ((size_t)32 << 20) /* cuBLAS workspace */
 
@@ -82,37 +82,67 @@ static inline unsigned arl_blocks(int64_t n, int threads) {
          i += (int64_t)blockDim.x * gridDim.x)
 
 /* Deterministic column sums (the weight gradients of row-wise ops): for each column col <
- * ncol, out(col, sum over rows r < nrow of f(r, col)) with f returning a double.  One block
- * per 32 columns; ARL_COLSUM_LANES row lanes each walk rows lane, lane + LANES, ... in order,
- * then the lanes' sums are added in lane order: the same result every run (no atomics), with
- * 32 x LANES threads per block instead of one thread walking all rows.  F and G are functor
- * types with `__device__ double operator()(int64_t r, int64_t col) const` and
- * `__device__ void operator()(int64_t col, double sum) const`. */
+ * ncol, out(col, sum over rows r < nrow of f(r, col)) with f returning a double.  Blocks of 32
+ * columns and ARL_COLSUM_LANES row lanes; the rows are cut into S consecutive spans
+ * (colsum_splits: from the shape alone) so that narrow sums (a norm's d columns) still fill the
+ * GPU.  In a span each lane walks rows lane, lane + LANES, ... in order and the lanes' sums are
+ * added in lane order; with S > 1 each span's sums go to ctx->partials and a second kernel adds
+ * the S of a column in span order.  The same result every run and on every device (no
+ * atomics).  F and G are functor types with `__device__ double operator()(int64_t r, int64_t col)
+ * const` and `__device__ void operator()(int64_t col, double sum) const`. */
 #define ARL_COLSUM_LANES 16
+#define ARL_COLSUM_BLOCKS 264 /* blocks a sum aims at: two an SM of a 132-SM H100 / H200 */
 template <class F, class G>
 __global__ void __launch_bounds__(32 * ARL_COLSUM_LANES)
-    k_colsum(int64_t nrow, int64_t ncol, F f, G out) {
-    __shared__ double part[ARL_COLSUM_LANES][33];
+    k_colsum(int64_t nrow, int64_t ncol, int64_t span, F f, G out, double *part) {
+    __shared__ double sh[ARL_COLSUM_LANES][33];
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    const int64_t col = (int64_t)blockIdx.x * 32 + tx;
+    const int64_t col = (int64_t)blockIdx.x * 32 + tx, r0 = (int64_t)blockIdx.y * span;
+    const int64_t r1 = nrow - r0 < span ? nrow : r0 + span;
     double acc = 0.0;
     if (col < ncol)
-        for (int64_t r = ty; r < nrow; r += ARL_COLSUM_LANES)
+#pragma unroll 4 /* the loads of four rows in flight at once; the sum's order is unchanged */
+        for (int64_t r = r0 + ty; r < r1; r += ARL_COLSUM_LANES)
             acc += f(r, col);
-    part[ty][tx] = acc;
+    sh[ty][tx] = acc;
     __syncthreads();
     if (ty == 0 && col < ncol) {
         double sum = 0.0;
         for (int l = 0; l < ARL_COLSUM_LANES; l++)
-            sum += part[l][tx];
+            sum += sh[l][tx];
+        if (part)
+            part[blockIdx.y * ncol + col] = sum;
+        else
+            out(col, sum);
+    }
+}
+template <class G>
+__global__ void k_colsum_spans(int64_t ncol, int64_t nspan, const double *part, G out) {
+    ARL_GRID_STRIDE(col, ncol) {
+        double sum = 0.0;
+        for (int64_t y = 0; y < nspan; y++)
+            sum += part[y * ncol + col];
         out(col, sum);
     }
 }
+/* The spans of a column sum: enough blocks for ARL_COLSUM_BLOCKS, at least 4 rows a lane in
+ * each, the partial sums within ARL_CUDA_PARTIALS. */
+static inline int64_t colsum_splits(int64_t nrow, int64_t ncol) {
+    const int64_t nb = (ncol + 31) / 32;
+    int64_t S = (ARL_COLSUM_BLOCKS + nb - 1) / nb;
+    if (S > nrow / (4 * ARL_COLSUM_LANES)) S = nrow / (4 * ARL_COLSUM_LANES);
+    if (S > ARL_CUDA_PARTIALS / ncol) S = ARL_CUDA_PARTIALS / ncol;
+    return S < 1 ? 1 : S;
+}
 template <class F, class G>
-static inline void arl_colsum(cudaStream_t st, int64_t nrow, int64_t ncol, F f, G out) {
+static inline void arl_colsum(arl_cuda_ctx *c, int64_t nrow, int64_t ncol, F f, G out) {
     if (ncol <= 0) return;
-    k_colsum<F, G><<<(unsigned)((ncol + 31) / 32), 32 * ARL_COLSUM_LANES, 0, st>>>(nrow, ncol, f,
-                                                                                 out);
+    const int64_t S = colsum_splits(nrow, ncol), span = S > 1 ? (nrow + S - 1) / S : nrow;
+    const dim3 grid((unsigned)((ncol + 31) / 32), (unsigned)S);
+    k_colsum<F, G><<<grid, 32 * ARL_COLSUM_LANES, 0, c->stream>>>(nrow, ncol, span, f, out,
+                                                                  S > 1 ? c->partials : NULL);
+    if (S > 1)
+        k_colsum_spans<G><<<arl_blocks(ncol, 256), 256, 0, c->stream>>>(ncol, S, c->partials, out);
 }
 /* out functor: dst[col] += (float)sum */
 struct arl_colsum_add {

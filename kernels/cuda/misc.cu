@@ -96,8 +96,7 @@ extern "C" void arl_cuda_conv_bwd(float *dx, float *dw, const float *dz, const f
     k_conv_bwd_x<<<arl_blocks(T * C, 256), 256, 0, c->stream>>>(dx, dz, x, w, tails, cu, N, T, C,
                                                                 W);
     if (dw)
-        arl_colsum(c->stream, T, C * W, conv_dw_term{dz, x, w, tails, cu, N, T, C, W},
-                   arl_colsum_add{dw});
+        arl_colsum(c, T, C * W, conv_dw_term{dz, x, w, tails, cu, N, T, C, W}, arl_colsum_add{dw});
     ARL_CUDA_LAUNCHED(c, "conv_bwd");
 }
 
@@ -248,7 +247,7 @@ extern "C" void arl_cuda_attnres_mix_bwd(float *const *dsrc, float *dw_norm, flo
     }
     k_mix_bwd<<<(unsigned)T, 256, 0, c->stream>>>(D, ws, dh, S, N, T, d, w_norm, w_proj, eps);
     if (dw_norm || dw_proj)
-        arl_colsum(c->stream, T, d, mix_dw_term{ws, S, N, T, d},
+        arl_colsum(c, T, d, mix_dw_term{ws, S, N, T, d},
                    mix_dw_out{dw_norm, dw_proj, w_norm, w_proj});
     ARL_CUDA_LAUNCHED(c, "attnres_mix_bwd");
 }

@@ -124,7 +124,7 @@ static void cu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x
     arl_cuda_ctx *c = arl_cuda_need();
     if (n == 0) return;
     k_rmsnorm_bwd_x<<<(unsigned)n, NT, 0, c->stream>>>(dx, dy, x, w, rstd, d);
-    if (dw) arl_colsum(c->stream, n, d, rmsnorm_dw_term{dy, x, rstd, d}, arl_colsum_add{dw});
+    if (dw) arl_colsum(c, n, d, rmsnorm_dw_term{dy, x, rstd, d}, arl_colsum_add{dw});
     ARL_CUDA_LAUNCHED(c, "rmsnorm_bwd");
 }
 

@@ -143,7 +143,7 @@ extern "C" void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const
     k_onorm_bwd_rows<<<blocks, 128, 0, ctx->stream>>>(d_o, dgam, dob, o, gam, w, rstd, n, dv);
     ARL_CUDA_LAUNCHED(ctx, "kda_onorm_bwd");
     if (!dw) return;
-    arl_colsum(ctx->stream, n, dv, onorm_dw_term{dob, o, gam, rstd, dv}, arl_colsum_add{dw});
+    arl_colsum(ctx, n, dv, onorm_dw_term{dob, o, gam, rstd, dv}, arl_colsum_add{dw});
     ARL_CUDA_LAUNCHED(ctx, "kda_onorm_bwd (dw)");
 }
 

@@ -131,9 +131,8 @@ static void test_linear(void) {
     CT_CASE_END;
 }
 
-static void test_norms(void) {
+static void norms_case(int64_t n, int64_t d) {
     CT_CASE_BEGIN;
-    const int64_t n = 17, d = 300;
     float *x = ct_rand(n * d, -2, 2), *w = ct_rand(d, 0.5f, 1.5f), *dy = ct_rand(n * d, -1, 1);
     float *y = ct_host(sizeof(float) * n * d), *r = ct_host(sizeof(float) * n);
     float *dx = ct_rand(n * d, -1, 1), *dw = ct_rand(d, -1, 1);
@@ -160,6 +159,11 @@ static void test_norms(void) {
     ct_check("l2norm_bwd dx (+=)", d_dx, dx, n * d, 2e-6, 1e-5);
     free(x), free(w), free(dy), free(y), free(r), free(dx), free(dw);
     CT_CASE_END;
+}
+
+static void test_norms(void) {
+    norms_case(17, 300);
+    norms_case(300, 40); /* many rows, few columns: dw's column sum runs in 4 row spans */
 }
 
 static void test_softmax(void) {
