@@ -174,6 +174,11 @@ __device__ static inline chunk_ptrs scratch_of(float *ws, int64_t ci, int64_t h,
  * (row g, col t), (row g + 8, col t), (row g, col t + 4), (row g + 8, col t + 4); B {b0, b1}
  * hold (k t, col g), (k t + 4, col g); C {c0..c3} hold (row g, cols 2t, 2t + 1) and (row g + 8,
  * cols 2t, 2t + 1). */
+/* x rounded up to a multiple of m (the tensor-core tiles' padded extents) */
+__host__ __device__ static inline int64_t up_to(int64_t x, int64_t m) {
+    return (x + m - 1) / m * m;
+}
+
 __device__ static inline void tf32_split(float x, uint32_t &hi, uint32_t &lo) {
     hi = __float_as_uint(x) & 0xffffe000u;
     lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
@@ -330,7 +335,7 @@ __device__ static inline void pairs_factored(float *A, float *Aqk, const float *
                     acc, C - cb > 8 ? 2 : 1,
                     [&](int64_t r, int64_t k) { return k < dk ? L[r * LD + k] : 0.0f; },
                     [&](int64_t k, int64_t col) { return k < dk ? XR[(cb + col) * LD + k] : 0.0f; },
-                    (dk + 7) & ~(int64_t)7);
+                    up_to(dk, 8));
                 frag_each<2>([&](int j, int e, int ro, int co) {
                     const int64_t r = r0 + ro, s = cb + co;
                     if (r >= r1 || s >= C) return;
@@ -484,7 +489,7 @@ __device__ static void staged_product(prod_acc &acc, prod_term t1, prod_term t2,
             warp_mma<8>(
                 acc, ntile, [&](int64_t r, int64_t k) { return a0[r * TJP + k]; },
                 [&](int64_t k, int64_t col) { return B_T ? b0[col * TJP + k] : b0[k * TNP + col]; },
-                (nj + 7) & ~(int64_t)7);
+                up_to(nj, 8));
         }
     }
     __syncthreads();
@@ -648,7 +653,7 @@ __device__ static inline void tile_two(float (&acc)[2][4], const float *a1, int6
 template <bool T>
 __device__ static inline void stage_rows(float *dst, int64_t ld, const float *src, int64_t lds,
                                          int64_t n, int64_t cols, int tid, int nt) {
-    const int64_t n8 = (n + 7) & ~(int64_t)7, c8 = (cols + 7) & ~(int64_t)7;
+    const int64_t n8 = up_to(n, 8), c8 = up_to(cols, 8);
     for (int64_t i = tid; i < n8 * c8; i += nt) {
         const int64_t r = i / c8, c = i % c8;
         const bool ok = r < n && c < cols;
@@ -659,7 +664,15 @@ __device__ static inline void stage_rows(float *dst, int64_t ld, const float *sr
 /* Shared floats of one of the state passes' operand buffers: (C16, dk + 4), C16 = C rounded up
  * to 16 (the products' row tiles read whole tiles; rows past the chunk's are never used). */
 __host__ __device__ static inline int64_t state_buf_floats(int64_t dk, int64_t C) {
-    return ((C + 15) & ~(int64_t)15) * (dk + 4);
+    return up_to(C, 16) * (dk + 4);
+}
+
+/* Shared floats of a state pass: the state (dk8, TV), two operand buffers, `tiles` (C16, TV)
+ * tiles and A_qk (C16, C16 + 4), in that order (the kernels carve them so). */
+static size_t state_smem_bytes(int64_t dk, int64_t C, int64_t tiles) {
+    const int64_t C16 = up_to(C, 16);
+    return sizeof(float) * (size_t)(up_to(dk, 8) * TV + 2 * state_buf_floats(dk, C) +
+                                    tiles * C16 * TV + C16 * (C16 + 4));
 }
 
 /* Kernel 2: one block per (TV-column slice, head, document), 256 threads, chunks in order, the
@@ -677,7 +690,7 @@ __global__ void __launch_bounds__(256)
     extern __shared__ float sm[];
     const int64_t j0 = (int64_t)blockIdx.x * TV, h = blockIdx.y;
     const int32_t di = blockIdx.z;
-    const int64_t C16 = (C + 15) & ~(int64_t)15, dk8 = (dk + 7) & ~(int64_t)7;
+    const int64_t C16 = up_to(C, 16), dk8 = up_to(dk, 8);
     const int64_t LB = dk + 4, LT = C16 + 4, BUF = state_buf_floats(dk, C);
     float *Ss = sm, *bufs = Ss + dk8 * TV, *Vt = bufs + 2 * BUF, *As = Vt + C16 * TV;
     const int tid = threadIdx.x, nt = blockDim.x, w = tid >> 5;
@@ -698,7 +711,7 @@ __global__ void __launch_bounds__(256)
     cp_async_commit();
     __syncthreads();
     for (int32_t ci = doc[di]; ci < doc[di + 1]; ci++) {
-        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1], n8 = (n + 7) & ~(int64_t)7;
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1], n8 = up_to(n, 8);
         const bool busy = rb < n; /* warp-uniform */
         chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
         if (chunk_states) {
@@ -818,9 +831,7 @@ extern "C" void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, 
     const int64_t nc = chunk_args(N, T, H, dk, dv, C);
     if (T == 0) return;
     chunk_prep_launch(c, ws, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
-    const int64_t C16 = (C + 15) & ~(int64_t)15, dk8 = (dk + 7) & ~(int64_t)7;
-    const size_t sm2 = sizeof(float) * (size_t)(dk8 * TV + 2 * state_buf_floats(dk, C) + C16 * TV +
-                                                C16 * (C16 + 4));
+    const size_t sm2 = state_smem_bytes(dk, C, 1); /* Vt */
     cudaFuncSetAttribute(k_kda_chunk_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
     dim3 g2((unsigned)((dv + TV - 1) / TV), (unsigned)H, (unsigned)N);
     k_kda_chunk_state<<<g2, 256, sm2, c->stream>>>(o, S, chunk_states, ws, c->index, N, H, dk, dv,
@@ -1030,7 +1041,7 @@ __global__ void __launch_bounds__(256)
     extern __shared__ float sm[];
     const int64_t j0 = (int64_t)blockIdx.x * TV, h = blockIdx.y;
     const int32_t di = blockIdx.z;
-    const int64_t C16 = (C + 15) & ~(int64_t)15, dk8 = (dk + 7) & ~(int64_t)7;
+    const int64_t C16 = up_to(C, 16), dk8 = up_to(dk, 8);
     const int64_t LB = dk + 4, LT = C16 + 4, BUF = state_buf_floats(dk, C);
     float *dS = sm, *bufs = dS + dk8 * TV, *dO = bufs + 2 * BUF, *dV = dO + C16 * TV;
     float *As = dV + C16 * TV;
@@ -1047,7 +1058,7 @@ __global__ void __launch_bounds__(256)
     /* a chunk's first operands (Kb, Aqk^T and its dO slice), then Qg, then W, through two
      * buffers: each copied asynchronously while the one before it is multiplied */
     const auto stage_first = [&](int32_t ci, float *kb_buf) {
-        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1], n8 = (n + 7) & ~(int64_t)7;
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1], n8 = up_to(n, 8);
         const chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
         stage_rows<false>(kb_buf, LB, P.Kb, dk, n, dk, tid, nt);
         stage_rows<true>(As, LT, P.Aqk, C, n, n, tid, nt);
@@ -1062,7 +1073,7 @@ __global__ void __launch_bounds__(256)
     cp_async_commit();
     __syncthreads();
     for (int32_t ci = doc[di + 1] - 1; ci >= doc[di]; ci--) {
-        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1], n8 = (n + 7) & ~(int64_t)7;
+        const int64_t t0 = ch[2 * ci], n = ch[2 * ci + 1], n8 = up_to(n, 8);
         chunk_ptrs P = scratch_of((float *)ws, ci, h, H, dk, dv, C);
         float *dSp = dSp_all + ((int64_t)ci * H + h) * dk * dv;
         for (int64_t i = tid; i < dk * nj; i += nt) {
@@ -1330,7 +1341,7 @@ __global__ void __launch_bounds__(256, 1)
         /* rows x of Q: tq (A_qk, x the query row), ti (A_kk, x the row) */
         if (fac) { /* tq = Lf (dA_Q KR), ti = Lf (dT_Q KR), KR = K Rf over the rows < q1, on
                     * tensor cores: warp w takes the columns 16 w .. + 16 */
-            const int64_t cb = 16 * w, K8 = (q1 + 7) & ~(int64_t)7;
+            const int64_t cb = 16 * w, K8 = up_to(q1, 8);
             if (cb < dk) { /* warp-uniform */
                 const int ntile = dk - cb > 8 ? 2 : 1;
                 const auto kr = [&](int64_t s2, int64_t col) {
@@ -1380,7 +1391,7 @@ __global__ void __launch_bounds__(256, 1)
         if (fac) { /* Rf (dA_Q^T (Q Lf) + dT_Q^T (K Lf)) on tensor cores (dA_Q is zero above
                     * the diagonal, dT_Q on it): warp w takes the rows 16 (w % 4) .. + 16 and
                     * the columns 64 (w / 4) .. + 64 */
-            const int64_t rb = 16 * (w & 3), cb = 64 * (w >> 2), m8 = (m + 7) & ~(int64_t)7;
+            const int64_t rb = 16 * (w & 3), cb = 64 * (w >> 2), m8 = up_to(m, 8);
             if (rb < q1 && cb < dk) { /* warp-uniform */
                 const int ntile = dk - cb >= 64 ? 8 : (int)((dk - cb + 7) / 8);
                 float acc[8][4] = {};
@@ -1448,9 +1459,7 @@ extern "C" void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float 
     float *ws_fwd = ws, *dSp = ws_fwd + nc * H * chunk_scratch(dk, dv, C);
     float *dVt = dSp + nc * H * dk * dv, *ws3 = dVt + T * H * dv;
     chunk_prep_launch(c, ws_fwd, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, nc);
-    const int64_t C16 = (C + 15) & ~(int64_t)15, dk8 = (dk + 7) & ~(int64_t)7;
-    const size_t sm2 = sizeof(float) * (size_t)(dk8 * TV + 2 * state_buf_floats(dk, C) +
-                                                2 * C16 * TV + C16 * (C16 + 4));
+    const size_t sm2 = state_smem_bytes(dk, C, 2); /* dO, dV */
     cudaFuncSetAttribute(k_kda_cbwd_state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm2);
     dim3 g2((unsigned)((dv + TV - 1) / TV), (unsigned)H, (unsigned)N);
     k_kda_cbwd_state<<<g2, 256, sm2, c->stream>>>(dSp, dVt, dS0, dS_T, d_o, ws_fwd, c->index, N, H,
