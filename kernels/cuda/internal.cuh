@@ -224,6 +224,69 @@ __device__ static inline void cp_async_wait0(void) { /* every group landed */
 #endif
 }
 
+/* all but the N newest groups landed (N a constant: the ring of a multistage pipeline) */
+template <int N> __device__ static inline void cp_async_wait_n(void) {
+#if defined(__CUDACC__)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+/* ---- bf16 tensor-core products (sm_80+ mma.sync m16n8k16, fp32 accumulators) ----
+ * Fragment layout (PTX ISA, g = lane / 4, t = lane % 4): A regs {a0..a3} hold (row g, cols
+ * 2t..2t+1), (row g+8, same), (row g, cols 2t+8..), (row g+8, cols 2t+8..); B regs {b0, b1}
+ * hold (k 2t..2t+1, col g), (k 2t+8.., col g); C {c0..c3} hold (row g, cols 2t, 2t+1) and
+ * (row g+8, cols 2t, 2t+1).  The CPU emulator gathers the same product through shuffles. */
+#if defined(__CUDACC__)
+__device__ static inline void arl_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+                                           uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* Four 8 x 8 bf16 matrices from shared memory (ldmatrix.x4): lanes 8i..8i+7 give the 16-byte
+ * rows of matrix i (row = lane % 8); r[i] receives matrix i's (row lane / 4, cols 2 (lane % 4)
+ * and + 1), an A or B fragment register as above. */
+__device__ static inline void arl_ldmatrix_x4(uint32_t r[4], const void *row) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sa));
+}
+#else
+static inline float arl_bf16_lo(uint32_t x) {
+    return __uint_as_float(x << 16);
+}
+static inline float arl_bf16_hi(uint32_t x) {
+    return __uint_as_float(x & 0xffff0000u);
+}
+static inline void arl_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int tt = 0; tt < 4; tt++) {
+        uint32_t a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + tt);
+        uint32_t a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + tt);
+        uint32_t a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + tt);
+        uint32_t a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + tt);
+        for (int j = 0; j < 2; j++) {
+            uint32_t x0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * t + j) + tt);
+            uint32_t x1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * t + j) + tt);
+            c[j] += arl_bf16_lo(a0) * arl_bf16_lo(x0) + arl_bf16_hi(a0) * arl_bf16_hi(x0) +
+                    arl_bf16_lo(a2) * arl_bf16_lo(x1) + arl_bf16_hi(a2) * arl_bf16_hi(x1);
+            c[2 + j] += arl_bf16_lo(a1) * arl_bf16_lo(x0) + arl_bf16_hi(a1) * arl_bf16_hi(x0) +
+                        arl_bf16_lo(a3) * arl_bf16_lo(x1) + arl_bf16_hi(a3) * arl_bf16_hi(x1);
+        }
+    }
+}
+static inline void arl_ldmatrix_x4(uint32_t r[4], const void *row) {
+    const int lane = threadIdx.x & 31;
+    for (int i = 0; i < 4; i++) {
+        const unsigned char *src =
+            __shfl_sync(0xffffffffu, (const unsigned char *)row, 8 * i + lane / 4);
+        memcpy(&r[i], src + 4 * (lane % 4), 4);
+    }
+}
+#endif
+
 /* The unscaled score of absorbed MLA (spec 4.2) of query row [qh; qp] with the latent row
  * [c; k_pe] (width rkv + r): qh . c + qp . k_pe, each part in column order. */
 __device__ static inline float arl_latent_dot(const float *qh, const float *qp, const float *row,

@@ -112,10 +112,7 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
  * of the tile before run, then rounded into the bf16 tiles, K row-major and V transposed so that
  * every B fragment is one 32-bit load; the S accumulators are repacked as the A fragments of
  * P V without leaving registers.  Rows padded to DQ (qk width) and DV (value width) are zero.
- * Fragment layout (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4): A regs {a0..a3} hold
- * (row g, cols 2t..2t+1), (row g+8, same), (row g, cols 2t+8..), (row g+8, cols 2t+8..);
- * B regs {b0, b1} hold (k 2t..2t+1, col g), (k 2t+8.., col g); C {c0..c3} hold (row g, cols
- * 2t, 2t+1) and (row g+8, cols 2t, 2t+1). */
+ * Fragment layout: internal.cuh arl_mma_bf16 (g = lane / 4, t = lane % 4 below). */
 #define TC_TK 64
 
 __device__ static inline uint32_t tc_bf16_bits(float f) { /* round to nearest even */
@@ -125,39 +122,6 @@ __device__ static inline uint32_t tc_bf16_bits(float f) { /* round to nearest ev
 __device__ static inline uint32_t tc_pack(float lo, float hi) {
     return tc_bf16_bits(lo) | (tc_bf16_bits(hi) << 16);
 }
-
-#if defined(__CUDACC__)
-__device__ static inline void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-#else /* the CPU emulator (tests/cuda/emu): the same product gathered through shuffles */
-static inline float tc_lo(uint32_t x) {
-    return __uint_as_float(x << 16);
-}
-static inline float tc_hi(uint32_t x) {
-    return __uint_as_float(x & 0xffff0000u);
-}
-static inline void tc_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    for (int tt = 0; tt < 4; tt++) {
-        uint32_t a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + tt);
-        uint32_t a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + tt);
-        uint32_t a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + tt);
-        uint32_t a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + tt);
-        for (int j = 0; j < 2; j++) {
-            uint32_t x0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * t + j) + tt);
-            uint32_t x1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * t + j) + tt);
-            c[j] += tc_lo(a0) * tc_lo(x0) + tc_hi(a0) * tc_hi(x0) + tc_lo(a2) * tc_lo(x1) +
-                    tc_hi(a2) * tc_hi(x1);
-            c[2 + j] += tc_lo(a1) * tc_lo(x0) + tc_hi(a1) * tc_hi(x0) + tc_lo(a3) * tc_lo(x1) +
-                        tc_hi(a3) * tc_hi(x1);
-        }
-    }
-}
-#endif
 
 /* element (row, col) of the concatenated query [qa | qb] of head h, 0 outside */
 __device__ static inline float tc_q(const attn_args &A, int64_t row, int64_t col, int64_t h) {
@@ -264,7 +228,8 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
             for (int kc = 0; kc < DQ / 16; kc++)
-                tc_mma(sc[nt], qf[kc], ks[nt * 8 + g][kc * 8 + t], ks[nt * 8 + g][kc * 8 + 4 + t]);
+                arl_mma_bf16(sc[nt], qf[kc], ks[nt * 8 + g][kc * 8 + t],
+                             ks[nt * 8 + g][kc * 8 + 4 + t]);
         }
         float mx0 = m0, mx1 = m1;
         /* scores in log2 units, masked (-inf) where a row does not see the key unless the
@@ -318,7 +283,7 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
                                     tc_pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
 #pragma unroll
             for (int j = 0; j < DV / 8; j++)
-                tc_mma(o[j], pa, vt[j * 8 + g][kc * 8 + t], vt[j * 8 + g][kc * 8 + 4 + t]);
+                arl_mma_bf16(o[j], pa, vt[j * 8 + g][kc * 8 + t], vt[j * 8 + g][kc * 8 + 4 + t]);
         }
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -740,8 +705,8 @@ __device__ static inline void bw_mma_rows(float (&c)[NT][4], const uint32_t *a, 
                                 a[g * sa + kc * 8 + 4 + t], a[(g + 8) * sa + kc * 8 + 4 + t]};
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            tc_mma(c[nt], af, b[(nt * 8 + g) * sb + kc * 8 + t],
-                   b[(nt * 8 + g) * sb + kc * 8 + 4 + t]);
+            arl_mma_bf16(c[nt], af, b[(nt * 8 + g) * sb + kc * 8 + t],
+                         b[(nt * 8 + g) * sb + kc * 8 + 4 + t]);
     }
 }
 
@@ -771,8 +736,8 @@ __device__ static inline void bw_mma_acc(float (&c)[NJ][4], const float (&x)[2 *
                                 tc_pack(x[2 * kc + 1][2], x[2 * kc + 1][3])};
 #pragma unroll
         for (int j = 0; j < NJ; j++)
-            tc_mma(c[j], pa, b[(j * 8 + g) * sb + kc * 8 + t],
-                   b[(j * 8 + g) * sb + kc * 8 + 4 + t]);
+            arl_mma_bf16(c[j], pa, b[(j * 8 + g) * sb + kc * 8 + t],
+                         b[(j * 8 + g) * sb + kc * 8 + 4 + t]);
     }
 }
 

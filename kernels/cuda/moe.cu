@@ -398,82 +398,127 @@ __global__ void k_grouped_bf16_kn(float *Y, const __nv_bfloat16 *X, const __nv_b
     tile_out<BN, BN + 4>(Y, &Cs[0][0], r0, nr, n0, N, beta);
 }
 
-/* The wide tile for bf16 operands and W (E, N, K) (trans_w = 1, the forward's layout): 64 rows
- * x 64 NJ columns per block (NJ = 2 is launched), 8 warps in 2x4 with 2 x NJ WMMA fragments
- * each, K in slabs of 32
- * copied with cp.async into two shared buffers, so the next slab loads while this one is
- * multiplied; the fp32 tile is staged in shared memory (over the operand buffers) and written
- * with beta as k_grouped_bf16_kn does. */
-#define WLD (WK + 8)
-
 /* dynamic shared bytes of a wide tile: its operand buffers, or the fp32 output tile staged over
  * them after the last slab, whichever is larger */
 static constexpr int smem_over(int operands, int out) {
     return operands > out ? operands : out;
 }
-/* the bf16 wide tile with NJ fragments per warp in N */
-static constexpr int wide_smem(int NJ) {
-    return smem_over(2 * BM * WLD * 2 + 2 * (64 * NJ) * WLD * 2, BM * (64 * NJ + 4) * 4);
+#define WLD (WK + 8)
+
+/* The tile for bf16 operands and W (E, N, K) (trans_w = 1, the forward's layout: X rows and
+ * W_e rows both K-contiguous): 64 rows (one plan tile) x 256 columns per block, 8 warps in
+ * 2 x 4, each 32 x 64 as 2 x 8 mma.sync m16n8k16 products per 16 of K, every fragment read by
+ * ldmatrix.x4.  K runs in slabs of 32 through a ring of 4 shared stages filled by cp.async
+ * (three slabs in flight while one is multiplied; one barrier per slab).  A stage holds the
+ * slab's 64 X rows then its 256 W_e rows, 64 bytes each, the four 16-byte chunks of row r
+ * stored at chunk ^ ((r >> 1) & 3), so that the 8 rows an ldmatrix phase reads fall in 8
+ * distinct bank groups.  Blocks are numbered column tile fastest: the column tiles of a row
+ * tile run together and share its X rows in L2.  The fp32 results go from the accumulators
+ * straight to Y (each quad of lanes writes one 32-byte sector): Y = XW^T + beta Y (beta = 0:
+ * Y is not read).  Rows past the expert's, columns past N and K past its end are zero-filled
+ * by the copies. */
+#define TN_N 256    /* columns per block */
+#define TN_K 32     /* K per slab */
+#define TN_STAGES 4 /* ring depth */
+#define TN_ROW_BYTES (TN_K * 2)
+#define TN_STAGE_BYTES ((BM + TN_N) * TN_ROW_BYTES)
+
+/* byte offset of (row r, 16-byte chunk c) in a stage */
+__device__ static inline uint32_t tn_off(int r, int c) {
+    return (uint32_t)(r * TN_ROW_BYTES + ((c ^ ((r >> 1) & 3)) << 4));
 }
 
-template <int NJ>
-__global__ void __launch_bounds__(256)
-    k_grouped_bf16_wide(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
-                        arl_cuda_moe_plan P, int64_t N, int64_t K, float beta) {
-    constexpr int WNT = 64 * NJ; /* columns per block: 4 warps of 16 NJ */
-    constexpr int A_BYTES = 2 * BM * WLD * 2;
+__global__ void __launch_bounds__(256, 2)
+    k_grouped_bf16_tn(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, arl_cuda_moe_plan P,
+                      int64_t N, int64_t K, float beta, int32_t ncol) {
     extern __shared__ float sm[];
     unsigned char *raw = reinterpret_cast<unsigned char *>(sm);
-    __nv_bfloat16(*As)[BM][WLD] = reinterpret_cast<__nv_bfloat16(*)[BM][WLD]>(raw);
-    __nv_bfloat16(*Bs)[WNT][WLD] = reinterpret_cast<__nv_bfloat16(*)[WNT][WLD]>(raw + A_BYTES);
-    float *Cs = sm; /* (BM, WNT + 4) after the last slab */
     int32_t e, r0, nr;
-    if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
-    const int64_t n0 = (int64_t)blockIdx.y * WNT;
+    if (!tile_of(P, (int32_t)(blockIdx.x / (unsigned)ncol), &e, &r0, &nr)) return;
+    const int64_t n0 = (int64_t)(blockIdx.x % (unsigned)ncol) * TN_N;
     const __nv_bfloat16 *We = W + (int64_t)e * N * K;
-    const int warp = threadIdx.x / 32, wr = warp / 4, wc = warp % 4;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][NJ];
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < NJ; j++)
-            wmma::fill_fragment(acc[i][j], 0.0f);
-    const int64_t nslab = (K + WK - 1) / WK;
-    /* one 16-byte chunk of A and NJ of B per thread and slab */
-    auto load = [&](int64_t slab, int buf) {
-        const int64_t k0 = slab * WK;
-        {
-            const int r = threadIdx.x / (WK / 8), kk = (threadIdx.x % (WK / 8)) * 8;
-            const bool ok = r < nr && k0 + kk < K;
-            cp_async16(&As[buf][r][kk], X + (int64_t)(r0 + (ok ? r : 0)) * K + (ok ? k0 + kk : 0),
-                       ok);
-        }
-        for (int q = 0; q < NJ; q++) {
-            const int i = threadIdx.x + q * 256, nn = i / (WK / 8), kk = (i % (WK / 8)) * 8;
-            const bool ok = n0 + nn < N && k0 + kk < K;
-            cp_async16(&Bs[buf][nn][kk], We + (ok ? (n0 + nn) * K + k0 + kk : 0), ok);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wr = warp >> 2, wc = warp & 3;
+    const int64_t nslab = (K + TN_K - 1) / TN_K;
+    /* slab s into stage s % TN_STAGES: 5 chunks of 16 bytes per thread (the first X's) */
+    auto load = [&](int64_t slab) {
+        unsigned char *st = raw + (slab % TN_STAGES) * TN_STAGE_BYTES;
+        const int64_t k0 = slab * TN_K;
+#pragma unroll
+        for (int q = 0; q < (BM + TN_N) * (TN_ROW_BYTES / 16) / 256; q++) {
+            const int i = threadIdx.x + q * 256, r = i >> 2, c = i & 3;
+            const int64_t k = k0 + c * 8;
+            const __nv_bfloat16 *src;
+            bool ok;
+            if (r < BM) {
+                ok = r < nr && k < K;
+                src = X + (int64_t)(r0 + (ok ? r : 0)) * K + (ok ? k : 0);
+            } else {
+                const int64_t n = n0 + (r - BM);
+                ok = n < N && k < K;
+                src = We + (ok ? n * K + k : 0);
+            }
+            cp_async16(st + tn_off(r, c), src, ok);
         }
     };
-    load(0, 0);
-    cp_async_commit();
-    for (int64_t sl = 0; sl < nslab; sl++) {
-        if (sl + 1 < nslab) load(sl + 1, (int)((sl + 1) & 1));
-        cp_async_commit(); /* possibly empty: keeps "all but the newest" meaning slab sl */
-        cp_async_wait1();
-        __syncthreads();
-        const int buf = (int)(sl & 1);
-        for (int ks = 0; ks < WK; ks += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[NJ];
-            for (int i = 0; i < 2; i++)
-                wmma::load_matrix_sync(fa[i], &As[buf][wr * 32 + i * 16][ks], WLD);
-            for (int j = 0; j < NJ; j++)
-                wmma::load_matrix_sync(fb[j], &Bs[buf][wc * 16 * NJ + j * 16][ks], WLD);
-            mma_2xn<NJ>(acc, fa, fb);
-        }
-        __syncthreads(); /* the buffer is free for the slab after next */
+    float acc[2][8][4] = {}; /* (m16 tile i, n8 tile j): the warp's 32 x 64 */
+    for (int s = 0; s < TN_STAGES - 1; s++) {
+        if (s < nslab) load(s);
+        cp_async_commit(); /* possibly empty: group s stands for slab s */
     }
-    store_2xn<WNT + 4, NJ>(Cs, acc, wr, wc);
-    __syncthreads();
-    tile_out<WNT, WNT + 4>(Y, Cs, r0, nr, n0, N, beta);
+    for (int64_t sl = 0; sl < nslab; sl++) {
+        cp_async_wait_n<TN_STAGES - 2>(); /* slab sl landed (this thread's copies) */
+        __syncthreads(); /* everyone's; and stage (sl - 1) % TN_STAGES is read by no one */
+        if (sl + TN_STAGES - 1 < nslab) load(sl + TN_STAGES - 1);
+        cp_async_commit();
+        const unsigned char *st = raw + (sl % TN_STAGES) * TN_STAGE_BYTES;
+#pragma unroll
+        for (int ks = 0; ks < TN_K / 16; ks++) {
+            uint32_t a[2][4], b[8][2];
+            /* A: lanes 0-15 rows 0-15 at k 0-7, lanes 16-31 the same rows at k 8-15 */
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                arl_ldmatrix_x4(a[i],
+                                st + tn_off(wr * 32 + i * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+                /* B (two n8 tiles per load): matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15,
+                 * k 0-7), (n 8-15, k 8-15) */
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                uint32_t t[4];
+                arl_ldmatrix_x4(t,
+                                st + tn_off(BM + wc * 64 + j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                            ks * 2 + ((lane >> 3) & 1)));
+                b[2 * j][0] = t[0];
+                b[2 * j][1] = t[1];
+                b[2 * j + 1][0] = t[2];
+                b[2 * j + 1][1] = t[3];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    arl_mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+        }
+    }
+    cp_async_wait_n<0>(); /* no copy outlives the block (the trailing groups are empty) */
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = wr * 32 + i * 16 + g + 8 * h;
+            float *yr = Y + (int64_t)(r0 + row) * N + n0 + wc * 64 + 2 * t;
+#pragma unroll
+            for (int j = 0; j < 8; j++) /* N % 16 == 0: an n8 tile is wholly in or out */
+                if (row < nr && n0 + wc * 64 + j * 8 < N) {
+                    float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                    if (beta != 0.0f) {
+                        const float2 o = *reinterpret_cast<const float2 *>(yr + j * 8);
+                        v.x += beta * o.x;
+                        v.y += beta * o.y;
+                    }
+                    *reinterpret_cast<float2 *>(yr + j * 8) = v;
+                }
+        }
 }
 
 /* The wide tile for fp32 operands under the bf16 math mode (the training step's expert
@@ -613,12 +658,15 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
     if (plan->T * plan->k == 0 || N == 0) return;
     dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)X, *wb = (const __nv_bfloat16 *)W;
-    if (trans_w) /* NJ = 2: on the H200 NJ = 4 (64 x 256, 66 KB of shared memory) ran the
-                  * benchmark's shapes at 98-107 TFLOP/s against 124-133 with NJ = 2 */
-        k_grouped_bf16_wide<2><<<dim3(max_row_tiles(plan), (unsigned)((N + 127) / 128)), 256,
-                                 wide_smem(2), c->stream>>>(Y, xb, wb, *plan, N, K, beta);
-    else
+    if (trans_w) {
+        constexpr int smem = TN_STAGES * TN_STAGE_BYTES;
+        const unsigned ncol = (unsigned)((N + TN_N - 1) / TN_N);
+        cudaFuncSetAttribute(k_grouped_bf16_tn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        k_grouped_bf16_tn<<<max_row_tiles(plan) * ncol, 256, smem, c->stream>>>(
+            Y, xb, wb, *plan, N, K, beta, (int32_t)ncol);
+    } else {
         k_grouped_bf16_kn<<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
+    }
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_bf16");
 }
 

@@ -712,12 +712,13 @@ static int moe_wide_ok(const char *what, const float *h, const float *y0, const 
     return 1;
 }
 
-/* The wide tiles (kernels/cuda/moe.cu k_grouped_bf16_wide on bf16 operands, k_grouped_f32_wide
- * on fp32 operands under the bf16 math mode, 64 x 128 per block): N = 272 leaves a third column
- * block of 16, K = 80 two and a half K slabs of 32, 200 rows spread over experts with 1 to 70
- * rows (a partial 64-row tile and an expert with one row); bound per element 2^-7 sum|x w| as
- * for the other bf16 paths.  The fp32 tile in both weight layouts (W (E, N, K) and (E, K, N)),
- * with beta 0 and 1 (added to what Y held), and the weight gradient's wide tile. */
+/* The wide tiles (kernels/cuda/moe.cu k_grouped_bf16_tn on bf16 operands, 64 x 256 per block;
+ * k_grouped_f32_wide on fp32 operands under the bf16 math mode, 64 x 128): N = 272 leaves a
+ * last column block of 16 (of both), K = 80 two and a half K slabs of 32, 200 rows spread over
+ * experts with 1 to 70 rows (a partial 64-row tile and an expert with one row); bound per
+ * element 2^-7 sum|x w| as for the other bf16 paths.  The bf16 tile and the fp32 tile in both
+ * weight layouts (W (E, N, K) and (E, K, N)), each with beta 0 and 1 (added to what Y held),
+ * and the weight gradient's wide tile. */
 static void test_moe_wide(void) {
     CT_CASE_BEGIN;
     const int64_t T = 100, k = 2, E = 6, K = 80, N = 272, R = T * k;
@@ -742,10 +743,15 @@ static void test_moe_wide(void) {
     int32_t *slot = ct_get_i32(plan.slot_row, R);
     arl_cuda_moe_gather_bf16(d_xpb, d_x, &plan, K);
     arl_cuda_f32_to_bf16(d_Wb, d_W, E * N * K);
-    arl_cuda_grouped_gemm_bf16(d_yp, d_xpb, d_Wb, 1, &plan, N, K, 0.0f);
-    float *h = ct_get(d_yp, R * N);
-    CHECK(moe_wide_ok("grouped_gemm_bf16 wide", h, NULL, x, W, sel, slot, R, k, N, K));
-    free(h);
+    float *h;
+    for (int beta = 0; beta < 2; beta++) { /* beta 1: added to what Y held */
+        if (arl_cuda_upload(ct_ctx, d_yp, y0, sizeof(float) * (size_t)(R * N))) CHECK(0);
+        arl_cuda_grouped_gemm_bf16(d_yp, d_xpb, d_Wb, 1, &plan, N, K, (float)beta);
+        h = ct_get(d_yp, R * N);
+        CHECK(moe_wide_ok(beta ? "grouped_gemm_bf16 wide beta=1" : "grouped_gemm_bf16 wide", h,
+                          beta ? y0 : NULL, x, W, sel, slot, R, k, N, K));
+        free(h);
+    }
     arl_cuda_moe_gather(d_xp, d_x, &plan, K);
     arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
     for (int tw = 0; tw < 2; tw++)
