@@ -253,6 +253,14 @@ __device__ static inline void arl_ldmatrix_x4(uint32_t r[4], const void *row) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(sa));
 }
+/* The same with each matrix transposed (ldmatrix.x4.trans): r[i] receives matrix i's (rows
+ * 2 (lane % 4) and + 1, col lane / 4): a fragment of an operand stored the other way round. */
+__device__ static inline void arl_ldmatrix_x4_trans(uint32_t r[4], const void *row) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(sa));
+}
 #else
 static inline float arl_bf16_lo(uint32_t x) {
     return __uint_as_float(x << 16);
@@ -283,6 +291,19 @@ static inline void arl_ldmatrix_x4(uint32_t r[4], const void *row) {
         const unsigned char *src =
             __shfl_sync(0xffffffffu, (const unsigned char *)row, 8 * i + lane / 4);
         memcpy(&r[i], src + 4 * (lane % 4), 4);
+    }
+}
+static inline void arl_ldmatrix_x4_trans(uint32_t r[4], const void *row) {
+    const int lane = threadIdx.x & 31;
+    for (int i = 0; i < 4; i++) {
+        const unsigned char *p0 =
+            __shfl_sync(0xffffffffu, (const unsigned char *)row, 8 * i + 2 * (lane % 4));
+        const unsigned char *p1 =
+            __shfl_sync(0xffffffffu, (const unsigned char *)row, 8 * i + 2 * (lane % 4) + 1);
+        uint16_t lo, hi;
+        memcpy(&lo, p0 + 2 * (lane / 4), 2);
+        memcpy(&hi, p1 + 2 * (lane / 4), 2);
+        r[i] = (uint32_t)lo | ((uint32_t)hi << 16);
     }
 }
 #endif

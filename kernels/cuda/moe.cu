@@ -398,13 +398,6 @@ __global__ void k_grouped_bf16_kn(float *Y, const __nv_bfloat16 *X, const __nv_b
     tile_out<BN, BN + 4>(Y, &Cs[0][0], r0, nr, n0, N, beta);
 }
 
-/* dynamic shared bytes of a wide tile: its operand buffers, or the fp32 output tile staged over
- * them after the last slab, whichever is larger */
-static constexpr int smem_over(int operands, int out) {
-    return operands > out ? operands : out;
-}
-#define WLD (WK + 8)
-
 /* The tile for bf16 operands and W (E, N, K) (trans_w = 1, the forward's layout: X rows and
  * W_e rows both K-contiguous): 64 rows (one plan tile) x 256 columns per block, 8 warps in
  * 2 x 4, each 32 x 64 as 2 x 8 mma.sync m16n8k16 products per 16 of K, every fragment read by
@@ -423,9 +416,40 @@ static constexpr int smem_over(int operands, int out) {
 #define TN_ROW_BYTES (TN_K * 2)
 #define TN_STAGE_BYTES ((BM + TN_N) * TN_ROW_BYTES)
 
-/* byte offset of (row r, 16-byte chunk c) in a stage */
-__device__ static inline uint32_t tn_off(int r, int c) {
+/* byte offset of (row r, 16-byte chunk c) in a stage (a "K-major" tile: rows of 32 k) */
+__device__ static inline uint32_t kmaj_off(int r, int c) {
     return (uint32_t)(r * TN_ROW_BYTES + ((c ^ ((r >> 1) & 3)) << 4));
+}
+
+/* A warp's 32 x (8 NJ) fp32 accumulators (m16 tile i, n8 tile j; internal.cuh arl_mma_bf16's
+ * C layout) at (row0, col0) of the output tile out (leading dimension ld), the rows below
+ * rows_ok and columns below cols_ok (even): out = acc + beta out (beta 0: out is not read).
+ * Each quad of lanes writes one 32-byte sector per row. */
+template <int NJ>
+__device__ static inline void warp_store(float *out, int64_t ld, int64_t rows_ok, int64_t cols_ok,
+                                         float beta, const float (&acc)[2][NJ][4], int row0,
+                                         int col0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = row0 + i * 16 + g + 8 * h;
+#pragma unroll
+            for (int j = 0; j < NJ; j++) {
+                const int col = col0 + j * 8 + 2 * t;
+                if (row < rows_ok && col < cols_ok) {
+                    float *y = out + (int64_t)row * ld + col;
+                    float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                    if (beta != 0.0f) {
+                        const float2 o = *reinterpret_cast<const float2 *>(y);
+                        v.x += beta * o.x;
+                        v.y += beta * o.y;
+                    }
+                    *reinterpret_cast<float2 *>(y) = v;
+                }
+            }
+        }
 }
 
 __global__ void __launch_bounds__(256, 2)
@@ -457,7 +481,7 @@ __global__ void __launch_bounds__(256, 2)
                 ok = n < N && k < K;
                 src = We + (ok ? n * K + k : 0);
             }
-            cp_async16(st + tn_off(r, c), src, ok);
+            cp_async16(st + kmaj_off(r, c), src, ok);
         }
     };
     float acc[2][8][4] = {}; /* (m16 tile i, n8 tile j): the warp's 32 x 64 */
@@ -477,16 +501,16 @@ __global__ void __launch_bounds__(256, 2)
             /* A: lanes 0-15 rows 0-15 at k 0-7, lanes 16-31 the same rows at k 8-15 */
 #pragma unroll
             for (int i = 0; i < 2; i++)
-                arl_ldmatrix_x4(a[i],
-                                st + tn_off(wr * 32 + i * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+                arl_ldmatrix_x4(
+                    a[i], st + kmaj_off(wr * 32 + i * 16 + (lane & 15), ks * 2 + (lane >> 4)));
                 /* B (two n8 tiles per load): matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15,
                  * k 0-7), (n 8-15, k 8-15) */
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 uint32_t t[4];
-                arl_ldmatrix_x4(t,
-                                st + tn_off(BM + wc * 64 + j * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                            ks * 2 + ((lane >> 3) & 1)));
+                arl_ldmatrix_x4(
+                    t, st + kmaj_off(BM + wc * 64 + j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                     ks * 2 + ((lane >> 3) & 1)));
                 b[2 * j][0] = t[0];
                 b[2 * j][1] = t[1];
                 b[2 * j + 1][0] = t[2];
@@ -500,154 +524,191 @@ __global__ void __launch_bounds__(256, 2)
         }
     }
     cp_async_wait_n<0>(); /* no copy outlives the block (the trailing groups are empty) */
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = wr * 32 + i * 16 + g + 8 * h;
-            float *yr = Y + (int64_t)(r0 + row) * N + n0 + wc * 64 + 2 * t;
-#pragma unroll
-            for (int j = 0; j < 8; j++) /* N % 16 == 0: an n8 tile is wholly in or out */
-                if (row < nr && n0 + wc * 64 + j * 8 < N) {
-                    float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                    if (beta != 0.0f) {
-                        const float2 o = *reinterpret_cast<const float2 *>(yr + j * 8);
-                        v.x += beta * o.x;
-                        v.y += beta * o.y;
-                    }
-                    *reinterpret_cast<float2 *>(yr + j * 8) = v;
-                }
-        }
+    warp_store<8>(Y + (int64_t)r0 * N + n0, N, nr, N - n0, beta, acc, wr * 32, wc * 64);
 }
 
-/* The wide tile for fp32 operands under the bf16 math mode (the training step's expert
- * forward and input gradients, on fp32 activations and master weights): 64 rows x 128 columns
- * per block, 8 warps in 2 x 4 with 2 x 2 WMMA fragments each, K in slabs of 32.  The next
- * slab's fp32 values are read into registers (float4) while this slab is multiplied, then
- * rounded to bf16 into the other of two shared buffers, so a slab costs one barrier and its
- * loads' latency hides behind the products.  TRANS = 1: W_e (N, K), staged Bs[nn][kk] and read
- * as a column-major B; TRANS = 0: W_e (K, N), staged Bs[kk][nn], row-major B.  Needs N and K
- * multiples of 4 (float4 rows; the launch asks for 16) and 16-byte aligned X, W. */
-#define FW_N 128                         /* columns per block */
-#define FW_BLD(T) ((T) ? WLD : FW_N + 8) /* the B stage's row length (bf16) */
-#define FW_BROWS(T) ((T) ? FW_N : WK)    /* and its rows */
+/* ---- fp32 operands on mma.sync: the training step's expert GEMMs under the bf16 math mode ----
+ * A block computes a 64 x 128 tile of C = A B: 8 warps in 2 x 4, each 32 x 32 as 2 x 4
+ * m16n8k16 products per 16 of k, fragments read by ldmatrix; k in slabs of 32.  The next
+ * slab's fp32 operands are read into registers (float4) while this slab is multiplied, then
+ * rounded to bf16 (nearest even) into the other of two shared buffers: one barrier per slab,
+ * the loads' latency behind the products.  Three shapes (MODE):
+ *   FM_T   Y (rows of a plan tile) = X W_e^T + beta Y, W_e (N, K): A = X rows and B = W_e rows,
+ *          both k-contiguous ("K-major" tiles, ldmatrix);
+ *   FM_N   Y = X W_e + beta Y, W_e (K, N): B's rows are k, n-contiguous ("MN-major" tiles,
+ *          ldmatrix.trans);
+ *   FM_WG  dW_e (N, K) += dY^T X over the expert's rows in order (k = the row, fp32
+ *          accumulation, no atomics): A = dY^T and B = X, both MN-major.
+ * K-major tiles have rows of 32 k (64 bytes, kmaj_off); MN-major tiles 32 rows of k (128 or
+ * 256 bytes), the 16-byte chunk c of row r stored at c ^ (r & 7) (mnmaj_off): either way the 8
+ * rows an ldmatrix phase reads fall in 8 distinct bank groups.  Zeros past the expert's rows,
+ * N and K.  Needs N and K multiples of 16 and 16-byte aligned operands (the launch checks). */
+enum { FM_T = 0, FM_N = 1, FM_WG = 2 };
+#define FM_M 64                      /* tile rows */
+#define FM_NT 128                    /* tile columns */
+#define FM_A_BYTES (FM_M * TN_K * 2) /* a slab of A (either layout) */
+#define FM_B_BYTES (FM_NT * TN_K * 2)
 
-/* the fp32-operand wide tile's shared bytes (smem_over) */
-static constexpr int fw_smem(int trans) {
-    return smem_over(2 * BM * WLD * 2 + 2 * FW_BROWS(trans) * FW_BLD(trans) * 2,
-                     BM * (FW_N + 4) * 4);
+/* byte offset of (row r, 16-byte chunk c) in an MN-major tile of rb-byte rows */
+__device__ static inline uint32_t mnmaj_off(int r, int c, int rb) {
+    return (uint32_t)(r * rb + ((c ^ (r & 7)) << 4));
 }
 
-/* four fp32 values rounded to bf16 (nearest even) into dst (8-byte aligned) */
-__device__ static inline void put4(__nv_bfloat16 *dst, float4 v) {
+/* four fp32 values rounded to bf16 (nearest even), 8 bytes at tile + off */
+__device__ static inline void put4(unsigned char *tile, uint32_t off, float4 v) {
     __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
     uint2 u;
     u.x = *reinterpret_cast<uint32_t *>(&lo);
     u.y = *reinterpret_cast<uint32_t *>(&hi);
-    *reinterpret_cast<uint2 *>(dst) = u;
+    *reinterpret_cast<uint2 *>(tile + off) = u;
 }
 
-/* A ROWS x COLS slab of fp32 operands, read as float4 by a block of NT threads into registers
- * (fetch: at(r, c) gives element (r, c)'s address, c a multiple of 4, or NULL for zeros) and
- * later rounded to bf16 into a shared tile of row length LD (stash): the register stage of the
- * wide fp32-operand tiles, which fetch slab s + 1 before multiplying slab s. */
-template <int ROWS, int COLS, int NT> struct f4_slab {
-    static constexpr int PER = ROWS * COLS / 4 / NT;
-    float4 v[PER];
-    template <class AT> __device__ void fetch(AT at) {
-        for (int q = 0; q < PER; q++) {
-            const int i = threadIdx.x + q * NT, r = i / (COLS / 4), c = (i % (COLS / 4)) * 4;
-            const float *p = at(r, c);
-            v[q] = p ? *reinterpret_cast<const float4 *>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-    }
-    __device__ void stash(__nv_bfloat16 *dst, int ld) const {
-        for (int q = 0; q < PER; q++) {
-            const int i = threadIdx.x + q * NT;
-            put4(dst + (i / (COLS / 4)) * ld + (i % (COLS / 4)) * 4, v[q]);
-        }
-    }
-};
+__device__ static inline float4 get4(const float *p) {
+    return p ? *reinterpret_cast<const float4 *>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
 
-template <int TRANS>
-__global__ void __launch_bounds__(256, 2) /* two blocks per SM: at most 128 registers */
-    k_grouped_f32_wide(float *Y, const float *X, const float *W, arl_cuda_moe_plan P, int64_t N,
-                       int64_t K, float beta) {
-    constexpr int BLD = FW_BLD(TRANS), BROWS = FW_BROWS(TRANS);
-    constexpr int A_BYTES = 2 * BM * WLD * 2;
-    extern __shared__ float sm[];
-    unsigned char *raw = reinterpret_cast<unsigned char *>(sm);
-    __nv_bfloat16(*As)[BM][WLD] = reinterpret_cast<__nv_bfloat16(*)[BM][WLD]>(raw);
-    __nv_bfloat16(*Bs)[BROWS][BLD] = reinterpret_cast<__nv_bfloat16(*)[BROWS][BLD]>(raw + A_BYTES);
-    float *Cs = sm; /* (BM, FW_N + 4) after the last slab */
-    typedef typename std::conditional<TRANS, wmma::col_major, wmma::row_major>::type b_layout;
-    int32_t e, r0, nr;
-    if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
-    const int64_t n0 = (int64_t)blockIdx.y * FW_N;
-    const float *We = W + (int64_t)e * N * K;
-    const int warp = threadIdx.x / 32, wr = warp / 4, wc = warp % 4;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            wmma::fill_fragment(acc[i][j], 0.0f);
-    const int64_t nslab = (K + WK - 1) / WK;
-    /* the slab's X rows (64 x 32) and W_e block (128 x 32, or 32 x 128 when W_e is (K, N));
-     * zeros past the expert's rows, K and N (N, K multiples of 4: each float4 wholly in or out) */
-    f4_slab<BM, WK, 256> ra;
-    f4_slab<BROWS, TRANS ? WK : FW_N, 256> rb;
-    auto fetch = [&](int64_t slab) {
-        const int64_t k0 = slab * WK;
-        ra.fetch([&](int r, int c) -> const float * {
-            return r < nr && k0 + c < K ? X + (int64_t)(r0 + r) * K + k0 + c : nullptr;
-        });
-        rb.fetch([&](int r, int c) -> const float * {
-            if (TRANS) /* r: n, c: k */
-                return n0 + r < N && k0 + c < K ? We + (n0 + r) * K + k0 + c : nullptr;
-            return k0 + r < K && n0 + c < N ? We + (k0 + r) * N + n0 + c : nullptr;
-        });
-    };
-    fetch(0);
-    ra.stash(&As[0][0][0], WLD);
-    rb.stash(&Bs[0][0][0], BLD);
-    __syncthreads();
-    for (int64_t sl = 0; sl < nslab; sl++) {
-        const int buf = (int)(sl & 1);
-        if (sl + 1 < nslab) fetch(sl + 1); /* in flight during the products */
-        for (int ks = 0; ks < WK; ks += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, b_layout> fb[2];
-            for (int i = 0; i < 2; i++)
-                wmma::load_matrix_sync(fa[i], &As[buf][wr * 32 + i * 16][ks], WLD);
-            for (int j = 0; j < 2; j++) {
-                if (TRANS)
-                    wmma::load_matrix_sync(fb[j], &Bs[buf][wc * 32 + j * 16][ks], BLD);
-                else
-                    wmma::load_matrix_sync(fb[j], &Bs[buf][ks][wc * 32 + j * 16], BLD);
+/* FM_T, FM_N: Y (R, N), A = X (R, K), B = W (E, N, K) or (E, K, N), blocks numbered row tile
+ * major, column tile (of ncol) minor.  FM_WG: Y = dW (E, N, K), A = dY (R, N), B = X (R, K),
+ * grid (K / 128, N / 64, E) rounded up; beta unused (+=). */
+template <int MODE>
+__global__ void __launch_bounds__(256, 2)
+    k_grouped_f32_mma(float *Y, const float *A, const float *B, arl_cuda_moe_plan P, int64_t N,
+                      int64_t K, float beta, int32_t ncol) {
+    __shared__ __align__(16) unsigned char sbuf[2][FM_A_BYTES + FM_B_BYTES];
+    int32_t e, r0 = 0, nr = 0, ka = 0, kb; /* k runs over [ka, kb) */
+    int64_t m0 = 0, n0;                    /* FM_WG: the tile's first row n of dW_e */
+    float *out;
+    int64_t ld, rows_ok, cols_ok;
+    if (MODE == FM_WG) {
+        e = (int32_t)blockIdx.z;
+        ka = P.offsets[e];
+        kb = P.offsets[e + 1];
+        if (ka == kb) return;
+        m0 = (int64_t)blockIdx.y * FM_M;
+        n0 = (int64_t)blockIdx.x * FM_NT;
+        out = Y + (int64_t)e * N * K + m0 * K + n0;
+        ld = K, rows_ok = N - m0, cols_ok = K - n0, beta = 1.0f;
+    } else {
+        if (!tile_of(P, (int32_t)(blockIdx.x / (unsigned)ncol), &e, &r0, &nr)) return;
+        n0 = (int64_t)(blockIdx.x % (unsigned)ncol) * FM_NT;
+        kb = (int32_t)K;
+        out = Y + (int64_t)r0 * N + n0;
+        ld = N, rows_ok = nr, cols_ok = N - n0;
+    }
+    const float *We = MODE == FM_WG ? B : B + (int64_t)e * N * K;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wr = warp >> 2, wc = warp & 3;
+    /* a slab: 2 float4 of A and 4 of B per thread */
+    float4 ra[FM_A_BYTES / 8 / 256], rb[FM_B_BYTES / 8 / 256];
+    auto fetch = [&](int32_t k0) {
+#pragma unroll
+        for (int q = 0; q < FM_A_BYTES / 8 / 256; q++) {
+            const int i = threadIdx.x + q * 256;
+            if (MODE == FM_WG) { /* dY rows k, columns m0 + 0..63 */
+                const int kk = i >> 4, mm = (i & 15) * 4;
+                ra[q] = get4(k0 + kk < kb && m0 + mm < N ? A + (int64_t)(k0 + kk) * N + m0 + mm
+                                                         : nullptr);
+            } else { /* X rows r0 + r, k0 + 0..31 */
+                const int r = i >> 3, kk = (i & 7) * 4;
+                ra[q] =
+                    get4(r < nr && k0 + kk < kb ? A + (int64_t)(r0 + r) * K + k0 + kk : nullptr);
             }
-            mma_2xn<2>(acc, fa, fb);
         }
-        /* the other buffer was last read in slab sl - 1, before the barrier that ended it */
-        if (sl + 1 < nslab) {
-            ra.stash(&As[buf ^ 1][0][0], WLD);
-            rb.stash(&Bs[buf ^ 1][0][0], BLD);
+#pragma unroll
+        for (int q = 0; q < FM_B_BYTES / 8 / 256; q++) {
+            const int i = threadIdx.x + q * 256;
+            if (MODE == FM_T) { /* W_e rows n0 + r, k0 + 0..31 */
+                const int r = i >> 3, kk = (i & 7) * 4;
+                rb[q] = get4(n0 + r < N && k0 + kk < kb ? We + (n0 + r) * K + k0 + kk : nullptr);
+            } else { /* rows k, columns n0 + 0..127: W_e (K, N) or X (R, K) */
+                const int kk = i >> 5, nn = (i & 31) * 4;
+                const int64_t w = MODE == FM_N ? N : K;
+                rb[q] = get4(k0 + kk < kb && n0 + nn < w ? We + (int64_t)(k0 + kk) * w + n0 + nn
+                                                         : nullptr);
+            }
         }
+    };
+    auto stash = [&](int buf) {
+        unsigned char *at = sbuf[buf], *bt = sbuf[buf] + FM_A_BYTES;
+#pragma unroll
+        for (int q = 0; q < FM_A_BYTES / 8 / 256; q++) {
+            const int i = threadIdx.x + q * 256;
+            if (MODE == FM_WG)
+                put4(at, mnmaj_off(i >> 4, (i & 15) >> 1, FM_M * 2) + (i & 1) * 8, ra[q]);
+            else
+                put4(at, kmaj_off(i >> 3, (i & 7) >> 1) + (i & 1) * 8, ra[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < FM_B_BYTES / 8 / 256; q++) {
+            const int i = threadIdx.x + q * 256;
+            if (MODE == FM_T)
+                put4(bt, kmaj_off(i >> 3, (i & 7) >> 1) + (i & 1) * 8, rb[q]);
+            else
+                put4(bt, mnmaj_off(i >> 5, (i & 31) >> 1, FM_NT * 2) + (i & 1) * 8, rb[q]);
+        }
+    };
+    float acc[2][4][4] = {}; /* (m16 tile i, n8 tile j): the warp's 32 x 32 */
+    const int32_t nslab = (kb - ka + TN_K - 1) / TN_K;
+    fetch(ka);
+    stash(0);
+    __syncthreads();
+    for (int32_t s = 0; s < nslab; s++) {
+        const int buf = s & 1;
+        const bool more = s + 1 < nslab;
+        if (more) fetch(ka + (s + 1) * TN_K); /* in flight during the products */
+        const unsigned char *at = sbuf[buf], *bt = sbuf[buf] + FM_A_BYTES;
+#pragma unroll
+        for (int ks = 0; ks < TN_K / 16; ks++) {
+            uint32_t a[2][4], b[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                if (MODE == FM_WG) /* matrices (m 0-7 | 8-15) x (k 0-7 | 8-15), k rows */
+                    arl_ldmatrix_x4_trans(
+                        a[i], at + mnmaj_off(ks * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                             (wr * 32 + i * 16) / 8 + ((lane >> 3) & 1), FM_M * 2));
+                else
+                    arl_ldmatrix_x4(
+                        a[i], at + kmaj_off(wr * 32 + i * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+            }
+#pragma unroll
+            for (int jp = 0; jp < 2; jp++) { /* n8 tiles 2 jp, 2 jp + 1 */
+                uint32_t t[4];
+                if (MODE == FM_T)
+                    arl_ldmatrix_x4(
+                        t, bt + kmaj_off(wc * 32 + jp * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                         ks * 2 + ((lane >> 3) & 1)));
+                else
+                    arl_ldmatrix_x4_trans(
+                        t, bt + mnmaj_off(ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
+                                          (wc * 32 + jp * 16) / 8 + (lane >> 4), FM_NT * 2));
+                b[2 * jp][0] = t[0];
+                b[2 * jp][1] = t[1];
+                b[2 * jp + 1][0] = t[2];
+                b[2 * jp + 1][1] = t[3];
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    arl_mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+        }
+        /* the other buffer was last read in slab s - 1, before the barrier that ended it */
+        if (more) stash(buf ^ 1);
         __syncthreads();
     }
-    store_2xn<FW_N + 4, 2>(Cs, acc, wr, wc);
-    __syncthreads();
-    tile_out<FW_N, FW_N + 4>(Y, Cs, r0, nr, n0, N, beta);
+    warp_store<4>(out, ld, rows_ok, cols_ok, beta, acc, wr * 32, wc * 32);
 }
 
 static void grouped_f32_wide(float *Y, const float *X, const float *W, int32_t trans_w,
                              const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta,
                              arl_cuda_ctx *c) {
-    ARL_ASSERT(((uintptr_t)X | (uintptr_t)W) % 16 == 0);
-    const dim3 grid(max_row_tiles(plan), (unsigned)((N + FW_N - 1) / FW_N));
+    ARL_ASSERT(((uintptr_t)X | (uintptr_t)W) % 16 == 0 && (uintptr_t)Y % 8 == 0);
+    const unsigned ncol = (unsigned)((N + FM_NT - 1) / FM_NT), grid = max_row_tiles(plan) * ncol;
     if (trans_w)
-        k_grouped_f32_wide<1><<<grid, 256, fw_smem(1), c->stream>>>(Y, X, W, *plan, N, K, beta);
+        k_grouped_f32_mma<FM_T>
+            <<<grid, 256, 0, c->stream>>>(Y, X, W, *plan, N, K, beta, (int32_t)ncol);
     else
-        k_grouped_f32_wide<0><<<grid, 256, fw_smem(0), c->stream>>>(Y, X, W, *plan, N, K, beta);
+        k_grouped_f32_mma<FM_N>
+            <<<grid, 256, 0, c->stream>>>(Y, X, W, *plan, N, K, beta, (int32_t)ncol);
 }
 
 extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W,
@@ -703,81 +764,16 @@ __global__ void k_grouped_wgrad(float *dW, const float *dY, const float *X, arl_
         }
 }
 
-/* The same on tensor cores for the bf16 math mode: a block per (expert, 64 x 128 tile of dW_e),
- * 8 warps in 2 x 4 with 2 x 2 WMMA fragments each, the expert's rows in slabs of 32 and in
- * order (fp32 accumulation).  As in k_grouped_f32_wide, the next slab's dY and X rows are read
- * into registers while this slab is multiplied, then rounded to bf16 into the other of two
- * shared buffers: Ys[rr][n] (read as dY^T, a column-major A) and Xs[rr][c] (row-major B). */
-#define WG_YLD (BN + 8)   /* Ys row length (bf16) */
-#define WG_XLD (FW_N + 8) /* Xs row length */
-static constexpr int wg_smem() {
-    return smem_over(2 * WK * WG_YLD * 2 + 2 * WK * WG_XLD * 2, BN * (FW_N + 4) * 4);
-}
-
-__global__ void __launch_bounds__(256, 2)
-    k_grouped_wgrad_wide(float *dW, const float *dY, const float *X, arl_cuda_moe_plan P, int64_t N,
-                         int64_t K) {
-    extern __shared__ float sm[];
-    unsigned char *raw = reinterpret_cast<unsigned char *>(sm);
-    __nv_bfloat16(*Ys)[WK][WG_YLD] = reinterpret_cast<__nv_bfloat16(*)[WK][WG_YLD]>(raw);
-    __nv_bfloat16(*Xs)[WK][WG_XLD] =
-        reinterpret_cast<__nv_bfloat16(*)[WK][WG_XLD]>(raw + 2 * WK * WG_YLD * 2);
-    float *Cs = sm; /* (BN, FW_N + 4) after the last slab */
-    const int32_t e = blockIdx.z, a = P.offsets[e], b = P.offsets[e + 1];
-    if (a == b) return;
-    const int64_t n0 = (int64_t)blockIdx.y * BN, c0 = (int64_t)blockIdx.x * FW_N;
-    const int warp = threadIdx.x / 32, wr = warp / 4, wc = warp % 4;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            wmma::fill_fragment(acc[i][j], 0.0f);
-    f4_slab<WK, BN, 256> ry;   /* dY rows, columns n0.. */
-    f4_slab<WK, FW_N, 256> rx; /* X rows, columns c0.. */
-    auto fetch = [&](int32_t s0) {
-        ry.fetch([&](int r, int c) -> const float * {
-            return s0 + r < b && n0 + c < N ? dY + (int64_t)(s0 + r) * N + n0 + c : nullptr;
-        });
-        rx.fetch([&](int r, int c) -> const float * {
-            return s0 + r < b && c0 + c < K ? X + (int64_t)(s0 + r) * K + c0 + c : nullptr;
-        });
-    };
-    fetch(a);
-    ry.stash(&Ys[0][0][0], WG_YLD);
-    rx.stash(&Xs[0][0][0], WG_XLD);
-    __syncthreads();
-    for (int32_t s0 = a, buf = 0; s0 < b; s0 += WK, buf ^= 1) {
-        const bool more = s0 + WK < b;
-        if (more) fetch(s0 + WK);
-        for (int ks = 0; ks < WK; ks += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb[2];
-            for (int i = 0; i < 2; i++)
-                wmma::load_matrix_sync(fa[i], &Ys[buf][ks][wr * 32 + i * 16], WG_YLD);
-            for (int j = 0; j < 2; j++)
-                wmma::load_matrix_sync(fb[j], &Xs[buf][ks][wc * 32 + j * 16], WG_XLD);
-            mma_2xn<2>(acc, fa, fb);
-        }
-        if (more) {
-            ry.stash(&Ys[buf ^ 1][0][0], WG_YLD);
-            rx.stash(&Xs[buf ^ 1][0][0], WG_XLD);
-        }
-        __syncthreads();
-    }
-    store_2xn<FW_N + 4, 2>(Cs, acc, wr, wc);
-    __syncthreads();
-    const int32_t nr = N - n0 < BN ? (int32_t)(N - n0) : BN;
-    tile_out<FW_N, FW_N + 4>(dW + (int64_t)e * N * K, Cs, (int32_t)n0, nr, c0, K, 1.0f); /* += */
-}
-
 extern "C" void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const float *X,
                                             const arl_cuda_moe_plan *plan, int64_t N, int64_t K) {
     arl_cuda_ctx *c = arl_cuda_need();
     if (N == 0 || K == 0) return;
     dim3 grid((unsigned)((K + BN - 1) / BN), (unsigned)((N + BN - 1) / BN), (unsigned)plan->E);
     if (c->math == ARL_CUDA_MATH_BF16 && N % 16 == 0 && K % 16 == 0) {
-        ARL_ASSERT(((uintptr_t)dY | (uintptr_t)X) % 16 == 0);
-        k_grouped_wgrad_wide<<<dim3((unsigned)((K + FW_N - 1) / FW_N), grid.y, grid.z), 256,
-                               wg_smem(), c->stream>>>(dW, dY, X, *plan, N, K);
+        ARL_ASSERT(((uintptr_t)dY | (uintptr_t)X) % 16 == 0 && (uintptr_t)dW % 8 == 0);
+        k_grouped_f32_mma<FM_WG><<<dim3((unsigned)((K + FM_NT - 1) / FM_NT),
+                                        (unsigned)((N + FM_M - 1) / FM_M), (unsigned)plan->E),
+                                   256, 0, c->stream>>>(dW, dY, X, *plan, N, K, 1.0f, 1);
     } else {
         k_grouped_wgrad<<<grid, 256, 0, c->stream>>>(dW, dY, X, *plan, N, K);
     }
