@@ -76,6 +76,10 @@ static int64_t cpu_kda_chunk_ws(int64_t T, int32_t N, int64_t H, int64_t dk, int
     (void)T, (void)N;
     return arl_kda_chunk_ws_floats(H, dk, dv, C);
 }
+static int64_t cpu_mla_attn_ws(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm) {
+    (void)n, (void)vm;
+    return arl_mla_attn_ws_floats(T, Hm, r);
+}
 static int64_t cpu_absorbed_ws(int64_t S, int64_t rkv, int64_t r) {
     return arl_mla_absorbed_ws_floats(S, rkv, r, 0);
 }
@@ -244,7 +248,7 @@ static const arl_dev_ops cpu_ops = {
     .kda_chunk_ws_floats = cpu_kda_chunk_ws,
     .kda_chunk_fwd = arl_kda_chunk_fwd,
     .kda_recurrent_fwd = arl_kda_recurrent_fwd,
-    .mla_attn_ws_floats = arl_mla_attn_ws_floats,
+    .mla_attn_ws_floats = cpu_mla_attn_ws,
     .mla_attn_fwd = arl_mla_attn_fwd,
     .mla_absorbed_ws_floats = cpu_absorbed_ws,
     .mla_absorbed_attn = cpu_absorbed_attn,
@@ -349,7 +353,7 @@ static int64_t mla_layout(mla_bufs *B, float *base, const arl_model_dev *m, int6
     B->k_nope = take(&w, T * Hm * n);
     B->v = take(&w, T * Hm * vm);
     B->k_pe = take(&w, T * r);
-    B->attn = take(&w, m->ops->mla_attn_ws_floats(T, Hm, r));
+    B->attn = take(&w, m->ops->mla_attn_ws_floats(T, Hm, n, r, vm));
     B->o = take(&w, T * Hm * vm);
     B->gate = take(&w, T * Hm * vm);
     return w.used;

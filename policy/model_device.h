@@ -93,7 +93,7 @@ typedef struct arl_dev_ops {
                               const int32_t *cu, int32_t N, int64_t T, int64_t H, int64_t dk,
                               int64_t dv, float scale, int64_t C);
     /* policy/mla.h arl_mla_attn_fwd (lse may be NULL) */
-    int64_t (*mla_attn_ws_floats)(int64_t T, int64_t Hm, int64_t r);
+    int64_t (*mla_attn_ws_floats)(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm);
     void (*mla_attn_fwd)(float *o, float *lse, const float *q_nope, const float *q_pe,
                          const float *k_nope, const float *k_pe, const float *v, const int32_t *cu,
                          int32_t N, int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm,

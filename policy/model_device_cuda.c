@@ -43,16 +43,14 @@ static arl_status cu_sync(void) {
     }
     return s;
 }
-static int64_t cu_mla_ws(int64_t T, int64_t Hm, int64_t r) {
-    (void)T, (void)Hm, (void)r;
-    return 0;
+static int64_t cu_mla_ws(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm) {
+    return arl_cuda_mla_attn_fwd_ws_floats(T, Hm, n, r, vm);
 }
 static void cu_mla_attn_fwd(float *o, float *lse, const float *q_nope, const float *q_pe,
                             const float *k_nope, const float *k_pe, const float *v,
                             const int32_t *cu, int32_t N, int64_t T, int64_t Hm, int64_t n,
                             int64_t r, int64_t vm, float scale, float *ws) {
-    (void)ws;
-    arl_cuda_mla_attn_fwd(o, lse, q_nope, q_pe, k_nope, k_pe, v, cu, N, T, Hm, n, r, vm, scale);
+    arl_cuda_mla_attn_fwd(o, lse, q_nope, q_pe, k_nope, k_pe, v, cu, N, T, Hm, n, r, vm, scale, ws);
 }
 static int64_t cu_absorbed_ws(int64_t S, int64_t rkv, int64_t r) {
     (void)S, (void)rkv, (void)r;

@@ -250,6 +250,9 @@ static void bench_mla(int quick) {
     float *v = drand(T * Hm * vm, -1, 1, "v");
     float *o = dalloc(sizeof(float) * (size_t)(T * Hm * vm), "o");
     float *lse = dalloc(sizeof(float) * (size_t)(T * Hm), "lse");
+    /* the forward's workspace (the tensor-core path's bf16 key and value copies) */
+    float *fws =
+        dalloc(sizeof(float) * (size_t)arl_cuda_mla_attn_fwd_ws_floats(T, Hm, n, r, vm), "mla ws");
     float ms, ms32;
     /* causal: T(T+1)/2 pairs, 2 (n + r) + 2 vm flops each */
     double fl = (double)Hm * T * (T + 1) / 2.0 * (2.0 * (n + r) + 2.0 * vm);
@@ -257,11 +260,11 @@ static void bench_mla(int quick) {
      * accumulation and softmax), which the context's bf16 math mode selects */
     TIME_MS(ms32, 1,
             arl_cuda_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, NULL, 1, T, Hm, n, r, vm,
-                                  1.0f / sqrtf((float)(n + r))));
+                                  1.0f / sqrtf((float)(n + r)), fws));
     arl_cuda_set_math(ctx, ARL_CUDA_MATH_BF16);
     TIME_MS(ms, 5,
             arl_cuda_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, NULL, 1, T, Hm, n, r, vm,
-                                  1.0f / sqrtf((float)(n + r))));
+                                  1.0f / sqrtf((float)(n + r)), fws));
     arl_cuda_set_math(ctx, ARL_CUDA_MATH_FP32);
     double tf = fl / (ms * 1e-3) / 1e12, tf32 = fl / (ms32 * 1e-3) / 1e12;
     printf("MLA prefill attention T=%lld Hm=%lld qk=%lld v=%lld causal: %.3f ms, %.2f TFLOP/s "

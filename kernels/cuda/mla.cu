@@ -27,7 +27,8 @@ typedef struct attn_args {
     int64_t Tq, Hm, pos0;
     const int64_t *pos_dev; /* absorbed: pos0 read from device memory (graph replays), or NULL */
     int32_t absorbed;
-    int32_t vec4; /* tensor-core forward: key and value rows copied 16 bytes at a time */
+    uint32_t *k16, *v16; /* tensor-core forward: bf16 copies of the keys (Tq, Hm, DQ) and values
+                          * (Tq, Hm, DV) in pairs, zero-padded (the caller's workspace), or NULL */
     float scale;
 } attn_args;
 
@@ -133,15 +134,14 @@ __device__ static inline float tc_q(const attn_args &A, int64_t row, int64_t col
 template <int DQ, int DV, int TC_WARPS>
 __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
     constexpr int TC_TQ = 16 * TC_WARPS;
-    __shared__ __align__(16) uint32_t ks[TC_TK][DQ / 2 + 4]; /* key tile, bf16 pairs */
-    __shared__ __align__(16) uint32_t vt[DV][TC_TK / 2 + 4]; /* value tile^T, bf16 pairs */
+    /* two buffers of a key tile (TC_TK, DQ + 8) and a value tile (TC_TK, DV + 8), bf16 */
+    constexpr int KW = (DQ + 8) / 2, VW = (DV + 8) / 2; /* row lengths in bf16 pairs */
     extern __shared__ float sm[];
-    float *stk = sm,
-          *stv = stk + TC_TK * DQ; /* a tile in fp32: keys (TC_TK, DQ), values (TC_TK, DV) */
+    uint32_t *const tiles = reinterpret_cast<uint32_t *>(sm);
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t nqb = (A.Tq + TC_TQ - 1) / TC_TQ;
     const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * TC_TQ; /* longest rows first */
-    const int64_t h = blockIdx.y, nq = A.nA + A.nB;
+    const int64_t h = blockIdx.y;
     const int64_t wr0 = q0 + 16 * w;               /* the warp's first row */
     const int64_t r0 = wr0 + g, r1 = r0 + 8;         /* this thread's rows */
     const int64_t lo0 = r0 < A.Tq ? first_key(A.cu, A.N, r0) : A.Tq;
@@ -171,56 +171,31 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
         o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
-    /* the fp32 key and value rows of the tile from s0 into the stage, asynchronously: zeros
-     * past the block's last key and the padded widths */
-    const auto issue = [&](int64_t s0) {
-        if (A.vec4) { /* widths, strides and bases multiples of 4 floats: no float4 straddles */
-            for (int idx = threadIdx.x; idx < TC_TK * DQ / 4; idx += 32 * TC_WARPS) {
-                const int64_t s = s0 + idx / (DQ / 4), col = idx % (DQ / 4) * 4;
-                const bool ok = s <= blk_hi && col < nq;
-                const float *src = !ok          ? A.ka
-                                   : col < A.nA ? A.ka + s * A.ka_tok + h * A.ka_head + col
-                                                : A.kb + s * A.kb_tok + h * A.kb_head + col - A.nA;
-                cp_async16(stk + 4 * idx, src, ok);
-            }
-            for (int idx = threadIdx.x; idx < TC_TK * DV / 4; idx += 32 * TC_WARPS) {
-                const int64_t s = s0 + idx / (DV / 4), d = idx % (DV / 4) * 4;
-                const bool ok = s <= blk_hi && d < A.nv;
-                cp_async16(stv + 4 * idx, ok ? A.vp + s * A.v_tok + h * A.v_head + d : A.vp, ok);
-            }
-            cp_async_commit();
-            return;
+    /* the bf16 key and value rows of the tile from s0 into buffer buf, asynchronously: zeros
+     * past the block's last key (the copies' padded widths are zero already) */
+    const auto issue = [&](int64_t s0, int buf) {
+        uint32_t *ks = tiles + buf * TC_TK * (KW + VW), *vs = ks + TC_TK * KW;
+        for (int idx = threadIdx.x; idx < TC_TK * (DQ / 8); idx += 32 * TC_WARPS) {
+            const int j = idx / (DQ / 8), c = idx % (DQ / 8);
+            const bool ok = s0 + j <= blk_hi;
+            cp_async16(ks + j * KW + c * 4,
+                       A.k16 + ((ok ? s0 + j : 0) * A.Hm + h) * (DQ / 2) + c * 4, ok);
         }
-        for (int idx = threadIdx.x; idx < TC_TK * DQ; idx += 32 * TC_WARPS) {
-            const int64_t s = s0 + idx / DQ, col = idx % DQ;
-            const bool ok = s <= blk_hi && col < nq;
-            const float *src = !ok          ? A.ka
-                               : col < A.nA ? A.ka + s * A.ka_tok + h * A.ka_head + col
-                                            : A.kb + s * A.kb_tok + h * A.kb_head + col - A.nA;
-            cp_async4(stk + idx, src, ok);
-        }
-        for (int idx = threadIdx.x; idx < TC_TK * DV; idx += 32 * TC_WARPS) {
-            const int64_t s = s0 + idx / DV, d = idx % DV;
-            const bool ok = s <= blk_hi && d < A.nv;
-            cp_async4(stv + idx, ok ? A.vp + s * A.v_tok + h * A.v_head + d : A.vp, ok);
+        for (int idx = threadIdx.x; idx < TC_TK * (DV / 8); idx += 32 * TC_WARPS) {
+            const int j = idx / (DV / 8), c = idx % (DV / 8);
+            const bool ok = s0 + j <= blk_hi;
+            cp_async16(vs + j * VW + c * 4,
+                       A.v16 + ((ok ? s0 + j : 0) * A.Hm + h) * (DV / 2) + c * 4, ok);
         }
         cp_async_commit();
     };
-    issue(blk_lo);
-    for (int64_t s0 = blk_lo; s0 <= blk_hi; s0 += TC_TK) {
+    issue(blk_lo, 0);
+    for (int64_t s0 = blk_lo, it = 0; s0 <= blk_hi; s0 += TC_TK, it++) {
         cp_async_wait0();
-        __syncthreads(); /* the tile is staged; the previous tile's products are done */
-        for (int idx = threadIdx.x; idx < TC_TK * (DQ / 2); idx += 32 * TC_WARPS) {
-            const int j = idx / (DQ / 2), c2 = idx % (DQ / 2);
-            ks[j][c2] = tc_pack(stk[j * DQ + 2 * c2], stk[j * DQ + 2 * c2 + 1]);
-        }
-        for (int idx = threadIdx.x; idx < DV * (TC_TK / 2); idx += 32 * TC_WARPS) {
-            const int d = idx % DV, jp = idx / DV;
-            vt[d][jp] = tc_pack(stv[2 * jp * DV + d], stv[(2 * jp + 1) * DV + d]);
-        }
-        __syncthreads(); /* the stage is free: the next tile's copies run under these products */
-        if (s0 + TC_TK <= blk_hi) issue(s0 + TC_TK);
+        __syncthreads(); /* the tile landed; the other buffer's products (tile it - 1) are done */
+        if (s0 + TC_TK <= blk_hi) issue(s0 + TC_TK, (int)((it + 1) & 1)); /* under these products */
         if (s0 > w_hi || s0 + TC_TK - 1 < w_lo) continue; /* no row of this warp sees the tile */
+        const uint32_t *ks = tiles + (it & 1) * TC_TK * (KW + VW), *vs = ks + TC_TK * KW;
 
         float sc[TC_TK / 8][4];
 #pragma unroll
@@ -228,8 +203,8 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
             sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
             for (int kc = 0; kc < DQ / 16; kc++)
-                arl_mma_bf16(sc[nt], qf[kc], ks[nt * 8 + g][kc * 8 + t],
-                             ks[nt * 8 + g][kc * 8 + 4 + t]);
+                arl_mma_bf16(sc[nt], qf[kc], ks[(nt * 8 + g) * KW + kc * 8 + t],
+                             ks[(nt * 8 + g) * KW + kc * 8 + 4 + t]);
         }
         float mx0 = m0, mx1 = m1;
         /* scores in log2 units, masked (-inf) where a row does not see the key unless the
@@ -281,9 +256,17 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
                                     tc_pack(sc[2 * kc][2], sc[2 * kc][3]),
                                     tc_pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
                                     tc_pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
+            /* B fragments of two value column tiles per ldmatrix.trans: matrices (keys 0-7 |
+             * 8-15 of the 16) x (columns 0-7 | 8-15 of the 16), rows = keys */
+            const uint32_t *vrow =
+                vs + (kc * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * VW + ((lane >> 4) << 2);
 #pragma unroll
-            for (int j = 0; j < DV / 8; j++)
-                arl_mma_bf16(o[j], pa, vt[j * 8 + g][kc * 8 + t], vt[j * 8 + g][kc * 8 + 4 + t]);
+            for (int jp = 0; jp < DV / 16; jp++) {
+                uint32_t b[4];
+                arl_ldmatrix_x4_trans(b, vrow + jp * 8);
+                arl_mma_bf16(o[2 * jp], pa, b[0], b[1]);
+                arl_mma_bf16(o[2 * jp + 1], pa, b[2], b[3]);
+            }
         }
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -306,30 +289,60 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
     }
 }
 
-/* one launch of the tensor-core forward: 8 warps (128 queries) per block, the stage of dynamic
- * shared memory */
+/* The tensor-core forward's widths for a query width nq and value width nv (padded to the
+ * kernels' instances), or 0 when they do not fit (qk <= 192, values <= 128, even widths). */
+static int tc_dq(int64_t nA, int64_t nB) {
+    const int64_t nq = nA + nB;
+    if (nq > 192 || (nA & 1) || (nB & 1)) return 0;
+    return nq <= 64 ? 64 : nq <= 96 ? 96 : nq <= 128 ? 128 : 192;
+}
+static int tc_dv(int64_t nv) {
+    if (nv > 128 || (nv & 1)) return 0;
+    return nv <= 64 ? 64 : 128;
+}
+
+/* The bf16 copies the tensor-core forward reads (rounded to nearest even, as the products
+ * take them): keys [ka | kb] (Tq, Hm, dq) and values (Tq, Hm, dv), zero-padded; one thread per
+ * pair of elements. */
+__global__ void k_attn_kv16(attn_args A, int dq, int dv) {
+    const int64_t pairs = (dq + dv) / 2, nq = A.nA + A.nB;
+    ARL_GRID_STRIDE(i, A.Tq * A.Hm * pairs) {
+        const int64_t th = i / pairs, p = i % pairs, s = th / A.Hm, h = th % A.Hm;
+        float x[2];
+        for (int e = 0; e < 2; e++) {
+            if (p < dq / 2) {
+                const int64_t col = 2 * p + e;
+                x[e] = col < A.nA ? A.ka[s * A.ka_tok + h * A.ka_head + col]
+                       : col < nq ? A.kb[s * A.kb_tok + h * A.kb_head + col - A.nA]
+                                  : 0.0f;
+            } else {
+                const int64_t d = 2 * (p - dq / 2) + e;
+                x[e] = d < A.nv ? A.vp[s * A.v_tok + h * A.v_head + d] : 0.0f;
+            }
+        }
+        if (p < dq / 2)
+            A.k16[th * (dq / 2) + p] = tc_pack(x[0], x[1]);
+        else
+            A.v16[th * (dv / 2) + p - dq / 2] = tc_pack(x[0], x[1]);
+    }
+}
+
+/* one launch of the tensor-core forward: 8 warps (128 queries) per block, two buffers of
+ * bf16 key and value tiles in dynamic shared memory */
 static void tc_launch(void (*kern)(attn_args), int dq, int dv, const attn_args *A,
                       arl_cuda_ctx *c) {
-    const int stage = (int)sizeof(float) * TC_TK * (dq + dv);
-    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, stage);
-    kern<<<dim3((unsigned)((A->Tq + 127) / 128), (unsigned)A->Hm), 256, (size_t)stage, c->stream>>>(
+    const int bytes = 2 * 2 * TC_TK * (dq + 8 + dv + 8);
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    kern<<<dim3((unsigned)((A->Tq + 127) / 128), (unsigned)A->Hm), 256, (size_t)bytes, c->stream>>>(
         *A);
 }
 
-/* The tensor-core forward when the context computes in bf16 and the widths fit (qk <= 192,
- * values <= 128, even part widths); returns 0 to leave the call to the fp32 kernel. */
+/* The tensor-core forward when the context computes in bf16, the widths fit and the caller
+ * gave the workspace for the bf16 copies; returns 0 to leave the call to the fp32 kernel. */
 static int attn_launch_tc(const attn_args *A, arl_cuda_ctx *c, const char *name) {
-    const int64_t nq = A->nA + A->nB;
-    if (c->math != ARL_CUDA_MATH_BF16 || A->absorbed || nq > 192 || A->nv > 128 ||
-        (A->nA & 1) || (A->nB & 1) || (A->nv & 1))
-        return 0;
-    const int dq = nq <= 64 ? 64 : nq <= 96 ? 96 : nq <= 128 ? 128 : 192;
-    const int dv = A->nv <= 64 ? 64 : 128;
-    attn_args V = *A; /* 16-byte copies when every key and value float4 is aligned */
-    const int64_t floats = A->nA | A->nB | A->nv | A->ka_tok | A->ka_head | A->kb_tok | A->kb_head |
-                           A->v_tok | A->v_head;
-    V.vec4 = ((uintptr_t)A->ka | (uintptr_t)A->kb | (uintptr_t)A->vp) % 16 == 0 && floats % 4 == 0;
-    A = &V;
+    const int dq = tc_dq(A->nA, A->nB), dv = tc_dv(A->nv);
+    if (c->math != ARL_CUDA_MATH_BF16 || A->absorbed || !dq || !dv || !A->k16) return 0;
+    k_attn_kv16<<<arl_blocks(A->Tq * A->Hm * (dq + dv) / 2, 256), 256, 0, c->stream>>>(*A, dq, dv);
     /* 8 warps (128 queries) per block: the H200 ran the mini shape at 25.9 TFLOP/s with 8
      * and 14.8 with 4 warps per block (session 6, before the asynchronous stage) */
 #define TC_LAUNCH(Q, V)                                                                            \
@@ -365,11 +378,21 @@ static void attn_launch(const attn_args *A, const char *name) {
     ARL_CUDA_LAUNCHED(c, name);
 }
 
+extern "C" int64_t arl_cuda_mla_attn_fwd_ws_floats(int64_t T, int64_t Hm, int64_t n, int64_t r,
+                                                   int64_t vm) {
+    const int dq = tc_dq(n, r), dv = tc_dv(vm);
+    return dq && dv ? T * Hm * (dq + dv) / 2 : 0;
+}
+
 extern "C" void arl_cuda_mla_attn_fwd(float *o, float *lse, const float *q_nope, const float *q_pe,
                                       const float *k_nope, const float *k_pe, const float *v,
                                       const int32_t *cu, int32_t N, int64_t T, int64_t Hm,
-                                      int64_t n, int64_t r, int64_t vm, float scale) {
+                                      int64_t n, int64_t r, int64_t vm, float scale, float *ws) {
     attn_args A = {};
+    if (ws && arl_cuda_mla_attn_fwd_ws_floats(T, Hm, n, r, vm)) {
+        A.k16 = reinterpret_cast<uint32_t *>(ws);
+        A.v16 = A.k16 + T * Hm * tc_dq(n, r) / 2;
+    }
     A.qa = q_nope;
     A.qb = q_pe;
     A.nA = n;

@@ -119,11 +119,15 @@ void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float *dg, float 
 /* arl_mla_attn_fwd on the device: flash-style (online softmax, one pass over the keys, no
  * (T, T) scores), causal within each document.  lse (T, Hm) may be NULL.  n + r <= 1024,
  * vm <= 512.  fp32 CUDA cores; under ARL_CUDA_MATH_BF16, when n + r <= 192, vm <= 128 and
- * the widths are even, tensor cores (bf16 operands, fp32 accumulation and softmax). */
+ * the widths are even and ws is given, tensor cores (bf16 copies of the keys and values made
+ * once per call, fp32 accumulation and softmax). */
 void arl_cuda_mla_attn_fwd(float *o, float *lse, const float *q_nope, const float *q_pe,
                            const float *k_nope, const float *k_pe, const float *v,
                            const int32_t *cu, int32_t N, int64_t T, int64_t Hm, int64_t n,
-                           int64_t r, int64_t vm, float scale);
+                           int64_t r, int64_t vm, float scale, float *ws);
+/* the forward's workspace: the tensor-core path's bf16 copies of the keys and values (0 when
+ * the widths do not fit that path); ws NULL leaves the call to the fp32 kernel */
+int64_t arl_cuda_mla_attn_fwd_ws_floats(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm);
 
 /* arl_mla_attn_bwd on the device (spec 4.3) with the forward's o and lse: one warp per
  * (key, head) for dk/dv, one per (query, head) for dq, fp32; under ARL_CUDA_MATH_BF16, when

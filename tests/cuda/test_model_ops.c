@@ -219,7 +219,8 @@ static void test_mla(void) {
     float *d_kn = ct_dev(kn, T * Hm * n), *d_kp = ct_dev(kp, T * r), *d_v = ct_dev(v, T * Hm * vm);
     float *d_o = ct_dev(NULL, T * Hm * vm), *d_lse = ct_dev(NULL, T * Hm);
     int32_t *d_cu = ct_dev_i32(cu, N + 1);
-    arl_cuda_mla_attn_fwd(d_o, d_lse, d_qn, d_qp, d_kn, d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale);
+    arl_cuda_mla_attn_fwd(d_o, d_lse, d_qn, d_qp, d_kn, d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale,
+                          NULL);
     ct_check_maxref("mla_attn_fwd o", d_o, o, T * Hm * vm, 1e-6, 2e-5);
     ct_check("mla_attn_fwd lse", d_lse, lse, T * Hm, 1e-5, 1e-5);
 
@@ -283,11 +284,20 @@ static void mla_tc_case(int64_t n, int64_t r, int64_t vm, int one_doc) {
     float *d_kn = ct_dev(kn, T * Hm * n), *d_kp = ct_dev(kp, T * r), *d_v = ct_dev(v, T * Hm * vm);
     float *d_o = ct_dev(NULL, T * Hm * vm), *d_lse = ct_dev(NULL, T * Hm);
     int32_t *d_cu = ct_dev_i32(cu, N + 1);
+    /* the workspace: the bf16 copies of the keys and values */
+    float *d_ws = ct_dev(NULL, arl_cuda_mla_attn_fwd_ws_floats(T, Hm, n, r, vm));
     arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
-    arl_cuda_mla_attn_fwd(d_o, d_lse, d_qn, d_qp, d_kn, d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale);
+    arl_cuda_mla_attn_fwd(d_o, d_lse, d_qn, d_qp, d_kn, d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale,
+                          d_ws);
     arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_FP32);
     ct_check_maxref("mla_attn_fwd (tensor cores) o", d_o, o, T * Hm * vm, 0.0, 2e-2);
     ct_check("mla_attn_fwd (tensor cores) lse", d_lse, lse, T * Hm, 2e-2, 0.0);
+    /* without a workspace the bf16 math mode leaves the call to the fp32 kernel: fp32 bounds */
+    arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
+    arl_cuda_mla_attn_fwd(d_o, d_lse, d_qn, d_qp, d_kn, d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale,
+                          NULL);
+    arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_FP32);
+    ct_check_maxref("mla_attn_fwd (no workspace: fp32) o", d_o, o, T * Hm * vm, 1e-6, 2e-5);
     free(qn), free(qp), free(kn), free(kp), free(v), free(o), free(lse), free(ws);
 }
 

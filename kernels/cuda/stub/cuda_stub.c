@@ -225,8 +225,11 @@ void arl_cuda_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float *dg, float 
 void arl_cuda_mla_attn_fwd(float *o, float *lse, const float *q_nope, const float *q_pe,
                            const float *k_nope, const float *k_pe, const float *v,
                            const int32_t *cu, int32_t N, int64_t T, int64_t Hm, int64_t n,
-                           int64_t r, int64_t vm, float scale) {
+                           int64_t r, int64_t vm, float scale, float *ws) {
     NO_CTX;
+}
+int64_t arl_cuda_mla_attn_fwd_ws_floats(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm) {
+    return 0;
 }
 int64_t arl_cuda_mla_attn_bwd_ws_floats(int64_t T, int64_t Hm, int64_t r) {
     return 0;
