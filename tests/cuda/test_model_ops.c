@@ -723,15 +723,15 @@ static int moe_wide_ok(const char *what, const float *h, const float *y0, const 
 }
 
 /* The wide tiles (kernels/cuda/moe.cu k_grouped_bf16_tn on bf16 operands, 64 x 256 per block;
- * k_grouped_f32_wide on fp32 operands under the bf16 math mode, 64 x 128): N = 272 leaves a
- * last column block of 16 (of both), K = 80 two and a half K slabs of 32, 200 rows spread over
- * experts with 1 to 70 rows (a partial 64-row tile and an expert with one row); bound per
- * element 2^-7 sum|x w| as for the other bf16 paths.  The bf16 tile and the fp32 tile in both
- * weight layouts (W (E, N, K) and (E, K, N)), each with beta 0 and 1 (added to what Y held),
- * and the weight gradient's wide tile. */
+ * k_grouped_f32_mma on fp32 operands under the bf16 math mode, 64 x 128): N = 272 leaves a
+ * last column block of 16 (of both), K = 208 six and a half K slabs of 32 (the bf16 tile's ring
+ * of 4 stages wraps; the last slab half zeros), 200 rows spread over experts with 1 to 70 rows
+ * (a partial 64-row tile and an expert with one row); bound per element 2^-7 sum|x w| as for
+ * the other bf16 paths.  The bf16 tile and the fp32 tile in both weight layouts (W (E, N, K)
+ * and (E, K, N)), each with beta 0 and 1 (added to what Y held), and the weight gradient. */
 static void test_moe_wide(void) {
     CT_CASE_BEGIN;
-    const int64_t T = 100, k = 2, E = 6, K = 80, N = 272, R = T * k;
+    const int64_t T = 100, k = 2, E = 6, K = 208, N = 272, R = T * k;
     int32_t *sel = ct_host(sizeof(int32_t) * R);
     for (int64_t t = 0; t < T; t++) {
         sel[t * k] = t == 7 ? 5 : (int32_t)(t % 3); /* expert 5: one row */
@@ -774,7 +774,7 @@ static void test_moe_wide(void) {
             CHECK(moe_wide_ok(what, h, beta ? y0 : NULL, x, W, sel, slot, R, k, N, K));
             free(h);
         }
-    /* the weight gradient's wide tile (k_grouped_wgrad_wide, 64 x 128 of dW_e per block): dW_e
+    /* the weight gradient (k_grouped_f32_mma FM_WG, 64 x 128 of dW_e per block): dW_e
      * (N, K) += dY[R_e]^T X[R_e] on y0 as dY, with the same per-element bound */
     float *dW0 = ct_rand(E * N * K, -1, 1), *d_dW = ct_dev(dW0, E * N * K);
     float *d_dy = ct_dev(y0, R * N);
