@@ -107,12 +107,13 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
  * Flash-attention style: a block takes TC_TQ queries of one head (16 per warp) and walks the
  * key tiles of TC_TK keys its queries can see (documents and causality); S = Q K^T and O += P V
  * run as mma.sync m16n8k16 with bf16 operands and fp32 accumulators; the online softmax (max,
- * exp, row sums) stays in fp32 registers (spec 1.4).  Q, K and V are fp32 in memory and rounded
- * to bf16 in the kernel: Q as it is loaded; each key/value tile is copied asynchronously
- * (cp.async, no registers held) into an fp32 stage of dynamic shared memory while the products
- * of the tile before run, then rounded into the bf16 tiles, K row-major and V transposed so that
- * every B fragment is one 32-bit load; the S accumulators are repacked as the A fragments of
- * P V without leaving registers.  Rows padded to DQ (qk width) and DV (value width) are zero.
+ * exp, row sums) stays in fp32 registers (spec 1.4).  Q is rounded to bf16 as it is loaded;
+ * K and V come as bf16 copies made once per call (k_attn_kv16, in the caller's workspace), each
+ * tile copied asynchronously (cp.async) into one of two shared buffers while the products of the
+ * tile before run; rows padded by 16 bytes, so that the K B fragments (32-bit loads) and the V
+ * ones (ldmatrix.trans of row-major value tiles) are free of bank conflicts; the S accumulators
+ * are repacked as the A fragments of P V without leaving registers.  Rows padded to DQ (qk
+ * width) and DV (value width) are zero.
  * Fragment layout: internal.cuh arl_mma_bf16 (g = lane / 4, t = lane % 4 below). */
 #define TC_TK 64
 

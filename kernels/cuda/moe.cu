@@ -1,10 +1,9 @@
 /* kernels/cuda/moe.cu: MoE execution on the device (kernels/cuda/ops.h, spec 7.2): the
  * deterministic routing plan, gather/combine and their backward, and the grouped GEMM that
- * runs every expert in one launch (fp32 CUDA-core tiles for parity; bf16 WMMA tensor-core
- * tiles for speed) plus the per-expert weight gradient. */
+ * runs every expert in one launch (fp32 CUDA-core tiles for parity; bf16 tensor-core tiles on
+ * mma.sync with ldmatrix fragments for speed, and a WMMA tile for the trans_w = 0 layout of
+ * bf16 weights) plus the per-expert weight gradient. */
 #include <mma.h>
-
-#include <type_traits>
 
 #include "kernels/cuda/internal.cuh"
 #include "kernels/cuda/ops.h"
