@@ -308,6 +308,52 @@ static inline void arl_ldmatrix_x4_trans(uint32_t r[4], const void *row) {
 }
 #endif
 
+/* Which 16-byte row of a 16 x 16 bf16 block a lane hands to ldmatrix.x4: the block's row
+ * (0-15) and the row's chunk (0: columns 0-7, 1: columns 8-15).  Two maps serve every operand:
+ *   map A (row lane % 16, chunk lane / 16): plain, the A fragment of a row-major (m, k)
+ *     block; .trans, the B fragments of two n8 tiles of a (k, n) block (k rows);
+ *   map B (row lane % 8 + 8 (lane / 16), chunk lane / 8 % 2): plain, the B fragments of two
+ *     n8 tiles of an (n, k) block (n rows); .trans, the A fragment of a (k, m) block.
+ * The two n8 tiles' fragments come as {r[0], r[1]} and {r[2], r[3]}. */
+__device__ static inline int arl_ldm_row_a(int lane) {
+    return lane & 15;
+}
+__device__ static inline int arl_ldm_chunk_a(int lane) {
+    return lane >> 4;
+}
+__device__ static inline int arl_ldm_row_b(int lane) {
+    return (lane & 7) + ((lane >> 4) << 3);
+}
+__device__ static inline int arl_ldm_chunk_b(int lane) {
+    return (lane >> 3) & 1;
+}
+
+/* acc[i][j] += a[i] b[j]: a warp's I x J tiles of m16n8k16 products on fragments in registers
+ * (b[j] = {b0, b1} of n8 tile j) */
+template <int I, int J>
+__device__ static inline void arl_mma_tiles(float (&acc)[I][J][4], const uint32_t (&a)[I][4],
+                                            const uint32_t (&b)[J][2]) {
+#pragma unroll
+    for (int i = 0; i < I; i++)
+#pragma unroll
+        for (int j = 0; j < J; j++)
+            arl_mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+}
+
+/* n8 tiles 2 jp and 2 jp + 1 of b from one ldmatrix.x4 (TRANS: .trans) of the lane's row */
+template <bool TRANS, int J>
+__device__ static inline void arl_ldm_b_pair(uint32_t (&b)[J][2], int jp, const void *row) {
+    uint32_t t[4];
+    if (TRANS)
+        arl_ldmatrix_x4_trans(t, row);
+    else
+        arl_ldmatrix_x4(t, row);
+    b[2 * jp][0] = t[0];
+    b[2 * jp][1] = t[1];
+    b[2 * jp + 1][0] = t[2];
+    b[2 * jp + 1][1] = t[3];
+}
+
 /* The unscaled score of absorbed MLA (spec 4.2) of query row [qh; qp] with the latent row
  * [c; k_pe] (width rkv + r): qh . c + qp . k_pe, each part in column order. */
 __device__ static inline float arl_latent_dot(const float *qh, const float *qp, const float *row,

@@ -497,29 +497,16 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int ks = 0; ks < TN_K / 16; ks++) {
             uint32_t a[2][4], b[8][2];
-            /* A: lanes 0-15 rows 0-15 at k 0-7, lanes 16-31 the same rows at k 8-15 */
 #pragma unroll
-            for (int i = 0; i < 2; i++)
-                arl_ldmatrix_x4(
-                    a[i], st + kmaj_off(wr * 32 + i * 16 + (lane & 15), ks * 2 + (lane >> 4)));
-                /* B (two n8 tiles per load): matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15,
-                 * k 0-7), (n 8-15, k 8-15) */
+            for (int i = 0; i < 2; i++) /* A: X rows, map A */
+                arl_ldmatrix_x4(a[i], st + kmaj_off(wr * 32 + i * 16 + arl_ldm_row_a(lane),
+                                                    ks * 2 + arl_ldm_chunk_a(lane)));
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                uint32_t t[4];
-                arl_ldmatrix_x4(
-                    t, st + kmaj_off(BM + wc * 64 + j * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                     ks * 2 + ((lane >> 3) & 1)));
-                b[2 * j][0] = t[0];
-                b[2 * j][1] = t[1];
-                b[2 * j + 1][0] = t[2];
-                b[2 * j + 1][1] = t[3];
-            }
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    arl_mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+            for (int jp = 0; jp < 4; jp++) /* B: W_e rows, two n8 tiles per load, map B */
+                arl_ldm_b_pair<false>(b, jp,
+                                      st + kmaj_off(BM + wc * 64 + jp * 16 + arl_ldm_row_b(lane),
+                                                    ks * 2 + arl_ldm_chunk_b(lane)));
+            arl_mma_tiles(acc, a, b);
         }
     }
     cp_async_wait_n<0>(); /* no copy outlives the block (the trailing groups are empty) */
@@ -660,35 +647,28 @@ __global__ void __launch_bounds__(256, 2)
             uint32_t a[2][4], b[4][2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                if (MODE == FM_WG) /* matrices (m 0-7 | 8-15) x (k 0-7 | 8-15), k rows */
+                if (MODE == FM_WG) /* k rows: .trans, map B */
                     arl_ldmatrix_x4_trans(
-                        a[i], at + mnmaj_off(ks * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                             (wr * 32 + i * 16) / 8 + ((lane >> 3) & 1), FM_M * 2));
-                else
-                    arl_ldmatrix_x4(
-                        a[i], at + kmaj_off(wr * 32 + i * 16 + (lane & 15), ks * 2 + (lane >> 4)));
+                        a[i],
+                        at + mnmaj_off(ks * 16 + arl_ldm_row_b(lane),
+                                       (wr * 32 + i * 16) / 8 + arl_ldm_chunk_b(lane), FM_M * 2));
+                else /* m rows: map A */
+                    arl_ldmatrix_x4(a[i], at + kmaj_off(wr * 32 + i * 16 + arl_ldm_row_a(lane),
+                                                        ks * 2 + arl_ldm_chunk_a(lane)));
             }
 #pragma unroll
             for (int jp = 0; jp < 2; jp++) { /* n8 tiles 2 jp, 2 jp + 1 */
-                uint32_t t[4];
-                if (MODE == FM_T)
-                    arl_ldmatrix_x4(
-                        t, bt + kmaj_off(wc * 32 + jp * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                         ks * 2 + ((lane >> 3) & 1)));
-                else
-                    arl_ldmatrix_x4_trans(
-                        t, bt + mnmaj_off(ks * 16 + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                          (wc * 32 + jp * 16) / 8 + (lane >> 4), FM_NT * 2));
-                b[2 * jp][0] = t[0];
-                b[2 * jp][1] = t[1];
-                b[2 * jp + 1][0] = t[2];
-                b[2 * jp + 1][1] = t[3];
+                if (MODE == FM_T)            /* n rows: map B */
+                    arl_ldm_b_pair<false>(b, jp,
+                                          bt + kmaj_off(wc * 32 + jp * 16 + arl_ldm_row_b(lane),
+                                                        ks * 2 + arl_ldm_chunk_b(lane)));
+                else /* k rows: .trans, map A */
+                    arl_ldm_b_pair<true>(
+                        b, jp,
+                        bt + mnmaj_off(ks * 16 + arl_ldm_row_a(lane),
+                                       (wc * 32 + jp * 16) / 8 + arl_ldm_chunk_a(lane), FM_NT * 2));
             }
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    arl_mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
+            arl_mma_tiles(acc, a, b);
         }
         /* the other buffer was last read in slab s - 1, before the barrier that ended it */
         if (more) stash(buf ^ 1);
