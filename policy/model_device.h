@@ -172,7 +172,7 @@ typedef struct arl_dev_ops {
                           const float *chunk_states, const int32_t *cu, int32_t N, int64_t T,
                           int64_t H, int64_t dk, int64_t dv, float scale, int64_t C, float *ws);
     /* policy/mla.h arl_mla_attn_bwd (o and lse of the forward) */
-    int64_t (*mla_attn_bwd_ws_floats)(int64_t T, int64_t Hm, int64_t r);
+    int64_t (*mla_attn_bwd_ws_floats)(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm);
     void (*mla_attn_bwd)(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe, float *dv,
                          const float *d_o, const float *o, const float *lse, const float *q_nope,
                          const float *q_pe, const float *k_nope, const float *k_pe, const float *v,

@@ -243,7 +243,7 @@ static int64_t mla_ws_layout(mla_ws *B, float *base, const arl_model_dev *m, int
     B->ckv = take(&w, T * R);
     B->kv = take(&w, T * Hm * (n + vm));
     B->attn = take(&w, max2(m->ops->mla_attn_ws_floats(T, Hm, n, r, vm),
-                            m->ops->mla_attn_bwd_ws_floats(T, Hm, r)));
+                            m->ops->mla_attn_bwd_ws_floats(T, Hm, n, r, vm)));
     B->du = take(&w, T * Hm * vm);
     B->d_o = take(&w, T * Hm * vm);
     B->dgam = take(&w, T * Hm * vm);

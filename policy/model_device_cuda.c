@@ -171,9 +171,6 @@ static void cu_graph_free(void *g) {
 
 /* ---- training ops ---- */
 
-static int64_t cu_mla_bwd_ws(int64_t T, int64_t Hm, int64_t r) {
-    return arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r);
-}
 static void cu_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe, float *dv,
                             const float *d_o, const float *o, const float *lse, const float *q_nope,
                             const float *q_pe, const float *k_nope, const float *k_pe,
@@ -340,7 +337,7 @@ static const arl_dev_ops cuda_ops = {
     .kda_onorm_bwd = arl_cuda_kda_onorm_bwd,
     .kda_chunk_bwd_ws_floats = arl_cuda_kda_chunk_bwd_ws_floats,
     .kda_chunk_bwd = arl_cuda_kda_chunk_bwd,
-    .mla_attn_bwd_ws_floats = cu_mla_bwd_ws,
+    .mla_attn_bwd_ws_floats = arl_cuda_mla_attn_bwd_ws_floats,
     .mla_attn_bwd = cu_mla_attn_bwd,
     .attnres_bwd_ws_floats = cu_attnres_bwd_ws,
     .attnres_mix_bwd = arl_cuda_attnres_mix_bwd,

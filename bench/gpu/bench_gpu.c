@@ -282,7 +282,8 @@ static void bench_mla(int quick) {
     float *dkn = dalloc(sizeof(float) * (size_t)(T * Hm * n), "dk_nope");
     float *dkp = dalloc(sizeof(float) * (size_t)(T * r), "dk_pe");
     float *dv = dalloc(sizeof(float) * (size_t)(T * Hm * vm), "dv");
-    float *bws = dalloc(sizeof(float) * (size_t)arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r), "ws");
+    float *bws =
+        dalloc(sizeof(float) * (size_t)arl_cuda_mla_attn_bwd_ws_floats(T, Hm, n, r, vm), "ws");
     double flb = (double)Hm * T * (T + 1) / 2.0 * (6.0 * (n + r) + 4.0 * vm);
     float bms, bms32;
     TIME_MS(bms32, 1,

@@ -108,13 +108,13 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
  * key tiles of TC_TK keys its queries can see (documents and causality); S = Q K^T and O += P V
  * run as mma.sync m16n8k16 with bf16 operands and fp32 accumulators; the online softmax (max,
  * exp, row sums) stays in fp32 registers (spec 1.4).  Q is rounded to bf16 as it is loaded;
- * K and V come as bf16 copies made once per call (k_attn_kv16, in the caller's workspace), each
+ * K and V come as bf16 copies made once per call (k_bf16_copy, in the caller's workspace), each
  * tile copied asynchronously (cp.async) into one of two shared buffers while the products of the
- * tile before run; rows padded by 16 bytes, so that the K B fragments (32-bit loads) and the V
- * ones (ldmatrix.trans of row-major value tiles) are free of bank conflicts; the S accumulators
- * are repacked as the A fragments of P V without leaving registers.  Rows padded to DQ (qk
- * width) and DV (value width) are zero.
- * Fragment layout: internal.cuh arl_mma_bf16 (g = lane / 4, t = lane % 4 below). */
+ * tile before run; rows padded by 16 bytes, so that the K B fragments (ldmatrix of key rows)
+ * and the V ones (ldmatrix.trans of row-major value tiles) are free of bank conflicts; the S
+ * accumulators are repacked as the A fragments of P V without leaving registers.  Rows padded to DQ
+ * (qk width) and DV (value width) are zero. Fragment layout: internal.cuh arl_mma_bf16 (g = lane /
+ * 4, t = lane % 4 below). */
 #define TC_TK 64
 
 __device__ static inline uint32_t tc_bf16_bits(float f) { /* round to nearest even */
@@ -123,6 +123,73 @@ __device__ static inline uint32_t tc_bf16_bits(float f) { /* round to nearest ev
 }
 __device__ static inline uint32_t tc_pack(float lo, float hi) {
     return tc_bf16_bits(lo) | (tc_bf16_bits(hi) << 16);
+}
+
+/* the A fragment (16 x 16, rows g and g + 8) made of the accumulators x[2 kc], x[2 kc + 1]
+ * (two n8 tiles of C layout) rounded to bf16: scores or their gradients as a product's A */
+template <int N>
+__device__ static inline void tc_pack_a(uint32_t (&pa)[4], const float (&x)[N][4], int kc) {
+    pa[0] = tc_pack(x[2 * kc][0], x[2 * kc][1]);
+    pa[1] = tc_pack(x[2 * kc][2], x[2 * kc][3]);
+    pa[2] = tc_pack(x[2 * kc + 1][0], x[2 * kc + 1][1]);
+    pa[3] = tc_pack(x[2 * kc + 1][2], x[2 * kc + 1][3]);
+}
+
+/* c[2 p], c[2 p + 1] += a B_p for p < NT / 2: the B fragments of n8 tiles 2 p and 2 p + 1 by
+ * one ldmatrix.x4 (TRANS: .trans) of the lane's row at brow + p step (32-bit words) */
+template <bool TRANS, int NT>
+__device__ static inline void tc_mma_pairs(float (&c)[NT][4], const uint32_t (&a)[4],
+                                           const uint32_t *brow, int step) {
+#pragma unroll
+    for (int p = 0; p < NT / 2; p++) {
+        uint32_t b[2][2];
+        arl_ldm_b_pair<TRANS>(b, 0, brow + p * step);
+        arl_mma_bf16(c[2 * p], a, b[0][0], b[0][1]);
+        arl_mma_bf16(c[2 * p + 1], a, b[1][0], b[1][1]);
+    }
+}
+
+/* A token-major tensor of two parts [a | b] per head (widths na, nb): element (tok, col) of
+ * head h is a[tok a_tok + h a_head + col] for col < na, else b[tok b_tok + h b_head + col - na]
+ * (keys [k_nope | k_pe]: k_pe shared by the heads, b_head 0; one part: nb 0). */
+typedef struct tok_src {
+    const float *a, *b;
+    int64_t a_tok, a_head, na, b_tok, b_head, nb;
+} tok_src;
+
+/* The bf16 copy the tensor-core kernels read: dst (T, Hm, w / 2) bf16 pairs, rounded to
+ * nearest even as the products take them, zero past na + nb; one thread per pair. */
+__global__ void k_bf16_copy(uint32_t *dst, tok_src S, int64_t T, int64_t Hm, int w) {
+    const int64_t pairs = w / 2, nq = S.na + S.nb;
+    ARL_GRID_STRIDE(i, T * Hm * pairs) {
+        const int64_t th = i / pairs, p = i % pairs, s = th / Hm, h = th % Hm;
+        float x[2];
+        for (int e = 0; e < 2; e++) {
+            const int64_t col = 2 * p + e;
+            x[e] = col < S.na ? S.a[s * S.a_tok + h * S.a_head + col]
+                   : col < nq ? S.b[s * S.b_tok + h * S.b_head + col - S.na]
+                              : 0.0f;
+        }
+        dst[i] = tc_pack(x[0], x[1]);
+    }
+}
+static void bf16_copy(uint32_t *dst, const tok_src &S, int64_t T, int64_t Hm, int w,
+                      arl_cuda_ctx *c) {
+    k_bf16_copy<<<arl_blocks(T * Hm * w / 2, 256), 256, 0, c->stream>>>(dst, S, T, Hm, w);
+}
+
+/* Rows tok0 .. tok0 + R - 1 of head h of a bf16 copy (T, Hm, W / 2 pairs) into a shared tile
+ * of row stride W / 2 + 4 pairs (16 bytes of padding: the 8 rows of an ldmatrix phase in
+ * distinct banks), 16 bytes per cp.async, rows from `end` on zero.  The caller commits. */
+template <int R, int W>
+__device__ static inline void tile_copy16(uint32_t *dst, const uint32_t *src, int64_t tok0,
+                                          int64_t end, int64_t Hm, int64_t h) {
+    for (int idx = threadIdx.x; idx < R * (W / 8); idx += blockDim.x) {
+        const int j = idx / (W / 8), c = idx % (W / 8);
+        const bool ok = tok0 + j < end;
+        cp_async16(dst + j * (W / 2 + 4) + c * 4,
+                   src + ((ok ? tok0 + j : 0) * Hm + h) * (W / 2) + c * 4, ok);
+    }
 }
 
 /* element (row, col) of the concatenated query [qa | qb] of head h, 0 outside */
@@ -175,19 +242,9 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
     /* the bf16 key and value rows of the tile from s0 into buffer buf, asynchronously: zeros
      * past the block's last key (the copies' padded widths are zero already) */
     const auto issue = [&](int64_t s0, int buf) {
-        uint32_t *ks = tiles + buf * TC_TK * (KW + VW), *vs = ks + TC_TK * KW;
-        for (int idx = threadIdx.x; idx < TC_TK * (DQ / 8); idx += 32 * TC_WARPS) {
-            const int j = idx / (DQ / 8), c = idx % (DQ / 8);
-            const bool ok = s0 + j <= blk_hi;
-            cp_async16(ks + j * KW + c * 4,
-                       A.k16 + ((ok ? s0 + j : 0) * A.Hm + h) * (DQ / 2) + c * 4, ok);
-        }
-        for (int idx = threadIdx.x; idx < TC_TK * (DV / 8); idx += 32 * TC_WARPS) {
-            const int j = idx / (DV / 8), c = idx % (DV / 8);
-            const bool ok = s0 + j <= blk_hi;
-            cp_async16(vs + j * VW + c * 4,
-                       A.v16 + ((ok ? s0 + j : 0) * A.Hm + h) * (DV / 2) + c * 4, ok);
-        }
+        uint32_t *ks = tiles + buf * TC_TK * (KW + VW);
+        tile_copy16<TC_TK, DQ>(ks, A.k16, s0, blk_hi + 1, A.Hm, h);
+        tile_copy16<TC_TK, DV>(ks + TC_TK * KW, A.v16, s0, blk_hi + 1, A.Hm, h);
         cp_async_commit();
     };
     issue(blk_lo, 0);
@@ -198,15 +255,11 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
         if (s0 > w_hi || s0 + TC_TK - 1 < w_lo) continue; /* no row of this warp sees the tile */
         const uint32_t *ks = tiles + (it & 1) * TC_TK * (KW + VW), *vs = ks + TC_TK * KW;
 
-        float sc[TC_TK / 8][4];
+        float sc[TC_TK / 8][4] = {}; /* S = Q K^T: key rows, two n8 tiles per ldmatrix */
+        const uint32_t *krow = ks + arl_ldm_row_b(lane) * KW + arl_ldm_chunk_b(lane) * 4;
 #pragma unroll
-        for (int nt = 0; nt < TC_TK / 8; nt++) {
-            sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-#pragma unroll
-            for (int kc = 0; kc < DQ / 16; kc++)
-                arl_mma_bf16(sc[nt], qf[kc], ks[(nt * 8 + g) * KW + kc * 8 + t],
-                             ks[(nt * 8 + g) * KW + kc * 8 + 4 + t]);
-        }
+        for (int kc = 0; kc < DQ / 16; kc++)
+            tc_mma_pairs<false>(sc, qf[kc], krow + kc * 8, 16 * KW);
         float mx0 = m0, mx1 = m1;
         /* scores in log2 units, masked (-inf) where a row does not see the key unless the
          * whole tile is visible to the warp (full: one copy of the loop without the tests) */
@@ -251,23 +304,13 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
             o[j][0] *= c0, o[j][1] *= c0;
             o[j][2] *= c1, o[j][3] *= c1;
         }
+        /* O += P V: value rows are the sum's keys, two n8 tiles per ldmatrix.trans */
+        const uint32_t *vrow = vs + arl_ldm_row_a(lane) * VW + arl_ldm_chunk_a(lane) * 4;
 #pragma unroll
         for (int kc = 0; kc < TC_TK / 16; kc++) {
-            const uint32_t pa[4] = {tc_pack(sc[2 * kc][0], sc[2 * kc][1]),
-                                    tc_pack(sc[2 * kc][2], sc[2 * kc][3]),
-                                    tc_pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
-                                    tc_pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
-            /* B fragments of two value column tiles per ldmatrix.trans: matrices (keys 0-7 |
-             * 8-15 of the 16) x (columns 0-7 | 8-15 of the 16), rows = keys */
-            const uint32_t *vrow =
-                vs + (kc * 16 + (lane & 7) + (((lane >> 3) & 1) << 3)) * VW + ((lane >> 4) << 2);
-#pragma unroll
-            for (int jp = 0; jp < DV / 16; jp++) {
-                uint32_t b[4];
-                arl_ldmatrix_x4_trans(b, vrow + jp * 8);
-                arl_mma_bf16(o[2 * jp], pa, b[0], b[1]);
-                arl_mma_bf16(o[2 * jp + 1], pa, b[2], b[3]);
-            }
+            uint32_t pa[4];
+            tc_pack_a(pa, sc, kc);
+            tc_mma_pairs<true>(o, pa, vrow + kc * 16 * VW, 8);
         }
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -302,32 +345,6 @@ static int tc_dv(int64_t nv) {
     return nv <= 64 ? 64 : 128;
 }
 
-/* The bf16 copies the tensor-core forward reads (rounded to nearest even, as the products
- * take them): keys [ka | kb] (Tq, Hm, dq) and values (Tq, Hm, dv), zero-padded; one thread per
- * pair of elements. */
-__global__ void k_attn_kv16(attn_args A, int dq, int dv) {
-    const int64_t pairs = (dq + dv) / 2, nq = A.nA + A.nB;
-    ARL_GRID_STRIDE(i, A.Tq * A.Hm * pairs) {
-        const int64_t th = i / pairs, p = i % pairs, s = th / A.Hm, h = th % A.Hm;
-        float x[2];
-        for (int e = 0; e < 2; e++) {
-            if (p < dq / 2) {
-                const int64_t col = 2 * p + e;
-                x[e] = col < A.nA ? A.ka[s * A.ka_tok + h * A.ka_head + col]
-                       : col < nq ? A.kb[s * A.kb_tok + h * A.kb_head + col - A.nA]
-                                  : 0.0f;
-            } else {
-                const int64_t d = 2 * (p - dq / 2) + e;
-                x[e] = d < A.nv ? A.vp[s * A.v_tok + h * A.v_head + d] : 0.0f;
-            }
-        }
-        if (p < dq / 2)
-            A.k16[th * (dq / 2) + p] = tc_pack(x[0], x[1]);
-        else
-            A.v16[th * (dv / 2) + p - dq / 2] = tc_pack(x[0], x[1]);
-    }
-}
-
 /* one launch of the tensor-core forward: 8 warps (128 queries) per block, two buffers of
  * bf16 key and value tiles in dynamic shared memory */
 static void tc_launch(void (*kern)(attn_args), int dq, int dv, const attn_args *A,
@@ -343,7 +360,9 @@ static void tc_launch(void (*kern)(attn_args), int dq, int dv, const attn_args *
 static int attn_launch_tc(const attn_args *A, arl_cuda_ctx *c, const char *name) {
     const int dq = tc_dq(A->nA, A->nB), dv = tc_dv(A->nv);
     if (c->math != ARL_CUDA_MATH_BF16 || A->absorbed || !dq || !dv || !A->k16) return 0;
-    k_attn_kv16<<<arl_blocks(A->Tq * A->Hm * (dq + dv) / 2, 256), 256, 0, c->stream>>>(*A, dq, dv);
+    bf16_copy(A->k16, {A->ka, A->kb, A->ka_tok, A->ka_head, A->nA, A->kb_tok, A->kb_head, A->nB},
+              A->Tq, A->Hm, dq, c);
+    bf16_copy(A->v16, {A->vp, A->vp, A->v_tok, A->v_head, A->nv, 0, 0, 0}, A->Tq, A->Hm, dv, c);
     /* 8 warps (128 queries) per block: the H200 ran the mini shape at 25.9 TFLOP/s with 8
      * and 14.8 with 4 warps per block (session 6, before the asynchronous stage) */
 #define TC_LAUNCH(Q, V)                                                                            \
@@ -467,8 +486,12 @@ extern "C" void arl_cuda_mla_absorbed_attn_dpos(float *ohat, const float *qhat, 
 
 #define BQ 256 /* n + r and vm limit of the backward kernels */
 
-extern "C" int64_t arl_cuda_mla_attn_bwd_ws_floats(int64_t T, int64_t Hm, int64_t r) {
-    return T * Hm * r + T * Hm;
+/* The bf16 copies of q, k, v and dO the tensor-core backward reads (when the widths fit),
+ * then dk_pe per head (T, Hm, r) and D (T, Hm). */
+extern "C" int64_t arl_cuda_mla_attn_bwd_ws_floats(int64_t T, int64_t Hm, int64_t n, int64_t r,
+                                                   int64_t vm) {
+    const int dq = tc_dq(n, r), dv = tc_dv(vm);
+    return (dq && dv ? T * Hm * (dq + dv) : 0) + T * Hm * r + T * Hm;
 }
 
 /* D[t, h] = dO . O */
@@ -487,6 +510,8 @@ __global__ void k_attn_delta(float *D, const float *d_o, const float *o, int64_t
 typedef struct bwd_args {
     const float *q_nope, *q_pe, *k_nope, *k_pe, *v, *d_o, *lse, *D;
     float *dq_nope, *dq_pe, *dk_nope, *dk_pe_h, *dv;
+    uint32_t *q16, *k16, *v16, *g16; /* tensor cores: bf16 copies (T, Hm, DQ or DV) of q, k,
+                                      * v, dO in the workspace */
     const int32_t *cu;
     int32_t N;
     int64_t T, Hm, n, r, vm;
@@ -606,83 +631,14 @@ __global__ void k_sum_heads(float *dk_pe, const float *per_head, int64_t T, int6
  * operands, fp32 accumulators), then P = exp(S scale - lse) from the forward's lse and
  * dS = P (dP - D) in fp32 (spec 1.4: softmax statistics in fp32); P and dS are rounded to bf16
  * as the A operands of the products that follow, repacked from the accumulators in registers
- * as in the forward.  Operand tiles are rounded to bf16 pairs as they are copied into dynamic
- * shared memory: row-major where the tile's rows are a product's rows (A) or columns (B), and
- * transposed (rows the width, pairs along the tokens) where a product sums over the tile's
- * tokens.  Row strides of W/2 + 4 pairs keep the eight rows of a fragment load in distinct
- * banks.  The masks are the forward's: key s is seen by queries s .. the end of its document. */
+ * as in the forward.  The operands come as bf16 copies of q, k, v and dO made once per call
+ * (k_bf16_copy, into the workspace), so a tile is copied straight into shared memory
+ * (tile_copy16): the block's own rows once, the walked tiles through two buffers, the next
+ * tile's copy in flight under this one's products.  Every tile is row-major (tokens the rows);
+ * where a product sums over a tile's tokens (P^T dO, dS^T Q, dS K) its B fragments come by
+ * ldmatrix.trans, elsewhere by ldmatrix.  The masks are the forward's: key s is seen by
+ * queries s .. the end of its document. */
 #define BW_ROWS 64 /* keys (kv kernel) or queries (q kernel) per block: 4 warps of 16 */
-
-/* a token-major tensor of two parts [a | b] of one head: part widths na, nb (even); vec4: both
- * parts' bases, strides and widths multiples of 4 floats (rows read as float4) */
-typedef struct bw_src {
-    const float *a, *b;
-    int64_t a_tok, a_head, na, b_tok, b_head, nb;
-    int32_t vec4;
-} bw_src;
-
-/* columns col .. col + 3 (col a multiple of 4) of (tok, head h) of a vec4 source; zeros from
- * token `end` on and past na + nb */
-__device__ static inline float4 bw_at4(const bw_src &S, int64_t tok, int64_t end, int64_t col,
-                                       int64_t h) {
-    if (tok >= end || col >= S.na + S.nb) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    return *reinterpret_cast<const float4 *>(col < S.na
-                                                 ? S.a + tok * S.a_tok + h * S.a_head + col
-                                                 : S.b + tok * S.b_tok + h * S.b_head + col - S.na);
-}
-
-/* element (tok, col) of head h; tokens from `end` on and columns past na + nb are 0 */
-__device__ static inline float bw_at(const bw_src &S, int64_t tok, int64_t end, int64_t col,
-                                     int64_t h) {
-    if (tok >= end || col >= S.na + S.nb) return 0.0f;
-    return col < S.na ? S.a[tok * S.a_tok + h * S.a_head + col]
-                      : S.b[tok * S.b_tok + h * S.b_head + col - S.na];
-}
-
-/* rows tok0 .. tok0 + R - 1 of head h as bf16 pairs, row-major: dst[j * (W/2 + 4) + c2] */
-template <int R, int W>
-__device__ static inline void bw_rows(uint32_t *dst, const bw_src &S, int64_t tok0, int64_t end,
-                                      int64_t h) {
-    if (S.vec4 && W % 4 == 0) { /* a float4 per thread and step: two pairs, one 8-byte store */
-        for (int idx = threadIdx.x; idx < R * (W / 4); idx += blockDim.x) {
-            const int j = idx / (W / 4), c4 = idx % (W / 4) * 4;
-            const float4 x = bw_at4(S, tok0 + j, end, c4, h);
-            uint2 u;
-            u.x = tc_pack(x.x, x.y);
-            u.y = tc_pack(x.z, x.w);
-            *reinterpret_cast<uint2 *>(dst + j * (W / 2 + 4) + c4 / 2) = u;
-        }
-        return;
-    }
-    for (int idx = threadIdx.x; idx < R * (W / 2); idx += blockDim.x) {
-        const int j = idx / (W / 2), c2 = idx % (W / 2);
-        dst[j * (W / 2 + 4) + c2] =
-            tc_pack(bw_at(S, tok0 + j, end, 2 * c2, h), bw_at(S, tok0 + j, end, 2 * c2 + 1, h));
-    }
-}
-
-/* the same rows transposed: dst[c * (R/2 + 4) + jp] holds tokens 2 jp, 2 jp + 1 of column c */
-template <int R, int W>
-__device__ static inline void bw_cols(uint32_t *dst, const bw_src &S, int64_t tok0, int64_t end,
-                                      int64_t h) {
-    if (S.vec4 && W % 4 == 0) { /* float4 of two tokens per thread and step: four pairs */
-        for (int idx = threadIdx.x; idx < (W / 4) * (R / 2); idx += blockDim.x) {
-            const int c4 = idx % (W / 4) * 4, jp = idx / (W / 4);
-            const float4 x = bw_at4(S, tok0 + 2 * jp, end, c4, h);
-            const float4 y = bw_at4(S, tok0 + 2 * jp + 1, end, c4, h);
-            dst[(c4 + 0) * (R / 2 + 4) + jp] = tc_pack(x.x, y.x);
-            dst[(c4 + 1) * (R / 2 + 4) + jp] = tc_pack(x.y, y.y);
-            dst[(c4 + 2) * (R / 2 + 4) + jp] = tc_pack(x.z, y.z);
-            dst[(c4 + 3) * (R / 2 + 4) + jp] = tc_pack(x.w, y.w);
-        }
-        return;
-    }
-    for (int idx = threadIdx.x; idx < W * (R / 2); idx += blockDim.x) {
-        const int c = idx % W, jp = idx / W;
-        dst[c * (R / 2 + 4) + jp] =
-            tc_pack(bw_at(S, tok0 + 2 * jp, end, c, h), bw_at(S, tok0 + 2 * jp + 1, end, c, h));
-    }
-}
 
 template <int N> __device__ static inline void bw_zero(float (&c)[N][4]) {
 #pragma unroll
@@ -717,20 +673,20 @@ __device__ static inline void bw_store_qk(const float (&acc)[DQ / 8][4], int64_t
         }
 }
 
-/* c[nt] += A (16 rows at a, stride sa pairs, K = 16 KC) times the 8-row bands nt of b (stride
- * sb): NT products per A fragment loaded */
+/* c[nt] += A B^T, K = 16 KC: A the warp's 16 rows at a, B the 8 NT rows at b (row-major
+ * tiles, row strides sa and sb words); A fragments by ldmatrix (map A), two n8 tiles of B per
+ * ldmatrix (map B) */
 template <int KC, int NT>
 __device__ static inline void bw_mma_rows(float (&c)[NT][4], const uint32_t *a, int sa,
                                           const uint32_t *b, int sb) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31;
+    const uint32_t *arow = a + arl_ldm_row_a(lane) * sa + arl_ldm_chunk_a(lane) * 4;
+    const uint32_t *brow = b + arl_ldm_row_b(lane) * sb + arl_ldm_chunk_b(lane) * 4;
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) {
-        const uint32_t af[4] = {a[g * sa + kc * 8 + t], a[(g + 8) * sa + kc * 8 + t],
-                                a[g * sa + kc * 8 + 4 + t], a[(g + 8) * sa + kc * 8 + 4 + t]};
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-            arl_mma_bf16(c[nt], af, b[(nt * 8 + g) * sb + kc * 8 + t],
-                         b[(nt * 8 + g) * sb + kc * 8 + 4 + t]);
+        uint32_t af[4];
+        arl_ldmatrix_x4(af, arow + kc * 8);
+        tc_mma_pairs<false>(c, af, brow + kc * 8, 16 * sb);
     }
 }
 
@@ -746,72 +702,46 @@ __device__ static inline void bw_products(float (&x)[NT][4], float (&y)[NT][4], 
     bw_mma_rows<DV / 16, NT>(y, a2, DV / 2 + 4, b2, DV / 2 + 4);
 }
 
-/* c[j] += X (16 x 16 KC, accumulators x[2 KC][4] rounded to bf16 A fragments) times the 8-row
- * bands j of b (stride sb) */
+/* c[j] += X B: X (16 x 16 KC, accumulators x[2 KC][4] rounded to bf16 A fragments), B the
+ * 16 KC rows at b (row-major, stride sb words: its rows are the sum's index, so two n8 tiles
+ * per ldmatrix.trans, map A) */
 template <int KC, int NJ>
 __device__ static inline void bw_mma_acc(float (&c)[NJ][4], const float (&x)[2 * KC][4],
                                          const uint32_t *b, int sb) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31;
+    const uint32_t *brow = b + arl_ldm_row_a(lane) * sb + arl_ldm_chunk_a(lane) * 4;
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) {
-        const uint32_t pa[4] = {tc_pack(x[2 * kc][0], x[2 * kc][1]),
-                                tc_pack(x[2 * kc][2], x[2 * kc][3]),
-                                tc_pack(x[2 * kc + 1][0], x[2 * kc + 1][1]),
-                                tc_pack(x[2 * kc + 1][2], x[2 * kc + 1][3])};
-#pragma unroll
-        for (int j = 0; j < NJ; j++)
-            arl_mma_bf16(c[j], pa, b[(j * 8 + g) * sb + kc * 8 + t],
-                         b[(j * 8 + g) * sb + kc * 8 + 4 + t]);
+        uint32_t pa[4];
+        tc_pack_a(pa, x, kc);
+        tc_mma_pairs<true>(c, pa, brow + kc * 16 * sb, 8);
     }
 }
 
-static bw_src bw_vec4(bw_src S) {
-    S.vec4 = ((uintptr_t)S.a | (uintptr_t)S.b) % 16 == 0 &&
-             (S.a_tok | S.a_head | S.na | S.b_tok | S.b_head | S.nb) % 4 == 0;
-    return S;
-}
-static bw_src bw_query(const bwd_args &B) {
-    return bw_vec4({B.q_nope, B.q_pe, B.Hm * B.n, B.n, B.n, B.Hm * B.r, B.r, B.r, 0});
-}
-static bw_src bw_key(const bwd_args &B) { /* k_pe is shared by the heads */
-    return bw_vec4({B.k_nope, B.k_pe, B.Hm * B.n, B.n, B.n, B.r, 0, B.r, 0});
-}
-static bw_src bw_value(const bwd_args &B, const float *x) { /* v or dO: one part */
-    return bw_vec4({x, x, B.Hm * B.vm, B.vm, B.vm, 0, 0, 0, 0});
-}
-
 /* The dynamic shared memory of a backward kernel, in 32-bit words: the block's own 64 rows at
- * the qk and value widths (bf16 pairs, row strides S*), the walked tile's NW rows of both, the
- * walked qk tile transposed and, with KV (the kv kernel), the walked value tile transposed and
- * two floats per walked row (lse, D).  The kernels carve it and the launch sizes it from here. */
+ * the qk and value widths (bf16 pairs, row strides SQ, SV: tile_copy16's), then two buffers of
+ * the walked tile: its NW rows of both widths and, with KV (the kv kernel), two floats per
+ * walked row (lse, D).  The kernels carve it and the launch sizes it from here. */
 template <int DQ, int DV, int NW, bool KV> struct bw_smem {
-    static constexpr int SQ = DQ / 2 + 4, SV = DV / 2 + 4, ST = NW / 2 + 4;
-    static constexpr int own_q = 0, own_v = own_q + BW_ROWS * SQ, walk_q = own_v + BW_ROWS * SV,
-                         walk_v = walk_q + NW * SQ, walk_qt = walk_v + NW * SV,
-                         walk_vt = walk_qt + DQ * ST, stats = walk_vt + (KV ? DV * ST : 0),
-                         words = stats + (KV ? 2 * NW : 0);
+    static constexpr int SQ = DQ / 2 + 4, SV = DV / 2 + 4;
+    static constexpr int own_q = 0, own_v = own_q + BW_ROWS * SQ, walk = own_v + BW_ROWS * SV;
+    static constexpr int walk_v = NW * SQ, stats = walk_v + NW * SV; /* within a buffer */
+    static constexpr int buf = stats + (KV ? 2 * NW : 0), words = walk + 2 * buf;
 };
 
 /* dK, dV of 64 keys of head blockIdx.y; the query tiles of QT from the first key to the end
  * of the last key's document.  dk_nope and dv get +=, dk_pe_h (T, Hm, r) the head's share. */
 template <int DQ, int DV, int QT>
-__global__ void __launch_bounds__(128)
-    k_attn_bwd_kv_tc(bwd_args B, bw_src Q, bw_src K, bw_src V, bw_src G) {
+__global__ void __launch_bounds__(128) k_attn_bwd_kv_tc(bwd_args B) {
     typedef bw_smem<DQ, DV, QT, true> L;
-    constexpr int SQ = L::SQ, SV = L::SV, ST = L::ST;
+    constexpr int SQ = L::SQ, SV = L::SV;
     extern __shared__ float sm[];
     uint32_t *const u = (uint32_t *)sm;
-    uint32_t *ks = u + L::own_q;         /* (64 keys, DQ) */
-    uint32_t *vs = u + L::own_v;         /* (64 keys, DV) */
-    uint32_t *qs = u + L::walk_q;        /* (QT queries, DQ) */
-    uint32_t *gs = u + L::walk_v;        /* dO (QT queries, DV) */
-    uint32_t *qt = u + L::walk_qt;       /* (DQ, QT queries) */
-    uint32_t *gt = u + L::walk_vt;       /* dO^T (DV, QT queries) */
-    float *l2 = (float *)(u + L::stats); /* (QT) the queries' lse in log2 units */
-    float *dd = l2 + QT;                 /* (QT) D = dO . O */
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const uint32_t *ks = u + L::own_q; /* (64 keys, DQ) */
+    const uint32_t *vs = u + L::own_v; /* (64 keys, DV) */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
     const int64_t k0 = (int64_t)blockIdx.x * BW_ROWS, h = blockIdx.y, T = B.T;
-    const int64_t s0 = k0 + 16 * w + g, s1 = s0 + 8; /* this thread's keys */
+    const int64_t s0 = k0 + 16 * w + (lane >> 2), s1 = s0 + 8; /* this thread's keys */
     const int64_t e0 = s0 < T ? last_query(B.cu, B.N, T, s0) : -1;
     const int64_t e1 = s1 < T ? last_query(B.cu, B.N, T, s1) : -1;
     const int64_t kl = k0 + BW_ROWS - 1 < T - 1 ? k0 + BW_ROWS - 1 : T - 1;
@@ -823,25 +753,35 @@ __global__ void __launch_bounds__(128)
     const int64_t w_e_all = wk + 15 < T ? last_query(B.cu, B.N, T, wk) : -1;
     const float sl2 = B.scale * 1.4426950408889634f;
 
-    bw_rows<BW_ROWS, DQ>(ks, K, k0, T, h);
-    bw_rows<BW_ROWS, DV>(vs, V, k0, T, h);
+    /* the query tile from q0 into buffer buf: q (QT, DQ), dO (QT, DV), then lse and D (QT
+     * each); zeros past q_hi */
+    const auto issue = [&](int64_t q0, int buf) {
+        uint32_t *qs = u + L::walk + buf * L::buf;
+        tile_copy16<QT, DQ>(qs, B.q16, q0, q_hi + 1, B.Hm, h);
+        tile_copy16<QT, DV>(qs + L::walk_v, B.g16, q0, q_hi + 1, B.Hm, h);
+        float *st = (float *)(qs + L::stats);
+        for (int j = threadIdx.x; j < QT; j += blockDim.x) {
+            const bool in = q0 + j <= q_hi;
+            const int64_t at = (in ? q0 + j : 0) * B.Hm + h;
+            cp_async4(st + j, B.lse + at, in);
+            cp_async4(st + QT + j, B.D + at, in);
+        }
+        cp_async_commit();
+    };
+    tile_copy16<BW_ROWS, DQ>(u + L::own_q, B.k16, k0, T, B.Hm, h); /* with the first tile */
+    tile_copy16<BW_ROWS, DV>(u + L::own_v, B.v16, k0, T, B.Hm, h);
+    issue(k0, 0);
     float dk[DQ / 8][4], dv[DV / 8][4];
     bw_zero(dk);
     bw_zero(dv);
-    for (int64_t q0 = k0; q0 <= q_hi; q0 += QT) {
-        __syncthreads(); /* the previous tile's products are done */
-        bw_rows<QT, DQ>(qs, Q, q0, q_hi + 1, h);
-        bw_cols<QT, DQ>(qt, Q, q0, q_hi + 1, h);
-        bw_rows<QT, DV>(gs, G, q0, q_hi + 1, h);
-        bw_cols<QT, DV>(gt, G, q0, q_hi + 1, h);
-        for (int j = threadIdx.x; j < QT; j += blockDim.x) {
-            const bool in = q0 + j <= q_hi;
-            l2[j] = in ? B.lse[(q0 + j) * B.Hm + h] * 1.4426950408889634f : 0.0f;
-            dd[j] = in ? B.D[(q0 + j) * B.Hm + h] : 0.0f;
-        }
-        __syncthreads();
+    for (int64_t q0 = k0, it = 0; q0 <= q_hi; q0 += QT, it++) {
+        cp_async_wait0();
+        __syncthreads(); /* tile it landed; the other buffer's products (tile it - 1) are done */
+        if (q0 + QT <= q_hi) issue(q0 + QT, (int)((it + 1) & 1)); /* under these products */
         if (q0 > w_hi || q0 + QT - 1 < wk) continue; /* no key of this warp is seen */
-        float st[QT / 8][4], dp[QT / 8][4];          /* S^T, dP^T: (16 keys, QT queries) */
+        const uint32_t *qs = u + L::walk + (it & 1) * L::buf, *gs = qs + L::walk_v;
+        const float *lse = (const float *)(qs + L::stats), *dd = lse + QT;
+        float st[QT / 8][4], dp[QT / 8][4]; /* S^T, dP^T: (16 keys, QT queries) */
         bw_products<DQ, DV>(st, dp, ks + 16 * w * SQ, qs, vs + 16 * w * SV, gs);
         const auto probs =
             [&](bool full) { /* P and dS; full: every pair seen, no tests */
@@ -851,11 +791,12 @@ __global__ void __launch_bounds__(128)
                                  for (int j = 0; j < 2; j++) {
                                      const int col = nt * 8 + 2 * t + j;
                                      const int64_t tq = q0 + col;
+                                     const float l2 = lse[col] * 1.4426950408889634f;
                                      const float p0 = full || (tq >= s0 && tq <= e0)
-                                                          ? exp2f(st[nt][j] * sl2 - l2[col])
+                                                          ? exp2f(st[nt][j] * sl2 - l2)
                                                           : 0.0f;
                                      const float p1 = full || (tq >= s1 && tq <= e1)
-                                                          ? exp2f(st[nt][2 + j] * sl2 - l2[col])
+                                                          ? exp2f(st[nt][2 + j] * sl2 - l2)
                                                           : 0.0f;
                                      st[nt][j] = p0, st[nt][2 + j] = p1;
                                      dp[nt][j] = p0 * (dp[nt][j] - dd[col]);
@@ -866,8 +807,8 @@ __global__ void __launch_bounds__(128)
             probs(true);
         else
             probs(false);
-        bw_mma_acc<QT / 16, DV / 8>(dv, st, gt, ST); /* dV += P^T dO */
-        bw_mma_acc<QT / 16, DQ / 8>(dk, dp, qt, ST); /* dK += dS^T Q */
+        bw_mma_acc<QT / 16, DV / 8>(dv, st, gs, SV); /* dV += P^T dO */
+        bw_mma_acc<QT / 16, DQ / 8>(dk, dp, qs, SQ); /* dK += dS^T Q */
     }
 #pragma unroll
     for (int j = 0; j < DV / 8; j++)
@@ -884,21 +825,17 @@ __global__ void __launch_bounds__(128)
 /* dQ of 64 queries of head blockIdx.y (longest rows first): key tiles of KT from the first
  * query's document start to the last query; dq_nope and dq_pe get +=. */
 template <int DQ, int DV, int KT>
-__global__ void __launch_bounds__(128)
-    k_attn_bwd_q_tc(bwd_args B, bw_src Q, bw_src K, bw_src V, bw_src G) {
+__global__ void __launch_bounds__(128) k_attn_bwd_q_tc(bwd_args B) {
     typedef bw_smem<DQ, DV, KT, false> L;
-    constexpr int SQ = L::SQ, SV = L::SV, ST = L::ST;
+    constexpr int SQ = L::SQ, SV = L::SV;
     extern __shared__ float sm[];
     uint32_t *const u = (uint32_t *)sm;
-    uint32_t *qs = u + L::own_q;   /* (64 queries, DQ) */
-    uint32_t *gs = u + L::own_v;   /* dO (64 queries, DV) */
-    uint32_t *ks = u + L::walk_q;  /* (KT keys, DQ) */
-    uint32_t *vs = u + L::walk_v;  /* (KT keys, DV) */
-    uint32_t *kt = u + L::walk_qt; /* (DQ, KT keys) */
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const uint32_t *qs = u + L::own_q; /* (64 queries, DQ) */
+    const uint32_t *gs = u + L::own_v; /* dO (64 queries, DV) */
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, t = lane & 3;
     const int64_t T = B.T, nqb = (T + BW_ROWS - 1) / BW_ROWS;
     const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * BW_ROWS, h = blockIdx.y;
-    const int64_t r0 = q0 + 16 * w + g, r1 = r0 + 8; /* this thread's queries */
+    const int64_t r0 = q0 + 16 * w + (lane >> 2), r1 = r0 + 8; /* this thread's queries */
     const int64_t lo0 = r0 < T ? first_key(B.cu, B.N, r0) : T;
     const int64_t lo1 = r1 < T ? first_key(B.cu, B.N, r1) : T;
     const int64_t hi0 = r0 < T ? r0 : -1, hi1 = r1 < T ? r1 : -1;
@@ -913,18 +850,25 @@ __global__ void __launch_bounds__(128)
     const int64_t w_lo_all = wr + 15 < T ? first_key(B.cu, B.N, wr + 15) : T;
     const float sl2 = B.scale * 1.4426950408889634f;
 
-    bw_rows<BW_ROWS, DQ>(qs, Q, q0, T, h);
-    bw_rows<BW_ROWS, DV>(gs, G, q0, T, h);
+    /* the key tile from k0 into buffer buf: k (KT, DQ), v (KT, DV); zeros past blk_hi */
+    const auto issue = [&](int64_t k0, int buf) {
+        uint32_t *ks = u + L::walk + buf * L::buf;
+        tile_copy16<KT, DQ>(ks, B.k16, k0, blk_hi + 1, B.Hm, h);
+        tile_copy16<KT, DV>(ks + L::walk_v, B.v16, k0, blk_hi + 1, B.Hm, h);
+        cp_async_commit();
+    };
+    tile_copy16<BW_ROWS, DQ>(u + L::own_q, B.q16, q0, T, B.Hm, h); /* with the first tile */
+    tile_copy16<BW_ROWS, DV>(u + L::own_v, B.g16, q0, T, B.Hm, h);
+    issue(blk_lo, 0);
     float dq[DQ / 8][4];
     bw_zero(dq);
-    for (int64_t k0 = blk_lo; k0 <= blk_hi; k0 += KT) {
-        __syncthreads(); /* the previous tile's products are done */
-        bw_rows<KT, DQ>(ks, K, k0, blk_hi + 1, h);
-        bw_rows<KT, DV>(vs, V, k0, blk_hi + 1, h);
-        bw_cols<KT, DQ>(kt, K, k0, blk_hi + 1, h);
-        __syncthreads();
+    for (int64_t k0 = blk_lo, it = 0; k0 <= blk_hi; k0 += KT, it++) {
+        cp_async_wait0();
+        __syncthreads(); /* tile it landed; the other buffer's products (tile it - 1) are done */
+        if (k0 + KT <= blk_hi) issue(k0 + KT, (int)((it + 1) & 1)); /* under these products */
         if (k0 > w_hi || k0 + KT - 1 < w_lo) continue; /* no query of this warp sees the tile */
-        float sc[KT / 8][4], dp[KT / 8][4];            /* S, dP: (16 queries, KT keys) */
+        const uint32_t *ks = u + L::walk + (it & 1) * L::buf, *vs = ks + L::walk_v;
+        float sc[KT / 8][4], dp[KT / 8][4]; /* S, dP: (16 queries, KT keys) */
         bw_products<DQ, DV>(sc, dp, qs + 16 * w * SQ, ks, gs + 16 * w * SV, vs);
         const auto dscores =
             [&](bool full) { /* dS; full: every pair seen, no tests */
@@ -947,7 +891,7 @@ __global__ void __launch_bounds__(128)
             dscores(true);
         else
             dscores(false);
-        bw_mma_acc<KT / 16, DQ / 8>(dq, dp, kt, ST); /* dQ += dS K */
+        bw_mma_acc<KT / 16, DQ / 8>(dq, dp, ks, SQ); /* dQ += dS K */
     }
     bw_store_qk<DQ>(dq, r0, h, B, B.dq_nope, B.dq_pe, false);
 }
@@ -956,7 +900,6 @@ __global__ void __launch_bounds__(128)
  * accumulators, 4 (DQ + DV) / 8 registers, leave room for no more), else 64 */
 template <int DQ, int DV> static void bw_launch(const bwd_args &B, arl_cuda_ctx *c) {
     constexpr int QT = DQ > 128 ? 32 : 64, KT = 64;
-    const bw_src Q = bw_query(B), K = bw_key(B), V = bw_value(B, B.v), G = bw_value(B, B.d_o);
     const int kv_bytes = (int)sizeof(uint32_t) * bw_smem<DQ, DV, QT, true>::words;
     const int q_bytes = (int)sizeof(uint32_t) * bw_smem<DQ, DV, KT, false>::words;
     const unsigned blocks = (unsigned)((B.T + BW_ROWS - 1) / BW_ROWS);
@@ -965,20 +908,22 @@ template <int DQ, int DV> static void bw_launch(const bwd_args &B, arl_cuda_ctx 
     cudaFuncSetAttribute(k_attn_bwd_q_tc<DQ, DV, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          q_bytes);
     k_attn_bwd_kv_tc<DQ, DV, QT>
-        <<<dim3(blocks, (unsigned)B.Hm), 128, (size_t)kv_bytes, c->stream>>>(B, Q, K, V, G);
+        <<<dim3(blocks, (unsigned)B.Hm), 128, (size_t)kv_bytes, c->stream>>>(B);
     k_attn_bwd_q_tc<DQ, DV, KT>
-        <<<dim3(blocks, (unsigned)B.Hm), 128, (size_t)q_bytes, c->stream>>>(B, Q, K, V, G);
+        <<<dim3(blocks, (unsigned)B.Hm), 128, (size_t)q_bytes, c->stream>>>(B);
 }
 
 /* The tensor-core backward when the context computes in bf16 and the widths fit (those of the
- * tensor-core forward); returns 0 to leave the call to the fp32 kernels. */
-static int attn_bwd_launch_tc(const bwd_args &B, arl_cuda_ctx *c) {
-    const int64_t nq = B.n + B.r;
-    if (c->math != ARL_CUDA_MATH_BF16 || nq > 192 || B.vm > 128 || (B.n & 1) || (B.r & 1) ||
-        (B.vm & 1))
-        return 0;
-    const int dq = nq <= 64 ? 64 : nq <= 96 ? 96 : nq <= 128 ? 128 : 192;
-    const int dv = B.vm <= 64 ? 64 : 128;
+ * tensor-core forward; the workspace then holds the bf16 copies): the copies of q, k, v and
+ * dO, then both kernels.  Returns 0 to leave the call to the fp32 kernels. */
+static int attn_bwd_launch_tc(bwd_args &B, arl_cuda_ctx *c) {
+    const int dq = tc_dq(B.n, B.r), dv = tc_dv(B.vm);
+    if (c->math != ARL_CUDA_MATH_BF16 || !dq || !dv) return 0;
+    const int64_t T = B.T, Hm = B.Hm;
+    bf16_copy(B.q16, {B.q_nope, B.q_pe, Hm * B.n, B.n, B.n, Hm * B.r, B.r, B.r}, T, Hm, dq, c);
+    bf16_copy(B.k16, {B.k_nope, B.k_pe, Hm * B.n, B.n, B.n, B.r, 0, B.r}, T, Hm, dq, c);
+    bf16_copy(B.v16, {B.v, B.v, Hm * B.vm, B.vm, B.vm, 0, 0, 0}, T, Hm, dv, c);
+    bf16_copy(B.g16, {B.d_o, B.d_o, Hm * B.vm, B.vm, B.vm, 0, 0, 0}, T, Hm, dv, c);
 #define BW_LAUNCH(Qw, Vw)                                                                          \
     if (dq == Qw && dv == Vw) bw_launch<Qw, Vw>(B, c);
     BW_LAUNCH(64, 64);
@@ -1003,11 +948,22 @@ extern "C" void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_no
     ARL_ASSERT(n + r <= BQ && vm <= BQ);
     int64_t items = T * Hm;
     if (items == 0) return;
-    float *per_head = ws, *D = ws + T * Hm * r;
+    /* the workspace (arl_cuda_mla_attn_bwd_ws_floats): [q16 | k16 | v16 | g16] when the
+     * widths fit the tensor-core kernels, then dk_pe per head and D */
+    const int dq = tc_dq(n, r), dvw = tc_dv(vm);
+    const int64_t copies = dq && dvw ? T * Hm * (dq + dvw) : 0;
+    float *per_head = ws + copies, *D = per_head + T * Hm * r;
     unsigned blocks = (unsigned)((items + AW - 1) / AW);
     k_attn_delta<<<blocks, 32 * AW, 0, c->stream>>>(D, d_o, o, items, vm);
-    bwd_args B = {q_nope,   q_pe, k_nope, k_pe, v, d_o, lse, D, dq_nope, dq_pe, dk_nope,
-                  per_head, dv,   cu,     N,    T, Hm,  n,   r, vm,      scale};
+    bwd_args B = {q_nope, q_pe,    k_nope,   k_pe, v,       d_o,     lse,     D,       dq_nope,
+                  dq_pe,  dk_nope, per_head, dv,   nullptr, nullptr, nullptr, nullptr, cu,
+                  N,      T,       Hm,       n,    r,       vm,      scale};
+    if (copies) {
+        B.q16 = reinterpret_cast<uint32_t *>(ws);
+        B.k16 = B.q16 + T * Hm * dq / 2;
+        B.v16 = B.k16 + T * Hm * dq / 2;
+        B.g16 = B.v16 + T * Hm * dvw / 2;
+    }
     if (!attn_bwd_launch_tc(B, c)) {
         k_attn_bwd_q<<<blocks, 32 * AW, 0, c->stream>>>(B);
         k_attn_bwd_kv<<<blocks, 32 * AW, 0, c->stream>>>(B);

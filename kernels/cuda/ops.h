@@ -135,8 +135,9 @@ int64_t arl_cuda_mla_attn_fwd_ws_floats(int64_t T, int64_t Hm, int64_t n, int64_
  * fp32 accumulation and softmax; 64 keys per block for dk/dv, 64 queries for dq, no atomics).
  * dk_pe summed over heads in a fixed order: deterministic either way.  n + r <= 256,
  * vm <= 256.
- * ws: arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r) floats. */
-int64_t arl_cuda_mla_attn_bwd_ws_floats(int64_t T, int64_t Hm, int64_t r);
+ * ws: arl_cuda_mla_attn_bwd_ws_floats(T, Hm, n, r, vm) floats (with the tensor-core path's
+ * bf16 copies of q, k, v and dO when the widths fit it). */
+int64_t arl_cuda_mla_attn_bwd_ws_floats(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm);
 void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe, float *dv,
                            const float *d_o, const float *o, const float *lse, const float *q_nope,
                            const float *q_pe, const float *k_nope, const float *k_pe,

@@ -230,7 +230,7 @@ static void test_mla(void) {
     float *d_gqn = ct_dev(gqn, T * Hm * n), *d_gqp = ct_dev(gqp, T * Hm * r);
     float *d_gkn = ct_dev(gkn, T * Hm * n), *d_gkp = ct_dev(gkp, T * r);
     float *d_gv = ct_dev(gv, T * Hm * vm), *d_dO = ct_dev(dO, T * Hm * vm);
-    float *d_ws = ct_dev(NULL, arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r));
+    float *d_ws = ct_dev(NULL, arl_cuda_mla_attn_bwd_ws_floats(T, Hm, n, r, vm));
     float *d_oc = ct_dev(o, T * Hm * vm), *d_lsec = ct_dev(lse, T * Hm); /* CPU forward's */
     arl_mla_attn_bwd(gqn, gqp, gkn, gkp, gv, dO, o, lse, qn, qp, kn, kp, v, cu, N, T, Hm, n, r, vm,
                      scale, ws);
@@ -349,7 +349,7 @@ static void mla_tc_bwd_case(int64_t n, int64_t r, int64_t vm) {
     float *d_gkn = ct_dev(gkn, T * Hm * n), *d_gkp = ct_dev(gkp, T * r);
     float *d_gv = ct_dev(gv, T * Hm * vm), *d_dO = ct_dev(dO, T * Hm * vm);
     float *d_o = ct_dev(o, T * Hm * vm), *d_lse = ct_dev(lse, T * Hm);
-    float *d_ws = ct_dev(NULL, arl_cuda_mla_attn_bwd_ws_floats(T, Hm, r));
+    float *d_ws = ct_dev(NULL, arl_cuda_mla_attn_bwd_ws_floats(T, Hm, n, r, vm));
     int32_t *d_cu = ct_dev_i32(cu, N + 1);
     arl_mla_attn_bwd(gqn, gqp, gkn, gkp, gv, dO, o, lse, qn, qp, kn, kp, v, cu, N, T, Hm, n, r, vm,
                      scale, ws);

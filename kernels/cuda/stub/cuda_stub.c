@@ -231,7 +231,7 @@ void arl_cuda_mla_attn_fwd(float *o, float *lse, const float *q_nope, const floa
 int64_t arl_cuda_mla_attn_fwd_ws_floats(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm) {
     return 0;
 }
-int64_t arl_cuda_mla_attn_bwd_ws_floats(int64_t T, int64_t Hm, int64_t r) {
+int64_t arl_cuda_mla_attn_bwd_ws_floats(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm) {
     return 0;
 }
 void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe, float *dv,
