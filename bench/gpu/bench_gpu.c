@@ -11,7 +11,9 @@
  *     coarse shape (E=8, k=2, 2048x512); and the training step's three grouped GEMMs on fp32
  *     operands under the bf16 math mode (forward, input gradient, weight gradient);
  *   - MLA prefill attention (mini dims: 8 heads, q/k 64+32, v 128, T=8192, causal): TFLOP/s,
- *     forward and backward.
+ *     forward and backward;
+ *   - the dense GEMMs of the training step (fp32 operands under the bf16 math mode) against
+ *     bf16 operands at the same shapes, and the rounding pass bf16 operands would cost.
  * The PyTorch baselines (eager chunked KDA, SDPA) come from bench/gpu/torch_ref.py; run.sh
  * joins the two outputs.  Output: human-readable lines and "RESULT key=value" lines.
  * `--quick` shrinks every size (a smoke run of a few seconds).  Exits 77 without a GPU.
@@ -94,6 +96,39 @@ static double gemm_tflops(int64_t M, int64_t N, int64_t K, int reps) {
                 die("gemm_bf16"));
     arl_cuda_release(ctx, mark);
     return 2.0 * (double)M * N * K / (ms * 1e-3) / 1e12;
+}
+
+/* ---------------------------------------------------------------- dense GEMMs */
+/* The training step's dense GEMMs take fp32 operands and let cuBLAS compute in bf16
+ * (ARL_CUDA_MATH_BF16: CUBLAS_COMPUTE_32F_FAST_16BF); against bf16 operands (the same shape
+ * through arl_cuda_gemm_bf16) and the rounding pass that would make them (arl_cuda_f32_to_bf16
+ * of both operands): says whether keeping bf16 copies of the activations would pay.  Shape: a
+ * projection of the mini config at the 16 x 1024-token batch, (T, 1024) x (1024, N)^T. */
+static void bench_dense(int quick, int64_t N, const char *tag) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t M = quick ? 2048 : 16384, K = 1024;
+    float *a32 = drand(M * K, -1, 1, "dense A"), *b32 = drand(N * K, -1, 1, "dense B");
+    uint16_t *a = dalloc(2 * (size_t)(M * K), "dense A bf16"),
+             *b = dalloc(2 * (size_t)(N * K), "B");
+    float *c = dalloc(sizeof(float) * (size_t)(M * N), "dense C");
+    const double fl = 2.0 * (double)M * N * K;
+    float f32_ms, bf_ms, cv_ms;
+    arl_cuda_set_math(ctx, ARL_CUDA_MATH_BF16);
+    TIME_MS(f32_ms, 10,
+            kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, M, N, K, 1.0f, a32, K, b32, K, 0.0f, c, N));
+    arl_cuda_set_math(ctx, ARL_CUDA_MATH_FP32);
+    TIME_MS(cv_ms, 10, arl_cuda_f32_to_bf16(a, a32, M * K); arl_cuda_f32_to_bf16(b, b32, N * K));
+    TIME_MS(bf_ms, 10,
+            if (arl_cuda_gemm_bf16(0, 1, M, N, K, 1.0f, a, K, b, K, 0.0f, c, N) != ARL_OK)
+                die("gemm_bf16"));
+    printf("dense GEMM (%lld, %lld) x (%lld, %lld)^T: fp32 operands, bf16 math %.3f ms (%.1f "
+           "TFLOP/s); bf16 operands %.3f ms (%.1f TFLOP/s) + %.3f ms to round both operands\n",
+           (long long)M, (long long)K, (long long)N, (long long)K, f32_ms, fl / f32_ms / 1e9, bf_ms,
+           fl / bf_ms / 1e9, cv_ms);
+    printf("RESULT dense_%s_f32_bf16math_tflops=%.3f\nRESULT dense_%s_bf16_tflops=%.3f\n"
+           "RESULT dense_%s_round_ms=%.4f\n",
+           tag, fl / f32_ms / 1e9, tag, fl / bf_ms / 1e9, tag, cv_ms);
+    arl_cuda_release(ctx, mark);
 }
 
 /* ---------------------------------------------------------------- KDA */
@@ -334,6 +369,8 @@ int main(int argc, char **argv) {
     printf("RESULT copy_gbps=%.2f\n", bw / 1e9);
     arl_cuda_release(ctx, cmark);
 
+    bench_dense(quick, 1024, "n1024");
+    bench_dense(quick, 4096, "n4096");
     bench_kda(quick, bw);
     if (quick) {
         bench_moe("fine", 1024, 128, 8, 512, 512);

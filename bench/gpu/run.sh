@@ -18,6 +18,10 @@
 # If configuring fails (the machine lacks a CPU-side dependency such as jansson or OpenBLAS),
 # bench_gpu alone is compiled with nvcc from kernels/cuda/*.cu and core/{status,rng}.c (the
 # tests then cannot run).
+# OUT=DIR (the lent machine's $OUT): results.txt and the logs are copied there after each step.
+# Order: bench_gpu and the PyTorch baselines, bench_gpu_train (a summary of the ratios so far),
+# then with --tests the parity tests, then the rest (the most wanted numbers first, should a
+# time limit cut the run short).
 # Output: each measurement, then a summary of ratios against the in-run baselines.  After
 # bench_gpu, bench_gpu_model (bench/gpu/bench_model.c) times the mini config's whole forward on
 # the GPU (policy/model_device.h) and reports its MFU against the in-run cuBLAS bf16 rate,
@@ -97,6 +101,91 @@ else
 fi
 
 rc=0
+
+save() { # results.txt and the logs to $OUT, if set: a run cut short still returns its numbers
+    if [ -n "${OUT:-}" ]; then
+        mkdir -p "$OUT" && cp "$logs"/*.log "$logs"/results.txt "$OUT"/ 2>/dev/null
+    fi
+    return 0
+}
+
+summary() { # the ratios of the RESULT lines so far
+    awk -F'=' '/^RESULT /{ sub(/^RESULT /, "", $1); v[$1] = $2 }
+END {
+    f = "%-58s %s\n"
+    printf f, "cuBLAS bf16 GEMM (denominator)", v["cublas_bf16_tflops"] " TFLOP/s"
+    printf f, "device-to-device copy (denominator)", v["copy_gbps"] " GB/s"
+    if (v["torch_kda_fwd_ms"] != "" && v["kda_fwd_ms"] > 0)
+        printf f, "KDA chunk fwd speed-up vs PyTorch eager fp32 (>= 10x)", sprintf("%.2fx", v["torch_kda_fwd_ms"] / v["kda_fwd_ms"])
+    else
+        printf f, "KDA chunk fwd speed-up vs PyTorch eager fp32 (>= 10x)", "not measured (" v["torch_skip"] ")"
+    printf f, "KDA chunk fwd time / minimal-bytes copy time (<= 12x)", v["kda_fwd_over_copy"] "x"
+    printf f, "KDA (fwd+bwd) / fwd (<= 5x)", v["kda_fwdbwd_over_fwd"] "x"
+    printf f, "MoE grouped GEMM / dense cuBLAS, fine 512x512 (>= 0.35)", v["moe_fine_ratio"]
+    printf f, "MoE grouped GEMM / dense cuBLAS, coarse 2048x512 (>= 0.8)", v["moe_coarse_ratio"]
+    printf f, "  training path (fp32 operands) fwd / dX / dW, fine", v["moe_fine_train_fwd_ratio"] " / " v["moe_fine_train_dx_ratio"] " / " v["moe_fine_train_wgrad_ratio"]
+    printf f, "  training path (fp32 operands) fwd / dX / dW, coarse", v["moe_coarse_train_fwd_ratio"] " / " v["moe_coarse_train_dx_ratio"] " / " v["moe_coarse_train_wgrad_ratio"]
+    printf f, "dense GEMM 16384x1024x1024, fp32 / bf16 operands", sprintf("%s / %s TFLOP/s (rounding both operands %s ms)", v["dense_n1024_f32_bf16math_tflops"], v["dense_n1024_bf16_tflops"], v["dense_n1024_round_ms"])
+    printf f, "dense GEMM 16384x4096x1024, fp32 / bf16 operands", sprintf("%s / %s TFLOP/s (rounding both operands %s ms)", v["dense_n4096_f32_bf16math_tflops"], v["dense_n4096_bf16_tflops"], v["dense_n4096_round_ms"])
+    if (v["torch_sdpa_tflops"] != "" && v["torch_sdpa_tflops"] > 0)
+        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", sprintf("%.3f (%.2f vs %.1f TFLOP/s)", v["mla_tflops"] / v["torch_sdpa_tflops"], v["mla_tflops"], v["torch_sdpa_tflops"])
+    else
+        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", "not measured (" v["torch_skip"] "); MLA " v["mla_tflops"] " TFLOP/s"
+    if (v["torch_sdpa_bwd_tflops"] != "" && v["torch_sdpa_bwd_tflops"] > 0)
+        printf f, "MLA attention backward TFLOP/s / PyTorch SDPA backward", sprintf("%.3f (%.2f vs %.1f TFLOP/s; fp32 kernels %.2f)", v["mla_bwd_tflops"] / v["torch_sdpa_bwd_tflops"], v["mla_bwd_tflops"], v["torch_sdpa_bwd_tflops"], v["mla_bwd_fp32_tflops"])
+    else
+        printf f, "MLA attention backward TFLOP/s / PyTorch SDPA backward", "not measured (" v["torch_skip"] "); MLA " v["mla_bwd_tflops"] " TFLOP/s"
+    if (v["model_fwd_bf16_mfu"] != "")
+        printf f, "mini forward MFU vs in-run cuBLAS bf16 (step target >= 25%)", sprintf("%.1f%% bf16 weights (%s ms), %.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP", 100 * v["model_fwd_bf16w_mfu"], v["model_fwd_bf16w_ms"], 100 * v["model_fwd_bf16_mfu"], v["model_fwd_bf16_ms"], 100 * v["model_fwd_tf32_mfu"], v["model_fwd_tf32_ms"], v["model_fwd_gflop"])
+    else
+        printf f, "mini forward MFU vs in-run cuBLAS bf16", "not measured (" v["model_skip"] ")"
+    if (v["train_step_bf16_mfu"] != "")
+        printf f, "training step MFU of the mini config (>= 25%)", sprintf("%.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP; AdamW alone caps it at %.0f%%", 100 * v["train_step_bf16_mfu"], v["train_step_bf16_ms"], 100 * v["train_step_tf32_mfu"], v["train_step_tf32_ms"], v["train_step_gflop"], 100 * v["train_step_bf16_mfu_bound_adamw"])
+    else
+        printf f, "training step MFU of the mini config (>= 25%)", "not measured (" v["train_skip"] ")"
+    if (v["train_step_bf16_T16384_mfu"] != "")
+        printf f, "  the same at 16 x 1024 tokens (a learner batch)", sprintf("%.1f%% bf16 GEMM inputs (%s ms); %s GFLOP; AdamW alone caps it at %.0f%%", 100 * v["train_step_bf16_T16384_mfu"], v["train_step_bf16_T16384_ms"], v["train_step_T16384_gflop"], 100 * v["train_step_bf16_T16384_mfu_bound_adamw"])
+}' "$res"
+}
+
+res="$logs/results.txt"
+echo "== bench_gpu $quick"
+{ timeout 150 "$bench" $quick; echo "bench_exit=$?" >"$logs/bench_exit"; } | tee "$res"
+brc=$(sed 's/bench_exit=//' "$logs/bench_exit")
+if [ "$brc" = 77 ]; then
+    echo "run.sh: no CUDA device here; nothing measured"
+    exit 77
+fi
+[ "$brc" = 0 ] || { echo "bench_gpu exited $brc"; rc=1; }
+
+save
+
+py=""
+for p in ${PYTHON:-} python3 /usr/bin/python3; do
+    if [ -n "$p" ] && "$p" -c "import torch" >/dev/null 2>&1; then py=$p; break; fi
+done
+echo "== PyTorch baselines ($py)"
+if [ -n "$py" ]; then
+    timeout 120 "$py" "$root/bench/gpu/torch_ref.py" $quick | tee -a "$res"
+else
+    echo "RESULT torch_skip=no_python_with_torch" | tee -a "$res"
+fi
+
+save
+
+# one training step (policy/model_device_backward.h) of the mini config: its MFU
+echo "== bench_gpu_train $quick"
+if [ -x "$build/bench/gpu/bench_gpu_train" ] ||
+    cmake --build "$build" --target bench_gpu_train -j"$jobs" >>"$logs/build.log" 2>&1; then
+    ARL_SOURCE_DIR="$root" timeout 150 "$build/bench/gpu/bench_gpu_train" $quick | tee -a "$res" ||
+        { echo "bench_gpu_train failed"; rc=1; }
+else
+    echo "RESULT train_skip=bench_gpu_train_not_built" | tee -a "$res"
+fi
+save
+echo "== summary so far"
+summary
+
 if [ "$tests" = 1 ] && [ -n "$pack" ]; then
     echo "== parity tests (the pack's gpu-labelled tests, as ctest runs them)"
     while read -r name exe args; do
@@ -122,24 +211,16 @@ if [ "$tests" = 1 ] && [ -z "$pack" ]; then
         -j"$jobs" >>"$logs/build.log" 2>&1 || { echo "test build failed"; rc=1; }
     (cd "$build" && ctest -L gpu --output-on-failure --timeout 120) || rc=1
 fi
-if [ "$tests" = 1 ]; then
-    # the CI experiment with its rollout and its learner on the GPU
-    echo "== agentrl train experiments/calculator-ci.json --set rollout.device=cuda --set learner.device=cuda"
-    (cd "$root" && timeout 300 "$build/agentrl" train experiments/calculator-ci.json \
-        --set out="$logs/train-cuda" --set rollout.device=cuda --set learner.device=cuda \
-        >"$logs/train-cuda.log" 2>&1) &&
-        tail -3 "$logs/train-cuda.log" || { tail -20 "$logs/train-cuda.log"; rc=1; }
-fi
+save
 
-res="$logs/results.txt"
-echo "== bench_gpu $quick"
-{ timeout 150 "$bench" $quick; echo "bench_exit=$?" >"$logs/bench_exit"; } | tee "$res"
-brc=$(sed 's/bench_exit=//' "$logs/bench_exit")
-if [ "$brc" = 77 ]; then
-    echo "run.sh: no CUDA device here; nothing measured"
-    exit 77
+# the same at a learner batch of 16 x 1024 tokens, bf16 alone: AdamW's fixed time caps the MFU
+# of the 2048-token step near 30%, this batch's at about 8x that
+if [ -z "$quick" ] && [ -x "$build/bench/gpu/bench_gpu_train" ]; then
+    echo "== bench_gpu_train --docs 16 --len 1024 --bf16"
+    ARL_SOURCE_DIR="$root" timeout 150 "$build/bench/gpu/bench_gpu_train" --docs 16 --len 1024 \
+        --bf16 | tee -a "$res" || { echo "bench_gpu_train (16 x 1024) failed"; rc=1; }
+    save
 fi
-[ "$brc" = 0 ] || { echo "bench_gpu exited $brc"; rc=1; }
 
 # the whole-model forward (policy/model_device.h) of the mini config vs the in-run cuBLAS rate
 echo "== bench_gpu_model $quick"
@@ -151,22 +232,18 @@ else
     echo "RESULT model_skip=bench_gpu_model_not_built" | tee -a "$res"
 fi
 
-# one training step (policy/model_device_backward.h) of the mini config: its MFU
-echo "== bench_gpu_train $quick"
-if [ -x "$build/bench/gpu/bench_gpu_train" ] ||
-    cmake --build "$build" --target bench_gpu_train -j"$jobs" >>"$logs/build.log" 2>&1; then
-    ARL_SOURCE_DIR="$root" timeout 150 "$build/bench/gpu/bench_gpu_train" $quick | tee -a "$res" ||
-        { echo "bench_gpu_train failed"; rc=1; }
-    # a learner batch of 16 x 1024 tokens, bf16 alone: AdamW's fixed time caps the MFU of the
-    # 2048-token step near 30%, this batch's at about 8x that
-    if [ -z "$quick" ]; then
-        echo "== bench_gpu_train --docs 16 --len 1024 --bf16"
-        ARL_SOURCE_DIR="$root" timeout 150 "$build/bench/gpu/bench_gpu_train" --docs 16 --len 1024 \
-            --bf16 | tee -a "$res" || { echo "bench_gpu_train (16 x 1024) failed"; rc=1; }
-    fi
-else
-    echo "RESULT train_skip=bench_gpu_train_not_built" | tee -a "$res"
+save
+
+if [ "$tests" = 1 ]; then
+    # the CI experiment with its rollout and its learner on the GPU
+    echo "== agentrl train experiments/calculator-ci.json --set rollout.device=cuda --set learner.device=cuda"
+    (cd "$root" && timeout 300 "$build/agentrl" train experiments/calculator-ci.json \
+        --set out="$logs/train-cuda" --set rollout.device=cuda --set learner.device=cuda \
+        >"$logs/train-cuda.log" 2>&1) &&
+        tail -3 "$logs/train-cuda.log" || { tail -20 "$logs/train-cuda.log"; rc=1; }
 fi
+
+save
 
 # the rollout worker on the GPU (rollout.device cuda) against the bare device decode loop, wall
 # time, batch 16 (bench/rollout/bench_rollout.c --device cuda)
@@ -179,6 +256,7 @@ else
     echo "bench_rollout not built"
 fi
 
+
 # the learner on the GPU (learner.device cuda) against the bare device training entry points,
 # wall time (bench/train/bench_train.c --device cuda; its rollout runs on the CPU)
 echo "== bench_train --device cuda --reps 2"
@@ -190,51 +268,9 @@ else
     echo "bench_train not built"
 fi
 
-py=""
-for p in ${PYTHON:-} python3 /usr/bin/python3; do
-    if [ -n "$p" ] && "$p" -c "import torch" >/dev/null 2>&1; then py=$p; break; fi
-done
-echo "== PyTorch baselines ($py)"
-if [ -n "$py" ]; then
-    timeout 120 "$py" "$root/bench/gpu/torch_ref.py" $quick | tee -a "$res"
-else
-    echo "RESULT torch_skip=no_python_with_torch" | tee -a "$res"
-fi
+save
 
 echo "== summary (ratios against baselines measured in this run)"
-awk -F'=' '/^RESULT /{ sub(/^RESULT /, "", $1); v[$1] = $2 }
-END {
-    f = "%-58s %s\n"
-    printf f, "cuBLAS bf16 GEMM (denominator)", v["cublas_bf16_tflops"] " TFLOP/s"
-    printf f, "device-to-device copy (denominator)", v["copy_gbps"] " GB/s"
-    if (v["torch_kda_fwd_ms"] != "" && v["kda_fwd_ms"] > 0)
-        printf f, "KDA chunk fwd speed-up vs PyTorch eager fp32 (>= 10x)", sprintf("%.2fx", v["torch_kda_fwd_ms"] / v["kda_fwd_ms"])
-    else
-        printf f, "KDA chunk fwd speed-up vs PyTorch eager fp32 (>= 10x)", "not measured (" v["torch_skip"] ")"
-    printf f, "KDA chunk fwd time / minimal-bytes copy time (<= 12x)", v["kda_fwd_over_copy"] "x"
-    printf f, "KDA (fwd+bwd) / fwd (<= 5x)", v["kda_fwdbwd_over_fwd"] "x"
-    printf f, "MoE grouped GEMM / dense cuBLAS, fine 512x512 (>= 0.35)", v["moe_fine_ratio"]
-    printf f, "MoE grouped GEMM / dense cuBLAS, coarse 2048x512 (>= 0.8)", v["moe_coarse_ratio"]
-    printf f, "  training path (fp32 operands) fwd / dX / dW, fine", v["moe_fine_train_fwd_ratio"] " / " v["moe_fine_train_dx_ratio"] " / " v["moe_fine_train_wgrad_ratio"]
-    printf f, "  training path (fp32 operands) fwd / dX / dW, coarse", v["moe_coarse_train_fwd_ratio"] " / " v["moe_coarse_train_dx_ratio"] " / " v["moe_coarse_train_wgrad_ratio"]
-    if (v["torch_sdpa_tflops"] != "" && v["torch_sdpa_tflops"] > 0)
-        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", sprintf("%.3f (%.2f vs %.1f TFLOP/s)", v["mla_tflops"] / v["torch_sdpa_tflops"], v["mla_tflops"], v["torch_sdpa_tflops"])
-    else
-        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", "not measured (" v["torch_skip"] "); MLA " v["mla_tflops"] " TFLOP/s"
-    if (v["torch_sdpa_bwd_tflops"] != "" && v["torch_sdpa_bwd_tflops"] > 0)
-        printf f, "MLA attention backward TFLOP/s / PyTorch SDPA backward", sprintf("%.3f (%.2f vs %.1f TFLOP/s; fp32 kernels %.2f)", v["mla_bwd_tflops"] / v["torch_sdpa_bwd_tflops"], v["mla_bwd_tflops"], v["torch_sdpa_bwd_tflops"], v["mla_bwd_fp32_tflops"])
-    else
-        printf f, "MLA attention backward TFLOP/s / PyTorch SDPA backward", "not measured (" v["torch_skip"] "); MLA " v["mla_bwd_tflops"] " TFLOP/s"
-    if (v["model_fwd_bf16_mfu"] != "")
-        printf f, "mini forward MFU vs in-run cuBLAS bf16 (step target >= 25%)", sprintf("%.1f%% bf16 weights (%s ms), %.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP", 100 * v["model_fwd_bf16w_mfu"], v["model_fwd_bf16w_ms"], 100 * v["model_fwd_bf16_mfu"], v["model_fwd_bf16_ms"], 100 * v["model_fwd_tf32_mfu"], v["model_fwd_tf32_ms"], v["model_fwd_gflop"])
-    else
-        printf f, "mini forward MFU vs in-run cuBLAS bf16", "not measured (" v["model_skip"] ")"
-    if (v["train_step_bf16_mfu"] != "")
-        printf f, "training step MFU of the mini config (>= 25%)", sprintf("%.1f%% bf16 GEMM inputs (%s ms), %.1f%% tf32 (%s ms); %s GFLOP; AdamW alone caps it at %.0f%%", 100 * v["train_step_bf16_mfu"], v["train_step_bf16_ms"], 100 * v["train_step_tf32_mfu"], v["train_step_tf32_ms"], v["train_step_gflop"], 100 * v["train_step_bf16_mfu_bound_adamw"])
-    else
-        printf f, "training step MFU of the mini config (>= 25%)", "not measured (" v["train_skip"] ")"
-    if (v["train_step_bf16_T16384_mfu"] != "")
-        printf f, "  the same at 16 x 1024 tokens (a learner batch)", sprintf("%.1f%% bf16 GEMM inputs (%s ms); %s GFLOP; AdamW alone caps it at %.0f%%", 100 * v["train_step_bf16_T16384_mfu"], v["train_step_bf16_T16384_ms"], v["train_step_T16384_gflop"], 100 * v["train_step_bf16_T16384_mfu_bound_adamw"])
-}' "$res"
+summary
 echo "(logs and raw results: $logs)"
 exit $rc
