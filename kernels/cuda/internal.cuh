@@ -186,17 +186,15 @@ __device__ static inline float arl_warp_max(float v) {
  * bytes; ok = 0 fills the destination with zeros and reads nothing (gmem must still be a valid
  * address).  A thread's copies since the last commit form a group; wait_group N returns when at
  * most the N newest groups are in flight (then a barrier makes them visible to the block).
- * The CPU emulator (tests/cuda/emu) copies at once. */
+ * The CPU emulator (tests/cuda/emu) copies at once, or with EMU_CP_ASYNC=defer at the wait
+ * that retires the copy's group (uncommitted copies wait for a later group, as in PTX). */
 __device__ static inline void cp_async16(void *smem, const void *gmem, bool ok) {
 #if defined(__CUDACC__)
     const unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem),
                  "r"(ok ? 16 : 0));
 #else
-    if (ok)
-        memcpy(smem, gmem, 16);
-    else
-        memset(smem, 0, 16);
+    emu_cp_async(smem, gmem, 16, ok);
 #endif
 }
 __device__ static inline void cp_async4(float *smem, const float *gmem, bool ok) {
@@ -205,22 +203,14 @@ __device__ static inline void cp_async4(float *smem, const float *gmem, bool ok)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem),
                  "r"(ok ? 4 : 0));
 #else
-    *smem = ok ? *gmem : 0.0f;
+    emu_cp_async(smem, gmem, 4, ok);
 #endif
 }
 __device__ static inline void cp_async_commit(void) {
 #if defined(__CUDACC__)
     asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-__device__ static inline void cp_async_wait1(void) { /* all but the newest group landed */
-#if defined(__CUDACC__)
-    asm volatile("cp.async.wait_group 1;\n" ::);
-#endif
-}
-__device__ static inline void cp_async_wait0(void) { /* every group landed */
-#if defined(__CUDACC__)
-    asm volatile("cp.async.wait_group 0;\n" ::);
+#else
+    emu_cp_commit();
 #endif
 }
 
@@ -228,7 +218,15 @@ __device__ static inline void cp_async_wait0(void) { /* every group landed */
 template <int N> __device__ static inline void cp_async_wait_n(void) {
 #if defined(__CUDACC__)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#else
+    emu_cp_wait(N);
 #endif
+}
+__device__ static inline void cp_async_wait1(void) { /* all but the newest group landed */
+    cp_async_wait_n<1>();
+}
+__device__ static inline void cp_async_wait0(void) { /* every group landed */
+    cp_async_wait_n<0>();
 }
 
 /* ---- bf16 tensor-core products (sm_80+ mma.sync m16n8k16, fp32 accumulators) ----

@@ -97,6 +97,14 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
 
 void emu_launch(dim3 g, dim3 b, size_t smem, std::function<void()> fn);
 
+/* cp.async (kernels/cuda/internal.cuh): by default a copy lands at once.  EMU_CP_ASYNC=defer
+ * queues each thread's copies and lands a group only when a wait_group retires it (the
+ * latest moment the hardware may): a tile read before its wait (and barrier) then holds the
+ * stale bytes of an earlier tile, or the NaN that fills fresh shared memory. */
+void emu_cp_async(void *dst, const void *src, int bytes, bool ok);
+void emu_cp_commit();
+void emu_cp_wait(int pending); /* wait_group pending */
+
 // ---- runtime API ----
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorNotSupported = 801 };

@@ -62,6 +62,50 @@ static void *tmain(void *p) {
     (*a->f)();
     return NULL;
 }
+/* EMU_CP_ASYNC=defer: this thread's queued copies, each with its group (the number of
+ * commits before it); emu_cp_groups: commits so far.  A thread lives for one block. */
+struct emu_cp {
+    void *dst;
+    const void *src;
+    int bytes;
+    bool ok;
+    long group;
+};
+static thread_local std::vector<emu_cp> emu_cp_queue;
+static thread_local long emu_cp_groups;
+static bool emu_cp_deferred() {
+    static const int d = [] {
+        const char *e = getenv("EMU_CP_ASYNC");
+        return e && strcmp(e, "defer") == 0 ? 1 : 0;
+    }();
+    return d;
+}
+static void emu_cp_land(const emu_cp &c) {
+    if (c.ok)
+        memcpy(c.dst, c.src, (size_t)c.bytes);
+    else
+        memset(c.dst, 0, (size_t)c.bytes);
+}
+void emu_cp_async(void *dst, const void *src, int bytes, bool ok) {
+    const emu_cp c = {dst, src, bytes, ok, emu_cp_groups};
+    if (emu_cp_deferred())
+        emu_cp_queue.push_back(c);
+    else
+        emu_cp_land(c);
+}
+void emu_cp_commit() {
+    emu_cp_groups++;
+}
+void emu_cp_wait(int pending) { /* the groups before the newest `pending` committed ones */
+    std::vector<emu_cp> keep;
+    for (const emu_cp &c : emu_cp_queue)
+        if (c.group < emu_cp_groups - pending)
+            emu_cp_land(c);
+        else
+            keep.push_back(c);
+    emu_cp_queue.swap(keep);
+}
+
 std::vector<emu_launch_rec> *emu_capture = NULL;
 static void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> fn);
 void emu_launch(dim3 g, dim3 b, size_t smem, std::function<void()> fn) {

@@ -9,6 +9,10 @@
 # EMU_ASAN=1: build with AddressSanitizer and give every arena allocation its own heap block,
 # so an out-of-bounds access of a kernel to a buffer (or to its shared memory) is reported
 # (slower still: run it when a kernel's indexing changes).
+# EMU_CP_ASYNC=defer: an asynchronous copy (cp.async) lands only when the wait_group that
+# retires its group runs, not at once: a kernel that reads a tile before waiting for it reads
+# stale bytes (or the NaN of fresh shared memory) and fails its test (run it when a pipeline
+# changes).
 set -eu
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 emu="$root/tests/cuda/emu"
