@@ -109,6 +109,22 @@ save() { # results.txt and the logs to $OUT, if set: a run cut short still retur
     return 0
 }
 
+# bench_step PROGRAM SECONDS SKIP_KEY [ARGS]: bench/gpu/PROGRAM of the build (built if missing),
+# its output added to the results; RESULT SKIP_KEY when it cannot be built
+bench_step() {
+    prog=$1 secs=$2 skip=$3
+    shift 3
+    echo "== $prog $*"
+    if [ -x "$build/bench/gpu/$prog" ] ||
+        cmake --build "$build" --target "$prog" -j"$jobs" >>"$logs/build.log" 2>&1; then
+        ARL_SOURCE_DIR="$root" timeout "$secs" "$build/bench/gpu/$prog" "$@" | tee -a "$res" ||
+            { echo "$prog $* failed"; rc=1; }
+    else
+        echo "RESULT $skip=${prog}_not_built" | tee -a "$res"
+    fi
+    save
+}
+
 summary() { # the ratios of the RESULT lines so far
     awk -F'=' '/^RESULT /{ sub(/^RESULT /, "", $1); v[$1] = $2 }
 END {
@@ -174,15 +190,8 @@ fi
 save
 
 # one training step (policy/model_device_backward.h) of the mini config: its MFU
-echo "== bench_gpu_train $quick"
-if [ -x "$build/bench/gpu/bench_gpu_train" ] ||
-    cmake --build "$build" --target bench_gpu_train -j"$jobs" >>"$logs/build.log" 2>&1; then
-    ARL_SOURCE_DIR="$root" timeout 150 "$build/bench/gpu/bench_gpu_train" $quick | tee -a "$res" ||
-        { echo "bench_gpu_train failed"; rc=1; }
-else
-    echo "RESULT train_skip=bench_gpu_train_not_built" | tee -a "$res"
-fi
-save
+# shellcheck disable=SC2086
+bench_step bench_gpu_train 150 train_skip $quick
 echo "== summary so far"
 summary
 
@@ -215,24 +224,11 @@ save
 
 # the same at a learner batch of 16 x 1024 tokens, bf16 alone: AdamW's fixed time caps the MFU
 # of the 2048-token step near 30%, this batch's at about 8x that
-if [ -z "$quick" ] && [ -x "$build/bench/gpu/bench_gpu_train" ]; then
-    echo "== bench_gpu_train --docs 16 --len 1024 --bf16"
-    ARL_SOURCE_DIR="$root" timeout 150 "$build/bench/gpu/bench_gpu_train" --docs 16 --len 1024 \
-        --bf16 | tee -a "$res" || { echo "bench_gpu_train (16 x 1024) failed"; rc=1; }
-    save
-fi
+[ -z "$quick" ] && bench_step bench_gpu_train 150 train_skip --docs 16 --len 1024 --bf16
 
 # the whole-model forward (policy/model_device.h) of the mini config vs the in-run cuBLAS rate
-echo "== bench_gpu_model $quick"
-if [ -x "$build/bench/gpu/bench_gpu_model" ] ||
-    cmake --build "$build" --target bench_gpu_model -j"$jobs" >>"$logs/build.log" 2>&1; then
-    ARL_SOURCE_DIR="$root" timeout 120 "$build/bench/gpu/bench_gpu_model" $quick | tee -a "$res" ||
-        { echo "bench_gpu_model failed"; rc=1; }
-else
-    echo "RESULT model_skip=bench_gpu_model_not_built" | tee -a "$res"
-fi
-
-save
+# shellcheck disable=SC2086
+bench_step bench_gpu_model 120 model_skip $quick
 
 if [ "$tests" = 1 ]; then
     # the CI experiment with its rollout and its learner on the GPU
