@@ -71,33 +71,76 @@ static void cu_linear_bwd_w(float *dW, const float *dy, const float *x, int64_t 
 
 /* ======================= norms ============================================================ */
 
-__global__ void k_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t d,
-                              float eps) {
+/* The row kernels (norms, softmax family, log-probs, row sums): rows of d <= ROW_WARP_D one
+ * warp each (NT / 32 rows a block, a row's sums and maxima warp shuffles, no barrier: a head of
+ * 128, the hidden 1024, the vocabulary of 384), wider rows a block each (TPR = NT, block
+ * reductions).  A row's threads walk its columns lane, lane + TPR, ...; a warp past the last
+ * row returns (with TPR = NT the grid is the rows: no block returns early). */
+#define ROW_WARP_D 1024
+template <int TPR> struct row_group {
+    int64_t r;    /* the row */
+    int64_t lane; /* the thread's first column */
+    __device__ row_group()
+        : r((int64_t)blockIdx.x * (NT / TPR) + threadIdx.x / TPR), lane(threadIdx.x % TPR) {}
+    __device__ double sum(double v, double *sh) const {
+        return TPR == 32 ? arl_warp_sum_d(v) : arl_block_sum_d(v, sh);
+    }
+    __device__ float max(float v, float *shf) const {
+        return TPR == 32 ? arl_warp_max(v) : arl_block_max(v, shf);
+    }
+};
+static unsigned row_blocks(int64_t n, int64_t d) {
+    return (unsigned)(d <= ROW_WARP_D ? (n + NT / 32 - 1) / (NT / 32) : n);
+}
+/* kern<32> or kern<NT> over n rows of d columns */
+#define ROWS_KERNEL(kern, n, d, stream, ...)                                                       \
+    do {                                                                                           \
+        if ((d) <= ROW_WARP_D)                                                                     \
+            kern<32><<<row_blocks(n, d), NT, 0, (stream)>>>(__VA_ARGS__);                          \
+        else                                                                                       \
+            kern<NT><<<row_blocks(n, d), NT, 0, (stream)>>>(__VA_ARGS__);                          \
+    } while (0)
+#define ROWS_LAUNCH(name, kern, n, d, ...)                                                         \
+    do {                                                                                           \
+        arl_cuda_ctx *c_ = arl_cuda_need();                                                        \
+        if ((n) == 0) return;                                                                      \
+        ROWS_KERNEL(kern, n, d, c_->stream, __VA_ARGS__);                                          \
+        ARL_CUDA_LAUNCHED(c_, name);                                                               \
+    } while (0)
+
+template <int TPR>
+__global__ void k_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t n,
+                              int64_t d, float eps) {
     __shared__ double sh[33];
-    const float *xr = x + (int64_t)blockIdx.x * d;
-    float *yr = y + (int64_t)blockIdx.x * d;
+    const row_group<TPR> R;
+    if (R.r >= n) return; /* whole warps only (TPR = NT: the grid is n) */
+    const float *xr = x + R.r * d;
+    float *yr = y + R.r * d;
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         ss += (double)xr[i] * xr[i];
-    ss = arl_block_sum_d(ss, sh);
+    ss = R.sum(ss, sh);
     float r = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         yr[i] = w[i] * (xr[i] * r);
-    if (rstd && threadIdx.x == 0) rstd[blockIdx.x] = r;
+    if (rstd && R.lane == 0) rstd[R.r] = r;
 }
 
+template <int TPR>
 __global__ void k_rmsnorm_bwd_x(float *dx, const float *dy, const float *x, const float *w,
-                                const float *rstd, int64_t d) {
+                                const float *rstd, int64_t n, int64_t d) {
     __shared__ double sh[33];
-    int64_t t = blockIdx.x;
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const int64_t t = R.r;
     const float *xr = x + t * d, *dyr = dy + t * d;
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         s += (double)w[i] * dyr[i] * xr[i];
-    s = arl_block_sum_d(s, sh);
+    s = R.sum(s, sh);
     float r = rstd[t];
     float c = (float)((double)r * r * r * s / (double)d);
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         dx[t * d + i] += r * w[i] * dyr[i] - c * xr[i];
 }
 
@@ -115,7 +158,7 @@ static void cu_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w
     arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(n >= 0 && d >= 1);
     if (n == 0) return;
-    k_rmsnorm_fwd<<<(unsigned)n, NT, 0, c->stream>>>(y, rstd, x, w, d, eps);
+    ROWS_KERNEL(k_rmsnorm_fwd, n, d, c->stream, y, rstd, x, w, n, d, eps);
     ARL_CUDA_LAUNCHED(c, "rmsnorm_fwd");
 }
 
@@ -123,35 +166,42 @@ static void cu_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x
                            const float *rstd, int64_t n, int64_t d) {
     arl_cuda_ctx *c = arl_cuda_need();
     if (n == 0) return;
-    k_rmsnorm_bwd_x<<<(unsigned)n, NT, 0, c->stream>>>(dx, dy, x, w, rstd, d);
+    ROWS_KERNEL(k_rmsnorm_bwd_x, n, d, c->stream, dx, dy, x, w, rstd, n, d);
     if (dw) arl_colsum(c, n, d, rmsnorm_dw_term{dy, x, rstd, d}, arl_colsum_add{dw});
     ARL_CUDA_LAUNCHED(c, "rmsnorm_bwd");
 }
 
-__global__ void k_l2norm_fwd(float *y, float *rnorm, const float *x, int64_t d, float eps) {
+template <int TPR>
+__global__ void k_l2norm_fwd(float *y, float *rnorm, const float *x, int64_t n, int64_t d,
+                             float eps) {
     __shared__ double sh[33];
-    const float *xr = x + (int64_t)blockIdx.x * d;
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const float *xr = x + R.r * d;
     double ss = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         ss += (double)xr[i] * xr[i];
-    ss = arl_block_sum_d(ss, sh);
+    ss = R.sum(ss, sh);
     float r = (float)(1.0 / sqrt(ss + (double)eps));
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
-        y[(int64_t)blockIdx.x * d + i] = xr[i] * r;
-    if (rnorm && threadIdx.x == 0) rnorm[blockIdx.x] = r;
+    for (int64_t i = R.lane; i < d; i += TPR)
+        y[R.r * d + i] = xr[i] * r;
+    if (rnorm && R.lane == 0) rnorm[R.r] = r;
 }
 
+template <int TPR>
 __global__ void k_l2norm_bwd(float *dx, const float *dy, const float *x, const float *rnorm,
-                             int64_t d) {
+                             int64_t n, int64_t d) {
     __shared__ double sh[33];
-    int64_t t = blockIdx.x;
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const int64_t t = R.r;
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         s += (double)x[t * d + i] * dy[t * d + i];
-    s = arl_block_sum_d(s, sh);
+    s = R.sum(s, sh);
     float r = rnorm[t];
     float c = (float)((double)r * r * r * s);
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         dx[t * d + i] += r * dy[t * d + i] - c * x[t * d + i];
 }
 
@@ -159,7 +209,7 @@ static void cu_l2norm_fwd(float *y, float *rnorm, const float *x, int64_t n, int
     arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(n >= 0 && d >= 1);
     if (n == 0) return;
-    k_l2norm_fwd<<<(unsigned)n, NT, 0, c->stream>>>(y, rnorm, x, d, eps);
+    ROWS_KERNEL(k_l2norm_fwd, n, d, c->stream, y, rnorm, x, n, d, eps);
     ARL_CUDA_LAUNCHED(c, "l2norm_fwd");
 }
 
@@ -167,91 +217,107 @@ static void cu_l2norm_bwd(float *dx, const float *dy, const float *x, const floa
                           int64_t d) {
     arl_cuda_ctx *c = arl_cuda_need();
     if (n == 0) return;
-    k_l2norm_bwd<<<(unsigned)n, NT, 0, c->stream>>>(dx, dy, x, rnorm, d);
+    ROWS_KERNEL(k_l2norm_bwd, n, d, c->stream, dx, dy, x, rnorm, n, d);
     ARL_CUDA_LAUNCHED(c, "l2norm_bwd");
 }
 
 /* ======================= softmax family =================================================== */
 
-__device__ static float row_max(const float *x, int64_t d, float *shf) {
-    float m = -INFINITY;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
-        m = fmaxf(m, x[i]);
-    return arl_block_max(m, shf);
-}
-
-__global__ void k_softmax_fwd(float *y, const float *x, int64_t d) {
+template <int TPR> __global__ void k_softmax_fwd(float *y, const float *x, int64_t n, int64_t d) {
     __shared__ double sh[33];
     __shared__ float shf[33];
-    const float *xr = x + (int64_t)blockIdx.x * d;
-    float *yr = y + (int64_t)blockIdx.x * d;
-    float m = row_max(xr, d, shf);
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const float *xr = x + R.r * d;
+    float *yr = y + R.r * d;
+    float m = -INFINITY;
+    for (int64_t i = R.lane; i < d; i += TPR)
+        m = fmaxf(m, xr[i]);
+    m = R.max(m, shf);
     if (m == -INFINITY) {
-        for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+        for (int64_t i = R.lane; i < d; i += TPR)
             yr[i] = 0.0f;
         return;
     }
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         s += expf(xr[i] - m);
-    s = arl_block_sum_d(s, sh);
+    s = R.sum(s, sh);
     double inv = 1.0 / s;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         yr[i] = (float)(expf(xr[i] - m) * inv);
 }
 
-__global__ void k_softmax_bwd(float *dx, const float *dy, const float *y, int64_t d) {
+template <int TPR>
+__global__ void k_softmax_bwd(float *dx, const float *dy, const float *y, int64_t n, int64_t d) {
     __shared__ double sh[33];
-    int64_t o = (int64_t)blockIdx.x * d;
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const int64_t o = R.r * d;
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         s += (double)y[o + i] * dy[o + i];
-    s = arl_block_sum_d(s, sh);
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    s = R.sum(s, sh);
+    for (int64_t i = R.lane; i < d; i += TPR)
         dx[o + i] += (float)(y[o + i] * (dy[o + i] - s));
 }
 
-__global__ void k_logsoftmax_fwd(float *y, const float *x, int64_t d) {
+template <int TPR>
+__global__ void k_logsoftmax_fwd(float *y, const float *x, int64_t n, int64_t d) {
     __shared__ double sh[33];
     __shared__ float shf[33];
-    int64_t o = (int64_t)blockIdx.x * d;
-    float m = row_max(x + o, d, shf);
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const int64_t o = R.r * d;
+    float m = -INFINITY;
+    for (int64_t i = R.lane; i < d; i += TPR)
+        m = fmaxf(m, x[o + i]);
+    m = R.max(m, shf);
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         s += expf(x[o + i] - m);
-    s = arl_block_sum_d(s, sh);
+    s = R.sum(s, sh);
     double lse = (double)m + log(s);
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         y[o + i] = (float)((double)x[o + i] - lse);
 }
 
-__global__ void k_logsoftmax_bwd(float *dx, const float *dy, const float *y, int64_t d) {
+template <int TPR>
+__global__ void k_logsoftmax_bwd(float *dx, const float *dy, const float *y, int64_t n, int64_t d) {
     __shared__ double sh[33];
-    int64_t o = (int64_t)blockIdx.x * d;
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const int64_t o = R.r * d;
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         s += dy[o + i];
-    s = arl_block_sum_d(s, sh);
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    s = R.sum(s, sh);
+    for (int64_t i = R.lane; i < d; i += TPR)
         dx[o + i] += (float)(dy[o + i] - expf(y[o + i]) * s);
 }
 
+template <int TPR>
 __global__ void k_logprob_fwd(float *logp, float *lse, float *entropy, const float *z,
-                              const int32_t *targets, int64_t V) {
+                              const int32_t *targets, int64_t n, int64_t V) {
     __shared__ double sh[33];
     __shared__ float shf[33];
-    int64_t t = blockIdx.x, o = t * V;
-    float m = row_max(z + o, V, shf);
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const int64_t t = R.r, o = t * V;
+    float m = -INFINITY;
+    for (int64_t j = R.lane; j < V; j += TPR)
+        m = fmaxf(m, z[o + j]);
+    m = R.max(m, shf);
     double s = 0.0, sz = 0.0;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    for (int64_t j = R.lane; j < V; j += TPR) {
         float zm = z[o + j] - m;
         double e = expf(zm);
         s += e;
         sz += e * zm;
     }
-    s = arl_block_sum_d(s, sh);
-    sz = arl_block_sum_d(sz, sh);
-    if (threadIdx.x == 0) {
+    s = R.sum(s, sh);
+    sz = R.sum(sz, sh);
+    if (R.lane == 0) {
         double l = (double)m + log(s);
         int32_t y = targets[t];
         logp[t] = (y < 0 || y >= V) ? 0.0f : (float)((double)z[o + y] - l);
@@ -260,43 +326,38 @@ __global__ void k_logprob_fwd(float *logp, float *lse, float *entropy, const flo
     }
 }
 
+template <int TPR>
 __global__ void k_logprob_bwd(float *dz, const float *dlogp, const float *z, const float *lse,
-                              const int32_t *targets, int64_t V) {
-    int64_t t = blockIdx.x, o = t * V;
+                              const int32_t *targets, int64_t n, int64_t V) {
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const int64_t t = R.r, o = t * V;
     int32_t y = targets[t];
     if (y < 0 || y >= V) return;
     float g = dlogp[t], l = lse[t];
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
+    for (int64_t j = R.lane; j < V; j += TPR)
         dz[o + j] += g * ((j == y ? 1.0f : 0.0f) - expf(z[o + j] - l));
 }
 
-#define ROWS_LAUNCH(name, kern, n, ...)                                                            \
-    do {                                                                                           \
-        arl_cuda_ctx *c_ = arl_cuda_need();                                                        \
-        if ((n) == 0) return;                                                                      \
-        kern<<<(unsigned)(n), NT, 0, c_->stream>>>(__VA_ARGS__);                                   \
-        ARL_CUDA_LAUNCHED(c_, name);                                                               \
-    } while (0)
-
 static void cu_softmax_fwd(float *y, const float *x, int64_t n, int64_t d) {
-    ROWS_LAUNCH("softmax_fwd", k_softmax_fwd, n, y, x, d);
+    ROWS_LAUNCH("softmax_fwd", k_softmax_fwd, n, d, y, x, n, d);
 }
 static void cu_softmax_bwd(float *dx, const float *dy, const float *y, int64_t n, int64_t d) {
-    ROWS_LAUNCH("softmax_bwd", k_softmax_bwd, n, dx, dy, y, d);
+    ROWS_LAUNCH("softmax_bwd", k_softmax_bwd, n, d, dx, dy, y, n, d);
 }
 static void cu_logsoftmax_fwd(float *y, const float *x, int64_t n, int64_t d) {
-    ROWS_LAUNCH("logsoftmax_fwd", k_logsoftmax_fwd, n, y, x, d);
+    ROWS_LAUNCH("logsoftmax_fwd", k_logsoftmax_fwd, n, d, y, x, n, d);
 }
 static void cu_logsoftmax_bwd(float *dx, const float *dy, const float *y, int64_t n, int64_t d) {
-    ROWS_LAUNCH("logsoftmax_bwd", k_logsoftmax_bwd, n, dx, dy, y, d);
+    ROWS_LAUNCH("logsoftmax_bwd", k_logsoftmax_bwd, n, d, dx, dy, y, n, d);
 }
 static void cu_logprob_fwd(float *logp, float *lse, float *entropy, const float *logits,
                            const int32_t *targets, int64_t n, int64_t V) {
-    ROWS_LAUNCH("logprob_fwd", k_logprob_fwd, n, logp, lse, entropy, logits, targets, V);
+    ROWS_LAUNCH("logprob_fwd", k_logprob_fwd, n, V, logp, lse, entropy, logits, targets, n, V);
 }
 static void cu_logprob_bwd(float *dlogits, const float *dlogp, const float *logits,
                            const float *lse, const int32_t *targets, int64_t n, int64_t V) {
-    ROWS_LAUNCH("logprob_bwd", k_logprob_bwd, n, dlogits, dlogp, logits, lse, targets, V);
+    ROWS_LAUNCH("logprob_bwd", k_logprob_bwd, n, V, dlogits, dlogp, logits, lse, targets, n, V);
 }
 
 /* ======================= activations (formulas of kernels/cpu/activation.c) ============== */
@@ -606,14 +667,17 @@ static void cu_max(float *out, const float *x, int64_t n) {
     reduce(R_MAX, "max", out, x, n);
 }
 
-__global__ void k_row_dot(float *out, const float *a, const float *b, int64_t d) {
+template <int TPR>
+__global__ void k_row_dot(float *out, const float *a, const float *b, int64_t n, int64_t d) {
     __shared__ double sh[33];
-    int64_t o = (int64_t)blockIdx.x * d;
+    const row_group<TPR> R;
+    if (R.r >= n) return;
+    const int64_t o = R.r * d;
     double s = 0.0;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = R.lane; i < d; i += TPR)
         s += b ? (double)a[o + i] * b[o + i] : (double)a[o + i];
-    s = arl_block_sum_d(s, sh);
-    if (threadIdx.x == 0) out[blockIdx.x] = (float)s;
+    s = R.sum(s, sh);
+    if (R.lane == 0) out[R.r] = (float)s;
 }
 
 __global__ void k_sum_cols(float *out, const float *x, int64_t T, int64_t d) {
@@ -626,10 +690,10 @@ __global__ void k_sum_cols(float *out, const float *x, int64_t T, int64_t d) {
 }
 
 static void cu_sum_rows(float *out, const float *x, int64_t T, int64_t d) {
-    ROWS_LAUNCH("sum_rows", k_row_dot, T, out, x, (const float *)NULL, d);
+    ROWS_LAUNCH("sum_rows", k_row_dot, T, d, out, x, (const float *)NULL, T, d);
 }
 static void cu_dot_rows(float *out, const float *a, const float *b, int64_t T, int64_t d) {
-    ROWS_LAUNCH("dot_rows", k_row_dot, T, out, a, b, d);
+    ROWS_LAUNCH("dot_rows", k_row_dot, T, d, out, a, b, T, d);
 }
 static void cu_sum_cols(float *out, const float *x, int64_t T, int64_t d) {
     arl_cuda_ctx *c = arl_cuda_need();
@@ -677,7 +741,10 @@ __global__ void k_argmax_rows(int32_t *idx, const float *x, int64_t d) {
 }
 
 static void cu_argmax_rows(int32_t *idx, const float *x, int64_t n, int64_t d) {
-    ROWS_LAUNCH("argmax_rows", k_argmax_rows, n, idx, x, d);
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (n == 0) return;
+    k_argmax_rows<<<(unsigned)n, NT, 0, c->stream>>>(idx, x, d); /* a block a row */
+    ARL_CUDA_LAUNCHED(c, "argmax_rows");
 }
 
 /* One thread per row: insertion into the sorted k best (k <= 64 kept in local memory). */

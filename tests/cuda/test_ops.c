@@ -164,11 +164,13 @@ static void norms_case(int64_t n, int64_t d) {
 static void test_norms(void) {
     norms_case(17, 300);
     norms_case(300, 40); /* many rows, few columns: dw's column sum runs in 4 row spans */
+    norms_case(5, 1500); /* rows wider than 1024: a block a row (narrower: a warp a row) */
 }
 
-static void test_softmax(void) {
+/* d <= 1024: a warp a row on the device; wider: a block a row */
+static void softmax_case(int64_t d) {
     CT_CASE_BEGIN;
-    const int64_t n = 9, d = 1000;
+    const int64_t n = 9;
     float *x = ct_rand(n * d, -6, 6), *dy = ct_rand(n * d, -1, 1);
     for (int64_t i = 0; i < d; i++)
         x[2 * d + i] = -INFINITY; /* a fully masked row */
@@ -199,11 +201,17 @@ static void test_softmax(void) {
     CT_CASE_END;
 }
 
-static void test_logprob(void) {
+static void test_softmax(void) {
+    softmax_case(1000);
+    softmax_case(1500);
+}
+
+/* V = 5000: a block a row on the device; 384 (the byte-level vocabulary): a warp a row */
+static void logprob_case(int64_t V) {
     CT_CASE_BEGIN;
-    const int64_t n = 7, V = 5000;
+    const int64_t n = 7;
     float *z = ct_rand(n * V, -10, 10), *dl = ct_rand(n, -1, 1), *dz = ct_rand(n * V, -1, 1);
-    int32_t tg[7] = {0, 4999, -1, 17, 2500, -1, 3};
+    int32_t tg[7] = {0, (int32_t)V - 1, -1, 17, (int32_t)V / 2, -1, 3};
     float lp[7], lse[7], ent[7];
     float *d_z = ct_dev(z, n * V), *d_dl = ct_dev(dl, n), *d_dz = ct_dev(dz, n * V);
     int32_t *d_tg = ct_dev_i32(tg, n);
@@ -219,6 +227,11 @@ static void test_logprob(void) {
     ct_check("logprob_bwd (+=)", d_dz, dz, n * V, 1e-6, 1e-5);
     free(z), free(dl), free(dz);
     CT_CASE_END;
+}
+
+static void test_logprob(void) {
+    logprob_case(5000);
+    logprob_case(384);
 }
 
 typedef void (*fwd_fn)(float *, const float *, int64_t);
@@ -352,6 +365,12 @@ static void test_reduce(void) {
     ct_check("sum_cols", out, cols, d, 1e-7, 1e-6);
     kb->dot_rows(out, d_a, d_b, T, d), arl_k_dot_rows(rows, a, b, T, d);
     ct_check("dot_rows", out, rows, T, 1e-7, 1e-6);
+    /* the same values as one row of T d > 1024 columns: a block a row on the device (a warp
+     * a row above) */
+    kb->sum_rows(out, d_a, 1, T * d), arl_k_sum_rows(rows, a, 1, T * d);
+    ct_check("sum_rows (one wide row)", out, rows, 1, 1e-7, 1e-6);
+    kb->dot_rows(out, d_a, d_b, 1, T * d), arl_k_dot_rows(rows, a, b, 1, T * d);
+    ct_check("dot_rows (one wide row)", out, rows, 1, 1e-7, 1e-6);
     free(x), free(a), free(b);
     CT_CASE_END;
 }
