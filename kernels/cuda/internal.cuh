@@ -77,6 +77,13 @@ static inline unsigned arl_blocks(int64_t n, int threads) {
     return (unsigned)(b < 1 ? 1 : b);
 }
 
+/* Blocks of 256 threads for a kernel that takes a warp a row over n rows (rows strided over
+ * the grid's warps beyond 65535 blocks). */
+static inline unsigned arl_warp_row_blocks(int64_t n) {
+    int64_t b = (n + 7) / 8;
+    return (unsigned)(b > 65535 ? 65535 : b < 1 ? 1 : b);
+}
+
 #define ARL_GRID_STRIDE(i, n)                                                                      \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                      \
          i += (int64_t)blockDim.x * gridDim.x)

@@ -99,20 +99,23 @@ extern "C" void arl_cuda_kda_gate_softplus_fwd(float *g, const float *f, const f
 
 /* ======================= gated output RMSNorm (policy/kda.c arl_kda_onorm_fwd) =========== */
 
-/* One block of 128 threads per row; the sum of squares in double with a fixed order like
- * the CPU (a tree here, a running sum there: equal to rounding of the last fp32 digit). */
+/* A warp a row, the rows strided over the grid's warps; the sum of squares in double with a
+ * fixed order like the CPU (a tree here, a running sum there: equal to rounding of the last
+ * fp32 digit).  Was a 128-thread block a row (three barriers a row). */
 __global__ void k_onorm_fwd(float *ob, float *rstd, const float *o, const float *gam,
                             const float *w, int64_t n, int64_t dv, float eps) {
-    __shared__ double sh[33];
-    for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const int lane = threadIdx.x & 31;
+    const int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t row = w0; row < n; row += nw) {
         const float *x = o + row * dv;
         double ss = 0.0;
-        for (int64_t i = threadIdx.x; i < dv; i += blockDim.x)
+        for (int64_t i = lane; i < dv; i += 32)
             ss += (double)x[i] * x[i];
-        ss = arl_block_sum_d(ss, sh);
+        ss = arl_warp_sum_d(ss);
         float r = (float)(1.0 / sqrt(ss / (double)dv + (double)eps));
-        if (rstd && threadIdx.x == 0) rstd[row] = r;
-        for (int64_t i = threadIdx.x; i < dv; i += blockDim.x)
+        if (rstd && lane == 0) rstd[row] = r;
+        for (int64_t i = lane; i < dv; i += 32)
             ob[row * dv + i] = w[i] * (x[i] * r) * arl_sigmoidf(gam[row * dv + i]);
     }
 }
@@ -121,8 +124,7 @@ extern "C" void arl_cuda_kda_onorm_fwd(float *ob, float *rstd, const float *o, c
                                        const float *w, int64_t n, int64_t dv, float eps) {
     arl_cuda_ctx *ctx = arl_cuda_need();
     if (n <= 0) return;
-    unsigned blocks = (unsigned)(n < 65535 ? n : 65535);
-    k_onorm_fwd<<<blocks, 128, 0, ctx->stream>>>(ob, rstd, o, gam, w, n, dv, eps);
+    k_onorm_fwd<<<arl_warp_row_blocks(n), 256, 0, ctx->stream>>>(ob, rstd, o, gam, w, n, dv, eps);
     ARL_CUDA_LAUNCHED(ctx, "kda_onorm_fwd");
 }
 

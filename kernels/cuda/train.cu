@@ -103,19 +103,22 @@ extern "C" void arl_cuda_kda_gate_softplus_bwd(float *df, float *dA_log, float *
 
 /* ======================= gated output RMSNorm (policy/kda.c arl_kda_onorm_bwd) =========== */
 
-/* d_o and dgam: one block of 128 threads per row; m = mean(dxh * xh) in double (block sum). */
+/* d_o and dgam: a warp a row, the rows strided over the grid's warps (was a 128-thread block
+ * a row); m = mean(dxh * xh) in double (warp sum). */
 __global__ void k_onorm_bwd_rows(float *d_o, float *dgam, const float *dob, const float *o,
                                  const float *gam, const float *w, const float *rstd, int64_t n,
                                  int64_t dv) {
-    __shared__ double sh[33];
-    for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const int lane = threadIdx.x & 31;
+    const int64_t w0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int64_t nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t row = w0; row < n; row += nw) {
         const float *x = o + row * dv, *dy = dob + row * dv, *gm = gam + row * dv;
         const float r = rstd[row];
         double m = 0.0;
-        for (int64_t i = threadIdx.x; i < dv; i += blockDim.x)
+        for (int64_t i = lane; i < dv; i += 32)
             m += (double)dy[i] * w[i] * arl_sigmoidf(gm[i]) * (x[i] * r);
-        m = arl_block_sum_d(m, sh) / (double)dv;
-        for (int64_t i = threadIdx.x; i < dv; i += blockDim.x) {
+        m = arl_warp_sum_d(m) / (double)dv;
+        for (int64_t i = lane; i < dv; i += 32) {
             const float sg = arl_sigmoidf(gm[i]);
             const float xh = x[i] * r, dxh = dy[i] * w[i] * sg;
             d_o[row * dv + i] += r * (dxh - xh * (float)m);
@@ -139,8 +142,8 @@ extern "C" void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const
                                        const float *rstd, int64_t n, int64_t dv) {
     arl_cuda_ctx *ctx = arl_cuda_need();
     if (n <= 0) return;
-    unsigned blocks = (unsigned)(n < 65535 ? n : 65535);
-    k_onorm_bwd_rows<<<blocks, 128, 0, ctx->stream>>>(d_o, dgam, dob, o, gam, w, rstd, n, dv);
+    k_onorm_bwd_rows<<<arl_warp_row_blocks(n), 256, 0, ctx->stream>>>(d_o, dgam, dob, o, gam, w,
+                                                                      rstd, n, dv);
     ARL_CUDA_LAUNCHED(ctx, "kda_onorm_bwd");
     if (!dw) return;
     arl_colsum(ctx, n, dv, onorm_dw_term{dob, o, gam, rstd, dv}, arl_colsum_add{dw});
@@ -149,13 +152,28 @@ extern "C" void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const
 
 /* ======================= embedding backward (policy/model_backward.c) ==================== */
 
-/* One thread per column: the rows of dx added into their tokens' rows in token order, the
- * CPU's order (repeated tokens accumulate deterministically, without atomics). */
+/* The rows of dx added into their tokens' rows in token order, the CPU's order (repeated
+ * tokens accumulate deterministically, without atomics).  A thread per (column, bucket): block
+ * (x, y) takes 128 columns and the tokens whose id is y modulo the grid's buckets, scanning the
+ * token ids through shared memory in tiles; each row of the table is one bucket's, so a
+ * (token, column) sum is one thread's, in token order.  Was one thread a column walking every
+ * token (d threads in all, T dependent additions each). */
+#define EMBED_BWD_TILE 2048
 __global__ void k_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
                             int64_t d) {
-    ARL_GRID_STRIDE(i, d) {
-        for (int64_t t = 0; t < T; t++)
-            dtable[(int64_t)tokens[t] * d + i] += dx[t * d + i];
+    __shared__ int32_t tok[EMBED_BWD_TILE];
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const uint32_t bucket = blockIdx.y, nb = gridDim.y;
+    for (int64_t t0 = 0; t0 < T; t0 += EMBED_BWD_TILE) {
+        const int64_t n = T - t0 < EMBED_BWD_TILE ? T - t0 : EMBED_BWD_TILE;
+        __syncthreads(); /* the previous tile read */
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
+            tok[j] = tokens[t0 + j];
+        __syncthreads();
+        if (i < d)
+            for (int64_t j = 0; j < n; j++)
+                if ((uint32_t)tok[j] % nb == bucket)
+                    dtable[(int64_t)tok[j] * d + i] += dx[(t0 + j) * d + i];
     }
 }
 
@@ -163,7 +181,10 @@ extern "C" void arl_cuda_embed_bwd(float *dtable, const float *dx, const int32_t
                                    int64_t d) {
     arl_cuda_ctx *ctx = arl_cuda_need();
     if (T <= 0 || d <= 0) return;
-    k_embed_bwd<<<arl_blocks(d, 128), 128, 0, ctx->stream>>>(dtable, dx, tokens, T, d);
+    int64_t nb = 65536 / d; /* buckets: about 64K threads in all */
+    nb = nb < 1 ? 1 : nb > 64 ? 64 : nb;
+    const dim3 grid((unsigned)((d + 127) / 128), (unsigned)nb);
+    k_embed_bwd<<<grid, 128, 0, ctx->stream>>>(dtable, dx, tokens, T, d);
     ARL_CUDA_LAUNCHED(ctx, "embed_bwd");
 }
 

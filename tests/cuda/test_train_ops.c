@@ -70,6 +70,16 @@ static void onorm_case(int64_t n, int64_t dv) {
     float *ob = ct_host(sizeof(float) * (size_t)(n * dv)),
           *rstd = ct_host(sizeof(float) * (size_t)n);
     arl_kda_onorm_fwd(ob, rstd, o, gam, w, n, dv, 1e-5f);
+    { /* the forward on the device first */
+        float *D_ob = ct_dev(NULL, n * dv), *D_r = ct_dev(NULL, n), *D_x = ct_dev(o, n * dv);
+        float *D_g = ct_dev(gam, n * dv), *D_wt = ct_dev(w, dv);
+        arl_cuda_kda_onorm_fwd(D_ob, D_r, D_x, D_g, D_wt, n, dv, 1e-5f);
+        char s[64];
+        snprintf(s, sizeof s, "onorm fwd (dv %lld)", (long long)dv);
+        ct_check(s, D_ob, ob, n * dv, 1e-6, 1e-5);
+        snprintf(s, sizeof s, "onorm fwd rstd (dv %lld)", (long long)dv);
+        ct_check(s, D_r, rstd, n, 0.0, 1e-6);
+    }
     float *d_o = ct_rand(n * dv, -0.1f, 0.1f), *dgam = ct_rand(n * dv, -0.1f, 0.1f),
           *dw = ct_rand(dv, -0.1f, 0.1f);
     float *D_o = ct_dev(o, n * dv), *D_gam = ct_dev(gam, n * dv), *D_w = ct_dev(w, dv),
@@ -90,14 +100,13 @@ static void onorm_case(int64_t n, int64_t dv) {
 
 static void test_onorm_bwd(void) {
     onorm_case(50, 64);
-    onorm_case(12, 200); /* dv above one block of 128 threads */
+    onorm_case(12, 200); /* dv above one warp's 32 columns: several a lane */
 }
 
 /* ---------------------------------------------------------------- embedding backward */
-static void test_embed_bwd(void) {
+static void embed_case(int64_t T, int64_t d, int64_t V) {
     CT_CASE_BEGIN;
-    const int64_t T = 40, d = 33, V = 10;
-    int32_t tok[40];
+    int32_t *tok = (int32_t *)ct_host(sizeof(int32_t) * (size_t)T);
     for (int64_t t = 0; t < T; t++)
         tok[t] = (int32_t)arl_rng_below(&ct_rng, (uint64_t)V); /* many repeats */
     float *dx = ct_rand(T * d, -1, 1), *tab = ct_rand(V * d, -1, 1);
@@ -106,8 +115,14 @@ static void test_embed_bwd(void) {
     arl_cuda_embed_bwd(D_tab, D_dx, D_tok, T, d);
     arl_dev_ops_cpu()->embed_bwd(tab, dx, tok, T, d);
     ct_check("embed_bwd (same adds, same order: exact)", D_tab, tab, V * d, 0.0, 0.0);
-    free(dx), free(tab);
+    free(tok), free(dx), free(tab);
     CT_CASE_END;
+}
+
+static void test_embed_bwd(void) {
+    embed_case(40, 33, 10);
+    /* more tokens than a tile of ids (2048), more ids than buckets (64), two column blocks */
+    embed_case(5000, 130, 300);
 }
 
 /* ---------------------------------------------------------------- AdamW chunk sums */
