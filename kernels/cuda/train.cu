@@ -6,7 +6,8 @@
  * 1.4), and every sum runs in a fixed order: the results are deterministic run to run (no
  * floating-point atomics).  The embedding rows' sums walk the tokens in ascending order like
  * the CPU; the gate parameters' sums (dt_bias, A_log) and the norm weight's sums over rows
- * (arl_colsum) split the rows among lanes and add the parts in lane order. */
+ * (arl_colsum) split the rows among spans and lanes and add the parts in lane, then span,
+ * order. */
 #include <math.h>
 
 #include "kernels/cuda/internal.cuh"
@@ -17,26 +18,31 @@
 #define GATE_LANES 32 /* row lanes per block (x 32 channels) */
 #define GATE_MAX_DK 256
 
-/* One block per head h, 32 channels x GATE_LANES token lanes: for each group of 32 channels,
- * lane l walks tokens l, l + GATE_LANES, ... (df += per element; ddt_bias and the channel's dA
- * summed in double), the lanes' sums are added in lane order, then thread 0 adds the channels'
- * dA in channel order into dA_log[h]: deterministic run to run.  softplus: 0 the K3 gate
- * g = g_min sigmoid(a u), 1 the softplus gate g = -a softplus(u); u = f + dt_bias. */
+/* Block (h, y): head h, the y-th of the grid's spans of tokens; 32 channels x GATE_LANES token
+ * lanes: for each group of 32 channels, lane l walks the span's tokens l, l + GATE_LANES, ...
+ * (df += per element; ddt_bias and the channel's dA summed in double), the lanes' sums are
+ * added in lane order.  One span (part NULL): the block adds them into ddt_bias and, thread 0
+ * in channel order, dA into dA_log[h].  Several: each span's channel sums go to part
+ * (span, H dk, 2) and k_gate_bwd_spans adds them in span order, then the channels in channel
+ * order: deterministic run to run.  softplus: 0 the K3 gate g = g_min sigmoid(a u), 1 the
+ * softplus gate g = -a softplus(u); u = f + dt_bias.  Was one block a head (H blocks in all,
+ * every token walked by one block). */
 __global__ void __launch_bounds__(32 * GATE_LANES)
-    k_gate_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg, const float *f,
-               const float *A_log, const float *dt_bias, int64_t T, int64_t H, int64_t dk,
-               float g_min, int softplus) {
+    k_gate_bwd(float *df, float *dA_log, float *ddt_bias, double *part, const float *dg,
+               const float *f, const float *A_log, const float *dt_bias, int64_t T, int64_t H,
+               int64_t dk, int64_t span, float g_min, int softplus) {
     __shared__ double sh_dA[GATE_MAX_DK];
     __shared__ double p_db[GATE_LANES][33], p_dA[GATE_LANES][33];
     const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-    const int64_t P = H * dk, h = blockIdx.x;
+    const int64_t P = H * dk, h = blockIdx.x, r0 = (int64_t)blockIdx.y * span;
+    const int64_t r1 = T - r0 < span ? T : r0 + span;
     const float a = expf(A_log[h]);
     for (int64_t g0 = 0; g0 < dk; g0 += 32) {
         const int64_t i = g0 + tx, c = h * dk + i;
         double db = 0.0, dA = 0.0;
         if (i < dk) {
             const float bias = dt_bias[c];
-            for (int64_t t = ty; t < T; t += GATE_LANES) {
+            for (int64_t t = r0 + ty; t < r1; t += GATE_LANES) {
                 const float d = dg[t * P + c];
                 float du;
                 if (softplus) {
@@ -62,11 +68,39 @@ __global__ void __launch_bounds__(32 * GATE_LANES)
             double sb = 0.0, sa = 0.0;
             for (int l = 0; l < GATE_LANES; l++)
                 sb += p_db[l][tx], sa += p_dA[l][tx];
-            if (ddt_bias) ddt_bias[c] += (float)sb;
-            sh_dA[i] = sa;
+            if (part) {
+                part[((int64_t)blockIdx.y * P + c) * 2] = sb;
+                part[((int64_t)blockIdx.y * P + c) * 2 + 1] = sa;
+            } else {
+                if (ddt_bias) ddt_bias[c] += (float)sb;
+                sh_dA[i] = sa;
+            }
         }
         __syncthreads();
     }
+    if (threadIdx.x == 0 && dA_log && !part) {
+        double s = 0.0;
+        for (int64_t i = 0; i < dk; i++)
+            s += sh_dA[i];
+        dA_log[h] += (float)s;
+    }
+}
+
+/* One block a head, a thread a channel: the spans' sums in span order, then dA in channel
+ * order (thread 0). */
+__global__ void k_gate_bwd_spans(float *dA_log, float *ddt_bias, const double *part, int64_t H,
+                                 int64_t dk, int64_t S) {
+    __shared__ double sh_dA[GATE_MAX_DK];
+    const int64_t P = H * dk, h = blockIdx.x;
+    for (int64_t i = threadIdx.x; i < dk; i += blockDim.x) {
+        const int64_t c = h * dk + i;
+        double sb = 0.0, sa = 0.0;
+        for (int64_t y = 0; y < S; y++)
+            sb += part[(y * P + c) * 2], sa += part[(y * P + c) * 2 + 1];
+        if (ddt_bias) ddt_bias[c] += (float)sb;
+        sh_dA[i] = sa;
+    }
+    __syncthreads();
     if (threadIdx.x == 0 && dA_log) {
         double s = 0.0;
         for (int64_t i = 0; i < dk; i++)
@@ -75,15 +109,28 @@ __global__ void __launch_bounds__(32 * GATE_LANES)
     }
 }
 
+/* Token spans of the gate backward: blocks for ARL_COLSUM_BLOCKS, at least 4 tokens a lane,
+ * the partials within ARL_CUDA_PARTIALS. */
+static int64_t gate_spans(int64_t T, int64_t H, int64_t dk) {
+    int64_t S = (ARL_COLSUM_BLOCKS + H - 1) / H;
+    if (S > T / (4 * GATE_LANES)) S = T / (4 * GATE_LANES);
+    if (S > ARL_CUDA_PARTIALS / (2 * H * dk)) S = ARL_CUDA_PARTIALS / (2 * H * dk);
+    return S < 1 ? 1 : S;
+}
+
 static void gate_bwd(float *df, float *dA_log, float *ddt_bias, const float *dg, const float *f,
                      const float *A_log, const float *dt_bias, int64_t T, int64_t H, int64_t dk,
                      float g_min, int softplus, const char *op) {
     arl_cuda_ctx *ctx = arl_cuda_need();
     if (T <= 0 || H <= 0) return;
     ARL_ASSERT(dk >= 1 && dk <= GATE_MAX_DK);
-    k_gate_bwd<<<(unsigned)H, 32 * GATE_LANES, 0, ctx->stream>>>(df, dA_log, ddt_bias, dg, f,
-                                                                 A_log, dt_bias, T, H, dk, g_min,
-                                                                 softplus);
+    const int64_t S = gate_spans(T, H, dk), span = (T + S - 1) / S;
+    k_gate_bwd<<<dim3((unsigned)H, (unsigned)S), 32 * GATE_LANES, 0, ctx->stream>>>(
+        df, dA_log, ddt_bias, S > 1 ? ctx->partials : NULL, dg, f, A_log, dt_bias, T, H, dk, span,
+        g_min, softplus);
+    if (S > 1)
+        k_gate_bwd_spans<<<(unsigned)H, 128, 0, ctx->stream>>>(dA_log, ddt_bias, ctx->partials, H,
+                                                               dk, S);
     ARL_CUDA_LAUNCHED(ctx, op);
 }
 

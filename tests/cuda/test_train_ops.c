@@ -60,6 +60,9 @@ static void test_gate_bwd(void) {
     gate_case(37, 3, 20, 1);
     gate_case(9, 2, 160, 0); /* dk above one block of 128 threads */
     gate_case(9, 2, 160, 1);
+    /* 700 tokens: the device splits them into 5 spans (a second pass adds the spans' sums) */
+    gate_case(700, 3, 40, 0);
+    gate_case(700, 3, 40, 1);
 }
 
 /* ---------------------------------------------------------------- gated output norm bwd */
