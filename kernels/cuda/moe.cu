@@ -45,37 +45,45 @@ __global__ void k_plan_scan(int32_t *offsets, int32_t *tiles, const int32_t *cou
     tiles[E] = t;
 }
 
+/* Expert e's rows in (token, slot) order: the entries walked in tiles of 256 x PLAN_RUN, each
+ * thread taking a run of PLAN_RUN consecutive entries; a block-wide exclusive scan of the runs'
+ * hit counts places each thread's hits after those of the runs before it.  Two barriers a
+ * tile of 4096 entries (were three for every 256). */
+#define PLAN_RUN 16
 __global__ void k_plan_rows(int32_t *row_src, int32_t *slot_row, const int32_t *offsets,
                             const int32_t *sel, int64_t n, int64_t k) {
-    __shared__ int32_t warp_cnt[32];
-    __shared__ int32_t base;
-    int32_t e = blockIdx.x;
-    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (threadIdx.x == 0) base = offsets[e];
-    __syncthreads();
-    for (int64_t i0 = 0; i0 < n; i0 += blockDim.x) {
-        int64_t i = i0 + threadIdx.x;
-        bool hit = i < n && sel[i] == e;
-        unsigned bal = __ballot_sync(0xffffffffu, hit);
-        if (lane == 0) warp_cnt[w] = __popc(bal);
-        __syncthreads();
-        int32_t before = 0;
-        for (int j = 0; j < w; j++)
-            before += warp_cnt[j];
-        before += __popc(bal & ((1u << lane) - 1u));
-        if (hit) {
-            int32_t row = base + before;
-            row_src[row] = (int32_t)(i / k);
-            slot_row[i] = row;
+    __shared__ int32_t warp_tot[32];
+    const int32_t e = blockIdx.x;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int32_t base = offsets[e];
+    for (int64_t i0 = 0; i0 < n; i0 += (int64_t)blockDim.x * PLAN_RUN) {
+        const int64_t r0 = i0 + (int64_t)threadIdx.x * PLAN_RUN;
+        uint32_t hits = 0; /* bit j: entry r0 + j is expert e's */
+#pragma unroll
+        for (int j = 0; j < PLAN_RUN; j++)
+            if (r0 + j < n && sel[r0 + j] == e) hits |= 1u << j;
+        /* exclusive scan of the runs' counts: within the warp, then over the warps */
+        const int32_t cnt = __popc(hits);
+        int32_t incl = cnt;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
         }
+        if (lane == 31) warp_tot[w] = incl;
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int32_t tot = 0;
-            for (int j = 0; j < nw; j++)
-                tot += warp_cnt[j];
-            base += tot;
+        int32_t before = incl - cnt, tile = 0;
+        for (int j = 0; j < nw; j++) {
+            if (j < w) before += warp_tot[j];
+            tile += warp_tot[j];
         }
-        __syncthreads();
+        int32_t row = base + before;
+        for (int j = 0; j < PLAN_RUN; j++)
+            if (hits >> j & 1u) {
+                row_src[row] = (int32_t)((r0 + j) / k);
+                slot_row[r0 + j] = row++;
+            }
+        base += tile;
+        __syncthreads(); /* warp_tot read by all before the next tile writes it */
     }
 }
 

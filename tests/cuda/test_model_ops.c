@@ -510,6 +510,54 @@ static void test_qb(void) {
 }
 
 /* ---------------------------------------------------------------- MoE */
+/* The plan alone at more entries than one tile of the device's row pass (4096): counts,
+ * offsets and each expert's rows in (token, slot) order, exact. */
+static void test_moe_plan(void) {
+    CT_CASE_BEGIN;
+    const int64_t T = 3000, k = 3, E = 37, R = T * k;
+    int32_t *sel = ct_host(sizeof(int32_t) * R);
+    for (int64_t t = 0; t < T; t++) /* k distinct experts a token, expert 36 never chosen */
+        for (int64_t i = 0; i < k; i++) {
+            int32_t e;
+            int dup;
+            do {
+                e = (int32_t)arl_rng_below(&ct_rng, (uint64_t)(E - 1));
+                dup = 0;
+                for (int64_t j = 0; j < i; j++)
+                    dup |= sel[t * k + j] == e;
+            } while (dup);
+            sel[t * k + i] = e;
+        }
+    int32_t *d_sel = ct_dev_i32(sel, R);
+    int32_t *d_buf = ct_dev_i32(NULL, arl_cuda_moe_plan_ints(T, k, E));
+    arl_cuda_moe_plan plan;
+    arl_cuda_moe_plan_build(&plan, d_buf, d_sel, T, k, E);
+    int32_t *cnt = ct_get_i32(plan.counts, E), *off = ct_get_i32(plan.offsets, E + 1);
+    int32_t *src = ct_get_i32(plan.row_src, R), *slot = ct_get_i32(plan.slot_row, R);
+    int32_t want[37] = {0}, cursor[37], o = 0;
+    for (int64_t i = 0; i < R; i++)
+        want[sel[i]]++;
+    for (int64_t e = 0; e < E; e++) {
+        CHECK_EQ_INT(cnt[e], want[e]);
+        CHECK_EQ_INT(off[e], o);
+        cursor[e] = o;
+        o += want[e];
+    }
+    CHECK_EQ_INT(off[E], (int32_t)R);
+    CHECK_EQ_INT(cnt[E - 1], 0);
+    int bad = 0;
+    for (int64_t i = 0; i < R && bad < 5; i++) {
+        int32_t row = cursor[sel[i]]++;
+        if (slot[i] != row || src[row] != (int32_t)(i / k)) {
+            CHECK_MSG(0, "entry %lld: row %d (want %d), source %d (want %lld)", (long long)i,
+                      slot[i], row, src[row], (long long)(i / k));
+            bad++;
+        }
+    }
+    free(sel), free(cnt), free(off), free(src), free(slot);
+    CT_CASE_END;
+}
+
 static void test_moe(void) {
     CT_CASE_BEGIN;
     const int64_t T = 40, k = 4, E = 8, K = 48, N = 32, R = T * k;
@@ -899,6 +947,7 @@ int main(void) {
     TEST_RUN(test_attnres);
     TEST_RUN(test_router);
     TEST_RUN(test_qb);
+    TEST_RUN(test_moe_plan);
     TEST_RUN(test_moe);
     TEST_RUN(test_moe_wide);
     TEST_RUN(test_adamw);

@@ -48,6 +48,11 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
 template <class T> static inline T __shfl_sync(unsigned, T v, int src) {
     return emu_shfl(v, src);
 }
+/* lane - d's value; lanes below d keep their own (PTX shfl.up) */
+template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d) {
+    const int l = (int)(threadIdx.x & 31);
+    return emu_shfl(v, l >= (int)d ? l - (int)d : l);
+}
 unsigned __ballot_sync(unsigned, int p);
 static inline int __popc(unsigned x) {
     return __builtin_popcount(x);
