@@ -13,7 +13,11 @@
  *   - MLA prefill attention (mini dims: 8 heads, q/k 64+32, v 128, T=8192, causal): TFLOP/s,
  *     forward and backward;
  *   - the dense GEMMs of the training step (fp32 operands under the bf16 math mode) against
- *     bf16 operands at the same shapes, and the rounding pass bf16 operands would cost.
+ *     bf16 operands at the same shapes, and the rounding pass bf16 operands would cost;
+ *   - the KDA short convolution (mini: 1024 channels, width 4, 16 documents of 1024 tokens with
+ *     tails), forward and backward, against the time of copying their minimal bytes;
+ *   - row kernels at the training step's shapes (RMSNorm of the hidden 1024, L2 norm of
+ *     128-wide heads, log-probs over the 384-token vocabulary) against their minimal bytes.
  * The PyTorch baselines (eager chunked KDA, SDPA) come from bench/gpu/torch_ref.py; run.sh
  * joins the two outputs.  Output: human-readable lines and "RESULT key=value" lines.
  * `--quick` shrinks every size (a smoke run of a few seconds).  Exits 77 without a GPU.
@@ -128,6 +132,71 @@ static void bench_dense(int quick, int64_t N, const char *tag) {
     printf("RESULT dense_%s_f32_bf16math_tflops=%.3f\nRESULT dense_%s_bf16_tflops=%.3f\n"
            "RESULT dense_%s_round_ms=%.4f\n",
            tag, fl / f32_ms / 1e9, tag, fl / bf_ms / 1e9, tag, cv_ms);
+    arl_cuda_release(ctx, mark);
+}
+
+/* ---------------------------------------------------------------- short conv */
+/* Minimal bytes: forward x in, z and y out; backward x and dz in, dx read and written (+=); the
+ * taps, tails and weight gradient are small. */
+static void bench_conv(int quick, double copy_bw) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t T = quick ? 2048 : 16384, C = 1024, W = 4;
+    const int32_t N = (int32_t)(T / 1024);
+    int32_t cu_h[17];
+    for (int32_t i = 0; i <= N; i++)
+        cu_h[i] = i * 1024;
+    int32_t *cu = dalloc(sizeof(int32_t) * (size_t)(N + 1), "conv cu");
+    if (arl_cuda_upload(ctx, cu, cu_h, sizeof(int32_t) * (size_t)(N + 1)) != ARL_OK) die("conv cu");
+    float *x = drand(T * C, -2, 2, "conv x"), *w = drand(C * W, -0.5f, 0.5f, "conv w");
+    float *tails = drand(N * C * (W - 1), -1, 1, "conv tails"), *dz = drand(T * C, -1, 1, "dz");
+    float *z = dalloc(sizeof(float) * (size_t)(T * C), "conv z");
+    float *y = dalloc(sizeof(float) * (size_t)(T * C), "conv y");
+    float *dx = dalloc(sizeof(float) * (size_t)(T * C), "conv dx");
+    float *dw = dalloc(sizeof(float) * (size_t)(C * W), "conv dw");
+    float fwd_ms, bwd_ms;
+    TIME_MS(fwd_ms, 10, arl_cuda_conv_fwd(z, y, x, w, tails, cu, N, T, C, W));
+    TIME_MS(bwd_ms, 10, arl_cuda_conv_bwd(dx, dw, dz, x, w, tails, cu, N, T, C, W));
+    const double fwd_min = 3.0 * 4.0 * (double)(T * C) / copy_bw * 1e3;
+    const double bwd_min = 4.0 * 4.0 * (double)(T * C) / copy_bw * 1e3;
+    printf("short conv T=%lld C=%lld W=%lld: fwd %.3f ms (%.2fx its minimal-bytes copy), bwd "
+           "%.3f ms (%.2fx)\n",
+           (long long)T, (long long)C, (long long)W, fwd_ms, fwd_ms / fwd_min, bwd_ms,
+           bwd_ms / bwd_min);
+    printf("RESULT conv_fwd_ms=%.4f\nRESULT conv_fwd_over_copy=%.3f\nRESULT conv_bwd_ms=%.4f\n"
+           "RESULT conv_bwd_over_copy=%.3f\n",
+           fwd_ms, fwd_ms / fwd_min, bwd_ms, bwd_ms / bwd_min);
+    arl_cuda_release(ctx, mark);
+}
+
+/* ---------------------------------------------------------------- row kernels */
+/* Minimal bytes: RMSNorm x in, y out; L2 norm x in, y out; log-probs the logits in (three
+ * floats a row out). */
+static void bench_rows(int quick, double copy_bw) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t T = quick ? 2048 : 16384, d = 1024, H = 8, dh = 128, V = 384;
+    float *x = drand(T * d, -2, 2, "rows x"), *w = drand(d, 0.5f, 1.5f, "rows w");
+    float *y = dalloc(sizeof(float) * (size_t)(T * d), "rows y");
+    float *r = dalloc(sizeof(float) * (size_t)(T * H), "rows r");
+    float *z = drand(T * V, -8, 8, "rows logits");
+    float *lp = dalloc(sizeof(float) * (size_t)T, "logp"),
+          *lse = dalloc(sizeof(float) * (size_t)T, "lse");
+    float *ent = dalloc(sizeof(float) * (size_t)T, "entropy");
+    int32_t *tg = dalloc(sizeof(int32_t) * (size_t)T, "targets");
+    arl_cuda_memset0(ctx, tg, sizeof(int32_t) * (size_t)T);
+    float rms_ms, l2_ms, lp_ms;
+    TIME_MS(rms_ms, 10, kb->rmsnorm_fwd(y, r, x, w, T, d, 1e-5f));
+    TIME_MS(l2_ms, 10, kb->l2norm_fwd(y, r, x, T * H, dh, 1e-6f));
+    TIME_MS(lp_ms, 10, kb->logprob_fwd(lp, lse, ent, z, tg, T, V));
+    const double rms_min = 2.0 * 4.0 * (double)(T * d) / copy_bw * 1e3;
+    const double l2_min = 2.0 * 4.0 * (double)(T * H * dh) / copy_bw * 1e3;
+    const double lp_min = 4.0 * (double)(T * V + 4 * T) / copy_bw * 1e3;
+    printf("row kernels, %lld rows: RMSNorm x 1024 %.4f ms (%.2fx its minimal-bytes copy), L2 "
+           "norm of %lld heads x 128 %.4f ms (%.2fx), log-probs x 384 %.4f ms (%.2fx)\n",
+           (long long)T, rms_ms, rms_ms / rms_min, (long long)H, l2_ms, l2_ms / l2_min, lp_ms,
+           lp_ms / lp_min);
+    printf("RESULT rows_rmsnorm_over_copy=%.3f\nRESULT rows_l2norm_over_copy=%.3f\n"
+           "RESULT rows_logprob_over_copy=%.3f\n",
+           rms_ms / rms_min, l2_ms / l2_min, lp_ms / lp_min);
     arl_cuda_release(ctx, mark);
 }
 
@@ -340,6 +409,7 @@ static void bench_mla(int quick) {
 
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each RESULT line out at once: a crash keeps them */
     if (arl_cuda_device_count() == 0) {
         fprintf(stderr, "bench_gpu: no CUDA device (or a build without CUDA)\n");
         return 77;
@@ -380,6 +450,8 @@ int main(int argc, char **argv) {
         bench_moe("coarse", 8192, 8, 2, 2048, 512); /* few large experts, same latent width */
     }
     bench_mla(quick);
+    bench_conv(quick, bw);
+    bench_rows(quick, bw);
     printf("RESULT mfu_train_step=not_measured\n");
     arl_cuda_close(ctx);
     return 0;

@@ -67,6 +67,7 @@ static double cublas_bf16_tflops(arl_cuda_ctx *ctx, int64_t n) {
 
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line out at once: a timeout keeps them */
     if (arl_cuda_device_count() == 0) {
         fprintf(stderr, "bench_model: no CUDA device (or a build without CUDA)\n");
         return 77;

@@ -105,6 +105,7 @@ static arl_status run_opt(void *v) {
 
 int main(int argc, char **argv) {
     int quick = 0, bf16_only = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0); /* each line out at once: a timeout keeps them */
     for (int i = 1; i < argc; i++) {
         quick |= strcmp(argv[i], "--quick") == 0;
         bf16_only |= strcmp(argv[i], "--bf16") == 0;

@@ -143,6 +143,8 @@ END {
     printf f, "  training path (fp32 operands) fwd / dX / dW, coarse", v["moe_coarse_train_fwd_ratio"] " / " v["moe_coarse_train_dx_ratio"] " / " v["moe_coarse_train_wgrad_ratio"]
     printf f, "dense GEMM 16384x1024x1024, fp32 / bf16 operands", sprintf("%s / %s TFLOP/s (rounding both operands %s ms)", v["dense_n1024_f32_bf16math_tflops"], v["dense_n1024_bf16_tflops"], v["dense_n1024_round_ms"])
     printf f, "dense GEMM 16384x4096x1024, fp32 / bf16 operands", sprintf("%s / %s TFLOP/s (rounding both operands %s ms)", v["dense_n4096_f32_bf16math_tflops"], v["dense_n4096_bf16_tflops"], v["dense_n4096_round_ms"])
+    printf f, "short conv fwd / bwd time over minimal-bytes copy", v["conv_fwd_over_copy"] "x / " v["conv_bwd_over_copy"] "x"
+    printf f, "RMSNorm / L2 norm / log-probs over minimal-bytes copy", v["rows_rmsnorm_over_copy"] "x / " v["rows_l2norm_over_copy"] "x / " v["rows_logprob_over_copy"] "x"
     if (v["torch_sdpa_tflops"] != "" && v["torch_sdpa_tflops"] > 0)
         printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", sprintf("%.3f (%.2f vs %.1f TFLOP/s)", v["mla_tflops"] / v["torch_sdpa_tflops"], v["mla_tflops"], v["torch_sdpa_tflops"])
     else

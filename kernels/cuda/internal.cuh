@@ -16,7 +16,7 @@ extern "C" {
 }
 
 /* Internal part of the arena (carved off first at open). */
-#define ARL_CUDA_PARTIALS 16384               /* doubles for two-pass reductions */
+#define ARL_CUDA_PARTIALS (1 << 17)           /* doubles for two-pass reductions */
 #define ARL_CUDA_INDEX_INTS (1 << 16)         /* int32 index tables (chunk maps, MoE) */
 #define ARL_CUDA_CUBLAS_WS ((size_t)32 << 20) /* cuBLAS workspace */
 
@@ -387,6 +387,32 @@ __device__ static inline double arl_block_sum_d(double v, double *sh) {
     }
     __syncthreads();
     return sh[32];
+}
+
+/* arl_block_sum_d of n <= K values at once (v[0 .. n) replaced by their block sums, each summed
+ * in the same order as arl_block_sum_d would: the same bits), with three barriers in all
+ * instead of three a value.  sh: 33 K doubles. */
+template <int K> __device__ static inline void arl_block_sum_dn(double *v, int n, double *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (k < n) v[k] = arl_warp_sum_d(v[k]);
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0)
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            if (k < n) sh[k * 33 + w] = v[k];
+    __syncthreads();
+    if (w == 0)
+        for (int k = 0; k < n; k++) {
+            double t = lane < nw ? sh[k * 33 + lane] : 0.0;
+            t = arl_warp_sum_d(t);
+            if (lane == 0) sh[k * 33 + 32] = t;
+        }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (k < n) v[k] = sh[k * 33 + 32];
 }
 
 /* Block-wide max (float); NaN-propagating when nan_prop. sh: 33 floats. */

@@ -36,46 +36,104 @@ __global__ void k_conv_fwd(float *z, float *y, const float *x, const float *w, c
     }
 }
 
-/* dx[tau, c] += sum_j w[c, j] dy_{tau + W-1-j}[c] over outputs in the same document. */
-__global__ void k_conv_bwd_x(float *dx, const float *dz, const float *x, const float *w,
-                             const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
-                             int64_t W) {
-    ARL_GRID_STRIDE(i, T * C) {
-        int64_t tau = i / C, c = i % C;
-        int32_t di = arl_doc_of(cu, N, tau);
-        int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
-        const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
-        float acc = 0.0f;
-        for (int64_t j = W - 1; j >= 0; j--) {
-            int64_t t = tau + (W - 1 - j);
-            if (t >= b) continue;
-            float y = conv_pre(x, w, tail, a, t - a, c, C, W);
-            float s = arl_sigmoidf(y);
-            float dy = dz[t * C + c] * s * (1.0f + y * (1.0f - s));
-            acc += w[c * W + j] * dy;
-        }
-        dx[i] += acc;
+/* The backward of the conv: dy_t = dz_t SiLU'(y_t) once per output token, then
+ *   dx[tau, c] += sum_j w[c, j] dy_{tau + W-1-j}[c]   over outputs in tau's document,
+ *   dw[c, j]   += sum_t dy_t[c] x_{t-W+1+j}[c]          (the tails before a document's start).
+ * A block takes 32 channels and a span of tokens, walked in tiles of CONV_BWD_TILE: the dy of a
+ * tile and of the W - 1 tokens after it (those its dx read) go to shared memory, each thread's
+ * channel taking tokens ty, ty + CONV_BWD_LANES, ...; the thread's dw sums (one a tap, in
+ * double) run over the tile's own tokens from the same loads that gave y.  A span's dw sums
+ * are added in lane order, and the spans' in span order by k_colsum_spans: the same result
+ * every run.  Was: the pre-activation recomputed for every tap of dx and every (tap, tap) pair
+ * of dw, with a document search per term. */
+#define CONV_BWD_TILE 64
+#define CONV_BWD_LANES 8
+#define CONV_MAX_W 16
+#define CONV_BWD_BLOCKS 528 /* blocks aimed at: four an SM of a 132-SM H100 / H200 */
+
+/* MW: the widest W the instance takes (its register arrays; the config's W = 4 has its own) */
+template <int MW>
+__global__ void __launch_bounds__(32 * CONV_BWD_LANES)
+    k_conv_bwd(float *dx, float *dw, double *part, const float *dz, const float *x, const float *w,
+               const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W,
+               int64_t span) {
+    __shared__ float sdy[CONV_BWD_TILE + MW - 1][32]; /* (tile + W - 1, 32 channels) */
+    __shared__ double sh[CONV_BWD_LANES][33];
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const int64_t c = (int64_t)blockIdx.x * 32 + tx, r0 = (int64_t)blockIdx.y * span;
+    const int64_t r1 = T - r0 < span ? T : r0 + span;
+    const bool on = c < C;
+    float wr[MW];
+    double acc[MW];
+#pragma unroll
+    for (int j = 0; j < MW; j++) {
+        wr[j] = on && j < W ? w[c * W + j] : 0.0f;
+        acc[j] = 0.0;
     }
+    for (int64_t t0 = r0; t0 < r1; t0 += CONV_BWD_TILE) {
+        const int64_t own = r1 - t0 < CONV_BWD_TILE ? r1 - t0 : CONV_BWD_TILE;
+        const int64_t ext = T - t0 < own + W - 1 ? T - t0 : own + W - 1;
+        for (int64_t i = ty; on && i < ext; i += CONV_BWD_LANES) {
+            const int64_t t = t0 + i;
+            const int32_t di = arl_doc_of(cu, N, t);
+            const int64_t a = cu ? cu[di] : 0;
+            const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
+            float in[MW], y = 0.0f; /* y in ascending taps, as conv_pre */
+#pragma unroll
+            for (int j = 0; j < MW; j++)
+                if (j < W) {
+                    in[j] = conv_in(x, tail, a, t - a - (W - 1) + j, c, C, W);
+                    y += wr[j] * in[j];
+                }
+            const float s = arl_sigmoidf(y);
+            const float dy = dz[t * C + c] * s * (1.0f + y * (1.0f - s));
+            sdy[i][tx] = dy;
+            if (dw && i < own)
+#pragma unroll
+                for (int j = 0; j < MW; j++)
+                    if (j < W) acc[j] += (double)(dy * in[j]);
+        }
+        __syncthreads();
+        for (int64_t i = ty; on && i < own; i += CONV_BWD_LANES) {
+            const int64_t tau = t0 + i;
+            const int32_t di = arl_doc_of(cu, N, tau);
+            const int64_t b = cu ? cu[di + 1] : T;
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = MW - 1; j >= 0; j--)
+                if (j < W && tau + (W - 1 - j) < b) sum += wr[j] * sdy[i + (W - 1 - j)][tx];
+            dx[tau * C + c] += sum;
+        }
+        __syncthreads();
+    }
+    if (!dw) return;
+#pragma unroll
+    for (int j = 0; j < MW; j++)
+        if (j < W) { /* W is the block's: the barriers are reached by all or none */
+            sh[ty][tx] = acc[j];
+            __syncthreads();
+            if (ty == 0 && on) {
+                double sum = 0.0;
+                for (int l = 0; l < CONV_BWD_LANES; l++)
+                    sum += sh[l][tx];
+                if (part)
+                    part[blockIdx.y * C * W + c * W + j] = sum;
+                else
+                    dw[c * W + j] += (float)sum;
+            }
+            __syncthreads();
+        }
 }
 
-/* dw[c, j] += sum_t dy_t[c] x_{t-W+1+j}[c]: column c W + j of arl_colsum (deterministic; the
- * tokens of all documents in order, split over lanes). */
-struct conv_dw_term {
-    const float *dz, *x, *w, *tails;
-    const int32_t *cu;
-    int32_t N;
-    int64_t T, C, W;
-    __device__ double operator()(int64_t t, int64_t col) const {
-        const int64_t c = col / W, j = col % W;
-        const int32_t di = arl_doc_of(cu, N, t);
-        const int64_t a = cu ? cu[di] : 0;
-        const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
-        const float y = conv_pre(x, w, tail, a, t - a, c, C, W);
-        const float s = arl_sigmoidf(y);
-        const float dy = dz[t * C + c] * s * (1.0f + y * (1.0f - s));
-        return (double)(dy * conv_in(x, tail, a, t - a - (W - 1) + j, c, C, W));
-    }
-};
+/* Token spans of the conv backward: blocks for CONV_BWD_BLOCKS, at least a tile of tokens a
+ * span, the dw partials within ARL_CUDA_PARTIALS. */
+static int64_t conv_bwd_spans(int64_t T, int64_t C, int64_t W) {
+    const int64_t nb = (C + 31) / 32;
+    int64_t S = (CONV_BWD_BLOCKS + nb - 1) / nb;
+    if (S > T / CONV_BWD_TILE) S = T / CONV_BWD_TILE;
+    if (S > ARL_CUDA_PARTIALS / (C * W)) S = ARL_CUDA_PARTIALS / (C * W);
+    return S < 1 ? 1 : S;
+}
 
 extern "C" void arl_cuda_conv_fwd(float *z, float *y, const float *x, const float *w,
                                   const float *tails, const int32_t *cu, int32_t N, int64_t T,
@@ -91,12 +149,18 @@ extern "C" void arl_cuda_conv_bwd(float *dx, float *dw, const float *dz, const f
                                   const float *w, const float *tails, const int32_t *cu, int32_t N,
                                   int64_t T, int64_t C, int64_t W) {
     arl_cuda_ctx *c = arl_cuda_need();
-    ARL_ASSERT(W >= 1 && W <= 16 && C >= 1 && N >= 1);
+    ARL_ASSERT(W >= 1 && W <= CONV_MAX_W && C >= 1 && N >= 1);
     if (T == 0) return;
-    k_conv_bwd_x<<<arl_blocks(T * C, 256), 256, 0, c->stream>>>(dx, dz, x, w, tails, cu, N, T, C,
-                                                                W);
-    if (dw)
-        arl_colsum(c, T, C * W, conv_dw_term{dz, x, w, tails, cu, N, T, C, W}, arl_colsum_add{dw});
+    const int64_t S = conv_bwd_spans(T, C, W), span = (T + S - 1) / S;
+    const dim3 grid((unsigned)((C + 31) / 32), (unsigned)S);
+    void (*kern)(float *, float *, double *, const float *, const float *, const float *,
+                 const float *, const int32_t *, int32_t, int64_t, int64_t, int64_t, int64_t) =
+        W <= 4 ? k_conv_bwd<4> : k_conv_bwd<CONV_MAX_W>;
+    kern<<<grid, 32 * CONV_BWD_LANES, 0, c->stream>>>(dx, dw, dw && S > 1 ? c->partials : NULL, dz,
+                                                      x, w, tails, cu, N, T, C, W, span);
+    if (dw && S > 1)
+        k_colsum_spans<arl_colsum_add><<<arl_blocks(C * W, 256), 256, 0, c->stream>>>(
+            C * W, S, c->partials, arl_colsum_add{dw});
     ARL_CUDA_LAUNCHED(c, "conv_bwd");
 }
 
@@ -109,23 +173,44 @@ typedef struct dsrcs {
     float *p[ARL_CUDA_ATTNRES_MAX];
 } dsrcs;
 
-/* Per token (one block): rho_j, z_j, a_j into shared arrays (double, as the CPU). */
-__device__ static void mix_weights(double *rho, double *z, double *a, const srcs *S, int32_t N,
-                                   int64_t t, int64_t d, const float *wn, const float *wp,
-                                   float eps, double *sh) {
-    for (int32_t j = 0; j < N; j++) {
-        const float *V = S->p[j] + t * d;
-        double ss = 0.0, dot = 0.0;
+/* Per token (one block): rho_j, z_j, a_j into shared arrays (double, as the CPU), and with
+ * g (the token's output gradient, the backward) da_j = g . V_j.  The sources' sums run
+ * MIX_GROUP sources at a time in one pass over the row with one block reduction
+ * (arl_block_sum_dn): the same sums as one reduction a source and value, in the same order,
+ * with three barriers a group instead of three a source and value.  sh: 33 x 3 MIX_GROUP
+ * doubles. */
+#define MIX_GROUP 8
+template <bool BWD>
+__device__ static void mix_weights(double *rho, double *z, double *a, double *da, const srcs *S,
+                                   int32_t N, int64_t t, int64_t d, const float *wn,
+                                   const float *wp, const float *g, float eps, double *sh) {
+    constexpr int NV = BWD ? 3 : 2; /* |V|^2, (w_norm w_proj) . V, g . V */
+    for (int32_t j0 = 0; j0 < N; j0 += MIX_GROUP) {
+        const int ng = N - j0 < MIX_GROUP ? (int)(N - j0) : MIX_GROUP;
+        double v[MIX_GROUP * NV];
+#pragma unroll
+        for (int u = 0; u < MIX_GROUP * NV; u++)
+            v[u] = 0.0;
         for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-            ss += (double)V[i] * V[i];
-            dot += (double)wn[i] * wp[i] * V[i];
+            const double w = (double)wn[i] * wp[i], gi = BWD ? (double)g[t * d + i] : 0.0;
+#pragma unroll
+            for (int jj = 0; jj < MIX_GROUP; jj++)
+                if (jj < ng) {
+                    const float x = S->p[j0 + jj][t * d + i];
+                    v[jj * NV] += (double)x * x;
+                    v[jj * NV + 1] += w * x;
+                    if (BWD) v[jj * NV + 2] += gi * x;
+                }
         }
-        ss = arl_block_sum_d(ss, sh);
-        dot = arl_block_sum_d(dot, sh);
-        if (threadIdx.x == 0) {
-            rho[j] = 1.0 / sqrt(ss / (double)d + (double)eps);
-            z[j] = rho[j] * dot;
-        }
+        arl_block_sum_dn<MIX_GROUP * NV>(v, ng * NV, sh);
+        if (threadIdx.x == 0)
+#pragma unroll
+            for (int jj = 0; jj < MIX_GROUP; jj++)
+                if (jj < ng) {
+                    rho[j0 + jj] = 1.0 / sqrt(v[jj * NV] / (double)d + (double)eps);
+                    z[j0 + jj] = rho[j0 + jj] * v[jj * NV + 1];
+                    if (BWD) da[j0 + jj] = v[jj * NV + 2];
+                }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -144,10 +229,10 @@ __device__ static void mix_weights(double *rho, double *z, double *a, const srcs
 
 __global__ void k_mix_fwd(float *out, float *aw, srcs S, int32_t N, int64_t T, int64_t d,
                           const float *wn, const float *wp, float eps) {
-    __shared__ double sh[33];
+    __shared__ double sh[33 * 2 * MIX_GROUP];
     __shared__ double rho[ARL_CUDA_ATTNRES_MAX], z[ARL_CUDA_ATTNRES_MAX], a[ARL_CUDA_ATTNRES_MAX];
     int64_t t = blockIdx.x;
-    mix_weights(rho, z, a, &S, N, t, d, wn, wp, eps, sh);
+    mix_weights<false>(rho, z, a, NULL, &S, N, t, d, wn, wp, NULL, eps, sh);
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
         double acc = 0.0;
         for (int32_t j = 0; j < N; j++)
@@ -160,21 +245,12 @@ __global__ void k_mix_fwd(float *out, float *aw, srcs S, int32_t N, int64_t T, i
 /* Per token: dsrc, and (dz_j, rho_j, z_j) kept in ws for the weight gradient. */
 __global__ void k_mix_bwd(dsrcs D, float *ws, const float *dh, srcs S, int32_t N, int64_t T,
                           int64_t d, const float *wn, const float *wp, float eps) {
-    __shared__ double sh[33];
+    __shared__ double sh[33 * 3 * MIX_GROUP];
     __shared__ double rho[ARL_CUDA_ATTNRES_MAX], z[ARL_CUDA_ATTNRES_MAX], a[ARL_CUDA_ATTNRES_MAX];
     __shared__ double dz[ARL_CUDA_ATTNRES_MAX];
     int64_t t = blockIdx.x;
     const float *g = dh + t * d;
-    mix_weights(rho, z, a, &S, N, t, d, wn, wp, eps, sh);
-    for (int32_t j = 0; j < N; j++) {
-        const float *V = S.p[j] + t * d;
-        double da = 0.0;
-        for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
-            da += (double)g[i] * V[i];
-        da = arl_block_sum_d(da, sh);
-        if (threadIdx.x == 0) dz[j] = da;
-    }
-    __syncthreads();
+    mix_weights<true>(rho, z, a, dz, &S, N, t, d, wn, wp, dh, eps, sh); /* dz = g . V_j */
     if (threadIdx.x == 0) {
         double mean = 0.0;
         for (int32_t j = 0; j < N; j++)

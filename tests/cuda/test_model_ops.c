@@ -35,30 +35,43 @@ static void l2rows(float *x, int64_t n, int64_t d) {
 }
 
 /* ---------------------------------------------------------------- short conv */
-static void test_conv(void) {
-    CT_CASE_BEGIN;
-    const int32_t N = 3;
-    const int64_t T = 50, C = 24, W = 4;
-    int32_t cu[4] = {0, 2, 30, 50}; /* document 0 shorter than W - 1 */
+/* One conv shape forward and backward against policy/kda.c (tails NULL: zeros before each
+ * document; with_dw 0: the backward without a weight gradient). */
+static void conv_case(int32_t N, const int32_t *cu, int64_t T, int64_t C, int64_t W, int with_tails,
+                      int with_dw) {
     float *x = ct_rand(T * C, -2, 2), *w = ct_rand(C * W, -0.5f, 0.5f);
-    float *tails = ct_rand(N * C * (W - 1), -1, 1), *dz = ct_rand(T * C, -1, 1);
+    float *tails = ct_rand(N * C * (W - 1) + 1, -1, 1), *dz = ct_rand(T * C, -1, 1);
     float *z = ct_host(sizeof(float) * T * C), *y = ct_host(sizeof(float) * T * C);
     float *dx = ct_rand(T * C, -1, 1), *dw = ct_rand(C * W, -1, 1);
-    float *d_x = ct_dev(x, T * C), *d_w = ct_dev(w, C * W), *d_t = ct_dev(tails, N * C * (W - 1));
+    float *d_x = ct_dev(x, T * C), *d_w = ct_dev(w, C * W);
+    float *d_t = ct_dev(tails, N * C * (W - 1) + 1);
     float *d_dz = ct_dev(dz, T * C), *d_z = ct_dev(NULL, T * C), *d_y = ct_dev(NULL, T * C);
     float *d_dx = ct_dev(dx, T * C), *d_dw = ct_dev(dw, C * W);
     int32_t *d_cu = ct_dev_i32(cu, N + 1);
-    arl_cuda_conv_fwd(d_z, d_y, d_x, d_w, d_t, d_cu, N, T, C, W);
-    arl_cuda_conv_bwd(d_dx, d_dw, d_dz, d_x, d_w, d_t, d_cu, N, T, C, W);
-    arl_kda_conv_fwd(z, y, x, w, tails, cu, N, T, C, W);
-    arl_kda_conv_bwd(dx, dw, dz, x, w, tails, cu, N, T, C, W);
+    const float *tl = with_tails ? tails : NULL, *d_tl = with_tails ? d_t : NULL;
+    arl_cuda_conv_fwd(d_z, d_y, d_x, d_w, d_tl, d_cu, N, T, C, W);
+    arl_cuda_conv_bwd(d_dx, with_dw ? d_dw : NULL, d_dz, d_x, d_w, d_tl, d_cu, N, T, C, W);
+    arl_kda_conv_fwd(z, y, x, w, tl, cu, N, T, C, W);
+    arl_kda_conv_bwd(dx, with_dw ? dw : NULL, dz, x, w, tl, cu, N, T, C, W);
     /* same tap order on both sides; SiLU and its derivative: rtol 2e-5 */
     ct_check("conv_fwd y", d_y, y, T * C, 1e-6, 1e-5);
     ct_check("conv_fwd z", d_z, z, T * C, 1e-6, 2e-5);
     ct_check("conv_bwd dx (+=)", d_dx, dx, T * C, 2e-6, 2e-5);
-    /* dw sums 50 tokens in a different order: 1e-5 of max|ref| */
+    /* dw sums the tokens in a different order (double on the device): 1e-5 of max|ref| */
     ct_check_maxref("conv_bwd dw (+=)", d_dw, dw, C * W, 1e-6, 1e-5);
     free(x), free(w), free(tails), free(dz), free(z), free(y), free(dx), free(dw);
+}
+
+static void test_conv(void) {
+    CT_CASE_BEGIN;
+    const int32_t cu3[4] = {0, 2, 30, 50}; /* document 0 shorter than W - 1 */
+    conv_case(3, cu3, 50, 24, 4, 1, 1);
+    /* several spans and tiles of the device backward: a one-token document, boundaries on a
+     * tile edge (64) and one token past it, a partial block of channels (40 = 32 + 8) */
+    const int32_t cu6[7] = {0, 1, 64, 65, 200, 431, 700};
+    conv_case(6, cu6, 700, 40, 4, 1, 1);
+    conv_case(6, cu6, 700, 33, 7, 0, 1);
+    conv_case(6, cu6, 700, 40, 1, 1, 0);
     CT_CASE_END;
 }
 
@@ -384,16 +397,17 @@ static void test_mla_tc(void) {
 }
 
 /* ---------------------------------------------------------------- AttnRes */
-static void test_attnres(void) {
-    CT_CASE_BEGIN;
-    enum { NS = 5 };
-    const int64_t T = 6, d = 96;
-    float *src[NS], *dsrc[NS], *d_src[NS], *d_dsrc[NS];
+/* NS sources of T tokens of width d, source 2 without a gradient wanted. */
+#define ATTNRES_TEST_MAX 11
+static void attnres_case(int NS, int64_t T, int64_t d) {
+    float *src[ATTNRES_TEST_MAX], *dsrc[ATTNRES_TEST_MAX], *d_src[ATTNRES_TEST_MAX];
+    float *d_dsrc[ATTNRES_TEST_MAX], *dsrc_cpu[ATTNRES_TEST_MAX];
     for (int j = 0; j < NS; j++) {
         src[j] = ct_rand(T * d, -3, 3);
         dsrc[j] = ct_rand(T * d, -1, 1);
         d_src[j] = ct_dev(src[j], T * d);
         d_dsrc[j] = j == 2 ? NULL : ct_dev(dsrc[j], T * d); /* one gradient not wanted */
+        dsrc_cpu[j] = j == 2 ? NULL : dsrc[j];
     }
     float *wn = ct_rand(d, 0.5f, 1.5f), *wp = ct_rand(d, -0.3f, 0.3f), *dh = ct_rand(T * d, -1, 1);
     float *out = ct_host(sizeof(float) * T * d), *a = ct_host(sizeof(float) * NS * T);
@@ -404,9 +418,6 @@ static void test_attnres(void) {
     arl_cuda_attnres_mix_fwd(d_out, d_a, (const float *const *)d_src, NS, T, d, d_wn, d_wp, 1e-5f);
     arl_cuda_attnres_mix_bwd(d_dsrc, d_dwn, d_dwp, d_dh, (const float *const *)d_src, NS, T, d,
                              d_wn, d_wp, 1e-5f, d_ws);
-    float *dsrc_cpu[NS];
-    for (int j = 0; j < NS; j++)
-        dsrc_cpu[j] = j == 2 ? NULL : dsrc[j];
     arl_attnres_mix_fwd(out, a, (const float *const *)src, NS, T, d, wn, wp, 1e-5f);
     arl_attnres_mix_bwd(dsrc_cpu, dwn, dwp, dh, (const float *const *)src, NS, T, d, wn, wp, 1e-5f);
     /* both in double internally: 1e-5 relative */
@@ -419,6 +430,14 @@ static void test_attnres(void) {
     for (int j = 0; j < NS; j++)
         free(src[j]), free(dsrc[j]);
     free(wn), free(wp), free(dh), free(out), free(a), free(dwn), free(dwp);
+}
+
+static void test_attnres(void) {
+    CT_CASE_BEGIN;
+    attnres_case(5, 6, 96);
+    /* the device sums 8 sources a pass: two passes, the second partial; a row wider than the
+     * block's 256 threads and not a multiple of it */
+    attnres_case(ATTNRES_TEST_MAX, 5, 300);
     CT_CASE_END;
 }
 
