@@ -504,8 +504,10 @@ static void test_retry_delays(void) {
     for (int a = 1; a < fs.n_att && a < 5; a++) {
         double gap = (double)(fs.att[a].t_us - fs.att[a - 1].t_us) / 1000.0;
         double lo = 0.5 * 20 * (1 << (a - 1)), hi = 20.0 * (1 << (a - 1));
-        /* lower bound exact; upper bound + 40 ms for the attempt itself and scheduling */
-        CHECK_MSG(gap >= lo - 0.5 && gap <= hi + 40, "retry %d: gap %.1f ms not in [%.1f, %.1f]", a, gap, lo, hi);
+        /* lower bound exact; upper bound + 250 ms for the attempt itself and scheduling (a
+         * loaded 2-core machine under ASan took 75 ms for a 10-20 ms wait; +40 was flaky) */
+        CHECK_MSG(gap >= lo - 0.5 && gap <= hi + 250, "retry %d: gap %.1f ms not in [%.1f, %.1f]",
+                  a, gap, lo, hi);
     }
     pthread_mutex_unlock(&fs.mu);
     /* the hint wins when larger: retry_after_ms 150 -> two waits of >= 150 ms, queued time counted */
