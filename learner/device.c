@@ -15,11 +15,12 @@
  * downloaded back (the KDA states and only the new latent rows), so that the host state is
  * always current and a mirror is only a cache.  Gradients accumulate on the device over a
  * gradient pass.  Several learner ranks on device cuda sum them over NCCL on the GPUs (the
- * communicator bootstrapped over MPI; learner.device-allreduce), and AdamW runs on the device
- * (lr_optim_step: the moments there for the update, the weights copied to the host after each
- * step for Quantile Balancing, the image encoder and checkpoints); with the sum over MPI on the
- * host (learner/dist.h), or a test's grad hook, the gradients are added to the host arena at the
- * end of the pass and AdamW runs on the host.
+ * communicator bootstrapped over MPI; learner.device-allreduce) or over MPI on the host
+ * (learner/dist.h: the device's gradient added to the host arena at the end of the pass, summed
+ * there in rank order and uploaded again), and AdamW runs on the device (lr_optim_step: the
+ * moments there for the update, the weights copied to the host after each step for Quantile
+ * Balancing, the image encoder and checkpoints); with a test's grad hook the gradients are
+ * added to the host arena at the end of the pass and AdamW runs on the host.
  *
  * Images: the rows of a forward are encoded on the host (learner/media.c, the vision tower on the
  * CPU) and placed by the device; their gradient comes back per backward.
@@ -39,6 +40,11 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/nccl.h"
 #include "learner/update_internal.h"
+
+/* The learner ranks (1 without a learners' communicator). */
+static int32_t learner_ranks(const arl_learner *l) {
+    return l->in.dist && l->in.dist->learners ? arl_dist_comm_size(l->in.dist->learners) : 1;
+}
 
 /* The learner's own CUDA context on its GPU (the local MPI rank modulo the GPU count), with an
  * arena of `need` bytes plus the context's own part.  Not made current. */
@@ -99,8 +105,7 @@ arl_status lr_dev_open(arl_learner *l) {
     if (!strcmp(ar, "nccl") && !arl_cuda_nccl_available())
         return arl_errorf(ARL_ERR_UNSUPPORTED, "learner: device-allreduce nccl: this build has no "
                                                "NCCL (use mpi)");
-    const int32_t R =
-        l->in.dist && l->in.dist->learners ? arl_dist_comm_size(l->in.dist->learners) : 1;
+    const int32_t R = learner_ranks(l);
     const int nccl = cuda && (!strcmp(ar, "nccl") ||
                               (!strcmp(ar, "auto") && R > 1 && arl_cuda_nccl_available()));
     arl_model_opts mo = l->m.opts; /* the CPU policy model's settings (block-sparse MLA too) */
@@ -404,10 +409,14 @@ arl_status lr_grads_allreduce(arl_learner *l) {
     return ARL_OK;
 }
 
+/* Several learner ranks without NCCL: the device's gradient comes to the host at the end of
+ * each pass (lr_grads_end) to be summed over MPI, wherever AdamW runs. */
+static int host_sum(const arl_learner *l) {
+    return learner_ranks(l) > 1 && !l->nccl;
+}
+
 arl_status lr_optim_begin(arl_learner *l) {
-    const int32_t R =
-        l->in.dist && l->in.dist->learners ? arl_dist_comm_size(l->in.dist->learners) : 1;
-    l->dev_opt = l->ops && !l->grad_hook && (R <= 1 || l->nccl);
+    l->dev_opt = l->ops && !l->grad_hook;
     if (!l->dev_opt) return ARL_OK;
     const arl_adamw *o = l->in.opt;
     arl_status s = arl_model_dev_moments_upload(&l->mdt, o->m_arena, o->v_arena, o->step);
@@ -417,16 +426,18 @@ arl_status lr_optim_begin(arl_learner *l) {
 
 arl_status lr_optim_step(arl_learner *l, arl_optim_report *rep) {
     if (!l->dev_opt) {
-        if (l->nccl ||
-            (l->in.dist && l->in.dist->learners && arl_dist_comm_size(l->in.dist->learners) > 1))
-            ARL_TRY(lr_grads_allreduce(l));
+        if (l->nccl || learner_ranks(l) > 1) ARL_TRY(lr_grads_allreduce(l));
         return arl_adamw_step(l->in.opt, l->in.params, l->grads.arena, rep);
     }
     const int64_t n = l->md.weight_floats;
     const size_t bytes = sizeof(float) * (size_t)n;
     arl_status s = ARL_OK;
-    if (l->host_grads) { /* what the host added (image rows, the vision tower): onto the device's
-                          * sums, in the order lr_grads_end adds them */
+    if (host_sum(l)) { /* the whole gradient is in the host arena (lr_grads_end): summed over
+                        * MPI there, in rank order, and back to the device for AdamW */
+        s = arl_dist_allreduce_f32(l->in.dist->learners, l->grads.arena, n);
+        if (!s) s = l->ops->upload(l->mdt.grads, l->grads.arena, bytes);
+    } else if (l->host_grads) { /* what the host added (image rows, the vision tower): onto the
+                                 * device's sums, in the order lr_grads_end adds them */
         s = l->ops->upload(l->dstage, l->grads.arena, bytes);
         if (!s) l->md.kb->add(l->mdt.grads, l->mdt.grads, l->dstage, n);
     }
@@ -461,7 +472,8 @@ arl_status lr_grads_begin(arl_learner *l) {
 }
 
 arl_status lr_grads_end(arl_learner *l) {
-    if (!l->ops || l->dev_opt) return ARL_OK; /* AdamW on the device: the sums stay there */
+    /* AdamW on the device with one rank or NCCL: the sums stay there */
+    if (!l->ops || (l->dev_opt && !host_sum(l))) return ARL_OK;
     /* the host arena was zero, and the pass added to it only what the device does not compute
      * (the embedding row of the <|media_pad|> placeholders, learner/media.c): adding the
      * device's sums gives the host's, term for term.  The staging arena is made on the first

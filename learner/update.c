@@ -56,7 +56,7 @@ static const arl_option own_tab[] = {
     {"device", ARL_OPT_CHOICE, OWN(device), "cpu",
      "where the learner's passes run: cpu (policy/model.h, the reference), cuda "
      "(policy/model_device.h on the GPU of the local MPI rank: the forwards, the training "
-     "forward and backward, AdamW unless the gradients are summed over MPI on the host; the "
+     "forward and backward, AdamW; the "
      "weights copied to the host after each step; image rows encoded on the CPU; block-sparse "
      "MLA too), "
      "or cpu-device (the device code over host memory, bit-identical to cpu: for tests)",

@@ -102,7 +102,7 @@ struct arl_learner {
     uint8_t *dev_ahead; /* (N) 1: device slot i is ahead of the host slot it mirrors (the host's
                            comes up to date at lr_slot_sync) */
     float *gstage;      /* (weight floats) the device's gradients on their way to grads (made
-                           by the first pass whose AdamW runs on the host) */
+                           by the first pass that adds them to the host arena) */
     void *dstage;      /* (weight floats) DEVICE: the host's gradient on its way to the device's */
     size_t dstage_token;
     int dev_opt;       /* this update runs AdamW on the device (lr_optim_begin) */
@@ -175,11 +175,13 @@ arl_status lr_backward(arl_learner *l, const arl_batch *b, const float *dlogp, f
  * arl_dist_allreduce_f32. */
 arl_status lr_grads_allreduce(arl_learner *l);
 /* The optimizer step of a minibatch after its gradient pass: the all-reduce and AdamW.  On a
- * device, between lr_optim_begin and lr_optim_end of an update, AdamW runs there when the
- * gradient need not come to the host (one learner rank or NCCL, no grad hook): the host's part
- * of the gradient (images) is added on the device, the moments stay there for the update
- * (uploaded by lr_optim_begin, downloaded by lr_optim_end), the new weights are downloaded to
- * the host parameters after each step.  Else arl_adamw_step on the host over l->grads. */
+ * device, between lr_optim_begin and lr_optim_end of an update, AdamW runs there unless a grad
+ * hook reads the host's gradient: with one learner rank or NCCL the host's part of the gradient
+ * (images) is added on the device; with several ranks summing over MPI the whole gradient is in
+ * the host arena (lr_grads_end), summed there and uploaded; the moments stay on the device for
+ * the update (uploaded by lr_optim_begin, downloaded by lr_optim_end), the new weights are
+ * downloaded to the host parameters after each step.  Else arl_adamw_step on the host over
+ * l->grads. */
 arl_status lr_optim_begin(arl_learner *l);
 arl_status lr_optim_step(arl_learner *l, arl_optim_report *rep);
 arl_status lr_optim_end(arl_learner *l);

@@ -5,8 +5,9 @@
  * global batch, and compares the parameters.  Also: every rank ends with bit-identical
  * parameters.  With one process (no mpirun) it checks the single-rank path against itself.
  * `test_learner_mpi cpu-device`: the distributed learners run on device cpu-device (the device
- * code over host memory: gradients copied to the host, summed over MPI, AdamW on the host), and
- * a second distributed run on the CPU must end with the same bits on every rank. */
+ * code over host memory: gradients copied to the host, summed over MPI there, uploaded again
+ * and AdamW run on the device, its moments there for the update), and a second distributed run
+ * on the CPU must end with the same bits on every rank. */
 #include <math.h>
 
 #include "core/sha256.h"
