@@ -712,39 +712,48 @@ __device__ static inline bool ranks_above(float xi, int64_t i, float xj, int64_t
     return i < j;
 }
 
-__global__ void k_argmax_rows(int32_t *idx, const float *x, int64_t d) {
-    __shared__ float sv[NT];
-    __shared__ int64_t si[NT];
-    const float *xr = x + (int64_t)blockIdx.x * d;
+/* (v, i) = the better of itself and lane ^ o's candidate; i < 0: no candidate */
+__device__ static inline void argmax_take_xor(float &v, int64_t &i, int o) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (oi >= 0 && (i < 0 || ranks_above(ov, oi, v, i))) v = ov, i = oi;
+}
+__device__ static inline void argmax_warp(float &v, int64_t &i) {
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_take_xor(v, i, o);
+}
+
+/* Rows of d <= ROW_WARP_D a warp each, wider ones a block (row_group); ranks_above is a total
+ * order, so the winner does not depend on the order of the comparisons. */
+template <int TPR>
+__global__ void k_argmax_rows(int32_t *idx, const float *x, int64_t n, int64_t d) {
+    __shared__ float sv[NT / 32];
+    __shared__ int64_t si[NT / 32];
+    const row_group<TPR> g;
+    if (g.r >= n) return;
+    const float *xr = x + g.r * d;
     float bv = NAN;
     int64_t bi = -1;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x)
+    for (int64_t i = g.lane; i < d; i += TPR)
         if (bi < 0 || ranks_above(xr[i], i, bv, bi)) {
             bv = xr[i];
             bi = i;
         }
-    sv[threadIdx.x] = bv;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) {
-            int64_t oi = si[threadIdx.x + s];
-            if (oi >= 0 && (si[threadIdx.x] < 0 || ranks_above(sv[threadIdx.x + s], oi,
-                                                               sv[threadIdx.x], si[threadIdx.x]))) {
-                sv[threadIdx.x] = sv[threadIdx.x + s];
-                si[threadIdx.x] = oi;
-            }
-        }
+    argmax_warp(bv, bi);
+    if (TPR > 32) { /* the warps' winners through shared memory to warp 0 */
+        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+        if (lane == 0) sv[w] = bv, si[w] = bi;
         __syncthreads();
+        if (w != 0) return;
+        bv = lane < NT / 32 ? sv[lane] : NAN;
+        bi = lane < NT / 32 ? si[lane] : -1;
+        argmax_warp(bv, bi);
     }
-    if (threadIdx.x == 0) idx[blockIdx.x] = (int32_t)si[0];
+    if (g.lane == 0) idx[g.r] = (int32_t)bi;
 }
 
 static void cu_argmax_rows(int32_t *idx, const float *x, int64_t n, int64_t d) {
-    arl_cuda_ctx *c = arl_cuda_need();
-    if (n == 0) return;
-    k_argmax_rows<<<(unsigned)n, NT, 0, c->stream>>>(idx, x, d); /* a block a row */
-    ARL_CUDA_LAUNCHED(c, "argmax_rows");
+    ROWS_LAUNCH("argmax_rows", k_argmax_rows, n, d, idx, x, n, d);
 }
 
 /* One thread per row: insertion into the sorted k best (k <= 64 kept in local memory). */

@@ -375,6 +375,41 @@ static void test_reduce(void) {
     CT_CASE_END;
 }
 
+/* argmax_rows of x (n, d) on the device (d_x) against the CPU's, exactly */
+static void check_argmax(const float *d_x, const float *x, int64_t n, int64_t d) {
+    int32_t *d_idx = ct_dev_i32(NULL, n), *am = malloc(sizeof(int32_t) * (size_t)n);
+    kb->argmax_rows(d_idx, d_x, n, d);
+    arl_k_argmax_rows(am, x, n, d);
+    int32_t *h = ct_get_i32(d_idx, n);
+    for (int64_t t = 0; t < n; t++)
+        CHECK_MSG(h[t] == am[t], "argmax %lld x %lld, row %lld: gpu %d cpu %d", (long long)n,
+                  (long long)d, (long long)t, h[t], am[t]);
+    free(h), free(am);
+}
+
+/* argmax rows a warp each (11 rows: a second, partial block of 8) and a block each (3000
+ * columns), with ties between the lanes' and the warps' winners: the lowest index wins */
+static void test_argmax(void) {
+    CT_CASE_BEGIN;
+    const int64_t shapes[2][2] = {{11, 300}, {3, 3000}};
+    for (int c = 0; c < 2; c++) {
+        const int64_t n = shapes[c][0], d = shapes[c][1];
+        float *x = ct_rand(n * d, -1, 1);
+        for (int64_t i = 0; i < d; i++) /* the maximum at 2 + 37 k: every lane / warp ties */
+            x[1 * d + i] = i % 37 == 2 ? 5.0f : (float)(i % 5);
+        x[2 * d + d - 1] = INFINITY; /* the last column */
+        if (n > 4) {
+            for (int64_t i = 0; i < d; i++)
+                x[3 * d + i] = NAN;
+            x[4 * d + d / 2] = NAN; /* NaN ranks below every number */
+        }
+        float *d_x = ct_dev(x, n * d);
+        check_argmax(d_x, x, n, d);
+        free(x);
+    }
+    CT_CASE_END;
+}
+
 static void test_select(void) {
     CT_CASE_BEGIN;
     const int64_t n = 6, d = 300, k = 16;
@@ -388,14 +423,10 @@ static void test_select(void) {
     float *d_x = ct_dev(x, n * d);
     int32_t *d_idx = ct_dev_i32(NULL, n * k);
     float *d_val = ct_dev(NULL, n * k);
-    int32_t idx[6 * 16], am[6];
+    int32_t idx[6 * 16];
     float val[6 * 16];
-    kb->argmax_rows(d_idx, d_x, n, d);
-    arl_k_argmax_rows(am, x, n, d);
-    int32_t *h = ct_get_i32(d_idx, n);
-    for (int64_t t = 0; t < n; t++)
-        CHECK_MSG(h[t] == am[t], "argmax row %lld: gpu %d cpu %d", (long long)t, h[t], am[t]);
-    free(h);
+    check_argmax(d_x, x, n, d);
+    int32_t *h;
     kb->topk_rows(d_idx, d_val, d_x, n, d, k);
     arl_k_topk_rows(idx, val, x, n, d, k);
     h = ct_get_i32(d_idx, n * k);
@@ -423,6 +454,7 @@ int main(void) {
     TEST_RUN(test_elementwise);
     TEST_RUN(test_reduce);
     TEST_RUN(test_select);
+    TEST_RUN(test_argmax);
     arl_cuda_close(ct_ctx);
     return test_finish();
 }
