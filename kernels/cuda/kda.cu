@@ -293,10 +293,11 @@ __device__ static inline void pairs_difference(float *A, float *Aqk, const float
  * (16, C) matrix products (3xTF32 on tensor cores) instead of five loads and an exp each.  A
  * sub-chunk one of whose exponents exceeds KDA_FACTOR_SPAN takes the difference form (as the
  * CPU does).  Shared: XR (C, LD) the right factors K_i e^{G_b - G_i}, LK and LQ (KDA_SUB, LD)
- * the left ones, flag. */
+ * the left ones.  Whether a sub-chunk takes the difference form is one __syncthreads_or of the
+ * threads' own findings (no shared flag written by several threads at once). */
 __device__ static inline void pairs_factored(float *A, float *Aqk, const float *Ks, const float *Qs,
                                              const float *Gs, const float *bs, float *XR, float *LK,
-                                             float *LQ, int *flag, int64_t n, int64_t dk, int64_t C,
+                                             float *LQ, int64_t n, int64_t dk, int64_t C,
                                              int64_t LD, int64_t LA, int tid, int nt) {
     for (int64_t r0 = 0; r0 < C; r0 += KDA_SUB) {
         const int64_t r1 = r0 + KDA_SUB < C ? r0 + KDA_SUB : C, re = r1 < n ? r1 : n;
@@ -304,24 +305,22 @@ __device__ static inline void pairs_factored(float *A, float *Aqk, const float *
             pairs_difference(A, Aqk, Ks, Qs, Gs, bs, r0, r1, n, dk, C, LD, LA, tid, nt);
             continue;
         }
-        if (tid == 0) *flag = 0;
-        __syncthreads();
+        int wide = 0; /* this thread saw an exponent past KDA_FACTOR_SPAN */
         for (int64_t i = tid; i < re * dk; i += nt) { /* rows 0 .. re of the chunk */
             const int64_t r = i / dk, c = i % dk;
             const float e = Gs[r0 * LD + c] - Gs[r * LD + c];
-            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            if (e > KDA_FACTOR_SPAN) wide = 1;
             XR[r * LD + c] = Ks[r * LD + c] * expf(e);
         }
         for (int64_t i = tid; i < (re - r0) * dk; i += nt) { /* the sub-chunk's own rows */
             const int64_t r = r0 + i / dk, c = i % dk;
             const float e = Gs[r * LD + c] - Gs[r0 * LD + c];
-            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            if (e > KDA_FACTOR_SPAN) wide = 1;
             const float x = expf(e);
             LK[(r - r0) * LD + c] = Ks[r * LD + c] * x;
             LQ[(r - r0) * LD + c] = Qs[r * LD + c] * x;
         }
-        __syncthreads();
-        if (*flag) {
+        if (__syncthreads_or(wide)) { /* the factors are in place either way */
             pairs_difference(A, Aqk, Ks, Qs, Gs, bs, r0, r1, n, dk, C, LD, LA, tid, nt);
         } else { /* LK XR^T and LQ XR^T on tensor cores: warp w takes the product w / 4 and
                   * the columns 16 (w % 4) .. + 16 (read past dk as zero; rows past re and columns
@@ -346,7 +345,7 @@ __device__ static inline void pairs_factored(float *A, float *Aqk, const float *
                 });
             }
         }
-        __syncthreads(); /* XR, LK, LQ and the flag are the next sub-chunk's */
+        __syncthreads(); /* XR, LK and LQ are the next sub-chunk's */
     }
 }
 
@@ -507,13 +506,13 @@ __device__ static inline void tile_each(const prod_acc &acc, int tid, int64_t nA
 }
 
 /* Shared floats of kernel 1: Ks, Qs, Gs (C, LD), A (C, C + 1), beta (C), then a region that
- * holds the factored pair products' XR (C, LD), LK and LQ (KDA_SUB, LD) and flag, after
+ * holds the factored pair products' XR (C, LD), LK and LQ (KDA_SUB, LD), after
  * them invert_unit_lower's Xo and Rb, and last the staged products' slices. */
 static size_t prep_smem_floats(int64_t dk, int64_t dv, int64_t C, int factored) {
     const int64_t LD = (dk > dv ? dk : dv) + 1;
     int64_t work = invert_smem_floats(C);
     if (staged_smem_floats() > work) work = staged_smem_floats();
-    if (factored && C * LD + 2 * KDA_SUB * LD + 1 > work) work = C * LD + 2 * KDA_SUB * LD + 1;
+    if (factored && C * LD + 2 * KDA_SUB * LD > work) work = C * LD + 2 * KDA_SUB * LD;
     return (size_t)(3 * C * LD + C * (C + 1) + C + work);
 }
 
@@ -550,8 +549,7 @@ __global__ void k_kda_chunk_prep(float *ws, const int32_t *ix, const float *q, c
     /* (2), (6): A = -A_kk (strictly lower), Aqk (lower with diagonal) */
     if (FACTORED) {
         float *XR = bs + C, *LK = XR + C * LD, *LQ = LK + KDA_SUB * LD;
-        pairs_factored(A, P.Aqk, Ks, Qs, Gs, bs, XR, LK, LQ, (int *)(LQ + KDA_SUB * LD), n, dk, C,
-                       LD, LA, tid, nt);
+        pairs_factored(A, P.Aqk, Ks, Qs, Gs, bs, XR, LK, LQ, n, dk, C, LD, LA, tid, nt);
     } else {
         pairs_difference(A, P.Aqk, Ks, Qs, Gs, bs, 0, C, n, dk, C, LD, LA, tid, nt);
     }
@@ -1127,8 +1125,9 @@ __global__ void __launch_bounds__(256)
 }
 
 /* Shared floats of k_kda_cbwd: Ks, Qs, Gs (C, dk + 1); dA, dT (C, C + 1); beta, dbeta (C); dGn
- * (dk); a flag; then one region used in turn by the staged products' slices, by Tm, Akk and Pm
- * (C, C + 1) each, and by the pair terms' factors Rf (C, dk + 1) and Lf (KDA_SUB, dk + 1). */
+ * (dk); one float of padding; then one region used in turn by the staged products' slices, by Tm,
+ * Akk and Pm (C, C + 1) each, and by the pair terms' factors Rf (C, dk + 1) and Lf (KDA_SUB, dk +
+ * 1). */
 static size_t cbwd_smem_floats(int64_t dk, int64_t C) {
     const int64_t LD = dk + 1, LA = C + 1;
     int64_t reg = staged_smem_floats();
@@ -1163,8 +1162,7 @@ __global__ void __launch_bounds__(256, 1)
     const int64_t LD = dk + 1, LA = C + 1, HV = H * dv;
     float *Ks = sm, *Qs = Ks + C * LD, *Gs = Qs + C * LD, *dA = Gs + C * LD, *dT = dA + C * LA;
     float *bs = dT + C * LA, *dbs = bs + C, *dGn = dbs + C;
-    int *flag = (int *)(dGn + dk);
-    float *Rg = dGn + dk + 1; /* the region */
+    float *Rg = dGn + dk + 1; /* the region (after a float of padding) */
     float *As = Rg, *Bs = As + SP_ROWS * TJP;
     float *Tm = Rg, *Ak = Tm + C * LA, *Pm = Ak + C * LA;
     float *Rf = Rg, *Lf = Rf + C * LD;
@@ -1321,22 +1319,20 @@ __global__ void __launch_bounds__(256, 1)
     for (int64_t q0 = 0; q0 < n; q0 += KDA_SUB) {
         const int64_t q1 = n - q0 < KDA_SUB ? n : q0 + KDA_SUB, m = q1 - q0;
         __syncthreads(); /* the previous sub-chunk's factors and gradients are done */
-        if (tid == 0) *flag = 0;
-        __syncthreads();
+        int wide = 0;    /* this thread saw an exponent past KDA_FACTOR_SPAN */
         for (int64_t i = tid; i < q1 * dk; i += nt) {
             const int64_t x = i / dk, c = i % dk;
             const float e = Gs[q0 * LD + c] - Gs[x * LD + c];
-            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            if (e > KDA_FACTOR_SPAN) wide = 1;
             Rf[x * LD + c] = expf(e);
         }
         for (int64_t i = tid; i < m * dk; i += nt) {
             const int64_t x = q0 + i / dk, c = i % dk;
             const float e = Gs[x * LD + c] - Gs[q0 * LD + c];
-            if (e > KDA_FACTOR_SPAN) *flag = 1;
+            if (e > KDA_FACTOR_SPAN) wide = 1;
             Lf[(x - q0) * LD + c] = expf(e);
         }
-        __syncthreads();
-        const bool fac = *flag == 0; /* block-uniform */
+        const bool fac = !__syncthreads_or(wide); /* block-uniform; the factors in place */
         const int w = tid >> 5;
         /* rows x of Q: tq (A_qk, x the query row), ti (A_kk, x the row) */
         if (fac) { /* tq = Lf (dA_Q KR), ti = Lf (dT_Q KR), KR = K Rf over the rows < q1, on
