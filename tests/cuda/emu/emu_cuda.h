@@ -6,8 +6,10 @@
  * as function statics (one block runs at a time); device memory = host memory; cuBLAS GEMMs
  * as a column-major double-accumulating loop; WMMA fragments as whole 16x16 tiles held by
  * every lane; CUDA graphs as a recorded list of launches.  It is not: a model of GPU
- * numerics (no FMA contraction, glibc's expf), timing, or memory races between warps that a
- * real GPU would expose (every shared-memory access is sequentially consistent here).
+ * numerics (no FMA contraction, glibc's expf), timing, or of races between blocks (one block
+ * runs at a time); within a block every shared-memory access is sequentially consistent, so a
+ * missing barrier shows only under ThreadSanitizer (run_emu.sh EMU_TSAN=1), where the barriers
+ * above are pthread barriers it understands.
  * C++17, compiled by run_emu.sh; never part of the product build. */
 #pragma once
 #include <functional>

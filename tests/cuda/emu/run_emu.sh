@@ -13,6 +13,11 @@
 # retires its group runs, not at once: a kernel that reads a tile before waiting for it reads
 # stale bytes (or the NaN of fresh shared memory) and fails its test (run it when a pipeline
 # changes).
+# EMU_TSAN=1: build with ThreadSanitizer: two threads of a block touching the same bytes (shared
+# or global memory) without a barrier, __syncwarp, shuffle or atomic between them - a missing
+# __syncthreads, a reuse of shared memory a previous step still reads - is reported even when
+# the numbers come out right, and the test fails (exit 66); races between blocks are not seen
+# (blocks run one at a time).  Slower again; OpenBLAS runs single-threaded under it.
 set -eu
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 emu="$root/tests/cuda/emu"
@@ -29,6 +34,11 @@ flags="-O1"
 if [ "${EMU_ASAN:-0}" = 1 ]; then
     flags="-O1 -g -fsanitize=address"
     export ASAN_OPTIONS=detect_leaks=0
+fi
+if [ "${EMU_TSAN:-0}" = 1 ]; then
+    flags="-O1 -g -fsanitize=thread"
+    export TSAN_OPTIONS="report_signal_unsafe=0 ${TSAN_OPTIONS:-}"
+    export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 fi
 "$py" "$emu/prep.py" "$root/kernels/cuda/internal.cuh" "$work/internal_emu.h"
 objs=""
@@ -52,6 +62,13 @@ for c in "$root"/kernels/cuda/*.c; do
     objs="$objs $work/$(basename "$c" .c)_c.o"
 done
 gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/golden/golden.c" -o "$work/golden.o"
+if [ "${EMU_TSAN:-0}" = 1 ]; then # the CPU reference's thread pool instrumented too (linked
+    # before libarl_kernels.a, whose copy is then not pulled in): ThreadSanitizer sees its
+    # hand-offs instead of reporting the reference's own threads
+    gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/kernels/cpu/threadpool.c" \
+        -o "$work/threadpool_c.o"
+    objs="$objs $work/threadpool_c.o"
+fi
 rc=0
 # EMU_TESTS: the tests to run (default: test_ops test_model_ops test_train_ops
 # test_model_device); test_model_device runs the whole tiny-model forward, prefill and decode
