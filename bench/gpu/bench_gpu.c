@@ -369,13 +369,24 @@ static void bench_mla(int quick) {
     TIME_MS(ms, 5,
             arl_cuda_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, NULL, 1, T, Hm, n, r, vm,
                                   1.0f / sqrtf((float)(n + r)), fws));
+    /* the other warp tile (ops.h arl_cuda_mla_fwd_rows): 8 warps of 16 queries */
+    float ms16;
+    const int32_t rows = arl_cuda_mla_fwd_rows(ARL_CUDA_MLA_FWD_ROWS16);
+    TIME_MS(ms16, 5,
+            arl_cuda_mla_attn_fwd(o, lse, qn, qp, kn, kp, v, NULL, 1, T, Hm, n, r, vm,
+                                  1.0f / sqrtf((float)(n + r)), fws));
+    arl_cuda_mla_fwd_rows(rows);
     arl_cuda_set_math(ctx, ARL_CUDA_MATH_FP32);
     double tf = fl / (ms * 1e-3) / 1e12, tf32 = fl / (ms32 * 1e-3) / 1e12;
+    double tf16 = fl / (ms16 * 1e-3) / 1e12;
     printf("MLA prefill attention T=%lld Hm=%lld qk=%lld v=%lld causal: %.3f ms, %.2f TFLOP/s "
-           "(bf16 tensor cores); fp32 kernel %.3f ms, %.2f TFLOP/s\n",
-           (long long)T, (long long)Hm, (long long)(n + r), (long long)vm, ms, tf, ms32, tf32);
-    printf("RESULT mla_ms=%.4f\nRESULT mla_tflops=%.4f\nRESULT mla_fp32_tflops=%.4f\n", ms, tf,
+           "(bf16 tensor cores, 32-query warps; 16-query warps %.3f ms, %.2f TFLOP/s); fp32 "
+           "kernel %.3f ms, %.2f TFLOP/s\n",
+           (long long)T, (long long)Hm, (long long)(n + r), (long long)vm, ms, tf, ms16, tf16, ms32,
            tf32);
+    printf("RESULT mla_ms=%.4f\nRESULT mla_tflops=%.4f\nRESULT mla_rows16_tflops=%.4f\n"
+           "RESULT mla_fp32_tflops=%.4f\n",
+           ms, tf, tf16, tf32);
 
     /* the backward from the forward's o and lse: the fp32 kernels, then the tensor-core ones
      * (bf16 math); flops counted as FlashAttention's: S and dP recomputed, dV, dK, dQ - per pair

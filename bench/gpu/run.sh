@@ -146,9 +146,9 @@ END {
     printf f, "short conv fwd / bwd time over minimal-bytes copy", v["conv_fwd_over_copy"] "x / " v["conv_bwd_over_copy"] "x"
     printf f, "RMSNorm / L2 norm / log-probs over minimal-bytes copy", v["rows_rmsnorm_over_copy"] "x / " v["rows_l2norm_over_copy"] "x / " v["rows_logprob_over_copy"] "x"
     if (v["torch_sdpa_tflops"] != "" && v["torch_sdpa_tflops"] > 0)
-        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", sprintf("%.3f (%.2f vs %.1f TFLOP/s)", v["mla_tflops"] / v["torch_sdpa_tflops"], v["mla_tflops"], v["torch_sdpa_tflops"])
+        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", sprintf("%.3f (%.2f vs %.1f TFLOP/s; 16-query warps %.3f)", v["mla_tflops"] / v["torch_sdpa_tflops"], v["mla_tflops"], v["torch_sdpa_tflops"], v["mla_rows16_tflops"] / v["torch_sdpa_tflops"])
     else
-        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", "not measured (" v["torch_skip"] "); MLA " v["mla_tflops"] " TFLOP/s"
+        printf f, "MLA prefill TFLOP/s / PyTorch SDPA bf16 (>= 0.5)", "not measured (" v["torch_skip"] "); MLA " v["mla_tflops"] " TFLOP/s (16-query warps " v["mla_rows16_tflops"] ")"
     if (v["torch_sdpa_bwd_tflops"] != "" && v["torch_sdpa_bwd_tflops"] > 0)
         printf f, "MLA attention backward TFLOP/s / PyTorch SDPA backward", sprintf("%.3f (%.2f vs %.1f TFLOP/s; fp32 kernels %.2f)", v["mla_bwd_tflops"] / v["torch_sdpa_bwd_tflops"], v["mla_bwd_tflops"], v["torch_sdpa_bwd_tflops"], v["mla_bwd_fp32_tflops"])
     else

@@ -44,10 +44,19 @@ struct arl_cuda_ctx {
     cudaEvent_t ev0, ev1;
     struct arl_cuda_prof *prof; /* per-op profile (arl_cuda_profile_begin), or NULL */
     int32_t kda_prep;           /* ARL_CUDA_KDA_PREP_* of the chunkwise KDA's kernel 1 */
+    int32_t mla_fwd_rows;       /* ARL_CUDA_MLA_FWD_ROWS* of the MLA forward on tensor cores */
 };
 
 /* Current context of the thread; asserts one exists (programmer error otherwise). */
 arl_cuda_ctx *arl_cuda_need(void);
+
+/* A kernel variant setting of the current context (kda_prep, mla_fwd_rows): sets *slot to v
+ * and returns what it was (the benchmark's and the parity tests' switch). */
+static inline int32_t arl_cuda_swap_setting(int32_t *slot, int32_t v) {
+    const int32_t was = *slot;
+    *slot = v;
+    return was;
+}
 
 /* Record the first failure of a void entry point (kept until arl_cuda_sync). */
 void arl_cuda_record(arl_cuda_ctx *ctx, const char *op, cudaError_t e);

@@ -801,11 +801,8 @@ static void chunk_prep_launch(arl_cuda_ctx *c, float *ws, const float *q, const 
 }
 
 extern "C" int32_t arl_cuda_kda_prep_form(int32_t form) {
-    arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(form == ARL_CUDA_KDA_PREP_FACTORED || form == ARL_CUDA_KDA_PREP_DIFFERENCE);
-    const int32_t was = c->kda_prep;
-    c->kda_prep = form;
-    return was;
+    return arl_cuda_swap_setting(&arl_cuda_need()->kda_prep, form);
 }
 
 extern "C" void arl_cuda_kda_chunk_prep(float *ws, const float *q, const float *k, const float *v,

@@ -104,17 +104,18 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
 }
 
 /* ---- the expanded forward on tensor cores (ARL_CUDA_MATH_BF16) ----
- * Flash-attention style: a block takes TC_TQ queries of one head (16 per warp) and walks the
- * key tiles of TC_TK keys its queries can see (documents and causality); S = Q K^T and O += P V
- * run as mma.sync m16n8k16 with bf16 operands and fp32 accumulators; the online softmax (max,
- * exp, row sums) stays in fp32 registers (spec 1.4).  Q is rounded to bf16 as it is loaded;
- * K and V come as bf16 copies made once per call (k_bf16_copy, in the caller's workspace), each
- * tile copied asynchronously (cp.async) into one of two shared buffers while the products of the
- * tile before run; rows padded by 16 bytes, so that the K B fragments (ldmatrix of key rows)
- * and the V ones (ldmatrix.trans of row-major value tiles) are free of bank conflicts; the S
- * accumulators are repacked as the A fragments of P V without leaving registers.  Rows padded to DQ
- * (qk width) and DV (value width) are zero. Fragment layout: internal.cuh arl_mma_bf16 (g = lane /
- * 4, t = lane % 4 below). */
+ * Flash-attention style: a block takes 128 queries of one head (4 warps of 32 by default, or 8
+ * of 16: ops.h arl_cuda_mla_fwd_rows) and walks the key tiles of TC_TK keys its queries can
+ * see (documents and causality); S = Q K^T and O += P V run as mma.sync m16n8k16 with bf16
+ * operands and fp32 accumulators; the online softmax (max, exp, row sums) stays in fp32
+ * registers (spec 1.4).  The block's queries are rounded to bf16 into shared memory once; K
+ * and V come as bf16 copies made once per call (k_bf16_copy, in the caller's workspace), each
+ * tile copied asynchronously (cp.async) into one of two shared buffers while the products of
+ * the tile before run; rows padded by 16 bytes, so that the Q A fragments and K B fragments
+ * (ldmatrix of query and key rows) and the V ones (ldmatrix.trans of row-major value tiles) are
+ * free of bank conflicts; the S accumulators are repacked as the A fragments of P V without
+ * leaving registers.  Rows padded to DQ (qk width) and DV (value width) are zero. Fragment
+ * layout: internal.cuh arl_mma_bf16 (g = lane / 4, t = lane % 4 below). */
 #define TC_TK 64
 
 __device__ static inline uint32_t tc_bf16_bits(float f) { /* round to nearest even */
@@ -135,18 +136,30 @@ __device__ static inline void tc_pack_a(uint32_t (&pa)[4], const float (&x)[N][4
     pa[3] = tc_pack(x[2 * kc + 1][2], x[2 * kc + 1][3]);
 }
 
-/* c[2 p], c[2 p + 1] += a B_p for p < NT / 2: the B fragments of n8 tiles 2 p and 2 p + 1 by
- * one ldmatrix.x4 (TRANS: .trans) of the lane's row at brow + p step (32-bit words) */
-template <bool TRANS, int NT>
-__device__ static inline void tc_mma_pairs(float (&c)[NT][4], const uint32_t (&a)[4],
-                                           const uint32_t *brow, int step) {
+/* c[i][2 p], c[i][2 p + 1] += a[i] B_p for i < MT, p < NT / 2: the B fragments of n8 tiles
+ * 2 p and 2 p + 1 by one ldmatrix.x4 (TRANS: .trans) of the lane's row at brow + p step
+ * (32-bit words), each used by the MT row tiles of a */
+template <bool TRANS, int MT, int NT>
+__device__ static inline void tc_mma_rows(float (&c)[MT][NT][4], const uint32_t (&a)[MT][4],
+                                          const uint32_t *brow, int step) {
 #pragma unroll
     for (int p = 0; p < NT / 2; p++) {
         uint32_t b[2][2];
         arl_ldm_b_pair<TRANS>(b, 0, brow + p * step);
-        arl_mma_bf16(c[2 * p], a, b[0][0], b[0][1]);
-        arl_mma_bf16(c[2 * p + 1], a, b[1][0], b[1][1]);
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            arl_mma_bf16(c[i][2 * p], a[i], b[0][0], b[0][1]);
+            arl_mma_bf16(c[i][2 * p + 1], a[i], b[1][0], b[1][1]);
+        }
     }
+}
+
+/* the same for one row tile: c[2 p], c[2 p + 1] += a B_p */
+template <bool TRANS, int NT>
+__device__ static inline void tc_mma_pairs(float (&c)[NT][4], const uint32_t (&a)[4],
+                                           const uint32_t *brow, int step) {
+    tc_mma_rows<TRANS, 1, NT>(reinterpret_cast<float(&)[1][NT][4]>(c),
+                              reinterpret_cast<const uint32_t(&)[1][4]>(a), brow, step);
 }
 
 /* A token-major tensor of two parts [a | b] per head (widths na, nb): element (tok, col) of
@@ -199,45 +212,46 @@ __device__ static inline float tc_q(const attn_args &A, int64_t row, int64_t col
     return col < A.nA ? A.qa[item * A.nA + col] : A.qb[item * A.nB + col - A.nA];
 }
 
-template <int DQ, int DV, int TC_WARPS>
-__global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
-    constexpr int TC_TQ = 16 * TC_WARPS;
-    /* two buffers of a key tile (TC_TK, DQ + 8) and a value tile (TC_TK, DV + 8), bf16 */
+/* DQ, DV: the padded query / value widths; WARPS warps of MT row tiles (16 queries) each.
+ * MT 2 (the default, 4 warps): every K and V fragment a warp takes from shared memory serves
+ * 32 queries, half the shared-memory reads per product of MT 1 (FlashAttention-2's warp tile),
+ * at the price of registers: the query fragments are read again for each key tile instead of
+ * held.  MT 1 (8 warps): the previous form, the query fragments held in registers.  The
+ * block's queries are staged in shared memory as bf16 either way. */
+template <int DQ, int DV, int WARPS, int MT>
+__global__ void __launch_bounds__(32 * WARPS) k_attn_fwd_tc(attn_args A) {
+    constexpr int TQ = 16 * MT * WARPS;                 /* the block's queries */
+    constexpr int KT = MT == 1 ? TC_TK : TC_TK / 2;     /* keys a softmax step */
     constexpr int KW = (DQ + 8) / 2, VW = (DV + 8) / 2; /* row lengths in bf16 pairs */
+    constexpr bool QREG = MT == 1;                      /* the query fragments held in registers */
     extern __shared__ float sm[];
-    uint32_t *const tiles = reinterpret_cast<uint32_t *>(sm);
+    /* the block's queries (TQ, DQ + 8) bf16, then two buffers of a key tile (TC_TK, DQ + 8)
+     * and a value tile (TC_TK, DV + 8) */
+    uint32_t *const qs = reinterpret_cast<uint32_t *>(sm);
+    uint32_t *const tiles = qs + TQ * KW;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t nqb = (A.Tq + TC_TQ - 1) / TC_TQ;
-    const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * TC_TQ; /* longest rows first */
+    const int64_t nqb = (A.Tq + TQ - 1) / TQ;
+    const int64_t q0 = (nqb - 1 - (int64_t)blockIdx.x) * TQ; /* longest rows first */
     const int64_t h = blockIdx.y;
-    const int64_t wr0 = q0 + 16 * w;               /* the warp's first row */
-    const int64_t r0 = wr0 + g, r1 = r0 + 8;         /* this thread's rows */
-    const int64_t lo0 = r0 < A.Tq ? first_key(A.cu, A.N, r0) : A.Tq;
-    const int64_t lo1 = r1 < A.Tq ? first_key(A.cu, A.N, r1) : A.Tq;
-    const int64_t hi0 = r0 < A.Tq ? r0 : -1, hi1 = r1 < A.Tq ? r1 : -1;
-    const int64_t blk_hi = q0 + TC_TQ - 1 < A.Tq - 1 ? q0 + TC_TQ - 1 : A.Tq - 1;
+    const int64_t wr0 = q0 + 16 * MT * w; /* the warp's first row */
+    /* this thread's rows wr0 + 16 i / 2 + g + 8 (i % 2) see keys lo[i] .. hi[i] (positions
+     * in 32 bits, the launch checks Tq: registers are what bounds this kernel) */
+    int32_t lo[2 * MT], hi[2 * MT];
+#pragma unroll
+    for (int i = 0; i < 2 * MT; i++) {
+        const int64_t r = wr0 + 16 * (i / 2) + g + 8 * (i % 2);
+        lo[i] = (int32_t)(r < A.Tq ? first_key(A.cu, A.N, r) : A.Tq);
+        hi[i] = (int32_t)(r < A.Tq ? r : -1);
+    }
+    const int64_t blk_hi = q0 + TQ - 1 < A.Tq - 1 ? q0 + TQ - 1 : A.Tq - 1;
     const int64_t blk_lo = first_key(A.cu, A.N, q0) / TC_TK * TC_TK;
-    const int64_t w_hi = wr0 + 15 < A.Tq - 1 ? wr0 + 15 : A.Tq - 1;
+    const int64_t w_last = wr0 + 16 * MT - 1; /* the warp's last row */
+    const int64_t w_hi = w_last < A.Tq - 1 ? w_last : A.Tq - 1;
     const int64_t w_lo = wr0 < A.Tq ? first_key(A.cu, A.N, wr0) : A.Tq;
     /* a tile wholly at or after this first key and before the warp's first row is seen by all
-     * 16 rows (the first key never decreases with the row): no per-score mask there */
-    const int64_t w_lo_all = wr0 + 15 < A.Tq ? first_key(A.cu, A.N, wr0 + 15) : A.Tq;
+     * its rows (the first key never decreases with the row): no per-score mask there */
+    const int64_t w_lo_all = w_last < A.Tq ? first_key(A.cu, A.N, w_last) : A.Tq;
     const float sl2 = A.scale * 1.4426950408889634f; /* scores in log2 units */
-
-    uint32_t qf[DQ / 16][4];
-#pragma unroll
-    for (int kc = 0; kc < DQ / 16; kc++)
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int64_t col = kc * 16 + hh * 8 + 2 * t;
-            qf[kc][2 * hh] = tc_pack(tc_q(A, r0, col, h), tc_q(A, r0, col + 1, h));
-            qf[kc][2 * hh + 1] = tc_pack(tc_q(A, r1, col, h), tc_q(A, r1, col + 1, h));
-        }
-    float o[DV / 8][4];
-#pragma unroll
-    for (int j = 0; j < DV / 8; j++)
-        o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
     /* the bf16 key and value rows of the tile from s0 into buffer buf, asynchronously: zeros
      * past the block's last key (the copies' padded widths are zero already) */
@@ -248,88 +262,131 @@ __global__ void __launch_bounds__(32 * TC_WARPS) k_attn_fwd_tc(attn_args A) {
         cp_async_commit();
     };
     issue(blk_lo, 0);
+    /* the queries rounded to bf16 under the first tile's copy; zero past Tq and nA + nB */
+    for (int idx = threadIdx.x; idx < TQ * (DQ / 2); idx += blockDim.x) {
+        const int j = idx / (DQ / 2), c = 2 * (idx % (DQ / 2));
+        qs[j * KW + c / 2] = tc_pack(tc_q(A, q0 + j, c, h), tc_q(A, q0 + j, c + 1, h));
+    }
+    __syncthreads();
+    /* the lane's ldmatrix row of the warp's row tile 0; tile i is 16 i KW words on */
+    const uint32_t *qrow =
+        qs + (16 * MT * w + arl_ldm_row_a(lane)) * KW + arl_ldm_chunk_a(lane) * 4;
+    uint32_t qf[QREG ? DQ / 16 : 1][4];
+    if (QREG)
+#pragma unroll
+        for (int kc = 0; kc < DQ / 16; kc++)
+            arl_ldmatrix_x4(qf[kc], qrow + kc * 8);
+    float o[MT][DV / 8][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++)
+            o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.0f;
+    float m[2 * MT], l[2 * MT];
+#pragma unroll
+    for (int i = 0; i < 2 * MT; i++)
+        m[i] = -INFINITY, l[i] = 0.0f;
+
     for (int64_t s0 = blk_lo, it = 0; s0 <= blk_hi; s0 += TC_TK, it++) {
         cp_async_wait0();
         __syncthreads(); /* the tile landed; the other buffer's products (tile it - 1) are done */
         if (s0 + TC_TK <= blk_hi) issue(s0 + TC_TK, (int)((it + 1) & 1)); /* under these products */
-        if (s0 > w_hi || s0 + TC_TK - 1 < w_lo) continue; /* no row of this warp sees the tile */
-        const uint32_t *ks = tiles + (it & 1) * TC_TK * (KW + VW), *vs = ks + TC_TK * KW;
-
-        float sc[TC_TK / 8][4] = {}; /* S = Q K^T: key rows, two n8 tiles per ldmatrix */
-        const uint32_t *krow = ks + arl_ldm_row_b(lane) * KW + arl_ldm_chunk_b(lane) * 4;
+            /* the tile's keys KT at a time: S, its softmax and P V for KT keys before the next */
 #pragma unroll
-        for (int kc = 0; kc < DQ / 16; kc++)
-            tc_mma_pairs<false>(sc, qf[kc], krow + kc * 8, 16 * KW);
-        float mx0 = m0, mx1 = m1;
-        /* scores in log2 units, masked (-inf) where a row does not see the key unless the
-         * whole tile is visible to the warp (full: one copy of the loop without the tests) */
-        const auto scale_mask = [&](bool full) {
+        for (int sub = 0; sub < TC_TK / KT; sub++) {
+            const int64_t s1 = s0 + sub * KT;
+            if (s1 > w_hi || s1 + KT - 1 < w_lo) continue; /* no row of this warp sees these keys */
+            const uint32_t *ks = tiles + (it & 1) * TC_TK * (KW + VW) + sub * KT * KW,
+                           *vs = tiles + (it & 1) * TC_TK * (KW + VW) + TC_TK * KW + sub * KT * VW;
+            float sc[MT][KT / 8][4] = {}; /* S = Q K^T: key rows, two n8 tiles per ldmatrix */
+            const uint32_t *krow = ks + arl_ldm_row_b(lane) * KW + arl_ldm_chunk_b(lane) * 4;
 #pragma unroll
-            for (int nt = 0; nt < TC_TK / 8; nt++)
+            for (int kc = 0; kc < DQ / 16; kc++) {
+                uint32_t a[MT][4];
 #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int64_t s = s0 + nt * 8 + 2 * t + j;
-                    sc[nt][j] = full || (s >= lo0 && s <= hi0) ? sc[nt][j] * sl2 : -INFINITY;
-                    sc[nt][2 + j] =
-                        full || (s >= lo1 && s <= hi1) ? sc[nt][2 + j] * sl2 : -INFINITY;
-                    mx0 = fmaxf(mx0, sc[nt][j]);
-                    mx1 = fmaxf(mx1, sc[nt][2 + j]);
-                }
-        };
-        if (s0 >= w_lo_all && s0 + TC_TK - 1 <= wr0)
-            scale_mask(true);
-        else
-            scale_mask(false);
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
-        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1); /* 0 while m = -inf */
-        m0 = mx0, m1 = mx1;
-        float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < TC_TK / 8; nt++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                sc[nt][j] = exp2f(sc[nt][j] - b0);
-                sc[nt][2 + j] = exp2f(sc[nt][2 + j] - b1);
-                ps0 += sc[nt][j];
-                ps1 += sc[nt][2 + j];
+                for (int i = 0; i < MT; i++)
+                    if (QREG)
+                        a[i][0] = qf[kc][0], a[i][1] = qf[kc][1], a[i][2] = qf[kc][2],
+                        a[i][3] = qf[kc][3];
+                    else
+                        arl_ldmatrix_x4(a[i], qrow + i * 16 * KW + kc * 8);
+                tc_mma_rows<false>(sc, a, krow + kc * 8, 16 * KW);
             }
-        l0 = l0 * c0 + ps0;
-        l1 = l1 * c1 + ps1;
+            float mx[2 * MT];
 #pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-            o[j][0] *= c0, o[j][1] *= c0;
-            o[j][2] *= c1, o[j][3] *= c1;
-        }
-        /* O += P V: value rows are the sum's keys, two n8 tiles per ldmatrix.trans */
-        const uint32_t *vrow = vs + arl_ldm_row_a(lane) * VW + arl_ldm_chunk_a(lane) * 4;
+            for (int i = 0; i < 2 * MT; i++)
+                mx[i] = m[i];
+            /* scores in log2 units, masked (-inf) where a row does not see the key unless the
+             * whole tile is visible to the warp (full: one copy of the loop without the tests) */
+            const auto scale_mask = [&](bool full) {
 #pragma unroll
-        for (int kc = 0; kc < TC_TK / 16; kc++) {
-            uint32_t pa[4];
-            tc_pack_a(pa, sc, kc);
-            tc_mma_pairs<true>(o, pa, vrow + kc * 16 * VW, 8);
+                for (int i = 0; i < 2 * MT; i++)
+#pragma unroll
+                    for (int nt = 0; nt < KT / 8; nt++)
+#pragma unroll
+                        for (int j = 0; j < 2; j++) {
+                            const int32_t s = (int32_t)s1 + nt * 8 + 2 * t + j;
+                            float &x = sc[i / 2][nt][2 * (i % 2) + j];
+                            x = full || (s >= lo[i] && s <= hi[i]) ? x * sl2 : -INFINITY;
+                            mx[i] = fmaxf(mx[i], x);
+                        }
+            };
+            if (s1 >= w_lo_all && s1 + KT - 1 <= wr0)
+                scale_mask(true);
+            else
+                scale_mask(false);
+#pragma unroll
+            for (int i = 0; i < 2 * MT; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                const float b = mx[i] == -INFINITY ? 0.0f : mx[i];
+                const float c = exp2f(m[i] - b); /* 0 while m = -inf */
+                m[i] = mx[i];
+                float ps = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < KT / 8; nt++)
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        float &x = sc[i / 2][nt][2 * (i % 2) + j];
+                        x = exp2f(x - b);
+                        ps += x;
+                    }
+                l[i] = l[i] * c + ps;
+#pragma unroll
+                for (int j = 0; j < DV / 8; j++) {
+                    o[i / 2][j][2 * (i % 2)] *= c;
+                    o[i / 2][j][2 * (i % 2) + 1] *= c;
+                }
+            }
+            /* O += P V: value rows are the sum's keys, two n8 tiles per ldmatrix.trans, each
+             * serving the MT row tiles */
+            const uint32_t *vrow = vs + arl_ldm_row_a(lane) * VW + arl_ldm_chunk_a(lane) * 4;
+#pragma unroll
+            for (int kc = 0; kc < KT / 16; kc++) {
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+                    tc_pack_a(pa[i], sc[i], kc);
+                tc_mma_rows<true>(o, pa, vrow + kc * 16 * VW, 8);
+            }
         }
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
 #pragma unroll
-    for (int j = 0; j < DV / 8; j++)
+    for (int i = 0; i < 2 * MT; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        const int64_t r = wr0 + 16 * (i / 2) + g + 8 * (i % 2);
+        if (r >= A.Tq) continue;
+        const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int64_t d = j * 8 + 2 * t + e;
-            if (d >= A.nv) continue;
-            if (r0 < A.Tq) A.o[(r0 * A.Hm + h) * A.nv + d] = o[j][e] * i0;
-            if (r1 < A.Tq) A.o[(r1 * A.Hm + h) * A.nv + d] = o[j][2 + e] * i1;
-        }
-    if (A.lse && t == 0) { /* natural-log units: (m + log2 l) ln 2 */
-        if (r0 < A.Tq) A.lse[r0 * A.Hm + h] = (m0 + log2f(l0)) * 0.6931471805599453f;
-        if (r1 < A.Tq) A.lse[r1 * A.Hm + h] = (m1 + log2f(l1)) * 0.6931471805599453f;
+        for (int j = 0; j < DV / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int64_t d = j * 8 + 2 * t + e;
+                if (d < A.nv) A.o[(r * A.Hm + h) * A.nv + d] = o[i / 2][j][2 * (i % 2) + e] * inv;
+            }
+        if (A.lse && t == 0) /* natural-log units: (m + log2 l) ln 2 */
+            A.lse[r * A.Hm + h] = (m[i] + log2f(l[i])) * 0.6931471805599453f;
     }
 }
 
@@ -345,28 +402,37 @@ static int tc_dv(int64_t nv) {
     return nv <= 64 ? 64 : 128;
 }
 
-/* one launch of the tensor-core forward: 8 warps (128 queries) per block, two buffers of
- * bf16 key and value tiles in dynamic shared memory */
-static void tc_launch(void (*kern)(attn_args), int dq, int dv, const attn_args *A,
+/* one launch of the tensor-core forward: 128 queries per block (warps x mt x 16), the
+ * block's bf16 queries and two buffers of bf16 key and value tiles in dynamic shared memory */
+static void tc_launch(void (*kern)(attn_args), int dq, int dv, int warps, const attn_args *A,
                       arl_cuda_ctx *c) {
-    const int bytes = 2 * 2 * TC_TK * (dq + 8 + dv + 8);
+    const int bytes = 2 * 128 * (dq + 8) + 2 * 2 * TC_TK * (dq + 8 + dv + 8);
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    kern<<<dim3((unsigned)((A->Tq + 127) / 128), (unsigned)A->Hm), 256, (size_t)bytes, c->stream>>>(
-        *A);
+    kern<<<dim3((unsigned)((A->Tq + 127) / 128), (unsigned)A->Hm), (unsigned)(32 * warps),
+           (size_t)bytes, c->stream>>>(*A);
 }
 
 /* The tensor-core forward when the context computes in bf16, the widths fit and the caller
  * gave the workspace for the bf16 copies; returns 0 to leave the call to the fp32 kernel. */
 static int attn_launch_tc(const attn_args *A, arl_cuda_ctx *c, const char *name) {
     const int dq = tc_dq(A->nA, A->nB), dv = tc_dv(A->nv);
-    if (c->math != ARL_CUDA_MATH_BF16 || A->absorbed || !dq || !dv || !A->k16) return 0;
+    if (c->math != ARL_CUDA_MATH_BF16 || A->absorbed || !dq || !dv || !A->k16 ||
+        A->Tq > INT32_MAX - 2 * TC_TK)
+        return 0;
     bf16_copy(A->k16, {A->ka, A->kb, A->ka_tok, A->ka_head, A->nA, A->kb_tok, A->kb_head, A->nB},
               A->Tq, A->Hm, dq, c);
     bf16_copy(A->v16, {A->vp, A->vp, A->v_tok, A->v_head, A->nv, 0, 0, 0}, A->Tq, A->Hm, dv, c);
-    /* 8 warps (128 queries) per block: the H200 ran the mini shape at 25.9 TFLOP/s with 8
-     * and 14.8 with 4 warps per block (session 6, before the asynchronous stage) */
+    /* 128 queries per block: 4 warps of 32 (the default) or 8 of 16 (the H200 ran the mini
+     * shape at 25.9 TFLOP/s with 8 warps of 16 and 14.8 with 4 warps of 16 in session 6,
+     * before the asynchronous stage; 32-query warps have not been timed yet) */
+    const int rows32 = c->mla_fwd_rows == ARL_CUDA_MLA_FWD_ROWS32;
 #define TC_LAUNCH(Q, V)                                                                            \
-    if (dq == Q && dv == V) tc_launch(k_attn_fwd_tc<Q, V, 8>, Q, V, A, c);
+    if (dq == Q && dv == V) {                                                                      \
+        if (rows32)                                                                                \
+            tc_launch(k_attn_fwd_tc<Q, V, 4, 2>, Q, V, 4, A, c);                                   \
+        else                                                                                       \
+            tc_launch(k_attn_fwd_tc<Q, V, 8, 1>, Q, V, 8, A, c);                                   \
+    }
     TC_LAUNCH(64, 64);
     TC_LAUNCH(64, 128);
     TC_LAUNCH(96, 64);
@@ -378,6 +444,11 @@ static int attn_launch_tc(const attn_args *A, arl_cuda_ctx *c, const char *name)
 #undef TC_LAUNCH
     ARL_CUDA_LAUNCHED(c, name);
     return 1;
+}
+
+extern "C" int32_t arl_cuda_mla_fwd_rows(int32_t rows) {
+    ARL_ASSERT(rows == ARL_CUDA_MLA_FWD_ROWS32 || rows == ARL_CUDA_MLA_FWD_ROWS16);
+    return arl_cuda_swap_setting(&arl_cuda_need()->mla_fwd_rows, rows);
 }
 
 static void attn_launch(const attn_args *A, const char *name) {

@@ -125,6 +125,15 @@ void arl_cuda_mla_attn_fwd(float *o, float *lse, const float *q_nope, const floa
                            const float *k_nope, const float *k_pe, const float *v,
                            const int32_t *cu, int32_t N, int64_t T, int64_t Hm, int64_t n,
                            int64_t r, int64_t vm, float scale, float *ws);
+/* The tensor-core forward's warp tile: ROWS32 (the default: 4 warps of 32 queries, each K
+ * and V fragment read from shared memory serving 32 queries, a softmax step every 32 keys) or
+ * ROWS16 (8 warps of 16, the query fragments held in registers, a step every 64 keys).  The
+ * same products; the steps' rescaling differs by fp32 rounding.  arl_cuda_mla_fwd_rows sets
+ * the current context's and returns the previous one (the benchmark times both, the parity
+ * tests check both). */
+#define ARL_CUDA_MLA_FWD_ROWS32 0
+#define ARL_CUDA_MLA_FWD_ROWS16 1
+int32_t arl_cuda_mla_fwd_rows(int32_t rows);
 /* the forward's workspace: the tensor-core path's bf16 copies of the keys and values (0 when
  * the widths do not fit that path); ws NULL leaves the call to the fp32 kernel */
 int64_t arl_cuda_mla_attn_fwd_ws_floats(int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm);

@@ -299,12 +299,23 @@ static void mla_tc_case(int64_t n, int64_t r, int64_t vm, int one_doc) {
     int32_t *d_cu = ct_dev_i32(cu, N + 1);
     /* the workspace: the bf16 copies of the keys and values */
     float *d_ws = ct_dev(NULL, arl_cuda_mla_attn_fwd_ws_floats(T, Hm, n, r, vm));
-    arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
-    arl_cuda_mla_attn_fwd(d_o, d_lse, d_qn, d_qp, d_kn, d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale,
-                          d_ws);
-    arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_FP32);
-    ct_check_maxref("mla_attn_fwd (tensor cores) o", d_o, o, T * Hm * vm, 0.0, 2e-2);
-    ct_check("mla_attn_fwd (tensor cores) lse", d_lse, lse, T * Hm, 2e-2, 0.0);
+    /* both warp tiles (ops.h arl_cuda_mla_fwd_rows): 4 warps of 32 queries (the default, a
+     * softmax step every 32 keys) and 8 of 16 (every 64) */
+    const int32_t rows[2] = {ARL_CUDA_MLA_FWD_ROWS32, ARL_CUDA_MLA_FWD_ROWS16};
+    for (int v16 = 0; v16 < 2; v16++) {
+        const int32_t was = arl_cuda_mla_fwd_rows(rows[v16]);
+        arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
+        arl_cuda_mla_attn_fwd(d_o, d_lse, d_qn, d_qp, d_kn, d_kp, d_v, d_cu, N, T, Hm, n, r, vm,
+                              scale, d_ws);
+        arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_FP32);
+        arl_cuda_mla_fwd_rows(was);
+        ct_check_maxref(v16 ? "mla_attn_fwd (tensor cores, 16-query warps) o"
+                            : "mla_attn_fwd (tensor cores, 32-query warps) o",
+                        d_o, o, T * Hm * vm, 0.0, 2e-2);
+        ct_check(v16 ? "mla_attn_fwd (tensor cores, 16-query warps) lse"
+                     : "mla_attn_fwd (tensor cores, 32-query warps) lse",
+                 d_lse, lse, T * Hm, 2e-2, 0.0);
+    }
     /* without a workspace the bf16 math mode leaves the call to the fp32 kernel: fp32 bounds */
     arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
     arl_cuda_mla_attn_fwd(d_o, d_lse, d_qn, d_qp, d_kn, d_kp, d_v, d_cu, N, T, Hm, n, r, vm, scale,

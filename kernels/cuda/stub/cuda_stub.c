@@ -196,6 +196,9 @@ void arl_cuda_kda_chunk_fwd(float *o, float *S, float *cs, const float *q, const
 int32_t arl_cuda_kda_prep_form(int32_t form) {
     return ARL_CUDA_KDA_PREP_FACTORED;
 }
+int32_t arl_cuda_mla_fwd_rows(int32_t rows) {
+    return ARL_CUDA_MLA_FWD_ROWS32;
+}
 void arl_cuda_kda_chunk_prep(float *ws, const float *q, const float *k, const float *v,
                              const float *g, const float *beta, const int32_t *cu, int32_t N,
                              int64_t T, int64_t H, int64_t dk, int64_t dv, float scale, int64_t C) {
