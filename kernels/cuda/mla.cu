@@ -402,13 +402,15 @@ static int tc_dv(int64_t nv) {
     return nv <= 64 ? 64 : 128;
 }
 
-/* one launch of the tensor-core forward: 128 queries per block (warps x mt x 16), the
- * block's bf16 queries and two buffers of bf16 key and value tiles in dynamic shared memory */
-static void tc_launch(void (*kern)(attn_args), int dq, int dv, int warps, const attn_args *A,
-                      arl_cuda_ctx *c) {
-    const int bytes = 2 * 128 * (dq + 8) + 2 * 2 * TC_TK * (dq + 8 + dv + 8);
+/* one launch of the tensor-core forward k_attn_fwd_tc<dq, dv, warps, mt>: warps x mt x 16
+ * queries per block, the block's bf16 queries and two buffers of bf16 key and value tiles in
+ * dynamic shared memory */
+static void tc_launch(void (*kern)(attn_args), int dq, int dv, int warps, int mt,
+                      const attn_args *A, arl_cuda_ctx *c) {
+    const int tq = 16 * mt * warps;
+    const int bytes = 2 * tq * (dq + 8) + 2 * 2 * TC_TK * (dq + 8 + dv + 8);
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    kern<<<dim3((unsigned)((A->Tq + 127) / 128), (unsigned)A->Hm), (unsigned)(32 * warps),
+    kern<<<dim3((unsigned)((A->Tq + tq - 1) / tq), (unsigned)A->Hm), (unsigned)(32 * warps),
            (size_t)bytes, c->stream>>>(*A);
 }
 
@@ -429,9 +431,9 @@ static int attn_launch_tc(const attn_args *A, arl_cuda_ctx *c, const char *name)
 #define TC_LAUNCH(Q, V)                                                                            \
     if (dq == Q && dv == V) {                                                                      \
         if (rows32)                                                                                \
-            tc_launch(k_attn_fwd_tc<Q, V, 4, 2>, Q, V, 4, A, c);                                   \
+            tc_launch(k_attn_fwd_tc<Q, V, 4, 2>, Q, V, 4, 2, A, c);                                \
         else                                                                                       \
-            tc_launch(k_attn_fwd_tc<Q, V, 8, 1>, Q, V, 8, A, c);                                   \
+            tc_launch(k_attn_fwd_tc<Q, V, 8, 1>, Q, V, 8, 1, A, c);                                \
     }
     TC_LAUNCH(64, 64);
     TC_LAUNCH(64, 128);
