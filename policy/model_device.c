@@ -224,6 +224,13 @@ static void cpu_grad_sumsq(double *out, const float *g, const int64_t *ranges, i
         out[c] = arl_optim_sumsq(g + ranges[2 * c], ranges[2 * c + 1] - ranges[2 * c]);
 }
 
+/* AdamW's element update (policy/optimizer.c); "cpu" keeps no bf16 weight copy to refresh */
+static void cpu_adamw_update(float *p, uint16_t *pb, float *m, float *v, const float *g, int64_t n,
+                             int32_t apply_decay, const arl_cuda_adamw_hp *hp) {
+    ARL_ASSERT(pb == NULL);
+    arl_optim_update(p, m, v, g, n, apply_decay, hp);
+}
+
 /* segment-wise training: the absorbed core's work buffer (policy/mla_layer_backward.h) */
 static int64_t cpu_abs_train_ws(int64_t S, int64_t Hm, int64_t rkv, int64_t r) {
     (void)rkv, (void)r;
@@ -274,7 +281,7 @@ static const arl_dev_ops cpu_ops = {
     .moe_experts_bwd = cpu_moe_experts_bwd,
     .embed_bwd = cpu_embed_bwd,
     .grad_sumsq = cpu_grad_sumsq,
-    .adamw_update = arl_optim_update,
+    .adamw_update = cpu_adamw_update,
     .kda_conv_tail_bwd = arl_kda_conv_tail_bwd,
     .kda_conv_tail_out_bwd = arl_kda_conv_tail_out_bwd,
     .mla_abs_train_ws_floats = cpu_abs_train_ws,

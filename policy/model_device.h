@@ -206,9 +206,11 @@ typedef struct arl_dev_ops {
     void (*embed_bwd)(float *dtable, const float *dx, const int32_t *tokens, int64_t T, int64_t d);
     /* AdamW (policy/optimizer.c): out[i] = sum of g^2 over floats [ranges[2i], ranges[2i+1])
      * of g, left to right in double (out, ranges: device memory); and the element update of
-     * floats [0, n) of one tensor (kernels/cuda/ops.h arl_cuda_adamw_step; hp a host struct) */
+     * floats [0, n) of one tensor (kernels/cuda/ops.h arl_cuda_adamw_step; hp a host struct),
+     * with pb (n) the bf16 copy of p rewritten from the new p in the same pass (NULL: none;
+     * always NULL on "cpu", which keeps no bf16 weights) */
     void (*grad_sumsq)(double *out, const float *g, const int64_t *ranges, int64_t n);
-    void (*adamw_update)(float *p, float *m, float *v, const float *g, int64_t n,
+    void (*adamw_update)(float *p, uint16_t *pb, float *m, float *v, const float *g, int64_t n,
                          int32_t apply_decay, const arl_cuda_adamw_hp *hp);
 
     /* ---- training from decode states (segment-wise, policy/model_device_backward.h); NULL

@@ -1701,10 +1701,11 @@ arl_status arl_model_dev_optim_step(arl_model_dev_train *tr, arl_optim_report *r
     arl_optim_step_scalars(&hp, &coef, &lr, c, tr->step, norm);
     for (int64_t r = 0; r < tr->n_runs; r++) {
         int64_t a = tr->run_begin[r];
-        ops->adamw_update(m->weights + a, tr->mom_m + a, tr->mom_v + a, tr->grads + a,
-                          tr->run_len[r], tr->run_decay[r], &hp);
+        /* the bf16 copies of the updated weights in the same pass; the weights outside the
+         * runs (not trained) keep theirs, made when the weights were uploaded */
+        ops->adamw_update(m->weights + a, m->wb16 ? m->wb16 + a : NULL, tr->mom_m + a,
+                          tr->mom_v + a, tr->grads + a, tr->run_len[r], tr->run_decay[r], &hp);
     }
-    if (m->wb16) ops->f32_to_bf16(m->wb16, m->weights, m->weight_floats);
     ARL_TRY(ops->sync());
     if (rep) {
         rep->grad_norm = norm;

@@ -439,8 +439,7 @@ extern "C" void arl_cuda_graph_free(arl_cuda_graph *g) {
 
 __global__ void k_f32_to_bf16(uint16_t *y, const float *x, int64_t n) {
     ARL_GRID_STRIDE(i, n) {
-        __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
-        y[i] = *reinterpret_cast<uint16_t *>(&b);
+        y[i] = (uint16_t)arl_bf16_rn_bits(x[i]);
     }
 }
 

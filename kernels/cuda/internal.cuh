@@ -187,6 +187,14 @@ __device__ static inline double arl_warp_sum_d(double v) {
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+/* The bits of x rounded to bf16, nearest even (NaN stays NaN): every fp32 -> bf16 copy of
+ * weights and activations (arl_cuda_f32_to_bf16, the MoE gathers, AdamW's refresh of the bf16
+ * weights) rounds through this one function, so their copies agree bit for bit. */
+__device__ static inline uint32_t arl_bf16_rn_bits(float x) {
+    __nv_bfloat16 b = __float2bfloat16_rn(x);
+    return *reinterpret_cast<uint16_t *>(&b);
+}
+
 __device__ static inline float arl_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);

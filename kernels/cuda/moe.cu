@@ -117,10 +117,8 @@ __global__ void k_gather(float *xp, uint16_t *xpb, const float *x, const int32_t
         float v = x[(int64_t)row_src[r] * d + j];
         if (xp)
             xp[i] = v;
-        else {
-            __nv_bfloat16 b = __float2bfloat16_rn(v);
-            xpb[i] = *reinterpret_cast<uint16_t *>(&b);
-        }
+        else
+            xpb[i] = (uint16_t)arl_bf16_rn_bits(v);
     }
 }
 

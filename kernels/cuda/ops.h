@@ -273,9 +273,11 @@ typedef struct arl_cuda_adamw_hp {
 } arl_cuda_adamw_hp;
 
 /* For i < n: g' = g coef; p *= decay (apply_decay only); m = b1 m + (1-b1) g';
- * v = b2 v + (1-b2) g'^2; p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps).  One call per
- * contiguous range with the same decay rule.  hp is a host struct (copied). */
-void arl_cuda_adamw_step(float *p, float *m, float *v, const float *g, int64_t n,
+ * v = b2 v + (1-b2) g'^2; p -= step_size m / (sqrt(v) inv_sqrt_bc2 + eps); and with pb non-NULL
+ * pb[i] = the new p[i] rounded to bf16 (nearest even, the bits arl_cuda_f32_to_bf16 gives):
+ * the bf16 weight copy refreshed in the same pass.  One call per contiguous range with the
+ * same decay rule.  hp is a host struct (copied). */
+void arl_cuda_adamw_step(float *p, uint16_t *pb, float *m, float *v, const float *g, int64_t n,
                          int32_t apply_decay, const arl_cuda_adamw_hp *hp);
 
 /* ======================= whole-model glue (kernels/cuda/model.cu) ======================== */

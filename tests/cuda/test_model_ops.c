@@ -22,6 +22,7 @@
  *   - selections and the MoE plan: exact.
  */
 #include "kernels/cuda/ops.h"
+#include "core/dtype.h"
 #include "kernels/kernels.h"
 #include "policy/attnres.h"
 #include "policy/kda.h"
@@ -883,12 +884,21 @@ static void test_moe_wide(void) {
 }
 
 /* ---------------------------------------------------------------- AdamW */
+/* Ranges as the training step makes them (runs of tensors with one decay rule, at any float
+ * offset): each starts at a different offset mod 4, so the kernel's 16-byte groups begin
+ * after 0-3 single elements and end before 0-3; one range is shorter than a group, one is the
+ * moments at an offset p is not at (the one-element-a-thread form).  With the bf16 copy the
+ * copy must be the new p rounded, bit for bit, and the floats outside the ranges untouched. */
 static void test_adamw(void) {
     CT_CASE_BEGIN;
     const int64_t n = 5000;
     float *p = ct_rand(n, -1, 1), *m = ct_rand(n, -0.1f, 0.1f), *v = ct_rand(n, 0, 0.01f);
     float *g = ct_rand(n, -1, 1);
     float *d_p = ct_dev(p, n), *d_m = ct_dev(m, n), *d_v = ct_dev(v, n), *d_g = ct_dev(g, n);
+    uint16_t *pb0 = (uint16_t *)ct_host(sizeof(uint16_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        pb0[i] = 0x7fc1; /* a NaN no rounding gives: a float the step did not write shows */
+    uint16_t *d_pb = (uint16_t *)ct_dev_bytes(pb0, sizeof(uint16_t) * (size_t)n);
     /* the constants policy/optimizer.c computes for step t = 3, lr 1e-3, wd 0.1, clip 0.5 */
     double lr = 1e-3, b1 = 0.9, b2 = 0.95, t = 3;
     arl_cuda_adamw_hp hp = {.coef = 0.5f,
@@ -900,16 +910,39 @@ static void test_adamw(void) {
                             .step_size = (float)(lr / (1.0 - pow(b1, t))),
                             .inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(b2, t))),
                             .eps = 1e-8f};
-    arl_cuda_adamw_step(d_p, d_m, d_v, d_g, n / 2, 1, &hp);
-    arl_cuda_adamw_step(d_p + n / 2, d_m + n / 2, d_v + n / 2, d_g + n / 2, n - n / 2, 0, &hp);
+    /* {begin, length, decay, bf16 copy}: [4997, 5000) and [2, 3) are left out */
+    static const int64_t rg[][4] = {{0, 2, 1, 1},       {3, 1, 0, 1},    {4, 1022, 1, 1},
+                                    {1026, 1029, 0, 0}, {2055, 6, 1, 1}, {2061, 2935, 0, 1},
+                                    {4996, 1, 1, 1}};
+    const int nr = (int)(sizeof rg / sizeof rg[0]);
+    for (int r = 0; r < nr; r++) {
+        const int64_t a = rg[r][0], len = rg[r][1];
+        arl_cuda_adamw_step(d_p + a, rg[r][3] ? d_pb + a : NULL, d_m + a, d_v + a, d_g + a, len,
+                            (int32_t)rg[r][2], &hp);
+    }
+    /* the moments one float off p's alignment: every range in the scalar form */
+    float *mo = ct_copy_host(m, n);
+    float *d_mo = ct_dev(NULL, n + 1) + 1; /* 4 bytes past the arena's 256-byte alignment */
+    if (arl_cuda_upload(ct_ctx, d_mo, mo, sizeof(float) * (size_t)n) != ARL_OK) ct_die("upload");
+    float *po = ct_copy_host(p, n), *vo = ct_copy_host(v, n);
+    float *d_po = ct_dev(po, n), *d_vo = ct_dev(vo, n);
+    arl_cuda_adamw_step(d_po + 4, NULL, d_mo + 4, d_vo + 4, d_g + 4, n - 4, 1, &hp);
     for (int64_t i = 0; i < n; i++) { /* policy/optimizer.c step_range, element by element */
-        float gi = g[i] * hp.coef, pi = p[i];
-        if (i < n / 2) pi *= hp.decay;
-        float mi = hp.beta1 * m[i] + hp.omb1 * gi;
-        float vi = hp.beta2 * v[i] + hp.omb2 * (gi * gi);
-        m[i] = mi, v[i] = vi;
-        float denom = sqrtf(vi) * hp.inv_sqrt_bc2 + hp.eps;
-        p[i] = pi - hp.step_size * (mi / denom);
+        int r = 0;
+        while (r < nr && !(i >= rg[r][0] && i < rg[r][0] + rg[r][1]))
+            r++;
+        float *P[2] = {&p[i], &po[i]}, *M[2] = {&m[i], &mo[i]}, *V[2] = {&v[i], &vo[i]};
+        const int on[2] = {r < nr, i >= 4}, dec[2] = {r < nr && rg[r][2], 1};
+        for (int s = 0; s < 2; s++) {
+            if (!on[s]) continue;
+            float gi = g[i] * hp.coef, pi = *P[s];
+            if (dec[s]) pi *= hp.decay;
+            float mi = hp.beta1 * *M[s] + hp.omb1 * gi;
+            float vi = hp.beta2 * *V[s] + hp.omb2 * (gi * gi);
+            *M[s] = mi, *V[s] = vi;
+            float denom = sqrtf(vi) * hp.inv_sqrt_bc2 + hp.eps;
+            *P[s] = pi - hp.step_size * (mi / denom);
+        }
     }
     /* the same float operations; nvcc's FMA contraction changes the last bit of m, v and
      * the update (step_size ~ 1e-3 of |p|): rtol 1e-6.  m = beta1 m + (1 - beta1) g sums two
@@ -919,7 +952,25 @@ static void test_adamw(void) {
     ct_check("adamw p", d_p, p, n, 1e-9, 1e-6);
     ct_check("adamw m", d_m, m, n, 2e-8, 1e-6);
     ct_check("adamw v", d_v, v, n, 1e-12, 1e-6);
-    free(p), free(m), free(v), free(g);
+    ct_check("adamw p (scalar form)", d_po, po, n, 1e-9, 1e-6);
+    ct_check("adamw m (scalar form)", d_mo, mo, n, 2e-8, 1e-6);
+    ct_check("adamw v (scalar form)", d_vo, vo, n, 1e-12, 1e-6);
+    /* the bf16 copy: the device's own new p rounded, exactly; untouched outside the copies */
+    float *ph = ct_get(d_p, n);
+    uint16_t *pb = (uint16_t *)ct_host(sizeof(uint16_t) * (size_t)n);
+    if (arl_cuda_download(ct_ctx, pb, d_pb, sizeof(uint16_t) * (size_t)n) != ARL_OK)
+        ct_die("download");
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        int r = 0;
+        while (r < nr && !(i >= rg[r][0] && i < rg[r][0] + rg[r][1]))
+            r++;
+        const uint16_t want = r < nr && rg[r][3] ? arl_f32_to_bf16(ph[i]) : pb0[i];
+        if (pb[i] != want && bad++ == 0) first = i;
+    }
+    CHECK_MSG(bad == 0, "adamw bf16 copy: %lld of %lld differ (first at %lld)", (long long)bad,
+              (long long)n, (long long)first);
+    free(p), free(m), free(v), free(g), free(pb0), free(mo), free(po), free(vo), free(ph), free(pb);
     CT_CASE_END;
 }
 

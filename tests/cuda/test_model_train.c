@@ -36,8 +36,11 @@
  *                            each far larger than the total), where the H200 measured up to 8%
  *                            of max|ref| (A_log of layer 2; expert w3 5.6%).  A wrong index,
  *                            boundary or missing term gives errors of order max|ref|.
+ *                          - bf16 weight copies (test_cuda_bf16_weights_step): two steps;
+ *                            after each, every copy is the new fp32 weight rounded, exactly.
  *   test_model_train cuda-emu  the fp32 case under tests/cuda/emu (every kernel on the CPU);
- *                          ARL_TEST_CASES=test_cuda_bf16 runs the bf16 case there instead.
+ *                          ARL_TEST_CASES=test_cuda_bf16 (or test_cuda_bf16_weights_step)
+ *                          runs that case there instead.
  * Both devices also train on image rows in place of the <|media_pad|> placeholders
  * (test_cpu_media bit-identical, test_cuda_media in the fp32 bounds), and a block-sparse MLA
  * model (spec 4.5, chunks of 5 tokens, k_c 2: the 33-token document's queries choose among up
@@ -49,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dtype.h"
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
 #include "policy/model_backward.h"
@@ -150,11 +154,12 @@ static void ref_step(ref_run *R, const arl_batch *b, double *loss, arl_optim_rep
               arl_error_msg());
 }
 
-static int g_ckpt; /* the device trainers of a case checkpoint activations */
+static int g_ckpt;  /* the device trainers of a case checkpoint activations */
+static int g_bf16w; /* ... keep bf16 weight copies (arl_model_dev_opts bf16_weights) */
 
 static void init_dev(arl_model_dev *md, arl_model_dev_train *dt, const arl_optim_config *oc) {
     arl_model_opts o = test_opts();
-    arl_model_dev_opts dopts = {.train_checkpoint = g_ckpt};
+    arl_model_dev_opts dopts = {.train_checkpoint = g_ckpt, .bf16_weights = g_bf16w};
     if (arl_model_dev_init(md, OPS, &TM.cfg, &TM.w, &o, &dopts) ||
         arl_model_dev_train_init(dt, md, oc)) {
         fprintf(stderr, "device init: %s\n", arl_error_msg());
@@ -595,6 +600,52 @@ static void test_cuda_bf16(void) {
     cuda_step(ARL_CUDA_MATH_BF16, 2e-2, 0.15, 0, "cuda bf16");
 }
 
+/* Training on the bf16 weight copies (bf16_weights, the forward's GEMMs on them): after every
+ * step the copies are the updated fp32 masters rounded to bf16 (nearest even), bit for bit,
+ * for every weight (AdamW rewrites the trained ones in its own pass; the others keep the
+ * upload's), so that the next step's forward runs on the new weights. */
+static void test_cuda_bf16_weights_step(void) {
+    const int64_t nf = TM.w.inv.arena_floats;
+    arl_optim_config oc;
+    optim_cfg(&oc);
+    arl_model_dev md;
+    arl_model_dev_train dt;
+    g_bf16w = 1;
+    init_dev(&md, &dt, &oc);
+    g_bf16w = 0;
+    CHECK(md.wb16 != NULL);
+    float *pd = malloc(sizeof(float) * (size_t)nf);
+    uint16_t *wb = malloc(sizeof(uint16_t) * (size_t)nf);
+    int32_t tok[NT];
+    for (int step = 0; step < 2; step++) {
+        rand_tokens(tok, 0xB16 + (uint64_t)step, NT);
+        arl_batch b = {.tokens = tok, .T = NT, .cu = CU, .N = ND};
+        double loss = 0;
+        arl_optim_report rep;
+        CHECK_MSG(arl_model_dev_train_step(&dt, &b, &loss, &rep) == ARL_OK, "step %d: %s", step,
+                  arl_error_msg());
+        CHECK_MSG(isfinite(loss) && loss > 0, "step %d: loss %g", step, loss);
+        CHECK(arl_model_dev_params_download(&dt, pd) == ARL_OK);
+        CHECK(OPS->download(wb, md.wb16, sizeof(uint16_t) * (size_t)nf) == ARL_OK);
+        int64_t bad = 0, first = -1, moved = 0;
+        for (int64_t i = 0; i < nf; i++) {
+            if (wb[i] != arl_f32_to_bf16(pd[i]) && bad++ == 0) first = i;
+            moved += pd[i] != TM.w.arena[i];
+        }
+        CHECK_MSG(bad == 0,
+                  "step %d: %lld of %lld bf16 weights are not the new weights rounded "
+                  "(first at float %lld)",
+                  step, (long long)bad, (long long)nf, (long long)first);
+        CHECK_MSG(moved > nf / 2, "step %d: only %lld of %lld weights moved", step,
+                  (long long)moved, (long long)nf);
+    }
+    free(pd);
+    free(wb);
+    arl_model_dev_train_free(&dt);
+    arl_model_dev_free(&md);
+    arl_optim_config_free(&oc);
+}
+
 int main(int argc, char **argv) {
     const char *dev = argc > 1 ? argv[1] : "cpu";
     tiny_load(&TM);
@@ -620,7 +671,10 @@ int main(int argc, char **argv) {
         TEST_RUN(test_cuda_checkpoint);
         TEST_RUN(test_cuda_sparse);
         /* the emulator: fp32 only (every launch is slow), unless ARL_TEST_CASES names cases */
-        if (strcmp(dev, "cuda-emu") != 0 || getenv("ARL_TEST_CASES")) TEST_RUN(test_cuda_bf16);
+        if (strcmp(dev, "cuda-emu") != 0 || getenv("ARL_TEST_CASES")) {
+            TEST_RUN(test_cuda_bf16);
+            TEST_RUN(test_cuda_bf16_weights_step);
+        }
     }
     tiny_free(&TM);
     return test_finish();

@@ -313,7 +313,7 @@ arl_status arl_cuda_gemm_bf16(int32_t ta, int32_t tb, int64_t M, int64_t N, int6
                               float beta, float *C, int64_t ldc) {
     return no_cuda();
 }
-void arl_cuda_adamw_step(float *p, float *m, float *v, const float *g, int64_t n,
+void arl_cuda_adamw_step(float *p, uint16_t *pb, float *m, float *v, const float *g, int64_t n,
                          int32_t apply_decay, const arl_cuda_adamw_hp *hp) {
     NO_CTX;
 }
