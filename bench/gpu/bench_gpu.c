@@ -324,6 +324,18 @@ static void bench_moe(const char *tag, int64_t T, int64_t E, int64_t k, int64_t 
     printf("RESULT moe_%s_grouped_tflops=%.3f\nRESULT moe_%s_dense_tflops=%.3f\n"
            "RESULT moe_%s_ratio=%.4f\n",
            tag, g_tf, tag, d_tf, tag, g_tf / d_tf);
+    /* the same tiles on Hopper's warpgroup products (ops.h arl_cuda_moe_tn_form), where the
+     * device has them */
+    if (arl_cuda_moe_wgmma_available()) {
+        const int32_t was = arl_cuda_moe_tn_form(ARL_CUDA_MOE_TN_WGMMA);
+        float wg_ms;
+        TIME_MS(wg_ms, 10, arl_cuda_grouped_gemm_bf16(y, x, w, 1, &plan, Nout, K, 0.0f));
+        arl_cuda_moe_tn_form(was);
+        const double wg_tf = fl / (wg_ms * 1e-3) / 1e12;
+        printf("  wgmma form: %.1f TFLOP/s, ratio %.3f\n", wg_tf, wg_tf / d_tf);
+        printf("RESULT moe_%s_wgmma_tflops=%.3f\nRESULT moe_%s_wgmma_ratio=%.4f\n", tag, wg_tf, tag,
+               wg_tf / d_tf);
+    }
     /* the training step's grouped GEMMs (fp32 activations and master weights, rounded to bf16
      * as staged under the bf16 math mode): forward (W (N, K)), input gradient (W read as
      * (K, N)) and weight gradient, each against the same dense bf16 rate */

@@ -139,6 +139,7 @@ END {
     printf f, "KDA (fwd+bwd) / fwd (<= 5x)", v["kda_fwdbwd_over_fwd"] "x"
     printf f, "MoE grouped GEMM / dense cuBLAS, fine 512x512 (>= 0.35)", v["moe_fine_ratio"]
     printf f, "MoE grouped GEMM / dense cuBLAS, coarse 2048x512 (>= 0.8)", v["moe_coarse_ratio"]
+    printf f, "  the same on wgmma (sm_90a), fine / coarse", v["moe_fine_wgmma_ratio"] " / " v["moe_coarse_wgmma_ratio"]
     printf f, "  training path (fp32 operands) fwd / dX / dW, fine", v["moe_fine_train_fwd_ratio"] " / " v["moe_fine_train_dx_ratio"] " / " v["moe_fine_train_wgrad_ratio"]
     printf f, "  training path (fp32 operands) fwd / dX / dW, coarse", v["moe_coarse_train_fwd_ratio"] " / " v["moe_coarse_train_dx_ratio"] " / " v["moe_coarse_train_wgrad_ratio"]
     printf f, "dense GEMM 16384x1024x1024, fp32 / bf16 operands", sprintf("%s / %s TFLOP/s (rounding both operands %s ms)", v["dense_n1024_f32_bf16math_tflops"], v["dense_n1024_bf16_tflops"], v["dense_n1024_round_ms"])

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda.h"
@@ -45,12 +46,13 @@ struct arl_cuda_ctx {
     struct arl_cuda_prof *prof; /* per-op profile (arl_cuda_profile_begin), or NULL */
     int32_t kda_prep;           /* ARL_CUDA_KDA_PREP_* of the chunkwise KDA's kernel 1 */
     int32_t mla_fwd_rows;       /* ARL_CUDA_MLA_FWD_ROWS* of the MLA forward on tensor cores */
+    int32_t moe_tn;             /* ARL_CUDA_MOE_TN_* of the bf16 grouped GEMM (trans_w = 1) */
 };
 
 /* Current context of the thread; asserts one exists (programmer error otherwise). */
 arl_cuda_ctx *arl_cuda_need(void);
 
-/* A kernel variant setting of the current context (kda_prep, mla_fwd_rows): sets *slot to v
+/* A kernel variant setting of the current context (kda_prep, mla_fwd_rows, moe_tn): sets *slot to v
  * and returns what it was (the benchmark's and the parity tests' switch). */
 static inline int32_t arl_cuda_swap_setting(int32_t *slot, int32_t v) {
     const int32_t was = *slot;
@@ -375,6 +377,107 @@ __device__ static inline void arl_ldm_b_pair(uint32_t (&b)[J][2], int jp, const 
     b[2 * jp + 1][0] = t[2];
     b[2 * jp + 1][1] = t[3];
 }
+
+/* ---- Hopper warpgroup products (wgmma.mma_async, sm_90a only; kernels/cuda/moe_wgmma.cu) ----
+ * A warpgroup (4 consecutive warps, 128 threads) computes D (64 x N) += A (64 x 16) B^T with A
+ * and B (N x 16) read from shared memory by the tensor cores, through matrix descriptors.  Both
+ * operands here are "K-major" (rows of k) and unswizzled: stored as core matrices of 8 rows x
+ * 16 bytes (8 bf16 of k), each core matrix 128 contiguous bytes (row i of it at 16 i).  The
+ * descriptor holds the start address, LBO (bytes from one core matrix to the next along k)
+ * and SBO (bytes from one 8-row group to the next), each >> 4 (PTX ISA, "matrix descriptor").
+ * D's fragment (fp32): thread t of the warpgroup, warp w = t / 32, g = lane / 4, q = lane % 4,
+ * holds d[j][0..1] = D(16 w + g, 8 j + 2 q + 0..1) and d[j][2..3] = D(16 w + g + 8, same): the
+ * m16n8 C layout of arl_mma_bf16 for warp w's 16 rows, n8 tile j.  wgmma reads its operands
+ * asynchronously: arl_wgmma_fence before the first product of a batch (the accumulators were
+ * written by other instructions), commit, then wait before the accumulators are read or the
+ * operands' shared memory is written again; shared memory written by the threads (cp.async
+ * included: the generic proxy) is made visible to the tensor cores' reads (the async proxy) by
+ * arl_fence_proxy_async in each writer, then a barrier.  The CPU emulator computes each
+ * thread's fragment from the shared bytes the descriptors name (no swizzle), at the product
+ * or, with EMU_WGMMA=defer, at the wait that retires it (tests/cuda/emu/emu_cuda.h). */
+__device__ static inline uint32_t arl_smem_addr(const void *p) {
+#if defined(__CUDACC__)
+    return (uint32_t)__cvta_generic_to_shared(p);
+#else
+    return (uint32_t)((const unsigned char *)p - (const unsigned char *)emu_sm());
+#endif
+}
+__device__ static inline uint64_t arl_wg_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((arl_smem_addr(smem) >> 4) & 0x3fffu) |
+           ((uint64_t)((lbo >> 4) & 0x3fffu) << 16) | ((uint64_t)((sbo >> 4) & 0x3fffu) << 32);
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ARL_HAVE_WGMMA 1
+__device__ static inline void arl_wgmma_fence(void) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ static inline void arl_wgmma_commit(void) {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ static inline void arl_wgmma_wait(void) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ static inline void arl_fence_proxy_async(void) {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* d (64 x 128 over the warpgroup) += A B^T, A and B K-major bf16 in shared memory */
+__device__ static inline void arl_wgmma_m64n128k16(float (&d)[16][4], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
+        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, "
+        "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, "
+        "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),
+          "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),
+          "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),
+          "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),
+          "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "l"(da), "l"(db), "r"(1));
+}
+#elif !defined(__CUDACC__)
+#define ARL_HAVE_WGMMA 1
+static inline void arl_wgmma_fence(void) {}
+static inline void arl_wgmma_commit(void) {
+    emu_wgmma_commit();
+}
+template <int N> static inline void arl_wgmma_wait(void) {
+    emu_wgmma_wait(N);
+}
+static inline void arl_fence_proxy_async(void) {}
+/* one bf16 of a K-major unswizzled operand: row r, column k */
+static inline float arl_wg_at(const unsigned char *sm, uint64_t desc, int r, int k) {
+    const uint32_t start = (uint32_t)(desc & 0x3fffu) << 4;
+    const uint32_t lbo = (uint32_t)((desc >> 16) & 0x3fffu) << 4;
+    const uint32_t sbo = (uint32_t)((desc >> 32) & 0x3fffu) << 4;
+    uint16_t v;
+    memcpy(&v, sm + start + (r >> 3) * sbo + (k >> 3) * lbo + (r & 7) * 16 + (k & 7) * 2, 2);
+    return __uint_as_float((uint32_t)v << 16);
+}
+static inline void arl_wgmma_m64n128k16(float (&d)[16][4], uint64_t da, uint64_t db) {
+    if ((da | db) >> 46) abort(); /* base offset or swizzle: not emulated */
+    const unsigned char *sm = (const unsigned char *)emu_sm();
+    const int tw = threadIdx.x & 127, w = tw >> 5, g = (tw & 31) >> 2, q = tw & 3;
+    emu_wgmma_issue([&d, da, db, sm, w, g, q] {
+        for (int j = 0; j < 16; j++)
+            for (int e = 0; e < 4; e++) {
+                const int row = 16 * w + g + 8 * (e >> 1), col = 8 * j + 2 * q + (e & 1);
+                float s = 0.0f;
+                for (int k = 0; k < 16; k++)
+                    s += arl_wg_at(sm, da, row, k) * arl_wg_at(sm, db, col, k);
+                d[j][e] += s;
+            }
+    });
+}
+#endif
 
 /* The unscaled score of absorbed MLA (spec 4.2) of query row [qh; qp] with the latent row
  * [c; k_pe] (width rkv + r): qh . c + qp . k_pe, each part in column order. */

@@ -2,13 +2,14 @@
  * deterministic routing plan, gather/combine and their backward, and the grouped GEMM that
  * runs every expert in one launch (fp32 CUDA-core tiles for parity; bf16 tensor-core tiles on
  * mma.sync with ldmatrix fragments for speed, and a WMMA tile for the trans_w = 0 layout of
- * bf16 weights) plus the per-expert weight gradient. */
+ * bf16 weights) plus the per-expert weight gradient.  The bf16 tile's wgmma form (Hopper) is
+ * kernels/cuda/moe_wgmma.cu; what both share, kernels/cuda/moe_tiles.cuh. */
 #include <mma.h>
 
 #include "kernels/cuda/internal.cuh"
+#include "kernels/cuda/moe_tiles.cuh"
 #include "kernels/cuda/ops.h"
 
-#define BM 64 /* grouped GEMM row tile (also the plan's tile unit) */
 #define BN 64
 #define BK 32
 
@@ -209,27 +210,6 @@ extern "C" void arl_cuda_moe_combine_bwd(float *dyp, float *dp, const float *dy,
 
 /* ======================= grouped GEMM ===================================================== */
 
-/* Row tile -> (expert, first row, rows): binary search of the tile prefix sums. */
-__device__ static inline bool tile_of(const arl_cuda_moe_plan P, int32_t tile, int32_t *e,
-                                      int32_t *r0, int32_t *nr) {
-    if (tile >= P.tiles[P.E]) return false;
-    int32_t lo = 0, hi = (int32_t)P.E - 1;
-    while (lo < hi) { /* largest e with tiles[e] <= tile (and a non-empty expert) */
-        int32_t mid = (lo + hi + 1) / 2;
-        if (P.tiles[mid] <= tile)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    /* the largest such e has tiles[e + 1] > tile, so it is never an empty expert */
-    *e = lo;
-    int32_t j = tile - P.tiles[lo];
-    *r0 = P.offsets[lo] + j * BM;
-    int32_t end = P.offsets[lo + 1];
-    *nr = end - *r0 < BM ? end - *r0 : BM;
-    return true;
-}
-
 /* fp32 CUDA-core tile: 64x64 outputs, 256 threads (4x4 each), K in steps of 32. */
 __global__ void k_grouped_f32(float *Y, const float *X, const float *W, int32_t trans_w,
                               arl_cuda_moe_plan P, int64_t N, int64_t K, float beta) {
@@ -283,10 +263,6 @@ __global__ void k_grouped_f32(float *Y, const float *X, const float *W, int32_t 
             *y = beta != 0.0f ? acc[i][j] + beta * *y : acc[i][j];
         }
     }
-}
-
-static unsigned max_row_tiles(const arl_cuda_moe_plan *P) {
-    return (unsigned)((P->T * P->k + BM - 1) / BM + P->E);
 }
 
 /* the wide fp32-operand tile on tensor cores (below) */
@@ -426,37 +402,6 @@ __device__ static inline uint32_t kmaj_off(int r, int c) {
     return (uint32_t)(r * TN_ROW_BYTES + ((c ^ ((r >> 1) & 3)) << 4));
 }
 
-/* A warp's 32 x (8 NJ) fp32 accumulators (m16 tile i, n8 tile j; internal.cuh arl_mma_bf16's
- * C layout) at (row0, col0) of the output tile out (leading dimension ld), the rows below
- * rows_ok and columns below cols_ok (even): out = acc + beta out (beta 0: out is not read).
- * Each quad of lanes writes one 32-byte sector per row. */
-template <int NJ>
-__device__ static inline void warp_store(float *out, int64_t ld, int64_t rows_ok, int64_t cols_ok,
-                                         float beta, const float (&acc)[2][NJ][4], int row0,
-                                         int col0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = row0 + i * 16 + g + 8 * h;
-#pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                const int col = col0 + j * 8 + 2 * t;
-                if (row < rows_ok && col < cols_ok) {
-                    float *y = out + (int64_t)row * ld + col;
-                    float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                    if (beta != 0.0f) {
-                        const float2 o = *reinterpret_cast<const float2 *>(y);
-                        v.x += beta * o.x;
-                        v.y += beta * o.y;
-                    }
-                    *reinterpret_cast<float2 *>(y) = v;
-                }
-            }
-        }
-}
-
 __global__ void __launch_bounds__(256, 2)
     k_grouped_bf16_tn(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, arl_cuda_moe_plan P,
                       int64_t N, int64_t K, float beta, int32_t ncol) {
@@ -475,17 +420,8 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int q = 0; q < (BM + TN_N) * (TN_ROW_BYTES / 16) / 256; q++) {
             const int i = threadIdx.x + q * 256, r = i >> 2, c = i & 3;
-            const int64_t k = k0 + c * 8;
-            const __nv_bfloat16 *src;
             bool ok;
-            if (r < BM) {
-                ok = r < nr && k < K;
-                src = X + (int64_t)(r0 + (ok ? r : 0)) * K + (ok ? k : 0);
-            } else {
-                const int64_t n = n0 + (r - BM);
-                ok = n < N && k < K;
-                src = We + (ok ? n * K + k : 0);
-            }
+            const __nv_bfloat16 *src = tn_row_src(X, We, r0, nr, n0, N, K, r, k0 + c * 8, &ok);
             cp_async16(st + kmaj_off(r, c), src, ok);
         }
     };
@@ -704,7 +640,9 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
     if (plan->T * plan->k == 0 || N == 0) return;
     dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)X, *wb = (const __nv_bfloat16 *)W;
-    if (trans_w) {
+    if (trans_w && c->moe_tn == ARL_CUDA_MOE_TN_WGMMA) {
+        arl_cuda_grouped_bf16_wg_launch(Y, xb, wb, plan, N, K, beta, c);
+    } else if (trans_w) {
         constexpr int smem = TN_STAGES * TN_STAGE_BYTES;
         const unsigned ncol = (unsigned)((N + TN_N - 1) / TN_N);
         cudaFuncSetAttribute(k_grouped_bf16_tn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -714,6 +652,12 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
         k_grouped_bf16_kn<<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
     }
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_bf16");
+}
+
+extern "C" int32_t arl_cuda_moe_tn_form(int32_t form) {
+    ARL_ASSERT(form == ARL_CUDA_MOE_TN_MMA ||
+               (form == ARL_CUDA_MOE_TN_WGMMA && arl_cuda_moe_wgmma_available()));
+    return arl_cuda_swap_setting(&arl_cuda_need()->moe_tn, form);
 }
 
 /* dW_e (N, K) += dY[R_e]^T X[R_e]: block per (expert, 64x64 tile of dW), rows in order. */

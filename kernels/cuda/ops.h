@@ -247,6 +247,16 @@ void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t tra
  * of 16. */
 void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W, int32_t trans_w,
                                 const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta);
+/* Which kernel runs arl_cuda_grouped_gemm_bf16 with trans_w = 1 on the current context:
+ * ARL_CUDA_MOE_TN_MMA (the default: 64 x 256 tiles of mma.sync products, any sm_80+ GPU) or
+ * ARL_CUDA_MOE_TN_WGMMA (the same tiles as two warpgroups of Hopper wgmma products; only where
+ * arl_cuda_moe_wgmma_available() is 1: an sm_90 GPU, the kernel being built for sm_90a).  Both
+ * accumulate each output over K in fp32; the products' internal order differs.  Returns the
+ * setting it replaces (bench_gpu times both, test_moe_wide checks both). */
+#define ARL_CUDA_MOE_TN_MMA 0
+#define ARL_CUDA_MOE_TN_WGMMA 1
+int32_t arl_cuda_moe_tn_form(int32_t form);
+int32_t arl_cuda_moe_wgmma_available(void);
 /* Weight gradient: dW_e (N, K) += dY[R_e]^T X[R_e] for every expert (experts without rows
  * unchanged); dY (T*k, N), X (T*k, K) fp32.  Under ARL_CUDA_MATH_BF16 (N, K multiples of 16;
  * dY, X 16-byte aligned) dY and X are rounded to bf16 and multiplied on tensor cores (fp32

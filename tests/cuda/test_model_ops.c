@@ -21,8 +21,8 @@
  *     2^-7 sum|x||w| + 1e-6 (2x margin over the 2^-8 bound);
  *   - selections and the MoE plan: exact.
  */
-#include "kernels/cuda/ops.h"
 #include "core/dtype.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/kernels.h"
 #include "policy/attnres.h"
 #include "policy/kda.h"
@@ -801,7 +801,8 @@ static int moe_wide_ok(const char *what, const float *h, const float *y0, const 
     return 1;
 }
 
-/* The wide tiles (kernels/cuda/moe.cu k_grouped_bf16_tn on bf16 operands, 64 x 256 per block;
+/* The wide tiles (kernels/cuda/moe.cu k_grouped_bf16_tn on bf16 operands, 64 x 256 per block,
+ * and its wgmma form kernels/cuda/moe_wgmma.cu where the device has it;
  * k_grouped_f32_mma on fp32 operands under the bf16 math mode, 64 x 128): N = 272 leaves a
  * last column block of 16 (of both), K = 208 six and a half K slabs of 32 (the bf16 tile's ring
  * of 4 stages wraps; the last slab half zeros), 200 rows spread over experts with 1 to 70 rows
@@ -833,13 +834,22 @@ static void test_moe_wide(void) {
     arl_cuda_moe_gather_bf16(d_xpb, d_x, &plan, K);
     arl_cuda_f32_to_bf16(d_Wb, d_W, E * N * K);
     float *h;
-    for (int beta = 0; beta < 2; beta++) { /* beta 1: added to what Y held */
-        if (arl_cuda_upload(ct_ctx, d_yp, y0, sizeof(float) * (size_t)(R * N))) CHECK(0);
-        arl_cuda_grouped_gemm_bf16(d_yp, d_xpb, d_Wb, 1, &plan, N, K, (float)beta);
-        h = ct_get(d_yp, R * N);
-        CHECK(moe_wide_ok(beta ? "grouped_gemm_bf16 wide beta=1" : "grouped_gemm_bf16 wide", h,
-                          beta ? y0 : NULL, x, W, sel, slot, R, k, N, K));
-        free(h);
+    /* both kernels of the bf16 tile where the device has both (ops.h arl_cuda_moe_tn_form):
+     * mma.sync, and wgmma (an sm_90 GPU; the emulator) */
+    const int forms = arl_cuda_moe_wgmma_available() ? 2 : 1;
+    for (int f = 0; f < forms; f++) {
+        const int32_t was = arl_cuda_moe_tn_form(f ? ARL_CUDA_MOE_TN_WGMMA : ARL_CUDA_MOE_TN_MMA);
+        for (int beta = 0; beta < 2; beta++) { /* beta 1: added to what Y held */
+            char what[64];
+            snprintf(what, sizeof what, "grouped_gemm_bf16 wide (%s) beta=%d",
+                     f ? "wgmma" : "mma.sync", beta);
+            if (arl_cuda_upload(ct_ctx, d_yp, y0, sizeof(float) * (size_t)(R * N))) CHECK(0);
+            arl_cuda_grouped_gemm_bf16(d_yp, d_xpb, d_Wb, 1, &plan, N, K, (float)beta);
+            h = ct_get(d_yp, R * N);
+            CHECK(moe_wide_ok(what, h, beta ? y0 : NULL, x, W, sel, slot, R, k, N, K));
+            free(h);
+        }
+        arl_cuda_moe_tn_form(was);
     }
     arl_cuda_moe_gather(d_xp, d_x, &plan, K);
     arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);

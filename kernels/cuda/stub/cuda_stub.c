@@ -196,6 +196,12 @@ void arl_cuda_kda_chunk_fwd(float *o, float *S, float *cs, const float *q, const
 int32_t arl_cuda_kda_prep_form(int32_t form) {
     return ARL_CUDA_KDA_PREP_FACTORED;
 }
+int32_t arl_cuda_moe_tn_form(int32_t form) {
+    return ARL_CUDA_MOE_TN_MMA;
+}
+int32_t arl_cuda_moe_wgmma_available(void) {
+    return 0;
+}
 int32_t arl_cuda_mla_fwd_rows(int32_t rows) {
     return ARL_CUDA_MLA_FWD_ROWS32;
 }

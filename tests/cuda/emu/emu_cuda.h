@@ -111,6 +111,14 @@ void emu_launch(dim3 g, dim3 b, size_t smem, std::function<void()> fn);
 void emu_cp_async(void *dst, const void *src, int bytes, bool ok);
 void emu_cp_commit();
 void emu_cp_wait(int pending); /* wait_group pending */
+/* wgmma (kernels/cuda/internal.cuh): by default a warpgroup product is computed (from the
+ * shared memory its descriptors name) when issued.  With EMU_WGMMA=defer it is queued and
+ * computed at the wgmma wait that retires its group, as late as the hardware may read its
+ * operands and write its accumulators: a stage refilled before that wait (copies landing at
+ * once, the default), or accumulators read before it, then give wrong results. */
+void emu_wgmma_issue(std::function<void()> product);
+void emu_wgmma_commit();
+void emu_wgmma_wait(int pending);
 
 // ---- runtime API ----
 typedef int cudaError_t;
@@ -190,6 +198,14 @@ static inline cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureS
     return 0;
 }
 template <class F> static inline cudaError_t cudaFuncSetAttribute(F, int, int) {
+    return 0;
+}
+struct cudaFuncAttributes {
+    int maxThreadsPerBlock;
+};
+/* every kernel has an "image" here: the wgmma kernels run on the emulated warpgroup products */
+template <class F> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, F) {
+    a->maxThreadsPerBlock = 1024;
     return 0;
 }
 struct emu_launch_rec {

@@ -106,6 +106,39 @@ void emu_cp_wait(int pending) { /* the groups before the newest `pending` commit
     emu_cp_queue.swap(keep);
 }
 
+/* EMU_WGMMA=defer: this thread's queued warpgroup products, each with its group */
+static bool emu_wg_deferred() {
+    static const int d = [] {
+        const char *e = getenv("EMU_WGMMA");
+        return e && strcmp(e, "defer") == 0 ? 1 : 0;
+    }();
+    return d;
+}
+struct emu_wg {
+    std::function<void()> product;
+    long group;
+};
+static thread_local std::vector<emu_wg> emu_wg_queue;
+static thread_local long emu_wg_groups;
+void emu_wgmma_issue(std::function<void()> product) {
+    if (emu_wg_deferred())
+        emu_wg_queue.push_back({std::move(product), emu_wg_groups});
+    else
+        product();
+}
+void emu_wgmma_commit() {
+    emu_wg_groups++;
+}
+void emu_wgmma_wait(int pending) {
+    std::vector<emu_wg> keep;
+    for (emu_wg &w : emu_wg_queue)
+        if (w.group < emu_wg_groups - pending)
+            w.product();
+        else
+            keep.push_back(std::move(w));
+    emu_wg_queue.swap(keep);
+}
+
 std::vector<emu_launch_rec> *emu_capture = NULL;
 static void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> fn);
 void emu_launch(dim3 g, dim3 b, size_t smem, std::function<void()> fn) {

@@ -13,6 +13,9 @@
 # retires its group runs, not at once: a kernel that reads a tile before waiting for it reads
 # stale bytes (or the NaN of fresh shared memory) and fails its test (run it when a pipeline
 # changes).
+# EMU_WGMMA=defer: a Hopper warpgroup product (wgmma, kernels/cuda/*_wgmma.cu) is computed at
+# the wait that retires it, not when issued: a kernel that refills a stage the products still
+# read (copies landing at once), or reads the accumulators before the wait, fails its test.
 # EMU_TSAN=1: build with ThreadSanitizer: two threads of a block touching the same bytes (shared
 # or global memory) without a barrier, __syncwarp, shuffle or atomic between them - a missing
 # __syncthreads, a reuse of shared memory a previous step still reads - is reported even when
