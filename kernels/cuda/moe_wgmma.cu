@@ -4,21 +4,21 @@
  * alone (CMakeLists.txt: wgmma exists only in the architecture-specific target); on any other
  * device the kernel has no image and arl_cuda_moe_wgmma_available says 0.
  *
- * A block computes 64 rows (one plan tile of an expert) x 256 columns with two warpgroups,
- * each 64 x 128 as m64n128k16 products whose operands the tensor cores read from shared
- * memory (no fragments through registers, no ldmatrix: the mma.sync tile's 2 x 8 products per
- * warp and 16 of K needed 2 A and 4 B ldmatrix.x4 each).  K runs in slabs of 32 through a ring
- * of 4 shared stages filled by cp.async: while slab s is multiplied, slab s - 1's products may
- * still run (one group of products in flight) and slabs s + 1, s + 2 are being copied; a
- * stage holds the slab's 64 X rows then its 256 W_e rows as core
- * matrices (8 rows x 16 bytes, 128 contiguous bytes; internal.cuh arl_wg_desc), the four
- * 16-byte chunks of an 8-row group side by side: LBO 128, SBO 512.  Each phase of 8 copying
- * threads fills one core matrix (no bank conflict); a warp's 32 copies read 8 rows x 64
- * contiguous bytes.  Per slab: the copies' wait, the proxy fence, one barrier, the copies of
- * slab s + 2 (into the stage of slab s - 2, whose products every warpgroup waited for before
- * the barrier), two products per warpgroup, their commit, and the wait for slab s - 1's.  The fp32 results go from the accumulators to Y as the mma.sync tile's
- * do (moe_tiles.cuh warp_store).  Rows past the expert's, columns past N and K past its end
- * are zero-filled by the copies. */
+ * A block computes 64 rows (one plan tile of an expert) x 256 columns with two warpgroups, each
+ * 64 x 128 as m64n128k16 products whose operands the tensor cores read from shared memory (no
+ * fragments through registers, no ldmatrix: the mma.sync tile's 2 x 8 products per warp and 16
+ * of K needed 2 A and 4 B ldmatrix.x4 each). K runs in slabs of 32 through a ring of 4 shared
+ * stages filled by cp.async: while slab s is multiplied, slab s - 1's products may still run
+ * (one group of products in flight) and slabs s + 1, s + 2 are being copied; a stage holds the
+ * slab's 64 X rows then its 256 W_e rows as core matrices (8 rows x 16 bytes, 128 contiguous
+ * bytes; internal.cuh arl_wg_desc), the four 16-byte chunks of an 8-row group side by side: LBO
+ * 128, SBO 512. Each phase of 8 copying threads fills one core matrix (no bank conflict); a
+ * warp's 32 copies read 8 rows x 64 contiguous bytes. Per slab: the copies' wait, the proxy
+ * fence, one barrier, the copies of slab s + 2 (into the stage of slab s - 2, whose products
+ * every warpgroup waited for before the barrier), two products per warpgroup, their commit, and
+ * the wait for slab s - 1's. The fp32 results go from the accumulators to Y as the mma.sync
+ * tile's do (moe_tiles.cuh warp_store). Rows past the expert's, columns past N and K past its
+ * end are zero-filled by the copies. */
 #include "kernels/cuda/internal.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/moe_tiles.cuh"
