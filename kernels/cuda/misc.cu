@@ -475,6 +475,16 @@ __device__ static inline void adamw_one(float &p, float &m, float &v, float g, i
     p = pi - hp.step_size * (m / denom);
 }
 
+/* element i, one at a time (and its bf16 copy with B16) */
+template <bool B16>
+__device__ static inline void adamw_at(float *p, uint16_t *pb, float *m, float *v, const float *g,
+                                       int64_t i, int32_t decay, const arl_cuda_adamw_hp &hp) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_one(pi, mi, vi, g[i], decay, hp);
+    p[i] = pi, m[i] = mi, v[i] = vi;
+    if (B16) pb[i] = arl_bf16_rn_bits(pi);
+}
+
 /* p, m, v (n) updated from g (n); with B16, pb (n) = p rounded to bf16.  VEC: the elements
  * [head, head + 4 n4) four at a time (16-byte accesses; pb 8-byte), the at most 3 + 3 others
  * (before head, after the groups) by the grid's first threads; else one element a thread.
@@ -485,10 +495,7 @@ __global__ void k_adamw(float *p, uint16_t *pb, float *m, float *v, const float 
                         int64_t head, int32_t decay, arl_cuda_adamw_hp hp) {
     if (!VEC) {
         ARL_GRID_STRIDE(i, n) {
-            float pi = p[i], mi = m[i], vi = v[i];
-            adamw_one(pi, mi, vi, g[i], decay, hp);
-            p[i] = pi, m[i] = mi, v[i] = vi;
-            if (B16) pb[i] = arl_bf16_rn_bits(pi);
+            adamw_at<B16>(p, pb, m, v, g, i, decay, hp);
         }
         return;
     }
@@ -515,12 +522,7 @@ __global__ void k_adamw(float *p, uint16_t *pb, float *m, float *v, const float 
     }
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t i = t < head ? t : rest + (t - head); /* a head element, then the tail's */
-    if (i < (t < head ? head : n)) {
-        float pi = p[i], mi = m[i], vi = v[i];
-        adamw_one(pi, mi, vi, g[i], decay, hp);
-        p[i] = pi, m[i] = mi, v[i] = vi;
-        if (B16) pb[i] = arl_bf16_rn_bits(pi);
-    }
+    if (i < (t < head ? head : n)) adamw_at<B16>(p, pb, m, v, g, i, decay, hp);
 }
 
 static bool aligned_to(const void *x, uintptr_t a) {

@@ -27,6 +27,7 @@
 #include "policy/attnres.h"
 #include "policy/kda.h"
 #include "policy/mla.h"
+#include "policy/optimizer_internal.h"
 #include "policy/qb.h"
 #include "policy/router.h"
 #include "tests/cuda/cuda_test.h"
@@ -894,6 +895,18 @@ static void test_moe_wide(void) {
 }
 
 /* ---------------------------------------------------------------- AdamW */
+/* {begin, length, decay, bf16 copy} of test_adamw's ranges, and which holds float i (n: none) */
+static const int64_t ADAMW_RG[][4] = {{0, 2, 1, 1},       {3, 1, 0, 1},    {4, 1022, 1, 1},
+                                      {1026, 1029, 0, 0}, {2055, 6, 1, 1}, {2061, 2935, 0, 1},
+                                      {4996, 1, 1, 1}};
+enum { ADAMW_NR = (int)(sizeof ADAMW_RG / sizeof ADAMW_RG[0]) };
+static int adamw_range_of(int64_t i) {
+    int r = 0;
+    while (r < ADAMW_NR && !(i >= ADAMW_RG[r][0] && i < ADAMW_RG[r][0] + ADAMW_RG[r][1]))
+        r++;
+    return r;
+}
+
 /* Ranges as the training step makes them (runs of tensors with one decay rule, at any float
  * offset): each starts at a different offset mod 4, so the kernel's 16-byte groups begin
  * after 0-3 single elements and end before 0-3; one range is shorter than a group, one is the
@@ -920,11 +933,9 @@ static void test_adamw(void) {
                             .step_size = (float)(lr / (1.0 - pow(b1, t))),
                             .inv_sqrt_bc2 = (float)(1.0 / sqrt(1.0 - pow(b2, t))),
                             .eps = 1e-8f};
-    /* {begin, length, decay, bf16 copy}: [4997, 5000) and [2, 3) are left out */
-    static const int64_t rg[][4] = {{0, 2, 1, 1},       {3, 1, 0, 1},    {4, 1022, 1, 1},
-                                    {1026, 1029, 0, 0}, {2055, 6, 1, 1}, {2061, 2935, 0, 1},
-                                    {4996, 1, 1, 1}};
-    const int nr = (int)(sizeof rg / sizeof rg[0]);
+    /* ADAMW_RG: [4997, 5000) and [2, 3) are left out */
+    const int64_t(*rg)[4] = ADAMW_RG;
+    const int nr = ADAMW_NR;
     for (int r = 0; r < nr; r++) {
         const int64_t a = rg[r][0], len = rg[r][1];
         arl_cuda_adamw_step(d_p + a, rg[r][3] ? d_pb + a : NULL, d_m + a, d_v + a, d_g + a, len,
@@ -937,23 +948,11 @@ static void test_adamw(void) {
     float *po = ct_copy_host(p, n), *vo = ct_copy_host(v, n);
     float *d_po = ct_dev(po, n), *d_vo = ct_dev(vo, n);
     arl_cuda_adamw_step(d_po + 4, NULL, d_mo + 4, d_vo + 4, d_g + 4, n - 4, 1, &hp);
-    for (int64_t i = 0; i < n; i++) { /* policy/optimizer.c step_range, element by element */
-        int r = 0;
-        while (r < nr && !(i >= rg[r][0] && i < rg[r][0] + rg[r][1]))
-            r++;
-        float *P[2] = {&p[i], &po[i]}, *M[2] = {&m[i], &mo[i]}, *V[2] = {&v[i], &vo[i]};
-        const int on[2] = {r < nr, i >= 4}, dec[2] = {r < nr && rg[r][2], 1};
-        for (int s = 0; s < 2; s++) {
-            if (!on[s]) continue;
-            float gi = g[i] * hp.coef, pi = *P[s];
-            if (dec[s]) pi *= hp.decay;
-            float mi = hp.beta1 * *M[s] + hp.omb1 * gi;
-            float vi = hp.beta2 * *V[s] + hp.omb2 * (gi * gi);
-            *M[s] = mi, *V[s] = vi;
-            float denom = sqrtf(vi) * hp.inv_sqrt_bc2 + hp.eps;
-            *P[s] = pi - hp.step_size * (mi / denom);
-        }
+    for (int r = 0; r < nr; r++) { /* the CPU step (policy/optimizer.c) on the same ranges */
+        const int64_t a = rg[r][0];
+        arl_optim_update(p + a, m + a, v + a, g + a, rg[r][1], (int32_t)rg[r][2], &hp);
     }
+    arl_optim_update(po + 4, mo + 4, vo + 4, g + 4, n - 4, 1, &hp);
     /* the same float operations; nvcc's FMA contraction changes the last bit of m, v and
      * the update (step_size ~ 1e-3 of |p|): rtol 1e-6.  m = beta1 m + (1 - beta1) g sums two
      * terms of opposite signs up to 0.1 in size: a contracted FMA skips one rounding of a term,
@@ -972,9 +971,7 @@ static void test_adamw(void) {
         ct_die("download");
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < n; i++) {
-        int r = 0;
-        while (r < nr && !(i >= rg[r][0] && i < rg[r][0] + rg[r][1]))
-            r++;
+        const int r = adamw_range_of(i);
         const uint16_t want = r < nr && rg[r][3] ? arl_f32_to_bf16(ph[i]) : pb0[i];
         if (pb[i] != want && bad++ == 0) first = i;
     }

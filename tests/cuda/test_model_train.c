@@ -600,10 +600,11 @@ static void test_cuda_bf16(void) {
     cuda_step(ARL_CUDA_MATH_BF16, 2e-2, 0.15, 0, "cuda bf16");
 }
 
-/* Training on the bf16 weight copies (bf16_weights, the forward's GEMMs on them): after every
- * step the copies are the updated fp32 masters rounded to bf16 (nearest even), bit for bit,
- * for every weight (AdamW rewrites the trained ones in its own pass; the others keep the
- * upload's), so that the next step's forward runs on the new weights. */
+/* Training a device model that keeps bf16 weight copies (bf16_weights: its forwards outside
+ * the training step - decode, scoring - run their GEMMs on them; the step itself uses the fp32
+ * masters): after every step the copies are the updated masters rounded to bf16 (nearest
+ * even), bit for bit, for every weight (AdamW rewrites the trained ones in its own pass; the
+ * others keep the upload's), so that those forwards run on the new weights. */
 static void test_cuda_bf16_weights_step(void) {
     const int64_t nf = TM.w.inv.arena_floats;
     arl_optim_config oc;

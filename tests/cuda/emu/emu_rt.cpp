@@ -73,11 +73,12 @@ struct emu_cp {
 };
 static thread_local std::vector<emu_cp> emu_cp_queue;
 static thread_local long emu_cp_groups;
+static bool emu_env_defer(const char *name) { /* the variable says "defer" */
+    const char *e = getenv(name);
+    return e && strcmp(e, "defer") == 0;
+}
 static bool emu_cp_deferred() {
-    static const int d = [] {
-        const char *e = getenv("EMU_CP_ASYNC");
-        return e && strcmp(e, "defer") == 0 ? 1 : 0;
-    }();
+    static const bool d = emu_env_defer("EMU_CP_ASYNC");
     return d;
 }
 static void emu_cp_land(const emu_cp &c) {
@@ -108,10 +109,7 @@ void emu_cp_wait(int pending) { /* the groups before the newest `pending` commit
 
 /* EMU_WGMMA=defer: this thread's queued warpgroup products, each with its group */
 static bool emu_wg_deferred() {
-    static const int d = [] {
-        const char *e = getenv("EMU_WGMMA");
-        return e && strcmp(e, "defer") == 0 ? 1 : 0;
-    }();
+    static const bool d = emu_env_defer("EMU_WGMMA");
     return d;
 }
 struct emu_wg {
