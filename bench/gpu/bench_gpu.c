@@ -354,6 +354,19 @@ static void bench_moe(const char *tag, int64_t T, int64_t E, int64_t k, int64_t 
     printf("RESULT moe_%s_train_fwd_ratio=%.4f\nRESULT moe_%s_train_dx_ratio=%.4f\n"
            "RESULT moe_%s_train_wgrad_ratio=%.4f\n",
            tag, f_tf / d_tf, tag, x_tf / d_tf, tag, w_tf / d_tf);
+    /* the same two gradients on bf16 operands (a model keeping bf16 weight copies: the
+     * activations rounded once where they are made; the forward is the bf16 tile above) */
+    uint16_t *yb = dalloc(2 * (size_t)(R * Nout), "dY bf16");
+    arl_cuda_f32_to_bf16(yb, y, R * Nout);
+    float xb_ms, wb_ms;
+    TIME_MS(xb_ms, 10, arl_cuda_grouped_gemm_bf16(dx, yb, w, 0, &plan, K, Nout, 0.0f));
+    TIME_MS(wb_ms, 10, arl_cuda_grouped_gemm_wgrad_bf16(w32, yb, x, &plan, Nout, K));
+    const double xb_tf = fl / (xb_ms * 1e-3) / 1e12, wb_tf = fl / (wb_ms * 1e-3) / 1e12;
+    printf("  training on bf16 operands: input gradient %.1f, weight gradient %.1f TFLOP/s "
+           "(ratios %.3f %.3f)\n",
+           xb_tf, wb_tf, xb_tf / d_tf, wb_tf / d_tf);
+    printf("RESULT moe_%s_train_dx_bf16_ratio=%.4f\nRESULT moe_%s_train_wgrad_bf16_ratio=%.4f\n",
+           tag, xb_tf / d_tf, tag, wb_tf / d_tf);
     arl_cuda_release(ctx, mark);
 }
 

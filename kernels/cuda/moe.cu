@@ -1,11 +1,9 @@
 /* kernels/cuda/moe.cu: MoE execution on the device (kernels/cuda/ops.h, spec 7.2): the
  * deterministic routing plan, gather/combine and their backward, and the grouped GEMM that
- * runs every expert in one launch (fp32 CUDA-core tiles for parity; bf16 tensor-core tiles on
- * mma.sync with ldmatrix fragments for speed, and a WMMA tile for the trans_w = 0 layout of
- * bf16 weights) plus the per-expert weight gradient.  The bf16 tile's wgmma form (Hopper) is
+ * runs every expert in one launch (fp32 CUDA-core tiles for parity; tensor-core tiles on
+ * mma.sync with ldmatrix fragments for speed, on bf16 operands or on fp32 ones rounded as they
+ * are staged) plus the per-expert weight gradient.  The bf16 tile's wgmma form (Hopper) is
  * kernels/cuda/moe_wgmma.cu; what both share, kernels/cuda/moe_tiles.cuh. */
-#include <mma.h>
-
 #include "kernels/cuda/internal.cuh"
 #include "kernels/cuda/moe_tiles.cuh"
 #include "kernels/cuda/ops.h"
@@ -181,9 +179,11 @@ extern "C" void arl_cuda_moe_combine(float *y, const float *yp, const float *p,
     ARL_CUDA_LAUNCHED(c, "moe_combine");
 }
 
-/* One block per (token, slot): dyp row = p dy; dp += dy . yp (block sum in double). */
-__global__ void k_combine_bwd(float *dyp, float *dp, const float *dy, const float *yp,
-                              const float *p, const int32_t *slot_row, int64_t k, int64_t d) {
+/* One block per (token, slot): dyp row = p dy (fp32, or bf16 into dypb where dyp is NULL);
+ * dp += dy . yp (block sum in double). */
+__global__ void k_combine_bwd(float *dyp, uint16_t *dypb, float *dp, const float *dy,
+                              const float *yp, const float *p, const int32_t *slot_row, int64_t k,
+                              int64_t d) {
     __shared__ double sh[33];
     int64_t ts = blockIdx.x, t = ts / k;
     int64_t row = slot_row[ts];
@@ -191,21 +191,33 @@ __global__ void k_combine_bwd(float *dyp, float *dp, const float *dy, const floa
     double acc = 0.0;
     for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
         float g = dy[t * d + j];
-        dyp[row * d + j] = pv * g;
+        if (dyp)
+            dyp[row * d + j] = pv * g;
+        else
+            dypb[row * d + j] = (uint16_t)arl_bf16_rn_bits(pv * g);
         acc += (double)g * yp[row * d + j];
     }
     acc = arl_block_sum_d(acc, sh);
     if (threadIdx.x == 0) dp[ts] += (float)acc;
 }
 
-extern "C" void arl_cuda_moe_combine_bwd(float *dyp, float *dp, const float *dy, const float *yp,
-                                         const float *p, const arl_cuda_moe_plan *plan, int64_t d) {
+static void combine_bwd(float *dyp, uint16_t *dypb, float *dp, const float *dy, const float *yp,
+                        const float *p, const arl_cuda_moe_plan *plan, int64_t d) {
     arl_cuda_ctx *c = arl_cuda_need();
     int64_t n = plan->T * plan->k;
     if (n == 0) return;
-    k_combine_bwd<<<(unsigned)n, 128, 0, c->stream>>>(dyp, dp, dy, yp, p, plan->slot_row, plan->k,
-                                                      d);
+    k_combine_bwd<<<(unsigned)n, 128, 0, c->stream>>>(dyp, dypb, dp, dy, yp, p, plan->slot_row,
+                                                      plan->k, d);
     ARL_CUDA_LAUNCHED(c, "moe_combine_bwd");
+}
+extern "C" void arl_cuda_moe_combine_bwd(float *dyp, float *dp, const float *dy, const float *yp,
+                                         const float *p, const arl_cuda_moe_plan *plan, int64_t d) {
+    combine_bwd(dyp, NULL, dp, dy, yp, p, plan, d);
+}
+extern "C" void arl_cuda_moe_combine_bwd_bf16(uint16_t *dyp, float *dp, const float *dy,
+                                              const float *yp, const float *p,
+                                              const arl_cuda_moe_plan *plan, int64_t d) {
+    combine_bwd(NULL, dyp, dp, dy, yp, p, plan, d);
 }
 
 /* ======================= grouped GEMM ===================================================== */
@@ -284,101 +296,6 @@ extern "C" void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, 
     ARL_CUDA_LAUNCHED(c, "grouped_gemm");
 }
 
-/* bf16 WMMA tile: 64x64 outputs per block, 4 warps in 2x2, each 32x32 = 2x2 fragments of
- * 16x16x16; operands staged in shared memory as bf16 (row-major A tile, B tile as (K, N)). */
-using namespace nvcuda;
-
-#define WK 32
-/* Loads 8 bf16 of row `row` (length K) from column k into dst, zero-filled outside. */
-__device__ static inline void load8(__nv_bfloat16 *dst, const __nv_bfloat16 *row, bool row_ok,
-                                    int64_t k, int64_t K) {
-    if (row_ok && k + 8 <= K) {
-        *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(row + k);
-    } else {
-        for (int q = 0; q < 8; q++)
-            dst[q] = (row_ok && k + q < K) ? row[k + q] : __float2bfloat16(0.0f);
-    }
-}
-
-/* acc[i][j] += fa[i] fb[j] over a warp's 2x2 fragments, and their store into the block's
- * 64x64 fp32 tile Cs (row stride BN + 4) at the warp's 32x32 corner (wr, wc). */
-template <int NJ, class FA, class FB, class ACC>
-__device__ static inline void mma_2xn(ACC (&acc)[2][NJ], const FA (&fa)[2], const FB (&fb)[NJ]) {
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < NJ; j++)
-            wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-}
-/* the warp's 32 x (16 NJ) corner (wr, wc) */
-template <int LD, int NJ, class ACC>
-__device__ static inline void store_2xn(float *Cs, ACC (&acc)[2][NJ], int wr, int wc) {
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < NJ; j++)
-            wmma::store_matrix_sync(Cs + (wr * 32 + i * 16) * LD + wc * 16 * NJ + j * 16,
-                                    acc[i][j], LD, wmma::mem_row_major);
-}
-template <int LD, class ACC>
-__device__ static inline void store_2x2(float (*Cs)[LD], ACC (&acc)[2][2], int wr, int wc) {
-    store_2xn<LD, 2>(&Cs[0][0], acc, wr, wc);
-}
-
-/* The block's output tile from its fp32 stage Cs (BM x WN, row stride LD) into Y rows r0..r0 +
- * nr - 1, columns n0.. (< N): Y = Cs + beta Y (beta = 0: Y is not read). */
-template <int WN, int LD>
-__device__ static inline void tile_out(float *Y, const float *Cs, int32_t r0, int32_t nr,
-                                       int64_t n0, int64_t N, float beta) {
-    for (int i = threadIdx.x; i < BM * WN; i += blockDim.x) {
-        const int r = i / WN, nn = i % WN;
-        if (r >= nr || n0 + nn >= N) continue;
-        float *y = Y + (int64_t)(r0 + r) * N + n0 + nn;
-        const float v = Cs[r * LD + nn];
-        *y = beta != 0.0f ? v + beta * *y : v;
-    }
-}
-
-/* The tile for bf16 operands and W (E, K, N) (trans_w = 0; trans_w = 1 takes the wide tile
- * below): 64 x 64 outputs, 4 warps in 2x2 with 2x2 WMMA fragments each; W_e (K, N) row-major
- * staged as Bs[kk][nn] (a row-major B). */
-__global__ void k_grouped_bf16_kn(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
-                                  arl_cuda_moe_plan P, int64_t N, int64_t K, float beta) {
-    __shared__ __align__(32) __nv_bfloat16 As[BM][WK + 8];
-    __shared__ __align__(32) __nv_bfloat16 Bs[WK][BN + 8];
-    __shared__ __align__(32) float Cs[BM][BN + 4];
-    int32_t e, r0, nr;
-    if (!tile_of(P, blockIdx.x, &e, &r0, &nr)) return;
-    int64_t n0 = (int64_t)blockIdx.y * BN;
-    const __nv_bfloat16 *We = W + (int64_t)e * N * K;
-    int warp = threadIdx.x / 32, wr = warp / 2, wc = warp % 2;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++)
-            wmma::fill_fragment(acc[i][j], 0.0f);
-    for (int64_t k0 = 0; k0 < K; k0 += WK) {
-        for (int i = threadIdx.x; i < BM * (WK / 8); i += blockDim.x) {
-            int r = i / (WK / 8), kk = (i % (WK / 8)) * 8;
-            load8(&As[r][kk], X + (int64_t)(r0 + (r < nr ? r : 0)) * K, r < nr, k0 + kk, K);
-        }
-        for (int i = threadIdx.x; i < WK * (BN / 8); i += blockDim.x) {
-            int kk = i / (BN / 8), nn = (i % (BN / 8)) * 8;
-            bool ok = k0 + kk < K;
-            load8(&Bs[kk][nn], We + (ok ? k0 + kk : 0) * N, ok, n0 + nn, N);
-        }
-        __syncthreads();
-        for (int ks = 0; ks < WK; ks += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb[2];
-            for (int i = 0; i < 2; i++)
-                wmma::load_matrix_sync(fa[i], &As[wr * 32 + i * 16][ks], WK + 8);
-            for (int j = 0; j < 2; j++)
-                wmma::load_matrix_sync(fb[j], &Bs[ks][wc * 32 + j * 16], BN + 8);
-            mma_2xn<2>(acc, fa, fb);
-        }
-        __syncthreads();
-    }
-    store_2x2<BN + 4>(Cs, acc, wr, wc);
-    __syncthreads();
-    tile_out<BN, BN + 4>(Y, &Cs[0][0], r0, nr, n0, N, beta);
-}
-
 /* The tile for bf16 operands and W (E, N, K) (trans_w = 1, the forward's layout: X rows and
  * W_e rows both K-contiguous): 64 rows (one plan tile) x 256 columns per block, 8 warps in
  * 2 x 4, each 32 x 64 as 2 x 8 mma.sync m16n8k16 products per 16 of K, every fragment read by
@@ -426,16 +343,8 @@ __global__ void __launch_bounds__(256, 2)
         }
     };
     float acc[2][8][4] = {}; /* (m16 tile i, n8 tile j): the warp's 32 x 64 */
-    for (int s = 0; s < TN_STAGES - 1; s++) {
-        if (s < nslab) load(s);
-        cp_async_commit(); /* possibly empty: group s stands for slab s */
-    }
-    for (int64_t sl = 0; sl < nslab; sl++) {
-        cp_async_wait_n<TN_STAGES - 2>(); /* slab sl landed (this thread's copies) */
-        __syncthreads(); /* everyone's; and stage (sl - 1) % TN_STAGES is read by no one */
-        if (sl + TN_STAGES - 1 < nslab) load(sl + TN_STAGES - 1);
-        cp_async_commit();
-        const unsigned char *st = raw + (sl % TN_STAGES) * TN_STAGE_BYTES;
+    cp_ring<TN_STAGES>(nslab, load, [&](int stage) {
+        const unsigned char *st = raw + stage * TN_STAGE_BYTES;
 #pragma unroll
         for (int ks = 0; ks < TN_K / 16; ks++) {
             uint32_t a[2][4], b[8][2];
@@ -450,36 +359,150 @@ __global__ void __launch_bounds__(256, 2)
                                                     ks * 2 + arl_ldm_chunk_b(lane)));
             arl_mma_tiles(acc, a, b);
         }
-    }
-    cp_async_wait_n<0>(); /* no copy outlives the block (the trailing groups are empty) */
+    });
     warp_store<8>(Y + (int64_t)r0 * N + n0, N, nr, N - n0, beta, acc, wr * 32, wc * 64);
 }
 
-/* ---- fp32 operands on mma.sync: the training step's expert GEMMs under the bf16 math mode ----
+/* ---- the wide tiles of three shapes on mma.sync: the training step's expert GEMMs ----
  * A block computes a 64 x 128 tile of C = A B: 8 warps in 2 x 4, each 32 x 32 as 2 x 4
- * m16n8k16 products per 16 of k, fragments read by ldmatrix; k in slabs of 32.  The next
- * slab's fp32 operands are read into registers (float4) while this slab is multiplied, then
- * rounded to bf16 (nearest even) into the other of two shared buffers: one barrier per slab,
- * the loads' latency behind the products.  Three shapes (MODE):
+ * m16n8k16 products per 16 of k, fragments read by ldmatrix; k in slabs of 32.  Three shapes
+ * (MODE):
  *   FM_T   Y (rows of a plan tile) = X W_e^T + beta Y, W_e (N, K): A = X rows and B = W_e rows,
  *          both k-contiguous ("K-major" tiles, ldmatrix);
  *   FM_N   Y = X W_e + beta Y, W_e (K, N): B's rows are k, n-contiguous ("MN-major" tiles,
  *          ldmatrix.trans);
  *   FM_WG  dW_e (N, K) += dY^T X over the expert's rows in order (k = the row, fp32
  *          accumulation, no atomics): A = dY^T and B = X, both MN-major.
- * K-major tiles have rows of 32 k (64 bytes, kmaj_off); MN-major tiles 32 rows of k (128 or
- * 256 bytes), the 16-byte chunk c of row r stored at c ^ (r & 7) (mnmaj_off): either way the 8
- * rows an ldmatrix phase reads fall in 8 distinct bank groups.  Zeros past the expert's rows,
- * N and K.  Needs N and K multiples of 16 and 16-byte aligned operands (the launch checks). */
+ * Two operand types, the same tiles and products (so the same sums, bit for bit, on the same
+ * bf16 values): fp32 operands (the bf16 math mode on fp32 tensors; k_grouped_f32_mma) are read
+ * into registers (float4) while the slab before is multiplied, then rounded to bf16 (nearest
+ * even) into the other of two shared buffers (one barrier per slab); bf16 operands
+ * (k_grouped_b16_mma) are copied by cp.async through a ring of 4 stages (three slabs in flight
+ * while one is multiplied; one barrier per slab).  A tile is "lines": K-major ones lines of
+ * 32 k (64 bytes, kmaj_off), MN-major ones 32 lines of k (128 or 256 bytes), the 16-byte chunk c
+ * of line r stored at c ^ (r & 7) (mnmaj_off): either way the 8 lines an ldmatrix phase reads
+ * fall in 8 distinct bank groups.  Zeros past the expert's rows, N and K.  Needs N and K
+ * multiples of 16 and 16-byte aligned operands (the launch checks). */
 enum { FM_T = 0, FM_N = 1, FM_WG = 2 };
 #define FM_M 64                      /* tile rows */
 #define FM_NT 128                    /* tile columns */
 #define FM_A_BYTES (FM_M * TN_K * 2) /* a slab of A (either layout) */
 #define FM_B_BYTES (FM_NT * TN_K * 2)
+#define FM_STAGES 4 /* the bf16 operands' ring: 4 x 12 KB */
 
 /* byte offset of (row r, 16-byte chunk c) in an MN-major tile of rb-byte rows */
 __device__ static inline uint32_t mnmaj_off(int r, int c, int rb) {
     return (uint32_t)(r * rb + ((c ^ (r & 7)) << 4));
+}
+
+/* A slab's tiles as lines of len elements: A's are X rows (FM_T, FM_N: 64 lines of 32 k) or dY
+ * rows k (FM_WG: 32 lines of 64); B's W_e rows n (FM_T: 128 lines of 32 k) or rows k of W_e
+ * (K, N) or X (FM_N, FM_WG: 32 lines of 128).  The byte offset of (line, element col) in its
+ * tile: K-major when a line is the slab's 32 k. */
+template <int MODE> __device__ constexpr int fm_len_a() {
+    return MODE == FM_WG ? FM_M : TN_K;
+}
+template <int MODE> __device__ constexpr int fm_len_b() {
+    return MODE == FM_T ? TN_K : FM_NT;
+}
+template <int LEN> __device__ static inline uint32_t fm_off(int line, int col) {
+    return (LEN == TN_K ? kmaj_off(line, col >> 3) : mnmaj_off(line, col >> 3, LEN * 2)) +
+           (uint32_t)((col & 7) * 2);
+}
+
+/* A block's tile: its output corner and where its operands start.  FM_T, FM_N: blocks
+ * numbered row tile major, column tile (of ncol) minor; k over [0, K).  FM_WG: grid (K / 128,
+ * N / 64, E) rounded up; k over the expert's rows [ka, kb). */
+struct fm_tile {
+    int32_t r0, nr, ka, kb; /* FM_T, FM_N: the plan tile's rows */
+    int64_t m0, n0;         /* the tile's first output row (FM_WG: n of dW_e) and column */
+    int64_t boff;           /* B's expert offset (FM_T, FM_N: e N K elements; FM_WG: 0) */
+    float *out;             /* the output corner, leading dimension ld */
+    int64_t ld, rows_ok, cols_ok;
+};
+template <int MODE>
+__device__ static inline bool fm_tile_of(fm_tile *t, float *Y, const arl_cuda_moe_plan &P,
+                                         int64_t N, int64_t K, int32_t ncol) {
+    int32_t e;
+    t->r0 = 0, t->nr = 0, t->ka = 0, t->m0 = 0;
+    if (MODE == FM_WG) {
+        e = (int32_t)blockIdx.z;
+        t->ka = P.offsets[e];
+        t->kb = P.offsets[e + 1];
+        if (t->ka == t->kb) return false;
+        t->m0 = (int64_t)blockIdx.y * FM_M;
+        t->n0 = (int64_t)blockIdx.x * FM_NT;
+        t->boff = 0;
+        t->out = Y + (int64_t)e * N * K + t->m0 * K + t->n0;
+        t->ld = K, t->rows_ok = N - t->m0, t->cols_ok = K - t->n0;
+    } else {
+        if (!tile_of(P, (int32_t)(blockIdx.x / (unsigned)ncol), &e, &t->r0, &t->nr)) return false;
+        t->n0 = (int64_t)(blockIdx.x % (unsigned)ncol) * FM_NT;
+        t->kb = (int32_t)K;
+        t->boff = (int64_t)e * N * K;
+        t->out = Y + (int64_t)t->r0 * N + t->n0;
+        t->ld = N, t->rows_ok = t->nr, t->cols_ok = N - t->n0;
+    }
+    return true;
+}
+
+/* The address of element (line, col) of the slab at k0 in A, and of B (Be: the expert's);
+ * *ok = 0 past the expert's rows, N or K (the address then stays valid: the operand's first). */
+template <int MODE, class TE>
+__device__ static inline const TE *fm_src_a(const TE *A, const fm_tile &t, int64_t N, int64_t K,
+                                            int32_t k0, int line, int col, bool *ok) {
+    if (MODE == FM_WG) { /* dY row k0 + line, column m0 + col */
+        *ok = k0 + line < t.kb && t.m0 + col < N;
+        return *ok ? A + (int64_t)(k0 + line) * N + t.m0 + col : A;
+    }
+    *ok = line < t.nr && k0 + col < t.kb; /* X row r0 + line, column k0 + col */
+    return *ok ? A + (int64_t)(t.r0 + line) * K + k0 + col : A;
+}
+template <int MODE, class TE>
+__device__ static inline const TE *fm_src_b(const TE *Be, const fm_tile &t, int64_t N, int64_t K,
+                                            int32_t k0, int line, int col, bool *ok) {
+    if (MODE == FM_T) { /* W_e row n0 + line, column k0 + col */
+        *ok = t.n0 + line < N && k0 + col < t.kb;
+        return *ok ? Be + (t.n0 + line) * K + k0 + col : Be;
+    }
+    const int64_t w = MODE == FM_N ? N : K; /* row k0 + line of W_e (K, N) or X (R, K) */
+    *ok = k0 + line < t.kb && t.n0 + col < w;
+    return *ok ? Be + (int64_t)(k0 + line) * w + t.n0 + col : Be;
+}
+
+/* One slab's products: the warp's 32 x 32 corner (wr, wc) += A B over the slab's 32 k, from the
+ * tiles at (A) and bt (B). */
+template <int MODE>
+__device__ static inline void fm_products(float (&acc)[2][4][4], const unsigned char *at,
+                                          const unsigned char *bt) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wr = warp >> 2, wc = warp & 3;
+#pragma unroll
+    for (int ks = 0; ks < TN_K / 16; ks++) {
+        uint32_t a[2][4], b[4][2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            if (MODE == FM_WG) /* k rows: .trans, map B */
+                arl_ldmatrix_x4_trans(
+                    a[i], at + mnmaj_off(ks * 16 + arl_ldm_row_b(lane),
+                                         (wr * 32 + i * 16) / 8 + arl_ldm_chunk_b(lane), FM_M * 2));
+            else /* m rows: map A */
+                arl_ldmatrix_x4(a[i], at + kmaj_off(wr * 32 + i * 16 + arl_ldm_row_a(lane),
+                                                    ks * 2 + arl_ldm_chunk_a(lane)));
+        }
+#pragma unroll
+        for (int jp = 0; jp < 2; jp++) { /* n8 tiles 2 jp, 2 jp + 1 */
+            if (MODE == FM_T)            /* n rows: map B */
+                arl_ldm_b_pair<false>(b, jp,
+                                      bt + kmaj_off(wc * 32 + jp * 16 + arl_ldm_row_b(lane),
+                                                    ks * 2 + arl_ldm_chunk_b(lane)));
+            else /* k rows: .trans, map A */
+                arl_ldm_b_pair<true>(b, jp,
+                                     bt + mnmaj_off(ks * 16 + arl_ldm_row_a(lane),
+                                                    (wc * 32 + jp * 16) / 8 + arl_ldm_chunk_a(lane),
+                                                    FM_NT * 2));
+        }
+        arl_mma_tiles(acc, a, b);
+    }
 }
 
 /* four fp32 values rounded to bf16 (nearest even), 8 bytes at tile + off */
@@ -491,68 +514,34 @@ __device__ static inline void put4(unsigned char *tile, uint32_t off, float4 v) 
     *reinterpret_cast<uint2 *>(tile + off) = u;
 }
 
-__device__ static inline float4 get4(const float *p) {
-    return p ? *reinterpret_cast<const float4 *>(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-}
-
-/* FM_T, FM_N: Y (R, N), A = X (R, K), B = W (E, N, K) or (E, K, N), blocks numbered row tile
- * major, column tile (of ncol) minor.  FM_WG: Y = dW (E, N, K), A = dY (R, N), B = X (R, K),
- * grid (K / 128, N / 64, E) rounded up; beta unused (+=). */
+/* fp32 operands: FM_T, FM_N: Y (R, N), A = X (R, K), B = W (E, N, K) or (E, K, N).  FM_WG: Y =
+ * dW (E, N, K), A = dY (R, N), B = X (R, K); beta 1 (+=). */
 template <int MODE>
 __global__ void __launch_bounds__(256, 2)
     k_grouped_f32_mma(float *Y, const float *A, const float *B, arl_cuda_moe_plan P, int64_t N,
                       int64_t K, float beta, int32_t ncol) {
     __shared__ __align__(16) unsigned char sbuf[2][FM_A_BYTES + FM_B_BYTES];
-    int32_t e, r0 = 0, nr = 0, ka = 0, kb; /* k runs over [ka, kb) */
-    int64_t m0 = 0, n0;                    /* FM_WG: the tile's first row n of dW_e */
-    float *out;
-    int64_t ld, rows_ok, cols_ok;
-    if (MODE == FM_WG) {
-        e = (int32_t)blockIdx.z;
-        ka = P.offsets[e];
-        kb = P.offsets[e + 1];
-        if (ka == kb) return;
-        m0 = (int64_t)blockIdx.y * FM_M;
-        n0 = (int64_t)blockIdx.x * FM_NT;
-        out = Y + (int64_t)e * N * K + m0 * K + n0;
-        ld = K, rows_ok = N - m0, cols_ok = K - n0, beta = 1.0f;
-    } else {
-        if (!tile_of(P, (int32_t)(blockIdx.x / (unsigned)ncol), &e, &r0, &nr)) return;
-        n0 = (int64_t)(blockIdx.x % (unsigned)ncol) * FM_NT;
-        kb = (int32_t)K;
-        out = Y + (int64_t)r0 * N + n0;
-        ld = N, rows_ok = nr, cols_ok = N - n0;
-    }
-    const float *We = MODE == FM_WG ? B : B + (int64_t)e * N * K;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wr = warp >> 2, wc = warp & 3;
-    /* a slab: 2 float4 of A and 4 of B per thread */
+    constexpr int LA = fm_len_a<MODE>(), LB = fm_len_b<MODE>();
+    fm_tile t;
+    if (!fm_tile_of<MODE>(&t, Y, P, N, K, ncol)) return;
+    const float *Be = B + t.boff;
+    /* a slab: 2 float4 of A and 4 of B per thread; float4 i of a tile is line i / (len / 4),
+     * elements from (i % (len / 4)) 4 */
     float4 ra[FM_A_BYTES / 8 / 256], rb[FM_B_BYTES / 8 / 256];
     auto fetch = [&](int32_t k0) {
 #pragma unroll
         for (int q = 0; q < FM_A_BYTES / 8 / 256; q++) {
             const int i = threadIdx.x + q * 256;
-            if (MODE == FM_WG) { /* dY rows k, columns m0 + 0..63 */
-                const int kk = i >> 4, mm = (i & 15) * 4;
-                ra[q] = get4(k0 + kk < kb && m0 + mm < N ? A + (int64_t)(k0 + kk) * N + m0 + mm
-                                                         : nullptr);
-            } else { /* X rows r0 + r, k0 + 0..31 */
-                const int r = i >> 3, kk = (i & 7) * 4;
-                ra[q] =
-                    get4(r < nr && k0 + kk < kb ? A + (int64_t)(r0 + r) * K + k0 + kk : nullptr);
-            }
+            bool ok;
+            const float *p = fm_src_a<MODE>(A, t, N, K, k0, i / (LA / 4), i % (LA / 4) * 4, &ok);
+            ra[q] = ok ? *reinterpret_cast<const float4 *>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int q = 0; q < FM_B_BYTES / 8 / 256; q++) {
             const int i = threadIdx.x + q * 256;
-            if (MODE == FM_T) { /* W_e rows n0 + r, k0 + 0..31 */
-                const int r = i >> 3, kk = (i & 7) * 4;
-                rb[q] = get4(n0 + r < N && k0 + kk < kb ? We + (n0 + r) * K + k0 + kk : nullptr);
-            } else { /* rows k, columns n0 + 0..127: W_e (K, N) or X (R, K) */
-                const int kk = i >> 5, nn = (i & 31) * 4;
-                const int64_t w = MODE == FM_N ? N : K;
-                rb[q] = get4(k0 + kk < kb && n0 + nn < w ? We + (int64_t)(k0 + kk) * w + n0 + nn
-                                                         : nullptr);
-            }
+            bool ok;
+            const float *p = fm_src_b<MODE>(Be, t, N, K, k0, i / (LB / 4), i % (LB / 4) * 4, &ok);
+            rb[q] = ok ? *reinterpret_cast<const float4 *>(p) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     };
     auto stash = [&](int buf) {
@@ -560,76 +549,106 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int q = 0; q < FM_A_BYTES / 8 / 256; q++) {
             const int i = threadIdx.x + q * 256;
-            if (MODE == FM_WG)
-                put4(at, mnmaj_off(i >> 4, (i & 15) >> 1, FM_M * 2) + (i & 1) * 8, ra[q]);
-            else
-                put4(at, kmaj_off(i >> 3, (i & 7) >> 1) + (i & 1) * 8, ra[q]);
+            put4(at, fm_off<LA>(i / (LA / 4), i % (LA / 4) * 4), ra[q]);
         }
 #pragma unroll
         for (int q = 0; q < FM_B_BYTES / 8 / 256; q++) {
             const int i = threadIdx.x + q * 256;
-            if (MODE == FM_T)
-                put4(bt, kmaj_off(i >> 3, (i & 7) >> 1) + (i & 1) * 8, rb[q]);
-            else
-                put4(bt, mnmaj_off(i >> 5, (i & 31) >> 1, FM_NT * 2) + (i & 1) * 8, rb[q]);
+            put4(bt, fm_off<LB>(i / (LB / 4), i % (LB / 4) * 4), rb[q]);
         }
     };
     float acc[2][4][4] = {}; /* (m16 tile i, n8 tile j): the warp's 32 x 32 */
-    const int32_t nslab = (kb - ka + TN_K - 1) / TN_K;
-    fetch(ka);
+    const int32_t nslab = (t.kb - t.ka + TN_K - 1) / TN_K;
+    fetch(t.ka);
     stash(0);
     __syncthreads();
     for (int32_t s = 0; s < nslab; s++) {
         const int buf = s & 1;
         const bool more = s + 1 < nslab;
-        if (more) fetch(ka + (s + 1) * TN_K); /* in flight during the products */
-        const unsigned char *at = sbuf[buf], *bt = sbuf[buf] + FM_A_BYTES;
-#pragma unroll
-        for (int ks = 0; ks < TN_K / 16; ks++) {
-            uint32_t a[2][4], b[4][2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                if (MODE == FM_WG) /* k rows: .trans, map B */
-                    arl_ldmatrix_x4_trans(
-                        a[i],
-                        at + mnmaj_off(ks * 16 + arl_ldm_row_b(lane),
-                                       (wr * 32 + i * 16) / 8 + arl_ldm_chunk_b(lane), FM_M * 2));
-                else /* m rows: map A */
-                    arl_ldmatrix_x4(a[i], at + kmaj_off(wr * 32 + i * 16 + arl_ldm_row_a(lane),
-                                                        ks * 2 + arl_ldm_chunk_a(lane)));
-            }
-#pragma unroll
-            for (int jp = 0; jp < 2; jp++) { /* n8 tiles 2 jp, 2 jp + 1 */
-                if (MODE == FM_T)            /* n rows: map B */
-                    arl_ldm_b_pair<false>(b, jp,
-                                          bt + kmaj_off(wc * 32 + jp * 16 + arl_ldm_row_b(lane),
-                                                        ks * 2 + arl_ldm_chunk_b(lane)));
-                else /* k rows: .trans, map A */
-                    arl_ldm_b_pair<true>(
-                        b, jp,
-                        bt + mnmaj_off(ks * 16 + arl_ldm_row_a(lane),
-                                       (wc * 32 + jp * 16) / 8 + arl_ldm_chunk_a(lane), FM_NT * 2));
-            }
-            arl_mma_tiles(acc, a, b);
-        }
+        if (more) fetch(t.ka + (s + 1) * TN_K); /* in flight during the products */
+        fm_products<MODE>(acc, sbuf[buf], sbuf[buf] + FM_A_BYTES);
         /* the other buffer was last read in slab s - 1, before the barrier that ended it */
         if (more) stash(buf ^ 1);
         __syncthreads();
     }
-    warp_store<4>(out, ld, rows_ok, cols_ok, beta, acc, wr * 32, wc * 32);
+    const int warp = threadIdx.x >> 5;
+    warp_store<4>(t.out, t.ld, t.rows_ok, t.cols_ok, beta, acc, (warp >> 2) * 32, (warp & 3) * 32);
+}
+
+/* A tile's CHUNKS 16-byte chunks by cp.async (CHUNKS / 256 a thread): chunk i is line
+ * i / (LEN / 8), elements from (i % (LEN / 8)) 8, read from src(line, col, &ok). */
+template <int LEN, int CHUNKS, class SRC>
+__device__ static inline void fm_copy(unsigned char *tile, SRC &&src) {
+#pragma unroll
+    for (int q = 0; q < CHUNKS / 256; q++) {
+        const int i = threadIdx.x + q * 256, line = i / (LEN / 8), col = i % (LEN / 8) * 8;
+        bool ok;
+        const void *p = src(line, col, &ok);
+        cp_async16(tile + fm_off<LEN>(line, col), p, ok);
+    }
+}
+
+/* bf16 operands, the same shapes (a slab: 1 chunk of A and 2 of B a thread). */
+template <int MODE>
+__global__ void __launch_bounds__(256, 2)
+    k_grouped_b16_mma(float *Y, const __nv_bfloat16 *A, const __nv_bfloat16 *B, arl_cuda_moe_plan P,
+                      int64_t N, int64_t K, float beta, int32_t ncol) {
+    __shared__ __align__(16) unsigned char sbuf[FM_STAGES][FM_A_BYTES + FM_B_BYTES];
+    constexpr int LA = fm_len_a<MODE>(), LB = fm_len_b<MODE>();
+    fm_tile t;
+    if (!fm_tile_of<MODE>(&t, Y, P, N, K, ncol)) return;
+    const __nv_bfloat16 *Be = B + t.boff;
+    const int32_t nslab = (t.kb - t.ka + TN_K - 1) / TN_K;
+    /* slab s into stage s % FM_STAGES */
+    auto load = [&](int64_t s) {
+        unsigned char *at = sbuf[s % FM_STAGES];
+        const int32_t k0 = t.ka + (int32_t)s * TN_K;
+        fm_copy<LA, FM_A_BYTES / 16>(at, [&](int line, int col, bool *ok) {
+            return fm_src_a<MODE>(A, t, N, K, k0, line, col, ok);
+        });
+        fm_copy<LB, FM_B_BYTES / 16>(at + FM_A_BYTES, [&](int line, int col, bool *ok) {
+            return fm_src_b<MODE>(Be, t, N, K, k0, line, col, ok);
+        });
+    };
+    float acc[2][4][4] = {};
+    cp_ring<FM_STAGES>(nslab, load, [&](int stage) {
+        fm_products<MODE>(acc, sbuf[stage], sbuf[stage] + FM_A_BYTES);
+    });
+    const int warp = threadIdx.x >> 5;
+    warp_store<4>(t.out, t.ld, t.rows_ok, t.cols_ok, beta, acc, (warp >> 2) * 32, (warp & 3) * 32);
+}
+
+/* Launch MODE's tile for fp32 (TE float) or bf16 operands; FM_WG: Y += (beta 1). */
+template <int MODE, class TE>
+static void fm_launch(float *Y, const TE *A, const TE *B, const arl_cuda_moe_plan *plan, int64_t N,
+                      int64_t K, float beta, arl_cuda_ctx *c) {
+    ARL_ASSERT(N % 16 == 0 && K % 16 == 0);
+    ARL_ASSERT(((uintptr_t)A | (uintptr_t)B) % 16 == 0 && (uintptr_t)Y % 8 == 0);
+    unsigned ncol = 1;
+    dim3 grid;
+    if (MODE == FM_WG) {
+        grid = dim3((unsigned)((K + FM_NT - 1) / FM_NT), (unsigned)((N + FM_M - 1) / FM_M),
+                    (unsigned)plan->E);
+        beta = 1.0f;
+    } else {
+        ncol = (unsigned)((N + FM_NT - 1) / FM_NT);
+        grid = dim3(max_row_tiles(plan) * ncol);
+    }
+    if constexpr (sizeof(TE) == 4)
+        k_grouped_f32_mma<MODE>
+            <<<grid, 256, 0, c->stream>>>(Y, A, B, *plan, N, K, beta, (int32_t)ncol);
+    else
+        k_grouped_b16_mma<MODE>
+            <<<grid, 256, 0, c->stream>>>(Y, A, B, *plan, N, K, beta, (int32_t)ncol);
 }
 
 static void grouped_f32_wide(float *Y, const float *X, const float *W, int32_t trans_w,
                              const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta,
                              arl_cuda_ctx *c) {
-    ARL_ASSERT(((uintptr_t)X | (uintptr_t)W) % 16 == 0 && (uintptr_t)Y % 8 == 0);
-    const unsigned ncol = (unsigned)((N + FM_NT - 1) / FM_NT), grid = max_row_tiles(plan) * ncol;
     if (trans_w)
-        k_grouped_f32_mma<FM_T>
-            <<<grid, 256, 0, c->stream>>>(Y, X, W, *plan, N, K, beta, (int32_t)ncol);
+        fm_launch<FM_T>(Y, X, W, plan, N, K, beta, c);
     else
-        k_grouped_f32_mma<FM_N>
-            <<<grid, 256, 0, c->stream>>>(Y, X, W, *plan, N, K, beta, (int32_t)ncol);
+        fm_launch<FM_N>(Y, X, W, plan, N, K, beta, c);
 }
 
 extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W,
@@ -638,7 +657,6 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
     arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(N % 16 == 0 && K % 16 == 0);
     if (plan->T * plan->k == 0 || N == 0) return;
-    dim3 grid(max_row_tiles(plan), (unsigned)((N + BN - 1) / BN));
     const __nv_bfloat16 *xb = (const __nv_bfloat16 *)X, *wb = (const __nv_bfloat16 *)W;
     if (trans_w && c->moe_tn == ARL_CUDA_MOE_TN_WGMMA) {
         arl_cuda_grouped_bf16_wg_launch(Y, xb, wb, plan, N, K, beta, c);
@@ -649,7 +667,7 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
         k_grouped_bf16_tn<<<max_row_tiles(plan) * ncol, 256, smem, c->stream>>>(
             Y, xb, wb, *plan, N, K, beta, (int32_t)ncol);
     } else {
-        k_grouped_bf16_kn<<<grid, 128, 0, c->stream>>>(Y, xb, wb, *plan, N, K, beta);
+        fm_launch<FM_N>(Y, xb, wb, plan, N, K, beta, c);
     }
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_bf16");
 }
@@ -699,12 +717,18 @@ extern "C" void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const fl
     if (N == 0 || K == 0) return;
     dim3 grid((unsigned)((K + BN - 1) / BN), (unsigned)((N + BN - 1) / BN), (unsigned)plan->E);
     if (c->math == ARL_CUDA_MATH_BF16 && N % 16 == 0 && K % 16 == 0) {
-        ARL_ASSERT(((uintptr_t)dY | (uintptr_t)X) % 16 == 0 && (uintptr_t)dW % 8 == 0);
-        k_grouped_f32_mma<FM_WG><<<dim3((unsigned)((K + FM_NT - 1) / FM_NT),
-                                        (unsigned)((N + FM_M - 1) / FM_M), (unsigned)plan->E),
-                                   256, 0, c->stream>>>(dW, dY, X, *plan, N, K, 1.0f, 1);
+        fm_launch<FM_WG>(dW, dY, X, plan, N, K, 1.0f, c);
     } else {
         k_grouped_wgrad<<<grid, 256, 0, c->stream>>>(dW, dY, X, *plan, N, K);
     }
     ARL_CUDA_LAUNCHED(c, "grouped_gemm_wgrad");
+}
+
+extern "C" void arl_cuda_grouped_gemm_wgrad_bf16(float *dW, const uint16_t *dY, const uint16_t *X,
+                                                 const arl_cuda_moe_plan *plan, int64_t N,
+                                                 int64_t K) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (N == 0 || K == 0) return;
+    fm_launch<FM_WG>(dW, (const __nv_bfloat16 *)dY, (const __nv_bfloat16 *)X, plan, N, K, 1.0f, c);
+    ARL_CUDA_LAUNCHED(c, "grouped_gemm_wgrad_bf16");
 }

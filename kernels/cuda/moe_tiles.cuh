@@ -52,6 +52,26 @@ __device__ static inline const __nv_bfloat16 *tn_row_src(const __nv_bfloat16 *X,
     return We + (*ok ? n * K + k : 0);
 }
 
+/* The multistage cp.async ring of a tile kernel: slab s (of nslab) is copied by load(s) into
+ * stage s % S, S - 1 slabs ahead of the one multiplied; compute(stage) runs once the slab has
+ * landed and the block's barrier has made everyone's copies visible (that barrier also ends
+ * every warp's reads of the stage the next copies refill).  Returns with no copy in flight. */
+template <int S, class LOAD, class COMPUTE>
+__device__ static inline void cp_ring(int64_t nslab, LOAD &&load, COMPUTE &&compute) {
+    for (int s = 0; s < S - 1; s++) {
+        if (s < nslab) load(s);
+        cp_async_commit(); /* possibly empty: group s stands for slab s */
+    }
+    for (int64_t sl = 0; sl < nslab; sl++) {
+        cp_async_wait_n<S - 2>(); /* slab sl landed (this thread's copies) */
+        __syncthreads();          /* everyone's; and stage (sl - 1) % S is read by no one */
+        if (sl + S - 1 < nslab) load(sl + S - 1);
+        cp_async_commit();
+        compute((int)(sl % S));
+    }
+    cp_async_wait_n<0>(); /* the trailing groups are empty */
+}
+
 /* A warp's (16 MI) x (8 NJ) fp32 accumulators (m16 tile i, n8 tile j; internal.cuh
  * arl_mma_bf16's C layout, which wgmma's is too) at (row0, col0) of the output tile out
  * (leading dimension ld), the rows below rows_ok and columns below cols_ok (even): out = acc +

@@ -233,6 +233,18 @@ void arl_cuda_moe_combine(float *y, const float *yp, const float *p, const arl_c
 /* dyp (T*k, d) = p dy (overwritten); dp (T, k) += dy . yp. */
 void arl_cuda_moe_combine_bwd(float *dyp, float *dp, const float *dy, const float *yp,
                               const float *p, const arl_cuda_moe_plan *plan, int64_t d);
+/* The same with dyp rounded to bf16 (nearest even): the experts' bf16 operands. */
+void arl_cuda_moe_combine_bwd_bf16(uint16_t *dyp, float *dp, const float *dy, const float *yp,
+                                   const float *p, const arl_cuda_moe_plan *plan, int64_t d);
+/* The experts' GLU (kernels/kernels.h swiglu / situ_glu: situ != 0 SiTU-GLU with caps b1, b2)
+ * with bf16 outputs, the operands of the grouped GEMMs after it: h (T, f) = act(g, u) rounded
+ * to bf16 (nearest even); dg, du (T, ld) = the gradients (overwritten, not added: the fp32
+ * backward's on zeroed buffers) rounded.  fp32 arithmetic as the fp32 ops'. */
+void arl_cuda_glu_fwd_bf16(uint16_t *h, const float *g, const float *u, int64_t T, int64_t f,
+                           int64_t ld, int32_t situ, float b1, float b2);
+void arl_cuda_glu_bwd_bf16(uint16_t *dg, uint16_t *du, const float *dh, const float *g,
+                           const float *u, int64_t T, int64_t f, int64_t ld, int32_t situ, float b1,
+                           float b2);
 
 /* Grouped GEMM, all experts in one launch: for each expert e and its rows R_e,
  *   Y[R_e] (n_e, N) = X[R_e] (n_e, K) op(W_e) + beta * Y[R_e]
@@ -244,7 +256,9 @@ void arl_cuda_moe_combine_bwd(float *dyp, float *dp, const float *dy, const floa
 void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t trans_w,
                            const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta);
 /* The same with bf16 X and W on tensor cores (fp32 accumulation, fp32 Y).  N, K multiples
- * of 16. */
+ * of 16; with trans_w = 0, X and W 16-byte aligned and Y 8-byte (the tiles of the bf16 math
+ * mode's trans_w = 0, on operands already bf16: the same sums, bit for bit, as
+ * arl_cuda_grouped_gemm under ARL_CUDA_MATH_BF16 on the same values). */
 void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W, int32_t trans_w,
                                 const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta);
 /* Which kernel runs arl_cuda_grouped_gemm_bf16 with trans_w = 1 on the current context:
@@ -263,6 +277,11 @@ int32_t arl_cuda_moe_wgmma_available(void);
  * accumulation). */
 void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const float *X,
                                  const arl_cuda_moe_plan *plan, int64_t N, int64_t K);
+/* The same with bf16 dY and X (N, K multiples of 16; dY, X 16-byte aligned, dW 8-byte): the
+ * sums of arl_cuda_grouped_gemm_wgrad under ARL_CUDA_MATH_BF16 on the same values, bit for
+ * bit. */
+void arl_cuda_grouped_gemm_wgrad_bf16(float *dW, const uint16_t *dY, const uint16_t *X,
+                                      const arl_cuda_moe_plan *plan, int64_t N, int64_t K);
 
 /* bf16 x bf16 -> fp32 dense GEMM through cuBLAS (the benchmark's denominator and the path of
  * bf16 weights): row-major C (M, N) = alpha op(A) op(B) + beta C, layout of kernels/gemm.h. */

@@ -464,65 +464,96 @@ static void cu_situ_phi_bwd(float *dx, const float *dy, const float *x, int64_t 
     act_bwd(A_SITU_PHI, "situ_phi_bwd", dx, dy, x, n, beta1);
 }
 
-/* GLUs: situ != 0 gives SiTU-GLU with caps b1, b2; otherwise SwiGLU. */
-__global__ void k_glu_fwd(int situ, float *h, const float *g, const float *u, int64_t T, int64_t f,
-                          int64_t ld, float b1, float b2) {
+/* GLUs: situ != 0 gives SiTU-GLU with caps b1, b2; otherwise SwiGLU.  Outputs fp32 (h; dg, du
+ * +=) or, where those are NULL, bf16 (hb; dgb, dub =: the gradients added to zero, rounded to
+ * nearest even - the fp32 outputs on zeroed buffers, rounded). */
+__global__ void k_glu_fwd(int situ, float *h, uint16_t *hb, const float *g, const float *u,
+                          int64_t T, int64_t f, int64_t ld, float b1, float b2) {
     ARL_GRID_STRIDE(i, T * f) {
         int64_t t = i / f, j = i % f;
         float gv = g[t * ld + j], uv = u[t * ld + j];
-        h[i] =
+        const float v =
             situ ? act_f(A_SITU_PHI, gv, b1) * (b2 * tanhf(uv / b2)) : act_f(A_SILU, gv, 1.0f) * uv;
+        if (h)
+            h[i] = v;
+        else
+            hb[i] = (uint16_t)arl_bf16_rn_bits(v);
     }
 }
 
-__global__ void k_glu_bwd(int situ, float *dg, float *du, const float *dh, const float *g,
-                          const float *u, int64_t T, int64_t f, int64_t ld, float b1, float b2) {
+/* a0 + the gradient of g, b0 + that of u, for the output gradient d */
+__device__ static inline void glu_grads(int situ, float d, float gv, float uv, float b1, float b2,
+                                        float a0, float b0, float *a, float *b) {
+    if (situ) {
+        float psi = b2 * tanhf(uv / b2);
+        *a = a0 + d * act_g(A_SITU_PHI, gv, b1) * psi;
+        *b = b0 + d * act_f(A_SITU_PHI, gv, b1) * d_sech2(uv / b2);
+    } else {
+        *a = a0 + d * uv * act_g(A_SILU, gv, 1.0f);
+        *b = b0 + d * act_f(A_SILU, gv, 1.0f);
+    }
+}
+
+__global__ void k_glu_bwd(int situ, float *dg, float *du, uint16_t *dgb, uint16_t *dub,
+                          const float *dh, const float *g, const float *u, int64_t T, int64_t f,
+                          int64_t ld, float b1, float b2) {
     ARL_GRID_STRIDE(i, T * f) {
         int64_t t = i / f, j = i % f, o = t * ld + j;
-        float gv = g[o], uv = u[o], d = dh[i];
-        if (situ) {
-            float psi = b2 * tanhf(uv / b2);
-            dg[o] += d * act_g(A_SITU_PHI, gv, b1) * psi;
-            du[o] += d * act_f(A_SITU_PHI, gv, b1) * d_sech2(uv / b2);
+        float a, b;
+        if (dgb) {
+            glu_grads(situ, dh[i], g[o], u[o], b1, b2, 0.0f, 0.0f, &a, &b);
+            dgb[o] = (uint16_t)arl_bf16_rn_bits(a);
+            dub[o] = (uint16_t)arl_bf16_rn_bits(b);
         } else {
-            dg[o] += d * uv * act_g(A_SILU, gv, 1.0f);
-            du[o] += d * act_f(A_SILU, gv, 1.0f);
+            glu_grads(situ, dh[i], g[o], u[o], b1, b2, dg[o], du[o], &a, &b);
+            dg[o] = a;
+            du[o] = b;
         }
     }
 }
 
-static void glu_fwd(int situ, float *h, const float *g, const float *u, int64_t T, int64_t f,
-                    int64_t ld, float b1, float b2) {
+static void glu_fwd(int situ, float *h, uint16_t *hb, const float *g, const float *u, int64_t T,
+                    int64_t f, int64_t ld, float b1, float b2) {
     arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(T >= 0 && f >= 0 && ld >= f);
     if (T * f == 0) return;
-    k_glu_fwd<<<arl_blocks(T * f, NT), NT, 0, c->stream>>>(situ, h, g, u, T, f, ld, b1, b2);
+    k_glu_fwd<<<arl_blocks(T * f, NT), NT, 0, c->stream>>>(situ, h, hb, g, u, T, f, ld, b1, b2);
     ARL_CUDA_LAUNCHED(c, "glu_fwd");
 }
-static void glu_bwd(int situ, float *dg, float *du, const float *dh, const float *g, const float *u,
-                    int64_t T, int64_t f, int64_t ld, float b1, float b2) {
+static void glu_bwd(int situ, float *dg, float *du, uint16_t *dgb, uint16_t *dub, const float *dh,
+                    const float *g, const float *u, int64_t T, int64_t f, int64_t ld, float b1,
+                    float b2) {
     arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(T >= 0 && f >= 0 && ld >= f);
     if (T * f == 0) return;
-    k_glu_bwd<<<arl_blocks(T * f, NT), NT, 0, c->stream>>>(situ, dg, du, dh, g, u, T, f, ld, b1,
-                                                           b2);
+    k_glu_bwd<<<arl_blocks(T * f, NT), NT, 0, c->stream>>>(situ, dg, du, dgb, dub, dh, g, u, T, f,
+                                                           ld, b1, b2);
     ARL_CUDA_LAUNCHED(c, "glu_bwd");
+}
+extern "C" void arl_cuda_glu_fwd_bf16(uint16_t *h, const float *g, const float *u, int64_t T,
+                                      int64_t f, int64_t ld, int32_t situ, float b1, float b2) {
+    glu_fwd(situ, NULL, h, g, u, T, f, ld, b1, b2);
+}
+extern "C" void arl_cuda_glu_bwd_bf16(uint16_t *dg, uint16_t *du, const float *dh, const float *g,
+                                      const float *u, int64_t T, int64_t f, int64_t ld,
+                                      int32_t situ, float b1, float b2) {
+    glu_bwd(situ, NULL, NULL, dg, du, dh, g, u, T, f, ld, b1, b2);
 }
 static void cu_swiglu_fwd(float *h, const float *g, const float *u, int64_t T, int64_t f,
                           int64_t ld) {
-    glu_fwd(0, h, g, u, T, f, ld, 1.0f, 1.0f);
+    glu_fwd(0, h, NULL, g, u, T, f, ld, 1.0f, 1.0f);
 }
 static void cu_swiglu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u,
                           int64_t T, int64_t f, int64_t ld) {
-    glu_bwd(0, dg, du, dh, g, u, T, f, ld, 1.0f, 1.0f);
+    glu_bwd(0, dg, du, NULL, NULL, dh, g, u, T, f, ld, 1.0f, 1.0f);
 }
 static void cu_situ_glu_fwd(float *h, const float *g, const float *u, int64_t T, int64_t f,
                             int64_t ld, float b1, float b2) {
-    glu_fwd(1, h, g, u, T, f, ld, b1, b2);
+    glu_fwd(1, h, NULL, g, u, T, f, ld, b1, b2);
 }
 static void cu_situ_glu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u,
                             int64_t T, int64_t f, int64_t ld, float b1, float b2) {
-    glu_bwd(1, dg, du, dh, g, u, T, f, ld, b1, b2);
+    glu_bwd(1, dg, du, NULL, NULL, dh, g, u, T, f, ld, b1, b2);
 }
 
 /* ======================= elementwise ====================================================== */

@@ -779,6 +779,16 @@ static void test_moe(void) {
     CT_CASE_END;
 }
 
+/* 1 when a and b (n floats) are the same bits; else says where they first differ */
+static int same_floats(const char *what, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float))) {
+            fprintf(stderr, "%s [%lld]: %.9g vs %.9g\n", what, (long long)i, a[i], b[i]);
+            return 0;
+        }
+    return 1;
+}
+
 /* Checks the wide tiles' rows h (R, N; plan order) against x_t W_e^T (double) plus y0 (beta =
  * 1; NULL: beta = 0) per element within 2^-7 sum|x w| (bf16 operands); 1 when all pass. */
 static int moe_wide_ok(const char *what, const float *h, const float *y0, const float *x,
@@ -853,6 +863,8 @@ static void test_moe_wide(void) {
         arl_cuda_moe_tn_form(was);
     }
     arl_cuda_moe_gather(d_xp, d_x, &plan, K);
+    uint16_t *d_Wtb = ct_dev_bytes(NULL, 2 * E * N * K);
+    arl_cuda_f32_to_bf16(d_Wtb, d_Wt, E * N * K);
     arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
     for (int tw = 0; tw < 2; tw++)
         for (int beta = 0; beta < 2; beta++) {
@@ -862,15 +874,29 @@ static void test_moe_wide(void) {
             arl_cuda_grouped_gemm(d_yp, d_xp, tw ? d_W : d_Wt, tw, &plan, N, K, (float)beta);
             h = ct_get(d_yp, R * N);
             CHECK(moe_wide_ok(what, h, beta ? y0 : NULL, x, W, sel, slot, R, k, N, K));
+            if (!tw) { /* the bf16-operand tile (k_grouped_b16_mma FM_N) on the same values */
+                if (arl_cuda_upload(ct_ctx, d_yp, y0, sizeof(float) * (size_t)(R * N))) CHECK(0);
+                arl_cuda_grouped_gemm_bf16(d_yp, d_xpb, d_Wtb, 0, &plan, N, K, (float)beta);
+                float *hb = ct_get(d_yp, R * N);
+                CHECK(same_floats("grouped_gemm_bf16 trans_w=0 vs bf16 math", hb, h, R * N));
+                free(hb);
+            }
             free(h);
         }
     /* the weight gradient (k_grouped_f32_mma FM_WG, 64 x 128 of dW_e per block): dW_e
-     * (N, K) += dY[R_e]^T X[R_e] on y0 as dY, with the same per-element bound */
+     * (N, K) += dY[R_e]^T X[R_e] on y0 as dY, with the same per-element bound; and its
+     * bf16-operand tile (k_grouped_b16_mma FM_WG) on the same values, bit for bit */
     float *dW0 = ct_rand(E * N * K, -1, 1), *d_dW = ct_dev(dW0, E * N * K);
-    float *d_dy = ct_dev(y0, R * N);
+    float *d_dy = ct_dev(y0, R * N), *d_dWb = ct_dev(dW0, E * N * K);
+    uint16_t *d_dyb = ct_dev_bytes(NULL, 2 * R * N);
+    arl_cuda_f32_to_bf16(d_dyb, d_dy, R * N);
     arl_cuda_grouped_gemm_wgrad(d_dW, d_dy, d_xp, &plan, N, K);
     arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_FP32);
+    arl_cuda_grouped_gemm_wgrad_bf16(d_dWb, d_dyb, d_xpb, &plan, N, K);
     h = ct_get(d_dW, E * N * K);
+    float *hb = ct_get(d_dWb, E * N * K);
+    CHECK(same_floats("grouped_gemm_wgrad_bf16 vs bf16 math", hb, h, E * N * K));
+    free(hb);
     int bad = 0;
     for (int64_t e = 0; e < E && !bad; e++)
         for (int64_t j = 0; j < N && !bad; j++)

@@ -302,6 +302,19 @@ void arl_cuda_moe_combine_bwd(float *dyp, float *dp, const float *dy, const floa
                               const float *p, const arl_cuda_moe_plan *plan, int64_t d) {
     NO_CTX;
 }
+void arl_cuda_moe_combine_bwd_bf16(uint16_t *dyp, float *dp, const float *dy, const float *yp,
+                                   const float *p, const arl_cuda_moe_plan *plan, int64_t d) {
+    NO_CTX;
+}
+void arl_cuda_glu_fwd_bf16(uint16_t *h, const float *g, const float *u, int64_t T, int64_t f,
+                           int64_t ld, int32_t situ, float b1, float b2) {
+    NO_CTX;
+}
+void arl_cuda_glu_bwd_bf16(uint16_t *dg, uint16_t *du, const float *dh, const float *g,
+                           const float *u, int64_t T, int64_t f, int64_t ld, int32_t situ, float b1,
+                           float b2) {
+    NO_CTX;
+}
 void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t trans_w,
                            const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta) {
     NO_CTX;
@@ -312,6 +325,10 @@ void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W, 
 }
 void arl_cuda_grouped_gemm_wgrad(float *dW, const float *dY, const float *X,
                                  const arl_cuda_moe_plan *plan, int64_t N, int64_t K) {
+    NO_CTX;
+}
+void arl_cuda_grouped_gemm_wgrad_bf16(float *dW, const uint16_t *dY, const uint16_t *X,
+                                      const arl_cuda_moe_plan *plan, int64_t N, int64_t K) {
     NO_CTX;
 }
 arl_status arl_cuda_gemm_bf16(int32_t ta, int32_t tb, int64_t M, int64_t N, int64_t K, float alpha,
