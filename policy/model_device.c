@@ -140,7 +140,8 @@ static int64_t cpu_moe_save_floats(int64_t T, int64_t k, int64_t E, int64_t dz, 
 /* arl_moe_fwd_save's grouping, experts and combine (u = u_pre there). */
 static void cpu_moe_experts_fwd_save(float *u, const float *z, const int32_t *sel, const float *pw,
                                      const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
-                                     float *save) {
+                                     const uint16_t *const *banks, float *save) {
+    ARL_ASSERT(!banks); /* no bf16 weights on the host */
     const int64_t E = c->E, k = c->k, dz = c->dz, f = c->f;
     cpu_moe_save S;
     int64_t used = cpu_moe_save_layout(&S, save, T, k, E, dz, f);
@@ -154,8 +155,7 @@ static void cpu_moe_experts_fwd_save(float *u, const float *z, const int32_t *se
 static void cpu_moe_experts_fwd(float *u, const float *z, const int32_t *sel, const float *pw,
                                 const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
                                 const uint16_t *const *banks, float *ws) {
-    ARL_ASSERT(!banks); /* no bf16 weights on the host */
-    cpu_moe_experts_fwd_save(u, z, sel, pw, p, c, T, ws);
+    cpu_moe_experts_fwd_save(u, z, sel, pw, p, c, T, banks, ws);
 }
 
 /* ---- training ops (the backward of policy/model_backward.c and the AdamW of
@@ -188,8 +188,10 @@ static int64_t cpu_moe_bwd_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64
  * thread (the reference's parallel parts compute the same bits). */
 static void cpu_moe_experts_bwd(float *dz, float *dp, const arl_moe_params *gw, const float *du,
                                 const int32_t *sel, const float *pw, const arl_moe_params *p,
-                                const arl_moe_cfg *c, int64_t T, const float *save, float *ws) {
+                                const uint16_t *const *banks, const arl_moe_cfg *c, int64_t T,
+                                const float *save, float *ws) {
     (void)sel;
+    ARL_ASSERT(!banks);
     const int64_t E = c->E, k = c->k, dzw = c->dz, f = c->f, Tk = T * k;
     cpu_moe_save S;
     cpu_moe_save_layout(&S, (float *)save, T, k, E, dzw, f);
@@ -727,6 +729,15 @@ static const uint16_t *bf16_of(const arl_model_dev *m, const float *W) {
     return m->wb16 + (W - m->weights);
 }
 
+const uint16_t *const *arl_model_dev_expert_banks(const arl_model_dev *m, const arl_moe_params *p,
+                                                  const uint16_t *out[3]) {
+    if (!m->wb16) return NULL;
+    out[0] = bf16_of(m, p->w1);
+    out[1] = bf16_of(m, p->w3);
+    out[2] = bf16_of(m, p->w2);
+    return out;
+}
+
 /* y (T, out) = x (T, in) W^T for a weight W (out, in) of the model. */
 static void lin(arl_model_dev *m, float *y, const float *x, const float *W, int64_t T, int64_t in,
                 int64_t out) {
@@ -1009,13 +1020,9 @@ static arl_status ffn_fwd(arl_model_dev *m, const arl_layer_params *lp, int64_t 
     if (scores_host)
         ARL_TRY(m->ops->download(scores_host, B.s, sizeof(float) * (size_t)(T * c->E)));
     lin(m, B.z, x, p->down_proj, T, c->d, c->dz);
-    const uint16_t *banks[3] = {NULL, NULL, NULL};
-    if (m->wb16) {
-        banks[0] = bf16_of(m, p->w1);
-        banks[1] = bf16_of(m, p->w3);
-        banks[2] = bf16_of(m, p->w2);
-    }
-    m->ops->moe_experts_fwd(B.u, B.z, routes, B.pw, p, c, T, m->wb16 ? banks : NULL, B.experts);
+    const uint16_t *banks[3];
+    m->ops->moe_experts_fwd(B.u, B.z, routes, B.pw, p, c, T,
+                            arl_model_dev_expert_banks(m, p, banks), B.experts);
     if (p->latent_norm) kb->rmsnorm_fwd(B.u, NULL, B.u, p->latent_norm, T, c->dz, c->eps);
     lin(m, m->ybuf, B.u, p->up_proj, T, c->dz, c->d);
     if (c->fs > 0 && p->shared_gate_proj)

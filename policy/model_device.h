@@ -192,15 +192,19 @@ typedef struct arl_dev_ops {
      * needs in save (moe_experts_save_floats floats, the device's own layout); and their
      * backward for du (T, dz): dz (T, dz) and dp (T, k) OVERWRITTEN (the gradients of z and
      * of the router weights p), gw->w1, w3, w2 +=.  ws: moe_experts_bwd_ws_floats floats.
-     * The same arithmetic as policy/moe_backward.c (tested bit for bit on "cpu"). */
+     * The same arithmetic as policy/moe_backward.c (tested bit for bit on "cpu").  banks (the
+     * same in both calls): NULL, or the bf16 copies of w1, w3, w2 ("cuda" only): under the bf16
+     * math mode the GEMMs' operands are then kept in bf16 (the activations rounded once where
+     * they are made, the weights' copies read) - the same sums as without, bit for bit. */
     int64_t (*moe_experts_save_floats)(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f);
     void (*moe_experts_fwd_save)(float *u, const float *z, const int32_t *sel, const float *p,
                                  const arl_moe_params *w, const arl_moe_cfg *c, int64_t T,
-                                 float *save);
+                                 const uint16_t *const *banks, float *save);
     int64_t (*moe_experts_bwd_ws_floats)(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f);
     void (*moe_experts_bwd)(float *dz, float *dp, const arl_moe_params *gw, const float *du,
                             const int32_t *sel, const float *p, const arl_moe_params *w,
-                            const arl_moe_cfg *c, int64_t T, const float *save, float *ws);
+                            const uint16_t *const *banks, const arl_moe_cfg *c, int64_t T,
+                            const float *save, float *ws);
     /* dtable (V, d) row tokens[t] += dx row t, tokens in order t = 0..T-1 (policy/
      * model_backward.c) */
     void (*embed_bwd)(float *dtable, const float *dx, const int32_t *tokens, int64_t T, int64_t d);
@@ -301,7 +305,10 @@ typedef struct arl_model_dev_opts {
     int32_t bf16_weights;  /* 1 ("cuda" only): keep bf16 copies of the weights and run every
                               weight GEMM on them (bf16 x bf16, fp32 accumulation), except the
                               router's (fp32 always, spec 1.4) and the absorbed MLA products;
-                              the fp32 weights stay (masters) */
+                              the fp32 weights stay (masters).  The training step (bf16 math
+                              mode) runs the routed experts' GEMMs on them too (the same
+                              numbers as without), the rest on the masters; AdamW refreshes
+                              them */
     int32_t decode_graphs; /* 1 ("cuda" only): arl_model_dev_decode_step replays a CUDA graph
                               of the whole step, captured once per set of slots (again when
                               the set changes); same kernels, so the same bits as without */
@@ -418,6 +425,10 @@ arl_status arl_model_dev_plan(arl_model_dev *m, const arl_dev_ops *ops, const ar
 
 /* Upload new host weights (after an optimizer step on the host), same config. */
 arl_status arl_model_dev_set_params(arl_model_dev *m, const arl_model_params *host_w);
+/* The bf16 copies of a MoE layer's expert banks w1, w3, w2 (bf16_weights) in out, returned;
+ * NULL when the model keeps no copies: the banks argument of the experts' ops. */
+const uint16_t *const *arl_model_dev_expert_banks(const arl_model_dev *m, const arl_moe_params *p,
+                                                  const uint16_t *out[3]);
 
 /* Forward over fresh documents, arl_model_forward's contract (policy/model.h) with HOST
  * outputs: logits, logprobs, entropy, routes, router_scores (one download per MoE layer) and

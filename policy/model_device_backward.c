@@ -797,7 +797,9 @@ static void moe_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     ops->router_fwd(sv->sel, sv->pw, sv->s, x, p->gate, p->gate_bias, forced, T, d, E, k, c->rho,
                     B.router);
     kb->linear_fwd(sv->z, x, p->down_proj, T, d, dz);
-    ops->moe_experts_fwd_save(sv->u_pre, sv->z, sv->sel, sv->pw, p, c, T, sv->esave);
+    const uint16_t *banks[3];
+    ops->moe_experts_fwd_save(sv->u_pre, sv->z, sv->sel, sv->pw, p, c, T,
+                              arl_model_dev_expert_banks(m, p, banks), sv->esave);
     if (p->latent_norm)
         kb->rmsnorm_fwd(sv->u, sv->rstd, sv->u_pre, p->latent_norm, T, dz, c->eps);
     else
@@ -1333,7 +1335,9 @@ static void moe_bwd(arl_model_dev_train *tr, float *dx, const arl_moe_params *gp
         glu_bwd(m, dx, 1.0f, gp->shared_gate_proj, gp->shared_up_proj, gp->shared_down_proj, dy, x,
                 p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d, c->fs, d,
                 sv->sgu, sv->sh, B.dh, B.dgu);
-    ops->moe_experts_bwd(B.dz, B.dp, gp, du, sv->sel, sv->pw, p, c, T, sv->esave, B.experts);
+    const uint16_t *banks[3];
+    ops->moe_experts_bwd(B.dz, B.dp, gp, du, sv->sel, sv->pw, p,
+                         arl_model_dev_expert_banks(m, p, banks), c, T, sv->esave, B.experts);
     kb->linear_bwd_w(gp->down_proj, B.dz, x, T, d, dz);
     kb->linear_bwd_x(dx, B.dz, p->down_proj, T, d, dz);
     ops->router_bwd(dx, gp->gate, B.dp, x, p->gate, sv->s, sv->sel, T, d, E, k, c->rho, B.router);

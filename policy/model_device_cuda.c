@@ -86,63 +86,6 @@ static float *take_f(float *base, int64_t *used, int64_t n) {
     return p;
 }
 
-typedef struct cu_moe_bufs {
-    int32_t *plan;    /* arl_cuda_moe_plan_ints(T, k, E) */
-    float *zg;        /* (T*k, dz) */
-    float *g, *u, *h; /* (T*k, f) each */
-    float *yg;        /* (T*k, dz) */
-    uint16_t *xb;     /* (T*k, max(dz, f)) bf16 operands (bf16 weights) */
-} cu_moe_bufs;
-
-static int64_t cu_moe_layout(cu_moe_bufs *B, float *base, int64_t T, int64_t k, int64_t E,
-                             int64_t dz, int64_t f) {
-    int64_t used = 0, Tk = T * k;
-    B->plan = (int32_t *)take_f(base, &used, arl_cuda_moe_plan_ints(T, k, E));
-    B->zg = take_f(base, &used, Tk * dz);
-    B->g = take_f(base, &used, Tk * f);
-    B->u = take_f(base, &used, Tk * f);
-    B->h = take_f(base, &used, Tk * f);
-    B->yg = take_f(base, &used, Tk * dz);
-    B->xb = (uint16_t *)take_f(base, &used, (Tk * (dz > f ? dz : f) + 1) / 2);
-    return used;
-}
-
-static int64_t cu_moe_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
-    cu_moe_bufs B;
-    return cu_moe_layout(&B, NULL, T, k, E, dz, f);
-}
-
-static void cu_moe_experts_fwd(float *u, const float *z, const int32_t *sel, const float *pw,
-                               const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
-                               const uint16_t *const *banks, float *ws) {
-    const int64_t E = c->E, k = c->k, dz = c->dz, f = c->f, Tk = T * k;
-    const arl_k_backend *kb = arl_k_backend_cuda();
-    cu_moe_bufs B;
-    cu_moe_layout(&B, ws, T, k, E, dz, f);
-    arl_cuda_moe_plan plan;
-    arl_cuda_moe_plan_build(&plan, B.plan, sel, T, k, E);
-    if (banks) { /* bf16 operands on tensor cores (dz, f multiples of 16), fp32 outputs */
-        arl_cuda_moe_gather_bf16(B.xb, z, &plan, dz);
-        arl_cuda_grouped_gemm_bf16(B.g, B.xb, banks[0], 1, &plan, f, dz, 0.0f);
-        arl_cuda_grouped_gemm_bf16(B.u, B.xb, banks[1], 1, &plan, f, dz, 0.0f);
-    } else {
-        arl_cuda_moe_gather(B.zg, z, &plan, dz);
-        arl_cuda_grouped_gemm(B.g, B.zg, p->w1, 1, &plan, f, dz, 0.0f);
-        arl_cuda_grouped_gemm(B.u, B.zg, p->w3, 1, &plan, f, dz, 0.0f);
-    }
-    if (c->act.situ)
-        kb->situ_glu_fwd(B.h, B.g, B.u, Tk, f, f, c->act.beta1, c->act.beta2);
-    else
-        kb->swiglu_fwd(B.h, B.g, B.u, Tk, f, f);
-    if (banks) {
-        arl_cuda_f32_to_bf16(B.xb, B.h, Tk * f);
-        arl_cuda_grouped_gemm_bf16(B.yg, B.xb, banks[2], 1, &plan, dz, f, 0.0f);
-    } else {
-        arl_cuda_grouped_gemm(B.yg, B.h, p->w2, 1, &plan, dz, f, 0.0f);
-    }
-    arl_cuda_moe_combine(u, B.yg, pw, &plan, dz);
-}
-
 /* y (T, out; ldy) = bf16(x) W^T + beta y through cuBLAS (bf16 x bf16, fp32 accumulate).  A
  * failed call is recorded by arl_cuda_gemm_bf16's status: kept here and returned by the next
  * cu_sync (the table entries' sticky-error rule). */
@@ -197,69 +140,121 @@ static void cu_router_bwd(float *dx, float *dW_r, const float *dp, const float *
     arl_cuda_set_math(c, saved);
 }
 
-/* The training save of the routed experts: the plan, the gathered inputs, both GLU inputs,
- * its output and the expert outputs (rows in the plan's sorted order). */
+/* Whether the experts' GEMMs run on bf16 operands (the weights' bf16 copies, the activations
+ * rounded once where they are made): with copies, and widths the tensor-core tiles take (else
+ * the fp32 weights, as without copies); in training (train) under the bf16 math mode alone,
+ * whose GEMMs round their operands to bf16 anyway - the same operands, and the bf16 tiles give
+ * the same sums, bit for bit. */
+static int cu_moe_b16(const uint16_t *const *banks, const arl_moe_cfg *c, int train) {
+    return banks && c->dz % 16 == 0 && c->f % 16 == 0 &&
+           (!train || arl_cuda_get_math(ctx_()) == ARL_CUDA_MATH_BF16);
+}
+
+/* What the routed experts' forward keeps (the training save; the inference forward's work
+ * buffer): the plan, the gathered inputs, both GLU inputs, its output and the expert outputs
+ * (rows in the plan's sorted order).  With bf16 operands (b16) the gathered inputs and the GLU
+ * output are kept in bf16 only. */
 typedef struct cu_moe_save {
-    int32_t *plan;    /* arl_cuda_moe_plan_ints(T, k, E) */
-    float *zg;        /* (T*k, dz) */
-    float *g, *u, *h; /* (T*k, f) */
-    float *yg;        /* (T*k, dz) */
+    int32_t *plan; /* arl_cuda_moe_plan_ints(T, k, E) */
+    float *zg;     /* (T*k, dz), or NULL (b16) */
+    uint16_t *zgb; /* (T*k, dz) bf16 (b16), or NULL */
+    float *g, *u;  /* (T*k, f) */
+    float *h;      /* (T*k, f), or NULL (b16) */
+    uint16_t *hb;  /* (T*k, f) bf16 (b16), or NULL */
+    float *yg;     /* (T*k, dz) */
 } cu_moe_save;
 
+/* n bf16 at base + *used (NULL when only sizing) */
+static uint16_t *take_h(float *base, int64_t *used, int64_t n) {
+    return (uint16_t *)take_f(base, used, (n + 1) / 2);
+}
+
 static int64_t cu_moe_save_layout(cu_moe_save *S, float *base, int64_t T, int64_t k, int64_t E,
-                                  int64_t dz, int64_t f) {
+                                  int64_t dz, int64_t f, int b16) {
     int64_t used = 0, Tk = T * k;
     S->plan = (int32_t *)take_f(base, &used, arl_cuda_moe_plan_ints(T, k, E));
-    S->zg = take_f(base, &used, Tk * dz);
+    S->zg = b16 ? NULL : take_f(base, &used, Tk * dz);
+    S->zgb = b16 ? take_h(base, &used, Tk * dz) : NULL;
     S->g = take_f(base, &used, Tk * f);
     S->u = take_f(base, &used, Tk * f);
-    S->h = take_f(base, &used, Tk * f);
+    S->h = b16 ? NULL : take_f(base, &used, Tk * f);
+    S->hb = b16 ? take_h(base, &used, Tk * f) : NULL;
     S->yg = take_f(base, &used, Tk * dz);
-    return used;
+    return used; /* the fp32 layout is the larger */
 }
 static int64_t cu_moe_save_floats(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
     cu_moe_save S;
-    return cu_moe_save_layout(&S, NULL, T, k, E, dz, f);
+    return cu_moe_save_layout(&S, NULL, T, k, E, dz, f, 0);
 }
 
-static void cu_moe_experts_fwd_save(float *u, const float *z, const int32_t *sel, const float *pw,
-                                    const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
-                                    float *save) {
+/* policy/moe.c's experts as a plan, a gather, grouped GEMMs and a combine, on bf16 operands
+ * when b16 (cu_moe_b16), keeping save (cu_moe_save_floats). */
+static void cu_moe_fwd(float *u, const float *z, const int32_t *sel, const float *pw,
+                       const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
+                       const uint16_t *const *banks, int b16, float *save) {
     const int64_t E = c->E, k = c->k, dz = c->dz, f = c->f, Tk = T * k;
     const arl_k_backend *kb = arl_k_backend_cuda();
     cu_moe_save S;
-    cu_moe_save_layout(&S, save, T, k, E, dz, f);
+    cu_moe_save_layout(&S, save, T, k, E, dz, f, b16);
     arl_cuda_moe_plan plan;
     arl_cuda_moe_plan_build(&plan, S.plan, sel, T, k, E);
-    arl_cuda_moe_gather(S.zg, z, &plan, dz);
-    arl_cuda_grouped_gemm(S.g, S.zg, p->w1, 1, &plan, f, dz, 0.0f);
-    arl_cuda_grouped_gemm(S.u, S.zg, p->w3, 1, &plan, f, dz, 0.0f);
-    if (c->act.situ)
-        kb->situ_glu_fwd(S.h, S.g, S.u, Tk, f, f, c->act.beta1, c->act.beta2);
-    else
-        kb->swiglu_fwd(S.h, S.g, S.u, Tk, f, f);
-    arl_cuda_grouped_gemm(S.yg, S.h, p->w2, 1, &plan, dz, f, 0.0f);
+    if (b16) {
+        arl_cuda_moe_gather_bf16(S.zgb, z, &plan, dz);
+        arl_cuda_grouped_gemm_bf16(S.g, S.zgb, banks[0], 1, &plan, f, dz, 0.0f);
+        arl_cuda_grouped_gemm_bf16(S.u, S.zgb, banks[1], 1, &plan, f, dz, 0.0f);
+        arl_cuda_glu_fwd_bf16(S.hb, S.g, S.u, Tk, f, f, c->act.situ, c->act.beta1, c->act.beta2);
+        arl_cuda_grouped_gemm_bf16(S.yg, S.hb, banks[2], 1, &plan, dz, f, 0.0f);
+    } else {
+        arl_cuda_moe_gather(S.zg, z, &plan, dz);
+        arl_cuda_grouped_gemm(S.g, S.zg, p->w1, 1, &plan, f, dz, 0.0f);
+        arl_cuda_grouped_gemm(S.u, S.zg, p->w3, 1, &plan, f, dz, 0.0f);
+        if (c->act.situ)
+            kb->situ_glu_fwd(S.h, S.g, S.u, Tk, f, f, c->act.beta1, c->act.beta2);
+        else
+            kb->swiglu_fwd(S.h, S.g, S.u, Tk, f, f);
+        arl_cuda_grouped_gemm(S.yg, S.h, p->w2, 1, &plan, dz, f, 0.0f);
+    }
     arl_cuda_moe_combine(u, S.yg, pw, &plan, dz);
 }
+static void cu_moe_experts_fwd_save(float *u, const float *z, const int32_t *sel, const float *pw,
+                                    const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
+                                    const uint16_t *const *banks, float *save) {
+    cu_moe_fwd(u, z, sel, pw, p, c, T, banks, cu_moe_b16(banks, c, 1), save);
+}
+/* the inference forward: the training forward with its save in the work buffer, on the copies
+ * whatever the math mode */
+static void cu_moe_experts_fwd(float *u, const float *z, const int32_t *sel, const float *pw,
+                               const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
+                               const uint16_t *const *banks, float *ws) {
+    cu_moe_fwd(u, z, sel, pw, p, c, T, banks, cu_moe_b16(banks, c, 0), ws);
+}
 
+/* The backward's buffers: the expert rows' output gradient, the GLU output's, its inputs' and
+ * the expert inputs' (b16: the GEMMs' operands among them in bf16). */
 typedef struct cu_moe_bws {
-    float *dyg, *dh, *dg, *du, *dzg;
+    float *dyg, *dg, *du;       /* (T*k, dz), (T*k, f) x 2; NULL (b16) */
+    uint16_t *dygb, *dgb, *dub; /* the same in bf16 (b16), or NULL */
+    float *dh;                  /* (T*k, f) */
+    float *dzg;                 /* (T*k, dz) */
 } cu_moe_bws;
 
 static int64_t cu_moe_bws_layout(cu_moe_bws *B, float *base, int64_t T, int64_t k, int64_t dz,
-                                 int64_t f) {
+                                 int64_t f, int b16) {
     int64_t used = 0, Tk = T * k;
-    B->dyg = take_f(base, &used, Tk * dz);
+    B->dyg = b16 ? NULL : take_f(base, &used, Tk * dz);
+    B->dg = b16 ? NULL : take_f(base, &used, Tk * f);
+    B->du = b16 ? NULL : take_f(base, &used, Tk * f);
+    B->dygb = b16 ? take_h(base, &used, Tk * dz) : NULL;
+    B->dgb = b16 ? take_h(base, &used, Tk * f) : NULL;
+    B->dub = b16 ? take_h(base, &used, Tk * f) : NULL;
     B->dh = take_f(base, &used, Tk * f);
-    B->dg = take_f(base, &used, Tk * f);
-    B->du = take_f(base, &used, Tk * f);
     B->dzg = take_f(base, &used, Tk * dz);
-    return used;
+    return used; /* the fp32 layout is the larger */
 }
 static int64_t cu_moe_bwd_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64_t f) {
     (void)E;
     cu_moe_bws B;
-    return cu_moe_bws_layout(&B, NULL, T, k, dz, f);
+    return cu_moe_bws_layout(&B, NULL, T, k, dz, f, 0);
 }
 
 /* policy/moe_backward.c's expert backward as grouped GEMMs: dyg = p du per row (dp = du . yg),
@@ -267,29 +262,43 @@ static int64_t cu_moe_bwd_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64_
  * dg W1_e + du W3_e, dz = the sum of a token's dzg rows in slot order. */
 static void cu_moe_experts_bwd(float *dz, float *dp, const arl_moe_params *gw, const float *du,
                                const int32_t *sel, const float *pw, const arl_moe_params *p,
-                               const arl_moe_cfg *c, int64_t T, const float *save, float *ws) {
+                               const uint16_t *const *banks, const arl_moe_cfg *c, int64_t T,
+                               const float *save, float *ws) {
     const int64_t E = c->E, k = c->k, dzw = c->dz, f = c->f, Tk = T * k;
     const arl_k_backend *kb = arl_k_backend_cuda();
+    const int b16 = cu_moe_b16(banks, c, 1);
     cu_moe_save S;
-    cu_moe_save_layout(&S, (float *)save, T, k, E, dzw, f);
+    cu_moe_save_layout(&S, (float *)save, T, k, E, dzw, f, b16);
     cu_moe_bws B;
-    cu_moe_bws_layout(&B, ws, T, k, dzw, f);
+    cu_moe_bws_layout(&B, ws, T, k, dzw, f, b16);
     arl_cuda_moe_plan plan; /* rebuilt from the same routes: the same plan */
     arl_cuda_moe_plan_build(&plan, S.plan, sel, T, k, E);
     kb->fill(dp, 0.0f, Tk);
-    arl_cuda_moe_combine_bwd(B.dyg, dp, du, S.yg, pw, &plan, dzw);
-    arl_cuda_grouped_gemm(B.dh, B.dyg, p->w2, 0, &plan, f, dzw, 0.0f);
-    arl_cuda_grouped_gemm_wgrad(gw->w2, B.dyg, S.h, &plan, dzw, f);
-    kb->fill(B.dg, 0.0f, Tk * f);
-    kb->fill(B.du, 0.0f, Tk * f);
-    if (c->act.situ)
-        kb->situ_glu_bwd(B.dg, B.du, B.dh, S.g, S.u, Tk, f, f, c->act.beta1, c->act.beta2);
-    else
-        kb->swiglu_bwd(B.dg, B.du, B.dh, S.g, S.u, Tk, f, f);
-    arl_cuda_grouped_gemm_wgrad(gw->w1, B.dg, S.zg, &plan, f, dzw);
-    arl_cuda_grouped_gemm_wgrad(gw->w3, B.du, S.zg, &plan, f, dzw);
-    arl_cuda_grouped_gemm(B.dzg, B.dg, p->w1, 0, &plan, dzw, f, 0.0f);
-    arl_cuda_grouped_gemm(B.dzg, B.du, p->w3, 0, &plan, dzw, f, 1.0f);
+    if (b16) {
+        arl_cuda_moe_combine_bwd_bf16(B.dygb, dp, du, S.yg, pw, &plan, dzw);
+        arl_cuda_grouped_gemm_bf16(B.dh, B.dygb, banks[2], 0, &plan, f, dzw, 0.0f);
+        arl_cuda_grouped_gemm_wgrad_bf16(gw->w2, B.dygb, S.hb, &plan, dzw, f);
+        arl_cuda_glu_bwd_bf16(B.dgb, B.dub, B.dh, S.g, S.u, Tk, f, f, c->act.situ, c->act.beta1,
+                              c->act.beta2);
+        arl_cuda_grouped_gemm_wgrad_bf16(gw->w1, B.dgb, S.zgb, &plan, f, dzw);
+        arl_cuda_grouped_gemm_wgrad_bf16(gw->w3, B.dub, S.zgb, &plan, f, dzw);
+        arl_cuda_grouped_gemm_bf16(B.dzg, B.dgb, banks[0], 0, &plan, dzw, f, 0.0f);
+        arl_cuda_grouped_gemm_bf16(B.dzg, B.dub, banks[1], 0, &plan, dzw, f, 1.0f);
+    } else {
+        arl_cuda_moe_combine_bwd(B.dyg, dp, du, S.yg, pw, &plan, dzw);
+        arl_cuda_grouped_gemm(B.dh, B.dyg, p->w2, 0, &plan, f, dzw, 0.0f);
+        arl_cuda_grouped_gemm_wgrad(gw->w2, B.dyg, S.h, &plan, dzw, f);
+        kb->fill(B.dg, 0.0f, Tk * f);
+        kb->fill(B.du, 0.0f, Tk * f);
+        if (c->act.situ)
+            kb->situ_glu_bwd(B.dg, B.du, B.dh, S.g, S.u, Tk, f, f, c->act.beta1, c->act.beta2);
+        else
+            kb->swiglu_bwd(B.dg, B.du, B.dh, S.g, S.u, Tk, f, f);
+        arl_cuda_grouped_gemm_wgrad(gw->w1, B.dg, S.zg, &plan, f, dzw);
+        arl_cuda_grouped_gemm_wgrad(gw->w3, B.du, S.zg, &plan, f, dzw);
+        arl_cuda_grouped_gemm(B.dzg, B.dg, p->w1, 0, &plan, dzw, f, 0.0f);
+        arl_cuda_grouped_gemm(B.dzg, B.du, p->w3, 0, &plan, dzw, f, 1.0f);
+    }
     kb->fill(dz, 0.0f, T * dzw);
     arl_cuda_moe_gather_bwd(dz, B.dzg, &plan, dzw);
 }
@@ -319,7 +328,7 @@ static const arl_dev_ops cuda_ops = {
     .attnres_mix_fwd = arl_cuda_attnres_mix_fwd,
     .router_ws_floats = cu_router_ws,
     .router_fwd = cu_router_fwd,
-    .moe_experts_ws_floats = cu_moe_ws,
+    .moe_experts_ws_floats = cu_moe_save_floats,
     .moe_experts_fwd = cu_moe_experts_fwd,
     .linear_bf16 = cu_linear_bf16,
     .f32_to_bf16 = arl_cuda_f32_to_bf16,

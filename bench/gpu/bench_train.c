@@ -13,7 +13,11 @@
  * Weights: deterministic small uniform values, norms 1.  Runs: ARL_CUDA_MATH_BF16 (bf16 GEMM
  * inputs, fp32 accumulation, fp32 master weights and moments) and ARL_CUDA_MATH_TF32.  Batch:
  * 8 documents of 256 tokens (T = 2048; --quick: the tiny config, 2 x 32; --docs N --len L:
- * another batch, its RESULT keys suffixed _T<tokens>; --bf16: that mode alone).  AdamW's time
+ * another batch, its RESULT keys suffixed _T<tokens>; --bf16: that mode alone;
+ * --bf16-weights: the bf16 mode alone on a model keeping bf16 weight copies, as a learner that
+ * also decodes does (arl_model_dev_opts bf16_weights: AdamW refreshes them in its pass and the
+ * experts' GEMMs read them, their activations rounded once where made; the same numbers as
+ * without), keys train_step_bf16w...).  AdamW's time
  * does not depend on the batch, so at 2048 tokens it alone caps the mini step's MFU near 30%:
  * run.sh also measures 16 x 1024 tokens, a learner batch where 25% is reachable.  Prints the median
  * of 5 steps after 2 warm-up steps, and the forward (with saves) and the optimizer step
@@ -104,12 +108,14 @@ static arl_status run_opt(void *v) {
 }
 
 int main(int argc, char **argv) {
-    int quick = 0, bf16_only = 0;
+    int quick = 0, bf16_only = 0, bf16w = 0;
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line out at once: a timeout keeps them */
     for (int i = 1; i < argc; i++) {
         quick |= strcmp(argv[i], "--quick") == 0;
         bf16_only |= strcmp(argv[i], "--bf16") == 0;
+        bf16w |= strcmp(argv[i], "--bf16-weights") == 0;
     }
+    bf16_only |= bf16w;
     if (arl_cuda_device_count() == 0) {
         fprintf(stderr, "bench_train: no CUDA device (or a build without CUDA)\n");
         return 77;
@@ -154,10 +160,11 @@ int main(int argc, char **argv) {
     arl_model_opts_default(&o);
     o.max_tokens = T;
     o.max_docs = N;
+    arl_model_dev_opts dopts = {.bf16_weights = bf16w};
     arl_model_dev plan;
-    if (arl_model_dev_plan(&plan, arl_dev_ops_cuda(), &cfg, &o, NULL)) die("plan");
-    int64_t need =
-        arl_model_dev_bytes(&cfg, &o, arl_dev_ops_cuda(), NULL) + arl_model_dev_train_bytes(&plan);
+    if (arl_model_dev_plan(&plan, arl_dev_ops_cuda(), &cfg, &o, &dopts)) die("plan");
+    int64_t need = arl_model_dev_bytes(&cfg, &o, arl_dev_ops_cuda(), &dopts) +
+                   arl_model_dev_train_bytes(&plan);
     const arl_dev_ops *ops = NULL;
     if (arl_dev_ops_get("cuda", (size_t)need + ((size_t)1 << 30), &ops)) die("cuda device");
     arl_cuda_ctx *ctx = arl_cuda_current();
@@ -166,7 +173,7 @@ int main(int argc, char **argv) {
     arl_optim_config oc;
     arl_optim_config_defaults(&oc);
     oc.lr = 1e-5; /* small steps keep the timed weights in range */
-    if (arl_model_dev_init(&md, ops, &cfg, &w, &o, NULL)) die("device model");
+    if (arl_model_dev_init(&md, ops, &cfg, &w, &o, &dopts)) die("device model");
     if (arl_model_dev_train_init(&tr, &md, &oc)) die("device training");
     printf("config %s: %.1f MiB on the device (model + training), weights in %.1f s\n", path,
            (double)need / 1048576.0, now_s() - t0);
@@ -193,7 +200,7 @@ int main(int argc, char **argv) {
            (6.0 * T * dm->dk * dm->dk + 3.0 * T * C * dm->dk + T * C * C);
     const double flops = 3.0 * fwd;
 
-    const char *names[2] = {"bf16", "tf32"};
+    const char *names[2] = {bf16w ? "bf16w" : "bf16", "tf32"};
     const arl_cuda_math modes[2] = {ARL_CUDA_MATH_BF16, ARL_CUDA_MATH_TF32};
     step_arg sa = {&tr, &b};
     for (int mi = 0; mi < (bf16_only ? 1 : 2); mi++) {
@@ -203,11 +210,11 @@ int main(int argc, char **argv) {
         double tf = time_median(run_fwd, &sa, 1, 5, &flo, &fhi);
         double to = time_median(run_opt, &sa, 1, 5, &olo, &ohi);
         double rate = flops / ts / 1e12;
-        printf("training step (%s GEMMs), T = %lld in %d documents: %.2f ms (spread %.2f..%.2f), "
+        printf("training step (%s GEMMs%s), T = %lld in %d documents: %.2f ms (spread %.2f..%.2f), "
                "%.2f TFLOP/s, MFU %.1f%% of cuBLAS bf16 (forward with saves %.2f ms, AdamW "
                "%.2f ms, backward ~%.2f ms)\n",
-               names[mi], (long long)T, N, ts * 1e3, lo * 1e3, hi * 1e3, rate, 100.0 * rate / peak,
-               tf * 1e3, to * 1e3, (ts - tf - to) * 1e3);
+               names[mi], bf16w ? ", bf16 weight copies" : "", (long long)T, N, ts * 1e3, lo * 1e3,
+               hi * 1e3, rate, 100.0 * rate / peak, tf * 1e3, to * 1e3, (ts - tf - to) * 1e3);
         printf("RESULT train_step_%s%s_ms=%.3f\nRESULT train_step_%s%s_mfu=%.4f\n", names[mi], sfx,
                ts * 1e3, names[mi], sfx, rate / peak);
         /* AdamW reads and writes every parameter whatever the batch: the MFU this step could

@@ -36,8 +36,9 @@
  *                            each far larger than the total), where the H200 measured up to 8%
  *                            of max|ref| (A_log of layer 2; expert w3 5.6%).  A wrong index,
  *                            boundary or missing term gives errors of order max|ref|.
- *                          - bf16 weight copies (test_cuda_bf16_weights_step): two steps;
- *                            after each, every copy is the new fp32 weight rounded, exactly.
+ *                          - bf16 weight copies (test_cuda_bf16_weights_step): two bf16
+ *                            steps; after each, every copy is the new fp32 weight rounded,
+ *                            and the weights those of a model without copies, exactly.
  *   test_model_train cuda-emu  the fp32 case under tests/cuda/emu (every kernel on the CPU);
  *                          ARL_TEST_CASES=test_cuda_bf16 (or test_cuda_bf16_weights_step)
  *                          runs that case there instead.
@@ -601,49 +602,66 @@ static void test_cuda_bf16(void) {
 }
 
 /* Training a device model that keeps bf16 weight copies (bf16_weights: its forwards outside
- * the training step - decode, scoring - run their GEMMs on them; the step itself uses the fp32
- * masters): after every step the copies are the updated masters rounded to bf16 (nearest
- * even), bit for bit, for every weight (AdamW rewrites the trained ones in its own pass; the
- * others keep the upload's), so that those forwards run on the new weights. */
+ * the training step - decode, scoring - run their GEMMs on them; in the step the routed
+ * experts' GEMMs read them, the rest the fp32 masters): after every step the copies are the
+ * updated masters rounded to bf16 (nearest even), bit for bit, for every weight (AdamW rewrites
+ * the trained ones in its own pass; the others keep the upload's), so that those forwards run
+ * on the new weights.  Under the bf16 math mode the steps give the same weights, bit for bit,
+ * as a model without copies (the experts' operands rounded once where made instead of inside
+ * the GEMMs: the same bf16 values, the same tiles). */
 static void test_cuda_bf16_weights_step(void) {
     const int64_t nf = TM.w.inv.arena_floats;
     arl_optim_config oc;
     optim_cfg(&oc);
-    arl_model_dev md;
-    arl_model_dev_train dt;
-    g_bf16w = 1;
-    init_dev(&md, &dt, &oc);
-    g_bf16w = 0;
-    CHECK(md.wb16 != NULL);
-    float *pd = malloc(sizeof(float) * (size_t)nf);
-    uint16_t *wb = malloc(sizeof(uint16_t) * (size_t)nf);
-    int32_t tok[NT];
-    for (int step = 0; step < 2; step++) {
-        rand_tokens(tok, 0xB16 + (uint64_t)step, NT);
-        arl_batch b = {.tokens = tok, .T = NT, .cu = CU, .N = ND};
-        double loss = 0;
-        arl_optim_report rep;
-        CHECK_MSG(arl_model_dev_train_step(&dt, &b, &loss, &rep) == ARL_OK, "step %d: %s", step,
-                  arl_error_msg());
-        CHECK_MSG(isfinite(loss) && loss > 0, "step %d: loss %g", step, loss);
-        CHECK(arl_model_dev_params_download(&dt, pd) == ARL_OK);
-        CHECK(OPS->download(wb, md.wb16, sizeof(uint16_t) * (size_t)nf) == ARL_OK);
-        int64_t bad = 0, first = -1, moved = 0;
-        for (int64_t i = 0; i < nf; i++) {
-            if (wb[i] != arl_f32_to_bf16(pd[i]) && bad++ == 0) first = i;
-            moved += pd[i] != TM.w.arena[i];
+    arl_cuda_set_math(arl_cuda_current(), ARL_CUDA_MATH_BF16);
+    float *pd[2][2]; /* [copies][step] the weights after the step */
+    for (int wb = 1; wb >= 0; wb--) {
+        arl_model_dev md;
+        arl_model_dev_train dt;
+        g_bf16w = wb;
+        init_dev(&md, &dt, &oc);
+        g_bf16w = 0;
+        CHECK((md.wb16 != NULL) == wb);
+        uint16_t *wbh = malloc(sizeof(uint16_t) * (size_t)nf);
+        int32_t tok[NT];
+        for (int step = 0; step < 2; step++) {
+            float *p = pd[wb][step] = malloc(sizeof(float) * (size_t)nf);
+            rand_tokens(tok, 0xB16 + (uint64_t)step, NT);
+            arl_batch b = {.tokens = tok, .T = NT, .cu = CU, .N = ND};
+            double loss = 0;
+            arl_optim_report rep;
+            CHECK_MSG(arl_model_dev_train_step(&dt, &b, &loss, &rep) == ARL_OK, "step %d: %s", step,
+                      arl_error_msg());
+            CHECK_MSG(isfinite(loss) && loss > 0, "step %d: loss %g", step, loss);
+            CHECK(arl_model_dev_params_download(&dt, p) == ARL_OK);
+            int64_t moved = 0;
+            for (int64_t i = 0; i < nf; i++)
+                moved += p[i] != TM.w.arena[i];
+            CHECK_MSG(moved > nf / 2, "step %d: only %lld of %lld weights moved", step,
+                      (long long)moved, (long long)nf);
+            if (!wb) {
+                int64_t i = 0;
+                while (i < nf && !memcmp(&p[i], &pd[1][step][i], sizeof(float)))
+                    i++;
+                CHECK_MSG(i == nf, "step %d: float %lld is %.9g with bf16 copies, %.9g without",
+                          step, (long long)i, i < nf ? pd[1][step][i] : 0.0, i < nf ? p[i] : 0.0);
+                continue;
+            }
+            CHECK(OPS->download(wbh, md.wb16, sizeof(uint16_t) * (size_t)nf) == ARL_OK);
+            int64_t bad = 0, first = -1;
+            for (int64_t i = 0; i < nf; i++)
+                if (wbh[i] != arl_f32_to_bf16(p[i]) && bad++ == 0) first = i;
+            CHECK_MSG(bad == 0,
+                      "step %d: %lld of %lld bf16 weights are not the new weights rounded "
+                      "(first at float %lld)",
+                      step, (long long)bad, (long long)nf, (long long)first);
         }
-        CHECK_MSG(bad == 0,
-                  "step %d: %lld of %lld bf16 weights are not the new weights rounded "
-                  "(first at float %lld)",
-                  step, (long long)bad, (long long)nf, (long long)first);
-        CHECK_MSG(moved > nf / 2, "step %d: only %lld of %lld weights moved", step,
-                  (long long)moved, (long long)nf);
+        free(wbh);
+        arl_model_dev_train_free(&dt);
+        arl_model_dev_free(&md);
     }
-    free(pd);
-    free(wb);
-    arl_model_dev_train_free(&dt);
-    arl_model_dev_free(&md);
+    for (int i = 0; i < 4; i++)
+        free(pd[i / 2][i % 2]);
     arl_optim_config_free(&oc);
 }
 

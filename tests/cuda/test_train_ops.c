@@ -16,7 +16,9 @@
  *   - sums over tokens or rows (ddt_bias, dA_log in double; dw, MoE weight gradients in fp32
  *     with another order): 1e-5 max|ref| (double) and 1e-4 max|ref| (fp32 sums of <= 64 terms);
  *   - the embedding backward adds the same floats in the same order: exact;
- *   - the chunk sums of squares: double sums in another order: rtol 1e-12.
+ *   - the chunk sums of squares: double sums in another order: rtol 1e-12;
+ *   - the routed experts with bf16 weight copies under the bf16 math mode against the same
+ *     device ops without them: bit for bit (the same bf16 operands, the same tiles).
  */
 #include "kernels/cuda/ops.h"
 #include "kernels/kernels.h"
@@ -189,14 +191,14 @@ static void test_moe_train(void) {
           *ws = ct_host(sizeof(float) * (size_t)nw_cpu);
     float *D_save = ct_dev(NULL, ns_cu), *D_ws = ct_dev(NULL, nw_cu);
     float *u = ct_host(sizeof(float) * (size_t)(T * dz)), *D_u = ct_dev(NULL, T * dz);
-    cp->moe_experts_fwd_save(u, z, sel, pw, &p, &c, T, save);
-    cu->moe_experts_fwd_save(D_u, D_z, D_sel, D_pw, &Dp, &c, T, D_save);
+    cp->moe_experts_fwd_save(u, z, sel, pw, &p, &c, T, NULL, save);
+    cu->moe_experts_fwd_save(D_u, D_z, D_sel, D_pw, &Dp, &c, T, NULL, D_save);
     ct_check_maxref("moe fwd_save u", D_u, u, T * dz, 0.0, 1e-5);
     float *dzo = ct_host(sizeof(float) * (size_t)(T * dz)),
           *dp = ct_host(sizeof(float) * (size_t)Tk);
     float *D_dzo = ct_dev(NULL, T * dz), *D_dp = ct_dev(NULL, Tk);
-    cp->moe_experts_bwd(dzo, dp, &gp, du, sel, pw, &p, &c, T, save, ws);
-    cu->moe_experts_bwd(D_dzo, D_dp, &Dg, D_du, D_sel, D_pw, &Dp, &c, T, D_save, D_ws);
+    cp->moe_experts_bwd(dzo, dp, &gp, du, sel, pw, &p, NULL, &c, T, save, ws);
+    cu->moe_experts_bwd(D_dzo, D_dp, &Dg, D_du, D_sel, D_pw, &Dp, NULL, &c, T, D_save, D_ws);
     ct_check_maxref("moe bwd dz", D_dzo, dzo, T * dz, 0.0, 1e-4);
     ct_check_maxref("moe bwd dp", D_dp, dp, Tk, 0.0, 1e-4);
     ct_check_maxref("moe bwd dw1", Dg.w1, g1, E * f * dz, 0.0, 1e-4);
@@ -221,6 +223,81 @@ static void test_moe_train(void) {
     CT_CASE_END;
 }
 
+/* The training experts with bf16 weight copies (banks) under the bf16 math mode: the GEMMs'
+ * operands kept in bf16 (policy/model_device_cuda.c cu_moe_b16) give the same outputs and
+ * weight gradients, bit for bit, as the fp32 tensors rounded inside the GEMMs (banks NULL).
+ * f > dz (the bf16 save is the larger layout), an expert without tokens, one with more than a
+ * row tile; SwiGLU and SiTU.  Widths the bf16 tiles cannot take (f = 8) leave the copies
+ * unused, in training and in the inference forward (which aborted on them). */
+static void test_moe_train_banks(void) {
+    CT_CASE_BEGIN;
+    const arl_dev_ops *cu = arl_dev_ops_cuda();
+    const int64_t T = 70, k = 2, E = 5, Tk = T * k;
+    int32_t sel[140];
+    for (int64_t t = 0; t < T; t++) { /* expert 0 on every token (> 64 rows), 4 never */
+        sel[t * k] = 0;
+        sel[t * k + 1] = (int32_t)(1 + t % 3);
+    }
+    int32_t *D_sel = ct_dev_i32(sel, Tk);
+    float *D_pw = ct_dev(NULL, Tk), *pw = ct_rand(Tk, 0.1f, 0.9f);
+    if (arl_cuda_upload(ct_ctx, D_pw, pw, sizeof(float) * (size_t)Tk)) ct_die("upload");
+    const int64_t shapes[2][2] = {{32, 48}, {16, 8}}; /* dz, f */
+    for (int sh = 0; sh < 2; sh++) {
+        const int64_t dz = shapes[sh][0], f = shapes[sh][1], nb = E * f * dz; /* a bank */
+        float *z = ct_rand(T * dz, -1, 1), *du = ct_rand(T * dz, -1, 1);
+        float *w = ct_rand(3 * nb, -0.3f, 0.3f), *g0 = ct_rand(3 * nb, -0.1f, 0.1f);
+        float *D_z = ct_dev(z, T * dz), *D_du = ct_dev(du, T * dz), *D_w = ct_dev(w, 3 * nb);
+        uint16_t *D_wb = ct_dev_bytes(NULL, sizeof(uint16_t) * (size_t)(3 * nb));
+        arl_cuda_f32_to_bf16(D_wb, D_w, 3 * nb);
+        const uint16_t *banks[3] = {D_wb, D_wb + nb, D_wb + 2 * nb};
+        arl_moe_params Dp = {.w1 = D_w, .w3 = D_w + nb, .w2 = D_w + 2 * nb};
+        float *D_save = ct_dev(NULL, cu->moe_experts_save_floats(T, k, E, dz, f));
+        float *D_ws = ct_dev(NULL, cu->moe_experts_bwd_ws_floats(T, k, E, dz, f));
+        const int64_t no = 3 * T * dz + Tk; /* u (training) | u (inference) | dz | dp */
+        for (int situ = 0; situ < 2; situ++) {
+            arl_moe_cfg c = {.d = dz,
+                             .E = E,
+                             .k = k,
+                             .f = f,
+                             .dz = dz,
+                             .rho = 1.0f,
+                             .eps = 1e-5f,
+                             .act = {.situ = situ, .beta1 = 4.0f, .beta2 = 25.0f}};
+            float *D_out[2], *D_g[2]; /* without, with the copies */
+            for (int b = 0; b < 2; b++) {
+                float *o = D_out[b] = ct_dev(NULL, no);
+                D_g[b] = ct_dev(g0, 3 * nb);
+                arl_moe_params Dg = {.w1 = D_g[b], .w3 = D_g[b] + nb, .w2 = D_g[b] + 2 * nb};
+                const uint16_t *const *bk = b ? banks : NULL;
+                arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
+                cu->moe_experts_fwd_save(o, D_z, D_sel, D_pw, &Dp, &c, T, bk, D_save);
+                cu->moe_experts_bwd(o + 2 * T * dz, o + 3 * T * dz, &Dg, D_du, D_sel, D_pw, &Dp, bk,
+                                    &c, T, D_save, D_ws);
+                arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_FP32);
+                if (sh) /* fp32 math: with copies unusable, the fp32 experts either way */
+                    cu->moe_experts_fwd(o + T * dz, D_z, D_sel, D_pw, &Dp, &c, T, bk, D_save);
+            }
+            float *o0 = ct_get(D_out[0], no), *o1 = ct_get(D_out[1], no);
+            float *g_0 = ct_get(D_g[0], 3 * nb), *g_1 = ct_get(D_g[1], 3 * nb);
+            CHECK_MSG(!memcmp(o0, o1, sizeof(float) * (size_t)no),
+                      "dz %lld f %lld situ %d: u, dz, dp differ with bf16 copies", (long long)dz,
+                      (long long)f, situ);
+            CHECK_MSG(!memcmp(g_0, g_1, sizeof(float) * (size_t)(3 * nb)),
+                      "dz %lld f %lld situ %d: dW1, dW3, dW2 differ with bf16 copies",
+                      (long long)dz, (long long)f, situ);
+            int64_t moved = 0; /* the backward did add gradients (every expert with tokens) */
+            for (int64_t i = 0; i < 3 * nb; i++)
+                moved += g_1[i] != g0[i];
+            CHECK_MSG(moved >= 3 * nb * 3 / 5, "situ %d: %lld of %lld gradients changed", situ,
+                      (long long)moved, (long long)(3 * nb));
+            free(o0), free(o1), free(g_0), free(g_1);
+        }
+        free(z), free(du), free(w), free(g0);
+    }
+    free(pw);
+    CT_CASE_END;
+}
+
 int main(void) {
     ct_init((size_t)64 << 20);
     TEST_RUN(test_gate_bwd);
@@ -228,6 +305,7 @@ int main(void) {
     TEST_RUN(test_embed_bwd);
     TEST_RUN(test_grad_sumsq);
     TEST_RUN(test_moe_train);
+    TEST_RUN(test_moe_train_banks);
     arl_cuda_close(ct_ctx);
     return test_finish();
 }
