@@ -1599,6 +1599,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     snprintf(r->lc.device, sizeof r->lc.device, "%s", c->learner.own.device);
     snprintf(r->lc.device_allreduce, sizeof r->lc.device_allreduce, "%s",
              c->learner.own.device_allreduce);
+    snprintf(r->lc.device_math, sizeof r->lc.device_math, "%s", c->learner.own.device_math);
     r->lc.device_slot_rows = c->learner.own.device_slot_rows;
     r->lc.state_cache_bytes = (int64_t)(c->learner.own.state_cache_mb * 1048576.0);
     r->lc.drift_sample = c->learner.own.drift_sample;

@@ -21,6 +21,9 @@
  * moments there for the update, the weights copied to the host after each step for Quantile
  * Balancing, the image encoder and checkpoints); with a test's grad hook the gradients are
  * added to the host arena at the end of the pass and AdamW runs on the host.
+ * learner.device-math sets the GEMMs' arithmetic on the GPU for every pass (fp32 by default;
+ * bf16 also keeps bf16 weight copies, which the routed experts' GEMMs read, refreshed by AdamW);
+ * cached states are tagged with it.
  *
  * Images: the rows of a forward are encoded on the host (learner/media.c, the vision tower on the
  * CPU) and placed by the device; their gradient comes back per backward.
@@ -102,6 +105,16 @@ arl_status lr_dev_open(arl_learner *l) {
                           "learner: device-allreduce nccl needs learner.device cuda "
                           "(the device is %s)",
                           dev);
+    const char *mt = l->lc.device_math[0] ? l->lc.device_math : "fp32";
+    const arl_cuda_math math = !strcmp(mt, "bf16")   ? ARL_CUDA_MATH_BF16
+                               : !strcmp(mt, "tf32") ? ARL_CUDA_MATH_TF32
+                                                     : ARL_CUDA_MATH_FP32;
+    if (math == ARL_CUDA_MATH_FP32 && strcmp(mt, "fp32"))
+        return arl_errorf(ARL_ERR_ARG, "learner: device-math '%s' (fp32, tf32 or bf16)", mt);
+    if (math != ARL_CUDA_MATH_FP32 && !cuda)
+        return arl_errorf(ARL_ERR_ARG,
+                          "learner: device-math %s needs learner.device cuda (the device is %s)",
+                          mt, dev);
     if (!strcmp(ar, "nccl") && !arl_cuda_nccl_available())
         return arl_errorf(ARL_ERR_UNSUPPORTED, "learner: device-allreduce nccl: this build has no "
                                                "NCCL (use mpi)");
@@ -110,6 +123,7 @@ arl_status lr_dev_open(arl_learner *l) {
                               (!strcmp(ar, "auto") && R > 1 && arl_cuda_nccl_available()));
     arl_model_opts mo = l->m.opts; /* the CPU policy model's settings (block-sparse MLA too) */
     arl_model_dev_opts dopts = {.n_slots = l->N,
+                                .bf16_weights = math == ARL_CUDA_MATH_BF16,
                                 .train_checkpoint = l->lc.act_checkpoint,
                                 .slot_rows = l->lc.device_slot_rows};
     if (cuda) {
@@ -136,6 +150,7 @@ arl_status lr_dev_open(arl_learner *l) {
     lr_dev_enter(l);
     arl_status s = arl_dev_ops_get(cuda ? "cuda" : "cpu", 0, &l->ops);
     if (s) s = arl_error_prefix(s, "learner: device %s", dev);
+    if (!s && cuda) arl_cuda_set_math(l->ctx, math); /* every pass's GEMMs, on this context */
     if (!s) {
         s = arl_model_dev_init(&l->md, l->ops, l->cfg, l->in.params, &mo, &dopts);
         if (s) s = arl_error_prefix(s, "learner: the model on device %s", dev);
@@ -161,7 +176,9 @@ arl_status lr_dev_open(arl_learner *l) {
     l->dev_ahead = calloc((size_t)l->N, 1);
     if (!l->dev_ahead || !l->dev_cur)
         return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory (device slots)");
-    if (cuda) snprintf(l->numerics, sizeof l->numerics, "%s", "cuda-f32");
+    if (cuda) /* the tag of cached states: made under this arithmetic */
+        snprintf(l->numerics, sizeof l->numerics, "cuda-%s",
+                 math == ARL_CUDA_MATH_FP32 ? "f32" : mt);
     return ARL_OK;
 }
 

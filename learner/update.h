@@ -140,6 +140,7 @@ typedef struct arl_learner_own_opts {
     int64_t shared_prefix_min; /* fewest shared tokens worth it */
     char *device;              /* cpu|cuda|cpu-device */
     char *device_allreduce;    /* auto|nccl|mpi */
+    char *device_math;         /* fp32|tf32|bf16 */
     int64_t device_slot_rows;  /* latent rows the device's slots share (0: each its own) */
 } arl_learner_own_opts;
 
@@ -190,6 +191,9 @@ typedef struct arl_learner_config {
                                   (on the GPUs, a communicator bootstrapped over MPI), "mpi"
                                   (learner/dist.h on the host), "auto" or empty (nccl when
                                   there are several learner ranks and the build has NCCL) */
+    char device_math[8];       /* the GEMMs' arithmetic on device cuda: "fp32" (or empty),
+                                  "tf32", "bf16" (kernels/cuda/cuda.h arl_cuda_math; bf16 also
+                                  keeps bf16 weight copies, policy/model_device.h) */
     int64_t device_slot_rows;  /* > 0: the device model's slots share that many latent rows
                                   per MLA layer (policy/model_device.h slot_rows), each slot's
                                   range following its document's length (a forward whose

@@ -103,6 +103,7 @@ typedef struct lh_opts {
     int shared_prefix;        /* learner option shared-prefix, with shared-prefix-min 64 */
     const char *device;       /* learner.device (NULL: cpu) */
     const char *allreduce;    /* learner.device-allreduce (NULL: auto) */
+    const char *math;         /* learner.device-math (NULL: fp32) */
     int64_t slot_rows;        /* learner.device-slot-rows (0: each slot the whole context) */
     int prefix_per_minibatch; /* prefix-refresh per_minibatch */
     int act_checkpoint;       /* activation-checkpointing */
@@ -147,6 +148,7 @@ static inline arl_status lh_learner_try_open(lh_learner *h, const char *ckpt, co
     snprintf(h->lc.device, sizeof h->lc.device, "%s", o->device ? o->device : "cpu");
     snprintf(h->lc.device_allreduce, sizeof h->lc.device_allreduce, "%s",
              o->allreduce ? o->allreduce : "auto");
+    snprintf(h->lc.device_math, sizeof h->lc.device_math, "%s", o->math ? o->math : "fp32");
     h->lc.device_slot_rows = o->slot_rows;
     h->lc.prefix_per_minibatch = o->prefix_per_minibatch;
     h->lc.act_checkpoint = o->act_checkpoint;
