@@ -227,7 +227,8 @@ static void test_moe_train(void) {
  * operands kept in bf16 (policy/model_device_cuda.c cu_moe_b16) give the same outputs and
  * weight gradients, bit for bit, as the fp32 tensors rounded inside the GEMMs (banks NULL).
  * f > dz (the bf16 save is the larger layout), an expert without tokens, one with more than a
- * row tile; SwiGLU and SiTU.  Widths the bf16 tiles cannot take (f = 8) leave the copies
+ * row tile; SwiGLU and SiTU.  The inference forward runs on the copies whatever the math mode
+ * (the training forward's bits).  Widths the bf16 tiles cannot take (f = 8) leave the copies
  * unused, in training and in the inference forward (which aborted on them). */
 static void test_moe_train_banks(void) {
     CT_CASE_BEGIN;
@@ -274,10 +275,20 @@ static void test_moe_train_banks(void) {
                 cu->moe_experts_bwd(o + 2 * T * dz, o + 3 * T * dz, &Dg, D_du, D_sel, D_pw, &Dp, bk,
                                     &c, T, D_save, D_ws);
                 arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_FP32);
-                if (sh) /* fp32 math: with copies unusable, the fp32 experts either way */
-                    cu->moe_experts_fwd(o + T * dz, D_z, D_sel, D_pw, &Dp, &c, T, bk, D_save);
+                /* the inference forward under fp32 math: on the copies where the tiles take
+                 * the widths (then the training forward's bits: the same bf16 path), else the
+                 * fp32 experts as without copies */
+                cu->moe_experts_fwd(o + T * dz, D_z, D_sel, D_pw, &Dp, &c, T, bk, D_save);
             }
             float *o0 = ct_get(D_out[0], no), *o1 = ct_get(D_out[1], no);
+            if (!sh) { /* set the inference outputs aside: with copies the bf16 path's */
+                CHECK_MSG(!memcmp(o1 + T * dz, o1, sizeof(float) * (size_t)(T * dz)),
+                          "situ %d: the inference forward on the copies is not the training "
+                          "forward's",
+                          situ);
+                CHECK(memcmp(o0 + T * dz, o1 + T * dz, sizeof(float) * (size_t)(T * dz)) != 0);
+                memcpy(o0 + T * dz, o1 + T * dz, sizeof(float) * (size_t)(T * dz));
+            }
             float *g_0 = ct_get(D_g[0], 3 * nb), *g_1 = ct_get(D_g[1], 3 * nb);
             CHECK_MSG(!memcmp(o0, o1, sizeof(float) * (size_t)no),
                       "dz %lld f %lld situ %d: u, dz, dp differ with bf16 copies", (long long)dz,
