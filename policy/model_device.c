@@ -738,22 +738,36 @@ const uint16_t *const *arl_model_dev_expert_banks(const arl_model_dev *m, const 
     return out;
 }
 
-/* y (T, out) = x (T, in) W^T for a weight W (out, in) of the model. */
-static void lin(arl_model_dev *m, float *y, const float *x, const float *W, int64_t T, int64_t in,
-                int64_t out) {
-    if (m->wb16)
+/* arl_model_dev_lin's rule: the copies in the inference forwards whenever the model keeps them,
+ * in the training forward under the bf16 math mode alone */
+static int use_copies(const arl_model_dev *m, int train) {
+    return m->wb16 && (!train || (m->ops->math_bf16 && m->ops->math_bf16()));
+}
+
+void arl_model_dev_lin(const arl_model_dev *m, int train, float *y, const float *x, const float *W,
+                       int64_t T, int64_t in, int64_t out) {
+    if (use_copies(m, train))
         m->ops->linear_bf16(y, out, 0.0f, x, bf16_of(m, W), T, in, out, m->xb16);
     else
         m->kb->linear_fwd(y, x, W, T, in, out);
 }
 
-/* y (T, out; leading dim ldy) = x W^T + beta y, as kb->gemm (policy/moe.c glu_fwd). */
-static void gemm_w(arl_model_dev *m, float *y, int64_t ldy, float beta, const float *x,
-                   const float *W, int64_t T, int64_t in, int64_t out) {
-    if (m->wb16)
+void arl_model_dev_gemm_w(const arl_model_dev *m, int train, float *y, int64_t ldy, float beta,
+                          const float *x, const float *W, int64_t T, int64_t in, int64_t out) {
+    if (use_copies(m, train))
         m->ops->linear_bf16(y, ldy, beta, x, bf16_of(m, W), T, in, out, m->xb16);
     else
         m->kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, out, in, 1.0f, x, in, W, in, beta, y, ldy);
+}
+
+/* the inference forwards' (policy/moe.c glu_fwd's gemm for gemm_w) */
+static void lin(const arl_model_dev *m, float *y, const float *x, const float *W, int64_t T,
+                int64_t in, int64_t out) {
+    arl_model_dev_lin(m, 0, y, x, W, T, in, out);
+}
+static void gemm_w(const arl_model_dev *m, float *y, int64_t ldy, float beta, const float *x,
+                   const float *W, int64_t T, int64_t in, int64_t out) {
+    arl_model_dev_gemm_w(m, 0, y, ldy, beta, x, W, T, in, out);
 }
 
 /* The documents of a call: device cu, host cu, and for decode-state documents their slots. */

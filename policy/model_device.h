@@ -126,6 +126,9 @@ typedef struct arl_dev_ops {
     void (*linear_bf16)(float *y, int64_t ldy, float beta, const float *x, const uint16_t *W,
                         int64_t T, int64_t in, int64_t out, uint16_t *xb);
     void (*f32_to_bf16)(uint16_t *y, const float *x, int64_t n);
+    /* whether the GEMMs round their fp32 inputs to bf16 (the current context's bf16 math mode;
+     * NULL on "cpu": never) */
+    int (*math_bf16)(void);
 
     /* CUDA graphs of decode steps ("cuda" only; NULL on "cpu"): the position-independent
      * forms of the two ops that read a sequence's position (read from pos_dev when the
@@ -305,10 +308,10 @@ typedef struct arl_model_dev_opts {
     int32_t bf16_weights;  /* 1 ("cuda" only): keep bf16 copies of the weights and run every
                               weight GEMM on them (bf16 x bf16, fp32 accumulation), except the
                               router's (fp32 always, spec 1.4) and the absorbed MLA products;
-                              the fp32 weights stay (masters).  The training step (bf16 math
-                              mode) runs the routed experts' GEMMs on them too (the same
-                              numbers as without), the rest on the masters; AdamW refreshes
-                              them */
+                              the fp32 weights stay (masters).  The training forward reads
+                              them under the bf16 math mode alone (whose GEMMs would round the
+                              masters to bf16 anyway), so that it rounds as the other forwards
+                              do; its backward reads the masters; AdamW refreshes them */
     int32_t decode_graphs; /* 1 ("cuda" only): arl_model_dev_decode_step replays a CUDA graph
                               of the whole step, captured once per set of slots (again when
                               the set changes); same kernels, so the same bits as without */
@@ -429,6 +432,15 @@ arl_status arl_model_dev_set_params(arl_model_dev *m, const arl_model_params *ho
  * NULL when the model keeps no copies: the banks argument of the experts' ops. */
 const uint16_t *const *arl_model_dev_expert_banks(const arl_model_dev *m, const arl_moe_params *p,
                                                   const uint16_t *out[3]);
+/* The weight GEMMs of the forwards: y (T, out; leading dim ldy) = x (T, in) W^T + beta y for a
+ * weight W (out, in) of the model (arl_model_dev_lin: ldy = out, beta = 0, kb->linear_fwd's
+ * call; arl_model_dev_gemm_w: kb->gemm's).  On W's bf16 copy (ops linear_bf16, x rounded into
+ * m->xb16) when the model keeps copies - in the training forward (train) under the bf16 math
+ * mode alone (ops math_bf16) - else on the fp32 weight through the kernel table. */
+void arl_model_dev_lin(const arl_model_dev *m, int train, float *y, const float *x, const float *W,
+                       int64_t T, int64_t in, int64_t out);
+void arl_model_dev_gemm_w(const arl_model_dev *m, int train, float *y, int64_t ldy, float beta,
+                          const float *x, const float *W, int64_t T, int64_t in, int64_t out);
 
 /* Forward over fresh documents, arl_model_forward's contract (policy/model.h) with HOST
  * outputs: logits, logprobs, entropy, routes, router_scores (one download per MoE layer) and

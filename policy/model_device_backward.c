@@ -592,6 +592,14 @@ static void gather_proj(const arl_k_backend *kb, float *dst, const float *tails,
         kb->copy(dst + i * tl, tails + (i * 3 + j) * tl, tl);
 }
 
+/* The training forward's weight GEMMs (and the backward's recomputed logits): on the bf16
+ * copies under the bf16 math mode (arl_model_dev_lin), so that the forward rounds as the
+ * model's inference forwards do; the backward's GEMMs read the fp32 masters. */
+static void lin(const arl_model_dev *m, float *y, const float *x, const float *W, int64_t T,
+                int64_t in, int64_t out) {
+    arl_model_dev_lin(m, 1, y, x, W, T, in, out);
+}
+
 /* policy/kda_layer_backward.c arl_kda_layer_fwd_save; for a state forward (D->slots) the
  * documents' states of KDA layer ki are gathered, their initial tails kept for the backward
  * (tr->tails0), and the advanced states scattered back (policy/model_backward.c). */
@@ -630,7 +638,7 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     const float *conv[3] = {p->q_conv, p->k_conv, p->v_conv};
     float *zout[3] = {sv->z[0], sv->z[1], sv->qkv[2]};
     for (int j = 0; j < 3; j++) {
-        kb->linear_fwd(sv->pre[j], x, proj[j], T, d, P);
+        lin(m, sv->pre[j], x, proj[j], T, d, P);
         const float *tin = NULL;
         if (tails && tl > 0) {
             gather_proj(kb, B.tin + (int64_t)j * N * tl, tails, j, N, tl);
@@ -646,11 +654,11 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     }
     kb->l2norm_fwd(sv->qkv[0], sv->rn[0], sv->z[0], T * H, dk, 1e-6f);
     kb->l2norm_fwd(sv->qkv[1], sv->rn[1], sv->z[1], T * H, dk, 1e-6f);
-    kb->linear_fwd(sv->bl, x, p->b_proj, T, d, H);
+    lin(m, sv->bl, x, p->b_proj, T, d, H);
     kb->sigmoid_fwd(sv->beta, sv->bl, T * H);
 
-    kb->linear_fwd(sv->fa, x, p->f_a, T, d, dk);
-    kb->linear_fwd(sv->f, sv->fa, p->f_b, T, dk, P);
+    lin(m, sv->fa, x, p->f_a, T, d, dk);
+    lin(m, sv->f, sv->fa, p->f_b, T, dk, P);
     if (c->lower_bound_gate)
         ops->kda_gate_k3_fwd(sv->g, sv->f, p->A_log, p->dt_bias, T, H, dk, c->g_min);
     else
@@ -666,13 +674,13 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
                        N, T, H, dk, dv, scale, c->chunk, B.core);
 
     if (p->g_proj) {
-        kb->linear_fwd(sv->gam, x, p->g_proj, T, d, H * dv);
+        lin(m, sv->gam, x, p->g_proj, T, d, H * dv);
     } else {
-        kb->linear_fwd(sv->ga, x, p->g_a, T, d, dk);
-        kb->linear_fwd(sv->gam, sv->ga, p->g_b, T, dk, H * dv);
+        lin(m, sv->ga, x, p->g_a, T, d, dk);
+        lin(m, sv->gam, sv->ga, p->g_b, T, dk, H * dv);
     }
     ops->kda_onorm_fwd(sv->ob, sv->rstd, sv->o, sv->gam, p->o_norm, T * H, dv, c->eps);
-    kb->linear_fwd(y, sv->ob, p->o_proj, T, H * dv, d);
+    lin(m, y, sv->ob, p->o_proj, T, H * dv, d);
     if (D->slots && !D->recompute)
         for (int32_t i = 0; i < N; i++) {
             float *dst = kda_slot(m->st_kda, m, ki, D->slots[i]);
@@ -699,15 +707,15 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     mla_ws_layout(&B, tr->ws, m, T);
 
     if (p->q_a) {
-        kb->linear_fwd(sv->cq_pre, x, p->q_a, T, d, c->rq);
+        lin(m, sv->cq_pre, x, p->q_a, T, d, c->rq);
         kb->rmsnorm_fwd(sv->cq, sv->rstd_q, sv->cq_pre, p->q_a_norm, T, c->rq, 1e-6f);
-        kb->linear_fwd(B.qf, sv->cq, p->q_b, T, c->rq, Hm * (n + r));
+        lin(m, B.qf, sv->cq, p->q_b, T, c->rq, Hm * (n + r));
     } else {
-        kb->linear_fwd(B.qf, x, p->q_proj, T, d, Hm * (n + r));
+        lin(m, B.qf, x, p->q_proj, T, d, Hm * (n + r));
     }
     ops->copy_rows(sv->q_nope, n, B.qf, n + r, T * Hm, n);
     ops->copy_rows(sv->q_pe, r, B.qf + n, n + r, T * Hm, r);
-    kb->linear_fwd(B.ckv, x, p->kv_a, T, d, R);
+    lin(m, B.ckv, x, p->kv_a, T, d, R);
     ops->copy_rows(sv->c_pre, rkv, B.ckv, R, T, rkv);
     ops->copy_rows(sv->k_pe, r, B.ckv + rkv, R, T, r);
     kb->rmsnorm_fwd(sv->c, sv->rstd_c, sv->c_pre, p->kv_a_norm, T, rkv, 1e-6f);
@@ -729,7 +737,7 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     }
 
     if (!sv->absorbed) {
-        kb->linear_fwd(B.kv, sv->c, p->kv_b, T, rkv, Hm * (n + vm));
+        lin(m, B.kv, sv->c, p->kv_b, T, rkv, Hm * (n + vm));
         ops->copy_rows(sv->k_nope, n, B.kv, n + vm, T * Hm, n);
         ops->copy_rows(sv->v, vm, B.kv + n, n + vm, T * Hm, vm);
         ops->mla_attn_fwd(sv->o, sv->lse, sv->q_nope, sv->q_pe, sv->k_nope, sv->k_pe, sv->v, cu, N,
@@ -762,12 +770,12 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
 
     const float *u = sv->o;
     if (p->g_proj) {
-        kb->linear_fwd(sv->gam, x, p->g_proj, T, d, Hm * vm);
+        lin(m, sv->gam, x, p->g_proj, T, d, Hm * vm);
         kb->sigmoid_fwd(sv->u, sv->gam, T * Hm * vm);
         kb->mul(sv->u, sv->u, sv->o, T * Hm * vm);
         u = sv->u;
     }
-    kb->linear_fwd(y, u, p->o_proj, T, Hm * vm, d);
+    lin(m, y, u, p->o_proj, T, Hm * vm, d);
 }
 
 /* policy/moe_backward.c glu_fwd. */
@@ -775,13 +783,13 @@ static void glu_fwd(const arl_model_dev *m, float *y, float beta, const float *x
                     const float *Wu, const float *Wd, int64_t T, int64_t in, int64_t fw,
                     int64_t out, float *gu, float *h) {
     const arl_k_backend *kb = m->kb;
-    kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wg, in, 0.0f, gu, 2 * fw);
-    kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, fw, in, 1.0f, x, in, Wu, in, 0.0f, gu + fw, 2 * fw);
+    arl_model_dev_gemm_w(m, 1, gu, 2 * fw, 0.0f, x, Wg, T, in, fw);
+    arl_model_dev_gemm_w(m, 1, gu + fw, 2 * fw, 0.0f, x, Wu, T, in, fw);
     if (m->act.situ)
         kb->situ_glu_fwd(h, gu, gu + fw, T, fw, 2 * fw, m->act.beta1, m->act.beta2);
     else
         kb->swiglu_fwd(h, gu, gu + fw, T, fw, 2 * fw);
-    kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, out, fw, 1.0f, h, fw, Wd, fw, beta, y, out);
+    arl_model_dev_gemm_w(m, 1, y, out, beta, h, Wd, T, fw, out);
 }
 
 /* policy/moe_backward.c arl_moe_fwd_save (routes kept in sv->sel; forced checked before). */
@@ -796,7 +804,7 @@ static void moe_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     ffn_ws_layout(&B, tr->ws, m, T);
     ops->router_fwd(sv->sel, sv->pw, sv->s, x, p->gate, p->gate_bias, forced, T, d, E, k, c->rho,
                     B.router);
-    kb->linear_fwd(sv->z, x, p->down_proj, T, d, dz);
+    lin(m, sv->z, x, p->down_proj, T, d, dz);
     const uint16_t *banks[3];
     ops->moe_experts_fwd_save(sv->u_pre, sv->z, sv->sel, sv->pw, p, c, T,
                               arl_model_dev_expert_banks(m, p, banks), sv->esave);
@@ -804,7 +812,7 @@ static void moe_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
         kb->rmsnorm_fwd(sv->u, sv->rstd, sv->u_pre, p->latent_norm, T, dz, c->eps);
     else
         kb->copy(sv->u, sv->u_pre, T * dz);
-    kb->linear_fwd(y, sv->u, p->up_proj, T, dz, d);
+    lin(m, y, sv->u, p->up_proj, T, dz, d);
     if (c->fs > 0 && p->shared_gate_proj)
         glu_fwd(m, y, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d,
                 c->fs, d, sv->sgu, sv->sh);
@@ -1001,7 +1009,7 @@ static arl_status train_forward(arl_model_dev_train *tr, const arl_batch *b, con
     kb->rmsnorm_fwd(tr->xf, tr->rstd_f, fin, w->norm, T, d, m->eps);
     for (int64_t t0 = 0; t0 < T; t0 += tr->logit_rows) {
         int64_t n = T - t0 < tr->logit_rows ? T - t0 : tr->logit_rows;
-        kb->linear_fwd(tr->logits, tr->xf + t0 * d, w->lm_head, n, d, V);
+        lin(m, tr->logits, tr->xf + t0 * d, w->lm_head, n, d, V);
         kb->logprob_fwd(tr->logp + t0, tr->lse + t0, NULL, tr->logits, m->targets + t0, n, V);
     }
     ARL_TRY(ops->sync());
@@ -1362,7 +1370,7 @@ static void head_bwd(arl_model_dev_train *tr, const arl_batch *b, const float *d
         for (int64_t t = t0; t < t0 + n; t++)
             any |= b->targets[t] >= 0 && dlogp_host[t] != 0.0f;
         if (!any) continue;
-        kb->linear_fwd(tr->logits, tr->xf + t0 * d, w->lm_head, n, d, V);
+        lin(m, tr->logits, tr->xf + t0 * d, w->lm_head, n, d, V);
         kb->fill(tr->dlogits, 0.0f, n * V);
         kb->logprob_bwd(tr->dlogits, tr->dlogp + t0, tr->logits, tr->lse + t0, m->targets + t0, n,
                         V);

@@ -10,9 +10,11 @@
  * of policy/params.h), the AdamW moments and the saved activations live in one device block
  * taken at init from the model's device (sized from its max_tokens / max_docs); a step
  * allocates nothing on the device.  The fp32 weights of the model are the master weights: the
- * step updates them in place and refreshes the bf16 copies (bf16_weights) after it.  With the
- * "cpu" ops every call is the one the CPU reference makes, in the same order, so loss,
- * gradients, moments and updated weights are bit-identical to the reference (tested).
+ * step updates them in place and refreshes the bf16 copies (bf16_weights) after it; under the
+ * bf16 math mode the training forward's weight GEMMs read the copies (the backward's the
+ * masters), as the model's other forwards do.  With the "cpu" ops every call is the one the
+ * CPU reference makes, in the same order, so loss, gradients, moments and updated weights are
+ * bit-identical to the reference (tested).
  * Segment-wise training (policy/model_backward.h): arl_model_dev_train_forward_state starts
  * document i from the model's slot slots[i] (policy/model_device.h: KDA states and conv tails,
  * MLA latent rows; position 0 = a fresh start) and advances the slot as

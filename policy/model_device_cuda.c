@@ -96,6 +96,10 @@ static void cu_linear_bf16(float *y, int64_t ldy, float beta, const float *x, co
     if (s && !g_bf16_err) g_bf16_err = s;
 }
 
+static int cu_math_bf16(void) {
+    return arl_cuda_get_math(ctx_()) == ARL_CUDA_MATH_BF16;
+}
+
 static arl_status cu_graph_begin(void) {
     return arl_cuda_graph_begin(ctx_());
 }
@@ -146,8 +150,7 @@ static void cu_router_bwd(float *dx, float *dW_r, const float *dp, const float *
  * whose GEMMs round their operands to bf16 anyway - the same operands, and the bf16 tiles give
  * the same sums, bit for bit. */
 static int cu_moe_b16(const uint16_t *const *banks, const arl_moe_cfg *c, int train) {
-    return banks && c->dz % 16 == 0 && c->f % 16 == 0 &&
-           (!train || arl_cuda_get_math(ctx_()) == ARL_CUDA_MATH_BF16);
+    return banks && c->dz % 16 == 0 && c->f % 16 == 0 && (!train || cu_math_bf16());
 }
 
 /* What the routed experts' forward keeps (the training save; the inference forward's work
@@ -332,6 +335,7 @@ static const arl_dev_ops cuda_ops = {
     .moe_experts_fwd = cu_moe_experts_fwd,
     .linear_bf16 = cu_linear_bf16,
     .f32_to_bf16 = arl_cuda_f32_to_bf16,
+    .math_bf16 = cu_math_bf16,
     .cache_append_dpos = arl_cuda_cache_append_dpos,
     .mla_chunk_means_update_dpos = arl_cuda_mla_chunk_means_update_dpos,
     .mla_sparse_attn_dpos = arl_cuda_mla_sparse_attn_dpos,

@@ -38,10 +38,22 @@
  *                            boundary or missing term gives errors of order max|ref|.
  *                          - bf16 weight copies (test_cuda_bf16_weights_step): two bf16
  *                            steps; after each, every copy is the new fp32 weight rounded,
- *                            and the weights those of a model without copies, exactly.
+ *                            exactly; the losses those of a model without copies within
+ *                            2e-2 relative and the weights within 5 lr (the copies model's
+ *                            forward GEMMs take other kernels: sums in other orders, each
+ *                            able to flip a bf16 rounding downstream; AdamW moves a weight
+ *                            by at most about lr a step whatever its gradient: two models
+ *                            differ by 2 lr a step at most, plus the decay's part);
+ *                          - which weights the training forward reads
+ *                            (test_cuda_bf16_weights_forward): with copies, under the bf16
+ *                            math mode its log-probs are the inference forward's within 2e-3
+ *                            of max|ref| (the same bf16 operands, sums perhaps in other
+ *                            orders); with the copies replaced by halved weights both move
+ *                            (by far more) and still agree, while under the fp32 math mode
+ *                            the training forward's do not move at all (it reads the masters).
  *   test_model_train cuda-emu  the fp32 case under tests/cuda/emu (every kernel on the CPU);
- *                          ARL_TEST_CASES=test_cuda_bf16 (or test_cuda_bf16_weights_step)
- *                          runs that case there instead.
+ *                          ARL_TEST_CASES=test_cuda_bf16 (or test_cuda_bf16_weights_step,
+ *                          test_cuda_bf16_weights_forward) runs that case there instead.
  * Both devices also train on image rows in place of the <|media_pad|> placeholders
  * (test_cpu_media bit-identical, test_cuda_media in the fp32 bounds), and a block-sparse MLA
  * model (spec 4.5, chunks of 5 tokens, k_c 2: the 33-token document's queries choose among up
@@ -601,20 +613,21 @@ static void test_cuda_bf16(void) {
     cuda_step(ARL_CUDA_MATH_BF16, 2e-2, 0.15, 0, "cuda bf16");
 }
 
-/* Training a device model that keeps bf16 weight copies (bf16_weights: its forwards outside
- * the training step - decode, scoring - run their GEMMs on them; in the step the routed
- * experts' GEMMs read them, the rest the fp32 masters): after every step the copies are the
- * updated masters rounded to bf16 (nearest even), bit for bit, for every weight (AdamW rewrites
- * the trained ones in its own pass; the others keep the upload's), so that those forwards run
- * on the new weights.  Under the bf16 math mode the steps give the same weights, bit for bit,
- * as a model without copies (the experts' operands rounded once where made instead of inside
- * the GEMMs: the same bf16 values, the same tiles). */
+/* Training a device model that keeps bf16 weight copies (bf16_weights: its forwards run
+ * their weight GEMMs on them - the training forward under the bf16 math mode, as here - its
+ * backward on the fp32 masters): after every step the copies are the updated masters rounded
+ * to bf16 (nearest even), bit for bit, for every weight (AdamW rewrites the trained ones in its
+ * own pass; the others keep the upload's), so that the next forwards run on the new weights.
+ * Against a model without copies (cuBLAS rounding the masters itself): the same bf16 values
+ * through other kernels, so the losses agree to bf16 rounding and the weights within the
+ * updates' size (file comment). */
 static void test_cuda_bf16_weights_step(void) {
     const int64_t nf = TM.w.inv.arena_floats;
     arl_optim_config oc;
     optim_cfg(&oc);
     arl_cuda_set_math(arl_cuda_current(), ARL_CUDA_MATH_BF16);
     float *pd[2][2]; /* [copies][step] the weights after the step */
+    double losses[2][2];
     for (int wb = 1; wb >= 0; wb--) {
         arl_model_dev md;
         arl_model_dev_train dt;
@@ -633,6 +646,7 @@ static void test_cuda_bf16_weights_step(void) {
             CHECK_MSG(arl_model_dev_train_step(&dt, &b, &loss, &rep) == ARL_OK, "step %d: %s", step,
                       arl_error_msg());
             CHECK_MSG(isfinite(loss) && loss > 0, "step %d: loss %g", step, loss);
+            losses[wb][step] = loss;
             CHECK(arl_model_dev_params_download(&dt, p) == ARL_OK);
             int64_t moved = 0;
             for (int64_t i = 0; i < nf; i++)
@@ -640,11 +654,18 @@ static void test_cuda_bf16_weights_step(void) {
             CHECK_MSG(moved > nf / 2, "step %d: only %lld of %lld weights moved", step,
                       (long long)moved, (long long)nf);
             if (!wb) {
-                int64_t i = 0;
-                while (i < nf && !memcmp(&p[i], &pd[1][step][i], sizeof(float)))
-                    i++;
-                CHECK_MSG(i == nf, "step %d: float %lld is %.9g with bf16 copies, %.9g without",
-                          step, (long long)i, i < nf ? pd[1][step][i] : 0.0, i < nf ? p[i] : 0.0);
+                const double lr = oc.lr, bound = 5.0 * lr;
+                CHECK_MSG(fabs(loss - losses[1][step]) <= 2e-2 * loss,
+                          "step %d: loss %.9g with bf16 copies, %.9g without", step,
+                          losses[1][step], loss);
+                int64_t bad = 0, first = -1;
+                for (int64_t i = 0; i < nf; i++)
+                    if (!(fabs((double)p[i] - pd[1][step][i]) <= bound) && bad++ == 0) first = i;
+                CHECK_MSG(bad == 0,
+                          "step %d: %lld weights differ by more than 5 lr with and without "
+                          "copies (first: float %lld, %.9g with, %.9g without)",
+                          step, (long long)bad, (long long)first,
+                          first >= 0 ? pd[1][step][first] : 0.0, first >= 0 ? p[first] : 0.0);
                 continue;
             }
             CHECK(OPS->download(wbh, md.wb16, sizeof(uint16_t) * (size_t)nf) == ARL_OK);
@@ -662,6 +683,69 @@ static void test_cuda_bf16_weights_step(void) {
     }
     for (int i = 0; i < 4; i++)
         free(pd[i / 2][i % 2]);
+    arl_optim_config_free(&oc);
+}
+
+/* Which weights the training forward of a model with bf16 copies reads (file comment): lp
+ * (NT) the log-probabilities of the training forward (train) or the inference forward. */
+static void bf16w_logprobs(arl_model_dev *md, arl_model_dev_train *dt, int train,
+                           arl_cuda_math math, const arl_batch *b, float *lp) {
+    arl_cuda_set_math(arl_cuda_current(), math);
+    arl_forward_out o = {.logprobs = lp};
+    arl_status s =
+        train ? arl_model_dev_train_forward(dt, b, &o) : arl_model_dev_forward(md, b, &o);
+    CHECK_MSG(s == ARL_OK, "%s forward: %s", train ? "training" : "inference", arl_error_msg());
+}
+
+static double max_abs_diff(const float *a, const float *b, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static void test_cuda_bf16_weights_forward(void) {
+    const int64_t nf = TM.w.inv.arena_floats;
+    const arl_model_dims *dm = &TM.cfg.dims;
+    arl_optim_config oc;
+    optim_cfg(&oc);
+    arl_model_dev md;
+    arl_model_dev_train dt;
+    g_bf16w = 1;
+    init_dev(&md, &dt, &oc);
+    g_bf16w = 0;
+    int32_t tok[NT], tgt[NT], *routes = malloc(sizeof(int32_t) * (size_t)(dm->n_moe * NT * dm->k));
+    rand_tokens(tok, 0xF0B, NT);
+    arl_batch_next_token_targets(tgt, tok, CU, ND, NT);
+    rand_routes(routes, 0xF0C); /* forced: other sums must not switch an expert */
+    arl_batch b = {
+        .tokens = tok, .T = NT, .cu = CU, .N = ND, .targets = tgt, .forced_routes = routes};
+    float tr16[2][NT], in16[2][NT], tr32[2][NT]; /* [copies halved] */
+    for (int halved = 0; halved < 2; halved++) {
+        if (halved) { /* the copies of (weights / 2); the masters stay */
+            uint16_t *h = malloc(sizeof(uint16_t) * (size_t)nf);
+            for (int64_t i = 0; i < nf; i++)
+                h[i] = arl_f32_to_bf16(0.5f * TM.w.arena[i]);
+            CHECK(OPS->upload(md.wb16, h, sizeof(uint16_t) * (size_t)nf) == ARL_OK);
+            free(h);
+        }
+        bf16w_logprobs(&md, &dt, 1, ARL_CUDA_MATH_BF16, &b, tr16[halved]);
+        bf16w_logprobs(&md, &dt, 0, ARL_CUDA_MATH_BF16, &b, in16[halved]);
+        bf16w_logprobs(&md, &dt, 1, ARL_CUDA_MATH_FP32, &b, tr32[halved]);
+        char what[96];
+        snprintf(what, sizeof what, "bf16 copies%s: training vs inference forward log-probs",
+                 halved ? " (halved)" : "");
+        check_close_maxref_f32(what, tr16[halved], in16[halved], NT, 0.0, 2e-3);
+    }
+    const double moved = max_abs_diff(tr16[0], tr16[1], NT);
+    CHECK_MSG(moved > 0.05, "halving the copies moved the bf16 training forward by %.3g only",
+              moved);
+    CHECK_MSG(!memcmp(tr32[0], tr32[1], sizeof tr32[0]),
+              "the fp32 training forward moved with the copies (by %.3g)",
+              max_abs_diff(tr32[0], tr32[1], NT));
+    free(routes);
+    arl_model_dev_train_free(&dt);
+    arl_model_dev_free(&md);
     arl_optim_config_free(&oc);
 }
 
@@ -693,6 +777,7 @@ int main(int argc, char **argv) {
         if (strcmp(dev, "cuda-emu") != 0 || getenv("ARL_TEST_CASES")) {
             TEST_RUN(test_cuda_bf16);
             TEST_RUN(test_cuda_bf16_weights_step);
+            TEST_RUN(test_cuda_bf16_weights_forward);
         }
     }
     tiny_free(&TM);
