@@ -22,10 +22,10 @@
  * Balancing, the image encoder and checkpoints); with a test's grad hook the gradients are
  * added to the host arena at the end of the pass and AdamW runs on the host.
  * learner.device-math sets the GEMMs' arithmetic on the GPU for every pass (fp32 by default);
- * cached states are tagged with it.  No bf16 weight copies: the passes' forwards would run their
- * dense GEMMs on the copies (cuBLAS bf16 x bf16) and the training forward on the masters (cuBLAS
- * rounding them itself), so pi_old and the first minibatch's pi_theta would differ by more than
- * the order of sums; with one path for both, they round alike.
+ * cached states are tagged with it.  bf16 also keeps bf16 weight copies (refreshed by AdamW):
+ * every forward's weight GEMMs read them - the passes' and the training step's alike
+ * (policy/model_device.h bf16_weights), so pi_old and the first minibatch's pi_theta round
+ * alike - the routed experts' on bf16 operands throughout; the backward reads the masters.
  *
  * Images: the rows of a forward are encoded on the host (learner/media.c, the vision tower on the
  * CPU) and placed by the device; their gradient comes back per backward.
@@ -125,6 +125,7 @@ arl_status lr_dev_open(arl_learner *l) {
                               (!strcmp(ar, "auto") && R > 1 && arl_cuda_nccl_available()));
     arl_model_opts mo = l->m.opts; /* the CPU policy model's settings (block-sparse MLA too) */
     arl_model_dev_opts dopts = {.n_slots = l->N,
+                                .bf16_weights = math == ARL_CUDA_MATH_BF16,
                                 .train_checkpoint = l->lc.act_checkpoint,
                                 .slot_rows = l->lc.device_slot_rows};
     if (cuda) {

@@ -71,7 +71,8 @@ static const arl_option own_tab[] = {
      "device cuda: the arithmetic of the passes' GEMMs: fp32 (the CPU reference's sums in other "
      "orders), tf32 or bf16 (tensor-core inputs rounded to tf32 or bf16, fp32 accumulation; the "
      "weights, gradients, optimizer moments, norms, router, softmax statistics and recurrent "
-     "states stay fp32, spec/policy.md 1.4)",
+     "states stay fp32, spec/policy.md 1.4). bf16 also keeps bf16 copies of the weights (2 bytes "
+     "a parameter more), which every forward's weight GEMMs read",
      0, 0, "fp32|tf32|bf16", 0, NULL},
     {"device-slot-rows", ARL_OPT_INT, OWN(device_slot_rows), "0",
      "device cuda|cpu-device: MLA latent rows (per layer) the document slots share; 0: each of "

@@ -192,7 +192,8 @@ typedef struct arl_learner_config {
                                   (learner/dist.h on the host), "auto" or empty (nccl when
                                   there are several learner ranks and the build has NCCL) */
     char device_math[8];       /* the GEMMs' arithmetic on device cuda: "fp32" (or empty),
-                                  "tf32", "bf16" (kernels/cuda/cuda.h arl_cuda_math) */
+                                  "tf32", "bf16" (kernels/cuda/cuda.h arl_cuda_math; bf16 also
+                                  keeps bf16 weight copies, policy/model_device.h) */
     int64_t device_slot_rows;  /* > 0: the device model's slots share that many latent rows
                                   per MLA layer (policy/model_device.h slot_rows), each slot's
                                   range following its document's length (a forward whose

@@ -14,10 +14,10 @@
  * inputs, fp32 accumulation, fp32 master weights and moments) and ARL_CUDA_MATH_TF32.  Batch:
  * 8 documents of 256 tokens (T = 2048; --quick: the tiny config, 2 x 32; --docs N --len L:
  * another batch, its RESULT keys suffixed _T<tokens>; --bf16: that mode alone;
- * --bf16-weights: the bf16 mode alone on a model keeping bf16 weight copies
- * (arl_model_dev_opts bf16_weights: AdamW refreshes them in its pass and the experts' GEMMs
- * read them, their activations rounded once where made; the same numbers as without), keys
- * train_step_bf16w...).  AdamW's time
+ * --bf16-weights: the bf16 mode alone on a model keeping bf16 weight copies, as a learner
+ * under learner.device-math bf16 does (arl_model_dev_opts bf16_weights: AdamW refreshes them in
+ * its pass and the forward's weight GEMMs read them, the experts' activations rounded once where
+ * made), keys train_step_bf16w...).  AdamW's time
  * does not depend on the batch, so at 2048 tokens it alone caps the mini step's MFU near 30%:
  * run.sh also measures 16 x 1024 tokens, a learner batch where 25% is reachable.  Prints the median
  * of 5 steps after 2 warm-up steps, and the forward (with saves) and the optimizer step

@@ -322,7 +322,8 @@ static void test_device_per_minibatch(void) {
     compare(&o, "prefix-refresh per_minibatch");
 }
 
-/* cuda, learner.device-math bf16: every pass's GEMMs on bf16 inputs */
+/* cuda, learner.device-math bf16: every pass's GEMMs on bf16 inputs, the forwards' weight GEMMs
+ * on the bf16 weight copies */
 static void test_device_bf16(void) {
     lh_opts o = {.math = "bf16"};
     compare(&o, "bf16 GEMM inputs");
