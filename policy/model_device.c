@@ -399,14 +399,15 @@ static int64_t dev_layout(arl_model_dev *m, float *base) {
     bump w = {base, 0};
     m->weights = take(&w, m->weight_floats);
     if (m->dopts.bf16_weights) {
-        const int64_t wid[] = {dm->d,           dm->P,  dm->dk, dm->rq, dm->rkv,
-                               dm->Hm * dm->vm, dm->fd, dm->fs, dm->dz, dm->f};
+        const int64_t wid[] = {dm->d,           dm->P,  dm->H * dm->dv, dm->dk, dm->rq, dm->rkv,
+                               dm->Hm * dm->vm, dm->fd, dm->fs,         dm->dz, dm->f};
         int64_t mx = 1;
         for (size_t i = 0; i < sizeof wid / sizeof wid[0]; i++)
             mx = wid[i] > mx ? wid[i] : mx;
+        m->xb16_in = mx;
         m->wb16 = (uint16_t *)take(&w, (m->weight_floats + 1) / 2);
-        /* activations of the widest GEMM input in bf16 (the routed experts: T*k rows) */
-        m->xb16 = (uint16_t *)take(&w, (T * (dm->k > 1 ? dm->k : 1) * mx + 1) / 2);
+        m->xb16 = (uint16_t *)take(&w, (T * mx + 1) / 2); /* the widest GEMM input in bf16 */
+        m->xin16 = (uint16_t *)take(&w, (T * d + 1) / 2);
     }
     m->res = take(&w, (m->n_blocks + 1) * T * d);
     m->hbuf = take(&w, T * d);
@@ -744,30 +745,47 @@ static int use_copies(const arl_model_dev *m, int train) {
     return m->wb16 && (!train || (m->ops->math_bf16 && m->ops->math_bf16()));
 }
 
-void arl_model_dev_lin(const arl_model_dev *m, int train, float *y, const float *x, const float *W,
-                       int64_t T, int64_t in, int64_t out) {
+const uint16_t *arl_model_dev_round(const arl_model_dev *m, int train, const float *x, int64_t T) {
+    if (!use_copies(m, train)) return NULL;
+    ARL_ASSERT(T <= m->opts.max_tokens);
+    m->ops->f32_to_bf16(m->xin16, x, T * m->dm.d);
+    return m->xin16;
+}
+
+/* the bf16 input of a GEMM on the copies: xr, or x rounded into xb16 */
+static const uint16_t *gemm_input(const arl_model_dev *m, const float *x, const uint16_t *xr,
+                                  int64_t T, int64_t in) {
+    if (xr) return xr;
+    ARL_ASSERT(T <= m->opts.max_tokens && in <= m->xb16_in);
+    m->ops->f32_to_bf16(m->xb16, x, T * in);
+    return m->xb16;
+}
+
+void arl_model_dev_lin(const arl_model_dev *m, int train, float *y, const float *x,
+                       const uint16_t *xr, const float *W, int64_t T, int64_t in, int64_t out) {
     if (use_copies(m, train))
-        m->ops->linear_bf16(y, out, 0.0f, x, bf16_of(m, W), T, in, out, m->xb16);
+        m->ops->linear_bf16(y, out, 0.0f, gemm_input(m, x, xr, T, in), bf16_of(m, W), T, in, out);
     else
         m->kb->linear_fwd(y, x, W, T, in, out);
 }
 
 void arl_model_dev_gemm_w(const arl_model_dev *m, int train, float *y, int64_t ldy, float beta,
-                          const float *x, const float *W, int64_t T, int64_t in, int64_t out) {
+                          const float *x, const uint16_t *xr, const float *W, int64_t T, int64_t in,
+                          int64_t out) {
     if (use_copies(m, train))
-        m->ops->linear_bf16(y, ldy, beta, x, bf16_of(m, W), T, in, out, m->xb16);
+        m->ops->linear_bf16(y, ldy, beta, gemm_input(m, x, xr, T, in), bf16_of(m, W), T, in, out);
     else
         m->kb->gemm(ARL_K_NOTRANS, ARL_K_TRANS, T, out, in, 1.0f, x, in, W, in, beta, y, ldy);
 }
 
-/* the inference forwards' (policy/moe.c glu_fwd's gemm for gemm_w) */
-static void lin(const arl_model_dev *m, float *y, const float *x, const float *W, int64_t T,
-                int64_t in, int64_t out) {
-    arl_model_dev_lin(m, 0, y, x, W, T, in, out);
+/* the inference forwards' (policy/moe.c glu_fwd's gemm for gemm_w); xr: arl_model_dev_lin */
+static void lin(const arl_model_dev *m, float *y, const float *x, const uint16_t *xr,
+                const float *W, int64_t T, int64_t in, int64_t out) {
+    arl_model_dev_lin(m, 0, y, x, xr, W, T, in, out);
 }
 static void gemm_w(const arl_model_dev *m, float *y, int64_t ldy, float beta, const float *x,
-                   const float *W, int64_t T, int64_t in, int64_t out) {
-    arl_model_dev_gemm_w(m, 0, y, ldy, beta, x, W, T, in, out);
+                   const uint16_t *xr, const float *W, int64_t T, int64_t in, int64_t out) {
+    arl_model_dev_gemm_w(m, 0, y, ldy, beta, x, xr, W, T, in, out);
 }
 
 /* The documents of a call: device cu, host cu, and for decode-state documents their slots. */
@@ -792,6 +810,7 @@ static void kda_fwd(arl_model_dev *m, const arl_kda_params *p, const run_docs *D
     const int32_t N = D->N;
     const int32_t *cu = D->cu;
     const float *x = m->xbuf;
+    const uint16_t *xr = arl_model_dev_round(m, 0, x, T); /* x's GEMMs on the copies */
     kda_bufs B;
     kda_layout(&B, m->scratch, m, T, N);
 
@@ -800,7 +819,7 @@ static void kda_fwd(arl_model_dev *m, const arl_kda_params *p, const run_docs *D
     const float *Wc[3] = {p->q_conv, p->k_conv, p->v_conv};
     float *outs[3] = {B.q, B.k, B.v};
     for (int j = 0; j < 3; j++) {
-        lin(m, B.proj, x, Wp[j], T, d, P);
+        lin(m, B.proj, x, xr, Wp[j], T, d, P);
         const float *tin = NULL;
         if (tails && tl > 0) {
             for (int32_t i = 0; i < N; i++)
@@ -817,12 +836,12 @@ static void kda_fwd(arl_model_dev *m, const arl_kda_params *p, const run_docs *D
     }
     kb->l2norm_fwd(B.q, NULL, B.q, T * H, dk, 1e-6f);
     kb->l2norm_fwd(B.k, NULL, B.k, T * H, dk, 1e-6f);
-    lin(m, B.beta, x, p->b_proj, T, d, H);
+    lin(m, B.beta, x, xr, p->b_proj, T, d, H);
     kb->sigmoid_fwd(B.beta, B.beta, T * H);
 
     /* 3.2 */
-    lin(m, B.fa, x, p->f_a, T, d, dk);
-    lin(m, B.proj, B.fa, p->f_b, T, dk, P);
+    lin(m, B.fa, x, xr, p->f_a, T, d, dk);
+    lin(m, B.proj, B.fa, NULL, p->f_b, T, dk, P);
     if (c->lower_bound_gate)
         ops->kda_gate_k3_fwd(B.g, B.proj, p->A_log, p->dt_bias, T, H, dk, c->g_min);
     else
@@ -844,13 +863,13 @@ static void kda_fwd(arl_model_dev *m, const arl_kda_params *p, const run_docs *D
 
     /* 3.4 */
     if (p->g_proj) {
-        lin(m, B.gam, x, p->g_proj, T, d, H * dv);
+        lin(m, B.gam, x, xr, p->g_proj, T, d, H * dv);
     } else {
-        lin(m, B.ga, x, p->g_a, T, d, dk);
-        lin(m, B.gam, B.ga, p->g_b, T, dk, H * dv);
+        lin(m, B.ga, x, xr, p->g_a, T, d, dk);
+        lin(m, B.gam, B.ga, NULL, p->g_b, T, dk, H * dv);
     }
     ops->kda_onorm_fwd(B.q, NULL, B.o, B.gam, p->o_norm, T * H, dv, c->eps);
-    lin(m, m->ybuf, B.q, p->o_proj, T, H * dv, d);
+    lin(m, m->ybuf, B.q, NULL, p->o_proj, T, H * dv, d);
 }
 
 /* The kept chunk summaries of MLA layer l_mla of a slot (block-sparse MLA). */
@@ -874,20 +893,21 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
     const int32_t N = D->N;
     const float scale = 1.0f / sqrtf((float)(n + r));
     const float *x = m->xbuf;
+    const uint16_t *xr = arl_model_dev_round(m, 0, x, T);
     mla_bufs B;
     mla_layout(&B, m->scratch, m, T);
 
     if (p->q_a) {
-        lin(m, B.cq, x, p->q_a, T, d, c->rq);
+        lin(m, B.cq, x, xr, p->q_a, T, d, c->rq);
         kb->rmsnorm_fwd(B.cq, NULL, B.cq, p->q_a_norm, T, c->rq, 1e-6f);
-        lin(m, B.qf, B.cq, p->q_b, T, c->rq, Hm * (n + r));
+        lin(m, B.qf, B.cq, NULL, p->q_b, T, c->rq, Hm * (n + r));
     } else {
-        lin(m, B.qf, x, p->q_proj, T, d, Hm * (n + r));
+        lin(m, B.qf, x, xr, p->q_proj, T, d, Hm * (n + r));
     }
     ops->copy_rows(B.q_nope, n, B.qf, n + r, T * Hm, n);
     ops->copy_rows(B.q_pe, r, B.qf + n, n + r, T * Hm, r);
 
-    lin(m, B.ckv, x, p->kv_a, T, d, R);
+    lin(m, B.ckv, x, xr, p->kv_a, T, d, R);
     ops->copy_rows(B.c, rkv, B.ckv, R, T, rkv);
     ops->copy_rows(B.k_pe, r, B.ckv + rkv, R, T, r);
     kb->rmsnorm_fwd(B.c, NULL, B.c, p->kv_a_norm, T, rkv, 1e-6f);
@@ -933,7 +953,7 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
     }
 
     if (fresh && !sparse) {
-        lin(m, B.kv, B.c, p->kv_b, T, rkv, Hm * (n + vm));
+        lin(m, B.kv, B.c, NULL, p->kv_b, T, rkv, Hm * (n + vm));
         ops->copy_rows(B.k_nope, n, B.kv, n + vm, T * Hm, n);
         ops->copy_rows(B.v, vm, B.kv + n, n + vm, T * Hm, vm);
         ops->mla_attn_fwd(B.o, NULL, B.q_nope, B.q_pe, B.k_nope, B.k_pe, B.v, D->cu, N, T, Hm, n, r,
@@ -989,26 +1009,27 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
 
     const float *u = B.o;
     if (p->g_proj) {
-        lin(m, B.gate, x, p->g_proj, T, d, Hm * vm);
+        lin(m, B.gate, x, xr, p->g_proj, T, d, Hm * vm);
         kb->sigmoid_fwd(B.gate, B.gate, T * Hm * vm);
         kb->mul(B.gate, B.gate, B.o, T * Hm * vm);
         u = B.gate;
     }
-    lin(m, m->ybuf, u, p->o_proj, T, Hm * vm, d);
+    lin(m, m->ybuf, u, NULL, p->o_proj, T, Hm * vm, d);
 }
 
-/* policy/moe.c glu_fwd: y (T, out) = W_d act(W_g x, W_u x), beta 0 overwrites, 1 adds. */
-static void glu_fwd(arl_model_dev *m, float *y, float beta, const float *x, const float *Wg,
-                    const float *Wu, const float *Wd, int64_t T, int64_t in, int64_t fw,
-                    int64_t out, float *gu, float *h) {
+/* policy/moe.c glu_fwd: y (T, out) = W_d act(W_g x, W_u x), beta 0 overwrites, 1 adds (xr:
+ * arl_model_dev_lin). */
+static void glu_fwd(arl_model_dev *m, float *y, float beta, const float *x, const uint16_t *xr,
+                    const float *Wg, const float *Wu, const float *Wd, int64_t T, int64_t in,
+                    int64_t fw, int64_t out, float *gu, float *h) {
     const arl_k_backend *kb = m->kb;
-    gemm_w(m, gu, 2 * fw, 0.0f, x, Wg, T, in, fw);
-    gemm_w(m, gu + fw, 2 * fw, 0.0f, x, Wu, T, in, fw);
+    gemm_w(m, gu, 2 * fw, 0.0f, x, xr, Wg, T, in, fw);
+    gemm_w(m, gu + fw, 2 * fw, 0.0f, x, xr, Wu, T, in, fw);
     if (m->act.situ)
         kb->situ_glu_fwd(h, gu, gu + fw, T, fw, 2 * fw, m->act.beta1, m->act.beta2);
     else
         kb->swiglu_fwd(h, gu, gu + fw, T, fw, 2 * fw);
-    gemm_w(m, y, out, beta, h, Wd, T, fw, out);
+    gemm_w(m, y, out, beta, h, NULL, Wd, T, fw, out);
 }
 
 /* policy/moe.c arl_moe_fwd / arl_dense_ffn_fwd on xbuf -> ybuf. */
@@ -1020,11 +1041,12 @@ static arl_status ffn_fwd(arl_model_dev *m, const arl_layer_params *lp, int64_t 
     const arl_k_backend *kb = m->kb;
     const arl_moe_cfg *c = &m->moe;
     const float *x = m->xbuf;
+    const uint16_t *xr = arl_model_dev_round(m, 0, x, T);
     ffn_bufs B;
     ffn_layout(&B, m->scratch, m, T);
     if (!lp->is_moe) {
-        glu_fwd(m, m->ybuf, 0.0f, x, lp->dense.gate_proj, lp->dense.up_proj, lp->dense.down_proj, T,
-                c->d, m->dm.fd, c->d, B.gu, B.h);
+        glu_fwd(m, m->ybuf, 0.0f, x, xr, lp->dense.gate_proj, lp->dense.up_proj,
+                lp->dense.down_proj, T, c->d, m->dm.fd, c->d, B.gu, B.h);
         return ARL_OK;
     }
     (void)l;
@@ -1033,15 +1055,15 @@ static arl_status ffn_fwd(arl_model_dev *m, const arl_layer_params *lp, int64_t 
                        c->rho, B.router);
     if (scores_host)
         ARL_TRY(m->ops->download(scores_host, B.s, sizeof(float) * (size_t)(T * c->E)));
-    lin(m, B.z, x, p->down_proj, T, c->d, c->dz);
+    lin(m, B.z, x, xr, p->down_proj, T, c->d, c->dz);
     const uint16_t *banks[3];
     m->ops->moe_experts_fwd(B.u, B.z, routes, B.pw, p, c, T,
                             arl_model_dev_expert_banks(m, p, banks), B.experts);
     if (p->latent_norm) kb->rmsnorm_fwd(B.u, NULL, B.u, p->latent_norm, T, c->dz, c->eps);
-    lin(m, m->ybuf, B.u, p->up_proj, T, c->dz, c->d);
+    lin(m, m->ybuf, B.u, NULL, p->up_proj, T, c->dz, c->d);
     if (c->fs > 0 && p->shared_gate_proj)
-        glu_fwd(m, m->ybuf, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T,
-                c->d, c->fs, c->d, B.gu, B.h);
+        glu_fwd(m, m->ybuf, 1.0f, x, xr, p->shared_gate_proj, p->shared_up_proj,
+                p->shared_down_proj, T, c->d, c->fs, c->d, B.gu, B.h);
     return ARL_OK;
 }
 
@@ -1240,7 +1262,7 @@ static arl_status dev_run(arl_model_dev *m, const arl_batch *b, const int32_t *s
     }
     kb->rmsnorm_fwd(m->xbuf, NULL, fin, w->norm, T, d, m->eps);
     if (use_graph || (out && (out->logits || want_lp))) {
-        lin(m, m->logits, m->xbuf, w->lm_head, T, d, V);
+        lin(m, m->logits, m->xbuf, NULL, w->lm_head, T, d, V);
         if (want_lp) kb->logprob_fwd(m->logprobs, NULL, m->entropy, m->logits, m->targets, T, V);
     }
     if (use_graph) { /* captured, not run: instantiate, remember for these slots, run */
@@ -1345,7 +1367,7 @@ arl_status arl_model_dev_prefill(arl_model_dev *m, int32_t slot, const int32_t *
         ARL_TRY(dev_run(m, &b, &slot, &o, 0));
         used_media += ph;
         if (!logits && last_logits && t0 + c == n) { /* xbuf holds the final-norm rows */
-            lin(m, m->logits, m->xbuf + (c - 1) * d, m->w.lm_head, 1, d, V);
+            lin(m, m->logits, m->xbuf + (c - 1) * d, NULL, m->w.lm_head, 1, d, V);
             ARL_TRY(m->ops->sync());
             ARL_TRY(m->ops->download(last_logits, m->logits, sizeof(float) * (size_t)V));
         }
@@ -1394,7 +1416,7 @@ arl_status arl_model_dev_rows_logits(arl_model_dev *m, int32_t n, const int64_t 
     /* xbuf (T_last, d) holds the final-norm rows; one product per row, as the reference's
      * rollout engine computes them (bit-identical on "cpu"; n is a handful of documents) */
     for (int32_t i = 0; i < n; i++)
-        lin(m, m->logits + (int64_t)i * V, m->xbuf + rows[i] * d, m->w.lm_head, 1, d, V);
+        lin(m, m->logits + (int64_t)i * V, m->xbuf + rows[i] * d, NULL, m->w.lm_head, 1, d, V);
     ARL_TRY(m->ops->sync());
     return m->ops->download(logits, m->logits, sizeof(float) * (size_t)((int64_t)n * V));
 }

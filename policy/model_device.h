@@ -121,10 +121,10 @@ typedef struct arl_dev_ops {
     /* banks: NULL, or the bf16 copies of w1, w3, w2 (bf16 weights; "cuda" only) */
 
     /* bf16 weight storage ("cuda" only; NULL on "cpu"): y (T, out; leading dim ldy) =
-     * x (T, in) W^T + beta y with W (out, in) bf16, x rounded to bf16 into xb (T*in), fp32
-     * accumulation and output; and the fp32 -> bf16 conversion of the uploaded weights */
-    void (*linear_bf16)(float *y, int64_t ldy, float beta, const float *x, const uint16_t *W,
-                        int64_t T, int64_t in, int64_t out, uint16_t *xb);
+     * xb (T, in) W^T + beta y with xb and W (out, in) bf16, fp32 accumulation and output; and
+     * the fp32 -> bf16 conversion (nearest even) of the uploaded weights and the GEMMs' inputs */
+    void (*linear_bf16)(float *y, int64_t ldy, float beta, const uint16_t *xb, const uint16_t *W,
+                        int64_t T, int64_t in, int64_t out);
     void (*f32_to_bf16)(uint16_t *y, const float *x, int64_t n);
     /* whether the GEMMs round their fp32 inputs to bf16 (the current context's bf16 math mode;
      * NULL on "cpu": never) */
@@ -351,7 +351,9 @@ typedef struct arl_model_dev {
     /* named device buffers inside the arena (T = opts.max_tokens, N = opts.max_docs) */
     float *weights;   /* (inv.arena_floats) the parameters, layout of policy/params.h */
     uint16_t *wb16;   /* (inv.arena_floats) their bf16 copies, same layout, or NULL */
-    uint16_t *xb16;   /* bf16 activations of one weight GEMM, or NULL */
+    uint16_t *xb16;   /* (T, xb16_in) bf16 input of one weight GEMM, or NULL */
+    uint16_t *xin16;  /* (T, d) bf16 layer input several weight GEMMs read, or NULL */
+    int64_t xb16_in;  /* the widest weight GEMM input */
     float *res;       /* (n_blocks + 1, T, d) AttnRes entries, then p (or h: slot 0) */
     float *hbuf;      /* (T, d) */
     float *xbuf;      /* (T, d) */
@@ -434,13 +436,19 @@ const uint16_t *const *arl_model_dev_expert_banks(const arl_model_dev *m, const 
                                                   const uint16_t *out[3]);
 /* The weight GEMMs of the forwards: y (T, out; leading dim ldy) = x (T, in) W^T + beta y for a
  * weight W (out, in) of the model (arl_model_dev_lin: ldy = out, beta = 0, kb->linear_fwd's
- * call; arl_model_dev_gemm_w: kb->gemm's).  On W's bf16 copy (ops linear_bf16, x rounded into
- * m->xb16) when the model keeps copies - in the training forward (train) under the bf16 math
- * mode alone (ops math_bf16) - else on the fp32 weight through the kernel table. */
-void arl_model_dev_lin(const arl_model_dev *m, int train, float *y, const float *x, const float *W,
-                       int64_t T, int64_t in, int64_t out);
+ * call; arl_model_dev_gemm_w: kb->gemm's).  On W's bf16 copy (ops linear_bf16) when the model
+ * keeps copies - in the training forward (train) under the bf16 math mode alone (ops
+ * math_bf16) - else on the fp32 weight through the kernel table.  The bf16 GEMM's input: xr, x
+ * already rounded by arl_model_dev_round (a layer input several GEMMs read, rounded once), or
+ * NULL: x rounded into m->xb16 first. */
+void arl_model_dev_lin(const arl_model_dev *m, int train, float *y, const float *x,
+                       const uint16_t *xr, const float *W, int64_t T, int64_t in, int64_t out);
 void arl_model_dev_gemm_w(const arl_model_dev *m, int train, float *y, int64_t ldy, float beta,
-                          const float *x, const float *W, int64_t T, int64_t in, int64_t out);
+                          const float *x, const uint16_t *xr, const float *W, int64_t T, int64_t in,
+                          int64_t out);
+/* x (T, d) rounded to bf16 into m->xin16 when the weight GEMMs read the copies (the rule
+ * above), returned for their xr; else NULL, and nothing runs.  Valid until the next call. */
+const uint16_t *arl_model_dev_round(const arl_model_dev *m, int train, const float *x, int64_t T);
 
 /* Forward over fresh documents, arl_model_forward's contract (policy/model.h) with HOST
  * outputs: logits, logprobs, entropy, routes, router_scores (one download per MoE layer) and

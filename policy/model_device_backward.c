@@ -595,9 +595,9 @@ static void gather_proj(const arl_k_backend *kb, float *dst, const float *tails,
 /* The training forward's weight GEMMs (and the backward's recomputed logits): on the bf16
  * copies under the bf16 math mode (arl_model_dev_lin), so that the forward rounds as the
  * model's inference forwards do; the backward's GEMMs read the fp32 masters. */
-static void lin(const arl_model_dev *m, float *y, const float *x, const float *W, int64_t T,
-                int64_t in, int64_t out) {
-    arl_model_dev_lin(m, 1, y, x, W, T, in, out);
+static void lin(const arl_model_dev *m, float *y, const float *x, const uint16_t *xr,
+                const float *W, int64_t T, int64_t in, int64_t out) {
+    arl_model_dev_lin(m, 1, y, x, xr, W, T, in, out);
 }
 
 /* policy/kda_layer_backward.c arl_kda_layer_fwd_save; for a state forward (D->slots) the
@@ -614,6 +614,7 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     const int64_t sn = H * dk * dv, tl = P * (W - 1), tn = 3 * tl;
     kda_ws B;
     kda_ws_layout(&B, tr->ws, m, T, N);
+    const uint16_t *xr = arl_model_dev_round(m, 1, x, T); /* x's GEMMs on the copies */
     float *S = NULL, *tails = NULL;
     if (D->slots) {
         S = B.S;
@@ -638,7 +639,7 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     const float *conv[3] = {p->q_conv, p->k_conv, p->v_conv};
     float *zout[3] = {sv->z[0], sv->z[1], sv->qkv[2]};
     for (int j = 0; j < 3; j++) {
-        lin(m, sv->pre[j], x, proj[j], T, d, P);
+        lin(m, sv->pre[j], x, xr, proj[j], T, d, P);
         const float *tin = NULL;
         if (tails && tl > 0) {
             gather_proj(kb, B.tin + (int64_t)j * N * tl, tails, j, N, tl);
@@ -654,11 +655,11 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     }
     kb->l2norm_fwd(sv->qkv[0], sv->rn[0], sv->z[0], T * H, dk, 1e-6f);
     kb->l2norm_fwd(sv->qkv[1], sv->rn[1], sv->z[1], T * H, dk, 1e-6f);
-    lin(m, sv->bl, x, p->b_proj, T, d, H);
+    lin(m, sv->bl, x, xr, p->b_proj, T, d, H);
     kb->sigmoid_fwd(sv->beta, sv->bl, T * H);
 
-    lin(m, sv->fa, x, p->f_a, T, d, dk);
-    lin(m, sv->f, sv->fa, p->f_b, T, dk, P);
+    lin(m, sv->fa, x, xr, p->f_a, T, d, dk);
+    lin(m, sv->f, sv->fa, NULL, p->f_b, T, dk, P);
     if (c->lower_bound_gate)
         ops->kda_gate_k3_fwd(sv->g, sv->f, p->A_log, p->dt_bias, T, H, dk, c->g_min);
     else
@@ -674,13 +675,13 @@ static void kda_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
                        N, T, H, dk, dv, scale, c->chunk, B.core);
 
     if (p->g_proj) {
-        lin(m, sv->gam, x, p->g_proj, T, d, H * dv);
+        lin(m, sv->gam, x, xr, p->g_proj, T, d, H * dv);
     } else {
-        lin(m, sv->ga, x, p->g_a, T, d, dk);
-        lin(m, sv->gam, sv->ga, p->g_b, T, dk, H * dv);
+        lin(m, sv->ga, x, xr, p->g_a, T, d, dk);
+        lin(m, sv->gam, sv->ga, NULL, p->g_b, T, dk, H * dv);
     }
     ops->kda_onorm_fwd(sv->ob, sv->rstd, sv->o, sv->gam, p->o_norm, T * H, dv, c->eps);
-    lin(m, y, sv->ob, p->o_proj, T, H * dv, d);
+    lin(m, y, sv->ob, NULL, p->o_proj, T, H * dv, d);
     if (D->slots && !D->recompute)
         for (int32_t i = 0; i < N; i++) {
             float *dst = kda_slot(m->st_kda, m, ki, D->slots[i]);
@@ -705,17 +706,18 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     const float scale = 1.0f / sqrtf((float)(n + r));
     mla_ws B;
     mla_ws_layout(&B, tr->ws, m, T);
+    const uint16_t *xr = arl_model_dev_round(m, 1, x, T);
 
     if (p->q_a) {
-        lin(m, sv->cq_pre, x, p->q_a, T, d, c->rq);
+        lin(m, sv->cq_pre, x, xr, p->q_a, T, d, c->rq);
         kb->rmsnorm_fwd(sv->cq, sv->rstd_q, sv->cq_pre, p->q_a_norm, T, c->rq, 1e-6f);
-        lin(m, B.qf, sv->cq, p->q_b, T, c->rq, Hm * (n + r));
+        lin(m, B.qf, sv->cq, NULL, p->q_b, T, c->rq, Hm * (n + r));
     } else {
-        lin(m, B.qf, x, p->q_proj, T, d, Hm * (n + r));
+        lin(m, B.qf, x, xr, p->q_proj, T, d, Hm * (n + r));
     }
     ops->copy_rows(sv->q_nope, n, B.qf, n + r, T * Hm, n);
     ops->copy_rows(sv->q_pe, r, B.qf + n, n + r, T * Hm, r);
-    lin(m, B.ckv, x, p->kv_a, T, d, R);
+    lin(m, B.ckv, x, xr, p->kv_a, T, d, R);
     ops->copy_rows(sv->c_pre, rkv, B.ckv, R, T, rkv);
     ops->copy_rows(sv->k_pe, r, B.ckv + rkv, R, T, r);
     kb->rmsnorm_fwd(sv->c, sv->rstd_c, sv->c_pre, p->kv_a_norm, T, rkv, 1e-6f);
@@ -737,7 +739,7 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     }
 
     if (!sv->absorbed) {
-        lin(m, B.kv, sv->c, p->kv_b, T, rkv, Hm * (n + vm));
+        lin(m, B.kv, sv->c, NULL, p->kv_b, T, rkv, Hm * (n + vm));
         ops->copy_rows(sv->k_nope, n, B.kv, n + vm, T * Hm, n);
         ops->copy_rows(sv->v, vm, B.kv + n, n + vm, T * Hm, vm);
         ops->mla_attn_fwd(sv->o, sv->lse, sv->q_nope, sv->q_pe, sv->k_nope, sv->k_pe, sv->v, cu, N,
@@ -770,26 +772,26 @@ static void mla_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
 
     const float *u = sv->o;
     if (p->g_proj) {
-        lin(m, sv->gam, x, p->g_proj, T, d, Hm * vm);
+        lin(m, sv->gam, x, xr, p->g_proj, T, d, Hm * vm);
         kb->sigmoid_fwd(sv->u, sv->gam, T * Hm * vm);
         kb->mul(sv->u, sv->u, sv->o, T * Hm * vm);
         u = sv->u;
     }
-    lin(m, y, u, p->o_proj, T, Hm * vm, d);
+    lin(m, y, u, NULL, p->o_proj, T, Hm * vm, d);
 }
 
-/* policy/moe_backward.c glu_fwd. */
-static void glu_fwd(const arl_model_dev *m, float *y, float beta, const float *x, const float *Wg,
-                    const float *Wu, const float *Wd, int64_t T, int64_t in, int64_t fw,
-                    int64_t out, float *gu, float *h) {
+/* policy/moe_backward.c glu_fwd (xr: arl_model_dev_lin). */
+static void glu_fwd(const arl_model_dev *m, float *y, float beta, const float *x,
+                    const uint16_t *xr, const float *Wg, const float *Wu, const float *Wd,
+                    int64_t T, int64_t in, int64_t fw, int64_t out, float *gu, float *h) {
     const arl_k_backend *kb = m->kb;
-    arl_model_dev_gemm_w(m, 1, gu, 2 * fw, 0.0f, x, Wg, T, in, fw);
-    arl_model_dev_gemm_w(m, 1, gu + fw, 2 * fw, 0.0f, x, Wu, T, in, fw);
+    arl_model_dev_gemm_w(m, 1, gu, 2 * fw, 0.0f, x, xr, Wg, T, in, fw);
+    arl_model_dev_gemm_w(m, 1, gu + fw, 2 * fw, 0.0f, x, xr, Wu, T, in, fw);
     if (m->act.situ)
         kb->situ_glu_fwd(h, gu, gu + fw, T, fw, 2 * fw, m->act.beta1, m->act.beta2);
     else
         kb->swiglu_fwd(h, gu, gu + fw, T, fw, 2 * fw);
-    arl_model_dev_gemm_w(m, 1, y, out, beta, h, Wd, T, fw, out);
+    arl_model_dev_gemm_w(m, 1, y, out, beta, h, NULL, Wd, T, fw, out);
 }
 
 /* policy/moe_backward.c arl_moe_fwd_save (routes kept in sv->sel; forced checked before). */
@@ -802,9 +804,10 @@ static void moe_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
     const int64_t d = c->d, E = c->E, k = c->k, dz = c->dz;
     ffn_ws B;
     ffn_ws_layout(&B, tr->ws, m, T);
+    const uint16_t *xr = arl_model_dev_round(m, 1, x, T);
     ops->router_fwd(sv->sel, sv->pw, sv->s, x, p->gate, p->gate_bias, forced, T, d, E, k, c->rho,
                     B.router);
-    lin(m, sv->z, x, p->down_proj, T, d, dz);
+    lin(m, sv->z, x, xr, p->down_proj, T, d, dz);
     const uint16_t *banks[3];
     ops->moe_experts_fwd_save(sv->u_pre, sv->z, sv->sel, sv->pw, p, c, T,
                               arl_model_dev_expert_banks(m, p, banks), sv->esave);
@@ -812,10 +815,10 @@ static void moe_fwd_save(arl_model_dev_train *tr, float *y, const float *x, cons
         kb->rmsnorm_fwd(sv->u, sv->rstd, sv->u_pre, p->latent_norm, T, dz, c->eps);
     else
         kb->copy(sv->u, sv->u_pre, T * dz);
-    lin(m, y, sv->u, p->up_proj, T, dz, d);
+    lin(m, y, sv->u, NULL, p->up_proj, T, dz, d);
     if (c->fs > 0 && p->shared_gate_proj)
-        glu_fwd(m, y, 1.0f, x, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T, d,
-                c->fs, d, sv->sgu, sv->sh);
+        glu_fwd(m, y, 1.0f, x, xr, p->shared_gate_proj, p->shared_up_proj, p->shared_down_proj, T,
+                d, c->fs, d, sv->sgu, sv->sh);
 }
 
 /* ======================= the training forward ============================================ */
@@ -872,8 +875,9 @@ static void layer_fwd(arl_model_dev_train *tr, int64_t l, const float *p_in, flo
     if (lp->is_moe)
         moe_fwd_save(tr, tr->ybuf, rec->x2, &lp->moe, forced, T, &rec->moe);
     else
-        glu_fwd(m, tr->ybuf, 0.0f, rec->x2, lp->dense.gate_proj, lp->dense.up_proj,
-                lp->dense.down_proj, T, d, dm->fd, d, rec->dense.gu, rec->dense.h);
+        glu_fwd(m, tr->ybuf, 0.0f, rec->x2, arl_model_dev_round(m, 1, rec->x2, T),
+                lp->dense.gate_proj, lp->dense.up_proj, lp->dense.down_proj, T, d, dm->fd, d,
+                rec->dense.gu, rec->dense.h);
     kb->add(pnew, pnew, tr->ybuf, Td);
 }
 
@@ -1009,7 +1013,7 @@ static arl_status train_forward(arl_model_dev_train *tr, const arl_batch *b, con
     kb->rmsnorm_fwd(tr->xf, tr->rstd_f, fin, w->norm, T, d, m->eps);
     for (int64_t t0 = 0; t0 < T; t0 += tr->logit_rows) {
         int64_t n = T - t0 < tr->logit_rows ? T - t0 : tr->logit_rows;
-        lin(m, tr->logits, tr->xf + t0 * d, w->lm_head, n, d, V);
+        lin(m, tr->logits, tr->xf + t0 * d, NULL, w->lm_head, n, d, V);
         kb->logprob_fwd(tr->logp + t0, tr->lse + t0, NULL, tr->logits, m->targets + t0, n, V);
     }
     ARL_TRY(ops->sync());
@@ -1370,7 +1374,7 @@ static void head_bwd(arl_model_dev_train *tr, const arl_batch *b, const float *d
         for (int64_t t = t0; t < t0 + n; t++)
             any |= b->targets[t] >= 0 && dlogp_host[t] != 0.0f;
         if (!any) continue;
-        lin(m, tr->logits, tr->xf + t0 * d, w->lm_head, n, d, V);
+        lin(m, tr->logits, tr->xf + t0 * d, NULL, w->lm_head, n, d, V);
         kb->fill(tr->dlogits, 0.0f, n * V);
         kb->logprob_bwd(tr->dlogits, tr->dlogp + t0, tr->logits, tr->lse + t0, m->targets + t0, n,
                         V);

@@ -86,12 +86,11 @@ static float *take_f(float *base, int64_t *used, int64_t n) {
     return p;
 }
 
-/* y (T, out; ldy) = bf16(x) W^T + beta y through cuBLAS (bf16 x bf16, fp32 accumulate).  A
- * failed call is recorded by arl_cuda_gemm_bf16's status: kept here and returned by the next
- * cu_sync (the table entries' sticky-error rule). */
-static void cu_linear_bf16(float *y, int64_t ldy, float beta, const float *x, const uint16_t *W,
-                           int64_t T, int64_t in, int64_t out, uint16_t *xb) {
-    arl_cuda_f32_to_bf16(xb, x, T * in);
+/* y (T, out; ldy) = xb W^T + beta y through cuBLAS (bf16 x bf16, fp32 accumulate).  A failed
+ * call is recorded by arl_cuda_gemm_bf16's status: kept here and returned by the next cu_sync
+ * (the table entries' sticky-error rule). */
+static void cu_linear_bf16(float *y, int64_t ldy, float beta, const uint16_t *xb, const uint16_t *W,
+                           int64_t T, int64_t in, int64_t out) {
     arl_status s = arl_cuda_gemm_bf16(0, 1, T, out, in, 1.0f, xb, in, W, in, beta, y, ldy);
     if (s && !g_bf16_err) g_bf16_err = s;
 }
