@@ -19,7 +19,6 @@ if [ "${ARL_TEST_SANITIZE:-1}" = 1 ]; then
   echo "== AddressSanitizer + UBSan build (build-asan) =="
   # End-to-end training runs (minutes each in Release) run in the Release pass only; under
   # ASan at -O0 they take 10-20x longer. Their code paths are covered by the unit tests here.
-  # test_kernels_vmath: its 4-lane vs AVX2 agreement case fails at -O0 (open, see the note).
   asan_skip="test_learner_calculator_ci|test_learner_resume|test_learner_update|test_train_sft_policy|test_policy_backward_(segment|variants)|test_rollout_(envs|weights|kill)"
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DAGENTRL_SANITIZE=ON -DAGENTRL_CUDA=OFF >/dev/null
   cmake --build build-asan -j "$jobs"
