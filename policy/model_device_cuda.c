@@ -190,10 +190,12 @@ static int64_t cu_moe_save_floats(int64_t T, int64_t k, int64_t E, int64_t dz, i
 }
 
 /* policy/moe.c's experts as a plan, a gather, grouped GEMMs and a combine, on bf16 operands
- * when b16 (cu_moe_b16), keeping save (cu_moe_save_floats). */
+ * when b16 (cu_moe_b16), keeping save (cu_moe_save_floats); keep 0 (an inference forward,
+ * save its work buffer): with bf16 operands the GLU's inputs g and u are not written (the
+ * gate and up products apply the GLU in their epilogue either way). */
 static void cu_moe_fwd(float *u, const float *z, const int32_t *sel, const float *pw,
                        const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
-                       const uint16_t *const *banks, int b16, float *save) {
+                       const uint16_t *const *banks, int b16, int keep, float *save) {
     const int64_t E = c->E, k = c->k, dz = c->dz, f = c->f, Tk = T * k;
     const arl_k_backend *kb = arl_k_backend_cuda();
     cu_moe_save S;
@@ -202,9 +204,8 @@ static void cu_moe_fwd(float *u, const float *z, const int32_t *sel, const float
     arl_cuda_moe_plan_build(&plan, S.plan, sel, T, k, E);
     if (b16) {
         arl_cuda_moe_gather_bf16(S.zgb, z, &plan, dz);
-        arl_cuda_grouped_gemm_bf16(S.g, S.zgb, banks[0], 1, &plan, f, dz, 0.0f);
-        arl_cuda_grouped_gemm_bf16(S.u, S.zgb, banks[1], 1, &plan, f, dz, 0.0f);
-        arl_cuda_glu_fwd_bf16(S.hb, S.g, S.u, Tk, f, f, c->act.situ, c->act.beta1, c->act.beta2);
+        arl_cuda_grouped_glu_bf16(keep ? S.g : NULL, keep ? S.u : NULL, S.hb, S.zgb, banks[0],
+                                  banks[1], &plan, f, dz, c->act.situ, c->act.beta1, c->act.beta2);
         arl_cuda_grouped_gemm_bf16(S.yg, S.hb, banks[2], 1, &plan, dz, f, 0.0f);
     } else {
         arl_cuda_moe_gather(S.zg, z, &plan, dz);
@@ -221,14 +222,14 @@ static void cu_moe_fwd(float *u, const float *z, const int32_t *sel, const float
 static void cu_moe_experts_fwd_save(float *u, const float *z, const int32_t *sel, const float *pw,
                                     const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
                                     const uint16_t *const *banks, float *save) {
-    cu_moe_fwd(u, z, sel, pw, p, c, T, banks, cu_moe_b16(banks, c, 1), save);
+    cu_moe_fwd(u, z, sel, pw, p, c, T, banks, cu_moe_b16(banks, c, 1), 1, save);
 }
 /* the inference forward: the training forward with its save in the work buffer, on the copies
  * whatever the math mode */
 static void cu_moe_experts_fwd(float *u, const float *z, const int32_t *sel, const float *pw,
                                const arl_moe_params *p, const arl_moe_cfg *c, int64_t T,
                                const uint16_t *const *banks, float *ws) {
-    cu_moe_fwd(u, z, sel, pw, p, c, T, banks, cu_moe_b16(banks, c, 0), ws);
+    cu_moe_fwd(u, z, sel, pw, p, c, T, banks, cu_moe_b16(banks, c, 0), 0, ws);
 }
 
 /* The backward's buffers: the expert rows' output gradient, the GLU output's, its inputs' and
@@ -236,7 +237,7 @@ static void cu_moe_experts_fwd(float *u, const float *z, const int32_t *sel, con
 typedef struct cu_moe_bws {
     float *dyg, *dg, *du;       /* (T*k, dz), (T*k, f) x 2; NULL (b16) */
     uint16_t *dygb, *dgb, *dub; /* the same in bf16 (b16), or NULL */
-    float *dh;                  /* (T*k, f) */
+    float *dh;                  /* (T*k, f); NULL (b16: the GLU backward takes it in registers) */
     float *dzg;                 /* (T*k, dz) */
 } cu_moe_bws;
 
@@ -249,7 +250,7 @@ static int64_t cu_moe_bws_layout(cu_moe_bws *B, float *base, int64_t T, int64_t 
     B->dygb = b16 ? take_h(base, &used, Tk * dz) : NULL;
     B->dgb = b16 ? take_h(base, &used, Tk * f) : NULL;
     B->dub = b16 ? take_h(base, &used, Tk * f) : NULL;
-    B->dh = take_f(base, &used, Tk * f);
+    B->dh = b16 ? NULL : take_f(base, &used, Tk * f);
     B->dzg = take_f(base, &used, Tk * dz);
     return used; /* the fp32 layout is the larger */
 }
@@ -260,8 +261,8 @@ static int64_t cu_moe_bwd_ws(int64_t T, int64_t k, int64_t E, int64_t dz, int64_
 }
 
 /* policy/moe_backward.c's expert backward as grouped GEMMs: dyg = p du per row (dp = du . yg),
- * dh = dyg W2_e, dW2_e += dyg^T h, the GLU backward, dW1_e, dW3_e += d(g|u)^T zg, dzg =
- * dg W1_e + du W3_e, dz = the sum of a token's dzg rows in slot order. */
+ * dh = dyg W2_e, dW2_e += dyg^T h, the GLU backward (b16: in dh's epilogue), dW1_e, dW3_e +=
+ * d(g|u)^T zg, dzg = dg W1_e + du W3_e, dz = the sum of a token's dzg rows in slot order. */
 static void cu_moe_experts_bwd(float *dz, float *dp, const arl_moe_params *gw, const float *du,
                                const int32_t *sel, const float *pw, const arl_moe_params *p,
                                const uint16_t *const *banks, const arl_moe_cfg *c, int64_t T,
@@ -278,10 +279,9 @@ static void cu_moe_experts_bwd(float *dz, float *dp, const arl_moe_params *gw, c
     kb->fill(dp, 0.0f, Tk);
     if (b16) {
         arl_cuda_moe_combine_bwd_bf16(B.dygb, dp, du, S.yg, pw, &plan, dzw);
-        arl_cuda_grouped_gemm_bf16(B.dh, B.dygb, banks[2], 0, &plan, f, dzw, 0.0f);
         arl_cuda_grouped_gemm_wgrad_bf16(gw->w2, B.dygb, S.hb, &plan, dzw, f);
-        arl_cuda_glu_bwd_bf16(B.dgb, B.dub, B.dh, S.g, S.u, Tk, f, f, c->act.situ, c->act.beta1,
-                              c->act.beta2);
+        arl_cuda_grouped_glu_bwd_bf16(B.dgb, B.dub, B.dygb, banks[2], S.g, S.u, &plan, f, dzw,
+                                      c->act.situ, c->act.beta1, c->act.beta2);
         arl_cuda_grouped_gemm_wgrad_bf16(gw->w1, B.dgb, S.zgb, &plan, f, dzw);
         arl_cuda_grouped_gemm_wgrad_bf16(gw->w3, B.dub, S.zgb, &plan, f, dzw);
         arl_cuda_grouped_gemm_bf16(B.dzg, B.dgb, banks[0], 0, &plan, dzw, f, 0.0f);

@@ -336,6 +336,45 @@ static void bench_moe(const char *tag, int64_t T, int64_t E, int64_t k, int64_t 
         printf("RESULT moe_%s_wgmma_tflops=%.3f\nRESULT moe_%s_wgmma_ratio=%.4f\n", tag, wg_tf, tag,
                wg_tf / d_tf);
     }
+    /* the expert forward's gate and up products and their GLU on bf16 operands (Nout = f): one
+     * launch (ops.h arl_cuda_grouped_glu_bf16; without G and U as an inference forward runs
+     * it, with them as the training forward keeps them) against the two grouped GEMMs and the
+     * GLU pass it replaces (SiTU-GLU; the up bank is a copy of the gate's: the same work) */
+    uint16_t *w3 = dalloc(2 * (size_t)(E * Nout * K), "W3 bf16"),
+             *hb = dalloc(2 * (size_t)(R * Nout), "H");
+    float *u = dalloc(sizeof(float) * (size_t)(R * Nout), "U");
+    arl_cuda_f32_to_bf16(w3, w32, E * Nout * K);
+    float sep_ms, fi_ms, ft_ms;
+    TIME_MS(sep_ms, 10, {
+        arl_cuda_grouped_gemm_bf16(y, x, w, 1, &plan, Nout, K, 0.0f);
+        arl_cuda_grouped_gemm_bf16(u, x, w3, 1, &plan, Nout, K, 0.0f);
+        arl_cuda_glu_fwd_bf16(hb, y, u, R, Nout, Nout, 1, 4.0f, 25.0f);
+    });
+    TIME_MS(fi_ms, 10,
+            arl_cuda_grouped_glu_bf16(NULL, NULL, hb, x, w, w3, &plan, Nout, K, 1, 4.0f, 25.0f));
+    TIME_MS(ft_ms, 10,
+            arl_cuda_grouped_glu_bf16(y, u, hb, x, w, w3, &plan, Nout, K, 1, 4.0f, 25.0f));
+    printf("  gate, up and SiTU-GLU: two grouped GEMMs and the GLU pass %.3f ms, one launch %.3f "
+           "ms (%.2fx), keeping g and u %.3f ms (%.2fx)\n",
+           sep_ms, fi_ms, sep_ms / fi_ms, ft_ms, sep_ms / ft_ms);
+    printf("RESULT moe_%s_glu_fused_speedup=%.4f\nRESULT moe_%s_glu_fused_keep_speedup=%.4f\n", tag,
+           sep_ms / fi_ms, tag, sep_ms / ft_ms);
+    /* and the backward's: the GLU output's gradient dH = dY W2_e (W2 read as (E, K, f)) and the
+     * GLU backward, one launch (arl_cuda_grouped_glu_bwd_bf16) against the two */
+    uint16_t *dgb = dalloc(2 * (size_t)(R * Nout), "dG"),
+             *dub = dalloc(2 * (size_t)(R * Nout), "dU");
+    float *dh = dalloc(sizeof(float) * (size_t)(R * Nout), "dH");
+    float bsep_ms, bf_ms;
+    TIME_MS(bsep_ms, 10, {
+        arl_cuda_grouped_gemm_bf16(dh, x, w, 0, &plan, Nout, K, 0.0f);
+        arl_cuda_glu_bwd_bf16(dgb, dub, dh, y, u, R, Nout, Nout, 1, 4.0f, 25.0f);
+    });
+    TIME_MS(bf_ms, 10,
+            arl_cuda_grouped_glu_bwd_bf16(dgb, dub, x, w, y, u, &plan, Nout, K, 1, 4.0f, 25.0f));
+    printf("  GLU output's gradient and the GLU backward: separate %.3f ms, one launch %.3f ms "
+           "(%.2fx)\n",
+           bsep_ms, bf_ms, bsep_ms / bf_ms);
+    printf("RESULT moe_%s_glu_bwd_fused_speedup=%.4f\n", tag, bsep_ms / bf_ms);
     /* the training step's grouped GEMMs (fp32 activations and master weights, rounded to bf16
      * as staged under the bf16 math mode): forward (W (N, K)), input gradient (W read as
      * (K, N)) and weight gradient, each against the same dense bf16 rate */

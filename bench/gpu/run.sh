@@ -140,6 +140,8 @@ END {
     printf f, "MoE grouped GEMM / dense cuBLAS, fine 512x512 (>= 0.35)", v["moe_fine_ratio"]
     printf f, "MoE grouped GEMM / dense cuBLAS, coarse 2048x512 (>= 0.8)", v["moe_coarse_ratio"]
     printf f, "  the same on wgmma (sm_90a), fine / coarse", v["moe_fine_wgmma_ratio"] " / " v["moe_coarse_wgmma_ratio"]
+    printf f, "  gate+up+GLU fused: speed-up over separate, fine / coarse", v["moe_fine_glu_fused_speedup"] " / " v["moe_coarse_glu_fused_speedup"]
+    printf f, "  dH+GLU backward fused: speed-up, fine / coarse", v["moe_fine_glu_bwd_fused_speedup"] " / " v["moe_coarse_glu_bwd_fused_speedup"]
     printf f, "  training path (fp32 operands) fwd / dX / dW, fine", v["moe_fine_train_fwd_ratio"] " / " v["moe_fine_train_dx_ratio"] " / " v["moe_fine_train_wgrad_ratio"]
     printf f, "  training path (fp32 operands) fwd / dX / dW, coarse", v["moe_coarse_train_fwd_ratio"] " / " v["moe_coarse_train_dx_ratio"] " / " v["moe_coarse_train_wgrad_ratio"]
     printf f, "  training path (bf16 operands) dX / dW, fine / coarse", v["moe_fine_train_dx_bf16_ratio"] " / " v["moe_fine_train_wgrad_bf16_ratio"] ", " v["moe_coarse_train_dx_bf16_ratio"] " / " v["moe_coarse_train_wgrad_bf16_ratio"]

@@ -555,4 +555,46 @@ __device__ static inline float arl_sigmoidf(float x) {
     return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
 }
 
+/* The activations the experts' GLUs use (kernels/cpu/activation.c's formulas) and their
+ * derivatives: sech^2 x = 1 - tanh^2 x (exact form for large |x|), SiLU x sigmoid(x), SiTU's
+ * phi(x) = b tanh(x / b) sigmoid(x).  One definition for every kernel that applies them (the
+ * activation ops, the GLU pass, the grouped GEMMs' GLU epilogues), so that they agree bit for
+ * bit. */
+__device__ static inline float arl_d_sech2(float x) {
+    float e = expf(-2.0f * fabsf(x));
+    float q = 1.0f + e;
+    return 4.0f * e / (q * q);
+}
+__device__ static inline float arl_silu(float x) {
+    return x * arl_sigmoidf(x);
+}
+__device__ static inline float arl_silu_grad(float x) {
+    return arl_sigmoidf(x) * (1.0f + x * arl_sigmoidf(-x));
+}
+__device__ static inline float arl_situ_phi(float x, float b) {
+    return b * tanhf(x / b) * arl_sigmoidf(x);
+}
+__device__ static inline float arl_situ_phi_grad(float x, float b) {
+    float t = tanhf(x / b), s = arl_sigmoidf(x);
+    return arl_d_sech2(x / b) * s + b * t * s * arl_sigmoidf(-x);
+}
+
+/* The experts' GLU of gate g and up u: SiTU-GLU phi(g) psi(u) with psi(u) = b2 tanh(u / b2)
+ * and phi's cap b1 (situ), or SwiGLU silu(g) u. */
+__device__ static inline float arl_glu_value(int situ, float g, float u, float b1, float b2) {
+    return situ ? arl_situ_phi(g, b1) * (b2 * tanhf(u / b2)) : arl_silu(g) * u;
+}
+/* a0 + the GLU's gradient in g, b0 + that in u, for the output gradient d */
+__device__ static inline void arl_glu_grads(int situ, float d, float g, float u, float b1, float b2,
+                                            float a0, float b0, float *a, float *b) {
+    if (situ) {
+        float psi = b2 * tanhf(u / b2);
+        *a = a0 + d * arl_situ_phi_grad(g, b1) * psi;
+        *b = b0 + d * arl_situ_phi(g, b1) * arl_d_sech2(u / b2);
+    } else {
+        *a = a0 + d * u * arl_silu_grad(g);
+        *b = b0 + d * arl_silu(g);
+    }
+}
+
 #endif

@@ -319,26 +319,67 @@ __device__ static inline uint32_t kmaj_off(int r, int c) {
     return (uint32_t)(r * TN_ROW_BYTES + ((c ^ ((r >> 1) & 3)) << 4));
 }
 
+/* The GLU epilogue of the expert forward's gate and up products (arl_cuda_grouped_glu_bf16):
+ * W3 the up bank beside W (the gate's); U (T*k, N) fp32 or NULL; H (T*k, N) bf16. */
+struct tn_glu {
+    const __nv_bfloat16 *W3;
+    float *U;
+    uint16_t *H;
+    int32_t situ;
+    float b1, b2;
+};
+
+/* The GLU epilogue's exchange: the block's gate and up sums (64 x 128 each, rows padded to
+ * 136 floats so that a quad's float2 stores of eight rows spread over the banks) in the ring's
+ * shared memory once the loop is done with it. */
+#define GLU_LD 136
+#define GLU_TILE_FLOATS (BM * GLU_LD)
+
+/* a warp's accumulators (warp_store's positions) into the exchange tile xs (64, GLU_LD) */
+__device__ static inline void xs_store(float *xs, const float (&acc)[2][8][4], int row0, int col0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                *reinterpret_cast<float2 *>(xs + (row0 + i * 16 + g + 8 * h) * GLU_LD + col0 +
+                                            j * 8 + 2 * t) =
+                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+}
+
+/* GLU = false: Y = X W_e^T + beta Y as above.  GLU = true (arl_cuda_grouped_glu_bf16): a
+ * block's 256 columns are 128 of the gate bank W (warps wc 0-1) and the same 128 of the up
+ * bank gp.W3 (warps wc 2-3), the same slabs, products and fragments as the plain tile (so
+ * the same gate and up sums, bit for bit); after the loop the warps put their sums in shared
+ * memory (the ring is free by then) and every thread writes pairs of H = GLU(g, u) in bf16.
+ * Y (the gate) and gp.U get the fp32 sums where not NULL (the training forward's save). */
+template <bool GLU>
 __global__ void __launch_bounds__(256, 2)
     k_grouped_bf16_tn(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W, arl_cuda_moe_plan P,
-                      int64_t N, int64_t K, float beta, int32_t ncol) {
+                      int64_t N, int64_t K, float beta, int32_t ncol, tn_glu gp) {
+    constexpr int CW = GLU ? TN_N / 2 : TN_N; /* output columns per block */
     extern __shared__ float sm[];
     unsigned char *raw = reinterpret_cast<unsigned char *>(sm);
     int32_t e, r0, nr;
     if (!tile_of(P, (int32_t)(blockIdx.x / (unsigned)ncol), &e, &r0, &nr)) return;
-    const int64_t n0 = (int64_t)(blockIdx.x % (unsigned)ncol) * TN_N;
-    const __nv_bfloat16 *We = W + (int64_t)e * N * K;
+    const int64_t n0 = (int64_t)(blockIdx.x % (unsigned)ncol) * CW;
+    const __nv_bfloat16 *We = W + (int64_t)e * N * K, *W3e = GLU ? gp.W3 + (int64_t)e * N * K : We;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wr = warp >> 2, wc = warp & 3;
     const int64_t nslab = (K + TN_K - 1) / TN_K;
-    /* slab s into stage s % TN_STAGES: 5 chunks of 16 bytes per thread (the first X's) */
+    /* slab s into stage s % TN_STAGES: 5 chunks of 16 bytes per thread (the first X's); GLU:
+     * the stage's W rows 128.. are the up bank's rows n0.. */
     auto load = [&](int64_t slab) {
         unsigned char *st = raw + (slab % TN_STAGES) * TN_STAGE_BYTES;
         const int64_t k0 = slab * TN_K;
 #pragma unroll
         for (int q = 0; q < (BM + TN_N) * (TN_ROW_BYTES / 16) / 256; q++) {
             const int i = threadIdx.x + q * 256, r = i >> 2, c = i & 3;
+            const bool up = GLU && r >= BM + CW;
             bool ok;
-            const __nv_bfloat16 *src = tn_row_src(X, We, r0, nr, n0, N, K, r, k0 + c * 8, &ok);
+            const __nv_bfloat16 *src =
+                tn_row_src(X, up ? W3e : We, r0, nr, up ? n0 - CW : n0, N, K, r, k0 + c * 8, &ok);
             cp_async16(st + kmaj_off(r, c), src, ok);
         }
     };
@@ -360,7 +401,29 @@ __global__ void __launch_bounds__(256, 2)
             arl_mma_tiles(acc, a, b);
         }
     });
-    warp_store<8>(Y + (int64_t)r0 * N + n0, N, nr, N - n0, beta, acc, wr * 32, wc * 64);
+    if constexpr (!GLU) {
+        warp_store<8>(Y + (int64_t)r0 * N + n0, N, nr, N - n0, beta, acc, wr * 32, wc * 64);
+    } else {
+        __syncthreads(); /* every warp is done with the ring's stages */
+        xs_store(sm + (wc >> 1) * GLU_TILE_FLOATS, acc, wr * 32, (wc & 1) * 64);
+        __syncthreads();
+        /* every thread: pairs of columns, a warp 64 of a row (coalesced stores) */
+        const int64_t o0 = (int64_t)r0 * N + n0, cols_ok = N - n0;
+        for (int q = threadIdx.x; q < BM * CW / 2; q += 256) {
+            const int row = q / (CW / 2), col = 2 * (q % (CW / 2));
+            if (row >= nr || col >= cols_ok) continue;
+            const int64_t o = o0 + (int64_t)row * N + col;
+            const float2 gv = *reinterpret_cast<const float2 *>(sm + row * GLU_LD + col),
+                         uv = *reinterpret_cast<const float2 *>(sm + GLU_TILE_FLOATS +
+                                                                row * GLU_LD + col);
+            if (Y) *reinterpret_cast<float2 *>(Y + o) = gv;
+            if (gp.U) *reinterpret_cast<float2 *>(gp.U + o) = uv;
+            const float a = arl_glu_value(gp.situ, gv.x, uv.x, gp.b1, gp.b2),
+                        b = arl_glu_value(gp.situ, gv.y, uv.y, gp.b1, gp.b2);
+            *reinterpret_cast<uint32_t *>(gp.H + o) =
+                arl_bf16_rn_bits(a) | (arl_bf16_rn_bits(b) << 16);
+        }
+    }
 }
 
 /* ---- the wide tiles of three shapes on mma.sync: the training step's expert GEMMs ----
@@ -588,11 +651,52 @@ __device__ static inline void fm_copy(unsigned char *tile, SRC &&src) {
     }
 }
 
-/* bf16 operands, the same shapes (a slab: 1 chunk of A and 2 of B a thread). */
+/* The GLU backward in the epilogue of the GLU output's gradient (arl_cuda_grouped_glu_bwd_bf16,
+ * FM_N): g, u (R, N) the GLU's inputs, dg, du (R, N) their gradients in bf16; dg NULL: none. */
+struct fm_glub {
+    const float *g, *u;
+    uint16_t *dg, *du;
+    int32_t situ;
+    float b1, b2;
+};
+
+/* dg, du at the warp's output positions (warp_store's) from dh = its accumulators: table.cu's
+ * GLU backward of each pair (the gradients added to zero, rounded to nearest even) */
+__device__ static inline void glub_store(const fm_glub &gb, const fm_tile &t, int64_t N,
+                                         const float (&acc)[2][4][4], int row0, int col0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = row0 + i * 16 + g + 8 * h;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int col = col0 + j * 8 + 2 * q;
+                if (row < t.rows_ok && col < t.cols_ok) {
+                    const int64_t o = (int64_t)(t.r0 + row) * N + t.n0 + col;
+                    const float2 gv = *reinterpret_cast<const float2 *>(gb.g + o),
+                                 uv = *reinterpret_cast<const float2 *>(gb.u + o);
+                    float a0, b0, a1, b1;
+                    arl_glu_grads(gb.situ, acc[i][j][2 * h], gv.x, uv.x, gb.b1, gb.b2, 0.0f, 0.0f,
+                                  &a0, &b0);
+                    arl_glu_grads(gb.situ, acc[i][j][2 * h + 1], gv.y, uv.y, gb.b1, gb.b2, 0.0f,
+                                  0.0f, &a1, &b1);
+                    *reinterpret_cast<uint32_t *>(gb.dg + o) =
+                        arl_bf16_rn_bits(a0) | (arl_bf16_rn_bits(a1) << 16);
+                    *reinterpret_cast<uint32_t *>(gb.du + o) =
+                        arl_bf16_rn_bits(b0) | (arl_bf16_rn_bits(b1) << 16);
+                }
+            }
+        }
+}
+
+/* bf16 operands, the same shapes (a slab: 1 chunk of A and 2 of B a thread); FM_N with gb.dg:
+ * the GLU backward of the products instead of Y (glub_store). */
 template <int MODE>
 __global__ void __launch_bounds__(256, 2)
     k_grouped_b16_mma(float *Y, const __nv_bfloat16 *A, const __nv_bfloat16 *B, arl_cuda_moe_plan P,
-                      int64_t N, int64_t K, float beta, int32_t ncol) {
+                      int64_t N, int64_t K, float beta, int32_t ncol, fm_glub gb) {
     __shared__ __align__(16) unsigned char sbuf[FM_STAGES][FM_A_BYTES + FM_B_BYTES];
     constexpr int LA = fm_len_a<MODE>(), LB = fm_len_b<MODE>();
     fm_tile t;
@@ -615,13 +719,17 @@ __global__ void __launch_bounds__(256, 2)
         fm_products<MODE>(acc, sbuf[stage], sbuf[stage] + FM_A_BYTES);
     });
     const int warp = threadIdx.x >> 5;
-    warp_store<4>(t.out, t.ld, t.rows_ok, t.cols_ok, beta, acc, (warp >> 2) * 32, (warp & 3) * 32);
+    if (MODE == FM_N && gb.dg)
+        glub_store(gb, t, N, acc, (warp >> 2) * 32, (warp & 3) * 32);
+    else
+        warp_store<4>(t.out, t.ld, t.rows_ok, t.cols_ok, beta, acc, (warp >> 2) * 32,
+                      (warp & 3) * 32);
 }
 
 /* Launch MODE's tile for fp32 (TE float) or bf16 operands; FM_WG: Y += (beta 1). */
 template <int MODE, class TE>
 static void fm_launch(float *Y, const TE *A, const TE *B, const arl_cuda_moe_plan *plan, int64_t N,
-                      int64_t K, float beta, arl_cuda_ctx *c) {
+                      int64_t K, float beta, arl_cuda_ctx *c, const fm_glub &gb = fm_glub{}) {
     ARL_ASSERT(N % 16 == 0 && K % 16 == 0);
     ARL_ASSERT(((uintptr_t)A | (uintptr_t)B) % 16 == 0 && (uintptr_t)Y % 8 == 0);
     unsigned ncol = 1;
@@ -639,7 +747,7 @@ static void fm_launch(float *Y, const TE *A, const TE *B, const arl_cuda_moe_pla
             <<<grid, 256, 0, c->stream>>>(Y, A, B, *plan, N, K, beta, (int32_t)ncol);
     else
         k_grouped_b16_mma<MODE>
-            <<<grid, 256, 0, c->stream>>>(Y, A, B, *plan, N, K, beta, (int32_t)ncol);
+            <<<grid, 256, 0, c->stream>>>(Y, A, B, *plan, N, K, beta, (int32_t)ncol, gb);
 }
 
 static void grouped_f32_wide(float *Y, const float *X, const float *W, int32_t trans_w,
@@ -649,6 +757,45 @@ static void grouped_f32_wide(float *Y, const float *X, const float *W, int32_t t
         fm_launch<FM_T>(Y, X, W, plan, N, K, beta, c);
     else
         fm_launch<FM_N>(Y, X, W, plan, N, K, beta, c);
+}
+
+template <bool GLU>
+static void tn_launch(float *Y, const __nv_bfloat16 *X, const __nv_bfloat16 *W,
+                      const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta,
+                      const tn_glu &gp, arl_cuda_ctx *c) {
+    constexpr int smem = TN_STAGES * TN_STAGE_BYTES, cw = GLU ? TN_N / 2 : TN_N;
+    static_assert(!GLU || smem >= 2 * GLU_TILE_FLOATS * 4, "the GLU exchange fits in the ring");
+    const unsigned ncol = (unsigned)((N + cw - 1) / cw);
+    cudaFuncSetAttribute(k_grouped_bf16_tn<GLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    k_grouped_bf16_tn<GLU><<<max_row_tiles(plan) * ncol, 256, smem, c->stream>>>(
+        Y, X, W, *plan, N, K, beta, (int32_t)ncol, gp);
+}
+
+extern "C" void arl_cuda_grouped_glu_bf16(float *G, float *U, uint16_t *H, const uint16_t *X,
+                                          const uint16_t *W1, const uint16_t *W3,
+                                          const arl_cuda_moe_plan *plan, int64_t f, int64_t K,
+                                          int32_t situ, float b1, float b2) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    ARL_ASSERT(f % 16 == 0 && K % 16 == 0);
+    if (plan->T * plan->k == 0 || f == 0) return;
+    const tn_glu gp = {(const __nv_bfloat16 *)W3, U, H, situ, b1, b2};
+    tn_launch<true>(G, (const __nv_bfloat16 *)X, (const __nv_bfloat16 *)W1, plan, f, K, 0.0f, gp,
+                    c);
+    ARL_CUDA_LAUNCHED(c, "grouped_glu_bf16");
+}
+
+extern "C" void arl_cuda_grouped_glu_bwd_bf16(uint16_t *dg, uint16_t *du, const uint16_t *dY,
+                                              const uint16_t *W2, const float *g, const float *u,
+                                              const arl_cuda_moe_plan *plan, int64_t f, int64_t K,
+                                              int32_t situ, float b1, float b2) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    if (plan->T * plan->k == 0 || f == 0) return;
+    ARL_ASSERT(((uintptr_t)g | (uintptr_t)u) % 8 == 0 && ((uintptr_t)dg | (uintptr_t)du) % 4 == 0);
+    const fm_glub gb = {g, u, dg, du, situ, b1, b2};
+    /* Y is not written; fm_launch's alignment check wants a valid one */
+    fm_launch<FM_N>((float *)(void *)dg, (const __nv_bfloat16 *)dY, (const __nv_bfloat16 *)W2, plan,
+                    f, K, 0.0f, c, gb);
+    ARL_CUDA_LAUNCHED(c, "grouped_glu_bwd_bf16");
 }
 
 extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W,
@@ -661,11 +808,7 @@ extern "C" void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const ui
     if (trans_w && c->moe_tn == ARL_CUDA_MOE_TN_WGMMA) {
         arl_cuda_grouped_bf16_wg_launch(Y, xb, wb, plan, N, K, beta, c);
     } else if (trans_w) {
-        constexpr int smem = TN_STAGES * TN_STAGE_BYTES;
-        const unsigned ncol = (unsigned)((N + TN_N - 1) / TN_N);
-        cudaFuncSetAttribute(k_grouped_bf16_tn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        k_grouped_bf16_tn<<<max_row_tiles(plan) * ncol, 256, smem, c->stream>>>(
-            Y, xb, wb, *plan, N, K, beta, (int32_t)ncol);
+        tn_launch<false>(Y, xb, wb, plan, N, K, beta, tn_glu{}, c);
     } else {
         fm_launch<FM_N>(Y, xb, wb, plan, N, K, beta, c);
     }

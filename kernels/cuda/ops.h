@@ -261,6 +261,25 @@ void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t tra
  * arl_cuda_grouped_gemm under ARL_CUDA_MATH_BF16 on the same values). */
 void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W, int32_t trans_w,
                                 const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta);
+/* The experts' gate and up products with their GLU, one launch: G, U (T*k, f) = X W1_e^T,
+ * X W3_e^T (W1, W3 (E, f, K) bf16, X (T*k, K) bf16; the sums of arl_cuda_grouped_gemm_bf16
+ * with trans_w = 1 on the mma.sync tile, bit for bit) and H (T*k, f) = their GLU rounded to
+ * bf16 (arl_cuda_glu_fwd_bf16 of G and U, bit for bit) without G and U going through memory;
+ * G and U may be NULL (an inference forward needs H only).  f, K multiples of 16.  The mma.sync
+ * tile whatever arl_cuda_moe_tn_form says. */
+void arl_cuda_grouped_glu_bf16(float *G, float *U, uint16_t *H, const uint16_t *X,
+                               const uint16_t *W1, const uint16_t *W3,
+                               const arl_cuda_moe_plan *plan, int64_t f, int64_t K, int32_t situ,
+                               float b1, float b2);
+/* The GLU output's gradient and the GLU backward in one launch: dh (T*k, f) = dY W2_e (dY
+ * (T*k, K) bf16, W2 (E, K, f) bf16: arl_cuda_grouped_gemm_bf16 with trans_w = 0, the same
+ * sums) never stored; dg, du (T*k, f) = the GLU's gradients in g and u (fp32, (T*k, f)) for
+ * dh, rounded to bf16 (arl_cuda_glu_bwd_bf16 of dh, bit for bit).  f, K multiples of 16; dY,
+ * W2 16-byte aligned, g, u 8-byte, dg, du 4-byte. */
+void arl_cuda_grouped_glu_bwd_bf16(uint16_t *dg, uint16_t *du, const uint16_t *dY,
+                                   const uint16_t *W2, const float *g, const float *u,
+                                   const arl_cuda_moe_plan *plan, int64_t f, int64_t K,
+                                   int32_t situ, float b1, float b2);
 /* Which kernel runs arl_cuda_grouped_gemm_bf16 with trans_w = 1 on the current context:
  * ARL_CUDA_MOE_TN_MMA (the default: 64 x 256 tiles of mma.sync products, any sm_80+ GPU) or
  * ARL_CUDA_MOE_TN_WGMMA (the same tiles as two warpgroups of Hopper wgmma products; only where

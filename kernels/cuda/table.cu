@@ -367,12 +367,6 @@ static void cu_logprob_bwd(float *dlogits, const float *dlogp, const float *logi
 #define INV_SQRT_2 0.7071067811865476f
 #define INV_SQRT_2PI 0.3989422804014327f
 
-__device__ static inline float d_sech2(float x) {
-    float e = expf(-2.0f * fabsf(x));
-    float q = 1.0f + e;
-    return 4.0f * e / (q * q);
-}
-
 enum { A_SIGMOID, A_SILU, A_TANH, A_SOFTPLUS, A_GELU_TANH, A_GELU_ERF, A_SITU_PHI };
 
 __device__ static inline float act_f(int k, float x, float b) {
@@ -380,7 +374,7 @@ __device__ static inline float act_f(int k, float x, float b) {
     case A_SIGMOID:
         return arl_sigmoidf(x);
     case A_SILU:
-        return x * arl_sigmoidf(x);
+        return arl_silu(x);
     case A_TANH:
         return tanhf(x);
     case A_SOFTPLUS:
@@ -392,7 +386,7 @@ __device__ static inline float act_f(int k, float x, float b) {
     case A_GELU_ERF:
         return 0.5f * x * (1.0f + erff(x * INV_SQRT_2));
     default:
-        return b * tanhf(x / b) * arl_sigmoidf(x);
+        return arl_situ_phi(x, b);
     }
 }
 
@@ -401,9 +395,9 @@ __device__ static inline float act_g(int k, float x, float b) {
     case A_SIGMOID:
         return arl_sigmoidf(x) * arl_sigmoidf(-x);
     case A_SILU:
-        return arl_sigmoidf(x) * (1.0f + x * arl_sigmoidf(-x));
+        return arl_silu_grad(x);
     case A_TANH:
-        return d_sech2(x);
+        return arl_d_sech2(x);
     case A_SOFTPLUS:
         return arl_sigmoidf(x);
     case A_GELU_TANH: {
@@ -413,10 +407,8 @@ __device__ static inline float act_g(int k, float x, float b) {
     }
     case A_GELU_ERF:
         return 0.5f * (1.0f + erff(x * INV_SQRT_2)) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
-    default: {
-        float t = tanhf(x / b), s = arl_sigmoidf(x);
-        return d_sech2(x / b) * s + b * t * s * arl_sigmoidf(-x);
-    }
+    default:
+        return arl_situ_phi_grad(x, b);
     }
 }
 
@@ -471,26 +463,11 @@ __global__ void k_glu_fwd(int situ, float *h, uint16_t *hb, const float *g, cons
                           int64_t T, int64_t f, int64_t ld, float b1, float b2) {
     ARL_GRID_STRIDE(i, T * f) {
         int64_t t = i / f, j = i % f;
-        float gv = g[t * ld + j], uv = u[t * ld + j];
-        const float v =
-            situ ? act_f(A_SITU_PHI, gv, b1) * (b2 * tanhf(uv / b2)) : act_f(A_SILU, gv, 1.0f) * uv;
+        const float v = arl_glu_value(situ, g[t * ld + j], u[t * ld + j], b1, b2);
         if (h)
             h[i] = v;
         else
             hb[i] = (uint16_t)arl_bf16_rn_bits(v);
-    }
-}
-
-/* a0 + the gradient of g, b0 + that of u, for the output gradient d */
-__device__ static inline void glu_grads(int situ, float d, float gv, float uv, float b1, float b2,
-                                        float a0, float b0, float *a, float *b) {
-    if (situ) {
-        float psi = b2 * tanhf(uv / b2);
-        *a = a0 + d * act_g(A_SITU_PHI, gv, b1) * psi;
-        *b = b0 + d * act_f(A_SITU_PHI, gv, b1) * d_sech2(uv / b2);
-    } else {
-        *a = a0 + d * uv * act_g(A_SILU, gv, 1.0f);
-        *b = b0 + d * act_f(A_SILU, gv, 1.0f);
     }
 }
 
@@ -501,11 +478,11 @@ __global__ void k_glu_bwd(int situ, float *dg, float *du, uint16_t *dgb, uint16_
         int64_t t = i / f, j = i % f, o = t * ld + j;
         float a, b;
         if (dgb) {
-            glu_grads(situ, dh[i], g[o], u[o], b1, b2, 0.0f, 0.0f, &a, &b);
+            arl_glu_grads(situ, dh[i], g[o], u[o], b1, b2, 0.0f, 0.0f, &a, &b);
             dgb[o] = (uint16_t)arl_bf16_rn_bits(a);
             dub[o] = (uint16_t)arl_bf16_rn_bits(b);
         } else {
-            glu_grads(situ, dh[i], g[o], u[o], b1, b2, dg[o], du[o], &a, &b);
+            arl_glu_grads(situ, dh[i], g[o], u[o], b1, b2, dg[o], du[o], &a, &b);
             dg[o] = a;
             du[o] = b;
         }

@@ -97,6 +97,13 @@ static inline int32_t *ct_get_i32(const int32_t *d, int64_t n) {
     return h;
 }
 
+static inline uint16_t *ct_get_u16(const uint16_t *d, int64_t n) {
+    if (arl_cuda_sync(ct_ctx) != ARL_OK) ct_die("sync");
+    uint16_t *h = (uint16_t *)ct_host(sizeof(uint16_t) * (size_t)n);
+    if (arl_cuda_download(ct_ctx, h, d, sizeof(uint16_t) * (size_t)n) != ARL_OK) ct_die("download");
+    return h;
+}
+
 /* Compare device d (n) with host ref elementwise; frees the host copy. */
 static inline int ct_check(const char *what, const float *d, const float *ref, int64_t n,
                            double atol, double rtol) {

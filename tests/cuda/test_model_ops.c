@@ -812,6 +812,82 @@ static int moe_wide_ok(const char *what, const float *h, const float *y0, const 
     return 1;
 }
 
+/* 1 when the n bf16 a and b are the same bits; else says where they first differ */
+static int same_u16(const char *what, const uint16_t *a, const uint16_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            fprintf(stderr, "%s [%lld]: %04x vs %04x\n", what, (long long)i, a[i], b[i]);
+            return 0;
+        }
+    return 1;
+}
+
+/* The experts' GLU fused into their grouped GEMMs against the separate launches, bit for bit:
+ * - forward (arl_cuda_grouped_glu_bf16: the mma.sync tile's columns split between the gate and
+ *   up banks, the GLU in its epilogue) against the plain bf16 tile on each bank and the GLU pass
+ *   (arl_cuda_glu_fwd_bf16): G, U and H, SwiGLU keeping G and U (the training forward) and
+ *   SiTU-GLU without them (the inference forward);
+ * - backward (arl_cuda_grouped_glu_bwd_bf16: the GLU backward in the epilogue of dH = dY W2_e)
+ *   against the plain trans_w = 0 tile and arl_cuda_glu_bwd_bf16: dG, dU, both GLUs.
+ * Outputs start as NaNs so that an element left unwritten shows.  X (R, K), W1 (E, N, K) and
+ * W2 (E, K, N) bf16 on the device (dY = X); sums of order 5, so SiTU's caps 4 and 25 bite. */
+static void moe_glu_check(const arl_cuda_moe_plan *plan, const uint16_t *d_x, const uint16_t *d_w1,
+                          const uint16_t *d_w2, int64_t E, int64_t R, int64_t N, int64_t K) {
+    float *w3 = ct_rand(E * N * K, -1, 1), *d_w3f = ct_dev(w3, E * N * K);
+    uint16_t *d_w3 = ct_dev_bytes(NULL, 2 * E * N * K), *d_h = ct_dev_bytes(NULL, 2 * R * N);
+    uint16_t *nan16 = (uint16_t *)ct_host(sizeof(uint16_t) * (size_t)(R * N));
+    for (int64_t i = 0; i < R * N; i++)
+        nan16[i] = 0x7fc1;
+    uint16_t *d_hf = ct_dev_bytes(nan16, 2 * R * N);
+    float *d_g = ct_dev(NULL, R * N), *d_u = ct_dev(NULL, R * N);
+    float *d_gf = ct_dev(NULL, R * N), *d_uf = ct_dev(NULL, R * N);
+    arl_cuda_f32_to_bf16(d_w3, d_w3f, E * N * K);
+    const int32_t was = arl_cuda_moe_tn_form(ARL_CUDA_MOE_TN_MMA);
+    arl_cuda_grouped_gemm_bf16(d_g, d_x, d_w1, 1, plan, N, K, 0.0f);
+    arl_cuda_grouped_gemm_bf16(d_u, d_x, d_w3, 1, plan, N, K, 0.0f);
+    arl_cuda_moe_tn_form(was);
+    float *g = ct_get(d_g, R * N), *u = ct_get(d_u, R * N);
+    for (int situ = 0; situ < 2; situ++) {
+        const float b1 = 4.0f, b2 = 25.0f;
+        const int keep = !situ;
+        arl_cuda_glu_fwd_bf16(d_h, d_g, d_u, R, N, N, situ, b1, b2);
+        if (arl_cuda_upload(ct_ctx, d_hf, nan16, sizeof(uint16_t) * (size_t)(R * N))) CHECK(0);
+        arl_cuda_grouped_glu_bf16(keep ? d_gf : NULL, keep ? d_uf : NULL, d_hf, d_x, d_w1, d_w3,
+                                  plan, N, K, situ, b1, b2);
+        uint16_t *h = ct_get_u16(d_h, R * N), *hf = ct_get_u16(d_hf, R * N);
+        CHECK(same_u16(situ ? "grouped_glu_bf16 H vs the GLU pass (situ)"
+                            : "grouped_glu_bf16 H vs the GLU pass (swiglu)",
+                       hf, h, R * N));
+        if (keep) {
+            float *gf = ct_get(d_gf, R * N), *uf = ct_get(d_uf, R * N);
+            CHECK(same_floats("grouped_glu_bf16 G vs the gate's grouped_gemm_bf16", gf, g, R * N));
+            CHECK(same_floats("grouped_glu_bf16 U vs the up's grouped_gemm_bf16", uf, u, R * N));
+            free(gf), free(uf);
+        }
+        free(h), free(hf);
+    }
+    float *d_dh = ct_dev(NULL, R * N);
+    uint16_t *d_dg = ct_dev_bytes(NULL, 2 * R * N), *d_du = ct_dev_bytes(NULL, 2 * R * N);
+    uint16_t *d_dgf = ct_dev_bytes(NULL, 2 * R * N), *d_duf = ct_dev_bytes(NULL, 2 * R * N);
+    arl_cuda_grouped_gemm_bf16(d_dh, d_x, d_w2, 0, plan, N, K, 0.0f);
+    for (int situ = 0; situ < 2; situ++) {
+        const float b1 = 4.0f, b2 = 25.0f;
+        arl_cuda_glu_bwd_bf16(d_dg, d_du, d_dh, d_g, d_u, R, N, N, situ, b1, b2);
+        if (arl_cuda_upload(ct_ctx, d_dgf, nan16, sizeof(uint16_t) * (size_t)(R * N)) ||
+            arl_cuda_upload(ct_ctx, d_duf, nan16, sizeof(uint16_t) * (size_t)(R * N)))
+            CHECK(0);
+        arl_cuda_grouped_glu_bwd_bf16(d_dgf, d_duf, d_x, d_w2, d_g, d_u, plan, N, K, situ, b1, b2);
+        uint16_t *dg = ct_get_u16(d_dg, R * N), *dgf = ct_get_u16(d_dgf, R * N);
+        uint16_t *du = ct_get_u16(d_du, R * N), *duf = ct_get_u16(d_duf, R * N);
+        CHECK(same_u16(situ ? "grouped_glu_bwd_bf16 dG (situ)" : "grouped_glu_bwd_bf16 dG (swiglu)",
+                       dgf, dg, R * N));
+        CHECK(same_u16(situ ? "grouped_glu_bwd_bf16 dU (situ)" : "grouped_glu_bwd_bf16 dU (swiglu)",
+                       duf, du, R * N));
+        free(dg), free(dgf), free(du), free(duf);
+    }
+    free(w3), free(nan16), free(g), free(u);
+}
+
 /* The wide tiles (kernels/cuda/moe.cu k_grouped_bf16_tn on bf16 operands, 64 x 256 per block,
  * and its wgmma form kernels/cuda/moe_wgmma.cu where the device has it;
  * k_grouped_f32_mma on fp32 operands under the bf16 math mode, 64 x 128): N = 272 leaves a
@@ -819,7 +895,8 @@ static int moe_wide_ok(const char *what, const float *h, const float *y0, const 
  * of 4 stages wraps; the last slab half zeros), 200 rows spread over experts with 1 to 70 rows
  * (a partial 64-row tile and an expert with one row); bound per element 2^-7 sum|x w| as for
  * the other bf16 paths.  The bf16 tile and the fp32 tile in both weight layouts (W (E, N, K)
- * and (E, K, N)), each with beta 0 and 1 (added to what Y held), and the weight gradient. */
+ * and (E, K, N)), each with beta 0 and 1 (added to what Y held), the weight gradient, and
+ * the gate and up products with their GLU in one launch (moe_glu_check). */
 static void test_moe_wide(void) {
     CT_CASE_BEGIN;
     const int64_t T = 100, k = 2, E = 6, K = 208, N = 272, R = T * k;
@@ -865,6 +942,7 @@ static void test_moe_wide(void) {
     arl_cuda_moe_gather(d_xp, d_x, &plan, K);
     uint16_t *d_Wtb = ct_dev_bytes(NULL, 2 * E * N * K);
     arl_cuda_f32_to_bf16(d_Wtb, d_Wt, E * N * K);
+    moe_glu_check(&plan, d_xpb, d_Wb, d_Wtb, E, R, N, K);
     arl_cuda_set_math(ct_ctx, ARL_CUDA_MATH_BF16);
     for (int tw = 0; tw < 2; tw++)
         for (int beta = 0; beta < 2; beta++) {
@@ -992,9 +1070,7 @@ static void test_adamw(void) {
     ct_check("adamw v (scalar form)", d_vo, vo, n, 1e-12, 1e-6);
     /* the bf16 copy: the device's own new p rounded, exactly; untouched outside the copies */
     float *ph = ct_get(d_p, n);
-    uint16_t *pb = (uint16_t *)ct_host(sizeof(uint16_t) * (size_t)n);
-    if (arl_cuda_download(ct_ctx, pb, d_pb, sizeof(uint16_t) * (size_t)n) != ARL_OK)
-        ct_die("download");
+    uint16_t *pb = ct_get_u16(d_pb, n);
     int64_t bad = 0, first = -1;
     for (int64_t i = 0; i < n; i++) {
         const int r = adamw_range_of(i);

@@ -319,6 +319,18 @@ void arl_cuda_grouped_gemm(float *Y, const float *X, const float *W, int32_t tra
                            const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta) {
     NO_CTX;
 }
+void arl_cuda_grouped_glu_bf16(float *G, float *U, uint16_t *H, const uint16_t *X,
+                               const uint16_t *W1, const uint16_t *W3,
+                               const arl_cuda_moe_plan *plan, int64_t f, int64_t K, int32_t situ,
+                               float b1, float b2) {
+    NO_CTX;
+}
+void arl_cuda_grouped_glu_bwd_bf16(uint16_t *dg, uint16_t *du, const uint16_t *dY,
+                                   const uint16_t *W2, const float *g, const float *u,
+                                   const arl_cuda_moe_plan *plan, int64_t f, int64_t K,
+                                   int32_t situ, float b1, float b2) {
+    NO_CTX;
+}
 void arl_cuda_grouped_gemm_bf16(float *Y, const uint16_t *X, const uint16_t *W, int32_t trans_w,
                                 const arl_cuda_moe_plan *plan, int64_t N, int64_t K, float beta) {
     NO_CTX;
