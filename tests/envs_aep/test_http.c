@@ -319,10 +319,14 @@ static void test_busy(void) {
     snprintf(a1.sid, sizeof a1.sid, "%s", json_string_value(json_object_get(v, "session_id")));
     json_decref(v);
     a2 = a1;
-    a1.body = "{\"step_index\":1,\"deadline_ms\":5000,\"action\":{\"parse_status\":\"ok\",\"tool_calls\":[{\"id\":\"call_1_0\","
-              "\"name\":\"sleep\",\"arguments\":{\"ms\":600}}]}}";
-    a2.body = "{\"step_index\":1,\"deadline_ms\":4000,\"action\":{\"parse_status\":\"ok\",\"tool_calls\":[{\"id\":\"call_1_0\","
-              "\"name\":\"sleep\",\"arguments\":{\"ms\":600}}]}}";
+    /* the step sleeps 2 s: the score and GET below must come while it runs, 250 ms after it
+     * starts (with 600 ms a loaded 2-core machine once let it finish first: .ci/run failed) */
+    a1.body = "{\"step_index\":1,\"deadline_ms\":5000,\"action\":{\"parse_status\":\"ok\",\"tool_"
+              "calls\":[{\"id\":\"call_1_0\","
+              "\"name\":\"sleep\",\"arguments\":{\"ms\":2000}}]}}";
+    a2.body = "{\"step_index\":1,\"deadline_ms\":4000,\"action\":{\"parse_status\":\"ok\",\"tool_"
+              "calls\":[{\"id\":\"call_1_0\","
+              "\"name\":\"sleep\",\"arguments\":{\"ms\":2000}}]}}";
     pthread_t t1, t2;
     pthread_create(&t1, NULL, slow_step, &a1);
     usleep(150000);
