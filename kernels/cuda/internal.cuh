@@ -196,6 +196,11 @@ __device__ static inline uint32_t arl_bf16_rn_bits(float x) {
     __nv_bfloat16 b = __float2bfloat16_rn(x);
     return *reinterpret_cast<uint16_t *>(&b);
 }
+/* x and y rounded so (arl_bf16_rn_bits), packed as a pair of bf16 in memory order: x at the
+ * lower address (one 32-bit store of two adjacent elements) */
+__device__ static inline uint32_t arl_bf16x2_rn_bits(float x, float y) {
+    return arl_bf16_rn_bits(x) | (arl_bf16_rn_bits(y) << 16);
+}
 
 __device__ static inline float arl_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1)

@@ -515,8 +515,8 @@ __global__ void k_adamw(float *p, uint16_t *pb, float *m, float *v, const float 
         *reinterpret_cast<float4 *>(v + i) = V;
         if (B16) {
             uint2 b;
-            b.x = arl_bf16_rn_bits(P.x) | (arl_bf16_rn_bits(P.y) << 16);
-            b.y = arl_bf16_rn_bits(P.z) | (arl_bf16_rn_bits(P.w) << 16);
+            b.x = arl_bf16x2_rn_bits(P.x, P.y);
+            b.y = arl_bf16x2_rn_bits(P.z, P.w);
             *reinterpret_cast<uint2 *>(pb + i) = b;
         }
     }

@@ -335,20 +335,6 @@ struct tn_glu {
 #define GLU_LD 136
 #define GLU_TILE_FLOATS (BM * GLU_LD)
 
-/* a warp's accumulators (warp_store's positions) into the exchange tile xs (64, GLU_LD) */
-__device__ static inline void xs_store(float *xs, const float (&acc)[2][8][4], int row0, int col0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                *reinterpret_cast<float2 *>(xs + (row0 + i * 16 + g + 8 * h) * GLU_LD + col0 +
-                                            j * 8 + 2 * t) =
-                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-}
-
 /* GLU = false: Y = X W_e^T + beta Y as above.  GLU = true (arl_cuda_grouped_glu_bf16): a
  * block's 256 columns are 128 of the gate bank W (warps wc 0-1) and the same 128 of the up
  * bank gp.W3 (warps wc 2-3), the same slabs, products and fragments as the plain tile (so
@@ -405,7 +391,10 @@ __global__ void __launch_bounds__(256, 2)
         warp_store<8>(Y + (int64_t)r0 * N + n0, N, nr, N - n0, beta, acc, wr * 32, wc * 64);
     } else {
         __syncthreads(); /* every warp is done with the ring's stages */
-        xs_store(sm + (wc >> 1) * GLU_TILE_FLOATS, acc, wr * 32, (wc & 1) * 64);
+        float *xs = sm + (wc >> 1) * GLU_TILE_FLOATS; /* this warp's bank: (64, GLU_LD) */
+        warp_pairs(acc, wr * 32, (wc & 1) * 64, [&](int row, int col, float v0, float v1) {
+            *reinterpret_cast<float2 *>(xs + row * GLU_LD + col) = make_float2(v0, v1);
+        });
         __syncthreads();
         /* every thread: pairs of columns, a warp 64 of a row (coalesced stores) */
         const int64_t o0 = (int64_t)r0 * N + n0, cols_ok = N - n0;
@@ -420,8 +409,7 @@ __global__ void __launch_bounds__(256, 2)
             if (gp.U) *reinterpret_cast<float2 *>(gp.U + o) = uv;
             const float a = arl_glu_value(gp.situ, gv.x, uv.x, gp.b1, gp.b2),
                         b = arl_glu_value(gp.situ, gv.y, uv.y, gp.b1, gp.b2);
-            *reinterpret_cast<uint32_t *>(gp.H + o) =
-                arl_bf16_rn_bits(a) | (arl_bf16_rn_bits(b) << 16);
+            *reinterpret_cast<uint32_t *>(gp.H + o) = arl_bf16x2_rn_bits(a, b);
         }
     }
 }
@@ -660,35 +648,22 @@ struct fm_glub {
     float b1, b2;
 };
 
-/* dg, du at the warp's output positions (warp_store's) from dh = its accumulators: table.cu's
+/* dg, du at the warp's output positions (warp_pairs') from dh = its accumulators: table.cu's
  * GLU backward of each pair (the gradients added to zero, rounded to nearest even) */
 __device__ static inline void glub_store(const fm_glub &gb, const fm_tile &t, int64_t N,
                                          const float (&acc)[2][4][4], int row0, int col0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = row0 + i * 16 + g + 8 * h;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int col = col0 + j * 8 + 2 * q;
-                if (row < t.rows_ok && col < t.cols_ok) {
-                    const int64_t o = (int64_t)(t.r0 + row) * N + t.n0 + col;
-                    const float2 gv = *reinterpret_cast<const float2 *>(gb.g + o),
-                                 uv = *reinterpret_cast<const float2 *>(gb.u + o);
-                    float a0, b0, a1, b1;
-                    arl_glu_grads(gb.situ, acc[i][j][2 * h], gv.x, uv.x, gb.b1, gb.b2, 0.0f, 0.0f,
-                                  &a0, &b0);
-                    arl_glu_grads(gb.situ, acc[i][j][2 * h + 1], gv.y, uv.y, gb.b1, gb.b2, 0.0f,
-                                  0.0f, &a1, &b1);
-                    *reinterpret_cast<uint32_t *>(gb.dg + o) =
-                        arl_bf16_rn_bits(a0) | (arl_bf16_rn_bits(a1) << 16);
-                    *reinterpret_cast<uint32_t *>(gb.du + o) =
-                        arl_bf16_rn_bits(b0) | (arl_bf16_rn_bits(b1) << 16);
-                }
-            }
+    warp_pairs(acc, row0, col0, [&](int row, int col, float h0, float h1) {
+        if (row < t.rows_ok && col < t.cols_ok) {
+            const int64_t o = (int64_t)(t.r0 + row) * N + t.n0 + col;
+            const float2 gv = *reinterpret_cast<const float2 *>(gb.g + o),
+                         uv = *reinterpret_cast<const float2 *>(gb.u + o);
+            float a0, b0, a1, b1;
+            arl_glu_grads(gb.situ, h0, gv.x, uv.x, gb.b1, gb.b2, 0.0f, 0.0f, &a0, &b0);
+            arl_glu_grads(gb.situ, h1, gv.y, uv.y, gb.b1, gb.b2, 0.0f, 0.0f, &a1, &b1);
+            *reinterpret_cast<uint32_t *>(gb.dg + o) = arl_bf16x2_rn_bits(a0, a1);
+            *reinterpret_cast<uint32_t *>(gb.du + o) = arl_bf16x2_rn_bits(b0, b1);
         }
+    });
 }
 
 /* bf16 operands, the same shapes (a slab: 1 chunk of A and 2 of B a thread); FM_N with gb.dg:

@@ -72,35 +72,43 @@ __device__ static inline void cp_ring(int64_t nslab, LOAD &&load, COMPUTE &&comp
     cp_async_wait_n<0>(); /* the trailing groups are empty */
 }
 
-/* A warp's (16 MI) x (8 NJ) fp32 accumulators (m16 tile i, n8 tile j; internal.cuh
- * arl_mma_bf16's C layout, which wgmma's is too) at (row0, col0) of the output tile out
- * (leading dimension ld), the rows below rows_ok and columns below cols_ok (even): out = acc +
- * beta out (beta 0: out is not read).  Each quad of lanes writes one 32-byte sector per row. */
-template <int NJ, int MI = 2>
-__device__ static inline void warp_store(float *out, int64_t ld, int64_t rows_ok, int64_t cols_ok,
-                                         float beta, const float (&acc)[MI][NJ][4], int row0,
-                                         int col0) {
+/* Every pair of adjacent columns a lane holds among a warp's (16 MI) x (8 NJ) fp32
+ * accumulators (m16 tile i, n8 tile j; internal.cuh arl_mma_bf16's C layout, which wgmma's is
+ * too), placed at (row0, col0) of the output tile: f(row, col, v0, v1) with the values of
+ * (row, col) and (row, col + 1), col even.  The one walk of the fragment layout: every epilogue
+ * (warp_store, the GLU tiles' of moe.cu) goes through it. */
+template <int NJ, int MI, class F>
+__device__ static inline void warp_pairs(const float (&acc)[MI][NJ][4], int row0, int col0, F &&f) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = row0 + i * 16 + g + 8 * h;
+        for (int h = 0; h < 2; h++)
 #pragma unroll
-            for (int j = 0; j < NJ; j++) {
-                const int col = col0 + j * 8 + 2 * t;
-                if (row < rows_ok && col < cols_ok) {
-                    float *y = out + (int64_t)row * ld + col;
-                    float2 v = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-                    if (beta != 0.0f) {
-                        const float2 o = *reinterpret_cast<const float2 *>(y);
-                        v.x += beta * o.x;
-                        v.y += beta * o.y;
-                    }
-                    *reinterpret_cast<float2 *>(y) = v;
-                }
+            for (int j = 0; j < NJ; j++)
+                f(row0 + i * 16 + g + 8 * h, col0 + j * 8 + 2 * t, acc[i][j][2 * h],
+                  acc[i][j][2 * h + 1]);
+}
+
+/* A warp's accumulators (warp_pairs') at (row0, col0) of the output tile out (leading
+ * dimension ld), the rows below rows_ok and columns below cols_ok (even): out = acc + beta out
+ * (beta 0: out is not read).  Each quad of lanes writes one 32-byte sector per row. */
+template <int NJ, int MI = 2>
+__device__ static inline void warp_store(float *out, int64_t ld, int64_t rows_ok, int64_t cols_ok,
+                                         float beta, const float (&acc)[MI][NJ][4], int row0,
+                                         int col0) {
+    warp_pairs(acc, row0, col0, [&](int row, int col, float v0, float v1) {
+        if (row < rows_ok && col < cols_ok) {
+            float *y = out + (int64_t)row * ld + col;
+            float2 v = make_float2(v0, v1);
+            if (beta != 0.0f) {
+                const float2 o = *reinterpret_cast<const float2 *>(y);
+                v.x += beta * o.x;
+                v.y += beta * o.y;
             }
+            *reinterpret_cast<float2 *>(y) = v;
         }
+    });
 }
 
 /* kernels/cuda/moe_wgmma.cu: the grouped GEMM of arl_cuda_grouped_gemm_bf16 (trans_w = 1) on
