@@ -4,17 +4,16 @@
  * of the mini config (configs/mini); target >= 25% (issue 9).
  *
  * FLOPs counted (model FLOPs of a step, the usual MFU convention): 3 x the forward's (forward
- * + backward at twice the forward), the forward as bench/gpu/bench_model.c counts it: 2 x
- * active parameters (lm_head included, the embedding gather excluded) x tokens, plus the
- * attention cores: MLA 2 (n + r + vm) Hm per causal (query, key) pair, KDA chunkwise per head
- * 6 T dk^2 + 3 T C dk + T C^2.  Recomputation (the logits again in the backward) and the
- * optimizer are not counted, though their time is.
+ * + backward at twice the forward), the forward as bench/gpu/bench_model.c counts it
+ * (bench/gpu/gpu_common.h bench_gpu_forward_flops: 2 x active parameters, lm_head included and
+ * the embedding gather excluded, x tokens, plus the attention cores).  Recomputation (the logits
+ * again in the backward) and the optimizer are not counted, though their time is.
  *
- * Weights: deterministic small uniform values, norms 1.  Runs: ARL_CUDA_MATH_BF16 (bf16 GEMM
- * inputs, fp32 accumulation, fp32 master weights and moments) and ARL_CUDA_MATH_TF32.  Batch:
- * 8 documents of 256 tokens (T = 2048; --quick: the tiny config, 2 x 32; --docs N --len L:
- * another batch, its RESULT keys suffixed _T<tokens>; --bf16: that mode alone;
- * --bf16-weights: the bf16 mode alone on a model keeping bf16 weight copies, as a learner
+ * Weights: deterministic small uniform values (bench_gpu_params_fill), norms 1.  Runs:
+ * ARL_CUDA_MATH_BF16 (bf16 GEMM inputs, fp32 accumulation, fp32 master weights and moments) and
+ * ARL_CUDA_MATH_TF32.  Batch: 8 documents of 256 tokens (T = 2048; --quick: the tiny config, 2 x
+ * 32; --docs N --len L: another batch, its RESULT keys suffixed _T<tokens>; --bf16: that mode
+ * alone; --bf16-weights: the bf16 mode alone on a model keeping bf16 weight copies, as a learner
  * under learner.device-math bf16 does (arl_model_dev_opts bf16_weights: AdamW refreshes them in
  * its pass and the forward's weight GEMMs read them, the experts' activations rounded once where
  * made), keys train_step_bf16w...).  AdamW's time
@@ -26,8 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench/gpu/gpu_common.h"
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/ops.h"
@@ -40,49 +39,16 @@ static void die(const char *what) {
     exit(1);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* cuBLAS bf16 GEMM rate (M = N = K = n), median of 10 (TFLOP/s). */
-static double cublas_bf16_tflops(arl_cuda_ctx *ctx, int64_t n) {
-    size_t mark = arl_cuda_mark(ctx);
-    void *a, *b, *c;
-    if (arl_cuda_alloc(ctx, 2 * (size_t)(n * n), "A", &a) ||
-        arl_cuda_alloc(ctx, 2 * (size_t)(n * n), "B", &b) ||
-        arl_cuda_alloc(ctx, 4 * (size_t)(n * n), "C", &c))
-        die("arena");
-    arl_cuda_memset0(ctx, a, 2 * (size_t)(n * n));
-    arl_cuda_memset0(ctx, b, 2 * (size_t)(n * n));
-    double t[10];
-    for (int r = -1; r < 10; r++) {
-        arl_cuda_timer_start(ctx);
-        if (arl_cuda_gemm_bf16(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n)) die("gemm_bf16");
-        float ms = arl_cuda_timer_stop(ctx);
-        if (r >= 0) t[r] = ms;
-    }
-    qsort(t, 10, sizeof(double), cmp_double);
-    arl_cuda_release(ctx, mark);
-    return 2.0 * (double)n * n * n / (t[5] * 1e-3) / 1e12;
-}
-
 /* Median of n timings of fn (after warm-up calls), seconds; spread in lo, hi. */
 typedef arl_status (*timed_fn)(void *);
 static double time_median(timed_fn fn, void *arg, int warm, int n, double *lo, double *hi) {
     double t[16];
     for (int r = -warm; r < n; r++) {
-        double a = now_s();
+        double a = bench_gpu_now_s();
         if (fn(arg)) die("timed call");
-        if (r >= 0) t[r] = now_s() - a;
+        if (r >= 0) t[r] = bench_gpu_now_s() - a;
     }
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    qsort(t, (size_t)n, sizeof(double), bench_gpu_cmp_double);
     *lo = t[0];
     *hi = t[n - 1];
     return t[n / 2];
@@ -128,23 +94,10 @@ int main(int argc, char **argv) {
     arl_model_params w;
     if (arl_model_config_read(path, &cfg)) die(path);
     if (arl_model_params_alloc(&w, &cfg)) die("host parameters");
-    double t0 = now_s();
+    double t0 = bench_gpu_now_s();
     arl_rng rng;
     arl_rng_seed(&rng, 9);
-    for (int64_t i = 0; i < w.inv.n; i++) {
-        const arl_param_tensor *t = &w.inv.t[i];
-        float *p = arl_model_params_tensor(&w, i);
-        if (t->init == ARL_INIT_ONES) {
-            for (int64_t j = 0; j < t->numel; j++)
-                p[j] = 1.0f;
-        } else if (t->init != ARL_INIT_ZEROS) {
-            uint64_t s = arl_rng_next(&rng) | 1;
-            for (int64_t j = 0; j < t->numel; j++) {
-                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-                p[j] = ((float)(s >> 40) * (1.0f / 16777216.0f) - 0.5f) * 0.04f;
-            }
-        }
-    }
+    bench_gpu_params_fill(&w, &rng);
     /* --docs N --len L: another token batch (default 8 x 256; --quick 2 x 32) */
     int32_t N = quick ? 2 : 8;
     int64_t len = quick ? 32 : 256;
@@ -176,29 +129,18 @@ int main(int argc, char **argv) {
     if (arl_model_dev_init(&md, ops, &cfg, &w, &o, &dopts)) die("device model");
     if (arl_model_dev_train_init(&tr, &md, &oc)) die("device training");
     printf("config %s: %.1f MiB on the device (model + training), weights in %.1f s\n", path,
-           (double)need / 1048576.0, now_s() - t0);
+           (double)need / 1048576.0, bench_gpu_now_s() - t0);
 
-    double peak = cublas_bf16_tflops(ctx, quick ? 2048 : 8192);
+    double peak = bench_gpu_cublas_bf16_tflops(ctx, quick ? 2048 : 8192);
+    if (peak <= 0.0) die("cuBLAS bf16 GEMM");
     printf("cuBLAS bf16 GEMM: %.1f TFLOP/s\n", peak);
 
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(N + 1));
-    for (int64_t t = 0; t < T; t++)
-        tok[t] = (int32_t)arl_rng_below(&rng, (uint64_t)cfg.dims.V);
-    for (int32_t i = 0; i <= N; i++)
-        cu[i] = (int32_t)(i * len);
+    bench_gpu_batch_fill(tok, cu, N, len, cfg.dims.V, &rng);
     arl_batch b = {.tokens = tok, .T = T, .cu = cu, .N = N};
 
-    arl_param_counts pc;
-    arl_param_counts_compute(&cfg, &pc);
-    const arl_model_dims *dm = &cfg.dims;
-    const double C = (double)o.kda_chunk;
-    double fwd = 2.0 * (double)pc.active_params * (double)T;
-    fwd += (double)dm->n_mla * 2.0 * (double)(dm->n + dm->r + dm->vm) * (double)dm->Hm * (double)N *
-           (double)len * (double)(len + 1) / 2.0;
-    fwd += (double)dm->n_kda * (double)dm->H *
-           (6.0 * T * dm->dk * dm->dk + 3.0 * T * C * dm->dk + T * C * C);
-    const double flops = 3.0 * fwd;
+    const double flops = 3.0 * bench_gpu_forward_flops(&cfg, N, len, o.kda_chunk);
 
     const char *names[2] = {bf16w ? "bf16w" : "bf16", "tf32"};
     const arl_cuda_math modes[2] = {ARL_CUDA_MATH_BF16, ARL_CUDA_MATH_TF32};
