@@ -228,26 +228,17 @@ arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
     ARL_TRY(replay_store_refresh(st));
     replay_gc_stats sum;
     memset(&sum, 0, sizeof sum);
-    size_t n = st->n_shards;
-    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    int *kinds = malloc((n ? n : 1) * sizeof *kinds);
-    if (!ids || !kinds) {
-        free(ids);
-        free(kinds);
-        return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
-    }
-    for (size_t i = 0; i < n; i++) { /* opening writers refreshes st->shards: copy first */
-        ids[i] = st->shards[i].shard_id;
-        kinds[i] = st->shards[i].kind;
-    }
+    size_t n;
+    rshard_ref *ref;
+    ARL_TRY(rstore_shards_copy(st, &ref, &n));
     arl_status s = ARL_OK;
     for (size_t i = 0; i < n && s == ARL_OK; i++) {
-        if (kinds[i] != REPLAY_FILE_WORKER && kinds[i] != REPLAY_FILE_TOOL &&
-            kinds[i] != REPLAY_FILE_LEARNER)
+        if (ref[i].kind != REPLAY_FILE_WORKER && ref[i].kind != REPLAY_FILE_TOOL &&
+            ref[i].kind != REPLAY_FILE_LEARNER)
             continue;
-        if (rstore_shard_sealed(st, ids[i])) continue; /* immutable, states included */
+        if (rstore_shard_sealed(st, ref[i].id)) continue; /* immutable, states included */
         replay_writer *w = NULL;
-        arl_status o = replay_writer_open(st, (replay_file_kind)kinds[i], ids[i], NULL, &w);
+        arl_status o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
         if (o == ARL_ERR_BUSY) { /* its writer runs its own GC (section 7.6) */
             if (out) fprintf(out, "skipped (writer alive): %s\n", arl_error_msg());
             continue;
@@ -269,8 +260,7 @@ arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
         }
         replay_writer_close(w);
     }
-    free(ids);
-    free(kinds);
+    free(ref);
     if (total) *total = sum;
     return s;
 }

@@ -119,6 +119,13 @@ struct replay_store {
 
 /* Shard by id (NULL if unknown); refreshes the list once if missing. */
 rshard *rstore_shard(replay_store *st, int32_t shard_id);
+/* The (id, kind) of every shard the store knows now, in shard_id order: a copy (*out, n_shards
+ * entries; the caller frees it) for loops that open writers, which refresh st->shards. */
+typedef struct rshard_ref {
+    int32_t id;
+    int kind; /* replay_file_kind */
+} rshard_ref;
+arl_status rstore_shards_copy(const replay_store *st, rshard_ref **out, size_t *n);
 /* Close the store's read connections to shard shard_id (reopened lazily when next read):
  * sealing switches the file out of WAL, which needs no other connection open. */
 void rstore_shard_release(replay_store *st, int32_t shard_id);

@@ -20,41 +20,33 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
                           "replay: %s: seal needs a store root with a writable catalog", st->root);
     ARL_TRY(replay_store_refresh(st));
     int64_t sealed = 0;
-    size_t n = st->n_shards;
-    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    int *kinds = malloc((n ? n : 1) * sizeof *kinds);
-    if (!ids || !kinds) {
-        free(ids);
-        free(kinds);
-        return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
-    }
+    size_t n;
+    rshard_ref *ref;
+    ARL_TRY(rstore_shards_copy(st, &ref, &n));
     int found = only_shard <= 0;
-    for (size_t i = 0; i < n; i++) {
-        ids[i] = st->shards[i].shard_id;
-        kinds[i] = st->shards[i].kind;
-        found |= ids[i] == only_shard;
-    }
+    for (size_t i = 0; i < n; i++)
+        found |= ref[i].id == only_shard;
     arl_status s = found ? ARL_OK
                          : arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s: no shard %d in the store",
                                       st->root, (int)only_shard);
     for (size_t i = 0; i < n && s == ARL_OK; i++) {
-        if (only_shard > 0 && ids[i] != only_shard) continue;
-        char *rel = rstore_shard_rel(kinds[i], ids[i]);
-        if (rstore_shard_sealed(st, ids[i])) {
+        if (only_shard > 0 && ref[i].id != only_shard) continue;
+        char *rel = rstore_shard_rel(ref[i].kind, ref[i].id);
+        if (rstore_shard_sealed(st, ref[i].id)) {
             if (out) fprintf(out, "%s: already sealed\n", rel ? rel : "?");
             free(rel);
             continue;
         }
-        rstore_shard_release(st, ids[i]); /* leaving WAL needs the file to itself */
+        rstore_shard_release(st, ref[i].id); /* leaving WAL needs the file to itself */
         replay_writer *w = NULL;
-        arl_status o = replay_writer_open(st, (replay_file_kind)kinds[i], ids[i], NULL, &w);
+        arl_status o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
         if (o == ARL_ERR_BUSY) {
             if (out)
                 fprintf(out, "%s: skipped (writer alive): %s\n", rel ? rel : "?", arl_error_msg());
             free(rel);
             continue;
         }
-        if (o == ARL_OK && kinds[i] != REPLAY_FILE_LEARNER) o = rwriter_scan_running(w);
+        if (o == ARL_OK && ref[i].kind != REPLAY_FILE_LEARNER) o = rwriter_scan_running(w);
         if (o != ARL_OK && w) {
             replay_writer_close(w);
             w = NULL;
@@ -73,7 +65,7 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
                 o = replay_writer_seal(w); /* closes w */
             }
         }
-        rstore_shard_release(st, ids[i]);
+        rstore_shard_release(st, ref[i].id);
         if (o == ARL_OK) {
             if (out) fprintf(out, "%s: sealed\n", rel ? rel : "?");
             sealed++;
@@ -81,8 +73,7 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
         s = o;
         free(rel);
     }
-    free(ids);
-    free(kinds);
+    free(ref);
     if (n_sealed) *n_sealed = sealed;
     return s;
 }
@@ -130,14 +121,12 @@ arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
     ARL_TRY(replay_store_refresh(st));
     const int r = rschema_version();
     int64_t migrated = 0;
-    size_t n = st->n_shards;
-    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    if (!ids) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
-    for (size_t i = 0; i < n; i++)
-        ids[i] = st->shards[i].shard_id;
+    size_t n;
+    rshard_ref *ref;
+    ARL_TRY(rstore_shards_copy(st, &ref, &n));
     arl_status s = ARL_OK;
     for (size_t i = 0; i < n && s == ARL_OK; i++) {
-        rshard *sh = rstore_shard(st, ids[i]);
+        rshard *sh = rstore_shard(st, ref[i].id);
         rdb *d, *sd = NULL;
         if (!sh || (s = rstore_shard_db(st, sh, &d)) != ARL_OK) break;
         int v = d->schema_version, sv = r;
@@ -150,12 +139,12 @@ arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
         }
         int kind = sh->kind;
         char *file = strdup(sh->file);
-        if (rstore_shard_sealed(st, ids[i])) {
+        if (rstore_shard_sealed(st, ref[i].id)) {
             s = migrate_sealed(st, sh);
         } else { /* its writer migrates it (and its states file) at open */
             replay_writer *w = NULL;
-            rstore_shard_release(st, ids[i]);
-            s = replay_writer_open(st, (replay_file_kind)kind, ids[i], NULL, &w);
+            rstore_shard_release(st, ref[i].id);
+            s = replay_writer_open(st, (replay_file_kind)kind, ref[i].id, NULL, &w);
             replay_writer_close(w);
         }
         if (s == ARL_ERR_BUSY) {
@@ -170,9 +159,9 @@ arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
             migrated++;
         }
         free(file);
-        rstore_shard_release(st, ids[i]);
+        rstore_shard_release(st, ref[i].id);
     }
-    free(ids);
+    free(ref);
     if (n_migrated) *n_migrated = migrated;
     return s;
 }

@@ -270,6 +270,15 @@ rshard *rstore_shard(replay_store *st, int32_t shard_id) {
     return NULL;
 }
 
+arl_status rstore_shards_copy(const replay_store *st, rshard_ref **out, size_t *n) {
+    *n = st->n_shards;
+    *out = malloc((*n ? *n : 1) * sizeof **out);
+    if (!*out) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    for (size_t i = 0; i < *n; i++)
+        (*out)[i] = (rshard_ref){st->shards[i].shard_id, st->shards[i].kind};
+    return ARL_OK;
+}
+
 void rstore_shard_release(replay_store *st, int32_t shard_id) {
     rshard *sh = rstore_shard(st, shard_id);
     if (!sh) return;

@@ -44,32 +44,23 @@ static arl_status repair(vctx *v) {
     replay_store *st = v->st;
     int64_t masked = 0, orphans = 0, skipped = 0;
     /* every worker or tool file once: masks first, then its orphan states */
-    size_t n = st->n_shards;
-    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    int *kinds = malloc((n ? n : 1) * sizeof *kinds);
-    if (!ids || !kinds) {
-        free(ids);
-        free(kinds);
-        return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
-    }
-    for (size_t i = 0; i < n; i++) {
-        ids[i] = st->shards[i].shard_id;
-        kinds[i] = st->shards[i].kind;
-    }
+    size_t n;
+    rshard_ref *ref;
+    ARL_TRY(rstore_shards_copy(st, &ref, &n));
     arl_status s = ARL_OK;
     for (size_t i = 0; i < n && s == ARL_OK; i++) {
-        if (kinds[i] != REPLAY_FILE_WORKER && kinds[i] != REPLAY_FILE_TOOL) continue;
-        if (rstore_shard_sealed(st, ids[i])) { /* immutable: its findings stay findings */
+        if (ref[i].kind != REPLAY_FILE_WORKER && ref[i].kind != REPLAY_FILE_TOOL) continue;
+        if (rstore_shard_sealed(st, ref[i].id)) { /* immutable: its findings stay findings */
             for (size_t k = 0; k < v->n_rep; k++)
-                skipped += v->rep[k].shard_id == ids[i];
+                skipped += v->rep[k].shard_id == ref[i].id;
             continue;
         }
         replay_writer *w = NULL;
-        arl_status o = replay_writer_open(st, (replay_file_kind)kinds[i], ids[i], NULL, &w);
+        arl_status o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
         if (o == ARL_ERR_BUSY) {
             fprintf(v->out, "repair: skipped (writer alive): %s\n", arl_error_msg());
             for (size_t k = 0; k < v->n_rep; k++)
-                skipped += v->rep[k].shard_id == ids[i];
+                skipped += v->rep[k].shard_id == ref[i].id;
             continue;
         }
         if (o != ARL_OK) {
@@ -77,7 +68,7 @@ static arl_status repair(vctx *v) {
             break;
         }
         for (size_t k = 0; k < v->n_rep && s == ARL_OK; k++) {
-            if (v->rep[k].shard_id != ids[i]) continue;
+            if (v->rep[k].shard_id != ref[i].id) continue;
             replay_traj_row t;
             if (replay_traj_get_id(st, v->rep[k].traj_id, &t) != ARL_OK ||
                 t.status == REPLAY_MASKED)
@@ -96,8 +87,7 @@ static arl_status repair(vctx *v) {
         orphans += del;
         replay_writer_close(w);
     }
-    free(ids);
-    free(kinds);
+    free(ref);
     fprintf(v->out,
             "repair: %lld trajectories masked STORE_CORRUPT, %lld orphan states deleted%s\n",
             (long long)masked, (long long)orphans,
@@ -917,25 +907,16 @@ arl_status replay_recover(replay_store *st, int mask, FILE *out, int64_t *n_foun
                           st->root);
     ARL_TRY(replay_store_refresh(st));
     int64_t found = 0;
-    size_t n = st->n_shards;
-    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    int *kinds = malloc((n ? n : 1) * sizeof *kinds);
-    if (!ids || !kinds) {
-        free(ids);
-        free(kinds);
-        return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
-    }
-    for (size_t i = 0; i < n; i++) {
-        ids[i] = st->shards[i].shard_id;
-        kinds[i] = st->shards[i].kind;
-    }
+    size_t n;
+    rshard_ref *ref;
+    ARL_TRY(rstore_shards_copy(st, &ref, &n));
     arl_status s = ARL_OK;
     for (size_t i = 0; i < n && s == ARL_OK; i++) {
-        if (kinds[i] != REPLAY_FILE_WORKER && kinds[i] != REPLAY_FILE_TOOL) continue;
-        if (rstore_shard_sealed(st, ids[i])) continue; /* sealed when its writer finished */
+        if (ref[i].kind != REPLAY_FILE_WORKER && ref[i].kind != REPLAY_FILE_TOOL) continue;
+        if (rstore_shard_sealed(st, ref[i].id)) continue; /* sealed when its writer finished */
         replay_writer *w = NULL;
-        arl_status o = replay_writer_open(st, (replay_file_kind)kinds[i], ids[i], NULL, &w);
-        char *rel = rstore_shard_rel(kinds[i], ids[i]);
+        arl_status o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
+        char *rel = rstore_shard_rel(ref[i].kind, ref[i].id);
         if (o == ARL_ERR_BUSY) {
             fprintf(out, "%s: writer alive: %s\n", rel ? rel : "?", arl_error_msg());
             free(rel);
@@ -969,8 +950,7 @@ arl_status replay_recover(replay_store *st, int mask, FILE *out, int64_t *n_foun
         replay_writer_close(w);
         free(rel);
     }
-    free(ids);
-    free(kinds);
+    free(ref);
     if (s == ARL_OK)
         fprintf(out, "recover %s: %lld interrupted trajectories\n", st->root, (long long)found);
     if (n_found) *n_found = found;
