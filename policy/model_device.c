@@ -525,6 +525,18 @@ static arl_status dev_settings(arl_model_dev *m, const arl_dev_ops *ops,
     if (dm->dk != dm->dv)
         return arl_errorf(ARL_ERR_CONFIG, "model (%s device): KDA needs head_dim dk = dv",
                           ops->name);
+    /* a device's chunkwise KDA may bound the chunks of one call (the cuda context's chunk
+     * table: ops.h arl_cuda_kda_chunk_ws_floats); its sizes say -1 past the bound */
+    if (dm->n_kda > 0 && (ops->kda_chunk_ws_floats(o.max_tokens, o.max_docs, dm->H, dm->dk, dm->dv,
+                                                   o.kda_chunk) < 0 ||
+                          (ops->kda_chunk_bwd_ws_floats &&
+                           ops->kda_chunk_bwd_ws_floats(o.max_tokens, o.max_docs, dm->H, dm->dk,
+                                                        dm->dv, o.kda_chunk) < 0)))
+        return arl_errorf(ARL_ERR_ARG,
+                          "model (%s device): %lld tokens in up to %d documents make more KDA "
+                          "chunks of %lld tokens than the device's chunkwise KDA takes in one "
+                          "call; lower max_tokens or max_docs, or raise kda_chunk",
+                          ops->name, (long long)o.max_tokens, o.max_docs, (long long)o.kda_chunk);
     m->ops = ops;
     m->cfg = cfg;
     m->dm = *dm;

@@ -18,7 +18,7 @@ extern "C" {
 
 /* Internal part of the arena (carved off first at open). */
 #define ARL_CUDA_PARTIALS (1 << 17)           /* doubles for two-pass reductions */
-#define ARL_CUDA_INDEX_INTS (1 << 16)         /* int32 index tables (chunk maps, MoE) */
+#define ARL_CUDA_INDEX_INTS (1 << 18)         /* int32 index tables (KDA chunk maps) */
 #define ARL_CUDA_CUBLAS_WS ((size_t)32 << 20) /* cuBLAS workspace */
 
 /* Device error word: code (arl_status) and one integer of detail (a token index, ...). */
@@ -182,6 +182,16 @@ __device__ static inline int32_t arl_doc_of(const int32_t *cu, int32_t N, int64_
             hi = mid - 1;
     }
     return lo;
+}
+
+/* 1 if a GEMM's sizes and leading dimensions all fit cuBLAS's int arguments (a product at
+ * the full-scale shapes has M = T up to 2^20: fine; the check keeps a larger one from being
+ * truncated silently) */
+static inline bool arl_blas_dims_ok(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+                                    int64_t ldc) {
+    return M >= 0 && N >= 0 && K >= 0 && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX &&
+           lda >= 0 && ldb >= 0 && ldc >= 0 && lda <= INT32_MAX && ldb <= INT32_MAX &&
+           ldc <= INT32_MAX;
 }
 
 __device__ static inline double arl_warp_sum_d(double v) {

@@ -139,8 +139,14 @@ static int64_t chunk_scratch(int64_t dk, int64_t dv, int64_t C) {
     return SCRATCH(dk, dv, C);
 }
 
+/* 1 if the chunks of T tokens in N documents fit the index table (ops.h) */
+static bool chunks_fit(int64_t T, int32_t N, int64_t C) {
+    return N >= 1 && T >= 0 && C >= 1 && max_chunks(T, N, C) <= chunk_cap(N);
+}
+
 extern "C" int64_t arl_cuda_kda_chunk_ws_floats(int64_t T, int32_t N, int64_t H, int64_t dk,
                                                 int64_t dv, int64_t C) {
+    if (!chunks_fit(T, N, C)) return -1;
     return max_chunks(T, N, C) * H * chunk_scratch(dk, dv, C);
 }
 
@@ -1015,6 +1021,7 @@ static int64_t cbwd_scratch(int64_t dk, int64_t dv, int64_t C) {
 
 extern "C" int64_t arl_cuda_kda_chunk_bwd_ws_floats(int64_t T, int32_t N, int64_t H, int64_t dk,
                                                     int64_t dv, int64_t C) {
+    if (!chunks_fit(T, N, C)) return -1;
     int64_t nc = max_chunks(T, N, C);
     return nc * H * chunk_scratch(dk, dv, C) + nc * H * dk * dv + T * H * dv +
            nc * H * cbwd_scratch(dk, dv, C);

@@ -556,6 +556,12 @@ extern "C" arl_status arl_cuda_gemm_bf16(int32_t ta, int32_t tb, int64_t M, int6
                                          const uint16_t *B, int64_t ldb, float beta, float *C,
                                          int64_t ldc) {
     arl_cuda_ctx *c = arl_cuda_need();
+    if (!arl_blas_dims_ok(M, N, K, lda, ldb, ldc))
+        return arl_errorf(ARL_ERR_ARG,
+                          "cuda gemm_bf16: sizes %lld x %lld x %lld (leading dimensions %lld, "
+                          "%lld, %lld) out of cuBLAS's int range",
+                          (long long)M, (long long)N, (long long)K, (long long)lda, (long long)ldb,
+                          (long long)ldc);
     if (M == 0 || N == 0) return ARL_OK;
     cublasStatus_t s = cublasGemmEx(c->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
                                     ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha,

@@ -63,8 +63,9 @@ void arl_cuda_kda_recurrent_fwd(float *o, float *S, float *chunk_states, const f
  * O = (Gamma Q) S + A_qk V~, S <- exp(G_n) S + K~^T V~.  The products of (2) and W, U of (1)
  * run on tensor cores as 3xTF32 (each fp32 operand split into two tf32 parts, three products:
  * fp32-class results); the state stays fp32 in shared memory.  dk <= 128, dv <= 128, C <= 64;
- * at most T/C + N chunks fit the context's index table (about 32K chunks).
- * ws: arl_cuda_kda_chunk_ws_floats(T, N, H, dk, dv, C) floats of device memory. */
+ * at most T/C + N chunks fit the context's index table (about 131K chunks: 1M tokens in
+ * chunks of 32 for up to 65K documents).  ws: arl_cuda_kda_chunk_ws_floats(T, N, H, dk, dv, C)
+ * floats of device memory, or -1 when the chunks do not fit (the caller refuses the sizes). */
 int64_t arl_cuda_kda_chunk_ws_floats(int64_t T, int32_t N, int64_t H, int64_t dk, int64_t dv,
                                      int64_t C);
 void arl_cuda_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float *q, const float *k,

@@ -32,7 +32,7 @@ static void cu_gemm(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                     int64_t ldc) {
     arl_cuda_ctx *c = arl_cuda_need();
-    ARL_ASSERT(M >= 0 && N >= 0 && K >= 0 && M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX);
+    ARL_ASSERT(arl_blas_dims_ok(M, N, K, lda, ldb, ldc));
     if (M == 0 || N == 0) return;
     cublasStatus_t s =
         cublasGemmEx(c->blas, op(tb), op(ta), (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F,
@@ -46,7 +46,7 @@ static void cu_gemm_batched(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N
                             int64_t ldb, int64_t sB, float beta, float *C, int64_t ldc, int64_t sC,
                             int64_t batch) {
     arl_cuda_ctx *c = arl_cuda_need();
-    ARL_ASSERT(M >= 0 && N >= 0 && K >= 0 && batch >= 0 && batch <= INT32_MAX);
+    ARL_ASSERT(arl_blas_dims_ok(M, N, K, lda, ldb, ldc) && batch >= 0 && batch <= INT32_MAX);
     if (M == 0 || N == 0 || batch == 0) return;
     cublasStatus_t s = cublasGemmStridedBatchedEx(
         c->blas, op(tb), op(ta), (int)N, (int)M, (int)K, &alpha, B, CUDA_R_32F, (int)ldb, sB, A,

@@ -25,7 +25,9 @@
  *                           - bf16 weight storage: the reference runs the same bf16-rounded
  *                             weights (the model the device holds), so the comparison measures
  *                             the device's arithmetic, not the rounding of the model: rtol 3e-2
- *                             (see test_cuda_bf16_weights).
+ *                             (see test_cuda_bf16_weights);
+ *                           - the chunkwise KDA's chunk table: 1M tokens fit, too many are
+ *                             refused at set-up (test_cuda_chunk_table).
  *                           Under tests/cuda/emu the same program runs every .cu kernel on the
  *                           CPU (run_emu.sh).
  */
@@ -36,6 +38,7 @@
 
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/gemm.h"
 #include "policy/model_device.h"
 #include "tests/policy_model/tiny.h"
@@ -727,6 +730,31 @@ static void test_cpu_slot_transfer(void) {
     slot_transfer_compare(-1.0, "cpu");
 }
 
+/* The chunkwise KDA's chunk table (kernels/cuda/ops.h): a million tokens in chunks of 32 fit
+ * (they did not with a table of 32K chunks: the first KDA layer aborted on an assertion), four
+ * million do not (131K chunks and more), and the model refuses them at set-up with a clear
+ * error instead; in chunks of 64 they fit again. */
+static void test_cuda_chunk_table(void) {
+    arl_model_opts o = test_opts();
+    o.kda_chunk = 32;
+    o.max_docs = 64;
+    o.max_tokens = (int64_t)1 << 20;
+    CHECK(arl_cuda_kda_chunk_ws_floats(o.max_tokens, o.max_docs, 4, 16, 16, 32) > 0);
+    CHECK(arl_cuda_kda_chunk_bwd_ws_floats(o.max_tokens, o.max_docs, 4, 16, 16, 32) > 0);
+    int64_t need = arl_model_dev_bytes(&TM.cfg, &o, arl_dev_ops_cuda(), NULL);
+    CHECK_MSG(need > 0, "1M tokens: %s", arl_error_msg());
+    o.max_tokens = (int64_t)1 << 22;
+    CHECK(arl_cuda_kda_chunk_ws_floats(o.max_tokens, o.max_docs, 4, 16, 16, 32) == -1);
+    CHECK(arl_cuda_kda_chunk_bwd_ws_floats(o.max_tokens, o.max_docs, 4, 16, 16, 32) == -1);
+    CHECK(arl_model_dev_bytes(&TM.cfg, &o, arl_dev_ops_cuda(), NULL) == -1);
+    CHECK_MSG(strstr(arl_error_msg(), "KDA chunks") != NULL, "%s", arl_error_msg());
+    arl_model_dev md;
+    CHECK(arl_model_dev_init(&md, OPS, &TM.cfg, &TM.w, &o, NULL) == ARL_ERR_ARG);
+    o.kda_chunk = 64; /* half the chunks: fit */
+    CHECK_MSG(arl_model_dev_bytes(&TM.cfg, &o, arl_dev_ops_cuda(), NULL) > 0, "%s",
+              arl_error_msg());
+}
+
 static void test_cuda_slot_transfer(void) {
     arl_cuda_set_math(arl_cuda_current(), ARL_CUDA_MATH_FP32);
     slot_transfer_compare(1e-3, "cuda fp32");
@@ -751,6 +779,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "cuda: %s\n", arl_error_msg());
             return 1;
         }
+        TEST_RUN(test_cuda_chunk_table);
         TEST_RUN(test_cuda_fp32);
         if (!EMU) TEST_RUN(test_cuda_bf16); /* the emulator checks logic, not bf16 numerics */
         TEST_RUN(test_cuda_decode);

@@ -18,6 +18,7 @@
  *     <= 2^-8 sum|a||b|; the tolerance is 2^-7 sum|a||b| + 1e-6 (a factor 2 of margin).
  *   - selections (argmax, top-k) must match exactly, ties and NaN included.
  */
+#include "kernels/cuda/ops.h"
 #include "kernels/kernels.h"
 #include "tests/cuda/cuda_test.h"
 
@@ -89,6 +90,15 @@ static void test_gemm(void) {
             gemm_case(ARL_CUDA_MATH_FP32, (arl_k_trans)ta, (arl_k_trans)tb, 0.0f);
             gemm_case(ARL_CUDA_MATH_BF16, (arl_k_trans)ta, (arl_k_trans)tb, 0.3f);
         }
+    /* sizes past cuBLAS's int arguments: refused with an error, nothing launched (they were
+     * truncated by casts) */
+    const int64_t big = (int64_t)1 << 31;
+    CHECK(arl_cuda_gemm_bf16(0, 1, big, 16, 16, 1.0f, NULL, 16, NULL, 16, 0.0f, NULL, 16) ==
+          ARL_ERR_ARG);
+    CHECK_MSG(strstr(arl_error_msg(), "int range") != NULL, "%s", arl_error_msg());
+    CHECK(arl_cuda_gemm_bf16(0, 1, 16, 16, 16, 1.0f, NULL, big, NULL, 16, 0.0f, NULL, 16) ==
+          ARL_ERR_ARG);
+    arl_error_clear();
 }
 
 static void test_gemm_batched(void) {
