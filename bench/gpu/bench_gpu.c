@@ -10,6 +10,8 @@
  *     same total rows, at the mini config's expert shapes (fine: E=128, k=8, 512x512) and a
  *     coarse shape (E=8, k=2, 2048x512); and the training step's three grouped GEMMs on fp32
  *     operands under the bf16 math mode (forward, input gradient, weight gradient);
+ *   - the MoE routing plan's build at the full scale's 896 experts, top-16, 65536 tokens, vs
+ *     copying its minimal bytes;
  *   - MLA prefill attention (mini dims: 8 heads, q/k 64+32, v 128, T=8192, causal): TFLOP/s,
  *     forward and backward;
  *   - the dense GEMMs of the training step (fp32 operands under the bf16 math mode) against
@@ -281,6 +283,30 @@ static void bench_kda(int quick, double copy_bw) {
 }
 
 /* ---------------------------------------------------------------- MoE grouped GEMM */
+/* The routing plan's build (ops.h arl_cuda_moe_plan_build) at the full scale's experts (896,
+ * top-16) against copying its minimal bytes (the selections read once, row_src and slot_row
+ * written once: 12 bytes an entry): its cost grows with T k, not E T k. */
+static void bench_plan(int quick, double copy_bw) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t T = quick ? 4096 : 65536, k = 16, E = 896, R = T * k;
+    int32_t *sel = malloc(sizeof(int32_t) * (size_t)R);
+    if (!sel) die("host memory");
+    for (int64_t i = 0; i < R; i++) /* uniform experts (repeats within a token do not matter) */
+        sel[i] = (int32_t)arl_rng_below(&rng, (uint64_t)E);
+    int32_t *d_sel = dalloc(sizeof(int32_t) * (size_t)R, "sel");
+    if (arl_cuda_upload(ctx, d_sel, sel, sizeof(int32_t) * (size_t)R) != ARL_OK) die("upload");
+    free(sel);
+    int32_t *buf = dalloc(sizeof(int32_t) * (size_t)arl_cuda_moe_plan_ints(T, k, E), "plan");
+    arl_cuda_moe_plan plan;
+    float ms;
+    TIME_MS(ms, 10, arl_cuda_moe_plan_build(&plan, buf, d_sel, T, k, E));
+    const double min_ms = 12.0 * (double)R / copy_bw * 1e3;
+    printf("MoE routing plan (T=%lld k=%lld E=%lld): %.3f ms, %.1fx its minimal bytes' copy\n",
+           (long long)T, (long long)k, (long long)E, ms, ms / min_ms);
+    printf("RESULT moe_plan_ms=%.4f\nRESULT moe_plan_vs_copy=%.2f\n", ms, ms / min_ms);
+    arl_cuda_release(ctx, mark);
+}
+
 static void bench_moe(const char *tag, int64_t T, int64_t E, int64_t k, int64_t Nout, int64_t K) {
     size_t mark = arl_cuda_mark(ctx);
     const int64_t R = T * k;
@@ -524,6 +550,7 @@ int main(int argc, char **argv) {
         bench_moe("fine", 8192, 128, 8, 512, 512);  /* mini: E=128, k=8, f = dz = 512 */
         bench_moe("coarse", 8192, 8, 2, 2048, 512); /* few large experts, same latent width */
     }
+    bench_plan(quick, bw);
     bench_mla(quick);
     bench_conv(quick, bw);
     bench_rows(quick, bw);

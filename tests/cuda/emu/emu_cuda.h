@@ -56,6 +56,13 @@ template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d) {
     return emu_shfl(v, l >= (int)d ? l - (int)d : l);
 }
 unsigned __ballot_sync(unsigned, int p);
+/* the lanes whose v equals this lane's (every lane of the warp takes part) */
+template <class T> static inline unsigned __match_any_sync(unsigned, T v) {
+    unsigned m = 0;
+    for (int j = 0; j < 32; j++)
+        m |= (unsigned)(emu_shfl(v, j) == v) << j;
+    return m;
+}
 static inline int __popc(unsigned x) {
     return __builtin_popcount(x);
 }

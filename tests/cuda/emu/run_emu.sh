@@ -83,6 +83,7 @@ rc=0
 # decode states (policy/model_device_backward.c arl_model_dev_train_forward_state and the state
 # gradients), fp32; test_model_sparse (not in the default list) block-sparse MLA in the device
 # model's inference paths, fp32.
+export ARL_CUDA_EMU=1 # the tests' cases too large for the emulator skip themselves
 for t in ${EMU_TESTS:-test_ops test_model_ops test_train_ops test_model_device}; do
     gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/cuda/$t.c" -o "$work/$t.o"
     g++ $flags -o "$work/$t" "$work/$t.o" "$work/golden.o" $objs "$work/emu_rt.o" $libs $extra \
