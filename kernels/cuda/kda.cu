@@ -786,9 +786,8 @@ static int64_t chunk_args(int32_t N, int64_t T, int64_t H, int64_t dk, int64_t d
     ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dv >= 1);
     ARL_ASSERT(dk <= ARL_CUDA_KDA_MAX_DK && dv <= ARL_CUDA_KDA_MAX_DV && C >= 1 &&
                C <= ARL_CUDA_KDA_MAX_C);
-    const int64_t nc = max_chunks(T, N, C);
-    ARL_ASSERT(nc <= chunk_cap(N));
-    return nc;
+    ARL_ASSERT(chunks_fit(T, N, C));
+    return max_chunks(T, N, C);
 }
 
 /* The chunk table of the packed documents and kernel 1 (the per-chunk prep, all chunks in
@@ -999,7 +998,7 @@ extern "C" void arl_cuda_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, fl
                                            float scale, int64_t C, float *ws) {
     arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dk <= 128 && dv >= 1 && dv <= 128 && C >= 1);
-    ARL_ASSERT(max_chunks(T, N, C) <= chunk_cap(N));
+    ARL_ASSERT(chunks_fit(T, N, C));
     if (T == 0) return;
     k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
     size_t sm = sizeof(float) * (size_t)(2 * dk * (dv + 1) + 3 * dk + 6 * dv);

@@ -22,10 +22,10 @@
  * same plan as before, bit for bit (it was one block per expert reading all T k entries:
  * E T k reads, 1.5e10 per build at T = 1M, E = 896).  The per-segment counts (E, segments)
  * follow row_src and slot_row in the caller's buffer. */
-#define PLAN_SEGS_MAX 2048 /* segments at most: the counts table E x 2048 ints */
-#define PLAN_SEG_MIN                                                                               \
-    256 /* entries a segment at least: 8 steps of a warp (a warp walks its                         \
-         * segment step after step, so short ones keep more in flight) */
+/* segments at most (the counts table: E x 2048 ints), and entries a segment at least: 8 steps
+ * of a warp (a warp walks its segment step after step, so short segments keep more in flight) */
+#define PLAN_SEGS_MAX 2048
+#define PLAN_SEG_MIN 256
 
 static int64_t plan_seg_len(int64_t n) {
     int64_t L = (n + PLAN_SEGS_MAX - 1) / PLAN_SEGS_MAX;
