@@ -547,8 +547,9 @@ static void test_qb(void) {
  * Cases: segments of 256 with a partial last one (9000 entries, k distinct experts a token,
  * one expert never chosen); the full-scale 896 experts over 25 segments and a step of 32
  * entries cut by the end, experts drawn with repeats (the plan does not need them distinct);
- * one entry; no tokens (every count 0).  On a GPU (not under tests/cuda/emu, which sets
- * ARL_CUDA_EMU: too slow there) also 2^20 tokens x 5 (segments longer than the minimum). */
+ * one entry; no tokens (every count 0); segments longer than the minimum: (2^17 + 123) tokens
+ * x 5 (1864 segments of 352 entries, the last of 199) and, on a GPU (not under
+ * tests/cuda/emu, which sets ARL_CUDA_EMU: half a minute there), 2^20 tokens x 5. */
 static void moe_plan_case(int64_t T, int64_t k, int64_t E, int distinct) {
     CT_CASE_BEGIN;
     const int64_t R = T * k;
@@ -605,6 +606,7 @@ static void test_moe_plan(void) {
     moe_plan_case(457, 14, 896, 0); /* 6398 entries: 24 segments of 256 and one of 254 */
     moe_plan_case(1, 1, 5, 0);
     moe_plan_case(0, 4, 9, 0);
+    moe_plan_case(((int64_t)1 << 17) + 123, 5, 128, 0);
     if (!getenv("ARL_CUDA_EMU")) moe_plan_case((int64_t)1 << 20, 5, 128, 0);
 }
 

@@ -1,15 +1,15 @@
 /* tests/cuda/emu/emu_cuda.h: a CPU stand-in for the parts of CUDA that kernels/cuda/ uses, so
  * the kernels' index and synchronisation logic can be tested on machines without a GPU.
  *
- * It is: one pthread per CUDA thread, run block by block; a barrier per block for
- * __syncthreads and one per warp for shuffles, ballots and __syncwarp; `__shared__` variables
- * as function statics (one block runs at a time); device memory = host memory; cuBLAS GEMMs
- * as a column-major double-accumulating loop; WMMA fragments as whole 16x16 tiles held by
- * every lane; CUDA graphs as a recorded list of launches.  It is not: a model of GPU
- * numerics (no FMA contraction, glibc's expf), timing, or of races between blocks (one block
- * runs at a time); within a block every shared-memory access is sequentially consistent, so a
- * missing barrier shows only under ThreadSanitizer (run_emu.sh EMU_TSAN=1), where the barriers
- * above are pthread barriers it understands.
+ * It is: every CUDA thread a fiber (emu_rt.cpp; a pthread each under ThreadSanitizer), run
+ * block by block; a barrier per block for __syncthreads and one per warp for shuffles, ballots
+ * and __syncwarp; `__shared__` variables as function statics (one block runs at a time);
+ * device memory = host memory; cuBLAS GEMMs as a column-major double-accumulating loop; WMMA
+ * fragments as whole 16x16 tiles held by every lane; CUDA graphs as a recorded list of
+ * launches.  It is not: a model of GPU numerics (no FMA contraction, glibc's expf), timing, or
+ * of races between blocks (one block runs at a time); within a block every shared-memory
+ * access is sequentially consistent, so a missing barrier shows only under ThreadSanitizer
+ * (run_emu.sh EMU_TSAN=1), where the barriers above are pthread barriers it understands.
  * C++17, compiled by run_emu.sh; never part of the product build. */
 #pragma once
 #include <functional>
@@ -56,10 +56,15 @@ template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d) {
     return emu_shfl(v, l >= (int)d ? l - (int)d : l);
 }
 unsigned __ballot_sync(unsigned, int p);
+/* the lanes of this thread's warp: 32, or fewer in a last partial warp */
+static inline int emu_warp_width() {
+    const unsigned first = threadIdx.x & ~31u;
+    return blockDim.x - first < 32 ? (int)(blockDim.x - first) : 32;
+}
 /* the lanes whose v equals this lane's (every lane of the warp takes part) */
 template <class T> static inline unsigned __match_any_sync(unsigned, T v) {
     unsigned m = 0;
-    for (int j = 0; j < 32; j++)
+    for (int j = 0, n = emu_warp_width(); j < n; j++)
         m |= (unsigned)(emu_shfl(v, j) == v) << j;
     return m;
 }

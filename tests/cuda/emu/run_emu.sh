@@ -1,11 +1,12 @@
 #!/bin/sh
-# tests/cuda/emu/run_emu.sh BUILD_DIR [WORK_DIR]: run the CUDA parity tests (tests/cuda/test_ops.c,
-# test_model_ops.c) on the CPU, with every kernel of kernels/cuda/*.cu executed by the emulator
-# of emu_cuda.h (one pthread per CUDA thread).  BUILD_DIR holds libarl_policy.a,
+# tests/cuda/emu/run_emu.sh BUILD_DIR [WORK_DIR]: run the CUDA parity tests (tests/cuda/*.c,
+# list below) on the CPU, with every kernel of kernels/cuda/*.cu executed by the emulator of
+# emu_cuda.h (every CUDA thread a fiber: emu_rt.cpp).  BUILD_DIR holds libarl_policy.a,
 # libarl_kernels.a and libarl_core.a of a CPU build (any build dir of this project).
 # Checks the kernels' indexing, synchronisation and contracts, not GPU numerics or speed
-# (see emu_cuda.h).  Takes a few minutes (thread creation dominates).  Exits 77 when g++ or
-# the libraries are missing.
+# (see emu_cuda.h).  About 4 minutes on a 2-core machine (half a minute of it compiling),
+# after the emulator's self-test (emu_selftest.cpp).  Exits 77 when g++ or the libraries are
+# missing.
 # EMU_ASAN=1: build with AddressSanitizer and give every arena allocation its own heap block,
 # so an out-of-bounds access of a kernel to a buffer (or to its shared memory) is reported
 # (slower still: run it when a kernel's indexing changes).
@@ -21,6 +22,9 @@
 # __syncthreads, a reuse of shared memory a previous step still reads - is reported even when
 # the numbers come out right, and the test fails (exit 66); races between blocks are not seen
 # (blocks run one at a time).  Slower again; OpenBLAS runs single-threaded under it.
+# EMU_SCHED=reverse: a block's threads run in the opposite order (a result that depends on the
+# order shows).  EMU_PTHREADS=1: a pthread per CUDA thread instead of fibers (far slower; to
+# cross-check the fibers).
 set -eu
 root=$(cd "$(dirname "$0")/../../.." && pwd)
 emu="$root/tests/cuda/emu"
@@ -34,6 +38,8 @@ for l in libarl_policy.a libarl_kernels.a libarl_core.a; do
 done
 mkdir -p "$work"
 flags="-O1"
+rtflags="" # emu_rt.cpp: fibers, or a pthread per CUDA thread (EMU_PTHREADS=1; its header)
+[ "${EMU_PTHREADS:-0}" = 1 ] && rtflags="-DEMU_PTHREADS"
 if [ "${EMU_ASAN:-0}" = 1 ]; then
     flags="-O1 -g -fsanitize=address"
     export ASAN_OPTIONS=detect_leaks=0
@@ -56,7 +62,11 @@ for f in "$root"/kernels/cuda/*.cu; do
     g++ -std=c++17 $flags -w -I"$root" -I"$emu" -I"$work" -c "$work/$b.cpp" -o "$work/$b.o"
     objs="$objs $work/$b.o"
 done
-g++ -std=c++17 $flags -w -I"$emu" -c "$emu/emu_rt.cpp" -o "$work/emu_rt.o"
+g++ -std=c++17 $flags $rtflags -w -I"$emu" -c "$emu/emu_rt.cpp" -o "$work/emu_rt.o"
+# the emulator's own barriers, shuffles and stuck-block check first
+g++ -std=c++17 $flags $rtflags -w -I"$emu" "$emu/emu_selftest.cpp" "$work/emu_rt.o" \
+    -o "$work/emu_selftest" -lpthread
+"$work/emu_selftest" || exit 1
 libs="$build/libarl_policy.a $build/libarl_kernels.a $build/libarl_core.a"
 extra=$(pkg-config --libs openblas jansson 2>/dev/null || echo "-lopenblas -ljansson")
 # the C side of arl_cuda (backend selection) and the golden-weights reader of the model test
@@ -73,18 +83,17 @@ if [ "${EMU_TSAN:-0}" = 1 ]; then # the CPU reference's thread pool instrumented
     objs="$objs $work/threadpool_c.o"
 fi
 rc=0
-# EMU_TESTS: the tests to run (default: test_ops test_model_ops test_train_ops
-# test_model_device); test_model_device runs the whole tiny-model forward, prefill and decode
-# steps of policy/model_device.c with every kernel emulated ("cuda-emu": the fp32 cases, not the
-# bf16 one; ~10 forwards, several minutes); test_train_ops the training ops of the "cuda" table
-# (under a minute); test_model_train (not in the default list: ~25 minutes on a loaded 2-core
-# machine) one whole training step of policy/model_device_backward.c, fp32;
-# test_model_train_state (not in the default list either) one segment of 28 tokens trained from
-# decode states (policy/model_device_backward.c arl_model_dev_train_forward_state and the state
-# gradients), fp32; test_model_sparse (not in the default list) block-sparse MLA in the device
-# model's inference paths, fp32.
+# EMU_TESTS: the tests to run (default: all of them, fp32 cases).  test_ops, test_model_ops
+# and test_train_ops: the ops of the "cuda" table, forward and training; test_model_device: the
+# tiny model's forward, prefill and decode steps of policy/model_device.c ("cuda-emu": the
+# fp32 cases, not the bf16 one); test_model_train: whole training steps of
+# policy/model_device_backward.c, fp32 (ARL_TEST_CASES=test_cuda_bf16 runs its three bf16
+# cases instead: about 5 minutes more); test_model_train_state: one segment of 28 tokens
+# trained from decode states (arl_model_dev_train_forward_state and the state gradients);
+# test_model_sparse: block-sparse MLA in the device model's inference paths.
 export ARL_CUDA_EMU=1 # the tests' cases too large for the emulator skip themselves
-for t in ${EMU_TESTS:-test_ops test_model_ops test_train_ops test_model_device}; do
+for t in ${EMU_TESTS:-test_ops test_model_ops test_train_ops test_model_device test_model_train \
+    test_model_train_state test_model_sparse}; do
     gcc -std=c11 $flags -D_GNU_SOURCE -I"$root" -c "$root/tests/cuda/$t.c" -o "$work/$t.o"
     g++ $flags -o "$work/$t" "$work/$t.o" "$work/golden.o" $objs "$work/emu_rt.o" $libs $extra \
         -lpthread -lm
