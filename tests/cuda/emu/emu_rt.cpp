@@ -14,6 +14,8 @@
  * - one pthread per CUDA thread (built with -DEMU_PTHREADS: run_emu.sh EMU_PTHREADS=1), the
  *   emulator's first form, kept to cross-check the fibers. */
 #include "emu_cuda.h"
+
+#include <algorithm>
 #ifndef EMU_PTHREADS
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -448,12 +450,15 @@ static void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> fn) {
     blockDim = b;
     unsigned nt = b.x;
     static std::vector<float> sm;
-    sm.assign(smem / 4, NAN);
+    sm.resize(smem / 4);
     emu_block *blk = new emu_block;
     blk->sm = sm.data();
     for (unsigned z = 0; z < g.z; z++)
         for (unsigned y = 0; y < g.y; y++)
             for (unsigned x = 0; x < g.x; x++) {
+                /* every block's dynamic shared memory starts as NaN: a read before the
+                 * block's own write shows, not the previous block's values */
+                std::fill(sm.begin(), sm.end(), NAN);
                 emu_bar_init(&blk->bar, nt);
                 for (unsigned w = 0; w < (nt + 31) / 32; w++) /* a last partial warp too */
                     emu_bar_init(&blk->wbar[w], nt - 32 * w < 32 ? nt - 32 * w : 32);
