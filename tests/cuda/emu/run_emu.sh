@@ -88,7 +88,7 @@ rc=0
 # tiny model's forward, prefill and decode steps of policy/model_device.c ("cuda-emu": the
 # fp32 cases, not the bf16 one); test_model_train: whole training steps of
 # policy/model_device_backward.c, fp32 (ARL_TEST_CASES=test_cuda_bf16 runs its three bf16
-# cases instead: about 5 minutes more); test_model_train_state: one segment of 28 tokens
+# cases instead: about 5 minutes); test_model_train_state: one segment of 28 tokens
 # trained from decode states (arl_model_dev_train_forward_state and the state gradients);
 # test_model_sparse: block-sparse MLA in the device model's inference paths.
 export ARL_CUDA_EMU=1 # the tests' cases too large for the emulator skip themselves
