@@ -38,10 +38,10 @@ struct emu_wg {
 };
 struct emu_thr {
     std::vector<emu_cp> cp_queue;
-    long cp_groups; /* commits so far */
+    long cp_groups = 0; /* commits so far */
     std::vector<emu_wg> wg_queue;
-    long wg_groups;
-    void reset() {
+    long wg_groups = 0;
+    void reset() { /* a fiber's, for its next block */
         cp_queue.clear();
         wg_queue.clear();
         cp_groups = wg_groups = 0;
@@ -186,7 +186,6 @@ struct targ {
 static void *tmain(void *p) {
     targ *a = (targ *)p;
     emu_thr me;
-    me.reset();
     threadIdx = dim3(a->t, 0, 0);
     blockIdx = a->b;
     emu_cur = a->blk;

@@ -4,22 +4,13 @@
  * and matches see the values of the same step (a partial last warp included), __syncthreads_or,
  * (fibers only) a block whose threads cannot all reach a barrier stops the run with a message
  * instead of hanging, and (under ThreadSanitizer) a read of what another thread of the block
- * wrote is a race without a barrier between them and none with one.  Exit 0 when all hold. */
+ * wrote is a race without a barrier between them and none with one (tests/test.h). */
 #include "emu_cuda.h"
+#include "tests/test.h"
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static int g_fail;
-#define SELF_CHECK(c, ...)                                                                         \
-    do {                                                                                           \
-        if (!(c)) {                                                                                \
-            fprintf(stderr, "emu self-test: " __VA_ARGS__);                                        \
-            fputc('\n', stderr);                                                                   \
-            g_fail = 1;                                                                            \
-        }                                                                                          \
-    } while (0)
 
 /* out[block] = sum of (block * 1000 + t) over the block's threads, by a shared-memory tree:
  * a barrier that let a thread through early would read a partner's slot before it is written
@@ -84,8 +75,8 @@ static void check_tree() {
         emu_launch(dim3(3), dim3(n), sizeof(double) * n, [&] { k_tree(out); });
         for (unsigned b = 0; b < 3; b++) {
             const double want = b * 1000.0 * n + n * (n - 1) / 2.0;
-            SELF_CHECK(out[b] == want, "tree sum of block %u of %u threads: %g, want %g", b, n,
-                       out[b], want);
+            CHECK_MSG(out[b] == want, "tree sum of block %u of %u threads: %g, want %g", b, n,
+                      out[b], want);
         }
     }
 }
@@ -103,12 +94,12 @@ static void check_warp() {
                 same |= (unsigned)(j / 3 == l / 3) << j;
             }
             const int *o = &out[5 * t];
-            SELF_CHECK(o[0] == width * (width - 1) / 2, "thread %d: warp sum %d", t, o[0]);
-            SELF_CHECK(o[1] == l * (l + 1) / 2, "thread %d: prefix sum %d", t, o[1]);
-            SELF_CHECK((unsigned)o[2] == odd, "thread %d: ballot %#x, want %#x", t, o[2], odd);
-            SELF_CHECK((unsigned)o[3] == same, "thread %d: match %#x, want %#x", t, o[3], same);
-            SELF_CHECK(o[4] == (chosen >= 0), "thread %d: __syncthreads_or %d (chosen %d)", t, o[4],
-                       chosen);
+            CHECK_MSG(o[0] == width * (width - 1) / 2, "thread %d: warp sum %d", t, o[0]);
+            CHECK_MSG(o[1] == l * (l + 1) / 2, "thread %d: prefix sum %d", t, o[1]);
+            CHECK_MSG((unsigned)o[2] == odd, "thread %d: ballot %#x, want %#x", t, o[2], odd);
+            CHECK_MSG((unsigned)o[3] == same, "thread %d: match %#x, want %#x", t, o[3], same);
+            CHECK_MSG(o[4] == (chosen >= 0), "thread %d: __syncthreads_or %d (chosen %d)", t, o[4],
+                      chosen);
         }
     }
 }
@@ -116,7 +107,7 @@ static void check_warp() {
 /* run `body` in a child with its stderr caught in msg; its wait status */
 template <class F> static int in_child(F body, char *msg, size_t cap) {
     int fd[2];
-    SELF_CHECK(pipe(fd) == 0, "pipe failed");
+    CHECK_MSG(pipe(fd) == 0, "pipe failed");
     fflush(NULL);
     const pid_t pid = fork();
     if (pid == 0) {
@@ -131,7 +122,7 @@ template <class F> static int in_child(F body, char *msg, size_t cap) {
         got += (size_t)r;
     close(fd[0]);
     int st = 0;
-    SELF_CHECK(pid > 0 && waitpid(pid, &st, 0) == pid, "fork/wait failed");
+    CHECK_MSG(pid > 0 && waitpid(pid, &st, 0) == pid, "fork/wait failed");
     return st;
 }
 
@@ -145,10 +136,10 @@ static void check_stuck() {
             _exit(0);
         },
         msg, sizeof msg);
-    SELF_CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT,
-               "a block stuck at a barrier: child status %#x, want SIGABRT", st);
-    SELF_CHECK(strstr(msg, "16 of its 64 threads wait at barriers") != NULL,
-               "a block stuck at a barrier: message \"%s\"", msg);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT,
+              "a block stuck at a barrier: child status %#x, want SIGABRT", st);
+    CHECK_MSG(strstr(msg, "16 of its 64 threads wait at barriers") != NULL,
+              "a block stuck at a barrier: message \"%s\"", msg);
 }
 #endif
 
@@ -165,12 +156,12 @@ static void check_race() {
             _exit(127);
         },
         msg, sizeof msg);
-    SELF_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 66 && strstr(msg, "data race"),
-               "a read of another thread's write without a barrier: status %#x, not reported as "
-               "a race",
-               st);
+    CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 66 && strstr(msg, "data race"),
+              "a read of another thread's write without a barrier: status %#x, not reported as "
+              "a race",
+              st);
     emu_launch(dim3(1), dim3(64), 0, [&] { k_race(&out, 1); });
-    SELF_CHECK(out == 7, "k_race with a barrier: read %d", out);
+    CHECK_MSG(out == 7, "k_race with a barrier: read %d", out);
 }
 #endif
 
@@ -183,14 +174,13 @@ int main(int argc, char **argv) {
     }
 #endif
     (void)argc, (void)argv;
-    check_tree();
-    check_warp();
+    TEST_RUN(check_tree);
+    TEST_RUN(check_warp);
 #ifndef EMU_PTHREADS
-    check_stuck();
+    TEST_RUN(check_stuck);
 #endif
 #ifdef __SANITIZE_THREAD__
-    check_race();
+    TEST_RUN(check_race);
 #endif
-    printf("emu self-test: %s\n", g_fail ? "FAILED" : "ok");
-    return g_fail;
+    return test_finish();
 }

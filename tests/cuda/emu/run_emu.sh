@@ -64,8 +64,9 @@ for f in "$root"/kernels/cuda/*.cu; do
 done
 g++ -std=c++17 $flags $rtflags -w -I"$emu" -c "$emu/emu_rt.cpp" -o "$work/emu_rt.o"
 # the emulator's own barriers, shuffles and stuck-block check first
-g++ -std=c++17 $flags $rtflags -w -I"$emu" "$emu/emu_selftest.cpp" "$work/emu_rt.o" \
+g++ -std=c++17 $flags $rtflags -w -I"$root" -I"$emu" "$emu/emu_selftest.cpp" "$work/emu_rt.o" \
     -o "$work/emu_selftest" -lpthread
+echo "== emu_selftest"
 "$work/emu_selftest" || exit 1
 libs="$build/libarl_policy.a $build/libarl_kernels.a $build/libarl_core.a"
 extra=$(pkg-config --libs openblas jansson 2>/dev/null || echo "-lopenblas -ljansson")
