@@ -80,7 +80,8 @@ static int64_t cpu_mla_attn_ws(int64_t T, int64_t Hm, int64_t n, int64_t r, int6
     (void)n, (void)vm;
     return arl_mla_attn_ws_floats(T, Hm, r);
 }
-static int64_t cpu_absorbed_ws(int64_t S, int64_t rkv, int64_t r) {
+static int64_t cpu_absorbed_ws(int64_t S, int64_t Hm, int64_t rkv, int64_t r) {
+    (void)Hm;
     return arl_mla_absorbed_ws_floats(S, rkv, r, 0);
 }
 static void cpu_absorbed_attn(float *ohat, const float *qhat, const float *q_pe, const float *cache,
@@ -210,8 +211,14 @@ static void cpu_router_bwd(float *dx, float *dW_r, const float *dp, const float 
     arl_router_bwd(dx, dW_r, dp, x, W_r, s, sel, T, d, E, k, rho, ws);
 }
 
+static int64_t cpu_embed_bwd_ws_floats(int64_t T, int64_t V) {
+    (void)T, (void)V;
+    return 0;
+}
+
 static void cpu_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
-                          int64_t d) {
+                          int64_t d, int64_t V, float *ws) {
+    (void)V, (void)ws;
     for (int64_t t = 0; t < T; t++) {
         const float *g = dx + t * d;
         float *dst = dtable + (int64_t)tokens[t] * d;
@@ -281,6 +288,7 @@ static const arl_dev_ops cpu_ops = {
     .moe_experts_fwd_save = cpu_moe_experts_fwd_save,
     .moe_experts_bwd_ws_floats = cpu_moe_bwd_ws,
     .moe_experts_bwd = cpu_moe_experts_bwd,
+    .embed_bwd_ws_floats = cpu_embed_bwd_ws_floats,
     .embed_bwd = cpu_embed_bwd,
     .grad_sumsq = cpu_grad_sumsq,
     .adamw_update = cpu_adamw_update,
@@ -432,7 +440,8 @@ static int64_t dev_layout(arl_model_dev *m, float *base) {
         m->kda_S = take(&w, (int64_t)N * sn);
         m->kda_tails = take(&w, (int64_t)N * tn);
         m->kda_tin = take(&w, (int64_t)N * dm->P * (dm->W - 1));
-        m->mla_ws = take(&w, m->ops->mla_absorbed_ws_floats(m->max_context, dm->rkv, dm->r));
+        m->mla_ws =
+            take(&w, m->ops->mla_absorbed_ws_floats(m->max_context, dm->Hm, dm->rkv, dm->r));
         m->pos_dev = (int64_t *)take(&w, 2 * (int64_t)N);
     }
     if (m->n_slots > 0 || sparse) {
@@ -1003,7 +1012,7 @@ static void mla_fwd(arl_model_dev *m, const arl_mla_params *p, const run_docs *D
                 ARL_ASSERT(len == 1);
                 ops->mla_absorbed_attn_dpos(m->ohat + a * Hm * rkv, m->qhat + a * Hm * rkv,
                                             B.q_pe + a * Hm * r, m->caches[i], m->pos_dev + i, 1,
-                                            Hm, rkv, r, scale);
+                                            Hm, rkv, r, scale, m->max_context, m->mla_ws);
                 continue;
             }
             for (int64_t q0 = 0; q0 < len; q0 += MLA_QBLOCK) {

@@ -99,8 +99,9 @@ typedef struct arl_dev_ops {
                          int32_t N, int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm,
                          float scale, float *ws);
     /* policy/mla.h arl_mla_absorbed_attn, dense (k_c = 0): Tq queries at positions pos0.. of
-     * one sequence over its cache rows (pos0 + Tq, rkv + r) */
-    int64_t (*mla_absorbed_ws_floats)(int64_t S, int64_t rkv, int64_t r);
+     * one sequence over its cache rows (pos0 + Tq, rkv + r); ws: mla_absorbed_ws_floats(S,
+     * Hm, rkv, r) floats for caches of at most S rows */
+    int64_t (*mla_absorbed_ws_floats)(int64_t S, int64_t Hm, int64_t rkv, int64_t r);
     void (*mla_absorbed_attn)(float *ohat, const float *qhat, const float *q_pe, const float *cache,
                               int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
                               float scale, float *ws);
@@ -137,7 +138,8 @@ typedef struct arl_dev_ops {
                               int64_t R);
     void (*mla_absorbed_attn_dpos)(float *ohat, const float *qhat, const float *q_pe,
                                    const float *cache, const int64_t *pos_dev, int64_t Tq,
-                                   int64_t Hm, int64_t rkv, int64_t r, float scale);
+                                   int64_t Hm, int64_t rkv, int64_t r, float scale,
+                                   int64_t max_rows, float *ws);
     /* block-sparse MLA (spec 4.5) in a decode step, one row / query at position *pos_dev:
      * mla_chunk_means_update(means, cache, pos, pos + 1, ...) and mla_sparse_attn(..., pos, 1,
      * ...) with ws for S >= pos + 1 rows (NULL: block-sparse steps are not captured) */
@@ -209,8 +211,10 @@ typedef struct arl_dev_ops {
                             const uint16_t *const *banks, const arl_moe_cfg *c, int64_t T,
                             const float *save, float *ws);
     /* dtable (V, d) row tokens[t] += dx row t, tokens in order t = 0..T-1 (policy/
-     * model_backward.c) */
-    void (*embed_bwd)(float *dtable, const float *dx, const int32_t *tokens, int64_t T, int64_t d);
+     * model_backward.c); ws: embed_bwd_ws_floats(T, V) floats */
+    int64_t (*embed_bwd_ws_floats)(int64_t T, int64_t V);
+    void (*embed_bwd)(float *dtable, const float *dx, const int32_t *tokens, int64_t T, int64_t d,
+                      int64_t V, float *ws);
     /* AdamW (policy/optimizer.c): out[i] = sum of g^2 over floats [ranges[2i], ranges[2i+1])
      * of g, left to right in double (out, ranges: device memory); and the element update of
      * floats [0, n) of one tensor (kernels/cuda/ops.h arl_cuda_adamw_step; hp a host struct),

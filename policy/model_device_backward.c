@@ -362,6 +362,7 @@ static int64_t train_layout(arl_model_dev_train *tr, const arl_model_dev *m, flo
     if (dm->n_kda) ws = max2(ws, kda_ws_layout(&kb, NULL, m, T, N));
     if (dm->n_mla) ws = max2(ws, mla_ws_layout(&mb, NULL, m, T));
     ws = max2(ws, ffn_ws_layout(&fb, NULL, m, T));
+    ws = max2(ws, m->ops->embed_bwd_ws_floats(T, V)); /* after the layers */
     tr->ws = take(&w, ws);
     tr->ws_floats = ws;
     tr->sumsq = (double *)take(&w, 2 * (n_chunks > 0 ? n_chunks : 1));
@@ -450,7 +451,8 @@ static int has_training_ops(const arl_dev_ops *o) {
            o->kda_chunk_bwd_ws_floats && o->kda_chunk_bwd && o->mla_attn_bwd_ws_floats &&
            o->mla_attn_bwd && o->attnres_bwd_ws_floats && o->attnres_mix_bwd && o->router_bwd &&
            o->moe_experts_save_floats && o->moe_experts_fwd_save && o->moe_experts_bwd_ws_floats &&
-           o->moe_experts_bwd && o->embed_bwd && o->grad_sumsq && o->adamw_update;
+           o->moe_experts_bwd && o->embed_bwd_ws_floats && o->embed_bwd && o->grad_sumsq &&
+           o->adamw_update;
 }
 
 arl_status arl_model_dev_train_init(arl_model_dev_train *tr, arl_model_dev *m,
@@ -1527,7 +1529,7 @@ static arl_status backward(arl_model_dev_train *tr, const arl_batch *b, const fl
     /* dp is now the gradient of the embedded rows: the image rows' go to dmedia (and are
      * zeroed, so that the placeholders' embedding row gets nothing), the rest to the table */
     if (b->media) ARL_TRY(arl_model_dev_media_rows(m, tr->dp, b, dmedia, tr->media_host));
-    ops->embed_bwd(grads->embed_tokens, tr->dp, m->tokens, T, d);
+    ops->embed_bwd(grads->embed_tokens, tr->dp, m->tokens, T, d, dm->V, tr->ws);
     ARL_TRY(ops->sync());
     if (dstate)
         for (int32_t i = 0; i < N; i++)

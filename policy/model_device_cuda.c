@@ -52,15 +52,9 @@ static void cu_mla_attn_fwd(float *o, float *lse, const float *q_nope, const flo
                             int64_t r, int64_t vm, float scale, float *ws) {
     arl_cuda_mla_attn_fwd(o, lse, q_nope, q_pe, k_nope, k_pe, v, cu, N, T, Hm, n, r, vm, scale, ws);
 }
-static int64_t cu_absorbed_ws(int64_t S, int64_t rkv, int64_t r) {
-    (void)S, (void)rkv, (void)r;
-    return 0;
-}
-static void cu_absorbed_attn(float *ohat, const float *qhat, const float *q_pe, const float *cache,
-                             int64_t pos0, int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
-                             float scale, float *ws) {
-    (void)ws;
-    arl_cuda_mla_absorbed_attn(ohat, qhat, q_pe, cache, pos0, Tq, Hm, rkv, r, scale);
+static int64_t cu_absorbed_ws(int64_t S, int64_t Hm, int64_t rkv, int64_t r) {
+    (void)r;
+    return arl_cuda_mla_absorbed_ws_floats(S, Hm, rkv);
 }
 static int64_t cu_router_ws(int64_t T, int64_t E) {
     return T * E;
@@ -305,6 +299,12 @@ static void cu_moe_experts_bwd(float *dz, float *dp, const arl_moe_params *gw, c
     arl_cuda_moe_gather_bwd(dz, B.dzg, &plan, dzw);
 }
 
+/* the sort's ints in the float work space (the same width) */
+static void cu_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
+                         int64_t d, int64_t V, float *ws) {
+    arl_cuda_embed_bwd(dtable, dx, tokens, T, d, V, (int32_t *)ws);
+}
+
 static const arl_dev_ops cuda_ops = {
     .name = "cuda",
     .backend = arl_k_backend_cuda,
@@ -326,7 +326,7 @@ static const arl_dev_ops cuda_ops = {
     .mla_attn_ws_floats = cu_mla_ws,
     .mla_attn_fwd = cu_mla_attn_fwd,
     .mla_absorbed_ws_floats = cu_absorbed_ws,
-    .mla_absorbed_attn = cu_absorbed_attn,
+    .mla_absorbed_attn = arl_cuda_mla_absorbed_attn,
     .attnres_mix_fwd = arl_cuda_attnres_mix_fwd,
     .router_ws_floats = cu_router_ws,
     .router_fwd = cu_router_fwd,
@@ -358,7 +358,8 @@ static const arl_dev_ops cuda_ops = {
     .moe_experts_fwd_save = cu_moe_experts_fwd_save,
     .moe_experts_bwd_ws_floats = cu_moe_bwd_ws,
     .moe_experts_bwd = cu_moe_experts_bwd,
-    .embed_bwd = arl_cuda_embed_bwd,
+    .embed_bwd_ws_floats = arl_cuda_embed_bwd_ws_ints,
+    .embed_bwd = cu_embed_bwd,
     .grad_sumsq = arl_cuda_grad_sumsq,
     .adamw_update = arl_cuda_adamw_step,
     .kda_conv_tail_bwd = arl_cuda_kda_conv_tail_bwd,

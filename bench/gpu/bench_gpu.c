@@ -307,6 +307,37 @@ static void bench_plan(int quick, double copy_bw) {
     arl_cuda_release(ctx, mark);
 }
 
+/* ---------------------------------------------------------------- embedding backward */
+/* The embedding table's gradient (ops.h arl_cuda_embed_bwd) at the full scale's width and
+ * vocabulary, a twentieth of the tokens one id, against copying its minimal bytes (dx read
+ * once, each touched table row read and written once, the ids read). */
+static void bench_embed_bwd(int quick, double copy_bw) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t T = quick ? 8192 : 131072, d = 7168, V = 163840;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
+    unsigned char *seen = calloc((size_t)V, 1);
+    if (!tok || !seen) die("host memory");
+    int64_t rows = 0;
+    for (int64_t t = 0; t < T; t++) {
+        tok[t] = arl_rng_below(&rng, 20) == 0 ? 11 : (int32_t)arl_rng_below(&rng, (uint64_t)V);
+        rows += !seen[tok[t]];
+        seen[tok[t]] = 1;
+    }
+    int32_t *d_tok = dalloc(sizeof(int32_t) * (size_t)T, "tokens");
+    if (arl_cuda_upload(ctx, d_tok, tok, sizeof(int32_t) * (size_t)T) != ARL_OK) die("upload");
+    free(tok), free(seen);
+    float *dx = drand(T * d, -1, 1, "dx"), *tab = drand(V * d, -1, 1, "table");
+    int32_t *ws = dalloc(sizeof(int32_t) * (size_t)arl_cuda_embed_bwd_ws_ints(T, V), "ws");
+    float ms;
+    TIME_MS(ms, 5, arl_cuda_embed_bwd(tab, dx, d_tok, T, d, V, ws));
+    const double min_ms = (4.0 * (double)(T * d + 2 * rows * d + T)) / copy_bw * 1e3;
+    printf("embedding backward T=%lld d=%lld V=%lld (%lld ids): %.3f ms, %.2fx its minimal "
+           "bytes' copy\n",
+           (long long)T, (long long)d, (long long)V, (long long)rows, ms, ms / min_ms);
+    printf("RESULT embed_bwd_ms=%.4f\nRESULT embed_bwd_over_copy=%.3f\n", ms, ms / min_ms);
+    arl_cuda_release(ctx, mark);
+}
+
 static void bench_moe(const char *tag, int64_t T, int64_t E, int64_t k, int64_t Nout, int64_t K) {
     size_t mark = arl_cuda_mark(ctx);
     const int64_t R = T * k;
@@ -436,6 +467,33 @@ static void bench_moe(const char *tag, int64_t T, int64_t E, int64_t k, int64_t 
 }
 
 /* ---------------------------------------------------------------- MLA prefill */
+/* A decode step's absorbed attention over a long latent cache (the full scale's widths: 96
+ * heads, rkv 512, r 64): keys split over blocks (ops.h ARL_CUDA_MLA_SPLIT_KEYS) against one
+ * block walking them all a (query, head) group, and against copying the cache once (a step
+ * must read it). */
+static void bench_mla_decode(int quick, double copy_bw) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t S = quick ? 32768 : 262144, Hm = 96, rkv = 512, r = 64;
+    float *cache = drand(S * (rkv + r), -1, 1, "cache");
+    float *qh = drand(Hm * rkv, -1, 1, "qhat"), *qpe = drand(Hm * r, -1, 1, "q_pe");
+    float *oh = dalloc(sizeof(float) * (size_t)(Hm * rkv), "ohat");
+    float *ws = dalloc(sizeof(float) * (size_t)arl_cuda_mla_absorbed_ws_floats(S, Hm, rkv), "ws");
+    const float scale = 0.0417f;
+    float split_ms, whole_ms;
+    TIME_MS(split_ms, 5,
+            arl_cuda_mla_absorbed_attn(oh, qh, qpe, cache, S - 1, 1, Hm, rkv, r, scale, ws));
+    TIME_MS(whole_ms, 3,
+            arl_cuda_mla_absorbed_attn(oh, qh, qpe, cache, S - 1, 1, Hm, rkv, r, scale, NULL));
+    const double min_ms = 4.0 * (double)(S * (rkv + r)) / copy_bw * 1e3; /* its bytes, read once */
+    printf("MLA decode step, absorbed, %lld cached rows, 96 heads: keys split %.3f ms, unsplit "
+           "%.3f ms (%.1fx); %.1fx reading the cache once\n",
+           (long long)S, split_ms, whole_ms, whole_ms / split_ms, split_ms / min_ms);
+    printf("RESULT mla_decode_split_ms=%.4f\nRESULT mla_decode_split_speedup=%.3f\n"
+           "RESULT mla_decode_over_read=%.3f\n",
+           split_ms, whole_ms / split_ms, split_ms / min_ms);
+    arl_cuda_release(ctx, mark);
+}
+
 static void bench_mla(int quick) {
     size_t mark = arl_cuda_mark(ctx);
     const int64_t T = quick ? 1024 : 8192, Hm = 8, n = 64, r = 32, vm = 128;
@@ -551,7 +609,9 @@ int main(int argc, char **argv) {
         bench_moe("coarse", 8192, 8, 2, 2048, 512); /* few large experts, same latent width */
     }
     bench_plan(quick, bw);
+    bench_embed_bwd(quick, bw);
     bench_mla(quick);
+    bench_mla_decode(quick, bw);
     bench_conv(quick, bw);
     bench_rows(quick, bw);
     printf("RESULT mfu_train_step=not_measured\n");

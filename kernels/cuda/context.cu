@@ -346,8 +346,10 @@ static const char *errword_what(int32_t code) {
     case 2:
         return "moe: an expert index is outside [0, E) (route entry %d)";
     case 3:
-        return "kda: the packed batch has more chunks than the index table holds (%d); "
+        return "kda: the packed batch has %d chunks, more than the index table holds; "
                "split the batch";
+    case 4:
+        return "embedding backward: a token id is outside [0, V) (position %d)";
     default:
         return "kernel reported bad input (detail %d)";
     }

@@ -47,6 +47,7 @@ struct arl_cuda_ctx {
     int32_t kda_prep;           /* ARL_CUDA_KDA_PREP_* of the chunkwise KDA's kernel 1 */
     int32_t mla_fwd_rows;       /* ARL_CUDA_MLA_FWD_ROWS* of the MLA forward on tensor cores */
     int32_t moe_tn;             /* ARL_CUDA_MOE_TN_* of the bf16 grouped GEMM (trans_w = 1) */
+    int32_t mla_split_keys;     /* keys a split of the absorbed attention at least (0: default) */
 };
 
 /* Current context of the thread; asserts one exists (programmer error otherwise). */
@@ -611,5 +612,30 @@ __device__ static inline void arl_glu_grads(int situ, float d, float g, float u,
         *b = b0 + d * arl_silu(g);
     }
 }
+
+/* ---- stable counting sort (kernels/cuda/sort.cu) ----
+ * One pass sorts entries i < n by a key in [0, E) (E small: a counter each in shared memory),
+ * keeping the entries of a key in entry order.  Entry i's source value is src[idx[i]] (idx
+ * NULL: src[i]); its key is (uint32) value >> shift, then & mask when mask is non-zero; an
+ * entry whose key is not below E is reported to the error word (err_code, detail: its source
+ * index, idx[i] or i) and left out.  Entry i placed at row r: out[r] = idx ? idx[i] : i / div, and
+ * when not NULL rank[i] = r and out_value[r] = the source value.  The MoE routing plan (moe.cu) is
+ * one pass keyed by expert; the embedding backward's sort of positions by token (train.cu) is
+ * passes of 9-bit digits, a radix sort. */
+typedef struct arl_csort_pass {
+    const int32_t *src;
+    const int32_t *idx;
+    uint32_t shift, mask;
+    int64_t div;
+    int32_t *out, *rank, *out_value;
+    int32_t err_code;
+} arl_csort_pass;
+/* The segment table's ints for n entries and E keys. */
+int64_t arl_csort_seg_ints(int64_t n, int64_t E);
+/* Sorts by p: counts (E) gets each key's entries, offsets (E + 1) their exclusive prefix sums
+ * (offsets[E]: the entries placed), tiles (E + 1; or NULL) the prefix sums of ceil(count /
+ * tile_rows); seg: arl_csort_seg_ints(n, E) ints of work space.  All device memory. */
+void arl_csort_run(arl_cuda_ctx *c, const arl_csort_pass *p, int64_t n, int64_t E, int32_t *counts,
+                   int32_t *offsets, int32_t *tiles, int32_t tile_rows, int32_t *seg);
 
 #endif

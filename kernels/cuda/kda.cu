@@ -11,27 +11,67 @@
 #define CT_DOC(ix) ((ix) + 1)
 #define CT_CHUNKS(ix, N) ((ix) + 2 + (N))
 
-__global__ void k_chunk_table(int32_t *ix, const int32_t *cu, int32_t N, int64_t T, int64_t C,
-                              int32_t cap, arl_cuda_errword *err) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int32_t nc = 0;
+/* One block (CT_THREADS): each document's chunks counted a thread a document and scanned
+ * (doc_first) a round of CT_THREADS documents at a time, then a thread a chunk, its document
+ * found by binary search (was one thread walking every document and chunk: O(T / C + N)
+ * dependent steps in every chunkwise call). */
+#define CT_THREADS 1024
+__global__ void __launch_bounds__(CT_THREADS)
+    k_chunk_table(int32_t *ix, const int32_t *cu, int32_t N, int64_t T, int64_t C, int32_t cap,
+                  arl_cuda_errword *err) {
+    __shared__ int64_t wsum[CT_THREADS / 32];
     int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
-    for (int32_t di = 0; di < N; di++) {
-        int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
-        doc[di] = nc;
-        for (int64_t s = a; s < b; s += C) {
-            if (nc >= cap) {
-                arl_dev_error(err, 3, nc);
-                ix[0] = 0;
-                return;
-            }
-            ch[2 * nc] = (int32_t)s;
-            ch[2 * nc + 1] = (int32_t)(b - s < C ? b - s : C);
-            nc++;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = CT_THREADS / 32;
+    int64_t nc = 0; /* chunks of the rounds before (the same in every thread) */
+    for (int64_t base = 0; base < N; base += CT_THREADS) {
+        const int64_t di = base + threadIdx.x;
+        int64_t n = 0;
+        if (di < N) {
+            const int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
+            n = b > a ? (b - a + C - 1) / C : 0;
         }
+        int64_t incl = n; /* the warp's inclusive sums, then the warps' */
+        for (int o = 1; o < 32; o <<= 1) {
+            const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        if (lane == 31) wsum[w] = incl;
+        __syncthreads();
+        if (w == 0) {
+            int64_t t = lane < nw ? wsum[lane] : 0;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int64_t v = __shfl_up_sync(0xffffffffu, t, o);
+                if (lane >= o) t += v;
+            }
+            if (lane < nw) wsum[lane] = t;
+        }
+        __syncthreads();
+        if (di < N) doc[di] = (int32_t)(nc + (w > 0 ? wsum[w - 1] : 0) + incl - n);
+        nc += wsum[nw - 1];
+        __syncthreads(); /* wsum read by all before the next round */
     }
-    doc[N] = nc;
-    ix[0] = nc;
+    if (nc > cap) {
+        if (threadIdx.x == 0) {
+            arl_dev_error(err, 3, (int32_t)(nc < INT32_MAX ? nc : INT32_MAX));
+            ix[0] = 0;
+        }
+        return;
+    }
+    if (threadIdx.x == 0) doc[N] = (int32_t)nc, ix[0] = (int32_t)nc;
+    __syncthreads(); /* doc_first written (global memory, this block) */
+    for (int64_t x = threadIdx.x; x < nc; x += CT_THREADS) {
+        int32_t lo = 0, hi = N - 1; /* the largest d with doc[d] <= x: a non-empty document */
+        while (lo < hi) {
+            const int32_t mid = lo + (hi - lo + 1) / 2;
+            if (doc[mid] <= x)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const int64_t a = cu ? cu[lo] : 0, b = cu ? cu[lo + 1] : T, s = a + (x - doc[lo]) * C;
+        ch[2 * x] = (int32_t)s;
+        ch[2 * x + 1] = (int32_t)(b - s < C ? b - s : C);
+    }
 }
 
 static int32_t chunk_cap(int32_t N) {
@@ -50,16 +90,16 @@ static int64_t max_chunks(int64_t T, int32_t N, int64_t C) {
 template <int U>
 __global__ void k_kda_recurrent(float *o, float *S, float *chunk_states, const float *q,
                                 const float *k, const float *v, const float *g, const float *beta,
-                                const int32_t *cu, int32_t N, int64_t T, int64_t H, int64_t dk,
-                                int64_t dv, float scale, int64_t C) {
+                                const int32_t *cu, const int32_t *first, int32_t N, int64_t T,
+                                int64_t H, int64_t dk, int64_t dv, float scale, int64_t C) {
     int lane = threadIdx.x & 31;
     int64_t j = (int64_t)blockIdx.x * RW + (threadIdx.x >> 5);
     int64_t h = blockIdx.y;
     int32_t di = blockIdx.z;
     if (j >= dv) return;
     int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
-    int64_t ci = 0; /* first chunk of this document */
-    if (chunk_states)
+    int64_t ci = first ? first[di] : 0; /* first chunk of this document */
+    if (chunk_states && !first)         /* (no chunk table: the chunks of the documents before) */
         for (int32_t e = 0; e < di; e++) {
             int64_t len = cu ? cu[e + 1] - cu[e] : T;
             ci += (len + C - 1) / C;
@@ -113,19 +153,26 @@ extern "C" void arl_cuda_kda_recurrent_fwd(float *o, float *S, float *chunk_stat
     ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dk <= 256 && dv >= 1);
     ARL_ASSERT(!chunk_states || C >= 1);
     if (C < 1) C = 1;
+    /* each document's first chunk from the chunk table (else every warp counts the chunks of
+     * the documents before its own: N^2 / 2 steps a column) */
+    const int32_t *first = NULL;
+    if (chunk_states && max_chunks(T, N, C) <= chunk_cap(N)) {
+        k_chunk_table<<<1, CT_THREADS, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
+        first = CT_DOC(c->index);
+    }
     dim3 grid((unsigned)((dv + RW - 1) / RW), (unsigned)H, (unsigned)N);
     if (dk <= 32)
         k_kda_recurrent<1><<<grid, 32 * RW, 0, c->stream>>>(o, S, chunk_states, q, k, v, g, beta,
-                                                            cu, N, T, H, dk, dv, scale, C);
+                                                            cu, first, N, T, H, dk, dv, scale, C);
     else if (dk <= 64)
         k_kda_recurrent<2><<<grid, 32 * RW, 0, c->stream>>>(o, S, chunk_states, q, k, v, g, beta,
-                                                            cu, N, T, H, dk, dv, scale, C);
+                                                            cu, first, N, T, H, dk, dv, scale, C);
     else if (dk <= 128)
         k_kda_recurrent<4><<<grid, 32 * RW, 0, c->stream>>>(o, S, chunk_states, q, k, v, g, beta,
-                                                            cu, N, T, H, dk, dv, scale, C);
+                                                            cu, first, N, T, H, dk, dv, scale, C);
     else
         k_kda_recurrent<8><<<grid, 32 * RW, 0, c->stream>>>(o, S, chunk_states, q, k, v, g, beta,
-                                                            cu, N, T, H, dk, dv, scale, C);
+                                                            cu, first, N, T, H, dk, dv, scale, C);
     ARL_CUDA_LAUNCHED(c, "kda_recurrent_fwd");
 }
 
@@ -796,7 +843,7 @@ static void chunk_prep_launch(arl_cuda_ctx *c, float *ws, const float *q, const 
                               const float *v, const float *g, const float *beta, const int32_t *cu,
                               int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, float scale,
                               int64_t C, int64_t nc) {
-    k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
+    k_chunk_table<<<1, CT_THREADS, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
     const int factored = c->kda_prep != ARL_CUDA_KDA_PREP_DIFFERENCE;
     const size_t sm1 = sizeof(float) * prep_smem_floats(dk, dv, C, factored);
     const dim3 grid((unsigned)nc, (unsigned)H);
@@ -1000,7 +1047,7 @@ extern "C" void arl_cuda_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, fl
     ARL_ASSERT(N >= 1 && H >= 1 && dk >= 1 && dk <= 128 && dv >= 1 && dv <= 128 && C >= 1);
     ARL_ASSERT(chunks_fit(T, N, C));
     if (T == 0) return;
-    k_chunk_table<<<1, 32, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
+    k_chunk_table<<<1, CT_THREADS, 0, c->stream>>>(c->index, cu, N, T, C, chunk_cap(N), c->err);
     size_t sm = sizeof(float) * (size_t)(2 * dk * (dv + 1) + 3 * dk + 6 * dv);
     cudaFuncSetAttribute(k_kda_bwd, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
     k_kda_bwd<<<dim3((unsigned)H, (unsigned)N), 256, sm, c->stream>>>(

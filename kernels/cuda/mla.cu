@@ -30,6 +30,13 @@ typedef struct attn_args {
     uint32_t *k16, *v16; /* tensor-core forward: bf16 copies of the keys (Tq, Hm, DQ) and values
                           * (Tq, Hm, DV) in pairs, zero-padded (the caller's workspace), or NULL */
     float scale;
+    /* absorbed, one query (Tq 1): the keys in splits of split_keys (a multiple of 32) over
+     * gridDim.y blocks (splits > 1), each writing its partial softmax (Hm, splits, nv + 2: the
+     * unnormalised sum, the running max, the sum of exponentials) to part, merged by
+     * k_attn_merge; or splits 1 */
+    int32_t splits;
+    int64_t split_keys;
+    float *part;
 } attn_args;
 
 /* the first token of t's document (the first key that query t sees) */
@@ -57,6 +64,11 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
     if (A.absorbed) {
         lo = 0;
         hi = (A.pos_dev ? *A.pos_dev : A.pos0) + i;
+        if (A.splits > 1) { /* split y: keys [y K, (y + 1) K) (none past hi) */
+            const int64_t end = hi;
+            lo = (int64_t)blockIdx.y * A.split_keys;
+            hi = lo + A.split_keys - 1 < end ? lo + A.split_keys - 1 : end;
+        }
     } else {
         lo = first_key(A.cu, A.N, i);
         hi = i;
@@ -95,12 +107,44 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
         }
         m = mn;
     }
+    if (A.splits > 1) { /* an empty split: m = -inf, l = 0, acc = 0 */
+        float *pp = A.part + (item * A.splits + blockIdx.y) * (A.nv + 2);
+        for (int u = 0; u < U; u++) {
+            int64_t d = lane + 32 * u;
+            if (d < A.nv) pp[d] = acc[u];
+        }
+        if (lane == 0) pp[A.nv] = m, pp[A.nv + 1] = l;
+        return;
+    }
     float inv = 1.0f / l;
     for (int u = 0; u < U; u++) {
         int64_t d = lane + 32 * u;
         if (d < A.nv) A.o[item * A.nv + d] = acc[u] * inv;
     }
     if (A.lse && lane == 0) A.lse[item] = m + logf(l);
+}
+
+/* The splits' partial softmaxes of (query, head) blockIdx.x, a thread a value dim, in split
+ * order: M the largest running max, each split's terms scaled by exp(m - M).  A split with no
+ * keys adds exact zeros, so a launch with more splits than keys gives the same bits (a captured
+ * decode step, its splits fixed by the cache's size, and a direct one agree). */
+__global__ void k_attn_merge(attn_args A) {
+    const int64_t item = blockIdx.x, w = A.nv + 2;
+    const float *pp = A.part + item * A.splits * w;
+    float M = -INFINITY;
+    for (int32_t s = 0; s < A.splits; s++)
+        M = fmaxf(M, pp[s * w + A.nv]);
+    float L = 0.0f;
+    for (int32_t s = 0; s < A.splits; s++)
+        L += pp[s * w + A.nv + 1] * expf(pp[s * w + A.nv] - M);
+    const float inv = 1.0f / L;
+    for (int64_t d = threadIdx.x; d < A.nv; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int32_t s = 0; s < A.splits; s++)
+            acc += pp[s * w + d] * expf(pp[s * w + A.nv] - M);
+        A.o[item * A.nv + d] = acc * inv;
+    }
+    if (A.lse && threadIdx.x == 0) A.lse[item] = M + logf(L);
 }
 
 /* ---- the expanded forward on tensor cores (ARL_CUDA_MATH_BF16) ----
@@ -453,21 +497,52 @@ extern "C" int32_t arl_cuda_mla_fwd_rows(int32_t rows) {
     return arl_cuda_swap_setting(&arl_cuda_need()->mla_fwd_rows, rows);
 }
 
+extern "C" int32_t arl_cuda_mla_split_keys(int32_t keys) {
+    ARL_ASSERT(keys >= 0 && keys % 32 == 0);
+    return arl_cuda_swap_setting(&arl_cuda_need()->mla_split_keys, keys);
+}
+
+/* keys a split (the context's setting; no context yet: the default) */
+static int64_t split_keys(const arl_cuda_ctx *c) {
+    return c && c->mla_split_keys > 0 ? c->mla_split_keys : ARL_CUDA_MLA_SPLIT_KEYS;
+}
+
+/* splits of K keys over max_keys keys (gridDim.y) */
+static int64_t split_count(int64_t max_keys, int64_t K) {
+    const int64_t s = (max_keys + K - 1) / K;
+    return s > 65535 ? 65535 : s;
+}
+
+extern "C" int64_t arl_cuda_mla_absorbed_ws_floats(int64_t max_rows, int64_t Hm, int64_t rkv) {
+    const int64_t s = split_count(max_rows, split_keys(arl_cuda_current()));
+    return s > 1 ? Hm * s * (rkv + 2) : 0;
+}
+
+/* One query's splits over at most max_keys keys (ws NULL or Tq > 1: 1). */
+static void attn_split(attn_args *A, int64_t max_keys, float *ws) {
+    arl_cuda_ctx *c = arl_cuda_need();
+    A->split_keys = split_keys(c);
+    ARL_ASSERT(A->split_keys % 32 == 0 && max_keys <= 65535 * A->split_keys);
+    A->splits = ws && A->Tq == 1 ? (int32_t)split_count(max_keys, A->split_keys) : 1;
+    A->part = ws;
+}
+
 static void attn_launch(const attn_args *A, const char *name) {
     arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(A->nA + A->nB <= QMAX && A->nv <= VMAX && A->nv >= 1);
     int64_t items = A->Tq * A->Hm;
     if (items == 0) return;
     if (attn_launch_tc(A, c, name)) return;
-    unsigned blocks = (unsigned)((items + AW - 1) / AW);
+    const dim3 grid((unsigned)((items + AW - 1) / AW), (unsigned)(A->splits > 1 ? A->splits : 1));
     if (A->nv <= 64)
-        k_attn_fwd<2><<<blocks, 32 * AW, 0, c->stream>>>(*A);
+        k_attn_fwd<2><<<grid, 32 * AW, 0, c->stream>>>(*A);
     else if (A->nv <= 128)
-        k_attn_fwd<4><<<blocks, 32 * AW, 0, c->stream>>>(*A);
+        k_attn_fwd<4><<<grid, 32 * AW, 0, c->stream>>>(*A);
     else if (A->nv <= 256)
-        k_attn_fwd<8><<<blocks, 32 * AW, 0, c->stream>>>(*A);
+        k_attn_fwd<8><<<grid, 32 * AW, 0, c->stream>>>(*A);
     else
-        k_attn_fwd<16><<<blocks, 32 * AW, 0, c->stream>>>(*A);
+        k_attn_fwd<16><<<grid, 32 * AW, 0, c->stream>>>(*A);
+    if (A->splits > 1) k_attn_merge<<<(unsigned)items, 128, 0, c->stream>>>(*A);
     ARL_CUDA_LAUNCHED(c, name);
 }
 
@@ -538,9 +613,10 @@ static attn_args absorbed_args(float *ohat, const float *qhat, const float *q_pe
 
 extern "C" void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const float *q_pe,
                                            const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
-                                           int64_t rkv, int64_t r, float scale) {
+                                           int64_t rkv, int64_t r, float scale, float *ws) {
     attn_args A = absorbed_args(ohat, qhat, q_pe, cache, Tq, Hm, rkv, r, scale);
     A.pos0 = pos0;
+    attn_split(&A, pos0 + Tq, ws);
     attn_launch(&A, "mla_absorbed_attn");
 }
 
@@ -549,9 +625,10 @@ extern "C" void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const
 extern "C" void arl_cuda_mla_absorbed_attn_dpos(float *ohat, const float *qhat, const float *q_pe,
                                                 const float *cache, const int64_t *pos_dev,
                                                 int64_t Tq, int64_t Hm, int64_t rkv, int64_t r,
-                                                float scale) {
+                                                float scale, int64_t max_rows, float *ws) {
     attn_args A = absorbed_args(ohat, qhat, q_pe, cache, Tq, Hm, rkv, r, scale);
     A.pos_dev = pos_dev;
+    attn_split(&A, max_rows, ws);
     attn_launch(&A, "mla_absorbed_attn_dpos");
 }
 

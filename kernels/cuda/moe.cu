@@ -12,112 +12,18 @@
 #define BK 32
 
 /* ======================= the routing plan ================================================
- * Built in O(T k) work: the (token, slot) entries split into segments of consecutive entries,
- * one warp each.  Pass 1 (k_plan_walk<false>) counts each expert's entries per segment; a scan
- * per expert over the segments (k_plan_seg_scan) turns the counts into the expert's rows
- * before each segment and gives counts[e]; k_plan_scan the experts' offsets and tiles; pass 2
- * (k_plan_walk<true>) walks each segment again in order and places every entry after the
- * earlier ones of its expert - within a step of 32 entries, the lanes holding the same expert
- * (__match_any_sync) rank by lane.  Rows of an expert thus follow the (token, slot) order, the
- * same plan as before, bit for bit (it was one block per expert reading all T k entries:
- * E T k reads, 1.5e10 per build at T = 1M, E = 896).  The per-segment counts (E, segments)
- * follow row_src and slot_row in the caller's buffer. */
-/* segments at most (the counts table: E x 2048 ints), and entries a segment at least: 8 steps
- * of a warp (a warp walks its segment step after step, so short segments keep more in flight) */
-#define PLAN_SEGS_MAX 2048
-#define PLAN_SEG_MIN 256
-
-static int64_t plan_seg_len(int64_t n) {
-    int64_t L = (n + PLAN_SEGS_MAX - 1) / PLAN_SEGS_MAX;
-    L = (L + 31) / 32 * 32;
-    return L < PLAN_SEG_MIN ? PLAN_SEG_MIN : L;
-}
-
-static int64_t plan_segs(int64_t n) {
-    return n > 0 ? (n + plan_seg_len(n) - 1) / plan_seg_len(n) : 0;
-}
-
+ * One pass of the stable counting sort (kernels/cuda/sort.cu), keyed by expert, in O(T k)
+ * work: rows of an expert follow the (token, slot) order (it was one block per expert reading
+ * all T k entries: E T k reads, 1.5e10 per build at T = 1M, E = 896).  The sort's per-segment
+ * counts (E, segments) follow row_src and slot_row in the caller's buffer. */
 extern "C" int64_t arl_cuda_moe_plan_ints(int64_t T, int64_t k, int64_t E) {
-    return 3 * (E + 1) + 2 * T * k + E * plan_segs(T * k);
-}
-
-/* Segment blockIdx.x (entries [b L, b L + L) of sel, n in all) by one warp, a counter per
- * expert in shared memory (E ints).  PLACE false: seg (E, nseg) gets the segment's count of
- * each expert, and an expert id outside [0, E) is reported (error 2) and skipped.  PLACE true:
- * the counters start at offsets[e] + seg[e, b] (the expert's rows before the segment), and
- * each entry i gets its row: slot_row[i] = row, row_src[row] = i / k. */
-template <bool PLACE>
-__global__ void __launch_bounds__(32)
-    k_plan_walk(int32_t *seg, int32_t *row_src, int32_t *slot_row, const int32_t *offsets,
-                const int32_t *sel, int64_t n, int64_t k, int64_t E, int64_t L, int64_t nseg,
-                arl_cuda_errword *err) {
-    extern __shared__ float sm[];
-    int32_t *run = reinterpret_cast<int32_t *>(sm); /* (E) */
-    const int64_t b = blockIdx.x;
-    const int lane = (int)threadIdx.x;
-    for (int64_t e = lane; e < E; e += 32)
-        run[e] = PLACE ? offsets[e] + seg[e * nseg + b] : 0;
-    __syncwarp();
-    const int64_t a = b * L, z = a + L < n ? a + L : n;
-    const unsigned below = (1u << lane) - 1u; /* the lanes before this one */
-    for (int64_t i0 = a; i0 < z; i0 += 32) {
-        const int64_t i = i0 + lane;
-        const int32_t s = i < z ? sel[i] : -1;
-        const bool ok = i < z && s >= 0 && s < E;
-        if (!PLACE && i < z && !ok) arl_dev_error(err, 2, (int32_t)i);
-        const unsigned m = __match_any_sync(0xffffffffu, ok ? s : -1); /* lanes of s */
-        if (PLACE && ok) {
-            const int32_t row = run[s] + __popc(m & below);
-            row_src[row] = (int32_t)(i / k);
-            slot_row[i] = row;
-        }
-        __syncwarp();                                     /* every lane read its expert's counter */
-        if (ok && (m >> lane) == 1u) run[s] += __popc(m); /* the last lane of each expert */
-        __syncwarp();
-    }
-    if (!PLACE)
-        for (int64_t e = lane; e < E; e += 32)
-            seg[e * nseg + b] = run[e];
-}
-
-/* Expert blockIdx.x (one warp): its segment counts seg[e, :] into exclusive prefix sums
- * (the expert's rows before each segment), their total into counts[e]. */
-__global__ void __launch_bounds__(32) k_plan_seg_scan(int32_t *counts, int32_t *seg, int64_t nseg) {
-    const int64_t e = blockIdx.x;
-    const int lane = (int)threadIdx.x;
-    int32_t *r = seg + e * nseg, carry = 0;
-    for (int64_t j0 = 0; j0 < nseg; j0 += 32) {
-        const int64_t j = j0 + lane;
-        const int32_t c = j < nseg ? r[j] : 0;
-        int32_t incl = c;
-        for (int o = 1; o < 32; o <<= 1) {
-            const int32_t v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
-        }
-        if (j < nseg) r[j] = carry + incl - c;
-        carry += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) counts[e] = carry;
-}
-
-__global__ void k_plan_scan(int32_t *offsets, int32_t *tiles, const int32_t *counts, int64_t E) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int32_t o = 0, t = 0;
-    for (int64_t e = 0; e < E; e++) {
-        offsets[e] = o;
-        tiles[e] = t;
-        o += counts[e];
-        t += (counts[e] + BM - 1) / BM;
-    }
-    offsets[E] = o;
-    tiles[E] = t;
+    return 3 * (E + 1) + 2 * T * k + arl_csort_seg_ints(T * k, E);
 }
 
 extern "C" void arl_cuda_moe_plan_build(arl_cuda_moe_plan *plan, int32_t *buf, const int32_t *sel,
                                         int64_t T, int64_t k, int64_t E) {
     arl_cuda_ctx *c = arl_cuda_need();
     ARL_ASSERT(E >= 1 && k >= 1 && T >= 0 && T * k <= INT32_MAX);
-    ARL_ASSERT((size_t)E * sizeof(int32_t) <= 48 * 1024); /* the walk's counters */
     plan->counts = buf;
     plan->offsets = buf + (E + 1);
     plan->tiles = buf + 2 * (E + 1);
@@ -126,20 +32,14 @@ extern "C" void arl_cuda_moe_plan_build(arl_cuda_moe_plan *plan, int32_t *buf, c
     plan->T = T;
     plan->k = k;
     plan->E = E;
-    const int64_t n = T * k, L = plan_seg_len(n), nseg = plan_segs(n);
-    int32_t *seg = plan->slot_row + n; /* (E, nseg) */
-    const size_t sm = (size_t)E * sizeof(int32_t);
-    if (nseg > 0) {
-        k_plan_walk<false><<<(unsigned)nseg, 32, sm, c->stream>>>(seg, NULL, NULL, NULL, sel, n, k,
-                                                                  E, L, nseg, c->err);
-        k_plan_seg_scan<<<(unsigned)E, 32, 0, c->stream>>>(plan->counts, seg, nseg);
-    } else {
-        cudaMemsetAsync(plan->counts, 0, sizeof(int32_t) * (size_t)E, c->stream);
-    }
-    k_plan_scan<<<1, 32, 0, c->stream>>>(plan->offsets, plan->tiles, plan->counts, E);
-    if (nseg > 0)
-        k_plan_walk<true><<<(unsigned)nseg, 32, sm, c->stream>>>(
-            seg, plan->row_src, plan->slot_row, plan->offsets, sel, n, k, E, L, nseg, c->err);
+    arl_csort_pass p = {};
+    p.src = sel;
+    p.div = k;
+    p.out = plan->row_src;
+    p.rank = plan->slot_row;
+    p.err_code = 2; /* context.cu: an expert index outside [0, E) */
+    arl_csort_run(c, &p, T * k, E, plan->counts, plan->offsets, plan->tiles, BM,
+                  plan->slot_row + T * k);
     ARL_CUDA_LAUNCHED(c, "moe_plan_build");
 }
 

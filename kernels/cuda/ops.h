@@ -156,16 +156,28 @@ void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *
 
 /* arl_mla_absorbed_attn on the device, dense (the block-sparse selection of 4.5 is
  * arl_cuda_mla_sparse_attn below): query i attends to cache rows s <= pos0 + i.
- * rkv + r <= 1024, rkv <= 512. */
+ * rkv + r <= 1024, rkv <= 512.  A single query (Tq 1, a decode step) splits its keys in runs
+ * of ARL_CUDA_MLA_SPLIT_KEYS (or what arl_cuda_mla_split_keys set) over blocks of their own,
+ * their partial softmaxes in ws merged in split order (decoding one token at position 1M ran
+ * ceil(Hm / 4) blocks, each walking 1M keys).  ws: arl_cuda_mla_absorbed_ws_floats(rows, Hm,
+ * rkv) floats for caches of at most rows rows (0: too short to split), or NULL (never split). */
+#define ARL_CUDA_MLA_SPLIT_KEYS 2048
+int64_t arl_cuda_mla_absorbed_ws_floats(int64_t max_rows, int64_t Hm, int64_t rkv);
 void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const float *q_pe,
                                 const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
-                                int64_t rkv, int64_t r, float scale);
+                                int64_t rkv, int64_t r, float scale, float *ws);
+/* The keys of a split from now on (a multiple of 32; 0: ARL_CUDA_MLA_SPLIT_KEYS); returns the
+ * setting it replaces.  Work spaces are sized by the setting: change it only while none sized
+ * under another is in use (the tests split short caches). */
+int32_t arl_cuda_mla_split_keys(int32_t keys);
 
 /* arl_cuda_mla_absorbed_attn with pos0 = *pos_dev read from device memory when the kernel
- * runs (CUDA-graph replays of decode steps, where the position advances between replays). */
+ * runs (CUDA-graph replays of decode steps, where the position advances between replays); the
+ * splits are fixed for a cache of max_rows rows. */
 void arl_cuda_mla_absorbed_attn_dpos(float *ohat, const float *qhat, const float *q_pe,
                                      const float *cache, const int64_t *pos_dev, int64_t Tq,
-                                     int64_t Hm, int64_t rkv, int64_t r, float scale);
+                                     int64_t Hm, int64_t rkv, int64_t r, float scale,
+                                     int64_t max_rows, float *ws);
 
 /* ======================= AttnRes mix (policy/attnres.h) =================================== */
 
@@ -372,9 +384,11 @@ void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const float *dob
                             const float *gam, const float *w, const float *rstd, int64_t n,
                             int64_t dv);
 /* dtable (V, d) row tokens[t] += dx (T, d) row t, t ascending (tokens: device int32, ids
- * checked by the caller). */
-void arl_cuda_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
-                        int64_t d);
+ * checked by the caller; one outside [0, V) is skipped and reported at the next sync).  ws:
+ * arl_cuda_embed_bwd_ws_ints(T, V) device ints. */
+int64_t arl_cuda_embed_bwd_ws_ints(int64_t T, int64_t V);
+void arl_cuda_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T, int64_t d,
+                        int64_t V, int32_t *ws);
 /* out[c] (double) = sum of g[i]^2 over i in [ranges[2c], ranges[2c+1]) for c < n (ranges:
  * device int64): the per-chunk sums of the AdamW gradient norm (policy/optimizer.c). */
 void arl_cuda_grad_sumsq(double *out, const float *g, const int64_t *ranges, int64_t n);

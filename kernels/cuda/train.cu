@@ -200,38 +200,121 @@ extern "C" void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const
 /* ======================= embedding backward (policy/model_backward.c) ==================== */
 
 /* The rows of dx added into their tokens' rows in token order, the CPU's order (repeated
- * tokens accumulate deterministically, without atomics).  A thread per (column, bucket): block
- * (x, y) takes 128 columns and the tokens whose id is y modulo the grid's buckets, scanning the
- * token ids through shared memory in tiles; each row of the table is one bucket's, so a
- * (token, column) sum is one thread's, in token order.  Was one thread a column walking every
- * token (d threads in all, T dependent additions each). */
-#define EMBED_BWD_TILE 2048
-__global__ void k_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
-                            int64_t d) {
-    __shared__ int32_t tok[EMBED_BWD_TILE];
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const uint32_t bucket = blockIdx.y, nb = gridDim.y;
-    for (int64_t t0 = 0; t0 < T; t0 += EMBED_BWD_TILE) {
-        const int64_t n = T - t0 < EMBED_BWD_TILE ? T - t0 : EMBED_BWD_TILE;
-        __syncthreads(); /* the previous tile read */
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-            tok[j] = tokens[t0 + j];
-        __syncthreads();
-        if (i < d)
-            for (int64_t j = 0; j < n; j++)
-                if ((uint32_t)tok[j] % nb == bucket)
-                    dtable[(int64_t)tok[j] * d + i] += dx[(t0 + j) * d + i];
+ * tokens accumulate deterministically, without atomics), in O(T d) work.  The positions are
+ * sorted by token, stably (passes of the counting sort over 9-bit digits of the id, lowest
+ * first: a radix sort, kernels/cuda/sort.cu), the last pass writing each sorted entry's token
+ * too.  Then block (x, y) takes EMBED_BWD_SPAN sorted entries and 128 columns, and sums each
+ * run of one token that starts among its entries to the run's end (past its own entries when
+ * the run goes on): a (token, column) sum is one thread's, in position order.  Was every block
+ * scanning all T ids for the tokens of its bucket (at T = 1M, d = 7168: 504 blocks of 1M ids). */
+#define EMBED_BWD_DIGIT 9
+#define EMBED_BWD_SPAN 64
+
+/* The sort's passes over ids below V (one digit each, at least one). */
+static int embed_bwd_passes(int64_t V) {
+    int bits = 1;
+    while (bits < 62 && ((V - 1) >> bits) > 0)
+        bits++;
+    return (bits + EMBED_BWD_DIGIT - 1) / EMBED_BWD_DIGIT;
+}
+
+/* Keys of pass `pass` of P. */
+static int64_t embed_bwd_keys(int64_t V, int pass, int P) {
+    return pass < P - 1 ? (int64_t)1 << EMBED_BWD_DIGIT : ((V - 1) >> (EMBED_BWD_DIGIT * pass)) + 1;
+}
+
+/* The first index after j of a run of v in the sorted ids sk (sk[j] == v), n entries:
+ * galloping, then halving. */
+__device__ static inline int64_t embed_run_end(const int32_t *sk, int64_t j, int64_t n, int32_t v) {
+    int64_t lo = j, hi = n, step = 1;
+    for (;;) { /* sk[lo] == v */
+        const int64_t t = lo + step;
+        if (t >= n) break;
+        if (sk[t] != v) {
+            hi = t;
+            break;
+        }
+        lo = t;
+        step *= 2;
+    }
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (sk[mid] == v)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return hi;
+}
+
+/* pos (n) the positions sorted by token, sk (n) their tokens; *placed the entries the sort
+ * placed (a bad id is left out by it; one below V's top digit yet not below V is skipped here,
+ * both reported). */
+__global__ void k_embed_bwd_runs(float *dtable, const float *dx, const int32_t *pos,
+                                 const int32_t *sk, const int32_t *placed, int64_t d, int64_t V,
+                                 arl_cuda_errword *err) {
+    const int64_t n = *placed;
+    const int64_t j0 = (int64_t)blockIdx.x * EMBED_BWD_SPAN;
+    const int64_t i = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (j0 >= n || i >= d) return;
+    const int64_t j1 = j0 + EMBED_BWD_SPAN < n ? j0 + EMBED_BWD_SPAN : n;
+    int64_t j = j0;
+    if (j0 > 0 && sk[j0 - 1] == sk[j0]) j = embed_run_end(sk, j0, n, sk[j0]); /* an earlier run */
+    while (j < j1) {
+        const int32_t v = sk[j];
+        const int64_t e = embed_run_end(sk, j, n, v);
+        if (v < 0 || v >= V) {
+            if (i == 0) arl_dev_error(err, 4, pos[j]);
+            j = e;
+            continue;
+        }
+        float *dst = dtable + (int64_t)v * d + i;
+        float acc = *dst;
+        for (; j + 4 <= e; j += 4) { /* four rows' loads in flight; the adds in order */
+            const float a = dx[(int64_t)pos[j] * d + i], b = dx[(int64_t)pos[j + 1] * d + i];
+            const float c = dx[(int64_t)pos[j + 2] * d + i], f = dx[(int64_t)pos[j + 3] * d + i];
+            acc = acc + a;
+            acc = acc + b;
+            acc = acc + c;
+            acc = acc + f;
+        }
+        for (; j < e; j++)
+            acc = acc + dx[(int64_t)pos[j] * d + i];
+        *dst = acc;
     }
 }
 
+extern "C" int64_t arl_cuda_embed_bwd_ws_ints(int64_t T, int64_t V) {
+    const int64_t R = (int64_t)1 << EMBED_BWD_DIGIT;
+    (void)V;
+    return 3 * T + 2 * (R + 1) + arl_csort_seg_ints(T, R);
+}
+
 extern "C" void arl_cuda_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
-                                   int64_t d) {
+                                   int64_t d, int64_t V, int32_t *ws) {
     arl_cuda_ctx *ctx = arl_cuda_need();
     if (T <= 0 || d <= 0) return;
-    int64_t nb = 65536 / d; /* buckets: about 64K threads in all */
-    nb = nb < 1 ? 1 : nb > 64 ? 64 : nb;
-    const dim3 grid((unsigned)((d + 127) / 128), (unsigned)nb);
-    k_embed_bwd<<<grid, 128, 0, ctx->stream>>>(dtable, dx, tokens, T, d);
+    ARL_ASSERT(V >= 1 && V <= INT32_MAX && T <= INT32_MAX && d / 128 < 65535);
+    const int64_t R = (int64_t)1 << EMBED_BWD_DIGIT;
+    int32_t *perm[2] = {ws, ws + T}, *sk = ws + 2 * T;
+    int32_t *counts = sk + T, *offsets = counts + (R + 1), *seg = offsets + (R + 1);
+    const int P = embed_bwd_passes(V);
+    for (int pass = 0; pass < P; pass++) {
+        arl_csort_pass p = {};
+        p.src = tokens;
+        p.idx = pass > 0 ? perm[(pass - 1) & 1] : NULL;
+        p.shift = (uint32_t)(EMBED_BWD_DIGIT * pass);
+        p.mask = pass < P - 1 ? (uint32_t)(R - 1) : 0u;
+        p.div = 1;
+        p.out = perm[pass & 1];
+        p.out_value = pass == P - 1 ? sk : NULL;
+        p.err_code = 4; /* context.cu: a token id outside [0, V) */
+        arl_csort_run(ctx, &p, T, embed_bwd_keys(V, pass, P), counts, offsets, NULL, 1, seg);
+    }
+    const dim3 grid((unsigned)((T + EMBED_BWD_SPAN - 1) / EMBED_BWD_SPAN),
+                    (unsigned)((d + 127) / 128));
+    k_embed_bwd_runs<<<grid, 128, 0, ctx->stream>>>(
+        dtable, dx, perm[(P - 1) & 1], sk, offsets + embed_bwd_keys(V, P - 1, P), d, V, ctx->err);
     ARL_CUDA_LAUNCHED(ctx, "embed_bwd");
 }
 

@@ -779,6 +779,9 @@ int main(int argc, char **argv) {
             fprintf(stderr, "cuda: %s\n", arl_error_msg());
             return 1;
         }
+        /* decode steps past position 32 split their keys (mla.cu), captured steps always (the
+         * cache's 256 rows: 8 splits, the surplus empty, test_cuda_graphs compares the bits) */
+        arl_cuda_mla_split_keys(32);
         TEST_RUN(test_cuda_chunk_table);
         TEST_RUN(test_cuda_fp32);
         if (!EMU) TEST_RUN(test_cuda_bf16); /* the emulator checks logic, not bf16 numerics */

@@ -207,6 +207,71 @@ static void kda_case(int64_t dk, int64_t dv, int64_t C, float gmax) {
     CT_CASE_END;
 }
 
+/* 1300 documents of 0 to 6 tokens (empty ones among them), chunks of 4: the device's chunk
+ * table (kda.cu k_chunk_table: a block's rounds of 1024 documents, then of 1024 chunks)
+ * behind the chunkwise forward, the recurrent forward's chunk states and the recurrent-rule
+ * backward, against the CPU. */
+static void test_kda_many_docs(void) {
+    CT_CASE_BEGIN;
+    const int32_t N = 1300;
+    const int64_t H = 2, dk = 8, dv = 8, C = 4;
+    int32_t *cu = (int32_t *)ct_host(sizeof(int32_t) * (N + 1));
+    cu[0] = 0;
+    for (int32_t i = 0; i < N; i++)
+        cu[i + 1] = cu[i] + (int32_t)arl_rng_below(&ct_rng, 7);
+    const int64_t T = cu[N], nS = (int64_t)N * H * dk * dv;
+    const float scale = 1.0f / sqrtf((float)dk);
+    float *q = ct_rand(T * H * dk, -1, 1), *k = ct_rand(T * H * dk, -1, 1);
+    l2rows(q, T * H, dk);
+    l2rows(k, T * H, dk);
+    float *v = ct_rand(T * H * dv, -1, 1), *g = ct_rand(T * H * dk, -5, 0);
+    float *beta = ct_rand(T * H, 0.02f, 0.98f), *S0 = ct_rand(nS, -0.5f, 0.5f);
+    const int64_t nc = arl_kda_num_chunks(cu, N, T, C);
+    float *o = ct_host(sizeof(float) * T * H * dv), *S = ct_copy_host(S0, nS);
+    float *cs = ct_host(sizeof(float) * nc * H * dk * dv);
+    float *ws = ct_host(sizeof(float) * arl_kda_chunk_ws_floats(H, dk, dv, C));
+    arl_kda_chunk_fwd(o, S, cs, q, k, v, g, beta, cu, N, T, H, dk, dv, scale, C, ws);
+    float *d_q = ct_dev(q, T * H * dk), *d_k = ct_dev(k, T * H * dk), *d_g = ct_dev(g, T * H * dk);
+    float *d_v = ct_dev(v, T * H * dv), *d_b = ct_dev(beta, T * H), *d_S = ct_dev(S0, nS);
+    int32_t *d_cu = ct_dev_i32(cu, N + 1);
+    float *d_o = ct_dev(NULL, T * H * dv), *d_cs = ct_dev(NULL, nc * H * dk * dv);
+    float *d_ws = ct_dev(NULL, arl_cuda_kda_chunk_ws_floats(T, N, H, dk, dv, C));
+    arl_cuda_kda_chunk_fwd(d_o, d_S, d_cs, d_q, d_k, d_v, d_g, d_b, d_cu, N, T, H, dk, dv, scale, C,
+                           d_ws);
+    CHECK_MSG(nc > 1024, "%lld chunks", (long long)nc);
+    ct_check_maxref("kda_chunk_fwd, 1300 documents: o", d_o, o, T * H * dv, 1e-5, 1e-4);
+    ct_check_maxref("kda_chunk_fwd, 1300 documents: final S", d_S, S, nS, 1e-5, 1e-4);
+    ct_check_maxref("kda_chunk_fwd, 1300 documents: chunk states", d_cs, cs, nc * H * dk * dv, 1e-5,
+                    1e-4);
+    /* the recurrent forward's chunk states: each document's first chunk from the table */
+    arl_cuda_upload(ct_ctx, d_S, S0, sizeof(float) * nS);
+    arl_cuda_kda_recurrent_fwd(d_o, d_S, d_cs, d_q, d_k, d_v, d_g, d_b, d_cu, N, T, H, dk, dv,
+                               scale, C);
+    ct_check_maxref("kda_recurrent_fwd, 1300 documents: chunk states", d_cs, cs, nc * H * dk * dv,
+                    1e-5, 1e-4);
+    /* the recurrent-rule backward from the CPU's chunk states */
+    float *dO = ct_rand(T * H * dv, -1, 1), *gq = ct_host(sizeof(float) * T * H * dk);
+    float *gk = ct_host(sizeof(float) * T * H * dk), *gg = ct_host(sizeof(float) * T * H * dk);
+    float *gv = ct_host(sizeof(float) * T * H * dv), *gb = ct_host(sizeof(float) * T * H);
+    float *gS = ct_host(sizeof(float) * nS);
+    float *bws = ct_host(sizeof(float) * arl_kda_bwd_ws_floats(H, dk, dv, C));
+    float *d_gq = ct_dev(NULL, T * H * dk), *d_gk = ct_dev(NULL, T * H * dk);
+    float *d_gg = ct_dev(NULL, T * H * dk), *d_gv = ct_dev(NULL, T * H * dv);
+    float *d_gb = ct_dev(NULL, T * H), *d_gS = ct_dev(NULL, nS), *d_dO = ct_dev(dO, T * H * dv);
+    float *d_csc = ct_dev(cs, nc * H * dk * dv);
+    float *d_bws = ct_dev(NULL, arl_cuda_kda_bwd_ws_floats(N, H, dk, dv, C));
+    arl_kda_recurrent_bwd(gq, gk, gv, gg, gb, gS, dO, NULL, q, k, v, g, beta, cs, cu, N, T, H, dk,
+                          dv, scale, C, bws);
+    arl_cuda_kda_recurrent_bwd(d_gq, d_gk, d_gv, d_gg, d_gb, d_gS, d_dO, NULL, d_q, d_k, d_v, d_g,
+                               d_b, d_csc, d_cu, N, T, H, dk, dv, scale, C, d_bws);
+    ct_check_maxref("kda_bwd, 1300 documents: dq", d_gq, gq, T * H * dk, 1e-5, 1e-4);
+    ct_check_maxref("kda_bwd, 1300 documents: dv", d_gv, gv, T * H * dv, 1e-5, 1e-4);
+    ct_check_maxref("kda_bwd, 1300 documents: dS0", d_gS, gS, nS, 1e-5, 1e-4);
+    free(cu), free(q), free(k), free(v), free(g), free(beta), free(S0), free(o), free(S), free(cs);
+    free(ws), free(dO), free(gq), free(gk), free(gg), free(gv), free(gb), free(gS), free(bws);
+    CT_CASE_END;
+}
+
 static void test_kda(void) {
     kda_case(32, 32, 16, 5.0f);
     kda_case(64, 48, 32, 5.0f);   /* dv not a multiple of the 32-column slice */
@@ -265,12 +330,59 @@ static void test_mla(void) {
     arl_mla_absorbed_attn(oh, NULL, 0, qh, qpe, cache, pos0, Tq, Hm, rkv, r, scale, 0, 0, aws);
     float *d_cache = ct_dev(cache, S * (rkv + r)), *d_qh = ct_dev(qh, Tq * Hm * rkv);
     float *d_qpe = ct_dev(qpe, Tq * Hm * r), *d_oh = ct_dev(NULL, Tq * Hm * rkv);
-    arl_cuda_mla_absorbed_attn(d_oh, d_qh, d_qpe, d_cache, pos0, Tq, Hm, rkv, r, scale);
+    arl_cuda_mla_absorbed_attn(d_oh, d_qh, d_qpe, d_cache, pos0, Tq, Hm, rkv, r, scale, NULL);
     ct_check_maxref("mla_absorbed_attn", d_oh, oh, Tq * Hm * rkv, 1e-6, 2e-5);
     free(qn), free(qp), free(kn), free(kp), free(v), free(dO), free(o), free(lse), free(ws);
     free(gqn), free(gqp), free(gkn), free(gkp), free(gv);
     free(cache), free(qh), free(qpe), free(oh), free(aws);
     CT_CASE_END;
+}
+
+/* A decode step's absorbed attention with its keys split (mla.cu k_attn_merge), 32 keys a
+ * split here: against the CPU (the sums' order differs: tolerance as unsplit); the captured
+ * form, its splits fixed by a cache of S rows, equal bit for bit (the surplus splits are
+ * empty); and several queries, which do not split, as before. */
+static void absorbed_split_case(int64_t pos0, int64_t Hm) {
+    CT_CASE_BEGIN;
+    const int64_t rkv = 48, r = 16, S = 300;
+    const float scale = 0.125f;
+    const int32_t was = arl_cuda_mla_split_keys(32);
+    float *cache = ct_rand(S * (rkv + r), -2, 2), *qh = ct_rand(3 * Hm * rkv, -1, 1);
+    float *qpe = ct_rand(3 * Hm * r, -1, 1), *oh = ct_host(sizeof(float) * 3 * Hm * rkv);
+    float *aws = ct_host(sizeof(float) * arl_mla_absorbed_ws_floats(S, rkv, r, 0));
+    float *d_cache = ct_dev(cache, S * (rkv + r)), *d_qh = ct_dev(qh, 3 * Hm * rkv);
+    float *d_qpe = ct_dev(qpe, 3 * Hm * r), *d_oh = ct_dev(NULL, 3 * Hm * rkv);
+    float *d_og = ct_dev(NULL, Hm * rkv);
+    const int64_t wsf = arl_cuda_mla_absorbed_ws_floats(S, Hm, rkv);
+    CHECK_MSG(wsf == Hm * 10 * (rkv + 2), "split work space %lld floats", (long long)wsf);
+    float *d_ws = ct_dev(NULL, wsf);
+    int64_t *d_pos = (int64_t *)ct_dev_bytes(&pos0, sizeof pos0);
+    char what[96];
+    for (int64_t Tq = 1; Tq <= 3; Tq += 2) {
+        const int64_t p0 = pos0 - (Tq - 1);
+        arl_mla_absorbed_attn(oh, NULL, 0, qh, qpe, cache, p0, Tq, Hm, rkv, r, scale, 0, 0, aws);
+        arl_cuda_mla_absorbed_attn(d_oh, d_qh, d_qpe, d_cache, p0, Tq, Hm, rkv, r, scale, d_ws);
+        snprintf(what, sizeof what, "absorbed attention, %lld quer%s to position %lld, Hm %lld",
+                 (long long)Tq, Tq == 1 ? "y" : "ies", (long long)pos0, (long long)Hm);
+        ct_check_maxref(what, d_oh, oh, Tq * Hm * rkv, 1e-6, 2e-5);
+    }
+    /* the last call had 3 queries; the single query again, then the captured form */
+    arl_cuda_mla_absorbed_attn(d_oh, d_qh, d_qpe, d_cache, pos0, 1, Hm, rkv, r, scale, d_ws);
+    arl_cuda_mla_absorbed_attn_dpos(d_og, d_qh, d_qpe, d_cache, d_pos, 1, Hm, rkv, r, scale, S,
+                                    d_ws);
+    float *a = ct_get(d_oh, Hm * rkv), *g = ct_get(d_og, Hm * rkv);
+    CHECK_MSG(!memcmp(a, g, sizeof(float) * (size_t)(Hm * rkv)),
+              "position %lld: the captured form (10 splits) differs from the direct one",
+              (long long)pos0);
+    arl_cuda_mla_split_keys(was);
+    free(a), free(g), free(cache), free(qh), free(qpe), free(oh), free(aws);
+    CT_CASE_END;
+}
+
+static void test_mla_absorbed_split(void) {
+    absorbed_split_case(299, 3); /* 10 splits, the last of 12 keys */
+    absorbed_split_case(32, 5);  /* 2 splits, the second of one key */
+    absorbed_split_case(20, 2);  /* one split: unsplit (captured: 1 of 10 splits) */
 }
 
 /* The expanded forward on tensor cores (ARL_CUDA_MATH_BF16, mla.cu k_attn_fwd_tc) against the
@@ -1153,7 +1265,9 @@ int main(void) {
     ct_init((size_t)512 << 20);
     TEST_RUN(test_conv);
     TEST_RUN(test_kda);
+    TEST_RUN(test_kda_many_docs);
     TEST_RUN(test_mla);
+    TEST_RUN(test_mla_absorbed_split);
     TEST_RUN(test_attnres);
     TEST_RUN(test_router);
     TEST_RUN(test_qb);

@@ -185,7 +185,7 @@ static void test_ops(void) {
     cmp_f32("sparse op", o, ref_o, (size_t)nout, RTOL < 0 ? -1.0 : 1e-5);
     /* k_c = 100 >= every chunk count: the dense absorbed op's bits */
     float *dense = malloc(sizeof(float) * (size_t)nout);
-    float *dws2 = dev_put(NULL, OPS->mla_absorbed_ws_floats(S, rkv, r) + 16, &t7);
+    float *dws2 = dev_put(NULL, OPS->mla_absorbed_ws_floats(S, Hm, rkv, r) + 16, &t7);
     OPS->mla_absorbed_attn(dout, dq, dqp, dc, pos0, Tq, Hm, rkv, r, scale, dws2);
     dev_get(dense, dout, nout);
     OPS->mla_sparse_attn(dout, dq, dqp, dc, dm, pos0, Tq, Hm, rkv, r, scale, NC, 100, dws);

@@ -109,25 +109,69 @@ static void test_onorm_bwd(void) {
 }
 
 /* ---------------------------------------------------------------- embedding backward */
-static void embed_case(int64_t T, int64_t d, int64_t V) {
+/* T tokens below V, a share `hot` (per mille) of them token V / 2 (one long run of the sort);
+ * bad >= 0: position bad holds id bad_id (outside [0, V)), which the kernel must skip and
+ * report, adding the rest as the CPU does. */
+static void embed_case(int64_t T, int64_t d, int64_t V, int hot, int64_t bad, int32_t bad_id) {
     CT_CASE_BEGIN;
     int32_t *tok = (int32_t *)ct_host(sizeof(int32_t) * (size_t)T);
-    for (int64_t t = 0; t < T; t++)
-        tok[t] = (int32_t)arl_rng_below(&ct_rng, (uint64_t)V); /* many repeats */
+    for (int64_t t = 0; t < T; t++) /* many repeats */
+        tok[t] = arl_rng_below(&ct_rng, 1000) < (uint64_t)hot
+                     ? (int32_t)(V / 2)
+                     : (int32_t)arl_rng_below(&ct_rng, (uint64_t)V);
     float *dx = ct_rand(T * d, -1, 1), *tab = ct_rand(V * d, -1, 1);
     float *D_dx = ct_dev(dx, T * d), *D_tab = ct_dev(tab, V * d);
+    int32_t *D_ws = ct_dev_i32(NULL, arl_cuda_embed_bwd_ws_ints(T, V));
+    if (bad >= 0) {
+        /* the CPU adds everything but the bad row */
+        int32_t *good = (int32_t *)ct_host(sizeof(int32_t) * (size_t)(T - 1));
+        float *gdx = (float *)ct_host(sizeof(float) * (size_t)((T - 1) * d));
+        for (int64_t t = 0, u = 0; t < T; t++)
+            if (t != bad) {
+                good[u] = tok[t];
+                memcpy(gdx + u * d, dx + t * d, sizeof(float) * (size_t)d);
+                u++;
+            }
+        arl_dev_ops_cpu()->embed_bwd(tab, gdx, good, T - 1, d, V, NULL);
+        free(good), free(gdx);
+        tok[bad] = bad_id;
+    } else {
+        arl_dev_ops_cpu()->embed_bwd(tab, dx, tok, T, d, V, NULL);
+    }
     int32_t *D_tok = ct_dev_i32(tok, T);
-    arl_cuda_embed_bwd(D_tab, D_dx, D_tok, T, d);
-    arl_dev_ops_cpu()->embed_bwd(tab, dx, tok, T, d);
-    ct_check("embed_bwd (same adds, same order: exact)", D_tab, tab, V * d, 0.0, 0.0);
+    arl_cuda_embed_bwd(D_tab, D_dx, D_tok, T, d, V, D_ws);
+    char what[96];
+    snprintf(what, sizeof what, "embed_bwd T %lld V %lld (same adds, same order: exact)",
+             (long long)T, (long long)V);
+    if (bad >= 0) {
+        char pos[32];
+        snprintf(pos, sizeof pos, "position %lld", (long long)bad);
+        arl_status st = arl_cuda_sync(ct_ctx);
+        CHECK_MSG(st == ARL_ERR_RANGE && strstr(arl_error_msg(), pos),
+                  "embed_bwd id %d at %lld: status %d, message '%s'", (int)bad_id, (long long)bad,
+                  (int)st, arl_error_msg());
+    }
+    ct_check(what, D_tab, tab, V * d, 0.0, 0.0);
     free(tok), free(dx), free(tab);
     CT_CASE_END;
 }
 
 static void test_embed_bwd(void) {
-    embed_case(40, 33, 10);
-    /* more tokens than a tile of ids (2048), more ids than buckets (64), two column blocks */
-    embed_case(5000, 130, 300);
+    embed_case(40, 33, 10, 0, -1, 0);
+    /* runs across the blocks' spans of 64 sorted entries, two column blocks */
+    embed_case(5000, 130, 300, 0, -1, 0);
+    embed_case(3000, 20, 512, 0, -1, 0); /* the largest vocabulary of one 9-bit pass */
+    embed_case(3000, 20, 513, 0, -1, 0); /* two passes, the top one of 2 keys */
+    embed_case(20000, 40, 5000, 0, -1, 0);
+    /* three passes; more entries than a segment of the sort (256) */
+    embed_case(2500, 9, ((int64_t)1 << 18) + 5, 0, -1, 0);
+    /* one token 70% of the rows: a run of about 14000 sorted entries from one block */
+    embed_case(20000, 40, 600, 700, -1, 0);
+    /* bad ids: one the sort's top digit takes (600 < 1024) and the runs skip; one it leaves out
+     * (one pass); and a negative one (two passes) */
+    embed_case(3000, 20, 600, 0, 1234, 600);
+    embed_case(3000, 20, 300, 0, 17, 300);
+    embed_case(3000, 20, 600, 100, 2999, -1);
 }
 
 /* ---------------------------------------------------------------- AdamW chunk sums */

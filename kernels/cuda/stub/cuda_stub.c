@@ -252,8 +252,16 @@ void arl_cuda_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *
 }
 void arl_cuda_mla_absorbed_attn(float *ohat, const float *qhat, const float *q_pe,
                                 const float *cache, int64_t pos0, int64_t Tq, int64_t Hm,
-                                int64_t rkv, int64_t r, float scale) {
+                                int64_t rkv, int64_t r, float scale, float *ws) {
     NO_CTX;
+}
+int64_t arl_cuda_mla_absorbed_ws_floats(int64_t max_rows, int64_t Hm, int64_t rkv) {
+    (void)max_rows, (void)Hm, (void)rkv;
+    return 0;
+}
+int32_t arl_cuda_mla_split_keys(int32_t keys) {
+    (void)keys;
+    return 0;
 }
 void arl_cuda_attnres_mix_fwd(float *out, float *a, const float *const *src, int32_t N, int64_t T,
                               int64_t d, const float *w_norm, const float *w_proj, float eps) {

@@ -45,8 +45,9 @@ void arl_cuda_cache_append_dpos(float *cache, const int64_t *pos_dev, const floa
 }
 void arl_cuda_mla_absorbed_attn_dpos(float *ohat, const float *qhat, const float *q_pe,
                                      const float *cache, const int64_t *pos_dev, int64_t Tq,
-                                     int64_t Hm, int64_t rkv, int64_t r, float scale) {
+                                     int64_t Hm, int64_t rkv, int64_t r, float scale,
+                                     int64_t max_rows, float *ws) {
     (void)ohat, (void)qhat, (void)q_pe, (void)cache, (void)pos_dev, (void)Tq, (void)Hm, (void)rkv;
-    (void)r, (void)scale;
+    (void)r, (void)scale, (void)max_rows, (void)ws;
     NO_CTX;
 }

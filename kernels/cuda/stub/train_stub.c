@@ -29,9 +29,13 @@ void arl_cuda_kda_onorm_bwd(float *d_o, float *dgam, float *dw, const float *dob
     (void)dv;
     NO_CTX;
 }
-void arl_cuda_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T,
-                        int64_t d) {
-    (void)dtable, (void)dx, (void)tokens, (void)T, (void)d;
+int64_t arl_cuda_embed_bwd_ws_ints(int64_t T, int64_t V) {
+    (void)T, (void)V;
+    return 0;
+}
+void arl_cuda_embed_bwd(float *dtable, const float *dx, const int32_t *tokens, int64_t T, int64_t d,
+                        int64_t V, int32_t *ws) {
+    (void)dtable, (void)dx, (void)tokens, (void)T, (void)d, (void)V, (void)ws;
     NO_CTX;
 }
 void arl_cuda_grad_sumsq(double *out, const float *g, const int64_t *ranges, int64_t n) {
