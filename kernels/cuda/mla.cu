@@ -124,27 +124,49 @@ template <int U> __global__ void k_attn_fwd(attn_args A) {
     if (A.lse && lane == 0) A.lse[item] = m + logf(l);
 }
 
-/* The splits' partial softmaxes of (query, head) blockIdx.x, a thread a value dim, in split
- * order: M the largest running max, each split's terms scaled by exp(m - M).  A split with no
- * keys adds exact zeros, so a launch with more splits than keys gives the same bits (a captured
- * decode step, its splits fixed by the cache's size, and a direct one agree). */
-__global__ void k_attn_merge(attn_args A) {
+/* The splits' partial softmaxes of (query, head) blockIdx.x (MERGE_THREADS threads, a value
+ * dim each per step of MERGE_THREADS), in split order: M the largest running max, each split's
+ * terms scaled by its weight exp(m - M), computed once per split into shared memory a tile of
+ * MERGE_TILE splits at a time.  A split with no keys adds exact zeros, so a launch with more
+ * splits than keys gives the same bits (a captured decode step, its splits fixed by the cache's
+ * size, and a direct one agree). */
+#define MERGE_THREADS 128
+#define MERGE_TILE 256
+__global__ void __launch_bounds__(MERGE_THREADS) k_attn_merge(attn_args A) {
+    __shared__ float wt[MERGE_TILE];
+    __shared__ float Lsum;
     const int64_t item = blockIdx.x, w = A.nv + 2;
     const float *pp = A.part + item * A.splits * w;
     float M = -INFINITY;
     for (int32_t s = 0; s < A.splits; s++)
         M = fmaxf(M, pp[s * w + A.nv]);
-    float L = 0.0f;
-    for (int32_t s = 0; s < A.splits; s++)
-        L += pp[s * w + A.nv + 1] * expf(pp[s * w + A.nv] - M);
-    const float inv = 1.0f / L;
-    for (int64_t d = threadIdx.x; d < A.nv; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int32_t s = 0; s < A.splits; s++)
-            acc += pp[s * w + d] * expf(pp[s * w + A.nv] - M);
-        A.o[item * A.nv + d] = acc * inv;
+    float L = 0.0f, acc[VMAX / MERGE_THREADS];
+    for (int u = 0; u < VMAX / MERGE_THREADS; u++)
+        acc[u] = 0.0f;
+    for (int32_t s0 = 0; s0 < A.splits; s0 += MERGE_TILE) {
+        const int32_t ns = A.splits - s0 < MERGE_TILE ? A.splits - s0 : MERGE_TILE;
+        for (int32_t s = threadIdx.x; s < ns; s += MERGE_THREADS)
+            wt[s] = expf(pp[(s0 + s) * w + A.nv] - M);
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int32_t s = 0; s < ns; s++)
+                L += pp[(s0 + s) * w + A.nv + 1] * wt[s];
+        for (int u = 0; u < VMAX / MERGE_THREADS; u++) {
+            const int64_t d = threadIdx.x + MERGE_THREADS * u;
+            if (d < A.nv)
+                for (int32_t s = 0; s < ns; s++)
+                    acc[u] += pp[(s0 + s) * w + d] * wt[s];
+        }
+        __syncthreads(); /* the tile's weights read before the next tile's */
     }
-    if (A.lse && threadIdx.x == 0) A.lse[item] = M + logf(L);
+    if (threadIdx.x == 0) Lsum = L;
+    __syncthreads();
+    const float inv = 1.0f / Lsum;
+    for (int u = 0; u < VMAX / MERGE_THREADS; u++) {
+        const int64_t d = threadIdx.x + MERGE_THREADS * u;
+        if (d < A.nv) A.o[item * A.nv + d] = acc[u] * inv;
+    }
+    if (A.lse && threadIdx.x == 0) A.lse[item] = M + logf(Lsum);
 }
 
 /* ---- the expanded forward on tensor cores (ARL_CUDA_MATH_BF16) ----
@@ -522,8 +544,8 @@ extern "C" int64_t arl_cuda_mla_absorbed_ws_floats(int64_t max_rows, int64_t Hm,
 static void attn_split(attn_args *A, int64_t max_keys, float *ws) {
     arl_cuda_ctx *c = arl_cuda_need();
     A->split_keys = split_keys(c);
-    ARL_ASSERT(A->split_keys % 32 == 0 && max_keys <= 65535 * A->split_keys);
     A->splits = ws && A->Tq == 1 ? (int32_t)split_count(max_keys, A->split_keys) : 1;
+    ARL_ASSERT(A->split_keys % 32 == 0 && (A->splits == 1 || max_keys <= 65535 * A->split_keys));
     A->part = ws;
 }
 
@@ -542,7 +564,7 @@ static void attn_launch(const attn_args *A, const char *name) {
         k_attn_fwd<8><<<grid, 32 * AW, 0, c->stream>>>(*A);
     else
         k_attn_fwd<16><<<grid, 32 * AW, 0, c->stream>>>(*A);
-    if (A->splits > 1) k_attn_merge<<<(unsigned)items, 128, 0, c->stream>>>(*A);
+    if (A->splits > 1) k_attn_merge<<<(unsigned)items, MERGE_THREADS, 0, c->stream>>>(*A);
     ARL_CUDA_LAUNCHED(c, name);
 }
 

@@ -342,9 +342,9 @@ static void test_mla(void) {
  * split here: against the CPU (the sums' order differs: tolerance as unsplit); the captured
  * form, its splits fixed by a cache of S rows, equal bit for bit (the surplus splits are
  * empty); and several queries, which do not split, as before. */
-static void absorbed_split_case(int64_t pos0, int64_t Hm) {
+static void absorbed_split_case(int64_t pos0, int64_t Hm, int64_t S) {
     CT_CASE_BEGIN;
-    const int64_t rkv = 48, r = 16, S = 300;
+    const int64_t rkv = 48, r = 16, nsplit = (S + 31) / 32;
     const float scale = 0.125f;
     const int32_t was = arl_cuda_mla_split_keys(32);
     float *cache = ct_rand(S * (rkv + r), -2, 2), *qh = ct_rand(3 * Hm * rkv, -1, 1);
@@ -354,7 +354,7 @@ static void absorbed_split_case(int64_t pos0, int64_t Hm) {
     float *d_qpe = ct_dev(qpe, 3 * Hm * r), *d_oh = ct_dev(NULL, 3 * Hm * rkv);
     float *d_og = ct_dev(NULL, Hm * rkv);
     const int64_t wsf = arl_cuda_mla_absorbed_ws_floats(S, Hm, rkv);
-    CHECK_MSG(wsf == Hm * 10 * (rkv + 2), "split work space %lld floats", (long long)wsf);
+    CHECK_MSG(wsf == Hm * nsplit * (rkv + 2), "split work space %lld floats", (long long)wsf);
     float *d_ws = ct_dev(NULL, wsf);
     int64_t *d_pos = (int64_t *)ct_dev_bytes(&pos0, sizeof pos0);
     char what[96];
@@ -372,17 +372,19 @@ static void absorbed_split_case(int64_t pos0, int64_t Hm) {
                                     d_ws);
     float *a = ct_get(d_oh, Hm * rkv), *g = ct_get(d_og, Hm * rkv);
     CHECK_MSG(!memcmp(a, g, sizeof(float) * (size_t)(Hm * rkv)),
-              "position %lld: the captured form (10 splits) differs from the direct one",
-              (long long)pos0);
+              "position %lld: the captured form (%lld splits) differs from the direct one",
+              (long long)pos0, (long long)nsplit);
     arl_cuda_mla_split_keys(was);
     free(a), free(g), free(cache), free(qh), free(qpe), free(oh), free(aws);
     CT_CASE_END;
 }
 
 static void test_mla_absorbed_split(void) {
-    absorbed_split_case(299, 3); /* 10 splits, the last of 12 keys */
-    absorbed_split_case(32, 5);  /* 2 splits, the second of one key */
-    absorbed_split_case(20, 2);  /* one split: unsplit (captured: 1 of 10 splits) */
+    absorbed_split_case(299, 3, 300); /* 10 splits, the last of 12 keys */
+    absorbed_split_case(32, 5, 300);  /* 2 splits, the second of one key */
+    absorbed_split_case(20, 2, 300);  /* one split: unsplit (captured: 1 of 10 splits) */
+    /* 282 splits: the merge's weights in two tiles of 256 (captured: the same) */
+    absorbed_split_case(8999, 2, 9000);
 }
 
 /* The expanded forward on tensor cores (ARL_CUDA_MATH_BF16, mla.cu k_attn_fwd_tc) against the
