@@ -43,6 +43,18 @@ int64_t arl_vision_ws_floats(const arl_model_config *cfg, int64_t max_patches);
  * patches row-major within an image.  ws: ws_floats >= arl_vision_ws_floats(cfg, Np).
  * Errors: ARL_ERR_UNSUPPORTED when the config has no vision_config ("the model has no vision
  * tower"), ARL_ERR_ARG for a bad grid, ARL_ERR_RANGE when Np exceeds the work buffer. */
+/* *Np = the patches of n_img >= 1 images of grids (n_img, 2) patch grids (rows, columns), each
+ * side even and >= 2 (the 2x2 merge); ARL_ERR_ARG naming the first bad image otherwise. */
+arl_status arl_vision_grids_count(const int32_t *grids, int32_t n_img, int64_t *Np);
+
+/* Heads [h0, h1) of the encoder's bidirectional softmax attention within each image (the
+ * forward's, and the backward's recomputation, policy/vision_backward.c): att (Np, Q) from qkv
+ * (Np, 3Q) = [q | k | v], hd = Q / heads, 64 queries at a time, each head's scores in scores
+ * + h 64 Np. */
+void arl_vision_attn_heads(float *att, float *scores, const float *qkv, const int32_t *grids,
+                           int32_t n_img, int64_t Q, int64_t hd, int64_t Np, int64_t h0,
+                           int64_t h1);
+
 arl_status arl_vision_fwd(float *tokens, const arl_model_params *w, const arl_model_config *cfg,
                           const float *patches, const int32_t *grids, int32_t n_img, float *ws,
                           int64_t ws_floats, const arl_vision_trace *trace);

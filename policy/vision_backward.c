@@ -9,6 +9,7 @@
 
 #include "core/assert.h"
 #include "kernels/kernels.h"
+#include "policy/vision.h"
 
 #define QBLK 64 /* queries per attention block, as policy/vision.c */
 
@@ -189,25 +190,7 @@ typedef struct attn_ctx {
 
 static void attn_fwd_heads(void *vctx, int64_t h0, int64_t h1) {
     const attn_ctx *A = vctx;
-    const int64_t Q = A->Q, hd = A->hd, ld = 3 * Q;
-    const float scale = 1.0f / sqrtf((float)hd);
-    for (int64_t h = h0; h < h1; h++) {
-        float *sc = A->B->P + h * QBLK * A->Np;
-        int64_t a = 0;
-        for (int32_t im = 0; im < A->n_img; im++) {
-            int64_t n = (int64_t)A->grids[2 * im] * A->grids[2 * im + 1];
-            const float *q = A->qkv + a * ld + h * hd, *k = q + Q, *v = q + 2 * Q;
-            for (int64_t q0 = 0; q0 < n; q0 += QBLK) {
-                int64_t nb = n - q0 < QBLK ? n - q0 : QBLK;
-                arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nb, n, hd, scale, q + q0 * ld, ld, k, ld,
-                           0.0f, sc, n);
-                arl_k_softmax_fwd(sc, sc, nb, n);
-                arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nb, hd, n, 1.0f, sc, n, v, ld, 0.0f,
-                           A->att + (a + q0) * Q + h * hd, Q);
-            }
-            a += n;
-        }
-    }
+    arl_vision_attn_heads(A->att, A->B->P, A->qkv, A->grids, A->n_img, A->Q, A->hd, A->Np, h0, h1);
 }
 
 /* Backward of one head's attention: dq, dk, dv into its columns of dqkv (zeroed by the
@@ -262,17 +245,9 @@ arl_status arl_vision_bwd(const arl_model_params *grads, float *tokens, const fl
     const int64_t D = dm->vD, Q = dm->vQ, F = dm->vF, p = dm->vp, nh = dm->vheads, d = dm->d;
     const int64_t pp = 3 * p * p, hd = Q / nh;
     const float eps_post = (float)cfg->vision.projector_ln_eps;
-    if (n_img < 1) return arl_errorf(ARL_ERR_ARG, "vision: no image");
     int64_t Np = 0;
-    for (int32_t i = 0; i < n_img; i++) {
-        int32_t gh = grids[2 * i], gw = grids[2 * i + 1];
-        if (gh < 2 || gw < 2 || gh % 2 || gw % 2)
-            return arl_errorf(ARL_ERR_ARG,
-                              "vision: image %d has a %d x %d patch grid; both sides must be even "
-                              "and >= 2 (2x2 merge)",
-                              i, gh, gw);
-        Np += (int64_t)gh * gw;
-    }
+    arl_status st = arl_vision_grids_count(grids, n_img, &Np);
+    if (st) return st;
     vis_bufs B;
     if (vis_layout(&B, NULL, dm, Np) > ws_floats)
         return arl_errorf(ARL_ERR_RANGE,
