@@ -494,6 +494,43 @@ static void bench_mla_decode(int quick, double copy_bw) {
     arl_cuda_release(ctx, mark);
 }
 
+/* Block-sparse MLA training (ops.h arl_cuda_mla_sparse_fwd_save / _bwd): the last 2048
+ * queries of a 65536-row document, 16 heads, rkv 512, r 64, chunks of 64 (1024 of them), top
+ * 16.  The backward's time against the forward's (no target: for the next GPU session, with
+ * the entries' sort of sort.cu in it). */
+static void bench_mla_sparse(int quick) {
+    size_t mark = arl_cuda_mark(ctx);
+    const int64_t S = quick ? 8192 : 65536, Tq = quick ? 512 : 2048, p0 = S - Tq;
+    const int64_t Hm = 16, rkv = 512, r = 64, R = rkv + r, n_c = 64, k_c = 16;
+    const float scale = 0.0417f;
+    float *rows = drand(S * R, -1, 1, "rows");
+    float *qh = drand(Tq * Hm * rkv, -1, 1, "qhat"), *qp = drand(Tq * Hm * r, -1, 1, "q_pe");
+    float *dO = drand(Tq * Hm * rkv, -1, 1, "dohat");
+    float *oh = dalloc(sizeof(float) * (size_t)(Tq * Hm * rkv), "ohat");
+    float *lse = dalloc(sizeof(float) * (size_t)(Tq * Hm), "lse");
+    int32_t *list = dalloc(sizeof(int32_t) * (size_t)(Tq * Hm * k_c), "list");
+    float *dqh = drand(Tq * Hm * rkv, 0, 0, "dqhat"), *dqp = drand(Tq * Hm * r, 0, 0, "dq_pe");
+    float *dnew = drand(Tq * R, 0, 0, "dnew"), *dpre = drand(p0 * R, 0, 0, "dprefix");
+    float *ws = dalloc(sizeof(float) *
+                           (size_t)arl_cuda_mla_sparse_train_ws_floats(Tq, S, Hm, rkv, r, n_c, k_c),
+                       "ws");
+    float fms, bms;
+    TIME_MS(fms, 5,
+            arl_cuda_mla_sparse_fwd_save(oh, lse, list, qh, qp, rows, p0, Tq, Hm, rkv, r, scale,
+                                         n_c, k_c, ws));
+    TIME_MS(bms, 5,
+            arl_cuda_mla_sparse_bwd(dqh, dqp, dnew, dpre, dO, oh, lse, list, qh, qp, rows, p0, Tq,
+                                    Hm, rkv, r, scale, n_c, k_c, ws));
+    printf("block-sparse MLA training, %lld queries after %lld rows, %lld heads, chunks of %lld, "
+           "top %lld: forward %.3f ms, backward %.3f ms (%.2fx)\n",
+           (long long)Tq, (long long)p0, (long long)Hm, (long long)n_c, (long long)k_c, fms, bms,
+           bms / fms);
+    printf("RESULT mla_sparse_fwd_ms=%.4f\nRESULT mla_sparse_bwd_ms=%.4f\n"
+           "RESULT mla_sparse_bwd_over_fwd=%.3f\n",
+           fms, bms, bms / fms);
+    arl_cuda_release(ctx, mark);
+}
+
 static void bench_mla(int quick) {
     size_t mark = arl_cuda_mark(ctx);
     const int64_t T = quick ? 1024 : 8192, Hm = 8, n = 64, r = 32, vm = 128;
@@ -612,6 +649,7 @@ int main(int argc, char **argv) {
     bench_embed_bwd(quick, bw);
     bench_mla(quick);
     bench_mla_decode(quick, bw);
+    bench_mla_sparse(quick);
     bench_conv(quick, bw);
     bench_rows(quick, bw);
     printf("RESULT mfu_train_step=not_measured\n");

@@ -148,6 +148,7 @@ END {
     printf f, "MoE routing plan, 896 experts top-16, over minimal-bytes copy", v["moe_plan_vs_copy"] "x (" v["moe_plan_ms"] " ms)"
     printf f, "embedding backward, d 7168, V 163840, over minimal-bytes copy", v["embed_bwd_over_copy"] "x (" v["embed_bwd_ms"] " ms)"
     printf f, "MLA decode 256K rows: split keys speed-up, time over one cache read", v["mla_decode_split_speedup"] "x, " v["mla_decode_over_read"] "x (" v["mla_decode_split_ms"] " ms)"
+    printf f, "block-sparse MLA training 2048 queries, 64K rows: backward over forward", v["mla_sparse_bwd_over_fwd"] "x (" v["mla_sparse_fwd_ms"] " / " v["mla_sparse_bwd_ms"] " ms)"
     printf f, "dense GEMM 16384x1024x1024, fp32 / bf16 operands", sprintf("%s / %s TFLOP/s (rounding both operands %s ms)", v["dense_n1024_f32_bf16math_tflops"], v["dense_n1024_bf16_tflops"], v["dense_n1024_round_ms"])
     printf f, "dense GEMM 16384x4096x1024, fp32 / bf16 operands", sprintf("%s / %s TFLOP/s (rounding both operands %s ms)", v["dense_n4096_f32_bf16math_tflops"], v["dense_n4096_bf16_tflops"], v["dense_n4096_round_ms"])
     printf f, "short conv fwd / bwd time over minimal-bytes copy", v["conv_fwd_over_copy"] "x / " v["conv_bwd_over_copy"] "x"

@@ -48,6 +48,7 @@ struct arl_cuda_ctx {
     int32_t mla_fwd_rows;       /* ARL_CUDA_MLA_FWD_ROWS* of the MLA forward on tensor cores */
     int32_t moe_tn;             /* ARL_CUDA_MOE_TN_* of the bf16 grouped GEMM (trans_w = 1) */
     int32_t mla_split_keys;     /* keys a split of the absorbed attention at least (0: default) */
+    int32_t spt_window;         /* chunks a sort window of the sparse backward (0: default) */
 };
 
 /* Current context of the thread; asserts one exists (programmer error otherwise). */
@@ -551,6 +552,33 @@ template <int K> __device__ static inline void arl_block_sum_dn(double *v, int n
         if (k < n) v[k] = sh[k * 33 + 32];
 }
 
+/* Block-wide exclusive prefix sum: each thread gets the sum of the values of the threads
+ * before it, and *total the block's sum (the same in every thread).  sh: 33 int64 of shared
+ * memory.  blockDim.x a multiple of 32, <= 1024; every thread of the block calls it. */
+__device__ static inline int64_t arl_block_scan_excl(int64_t v, int64_t *total, int64_t *sh) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int64_t incl = v; /* the warp's inclusive sums */
+    for (int o = 1; o < 32; o <<= 1) {
+        const int64_t u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+    }
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 31) sh[w] = incl;
+    __syncthreads();
+    if (w == 0) { /* the warps' sums, scanned */
+        int64_t t = lane < nw ? sh[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int64_t u = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= o) t += u;
+        }
+        if (lane < nw) sh[lane] = t;
+        if (lane == nw - 1) sh[32] = t;
+    }
+    __syncthreads();
+    *total = sh[32];
+    return (w > 0 ? sh[w - 1] : 0) + incl - v;
+}
+
 /* Block-wide max (float); NaN-propagating when nan_prop. sh: 33 floats. */
 __device__ static inline float arl_block_max(float v, float *sh) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -618,17 +646,19 @@ __device__ static inline void arl_glu_grads(int situ, float d, float g, float u,
  * keeping the entries of a key in entry order.  Entry i's source value is src[idx[i]] (idx
  * NULL: src[i]); its key is (uint32) value >> shift, then & mask when mask is non-zero; an
  * entry whose key is not below E is reported to the error word (err_code, detail: its source
- * index, idx[i] or i) and left out.  Entry i placed at row r: out[r] = idx ? idx[i] : i / div, and
- * when not NULL rank[i] = r and out_value[r] = the source value.  The MoE routing plan (moe.cu) is
- * one pass keyed by expert; the embedding backward's sort of positions by token (train.cu) is
- * passes of 9-bit digits, a radix sort. */
+ * index, idx[i] or i; err_code 0: not reported) and left out.  Entry i placed at row r: out[r] =
+ * idx ? idx[i] : i / div, and when not NULL rank[i] = r and out_value[r] = the source value.  The
+ * MoE routing plan (moe.cu) is one pass keyed by expert; the embedding backward's sort of
+ * positions by token (train.cu) is passes of 9-bit digits, a radix sort; the block-sparse MLA
+ * backward (sparse.cu) sorts a query block's (pair, slot) entries by chunk. */
 typedef struct arl_csort_pass {
     const int32_t *src;
     const int32_t *idx;
     uint32_t shift, mask;
     int64_t div;
     int32_t *out, *rank, *out_value;
-    int32_t err_code;
+    int32_t *used, *nused; /* (E), (1), or NULL: the keys with entries in order, their number */
+    int32_t err_code;      /* 0: an entry whose key is not below E is left out unreported */
 } arl_csort_pass;
 /* The segment table's ints for n entries and E keys. */
 int64_t arl_csort_seg_ints(int64_t n, int64_t E);

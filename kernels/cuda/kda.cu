@@ -19,36 +19,19 @@
 __global__ void __launch_bounds__(CT_THREADS)
     k_chunk_table(int32_t *ix, const int32_t *cu, int32_t N, int64_t T, int64_t C, int32_t cap,
                   arl_cuda_errword *err) {
-    __shared__ int64_t wsum[CT_THREADS / 32];
+    __shared__ int64_t sh[33];
     int32_t *doc = CT_DOC(ix), *ch = CT_CHUNKS(ix, N);
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = CT_THREADS / 32;
     int64_t nc = 0; /* chunks of the rounds before (the same in every thread) */
     for (int64_t base = 0; base < N; base += CT_THREADS) {
         const int64_t di = base + threadIdx.x;
-        int64_t n = 0;
+        int64_t n = 0, round = 0;
         if (di < N) {
             const int64_t a = cu ? cu[di] : 0, b = cu ? cu[di + 1] : T;
             n = b > a ? (b - a + C - 1) / C : 0;
         }
-        int64_t incl = n; /* the warp's inclusive sums, then the warps' */
-        for (int o = 1; o < 32; o <<= 1) {
-            const int64_t v = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += v;
-        }
-        if (lane == 31) wsum[w] = incl;
-        __syncthreads();
-        if (w == 0) {
-            int64_t t = lane < nw ? wsum[lane] : 0;
-            for (int o = 1; o < 32; o <<= 1) {
-                const int64_t v = __shfl_up_sync(0xffffffffu, t, o);
-                if (lane >= o) t += v;
-            }
-            if (lane < nw) wsum[lane] = t;
-        }
-        __syncthreads();
-        if (di < N) doc[di] = (int32_t)(nc + (w > 0 ? wsum[w - 1] : 0) + incl - n);
-        nc += wsum[nw - 1];
-        __syncthreads(); /* wsum read by all before the next round */
+        const int64_t before = arl_block_scan_excl(n, &round, sh);
+        if (di < N) doc[di] = (int32_t)(nc + before);
+        nc += round;
     }
     if (nc > cap) {
         if (threadIdx.x == 0) {

@@ -452,9 +452,10 @@ void arl_cuda_mla_sparse_attn_dpos(float *ohat, const float *qhat, const float *
  * of arl_cuda_mla_sparse_attn in launches of at most 16384 (query, head) pairs, also writing
  * lse and the selected list.  Backward over the list, in blocks of queries: per (query, head)
  * P and dZ over its (k_c + 1) n_c entries into ws, dqhat and dq_pe += (sums over the entries in
- * order); then per chunk the block's entries that read it, in pair order (counted, scanned and
- * written by one thread per chunk), and per (row, column) the sum over them in that order,
- * added to dnew or dprefix.  fp32, no atomics: deterministic run to run. */
+ * order); then the block's entries sorted by chunk, stably (kernels/cuda/sort.cu, a window
+ * of at most ARL_SPT_WINDOW chunks a sort; was a thread a chunk scanning all the block's
+ * entries), and per (row, column) the sum over its chunk's entries in pair order, added to dnew
+ * or dprefix.  fp32, no atomics: deterministic run to run. */
 int64_t arl_cuda_mla_sparse_train_ws_floats(int64_t Tq_max, int64_t S, int64_t Hm, int64_t rkv,
                                             int64_t r, int64_t n_c, int64_t k_c);
 void arl_cuda_mla_sparse_fwd_save(float *ohat, float *lse, int32_t *list, const float *qhat,
@@ -466,6 +467,9 @@ void arl_cuda_mla_sparse_bwd(float *dqhat, float *dq_pe, float *dnew, float *dpr
                              const int32_t *list, const float *qhat, const float *q_pe,
                              const float *rows, int64_t p0, int64_t Tq, int64_t Hm, int64_t rkv,
                              int64_t r, float scale, int64_t n_c, int64_t k_c, float *ws);
+/* The chunks a window of the backward's sort from now on (1 .. ARL_SPT_WINDOW; 0: that
+ * default); returns the setting it replaces (the tests' many windows over few chunks). */
+int32_t arl_cuda_mla_sparse_bwd_window(int32_t chunks);
 
 #ifdef __cplusplus
 }

@@ -2,11 +2,11 @@
  * The entries split into segments of consecutive entries, one warp each.  Pass 1
  * (k_csort_walk<false>) counts each key's entries per segment; a scan per key over the
  * segments (k_csort_seg_scan) turns the counts into the key's rows before each segment and
- * gives counts[e]; k_csort_scan the keys' offsets (and tiles); pass 2 (k_csort_walk<true>)
- * walks each segment again in order and places every entry after the earlier ones of its key -
- * within a step of 32 entries, the lanes holding the same key (__match_any_sync) rank by lane.
- * The rows of a key thus follow the entry order.  The per-segment counts (E, segments) are the
- * caller's seg. */
+ * gives counts[e]; k_csort_scan the keys' offsets (and tiles, and the keys with entries);
+ * pass 2 (k_csort_walk<true>) walks each segment again in order and places every entry after
+ * the earlier ones of its key - within a step of 32 entries, the lanes holding the same key
+ * (__match_any_sync) rank by lane.  The rows of a key thus follow the entry order.  The
+ * per-segment counts (E, segments) are the caller's seg. */
 #include "kernels/cuda/internal.cuh"
 
 /* segments at most (the counts table: E x 2048 ints), and entries a segment at least: 8 steps
@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(32)
             key = p.mask ? (int64_t)(u & p.mask) : (int64_t)u;
         }
         const bool ok = i < z && key < E;
-        if (!PLACE && i < z && !ok) arl_dev_error(err, p.err_code, from);
+        if (!PLACE && i < z && !ok && p.err_code) arl_dev_error(err, p.err_code, from);
         const int32_t s = ok ? (int32_t)key : -1;
         const unsigned m = __match_any_sync(0xffffffffu, s); /* lanes of s */
         if (PLACE && ok) {
@@ -95,20 +95,38 @@ __global__ void __launch_bounds__(32)
     if (lane == 0) counts[e] = carry;
 }
 
-__global__ void k_csort_scan(int32_t *offsets, int32_t *tiles, const int32_t *counts, int64_t E,
-                             int32_t tile_rows) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int32_t o = 0, t = 0;
-    for (int64_t e = 0; e < E; e++) {
-        offsets[e] = o;
-        o += counts[e];
+/* One block (CSORT_SCAN_THREADS), rounds of that many keys: offsets, tiles (or NULL) and the
+ * list of keys with entries (p.used / p.nused, or NULL) from counts.  Was one thread walking
+ * every key: E dependent loads (a load after a store, which may alias) each call. */
+#define CSORT_SCAN_THREADS 1024
+__global__ void __launch_bounds__(CSORT_SCAN_THREADS)
+    k_csort_scan(int32_t *offsets, int32_t *tiles, int32_t *used, int32_t *nused,
+                 const int32_t *counts, int64_t E, int32_t tile_rows) {
+    __shared__ int64_t sh[33];
+    int64_t o = 0, t = 0, u = 0; /* the rounds before: rows, tiles, keys with entries */
+    for (int64_t base = 0; base < E; base += CSORT_SCAN_THREADS) {
+        const int64_t e = base + threadIdx.x;
+        const int64_t c = e < E ? counts[e] : 0;
+        int64_t sum = 0;
+        const int64_t ob = arl_block_scan_excl(c, &sum, sh);
+        if (e < E) offsets[e] = (int32_t)(o + ob);
+        o += sum;
         if (tiles) {
-            tiles[e] = t;
-            t += (counts[e] + tile_rows - 1) / tile_rows;
+            const int64_t tb = arl_block_scan_excl((c + tile_rows - 1) / tile_rows, &sum, sh);
+            if (e < E) tiles[e] = (int32_t)(t + tb);
+            t += sum;
+        }
+        if (used) {
+            const int64_t ub = arl_block_scan_excl(c > 0, &sum, sh);
+            if (c > 0) used[u + ub] = (int32_t)e;
+            u += sum;
         }
     }
-    offsets[E] = o;
-    if (tiles) tiles[E] = t;
+    if (threadIdx.x == 0) {
+        offsets[E] = (int32_t)o;
+        if (tiles) tiles[E] = (int32_t)t;
+        if (nused) *nused = (int32_t)u;
+    }
 }
 
 void arl_csort_run(arl_cuda_ctx *c, const arl_csort_pass *p, int64_t n, int64_t E, int32_t *counts,
@@ -124,7 +142,8 @@ void arl_csort_run(arl_cuda_ctx *c, const arl_csort_pass *p, int64_t n, int64_t 
     } else {
         cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)E, c->stream);
     }
-    k_csort_scan<<<1, 32, 0, c->stream>>>(offsets, tiles, counts, E, tile_rows);
+    k_csort_scan<<<1, CSORT_SCAN_THREADS, 0, c->stream>>>(offsets, tiles, p->used, p->nused, counts,
+                                                          E, tile_rows);
     if (nseg > 0)
         k_csort_walk<true>
             <<<(unsigned)nseg, 32, sm, c->stream>>>(*p, seg, offsets, n, E, L, nseg, c->err);

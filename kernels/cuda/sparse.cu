@@ -268,7 +268,7 @@ extern "C" void arl_cuda_mla_sparse_attn_dpos(float *ohat, const float *qhat, co
 /* The work buffer (kernels/cuda/sparse_layout.h) as pointers. */
 typedef struct spt_ws {
     float *means, *sig, *P, *dZ;
-    int32_t *cnt, *off, *used, *nused, *ent;
+    int32_t *cnt, *off, *used, *nused, *key, *ent, *seg;
 } spt_ws;
 
 static void spt_bind(spt_ws *b, float *ws, int64_t Tq_max, int64_t S, int64_t Hm, int64_t R,
@@ -283,7 +283,9 @@ static void spt_bind(spt_ws *b, float *ws, int64_t Tq_max, int64_t S, int64_t Hm
     b->off = (int32_t *)(ws + L.off);
     b->used = (int32_t *)(ws + L.used);
     b->nused = (int32_t *)(ws + L.nused);
+    b->key = (int32_t *)(ws + L.key);
     b->ent = (int32_t *)(ws + L.ent);
+    b->seg = (int32_t *)(ws + L.seg);
 }
 
 extern "C" int64_t arl_cuda_mla_sparse_train_ws_floats(int64_t Tq_max, int64_t S, int64_t Hm,
@@ -372,59 +374,36 @@ __global__ void __launch_bounds__(SPT_THREADS)
     }
 }
 
-/* Per chunk j < Jb (one thread each): the entries (pair, slot) of the block's np pairs that
- * read chunk j, counted (fill = 0) or written in pair order from off[j] (fill = 1). */
-__global__ void k_spt_lists(int32_t *cnt, int32_t *ent, const int32_t *off, const int32_t *list,
-                            int64_t p0, int64_t q0, int64_t np, int64_t Hm, int64_t n_c,
-                            int64_t k_c, int64_t Jb, int fill) {
-    ARL_GRID_STRIDE(j, Jb) {
-        int32_t n = 0, at = fill ? off[j] : 0;
-        for (int64_t p = 0; p < np; p++) {
-            const int64_t g = q0 * Hm + p, J = (p0 + q0 + p / Hm) / n_c;
-            const int32_t *lrow = list + g * k_c;
-            for (int64_t k = 0; k <= k_c; k++)
-                if (spt_chunk(lrow, k, k_c, J) == j) {
-                    if (fill)
-                        ent[at++] = (int32_t)(p * (k_c + 1) + k);
-                    else
-                        n++;
-                }
-        }
-        if (!fill) cnt[j] = n;
+/* Entry i = p (k_c + 1) + k of the block's np pairs (slot k of pair p): key[i] = its chunk
+ * less j0 when that is in [j0, j0 + W), -1 otherwise (no chunk, or another window's). */
+__global__ void k_spt_keys(int32_t *key, const int32_t *list, int64_t p0, int64_t q0, int64_t np,
+                           int64_t Hm, int64_t n_c, int64_t k_c, int64_t j0, int64_t W) {
+    ARL_GRID_STRIDE(i, np * (k_c + 1)) {
+        const int64_t p = i / (k_c + 1), k = i % (k_c + 1), g = q0 * Hm + p;
+        const int64_t j = spt_chunk(list + g * k_c, k, k_c, (p0 + q0 + p / Hm) / n_c);
+        key[i] = j >= j0 && j < j0 + W ? (int32_t)(j - j0) : -1;
     }
 }
 
-/* One thread: the entry offsets of the chunks and the list of chunks with entries. */
-__global__ void k_spt_scan(int32_t *off, int32_t *used, int32_t *nused, const int32_t *cnt,
-                           int64_t Jb) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    int32_t o = 0, nu = 0;
-    for (int64_t j = 0; j < Jb; j++) {
-        off[j] = o;
-        o += cnt[j];
-        if (cnt[j] > 0) used[nu++] = (int32_t)j;
-    }
-    off[Jb] = o;
-    *nused = nu;
-}
-
-/* Row side: one thread per (row of a chunk with entries, column c): the sum over the chunk's
- * entries in order (pairs in order, then slots) of P dohat + scale dZ [qhat; q_pe], added to
- * dnew (rows >= p0) or dprefix (rows < p0; skipped when NULL).  Rows past the block's last
- * query are not touched. */
+/* Row side: one thread per (row of a chunk with entries, column c), the chunks of the window
+ * from j0 (used: the window's chunks with entries, less j0): the sum over the chunk's entries
+ * in order (pairs in order, then slots) of P dohat + scale dZ [qhat; q_pe], added to dnew
+ * (rows >= p0) or dprefix (rows < p0; skipped when NULL).  Rows past the block's last query
+ * are not touched. */
 __global__ void k_spt_bwd_rows(float *dnew, float *dprefix, const float *Pb, const float *dZb,
                                const int32_t *ent, const int32_t *off, const int32_t *used,
                                const int32_t *nused, const float *dohat, const float *qhat,
                                const float *q_pe, int64_t p0, int64_t q0, int64_t nq, int64_t Hm,
-                               int64_t rkv, int64_t r, float scale, int64_t n_c, int64_t k_c) {
+                               int64_t rkv, int64_t r, float scale, int64_t n_c, int64_t k_c,
+                               int64_t j0) {
     const int64_t R = rkv + r, E = (k_c + 1) * n_c, last = p0 + q0 + nq - 1;
     const int64_t total = (int64_t)*nused * n_c * R;
     ARL_GRID_STRIDE(idx, total) {
-        const int64_t j = used[idx / (n_c * R)], o = (idx / R) % n_c, c = idx % R;
-        const int64_t s = j * n_c + o;
+        const int64_t u = used[idx / (n_c * R)], o = (idx / R) % n_c, c = idx % R;
+        const int64_t s = (j0 + u) * n_c + o;
         if (s > last || (s < p0 && !dprefix)) continue;
         float acc = 0.0f;
-        for (int32_t x = off[j]; x < off[j + 1]; x++) {
+        for (int32_t x = off[u]; x < off[u + 1]; x++) {
             const int64_t pe = ent[x], p = pe / (k_c + 1), k = pe % (k_c + 1);
             const int64_t g = q0 * Hm + p, e = p * E + k * n_c + o;
             const float pv = Pb[e], dz = dZb[e];
@@ -450,6 +429,7 @@ extern "C" void arl_cuda_mla_sparse_bwd(float *dqhat, float *dq_pe, float *dnew,
     ARL_ASSERT(p0 >= 0 && Tq >= 0 && n_c >= 1 && k_c >= 1 && rkv >= 1);
     if (Tq == 0) return;
     const int64_t R = rkv + r, M = p0 + Tq, bq = arl_spt_bwd_queries(Hm, n_c, k_c);
+    const int64_t W = ctx->spt_window > 0 ? ctx->spt_window : ARL_SPT_WINDOW;
     float *dpre = p0 > 0 ? dprefix : NULL;
     spt_ws b;
     spt_bind(&b, ws, Tq, M, Hm, R, n_c, k_c);
@@ -459,14 +439,30 @@ extern "C" void arl_cuda_mla_sparse_bwd(float *dqhat, float *dq_pe, float *dnew,
         k_spt_bwd_q<<<(unsigned)np, SPT_THREADS, 0, ctx->stream>>>(
             dqhat, dq_pe, b.P, b.dZ, dohat, ohat, lse, list, qhat, q_pe, rows, p0, q0, Hm, rkv, r,
             scale, n_c, k_c);
-        k_spt_lists<<<arl_blocks(Jb, 128), 128, 0, ctx->stream>>>(b.cnt, b.ent, b.off, list, p0, q0,
-                                                                  np, Hm, n_c, k_c, Jb, 0);
-        k_spt_scan<<<1, 1, 0, ctx->stream>>>(b.off, b.used, b.nused, b.cnt, Jb);
-        k_spt_lists<<<arl_blocks(Jb, 128), 128, 0, ctx->stream>>>(b.cnt, b.ent, b.off, list, p0, q0,
-                                                                  np, Hm, n_c, k_c, Jb, 1);
-        k_spt_bwd_rows<<<arl_blocks(Jb * n_c * R, 256), 256, 0, ctx->stream>>>(
-            dnew, dpre, b.P, b.dZ, b.ent, b.off, b.used, b.nused, dohat, qhat, q_pe, p0, q0, nq, Hm,
-            rkv, r, scale, n_c, k_c);
+        /* the block's entries by chunk, a window of W chunks at a time */
+        const int64_t n = np * (k_c + 1);
+        for (int64_t j0 = 0; j0 < Jb; j0 += W) {
+            const int64_t Ew = Jb - j0 < W ? Jb - j0 : W;
+            k_spt_keys<<<arl_blocks(n, 256), 256, 0, ctx->stream>>>(b.key, list, p0, q0, np, Hm,
+                                                                    n_c, k_c, j0, Ew);
+            arl_csort_pass sp = {};
+            sp.src = b.key;
+            sp.div = 1;
+            sp.out = b.ent;
+            sp.used = b.used;
+            sp.nused = b.nused;
+            sp.err_code = 0; /* the entries of no chunk or of other windows: left out */
+            ARL_ASSERT(arl_csort_seg_ints(n, Ew) <= arl_spt_seg_ints(n, Ew));
+            arl_csort_run(ctx, &sp, n, Ew, b.cnt, b.off, NULL, 1, b.seg);
+            k_spt_bwd_rows<<<arl_blocks(Ew * n_c * R, 256), 256, 0, ctx->stream>>>(
+                dnew, dpre, b.P, b.dZ, b.ent, b.off, b.used, b.nused, dohat, qhat, q_pe, p0, q0, nq,
+                Hm, rkv, r, scale, n_c, k_c, j0);
+        }
     }
     ARL_CUDA_LAUNCHED(ctx, "mla_sparse_bwd");
+}
+
+extern "C" int32_t arl_cuda_mla_sparse_bwd_window(int32_t chunks) {
+    ARL_ASSERT(chunks >= 0 && chunks <= ARL_SPT_WINDOW);
+    return arl_cuda_swap_setting(&arl_cuda_need()->spt_window, chunks);
 }

@@ -11,6 +11,13 @@
 #define ARL_SPT_FWD_PAIRS (1 << 14)  /* forward: (query, head) pairs per launch */
 #define ARL_SPT_BWD_FLOATS (1 << 24) /* backward: floats of P (and of dZ) per query block */
 #define ARL_SPT_QB_MAX 64            /* backward: queries per block at most */
+#define ARL_SPT_WINDOW 4096          /* backward: chunks a window of the entries' sort at most */
+
+/* The counting sort's segment table (kernels/cuda/sort.cu arl_csort_seg_ints) for n entries and
+ * E keys at most: its segments hold 256 entries at least. */
+static inline int64_t arl_spt_seg_ints(int64_t n, int64_t E) {
+    return E * ((n + 255) / 256);
+}
 
 /* Queries per forward launch. */
 static inline int64_t arl_spt_fwd_queries(int64_t Hm) {
@@ -28,8 +35,9 @@ typedef struct arl_spt_layout {
     int64_t means;                 /* (S / n_c + 1, R) the chunk summaries */
     int64_t sig;                   /* forward: (forward queries Hm, S / n_c + 1) */
     int64_t P, dZ;                 /* backward: (backward queries Hm, (k_c + 1) n_c) each */
-    int64_t cnt, off, used, nused; /* int32: (J + 1), (J + 1), (J), (1) */
-    int64_t ent;                   /* int32 (backward queries Hm (k_c + 1)) */
+    int64_t cnt, off, used, nused; /* int32: (W + 1), (W + 1), (W), (1); W the window's chunks */
+    int64_t key, ent;              /* int32 (backward queries Hm (k_c + 1)) each */
+    int64_t seg;                   /* int32: the sort's segment table */
     int64_t floats;                /* the whole buffer */
 } arl_spt_layout;
 
@@ -54,11 +62,14 @@ static inline void arl_spt_layout_make(arl_spt_layout *b, int64_t Tq_max, int64_
     at = after;
     b->P = arl_spt_take(&at, bq * Hm * (k_c + 1) * n_c);
     b->dZ = arl_spt_take(&at, bq * Hm * (k_c + 1) * n_c);
-    b->cnt = arl_spt_take(&at, J + 1);
-    b->off = arl_spt_take(&at, J + 1);
-    b->used = arl_spt_take(&at, J);
+    const int64_t W = J < ARL_SPT_WINDOW ? J : ARL_SPT_WINDOW, n = bq * Hm * (k_c + 1);
+    b->cnt = arl_spt_take(&at, W + 1);
+    b->off = arl_spt_take(&at, W + 1);
+    b->used = arl_spt_take(&at, W);
     b->nused = arl_spt_take(&at, 1);
-    b->ent = arl_spt_take(&at, bq * Hm * (k_c + 1));
+    b->key = arl_spt_take(&at, n);
+    b->ent = arl_spt_take(&at, n);
+    b->seg = arl_spt_take(&at, arl_spt_seg_ints(n, W));
     b->floats = fwd_end > at ? fwd_end : at;
 }
 

@@ -657,12 +657,13 @@ static void test_qb(void) {
 
 /* ---------------------------------------------------------------- MoE */
 /* The plan alone (kernels/cuda/moe.cu: segments of consecutive entries, one warp each),
- * against the host's: counts, offsets and each expert's rows in (token, slot) order, exact.
- * Cases: segments of 256 with a partial last one (9000 entries, k distinct experts a token,
+ * against the host's: counts, offsets, row tiles and each expert's rows in (token, slot) order,
+ * exact. Cases: segments of 256 with a partial last one (9000 entries, k distinct experts a token,
  * one expert never chosen); the full-scale 896 experts over 25 segments and a step of 32
  * entries cut by the end, experts drawn with repeats (the plan does not need them distinct);
  * one entry; no tokens (every count 0); segments longer than the minimum: (2^17 + 123) tokens
- * x 5 (1864 segments of 352 entries, the last of 199) and, on a GPU (not under
+ * x 5 (1864 segments of 352 entries, the last of 199); 2500 experts (the offsets, row tiles of
+ * 64 included, scanned in rounds of 1024 keys), and, on a GPU (not under
  * tests/cuda/emu, which sets ARL_CUDA_EMU: half a minute there), 2^20 tokens x 5. */
 static void moe_plan_case(int64_t T, int64_t k, int64_t E, int distinct) {
     CT_CASE_BEGIN;
@@ -685,23 +686,27 @@ static void moe_plan_case(int64_t T, int64_t k, int64_t E, int distinct) {
     arl_cuda_moe_plan plan;
     arl_cuda_moe_plan_build(&plan, d_buf, d_sel, T, k, E);
     int32_t *cnt = ct_get_i32(plan.counts, E), *off = ct_get_i32(plan.offsets, E + 1);
+    int32_t *tiles = ct_get_i32(plan.tiles, E + 1);
     int32_t *src = R ? ct_get_i32(plan.row_src, R) : NULL;
     int32_t *slot = R ? ct_get_i32(plan.slot_row, R) : NULL;
     int32_t *want = ct_host(sizeof(int32_t) * E), *cursor = ct_host(sizeof(int32_t) * E), o = 0;
+    int32_t nt = 0; /* row tiles of 64 before the expert */
     memset(want, 0, sizeof(int32_t) * E);
     for (int64_t i = 0; i < R; i++)
         want[sel[i]]++;
     int bad = 0;
     for (int64_t e = 0; e < E && bad < 5; e++) {
-        if (cnt[e] != want[e] || off[e] != o) {
-            CHECK_MSG(0, "expert %lld: count %d (want %d), offset %d (want %d)", (long long)e,
-                      cnt[e], want[e], off[e], o);
+        if (cnt[e] != want[e] || off[e] != o || tiles[e] != nt) {
+            CHECK_MSG(0, "expert %lld: count %d (want %d), offset %d (want %d), tiles %d (want %d)",
+                      (long long)e, cnt[e], want[e], off[e], o, tiles[e], nt);
             bad++;
         }
         cursor[e] = o;
         o += want[e];
+        nt += (want[e] + 63) / 64;
     }
     CHECK_EQ_INT(off[E], (int32_t)R);
+    CHECK_EQ_INT(tiles[E], nt);
     if (distinct) CHECK_EQ_INT(cnt[E - 1], 0);
     for (int64_t i = 0; i < R && bad < 5; i++) {
         int32_t row = cursor[sel[i]]++;
@@ -711,7 +716,7 @@ static void moe_plan_case(int64_t T, int64_t k, int64_t E, int distinct) {
             bad++;
         }
     }
-    free(sel), free(cnt), free(off), free(src), free(slot), free(want), free(cursor);
+    free(sel), free(cnt), free(off), free(tiles), free(src), free(slot), free(want), free(cursor);
     CT_CASE_END;
 }
 
@@ -720,6 +725,7 @@ static void test_moe_plan(void) {
     moe_plan_case(457, 14, 896, 0); /* 6398 entries: 24 segments of 256 and one of 254 */
     moe_plan_case(1, 1, 5, 0);
     moe_plan_case(0, 4, 9, 0);
+    moe_plan_case(700, 4, 2500, 1); /* the offset scan's three rounds of 1024 experts */
     moe_plan_case(((int64_t)1 << 17) + 123, 5, 128, 0);
     if (!getenv("ARL_CUDA_EMU")) moe_plan_case((int64_t)1 << 20, 5, 128, 0);
 }

@@ -53,6 +53,7 @@
 #include "core/assert.h"
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/ops.h"
 #include "policy/model_backward.h"
 #include "policy/model_device_backward.h"
 #include "tests/cuda/cuda_open.h"
@@ -461,7 +462,9 @@ static void dcmp(const char *what, const float *dev, const float *ref, int64_t n
 /* The block-sparse core (chunks of 5, k_c 2): a document after a prefix of 37 rows (70
  * queries: crosses the device backward's blocks of 64 queries; up to 21 chunks), one from
  * position 0 (a query's own chunk and the dense case J <= k_c included).  The selected lists
- * must be equal (random rows: no near-ties), the rest within the absorbed core's bounds. */
+ * must be equal (random rows: no near-ties), the rest within the absorbed core's bounds.  The
+ * backward runs three times (gradients accumulating): without and with dprefix, then with the
+ * entries sorted by chunk in windows of 4 chunks (6 windows, the last of 2 chunks). */
 static void sparse_ops(dblock *B) {
     const arl_dev_ops *C = arl_dev_ops_cpu();
     const int64_t Hm = 2, rkv = 16, r = 8, R = rkv + r, n_c = 5, k_c = 2;
@@ -498,13 +501,16 @@ static void sparse_ops(dblock *B) {
         /* not the dense case everywhere: the last query selected fewer chunks than it has */
         const int64_t J_last = (M - 1) / n_c;
         CHECK(J_last > k_c && list[(Tq * Hm - 1) * k_c + k_c - 1] >= 0);
-        for (int with_pre = 0; with_pre < 2; with_pre++) {
+        for (int pass = 0; pass < 3; pass++) { /* pass 2: the entries' sort in 4-chunk windows */
+            const int with_pre = pass > 0;
+            const int32_t was = arl_cuda_mla_sparse_bwd_window(pass == 2 ? 4 : 0);
             CHECK(OPS->upload(dohat, ohat, sizeof(float) * (size_t)(Tq * Hm * rkv)) == ARL_OK);
             CHECK(OPS->upload(dlse, lse, sizeof(float) * (size_t)(Tq * Hm)) == ARL_OK);
             C->mla_sparse_bwd(dqh, dqp, dnew, with_pre ? dpre : NULL, dO, ohat, lse, list, qh, qp,
                               rows, p0, Tq, Hm, rkv, r, scale, n_c, k_c, ws);
             OPS->mla_sparse_bwd(ddqh, ddqp, ddnew, with_pre ? ddpre : NULL, ddO, dohat, dlse, dlist,
                                 dqh_in, dqp_in, drows, p0, Tq, Hm, rkv, r, scale, n_c, k_c, dws);
+            arl_cuda_mla_sparse_bwd_window(was);
             dcmp("mla_sparse_bwd dqhat", ddqh, dqh, Tq * Hm * rkv, 1e-4);
             dcmp("mla_sparse_bwd dq_pe", ddqp, dqp, Tq * Hm * r, 1e-4);
             dcmp("mla_sparse_bwd dnew", ddnew, dnew, Tq * R, 1e-4);

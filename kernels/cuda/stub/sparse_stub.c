@@ -55,6 +55,10 @@ void arl_cuda_mla_sparse_bwd(float *dqhat, float *dq_pe, float *dnew, float *dpr
     (void)r, (void)scale, (void)n_c, (void)k_c, (void)ws;
     NO_CTX;
 }
+int32_t arl_cuda_mla_sparse_bwd_window(int32_t chunks) {
+    (void)chunks;
+    return 0;
+}
 void arl_cuda_mla_chunk_means_update_dpos(float *means, const float *cache, const int64_t *pos_dev,
                                           int64_t R, int64_t n_c) {
     (void)means, (void)cache, (void)pos_dev, (void)R, (void)n_c;
