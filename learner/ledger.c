@@ -288,44 +288,37 @@ static arl_status shard_get(arl_shard_reader *r, int32_t shard_id, shard_db **ou
     return ARL_OK;
 }
 
-arl_status arl_shard_turns(arl_shard_reader *r, int32_t shard_id, int64_t traj_id,
-                           arl_turn_row **rows, int32_t *n) {
+/* Fills one row (of the caller's row type) from the current result row of q. */
+typedef void (*row_fill_fn)(sqlite3_stmt *q, void *row);
+
+/* The rows of sql (?1 = traj_id) in the shard's file, each size bytes, filled by fill: *rows
+ * malloc'ed (caller frees), NULL with *n = 0 on error; what names the read in a failure. */
+static arl_status traj_rows(arl_shard_reader *r, int32_t shard_id, int64_t traj_id, const char *sql,
+                            const char *what, size_t size, row_fill_fn fill, void **rows,
+                            int32_t *n) {
     *rows = NULL;
     *n = 0;
     shard_db *d;
     ARL_TRY(shard_get(r, shard_id, &d));
     sqlite3_stmt *q;
-    ARL_TRY(prep(d->db, d->path,
-                 "SELECT step_index, seg_index, act_tok_start, act_tok_end, reward, anchor, "
-                 "parse_status FROM turns WHERE traj_id = ?1 ORDER BY step_index",
-                 &q));
+    ARL_TRY(prep(d->db, d->path, sql, &q));
     sqlite3_bind_int64(q, 1, traj_id);
     int rc, cap = 0;
     arl_status s = ARL_OK;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         if (*n == cap) {
             cap = cap ? 2 * cap : 16;
-            arl_turn_row *v = realloc(*rows, (size_t)cap * sizeof *v);
+            void *v = realloc(*rows, (size_t)cap * size);
             if (!v) {
                 s = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
                 break;
             }
             *rows = v;
         }
-        arl_turn_row *t = &(*rows)[(*n)++];
-        memset(t, 0, sizeof *t);
-        t->step_index = sqlite3_column_int(q, 0);
-        t->seg_index = sqlite3_column_int(q, 1);
-        t->act_tok_start =
-            sqlite3_column_type(q, 2) == SQLITE_NULL ? -1 : sqlite3_column_int64(q, 2);
-        t->act_tok_end = sqlite3_column_type(q, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(q, 3);
-        t->reward = sqlite3_column_type(q, 4) == SQLITE_NULL ? NAN : sqlite3_column_double(q, 4);
-        t->has_anchor = sqlite3_column_type(q, 5) != SQLITE_NULL;
-        col_text(q, 5, t->anchor, sizeof t->anchor);
-        col_text(q, 6, t->parse_status, sizeof t->parse_status);
+        fill(q, (char *)*rows + (size_t)(*n)++ * size);
     }
     sqlite3_finalize(q);
-    if (s == ARL_OK && rc != SQLITE_DONE) s = db_fail(d->db, d->path, rc, "reading turns");
+    if (s == ARL_OK && rc != SQLITE_DONE) s = db_fail(d->db, d->path, rc, what);
     if (s) {
         free(*rows);
         *rows = NULL;
@@ -334,43 +327,48 @@ arl_status arl_shard_turns(arl_shard_reader *r, int32_t shard_id, int64_t traj_i
     return s;
 }
 
+static void turn_fill(sqlite3_stmt *q, void *row) {
+    arl_turn_row *t = row;
+    memset(t, 0, sizeof *t);
+    t->step_index = sqlite3_column_int(q, 0);
+    t->seg_index = sqlite3_column_int(q, 1);
+    t->act_tok_start = sqlite3_column_type(q, 2) == SQLITE_NULL ? -1 : sqlite3_column_int64(q, 2);
+    t->act_tok_end = sqlite3_column_type(q, 3) == SQLITE_NULL ? -1 : sqlite3_column_int64(q, 3);
+    t->reward = sqlite3_column_type(q, 4) == SQLITE_NULL ? NAN : sqlite3_column_double(q, 4);
+    t->has_anchor = sqlite3_column_type(q, 5) != SQLITE_NULL;
+    col_text(q, 5, t->anchor, sizeof t->anchor);
+    col_text(q, 6, t->parse_status, sizeof t->parse_status);
+}
+
+arl_status arl_shard_turns(arl_shard_reader *r, int32_t shard_id, int64_t traj_id,
+                           arl_turn_row **rows, int32_t *n) {
+    void *v;
+    arl_status s = traj_rows(r, shard_id, traj_id,
+                             "SELECT step_index, seg_index, act_tok_start, act_tok_end, reward, "
+                             "anchor, parse_status FROM turns WHERE traj_id = ?1 ORDER BY "
+                             "step_index",
+                             "reading turns", sizeof **rows, turn_fill, &v, n);
+    *rows = v;
+    return s;
+}
+
+static void reward_fill(sqlite3_stmt *q, void *row) {
+    arl_reward_row *t = row;
+    col_text(q, 0, t->level, sizeof t->level);
+    t->scope = sqlite3_column_int64(q, 1);
+    col_text(q, 2, t->component, sizeof t->component);
+    t->value = sqlite3_column_type(q, 3) == SQLITE_NULL ? NAN : sqlite3_column_double(q, 3);
+}
+
 arl_status arl_shard_rewards(arl_shard_reader *r, int32_t shard_id, int64_t traj_id,
                              arl_reward_row **rows, int32_t *n) {
-    *rows = NULL;
-    *n = 0;
-    shard_db *d;
-    ARL_TRY(shard_get(r, shard_id, &d));
-    sqlite3_stmt *q;
-    ARL_TRY(prep(d->db, d->path,
-                 "SELECT level, scope_index, component, value FROM rewards WHERE traj_id = ?1 AND "
-                 "source = 'env' ORDER BY level, scope_index, component",
-                 &q));
-    sqlite3_bind_int64(q, 1, traj_id);
-    int rc, cap = 0;
-    arl_status s = ARL_OK;
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            arl_reward_row *v = realloc(*rows, (size_t)cap * sizeof *v);
-            if (!v) {
-                s = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
-                break;
-            }
-            *rows = v;
-        }
-        arl_reward_row *t = &(*rows)[(*n)++];
-        col_text(q, 0, t->level, sizeof t->level);
-        t->scope = sqlite3_column_int64(q, 1);
-        col_text(q, 2, t->component, sizeof t->component);
-        t->value = sqlite3_column_type(q, 3) == SQLITE_NULL ? NAN : sqlite3_column_double(q, 3);
-    }
-    sqlite3_finalize(q);
-    if (s == ARL_OK && rc != SQLITE_DONE) s = db_fail(d->db, d->path, rc, "reading rewards");
-    if (s) {
-        free(*rows);
-        *rows = NULL;
-        *n = 0;
-    }
+    void *v;
+    arl_status s = traj_rows(r, shard_id, traj_id,
+                             "SELECT level, scope_index, component, value FROM rewards WHERE "
+                             "traj_id = ?1 AND source = 'env' ORDER BY level, scope_index, "
+                             "component",
+                             "reading rewards", sizeof **rows, reward_fill, &v, n);
+    *rows = v;
     return s;
 }
 

@@ -116,6 +116,14 @@ void rdb_rollback(rdb *d) {
     if (d->db && !sqlite3_get_autocommit(d->db)) sqlite3_exec(d->db, "ROLLBACK", NULL, NULL, NULL);
 }
 
+arl_status rdb_end(rdb *d, arl_status s) {
+    if (s != ARL_OK) {
+        rdb_rollback(d);
+        return s;
+    }
+    return rdb_commit(d);
+}
+
 arl_status rdb_query_int(rdb *d, const char *sql, int64_t *v, int *found) {
     sqlite3_stmt *s;
     ARL_TRY(rdb_prepare(d, sql, &s));

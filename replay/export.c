@@ -802,11 +802,7 @@ static arl_status import_catalog(replay_store *st, json_t *cat, int64_t *run_id,
     if (s == ARL_OK)
         s = lookup_id(c, "SELECT group_id FROM task_groups WHERE group_uid = ?1", g, k_group, 1,
                       group_id, where);
-    if (s != ARL_OK) {
-        rdb_rollback(c);
-        return s;
-    }
-    return rdb_commit(c);
+    return rdb_end(c, s);
 }
 
 static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, const char *where,

@@ -105,11 +105,7 @@ static arl_status evict(replay_writer *w, gc_state **v, size_t n, int64_t *evict
     }
     sqlite3_finalize(up);
     sqlite3_finalize(dc);
-    if (s != ARL_OK) {
-        rdb_rollback(db);
-        return s;
-    }
-    return rdb_commit(db);
+    return rdb_end(db, s);
 }
 
 arl_status replay_states_retain(replay_writer *w, const replay_retention *r, replay_gc_stats *out) {

@@ -42,6 +42,9 @@ arl_status rdb_prepare(rdb *d, const char *sql, sqlite3_stmt **st);
 arl_status rdb_begin(rdb *d); /* BEGIN IMMEDIATE */
 arl_status rdb_commit(rdb *d);
 void rdb_rollback(rdb *d); /* no-op outside a transaction */
+/* End the transaction of rdb_begin: commit if s is ARL_OK (the commit's status), else roll back
+ * and return s. */
+arl_status rdb_end(rdb *d, arl_status s);
 /* One integer from a query without parameters; *found = 0 if no row (found may be NULL). */
 arl_status rdb_query_int(rdb *d, const char *sql, int64_t *v, int *found);
 /* meta value of key into buf (""), *found as above. */

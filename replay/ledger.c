@@ -322,9 +322,7 @@ arl_status replay_update_commit(replay_store *st, int64_t run_id, int64_t update
         sqlite3_finalize(q);
         q = NULL;
     }
-    if (s == ARL_OK) return rdb_commit(c);
-    rdb_rollback(c);
-    return s;
+    return rdb_end(c, s);
 }
 
 arl_status replay_update_abort(replay_store *st, int64_t run_id, int64_t update_n) {

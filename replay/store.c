@@ -20,6 +20,13 @@
 #define AGENTRL_VERSION "0.0.0"
 #endif
 
+/* Inverse of name_of over 0..max: the value named name; -1 if none or name is NULL. */
+static int name_parse(const char *name, const char *(*name_of)(int), int max) {
+    for (int v = 0; v <= max; v++)
+        if (name && !strcmp(name, name_of(v))) return v;
+    return -1;
+}
+
 const char *replay_status_name(int status) {
     switch (status) {
     case REPLAY_RUNNING:
@@ -36,9 +43,7 @@ const char *replay_status_name(int status) {
 }
 
 int replay_status_parse(const char *name) {
-    for (int s = 0; s <= REPLAY_MASKED; s++)
-        if (name && !strcmp(name, replay_status_name(s))) return s;
-    return -1;
+    return name_parse(name, replay_status_name, REPLAY_MASKED);
 }
 
 const char *replay_file_kind_name(int kind) {
@@ -59,9 +64,7 @@ const char *replay_file_kind_name(int kind) {
 }
 
 int rfile_kind_parse(const char *name) {
-    for (int k = 0; k <= REPLAY_FILE_TOOL; k++)
-        if (name && !strcmp(name, replay_file_kind_name(k))) return k;
-    return -1;
+    return name_parse(name, replay_file_kind_name, REPLAY_FILE_TOOL);
 }
 
 const char *rstore_kind_letter(int kind) {
@@ -562,14 +565,10 @@ static arl_status ensure_row(replay_store *st, const char *ins, const char *sel,
         goto out;
     }
     *id = sqlite3_column_int64(b, 0);
-    sqlite3_finalize(a);
-    sqlite3_finalize(b);
-    return rdb_commit(c);
 out:
     sqlite3_finalize(a);
     sqlite3_finalize(b);
-    rdb_rollback(c);
-    return s;
+    return rdb_end(c, s);
 }
 
 static const char *or_default(const char *v, const char *d) {
@@ -879,18 +878,11 @@ static arl_status member_mirror(replay_store *st, int64_t group_id, int32_t slot
     if (s != ARL_OK) goto out;
     sqlite3_bind_int64(b, 1, group_id);
     rc = sqlite3_step(b);
-    if (rc != SQLITE_DONE) {
-        s = rdb_fail(c, rc, "updating a group's status");
-        goto out;
-    }
-    sqlite3_finalize(a);
-    sqlite3_finalize(b);
-    return rdb_commit(c);
+    if (rc != SQLITE_DONE) s = rdb_fail(c, rc, "updating a group's status");
 out:
     sqlite3_finalize(a);
     sqlite3_finalize(b);
-    rdb_rollback(c);
-    return s;
+    return rdb_end(c, s);
 }
 
 void rcat_member_mirror(replay_store *st, int64_t group_id, int32_t slot, int32_t attempt,
