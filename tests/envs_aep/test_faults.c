@@ -7,9 +7,6 @@
  * the attempt limits and delays of §10.3 resending identical bytes, never wait past its
  * deadline, and never crash (the suite also runs under AddressSanitizer). */
 #include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -20,6 +17,7 @@
 #include "envs/aep_check.h"
 #include "envs/aep_json.h"
 #include "envs/env.h"
+#include "tests/envs_aep/loopback_server.h"
 #include "tests/test.h"
 
 /* ---- the fault server ---- */
@@ -34,13 +32,10 @@ typedef struct attempt {
 } attempt;
 
 static struct {
-    int fd, port;
-    pthread_t th;
-    atomic_int stop;
+    lsrv srv;
     pthread_mutex_t mu;
     attempt att[MAX_ATT]; /* step (or GET) attempts of the current scenario */
     int n_att;
-    atomic_int accepts;
 } fs;
 
 static void fs_reset(void) {
@@ -48,25 +43,7 @@ static void fs_reset(void) {
     for (int i = 0; i < fs.n_att; i++) free(fs.att[i].body);
     fs.n_att = 0;
     pthread_mutex_unlock(&fs.mu);
-    atomic_store(&fs.accepts, 0);
-}
-
-static int send_all(int fd, const char *p, size_t n) {
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int send_resp(int fd, int status, const char *ctype, const char *extra, const char *body, size_t len) {
-    char h[512];
-    int n = snprintf(h, sizeof h, "HTTP/1.1 %d X\r\nAEP-Version: 1\r\nContent-Length: %zu\r\n%s%s%s%s\r\n", status, len,
-                     ctype ? "Content-Type: " : "", ctype ? ctype : "", ctype ? "\r\n" : "", extra ? extra : "");
-    if (send_all(fd, h, (size_t)n)) return -1;
-    return len ? send_all(fd, body, len) : 0;
+    atomic_store(&fs.srv.accepts, 0);
 }
 
 static const char *JS = "application/json; charset=utf-8";
@@ -96,13 +73,13 @@ static void nap(int ms) {
 static int fault(int fd, const char *sc, int n) {
     char *e = NULL;
     int rc = 0;
-    if (!strcmp(sc, "ok")) return send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+    if (!strcmp(sc, "ok")) return lsrv_send(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
     if (!strcmp(sc, "stall_once")) {
         if (n == 1) {
             nap(3000);
             return -1;
         }
-        return send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+        return lsrv_send(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
     }
     if (!strcmp(sc, "stall")) {
         nap(1500);
@@ -110,250 +87,184 @@ static int fault(int fd, const char *sc, int n) {
     }
     if (!strcmp(sc, "e500")) {
         e = envelope("ENV_INTERNAL", 0, "env", -1);
-        rc = send_resp(fd, 500, JS, NULL, e, strlen(e));
+        rc = lsrv_send(fd, 500, JS, NULL, e, strlen(e));
     } else if (!strcmp(sc, "e500_html")) {
-        rc = send_resp(fd, 500, "text/html", NULL, "<h1>oops</h1>", 13);
+        rc = lsrv_send(fd, 500, "text/html", NULL, "<h1>oops</h1>", 13);
     } else if (!strcmp(sc, "e502_html")) {
-        rc = send_resp(fd, 502, "text/html", NULL, "<h1>bad gateway</h1>", 20);
+        rc = lsrv_send(fd, 502, "text/html", NULL, "<h1>bad gateway</h1>", 20);
     } else if (!strcmp(sc, "e503_twice")) {
         if (n <= 2) {
             e = envelope("CAPACITY_REACHED", 1, "env", 150);
-            rc = send_resp(fd, 503, JS, "Retry-After: 1\r\n", e, strlen(e));
+            rc = lsrv_send(fd, 503, JS, "Retry-After: 1\r\n", e, strlen(e));
         } else {
-            rc = send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+            rc = lsrv_send(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
         }
     } else if (!strcmp(sc, "e503_header_only")) { /* no envelope: ENV_INTERNAL, retried with the header hint */
         if (n == 1)
-            rc = send_resp(fd, 503, "text/plain", "Retry-After: 1\r\n", "busy", 4);
+            rc = lsrv_send(fd, 503, "text/plain", "Retry-After: 1\r\n", "busy", 4);
         else
-            rc = send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+            rc = lsrv_send(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
     } else if (!strcmp(sc, "e504")) {
         e = envelope("DEADLINE_EXCEEDED", 1, "env", -1);
-        rc = send_resp(fd, 504, JS, NULL, e, strlen(e));
+        rc = lsrv_send(fd, 504, JS, NULL, e, strlen(e));
     } else if (!strcmp(sc, "busy_twice")) {
         if (n <= 2) {
             e = envelope("STEP_IN_PROGRESS", 1, "none", 30);
-            rc = send_resp(fd, 409, JS, NULL, e, strlen(e));
+            rc = lsrv_send(fd, 409, JS, NULL, e, strlen(e));
         } else {
-            rc = send_resp(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
+            rc = lsrv_send(fd, 200, JS, NULL, STEP_OK, strlen(STEP_OK));
         }
     } else if (!strcmp(sc, "capacity_forever")) {
         e = envelope("CAPACITY_REACHED", 1, "env", 40);
-        rc = send_resp(fd, 503, JS, "Retry-After: 1\r\n", e, strlen(e));
+        rc = lsrv_send(fd, 503, JS, "Retry-After: 1\r\n", e, strlen(e));
     } else if (!strcmp(sc, "x_code")) { /* an unknown server code: act on retryable as sent */
         e = envelope("X_FLAKY", 1, "infra", 5);
-        rc = send_resp(fd, 503, JS, "Retry-After: 0\r\n", e, strlen(e));
+        rc = lsrv_send(fd, 503, JS, "Retry-After: 0\r\n", e, strlen(e));
     } else if (!strcmp(sc, "bad_json")) {
-        rc = send_resp(fd, 200, JS, NULL, "{\"step_index\":1,", 16);
+        rc = lsrv_send(fd, 200, JS, NULL, "{\"step_index\":1,", 16);
     } else if (!strcmp(sc, "bad_utf8")) {
         const char *b = "{\"step_index\":1,\"x\":\"\xff\xfe\"}";
-        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+        rc = lsrv_send(fd, 200, JS, NULL, b, strlen(b));
     } else if (!strcmp(sc, "surrogate")) {
         const char *b = "{\"step_index\":1,\"x\":\"\\ud800\"}";
-        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+        rc = lsrv_send(fd, 200, JS, NULL, b, strlen(b));
     } else if (!strcmp(sc, "wrong_ctype")) {
-        rc = send_resp(fd, 200, "text/plain", NULL, STEP_OK, strlen(STEP_OK));
+        rc = lsrv_send(fd, 200, "text/plain", NULL, STEP_OK, strlen(STEP_OK));
     } else if (!strcmp(sc, "no_ctype")) {
-        rc = send_resp(fd, 200, NULL, NULL, STEP_OK, strlen(STEP_OK));
+        rc = lsrv_send(fd, 200, NULL, NULL, STEP_OK, strlen(STEP_OK));
     } else if (!strcmp(sc, "dup_keys")) {
         const char *b = "{\"step_index\":1,\"step_index\":1,\"observation\":{\"context\":\"append\",\"messages\":[{\"role\":"
                         "\"tool\",\"tool_call_id\":\"call_1_0\",\"content\":\"ok\"}]},\"reward\":0,\"terminated\":false,"
                         "\"truncated\":false}";
-        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+        rc = lsrv_send(fd, 200, JS, NULL, b, strlen(b));
     } else if (!strcmp(sc, "deep")) {
         char b[200];
         int k = snprintf(b, sizeof b, "{\"step_index\":1,\"info\":");
         for (int i = 0; i < 40; i++) b[k++] = '[';
         for (int i = 0; i < 40; i++) b[k++] = ']';
         b[k++] = '}';
-        rc = send_resp(fd, 200, JS, NULL, b, (size_t)k);
+        rc = lsrv_send(fd, 200, JS, NULL, b, (size_t)k);
     } else if (!strcmp(sc, "huge_declared")) { /* Content-Length over the cap: refused before the body */
         char h[256];
         int k = snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nAEP-Version: 1\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n",
                          JS, 64 << 20);
-        send_all(fd, h, (size_t)k);
+        lsrv_send_all(fd, h, (size_t)k);
         char buf[65536];
         memset(buf, ' ', sizeof buf);
         for (int i = 0; i < 1024; i++)
-            if (send_all(fd, buf, sizeof buf)) break;
+            if (lsrv_send_all(fd, buf, sizeof buf)) break;
         rc = -1;
     } else if (!strcmp(sc, "huge_chunked")) { /* no length: aborted when the cap is passed */
         char h[256];
         int k = snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nAEP-Version: 1\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n", JS);
-        send_all(fd, h, (size_t)k);
+        lsrv_send_all(fd, h, (size_t)k);
         char buf[65536 + 32];
         int hl = snprintf(buf, 32, "%x\r\n", 65536);
         memset(buf + hl, ' ', 65536);
         memcpy(buf + hl + 65536, "\r\n", 2);
         for (int i = 0; i < 1024; i++)
-            if (send_all(fd, buf, (size_t)hl + 65536 + 2)) break;
+            if (lsrv_send_all(fd, buf, (size_t)hl + 65536 + 2)) break;
         rc = -1;
     } else if (!strcmp(sc, "trickle")) {
         char h[256];
         int k = snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nAEP-Version: 1\r\nContent-Type: %s\r\nContent-Length: 1000\r\n\r\n", JS);
-        send_all(fd, h, (size_t)k);
+        lsrv_send_all(fd, h, (size_t)k);
         for (int i = 0; i < 100; i++) {
-            if (send_all(fd, " ", 1)) break;
+            if (lsrv_send_all(fd, " ", 1)) break;
             nap(50);
         }
         rc = -1;
     } else if (!strcmp(sc, "cut")) { /* connection closed mid-response */
         char h[256];
         int k = snprintf(h, sizeof h, "HTTP/1.1 200 OK\r\nAEP-Version: 1\r\nContent-Type: %s\r\nContent-Length: 500\r\n\r\n{\"step\"", JS);
-        send_all(fd, h, (size_t)k);
+        lsrv_send_all(fd, h, (size_t)k);
         rc = -1;
     } else if (!strcmp(sc, "unknown_session")) {
         e = envelope("UNKNOWN_SESSION", 0, "env", -1);
-        rc = send_resp(fd, 404, JS, NULL, e, strlen(e));
+        rc = lsrv_send(fd, 404, JS, NULL, e, strlen(e));
     } else if (!strcmp(sc, "stale_index")) { /* a replayed earlier step's response */
         const char *b = "{\"step_index\":0,\"observation\":{\"context\":\"append\",\"messages\":[{\"role\":\"tool\","
                         "\"tool_call_id\":\"call_1_0\",\"content\":\"ok\"}]},\"reward\":0,\"terminated\":false,\"truncated\":false}";
-        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+        rc = lsrv_send(fd, 200, JS, NULL, b, strlen(b));
     } else if (!strcmp(sc, "redirect")) {
-        rc = send_resp(fd, 307, JS, "Location: http://127.0.0.1:1/\r\n", "{}", 2);
+        rc = lsrv_send(fd, 307, JS, "Location: http://127.0.0.1:1/\r\n", "{}", 2);
     } else if (!strcmp(sc, "reward_range")) {
         const char *b = "{\"step_index\":1,\"observation\":{\"context\":\"append\",\"messages\":[{\"role\":\"tool\","
                         "\"tool_call_id\":\"call_1_0\",\"content\":\"ok\"}]},\"reward\":7,\"terminated\":false,\"truncated\":false}";
-        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+        rc = lsrv_send(fd, 200, JS, NULL, b, strlen(b));
     } else if (!strcmp(sc, "missing_tool_msg")) {
         const char *b = "{\"step_index\":1,\"observation\":{\"context\":\"append\",\"messages\":[{\"role\":\"user\","
                         "\"content\":\"hi\"}]},\"reward\":0,\"terminated\":false,\"truncated\":false}";
-        rc = send_resp(fd, 200, JS, NULL, b, strlen(b));
+        rc = lsrv_send(fd, 200, JS, NULL, b, strlen(b));
     } else if (!strcmp(sc, "no_envelope_4xx")) {
-        rc = send_resp(fd, 409, JS, NULL, "{\"detail\":\"conflict\"}", 21);
+        rc = lsrv_send(fd, 409, JS, NULL, "{\"detail\":\"conflict\"}", 21);
     } else if (!strcmp(sc, "status_299")) {
-        rc = send_resp(fd, 299, JS, NULL, STEP_OK, strlen(STEP_OK));
+        rc = lsrv_send(fd, 299, JS, NULL, STEP_OK, strlen(STEP_OK));
     } else {
-        rc = send_resp(fd, 500, "text/plain", NULL, "unknown scenario", 16);
+        rc = lsrv_send(fd, 500, "text/plain", NULL, "unknown scenario", 16);
     }
     free(e);
     return rc;
 }
 
-static void *conn_main(void *p) {
-    int fd = (int)(intptr_t)p;
-    char *buf = malloc(1 << 20);
-    size_t have = 0;
-    for (;;) {
-        char *end = NULL;
-        while (!(end = memmem(buf, have, "\r\n\r\n", 4))) {
-            if (have >= (1 << 20) - 1) goto done;
-            ssize_t r = recv(fd, buf + have, (1 << 20) - 1 - have, 0);
-            if (r <= 0) goto done;
-            have += (size_t)r;
+/* The lsrv handler: /<scenario>/aep/v1/<rest>; returns 0 to keep the connection, -1 to close it. */
+static int fs_handle(int fd, const lsrv_request *rq) {
+    const char *method = rq->method, *path = rq->path;
+    char sc[64] = "";
+    const char *rest = NULL;
+    if (path[0] == '/') {
+        const char *s2 = strchr(path + 1, '/');
+        if (s2 && (size_t)(s2 - path - 1) < sizeof sc) {
+            memcpy(sc, path + 1, (size_t)(s2 - path - 1));
+            sc[s2 - path - 1] = 0;
+            rest = s2;
         }
-        size_t hlen = (size_t)(end - buf) + 4;
-        buf[hlen - 1] = 0;
-        char method[16] = "", path[512] = "";
-        sscanf(buf, "%15s %511s", method, path);
-        size_t clen = 0;
-        char rid[64] = "";
-        for (char *l = strstr(buf, "\r\n"); l && l < buf + hlen; l = strstr(l + 2, "\r\n")) {
-            if (!strncasecmp(l + 2, "Content-Length:", 15)) clen = (size_t)strtoul(l + 17, NULL, 10);
-            if (!strncasecmp(l + 2, "AEP-Request-Id:", 15)) sscanf(l + 17, " %63[^\r]", rid);
+    }
+    int rc = 0;
+    if (!rest || strncmp(rest, "/aep/v1/", 8)) {
+        rc = lsrv_send(fd, 404, "text/plain", NULL, "no", 2);
+    } else if (!strcmp(rest + 8, "info")) {
+        rc = lsrv_send(fd, 200, JS, NULL, INFO, strlen(INFO));
+    } else if (!strcmp(rest + 8, "sessions") && !strcmp(method, "POST")) {
+        const char *b =
+            "{\"session_id\":\"s1\",\"trajectory_id\":\"f/1\",\"step_index\":0,\"observation\":"
+            "{\"context\":\"reset\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"}],"
+            "\"tools\":null}}";
+        rc = lsrv_send(fd, 201, JS, NULL, b, strlen(b));
+    } else if (!strcmp(method, "DELETE")) {
+        rc = lsrv_send(fd, 204, NULL, NULL, NULL, 0);
+    } else {
+        int n;
+        pthread_mutex_lock(&fs.mu);
+        n = ++fs.n_att;
+        if (n <= MAX_ATT) {
+            attempt *a = &fs.att[n - 1];
+            snprintf(a->path, sizeof a->path, "%s", path);
+            a->body = malloc(rq->len + 1);
+            memcpy(a->body, rq->body, rq->len);
+            a->body[rq->len] = 0;
+            a->len = rq->len;
+            snprintf(a->request_id, sizeof a->request_id, "%s", rq->request_id);
+            a->t_us = aep_now_us();
         }
-        while (have < hlen + clen) {
-            ssize_t r = recv(fd, buf + have, (1 << 20) - 1 - have, 0);
-            if (r <= 0) goto done;
-            have += (size_t)r;
-        }
-        /* /<scenario>/aep/v1/<rest> */
-        char sc[64] = "";
-        const char *rest = NULL;
-        if (path[0] == '/') {
-            const char *s2 = strchr(path + 1, '/');
-            if (s2 && (size_t)(s2 - path - 1) < sizeof sc) {
-                memcpy(sc, path + 1, (size_t)(s2 - path - 1));
-                sc[s2 - path - 1] = 0;
-                rest = s2;
-            }
-        }
-        int rc = 0;
-        if (!rest || strncmp(rest, "/aep/v1/", 8)) {
-            rc = send_resp(fd, 404, "text/plain", NULL, "no", 2);
-        } else if (!strcmp(rest + 8, "info")) {
-            rc = send_resp(fd, 200, JS, NULL, INFO, strlen(INFO));
-        } else if (!strcmp(rest + 8, "sessions") && !strcmp(method, "POST")) {
-            const char *b = "{\"session_id\":\"s1\",\"trajectory_id\":\"f/1\",\"step_index\":0,\"observation\":"
-                            "{\"context\":\"reset\",\"messages\":[{\"role\":\"user\",\"content\":\"go\"}],\"tools\":null}}";
-            rc = send_resp(fd, 201, JS, NULL, b, strlen(b));
-        } else if (!strcmp(method, "DELETE")) {
-            rc = send_resp(fd, 204, NULL, NULL, NULL, 0);
+        pthread_mutex_unlock(&fs.mu);
+        if (!strcmp(sc, "ok") && !strcmp(method, "GET")) {
+            const char *g = "{\"session_id\":\"s1\",\"step_index\":0,\"status\":\"active\"}";
+            rc = lsrv_send(fd, 200, JS, NULL, g, strlen(g));
         } else {
-            int n;
-            pthread_mutex_lock(&fs.mu);
-            n = ++fs.n_att;
-            if (n <= MAX_ATT) {
-                attempt *a = &fs.att[n - 1];
-                snprintf(a->path, sizeof a->path, "%s", path);
-                a->body = malloc(clen + 1);
-                memcpy(a->body, buf + hlen, clen);
-                a->body[clen] = 0;
-                a->len = clen;
-                snprintf(a->request_id, sizeof a->request_id, "%s", rid);
-                a->t_us = aep_now_us();
-            }
-            pthread_mutex_unlock(&fs.mu);
-            if (!strcmp(sc, "ok") && !strcmp(method, "GET")) {
-                const char *g = "{\"session_id\":\"s1\",\"step_index\":0,\"status\":\"active\"}";
-                rc = send_resp(fd, 200, JS, NULL, g, strlen(g));
-            } else {
-                rc = fault(fd, sc, n);
-            }
+            rc = fault(fd, sc, n);
         }
-        if (rc) goto done;
-        memmove(buf, buf + hlen + clen, have - hlen - clen);
-        have -= hlen + clen;
     }
-done:
-    free(buf);
-    close(fd);
-    return NULL;
-}
-
-static void *accept_main(void *p) {
-    (void)p;
-    while (!atomic_load(&fs.stop)) {
-        int c = accept(fs.fd, NULL, NULL);
-        if (c < 0) {
-            if (errno == EINTR) continue;
-            break;
-        }
-        if (atomic_load(&fs.stop)) {
-            close(c);
-            break;
-        }
-        atomic_fetch_add(&fs.accepts, 1);
-        int one = 1;
-        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        pthread_t t;
-        if (pthread_create(&t, NULL, conn_main, (void *)(intptr_t)c) == 0)
-            pthread_detach(t);
-        else
-            close(c);
-    }
-    return NULL;
+    return rc;
 }
 
 static int fs_start(void) {
     pthread_mutex_init(&fs.mu, NULL);
-    fs.fd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(fs.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fs.fd, (struct sockaddr *)&a, sizeof a) || listen(fs.fd, 64)) return -1;
-    socklen_t al = sizeof a;
-    getsockname(fs.fd, (struct sockaddr *)&a, &al);
-    fs.port = ntohs(a.sin_port);
-    return pthread_create(&fs.th, NULL, accept_main, NULL);
+    return lsrv_start(&fs.srv, fs_handle);
 }
 
 static void fs_stop(void) {
-    atomic_store(&fs.stop, 1);
-    shutdown(fs.fd, SHUT_RDWR);
-    close(fs.fd);
-    pthread_join(fs.th, NULL);
+    lsrv_stop(&fs.srv);
     fs_reset();
 }
 
@@ -374,7 +285,7 @@ typedef struct outcome {
 static outcome run(const char *sc, int use_get) {
     outcome o = {0};
     char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/%s", fs.port, sc);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/%s", fs.srv.port, sc);
     arl_env *e = NULL;
     if (arl_env_open(client, url, NULL, &e) != ARL_OK) {
         fprintf(stderr, "open %s: %s\n", url, arl_error_msg());
@@ -524,7 +435,7 @@ static void test_retry_delays(void) {
 
 static void test_keepalive(void) {
     char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/ok", fs.port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/ok", fs.srv.port);
     arl_env *e = NULL;
     CHECK(arl_env_open(client, url, NULL, &e) == ARL_OK);
     if (!e) return;
@@ -533,7 +444,8 @@ static void test_keepalive(void) {
     CHECK(arl_env_session_create(e, &cr, &s) == ARL_OK);
     fs_reset();
     for (int i = 0; i < 20; i++) CHECK(arl_env_session_get(s) == ARL_OK);
-    CHECK_MSG(atomic_load(&fs.accepts) <= 1, "%d connections for 20 requests", atomic_load(&fs.accepts));
+    CHECK_MSG(atomic_load(&fs.srv.accepts) <= 1, "%d connections for 20 requests",
+              atomic_load(&fs.srv.accepts));
     arl_env_session_free(s);
     arl_env_free(e);
 }
@@ -562,7 +474,7 @@ static void test_unreachable(void) {
 static void test_checker_on_faulty(void) {
     /* the fault server's step endpoint answers 500: the suite must fail */
     char url[128];
-    snprintf(url, sizeof url, "http://127.0.0.1:%d/e500_html", fs.port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/e500_html", fs.srv.port);
     arl_check_config cc = {.url = url};
     arl_check_report rep;
     CHECK(arl_aep_check_run(&cc, &rep) == ARL_OK);

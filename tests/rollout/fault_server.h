@@ -1,5 +1,5 @@
 /* tests/rollout/fault_server.h: a small AEP/1 environment on loopback that misbehaves on
- * purpose (header-only test helper).  Raw sockets, one thread per connection, keep-alive.
+ * purpose (header-only test helper), a handler of tests/envs_aep/loopback_server.h.
  *
  * It is a complete toy environment - no tools, a user message per step, terminated after step
  * 3, segment and episode scores - whose every session follows the scenario named by its task id
@@ -12,20 +12,13 @@
 #ifndef ARL_TESTS_ROLLOUT_FAULT_SERVER_H
 #define ARL_TESTS_ROLLOUT_FAULT_SERVER_H
 
-#include <arpa/inet.h>
-#include <errno.h>
 #include <jansson.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
-#include <stdatomic.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/socket.h>
-#include <unistd.h>
+
+#include "tests/envs_aep/loopback_server.h"
 
 /* What a scenario does: on `ep` ("create", "step", "score_segment", "score_episode") at step
  * `step` (steps only; 0 = any), the first `times` attempts (0 = all) get `how`. */
@@ -80,9 +73,7 @@ typedef struct fsrv_session {
 } fsrv_session;
 
 static struct {
-    int fd, port;
-    pthread_t th;
-    atomic_int stop;
+    lsrv srv;
     pthread_mutex_t mu;
     fsrv_session s[FSRV_MAX_SESSIONS];
     int n;
@@ -95,29 +86,10 @@ static const char *FSRV_INFO =
     "{\"range\":[0,1]},\"outcome\":{\"range\":[0,1]}},\"reward_components\":[],\"capabilities\":"
     "{\"segment_score\":true},\"limits\":{\"max_sessions\":256}}";
 
-static int fsrv_send_all(int fd, const char *p, size_t n) {
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static int fsrv_send(int fd, int status, const char *ctype, const char *body, size_t len) {
-    char h[256];
-    int n = snprintf(h, sizeof h,
-                     "HTTP/1.1 %d X\r\nAEP-Version: 1\r\nContent-Length: %zu\r\n%s%s%s\r\n", status,
-                     len, ctype ? "Content-Type: " : "", ctype ? ctype : "", ctype ? "\r\n" : "");
-    if (fsrv_send_all(fd, h, (size_t)n)) return -1;
-    return len ? fsrv_send_all(fd, body, len) : 0;
-}
-
 static const char *FSRV_JS = "application/json; charset=utf-8";
 
 static int fsrv_json(int fd, int status, const char *body) {
-    return fsrv_send(fd, status, FSRV_JS, body, strlen(body));
+    return lsrv_send(fd, status, FSRV_JS, NULL, body, strlen(body));
 }
 
 /* Apply the scenario's failure if it applies to this attempt: 1 = answered (or closed). */
@@ -144,7 +116,7 @@ static int fsrv_fault(int fd, fsrv_session *s, const fsrv_scenario *sc, const ch
         return 1;
     }
     if (!strcmp(h, "html500")) {
-        fsrv_send(fd, 500, "text/html", "<h1>oops</h1>", 13);
+        lsrv_send(fd, 500, "text/html", NULL, "<h1>oops</h1>", 13);
         return 1;
     }
     if (!strcmp(h, "close")) {
@@ -196,22 +168,24 @@ static char *fsrv_step_body(const fsrv_session *s, int k, json_t *action) {
     return b;
 }
 
-static void fsrv_handle(int fd, const char *method, const char *path, const char *body,
-                        size_t blen, int *close_conn) {
+/* The lsrv handler: answers one request; nonzero closes the connection without an answer. */
+static int fsrv_handle(int fd, const lsrv_request *rq) {
+    const char *method = rq->method, *path = rq->path;
     if (strncmp(path, "/aep/v1/", 8)) {
         fsrv_json(fd, 404, "{}");
-        return;
+        return 0;
     }
     const char *rest = path + 8;
     if (!strcmp(rest, "info")) {
         fsrv_json(fd, 200, FSRV_INFO);
-        return;
+        return 0;
     }
     if (!strcmp(method, "DELETE")) {
-        fsrv_send(fd, 204, NULL, NULL, 0);
-        return;
+        lsrv_send(fd, 204, NULL, NULL, NULL, 0);
+        return 0;
     }
-    json_t *req = blen ? json_loadb(body, blen, 0, NULL) : NULL;
+    int close_conn = 0;
+    json_t *req = rq->len ? json_loadb(rq->body, rq->len, 0, NULL) : NULL;
     pthread_mutex_lock(&fsrv.mu);
     if (!strcmp(rest, "sessions") && !strcmp(method, "POST")) {
         const char *traj = json_string_value(json_object_get(req, "trajectory_id"));
@@ -231,7 +205,7 @@ static void fsrv_handle(int fd, const char *method, const char *path, const char
             fsrv.n++;
         }
         int att = ++s->attempts[0][0];
-        if (fsrv_fault(fd, s, sc, "create", 0, att, close_conn)) goto out;
+        if (fsrv_fault(fd, s, sc, "create", 0, att, &close_conn)) goto out;
         if (!s->create_body) {
             char b[600];
             snprintf(b, sizeof b,
@@ -272,7 +246,7 @@ static void fsrv_handle(int fd, const char *method, const char *path, const char
             goto out;
         }
         int att = ++s->attempts[1][k < 8 ? k : 7];
-        if (fsrv_fault(fd, s, s->sc, "step", k, att, close_conn)) goto out;
+        if (fsrv_fault(fd, s, s->sc, "step", k, att, &close_conn)) goto out;
         char *b = fsrv_step_body(s, k, json_object_get(req, "action"));
         s->last_step = k;
         s->ended = k >= 3;
@@ -285,7 +259,7 @@ static void fsrv_handle(int fd, const char *method, const char *path, const char
         const char *scope = json_string_value(json_object_get(req, "scope"));
         int seg = scope && !strcmp(scope, "segment");
         int att = ++s->attempts[seg ? 2 : 3][0];
-        if (fsrv_fault(fd, s, s->sc, seg ? "score_segment" : "score_episode", 0, att, close_conn))
+        if (fsrv_fault(fd, s, s->sc, seg ? "score_segment" : "score_episode", 0, att, &close_conn))
             goto out;
         char b[200];
         if (seg)
@@ -303,91 +277,16 @@ static void fsrv_handle(int fd, const char *method, const char *path, const char
 out:
     pthread_mutex_unlock(&fsrv.mu);
     json_decref(req);
-}
-
-static void *fsrv_conn(void *p) {
-    int fd = (int)(intptr_t)p;
-    size_t cap = 1 << 20;
-    char *buf = malloc(cap);
-    size_t have = 0;
-    for (;;) {
-        char *end = NULL;
-        while (!(end = memmem(buf, have, "\r\n\r\n", 4))) {
-            if (have >= cap - 1) goto done;
-            ssize_t r = recv(fd, buf + have, cap - 1 - have, 0);
-            if (r <= 0) goto done;
-            have += (size_t)r;
-        }
-        size_t hlen = (size_t)(end - buf) + 4;
-        buf[hlen - 1] = 0;
-        char method[16] = "", path[512] = "";
-        sscanf(buf, "%15s %511s", method, path);
-        size_t clen = 0;
-        for (char *l = strstr(buf, "\r\n"); l && l < buf + hlen; l = strstr(l + 2, "\r\n"))
-            if (!strncasecmp(l + 2, "Content-Length:", 15)) clen = (size_t)strtoul(l + 17, NULL, 10);
-        while (have < hlen + clen) {
-            if (hlen + clen >= cap) {
-                cap = hlen + clen + 1;
-                buf = realloc(buf, cap);
-            }
-            ssize_t r = recv(fd, buf + have, cap - 1 - have, 0);
-            if (r <= 0) goto done;
-            have += (size_t)r;
-        }
-        int close_conn = 0;
-        fsrv_handle(fd, method, path, buf + hlen, clen, &close_conn);
-        if (close_conn) goto done;
-        memmove(buf, buf + hlen + clen, have - hlen - clen);
-        have -= hlen + clen;
-    }
-done:
-    free(buf);
-    close(fd);
-    return NULL;
-}
-
-static void *fsrv_accept(void *p) {
-    (void)p;
-    while (!atomic_load(&fsrv.stop)) {
-        int c = accept(fsrv.fd, NULL, NULL);
-        if (c < 0) {
-            if (errno == EINTR) continue;
-            break;
-        }
-        if (atomic_load(&fsrv.stop)) {
-            close(c);
-            break;
-        }
-        int one = 1;
-        setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        pthread_t t;
-        if (pthread_create(&t, NULL, fsrv_conn, (void *)(intptr_t)c) == 0)
-            pthread_detach(t);
-        else
-            close(c);
-    }
-    return NULL;
+    return close_conn;
 }
 
 static int fsrv_start(void) {
     pthread_mutex_init(&fsrv.mu, NULL);
-    fsrv.fd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(fsrv.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fsrv.fd, (struct sockaddr *)&a, sizeof a) || listen(fsrv.fd, 64)) return -1;
-    socklen_t al = sizeof a;
-    getsockname(fsrv.fd, (struct sockaddr *)&a, &al);
-    fsrv.port = ntohs(a.sin_port);
-    return pthread_create(&fsrv.th, NULL, fsrv_accept, NULL);
+    return lsrv_start(&fsrv.srv, fsrv_handle);
 }
 
 static void fsrv_stop(void) {
-    atomic_store(&fsrv.stop, 1);
-    shutdown(fsrv.fd, SHUT_RDWR);
-    close(fsrv.fd);
-    pthread_join(fsrv.th, NULL);
+    lsrv_stop(&fsrv.srv);
     for (int i = 0; i < fsrv.n; i++) {
         free(fsrv.s[i].create_body);
         free(fsrv.s[i].last_resp);

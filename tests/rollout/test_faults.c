@@ -55,7 +55,7 @@ static void test_faults(void) {
     for (size_t i = 0; i < N_EXPECTED; i++)
         fprintf(f, "{\"id\": \"%s\", \"seed\": %zu, \"data\": {}}\n", expected[i].task, i);
     fclose(f);
-    snprintf(url, sizeof url, "http://127.0.0.1:%d", fsrv.port);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", fsrv.srv.port);
     arl_rollout_config c;
     h_config(&c, url);
     h_set(&c, "task-file", tasks);
