@@ -404,35 +404,108 @@ static inline void fx_finish_make(fx_finish *x, int64_t call_seq, double outcome
                            .n_rewards = 3};
 }
 
+/* The descriptor of trajectory uid in the catalog rows ids, at slot, not a fork (policy version
+ * 0: set .policy_version after). */
+static inline replay_traj_desc fx_traj_desc(const fx_ids *ids, const char *uid, int slot) {
+    return (replay_traj_desc){.traj_uid = uid,
+                              .run_id = ids->run_id,
+                              .group_id = ids->group_id,
+                              .task_id = ids->task_id,
+                              .env_id = ids->env_id,
+                              .slot = slot,
+                              .fork_seg_index = -1};
+}
+
+/* Commit generated segment f to trajectory t: appended, or, when last, with end cause "end" and
+ * the outcome of fx_finish_make(call_seq, outcome) as the trajectory's end (C_end). */
+static inline arl_status fx_seg_commit(replay_writer *w, int64_t t, fx_seg *f, int last,
+                                       int64_t call_seq, double outcome) {
+    if (!last) return replay_segment_append(w, t, &f->d);
+    f->d.end_cause = "end";
+    fx_finish x;
+    fx_finish_make(&x, call_seq, outcome);
+    return replay_traj_finish(w, t, &f->d, &x.f);
+}
+
+/* A raw-tensor state chunk (blob NULL) of layer: kind, dtype, ndim dims; data is borrowed. */
+static inline replay_state_chunk fx_chunk(int32_t layer, const char *tensor, arl_blob_kind kind,
+                                          arl_blob_dtype dtype, int ndim, const uint64_t *dims,
+                                          const void *data) {
+    replay_state_chunk c;
+    memset(&c, 0, sizeof c);
+    c.layer = layer;
+    c.tensor = tensor;
+    c.kind = kind;
+    c.dtype = dtype;
+    c.ndim = ndim;
+    for (int i = 0; i < ndim; i++)
+        c.dims[i] = dims[i];
+    c.data = data;
+    return c;
+}
+
+/* Put a deterministic cached state of kind for (uid, seg) from pass, version 3, covering
+ * n_tokens tokens from ctx_start; its id goes to *id.  "kda_boundary" is 2 layers of S (2,8,8)
+ * f32 = seg*1000 + i and conv tail (3,16,3) f32 = -i; any other kind is one MLA latent chunk
+ * (n_tokens,48) bf16 on layer 3, every element 0x3F80 + seg. */
+static inline arl_status fx_state_put(replay_writer *w, const char *uid, int32_t seg,
+                                      const char *kind, const char *pass, int64_t ctx_start,
+                                      int64_t n_tokens, int64_t *id) {
+    float s[2 * 8 * 8], conv[3 * 16 * 3];
+    for (int i = 0; i < 128; i++)
+        s[i] = (float)(seg * 1000 + i);
+    for (int i = 0; i < 144; i++)
+        conv[i] = (float)-i;
+    replay_state_chunk c[4];
+    size_t nc = 0;
+    uint16_t *lat = NULL;
+    if (!strcmp(kind, "kda_boundary")) {
+        for (int l = 0; l < 2; l++) {
+            c[nc++] =
+                fx_chunk(l, "S", ARL_BLOB_KDA_STATE, ARL_BLOB_F32, 3, (uint64_t[]){2, 8, 8}, s);
+            c[nc++] = fx_chunk(l, "conv", ARL_BLOB_CONV_TAIL, ARL_BLOB_F32, 3,
+                               (uint64_t[]){3, 16, 3}, conv);
+        }
+    } else {
+        lat = malloc((size_t)n_tokens * 48 * 2);
+        if (!lat)
+            return arl_errorf(ARL_ERR_NOMEM, "fx_state_put: %lld latent rows", (long long)n_tokens);
+        for (int64_t i = 0; i < n_tokens * 48; i++)
+            lat[i] = (uint16_t)(0x3F80 + seg);
+        c[nc++] = fx_chunk(3, "latent", ARL_BLOB_MLA_LATENT, ARL_BLOB_BF16, 2,
+                           (uint64_t[]){(uint64_t)n_tokens, 48}, lat);
+    }
+    replay_state_desc d = {.traj_uid = uid,
+                           .seg_index = seg,
+                           .kind = kind,
+                           .pass_uid = pass,
+                           .version_min = 3,
+                           .version_max = 3,
+                           .numerics = "cpu-f32",
+                           .model_config_sha256 = "00",
+                           .ctx_start = ctx_start,
+                           .n_tokens = n_tokens};
+    *id = -1;
+    arl_status st = replay_state_put(w, &d, c, nc, id);
+    free(lat);
+    return st;
+}
+
 /* Write a complete trajectory of n_seg segments of n_tok tokens and n_steps turns each.
  * The last segment ends 'end' and is committed with the outcome (C_end). */
 static inline arl_status fx_write_traj(replay_writer *w, const fx_ids *ids, const char *uid,
                                        uint64_t seed, int slot, int n_seg, int64_t n_tok,
                                        int n_steps, int32_t moe_layers, double outcome,
                                        int64_t *traj_id) {
-    replay_traj_desc td = {.traj_uid = uid,
-                           .run_id = ids->run_id,
-                           .group_id = ids->group_id,
-                           .task_id = ids->task_id,
-                           .env_id = ids->env_id,
-                           .slot = slot,
-                           .policy_version = 3,
-                           .fork_seg_index = -1};
+    replay_traj_desc td = fx_traj_desc(ids, uid, slot);
+    td.policy_version = 3;
     ARL_TRY(replay_traj_begin(w, &td, traj_id));
     int64_t tok = 0;
     int32_t step = 1;
     for (int s = 0; s < n_seg; s++) {
         fx_seg f;
         fx_seg_make(&f, seed, s, n_tok, n_steps, moe_layers, 4, tok, tok, step, 3, s == 0);
-        arl_status st;
-        if (s == n_seg - 1) {
-            f.d.end_cause = "end";
-            fx_finish x;
-            fx_finish_make(&x, step + n_steps, outcome);
-            st = replay_traj_finish(w, *traj_id, &f.d, &x.f);
-        } else {
-            st = replay_segment_append(w, *traj_id, &f.d);
-        }
+        arl_status st = fx_seg_commit(w, *traj_id, &f, s == n_seg - 1, step + n_steps, outcome);
         tok += n_tok;
         step += n_steps;
         fx_seg_free(&f);

@@ -20,57 +20,13 @@ static fx_ids ids;
 static int64_t ta, tb, tc;
 static char root[512];
 
-/* A small state of kind for segment seg (2 KDA layers, or one latent chunk of n rows). */
+/* A small state of kind for segment seg (2 KDA layers over the tokens of segments 0..seg, or
+ * one latent chunk of segment seg's n rows). */
 static int64_t put_state(replay_writer *w, const char *uid, int seg, const char *kind, int64_t n) {
-    float s[2 * 8 * 8], conv[3 * 16 * 3];
-    for (int i = 0; i < 128; i++)
-        s[i] = (float)(seg * 1000 + i);
-    for (int i = 0; i < 144; i++)
-        conv[i] = (float)-i;
-    uint16_t *lat = calloc((size_t)n * 48, 2);
-    replay_state_chunk c[4];
-    memset(c, 0, sizeof c);
-    size_t nc = 0;
     int kda = !strcmp(kind, "kda_boundary");
-    if (kda) {
-        for (int l = 0; l < 2; l++) {
-            c[nc++] = (replay_state_chunk){.layer = l,
-                                           .tensor = "S",
-                                           .kind = ARL_BLOB_KDA_STATE,
-                                           .dtype = ARL_BLOB_F32,
-                                           .ndim = 3,
-                                           .dims = {2, 8, 8},
-                                           .data = s};
-            c[nc++] = (replay_state_chunk){.layer = l,
-                                           .tensor = "conv",
-                                           .kind = ARL_BLOB_CONV_TAIL,
-                                           .dtype = ARL_BLOB_F32,
-                                           .ndim = 3,
-                                           .dims = {3, 16, 3},
-                                           .data = conv};
-        }
-    } else {
-        c[nc++] = (replay_state_chunk){.layer = 3,
-                                       .tensor = "latent",
-                                       .kind = ARL_BLOB_MLA_LATENT,
-                                       .dtype = ARL_BLOB_BF16,
-                                       .ndim = 2,
-                                       .dims = {(uint64_t)n, 48},
-                                       .data = lat};
-    }
-    replay_state_desc d = {.traj_uid = uid,
-                           .seg_index = seg,
-                           .kind = kind,
-                           .pass_uid = "p1",
-                           .version_min = 3,
-                           .version_max = 3,
-                           .numerics = "cpu-f32",
-                           .model_config_sha256 = "0",
-                           .ctx_start = kda ? 0 : seg * n,
-                           .n_tokens = kda ? (seg + 1) * n : n};
     int64_t id = -1;
-    arl_status r = replay_state_put(w, &d, c, nc, &id);
-    free(lat);
+    arl_status r =
+        fx_state_put(w, uid, seg, kind, "p1", kda ? 0 : seg * n, kda ? (seg + 1) * n : n, &id);
     CHECK_MSG(r == ARL_OK, "%s", arl_error_msg());
     return id;
 }
@@ -78,13 +34,7 @@ static int64_t put_state(replay_writer *w, const char *uid, int seg, const char 
 /* A trajectory of n_seg segments of 32 tokens, each with its boundary and latent states;
  * finished (C_end) when finish is set. */
 static int64_t write_traj(replay_writer *w, const char *uid, int slot, int n_seg, int finish) {
-    replay_traj_desc td = {.traj_uid = uid,
-                           .run_id = ids.run_id,
-                           .group_id = ids.group_id,
-                           .task_id = ids.task_id,
-                           .env_id = ids.env_id,
-                           .slot = slot,
-                           .fork_seg_index = -1};
+    replay_traj_desc td = fx_traj_desc(&ids, uid, slot);
     int64_t t = -1;
     CHECK(replay_traj_begin(w, &td, &t) == ARL_OK);
     int64_t tok = 0;
@@ -93,15 +43,7 @@ static int64_t write_traj(replay_writer *w, const char *uid, int slot, int n_seg
         fx_seg_make(&f, 40 + (uint64_t)slot, s, 32, 2, 2, 4, tok, tok, 1 + 2 * s, 3, 0);
         f.d.latent_state_id = put_state(w, uid, s, "mla_segment", 32);
         f.d.end_state_id = put_state(w, uid, s, "kda_boundary", 32);
-        arl_status r;
-        if (finish && s == n_seg - 1) {
-            f.d.end_cause = "end";
-            fx_finish x;
-            fx_finish_make(&x, 1 + 2 * n_seg, 1.0);
-            r = replay_traj_finish(w, t, &f.d, &x.f);
-        } else {
-            r = replay_segment_append(w, t, &f.d);
-        }
+        arl_status r = fx_seg_commit(w, t, &f, finish && s == n_seg - 1, 1 + 2 * n_seg, 1.0);
         CHECK_MSG(r == ARL_OK, "%s", arl_error_msg());
         tok += 32;
         fx_seg_free(&f);

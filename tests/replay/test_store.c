@@ -18,13 +18,80 @@
 #include "tests/replay/fixture.h"
 #include "tests/test.h"
 
-static replay_store *open_new(const char *tag, char *root, size_t cap) {
+/* A new store under a fresh test directory with the fixture catalog (group 1 of group_size). */
+static replay_store *open_new(const char *tag, char *root, size_t cap, int group_size,
+                              fx_ids *ids) {
     snprintf(root, cap, "%s/store", test_tmpdir(tag));
     replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
     replay_store *st = NULL;
     arl_status s = replay_store_open(root, &o, &st);
     CHECK_MSG(s == ARL_OK, "%s", arl_error_msg());
+    if (st) CHECK(fx_catalog(st, 1, group_size, ids) == ARL_OK);
     return st;
+}
+
+/* open_new, then a worker writer of run1 on a new shard in *w (NULL if it does not open). */
+static replay_store *open_writer(const char *tag, char *root, size_t cap, int group_size,
+                                 fx_ids *ids, replay_writer **w) {
+    *w = NULL;
+    replay_store *st = open_new(tag, root, cap, group_size, ids);
+    if (st) CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", w) == ARL_OK);
+    return st;
+}
+
+/* open_new and close it: the store and catalog are on disk for writer processes; 0 on failure. */
+static int make_store(const char *tag, char *root, size_t cap, int group_size, fx_ids *ids) {
+    replay_store *st = open_new(tag, root, cap, group_size, ids);
+    replay_store_close(st);
+    return st != NULL;
+}
+
+/* Begin trajectory uid (slot 0, not a fork) on w; its descriptor in *td.  The id, or -1. */
+static int64_t begin_traj(replay_writer *w, const fx_ids *ids, const char *uid,
+                          replay_traj_desc *td) {
+    *td = fx_traj_desc(ids, uid, 0);
+    int64_t t = -1;
+    CHECK(replay_traj_begin(w, td, &t) == ARL_OK);
+    return t;
+}
+
+/* Segments the learner's iterator yields under flt (NULL: all); -1 if it does not open. */
+static int count_segs(replay_store *st, const replay_seg_filter *flt) {
+    replay_seg_iter *it = NULL;
+    replay_seg_ref ref;
+    int done = 0, n = 0;
+    CHECK(replay_seg_iter_open(st, flt, &it) == ARL_OK);
+    if (!it) return -1;
+    while (replay_seg_iter_next(it, &ref, &done) == ARL_OK && !done)
+        n++;
+    replay_seg_iter_close(it);
+    return n;
+}
+
+/* Open file rel of the store at root and step sql to its first row (CHECKed); the caller reads
+ * the row and ends with query_done. */
+static sqlite3_stmt *query_row(const char *root, const char *rel, const char *sql, sqlite3 **db) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", root, rel);
+    sqlite3_stmt *q = NULL;
+    CHECK(sqlite3_open(p, db) == SQLITE_OK);
+    CHECK(sqlite3_prepare_v2(*db, sql, -1, &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    return q;
+}
+
+static void query_done(sqlite3 *db, sqlite3_stmt *q) {
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+}
+
+/* In a forked child: the store at root and a new worker writer on it, or exit 3. */
+static replay_writer *child_writer(const char *root, replay_store **cs) {
+    replay_writer *w;
+    if (replay_store_open(root, NULL, cs) ||
+        replay_writer_open(*cs, REPLAY_FILE_WORKER, 0, "run1", &w))
+        _exit(3);
+    return w;
 }
 
 /* Compare a loaded segment with the regenerated one. */
@@ -43,12 +110,10 @@ static int seg_equal(const replay_seg_data *d, const fx_seg *f) {
 
 static void test_roundtrip(void) {
     char root[512];
-    replay_store *st = open_new("rt", root, sizeof root);
-    if (!st) return;
     fx_ids ids;
-    CHECK(fx_catalog(st, 1, 2, &ids) == ARL_OK);
-    replay_writer *w1 = NULL, *w2 = NULL;
-    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w1) == ARL_OK);
+    replay_writer *w1, *w2 = NULL;
+    replay_store *st = open_writer("rt", root, sizeof root, 2, &ids, &w1);
+    if (!st) return;
     CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w2) == ARL_OK);
     CHECK_EQ_INT(replay_writer_shard_id(w1), 1);
     CHECK_EQ_INT(replay_writer_shard_id(w2), 2);
@@ -102,44 +167,24 @@ static void test_roundtrip(void) {
     CHECK_EQ_INT(count, 5);
     /* filters: version range (segments whose min_version is 3: all), run, status */
     replay_seg_filter flt = {.run_id = ids.run_id, .version_lo = 4, .version_hi = -1};
-    CHECK(replay_seg_iter_open(st, &flt, &it) == ARL_OK);
-    count = 0;
-    while (replay_seg_iter_next(it, &ref, &done) == ARL_OK && !done)
-        count++;
-    replay_seg_iter_close(it);
-    CHECK_EQ_INT(count, 0);
+    CHECK_EQ_INT(count_segs(st, &flt), 0);
     flt.status_mask = REPLAY_STATUS_BIT(REPLAY_RUNNING);
     flt.version_lo = -1;
-    CHECK(replay_seg_iter_open(st, &flt, &it) == ARL_OK);
-    count = 0;
-    while (replay_seg_iter_next(it, &ref, &done) == ARL_OK && !done)
-        count++;
-    replay_seg_iter_close(it);
-    CHECK_EQ_INT(count, 0);
+    CHECK_EQ_INT(count_segs(st, &flt), 0);
     replay_seg_data_free(&d);
 
     /* the catalog mirror: both members final, so the group is final */
-    sqlite3 *cat;
-    char p[600];
-    snprintf(p, sizeof p, "%s/catalog.sqlite", root);
-    CHECK(sqlite3_open(p, &cat) == SQLITE_OK);
-    sqlite3_stmt *q;
-    sqlite3_prepare_v2(cat, "SELECT status FROM task_groups", -1, &q, NULL);
-    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    sqlite3 *db;
+    sqlite3_stmt *q = query_row(root, "catalog.sqlite", "SELECT status FROM task_groups", &db);
     CHECK_STR_EQ((const char *)sqlite3_column_text(q, 0), "final");
-    sqlite3_finalize(q);
-    sqlite3_close(cat);
+    query_done(db, q);
 
     /* the image of the create response is stored once, elided from the body, and restores */
-    snprintf(p, sizeof p, "%s/shards/w1.sqlite", root);
-    sqlite3 *db;
-    CHECK(sqlite3_open(p, &db) == SQLITE_OK);
-    sqlite3_prepare_v2(db,
-                       "SELECT c.response_body, c.response_sha256, r.body_offset, i.png FROM "
-                       "env_calls c JOIN image_refs r USING (traj_id, call_seq) JOIN images i "
-                       "USING (image_id) WHERE c.call_seq = 0",
-                       -1, &q, NULL);
-    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    q = query_row(root, "shards/w1.sqlite",
+                  "SELECT c.response_body, c.response_sha256, r.body_offset, i.png FROM "
+                  "env_calls c JOIN image_refs r USING (traj_id, call_seq) JOIN images i "
+                  "USING (image_id) WHERE c.call_seq = 0",
+                  &db);
     rimage_ref ir = {(size_t)sqlite3_column_int64(q, 2), sqlite3_column_blob(q, 3),
                      (size_t)sqlite3_column_bytes(q, 3)};
     const uint8_t *body = sqlite3_column_blob(q, 0);
@@ -152,8 +197,7 @@ static void test_roundtrip(void) {
     arl_sha256(full, fn, sha);
     CHECK(!memcmp(sha, sqlite3_column_blob(q, 1), 32));
     free(full);
-    sqlite3_finalize(q);
-    sqlite3_close(db);
+    query_done(db, q);
     replay_writer_close(w1);
     replay_writer_close(w2);
     replay_store_close(st);
@@ -162,25 +206,17 @@ static void test_roundtrip(void) {
 
 static void test_protocol_checks(void) {
     char root[512];
-    replay_store *st = open_new("proto", root, sizeof root);
-    if (!st) return;
     fx_ids ids;
-    CHECK(fx_catalog(st, 1, 1, &ids) == ARL_OK);
     replay_writer *w;
-    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
+    replay_store *st = open_writer("proto", root, sizeof root, 1, &ids, &w);
+    if (!st) return;
     /* one writer per file, also within a process */
     replay_writer *w2 = NULL;
     CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, replay_writer_shard_id(w), NULL, &w2) ==
           ARL_ERR_BUSY);
     CHECK(strstr(arl_error_msg(), "shards/w1.sqlite") != NULL);
-    replay_traj_desc td = {.traj_uid = "x/1",
-                           .run_id = ids.run_id,
-                           .group_id = ids.group_id,
-                           .task_id = ids.task_id,
-                           .env_id = ids.env_id,
-                           .fork_seg_index = -1};
-    int64_t t;
-    CHECK(replay_traj_begin(w, &td, &t) == ARL_OK);
+    replay_traj_desc td;
+    int64_t t = begin_traj(w, &ids, "x/1", &td);
     CHECK(replay_traj_begin(w, &td, &t) == ARL_ERR_STATE); /* uid reuse */
     fx_seg f;
     fx_seg_make(&f, 1, 1, 100, 2, 0, 4, 0, 0, 1, 0, 0); /* segment 1 before segment 0 */
@@ -224,79 +260,23 @@ static void test_protocol_checks(void) {
     FX_CLEANUP(root);
 }
 
-/* A state of `kind` for (uid, seg) with a deterministic KDA or latent tensor. */
+/* A state of `kind` for (uid, seg) with a deterministic KDA or latent tensor (fx_state_put). */
 static int64_t put_state(replay_writer *w, const char *uid, int seg, const char *kind,
                          const char *pass, int64_t ctx, int64_t n) {
-    float s[2 * 8 * 8], conv[3 * 16 * 3];
-    for (int i = 0; i < 128; i++)
-        s[i] = (float)(seg * 1000 + i);
-    for (int i = 0; i < 144; i++)
-        conv[i] = (float)-i;
-    uint16_t *lat = calloc((size_t)n * 48, 2);
-    replay_state_chunk c[4];
-    memset(c, 0, sizeof c);
-    size_t nc = 0;
-    if (!strcmp(kind, "kda_boundary")) {
-        for (int l = 0; l < 2; l++) {
-            c[nc++] = (replay_state_chunk){.layer = l,
-                                           .tensor = "S",
-                                           .kind = ARL_BLOB_KDA_STATE,
-                                           .dtype = ARL_BLOB_F32,
-                                           .ndim = 3,
-                                           .dims = {2, 8, 8},
-                                           .data = s};
-            c[nc++] = (replay_state_chunk){.layer = l,
-                                           .tensor = "conv",
-                                           .kind = ARL_BLOB_CONV_TAIL,
-                                           .dtype = ARL_BLOB_F32,
-                                           .ndim = 3,
-                                           .dims = {3, 16, 3},
-                                           .data = conv};
-        }
-    } else {
-        for (int64_t i = 0; i < n * 48; i++)
-            lat[i] = (uint16_t)(0x3F80 + seg);
-        c[nc++] = (replay_state_chunk){.layer = 3,
-                                       .tensor = "latent",
-                                       .kind = ARL_BLOB_MLA_LATENT,
-                                       .dtype = ARL_BLOB_BF16,
-                                       .ndim = 2,
-                                       .dims = {(uint64_t)n, 48},
-                                       .data = lat};
-    }
-    replay_state_desc d = {.traj_uid = uid,
-                           .seg_index = seg,
-                           .kind = kind,
-                           .pass_uid = pass,
-                           .version_min = 3,
-                           .version_max = 3,
-                           .numerics = "cpu-f32",
-                           .model_config_sha256 = "00",
-                           .ctx_start = ctx,
-                           .n_tokens = n};
     int64_t id = -1;
-    arl_status st = replay_state_put(w, &d, c, nc, &id);
+    arl_status st = fx_state_put(w, uid, seg, kind, pass, ctx, n, &id);
     CHECK_MSG(st == ARL_OK, "%s", arl_error_msg());
-    free(lat);
     return id;
 }
 
 static void test_states_and_fork(void) {
     char root[512];
-    replay_store *st = open_new("states", root, sizeof root);
-    if (!st) return;
     fx_ids ids;
-    CHECK(fx_catalog(st, 1, 1, &ids) == ARL_OK);
     replay_writer *w;
-    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
-    replay_traj_desc td = {.traj_uid = "p/1",
-                           .run_id = ids.run_id,
-                           .group_id = ids.group_id,
-                           .task_id = ids.task_id,
-                           .env_id = ids.env_id,
-                           .fork_seg_index = -1};
-    int64_t t;
-    CHECK(replay_traj_begin(w, &td, &t) == ARL_OK);
+    replay_store *st = open_writer("states", root, sizeof root, 1, &ids, &w);
+    if (!st) return;
+    replay_traj_desc td;
+    int64_t t = begin_traj(w, &ids, "p/1", &td);
     int64_t tok = 0;
     for (int s = 0; s < 3; s++) {
         fx_seg f;
@@ -376,24 +356,14 @@ static void test_states_and_fork(void) {
 /* A child process writes and dies without closing; the parent takes the file over. */
 static void test_takeover_and_recover(void) {
     char root[512];
-    replay_store *st = open_new("takeover", root, sizeof root);
-    if (!st) return;
     fx_ids ids;
-    CHECK(fx_catalog(st, 1, 3, &ids) == ARL_OK);
-    replay_store_close(st);
+    if (!make_store("takeover", root, sizeof root, 3, &ids)) return;
+    replay_store *st;
     pid_t pid = fork();
     if (pid == 0) {
         replay_store *cs;
-        replay_writer *w;
-        if (replay_store_open(root, NULL, &cs) ||
-            replay_writer_open(cs, REPLAY_FILE_WORKER, 0, "run1", &w))
-            _exit(3);
-        replay_traj_desc td = {.traj_uid = "k/0",
-                               .run_id = ids.run_id,
-                               .group_id = ids.group_id,
-                               .task_id = ids.task_id,
-                               .env_id = ids.env_id,
-                               .fork_seg_index = -1};
+        replay_writer *w = child_writer(root, &cs);
+        replay_traj_desc td = fx_traj_desc(&ids, "k/0", 0);
         int64_t t0, t1;
         if (replay_traj_begin(w, &td, &t0)) _exit(4);
         fx_seg f;
@@ -458,43 +428,32 @@ static void set_version(const char *path, int v, int minr) {
 
 static void test_schema_versions(void) {
     char root[512], cat[600], shard[600];
-    replay_store *st = open_new("schema", root, sizeof root);
-    if (!st) return;
     fx_ids ids;
     replay_writer *w;
-    CHECK(fx_catalog(st, 1, 1, &ids) == ARL_OK);
-    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
+    replay_store *st = open_writer("schema", root, sizeof root, 1, &ids, &w);
+    if (!st) return;
     replay_writer_close(w);
     replay_store_close(st);
     snprintf(cat, sizeof cat, "%s/catalog.sqlite", root);
     snprintf(shard, sizeof shard, "%s/shards/w1.sqlite", root);
     /* settings of section 3 */
     sqlite3 *db;
-    sqlite3_open(shard, &db);
-    sqlite3_stmt *q;
-    sqlite3_prepare_v2(
-        db,
-        "SELECT (SELECT page_size FROM pragma_page_size), (SELECT journal_mode "
-        "FROM pragma_journal_mode), (SELECT application_id FROM pragma_application_id)",
-        -1, &q, NULL);
-    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    sqlite3_stmt *q =
+        query_row(root, "shards/w1.sqlite",
+                  "SELECT (SELECT page_size FROM pragma_page_size), (SELECT journal_mode "
+                  "FROM pragma_journal_mode), (SELECT application_id FROM pragma_application_id)",
+                  &db);
     CHECK_EQ_INT(sqlite3_column_int(q, 0), 16384);
     CHECK_STR_EQ((const char *)sqlite3_column_text(q, 1), "wal");
     CHECK_EQ_INT(sqlite3_column_int(q, 2), REPLAY_APPLICATION_ID);
-    sqlite3_finalize(q);
-    sqlite3_close(db);
-    char sp[600];
-    snprintf(sp, sizeof sp, "%s/shards/w1.states.sqlite", root);
-    sqlite3_open(sp, &db);
-    sqlite3_prepare_v2(db,
-                       "SELECT (SELECT page_size FROM pragma_page_size), (SELECT auto_vacuum FROM "
-                       "pragma_auto_vacuum)",
-                       -1, &q, NULL);
-    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    query_done(db, q);
+    q = query_row(root, "shards/w1.states.sqlite",
+                  "SELECT (SELECT page_size FROM pragma_page_size), (SELECT auto_vacuum FROM "
+                  "pragma_auto_vacuum)",
+                  &db);
     CHECK_EQ_INT(sqlite3_column_int(q, 0), 65536);
     CHECK_EQ_INT(sqlite3_column_int(q, 1), 2); /* incremental */
-    sqlite3_finalize(q);
-    sqlite3_close(db);
+    query_done(db, q);
 
     /* a newer file still declared readable by version 1: readers open it, writers refuse */
     set_version(shard, 2, 1);
@@ -528,29 +487,24 @@ static void test_schema_versions(void) {
     snprintf(bak, sizeof bak, "%s.pre-v2", shard);
     struct stat sb;
     CHECK(stat(bak, &sb) == 0);
-    sqlite3_open(shard, &db);
-    sqlite3_prepare_v2(db,
-                       "SELECT (SELECT user_version FROM pragma_user_version), (SELECT value FROM "
-                       "meta WHERE key = 'schema_version'), (SELECT count(*) FROM sqlite_schema "
-                       "WHERE name = 'extra_v2')",
-                       -1, &q, NULL);
-    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    q = query_row(root, "shards/w1.sqlite",
+                  "SELECT (SELECT user_version FROM pragma_user_version), (SELECT value FROM "
+                  "meta WHERE key = 'schema_version'), (SELECT count(*) FROM sqlite_schema "
+                  "WHERE name = 'extra_v2')",
+                  &db);
     CHECK_EQ_INT(sqlite3_column_int(q, 0), 2);
     CHECK_STR_EQ((const char *)sqlite3_column_text(q, 1), "2");
     CHECK_EQ_INT(sqlite3_column_int(q, 2), 1);
-    sqlite3_finalize(q);
-    sqlite3_close(db);
+    query_done(db, q);
     FX_CLEANUP(root);
 }
 
 static void test_damaged_files(void) {
     char root[512], path[600];
-    replay_store *st = open_new("damage", root, sizeof root);
-    if (!st) return;
     fx_ids ids;
-    CHECK(fx_catalog(st, 1, 1, &ids) == ARL_OK);
     replay_writer *w;
-    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
+    replay_store *st = open_writer("damage", root, sizeof root, 1, &ids, &w);
+    if (!st) return;
     int64_t t;
     CHECK(fx_write_traj(w, &ids, "d/0", 3, 0, 2, 100, 2, 7, 1.0, &t) == ARL_OK);
     replay_writer_close(w);
@@ -597,20 +551,16 @@ static void test_damaged_files(void) {
 /* Several writer processes at once, each on its own shard, all registering in one catalog. */
 static void test_concurrent_writers(void) {
     char root[512];
-    replay_store *st = open_new("conc", root, sizeof root);
-    if (!st) return;
     fx_ids ids;
-    CHECK(fx_catalog(st, 1, 20, &ids) == ARL_OK); /* one group of 20: slot = 5 * writer + k */
-    replay_store_close(st);
+    /* one group of 20: slot = 5 * writer + k */
+    if (!make_store("conc", root, sizeof root, 20, &ids)) return;
+    replay_store *st;
     pid_t pids[4];
     for (int c = 0; c < 4; c++) {
         pids[c] = fork();
         if (pids[c] == 0) {
             replay_store *cs;
-            replay_writer *w;
-            if (replay_store_open(root, NULL, &cs) ||
-                replay_writer_open(cs, REPLAY_FILE_WORKER, 0, "run1", &w))
-                _exit(3);
+            replay_writer *w = child_writer(root, &cs);
             for (int k = 0; k < 5; k++) {
                 char uid[32];
                 int64_t t;
@@ -658,18 +608,13 @@ static void test_concurrent_writers(void) {
         NULL, NULL, NULL);
     sqlite3_close(db);
     CHECK(replay_catalog_reconcile(st) == ARL_OK);
-    sqlite3_open(p, &db);
-    sqlite3_stmt *q;
-    sqlite3_prepare_v2(
-        db,
-        "SELECT (SELECT count(*) FROM group_members WHERE status = 'complete'), (SELECT status "
-        "FROM task_groups)",
-        -1, &q, NULL);
-    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    sqlite3_stmt *q = query_row(root, "catalog.sqlite",
+                                "SELECT (SELECT count(*) FROM group_members WHERE status = "
+                                "'complete'), (SELECT status FROM task_groups)",
+                                &db);
     CHECK_EQ_INT(sqlite3_column_int(q, 0), 20);
     CHECK_STR_EQ((const char *)sqlite3_column_text(q, 1), "final");
-    sqlite3_finalize(q);
-    sqlite3_close(db);
+    query_done(db, q);
     replay_store_close(st);
     FX_CLEANUP(root);
 }
@@ -677,32 +622,17 @@ static void test_concurrent_writers(void) {
 /* The learner's iterator pages through more segments than one batch (256), in order. */
 static void test_iterator_batches(void) {
     char root[512];
-    replay_store *st = open_new("iter", root, sizeof root);
-    if (!st) return;
     fx_ids ids;
-    CHECK(fx_catalog(st, 1, 1, &ids) == ARL_OK);
     replay_writer *w;
-    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
-    replay_traj_desc td = {.traj_uid = "long",
-                           .run_id = ids.run_id,
-                           .group_id = ids.group_id,
-                           .task_id = ids.task_id,
-                           .env_id = ids.env_id,
-                           .fork_seg_index = -1};
-    int64_t t;
-    CHECK(replay_traj_begin(w, &td, &t) == ARL_OK);
+    replay_store *st = open_writer("iter", root, sizeof root, 1, &ids, &w);
+    if (!st) return;
+    replay_traj_desc td;
+    int64_t t = begin_traj(w, &ids, "long", &td);
     const int N = 300;
     for (int s = 0; s < N; s++) {
         fx_seg f;
         fx_seg_make(&f, 9, s, 8, 1, 0, 4, 8 * s, 8 * s, 1 + s, (uint32_t)(s / 100), 0);
-        if (s == N - 1) {
-            fx_finish x;
-            f.d.end_cause = "end";
-            fx_finish_make(&x, N + 1, 1.0);
-            CHECK(replay_traj_finish(w, t, &f.d, &x.f) == ARL_OK);
-        } else {
-            CHECK(replay_segment_append(w, t, &f.d) == ARL_OK);
-        }
+        CHECK(fx_seg_commit(w, t, &f, s == N - 1, N + 1, 1.0) == ARL_OK);
         fx_seg_free(&f);
     }
     replay_writer_close(w);
@@ -719,12 +649,7 @@ static void test_iterator_batches(void) {
     CHECK(ordered);
     /* version range over min_version: segments 100..199 have version 1 */
     replay_seg_filter f = {.version_lo = 1, .version_hi = 1};
-    CHECK(replay_seg_iter_open(st, &f, &it) == ARL_OK);
-    n = 0;
-    while (replay_seg_iter_next(it, &ref, &done) == ARL_OK && !done)
-        n++;
-    replay_seg_iter_close(it);
-    CHECK_EQ_INT(n, 100);
+    CHECK_EQ_INT(count_segs(st, &f), 100);
     replay_store_close(st);
     FX_CLEANUP(root);
 }
