@@ -33,7 +33,6 @@
  * 2 usage error.
  */
 #include <cblas.h>
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -42,9 +41,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "bench/common/bench.h"
 #include "bench/common/pychild.h"
 #include "bench/common/tmpdir.h"
 #include "core/assert.h"
@@ -107,52 +106,19 @@ static const arl_option OPTS[] = {
      "timed decode steps per repetition", 1, 1 << 20, NULL, 0, "N"},
     {"kda-tokens", ARL_OPT_INT, offsetof(bench_opts, kda_T), "8192",
      "T of the KDA chunk-vs-recurrent comparison", 64, 1 << 22, NULL, 0, "T"},
-    {"python", ARL_OPT_STRING, offsetof(bench_opts, python), "/usr/bin/python3",
-     "interpreter with torch for the baseline", 0, 0, NULL, 0, "FILE"},
-    {"script", ARL_OPT_STRING, offsetof(bench_opts, script),
-     ARL_BENCH_SOURCE_DIR "/bench/policy/torch_model.py", "the PyTorch baseline", 0, 0, NULL, 0,
-     "FILE"},
-    {"baseline", ARL_OPT_BOOL, offsetof(bench_opts, baseline), "true",
-     "run the PyTorch baseline (--no-baseline: C numbers only)", 0, 0, NULL, 0, NULL},
-    {"omp-wait-policy", ARL_OPT_CHOICE, offsetof(bench_opts, omp_wait), "PASSIVE",
-     "OMP_WAIT_POLICY of the PyTorch process (inherit: leave the environment as it is)", 0, 0,
-     "PASSIVE|ACTIVE|inherit", 0, NULL},
+    BENCH_BASELINE_OPTIONS(bench_opts, ARL_BENCH_SOURCE_DIR "/bench/policy/torch_model.py"),
     {"only", ARL_OPT_CHOICE, offsetof(bench_opts, only), "all",
      "run one part only (for profiling, e.g. under perf record; C only unless all)", 0, 0,
      "all|prefill|decode|kda|state", 0, NULL},
 };
 #define N_OPTS ARL_OPTIONS_COUNT(OPTS)
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-    double s[MAX_REPS];
-    memcpy(s, v, sizeof(double) * (size_t)n);
-    qsort(s, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-}
-
 static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "bench_policy: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
+    return bench_xmalloc("bench_policy", bytes);
 }
 
 static int fail(const char *what) {
-    fprintf(stderr, "bench_policy: %s: %s\n", what, arl_error_msg());
-    return 1;
+    return bench_fail("bench_policy", what);
 }
 
 /* max |a - ref| / max |ref| (the max|ref| form of spec 16.4 with atol = 0). */
@@ -164,15 +130,6 @@ static double max_ref_err(const float *a, const float *ref, int64_t n) {
         if (r > den) den = r;
     }
     return num / (den > 0 ? den : 1.0);
-}
-
-static arl_status write_file(const char *path, const void *data, size_t bytes) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return arl_errorf(ARL_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    size_t w = fwrite(data, 1, bytes, f);
-    if (fclose(f) != 0 || w != bytes)
-        return arl_errorf(ARL_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    return ARL_OK;
 }
 
 /* ---- the PyTorch child process (bench/common/pychild.h) ---- */
@@ -205,11 +162,6 @@ static double baseline_time(bench_child *b, const char *req) {
     return v;
 }
 
-static double json_num(json_t *o, const char *key) {
-    json_t *v = json_object_get(o, key);
-    return json_is_number(v) ? json_number_value(v) : NAN;
-}
-
 /* ---- the C model's runs ---- */
 
 typedef struct crun {
@@ -233,11 +185,11 @@ static void slot_fresh(arl_decode_state *st, int32_t i) {
 
 /* Prefill of T tokens into slot 0 from a fresh start, last logits: seconds, < 0 on error. */
 static double c_prefill(crun *r, int64_t T) {
-    double t0 = now();
+    double t0 = bench_now();
     slot_fresh(r->st, 0);
     if (arl_model_prefill(r->m, r->st, 0, r->tokens, T, NULL, 0, NULL, r->logits) != ARL_OK)
         return -1;
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 /* B sequences: untimed prefill of ctx tokens each, then `steps` timed decode steps. */
@@ -252,13 +204,13 @@ static double c_decode(crun *r, int32_t B, int64_t ctx, int64_t steps) {
             ARL_OK)
             return -1;
     }
-    double t0 = now();
+    double t0 = bench_now();
     for (int64_t s = 0; s < steps; s++) {
         for (int32_t i = 0; i < B; i++)
             tok[i] = r->tokens[i * r->len + ctx + s];
         if (arl_model_decode_step(r->m, r->st, slots, B, tok, r->logits, NULL) != ARL_OK) return -1;
     }
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 /* ---- KDA core: chunkwise vs recurrent ---- */
@@ -296,13 +248,13 @@ static void kda_bench(kda_result *res, int64_t H, int64_t dk, int64_t T, int64_t
     double tc[MAX_REPS], tr[MAX_REPS];
     for (int rep = -1; rep < reps; rep++) { /* rep -1: warm-up */
         memset(S1, 0, sizeof(float) * (size_t)(H * dk * dk));
-        double t0 = now();
+        double t0 = bench_now();
         arl_kda_chunk_fwd(o1, S1, NULL, q, k, v, g, beta, NULL, 1, T, H, dk, dk, scale, C, ws);
-        double t1 = now();
+        double t1 = bench_now();
         memset(S2, 0, sizeof(float) * (size_t)(H * dk * dk));
-        double t2 = now();
+        double t2 = bench_now();
         arl_kda_recurrent_fwd(o2, S2, NULL, q, k, v, g, beta, NULL, 1, T, H, dk, dk, scale, C);
-        double t3 = now();
+        double t3 = bench_now();
         if (rep >= 0) {
             tc[rep] = t1 - t0;
             tr[rep] = t3 - t2;
@@ -312,8 +264,8 @@ static void kda_bench(kda_result *res, int64_t H, int64_t dk, int64_t T, int64_t
     res->H = H;
     res->dk = dk;
     res->T = T;
-    res->chunk_s = median(tc, reps);
-    res->rec_s = median(tr, reps);
+    res->chunk_s = bench_median(tc, reps);
+    res->rec_s = bench_median(tr, reps);
     res->err = e1 > e2 ? e1 : e2;
     float *bufs[] = {q, k, v, g, beta, o1, o2, S1, S2, ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -359,20 +311,10 @@ static void print_ratio_row(const char *name, double c_tps, double t_tps, double
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     bench_opts o;
-    int help = 0;
-    const char *usage = "bench_policy [options]";
     const char *summary = "CPU policy speed vs a PyTorch baseline in the same run; KDA chunk vs "
                           "recurrent; decode state bytes";
-    arl_options_defaults(OPTS, N_OPTS, &o);
-    if (arl_options_parse_argv(OPTS, N_OPTS, argc - 1, argv + 1, &o, &help) != ARL_OK) {
-        fprintf(stderr, "bench_policy: %s\n", arl_error_msg());
-        return 2;
-    }
-    if (help) {
-        arl_options_print_help(stdout, usage, summary, OPTS, N_OPTS);
-        arl_options_free(OPTS, N_OPTS, &o);
-        return 0;
-    }
+    int done = bench_options_parse("bench_policy", summary, OPTS, N_OPTS, argc, argv, &o);
+    if (done >= 0) return done;
     if (arl_k_threads_init((int)o.threads) != ARL_OK) return fail("threads");
     arl_options_print_resolved(stdout, "bench_policy", OPTS, N_OPTS, &o);
     fflush(stdout);
@@ -444,8 +386,8 @@ int main(int argc, char **argv) {
         arl_batch b = {.tokens = ptok, .T = T, .cu = NULL, .N = 1};
         arl_forward_out out = {.logits = logits};
         if (arl_model_forward(&m, &b, &out) != ARL_OK) return fail("C forward");
-        if (write_file(tok_path, ptok, sizeof(int32_t) * (size_t)T) != ARL_OK ||
-            write_file(logit_path, logits, sizeof(float) * (size_t)(T * V)) != ARL_OK)
+        if (bench_file_write(tok_path, ptok, sizeof(int32_t) * (size_t)T) != ARL_OK ||
+            bench_file_write(logit_path, logits, sizeof(float) * (size_t)(T * V)) != ARL_OK)
             return fail("writing the cross-check files");
     }
 
@@ -473,20 +415,14 @@ int main(int argc, char **argv) {
         if (gold)
             printf("  PyTorch vs golden model_tiny (float64): prefill %.2e, decode %.2e, KDA "
                    "chunk vs recurrent %.2e\n",
-                   json_num(gold, "prefill_rel_err"), json_num(gold, "decode_rel_err"),
-                   json_num(gold, "kda_chunk_vs_recurrent_rel_err"));
+                   bench_json_num(gold, "prefill_rel_err"), bench_json_num(gold, "decode_rel_err"),
+                   bench_json_num(gold, "kda_chunk_vs_recurrent_rel_err"));
         printf("  PyTorch decode vs its prefill (this checkpoint): %.2e\n",
-               json_num(info, "decode_vs_prefill_rel_err"));
+               bench_json_num(info, "decode_vs_prefill_rel_err"));
         printf("  PyTorch vs C logits, T = %lld (this checkpoint): %.2e\n", (long long)T,
-               json_num(info, "c_logits_rel_err"));
-        json_t *tv = json_object_get(info, "torch_version");
-        printf("  baseline: PyTorch %s, %d threads, fp32 eager, OMP_WAIT_POLICY %s\n",
-               json_string_value(tv) ? json_string_value(tv) : "?", (int)json_num(info, "threads"),
-               o.omp_wait);
-    } else {
-        printf("\nPyTorch baseline unavailable (%s): C numbers only\n", why);
+               bench_json_num(info, "c_logits_rel_err"));
     }
-    fflush(stdout);
+    bench_baseline_print(bs == BENCH_CHILD_OK ? info : NULL, "fp32 eager", o.omp_wait, why);
 
     /* ---- prefill and decode, C and PyTorch interleaved ---- */
     crun cr = {.m = &m, .st = &st, .tokens = ptok, .len = T, .logits = logits};
@@ -524,8 +460,8 @@ int main(int argc, char **argv) {
     bench_child_stop(&bl);
     json_decref(info);
 
-    double cp = do_pre ? T / median(c_pre, reps) : 0;
-    double tp = have_t ? T / median(t_pre, reps) : 0;
+    double cp = do_pre ? T / bench_median(c_pre, reps) : 0;
+    double tp = have_t ? T / bench_median(t_pre, reps) : 0;
     if (do_pre || do_dec)
         printf("\nthroughput (tokens/s, median of %d; decode after %lld prefilled tokens, %lld "
                "steps):\n",
@@ -537,7 +473,8 @@ int main(int argc, char **argv) {
     if (do_pre) print_ratio_row(name, cp, tp, 2.0);
     for (int bi = 0; bi < 2 && do_dec; bi++) {
         double tok = (double)batches[bi] * (double)steps;
-        double cd = tok / median(c_dec[bi], reps), td = have_t ? tok / median(t_dec[bi], reps) : 0;
+        double cd = tok / bench_median(c_dec[bi], reps),
+               td = have_t ? tok / bench_median(t_dec[bi], reps) : 0;
         snprintf(name, sizeof name, "decode batch %d", batches[bi]);
         print_ratio_row(name, cd, td, 3.0);
     }

@@ -51,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/common/bench.h"
 #include "bench/common/pychild.h"
 #include "bench/common/tmpdir.h"
 #include "core/assert.h"
@@ -69,7 +70,7 @@
 #define ARL_BENCH_SOURCE_DIR "."
 #endif
 
-#define MAX_TIMES 1024 /* rounds * steps */
+#define MAX_TIMES BENCH_MEDIAN_MAX /* rounds * steps (1024) */
 #define TARGET 2.0     /* C tokens/s over PyTorch tokens/s */
 
 typedef struct bench_opts {
@@ -104,16 +105,7 @@ static const arl_option OWN_OPTS[] = {
      "alternating rounds (C, PyTorch) of timed steps", 1, 64, NULL, 0, "N"},
     {"steps", ARL_OPT_INT, offsetof(bench_opts, steps), "2", "timed steps per side and round", 1,
      16, NULL, 0, "N"},
-    {"python", ARL_OPT_STRING, offsetof(bench_opts, python), "/usr/bin/python3",
-     "interpreter with torch for the baseline", 0, 0, NULL, 0, "FILE"},
-    {"script", ARL_OPT_STRING, offsetof(bench_opts, script),
-     ARL_BENCH_SOURCE_DIR "/bench/train_step/torch_train.py", "the PyTorch baseline", 0, 0, NULL, 0,
-     "FILE"},
-    {"baseline", ARL_OPT_BOOL, offsetof(bench_opts, baseline), "true",
-     "run the PyTorch baseline (--no-baseline: C numbers only)", 0, 0, NULL, 0, NULL},
-    {"omp-wait-policy", ARL_OPT_CHOICE, offsetof(bench_opts, omp_wait), "PASSIVE",
-     "OMP_WAIT_POLICY of the PyTorch process (inherit: leave the environment as it is)", 0, 0,
-     "PASSIVE|ACTIVE|inherit", 0, NULL},
+    BENCH_BASELINE_OPTIONS(bench_opts, ARL_BENCH_SOURCE_DIR "/bench/train_step/torch_train.py"),
     {"openblas-coretype", ARL_OPT_STRING, offsetof(bench_opts, coretype), "auto",
      "OPENBLAS_CORETYPE of the PyTorch process (auto: the environment's, else fix a pre-AVX "
      "misdetection; inherit: the environment's)",
@@ -138,34 +130,14 @@ static void opts_build(void) {
     g_nopts = N_OWN + n_opt;
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static double cpu_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, int n) {
-    static double s[MAX_TIMES];
-    ARL_ASSERT(n >= 1 && n <= MAX_TIMES);
-    memcpy(s, v, sizeof(double) * (size_t)n);
-    qsort(s, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
-}
-
 static int fail(const char *what) {
-    fprintf(stderr, "bench_train_step: %s: %s\n", what, arl_error_msg());
-    return 1;
+    return bench_fail("bench_train_step", what);
 }
 
 static int broke(void) {
@@ -174,21 +146,7 @@ static int broke(void) {
 }
 
 static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        fprintf(stderr, "bench_train_step: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static arl_status write_file(const char *path, const void *data, size_t bytes) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return arl_errorf(ARL_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-    size_t w = fwrite(data, 1, bytes, f);
-    if (fclose(f) != 0 || w != bytes)
-        return arl_errorf(ARL_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    return ARL_OK;
+    return bench_xmalloc("bench_train_step", bytes);
 }
 
 /* ---- memory of this process ---- */
@@ -248,11 +206,6 @@ static void make_text(int32_t *tok, int64_t T, uint64_t seed) {
 
 static json_t *baseline_request(bench_child *b, const char *req) {
     return bench_child_request(b, req, "bench_train_step");
-}
-
-static double json_num(json_t *o, const char *key) {
-    json_t *v = json_object_get(o, key);
-    return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
 /* The OPENBLAS_CORETYPE for the child ("" = leave the environment alone). */
@@ -336,15 +289,15 @@ typedef struct step_time {
 } step_time;
 
 static arl_status c_step(cstep *c, step_time *st) {
-    double t0 = now(), c0 = cpu_now();
+    double t0 = bench_now(), c0 = cpu_now();
     memset(c->grads->arena, 0, c->grad_bytes);
     arl_forward_out out = {.logprobs = c->logp};
     ARL_TRY(arl_model_train_forward(c->tr, c->b, NULL, NULL, &out));
-    double t1 = now();
+    double t1 = bench_now();
     ARL_TRY(arl_model_backward(c->tr, c->b, c->dlogp, c->grads, NULL, NULL));
-    double t2 = now();
+    double t2 = bench_now();
     ARL_TRY(arl_adamw_step(c->opt, c->params, c->grads->arena, NULL));
-    double t3 = now(), c3 = cpu_now();
+    double t3 = bench_now(), c3 = cpu_now();
     double sum = 0;
     for (int64_t t = 0; t < c->b->T; t++)
         if (c->b->targets[t] >= 0) sum -= (double)c->logp[t];
@@ -372,20 +325,10 @@ int main(int argc, char **argv) {
     const long rss_floor = proc_kb("VmRSS");
     opts_build();
     bench_opts o;
-    int help = 0;
-    const char *usage = "bench_train_step [options]";
     const char *summary = "CPU training step (forward + backward + AdamW) vs PyTorch eager "
                           "autograd in the same run: tokens/s and peak memory";
-    arl_options_defaults(g_opts, g_nopts, &o);
-    if (arl_options_parse_argv(g_opts, g_nopts, argc - 1, argv + 1, &o, &help) != ARL_OK) {
-        fprintf(stderr, "bench_train_step: %s\n", arl_error_msg());
-        return 2;
-    }
-    if (help) {
-        arl_options_print_help(stdout, usage, summary, g_opts, g_nopts);
-        arl_options_free(g_opts, g_nopts, &o);
-        return 0;
-    }
+    int done = bench_options_parse("bench_train_step", summary, g_opts, g_nopts, argc, argv, &o);
+    if (done >= 0) return done;
     if (arl_optim_config_check(&o.optim) != ARL_OK) {
         fprintf(stderr, "bench_train_step: %s\n", arl_error_msg());
         return 2;
@@ -440,7 +383,7 @@ int main(int argc, char **argv) {
         count += targets[t] >= 0;
     for (int64_t t = 0; t < T; t++)
         dlogp[t] = targets[t] >= 0 ? (float)(-1.0 / (double)count) : 0.0f;
-    if (write_file(tok_path, tokens, sizeof(int32_t) * (size_t)T) != ARL_OK)
+    if (bench_file_write(tok_path, tokens, sizeof(int32_t) * (size_t)T) != ARL_OK)
         return fail("writing the batch");
     arl_batch b = {.tokens = tokens, .T = T, .cu = cu, .N = (int32_t)N, .targets = targets};
 
@@ -541,10 +484,11 @@ int main(int argc, char **argv) {
         printf(
             "\nverification (PyTorch vs C on the first step; max|a-ref|/max|ref| per tensor):\n");
         printf("  loss: C %.8f, PyTorch %.8f, rel err %.2e (limit 1e-4)\n", loss0,
-               json_num(info, "loss"), json_num(info, "loss_rel_err"));
+               bench_json_num(info, "loss"), bench_json_num(info, "loss_rel_err"));
         json_t *wk = json_object_get(info, "grad_worst_key");
         printf("  gradients of %d tensors: worst %.2e (%s) (limit 1e-3)\n",
-               (int)json_num(info, "grad_tensors"), json_num(info, "grad_worst_rel_err"),
+               (int)bench_json_num(info, "grad_tensors"),
+               bench_json_num(info, "grad_worst_rel_err"),
                json_string_value(wk) ? json_string_value(wk) : "?");
         json_t *named = json_object_get(info, "grad_named_rel_err");
         const char *key;
@@ -556,16 +500,10 @@ int main(int argc, char **argv) {
         json_t *sk = json_object_get(info, "adamw_worst_key");
         printf("  two AdamW steps on the C gradients vs the C steps: worst %.2e (%s) (limit "
                "1e-5)\n",
-               json_num(info, "adamw_worst_rel_err"),
+               bench_json_num(info, "adamw_worst_rel_err"),
                json_string_value(sk) ? json_string_value(sk) : "?");
-        json_t *tv = json_object_get(info, "torch_version");
-        printf("  baseline: PyTorch %s, %d threads, fp32 eager autograd, OMP_WAIT_POLICY %s\n",
-               json_string_value(tv) ? json_string_value(tv) : "?", (int)json_num(info, "threads"),
-               o.omp_wait);
-    } else {
-        printf("\nPyTorch baseline unavailable (%s): C numbers only\n", why);
     }
-    fflush(stdout);
+    bench_baseline_print(have_t ? info : NULL, "fp32 eager autograd", o.omp_wait, why);
 
     /* ---- warm-up (one step each), then the peaks are reset ---- */
     step_time w0;
@@ -629,7 +567,7 @@ int main(int argc, char **argv) {
                     to_[nt] = json_number_value(json_array_get(ph, 2));
                     nt++;
                 }
-                t_loss = json_num(j, "loss");
+                t_loss = bench_json_num(j, "loss");
                 json_decref(j);
             }
         }
@@ -640,17 +578,17 @@ int main(int argc, char **argv) {
     long t_hwm = -1, t_floor = -1, t_maxrss = -1;
     if (have_t) {
         if (!(j = baseline_request(&bl, "mem"))) return broke();
-        t_hwm = (long)json_num(j, "hwm_kb");
-        t_maxrss = (long)json_num(j, "maxrss_kb");
+        t_hwm = (long)bench_json_num(j, "hwm_kb");
+        t_maxrss = (long)bench_json_num(j, "maxrss_kb");
         json_decref(j);
-        t_floor = (long)json_num(info, "rss_floor_kb");
+        t_floor = (long)bench_json_num(info, "rss_floor_kb");
     }
     bench_child_stop(&bl);
 
     /* ---- report ---- */
-    const double c_step_s = median(cw, nc), t_step_s = have_t ? median(tw, nt) : NAN;
+    const double c_step_s = bench_median(cw, nc), t_step_s = have_t ? bench_median(tw, nt) : NAN;
     const double c_tps = (double)T / c_step_s, t_tps = (double)T / t_step_s;
-    const double c_cpu = median(cc, nc), t_cpu = have_t ? median(tc, nt) : NAN;
+    const double c_cpu = bench_median(cc, nc), t_cpu = have_t ? bench_median(tc, nt) : NAN;
     printf("\ntraining step, %lld tokens (median of %d steps per side, %d alternating rounds):\n",
            (long long)T, nc, R);
     printf("  %-34s %12s %12s %9s\n", "", "agentrl C", "PyTorch", "C/PyTorch");
@@ -672,11 +610,11 @@ int main(int argc, char **argv) {
         printf("  (tokens/s is the measure; CPU time also counts threads that busy-wait, which "
                "grows with the machine's load)\n");
     printf("  step split, median s: forward / backward / optimizer\n");
-    printf("    %-32s %.3f / %.3f / %.3f\n", "agentrl C", median(cf, nc), median(cb, nc),
-           median(co, nc));
+    printf("    %-32s %.3f / %.3f / %.3f\n", "agentrl C", bench_median(cf, nc),
+           bench_median(cb, nc), bench_median(co, nc));
     if (have_t)
-        printf("    %-32s %.3f / %.3f / %.3f\n", "PyTorch", median(tf, nt), median(tb, nt),
-               median(to_, nt));
+        printf("    %-32s %.3f / %.3f / %.3f\n", "PyTorch", bench_median(tf, nt),
+               bench_median(tb, nt), bench_median(to_, nt));
     char b1[32], b2[32], b3[32];
     printf("\npeak memory (resident set):\n");
     printf("  %-34s %12s %12s\n", "", "agentrl C", "PyTorch");
