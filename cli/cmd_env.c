@@ -2,7 +2,6 @@
  * `agentrl env check URL` (the AEP/1 conformance suite, spec §15).
  * The work is in envs/ (env_host.c, aep_server.c, aep_check.c); this file parses options,
  * handles signals and prints. */
-#include <errno.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -11,6 +10,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "envs/aep_check.h"
 #include "envs/aep_server.h"
@@ -161,29 +161,6 @@ static const arl_option check_tab[] = {
      "deadline_ms of ordinary steps (0: limits.default_step_timeout_ms)", 0, 1e9, NULL, 0, "MS"},
 };
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    for (;;) {
-        if (!b) break;
-        size_t r = fread(b + n, 1, cap - n - 1, f);
-        n += r;
-        if (n + 1 < cap) break;
-        cap *= 2;
-        char *nb = realloc(b, cap);
-        if (!nb) {
-            free(b);
-            b = NULL;
-        }
-        b = nb;
-    }
-    fclose(f);
-    if (b) b[n] = 0;
-    return b;
-}
-
 int cmd_env_check(int argc, char **argv) {
     check_opts o;
     static const char *usage = "agentrl env check URL [--script FILE] [--json]";
@@ -199,8 +176,8 @@ int cmd_env_check(int argc, char **argv) {
     arl_aep_server *srv = NULL;
     char url[600];
     snprintf(url, sizeof url, "%s", o.url);
-    if (o.script && !(script = read_file(o.script))) {
-        fprintf(stderr, "agentrl: error: --script %s: %s\n", o.script, strerror(errno));
+    if (o.script && arl_file_read(o.script, 0, &script, NULL) != ARL_OK) {
+        fprintf(stderr, "agentrl: error: --script: %s\n", arl_error_msg());
         ret = ARL_EXIT_USAGE;
         goto out;
     }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/file.h"
 #include "replay/replay.h"
 #include "rollout/rescore.h"
 #include "rollout/rescore_rewards.h"
@@ -592,22 +593,6 @@ static const arl_option fork_own[] = {
      ARL_OPT_CLI_ONLY, "FILE"},
 };
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 int cmd_replay_fork(int argc, char **argv) {
     const char *usage = "agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] "
                         "[--experiment FILE] [rollout keys: --env ..., --seed ...]";
@@ -632,9 +617,9 @@ int cmd_replay_fork(int argc, char **argv) {
     if (s == ARL_OK && experiment) { /* the file first, the command line over it */
         arl_options_free(tab, n, &o);
         arl_options_defaults(tab, n, &o);
-        char *text = slurp(experiment);
-        s = text ? arl_rollout_config_load_json(&o.rc, text, experiment)
-                 : arl_errorf(ARL_ERR_IO, "cannot read %s", experiment);
+        char *text;
+        s = arl_file_read(experiment, 0, &text, NULL);
+        if (s == ARL_OK) s = arl_rollout_config_load_json(&o.rc, text, experiment);
         free(text);
         if (s == ARL_OK) s = arl_options_parse_argv(tab, n, argc, argv, &o, &help);
     }

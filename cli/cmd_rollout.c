@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "replay/replay.h"
 #include "rollout/rollout.h"
@@ -58,22 +59,6 @@ static arl_option *make_table(size_t *n) {
     return t;
 }
 
-static char *read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 int cmd_rollout(int argc, char **argv) {
     size_t n;
     arl_option *tab = make_table(&n);
@@ -100,9 +85,9 @@ int cmd_rollout(int argc, char **argv) {
     /* pass 2: defaults, the experiment's keys, then the command line over them */
     arl_options_defaults(tab, n, &o);
     if (experiment) {
-        char *text = read_file(experiment);
-        s = text ? arl_rollout_config_load_json(&o.rc, text, experiment)
-                 : arl_errorf(ARL_ERR_IO, "cannot read %s", experiment);
+        char *text;
+        s = arl_file_read(experiment, 0, &text, NULL);
+        if (s == ARL_OK) s = arl_rollout_config_load_json(&o.rc, text, experiment);
         free(text);
     }
     if (s == ARL_OK) s = arl_options_parse_argv(tab, n, argc, argv, &o, &want_help);

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "core/npy.h"
 #include "kernels/threadpool.h"
@@ -94,33 +95,6 @@ static arl_status load_ckpt(const char *dir, arl_model_config *cfg, arl_model_pa
     return arl_checkpoint_load(dir, cfg, w);
 }
 
-/* Read the whole file into *buf (caller frees). */
-static arl_status read_file(const char *path, char **buf, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return arl_errorf(ARL_ERR_IO, "%s: cannot open for reading", path);
-    size_t cap = 1 << 16, n = 0;
-    char *b = malloc(cap);
-    size_t r;
-    while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) {
-            char *nb = realloc(b, cap *= 2);
-            if (!nb) free(b);
-            b = nb;
-        }
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!b) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
-    if (err) {
-        free(b);
-        return arl_errorf(ARL_ERR_IO, "%s: read error", path);
-    }
-    *buf = b;
-    *len = n;
-    return ARL_OK;
-}
-
 /* Token ids (B, T) from the options; *rank_out 1 for [T]-shaped output, 2 for [B, T]. */
 static arl_status load_tokens(const score_opts *o, const arl_model_config *cfg, int32_t **ids,
                               int64_t *B, int64_t *T, int *rank_out) {
@@ -128,7 +102,7 @@ static arl_status load_tokens(const score_opts *o, const arl_model_config *cfg, 
     if (o->text) {
         char *txt = NULL;
         size_t len = 0;
-        ARL_TRY(read_file(o->text, &txt, &len));
+        ARL_TRY(arl_file_read(o->text, 0, &txt, &len));
         int64_t n = (int64_t)len + (o->bos ? 1 : 0);
         int32_t *t = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
         if (!t) {

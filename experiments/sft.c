@@ -13,9 +13,11 @@
 #include <unistd.h>
 
 #include "core/assert.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/sha256.h"
+#include "experiments/set_arg.h"
 #include "kernels/threadpool.h"
 #include "policy/checkpoint.h"
 #include "policy/train_state.h"
@@ -31,10 +33,7 @@ const arl_sft_model_ops *arl_sft_model_ops_default(void) {
 
 #define F(x) offsetof(arl_sft_config, x)
 static const arl_option sft_own_tab[] = {
-    {"model", ARL_OPT_STRING, F(model), NULL,
-     "model config: config.json, a directory holding one, or tiny / mini / kimi-k3 (default: "
-     "the config.json of init)",
-     0, 0, NULL, 0, "CONFIG"},
+    {"model", ARL_OPT_STRING, F(model), NULL, ARL_SFT_MODEL_HELP, 0, 0, NULL, 0, "CONFIG"},
     {"init", ARL_OPT_STRING, F(init), NULL,
      "checkpoint directory to start from (default: initialise from scratch)", 0, 0, NULL, 0, "DIR"},
     {"init-seed", ARL_OPT_INT, F(init_seed), "0", "seed of the from-scratch initialisation", 0,
@@ -151,60 +150,22 @@ arl_status arl_sft_config_check(const arl_sft_config *c) {
     return arl_optim_config_check(&o);
 }
 
-static arl_status read_text(const char *path, char **out) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return arl_errorf(errno == ENOENT ? ARL_ERR_NOT_FOUND : ARL_ERR_IO, "%s: cannot open: %s",
-                          path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (n < cap - 1) break;
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!buf) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
-    if (err) {
-        free(buf);
-        return arl_errorf(ARL_ERR_IO, "%s: read failed", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    return ARL_OK;
-}
-
 arl_status arl_sft_config_load(const char *path, const arl_strlist *sets, arl_sft_config *c) {
     size_t n;
     const arl_option *tab = arl_sft_options(&n);
     arl_options_defaults(tab, n, c);
     if (path) {
         char *text;
-        ARL_TRY(read_text(path, &text));
+        ARL_TRY(arl_file_read(path, 0, &text, NULL));
         arl_status s = arl_options_parse_json_text(tab, n, text, path, c);
         free(text);
         ARL_TRY(s);
     }
     for (int i = 0; sets && i < sets->n; i++) {
-        const char *kv = sets->v[i];
-        const char *eq = strchr(kv, '=');
-        if (!eq || eq == kv) return arl_errorf(ARL_ERR_ARG, "--set '%s': expected KEY=VALUE", kv);
         char key[128];
-        if ((size_t)(eq - kv) >= sizeof key)
-            return arl_errorf(ARL_ERR_ARG, "--set '%s': key too long", kv);
-        memcpy(key, kv, (size_t)(eq - kv));
-        key[eq - kv] = 0;
-        arl_status s = arl_options_set(tab, n, key, eq + 1, c);
+        const char *val;
+        ARL_TRY(arl_set_arg_split(sets->v[i], key, sizeof key, &val));
+        arl_status s = arl_options_set(tab, n, key, val, c);
         if (s) return arl_error_prefix(s, "--set");
     }
     arl_status s = arl_options_check_required(tab, n, c);

@@ -108,6 +108,12 @@ typedef struct arl_sft_config {
  * static storage. */
 const arl_option *arl_sft_options(size_t *n);
 
+/* The help line of the key "model", which the train driver (experiments/train.h) has too and
+ * passes on to its SFT stage. */
+#define ARL_SFT_MODEL_HELP                                                                         \
+    "model config: config.json, a directory holding one, or tiny / mini / kimi-k3 (default: the "  \
+    "config.json of init)"
+
 /* Defaults, the JSON experiment file at path (NULL: none), then each "key=value" of sets
  * (may be NULL), then the required keys and cross-checks (arl_sft_config_check).  Errors name
  * the file and key.  c is freed with arl_sft_config_free (also after an error). */

@@ -13,11 +13,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/file.h"
 #include "core/log.h"
 #include "core/sha256.h"
 #include "envs/builtin/teacher.h"
 #include "experiments/heldout.h"
 #include "experiments/report.h"
+#include "experiments/set_arg.h"
 #include "experiments/train.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/threadpool.h"
@@ -32,10 +34,7 @@
 
 #define F(x) offsetof(arl_train_config, x)
 static const arl_option train_tab[] = {
-    {"model", ARL_OPT_STRING, F(model), NULL,
-     "model config: config.json, a directory holding one, or tiny / mini / kimi-k3 (default: the "
-     "config.json of init)",
-     0, 0, NULL, 0, "CONFIG"},
+    {"model", ARL_OPT_STRING, F(model), NULL, ARL_SFT_MODEL_HELP, 0, 0, NULL, 0, "CONFIG"},
     {"init", ARL_OPT_STRING, F(init), NULL,
      "checkpoint to start from, before the SFT stage (default: initialise from scratch)", 0, 0,
      NULL, 0, "DIR"},
@@ -131,42 +130,6 @@ void arl_train_config_free(arl_train_config *c) {
     arl_options_free(train_tab, ARL_OPTIONS_COUNT(train_tab), c);
 }
 
-static arl_status read_text(const char *path, char **out) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return arl_errorf(errno == ENOENT ? ARL_ERR_NOT_FOUND : ARL_ERR_IO, "%s: cannot open: %s",
-                          path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0 || n < cap - 1) {
-            if (feof(f) || ferror(f)) break;
-            continue;
-        }
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!buf) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
-    if (err) {
-        free(buf);
-        return arl_errorf(ARL_ERR_IO, "%s: read failed", path);
-    }
-    buf[n] = 0;
-    *out = buf;
-    return ARL_OK;
-}
-
 static arl_status parse_section(const arl_option *tab, size_t n, json_t *obj, const char *where,
                                 void *cfg) {
     char *text = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -178,14 +141,9 @@ static arl_status parse_section(const arl_option *tab, size_t n, json_t *obj, co
 
 /* One key=value of --set: "key" (top level) or "section.key". */
 static arl_status apply_set(arl_train_config *c, const char *kv) {
-    const char *eq = strchr(kv, '=');
-    if (!eq || eq == kv) return arl_errorf(ARL_ERR_ARG, "--set '%s': expected KEY=VALUE", kv);
     char key[160];
-    if ((size_t)(eq - kv) >= sizeof key)
-        return arl_errorf(ARL_ERR_ARG, "--set '%s': key too long", kv);
-    memcpy(key, kv, (size_t)(eq - kv));
-    key[eq - kv] = 0;
-    const char *val = eq + 1;
+    const char *val;
+    ARL_TRY(arl_set_arg_split(kv, key, sizeof key, &val));
     char *dot = strchr(key, '.');
     arl_status s;
     if (!dot) {
@@ -322,7 +280,7 @@ arl_status arl_train_config_load(const char *path, const arl_strlist *sets, arl_
     ARL_TRY(arl_options_defaults(sft_tab, nsft, &c->sft));
     if (path) {
         char *text;
-        ARL_TRY(read_text(path, &text));
+        ARL_TRY(arl_file_read(path, 0, &text, NULL));
         json_error_t je;
         json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
         free(text);
@@ -1096,7 +1054,7 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
         } else {
             *arm = strcmp(name, "after") ? e.before : e.after;
             char *t = NULL;
-            if (read_text(ofile, &t) == ARL_OK && (int64_t)strcspn(t, "\n") == E)
+            if (arl_file_read(ofile, 0, &t, NULL) == ARL_OK && (int64_t)strcspn(t, "\n") == E)
                 memcpy(outc, t, (size_t)E);
             else
                 arl_error_clear();
@@ -1169,7 +1127,7 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
 static arl_status metrics_truncate(const char *path, int64_t keep) {
     if (!path_exists(path)) return ARL_OK;
     char *text;
-    ARL_TRY(read_text(path, &text));
+    ARL_TRY(arl_file_read(path, 0, &text, NULL));
     size_t n = strlen(text), o = 0;
     char *out = malloc(n + 1);
     if (!out) {
@@ -1207,7 +1165,7 @@ static arl_status metrics_append(const char *path, const char *line) {
 /* Mean kl/k3 over the last quarter of the updates in the metrics file (NaN: none). */
 static double kl_mean_of(const char *path) {
     char *text;
-    if (read_text(path, &text)) {
+    if (arl_file_read(path, 0, &text, NULL)) {
         arl_error_clear();
         return NAN;
     }

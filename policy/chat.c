@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/assert.h"
+#include "core/file.h"
 #include "policy/image.h"
 
 /* Spec limits used here (spec/aep.md): tool names §3, argument depth §4.6, message §4.5. */
@@ -1047,31 +1048,9 @@ out:
 }
 
 arl_status arl_chat_conv_load(arl_chat_conv *c, const arl_chat_template *t, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return arl_errorf(ARL_ERR_IO, "%s: cannot open conversation file", path);
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? 2 * cap : 65536;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return oom("conversation file");
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return arl_errorf(ARL_ERR_IO, "%s: read error", path);
-    }
+    char *buf;
+    size_t n;
+    ARL_TRY(arl_file_read(path, 0, &buf, &n));
     arl_status s = arl_chat_conv_from_json(c, t, buf, n, path);
     free(buf);
     return s;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/assert.h"
+#include "core/file.h"
 #include "core/log.h"
 
 /* ------------------------------------------------------------------------------------ */
@@ -1072,28 +1073,6 @@ fail:
     return s;
 }
 
-static arl_status read_text_file(const char *path, char **out) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return arl_errorf(errno == ENOENT ? ARL_ERR_NOT_FOUND : ARL_ERR_IO, "%s: cannot open: %s",
-                          path, strerror(errno));
-    sbuf b = {0};
-    char chunk[65536];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0)
-        sb_putn(&b, chunk, n);
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(b.p);
-        return arl_errorf(ARL_ERR_IO, "%s: read error", path);
-    }
-    *out = sb_take(&b);
-    if (!*out) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
-    return ARL_OK;
-}
-
 arl_status arl_model_config_read(const char *path, arl_model_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     char file[1024];
@@ -1103,7 +1082,7 @@ arl_status arl_model_config_read(const char *path, arl_model_config *cfg) {
     else
         snprintf(file, sizeof file, "%s", path);
     char *text;
-    ARL_TRY(read_text_file(file, &text));
+    ARL_TRY(arl_file_read(file, 0, &text, NULL));
     arl_status s = arl_model_config_parse(text, file, 0, cfg);
     free(text);
     return s;

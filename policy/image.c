@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/crc32.h"
+#include "core/file.h"
 #include "core/inflate.h"
 
 static uint32_t be32(const uint8_t *p) {
@@ -306,27 +307,10 @@ arl_status arl_image_decode(const uint8_t *data, size_t n, int64_t max_pixels, c
 
 arl_status arl_image_load(const char *path, int64_t max_pixels, arl_image *out) {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return arl_errorf(ARL_ERR_IO, "%s: cannot open image", path);
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return arl_errorf(ARL_ERR_IO, "%s: cannot read image", path);
-    }
-    long len = ftell(f);
-    rewind(f);
-    if (len < 0 || len > (1L << 30)) {
-        fclose(f);
-        return arl_errorf(ARL_ERR_RANGE, "%s: image file too large (limit 1 GiB)", path);
-    }
-    uint8_t *buf = malloc((size_t)len + 1);
-    if (!buf) {
-        fclose(f);
-        return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
-    }
-    size_t got = fread(buf, 1, (size_t)len, f);
-    fclose(f);
-    arl_status s = got == (size_t)len ? arl_image_decode(buf, got, max_pixels, path, out)
-                                      : arl_errorf(ARL_ERR_IO, "%s: short read", path);
+    char *buf;
+    size_t len;
+    ARL_TRY(arl_file_read(path, (size_t)1 << 30, &buf, &len)); /* at most 1 GiB */
+    arl_status s = arl_image_decode((const uint8_t *)buf, len, max_pixels, path, out);
     free(buf);
     return s;
 }

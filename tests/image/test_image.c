@@ -87,7 +87,8 @@ static void test_bad_input(void) {
     CHECK(arl_image_decode(d, n, 100, "big.png", &img) == ARL_ERR_RANGE);
     CHECK(strstr(arl_error_msg(), "larger than the limit") != NULL);
     CHECK(arl_image_decode((const uint8_t *)"GIF89a....", 10, 0, "x.gif", &img) == ARL_ERR_FORMAT);
-    CHECK(arl_image_load("/nonexistent/x.png", 0, &img) == ARL_ERR_IO);
+    CHECK(arl_image_load("/nonexistent/x.png", 0, &img) == ARL_ERR_NOT_FOUND);
+    CHECK(strstr(arl_error_msg(), "/nonexistent/x.png") != NULL);
     free(d);
 }
 

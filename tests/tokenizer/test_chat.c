@@ -298,7 +298,7 @@ static void test_errors(void) {
     /* a missing file */
     arl_chat_conv c;
     arl_chat_conv_init(&c);
-    CHECK(arl_chat_conv_load(&c, &T, "/nonexistent/conv.json") == ARL_ERR_IO);
+    CHECK(arl_chat_conv_load(&c, &T, "/nonexistent/conv.json") == ARL_ERR_NOT_FOUND);
     CHECK(strstr(arl_error_msg(), "/nonexistent/conv.json") != NULL);
     /* C API: a failed append leaves the conversation unchanged */
     CHECK(arl_chat_conv_add_text(&c, ARL_CHAT_USER, "q", 1) == ARL_OK);
