@@ -7,23 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "envs/aep_check.h"
 #include "envs/aep_server.h"
 #include "envs/env.h"
 #include "tests/test.h"
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) n = 0;
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
 
 static void check_env(const char *name) {
     const arl_env_def *def = arl_env_builtin_find(name);
@@ -43,8 +31,9 @@ static void check_env(const char *name) {
         char url[64], rel[128];
         snprintf(url, sizeof url, "http://127.0.0.1:%d", arl_aep_server_port(srv));
         snprintf(rel, sizeof rel, "envs/builtin/conformance/%s.json", name);
-        char *script = slurp(test_src_path(rel));
-        CHECK_MSG(script != NULL, "cannot read %s", rel);
+        char *script = NULL;
+        CHECK_MSG(arl_file_read(test_src_path(rel), 0, &script, NULL) == ARL_OK,
+                  "cannot read %s: %s", rel, arl_error_msg());
         arl_check_config cc;
         memset(&cc, 0, sizeof cc);
         cc.url = url;

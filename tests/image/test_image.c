@@ -4,20 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "policy/image.h"
 #include "tests/test.h"
-
-static uint8_t *slurp(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    rewind(f);
-    uint8_t *b = malloc((size_t)len);
-    *n = fread(b, 1, (size_t)len, f);
-    fclose(f);
-    return b;
-}
 
 static const char *names[] = {"rgb8",   "rgb8_stored", "rgb8_fast", "rgba8", "rgb16", "gray8",
                               "graya8", "gray1",       "gray2",     "gray4", "pal4",  "pal8"};
@@ -60,9 +49,11 @@ static void test_ppm_ascii(void) {
  * (ASan build), and never a success with a truncated file. */
 static void test_bad_input(void) {
     size_t n;
-    uint8_t *d = slurp(test_src_path("tests/image/fixtures/rgb8.png"), &n);
-    CHECK(d != NULL);
-    if (!d) return;
+    char *buf = NULL;
+    CHECK_MSG(arl_file_read(test_src_path("tests/image/fixtures/rgb8.png"), 0, &buf, &n) == ARL_OK,
+              "%s", arl_error_msg());
+    if (!buf) return;
+    uint8_t *d = (uint8_t *)buf;
     arl_image img;
     int ok_prefix = 0;
     for (size_t k = 0; k < n; k++) {

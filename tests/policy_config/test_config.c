@@ -10,20 +10,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/file.h"
 #include "policy/config.h"
 #include "tests/test.h"
 
+/* The whole file at path, NUL-terminated (malloc'd); NULL if it cannot be read. */
 static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    size_t got = fread(b, 1, (size_t)n, f);
-    b[got] = 0;
-    fclose(f);
-    return b;
+    char *b = NULL;
+    return arl_file_read(path, 0, &b, NULL) == ARL_OK ? b : NULL;
 }
 
 static json_t *tiny_json(void) {

@@ -22,6 +22,7 @@
 #include "core/blob.h"
 #include "core/crc32.h"
 #include "core/deflate.h"
+#include "core/file.h"
 #include "core/inflate.h"
 #include "replay/inspect.h"
 #include "replay/internal.h"
@@ -118,26 +119,19 @@ static uint32_t get32le(const uint8_t *p) {
 
 static int load_vectors(void) {
     const char *path = test_src_path("tests/replay/data/deflate_vectors.bin");
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "cannot open %s\n", path);
+    char *buf = NULL;
+    size_t n = 0;
+    if (arl_file_read(path, 0, &buf, &n) != ARL_OK) {
+        fprintf(stderr, "%s\n", arl_error_msg());
         return -1;
     }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    file_buf = malloc((size_t)n);
-    if (!file_buf || fread(file_buf, 1, (size_t)n, f) != (size_t)n) {
-        fclose(f);
-        return -1;
-    }
-    fclose(f);
+    file_buf = (uint8_t *)buf;
     if (n < 12 || memcmp(file_buf, "ARLZ", 4) || get32le(file_buf + 4) != 1) return -1;
     n_vecs = get32le(file_buf + 8);
     vecs = calloc(n_vecs, sizeof *vecs);
     size_t o = 12;
     for (size_t i = 0; i < n_vecs; i++) {
-        if (o + 20 > (size_t)n) return -1;
+        if (o + 20 > n) return -1;
         const uint8_t *p = file_buf + o;
         vec *v = &vecs[i];
         v->pattern = p[0];
@@ -150,9 +144,9 @@ static int load_vectors(void) {
         v->z_len = get32le(p + 16);
         v->z = p + 20;
         o += 20 + v->z_len;
-        if (o > (size_t)n) return -1;
+        if (o > n) return -1;
     }
-    return o == (size_t)n ? 0 : -1;
+    return o == n ? 0 : -1;
 }
 
 /* A codec-1 blob of kind LOSS_MASK (u8 [n]) around stream z: header with the CRC of raw. */

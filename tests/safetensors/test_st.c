@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/file.h"
 #include "policy/safetensors.h"
 #include "tests/test.h"
 
@@ -31,19 +32,6 @@ static int count_files(const char *dir, const char *part) {
         if (strstr(e->d_name, part)) n++;
     closedir(d);
     return n;
-}
-
-static unsigned char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    *n = fread(b, 1, (size_t)len, f);
-    b[*n] = 0;
-    fclose(f);
-    return b;
 }
 
 static unsigned char pattern[1 << 12];
@@ -83,8 +71,8 @@ static void test_round_trip_dtypes(void) {
 
     /* layout: header length a multiple of 8, padded with spaces, metadata first */
     size_t n = 0;
-    unsigned char *raw = read_file(path, &n);
-    CHECK(raw != NULL && n >= 8);
+    char *raw = NULL;
+    CHECK(arl_file_read(path, 0, &raw, &n) == ARL_OK && n >= 8);
     uint64_t hl;
     memcpy(&hl, raw, 8);
     CHECK(hl % 8 == 0);
