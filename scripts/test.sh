@@ -28,14 +28,24 @@ if [ "${ARL_TEST_SANITIZE:-1}" = 1 ]; then
 fi
 if [ "${ARL_TEST_FUZZ:-1}" = 1 ] && command -v clang >/dev/null; then
   # libFuzzer targets (response parser, tool-call arguments, safetensors/npy headers, replay
-  # blobs with codec 1), run
-  # briefly; a crash fails the suite. Longer runs: ARL_FUZZ_SECONDS=600.
+  # blobs with codec 1, PNG/PPM images), run briefly; a crash fails the suite. Longer runs:
+  # ARL_FUZZ_SECONDS=600. The image target starts from the test images (copies, each after
+  # the target's mode byte: libFuzzer writes what it finds into its first corpus folder).
   echo "== fuzzing (${ARL_FUZZ_SECONDS:-20} s per target) =="
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DAGENTRL_FUZZ=ON -DAGENTRL_CUDA=OFF >/dev/null
-  cmake --build build-fuzz -j "$jobs" --target fuzz_aep_response fuzz_tool_args fuzz_safetensors fuzz_blob
+  cmake --build build-fuzz -j "$jobs" --target fuzz_aep_response fuzz_tool_args fuzz_safetensors fuzz_blob \
+    fuzz_image
+  rm -rf build-fuzz/corpus-image && mkdir -p build-fuzz/corpus-image
+  for f in tests/image/fixtures/*.png; do # mode byte 0: the file as it is
+    { printf '\0'; cat "$f"; } >"build-fuzz/corpus-image/$(basename "$f")"
+  done
   for t in build-fuzz/tests/envs_aep/fuzz_aep_response build-fuzz/tests/envs_aep/fuzz_tool_args \
-           build-fuzz/tests/safetensors/fuzz_safetensors build-fuzz/tests/replay/fuzz_blob; do
-    if ! "$t" -max_total_time="${ARL_FUZZ_SECONDS:-20}" -print_final_stats=1 >build-fuzz/fuzz.log 2>&1; then
+           build-fuzz/tests/safetensors/fuzz_safetensors build-fuzz/tests/replay/fuzz_blob \
+           build-fuzz/tests/image/fuzz_image; do
+    corpus=()
+    [ "$(basename "$t")" = fuzz_image ] && corpus=(build-fuzz/corpus-image)
+    if ! "$t" -max_total_time="${ARL_FUZZ_SECONDS:-20}" -print_final_stats=1 "${corpus[@]}" \
+        >build-fuzz/fuzz.log 2>&1; then
       tail -n 60 build-fuzz/fuzz.log
       echo "fuzz target $t failed (log above)" >&2
       exit 1
