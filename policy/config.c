@@ -18,6 +18,7 @@
 #include "core/assert.h"
 #include "core/file.h"
 #include "core/log.h"
+#include "policy/params.h"
 
 /* ------------------------------------------------------------------------------------ */
 /* field tables                                                                          */
@@ -440,6 +441,13 @@ static const char *kind_expect(const cfield *f) {
     return "?";
 }
 
+/* Every integer of a config is a size, a count, an index or a token id: 32-bit (token ids and
+ * positions are int32 throughout), which also keeps the products of validation exact. */
+static int int_in_range(json_int_t v) {
+    return v >= INT32_MIN && v <= INT32_MAX;
+}
+#define INT_RANGE_TEXT "[-2^31, 2^31) (sizes, indices and token ids are 32-bit)"
+
 /* Store JSON value v into the field (type checks only).  path: "text_config." etc. */
 static arl_status field_set(const cfield *f, const json_t *v, void *base, const char *where,
                             const char *path) {
@@ -464,6 +472,9 @@ static arl_status field_set(const cfield *f, const json_t *v, void *base, const 
             return arl_errorf(ARL_ERR_CONFIG,
                               "%s: field '%s%s': expected a positive integer or null, got %lld",
                               where, path, f->name, (long long)json_integer_value(v));
+        else if (!int_in_range(json_integer_value(v)))
+            return arl_errorf(ARL_ERR_CONFIG, "%s: field '%s%s': %lld is outside %s", where, path,
+                              f->name, (long long)json_integer_value(v), INT_RANGE_TEXT);
         else
             *(int64_t *)dst = (int64_t)json_integer_value(v);
         break;
@@ -496,13 +507,18 @@ static arl_status field_set(const cfield *f, const json_t *v, void *base, const 
             break;
         }
         size_t n = json_array_size(v);
-        for (size_t i = 0; i < n; i++)
-            if (!json_is_integer(json_array_get(v, i)))
+        for (size_t i = 0; i < n; i++) {
+            const json_t *e = json_array_get(v, i);
+            if (!json_is_integer(e))
                 return arl_errorf(ARL_ERR_CONFIG,
                                   "%s: field '%s%s': expected an array of integers, element %zu "
                                   "is %s",
-                                  where, path, f->name, i,
-                                  describe(json_array_get(v, i), got, sizeof got));
+                                  where, path, f->name, i, describe(e, got, sizeof got));
+            if (!int_in_range(json_integer_value(e)))
+                return arl_errorf(ARL_ERR_CONFIG,
+                                  "%s: field '%s%s': element %zu, %lld, is outside %s", where, path,
+                                  f->name, i, (long long)json_integer_value(e), INT_RANGE_TEXT);
+        }
         int64_t *p = malloc((n ? n : 1) * sizeof *p);
         if (!p) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", where);
         for (size_t i = 0; i < n; i++)
@@ -964,6 +980,21 @@ static arl_status config_check(arl_model_config *cfg) {
         D->vGw = cfg->vision.init_pos_emb_width;
         D->vheads = cfg->vision.vt_num_attention_heads;
     }
+    /* the model's size: its counts and memory must be exact int64 values */
+    arl_param_counts pc;
+    arl_param_counts_compute(cfg, &pc);
+    if (pc.total_params == INT64_MAX)
+        return CFGERR("%s: the model has more than 2^63 parameters (at most 2^50 are handled)", w);
+    if (pc.total_params > ARL_MODEL_MAX_PARAMS)
+        return CFGERR("%s: the model has %lld parameters, more than the 2^50 handled", w,
+                      (long long)pc.total_params);
+    arl_model_memory mem;
+    arl_model_memory_compute(cfg, &mem);
+    _Static_assert(sizeof mem % sizeof(int64_t) == 0, "arl_model_memory holds int64 sizes only");
+    const int64_t *mv = (const int64_t *)&mem;
+    for (size_t i = 0; i < sizeof mem / sizeof *mv; i++)
+        if (mv[i] == INT64_MAX)
+            return CFGERR("%s: the model's state or cache per sequence is beyond 2^63 bytes", w);
     return ARL_OK;
 }
 

@@ -35,6 +35,9 @@
 
 #define ARL_CONFIG_STR 64     /* capacity of string fields, including the NUL */
 #define ARL_CONFIG_MAX_ARCH 4 /* entries of "architectures" kept */
+/* The most parameters a valid config may have (2^50, about 400 times Kimi K3): below it every
+ * count and byte size of policy/params.h is an exact int64. */
+#define ARL_MODEL_MAX_PARAMS (1LL << 50)
 /* Optional top-level integer field that is absent from the file (not written back). */
 #define ARL_CONFIG_ABSENT INT64_MIN
 

@@ -435,53 +435,80 @@ float *arl_model_params_find(const arl_model_params *p, const char *name) {
 /* ------------------------------------------------------------------------------------ */
 /* counts (section 13.1, closed form)                                                    */
 
+/* Products and sums of sizes that stop at INT64_MAX instead of overflowing: the config's
+ * validation rejects a model whose counts reach ARL_MODEL_MAX_PARAMS, so every count of a
+ * valid config is exact, and an invalid one's can be computed without undefined behaviour. */
+static int64_t mul(int64_t a, int64_t b) {
+    int64_t r;
+    return a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+static int64_t sum_n(const int64_t *v, size_t n) {
+    int64_t s = 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i] < 0 || __builtin_add_overflow(s, v[i], &s)) return INT64_MAX;
+    return s;
+}
+
+#define SUM(...)                                                                                   \
+    sum_n((const int64_t[]){__VA_ARGS__}, sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+#define MUL3(a, b, c) mul(mul(a, b), c)
+
 void arl_param_counts_compute(const arl_model_config *cfg, arl_param_counts *c) {
     const arl_model_dims *D = &cfg->dims;
     const int64_t d = D->d, P = D->P, dk = D->dk, H = D->H, W = D->W;
     memset(c, 0, sizeof *c);
     /* KDA: 3dP + 3PW + d*dk + dk*P + P + H + dH + dP + dk + Pd */
-    int64_t kda = 3 * d * P + 3 * P * W + d * dk + dk * P + P + H + d * H + D->dv + P * d;
-    kda += cfg->text.linear_attn_config.use_full_rank_gate ? d * P : d * dk + dk * P;
+    int64_t kda = SUM(MUL3(3, d, P), MUL3(3, P, W), mul(d, dk), mul(dk, P), P, H, mul(d, H), D->dv,
+                      mul(P, d));
+    kda = SUM(kda, cfg->text.linear_attn_config.use_full_rank_gate ? mul(d, P)
+                                                                   : SUM(mul(d, dk), mul(dk, P)));
     /* MLA: d*rq + rq + rq*Hm(n+r) + d(rkv+r) + rkv + rkv*Hm(n+vm) + d*Hm*vm + Hm*vm*d */
-    int64_t qw = D->Hm * (D->n + D->r);
-    int64_t mla = D->rq > 0 ? d * D->rq + D->rq + D->rq * qw : d * qw;
-    mla += d * (D->rkv + D->r) + D->rkv + D->rkv * D->Hm * (D->n + D->vm) + D->Hm * D->vm * d;
-    if (cfg->text.mla_use_output_gate) mla += d * D->Hm * D->vm;
-    int64_t expert = 3 * D->dz * D->f;
-    int64_t router = d * D->E + D->E;
-    int64_t shared = 3 * d * D->fs;
-    int64_t latent = 2 * d * D->dz + (cfg->text.latent_moe_use_norm ? D->dz : 0);
-    int64_t dense = 3 * d * D->fd;
-    int64_t per_layer_norms = D->B > 0 ? 6 * d : 2 * d;
-    int64_t model_norms = D->B > 0 ? 3 * d : d;
+    int64_t qw = mul(D->Hm, SUM(D->n, D->r));
+    int64_t mla = D->rq > 0 ? SUM(mul(d, D->rq), D->rq, mul(D->rq, qw)) : mul(d, qw);
+    mla = SUM(mla, mul(d, SUM(D->rkv, D->r)), D->rkv, MUL3(D->rkv, D->Hm, SUM(D->n, D->vm)),
+              MUL3(D->Hm, D->vm, d));
+    if (cfg->text.mla_use_output_gate) mla = SUM(mla, MUL3(d, D->Hm, D->vm));
+    int64_t expert = MUL3(3, D->dz, D->f);
+    int64_t router = SUM(mul(d, D->E), D->E);
+    int64_t shared = MUL3(3, d, D->fs);
+    int64_t latent = SUM(MUL3(2, d, D->dz), cfg->text.latent_moe_use_norm ? D->dz : 0);
+    int64_t dense = MUL3(3, d, D->fd);
+    int64_t per_layer_norms = mul(D->B > 0 ? 6 : 2, d);
+    int64_t model_norms = mul(D->B > 0 ? 3 : 1, d);
 
     c->kda_layer = kda;
     c->mla_layer = mla;
     c->expert = expert;
-    c->moe_fixed = router + shared + latent;
+    c->moe_fixed = SUM(router, shared, latent);
     c->dense_layer = dense;
-    c->component[ARL_COMP_EMBED] = D->V * d;
-    c->component[ARL_COMP_KDA] = D->n_kda * kda;
-    c->component[ARL_COMP_MLA] = D->n_mla * mla;
-    c->component[ARL_COMP_DENSE_FFN] = D->n_dense * dense;
-    c->component[ARL_COMP_ROUTED_EXPERTS] = D->n_moe * D->E * expert;
-    c->component[ARL_COMP_SHARED_EXPERTS] = D->n_moe * shared;
-    c->component[ARL_COMP_LATENT] = D->n_moe * latent;
-    c->component[ARL_COMP_ROUTER] = D->n_moe * router;
-    c->component[ARL_COMP_NORMS] = D->L * per_layer_norms + model_norms;
-    c->component[ARL_COMP_LM_HEAD] = D->V * d;
+    c->component[ARL_COMP_EMBED] = mul(D->V, d);
+    c->component[ARL_COMP_KDA] = mul(D->n_kda, kda);
+    c->component[ARL_COMP_MLA] = mul(D->n_mla, mla);
+    c->component[ARL_COMP_DENSE_FFN] = mul(D->n_dense, dense);
+    c->component[ARL_COMP_ROUTED_EXPERTS] = MUL3(D->n_moe, D->E, expert);
+    c->component[ARL_COMP_SHARED_EXPERTS] = mul(D->n_moe, shared);
+    c->component[ARL_COMP_LATENT] = mul(D->n_moe, latent);
+    c->component[ARL_COMP_ROUTER] = mul(D->n_moe, router);
+    c->component[ARL_COMP_NORMS] = SUM(mul(D->L, per_layer_norms), model_norms);
+    c->component[ARL_COMP_LM_HEAD] = mul(D->V, d);
     if (cfg->has_vision) {
         const int64_t vD = D->vD, vQ = D->vQ, vF = D->vF, p = D->vp;
-        c->component[ARL_COMP_VISION] = 3 * p * p * vD + D->vGh * D->vGw * vD +
-                                        D->vL * (3 * vQ * vD + vD * vQ + 2 * vD * vF + 2 * vD) + vD;
-        c->component[ARL_COMP_PROJECTOR] = 16 * vD * vD + d * 4 * vD + d;
+        int64_t block = SUM(MUL3(3, vQ, vD), mul(vD, vQ), MUL3(2, vD, vF), mul(2, vD));
+        c->component[ARL_COMP_VISION] =
+            SUM(MUL3(3, mul(p, p), vD), MUL3(D->vGh, D->vGw, vD), mul(D->vL, block), vD);
+        c->component[ARL_COMP_PROJECTOR] = SUM(MUL3(16, vD, vD), MUL3(d, 4, vD), d);
     }
     for (int i = 0; i < ARL_COMP_COUNT_; i++)
-        if (i != ARL_COMP_VISION && i != ARL_COMP_PROJECTOR) c->text_total += c->component[i];
+        if (i != ARL_COMP_VISION && i != ARL_COMP_PROJECTOR)
+            c->text_total = SUM(c->text_total, c->component[i]);
     c->vision_tower = c->component[ARL_COMP_VISION];
     c->projector = c->component[ARL_COMP_PROJECTOR];
-    c->total_params = c->text_total + c->vision_tower + c->projector;
-    c->active_params = c->text_total - (D->E - D->k) * expert * D->n_moe - D->V * d;
+    c->total_params = SUM(c->text_total, c->vision_tower, c->projector);
+    /* the subtracted terms are parts of text_total, so the difference is exact when it is */
+    c->active_params = c->text_total == INT64_MAX
+                           ? INT64_MAX
+                           : c->text_total - MUL3(D->E - D->k, expert, D->n_moe) - mul(D->V, d);
 }
 
 void arl_model_memory_compute(const arl_model_config *cfg, arl_model_memory *m) {
@@ -491,18 +518,23 @@ void arl_model_memory_compute(const arl_model_config *cfg, arl_model_memory *m) 
     memset(m, 0, sizeof *m);
     /* fp32-class values (section 1.4) as stored: convs, dt_bias, A_log (padded), o_norm per
      * KDA layer; e_score_correction_bias per MoE layer */
-    int64_t f32_counted = D->n_kda * (3 * D->P * D->W + D->P + D->H + D->dv) + D->n_moe * D->E;
-    int64_t f32_stored = f32_counted + D->n_kda * (D->a_log_padded - D->H);
-    m->weights_bf16_bytes = 2 * (c.total_params - f32_counted) + 4 * f32_stored;
-    m->weights_fp32_bytes = 4 * (c.total_params + D->n_kda * (D->a_log_padded - D->H));
-    m->train_fp32_adam_bytes = 16 * c.total_params;
-    m->kda_state_bytes = D->n_kda * D->H * D->dk * D->dv * 4;
-    m->kda_conv_bytes = D->n_kda * 3 * D->P * (D->W - 1) * 4;
-    m->mla_values_per_token = D->n_mla * (D->rkv + D->r);
-    m->mla_bytes_per_token_bf16 = 2 * m->mla_values_per_token;
-    m->mla_bytes_per_token_fp32 = 4 * m->mla_values_per_token;
-    m->mla_bytes_1m_bf16 = m->mla_bytes_per_token_bf16 * ARL_LONG_CONTEXT_TOKENS;
-    m->mla_bytes_1m_fp32 = m->mla_bytes_per_token_fp32 * ARL_LONG_CONTEXT_TOKENS;
+    int64_t f32_counted =
+        SUM(mul(D->n_kda, SUM(MUL3(3, D->P, D->W), D->P, D->H, D->dv)), mul(D->n_moe, D->E));
+    int64_t a_log_pad = mul(D->n_kda, D->a_log_padded - D->H);
+    int64_t f32_stored = SUM(f32_counted, a_log_pad);
+    /* f32_counted is a part of total_params: the difference is exact when total_params is */
+    m->weights_bf16_bytes = c.total_params == INT64_MAX
+                                ? INT64_MAX
+                                : SUM(mul(2, c.total_params - f32_counted), mul(4, f32_stored));
+    m->weights_fp32_bytes = mul(4, SUM(c.total_params, a_log_pad));
+    m->train_fp32_adam_bytes = mul(16, c.total_params);
+    m->kda_state_bytes = mul(MUL3(D->n_kda, D->H, D->dk), mul(D->dv, 4));
+    m->kda_conv_bytes = mul(MUL3(D->n_kda, 3, D->P), mul(D->W - 1, 4));
+    m->mla_values_per_token = mul(D->n_mla, SUM(D->rkv, D->r));
+    m->mla_bytes_per_token_bf16 = mul(2, m->mla_values_per_token);
+    m->mla_bytes_per_token_fp32 = mul(4, m->mla_values_per_token);
+    m->mla_bytes_1m_bf16 = mul(m->mla_bytes_per_token_bf16, ARL_LONG_CONTEXT_TOKENS);
+    m->mla_bytes_1m_fp32 = mul(m->mla_bytes_per_token_fp32, ARL_LONG_CONTEXT_TOKENS);
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -12,6 +12,7 @@
 
 #include "core/file.h"
 #include "policy/config.h"
+#include "policy/params.h"
 #include "tests/test.h"
 
 /* The whole file at path, NUL-terminated (malloc'd); NULL if it cannot be read. */
@@ -324,6 +325,52 @@ static void test_unknown_fields_warn_once_and_survive(void) {
     json_decref(j);
 }
 
+/* Sizes a config may not have: an integer beyond 32 bits, a model beyond 2^50 parameters, one
+ * whose counts overflow int64 (they stop at INT64_MAX instead; before, vocab_size 2^62 passed
+ * validation and the parameter counts overflowed). */
+static void test_size_limits(void) {
+    expect_error("text", "vocab_size", "4611686018427387904", ARL_ERR_CONFIG,
+                 "text_config.vocab_size", "outside [-2^31, 2^31)");
+    expect_error("text", "hidden_size", "2147483648", ARL_ERR_CONFIG, "text_config.hidden_size",
+                 "outside");
+    expect_error("linear", "kda_layers", "[1, 2, 3, 5, 6, 7, -4294967296]", ARL_ERR_CONFIG,
+                 "kda_layers", "element 6");
+    expect_ok("text", "vocab_size", "2147483647"); /* 2^38 parameters: exact counts */
+    json_t *j = tiny_json();
+    json_object_set_new(j, "vision_config", json_null());
+    json_t *tc = path_obj(j, "text");
+    arl_model_config c;
+    CHECK(parse_json(j, &c) == ARL_OK);
+    arl_param_counts small;
+    arl_param_counts_compute(&c, &small);
+    arl_model_config_free(&c);
+    /* V (2^31 - 1) x d (2^20) twice (embedding and head): over 2^50 */
+    json_object_set_new(tc, "vocab_size", json_integer(2147483647));
+    json_object_set_new(tc, "hidden_size", json_integer(1 << 20));
+    CHECK(parse_json(j, NULL) == ARL_ERR_CONFIG);
+    CHECK_MSG(strstr(arl_error_msg(), "parameters, more than the 2^50 handled"), "%s",
+              arl_error_msg());
+    /* every expert 3 x (2^31 - 1)^2 values, 2^31 - 1 experts a layer: beyond 2^63 */
+    json_object_set_new(tc, "num_experts", json_integer(2147483647));
+    json_object_set_new(tc, "moe_intermediate_size", json_integer(2147483647));
+    json_object_set_new(tc, "routed_expert_hidden_size", json_integer(2147483647));
+    CHECK(parse_json(j, NULL) == ARL_ERR_CONFIG);
+    CHECK_MSG(strstr(arl_error_msg(), "more than 2^63 parameters"), "%s", arl_error_msg());
+    json_decref(j);
+    /* a large valid model's counts are exact: tiny with a 2^31 - 1 vocabulary */
+    j = tiny_json();
+    json_object_set_new(j, "vision_config", json_null());
+    json_object_set_new(path_obj(j, "text"), "vocab_size", json_integer(2147483647));
+    CHECK(parse_json(j, &c) == ARL_OK);
+    arl_param_counts big;
+    arl_param_counts_compute(&c, &big);
+    const int64_t more = 2 * (2147483647LL - 384) * 128; /* embedding and head rows */
+    CHECK(big.total_params == small.total_params + more);
+    CHECK(big.active_params == small.active_params + more / 2); /* the embedding is not active */
+    arl_model_config_free(&c);
+    json_decref(j);
+}
+
 static void test_validation_errors(void) {
     /* missing and wrongly typed fields name the JSON path */
     expect_error("text", "hidden_size", NULL, ARL_ERR_CONFIG, "text_config.hidden_size", "missing");
@@ -475,6 +522,7 @@ int main(void) {
     TEST_RUN(test_canonical_number_format);
     TEST_RUN(test_unknown_fields_warn_once_and_survive);
     TEST_RUN(test_validation_errors);
+    TEST_RUN(test_size_limits);
     TEST_RUN(test_validate_in_memory);
     TEST_RUN(test_resolve);
     return test_finish();
