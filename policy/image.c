@@ -112,7 +112,7 @@ static arl_status png_decode(const uint8_t *d, size_t n, int64_t max_pixels, con
                 idat = p;
                 idat_cap = cap;
             }
-            memcpy(idat + idat_len, body, len);
+            if (len) memcpy(idat + idat_len, body, len); /* an empty IDAT: idat may be NULL */
             idat_len += len;
         } else if (!memcmp(type, "IEND", 4)) {
             seen_iend = 1;

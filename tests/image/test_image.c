@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/crc32.h"
 #include "core/file.h"
 #include "policy/image.h"
 #include "tests/test.h"
@@ -83,6 +84,43 @@ static void test_bad_input(void) {
     free(d);
 }
 
+/* Empty IDAT chunks (allowed: the image data is the IDATs' concatenation) before and after
+ * the data give the same pixels.  An empty first IDAT was a copy of 0 bytes to a NULL
+ * buffer (undefined behaviour, found by tests/fuzz/fuzz_image.c). */
+static void test_empty_idat(void) {
+    char *buf = NULL;
+    size_t n = 0;
+    CHECK(arl_file_read(test_src_path("tests/image/fixtures/rgb8.png"), 0, &buf, &n) == ARL_OK);
+    if (!buf) return;
+    const uint8_t *d = (const uint8_t *)buf;
+    /* an empty IDAT: length 0, type, the CRC of the type */
+    const uint8_t empty[12] = {0, 0, 0, 0, 'I', 'D', 'A', 'T', 0x35, 0xaf, 0x06, 0x1e};
+    CHECK(arl_crc32("IDAT", 4) == 0x35af061eu);
+    size_t ihdr_end = 8 + 12 + 13, iend = n - 12; /* the signature and IHDR; IEND is last */
+    CHECK(!memcmp(d + iend + 4, "IEND", 4));
+    uint8_t *e = malloc(n + 3 * sizeof empty);
+    size_t m = 0;
+    memcpy(e, d, ihdr_end);
+    m = ihdr_end;
+    memcpy(e + m, empty, sizeof empty);
+    m += sizeof empty;
+    memcpy(e + m, d + ihdr_end, iend - ihdr_end);
+    m += iend - ihdr_end;
+    memcpy(e + m, empty, sizeof empty);
+    m += sizeof empty;
+    memcpy(e + m, d + iend, 12);
+    m += 12;
+    arl_image a, b;
+    CHECK(arl_image_decode(d, n, 0, "rgb8.png", &a) == ARL_OK);
+    CHECK_MSG(arl_image_decode(e, m, 0, "empty_idat.png", &b) == ARL_OK, "%s", arl_error_msg());
+    CHECK(a.width == b.width && a.height == b.height && b.rgb &&
+          !memcmp(a.rgb, b.rgb, (size_t)a.width * a.height * 3));
+    arl_image_free(&a);
+    arl_image_free(&b);
+    free(e);
+    free(buf);
+}
+
 static void test_grid_and_patchify(void) {
     int32_t gh, gw;
     CHECK(arl_image_grid(56, 28, 14, 1024, &gh, &gw) == ARL_OK);
@@ -112,6 +150,7 @@ int main(void) {
     TEST_RUN(test_fixtures);
     TEST_RUN(test_ppm_ascii);
     TEST_RUN(test_bad_input);
+    TEST_RUN(test_empty_idat);
     TEST_RUN(test_grid_and_patchify);
     return test_finish();
 }
