@@ -28,29 +28,46 @@ if [ "${ARL_TEST_SANITIZE:-1}" = 1 ]; then
 fi
 if [ "${ARL_TEST_FUZZ:-1}" = 1 ] && command -v clang >/dev/null; then
   # libFuzzer targets (response parser, tool-call arguments, safetensors/npy headers, replay
-  # blobs with codec 1, PNG/PPM images), run briefly; a crash fails the suite. Longer runs:
-  # ARL_FUZZ_SECONDS=600. The image target starts from the test images (copies, each after
-  # the target's mode byte: libFuzzer writes what it finds into its first corpus folder).
+  # blobs with codec 1, PNG/PPM images, the chat template's turn parser and conversation
+  # reader, model configs and rollout keys), run briefly; a crash, a sanitizer report
+  # (undefined behaviour included) or a failed invariant fails the suite. Longer runs:
+  # ARL_FUZZ_SECONDS=600.
   echo "== fuzzing (${ARL_FUZZ_SECONDS:-20} s per target) =="
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DAGENTRL_FUZZ=ON -DAGENTRL_CUDA=OFF >/dev/null
-  cmake --build build-fuzz -j "$jobs" --target fuzz_aep_response fuzz_tool_args fuzz_safetensors fuzz_blob \
-    fuzz_image
-  rm -rf build-fuzz/corpus-image && mkdir -p build-fuzz/corpus-image
-  for f in tests/image/fixtures/*.png; do # mode byte 0: the file as it is
-    { printf '\0'; cat "$f"; } >"build-fuzz/corpus-image/$(basename "$f")"
-  done
-  for t in build-fuzz/tests/envs_aep/fuzz_aep_response build-fuzz/tests/envs_aep/fuzz_tool_args \
-           build-fuzz/tests/safetensors/fuzz_safetensors build-fuzz/tests/replay/fuzz_blob \
-           build-fuzz/tests/image/fuzz_image; do
+  targets=(envs_aep/fuzz_aep_response envs_aep/fuzz_tool_args safetensors/fuzz_safetensors
+           replay/fuzz_blob image/fuzz_image tokenizer/fuzz_chat policy_config/fuzz_config)
+  cmake --build build-fuzz -j "$jobs" --target "${targets[@]##*/}"
+  # Seeds for the targets that read a mode byte first: the files of the project, each after
+  # its mode (copies: libFuzzer writes what it finds into its first corpus folder).
+  seed() { # seed NAME MODE FILE...: copies of FILE... after the byte MODE into corpus-NAME
+    local dir=build-fuzz/corpus-$1 mode=$2 k=0
+    shift 2
+    mkdir -p "$dir"
+    for f in "$@"; do
+      { printf "\\$mode"; cat "$f"; } >"$dir/$k-$(basename "$f")"
+      k=$((k + 1))
+    done
+  }
+  rm -rf build-fuzz/corpus-*
+  seed fuzz_image 000 tests/image/fixtures/*.png
+  seed fuzz_chat 000 tests/tokenizer/fixtures/golden_conversation.json
+  seed fuzz_config 000 configs/*/config.json
+  seed fuzz_config 001 experiments/*.json
+  # a sampled turn with a tool call: mode 1, "hi ", <|tool_call|>calc<|tool_args|>{"a":1}
+  # <|tool_call_end|><|end_of_msg|> (0x01 k: the id 256 + k)
+  printf '\001hi \001\012calc\001\013{"a":1}\001\014\001\011' >build-fuzz/corpus-fuzz_chat/turn
+  for t in "${targets[@]}"; do
+    name=${t##*/}
     corpus=()
-    [ "$(basename "$t")" = fuzz_image ] && corpus=(build-fuzz/corpus-image)
-    if ! "$t" -max_total_time="${ARL_FUZZ_SECONDS:-20}" -print_final_stats=1 "${corpus[@]}" \
+    [ -d "build-fuzz/corpus-$name" ] && corpus=("build-fuzz/corpus-$name")
+    if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-fuzz/tests/$t" \
+        -max_total_time="${ARL_FUZZ_SECONDS:-20}" -print_final_stats=1 "${corpus[@]}" \
         >build-fuzz/fuzz.log 2>&1; then
       tail -n 60 build-fuzz/fuzz.log
-      echo "fuzz target $t failed (log above)" >&2
+      echo "fuzz target $name failed (log above)" >&2
       exit 1
     fi
-    echo "$(basename "$t"): $(grep -E '^stat::number_of_executed_units' build-fuzz/fuzz.log) (no crash)"
+    echo "$name: $(grep -E '^stat::number_of_executed_units' build-fuzz/fuzz.log) (no crash)"
   done
 fi
 echo "== all tests passed =="
