@@ -77,7 +77,7 @@ static void *lsrv_conn(void *p) {
     size_t cap = 1 << 20;
     char *buf = malloc(cap);
     size_t have = 0;
-    for (;;) {
+    while (buf) {
         char *end = NULL;
         while (!(end = memmem(buf, have, "\r\n\r\n", 4))) {
             if (have >= cap - 1) goto done;
@@ -97,8 +97,10 @@ static void *lsrv_conn(void *p) {
         }
         while (have < hlen + clen) {
             if (hlen + clen >= cap) {
+                char *nb = realloc(buf, hlen + clen + 1);
+                if (!nb) goto done;
+                buf = nb;
                 cap = hlen + clen + 1;
-                buf = realloc(buf, cap);
             }
             ssize_t r = recv(fd, buf + have, cap - 1 - have, 0);
             if (r <= 0) goto done;
@@ -131,6 +133,10 @@ static void *lsrv_accept(void *p) {
         int one = 1;
         setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         lsrv_conn_arg *arg = malloc(sizeof *arg);
+        if (!arg) {
+            close(c);
+            continue;
+        }
         *arg = (lsrv_conn_arg){srv, c};
         pthread_t t;
         if (pthread_create(&t, NULL, lsrv_conn, arg) == 0) {
