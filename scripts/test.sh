@@ -29,13 +29,14 @@ fi
 if [ "${ARL_TEST_FUZZ:-1}" = 1 ] && command -v clang >/dev/null; then
   # libFuzzer targets (response parser, tool-call arguments, safetensors/npy headers, replay
   # blobs with codec 1, PNG/PPM images, the chat template's turn parser and conversation
-  # reader, model configs and rollout keys), run briefly; a crash, a sanitizer report
-  # (undefined behaviour included) or a failed invariant fails the suite. Longer runs:
+  # reader, model configs and rollout keys, SFT data files), run briefly; a crash, a sanitizer
+  # report (undefined behaviour included) or a failed invariant fails the suite. Longer runs:
   # ARL_FUZZ_SECONDS=600.
   echo "== fuzzing (${ARL_FUZZ_SECONDS:-20} s per target) =="
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DAGENTRL_FUZZ=ON -DAGENTRL_CUDA=OFF >/dev/null
   targets=(envs_aep/fuzz_aep_response envs_aep/fuzz_tool_args safetensors/fuzz_safetensors
-           replay/fuzz_blob image/fuzz_image tokenizer/fuzz_chat policy_config/fuzz_config)
+           replay/fuzz_blob image/fuzz_image tokenizer/fuzz_chat policy_config/fuzz_config
+           train/fuzz_sft_data)
   cmake --build build-fuzz -j "$jobs" --target "${targets[@]##*/}"
   # Seeds for the targets that read a mode byte first: the files of the project, each after
   # its mode (copies: libFuzzer writes what it finds into its first corpus folder).
@@ -56,6 +57,18 @@ if [ "${ARL_TEST_FUZZ:-1}" = 1 ] && command -v clang >/dev/null; then
   # a sampled turn with a tool call: mode 1, "hi ", <|tool_call|>calc<|tool_args|>{"a":1}
   # <|tool_call_end|><|end_of_msg|> (0x01 k: the id 256 + k)
   printf '\001hi \001\012calc\001\013{"a":1}\001\014\001\011' >build-fuzz/corpus-fuzz_chat/turn
+  # SFT data files after their three settings bytes (tests/fuzz/fuzz_sft_data.c): conversations
+  # sharing a system prompt, a blank line and the bare-array form (shared prefix, max_seq_tokens
+  # 130, budget 130); a teacher's tool-call demonstration (max_seq_tokens 258, budget 258)
+  mkdir -p build-fuzz/corpus-fuzz_sft_data
+  { printf '\001\100\040'
+    printf '%s\n' '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}' '' \
+      '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}' \
+      '[{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]'
+  } >build-fuzz/corpus-fuzz_sft_data/convs
+  { printf '\000\200\100'
+    printf '%s\n' '{"messages": [{"role": "user", "content": "What is 7 + 5?"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1_0", "type": "function", "function": {"name": "calc", "arguments": "{\"expression\":\"7 + 5\"}"}}]}, {"role": "tool", "tool_call_id": "call_1_0", "content": "12"}, {"role": "assistant", "content": "12"}], "tools": [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}], "meta": {"env": "calculator"}}'
+  } >build-fuzz/corpus-fuzz_sft_data/tools
   for t in "${targets[@]}"; do
     name=${t##*/}
     corpus=()
