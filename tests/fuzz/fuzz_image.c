@@ -24,6 +24,7 @@
 
 #include "core/assert.h"
 #include "core/crc32.h"
+#include "core/inflate.h"
 #include "policy/image.h"
 
 #define FUZZ_MAX_PIXELS (1 << 16)
@@ -95,11 +96,6 @@ static void png_build(const uint8_t *d, size_t n, uint8_t **out, size_t *outn) {
     uint8_t *zp = z;
     *zp++ = 0x78;
     *zp++ = 0x01;
-    uint32_t a = 1, b = 0;
-    for (size_t i = 0; i < raw_len; i++) {
-        a = (a + raw[i]) % 65521;
-        b = (b + a) % 65521;
-    }
     for (size_t off = 0, left = raw_len;; ) {
         size_t m = left < 65535 ? left : 65535;
         *zp++ = left == m ? 1 : 0; /* BFINAL on the last; BTYPE 00 */
@@ -113,7 +109,7 @@ static void png_build(const uint8_t *d, size_t n, uint8_t **out, size_t *outn) {
         left -= m;
         if (!left) break;
     }
-    put32(zp, b << 16 | a);
+    put32(zp, arl_adler32(1, raw, raw_len));
     zp += 4;
     uint8_t *o = *out;
     memcpy(o, png_sig, 8);
