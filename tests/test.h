@@ -13,13 +13,14 @@
 #ifndef ARL_TESTS_TEST_H
 #define ARL_TESTS_TEST_H
 
+#include <ftw.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <ftw.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TEST_SKIP 77
@@ -142,17 +143,27 @@ static inline int test_case_wanted_(const char *name) {
     return 0;
 }
 
+/* Wall-clock seconds (monotonic), for the time each case took. */
+static inline double test_now_(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs fn unless ARL_TEST_CASES leaves it out; prints "ok   fn (S s)" or "FAIL fn (S s)". */
 #define TEST_RUN(fn)                                                                               \
     do {                                                                                           \
         if (!test_case_wanted_(#fn)) break;                                                        \
         int before_ = test_failures_;                                                              \
+        double t0_ = test_now_();                                                                  \
         fn();                                                                                      \
+        double dt_ = test_now_() - t0_;                                                            \
         if (test_failures_ == before_) {                                                           \
             test_cases_passed_++;                                                                  \
-            fprintf(stderr, "ok   %s\n", #fn);                                                     \
+            fprintf(stderr, "ok   %s (%.2f s)\n", #fn, dt_);                                       \
         } else {                                                                                   \
             test_cases_failed_++;                                                                  \
-            fprintf(stderr, "FAIL %s\n", #fn);                                                     \
+            fprintf(stderr, "FAIL %s (%.2f s)\n", #fn, dt_);                                       \
         }                                                                                          \
     } while (0)
 
