@@ -6,32 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/crc32.h"
+#include "core/inflate.h"
 #include "envs/builtin/png_write.h"
-
-uint32_t arl_png_write_crc32(uint32_t crc, const uint8_t *p, size_t n) {
-    /* The table is rebuilt per call (2048 shifts): images are a few KiB, three CRCs each,
-     * and a per-call table needs no once-initialisation across threads. */
-    uint32_t table[256];
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++)
-            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        table[i] = c;
-    }
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++)
-        crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-    return ~crc;
-}
-
-uint32_t arl_png_write_adler32(uint32_t adler, const uint8_t *p, size_t n) {
-    uint32_t a = adler & 0xffff, b = adler >> 16;
-    for (size_t i = 0; i < n; i++) {
-        a = (a + p[i]) % 65521u;
-        b = (b + a) % 65521u;
-    }
-    return (b << 16) | a;
-}
 
 static uint8_t *put32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)(v >> 24);
@@ -49,7 +26,7 @@ static uint8_t *chunk(uint8_t *p, const char type[4], const uint8_t *data, size_
     p += 4;
     if (n) memmove(p, data, n);
     p += n;
-    return put32(p, arl_png_write_crc32(0, t, n + 4));
+    return put32(p, arl_crc32_update(0, t, n + 4));
 }
 
 arl_status arl_png_write_rgb(const uint8_t *rgb, int32_t width, int32_t height, uint8_t **png,
@@ -89,7 +66,7 @@ arl_status arl_png_write_rgb(const uint8_t *rgb, int32_t width, int32_t height, 
             size_t k = done + i, y = k / row, x = k % row;
             q[i] = x == 0 ? 0 : rgb[y * (row - 1) + (x - 1)];
         }
-        adler = arl_png_write_adler32(adler, q, n);
+        adler = arl_adler32(adler, q, n);
         q += n;
         done += n;
     }

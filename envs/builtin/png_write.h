@@ -1,7 +1,8 @@
 /* envs/builtin/png_write.h: a minimal PNG encoder for the built-in environments' images.
  *
  * Writes 8-bit RGB, non-interlaced PNG files whose zlib stream uses stored (uncompressed)
- * deflate blocks, with the chunk CRC-32s and the zlib Adler-32 a decoder checks.  The output
+ * deflate blocks, with the chunk CRC-32s and the zlib Adler-32 a decoder checks (core/crc32.h,
+ * core/inflate.h arl_adler32).  The output
  * is a deterministic function of the pixels.  Not a decoder, not a compressor: images here are
  * tiny (28x28 to 112x112), so the missing compression costs a few KiB at most.
  */
@@ -18,10 +19,5 @@
  * ARL_ERR_NOMEM. */
 arl_status arl_png_write_rgb(const uint8_t *rgb, int32_t width, int32_t height, uint8_t **png,
                              size_t *len);
-
-/* The checksums used (exposed for tests): CRC-32 (reflected 0xEDB88320, init and final XOR
- * 0xFFFFFFFF) continued from crc (0 to start), and Adler-32 continued from adler (1 to start). */
-uint32_t arl_png_write_crc32(uint32_t crc, const uint8_t *p, size_t n);
-uint32_t arl_png_write_adler32(uint32_t adler, const uint8_t *p, size_t n);
 
 #endif
