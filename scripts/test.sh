@@ -69,18 +69,34 @@ if [ "${ARL_TEST_FUZZ:-1}" = 1 ] && command -v clang >/dev/null; then
   { printf '\000\200\100'
     printf '%s\n' '{"messages": [{"role": "user", "content": "What is 7 + 5?"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1_0", "type": "function", "function": {"name": "calc", "arguments": "{\"expression\":\"7 + 5\"}"}}]}, {"role": "tool", "tool_call_id": "call_1_0", "content": "12"}, {"role": "assistant", "content": "12"}], "tools": [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}], "meta": {"env": "calculator"}}'
   } >build-fuzz/corpus-fuzz_sft_data/tools
-  for t in "${targets[@]}"; do
-    name=${t##*/}
-    corpus=()
+  # the targets run side by side, $jobs at a time (each is one process); a failure stops the
+  # pass once the running ones are done
+  fuzz_one() { # fuzz_one PATH: run one target for ARL_FUZZ_SECONDS, log in build-fuzz/NAME.log
+    local name=${1##*/} corpus=()
     [ -d "build-fuzz/corpus-$name" ] && corpus=("build-fuzz/corpus-$name")
-    if ! UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-fuzz/tests/$t" \
-        -max_total_time="${ARL_FUZZ_SECONDS:-20}" -print_final_stats=1 "${corpus[@]}" \
-        >build-fuzz/fuzz.log 2>&1; then
-      tail -n 60 build-fuzz/fuzz.log
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-fuzz/tests/$1" \
+      -max_total_time="${ARL_FUZZ_SECONDS:-20}" -print_final_stats=1 "${corpus[@]}" \
+      >"build-fuzz/$name.log" 2>&1
+  }
+  declare -A pid_of=()
+  fuzz_wait() { # wait for one running target; report it, fail the suite if it failed
+    local done_pid rc=0 name
+    wait -n -p done_pid "${!pid_of[@]}" || rc=$?
+    name=${pid_of[$done_pid]}
+    unset "pid_of[$done_pid]"
+    if [ "$rc" != 0 ]; then
+      tail -n 60 "build-fuzz/$name.log"
       echo "fuzz target $name failed (log above)" >&2
+      wait # the others finish first (their logs stay in build-fuzz/)
       exit 1
     fi
-    echo "$name: $(grep -E '^stat::number_of_executed_units' build-fuzz/fuzz.log) (no crash)"
+    echo "$name: $(grep -E '^stat::number_of_executed_units' "build-fuzz/$name.log") (no crash)"
+  }
+  for t in "${targets[@]}"; do
+    [ "${#pid_of[@]}" -ge "$jobs" ] && fuzz_wait
+    fuzz_one "$t" &
+    pid_of[$!]=${t##*/}
   done
+  while [ "${#pid_of[@]}" -gt 0 ]; do fuzz_wait; done
 fi
 echo "== all tests passed =="
