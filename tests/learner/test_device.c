@@ -191,24 +191,46 @@ static double logprob_diff(const arl_learner *la, const arl_learner *lb, int64_t
     return d;
 }
 
+/* The CPU side of the comparisons whose CPU learner is the default one with the grad hook
+ * (learner.device-slot-rows is read by the device only): made once, shared by those cases
+ * (it stays at this address: the learner holds its hook record). */
+static run g_cpu_plain;
+static int g_cpu_plain_made;
+
+/* The CPU side of a comparison with settings o: the shared run when o's CPU learner is the
+ * default one, else own (made here; the caller frees it). */
+static run *cpu_side(const lh_opts *o, run *own) {
+    const int plain = g_hook && !o->shared_prefix && !o->device && !o->allreduce && !o->math &&
+                      !o->prefix_per_minibatch && !o->act_checkpoint && !o->sparse_topk &&
+                      !o->sparse_chunk;
+    if (!plain) {
+        run_two(own, "cpu", o);
+        return own;
+    }
+    const lh_opts dflt = {0};
+    if (!g_cpu_plain_made) run_two(&g_cpu_plain, "cpu", &dflt);
+    g_cpu_plain_made = 1;
+    return &g_cpu_plain;
+}
+
 static void compare(const lh_opts *o, const char *what) {
-    run a, b;
-    run_two(&a, "cpu", o);
+    run own, b;
+    run *a = cpu_side(o, &own);
     run_two(&b, cuda ? "cuda" : "cpu-device", o);
-    const int64_t nf = a.h.params.inv.arena_floats;
+    const int64_t nf = a->h.params.inv.arena_floats;
     double dw, step, dm, dv, ds;
     arl_model_params w0;
-    L_DIE(arl_model_params_alloc(&w0, &a.h.cfg), "params");
-    L_DIE(arl_checkpoint_load(ckpt, &a.h.cfg, &w0), "load");
-    arena_diff(a.h.params.arena, b.h.params.arena, w0.arena, nf, &dw, &step);
-    arena_diff(a.h.opt.m.arena, b.h.opt.m.arena, NULL, nf, &dm, &ds);
-    arena_diff(a.h.opt.v.arena, b.h.opt.v.arena, NULL, nf, &dv, &ds);
+    L_DIE(arl_model_params_alloc(&w0, &a->h.cfg), "params");
+    L_DIE(arl_checkpoint_load(ckpt, &a->h.cfg, &w0), "load");
+    arena_diff(a->h.params.arena, b.h.params.arena, w0.arena, nf, &dw, &step);
+    arena_diff(a->h.opt.m.arena, b.h.opt.m.arena, NULL, nf, &dm, &ds);
+    arena_diff(a->h.opt.v.arena, b.h.opt.v.arena, NULL, nf, &dv, &ds);
     int64_t n_far, n_all;
-    const double dl = logprob_diff(a.h.l, b.h.l, &n_far, &n_all);
+    const double dl = logprob_diff(a->h.l, b.h.l, &n_far, &n_all);
     if (dw > 0) /* name the first tensor whose weights differ */
-        for (int64_t i = 0; i < a.h.params.inv.n; i++) {
-            const arl_param_tensor *t = &a.h.params.inv.t[i];
-            if (memcmp(a.h.params.arena + t->offset, b.h.params.arena + t->offset,
+        for (int64_t i = 0; i < a->h.params.inv.n; i++) {
+            const arl_param_tensor *t = &a->h.params.inv.t[i];
+            if (memcmp(a->h.params.arena + t->offset, b.h.params.arena + t->offset,
                        sizeof(float) * (size_t)t->numel)) {
                 fprintf(stderr, "  first differing weights: %s\n", t->name);
                 break;
@@ -220,23 +242,23 @@ static void compare(const lh_opts *o, const char *what) {
             what, step, cuda ? "cuda" : "cpu-device", dw, dm, dv, dl, (long long)n_far,
             (long long)n_all);
     CHECK(step > 0);
-    CHECK_EQ_INT(a.hook.n, g_hook ? 2 * N_UPD : 0); /* two minibatches per update */
+    CHECK_EQ_INT(a->hook.n, g_hook ? 2 * N_UPD : 0); /* two minibatches per update */
     CHECK_EQ_INT(b.hook.n, g_hook ? 2 * N_UPD : 0);
-    CHECK(a.h.opt.step == 2 * N_UPD && b.h.opt.step == 2 * N_UPD);
+    CHECK(a->h.opt.step == 2 * N_UPD && b.h.opt.step == 2 * N_UPD);
     if (o->slot_rows > 0) { /* the splits and evictions, on the device only */
         const double sp = lh_metric(b.metrics[0], "state/device_call_splits"),
                      ev = lh_metric(b.metrics[0], "state/device_evictions");
         fprintf(stderr, "  update 0: %g calls split, %g device slots evicted\n", sp, ev);
         CHECK(ev > 0 && (g_loose ? sp > 0 : sp == 0));
-        CHECK(lh_metric(a.metrics[0], "state/device_call_splits") == 0);
+        CHECK(lh_metric(a->metrics[0], "state/device_call_splits") == 0);
     }
     if (!cuda && !g_loose) {
         CHECK(dw == 0 && dm == 0 && dv == 0 && dl == 0);
-        for (int i = 0; i < a.hook.n; i++)
-            CHECK_MSG(a.hook.loss[i] == b.hook.loss[i], "minibatch loss %d: %.17g vs %.17g", i,
-                      a.hook.loss[i], b.hook.loss[i]);
-        metrics_match(a.metrics[0], b.metrics[0], "update 0");
-        if (N_UPD > 1) metrics_match(a.metrics[1], b.metrics[1], "update 1");
+        for (int i = 0; i < a->hook.n; i++)
+            CHECK_MSG(a->hook.loss[i] == b.hook.loss[i], "minibatch loss %d: %.17g vs %.17g", i,
+                      a->hook.loss[i], b.hook.loss[i]);
+        metrics_match(a->metrics[0], b.metrics[0], "update 0");
+        if (N_UPD > 1) metrics_match(a->metrics[1], b.metrics[1], "update 1");
     } else if (!cuda) { /* cpu-device, calls split: the same fp32 terms summed in more parts */
         CHECK(dw <= 1e-3 * step && dl <= 1e-4);
     } else if (o->math && strcmp(o->math, "fp32")) {
@@ -246,7 +268,8 @@ static void compare(const lh_opts *o, const char *what) {
         CHECK(dw <= 2.0 * step && dl <= 0.1);
         static const char *keys[] = {"loss/total", "kl/k3", "policy/entropy"};
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-            const double x = lh_metric(a.metrics[0], keys[i]), y = lh_metric(b.metrics[0], keys[i]);
+            const double x = lh_metric(a->metrics[0], keys[i]),
+                         y = lh_metric(b.metrics[0], keys[i]);
             CHECK_MSG(fabs(x - y) <= 3e-2 * (1 + fabs(x)), "%s: cpu %.9g, cuda bf16 %.9g", keys[i],
                       x, y);
         }
@@ -261,13 +284,14 @@ static void compare(const lh_opts *o, const char *what) {
          * token) */
         static const char *keys[] = {"loss/total", "kl/k3", "policy/entropy", "grad/norm/mean"};
         for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
-            const double x = lh_metric(a.metrics[0], keys[i]), y = lh_metric(b.metrics[0], keys[i]);
+            const double x = lh_metric(a->metrics[0], keys[i]),
+                         y = lh_metric(b.metrics[0], keys[i]);
             CHECK_MSG(fabs(x - y) <= 1e-3 * (1 + fabs(x)), "%s: cpu %.9g, cuda %.9g", keys[i], x,
                       y);
         }
     }
     arl_model_params_free(&w0);
-    run_free(&a);
+    if (a == &own) run_free(&own);
     run_free(&b);
 }
 
@@ -425,5 +449,6 @@ int main(int argc, char **argv) {
     TEST_RUN(test_device_adamw);
     if (cuda) TEST_RUN(test_device_nccl_one_rank);
     if (cuda) TEST_RUN(test_device_bf16);
+    if (g_cpu_plain_made) run_free(&g_cpu_plain);
     return test_finish();
 }
