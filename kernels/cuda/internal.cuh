@@ -276,7 +276,8 @@ __device__ static inline void cp_async_wait0(void) { /* every group landed */
  * Fragment layout (PTX ISA, g = lane / 4, t = lane % 4): A regs {a0..a3} hold (row g, cols
  * 2t..2t+1), (row g+8, same), (row g, cols 2t+8..), (row g+8, cols 2t+8..); B regs {b0, b1}
  * hold (k 2t..2t+1, col g), (k 2t+8.., col g); C {c0..c3} hold (row g, cols 2t, 2t+1) and
- * (row g+8, cols 2t, 2t+1).  The CPU emulator gathers the same product through shuffles. */
+ * (row g+8, cols 2t, 2t+1).  The CPU emulator gathers the same product from the lanes' fragments,
+ * exchanged in one step (tests/cuda/emu/emu_cuda.h emu_warp_post). */
 #if defined(__CUDACC__)
 __device__ static inline void arl_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
                                            uint32_t b1) {
@@ -311,41 +312,48 @@ static inline float arl_bf16_hi(uint32_t x) {
 }
 static inline void arl_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const uint64_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+    const uint64_t(*all)[EMU_POST_MAX] = emu_warp_post(mine, 6); /* every lane's fragments */
     for (int tt = 0; tt < 4; tt++) {
-        uint32_t a0 = __shfl_sync(0xffffffffu, a[0], 4 * g + tt);
-        uint32_t a1 = __shfl_sync(0xffffffffu, a[1], 4 * g + tt);
-        uint32_t a2 = __shfl_sync(0xffffffffu, a[2], 4 * g + tt);
-        uint32_t a3 = __shfl_sync(0xffffffffu, a[3], 4 * g + tt);
+        const uint64_t *ar = all[4 * g + tt];
+        const uint32_t a0 = (uint32_t)ar[0], a1 = (uint32_t)ar[1], a2 = (uint32_t)ar[2],
+                       a3 = (uint32_t)ar[3];
         for (int j = 0; j < 2; j++) {
-            uint32_t x0 = __shfl_sync(0xffffffffu, b0, 4 * (2 * t + j) + tt);
-            uint32_t x1 = __shfl_sync(0xffffffffu, b1, 4 * (2 * t + j) + tt);
+            const uint64_t *br = all[4 * (2 * t + j) + tt];
+            const uint32_t x0 = (uint32_t)br[4], x1 = (uint32_t)br[5];
             c[j] += arl_bf16_lo(a0) * arl_bf16_lo(x0) + arl_bf16_hi(a0) * arl_bf16_hi(x0) +
                     arl_bf16_lo(a2) * arl_bf16_lo(x1) + arl_bf16_hi(a2) * arl_bf16_hi(x1);
             c[2 + j] += arl_bf16_lo(a1) * arl_bf16_lo(x0) + arl_bf16_hi(a1) * arl_bf16_hi(x0) +
                         arl_bf16_lo(a3) * arl_bf16_lo(x1) + arl_bf16_hi(a3) * arl_bf16_hi(x1);
         }
     }
+    emu_warp_release();
 }
+/* the lanes' row addresses, exchanged once (emu_warp_post) */
 static inline void arl_ldmatrix_x4(uint32_t r[4], const void *row) {
     const int lane = threadIdx.x & 31;
+    const uint64_t mine = (uint64_t)(uintptr_t)row;
+    const uint64_t(*all)[EMU_POST_MAX] = emu_warp_post(&mine, 1);
     for (int i = 0; i < 4; i++) {
-        const unsigned char *src =
-            __shfl_sync(0xffffffffu, (const unsigned char *)row, 8 * i + lane / 4);
+        const unsigned char *src = (const unsigned char *)(uintptr_t)all[8 * i + lane / 4][0];
         memcpy(&r[i], src + 4 * (lane % 4), 4);
     }
+    emu_warp_release();
 }
 static inline void arl_ldmatrix_x4_trans(uint32_t r[4], const void *row) {
     const int lane = threadIdx.x & 31;
+    const uint64_t mine = (uint64_t)(uintptr_t)row;
+    const uint64_t(*all)[EMU_POST_MAX] = emu_warp_post(&mine, 1);
     for (int i = 0; i < 4; i++) {
-        const unsigned char *p0 =
-            __shfl_sync(0xffffffffu, (const unsigned char *)row, 8 * i + 2 * (lane % 4));
+        const unsigned char *p0 = (const unsigned char *)(uintptr_t)all[8 * i + 2 * (lane % 4)][0];
         const unsigned char *p1 =
-            __shfl_sync(0xffffffffu, (const unsigned char *)row, 8 * i + 2 * (lane % 4) + 1);
+            (const unsigned char *)(uintptr_t)all[8 * i + 2 * (lane % 4) + 1][0];
         uint16_t lo, hi;
         memcpy(&lo, p0 + 2 * (lane / 4), 2);
         memcpy(&hi, p1 + 2 * (lane / 4), 2);
         r[i] = (uint32_t)lo | ((uint32_t)hi << 16);
     }
+    emu_warp_release();
 }
 #endif
 

@@ -234,31 +234,30 @@ __device__ static inline void tf32_mma3(float c[4], const uint32_t ah[4], const 
     tf32_mma(c, ah, bl[0], bl[1]);
     tf32_mma(c, ah, bh[0], bh[1]);
 }
-#else /* the CPU emulator (tests/cuda/emu): the warp's fragments gathered through a per-warp       \
-       * table (one block runs at a time), the same sums in fp32 */
+#else /* the CPU emulator (tests/cuda/emu): the warp's fragments exchanged in one step             \
+       * (emu_warp_post), the same sums in fp32 */
 static inline void tf32_mma3(float c[4], const uint32_t ah[4], const uint32_t al[4],
                              const uint32_t bh[2], const uint32_t bl[2]) {
-    static uint32_t fr[32][32][12]; /* [warp][lane]: ah, al, bh, bl */
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    uint32_t *me = fr[w][lane];
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint64_t me[12]; /* ah, al, bh, bl */
     for (int i = 0; i < 4; i++)
         me[i] = ah[i], me[4 + i] = al[i];
     for (int i = 0; i < 2; i++)
         me[8 + i] = bh[i], me[10 + i] = bl[i];
-    __syncwarp();
+    const uint64_t(*fr)[EMU_POST_MAX] = emu_warp_post(me, 12);
     for (int e = 0; e < 4; e++) { /* c[e]: row g + 8 (e / 2), col 2t + e % 2 */
         const int hh = e >> 1, col = 2 * t + (e & 1);
         float sum = 0.0f;
         for (int kk = 0; kk < 8; kk++) {
-            const uint32_t *a = fr[w][4 * g + (kk & 3)], *b = fr[w][4 * col + (kk & 3)];
+            const uint64_t *a = fr[4 * g + (kk & 3)], *b = fr[4 * col + (kk & 3)];
             const int ai = hh + 2 * (kk >> 2), bi = kk >> 2;
-            sum += __uint_as_float(a[ai]) * __uint_as_float(b[8 + bi]) +
-                   __uint_as_float(a[ai]) * __uint_as_float(b[10 + bi]) +
-                   __uint_as_float(a[4 + ai]) * __uint_as_float(b[8 + bi]);
+            sum += __uint_as_float((uint32_t)a[ai]) * __uint_as_float((uint32_t)b[8 + bi]) +
+                   __uint_as_float((uint32_t)a[ai]) * __uint_as_float((uint32_t)b[10 + bi]) +
+                   __uint_as_float((uint32_t)a[4 + ai]) * __uint_as_float((uint32_t)b[8 + bi]);
         }
         c[e] += sum;
     }
-    __syncwarp();
+    emu_warp_release();
 }
 #endif
 

@@ -56,6 +56,14 @@ template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned d) {
     return emu_shfl(v, l >= (int)d ? l - (int)d : l);
 }
 unsigned __ballot_sync(unsigned, int p);
+/* A warp-wide exchange in one step, for what would take many shuffles of the same values (the
+ * emulated mma.sync and ldmatrix of kernels/cuda/internal.cuh, kda.cu's 3xTF32 product): every
+ * lane of the warp posts n <= EMU_POST_MAX words; the table returned (row l: lane l's words)
+ * may be read until the lane calls emu_warp_release().  Two warp barriers in all, where a
+ * shuffle costs two each. */
+enum { EMU_POST_MAX = 12 };
+const uint64_t (*emu_warp_post(const uint64_t *words, int n))[EMU_POST_MAX];
+void emu_warp_release();
 /* the lanes of this thread's warp: 32, or fewer in a last partial warp */
 static inline int emu_warp_width() {
     const unsigned first = threadIdx.x & ~31u;
@@ -63,9 +71,16 @@ static inline int emu_warp_width() {
 }
 /* the lanes whose v equals this lane's (every lane of the warp takes part) */
 template <class T> static inline unsigned __match_any_sync(unsigned, T v) {
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof(T));
+    const uint64_t(*all)[EMU_POST_MAX] = emu_warp_post(&b, 1);
     unsigned m = 0;
-    for (int j = 0, n = emu_warp_width(); j < n; j++)
-        m |= (unsigned)(emu_shfl(v, j) == v) << j;
+    for (int j = 0, n = emu_warp_width(); j < n; j++) {
+        T x;
+        memcpy(&x, &all[j][0], sizeof(T));
+        m |= (unsigned)(x == v) << j;
+    }
+    emu_warp_release();
     return m;
 }
 static inline int __popc(unsigned x) {

@@ -77,6 +77,7 @@ struct emu_block {
     emu_bar bar;
     emu_bar wbar[32];
     uint64_t xbuf[32][32];
+    uint64_t post[32][32][EMU_POST_MAX]; /* emu_warp_post: [warp][lane][word] */
     int orbuf;
     float *sm;
 };
@@ -107,6 +108,15 @@ uint64_t emu_shfl_bits(uint64_t v, int src) {
     uint64_t r = emu_cur->xbuf[w][src & 31];
     emu_bar_wait(&emu_cur->wbar[w]);
     return r;
+}
+const uint64_t (*emu_warp_post(const uint64_t *words, int n))[EMU_POST_MAX] {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    memcpy(emu_cur->post[w][l], words, sizeof(uint64_t) * (size_t)n);
+    emu_bar_wait(&emu_cur->wbar[w]);
+    return emu_cur->post[w];
+}
+void emu_warp_release() {
+    emu_bar_wait(&emu_cur->wbar[threadIdx.x >> 5]);
 }
 unsigned __ballot_sync(unsigned, int p) {
     int w = threadIdx.x >> 5, l = threadIdx.x & 31;
