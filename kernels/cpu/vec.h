@@ -37,29 +37,37 @@
 
 typedef float vec_f __attribute__((vector_size(4 * VEC_N)));
 typedef int32_t vec_i __attribute__((vector_size(4 * VEC_N)));
+/* Integer lane arithmetic is done unsigned (wrapping, never undefined): what a signed sum
+ * gives whenever it does not overflow, and UBSan has no per-lane overflow check to insert
+ * (with one, the sanitized build computed these functions one lane at a time). */
+typedef uint32_t vec_u __attribute__((vector_size(4 * VEC_N)));
+/* An unaligned vector in memory, which may alias floats: a load or store through it is one
+ * access, which AddressSanitizer checks once (no local copy whose shadow it would mark). */
+typedef float vec_f_mem __attribute__((vector_size(4 * VEC_N), aligned(4), may_alias));
 
-VEC_FN vec_f vec_set1(float v) {
-    vec_f r;
-    for (int i = 0; i < VEC_N; i++)
-        r[i] = v;
-    return r;
+/* v in every lane (a scalar operand of a vector operation is broadcast; adding to integer
+ * zeros keeps every bit, -0 and NaN payloads included).  No local written lane by lane: under
+ * AddressSanitizer such a local's shadow was marked and cleared at every call, which made the
+ * sanitized build's SiTU-GLU rows (kernels/cpu/vmath_map.h) several times slower. */
+VEC_FN vec_i vec_set1i(int32_t v) {
+    const vec_u zero = {0};
+    return (vec_i)(zero + (uint32_t)v);
 }
 
-VEC_FN vec_i vec_set1i(int32_t v) {
-    vec_i r;
-    for (int i = 0; i < VEC_N; i++)
-        r[i] = v;
-    return r;
+VEC_FN vec_f vec_set1(float v) {
+    union {
+        float f;
+        int32_t i;
+    } b = {v};
+    return (vec_f)vec_set1i(b.i);
 }
 
 VEC_FN vec_f vec_load(const float *p) {
-    vec_f v;
-    memcpy(&v, p, sizeof v);
-    return v;
+    return *(const vec_f_mem *)p;
 }
 
 VEC_FN void vec_store(float *p, vec_f v) {
-    memcpy(p, &v, sizeof v);
+    *(vec_f_mem *)p = v;
 }
 
 /* Lanes i < n of p (n < VEC_N), the others 0. */
@@ -106,7 +114,7 @@ VEC_FN vec_f vec_exp(vec_f x) {
     xc = vec_select(xc > hi, hi, xc);
     vec_f t = xc * vec_set1(1.44269504088896341f) + shift;
     vec_f nf = t - shift;                             /* n = round(x / ln2), |n| <= 150 */
-    vec_i n = (vec_i)t - (vec_i)shift;                /* the same n as an integer */
+    vec_i n = (vec_i)((vec_u)t - (vec_u)shift);       /* the same n as an integer */
     vec_f r = xc - nf * vec_set1(0.693145751953125f); /* ln2 high part: exact product */
     r = r - nf * vec_set1(1.428606820309417e-06f);    /* ln2 low part */
     vec_f p = vec_set1(1.3811660464853048e-03f);
@@ -115,8 +123,9 @@ VEC_FN vec_f vec_exp(vec_f x) {
     p = p * r + vec_set1(1.6666509211063385e-01f);
     p = p * r + vec_set1(4.999999403953552e-01f);
     p = (p * (r * r) + r) + vec_set1(1.0f);
-    vec_i n1 = n >> 1, n2 = n - n1; /* each in [-75, 64]: normal powers of two */
-    vec_f s1 = (vec_f)((n1 + 127) << 23), s2 = (vec_f)((n2 + 127) << 23);
+    /* n1 and n2 each in [-75, 64]: normal powers of two */
+    vec_i n1 = n >> 1, n2 = (vec_i)((vec_u)n - (vec_u)n1);
+    vec_f s1 = (vec_f)(((vec_u)n1 + 127u) << 23), s2 = (vec_f)(((vec_u)n2 + 127u) << 23);
     return vec_select(nan, x + x, (p * s1) * s2);
 }
 
