@@ -198,7 +198,8 @@ static run g_cpu_plain;
 static int g_cpu_plain_made;
 
 /* The CPU side of a comparison with settings o: the shared run when o's CPU learner is the
- * default one, else own (made here; the caller frees it). */
+ * default one, else own (made here; the caller frees it).  Every setting of lh_opts but
+ * slot_rows is the CPU learner's too: one added there must be added here. */
 static run *cpu_side(const lh_opts *o, run *own) {
     const int plain = g_hook && !o->shared_prefix && !o->device && !o->allreduce && !o->math &&
                       !o->prefix_per_minibatch && !o->act_checkpoint && !o->sparse_topk &&
@@ -250,7 +251,6 @@ static void compare(const lh_opts *o, const char *what) {
                      ev = lh_metric(b.metrics[0], "state/device_evictions");
         fprintf(stderr, "  update 0: %g calls split, %g device slots evicted\n", sp, ev);
         CHECK(ev > 0 && (g_loose ? sp > 0 : sp == 0));
-        CHECK(lh_metric(a->metrics[0], "state/device_call_splits") == 0);
     }
     if (!cuda && !g_loose) {
         CHECK(dw == 0 && dm == 0 && dv == 0 && dl == 0);

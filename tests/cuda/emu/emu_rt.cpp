@@ -111,6 +111,10 @@ uint64_t emu_shfl_bits(uint64_t v, int src) {
 }
 const uint64_t (*emu_warp_post(const uint64_t *words, int n))[EMU_POST_MAX] {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    if (n < 0 || n > EMU_POST_MAX) {
+        fprintf(stderr, "emu: emu_warp_post of %d words (at most %d)\n", n, EMU_POST_MAX);
+        abort();
+    }
     memcpy(emu_cur->post[w][l], words, sizeof(uint64_t) * (size_t)n);
     emu_bar_wait(&emu_cur->wbar[w]);
     return emu_cur->post[w];
