@@ -10,6 +10,10 @@
 #include "kernels/cpu/vec.h"
 #include "kernels/threadpool.h"
 
+#if ARL_K_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 /* Least rows or columns of a block when the FMA kernel's products are cut into more blocks than
  * threads (two of its 32-column tiles, ten of its 6-row tiles). */
 #define GEMM_BLOCK_MIN 64
@@ -28,6 +32,18 @@ typedef struct gemm_args {
 
 static int g_force_blas;
 
+#if ARL_K_ASAN
+/* rows x cols floats at row stride ld from p, the gaps between rows included (they lie inside
+ * the caller's buffer, between its first and last element): a poisoned byte there is read
+ * through an instrumented access, so AddressSanitizer reports it (with the caller's stack) as
+ * the uninstrumented kernel's own access would have been (kernels/cpu/internal.h). */
+static void extent_check(const float *p, int64_t rows, int64_t cols, int64_t ld) {
+    const size_t bytes = sizeof(float) * (size_t)((rows - 1) * ld + cols);
+    const char *bad = __asan_region_is_poisoned((void *)(uintptr_t)p, bytes);
+    if (bad) (void)*(const volatile char *)bad;
+}
+#endif
+
 void arl_k_gemm_force_blas(int on) {
     g_force_blas = on;
 }
@@ -38,6 +54,11 @@ void arl_k_gemm_force_blas(int on) {
 static void sgemm_call(arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K, float alpha,
                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                        float *C, int64_t ldc, int64_t m_full) {
+#if ARL_K_ASAN /* op(A) (M, K), op(B) (K, N), C (M, N), as stored */
+    extent_check(A, ta == ARL_K_NOTRANS ? M : K, ta == ARL_K_NOTRANS ? K : M, lda);
+    extent_check(B, tb == ARL_K_NOTRANS ? K : N, tb == ARL_K_NOTRANS ? N : K, ldb);
+    extent_check(C, M, N, ldc);
+#endif
     if (!g_force_blas && arl_k_cpu_has_fma()) {
         arl_k_gemm_fma(ta == ARL_K_TRANS, tb == ARL_K_TRANS, M, N, K, alpha, A, lda, B, ldb, beta,
                        C, ldc, m_full);

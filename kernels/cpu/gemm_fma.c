@@ -19,6 +19,9 @@
  * caller splits N across threads (or M, since the dot-product choice is made on the whole
  * product's M), so results are bit-identical for any thread count.  Accuracy: the fp32
  * dot-product bound of kernels/gemm.h.
+ *
+ * Under the sanitizers this file's loops run uninstrumented (ARL_K_NO_SANITIZE; what checks
+ * their accesses instead: kernels/cpu/internal.h).
  */
 #include "kernels/cpu/internal.h"
 
@@ -64,8 +67,9 @@ static int use_wide_tiles(void) {
 
 /* C^T = alpha s + beta C^T for the mr x nr corner of a tile's sums s (row stride ns): tile element
  * (i, j) goes to C[j * ldc + i], so each row j of C receives mr consecutive values. */
-static void tile_store_t(const float *s, int64_t ns, float alpha, float beta, int first, float *C,
-                         int64_t ldc, int64_t mr, int64_t nr) {
+ARL_K_NO_SANITIZE static void tile_store_t(const float *s, int64_t ns, float alpha, float beta,
+                                           int first, float *C, int64_t ldc, int64_t mr,
+                                           int64_t nr) {
     for (int64_t j = 0; j < nr; j++) {
         float *c = C + j * ldc;
         if (!first)
@@ -81,11 +85,10 @@ static void tile_store_t(const float *s, int64_t ns, float alpha, float beta, in
 }
 
 /* tile with 32 columns (two 16-lane registers): the same arithmetic per element. */
-__attribute__((target("avx512f"))) static void tile512(int64_t kc, const float *const a[GEMM_MR],
-                                                       int64_t as, const float *b, int64_t bs,
-                                                       float alpha, float beta, int first, float *C,
-                                                       int64_t ldc, int64_t mr, int64_t nr,
-                                                       int trans_c) {
+ARL_K_NO_SANITIZE __attribute__((target("avx512f"))) static void
+tile512(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, int64_t bs,
+        float alpha, float beta, int first, float *C, int64_t ldc, int64_t mr, int64_t nr,
+        int trans_c) {
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
@@ -138,11 +141,10 @@ __attribute__((target("avx512f"))) static void tile512(int64_t kc, const float *
 
 /* tile with 16 columns in one 16-lane register per row (AVX-512): the same arithmetic per
  * element; used where the tile's columns are the few tokens of a Linear map (swapped form). */
-__attribute__((target("avx512f"))) static void tile512n(int64_t kc, const float *const a[GEMM_MR],
-                                                        int64_t as, const float *b, int64_t bs,
-                                                        float alpha, float beta, int first,
-                                                        float *C, int64_t ldc, int64_t mr,
-                                                        int64_t nr, int trans_c) {
+ARL_K_NO_SANITIZE __attribute__((target("avx512f"))) static void
+tile512n(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, int64_t bs,
+         float alpha, float beta, int first, float *C, int64_t ldc, int64_t mr, int64_t nr,
+         int trans_c) {
     __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0;
     const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
     for (int64_t k = 0; k < kc; k++) {
@@ -187,7 +189,7 @@ __attribute__((target("avx512f"))) static void tile512n(int64_t kc, const float 
 /* One tile: rows a[0..5] of op(A) (element k at a[i][k * as]), kc values of op(B) rows at
  * b + k * bs (16 floats each), written to the mr x nr corner of C (row stride ldc), or with
  * trans_c to the nr x mr corner of C^T (tile element (i, j) at C[j * ldc + i]). */
-__attribute__((target("avx2,fma"))) static void
+ARL_K_NO_SANITIZE __attribute__((target("avx2,fma"))) static void
 tile(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, int64_t bs, float alpha,
      float beta, int first, float *C, int64_t ldc, int64_t mr, int64_t nr, int trans_c) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -244,7 +246,7 @@ tile(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, int6
 }
 
 /* Sum of the 8 lanes: (lanes 0-3 + lanes 4-7), then (s0 + s2) + (s1 + s3). */
-__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+ARL_K_NO_SANITIZE __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     float t[4];
     _mm_storeu_ps(t, q);
@@ -252,10 +254,9 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
 }
 
 /* dots_nt for one row of A: eight rows of B at a time, the same arithmetic per element. */
-__attribute__((target("avx2,fma"))) static void dots_1nt(int64_t N, int64_t K, float alpha,
-                                                         const float *a, const float *B,
-                                                         int64_t ldb, float beta, float *C,
-                                                         __m256i tail) {
+ARL_K_NO_SANITIZE __attribute__((target("avx2,fma"))) static void
+dots_1nt(int64_t N, int64_t K, float alpha, const float *a, const float *B, int64_t ldb, float beta,
+         float *C, __m256i tail) {
     const int64_t K8 = K & ~(int64_t)7;
     for (int64_t j0 = 0; j0 < N; j0 += 8) {
         const int64_t nj = N - j0 < 8 ? N - j0 : 8;
@@ -286,10 +287,9 @@ __attribute__((target("avx2,fma"))) static void dots_1nt(int64_t N, int64_t K, f
  * (the NT product of a Linear map of one to four tokens) as dot products: lane l of a dot
  * product accumulates k = l mod 8 in ascending k with fused multiply-adds, then hsum8.  Two
  * rows of A and four of B share their loads; no copy of B. */
-__attribute__((target("avx2,fma"))) static void dots_nt(int64_t M, int64_t N, int64_t K,
-                                                        float alpha, const float *A, int64_t lda,
-                                                        const float *B, int64_t ldb, float beta,
-                                                        float *C, int64_t ldc) {
+ARL_K_NO_SANITIZE __attribute__((target("avx2,fma"))) static void
+dots_nt(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda, const float *B,
+        int64_t ldb, float beta, float *C, int64_t ldc) {
     const int64_t K8 = K & ~(int64_t)7, rem = K - K8;
     int32_t mk[8];
     for (int i = 0; i < 8; i++)
@@ -341,9 +341,9 @@ __attribute__((target("avx2,fma"))) static void dots_nt(int64_t M, int64_t N, in
 /* C (1, N) for one row a of op(A) (element k at a[k * as]) and op(B) = B (K, ldb): per column the
  * arithmetic of the tiles (fused multiply-adds in ascending k from 0 within a GEMM_KC block, then
  * alpha and beta), 32 columns at a time; a row instead of a 6-row tile with 5 rows unused. */
-__attribute__((target("avx2,fma"))) static void row_nn(int64_t N, int64_t K, float alpha,
-                                                       const float *a, int64_t as, const float *B,
-                                                       int64_t ldb, float beta, float *C) {
+ARL_K_NO_SANITIZE __attribute__((target("avx2,fma"))) static void
+row_nn(int64_t N, int64_t K, float alpha, const float *a, int64_t as, const float *B, int64_t ldb,
+       float beta, float *C) {
     const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
     for (int64_t j0 = 0; j0 < N; j0 += 32) {
         const int64_t nj = N - j0 < 32 ? N - j0 : 32;
@@ -377,8 +377,9 @@ __attribute__((target("avx2,fma"))) static void row_nn(int64_t N, int64_t K, flo
 }
 
 /* panel[k][j] (row stride w) = op(B)[k0 + k][j0 + j] for k < kc, j < nr; 0 for nr <= j < w. */
-static void pack_panel(float *panel, int64_t w, const float *B, int64_t ldb, int trans_b,
-                       int64_t k0, int64_t kc, int64_t j0, int64_t nr) {
+ARL_K_NO_SANITIZE static void pack_panel(float *panel, int64_t w, const float *B, int64_t ldb,
+                                         int trans_b, int64_t k0, int64_t kc, int64_t j0,
+                                         int64_t nr) {
     if (nr < w)
         for (int64_t k = 0; k < kc; k++)
             for (int64_t j = nr; j < w; j++)
@@ -398,9 +399,10 @@ static void pack_panel(float *panel, int64_t w, const float *B, int64_t ldb, int
 /* The tiles: 16 columns in two 8-lane registers (AVX2), 32 in two 16-lane registers, or 16 in one
  * 16-lane register (AVX-512); the same bits from each. */
 enum { TILE_AVX2, TILE_512, TILE_512N };
-static void run_tile(int kind, int64_t kc, const float *const a[GEMM_MR], int64_t as,
-                     const float *b, int64_t bs, float alpha, float beta, int first, float *C,
-                     int64_t ldc, int64_t mr, int64_t nr, int trans_c) {
+ARL_K_NO_SANITIZE static void run_tile(int kind, int64_t kc, const float *const a[GEMM_MR],
+                                       int64_t as, const float *b, int64_t bs, float alpha,
+                                       float beta, int first, float *C, int64_t ldc, int64_t mr,
+                                       int64_t nr, int trans_c) {
     if (kind == TILE_512)
         tile512(kc, a, as, b, bs, alpha, beta, first, C, ldc, mr, nr, trans_c);
     else if (kind == TILE_512N)
@@ -409,9 +411,12 @@ static void run_tile(int kind, int64_t kc, const float *const a[GEMM_MR], int64_
         tile(kc, a, as, b, bs, alpha, beta, first, C, ldc, mr, nr, trans_c);
 }
 
-void arl_k_gemm_fma(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                    int64_t ldc, int64_t m_full) {
+/* Uninstrumented under the sanitizers like the kernels it calls (kernels/cpu/internal.h): its
+ * caller has checked the operands' extents. */
+ARL_K_NO_SANITIZE void arl_k_gemm_fma(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                                      float alpha, const float *A, int64_t lda, const float *B,
+                                      int64_t ldb, float beta, float *C, int64_t ldc,
+                                      int64_t m_full) {
     float panel[GEMM_KC * GEMM_NR_MAX];
     if (!trans_a && trans_b && m_full <= GEMM_DOT_M) {
         dots_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -49,6 +49,31 @@ void arl_k_vswiglu_bwd(float *dg, float *du, const float *dh, const float *g, co
 
 /* ---- GEMM on x86-64 with AVX2 + FMA (kernels/cpu/gemm_fma.c) ---- */
 
+/* ARL_K_ASAN: 1 in a build with AddressSanitizer (gcc's and clang's spellings). */
+#if defined(__SANITIZE_ADDRESS__)
+#define ARL_K_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ARL_K_ASAN 1
+#endif
+#endif
+#ifndef ARL_K_ASAN
+#define ARL_K_ASAN 0
+#endif
+
+/* The GEMM's inner loops (tiles, dot products, panel copies) are left uninstrumented by the
+ * sanitizers: they were about half of the sanitized test pass, each of their loads checked at
+ * twice to three times the cost of the arithmetic.  What stands in for the checks: every
+ * product's operands are checked as whole extents at the kernel's entry (arl_k_gemm's
+ * sgemm_call, kernels/cpu/gemm.c), which covers the callers' shapes and strides, and
+ * tests/kernels/test_gemm.c runs every path of the kernels on operands that end (or start) at an
+ * inaccessible page, which catches a kernel reading or writing past an operand in any build. */
+#if defined(__GNUC__) || defined(__clang__)
+#define ARL_K_NO_SANITIZE __attribute__((no_sanitize("address", "undefined")))
+#else
+#define ARL_K_NO_SANITIZE
+#endif
+
 /* 1 when this CPU has AVX2 and FMA (checked once), 0 otherwise or on other architectures. */
 int arl_k_cpu_has_fma(void);
 

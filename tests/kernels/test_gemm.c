@@ -4,10 +4,18 @@
  *
  * Both implementations (the AVX2/FMA kernel and OpenBLAS) run where the CPU has both.
  *
+ * The operands of the checked cases sit against inaccessible pages, each holding exactly its
+ * extent (no padding after its last row): a read or write past the end (or, every other case,
+ * before the start) of an operand faults, in every build.  The sanitizers leave the FMA kernel
+ * uninstrumented (kernels/cpu/internal.h), so this is what checks its own accesses.
+ *
  * Tolerance (elementwise, per element of C): the standard fp32 dot-product bound
  *     |c - ref| <= (K + 2) * 2^-24 * (|alpha| sum_k |a_ik||b_kj| + |beta||c0_ij|) + 1e-30
  * i.e. one rounding per multiply-add along K plus the alpha/beta scaling.  It holds for any
  * summation order, so it does not depend on how OpenBLAS blocks K. */
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "kernels/cpu/internal.h"
 #include "kernels/gemm.h"
 #include "tests/kernels/kref.h"
@@ -52,32 +60,59 @@ static int check_gemm(const char *what, arl_k_trans ta, arl_k_trans tb, int64_t 
 /* Padding of each leading dimension beyond the row length, so ld != cols is exercised. */
 #define PAD 3
 
+/* n floats (n >= 1) in pages of their own between two inaccessible pages, ending where the page
+ * after them begins (at_end) or starting where the page before them ends. */
+static float *guarded_floats(int64_t n, int at_end) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = sizeof(float) * (size_t)n;
+    const size_t span = (bytes + page - 1) / page * page;
+    char *base =
+        mmap(NULL, span + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED || mprotect(base, page, PROT_NONE) ||
+        mprotect(base + page + span, page, PROT_NONE)) {
+        fprintf(stderr, "test: guarded buffer of %zu bytes: mmap/mprotect failed\n", bytes);
+        exit(1);
+    }
+    return (float *)(base + page + (at_end ? span - bytes : 0));
+}
+
+static void guarded_free(float *p, int64_t n, int at_end) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = sizeof(float) * (size_t)n;
+    const size_t span = (bytes + page - 1) / page * page;
+    munmap((char *)p - (at_end ? span - bytes : 0) - page, span + 2 * page);
+}
+
 static void run_case(arl_rng *r, arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K,
                      float alpha, float beta) {
+    static int n_cases;
+    const int at_end = n_cases++ % 2 == 0; /* guard pages after the operands, else before */
     int64_t arows = ta == ARL_K_NOTRANS ? M : K, acols = ta == ARL_K_NOTRANS ? K : M;
     int64_t brows = tb == ARL_K_NOTRANS ? K : N, bcols = tb == ARL_K_NOTRANS ? N : K;
     int64_t lda = acols + PAD, ldb = bcols + PAD, ldc = N + PAD;
-    float *A = kt_floats(arows * lda), *B = kt_floats(brows * ldb);
-    float *C0 = kt_floats(M * ldc), *C = kt_floats(M * ldc);
-    kt_normal(r, A, arows * lda, 0, 1);
-    kt_normal(r, B, brows * ldb, 0, 1);
-    kt_normal(r, C0, M * ldc, 0, 1);
+    /* each operand's extent: its rows at their stride, the last without padding */
+    const int64_t na = (arows - 1) * lda + acols, nb = (brows - 1) * ldb + bcols,
+                  nc = (M - 1) * ldc + N;
+    float *A = guarded_floats(na, at_end), *B = guarded_floats(nb, at_end);
+    float *C = guarded_floats(nc, at_end), *C0 = kt_floats(nc);
+    kt_normal(r, A, na, 0, 1);
+    kt_normal(r, B, nb, 0, 1);
+    kt_normal(r, C0, nc, 0, 1);
     if (beta == 0.0f)
-        for (int64_t i = 0; i < M * ldc; i++)
+        for (int64_t i = 0; i < nc; i++)
             C0[i] = NAN; /* beta == 0: C must not be read */
-    memcpy(C, C0, (size_t)(M * ldc) * sizeof *C);
+    memcpy(C, C0, (size_t)nc * sizeof *C);
     arl_k_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     char what[96];
     snprintf(what, sizeof what, "gemm ta %d tb %d alpha %g beta %g threads %d", ta, tb, alpha, beta,
              arl_k_threads());
     check_gemm(what, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, C, ldc);
-    /* padding columns of C are untouched */
+    /* padding columns of C (between its rows) are untouched */
     int pad_ok = 1;
-    for (int64_t i = 0; i < M; i++)
+    for (int64_t i = 0; i + 1 < M; i++)
         for (int64_t j = N; j < ldc; j++)
             pad_ok &= kt_same_bits(&C[i * ldc + j], &C0[i * ldc + j], sizeof(float));
     CHECK_MSG(pad_ok, "%s: wrote into the padding of C", what);
-    free(A), free(B), free(C0), free(C);
+    guarded_free(A, na, at_end), guarded_free(B, nb, at_end), guarded_free(C, nc, at_end);
+    free(C0);
 }
 
 /* Sizes that reach every path: M <= 4 (dot products), 5..16 (the AVX2/FMA kernel's few-token
