@@ -52,7 +52,7 @@ static char tmp[512], ckpt[600], ref_ckpt[600], db[600];
 static int64_t gids[2][8];
 static int64_t n_gids[2];
 static int cuda;
-/* updates per run: AddressSanitizer (-O2) runs an update about 12x slower, so there one update
+/* updates per run: AddressSanitizer runs an update about 4x slower, so there one update
  * (the refusals and the device AdamW case only: the facade, the passes and the device
  * optimizer under the sanitizers; every case runs in the Release pass) */
 #if defined(__SANITIZE_ADDRESS__)
