@@ -60,25 +60,34 @@ static int check_gemm(const char *what, arl_k_trans ta, arl_k_trans tb, int64_t 
 /* Padding of each leading dimension beyond the row length, so ld != cols is exercised. */
 #define PAD 3
 
-/* n floats (n >= 1) in pages of their own between two inaccessible pages, ending where the page
- * after them begins (at_end) or starting where the page before them ends. */
-static float *guarded_floats(int64_t n, int at_end) {
+/* Where n floats (n >= 1) sit in a mapping of their pages between two inaccessible ones: the
+ * mapping's bytes, and the floats' offset in it (ending where the page after them begins when
+ * at_end, else starting where the page before them ends). */
+static size_t guarded_layout(int64_t n, int at_end, size_t *map_bytes) {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = sizeof(float) * (size_t)n;
     const size_t span = (bytes + page - 1) / page * page;
-    char *base =
-        mmap(NULL, span + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    *map_bytes = span + 2 * page;
+    return page + (at_end ? span - bytes : 0);
+}
+
+static float *guarded_floats(int64_t n, int at_end) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t map_bytes;
+    const size_t off = guarded_layout(n, at_end, &map_bytes);
+    char *base = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED || mprotect(base, page, PROT_NONE) ||
-        mprotect(base + page + span, page, PROT_NONE)) {
-        fprintf(stderr, "test: guarded buffer of %zu bytes: mmap/mprotect failed\n", bytes);
+        mprotect(base + map_bytes - page, page, PROT_NONE)) {
+        fprintf(stderr, "test: guarded buffer of %lld floats: mmap/mprotect failed\n",
+                (long long)n);
         exit(1);
     }
-    return (float *)(base + page + (at_end ? span - bytes : 0));
+    return (float *)(base + off);
 }
 
 static void guarded_free(float *p, int64_t n, int at_end) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), bytes = sizeof(float) * (size_t)n;
-    const size_t span = (bytes + page - 1) / page * page;
-    munmap((char *)p - (at_end ? span - bytes : 0) - page, span + 2 * page);
+    size_t map_bytes;
+    const size_t off = guarded_layout(n, at_end, &map_bytes);
+    munmap((char *)p - off, map_bytes);
 }
 
 static void run_case(arl_rng *r, arl_k_trans ta, arl_k_trans tb, int64_t M, int64_t N, int64_t K,

@@ -238,26 +238,32 @@ static void fd_hook(void *ctx, arl_learner *l, int32_t mb, const arl_model_param
     }
 }
 
-/* The plain CPU run of test_train (two minibatches, no hook), kept for test_train_device. */
+/* The plain CPU run (two minibatches, no hook) of test_train and test_train_device: made by the
+ * first that needs it (it stays where it is made: the learner holds pointers into it). */
 static img_run g_plain;
 static int g_plain_open;
+
+static img_run *plain_run(void) {
+    if (!g_plain_open) {
+        run_open(&g_plain, db, 2);
+        g_plain_open = 1;
+        free(run_update(&g_plain, 0));
+    }
+    return &g_plain;
+}
 
 /* (b) and (c): two runs of the same update (two minibatches: the second step encodes the
  * images under the weights of the first), the first with the finite-difference hook, which
  * must leave no trace: both end bit-identical */
 static void test_train(void) {
-    img_run r[1]; /* the run with the hook; the plain one is g_plain (it stays where it is made:
-                   * the learner holds pointers into it) */
+    img_run r[1]; /* the run with the hook (the plain one: plain_run()) */
     fd_ctx c = {0};
     run_open(&r[0], db, 2);
     arl_learner_set_grad_hook(r[0].h.l, fd_hook, &c);
     free(run_update(&r[0], 0));
-    run_open(&g_plain, db, 2);
-    g_plain_open = 1;
-    free(run_update(&g_plain, 0));
     CHECK(c.done && c.n_checked == 4);
     CHECK(c.vision_abs > 0);
-    CHECK(same_end(&r[0], &g_plain));
+    CHECK(same_end(&r[0], plain_run()));
     const arl_model_params *p = &r[0].h.params;
     /* the vision tensors moved, and their first moments hold the gradients they received */
     arl_model_params w0;
@@ -286,15 +292,10 @@ static void test_train(void) {
  * the same update to the same bits: image rows encoded on the host, placed by the device
  * forward, their gradient back from the device backward into the vision tower's */
 static void test_train_device(void) {
-    if (!g_plain_open) { /* test_train did not run (ARL_TEST_CASES) */
-        run_open(&g_plain, db, 2);
-        g_plain_open = 1;
-        free(run_update(&g_plain, 0));
-    }
     img_run d;
     run_open_on(&d, db, 2, "cpu-device");
     free(run_update(&d, 0));
-    CHECK(same_end(&g_plain, &d));
+    CHECK(same_end(plain_run(), &d));
     run_close(&d);
 }
 
