@@ -8,10 +8,10 @@
  *     test's grad hook asks for (weights perturbed and restored); with the shared prompt prefix
  *     with prefix-refresh per_minibatch (start states recomputed at the current weights); with
  *     activation checkpointing on the device (layers recomputed in the backward) against the
- *     CPU learner without it, and without the hook, which lets the device run AdamW (moments on
- *     the device for the update), against the CPU learner with it: neither changes a bit on
- *     the CPU (checkpointing: tests/policy_backward/test_backward_unit.c; the hook puts back
- *     what it moves), so those cases share the default CPU run.
+ *     default CPU run (checkpointing changes no bit on the CPU:
+ *     tests/policy_backward/test_backward_unit.c), and without the hook on both sides, which
+ *     lets the device run AdamW (moments on the device for the update).  (Not against the
+ *     hooked CPU run: the hook's perturbed minibatch loss leaves its log-probs in the batch.)
  *     With block-sparse MLA (k_c 1 of chunks of 16 tokens: the trajectories' queries select
  *     among several earlier chunks) the same, the training step over the selected chunks.
  *     With the device's slots sharing fewer latent rows than max-docs x the context
@@ -97,7 +97,6 @@ static void loss_hook(void *ctx, arl_learner *l, int32_t mb, const arl_model_par
 typedef struct run {
     lh_learner h;
     hook_rec hook;
-    int hooked; /* the run set the loss hook */
     char *metrics[2];
 } run;
 
@@ -108,7 +107,6 @@ static void run_two(run *r, const char *dev, const lh_opts *base) {
     o.device = dev;
     L_DIE(lh_learner_try_open(&r->h, ckpt, ref_ckpt, 2, 6, NULL, &o), "learner");
     r->hook.w = &r->h.params;
-    r->hooked = g_hook;
     if (g_hook) arl_learner_set_grad_hook(r->h.l, loss_hook, &r->hook);
     for (int n = 0; n < N_UPD; n++) {
         arl_update_source src = {.root = db, .group_ids = gids[n], .n_groups = n_gids[n]};
@@ -198,8 +196,8 @@ static double logprob_diff(const arl_learner *la, const arl_learner *lb, int64_t
 
 /* The CPU side of the comparisons whose CPU learner is the default one with the grad hook: made
  * once, shared by those cases (it stays at this address: the learner holds its hook record).
- * learner.device-slot-rows is read by the device only; activation checkpointing and the hook
- * change no bit of the CPU learner's results (file comment). */
+ * learner.device-slot-rows is read by the device only; activation checkpointing changes no bit
+ * of the CPU learner's results (file comment). */
 static run g_cpu_plain;
 static int g_cpu_plain_made;
 
@@ -208,18 +206,15 @@ static int g_cpu_plain_made;
  * slot_rows and act_checkpoint changes the CPU learner's numbers: one added there must be added
  * here. */
 static run *cpu_side(const lh_opts *o, run *own) {
-    const int plain = !o->shared_prefix && !o->device && !o->allreduce && !o->math &&
+    const int plain = g_hook && !o->shared_prefix && !o->device && !o->allreduce && !o->math &&
                       !o->prefix_per_minibatch && !o->sparse_topk && !o->sparse_chunk;
     if (!plain) {
         run_two(own, "cpu", o);
         return own;
     }
-    if (!g_cpu_plain_made) { /* with the hook whichever case comes first */
+    if (!g_cpu_plain_made) {
         const lh_opts dflt = {0};
-        const int keep = g_hook;
-        g_hook = 1;
         run_two(&g_cpu_plain, "cpu", &dflt);
-        g_hook = keep;
         g_cpu_plain_made = 1;
     }
     return &g_cpu_plain;
@@ -254,8 +249,8 @@ static void compare(const lh_opts *o, const char *what) {
             what, step, cuda ? "cuda" : "cpu-device", dw, dm, dv, dl, (long long)n_far,
             (long long)n_all);
     CHECK(step > 0);
-    CHECK_EQ_INT(a->hook.n, a->hooked ? 2 * N_UPD : 0); /* two minibatches per update */
-    CHECK_EQ_INT(b.hook.n, b.hooked ? 2 * N_UPD : 0);
+    CHECK_EQ_INT(a->hook.n, g_hook ? 2 * N_UPD : 0); /* two minibatches per update */
+    CHECK_EQ_INT(b.hook.n, g_hook ? 2 * N_UPD : 0);
     CHECK(a->h.opt.step == 2 * N_UPD && b.h.opt.step == 2 * N_UPD);
     if (o->slot_rows > 0) { /* the splits and evictions, on the device only */
         const double sp = lh_metric(b.metrics[0], "state/device_call_splits"),
@@ -265,7 +260,7 @@ static void compare(const lh_opts *o, const char *what) {
     }
     if (!cuda && !g_loose) {
         CHECK(dw == 0 && dm == 0 && dv == 0 && dl == 0);
-        for (int i = 0; i < (a->hooked && b.hooked ? a->hook.n : 0); i++)
+        for (int i = 0; i < a->hook.n; i++)
             CHECK_MSG(a->hook.loss[i] == b.hook.loss[i], "minibatch loss %d: %.17g vs %.17g", i,
                       a->hook.loss[i], b.hook.loss[i]);
         metrics_match(a->metrics[0], b.metrics[0], "update 0");
