@@ -4,6 +4,8 @@
  *   GEMM: arl_k_gemm (pool-split, OpenBLAS on one thread per block) vs raw cblas_sgemm with
  *         OpenBLAS's own threads, both on the same number of threads; and on 1 thread (the
  *         wrapper's overhead alone).  The ratio arl / raw should be ~1.0.
+ *   GEMM layouts: NN, NT and TN products at the tiny and mini configs' shapes on one thread,
+ *         arl_k_gemm vs cblas_sgemm.
  *   Row kernels: RMSNorm, SiTU-GLU and softmax forward in GB/s (bytes read + written once)
  *         vs a naive single-thread loop.
  *
@@ -121,6 +123,63 @@ static void bench_gemm(arl_rng *r, int threads) {
     }
 }
 
+/* ---- GEMM in the learner's three layouts, one thread ---- */
+
+typedef struct layout_ctx {
+    int64_t M, N, K;
+    int ta, tb;
+    const float *A, *B;
+    float *C;
+} layout_ctx;
+
+static void layout_raw(void *v) {
+    layout_ctx *g = v;
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+                (int)g->M, (int)g->N, (int)g->K, 1.0f, g->A, (int)(g->ta ? g->M : g->K), g->B,
+                (int)(g->tb ? g->K : g->N), 0.0f, g->C, (int)g->N);
+}
+
+static void layout_arl(void *v) {
+    layout_ctx *g = v;
+    arl_k_gemm(g->ta ? ARL_K_TRANS : ARL_K_NOTRANS, g->tb ? ARL_K_TRANS : ARL_K_NOTRANS, g->M, g->N,
+               g->K, 1.0f, g->A, g->ta ? g->M : g->K, g->B, g->tb ? g->K : g->N, 0.0f, g->C, g->N);
+}
+
+/* C (M, N) = op(A) op(B): a Linear map forward (NT: x W^T), its input gradient (NN: dy W) and
+ * its weight gradient (TN: dy^T x), at the tiny config's widths (d = 128, a 64-token KDA chunk)
+ * and the mini config's (d = 1024); one thread each side, so the tiles face OpenBLAS's own
+ * kernel for this CPU. */
+static void bench_gemm_layouts(arl_rng *r) {
+    static const struct {
+        int64_t M, N, K;
+        int ta, tb;
+    } shapes[] = {
+        {64, 64, 64, 0, 0},      {64, 64, 64, 0, 1},      {64, 64, 64, 1, 0},
+        {256, 384, 128, 0, 1},   {256, 128, 384, 0, 0},   {384, 128, 256, 1, 0},
+        {512, 1024, 1024, 0, 1}, {512, 1024, 1024, 0, 0}, {1024, 1024, 512, 1, 0},
+    };
+    printf("\nGEMM C = op(A) op(B), 1 thread (GFLOP/s; raw = cblas_sgemm)\n");
+    printf("%6s %6s %6s %2s | %9s %9s %7s\n", "M", "N", "K", "op", "raw", "arl", "ratio");
+    arl_k_threads_init(1);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        layout_ctx g = {shapes[s].M,  shapes[s].N, shapes[s].K, shapes[s].ta,
+                        shapes[s].tb, NULL,        NULL,        NULL};
+        float *A = rand_floats(r, g.M * g.K, 1), *B = rand_floats(r, g.K * g.N, 0.05);
+        float *C = rand_floats(r, g.M * g.N, 1);
+        g.A = A, g.B = B, g.C = C;
+        double flop = 2.0 * (double)g.M * (double)g.N * (double)g.K, raw = 1e30, arl = 1e30;
+        layout_raw(&g); /* warm-up */
+        for (int round = 0; round < ROUNDS; round++) {
+            keep_min(&raw, time_once(layout_raw, &g));
+            keep_min(&arl, time_once(layout_arl, &g));
+        }
+        printf("%6lld %6lld %6lld %c%c | %9.1f %9.1f %7.2f\n", (long long)g.M, (long long)g.N,
+               (long long)g.K, g.ta ? 'T' : 'N', g.tb ? 'T' : 'N', flop / raw / 1e9,
+               flop / arl / 1e9, raw / arl);
+        free(A), free(B), free(C);
+    }
+}
+
 /* ---- row kernels vs naive single-thread loops ---- */
 
 typedef struct row_ctx {
@@ -227,6 +286,7 @@ int main(int argc, char **argv) {
     arl_rng_seed(&r, 1);
     double t0 = now();
     bench_gemm(&r, threads);
+    bench_gemm_layouts(&r);
     bench_rows(&r, threads);
     printf("\ntotal %.1f s\n", now() - t0);
     arl_k_threads_free();

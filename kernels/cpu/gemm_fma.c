@@ -1,13 +1,18 @@
 /* kernels/cpu/gemm_fma.c: the GEMM of kernels/gemm.h for x86-64 CPUs with AVX2 and FMA, chosen
  * at run time (kernels/cpu/gemm.c calls it when arl_k_cpu_has_fma() says so; elsewhere OpenBLAS
  * does the work).  Not a general BLAS: a register tile of 6 rows x 16 columns (AVX2) or 6 x 32
- * (AVX-512, where present), no packing of A, op(B) copied into a panel only when its rows are
- * not already contiguous; a Linear map of at most 16 (32) tokens swaps the roles (C^T = B A^T,
- * the tokens are the panel and the weights are read in place), one row of A uses a row kernel
- * (row_nn), and an NT product of at most GEMM_DOT_M rows dot products (dots_nt).
+ * (AVX-512, where present); op(A) read in place, or copied when it is A^T (whose rows are
+ * strided) and N is large enough to repay the copy; op(B) copied into a panel (8 x 8 blocks
+ * transposed in registers for B^T) unless its rows are contiguous and M is small; a Linear map of
+ * at most 16 (32) tokens swaps the roles (C^T = B A^T, the tokens are the panel and the weights are
+ * read in place), one row of A uses a row kernel (row_nn), and an NT product of at most GEMM_DOT_M
+ * rows dot products (dots_nt).
  *
  * Why it exists: the Debian OpenBLAS (0.3.21) picks its SSE3 "Prescott" kernels on CPUs it does
- * not know, which is most current server CPUs; the tiles here run 2-5x faster on them.
+ * not know, which is most current server CPUs; the tiles here run 2-5x faster on them.  Where
+ * OpenBLAS does know the CPU (an AMD EPYC, Zen), the tiles run at 0.8-1.3x its single-thread
+ * rate at the tiny and mini configs' shapes (1.1-1.3x up to 256 x 128 x 128, 0.8-0.95x at
+ * 512 x 512 x 512; bench_kernels).
  *
  * Arithmetic of one element (the contract of kernels/gemm.h, plus a fixed order): K is cut into
  * blocks of GEMM_KC; within a block the products are accumulated with fused multiply-adds in
@@ -38,6 +43,14 @@
 #define GEMM_NR_MAX 32 /* ... or two 16-lane registers (AVX-512) */
 #define GEMM_KC 256    /* k per block: a packed panel is GEMM_KC x 16 or 32 floats (16/32 KiB) */
 #define GEMM_DOT_M 4   /* NT products of at most this many rows run as dot products */
+/* op(A) = A^T is copied GEMM_MC rows at a time (GEMM_MC x GEMM_KC floats, 72 KiB) when N exceeds
+ * GEMM_PACK_A_N (with at most 4 panels of op(B) the copy is reused too little to pay). */
+#define GEMM_MC 72
+#define GEMM_PACK_A_N 64
+/* op(B) = B is copied into the panel too when M exceeds GEMM_PACK_B_M: in place, the tile reads
+ * kc rows ldb apart, which for ldb a multiple of 1 KiB fall in a few sets of the L1 cache; with
+ * at most 5 tiles reusing them, the copy costs more than it saves. */
+#define GEMM_PACK_B_M 32
 
 int arl_k_cpu_has_fma(void) {
     static atomic_int known = -1; /* the answer never changes: a racing first call is harmless */
@@ -231,6 +244,20 @@ tile(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, int6
     const __m256i m1 = _mm256_loadu_si256((const __m256i *)(mk + 8));
     const __m256 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
                                     {c30, c31}, {c40, c41}, {c50, c51}};
+    if (nr == GEMM_NR) { /* whole rows: plain loads and stores (masked ones are slow on AMD) */
+        for (int64_t i = 0; i < mr; i++) {
+            float *c = C + i * ldc;
+            for (int h = 0; h < 2; h++) {
+                __m256 v = _mm256_mul_ps(va, acc[i][h]);
+                if (!first)
+                    v = _mm256_add_ps(_mm256_loadu_ps(c + 8 * h), v);
+                else if (beta != 0.0f)
+                    v = _mm256_add_ps(v, _mm256_mul_ps(vb, _mm256_loadu_ps(c + 8 * h)));
+                _mm256_storeu_ps(c + 8 * h, v);
+            }
+        }
+        return;
+    }
     for (int64_t i = 0; i < mr; i++) {
         float *c = C + i * ldc;
         for (int h = 0; h < 2; h++) {
@@ -357,15 +384,31 @@ row_nn(int64_t N, int64_t K, float alpha, const float *a, int64_t as, const floa
             const int64_t kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
             __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                              _mm256_setzero_ps()};
-            for (int64_t k = k0; k < k0 + kc; k++) {
-                const __m256 x = _mm256_broadcast_ss(a + k * as);
-                const float *b = B + k * ldb + j0;
-                for (int h = 0; h < 4; h++)
-                    acc[h] = _mm256_fmadd_ps(x, _mm256_maskload_ps(b + 8 * h, m[h]), acc[h]);
-            }
+            if (nj == 32) /* whole blocks: plain loads (masked ones are slower on AMD) */
+                for (int64_t k = k0; k < k0 + kc; k++) {
+                    const __m256 x = _mm256_broadcast_ss(a + k * as);
+                    const float *b = B + k * ldb + j0;
+                    for (int h = 0; h < 4; h++)
+                        acc[h] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * h), acc[h]);
+                }
+            else
+                for (int64_t k = k0; k < k0 + kc; k++) {
+                    const __m256 x = _mm256_broadcast_ss(a + k * as);
+                    const float *b = B + k * ldb + j0;
+                    for (int h = 0; h < 4; h++)
+                        acc[h] = _mm256_fmadd_ps(x, _mm256_maskload_ps(b + 8 * h, m[h]), acc[h]);
+                }
             for (int h = 0; h < 4; h++) {
                 float *c = C + j0 + 8 * h;
                 __m256 v = _mm256_mul_ps(va, acc[h]);
+                if (nj == 32) { /* and plain stores (a masked store is much slower there) */
+                    if (k0 > 0)
+                        v = _mm256_add_ps(_mm256_loadu_ps(c), v);
+                    else if (beta != 0.0f)
+                        v = _mm256_add_ps(v, _mm256_mul_ps(vb, _mm256_loadu_ps(c)));
+                    _mm256_storeu_ps(c, v);
+                    continue;
+                }
                 if (k0 > 0)
                     v = _mm256_add_ps(_mm256_maskload_ps(c, m[h]), v);
                 else if (beta != 0.0f)
@@ -373,6 +416,58 @@ row_nn(int64_t N, int64_t K, float alpha, const float *a, int64_t as, const floa
                 _mm256_maskstore_ps(c, m[h], v);
             }
         }
+    }
+}
+
+/* dst[c * ds + r] = src[r * ss + c] for r, c < 8: an 8 x 8 block transposed in registers. */
+ARL_K_NO_SANITIZE __attribute__((target("avx2"))) static inline void
+transpose8(const float *src, int64_t ss, float *dst, int64_t ds) {
+    const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ss);
+    const __m256 r2 = _mm256_loadu_ps(src + 2 * ss), r3 = _mm256_loadu_ps(src + 3 * ss);
+    const __m256 r4 = _mm256_loadu_ps(src + 4 * ss), r5 = _mm256_loadu_ps(src + 5 * ss);
+    const __m256 r6 = _mm256_loadu_ps(src + 6 * ss), r7 = _mm256_loadu_ps(src + 7 * ss);
+    /* pairs of rows interleaved, then quads: u_c holds column c (low half) and c + 4 (high) */
+    const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+    const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + ds, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ds, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ds, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ds, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ds, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ds, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ds, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+/* dst[k * ds + j] = src[j * ss + k] for j < rows, k < kc: rows of src laid down as columns of dst
+ * (8 x 8 blocks transposed in registers, the edges one value at a time). */
+ARL_K_NO_SANITIZE __attribute__((target("avx2"))) static void
+pack_transposed(float *dst, int64_t ds, const float *src, int64_t ss, int64_t rows, int64_t kc) {
+    const int64_t r8 = rows & ~(int64_t)7, k8 = kc & ~(int64_t)7;
+    for (int64_t j = 0; j < r8; j += 8) {
+        for (int64_t k = 0; k < k8; k += 8)
+            transpose8(src + j * ss + k, ss, dst + k * ds + j, ds);
+        for (int64_t jj = j; jj < j + 8; jj++)
+            for (int64_t k = k8; k < kc; k++)
+                dst[k * ds + jj] = src[jj * ss + k];
+    }
+    for (int64_t j = r8; j < rows; j++)
+        for (int64_t k = 0; k < kc; k++)
+            dst[k * ds + j] = src[j * ss + k];
+}
+
+/* dst[k * 16 + j] = src[k * ss + j] for j < 16, k < kc. */
+ARL_K_NO_SANITIZE __attribute__((target("avx2"))) static void
+copy_rows16(float *dst, const float *src, int64_t ss, int64_t kc) {
+    for (int64_t k = 0; k < kc; k++) {
+        _mm256_storeu_ps(dst + k * 16, _mm256_loadu_ps(src + k * ss));
+        _mm256_storeu_ps(dst + k * 16 + 8, _mm256_loadu_ps(src + k * ss + 8));
     }
 }
 
@@ -384,15 +479,35 @@ ARL_K_NO_SANITIZE static void pack_panel(float *panel, int64_t w, const float *B
         for (int64_t k = 0; k < kc; k++)
             for (int64_t j = nr; j < w; j++)
                 panel[k * w + j] = 0.0f;
-    if (trans_b) { /* row j0 + j of B holds column j of the panel */
-        for (int64_t j = 0; j < nr; j++) {
-            const float *src = B + (j0 + j) * ldb + k0;
-            for (int64_t k = 0; k < kc; k++)
-                panel[k * w + j] = src[k];
-        }
-    } else {
+    if (trans_b) /* row j0 + j of B holds column j of the panel */
+        pack_transposed(panel, w, B + j0 * ldb + k0, ldb, nr, kc);
+    else if (nr == w && w == GEMM_NR)
+        copy_rows16(panel, B + k0 * ldb + j0, ldb, kc);
+    else
         for (int64_t k = 0; k < kc; k++)
             memcpy(panel + k * w, B + (k0 + k) * ldb + j0, sizeof(float) * (size_t)nr);
+}
+
+/* Rows i1 .. i1+mc of op(A) = A^T (A (K, lda)), columns k0 .. k0+kc, as the tiles read them:
+ * tile t (rows i1 + 6t ..) holds kc groups of GEMM_MR values, apack[(t * kc + k) * GEMM_MR + i] =
+ * A[k0 + k][i1 + 6t + i], rows past mc zero.  In place the tile would read 6 values per k from
+ * a new row of A, lda apart; copied, its reads are one stream. */
+ARL_K_NO_SANITIZE static void pack_a_t(float *apack, const float *A, int64_t lda, int64_t i1,
+                                       int64_t mc, int64_t k0, int64_t kc) {
+    for (int64_t t = 0; t * GEMM_MR < mc; t++) {
+        const int64_t i0 = i1 + t * GEMM_MR;
+        const int64_t mr = mc - t * GEMM_MR < GEMM_MR ? mc - t * GEMM_MR : GEMM_MR;
+        float *dst = apack + t * kc * GEMM_MR;
+        const float *src = A + k0 * lda + i0;
+        if (mr == GEMM_MR) {
+            for (int64_t k = 0; k < kc; k++)
+                for (int64_t i = 0; i < GEMM_MR; i++)
+                    dst[k * GEMM_MR + i] = src[k * lda + i];
+        } else {
+            for (int64_t k = 0; k < kc; k++)
+                for (int64_t i = 0; i < GEMM_MR; i++)
+                    dst[k * GEMM_MR + i] = i < mr ? src[k * lda + i] : 0.0f;
+        }
     }
 }
 
@@ -418,6 +533,7 @@ ARL_K_NO_SANITIZE void arl_k_gemm_fma(int trans_a, int trans_b, int64_t M, int64
                                       int64_t ldb, float beta, float *C, int64_t ldc,
                                       int64_t m_full) {
     float panel[GEMM_KC * GEMM_NR_MAX];
+    float apack[GEMM_MC * GEMM_KC]; /* op(A) = A^T: GEMM_MC rows, copied */
     if (!trans_a && trans_b && m_full <= GEMM_DOT_M) {
         dots_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
@@ -448,29 +564,38 @@ ARL_K_NO_SANITIZE void arl_k_gemm_fma(int trans_a, int trans_b, int64_t M, int64
         }
         return;
     }
-    /* op(A)[i][k] = A[i * ai + k * as] */
+    /* op(A)[i][k] = A[i * ai + k * as], or op(A) = A^T copied GEMM_MC rows at a time (apack);
+     * each 16 (32) columns of op(B) copied into the panel, or used in place where its rows are
+     * contiguous and M is small */
     const int64_t ai = trans_a ? 1 : lda, as = trans_a ? lda : 1;
+    const int pack_a = trans_a && N > GEMM_PACK_A_N;
+    const int64_t mstep = pack_a ? GEMM_MC : M;
     for (int64_t k0 = 0; k0 < K; k0 += GEMM_KC) {
         const int64_t kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-        for (int64_t j0 = 0; j0 < N; j0 += nrt) {
-            const int64_t nr = N - j0 < nrt ? N - j0 : nrt;
-            const float *b;
-            int64_t bs;
-            if (!trans_b && nr == nrt) { /* rows of op(B) are contiguous: use them in place */
-                b = B + k0 * ldb + j0;
-                bs = ldb;
-            } else { /* copy op(B)[k0 .. k0+kc)[j0 .. j0+nr) into the panel, zero-padded */
-                pack_panel(panel, nrt, B, ldb, trans_b, k0, kc, j0, nr);
-                b = panel;
-                bs = nrt;
-            }
-            for (int64_t i0 = 0; i0 < M; i0 += GEMM_MR) {
-                const int64_t mr = M - i0 < GEMM_MR ? M - i0 : GEMM_MR;
-                const float *a[GEMM_MR];
-                for (int64_t i = 0; i < GEMM_MR; i++) /* rows past M repeat the last one */
-                    a[i] = A + (i0 + (i < mr ? i : mr - 1)) * ai + k0 * as;
-                run_tile(wide ? TILE_512 : TILE_AVX2, kc, a, as, b, bs, alpha, beta, k0 == 0,
-                         C + i0 * ldc + j0, ldc, mr, nr, 0);
+        for (int64_t i1 = 0; i1 < M; i1 += mstep) {
+            const int64_t mc = M - i1 < mstep ? M - i1 : mstep;
+            if (pack_a) pack_a_t(apack, A, lda, i1, mc, k0, kc);
+            for (int64_t j0 = 0; j0 < N; j0 += nrt) {
+                const int64_t nr = N - j0 < nrt ? N - j0 : nrt;
+                const float *b;
+                int64_t bs;
+                if (!trans_b && nr == nrt && M <= GEMM_PACK_B_M) {
+                    b = B + k0 * ldb + j0;
+                    bs = ldb;
+                } else {
+                    pack_panel(panel, nrt, B, ldb, trans_b, k0, kc, j0, nr);
+                    b = panel;
+                    bs = nrt;
+                }
+                for (int64_t i0 = i1; i0 < i1 + mc; i0 += GEMM_MR) {
+                    const int64_t mr = i1 + mc - i0 < GEMM_MR ? i1 + mc - i0 : GEMM_MR;
+                    const float *a[GEMM_MR];
+                    for (int64_t i = 0; i < GEMM_MR; i++) /* rows past M repeat the last one */
+                        a[i] = pack_a ? apack + (i0 - i1) * kc + i
+                                      : A + (i0 + (i < mr ? i : mr - 1)) * ai + k0 * as;
+                    run_tile(wide ? TILE_512 : TILE_AVX2, kc, a, pack_a ? GEMM_MR : as, b, bs,
+                             alpha, beta, k0 == 0, C + i0 * ldc + j0, ldc, mr, nr, 0);
+                }
             }
         }
     }

@@ -151,38 +151,41 @@ static void test_gemm_small_awkward(void) {
     arl_k_gemm_fma_narrow(0);
 }
 
-/* The AVX2/FMA kernel computes an element the same way wherever its row and column fall, so a
- * product split across threads (along M or N) gives the bits of the serial one, and its 16- and
- * 32-column tiles (AVX2, AVX-512) give the same bits. */
+/* The AVX2/FMA kernel computes an element the same way wherever its row and column fall, and
+ * whether it reads op(A) and op(B) in place or copied, so a product split across threads (along
+ * M or N, which changes the blocks' sizes and with them what is copied) gives the bits of the
+ * serial one, and its 16- and 32-column tiles (AVX2, AVX-512) give the same bits. */
 static void test_gemm_fma_thread_invariant(void) {
     if (!arl_k_cpu_has_fma()) return;
     arl_rng r;
     arl_rng_seed(&r, 6);
     static const int64_t shapes[][3] = {
-        {131, 67, 129}, {45, 211, 300}, {9, 700, 200}, {20, 300, 64}};
-    for (int s = 0; s < 4; s++)
-        for (int tb = 0; tb < 2; tb++) {
-            const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-            float *A = kt_floats(M * K), *B = kt_floats(N * K), *C1 = kt_floats(M * N),
-                  *C2 = kt_floats(M * N);
-            kt_normal(&r, A, M * K, 0, 1);
-            kt_normal(&r, B, N * K, 0, 1);
-            kt_threads(1);
-            arl_k_gemm(ARL_K_NOTRANS, (arl_k_trans)tb, M, N, K, 1.0f, A, K, B, tb ? K : N, 0.0f, C1,
-                       N);
-            for (int t = 2; t <= 4; t++) {
-                kt_threads(t < 4 ? t : 2);
-                arl_k_gemm_fma_narrow(t == 4);
-                arl_k_gemm(ARL_K_NOTRANS, (arl_k_trans)tb, M, N, K, 1.0f, A, K, B, tb ? K : N, 0.0f,
-                           C2, N);
-                arl_k_gemm_fma_narrow(0);
-                CHECK_MSG(kt_same_bits(C1, C2, (size_t)(M * N) * sizeof *C1),
-                          "M %lld N %lld K %lld tb %d: %s differs from 1 thread", (long long)M,
-                          (long long)N, (long long)K, tb,
-                          t < 4 ? "a split across threads" : "the 16-column tile");
+        {131, 67, 129}, {45, 211, 300}, {9, 700, 200}, {20, 300, 64}, {160, 96, 72}};
+    for (int s = 0; s < 5; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+                float *A = kt_floats(M * K), *B = kt_floats(N * K), *C1 = kt_floats(M * N),
+                      *C2 = kt_floats(M * N);
+                kt_normal(&r, A, M * K, 0, 1);
+                kt_normal(&r, B, N * K, 0, 1);
+                kt_threads(1);
+                arl_k_gemm((arl_k_trans)ta, (arl_k_trans)tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f,
+                           C1, N);
+                for (int t = 2; t <= 4; t++) {
+                    kt_threads(t < 4 ? t : 2);
+                    arl_k_gemm_fma_narrow(t == 4);
+                    arl_k_gemm((arl_k_trans)ta, (arl_k_trans)tb, M, N, K, 1.0f, A, lda, B, ldb,
+                               0.0f, C2, N);
+                    arl_k_gemm_fma_narrow(0);
+                    CHECK_MSG(kt_same_bits(C1, C2, (size_t)(M * N) * sizeof *C1),
+                              "M %lld N %lld K %lld ta %d tb %d: %s differs from 1 thread",
+                              (long long)M, (long long)N, (long long)K, ta, tb,
+                              t < 4 ? "a split across threads" : "the 16-column tile");
+                }
+                free(A), free(B), free(C1), free(C2);
             }
-            free(A), free(B), free(C1), free(C2);
-        }
 }
 
 /* Shapes above ARL_K_GEMM_SPLIT_MNK: the split path, cut along M (tall) and along N (wide),
