@@ -266,6 +266,11 @@ static arl_status set_json(const arl_option *o, json_t *v, const char *where, vo
         break;
     case ARL_OPT_STRING:
     case ARL_OPT_CHOICE:
+        if (json_is_null(v) && !o->def) { /* unset, as arl_options_to_json writes it */
+            free(*(char **)field(o, cfg));
+            *(char **)field(o, cfg) = NULL;
+            return ARL_OK;
+        }
         if (!json_is_string(v)) goto mismatch;
         if (set_value(o, json_string_value(v), cfg) != ARL_OK)
             return arl_error_prefix(ARL_ERR_CONFIG, "%s", where);

@@ -69,7 +69,8 @@ arl_status arl_options_parse_argv(const arl_option *tab, size_t n, int argc, cha
                                   void *cfg, int *want_help);
 
 /* Parse one JSON object's text (already read from `where`, used in messages).
- * Unknown keys and type mismatches are errors naming the key. Keys given here are
+ * Unknown keys and type mismatches are errors naming the key.  null unsets a string or choice
+ * option that has no default (arl_options_to_json writes an unset one so). Keys given here are
  * overridden later by the command line when both are parsed (JSON first, argv second). */
 arl_status arl_options_parse_json_text(const arl_option *tab, size_t n, const char *text,
                                        const char *where, void *cfg);
