@@ -51,19 +51,24 @@ void arl_qb_cutoffs(float *alpha, const float *s, const float *b_old, int64_t m,
     }
 }
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
-/* Linear quantile of the sorted vector r (m) at level in [0, 1] (spec 9.2 step 3). */
-static float quantile_sorted(const float *r, int64_t m, double level) {
+/* The linear quantile at `level` >= 0 of the m values in buf (spec 9.2 step 3: with r sorted
+ * ascending, pi = (m - 1) level and phi = floor(pi), r[phi] + (pi - phi) (r[phi + 1] - r[phi]);
+ * r[m - 1] where phi + 1 >= m), reordering buf.  The two order statistics come from a selection
+ * instead of a sort, in O(m) instead of O(m log m), with the same value: r[phi] is the q-th
+ * largest (q = m - 1 - phi, from 0), and after select_desc the q values before it are the
+ * largest, so r[phi + 1] is the smallest of those. */
+static float quantile_select(float *buf, int64_t m, double level) {
     double pi = (double)(m - 1) * level;
     int64_t phi = (int64_t)floor(pi);
     if (phi < 0) phi = 0;
-    if (phi + 1 >= m) return r[m - 1];
+    if (phi + 1 >= m) return select_desc(buf, m, 0); /* the largest */
+    const int64_t q = m - 1 - phi;                   /* r[phi] is the q-th largest (0-based) */
+    const float lo = select_desc(buf, m, q);
+    float hi = buf[0]; /* r[phi + 1]: the smallest of the q values larger than or equal to lo */
+    for (int64_t i = 1; i < q; i++)
+        hi = buf[i] < hi ? buf[i] : hi;
     double lam = pi - (double)phi;
-    return (float)((double)r[phi] + lam * ((double)r[phi + 1] - (double)r[phi]));
+    return (float)((double)lo + lam * ((double)hi - (double)lo));
 }
 
 static void center(float *b_new, const float *bhat, int64_t E) {
@@ -83,12 +88,11 @@ static arl_status check_args(const char *fn, int64_t m, int64_t E, int64_t k) {
     return ARL_OK;
 }
 
-/* r_:,j sorted ascending into col (m), given the cutoffs alpha (m). */
-static void sorted_column(float *col, const float *alpha, const float *s, int64_t m, int64_t E,
-                          int64_t j) {
+/* r_:,j into col (m), given the cutoffs alpha (m). */
+static void column(float *col, const float *alpha, const float *s, int64_t m, int64_t E,
+                   int64_t j) {
     for (int64_t i = 0; i < m; i++)
         col[i] = alpha[i] - s[i * E + j];
-    qsort(col, (size_t)m, sizeof(float), cmp_float);
 }
 
 arl_status arl_qb_exact(float *b_new, float *bhat, const float *s, const float *b_old, int64_t m,
@@ -97,8 +101,8 @@ arl_status arl_qb_exact(float *b_new, float *bhat, const float *s, const float *
     float *alpha = ws, *col = ws + m, *rowbuf = ws + 2 * m, *bh = bhat ? bhat : b_new;
     arl_qb_cutoffs(alpha, s, b_old, m, E, k, rowbuf);
     for (int64_t j = 0; j < E; j++) {
-        sorted_column(col, alpha, s, m, E, j);
-        bh[j] = quantile_sorted(col, m, (double)k / (double)E);
+        column(col, alpha, s, m, E, j);
+        bh[j] = quantile_select(col, m, (double)k / (double)E);
     }
     center(b_new, bh, E);
     return ARL_OK;
@@ -170,8 +174,8 @@ arl_status arl_qb_band(float *b_new, float *bhat, const int64_t *loads, const fl
             continue;
         }
         double qj = load < qmin ? qmin : (load > qmax ? qmax : load);
-        sorted_column(col, alpha, s, m, E, j);
-        bh[j] = quantile_sorted(col, m, qj / (double)m);
+        column(col, alpha, s, m, E, j);
+        bh[j] = quantile_select(col, m, qj / (double)m);
     }
     center(b_new, bh, E);
     return ARL_OK;

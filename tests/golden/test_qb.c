@@ -11,6 +11,8 @@
  * implementation's new bias; the golden data keeps every top-k margin above 1e-5 (>> the bias
  * error), so they must match exactly.
  */
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,9 +129,73 @@ static void test_qb_band(void) {
     golden_close(gc);
 }
 
+/* The quantiles of spec 9.2 step 3 by sorting each column, as the spec states them. */
+static int cmp_asc(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static float sorted_quantile(const float *alpha, const float *s, int64_t m, int j, double level,
+                             float *col) {
+    for (int64_t i = 0; i < m; i++)
+        col[i] = alpha[i] - s[i * E + j];
+    qsort(col, (size_t)m, sizeof(float), cmp_asc);
+    double pi = (double)(m - 1) * level;
+    int64_t phi = (int64_t)floor(pi);
+    if (phi + 1 >= m) return col[m - 1];
+    double lam = pi - (double)phi;
+    return (float)((double)col[phi] + lam * ((double)col[phi + 1] - (double)col[phi]));
+}
+
+/* qb.c finds the two order statistics by selection; the biases must be those of the sort, bit
+ * for bit, for every column and token count, with ties (scores on a coarse grid), for the exact
+ * update and for the band's clamped levels. */
+static void test_qb_select_is_sort(void) {
+    static const int64_t ms[] = {1, 2, 3, 5, 17, 64, 511};
+    static float s[511 * E], alpha[511], col[511], ws[511 * E + 2 * 511 + E];
+    uint64_t x = 12345;
+    for (size_t c = 0; c < sizeof ms / sizeof *ms; c++)
+        for (int grid = 0; grid < 2; grid++) {
+            const int64_t m = ms[c];
+            float b_old[E], bhat[E], b_new[E];
+            for (int64_t i = 0; i < m * E; i++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                float u = (float)(x >> 40) / (float)(1 << 24) * 4.0f - 2.0f;
+                s[i] = grid ? (float)(int)(u * 4.0f) / 4.0f : u; /* grid: many ties */
+            }
+            for (int j = 0; j < E; j++)
+                b_old[j] = grid ? 0.0f : 0.01f * (float)(j % 5) - 0.02f;
+            arl_qb_cutoffs(alpha, s, b_old, m, E, K, ws);
+            CHECK(arl_qb_exact(b_new, bhat, s, b_old, m, E, K, ws) == ARL_OK);
+            for (int j = 0; j < E; j++) {
+                float ref = sorted_quantile(alpha, s, m, j, (double)K / (double)E, col);
+                CHECK_MSG(memcmp(&ref, &bhat[j], sizeof ref) == 0,
+                          "m %lld grid %d column %d: exact %.9g, sorted %.9g", (long long)m, grid,
+                          j, (double)bhat[j], (double)ref);
+            }
+            int64_t loads[E]; /* loads spread over [0, 2 m k / E]: both sides of the band */
+            for (int j = 0; j < E; j++)
+                loads[j] = (int64_t)j * 2 * m * K / E / (E - 1);
+            CHECK(arl_qb_band(b_new, bhat, loads, s, b_old, m, E, K, 0.2f, 0.3f, ws) == ARL_OK);
+            const double q = (double)m * K / E, qmin = (1.0 - 0.2f) * q, qmax = (1.0 + 0.3f) * q;
+            for (int j = 0; j < E; j++) {
+                double load = (double)loads[j];
+                float ref = b_old[j];
+                if (load < qmin || load > qmax) {
+                    double qj = load < qmin ? qmin : qmax;
+                    ref = sorted_quantile(alpha, s, m, j, qj / (double)m, col);
+                }
+                CHECK_MSG(memcmp(&ref, &bhat[j], sizeof ref) == 0,
+                          "m %lld grid %d column %d: band %.9g, sorted %.9g", (long long)m, grid, j,
+                          (double)bhat[j], (double)ref);
+            }
+        }
+}
+
 int main(void) {
     TEST_RUN(test_qb_exact);
     TEST_RUN(test_qb_hist);
     TEST_RUN(test_qb_band);
+    TEST_RUN(test_qb_select_is_sort);
     return test_finish();
 }
