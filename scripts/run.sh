@@ -2,7 +2,7 @@
 # scripts/run.sh: install what is missing, build, and run the default experiment.
 #
 # The default experiment is experiments/calculator.json run by `agentrl train`, end to end on
-# the CPU (about 15 minutes of 2 cores): a tiny Kimi-K3-structured policy is warm-started by
+# the CPU (about 7 minutes of 2 cores): a tiny Kimi-K3-structured policy is warm-started by
 # supervised fine-tuning on teacher demonstrations of the built-in calculator environment,
 # evaluated on held-out tasks, trained by KL-constrained RL against the environment, and
 # evaluated again on the same held-out tasks; the report (summary.md with the success rates
@@ -22,7 +22,7 @@ cat <<'MSG'
 
 agentrl default experiment (experiments/calculator.json): SFT warm start of a tiny policy on
 the calculator environment's teacher, held-out evaluation, RL updates against the environment,
-held-out evaluation again, report. About 15 minutes on 2 CPU cores.
+held-out evaluation again, report. About 7 minutes on 2 CPU cores, plus the build.
 MSG
 
 step "parameter counts of the shipped configurations"
