@@ -10,9 +10,10 @@
  *
  * Why it exists: the Debian OpenBLAS (0.3.21) picks its SSE3 "Prescott" kernels on CPUs it does
  * not know, which is most current server CPUs; the tiles here run 2-5x faster on them.  Where
- * OpenBLAS does know the CPU (an AMD EPYC, Zen), the tiles run at 0.8-1.3x its single-thread
- * rate at the tiny and mini configs' shapes (1.1-1.3x up to 256 x 128 x 128, 0.8-0.95x at
- * 512 x 512 x 512; bench_kernels).
+ * OpenBLAS does know the CPU (an AMD EPYC, Zen), the tiles run at 0.77-1.3x its single-thread
+ * rate (bench_kernels, one thread: 1.2-1.3x at the tiny config's 64 x 64 x 64, 0.97-1.09x at
+ * its larger products, M 256-384 by N, K 128-384; 0.77-0.92x at the mini config's 512 x 1024 x
+ * 1024 and 1024 x 1024 x 512).
  *
  * Arithmetic of one element (the contract of kernels/gemm.h, plus a fixed order): K is cut into
  * blocks of GEMM_KC; within a block the products are accumulated with fused multiply-adds in
@@ -49,7 +50,7 @@
 #define GEMM_PACK_A_N 64
 /* op(B) = B is copied into the panel too when M exceeds GEMM_PACK_B_M: in place, the tile reads
  * kc rows ldb apart, which for ldb a multiple of 1 KiB fall in a few sets of the L1 cache; with
- * at most 5 tiles reusing them, the copy costs more than it saves. */
+ * at most 6 tiles reusing a panel (M <= 32), the copy costs more than it saves. */
 #define GEMM_PACK_B_M 32
 
 int arl_k_cpu_has_fma(void) {
