@@ -200,6 +200,22 @@ tile512n(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, 
     }
 }
 
+/* 8 values of C at c: alpha acc, plus C (add_c) or beta C (beta != 0; C is not read
+ * otherwise), with the arithmetic of tile_store_t (no fused operation).  Masked by m unless full
+ * (the plain load and store: a masked store is much slower on AMD CPUs). */
+ARL_K_NO_SANITIZE __attribute__((target("avx2,fma"), always_inline)) static inline void
+store8(float *c, __m256 acc, __m256 va, __m256 vb, int add_c, float beta, __m256i m, int full) {
+    __m256 v = _mm256_mul_ps(va, acc);
+    if (add_c || beta != 0.0f) {
+        const __m256 old = full ? _mm256_loadu_ps(c) : _mm256_maskload_ps(c, m);
+        v = add_c ? _mm256_add_ps(old, v) : _mm256_add_ps(v, _mm256_mul_ps(vb, old));
+    }
+    if (full)
+        _mm256_storeu_ps(c, v);
+    else
+        _mm256_maskstore_ps(c, m, v);
+}
+
 /* One tile: rows a[0..5] of op(A) (element k at a[i][k * as]), kc values of op(B) rows at
  * b + k * bs (16 floats each), written to the mr x nr corner of C (row stride ldc), or with
  * trans_c to the nr x mr corner of C^T (tile element (i, j) at C[j * ldc + i]). */
@@ -236,7 +252,7 @@ tile(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, int6
         tile_store_t(&s[0][0], GEMM_NR, alpha, beta, first, C, ldc, mr, nr);
         return;
     }
-    /* the rows of C in place, with the arithmetic of tile_store_t (no fused operation) */
+    /* the rows of C in place (store8) */
     const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
     int32_t mk[GEMM_NR];
     for (int j = 0; j < GEMM_NR; j++)
@@ -245,32 +261,14 @@ tile(int64_t kc, const float *const a[GEMM_MR], int64_t as, const float *b, int6
     const __m256i m1 = _mm256_loadu_si256((const __m256i *)(mk + 8));
     const __m256 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
                                     {c30, c31}, {c40, c41}, {c50, c51}};
-    if (nr == GEMM_NR) { /* whole rows: plain loads and stores (masked ones are slow on AMD) */
-        for (int64_t i = 0; i < mr; i++) {
-            float *c = C + i * ldc;
-            for (int h = 0; h < 2; h++) {
-                __m256 v = _mm256_mul_ps(va, acc[i][h]);
-                if (!first)
-                    v = _mm256_add_ps(_mm256_loadu_ps(c + 8 * h), v);
-                else if (beta != 0.0f)
-                    v = _mm256_add_ps(v, _mm256_mul_ps(vb, _mm256_loadu_ps(c + 8 * h)));
-                _mm256_storeu_ps(c + 8 * h, v);
-            }
-        }
-        return;
-    }
-    for (int64_t i = 0; i < mr; i++) {
-        float *c = C + i * ldc;
-        for (int h = 0; h < 2; h++) {
-            const __m256i m = h ? m1 : m0;
-            __m256 v = _mm256_mul_ps(va, acc[i][h]);
-            if (!first)
-                v = _mm256_add_ps(_mm256_maskload_ps(c + 8 * h, m), v);
-            else if (beta != 0.0f)
-                v = _mm256_add_ps(v, _mm256_mul_ps(vb, _mm256_maskload_ps(c + 8 * h, m)));
-            _mm256_maskstore_ps(c + 8 * h, m, v);
-        }
-    }
+    if (nr == GEMM_NR) /* the same loop twice, so that store8 is inlined with full constant */
+        for (int64_t i = 0; i < mr; i++)
+            for (int h = 0; h < 2; h++)
+                store8(C + i * ldc + 8 * h, acc[i][h], va, vb, !first, beta, m0, 1);
+    else
+        for (int64_t i = 0; i < mr; i++)
+            for (int h = 0; h < 2; h++)
+                store8(C + i * ldc + 8 * h, acc[i][h], va, vb, !first, beta, h ? m1 : m0, 0);
 }
 
 /* Sum of the 8 lanes: (lanes 0-3 + lanes 4-7), then (s0 + s2) + (s1 + s3). */
@@ -366,6 +364,21 @@ dots_nt(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ld
     }
 }
 
+/* acc[h] += a[k * as] b[k * ldb + 8h ..] for k < kc (fused multiply-adds in ascending k), 32
+ * columns of b, masked by m unless full; inlined, so each call site has its own loop. */
+ARL_K_NO_SANITIZE __attribute__((target("avx2,fma"), always_inline)) static inline void
+row_accumulate(__m256 acc[4], const float *a, int64_t as, const float *b, int64_t ldb, int64_t kc,
+               const __m256i m[4], int full) {
+    for (int64_t k = 0; k < kc; k++) {
+        const __m256 x = _mm256_broadcast_ss(a + k * as);
+        for (int h = 0; h < 4; h++)
+            acc[h] = _mm256_fmadd_ps(x,
+                                     full ? _mm256_loadu_ps(b + k * ldb + 8 * h)
+                                          : _mm256_maskload_ps(b + k * ldb + 8 * h, m[h]),
+                                     acc[h]);
+    }
+}
+
 /* C (1, N) for one row a of op(A) (element k at a[k * as]) and op(B) = B (K, ldb): per column the
  * arithmetic of the tiles (fused multiply-adds in ascending k from 0 within a GEMM_KC block, then
  * alpha and beta), 32 columns at a time; a row instead of a 6-row tile with 5 rows unused. */
@@ -386,36 +399,11 @@ row_nn(int64_t N, int64_t K, float alpha, const float *a, int64_t as, const floa
             __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                              _mm256_setzero_ps()};
             if (nj == 32) /* whole blocks: plain loads (masked ones are slower on AMD) */
-                for (int64_t k = k0; k < k0 + kc; k++) {
-                    const __m256 x = _mm256_broadcast_ss(a + k * as);
-                    const float *b = B + k * ldb + j0;
-                    for (int h = 0; h < 4; h++)
-                        acc[h] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * h), acc[h]);
-                }
+                row_accumulate(acc, a + k0 * as, as, B + k0 * ldb + j0, ldb, kc, m, 1);
             else
-                for (int64_t k = k0; k < k0 + kc; k++) {
-                    const __m256 x = _mm256_broadcast_ss(a + k * as);
-                    const float *b = B + k * ldb + j0;
-                    for (int h = 0; h < 4; h++)
-                        acc[h] = _mm256_fmadd_ps(x, _mm256_maskload_ps(b + 8 * h, m[h]), acc[h]);
-                }
-            for (int h = 0; h < 4; h++) {
-                float *c = C + j0 + 8 * h;
-                __m256 v = _mm256_mul_ps(va, acc[h]);
-                if (nj == 32) { /* and plain stores (a masked store is much slower there) */
-                    if (k0 > 0)
-                        v = _mm256_add_ps(_mm256_loadu_ps(c), v);
-                    else if (beta != 0.0f)
-                        v = _mm256_add_ps(v, _mm256_mul_ps(vb, _mm256_loadu_ps(c)));
-                    _mm256_storeu_ps(c, v);
-                    continue;
-                }
-                if (k0 > 0)
-                    v = _mm256_add_ps(_mm256_maskload_ps(c, m[h]), v);
-                else if (beta != 0.0f)
-                    v = _mm256_add_ps(v, _mm256_mul_ps(vb, _mm256_maskload_ps(c, m[h])));
-                _mm256_maskstore_ps(c, m[h], v);
-            }
+                row_accumulate(acc, a + k0 * as, as, B + k0 * ldb + j0, ldb, kc, m, 0);
+            for (int h = 0; h < 4; h++)
+                store8(C + j0 + 8 * h, acc[h], va, vb, k0 > 0, beta, m[h], nj == 32);
         }
     }
 }
@@ -463,13 +451,12 @@ pack_transposed(float *dst, int64_t ds, const float *src, int64_t ss, int64_t ro
             dst[k * ds + j] = src[j * ss + k];
 }
 
-/* dst[k * 16 + j] = src[k * ss + j] for j < 16, k < kc. */
+/* dst[k * w + j] = src[k * ss + j] for j < w (a multiple of 8), k < kc. */
 ARL_K_NO_SANITIZE __attribute__((target("avx2"))) static void
-copy_rows16(float *dst, const float *src, int64_t ss, int64_t kc) {
-    for (int64_t k = 0; k < kc; k++) {
-        _mm256_storeu_ps(dst + k * 16, _mm256_loadu_ps(src + k * ss));
-        _mm256_storeu_ps(dst + k * 16 + 8, _mm256_loadu_ps(src + k * ss + 8));
-    }
+copy_rows(float *dst, int64_t w, const float *src, int64_t ss, int64_t kc) {
+    for (int64_t k = 0; k < kc; k++)
+        for (int64_t j = 0; j < w; j += 8)
+            _mm256_storeu_ps(dst + k * w + j, _mm256_loadu_ps(src + k * ss + j));
 }
 
 /* panel[k][j] (row stride w) = op(B)[k0 + k][j0 + j] for k < kc, j < nr; 0 for nr <= j < w. */
@@ -482,8 +469,8 @@ ARL_K_NO_SANITIZE static void pack_panel(float *panel, int64_t w, const float *B
                 panel[k * w + j] = 0.0f;
     if (trans_b) /* row j0 + j of B holds column j of the panel */
         pack_transposed(panel, w, B + j0 * ldb + k0, ldb, nr, kc);
-    else if (nr == w && w == GEMM_NR)
-        copy_rows16(panel, B + k0 * ldb + j0, ldb, kc);
+    else if (nr == w)
+        copy_rows(panel, w, B + k0 * ldb + j0, ldb, kc);
     else
         for (int64_t k = 0; k < kc; k++)
             memcpy(panel + k * w, B + (k0 + k) * ldb + j0, sizeof(float) * (size_t)nr);
@@ -500,7 +487,7 @@ ARL_K_NO_SANITIZE static void pack_a_t(float *apack, const float *A, int64_t lda
         const int64_t mr = mc - t * GEMM_MR < GEMM_MR ? mc - t * GEMM_MR : GEMM_MR;
         float *dst = apack + t * kc * GEMM_MR;
         const float *src = A + k0 * lda + i0;
-        if (mr == GEMM_MR) {
+        if (mr == GEMM_MR) { /* a constant trip count, which the compiler unrolls */
             for (int64_t k = 0; k < kc; k++)
                 for (int64_t i = 0; i < GEMM_MR; i++)
                     dst[k * GEMM_MR + i] = src[k * lda + i];
