@@ -23,6 +23,7 @@
 #include "kernels/gemm.h"
 #include "kernels/threadpool.h"
 #include "kernels/vmath.h"
+#include "policy/docs.h"
 
 static inline float sigm(float x) {
     if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
@@ -32,25 +33,6 @@ static inline float sigm(float x) {
 
 static inline float softplusf_(float x) {
     return x > 20.0f ? x : log1pf(expf(x));
-}
-
-static inline int64_t doc_lo(const int32_t *cu, int32_t i) {
-    return cu ? cu[i] : 0;
-}
-
-static inline int64_t doc_hi(const int32_t *cu, int32_t i, int64_t T) {
-    return cu ? cu[i + 1] : T;
-}
-
-static void check_docs(const int32_t *cu, int32_t N, int64_t T) {
-    ARL_ASSERT(N >= 1 && T >= 0);
-    if (!cu) {
-        ARL_ASSERT(N == 1);
-        return;
-    }
-    ARL_ASSERT(cu[0] == 0 && cu[N] == T);
-    for (int32_t i = 0; i < N; i++)
-        ARL_ASSERT(cu[i] <= cu[i + 1]);
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -71,7 +53,7 @@ static void conv_fwd_range(void *vctx, int64_t c_lo, int64_t c_hi) {
     const int64_t C = A->C, W = A->W;
     const float *x = A->x, *w = A->w;
     for (int32_t di = 0; di < A->N; di++) {
-        int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T);
+        int64_t a = arl_doc_lo(A->cu, di), b = arl_doc_hi(A->cu, di, A->T);
         const float *tail = A->tails ? A->tails + (int64_t)di * C * (W - 1) : NULL;
         for (int64_t t = a; t < b; t++) {
             int64_t pos = t - a;
@@ -111,7 +93,7 @@ static void conv_fwd_range(void *vctx, int64_t c_lo, int64_t c_hi) {
 
 void arl_kda_conv_fwd(float *z, float *y, const float *x, const float *w, const float *tails,
                       const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W) {
-    check_docs(cu, N, T);
+    arl_docs_check(cu, N, T);
     ARL_ASSERT(W >= 1 && C >= 1);
     conv_fwd_args A = {z, y, x, w, tails, cu, N, T, C, W};
     arl_k_parallel_for(C, arl_k_work_grain(T * (2 * W + 8)), conv_fwd_range, &A);
@@ -145,7 +127,7 @@ static inline __attribute__((always_inline)) void conv_bwd_block(const conv_bwd_
             dwT[j * nb + i] = A->dw ? A->dw[(c0 + i) * W + j] : 0.0f;
         }
     for (int32_t di = 0; di < A->N; di++) {
-        int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T);
+        int64_t a = arl_doc_lo(A->cu, di), b = arl_doc_hi(A->cu, di, A->T);
         const float *tail = A->tails ? A->tails + (int64_t)di * C * (W - 1) + c0 * (W - 1) : NULL;
         for (int64_t t = a; t < b; t++) {
             int64_t pos = t - a;
@@ -218,7 +200,7 @@ static void conv_bwd_range(void *vctx, int64_t c_lo, int64_t c_hi) {
 void arl_kda_conv_bwd(float *dx, float *dw, const float *dz, const float *x, const float *w,
                       const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
                       int64_t W) {
-    check_docs(cu, N, T);
+    arl_docs_check(cu, N, T);
     ARL_ASSERT(W >= 1 && W <= CONV_WBUF && C >= 1);
     conv_bwd_args A = {dx, dw, dz, x, w, tails, cu, N, T, C, W};
     arl_k_parallel_for(C, arl_k_work_grain(T * (3 * W + 8)), conv_bwd_range, &A);
@@ -484,7 +466,7 @@ int64_t arl_kda_num_chunks(const int32_t *cu, int32_t N, int64_t T, int64_t C) {
     ARL_ASSERT(C >= 1);
     int64_t n = 0;
     for (int32_t i = 0; i < N; i++) {
-        int64_t len = doc_hi(cu, i, T) - doc_lo(cu, i);
+        int64_t len = arl_doc_hi(cu, i, T) - arl_doc_lo(cu, i);
         n += (len + C - 1) / C;
     }
     return n;
@@ -548,7 +530,7 @@ static void recurrent_fwd_heads(void *vctx, int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; h++) {
         int64_t chunk = 0;
         for (int32_t di = 0; di < A->N; di++) {
-            int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T);
+            int64_t a = arl_doc_lo(A->cu, di), b = arl_doc_hi(A->cu, di, A->T);
             float *St = A->S + ((int64_t)di * H + h) * dk * dv;
             for (int64_t t = a; t < b; t++) {
                 if (A->chunk_states && (t - a) % C == 0)
@@ -566,7 +548,7 @@ void arl_kda_recurrent_fwd(float *o, float *S, float *chunk_states, const float 
                            const float *v, const float *g, const float *beta, const int32_t *cu,
                            int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, float scale,
                            int64_t C) {
-    check_docs(cu, N, T);
+    arl_docs_check(cu, N, T);
     ARL_ASSERT(!chunk_states || C >= 1);
     core_args A = {.o = o,
                    .S = S,
@@ -863,7 +845,7 @@ static void chunk_fwd_heads(void *vctx, int64_t h0, int64_t h1) {
         chunk_buf_bind(&B, A->ws + h * A->ws_head, dk, dv, C, 0);
         int64_t chunk = 0;
         for (int32_t di = 0; di < A->N; di++) {
-            int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T);
+            int64_t a = arl_doc_lo(A->cu, di), b = arl_doc_hi(A->cu, di, A->T);
             float *St = A->S + ((int64_t)di * H + h) * dk * dv;
             for (int64_t c0 = a; c0 < b; c0 += C) {
                 int64_t n = b - c0 < C ? b - c0 : C;
@@ -890,7 +872,7 @@ void arl_kda_chunk_fwd(float *o, float *S, float *chunk_states, const float *q, 
                        const float *v, const float *g, const float *beta, const int32_t *cu,
                        int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv, float scale,
                        int64_t C, float *ws) {
-    check_docs(cu, N, T);
+    arl_docs_check(cu, N, T);
     ARL_ASSERT(C >= 1 && C <= 256 && ws);
     core_args A = {.o = o,
                    .S = S,
@@ -926,7 +908,7 @@ static void recurrent_bwd_heads(void *vctx, int64_t h0, int64_t h1) {
         float *r = dS + D, *delta = r + dv, *ddelta = delta + dv, *dr = ddelta + dv;
         int64_t chunk_base = 0;
         for (int32_t di = 0; di < A->N; di++) {
-            int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T);
+            int64_t a = arl_doc_lo(A->cu, di), b = arl_doc_hi(A->cu, di, A->T);
             int64_t nch = (b - a + C - 1) / C;
             if (A->dS_T)
                 memcpy(dS, A->dS_T + ((int64_t)di * H + h) * D, sizeof(float) * D);
@@ -1053,7 +1035,7 @@ void arl_kda_recurrent_bwd(float *dq, float *dk_, float *dv_, float *dg, float *
                            const float *v, const float *g, const float *beta,
                            const float *chunk_states, const int32_t *cu, int32_t N, int64_t T,
                            int64_t H, int64_t dk, int64_t dv, float scale, int64_t C, float *ws) {
-    check_docs(cu, N, T);
+    arl_docs_check(cu, N, T);
     ARL_ASSERT(C >= 1 && ws && chunk_states);
     core_args A = bwd_args(dq, dk_, dv_, dg, dbeta, dS0, d_o, dS_T, q, k, v, g, beta, chunk_states,
                            cu, N, T, H, dk, dv, scale, C, ws);
@@ -1237,7 +1219,7 @@ static void chunk_bwd_heads(void *vctx, int64_t h0, int64_t h1) {
         chunk_buf_bind(&B, A->ws + h * A->ws_head, dk, dv, C, 1);
         int64_t chunk_base = 0;
         for (int32_t di = 0; di < A->N; di++) {
-            int64_t a = doc_lo(A->cu, di), b = doc_hi(A->cu, di, A->T);
+            int64_t a = arl_doc_lo(A->cu, di), b = arl_doc_hi(A->cu, di, A->T);
             int64_t nch = (b - a + C - 1) / C;
             if (A->dS_T)
                 memcpy(B.dS, A->dS_T + ((int64_t)di * H + h) * D, sizeof(float) * D);
@@ -1278,7 +1260,7 @@ void arl_kda_chunk_bwd(float *dq, float *dk_, float *dv_, float *dg, float *dbet
                        const float *v, const float *g, const float *beta, const float *chunk_states,
                        const int32_t *cu, int32_t N, int64_t T, int64_t H, int64_t dk, int64_t dv,
                        float scale, int64_t C, float *ws) {
-    check_docs(cu, N, T);
+    arl_docs_check(cu, N, T);
     ARL_ASSERT(C >= 1 && C <= 256 && ws && chunk_states);
     core_args A = bwd_args(dq, dk_, dv_, dg, dbeta, dS0, d_o, dS_T, q, k, v, g, beta, chunk_states,
                            cu, N, T, H, dk, dv, scale, C, ws);

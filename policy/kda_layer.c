@@ -7,6 +7,7 @@
 
 #include "core/assert.h"
 #include "kernels/kernels.h"
+#include "policy/docs.h"
 #include "policy/kda.h"
 
 /* Bump allocation inside the caller's work buffer; base NULL only counts (for the size). */
@@ -77,7 +78,7 @@ static void conv_branch(float *out, kda_bufs *B, const float *x, const float *Wp
     arl_kda_conv_fwd(out, NULL, B->proj, wconv, tin, cu, N, T, P, W);
     if (tails && tl > 0)
         for (int32_t i = 0; i < N; i++) {
-            int64_t a = cu ? cu[i] : 0, e = cu ? cu[i + 1] : T;
+            int64_t a = arl_doc_lo(cu, i), e = arl_doc_hi(cu, i, T);
             arl_kda_conv_tail(tails + (i * 3 + j) * tl, B->proj + a * P, e - a, tin + i * tl, P, W);
         }
 }

@@ -9,6 +9,7 @@
 
 #include "core/assert.h"
 #include "kernels/kernels.h"
+#include "policy/docs.h"
 #include "policy/kda.h"
 
 typedef struct ws_bump {
@@ -119,14 +120,6 @@ static void linear_bwd_x_set(float *dx, const float *dy, const float *W, int64_t
     arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, T, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
 }
 
-static inline int64_t doc_lo(const int32_t *cu, int32_t i) {
-    return cu ? cu[i] : 0;
-}
-
-static inline int64_t doc_hi(const int32_t *cu, int32_t i, int64_t T) {
-    return cu ? cu[i + 1] : T;
-}
-
 /* Gather the tails of projection j (0 q, 1 k, 2 v) of every document: dst (N, P, W-1). */
 static void gather_tails(float *dst, const float *tails, int j, int32_t N, int64_t tl) {
     for (int32_t i = 0; i < N; i++)
@@ -162,7 +155,7 @@ void arl_kda_layer_fwd_save(float *y, const float *x, const arl_kda_params *p,
         arl_kda_conv_fwd(zout[j], NULL, sv->pre[j], conv[j], tin, cu, N, T, P, W);
         if (tails && tl > 0)
             for (int32_t i = 0; i < N; i++) {
-                int64_t a = doc_lo(cu, i), e = doc_hi(cu, i, T);
+                int64_t a = arl_doc_lo(cu, i), e = arl_doc_hi(cu, i, T);
                 arl_kda_conv_tail(tails + (i * 3 + j) * tl, sv->pre[j] + a * P, e - a, tin + i * tl,
                                   P, W);
             }
@@ -210,7 +203,7 @@ void arl_kda_conv_tail_bwd(float *dtail, const float *dz, const float *x, const 
                            const float *tails, const int32_t *cu, int32_t N, int64_t T, int64_t C,
                            int64_t W) {
     for (int32_t di = 0; di < N; di++) {
-        int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a;
+        int64_t a = arl_doc_lo(cu, di), len = arl_doc_hi(cu, di, T) - a;
         const float *tail = tails ? tails + (int64_t)di * C * (W - 1) : NULL;
         float *dt = dtail + (int64_t)di * C * (W - 1);
         for (int64_t pos = 0; pos < W - 1 && pos < len; pos++)
@@ -238,7 +231,7 @@ void arl_kda_conv_tail_bwd(float *dtail, const float *dz, const float *x, const 
 void arl_kda_conv_tail_out_bwd(float *dpre, float *dtail_in, const float *dtail_out,
                                const int32_t *cu, int32_t N, int64_t T, int64_t C, int64_t W) {
     for (int32_t di = 0; di < N; di++) {
-        int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a;
+        int64_t a = arl_doc_lo(cu, di), len = arl_doc_hi(cu, di, T) - a;
         const float *g = dtail_out + (int64_t)di * C * (W - 1);
         for (int64_t i = 0; i < W - 1; i++) {
             int64_t m = len + i; /* index into [tail_in; x_doc] */

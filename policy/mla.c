@@ -25,19 +25,9 @@
 #include "kernels/gemm.h"
 #include "kernels/threadpool.h"
 #include "kernels/vmath.h"
+#include "policy/docs.h"
 
 #define QB 64 /* query rows per score block */
-
-static void check_docs(const int32_t *cu, int32_t N, int64_t T) {
-    ARL_ASSERT(N >= 1 && T >= 0);
-    if (!cu) {
-        ARL_ASSERT(N == 1);
-        return;
-    }
-    ARL_ASSERT(cu[0] == 0 && cu[N] == T);
-    for (int32_t i = 0; i < N; i++)
-        ARL_ASSERT(cu[i] <= cu[i + 1]);
-}
 
 int64_t arl_mla_attn_ws_floats(int64_t T, int64_t Hm, int64_t r) {
     return Hm * (2 * QB * T + QB + T * r);
@@ -98,7 +88,7 @@ void arl_mla_attn_fwd(float *o, float *lse, const float *q_nope, const float *q_
                       const float *k_nope, const float *k_pe, const float *v, const int32_t *cu,
                       int32_t N, int64_t T, int64_t Hm, int64_t n, int64_t r, int64_t vm,
                       float scale, float *ws) {
-    check_docs(cu, N, T);
+    arl_docs_check(cu, N, T);
     ARL_ASSERT(ws);
     attn_args A = {.o = o,
                    .lse = lse,
@@ -172,7 +162,7 @@ void arl_mla_attn_bwd(float *dq_nope, float *dq_pe, float *dk_nope, float *dk_pe
                       const float *q_pe, const float *k_nope, const float *k_pe, const float *v,
                       const int32_t *cu, int32_t N, int64_t T, int64_t Hm, int64_t n, int64_t r,
                       int64_t vm, float scale, float *ws) {
-    check_docs(cu, N, T);
+    arl_docs_check(cu, N, T);
     ARL_ASSERT(ws);
     attn_args A = {.ws = ws,
                    .dq_nope = dq_nope,

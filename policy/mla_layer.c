@@ -7,6 +7,7 @@
 
 #include "core/assert.h"
 #include "kernels/kernels.h"
+#include "policy/docs.h"
 #include "policy/mla.h"
 
 /* Queries of one document handed to the absorbed core at a time (a unit of parallel work). */
@@ -198,7 +199,7 @@ void arl_mla_layer_fwd_means(float *y, float *latent, const float *x, const arl_
             fresh &= pos[i] == 0;
     if (caches) /* append the new rows to every sequence's cache */
         for (int32_t i = 0; i < N; i++) {
-            int64_t a = cu ? cu[i] : 0, e = cu ? cu[i + 1] : T;
+            int64_t a = arl_doc_lo(cu, i), e = arl_doc_hi(cu, i, T);
             ARL_ASSERT(pos[i] + (e - a) <= c->max_rows);
             memcpy(caches[i] + pos[i] * R, lat + a * R, sizeof(float) * (size_t)((e - a) * R));
         }

@@ -19,6 +19,7 @@
 
 #include "core/assert.h"
 #include "kernels/kernels.h"
+#include "policy/docs.h"
 #include "policy/mla.h"
 
 #define QBLK 64 /* queries per score block of the absorbed core */
@@ -162,14 +163,6 @@ static void merge_heads(float *dst, const float *A, const float *Bp, int64_t T, 
 }
 
 /* ---- the absorbed core ---- */
-
-static inline int64_t doc_lo(const int32_t *cu, int32_t i) {
-    return cu ? cu[i] : 0;
-}
-
-static inline int64_t doc_hi(const int32_t *cu, int32_t i, int64_t T) {
-    return cu ? cu[i + 1] : T;
-}
 
 /* ---- the absorbed core, one document per call (policy/mla_layer_backward.h) ---- */
 
@@ -342,7 +335,7 @@ static void sparse_fwd(mla_ws *B, arl_mla_layer_save *sv, const arl_mla_layer_cf
                        const int32_t *cu, int32_t N, int64_t T, float scale) {
     const int64_t Hm = c->Hm, rkv = c->rkv, r = c->r, k_c = c->sparse_topk;
     for (int32_t di = 0; di < N; di++) {
-        const int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a;
+        const int64_t a = arl_doc_lo(cu, di), len = arl_doc_hi(cu, di, T) - a;
         arl_mla_sparse_doc_fwd_save(sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
                                     sv->sel + a * Hm * k_c, sv->qhat + a * Hm * rkv,
                                     sv->q_pe + a * Hm * r, B->rows[di], B->p0[di], len, Hm, rkv, r,
@@ -355,7 +348,7 @@ static void sparse_bwd(mla_ws *B, const arl_mla_layer_save *sv, const arl_mla_la
                        float *const *dprefix) {
     const int64_t Hm = c->Hm, rkv = c->rkv, r = c->r, R = rkv + r, k_c = c->sparse_topk;
     for (int32_t di = 0; di < N; di++) {
-        const int64_t a = doc_lo(cu, di), len = doc_hi(cu, di, T) - a;
+        const int64_t a = arl_doc_lo(cu, di), len = arl_doc_hi(cu, di, T) - a;
         arl_mla_sparse_doc_bwd(B->dqhat + a * Hm * rkv, B->dq_pe + a * Hm * r, B->dlat + a * R,
                                dprefix ? dprefix[di] : NULL, B->dohat + a * Hm * rkv,
                                sv->ohat + a * Hm * rkv, sv->lse + a * Hm, sv->sel + a * Hm * k_c,
@@ -370,7 +363,7 @@ static void doc_rows(const float **rows, int64_t *p0, const arl_mla_layer_save *
                      const int32_t *cu, int32_t N, int64_t R, float *const *caches,
                      const int64_t *pos) {
     for (int32_t i = 0; i < N; i++) {
-        rows[i] = caches ? caches[i] : sv->lat + doc_lo(cu, i) * R;
+        rows[i] = caches ? caches[i] : sv->lat + arl_doc_lo(cu, i) * R;
         p0[i] = caches ? pos[i] : 0;
     }
 }
@@ -415,7 +408,7 @@ void arl_mla_layer_fwd_save(float *y, const float *x, const arl_mla_params *p,
     int fresh = 1;
     if (caches)
         for (int32_t i = 0; i < N; i++) {
-            int64_t a = doc_lo(cu, i), e = doc_hi(cu, i, T);
+            int64_t a = arl_doc_lo(cu, i), e = arl_doc_hi(cu, i, T);
             ARL_ASSERT(pos[i] + (e - a) <= c->max_rows);
             memcpy(caches[i] + pos[i] * R, sv->lat + a * R, sizeof(float) * (size_t)((e - a) * R));
             fresh &= pos[i] == 0;
@@ -435,11 +428,11 @@ void arl_mla_layer_fwd_save(float *y, const float *x, const arl_mla_params *p,
             sparse_fwd(&B, sv, c, cu, N, T, scale);
         } else {
             for (int32_t di = 0; di < N; di++) {
-                const int64_t a = doc_lo(cu, di);
+                const int64_t a = arl_doc_lo(cu, di);
                 arl_mla_absorbed_fwd_save(sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
                                           sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r,
-                                          B.rows[di], B.p0[di], doc_hi(cu, di, T) - a, Hm, rkv, r,
-                                          scale, B.score);
+                                          B.rows[di], B.p0[di], arl_doc_hi(cu, di, T) - a, Hm, rkv,
+                                          r, scale, B.score);
             }
         }
         arl_mla_expand_o(sv->o, sv->ohat, p->kv_b, T, Hm, n, vm, rkv);
@@ -521,13 +514,13 @@ void arl_mla_layer_bwd(float *dx, const arl_mla_params *gp, const float *dy, con
             sparse_bwd(&B, sv, c, cu, N, T, scale, caches ? dprefix : NULL);
         } else {
             for (int32_t di = 0; di < N; di++) {
-                const int64_t a = doc_lo(cu, di);
+                const int64_t a = arl_doc_lo(cu, di);
                 arl_mla_absorbed_bwd(B.dqhat + a * Hm * rkv, B.dq_pe + a * Hm * r, B.dlat + a * R,
-                                     caches && dprefix ? dprefix[di] : NULL,
-                                     B.dohat + a * Hm * rkv, sv->ohat + a * Hm * rkv,
-                                     sv->lse + a * Hm, sv->qhat + a * Hm * rkv,
-                                     sv->q_pe + a * Hm * r, B.rows[di], B.p0[di],
-                                     doc_hi(cu, di, T) - a, Hm, rkv, r, scale, B.score);
+                                     caches && dprefix ? dprefix[di] : NULL, B.dohat + a * Hm * rkv,
+                                     sv->ohat + a * Hm * rkv, sv->lse + a * Hm,
+                                     sv->qhat + a * Hm * rkv, sv->q_pe + a * Hm * r, B.rows[di],
+                                     B.p0[di], arl_doc_hi(cu, di, T) - a, Hm, rkv, r, scale,
+                                     B.score);
             }
         }
         for (int64_t t = 0; t < T; t++) {

@@ -13,6 +13,7 @@
 #include "core/assert.h"
 #include "kernels/kernels.h"
 #include "policy/attnres.h"
+#include "policy/docs.h"
 #include "policy/kda.h"
 #include "policy/vision.h"
 
@@ -578,7 +579,7 @@ void arl_batch_next_token_targets(int32_t *targets, const int32_t *tokens, const
                                   int32_t N, int64_t T) {
     if (!cu) N = 1;
     for (int32_t i = 0; i < N; i++) {
-        int64_t a = cu ? cu[i] : 0, e = cu ? cu[i + 1] : T;
+        int64_t a = arl_doc_lo(cu, i), e = arl_doc_hi(cu, i, T);
         for (int64_t t = a; t < e; t++)
             targets[t] = t + 1 < e ? tokens[t + 1] : -1;
     }

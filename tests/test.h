@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -215,6 +216,33 @@ static inline const char *test_tmpdir(const char *tag) {
         test_tmpdir_pid_ = getpid();
     }
     return buf;
+}
+
+/* Runs the shell command cmd with its standard error sent to the file err_path; its standard
+ * output (at most cap - 1 bytes) into out, NUL-terminated.  Returns the exit status, or -1 if
+ * it could not run or did not exit. */
+static inline int test_run_cmd(const char *cmd, const char *err_path, char *out, size_t cap) {
+    char full[4096];
+    snprintf(full, sizeof full, "%s 2>%s", cmd, err_path);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t n = 0, r;
+    while (n + 1 < cap && (r = fread(out + n, 1, cap - 1 - n, p)) > 0)
+        n += r;
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Whether the first 8 KiB of the file at path hold needle (0 when it cannot be read). */
+static inline int test_file_has(const char *path, const char *needle) {
+    char buf[8192];
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return strstr(buf, needle) != NULL;
 }
 
 #endif

@@ -27,27 +27,15 @@ static const char *BIN;
 static char DIR_[512], CKPT[600];
 
 static int run(const char *cmd, char *out, size_t cap) {
-    char full[4096];
-    snprintf(full, sizeof full, "%s 2>%s/stderr.txt", cmd, DIR_);
-    FILE *p = popen(full, "r");
-    if (!p) return -1;
-    size_t n = 0, r;
-    while (n + 1 < cap && (r = fread(out + n, 1, cap - 1 - n, p)) > 0)
-        n += r;
-    out[n] = 0;
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    char err[600];
+    snprintf(err, sizeof err, "%s/stderr.txt", DIR_);
+    return test_run_cmd(cmd, err, out, cap);
 }
 
 static int stderr_has(const char *needle) {
-    char path[600], buf[8192];
+    char path[600];
     snprintf(path, sizeof path, "%s/stderr.txt", DIR_);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return strstr(buf, needle) != NULL;
+    return test_file_has(path, needle);
 }
 
 /* The gradient file at path against the reference G: every tensor under its name, F32, in
