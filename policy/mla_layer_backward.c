@@ -229,6 +229,41 @@ void arl_mla_absorbed_fwd_save(float *ohat, float *lse, const float *qhat, const
     arl_k_parallel_for(Hm, 1, abs_fwd_heads, &A);
 }
 
+/* Rows [i0, i1) of a query block of the absorbed backward, each on its own (any split, the same
+ * bits).  Pass 0: P = exp(S - lse) on the causal rows (0 beyond), D = dohat . ohat (rowsum of
+ * dA * A); pass 1, after dP = dohat C^T: dP = P (dP - D). */
+typedef struct abs_bwd_rows_args {
+    float *P, *dP, *D;
+    const float *dOb, *Ob, *lse; /* the block's first query: lse[i * Hm] is query i's */
+    int64_t lim0, m, Hm, rkv;    /* lim0: the last row query 0 sees */
+    int pass;
+} abs_bwd_rows_args;
+
+/* Work of one exp in multiply-adds (kernels/threadpool.h's unit): tens of cycles, against a
+ * GEMM's 16 multiply-adds a cycle. */
+#define ABS_EXP_WORK 64
+
+static void abs_bwd_rows(void *vctx, int64_t i0, int64_t i1) {
+    const abs_bwd_rows_args *X = vctx;
+    const int64_t m = X->m, ld = X->Hm * X->rkv;
+    for (int64_t i = i0; i < i1; i++) {
+        float *P = X->P + i * m, *dP = X->dP + i * m;
+        if (X->pass == 1) {
+            for (int64_t j = 0; j < m; j++)
+                dP[j] = P[j] * (dP[j] - X->D[i]);
+            continue;
+        }
+        const int64_t lim = X->lim0 + i;
+        const float l = X->lse[i * X->Hm];
+        for (int64_t j = 0; j < m; j++)
+            P[j] = j <= lim ? expf(P[j] - l) : 0.0f;
+        float acc = 0.0f;
+        for (int64_t j = 0; j < X->rkv; j++)
+            acc += X->dOb[i * ld + j] * X->Ob[i * ld + j];
+        X->D[i] = acc;
+    }
+}
+
 void arl_mla_absorbed_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefix,
                           const float *dohat, const float *ohat, const float *lse,
                           const float *qhat, const float *q_pe, const float *rows, int64_t p0,
@@ -243,21 +278,13 @@ void arl_mla_absorbed_bwd(float *dqhat, float *dq_pe, float *dnew, float *dprefi
             const float *dOb = dohat + (t0 * Hm + h) * rkv, *Ob = ohat + (t0 * Hm + h) * rkv;
             const float *Qb = qhat + (t0 * Hm + h) * rkv, *Qp = q_pe + (t0 * Hm + h) * r;
             abs_scores(&A, h, t0, nq, m, P);
-            for (int64_t i = 0; i < nq; i++) {
-                int64_t lim = p0 + q0 + i;
-                float l = lse[(t0 + i) * Hm + h];
-                for (int64_t j = 0; j < m; j++)
-                    P[i * m + j] = j <= lim ? expf(P[i * m + j] - l) : 0.0f;
-                float acc = 0.0f; /* rowsum(dA * A) = dohat . ohat */
-                for (int64_t j = 0; j < rkv; j++)
-                    acc += dOb[i * Hm * rkv + j] * Ob[i * Hm * rkv + j];
-                D[i] = acc;
-            }
+            abs_bwd_rows_args R2 = {P, dP, D, dOb, Ob, lse + t0 * Hm + h, p0 + q0, m, Hm, rkv, 0};
+            const int64_t grain = arl_k_work_grain(m * ABS_EXP_WORK + rkv);
+            arl_k_parallel_for(nq, grain, abs_bwd_rows, &R2);
             arl_k_gemm(ARL_K_NOTRANS, ARL_K_TRANS, nq, m, rkv, 1.0f, dOb, Hm * rkv, rows, R, 0.0f,
                        dP, m);
-            for (int64_t i = 0; i < nq; i++)
-                for (int64_t j = 0; j < m; j++)
-                    dP[i * m + j] = P[i * m + j] * (dP[i * m + j] - D[i]);
+            R2.pass = 1;
+            arl_k_parallel_for(nq, grain, abs_bwd_rows, &R2);
             arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, rkv, m, scale, dP, m, rows, R, 1.0f,
                        dqhat + (t0 * Hm + h) * rkv, Hm * rkv);
             arl_k_gemm(ARL_K_NOTRANS, ARL_K_NOTRANS, nq, r, m, scale, dP, m, rows + rkv, R, 1.0f,
