@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/assert.h"
+#include "core/dirlock.h"
 #include "core/file.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -337,6 +338,7 @@ typedef struct sft_run {
     char run_sha[ARL_SHA256_HEX_CHARS];
     int progress_line; /* 1: carriage-return line; 0: plain lines; -1: none */
     int line_open;     /* a carriage-return line is on the terminal */
+    arl_dirlock lock;  /* the output directory's (core/dirlock.h) */
 } sft_run;
 
 static void log_data_stats(FILE *log, const char *what, const arl_sft_data *d) {
@@ -447,6 +449,8 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     resolved.optim.total_steps = r->optim.total_steps;
     ARL_TRY(run_hash(&resolved, r->run_sha));
     ARL_TRY(mkdirs(c->out));
+    /* one process in the directory (a second --resume of a running run, say) */
+    ARL_TRY(arl_dirlock_take(&r->lock, c->out, "sft"));
     snprintf(r->out_ckpt, sizeof r->out_ckpt, "%s/checkpoints", c->out);
 
     /* state */
@@ -529,6 +533,7 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
 }
 
 static void teardown(sft_run *r) {
+    arl_dirlock_release(&r->lock);
     if (r->ops && r->ws) r->ops->destroy(r->ws);
     if (r->metrics) fclose(r->metrics);
     arl_sft_batch_free(&r->batch);
@@ -631,6 +636,7 @@ arl_status arl_sft_run(const arl_sft_config *c, const arl_sft_model_ops *ops, in
     ARL_TRY(arl_sft_config_check(c));
     sft_run r;
     memset(&r, 0, sizeof r);
+    r.lock.fd = -1;
     r.c = c;
     r.ops = ops;
     r.log = log;

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/dirlock.h"
 #include "core/file.h"
 #include "core/log.h"
 #include "core/sha256.h"
@@ -499,6 +500,7 @@ typedef struct tr_run {
     int64_t tokens; /* tokens trained on (all updates) */
     double last_lr;
     double t0;
+    arl_dirlock lock; /* rank 0: the output directory's (core/dirlock.h) */
 } tr_run;
 
 static double now_s(void) {
@@ -1437,6 +1439,7 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
 /* ---- setup and the whole run ---- */
 
 static void run_free(tr_run *r) {
+    arl_dirlock_release(&r->lock);
     arl_learner_free(r->lr);
     if (r->have_opt) arl_adamw_free(&r->opt);
     if (r->have_params) {
@@ -1476,6 +1479,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->rank0 = d->layout.world_rank == 0;
     r->log = log;
     r->t0 = now_s();
+    r->lock.fd = -1;
     r->B = c->tasks_per_update;
     r->G = c->rollout.group_size;
     r->R = d->layout.n_rollout;
@@ -1494,6 +1498,8 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     if (r->rank0) {
         s = mkdir_p(c->out);
         if (!s && !realpath(c->out, r->out)) snprintf(r->out, sizeof r->out, "%s", c->out);
+        /* one process in the directory (a second --resume of a running run, say) */
+        if (!s) s = arl_dirlock_take(&r->lock, r->out, "train");
         int64_t st1 = -1, st2 = -1;
         char p1[4200], p2[4200];
         pathf(p1, sizeof p1, r, "checkpoints");
@@ -1517,8 +1523,12 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
             fflush(log);
         }
     }
-    ARL_TRY(sync_status(r, s));
-    ARL_TRY(arl_dist_bcast_bytes(d->world, r->out, sizeof r->out, 0));
+    s = sync_status(r, s);
+    if (!s) s = arl_dist_bcast_bytes(d->world, r->out, sizeof r->out, 0);
+    if (s) {
+        run_free(r);
+        return s;
+    }
     /* model, configuration of the objective */
     if (c->model)
         s = arl_model_config_load(c->model, &r->mcfg);

@@ -4,7 +4,8 @@
  * resume").  A micro experiment (tiny model, SFT warm start of two steps, two updates of two
  * tasks x two samples, one held-out episode) keeps each run to seconds; the kill lands anywhere
  * from the SFT stage to the final report.  The random delay is printed (and can be fixed with
- * ARL_TEST_KILL_MS) so that a failure can be replayed. */
+ * ARL_TEST_KILL_MS) so that a failure can be replayed.  A second process started in a running
+ * run's directory is refused (core/dirlock.h) and disturbs nothing. */
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -74,6 +75,20 @@ static int files_equal(const char *a, const char *b) {
     if (fa) fclose(fa);
     if (fb) fclose(fb);
     return eq;
+}
+
+/* The end state of run b (final weights and moments, reference, held-out results) is that of
+ * run a, bit for bit. */
+static void same_end_state(const char *a, const char *b) {
+    static const char *files[] = {"checkpoints/step-00000004/model.safetensors",
+                                  "checkpoints/step-00000004/optimizer.safetensors",
+                                  "reference/model.safetensors", "eval.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char pa[900], pb[900];
+        snprintf(pa, sizeof pa, "%s/%s", a, files[i]);
+        snprintf(pb, sizeof pb, "%s/%s", b, files[i]);
+        CHECK_MSG(files_equal(pa, pb), "%s: %s differs from %s", files[i], b, a);
+    }
 }
 
 /* Seeds of the tasks update n consumed, from its store's ledger; returns the count. */
@@ -154,16 +169,7 @@ static void test_kill_resume(void) {
     int rc = wait_exit(pid);
     fprintf(stderr, "  killed run exited with %d\n", rc);
     CHECK_EQ_INT(wait_exit(start(b, 1)), 0);
-    /* bit-identical end state */
-    static const char *files[] = {"checkpoints/step-00000004/model.safetensors",
-                                  "checkpoints/step-00000004/optimizer.safetensors",
-                                  "reference/model.safetensors", "eval.json"};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        char pa[900], pb[900];
-        snprintf(pa, sizeof pa, "%s/%s", a, files[i]);
-        snprintf(pb, sizeof pb, "%s/%s", b, files[i]);
-        CHECK_MSG(files_equal(pa, pb), "%s differs between the runs", files[i]);
-    }
+    same_end_state(a, b);
     /* every task once: update n consumed exactly the tasks with seeds 2n and 2n + 1 */
     for (int n = 0; n < 2; n++) {
         long long seeds[8];
@@ -183,6 +189,62 @@ static void test_kill_resume(void) {
         CHECK_EQ_INT(steps[i], i);
 }
 
+/* The holder's pid from OUT/run.lock once it is there (the lock is taken, core/dirlock.h), or -1
+ * after 30 s. */
+static long lock_pid(const char *out) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/run.lock", out);
+    for (int i = 0; i < 3000; i++) {
+        FILE *f = fopen(p, "r");
+        long pid = -1;
+        if (f) {
+            if (fscanf(f, "%ld", &pid) != 1) pid = -1;
+            fclose(f);
+        }
+        if (pid > 0) return pid;
+        struct timespec ts = {0, 10000000L};
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+/* A second process in a running run's directory (`--resume` while it runs) is refused at once
+ * with the holder's pid, writes nothing, and the running one ends as an uninterrupted run does
+ * (the same bits); once it has ended, --resume finds the run finished. */
+static void test_second_process_refused(void) {
+    if (!getenv("ARL_BIN")) {
+        fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
+        return;
+    }
+    char a[600], c[600], logp[700];
+    snprintf(a, sizeof a, "%s/uninterrupted", tmp);
+    snprintf(c, sizeof c, "%s/busy", tmp);
+    snprintf(logp, sizeof logp, "%s.log", c);
+    struct stat sb;
+    if (stat(a, &sb)) CHECK_EQ_INT(wait_exit(start(a, 0)), 0); /* made by test_kill_resume */
+    pid_t first = start(c, 0);
+    const long holder = lock_pid(c);
+    CHECK_EQ_INT(holder, first);
+    const long before = stat(logp, &sb) ? 0 : (long)sb.st_size;
+    CHECK_EQ_INT(wait_exit(start(c, 1)), 1);
+    char msg[120];
+    snprintf(msg, sizeof msg, "is in use by another process (pid %ld)", (long)first);
+    FILE *f = fopen(logp, "r"); /* both runs log there: the refusal after `before` bytes */
+    char buf[4096] = "";
+    if (f) {
+        fseek(f, before, SEEK_SET);
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        fclose(f);
+    }
+    CHECK_MSG(strstr(buf, msg) != NULL, "the refused run's output: %s", buf);
+    CHECK_EQ_INT(wait_exit(first), 0);
+    same_end_state(a, c);
+    int steps[16];
+    CHECK_EQ_INT(metric_steps(c, steps, 16), 2);
+    CHECK_EQ_INT(wait_exit(start(c, 1)), 0); /* free again: the finished run resumes to its end */
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("learner-resume"));
     snprintf(exp_path, sizeof exp_path, "%s/micro.json", tmp);
@@ -191,5 +253,6 @@ int main(void) {
     fputs(micro, f);
     fclose(f);
     TEST_RUN(test_kill_resume);
+    TEST_RUN(test_second_process_refused);
     return test_finish();
 }

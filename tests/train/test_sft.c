@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/dirlock.h"
 #include "core/rng.h"
 #include "experiments/sft.h"
 #include "policy/checkpoint.h"
@@ -396,6 +397,30 @@ static void test_init_from_checkpoint(void) {
     CHECK(l[0] < 1.0);
 }
 
+/* A directory another run holds (core/dirlock.h; here this process, as a second `agentrl sft
+ * --resume` beside a running one would find it) is refused with ARL_ERR_BUSY before anything is
+ * written; free again, the same run goes on. */
+static void test_busy_dir(void) {
+    char out[1024], p[1200];
+    snprintf(out, sizeof out, "%s/run_busy", g_dir);
+    CHECK(mkdir(out, 0755) == 0);
+    arl_dirlock held;
+    CHECK(arl_dirlock_take(&held, out, "test") == ARL_OK);
+    arl_sft_result r;
+    CHECK(run_dir(out, 1, NULL, NULL, &r, NULL) == ARL_ERR_BUSY);
+    CHECK_MSG(strstr(arl_error_msg(), "in use by another process") != NULL, "message: %s",
+              arl_error_msg());
+    arl_error_clear();
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/checkpoints", out);
+    CHECK(stat(p, &sb) != 0);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    CHECK(stat(p, &sb) != 0);
+    arl_dirlock_release(&held);
+    CHECK_MSG(run_dir(out, 1, NULL, NULL, &r, NULL) == ARL_OK, "%s", arl_error_msg());
+    CHECK_EQ_INT(r.step, STEPS);
+}
+
 static void check_resumed_equals_a(const char *out) {
     double l[STEPS];
     int n_eval;
@@ -478,6 +503,7 @@ int main(int argc, char **argv) {
     TEST_RUN(test_config);
     TEST_RUN(test_train_and_determinism);
     TEST_RUN(test_init_from_checkpoint);
+    TEST_RUN(test_busy_dir);
     TEST_RUN(test_kill_after_step_resume);
     TEST_RUN(test_kill_anytime_resume);
     free(g_params_a);
