@@ -630,6 +630,31 @@ static void step_dir(char *out, size_t cap, const char *root, int64_t step) {
     snprintf(out, cap, "%s/" STEP_PREFIX "%08lld", root, (long long)step);
 }
 
+int arl_train_ckpt_damaged(arl_status s) {
+    return s == ARL_ERR_FORMAT || s == ARL_ERR_CORRUPT || s == ARL_ERR_SHAPE ||
+           s == ARL_ERR_NOT_FOUND;
+}
+
+arl_status arl_train_ckpt_set_aside(const char *dir, char *moved, size_t cap) {
+    const char *slash = strrchr(dir, '/');
+    const char *name = slash ? slash + 1 : dir;
+    const int root_len = slash ? (int)(slash - dir) : 0;
+    struct stat sb;
+    for (int k = 0; k < 1000; k++) {
+        int n =
+            k == 0 ? snprintf(moved, cap, "%.*s%sdamaged-%s", root_len, dir, slash ? "/" : "", name)
+                   : snprintf(moved, cap, "%.*s%sdamaged-%s.%d", root_len, dir, slash ? "/" : "",
+                              name, k);
+        if (n < 0 || (size_t)n >= cap)
+            return arl_errorf(ARL_ERR_ARG, "%s: path too long to set the checkpoint aside", dir);
+        if (lstat(moved, &sb) == 0) continue;
+        if (rename(dir, moved) == 0) return ARL_OK;
+        return arl_errorf(ARL_ERR_IO, "%s: cannot move the damaged checkpoint to %s: %s", dir,
+                          moved, strerror(errno));
+    }
+    return arl_errorf(ARL_ERR_IO, "%s: no free name to set the damaged checkpoint aside", dir);
+}
+
 arl_status arl_train_ckpt_latest(const char *root, char *path, size_t cap, int64_t *step) {
     int64_t *steps, n;
     ARL_TRY(arl_train_ckpt_list(root, &steps, &n));

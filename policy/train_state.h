@@ -137,6 +137,17 @@ arl_status arl_train_ckpt_list(const char *root, int64_t **steps, int64_t *n);
 arl_status arl_train_ckpt_load(const char *dir, const arl_model_config *cfg, const char *run_sha256,
                                arl_model_params *params, arl_adamw *opt, arl_train_state *st);
 
+/* Whether a failure s of arl_train_ckpt_load means that the checkpoint's own files are damaged
+ * (truncated, malformed, a checksum or a shape off, a file missing) - as against a checkpoint of
+ * another model or run configuration, a newer version, or a failure to read. */
+int arl_train_ckpt_damaged(arl_status s);
+
+/* Move the checkpoint directory dir (ROOT/step-N) aside, to ROOT/damaged-step-N (or
+ * damaged-step-N.K, the first K free), which arl_train_ckpt_list no longer lists, so that a
+ * resume continues from the checkpoint before it and the run saves step N again.  Its new path
+ * into moved (cap bytes). */
+arl_status arl_train_ckpt_set_aside(const char *dir, char *moved, size_t cap);
+
 /* Write len bytes to path atomically (temp file in the same directory, fsync, rename, fsync
  * of the directory). */
 arl_status arl_write_file_atomic(const char *path, const void *data, size_t len);

@@ -5,7 +5,8 @@
  * tasks x two samples, one held-out episode) keeps each run to seconds; the kill lands anywhere
  * from the SFT stage to the final report.  The random delay is printed (and can be fixed with
  * ARL_TEST_KILL_MS) so that a failure can be replayed.  A second process started in a running
- * run's directory is refused (core/dirlock.h) and disturbs nothing. */
+ * run's directory is refused (core/dirlock.h) and disturbs nothing; a damaged newest
+ * checkpoint is set aside and the run resumes from the one before it. */
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -245,6 +246,44 @@ static void test_second_process_refused(void) {
     CHECK_EQ_INT(wait_exit(start(c, 1)), 0); /* free again: the finished run resumes to its end */
 }
 
+/* A finished run whose newest checkpoint is damaged (its optimizer file cut short) resumes from
+ * the one before it: the damaged one is moved to damaged-step-00000004, the last update is done
+ * again from its stored rollouts (the ledger had committed it), and the run ends bit-identical
+ * to the uninterrupted one, each task consumed once. */
+static void test_damaged_checkpoint(void) {
+    if (!getenv("ARL_BIN")) {
+        fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
+        return;
+    }
+    char a[600], e[600], cmd[1400], p[900];
+    snprintf(a, sizeof a, "%s/uninterrupted", tmp);
+    snprintf(e, sizeof e, "%s/damaged", tmp);
+    struct stat sb;
+    if (stat(a, &sb)) CHECK_EQ_INT(wait_exit(start(a, 0)), 0); /* made by test_kill_resume */
+    snprintf(cmd, sizeof cmd, "cp -a '%s' '%s' && rm -f '%s/run.lock'", a, e, e);
+    CHECK_EQ_INT(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/checkpoints/step-00000004/optimizer.safetensors", e);
+    CHECK(truncate(p, 64) == 0);
+    CHECK_EQ_INT(wait_exit(start(e, 1)), 0);
+    snprintf(p, sizeof p, "%s/checkpoints/damaged-step-00000004", e);
+    CHECK(stat(p, &sb) == 0);
+    snprintf(p, sizeof p, "%s.log", e);
+    FILE *f = fopen(p, "r");
+    char buf[65536] = "";
+    if (f) {
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        fclose(f);
+    }
+    CHECK_MSG(strstr(buf, "is damaged") && strstr(buf, "resuming after update 1"), "log: %s", buf);
+    same_end_state(a, e);
+    for (int n = 0; n < 2; n++) {
+        long long seeds[8];
+        int nc = 0;
+        CHECK_EQ_INT(consumed_seeds(e, n, seeds, 8, &nc), 2);
+    }
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("learner-resume"));
     snprintf(exp_path, sizeof exp_path, "%s/micro.json", tmp);
@@ -254,5 +293,6 @@ int main(void) {
     fclose(f);
     TEST_RUN(test_kill_resume);
     TEST_RUN(test_second_process_refused);
+    TEST_RUN(test_damaged_checkpoint);
     return test_finish();
 }

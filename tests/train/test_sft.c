@@ -451,6 +451,29 @@ static void test_kill_after_step_resume(void) {
     check_resumed_equals_a(out);
 }
 
+/* A finished run whose newest checkpoint (120) is damaged - its weights file cut short -
+ * resumes from the one before it (110): the damaged one is moved to damaged-step-00000120 and
+ * the run ends as run A did.  A checkpoint refused for another reason (a changed setting) is
+ * left where it is. */
+static void test_damaged_checkpoint_resume(void) {
+    char out[1024], p[1200];
+    snprintf(out, sizeof out, "%s/run_damaged", g_dir);
+    arl_sft_result r;
+    CHECK(run_dir(out, 0, NULL, NULL, &r, NULL) == ARL_OK);
+    CHECK(run_dir(out, 1, "lr=0.5", NULL, &r, NULL) == ARL_ERR_CONFIG); /* not damage */
+    arl_error_clear();
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/checkpoints/damaged-step-00000120", out);
+    CHECK(stat(p, &sb) != 0);
+    snprintf(p, sizeof p, "%s/checkpoints/step-00000120/model.safetensors", out);
+    CHECK(truncate(p, 100) == 0);
+    CHECK_MSG(run_dir(out, 1, NULL, NULL, &r, NULL) == ARL_OK, "%s", arl_error_msg());
+    CHECK_EQ_INT(r.resumed_from, 110);
+    snprintf(p, sizeof p, "%s/checkpoints/damaged-step-00000120/model.safetensors", out);
+    CHECK(stat(p, &sb) == 0 && sb.st_size == 100);
+    check_resumed_equals_a(out);
+}
+
 /* Killed by the parent at an arbitrary moment (checkpoints every 10 steps are being written
    all the time), resumed in a second process. */
 static void test_kill_anytime_resume(void) {
@@ -506,6 +529,7 @@ int main(int argc, char **argv) {
     TEST_RUN(test_busy_dir);
     TEST_RUN(test_kill_after_step_resume);
     TEST_RUN(test_kill_anytime_resume);
+    TEST_RUN(test_damaged_checkpoint_resume);
     free(g_params_a);
     int rc = test_finish();
     if (rc == 0) nftw(g_dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); /* keep it for a failure */
