@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 arl_status arl_file_read(const char *path, size_t max, char **out, size_t *len) {
     *out = NULL;
@@ -46,5 +47,25 @@ arl_status arl_file_read(const char *path, size_t max, char **out, size_t *len) 
     buf[n] = 0;
     *out = buf;
     if (len) *len = n;
+    return ARL_OK;
+}
+
+arl_status arl_mkdir_p(const char *path) {
+    char buf[4096];
+    const size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) return arl_errorf(ARL_ERR_ARG, "bad directory path '%s'", path);
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != 0) continue;
+        const char c = buf[i];
+        buf[i] = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
+                              "%s: cannot create directory: %s", buf, strerror(errno));
+        buf[i] = c;
+    }
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return arl_errorf(ARL_ERR_IO, "%s: not a directory", path);
     return ARL_OK;
 }

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "core/assert.h"
+#include "core/file.h"
 #include "core/log.h"
 
 #define METRICS_MAX_DEPTH 8 /* nesting levels flattened; deeper values are skipped */
@@ -658,27 +659,6 @@ static arl_status csv_cb(const void *ctx, FILE *f) {
 
 arl_status arl_metrics_write_csv(const arl_metrics *m, const char *path) {
     return write_atomic(path, csv_cb, m);
-}
-
-static arl_status mkdirs(const char *path) {
-    char buf[4096];
-    if (strlen(path) >= sizeof buf) return arl_errorf(ARL_ERR_ARG, "%s: path too long", path);
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return arl_errorf(ARL_ERR_IO, "%s: cannot create directory: %s", buf,
-                                  strerror(errno));
-            *p = c;
-            if (!c) break;
-        }
-    }
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return arl_errorf(ARL_ERR_IO, "%s: not a directory", path);
-    return ARL_OK;
 }
 
 static arl_status path_join(char *buf, size_t cap, const char *dir, const char *name) {
@@ -1349,9 +1329,9 @@ arl_status arl_report_write(const arl_metrics *m, const char *out_dir, const arl
                               "'-', a title and patterns (got name \"%s\")",
                               (int)g, groups[g].name ? groups[g].name : "(null)");
     char path[4096], plots[4096];
-    ARL_TRY(mkdirs(out_dir));
+    ARL_TRY(arl_mkdir_p(out_dir));
     ARL_TRY(path_join(plots, sizeof plots, out_dir, "plots"));
-    ARL_TRY(mkdirs(plots));
+    ARL_TRY(arl_mkdir_p(plots));
     ARL_TRY(path_join(path, sizeof path, out_dir, "metrics.csv"));
     ARL_TRY(arl_metrics_write_csv(m, path));
 
@@ -1463,7 +1443,7 @@ arl_status arl_report_generate(const char *run_dir, const char *out_dir, const c
     arl_metrics *m = NULL;
     ARL_TRY(arl_metrics_read(mpath, &m));
     if (stats) *stats = m->st;
-    arl_status s = mkdirs(out_dir);
+    arl_status s = arl_mkdir_p(out_dir);
     /* a separate output folder gets copies of the inputs */
     char *rin = s == ARL_OK ? realpath(run_dir, NULL) : NULL;
     char *rout = s == ARL_OK ? realpath(out_dir, NULL) : NULL;

@@ -185,22 +185,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static arl_status mkdirs(const char *path) {
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf) return arl_errorf(ARL_ERR_ARG, "bad directory '%s'", path);
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != 0) continue;
-        char ch = buf[i];
-        buf[i] = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return arl_errorf(ARL_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
-        buf[i] = ch;
-    }
-    return ARL_OK;
-}
-
 /* The chat template of a model config: byte-level ids with the config's special ids. */
 static arl_status template_for(const arl_model_config *cfg, arl_chat_template *t) {
     arl_chat_template_default(t);
@@ -448,7 +432,7 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     arl_sft_config resolved = *c; /* shallow: only read */
     resolved.optim.total_steps = r->optim.total_steps;
     ARL_TRY(run_hash(&resolved, r->run_sha));
-    ARL_TRY(mkdirs(c->out));
+    ARL_TRY(arl_mkdir_p(c->out));
     /* one process in the directory (a second --resume of a running run, say) */
     ARL_TRY(arl_dirlock_take(&r->lock, c->out, "sft"));
     snprintf(r->out_ckpt, sizeof r->out_ckpt, "%s/checkpoints", c->out);

@@ -428,21 +428,6 @@ static int path_exists(const char *p) {
     return stat(p, &sb) == 0;
 }
 
-static arl_status mkdir_p(const char *path) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0777) && errno != EEXIST)
-            return arl_errorf(ARL_ERR_IO, "train: cannot create %s: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0777) && errno != EEXIST)
-        return arl_errorf(ARL_ERR_IO, "train: cannot create %s: %s", buf, strerror(errno));
-    return ARL_OK;
-}
-
 static int rm_tree(const char *path) {
     DIR *d = opendir(path);
     if (!d) return remove(path);
@@ -895,7 +880,7 @@ static arl_status save_policy(tr_run *r, int64_t version) {
     if (!path_exists(cfgp)) {
         char parent[4200];
         pathf(parent, sizeof parent, r, "policy");
-        ARL_TRY(mkdir_p(parent));
+        ARL_TRY(arl_mkdir_p(parent));
         if (path_exists(dir)) rm_tree(dir); /* a partial save */
         ARL_TRY(arl_checkpoint_save(dir, &r->mcfg, &r->params, 0));
     }
@@ -913,7 +898,7 @@ static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
     const arl_train_config *c = r->c;
     char dir[4200], demos[4300], done[4300];
     pathf(dir, sizeof dir, r, "sft");
-    ARL_TRY(mkdir_p(dir));
+    ARL_TRY(arl_mkdir_p(dir));
     snprintf(demos, sizeof demos, "%s/demos.jsonl", dir);
     snprintf(done, sizeof done, "%s/demos.done", dir);
     const char *env = builtin_name(c->rollout.env);
@@ -1077,7 +1062,7 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
         char root[4300], tasks[4300];
         snprintf(root, sizeof root, "%s/r%lld", dir, (long long)ri);
         snprintf(tasks, sizeof tasks, "%s/tasks-r%lld.jsonl", dir, (long long)ri);
-        s = mkdir_p(dir);
+        s = arl_mkdir_p(dir);
         arl_rollout_stats rs;
         if (!s)
             s = rollout_store(r, root, tasks, uid, 1, ri * E / R, (ri + 1) * E / R, version, ckpt,
@@ -1313,7 +1298,7 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
     pathf(udir, sizeof udir, r, "replay/u%06lld", (long long)n);
     snprintf(uid, sizeof uid, "%s-u%06lld", r->c->rollout.run_uid, (long long)n);
     arl_status s = r->rank0 ? save_policy(r, n) : ARL_OK;
-    if (!s && r->rank0) s = mkdir_p(udir);
+    if (!s && r->rank0) s = arl_mkdir_p(udir);
     ARL_TRY(sync_status(r, s));
     /* rollout */
     arl_rollout_stats rs;
@@ -1559,7 +1544,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     arl_status s = ARL_OK;
     /* output directory and the resume rule */
     if (r->rank0) {
-        s = mkdir_p(c->out);
+        s = arl_mkdir_p(c->out);
         if (!s && !realpath(c->out, r->out)) snprintf(r->out, sizeof r->out, "%s", c->out);
         /* one process in the directory (a second --resume of a running run, say) */
         if (!s) s = arl_dirlock_take(&r->lock, r->out, "train");

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/assert.h"
+#include "core/file.h"
 #include "policy/checkpoint.h"
 #include "policy/safetensors.h"
 
@@ -87,25 +88,6 @@ arl_status arl_write_file_atomic(const char *path, const void *data, size_t len)
     char dir[4096];
     dir_of(path, dir, sizeof dir);
     return fsync_dir(dir);
-}
-
-static arl_status mkdir_p(const char *path) {
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf) return arl_errorf(ARL_ERR_ARG, "bad directory path '%s'", path);
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != 0) continue;
-        char c = buf[i];
-        buf[i] = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return arl_errorf(ARL_ERR_IO, "%s: cannot create directory: %s", buf, strerror(errno));
-        buf[i] = c;
-    }
-    struct stat st;
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return arl_errorf(ARL_ERR_IO, "%s: not a directory", path);
-    return ARL_OK;
 }
 
 static int rm_cb(const char *p, const struct stat *sb, int type, struct FTW *ftw) {
@@ -740,7 +722,7 @@ arl_status arl_train_ckpt_save(const char *root, const arl_model_config *cfg,
                                const arl_train_state *st, int64_t keep_last, uint64_t shard_bytes,
                                char *path_out, size_t cap) {
     ARL_ASSERT(st->step >= 0);
-    ARL_TRY(mkdir_p(root));
+    ARL_TRY(arl_mkdir_p(root));
     ARL_TRY(remove_leftovers(root));
     char tmp[4096], final[4096], path[4200];
     snprintf(tmp, sizeof tmp, "%s/" TMP_PREFIX "%08lld-XXXXXX", root, (long long)st->step);

@@ -103,9 +103,33 @@ static void test_errors(void) {
     CHECK_MSG(strstr(arl_error_msg(), "read error") != NULL, "%s", arl_error_msg());
 }
 
+/* arl_mkdir_p: parents made, an existing directory fine, a file in the way or under the path a
+ * clear error naming it, an empty path refused. */
+static void test_mkdir_p(void) {
+    const char *dir = test_tmpdir("mkdir");
+    char p[700], f[700];
+    snprintf(p, sizeof p, "%s/a/b/c", dir);
+    CHECK(arl_mkdir_p(p) == ARL_OK);
+    struct stat sb;
+    CHECK(stat(p, &sb) == 0 && S_ISDIR(sb.st_mode));
+    CHECK(arl_mkdir_p(p) == ARL_OK); /* exists */
+    snprintf(f, sizeof f, "%s/file", dir);
+    FILE *fp = fopen(f, "w");
+    CHECK(fp != NULL);
+    if (fp) fclose(fp);
+    CHECK(arl_mkdir_p(f) == ARL_ERR_IO);
+    CHECK_MSG(strstr(arl_error_msg(), "file: not a directory") != NULL, "%s", arl_error_msg());
+    snprintf(p, sizeof p, "%s/file/sub", dir);
+    CHECK(arl_mkdir_p(p) == ARL_ERR_IO);
+    CHECK_MSG(strstr(arl_error_msg(), "cannot create directory") != NULL, "%s", arl_error_msg());
+    CHECK(arl_mkdir_p("") == ARL_ERR_ARG);
+    arl_error_clear();
+}
+
 int main(void) {
     TEST_RUN(test_sizes);
     TEST_RUN(test_pipe);
     TEST_RUN(test_errors);
+    TEST_RUN(test_mkdir_p);
     return test_finish();
 }
