@@ -29,4 +29,11 @@ int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
  * ARL_EXIT_USAGE for ARL_ERR_ARG, else ARL_EXIT_FAIL. */
 int cli_fail(arl_status s);
 
+/* From here on SIGINT and SIGTERM first print, on standard error, that `agentrl COMMAND` was
+ * interrupted and the command that continues it (this one's arguments, with --resume), then
+ * end the process by that signal as before (exit status 128 + the signal): the run's checkpoints
+ * and stores are written atomically, so nothing saved is lost.  For train and sft; a signal the
+ * process ignores (a background job's SIGINT) stays ignored. */
+void cli_note_on_interrupt(const char *command, int argc, char **argv);
+
 #endif

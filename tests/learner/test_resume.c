@@ -6,7 +6,8 @@
  * from the SFT stage to the final report.  The random delay is printed (and can be fixed with
  * ARL_TEST_KILL_MS) so that a failure can be replayed.  A second process started in a running
  * run's directory is refused (core/dirlock.h) and disturbs nothing; a damaged newest
- * checkpoint is set aside and the run resumes from the one before it. */
+ * checkpoint is set aside and the run resumes from the one before it; SIGTERM prints how to
+ * continue. */
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -246,6 +247,32 @@ static void test_second_process_refused(void) {
     CHECK_EQ_INT(wait_exit(start(c, 1)), 0); /* free again: the finished run resumes to its end */
 }
 
+/* SIGTERM (or SIGINT) to a running `agentrl train`: it says it was interrupted and how to
+ * continue (its own arguments with --resume), then ends by the signal as before (143). */
+static void test_interrupt_note(void) {
+    if (!getenv("ARL_BIN")) {
+        fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
+        return;
+    }
+    char g[600], p[700], want[1400];
+    snprintf(g, sizeof g, "%s/interrupted", tmp);
+    pid_t pid = start(g, 0);
+    CHECK_EQ_INT(lock_pid(g), pid); /* running (the note is set before the lock is taken) */
+    kill(pid, SIGTERM);
+    CHECK_EQ_INT(wait_exit(pid), 128 + SIGTERM);
+    snprintf(p, sizeof p, "%s.log", g);
+    FILE *f = fopen(p, "r");
+    static char buf[1 << 16];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[n] = 0;
+    if (f) fclose(f);
+    snprintf(want, sizeof want,
+             "agentrl: interrupted: train stops here; what it saved stays. Continue with:\n"
+             "  agentrl train %s --set out=%s --set progress=plain --resume\n",
+             exp_path, g);
+    CHECK_MSG(strstr(buf, want) != NULL, "log ends: %s", n > 400 ? buf + n - 400 : buf);
+}
+
 /* A finished run whose newest checkpoint is damaged (its optimizer file cut short) resumes from
  * the one before it: the damaged one is moved to damaged-step-00000004, the last update is done
  * again from its stored rollouts (the ledger had committed it), and the run ends bit-identical
@@ -294,5 +321,6 @@ int main(void) {
     TEST_RUN(test_kill_resume);
     TEST_RUN(test_second_process_refused);
     TEST_RUN(test_damaged_checkpoint);
+    TEST_RUN(test_interrupt_note);
     return test_finish();
 }

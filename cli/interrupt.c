@@ -1,0 +1,64 @@
+/* cli/interrupt.c: what a run says when it is interrupted (cli.h cli_note_on_interrupt). */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+static char g_note[8192];
+static size_t g_note_len;
+
+static void on_interrupt(int sig) {
+    /* async-signal-safe: write(2), then the signal again with its default action (SA_RESETHAND
+     * restored it; it is blocked until this handler returns) */
+    ssize_t w = write(STDERR_FILENO, g_note, g_note_len);
+    (void)w;
+    raise(sig);
+}
+
+/* A shell word for arg: as it is when it holds only harmless characters, else single-quoted. */
+static size_t quote_arg(char *out, size_t cap, const char *arg) {
+    const int plain = *arg && strspn(arg, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                          "0123456789_./=:,+-@%") == strlen(arg);
+    size_t n = 0;
+    if (plain) return (size_t)snprintf(out, cap, " %s", arg);
+    n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, " '");
+    for (const char *p = arg; *p; p++)
+        n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, *p == '\'' ? "'\\''" : "%c", *p);
+    n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "'");
+    return n;
+}
+
+void cli_note_on_interrupt(const char *command, int argc, char **argv) {
+    size_t n = (size_t)snprintf(g_note, sizeof g_note,
+                                "\nagentrl: interrupted: %s stops here; what it saved stays. "
+                                "Continue with:\n  agentrl %s",
+                                command, command);
+    int has_resume = 0;
+    for (int i = 0; i < argc && n < sizeof g_note; i++) {
+        has_resume |= !strcmp(argv[i], "--resume");
+        n += quote_arg(g_note + n, sizeof g_note - n, argv[i]);
+    }
+    if (n < sizeof g_note)
+        n += (size_t)snprintf(g_note + n, sizeof g_note - n, "%s\n",
+                              has_resume ? "" : " --resume");
+    if (n >= sizeof g_note) { /* too long to repeat: the short form */
+        n = (size_t)snprintf(g_note, sizeof g_note,
+                             "\nagentrl: interrupted: %s stops here; what it saved stays. "
+                             "Continue with the same command and --resume.\n",
+                             command);
+    }
+    g_note_len = n;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_interrupt;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    const int sigs[2] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        sigaction(sigs[i], &sa, NULL);
+    }
+}
