@@ -79,6 +79,21 @@ static int files_equal(const char *a, const char *b) {
     return eq;
 }
 
+/* The log of run OUT (OUT.log, where start() sends its output) from byte `from` on, into buf
+ * (cap bytes, NUL-terminated; empty when it cannot be read); returns buf. */
+static char *read_log(const char *out, long from, char *buf, size_t cap) {
+    char p[900];
+    snprintf(p, sizeof p, "%s.log", out);
+    FILE *f = fopen(p, "r");
+    size_t n = 0;
+    if (f) {
+        if (fseek(f, from, SEEK_SET) == 0) n = fread(buf, 1, cap - 1, f);
+        fclose(f);
+    }
+    buf[n] = 0;
+    return buf;
+}
+
 /* The end state of run b (final weights and moments, reference, held-out results) is that of
  * run a, bit for bit. */
 static void same_end_state(const char *a, const char *b) {
@@ -231,14 +246,8 @@ static void test_second_process_refused(void) {
     CHECK_EQ_INT(wait_exit(start(c, 1)), 1);
     char msg[120];
     snprintf(msg, sizeof msg, "is in use by another process (pid %ld)", (long)first);
-    FILE *f = fopen(logp, "r"); /* both runs log there: the refusal after `before` bytes */
-    char buf[4096] = "";
-    if (f) {
-        fseek(f, before, SEEK_SET);
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        buf[n] = 0;
-        fclose(f);
-    }
+    char buf[4096]; /* both runs log there: the refusal after `before` bytes */
+    read_log(c, before, buf, sizeof buf);
     CHECK_MSG(strstr(buf, msg) != NULL, "the refused run's output: %s", buf);
     CHECK_EQ_INT(wait_exit(first), 0);
     same_end_state(a, c);
@@ -254,18 +263,14 @@ static void test_interrupt_note(void) {
         fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
         return;
     }
-    char g[600], p[700], want[1400];
+    char g[600], want[1400];
     snprintf(g, sizeof g, "%s/interrupted", tmp);
     pid_t pid = start(g, 0);
     CHECK_EQ_INT(lock_pid(g), pid); /* running (the note is set before the lock is taken) */
     kill(pid, SIGTERM);
     CHECK_EQ_INT(wait_exit(pid), 128 + SIGTERM);
-    snprintf(p, sizeof p, "%s.log", g);
-    FILE *f = fopen(p, "r");
     static char buf[1 << 16];
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    buf[n] = 0;
-    if (f) fclose(f);
+    const size_t n = strlen(read_log(g, 0, buf, sizeof buf));
     snprintf(want, sizeof want,
              "agentrl: interrupted: train stops here; what it saved stays. Continue with:\n"
              "  agentrl train %s --set out=%s --set progress=plain --resume\n",
@@ -294,14 +299,8 @@ static void test_damaged_checkpoint(void) {
     CHECK_EQ_INT(wait_exit(start(e, 1)), 0);
     snprintf(p, sizeof p, "%s/checkpoints/damaged-step-00000004", e);
     CHECK(stat(p, &sb) == 0);
-    snprintf(p, sizeof p, "%s.log", e);
-    FILE *f = fopen(p, "r");
-    char buf[65536] = "";
-    if (f) {
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
-        buf[n] = 0;
-        fclose(f);
-    }
+    static char buf[1 << 16];
+    read_log(e, 0, buf, sizeof buf);
     CHECK_MSG(strstr(buf, "is damaged") && strstr(buf, "resuming after update 1"), "log: %s", buf);
     same_end_state(a, e);
     for (int n = 0; n < 2; n++) {
