@@ -39,12 +39,12 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Start `agentrl train EXP --set out=OUT [--resume]` with output to OUT.log. */
-static pid_t start(const char *out, int resume) {
+/* Start `agentrl train EXP --set out=OUT [--resume]` with output to OUT<log>, appended. */
+static pid_t start_logged(const char *out, int resume, const char *log) {
     const char *bin = getenv("ARL_BIN");
     char setout[800], logp[800];
     snprintf(setout, sizeof setout, "out=%s", out);
-    snprintf(logp, sizeof logp, "%s.log", out);
+    snprintf(logp, sizeof logp, "%s%s", out, log);
     pid_t pid = fork();
     if (pid == 0) {
         FILE *f = freopen(logp, "a", stderr);
@@ -58,6 +58,11 @@ static pid_t start(const char *out, int resume) {
         _exit(127);
     }
     return pid;
+}
+
+/* start_logged with output to OUT.log */
+static pid_t start(const char *out, int resume) {
+    return start_logged(out, resume, ".log");
 }
 
 static int wait_exit(pid_t pid) {
@@ -79,15 +84,15 @@ static int files_equal(const char *a, const char *b) {
     return eq;
 }
 
-/* The log of run OUT (OUT.log, where start() sends its output) from byte `from` on, into buf
- * (cap bytes, NUL-terminated; empty when it cannot be read); returns buf. */
-static char *read_log(const char *out, long from, char *buf, size_t cap) {
+/* The log OUT<log> of a run (start_logged) into buf (cap bytes, NUL-terminated; empty when it
+ * cannot be read); returns buf. */
+static char *read_log(const char *out, const char *log, char *buf, size_t cap) {
     char p[900];
-    snprintf(p, sizeof p, "%s.log", out);
+    snprintf(p, sizeof p, "%s%s", out, log);
     FILE *f = fopen(p, "r");
     size_t n = 0;
     if (f) {
-        if (fseek(f, from, SEEK_SET) == 0) n = fread(buf, 1, cap - 1, f);
+        n = fread(buf, 1, cap - 1, f);
         fclose(f);
     }
     buf[n] = 0;
@@ -233,21 +238,19 @@ static void test_second_process_refused(void) {
         fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
         return;
     }
-    char a[600], c[600], logp[700];
+    char a[600], c[600];
     snprintf(a, sizeof a, "%s/uninterrupted", tmp);
     snprintf(c, sizeof c, "%s/busy", tmp);
-    snprintf(logp, sizeof logp, "%s.log", c);
     struct stat sb;
     if (stat(a, &sb)) CHECK_EQ_INT(wait_exit(start(a, 0)), 0); /* made by test_kill_resume */
     pid_t first = start(c, 0);
     const long holder = lock_pid(c);
     CHECK_EQ_INT(holder, first);
-    const long before = stat(logp, &sb) ? 0 : (long)sb.st_size;
-    CHECK_EQ_INT(wait_exit(start(c, 1)), 1);
+    CHECK_EQ_INT(wait_exit(start_logged(c, 1, ".second.log")), 1);
     char msg[120];
     snprintf(msg, sizeof msg, "is in use by another process (pid %ld)", (long)first);
-    char buf[4096]; /* both runs log there: the refusal after `before` bytes */
-    read_log(c, before, buf, sizeof buf);
+    static char buf[1 << 16]; /* the refused run's own log */
+    read_log(c, ".second.log", buf, sizeof buf);
     CHECK_MSG(strstr(buf, msg) != NULL, "the refused run's output: %s", buf);
     CHECK_EQ_INT(wait_exit(first), 0);
     same_end_state(a, c);
@@ -270,7 +273,7 @@ static void test_interrupt_note(void) {
     kill(pid, SIGTERM);
     CHECK_EQ_INT(wait_exit(pid), 128 + SIGTERM);
     static char buf[1 << 16];
-    const size_t n = strlen(read_log(g, 0, buf, sizeof buf));
+    const size_t n = strlen(read_log(g, ".log", buf, sizeof buf));
     snprintf(want, sizeof want,
              "agentrl: interrupted: train stops here; what it saved stays. Continue with:\n"
              "  agentrl train %s --set out=%s --set progress=plain --resume\n",
@@ -300,7 +303,7 @@ static void test_damaged_checkpoint(void) {
     snprintf(p, sizeof p, "%s/checkpoints/damaged-step-00000004", e);
     CHECK(stat(p, &sb) == 0);
     static char buf[1 << 16];
-    read_log(e, 0, buf, sizeof buf);
+    read_log(e, ".log", buf, sizeof buf);
     CHECK_MSG(strstr(buf, "is damaged") && strstr(buf, "resuming after update 1"), "log: %s", buf);
     same_end_state(a, e);
     for (int n = 0; n < 2; n++) {
