@@ -36,7 +36,10 @@ arl_status arl_dirlock_take(arl_dirlock *l, const char *dir, const char *who) {
     char text[32];
     const int len = snprintf(text, sizeof text, "%ld\n", (long)getpid());
     /* the pid is for messages only: a failure to record it changes nothing */
-    if (ftruncate(fd, 0) == 0 && pwrite(fd, text, (size_t)len, 0) != len) (void)0;
+    if (ftruncate(fd, 0) == 0) {
+        const ssize_t w = pwrite(fd, text, (size_t)len, 0);
+        (void)w;
+    }
     l->fd = fd;
     return ARL_OK;
 }

@@ -443,31 +443,19 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     ARL_TRY(arl_adamw_init(&r->opt, &r->mcfg, &r->optim));
     arl_train_state_init(&r->st);
 
-    char latest[4200], moved[4400];
+    char latest[4200];
     int64_t latest_step = -1;
-    arl_status ls;
-    for (;;) { /* the newest checkpoint that loads: a damaged one is set aside (train.c) */
-        ls = arl_train_ckpt_latest(r->out_ckpt, latest, sizeof latest, &latest_step);
-        if (ls != ARL_OK && ls != ARL_ERR_NOT_FOUND) return ls;
-        if (ls == ARL_OK && !resume)
-            return arl_errorf(ARL_ERR_STATE,
-                              "%s already holds a run (checkpoint %s); continue it with --resume, "
-                              "or choose another output directory",
-                              c->out, latest);
-        if (ls != ARL_OK) break;
-        arl_status e =
-            arl_train_ckpt_load(latest, &r->mcfg, r->run_sha, &r->params, &r->opt, &r->st);
-        if (!e) break;
-        if (!arl_train_ckpt_damaged(e)) return e;
-        char why[1024];
-        snprintf(why, sizeof why, "%s", arl_error_msg());
-        arl_error_clear();
-        arl_train_state_init(&r->st);
-        ARL_TRY(arl_train_ckpt_set_aside(latest, moved, sizeof moved));
-        arl_log_warn("sft: checkpoint %s is damaged (%s); moved to %s, resuming from the one "
-                     "before it",
-                     latest, why, moved);
-    }
+    arl_status ls = arl_train_ckpt_latest(r->out_ckpt, latest, sizeof latest, &latest_step);
+    if (ls != ARL_OK && ls != ARL_ERR_NOT_FOUND) return ls;
+    if (ls == ARL_OK && !resume)
+        return arl_errorf(ARL_ERR_STATE,
+                          "%s already holds a run (checkpoint %s); continue it with --resume, or "
+                          "choose another output directory",
+                          c->out, latest);
+    if (ls == ARL_OK) /* the newest that loads: a damaged one is set aside */
+        ls = arl_train_ckpt_load_newest(r->out_ckpt, &r->mcfg, r->run_sha, &r->params, &r->opt,
+                                        &r->st, 1, latest, sizeof latest, &latest_step);
+    if (ls != ARL_OK && ls != ARL_ERR_NOT_FOUND) return ls;
     if (ls == ARL_OK) {
         ARL_TRY(arl_sft_data_cursor_check(r->train, (uint64_t)c->seed, &r->st.data));
         if (r->st.extra_json) {

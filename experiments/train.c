@@ -1451,66 +1451,49 @@ static arl_status any_checkpoint(const char *root, int64_t *step) {
 }
 
 /* Load the newest training checkpoint (weights, moments, KL controller) into r; *start: the
- * updates it holds (0 without a checkpoint).  On rank 0, a checkpoint whose files are damaged
- * (policy/train_state.h arl_train_ckpt_damaged: a truncated or corrupted file) is moved aside
- * with a warning and the one before it is loaded: the run re-does the updates after it (their
- * rollouts are in the stores, the ledger says which were committed) and ends as it would have.
- * The other ranks run after rank 0 and find the damaged one gone. */
+ * updates it holds (0 without a checkpoint).  Rank 0 sets a damaged one aside and loads the one
+ * before it (arl_train_ckpt_load_newest): the run re-does the updates after it (their rollouts
+ * are in the stores, the ledger says which were committed) and ends as it would have.  The other
+ * ranks load after rank 0 and find the damaged one gone. */
 static arl_status resume_load(tr_run *r, int64_t *start, arl_train_result *res) {
-    char root[4200], dir[4300], moved[4400];
+    char root[4200], dir[4300];
     pathf(root, sizeof root, r, "checkpoints");
-    for (;;) {
-        int64_t step;
-        arl_status s = arl_train_ckpt_latest(root, dir, sizeof dir, &step);
-        if (s == ARL_ERR_NOT_FOUND) {
-            arl_error_clear();
-            return ARL_OK;
-        }
-        if (s) return s;
-        arl_train_state ts;
-        s = arl_train_ckpt_load(dir, &r->mcfg, r->run_sha, &r->params, &r->opt, &ts);
-        if (s && r->rank0 && arl_train_ckpt_damaged(s)) {
-            arl_train_state_free(&ts);
-            const char *why = arl_error_msg();
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", why);
-            arl_error_clear();
-            ARL_TRY(arl_train_ckpt_set_aside(dir, moved, sizeof moved));
-            say(r,
-                "train: warning: checkpoint %s is damaged (%s); moved to %s, resuming from the "
-                "one before it",
-                dir, msg, moved);
-            continue;
-        }
-        if (!s) {
-            json_t *x = ts.extra_json ? json_loads(ts.extra_json, 0, NULL) : NULL;
-            json_t *k = json_object_get(x, "kl");
-            json_t *u = json_object_get(x, "updates");
-            arl_klctl_state ks = {.coef = json_number_value(json_object_get(k, "coef")),
-                                  .updates = json_integer_value(json_object_get(k, "updates"))};
-            if (!json_is_object(k) || !json_is_integer(u))
-                s = arl_errorf(ARL_ERR_CORRUPT,
-                               "train: %s: train_state.json has no KL "
-                               "controller state or update count in 'extra'",
-                               dir);
-            if (!s) s = arl_klctl_state_set(&r->kl, &ks);
-            *start = json_integer_value(u);
-            json_decref(x);
-            r->tokens = ts.tokens;
-            r->last_lr = ts.lr;
-            if (!s && ts.data.index != *start * r->B)
-                s = arl_errorf(ARL_ERR_CORRUPT,
-                               "train: %s: data cursor %lld, expected %lld "
-                               "(tasks-per-update changed?)",
-                               dir, (long long)ts.data.index, (long long)(*start * r->B));
-        }
-        arl_train_state_free(&ts);
-        if (!s) {
-            res->resumed_from = *start;
-            say(r, "train: resuming after update %lld from %s", (long long)*start, dir);
-        }
-        return s;
+    int64_t step;
+    arl_train_state ts;
+    arl_status s = arl_train_ckpt_load_newest(root, &r->mcfg, r->run_sha, &r->params, &r->opt, &ts,
+                                              r->rank0, dir, sizeof dir, &step);
+    if (s == ARL_ERR_NOT_FOUND) {
+        arl_error_clear();
+        return ARL_OK;
     }
+    if (!s) {
+        json_t *x = ts.extra_json ? json_loads(ts.extra_json, 0, NULL) : NULL;
+        json_t *k = json_object_get(x, "kl");
+        json_t *u = json_object_get(x, "updates");
+        arl_klctl_state ks = {.coef = json_number_value(json_object_get(k, "coef")),
+                              .updates = json_integer_value(json_object_get(k, "updates"))};
+        if (!json_is_object(k) || !json_is_integer(u))
+            s = arl_errorf(ARL_ERR_CORRUPT,
+                           "train: %s: train_state.json has no KL "
+                           "controller state or update count in 'extra'",
+                           dir);
+        if (!s) s = arl_klctl_state_set(&r->kl, &ks);
+        *start = json_integer_value(u);
+        json_decref(x);
+        r->tokens = ts.tokens;
+        r->last_lr = ts.lr;
+        if (!s && ts.data.index != *start * r->B)
+            s = arl_errorf(ARL_ERR_CORRUPT,
+                           "train: %s: data cursor %lld, expected %lld "
+                           "(tasks-per-update changed?)",
+                           dir, (long long)ts.data.index, (long long)(*start * r->B));
+    }
+    arl_train_state_free(&ts);
+    if (!s) {
+        res->resumed_from = *start;
+        say(r, "train: resuming after update %lld from %s", (long long)*start, dir);
+    }
+    return s;
 }
 
 arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FILE *log,

@@ -16,6 +16,7 @@
 
 #include "core/assert.h"
 #include "core/file.h"
+#include "core/log.h"
 #include "policy/checkpoint.h"
 #include "policy/safetensors.h"
 
@@ -612,31 +613,6 @@ static void step_dir(char *out, size_t cap, const char *root, int64_t step) {
     snprintf(out, cap, "%s/" STEP_PREFIX "%08lld", root, (long long)step);
 }
 
-int arl_train_ckpt_damaged(arl_status s) {
-    return s == ARL_ERR_FORMAT || s == ARL_ERR_CORRUPT || s == ARL_ERR_SHAPE ||
-           s == ARL_ERR_NOT_FOUND;
-}
-
-arl_status arl_train_ckpt_set_aside(const char *dir, char *moved, size_t cap) {
-    const char *slash = strrchr(dir, '/');
-    const char *name = slash ? slash + 1 : dir;
-    const int root_len = slash ? (int)(slash - dir) : 0;
-    struct stat sb;
-    for (int k = 0; k < 1000; k++) {
-        int n =
-            k == 0 ? snprintf(moved, cap, "%.*s%sdamaged-%s", root_len, dir, slash ? "/" : "", name)
-                   : snprintf(moved, cap, "%.*s%sdamaged-%s.%d", root_len, dir, slash ? "/" : "",
-                              name, k);
-        if (n < 0 || (size_t)n >= cap)
-            return arl_errorf(ARL_ERR_ARG, "%s: path too long to set the checkpoint aside", dir);
-        if (lstat(moved, &sb) == 0) continue;
-        if (rename(dir, moved) == 0) return ARL_OK;
-        return arl_errorf(ARL_ERR_IO, "%s: cannot move the damaged checkpoint to %s: %s", dir,
-                          moved, strerror(errno));
-    }
-    return arl_errorf(ARL_ERR_IO, "%s: no free name to set the damaged checkpoint aside", dir);
-}
-
 arl_status arl_train_ckpt_latest(const char *root, char *path, size_t cap, int64_t *step) {
     int64_t *steps, n;
     ARL_TRY(arl_train_ckpt_list(root, &steps, &n));
@@ -782,4 +758,49 @@ arl_status arl_train_ckpt_load(const char *dir, const arl_model_config *cfg, con
                        dir, (long long)opt->step, (long long)st->step);
     if (s) arl_train_state_free(st);
     return s;
+}
+
+/* Whether a failure s of arl_train_ckpt_load means that the checkpoint's own files are damaged. */
+static int ckpt_damaged(arl_status s) {
+    return s == ARL_ERR_FORMAT || s == ARL_ERR_CORRUPT || s == ARL_ERR_SHAPE ||
+           s == ARL_ERR_NOT_FOUND;
+}
+
+/* Move checkpoint directory dir to damaged-<its name> beside it (.K for the first K free); the
+ * new path into moved. */
+static arl_status ckpt_set_aside(const char *dir, char *moved, size_t cap) {
+    const char *slash = strrchr(dir, '/');
+    const char *name = slash ? slash + 1 : dir;
+    const int root_len = slash ? (int)(slash - dir) : 0;
+    struct stat sb;
+    for (int k = 0; k < 1000; k++) {
+        int n =
+            k == 0 ? snprintf(moved, cap, "%.*s%sdamaged-%s", root_len, dir, slash ? "/" : "", name)
+                   : snprintf(moved, cap, "%.*s%sdamaged-%s.%d", root_len, dir, slash ? "/" : "",
+                              name, k);
+        if (n < 0 || (size_t)n >= cap)
+            return arl_errorf(ARL_ERR_ARG, "%s: path too long to set the checkpoint aside", dir);
+        if (lstat(moved, &sb) == 0) continue;
+        if (rename(dir, moved) == 0) return ARL_OK;
+        return arl_errorf(ARL_ERR_IO, "%s: cannot move the damaged checkpoint to %s: %s", dir,
+                          moved, strerror(errno));
+    }
+    return arl_errorf(ARL_ERR_IO, "%s: no free name to set the damaged checkpoint aside", dir);
+}
+
+arl_status arl_train_ckpt_load_newest(const char *root, const arl_model_config *cfg,
+                                      const char *run_sha256, arl_model_params *params,
+                                      arl_adamw *opt, arl_train_state *st, int set_aside,
+                                      char *path, size_t cap, int64_t *step) {
+    for (;;) {
+        ARL_TRY(arl_train_ckpt_latest(root, path, cap, step));
+        arl_status s = arl_train_ckpt_load(path, cfg, run_sha256, params, opt, st);
+        if (!s || !set_aside || !ckpt_damaged(s)) return s;
+        char why[1024], moved[4400];
+        snprintf(why, sizeof why, "%s", arl_error_msg());
+        arl_error_clear();
+        ARL_TRY(ckpt_set_aside(path, moved, sizeof moved));
+        arl_log_warn("checkpoint %s is damaged (%s); moved to %s, resuming from the one before it",
+                     path, why, moved);
+    }
 }

@@ -137,16 +137,18 @@ arl_status arl_train_ckpt_list(const char *root, int64_t **steps, int64_t *n);
 arl_status arl_train_ckpt_load(const char *dir, const arl_model_config *cfg, const char *run_sha256,
                                arl_model_params *params, arl_adamw *opt, arl_train_state *st);
 
-/* Whether a failure s of arl_train_ckpt_load means that the checkpoint's own files are damaged
- * (truncated, malformed, a checksum or a shape off, a file missing) - as against a checkpoint of
- * another model or run configuration, a newer version, or a failure to read. */
-int arl_train_ckpt_damaged(arl_status s);
-
-/* Move the checkpoint directory dir (ROOT/step-N) aside, to ROOT/damaged-step-N (or
- * damaged-step-N.K, the first K free), which arl_train_ckpt_list no longer lists, so that a
- * resume continues from the checkpoint before it and the run saves step N again.  Its new path
- * into moved (cap bytes). */
-arl_status arl_train_ckpt_set_aside(const char *dir, char *moved, size_t cap);
+/* Load the newest checkpoint under ROOT that loads (arl_train_ckpt_latest, then
+ * arl_train_ckpt_load): its directory into path (cap bytes), its step into *step.  With
+ * set_aside, one whose own files are damaged (truncated or malformed, a checksum or a shape off,
+ * a file missing) is moved to ROOT/damaged-step-N (or damaged-step-N.K, the first K free), which
+ * the listing no longer sees, with a warning on the log, and the one before it is tried: a resume
+ * continues from there and saves step N again.  Any other failure (another model or run
+ * configuration, a newer version, a read error; without set_aside a damaged file too) is
+ * returned and moves nothing.  ARL_ERR_NOT_FOUND when no checkpoint is (left) there. */
+arl_status arl_train_ckpt_load_newest(const char *root, const arl_model_config *cfg,
+                                      const char *run_sha256, arl_model_params *params,
+                                      arl_adamw *opt, arl_train_state *st, int set_aside,
+                                      char *path, size_t cap, int64_t *step);
 
 /* Write len bytes to path atomically (temp file in the same directory, fsync, rename, fsync
  * of the directory). */

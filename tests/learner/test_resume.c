@@ -39,6 +39,13 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* Whether $ARL_BIN names the agentrl binary the tests run (else they skip, saying so). */
+static int have_bin(void) {
+    if (getenv("ARL_BIN")) return 1;
+    fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
+    return 0;
+}
+
 /* Start `agentrl train EXP --set out=OUT [--resume]` with output to OUT<log>, appended. */
 static pid_t start_logged(const char *out, int resume, const char *log) {
     const char *bin = getenv("ARL_BIN");
@@ -162,10 +169,7 @@ static int metric_steps(const char *out, int *steps, int cap) {
 }
 
 static void test_kill_resume(void) {
-    if (!getenv("ARL_BIN")) {
-        fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
-        return;
-    }
+    if (!have_bin()) return;
     char a[600], b[600];
     snprintf(a, sizeof a, "%s/uninterrupted", tmp);
     snprintf(b, sizeof b, "%s/killed", tmp);
@@ -234,10 +238,7 @@ static long lock_pid(const char *out) {
  * with the holder's pid, writes nothing, and the running one ends as an uninterrupted run does
  * (the same bits); once it has ended, --resume finds the run finished. */
 static void test_second_process_refused(void) {
-    if (!getenv("ARL_BIN")) {
-        fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
-        return;
-    }
+    if (!have_bin()) return;
     char a[600], c[600];
     snprintf(a, sizeof a, "%s/uninterrupted", tmp);
     snprintf(c, sizeof c, "%s/busy", tmp);
@@ -262,10 +263,7 @@ static void test_second_process_refused(void) {
 /* SIGTERM (or SIGINT) to a running `agentrl train`: it says it was interrupted and how to
  * continue (its own arguments with --resume), then ends by the signal as before (143). */
 static void test_interrupt_note(void) {
-    if (!getenv("ARL_BIN")) {
-        fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
-        return;
-    }
+    if (!have_bin()) return;
     char g[600], want[1400];
     snprintf(g, sizeof g, "%s/interrupted", tmp);
     pid_t pid = start(g, 0);
@@ -286,10 +284,7 @@ static void test_interrupt_note(void) {
  * again from its stored rollouts (the ledger had committed it), and the run ends bit-identical
  * to the uninterrupted one, each task consumed once. */
 static void test_damaged_checkpoint(void) {
-    if (!getenv("ARL_BIN")) {
-        fprintf(stderr, "SKIP: ARL_BIN (the agentrl binary) is not set\n");
-        return;
-    }
+    if (!have_bin()) return;
     char a[600], e[600], cmd[1400], p[900];
     snprintf(a, sizeof a, "%s/uninterrupted", tmp);
     snprintf(e, sizeof e, "%s/damaged", tmp);
