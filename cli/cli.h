@@ -36,4 +36,10 @@ int cli_fail(arl_status s);
  * process ignores (a background job's SIGINT) stays ignored. */
 void cli_note_on_interrupt(const char *command, int argc, char **argv);
 
+/* After cli_note_on_interrupt: for a failure that continuing can get past once its cause is
+ * dealt with (the disk full, an I/O, database, network, environment or device error), print
+ * that COMMAND stopped, what to do, and the command that continues it; for any other status
+ * (a setting, an input, a version, a bug: continuing as it is would fail again) nothing. */
+void cli_note_on_failure(arl_status s);
+
 #endif

@@ -54,7 +54,10 @@ int cmd_sft(int argc, char **argv) {
         arl_sft_result res;
         cli_note_on_interrupt("sft", argc, argv);
         s = arl_sft_run(&cfg, arl_sft_model_ops_default(), o.resume, NULL, stderr, &res);
-        if (s) rc = cli_fail(s);
+        if (s) {
+            rc = cli_fail(s);
+            cli_note_on_failure(s);
+        }
     }
     arl_sft_config_free(&cfg);
     arl_options_free(sft_cli_tab, SFT_CLI_N, &o);

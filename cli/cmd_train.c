@@ -81,6 +81,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (s) {
         rc = cli_fail(s);
+        cli_note_on_failure(s);
         arl_dist_abort(d, rc);
     }
     arl_dist_finalize(d);

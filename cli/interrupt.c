@@ -1,4 +1,5 @@
-/* cli/interrupt.c: what a run says when it is interrupted (cli.h cli_note_on_interrupt). */
+/* cli/interrupt.c: what a run says when it is interrupted or stopped by a failure it can be
+ * continued after (cli.h cli_note_on_interrupt, cli_note_on_failure). */
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -6,8 +7,10 @@
 
 #include "cli/cli.h"
 
-static char g_note[8192];
+static char g_note[8192]; /* the interrupt note, g_cmd at its end */
 static size_t g_note_len;
+static const char *g_command; /* "train", "sft": set when armed */
+static const char *g_cmd; /* "  agentrl COMMAND ARGS --resume\n" in g_note, or NULL (too long) */
 
 static void on_interrupt(int sig) {
     /* async-signal-safe: write(2), then the signal again with its default action (SA_RESETHAND
@@ -33,8 +36,10 @@ static size_t quote_arg(char *out, size_t cap, const char *arg) {
 void cli_note_on_interrupt(const char *command, int argc, char **argv) {
     size_t n = (size_t)snprintf(g_note, sizeof g_note,
                                 "\nagentrl: interrupted: %s stops here; what it saved stays. "
-                                "Continue with:\n  agentrl %s",
-                                command, command);
+                                "Continue with:\n",
+                                command);
+    const size_t cmd_at = n;
+    n += (size_t)snprintf(g_note + n, sizeof g_note - n, "  agentrl %s", command);
     int has_resume = 0;
     for (int i = 0; i < argc && n < sizeof g_note; i++) {
         has_resume |= !strcmp(argv[i], "--resume");
@@ -43,12 +48,15 @@ void cli_note_on_interrupt(const char *command, int argc, char **argv) {
     if (n < sizeof g_note)
         n += (size_t)snprintf(g_note + n, sizeof g_note - n, "%s\n",
                               has_resume ? "" : " --resume");
+    g_cmd = g_note + cmd_at;
     if (n >= sizeof g_note) { /* too long to repeat: the short form */
         n = (size_t)snprintf(g_note, sizeof g_note,
                              "\nagentrl: interrupted: %s stops here; what it saved stays. "
                              "Continue with the same command and --resume.\n",
                              command);
+        g_cmd = NULL;
     }
+    g_command = command;
     g_note_len = n;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -61,4 +69,31 @@ void cli_note_on_interrupt(const char *command, int argc, char **argv) {
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
         sigaction(sigs[i], &sa, NULL);
     }
+}
+
+void cli_note_on_failure(arl_status s) {
+    if (!g_command) return;
+    const char *then;
+    switch (s) {
+    case ARL_ERR_FULL:
+        then = "Free space, then continue";
+        break;
+    case ARL_ERR_IO:
+    case ARL_ERR_NOMEM:
+    case ARL_ERR_DB:
+    case ARL_ERR_NET:
+    case ARL_ERR_TIMEOUT:
+    case ARL_ERR_PROTOCOL:
+    case ARL_ERR_ENV:
+    case ARL_ERR_DEVICE:
+        then = "Once the cause above is dealt with, continue";
+        break;
+    default:
+        return; /* a setting, an input or a bug: continuing as it is would fail again */
+    }
+    fprintf(stderr, "agentrl: %s stopped; what it saved stays. %s with", g_command, then);
+    if (g_cmd)
+        fprintf(stderr, ":\n%s", g_cmd);
+    else
+        fprintf(stderr, " the same command and --resume.\n");
 }

@@ -882,7 +882,10 @@ static arl_status save_policy(tr_run *r, int64_t version) {
         pathf(parent, sizeof parent, r, "policy");
         ARL_TRY(arl_mkdir_p(parent));
         if (path_exists(dir)) rm_tree(dir); /* a partial save */
-        ARL_TRY(arl_checkpoint_save(dir, &r->mcfg, &r->params, 0));
+        const arl_status s = arl_checkpoint_save(dir, &r->mcfg, &r->params, 0);
+        if (s)
+            return arl_error_prefix(s, "saving policy version %lld for the rollout workers",
+                                    (long long)version);
     }
     if (version >= 2) { /* keep the last two versions */
         char old[4200];

@@ -6,8 +6,8 @@
  * from the SFT stage to the final report.  The random delay is printed (and can be fixed with
  * ARL_TEST_KILL_MS) so that a failure can be replayed.  A second process started in a running
  * run's directory is refused (core/dirlock.h) and disturbs nothing; a damaged newest
- * checkpoint is set aside and the run resumes from the one before it; SIGTERM prints how to
- * continue. */
+ * checkpoint is set aside and the run resumes from the one before it; SIGTERM and a failed
+ * write print how to continue. */
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -168,6 +168,14 @@ static int metric_steps(const char *out, int *steps, int cap) {
     return n;
 }
 
+/* The uninterrupted run's folder into a (cap bytes), made if no case before made it (the first,
+ * test_kill_resume, does). */
+static void uninterrupted(char *a, size_t cap) {
+    snprintf(a, cap, "%s/uninterrupted", tmp);
+    struct stat sb;
+    if (stat(a, &sb)) CHECK_EQ_INT(wait_exit(start(a, 0)), 0);
+}
+
 static void test_kill_resume(void) {
     if (!have_bin()) return;
     char a[600], b[600];
@@ -240,10 +248,8 @@ static long lock_pid(const char *out) {
 static void test_second_process_refused(void) {
     if (!have_bin()) return;
     char a[600], c[600];
-    snprintf(a, sizeof a, "%s/uninterrupted", tmp);
+    uninterrupted(a, sizeof a);
     snprintf(c, sizeof c, "%s/busy", tmp);
-    struct stat sb;
-    if (stat(a, &sb)) CHECK_EQ_INT(wait_exit(start(a, 0)), 0); /* made by test_kill_resume */
     pid_t first = start(c, 0);
     const long holder = lock_pid(c);
     CHECK_EQ_INT(holder, first);
@@ -279,6 +285,38 @@ static void test_interrupt_note(void) {
     CHECK_MSG(strstr(buf, want) != NULL, "log ends: %s", n > 400 ? buf + n - 400 : buf);
 }
 
+/* A run stopped by an I/O error (a file where the run's policy/ folder goes: the first policy
+ * version, after the SFT stage, cannot be saved) says that what it saved stays and prints the
+ * command that continues it; that command, once the file is gone, ends bit-identical to the
+ * uninterrupted run. */
+static void test_failure_note(void) {
+    if (!have_bin()) return;
+    char a[600], g[600], p[900], want[1400];
+    uninterrupted(a, sizeof a);
+    snprintf(g, sizeof g, "%s/failed-write", tmp);
+    struct stat sb;
+    CHECK(mkdir(g, 0755) == 0);
+    snprintf(p, sizeof p, "%s/policy", g);
+    FILE *f = fopen(p, "w");
+    CHECK(f != NULL);
+    if (f) fclose(f);
+    CHECK_EQ_INT(wait_exit(start(g, 0)), 1);
+    static char buf[1 << 16];
+    const size_t n = strlen(read_log(g, ".log", buf, sizeof buf));
+    snprintf(want, sizeof want,
+             "agentrl: train stopped; what it saved stays. Once the cause above is dealt with, "
+             "continue with:\n  agentrl train %s --set out=%s --set progress=plain --resume\n",
+             exp_path, g);
+    CHECK_MSG(strstr(buf, "policy: not a directory") && strstr(buf, want), "log ends: %s",
+              n > 600 ? buf + n - 600 : buf);
+    snprintf(p, sizeof p, "%s/sft/checkpoints", g);
+    CHECK(stat(p, &sb) == 0); /* the SFT stage was saved before */
+    snprintf(p, sizeof p, "%s/policy", g);
+    CHECK(unlink(p) == 0);
+    CHECK_EQ_INT(wait_exit(start(g, 1)), 0);
+    same_end_state(a, g);
+}
+
 /* A finished run whose newest checkpoint is damaged (its optimizer file cut short) resumes from
  * the one before it: the damaged one is moved to damaged-step-00000004, the last update is done
  * again from its stored rollouts (the ledger had committed it), and the run ends bit-identical
@@ -286,10 +324,9 @@ static void test_interrupt_note(void) {
 static void test_damaged_checkpoint(void) {
     if (!have_bin()) return;
     char a[600], e[600], cmd[1400], p[900];
-    snprintf(a, sizeof a, "%s/uninterrupted", tmp);
+    uninterrupted(a, sizeof a);
     snprintf(e, sizeof e, "%s/damaged", tmp);
     struct stat sb;
-    if (stat(a, &sb)) CHECK_EQ_INT(wait_exit(start(a, 0)), 0); /* made by test_kill_resume */
     snprintf(cmd, sizeof cmd, "cp -a '%s' '%s' && rm -f '%s/run.lock'", a, e, e);
     CHECK_EQ_INT(system(cmd), 0);
     snprintf(p, sizeof p, "%s/checkpoints/step-00000004/optimizer.safetensors", e);
@@ -319,5 +356,6 @@ int main(void) {
     TEST_RUN(test_second_process_refused);
     TEST_RUN(test_damaged_checkpoint);
     TEST_RUN(test_interrupt_note);
+    TEST_RUN(test_failure_note);
     return test_finish();
 }

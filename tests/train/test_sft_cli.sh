@@ -50,5 +50,25 @@ rc=$?
 [ "$(wc -l < "$TMP/out/metrics.jsonl" 2>/dev/null)" -ge 3 ] || fail "short run: metrics.jsonl has fewer than 3 steps"
 ls "$TMP/out/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "short run: no step-3 checkpoint"
 
+# stopped by an I/O error (a file where its checkpoints folder goes): the note says how to
+# continue, and that command runs to the end once the file is gone
+mkdir -p "$TMP/out2" && : > "$TMP/out2/checkpoints"
+"$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set "out=$TMP/out2" > "$TMP/err" 2>&1
+rc=$?
+[ $rc -eq 1 ] || fail "checkpoints folder a file: expected exit 1, got $rc"
+grep -qi "checkpoints: .*not a directory" "$TMP/err" || fail "no 'not a directory' error: $(tail -3 "$TMP/err")"
+grep -q "^agentrl: sft stopped; what it saved stays. Once the cause above is dealt with, continue with:$" "$TMP/err" ||
+    fail "no continue note: $(tail -3 "$TMP/err")"
+grep -qxF "  agentrl sft $TMP/exp.json --set steps=3 --set batch-tokens=256 --set out=$TMP/out2 --resume" "$TMP/err" ||
+    fail "the continue command is not the run's own with --resume: $(tail -2 "$TMP/err")"
+rm "$TMP/out2/checkpoints"
+"$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set "out=$TMP/out2" --resume > "$TMP/err" 2>&1 ||
+    fail "continued run: exit $?: $(tail -3 "$TMP/err")"
+ls "$TMP/out2/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "continued run: no step-3 checkpoint"
+# a setting refused is not something to continue after: no note
+"$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set "out=$TMP/out2" --set lr=1 --resume > "$TMP/err" 2>&1
+[ $? -eq 1 ] || fail "changed lr on --resume: expected exit 1"
+grep -q "stopped; what it saved stays" "$TMP/err" && fail "a refused setting printed the continue note: $(tail -3 "$TMP/err")"
+
 [ $fails -eq 0 ] && echo "test_sft_cli: all passed"
 exit $fails
