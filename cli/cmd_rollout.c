@@ -111,7 +111,11 @@ int cmd_rollout(int argc, char **argv) {
         arl_log_info("rollout: writing shard %d of %s", (int)arl_rollout_worker_shard(w), o.out);
         s = arl_rollout_worker_run(w);
     }
-    if (w) arl_rollout_stats_print(arl_rollout_worker_stats(w), stdout);
+    if (w) { /* after a failure only when something was done (not when nothing could start) */
+        const arl_rollout_stats *rs = arl_rollout_worker_stats(w);
+        if (s == ARL_OK || rs->trajectories > 0 || rs->tokens > 0 || rs->resumed > 0)
+            arl_rollout_stats_print(rs, stdout);
+    }
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
     if (s == ARL_OK) printf("stored in %s (shard %d)\n", o.out, (int)arl_rollout_worker_shard(w));
     arl_rollout_worker_close(w);

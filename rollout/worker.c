@@ -1177,6 +1177,8 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
     s = arl_env_open(w->client, where, c->env_config, &w->env);
     if (s) {
         const arl_env_error *ee = w->env ? arl_env_last_error(w->env) : NULL;
+        if (!ee && strstr(arl_error_msg(), where)) /* the message names it already */
+            return arl_error_prefix(s, "rollout");
         return arl_error_prefix(s, "rollout: environment %s%s%s", where, ee ? ": " : "",
                                 ee ? ee->message : "");
     }

@@ -23,6 +23,12 @@ JSON
 grep -q "trajectories  4 (complete" "$T/out" || { cat "$T/out"; fail "summary"; }
 grep -q "success rate" "$T/out" || fail "summary: success rate"
 grep -q "group-size *= 2" "$T/err" || fail "resolved config not printed"
+# an environment that cannot be reached: exit 1, an error naming it once, no summary of nothing
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-gone" --tasks 1 --env http://127.0.0.1:9 \
+    > "$T/out-gone" 2> "$T/err-gone"
+[ $? -eq 1 ] || { cat "$T/err-gone"; fail "unreachable env: exit 1 expected"; }
+[ "$(grep -o "127.0.0.1:9" "$T/err-gone" | wc -l)" -eq 2 ] || { cat "$T/err-gone"; fail "unreachable env: the error should name it once (and the resolved config once)"; }
+grep -q "rollout summary" "$T/out-gone" && fail "unreachable env: a summary of nothing printed"
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify"; }
 "$BIN" replay rescore "$T/db" rollout/g000000/r0 rollout/g000001/r1 --ckpt "$T/ckpt" --json > "$T/rescore" \
     || fail "rescore"
