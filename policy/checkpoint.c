@@ -14,6 +14,7 @@
 
 #include "core/assert.h"
 #include "core/dtype.h"
+#include "core/file.h"
 #include "policy/safetensors.h"
 
 /* ------------------------------------------------------------------------------------ */
@@ -416,6 +417,13 @@ arl_status arl_checkpoint_save(const char *dir, const arl_model_config *cfg,
     while (n > 1 && dir[n - 1] == '/')
         n--;
     snprintf(tmp, sizeof tmp, "%.*s.tmp-XXXXXX", (int)n, dir);
+    char *slash = strrchr(tmp, '/');
+    if (slash && slash > tmp) { /* its missing parents first, as mkdir -p */
+        *slash = 0;
+        const arl_status sp = arl_mkdir_p(tmp);
+        *slash = '/';
+        if (sp) return arl_error_prefix(sp, "%s", dir);
+    }
     if (!mkdtemp(tmp))
         return arl_errorf(ARL_ERR_IO, "%s: cannot create a temporary directory %s: %s", dir, tmp,
                           strerror(errno));

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/file.h"
 #include "core/log.h"
 #include "replay/codec.h"
 #include "replay/internal.h"
@@ -378,11 +379,10 @@ arl_status rstore_prepare(replay_store *st, rdb *d, const char *sql, sqlite3_stm
 
 /* ---- open / close ---- */
 
+/* The directory path and its missing parents (core/file.h arl_mkdir_p), the error prefixed. */
 static arl_status mkdir_p(const char *path) {
-    if (mkdir(path, 0755) && errno != EEXIST)
-        return arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
-                          "replay: cannot create directory %s: %s", path, strerror(errno));
-    return ARL_OK;
+    const arl_status s = arl_mkdir_p(path);
+    return s ? arl_error_prefix(s, "replay") : ARL_OK;
 }
 
 static void random_hex(char *out, size_t nbytes) {
@@ -397,6 +397,69 @@ static void random_hex(char *out, size_t nbytes) {
             b[i] ^= (uint8_t)(x >> 56);
     }
     replay_hex_encode(b, nbytes, out);
+}
+
+/* The stores (folders holding catalog.sqlite) at most `depth` levels below dir, named relative
+ * to it (rel): up to cap names into names[] (malloc'd), *n counts them all. */
+static void stores_below(const char *dir, const char *rel, int depth, char **names, int cap,
+                         int *n) {
+    DIR *d = depth > 0 ? opendir(dir) : NULL;
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue;
+        char path[4096], name[4096], cat[4200];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        snprintf(name, sizeof name, "%s%s%s", rel, *rel ? "/" : "", e->d_name);
+        if (stat(path, &sb) || !S_ISDIR(sb.st_mode)) continue;
+        snprintf(cat, sizeof cat, "%s/catalog.sqlite", path);
+        if (stat(cat, &sb) == 0) {
+            if (*n < cap) names[*n] = strdup(name);
+            ++*n;
+        } else {
+            stores_below(path, name, depth - 1, names, cap, n);
+        }
+    }
+    closedir(d);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    const char *x = *(char *const *)a, *y = *(char *const *)b;
+    return strcmp(x ? x : "", y ? y : "");
+}
+
+/* The error for a folder that is no store: the stores below it named (a train run's replay/
+ * holds u<N>/r<K>), or what a store is. */
+static arl_status not_a_store(const char *root) {
+    enum { CAP = 256 };
+    char *names[CAP] = {0};
+    int n = 0;
+    stores_below(root, "", 3, names, CAP, &n);
+    const int got = n < CAP ? n : CAP;
+    qsort(names, (size_t)got, sizeof *names, cmp_str);
+    char list[1024] = "";
+    for (int i = 0; i < got && i < 4; i++) {
+        const size_t used = strlen(list);
+        snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", names[i] ? names[i] : "?");
+    }
+    arl_status s;
+    if (n == 1)
+        s = arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s is not a store; give the store in it: %s/%s",
+                       root, root, names[0] ? names[0] : "?");
+    else if (n > 1)
+        s = arl_errorf(ARL_ERR_NOT_FOUND,
+                       "replay: %s is not a store but holds %d: %s%s (give one of them, e.g. "
+                       "%s/%s)",
+                       root, n, list, n > 4 ? ", ..." : "", root, names[0] ? names[0] : "?");
+    else
+        s = arl_errorf(ARL_ERR_NOT_FOUND,
+                       "replay: %s: neither catalog.sqlite nor shard files found (is this a store "
+                       "root?)",
+                       root);
+    for (int i = 0; i < got; i++)
+        free(names[i]);
+    return s;
 }
 
 arl_status replay_store_open(const char *root, const replay_open_opts *opts, replay_store **out) {
@@ -491,10 +554,7 @@ arl_status replay_store_open(const char *root, const replay_open_opts *opts, rep
     if (s != ARL_OK) goto fail;
     if ((s = replay_store_refresh(st)) != ARL_OK) goto fail;
     if (!st->cat.db && !st->n_shards) {
-        s = arl_errorf(ARL_ERR_NOT_FOUND,
-                       "replay: %s: neither catalog.sqlite nor shard files found (is this a store "
-                       "root?)",
-                       root);
+        s = not_a_store(root);
         goto fail;
     }
     *out = st;

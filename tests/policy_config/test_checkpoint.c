@@ -123,6 +123,18 @@ static void test_round_trip(void) {
     CHECK(arl_checkpoint_load(sharded, &c, &q) == ARL_OK);
     CHECK(!memcmp(p.arena, q.arena, bytes));
 
+    /* into a folder whose parents do not exist yet: made, as mkdir -p (`model init tiny
+     * out/tiny` on a fresh clone); under a file: a clear error, nothing made */
+    char nested[800], under_file[800];
+    snprintf(nested, sizeof nested, "%s/new/deeper/ck", root);
+    CHECK_MSG(arl_checkpoint_save(nested, &c, &p, 0) == ARL_OK, "%s", arl_error_msg());
+    CHECK(arl_checkpoint_load(nested, &c, &q) == ARL_OK);
+    CHECK(!memcmp(p.arena, q.arena, bytes));
+    snprintf(under_file, sizeof under_file, "%s/config.json/ck", single);
+    CHECK(arl_checkpoint_save(under_file, &c, &p, 0) == ARL_ERR_IO);
+    CHECK_MSG(strstr(arl_error_msg(), "config.json") != NULL, "%s", arl_error_msg());
+    arl_error_clear();
+
     /* a checkpoint whose config.json describes another model */
     arl_model_config other;
     if (load_tiny(&other, "text", "rms_norm_eps", "1e-06")) {

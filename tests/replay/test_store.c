@@ -548,6 +548,45 @@ static void test_damaged_files(void) {
     FX_CLEANUP(root);
 }
 
+/* A folder above stores (a train run's replay/ holds u<N>/r<K>): opening it is refused with the
+ * stores below it named (sorted, up to four, with the count), and the one to give when there is
+ * one; a folder with none says what a store is. */
+static void test_not_a_store(void) {
+    char root[512], top[512], p[700];
+    fx_ids ids;
+    if (!make_store("not-a-store", root, sizeof root, 1, &ids)) return;
+    snprintf(top, sizeof top, "%s", root);
+    *strrchr(top, '/') = 0; /* the test directory, holding store/ */
+    replay_store *st = NULL;
+    CHECK(replay_store_open(top, NULL, &st) == ARL_ERR_NOT_FOUND);
+    snprintf(p, sizeof p, "is not a store; give the store in it: %s/store", top);
+    CHECK_MSG(strstr(arl_error_msg(), p) != NULL, "%s", arl_error_msg());
+    replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
+    for (int i = 0; i < 5; i++) { /* replay/u00000<i>/r0, two levels further down */
+        snprintf(p, sizeof p, "%s/replay/u00000%d/r0", top, i);
+        CHECK_MSG(replay_store_open(p, &o, &st) == ARL_OK, "%s", arl_error_msg());
+        replay_store_close(st);
+    }
+    CHECK(replay_store_open(top, NULL, &st) == ARL_ERR_NOT_FOUND);
+    snprintf(p, sizeof p,
+             "is not a store but holds 6: replay/u000000/r0, replay/u000001/r0, "
+             "replay/u000002/r0, replay/u000003/r0, ... (give one of them, e.g. "
+             "%s/replay/u000000/r0)",
+             top);
+    CHECK_MSG(strstr(arl_error_msg(), p) != NULL, "%s", arl_error_msg());
+    snprintf(p, sizeof p, "%s/replay/u000000", top);
+    CHECK(replay_store_open(p, NULL, &st) == ARL_ERR_NOT_FOUND);
+    CHECK_MSG(strstr(arl_error_msg(), "give the store in it: ") &&
+                  strstr(arl_error_msg(), "/replay/u000000/r0"),
+              "%s", arl_error_msg());
+    snprintf(p, sizeof p, "%s/replay/empty", top);
+    CHECK(mkdir(p, 0755) == 0);
+    CHECK(replay_store_open(p, NULL, &st) == ARL_ERR_NOT_FOUND);
+    CHECK_MSG(strstr(arl_error_msg(), "neither catalog.sqlite nor shard files"), "%s",
+              arl_error_msg());
+    FX_CLEANUP(root);
+}
+
 /* Several writer processes at once, each on its own shard, all registering in one catalog. */
 static void test_concurrent_writers(void) {
     char root[512];
@@ -663,5 +702,6 @@ int main(void) {
     TEST_RUN(test_takeover_and_recover);
     TEST_RUN(test_schema_versions);
     TEST_RUN(test_damaged_files);
+    TEST_RUN(test_not_a_store);
     return test_finish();
 }
