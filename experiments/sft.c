@@ -203,7 +203,10 @@ static arl_status template_for(const arl_model_config *cfg, arl_chat_template *t
 }
 
 /* SHA-256 of the resolved options that decide the trajectory. */
-static arl_status run_hash(const arl_sft_config *c, char hex[ARL_SHA256_HEX_CHARS]) {
+/* The run hash of c into hex and the settings it hashes (compact JSON, malloc'd) into *canon_out.
+ */
+static arl_status run_hash(const arl_sft_config *c, char hex[ARL_SHA256_HEX_CHARS],
+                           char **canon_out) {
     size_t n;
     const arl_option *tab = arl_sft_options(&n);
     char *text = arl_options_to_json(tab, n, c);
@@ -219,7 +222,7 @@ static arl_status run_hash(const arl_sft_config *c, char hex[ARL_SHA256_HEX_CHAR
     if (!canon) return arl_errorf(ARL_ERR_NOMEM, "sft: out of memory");
     uint8_t d[ARL_SHA256_BYTES];
     arl_sha256(canon, strlen(canon), d);
-    free(canon);
+    *canon_out = canon;
     arl_sha256_hex(d, hex);
     return ARL_OK;
 }
@@ -320,6 +323,7 @@ typedef struct sft_run {
     FILE *metrics;
     char out_ckpt[4200];
     char run_sha[ARL_SHA256_HEX_CHARS];
+    char *run_canon;   /* the settings hashed into run_sha (compact JSON) */
     int progress_line; /* 1: carriage-return line; 0: plain lines; -1: none */
     int line_open;     /* a carriage-return line is on the terminal */
     arl_dirlock lock;  /* the output directory's (core/dirlock.h) */
@@ -431,7 +435,7 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     if (r->optim.total_steps == 0) r->optim.total_steps = c->steps;
     arl_sft_config resolved = *c; /* shallow: only read */
     resolved.optim.total_steps = r->optim.total_steps;
-    ARL_TRY(run_hash(&resolved, r->run_sha));
+    ARL_TRY(run_hash(&resolved, r->run_sha, &r->run_canon));
     ARL_TRY(arl_mkdir_p(c->out));
     /* one process in the directory (a second --resume of a running run, say) */
     ARL_TRY(arl_dirlock_take(&r->lock, c->out, "sft"));
@@ -452,11 +456,14 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
                           "%s already holds a run (checkpoint %s); continue it with --resume, or "
                           "choose another output directory",
                           c->out, latest);
-    if (ls == ARL_OK) /* the newest that loads: a damaged one is set aside */
+    if (ls == ARL_OK) { /* the newest that loads: a damaged one is set aside */
         ls = arl_train_ckpt_load_newest(r->out_ckpt, &r->mcfg, r->run_sha, &r->params, &r->opt,
                                         &r->st, 1, latest, sizeof latest, &latest_step);
+        ls = arl_train_ckpt_explain(ls, latest, r->run_canon);
+    }
     if (ls != ARL_OK && ls != ARL_ERR_NOT_FOUND) return ls;
     if (ls == ARL_OK) {
+        ARL_TRY(arl_train_state_set_run_config(&r->st, r->run_canon)); /* (older states lack it) */
         ARL_TRY(arl_sft_data_cursor_check(r->train, (uint64_t)c->seed, &r->st.data));
         if (r->st.extra_json) {
             json_error_t e;
@@ -485,6 +492,7 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
         }
         arl_model_config_hash_hex(&r->mcfg, r->st.model_sha256);
         memcpy(r->st.run_sha256, r->run_sha, sizeof r->run_sha);
+        ARL_TRY(arl_train_state_set_run_config(&r->st, r->run_canon));
         arl_sft_data_cursor_start(r->train, (uint64_t)c->seed, &r->st.data);
         arl_rng rng;
         arl_rng_seed_stream(&rng, (uint64_t)c->seed, 1);
@@ -529,6 +537,7 @@ static void teardown(sft_run *r) {
     arl_model_params_free(&r->params);
     arl_model_params_free(&r->grads);
     arl_train_state_free(&r->st);
+    free(r->run_canon);
     arl_sft_data_close(r->train);
     arl_sft_data_close(r->eval);
     if (r->have_mcfg) arl_model_config_free(&r->mcfg);

@@ -477,6 +477,7 @@ typedef struct tr_run {
     arl_learner *lr;
     char model_sha[ARL_SHA256_HEX_CHARS];
     char run_sha[ARL_SHA256_HEX_CHARS];
+    char *run_canon; /* the settings hashed into run_sha (compact JSON) */
     int64_t B, G, R;
     json_t **dataset; /* task-file lines (n_dataset), or NULL */
     int64_t n_dataset;
@@ -558,7 +559,8 @@ static arl_status run_hash(tr_run *r) {
     uint8_t dg[ARL_SHA256_BYTES];
     arl_sha256(canon, strlen(canon), dg);
     arl_sha256_hex(dg, r->run_sha);
-    free(canon);
+    free(r->run_canon);
+    r->run_canon = canon;
     return ARL_OK;
 }
 
@@ -1202,6 +1204,7 @@ static arl_status train_state_save(tr_run *r, int64_t done, int64_t n, const int
     arl_rng rng;
     arl_rng_seed_stream(&rng, (uint64_t)r->c->seed, (uint64_t)done);
     arl_status s = arl_train_state_set_rng(&ts, "train", &rng);
+    if (!s) s = arl_train_state_set_run_config(&ts, r->run_canon);
     ts.data.epoch = 0;
     ts.data.index = done * r->B;
     ts.data.items = 0;
@@ -1428,6 +1431,7 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
 
 static void run_free(tr_run *r) {
     arl_dirlock_release(&r->lock);
+    free(r->run_canon);
     arl_learner_free(r->lr);
     if (r->have_opt) arl_adamw_free(&r->opt);
     if (r->have_params) {
@@ -1465,6 +1469,7 @@ static arl_status resume_load(tr_run *r, int64_t *start, arl_train_result *res) 
     arl_train_state ts;
     arl_status s = arl_train_ckpt_load_newest(root, &r->mcfg, r->run_sha, &r->params, &r->opt, &ts,
                                               r->rank0, dir, sizeof dir, &step);
+    s = arl_train_ckpt_explain(s, dir, r->run_canon);
     if (s == ARL_ERR_NOT_FOUND) {
         arl_error_clear();
         return ARL_OK;

@@ -114,6 +114,7 @@ void arl_train_state_init(arl_train_state *st) {
 void arl_train_state_free(arl_train_state *st) {
     if (!st) return;
     free(st->extra_json);
+    free(st->run_config_json);
     memset(st, 0, sizeof *st);
 }
 
@@ -144,22 +145,31 @@ arl_status arl_train_state_get_rng(const arl_train_state *st, const char *name, 
     return arl_errorf(ARL_ERR_NOT_FOUND, "train state: no generator named '%s'", name);
 }
 
-arl_status arl_train_state_set_extra(arl_train_state *st, const char *text) {
+/* *slot := a compact copy of text (a JSON object; NULL clears); what names it in the error. */
+static arl_status set_object_text(char **slot, const char *text, const char *what) {
     char *copy = NULL;
     if (text) {
         json_error_t e;
         json_t *j = json_loads(text, 0, &e);
         if (!j || !json_is_object(j)) {
             json_decref(j);
-            return arl_errorf(ARL_ERR_ARG, "train state: 'extra' must be a JSON object");
+            return arl_errorf(ARL_ERR_ARG, "train state: '%s' must be a JSON object", what);
         }
-        copy = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+        copy = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
         json_decref(j);
         if (!copy) return arl_errorf(ARL_ERR_NOMEM, "train state: out of memory");
     }
-    free(st->extra_json);
-    st->extra_json = copy;
+    free(*slot);
+    *slot = copy;
     return ARL_OK;
+}
+
+arl_status arl_train_state_set_extra(arl_train_state *st, const char *text) {
+    return set_object_text(&st->extra_json, text, "extra");
+}
+
+arl_status arl_train_state_set_run_config(arl_train_state *st, const char *text) {
+    return set_object_text(&st->run_config_json, text, "run_config");
 }
 
 static json_t *hex_u64(uint64_t v) {
@@ -198,17 +208,21 @@ arl_status arl_train_state_write(const char *path, const arl_train_state *st) {
     bad |= json_object_set_new(data, "line", json_integer(c->line));
     bad |= json_object_set_new(data, "sha256", json_string(c->sha256));
     bad |= json_object_set(root, "data", data);
-    if (st->extra_json) {
+    const char *const texts[2] = {st->extra_json, st->run_config_json};
+    const char *const names[2] = {"extra", "run_config"};
+    for (int i = 0; i < 2; i++) {
+        if (!texts[i]) continue;
         json_error_t e;
-        json_t *x = json_loads(st->extra_json, 0, &e);
+        json_t *x = json_loads(texts[i], 0, &e);
         if (!x || !json_is_object(x)) {
             json_decref(x);
             json_decref(root);
             json_decref(rng);
             json_decref(data);
-            return arl_errorf(ARL_ERR_ARG, "%s: train state 'extra' is not a JSON object", path);
+            return arl_errorf(ARL_ERR_ARG, "%s: train state '%s' is not a JSON object", path,
+                              names[i]);
         }
-        bad |= json_object_set_new(root, "extra", x);
+        bad |= json_object_set_new(root, names[i], x);
     }
     if (bad) goto nomem;
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
@@ -349,14 +363,20 @@ arl_status arl_train_state_read(const char *path, arl_train_state *st) {
         s = arl_error_prefix(s, "data");
         goto done;
     }
-    json_t *x = json_object_get(root, "extra");
-    if (x && !json_is_null(x)) {
+    char **const slots[2] = {&st->extra_json, &st->run_config_json};
+    const char *const names[2] = {"extra", "run_config"};
+    for (int i = 0; i < 2; i++) { /* both optional */
+        json_t *x = json_object_get(root, names[i]);
+        if (!x || json_is_null(x)) continue;
         if (!json_is_object(x)) {
-            s = arl_errorf(ARL_ERR_FORMAT, "%s: member 'extra': expected an object", path);
+            s = arl_errorf(ARL_ERR_FORMAT, "%s: member '%s': expected an object", path, names[i]);
             goto done;
         }
-        st->extra_json = json_dumps(x, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
-        if (!st->extra_json) s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+        *slots[i] = json_dumps(x, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+        if (!*slots[i]) {
+            s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+            goto done;
+        }
     }
 done:
     json_decref(root);
@@ -380,6 +400,92 @@ arl_status arl_train_state_check(const arl_train_state *st, const char *where,
                           "directory",
                           where, st->run_sha256[0] ? st->run_sha256 : "(none)", run_sha256);
     return ARL_OK;
+}
+
+/* The differences of two settings objects, flattened ("learner.lr"), appended to a list. */
+typedef struct diff_list {
+    char text[1536];
+    size_t len;
+    int n;
+} diff_list;
+
+static int cmp_key(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void diff_value_text(const json_t *v, char *out, size_t cap) {
+    if (!v) {
+        snprintf(out, cap, "(unset)");
+    } else if (json_is_real(v)) {
+        snprintf(out, cap, "%.9g", json_real_value(v));
+    } else {
+        char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_SORT_KEYS);
+        snprintf(out, cap, "%s", t ? t : "?");
+        free(t);
+    }
+}
+
+static void diff_objects(const json_t *a, const json_t *b, const char *prefix, diff_list *d) {
+    /* the union of the keys, sorted */
+    const size_t na = json_object_size(a), nb = json_object_size(b);
+    const char **keys = malloc((na + nb + 1) * sizeof *keys);
+    if (!keys) return;
+    size_t n = 0;
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)a, k, v) keys[n++] = k;
+    json_object_foreach((json_t *)b, k, v) if (!json_object_get(a, k)) keys[n++] = k;
+    qsort(keys, n, sizeof *keys, cmp_key);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_object_get(a, keys[i]), *y = json_object_get(b, keys[i]);
+        char name[512];
+        snprintf(name, sizeof name, "%s%s%s", prefix, *prefix ? "." : "", keys[i]);
+        if (json_is_object(x) && json_is_object(y)) {
+            diff_objects(x, y, name, d);
+            continue;
+        }
+        if (x && y && json_equal((json_t *)x, (json_t *)y)) continue;
+        if (d->n++ >= 8) continue;
+        char vx[160], vy[160];
+        diff_value_text(x, vx, sizeof vx);
+        diff_value_text(y, vy, sizeof vy);
+        if (d->len < sizeof d->text)
+            d->len += (size_t)snprintf(d->text + d->len, sizeof d->text - d->len, "%s%s %s -> %s",
+                                       d->n > 1 ? ", " : "", name, vx, vy);
+    }
+    free(keys);
+}
+
+arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const char *run_config_json) {
+    if (s != ARL_ERR_CONFIG || !run_config_json || !strstr(arl_error_msg(), "run configuration"))
+        return s;
+    char msg[2048], path[4200];
+    snprintf(msg, sizeof msg, "%s", arl_error_msg());
+    snprintf(path, sizeof path, "%s/%s", dir, ARL_TRAIN_STATE_FILE);
+    arl_train_state st;
+    if (arl_train_state_read(path, &st) != ARL_OK) {
+        arl_errorf(s, "%s", msg); /* the refusal as it was */
+        return s;
+    }
+    json_t *a = st.run_config_json ? json_loads(st.run_config_json, 0, NULL) : NULL;
+    json_t *b = json_loads(run_config_json, 0, NULL);
+    diff_list d = {.len = 0};
+    if (json_is_object(a) && json_is_object(b)) diff_objects(a, b, "", &d);
+    json_decref(a);
+    json_decref(b);
+    arl_train_state_free(&st);
+    if (d.n > 8)
+        snprintf(d.text + d.len, d.len < sizeof d.text ? sizeof d.text - d.len : 0, " and %d more",
+                 d.n - 8);
+    if (d.n > 0)
+        arl_errorf(s,
+                   "%s: this checkpoint belongs to a run with other settings (as saved -> as "
+                   "now): %s; an exact resume needs the same settings: restore them, or start a "
+                   "new run in another output directory",
+                   path, d.text);
+    else
+        arl_errorf(s, "%s", msg);
+    return s;
 }
 
 /* ------------------------------------------------------------------------------------ */

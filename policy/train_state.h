@@ -76,10 +76,13 @@ typedef struct arl_train_state {
     arl_rng rng[ARL_TRAIN_MAX_RNG];
     arl_data_cursor data;
     char *extra_json; /* compact JSON object text or NULL; owned (malloc) */
+    /* the settings hashed into run_sha256 as a compact JSON object text, or NULL (not kept:
+     * states written before it); owned (malloc).  A refused resume names what differs. */
+    char *run_config_json;
 } arl_train_state;
 
 void arl_train_state_init(arl_train_state *st); /* zero */
-void arl_train_state_free(arl_train_state *st); /* NULL-safe; frees extra_json, zeroes */
+void arl_train_state_free(arl_train_state *st); /* NULL-safe; frees the JSON texts, zeroes */
 
 /* Store (add or replace) the named generator state.  ARL_ERR_FULL beyond ARL_TRAIN_MAX_RNG,
  * ARL_ERR_ARG for an empty or too long name. */
@@ -89,6 +92,8 @@ arl_status arl_train_state_get_rng(const arl_train_state *st, const char *name, 
 /* Replace extra_json with a copy of text (a JSON object; NULL clears).  ARL_ERR_ARG if text
  * is not a JSON object. */
 arl_status arl_train_state_set_extra(arl_train_state *st, const char *text);
+/* The same for run_config_json (the settings whose hash is run_sha256). */
+arl_status arl_train_state_set_run_config(arl_train_state *st, const char *text);
 
 /* train_state.json, written atomically (temp file, fsync, rename, fsync of the directory). */
 arl_status arl_train_state_write(const char *path, const arl_train_state *st);
@@ -149,6 +154,14 @@ arl_status arl_train_ckpt_load_newest(const char *root, const arl_model_config *
                                       const char *run_sha256, arl_model_params *params,
                                       arl_adamw *opt, arl_train_state *st, int set_aside,
                                       char *path, size_t cap, int64_t *step);
+
+/* For a failure s of loading checkpoint DIR (arl_train_ckpt_load, _load_newest): when it is the
+ * refusal of another run configuration and DIR's train state kept its settings, the message
+ * names the settings that differ from run_config_json (this run's, as hashed) instead of the two
+ * hashes: "DIR/train_state.json: this checkpoint belongs to a run with other settings (as saved
+ * -> as now): learner.lr 0.0001 -> 0.001, rollout.temperature 1 -> 0.5; ..." (up to eight
+ * named, then a count).  Returns s; any other failure is left as it is. */
+arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const char *run_config_json);
 
 /* Write len bytes to path atomically (temp file in the same directory, fsync, rename, fsync
  * of the directory). */

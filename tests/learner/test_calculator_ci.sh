@@ -43,6 +43,10 @@ grep -q "Per update (kl/k3 / kl/target)" "$out/summary.md" || fail "summary.md h
 "$bin" train "$src/experiments/calculator-ci.json" --set "out=$out" --set progress=plain \
     --set eval-set=validation --resume > "$tmp/log2" 2>&1 && fail "a resume with another eval-set succeeded"
 grep -q "holds an evaluation of the test set" "$tmp/log2" || { tail -5 "$tmp/log2"; fail "no eval-set mismatch message"; }
+# resumed with a changed learning rate: refused, naming the setting as saved and as now
+"$bin" train "$src/experiments/calculator-ci.json" --set "out=$out" --set progress=plain \
+    --set learner.lr=1e-3 --resume > "$tmp/log3" 2>&1 && fail "a resume with another learner.lr succeeded"
+grep -qF "other settings (as saved -> as now): learner.lr 0.0001 -> 0.001;" "$tmp/log3" || { tail -3 "$tmp/log3"; fail "the refusal does not name learner.lr"; }
 # tasks without a valid episode in one arm (masked, e.g. an observation over its cap) are not paired
 grep -q "paired, [1-8] tasks" "$out/summary.md" || fail "summary.md has no paired difference"
 # SFT with the shared prefix, demonstrations and evaluation split by prompt

@@ -364,7 +364,7 @@ static void test_train_and_determinism(void) {
     CHECK(lc[0] != g_losses_a[0] && lc[1] != g_losses_a[1]);
 
     /* a run without --resume refuses a directory that holds one; --resume past the end
-       changes nothing; a resume with other settings is refused naming both hashes */
+       changes nothing; a resume with other settings is refused naming them */
     CHECK(run_dir(a, 0, NULL, NULL, &rc, NULL) == ARL_ERR_STATE);
     CHECK(strstr(arl_error_msg(), "--resume") != NULL);
     CHECK(run_dir(a, 1, NULL, NULL, &rc, NULL) == ARL_OK);
@@ -373,9 +373,13 @@ static void test_train_and_determinism(void) {
     CHECK_EQ_INT(read_losses(a, la2, STEPS, &n_eval), STEPS);
     CHECK(memcmp(g_losses_a, la2, sizeof la2) == 0);
     CHECK(run_dir(a, 1, "lr=0.02", NULL, &rc, NULL) == ARL_ERR_CONFIG);
-    CHECK(strstr(arl_error_msg(), "run config") != NULL);
-    /* more steps with total-steps 0 would stretch the schedule: refused as well */
+    CHECK_MSG(strstr(arl_error_msg(), "other settings (as saved -> as now): lr ") &&
+                  strstr(arl_error_msg(), " -> 0.02;"),
+              "%s", arl_error_msg());
+    /* more steps with total-steps 0 would stretch the schedule: refused as well, naming the
+     * resolved total */
     CHECK(run_dir(a, 1, "steps=130", NULL, &rc, NULL) == ARL_ERR_CONFIG);
+    CHECK_MSG(strstr(arl_error_msg(), "total-steps 120 -> 130"), "%s", arl_error_msg());
     /* settings that do not change the trajectory may change */
     CHECK(run_dir(a, 1, "keep-last=5", NULL, &rc, NULL) == ARL_OK);
 }

@@ -69,6 +69,8 @@ ls "$TMP/out2/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "contin
 "$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set "out=$TMP/out2" --set lr=1 --resume > "$TMP/err" 2>&1
 [ $? -eq 1 ] || fail "changed lr on --resume: expected exit 1"
 grep -q "stopped; what it saved stays" "$TMP/err" && fail "a refused setting printed the continue note: $(tail -3 "$TMP/err")"
+grep -qF "belongs to a run with other settings (as saved -> as now): lr 0.0003 -> 1;" "$TMP/err" ||
+    fail "the refusal does not name the changed setting: $(tail -3 "$TMP/err")"
 
 [ $fails -eq 0 ] && echo "test_sft_cli: all passed"
 exit $fails

@@ -50,6 +50,10 @@ static void fill_state(arl_train_state *st) {
     memset(st->data.sha256, 'b', 64);
     st->data.sha256[64] = 0;
     CHECK(arl_train_state_set_extra(st, "{\"kl\": {\"beta\": 0.05}, \"threads\": 2}") == ARL_OK);
+    CHECK(arl_train_state_set_run_config(
+              st,
+              "{\"steps\": 5, \"lr\": 0.0003, \"rollout\": {\"temperature\": 1, \"top-p\": 1}}") ==
+          ARL_OK);
 }
 
 static void test_state_round_trip(void) {
@@ -73,6 +77,9 @@ static void test_state_round_trip(void) {
     CHECK(arl_train_state_get_rng(&b, "nope", &r1) == ARL_ERR_NOT_FOUND);
     CHECK(memcmp(&a.data, &b.data, sizeof a.data) == 0);
     CHECK(b.extra_json && strstr(b.extra_json, "\"beta\":0.05"));
+    CHECK_STR_EQ(b.run_config_json, a.run_config_json);
+    CHECK(arl_train_state_set_run_config(&b, "[1]") == ARL_ERR_ARG); /* an object only */
+    arl_error_clear();
     CHECK(arl_train_state_check(&b, "x", a.model_sha256, a.run_sha256) == ARL_OK);
     CHECK(arl_train_state_check(&b, "x", a.model_sha256, "") == ARL_OK); /* run hash unchecked */
     arl_train_state_free(&a);
@@ -262,6 +269,24 @@ static void test_checkpoints(void) {
     other[64] = 0;
     CHECK(arl_train_ckpt_load(latest, &g_cfg, other, &q, &b, &st2) == ARL_ERR_CONFIG);
     CHECK(strstr(arl_error_msg(), other) && strstr(arl_error_msg(), st.run_sha256));
+    /* with this run's settings at hand, the refusal names the ones that differ (flattened,
+     * sorted; a key on one side only as unset on the other) instead of the hashes */
+    const char *now =
+        "{\"lr\": 0.001, \"rollout\": {\"temperature\": 0.5, \"top-p\": 1}, \"seed\": 3}";
+    CHECK(arl_train_ckpt_explain(ARL_ERR_CONFIG, latest, now) == ARL_ERR_CONFIG);
+    CHECK_MSG(strstr(arl_error_msg(),
+                     "train_state.json: this checkpoint belongs to a run with other settings (as "
+                     "saved -> as now): lr 0.0003 -> 0.001, rollout.temperature 1 -> 0.5, seed "
+                     "(unset) -> 3, steps 5 -> (unset); an exact resume needs the same settings"),
+              "%s", arl_error_msg());
+    /* other failures, and a refusal of another kind, are left as they are */
+    arl_errorf(ARL_ERR_CONFIG, "another model config");
+    CHECK(arl_train_ckpt_explain(ARL_ERR_CONFIG, latest, now) == ARL_ERR_CONFIG);
+    CHECK_STR_EQ(arl_error_msg(), "another model config");
+    arl_errorf(ARL_ERR_IO, "run configuration unreadable");
+    CHECK(arl_train_ckpt_explain(ARL_ERR_IO, latest, now) == ARL_ERR_IO);
+    CHECK_STR_EQ(arl_error_msg(), "run configuration unreadable");
+    arl_error_clear();
     arl_model_config tiny;
     CHECK(arl_model_config_read(test_src_path("configs/tiny/config.json"), &tiny) == ARL_OK);
     arl_model_params pt;
