@@ -576,8 +576,8 @@ typedef struct fork_cli {
 static const arl_option fork_own[] = {
     {"db", ARL_OPT_STRING, offsetof(fork_cli, db), NULL, "replay store root", 0, 0, NULL,
      ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED | ARL_OPT_CLI_ONLY, "DB"},
-    {"traj", ARL_OPT_STRING, offsetof(fork_cli, traj), NULL, "the parent (traj_uid or traj_id)",
-     0, 0, NULL, ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED | ARL_OPT_CLI_ONLY, "TRAJ"},
+    {"traj", ARL_OPT_STRING, offsetof(fork_cli, traj), NULL, "the parent (traj_uid or traj_id)", 0,
+     0, NULL, ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED | ARL_OPT_CLI_ONLY, "TRAJ"},
     {"segment", ARL_OPT_INT, offsetof(fork_cli, segment), "0",
      "keep the first S >= 1 segments as the prefix (the fork point is the end of segment S-1); "
      "required",
@@ -589,15 +589,62 @@ static const arl_option fork_own[] = {
     {"group-uid", ARL_OPT_STRING, offsetof(fork_cli, group_uid), NULL,
      "group of the forks (default <TRAJ>/fork<S>)", 0, 0, NULL, ARL_OPT_CLI_ONLY, "UID"},
     {"experiment", ARL_OPT_STRING, offsetof(fork_cli, experiment), NULL,
-     "experiment JSON with the rollout keys of the parent's run (env, budgets, ...)", 0, 0, NULL,
-     ARL_OPT_CLI_ONLY, "FILE"},
+     "experiment JSON whose rollout keys replace those of the parent's run (by default the forks "
+     "continue with its run's environment, budgets and sampling)",
+     0, 0, NULL, ARL_OPT_CLI_ONLY, "FILE"},
 };
+
+/* The rollout settings of TRAJ's run (its resolved configuration, kept in the store at db) into
+ * rc: the forks continue with the environment, budgets and sampling of their parent's run.  The
+ * keys of the machine (device, threads), the progress output, the policy source and the run's
+ * task list are not taken (the forks continue the parent's task).  A run that kept no
+ * configuration leaves rc as it is. */
+static arl_status fork_run_defaults(const char *db, const char *traj, arl_rollout_config *rc) {
+    static const char *const not_taken[] = {
+        "threads",        "progress-s",    "device",     "device-bf16",
+        "device-index",   "device-graphs", "policy-dir", "policy-poll-ms",
+        "policy-version", "tasks",         "task-file",  "task-data",
+        "task-seed",      "task-offset",   "run-uid",    "group-kind"};
+    replay_open_opts so = {.flags = REPLAY_OPEN_READONLY};
+    replay_store *st = NULL;
+    replay_traj_row t;
+    replay_run_info run = {0};
+    arl_status s = replay_store_open(db, &so, &st);
+    if (s == ARL_OK) s = replay_traj_get(st, traj, &t);
+    if (s == ARL_OK) {
+        char rid[32];
+        snprintf(rid, sizeof rid, "%lld", (long long)t.run_id);
+        s = replay_run_get(st, rid, &run);
+    }
+    json_t *j = s == ARL_OK && run.config_json ? json_loads(run.config_json, 0, NULL) : NULL;
+    if (json_is_object(j)) {
+        for (size_t i = 0; i < sizeof not_taken / sizeof *not_taken; i++)
+            json_object_del(j, not_taken[i]);
+        const char *k;
+        json_t *v;
+        void *tmp;
+        json_object_foreach_safe(j, tmp, k, v) if (json_is_null(v))
+            json_object_del(j, k); /* unset */
+        char *text = json_dumps(j, JSON_COMPACT);
+        char where[REPLAY_UID_MAX + 64];
+        snprintf(where, sizeof where, "the run of %s", traj);
+        s = text ? arl_rollout_config_load_json(rc, text, where)
+                 : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+        free(text);
+    }
+    json_decref(j);
+    replay_run_info_free(&run);
+    replay_store_close(st);
+    return s;
+}
 
 int cmd_replay_fork(int argc, char **argv) {
     const char *usage = "agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] "
-                        "[--experiment FILE] [rollout keys: --env ..., --seed ...]";
+                        "[--experiment FILE] [rollout keys: --temperature ..., --seed ...]";
     const char *summary = "Continue a stored trajectory from a segment boundary: new trajectories "
-                          "that share its first S segments, generated and scored like a rollout.";
+                          "that share its first S segments, generated and scored like a rollout "
+                          "with the settings of its run (environment, budgets, sampling) unless "
+                          "--experiment or rollout keys give others.";
     size_t n_own = sizeof fork_own / sizeof fork_own[0], n = n_own + arl_rollout_n_options;
     arl_option *tab = malloc(n * sizeof *tab);
     if (!tab) return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
@@ -613,17 +660,32 @@ int cmd_replay_fork(int argc, char **argv) {
         free(tab);
         return ARL_EXIT_OK;
     }
-    char *experiment = s == ARL_OK && o.experiment ? strdup(o.experiment) : NULL;
-    if (s == ARL_OK && experiment) { /* the file first, the command line over it */
+    if (s == ARL_OK && o.db && o.traj) {
+        /* the parent's run's settings first, then the experiment file, the command line over
+         * both */
+        char *db = strdup(o.db), *traj = strdup(o.traj);
+        char *experiment = o.experiment ? strdup(o.experiment) : NULL;
         arl_options_free(tab, n, &o);
         arl_options_defaults(tab, n, &o);
-        char *text;
-        s = arl_file_read(experiment, 0, &text, NULL);
-        if (s == ARL_OK) s = arl_rollout_config_load_json(&o.rc, text, experiment);
-        free(text);
+        s = db && traj ? fork_run_defaults(db, traj, &o.rc)
+                       : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+        if (s == ARL_OK && experiment) {
+            char *text;
+            s = arl_file_read(experiment, 0, &text, NULL);
+            if (s == ARL_OK) s = arl_rollout_config_load_json(&o.rc, text, experiment);
+            free(text);
+        }
         if (s == ARL_OK) s = arl_options_parse_argv(tab, n, argc, argv, &o, &help);
+        free(db);
+        free(traj);
+        free(experiment);
+        if (s != ARL_OK && s != ARL_ERR_ARG && s != ARL_ERR_CONFIG) { /* the store, the parent */
+            const int rc = cli_fail(s);
+            arl_options_free(tab, n, &o);
+            free(tab);
+            return rc;
+        }
     }
-    free(experiment);
     if (s == ARL_OK) s = arl_options_check_required(tab, n, &o);
     if (s == ARL_OK && o.segment < 1)
         s = arl_errorf(ARL_ERR_ARG, "missing required option '--segment S' (S >= 1)");

@@ -174,12 +174,15 @@ void arl_rollout_worker_close(arl_rollout_worker *w);
 /* Fork (spec/replay.md 13.7): `count` new trajectories that keep the first n_prefix >= 1
  * segments of trajectory `parent` (traj_uid or traj_id) as their prefix (not copied: read
  * through the parent) and continue from the end of segment n_prefix - 1, which must be a
- * token_budget boundary: the model from its cached rollout state (else the prefix is
+ * token_budget boundary (else ARL_ERR_RANGE, before anything is written, naming the
+ * boundaries there are): the model from its cached rollout state (else the prefix is
  * prefilled again), the environment by deterministic replay of the parent's steps into a new
  * session; then generation and scoring follow the ordinary rollout path under ckpt_dir with
  * cfg's keys (the environment must be the parent's).  Written into a new tool file of the store,
- * in a catalog group of kind 'fork' (group_uid, or "<parent>/fork<S>" when NULL).  uids (count)
- * receive the new trajectories' ids ("<parent>/f<S>.<i>"); stats (may be NULL) the counters. */
+ * in a catalog group of kind 'fork' (group_uid, or "<parent>/fork<S>" when NULL; when forks of
+ * this point exist already, "<parent>/fork<S>.<i0>").  uids (count) receive the new
+ * trajectories' ids "<parent>/f<S>.<i>", i from i0, the first free (earlier forks at the same
+ * point keep theirs); stats (may be NULL) the counters. */
 arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir, replay_store *st,
                             const char *parent, int32_t n_prefix, int32_t count,
                             const char *group_uid, char (*uids)[REPLAY_UID_MAX + 1],

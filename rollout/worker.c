@@ -1248,12 +1248,49 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
     if (s == ARL_OK && (n_prefix < 1 || n_prefix > p.n_segments + (p.fork_seg_index >= 0 ? p.fork_seg_index + 1 : 0)))
         s = arl_errorf(ARL_ERR_RANGE, "fork: %s has %d committed segments, --segment %d", p.traj_uid,
                        (int)p.n_segments, (int)n_prefix);
+    if (s == ARL_OK) { /* the fork point must be a boundary inside the parent */
+        replay_seg_ref *refs = NULL;
+        size_t nref = 0;
+        s = replay_traj_segments(st, p.traj_id, &refs, &nref);
+        if (s == ARL_OK && (size_t)n_prefix <= nref &&
+            strcmp(refs[n_prefix - 1].end_cause, "token_budget")) {
+            int32_t last_inner = -1; /* the last segment that ends at the token budget */
+            for (size_t i = 0; i < nref; i++)
+                if (!strcmp(refs[i].end_cause, "token_budget")) last_inner = (int32_t)i;
+            char where[96];
+            if (last_inner >= 0)
+                snprintf(where, sizeof where, "its boundaries are --segment 1..%d", last_inner + 1);
+            else
+                snprintf(where, sizeof where, "it has no such boundary (one segment)");
+            s = arl_errorf(ARL_ERR_RANGE,
+                           "fork: segment %d of %s ends '%s', not at the segment token budget: a "
+                           "fork continues a boundary inside the trajectory, and %s",
+                           (int)n_prefix - 1, p.traj_uid, refs[n_prefix - 1].end_cause, where);
+        }
+        free(refs);
+    }
+    /* the forks' uids continue after those of earlier forks at this point (<parent>/f<S>.<i>) */
+    int32_t first = 0;
+    for (; s == ARL_OK; first++) {
+        char u[REPLAY_UID_MAX + 1];
+        replay_traj_row t;
+        snprintf(u, sizeof u, "%s/f%d.%d", p.traj_uid, (int)n_prefix, (int)first);
+        const arl_status g = replay_traj_get(st, u, &t);
+        if (g == ARL_ERR_NOT_FOUND) {
+            arl_error_clear();
+            break;
+        }
+        if (g != ARL_OK) s = g;
+    }
     int64_t group_id = 0;
     if (s == ARL_OK) {
         if (group_uid && *group_uid)
             snprintf(w->fork_group_uid, sizeof w->fork_group_uid, "%s", group_uid);
-        else
+        else if (first == 0)
             snprintf(w->fork_group_uid, sizeof w->fork_group_uid, "%s/fork%d", p.traj_uid, (int)n_prefix);
+        else /* a group of its own for each fork command: <parent>/fork<S>.<first member> */
+            snprintf(w->fork_group_uid, sizeof w->fork_group_uid, "%s/fork%d.%d", p.traj_uid,
+                     (int)n_prefix, (int)first);
         replay_group_desc gd = {.group_uid = w->fork_group_uid, .run_id = p.run_id,
                                 .task_id = p.task_id, .env_id = p.env_id, .kind = "fork",
                                 .size = count, .admitted_version = w->eng.version,
@@ -1261,7 +1298,8 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
         s = replay_group_ensure(st, &gd, &group_id);
     }
     for (int32_t i = 0; s == ARL_OK && i < count; i++) {
-        snprintf(uids[i], REPLAY_UID_MAX + 1, "%s/f%d.%d", p.traj_uid, (int)n_prefix, (int)i);
+        snprintf(uids[i], REPLAY_UID_MAX + 1, "%s/f%d.%d", p.traj_uid, (int)n_prefix,
+                 (int)(first + i));
         replay_traj_desc d = {.traj_uid = uids[i], .run_id = p.run_id, .group_id = group_id,
                               .task_id = p.task_id, .env_id = p.env_id, .slot = i,
                               .policy_version = w->eng.version};

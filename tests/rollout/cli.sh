@@ -58,6 +58,11 @@ grep -q "process: [1-9][0-9]* rows compared, 0 differ" "$T/rw2" || { cat "$T/rw2
     --count 2 > "$T/fork" 2>&1 || { cat "$T/fork"; fail "fork"; }
 grep -q "rollout/g000000/r0/f1.1" "$T/fork" || fail "fork ids"
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after fork"; }
+# without --experiment the forks take their run's settings from the store (environment, budgets)
+"$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --ckpt "$T/ckpt" > "$T/fork2" 2>&1 \
+    || { cat "$T/fork2"; fail "fork with the run's settings"; }
+grep -q "rollout/g000000/r0/f1.2" "$T/fork2" || { cat "$T/fork2"; fail "a second fork: ids after the first ones"; }
+"$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after the second fork"; }
 # a restart on the same shard: every group is final, nothing runs again
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --shard 1 > "$T/out2" 2>/dev/null \
     || fail "restart"

@@ -5,7 +5,9 @@
  * verifies; re-scoring gives the parent and its forks the same log-probabilities on the shared
  * prefix; and every fork token re-scores to its stored behaviour log-probability both from the
  * cached boundary state and from a prefix recomputed from scratch, so the state the fork started
- * from is the state the parent had.
+ * from is the state the parent had.  Forking the same point again adds new trajectories
+ * (their uids after the first ones', a group of their own); a fork point that ends the parent is
+ * refused before anything is written.
  *
  * Images (shapes, test_fork_images): the prefix of a fork holds image placeholders whose PNGs
  * are in the parent's file, not the fork's.  With no cached state at all (state-cache off) the
@@ -80,6 +82,36 @@ static void test_fork(void) {
     }
     free(plp);
     free(pmu);
+
+    /* the same fork again: new trajectories after the first two (f1.2, f1.3), in a group of
+     * their own; those before are untouched */
+    char more[2][REPLAY_UID_MAX + 1];
+    c.seed = 100;
+    H_DIE(arl_rollout_fork(&c, ckpt, st, parent, 1, 2, NULL, more, &fs), "fork again");
+    CHECK_EQ_INT(fs.trajectories, 2);
+    CHECK_EQ_INT(fs.masked, 0);
+    CHECK_STR_EQ(more[0], "rollout/g000000/r0/f1.2");
+    CHECK_STR_EQ(more[1], "rollout/g000000/r0/f1.3");
+    replay_store_close(st);
+    st = h_store(db);
+    CHECK_EQ_INT(h_verify(st), 0);
+    replay_traj_row r0, r2;
+    H_DIE(replay_traj_get(st, uids[0], &r0), "first fork");
+    H_DIE(replay_traj_get(st, more[0], &r2), "second fork");
+    CHECK(r0.group_id != r2.group_id && r0.traj_id != r2.traj_id);
+    /* a fork point that is not a boundary inside the parent (its last segment ends it): refused
+     * before anything is written, naming the boundaries there are */
+    char none[1][REPLAY_UID_MAX + 1];
+    CHECK(arl_rollout_fork(&c, ckpt, st, parent, (int32_t)pr.n_segments, 1, NULL, none, &fs) ==
+          ARL_ERR_RANGE);
+    CHECK_MSG(strstr(arl_error_msg(), "not at the segment token budget") &&
+                  strstr(arl_error_msg(), "its boundaries are --segment 1.."),
+              "%s", arl_error_msg());
+    arl_error_clear();
+    char u[REPLAY_UID_MAX + 1];
+    snprintf(u, sizeof u, "%s/f%d.0", parent, (int)pr.n_segments);
+    CHECK(replay_traj_get(st, u, &r2) == ARL_ERR_NOT_FOUND);
+    arl_error_clear();
     replay_store_close(st);
     arl_rollout_config_free(&c);
 }
