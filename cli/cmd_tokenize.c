@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/file.h"
 #include "policy/chat.h"
 
 typedef struct tokenize_opts {
@@ -22,6 +23,7 @@ typedef struct tokenize_opts {
     int64_t patch_size;
     int64_t max_patches;
     int64_t step;
+    int64_t line;
 } tokenize_opts;
 
 static const arl_option tokenize_tab[] = {
@@ -49,13 +51,17 @@ static const arl_option tokenize_tab[] = {
      "P"},
     {"max-patches", ARL_OPT_INT, offsetof(tokenize_opts, max_patches), "16384",
      "cap on the patch grid of one image", 4, 1 << 30, NULL, 0, "N"},
+    {"line", ARL_OPT_INT, offsetof(tokenize_opts, line), "0",
+     "CONV is JSON Lines (SFT data, env demos): render its line N (1-based; 0: CONV is one "
+     "conversation)",
+     0, 1e15, NULL, 0, "N"},
     {"step", ARL_OPT_INT, offsetof(tokenize_opts, step), "1",
      "--parse: step index used in the call ids call_<step>_<n>", 0, 1e15, NULL, 0, "K"},
 };
 #define TOKENIZE_N ARL_OPTIONS_COUNT(tokenize_tab)
 
 static const char *tokenize_usage =
-    "agentrl tokenize CONV [--ids | --mask] [--gen] | --decode IDS | --parse TEXT";
+    "agentrl tokenize CONV [--line N] [--ids | --mask] [--gen] | --decode IDS | --parse TEXT";
 static const char *tokenize_summary =
     "Render a conversation with the chat/tool template (docs/chat_template.md), decode token "
     "ids, or parse an assistant turn's tool calls.";
@@ -139,6 +145,51 @@ static int tokenize_parse(const arl_chat_template *t, const tokenize_opts *o) {
     return ARL_EXIT_OK;
 }
 
+/* The conversation of path (line > 0: its line `line`, JSON Lines) into c.  A whole file that
+ * does not parse but holds several lines of JSON values is named as JSON Lines. */
+static arl_status conv_load(arl_chat_conv *c, const arl_chat_template *t, const char *path,
+                            int64_t line) {
+    char *buf;
+    size_t n;
+    ARL_TRY(arl_file_read(path, 0, &buf, &n));
+    const char *start = buf;
+    size_t len = n;
+    int64_t lines = 0, objects = 0; /* lines, and lines that open a JSON object or array */
+    for (size_t i = 0; i < n;) {
+        const char *e = memchr(buf + i, '\n', n - i);
+        const size_t end = e ? (size_t)(e - buf) : n;
+        lines++;
+        size_t k = i;
+        while (k < end && (buf[k] == ' ' || buf[k] == '\t' || buf[k] == '\r'))
+            k++;
+        objects += k < end && (buf[k] == '{' || buf[k] == '[');
+        if (lines == line) {
+            start = buf + i;
+            len = end - i;
+        }
+        i = end + 1;
+    }
+    arl_status s;
+    char where[4200];
+    if (line > lines) {
+        s = arl_errorf(ARL_ERR_RANGE, "%s: --line %lld, but it has %lld lines", path,
+                       (long long)line, (long long)lines);
+    } else {
+        if (line > 0)
+            snprintf(where, sizeof where, "%s line %lld", path, (long long)line);
+        else
+            snprintf(where, sizeof where, "%s", path);
+        s = arl_chat_conv_from_json(c, t, start, len, where);
+        if (s == ARL_ERR_FORMAT && line == 0 && objects > 1)
+            s = arl_error_prefix(s,
+                                 "%s holds %lld lines of JSON (JSON Lines?): render "
+                                 "one with --line N",
+                                 path, (long long)lines);
+    }
+    free(buf);
+    return s;
+}
+
 int cmd_tokenize(int argc, char **argv) {
     tokenize_opts o;
     int rc = cli_parse(tokenize_tab, TOKENIZE_N, argc, argv, &o, tokenize_usage, tokenize_summary);
@@ -164,7 +215,7 @@ int cmd_tokenize(int argc, char **argv) {
         arl_chat_conv_init(&c);
         arl_chat_tokens r;
         arl_chat_tokens_init(&r);
-        arl_status s = arl_chat_conv_load(&c, &t, o.conv);
+        arl_status s = conv_load(&c, &t, o.conv, o.line);
         if (!s) s = arl_chat_render(&t, &c, o.gen, &r);
         if (s) {
             rc = cli_fail(s);

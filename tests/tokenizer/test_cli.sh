@@ -39,6 +39,17 @@ echo '[{"role": "tool", "tool_call_id": "q", "content": "x"}]' > "$TMP/bad.json"
 [ $rc -eq 1 ] || fail "bad conversation exited $rc"
 grep -q "message 0 (tool): field 'tool_call_id'" "$TMP/err.txt" || fail "message: $(cat "$TMP/err.txt")"
 
+# JSON Lines (SFT data, env demos): --line N renders one line, exactly as that line alone; the
+# whole file is named as JSON Lines; a line past the end is an error naming the count
+{ echo '[{"role": "user", "content": "a"}]'; tr -d '\n' < "$FIX/golden_conversation.json"; echo; } > "$TMP/two.jsonl"
+"$BIN" tokenize "$TMP/two.jsonl" --line 2 --ids > "$TMP/l2" || fail "--line 2 exited $?"
+"$BIN" tokenize "$FIX/golden_conversation.json" --ids | cmp -s - "$TMP/l2" || fail "--line 2 renders otherwise than the file alone"
+"$BIN" tokenize "$TMP/two.jsonl" 2> "$TMP/err.txt"; rc=$?
+[ $rc -eq 1 ] && grep -q "holds 2 lines of JSON (JSON Lines?): render one with --line N" "$TMP/err.txt" ||
+    fail "JSON Lines without --line: exit $rc: $(cat "$TMP/err.txt")"
+"$BIN" tokenize "$TMP/two.jsonl" --line 3 2> "$TMP/err.txt"; rc=$?
+[ $rc -eq 1 ] && grep -q -- "--line 3, but it has 2 lines" "$TMP/err.txt" || fail "--line 3: exit $rc: $(cat "$TMP/err.txt")"
+
 "$BIN" tokenize 2> /dev/null; rc=$?
 [ $rc -eq 2 ] || fail "no arguments exited $rc"
 echo "ok"
