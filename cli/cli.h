@@ -30,11 +30,13 @@ int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
 int cli_fail(arl_status s);
 
 /* From here on SIGINT and SIGTERM first print, on standard error, that `agentrl COMMAND` was
- * interrupted and the command that continues it (this one's arguments, with --resume), then
- * end the process by that signal as before (exit status 128 + the signal): the run's checkpoints
- * and stores are written atomically, so nothing saved is lost.  For train and sft; a signal the
- * process ignores (a background job's SIGINT) stays ignored. */
-void cli_note_on_interrupt(const char *command, int argc, char **argv);
+ * interrupted and the command that continues it (this one's arguments, with `flag` [`value`]
+ * added unless they hold flag already), then end the process by that signal as before (exit
+ * status 128 + the signal): the run's checkpoints and stores are written atomically, so nothing
+ * saved is lost.  train and sft continue with --resume, rollout with --shard N (the shard it
+ * writes); a signal the process ignores (a background job's SIGINT) stays ignored. */
+void cli_note_on_interrupt(const char *command, int argc, char **argv, const char *flag,
+                           const char *value);
 
 /* After cli_note_on_interrupt: for a failure that continuing can get past once its cause is
  * dealt with (the disk full, an I/O, database, network, environment or device error), print

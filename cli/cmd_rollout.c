@@ -109,6 +109,9 @@ int cmd_rollout(int argc, char **argv) {
     if (s == ARL_OK) s = arl_rollout_worker_open(&o.rc, o.ckpt, st, (int32_t)o.shard, NULL, &w);
     if (s == ARL_OK) {
         arl_log_info("rollout: writing shard %d of %s", (int)arl_rollout_worker_shard(w), o.out);
+        char shard[16]; /* run again with its shard, it continues the shard's trajectories */
+        snprintf(shard, sizeof shard, "%d", (int)arl_rollout_worker_shard(w));
+        cli_note_on_interrupt("rollout", argc, argv, "--shard", shard);
         s = arl_rollout_worker_run(w);
     }
     if (w) { /* after a failure only when something was done (not when nothing could start) */
@@ -117,6 +120,7 @@ int cmd_rollout(int argc, char **argv) {
             arl_rollout_stats_print(rs, stdout);
     }
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
+    if (s && w) cli_note_on_failure(s); /* (not when the store or the worker could not open) */
     if (s == ARL_OK) printf("stored in %s (shard %d)\n", o.out, (int)arl_rollout_worker_shard(w));
     arl_rollout_worker_close(w);
     replay_store_close(st);

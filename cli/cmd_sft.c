@@ -52,7 +52,7 @@ int cmd_sft(int argc, char **argv) {
         rc = cli_fail(s == ARL_ERR_CONFIG ? ARL_ERR_ARG : s);
     } else {
         arl_sft_result res;
-        cli_note_on_interrupt("sft", argc, argv);
+        cli_note_on_interrupt("sft", argc, argv, "--resume", NULL);
         s = arl_sft_run(&cfg, arl_sft_model_ops_default(), o.resume, NULL, stderr, &res);
         if (s) {
             rc = cli_fail(s);

@@ -75,7 +75,7 @@ int cmd_train(int argc, char **argv) {
     int rc = ARL_EXIT_OK;
     if (!s) {
         const int rank0 = d->layout.world_rank == 0;
-        if (rank0) cli_note_on_interrupt("train", argc, argv);
+        if (rank0) cli_note_on_interrupt("train", argc, argv, "--resume", NULL);
         arl_train_result res;
         s = arl_train_run(&cfg, o.resume, d, rank0 ? stderr : NULL, &res);
     }

@@ -9,8 +9,9 @@
 
 static char g_note[8192]; /* the interrupt note, g_cmd at its end */
 static size_t g_note_len;
-static const char *g_command; /* "train", "sft": set when armed */
+static const char *g_command; /* "train", "sft", "rollout": set when armed */
 static const char *g_cmd; /* "  agentrl COMMAND ARGS --resume\n" in g_note, or NULL (too long) */
+static char g_flag[64];   /* what the continuing command adds: "--resume", "--shard 3" */
 
 static void on_interrupt(int sig) {
     /* async-signal-safe: write(2), then the signal again with its default action (SA_RESETHAND
@@ -33,30 +34,36 @@ static size_t quote_arg(char *out, size_t cap, const char *arg) {
     return n;
 }
 
-void cli_note_on_interrupt(const char *command, int argc, char **argv) {
+void cli_note_on_interrupt(const char *command, int argc, char **argv, const char *flag,
+                           const char *value) {
     size_t n = (size_t)snprintf(g_note, sizeof g_note,
                                 "\nagentrl: interrupted: %s stops here; what it saved stays. "
                                 "Continue with:\n",
                                 command);
     const size_t cmd_at = n;
     n += (size_t)snprintf(g_note + n, sizeof g_note - n, "  agentrl %s", command);
-    int has_resume = 0;
+    const size_t flag_len = strlen(flag);
+    int has_flag = 0;
     for (int i = 0; i < argc && n < sizeof g_note; i++) {
-        has_resume |= !strcmp(argv[i], "--resume");
+        has_flag |=
+            !strncmp(argv[i], flag, flag_len) && (!argv[i][flag_len] || argv[i][flag_len] == '=');
         n += quote_arg(g_note + n, sizeof g_note - n, argv[i]);
     }
-    if (n < sizeof g_note)
-        n += (size_t)snprintf(g_note + n, sizeof g_note - n, "%s\n",
-                              has_resume ? "" : " --resume");
+    if (!has_flag && n < sizeof g_note) {
+        n += quote_arg(g_note + n, sizeof g_note - n, flag);
+        if (value && n < sizeof g_note) n += quote_arg(g_note + n, sizeof g_note - n, value);
+    }
+    if (n < sizeof g_note) n += (size_t)snprintf(g_note + n, sizeof g_note - n, "\n");
     g_cmd = g_note + cmd_at;
     if (n >= sizeof g_note) { /* too long to repeat: the short form */
         n = (size_t)snprintf(g_note, sizeof g_note,
                              "\nagentrl: interrupted: %s stops here; what it saved stays. "
-                             "Continue with the same command and --resume.\n",
-                             command);
+                             "Continue with the same command and %s%s%s.\n",
+                             command, flag, value ? " " : "", value ? value : "");
         g_cmd = NULL;
     }
     g_command = command;
+    snprintf(g_flag, sizeof g_flag, "%s%s%s", flag, value ? " " : "", value ? value : "");
     g_note_len = n;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -95,5 +102,5 @@ void cli_note_on_failure(arl_status s) {
     if (g_cmd)
         fprintf(stderr, ":\n%s", g_cmd);
     else
-        fprintf(stderr, " the same command and --resume.\n");
+        fprintf(stderr, " the same command and %s.\n", g_flag);
 }

@@ -67,6 +67,20 @@ grep -q "rollout/g000000/r0/f1.2" "$T/fork2" || { cat "$T/fork2"; fail "a second
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --shard 1 > "$T/out2" 2>/dev/null \
     || fail "restart"
 grep -q "trajectories  0 " "$T/out2" || { cat "$T/out2"; fail "restart reran finished groups"; }
+# SIGTERM once it writes: the note names the command that continues it, with the shard it
+# wrote; that command leaves no trajectory running
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --tasks 4 > /dev/null 2> "$T/err-term" &
+pid=$!
+k=0
+while ! grep -q "writing shard" "$T/err-term" && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
+kill -TERM $pid
+wait $pid; rc=$?
+[ $rc -eq 143 ] || fail "SIGTERM: exit $rc, 143 expected"
+grep -qxF "  agentrl rollout $T/exp.json --ckpt $T/ckpt --out $T/db-term --tasks 4 --shard 1" "$T/err-term" ||
+    { tail -3 "$T/err-term"; fail "SIGTERM: no continue command with the shard"; }
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --tasks 4 --shard 1 > /dev/null 2>&1 ||
+    fail "the continue command failed"
+"$BIN" replay list "$T/db-term" --status running | grep -q "^rollout/" && fail "trajectories left running"
 # usage errors
 "$BIN" rollout "$T/exp.json" --out "$T/db" > /dev/null 2>&1; [ $? -eq 2 ] || fail "missing --ckpt: exit 2"
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --bogus 1 > /dev/null 2>&1
