@@ -1439,6 +1439,12 @@ arl_status arl_report_generate(const char *run_dir, const char *out_dir, const c
                           "%s: not found (expected the metrics of a run of agentrl train)", mpath);
     arl_report_eval ev;
     int have_eval = stat(epath, &sb) == 0;
+    const char *ename = "eval.json";
+    if (!have_eval) { /* an unfinished run: its evaluation before RL, when that has run */
+        ARL_TRY(path_join(epath, sizeof epath, run_dir, "eval-before.json"));
+        have_eval = stat(epath, &sb) == 0;
+        ename = "eval-before.json";
+    }
     if (have_eval) ARL_TRY(arl_report_eval_read(epath, &ev));
     arl_metrics *m = NULL;
     ARL_TRY(arl_metrics_read(mpath, &m));
@@ -1451,7 +1457,7 @@ arl_status arl_report_generate(const char *run_dir, const char *out_dir, const c
         char dst[4096];
         s = path_join(dst, sizeof dst, out_dir, "metrics.jsonl");
         if (s == ARL_OK) s = copy_file(mpath, dst);
-        if (s == ARL_OK && have_eval) s = path_join(dst, sizeof dst, out_dir, "eval.json");
+        if (s == ARL_OK && have_eval) s = path_join(dst, sizeof dst, out_dir, ename);
         if (s == ARL_OK && have_eval) s = copy_file(epath, dst);
     }
     free(rin);

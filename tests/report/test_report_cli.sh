@@ -34,4 +34,11 @@ echo '{"after": {"episodes": 1, "successes": 2}}' > "$tmp/eval.json"
 err=$("$BIN" report "$tmp" 2>&1); rc=$?
 [ $rc -eq 1 ] || fail "bad eval.json: exit $rc, expected 1"
 echo "$err" | grep -q "successes 2 > episodes 1" || fail "bad eval.json message: $err"
+# an unfinished run (killed between the evaluations): its evaluation before RL, after not run
+rm "$tmp/eval.json"
+echo '{"version": 1, "before": {"episodes": 8, "successes": 2}, "set": "test"}' > "$tmp/eval-before.json"
+"$BIN" report "$tmp" --out "$tmp/r2" >/dev/null 2>"$tmp/err" || fail "unfinished run: exit $?: $(cat "$tmp/err")"
+grep -q "| before | 8 | 2 | 0.2500 |" "$tmp/r2/summary.md" && grep -q "| after | .* | not evaluated |" "$tmp/r2/summary.md" ||
+    fail "unfinished run: $(grep -A6 "## Evaluation" "$tmp/r2/summary.md")"
+[ -s "$tmp/r2/eval-before.json" ] || fail "unfinished run: eval-before.json not copied"
 echo "ok"
