@@ -195,7 +195,7 @@ has "migrated 0 files"
 
 # view: read-only HTML pages on loopback (an ephemeral port; stops after 5 requests)
 if command -v curl >/dev/null; then
-    timeout 60 "$A" replay view "$S" --port 0 --max-requests 5 >"$T/view.out" 2>&1 &
+    timeout 60 "$A" replay view "$S" --port 0 --max-requests 7 >"$T/view.out" 2>&1 &
     vpid=$!
     port=""
     for _ in $(seq 1 100); do
@@ -216,8 +216,12 @@ if command -v curl >/dev/null; then
     [ "$out" = 404 ] || fail "view of an unknown trajectory: HTTP $out"
     out=$(curl -s -o /dev/null -w "%{http_code}" -X POST "http://127.0.0.1:$port/")
     [ "$out" = 405 ] || fail "view POST: HTTP $out"
+    out=$(curl -s "http://127.0.0.1:$port/?limit=1")
+    [ "$(echo "$out" | grep -c '<tr><td>')" -eq 1 ] || fail "view ?limit=1: $out"
+    out=$(curl -s -o /dev/null -w "%{http_code}" "http://127.0.0.1:$port/?limit=abc")
+    [ "$out" = 400 ] || fail "view ?limit=abc: HTTP $out (was taken as 'no limit')"
     wait "$vpid" || fail "replay view exited non-zero"
-    grep -q "served 5 requests" "$T/view.out" || fail "view: $(cat "$T/view.out")"
+    grep -q "served 7 requests" "$T/view.out" || fail "view: $(cat "$T/view.out")"
 fi
 
 # help
