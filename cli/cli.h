@@ -30,8 +30,8 @@ int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
 int cli_fail(arl_status s);
 
 /* From here on SIGINT and SIGTERM first print, on standard error, that `agentrl COMMAND` was
- * interrupted and the command that continues it (this one's arguments, with `flag` [`value`]
- * added unless they hold flag already), then end the process by that signal as before (exit
+ * interrupted and the command that continues it (this one's arguments with `flag` [`value`] at
+ * the end, in place of any flag of theirs), then end the process by that signal as before (exit
  * status 128 + the signal): the run's checkpoints and stores are written atomically, so nothing
  * saved is lost.  train and sft continue with --resume, rollout with --shard N (the shard it
  * writes); a signal the process ignores (a background job's SIGINT) stays ignored. */

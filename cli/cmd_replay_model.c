@@ -623,8 +623,9 @@ static arl_status fork_run_defaults(const char *db, const char *traj, arl_rollou
         const char *k;
         json_t *v;
         void *tmp;
-        json_object_foreach_safe(j, tmp, k, v) if (json_is_null(v))
-            json_object_del(j, k); /* unset */
+        json_object_foreach_safe(j, tmp, k, v) {
+            if (json_is_null(v)) json_object_del(j, k); /* unset */
+        }
         char *text = json_dumps(j, JSON_COMPACT);
         char where[REPLAY_UID_MAX + 64];
         snprintf(where, sizeof where, "the run of %s", traj);

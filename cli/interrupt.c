@@ -42,17 +42,18 @@ void cli_note_on_interrupt(const char *command, int argc, char **argv, const cha
                                 command);
     const size_t cmd_at = n;
     n += (size_t)snprintf(g_note + n, sizeof g_note - n, "  agentrl %s", command);
+    /* this command's arguments without flag (and its value: "--shard 0" asked for a new shard,
+     * the continuing command names the one written), then flag [value] */
     const size_t flag_len = strlen(flag);
-    int has_flag = 0;
     for (int i = 0; i < argc && n < sizeof g_note; i++) {
-        has_flag |=
-            !strncmp(argv[i], flag, flag_len) && (!argv[i][flag_len] || argv[i][flag_len] == '=');
+        if (!strncmp(argv[i], flag, flag_len) && (!argv[i][flag_len] || argv[i][flag_len] == '=')) {
+            if (value && !argv[i][flag_len]) i++; /* its value is the next argument */
+            continue;
+        }
         n += quote_arg(g_note + n, sizeof g_note - n, argv[i]);
     }
-    if (!has_flag && n < sizeof g_note) {
-        n += quote_arg(g_note + n, sizeof g_note - n, flag);
-        if (value && n < sizeof g_note) n += quote_arg(g_note + n, sizeof g_note - n, value);
-    }
+    if (n < sizeof g_note) n += quote_arg(g_note + n, sizeof g_note - n, flag);
+    if (value && n < sizeof g_note) n += quote_arg(g_note + n, sizeof g_note - n, value);
     if (n < sizeof g_note) n += (size_t)snprintf(g_note + n, sizeof g_note - n, "\n");
     g_cmd = g_note + cmd_at;
     if (n >= sizeof g_note) { /* too long to repeat: the short form */

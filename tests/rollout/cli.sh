@@ -68,8 +68,8 @@ grep -q "rollout/g000000/r0/f1.2" "$T/fork2" || { cat "$T/fork2"; fail "a second
     || fail "restart"
 grep -q "trajectories  0 " "$T/out2" || { cat "$T/out2"; fail "restart reran finished groups"; }
 # SIGTERM once it writes: the note names the command that continues it, with the shard it
-# wrote; that command leaves no trajectory running
-"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --tasks 4 > /dev/null 2> "$T/err-term" &
+# wrote (in place of --shard 0, a new one); that command leaves no trajectory running
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --shard 0 --tasks 4 > /dev/null 2> "$T/err-term" &
 pid=$!
 k=0
 while ! grep -q "writing shard" "$T/err-term" && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
