@@ -1241,10 +1241,11 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
                             const char *parent, int32_t n_prefix, int32_t count,
                             const char *group_uid, char (*uids)[REPLAY_UID_MAX + 1],
                             arl_rollout_stats *stats) {
+    /* the parent, the fork point and the uids first: a refusal writes nothing (the worker's
+     * open adds a tool file to the store) */
     arl_rollout_worker *w = NULL;
-    arl_status s = worker_open(cfg, ckpt_dir, st, REPLAY_FILE_TOOL, 0, NULL, 0, &w);
     replay_traj_row p;
-    if (s == ARL_OK) s = replay_traj_get(st, parent, &p);
+    arl_status s = replay_traj_get(st, parent, &p);
     if (s == ARL_OK && (n_prefix < 1 || n_prefix > p.n_segments + (p.fork_seg_index >= 0 ? p.fork_seg_index + 1 : 0)))
         s = arl_errorf(ARL_ERR_RANGE, "fork: %s has %d committed segments, --segment %d", p.traj_uid,
                        (int)p.n_segments, (int)n_prefix);
@@ -1282,6 +1283,7 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
         }
         if (g != ARL_OK) s = g;
     }
+    if (s == ARL_OK) s = worker_open(cfg, ckpt_dir, st, REPLAY_FILE_TOOL, 0, NULL, 0, &w);
     int64_t group_id = 0;
     if (s == ARL_OK) {
         if (group_uid && *group_uid)
@@ -1319,7 +1321,7 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
         }
     }
     if (s == ARL_OK) s = arl_rollout_worker_run(w);
-    if (w && stats) *stats = w->stats;
+    if (stats) *stats = w ? w->stats : (arl_rollout_stats){0};
     arl_rollout_worker_close(w);
     return s;
 }

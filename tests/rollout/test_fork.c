@@ -14,9 +14,22 @@
  * fork must recompute its prefix, images included, from the parent's stored observations
  * (rollout/media.c) to continue, and re-scoring the fork from the store alone compares every
  * segment, the prefix's included (none skipped), within the tolerance of helpers.h. */
+#include <dirent.h>
+
 #include "tests/rollout/helpers.h"
 
 static char ckpt[600], tmp[512];
+
+/* Entries of folder dir (-1 if it cannot be read). */
+static int count_files(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
 
 static void test_fork(void) {
     char db[700];
@@ -101,9 +114,13 @@ static void test_fork(void) {
     CHECK(r0.group_id != r2.group_id && r0.traj_id != r2.traj_id);
     /* a fork point that is not a boundary inside the parent (its last segment ends it): refused
      * before anything is written, naming the boundaries there are */
-    char none[1][REPLAY_UID_MAX + 1];
+    char none[1][REPLAY_UID_MAX + 1], shards[800];
+    snprintf(shards, sizeof shards, "%s/shards", db);
+    const int n_files = count_files(shards);
     CHECK(arl_rollout_fork(&c, ckpt, st, parent, (int32_t)pr.n_segments, 1, NULL, none, &fs) ==
           ARL_ERR_RANGE);
+    CHECK_EQ_INT(count_files(shards), n_files); /* no tool file either */
+    CHECK_EQ_INT(fs.trajectories, 0);
     CHECK_MSG(strstr(arl_error_msg(), "not at the segment token budget") &&
                   strstr(arl_error_msg(), "its boundaries are --segment 1.."),
               "%s", arl_error_msg());
