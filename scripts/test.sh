@@ -33,7 +33,7 @@ if [ "${ARL_TEST_FUZZ:-1}" = 1 ] && command -v clang >/dev/null; then
   # reader, model configs and rollout keys, SFT data files), run briefly; a crash, a sanitizer
   # report (undefined behaviour included) or a failed invariant fails the suite. Longer runs:
   # ARL_FUZZ_SECONDS=600.
-  echo "== fuzzing (${ARL_FUZZ_SECONDS:-20} s per target) =="
+  echo "== fuzzing (${ARL_FUZZ_SECONDS:-10} s per target) =="
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DAGENTRL_FUZZ=ON -DAGENTRL_CUDA=OFF >/dev/null
   targets=(envs_aep/fuzz_aep_response envs_aep/fuzz_tool_args safetensors/fuzz_safetensors
            replay/fuzz_blob image/fuzz_image tokenizer/fuzz_chat policy_config/fuzz_config
@@ -76,7 +76,7 @@ if [ "${ARL_TEST_FUZZ:-1}" = 1 ] && command -v clang >/dev/null; then
     local name=${1##*/} corpus=()
     [ -d "build-fuzz/corpus-$name" ] && corpus=("build-fuzz/corpus-$name")
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "build-fuzz/tests/$1" \
-      -max_total_time="${ARL_FUZZ_SECONDS:-20}" -print_final_stats=1 "${corpus[@]}" \
+      -max_total_time="${ARL_FUZZ_SECONDS:-10}" -print_final_stats=1 "${corpus[@]}" \
       >"build-fuzz/$name.log" 2>&1
   }
   declare -A pid_of=()
