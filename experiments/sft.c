@@ -202,9 +202,8 @@ static arl_status template_for(const arl_model_config *cfg, arl_chat_template *t
     return ARL_OK;
 }
 
-/* SHA-256 of the resolved options that decide the trajectory. */
-/* The run hash of c into hex and the settings it hashes (compact JSON, malloc'd) into *canon_out.
- */
+/* SHA-256 of the resolved options that decide the trajectory into hex, and those settings
+ * (compact JSON, malloc'd; train_state.json keeps them) into *canon_out. */
 static arl_status run_hash(const arl_sft_config *c, char hex[ARL_SHA256_HEX_CHARS],
                            char **canon_out) {
     size_t n;
