@@ -8,7 +8,6 @@
  * thread answers the requests in turn (the store handle is not thread-safe).  The pages are the
  * text renderings of replay/inspect.h, HTML-escaped, with links between them. */
 #include <arpa/inet.h>
-#include <errno.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <signal.h>
@@ -123,20 +122,15 @@ static unsigned page_list(view_server *v, struct MHD_Connection *c, FILE *f) {
     flt.env = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "env");
     flt.group = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "group");
     const char *lim = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
-    flt.limit = 200;
-    if (lim) { /* a count, as --limit N of replay list */
-        char *end = NULL;
-        errno = 0;
-        const long long want = strtoll(lim, &end, 10);
-        if (!*lim || *end || errno || want < 0) {
-            page_head(f, "agentrl replay list", v->db);
-            return error_page(f, arl_errorf(ARL_ERR_ARG,
-                                            "limit '%s': expected a count >= 0 "
-                                            "(0: all)",
-                                            lim));
-        }
-        flt.limit = want;
+    /* ?limit=N, read as replay list's --limit N (core/options.h) */
+    static const arl_option limit_opt[] = {
+        {"limit", ARL_OPT_INT, 0, NULL, "at most N trajectories (0: all)", 0, 1e15, NULL, 0, "N"}};
+    int64_t limit = 200;
+    if (lim && arl_options_set(limit_opt, 1, "limit", lim, &limit) != ARL_OK) {
+        page_head(f, "agentrl replay list", v->db);
+        return error_page(f, ARL_ERR_ARG);
     }
+    flt.limit = limit;
     char *buf = NULL;
     size_t n = 0;
     FILE *m = open_memstream(&buf, &n);

@@ -458,7 +458,7 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     if (ls == ARL_OK) { /* the newest that loads: a damaged one is set aside */
         ls = arl_train_ckpt_load_newest(r->out_ckpt, &r->mcfg, r->run_sha, &r->params, &r->opt,
                                         &r->st, 1, latest, sizeof latest, &latest_step);
-        ls = arl_train_ckpt_explain(ls, latest, r->run_canon);
+        ls = arl_train_ckpt_explain(ls, latest, &r->mcfg, r->run_canon);
     }
     if (ls != ARL_OK && ls != ARL_ERR_NOT_FOUND) return ls;
     if (ls == ARL_OK) {

@@ -1469,7 +1469,7 @@ static arl_status resume_load(tr_run *r, int64_t *start, arl_train_result *res) 
     arl_train_state ts;
     arl_status s = arl_train_ckpt_load_newest(root, &r->mcfg, r->run_sha, &r->params, &r->opt, &ts,
                                               r->rank0, dir, sizeof dir, &step);
-    s = arl_train_ckpt_explain(s, dir, r->run_canon);
+    s = arl_train_ckpt_explain(s, dir, &r->mcfg, r->run_canon);
     if (s == ARL_ERR_NOT_FOUND) {
         arl_error_clear();
         return ARL_OK;

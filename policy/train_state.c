@@ -456,9 +456,9 @@ static void diff_objects(const json_t *a, const json_t *b, const char *prefix, d
     free(keys);
 }
 
-arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const char *run_config_json) {
-    if (s != ARL_ERR_CONFIG || !run_config_json || !strstr(arl_error_msg(), "run configuration"))
-        return s;
+arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const arl_model_config *cfg,
+                                  const char *run_config_json) {
+    if (s != ARL_ERR_CONFIG || !run_config_json) return s;
     char msg[2048], path[4200];
     snprintf(msg, sizeof msg, "%s", arl_error_msg());
     snprintf(path, sizeof path, "%s/%s", dir, ARL_TRAIN_STATE_FILE);
@@ -467,12 +467,20 @@ arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const char *run
         arl_errorf(s, "%s", msg); /* the refusal as it was */
         return s;
     }
-    json_t *a = st.run_config_json ? json_loads(st.run_config_json, 0, NULL) : NULL;
-    json_t *b = json_loads(run_config_json, 0, NULL);
+    /* the refusal of the run's settings: the same model config, another run hash */
+    char model_hex[ARL_SHA256_HEX_CHARS], run_hex[ARL_SHA256_HEX_CHARS];
+    uint8_t dg[ARL_SHA256_BYTES];
+    arl_model_config_hash_hex(cfg, model_hex);
+    arl_sha256(run_config_json, strlen(run_config_json), dg);
+    arl_sha256_hex(dg, run_hex);
     diff_list d = {.len = 0};
-    if (json_is_object(a) && json_is_object(b)) diff_objects(a, b, "", &d);
-    json_decref(a);
-    json_decref(b);
+    if (!strcmp(st.model_sha256, model_hex) && strcmp(st.run_sha256, run_hex)) {
+        json_t *a = st.run_config_json ? json_loads(st.run_config_json, 0, NULL) : NULL;
+        json_t *b = json_loads(run_config_json, 0, NULL);
+        if (json_is_object(a) && json_is_object(b)) diff_objects(a, b, "", &d);
+        json_decref(a);
+        json_decref(b);
+    }
     arl_train_state_free(&st);
     if (d.n > 8)
         snprintf(d.text + d.len, d.len < sizeof d.text ? sizeof d.text - d.len : 0, " and %d more",

@@ -155,13 +155,15 @@ arl_status arl_train_ckpt_load_newest(const char *root, const arl_model_config *
                                       arl_adamw *opt, arl_train_state *st, int set_aside,
                                       char *path, size_t cap, int64_t *step);
 
-/* For a failure s of loading checkpoint DIR (arl_train_ckpt_load, _load_newest): when it is the
- * refusal of another run configuration and DIR's train state kept its settings, the message
+/* For a failure s of loading checkpoint DIR (arl_train_ckpt_load, _load_newest) for model config
+ * cfg: when it is the refusal of another run configuration (DIR's state has cfg's model hash and
+ * a run hash other than SHA-256 of run_config_json) and the state kept its settings, the message
  * names the settings that differ from run_config_json (this run's, as hashed) instead of the two
  * hashes: "DIR/train_state.json: this checkpoint belongs to a run with other settings (as saved
  * -> as now): learner.lr 0.0001 -> 0.001, rollout.temperature 1 -> 0.5; ..." (up to eight
  * named, then a count).  Returns s; any other failure is left as it is. */
-arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const char *run_config_json);
+arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const arl_model_config *cfg,
+                                  const char *run_config_json);
 
 /* Write len bytes to path atomically (temp file in the same directory, fsync, rename, fsync
  * of the directory). */

@@ -266,23 +266,31 @@ static void test_second_process_refused(void) {
     CHECK_EQ_INT(wait_exit(start(c, 1)), 0); /* free again: the finished run resumes to its end */
 }
 
+/* The log of run OUT (OUT.log) holds the line head, then the command that continues the run
+ * (its own arguments with --resume), and needle when not NULL. */
+static void log_has_note(const char *out, const char *head, const char *needle) {
+    static char buf[1 << 16];
+    char want[1600];
+    const size_t n = strlen(read_log(out, ".log", buf, sizeof buf));
+    snprintf(want, sizeof want,
+             "%s\n  agentrl train %s --set out=%s --set progress=plain --resume\n", head, exp_path,
+             out);
+    CHECK_MSG(strstr(buf, want) && (!needle || strstr(buf, needle)), "log ends: %s",
+              n > 600 ? buf + n - 600 : buf);
+}
+
 /* SIGTERM (or SIGINT) to a running `agentrl train`: it says it was interrupted and how to
  * continue (its own arguments with --resume), then ends by the signal as before (143). */
 static void test_interrupt_note(void) {
     if (!have_bin()) return;
-    char g[600], want[1400];
+    char g[600];
     snprintf(g, sizeof g, "%s/interrupted", tmp);
     pid_t pid = start(g, 0);
     CHECK_EQ_INT(lock_pid(g), pid); /* running (the note is set before the lock is taken) */
     kill(pid, SIGTERM);
     CHECK_EQ_INT(wait_exit(pid), 128 + SIGTERM);
-    static char buf[1 << 16];
-    const size_t n = strlen(read_log(g, ".log", buf, sizeof buf));
-    snprintf(want, sizeof want,
-             "agentrl: interrupted: train stops here; what it saved stays. Continue with:\n"
-             "  agentrl train %s --set out=%s --set progress=plain --resume\n",
-             exp_path, g);
-    CHECK_MSG(strstr(buf, want) != NULL, "log ends: %s", n > 400 ? buf + n - 400 : buf);
+    log_has_note(
+        g, "agentrl: interrupted: train stops here; what it saved stays. Continue with:", NULL);
 }
 
 /* A run stopped by an I/O error (a file where the run's policy/ folder goes: the first policy
@@ -291,7 +299,7 @@ static void test_interrupt_note(void) {
  * uninterrupted run. */
 static void test_failure_note(void) {
     if (!have_bin()) return;
-    char a[600], g[600], p[900], want[1400];
+    char a[600], g[600], p[900];
     uninterrupted(a, sizeof a);
     snprintf(g, sizeof g, "%s/failed-write", tmp);
     struct stat sb;
@@ -301,14 +309,10 @@ static void test_failure_note(void) {
     CHECK(f != NULL);
     if (f) fclose(f);
     CHECK_EQ_INT(wait_exit(start(g, 0)), 1);
-    static char buf[1 << 16];
-    const size_t n = strlen(read_log(g, ".log", buf, sizeof buf));
-    snprintf(want, sizeof want,
-             "agentrl: train stopped; what it saved stays. Once the cause above is dealt with, "
-             "continue with:\n  agentrl train %s --set out=%s --set progress=plain --resume\n",
-             exp_path, g);
-    CHECK_MSG(strstr(buf, "policy: not a directory") && strstr(buf, want), "log ends: %s",
-              n > 600 ? buf + n - 600 : buf);
+    log_has_note(g,
+                 "agentrl: train stopped; what it saved stays. Once the cause above is dealt "
+                 "with, continue with:",
+                 "policy: not a directory");
     snprintf(p, sizeof p, "%s/sft/checkpoints", g);
     CHECK(stat(p, &sb) == 0); /* the SFT stage was saved before */
     snprintf(p, sizeof p, "%s/policy", g);
