@@ -20,10 +20,12 @@
  *     with fewer documents: the gradient is the same fp32 terms summed in more parts, so the
  *     weights agree to 1e-3 of the largest step and the log-probs to 1e-4 (measured 2.2e-7
  *     of a 0.0177 step, 1.4e-6), with the splits and evictions counted in the metrics.
+ *     The settings that act within an update (prefix-refresh per_minibatch, checkpointing,
+ *     block-sparse MLA, slot rows, bf16) are compared over one update, the others over two.
  *   - refusals: an unknown device name, device-allreduce nccl off cuda, device-math bf16 off
  *     cuda, an unknown device-math, cuda on a machine without a GPU (a clear error from
  *     arl_learner_create).
- *   - `test_learner_device cuda` (gpu; exit 77 without one): the same two updates on the GPU
+ *   - `test_learner_device cuda` (gpu; exit 77 without one): the same updates on the GPU
  *     against the CPU: fp32 sums in other orders (cuBLAS and the device kernels, spec/policy.md
  *     16.4) give gradients equal to ~1e-6 relative; AdamW divides each entry by its own
  *     magnitude, so an entry whose gradient is near the rounding level (|g| ~ eps = 1e-8) may
@@ -52,9 +54,12 @@ static char tmp[512], ckpt[600], ref_ckpt[600], db[600];
 static int64_t gids[2][8];
 static int64_t n_gids[2];
 static int cuda;
-/* updates per run: AddressSanitizer runs an update about 4x slower, so there one update
- * (the refusals and the device AdamW case only: the facade, the passes and the device
- * optimizer under the sanitizers; every case runs in the Release pass) */
+/* updates per run: two where the second update is what is tested (start states cached at the
+ * first update's weights and recomputed for drift; the device's AdamW moments kept between
+ * updates), one for the cases whose setting acts within an update (an update is 4 s of the
+ * suite's time on a 2-core machine).  AddressSanitizer runs an update about 4x slower, so there
+ * one update (the refusals and the device AdamW case only: the facade, the passes and the device
+ * optimizer under the sanitizers; every case runs in the Release pass). */
 #if defined(__SANITIZE_ADDRESS__)
 #define N_UPD 1
 static const int sanitized = 1;
@@ -98,17 +103,19 @@ typedef struct run {
     lh_learner h;
     hook_rec hook;
     char *metrics[2];
+    int n_upd; /* updates run */
 } run;
 
-/* Two updates (the second over the next groups, at the weights of the first) on device dev. */
-static void run_two(run *r, const char *dev, const lh_opts *base) {
+/* n_upd updates (the second over the next groups, at the weights of the first) on device dev. */
+static void run_updates(run *r, const char *dev, const lh_opts *base, int n_upd) {
     memset(r, 0, sizeof *r);
+    r->n_upd = n_upd;
     lh_opts o = *base;
     o.device = dev;
     L_DIE(lh_learner_try_open(&r->h, ckpt, ref_ckpt, 2, 6, NULL, &o), "learner");
     r->hook.w = &r->h.params;
     if (g_hook) arl_learner_set_grad_hook(r->h.l, loss_hook, &r->hook);
-    for (int n = 0; n < N_UPD; n++) {
+    for (int n = 0; n < r->n_upd; n++) {
         arl_update_source src = {.root = db, .group_ids = gids[n], .n_groups = n_gids[n]};
         replay_open_opts oo = {0};
         L_DIE(replay_store_open(db, &oo, &src.store), "store");
@@ -198,32 +205,36 @@ static double logprob_diff(const arl_learner *la, const arl_learner *lb, int64_t
  * once, shared by those cases (it stays at this address: the learner holds its hook record).
  * learner.device-slot-rows is read by the device only; activation checkpointing changes no bit
  * of the CPU learner's results (file comment). */
-static run g_cpu_plain;
-static int g_cpu_plain_made;
+static run g_cpu_plain[N_UPD]; /* [updates - 1] */
+static int g_cpu_plain_made[N_UPD];
 
 /* The CPU side of a comparison with settings o: the shared run when o's CPU learner gives the
  * default one's bits, else own (made here; the caller frees it).  Every setting of lh_opts but
  * slot_rows and act_checkpoint changes the CPU learner's numbers: one added there must be added
  * here. */
-static run *cpu_side(const lh_opts *o, run *own) {
+static run *cpu_side(const lh_opts *o, int n_upd, run *own) {
     const int plain = g_hook && !o->shared_prefix && !o->device && !o->allreduce && !o->math &&
                       !o->prefix_per_minibatch && !o->sparse_topk && !o->sparse_chunk;
     if (!plain) {
-        run_two(own, "cpu", o);
+        run_updates(own, "cpu", o, n_upd);
         return own;
     }
-    if (!g_cpu_plain_made) {
+    const int k = n_upd - 1;
+    if (!g_cpu_plain_made[k]) {
         const lh_opts dflt = {0};
-        run_two(&g_cpu_plain, "cpu", &dflt);
-        g_cpu_plain_made = 1;
+        run_updates(&g_cpu_plain[k], "cpu", &dflt, n_upd);
+        g_cpu_plain_made[k] = 1;
     }
-    return &g_cpu_plain;
+    return &g_cpu_plain[k];
 }
 
-static void compare(const lh_opts *o, const char *what) {
+/* The CPU learner and the device (cpu-device, or cuda) with settings o over n_upd updates (at
+ * most N_UPD): the same bits, or within the tolerances of the file comment. */
+static void compare(const lh_opts *o, int n_upd, const char *what) {
+    if (n_upd > N_UPD) n_upd = N_UPD;
     run own, b;
-    run *a = cpu_side(o, &own);
-    run_two(&b, cuda ? "cuda" : "cpu-device", o);
+    run *a = cpu_side(o, n_upd, &own);
+    run_updates(&b, cuda ? "cuda" : "cpu-device", o, n_upd);
     const int64_t nf = a->h.params.inv.arena_floats;
     double dw, step, dm, dv, ds;
     arl_model_params w0;
@@ -249,9 +260,10 @@ static void compare(const lh_opts *o, const char *what) {
             what, step, cuda ? "cuda" : "cpu-device", dw, dm, dv, dl, (long long)n_far,
             (long long)n_all);
     CHECK(step > 0);
-    CHECK_EQ_INT(a->hook.n, g_hook ? 2 * N_UPD : 0); /* two minibatches per update */
-    CHECK_EQ_INT(b.hook.n, g_hook ? 2 * N_UPD : 0);
-    CHECK(a->h.opt.step == 2 * N_UPD && b.h.opt.step == 2 * N_UPD);
+    CHECK(a->n_upd == n_upd && b.n_upd == n_upd);
+    CHECK_EQ_INT(a->hook.n, g_hook ? 2 * n_upd : 0); /* two minibatches per update */
+    CHECK_EQ_INT(b.hook.n, g_hook ? 2 * n_upd : 0);
+    CHECK(a->h.opt.step == 2 * n_upd && b.h.opt.step == 2 * n_upd);
     if (o->slot_rows > 0) { /* the splits and evictions, on the device only */
         const double sp = lh_metric(b.metrics[0], "state/device_call_splits"),
                      ev = lh_metric(b.metrics[0], "state/device_evictions");
@@ -264,7 +276,7 @@ static void compare(const lh_opts *o, const char *what) {
             CHECK_MSG(a->hook.loss[i] == b.hook.loss[i], "minibatch loss %d: %.17g vs %.17g", i,
                       a->hook.loss[i], b.hook.loss[i]);
         metrics_match(a->metrics[0], b.metrics[0], "update 0");
-        if (N_UPD > 1) metrics_match(a->metrics[1], b.metrics[1], "update 1");
+        if (n_upd > 1) metrics_match(a->metrics[1], b.metrics[1], "update 1");
     } else if (!cuda) { /* cpu-device, calls split: the same fp32 terms summed in more parts */
         CHECK(dw <= 1e-3 * step && dl <= 1e-4);
     } else if (o->math && strcmp(o->math, "fp32")) {
@@ -303,37 +315,37 @@ static void compare(const lh_opts *o, const char *what) {
 
 static void test_device_matches_cpu(void) {
     lh_opts o = {0};
-    compare(&o, "cached states");
+    compare(&o, 2, "cached states");
 }
 
 static void test_device_shared_prefix(void) {
     lh_opts o = {.shared_prefix = 1};
-    compare(&o, "shared prefix");
+    compare(&o, 2, "shared prefix");
 }
 
 /* without a grad hook the device runs AdamW itself (moments kept there for the update) */
 static void test_device_adamw(void) {
     lh_opts o = {0};
     g_hook = 0;
-    compare(&o, "AdamW on the device");
+    compare(&o, 2, "AdamW on the device");
     g_hook = 1;
 }
 
 static void test_device_checkpointing(void) {
     lh_opts o = {.act_checkpoint = 1};
-    compare(&o, "activation checkpointing");
+    compare(&o, 1, "activation checkpointing");
 }
 
 static void test_device_sparse(void) {
     lh_opts o = {.sparse_topk = 1, .sparse_chunk = 16};
-    compare(&o, "block-sparse MLA");
+    compare(&o, 1, "block-sparse MLA");
 }
 
 /* the device's slots sharing fewer latent rows than max-docs x the context
  * (learner.device-slot-rows): ranges made, grown, moved and freed as the passes go */
 static void test_device_shared_rows(void) {
     lh_opts o = {.slot_rows = SHARED_ROWS};
-    compare(&o, "shared slot rows");
+    compare(&o, 1, "shared slot rows");
 }
 
 /* fewer shared rows than one forward's documents need: other slots evicted (their states
@@ -343,20 +355,20 @@ static void test_device_shared_rows(void) {
 static void test_device_tight_rows(void) {
     lh_opts o = {.slot_rows = TIGHT_ROWS};
     g_loose = 1;
-    compare(&o, "tight shared slot rows");
+    compare(&o, 1, "tight shared slot rows");
     g_loose = 0;
 }
 
 static void test_device_per_minibatch(void) {
     lh_opts o = {.prefix_per_minibatch = 1};
-    compare(&o, "prefix-refresh per_minibatch");
+    compare(&o, 1, "prefix-refresh per_minibatch");
 }
 
 /* cuda, learner.device-math bf16: every pass's GEMMs on bf16 inputs, the forwards' weight GEMMs
  * on the bf16 weight copies */
 static void test_device_bf16(void) {
     lh_opts o = {.math = "bf16"};
-    compare(&o, "bf16 GEMM inputs");
+    compare(&o, 1, "bf16 GEMM inputs");
 }
 
 /* cuda: the gradient all-reduce over a one-rank NCCL communicator (learner.device-allreduce
@@ -369,8 +381,8 @@ static void test_device_nccl_one_rank(void) {
     lh_opts o = {0}, on = {.allreduce = "nccl"};
     for (g_hook = 1; g_hook >= 0; g_hook--) { /* AdamW on the host, then on the device */
         run a, b;
-        run_two(&a, "cuda", &o);
-        run_two(&b, "cuda", &on);
+        run_updates(&a, "cuda", &o, N_UPD);
+        run_updates(&b, "cuda", &on, N_UPD);
         const size_t bytes = sizeof(float) * (size_t)a.h.params.inv.arena_floats;
         CHECK(!memcmp(a.h.params.arena, b.h.params.arena, bytes));
         CHECK(!memcmp(a.h.opt.m.arena, b.h.opt.m.arena, bytes));
@@ -455,6 +467,7 @@ int main(int argc, char **argv) {
     TEST_RUN(test_device_adamw);
     if (cuda) TEST_RUN(test_device_nccl_one_rank);
     if (cuda) TEST_RUN(test_device_bf16);
-    if (g_cpu_plain_made) run_free(&g_cpu_plain);
+    for (int k = 0; k < N_UPD; k++)
+        if (g_cpu_plain_made[k]) run_free(&g_cpu_plain[k]);
     return test_finish();
 }
