@@ -3,7 +3,8 @@
  *   agentrl replay rescore DB TRAJ... --ckpt DIR [--version auto|N|none] [--save-states]
  *                          [--routing replay|natural] [--rewards [--env SPEC]]
  *   agentrl replay rescore DB TRAJ... --rewards [--env SPEC] [--label L]
- *   agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] [EXPERIMENT / rollout keys]
+ *   agentrl replay fork DB TRAJ --segment S [--ckpt DIR | --version N] [--count M]
+ *                       [--use-rollout-state] [EXPERIMENT / rollout keys]
  * rescore prints, per trajectory, how each segment started (cached state or recomputed prefix),
  * the mean, p99 and max of |l - l_mu| over its action tokens, the mean entropy there and the
  * router agreement with the stored routes (overlap, exact layer, exact token), and writes one
@@ -19,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "core/file.h"
@@ -567,10 +569,12 @@ typedef struct fork_cli {
     char *db;
     char *traj;
     char *ckpt;
+    char *version;
     char *experiment;
     int64_t segment;
     int64_t count;
     char *group_uid;
+    int use_rollout_state;
 } fork_cli;
 
 static const arl_option fork_own[] = {
@@ -582,8 +586,17 @@ static const arl_option fork_own[] = {
      "keep the first S >= 1 segments as the prefix (the fork point is the end of segment S-1); "
      "required",
      0, 1 << 30, NULL, ARL_OPT_CLI_ONLY, "S"},
-    {"ckpt", ARL_OPT_STRING, offsetof(fork_cli, ckpt), NULL, "policy that continues the forks", 0,
-     0, NULL, ARL_OPT_REQUIRED | ARL_OPT_CLI_ONLY, "DIR"},
+    {"ckpt", ARL_OPT_STRING, offsetof(fork_cli, ckpt), NULL,
+     "policy that continues the forks (default: the checkpoint the store records for --version)", 0,
+     0, NULL, ARL_OPT_CLI_ONLY, "DIR"},
+    {"version", ARL_OPT_STRING, offsetof(fork_cli, version), "newest",
+     "policy version of the parent's run that continues the forks: its checkpoint as the store "
+     "records it, or, with --ckpt, the version --ckpt must be; newest = the run's highest",
+     0, 0, NULL, ARL_OPT_CLI_ONLY, "N"},
+    {"use-rollout-state", ARL_OPT_BOOL, offsetof(fork_cli, use_rollout_state), "false",
+     "start from the parent's cached rollout state whatever versions computed it (default: only "
+     "a state computed at the forks' version; else the prefix is prefilled again)",
+     0, 0, NULL, ARL_OPT_CLI_ONLY, NULL},
     {"count", ARL_OPT_INT, offsetof(fork_cli, count), "1", "continuations", 1, 4096, NULL,
      ARL_OPT_CLI_ONLY, "M"},
     {"group-uid", ARL_OPT_STRING, offsetof(fork_cli, group_uid), NULL,
@@ -639,9 +652,58 @@ static arl_status fork_run_defaults(const char *db, const char *traj, arl_rollou
     return s;
 }
 
+/* The policy that continues forks of traj without --ckpt: the checkpoint the store records
+ * for version *version (< 0: the newest) of traj's run, into ckpt (cap bytes); *version
+ * becomes the version found. */
+static arl_status fork_ckpt_of(replay_store *st, const char *traj, int64_t *version, char *ckpt,
+                               size_t cap) {
+    replay_traj_row t;
+    ARL_TRY(replay_traj_get(st, traj, &t));
+    replay_version_row v;
+    replay_run_info run = {0};
+    char rid[32];
+    snprintf(rid, sizeof rid, "%lld", (long long)t.run_id);
+    arl_status s = replay_run_get(st, rid, &run);
+    if (s == ARL_OK) s = replay_version_get(st, t.run_id, *version, &v);
+    if (s == ARL_ERR_NOT_FOUND && run.run_uid[0]) {
+        arl_error_clear();
+        replay_version_row newest;
+        if (*version >= 0 && replay_version_get(st, t.run_id, -1, &newest) == ARL_OK)
+            s = arl_errorf(ARL_ERR_NOT_FOUND,
+                           "fork: run %s records no policy version %lld (its newest is %lld); "
+                           "give another --version, or --ckpt DIR (the policy that continues "
+                           "the forks)",
+                           run.run_uid, (long long)*version, (long long)newest.version);
+        else
+            s = arl_errorf(ARL_ERR_NOT_FOUND,
+                           "fork: run %s records no policy versions; give --ckpt DIR (the "
+                           "policy that continues the forks)",
+                           run.run_uid);
+    }
+    if (s == ARL_OK && !v.checkpoint_uri[0])
+        s = arl_errorf(ARL_ERR_NOT_FOUND,
+                       "fork: the store records no checkpoint for policy version %lld of run %s; "
+                       "give --ckpt DIR (the policy that continues the forks)",
+                       (long long)v.version, run.run_uid);
+    struct stat sb;
+    if (s == ARL_OK && (stat(v.checkpoint_uri, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+        s = arl_errorf(ARL_ERR_NOT_FOUND,
+                       "fork: policy version %lld of run %s was saved at %s, which is not there "
+                       "(moved or deleted?); give --ckpt DIR (the policy that continues the "
+                       "forks) or --version N",
+                       (long long)v.version, run.run_uid, v.checkpoint_uri);
+    if (s == ARL_OK) {
+        snprintf(ckpt, cap, "%s", v.checkpoint_uri);
+        *version = v.version;
+    }
+    replay_run_info_free(&run);
+    return s;
+}
+
 int cmd_replay_fork(int argc, char **argv) {
-    const char *usage = "agentrl replay fork DB TRAJ --segment S --ckpt DIR [--count M] "
-                        "[--experiment FILE] [rollout keys: --temperature ..., --seed ...]";
+    const char *usage = "agentrl replay fork DB TRAJ --segment S [--ckpt DIR | --version N] "
+                        "[--count M] [--use-rollout-state] [--experiment FILE] [rollout keys: "
+                        "--temperature ..., --seed ...]";
     const char *summary = "Continue a stored trajectory from a segment boundary: new trajectories "
                           "that share its first S segments, generated and scored like a rollout "
                           "with the settings of its run (environment, budgets, sampling) unless "
@@ -690,6 +752,17 @@ int cmd_replay_fork(int argc, char **argv) {
     if (s == ARL_OK) s = arl_options_check_required(tab, n, &o);
     if (s == ARL_OK && o.segment < 1)
         s = arl_errorf(ARL_ERR_ARG, "missing required option '--segment S' (S >= 1)");
+    int64_t version = -1; /* --version newest */
+    if (s == ARL_OK && strcmp(o.version, "newest")) {
+        char *end;
+        const long long v = strtoll(o.version, &end, 10);
+        if (!o.version[0] || *end || v < 0 || v > 4294967295LL)
+            s = arl_errorf(ARL_ERR_ARG,
+                           "--version: expected newest or a version 0..4294967295, "
+                           "got '%s'",
+                           o.version);
+        version = v;
+    }
     if (s != ARL_OK) {
         fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
         arl_options_free(tab, n, &o);
@@ -702,9 +775,21 @@ int cmd_replay_fork(int argc, char **argv) {
     arl_rollout_stats stats;
     memset(&stats, 0, sizeof stats);
     s = uids ? replay_store_open(o.db, &so, &st) : arl_errorf(ARL_ERR_NOMEM, "out of memory");
-    if (s == ARL_OK)
-        s = arl_rollout_fork(&o.rc, o.ckpt, st, o.traj, (int32_t)o.segment, (int32_t)o.count,
-                             o.group_uid, uids, &stats);
+    static char ckpt[4096];
+    if (s == ARL_OK && o.ckpt)
+        snprintf(ckpt, sizeof ckpt, "%s", o.ckpt);
+    else if (s == ARL_OK)
+        s = fork_ckpt_of(st, o.traj, &version, ckpt, sizeof ckpt);
+    const arl_rollout_fork_opts fo = {
+        .group_uid = o.group_uid, .version = version, .use_rollout_state = o.use_rollout_state};
+    if (s == ARL_OK) {
+        if (!o.ckpt) { /* (before the rollout's log lines) */
+            printf("policy: version %lld of the parent's run, %s\n", (long long)version, ckpt);
+            fflush(stdout);
+        }
+        s = arl_rollout_fork(&o.rc, ckpt, st, o.traj, (int32_t)o.segment, (int32_t)o.count, &fo,
+                             uids, &stats);
+    }
     int rc = s ? cli_fail(s) : ARL_EXIT_OK;
     if (s == ARL_OK) {
         arl_rollout_stats_print(&stats, stdout);

@@ -152,6 +152,17 @@ arl_status replay_version_add(replay_store *st, const replay_version_desc *d);
  * matches or the store has no catalog.  how may be NULL. */
 arl_status replay_version_find(replay_store *st, int64_t run_id, const char *weights_sha256,
                                const char *ckpt_dir, int64_t *version, int *how);
+/* A policy_versions row as read back: checkpoint_uri and weights_sha256 are "" when NULL. */
+typedef struct replay_version_row {
+    int64_t version;
+    char checkpoint_uri[4096];
+    char weights_sha256[65];
+} replay_version_row;
+/* Row (run_id, version) of policy_versions into *out, or the run's newest (highest) version
+ * when version < 0.  ARL_ERR_NOT_FOUND when there is no such row or the store has no
+ * catalog. */
+arl_status replay_version_get(replay_store *st, int64_t run_id, int64_t version,
+                              replay_version_row *out);
 /* The recorded weights_sha256 of (run_id, version) into buf ("" when NULL, unknown or no
  * catalog). */
 arl_status replay_version_weights(replay_store *st, int64_t run_id, int64_t version, char *buf,

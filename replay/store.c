@@ -782,6 +782,40 @@ arl_status replay_version_find(replay_store *st, int64_t run_id, const char *wei
     return ARL_OK;
 }
 
+arl_status replay_version_get(replay_store *st, int64_t run_id, int64_t version,
+                              replay_version_row *out) {
+    memset(out, 0, sizeof *out);
+    out->version = -1;
+    if (!st->cat.db) return arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s has no catalog", st->root);
+    sqlite3_stmt *q;
+    ARL_TRY(rdb_prepare(&st->cat,
+                        version >= 0
+                            ? "SELECT version, checkpoint_uri, weights_sha256 FROM policy_versions "
+                              "WHERE run_id = ?1 AND version = ?2"
+                            : "SELECT version, checkpoint_uri, weights_sha256 FROM policy_versions "
+                              "WHERE run_id = ?1 ORDER BY version DESC LIMIT 1",
+                        &q));
+    sqlite3_bind_int64(q, 1, run_id);
+    if (version >= 0) sqlite3_bind_int64(q, 2, version);
+    const int rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) {
+        out->version = sqlite3_column_int64(q, 0);
+        rdb_col_text(q, 1, out->checkpoint_uri, sizeof out->checkpoint_uri);
+        rdb_col_text(q, 2, out->weights_sha256, sizeof out->weights_sha256);
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return rdb_fail(&st->cat, rc, "reading a policy version");
+    if (rc == SQLITE_DONE) {
+        if (version >= 0)
+            return arl_errorf(ARL_ERR_NOT_FOUND, "replay: run %lld has no policy version %lld",
+                              (long long)run_id, (long long)version);
+        return arl_errorf(ARL_ERR_NOT_FOUND, "replay: run %lld records no policy version",
+                          (long long)run_id);
+    }
+    return ARL_OK;
+}
+
 arl_status replay_version_weights(replay_store *st, int64_t run_id, int64_t version, char *buf,
                                   size_t cap) {
     if (cap) buf[0] = 0;

@@ -315,6 +315,16 @@ static arl_status restore_model(rs_ctx *x, int *failed) {
     replay_state_data *parts = NULL;
     size_t np = 0;
     arl_status s = replay_boundary_load(w->st, x->row.traj_id, last->seg_index, &parts, &np);
+    if (s == ARL_OK && x->fork && !w->fork_any_state) {
+        /* a fork starts from the state at its own version (spec/replay.md 13.7 step 1): the
+         * parent's rollout state only when that version of the same run computed all of it */
+        int same = w->fork_same_run;
+        for (size_t i = 0; same && i < np; i++)
+            same = parts[i].version_min == e->version && parts[i].version_max == e->version;
+        if (!same)
+            s = arl_errorf(ARL_ERR_NOT_FOUND, "fork: no state at version %lld",
+                           (long long)e->version);
+    }
     uint8_t *buf = NULL;
     size_t len = 0;
     if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, e->numerics, parts, np, &buf, &len);
@@ -642,8 +652,14 @@ arl_status ro_resume_one(arl_rollout_worker *w, int64_t traj_id) {
             s = ro_prefill_set(w, t, t->e_tok, t->e_n, media, t->e_n_media);
             t->n_ctx += t->e_n;
             t->n_total += t->e_n;
-            if (!x.fork) w->stats.resumed++;
-            if (!x.fork && !strcmp(x.state_how, "cached")) w->stats.resumed_from_state++;
+            const int cached = !strcmp(x.state_how, "cached");
+            if (x.fork) {
+                w->stats.forked++;
+                w->stats.forked_from_state += cached;
+            } else {
+                w->stats.resumed++;
+                w->stats.resumed_from_state += cached;
+            }
             arl_log_info("rollout: %s %s at step %lld (environment %s, model state %s)", t->uid,
                          x.fork ? "forked" : "resumed", (long long)x.m, x.how, x.state_how);
         }

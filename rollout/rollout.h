@@ -123,6 +123,7 @@ typedef struct arl_rollout_stats {
     int64_t complete, truncated, masked;
     int64_t resumed, interrupted_masked;
     int64_t resumed_from_state; /* resumed from a cached boundary state (not recomputed) */
+    int64_t forked, forked_from_state; /* forks started (arl_rollout_fork); from a cached state */
     int64_t successes;        /* outcome at the top of the declared outcome range */
     int64_t tokens, action_tokens, turns, segments;
     int64_t prefill_tokens, decode_tokens;
@@ -179,13 +180,28 @@ void arl_rollout_worker_close(arl_rollout_worker *w);
  * prefilled again), the environment by deterministic replay of the parent's steps into a new
  * session; then generation and scoring follow the ordinary rollout path under ckpt_dir with
  * cfg's keys (the environment must be the parent's).  Written into a new tool file of the store,
- * in a catalog group of kind 'fork' (group_uid, or "<parent>/fork<S>" when NULL; when forks of
- * this point exist already, "<parent>/fork<S>.<i0>").  uids (count) receive the new
+ * in a catalog group of kind 'fork' (o->group_uid, or "<parent>/fork<S>" when NULL; when forks
+ * of this point exist already, "<parent>/fork<S>.<i0>").  uids (count) receive the new
  * trajectories' ids "<parent>/f<S>.<i>", i from i0, the first free (earlier forks at the same
- * point keep theirs); stats (may be NULL) the counters. */
+ * point keep theirs); stats (may be NULL) the counters.
+ * The forks' run and policy version: when ckpt_dir's weights are a policy version v of the
+ * parent's run (its recorded weights_sha256, else its checkpoint path: replay_version_find),
+ * the forks belong to that run at version v; otherwise to a run of their own,
+ * "<parent's run>/fork-<first 12 hex digits of the weights' SHA-256>", at version 0 (its
+ * policy_versions row names ckpt_dir).  The model state at the fork point is the parent's
+ * cached rollout state only when it was computed entirely at version v of the same run
+ * (spec/replay.md 13.7 step 1: the state at the chosen version), or, with
+ * o->use_rollout_state, whatever versions computed it; otherwise the prefix is prefilled at
+ * the forks' weights.  o may be NULL (the defaults). */
+typedef struct arl_rollout_fork_opts {
+    const char *group_uid; /* NULL: "<parent>/fork<S>" */
+    int64_t version;       /* >= 0: ckpt_dir must be this policy version of the parent's run
+                            * (else ARL_ERR_STATE before anything is written); -1: any */
+    int use_rollout_state; /* start from the parent's cached rollout state whatever its versions */
+} arl_rollout_fork_opts;
 arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir, replay_store *st,
                             const char *parent, int32_t n_prefix, int32_t count,
-                            const char *group_uid, char (*uids)[REPLAY_UID_MAX + 1],
+                            const arl_rollout_fork_opts *o, char (*uids)[REPLAY_UID_MAX + 1],
                             arl_rollout_stats *stats);
 
 /* Print the closing summary of a run (success rate, reward per level, mean length, ends). */

@@ -1113,9 +1113,50 @@ static arl_status copy_config(arl_rollout_config *dst, const arl_rollout_config 
     return ARL_OK;
 }
 
-static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_dir,
-                              replay_store *st, replay_file_kind kind, int32_t shard_id,
-                              const arl_rollout_hooks *hooks, int with_tasks,
+/* A fork worker's request (arl_rollout_fork): the parent and the caller's options. */
+typedef struct fork_req {
+    const replay_traj_row *parent;
+    const arl_rollout_fork_opts *o;
+} fork_req;
+
+/* The run and policy version a fork worker's trajectories are recorded under, once its weights
+ * are loaded (rollout.h arl_rollout_fork): run_uid (cap bytes) and w->eng.version. */
+static arl_status fork_run_of(arl_rollout_worker *w, replay_store *st, const fork_req *f,
+                              char *run_uid, size_t cap) {
+    char wsha[65], rid[32];
+    ro_engine_weights_sha256(&w->eng, w->eng.cur, wsha);
+    snprintf(rid, sizeof rid, "%lld", (long long)f->parent->run_id);
+    replay_run_info run = {0};
+    ARL_TRY(replay_run_get(st, rid, &run));
+    int64_t v = -1;
+    arl_status s = replay_version_find(st, f->parent->run_id, wsha, w->ckpt_dir, &v, NULL);
+    if (s == ARL_ERR_NOT_FOUND) {
+        arl_error_clear();
+        s = ARL_OK;
+        v = -1;
+    }
+    const int64_t want = f->o ? f->o->version : -1;
+    if (s == ARL_OK && want >= 0 && v != want) {
+        char is[64] = "its weights are no version the run recorded";
+        if (v >= 0) snprintf(is, sizeof is, "it is version %lld", (long long)v);
+        s = arl_errorf(ARL_ERR_STATE, "fork: %s is not policy version %lld of run %s (%s)",
+                       w->ckpt_dir, (long long)want, run.run_uid, is);
+    }
+    if (s == ARL_OK && v >= 0) {
+        snprintf(run_uid, cap, "%s", run.run_uid);
+        w->eng.version = v;
+        w->fork_same_run = 1;
+    } else if (s == ARL_OK) {
+        snprintf(run_uid, cap, "%s/fork-%.12s", run.run_uid, wsha);
+        w->eng.version = 0;
+    }
+    replay_run_info_free(&run);
+    return s;
+}
+
+static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_dir, replay_store *st,
+                              replay_file_kind kind, int32_t shard_id,
+                              const arl_rollout_hooks *hooks, int with_tasks, const fork_req *fork,
                               arl_rollout_worker **out) {
     *out = NULL;
     ARL_TRY(arl_rollout_config_validate(cfg));
@@ -1193,11 +1234,17 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
         return arl_errorf(ARL_ERR_CONFIG, "key 'env-options': invalid JSON");
     /* store */
     w->st = st;
-    ARL_TRY(replay_writer_open(st, kind, shard_id, c->run_uid, &w->w));
+    char run_uid[REPLAY_UID_MAX + 1];
+    snprintf(run_uid, sizeof run_uid, "%s", c->run_uid);
+    if (fork) {
+        w->fork_any_state = fork->o && fork->o->use_rollout_state;
+        ARL_TRY(fork_run_of(w, st, fork, run_uid, sizeof run_uid));
+    }
+    ARL_TRY(replay_writer_open(st, kind, shard_id, run_uid, &w->w));
     char *cfg_json = arl_options_to_json(arl_rollout_options, arl_rollout_n_options, c);
     char *model_json = arl_model_config_dumps(&w->eng.cfg);
-    replay_run_desc rd = {.run_uid = c->run_uid, .config_json = cfg_json,
-                          .model_config_json = model_json};
+    replay_run_desc rd = {
+        .run_uid = run_uid, .config_json = cfg_json, .model_config_json = model_json};
     s = cfg_json && model_json ? replay_run_ensure(st, &rd, &w->run_id)
                                : arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     free(cfg_json);
@@ -1234,13 +1281,14 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
 arl_status arl_rollout_worker_open(const arl_rollout_config *cfg, const char *ckpt_dir,
                                    replay_store *st, int32_t shard_id,
                                    const arl_rollout_hooks *hooks, arl_rollout_worker **out) {
-    return worker_open(cfg, ckpt_dir, st, REPLAY_FILE_WORKER, shard_id, hooks, 1, out);
+    return worker_open(cfg, ckpt_dir, st, REPLAY_FILE_WORKER, shard_id, hooks, 1, NULL, out);
 }
 
 arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir, replay_store *st,
                             const char *parent, int32_t n_prefix, int32_t count,
-                            const char *group_uid, char (*uids)[REPLAY_UID_MAX + 1],
+                            const arl_rollout_fork_opts *o, char (*uids)[REPLAY_UID_MAX + 1],
                             arl_rollout_stats *stats) {
+    const char *group_uid = o ? o->group_uid : NULL;
     /* the parent, the fork point and the uids first: a refusal writes nothing (the worker's
      * open adds a tool file to the store) */
     arl_rollout_worker *w = NULL;
@@ -1283,7 +1331,8 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
         }
         if (g != ARL_OK) s = g;
     }
-    if (s == ARL_OK) s = worker_open(cfg, ckpt_dir, st, REPLAY_FILE_TOOL, 0, NULL, 0, &w);
+    const fork_req fr = {.parent = &p, .o = o};
+    if (s == ARL_OK) s = worker_open(cfg, ckpt_dir, st, REPLAY_FILE_TOOL, 0, NULL, 0, &fr, &w);
     int64_t group_id = 0;
     if (s == ARL_OK) {
         if (group_uid && *group_uid)
@@ -1293,17 +1342,26 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
         else /* a group of its own for each fork command: <parent>/fork<S>.<first member> */
             snprintf(w->fork_group_uid, sizeof w->fork_group_uid, "%s/fork%d.%d", p.traj_uid,
                      (int)n_prefix, (int)first);
-        replay_group_desc gd = {.group_uid = w->fork_group_uid, .run_id = p.run_id,
-                                .task_id = p.task_id, .env_id = p.env_id, .kind = "fork",
-                                .size = count, .admitted_version = w->eng.version,
-                                .parent_traj_uid = p.traj_uid, .parent_seg_index = n_prefix - 1};
+        replay_group_desc gd = {.group_uid = w->fork_group_uid,
+                                .run_id = w->run_id,
+                                .task_id = p.task_id,
+                                .env_id = p.env_id,
+                                .kind = "fork",
+                                .size = count,
+                                .admitted_version = w->eng.version,
+                                .parent_traj_uid = p.traj_uid,
+                                .parent_seg_index = n_prefix - 1};
         s = replay_group_ensure(st, &gd, &group_id);
     }
     for (int32_t i = 0; s == ARL_OK && i < count; i++) {
         snprintf(uids[i], REPLAY_UID_MAX + 1, "%s/f%d.%d", p.traj_uid, (int)n_prefix,
                  (int)(first + i));
-        replay_traj_desc d = {.traj_uid = uids[i], .run_id = p.run_id, .group_id = group_id,
-                              .task_id = p.task_id, .env_id = p.env_id, .slot = i,
+        replay_traj_desc d = {.traj_uid = uids[i],
+                              .run_id = w->run_id,
+                              .group_id = group_id,
+                              .task_id = p.task_id,
+                              .env_id = p.env_id,
+                              .slot = i,
                               .policy_version = w->eng.version};
         int64_t id;
         s = replay_fork_begin(w->w, p.traj_uid, n_prefix, &d, &id, NULL);
@@ -1465,6 +1523,9 @@ void arl_rollout_stats_print(const arl_rollout_stats *s, FILE *f) {
                "masked %lld\n",
             (long long)s->env_errors, (long long)s->resumed, (long long)s->resumed_from_state,
             (long long)s->interrupted_masked);
+    if (s->forked)
+        fprintf(f, "  forks         %lld started, %lld from cached states (the others prefilled)\n",
+                (long long)s->forked, (long long)s->forked_from_state);
     fprintf(f, "  tokens        %lld sampled (%.0f/s), %lld prefilled (%.0f/s)\n",
             (long long)s->decode_tokens, s->decode_s > 0 ? (double)s->decode_tokens / s->decode_s : 0.0,
             (long long)s->prefill_tokens,

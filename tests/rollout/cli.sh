@@ -63,6 +63,17 @@ grep -q "rollout/g000000/r0/f1.1" "$T/fork" || fail "fork ids"
     || { cat "$T/fork2"; fail "fork with the run's settings"; }
 grep -q "rollout/g000000/r0/f1.2" "$T/fork2" || { cat "$T/fork2"; fail "a second fork: ids after the first ones"; }
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after the second fork"; }
+# without --ckpt: the checkpoint the store records for the run's newest version (the rollout's
+# own, version 0), said first; a version the run does not have is refused, naming its newest
+"$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 > "$T/fork3" 2>&1 \
+    || { cat "$T/fork3"; fail "fork with the run's newest version"; }
+head -1 "$T/fork3" | grep -q "^policy: version 0 of the parent's run, .*/ckpt$" \
+    || { cat "$T/fork3"; fail "fork names the policy it took"; }
+grep -q "rollout/g000000/r0/f1.3" "$T/fork3" || { cat "$T/fork3"; fail "the third fork's id"; }
+if "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --version 3 > "$T/fork4" 2>&1; then
+    fail "fork --version 3 of a run with version 0 only"
+fi
+grep -q "records no policy version 3 (its newest is 0)" "$T/fork4" || { cat "$T/fork4"; fail "fork --version 3: the message"; }
 # a restart on the same shard: every group is final, nothing runs again
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --shard 1 > "$T/out2" 2>/dev/null \
     || fail "restart"

@@ -31,25 +31,34 @@ static int count_files(const char *dir) {
     return n;
 }
 
+/* The parent: one calculator trajectory of at least two segments under ckpt in a new store at
+ * db (configuration c, the store *st, its row *pr). */
+static const char *parent_run(const char *db, arl_rollout_config *c, replay_store **st,
+                              replay_traj_row *pr) {
+    h_config(c, "calculator");
+    c->tasks = 1;
+    c->group_size = 1;
+    c->segment_tokens = 900;
+    c->max_turns = 6;
+    h_set(c, "state-cache", "all"); /* the finished parent keeps its boundary states */
+    *st = h_store(db);
+    arl_rollout_worker *w;
+    H_DIE(arl_rollout_worker_open(c, ckpt, *st, 0, NULL, &w), "open");
+    H_DIE(arl_rollout_worker_run(w), "run");
+    arl_rollout_worker_close(w);
+    const char *parent = "rollout/g000000/r0";
+    H_DIE(replay_traj_get(*st, parent, pr), "parent");
+    CHECK(pr->n_segments >= 2);
+    return parent;
+}
+
 static void test_fork(void) {
     char db[700];
     snprintf(db, sizeof db, "%s/db", tmp);
     arl_rollout_config c;
-    h_config(&c, "calculator");
-    c.tasks = 1;
-    c.group_size = 1;
-    c.segment_tokens = 900;
-    c.max_turns = 6;
-    h_set(&c, "state-cache", "all"); /* the finished parent keeps its boundary states */
-    replay_store *st = h_store(db);
-    arl_rollout_worker *w;
-    H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "open");
-    H_DIE(arl_rollout_worker_run(w), "run");
-    arl_rollout_worker_close(w);
-    const char *parent = "rollout/g000000/r0";
+    replay_store *st;
     replay_traj_row pr;
-    H_DIE(replay_traj_get(st, parent, &pr), "parent");
-    CHECK(pr.n_segments >= 2);
+    const char *parent = parent_run(db, &c, &st, &pr);
     replay_seg_ref *refs;
     size_t nref;
     H_DIE(replay_traj_segments(st, pr.traj_id, &refs, &nref), "segments");
@@ -64,6 +73,8 @@ static void test_fork(void) {
     arl_rollout_stats_print(&fs, stderr);
     CHECK_EQ_INT(fs.trajectories, 2);
     CHECK_EQ_INT(fs.masked, 0);
+    /* the parent's weights: its run's version 0, so from its cached state */
+    CHECK_EQ_INT(fs.forked_from_state, 2);
     replay_store_close(st);
     st = h_store(db); /* pick up the tool file */
     CHECK_EQ_INT(h_verify(st), 0);
@@ -78,6 +89,7 @@ static void test_fork(void) {
         H_DIE(replay_traj_get(st, uids[i], &r), uids[i]);
         CHECK_STR_EQ(r.parent_traj_uid, parent);
         CHECK_EQ_INT(r.fork_seg_index, 0);
+        CHECK(r.run_id == pr.run_id && r.min_version == 0 && r.max_version == 0);
         CHECK(r.status == REPLAY_COMPLETE || r.status == REPLAY_TRUNCATED);
         /* from the cached states: the fork's first own segment starts from the parent's state */
         CHECK(h_rescore_check(st, ckpt, uids[i]) >= 1);
@@ -128,6 +140,76 @@ static void test_fork(void) {
     char u[REPLAY_UID_MAX + 1];
     snprintf(u, sizeof u, "%s/f%d.0", parent, (int)pr.n_segments);
     CHECK(replay_traj_get(st, u, &r2) == ARL_ERR_NOT_FOUND);
+    arl_error_clear();
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+}
+
+/* The forks' run and version follow their weights (rollout.h arl_rollout_fork): a checkpoint
+ * that is a version of the parent's run continues there at that version; other weights make a
+ * run of their own at version 0 and do not start from the parent's cached state (computed by
+ * other weights, spec/replay.md 13.7 step 1) unless use_rollout_state says so; a version the
+ * checkpoint is not is refused before anything is written. */
+static void test_fork_versions(void) {
+    char db[700], other[700], shards[800];
+    snprintf(db, sizeof db, "%s/db-versions", tmp);
+    snprintf(other, sizeof other, "%s/other", tmp);
+    snprintf(shards, sizeof shards, "%s/shards", db);
+    h_make_ckpt(other, NULL, 4); /* other weights */
+    arl_rollout_config c;
+    replay_store *st;
+    replay_traj_row pr;
+    const char *parent = parent_run(db, &c, &st, &pr);
+    char u[3][REPLAY_UID_MAX + 1];
+    arl_rollout_stats fs;
+    /* version 1 of the run is not this checkpoint (it has only version 0): refused */
+    const int n_files = count_files(shards);
+    arl_rollout_fork_opts v1 = {.version = 1};
+    CHECK(arl_rollout_fork(&c, ckpt, st, parent, 1, 1, &v1, u, &fs) == ARL_ERR_STATE);
+    CHECK_MSG(strstr(arl_error_msg(), "is not policy version 1 of run rollout (it is version 0)"),
+              "%s", arl_error_msg());
+    arl_error_clear();
+    arl_rollout_fork_opts v0 = {.version = 0};
+    CHECK(arl_rollout_fork(&c, other, st, parent, 1, 1, &v0, u, &fs) == ARL_ERR_STATE);
+    CHECK_MSG(strstr(arl_error_msg(), "its weights are no version the run recorded"), "%s",
+              arl_error_msg());
+    arl_error_clear();
+    CHECK_EQ_INT(count_files(shards), n_files);
+    /* other weights: a run of their own, the prefix prefilled again */
+    H_DIE(arl_rollout_fork(&c, other, st, parent, 1, 1, NULL, u, &fs), "fork (other weights)");
+    CHECK_EQ_INT(fs.trajectories, 1);
+    CHECK_EQ_INT(fs.forked_from_state, 0);
+    /* ... or from the parent's state when asked */
+    arl_rollout_fork_opts any = {.version = -1, .use_rollout_state = 1};
+    H_DIE(arl_rollout_fork(&c, other, st, parent, 1, 1, &any, u + 1, &fs), "fork (any state)");
+    CHECK_EQ_INT(fs.forked_from_state, 1);
+    /* the parent's weights, version 0 asserted: its run, from its state */
+    H_DIE(arl_rollout_fork(&c, ckpt, st, parent, 1, 1, &v0, u + 2, &fs), "fork (version 0)");
+    CHECK_EQ_INT(fs.forked_from_state, 1);
+    replay_store_close(st);
+    st = h_store(db);
+    CHECK_EQ_INT(h_verify(st), 0);
+    replay_traj_row r[3];
+    for (int i = 0; i < 3; i++)
+        H_DIE(replay_traj_get(st, u[i], &r[i]), u[i]);
+    replay_run_info run = {0};
+    char rid[32];
+    snprintf(rid, sizeof rid, "%lld", (long long)r[0].run_id);
+    H_DIE(replay_run_get(st, rid, &run), "fork run");
+    CHECK(r[0].run_id != pr.run_id && r[1].run_id == r[0].run_id && r[2].run_id == pr.run_id);
+    CHECK_MSG(!strncmp(run.run_uid, "rollout/fork-", 13) && strlen(run.run_uid) == 25, "%s",
+              run.run_uid);
+    replay_run_info_free(&run);
+    for (int i = 0; i < 3; i++)
+        CHECK(r[i].min_version == 0 && r[i].max_version == 0);
+    /* the fork run's version 0 is the other checkpoint (the path realpath gives) */
+    replay_version_row vr;
+    H_DIE(replay_version_get(st, r[0].run_id, -1, &vr), "fork run version");
+    CHECK(vr.version == 0 && strstr(vr.checkpoint_uri, "/other") &&
+          strlen(vr.weights_sha256) == 64);
+    H_DIE(replay_version_get(st, pr.run_id, -1, &vr), "parent run version");
+    CHECK(vr.version == 0 && strstr(vr.checkpoint_uri, "/ckpt"));
+    CHECK(replay_version_get(st, pr.run_id, 3, &vr) == ARL_ERR_NOT_FOUND);
     arl_error_clear();
     replay_store_close(st);
     arl_rollout_config_free(&c);
@@ -192,6 +274,7 @@ int main(void) {
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
     h_make_ckpt(ckpt, NULL, 3);
     TEST_RUN(test_fork);
+    TEST_RUN(test_fork_versions);
     TEST_RUN(test_fork_images);
     return test_finish();
 }
