@@ -2,6 +2,7 @@
 #include "rollout/boundary.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/blob.h"
 
@@ -69,4 +70,20 @@ arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
     }
     free(ch);
     return st;
+}
+
+arl_status ro_boundary_at_version(replay_store *st, const replay_state_data *parts, size_t np,
+                                  int64_t run_id, int64_t version, int *yes) {
+    *yes = 1;
+    const char *seen = NULL; /* the last trajectory found in run_id */
+    for (size_t i = 0; *yes && i < np; i++) {
+        const replay_state_data *p = &parts[i];
+        *yes = p->version_min == version && p->version_max == version;
+        if (!*yes || (seen && !strcmp(seen, p->traj_uid))) continue;
+        replay_traj_row t;
+        ARL_TRY(replay_traj_get(st, p->traj_uid, &t));
+        *yes = t.run_id == run_id;
+        seen = p->traj_uid;
+    }
+    return ARL_OK;
 }

@@ -5,6 +5,7 @@
  *
  * What this is: the one place that turns slot state into state chunks, for the rollout worker
  * (producer 'rollout', rollout/commit.c) and `replay rescore --save-states` (producer 'tool').
+ * Also the version test the callers' validity rules share (ro_boundary_at_version).
  * What this is not: the choice of which cached states may start a segment (validity rules stay
  * with the callers), or reading states back (arl_rollout_state_assemble, rollout/rescore.h).
  */
@@ -27,5 +28,12 @@
 arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
                            const replay_state_desc *id, int64_t seg_ctx_start, int64_t seg_n,
                            int64_t seg_vmin, int64_t seg_vmax, int64_t *end_id, int64_t *lat_id);
+
+/* *yes = 1 when every part (a full boundary, replay_boundary_load) was computed entirely at
+ * policy version `version` of run run_id: its version range is [version, version] and the
+ * trajectory it belongs to is in that run (a fork's prefix parts are its parent's, whose run
+ * may be another, with versions of its own).  The store's errors. */
+arl_status ro_boundary_at_version(replay_store *st, const replay_state_data *parts, size_t np,
+                                  int64_t run_id, int64_t version, int *yes);
 
 #endif

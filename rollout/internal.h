@@ -249,7 +249,6 @@ struct arl_rollout_worker {
     int64_t *resume;
     size_t n_resume, cap_resume, next_resume;
     char fork_group_uid[REPLAY_UID_MAX + 1]; /* the group of the forks this worker continues */
-    int fork_same_run;  /* a fork worker whose weights are a version of the parent's run */
     int fork_any_state; /* arl_rollout_fork_opts use_rollout_state */
     /* trajectories */
     ro_traj *all;   /* every live trajectory (linked by next_all) */

@@ -41,19 +41,22 @@ static arl_status import_parts(ro_engine *e, replay_state_data *parts, size_t np
 }
 
 /* Import the cached full boundary of segment seg_index of traj into slot 0, if every part was
- * computed at `version`.  Returns ARL_OK (imported), ARL_ERR_NOT_FOUND (a miss: go on with the
- * recomputed state) or another error. */
+ * computed at `version` of run run_id (a fork's prefix parts may be another run's).  Returns
+ * ARL_OK (imported), ARL_ERR_NOT_FOUND (a miss: go on with the recomputed state) or another
+ * error. */
 static arl_status import_boundary(replay_store *st, ro_engine *e, int64_t traj_id,
-                                  int32_t seg_index, int64_t version) {
+                                  int32_t seg_index, int64_t run_id, int64_t version) {
     replay_state_data *parts = NULL;
     size_t np = 0;
     arl_status s = replay_boundary_load(st, traj_id, seg_index, &parts, &np);
     if (s) return s;
-    for (size_t i = 0; s == ARL_OK && i < np; i++)
-        if (parts[i].version_min != version || parts[i].version_max != version)
-            s = arl_errorf(ARL_ERR_NOT_FOUND, "state %lld holds versions %lld..%lld, not %lld",
-                           (long long)parts[i].state_id, (long long)parts[i].version_min,
-                           (long long)parts[i].version_max, (long long)version);
+    int yes = 0;
+    s = ro_boundary_at_version(st, parts, np, run_id, version, &yes);
+    if (s == ARL_OK && !yes)
+        s = arl_errorf(ARL_ERR_NOT_FOUND,
+                       "the cached state was not computed at version %lld of "
+                       "run %lld alone",
+                       (long long)version, (long long)run_id);
     return import_parts(e, parts, np, s);
 }
 
@@ -250,7 +253,8 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
             }
             if (b == ARL_ERR_NOT_FOUND && use_version >= 0) {
                 arl_error_clear();
-                b = import_boundary(st, &e, row.traj_id, refs[si - 1].seg_index, use_version);
+                b = import_boundary(st, &e, row.traj_id, refs[si - 1].seg_index, row.run_id,
+                                    use_version);
             }
             if (b == ARL_OK) {
                 out->from_state++;

@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "core/sha256.h"
 #include "envs/aep_json.h"
+#include "rollout/boundary.h"
 #include "rollout/internal.h"
 #include "rollout/media.h"
 #include "rollout/rescore.h"
@@ -317,11 +318,10 @@ static arl_status restore_model(rs_ctx *x, int *failed) {
     arl_status s = replay_boundary_load(w->st, x->row.traj_id, last->seg_index, &parts, &np);
     if (s == ARL_OK && x->fork && !w->fork_any_state) {
         /* a fork starts from the state at its own version (spec/replay.md 13.7 step 1): the
-         * parent's rollout state only when that version of the same run computed all of it */
-        int same = w->fork_same_run;
-        for (size_t i = 0; same && i < np; i++)
-            same = parts[i].version_min == e->version && parts[i].version_max == e->version;
-        if (!same)
+         * parent's rollout state only when that version of the forks' run computed all of it */
+        int same = 0;
+        s = ro_boundary_at_version(w->st, parts, np, w->run_id, e->version, &same);
+        if (s == ARL_OK && !same)
             s = arl_errorf(ARL_ERR_NOT_FOUND, "fork: no state at version %lld",
                            (long long)e->version);
     }

@@ -1145,7 +1145,6 @@ static arl_status fork_run_of(arl_rollout_worker *w, replay_store *st, const for
     if (s == ARL_OK && v >= 0) {
         snprintf(run_uid, cap, "%s", run.run_uid);
         w->eng.version = v;
-        w->fork_same_run = 1;
     } else if (s == ARL_OK) {
         snprintf(run_uid, cap, "%s/fork-%.12s", run.run_uid, wsha);
         w->eng.version = 0;

@@ -207,6 +207,17 @@ static void test_fork_versions(void) {
     H_DIE(replay_version_get(st, r[0].run_id, -1, &vr), "fork run version");
     CHECK(vr.version == 0 && strstr(vr.checkpoint_uri, "/other") &&
           strlen(vr.weights_sha256) == 64);
+    /* re-scoring under the other weights: the fork's run's version 0, but the prefix's state was
+     * computed by the parent's run's version 0 (other weights): not a start (spec/replay.md 9.1
+     * learner/tool states "at that version"), the prefix recomputed; under the parent's weights
+     * the fork of the parent's run starts from it */
+    arl_rollout_rescore_opts ro = {.ckpt_dir = other, .version = ARL_ROLLOUT_RESCORE_VERSION_AUTO};
+    arl_rollout_rescore_stats rs;
+    H_DIE(arl_rollout_rescore(st, u[0], &ro, &rs, NULL, NULL, NULL), "rescore (other weights)");
+    CHECK(rs.version == 0 && rs.segments >= 2 && rs.from_state == 0);
+    ro.ckpt_dir = ckpt;
+    H_DIE(arl_rollout_rescore(st, u[2], &ro, &rs, NULL, NULL, NULL), "rescore (the run's weights)");
+    CHECK(rs.version == 0 && rs.from_state >= 1);
     H_DIE(replay_version_get(st, pr.run_id, -1, &vr), "parent run version");
     CHECK(vr.version == 0 && strstr(vr.checkpoint_uri, "/ckpt"));
     CHECK(replay_version_get(st, pr.run_id, 3, &vr) == ARL_ERR_NOT_FOUND);
