@@ -759,6 +759,45 @@ static arl_status lookup_id(rdb *d, const char *sql, json_t *row, const char *co
     return ARL_OK;
 }
 
+/* An imported group that its run's update n consumed (status 'consumed', consumed_update n):
+ * the update is recorded as committed in this store too, with the group among its groups
+ * (updates, update_groups; n_groups counts its groups in this store), so that the ledger's
+ * invariant holds here as in the store exported from (a consumed group is in exactly one
+ * committed update; replay verify).  The export carries no update rows: the times are the
+ * import's, n_action_tokens unknown.  An update (run, n) this store has already is kept, the
+ * group added to it. */
+static arl_status import_consumption(rdb *c, int64_t run_id, int64_t group_id) {
+    sqlite3_stmt *q;
+    ARL_TRY(rdb_prepare(c,
+                        "SELECT consumed_update FROM task_groups WHERE group_id = ?1 AND status = "
+                        "'consumed'",
+                        &q));
+    sqlite3_bind_int64(q, 1, group_id);
+    int rc = sqlite3_step(q);
+    const int64_t n = rc == SQLITE_ROW ? sqlite3_column_int64(q, 0) : -1;
+    sqlite3_finalize(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(c, rc, "reading an imported group");
+    if (n < 0) return ARL_OK;
+    static const char *const sql[] = {
+        "INSERT INTO updates(run_id, update_n, status, planned_at_ms, committed_at_ms, n_groups) "
+        "VALUES (?1, ?2, 'committed', ?4, ?4, 0) ON CONFLICT(run_id, update_n) DO NOTHING",
+        "INSERT INTO update_groups(run_id, update_n, group_id) VALUES (?1, ?2, ?3) "
+        "ON CONFLICT DO NOTHING",
+        "UPDATE updates SET n_groups = (SELECT count(*) FROM update_groups WHERE run_id = ?1 AND "
+        "update_n = ?2) WHERE run_id = ?1 AND update_n = ?2"};
+    const int64_t now = rnow_ms();
+    for (size_t i = 0; i < sizeof sql / sizeof *sql; i++) {
+        ARL_TRY(rdb_prepare(c, sql[i], &q));
+        for (int k = 1; k <= 4; k++) /* (unused parameters stay NULL) */
+            if (sqlite3_bind_parameter_name(q, k))
+                sqlite3_bind_int64(q, k, k == 1 ? run_id : k == 2 ? n : k == 3 ? group_id : now);
+        rc = sqlite3_step(q);
+        sqlite3_finalize(q);
+        if (rc != SQLITE_DONE) return rdb_fail(c, rc, "recording the update of an imported group");
+    }
+    return ARL_OK;
+}
+
 static arl_status import_catalog(replay_store *st, json_t *cat, int64_t *run_id, int64_t *env_id,
                                  int64_t *task_id, int64_t *group_id, const char *where) {
     if (!json_is_object(cat) || !json_is_object(json_object_get(cat, "runs")) ||
@@ -802,6 +841,7 @@ static arl_status import_catalog(replay_store *st, json_t *cat, int64_t *run_id,
     if (s == ARL_OK)
         s = lookup_id(c, "SELECT group_id FROM task_groups WHERE group_uid = ?1", g, k_group, 1,
                       group_id, where);
+    if (s == ARL_OK) s = import_consumption(c, *run_id, *group_id);
     return rdb_end(c, s);
 }
 

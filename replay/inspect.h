@@ -71,8 +71,10 @@ arl_status replay_export(replay_store *st, const replay_filter *f, const replay_
                          FILE *out, int64_t *n_out);
 
 /* Read --full lines from in (named in_name in messages) into a new tool file of the store,
- * creating missing catalog rows.  A line without "rows" is an error naming the line; nothing of
- * a failing line is stored (one transaction per line).  *n_out receives the lines imported. */
+ * creating missing catalog rows (a group that training consumed comes with its update, recorded
+ * as committed: the ledger's invariant holds in the copy).  A line without "rows" is an error
+ * naming the line; nothing of a failing line is stored (one transaction per line).  *n_out
+ * receives the lines imported. */
 arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_t *n_out);
 
 typedef struct replay_verify_opts {

@@ -18,9 +18,10 @@ static replay_store *st;
 static fx_ids gid[5]; /* groups 1..3 train (final), 4 eval (final), 5 train (open) */
 static int64_t traj[5];
 
-static int64_t cat_int(const char *sql) {
-    char p[600];
-    snprintf(p, sizeof p, "%s/catalog.sqlite", root);
+/* The first column of the first row of sql over the catalog of the store at dir (-1 if none). */
+static int64_t cat_int_in(const char *dir, const char *sql) {
+    char p[700];
+    snprintf(p, sizeof p, "%s/catalog.sqlite", dir);
     sqlite3 *db;
     sqlite3_stmt *q;
     int64_t v = -1;
@@ -31,6 +32,10 @@ static int64_t cat_int(const char *sql) {
     }
     sqlite3_close(db);
     return v;
+}
+
+static int64_t cat_int(const char *sql) {
+    return cat_int_in(root, sql);
 }
 
 static void cat_exec(const char *sql) {
@@ -324,6 +329,20 @@ static void test_full_round_trip(void) {
     CHECK(replay_export(s2, &f, &eo, m, NULL) == ARL_OK);
     fclose(m);
     CHECK_MSG(na == nb && !memcmp(a, b, na), "round trip differs (%zu vs %zu bytes)", na, nb);
+    /* the imported groups that training consumed are in their update, committed here too: the
+     * copy verifies (it reported "consumed group N is not in exactly one committed update") */
+    int64_t errors = -1, warnings = 0, consumed, in_updates;
+    FILE *devnull = fopen("/dev/null", "w");
+    replay_verify_opts vo = {0};
+    CHECK(replay_verify(s2, &vo, devnull, &errors, &warnings) == ARL_OK);
+    fclose(devnull);
+    CHECK_EQ_INT((int)errors, 0);
+    consumed = cat_int_in(root2, "SELECT count(*) FROM task_groups WHERE status = 'consumed'");
+    in_updates = cat_int_in(root2, "SELECT count(*) FROM update_groups g JOIN updates u USING "
+                                   "(run_id, update_n) WHERE u.status = 'committed' AND "
+                                   "u.n_groups >= 1");
+    CHECK_MSG(consumed >= 1 && in_updates == consumed, "%lld consumed, %lld in updates",
+              (long long)consumed, (long long)in_updates);
     replay_store_close(s2);
     free(a);
     free(b);
