@@ -1231,6 +1231,7 @@ static arl_status train_state_save(tr_run *r, int64_t done, int64_t n, const int
     json_object_set_new(extra, "updates", json_integer(done));
     json_object_set_new(extra, "tasks_next", json_integer(done * r->B));
     json_object_set_new(extra, "optimizer_steps", json_integer(r->opt.step));
+    json_object_set_new(extra, "threads", json_integer(r->c->threads));
     json_object_set_new(extra, "ledger", led);
     char *et = json_dumps(extra, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(extra);
@@ -1487,6 +1488,13 @@ static arl_status resume_load(tr_run *r, int64_t *start, arl_train_result *res) 
                            dir);
         if (!s) s = arl_klctl_state_set(&r->kl, &ks);
         *start = json_integer_value(u);
+        json_t *th = json_object_get(x, "threads"); /* (absent in states before it was kept) */
+        if (!s && r->rank0 && json_is_integer(th) && json_integer_value(th) != r->c->threads)
+            arl_log_warn("train: the checkpoint was written with threads = %lld, this run uses "
+                         "%lld: matrix products may round differently (where the kernels' sums "
+                         "depend on the split), so the resumed run may not be bit-identical to "
+                         "an uninterrupted one",
+                         (long long)json_integer_value(th), (long long)r->c->threads);
         json_decref(x);
         r->tokens = ts.tokens;
         r->last_lr = ts.lr;

@@ -7,7 +7,7 @@
  * ARL_TEST_KILL_MS) so that a failure can be replayed.  A second process started in a running
  * run's directory is refused (core/dirlock.h) and disturbs nothing; a damaged newest
  * checkpoint is set aside and the run resumes from the one before it; SIGTERM and a failed
- * write print how to continue. */
+ * write print how to continue; a resume with another thread count warns. */
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -349,6 +349,25 @@ static void test_damaged_checkpoint(void) {
     }
 }
 
+/* --resume with another thread count than the checkpoint's: a warning that the run may not be
+ * bit-identical (where the kernels' sums depend on their split), and the run goes on (a copy of
+ * the finished run: nothing left to do). */
+static void test_threads_warning(void) {
+    if (!have_bin()) return;
+    char a[600], e[600], cmd[2400];
+    uninterrupted(a, sizeof a);
+    snprintf(e, sizeof e, "%s/threads", tmp);
+    snprintf(cmd, sizeof cmd,
+             "cp -a '%s' '%s' && rm -f '%s/run.lock' && '%s' train '%s' --set out='%s' --set "
+             "progress=plain --set threads=2 --resume > '%s.log' 2>&1",
+             a, e, e, getenv("ARL_BIN"), exp_path, e, e);
+    CHECK_EQ_INT(system(cmd), 0);
+    static char buf[1 << 16];
+    read_log(e, ".log", buf, sizeof buf);
+    CHECK_MSG(strstr(buf, "the checkpoint was written with threads = 1, this run uses 2"),
+              "log: %s", buf);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("learner-resume"));
     snprintf(exp_path, sizeof exp_path, "%s/micro.json", tmp);
@@ -361,5 +380,6 @@ int main(void) {
     TEST_RUN(test_damaged_checkpoint);
     TEST_RUN(test_interrupt_note);
     TEST_RUN(test_failure_note);
+    TEST_RUN(test_threads_warning);
     return test_finish();
 }
