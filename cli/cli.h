@@ -38,6 +38,12 @@ int cli_fail(arl_status s);
 void cli_note_on_interrupt(const char *command, int argc, char **argv, const char *flag,
                            const char *value);
 
+/* The same for a command that is not continued but leaves something to tidy: SIGINT and SIGTERM
+ * print "agentrl: interrupted: COMMAND stops here; THEN:" and `agentrl WORDS...` (n words,
+ * quoted where a shell needs it), then end the process by that signal. */
+void cli_note_on_interrupt_then(const char *command, const char *then, int n,
+                                const char *const *words);
+
 /* After cli_note_on_interrupt: for a failure that continuing can get past once its cause is
  * dealt with (the disk full, an I/O, database, network, environment or device error), print
  * that COMMAND stopped, what to do, and the command that continues it; for any other status

@@ -783,6 +783,11 @@ int cmd_replay_fork(int argc, char **argv) {
     const arl_rollout_fork_opts fo = {
         .group_uid = o.group_uid, .version = version, .use_rollout_state = o.use_rollout_state};
     if (s == ARL_OK) {
+        /* forks interrupted with segments committed stay 'running' (no worker continues a
+         * tool file's trajectories): the note says how to mask them */
+        const char *const recover[] = {"replay", "recover", o.db, "--mask"};
+        cli_note_on_interrupt_then(
+            "replay fork", "the forks it finished stay. Mask those left running with", 4, recover);
         if (!o.ckpt) { /* (before the rollout's log lines) */
             printf("policy: version %lld of the parent's run, %s\n", (long long)version, ckpt);
             fflush(stdout);

@@ -21,6 +21,8 @@ static void on_interrupt(int sig) {
     raise(sig);
 }
 
+static void arm(void);
+
 /* A shell word for arg: as it is when it holds only harmless characters, else single-quoted. */
 static size_t quote_arg(char *out, size_t cap, const char *arg) {
     const int plain = *arg && strspn(arg, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -66,6 +68,23 @@ void cli_note_on_interrupt(const char *command, int argc, char **argv, const cha
     g_command = command;
     snprintf(g_flag, sizeof g_flag, "%s%s%s", flag, value ? " " : "", value ? value : "");
     g_note_len = n;
+    arm();
+}
+
+void cli_note_on_interrupt_then(const char *command, const char *then, int n,
+                                const char *const *words) {
+    size_t k =
+        (size_t)snprintf(g_note, sizeof g_note,
+                         "\nagentrl: interrupted: %s stops here; %s:\n  agentrl", command, then);
+    for (int i = 0; i < n && k < sizeof g_note; i++)
+        k += quote_arg(g_note + k, sizeof g_note - k, words[i]);
+    if (k < sizeof g_note) k += (size_t)snprintf(g_note + k, sizeof g_note - k, "\n");
+    g_note_len = k < sizeof g_note ? k : sizeof g_note - 1;
+    g_command = NULL; /* (no failure note: this command is not continued) */
+    arm();
+}
+
+static void arm(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_interrupt;

@@ -74,6 +74,19 @@ if "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --version 3 > "$T/f
     fail "fork --version 3 of a run with version 0 only"
 fi
 grep -q "records no policy version 3 (its newest is 0)" "$T/fork4" || { cat "$T/fork4"; fail "fork --version 3: the message"; }
+# SIGTERM during a fork: the note says how to mask the forks left running (a tool file's
+# trajectories are continued by no worker)
+"$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --count 400 > /dev/null 2> "$T/err-fork" &
+pid=$!
+k=0
+while ! grep -q "forked at step" "$T/err-fork" && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
+kill -TERM $pid
+wait $pid; rc=$?
+[ $rc -eq 143 ] || fail "fork SIGTERM: exit $rc, 143 expected"
+grep -qxF "  agentrl replay recover $T/db --mask" "$T/err-fork" ||
+    { tail -3 "$T/err-fork"; fail "fork SIGTERM: no recover command"; }
+"$BIN" replay recover "$T/db" --mask > /dev/null 2>&1 || fail "recover --mask after the fork"
+"$BIN" replay list "$T/db" --status running | grep -q "^rollout/" && fail "forks left running after recover --mask"
 # a restart on the same shard: every group is final, nothing runs again
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --shard 1 > "$T/out2" 2>/dev/null \
     || fail "restart"
