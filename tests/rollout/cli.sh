@@ -11,6 +11,15 @@ BIN=${ARL_BIN:-build/agentrl}
 [ -x "$BIN" ] || { echo "no $BIN (build the agentrl target)"; exit 77; }
 T=$(mktemp -d /tmp/arl-test-rollout-cli-XXXXXX)
 fail() { echo "FAIL: $*"; exit 1; }
+# term_when PID LOG PATTERN: SIGTERM to PID once LOG holds PATTERN (15 s at most), then wait for
+# it: true when it ended by that signal (exit 143); its status in rc
+term_when() {
+    k=0
+    while ! grep -q "$3" "$2" && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
+    kill -TERM "$1"
+    wait "$1"; rc=$?
+    [ $rc -eq 143 ]
+}
 "$BIN" model init tiny "$T/ckpt" --seed 3 >/dev/null 2>&1 || fail "model init"
 cat > "$T/exp.json" <<'JSON'
 {"learner": {"ignored": "by rollout"},
@@ -77,12 +86,7 @@ grep -q "records no policy version 3 (its newest is 0)" "$T/fork4" || { cat "$T/
 # SIGTERM during a fork: the note says how to mask the forks left running (a tool file's
 # trajectories are continued by no worker)
 "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --count 400 > /dev/null 2> "$T/err-fork" &
-pid=$!
-k=0
-while ! grep -q "forked at step" "$T/err-fork" && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
-kill -TERM $pid
-wait $pid; rc=$?
-[ $rc -eq 143 ] || fail "fork SIGTERM: exit $rc, 143 expected"
+term_when $! "$T/err-fork" "forked at step" || fail "fork SIGTERM: exit $rc, 143 expected"
 grep -qxF "  agentrl replay recover $T/db --mask" "$T/err-fork" ||
     { tail -3 "$T/err-fork"; fail "fork SIGTERM: no recover command"; }
 "$BIN" replay recover "$T/db" --mask > /dev/null 2>&1 || fail "recover --mask after the fork"
@@ -94,12 +98,7 @@ grep -q "trajectories  0 " "$T/out2" || { cat "$T/out2"; fail "restart reran fin
 # SIGTERM once it writes: the note names the command that continues it, with the shard it
 # wrote (in place of --shard 0, a new one); that command leaves no trajectory running
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --shard 0 --tasks 4 > /dev/null 2> "$T/err-term" &
-pid=$!
-k=0
-while ! grep -q "writing shard" "$T/err-term" && [ $k -lt 300 ]; do sleep 0.05; k=$((k + 1)); done
-kill -TERM $pid
-wait $pid; rc=$?
-[ $rc -eq 143 ] || fail "SIGTERM: exit $rc, 143 expected"
+term_when $! "$T/err-term" "writing shard" || fail "SIGTERM: exit $rc, 143 expected"
 grep -qxF "  agentrl rollout $T/exp.json --ckpt $T/ckpt --out $T/db-term --tasks 4 --shard 1" "$T/err-term" ||
     { tail -3 "$T/err-term"; fail "SIGTERM: no continue command with the shard"; }
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --tasks 4 --shard 1 > /dev/null 2>&1 ||
