@@ -29,6 +29,16 @@
 #include "rollout/rescore_rewards.h"
 #include "rollout/rollout.h"
 
+/* A policy version as --version gives it: a whole number 0..4294967295 (policy_versions'
+ * range) into *v; 0 when text is anything else. */
+static int version_number(const char *text, int64_t *v) {
+    char *end = NULL;
+    const long long x = strtoll(text, &end, 10);
+    if (!text[0] || *end || x < 0 || x > 4294967295LL) return 0;
+    *v = x;
+    return 1;
+}
+
 /* ---- rescore ---- */
 
 typedef struct rescore_cli {
@@ -404,17 +414,13 @@ int cmd_replay_rescore(int argc, char **argv) {
     int64_t version = ARL_ROLLOUT_RESCORE_VERSION_AUTO;
     if (!strcmp(o.version, "none") || !strcmp(o.version, "-1")) {
         version = -1;
-    } else if (strcmp(o.version, "auto")) {
-        char *end = NULL;
-        long long v = strtoll(o.version, &end, 10);
-        if (!o.version[0] || *end || v < 0 || v > 4294967295LL) {
-            fprintf(stderr, "agentrl replay rescore: --version: expected auto, none, -1 or a "
-                            "version 0..4294967295, got '%s'\n",
-                    o.version);
-            arl_options_free(rescore_tab, RESCORE_N, &o);
-            return ARL_EXIT_USAGE;
-        }
-        version = v;
+    } else if (strcmp(o.version, "auto") && !version_number(o.version, &version)) {
+        fprintf(stderr,
+                "agentrl replay rescore: --version: expected auto, none, -1 or a "
+                "version 0..4294967295, got '%s'\n",
+                o.version);
+        arl_options_free(rescore_tab, RESCORE_N, &o);
+        return ARL_EXIT_USAGE;
     }
     if (!o.ckpt && !o.rewards) {
         fprintf(stderr, "agentrl replay rescore: missing required option '--ckpt DIR' (or "
@@ -753,16 +759,10 @@ int cmd_replay_fork(int argc, char **argv) {
     if (s == ARL_OK && o.segment < 1)
         s = arl_errorf(ARL_ERR_ARG, "missing required option '--segment S' (S >= 1)");
     int64_t version = -1; /* --version newest */
-    if (s == ARL_OK && strcmp(o.version, "newest")) {
-        char *end;
-        const long long v = strtoll(o.version, &end, 10);
-        if (!o.version[0] || *end || v < 0 || v > 4294967295LL)
-            s = arl_errorf(ARL_ERR_ARG,
-                           "--version: expected newest or a version 0..4294967295, "
-                           "got '%s'",
-                           o.version);
-        version = v;
-    }
+    if (s == ARL_OK && strcmp(o.version, "newest") && !version_number(o.version, &version))
+        s = arl_errorf(ARL_ERR_ARG,
+                       "--version: expected newest or a version 0..4294967295, got '%s'",
+                       o.version);
     if (s != ARL_OK) {
         fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
         arl_options_free(tab, n, &o);
@@ -775,7 +775,7 @@ int cmd_replay_fork(int argc, char **argv) {
     arl_rollout_stats stats;
     memset(&stats, 0, sizeof stats);
     s = uids ? replay_store_open(o.db, &so, &st) : arl_errorf(ARL_ERR_NOMEM, "out of memory");
-    static char ckpt[4096];
+    char ckpt[4096];
     if (s == ARL_OK && o.ckpt)
         snprintf(ckpt, sizeof ckpt, "%s", o.ckpt);
     else if (s == ARL_OK)

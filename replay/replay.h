@@ -163,10 +163,6 @@ typedef struct replay_version_row {
  * catalog. */
 arl_status replay_version_get(replay_store *st, int64_t run_id, int64_t version,
                               replay_version_row *out);
-/* The recorded weights_sha256 of (run_id, version) into buf ("" when NULL, unknown or no
- * catalog). */
-arl_status replay_version_weights(replay_store *st, int64_t run_id, int64_t version, char *buf,
-                                  size_t cap);
 
 typedef struct replay_env_desc {
     const char *name;      /* required */

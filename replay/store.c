@@ -816,24 +816,6 @@ arl_status replay_version_get(replay_store *st, int64_t run_id, int64_t version,
     return ARL_OK;
 }
 
-arl_status replay_version_weights(replay_store *st, int64_t run_id, int64_t version, char *buf,
-                                  size_t cap) {
-    if (cap) buf[0] = 0;
-    if (!st->cat.db) return ARL_OK;
-    sqlite3_stmt *q;
-    ARL_TRY(rdb_prepare(&st->cat,
-                        "SELECT weights_sha256 FROM policy_versions WHERE run_id = ?1 AND "
-                        "version = ?2",
-                        &q));
-    sqlite3_bind_int64(q, 1, run_id);
-    sqlite3_bind_int64(q, 2, version);
-    int rc = sqlite3_step(q);
-    if (rc == SQLITE_ROW) rdb_col_text(q, 0, buf, cap);
-    sqlite3_finalize(q);
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(&st->cat, rc, "reading a policy version");
-    return ARL_OK;
-}
-
 typedef struct env_bind {
     const replay_env_desc *d;
     char sha[65];

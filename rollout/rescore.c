@@ -104,9 +104,13 @@ static arl_status resolve_version(replay_store *st, const replay_traj_row *row,
     out->version_how = ARL_ROLLOUT_RESCORE_VERSION_NONE;
     if (o->version == -1) return ARL_OK;
     if (o->version >= 0) {
-        char rec[80];
-        ARL_TRY(replay_version_weights(st, row->run_id, o->version, rec, sizeof rec));
-        if (rec[0] && strcmp(rec, wsha)) {
+        replay_version_row rec; /* (weights_sha256 "" when not recorded) */
+        const arl_status g = replay_version_get(st, row->run_id, o->version, &rec);
+        if (g == ARL_ERR_NOT_FOUND)
+            arl_error_clear();
+        else
+            ARL_TRY(g);
+        if (rec.weights_sha256[0] && strcmp(rec.weights_sha256, wsha)) {
             out->version_how = ARL_ROLLOUT_RESCORE_VERSION_REFUSED;
             return ARL_OK;
         }
