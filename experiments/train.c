@@ -19,6 +19,7 @@
 #include "core/sha256.h"
 #include "envs/builtin/teacher.h"
 #include "experiments/heldout.h"
+#include "experiments/mc_forks.h"
 #include "experiments/report.h"
 #include "experiments/set_arg.h"
 #include "experiments/train.h"
@@ -256,6 +257,10 @@ arl_status arl_train_config_check(const arl_train_config *c) {
     arl_loss_config lc;
     arl_kl_config kc;
     ARL_TRY(arl_reward_config_from_opts(&c->learner.reward, &rc));
+    if (rc.segment_baseline == ARL_REWARD_SB_MC && rc.w[ARL_REWARD_LEVEL_SEGMENT] == 0)
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "key 'learner.segment-baseline' is mc while learner.w-segment is 0: "
+                          "the segment level is off, so its forks would be made for nothing");
     ARL_TRY(arl_loss_config_from_opts(&c->learner.loss, &lc));
     ARL_TRY(arl_kl_config_from_opts(&c->learner.kl, &kc));
     arl_optim_config o = c->learner.optim;
@@ -808,6 +813,41 @@ static int store_complete(const char *root, const char *run_uid, const char *kin
     return ok;
 }
 
+/* The rollout configuration of rollout rank ri's store for tasks [lo, hi) of run_uid: the
+ * experiment's rollout section with the run's task file, run, group kind, policy version,
+ * threads and context stage. */
+static arl_status rollout_cfg(tr_run *r, arl_rollout_config *rc, const char *tasks_path,
+                              const char *run_uid, int eval, int64_t lo, int64_t hi,
+                              int64_t version, int64_t ctx_tokens) {
+    const char *kind = eval ? "eval" : "train";
+    ARL_TRY(rollout_copy(rc, &r->c->rollout));
+    const arl_option *T = arl_rollout_options;
+    const size_t nT = arl_rollout_n_options;
+    arl_status s = arl_options_set(T, nT, "task-file", tasks_path, rc);
+    if (!s) s = arl_options_set(T, nT, "run-uid", run_uid, rc);
+    if (!s) s = arl_options_set(T, nT, "group-kind", kind, rc);
+    if (!s) {
+        free(rc->policy_dir);
+        rc->policy_dir = NULL;
+        rc->tasks = hi - lo;
+        rc->policy_version = version;
+        rc->threads = r->c->threads;
+        rc->task_offset = lo; /* streams follow the global task, not the rank */
+        if (eval) {
+            rc->group_size = 1;
+            rc->temperature = r->c->eval_temperature;
+        }
+        if (ctx_tokens > 0) {
+            rc->context_tokens = ctx_tokens;
+            rc->trajectory_tokens = ctx_tokens;
+            if (rc->segment_tokens > ctx_tokens) rc->segment_tokens = ctx_tokens;
+        }
+        if (!r->log || !r->rank0) rc->progress_s = 0;
+    }
+    if (s) arl_rollout_config_free(rc);
+    return s;
+}
+
 /* Roll out tasks [lo, hi) into the store at root (replay/<dir>/r<R>): done if the store is
  * complete; an incomplete one is set aside first. */
 /* Rollout rank ri rolls out tasks lo..hi-1 into its store at root.  The worker's task-offset
@@ -835,30 +875,8 @@ static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_p
     }
     ARL_TRY(write_tasks(r, tasks_path, eval, lo, hi));
     arl_rollout_config rc;
-    ARL_TRY(rollout_copy(&rc, &r->c->rollout));
-    const arl_option *T = arl_rollout_options;
-    const size_t nT = arl_rollout_n_options;
-    arl_status s = arl_options_set(T, nT, "task-file", tasks_path, &rc);
-    if (!s) s = arl_options_set(T, nT, "run-uid", run_uid, &rc);
-    if (!s) s = arl_options_set(T, nT, "group-kind", kind, &rc);
-    if (!s) {
-        free(rc.policy_dir);
-        rc.policy_dir = NULL;
-        rc.tasks = hi - lo;
-        rc.policy_version = version;
-        rc.threads = r->c->threads;
-        rc.task_offset = lo; /* streams follow the global task, not the rank */
-        if (eval) {
-            rc.group_size = 1;
-            rc.temperature = r->c->eval_temperature;
-        }
-        if (ctx_tokens > 0) {
-            rc.context_tokens = ctx_tokens;
-            rc.trajectory_tokens = ctx_tokens;
-            if (rc.segment_tokens > ctx_tokens) rc.segment_tokens = ctx_tokens;
-        }
-        if (!r->log || !r->rank0) rc.progress_s = 0;
-    }
+    ARL_TRY(rollout_cfg(r, &rc, tasks_path, run_uid, eval, lo, hi, version, ctx_tokens));
+    arl_status s = ARL_OK;
     replay_store *st = NULL;
     arl_rollout_worker *w = NULL;
     replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
@@ -1318,6 +1336,18 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
         snprintf(tasks, sizeof tasks, "%s/tasks-r%lld.jsonl", udir, (long long)ri);
         s = rollout_store(r, root, tasks, uid, 0, n * r->B + ri * r->B / r->R,
                           n * r->B + (ri + 1) * r->B / r->R, n, pol, ctx, &rs);
+        if (!s && r->rc.segment_baseline == ARL_REWARD_SB_MC) {
+            /* the continuations behind the Monte-Carlo segment baselines (spec/objective.md
+             * 5.3), under this update's policy; a resumed update tops them up */
+            arl_rollout_config fc;
+            s = rollout_cfg(r, &fc, tasks, uid, 0, n * r->B + ri * r->B / r->R,
+                            n * r->B + (ri + 1) * r->B / r->R, n, ctx);
+            if (!s) {
+                fc.progress_s = 0;
+                s = arl_mc_forks_make(&fc, root, uid, pol, n, r->rc.mc_forks);
+                arl_rollout_config_free(&fc);
+            }
+        }
     }
     ARL_TRY(sync_status(r, s));
     const double t1 = now_s();
@@ -1391,6 +1421,7 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
         if (!s) s = ledger_commit(r, n, res.kl_coef_next);
         /* rollout figures from the stores (also right for a rollout done before a resume) */
         tr_counts tot = {0};
+        int64_t forks = 0;
         for (int64_t ri = 0; !s && ri < r->R; ri++) {
             if ((ri + 1) * r->B / r->R <= ri * r->B / r->R) continue;
             char root[4300];
@@ -1401,6 +1432,10 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
             tot.valid += k.valid;
             tot.successes += k.successes;
             tot.outcome_sum += k.outcome_sum;
+            if (!s && r->rc.segment_baseline == ARL_REWARD_SB_MC) {
+                s = store_counts(root, uid, "fork", &k, NULL, 0);
+                forks += k.members;
+            }
         }
         const double success = tot.valid ? (double)tot.successes / (double)tot.valid : 0;
         json_t *m = json_object();
@@ -1409,6 +1444,8 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
         json_object_set_new(m, "rollout/success_rate", json_real(success));
         json_object_set_new(m, "rollout/trajectories", json_integer(tot.members));
         json_object_set_new(m, "rollout/context_tokens", json_integer(ctx));
+        if (r->rc.segment_baseline == ARL_REWARD_SB_MC)
+            json_object_set_new(m, "rollout/mc_forks", json_integer(forks));
         json_object_set_new(m, "time/rollout_s", json_real(t1 - t0));
         json_object_set_new(m, "time/learn_s", json_real(t2 - t1));
         json_object_set_new(m, "time/step_s", json_real(now_s() - t0));

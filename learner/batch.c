@@ -33,6 +33,8 @@ static void traj_free(arl_upd_traj *t) {
     free(t->segr);
     free(t->outc);
     free(t->seg_unscorable);
+    free(t->seg_mc);
+    free(t->seg_mc_n);
     free(t->adv_turn);
     if (t->anchors)
         for (int32_t k = 0; k < t->n_turns; k++)
@@ -90,6 +92,31 @@ static const arl_reward_row *find_reward(const arl_reward_row *r, int32_t n, con
         if (r[i].scope == scope && !strcmp(r[i].level, level) && !strcmp(r[i].component, comp))
             return &r[i];
     return NULL;
+}
+
+/* The segment reward row of segment si (ncols_S values) from a trajectory's reward rows: the
+ * derived scalar, 0 marked unscorable for a scorable:false score (spec/objective.md 3.3), or the
+ * configured components; NaN where missing. */
+static void segment_rewards(const arl_reward_config *rc, const arl_reward_row *rw, int32_t nrw,
+                            int32_t si, double *row, uint8_t *unscorable) {
+    if (rc->n_comp[ARL_REWARD_LEVEL_SEGMENT] == 0) {
+        const arl_reward_row *x = find_reward(rw, nrw, "segment", si, "@derived");
+        const arl_reward_row *sc = find_reward(rw, nrw, "segment", si, "");
+        if (x) {
+            row[0] = x->value;
+        } else if (sc && isnan(sc->value)) {
+            row[0] = 0.0;
+            *unscorable = 1;
+        } else {
+            row[0] = NAN;
+        }
+        return;
+    }
+    for (int32_t c = 0; c < rc->n_comp[ARL_REWARD_LEVEL_SEGMENT]; c++) {
+        const arl_reward_row *x =
+            find_reward(rw, nrw, "segment", si, rc->comp[ARL_REWARD_LEVEL_SEGMENT][c].name);
+        row[c] = x ? x->value : NAN;
+    }
 }
 
 /* Tokens, routes and per-token buffers of one local segment. */
@@ -264,27 +291,9 @@ static arl_status traj_rewards(arl_learner *l, arl_shard_reader *sr, arl_upd_tra
         prev_anchor = r->has_anchor ? r->anchor : NULL;
     }
     /* segment rewards */
-    for (int32_t j = 0; s == ARL_OK && j < S; j++) {
-        const int32_t si = segs[t->seg0 + j].seg_index;
-        if (rc->n_comp[ARL_REWARD_LEVEL_SEGMENT] == 0) {
-            const arl_reward_row *x = find_reward(rw, nrw, "segment", si, "@derived");
-            const arl_reward_row *sc = find_reward(rw, nrw, "segment", si, "");
-            if (x) {
-                t->segr[j] = x->value;
-            } else if (sc && isnan(sc->value)) { /* scorable: false (spec/objective.md 3.3) */
-                t->segr[j] = 0.0;
-                t->seg_unscorable[j] = 1;
-            } else {
-                t->segr[j] = NAN;
-            }
-        } else {
-            for (int32_t c = 0; c < ncS; c++) {
-                const arl_reward_row *x =
-                    find_reward(rw, nrw, "segment", si, rc->comp[ARL_REWARD_LEVEL_SEGMENT][c].name);
-                t->segr[(size_t)j * ncS + c] = x ? x->value : NAN;
-            }
-        }
-    }
+    for (int32_t j = 0; s == ARL_OK && j < S; j++)
+        segment_rewards(rc, rw, nrw, segs[t->seg0 + j].seg_index, t->segr + (size_t)j * ncS,
+                        &t->seg_unscorable[j]);
     /* outcome */
     if (s == ARL_OK) {
         if (rc->n_comp[ARL_REWARD_LEVEL_OUTCOME] == 0) {
@@ -304,6 +313,68 @@ static arl_status traj_rewards(arl_learner *l, arl_shard_reader *sr, arl_upd_tra
     }
     free(tr);
     free(rw);
+    return s;
+}
+
+/* segment_baseline mc (spec/objective.md 5.3): for every segment s >= 1 of t, the mean
+ * G^S_{f,s} over the finished forks f of t at the start of s (its fork groups at
+ * parent_seg_index s - 1), each return from the rewards of the fork's own segments s, s + 1,
+ * ...; NaN, so the leave-one-out baseline applies, where no fork has one. */
+static arl_status mc_baselines(arl_learner *l, replay_store *st, arl_shard_reader *sr,
+                               arl_upd_traj *t, const arl_upd_seg *segs) {
+    const arl_reward_config *rc = l->in.reward;
+    const int32_t S = t->n_segs, ncS = arl_reward_config_ncols(rc, ARL_REWARD_LEVEL_SEGMENT);
+    t->seg_mc = malloc(sizeof(double) * (size_t)(S ? S : 1));
+    t->seg_mc_n = calloc((size_t)(S ? S : 1), sizeof(int32_t));
+    if (!t->seg_mc || !t->seg_mc_n) return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
+    double *row = NULL; /* (F, ncS) a fork's segment rewards */
+    size_t cap_row = 0;
+    arl_status s = ARL_OK;
+    for (int32_t j = 0; s == ARL_OK && j < S; j++) {
+        t->seg_mc[j] = NAN;
+        const int32_t si = segs[t->seg0 + j].seg_index;
+        if (si < 1) continue;
+        replay_fork_member *m = NULL;
+        size_t nm = 0;
+        s = replay_forks_at(st, t->row.traj_uid, si - 1, &m, &nm);
+        double sum = 0;
+        int32_t n = 0;
+        for (size_t k = 0; s == ARL_OK && k < nm; k++) {
+            if (m[k].status != REPLAY_COMPLETE && m[k].status != REPLAY_TRUNCATED) continue;
+            replay_traj_row fr;
+            s = replay_traj_get_id(st, m[k].traj_id, &fr);
+            const int32_t F = s == ARL_OK ? fr.n_segments : 0;
+            if (F < 1) continue;
+            if ((size_t)F * (size_t)ncS > cap_row) {
+                cap_row = (size_t)F * (size_t)ncS;
+                double *v = realloc(row, cap_row * sizeof *v);
+                if (!v) {
+                    s = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
+                    break;
+                }
+                row = v;
+            }
+            arl_reward_row *rw = NULL;
+            int32_t nrw = 0;
+            s = arl_shard_rewards(sr, m[k].shard_id, m[k].traj_id, &rw, &nrw);
+            for (int32_t f = 0; s == ARL_OK && f < F; f++) {
+                uint8_t unscorable = 0;
+                segment_rewards(rc, rw, nrw, si + f, row + (size_t)f * ncS, &unscorable);
+            }
+            free(rw);
+            const double g = s == ARL_OK ? arl_reward_segment_return(rc, row, F) : NAN;
+            if (isfinite(g)) {
+                sum += g;
+                n++;
+            }
+        }
+        free(m);
+        if (s == ARL_OK && n > 0) {
+            t->seg_mc[j] = sum / n;
+            t->seg_mc_n[j] = n;
+        }
+    }
+    free(row);
     return s;
 }
 
@@ -413,6 +484,8 @@ arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n
                                  &d);
                 if (s == ARL_OK) s = lr_media_load(l, src[si].store, t);
                 if (s == ARL_OK) s = traj_rewards(l, sr, t, b->segs);
+                if (s == ARL_OK && l->in.reward->segment_baseline == ARL_REWARD_SB_MC)
+                    s = mc_baselines(l, src[si].store, sr, t, b->segs);
             }
         }
         arl_shard_reader_close(sr);

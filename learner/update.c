@@ -801,6 +801,7 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
         r->segment = t->segr;
         r->outcome = t->outc;
         r->segment_unscorable = t->seg_unscorable;
+        r->seg_mc_baseline = t->seg_mc;
         if (!isfinite(t->outc[0]) && l->in.reward->n_comp[ARL_REWARD_LEVEL_OUTCOME] == 0) {
             t->outc[0] = 0.0; /* no outcome stored for a valid trajectory: counts as unscorable */
             r->outcome_unscorable = 1;

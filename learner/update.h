@@ -301,6 +301,9 @@ typedef struct arl_upd_traj {
     int32_t n_turns;
     double *proc, *segr, *outc; /* (K, ncP), (S, ncS), (ncO) */
     uint8_t *seg_unscorable;    /* (S) */
+    double *seg_mc;    /* (S) segment_baseline mc: mean G^S over the forks at each segment's start;
+                          NaN where none (NULL when the baseline is loo) */
+    int32_t *seg_mc_n; /* (S) the forks each seg_mc averages */
     double *adv_turn;           /* (K) */
     char **anchors;             /* (K) owned strings or NULL */
     double inv_norm;

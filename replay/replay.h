@@ -164,6 +164,19 @@ typedef struct replay_version_row {
 arl_status replay_version_get(replay_store *st, int64_t run_id, int64_t version,
                               replay_version_row *out);
 
+/* A member of a fork group as the catalog records it. */
+typedef struct replay_fork_member {
+    int64_t traj_id;
+    int32_t shard_id;
+    replay_status status;
+} replay_fork_member;
+/* The members of every fork group (kind 'fork') of trajectory parent_traj_uid at
+ * parent_seg_index, the forks that continue from the end of that segment (spec section 13.7),
+ * in traj_id order: *out malloc'ed (NULL when *n is 0; caller frees).  A store without a
+ * catalog has none. */
+arl_status replay_forks_at(replay_store *st, const char *parent_traj_uid, int32_t parent_seg_index,
+                           replay_fork_member **out, size_t *n);
+
 typedef struct replay_env_desc {
     const char *name;      /* required */
     const char *version;   /* required */

@@ -816,6 +816,48 @@ arl_status replay_version_get(replay_store *st, int64_t run_id, int64_t version,
     return ARL_OK;
 }
 
+arl_status replay_forks_at(replay_store *st, const char *parent_traj_uid, int32_t parent_seg_index,
+                           replay_fork_member **out, size_t *n) {
+    *out = NULL;
+    *n = 0;
+    if (!st->cat.db) return ARL_OK;
+    sqlite3_stmt *q;
+    ARL_TRY(rdb_prepare(&st->cat,
+                        "SELECT m.traj_id, m.shard_id, m.status FROM task_groups g JOIN "
+                        "group_members m ON m.group_id = g.group_id WHERE g.kind = 'fork' AND "
+                        "g.parent_traj_uid = ?1 AND g.parent_seg_index = ?2 ORDER BY m.traj_id",
+                        &q));
+    sqlite3_bind_text(q, 1, parent_traj_uid, -1, SQLITE_STATIC);
+    sqlite3_bind_int(q, 2, parent_seg_index);
+    size_t cap = 0;
+    int rc = SQLITE_DONE;
+    arl_status s = ARL_OK;
+    while (s == ARL_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 8;
+            replay_fork_member *v = realloc(*out, cap * sizeof *v);
+            if (!v) {
+                s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+                break;
+            }
+            *out = v;
+        }
+        replay_fork_member *m = &(*out)[(*n)++];
+        m->traj_id = sqlite3_column_int64(q, 0);
+        m->shard_id = sqlite3_column_int(q, 1);
+        const int k = replay_status_parse((const char *)sqlite3_column_text(q, 2));
+        m->status = k < 0 ? REPLAY_MASKED : (replay_status)k;
+    }
+    if (s == ARL_OK && rc != SQLITE_DONE) s = rdb_fail(&st->cat, rc, "reading fork groups");
+    sqlite3_finalize(q);
+    if (s != ARL_OK) {
+        free(*out);
+        *out = NULL;
+        *n = 0;
+    }
+    return s;
+}
+
 typedef struct env_bind {
     const replay_env_desc *d;
     char sha[65];

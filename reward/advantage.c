@@ -79,6 +79,17 @@ static double derive(const arl_reward_config *cfg, int l, const double *row, dou
     return v;
 }
 
+double arl_reward_segment_return(const arl_reward_config *cfg, const double *segment, int32_t S) {
+    const int32_t nc = arl_reward_config_ncols(cfg, ARL_REWARD_LEVEL_SEGMENT);
+    double miss = 0, g = 0;
+    for (int32_t s = S - 1; s >= 0; s--) {
+        const double q = derive(cfg, ARL_REWARD_LEVEL_SEGMENT, segment + (size_t)s * nc, &miss);
+        if (!isfinite(q)) return NAN;
+        g = s == S - 1 ? q : q + cfg->gamma_segment * g;
+    }
+    return S > 0 ? g : NAN;
+}
+
 static void add_components(arl_reward_acc *acc, const arl_reward_config *cfg, int l,
                            const double *row) {
     if (!acc) return;

@@ -32,6 +32,7 @@ void arl_reward_config_default(arl_reward_config *cfg) {
     cfg->process_form = ARL_REWARD_FORM_SUM;
     cfg->process_baseline = ARL_REWARD_PB_TURN_INDEX;
     cfg->segment_baseline = ARL_REWARD_SB_LOO;
+    cfg->mc_forks = 4;
     cfg->norm[ARL_REWARD_LEVEL_OUTCOME] = ARL_REWARD_NORM_NONE;
     cfg->norm[ARL_REWARD_LEVEL_SEGMENT] = ARL_REWARD_NORM_BATCH;
     cfg->norm[ARL_REWARD_LEVEL_PROCESS] = ARL_REWARD_NORM_BATCH;
@@ -71,8 +72,13 @@ const arl_option arl_reward_options[] = {
      "process baseline: leave-one-out by turn index, or anchor groups first", 0, 0,
      "turn_index|anchor", 0, NULL},
     {"segment-baseline", ARL_OPT_CHOICE, OFF(segment_baseline), "loo",
-     "segment baseline: leave-one-out, or Monte-Carlo forks where available", 0, 0, "loo|mc", 0,
-     NULL},
+     "segment baseline: leave-one-out, or the mean return of the Monte-Carlo forks (mc-forks) at "
+     "the segment's start where it has finished ones",
+     0, 0, "loo|mc", 0, NULL},
+    {"mc-forks", ARL_OPT_INT, OFF(mc_forks), "4",
+     "segment-baseline mc: continuations forked under the current policy at each inner segment "
+     "boundary of every trained trajectory (spec/objective.md 5.3), never trained on",
+     1, 64, NULL, 0, "M"},
     {"norm-outcome", ARL_OPT_CHOICE, OFF(norm_outcome), "none",
      "normalisation scope of the outcome advantage", 0, 0, "none|batch|group", 0, NULL},
     {"norm-segment", ARL_OPT_CHOICE, OFF(norm_segment), "batch",
@@ -204,6 +210,7 @@ arl_status arl_reward_config_from_opts(const arl_reward_opts *o, arl_reward_conf
     static const char *const sb[] = {"loo", "mc"};
     ARL_TRY(parse_choice("segment-baseline", o->segment_baseline, sb, 2, &v));
     cfg->segment_baseline = (arl_reward_segment_baseline)v;
+    cfg->mc_forks = (int32_t)o->mc_forks;
     static const char *const ns[] = {"none", "batch", "group"};
     ARL_TRY(parse_choice("norm-outcome", o->norm_outcome, ns, 3, &v));
     cfg->norm[ARL_REWARD_LEVEL_OUTCOME] = (arl_reward_norm)v;

@@ -100,6 +100,8 @@ typedef struct arl_reward_config {
     arl_reward_form process_form; /* form of the scalar process reward (no components) */
     arl_reward_process_baseline process_baseline;
     arl_reward_segment_baseline segment_baseline;
+    int32_t mc_forks; /* M: continuations forked at each inner segment boundary of a trained
+                         trajectory when segment_baseline is mc (the train driver forks them) */
     arl_reward_norm norm[ARL_REWARD_NLEVELS]; /* scope per level */
     double sigma_min;                         /* sigma floor of section 5.6 */
     arl_reward_kl_scope kl_scope;             /* kl.rtg_scope */
@@ -130,6 +132,7 @@ typedef struct arl_reward_opts {
     char *process_form;                               /* sum|min */
     char *process_baseline;                           /* turn_index|anchor */
     char *segment_baseline;                           /* loo|mc */
+    int64_t mc_forks;                                 /* segment_baseline mc: M */
     char *norm_outcome, *norm_segment, *norm_process; /* none|batch|group */
     double sigma_min;
     char *kl_rtg_scope; /* trajectory|segment */
@@ -289,6 +292,12 @@ void arl_reward_acc_emit(const arl_reward_acc *a, const arl_reward_config *cfg,
 /* Return-to-go of one sequence x (n), in place-safe (out may equal x):
  * sum form out[k] = x[k] + gamma * out[k+1]; min form out[k] = min(x[k], out[k+1]). */
 void arl_reward_rtg(const double *x, int32_t n, arl_reward_form form, double gamma, double *out);
+
+/* G^S of a continuation at its first segment (spec/objective.md 5.3, segment_baseline mc): the
+ * gamma_S-discounted sum of its segment rewards q over its S >= 1 segments, rows (S,
+ * ncols_S) as in arl_reward_traj.segment (a NaN component counts as 0).  NaN when a scalar
+ * reward is not finite: such a continuation gives no baseline. */
+double arl_reward_segment_return(const arl_reward_config *cfg, const double *segment, int32_t S);
 
 /* Add the tokens of one window of the trajectory stream, positions [tok_off, tok_off + n),
  * to turns[].n_action (tokens with loss_mask 1 inside a turn's range) and, when lp_old and

@@ -42,10 +42,10 @@ static inline void lh_make_ckpt(const char *dir, uint64_t seed) {
     arl_model_config_free(&cfg);
 }
 
-/* Roll out `tasks` calculator tasks x G into a new store at db (run uid "lt").  Short turns and
- * a segment budget just above the initial context: every trajectory has continue segments.
+/* The rollout configuration of `tasks` calculator tasks x G (run uid "lt").  Short turns and a
+ * segment budget just above the initial context: every trajectory has continue segments.
  * Block-sparse MLA with k_c = sparse_topk chunks of sparse_chunk (0: dense). */
-static inline void lh_rollout_mla(const char *db, const char *ckpt, int64_t tasks, int64_t G,
+static inline void lh_rollout_cfg(arl_rollout_config *cfg, int64_t tasks, int64_t G,
                                   int64_t task_seed, int64_t sparse_topk, int64_t sparse_chunk) {
     arl_rollout_config c;
     L_DIE(arl_rollout_config_defaults(&c), "defaults");
@@ -68,6 +68,15 @@ static inline void lh_rollout_mla(const char *db, const char *ckpt, int64_t task
     c.seed = 11;
     c.mla_sparse_topk = sparse_topk;
     if (sparse_chunk > 0) c.mla_sparse_chunk = sparse_chunk;
+    *cfg = c;
+}
+
+/* Roll out `tasks` calculator tasks x G into a new store at db with lh_rollout_cfg's
+ * configuration. */
+static inline void lh_rollout_mla(const char *db, const char *ckpt, int64_t tasks, int64_t G,
+                                  int64_t task_seed, int64_t sparse_topk, int64_t sparse_chunk) {
+    arl_rollout_config c;
+    lh_rollout_cfg(&c, tasks, G, task_seed, sparse_topk, sparse_chunk);
     replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
     replay_store *st;
     L_DIE(replay_store_open(db, &o, &st), "store");

@@ -153,6 +153,11 @@ static void test_errors(void) {
     /* an unknown device name */
     const char *bad_dev2[] = {"learner.device=tpu"};
     expect_error(base, bad_dev2, 1, "device");
+    /* Monte-Carlo segment baselines with the segment level off: forks for nothing */
+    const char *bad_mc[] = {"learner.segment-baseline=mc", "learner.w-segment=0"};
+    expect_error(base, bad_mc, 2, "w-segment");
+    const char *bad_mc_n[] = {"learner.segment-baseline=mc", "learner.mc-forks=0"};
+    expect_error(base, bad_mc_n, 2, "mc-forks");
     /* the teacher's demonstrations need a built-in environment */
     expect_error(
         "{\"model\": \"tiny\", \"out\": \"/tmp/x\", \"sft-demos\": 4, \"rollout\": {\"env\": "

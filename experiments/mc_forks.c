@@ -1,0 +1,126 @@
+/* experiments/mc_forks.c: Monte-Carlo continuations for segment baselines (mc_forks.h).  The
+ * learner reads them back (learner/batch.c mc_baselines) and averages their segment returns. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/log.h"
+#include "experiments/mc_forks.h"
+#include "learner/ledger.h"
+#include "replay/inspect.h"
+#include "replay/replay.h"
+
+/* Members of the fork groups at the end of parent's segment seg: those not running (*done)
+ * and those running (*running). */
+static arl_status forks_count(replay_store *st, const char *parent, int32_t seg, int32_t *done,
+                              int32_t *running) {
+    replay_fork_member *m = NULL;
+    size_t n = 0;
+    *done = *running = 0;
+    ARL_TRY(replay_forks_at(st, parent, seg, &m, &n));
+    for (size_t i = 0; i < n; i++) {
+        if (m[i].status == REPLAY_RUNNING)
+            (*running)++;
+        else
+            (*done)++;
+    }
+    free(m);
+    return ARL_OK;
+}
+
+/* The forks of one trajectory: `count` at the start of each of its segments s >= 1 that begins
+ * at the segment token budget. */
+static arl_status traj_forks(const arl_rollout_config *cfg, replay_store *st, const char *ckpt_dir,
+                             int64_t version, int32_t count, const replay_traj_row *t,
+                             int *recovered, int64_t *n_started, int64_t *n_points) {
+    replay_seg_ref *refs = NULL;
+    size_t nref = 0;
+    arl_status s = replay_traj_segments(st, t->traj_id, &refs, &nref);
+    char(*uids)[REPLAY_UID_MAX + 1] = s ? NULL : malloc(sizeof *uids * (size_t)count);
+    if (!s && !uids) s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    for (size_t j = 1; s == ARL_OK && j < nref; j++) {
+        if (strcmp(refs[j - 1].end_cause, "token_budget")) continue;
+        int32_t done, running;
+        s = forks_count(st, t->traj_uid, (int32_t)j - 1, &done, &running);
+        if (s == ARL_OK && running > 0 && !*recovered) {
+            /* an interrupted run left these; nothing continues a tool file's trajectories */
+            int64_t found = 0;
+            arl_log_warn("train: masking the forks an interruption left running in %s",
+                         replay_store_root(st));
+            s = replay_recover(st, 1, stderr, &found);
+            *recovered = 1;
+            if (s == ARL_OK) s = forks_count(st, t->traj_uid, (int32_t)j - 1, &done, &running);
+        }
+        if (s == ARL_OK && running > 0)
+            s = arl_errorf(ARL_ERR_STATE,
+                           "train: %d forks of %s at segment %d are still running and could not "
+                           "be masked (is another process writing %s?)",
+                           (int)running, t->traj_uid, (int)j, replay_store_root(st));
+        if (s == ARL_OK) (*n_points)++;
+        const int32_t need = count - done;
+        if (s != ARL_OK || need <= 0) continue;
+        const arl_rollout_fork_opts fo = {.version = version};
+        arl_rollout_stats fs;
+        s = arl_rollout_fork(cfg, ckpt_dir, st, t->traj_uid, (int32_t)j, need, &fo, uids, &fs);
+        if (s == ARL_OK) *n_started += need;
+        if (s) s = arl_error_prefix(s, "train: segment-baseline mc: forking %s at segment %d",
+                                    t->traj_uid, (int)j);
+    }
+    free(uids);
+    free(refs);
+    return s;
+}
+
+arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, const char *run_uid,
+                             const char *ckpt_dir, int64_t version, int32_t count) {
+    if (count < 1) return ARL_OK;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t n_started = 0, n_points = 0;
+    const arl_log_level level = arl_log_get_level();
+    if (level > ARL_LOG_WARN) arl_log_set_level(ARL_LOG_WARN);
+    arl_ledger *led = NULL;
+    replay_store *st = NULL;
+    replay_open_opts oo = {0};
+    int64_t run_id, *gids = NULL, ng = 0;
+    arl_ledger_member *mem = NULL;
+    arl_status s = arl_ledger_open(root, &led);
+    if (!s) s = replay_store_open(root, &oo, &st);
+    if (!s) s = arl_ledger_run_id(led, run_uid, &run_id);
+    arl_ledger_counts gc;
+    if (!s) s = arl_ledger_group_counts(led, run_id, "train", &gc);
+    const int64_t cap = s ? 0 : gc.open + gc.final + gc.consumed + gc.abandoned + 1;
+    if (!s && !(gids = malloc(sizeof *gids * (size_t)cap)))
+        s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    if (!s) s = arl_ledger_groups(led, run_id, "train", gids, cap, &ng);
+    enum { MAX_MEMBERS = 4096 };
+    if (!s && !(mem = malloc(sizeof *mem * MAX_MEMBERS)))
+        s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    int recovered = 0;
+    for (int64_t g = 0; !s && g < ng; g++) {
+        int32_t nm = 0;
+        s = arl_ledger_members(led, gids[g], mem, MAX_MEMBERS, &nm);
+        for (int32_t i = 0; !s && i < nm; i++) {
+            replay_traj_row t;
+            s = replay_traj_get_id(st, mem[i].traj_id, &t);
+            if (s || (t.status != REPLAY_COMPLETE && t.status != REPLAY_TRUNCATED) ||
+                t.parent_traj_uid[0] || t.n_segments < 2)
+                continue;
+            s = traj_forks(cfg, st, ckpt_dir, version, count, &t, &recovered, &n_started,
+                           &n_points);
+        }
+    }
+    free(mem);
+    free(gids);
+    replay_store_close(st);
+    arl_ledger_close(led);
+    arl_log_set_level(level);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (s == ARL_OK)
+        arl_log_info("train: %lld forks at %lld segment boundaries of %s for the Monte-Carlo "
+                     "segment baselines (%d each), %.1f s",
+                     (long long)n_started, (long long)n_points, run_uid, (int)count,
+                     (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    return s;
+}

@@ -1,0 +1,25 @@
+/* experiments/mc_forks.h: the continuations behind Monte-Carlo segment baselines
+ * (spec/objective.md 5.3, learner.segment-baseline mc), forked by the train driver after each
+ * update's rollout. */
+#ifndef AGENTRL_EXPERIMENTS_MC_FORKS_H
+#define AGENTRL_EXPERIMENTS_MC_FORKS_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "rollout/rollout.h"
+
+/* For every finished (complete or truncated) trajectory of the train groups of run_uid in the
+ * store at root, and every segment s >= 1 of it that starts at a token_budget boundary, make
+ * `count` forks exist at the start of s (spec/replay.md 13.7, arl_rollout_fork with the
+ * policy at ckpt_dir, which must be policy version `version` of the run): groups of kind
+ * 'fork', which no update consumes.  A boundary with forks already (a resumed update) gets only
+ * those missing; forks that an interruption left running are masked first (nothing continues a
+ * tool file's trajectories; replay_recover), and count as made.  cfg: the rollout
+ * configuration of the store's run (the environment must support forking, spec/aep.md 6.6).
+ * The rollout's per-fork lines are held back (log level warn while forking); the call logs one
+ * line: the forks started, at how many boundaries, in how long. */
+arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, const char *run_uid,
+                             const char *ckpt_dir, int64_t version, int32_t count);
+
+#endif
