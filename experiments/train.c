@@ -1334,14 +1334,13 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
         char root[4300], tasks[4300];
         snprintf(root, sizeof root, "%s/r%lld", udir, (long long)ri);
         snprintf(tasks, sizeof tasks, "%s/tasks-r%lld.jsonl", udir, (long long)ri);
-        s = rollout_store(r, root, tasks, uid, 0, n * r->B + ri * r->B / r->R,
-                          n * r->B + (ri + 1) * r->B / r->R, n, pol, ctx, &rs);
-        if (!s && r->rc.segment_baseline == ARL_REWARD_SB_MC) {
+        const int64_t lo = n * r->B + ri * r->B / r->R, hi = n * r->B + (ri + 1) * r->B / r->R;
+        s = rollout_store(r, root, tasks, uid, 0, lo, hi, n, pol, ctx, &rs);
+        if (!s && r->rc.segment_baseline == ARL_REWARD_SB_MC && hi > lo) {
             /* the continuations behind the Monte-Carlo segment baselines (spec/objective.md
              * 5.3), under this update's policy; a resumed update tops them up */
             arl_rollout_config fc;
-            s = rollout_cfg(r, &fc, tasks, uid, 0, n * r->B + ri * r->B / r->R,
-                            n * r->B + (ri + 1) * r->B / r->R, n, ctx);
+            s = rollout_cfg(r, &fc, tasks, uid, 0, lo, hi, n, ctx);
             if (!s) {
                 fc.progress_s = 0;
                 s = arl_mc_forks_make(&fc, root, uid, pol, n, r->rc.mc_forks);
