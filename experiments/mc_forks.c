@@ -29,16 +29,20 @@ static arl_status forks_count(replay_store *st, const char *parent, int32_t seg,
     return ARL_OK;
 }
 
-/* The forks of one trajectory: `count` at the start of each of its segments s >= 1 that begins
- * at the segment token budget. */
-static arl_status traj_forks(const arl_rollout_config *cfg, replay_store *st, const char *ckpt_dir,
-                             int64_t version, int32_t count, const replay_traj_row *t,
-                             int *recovered, int64_t *n_started, int64_t *n_points) {
+/* The fork points of one trajectory: `count` forks at the start of each of its segments s >= 1
+ * that begins at the segment token budget, less those there already (appended to *pts). */
+typedef struct point_list {
+    arl_rollout_fork_point *v;
+    char (*parent)[REPLAY_UID_MAX + 1]; /* the points' parent uids (v[i].parent points here) */
+    size_t n, cap;
+    int64_t n_points, n_forks; /* boundaries seen, forks to start */
+} point_list;
+
+static arl_status traj_points(replay_store *st, int32_t count, const replay_traj_row *t,
+                              int *recovered, point_list *pl) {
     replay_seg_ref *refs = NULL;
     size_t nref = 0;
     arl_status s = replay_traj_segments(st, t->traj_id, &refs, &nref);
-    char(*uids)[REPLAY_UID_MAX + 1] = s ? NULL : malloc(sizeof *uids * (size_t)count);
-    if (!s && !uids) s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
     for (size_t j = 1; s == ARL_OK && j < nref; j++) {
         if (strcmp(refs[j - 1].end_cause, "token_budget")) continue;
         int32_t done, running;
@@ -57,17 +61,25 @@ static arl_status traj_forks(const arl_rollout_config *cfg, replay_store *st, co
                            "train: %d forks of %s at segment %d are still running and could not "
                            "be masked (is another process writing %s?)",
                            (int)running, t->traj_uid, (int)j, replay_store_root(st));
-        if (s == ARL_OK) (*n_points)++;
-        const int32_t need = count - done;
-        if (s != ARL_OK || need <= 0) continue;
-        const arl_rollout_fork_opts fo = {.version = version};
-        arl_rollout_stats fs;
-        s = arl_rollout_fork(cfg, ckpt_dir, st, t->traj_uid, (int32_t)j, need, &fo, uids, &fs);
-        if (s == ARL_OK) *n_started += need;
-        if (s) s = arl_error_prefix(s, "train: segment-baseline mc: forking %s at segment %d",
-                                    t->traj_uid, (int)j);
+        if (s != ARL_OK) break;
+        pl->n_points++;
+        if (count - done <= 0) continue;
+        if (pl->n == pl->cap) {
+            const size_t c = pl->cap ? 2 * pl->cap : 32;
+            arl_rollout_fork_point *v = realloc(pl->v, c * sizeof *v);
+            if (v) pl->v = v;
+            char(*p)[REPLAY_UID_MAX + 1] = v ? realloc(pl->parent, c * sizeof *p) : NULL;
+            if (p) pl->parent = p;
+            if (!v || !p) {
+                s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+                break;
+            }
+            pl->cap = c;
+        }
+        snprintf(pl->parent[pl->n], REPLAY_UID_MAX + 1, "%s", t->traj_uid);
+        pl->v[pl->n++] = (arl_rollout_fork_point){.n_prefix = (int32_t)j, .count = count - done};
+        pl->n_forks += count - done;
     }
-    free(uids);
     free(refs);
     return s;
 }
@@ -77,7 +89,7 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
     if (count < 1) return ARL_OK;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int64_t n_started = 0, n_points = 0;
+    point_list pl = {0};
     const arl_log_level level = arl_log_get_level();
     if (level > ARL_LOG_WARN) arl_log_set_level(ARL_LOG_WARN);
     arl_ledger *led = NULL;
@@ -107,10 +119,26 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
             if (s || (t.status != REPLAY_COMPLETE && t.status != REPLAY_TRUNCATED) ||
                 t.parent_traj_uid[0] || t.n_segments < 2)
                 continue;
-            s = traj_forks(cfg, st, ckpt_dir, version, count, &t, &recovered, &n_started,
-                           &n_points);
+            s = traj_points(st, count, &t, &recovered, &pl);
         }
     }
+    /* one fork worker for them all: the forks decode together */
+    char(*uids)[REPLAY_UID_MAX + 1] = NULL;
+    if (!s && pl.n_forks > 0 && !(uids = malloc(sizeof *uids * (size_t)pl.n_forks)))
+        s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    for (size_t i = 0; !s && i < pl.n; i++)
+        pl.v[i].parent = pl.parent[i]; /* pl.parent no longer moves */
+    const arl_rollout_fork_opts fo = {.version = version};
+    arl_rollout_stats fs;
+    if (!s && pl.n > 0) {
+        s = arl_rollout_fork_many(cfg, ckpt_dir, st, pl.v, (int32_t)pl.n, &fo, uids, &fs);
+        if (s)
+            s = arl_error_prefix(s, "train: segment-baseline mc: forking %lld boundaries",
+                                 (long long)pl.n);
+    }
+    free(uids);
+    free(pl.v);
+    free(pl.parent);
     free(mem);
     free(gids);
     replay_store_close(st);
@@ -120,7 +148,7 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
     if (s == ARL_OK)
         arl_log_info("train: %lld forks at %lld segment boundaries of %s for the Monte-Carlo "
                      "segment baselines (%d each), %.1f s",
-                     (long long)n_started, (long long)n_points, run_uid, (int)count,
+                     (long long)pl.n_forks, (long long)pl.n_points, run_uid, (int)count,
                      (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     return s;
 }

@@ -248,7 +248,10 @@ struct arl_rollout_worker {
     /* interrupted trajectories of this shard waiting for a slot to be resumed */
     int64_t *resume;
     size_t n_resume, cap_resume, next_resume;
-    char fork_group_uid[REPLAY_UID_MAX + 1]; /* the group of the forks this worker continues */
+    /* a fork worker's trajectories and the group uid of each (arl_rollout_fork_many) */
+    int64_t *fork_ids;                       /* (n_forks) */
+    char (*fork_groups)[REPLAY_UID_MAX + 1]; /* (n_forks) */
+    size_t n_forks;
     int fork_any_state; /* arl_rollout_fork_opts use_rollout_state */
     /* trajectories */
     ro_traj *all;   /* every live trajectory (linked by next_all) */
@@ -320,6 +323,10 @@ const char *ro_traj_uid_of(char *buf, size_t cap, const char *group_uid, int32_t
                            int32_t attempt);
 /* "<run-uid>/g<task-offset + task>" for task index `task` of this worker's task source. */
 void ro_group_uid_of(const arl_rollout_worker *w, int64_t task, char *buf, size_t cap);
+/* Queue trajectory id (of the worker's file) to be continued (resumed or forked). */
+arl_status ro_push_resume(arl_rollout_worker *w, int64_t id);
+/* The group uid of fork trajectory traj_id of a fork worker ("" if it is none of its forks). */
+const char *ro_fork_group_of(const arl_rollout_worker *w, int64_t traj_id);
 /* 64-bit FNV-1a of a uid (the stream of a trajectory's sampling generator). */
 uint64_t ro_uid_hash(const char *s);
 

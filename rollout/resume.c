@@ -49,7 +49,7 @@ static int parse_uid(const arl_rollout_worker *w, const char *uid, int64_t *task
     return !strcmp(ro_traj_uid_of(check, sizeof check, g, sl, at), uid);
 }
 
-static arl_status push_resume(arl_rollout_worker *w, int64_t id) {
+arl_status ro_push_resume(arl_rollout_worker *w, int64_t id) {
     if (w->n_resume == w->cap_resume) {
         size_t c = w->cap_resume ? 2 * w->cap_resume : 16;
         int64_t *v = realloc(w->resume, c * sizeof *v);
@@ -78,7 +78,7 @@ arl_status ro_resume_interrupted(arl_rollout_worker *w) {
     for (size_t i = 0; s == ARL_OK && i < n; i++) {
         replay_traj_row r;
         s = replay_traj_get_id(w->st, copy[i], &r);
-        if (s == ARL_OK && r.status == REPLAY_RUNNING) s = push_resume(w, copy[i]);
+        if (s == ARL_OK && r.status == REPLAY_RUNNING) s = ro_push_resume(w, copy[i]);
     }
     free(copy);
     return s;
@@ -585,7 +585,7 @@ arl_status ro_resume_one(arl_rollout_worker *w, int64_t traj_id) {
     if (x.fork) {
         t->task_index = -1;
         snprintf(t->uid, sizeof t->uid, "%s", x.row.traj_uid);
-        snprintf(t->group_uid, sizeof t->group_uid, "%s", w->fork_group_uid);
+        snprintf(t->group_uid, sizeof t->group_uid, "%s", ro_fork_group_of(w, traj_id));
     }
     /* a new stream per resume, named by the uid (not the store-local traj_id: two workers'
      * stores number their trajectories alike) */

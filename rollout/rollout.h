@@ -204,6 +204,21 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
                             const arl_rollout_fork_opts *o, char (*uids)[REPLAY_UID_MAX + 1],
                             arl_rollout_stats *stats);
 
+/* Several fork points at once (arl_rollout_fork for each): one worker, with one model load and
+ * one new tool file, continues all their forks together, batch-size at a time.  Every point is
+ * checked first (as arl_rollout_fork checks its one; a point given twice, parents of different
+ * runs, or o->group_uid with more than one point are ARL_ERR_ARG), so a refusal writes nothing.
+ * uids receive the sum of the counts, point after point. */
+typedef struct arl_rollout_fork_point {
+    const char *parent; /* traj_uid or traj_id */
+    int32_t n_prefix;   /* the fork keeps segments 0..n_prefix - 1 */
+    int32_t count;      /* forks at this point, >= 1 */
+} arl_rollout_fork_point;
+arl_status arl_rollout_fork_many(const arl_rollout_config *cfg, const char *ckpt_dir,
+                                 replay_store *st, const arl_rollout_fork_point *pts, int32_t n_pts,
+                                 const arl_rollout_fork_opts *o, char (*uids)[REPLAY_UID_MAX + 1],
+                                 arl_rollout_stats *stats);
+
 /* Print the closing summary of a run (success rate, reward per level, mean length, ends). */
 void arl_rollout_stats_print(const arl_rollout_stats *s, FILE *f);
 

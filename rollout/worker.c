@@ -1283,46 +1283,49 @@ arl_status arl_rollout_worker_open(const arl_rollout_config *cfg, const char *ck
     return worker_open(cfg, ckpt_dir, st, REPLAY_FILE_WORKER, shard_id, hooks, 1, NULL, out);
 }
 
-arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir, replay_store *st,
-                            const char *parent, int32_t n_prefix, int32_t count,
-                            const arl_rollout_fork_opts *o, char (*uids)[REPLAY_UID_MAX + 1],
-                            arl_rollout_stats *stats) {
-    const char *group_uid = o ? o->group_uid : NULL;
-    /* the parent, the fork point and the uids first: a refusal writes nothing (the worker's
-     * open adds a tool file to the store) */
-    arl_rollout_worker *w = NULL;
-    replay_traj_row p;
-    arl_status s = replay_traj_get(st, parent, &p);
-    if (s == ARL_OK && (n_prefix < 1 || n_prefix > p.n_segments + (p.fork_seg_index >= 0 ? p.fork_seg_index + 1 : 0)))
-        s = arl_errorf(ARL_ERR_RANGE, "fork: %s has %d committed segments, --segment %d", p.traj_uid,
-                       (int)p.n_segments, (int)n_prefix);
-    if (s == ARL_OK) { /* the fork point must be a boundary inside the parent */
-        replay_seg_ref *refs = NULL;
-        size_t nref = 0;
-        s = replay_traj_segments(st, p.traj_id, &refs, &nref);
-        if (s == ARL_OK && (size_t)n_prefix <= nref &&
-            strcmp(refs[n_prefix - 1].end_cause, "token_budget")) {
-            int32_t last_inner = -1; /* the last segment that ends at the token budget */
-            for (size_t i = 0; i < nref; i++)
-                if (!strcmp(refs[i].end_cause, "token_budget")) last_inner = (int32_t)i;
-            char where[96];
-            if (last_inner >= 0)
-                snprintf(where, sizeof where, "its boundaries are --segment 1..%d", last_inner + 1);
-            else
-                snprintf(where, sizeof where, "it has no such boundary (one segment)");
-            s = arl_errorf(ARL_ERR_RANGE,
-                           "fork: segment %d of %s ends '%s', not at the segment token budget: a "
-                           "fork continues a boundary inside the trajectory, and %s",
-                           (int)n_prefix - 1, p.traj_uid, refs[n_prefix - 1].end_cause, where);
-        }
-        free(refs);
+const char *ro_fork_group_of(const arl_rollout_worker *w, int64_t traj_id) {
+    for (size_t i = 0; i < w->n_forks; i++)
+        if (w->fork_ids[i] == traj_id) return w->fork_groups[i];
+    return "";
+}
+
+/* A fork point checked before anything is written: its parent's row, and the index of the
+ * first of its forks (after those of earlier forks at the same point, <parent>/f<S>.<i>). */
+static arl_status fork_point_check(replay_store *st, const arl_rollout_fork_point *pt,
+                                   replay_traj_row *p, int32_t *first) {
+    ARL_TRY(replay_traj_get(st, pt->parent, p));
+    const int32_t n_prefix = pt->n_prefix;
+    if (pt->count < 1)
+        return arl_errorf(ARL_ERR_RANGE, "fork: %s: a count of %d forks", p->traj_uid,
+                          (int)pt->count);
+    if (n_prefix < 1 ||
+        n_prefix > p->n_segments + (p->fork_seg_index >= 0 ? p->fork_seg_index + 1 : 0))
+        return arl_errorf(ARL_ERR_RANGE, "fork: %s has %d committed segments, --segment %d",
+                          p->traj_uid, (int)p->n_segments, (int)n_prefix);
+    /* the fork point must be a boundary inside the parent */
+    replay_seg_ref *refs = NULL;
+    size_t nref = 0;
+    arl_status s = replay_traj_segments(st, p->traj_id, &refs, &nref);
+    if (s == ARL_OK && (size_t)n_prefix <= nref &&
+        strcmp(refs[n_prefix - 1].end_cause, "token_budget")) {
+        int32_t last_inner = -1; /* the last segment that ends at the token budget */
+        for (size_t i = 0; i < nref; i++)
+            if (!strcmp(refs[i].end_cause, "token_budget")) last_inner = (int32_t)i;
+        char where[96];
+        if (last_inner >= 0)
+            snprintf(where, sizeof where, "its boundaries are --segment 1..%d", last_inner + 1);
+        else
+            snprintf(where, sizeof where, "it has no such boundary (one segment)");
+        s = arl_errorf(ARL_ERR_RANGE,
+                       "fork: segment %d of %s ends '%s', not at the segment token budget: a "
+                       "fork continues a boundary inside the trajectory, and %s",
+                       (int)n_prefix - 1, p->traj_uid, refs[n_prefix - 1].end_cause, where);
     }
-    /* the forks' uids continue after those of earlier forks at this point (<parent>/f<S>.<i>) */
-    int32_t first = 0;
-    for (; s == ARL_OK; first++) {
+    free(refs);
+    for (*first = 0; s == ARL_OK; (*first)++) {
         char u[REPLAY_UID_MAX + 1];
         replay_traj_row t;
-        snprintf(u, sizeof u, "%s/f%d.%d", p.traj_uid, (int)n_prefix, (int)first);
+        snprintf(u, sizeof u, "%s/f%d.%d", p->traj_uid, (int)n_prefix, (int)*first);
         const arl_status g = replay_traj_get(st, u, &t);
         if (g == ARL_ERR_NOT_FOUND) {
             arl_error_clear();
@@ -1330,57 +1333,111 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
         }
         if (g != ARL_OK) s = g;
     }
-    const fork_req fr = {.parent = &p, .o = o};
-    if (s == ARL_OK) s = worker_open(cfg, ckpt_dir, st, REPLAY_FILE_TOOL, 0, NULL, 0, &fr, &w);
+    return s;
+}
+
+/* Begin the forks of one checked point in the fork worker: its group (o_group when given,
+ * else "<parent>/fork<S>", or "<parent>/fork<S>.<first>" when forks of this point exist
+ * already) and `count` trajectories queued to continue; their uids into uids. */
+static arl_status fork_point_begin(arl_rollout_worker *w, const replay_traj_row *p,
+                                   const arl_rollout_fork_point *pt, int32_t first,
+                                   const char *o_group, char (*uids)[REPLAY_UID_MAX + 1]) {
+    char guid[REPLAY_UID_MAX + 1];
+    const int32_t n_prefix = pt->n_prefix;
+    if (o_group && *o_group)
+        snprintf(guid, sizeof guid, "%s", o_group);
+    else if (first == 0)
+        snprintf(guid, sizeof guid, "%s/fork%d", p->traj_uid, (int)n_prefix);
+    else /* a group of its own for each fork command: <parent>/fork<S>.<first member> */
+        snprintf(guid, sizeof guid, "%s/fork%d.%d", p->traj_uid, (int)n_prefix, (int)first);
+    replay_group_desc gd = {.group_uid = guid,
+                            .run_id = w->run_id,
+                            .task_id = p->task_id,
+                            .env_id = p->env_id,
+                            .kind = "fork",
+                            .size = pt->count,
+                            .admitted_version = w->eng.version,
+                            .parent_traj_uid = p->traj_uid,
+                            .parent_seg_index = n_prefix - 1};
     int64_t group_id = 0;
-    if (s == ARL_OK) {
-        if (group_uid && *group_uid)
-            snprintf(w->fork_group_uid, sizeof w->fork_group_uid, "%s", group_uid);
-        else if (first == 0)
-            snprintf(w->fork_group_uid, sizeof w->fork_group_uid, "%s/fork%d", p.traj_uid, (int)n_prefix);
-        else /* a group of its own for each fork command: <parent>/fork<S>.<first member> */
-            snprintf(w->fork_group_uid, sizeof w->fork_group_uid, "%s/fork%d.%d", p.traj_uid,
-                     (int)n_prefix, (int)first);
-        replay_group_desc gd = {.group_uid = w->fork_group_uid,
-                                .run_id = w->run_id,
-                                .task_id = p.task_id,
-                                .env_id = p.env_id,
-                                .kind = "fork",
-                                .size = count,
-                                .admitted_version = w->eng.version,
-                                .parent_traj_uid = p.traj_uid,
-                                .parent_seg_index = n_prefix - 1};
-        s = replay_group_ensure(st, &gd, &group_id);
-    }
-    for (int32_t i = 0; s == ARL_OK && i < count; i++) {
-        snprintf(uids[i], REPLAY_UID_MAX + 1, "%s/f%d.%d", p.traj_uid, (int)n_prefix,
+    ARL_TRY(replay_group_ensure(w->st, &gd, &group_id));
+    for (int32_t i = 0; i < pt->count; i++) {
+        snprintf(uids[i], REPLAY_UID_MAX + 1, "%s/f%d.%d", p->traj_uid, (int)n_prefix,
                  (int)(first + i));
         replay_traj_desc d = {.traj_uid = uids[i],
                               .run_id = w->run_id,
                               .group_id = group_id,
-                              .task_id = p.task_id,
-                              .env_id = p.env_id,
+                              .task_id = p->task_id,
+                              .env_id = p->env_id,
                               .slot = i,
                               .policy_version = w->eng.version};
         int64_t id;
-        s = replay_fork_begin(w->w, p.traj_uid, n_prefix, &d, &id, NULL);
-        if (s == ARL_OK) {
-            if (w->n_resume == w->cap_resume) {
-                size_t c = w->cap_resume ? 2 * w->cap_resume : 8;
-                int64_t *v = realloc(w->resume, c * sizeof *v);
-                if (!v) s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
-                else {
-                    w->resume = v;
-                    w->cap_resume = c;
-                }
-            }
-            if (s == ARL_OK) w->resume[w->n_resume++] = id;
+        ARL_TRY(replay_fork_begin(w->w, p->traj_uid, n_prefix, &d, &id, NULL));
+        ARL_TRY(ro_push_resume(w, id));
+        w->fork_ids[w->n_forks] = id;
+        snprintf(w->fork_groups[w->n_forks], REPLAY_UID_MAX + 1, "%s", guid);
+        w->n_forks++;
+    }
+    return ARL_OK;
+}
+
+arl_status arl_rollout_fork_many(const arl_rollout_config *cfg, const char *ckpt_dir,
+                                 replay_store *st, const arl_rollout_fork_point *pts, int32_t n_pts,
+                                 const arl_rollout_fork_opts *o, char (*uids)[REPLAY_UID_MAX + 1],
+                                 arl_rollout_stats *stats) {
+    if (stats) *stats = (arl_rollout_stats){0};
+    if (n_pts <= 0) return ARL_OK;
+    const char *group_uid = o ? o->group_uid : NULL;
+    if (group_uid && *group_uid && n_pts > 1)
+        return arl_errorf(ARL_ERR_ARG, "fork: one group uid for %d fork points", (int)n_pts);
+    /* the parents, the fork points and the uids first: a refusal writes nothing (the worker's
+     * open adds a tool file to the store) */
+    replay_traj_row *par = calloc((size_t)n_pts, sizeof *par);
+    int32_t *first = calloc((size_t)n_pts, sizeof *first);
+    size_t total = 0;
+    arl_status s = par && first ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+    for (int32_t k = 0; s == ARL_OK && k < n_pts; k++) {
+        s = fork_point_check(st, &pts[k], &par[k], &first[k]);
+        total += s == ARL_OK ? (size_t)pts[k].count : 0;
+        for (int32_t q = 0; s == ARL_OK && q < k; q++) {
+            if (par[q].traj_id == par[k].traj_id && pts[q].n_prefix == pts[k].n_prefix)
+                s = arl_errorf(ARL_ERR_ARG, "fork: fork point %s --segment %d given twice",
+                               par[k].traj_uid, (int)pts[k].n_prefix);
+            else if (par[q].run_id != par[k].run_id)
+                s = arl_errorf(ARL_ERR_ARG,
+                               "fork: %s and %s belong to different runs: one fork worker "
+                               "continues one run's trajectories",
+                               par[q].traj_uid, par[k].traj_uid);
         }
     }
+    arl_rollout_worker *w = NULL;
+    const fork_req fr = {.parent = par, .o = o};
+    if (s == ARL_OK) s = worker_open(cfg, ckpt_dir, st, REPLAY_FILE_TOOL, 0, NULL, 0, &fr, &w);
+    if (s == ARL_OK) {
+        w->fork_ids = malloc(total * sizeof *w->fork_ids);
+        w->fork_groups = malloc(total * sizeof *w->fork_groups);
+        if (!w->fork_ids || !w->fork_groups)
+            s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+    }
+    size_t at = 0;
+    for (int32_t k = 0; s == ARL_OK && k < n_pts; k++) {
+        s = fork_point_begin(w, &par[k], &pts[k], first[k], group_uid, uids + at);
+        at += (size_t)pts[k].count;
+    }
     if (s == ARL_OK) s = arl_rollout_worker_run(w);
-    if (stats) *stats = w ? w->stats : (arl_rollout_stats){0};
+    if (stats && w) *stats = w->stats;
     arl_rollout_worker_close(w);
+    free(par);
+    free(first);
     return s;
+}
+
+arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir, replay_store *st,
+                            const char *parent, int32_t n_prefix, int32_t count,
+                            const arl_rollout_fork_opts *o, char (*uids)[REPLAY_UID_MAX + 1],
+                            arl_rollout_stats *stats) {
+    const arl_rollout_fork_point pt = {.parent = parent, .n_prefix = n_prefix, .count = count};
+    return arl_rollout_fork_many(cfg, ckpt_dir, st, &pt, 1, o, uids, stats);
 }
 
 /* Jobs for every (task, slot) not yet in the store; refills for slots whose first attempt was
@@ -1484,6 +1541,8 @@ void arl_rollout_worker_close(arl_rollout_worker *w) {
     free(w->tasks);
     free(w->jobs);
     free(w->resume);
+    free(w->fork_ids);
+    free(w->fork_groups);
     free(w->group_ids);
     free(w->task_ids);
     free(w->by_slot);

@@ -3,7 +3,8 @@
  *   (a) arl_mc_forks_make (experiments/mc_forks.h) makes `count` forks at every inner segment
  *       boundary of every finished train trajectory, tops up a boundary that has fewer, adds
  *       nothing when called again, and masks a fork an interruption left running (it counts as
- *       made);
+ *       made); the points go to one fork worker (arl_rollout_fork_many), which refuses a point
+ *       given twice before writing anything;
  *   (b) the learner's baseline of segment s of trajectory i is the mean, over i's finished
  *       forks at the start of s, of their discounted segment returns (gamma_S = 0.9) from s on,
  *       computed here from the forks' stored reward rows found by their uids (independently of
@@ -92,6 +93,21 @@ static int train_trajs(char (*uids)[REPLAY_UID_MAX + 1], int32_t *nseg, int cap)
     return n;
 }
 
+/* Tool files of the store (shards/t<k>.sqlite). */
+static int count_tool_files(void) {
+    int n = 0;
+    for (int k = 1; k < 256; k++) {
+        char p[900];
+        snprintf(p, sizeof p, "%s/shards/t%d.sqlite", db, k);
+        FILE *f = fopen(p, "rb");
+        if (f) {
+            fclose(f);
+            n++;
+        }
+    }
+    return n;
+}
+
 static void test_forks_made(void) {
     char uids[8][REPLAY_UID_MAX + 1];
     int32_t nseg[8];
@@ -121,6 +137,19 @@ static void test_forks_made(void) {
             fork_counts(uids[i], s - 1, &done, &running);
             CHECK(done == 2 && running == 0);
         }
+    /* several points in one worker: a point given twice is refused before anything is written */
+    {
+        replay_store *st;
+        replay_open_opts o = {0};
+        L_DIE(replay_store_open(db, &o, &st), "store");
+        const arl_rollout_fork_point two[2] = {{stale_parent, 1, 1}, {stale_parent, 1, 2}};
+        char u[3][REPLAY_UID_MAX + 1];
+        const int before = count_tool_files();
+        CHECK(arl_rollout_fork_many(&c, ckpt, st, two, 2, NULL, u, NULL) == ARL_ERR_ARG);
+        CHECK(strstr(arl_error_msg(), "given twice") != NULL);
+        CHECK(count_tool_files() == before);
+        replay_store_close(st);
+    }
     L_DIE(arl_mc_forks_make(&c, db, "lt", ckpt, 0, 3), "forks (3)");
     L_DIE(arl_mc_forks_make(&c, db, "lt", ckpt, 0, 3), "forks (3 again)");
     for (int i = 0; i < n; i++)
@@ -136,7 +165,7 @@ static void test_forks_made(void) {
 static void set_fork_rewards(void) {
     char dir[800];
     snprintf(dir, sizeof dir, "%s/shards", db);
-    for (int k = 1; k < 64; k++) {
+    for (int k = 1; k < 256; k++) {
         char p[900];
         snprintf(p, sizeof p, "%s/t%d.sqlite", dir, k);
         FILE *f = fopen(p, "rb");
