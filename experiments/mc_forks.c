@@ -8,7 +8,6 @@
 #include "core/log.h"
 #include "experiments/mc_forks.h"
 #include "learner/ledger.h"
-#include "replay/inspect.h"
 #include "replay/replay.h"
 
 /* Members of the fork groups at the end of parent's segment seg: those not running (*done)
@@ -39,7 +38,7 @@ typedef struct point_list {
 } point_list;
 
 static arl_status traj_points(replay_store *st, int32_t count, const replay_traj_row *t,
-                              int *recovered, point_list *pl) {
+                              int *interrupted, point_list *pl) {
     replay_seg_ref *refs = NULL;
     size_t nref = 0;
     arl_status s = replay_traj_segments(st, t->traj_id, &refs, &nref);
@@ -47,21 +46,8 @@ static arl_status traj_points(replay_store *st, int32_t count, const replay_traj
         if (strcmp(refs[j - 1].end_cause, "token_budget")) continue;
         int32_t done, running;
         s = forks_count(st, t->traj_uid, (int32_t)j - 1, &done, &running);
-        if (s == ARL_OK && running > 0 && !*recovered) {
-            /* an interrupted run left these; nothing continues a tool file's trajectories */
-            int64_t found = 0;
-            arl_log_warn("train: masking the forks an interruption left running in %s",
-                         replay_store_root(st));
-            s = replay_recover(st, 1, stderr, &found);
-            *recovered = 1;
-            if (s == ARL_OK) s = forks_count(st, t->traj_uid, (int32_t)j - 1, &done, &running);
-        }
-        if (s == ARL_OK && running > 0)
-            s = arl_errorf(ARL_ERR_STATE,
-                           "train: %d forks of %s at segment %d are still running and could not "
-                           "be masked (is another process writing %s?)",
-                           (int)running, t->traj_uid, (int)j, replay_store_root(st));
-        if (s != ARL_OK) break;
+        if (s == ARL_OK && running > 0) *interrupted = 1;
+        if (s != ARL_OK || *interrupted) break;
         pl->n_points++;
         if (count - done <= 0) continue;
         if (pl->n == pl->cap) {
@@ -85,7 +71,9 @@ static arl_status traj_points(replay_store *st, int32_t count, const replay_traj
 }
 
 arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, const char *run_uid,
-                             const char *ckpt_dir, int64_t version, int32_t count) {
+                             const char *ckpt_dir, int64_t version, int32_t count,
+                             int *interrupted) {
+    *interrupted = 0;
     if (count < 1) return ARL_OK;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -109,17 +97,16 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
     enum { MAX_MEMBERS = 4096 };
     if (!s && !(mem = malloc(sizeof *mem * MAX_MEMBERS)))
         s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
-    int recovered = 0;
-    for (int64_t g = 0; !s && g < ng; g++) {
+    for (int64_t g = 0; !s && !*interrupted && g < ng; g++) {
         int32_t nm = 0;
         s = arl_ledger_members(led, gids[g], mem, MAX_MEMBERS, &nm);
-        for (int32_t i = 0; !s && i < nm; i++) {
+        for (int32_t i = 0; !s && !*interrupted && i < nm; i++) {
             replay_traj_row t;
             s = replay_traj_get_id(st, mem[i].traj_id, &t);
             if (s || (t.status != REPLAY_COMPLETE && t.status != REPLAY_TRUNCATED) ||
                 t.parent_traj_uid[0] || t.n_segments < 2)
                 continue;
-            s = traj_points(st, count, &t, &recovered, &pl);
+            s = traj_points(st, count, &t, interrupted, &pl);
         }
     }
     /* one fork worker for them all: the forks decode together */
@@ -130,7 +117,7 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
         pl.v[i].parent = pl.parent[i]; /* pl.parent no longer moves */
     const arl_rollout_fork_opts fo = {.version = version};
     arl_rollout_stats fs;
-    if (!s && pl.n > 0) {
+    if (!s && !*interrupted && pl.n > 0) {
         s = arl_rollout_fork_many(cfg, ckpt_dir, st, pl.v, (int32_t)pl.n, &fo, uids, &fs);
         if (s)
             s = arl_error_prefix(s, "train: segment-baseline mc: forking %lld boundaries",
@@ -145,7 +132,7 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
     arl_ledger_close(led);
     arl_log_set_level(level);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (s == ARL_OK)
+    if (s == ARL_OK && !*interrupted)
         arl_log_info("train: %lld forks at %lld segment boundaries of %s for the Monte-Carlo "
                      "segment baselines (%d each), %.1f s",
                      (long long)pl.n_forks, (long long)pl.n_points, run_uid, (int)count,

@@ -848,6 +848,19 @@ static arl_status rollout_cfg(tr_run *r, arl_rollout_config *rc, const char *tas
     return s;
 }
 
+/* Move the store at root to root.interrupted-<k> (the first free k), saying what it held. */
+static arl_status set_aside(const char *root, const char *what) {
+    char aside[4300];
+    for (int k = 1;; k++) {
+        snprintf(aside, sizeof aside, "%s.interrupted-%d", root, k);
+        if (!path_exists(aside)) break;
+    }
+    if (rename(root, aside))
+        return arl_errorf(ARL_ERR_IO, "train: cannot set aside %s: %s", root, strerror(errno));
+    arl_log_warn("train: %s held %s; kept as %s, rolling out again", root, what, aside);
+    return ARL_OK;
+}
+
 /* Roll out tasks [lo, hi) into the store at root (replay/<dir>/r<R>): done if the store is
  * complete; an incomplete one is set aside first. */
 /* Rollout rank ri rolls out tasks lo..hi-1 into its store at root.  The worker's task-offset
@@ -862,17 +875,7 @@ static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_p
     const char *kind = eval ? "eval" : "train";
     if (hi <= lo) return ARL_OK;
     if (store_complete(root, run_uid, kind, hi - lo)) return ARL_OK;
-    if (path_exists(root)) {
-        char aside[4300];
-        for (int k = 1;; k++) {
-            snprintf(aside, sizeof aside, "%s.interrupted-%d", root, k);
-            if (!path_exists(aside)) break;
-        }
-        if (rename(root, aside))
-            return arl_errorf(ARL_ERR_IO, "train: cannot set aside %s: %s", root, strerror(errno));
-        arl_log_warn("train: %s held an interrupted rollout; kept as %s, rolling out again", root,
-                     aside);
-    }
+    if (path_exists(root)) ARL_TRY(set_aside(root, "an interrupted rollout"));
     ARL_TRY(write_tasks(r, tasks_path, eval, lo, hi));
     arl_rollout_config rc;
     ARL_TRY(rollout_cfg(r, &rc, tasks_path, run_uid, eval, lo, hi, version, ctx_tokens));
@@ -1341,11 +1344,22 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
              * 5.3), under this update's policy; a resumed update tops them up */
             arl_rollout_config fc;
             s = rollout_cfg(r, &fc, tasks, uid, 0, lo, hi, n, ctx);
+            int interrupted = 0;
             if (!s) {
                 fc.progress_s = 0;
-                s = arl_mc_forks_make(&fc, root, uid, pol, n, r->rc.mc_forks);
-                arl_rollout_config_free(&fc);
+                s = arl_mc_forks_make(&fc, root, uid, pol, n, r->rc.mc_forks, &interrupted);
             }
+            if (!s && interrupted) {
+                /* forks a kill left running: the rollout and its forks are made again, the
+                 * same bits (streams follow the trajectories' names), as an uninterrupted run */
+                s = set_aside(root, "forks of an interrupted run");
+                if (!s) s = rollout_store(r, root, tasks, uid, 0, lo, hi, n, pol, ctx, &rs);
+                if (!s) s = arl_mc_forks_make(&fc, root, uid, pol, n, r->rc.mc_forks, &interrupted);
+                if (!s && interrupted)
+                    s = arl_errorf(ARL_ERR_INTERNAL, "train: %s: forks running after a new rollout",
+                                   root);
+            }
+            arl_rollout_config_free(&fc);
         }
     }
     ARL_TRY(sync_status(r, s));

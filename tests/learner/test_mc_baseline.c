@@ -2,22 +2,22 @@
  * learner.segment-baseline mc) end to end on calculator trajectories with continue segments:
  *   (a) arl_mc_forks_make (experiments/mc_forks.h) makes `count` forks at every inner segment
  *       boundary of every finished train trajectory, tops up a boundary that has fewer, adds
- *       nothing when called again, and masks a fork an interruption left running (it counts as
- *       made); the points go to one fork worker (arl_rollout_fork_many), which refuses a point
- *       given twice before writing anything;
- *   (b) the learner's baseline of segment s of trajectory i is the mean, over i's finished
- *       forks at the start of s, of their discounted segment returns (gamma_S = 0.9) from s on,
- *       computed here from the forks' stored reward rows found by their uids (independently of
- *       the catalog query the learner uses), after those rows were given distinct non-zero
- *       values; segment 0 has none (NaN);
- *   (c) the update uses them (adv/segment_mc_baseline_frac = the share of segments with forks),
- *       and with segment-baseline loo the learner reads no forks (the share is 0).
- * Fails without the learner's fork lookup (b: every baseline NaN) or the driver's top-up (a). */
+ *       nothing when called again, and, while a fork a kill left running is in the store,
+ *       forks nothing and says so (masked, it counts as made); the points go to one fork worker
+ * (arl_rollout_fork_many), which refuses a point given twice before writing anything; (b) the
+ * learner's baseline of segment s of trajectory i is the mean, over i's finished forks at the start
+ * of s, of their discounted segment returns (gamma_S = 0.9) from s on, computed here from the
+ * forks' stored reward rows found by their uids (independently of the catalog query the learner
+ * uses), after those rows were given distinct non-zero values; segment 0 has none (NaN); (c) the
+ * update uses them (adv/segment_mc_baseline_frac = the share of segments with forks), and with
+ * segment-baseline loo the learner reads no forks (the share is 0). Fails without the learner's
+ * fork lookup (b: every baseline NaN) or the driver's top-up (a). */
 #include <math.h>
 #include <sqlite3.h>
 
 #include "experiments/mc_forks.h"
 #include "learner/update_internal.h"
+#include "replay/inspect.h"
 #include "tests/learner/lhelpers.h"
 
 static char tmp[512], ckpt[600], db[700];
@@ -39,8 +39,8 @@ static void fork_counts(const char *parent, int32_t seg, int *done, int *running
     replay_store_close(st);
 }
 
-/* A fork of parent at segment 1 begun in a tool file whose writer then goes away, as an
- * interrupted driver leaves it. */
+/* A fork of parent at segment 1 begun in a tool file whose writer then goes away, as a killed
+ * driver leaves it. */
 static void stale_fork(const char *parent) {
     replay_store *st;
     replay_open_opts o = {0};
@@ -128,7 +128,25 @@ static void test_forks_made(void) {
 
     arl_rollout_config c;
     lh_rollout_cfg(&c, 2, 2, 3, 0, 0);
-    L_DIE(arl_mc_forks_make(&c, db, "lt", ckpt, 0, 2), "forks (2)");
+    /* a fork left running: nothing is forked, the caller is told */
+    int interrupted = 0;
+    const int files0 = count_tool_files();
+    L_DIE(arl_mc_forks_make(&c, db, "lt", ckpt, 0, 2, &interrupted), "forks (interrupted)");
+    CHECK(interrupted == 1);
+    CHECK(count_tool_files() == files0);
+    {
+        replay_store *st;
+        replay_open_opts o = {0};
+        L_DIE(replay_store_open(db, &o, &st), "store");
+        FILE *devnull = fopen("/dev/null", "w");
+        int64_t found = 0;
+        L_DIE(replay_recover(st, 1, devnull, &found), "recover");
+        fclose(devnull);
+        CHECK(found == 1);
+        replay_store_close(st);
+    }
+    L_DIE(arl_mc_forks_make(&c, db, "lt", ckpt, 0, 2, &interrupted), "forks (2)");
+    CHECK(interrupted == 0);
     fork_counts(stale_parent, 0, &done, &running);
     CHECK(running == 0);
     CHECK(done == 2); /* the masked stale one and one new */
@@ -150,8 +168,8 @@ static void test_forks_made(void) {
         CHECK(count_tool_files() == before);
         replay_store_close(st);
     }
-    L_DIE(arl_mc_forks_make(&c, db, "lt", ckpt, 0, 3), "forks (3)");
-    L_DIE(arl_mc_forks_make(&c, db, "lt", ckpt, 0, 3), "forks (3 again)");
+    L_DIE(arl_mc_forks_make(&c, db, "lt", ckpt, 0, 3, &interrupted), "forks (3)");
+    L_DIE(arl_mc_forks_make(&c, db, "lt", ckpt, 0, 3, &interrupted), "forks (3 again)");
     for (int i = 0; i < n; i++)
         for (int32_t s = 1; s < nseg[i]; s++) {
             fork_counts(uids[i], s - 1, &done, &running);

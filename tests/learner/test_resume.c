@@ -7,7 +7,8 @@
  * ARL_TEST_KILL_MS) so that a failure can be replayed.  A second process started in a running
  * run's directory is refused (core/dirlock.h) and disturbs nothing; a damaged newest
  * checkpoint is set aside and the run resumes from the one before it; SIGTERM and a failed
- * write print how to continue; a resume with another thread count warns. */
+ * write print how to continue; a resume with another thread count warns; a run with
+ * Monte-Carlo segment baselines killed while its forks run resumes bit-identical too. */
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -30,6 +31,23 @@ static const char *micro =
     "              \"max-turns\": 2, \"batch-size\": 4, \"prefill-chunk\": 1024, \"progress-s\": "
     "0},\n"
     "  \"learner\": {\"minibatches\": 2, \"max-tokens\": 1024, \"lr\": 1e-4},\n"
+    "  \"sft\": {\"steps\": 2, \"batch-tokens\": 1024, \"shared-prefix\": true}\n"
+    "}\n";
+
+/* micro with Monte-Carlo segment baselines: more turns, so that trajectories cross segment
+ * boundaries and get forks */
+static const char *micro_mc =
+    "{\n"
+    "  \"model\": \"tiny\", \"steps\": 2, \"tasks-per-update\": 2, \"threads\": 1,\n"
+    "  \"eval-tasks\": 1, \"sft-demos\": 4, \"checkpoint-interval\": 1,\n"
+    "  \"rollout\": {\"env\": \"builtin:calculator\", \"task-data\": {\"level\": 1},\n"
+    "              \"group-size\": 2, \"turn-tokens\": 32, \"observation-tokens\": 600,\n"
+    "              \"segment-tokens\": 700, \"context-tokens\": 2048, \"trajectory-tokens\": "
+    "2048,\n"
+    "              \"max-turns\": 3, \"batch-size\": 4, \"prefill-chunk\": 1024, \"progress-s\": "
+    "0},\n"
+    "  \"learner\": {\"minibatches\": 2, \"max-tokens\": 1024, \"lr\": 1e-4,\n"
+    "              \"segment-baseline\": \"mc\", \"mc-forks\": 1},\n"
     "  \"sft\": {\"steps\": 2, \"batch-tokens\": 1024, \"shared-prefix\": true}\n"
     "}\n";
 
@@ -368,6 +386,105 @@ static void test_threads_warning(void) {
               "log: %s", buf);
 }
 
+/* Forks of kind 'fork' running in the catalog of OUT's first update store (-1: unreadable). */
+static int running_forks(const char *out) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/replay/u000000/r0/catalog.sqlite", out);
+    sqlite3 *db = NULL;
+    int n = -1;
+    if (sqlite3_open_v2(p, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK) {
+        sqlite3_stmt *q = NULL;
+        if (sqlite3_prepare_v2(db,
+                               "SELECT count(*) FROM task_groups g JOIN group_members m ON "
+                               "m.group_id = g.group_id WHERE g.kind = 'fork' AND m.status = "
+                               "'running'",
+                               -1, &q, NULL) == SQLITE_OK &&
+            sqlite3_step(q) == SQLITE_ROW)
+            n = sqlite3_column_int(q, 0);
+        sqlite3_finalize(q);
+    }
+    sqlite3_close(db);
+    return n;
+}
+
+/* The forks of OUT's first update store as "uid tokens status;" per fork in uid order, from its
+ * tool files (shards/t<k>.sqlite), into buf; returns the number of forks. */
+static int fork_digest(const char *out, char *buf, size_t cap) {
+    size_t len = 0;
+    int n = 0;
+    buf[0] = 0;
+    for (int k = 1; k < 64; k++) {
+        char p[900];
+        snprintf(p, sizeof p, "%s/replay/u000000/r0/shards/t%d.sqlite", out, k);
+        struct stat sb;
+        if (stat(p, &sb)) continue;
+        sqlite3 *db = NULL;
+        sqlite3_stmt *q = NULL;
+        if (sqlite3_open_v2(p, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+            sqlite3_prepare_v2(db,
+                               "SELECT traj_uid, n_tokens, status FROM trajectories WHERE "
+                               "parent_traj_uid IS NOT NULL ORDER BY traj_uid",
+                               -1, &q, NULL) == SQLITE_OK)
+            while (sqlite3_step(q) == SQLITE_ROW && len + 300 < cap) {
+                len += (size_t)snprintf(
+                    buf + len, cap - len, "%s %lld %s;", (const char *)sqlite3_column_text(q, 0),
+                    (long long)sqlite3_column_int64(q, 1), (const char *)sqlite3_column_text(q, 2));
+                n++;
+            }
+        sqlite3_finalize(q);
+        sqlite3_close(db);
+    }
+    return n;
+}
+
+/* Monte-Carlo segment baselines (learner.segment-baseline mc): a run killed while the forks of
+ * its first update run resumes to the uninterrupted run's bits: the update's store is set aside
+ * and rolled out again with its forks (experiments/mc_forks.h), since forks continued or
+ * replaced would sample other streams. */
+static void test_kill_during_forks(void) {
+    if (!have_bin()) return;
+    char saved[700];
+    snprintf(saved, sizeof saved, "%s", exp_path);
+    snprintf(exp_path, sizeof exp_path, "%s/micro-mc.json", tmp);
+    FILE *f = fopen(exp_path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs(micro_mc, f);
+    fclose(f);
+    char a[600], b[600];
+    snprintf(a, sizeof a, "%s/mc-uninterrupted", tmp);
+    snprintf(b, sizeof b, "%s/mc-killed", tmp);
+    CHECK_EQ_INT(wait_exit(start(a, 0)), 0);
+    static char buf[1 << 16];
+    CHECK_MSG(strstr(read_log(a, ".log", buf, sizeof buf), "forks at") != NULL, "log: %s", buf);
+    pid_t pid = start(b, 0);
+    int seen = 0;
+    for (int i = 0; i < 24000 && !seen; i++) { /* 120 s */
+        seen = running_forks(b) > 0;
+        if (!seen) {
+            struct timespec ts = {0, 5000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    kill(pid, SIGKILL);
+    wait_exit(pid);
+    CHECK_MSG(seen, "no fork was seen running in %s", b);
+    CHECK_EQ_INT(wait_exit(start(b, 1)), 0);
+    same_end_state(a, b);
+    char aside[700];
+    snprintf(aside, sizeof aside, "%s/replay/u000000/r0.interrupted-1", b);
+    struct stat sb;
+    CHECK_MSG(stat(aside, &sb) == 0, "%s was not set aside", aside);
+    CHECK_MSG(strstr(read_log(b, ".log", buf, sizeof buf), "forks of an interrupted run") != NULL,
+              "log: %s", buf);
+    /* the same forks, token for token in count */
+    static char fa[1 << 14], fb[1 << 14];
+    CHECK(fork_digest(a, fa, sizeof fa) > 0);
+    fork_digest(b, fb, sizeof fb);
+    CHECK_MSG(!strcmp(fa, fb), "forks differ:\n  %s\n  %s", fa, fb);
+    snprintf(exp_path, sizeof exp_path, "%s", saved);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("learner-resume"));
     snprintf(exp_path, sizeof exp_path, "%s/micro.json", tmp);
@@ -381,5 +498,6 @@ int main(void) {
     TEST_RUN(test_interrupt_note);
     TEST_RUN(test_failure_note);
     TEST_RUN(test_threads_warning);
+    TEST_RUN(test_kill_during_forks);
     return test_finish();
 }
