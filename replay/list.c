@@ -326,10 +326,30 @@ static arl_status on_segment(stats_acc *a, sqlite3_stmt *q) {
     dist_add(&a->seg_tok, sqlite3_column_int64(q, 0));
     counter *c = cnt_get(&a->seg_end, txt(q, 1, "?"));
     if (c) c->n++;
-    char v[32];
-    snprintf(v, sizeof v, "%012lld", (long long)sqlite3_column_int64(q, 2));
+    char v[40]; /* run, then version: the numbers of different runs are not added up */
+    snprintf(v, sizeof v, "%012lld %012lld", (long long)sqlite3_column_int64(q, 3),
+             (long long)sqlite3_column_int64(q, 2));
     if ((c = cnt_get(&a->versions, v))) c->n++;
     return ARL_OK;
+}
+
+/* A versions counter's run uid (its key: "<run_id> <version>"), or "run <run_id>". */
+static void version_run(replay_store *st, const counter *c, char *buf, size_t cap) {
+    char rid[32];
+    snprintf(rid, sizeof rid, "%lld", atoll(c->key));
+    replay_run_info r = {0};
+    if (replay_run_get(st, rid, &r) == ARL_OK)
+        snprintf(buf, cap, "%s", r.run_uid);
+    else
+        snprintf(buf, cap, "run %s", rid);
+    replay_run_info_free(&r);
+    arl_error_clear();
+}
+
+/* A versions counter's policy version. */
+static long long version_of(const counter *c) {
+    const char *sp = strchr(c->key, ' ');
+    return sp ? atoll(sp + 1) : -1;
 }
 
 static arl_status on_tool(stats_acc *a, sqlite3_stmt *q) {
@@ -441,10 +461,11 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
                              "r.traj_id = t.traj_id",
                              " GROUP BY r.level, r.component", &a, on_reward)) != ARL_OK)
                 break;
-            if ((s = run_sel(st, d, &sel,
-                             "SELECT s.n_tokens, s.end_cause, s.min_version FROM trajectories t "
-                             "CROSS JOIN segments s ON s.traj_id = t.traj_id",
-                             NULL, &a, on_segment)) != ARL_OK)
+            if ((s = run_sel(
+                     st, d, &sel,
+                     "SELECT s.n_tokens, s.end_cause, s.min_version, t.run_id FROM trajectories t "
+                     "CROSS JOIN segments s ON s.traj_id = t.traj_id",
+                     NULL, &a, on_segment)) != ARL_OK)
                 break;
             if ((s = run_sel(st, d, &sel,
                              "SELECT c.name, count(*), sum(c.parse_status != 'ok'), "
@@ -539,11 +560,14 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
                                           (json_int_t)c->n3));
         }
         json_object_set_new(o, "env_calls", ec);
-        json_t *vj = json_object();
+        json_t *vj = json_object(); /* {run_uid: {version: segments}} */
         for (size_t i = 0; i < a.versions.n; i++) {
-            char k[32];
-            snprintf(k, sizeof k, "%lld", atoll(a.versions.v[i].key));
-            json_object_set_new(vj, k, json_integer(a.versions.v[i].n));
+            char k[32], run[REPLAY_UID_MAX + 16];
+            version_run(st, &a.versions.v[i], run, sizeof run);
+            snprintf(k, sizeof k, "%lld", version_of(&a.versions.v[i]));
+            json_t *rj = json_object_get(vj, run);
+            if (!rj) json_object_set_new(vj, run, rj = json_object());
+            json_object_set_new(rj, k, json_integer(a.versions.v[i].n));
         }
         json_object_set_new(o, "segments_by_min_version", vj);
         json_object_set_new(o, "version_span", dist_json(&a.span));
@@ -594,9 +618,17 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
                     sqrt(var > 0 ? var : 0));
         }
         fprintf(out, "segments by min policy version:");
-        for (size_t i = 0; i < a.versions.n; i++)
-            fprintf(out, "%s v%lld %lld", i ? "," : "", atoll(a.versions.v[i].key),
+        for (size_t i = 0; i < a.versions.n; i++) {
+            const int new_run =
+                i == 0 || atoll(a.versions.v[i].key) != atoll(a.versions.v[i - 1].key);
+            if (new_run) { /* each run's versions after its uid */
+                char run[REPLAY_UID_MAX + 16];
+                version_run(st, &a.versions.v[i], run, sizeof run);
+                fprintf(out, "%s %s:", i ? ";" : "", run);
+            }
+            fprintf(out, "%s v%lld %lld", new_run ? "" : ",", version_of(&a.versions.v[i]),
                     (long long)a.versions.v[i].n);
+        }
         fprintf(out, "\nmasked fraction by length (tokens >= bucket):");
         for (size_t i = 0; i < a.masked_len.n; i++)
             fprintf(out, "%s %lld: %lld/%lld", i ? "," : "", atoll(a.masked_len.v[i].key),

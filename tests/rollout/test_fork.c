@@ -199,9 +199,26 @@ static void test_fork_versions(void) {
     CHECK(r[0].run_id != pr.run_id && r[1].run_id == r[0].run_id && r[2].run_id == pr.run_id);
     CHECK_MSG(!strncmp(run.run_uid, "rollout/fork-", 13) && strlen(run.run_uid) == 25, "%s",
               run.run_uid);
-    replay_run_info_free(&run);
     for (int i = 0; i < 3; i++)
         CHECK(r[i].min_version == 0 && r[i].max_version == 0);
+    /* replay stats counts each run's versions apart: the parent's run's version 0 (the parent,
+     * its fork) and the fork run's (two forks) apart, not one version 0 of every segment */
+    {
+        char *txt = NULL;
+        size_t len = 0;
+        FILE *mf = open_memstream(&txt, &len);
+        replay_filter f;
+        replay_filter_init(&f);
+        H_DIE(replay_stats(st, &f, 0, mf), "stats");
+        fclose(mf);
+        char want[200];
+        snprintf(want, sizeof want, "segments by min policy version: rollout: v0 %d; %s: v0 %d",
+                 (int)pr.n_segments + (int)r[2].n_segments, run.run_uid,
+                 (int)r[0].n_segments + (int)r[1].n_segments);
+        CHECK_MSG(strstr(txt, want) != NULL, "want '%s' in:\n%s", want, txt);
+        free(txt);
+    }
+    replay_run_info_free(&run);
     /* the fork run's version 0 is the other checkpoint (the path realpath gives) */
     replay_version_row vr;
     H_DIE(replay_version_get(st, r[0].run_id, -1, &vr), "fork run version");
