@@ -1744,6 +1744,13 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         say(r, "train: %lld updates of %lld tasks x %lld samples (%s), output %s",
             (long long)(c->steps - start), (long long)r->B, (long long)r->G, c->rollout.env,
             r->out);
+    if (!s && start < c->steps && r->G == 1 && r->rank0)
+        arl_log_warn("train: rollout.group-size is 1: every group is degenerate "
+                     "(spec/objective.md 5.9), so outcome advantages are 0 and segment and "
+                     "process returns have no baseline from other samples%s",
+                     r->rc.segment_baseline == ARL_REWARD_SB_MC
+                         ? " (the Monte-Carlo forks give segments one)"
+                         : "; use group-size >= 2 to learn from outcomes");
     for (int64_t n = start; !s && n < c->steps; n++) {
         s = one_update(r, n, metrics);
         if (!s) res->updates = n + 1;

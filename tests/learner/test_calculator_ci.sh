@@ -61,6 +61,11 @@ grep -q '"step":2.*"rollout/context_tokens":2048' "$out/metrics.jsonl" || fail "
 for n in 000000 000001 000002; do
     [ -e "$out/replay/u$n/r0/catalog.sqlite" ] || fail "missing the store of update $n"
 done
+# groups of one sample: the run says what that means (one update, no SFT, no evaluation)
+"$bin" train "$src/experiments/calculator-ci.json" --set "out=$tmp/g1" --set progress=plain \
+    --set steps=1 --set sft-demos=0 --set eval-tasks=0 --set rollout.group-size=1 \
+    > "$tmp/log4" 2>&1 || { tail -5 "$tmp/log4"; fail "group-size 1 run exited with $?"; }
+grep -q "group-size is 1: every group is degenerate" "$tmp/log4" || fail "no group-size 1 warning"
 # the resolved configuration is itself a valid experiment (dry check: --keys parses nothing;
 # load it with steps=0 into a scratch directory is the real check, done by test_learner_config)
 echo "calculator-ci: $(grep 'held-out success' "$tmp/log" | sed 's/^train: //')"
