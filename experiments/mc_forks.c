@@ -116,13 +116,19 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
     for (size_t i = 0; !s && i < pl.n; i++)
         pl.v[i].parent = pl.parent[i]; /* pl.parent no longer moves */
     const arl_rollout_fork_opts fo = {.version = version};
-    arl_rollout_stats fs;
+    arl_rollout_stats fs = {0};
     if (!s && !*interrupted && pl.n > 0) {
         s = arl_rollout_fork_many(cfg, ckpt_dir, st, pl.v, (int32_t)pl.n, &fo, uids, &fs);
         if (s)
             s = arl_error_prefix(s, "train: segment-baseline mc: forking %lld boundaries",
                                  (long long)pl.n);
     }
+    /* masked forks give no return: say how many (an environment that cannot fork masks all) */
+    char masked[160] = "";
+    if (fs.masked > 0)
+        snprintf(masked, sizeof masked, "; %lld of them masked (%s), no return from those",
+                 (long long)fs.masked,
+                 fs.masked == pl.n_forks ? "all: see the store's error codes" : "see the store");
     free(uids);
     free(pl.v);
     free(pl.parent);
@@ -134,8 +140,9 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (s == ARL_OK && !*interrupted)
         arl_log_info("train: %lld forks at %lld segment boundaries of %s for the Monte-Carlo "
-                     "segment baselines (%d each), %.1f s",
+                     "segment baselines (%d each), %.1f s%s",
                      (long long)pl.n_forks, (long long)pl.n_points, run_uid, (int)count,
-                     (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+                     (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
+                     masked);
     return s;
 }
