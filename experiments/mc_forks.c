@@ -28,8 +28,7 @@ static arl_status forks_count(replay_store *st, const char *parent, int32_t seg,
     return ARL_OK;
 }
 
-/* The fork points of one trajectory: `count` forks at the start of each of its segments s >= 1
- * that begins at the segment token budget, less those there already (appended to *pts). */
+/* Fork points and what they add up to. */
 typedef struct point_list {
     arl_rollout_fork_point *v;
     char (*parent)[REPLAY_UID_MAX + 1]; /* the points' parent uids (v[i].parent points here) */
@@ -37,6 +36,9 @@ typedef struct point_list {
     int64_t n_points, n_forks; /* boundaries seen, forks to start */
 } point_list;
 
+/* The fork points of one trajectory, appended to *pl: `count` forks at the start of each of its
+ * segments s >= 1 that begins at the segment token budget, less those there already (masked ones
+ * included).  A fork still running sets *interrupted and stops the walk. */
 static arl_status traj_points(replay_store *st, int32_t count, const replay_traj_row *t,
                               int *interrupted, point_list *pl) {
     replay_seg_ref *refs = NULL;

@@ -318,7 +318,8 @@ static arl_status traj_rewards(arl_learner *l, arl_shard_reader *sr, arl_upd_tra
 
 /* segment_baseline mc (spec/objective.md 5.3): for every segment s >= 1 of t, the mean
  * G^S_{f,s} over the finished forks f of t at the start of s (its fork groups at
- * parent_seg_index s - 1), each return from the rewards of the fork's own segments s, s + 1,
+ * parent_seg_index s - 1) that belong to t's run, each return from the rewards of the fork's own
+ * segments s, s + 1,
  * ...; NaN, so the leave-one-out baseline applies, where no fork has one. */
 static arl_status mc_baselines(arl_learner *l, replay_store *st, arl_shard_reader *sr,
                                arl_upd_traj *t, const arl_upd_seg *segs) {
@@ -343,7 +344,8 @@ static arl_status mc_baselines(arl_learner *l, replay_store *st, arl_shard_reade
             if (m[k].status != REPLAY_COMPLETE && m[k].status != REPLAY_TRUNCATED) continue;
             replay_traj_row fr;
             s = replay_traj_get_id(st, m[k].traj_id, &fr);
-            const int32_t F = s == ARL_OK ? fr.n_segments : 0;
+            /* only forks of t's own run: one with other weights has a run of its own */
+            const int32_t F = s == ARL_OK && fr.run_id == t->row.run_id ? fr.n_segments : 0;
             if (F < 1) continue;
             if ((size_t)F * (size_t)ncS > cap_row) {
                 cap_row = (size_t)F * (size_t)ncS;

@@ -203,8 +203,9 @@ static void set_fork_rewards(void) {
 }
 
 /* Expected baseline of segment s of parent: the mean over its finished forks <parent>/f<s>.<i>
- * of sum_k 0.9^k q_{s+k} from their stored rows; *n the forks. */
-static double expected(replay_store *st, const char *parent, int32_t s, int *n) {
+ * of parent's run of sum_k 0.9^k q_{s+k} from their stored rows; *n the forks; forks of
+ * another run counted in *other_runs. */
+static double expected(replay_store *st, const char *parent, int32_t s, int *n, int *other_runs) {
     double sum = 0;
     *n = 0;
     for (int i = 0;; i++) {
@@ -217,7 +218,13 @@ static double expected(replay_store *st, const char *parent, int32_t s, int *n) 
             break;
         }
         L_DIE(r, "fork");
+        replay_traj_row pr;
+        L_DIE(replay_traj_get(st, parent, &pr), "parent");
         if (t.status != REPLAY_COMPLETE && t.status != REPLAY_TRUNCATED) continue;
+        if (t.run_id != pr.run_id) { /* other weights: a run of its own, not this policy's */
+            (*other_runs)++;
+            continue;
+        }
         replay_reward_row *rows;
         size_t nr;
         L_DIE(replay_rewards_load(st, t.traj_id, NULL, &rows, &nr), "rewards");
@@ -241,7 +248,7 @@ static double expected(replay_store *st, const char *parent, int32_t s, int *n) 
 }
 
 typedef struct mc_rec {
-    int checked, with_forks, segs;
+    int checked, with_forks, segs, other_runs;
 } mc_rec;
 
 static void check_hook(void *ctx, arl_learner *l) {
@@ -263,7 +270,7 @@ static void check_hook(void *ctx, arl_learner *l) {
                 continue;
             }
             int n;
-            const double e = expected(st, t->row.traj_uid, s, &n);
+            const double e = expected(st, t->row.traj_uid, s, &n, &r->other_runs);
             /* 3 each, less those masked (the stale fork at segment 1 of stale_parent, which
              * counts as made, and any the environment refused) */
             if (n != 3)
@@ -298,6 +305,22 @@ static void run_update(int mc, mc_rec *rec, double *frac) {
 }
 
 static void test_learner_baselines(void) {
+    /* a fork under other weights (a run of its own) at stale_parent's segment 1: not a
+     * continuation of this policy, so no part of its baseline */
+    {
+        char other[700];
+        snprintf(other, sizeof other, "%s/other", tmp);
+        lh_make_ckpt(other, 8);
+        arl_rollout_config c;
+        lh_rollout_cfg(&c, 2, 2, 3, 0, 0);
+        replay_store *st;
+        replay_open_opts o = {0};
+        L_DIE(replay_store_open(db, &o, &st), "store");
+        char u[1][REPLAY_UID_MAX + 1];
+        L_DIE(arl_rollout_fork(&c, other, st, stale_parent, 1, 1, NULL, u, NULL), "other fork");
+        replay_store_close(st);
+        arl_rollout_config_free(&c);
+    }
     set_fork_rewards();
     ng = lh_plan(db, 0, 16, gids);
     CHECK(ng == 2);
@@ -305,6 +328,7 @@ static void test_learner_baselines(void) {
     double frac_mc, frac_loo;
     run_update(1, &rec, &frac_mc);
     CHECK(rec.checked >= 2);
+    CHECK(rec.other_runs == 1);
     CHECK(rec.segs > 0 && fabs(frac_mc - (double)rec.with_forks / rec.segs) < 1e-12);
     /* the planned update 0 is re-planned the same for the loo run (not committed) */
     run_update(0, &rec, &frac_loo);
