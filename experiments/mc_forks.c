@@ -90,12 +90,7 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
     arl_status s = arl_ledger_open(root, &led);
     if (!s) s = replay_store_open(root, &oo, &st);
     if (!s) s = arl_ledger_run_id(led, run_uid, &run_id);
-    arl_ledger_counts gc;
-    if (!s) s = arl_ledger_group_counts(led, run_id, "train", &gc);
-    const int64_t cap = s ? 0 : gc.open + gc.final + gc.consumed + gc.abandoned + 1;
-    if (!s && !(gids = malloc(sizeof *gids * (size_t)cap)))
-        s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
-    if (!s) s = arl_ledger_groups(led, run_id, "train", gids, cap, &ng);
+    if (!s) s = arl_ledger_groups_alloc(led, run_id, "train", &gids, &ng);
     enum { MAX_MEMBERS = 4096 };
     if (!s && !(mem = malloc(sizeof *mem * MAX_MEMBERS)))
         s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");

@@ -752,12 +752,7 @@ static arl_status store_counts(const char *root, const char *run_uid, const char
     arl_status s = arl_ledger_open(root, &led);
     if (!s) s = replay_store_open(root, &o, &st);
     if (!s) s = arl_ledger_run_id(led, run_uid, &run_id);
-    arl_ledger_counts gc;
-    if (!s) s = arl_ledger_group_counts(led, run_id, kind, &gc);
-    const int64_t cap = s ? 0 : gc.open + gc.final + gc.consumed + gc.abandoned + 1;
-    if (!s && !(ids = malloc(sizeof(int64_t) * (size_t)cap)))
-        s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
-    if (!s) s = arl_ledger_groups(led, run_id, kind, ids, cap, &ng);
+    if (!s) s = arl_ledger_groups_alloc(led, run_id, kind, &ids, &ng);
     for (int64_t g = 0; !s && g < ng; g++) {
         int32_t sz, nm = 0;
         char env[64], *info = NULL;

@@ -146,6 +146,26 @@ arl_status arl_ledger_groups(arl_ledger *l, int64_t run_id, const char *kind, in
                      run_id, 0, kind, -1, group_ids, cap, n);
 }
 
+arl_status arl_ledger_groups_alloc(arl_ledger *l, int64_t run_id, const char *kind,
+                                   int64_t **group_ids, int64_t *n) {
+    *group_ids = NULL;
+    *n = 0;
+    arl_ledger_counts c;
+    ARL_TRY(arl_ledger_group_counts(l, run_id, kind, &c));
+    const int64_t cap = c.open + c.final + c.consumed + c.abandoned;
+    if (cap == 0) return ARL_OK;
+    int64_t *ids = malloc(sizeof *ids * (size_t)cap);
+    if (!ids) return arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
+    const arl_status s = arl_ledger_groups(l, run_id, kind, ids, cap, n);
+    if (s) {
+        free(ids);
+        *n = 0;
+        return s;
+    }
+    *group_ids = ids;
+    return ARL_OK;
+}
+
 arl_status arl_ledger_members(arl_ledger *l, int64_t group_id, arl_ledger_member *m, int32_t cap,
                               int32_t *n) {
     *n = 0;

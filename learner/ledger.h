@@ -44,6 +44,11 @@ arl_status arl_ledger_group_counts(arl_ledger *l, int64_t run_id, const char *ki
 arl_status arl_ledger_groups(arl_ledger *l, int64_t run_id, const char *kind, int64_t *group_ids,
                              int64_t cap, int64_t *n);
 
+/* arl_ledger_groups into a new array sized to fit: *group_ids malloc'ed (caller frees; NULL
+ * when *n is 0). */
+arl_status arl_ledger_groups_alloc(arl_ledger *l, int64_t run_id, const char *kind,
+                                   int64_t **group_ids, int64_t *n);
+
 /* One member of a group: the latest attempt of a slot (spec/replay.md section 4.4). */
 typedef struct arl_ledger_member {
     int32_t slot, attempt;

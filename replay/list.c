@@ -346,6 +346,11 @@ static void version_run(replay_store *st, const counter *c, char *buf, size_t ca
     arl_error_clear();
 }
 
+/* 1 if versions counter i is the first of its run (the counters sorted by key). */
+static int new_run_at(const counters *v, size_t i) {
+    return i == 0 || atoll(v->v[i].key) != atoll(v->v[i - 1].key);
+}
+
 /* A versions counter's policy version. */
 static long long version_of(const counter *c) {
     const char *sp = strchr(c->key, ' ');
@@ -560,13 +565,15 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
                                           (json_int_t)c->n3));
         }
         json_object_set_new(o, "env_calls", ec);
-        json_t *vj = json_object(); /* {run_uid: {version: segments}} */
+        json_t *vj = json_object(), *rj = NULL; /* {run_uid: {version: segments}} */
         for (size_t i = 0; i < a.versions.n; i++) {
-            char k[32], run[REPLAY_UID_MAX + 16];
-            version_run(st, &a.versions.v[i], run, sizeof run);
+            if (new_run_at(&a.versions, i)) { /* the counters are sorted by run */
+                char run[REPLAY_UID_MAX + 16];
+                version_run(st, &a.versions.v[i], run, sizeof run);
+                json_object_set_new(vj, run, rj = json_object());
+            }
+            char k[32];
             snprintf(k, sizeof k, "%lld", version_of(&a.versions.v[i]));
-            json_t *rj = json_object_get(vj, run);
-            if (!rj) json_object_set_new(vj, run, rj = json_object());
             json_object_set_new(rj, k, json_integer(a.versions.v[i].n));
         }
         json_object_set_new(o, "segments_by_min_version", vj);
@@ -619,8 +626,7 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
         }
         fprintf(out, "segments by min policy version:");
         for (size_t i = 0; i < a.versions.n; i++) {
-            const int new_run =
-                i == 0 || atoll(a.versions.v[i].key) != atoll(a.versions.v[i - 1].key);
+            const int new_run = new_run_at(&a.versions, i);
             if (new_run) { /* each run's versions after its uid */
                 char run[REPLAY_UID_MAX + 16];
                 version_run(st, &a.versions.v[i], run, sizeof run);

@@ -217,6 +217,15 @@ static void test_fork_versions(void) {
                  (int)r[0].n_segments + (int)r[1].n_segments);
         CHECK_MSG(strstr(txt, want) != NULL, "want '%s' in:\n%s", want, txt);
         free(txt);
+        mf = open_memstream(&txt, &len); /* the same as JSON: {run: {version: segments}} */
+        H_DIE(replay_stats(st, &f, 1, mf), "stats --json");
+        fclose(mf);
+        snprintf(want, sizeof want,
+                 "\"segments_by_min_version\":{\"rollout\":{\"0\":%d},\"%s\":{\"0\":%d}}",
+                 (int)pr.n_segments + (int)r[2].n_segments, run.run_uid,
+                 (int)r[0].n_segments + (int)r[1].n_segments);
+        CHECK_MSG(strstr(txt, want) != NULL, "want '%s' in:\n%s", want, txt);
+        free(txt);
     }
     replay_run_info_free(&run);
     /* the fork run's version 0 is the other checkpoint (the path realpath gives) */
