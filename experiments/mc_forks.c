@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "experiments/mc_forks.h"
 #include "learner/ledger.h"
+#include "replay/inspect.h"
 #include "replay/replay.h"
 
 /* Members of the fork groups at the end of parent's segment seg: those not running (*done)
@@ -137,9 +138,21 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (s == ARL_OK && !*interrupted)
         arl_log_info("train: %lld forks at %lld segment boundaries of %s for the Monte-Carlo "
-                     "segment baselines (%d each), %.1f s%s",
+                     "segment baselines (%d each), %.1f s (prefill %lld tokens, decode %lld)%s",
                      (long long)pl.n_forks, (long long)pl.n_points, run_uid, (int)count,
                      (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
-                     masked);
+                     (long long)fs.prefill_tokens, (long long)fs.decode_tokens, masked);
     return s;
+}
+
+arl_status arl_mc_states_release(const char *root) {
+    replay_store *st = NULL;
+    replay_open_opts oo = {0};
+    const replay_retention r = {.rollout = "last", .budget_bytes = 0, .min_age_ms = -1};
+    replay_gc_stats gs;
+    arl_status s = replay_store_open(root, &oo, &st);
+    if (!s) s = replay_gc(st, &r, NULL, &gs);
+    replay_store_close(st);
+    if (s) return arl_error_prefix(s, "train: evicting the states kept for the forks of %s", root);
+    return ARL_OK;
 }

@@ -25,4 +25,11 @@ arl_status arl_mc_forks_make(const arl_rollout_config *cfg, const char *root, co
                              const char *ckpt_dir, int64_t version, int32_t count,
                              int *interrupted);
 
+/* The cached rollout states of the store at root evicted as state-cache 'last' would have
+ * (spec/replay.md 9.3: none of finished trajectories; replay_gc on every file without a live
+ * writer).  The train driver keeps every boundary state of an update's rollout while it forks
+ * (state-cache 'all'), so that the forks start from them instead of prefilling their prefixes,
+ * and calls this when the forks are made. */
+arl_status arl_mc_states_release(const char *root);
+
 #endif

@@ -811,6 +811,13 @@ static int store_complete(const char *root, const char *run_uid, const char *kin
 /* The rollout configuration of rollout rank ri's store for tasks [lo, hi) of run_uid: the
  * experiment's rollout section with the run's task file, run, group kind, policy version,
  * threads and context stage. */
+/* Under segment-baseline mc with the default state-cache 'last', the train rollout keeps its
+ * boundary states for the forks (an explicit 'all' keeps them anyway, 'off' makes the forks
+ * prefill their prefixes). */
+static int mc_keeps_states(const tr_run *r) {
+    return r->rc.segment_baseline == ARL_REWARD_SB_MC && !strcmp(r->c->rollout.state_cache, "last");
+}
+
 static arl_status rollout_cfg(tr_run *r, arl_rollout_config *rc, const char *tasks_path,
                               const char *run_uid, int eval, int64_t lo, int64_t hi,
                               int64_t version, int64_t ctx_tokens) {
@@ -831,6 +838,10 @@ static arl_status rollout_cfg(tr_run *r, arl_rollout_config *rc, const char *tas
         if (eval) {
             rc->group_size = 1;
             rc->temperature = r->c->eval_temperature;
+        } else if (mc_keeps_states(r)) {
+            /* every boundary state stays until the Monte-Carlo forks start from them
+             * (arl_mc_states_release then evicts them as 'last' would have) */
+            s = arl_options_set(T, nT, "state-cache", "all", rc);
         }
         if (ctx_tokens > 0) {
             rc->context_tokens = ctx_tokens;
@@ -1342,8 +1353,11 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
             int interrupted = 0;
             if (!s) {
                 fc.progress_s = 0;
-                s = arl_mc_forks_make(&fc, root, uid, pol, n, r->rc.mc_forks, &interrupted);
+                /* the forks' own states: as the user asked */
+                s = arl_options_set(arl_rollout_options, arl_rollout_n_options, "state-cache",
+                                    r->c->rollout.state_cache, &fc);
             }
+            if (!s) s = arl_mc_forks_make(&fc, root, uid, pol, n, r->rc.mc_forks, &interrupted);
             if (!s && interrupted) {
                 /* forks a kill left running: the rollout and its forks are made again, the
                  * same bits (streams follow the trajectories' names), as an uninterrupted run */
@@ -1354,6 +1368,7 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
                     s = arl_errorf(ARL_ERR_INTERNAL, "train: %s: forks running after a new rollout",
                                    root);
             }
+            if (!s && mc_keeps_states(r)) s = arl_mc_states_release(root);
             arl_rollout_config_free(&fc);
         }
     }

@@ -77,7 +77,9 @@ const arl_option arl_reward_options[] = {
      0, 0, "loo|mc", 0, NULL},
     {"mc-forks", ARL_OPT_INT, OFF(mc_forks), "4",
      "segment-baseline mc: continuations forked under the current policy at each inner segment "
-     "boundary of every trained trajectory (spec/objective.md 5.3), never trained on",
+     "boundary of every trained trajectory (spec/objective.md 5.3), never trained on; they "
+     "start from the rollout's boundary states (kept until they are made under state-cache "
+     "last)",
      1, 64, NULL, 0, "M"},
     {"norm-outcome", ARL_OPT_CHOICE, OFF(norm_outcome), "none",
      "normalisation scope of the outcome advantage", 0, 0, "none|batch|group", 0, NULL},

@@ -253,6 +253,15 @@ struct arl_rollout_worker {
     char (*fork_groups)[REPLAY_UID_MAX + 1]; /* (n_forks) */
     size_t n_forks;
     int fork_any_state; /* arl_rollout_fork_opts use_rollout_state */
+    /* the prefix state the last fork recomputed by prefill, exported for its siblings (the
+     * other forks of its point, restored next) so that a point's prefix is prefilled once */
+    struct {
+        int64_t parent_id; /* the parent's traj_id */
+        size_t n_prefix;   /* segments in the prefix */
+        int32_t left;      /* siblings yet to import it; the buffer is freed at 0 */
+        uint8_t *buf;      /* arl_decode_state_export of the slot */
+        size_t len;
+    } fork_prefix;
     /* trajectories */
     ro_traj *all;   /* every live trajectory (linked by next_all) */
     int32_t n_live;

@@ -307,6 +307,50 @@ static arl_status restore_env(rs_ctx *x, int *failed) {
     return ARL_OK;
 }
 
+/* After a fork's prefix was recomputed: export it for the other forks of its point (its
+ * siblings, restored next in a fork worker), which would prefill the same tokens at the same
+ * version into the same state.  Nothing is kept for a fork without siblings. */
+static arl_status fork_prefix_keep(rs_ctx *x) {
+    arl_rollout_worker *w = x->w;
+    const char *group = ro_fork_group_of(w, x->t->traj_id);
+    int32_t siblings = -1;
+    for (size_t i = 0; i < w->n_forks; i++)
+        siblings += !strcmp(w->fork_groups[i], group);
+    free(w->fork_prefix.buf);
+    w->fork_prefix.buf = NULL;
+    if (siblings < 1) return ARL_OK;
+    ARL_TRY(ro_engine_slot_sync(&w->eng, x->t->slot, 0));
+    ARL_TRY(arl_decode_state_export_alloc(&w->eng.st, x->t->slot, &w->fork_prefix.buf,
+                                          &w->fork_prefix.len));
+    w->fork_prefix.parent_id = x->calls_traj_id;
+    w->fork_prefix.n_prefix = x->c;
+    w->fork_prefix.left = siblings;
+    return ARL_OK;
+}
+
+/* A fork whose sibling recomputed the same prefix starts from that state: 1 when taken.  The
+ * state is the one its own prefill would compute (same tokens, version and chunks); its pass
+ * is its own, as after a prefill. */
+static int fork_prefix_shared(rs_ctx *x) {
+    arl_rollout_worker *w = x->w;
+    ro_traj *t = x->t;
+    if (!w->fork_prefix.buf || w->fork_prefix.parent_id != x->calls_traj_id ||
+        w->fork_prefix.n_prefix != x->c)
+        return 0;
+    if (ro_engine_slot_import(&w->eng, t->slot, w->fork_prefix.buf, w->fork_prefix.len)) {
+        arl_error_clear(); /* prefill instead */
+        return 0;
+    }
+    if (--w->fork_prefix.left <= 0) {
+        free(w->fork_prefix.buf);
+        w->fork_prefix.buf = NULL;
+    }
+    snprintf(t->pass_uid, sizeof t->pass_uid, "%s#p%d", t->uid, x->row.resume_count + 1);
+    t->ctx_vmin = t->ctx_vmax = w->eng.version;
+    x->state_how = "recomputed (by a sibling fork)";
+    return 1;
+}
+
 /* The model state at the end of segment c - 1 into t->slot. */
 static arl_status restore_model(rs_ctx *x, int *failed) {
     ro_traj *t = x->t;
@@ -346,7 +390,8 @@ static arl_status restore_model(rs_ctx *x, int *failed) {
         s != ARL_ERR_CORRUPT)
         return s;
     arl_error_clear();
-    s = ARL_OK; /* a cache miss: recompute */
+    s = ARL_OK; /* a cache miss: recompute, or take the prefix a sibling fork recomputed */
+    if (x->fork && fork_prefix_shared(x)) return ARL_OK;
     /* recompute: prefill the stored tokens since the last fresh start at the current version */
     ARL_TRY(ro_engine_slot_reset(e, t->slot));
     size_t f = x->c - 1;
@@ -403,7 +448,7 @@ static arl_status restore_model(rs_ctx *x, int *failed) {
     snprintf(t->pass_uid, sizeof t->pass_uid, "%s#p%d", t->uid, x->row.resume_count + 1);
     t->ctx_vmin = t->ctx_vmax = e->version;
     x->state_how = "recomputed";
-    return ARL_OK;
+    return x->fork ? fork_prefix_keep(x) : ARL_OK;
 }
 
 /* The last turn re-parsed, the observation of step m rendered: e opens segment c. */

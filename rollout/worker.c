@@ -1543,6 +1543,7 @@ void arl_rollout_worker_close(arl_rollout_worker *w) {
     free(w->resume);
     free(w->fork_ids);
     free(w->fork_groups);
+    free(w->fork_prefix.buf);
     free(w->group_ids);
     free(w->task_ids);
     free(w->by_slot);

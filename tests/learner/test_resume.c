@@ -9,6 +9,7 @@
  * checkpoint is set aside and the run resumes from the one before it; SIGTERM and a failed
  * write print how to continue; a resume with another thread count warns; a run with
  * Monte-Carlo segment baselines killed while its forks run resumes bit-identical too. */
+#include <dirent.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -437,10 +438,50 @@ static int fork_digest(const char *out, char *buf, size_t cap) {
     return n;
 }
 
+/* An integer query over the SQLite file at path (-1 when it cannot be read). */
+static int64_t sql_count(const char *path, const char *sql) {
+    sqlite3 *db = NULL;
+    sqlite3_stmt *q = NULL;
+    int64_t n = -1;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, sql, -1, &q, NULL) == SQLITE_OK && sqlite3_step(q) == SQLITE_ROW)
+        n = sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return n;
+}
+
+/* OUT's first update store after its forks: *forked receives the forks started and *cached
+ * those started from a cached state (their "forked" events); returns the states left complete
+ * (not evicted) in its states files. */
+static int64_t mc_states(const char *out, int64_t *forked, int64_t *cached) {
+    char dir[900], p[1200];
+    snprintf(dir, sizeof dir, "%s/replay/u000000/r0/shards", out);
+    *forked = *cached = 0;
+    int64_t left = 0;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        const size_t n = strlen(e->d_name);
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (n > 14 && !strcmp(e->d_name + n - 14, ".states.sqlite")) {
+            left += sql_count(p, "SELECT count(*) FROM states WHERE status = 'complete'");
+        } else if (e->d_name[0] == 't' && n > 7 && !strcmp(e->d_name + n - 7, ".sqlite")) {
+            *forked += sql_count(p, "SELECT count(*) FROM trajectory_events WHERE kind = "
+                                    "'forked' AND detail_json LIKE '%\"state\":%'");
+            *cached += sql_count(p, "SELECT count(*) FROM trajectory_events WHERE kind = "
+                                    "'forked' AND detail_json LIKE '%\"state\":\"cached\"%'");
+        }
+    }
+    closedir(d);
+    return left;
+}
+
 /* Monte-Carlo segment baselines (learner.segment-baseline mc): a run killed while the forks of
  * its first update run resumes to the uninterrupted run's bits: the update's store is set aside
  * and rolled out again with its forks (experiments/mc_forks.h), since forks continued or
- * replaced would sample other streams. */
+ * replaced would sample other streams.  The forks start from the rollout's states, which are
+ * evicted after them. */
 static void test_kill_during_forks(void) {
     if (!have_bin()) return;
     char saved[700];
@@ -457,6 +498,13 @@ static void test_kill_during_forks(void) {
     CHECK_EQ_INT(wait_exit(start(a, 0)), 0);
     static char buf[1 << 16];
     CHECK_MSG(strstr(read_log(a, ".log", buf, sizeof buf), "forks at") != NULL, "log: %s", buf);
+    /* the rollout kept its boundary states for the forks (state-cache 'last' in the
+     * experiment): every fork started from one, and none is left after them */
+    int64_t forked, cached;
+    const int64_t left = mc_states(a, &forked, &cached);
+    CHECK_MSG(forked > 0 && cached == forked, "%lld forks, %lld from cached states",
+              (long long)forked, (long long)cached);
+    CHECK_EQ_INT(left, 0);
     pid_t pid = start(b, 0);
     int seen = 0;
     for (int i = 0; i < 24000 && !seen; i++) { /* 120 s */

@@ -33,14 +33,14 @@ static int count_files(const char *dir) {
 
 /* The parent: one calculator trajectory of at least two segments under ckpt in a new store at
  * db (configuration c, the store *st, its row *pr). */
-static const char *parent_run(const char *db, arl_rollout_config *c, replay_store **st,
-                              replay_traj_row *pr) {
+static const char *parent_run_cached(const char *db, arl_rollout_config *c, replay_store **st,
+                                     replay_traj_row *pr, const char *state_cache) {
     h_config(c, "calculator");
     c->tasks = 1;
     c->group_size = 1;
     c->segment_tokens = 900;
     c->max_turns = 6;
-    h_set(c, "state-cache", "all"); /* the finished parent keeps its boundary states */
+    h_set(c, "state-cache", state_cache);
     *st = h_store(db);
     arl_rollout_worker *w;
     H_DIE(arl_rollout_worker_open(c, ckpt, *st, 0, NULL, &w), "open");
@@ -50,6 +50,12 @@ static const char *parent_run(const char *db, arl_rollout_config *c, replay_stor
     H_DIE(replay_traj_get(*st, parent, pr), "parent");
     CHECK(pr->n_segments >= 2);
     return parent;
+}
+
+/* The finished parent keeps its boundary states. */
+static const char *parent_run(const char *db, arl_rollout_config *c, replay_store **st,
+                              replay_traj_row *pr) {
+    return parent_run_cached(db, c, st, pr, "all");
 }
 
 static void test_fork(void) {
@@ -306,6 +312,80 @@ static void test_fork_images(void) {
     arl_rollout_config_free(&c);
 }
 
+/* Siblings (rollout/resume.c): with no cached state the forks of one point take the prefix
+ * the first of them recomputed instead of each prefilling it again.  Three forks in one call
+ * are the same bits (tokens, behaviour log-probabilities, versions) as the same three forks
+ * made one call at a time (the same uids, so the same streams), and prefill the prefix once
+ * instead of three times.  One fork decodes at a time in both, so that the siblings' later
+ * restores (after the first finished) are covered too. */
+static void test_fork_siblings(void) {
+    char db[2][700];
+    arl_rollout_config c[2];
+    replay_store *st[2];
+    replay_traj_row pr[2];
+    const char *parent = NULL;
+    for (int k = 0; k < 2; k++) {
+        snprintf(db[k], sizeof db[k], "%s/db-siblings-%d", tmp, k);
+        parent = parent_run_cached(db[k], &c[k], &st[k], &pr[k], "off");
+        c[k].seed = 99;
+        c[k].batch_size = 1; /* decode rows alike in both (a batch's GEMM rounds otherwise) */
+    }
+    replay_seg_ref *refs;
+    size_t nref;
+    H_DIE(replay_traj_segments(st[0], pr[0].traj_id, &refs, &nref), "segments");
+    CHECK_STR_EQ(refs[0].end_cause, "token_budget");
+    const int64_t prefix = refs[0].n_tokens; /* segment 0 starts fresh */
+    free(refs);
+    char together[3][REPLAY_UID_MAX + 1], alone[3][REPLAY_UID_MAX + 1];
+    arl_rollout_stats fs, f1;
+    H_DIE(arl_rollout_fork(&c[0], ckpt, st[0], parent, 1, 3, NULL, together, &fs), "fork 3");
+    CHECK_EQ_INT(fs.trajectories, 3);
+    CHECK_EQ_INT(fs.masked, 0);
+    CHECK_EQ_INT(fs.forked_from_state, 0); /* nothing cached: the prefix was recomputed */
+    int64_t prefill_alone = 0;
+    for (int i = 0; i < 3; i++) {
+        H_DIE(arl_rollout_fork(&c[1], ckpt, st[1], parent, 1, 1, NULL, alone + i, &f1), "fork 1");
+        CHECK_EQ_INT(f1.masked, 0);
+        prefill_alone += f1.prefill_tokens;
+        CHECK_STR_EQ(alone[i], together[i]);
+    }
+    fprintf(stderr,
+            "  prefill: %lld tokens for three forks together, %lld one at a time (prefix %lld)\n",
+            (long long)fs.prefill_tokens, (long long)prefill_alone, (long long)prefix);
+    CHECK_EQ_INT(fs.prefill_tokens, prefill_alone - 2 * prefix);
+    for (int k = 0; k < 2; k++) {
+        replay_store_close(st[k]);
+        st[k] = h_store(db[k]); /* pick up the tool files */
+        CHECK_EQ_INT(h_verify(st[k]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        replay_traj_row r[2];
+        replay_seg_data d[2];
+        memset(d, 0, sizeof d);
+        for (int k = 0; k < 2; k++)
+            H_DIE(replay_traj_get(st[k], together[i], &r[k]), together[i]);
+        CHECK_EQ_INT(r[0].n_segments, r[1].n_segments);
+        CHECK(r[0].n_segments >= 1);
+        for (int32_t g = 1; g <= r[0].n_segments && g <= r[1].n_segments; g++) {
+            for (int k = 0; k < 2; k++)
+                H_DIE(replay_segment_load(st[k], r[k].traj_id, g, REPLAY_LOAD_TOKENS, &d[k]),
+                      "load");
+            const size_t T = (size_t)d[0].ref.n_tokens;
+            CHECK_EQ_INT(d[0].ref.n_tokens, d[1].ref.n_tokens);
+            if (d[0].ref.n_tokens != d[1].ref.n_tokens) break;
+            CHECK(!memcmp(d[0].tokens, d[1].tokens, T * sizeof *d[0].tokens));
+            CHECK(!memcmp(d[0].logprobs, d[1].logprobs, T * sizeof *d[0].logprobs));
+            CHECK(!memcmp(d[0].versions, d[1].versions, T * sizeof *d[0].versions));
+        }
+        for (int k = 0; k < 2; k++)
+            replay_seg_data_free(&d[k]);
+    }
+    for (int k = 0; k < 2; k++) {
+        replay_store_close(st[k]);
+        arl_rollout_config_free(&c[k]);
+    }
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-fork"));
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
@@ -313,5 +393,6 @@ int main(void) {
     TEST_RUN(test_fork);
     TEST_RUN(test_fork_versions);
     TEST_RUN(test_fork_images);
+    TEST_RUN(test_fork_siblings);
     return test_finish();
 }
