@@ -1,10 +1,12 @@
 /* rollout/boundary.c: slot state -> kda_boundary and mla_segment states (see boundary.h). */
 #include "rollout/boundary.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/blob.h"
+#include "rollout/rescore.h"
 
 /* Rows of one latent blob of width R (f32) under the 64 MiB chunk limit. */
 static int64_t latent_rows_per_chunk(int64_t R) {
@@ -86,4 +88,42 @@ arl_status ro_boundary_at_version(replay_store *st, const replay_state_data *par
         seen = p->traj_uid;
     }
     return ARL_OK;
+}
+
+arl_status ro_boundary_import_parts(ro_engine *e, int32_t slot, replay_state_data *parts, size_t np,
+                                    arl_status s) {
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (s == ARL_OK)
+        s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, e->numerics, parts, np, &buf, &len);
+    replay_boundary_free(parts, np);
+    if (s == ARL_OK) {
+        s = ro_engine_slot_import(e, slot, buf, len);
+        if (s) s = arl_error_prefix(ARL_ERR_NOT_FOUND, "importing the cached boundary");
+    }
+    free(buf);
+    return s;
+}
+
+arl_status ro_tool_boundary_import(replay_store *st, ro_engine *e, int32_t slot,
+                                   const char *traj_uid, const replay_seg_ref *refs, size_t si,
+                                   const char *pass) {
+    size_t f = si - 1;
+    while (f > 0 && strcmp(refs[f].start_kind, "fresh"))
+        f--;
+    size_t np = 1 + (si - f);
+    replay_state_data *parts = calloc(np, sizeof *parts);
+    if (!parts) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", traj_uid);
+    arl_status s = replay_state_find(st, traj_uid, refs[si - 1].seg_index, "kda_boundary", "tool",
+                                     pass, &parts[0]);
+    for (size_t j = f; s == ARL_OK && j < si; j++)
+        s = replay_state_find(st, traj_uid, refs[j].seg_index, "mla_segment", "tool", pass,
+                              &parts[1 + j - f]);
+    return ro_boundary_import_parts(e, slot, parts, np, s);
+}
+
+void ro_tool_pass_uid(const char *wsha, int natural, int64_t sparse_topk, int64_t sparse_chunk,
+                      char *out, size_t cap) {
+    snprintf(out, cap, "rescore:%.32s:%s:mla%lld/%lld", wsha, natural ? "natural" : "replay",
+             (long long)sparse_topk, (long long)(sparse_topk > 0 ? sparse_chunk : 0));
 }

@@ -36,4 +36,25 @@ arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
 arl_status ro_boundary_at_version(replay_store *st, const replay_state_data *parts, size_t np,
                                   int64_t run_id, int64_t version, int *yes);
 
+/* The end of a cached-state import: when s is ARL_OK, the boundary parts (replay_boundary_load
+ * or replay_state_find, the kda_boundary first) assembled into an ARLS export and imported into
+ * `slot` (a part that does not fit is a miss, ARL_ERR_NOT_FOUND); parts are freed in every
+ * case.  Returns s or the first error. */
+arl_status ro_boundary_import_parts(ro_engine *e, int32_t slot, replay_state_data *parts, size_t np,
+                                    arl_status s);
+
+/* Import into `slot` the tool states of pass `pass` for the boundary at the end of refs[si - 1]
+ * of trajectory traj_uid: its kda_boundary and the mla_segment states of refs[f..si-1] from the
+ * last fresh start f.  ARL_OK, ARL_ERR_NOT_FOUND (a miss) or another error. */
+arl_status ro_tool_boundary_import(replay_store *st, ro_engine *e, int32_t slot,
+                                   const char *traj_uid, const replay_seg_ref *refs, size_t si,
+                                   const char *pass);
+
+/* The pass_uid of the tool states that `replay rescore --save-states` writes under weights whose
+ * SHA-256 is wsha (ro_engine_weights_sha256), with the router's own routes (natural) or the
+ * stored ones, and block-sparse MLA (sparse_topk 0: dense): a pass that computes the same states
+ * under the same weights has the same uid, so a later pass may start from them. */
+void ro_tool_pass_uid(const char *wsha, int natural, int64_t sparse_topk, int64_t sparse_chunk,
+                      char *out, size_t cap);
+
 #endif

@@ -253,6 +253,7 @@ struct arl_rollout_worker {
     char (*fork_groups)[REPLAY_UID_MAX + 1]; /* (n_forks) */
     size_t n_forks;
     int fork_any_state; /* arl_rollout_fork_opts use_rollout_state */
+    char fork_wsha[65]; /* SHA-256 of the engine's weights ("" until a fork needs it) */
     /* the prefix state the last fork recomputed by prefill, exported for its siblings (the
      * other forks of its point, restored next) so that a point's prefix is prefilled once */
     struct {

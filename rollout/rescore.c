@@ -24,22 +24,6 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* The end of both imports below: when s is ARL_OK, the boundary parts assembled into an ARLS
- * export and imported into slot 0 (a part that does not fit is a miss, ARL_ERR_NOT_FOUND);
- * parts are freed in every case.  Returns s or the first error. */
-static arl_status import_parts(ro_engine *e, replay_state_data *parts, size_t np, arl_status s) {
-    uint8_t *buf = NULL;
-    size_t len = 0;
-    if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, e->numerics, parts, np, &buf, &len);
-    replay_boundary_free(parts, np);
-    if (s == ARL_OK) {
-        s = ro_engine_slot_import(e, 0, buf, len);
-        if (s) s = arl_error_prefix(ARL_ERR_NOT_FOUND, "importing the cached boundary");
-    }
-    free(buf);
-    return s;
-}
-
 /* Import the cached full boundary of segment seg_index of traj into slot 0, if every part was
  * computed at `version` of run run_id (a fork's prefix parts may be another run's).  Returns
  * ARL_OK (imported), ARL_ERR_NOT_FOUND (a miss: go on with the recomputed state) or another
@@ -57,26 +41,7 @@ static arl_status import_boundary(replay_store *st, ro_engine *e, int64_t traj_i
                        "the cached state was not computed at version %lld of "
                        "run %lld alone",
                        (long long)version, (long long)run_id);
-    return import_parts(e, parts, np, s);
-}
-
-/* Import the tool states of pass `pass` for the boundary at the end of refs[si - 1]: its
- * kda_boundary and the mla_segment states of refs[f..si-1] from the last fresh start f.
- * ARL_OK, ARL_ERR_NOT_FOUND (a miss) or another error. */
-static arl_status import_tool_boundary(replay_store *st, ro_engine *e, const char *traj_uid,
-                                       const replay_seg_ref *refs, size_t si, const char *pass) {
-    size_t f = si - 1;
-    while (f > 0 && strcmp(refs[f].start_kind, "fresh"))
-        f--;
-    size_t np = 1 + (si - f);
-    replay_state_data *parts = calloc(np, sizeof *parts);
-    if (!parts) return arl_errorf(ARL_ERR_NOMEM, "rescore: out of memory");
-    arl_status s = replay_state_find(st, traj_uid, refs[si - 1].seg_index, "kda_boundary", "tool",
-                                     pass, &parts[0]);
-    for (size_t j = f; s == ARL_OK && j < si; j++)
-        s = replay_state_find(st, traj_uid, refs[j].seg_index, "mla_segment", "tool", pass,
-                              &parts[1 + j - f]);
-    return import_parts(e, parts, np, s);
+    return ro_boundary_import_parts(e, 0, parts, np, s);
 }
 
 /* Write the state of slot at the end of segment r (spec 13.6 step 3) as producer 'tool' of pass
@@ -179,9 +144,8 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
     char wsha[ARL_SHA256_HEX_CHARS] = "";
     if (s == ARL_OK && (opts->version != -1 || opts->save_states)) {
         ro_engine_weights_sha256(&e, e.cur, wsha);
-        snprintf(out->pass_uid, sizeof out->pass_uid, "rescore:%.32s:%s:mla%lld/%lld", wsha,
-                 opts->natural_routing ? "natural" : "replay", (long long)opts->sparse_topk,
-                 (long long)(opts->sparse_topk > 0 ? eo.sparse_chunk : 0));
+        ro_tool_pass_uid(wsha, opts->natural_routing, opts->sparse_topk, eo.sparse_chunk,
+                         out->pass_uid, sizeof out->pass_uid);
     }
     if (s == ARL_OK) s = resolve_version(st, &row, opts, wsha, out);
     /* a pass that saves its states computes them all itself */
@@ -252,7 +216,7 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
         } else if ((use_tool || use_version >= 0) && si > 0) {
             arl_status b = ARL_ERR_NOT_FOUND;
             if (use_tool) {
-                b = import_tool_boundary(st, &e, row.traj_uid, refs, si, out->pass_uid);
+                b = ro_tool_boundary_import(st, &e, 0, row.traj_uid, refs, si, out->pass_uid);
                 if (b == ARL_OK) out->from_tool_state++;
             }
             if (b == ARL_ERR_NOT_FOUND && use_version >= 0) {

@@ -307,6 +307,38 @@ static arl_status restore_env(rs_ctx *x, int *failed) {
     return ARL_OK;
 }
 
+/* A fork with no valid rollout state may start from the tool states that a `replay rescore
+ * --save-states --routing natural` pass saved under these very weights (spec/replay.md 13.7
+ * step 1): the same routes (the router's own) and MLA sparsity as this engine's prefill, when
+ * the prefix since the last fresh start is the parent's own segments.  *taken = 1 when
+ * imported; a miss is not an error. */
+static arl_status fork_tool_state(rs_ctx *x, int *taken) {
+    arl_rollout_worker *w = x->w;
+    ro_engine *e = &w->eng;
+    *taken = 0;
+    size_t f = x->c - 1;
+    while (f > 0 && strcmp(x->refs[f].start_kind, "fresh"))
+        f--;
+    for (size_t i = f; i < x->c; i++)
+        if (x->refs[i].traj_id != x->calls_traj_id) return ARL_OK; /* a fork of a fork's */
+    if (!w->fork_wsha[0]) ro_engine_weights_sha256(e, e->cur, w->fork_wsha);
+    char pass[sizeof x->t->pass_uid];
+    ro_tool_pass_uid(w->fork_wsha, 1, e->o.sparse_topk, e->o.sparse_chunk, pass, sizeof pass);
+    arl_status s =
+        ro_tool_boundary_import(w->st, e, x->t->slot, x->row.parent_traj_uid, x->refs, x->c, pass);
+    if (s == ARL_ERR_NOT_FOUND || s == ARL_ERR_CONFIG || s == ARL_ERR_SHAPE ||
+        s == ARL_ERR_FORMAT || s == ARL_ERR_CORRUPT) {
+        arl_error_clear(); /* a miss */
+        return ARL_OK;
+    }
+    ARL_TRY(s);
+    snprintf(x->t->pass_uid, sizeof x->t->pass_uid, "%s", pass);
+    x->t->ctx_vmin = x->t->ctx_vmax = e->version;
+    x->state_how = "cached (tool states of these weights)";
+    *taken = 1;
+    return ARL_OK;
+}
+
 /* After a fork's prefix was recomputed: export it for the other forks of its point (its
  * siblings, restored next in a fork worker), which would prefill the same tokens at the same
  * version into the same state.  Nothing is kept for a fork without siblings. */
@@ -390,8 +422,12 @@ static arl_status restore_model(rs_ctx *x, int *failed) {
         s != ARL_ERR_CORRUPT)
         return s;
     arl_error_clear();
-    s = ARL_OK; /* a cache miss: recompute, or take the prefix a sibling fork recomputed */
-    if (x->fork && fork_prefix_shared(x)) return ARL_OK;
+    s = ARL_OK; /* a cache miss: tool states, the prefix a sibling fork recomputed, or prefill */
+    if (x->fork) {
+        int taken = 0;
+        ARL_TRY(fork_tool_state(x, &taken));
+        if (taken || fork_prefix_shared(x)) return ARL_OK;
+    }
     /* recompute: prefill the stored tokens since the last fresh start at the current version */
     ARL_TRY(ro_engine_slot_reset(e, t->slot));
     size_t f = x->c - 1;
@@ -697,7 +733,7 @@ arl_status ro_resume_one(arl_rollout_worker *w, int64_t traj_id) {
             s = ro_prefill_set(w, t, t->e_tok, t->e_n, media, t->e_n_media);
             t->n_ctx += t->e_n;
             t->n_total += t->e_n;
-            const int cached = !strcmp(x.state_how, "cached");
+            const int cached = !strncmp(x.state_how, "cached", 6);
             if (x.fork) {
                 w->stats.forked++;
                 w->stats.forked_from_state += cached;

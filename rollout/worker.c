@@ -1583,7 +1583,9 @@ void arl_rollout_stats_print(const arl_rollout_stats *s, FILE *f) {
             (long long)s->env_errors, (long long)s->resumed, (long long)s->resumed_from_state,
             (long long)s->interrupted_masked);
     if (s->forked)
-        fprintf(f, "  forks         %lld started, %lld from cached states (the others prefilled)\n",
+        fprintf(f,
+                "  forks         %lld started, %lld from cached states (the others prefilled, once "
+                "per point)\n",
                 (long long)s->forked, (long long)s->forked_from_state);
     fprintf(f, "  tokens        %lld sampled (%.0f/s), %lld prefilled (%.0f/s)\n",
             (long long)s->decode_tokens, s->decode_s > 0 ? (double)s->decode_tokens / s->decode_s : 0.0,

@@ -312,6 +312,19 @@ static void test_fork_images(void) {
     arl_rollout_config_free(&c);
 }
 
+/* Two stores db-<name>-0 and -1 holding the same parent without cached states, and the
+ * configurations to fork it with (seed 99). */
+static const char *twin_parents(const char *name, char db[2][700], arl_rollout_config c[2],
+                                replay_store *st[2], replay_traj_row pr[2]) {
+    const char *parent = NULL;
+    for (int k = 0; k < 2; k++) {
+        snprintf(db[k], 700, "%s/db-%s-%d", tmp, name, k);
+        parent = parent_run_cached(db[k], &c[k], &st[k], &pr[k], "off");
+        c[k].seed = 99;
+    }
+    return parent;
+}
+
 /* Siblings (rollout/resume.c): with no cached state the forks of one point take the prefix
  * the first of them recomputed instead of each prefilling it again.  Three forks in one call
  * are the same bits (tokens, behaviour log-probabilities, versions) as the same three forks
@@ -323,13 +336,9 @@ static void test_fork_siblings(void) {
     arl_rollout_config c[2];
     replay_store *st[2];
     replay_traj_row pr[2];
-    const char *parent = NULL;
-    for (int k = 0; k < 2; k++) {
-        snprintf(db[k], sizeof db[k], "%s/db-siblings-%d", tmp, k);
-        parent = parent_run_cached(db[k], &c[k], &st[k], &pr[k], "off");
-        c[k].seed = 99;
+    const char *parent = twin_parents("siblings", db, c, st, pr);
+    for (int k = 0; k < 2; k++)
         c[k].batch_size = 1; /* decode rows alike in both (a batch's GEMM rounds otherwise) */
-    }
     replay_seg_ref *refs;
     size_t nref;
     H_DIE(replay_traj_segments(st[0], pr[0].traj_id, &refs, &nref), "segments");
@@ -386,6 +395,65 @@ static void test_fork_siblings(void) {
     }
 }
 
+/* Tool states (spec/replay.md 13.7 step 1): a parent without rollout states whose prefix a
+ * `replay rescore --save-states --routing natural` pass saved under the forks' weights starts
+ * its forks from those states (no prefix prefill; the forks re-score to their behaviour
+ * log-probabilities); a pass with the stored routes (another computation) is not used. */
+static void test_fork_tool_states(void) {
+    char db[2][700];
+    arl_rollout_config c[2];
+    replay_store *st[2];
+    replay_traj_row pr[2];
+    const char *parent = twin_parents("tool", db, c, st, pr);
+    for (int k = 0; k < 2; k++) {
+        /* store 0: a natural-routing pass saves its states; store 1: a stored-routes pass */
+        replay_writer *tw = NULL;
+        H_DIE(replay_writer_open(st[k], REPLAY_FILE_TOOL, 0, NULL, &tw), "tool writer");
+        arl_rollout_rescore_opts o = {
+            .ckpt_dir = ckpt, .version = -1, .save_states = tw, .natural_routing = k == 0};
+        arl_rollout_rescore_stats rs;
+        /* (the CLI also writes the pass's rescores rows, which reference its states; without
+         * them `verify` lists the states as orphans, a warning) */
+        H_DIE(arl_rollout_rescore(st[k], parent, &o, &rs, NULL, NULL, NULL), "rescore");
+        CHECK(rs.states_saved > 0);
+        replay_writer_close(tw);
+        replay_store_close(st[k]);
+        st[k] = h_store(db[k]);
+    }
+    replay_seg_ref *refs;
+    size_t nref;
+    H_DIE(replay_traj_segments(st[0], pr[0].traj_id, &refs, &nref), "segments");
+    const int64_t prefix = refs[0].n_tokens;
+    free(refs);
+    char uids[2][2][REPLAY_UID_MAX + 1];
+    arl_rollout_stats fs[2];
+    for (int k = 0; k < 2; k++) {
+        H_DIE(arl_rollout_fork(&c[k], ckpt, st[k], parent, 1, 2, NULL, uids[k], &fs[k]), "fork");
+        CHECK_EQ_INT(fs[k].trajectories, 2);
+        CHECK_EQ_INT(fs[k].masked, 0);
+    }
+    fprintf(stderr, "  prefill: %lld tokens from the tool states, %lld without (prefix %lld)\n",
+            (long long)fs[0].prefill_tokens, (long long)fs[1].prefill_tokens, (long long)prefix);
+    CHECK_EQ_INT(fs[0].forked_from_state, 2);
+    CHECK_EQ_INT(fs[1].forked_from_state, 0); /* recomputed once, shared by the sibling */
+    CHECK_EQ_INT(fs[0].prefill_tokens, fs[1].prefill_tokens - prefix);
+    replay_store_close(st[0]);
+    st[0] = h_store(db[0]);
+    CHECK_EQ_INT(h_verify(st[0]), 0);
+    for (int i = 0; i < 2; i++) {
+        /* from scratch: the state the fork started from was its prefix's */
+        arl_rollout_rescore_opts o = {.ckpt_dir = ckpt, .version = -1};
+        arl_rollout_rescore_stats rs;
+        H_DIE(arl_rollout_rescore(st[0], uids[0][i], &o, &rs, NULL, NULL, NULL), "rescore fork");
+        CHECK(rs.action_tokens > 0);
+        CHECK_MSG(rs.max_abs < 1e-3, "%s: max |l - l_mu| = %g", uids[0][i], rs.max_abs);
+    }
+    for (int k = 0; k < 2; k++) {
+        replay_store_close(st[k]);
+        arl_rollout_config_free(&c[k]);
+    }
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-fork"));
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
@@ -394,5 +462,6 @@ int main(void) {
     TEST_RUN(test_fork_versions);
     TEST_RUN(test_fork_images);
     TEST_RUN(test_fork_siblings);
+    TEST_RUN(test_fork_tool_states);
     return test_finish();
 }
