@@ -1325,6 +1325,39 @@ static void progress(tr_run *r, int64_t n, const char *mj, double t_roll, double
     fflush(r->log);
 }
 
+/* At least `want` learner files in the store (new ones registered, created and closed). */
+static arl_status learner_files_ensure(replay_store *st, int32_t want) {
+    size_t have = 0;
+    ARL_TRY(replay_shards_of_kind(st, REPLAY_FILE_LEARNER, NULL, 0, &have));
+    for (size_t i = have; i < (size_t)want; i++) {
+        replay_writer *w = NULL;
+        ARL_TRY(replay_writer_open(st, REPLAY_FILE_LEARNER, 0, NULL, &w));
+        replay_writer_close(w);
+    }
+    return ARL_OK;
+}
+
+/* This learner rank's learner_records of update n, each into its learner file of the
+ * trajectory's store (the learner_index-th, learner_files_ensure). */
+static arl_status records_write(tr_run *r, int64_t n, const arl_update_source *src, int32_t nsrc) {
+    int32_t shards[64];
+    const size_t me = r->L->learner_index > 0 ? (size_t)r->L->learner_index : 0;
+    for (int32_t i = 0; i < nsrc; i++) {
+        int32_t ids[256];
+        size_t k = 0;
+        ARL_TRY(replay_shards_of_kind(src[i].store, REPLAY_FILE_LEARNER, ids, 256, &k));
+        if (me >= k || me >= 256)
+            return arl_errorf(ARL_ERR_INTERNAL,
+                              "train: %s has %zu learner files, rank %zu's missing", src[i].root, k,
+                              me);
+        shards[i] = ids[me];
+    }
+    int64_t nr = 0;
+    ARL_TRY(arl_learner_records_write(r->lr, n, src, nsrc, shards, &nr));
+    arl_log_debug("train: update %lld: %lld learner records", (long long)n, (long long)nr);
+    return ARL_OK;
+}
+
 static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
     const double t0 = now_s();
     char pol[4200], udir[4200], uid[256];
@@ -1426,7 +1459,16 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
             ngs[nsrc] = ng;
             nsrc++;
         }
+        /* learner_records: the first learner rank registers one learner file per learner
+         * rank in each store before the update, so that rank k writes into the k-th (in id
+         * order) on a first attempt and on a re-run alike (its rows then replace the
+         * attempt's); the update's collectives order the registration before the lookups */
+        const int records = r->c->learner.own.records;
+        if (!s && records && r->L->learner_index <= 0)
+            for (int32_t i = 0; !s && i < nsrc; i++)
+                s = learner_files_ensure(stores[i], r->L->n_learners > 0 ? r->L->n_learners : 1);
         if (!s) s = arl_learner_update(r->lr, n, src, nsrc, &res);
+        if (!s && records) s = records_write(r, n, src, nsrc);
     }
     for (int32_t i = 0; i < nsrc; i++)
         replay_store_close(stores[i]);

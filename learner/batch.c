@@ -36,6 +36,10 @@ static void traj_free(arl_upd_traj *t) {
     free(t->seg_mc);
     free(t->seg_mc_n);
     free(t->adv_turn);
+    free(t->lv_seg);
+    free(t->lv_proc);
+    free(t->lv_kl);
+    free(t->lv_klb);
     if (t->anchors)
         for (int32_t k = 0; k < t->n_turns; k++)
             free(t->anchors[k]);
@@ -250,8 +254,12 @@ static arl_status traj_rewards(arl_learner *l, arl_shard_reader *sr, arl_upd_tra
         t->segr = calloc((size_t)(S ? S : 1) * (size_t)ncS, sizeof(double));
         t->seg_unscorable = calloc((size_t)(S ? S : 1), 1);
         t->outc = calloc((size_t)ncO, sizeof(double));
+        t->lv_seg = calloc((size_t)(S ? S : 1), sizeof(double));
+        t->lv_proc = calloc((size_t)(K ? K : 1), sizeof(double));
+        t->lv_kl = calloc((size_t)(K ? K : 1), sizeof(double));
+        t->lv_klb = calloc((size_t)(K ? K : 1), sizeof(double));
         if (!t->turns || !t->anchors || !t->adv_turn || !t->proc || !t->segr ||
-            !t->seg_unscorable || !t->outc)
+            !t->seg_unscorable || !t->outc || !t->lv_seg || !t->lv_proc || !t->lv_kl || !t->lv_klb)
             s = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
     }
     /* anchors: a_{i,k} is the anchor of the response to step k - 1 */

@@ -44,6 +44,12 @@ static const arl_option own_tab[] = {
     {"prefix-drift-sample", ARL_OPT_FLOAT, OWN(drift_sample), "0.01",
      "fraction of continue segments of the last minibatch measured for state/prefix_drift", 0, 1,
      NULL, 0, "F"},
+    {"records", ARL_OPT_BOOL, OWN(records), "true",
+     "write the learner_records of spec/replay.md 4.13 into a learner file of each update's "
+     "store: per consumed segment the pi_old and reference log-probabilities, IS weights, loss "
+     "flags and advantages of its tokens and the advantage terms of its turns (`replay show "
+     "--tokens`, `replay export --learner`)",
+     0, 0, NULL, 0, NULL},
     {"shared-prefix", ARL_OPT_BOOL, OWN(shared_prefix), "false",
      "compute the prompt prefix that the update's trajectories share (tool declarations, system "
      "text) once per pass and weight set, and start each trajectory from its state; no gradient "
@@ -807,6 +813,10 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
             r->outcome_unscorable = 1;
         }
         r->out.adv_turn = t->adv_turn;
+        r->out.seg_adv = t->lv_seg;
+        r->out.proc_adv = t->lv_proc;
+        r->out.kl_rtg = t->lv_kl;
+        r->out.kl_base = t->lv_klb;
     }
     for (int32_t g = 0; st == ARL_OK && g < b->n_groups; g++) {
         const arl_upd_group *G = &b->groups[g];
@@ -817,6 +827,7 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
         memcpy(x->level_absent, G->level_absent, sizeof x->level_absent);
     }
     const double beta = arl_klctl_beta(l->in.kl);
+    b->beta = beta;
     if (st == ARL_OK)
         st = arl_reward_compute(l->in.reward, rg, n_rg, beta,
                                 n_learners(l) > 1 ? reward_allreduce : NULL, l, &racc);
@@ -824,6 +835,8 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
         st = lr_allreduce_f64(l, racc.sum, ARL_RACC_NSUM, ARL_DIST_SUM);
         if (st == ARL_OK) st = lr_allreduce_f64(l, racc.max, ARL_RACC_NMAX, ARL_DIST_MAX);
     }
+    for (int32_t i = 0; st == ARL_OK && i < b->n_trajs; i++)
+        b->trajs[i].lv_outcome = rt[i].out.outcome_adv;
     for (int32_t i = 0; st == ARL_OK && i < b->n_segs; i++) {
         arl_upd_seg *s = &b->segs[i];
         const arl_upd_traj *t = &b->trajs[s->traj];

@@ -40,9 +40,9 @@
  *   7. metrics  one JSON object with every metric of spec/objective.md section 12.
  * Publishing version n + 1, the checkpoint and the ledger commit are the caller's
  * (experiments/train.c): this module changes the parameters, optimizer and controller it is
- * given, nothing on disk.  (Not written yet: the learner_records of spec/replay.md 4.13 and
- * learner-produced states in a learner shard; the boundary states live in memory for the
- * update.)
+ * given, nothing on disk; the caller writes the learner_records of spec/replay.md 4.13 with
+ * arl_learner_records_write (learner/records.c).  (Not written: learner-produced states in a
+ * learner shard; the boundary states live in memory for the update.)
  *
  * Segments and tokens.  Token t of a segment is predicted at position t - 1 of the same
  * segment; the first token of a segment is never an action token (a segment starts with
@@ -142,6 +142,7 @@ typedef struct arl_learner_own_opts {
     char *device_allreduce;    /* auto|nccl|mpi */
     char *device_math;         /* fp32|tf32|bf16 */
     int64_t device_slot_rows;  /* latent rows the device's slots share (0: each its own) */
+    int records;               /* write learner_records (arl_learner_records_write) */
 } arl_learner_own_opts;
 
 /* The whole "learner" section: the learner's keys, the objective's reward keys
@@ -305,6 +306,10 @@ typedef struct arl_upd_traj {
                           NaN where none (NULL when the baseline is loo) */
     int32_t *seg_mc_n; /* (S) the forks each seg_mc averages */
     double *adv_turn;           /* (K) */
+    /* the advantage terms of spec/objective.md 5.6-5.8 that the learner_records' levels_json
+     * shows (learner/records.c): A~^S (S); A~^P, D and b^D (K); A~^O */
+    double *lv_seg, *lv_proc, *lv_kl, *lv_klb;
+    double lv_outcome;
     char **anchors;             /* (K) owned strings or NULL */
     double inv_norm;
     struct lr_media *media; /* its observation images (learner/media.c), NULL without context
@@ -333,6 +338,7 @@ typedef struct arl_update_batch {
     int32_t n_segs;
     int64_t n_valid;  /* valid trajectories of the update (all ranks) */
     int64_t n_action; /* action tokens of valid trajectories (all ranks) */
+    double beta;      /* the KL reward's coefficient in this update (spec/objective.md 5.7) */
 } arl_update_batch;
 
 void arl_update_batch_free(arl_update_batch *b); /* NULL-safe; zeroes */
@@ -382,6 +388,18 @@ arl_status arl_learner_minibatch_loss(arl_learner *l, int32_t mb, double *loss);
  * or arl_learner_free. */
 arl_state_cache *arl_learner_cache(arl_learner *l);
 const arl_update_batch *arl_learner_batch(const arl_learner *l);
+
+/* After arl_learner_update(l, n, src, n_src) succeeded: the learner_records of spec/replay.md
+ * 4.13, one per segment of this rank's valid trajectories, each into the learner file
+ * shards[si] of its source's store (replay_writer_open REPLAY_FILE_LEARNER with that id: 0
+ * registers a new one; the caller gives each learner rank its own, and the same one again
+ * when an update is re-run, whose rows then replace the interrupted attempt's).  Per token:
+ * l_old, l_ref, the advantage, and for action tokens the truncated IS weight w and the flags
+ * of the loss at the segment's last gradient pass; per segment: staleness, mean log-ratio,
+ * mask reason and levels_json (A~^O, A~^S, and per turn A~^P, D, b^D, A; beta).  *n_records
+ * receives the rows written.  The store's errors (nothing is changed in the learner). */
+arl_status arl_learner_records_write(const arl_learner *l, int64_t n, const arl_update_source *src,
+                                     int32_t n_src, const int32_t *shards, int64_t *n_records);
 
 /* What one update did, besides its metrics. */
 typedef struct arl_update_result {

@@ -238,6 +238,10 @@ arl_status replay_writer_checkpoint(replay_writer *w);
  * running).  NULL: no-op. */
 void replay_writer_close(replay_writer *w);
 int32_t replay_writer_shard_id(const replay_writer *w);
+/* The ids of the shards of one kind registered in the catalog, ascending: the first cap into
+ * ids, *n receives how many there are. */
+arl_status replay_shards_of_kind(replay_store *st, replay_file_kind kind, int32_t *ids, size_t cap,
+                                 size_t *n);
 /* Path of the shard file relative to the store root ("shards/w3.sqlite"). */
 const char *replay_writer_file(const replay_writer *w);
 

@@ -671,6 +671,24 @@ arl_status replay_run_ensure(replay_store *st, const replay_run_desc *d, int64_t
         "inserting a run");
 }
 
+arl_status replay_shards_of_kind(replay_store *st, replay_file_kind kind, int32_t *ids, size_t cap,
+                                 size_t *n) {
+    *n = 0;
+    ARL_TRY(need_catalog(st, 0));
+    sqlite3_stmt *q;
+    ARL_TRY(
+        rdb_prepare(&st->cat, "SELECT shard_id FROM shards WHERE kind = ?1 ORDER BY shard_id", &q));
+    sqlite3_bind_text(q, 1, replay_file_kind_name(kind), -1, SQLITE_STATIC);
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        if (*n < cap) ids[*n] = (int32_t)sqlite3_column_int64(q, 0);
+        (*n)++;
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE) return rdb_fail(&st->cat, rc, "listing the shards");
+    return ARL_OK;
+}
+
 arl_status replay_run_find(replay_store *st, const char *run_uid, int64_t *run_id) {
     ARL_TRY(need_catalog(st, 0));
     sqlite3_stmt *s;

@@ -10,6 +10,7 @@
  * write print how to continue; a resume with another thread count warns; a run with
  * Monte-Carlo segment baselines killed while its forks run resumes bit-identical too. */
 #include <dirent.h>
+#include <math.h>
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -195,6 +196,50 @@ static void uninterrupted(char *a, size_t cap) {
     if (stat(a, &sb)) CHECK_EQ_INT(wait_exit(start(a, 0)), 0);
 }
 
+/* The learner_records of update n of OUT (every learner file of its store): *total rows and
+ * *distinct (traj, segment) keys; returns the sum of their seg_mean_logratio (a digest). */
+static double update_records(const char *out, int n, int64_t *total, int64_t *distinct) {
+    char dir[900], p[1200];
+    snprintf(dir, sizeof dir, "%s/replay/u%06d/r0/shards", out, n);
+    *total = *distinct = 0;
+    sqlite3 *db = NULL;
+    if (sqlite3_open(":memory:", &db) != SQLITE_OK) return NAN;
+    char sql[8192] = "";
+    size_t len = 0;
+    int k = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) {
+        const size_t m = strlen(e->d_name);
+        if (e->d_name[0] != 'l' || m < 8 || strcmp(e->d_name + m - 7, ".sqlite") ||
+            strstr(e->d_name, ".states"))
+            continue;
+        snprintf(p, sizeof p, "ATTACH '%s/%s' AS l%d", dir, e->d_name, k);
+        if (sqlite3_exec(db, p, NULL, NULL, NULL) != SQLITE_OK) continue;
+        len += (size_t)snprintf(sql + len, sizeof sql - len,
+                                "%sSELECT traj_uid, seg_index, seg_mean_logratio FROM "
+                                "l%d.learner_records",
+                                k ? " UNION ALL " : "", k);
+        k++;
+    }
+    if (d) closedir(d);
+    double sum = NAN;
+    char q[8400];
+    snprintf(q, sizeof q,
+             "SELECT count(*), count(DISTINCT traj_uid || '/' || seg_index), "
+             "sum(seg_mean_logratio) FROM (%s)",
+             sql);
+    sqlite3_stmt *st = NULL;
+    if (k > 0 && sqlite3_prepare_v2(db, q, -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW) {
+        *total = sqlite3_column_int64(st, 0);
+        *distinct = sqlite3_column_int64(st, 1);
+        sum = sqlite3_column_double(st, 2);
+    }
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    return sum;
+}
+
 static void test_kill_resume(void) {
     if (!have_bin()) return;
     char a[600], b[600];
@@ -223,6 +268,16 @@ static void test_kill_resume(void) {
     fprintf(stderr, "  killed run exited with %d\n", rc);
     CHECK_EQ_INT(wait_exit(start(b, 1)), 0);
     same_end_state(a, b);
+    /* the learner_records: those of the uninterrupted run, once each (an update re-run after
+     * the kill replaces its rows in the same learner file) */
+    for (int n = 0; n < 2; n++) {
+        int64_t ta_, da, tb, dbn;
+        const double sa = update_records(a, n, &ta_, &da), sb = update_records(b, n, &tb, &dbn);
+        CHECK_MSG(ta_ > 0 && ta_ == da && tb == ta_ && dbn == tb && sa == sb,
+                  "update %d: records %lld (%lld distinct, sum %.17g) uninterrupted, %lld (%lld, "
+                  "%.17g) resumed",
+                  n, (long long)ta_, (long long)da, sa, (long long)tb, (long long)dbn, sb);
+    }
     /* every task once: update n consumed exactly the tasks with seeds 2n and 2n + 1 */
     for (int n = 0; n < 2; n++) {
         long long seeds[8];

@@ -6,8 +6,12 @@
  *     members' advantages are those of a group without it (spec/objective.md 4.4);
  *   - a stale cached state (wrong version or numerics tag, spec/objective.md 10.3) is not used:
  *     the prefix is recomputed, and the segment's log-probs equal a fresh computation of the
- *     whole trajectory from its first token. */
+ *     whole trajectory from its first token;
+ *   - the learner_records the update writes (learner/records.c, test_records). */
+#include <jansson.h>
 #include <math.h>
+#include <sqlite3.h>
+#include <stdlib.h>
 
 #include "policy/model.h"
 #include "tests/learner/lhelpers.h"
@@ -218,6 +222,158 @@ static void test_update_and_masked(void) {
     lh_learner_close(&h);
 }
 
+/* ---- learner_records (spec/replay.md 4.13, learner/records.c) ---- */
+
+/* Blob column col of q into dst (n elements of es bytes); 1 when it decodes. */
+static int rec_col(sqlite3_stmt *q, int col, arl_blob_kind kind, int64_t n, void *dst, size_t es) {
+    arl_blob_expect ex = {.kind = kind, .dims_mask = 1, .dims = {(uint64_t)n}};
+    arl_blob_header h;
+    return arl_blob_check_copy(sqlite3_column_blob(q, col), (size_t)sqlite3_column_bytes(q, col),
+                               &ex, &h, dst, (size_t)n * es) == ARL_OK;
+}
+
+/* After an update: one record per segment of a valid trajectory (none of the masked member),
+ * holding the update's l_old, l_ref and advantages, the IS weight and flags of spec 4.13 as the
+ * loss defines them (w = min(u, C), u = exp(l_old - l_mu), band [1/c, c]), the segment's masks;
+ * levels_json's terms add up to each turn's advantage (spec/objective.md 5.8:
+ * A = w_O AO + w_S AS + w_P AP - beta (D - bD)), which every action token of the turn carries.
+ * Writing the same update again replaces the rows. */
+static void test_records(void) {
+    lh_learner h;
+    lh_learner_open(&h, ckpt, ref_ckpt, 2, 6, NULL);
+    arl_update_source src = {.store = NULL, .root = db, .group_ids = gids, .n_groups = n_gids};
+    replay_open_opts o = {0};
+    L_DIE(replay_store_open(db, &o, &src.store), "store");
+    arl_update_result res;
+    L_DIE(arl_learner_update(h.l, 0, &src, 1, &res), "update");
+    replay_writer *lw;
+    L_DIE(replay_writer_open(src.store, REPLAY_FILE_LEARNER, 0, NULL, &lw), "learner file");
+    const int32_t shard = replay_writer_shard_id(lw);
+    char path[900];
+    snprintf(path, sizeof path, "%s/%s", db, replay_writer_file(lw));
+    replay_writer_close(lw);
+    int64_t nr = 0;
+    for (int rep = 0; rep < 2; rep++) /* the second time replaces */
+        L_DIE(arl_learner_records_write(h.l, 0, &src, 1, &shard, &nr), "records");
+    const arl_update_batch *b = arl_learner_batch(h.l);
+    int32_t want = 0;
+    for (int32_t i = 0; i < b->n_segs; i++)
+        want += b->trajs[b->segs[i].traj].valid;
+    CHECK_EQ_INT(nr, want);
+    sqlite3 *d = NULL;
+    CHECK(sqlite3_open_v2(path, &d, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK);
+    sqlite3_stmt *q = NULL;
+    CHECK(sqlite3_prepare_v2(d,
+                             "SELECT count(*), count(DISTINCT traj_uid || '/' || seg_index) "
+                             "FROM learner_records WHERE update_n = 0",
+                             -1, &q, NULL) == SQLITE_OK);
+    CHECK(sqlite3_step(q) == SQLITE_ROW);
+    CHECK_EQ_INT(sqlite3_column_int(q, 0), want);
+    CHECK_EQ_INT(sqlite3_column_int(q, 1), want);
+    sqlite3_finalize(q);
+    CHECK(sqlite3_prepare_v2(d,
+                             "SELECT staleness, seg_mean_logratio, mask_reason, levels_json, "
+                             "old_logprobs, ref_logprobs, is_weights, token_flags, advantages, "
+                             "version FROM learner_records WHERE traj_uid = ?1 AND seg_index = ?2",
+                             -1, &q, NULL) == SQLITE_OK);
+    const arl_loss_config *lc = &h.lossc;
+    const double *wl = h.rc.w;
+    const double beta = b->beta;
+    int64_t n_act = 0, n_band = 0, n_trunc = 0, n_turns = 0;
+    for (int32_t i = 0; i < b->n_segs; i++) {
+        const arl_upd_seg *sg = &b->segs[i];
+        const arl_upd_traj *t = &b->trajs[sg->traj];
+        sqlite3_reset(q);
+        sqlite3_bind_text(q, 1, t->row.traj_uid, -1, SQLITE_STATIC);
+        sqlite3_bind_int(q, 2, sg->seg_index);
+        const int row = sqlite3_step(q) == SQLITE_ROW;
+        CHECK_MSG(row == t->valid, "%s segment %d: record %d, valid %d", t->row.traj_uid,
+                  (int)sg->seg_index, row, t->valid);
+        if (!row) continue;
+        const int64_t T = sg->T;
+        float *old = malloc(sizeof(float) * (size_t)T * 4);
+        uint8_t *fl = malloc((size_t)T);
+        float *ref = old + T, *w = old + 2 * T, *adv = old + 3 * T;
+        CHECK(rec_col(q, 4, ARL_BLOB_OLD_LOGPROBS, T, old, 4));
+        CHECK(rec_col(q, 5, ARL_BLOB_REF_LOGPROBS, T, ref, 4));
+        CHECK(rec_col(q, 6, ARL_BLOB_IS_WEIGHTS, T, w, 4));
+        CHECK(rec_col(q, 7, ARL_BLOB_TOKEN_FLAGS, T, fl, 1));
+        CHECK(rec_col(q, 8, ARL_BLOB_ADVANTAGES, T, adv, 4));
+        CHECK_EQ_INT(sqlite3_column_int64(q, 9), 0);
+        CHECK_EQ_INT(sqlite3_column_int64(q, 0), sg->mk.staleness);
+        CHECK(sqlite3_column_double(q, 1) == sg->mk.gbar);
+        const char *reason = (const char *)sqlite3_column_text(q, 2);
+        CHECK_STR_EQ(reason ? reason : "", sg->mk.m          ? ""
+                                           : !sg->mk.m_route ? "routes"
+                                           : !sg->mk.m_stale ? "stale"
+                                                             : "geo");
+        const uint8_t seg_bits = (uint8_t)((sg->mk.m_seg << 2) | (sg->mk.m_stale << 3) |
+                                           (sg->mk.m_route << 4) | (1 << 5));
+        for (int64_t p = 0; p < T; p++) {
+            CHECK(old[p] == (float)sg->lp_old[p] && ref[p] == (float)sg->lp_ref[p] &&
+                  adv[p] == (float)sg->adv[p]);
+            CHECK((fl[p] & 0x3c) == seg_bits);
+            if (!sg->amask[p]) {
+                CHECK(w[p] == 0 && (fl[p] & 0xc3) == 0);
+                continue;
+            }
+            const double u = exp(sg->lp_old[p] - sg->lp_mu[p]);
+            const int band = u >= 1.0 / lc->band && u <= lc->band;
+            CHECK(w[p] == (float)(u < lc->tis_cap ? u : lc->tis_cap));
+            CHECK((fl[p] & 1) && ((fl[p] >> 1) & 1) == band &&
+                  ((fl[p] >> 6) & 1) == (u > lc->tis_cap));
+            if (fl[p] & 0x80) CHECK((fl[p] & 0x1f) == 0x1f); /* clipped: in the loss */
+            n_act++;
+            n_band += band;
+            n_trunc += u > lc->tis_cap;
+        }
+        /* levels: per turn of the segment, the terms add up to the turn's advantage */
+        json_error_t je;
+        json_t *lv = json_loads((const char *)sqlite3_column_text(q, 3), 0, &je);
+        CHECK_MSG(lv != NULL, "levels_json: %s", je.text);
+        const double AO = json_number_value(json_object_get(lv, "AO")),
+                     AS = json_number_value(json_object_get(lv, "AS"));
+        CHECK(json_number_value(json_object_get(lv, "beta")) == beta);
+        json_t *A = json_object_get(lv, "A");
+        for (int64_t p = 0; p < T; p++) {
+            if (!sg->amask[p]) continue;
+            char key[16];
+            snprintf(key, sizeof key, "%d", (int)sg->turn[p]);
+            CHECK_MSG(json_is_number(json_object_get(A, key)), "%s segment %d: no turn %s",
+                      t->row.traj_uid, (int)sg->seg_index, key);
+            CHECK(adv[p] == (float)json_number_value(json_object_get(A, key)));
+        }
+        const char *key;
+        json_t *v;
+        json_object_foreach(A, key, v) {
+            const int k = atoi(key);
+            CHECK(k >= 1 && k <= t->n_turns && t->turns[k - 1].seg == sg->seg_index);
+            const double AP = json_number_value(json_object_get(json_object_get(lv, "AP"), key)),
+                         D = json_number_value(json_object_get(json_object_get(lv, "D"), key)),
+                         bD = json_number_value(json_object_get(json_object_get(lv, "bD"), key));
+            const double sum = wl[ARL_REWARD_LEVEL_OUTCOME] * AO +
+                               wl[ARL_REWARD_LEVEL_SEGMENT] * AS +
+                               wl[ARL_REWARD_LEVEL_PROCESS] * AP - beta * (D - bD);
+            CHECK_CLOSE(json_number_value(v), sum, 1e-12, 1e-12);
+            CHECK(json_number_value(v) == t->adv_turn[k - 1]);
+            n_turns++;
+        }
+        json_decref(lv);
+        free(old);
+        free(fl);
+    }
+    sqlite3_finalize(q);
+    sqlite3_close(d);
+    fprintf(stderr,
+            "  %lld records: %lld action tokens (%lld in the band, %lld truncated), %lld turns\n",
+            (long long)nr, (long long)n_act, (long long)n_band, (long long)n_trunc,
+            (long long)n_turns);
+    CHECK(n_act > 0 && n_turns > 0);
+    free(res.metrics_json);
+    replay_store_close(src.store);
+    lh_learner_close(&h);
+}
+
 /* ---- stale cached states ---- */
 
 static int hook_calls;
@@ -353,5 +509,6 @@ int main(void) {
     TEST_RUN(test_validity_rule);
     TEST_RUN(test_update_and_masked);
     TEST_RUN(test_stale_state);
+    TEST_RUN(test_records);
     return test_finish();
 }
