@@ -228,6 +228,7 @@ static int run_selection(const arl_option *tab, size_t n, int argc, char **argv,
     replay_filter f;
     replay_store *st = NULL;
     if (!(rc = to_filter(&o, &f)) && !(rc = open_store(o.db, REPLAY_OPEN_READONLY, &st))) {
+        replay_shards_warn_unreadable(st, stderr); /* their trajectories are left out */
         arl_status s = fn(st, &f, o.json, stdout);
         rc = s == ARL_OK ? 0 : cli_fail(s);
     }

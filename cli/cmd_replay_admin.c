@@ -36,8 +36,8 @@ typedef struct admin_opts {
 static const arl_option pin_tab[] = {
     A_DB,
     A_TRAJ,
-    {"reason", ARL_OPT_STRING, A(reason), "", "why it is pinned (shown by list and show)", 0, 0,
-     NULL, 0, "TEXT"},
+    {"reason", ARL_OPT_STRING, A(reason), "", "why it is pinned (shown by show and list --json)", 0,
+     0, NULL, 0, "TEXT"},
 };
 
 static int with_store(const char *db, replay_store **st) {

@@ -706,6 +706,56 @@ static arl_status fork_ckpt_of(replay_store *st, const char *traj, int64_t *vers
     return s;
 }
 
+/* 1 if argv gives --segment (as "--segment S" or "--segment=S"). */
+static int segment_given(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--segment") || !strncmp(argv[i], "--segment=", 10)) return 1;
+    return 0;
+}
+
+/* Rollout keys a fork does not use, and why: refused on its command line (an --experiment file
+ * or the parent's run may carry them; they are ignored there). */
+static const struct {
+    const char *key, *why;
+} fork_unused[] = {
+    {"tasks", "the forks continue the parent's task"},
+    {"task-file", "the forks continue the parent's task"},
+    {"task-data", "the forks continue the parent's task"},
+    {"task-seed", "the forks continue the parent's task"},
+    {"task-offset", "the forks continue the parent's task"},
+    {"group-size", "give the number of forks with --count M"},
+    {"group-kind", "the forks' group is of kind 'fork'"},
+    {"run-uid",
+     "the forks belong to the parent's run, or to a run of their own when --ckpt is not one of "
+     "its versions"},
+    {"policy-dir", "give the forks' policy with --ckpt DIR or --version N"},
+    {"policy-poll-ms", "give the forks' policy with --ckpt DIR or --version N"},
+    {"policy-version", "give the forks' policy with --ckpt DIR or --version N"},
+};
+
+static const char *fork_unused_why(const char *key) {
+    for (size_t i = 0; i < sizeof fork_unused / sizeof *fork_unused; i++)
+        if (!strcmp(fork_unused[i].key, key)) return fork_unused[i].why;
+    return NULL;
+}
+
+/* ARL_ERR_ARG naming the first argument of argv that gives a key of fork_unused. */
+static arl_status fork_refuse_unused(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) || !a[2]) continue;
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(a + 2, "="), a + 2);
+        const char *why = fork_unused_why(key);
+        if (why)
+            return arl_errorf(ARL_ERR_ARG,
+                              "--%s: a rollout key that replay fork does not use (%s); leave it "
+                              "out",
+                              key, why);
+    }
+    return ARL_OK;
+}
+
 int cmd_replay_fork(int argc, char **argv) {
     const char *usage = "agentrl replay fork DB TRAJ --segment S [--ckpt DIR | --version N] "
                         "[--count M] [--use-rollout-state] [--experiment FILE] [rollout keys: "
@@ -718,14 +768,27 @@ int cmd_replay_fork(int argc, char **argv) {
     arl_option *tab = malloc(n * sizeof *tab);
     if (!tab) return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
     memcpy(tab, fork_own, sizeof fork_own);
-    memcpy(tab + n_own, arl_rollout_options, arl_rollout_n_options * sizeof *tab);
+    /* tab[0..n): parsed and shown: fork's own options and the rollout keys a fork uses, none
+     * required (the parent's run gives them); tab[n..n_all): the keys it does not use, only for
+     * the defaults and arl_options_free */
+    const size_t n_all = n;
+    size_t at = n_own;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) n = at;
+        for (size_t i = 0; i < arl_rollout_n_options; i++) {
+            if ((fork_unused_why(arl_rollout_options[i].name) != NULL) != pass) continue;
+            tab[at] = arl_rollout_options[i];
+            tab[at++].flags &= ~(unsigned)ARL_OPT_REQUIRED;
+        }
+    }
     fork_cli o;
     int help = 0;
-    arl_options_defaults(tab, n, &o);
-    arl_status s = arl_options_parse_argv(tab, n, argc, argv, &o, &help);
+    arl_options_defaults(tab, n_all, &o);
+    arl_status s = fork_refuse_unused(argc, argv);
+    if (s == ARL_OK) s = arl_options_parse_argv(tab, n, argc, argv, &o, &help);
     if (s == ARL_OK && help) {
         arl_options_print_help(stdout, usage, summary, tab, n);
-        arl_options_free(tab, n, &o);
+        arl_options_free(tab, n_all, &o);
         free(tab);
         return ARL_EXIT_OK;
     }
@@ -734,8 +797,8 @@ int cmd_replay_fork(int argc, char **argv) {
          * both */
         char *db = strdup(o.db), *traj = strdup(o.traj);
         char *experiment = o.experiment ? strdup(o.experiment) : NULL;
-        arl_options_free(tab, n, &o);
-        arl_options_defaults(tab, n, &o);
+        arl_options_free(tab, n_all, &o);
+        arl_options_defaults(tab, n_all, &o);
         s = db && traj ? fork_run_defaults(db, traj, &o.rc)
                        : arl_errorf(ARL_ERR_NOMEM, "out of memory");
         if (s == ARL_OK && experiment) {
@@ -750,14 +813,22 @@ int cmd_replay_fork(int argc, char **argv) {
         free(experiment);
         if (s != ARL_OK && s != ARL_ERR_ARG && s != ARL_ERR_CONFIG) { /* the store, the parent */
             const int rc = cli_fail(s);
-            arl_options_free(tab, n, &o);
+            arl_options_free(tab, n_all, &o);
             free(tab);
             return rc;
         }
     }
     if (s == ARL_OK) s = arl_options_check_required(tab, n, &o);
     if (s == ARL_OK && o.segment < 1)
-        s = arl_errorf(ARL_ERR_ARG, "missing required option '--segment S' (S >= 1)");
+        s = segment_given(argc, argv)
+                ? arl_errorf(ARL_ERR_ARG,
+                             "--segment %lld: S must be >= 1 (the prefix keeps segments 0..S-1)",
+                             (long long)o.segment)
+                : arl_errorf(ARL_ERR_ARG, "missing required option '--segment S' (S >= 1)");
+    if (s == ARL_OK && !o.rc.env)
+        s = arl_errorf(ARL_ERR_ARG,
+                       "the run of %s records no environment: give --env ENV or --experiment FILE",
+                       o.traj);
     int64_t version = -1; /* --version newest */
     if (s == ARL_OK && strcmp(o.version, "newest") && !version_number(o.version, &version))
         s = arl_errorf(ARL_ERR_ARG,
@@ -765,7 +836,7 @@ int cmd_replay_fork(int argc, char **argv) {
                        o.version);
     if (s != ARL_OK) {
         fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
-        arl_options_free(tab, n, &o);
+        arl_options_free(tab, n_all, &o);
         free(tab);
         return ARL_EXIT_USAGE;
     }
@@ -802,7 +873,7 @@ int cmd_replay_fork(int argc, char **argv) {
     }
     free(uids);
     replay_store_close(st);
-    arl_options_free(tab, n, &o);
+    arl_options_free(tab, n_all, &o);
     free(tab);
     return rc;
 }

@@ -114,6 +114,11 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
  * *n_migrated (may be NULL) receives the count. */
 arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated);
 
+/* One warning line to err per shard registered in the catalog whose file is missing or cannot
+ * be read, or is empty (no schema) while the catalog's group_members refer to trajectories in
+ * it: what list and stats print before reading, since they skip such files. */
+void replay_shards_warn_unreadable(replay_store *st, FILE *err);
+
 /* Plan log (tests): when enabled (or env ARL_REPLAY_PLAN_LOG=1 at open), every query of the
  * inspection operations is recorded with its EXPLAIN QUERY PLAN lines ("QUERY <sql>" then
  * "  PLAN <detail>").  The text is owned by the store, valid until the next call or close. */

@@ -152,6 +152,12 @@ arl_status replay_list(replay_store *st, const replay_filter *f, int json, FILE 
                                 isnan(r->outcome_reward) ? json_null()
                                                          : json_real(r->outcome_reward));
             json_object_set_new(o, "time_ms", json_integer(when));
+            int pinned = 0;
+            char reason[1024];
+            if (replay_pin_get(st, r->traj_uid, &pinned, reason, sizeof reason) != ARL_OK)
+                arl_error_clear(); /* listed as not pinned */
+            json_object_set_new(o, "pinned", json_boolean(pinned));
+            json_object_set_new(o, "pin_reason", pinned ? json_string(reason) : json_null());
             rjson_dump(o, out);
             fputc('\n', out);
             json_decref(o);

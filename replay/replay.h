@@ -208,6 +208,21 @@ typedef struct replay_group_desc {
 /* Insert the group if its group_uid is new (status 'open'), else return the existing id. */
 arl_status replay_group_ensure(replay_store *st, const replay_group_desc *d, int64_t *group_id);
 
+/* A catalog group (task_groups) as read back, with the number of its group_members rows. */
+typedef struct replay_group_row {
+    int64_t group_id, run_id;
+    char group_uid[REPLAY_UID_MAX + 1];
+    char kind[8];    /* "train", "eval" or "fork" */
+    char status[12]; /* "open", "final", "consumed" or "abandoned" */
+    int32_t size;
+    char parent_traj_uid[REPLAY_UID_MAX + 1]; /* kind 'fork'; "" otherwise */
+    int32_t parent_seg_index;                 /* kind 'fork'; -1 otherwise */
+    int64_t n_members;                        /* group_members rows (every slot and attempt) */
+} replay_group_row;
+/* The group group_uid into *out.  ARL_ERR_NOT_FOUND when the catalog has no such group (or the
+ * store has no catalog). */
+arl_status replay_group_get(replay_store *st, const char *group_uid, replay_group_row *out);
+
 /* Rebuild group_members' status mirror from the shards and mark groups whose latest attempts
  * are all final as 'final' (what the coordinator does at start, spec section 4.4). */
 arl_status replay_catalog_reconcile(replay_store *st);

@@ -684,7 +684,13 @@ arl_status rschema_check(rdb *d) {
     int v = (int)uv, m = atoi(mr), r = rschema_version();
     d->schema_version = v;
     d->min_reader_version = m;
-    if (v < 1 || m > r)
+    if (v < 1)
+        return arl_errorf(ARL_ERR_VERSION,
+                          "replay: %s: schema version %d is older than any this build can read or "
+                          "migrate (1..%d): the file was not written by a released agentrl, or "
+                          "its header is damaged (run 'agentrl replay verify')",
+                          d->name, v, r);
+    if (m > r)
         return arl_errorf(ARL_ERR_VERSION,
                           "replay: %s: schema version %d (readable by version %d and newer) cannot "
                           "be read by this build, which reads version %d: use a newer agentrl",

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "replay/codec.h"
 #include "replay/inspect.h"
@@ -413,6 +414,29 @@ static arl_status print_group(FILE *out, replay_store *st, const replay_traj_row
     return ARL_OK;
 }
 
+/* "  pinned <time> (<reason>)" when the catalog's pins table holds traj_uid (replay pin). */
+static void show_pin(replay_store *st, const char *traj_uid, FILE *out) {
+    sqlite3_stmt *q;
+    if (!st->cat.db ||
+        rdb_prepare(&st->cat, "SELECT reason, created_at_ms FROM pins WHERE traj_uid = ?1", &q) !=
+            ARL_OK) {
+        arl_error_clear();
+        return;
+    }
+    sqlite3_bind_text(q, 1, traj_uid, -1, SQLITE_STATIC);
+    if (sqlite3_step(q) == SQLITE_ROW) {
+        const char *reason = (const char *)sqlite3_column_text(q, 0);
+        time_t when = (time_t)(sqlite3_column_int64(q, 1) / 1000);
+        struct tm tm;
+        char ts[32];
+        gmtime_r(&when, &tm);
+        strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        fprintf(out, "  pinned %s", ts);
+        if (reason && *reason) fprintf(out, " (%s)", reason);
+    }
+    sqlite3_finalize(q);
+}
+
 arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out) {
     replay_show_opts none = {0};
     if (!o) o = &none;
@@ -437,6 +461,7 @@ arl_status replay_show(replay_store *st, const char *traj, const replay_show_opt
     fprintf(out, "  resume_count %d", (int)t.resume_count);
     if (t.parent_traj_uid[0])
         fprintf(out, "  fork of %s after segment %d", t.parent_traj_uid, (int)t.fork_seg_index);
+    show_pin(st, t.traj_uid, out);
     fprintf(out, "\n  versions ");
     if (t.min_version >= 0)
         fprintf(out, "%lld..%lld", (long long)t.min_version, (long long)t.max_version);

@@ -718,6 +718,86 @@ static void check_states_file(vctx *v, rdb *s, rdb *w) {
     }
 }
 
+/* How many catalog group_members rows refer to trajectories of shard shard_id (by their
+ * shard_id, or by traj_id >> 40, the shard part of a global id), and the uid of one into
+ * example (cap bytes; "" when none). -1 when the catalog cannot be read. */
+static int64_t members_in_shard(replay_store *st, int32_t shard_id, char *example, size_t cap) {
+    if (cap) example[0] = 0;
+    if (!st->cat.db) return 0;
+    sqlite3_stmt *q;
+    if (rdb_prepare(&st->cat,
+                    "SELECT count(*), min(traj_uid) FROM group_members WHERE shard_id = ?1 OR "
+                    "(traj_id >> 40) = ?1",
+                    &q) != ARL_OK) {
+        arl_error_clear();
+        return -1;
+    }
+    sqlite3_bind_int(q, 1, shard_id);
+    int64_t n = -1;
+    if (sqlite3_step(q) == SQLITE_ROW) {
+        n = sqlite3_column_int64(q, 0);
+        rdb_col_text(q, 1, example, cap);
+    }
+    sqlite3_finalize(q);
+    return n;
+}
+
+/* A registered shard whose file is missing or has no schema (what = "its file is missing" or
+ * "its file is empty, without a schema"): an error when the catalog's group_members refer to
+ * trajectories in it (their data is lost), else a warning (a writer that died while creating
+ * it). */
+static void lost_shard(vctx *v, int32_t shard_id, const char *file, const char *what) {
+    char ex[REPLAY_UID_MAX + 1];
+    const int64_t n = members_in_shard(v->st, shard_id, ex, sizeof ex);
+    if (n > 0)
+        finding(v, 1,
+                "%s: shard %d is registered in the catalog but %s, and the catalog's "
+                "group_members refer to %lld trajectories in it (e.g. %s): their data is lost; "
+                "restore the file from a backup",
+                file, (int)shard_id, what, (long long)n, ex);
+    else
+        finding(v, 0,
+                "%s: shard %d is registered in the catalog but %s, and nothing refers to it (its "
+                "writer died while creating it)",
+                file, (int)shard_id, what);
+}
+
+void replay_shards_warn_unreadable(replay_store *st, FILE *err) {
+    if (!st->cat.db || !err) return;
+    sqlite3_stmt *q;
+    if (rdb_prepare(&st->cat, "SELECT shard_id, file_name FROM shards ORDER BY shard_id", &q) !=
+        ARL_OK) {
+        arl_error_clear();
+        return;
+    }
+    while (sqlite3_step(q) == SQLITE_ROW) {
+        const int32_t id = sqlite3_column_int(q, 0);
+        const char *file = (const char *)sqlite3_column_text(q, 1);
+        rshard *sh = rstore_shard(st, id);
+        char ex[REPLAY_UID_MAX + 1] = "";
+        int64_t n = 0; /* counted only for a file that is not readable (a scan of the members) */
+        char what[512] = "";
+        rdb *d;
+        if (!sh)
+            snprintf(what, sizeof what, "is registered in the catalog but its file is missing");
+        else if (rstore_shard_db(st, sh, &d) != ARL_OK)
+            snprintf(what, sizeof what, "cannot be read (%s)", arl_error_msg());
+        else if (d->empty && (n = members_in_shard(st, id, ex, sizeof ex)) > 0)
+            snprintf(what, sizeof what, "is empty, without a schema");
+        arl_error_clear();
+        if (!what[0]) continue;
+        if (!n) n = members_in_shard(st, id, ex, sizeof ex);
+        if (n > 0)
+            fprintf(err,
+                    "warning: %s %s: the %lld trajectories the catalog has in it (e.g. %s) are "
+                    "left out; run 'agentrl replay verify' on the store\n",
+                    file, what, (long long)n, ex);
+        else
+            fprintf(err, "warning: %s %s; run 'agentrl replay verify' on the store\n", file, what);
+    }
+    sqlite3_finalize(q);
+}
+
 static void check_ledger(vctx *v) {
     rdb *c = &v->st->cat;
     sqlite3_stmt *q;
@@ -751,8 +831,8 @@ static void check_ledger(vctx *v) {
             char *p = rstore_join(v->st->dir, (const char *)sqlite3_column_text(q, 1));
             struct stat sb;
             if (p && stat(p, &sb))
-                finding(v, 0, "catalog.sqlite: shard %d (%s) is registered but its file is missing",
-                        sqlite3_column_int(q, 0), sqlite3_column_text(q, 1));
+                lost_shard(v, sqlite3_column_int(q, 0), (const char *)sqlite3_column_text(q, 1),
+                           "its file is missing");
             free(p);
         }
         sqlite3_finalize(q);
@@ -789,8 +869,7 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
             continue;
         }
         if (d->empty) {
-            finding(&v, 0, "%s: empty file without a schema (its writer died while creating it)",
-                    sh->file);
+            lost_shard(&v, sh->shard_id, sh->file, "its file is empty, without a schema");
             continue;
         }
         integrity(&v, d, full);

@@ -181,7 +181,10 @@ void arl_rollout_worker_close(arl_rollout_worker *w);
  * session; then generation and scoring follow the ordinary rollout path under ckpt_dir with
  * cfg's keys (the environment must be the parent's).  Written into a new tool file of the store,
  * in a catalog group of kind 'fork' (o->group_uid, or "<parent>/fork<S>" when NULL; when forks
- * of this point exist already, "<parent>/fork<S>.<i0>").  uids (count) receive the new
+ * of this point exist already, "<parent>/fork<S>.<i0>"); a group the catalog has already must
+ * be an empty fork group of this very point and size (one a stopped fork command created), else
+ * ARL_ERR_ARG before anything is written (a training group's members would be replaced).
+ * uids (count) receive the new
  * trajectories' ids "<parent>/f<S>.<i>", i from i0, the first free (earlier forks at the same
  * point keep theirs); stats (may be NULL) the counters.
  * The forks' run and policy version: when ckpt_dir's weights are a policy version v of the

@@ -1289,10 +1289,60 @@ const char *ro_fork_group_of(const arl_rollout_worker *w, int64_t traj_id) {
     return "";
 }
 
-/* A fork point checked before anything is written: its parent's row, and the index of the
- * first of its forks (after those of earlier forks at the same point, <parent>/f<S>.<i>). */
+/* The group of the forks of one point: o_group when given, else "<parent>/fork<S>", or
+ * "<parent>/fork<S>.<first>" when forks of this point exist already (a group of its own for each
+ * fork command). */
+static void fork_group_uid(const replay_traj_row *p, int32_t n_prefix, int32_t first,
+                           const char *o_group, char guid[REPLAY_UID_MAX + 1]) {
+    if (o_group && *o_group)
+        snprintf(guid, REPLAY_UID_MAX + 1, "%s", o_group);
+    else if (first == 0)
+        snprintf(guid, REPLAY_UID_MAX + 1, "%s/fork%d", p->traj_uid, (int)n_prefix);
+    else
+        snprintf(guid, REPLAY_UID_MAX + 1, "%s/fork%d.%d", p->traj_uid, (int)n_prefix, (int)first);
+}
+
+/* The forks' group guid, if the catalog has it already, must be a fork group of this very fork
+ * point that nothing has joined yet (one that a fork command created before it stopped): the
+ * members of a group are fixed once they are recorded (spec/replay.md 13.7 step 3), and forks
+ * recorded into a training group would replace its members. */
+static arl_status fork_group_check(replay_store *st, const replay_traj_row *p, int32_t n_prefix,
+                                   int32_t count, const char *guid) {
+    replay_group_row g;
+    const arl_status s = replay_group_get(st, guid, &g);
+    if (s == ARL_ERR_NOT_FOUND) {
+        arl_error_clear();
+        return ARL_OK;
+    }
+    ARL_TRY(s);
+    if (strcmp(g.kind, "fork"))
+        return arl_errorf(ARL_ERR_ARG,
+                          "fork: group '%s' already exists as a '%s' group of the store (its "
+                          "members would be replaced): forks go in a fork group of their own; "
+                          "give a new --group-uid, or leave it out (default %s/fork%d)",
+                          guid, g.kind, p->traj_uid, (int)n_prefix);
+    if (strcmp(g.parent_traj_uid, p->traj_uid) || g.parent_seg_index != n_prefix - 1)
+        return arl_errorf(ARL_ERR_ARG,
+                          "fork: group '%s' already holds the forks of %s at --segment %d, not "
+                          "of %s at --segment %d; give a new --group-uid, or leave it out",
+                          guid, g.parent_traj_uid, (int)g.parent_seg_index + 1, p->traj_uid,
+                          (int)n_prefix);
+    if (g.n_members > 0 || g.size != count)
+        return arl_errorf(ARL_ERR_ARG,
+                          "fork: group '%s' already holds %lld of %d forks of %s at --segment "
+                          "%d, and a group's members are fixed once recorded; give a new "
+                          "--group-uid, or leave it out (these forks then go in a group of "
+                          "their own, after the existing ones)",
+                          guid, (long long)g.n_members, (int)g.size, p->traj_uid, (int)n_prefix);
+    return ARL_OK; /* an empty fork group of this point and size: the forks join it */
+}
+
+/* A fork point checked before anything is written: its parent's row, the index of the first
+ * of its forks (after those of earlier forks at the same point, <parent>/f<S>.<i>) and their
+ * group (fork_group_uid, checked by fork_group_check). */
 static arl_status fork_point_check(replay_store *st, const arl_rollout_fork_point *pt,
-                                   replay_traj_row *p, int32_t *first) {
+                                   const char *o_group, replay_traj_row *p, int32_t *first,
+                                   char guid[REPLAY_UID_MAX + 1]) {
     ARL_TRY(replay_traj_get(st, pt->parent, p));
     const int32_t n_prefix = pt->n_prefix;
     if (pt->count < 1)
@@ -1333,23 +1383,17 @@ static arl_status fork_point_check(replay_store *st, const arl_rollout_fork_poin
         }
         if (g != ARL_OK) s = g;
     }
-    return s;
+    if (s != ARL_OK) return s;
+    fork_group_uid(p, n_prefix, *first, o_group, guid);
+    return fork_group_check(st, p, n_prefix, pt->count, guid);
 }
 
-/* Begin the forks of one checked point in the fork worker: its group (o_group when given,
- * else "<parent>/fork<S>", or "<parent>/fork<S>.<first>" when forks of this point exist
- * already) and `count` trajectories queued to continue; their uids into uids. */
+/* Begin the forks of one checked point in the fork worker: its group guid (fork_point_check)
+ * and `count` trajectories queued to continue; their uids into uids. */
 static arl_status fork_point_begin(arl_rollout_worker *w, const replay_traj_row *p,
                                    const arl_rollout_fork_point *pt, int32_t first,
-                                   const char *o_group, char (*uids)[REPLAY_UID_MAX + 1]) {
-    char guid[REPLAY_UID_MAX + 1];
+                                   const char *guid, char (*uids)[REPLAY_UID_MAX + 1]) {
     const int32_t n_prefix = pt->n_prefix;
-    if (o_group && *o_group)
-        snprintf(guid, sizeof guid, "%s", o_group);
-    else if (first == 0)
-        snprintf(guid, sizeof guid, "%s/fork%d", p->traj_uid, (int)n_prefix);
-    else /* a group of its own for each fork command: <parent>/fork<S>.<first member> */
-        snprintf(guid, sizeof guid, "%s/fork%d.%d", p->traj_uid, (int)n_prefix, (int)first);
     replay_group_desc gd = {.group_uid = guid,
                             .run_id = w->run_id,
                             .task_id = p->task_id,
@@ -1394,10 +1438,12 @@ arl_status arl_rollout_fork_many(const arl_rollout_config *cfg, const char *ckpt
      * open adds a tool file to the store) */
     replay_traj_row *par = calloc((size_t)n_pts, sizeof *par);
     int32_t *first = calloc((size_t)n_pts, sizeof *first);
+    char(*guids)[REPLAY_UID_MAX + 1] = calloc((size_t)n_pts, sizeof *guids);
     size_t total = 0;
-    arl_status s = par && first ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+    arl_status s =
+        par && first && guids ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     for (int32_t k = 0; s == ARL_OK && k < n_pts; k++) {
-        s = fork_point_check(st, &pts[k], &par[k], &first[k]);
+        s = fork_point_check(st, &pts[k], group_uid, &par[k], &first[k], guids[k]);
         total += s == ARL_OK ? (size_t)pts[k].count : 0;
         for (int32_t q = 0; s == ARL_OK && q < k; q++) {
             if (par[q].traj_id == par[k].traj_id && pts[q].n_prefix == pts[k].n_prefix)
@@ -1421,7 +1467,7 @@ arl_status arl_rollout_fork_many(const arl_rollout_config *cfg, const char *ckpt
     }
     size_t at = 0;
     for (int32_t k = 0; s == ARL_OK && k < n_pts; k++) {
-        s = fork_point_begin(w, &par[k], &pts[k], first[k], group_uid, uids + at);
+        s = fork_point_begin(w, &par[k], &pts[k], first[k], guids[k], uids + at);
         at += (size_t)pts[k].count;
     }
     if (s == ARL_OK) s = arl_rollout_worker_run(w);
@@ -1429,6 +1475,7 @@ arl_status arl_rollout_fork_many(const arl_rollout_config *cfg, const char *ckpt
     arl_rollout_worker_close(w);
     free(par);
     free(first);
+    free(guids);
     return s;
 }
 

@@ -132,6 +132,37 @@ if command -v sqlite3 >/dev/null; then
     has "repair: 0 trajectories masked STORE_CORRUPT, 0 orphan states deleted"
 fi
 
+# a registered shard whose file is missing, or empty (no schema), while the catalog's
+# group_members refer to its trajectories: their data is lost, an error; list and stats say on
+# stderr that they leave it out.  A registered shard nothing refers to (a writer that died while
+# creating it) stays a warning.
+for how in missing empty; do
+    rm -rf "$T/lost"
+    cp -r "$S" "$T/lost"
+    rm -f "$T/lost"/shards/w1.sqlite*
+    [ "$how" = empty ] && : >"$T/lost/shards/w1.sqlite"
+    what="its file is missing"
+    [ "$how" = empty ] && what="its file is empty, without a schema"
+    expect 2 "$A" replay verify "$T/lost"
+    has "error: shards/w1.sqlite: shard 1 is registered in the catalog but $what, and the catalog's group_members refer to [1-9][0-9]* trajectories in it (e.g. run1/"
+    what="is registered in the catalog but its file is missing"
+    [ "$how" = empty ] && what="is empty, without a schema"
+    for cmd in list stats; do
+        expect 0 "$A" replay "$cmd" "$T/lost"
+        has "warning: shards/w1.sqlite $what: the [1-9][0-9]* trajectories the catalog has in it"
+    done
+done
+if command -v sqlite3 >/dev/null; then
+    rm -rf "$T/lost"
+    cp -r "$S" "$T/lost"
+    sqlite3 "$T/lost/catalog.sqlite" "INSERT INTO shards(shard_id, kind, file_name, host, \
+        created_at_ms) VALUES (99, 'worker', 'shards/w99.sqlite', 'h', 0)" || fail "registering"
+    expect 0 "$A" replay verify "$T/lost"
+    has "warning: shards/w99.sqlite: shard 99 is registered in the catalog but its file is missing, and nothing refers to it"
+    expect 0 "$A" replay list "$T/lost"
+    has "warning: shards/w99.sqlite is registered in the catalog but its file is missing; run"
+fi
+
 # recover: the dead child's two trajectories, one masked, one left resumable; then --mask
 expect 0 "$A" replay recover "$S"
 has "interrupted run1/g3/r1 (0 committed segments, 0 tokens): masked INTERRUPTED"
@@ -155,6 +186,13 @@ has "no trajectory 'nope'"
 expect 0 "$A" replay list "$S" --pinned
 lines 2
 has "run1/g1/r0 "
+# the reason is shown by show (header) and list --json
+expect 0 "$A" replay show "$S" run1/g1/r0
+has "^  status .*  pinned 20[0-9-]*T[0-9:]*Z (debug)$"
+expect 0 "$A" replay list "$S" --json --pinned
+has '"time_ms":[0-9]*,"pinned":true,"pin_reason":"debug"}'
+expect 0 "$A" replay list "$S" --json --status masked
+has '"pinned":false,"pin_reason":null}'
 expect 0 "$A" replay list "$S" --sort uid --json
 head -1 <<<"$out" | grep -q '"traj_uid":"run1/g1/r0"' || fail "--sort uid: $out"
 expect 0 "$A" replay list "$S" --sort reward --json --status complete --limit 1

@@ -474,6 +474,15 @@ static void test_schema_versions(void) {
     CHECK_MSG(strstr(arl_error_msg(), "schema version 3 (readable by version 3 and newer)") != NULL,
               "%s", arl_error_msg());
     replay_store_close(st);
+    /* a file older than any version this build reads or migrates: not "use a newer agentrl" */
+    set_version(shard, 0, 0);
+    CHECK(replay_store_open(root, &ro, &st) == ARL_OK);
+    CHECK(replay_traj_get(st, "none", &r) == ARL_ERR_VERSION);
+    CHECK_MSG(strstr(arl_error_msg(), "schema version 0 is older than any this build can read or "
+                                      "migrate") != NULL &&
+                  strstr(arl_error_msg(), "newer agentrl") == NULL,
+              "%s", arl_error_msg());
+    replay_store_close(st);
     set_version(shard, 1, 1);
 
     /* a migration 1 -> 2 (test hook): backup, one transaction, versions updated */

@@ -83,6 +83,28 @@ if "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --version 3 > "$T/f
     fail "fork --version 3 of a run with version 0 only"
 fi
 grep -q "records no policy version 3 (its newest is 0)" "$T/fork4" || { cat "$T/fork4"; fail "fork --version 3: the message"; }
+# fork usage: --env is not required (the run's is used) and rollout keys a fork does not use
+# are not offered and are refused by name; --segment 0 says what is wrong with it; nothing runs
+"$BIN" replay fork --help > "$T/fork-help" 2>&1 || fail "fork --help"
+grep -q "^  --env .*(required)" "$T/fork-help" && fail "fork --help: --env marked required"
+grep -qE "^  --(tasks|group-size|run-uid) " "$T/fork-help" && fail "fork --help offers keys it ignores"
+for k in "--tasks 2" "--group-size 3" "--run-uid=other"; do
+    # shellcheck disable=SC2086
+    "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 $k > "$T/fork5" 2>&1
+    [ $? -eq 2 ] || { cat "$T/fork5"; fail "fork $k: exit 2 expected"; }
+    grep -q "error: ${k%%[ =]*}: a rollout key that replay fork does not use" "$T/fork5" \
+        || { cat "$T/fork5"; fail "fork $k: the message"; }
+done
+"$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 0 > "$T/fork5" 2>&1
+[ $? -eq 2 ] || { cat "$T/fork5"; fail "fork --segment 0: exit 2 expected"; }
+grep -q "error: --segment 0: S must be >= 1 (the prefix keeps segments 0..S-1)" "$T/fork5" \
+    || { cat "$T/fork5"; fail "fork --segment 0: the message"; }
+# a fork into an existing training group is refused before anything is written
+"$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --group-uid rollout/g000001 > "$T/fork5" 2>&1
+[ $? -eq 2 ] || { cat "$T/fork5"; fail "fork into a training group: exit 2 expected"; }
+grep -q "group 'rollout/g000001' already exists as a 'train' group" "$T/fork5" \
+    || { cat "$T/fork5"; fail "fork into a training group: the message"; }
+"$BIN" replay list "$T/db" --group rollout/g000001 | grep -q "/f1\." && fail "a fork joined a training group"
 # SIGTERM during a fork: the note says how to mask the forks left running (a tool file's
 # trajectories are continued by no worker)
 "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --count 400 > /dev/null 2> "$T/err-fork" &

@@ -151,6 +151,75 @@ static void test_fork(void) {
     arl_rollout_config_free(&c);
 }
 
+/* The forks' group (spec/replay.md 13.7 step 3, rollout.h arl_rollout_fork): a group uid the
+ * catalog has already is refused before anything is written unless it is an empty fork group of
+ * the same point and size: a training group (forks would replace its members), a fork group of
+ * another point, and a fork group that holds forks already.  An empty fork group of this point
+ * (a fork command that stopped after creating it) is joined. */
+static void test_fork_group_uid(void) {
+    char db[700], shards[800];
+    snprintf(db, sizeof db, "%s/db-group", tmp);
+    snprintf(shards, sizeof shards, "%s/shards", db);
+    arl_rollout_config c;
+    replay_store *st;
+    replay_traj_row pr;
+    const char *parent = parent_run(db, &c, &st, &pr);
+    const int n_files = count_files(shards);
+    char u[1][REPLAY_UID_MAX + 1];
+    arl_rollout_stats fs;
+    arl_rollout_fork_opts o = {.group_uid = "rollout/g000000", .version = -1};
+    CHECK(arl_rollout_fork(&c, ckpt, st, parent, 1, 1, &o, u, &fs) == ARL_ERR_ARG);
+    CHECK_MSG(strstr(arl_error_msg(), "group 'rollout/g000000' already exists as a 'train' group"),
+              "%s", arl_error_msg());
+    arl_error_clear();
+    CHECK_EQ_INT(count_files(shards), n_files); /* no tool file */
+    replay_group_row g;
+    H_DIE(replay_group_get(st, "rollout/g000000", &g), "training group");
+    CHECK_EQ_INT(g.n_members, 1);
+    CHECK_STR_EQ(g.kind, "train");
+    replay_traj_row r;
+    H_DIE(replay_traj_get(st, parent, &r), "parent");
+    CHECK(r.group_id == g.group_id);
+
+    /* empty fork groups: of another point (refused), of this point and size (joined) */
+    replay_group_desc d = {.group_uid = "other-point",
+                           .run_id = pr.run_id,
+                           .task_id = pr.task_id,
+                           .env_id = pr.env_id,
+                           .kind = "fork",
+                           .size = 1,
+                           .parent_traj_uid = parent,
+                           .parent_seg_index = 5};
+    int64_t gid;
+    H_DIE(replay_group_ensure(st, &d, &gid), "group of another point");
+    o.group_uid = "other-point";
+    CHECK(arl_rollout_fork(&c, ckpt, st, parent, 1, 1, &o, u, &fs) == ARL_ERR_ARG);
+    CHECK_MSG(
+        strstr(arl_error_msg(), "already holds the forks of rollout/g000000/r0 at --segment 6"),
+        "%s", arl_error_msg());
+    arl_error_clear();
+    CHECK_EQ_INT(count_files(shards), n_files);
+    d.group_uid = "this-point";
+    d.parent_seg_index = 0;
+    H_DIE(replay_group_ensure(st, &d, &gid), "empty group of this point");
+    o.group_uid = "this-point";
+    H_DIE(arl_rollout_fork(&c, ckpt, st, parent, 1, 1, &o, u, &fs), "fork into the empty group");
+    CHECK_EQ_INT(fs.trajectories, 1);
+    replay_store_close(st);
+    st = h_store(db);
+    H_DIE(replay_traj_get(st, u[0], &r), "fork");
+    CHECK(r.group_id == gid);
+    /* that group holds its fork now: the same uid again is refused */
+    const int n_files2 = count_files(shards);
+    CHECK(arl_rollout_fork(&c, ckpt, st, parent, 1, 1, &o, u, &fs) == ARL_ERR_ARG);
+    CHECK_MSG(strstr(arl_error_msg(), "already holds 1 of 1 forks"), "%s", arl_error_msg());
+    arl_error_clear();
+    CHECK_EQ_INT(count_files(shards), n_files2);
+    CHECK_EQ_INT(h_verify(st), 0);
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+}
+
 /* The forks' run and version follow their weights (rollout.h arl_rollout_fork): a checkpoint
  * that is a version of the parent's run continues there at that version; other weights make a
  * run of their own at version 0 and do not start from the parent's cached state (computed by
@@ -459,6 +528,7 @@ int main(void) {
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
     h_make_ckpt(ckpt, NULL, 3);
     TEST_RUN(test_fork);
+    TEST_RUN(test_fork_group_uid);
     TEST_RUN(test_fork_versions);
     TEST_RUN(test_fork_images);
     TEST_RUN(test_fork_siblings);
