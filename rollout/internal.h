@@ -19,6 +19,8 @@
 #include "rollout/rollout.h"
 
 /* ---- owned strings of rows (freed together when the segment is committed) ---- */
+enum { RO_WIN = 200 }; /* spec/aep.md 8.6: the client-fault window, finished trajectories */
+
 typedef struct ro_strs {
     char **v;
     size_t n, cap;
@@ -253,6 +255,15 @@ struct arl_rollout_worker {
     char (*fork_groups)[REPLAY_UID_MAX + 1]; /* (n_forks) */
     size_t n_forks;
     int fork_any_state; /* arl_rollout_fork_opts use_rollout_state */
+    /* client-fault alerting (spec/aep.md 8.6): the last RO_WIN finished trajectories of the
+     * worker's environment, a ring; halted: no new group is admitted (the alert in alert) */
+    struct {
+        uint8_t masked[RO_WIN], client[RO_WIN];
+        char code[RO_WIN][32];
+        int32_t n, at;
+        int halted;
+        char alert[512];
+    } win;
     char fork_wsha[65]; /* SHA-256 of the engine's weights ("" until a fork needs it) */
     /* the prefix state the last fork recomputed by prefill, exported for its siblings (the
      * other forks of its point, restored next) so that a point's prefix is prefilled once */

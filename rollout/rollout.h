@@ -92,6 +92,8 @@ typedef struct arl_rollout_config {
     char *state_cache;       /* "last" (spec/replay.md 9.3, the default), "all" or "off" */
     int resume_interrupted;  /* resume (1) or mask (0) interrupted trajectories */
     int refill_infra_masked; /* one new attempt for a slot masked with attribution infra */
+    double alert_masked_frac;   /* spec/aep.md 8.6: halt admission above this masked fraction */
+    int64_t alert_client_codes; /* ... or above this count of one client-attributed code */
     char *policy_dir;        /* directory where new versions are published (LATEST); NULL */
     int64_t policy_poll_ms;
     int64_t policy_version;  /* version of the initial checkpoint */
@@ -128,6 +130,8 @@ typedef struct arl_rollout_stats {
     int64_t tokens, action_tokens, turns, segments;
     int64_t prefill_tokens, decode_tokens;
     int64_t env_errors;       /* masked by an environment error code */
+    int64_t not_admitted;     /* trajectories of groups not started after a client-fault alert
+                                 (spec/aep.md 8.6) */
     int64_t truncations[4];   /* env_truncated, context_budget, turn_budget, action_too_large */
     int64_t wall_clock;
     double outcome_sum;       /* over complete + truncated */

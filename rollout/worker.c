@@ -226,6 +226,96 @@ static void close_session(arl_rollout_worker *w, ro_traj *t, const char *reason)
     ro_traj_destroy(w, t);
 }
 
+/* ---- client-fault alerting (spec/aep.md 8.6) ---- */
+
+/* Fewest finished trajectories in the window before the masked fraction can halt admission (a
+ * single early failure is not a rate). */
+enum { WIN_MIN = 20 };
+
+/* The code that occurs most in the window among masked entries (client ones only when
+ * client_only), its count into *n; "" when none. */
+static const char *win_top(const arl_rollout_worker *w, int client_only, int32_t *n) {
+    const char *best = "";
+    *n = 0;
+    for (int32_t i = 0; i < w->win.n; i++) {
+        if (!w->win.masked[i] || (client_only && !w->win.client[i])) continue;
+        int32_t c = 0;
+        for (int32_t j = 0; j < w->win.n; j++)
+            c += w->win.masked[j] && (!client_only || w->win.client[j]) &&
+                 !strcmp(w->win.code[i], w->win.code[j]);
+        if (c > *n) {
+            *n = c;
+            best = w->win.code[i];
+        }
+    }
+    return best;
+}
+
+static int32_t win_masked(const arl_rollout_worker *w) {
+    int32_t m = 0;
+    for (int32_t i = 0; i < w->win.n; i++)
+        m += w->win.masked[i];
+    return m;
+}
+
+/* A finished trajectory into the window (not for fork workers: their masks are the forks'
+ * own, e.g. an environment that cannot fork); above alert-masked-frac masked (with at least
+ * WIN_MIN finished) or more than alert-client-codes of one client-attributed code, no new group
+ * is admitted from now on and the alert is logged once. */
+static void win_push(arl_rollout_worker *w, int masked, const char *code, const char *attr) {
+    if (w->n_forks || (code && !strcmp(code, "INTERRUPTED"))) return;
+    const int32_t i = w->win.at;
+    w->win.masked[i] = (uint8_t)(masked != 0);
+    w->win.client[i] = (uint8_t)(masked && attr && !strcmp(attr, "client"));
+    snprintf(w->win.code[i], sizeof w->win.code[i], "%s", masked && code ? code : "");
+    w->win.at = (i + 1) % RO_WIN;
+    if (w->win.n < RO_WIN) w->win.n++;
+    if (w->win.halted) return;
+    const int32_t m = win_masked(w);
+    int32_t nc = 0, nt = 0;
+    const char *cc = win_top(w, 1, &nc), *top = win_top(w, 0, &nt);
+    const int frac = w->win.n >= WIN_MIN && (double)m > w->cfg.alert_masked_frac * w->win.n;
+    if (!frac && nc <= w->cfg.alert_client_codes) return;
+    w->win.halted = 1;
+    if (frac)
+        snprintf(w->win.alert, sizeof w->win.alert,
+                 "%d of the last %d finished trajectories of environment %s@%s were masked "
+                 "(over alert-masked-frac %g; most: %s, %d)",
+                 (int)m, (int)w->win.n, w->info->name, w->info->version, w->cfg.alert_masked_frac,
+                 top, (int)nt);
+    else
+        snprintf(w->win.alert, sizeof w->win.alert,
+                 "the client-attributed code %s (a bug on agentrl's side) masked %d of the last %d "
+                 "finished trajectories of environment %s@%s (over alert-client-codes %lld)",
+                 cc, (int)nc, (int)w->win.n, w->info->name, w->info->version,
+                 (long long)w->cfg.alert_client_codes);
+    arl_log_error("rollout: ALERT: %s: no new group is admitted to it (spec/aep.md 8.6); the "
+                  "running trajectories finish; see 'agentrl replay list --status masked'",
+                  w->win.alert);
+}
+
+/* After a run: the alert as an error, a run whose every trajectory an error masked as an
+ * error, and a warning above 5 % masked. */
+static arl_status win_verdict(arl_rollout_worker *w) {
+    if (w->n_forks || !w->win.n) return ARL_OK;
+    if (w->win.halted)
+        return arl_errorf(ARL_ERR_ENV, "rollout: stopped admitting groups: %s", w->win.alert);
+    const int32_t m = win_masked(w);
+    int32_t nt = 0;
+    const char *top = win_top(w, 0, &nt);
+    if (m == w->win.n && w->stats.env_errors >= m)
+        return arl_errorf(ARL_ERR_ENV,
+                          "rollout: every finished trajectory (%d) was masked by an error of "
+                          "environment %s@%s or the client (most: %s, %d); see 'agentrl replay "
+                          "list --status masked' and 'replay show' for the details",
+                          (int)m, w->info->name, w->info->version, top, (int)nt);
+    if (20 * m > w->win.n)
+        arl_log_warn("rollout: environment %s@%s: %d of the last %d finished trajectories were "
+                     "masked (over 5%%; most: %s, %d)",
+                     w->info->name, w->info->version, (int)m, (int)w->win.n, top, (int)nt);
+    return ARL_OK;
+}
+
 arl_status ro_traj_mask(arl_rollout_worker *w, ro_traj *t, const char *code, const char *attr,
                         const char *end_cause, const char *detail, int with_segment) {
     replay_segment_desc d, *last = NULL;
@@ -251,6 +341,7 @@ arl_status ro_traj_mask(arl_rollout_worker *w, ro_traj *t, const char *code, con
         if (strcmp(code, "INTERRUPTED") && strcmp(code, "EPISODE_WALL_CLOCK")) s->env_errors++;
     if (!strcmp(code, "EPISODE_WALL_CLOCK")) s->wall_clock++;
     finish_counts(w, t);
+    win_push(w, 1, code, attr);
     arl_log_info("rollout: %s masked: %s (%s)%s%s", t->uid, code, attr, detail ? " " : "",
                  detail ? detail : "");
     hook_commit(w, t, t->seg.seg_index, 1);
@@ -285,13 +376,34 @@ static arl_status mask_call(arl_rollout_worker *w, ro_traj *t, const arl_env_cal
     if (c->status != ARL_ERR_ENV) /* a local failure of the client (out of memory) */
         return arl_errorf(c->status, "rollout: %s: environment call failed locally: %s", t->uid,
                           c->error.message);
-    char detail[768];
-    snprintf(detail, sizeof detail, "{\"endpoint\":\"%s\",\"http_status\":%d}",
-             c->endpoint == ARL_ENV_EP_CREATE ? "create"
-             : c->endpoint == ARL_ENV_EP_STEP ? "step"
-                                              : "score",
-             c->http_status);
-    return ro_traj_mask(w, t, c->error.code_str, attr, "error", detail, with_segment);
+    /* the line of spec/aep.md 12.2 item 3: the environment, the step, the code's message and
+     * the first violation of a malformed response */
+    const char *ep = c->endpoint == ARL_ENV_EP_CREATE ? "create"
+                     : c->endpoint == ARL_ENV_EP_STEP ? "step"
+                                                      : "score";
+    char env[200];
+    snprintf(env, sizeof env, "%s@%s", w->info->name, w->info->version);
+    json_t *j =
+        json_pack("{s:s,s:i,s:s}", "endpoint", ep, "http_status", c->http_status, "env", env);
+    if (j && step_index >= 0) json_object_set_new(j, "step_index", json_integer(step_index));
+    if (j && c->error.message[0]) json_object_set_new(j, "message", json_string(c->error.message));
+    if (j && c->error.violation[0])
+        json_object_set_new(j, "violation", json_string(c->error.violation));
+    if (j && c->endpoint == ARL_ENV_EP_CREATE &&
+        (!strcmp(c->error.code_str, "SESSION_CLOSED") ||
+         !strcmp(c->error.code_str, "TRAJECTORY_CONFLICT")))
+        json_object_set_new(
+            j, "hint",
+            json_string("the environment has seen this trajectory_id before: trajectory ids are "
+                        "the run uid's (rollout.run-uid, default 'rollout'), so another run with "
+                        "the same run uid against this server collides; give each run its own "
+                        "run uid (spec/aep.md 3)"));
+    char *detail = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    const arl_status st =
+        ro_traj_mask(w, t, c->error.code_str, attr, "error", detail, with_segment);
+    free(detail);
+    return st;
 }
 
 
@@ -560,6 +672,7 @@ static arl_status commit_end(arl_rollout_worker *w, ro_traj *t, const arl_env_ca
     s->outcome_n++;
     if (outcome >= w->info->level_hi[ARL_ENV_LEVEL_OUTCOME] - 1e-9) s->successes++;
     finish_counts(w, t);
+    win_push(w, 0, NULL, NULL);
     hook_commit(w, t, t->seg.seg_index, 1);
     close_session(w, t, complete || !strcmp(cause, "env_truncated") ? "completed" : cause);
     return ARL_OK;
@@ -772,9 +885,25 @@ static arl_status on_step(arl_rollout_worker *w, ro_traj *t, const arl_env_call 
     free(t->e_media);
     t->e_media = NULL;
     t->e_n_media = 0;
-    if (s == ARL_OK) s = ro_encode_images(w, &imgs, &t->e_media, &t->e_n_media);
+    int image_bad = 0; /* an image the environment sent does not decode */
+    if (s == ARL_OK) {
+        s = ro_encode_images(w, &imgs, &t->e_media, &t->e_n_media);
+        image_bad = s == ARL_ERR_FORMAT || s == ARL_ERR_CORRUPT;
+    }
     ro_images_clear(&imgs);
     free(imgs.v);
+    if (image_bad) { /* the environment's fault (spec/aep.md 4.2 rule 3, 9 rule 2) */
+        char env[200];
+        snprintf(env, sizeof env, "%s@%s", w->info->name, w->info->version);
+        json_t *j = json_pack("{s:s,s:I,s:s,s:s}", "endpoint", "step", "step_index",
+                              (json_int_t)t->step, "env", env, "violation", arl_error_msg());
+        char *detail = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_decref(j);
+        arl_error_clear();
+        const arl_status st = ro_traj_mask(w, t, "MALFORMED_RESPONSE", "env", "error", detail, 1);
+        free(detail);
+        return st;
+    }
     if (s != ARL_OK) {
         if (s == ARL_ERR_NOMEM || s == ARL_ERR_INTERNAL) return s;
         /* an observation the template or the vision front end cannot take: a client fault */
@@ -914,6 +1043,11 @@ static arl_status admit(arl_rollout_worker *w) {
     if (w->next_resume < w->n_resume) return ARL_OK; /* resumes first */
     while (!w->swap_pending && w->next_job < w->n_jobs && w->n_live < (int32_t)w->cfg.batch_size) {
         ro_job j = w->jobs[w->next_job++];
+        /* after an alert (spec/aep.md 8.6) only the groups already admitted go on */
+        if (w->win.halted && j.task >= 0 && j.task < w->n_tasks && !w->group_ids[j.task]) {
+            w->stats.not_admitted++;
+            continue;
+        }
         ARL_TRY(start_job(w, &j));
     }
     return ARL_OK;
@@ -1565,7 +1699,7 @@ arl_status arl_rollout_worker_run(arl_rollout_worker *w) {
     }
     progress(w, 1);
     if (w->stop) return arl_errorf(ARL_ERR_CANCELLED, "rollout: stopped by a hook");
-    return ARL_OK;
+    return win_verdict(w);
 }
 
 const arl_rollout_stats *arl_rollout_worker_stats(const arl_rollout_worker *w) { return &w->stats; }
@@ -1629,6 +1763,10 @@ void arl_rollout_stats_print(const arl_rollout_stats *s, FILE *f) {
                "masked %lld\n",
             (long long)s->env_errors, (long long)s->resumed, (long long)s->resumed_from_state,
             (long long)s->interrupted_masked);
+    if (s->not_admitted)
+        fprintf(f, "  not admitted  %lld trajectories of groups not started after a client-fault "
+                   "alert\n",
+                (long long)s->not_admitted);
     if (s->forked)
         fprintf(f,
                 "  forks         %lld started, %lld from cached states (the others prefilled, once "

@@ -3,7 +3,10 @@
  * failure.  Retryable failures are retried and the trajectory completes; the others mask the
  * trajectory with the code and attribution of the table, keep the evidence (the failing call's
  * row with its code, the steps before it in a partial segment), refill infra-masked slots once,
- * and the run goes on to the end.  The store verifies. */
+ * and the run goes on to the end.  The store verifies.  The masks' details name the environment,
+ * the step and the violation.  Client-fault alerting (spec/aep.md 8.6): test_alert. */
+#include <sqlite3.h>
+
 #include "tests/rollout/fault_server.h"
 #include "tests/rollout/helpers.h"
 
@@ -46,6 +49,23 @@ static const expect expected[] = {
 
 static char ckpt[600], tmp[512];
 
+/* The error_detail_json of trajectory uid in the worker file at path (malloc'ed; NULL: none). */
+static char *detail_of(const char *path, const char *uid) {
+    sqlite3 *db = NULL;
+    sqlite3_stmt *q = NULL;
+    char *out = NULL;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT error_detail_json FROM trajectories WHERE traj_uid = ?1", -1,
+                           &q, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
+        if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_text(q, 0))
+            out = strdup((const char *)sqlite3_column_text(q, 0));
+    }
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return out;
+}
+
 static void test_faults(void) {
     CHECK_EQ_INT(N_EXPECTED, FSRV_N_SCENARIOS);
     char tasks[700], db[700], url[64];
@@ -67,6 +87,8 @@ static void test_faults(void) {
     c.max_turns = 5;
     c.batch_size = 8;
     c.env_backoff_ms = 5;
+    c.alert_masked_frac = 1; /* every scenario runs: no client-fault alert (test_alert) */
+    c.alert_client_codes = 200;
     replay_store *st = h_store(db);
     arl_rollout_worker *w;
     H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "open");
@@ -100,7 +122,82 @@ static void test_faults(void) {
     }
     CHECK_EQ_INT(h_verify(st), 0);
     replay_store_close(st);
+    /* the mask's detail (spec/aep.md 12.2 item 3): the environment, the step, the violation;
+     * a trajectory_id the server has seen before says what to change */
+    char shard[800];
+    snprintf(shard, sizeof shard, "%s/shards/w1.sqlite", db);
+    char *d = detail_of(shard, "rollout/g000020/r0"); /* malformed_step */
+    CHECK_MSG(d && strstr(d, "\"endpoint\":\"step\",\"http_status\":200") &&
+                  strstr(d, "\"env\":\"") && strstr(d, "\"step_index\":") &&
+                  strstr(d, "\"violation\":\""),
+              "malformed_step detail: %s", d ? d : "(none)");
+    free(d);
+    d = detail_of(shard, "rollout/g000014/r0"); /* trajconflict_create */
+    CHECK_MSG(d && strstr(d, "\"hint\":") && strstr(d, "run uid"), "trajconflict detail: %s",
+              d ? d : "(none)");
+    free(d);
     arl_rollout_config_free(&c);
+}
+
+static char run_msg[1024]; /* the error message of the last run_scenario */
+
+/* A run of `n` tasks of one scenario (group size 1, two at a time) into a new store db-<name>;
+ * the run's status (its message in run_msg), its stats into *out. */
+static arl_status run_scenario(const char *scenario, int n, const char *name,
+                               arl_rollout_stats *out) {
+    char tasks[700], db[700], url[64];
+    snprintf(tasks, sizeof tasks, "%s/tasks-%s.jsonl", tmp, name);
+    snprintf(db, sizeof db, "%s/db-%s", tmp, name);
+    FILE *f = fopen(tasks, "w");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "{\"id\": \"%s\", \"seed\": %d, \"data\": {}}\n", scenario, i);
+    fclose(f);
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", fsrv.srv.port);
+    arl_rollout_config c;
+    h_config(&c, url);
+    h_set(&c, "task-file", tasks);
+    h_set(&c, "run-uid", name); /* trajectory ids of their own: the server keeps every one */
+    c.tasks = 0;
+    c.group_size = 1;
+    c.turn_tokens = 16;
+    c.observation_tokens = 256;
+    c.segment_tokens = 400;
+    c.max_turns = 5;
+    c.batch_size = 2;
+    c.env_backoff_ms = 5;
+    replay_store *st = h_store(db);
+    arl_rollout_worker *w;
+    H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "open");
+    const arl_status s = arl_rollout_worker_run(w);
+    snprintf(run_msg, sizeof run_msg, "%s", s ? arl_error_msg() : "");
+    arl_error_clear();
+    *out = *arl_rollout_worker_stats(w);
+    arl_rollout_stats_print(out, stderr);
+    arl_rollout_worker_close(w);
+    CHECK_EQ_INT(h_verify(st), 0);
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+    return s;
+}
+
+/* Client-fault alerting (spec/aep.md 8.6): one client-attributed code masking more than
+ * alert-client-codes (10) of the finished trajectories stops the admission of new groups (the
+ * admitted ones finish) and the run ends in an error naming the code; a run whose every
+ * trajectory an environment error masked ends in an error too. */
+static void test_alert(void) {
+    arl_rollout_stats s;
+    arl_status st = run_scenario("validation_step", 16, "alert", &s);
+    CHECK_EQ_INT(st, ARL_ERR_ENV);
+    CHECK_MSG(strstr(run_msg, "VALIDATION_ERROR") && strstr(run_msg, "alert-client-codes"), "%s",
+              run_msg);
+    CHECK_EQ_INT(s.trajectories + s.not_admitted, 16);
+    CHECK(s.trajectories >= 11 && s.trajectories <= 12 && s.not_admitted >= 4);
+    st = run_scenario("internal_step", 3, "all-masked", &s);
+    CHECK_EQ_INT(st, ARL_ERR_ENV);
+    CHECK_MSG(strstr(run_msg, "every finished trajectory (3) was masked") &&
+                  strstr(run_msg, "ENV_INTERNAL"),
+              "%s", run_msg);
+    CHECK_EQ_INT(s.trajectories, 3);
 }
 
 int main(void) {
@@ -112,6 +209,7 @@ int main(void) {
         return 1;
     }
     TEST_RUN(test_faults);
+    TEST_RUN(test_alert);
     fsrv_stop();
     return test_finish();
 }
