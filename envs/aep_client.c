@@ -387,6 +387,18 @@ static void attempt_done(arl_env_session *s, int transport, CURLcode cc, int htt
         finish(s, &e);
         return;
     }
+    /* a queue retry of /info or /health (the control session: env open, env check; 503
+     * CAPACITY_REACHED or DRAINING, up to the queue budget) is said, so that a server busy for
+     * minutes does not look like a hang; transport retries are few and short, and session
+     * calls keep their retries in their attempt log */
+    if (s->env && s == s->env->ctl &&
+        (e.code == ARL_ENV_E_CAPACITY_REACHED || e.code == ARL_ENV_E_DRAINING))
+        arl_log_warn("env %s: %s answered %s%s%s (attempt %d); retrying in %.1f s (%.0f s of the "
+                     "%.0f s queue budget spent)",
+                     s->env->base, r->ep == ARL_ENV_EP_INFO ? "GET /info" : "GET /health",
+                     e.code_str, e.message[0] ? ": " : "", e.message, r->attempts,
+                     1e-3 * (double)delay, 1e-3 * (double)r->queued_ms,
+                     1e-3 * (double)s->client->cfg.queue_budget_ms);
     arl_env_error_clear(&e);
     r->retry_at_ms = aep_now_ms() + delay;
 }

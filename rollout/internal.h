@@ -265,6 +265,8 @@ struct arl_rollout_worker {
         char alert[512];
     } win;
     char fork_wsha[65]; /* SHA-256 of the engine's weights ("" until a fork needs it) */
+    char undeclared[32][ARL_AEP_MAX_NAME_BYTES + 1]; /* reward components warned about */
+    size_t n_undeclared;
     /* the prefix state the last fork recomputed by prefill, exported for its siblings (the
      * other forks of its point, restored next) so that a point's prefix is prefilled once */
     struct {

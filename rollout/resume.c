@@ -715,7 +715,13 @@ arl_status ro_resume_one(arl_rollout_worker *w, int64_t traj_id) {
                      t->seg.tok_start, t->seg.ctx_start); /* nothing of it is committed */
         s = replay_traj_mask(w->w, traj_id, x.code, x.attr, x.fork ? "error" : "interrupted",
                              x.detail);
-        if (s == ARL_OK) w->stats.interrupted_masked++;
+        if (s == ARL_OK && x.fork) { /* a fork that cannot start: a masked trajectory */
+            w->stats.trajectories++;
+            w->stats.masked++;
+            if (strcmp(x.attr, "none")) w->stats.env_errors++;
+        } else if (s == ARL_OK) {
+            w->stats.interrupted_masked++;
+        }
         if (t->sess && *arl_env_session_id(t->sess)) arl_env_session_delete(t->sess, "error");
         ro_traj_destroy(w, t);
     } else if (s == ARL_OK) {

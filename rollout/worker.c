@@ -627,10 +627,28 @@ static arl_status commit_boundary(arl_rollout_worker *w, ro_traj *t) {
 }
 
 /* C_end: the last segment, the episode score's row, the outcome and the final status. */
+/* spec/aep.md 4.8 rule 4: reward components /info does not declare are stored but not trained
+ * on; one warning per name per worker (a rollout run, or a train update; the first 32 names). */
+static void warn_undeclared(arl_rollout_worker *w, const arl_env_component *c, int32_t n) {
+    for (int32_t i = 0; i < n; i++) {
+        int known = 0;
+        for (int32_t k = 0; !known && k < w->info->n_components; k++)
+            known = !strcmp(w->info->components[k].name, c[i].name);
+        for (size_t k = 0; !known && k < w->n_undeclared; k++)
+            known = !strcmp(w->undeclared[k], c[i].name);
+        if (known || w->n_undeclared == sizeof w->undeclared / sizeof w->undeclared[0]) continue;
+        arl_log_warn("rollout: environment %s@%s sends the reward component '%s', which its "
+                     "/info does not declare: stored, not used for training (spec/aep.md 4.8)",
+                     w->info->name, w->info->version, c[i].name);
+        snprintf(w->undeclared[w->n_undeclared++], sizeof w->undeclared[0], "%s", c[i].name);
+    }
+}
+
 static arl_status commit_end(arl_rollout_worker *w, ro_traj *t, const arl_env_call *c) {
     const arl_env_score_result *sr = &c->score;
     int64_t seq;
     ARL_TRY(ro_record_call(t, c, 1, -1, -1, &seq));
+    warn_undeclared(w, sr->components, sr->n_components);
     ARL_TRY(ro_rewards_rows(t, "outcome", 0, sr->reward, sr->scorable, sr->components,
                             sr->n_components, seq, 1));
     const char *cause = t->out.end_cause;
@@ -820,6 +838,7 @@ static arl_status on_step(arl_rollout_worker *w, ro_traj *t, const arl_env_call 
     tu->truncated = res->truncated && !res->terminated ? 1 : 0;
     tu->anchor = anchor_of(t, res->info);
     tu->finished_at_ms = ro_now_ms();
+    warn_undeclared(w, res->components, res->n_components);
     ARL_TRY(ro_rewards_rows(t, "process", k, res->reward, 1, res->components, res->n_components,
                             seq, 0));
     w->stats.process_sum += res->reward;
@@ -964,6 +983,7 @@ static arl_status on_score_segment(arl_rollout_worker *w, ro_traj *t, const arl_
     ARL_TRY(ro_record_call(t, c, 0, -1, t->seg.seg_index, &seq));
     t->paused_ms += c->queued_ms;
     const arl_env_score_result *sr = &c->score;
+    warn_undeclared(w, sr->components, sr->n_components);
     ARL_TRY(ro_rewards_rows(t, "segment", t->seg.seg_index, sr->reward, sr->scorable,
                             sr->components, sr->n_components, seq, 0));
     if (!sr->scorable) { /* spec/objective.md 3.3: q = 0 */

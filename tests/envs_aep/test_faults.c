@@ -7,6 +7,7 @@
  * the attempt limits and delays of §10.3 resending identical bytes, never wait past its
  * deadline, and never crash (the suite also runs under AddressSanitizer). */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -36,6 +37,7 @@ static struct {
     pthread_mutex_t mu;
     attempt att[MAX_ATT]; /* step (or GET) attempts of the current scenario */
     int n_att;
+    int n_info; /* /info requests of the info503 scenario */
 } fs;
 
 static void fs_reset(void) {
@@ -223,6 +225,18 @@ static int fs_handle(int fd, const lsrv_request *rq) {
     int rc = 0;
     if (!rest || strncmp(rest, "/aep/v1/", 8)) {
         rc = lsrv_send(fd, 404, "text/plain", NULL, "no", 2);
+    } else if (!strcmp(rest + 8, "info") && !strcmp(sc, "info503")) {
+        /* /info busy twice, then answered */
+        pthread_mutex_lock(&fs.mu);
+        const int n = ++fs.n_info;
+        pthread_mutex_unlock(&fs.mu);
+        if (n <= 2) {
+            char *e = envelope("CAPACITY_REACHED", 1, "env", 20);
+            rc = lsrv_send(fd, 503, JS, NULL, e, strlen(e));
+            free(e);
+        } else {
+            rc = lsrv_send(fd, 200, JS, NULL, INFO, strlen(INFO));
+        }
     } else if (!strcmp(rest + 8, "info")) {
         rc = lsrv_send(fd, 200, JS, NULL, INFO, strlen(INFO));
     } else if (!strcmp(rest + 8, "sessions") && !strcmp(method, "POST")) {
@@ -471,6 +485,35 @@ static void test_unreachable(void) {
     CHECK_EQ_INT(arl_aep_check_exit_code(&rep), 1);
 }
 
+/* /info answered 503 twice: env open retries it and says so on each retry (a server busy for
+ * minutes must not look like a hang), then opens. */
+static void test_info_retry_said(void) {
+    char url[128], logp[600];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d/info503", fs.srv.port);
+    snprintf(logp, sizeof logp, "%s/info503.log", test_tmpdir("aep-info503"));
+    fflush(stderr);
+    const int saved = dup(2), lf = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(lf, 2);
+    arl_env *e = NULL;
+    const arl_status st = arl_env_open(client, url, NULL, &e);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(lf);
+    CHECK_EQ_INT(st, ARL_OK);
+    arl_env_free(e);
+    char buf[4096] = "";
+    FILE *f = fopen(logp, "r");
+    const size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    fputs(buf, stderr);
+    int said = 0;
+    for (const char *p = buf; (p = strstr(p, "GET /info answered CAPACITY_REACHED")) != NULL; p++)
+        said++;
+    CHECK_EQ_INT(said, 2);
+}
+
 static void test_checker_on_faulty(void) {
     /* the fault server's step endpoint answers 500: the suite must fail */
     char url[128];
@@ -504,6 +547,7 @@ int main(void) {
     TEST_RUN(test_retry_delays);
     TEST_RUN(test_keepalive);
     TEST_RUN(test_unreachable);
+    TEST_RUN(test_info_retry_said);
     TEST_RUN(test_checker_on_faulty);
     arl_env_client_close(client);
     fs_stop();

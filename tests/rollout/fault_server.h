@@ -28,7 +28,7 @@ typedef struct fsrv_scenario {
     int step;
     int times;
     const char *how; /* "E:<status>:<CODE>:<retryable>:<attribution>", "malformed", "html500",
-                        "reward5", "huge", "longobs", "close" */
+                        "reward5", "huge", "longobs", "close", "component" */
 } fsrv_scenario;
 
 static const fsrv_scenario fsrv_scenarios[] = {
@@ -58,6 +58,7 @@ static const fsrv_scenario fsrv_scenarios[] = {
     {"huge_step", "step", 1, 0, "huge"},
     {"longobs_step", "step", 1, 0, "longobs"},
     {"transport_step", "step", 1, 0, "close"},
+    {"undeclared_step", "step", 1, 0, "component"}, /* a reward component /info does not declare */
 };
 #define FSRV_N_SCENARIOS (sizeof fsrv_scenarios / sizeof fsrv_scenarios[0])
 
@@ -123,7 +124,7 @@ static int fsrv_fault(int fd, fsrv_session *s, const fsrv_scenario *sc, const ch
         *close_conn = 1;
         return 1;
     }
-    return 0; /* reward5, huge, longobs: shape the success body */
+    return 0; /* reward5, huge, longobs, component: shape the success body */
 }
 
 static char *fsrv_step_body(const fsrv_session *s, int k, json_t *action) {
@@ -150,10 +151,11 @@ static char *fsrv_step_body(const fsrv_session *s, int k, json_t *action) {
     } else if (!term) {
         json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", "go on"));
     }
-    json_t *o = json_pack("{s:i,s:{s:s,s:o},s:f,s:{},s:b,s:b,s:{}}", "step_index", k, "observation",
+    json_t *comps = !strcmp(how, "component") ? json_pack("{s:f}", "mystery", 0.5) : json_object();
+    json_t *o = json_pack("{s:i,s:{s:s,s:o},s:f,s:o,s:b,s:b,s:{}}", "step_index", k, "observation",
                           "context", "append", "messages", msgs, "reward",
-                          !strcmp(how, "reward5") ? 5.0 : 0.25, "reward_components", "terminated",
-                          term, "truncated", 0, "info");
+                          !strcmp(how, "reward5") ? 5.0 : 0.25, "reward_components", comps,
+                          "terminated", term, "truncated", 0, "info");
     char *b = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!strcmp(how, "huge")) { /* 17 MiB: over the client's 16 MiB response cap */

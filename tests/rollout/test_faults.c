@@ -5,7 +5,9 @@
  * row with its code, the steps before it in a partial segment), refill infra-masked slots once,
  * and the run goes on to the end.  The store verifies.  The masks' details name the environment,
  * the step and the violation.  Client-fault alerting (spec/aep.md 8.6): test_alert. */
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include "tests/rollout/fault_server.h"
 #include "tests/rollout/helpers.h"
@@ -44,6 +46,7 @@ static const expect expected[] = {
     {"huge_step", "masked", "RESPONSE_TOO_LARGE", "env"},
     {"longobs_step", "masked", "OBSERVATION_TOO_LONG", "env"},
     {"transport_step", "masked", "TRANSPORT_ERROR", "infra"},
+    {"undeclared_step", "complete", "", ""}, /* stored, one warning (spec/aep.md 4.8 rule 4) */
 };
 #define N_EXPECTED (sizeof expected / sizeof expected[0])
 
@@ -92,7 +95,29 @@ static void test_faults(void) {
     replay_store *st = h_store(db);
     arl_rollout_worker *w;
     H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "open");
-    H_DIE(arl_rollout_worker_run(w), "run");
+    /* the run's log, to count the warnings */
+    char logp[800];
+    snprintf(logp, sizeof logp, "%s/faults.log", tmp);
+    fflush(stderr);
+    const int saved = dup(2), lf = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(lf, 2);
+    const arl_status rs = arl_rollout_worker_run(w);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(lf);
+    H_DIE(rs, "run");
+    static char logbuf[1 << 20];
+    FILE *lfp = fopen(logp, "r");
+    const size_t nlog = lfp ? fread(logbuf, 1, sizeof logbuf - 1, lfp) : 0;
+    if (lfp) fclose(lfp);
+    logbuf[nlog] = 0;
+    fputs(logbuf, stderr);
+    /* the undeclared component: stored, and one warning for the three steps that send it */
+    int warnings = 0;
+    for (const char *p = logbuf; (p = strstr(p, "reward component 'mystery'")) != NULL; p++)
+        warnings++;
+    CHECK_EQ_INT(warnings, 1);
     const arl_rollout_stats *s = arl_rollout_worker_stats(w);
     arl_rollout_stats_print(s, stderr);
     /* every task once, plus one refill for each of the two infra-masked slots */

@@ -15,6 +15,7 @@
  * (rollout/media.c) to continue, and re-scoring the fork from the store alone compares every
  * segment, the prefix's included (none skipped), within the tolerance of helpers.h. */
 #include <dirent.h>
+#include <sqlite3.h>
 
 #include "tests/rollout/helpers.h"
 
@@ -523,6 +524,44 @@ static void test_fork_tool_states(void) {
     }
 }
 
+/* A fork that cannot start is a masked trajectory in the fork's summary (it was counted as an
+ * interrupted trajectory of the run, so `masked` stayed 0): the parent's stored response to step 1
+ * no longer matches what the environment answers on replay, so both forks are masked
+ * RESUME_DIVERGED, and the stats say 2 trajectories, 2 masked. */
+static void test_fork_masked(void) {
+    char db[700];
+    arl_rollout_config c;
+    replay_store *st;
+    replay_traj_row pr;
+    snprintf(db, sizeof db, "%s/db-masked", tmp);
+    const char *parent = parent_run_cached(db, &c, &st, &pr, "off");
+    replay_store_close(st);
+    char shard[800];
+    snprintf(shard, sizeof shard, "%s/shards/w1.sqlite", db);
+    sqlite3 *d = NULL;
+    CHECK(sqlite3_open(shard, &d) == SQLITE_OK);
+    CHECK(sqlite3_exec(d, "UPDATE env_calls SET response_sha256 = zeroblob(32) WHERE call_seq = 1",
+                       NULL, NULL, NULL) == SQLITE_OK);
+    CHECK(sqlite3_changes(d) == 1);
+    sqlite3_close(d);
+    st = h_store(db);
+    char uids[2][REPLAY_UID_MAX + 1];
+    arl_rollout_stats fs;
+    H_DIE(arl_rollout_fork(&c, ckpt, st, parent, 1, 2, NULL, uids, &fs), "fork");
+    arl_rollout_stats_print(&fs, stderr);
+    CHECK_EQ_INT(fs.trajectories, 2);
+    CHECK_EQ_INT(fs.masked, 2);
+    CHECK_EQ_INT(fs.interrupted_masked, 0);
+    for (int i = 0; i < 2; i++) {
+        replay_traj_row r;
+        H_DIE(replay_traj_get(st, uids[i], &r), uids[i]);
+        CHECK_EQ_INT(r.status, REPLAY_MASKED);
+        CHECK_MSG(!strncmp(r.error_code, "RESUME_", 7), "%s: %s", uids[i], r.error_code);
+    }
+    replay_store_close(st);
+    arl_rollout_config_free(&c);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("rollout-fork"));
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
@@ -533,5 +572,6 @@ int main(void) {
     TEST_RUN(test_fork_images);
     TEST_RUN(test_fork_siblings);
     TEST_RUN(test_fork_tool_states);
+    TEST_RUN(test_fork_masked);
     return test_finish();
 }
