@@ -245,4 +245,36 @@ static inline int test_file_has(const char *path, const char *needle) {
     return strstr(buf, needle) != NULL;
 }
 
+/* Send this process's stderr (fd 2) to the file at path until test_stderr_restore(saved);
+ * returns the saved descriptor (-1 when the file cannot be opened: nothing is redirected). */
+static inline int test_stderr_to(const char *path) {
+    fflush(stderr);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    const int saved = dup(2);
+    dup2(fileno(f), 2);
+    fclose(f);
+    return saved;
+}
+
+/* Undo test_stderr_to; the file's first cap - 1 bytes into buf (also echoed to stderr), and the
+ * number of times needle occurs in them. */
+static inline int test_stderr_restore(int saved, const char *path, char *buf, size_t cap,
+                                      const char *needle) {
+    fflush(stderr);
+    if (saved >= 0) {
+        dup2(saved, 2);
+        close(saved);
+    }
+    FILE *f = fopen(path, "r");
+    const size_t n = f ? fread(buf, 1, cap - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    fputs(buf, stderr);
+    int k = 0;
+    for (const char *p = buf; needle && (p = strstr(p, needle)) != NULL; p++)
+        k++;
+    return k;
+}
+
 #endif

@@ -7,7 +7,6 @@
  * the attempt limits and delays of §10.3 resending identical bytes, never wait past its
  * deadline, and never crash (the suite also runs under AddressSanitizer). */
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -491,26 +490,14 @@ static void test_info_retry_said(void) {
     char url[128], logp[600];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/info503", fs.srv.port);
     snprintf(logp, sizeof logp, "%s/info503.log", test_tmpdir("aep-info503"));
-    fflush(stderr);
-    const int saved = dup(2), lf = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(lf, 2);
+    const int saved = test_stderr_to(logp);
     arl_env *e = NULL;
     const arl_status st = arl_env_open(client, url, NULL, &e);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(lf);
+    char buf[4096];
+    const int said =
+        test_stderr_restore(saved, logp, buf, sizeof buf, "GET /info answered CAPACITY_REACHED");
     CHECK_EQ_INT(st, ARL_OK);
     arl_env_free(e);
-    char buf[4096] = "";
-    FILE *f = fopen(logp, "r");
-    const size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f) fclose(f);
-    buf[n] = 0;
-    fputs(buf, stderr);
-    int said = 0;
-    for (const char *p = buf; (p = strstr(p, "GET /info answered CAPACITY_REACHED")) != NULL; p++)
-        said++;
     CHECK_EQ_INT(said, 2);
 }
 

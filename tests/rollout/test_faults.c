@@ -5,9 +5,7 @@
  * row with its code, the steps before it in a partial segment), refill infra-masked slots once,
  * and the run goes on to the end.  The store verifies.  The masks' details name the environment,
  * the step and the violation.  Client-fault alerting (spec/aep.md 8.6): test_alert. */
-#include <fcntl.h>
 #include <sqlite3.h>
-#include <unistd.h>
 
 #include "tests/rollout/fault_server.h"
 #include "tests/rollout/helpers.h"
@@ -98,25 +96,13 @@ static void test_faults(void) {
     /* the run's log, to count the warnings */
     char logp[800];
     snprintf(logp, sizeof logp, "%s/faults.log", tmp);
-    fflush(stderr);
-    const int saved = dup(2), lf = open(logp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(lf, 2);
+    const int saved = test_stderr_to(logp);
     const arl_status rs = arl_rollout_worker_run(w);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(lf);
-    H_DIE(rs, "run");
     static char logbuf[1 << 20];
-    FILE *lfp = fopen(logp, "r");
-    const size_t nlog = lfp ? fread(logbuf, 1, sizeof logbuf - 1, lfp) : 0;
-    if (lfp) fclose(lfp);
-    logbuf[nlog] = 0;
-    fputs(logbuf, stderr);
     /* the undeclared component: stored, and one warning for the three steps that send it */
-    int warnings = 0;
-    for (const char *p = logbuf; (p = strstr(p, "reward component 'mystery'")) != NULL; p++)
-        warnings++;
+    const int warnings =
+        test_stderr_restore(saved, logp, logbuf, sizeof logbuf, "reward component 'mystery'");
+    H_DIE(rs, "run");
     CHECK_EQ_INT(warnings, 1);
     const arl_rollout_stats *s = arl_rollout_worker_stats(w);
     arl_rollout_stats_print(s, stderr);
