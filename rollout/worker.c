@@ -295,7 +295,7 @@ static void win_push(arl_rollout_worker *w, int masked, const char *code, const 
 }
 
 /* After a run: the alert as an error, a run whose every trajectory an error masked as an
- * error, and a warning above 5 % masked. */
+ * error (not an evaluation's: its report counts them), and a warning above 5 % masked. */
 static arl_status win_verdict(arl_rollout_worker *w) {
     if (w->n_forks || !w->win.n) return ARL_OK;
     if (w->win.halted)
@@ -303,7 +303,8 @@ static arl_status win_verdict(arl_rollout_worker *w) {
     const int32_t m = win_masked(w);
     int32_t nt = 0;
     const char *top = win_top(w, 0, &nt);
-    if (m == w->win.n && w->stats.env_errors >= m)
+    if (m == w->win.n && w->stats.env_errors >= m &&
+        !(w->cfg.group_kind && !strcmp(w->cfg.group_kind, "eval"))) /* an eval measures it */
         return arl_errorf(ARL_ERR_ENV,
                           "rollout: every finished trajectory (%d) was masked by an error of "
                           "environment %s@%s or the client (most: %s, %d); see 'agentrl replay "
