@@ -42,11 +42,28 @@ static const char *parent_run_cached(const char *db, arl_rollout_config *c, repl
     c->segment_tokens = 900;
     c->max_turns = 6;
     h_set(c, "state-cache", state_cache);
-    *st = h_store(db);
-    arl_rollout_worker *w;
-    H_DIE(arl_rollout_worker_open(c, ckpt, *st, 0, NULL, &w), "open");
-    H_DIE(arl_rollout_worker_run(w), "run");
-    arl_rollout_worker_close(w);
+    /* one rollout per state-cache setting, copied for the tests after the first (the same bits:
+     * a rollout is deterministic) */
+    static char made[2][700];
+    const int k = !strcmp(state_cache, "off");
+    if (made[k][0]) {
+        char cmd[1600];
+        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", made[k], db);
+        CHECK_EQ_INT(system(cmd), 0);
+        *st = h_store(db);
+    } else {
+        *st = h_store(db);
+        arl_rollout_worker *w;
+        H_DIE(arl_rollout_worker_open(c, ckpt, *st, 0, NULL, &w), "open");
+        H_DIE(arl_rollout_worker_run(w), "run");
+        arl_rollout_worker_close(w);
+        replay_store_close(*st);
+        snprintf(made[k], sizeof made[k], "%s/parent-%s", tmp, state_cache);
+        char cmd[1600];
+        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", db, made[k]);
+        CHECK_EQ_INT(system(cmd), 0);
+        *st = h_store(db);
+    }
     const char *parent = "rollout/g000000/r0";
     H_DIE(replay_traj_get(*st, parent, pr), "parent");
     CHECK(pr->n_segments >= 2);
