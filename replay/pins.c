@@ -1,6 +1,5 @@
-/* replay/pins.c: catalog rows about whole trajectories, groups and runs that are not the ledger:
- * pins (spec sections 4.5 and 13.8), the group getter (section 4.4) and the run configuration
- * getter (section 4.2).  What it is not:
+/* replay/pins.c: catalog rows about whole trajectories and runs that are not the ledger: pins
+ * (spec sections 4.5 and 13.8) and the run configuration getter (section 4.2).  What it is not:
  * the retention that honours pins (writer.c, replay_states_gc). */
 #include <ctype.h>
 #include <stdlib.h>
@@ -78,43 +77,6 @@ arl_status replay_pin_get(replay_store *st, const char *traj_uid, int *pinned, c
     sqlite3_finalize(q);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(&st->cat, rc, "reading pins");
     return ARL_OK;
-}
-
-arl_status replay_group_get(replay_store *st, const char *group_uid, replay_group_row *out) {
-    memset(out, 0, sizeof *out);
-    out->parent_seg_index = -1;
-    if (!st->cat.db)
-        return arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s: no catalog, so no group '%s'", st->root,
-                          group_uid ? group_uid : "");
-    sqlite3_stmt *q;
-    ARL_TRY(rdb_prepare(&st->cat,
-                        "SELECT g.group_id, g.run_id, g.group_uid, g.kind, g.status, g.size, "
-                        "g.parent_traj_uid, g.parent_seg_index, (SELECT count(*) FROM "
-                        "group_members m WHERE m.group_id = g.group_id) FROM task_groups g "
-                        "WHERE g.group_uid = ?1",
-                        &q));
-    sqlite3_bind_text(q, 1, group_uid ? group_uid : "", -1, SQLITE_STATIC);
-    int rc = sqlite3_step(q);
-    arl_status s = ARL_OK;
-    if (rc == SQLITE_ROW) {
-        out->group_id = sqlite3_column_int64(q, 0);
-        out->run_id = sqlite3_column_int64(q, 1);
-        rdb_col_text(q, 2, out->group_uid, sizeof out->group_uid);
-        rdb_col_text(q, 3, out->kind, sizeof out->kind);
-        rdb_col_text(q, 4, out->status, sizeof out->status);
-        out->size = sqlite3_column_int(q, 5);
-        rdb_col_text(q, 6, out->parent_traj_uid, sizeof out->parent_traj_uid);
-        if (sqlite3_column_type(q, 7) != SQLITE_NULL)
-            out->parent_seg_index = sqlite3_column_int(q, 7);
-        out->n_members = sqlite3_column_int64(q, 8);
-    } else if (rc == SQLITE_DONE) {
-        s = arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s: no group '%s' in the catalog", st->root,
-                       group_uid ? group_uid : "");
-    } else {
-        s = rdb_fail(&st->cat, rc, "reading a group");
-    }
-    sqlite3_finalize(q);
-    return s;
 }
 
 static char *col_dup(sqlite3_stmt *q, int i) {

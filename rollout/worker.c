@@ -232,17 +232,16 @@ static void close_session(arl_rollout_worker *w, ro_traj *t, const char *reason)
  * single early failure is not a rate). */
 enum { WIN_MIN = 20 };
 
-/* The code that occurs most in the window among masked entries (client ones only when
- * client_only), its count into *n; "" when none. */
-static const char *win_top(const arl_rollout_worker *w, int client_only, int32_t *n) {
+/* The code that occurs most in the window among masked entries, its count into *n; "" when
+ * none (for the messages). */
+static const char *win_top(const arl_rollout_worker *w, int32_t *n) {
     const char *best = "";
     *n = 0;
     for (int32_t i = 0; i < w->win.n; i++) {
-        if (!w->win.masked[i] || (client_only && !w->win.client[i])) continue;
+        if (!w->win.masked[i]) continue;
         int32_t c = 0;
         for (int32_t j = 0; j < w->win.n; j++)
-            c += w->win.masked[j] && (!client_only || w->win.client[j]) &&
-                 !strcmp(w->win.code[i], w->win.code[j]);
+            c += w->win.masked[j] && !strcmp(w->win.code[i], w->win.code[j]);
         if (c > *n) {
             *n = c;
             best = w->win.code[i];
@@ -272,11 +271,15 @@ static void win_push(arl_rollout_worker *w, int masked, const char *code, const 
     if (w->win.n < RO_WIN) w->win.n++;
     if (w->win.halted) return;
     const int32_t m = win_masked(w);
-    int32_t nc = 0, nt = 0;
-    const char *cc = win_top(w, 1, &nc), *top = win_top(w, 0, &nt);
+    /* only the new entry's code can have crossed the client-code limit */
+    int32_t nc = 0;
+    for (int32_t j = 0; w->win.client[i] && j < w->win.n; j++)
+        nc += w->win.client[j] && !strcmp(w->win.code[j], w->win.code[i]);
     const int frac = w->win.n >= WIN_MIN && (double)m > w->cfg.alert_masked_frac * w->win.n;
     if (!frac && nc <= w->cfg.alert_client_codes) return;
     w->win.halted = 1;
+    int32_t nt = 0;
+    const char *top = win_top(w, &nt);
     if (frac)
         snprintf(w->win.alert, sizeof w->win.alert,
                  "%d of the last %d finished trajectories of environment %s@%s were masked "
@@ -287,7 +290,7 @@ static void win_push(arl_rollout_worker *w, int masked, const char *code, const 
         snprintf(w->win.alert, sizeof w->win.alert,
                  "the client-attributed code %s (a bug on agentrl's side) masked %d of the last %d "
                  "finished trajectories of environment %s@%s (over alert-client-codes %lld)",
-                 cc, (int)nc, (int)w->win.n, w->info->name, w->info->version,
+                 w->win.code[i], (int)nc, (int)w->win.n, w->info->name, w->info->version,
                  (long long)w->cfg.alert_client_codes);
     arl_log_error("rollout: ALERT: %s: no new group is admitted to it (spec/aep.md 8.6); the "
                   "running trajectories finish; see 'agentrl replay list --status masked'",
@@ -302,7 +305,7 @@ static arl_status win_verdict(arl_rollout_worker *w) {
         return arl_errorf(ARL_ERR_ENV, "rollout: stopped admitting groups: %s", w->win.alert);
     const int32_t m = win_masked(w);
     int32_t nt = 0;
-    const char *top = win_top(w, 0, &nt);
+    const char *top = win_top(w, &nt);
     if (m == w->win.n && w->stats.env_errors >= m &&
         !(w->cfg.group_kind && !strcmp(w->cfg.group_kind, "eval"))) /* an eval measures it */
         return arl_errorf(ARL_ERR_ENV,

@@ -154,7 +154,7 @@ static char run_msg[1024]; /* the error message of the last run_scenario */
 
 /* A run of `n` tasks of one scenario (group size 1, two at a time) into a new store db-<name>;
  * the run's status (its message in run_msg), its stats into *out. */
-static arl_status run_scenario(const char *scenario, int n, const char *name,
+static arl_status run_scenario(const char *scenario, int n, const char *name, const char *kind,
                                arl_rollout_stats *out) {
     char tasks[700], db[700], url[64];
     snprintf(tasks, sizeof tasks, "%s/tasks-%s.jsonl", tmp, name);
@@ -168,6 +168,7 @@ static arl_status run_scenario(const char *scenario, int n, const char *name,
     h_config(&c, url);
     h_set(&c, "task-file", tasks);
     h_set(&c, "run-uid", name); /* trajectory ids of their own: the server keeps every one */
+    h_set(&c, "group-kind", kind);
     c.tasks = 0;
     c.group_size = 1;
     c.turn_tokens = 16;
@@ -194,21 +195,25 @@ static arl_status run_scenario(const char *scenario, int n, const char *name,
 /* Client-fault alerting (spec/aep.md 8.6): one client-attributed code masking more than
  * alert-client-codes (10) of the finished trajectories stops the admission of new groups (the
  * admitted ones finish) and the run ends in an error naming the code; a run whose every
- * trajectory an environment error masked ends in an error too. */
+ * trajectory an environment error masked ends in an error too, unless it is an evaluation. */
 static void test_alert(void) {
     arl_rollout_stats s;
-    arl_status st = run_scenario("validation_step", 16, "alert", &s);
+    arl_status st = run_scenario("validation_step", 16, "alert", "train", &s);
     CHECK_EQ_INT(st, ARL_ERR_ENV);
     CHECK_MSG(strstr(run_msg, "VALIDATION_ERROR") && strstr(run_msg, "alert-client-codes"), "%s",
               run_msg);
     CHECK_EQ_INT(s.trajectories + s.not_admitted, 16);
     CHECK(s.trajectories >= 11 && s.trajectories <= 12 && s.not_admitted >= 4);
-    st = run_scenario("internal_step", 3, "all-masked", &s);
+    st = run_scenario("internal_step", 3, "all-masked", "train", &s);
     CHECK_EQ_INT(st, ARL_ERR_ENV);
     CHECK_MSG(strstr(run_msg, "every finished trajectory (3) was masked") &&
                   strstr(run_msg, "ENV_INTERNAL"),
               "%s", run_msg);
     CHECK_EQ_INT(s.trajectories, 3);
+    /* an evaluation measures it: the same run of kind eval succeeds */
+    st = run_scenario("internal_step", 3, "all-masked-eval", "eval", &s);
+    CHECK_MSG(st == ARL_OK, "%s", run_msg);
+    CHECK_EQ_INT(s.masked, 3);
 }
 
 int main(void) {
