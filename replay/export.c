@@ -798,6 +798,46 @@ static arl_status import_consumption(rdb *c, int64_t run_id, int64_t group_id) {
     return ARL_OK;
 }
 
+/* The store's group group_id (found by the imported group's uid g) must be the imported one: the
+ * same run, task, kind and size (replay_group_ensure's rule: a group's members are samples of one
+ * task), else the trajectory would join a group of another task. */
+static arl_status import_group_check(rdb *c, json_t *g, int64_t group_id, int64_t run_id,
+                                     int64_t task_id, const char *where) {
+    sqlite3_stmt *q;
+    ARL_TRY(rdb_prepare(c,
+                        "SELECT g.run_id, g.task_id, g.kind, g.size, t.task_uid, t.seed FROM "
+                        "task_groups g LEFT JOIN tasks t ON t.task_id = g.task_id WHERE "
+                        "g.group_id = ?1",
+                        &q));
+    sqlite3_bind_int64(q, 1, group_id);
+    const int rc = sqlite3_step(q);
+    arl_status s = ARL_OK;
+    if (rc != SQLITE_ROW) {
+        s = rc == SQLITE_DONE ? arl_errorf(ARL_ERR_INTERNAL, "%s: imported group vanished", where)
+                              : rdb_fail(c, rc, "reading an imported group");
+    } else {
+        const char *kind = json_string_value(json_object_get(g, "kind"));
+        const json_int_t size = json_integer_value(json_object_get(g, "size"));
+        const char *have_kind = (const char *)sqlite3_column_text(q, 2);
+        const char *what = sqlite3_column_int64(q, 0) != run_id    ? "run"
+                           : sqlite3_column_int64(q, 1) != task_id ? "task"
+                           : !kind || strcmp(kind, have_kind)      ? "kind"
+                           : sqlite3_column_int(q, 3) != size      ? "size"
+                                                                   : NULL;
+        if (what)
+            s = arl_errorf(ARL_ERR_STATE,
+                           "%s: this store's group %s is a '%s' group of %d samples of task %s "
+                           "(seed %lld); the imported trajectory's group of that name differs in "
+                           "its %s (a group's members are samples of one task): import it into "
+                           "another store",
+                           where, json_string_value(json_object_get(g, "group_uid")), have_kind,
+                           sqlite3_column_int(q, 3), (const char *)sqlite3_column_text(q, 4),
+                           (long long)sqlite3_column_int64(q, 5), what);
+    }
+    sqlite3_finalize(q);
+    return s;
+}
+
 static arl_status import_catalog(replay_store *st, json_t *cat, int64_t *run_id, int64_t *env_id,
                                  int64_t *task_id, int64_t *group_id, const char *where) {
     if (!json_is_object(cat) || !json_is_object(json_object_get(cat, "runs")) ||
@@ -841,6 +881,7 @@ static arl_status import_catalog(replay_store *st, json_t *cat, int64_t *run_id,
     if (s == ARL_OK)
         s = lookup_id(c, "SELECT group_id FROM task_groups WHERE group_uid = ?1", g, k_group, 1,
                       group_id, where);
+    if (s == ARL_OK) s = import_group_check(c, g, *group_id, *run_id, *task_id, where);
     if (s == ARL_OK) s = import_consumption(c, *run_id, *group_id);
     return rdb_end(c, s);
 }

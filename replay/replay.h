@@ -205,13 +205,18 @@ typedef struct replay_group_desc {
     const char *parent_traj_uid; /* kind 'fork' only */
     int32_t parent_seg_index;    /* kind 'fork' only; -1 otherwise */
 } replay_group_desc;
-/* Insert the group if its group_uid is new (status 'open'), else return the existing id. */
+/* Insert the group if its group_uid is new (status 'open'), else return the existing id when it
+ * is the same group: the same run, task, kind and size (a group's members are samples of one
+ * task, fixed when it is first written); ARL_ERR_STATE, naming both, when it is another. */
 arl_status replay_group_ensure(replay_store *st, const replay_group_desc *d, int64_t *group_id);
 
 /* A catalog group (task_groups) as read back, with the number of its group_members rows. */
 typedef struct replay_group_row {
-    int64_t group_id, run_id;
+    int64_t group_id, run_id, task_id;
     char group_uid[REPLAY_UID_MAX + 1];
+    /* its task (tasks row task_id): uid, environment name, seed, SHA-256 of data_json */
+    char task_uid[REPLAY_UID_MAX + 1], task_env[128], task_data_sha256[65];
+    int64_t task_seed;
     char kind[8];    /* "train", "eval" or "fork" */
     char status[12]; /* "open", "final", "consumed" or "abandoned" */
     int32_t size;

@@ -966,14 +966,29 @@ static void bind_group(sqlite3_stmt *s, const void *p) {
 arl_status replay_group_ensure(replay_store *st, const replay_group_desc *d, int64_t *group_id) {
     if (!d->group_uid || !*d->group_uid || strlen(d->group_uid) > REPLAY_UID_MAX)
         return arl_errorf(ARL_ERR_ARG, "replay: group_uid must be 1..256 bytes");
-    return ensure_row(
+    ARL_TRY(ensure_row(
         st,
         "INSERT INTO task_groups(group_uid, run_id, task_id, env_id, kind, size, status, "
         "admitted_at_ms, admitted_version, parent_traj_uid, parent_seg_index) VALUES "
         "(?1, ?2, ?3, ?4, ?5, ?6, 'open', ?7, ?8, ?9, ?10) "
         "ON CONFLICT(group_uid) DO NOTHING",
         "SELECT group_id FROM task_groups WHERE group_uid = ?1", bind_group, bind_uid1, d, group_id,
-        "inserting a group");
+        "inserting a group"));
+    replay_group_row g;
+    ARL_TRY(replay_group_get(st, d->group_uid, &g));
+    const char *kind = or_default(d->kind, "train");
+    if (g.run_id == d->run_id && g.task_id == d->task_id && !strcmp(g.kind, kind) &&
+        g.size == d->size)
+        return ARL_OK;
+    *group_id = 0;
+    return arl_errorf(ARL_ERR_STATE,
+                      "replay: %s: group '%s' exists as run %lld's '%s' group of %d samples of "
+                      "task %s (seed %lld, task id %lld), not run %lld's '%s' group of %d of "
+                      "task id %lld: a group's run, task, kind and size are fixed when it is "
+                      "first written (its members are samples of one task)",
+                      st->root, d->group_uid, (long long)g.run_id, g.kind, (int)g.size, g.task_uid,
+                      (long long)g.task_seed, (long long)g.task_id, (long long)d->run_id, kind,
+                      (int)d->size, (long long)d->task_id);
 }
 
 arl_status replay_group_get(replay_store *st, const char *group_uid, replay_group_row *out) {
@@ -986,8 +1001,9 @@ arl_status replay_group_get(replay_store *st, const char *group_uid, replay_grou
     ARL_TRY(rdb_prepare(&st->cat,
                         "SELECT g.group_id, g.run_id, g.group_uid, g.kind, g.status, g.size, "
                         "g.parent_traj_uid, g.parent_seg_index, (SELECT count(*) FROM "
-                        "group_members m WHERE m.group_id = g.group_id) FROM task_groups g "
-                        "WHERE g.group_uid = ?1",
+                        "group_members m WHERE m.group_id = g.group_id), g.task_id, t.task_uid, "
+                        "t.env_name, t.seed, t.data_sha256 FROM task_groups g LEFT JOIN tasks t "
+                        "ON t.task_id = g.task_id WHERE g.group_uid = ?1",
                         &q));
     sqlite3_bind_text(q, 1, group_uid ? group_uid : "", -1, SQLITE_STATIC);
     int rc = sqlite3_step(q);
@@ -1003,6 +1019,11 @@ arl_status replay_group_get(replay_store *st, const char *group_uid, replay_grou
         if (sqlite3_column_type(q, 7) != SQLITE_NULL)
             out->parent_seg_index = sqlite3_column_int(q, 7);
         out->n_members = sqlite3_column_int64(q, 8);
+        out->task_id = sqlite3_column_int64(q, 9);
+        rdb_col_text(q, 10, out->task_uid, sizeof out->task_uid);
+        rdb_col_text(q, 11, out->task_env, sizeof out->task_env);
+        out->task_seed = sqlite3_column_int64(q, 12);
+        rdb_col_text(q, 13, out->task_data_sha256, sizeof out->task_data_sha256);
     } else if (rc == SQLITE_DONE) {
         s = arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s: no group '%s' in the catalog", st->root,
                        group_uid ? group_uid : "");

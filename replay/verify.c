@@ -619,6 +619,26 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
                 finding(v, 1, "%s: trajectory %s: its %s (id %lld) is not in the catalog", d->name,
                         uid, refs[i].what, (long long)refs[i].id);
         }
+        /* its group's task and size: a group's members are samples of one task, slots 0..G-1 */
+        sqlite3_stmt *gq;
+        if (rdb_prepare(&v->st->cat,
+                        "SELECT group_uid, task_id, size FROM task_groups WHERE group_id = ?1",
+                        &gq) == ARL_OK) {
+            sqlite3_bind_int64(gq, 1, t.group_id);
+            if (sqlite3_step(gq) == SQLITE_ROW) {
+                const char *g = (const char *)sqlite3_column_text(gq, 0);
+                if (sqlite3_column_int64(gq, 1) != t.task_id)
+                    finding(v, 1,
+                            "%s: trajectory %s is of task id %lld but its group %s is of task id "
+                            "%lld (a group's members are samples of one task)",
+                            d->name, uid, (long long)t.task_id, g,
+                            (long long)sqlite3_column_int64(gq, 1));
+                if (t.slot < 0 || t.slot >= sqlite3_column_int(gq, 2))
+                    finding(v, 1, "%s: trajectory %s holds slot %d of group %s of %d samples",
+                            d->name, uid, (int)t.slot, g, sqlite3_column_int(gq, 2));
+            }
+            sqlite3_finalize(gq);
+        }
         sqlite3_stmt *mq;
         if (rdb_prepare(&v->st->cat,
                         "SELECT status, traj_id FROM group_members WHERE traj_uid = ?1",

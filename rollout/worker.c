@@ -14,6 +14,7 @@
 #include "envs/aep_json.h"
 #include "kernels/threadpool.h"
 #include "policy/vision.h"
+#include "replay/codec.h"
 #include "rollout/internal.h"
 
 static uint64_t fnv1a(const char *s) {
@@ -111,10 +112,15 @@ static arl_status tasks_load(arl_rollout_worker *w) {
     return s;
 }
 
+/* A task's data as stored (tasks.data_json: compact, keys sorted); NULL when out of memory. */
+static char *task_data_json(const ro_task *tk) {
+    return json_dumps(tk->data, JSON_COMPACT | JSON_SORT_KEYS);
+}
+
 arl_status ro_task_ensure(arl_rollout_worker *w, int64_t task) {
     if (w->group_ids[task]) return ARL_OK;
     const ro_task *tk = &w->tasks[task];
-    char *data = json_dumps(tk->data, JSON_COMPACT | JSON_SORT_KEYS);
+    char *data = task_data_json(tk);
     if (!data) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     replay_task_desc td = {.task_uid = tk->id, .env_name = w->info->name,
                            .seed = (int64_t)tk->seed, .data_json = data};
@@ -1311,6 +1317,52 @@ static arl_status fork_run_of(arl_rollout_worker *w, replay_store *st, const for
     return s;
 }
 
+/* A run uid names its groups (<run-uid>/g<task-offset + i>), so a rollout into a store that holds
+ * groups of that name continues the run that wrote them: it samples only the (task, slot) pairs
+ * not stored yet (build_jobs).  Before anything is written, each such group must be this run's
+ * task i (uid, seed, data, environment), kind and group size: another run with the same run uid
+ * and other tasks or settings would otherwise add its trajectories to groups of other tasks
+ * (baselines over mixed tasks) or skip its own tasks unsampled, both silently. */
+static arl_status groups_check(arl_rollout_worker *w) {
+    const arl_rollout_config *c = &w->cfg;
+    for (int64_t i = 0; i < w->n_tasks; i++) {
+        char g[REPLAY_UID_MAX + 1];
+        ro_group_uid_of(w, i, g, sizeof g);
+        replay_group_row row;
+        const arl_status s = replay_group_get(w->st, g, &row);
+        if (s == ARL_ERR_NOT_FOUND) {
+            arl_error_clear();
+            continue;
+        }
+        ARL_TRY(s);
+        const ro_task *tk = &w->tasks[i];
+        char *data = task_data_json(tk), sha[65];
+        if (!data) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+        replay_sha256_hex(data, strlen(data), sha);
+        free(data);
+        const char *what = strcmp(row.task_uid, tk->id)          ? "task"
+                           : row.task_seed != (int64_t)tk->seed  ? "task seed"
+                           : strcmp(row.task_data_sha256, sha)   ? "task data"
+                           : strcmp(row.task_env, w->info->name) ? "environment"
+                           : strcmp(row.kind, c->group_kind)     ? "group kind"
+                           : row.size != (int32_t)c->group_size  ? "group size"
+                                                                 : NULL;
+        if (!what) continue;
+        return arl_errorf(
+            ARL_ERR_STATE,
+            "rollout: the store already holds group '%s' (run uid '%s'), a '%s' group of %d "
+            "samples of task %s (seed %lld) of environment %s; this run's task %lld is %s "
+            "(seed %lld) of %s in '%s' groups of %lld: the %s differs.  A rollout with a stored "
+            "run uid continues that run (sampling only its missing trajectories), so it needs "
+            "the same tasks and settings; give this run its own --run-uid (rollout.run-uid, "
+            "default 'rollout') or a --task-offset past the stored tasks",
+            g, c->run_uid, row.kind, (int)row.size, row.task_uid, (long long)row.task_seed,
+            row.task_env, (long long)i, tk->id, (long long)tk->seed, w->info->name, c->group_kind,
+            (long long)c->group_size, what);
+    }
+    return ARL_OK;
+}
+
 static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_dir, replay_store *st,
                               replay_file_kind kind, int32_t shard_id,
                               const arl_rollout_hooks *hooks, int with_tasks, const fork_req *fork,
@@ -1389,8 +1441,10 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
                           w->info->name, w->ckpt_dir);
     if (c->env_options && !(w->env_options = json_loads(c->env_options, 0, NULL)))
         return arl_errorf(ARL_ERR_CONFIG, "key 'env-options': invalid JSON");
+    if (with_tasks) ARL_TRY(tasks_load(w));
     /* store */
     w->st = st;
+    if (with_tasks) ARL_TRY(groups_check(w));
     char run_uid[REPLAY_UID_MAX + 1];
     snprintf(run_uid, sizeof run_uid, "%s", c->run_uid);
     if (fork) {
@@ -1419,7 +1473,6 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
     free(info_copy);
     ARL_TRY(s);
     ARL_TRY(version_record(w, w->eng.version, w->ckpt_dir, w->eng.cur));
-    if (with_tasks) ARL_TRY(tasks_load(w));
     w->group_ids = calloc((size_t)w->n_tasks + 1, sizeof(int64_t));
     w->task_ids = calloc((size_t)w->n_tasks + 1, sizeof(int64_t));
     const size_t B = (size_t)c->batch_size;
@@ -1649,6 +1702,7 @@ arl_status arl_rollout_fork(const arl_rollout_config *cfg, const char *ckpt_dir,
  * masked INTERRUPTED with nothing committed (spec/replay.md 7.5 step 1). */
 static arl_status build_jobs(arl_rollout_worker *w) {
     const arl_rollout_config *c = &w->cfg;
+    int64_t stored = 0; /* (task, slot) pairs an earlier run of this run uid sampled */
     for (int64_t i = 0; i < w->n_tasks; i++) {
         char g[REPLAY_UID_MAX + 1], u[REPLAY_UID_MAX + 1];
         ro_group_uid_of(w, i, g, sizeof g);
@@ -1662,6 +1716,7 @@ static arl_status build_jobs(arl_rollout_worker *w) {
                 continue;
             }
             ARL_TRY(s);
+            stored++;
             if (row.status != REPLAY_MASKED || strcmp(row.error_attribution, "infra") ||
                 !c->refill_infra_masked)
                 continue;
@@ -1674,6 +1729,11 @@ static arl_status build_jobs(arl_rollout_worker *w) {
                 ARL_TRY(s);
         }
     }
+    if (stored)
+        arl_log_info("rollout: run uid '%s': %lld of the %lld trajectories of its %lld tasks are "
+                     "in the store already (a rerun continues the run): %zu to sample",
+                     c->run_uid, (long long)stored, (long long)(w->n_tasks * c->group_size),
+                     (long long)w->n_tasks, w->n_jobs);
     return ARL_OK;
 }
 

@@ -102,6 +102,16 @@ expect 0 "$A" replay verify "$T/copy"
 has "0 errors"
 expect 1 "$A" replay import "$T/copy" "$T/a.jsonl"
 has "a.jsonl:1: trajectory run1/g1/r0 already exists"
+# a new trajectory in a group this store has, but of another task or size: refused, nothing
+# imported (a group's members are samples of one task; it joined the group before)
+head -1 "$T/a.jsonl" | sed 's|"run1/g1/r0"|"run1/g1/r9"|g; s|"seed":7|"seed":8|g' >"$T/other.jsonl"
+expect 1 "$A" replay import "$T/copy" "$T/other.jsonl"
+has "other.jsonl:1: this store's group run1/g000001 is a 'train' group of 3 samples of task t1 (seed 7); the imported trajectory's group of that name differs in its task"
+head -1 "$T/a.jsonl" | sed 's|"run1/g1/r0"|"run1/g1/r9"|g; s|"size":3|"size":4|' >"$T/other.jsonl"
+expect 1 "$A" replay import "$T/copy" "$T/other.jsonl"
+has "differs in its size"
+expect 0 "$A" replay verify "$T/copy"
+has "7 trajectories: 0 errors"
 "$A" replay export "$S" --status complete >"$T/plain.jsonl"
 expect 1 "$A" replay import "$T/copy2" "$T/plain.jsonl"
 has "plain.jsonl:1: no \"rows\" member"
@@ -130,6 +140,21 @@ if command -v sqlite3 >/dev/null; then
     has "run1/g1/r0 "
     expect 2 "$A" replay verify "$T/damaged" --repair
     has "repair: 0 trajectories masked STORE_CORRUPT, 0 orphan states deleted"
+fi
+
+# a group whose members are of another task, or past its size (what a second rollout with the
+# same run uid and other tasks or group size wrote before rollout refused it): errors
+if command -v sqlite3 >/dev/null; then
+    rm -rf "$T/mixed"
+    cp -r "$S" "$T/mixed"
+    sqlite3 "$T/mixed/catalog.sqlite" "INSERT INTO tasks(task_uid, env_name, seed, data_json, \
+        data_sha256) VALUES ('t9', 'calc', 9, '{}', 'x'); UPDATE task_groups SET size = 2, \
+        task_id = (SELECT max(task_id) FROM tasks) WHERE group_uid = 'run1/g000001'" ||
+        fail "mixing a group"
+    expect 2 "$A" replay verify "$T/mixed"
+    has "error: shards/w1.sqlite: trajectory run1/g1/r1 is of task id 1 but its group run1/g000001 is of task id 2 (a group's members are samples of one task)"
+    has "error: shards/w1.sqlite: trajectory run1/g1/r2 holds slot 2 of group run1/g000001 of 2 samples"
+    has " 4 errors"
 fi
 
 # a registered shard whose file is missing, or empty (no schema), while the catalog's

@@ -702,8 +702,50 @@ static void test_iterator_batches(void) {
     FX_CLEANUP(root);
 }
 
+/* replay_group_ensure gives a group's id back for the same run, task, kind and size, and refuses
+ * any other (ARL_ERR_STATE, naming the stored task): a group's members are samples of one task,
+ * so trajectories of another task must not join it (a second run with the same run uid and other
+ * tasks did, silently); replay_group_get reads the group's task back. */
+static void test_group_identity(void) {
+    char root[512];
+    fx_ids ids;
+    replay_store *st = open_new("group_identity", root, sizeof root, 4, &ids);
+    if (!st) return;
+    replay_task_desc td = {.task_uid = "t2", .env_name = "calc", .seed = 8, .data_json = "{}"};
+    int64_t other_task = 0;
+    CHECK(replay_task_ensure(st, &td, &other_task) == ARL_OK && other_task != ids.task_id);
+    const replay_group_desc gd = {.group_uid = "run1/g000001",
+                                  .run_id = ids.run_id,
+                                  .task_id = ids.task_id,
+                                  .env_id = ids.env_id,
+                                  .kind = "train",
+                                  .size = 4,
+                                  .parent_seg_index = -1};
+    int64_t gid = -1;
+    CHECK(replay_group_ensure(st, &gd, &gid) == ARL_OK && gid == ids.group_id);
+    replay_group_desc bad[4] = {gd, gd, gd, gd};
+    bad[0].task_id = other_task;
+    bad[1].kind = "eval";
+    bad[2].size = 5;
+    bad[3].run_id = ids.run_id + 1;
+    for (int i = 0; i < 4; i++) {
+        gid = -1;
+        const arl_status s = replay_group_ensure(st, &bad[i], &gid);
+        CHECK_MSG(s == ARL_ERR_STATE && gid == 0 && strstr(arl_error_msg(), "task t1 (seed 7"),
+                  "case %d: %d %s", i, (int)s, arl_error_msg());
+        arl_error_clear();
+    }
+    replay_group_row r;
+    CHECK(replay_group_get(st, "run1/g000001", &r) == ARL_OK);
+    CHECK(r.task_id == ids.task_id && !strcmp(r.task_uid, "t1") && r.task_seed == 7 &&
+          !strcmp(r.task_env, "calc") && strlen(r.task_data_sha256) == 64 && r.size == 4 &&
+          !strcmp(r.kind, "train"));
+    replay_store_close(st);
+}
+
 int main(void) {
     TEST_RUN(test_roundtrip);
+    TEST_RUN(test_group_identity);
     TEST_RUN(test_concurrent_writers);
     TEST_RUN(test_iterator_batches);
     TEST_RUN(test_protocol_checks);

@@ -117,6 +117,23 @@ grep -qxF "  agentrl replay recover $T/db --mask" "$T/err-fork" ||
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --shard 1 > "$T/out2" 2>/dev/null \
     || fail "restart"
 grep -q "trajectories  0 " "$T/out2" || { cat "$T/out2"; fail "restart reran finished groups"; }
+# a rerun into a new shard continues the run too, and says so; a run with the same run uid and
+# other tasks or group size is refused before it writes anything (it added its trajectories to
+# the stored groups of other tasks, or left its own tasks unsampled, silently)
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 > "$T/out3" 2> "$T/err-re" \
+    || { cat "$T/err-re"; fail "rerun"; }
+grep -q "run uid 'rollout': 4 of the 4 trajectories of its 2 tasks are in the store already (a rerun continues the run): 0 to sample" \
+    "$T/err-re" || { cat "$T/err-re"; fail "rerun: no note of the stored trajectories"; }
+n_files=$(ls "$T/db/shards" | wc -l)
+for k in "--task-seed 5" "--group-size 3" "--group-kind eval"; do
+    # shellcheck disable=SC2086
+    "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 $k > /dev/null 2> "$T/err-re"
+    [ $? -eq 1 ] || { cat "$T/err-re"; fail "rerun $k: exit 1 expected"; }
+    grep -q "error: rollout: the store already holds group 'rollout/g000000' (run uid 'rollout').*differs.*give this run its own --run-uid" \
+        "$T/err-re" || { cat "$T/err-re"; fail "rerun $k: the message"; }
+    [ "$(ls "$T/db/shards" | wc -l)" -eq "$n_files" ] || fail "rerun $k: a shard was written"
+done
+"$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after the reruns"; }
 # SIGTERM once it writes: the note names the command that continues it, with the shard it
 # wrote (in place of --shard 0, a new one); that command leaves no trajectory running
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --shard 0 --tasks 4 > /dev/null 2> "$T/err-term" &
