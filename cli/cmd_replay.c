@@ -403,11 +403,13 @@ int cmd_replay_import(int argc, char **argv) {
     int rc = cli_parse(
         import_tab, n, argc, argv, &o, "agentrl replay import DB FILE...",
         "Import 'export --full' lines into a new tool file of the store DB (created if missing), "
-        "creating missing catalog rows.  A failing line stores nothing and stops the import.");
+        "creating missing catalog rows.  A failing line stores nothing and stops the import; "
+        "a trajectory the store holds already is skipped when it is the same (its export --full "
+        "line is this one), so an import that stopped can be run again.");
     if (rc) return rc < 0 ? 0 : rc;
     replay_store *st = NULL;
     if (!(rc = open_store(o.db, REPLAY_OPEN_CREATE, &st))) {
-        int64_t total = 0;
+        int64_t total = 0, skipped = 0;
         for (int i = 0; i < o.files.n && !rc; i++) {
             const char *name = o.files.v[i];
             FILE *in = strcmp(name, "-") ? fopen(name, "r") : stdin;
@@ -416,13 +418,17 @@ int cmd_replay_import(int argc, char **argv) {
                 rc = ARL_EXIT_FAIL;
                 break;
             }
-            int64_t k = 0;
-            arl_status s = replay_import(st, in, name, &k);
+            int64_t k = 0, ks = 0;
+            arl_status s = replay_import(st, in, name, &k, &ks);
             if (in != stdin) fclose(in);
             total += k;
+            skipped += ks;
             if (s != ARL_OK) rc = cli_fail(s);
         }
-        fprintf(stderr, "imported %lld trajectories into %s\n", (long long)total, o.db);
+        fprintf(stderr, "imported %lld trajectories into %s", (long long)total, o.db);
+        if (skipped)
+            fprintf(stderr, " (%lld already there, the same: skipped)", (long long)skipped);
+        fputc('\n', stderr);
     }
     replay_store_close(st);
     arl_options_free(import_tab, n, &o);

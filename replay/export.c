@@ -886,8 +886,47 @@ static arl_status import_catalog(replay_store *st, json_t *cat, int64_t *run_id,
     return rdb_end(c, s);
 }
 
-static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, const char *where,
-                              int64_t *next_id) {
+/* The stored trajectory t as its 'export --full' line, without the newline, in *line
+ * (malloc'ed, *n bytes). */
+static arl_status full_line_of(replay_store *st, const replay_traj_row *t, char **line, size_t *n) {
+    *line = NULL;
+    *n = 0;
+    rshard *sh = rstore_shard(st, t->shard_id);
+    if (!sh)
+        return arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s: trajectory %s: no shard %d", st->root,
+                          t->traj_uid, (int)t->shard_id);
+    rdb *d;
+    ARL_TRY(rstore_shard_db(st, sh, &d));
+    FILE *f = open_memstream(line, n);
+    if (!f) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    const replay_export_opts o = {.full = 1};
+    const arl_status s = export_one(st, sh, d, t, &o, f);
+    if (fclose(f) && s == ARL_OK) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    while (*n && (*line)[*n - 1] == '\n')
+        (*line)[--*n] = 0;
+    return s;
+}
+
+/* A line whose trajectory the store has already: skipped (*skipped = 1) when the stored one
+ * exports as this very line (an import run again after it stopped), else an error. */
+static arl_status import_existing(replay_store *st, const replay_traj_row *t, const char *line,
+                                  size_t len, const char *where, int *skipped) {
+    char *have = NULL;
+    size_t n = 0;
+    arl_status s = full_line_of(st, t, &have, &n);
+    if (s == ARL_OK && n == len && !memcmp(have, line, len))
+        *skipped = 1;
+    else if (s == ARL_OK)
+        s = arl_errorf(ARL_ERR_STATE,
+                       "%s: trajectory %s already exists in this store with other content "
+                       "(traj_uids are unique; its 'export --full' line differs from this one)",
+                       where, t->traj_uid);
+    free(have);
+    return s;
+}
+
+static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, const char *line,
+                              size_t len, const char *where, int64_t *next_id, int *skipped) {
     json_t *rows = json_object_get(j, "rows");
     if (!json_is_object(rows))
         return arl_errorf(ARL_ERR_FORMAT,
@@ -898,11 +937,9 @@ static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, co
     const char *uid = json_string_value(json_object_get(tr, "traj_uid"));
     if (!uid) return arl_errorf(ARL_ERR_FORMAT, "%s: rows.trajectories[0] lacks traj_uid", where);
     replay_traj_row existing;
-    if (replay_traj_get(st, uid, &existing) == ARL_OK)
-        return arl_errorf(ARL_ERR_STATE,
-                          "%s: trajectory %s already exists in this store (traj_uids are "
-                          "unique)",
-                          where, uid);
+    const arl_status e = replay_traj_get(st, uid, &existing);
+    if (e == ARL_OK) return import_existing(st, &existing, line, len, where, skipped);
+    if (e != ARL_ERR_NOT_FOUND) return e;
     arl_error_clear();
     int64_t run_id, env_id, task_id, group_id;
     ARL_TRY(import_catalog(st, json_object_get(rows, "catalog"), &run_id, &env_id, &task_id,
@@ -1005,7 +1042,8 @@ static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, co
     return ARL_OK;
 }
 
-arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_t *n_out) {
+arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_t *n_out,
+                         int64_t *n_skipped) {
     if (!st->cat.db || st->cat.readonly)
         return arl_errorf(ARL_ERR_STATE,
                           "replay: %s: import needs a store root with a writable catalog",
@@ -1014,7 +1052,7 @@ arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
-    int64_t lineno = 0, n = 0, next_id = -1;
+    int64_t lineno = 0, n = 0, n_skip = 0, next_id = -1;
     arl_status s = ARL_OK;
     while ((len = getline(&line, &cap, in)) > 0) {
         lineno++;
@@ -1030,13 +1068,15 @@ arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_
                            err.column);
             break;
         }
-        s = import_line(st, &w, j, where, &next_id);
+        int skipped = 0;
+        s = import_line(st, &w, j, line, (size_t)len, where, &next_id, &skipped);
         json_decref(j);
         if (s != ARL_OK) break;
-        n++;
+        *(skipped ? &n_skip : &n) += 1;
     }
     free(line);
     replay_writer_close(w);
     if (n_out) *n_out = n;
+    if (n_skipped) *n_skipped = n_skip;
     return s;
 }

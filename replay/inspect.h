@@ -73,9 +73,12 @@ arl_status replay_export(replay_store *st, const replay_filter *f, const replay_
 /* Read --full lines from in (named in_name in messages) into a new tool file of the store,
  * creating missing catalog rows (a group that training consumed comes with its update, recorded
  * as committed: the ledger's invariant holds in the copy).  A line without "rows" is an error
- * naming the line; nothing of a failing line is stored (one transaction per line).  *n_out
- * receives the lines imported. */
-arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_t *n_out);
+ * naming the line; nothing of a failing line is stored (one transaction per line).  A line whose
+ * trajectory the store holds already is skipped when the stored one exports as the same line
+ * (so an import that stopped can be run again), else an error.  *n_out receives the lines
+ * imported, *n_skipped (may be NULL) those skipped. */
+arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_t *n_out,
+                         int64_t *n_skipped);
 
 typedef struct replay_verify_opts {
     int full;   /* PRAGMA integrity_check instead of quick_check */

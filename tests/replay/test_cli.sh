@@ -100,8 +100,14 @@ has "imported 7 trajectories"
 cmp -s "$T/a.jsonl" "$T/b.jsonl" || fail "export --full / import / export --full differs"
 expect 0 "$A" replay verify "$T/copy"
 has "0 errors"
-expect 1 "$A" replay import "$T/copy" "$T/a.jsonl"
-has "a.jsonl:1: trajectory run1/g1/r0 already exists"
+# the same lines again (an import that stopped, run again): every trajectory is there already,
+# the same, so skipped; one whose stored trajectory differs from the line is an error
+expect 0 "$A" replay import "$T/copy" "$T/a.jsonl"
+has "imported 0 trajectories into $T/copy (7 already there, the same: skipped)"
+head -2 "$T/a.jsonl" | tail -1 | sed 's|"n_turns":|"n_turns":1|' >"$T/changed.jsonl"
+expect 1 "$A" replay import "$T/copy" "$T/a.jsonl" "$T/changed.jsonl"
+has "changed.jsonl:1: trajectory run1/g1/r1 already exists in this store with other content"
+has "imported 0 trajectories into $T/copy (7 already there, the same: skipped)"
 # a new trajectory in a group this store has, but of another task or size: refused, nothing
 # imported (a group's members are samples of one task; it joined the group before)
 head -1 "$T/a.jsonl" | sed 's|"run1/g1/r0"|"run1/g1/r9"|g; s|"seed":7|"seed":8|g' >"$T/other.jsonl"

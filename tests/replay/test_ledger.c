@@ -321,7 +321,7 @@ static void test_full_round_trip(void) {
     CHECK(replay_store_open(root2, &oo, &s2) == ARL_OK);
     FILE *in = fmemopen(a, na, "r");
     int64_t k = 0;
-    CHECK_MSG(replay_import(s2, in, "mem", &k) == ARL_OK, "%s", arl_error_msg());
+    CHECK_MSG(replay_import(s2, in, "mem", &k, NULL) == ARL_OK, "%s", arl_error_msg());
     fclose(in);
     CHECK(k == 4);
     replay_store_refresh(s2);
