@@ -21,6 +21,7 @@ typedef struct vrepair {
 typedef struct vctx {
     FILE *out;
     int64_t errors, warnings;
+    int64_t evicted; /* state references to states evicted by retention or budget (spec 9.3) */
     replay_store *st;
     int64_t newest_version; /* max policy version in the catalog (-1 if none) */
     vrepair *rep;           /* --repair: unmasked trajectories with errors */
@@ -505,7 +506,12 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
                 }
                 sqlite3_finalize(sq);
             }
-            if (!ok)
+            /* evicted: the retention rules or the budget at work (every finished trajectory's
+             * states under state_cache 'last'), counted in the summary; absent or still
+             * 'writing' (lost to a crash or a power failure): a warning each */
+            if (!ok && !strcmp(what, "evicted"))
+                v->evicted++;
+            else if (!ok)
                 finding(v, 0, "%s: trajectory %s segment %d: %s state %lld is %s (cache miss)",
                         d->name, uid, (int)segs[i].seg_index, kinds[k], (long long)ids[k], what);
         }
@@ -979,9 +985,15 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
             }
         }
     }
-    fprintf(out, "verify %s: %zu files, %lld trajectories: %lld errors, %lld warnings\n", st->root,
+    fprintf(out, "verify %s: %zu files, %lld trajectories: %lld errors, %lld warnings", st->root,
             st->n_shards + (st->cat.db ? 1 : 0), (long long)n_traj, (long long)v.errors,
             (long long)v.warnings);
+    if (v.evicted)
+        fprintf(out,
+                "; %lld cached states that segments refer to were evicted by the retention rules "
+                "(cache misses: recomputed when needed)",
+                (long long)v.evicted);
+    fputc('\n', out);
     if (n_errors) *n_errors = v.errors;
     if (n_warnings) *n_warnings = v.warnings;
     arl_status rs = ARL_OK;
