@@ -29,6 +29,10 @@ int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
  * ARL_EXIT_USAGE for ARL_ERR_ARG, else ARL_EXIT_FAIL. */
 int cli_fail(arl_status s);
 
+/* ARL_OK when dir (the value of option opt, "--ckpt") is a directory, else an error that names
+ * the option and says what a checkpoint is: before a config path is taken for a checkpoint. */
+arl_status cli_check_ckpt_dir(const char *opt, const char *dir);
+
 /* From here on SIGINT and SIGTERM first print, on standard error, that `agentrl COMMAND` was
  * interrupted and the command that continues it (this one's arguments with `flag` [`value`] at
  * the end, in place of any flag of theirs), then end the process by that signal as before (exit
@@ -43,6 +47,17 @@ void cli_note_on_interrupt(const char *command, int argc, char **argv, const cha
  * quoted where a shell needs it), then end the process by that signal. */
 void cli_note_on_interrupt_then(const char *command, const char *then, int n,
                                 const char *const *words);
+
+/* While path is set (NULL: none), SIGINT and SIGTERM first remove the file path: a temporary
+ * file that the command renames into place once it is complete, so that an interrupted command
+ * leaves no partial output.  Set it after creating the file; clear it after the rename. */
+void cli_remove_on_interrupt(const char *path);
+
+/* Between cli_interrupt_defer and cli_interrupt_resume (a short step that must not be cut in
+ * two: writing an output file), SIGINT and SIGTERM are only noted, in any thread; resume puts
+ * back what they did before and, when one came, raises it then. */
+void cli_interrupt_defer(void);
+void cli_interrupt_resume(void);
 
 /* After cli_note_on_interrupt: for a failure that continuing can get past once its cause is
  * dealt with (the disk full, an I/O, database, network, environment or device error), print

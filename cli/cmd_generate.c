@@ -139,6 +139,7 @@ static arl_status make_template(const arl_model_config *cfg, int64_t max_patches
 }
 
 static arl_status generate(const generate_opts *o, gen_run *g) {
+    ARL_TRY(cli_check_ckpt_dir("--ckpt", o->ckpt));
     ARL_TRY(arl_model_config_read(o->ckpt, &g->cfg));
     const arl_model_config *cfg = &g->cfg;
     arl_chat_template t;

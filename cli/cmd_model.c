@@ -350,12 +350,16 @@ int cmd_model_init(int argc, char **argv) {
     char *end = NULL;
     errno = 0;
     unsigned long long seed = strtoull(o.seed, &end, 10);
-    if (!o.seed[0] || *end || errno || o.seed[0] == '-') {
+    if (o.seed[0] < '0' || o.seed[0] > '9' || *end || errno) { /* strtoull took " 5", "-1" */
         s = arl_errorf(ARL_ERR_ARG, "option '--seed': expected an integer in [0, 2^64), got '%s'",
                        o.seed);
         goto done;
     }
     struct stat st;
+    if (!o.out[0]) {
+        s = arl_errorf(ARL_ERR_ARG, "OUT_DIR: empty path (give the checkpoint directory to write)");
+        goto done;
+    }
     if (stat(o.out, &st) == 0 && !S_ISDIR(st.st_mode)) {
         s = arl_errorf(ARL_ERR_ARG, "%s: exists and is not a directory", o.out);
         goto done;

@@ -17,6 +17,10 @@
  * tower for text input) are written as zeros.  Each sequence must fit one forward
  * (T <= --max-tokens).
  *
+ * Output files are checked before any work (their folder exists; none of them is the input file,
+ * a file of the checkpoint or the other output) and each is written whole or not at all, an
+ * interrupt during its write deferred until it is in place.
+ *
  * --device cuda: the forward runs on the GPU (policy/model_device.h: fp32 weights, the same
  * packing and chunking), and so does --grads-out (policy/model_device_backward.h: the device
  * training forward and backward, gradients copied back); cpu-device runs the same device code
@@ -26,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "core/file.h"
@@ -90,9 +95,81 @@ static const char *score_summary =
 
 /* The checkpoint: its config.json, parameters checked and loaded. */
 static arl_status load_ckpt(const char *dir, arl_model_config *cfg, arl_model_params *w) {
+    ARL_TRY(cli_check_ckpt_dir("--ckpt", dir));
     ARL_TRY(arl_model_config_read(dir, cfg));
     ARL_TRY(arl_model_params_alloc(w, cfg));
     return arl_checkpoint_load(dir, cfg, w);
+}
+
+/* path in canonical form into buf (cap bytes): realpath of the file when it exists, else
+ * realpath of its directory and its last name.  0 when neither resolves (no such directory). */
+static int canonical_path(const char *path, char *buf, size_t cap) {
+    char *r = realpath(path, NULL);
+    if (r) {
+        snprintf(buf, cap, "%s", r);
+        free(r);
+        return 1;
+    }
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    r = realpath(dir, NULL);
+    if (!r) return 0;
+    snprintf(buf, cap, "%s/%s", strcmp(r, "/") ? r : "", slash ? slash + 1 : path);
+    free(r);
+    return 1;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* Before any work: the output file path of option opt ("--logits-out") can be written and
+ * replaces none of the run's inputs (the token or text file, the checkpoint's files) nor the
+ * other output (other, may be NULL).  ARL_ERR_ARG naming the option otherwise. */
+static arl_status check_out_path(const char *opt, const char *path, const score_opts *o,
+                                 const char *other) {
+    char out[8192], in[8192];
+    struct stat st;
+    if (!*path) return arl_errorf(ARL_ERR_ARG, "%s: empty file name", opt);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return arl_errorf(ARL_ERR_ARG, "%s %s: is a directory; give the name of the file to write",
+                          opt, path);
+    if (!canonical_path(path, out, sizeof out))
+        return arl_errorf(ARL_ERR_ARG,
+                          "%s %s: its directory does not exist or cannot be searched (create it "
+                          "first)",
+                          opt, path);
+    const char *input = o->text ? o->text : o->tokens;
+    if (input && canonical_path(input, in, sizeof in) && !strcmp(in, out))
+        return arl_errorf(ARL_ERR_ARG,
+                          "%s %s: is the input file %s; refusing to replace it (choose another "
+                          "output path)",
+                          opt, path, o->text ? "--text" : "--tokens");
+    if (other && canonical_path(other, in, sizeof in) && !strcmp(in, out))
+        return arl_errorf(ARL_ERR_ARG,
+                          "%s %s: --logits-out and --grads-out name the same file (give two "
+                          "paths)",
+                          opt, path);
+    char *slash = strrchr(out, '/'); /* out is absolute: "DIR/NAME" or "/NAME" */
+    const char *name = slash + 1;
+    *slash = 0;
+    char *ck = realpath(o->ckpt, NULL);
+    const int in_ckpt = ck && !strcmp(ck, *out ? out : "/");
+    free(ck);
+    if (in_ckpt && (!strcmp(name, "config.json") || ends_with(name, ".safetensors") ||
+                    ends_with(name, ".safetensors.index.json")))
+        return arl_errorf(ARL_ERR_ARG,
+                          "%s %s: would replace a file of the checkpoint --ckpt %s; refusing "
+                          "(write it outside the checkpoint directory or under another name)",
+                          opt, path, o->ckpt);
+    return ARL_OK;
 }
 
 /* Token ids (B, T) from the options; *rank_out 1 for [T]-shaped output, 2 for [B, T]. */
@@ -103,6 +180,11 @@ static arl_status load_tokens(const score_opts *o, const arl_model_config *cfg, 
         char *txt = NULL;
         size_t len = 0;
         ARL_TRY(arl_file_read(o->text, 0, &txt, &len));
+        if (len == 0) {
+            free(txt);
+            return arl_errorf(ARL_ERR_ARG, "--text %s: the file is empty: nothing to score",
+                              o->text);
+        }
         int64_t n = (int64_t)len + (o->bos ? 1 : 0);
         int32_t *t = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
         if (!t) {
@@ -120,11 +202,13 @@ static arl_status load_tokens(const score_opts *o, const arl_model_config *cfg, 
         arl_npy a;
         ARL_TRY(arl_npy_read(o->tokens, &a));
         if ((a.dtype != ARL_DTYPE_I32 && a.dtype != ARL_DTYPE_I64) || a.rank < 1 || a.rank > 2) {
+            /* the message before arl_npy_free, which zeroes a */
+            arl_status s = arl_errorf(ARL_ERR_SHAPE,
+                                      "%s: expected an int32 or int64 array of shape [T] or "
+                                      "[B, T], got %s of rank %d",
+                                      o->tokens, arl_dtype_name(a.dtype), a.rank);
             arl_npy_free(&a);
-            return arl_errorf(ARL_ERR_SHAPE,
-                              "%s: expected an int32 or int64 array of shape [T] or "
-                              "[B, T], got %s of rank %d",
-                              o->tokens, arl_dtype_name(a.dtype), a.rank);
+            return s;
         }
         *B = a.rank == 2 ? a.shape[0] : 1;
         *T = a.shape[a.rank - 1];
@@ -241,6 +325,15 @@ static arl_batch grads_batch(const int32_t *ids, int64_t B, int64_t T, int64_t b
         .tokens = ids + b0 * T, .T = nb * T, .cu = cu, .N = (int32_t)nb, .targets = targets};
 }
 
+/* The gradients written to path, an interrupt (Ctrl-C) deferred until the file is in place. */
+static arl_status save_grads(const char *path, const arl_model_params *g) {
+    cli_interrupt_defer();
+    arl_status s = arl_model_grads_save(
+        path, g, "gradient of the summed target log-probability (agentrl score)");
+    cli_interrupt_resume();
+    return s;
+}
+
 /* Gradient of sum over sequences and positions 1..T-1 of log pi(ids[b, t] | ids[b, <t]) into a
  * zeroed gradient arena, sequences packed as score_all packs them; written to path. */
 static arl_status score_grads(arl_model *m, const arl_model_config *cfg, const arl_model_params *w,
@@ -278,9 +371,7 @@ static arl_status score_grads(arl_model *m, const arl_model_config *cfg, const a
         s = arl_model_train_forward(&tr, &bt, NULL, NULL, NULL);
         if (!s) s = arl_model_backward(&tr, &bt, dlogp, &g, NULL, NULL);
     }
-    if (!s)
-        s = arl_model_grads_save(path, &g,
-                                 "gradient of the summed target log-probability (agentrl score)");
+    if (!s) s = save_grads(path, &g);
     if (!s) arl_log_info("gradients of %lld tensors in %s", (long long)g.inv.n, path);
     arl_model_train_free(&tr);
     arl_model_params_free(&g);
@@ -324,9 +415,7 @@ static arl_status score_grads_dev(arl_model_dev *md, const arl_model_config *cfg
     }
     if (!s) s = arl_model_dev_grads_download(&dt, garena);
     if (!s) s = arl_model_params_view(&g, cfg, garena);
-    if (!s)
-        s = arl_model_grads_save(path, &g,
-                                 "gradient of the summed target log-probability (agentrl score)");
+    if (!s) s = save_grads(path, &g);
     if (!s)
         arl_log_info("gradients of %lld tensors (device %s) in %s", (long long)g.inv.n,
                      md->ops->name, path);
@@ -365,7 +454,9 @@ int cmd_score(int argc, char **argv) {
     int64_t B = 0, T = 0;
     int rank = 1;
     arl_status s = ARL_OK;
-    if (o.threads > 0) s = arl_k_threads_init((int)o.threads);
+    if (o.logits_out) s = check_out_path("--logits-out", o.logits_out, &o, o.grads_out);
+    if (!s && o.grads_out) s = check_out_path("--grads-out", o.grads_out, &o, NULL);
+    if (!s && o.threads > 0) s = arl_k_threads_init((int)o.threads);
     if (!s) s = load_ckpt(o.ckpt, &cfg, &w);
     if (!s) s = load_tokens(&o, &cfg, &ids, &B, &T, &rank);
     if (!s && o.grads_out && T > o.max_tokens) /* a usage error, found before any work */
@@ -410,8 +501,10 @@ int cmd_score(int argc, char **argv) {
                    : score_grads(&m, &cfg, &w, ids, B, T, o.grads_out);
     if (!s && o.logits_out) {
         int64_t shape[3] = {B, T, V};
+        cli_interrupt_defer(); /* the file whole or not at all */
         s = rank == 2 ? arl_npy_write(o.logits_out, ARL_DTYPE_F32, 3, shape, logits)
                       : arl_npy_write(o.logits_out, ARL_DTYPE_F32, 2, shape + 1, logits);
+        cli_interrupt_resume();
     }
     if (!s) {
         double total = 0;

@@ -11,6 +11,7 @@
 #include "cli/cli.h"
 #include "core/file.h"
 #include "policy/chat.h"
+#include "policy/tokenizer.h"
 
 typedef struct tokenize_opts {
     char *conv;
@@ -101,16 +102,38 @@ static int tokenize_decode(const arl_chat_template *t, const tokenize_opts *o) {
         ids[n++] = (int32_t)v;
         p = end;
     }
+    if (n == 0) {
+        free(ids);
+        return cli_fail(arl_errorf(ARL_ERR_ARG, "--decode: no token ids given"));
+    }
     char *text;
     size_t len;
     arl_status s = arl_tokenizer_decode(&t->tok, ids, n,
                                         o->skip_special ? ARL_DECODE_SKIP_SPECIAL : 0, &text, &len);
     free(ids);
-    if (s) return cli_fail(s);
+    if (s) return cli_fail(arl_error_prefix(s, "--decode"));
     fwrite(text, 1, len, stdout);
     putchar('\n');
     free(text);
     return ARL_EXIT_OK;
+}
+
+/* A JSON string of text[0..len): as it is when it is valid UTF-8, else with every invalid byte
+ * as U+FFFD (a sampled turn can hold any bytes, and JSON text cannot).  NULL: out of memory. */
+static json_t *json_text(const arl_chat_template *t, const char *text, size_t len) {
+    if (arl_utf8_valid(text, len)) return json_stringn_nocheck(text, len);
+    int32_t *ids = malloc(sizeof *ids * (len ? len : 1));
+    char *fixed = NULL;
+    size_t n = 0;
+    json_t *j = NULL;
+    if (ids) {
+        arl_tokenizer_encode(text, len, ids);
+        if (!arl_tokenizer_decode(&t->tok, ids, len, ARL_DECODE_UTF8_REPLACE, &fixed, &n))
+            j = json_stringn_nocheck(fixed, n);
+    }
+    free(ids);
+    free(fixed);
+    return j;
 }
 
 static int tokenize_parse(const arl_chat_template *t, const tokenize_opts *o) {
@@ -120,7 +143,7 @@ static int tokenize_parse(const arl_chat_template *t, const tokenize_opts *o) {
     if (s) return cli_fail(s);
     json_t *root = json_object();
     json_t *calls = json_array();
-    json_object_set_new(root, "content", json_stringn_nocheck(turn.content, turn.content_len));
+    json_object_set_new(root, "content", json_text(t, turn.content, turn.content_len));
     json_object_set_new(root, "parse_status", json_string(arl_chat_parse_status_str(turn.status)));
     json_object_set_new(root, "finish_reason", json_string(arl_chat_finish_str(turn.finish)));
     for (size_t j = 0; j < turn.n_calls; j++) {
@@ -128,12 +151,11 @@ static int tokenize_parse(const arl_chat_template *t, const tokenize_opts *o) {
         json_t *c = json_object();
         json_object_set_new(c, "id", json_string(k->id));
         json_object_set_new(c, "status", json_string(arl_chat_parse_status_str(k->status)));
-        json_object_set_new(c, "name",
-                            k->name ? json_stringn_nocheck(k->name, k->name_len) : json_null());
+        json_object_set_new(c, "name", k->name ? json_text(t, k->name, k->name_len) : json_null());
         if (k->arguments)
-            json_object_set_new(c, "arguments",
-                                json_stringn_nocheck(k->arguments, k->arguments_len));
-        if (k->message) json_object_set_new(c, "message", json_string(k->message));
+            json_object_set_new(c, "arguments", json_text(t, k->arguments, k->arguments_len));
+        if (k->message)
+            json_object_set_new(c, "message", json_text(t, k->message, strlen(k->message)));
         json_array_append_new(calls, c);
     }
     json_object_set_new(root, "calls", calls);
@@ -142,7 +164,7 @@ static int tokenize_parse(const arl_chat_template *t, const tokenize_opts *o) {
     free(out);
     json_decref(root);
     arl_chat_turn_free(&turn);
-    return ARL_EXIT_OK;
+    return out ? ARL_EXIT_OK : cli_fail(arl_errorf(ARL_ERR_NOMEM, "--parse: out of memory"));
 }
 
 /* The conversation of path (line > 0: its line `line`, JSON Lines) into c.  A whole file that
@@ -203,6 +225,19 @@ int cmd_tokenize(int argc, char **argv) {
         fprintf(stderr,
                 "agentrl: error: give exactly one of CONV, --decode or --parse\nusage: %s\n",
                 tokenize_usage);
+        arl_options_free(tokenize_tab, TOKENIZE_N, &o);
+        return ARL_EXIT_USAGE;
+    }
+    /* the options of one mode given in another were ignored: say so */
+    const char *misplaced = NULL;
+    if (o.ids && o.mask)
+        misplaced = "--ids and --mask: give one of them";
+    else if (!o.conv && (o.ids || o.mask || o.gen || o.line))
+        misplaced = "--ids, --mask, --gen and --line go with CONV";
+    else if (!o.decode && o.skip_special)
+        misplaced = "--skip-special goes with --decode";
+    if (misplaced) {
+        fprintf(stderr, "agentrl: error: %s\nusage: %s\n", misplaced, tokenize_usage);
         arl_options_free(tokenize_tab, TOKENIZE_N, &o);
         return ARL_EXIT_USAGE;
     }

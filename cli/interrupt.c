@@ -1,5 +1,7 @@
 /* cli/interrupt.c: what a run says when it is interrupted or stopped by a failure it can be
- * continued after (cli.h cli_note_on_interrupt, cli_note_on_failure). */
+ * continued after (cli.h cli_note_on_interrupt, cli_note_on_failure), and how an interrupt leaves
+ * no partial output file (cli_remove_on_interrupt, cli_interrupt_defer). */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -13,9 +15,12 @@ static const char *g_command; /* "train", "sft", "rollout": set when armed */
 static const char *g_cmd; /* "  agentrl COMMAND ARGS --resume\n" in g_note, or NULL (too long) */
 static char g_flag[64];   /* what the continuing command adds: "--resume", "--shard 3" */
 
+static char g_remove[4096]; /* cli_remove_on_interrupt's file, "" for none */
+
 static void on_interrupt(int sig) {
-    /* async-signal-safe: write(2), then the signal again with its default action (SA_RESETHAND
-     * restored it; it is blocked until this handler returns) */
+    /* async-signal-safe: unlink(2), write(2), then the signal again with its default action
+     * (SA_RESETHAND restored it; it is blocked until this handler returns) */
+    if (g_remove[0]) unlink(g_remove);
     ssize_t w = write(STDERR_FILENO, g_note, g_note_len);
     (void)w;
     raise(sig);
@@ -84,18 +89,24 @@ void cli_note_on_interrupt_then(const char *command, const char *then, int n,
     arm();
 }
 
-static void arm(void) {
+/* handler for SIGINT and SIGTERM (flags), except where they are ignored (a background job);
+ * what each had before in old[i], replaced[i] 1 where it was replaced */
+static void install(void (*handler)(int), int flags, struct sigaction old[2], int replaced[2]) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_interrupt;
-    sa.sa_flags = SA_RESETHAND;
+    sa.sa_handler = handler;
+    sa.sa_flags = flags;
     sigemptyset(&sa.sa_mask);
     const int sigs[2] = {SIGINT, SIGTERM};
-    for (int i = 0; i < 2; i++) {
-        struct sigaction old;
-        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
-        sigaction(sigs[i], &sa, NULL);
-    }
+    for (int i = 0; i < 2; i++)
+        replaced[i] = sigaction(sigs[i], NULL, &old[i]) == 0 && old[i].sa_handler != SIG_IGN &&
+                      sigaction(sigs[i], &sa, NULL) == 0;
+}
+
+static void arm(void) {
+    struct sigaction old[2];
+    int replaced[2];
+    install(on_interrupt, SA_RESETHAND, old, replaced);
 }
 
 void cli_note_on_failure(arl_status s) {
@@ -123,4 +134,40 @@ void cli_note_on_failure(arl_status s) {
         fprintf(stderr, ":\n%s", g_cmd);
     else
         fprintf(stderr, " the same command and %s.\n", g_flag);
+}
+
+void cli_remove_on_interrupt(const char *path) {
+    /* the signals held while g_remove changes, so that the handler never sees half a name */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    if (path && strlen(path) < sizeof g_remove)
+        memcpy(g_remove, path, strlen(path) + 1);
+    else
+        g_remove[0] = 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (path) arm();
+}
+
+static volatile sig_atomic_t g_deferred; /* the signal that came while deferred, or 0 */
+static struct sigaction g_before[2];     /* the actions cli_interrupt_defer replaced */
+static int g_replaced[2];
+
+static void on_deferred(int sig) {
+    g_deferred = sig;
+}
+
+void cli_interrupt_defer(void) {
+    g_deferred = 0;
+    install(on_deferred, SA_RESTART, g_before, g_replaced);
+}
+
+void cli_interrupt_resume(void) {
+    const int sigs[2] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++)
+        if (g_replaced[i]) sigaction(sigs[i], &g_before[i], NULL);
+    g_replaced[0] = g_replaced[1] = 0;
+    if (g_deferred) raise(g_deferred);
 }

@@ -1,7 +1,9 @@
 /* cli/main.c: `agentrl COMMAND [options]`: finds the command in cli/commands.def and runs it.
  * The only place in the toolkit that decides the process exit status. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "core/log.h"
@@ -83,6 +85,21 @@ int cli_fail(arl_status s) {
     const char *m = arl_error_msg();
     fprintf(stderr, "agentrl: error: %s\n", m && *m ? m : arl_status_str(s));
     return s == ARL_ERR_ARG ? ARL_EXIT_USAGE : ARL_EXIT_FAIL;
+}
+
+arl_status cli_check_ckpt_dir(const char *opt, const char *dir) {
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return arl_errorf(errno == ENOENT ? ARL_ERR_NOT_FOUND : ARL_ERR_IO,
+                          "%s %s: %s (give a checkpoint directory: config.json and "
+                          "model.safetensors, as agentrl model init or train writes)",
+                          opt, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return arl_errorf(ARL_ERR_ARG,
+                          "%s %s: not a directory (give the checkpoint directory that holds "
+                          "config.json and model.safetensors)",
+                          opt, dir);
+    return ARL_OK;
 }
 
 int main(int argc, char **argv) {

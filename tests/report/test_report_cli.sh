@@ -41,4 +41,17 @@ echo '{"version": 1, "before": {"episodes": 8, "successes": 2}, "set": "test"}' 
 grep -q "| before | 8 | 2 | 0.2500 |" "$tmp/r2/summary.md" && grep -q "| after | .* | not evaluated |" "$tmp/r2/summary.md" ||
     fail "unfinished run: $(grep -A6 "## Evaluation" "$tmp/r2/summary.md")"
 [ -s "$tmp/r2/eval-before.json" ] || fail "unfinished run: eval-before.json not copied"
+# --out naming another run's folder: its metrics.jsonl is not replaced by this run's
+mkdir "$tmp/other"
+echo '{"step": 1, "loss": 9}' > "$tmp/other/metrics.jsonl"
+err=$("$BIN" report "$tmp" --out "$tmp/other" 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "--out another run: exit $rc, expected 1"
+echo "$err" | grep -q "^agentrl: error: --out $tmp/other holds the metrics.jsonl of another run" ||
+    fail "--out another run: message: $err"
+[ "$(cat "$tmp/other/metrics.jsonl")" = '{"step": 1, "loss": 9}' ] || fail "--out another run: metrics.jsonl replaced"
+[ -e "$tmp/other/summary.md" ] && fail "--out another run: summary.md written"
+# ... but an earlier report of this run (its metrics.jsonl the start of the run's) is brought up to date
+head -2 "$tmp/metrics.jsonl" > "$tmp/r/metrics.jsonl"
+"$BIN" report "$tmp" --out "$tmp/r" >/dev/null 2>"$tmp/err" || fail "report into its earlier copy: exit $?: $(cat "$tmp/err")"
+cmp -s "$tmp/metrics.jsonl" "$tmp/r/metrics.jsonl" || fail "report into its earlier copy: metrics.jsonl not updated"
 echo "ok"
