@@ -159,6 +159,13 @@ void rcat_member_mirror(replay_store *st, int64_t group_id, int32_t slot, int32_
                         const char *traj_uid, int32_t shard_id, int64_t traj_id,
                         const char *status);
 
+/* Claim member (group_id, slot, attempt) for trajectory traj_uid (traj_id) of shard shard_id in
+ * the catalog's group_members, status 'running': a new member, or one of the same shard (its
+ * writer restarted).  ARL_ERR_BUSY when the same trajectory (traj_uid) of another shard holds it
+ * (a second writer of the same run uid samples it); ARL_OK without a writable catalog. */
+arl_status rcat_member_claim(replay_store *st, int64_t group_id, int32_t slot, int32_t attempt,
+                             const char *traj_uid, int32_t shard_id, int64_t traj_id);
+
 /* Ownership lock on "<file>.lock" (spec section 2.2): fcntl write lock, also refused when this
  * process already holds it.  ARL_ERR_BUSY when held elsewhere. */
 arl_status rlock_acquire(const char *path, const char *name, int *fd, uint64_t *dev, uint64_t *ino);

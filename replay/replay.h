@@ -291,8 +291,10 @@ typedef struct replay_traj_desc {
     int32_t fork_seg_index;      /* forks only; -1 otherwise */
 } replay_traj_desc;
 
-/* T0: insert the trajectory as 'running' with a 'created' event, then mirror it into the
- * catalog's group_members.  *traj_id receives its global id. */
+/* T0: claim the trajectory's group member in the catalog's group_members, then insert it as
+ * 'running' with a 'created' event.  *traj_id receives its global id.  ARL_ERR_BUSY, with nothing
+ * written, when the same trajectory (traj_uid) of another shard holds that member (group, slot,
+ * attempt): a second writer of the same run uid samples it. */
 arl_status replay_traj_begin(replay_writer *w, const replay_traj_desc *d, int64_t *traj_id);
 
 /* One model turn or the session creation (step 0); a turns row (spec section 4.8). */

@@ -1034,6 +1034,17 @@ arl_status replay_group_get(replay_store *st, const char *group_uid, replay_grou
     return s;
 }
 
+/* ?1..?6 of a group_members insert: group_id, slot, attempt, traj_uid, shard_id, traj_id */
+static void bind_member(sqlite3_stmt *a, int64_t group_id, int32_t slot, int32_t attempt,
+                        const char *traj_uid, int32_t shard_id, int64_t traj_id) {
+    sqlite3_bind_int64(a, 1, group_id);
+    sqlite3_bind_int(a, 2, slot);
+    sqlite3_bind_int(a, 3, attempt);
+    sqlite3_bind_text(a, 4, traj_uid, -1, SQLITE_STATIC);
+    sqlite3_bind_int(a, 5, shard_id);
+    sqlite3_bind_int64(a, 6, traj_id);
+}
+
 static arl_status member_mirror(replay_store *st, int64_t group_id, int32_t slot, int32_t attempt,
                                 const char *traj_uid, int32_t shard_id, int64_t traj_id,
                                 const char *status) {
@@ -1049,12 +1060,7 @@ static arl_status member_mirror(replay_store *st, int64_t group_id, int32_t slot
                     "traj_id = excluded.traj_id, status = excluded.status",
                     &a);
     if (s != ARL_OK) goto out;
-    sqlite3_bind_int64(a, 1, group_id);
-    sqlite3_bind_int(a, 2, slot);
-    sqlite3_bind_int(a, 3, attempt);
-    sqlite3_bind_text(a, 4, traj_uid, -1, SQLITE_STATIC);
-    sqlite3_bind_int(a, 5, shard_id);
-    sqlite3_bind_int64(a, 6, traj_id);
+    bind_member(a, group_id, slot, attempt, traj_uid, shard_id, traj_id);
     sqlite3_bind_text(a, 7, status, -1, SQLITE_STATIC);
     int rc = sqlite3_step(a);
     if (rc != SQLITE_DONE) {
@@ -1087,6 +1093,57 @@ void rcat_member_mirror(replay_store *st, int64_t group_id, int32_t slot, int32_
     if (s != ARL_OK) /* the shard is the source of truth; the mirror is rebuilt at reconcile */
         arl_log_warn("%s (the catalog mirror is rebuilt by replay_catalog_reconcile)",
                      arl_error_msg());
+}
+
+arl_status rcat_member_claim(replay_store *st, int64_t group_id, int32_t slot, int32_t attempt,
+                             const char *traj_uid, int32_t shard_id, int64_t traj_id) {
+    if (!st->cat.db || st->cat.readonly) return ARL_OK;
+    rdb *c = &st->cat;
+    sqlite3_stmt *a = NULL, *b = NULL;
+    ARL_TRY(rdb_begin(c));
+    /* a new member, or one of this very shard (its writer restarted): claimed; this trajectory
+     * of another shard stays as it is (another member that held the key is replaced, as the
+     * mirror does) */
+    arl_status s =
+        rdb_prepare(c,
+                    "INSERT INTO group_members(group_id, slot, attempt, traj_uid, shard_id, "
+                    "traj_id, status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running') "
+                    "ON CONFLICT(group_id, slot, attempt) DO UPDATE SET "
+                    "traj_uid = excluded.traj_uid, traj_id = excluded.traj_id, "
+                    "status = excluded.status, shard_id = excluded.shard_id WHERE "
+                    "group_members.shard_id = excluded.shard_id OR group_members.traj_uid != "
+                    "excluded.traj_uid",
+                    &a);
+    if (s != ARL_OK) goto out;
+    bind_member(a, group_id, slot, attempt, traj_uid, shard_id, traj_id);
+    int rc = sqlite3_step(a);
+    if (rc != SQLITE_DONE) {
+        s = rdb_fail(c, rc, "claiming a group member");
+        goto out;
+    }
+    if (sqlite3_changes(c->db) > 0) goto out;
+    if ((s = rdb_prepare(c,
+                         "SELECT shard_id, traj_uid, status FROM group_members WHERE group_id = "
+                         "?1 AND slot = ?2 AND attempt = ?3",
+                         &b)) != ARL_OK)
+        goto out;
+    sqlite3_bind_int64(b, 1, group_id);
+    sqlite3_bind_int(b, 2, slot);
+    sqlite3_bind_int(b, 3, attempt);
+    rc = sqlite3_step(b);
+    if (rc == SQLITE_ROW)
+        s = arl_errorf(ARL_ERR_BUSY,
+                       "replay: %s: trajectory %s is shard %d's (%s, %s): another writer of the "
+                       "run samples it",
+                       st->root, traj_uid, sqlite3_column_int(b, 0),
+                       (const char *)sqlite3_column_text(b, 1),
+                       (const char *)sqlite3_column_text(b, 2));
+    else
+        s = rdb_fail(c, rc, "reading a group member");
+out:
+    sqlite3_finalize(a);
+    sqlite3_finalize(b);
+    return rdb_end(c, s);
 }
 
 arl_status replay_catalog_reconcile(replay_store *st) {

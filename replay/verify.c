@@ -647,13 +647,19 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
         }
         sqlite3_stmt *mq;
         if (rdb_prepare(&v->st->cat,
-                        "SELECT status, traj_id FROM group_members WHERE traj_uid = ?1",
+                        "SELECT status, traj_id, shard_id FROM group_members WHERE traj_uid = ?1",
                         &mq) == ARL_OK) {
             sqlite3_bind_text(mq, 1, uid, -1, SQLITE_STATIC);
             if (sqlite3_step(mq) == SQLITE_ROW) {
                 const char *ms = (const char *)sqlite3_column_text(mq, 0);
-                if (strcmp(ms, replay_status_name(t.status)) ||
-                    sqlite3_column_int64(mq, 1) != t.traj_id)
+                const int32_t member_shard = sqlite3_column_int(mq, 2);
+                if (member_shard != (int32_t)(t.traj_id >> REPLAY_TRAJ_ID_SHIFT))
+                    finding(v, 1,
+                            "%s: trajectory %s is also written in shard %d, whose trajectory is "
+                            "the catalog's group member (two writers of one run uid sampled it)",
+                            d->name, uid, (int)member_shard);
+                else if (strcmp(ms, replay_status_name(t.status)) ||
+                         sqlite3_column_int64(mq, 1) != t.traj_id)
                     finding(v, 0,
                             "%s: trajectory %s: the catalog mirror says %s (reconciled at "
                             "coordinator start)",

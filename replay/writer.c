@@ -417,18 +417,27 @@ arl_status replay_traj_begin(replay_writer *w, const replay_traj_desc *d, int64_
     if (!d->traj_uid || !*d->traj_uid || strlen(d->traj_uid) > REPLAY_UID_MAX)
         return arl_errorf(ARL_ERR_ARG, "replay: %s: traj_uid must be 1..256 bytes", w->file);
     rdb *db = &w->w;
-    ARL_TRY(rdb_begin(db));
-    /* traj ids of shard h lie in [h * 2^40, (h + 1) * 2^40) (section 2.1 rule 3). */
+    /* traj ids of shard h lie in [h * 2^40, (h + 1) * 2^40) (section 2.1 rule 3); this writer
+     * alone writes the shard (its lock), so the next id holds until the insert below */
     int64_t base = (int64_t)w->shard_id << REPLAY_TRAJ_ID_SHIFT, maxid = 0;
     int found = 0;
-    arl_status s = rdb_query_int(db, "SELECT max(traj_id) FROM trajectories", &maxid, &found);
-    if (s != ARL_OK) return s;
+    ARL_TRY(rdb_query_int(db, "SELECT max(traj_id) FROM trajectories", &maxid, &found));
     int64_t id = (found && maxid >= base) ? maxid + 1 : base;
-    if (id >= base + ((int64_t)1 << REPLAY_TRAJ_ID_SHIFT)) {
-        rdb_rollback(db);
+    if (id >= base + ((int64_t)1 << REPLAY_TRAJ_ID_SHIFT))
         return arl_errorf(ARL_ERR_FULL, "replay: %s: trajectory ids exhausted (rotate the shard)",
                           w->file);
+    /* the group member first: a writer of another shard that claimed it samples it (two
+     * workers of one run uid over the same tasks wrote every trajectory twice, one in each
+     * shard); a catalog that cannot be written is the mirror's warning, as before */
+    arl_status s =
+        rcat_member_claim(w->st, d->group_id, d->slot, d->attempt, d->traj_uid, w->shard_id, id);
+    if (s == ARL_ERR_BUSY) return s;
+    if (s != ARL_OK) {
+        arl_log_warn("%s (the catalog mirror is rebuilt by replay_catalog_reconcile)",
+                     arl_error_msg());
+        arl_error_clear();
     }
+    ARL_TRY(rdb_begin(db));
     sqlite3_stmt *q;
     if ((s = wstmt(w, W_INS_TRAJ, &q)) != ARL_OK) goto fail;
     sqlite3_bind_int64(q, 1, id);
@@ -468,8 +477,6 @@ arl_status replay_traj_begin(replay_writer *w, const replay_traj_desc *d, int64_
         goto fail;
     if ((s = rdb_commit(db)) != ARL_OK) return s;
     *traj_id = id;
-    rcat_member_mirror(w->st, d->group_id, d->slot, d->attempt, d->traj_uid, w->shard_id, id,
-                       "running");
     return ARL_OK;
 fail:
     rdb_rollback(db);

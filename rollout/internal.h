@@ -247,6 +247,7 @@ struct arl_rollout_worker {
     int64_t n_tasks;
     ro_job *jobs;
     size_t n_jobs, cap_jobs, next_job;
+    int64_t left_to_others; /* jobs whose group member another shard claimed (start_job) */
     /* interrupted trajectories of this shard waiting for a slot to be resumed */
     int64_t *resume;
     size_t n_resume, cap_resume, next_resume;

@@ -1055,7 +1055,14 @@ static arl_status start_job(arl_rollout_worker *w, const ro_job *j) {
                           .group_id = w->group_ids[j->task], .task_id = w->task_ids[j->task],
                           .env_id = w->env_id, .slot = j->gslot, .attempt = j->attempt,
                           .policy_version = w->eng.version, .fork_seg_index = -1};
-    ARL_TRY(replay_traj_begin(w->w, &d, &t->traj_id));
+    const arl_status s = replay_traj_begin(w->w, &d, &t->traj_id);
+    if (s == ARL_ERR_BUSY) { /* another worker of this run uid samples it: left to that one */
+        arl_error_clear();
+        ro_traj_destroy(w, t);
+        w->left_to_others++;
+        return ARL_OK;
+    }
+    ARL_TRY(s);
     const ro_task *tk = &w->tasks[j->task];
     arl_env_create_req req = {.trajectory_id = t->uid, .group_id = t->group_uid,
                               .task = {.id = tk->id, .seed = tk->seed, .data = tk->data},
@@ -1253,10 +1260,11 @@ static void progress(arl_rollout_worker *w, int force) {
     const arl_rollout_stats *s = &w->stats;
     double el = (double)(now - w->t_start_ms) / 1000.0;
     int64_t trunc = s->truncations[0] + s->truncations[1] + s->truncations[2] + s->truncations[3];
-    arl_log_info("rollout: %lld/%zu trajectories (%lld complete, %lld truncated, %lld masked), %d "
+    arl_log_info("rollout: %lld/%lld trajectories (%lld complete, %lld truncated, %lld masked), %d "
                  "running; %.0f tokens/s (decode %.0f/s, prefill %.0f/s); env errors %lld; "
                  "truncations %lld; %.0f s",
-                 (long long)s->trajectories, w->n_jobs + w->n_resume, (long long)s->complete,
+                 (long long)s->trajectories,
+                 (long long)(w->n_jobs + w->n_resume) - w->left_to_others, (long long)s->complete,
                  (long long)s->truncated, (long long)s->masked, w->n_live,
                  el > 0 ? (double)(s->decode_tokens + s->prefill_tokens) / el : 0.0,
                  s->decode_s > 0 ? (double)s->decode_tokens / s->decode_s : 0.0,
@@ -1782,6 +1790,10 @@ arl_status arl_rollout_worker_run(arl_rollout_worker *w) {
         }
     }
     progress(w, 1);
+    if (w->left_to_others)
+        arl_log_info("rollout: %lld trajectories were begun by another worker of run uid '%s' "
+                     "into its own shard: left to it",
+                     (long long)w->left_to_others, w->cfg.run_uid);
     if (w->stop) return arl_errorf(ARL_ERR_CANCELLED, "rollout: stopped by a hook");
     return win_verdict(w);
 }

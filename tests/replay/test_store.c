@@ -743,9 +743,54 @@ static void test_group_identity(void) {
     replay_store_close(st);
 }
 
+/* Two writers (shards) of one run beginning the same group member: the first claims it in the
+ * catalog, the second gets ARL_ERR_BUSY with nothing written (two workers of one run uid over the
+ * same tasks wrote every trajectory twice, once in each shard, the catalog mirroring the later);
+ * a writer reopening its own shard claims its members again. */
+static void test_member_claim(void) {
+    char root[512];
+    fx_ids ids;
+    replay_writer *w1 = NULL, *w2 = NULL;
+    replay_store *st = open_writer("member_claim", root, sizeof root, 2, &ids, &w1);
+    if (!st || !w1) return;
+    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 0, "run1", &w2) == ARL_OK);
+    const replay_traj_desc r0 = fx_traj_desc(&ids, "run1/g1/r0", 0),
+                           r1 = fx_traj_desc(&ids, "run1/g1/r1", 1);
+    int64_t a = -1, b = -1;
+    CHECK(replay_traj_begin(w1, &r0, &a) == ARL_OK);
+    const arl_status s = replay_traj_begin(w2, &r0, &b);
+    CHECK_MSG(s == ARL_ERR_BUSY && b == -1 &&
+                  strstr(arl_error_msg(), "trajectory run1/g1/r0 is shard 1's"),
+              "%d %s", (int)s, arl_error_msg());
+    arl_error_clear();
+    CHECK(replay_traj_begin(w2, &r1, &b) == ARL_OK && b >> REPLAY_TRAJ_ID_SHIFT == 2);
+    replay_writer_close(w2);
+    sqlite3 *db;
+    sqlite3_stmt *q = query_row(root, "shards/w2.sqlite",
+                                "SELECT count(*), min(traj_uid) FROM trajectories", &db);
+    CHECK_EQ_INT(sqlite3_column_int(q, 0), 1);
+    CHECK_STR_EQ((const char *)sqlite3_column_text(q, 1), "run1/g1/r1");
+    query_done(db, q);
+    q = query_row(root, "catalog.sqlite",
+                  "SELECT group_concat(traj_uid || '@' || shard_id, ' ') FROM (SELECT * FROM "
+                  "group_members ORDER BY slot)",
+                  &db);
+    CHECK_STR_EQ((const char *)sqlite3_column_text(q, 0), "run1/g1/r0@1 run1/g1/r1@2");
+    query_done(db, q);
+    /* shard 2's writer again (a restart): its member is its own to claim */
+    CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 2, "run1", &w2) == ARL_OK);
+    CHECK(rcat_member_claim(st, ids.group_id, 1, 0, "run1/g1/r1", 2, b) == ARL_OK);
+    CHECK(rcat_member_claim(st, ids.group_id, 0, 0, "run1/g1/r0", 2, b) == ARL_ERR_BUSY);
+    arl_error_clear();
+    replay_writer_close(w2);
+    replay_writer_close(w1);
+    replay_store_close(st);
+}
+
 int main(void) {
     TEST_RUN(test_roundtrip);
     TEST_RUN(test_group_identity);
+    TEST_RUN(test_member_claim);
     TEST_RUN(test_concurrent_writers);
     TEST_RUN(test_iterator_batches);
     TEST_RUN(test_protocol_checks);

@@ -134,6 +134,18 @@ for k in "--task-seed 5" "--group-size 3" "--group-kind eval"; do
     [ "$(ls "$T/db/shards" | wc -l)" -eq "$n_files" ] || fail "rerun $k: a shard was written"
 done
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after the reruns"; }
+# two workers of one run uid started together over the same tasks share them: each trajectory is
+# begun once, by the worker that claims its group member first (both wrote every one, each in
+# its own shard, the catalog mirroring the later)
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-two" --tasks 4 > /dev/null 2> "$T/err-a" &
+pa=$!
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-two" --tasks 4 > /dev/null 2> "$T/err-b" \
+    || { cat "$T/err-b"; fail "the second of two workers"; }
+wait $pa || { cat "$T/err-a"; fail "the first of two workers"; }
+"$BIN" replay list "$T/db-two" --json > "$T/two" || fail "list of two workers' store"
+[ "$(grep -c '"traj_uid"' "$T/two")" -eq 8 ] && [ "$(grep -o '"traj_uid":"[^"]*"' "$T/two" | sort -u | wc -l)" -eq 8 ] \
+    || { cat "$T/two"; fail "two workers: 8 distinct trajectories expected"; }
+"$BIN" replay verify "$T/db-two" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify of two workers' store"; }
 # SIGTERM once it writes: the note names the command that continues it, with the shard it
 # wrote (in place of --shard 0, a new one); that command leaves no trajectory running
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --shard 0 --tasks 4 > /dev/null 2> "$T/err-term" &
