@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "core/file.h"
@@ -57,6 +59,22 @@ static arl_option *make_table(size_t *n) {
     memcpy(t, own_tab, sizeof own_tab);
     memcpy(t + n_own, arl_rollout_options, arl_rollout_n_options * sizeof *t);
     return t;
+}
+
+/* A store this command created and nothing was written to (its shards folder empty): its
+ * catalog and shards folder removed, and root too when this command made it (rmdir leaves a
+ * folder that holds anything else). */
+static void remove_new_store(const char *root, int made_root) {
+    static const char *const names[] = {"catalog.sqlite", "catalog.sqlite-wal",
+                                        "catalog.sqlite-shm", "catalog.sqlite-journal"};
+    char p[4200];
+    snprintf(p, sizeof p, "%s/shards", root);
+    if (rmdir(p) != 0) return; /* a shard file exists: keep the store whole */
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", root, names[i]);
+        unlink(p);
+    }
+    if (made_root) rmdir(root);
 }
 
 int cmd_rollout(int argc, char **argv) {
@@ -105,8 +123,19 @@ int cmd_rollout(int argc, char **argv) {
     replay_open_opts so = {.flags = REPLAY_OPEN_CREATE};
     replay_store *st = NULL;
     arl_rollout_worker *w = NULL;
+    struct stat out_st;
+    char cat_path[4200];
+    snprintf(cat_path, sizeof cat_path, "%s/catalog.sqlite", o.out);
+    const int out_existed = stat(o.out, &out_st) == 0, cat_existed = stat(cat_path, &out_st) == 0;
     s = replay_store_open(o.out, &so, &st);
     if (s == ARL_OK) s = arl_rollout_worker_open(&o.rc, o.ckpt, st, (int32_t)o.shard, NULL, &w);
+    if (s != ARL_OK && st && !cat_existed) { /* nothing could start: no new store left behind */
+        arl_rollout_worker_close(w);
+        w = NULL;
+        replay_store_close(st);
+        st = NULL;
+        remove_new_store(o.out, !out_existed);
+    }
     if (s == ARL_OK) {
         arl_log_info("rollout: writing shard %d of %s", (int)arl_rollout_worker_shard(w), o.out);
         char shard[16]; /* run again with its shard, it continues the shard's trajectories */

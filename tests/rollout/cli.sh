@@ -38,6 +38,10 @@ grep -q "group-size *= 2" "$T/err" || fail "resolved config not printed"
 [ $? -eq 1 ] || { cat "$T/err-gone"; fail "unreachable env: exit 1 expected"; }
 [ "$(grep -o "127.0.0.1:9" "$T/err-gone" | wc -l)" -eq 2 ] || { cat "$T/err-gone"; fail "unreachable env: the error should name it once (and the resolved config once)"; }
 grep -q "rollout summary" "$T/out-gone" && fail "unreachable env: a summary of nothing printed"
+# a run that could not start leaves no new store behind (an existing one stays as it was)
+[ -e "$T/db-gone" ] && fail "unreachable env: an empty store left behind"
+"$BIN" rollout "$T/exp.json" --ckpt "$T/no-such-ckpt" --out "$T/db-nockpt" --tasks 1 > /dev/null 2>&1
+[ $? -eq 1 ] && [ ! -e "$T/db-nockpt" ] || fail "missing checkpoint: exit 1 and no store expected"
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify"; }
 "$BIN" replay rescore "$T/db" rollout/g000000/r0 rollout/g000001/r1 --ckpt "$T/ckpt" --json > "$T/rescore" \
     || fail "rescore"
