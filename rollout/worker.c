@@ -109,6 +109,9 @@ static arl_status tasks_load(arl_rollout_worker *w) {
     fclose(f);
     if (s == ARL_OK && w->n_tasks == 0)
         s = arl_errorf(ARL_ERR_CONFIG, "%s: no tasks", c->task_file);
+    if (s == ARL_OK && c->tasks > w->n_tasks)
+        arl_log_warn("rollout: tasks %lld, but task-file %s holds %lld: all of them are run",
+                     (long long)c->tasks, c->task_file, (long long)w->n_tasks);
     return s;
 }
 

@@ -159,6 +159,12 @@ grep -qxF "  agentrl rollout $T/exp.json --ckpt $T/ckpt --out $T/db-term --tasks
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --tasks 4 --shard 1 > /dev/null 2>&1 ||
     fail "the continue command failed"
 "$BIN" replay list "$T/db-term" --status running | grep -q "^rollout/" && fail "trajectories left running"
+# more tasks asked for than the task file holds: all of them run, and it says so
+printf '{"id": "a", "seed": 1}\n{"id": "b", "seed": 2}\n' > "$T/two-tasks.jsonl"
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-tf" --task-file "$T/two-tasks.jsonl" \
+    --tasks 5 --group-size 1 --max-turns 1 > /dev/null 2> "$T/err-tf" || { cat "$T/err-tf"; fail "task file"; }
+grep -q "warning: rollout: tasks 5, but task-file .*two-tasks.jsonl holds 2: all of them are run" "$T/err-tf" \
+    || { cat "$T/err-tf"; fail "task file shorter than --tasks: no warning"; }
 # usage errors
 "$BIN" rollout "$T/exp.json" --out "$T/db" > /dev/null 2>&1; [ $? -eq 2 ] || fail "missing --ckpt: exit 2"
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --bogus 1 > /dev/null 2>&1
