@@ -30,7 +30,9 @@ int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
 int cli_fail(arl_status s);
 
 /* ARL_OK when dir (the value of option opt, "--ckpt") is a directory, else an error that names
- * the option and says what a checkpoint is: before a config path is taken for a checkpoint. */
+ * the option and says what a checkpoint is: before a config path is taken for a checkpoint.
+ * Missing and not a directory are both ARL_ERR_NOT_FOUND (exit 1), as every command treats an
+ * input path that is not there (ARL_ERR_IO when it cannot be looked at). */
 arl_status cli_check_ckpt_dir(const char *opt, const char *dir);
 
 /* From here on SIGINT and SIGTERM first print, on standard error, that `agentrl COMMAND` was
@@ -53,9 +55,28 @@ void cli_note_on_interrupt_then(const char *command, const char *then, int n,
  * leaves no partial output.  Set it after creating the file; clear it after the rename. */
 void cli_remove_on_interrupt(const char *path);
 
+/* The same for a temporary directory of plain files (a checkpoint being written beside the one
+ * it replaces): while dir is set, SIGINT and SIGTERM first remove the files in it and then it. */
+void cli_remove_dir_on_interrupt(const char *dir);
+
+/* For a command that is not continued: SIGINT and SIGTERM print text (copied; at most 8191
+ * bytes) on standard error, then end the process by that signal. */
+void cli_note_on_interrupt_text(const char *text);
+
+/* An output file written whole or not at all.  cli_out_open makes a temporary file beside path
+ * ("PATH.tmp-XXXXXX"; *tmp, owned by cli_out_commit) open for writing in *f, removed if the
+ * command is interrupted; errors name the option opt ("--out") and path: ARL_ERR_ARG for an
+ * empty name or a directory, ARL_ERR_IO or ARL_ERR_FULL when it cannot be made (nothing to
+ * commit then).  cli_out_commit closes f and, when s is ARL_OK and the data reached the disk,
+ * renames tmp onto path, else removes tmp: path is the whole output or left as it was.  It
+ * returns s, or the error that writing, closing or renaming met, and frees tmp. */
+arl_status cli_out_open(const char *opt, const char *path, char **tmp, FILE **f);
+arl_status cli_out_commit(arl_status s, FILE *f, char *tmp, const char *opt, const char *path);
+
 /* Between cli_interrupt_defer and cli_interrupt_resume (a short step that must not be cut in
  * two: writing an output file), SIGINT and SIGTERM are only noted, in any thread; resume puts
- * back what they did before and, when one came, raises it then. */
+ * back what they did before and, when one came, raises it then.  A note or a path to remove set
+ * in between takes effect at resume (before the signal is raised). */
 void cli_interrupt_defer(void);
 void cli_interrupt_resume(void);
 

@@ -3,13 +3,9 @@
  * with the tool list; envs/builtin/teacher.h) for SFT warm-starts.  Episode i uses task seed
  * S + i; only successful episodes are written.  --out FILE is written under a temporary name and
  * renamed when complete: a failure or an interrupt leaves an existing FILE as it was. */
-#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "cli/cli.h"
 #include "envs/builtin/teacher.h"
@@ -41,61 +37,6 @@ static const arl_option env_demos_tab[] = {
 };
 #define ENV_DEMOS_N ARL_OPTIONS_COUNT(env_demos_tab)
 
-/* A temporary file beside path (*tmp: "PATH.tmp-XXXXXX", caller frees) opened for writing,
- * removed if the command is interrupted; renamed onto path by out_commit. */
-static arl_status out_open(const char *path, char **tmp, FILE **f) {
-    *f = NULL;
-    *tmp = NULL;
-    struct stat st;
-    if (!*path) return arl_errorf(ARL_ERR_ARG, "--out: empty file name");
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-        return arl_errorf(ARL_ERR_ARG,
-                          "--out %s: is a directory; give the name of the file to write", path);
-    size_t n = strlen(path) + 16;
-    char *t = malloc(n);
-    if (!t) return arl_errorf(ARL_ERR_NOMEM, "out of memory");
-    snprintf(t, n, "%s.tmp-XXXXXX", path);
-    int fd = mkstemp(t);
-    if (fd < 0) {
-        arl_status s = arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
-                                  "--out %s: cannot create a file beside it: %s (does its "
-                                  "directory exist and is it writable?)",
-                                  path, strerror(errno));
-        free(t);
-        return s;
-    }
-    cli_remove_on_interrupt(t);
-    if (fchmod(fd, 0644) != 0 || !(*f = fdopen(fd, "w"))) {
-        arl_status s = arl_errorf(ARL_ERR_IO, "--out %s: %s: %s", path, t, strerror(errno));
-        close(fd);
-        unlink(t);
-        cli_remove_on_interrupt(NULL);
-        free(t);
-        return s;
-    }
-    *tmp = t;
-    return ARL_OK;
-}
-
-/* Close f; when s is ARL_OK (and the data reached the disk) rename tmp onto path, else remove
- * tmp: path is the whole output or left as it was. */
-static arl_status out_commit(arl_status s, FILE *f, char *tmp, const char *path) {
-    if (fflush(f) != 0 && !s)
-        s = arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO, "--out %s: write failed: %s",
-                       path, strerror(errno));
-    if (!s && fsync(fileno(f)) != 0)
-        s = arl_errorf(ARL_ERR_IO, "--out %s: fsync failed: %s", path, strerror(errno));
-    if (fclose(f) != 0 && !s)
-        s = arl_errorf(ARL_ERR_IO, "--out %s: write failed: %s", path, strerror(errno));
-    if (!s && rename(tmp, path) != 0)
-        s = arl_errorf(ARL_ERR_IO, "--out %s: cannot rename %s onto it: %s", path, tmp,
-                       strerror(errno));
-    if (s) unlink(tmp);
-    cli_remove_on_interrupt(NULL);
-    free(tmp);
-    return s;
-}
-
 int cmd_env_demos(int argc, char **argv) {
     env_demos_opts o;
     int r = cli_parse(env_demos_tab, ENV_DEMOS_N, argc, argv, &o,
@@ -111,10 +52,10 @@ int cmd_env_demos(int argc, char **argv) {
     memset(&st, 0, sizeof st);
     /* a file is written under a temporary name and renamed when complete: an error or an
      * interrupt leaves an existing --out file as it was */
-    arl_status s = to_file ? out_open(o.out, &tmp, &f) : ARL_OK;
+    arl_status s = to_file ? cli_out_open("--out", o.out, &tmp, &f) : ARL_OK;
     if (!s) {
         s = arl_env_demos_write(o.name, o.episodes, (uint64_t)o.seed, o.options, f, &st);
-        if (to_file) s = out_commit(s, f, tmp, o.out);
+        if (to_file) s = cli_out_commit(s, f, tmp, "--out", o.out);
     }
     int rc = ARL_EXIT_OK;
     if (s != ARL_OK) {

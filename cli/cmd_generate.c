@@ -4,11 +4,13 @@
  * template plus the generation prompt (docs/chat_template.md); the prompt is prefilled into a
  * decode state (policy/model.h), then tokens are drawn one at a time (policy/sample.h) until
  * <|end_of_msg|> or --max-tokens.  The decoded text of the drawn tokens (without the stop
- * token; special tokens by name) goes to stdout; a summary line goes to stderr.
+ * token; special tokens by name) goes to stdout as each is drawn, so that an interrupted or
+ * failed generation shows what it had sampled; a summary line goes to stderr.
  * --device cuda: prefill and decode steps run on the GPU (policy/model_device.h, decode steps
  * replayed as a CUDA graph); an --image's rows are encoded by the vision tower on the CPU and
  * placed by the device prefill.
  */
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,13 +102,12 @@ typedef struct gen_run {
     float *media;
     int64_t n_media;
     float *logits;
-    int32_t *out;
+    int printed; /* text went to stdout (a newline ends it) */
 } gen_run;
 
 static void gen_run_free(gen_run *g) {
     free(g->media);
     free(g->logits);
-    free(g->out);
     arl_image_free(&g->img);
     arl_chat_tokens_free(&g->prompt);
     arl_chat_conv_free(&g->conv);
@@ -135,6 +136,18 @@ static arl_status make_template(const arl_model_config *cfg, int64_t max_patches
     if (s)
         return arl_error_prefix(s, "the checkpoint's vocabulary does not fit the byte-level "
                                    "chat template");
+    return ARL_OK;
+}
+
+/* Print the text of one drawn token (a byte as itself, a special by name) at once: stdout is
+ * flushed, so what was sampled is there when the process is interrupted. */
+static arl_status print_token(const arl_tokenizer_spec *tok, int32_t id) {
+    char *text;
+    size_t len;
+    ARL_TRY(arl_tokenizer_decode(tok, &id, 1, 0, &text, &len));
+    const int ok = fwrite(text, 1, len, stdout) == len && fflush(stdout) == 0;
+    free(text);
+    if (!ok) return arl_errorf(ARL_ERR_IO, "standard output: write failed: %s", strerror(errno));
     return ARL_OK;
 }
 
@@ -182,8 +195,7 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
     ARL_TRY(arl_sampler_init(&g->smp, cfg->dims.V));
     const int64_t V = cfg->dims.V;
     g->logits = malloc(sizeof(float) * (size_t)V);
-    g->out = malloc(sizeof(int32_t) * (size_t)o->max_tokens);
-    if (!g->logits || !g->out) return arl_errorf(ARL_ERR_NOMEM, "out of memory");
+    if (!g->logits) return arl_errorf(ARL_ERR_NOMEM, "out of memory");
 
     double t0 = now_s();
     int32_t slot = 0;
@@ -206,6 +218,8 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
     int64_t n_out = 0;
     int stopped = 0;
     double sum_lp = 0;
+    cli_note_on_interrupt_text("\nagentrl: interrupted: generate stops here; the text above is "
+                               "what it had sampled\n");
     while (n_out < o->max_tokens) {
         float lp_raw;
         int32_t tok = arl_sample(&g->smp, g->logits, &sp, &rng, NULL, &lp_raw);
@@ -213,7 +227,9 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
         for (size_t i = 0; i < n_stop; i++)
             stopped |= tok == stop[i];
         if (stopped) break;
-        g->out[n_out++] = tok;
+        n_out++;
+        ARL_TRY(print_token(&t.tok, tok));
+        g->printed = 1;
         if (n_out == o->max_tokens) break;
         if (g->on_dev)
             ARL_TRY(arl_model_dev_decode_step(&g->md, &slot, 1, &tok, g->logits, NULL));
@@ -222,12 +238,10 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
     }
     double t2 = now_s();
 
-    char *text;
-    size_t len;
-    ARL_TRY(arl_tokenizer_decode(&t.tok, g->out, (size_t)n_out, 0, &text, &len));
-    fwrite(text, 1, len, stdout);
     putchar('\n');
-    free(text);
+    g->printed = 0;
+    if (fflush(stdout) != 0)
+        return arl_errorf(ARL_ERR_IO, "standard output: write failed: %s", strerror(errno));
     arl_log_info("prompt %lld tokens (prefill %.2f s), generated %lld tokens in %.2f s "
                  "(%.1f tokens/s), %s, sum log-prob %.4f",
                  (long long)n_prompt, t1 - t0, (long long)n_out, t2 - t1,
@@ -240,6 +254,12 @@ int cmd_generate(int argc, char **argv) {
     generate_opts o;
     int rc = cli_parse(generate_tab, GENERATE_N, argc, argv, &o, generate_usage, generate_summary);
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
+    if (!o.prompt[0] && !o.image) { /* (an image alone is a user message) */
+        fprintf(stderr, "agentrl: error: --prompt: empty (give the user message text)\nusage: %s\n",
+                generate_usage);
+        arl_options_free(generate_tab, GENERATE_N, &o);
+        return ARL_EXIT_USAGE;
+    }
     arl_options_print_resolved(stderr, "generate", generate_tab, GENERATE_N, &o);
     gen_run g;
     memset(&g, 0, sizeof g);
@@ -248,6 +268,7 @@ int cmd_generate(int argc, char **argv) {
     arl_status s = ARL_OK;
     if (o.threads > 0) s = arl_k_threads_init((int)o.threads);
     if (!s) s = generate(&o, &g);
+    if (g.printed) putchar('\n'); /* the end of the text drawn before the failure */
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
     gen_run_free(&g);
     arl_options_free(generate_tab, GENERATE_N, &o);

@@ -312,8 +312,9 @@ static const arl_option model_init_tab[] = {
     {"threads", ARL_OPT_INT, offsetof(model_init_opts, threads), "0",
      "initialisation threads (0: one per CPU, at most 16)", 0, 16, NULL, 0, "N"},
     {"force", ARL_OPT_BOOL, offsetof(model_init_opts, force), "false",
-     "write into OUT_DIR even if it is not empty (replaces the checkpoint files)", 0, 0, NULL, 0,
-     NULL},
+     "replace the checkpoint in OUT_DIR if it holds one (in one step, when the new one is "
+     "complete; OUT_DIR must hold nothing else)",
+     0, 0, NULL, 0, NULL},
 };
 
 /* 1 if path is a directory with entries other than . and .. */
@@ -334,6 +335,22 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The interrupt notes of model init, out is OUT_DIR: before and after the commit. */
+static void note_interrupt(const char *out, int committed) {
+    char note[4400];
+    if (committed)
+        snprintf(note, sizeof note,
+                 "\nagentrl: interrupted: model init stops here; the new checkpoint in %s is "
+                 "complete\n",
+                 out);
+    else
+        snprintf(note, sizeof note,
+                 "\nagentrl: interrupted: model init stops here; %s is as it was (the unfinished "
+                 "checkpoint beside it is removed)\n",
+                 out);
+    cli_note_on_interrupt_text(note);
+}
+
 int cmd_model_init(int argc, char **argv) {
     model_init_opts o;
     const size_t nopt = ARL_OPTIONS_COUNT(model_init_tab);
@@ -347,7 +364,7 @@ int cmd_model_init(int argc, char **argv) {
     arl_model_params p;
     memset(&p, 0, sizeof p);
     arl_status s = ARL_OK;
-    char *end = NULL;
+    char *end = NULL, *target = NULL, tmp[1200] = "";
     errno = 0;
     unsigned long long seed = strtoull(o.seed, &end, 10);
     if (o.seed[0] < '0' || o.seed[0] > '9' || *end || errno) { /* strtoull took " 5", "-1" */
@@ -367,10 +384,19 @@ int cmd_model_init(int argc, char **argv) {
     if (!o.force && dir_nonempty(o.out)) {
         s = arl_errorf(ARL_ERR_STATE,
                        "%s: directory is not empty; refusing to overwrite (use --force to replace "
-                       "the checkpoint files in it)",
+                       "the checkpoint in it)",
                        o.out);
         goto done;
     }
+    /* the checkpoint is written beside the directory it goes to (a symbolic link's target) and
+     * takes its place when complete: refused now, before the work, if that would remove more */
+    target = lstat(o.out, &st) == 0 && S_ISLNK(st.st_mode) ? realpath(o.out, NULL) : strdup(o.out);
+    if (!target) {
+        s = arl_errorf(ARL_ERR_IO, "%s: %s", o.out, strerror(errno));
+        goto done;
+    }
+    s = arl_checkpoint_check_replaceable(target);
+    if (s) goto done;
     s = arl_model_config_load(o.config, &cfg);
     if (s) goto done;
     arl_options_print_resolved(stderr, "model init", model_init_tab, nopt, &o);
@@ -385,7 +411,27 @@ int cmd_model_init(int argc, char **argv) {
     s = arl_params_init(&p, &cfg, (uint64_t)seed, (int)o.threads);
     if (s) goto done;
     double t1 = now_s();
-    s = arl_checkpoint_save(o.out, &cfg, &p, (uint64_t)o.shard_size);
+    /* an interrupt from here removes the unfinished checkpoint; the commit is not cut in two */
+    note_interrupt(o.out, 0);
+    cli_interrupt_defer();
+    s = arl_checkpoint_tmp_create(target, tmp, sizeof tmp);
+    if (s)
+        tmp[0] = 0;
+    else
+        cli_remove_dir_on_interrupt(tmp);
+    cli_interrupt_resume();
+    if (s) goto done;
+    s = arl_checkpoint_save(tmp, &cfg, &p, (uint64_t)o.shard_size);
+    if (s) goto done;
+    int64_t old_files = -1;
+    cli_interrupt_defer();
+    s = arl_checkpoint_commit(tmp, target, &old_files);
+    if (!s) {
+        tmp[0] = 0;
+        cli_remove_dir_on_interrupt(NULL);
+        note_interrupt(o.out, 1);
+    }
+    cli_interrupt_resume();
     if (s) goto done;
     double t2 = now_s();
     {
@@ -398,10 +444,18 @@ int cmd_model_init(int argc, char **argv) {
                o.out, arl_st_dir_shard_count(d), arl_st_dir_shard_count(d) == 1 ? "" : "s",
                (long long)arl_st_dir_count(d), commas(c.total_params, a, sizeof a),
                human_bytes((int64_t)arl_st_dir_data_bytes(d), b, sizeof b), t1 - t0, t2 - t1);
+        if (old_files > 0)
+            printf("replaced the checkpoint that was in %s (its %lld file%s removed)\n", o.out,
+                   (long long)old_files, old_files == 1 ? "" : "s");
         arl_st_dir_close(d);
     }
 done:
+    if (tmp[0]) { /* a failure: the unfinished checkpoint goes, OUT_DIR is as it was */
+        arl_checkpoint_tmp_remove(tmp);
+        cli_remove_dir_on_interrupt(NULL);
+    }
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
+    free(target);
     arl_model_params_free(&p);
     arl_model_config_free(&cfg);
     arl_options_free(model_init_tab, nopt, &o);

@@ -367,22 +367,21 @@ int cmd_replay_export(int argc, char **argv) {
     replay_filter f;
     replay_store *st = NULL;
     FILE *out = stdout;
+    char *tmp = NULL;
     if (!(rc = to_filter(&o, &f)) && !(rc = open_store(o.db, REPLAY_OPEN_READONLY, &st))) {
-        if (o.output && !(out = fopen(o.output, "w"))) {
-            fprintf(stderr, "agentrl: error: cannot write %s: %s\n", o.output, strerror(errno));
-            rc = ARL_EXIT_FAIL;
-        } else {
+        /* --output is written under a temporary name and renamed when complete: a failure or
+         * an interrupt leaves an existing file as it was */
+        arl_status s = o.output ? cli_out_open("--output", o.output, &tmp, &out) : ARL_OK;
+        int64_t count = 0;
+        if (!s) {
             replay_export_opts eo = {
                 .tokens = o.tokens, .learner = o.learner, .raw = o.raw, .full = o.full};
-            int64_t count = 0;
-            arl_status s = replay_export(st, &f, &eo, out, &count);
-            if (out != stdout && fclose(out) && s == ARL_OK)
-                s = arl_errorf(ARL_ERR_IO, "writing %s: %s (disk full?)", o.output,
-                               strerror(errno));
-            rc = s == ARL_OK ? 0 : cli_fail(s);
-            if (!rc && o.output)
-                fprintf(stderr, "exported %lld trajectories to %s\n", (long long)count, o.output);
+            s = replay_export(st, &f, &eo, out, &count);
+            if (o.output) s = cli_out_commit(s, out, tmp, "--output", o.output);
         }
+        rc = s == ARL_OK ? 0 : cli_fail(s);
+        if (!rc && o.output)
+            fprintf(stderr, "exported %lld trajectories to %s\n", (long long)count, o.output);
     }
     replay_store_close(st);
     arl_options_free(export_tab, n, &o);

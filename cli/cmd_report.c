@@ -67,7 +67,7 @@ int cmd_report(int argc, char **argv) {
     arl_report_result res = {0};
     arl_metrics_stats st = {0};
     arl_status s = o.out ? check_out_dir(o.run, o.out) : ARL_OK;
-    if (!s) s = arl_report_generate(o.run, o.out, o.title, &res, &st);
+    if (!s) s = arl_report_generate_strict(o.run, o.out, o.title, &res, &st);
     if (s != ARL_OK) {
         arl_options_free(report_tab, REPORT_N, &o);
         return cli_fail(s);

@@ -1,10 +1,16 @@
 /* cli/interrupt.c: what a run says when it is interrupted or stopped by a failure it can be
  * continued after (cli.h cli_note_on_interrupt, cli_note_on_failure), and how an interrupt leaves
- * no partial output file (cli_remove_on_interrupt, cli_interrupt_defer). */
+ * no partial output file or directory (cli_remove_on_interrupt, cli_remove_dir_on_interrupt,
+ * cli_interrupt_defer, cli_out_open). */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -15,12 +21,37 @@ static const char *g_command; /* "train", "sft", "rollout": set when armed */
 static const char *g_cmd; /* "  agentrl COMMAND ARGS --resume\n" in g_note, or NULL (too long) */
 static char g_flag[64];   /* what the continuing command adds: "--resume", "--shard 3" */
 
-static char g_remove[4096]; /* cli_remove_on_interrupt's file, "" for none */
+static char g_remove[4096];     /* cli_remove_on_interrupt's file, "" for none */
+static char g_remove_dir[4096]; /* cli_remove_dir_on_interrupt's directory, "" for none */
+
+/* Remove the plain files in dir, then dir: async-signal-safe (open, getdents64, unlinkat, rmdir,
+ * close; no allocation).  A few passes, in case entries moved while they were being removed. */
+static void remove_dir_now(const char *dir) {
+    static char buf[8192] __attribute__((aligned(8)));
+    for (int pass = 0; pass < 4; pass++) {
+        const int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0) return;
+        int removed = 0;
+        long n;
+        while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0)
+            for (long at = 0; at < n;) {
+                /* struct linux_dirent64: ino 8, off 8, reclen 2, type 1, then the name */
+                unsigned short reclen;
+                memcpy(&reclen, buf + at + 16, sizeof reclen);
+                const char *name = buf + at + 19;
+                if (strcmp(name, ".") && strcmp(name, "..")) removed += unlinkat(fd, name, 0) == 0;
+                at += reclen;
+            }
+        close(fd);
+        if (rmdir(dir) == 0 || !removed) return;
+    }
+}
 
 static void on_interrupt(int sig) {
-    /* async-signal-safe: unlink(2), write(2), then the signal again with its default action
-     * (SA_RESETHAND restored it; it is blocked until this handler returns) */
+    /* async-signal-safe: unlink(2), remove_dir_now, write(2), then the signal again with its
+     * default action (SA_RESETHAND restored it; it is blocked until this handler returns) */
     if (g_remove[0]) unlink(g_remove);
+    if (g_remove_dir[0]) remove_dir_now(g_remove_dir);
     ssize_t w = write(STDERR_FILENO, g_note, g_note_len);
     (void)w;
     raise(sig);
@@ -103,7 +134,14 @@ static void install(void (*handler)(int), int flags, struct sigaction old[2], in
                       sigaction(sigs[i], &sa, NULL) == 0;
 }
 
+static int g_deferring; /* between cli_interrupt_defer and cli_interrupt_resume */
+static int g_arm_later; /* arm() came while deferring: cli_interrupt_resume arms */
+
 static void arm(void) {
+    if (g_deferring) { /* (installing now would end the deferral) */
+        g_arm_later = 1;
+        return;
+    }
     struct sigaction old[2];
     int replaced[2];
     install(on_interrupt, SA_RESETHAND, old, replaced);
@@ -136,19 +174,38 @@ void cli_note_on_failure(arl_status s) {
         fprintf(stderr, " the same command and %s.\n", g_flag);
 }
 
-void cli_remove_on_interrupt(const char *path) {
-    /* the signals held while g_remove changes, so that the handler never sees half a name */
+void cli_note_on_interrupt_text(const char *text) {
+    size_t n = strlen(text);
+    if (n >= sizeof g_note) n = sizeof g_note - 1;
+    memcpy(g_note, text, n);
+    g_note[n] = 0;
+    g_note_len = n;
+    g_command = NULL; /* (no failure note: this command is not continued) */
+    arm();
+}
+
+/* Set dst (a handler's path) to path or "" (NULL, or too long), with the signals held so that
+ * the handler never sees half a name. */
+static void set_remove_path(char *dst, size_t cap, const char *path) {
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, SIGINT);
     sigaddset(&block, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &block, &old);
-    if (path && strlen(path) < sizeof g_remove)
-        memcpy(g_remove, path, strlen(path) + 1);
+    if (path && strlen(path) < cap)
+        memcpy(dst, path, strlen(path) + 1);
     else
-        g_remove[0] = 0;
+        dst[0] = 0;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (path) arm();
+}
+
+void cli_remove_on_interrupt(const char *path) {
+    set_remove_path(g_remove, sizeof g_remove, path);
+}
+
+void cli_remove_dir_on_interrupt(const char *dir) {
+    set_remove_path(g_remove_dir, sizeof g_remove_dir, dir);
 }
 
 static volatile sig_atomic_t g_deferred; /* the signal that came while deferred, or 0 */
@@ -162,6 +219,7 @@ static void on_deferred(int sig) {
 void cli_interrupt_defer(void) {
     g_deferred = 0;
     install(on_deferred, SA_RESTART, g_before, g_replaced);
+    g_deferring = 1;
 }
 
 void cli_interrupt_resume(void) {
@@ -169,5 +227,59 @@ void cli_interrupt_resume(void) {
     for (int i = 0; i < 2; i++)
         if (g_replaced[i]) sigaction(sigs[i], &g_before[i], NULL);
     g_replaced[0] = g_replaced[1] = 0;
+    g_deferring = 0;
+    if (g_arm_later) arm();
+    g_arm_later = 0;
     if (g_deferred) raise(g_deferred);
+}
+
+arl_status cli_out_open(const char *opt, const char *path, char **tmp, FILE **f) {
+    *f = NULL;
+    *tmp = NULL;
+    struct stat st;
+    if (!*path) return arl_errorf(ARL_ERR_ARG, "%s: empty file name", opt);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return arl_errorf(ARL_ERR_ARG, "%s %s: is a directory; give the name of the file to write",
+                          opt, path);
+    size_t n = strlen(path) + 16;
+    char *t = malloc(n);
+    if (!t) return arl_errorf(ARL_ERR_NOMEM, "out of memory");
+    snprintf(t, n, "%s.tmp-XXXXXX", path);
+    int fd = mkstemp(t);
+    if (fd < 0) {
+        arl_status s = arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
+                                  "%s %s: cannot create a file beside it: %s (does its "
+                                  "directory exist and is it writable?)",
+                                  opt, path, strerror(errno));
+        free(t);
+        return s;
+    }
+    cli_remove_on_interrupt(t);
+    if (fchmod(fd, 0644) != 0 || !(*f = fdopen(fd, "w"))) {
+        arl_status s = arl_errorf(ARL_ERR_IO, "%s %s: %s: %s", opt, path, t, strerror(errno));
+        close(fd);
+        unlink(t);
+        cli_remove_on_interrupt(NULL);
+        free(t);
+        return s;
+    }
+    *tmp = t;
+    return ARL_OK;
+}
+
+arl_status cli_out_commit(arl_status s, FILE *f, char *tmp, const char *opt, const char *path) {
+    if (fflush(f) != 0 && !s)
+        s = arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO, "%s %s: write failed: %s", opt,
+                       path, strerror(errno));
+    if (!s && fsync(fileno(f)) != 0)
+        s = arl_errorf(ARL_ERR_IO, "%s %s: fsync failed: %s", opt, path, strerror(errno));
+    if (fclose(f) != 0 && !s)
+        s = arl_errorf(ARL_ERR_IO, "%s %s: write failed: %s", opt, path, strerror(errno));
+    if (!s && rename(tmp, path) != 0)
+        s = arl_errorf(ARL_ERR_IO, "%s %s: cannot rename %s onto it: %s", opt, path, tmp,
+                       strerror(errno));
+    if (s) unlink(tmp);
+    cli_remove_on_interrupt(NULL);
+    free(tmp);
+    return s;
 }

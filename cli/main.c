@@ -94,8 +94,8 @@ arl_status cli_check_ckpt_dir(const char *opt, const char *dir) {
                           "%s %s: %s (give a checkpoint directory: config.json and "
                           "model.safetensors, as agentrl model init or train writes)",
                           opt, dir, strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return arl_errorf(ARL_ERR_ARG,
+    if (!S_ISDIR(st.st_mode)) /* an input that is not there, as a missing one: exit 1 */
+        return arl_errorf(ARL_ERR_NOT_FOUND,
                           "%s %s: not a directory (give the checkpoint directory that holds "
                           "config.json and model.safetensors)",
                           opt, dir);

@@ -538,6 +538,38 @@ int64_t arl_metrics_rows(const arl_metrics *m) {
     return m->n_rows;
 }
 
+arl_status arl_metrics_check_rows(const arl_metrics *m) {
+    const arl_metrics_stats *st = &m->st;
+    if (m->n_rows > 0) return ARL_OK;
+    const char *why = "(a run writes one line per update: has this one run an update yet?)";
+    if (st->objects == 0 && st->malformed == 0)
+        return arl_errorf(ARL_ERR_FORMAT,
+                          st->lines ? "%s: only blank lines: no metrics to report %s"
+                                    : "%s: the file is empty: no metrics to report %s",
+                          m->where, why);
+    if (st->objects == 0)
+        return arl_errorf(ARL_ERR_FORMAT,
+                          "%s: none of its %lld line%s is a metrics line (a JSON object); %lld "
+                          "malformed, the first: %s",
+                          m->where, (long long)st->lines, st->lines == 1 ? "" : "s",
+                          (long long)st->malformed, st->malformed_msg);
+    char objects[64];
+    if (st->objects == 1)
+        snprintf(objects, sizeof objects, "its one JSON object");
+    else
+        snprintf(objects, sizeof objects, "any of its %lld JSON objects", (long long)st->objects);
+    if (st->non_numeric)
+        return arl_errorf(ARL_ERR_FORMAT,
+                          "%s: no numeric metric in %s (%lld non-numeric value%s skipped, the "
+                          "first: line %lld, key \"%s\"); expected {\"name\": number, ...}",
+                          m->where, objects, (long long)st->non_numeric,
+                          st->non_numeric == 1 ? "" : "s", (long long)st->non_numeric_line,
+                          st->non_numeric_key);
+    return arl_errorf(ARL_ERR_FORMAT,
+                      "%s: no numeric metric in %s (%s); expected {\"name\": number, ...}",
+                      m->where, objects, st->objects == 1 ? "empty" : "all empty");
+}
+
 const char *arl_metrics_name(const arl_metrics *m, int32_t k) {
     ARL_ASSERT(k >= 0 && k < m->n_cols);
     return m->cols[m->order[k]].name;
@@ -1424,8 +1456,9 @@ static arl_status copy_file(const char *src, const char *dst) {
     return ARL_OK;
 }
 
-arl_status arl_report_generate(const char *run_dir, const char *out_dir, const char *title,
-                               arl_report_result *res, arl_metrics_stats *stats) {
+/* arl_report_generate, and with need_rows arl_report_generate_strict */
+static arl_status report_generate(const char *run_dir, const char *out_dir, const char *title,
+                                  int need_rows, arl_report_result *res, arl_metrics_stats *stats) {
     if (!out_dir) out_dir = run_dir;
     char mpath[4096], epath[4096];
     ARL_TRY(path_join(mpath, sizeof mpath, run_dir, "metrics.jsonl"));
@@ -1449,7 +1482,8 @@ arl_status arl_report_generate(const char *run_dir, const char *out_dir, const c
     arl_metrics *m = NULL;
     ARL_TRY(arl_metrics_read(mpath, &m));
     if (stats) *stats = m->st;
-    arl_status s = arl_mkdir_p(out_dir);
+    arl_status s = need_rows ? arl_metrics_check_rows(m) : ARL_OK;
+    if (s == ARL_OK) s = arl_mkdir_p(out_dir);
     /* a separate output folder gets copies of the inputs */
     char *rin = s == ARL_OK ? realpath(run_dir, NULL) : NULL;
     char *rout = s == ARL_OK ? realpath(out_dir, NULL) : NULL;
@@ -1468,4 +1502,14 @@ arl_status arl_report_generate(const char *run_dir, const char *out_dir, const c
     }
     arl_metrics_free(m);
     return s;
+}
+
+arl_status arl_report_generate(const char *run_dir, const char *out_dir, const char *title,
+                               arl_report_result *res, arl_metrics_stats *stats) {
+    return report_generate(run_dir, out_dir, title, 0, res, stats);
+}
+
+arl_status arl_report_generate_strict(const char *run_dir, const char *out_dir, const char *title,
+                                      arl_report_result *res, arl_metrics_stats *stats) {
+    return report_generate(run_dir, out_dir, title, 1, res, stats);
 }

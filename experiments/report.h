@@ -99,6 +99,11 @@ const arl_metrics_stats *arl_metrics_get_stats(const arl_metrics *m);
 int32_t arl_metrics_count(const arl_metrics *m);
 int64_t arl_metrics_rows(const arl_metrics *m);
 
+/* ARL_OK when m has a row, else ARL_ERR_FORMAT with a message that names the file (the `where`
+ * of arl_metrics_read_text) and says what it held instead: nothing, only blank lines, only
+ * malformed lines (how many, and the first one's problem), or objects without a number. */
+arl_status arl_metrics_check_rows(const arl_metrics *m);
+
 /* Name of column k, 0 <= k < count, in the stable order ("step" first, then natural order).
  * Valid until arl_metrics_free. */
 const char *arl_metrics_name(const arl_metrics *m, int32_t k);
@@ -243,5 +248,11 @@ arl_status arl_report_write(const arl_metrics *m, const char *out_dir, const arl
  * be NULL.  *stats (may be NULL) receives what reading the metrics saw. */
 arl_status arl_report_generate(const char *run_dir, const char *out_dir, const char *title,
                                arl_report_result *res, arl_metrics_stats *stats);
+
+/* The same, except that metrics.jsonl without a single numeric metric (arl_metrics_check_rows:
+ * empty, or no line valid) is that error and nothing is written or copied: `agentrl report`.
+ * (arl_report_generate, at the end of `agentrl train`, writes a report of the evaluation alone.) */
+arl_status arl_report_generate_strict(const char *run_dir, const char *out_dir, const char *title,
+                                      arl_report_result *res, arl_metrics_stats *stats);
 
 #endif

@@ -10,11 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "core/assert.h"
 #include "core/dtype.h"
 #include "core/file.h"
+#include "core/log.h"
 #include "policy/safetensors.h"
 
 /* ------------------------------------------------------------------------------------ */
@@ -322,8 +324,10 @@ arl_status arl_checkpoint_load(const char *dir, const arl_model_config *cfg,
 /* ------------------------------------------------------------------------------------ */
 /* save                                                                                  */
 
-static void remove_tree_flat(const char *dir) {
-    /* only used on our own temporary directory, which holds plain files */
+/* Remove the plain files in dir, then dir (only used on a checkpoint directory: plain files).
+ * Returns the number of files removed; *gone (may be NULL) = 1 when dir no longer exists. */
+static int64_t remove_tree_flat(const char *dir, int *gone) {
+    int64_t n = 0;
     DIR *dp = opendir(dir);
     if (dp) {
         struct dirent *e;
@@ -331,11 +335,13 @@ static void remove_tree_flat(const char *dir) {
         while ((e = readdir(dp))) {
             if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
             snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
+            n += unlink(p) == 0;
         }
         closedir(dp);
     }
-    rmdir(dir);
+    const int ok = rmdir(dir) == 0 || errno == ENOENT;
+    if (gone) *gone = ok;
+    return n;
 }
 
 static void fsync_parent(const char *path) {
@@ -402,6 +408,169 @@ static arl_status write_into(const char *target, const arl_model_config *cfg,
     return arl_model_config_write(cfg, cpath);
 }
 
+/* "DIR.SUFFIX-XXXXXX" beside dir (trailing slashes of dir dropped) */
+static arl_status sibling_name(const char *dir, const char *suffix, char *out, size_t cap) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    const int k = snprintf(out, cap, "%.*s.%s-XXXXXX", (int)n, dir, suffix);
+    if (k < 0 || (size_t)k >= cap)
+        return arl_errorf(ARL_ERR_ARG, "%s: path too long for a checkpoint directory", dir);
+    return ARL_OK;
+}
+
+/* 1 if name is a file that a checkpoint directory holds (or a temporary file of one) */
+static int is_checkpoint_file(const char *name) {
+    char base[256];
+    size_t n = strlen(name);
+    const char *tmp = strstr(name, ".tmp-");
+    if (tmp && strlen(tmp) == strlen(".tmp-XXXXXX")) n = (size_t)(tmp - name);
+    if (n >= sizeof base) return 0;
+    memcpy(base, name, n);
+    base[n] = 0;
+    if (!strcmp(base, "config.json") || !strcmp(base, ARL_ST_SINGLE_NAME) ||
+        !strcmp(base, ARL_ST_INDEX_NAME))
+        return 1;
+    unsigned a, b;
+    int end = 0;
+    return sscanf(base, "model-%5u-of-%5u.safetensors%n", &a, &b, &end) == 2 && end > 0 &&
+           !base[end];
+}
+
+arl_status arl_checkpoint_check_replaceable(const char *dir) {
+    struct stat st;
+    if (lstat(dir, &st) != 0) {
+        if (errno == ENOENT) return ARL_OK;
+        return arl_errorf(ARL_ERR_IO, "%s: cannot stat: %s", dir, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode))
+        return arl_errorf(ARL_ERR_STATE, "%s: exists and is not a directory%s", dir,
+                          S_ISLNK(st.st_mode) ? " (a symbolic link: give the directory itself)"
+                                              : "");
+    DIR *dp = opendir(dir);
+    if (!dp) return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
+    plist other = {{0}, 0, 0};
+    char p[1400];
+    struct dirent *e;
+    while ((e = readdir(dp))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (!is_checkpoint_file(e->d_name) || lstat(p, &st) != 0 || !S_ISREG(st.st_mode))
+            plist_add(&other, "%s", e->d_name);
+    }
+    closedir(dp);
+    if (!other.count) return ARL_OK;
+    char more[64] = "";
+    if (other.count > ARL_CHECKPOINT_MAX_LISTED)
+        snprintf(more, sizeof more, ", and %lld more",
+                 (long long)(other.count - ARL_CHECKPOINT_MAX_LISTED));
+    return arl_errorf(ARL_ERR_STATE,
+                      "%s: holds more than a model checkpoint (config.json, *.safetensors): %s%s; "
+                      "replacing it would remove %s, so nothing was changed (move %s away or "
+                      "give another directory)",
+                      dir, other.text, more, other.count == 1 ? "it" : "them",
+                      other.count == 1 ? "it" : "them");
+}
+
+arl_status arl_checkpoint_tmp_create(const char *dir, char *tmp, size_t cap) {
+    ARL_TRY(sibling_name(dir, "tmp", tmp, cap));
+    char *slash = strrchr(tmp, '/');
+    if (slash && slash > tmp) { /* its missing parents first, as mkdir -p */
+        *slash = 0;
+        const arl_status sp = arl_mkdir_p(tmp);
+        *slash = '/';
+        if (sp) return arl_error_prefix(sp, "%s", dir);
+    }
+    if (!mkdtemp(tmp))
+        return arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
+                          "%s: cannot create a temporary directory %s: %s", dir, tmp,
+                          strerror(errno));
+    chmod(tmp, 0755);
+    return ARL_OK;
+}
+
+void arl_checkpoint_tmp_remove(const char *tmp) {
+    remove_tree_flat(tmp, NULL);
+}
+
+/* The old checkpoint, moved out of dir's place to old: removed (a warning if it cannot be). */
+static int64_t remove_old(const char *old, const char *dir) {
+    int gone;
+    const int64_t n = remove_tree_flat(old, &gone);
+    if (!gone)
+        arl_log_warn("%s: replaced, but its previous checkpoint could not be removed from %s "
+                     "(%s); remove it by hand",
+                     dir, old, strerror(errno));
+    return n;
+}
+
+/* rename(2) that swaps a and b (both exist) in one step; ENOSYS or EINVAL where it cannot */
+static int exchange(const char *a, const char *b) {
+#if defined(SYS_renameat2) && defined(RENAME_EXCHANGE)
+    return (int)syscall(SYS_renameat2, AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE);
+#else
+    (void)a;
+    (void)b;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+arl_status arl_checkpoint_commit(const char *tmp, const char *dir, int64_t *old_files) {
+    if (old_files) *old_files = -1;
+    struct stat st;
+    if (lstat(dir, &st) != 0) {
+        if (errno != ENOENT)
+            return arl_errorf(ARL_ERR_IO, "%s: cannot stat: %s", dir, strerror(errno));
+        if (rename(tmp, dir) != 0)
+            return arl_errorf(ARL_ERR_IO, "%s: cannot rename the finished checkpoint from %s: %s",
+                              dir, tmp, strerror(errno));
+        fsync_parent(dir);
+        return ARL_OK;
+    }
+    ARL_TRY(arl_checkpoint_check_replaceable(dir)); /* (again: it may have changed) */
+    chmod(tmp, st.st_mode & 07777);                 /* the replaced directory's mode */
+    int64_t n = 0;
+    if (exchange(tmp, dir) == 0) {
+        /* one step: dir is the new checkpoint, tmp the old one */
+        fsync_parent(dir);
+        n = remove_old(tmp, dir);
+    } else if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP) {
+        /* a file system without the exchange: move the old one aside, the new one in (the
+         * old one goes back if that fails) */
+        char old[1200];
+        ARL_TRY(sibling_name(dir, "old", old, sizeof old));
+        if (!mkdtemp(old) || rename(dir, old) != 0) {
+            const int e = errno;
+            rmdir(old);
+            return arl_errorf(ARL_ERR_IO, "%s: cannot move the old checkpoint aside to %s: %s", dir,
+                              old, strerror(e));
+        }
+        if (rename(tmp, dir) != 0) {
+            const int e = errno;
+            if (rename(old, dir) != 0)
+                return arl_errorf(ARL_ERR_IO,
+                                  "%s: cannot rename the new checkpoint from %s (%s), nor move "
+                                  "the old one back from %s (%s): move it back by hand",
+                                  dir, tmp, strerror(e), old, strerror(errno));
+            return arl_errorf(ARL_ERR_IO, "%s: cannot rename the new checkpoint from %s: %s", dir,
+                              tmp, strerror(e));
+        }
+        fsync_parent(dir);
+        n = remove_old(old, dir);
+    } else {
+        const int e = errno;
+        return arl_errorf(ARL_ERR_IO,
+                          "%s: cannot put the new checkpoint %s in its place: %s%s; the old one "
+                          "is as it was",
+                          dir, tmp, strerror(e),
+                          e == EBUSY || e == EXDEV ? " (a mount point? give a directory in it)"
+                                                   : "");
+    }
+    if (old_files) *old_files = n;
+    return ARL_OK;
+}
+
 arl_status arl_checkpoint_save(const char *dir, const arl_model_config *cfg,
                                const arl_model_params *params, uint64_t shard_bytes) {
     ARL_ASSERT(params && params->arena);
@@ -413,27 +582,13 @@ arl_status arl_checkpoint_save(const char *dir, const arl_model_config *cfg,
     }
     if (errno != ENOENT) return arl_errorf(ARL_ERR_IO, "%s: cannot stat: %s", dir, strerror(errno));
     char tmp[1200];
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
-        n--;
-    snprintf(tmp, sizeof tmp, "%.*s.tmp-XXXXXX", (int)n, dir);
-    char *slash = strrchr(tmp, '/');
-    if (slash && slash > tmp) { /* its missing parents first, as mkdir -p */
-        *slash = 0;
-        const arl_status sp = arl_mkdir_p(tmp);
-        *slash = '/';
-        if (sp) return arl_error_prefix(sp, "%s", dir);
-    }
-    if (!mkdtemp(tmp))
-        return arl_errorf(ARL_ERR_IO, "%s: cannot create a temporary directory %s: %s", dir, tmp,
-                          strerror(errno));
-    chmod(tmp, 0755);
+    ARL_TRY(arl_checkpoint_tmp_create(dir, tmp, sizeof tmp));
     arl_status s = write_into(tmp, cfg, params, shard_bytes);
     if (!s && rename(tmp, dir) != 0)
         s = arl_errorf(ARL_ERR_IO, "%s: cannot rename the finished checkpoint from %s: %s", dir,
                        tmp, strerror(errno));
     if (s) {
-        remove_tree_flat(tmp);
+        remove_tree_flat(tmp, NULL);
         return s;
     }
     fsync_parent(dir);

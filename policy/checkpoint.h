@@ -22,6 +22,7 @@
 #ifndef ARL_POLICY_CHECKPOINT_H
 #define ARL_POLICY_CHECKPOINT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/status.h"
@@ -49,5 +50,39 @@ arl_status arl_checkpoint_load(const char *dir, const arl_model_config *cfg,
  * config.json is written last. */
 arl_status arl_checkpoint_save(const char *dir, const arl_model_config *cfg,
                                const arl_model_params *params, uint64_t shard_bytes);
+
+/* Replacing a checkpoint directory in one step (agentrl model init), so that at every moment
+ * dir holds either the old complete checkpoint or the new complete one, and no file of the old
+ * one stays beside the new one:
+ *   arl_checkpoint_check_replaceable(dir)          before any work: may dir be replaced?
+ *   arl_checkpoint_tmp_create(dir, tmp, cap)       a new empty directory beside dir
+ *   arl_checkpoint_save(tmp, cfg, params, shard)   the new checkpoint, complete, into it
+ *   arl_checkpoint_commit(tmp, dir, &old_files)    it takes dir's place; the old one is removed
+ * and after a failure before the commit (or of it), arl_checkpoint_tmp_remove(tmp). */
+
+/* ARL_OK when dir does not exist, or is a directory (not a symbolic link) of plain checkpoint
+ * files only: config.json, model.safetensors, model.safetensors.index.json,
+ * model-NNNNN-of-NNNNN.safetensors and temporary files of theirs (NAME.tmp-XXXXXX).  Anything
+ * else (a file of a training checkpoint, a folder, a user's file) is ARL_ERR_STATE listing
+ * those entries: replacing dir would remove them. */
+arl_status arl_checkpoint_check_replaceable(const char *dir);
+
+/* Make the new empty directory "DIR.tmp-XXXXXX" beside dir (dir's missing parents first) and
+ * write its path into tmp (cap bytes; 1200 is enough for any dir this module accepts).
+ * ARL_ERR_IO or ARL_ERR_FULL naming dir; ARL_ERR_ARG for a path too long for tmp. */
+arl_status arl_checkpoint_tmp_create(const char *dir, char *tmp, size_t cap);
+
+/* Remove tmp and the files in it (a directory of arl_checkpoint_tmp_create); errors ignored. */
+void arl_checkpoint_tmp_remove(const char *tmp);
+
+/* Put the complete checkpoint directory tmp (arl_checkpoint_tmp_create's) in dir's place: when
+ * dir does not exist, by rename(2); when it is a replaceable directory (see above: checked again
+ * here), by exchanging the two in one step (renameat2 RENAME_EXCHANGE; on a file system without
+ * it, dir is renamed aside to DIR.old-XXXXXX and tmp onto dir, which a crash between the two
+ * leaves without dir, the old checkpoint whole in DIR.old-XXXXXX), then removing the old one
+ * (a warning if that fails; the new one is in place).  The new directory takes the old one's
+ * permissions.  *old_files (may be NULL): the files of the old checkpoint removed, -1 when dir
+ * did not exist.  On error dir is as it was and tmp is still there (the caller removes it). */
+arl_status arl_checkpoint_commit(const char *tmp, const char *dir, int64_t *old_files);
 
 #endif

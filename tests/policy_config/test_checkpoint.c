@@ -1,7 +1,7 @@
 /* Checkpoint save/load (spec/policy.md section 14): bit-exact round trips (single file and
  * sharded), storage dtypes of a bf16 config, A_log padding rules, the K3 release's MXFP4
- * experts, config mismatch, and one error message listing every missing, unexpected and
- * mis-shaped tensor. */
+ * experts, config mismatch, one error message listing every missing, unexpected and
+ * mis-shaped tensor, and replacing a checkpoint directory in one step. */
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -427,8 +427,63 @@ static void test_mxfp4_experts(void) {
     arl_model_config_free(&c);
 }
 
+/* Replacing a checkpoint in one step: a sharded checkpoint by a single-file one leaves no stale
+ * shard, nothing beside the directory; a directory holding other files is refused, unchanged. */
+static void test_replace(void) {
+    arl_model_config c;
+    if (!load_tiny(&c, NULL, NULL, NULL)) return;
+    arl_model_params p, q;
+    CHECK(arl_model_params_alloc(&p, &c) == ARL_OK);
+    CHECK(arl_model_params_alloc(&q, &c) == ARL_OK);
+    CHECK(arl_params_init(&p, &c, 3, 0) == ARL_OK);
+    char root[600], dir[700], tmp[1200], note[800];
+    snprintf(root, sizeof root, "%s", test_tmpdir("ckpt-replace"));
+    snprintf(dir, sizeof dir, "%s/ck", root);
+    CHECK_EQ_INT(arl_checkpoint_check_replaceable(dir), ARL_OK); /* (none yet) */
+    CHECK_EQ_INT(arl_checkpoint_save(dir, &c, &p, 1u << 20), ARL_OK);
+    CHECK(count_entries(dir, "-of-") >= 10);
+    CHECK_EQ_INT(arl_checkpoint_check_replaceable(dir), ARL_OK);
+    p.embed_tokens[7] = 2.5f;
+    CHECK_EQ_INT(arl_checkpoint_tmp_create(dir, tmp, sizeof tmp), ARL_OK);
+    CHECK(strstr(tmp, "/ck.tmp-") != NULL);
+    CHECK_EQ_INT(arl_checkpoint_save(tmp, &c, &p, 0), ARL_OK);
+    int64_t old_files = -1;
+    CHECK_MSG(arl_checkpoint_commit(tmp, dir, &old_files) == ARL_OK, "%s", arl_error_msg());
+    CHECK(old_files >= 12);                  /* config.json, the index and the shards */
+    CHECK_EQ_INT(count_entries(dir, ""), 4); /* ., .., config.json, model.safetensors */
+    CHECK_EQ_INT(count_entries(dir, "-of-") + count_entries(dir, "index"), 0);
+    CHECK_EQ_INT(count_entries(root, "ck."), 0);
+    CHECK_EQ_INT(arl_checkpoint_load(dir, &c, &q), ARL_OK);
+    CHECK(q.embed_tokens[7] == 2.5f);
+    /* a file that is not the checkpoint's: refused before and at the commit, nothing changed */
+    snprintf(note, sizeof note, "%s/notes.txt", dir);
+    FILE *f = fopen(note, "w");
+    if (f) fclose(f);
+    CHECK_EQ_INT(arl_checkpoint_check_replaceable(dir), ARL_ERR_STATE);
+    CHECK(strstr(arl_error_msg(), "notes.txt") != NULL);
+    CHECK_EQ_INT(arl_checkpoint_tmp_create(dir, tmp, sizeof tmp), ARL_OK);
+    CHECK_EQ_INT(arl_checkpoint_save(tmp, &c, &p, 0), ARL_OK);
+    CHECK_EQ_INT(arl_checkpoint_commit(tmp, dir, NULL), ARL_ERR_STATE);
+    CHECK(access(note, F_OK) == 0 && access(tmp, F_OK) == 0);
+    arl_checkpoint_tmp_remove(tmp);
+    CHECK(access(tmp, F_OK) != 0);
+    /* into a directory that does not exist: a rename */
+    snprintf(dir, sizeof dir, "%s/fresh", root);
+    CHECK_EQ_INT(arl_checkpoint_tmp_create(dir, tmp, sizeof tmp), ARL_OK);
+    CHECK_EQ_INT(arl_checkpoint_save(tmp, &c, &p, 0), ARL_OK);
+    CHECK_EQ_INT(arl_checkpoint_commit(tmp, dir, &old_files), ARL_OK);
+    CHECK(old_files == -1 && access(tmp, F_OK) != 0);
+    CHECK_EQ_INT(arl_checkpoint_load(dir, &c, &q), ARL_OK);
+    arl_error_clear();
+    arl_model_params_free(&p);
+    arl_model_params_free(&q);
+    arl_model_config_free(&c);
+    rm_rf(root);
+}
+
 int main(void) {
     TEST_RUN(test_round_trip);
+    TEST_RUN(test_replace);
     TEST_RUN(test_bf16_storage);
     TEST_RUN(test_reports_all_problems);
     TEST_RUN(test_dtype_and_a_log_rules);

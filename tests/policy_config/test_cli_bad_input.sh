@@ -2,8 +2,9 @@
 # tests/policy_config/test_cli_bad_input.sh: bad input to generate, score, tokenize, model init
 # and env demos gets a clear "agentrl: error:" line and a non-zero exit, and loses nothing: an
 # output path that names an input (the token file, the checkpoint's files) is refused before any
-# work, a failed or interrupted command leaves an existing output file as it was and no partial
-# or temporary file behind.  Runs from the repository root.
+# work, a failed or interrupted command leaves an existing output file (or checkpoint) as it was
+# and no partial or temporary file behind; an interrupted generate shows the text it had drawn.
+# Runs from the repository root.
 set -u
 BIN="${ARL_BIN:-build/agentrl}"
 [ -x "$BIN" ] || { echo "FAIL: agentrl binary not found at $BIN"; exit 1; }
@@ -11,6 +12,26 @@ T=$(mktemp -d /tmp/arl-test-cli-bad-XXXXXX)
 trap 'rm -rf "$T"' EXIT
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# term_on_file PID PATTERN...: SIGTERM to PID as soon as a file matching one of the (unquoted)
+# glob patterns exists, polled without a pause (the window is a write of a few ms); caught=1 when
+# the signal was sent in time; then PID is waited for (its status is the function's)
+term_on_file() {
+    pid_=$1
+    shift
+    caught=0
+    while kill -0 "$pid_" 2> /dev/null; do
+        for g in "$@"; do
+            for f in $g; do
+                if [ -e "$f" ]; then
+                    kill -TERM "$pid_"
+                    caught=1
+                    break 3
+                fi
+            done
+        done
+    done
+    wait "$pid_" 2> /dev/null
+}
 
 # expect RC PATTERN CMD...: CMD exits RC and its stderr has one "agentrl: error:" line matching
 # the grep pattern PATTERN
@@ -29,12 +50,17 @@ cksum "$T/ck/model.safetensors" "$T/ck/config.json" > "$T/ck.sum"
 printf 'hello world\n' > "$T/hello.txt"
 echo precious > "$T/mine.txt"
 
-# --- generate and score: --ckpt that is not a checkpoint directory
-expect 2 "--ckpt $T/ck/config.json: not a directory" \
+# --- generate and score: --ckpt that is not a checkpoint directory: exit 1 whether it is
+# missing or a file, as for every command's input path that is not there
+expect 1 "--ckpt $T/ck/config.json: not a directory" \
     "$BIN" generate --ckpt "$T/ck/config.json" --prompt hi
-expect 2 "--ckpt $T/ck/config.json: not a directory" \
+expect 1 "--ckpt $T/ck/config.json: not a directory" \
     "$BIN" score --ckpt "$T/ck/config.json" --text "$T/hello.txt"
 expect 1 "--ckpt $T/none: No such file" "$BIN" score --ckpt "$T/none" --text "$T/hello.txt"
+expect 1 "--ckpt $T/none: No such file" "$BIN" generate --ckpt "$T/none" --prompt hi
+
+# --- generate: an empty prompt is a usage error
+expect 2 "--prompt: empty" "$BIN" generate --ckpt "$T/ck" --prompt ""
 
 # --- score: inputs
 : > "$T/empty.txt"
@@ -71,16 +97,7 @@ while [ $i -lt 300 ]; do printf 'the quick brown fox jumps over the lazy dog. ' 
 "$BIN" --quiet score --ckpt "$T/ck" --text "$T/long.txt" --no-bos --max-tokens 8192 \
     --logits-out "$T/sig/l.npy" > /dev/null 2>&1 &
 pid=$!
-caught=0
-while kill -0 $pid 2> /dev/null; do
-    set -- "$T"/sig/l.npy.tmp-*
-    if [ -e "$1" ]; then
-        kill -TERM $pid
-        caught=1
-        break
-    fi
-done
-wait $pid 2> /dev/null
+term_on_file $pid "$T/sig/l.npy.tmp-*"
 set -- "$T"/sig/l.npy.tmp-*
 [ -e "$1" ] && fail "score interrupted while writing left $1"
 if [ -e "$T/sig/l.npy" ]; then # whole: header (128 bytes) + 13500 x 384 floats
@@ -127,6 +144,75 @@ expect 2 "option '--seed'" "$BIN" model init tiny "$T/ck2" --seed "+5"
 expect 1 "not empty; refusing to overwrite" "$BIN" model init tiny "$T/ck" --seed 2
 cksum "$T/ck/model.safetensors" "$T/ck/config.json" | cmp -s - "$T/ck.sum" ||
     fail "model init changed an existing checkpoint"
+
+# --- model init of a larger model (62 MB): a failure or an interrupt leaves OUT_DIR as it was
+# (the old checkpoint whole, or none) and nothing beside it; --force replaces it in one step
+sed 's/"vocab_size": 384/"vocab_size": 50000/' configs/tiny/config.json > "$T/big.json"
+sums() { (cd "$2" && cksum -- *) > "$T/$1.sum"; } # sums NAME DIR: each file of DIR by name
+same() { (cd "$1" && cksum -- *) | cmp -s - "$T/$2.sum"; }
+"$BIN" --quiet model init "$T/big.json" "$T/new2" --seed 2 --shard-size 200000 > /dev/null 2>&1 ||
+    fail "model init of big.json exited $?"
+sums new "$T/new2"
+# interrupted while writing a new OUT_DIR: nothing left
+"$BIN" --quiet model init "$T/big.json" "$T/bg" --seed 1 --shard-size 200000 --threads 1 \
+    > /dev/null 2>&1 &
+pid=$!
+term_on_file $pid "$T/bg.tmp-*/model-00005-*"
+rc=$?
+set -- "$T"/bg*
+if [ $rc -ne 0 ]; then
+    [ -e "$1" ] && fail "interrupted model init left $*"
+else
+    [ "$*" = "$T/bg" ] || fail "model init left $*"
+fi
+rm -rf "$T"/bg*
+[ $caught -eq 1 ] || echo "note: the interrupt came too late to test model init of a new directory"
+"$BIN" --quiet model init "$T/big.json" "$T/bg" --seed 1 --shard-size 200000 > /dev/null 2>&1 ||
+    fail "model init of big.json exited $?"
+sums old "$T/bg"
+# interrupted while writing --force's replacement: the old checkpoint whole (or the new one
+# whole, if too late), nothing beside it
+"$BIN" --quiet model init "$T/big.json" "$T/bg" --seed 2 --shard-size 200000 --threads 1 --force \
+    > /dev/null 2> "$T/err" &
+pid=$!
+term_on_file $pid "$T/bg.tmp-*/model-00005-*" "$T/bg/model-00005-*.tmp-*"
+rc=$?
+same "$T/bg" old || same "$T/bg" new || fail "interrupted model init --force left a mixed checkpoint"
+set -- "$T"/bg.*
+[ -e "$1" ] && fail "interrupted model init --force left $*"
+if [ $rc -ne 0 ]; then
+    grep -q "interrupted: model init stops here; $T/bg is as it was" "$T/err" ||
+        fail "interrupted model init --force: $(cat "$T/err")"
+fi
+[ $caught -eq 1 ] || echo "note: the interrupt came too late to test model init --force"
+# a write that fails part-way (the file size limit): the old checkpoint stays, nothing beside it
+"$BIN" --quiet model init "$T/big.json" "$T/bg" --seed 1 --shard-size 200000 --force \
+    > /dev/null 2>&1 || fail "model init --force exited $?"
+(
+    trap '' XFSZ
+    ulimit -f 4000
+    exec "$BIN" --quiet model init "$T/big.json" "$T/bg" --seed 2 --force
+) > /dev/null 2> "$T/err"
+[ $? -eq 1 ] || fail "model init --force over the file size limit did not exit 1: $(cat "$T/err")"
+grep -q "^agentrl: error: .*File too large" "$T/err" || fail "file size limit: $(cat "$T/err")"
+same "$T/bg" old || fail "model init --force that failed changed the checkpoint"
+set -- "$T"/bg.*
+[ -e "$1" ] && fail "model init --force that failed left $*"
+
+# --- generate: tokens are printed as they are drawn, so an interrupt leaves the text so far
+# (and says so); the 62 MB model draws 2000 tokens in seconds
+"$BIN" --quiet generate --ckpt "$T/new2" --prompt hi --max-tokens 2000 --threads 1 \
+    > "$T/gen.out" 2> "$T/gen.err" &
+pid=$!
+while kill -0 $pid 2> /dev/null && [ ! -s "$T/gen.out" ]; do :; done
+kill -TERM $pid 2> /dev/null
+wait $pid 2> /dev/null
+rc=$?
+[ -s "$T/gen.out" ] || fail "interrupted generate printed nothing"
+[ $rc -eq 143 ] ||
+    fail "generate was not interrupted after its first token (exit $rc): tokens not printed as drawn"
+grep -q "interrupted: generate stops here; the text above is what it had sampled" "$T/gen.err" ||
+    fail "interrupted generate: $(cat "$T/gen.err")"
 
 [ $fails -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "ok"

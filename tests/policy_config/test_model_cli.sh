@@ -2,7 +2,8 @@
 # agentrl model info / model init end to end (spec/policy.md sections 12.5, 13, 14):
 # counts printed by `model info --json` for the shipped configs, `model init` of tiny,
 # determinism of the written checkpoint per seed, checkpoint checking with `model info
-# --check`, refusal to overwrite, usage errors.  Runs from the repository root.
+# --check`, refusal to overwrite, --force replacing a checkpoint whole (no stale files), usage
+# errors.  Runs from the repository root.
 set -u
 BIN="${ARL_BIN:-build/agentrl}"
 [ -x "$BIN" ] || { echo "FAIL: agentrl binary not found at $BIN"; exit 1; }
@@ -55,6 +56,31 @@ cmp -s "$TMP/a/model.safetensors" "$TMP/c/model.safetensors" && fail "different 
 cmp -s "$TMP/a/model.safetensors" "$TMP/b/model.safetensors" || fail "refused init changed files"
 "$BIN" model init tiny "$TMP/a" --seed 6 --force >/dev/null 2>&1 || fail "--force init exited $?"
 cmp -s "$TMP/a/model.safetensors" "$TMP/c/model.safetensors" || fail "--force did not replace the checkpoint"
+# --force replaces the whole checkpoint: sharded -> one file leaves no stale shard or index,
+# one file -> sharded no stale model.safetensors, nothing beside OUT_DIR; it says so
+cp -r "$TMP/d" "$TMP/f"
+out=$("$BIN" --quiet model init tiny "$TMP/f" --seed 6 --force 2>&1) || fail "--force over shards exited $?"
+[ "$(ls "$TMP/f" | tr '\n' ' ')" = "config.json model.safetensors " ] ||
+    fail "--force over a sharded checkpoint left: $(ls "$TMP/f" | tr '\n' ' ')"
+case "$out" in *"replaced the checkpoint that was in $TMP/f (its "*" files removed)"*) ;;
+    *) fail "--force did not say that it replaced the checkpoint: $out" ;; esac
+cmp -s "$TMP/f/model.safetensors" "$TMP/c/model.safetensors" || fail "--force over shards: wrong weights"
+"$BIN" model init tiny "$TMP/f" --seed 5 --shard-size 2000000 --force >/dev/null 2>&1 ||
+    fail "--force to shards exited $?"
+[ -e "$TMP/f/model.safetensors" ] && fail "--force to shards left the stale model.safetensors"
+[ "$(ls "$TMP/f" | tr '\n' ' ')" = "$(ls "$TMP/d" | tr '\n' ' ')" ] ||
+    fail "--force to shards: $(ls "$TMP/f" | tr '\n' ' ')"
+"$BIN" model info "$TMP/f" --check >/dev/null || fail "--force to shards: checkpoint fails --check"
+set -- "$TMP"/f.*
+[ -e "$1" ] && fail "--force left $1 beside the checkpoint"
+# ... and refuses, changing nothing, when OUT_DIR holds more than a checkpoint
+echo mine > "$TMP/f/notes.txt"
+cksum "$TMP/f"/* > "$TMP/f.sum"
+"$BIN" model init tiny "$TMP/f" --seed 6 --force >/dev/null 2>"$TMP/err"
+[ $? -eq 1 ] || fail "--force over a folder with other files did not exit 1"
+grep -q "^agentrl: error: $TMP/f: holds more than a model checkpoint .*notes.txt" "$TMP/err" ||
+    fail "--force over other files: $(cat "$TMP/err")"
+cksum "$TMP/f"/* | cmp -s - "$TMP/f.sum" || fail "refused --force changed the folder"
 # a damaged checkpoint fails --check
 rm "$TMP/d/model-00001-of-0000"*.safetensors
 "$BIN" model info "$TMP/d" --check >/dev/null 2>&1 && fail "--check passed with a shard missing"

@@ -100,6 +100,21 @@ has "imported 7 trajectories"
 cmp -s "$T/a.jsonl" "$T/b.jsonl" || fail "export --full / import / export --full differs"
 expect 0 "$A" replay verify "$T/copy"
 has "0 errors"
+# export --output is written whole or not at all: a failed export leaves an existing file as it
+# was and nothing beside it
+echo precious >"$T/keep.jsonl"
+expect 2 "$A" replay export "$S" --where 'outcome.x<<1' --output "$T/keep.jsonl"
+has "LEVEL.NAME OP NUMBER"
+expect 1 "$A" replay export /nonexistent/store --output "$T/keep.jsonl"
+[ "$(cat "$T/keep.jsonl")" = precious ] || fail "a failed export replaced its --output file"
+expect 2 "$A" replay export "$S" --output "$T"
+has "agentrl: error: --output $T: is a directory"
+expect 1 "$A" replay export "$S" --output "$T/nodir/x.jsonl"
+has "agentrl: error: --output $T/nodir/x.jsonl: cannot create a file beside it"
+ls "$T" | grep -q "\.tmp-" && fail "export left a temporary file: $(ls "$T")"
+expect 0 "$A" replay export "$S" --full --output "$T/keep.jsonl"
+has "exported 7 trajectories to $T/keep.jsonl"
+cmp -s "$T/a.jsonl" "$T/keep.jsonl" || fail "export --output over an existing file differs"
 # the same lines again (an import that stopped, run again): every trajectory is there already,
 # the same, so skipped; one whose stored trajectory differs from the line is an error
 expect 0 "$A" replay import "$T/copy" "$T/a.jsonl"

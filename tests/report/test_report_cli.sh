@@ -1,6 +1,7 @@
 #!/bin/sh
 # tests/report/test_report_cli.sh: `agentrl report RUN_DIR [--out DIR]` on a small run folder:
-# exit codes, the printed summary line, the files of the report.
+# exit codes, the printed summary line, the files of the report; a metrics.jsonl without a
+# single metric (empty, or no valid line) is an error that names it.
 BIN=${ARL_BIN:-build/agentrl}
 [ -x "$BIN" ] || { echo "skip: $BIN not built"; exit 77; }
 "$BIN" report --help >/dev/null 2>&1 || { echo "skip: 'report' is not registered in this build"; exit 77; }
@@ -54,4 +55,26 @@ echo "$err" | grep -q "^agentrl: error: --out $tmp/other holds the metrics.jsonl
 head -2 "$tmp/metrics.jsonl" > "$tmp/r/metrics.jsonl"
 "$BIN" report "$tmp" --out "$tmp/r" >/dev/null 2>"$tmp/err" || fail "report into its earlier copy: exit $?: $(cat "$tmp/err")"
 cmp -s "$tmp/metrics.jsonl" "$tmp/r/metrics.jsonl" || fail "report into its earlier copy: metrics.jsonl not updated"
+# metrics.jsonl without a single metric: an error naming the file and what it held, exit 1,
+# nothing written (an earlier report stays); some valid lines among bad ones still work (above)
+mkdir "$tmp/bad"
+echo "# keep" > "$tmp/bad/summary.md"
+# expect_bad CONTENT PATTERN: metrics.jsonl holding CONTENT fails with an error matching PATTERN
+expect_bad() {
+    printf "$1" > "$tmp/bad/metrics.jsonl"
+    err=$("$BIN" report "$tmp/bad" 2>&1); rc=$?
+    [ $rc -eq 1 ] || fail "metrics.jsonl '$1': exit $rc, expected 1: $err"
+    echo "$err" | grep -q "^agentrl: error: $tmp/bad/metrics.jsonl: $2" ||
+        fail "metrics.jsonl '$1': message: $err"
+    [ "$(cat "$tmp/bad/summary.md")" = "# keep" ] || fail "metrics.jsonl '$1': summary.md replaced"
+    [ -e "$tmp/bad/metrics.csv" ] && fail "metrics.jsonl '$1': metrics.csv written"
+}
+expect_bad '' "the file is empty: no metrics to report"
+expect_bad '\n  \n' "only blank lines: no metrics to report"
+expect_bad 'not json\n[1, 2]\n{"step": 1,' \
+    "none of its 3 lines is a metrics line (a JSON object); 3 malformed, the first: .*metrics.jsonl:1: not valid JSON"
+expect_bad '{"note": "x"}\n{}\n' "no numeric metric in any of its 2 JSON objects (1 non-numeric value skipped, the first: line 1, key \"note\")"
+expect_bad '{}\n' "no numeric metric in its one JSON object (empty)"
+err=$("$BIN" report "$tmp/bad" --out "$tmp/bad-out" 2>&1) && fail "bad metrics with --out: exit 0"
+[ -e "$tmp/bad-out" ] && fail "bad metrics with --out: $tmp/bad-out made"
 echo "ok"

@@ -219,10 +219,40 @@ static void test_bad_eval(void) {
     CHECK_HAS(arl_error_msg(), "successes 2 > episodes 1");
 }
 
+/* A metrics.jsonl without a metric: arl_report_generate (the end of train) writes the report
+ * of the evaluation alone; arl_report_generate_strict (`agentrl report`) fails naming the file
+ * and writes nothing; arl_metrics_check_rows says what the file held. */
+static void test_no_metrics(void) {
+    char run[600], p[1024];
+    snprintf(run, sizeof run, "%s", test_tmpdir("report-nometrics"));
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run);
+    FILE *f = fopen(p, "w");
+    if (f) {
+        fputs("oops\n[1]\n", f);
+        fclose(f);
+    }
+    CHECK_EQ_INT(arl_report_generate_strict(run, NULL, NULL, NULL, NULL), ARL_ERR_FORMAT);
+    CHECK_HAS(arl_error_msg(), "metrics.jsonl: none of its 2 lines is a metrics line");
+    CHECK(!exists(run, "summary.md") && !exists(run, "metrics.csv"));
+    CHECK_EQ_INT(arl_report_generate(run, NULL, NULL, NULL, NULL), ARL_OK);
+    CHECK(exists(run, "summary.md"));
+
+    arl_metrics *m = NULL;
+    CHECK_EQ_INT(arl_metrics_read_text("", 0, "e.jsonl", &m), ARL_OK);
+    CHECK_EQ_INT(arl_metrics_check_rows(m), ARL_ERR_FORMAT);
+    CHECK_HAS(arl_error_msg(), "e.jsonl: the file is empty");
+    arl_metrics_free(m);
+    const char *text = "{\"a\": \"x\"}\n{\"step\": 1}\n";
+    CHECK_EQ_INT(arl_metrics_read_text(text, strlen(text), "ok.jsonl", &m), ARL_OK);
+    CHECK_EQ_INT(arl_metrics_check_rows(m), ARL_OK);
+    arl_metrics_free(m);
+}
+
 int main(void) {
     TEST_RUN(test_full_report);
     TEST_RUN(test_no_eval);
     TEST_RUN(test_groups_and_empty);
     TEST_RUN(test_bad_eval);
+    TEST_RUN(test_no_metrics);
     return test_finish();
 }
