@@ -3,12 +3,8 @@
  * present, eval.json (formats in experiments/report.h). */
 #include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
 
 #include "cli/cli.h"
-#include "core/file.h"
 #include "experiments/report.h"
 
 typedef struct report_opts {
@@ -29,34 +25,6 @@ static const arl_option report_tab[] = {
 };
 #define REPORT_N ARL_OPTIONS_COUNT(report_tab)
 
-/* --out DIR gets copies of RUN_DIR's inputs: refuse (ARL_ERR_STATE) when DIR holds a
- * metrics.jsonl of another run (one that is not the start of RUN_DIR's: not an earlier copy of
- * the same run), which the copy would replace. */
-static arl_status check_out_dir(const char *run, const char *out) {
-    char *rin = realpath(run, NULL), *rout = realpath(out, NULL);
-    const int same = rin && rout && !strcmp(rin, rout);
-    free(rin);
-    free(rout);
-    if (same) return ARL_OK;
-    char src[4096], dst[4096];
-    snprintf(src, sizeof src, "%s/metrics.jsonl", run);
-    snprintf(dst, sizeof dst, "%s/metrics.jsonl", out);
-    struct stat st;
-    if (stat(dst, &st) != 0 || stat(src, &st) != 0) return ARL_OK;
-    char *a = NULL, *b = NULL;
-    size_t na = 0, nb = 0;
-    arl_status s = arl_file_read(src, 0, &a, &na);
-    if (!s) s = arl_file_read(dst, 0, &b, &nb);
-    if (!s && (nb > na || memcmp(a, b, nb) != 0))
-        s = arl_errorf(ARL_ERR_STATE,
-                       "--out %s holds the metrics.jsonl of another run, which the report would "
-                       "replace with %s's; refusing (give a new or empty folder, or remove %s)",
-                       out, run, dst);
-    free(a);
-    free(b);
-    return s;
-}
-
 int cmd_report(int argc, char **argv) {
     report_opts o;
     int rc = cli_parse(report_tab, REPORT_N, argc, argv, &o, "agentrl report RUN_DIR [--out DIR]",
@@ -66,8 +34,7 @@ int cmd_report(int argc, char **argv) {
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     arl_report_result res = {0};
     arl_metrics_stats st = {0};
-    arl_status s = o.out ? check_out_dir(o.run, o.out) : ARL_OK;
-    if (!s) s = arl_report_generate_strict(o.run, o.out, o.title, &res, &st);
+    arl_status s = arl_report_generate_strict(o.run, o.out, o.title, &res, &st);
     if (s != ARL_OK) {
         arl_options_free(report_tab, REPORT_N, &o);
         return cli_fail(s);

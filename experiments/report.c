@@ -1428,6 +1428,27 @@ arl_status arl_report_write(const arl_metrics *m, const char *out_dir, const arl
     return s;
 }
 
+/* The copy of metrics.jsonl src onto dst (in the output folder out_dir) replaces no other run's:
+ * dst is absent or the start of src (an earlier copy of the same run); else ARL_ERR_STATE, with
+ * nothing written. */
+static arl_status copy_replaces_no_run(const char *src, const char *dst, const char *run_dir,
+                                       const char *out_dir) {
+    struct stat sb;
+    if (stat(dst, &sb) != 0) return ARL_OK;
+    char *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    arl_status s = arl_file_read(src, 0, &a, &na);
+    if (!s) s = arl_file_read(dst, 0, &b, &nb);
+    if (!s && (nb > na || memcmp(a, b, nb) != 0))
+        s = arl_errorf(ARL_ERR_STATE,
+                       "--out %s holds the metrics.jsonl of another run, which the report would "
+                       "replace with %s's; refusing (give a new or empty folder, or remove %s)",
+                       out_dir, run_dir, dst);
+    free(a);
+    free(b);
+    return s;
+}
+
 static arl_status copy_file(const char *src, const char *dst) {
     FILE *in = fopen(src, "rb");
     if (!in) return arl_errorf(ARL_ERR_IO, "%s: cannot open for reading: %s", src, strerror(errno));
@@ -1490,6 +1511,7 @@ static arl_status report_generate(const char *run_dir, const char *out_dir, cons
     if (s == ARL_OK && rin && rout && strcmp(rin, rout)) {
         char dst[4096];
         s = path_join(dst, sizeof dst, out_dir, "metrics.jsonl");
+        if (s == ARL_OK) s = copy_replaces_no_run(mpath, dst, run_dir, out_dir);
         if (s == ARL_OK) s = copy_file(mpath, dst);
         if (s == ARL_OK && have_eval) s = path_join(dst, sizeof dst, out_dir, ename);
         if (s == ARL_OK && have_eval) s = copy_file(epath, dst);
