@@ -519,13 +519,14 @@ int cmd_replay_rescore(int argc, char **argv) {
                    "\"max_abs\":%.9g,\"worst_token\":%lld,\"entropy_mean\":%.9g,"
                    "\"route_tokens\":%lld,\"agree_overlap\":%.9g,\"agree_exact_layer\":%.9g,"
                    "\"agree_exact_token\":%.9g,\"version\":%lld,\"version_how\":\"%s\","
-                   "\"from_tool_state\":%lld,\"states_saved\":%lld",
+                   "\"from_tool_state\":%lld,\"states_saved\":%lld,\"from_learner_state\":%lld",
                    o.traj.v[i], (long long)r.segments, (long long)r.from_state,
                    (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
                    r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
                    (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,
                    r.agree_exact_token, (long long)r.version, version_how_key(r.version_how),
-                   (long long)r.from_tool_state, (long long)r.states_saved);
+                   (long long)r.from_tool_state, (long long)r.states_saved,
+                   (long long)r.from_learner_state);
         if (o.json && o.rewards) {
             json_t *j = rewards_json(&rw);
             char *txt = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -553,6 +554,9 @@ int cmd_replay_rescore(int argc, char **argv) {
                 printf("  start states: no rollout states (%s)",
                        version == -1 ? "--version none" : version_how_name(r.version_how));
             printf("; %lld from tool states of this checkpoint", (long long)r.from_tool_state);
+            if (r.from_learner_state)
+                printf("; %lld from learner states of these weights",
+                       (long long)r.from_learner_state);
             if (o.save_states) printf("; %lld boundaries saved", (long long)r.states_saved);
             printf("\n");
             if (o.rewards) rewards_print(o.traj.v[i], &rw);

@@ -1337,21 +1337,26 @@ static arl_status learner_files_ensure(replay_store *st, int32_t want) {
     return ARL_OK;
 }
 
+/* *id: this learner rank's learner file in the store of src (the learner_index-th in id order,
+ * learner_files_ensure). */
+static arl_status my_learner_file(const tr_run *r, const arl_update_source *src, int32_t *id) {
+    const size_t me = r->L->learner_index > 0 ? (size_t)r->L->learner_index : 0;
+    int32_t ids[256];
+    size_t k = 0;
+    ARL_TRY(replay_shards_of_kind(src->store, REPLAY_FILE_LEARNER, ids, 256, &k));
+    if (me >= k || me >= 256)
+        return arl_errorf(ARL_ERR_INTERNAL, "train: %s has %zu learner files, rank %zu's missing",
+                          src->root, k, me);
+    *id = ids[me];
+    return ARL_OK;
+}
+
 /* This learner rank's learner_records of update n, each into its learner file of the
- * trajectory's store (the learner_index-th, learner_files_ensure). */
+ * trajectory's store. */
 static arl_status records_write(tr_run *r, int64_t n, const arl_update_source *src, int32_t nsrc) {
     int32_t shards[64];
-    const size_t me = r->L->learner_index > 0 ? (size_t)r->L->learner_index : 0;
-    for (int32_t i = 0; i < nsrc; i++) {
-        int32_t ids[256];
-        size_t k = 0;
-        ARL_TRY(replay_shards_of_kind(src[i].store, REPLAY_FILE_LEARNER, ids, 256, &k));
-        if (me >= k || me >= 256)
-            return arl_errorf(ARL_ERR_INTERNAL,
-                              "train: %s has %zu learner files, rank %zu's missing", src[i].root, k,
-                              me);
-        shards[i] = ids[me];
-    }
+    for (int32_t i = 0; i < nsrc; i++)
+        ARL_TRY(my_learner_file(r, &src[i], &shards[i]));
     int64_t nr = 0;
     ARL_TRY(arl_learner_records_write(r->lr, n, src, nsrc, shards, &nr));
     arl_log_debug("train: update %lld: %lld learner records", (long long)n, (long long)nr);
@@ -1410,6 +1415,7 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
     /* update */
     arl_update_source src[64];
     replay_store *stores[64] = {0};
+    replay_writer *swriters[64] = {0}; /* keep-states: the learner files of the stores */
     int64_t *gids[64] = {0};
     int64_t ngs[64] = {0};
     int32_t nsrc = 0;
@@ -1464,10 +1470,35 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
          * order) on a first attempt and on a re-run alike (its rows then replace the
          * attempt's); the update's collectives order the registration before the lookups */
         const int records = r->c->learner.own.records;
-        if (!s && records && r->L->learner_index <= 0)
+        const int keep = r->lc.keep_states != ARL_LEARNER_KEEP_OFF;
+        if (!s && (records || keep) && r->L->learner_index <= 0)
             for (int32_t i = 0; !s && i < nsrc; i++)
                 s = learner_files_ensure(stores[i], r->L->n_learners > 0 ? r->L->n_learners : 1);
+        /* keep-states: the pi_old pass writes its states into this rank's learner file of each
+         * store, looked up before the update (the learners agree on the registration first) */
+        if (keep && r->d->learners) {
+            int64_t v = s;
+            const arl_status e = arl_dist_allreduce_i64(r->d->learners, &v, 1, ARL_DIST_MAX);
+            if (!s && e) s = e;
+            if (!s && v)
+                s = arl_errorf((arl_status)v, "train: another learner failed (see its message)");
+        }
+        for (int32_t i = 0; !s && keep && i < nsrc; i++) {
+            int32_t id = -1;
+            s = my_learner_file(r, &src[i], &id);
+            if (!s) s = replay_writer_open(stores[i], REPLAY_FILE_LEARNER, id, NULL, &swriters[i]);
+            if (s) s = arl_error_prefix(s, "train: the learner file of %s", roots[i]);
+            src[i].states_out = swriters[i];
+        }
         if (!s) s = arl_learner_update(r->lr, n, src, nsrc, &res);
+        for (int32_t i = 0; i < nsrc; i++) {
+            replay_writer_close(swriters[i]);
+            swriters[i] = NULL;
+            src[i].states_out = NULL;
+        }
+        if (!s && keep)
+            arl_log_info("train: update %lld: %lld learner states kept", (long long)n,
+                         (long long)res.states_saved);
         if (!s && records) s = records_write(r, n, src, nsrc);
     }
     for (int32_t i = 0; i < nsrc; i++)
@@ -1721,6 +1752,9 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->lc.state_cache_bytes = (int64_t)(c->learner.own.state_cache_mb * 1048576.0);
     r->lc.drift_sample = c->learner.own.drift_sample;
     r->lc.shared_prefix = c->learner.own.shared_prefix;
+    r->lc.keep_states = !strcmp(c->learner.own.keep_states, "all")      ? ARL_LEARNER_KEEP_ALL
+                        : !strcmp(c->learner.own.keep_states, "pinned") ? ARL_LEARNER_KEEP_PINNED
+                                                                        : ARL_LEARNER_KEEP_OFF;
     r->lc.shared_prefix_min = c->learner.own.shared_prefix_min;
     r->lc.seed = (uint64_t)c->seed;
     r->lc.n_traj_per_update = r->B * r->G;

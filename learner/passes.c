@@ -543,6 +543,8 @@ arl_status lr_score_pass(arl_learner *l, int which) {
                         agreement(l, s, p->a, n, off, T);
                     if (p->last && which == LR_PASS_OLD && s->has_next)
                         st = export_state(l, s, l->traj_slot[s->traj], mode);
+                    if (st == ARL_OK && p->last && which == LR_PASS_OLD)
+                        st = lr_states_put(l, s, l->traj_slot[s->traj], mode);
                     off += n;
                 }
             }

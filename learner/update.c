@@ -50,6 +50,12 @@ static const arl_option own_tab[] = {
      "flags and advantages of its tokens and the advantage terms of its turns (`replay show "
      "--tokens`, `replay export --learner`)",
      0, 0, NULL, 0, NULL},
+    {"keep-states", ARL_OPT_CHOICE, OWN(keep_states), "off",
+     "state_cache.learner (spec/replay.md 9.3): keep the pi_old pass's segment-end states of "
+     "no trajectory (off), of the pinned ones (pinned) or of all (all) in the learner file of "
+     "each update's store; `replay rescore` of a checkpoint with these weights (and forks, with "
+     "routing natural) start from them; `replay gc --learner` keeps or evicts them later",
+     0, 0, "off|pinned|all", 0, NULL},
     {"shared-prefix", ARL_OPT_BOOL, OWN(shared_prefix), "false",
      "compute the prompt prefix that the update's trajectories share (tool declarations, system "
      "text) once per pass and weight set, and start each trajectory from its state; no gradient "
@@ -765,7 +771,10 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
     const double t_load = now_s();
 
     /* 2-3. pi_old and reference passes */
+    if (st == ARL_OK) st = lr_states_plan(l, src, n_src);
     if (st == ARL_OK) st = lr_score_pass(l, LR_PASS_OLD);
+    l->states_src = NULL;
+    l->states_nsrc = 0;
     const double t_old = now_s();
     if (st == ARL_OK) st = lr_score_pass(l, LR_PASS_REF);
     const double t_ref = now_s();
@@ -1029,6 +1038,7 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
         json_t *lt = json_object_get(mc.o, "loss/total");
         res->loss = json_is_number(lt) ? json_number_value(lt) : NAN;
         res->seconds = t_end - t0;
+        res->states_saved = l->states_saved;
         res->metrics_json =
             json_dumps(mc.o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
         if (!res->metrics_json) st = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");

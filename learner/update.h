@@ -41,8 +41,9 @@
  * Publishing version n + 1, the checkpoint and the ledger commit are the caller's
  * (experiments/train.c): this module changes the parameters, optimizer and controller it is
  * given, nothing on disk; the caller writes the learner_records of spec/replay.md 4.13 with
- * arl_learner_records_write (learner/records.c).  (Not written: learner-produced states in a
- * learner shard; the boundary states live in memory for the update.)
+ * arl_learner_records_write (learner/records.c).  With keep-states, the pi_old pass also writes
+ * its segment-end states into the learner file each source names (learner/states.c); the
+ * boundary states the gradient pass starts from live in memory for the update.
  *
  * Segments and tokens.  Token t of a segment is predicted at position t - 1 of the same
  * segment; the first token of a segment is never an action token (a segment starts with
@@ -143,6 +144,7 @@ typedef struct arl_learner_own_opts {
     char *device_math;         /* fp32|tf32|bf16 */
     int64_t device_slot_rows;  /* latent rows the device's slots share (0: each its own) */
     int records;               /* write learner_records (arl_learner_records_write) */
+    char *keep_states;         /* off|pinned|all: state_cache.learner (learner/states.c) */
 } arl_learner_own_opts;
 
 /* The whole "learner" section: the learner's keys, the objective's reward keys
@@ -201,7 +203,12 @@ typedef struct arl_learner_config {
                                   documents need more is made with fewer at a time,
                                   learner/device.c); 0: max_docs slots of max_context rows
                                   each */
+    int keep_states;           /* ARL_LEARNER_KEEP_*: which trajectories' pi_old states go into
+                                  the sources' states_out (state_cache.learner,
+                                  learner/states.c) */
 } arl_learner_config;
+
+enum { ARL_LEARNER_KEEP_OFF = 0, ARL_LEARNER_KEEP_PINNED = 1, ARL_LEARNER_KEEP_ALL = 2 };
 
 /* ------------------------------------------------------------------------------------------ */
 /* The state cache (spec/objective.md section 10.3)                                             */
@@ -255,6 +262,9 @@ typedef struct arl_update_source {
     const char *root;         /* its root directory (for the ledger and shard reads) */
     const int64_t *group_ids; /* (n_groups) borrowed */
     int64_t n_groups;
+    replay_writer *states_out; /* borrowed, or NULL: the learner file (REPLAY_FILE_LEARNER) of
+                                  this store that the pi_old pass writes its states into when
+                                  keep-states is on (learner/states.c) */
 } arl_update_source;
 
 typedef struct arl_upd_seg {
@@ -294,6 +304,7 @@ typedef struct arl_upd_traj {
     int64_t traj_id;
     replay_traj_row row;
     int valid; /* complete or truncated, and loadable */
+    int keep_states; /* its pi_old states go into the store (learner/states.c) */
     int local;
     int32_t seg0, n_segs; /* its segments in the batch */
     int64_t n_tokens, n_action;
@@ -410,6 +421,7 @@ typedef struct arl_update_result {
     double kl_coef_next;   /* c_{n+1} */
     double loss;           /* loss/total */
     double seconds;
+    int64_t states_saved; /* segment-end states written (keep-states, learner/states.c) */
     char *metrics_json; /* compact JSON object of every metric; malloc'ed, caller frees */
 } arl_update_result;
 

@@ -111,6 +111,12 @@ struct arl_learner {
                           shared slot rows than the device has (learner/device.c dev_room) */
     char numerics[16]; /* the tag of the learner's cached states (ARL_LEARNER_NUMERICS on cpu
                           and cpu-device, which are bit-identical; cuda-f32) */
+    /* the states the pi_old pass writes into the store (learner/states.c) */
+    const arl_update_source *states_src; /* (states_nsrc) the running update's sources */
+    int32_t states_nsrc;
+    int64_t states_saved;     /* segment-end states written in this update */
+    char states_pass[96];     /* their pass_uid */
+    char states_cfg_hash[65]; /* the model configuration's hash, hex */
 };
 
 /* The image inputs of one trajectory and its rows under the weights of the last encoding. */
@@ -216,6 +222,17 @@ void lr_media_grad(arl_learner *l, int64_t n_media);
 arl_status lr_media_backward(arl_learner *l);
 /* Forget every encoding (the weights changed outside the optimizer). */
 void lr_media_invalidate(arl_learner *l);
+
+/* ---- states.c ---- */
+/* Before the pi_old pass of the running update: which local valid trajectories keep their
+ * states (lc.keep_states, catalog pins, a writer in their source), the pass_uid from the
+ * weights, counters reset.  src stays borrowed until the update returns.  The pin lookup's
+ * errors. */
+arl_status lr_states_plan(arl_learner *l, const arl_update_source *src, int32_t n_src);
+/* In the pi_old pass, slot (of l->st) at the end of segment s, computed with replayed routes
+ * (replay 1) or natural ones: its kda_boundary and mla_segment into the learner file when its
+ * trajectory keeps states; see the file comment for what is skipped.  The store's errors. */
+arl_status lr_states_put(arl_learner *l, const arl_upd_seg *s, int32_t slot, int replay);
 
 /* ---- passes.c ---- */
 enum { LR_PASS_OLD = 0, LR_PASS_REF = 1, LR_PX_STEP = 2, LR_PX_NONE = -1 };

@@ -14,12 +14,14 @@ static int64_t latent_rows_per_chunk(int64_t R) {
     return r > 0 ? r : 1;
 }
 
-arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
-                           const replay_state_desc *id, int64_t seg_ctx_start, int64_t seg_n,
-                           int64_t seg_vmin, int64_t seg_vmax, int64_t *end_id, int64_t *lat_id) {
+arl_status ro_boundary_put_state(replay_writer *w, const arl_model_config *cfg,
+                                 const char *cfg_hash, const char *numerics,
+                                 const arl_decode_state *ds, int32_t slot,
+                                 const replay_state_desc *id, int64_t seg_ctx_start, int64_t seg_n,
+                                 int64_t seg_vmin, int64_t seg_vmax, int64_t *end_id,
+                                 int64_t *lat_id) {
     *end_id = *lat_id = -1;
-    const arl_model_dims *dm = &e->cfg.dims;
-    const arl_decode_state *ds = &e->st;
+    const arl_model_dims *dm = &cfg->dims;
     const int64_t pos = arl_decode_state_position(ds, slot);
     if (pos != seg_ctx_start + seg_n)
         return arl_errorf(ARL_ERR_INTERNAL,
@@ -32,7 +34,7 @@ arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
     if (!ch) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory for the state chunks", id->traj_uid);
     size_t n = 0;
     for (int64_t l = 0; l < dm->L; l++) {
-        if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_KDA) continue;
+        if (arl_model_config_layer_kind(cfg, l) != ARL_LAYER_KDA) continue;
         ch[n++] = (replay_state_chunk){.layer = (int32_t)l, .tensor = "S",
                                        .kind = ARL_BLOB_KDA_STATE, .dtype = ARL_BLOB_F32, .ndim = 3,
                                        .dims = {(uint64_t)dm->H, (uint64_t)dm->dk, (uint64_t)dm->dv},
@@ -44,15 +46,15 @@ arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
     }
     replay_state_desc sd = *id;
     sd.kind = "kda_boundary";
-    sd.numerics = e->numerics;
-    sd.model_config_sha256 = e->cfg_hash;
+    sd.numerics = numerics;
+    sd.model_config_sha256 = cfg_hash;
     sd.ctx_start = 0;
     sd.n_tokens = pos;
     arl_status st = replay_state_put(w, &sd, ch, n, end_id);
     if (st == ARL_OK) {
         n = 0;
         for (int64_t l = 0; l < dm->L; l++) {
-            if (arl_model_config_layer_kind(&e->cfg, l) != ARL_LAYER_MLA) continue;
+            if (arl_model_config_layer_kind(cfg, l) != ARL_LAYER_MLA) continue;
             const float *lat = arl_decode_state_latent(ds, slot, l);
             for (int64_t r0 = 0; r0 < seg_n; r0 += rpc) {
                 int64_t rows = seg_n - r0 < rpc ? seg_n - r0 : rpc;
@@ -72,6 +74,13 @@ arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
     }
     free(ch);
     return st;
+}
+
+arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
+                           const replay_state_desc *id, int64_t seg_ctx_start, int64_t seg_n,
+                           int64_t seg_vmin, int64_t seg_vmax, int64_t *end_id, int64_t *lat_id) {
+    return ro_boundary_put_state(w, &e->cfg, e->cfg_hash, e->numerics, &e->st, slot, id,
+                                 seg_ctx_start, seg_n, seg_vmin, seg_vmax, end_id, lat_id);
 }
 
 arl_status ro_boundary_at_version(replay_store *st, const replay_state_data *parts, size_t np,
@@ -105,25 +114,26 @@ arl_status ro_boundary_import_parts(ro_engine *e, int32_t slot, replay_state_dat
     return s;
 }
 
-arl_status ro_tool_boundary_import(replay_store *st, ro_engine *e, int32_t slot,
+arl_status ro_pass_boundary_import(replay_store *st, ro_engine *e, int32_t slot,
                                    const char *traj_uid, const replay_seg_ref *refs, size_t si,
-                                   const char *pass) {
+                                   const char *producer, const char *pass) {
     size_t f = si - 1;
     while (f > 0 && strcmp(refs[f].start_kind, "fresh"))
         f--;
     size_t np = 1 + (si - f);
     replay_state_data *parts = calloc(np, sizeof *parts);
     if (!parts) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", traj_uid);
-    arl_status s = replay_state_find(st, traj_uid, refs[si - 1].seg_index, "kda_boundary", "tool",
+    arl_status s = replay_state_find(st, traj_uid, refs[si - 1].seg_index, "kda_boundary", producer,
                                      pass, &parts[0]);
     for (size_t j = f; s == ARL_OK && j < si; j++)
-        s = replay_state_find(st, traj_uid, refs[j].seg_index, "mla_segment", "tool", pass,
+        s = replay_state_find(st, traj_uid, refs[j].seg_index, "mla_segment", producer, pass,
                               &parts[1 + j - f]);
     return ro_boundary_import_parts(e, slot, parts, np, s);
 }
 
-void ro_tool_pass_uid(const char *wsha, int natural, int64_t sparse_topk, int64_t sparse_chunk,
-                      char *out, size_t cap) {
-    snprintf(out, cap, "rescore:%.32s:%s:mla%lld/%lld", wsha, natural ? "natural" : "replay",
-             (long long)sparse_topk, (long long)(sparse_topk > 0 ? sparse_chunk : 0));
+void ro_pass_uid(const char *producer, const char *wsha, int natural, int64_t sparse_topk,
+                 int64_t sparse_chunk, char *out, size_t cap) {
+    snprintf(out, cap, "%s:%.32s:%s:mla%lld/%lld", strcmp(producer, "tool") ? producer : "rescore",
+             wsha, natural ? "natural" : "replay", (long long)sparse_topk,
+             (long long)(sparse_topk > 0 ? sparse_chunk : 0));
 }

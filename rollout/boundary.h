@@ -4,7 +4,8 @@
  * of every MLA layer, split into chunks under the blob limit, spec/replay.md 5.4).
  *
  * What this is: the one place that turns slot state into state chunks, for the rollout worker
- * (producer 'rollout', rollout/commit.c) and `replay rescore --save-states` (producer 'tool').
+ * (producer 'rollout', rollout/commit.c), `replay rescore --save-states` (producer 'tool') and
+ * the learner's pi_old pass (producer 'learner', learner/states.c).
  * Also the version test the callers' validity rules share (ro_boundary_at_version).
  * What this is not: the choice of which cached states may start a segment (validity rules stay
  * with the callers), or reading states back (arl_rollout_state_assemble, rollout/rescore.h).
@@ -29,6 +30,15 @@ arl_status ro_boundary_put(replay_writer *w, const ro_engine *e, int32_t slot,
                            const replay_state_desc *id, int64_t seg_ctx_start, int64_t seg_n,
                            int64_t seg_vmin, int64_t seg_vmax, int64_t *end_id, int64_t *lat_id);
 
+/* ro_boundary_put over any decode state: slot of ds, computed by a model of configuration cfg
+ * (cfg_hash: arl_model_config_hash_hex) with kernels tagged `numerics`. */
+arl_status ro_boundary_put_state(replay_writer *w, const arl_model_config *cfg,
+                                 const char *cfg_hash, const char *numerics,
+                                 const arl_decode_state *ds, int32_t slot,
+                                 const replay_state_desc *id, int64_t seg_ctx_start, int64_t seg_n,
+                                 int64_t seg_vmin, int64_t seg_vmax, int64_t *end_id,
+                                 int64_t *lat_id);
+
 /* *yes = 1 when every part (a full boundary, replay_boundary_load) was computed entirely at
  * policy version `version` of run run_id: its version range is [version, version] and the
  * trajectory it belongs to is in that run (a fork's prefix parts are its parent's, whose run
@@ -43,18 +53,21 @@ arl_status ro_boundary_at_version(replay_store *st, const replay_state_data *par
 arl_status ro_boundary_import_parts(ro_engine *e, int32_t slot, replay_state_data *parts, size_t np,
                                     arl_status s);
 
-/* Import into `slot` the tool states of pass `pass` for the boundary at the end of refs[si - 1]
- * of trajectory traj_uid: its kda_boundary and the mla_segment states of refs[f..si-1] from the
- * last fresh start f.  ARL_OK, ARL_ERR_NOT_FOUND (a miss) or another error. */
-arl_status ro_tool_boundary_import(replay_store *st, ro_engine *e, int32_t slot,
+/* Import into `slot` the states of `producer` ("tool" or "learner") and pass `pass` for the
+ * boundary at the end of refs[si - 1] of trajectory traj_uid: its kda_boundary and the
+ * mla_segment states of refs[f..si-1] from the last fresh start f.  ARL_OK, ARL_ERR_NOT_FOUND
+ * (a miss) or another error. */
+arl_status ro_pass_boundary_import(replay_store *st, ro_engine *e, int32_t slot,
                                    const char *traj_uid, const replay_seg_ref *refs, size_t si,
-                                   const char *pass);
+                                   const char *producer, const char *pass);
 
-/* The pass_uid of the tool states that `replay rescore --save-states` writes under weights whose
- * SHA-256 is wsha (ro_engine_weights_sha256), with the router's own routes (natural) or the
- * stored ones, and block-sparse MLA (sparse_topk 0: dense): a pass that computes the same states
- * under the same weights has the same uid, so a later pass may start from them. */
-void ro_tool_pass_uid(const char *wsha, int natural, int64_t sparse_topk, int64_t sparse_chunk,
-                      char *out, size_t cap);
+/* The pass_uid of the states that `producer` writes under weights whose SHA-256 is wsha
+ * (ro_engine_weights_sha256; for the learner, the weights_sha256 the store's policy_versions
+ * row of its version records), with the router's own routes (natural) or the stored ones, and
+ * block-sparse MLA (sparse_topk 0: dense): "rescore:..." for `replay rescore --save-states`
+ * (producer "tool"), "learner:..." for the learner's pi_old pass.  A pass that computes the same
+ * states under the same weights has the same uid, so a later pass may start from them. */
+void ro_pass_uid(const char *producer, const char *wsha, int natural, int64_t sparse_topk,
+                 int64_t sparse_chunk, char *out, size_t cap);
 
 #endif

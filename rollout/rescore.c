@@ -141,11 +141,13 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
                                   &eo);
     /* the checkpoint's identity: SHA-256 of its parameters as loaded (fp32), the key of the
      * version match and of this checkpoint's tool states (pass_uid) */
-    char wsha[ARL_SHA256_HEX_CHARS] = "";
+    char wsha[ARL_SHA256_HEX_CHARS] = "", lpass[sizeof out->pass_uid] = "";
     if (s == ARL_OK && (opts->version != -1 || opts->save_states)) {
         ro_engine_weights_sha256(&e, e.cur, wsha);
-        ro_tool_pass_uid(wsha, opts->natural_routing, opts->sparse_topk, eo.sparse_chunk,
-                         out->pass_uid, sizeof out->pass_uid);
+        ro_pass_uid("tool", wsha, opts->natural_routing, opts->sparse_topk, eo.sparse_chunk,
+                    out->pass_uid, sizeof out->pass_uid);
+        ro_pass_uid("learner", wsha, opts->natural_routing, opts->sparse_topk, eo.sparse_chunk,
+                    lpass, sizeof lpass);
     }
     if (s == ARL_OK) s = resolve_version(st, &row, opts, wsha, out);
     /* a pass that saves its states computes them all itself */
@@ -215,9 +217,16 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
             lost = 0;
         } else if ((use_tool || use_version >= 0) && si > 0) {
             arl_status b = ARL_ERR_NOT_FOUND;
-            if (use_tool) {
-                b = ro_tool_boundary_import(st, &e, 0, row.traj_uid, refs, si, out->pass_uid);
+            if (use_tool) { /* tool states of this checkpoint, else the learner's */
+                b = ro_pass_boundary_import(st, &e, 0, row.traj_uid, refs, si, "tool",
+                                            out->pass_uid);
                 if (b == ARL_OK) out->from_tool_state++;
+                if (b == ARL_ERR_NOT_FOUND) {
+                    arl_error_clear();
+                    b = ro_pass_boundary_import(st, &e, 0, row.traj_uid, refs, si, "learner",
+                                                lpass);
+                    if (b == ARL_OK) out->from_learner_state++;
+                }
             }
             if (b == ARL_ERR_NOT_FOUND && use_version >= 0) {
                 arl_error_clear();

@@ -76,6 +76,9 @@ typedef struct arl_rollout_rescore_stats {
     int64_t from_state;     /* segments started from a cached boundary state */
     int64_t from_tool_state; /* of from_state: from tool states of this checkpoint (a pass
                                 that saved them: same weights, routing and MLA sparsity) */
+    int64_t from_learner_state; /* of from_state: from the states a learner's pi_old pass wrote
+                                   under these weights (learner option keep-states; the same
+                                   routing and MLA sparsity), where no tool state was found */
     int64_t version;        /* the version whose rollout states could start segments (-1: none) */
     int version_how;        /* ARL_ROLLOUT_RESCORE_VERSION_* */
     int64_t states_saved;   /* boundaries written with save_states */
@@ -110,11 +113,13 @@ typedef struct arl_rollout_rescore_detail {
 
 /* Re-score one trajectory (traj_uid or traj_id; forks through their parents): every segment in
  * order, each starting from a cached boundary state of the previous one -- the tool states a
- * save_states pass under the same checkpoint wrote, else the segment's rollout state when it is
- * present, complete and of the version opts->version resolves to -- else from the state this
- * pass computed (the prefix is recomputed from the last fresh start).  *logprobs (may be NULL) receives the re-scored
- * log-probability of every token of the stream (0 for tokens not predicted: segment starts), a
- * malloc'ed array of *n entries; *mu (may be NULL) the stored behaviour log-probabilities. */
+ * save_states pass under the same checkpoint wrote, else the learner states (producer 'learner')
+ * of an update whose pi_old pass ran with these weights, else the segment's rollout state when it
+ * is present, complete and of the version opts->version resolves to -- else from the state this
+ * pass computed (the prefix is recomputed from the last fresh start).  *logprobs (may be NULL)
+ * receives the re-scored log-probability of every token of the stream (0 for tokens not predicted:
+ * segment starts), a malloc'ed array of *n entries; *mu (may be NULL) the stored behaviour
+ * log-probabilities. */
 arl_status arl_rollout_rescore(replay_store *st, const char *traj,
                                const arl_rollout_rescore_opts *opts,
                                arl_rollout_rescore_stats *out, float **logprobs, float **mu,

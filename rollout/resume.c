@@ -308,10 +308,12 @@ static arl_status restore_env(rs_ctx *x, int *failed) {
 }
 
 /* A fork with no valid rollout state may start from the tool states that a `replay rescore
- * --save-states --routing natural` pass saved under these very weights (spec/replay.md 13.7
- * step 1): the same routes (the router's own) and MLA sparsity as this engine's prefill, when
- * the prefix since the last fresh start is the parent's own segments.  *taken = 1 when
- * imported; a miss is not an error. */
+ * --save-states --routing natural` pass saved under these very weights, else from the learner
+ * states of a pi_old pass that ran with them and natural routing (learner options keep-states
+ * and routing natural; spec/replay.md 13.7 step 1): the same routes (the router's own) and MLA
+ * sparsity as this engine's prefill, when the prefix since the last fresh start is the parent's
+ * own segments.  States of replayed routes are left alone: a fork computes what its prefill
+ * would.  *taken = 1 when imported; a miss is not an error. */
 static arl_status fork_tool_state(rs_ctx *x, int *taken) {
     arl_rollout_worker *w = x->w;
     ro_engine *e = &w->eng;
@@ -322,20 +324,26 @@ static arl_status fork_tool_state(rs_ctx *x, int *taken) {
     for (size_t i = f; i < x->c; i++)
         if (x->refs[i].traj_id != x->calls_traj_id) return ARL_OK; /* a fork of a fork's */
     if (!w->fork_wsha[0]) ro_engine_weights_sha256(e, e->cur, w->fork_wsha);
-    char pass[sizeof x->t->pass_uid];
-    ro_tool_pass_uid(w->fork_wsha, 1, e->o.sparse_topk, e->o.sparse_chunk, pass, sizeof pass);
-    arl_status s =
-        ro_tool_boundary_import(w->st, e, x->t->slot, x->row.parent_traj_uid, x->refs, x->c, pass);
-    if (s == ARL_ERR_NOT_FOUND || s == ARL_ERR_CONFIG || s == ARL_ERR_SHAPE ||
-        s == ARL_ERR_FORMAT || s == ARL_ERR_CORRUPT) {
-        arl_error_clear(); /* a miss */
+    static const char *const producers[2] = {"tool", "learner"};
+    for (int k = 0; k < 2; k++) {
+        char pass[sizeof x->t->pass_uid];
+        ro_pass_uid(producers[k], w->fork_wsha, 1, e->o.sparse_topk, e->o.sparse_chunk, pass,
+                    sizeof pass);
+        arl_status s = ro_pass_boundary_import(w->st, e, x->t->slot, x->row.parent_traj_uid,
+                                               x->refs, x->c, producers[k], pass);
+        if (s == ARL_ERR_NOT_FOUND || s == ARL_ERR_CONFIG || s == ARL_ERR_SHAPE ||
+            s == ARL_ERR_FORMAT || s == ARL_ERR_CORRUPT) {
+            arl_error_clear(); /* a miss */
+            continue;
+        }
+        ARL_TRY(s);
+        snprintf(x->t->pass_uid, sizeof x->t->pass_uid, "%s", pass);
+        x->t->ctx_vmin = x->t->ctx_vmax = e->version;
+        x->state_how = k ? "cached (learner states of these weights)"
+                         : "cached (tool states of these weights)";
+        *taken = 1;
         return ARL_OK;
     }
-    ARL_TRY(s);
-    snprintf(x->t->pass_uid, sizeof x->t->pass_uid, "%s", pass);
-    x->t->ctx_vmin = x->t->ctx_vmax = e->version;
-    x->state_how = "cached (tool states of these weights)";
-    *taken = 1;
     return ARL_OK;
 }
 

@@ -118,6 +118,8 @@ typedef struct lh_opts {
     int act_checkpoint;       /* activation-checkpointing */
     int64_t sparse_topk;      /* block-sparse MLA k_c */
     int64_t sparse_chunk;     /* its chunk length (0: 64) */
+    int keep_states;          /* keep-states: ARL_LEARNER_KEEP_* (0: off) */
+    int natural_routing;      /* routing-replay false (0: the stored routes) */
 } lh_opts;
 
 /* lh_learner_open with the settings of o; the status of arl_learner_create (h is to be closed
@@ -145,8 +147,8 @@ static inline arl_status lh_learner_try_open(lh_learner *h, const char *ckpt, co
     h->lc.minibatches = minibatches;
     h->lc.max_tokens = 1024;
     h->lc.max_docs = 16;
-    h->lc.routing_replay = 1;
-    h->lc.ref_routing_replay = 1;
+    h->lc.routing_replay = !o->natural_routing;
+    h->lc.ref_routing_replay = !o->natural_routing;
     h->lc.state_cache_bytes = 1 << 30;
     h->lc.drift_sample = 1.0;
     h->lc.seed = 5;
@@ -163,6 +165,7 @@ static inline arl_status lh_learner_try_open(lh_learner *h, const char *ckpt, co
     h->lc.act_checkpoint = o->act_checkpoint;
     h->lc.mla_sparse_topk = o->sparse_topk;
     h->lc.mla_sparse_chunk = o->sparse_topk <= 0 ? 0 : o->sparse_chunk > 0 ? o->sparse_chunk : 64;
+    h->lc.keep_states = o->keep_states;
     arl_learner_init in = {.cfg = &h->cfg,
                            .params = &h->params,
                            .ref_params = &h->ref,

@@ -64,8 +64,12 @@ done
 # groups of one sample: the run says what that means (one update, no SFT, no evaluation)
 "$bin" train "$src/experiments/calculator-ci.json" --set "out=$tmp/g1" --set progress=plain \
     --set steps=1 --set sft-demos=0 --set eval-tasks=0 --set rollout.group-size=1 \
+    --set learner.keep-states=all \
     > "$tmp/log4" 2>&1 || { tail -5 "$tmp/log4"; fail "group-size 1 run exited with $?"; }
 grep -q "group-size is 1: every group is degenerate" "$tmp/log4" || fail "no group-size 1 warning"
+# learner.keep-states all: the pi_old pass's states in the update's learner file
+grep -q "train: update 0: [1-9][0-9]* learner states kept" "$tmp/log4" || { grep "learner states" "$tmp/log4"; fail "no learner states kept"; }
+ls "$tmp"/g1/replay/u000000/r0/shards/l*.states.sqlite > /dev/null 2>&1 || fail "no learner states file"
 # the resolved configuration is itself a valid experiment (dry check: --keys parses nothing;
 # load it with steps=0 into a scratch directory is the real check, done by test_learner_config)
 echo "calculator-ci: $(grep 'held-out success' "$tmp/log" | sed 's/^train: //')"

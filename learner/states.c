@@ -1,0 +1,85 @@
+/* learner/states.c: the learner's states in the store (spec/replay.md 9.1, producer 'learner').
+ *
+ * With the learner option keep-states (state_cache.learner, spec/replay.md 9.3) 'pinned' or
+ * 'all', the pi_old pass of update n writes the end state of every segment of the chosen
+ * trajectories (all, or those pinned in the catalog) into the learner file its source names
+ * (arl_update_source.states_out): a kda_boundary and an mla_segment per segment, version_min =
+ * version_max = n, the learner's numerics tag and routing mode, and one pass_uid for the whole
+ * pass, ro_pass_uid("learner", SHA-256 of the weights, ...).  Keyed by the weights like the tool
+ * states of `replay rescore --save-states`, they start `replay rescore` of any checkpoint with
+ * these weights (and forks, when the pass routed naturally): rollout/rescore.h, rollout/resume.c.
+ *
+ * A segment whose end state is not the boundary of the stored segment is not written, and
+ * neither is anything after it in its trajectory: a segment fed short of its last token (routes
+ * absent at the end), one whose replayed routes were unusable (its pass routed naturally, so
+ * the state is of neither routing mode alone), and trajectories whose images could not be
+ * rebuilt.  A re-run of an update writes the same pass_uid and keeps the states already there
+ * (replay_state_put is idempotent per pass). */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/sha256.h"
+#include "learner/update_internal.h"
+#include "rollout/boundary.h"
+
+arl_status lr_states_plan(arl_learner *l, const arl_update_source *src, int32_t n_src) {
+    l->states_src = src;
+    l->states_nsrc = n_src;
+    l->states_saved = 0;
+    l->states_pass[0] = '\0';
+    arl_update_batch *b = &l->b;
+    for (int32_t i = 0; i < b->n_trajs; i++)
+        b->trajs[i].keep_states = 0;
+    if (l->lc.keep_states == ARL_LEARNER_KEEP_OFF) return ARL_OK;
+    for (int32_t i = 0; i < b->n_trajs; i++) {
+        arl_upd_traj *t = &b->trajs[i];
+        const int32_t si = b->groups[t->group].source;
+        if (!t->valid || !t->local || t->media_bad || si < 0 || si >= n_src ||
+            !src[si].states_out)
+            continue;
+        int keep = l->lc.keep_states == ARL_LEARNER_KEEP_ALL;
+        if (!keep) {
+            arl_status s = replay_pin_get(src[si].store, t->row.traj_uid, &keep, NULL, 0);
+            if (s) return arl_error_prefix(s, "learner: keep-states: is %s pinned", t->row.traj_uid);
+        }
+        t->keep_states = keep;
+    }
+    /* the weights of this pass: the parameters as loaded, before any step of the update */
+    const arl_model_params *p = l->in.params;
+    uint8_t dg[ARL_SHA256_BYTES];
+    char hex[ARL_SHA256_HEX_CHARS];
+    arl_sha256(p->arena, sizeof(float) * (size_t)p->inv.arena_floats, dg);
+    arl_sha256_hex(dg, hex);
+    ro_pass_uid("learner", hex, !l->lc.routing_replay, l->lc.mla_sparse_topk,
+                l->lc.mla_sparse_chunk, l->states_pass, sizeof l->states_pass);
+    arl_model_config_hash_hex(l->cfg, l->states_cfg_hash);
+    return ARL_OK;
+}
+
+arl_status lr_states_put(arl_learner *l, const arl_upd_seg *s, int32_t slot, int replay) {
+    arl_upd_traj *t = &l->b.trajs[s->traj];
+    if (!t->keep_states) return ARL_OK;
+    /* the end state of the whole stored segment, of one routing mode */
+    if (s->n_fed != s->T || replay != l->lc.routing_replay ||
+        (l->lc.routing_replay && !s->routes_ok)) {
+        t->keep_states = 0;
+        return ARL_OK;
+    }
+    ARL_TRY(lr_slot_sync(l, &l->st, slot));
+    const replay_state_desc id = {.traj_uid = t->row.traj_uid,
+                                  .seg_index = s->seg_index,
+                                  .producer = "learner",
+                                  .pass_uid = l->states_pass,
+                                  .routing = replay ? "replay" : "natural",
+                                  .version_min = l->update_n,
+                                  .version_max = l->update_n};
+    replay_writer *w = l->states_src[l->b.groups[t->group].source].states_out;
+    int64_t end_id, lat_id;
+    arl_status st = ro_boundary_put_state(w, l->cfg, l->states_cfg_hash, l->numerics, &l->st, slot,
+                                          &id, s->ctx_start, s->T, l->update_n, l->update_n,
+                                          &end_id, &lat_id);
+    if (st) return arl_error_prefix(st, "learner: the state after %s segment %d", t->row.traj_uid,
+                                    (int)s->seg_index);
+    l->states_saved++;
+    return ARL_OK;
+}
