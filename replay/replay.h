@@ -112,6 +112,9 @@ arl_status replay_store_refresh(replay_store *st);
 
 /* The root as given to replay_store_open; valid until replay_store_close. */
 const char *replay_store_root(const replay_store *st);
+/* The store's store_uid (spec section 4.1: random, one per store root, in every file); "" for
+ * bare shard files.  Valid until replay_store_close. */
+const char *replay_store_uid(const replay_store *st);
 /* 1 if the store has a catalog (0 for bare shard files). */
 int replay_store_has_catalog(const replay_store *st);
 

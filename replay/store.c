@@ -581,6 +581,10 @@ const char *replay_store_root(const replay_store *st) {
     return st->root;
 }
 
+const char *replay_store_uid(const replay_store *st) {
+    return st->store_uid;
+}
+
 int replay_store_has_catalog(const replay_store *st) {
     return st->cat.db != NULL;
 }

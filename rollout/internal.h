@@ -266,6 +266,8 @@ struct arl_rollout_worker {
         char alert[512];
     } win;
     char fork_wsha[65]; /* SHA-256 of the engine's weights ("" until a fork needs it) */
+    char env_tag[16];   /* "@" and the first 12 hex digits of the store's uid ("" without one):
+                           what makes this store's AEP ids its own (ro_env_id) */
     char undeclared[32][ARL_AEP_MAX_NAME_BYTES + 1]; /* reward components warned about */
     size_t n_undeclared;
     /* the prefix state the last fork recomputed by prefill, exported for its siblings (the
@@ -351,6 +353,15 @@ void ro_group_uid_of(const arl_rollout_worker *w, int64_t task, char *buf, size_
 arl_status ro_push_resume(arl_rollout_worker *w, int64_t id);
 /* The group uid of fork trajectory traj_id of a fork worker ("" if it is none of its forks). */
 const char *ro_fork_group_of(const arl_rollout_worker *w, int64_t traj_id);
+/* The AEP identifier (trajectory_id, group_id; spec/aep.md 3) of the trajectory or group `uid`
+ * of this worker's store: "<uid>@<12 hex digits of the store's uid><suffix>" (suffix "" or
+ * "#resume<n>").  Globally unique as the spec asks: the store's uid is random, so two runs of
+ * one run uid in two stores (two train runs, a rollout run again into a new store) never send
+ * the same id to one server, while a resume in the same store finds its own sessions again.
+ * Only the environment sees it: traj_uid, the stored names and the sampling streams stay
+ * "<uid>".  out: at least ARL_AEP_MAX_ID_BYTES + 1 bytes.  ARL_ERR_ARG when longer than that. */
+arl_status ro_env_id(const arl_rollout_worker *w, const char *uid, const char *suffix, char *out,
+                     size_t cap);
 /* 64-bit FNV-1a of a uid (the stream of a trajectory's sampling generator). */
 uint64_t ro_uid_hash(const char *s);
 

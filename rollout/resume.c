@@ -99,6 +99,7 @@ typedef struct rs_ctx {
     const char *how; /* "forked" or "replayed" */
     const char *state_how;
     char code[64], attr[8], detail[512];
+    char fork_gid[ARL_AEP_MAX_ID_BYTES + 1]; /* a fork's group as the environment knows it */
 } rs_ctx;
 
 static int fail_with(rs_ctx *x, const char *code, const char *attr, const char *fmt, const char *a) {
@@ -129,9 +130,12 @@ static int sha_matches(const arl_env_call *c, const ro_call *stored) {
     return !memcmp(h, stored->sha, 32);
 }
 
-/* The create request of the stored call 0 as task/options (borrowed from *req_json). */
+/* The create request of the stored call 0 as task/options (borrowed from *req_json), under
+ * trajectory id traj_id, or the stored request's own (NULL: the original session, found again
+ * by AEP idempotency).  A fork's group is its own (ro_env_id). */
 static arl_status stored_create(rs_ctx *x, json_t **req_json, arl_env_create_req *req,
                                 const char *traj_id) {
+    if (x->fork) ARL_TRY(ro_env_id(x->w, x->t->group_uid, "", x->fork_gid, sizeof x->fork_gid));
     const ro_call *c0 = ro_calls_step(&x->calls, 0);
     json_t *j = c0 && c0->request ? json_loadb(c0->request, c0->request_len, 0, NULL) : NULL;
     json_t *task = json_object_get(j, "task");
@@ -141,8 +145,9 @@ static arl_status stored_create(rs_ctx *x, json_t **req_json, arl_env_create_req
                           x->t->uid);
     }
     memset(req, 0, sizeof *req);
-    req->trajectory_id = traj_id;
-    req->group_id = x->fork ? x->t->group_uid : json_string_value(json_object_get(j, "group_id"));
+    req->trajectory_id = traj_id ? traj_id : json_string_value(json_object_get(j, "trajectory_id"));
+    if (!req->trajectory_id) req->trajectory_id = x->t->uid;
+    req->group_id = x->fork ? x->fork_gid : json_string_value(json_object_get(j, "group_id"));
     req->task.id = json_string_value(json_object_get(task, "id"));
     req->task.seed = (uint64_t)json_integer_value(json_object_get(task, "seed"));
     req->task.data = json_object_get(task, "data");
@@ -155,11 +160,9 @@ static arl_status stored_create(rs_ctx *x, json_t **req_json, arl_env_create_req
 static arl_status replay_env(rs_ctx *x, int *failed) {
     ro_traj *t = x->t;
     arl_rollout_worker *w = x->w;
-    char id[REPLAY_UID_MAX + 32];
-    if (x->fork)
-        snprintf(id, sizeof id, "%s", t->uid);
-    else
-        snprintf(id, sizeof id, "%s#resume%d", t->uid, x->row.resume_count + 1);
+    char id[ARL_AEP_MAX_ID_BYTES + 1], sfx[32] = "";
+    if (!x->fork) snprintf(sfx, sizeof sfx, "#resume%d", x->row.resume_count + 1);
+    ARL_TRY(ro_env_id(w, t->uid, sfx, id, sizeof id));
     json_t *rj;
     arl_env_create_req req;
     ARL_TRY(stored_create(x, &rj, &req, id));
@@ -254,7 +257,7 @@ static arl_status restore_env(rs_ctx *x, int *failed) {
     }
     json_t *rj;
     arl_env_create_req req;
-    ARL_TRY(stored_create(x, &rj, &req, t->uid));
+    ARL_TRY(stored_create(x, &rj, &req, NULL)); /* the original session (AEP idempotency) */
     arl_status s = arl_env_session_create(w->env, &req, &t->sess);
     json_decref(rj);
     if (t->sess) arl_env_session_set_user(t->sess, t);
@@ -281,10 +284,12 @@ static arl_status restore_env(rs_ctx *x, int *failed) {
     if (s != ARL_OK && s != ARL_ERR_ENV) return s;
     arl_error_clear();
     if (at >= x->m && ((at == x->m && active && sha_ok && caps->fork) || (at > x->m && caps->fork_past))) {
-        char id[REPLAY_UID_MAX + 32];
-        snprintf(id, sizeof id, "%s#resume%d", t->uid, x->row.resume_count + 1);
+        char id[ARL_AEP_MAX_ID_BYTES + 1], sfx[32], gid[ARL_AEP_MAX_ID_BYTES + 1];
+        snprintf(sfx, sizeof sfx, "#resume%d", x->row.resume_count + 1);
+        ARL_TRY(ro_env_id(w, t->uid, sfx, id, sizeof id));
+        ARL_TRY(ro_env_id(w, t->group_uid, "", gid, sizeof gid));
         arl_env_session *child = NULL;
-        s = arl_env_session_fork(t->sess, id, t->group_uid, x->m, 0, &child);
+        s = arl_env_session_fork(t->sess, id, gid, x->m, 0, &child);
         ARL_TRY(rec(x, x->m, -1));
         if (s == ARL_OK) {
             arl_env_session_delete(t->sess, "aborted");

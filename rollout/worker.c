@@ -407,10 +407,11 @@ static arl_status mask_call(arl_rollout_worker *w, ro_traj *t, const arl_env_cal
          !strcmp(c->error.code_str, "TRAJECTORY_CONFLICT")))
         json_object_set_new(
             j, "hint",
-            json_string("the environment has seen this trajectory_id before: trajectory ids are "
-                        "the run uid's (rollout.run-uid, default 'rollout'), so another run with "
-                        "the same run uid against this server collides; give each run its own "
-                        "run uid (spec/aep.md 3)"));
+            json_string("the environment has seen this trajectory_id before: the ids it gets are "
+                        "'<traj_uid>@<the store's id>', so a copy of this store rolled out against "
+                        "this server before (or the server does not keep ids apart); roll out "
+                        "into a new store, or give the run its own run uid (rollout.run-uid; "
+                        "spec/aep.md 3)"));
     char *detail = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
     const arl_status st =
@@ -1067,7 +1068,11 @@ static arl_status start_job(arl_rollout_worker *w, const ro_job *j) {
     }
     ARL_TRY(s);
     const ro_task *tk = &w->tasks[j->task];
-    arl_env_create_req req = {.trajectory_id = t->uid, .group_id = t->group_uid,
+    char tid[ARL_AEP_MAX_ID_BYTES + 1], gid[ARL_AEP_MAX_ID_BYTES + 1];
+    ARL_TRY(ro_env_id(w, t->uid, "", tid, sizeof tid));
+    ARL_TRY(ro_env_id(w, t->group_uid, "", gid, sizeof gid));
+    arl_env_create_req req = {.trajectory_id = tid,
+                              .group_id = gid,
                               .task = {.id = tk->id, .seed = tk->seed, .data = tk->data},
                               .options = w->env_options};
     ARL_TRY(arl_env_session_create_begin(w->env, &req, &t->sess));
@@ -1184,6 +1189,17 @@ static int decode_pass(arl_rollout_worker *w, arl_status *st) {
             *st = sample_next(w, t, e->logits + (int64_t)i * e->V);
     }
     return 1;
+}
+
+arl_status ro_env_id(const arl_rollout_worker *w, const char *uid, const char *suffix, char *out,
+                     size_t cap) {
+    const int n = snprintf(out, cap, "%s%s%s", uid, w->env_tag, suffix);
+    if (n < 0 || (size_t)n >= cap || n > ARL_AEP_MAX_ID_BYTES)
+        return arl_errorf(ARL_ERR_ARG,
+                          "rollout: %s: its environment id '%s%s%s' would be longer than %d bytes "
+                          "(spec/aep.md 3); choose a shorter run uid",
+                          uid, uid, w->env_tag, suffix, ARL_AEP_MAX_ID_BYTES);
+    return ARL_OK;
 }
 
 /* ---- weights ---- */
@@ -1455,6 +1471,8 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
     if (with_tasks) ARL_TRY(tasks_load(w));
     /* store */
     w->st = st;
+    if (replay_store_uid(st)[0])
+        snprintf(w->env_tag, sizeof w->env_tag, "@%.12s", replay_store_uid(st));
     if (with_tasks) ARL_TRY(groups_check(w));
     char run_uid[REPLAY_UID_MAX + 1];
     snprintf(run_uid, sizeof run_uid, "%s", c->run_uid);

@@ -5,7 +5,8 @@
  *    deterministic replay of the stored actions into a new session, its model state comes from
  *    the cached boundary state, and it finishes; nothing committed before the kill changes;
  *  - remote environment that outlives the worker (an AEP/1 server in another process): the
- *    session is found at the last durable step and forked there;
+ *    session is found at the last durable step (a create with the stored request's own
+ *    trajectory_id, "<uid>@<store>", answered by AEP idempotency) and forked there;
  *  - resume-interrupted off: every interrupted trajectory is masked INTERRUPTED and its slot
  *    refilled by a new attempt.
  * The store verifies after every restart. */
@@ -14,6 +15,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <sqlite3.h>
 
 #include "envs/aep_server.h"
 #include "tests/rollout/helpers.h"
@@ -172,6 +175,26 @@ static void test_mask_interrupted(void) {
     free(before.tokens);
 }
 
+/* The detail_json of trajectory uid's 'resumed' event in worker file `path` (malloc'ed; NULL:
+ * none). */
+static char *resumed_detail(const char *path, const char *uid) {
+    sqlite3 *db = NULL;
+    sqlite3_stmt *q = NULL;
+    char *out = NULL;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db,
+                           "SELECT e.detail_json FROM trajectory_events e JOIN trajectories t ON "
+                           "t.traj_id = e.traj_id WHERE t.traj_uid = ?1 AND e.kind = 'resumed'",
+                           -1, &q, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
+        if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_text(q, 0))
+            out = strdup((const char *)sqlite3_column_text(q, 0));
+    }
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return out;
+}
+
 static void test_resume_remote(void) {
     int fds[2];
     CHECK(pipe(fds) == 0);
@@ -197,6 +220,13 @@ static void test_resume_remote(void) {
     replay_store *st = kill_and_restart("remote", url, 1, uid, &before, &s);
     check_resumed(st, uid, &before, &s);
     replay_store_close(st);
+    /* the killed worker's session, found again and forked at the last durable step (not a
+     * new session replayed from step 0) */
+    char shard[700];
+    snprintf(shard, sizeof shard, "%s/db-remote/shards/w1.sqlite", tmp);
+    char *d = resumed_detail(shard, uid);
+    CHECK_MSG(d && strstr(d, "\"env\":\"forked\""), "resumed: %s", d ? d : "(no event)");
+    free(d);
     free(before.tokens);
     kill(srv, SIGKILL);
     waitpid(srv, NULL, 0);
