@@ -414,6 +414,50 @@ static arl_status print_group(FILE *out, replay_store *st, const replay_traj_row
     return ARL_OK;
 }
 
+/* "   states: ..." of segment seg (spec 13.2 "presence of states"): every state row of the
+ * trajectory's segment in any states file - producer, kind, versions (none shown for weights
+ * that are no policy version of the run) and status (complete,
+ * evicted, writing) - and a rollout state the segment references that no states file holds
+ * ("missing").  has_end, has_lat: the segment references a rollout kda_boundary / mla_segment. */
+static void print_seg_states(FILE *out, replay_store *st, const char *uid, int32_t seg, int has_end,
+                             int has_lat) {
+    int n = 0, seen_end = 0, seen_lat = 0;
+    fprintf(out, "   states:");
+    for (size_t i = 0; i < st->n_shards; i++) {
+        rdb *sd;
+        sqlite3_stmt *q;
+        if (rstore_shard_states(st, &st->shards[i], &sd) != ARL_OK || !sd->db ||
+            rstore_prepare(st, sd,
+                           "SELECT producer, kind, version_min, version_max, status FROM states "
+                           "WHERE traj_uid = ?1 AND seg_index = ?2 ORDER BY state_id",
+                           &q) != ARL_OK) {
+            arl_error_clear(); /* no states file, or an unreadable one: verify reports it */
+            continue;
+        }
+        sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
+        sqlite3_bind_int(q, 2, seg);
+        while (sqlite3_step(q) == SQLITE_ROW) {
+            const char *prod = col_txt(q, 0), *kind = col_txt(q, 1);
+            const int64_t v0 = sqlite3_column_int64(q, 2), v1 = sqlite3_column_int64(q, 3);
+            const int rollout = !strcmp(prod, "rollout");
+            seen_end |= rollout && !strcmp(kind, "kda_boundary");
+            seen_lat |= rollout && !strcmp(kind, "mla_segment");
+            if (v0 < 0) /* weights that are no version of the run (a tool's checkpoint) */
+                fprintf(out, "%s %s %s %s", n++ ? "," : "", prod, kind, col_txt(q, 4));
+            else if (v0 == v1)
+                fprintf(out, "%s %s %s v%lld %s", n++ ? "," : "", prod, kind, (long long)v0,
+                        col_txt(q, 4));
+            else
+                fprintf(out, "%s %s %s v%lld..%lld %s", n++ ? "," : "", prod, kind, (long long)v0,
+                        (long long)v1, col_txt(q, 4));
+        }
+        sqlite3_finalize(q);
+    }
+    if (has_end && !seen_end) fprintf(out, "%s rollout kda_boundary missing", n++ ? "," : "");
+    if (has_lat && !seen_lat) fprintf(out, "%s rollout mla_segment missing", n++ ? "," : "");
+    fprintf(out, "%s\n", n ? "" : " none");
+}
+
 /* "  pinned <time> (<reason>)" when the catalog's pins table holds traj_uid (replay pin). */
 static void show_pin(replay_store *st, const char *traj_uid, FILE *out) {
     sqlite3_stmt *q;
@@ -533,13 +577,13 @@ arl_status replay_show(replay_store *st, const char *traj, const replay_show_opt
         fprintf(out,
                 "\n== segment %d  %s -> %s  steps %d..%d  tokens [%lld, %lld) action %lld  "
                 "ctx_start %lld"
-                "  versions %lld..%lld  states: end %s latent %s\n",
+                "  versions %lld..%lld\n",
                 (int)seg, col_txt(sq, 1), col_txt(sq, 2), sqlite3_column_int(sq, 3),
                 sqlite3_column_int(sq, 4), (long long)tok0, (long long)(tok0 + ntok),
                 (long long)sqlite3_column_int64(sq, 7), (long long)sqlite3_column_int64(sq, 8),
-                (long long)sqlite3_column_int64(sq, 9), (long long)sqlite3_column_int64(sq, 10),
-                sqlite3_column_type(sq, 11) == SQLITE_NULL ? "-" : "yes",
-                sqlite3_column_type(sq, 12) == SQLITE_NULL ? "-" : "yes");
+                (long long)sqlite3_column_int64(sq, 9), (long long)sqlite3_column_int64(sq, 10));
+        print_seg_states(out, st, t.traj_uid, seg, sqlite3_column_type(sq, 11) != SQLITE_NULL,
+                         sqlite3_column_type(sq, 12) != SQLITE_NULL);
         print_rewards(out, d, t.traj_id, "segment", seg, "   ");
         sqlite3_reset(tq);
         sqlite3_bind_int64(tq, 1, t.traj_id);

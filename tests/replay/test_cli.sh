@@ -347,6 +347,10 @@ has '"from_tool_state":[1-9]'
 # the saved states are referenced by their rescores rows: no orphan warning
 expect 0 "$A" replay verify "$R/db"
 has "0 errors, 0 warnings"
+# show lists each segment's states from every states file (spec 13.2): the tool states beside
+# the rollout's
+expect 0 "$A" replay show "$R/db" rollout/g000000/r0
+has "^   states: .*tool kda_boundary complete, tool mla_segment complete"
 expect 2 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --version soon
 has "expected auto, none, -1 or a version"
 expect 2 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --save-states --no-save
