@@ -19,7 +19,7 @@
 #include "rollout/rollout.h"
 
 /* ---- owned strings of rows (freed together when the segment is committed) ---- */
-enum { RO_WIN = 200 }; /* spec/aep.md 8.6: the client-fault window, finished trajectories */
+enum { RO_WIN = ARL_ROLLOUT_ALERT_WINDOW }; /* spec/aep.md 8.6: finished trajectories */
 
 typedef struct ro_strs {
     char **v;
@@ -256,15 +256,10 @@ struct arl_rollout_worker {
     char (*fork_groups)[REPLAY_UID_MAX + 1]; /* (n_forks) */
     size_t n_forks;
     int fork_any_state; /* arl_rollout_fork_opts use_rollout_state */
-    /* client-fault alerting (spec/aep.md 8.6): the last RO_WIN finished trajectories of the
-     * worker's environment, a ring; halted: no new group is admitted (the alert in alert) */
-    struct {
-        uint8_t masked[RO_WIN], client[RO_WIN];
-        char code[RO_WIN][32];
-        int32_t n, at;
-        int halted;
-        char alert[512];
-    } win;
+    /* client-fault alerting (spec/aep.md 8.6): the window (the hooks' or win_own), and this
+     * worker's own finished trajectories and masked ones among them */
+    arl_rollout_alert_window *win, win_own;
+    int32_t win_run_n, win_run_m;
     char fork_wsha[65]; /* SHA-256 of the engine's weights ("" until a fork needs it) */
     char env_tag[16];   /* "@" and the first 12 hex digits of the store's uid ("" without one):
                            what makes this store's AEP ids its own (ro_env_id) */

@@ -147,9 +147,28 @@ typedef struct arl_rollout_stats {
     int64_t versions_loaded;  /* weight updates picked up */
 } arl_rollout_stats;
 
+/* The client-fault alert window of spec/aep.md 8.6: the last ARL_ROLLOUT_ALERT_WINDOW finished
+ * trajectories of one environment (a ring), and whether an alert stopped the admission of new
+ * groups.  A worker keeps its own unless its hooks give one that outlives it: a caller that runs
+ * one worker after another against one environment (experiments/train.c: one per update) keeps
+ * the window across them, so that the masked fraction is measured over the last 200 finished
+ * trajectories of the run rather than of one small update.  Zero it before first use; a worker
+ * of another environment (name@version) starts it afresh. */
+enum { ARL_ROLLOUT_ALERT_WINDOW = 200 };
+typedef struct arl_rollout_alert_window {
+    char env[160]; /* "name@version" of the environment the entries are of ("" when empty) */
+    uint8_t masked[ARL_ROLLOUT_ALERT_WINDOW], client[ARL_ROLLOUT_ALERT_WINDOW];
+    char code[ARL_ROLLOUT_ALERT_WINDOW][32];
+    int32_t n, at;
+    int halted; /* no new group is admitted (the alert in alert) */
+    char alert[512];
+} arl_rollout_alert_window;
+
 /* Optional callbacks (tests, the learner).  Every pointer may be NULL. */
 typedef struct arl_rollout_hooks {
     void *user;
+    /* The alert window to use and update (borrowed; NULL: the worker's own, empty at open). */
+    arl_rollout_alert_window *window;
     /* After every committed segment (C_s, C_end or C_mask); return non-zero to stop the
      * worker at once, leaving running trajectories as they are (as a crash would). */
     int (*on_commit)(void *user, const char *traj_uid, int32_t seg_index, int final);

@@ -246,14 +246,14 @@ enum { WIN_MIN = 20 };
 static const char *win_top(const arl_rollout_worker *w, int32_t *n) {
     const char *best = "";
     *n = 0;
-    for (int32_t i = 0; i < w->win.n; i++) {
-        if (!w->win.masked[i]) continue;
+    for (int32_t i = 0; i < w->win->n; i++) {
+        if (!w->win->masked[i]) continue;
         int32_t c = 0;
-        for (int32_t j = 0; j < w->win.n; j++)
-            c += w->win.masked[j] && !strcmp(w->win.code[i], w->win.code[j]);
+        for (int32_t j = 0; j < w->win->n; j++)
+            c += w->win->masked[j] && !strcmp(w->win->code[i], w->win->code[j]);
         if (c > *n) {
             *n = c;
-            best = w->win.code[i];
+            best = w->win->code[i];
         }
     }
     return best;
@@ -261,8 +261,8 @@ static const char *win_top(const arl_rollout_worker *w, int32_t *n) {
 
 static int32_t win_masked(const arl_rollout_worker *w) {
     int32_t m = 0;
-    for (int32_t i = 0; i < w->win.n; i++)
-        m += w->win.masked[i];
+    for (int32_t i = 0; i < w->win->n; i++)
+        m += w->win->masked[i];
     return m;
 }
 
@@ -272,60 +272,63 @@ static int32_t win_masked(const arl_rollout_worker *w) {
  * is admitted from now on and the alert is logged once. */
 static void win_push(arl_rollout_worker *w, int masked, const char *code, const char *attr) {
     if (w->n_forks || (code && !strcmp(code, "INTERRUPTED"))) return;
-    const int32_t i = w->win.at;
-    w->win.masked[i] = (uint8_t)(masked != 0);
-    w->win.client[i] = (uint8_t)(masked && attr && !strcmp(attr, "client"));
-    snprintf(w->win.code[i], sizeof w->win.code[i], "%s", masked && code ? code : "");
-    w->win.at = (i + 1) % RO_WIN;
-    if (w->win.n < RO_WIN) w->win.n++;
-    if (w->win.halted) return;
+    const int32_t i = w->win->at;
+    w->win->masked[i] = (uint8_t)(masked != 0);
+    w->win->client[i] = (uint8_t)(masked && attr && !strcmp(attr, "client"));
+    snprintf(w->win->code[i], sizeof w->win->code[i], "%s", masked && code ? code : "");
+    w->win->at = (i + 1) % RO_WIN;
+    if (w->win->n < RO_WIN) w->win->n++;
+    w->win_run_n++;
+    w->win_run_m += masked != 0;
+    if (w->win->halted) return;
     const int32_t m = win_masked(w);
     /* only the new entry's code can have crossed the client-code limit */
     int32_t nc = 0;
-    for (int32_t j = 0; w->win.client[i] && j < w->win.n; j++)
-        nc += w->win.client[j] && !strcmp(w->win.code[j], w->win.code[i]);
-    const int frac = w->win.n >= WIN_MIN && (double)m > w->cfg.alert_masked_frac * w->win.n;
+    for (int32_t j = 0; w->win->client[i] && j < w->win->n; j++)
+        nc += w->win->client[j] && !strcmp(w->win->code[j], w->win->code[i]);
+    const int frac = w->win->n >= WIN_MIN && (double)m > w->cfg.alert_masked_frac * w->win->n;
     if (!frac && nc <= w->cfg.alert_client_codes) return;
-    w->win.halted = 1;
+    w->win->halted = 1;
     int32_t nt = 0;
     const char *top = win_top(w, &nt);
     if (frac)
-        snprintf(w->win.alert, sizeof w->win.alert,
+        snprintf(w->win->alert, sizeof w->win->alert,
                  "%d of the last %d finished trajectories of environment %s@%s were masked "
                  "(over alert-masked-frac %g; most: %s, %d)",
-                 (int)m, (int)w->win.n, w->info->name, w->info->version, w->cfg.alert_masked_frac,
+                 (int)m, (int)w->win->n, w->info->name, w->info->version, w->cfg.alert_masked_frac,
                  top, (int)nt);
     else
-        snprintf(w->win.alert, sizeof w->win.alert,
+        snprintf(w->win->alert, sizeof w->win->alert,
                  "the client-attributed code %s (a bug on agentrl's side) masked %d of the last %d "
                  "finished trajectories of environment %s@%s (over alert-client-codes %lld)",
-                 w->win.code[i], (int)nc, (int)w->win.n, w->info->name, w->info->version,
+                 w->win->code[i], (int)nc, (int)w->win->n, w->info->name, w->info->version,
                  (long long)w->cfg.alert_client_codes);
     arl_log_error("rollout: ALERT: %s: no new group is admitted to it (spec/aep.md 8.6); the "
                   "running trajectories finish; see 'agentrl replay list --status masked'",
-                  w->win.alert);
+                  w->win->alert);
 }
 
 /* After a run: the alert as an error, a run whose every trajectory an error masked as an
- * error (not an evaluation's: its report counts them), and a warning above 5 % masked. */
+ * error (not an evaluation's: its report counts them), and a warning above 5 % masked in the
+ * window. */
 static arl_status win_verdict(arl_rollout_worker *w) {
-    if (w->n_forks || !w->win.n) return ARL_OK;
-    if (w->win.halted)
-        return arl_errorf(ARL_ERR_ENV, "rollout: stopped admitting groups: %s", w->win.alert);
+    if (w->n_forks || (!w->win_run_n && !w->win->halted)) return ARL_OK;
+    if (w->win->halted)
+        return arl_errorf(ARL_ERR_ENV, "rollout: stopped admitting groups: %s", w->win->alert);
     const int32_t m = win_masked(w);
     int32_t nt = 0;
     const char *top = win_top(w, &nt);
-    if (m == w->win.n && w->stats.env_errors >= m &&
+    if (w->win_run_m == w->win_run_n && w->stats.env_errors >= w->win_run_m &&
         !(w->cfg.group_kind && !strcmp(w->cfg.group_kind, "eval"))) /* an eval measures it */
         return arl_errorf(ARL_ERR_ENV,
                           "rollout: every finished trajectory (%d) was masked by an error of "
                           "environment %s@%s or the client (most: %s, %d); see 'agentrl replay "
                           "list --status masked' and 'replay show' for the details",
-                          (int)m, w->info->name, w->info->version, top, (int)nt);
-    if (20 * m > w->win.n)
+                          (int)w->win_run_m, w->info->name, w->info->version, top, (int)nt);
+    if (20 * m > w->win->n)
         arl_log_warn("rollout: environment %s@%s: %d of the last %d finished trajectories were "
                      "masked (over 5%%; most: %s, %d)",
-                     w->info->name, w->info->version, (int)m, (int)w->win.n, top, (int)nt);
+                     w->info->name, w->info->version, (int)m, (int)w->win->n, top, (int)nt);
     return ARL_OK;
 }
 
@@ -1089,7 +1092,7 @@ static arl_status admit(arl_rollout_worker *w) {
     while (!w->swap_pending && w->next_job < w->n_jobs && w->n_live < (int32_t)w->cfg.batch_size) {
         ro_job j = w->jobs[w->next_job++];
         /* after an alert (spec/aep.md 8.6) only the groups already admitted go on */
-        if (w->win.halted && j.task >= 0 && j.task < w->n_tasks && !w->group_ids[j.task]) {
+        if (w->win->halted && j.task >= 0 && j.task < w->n_tasks && !w->group_ids[j.task]) {
             w->stats.not_admitted++;
             continue;
         }
@@ -1460,6 +1463,16 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
                                 ee ? ee->message : "");
     }
     w->info = arl_env_get_info(w->env);
+    /* the alert window: the caller's (kept across its workers) or this worker's own */
+    w->win = w->hooks.window ? w->hooks.window : &w->win_own;
+    {
+        char env[sizeof w->win->env];
+        snprintf(env, sizeof env, "%s@%s", w->info->name, w->info->version);
+        if (strcmp(env, w->win->env)) { /* another environment's entries: start afresh */
+            memset(w->win, 0, sizeof *w->win);
+            snprintf(w->win->env, sizeof w->win->env, "%s", env);
+        }
+    }
     w->segment_scores = c->segment_scores && w->info->caps.segment_score;
     if (w->info->caps.multimodal && !w->eng.cfg.has_vision)
         return arl_errorf(ARL_ERR_CONFIG,

@@ -152,16 +152,18 @@ static void test_faults(void) {
 
 static char run_msg[1024]; /* the error message of the last run_scenario */
 
-/* A run of `n` tasks of one scenario (group size 1, two at a time) into a new store db-<name>;
- * the run's status (its message in run_msg), its stats into *out. */
-static arl_status run_scenario(const char *scenario, int n, const char *name, const char *kind,
-                               arl_rollout_stats *out) {
+/* A run of `n` tasks (group size 1, two at a time) into a new store db-<name>, task i of
+ * scenario scen[i % n_scen]; the alert window `win` (NULL: the worker's own); the run's status
+ * (its message in run_msg), its stats into *out. */
+static arl_status run_tasks(const char *const *scen, int n_scen, int n, const char *name,
+                            const char *kind, arl_rollout_alert_window *win,
+                            arl_rollout_stats *out) {
     char tasks[700], db[700], url[64];
     snprintf(tasks, sizeof tasks, "%s/tasks-%s.jsonl", tmp, name);
     snprintf(db, sizeof db, "%s/db-%s", tmp, name);
     FILE *f = fopen(tasks, "w");
     for (int i = 0; i < n; i++)
-        fprintf(f, "{\"id\": \"%s\", \"seed\": %d, \"data\": {}}\n", scenario, i);
+        fprintf(f, "{\"id\": \"%s\", \"seed\": %d, \"data\": {}}\n", scen[i % n_scen], i);
     fclose(f);
     snprintf(url, sizeof url, "http://127.0.0.1:%d", fsrv.srv.port);
     arl_rollout_config c;
@@ -179,7 +181,8 @@ static arl_status run_scenario(const char *scenario, int n, const char *name, co
     c.env_backoff_ms = 5;
     replay_store *st = h_store(db);
     arl_rollout_worker *w;
-    H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "open");
+    arl_rollout_hooks hk = {.window = win};
+    H_DIE(arl_rollout_worker_open(&c, ckpt, st, 0, &hk, &w), "open");
     const arl_status s = arl_rollout_worker_run(w);
     snprintf(run_msg, sizeof run_msg, "%s", s ? arl_error_msg() : "");
     arl_error_clear();
@@ -190,6 +193,46 @@ static arl_status run_scenario(const char *scenario, int n, const char *name, co
     replay_store_close(st);
     arl_rollout_config_free(&c);
     return s;
+}
+
+static arl_status run_scenario(const char *scenario, int n, const char *name, const char *kind,
+                               arl_rollout_stats *out) {
+    return run_tasks(&scenario, 1, n, name, kind, NULL, out);
+}
+
+/* The alert window kept across workers (experiments/train.c: one worker per update): two runs
+ * of 12 trajectories, every other one masked by the environment (ENV_INTERNAL).  Alone, each
+ * finishes below the 20 finished the masked fraction needs; sharing one window, the second
+ * crosses alert-masked-frac (0.2) at 20 finished and stops admitting groups.  A window of
+ * another environment is started afresh. */
+static void test_alert_window(void) {
+    static const char *const half[2] = {"ok", "internal_step"};
+    arl_rollout_stats s;
+    arl_status st = run_tasks(half, 2, 12, "win-alone", "train", NULL, &s);
+    CHECK_MSG(st == ARL_OK, "%s", run_msg);
+    CHECK_EQ_INT(s.masked, 6);
+    arl_rollout_alert_window win;
+    memset(&win, 0, sizeof win);
+    st = run_tasks(half, 2, 12, "win-1", "train", &win, &s);
+    CHECK_MSG(st == ARL_OK, "%s", run_msg);
+    CHECK_EQ_INT(win.n, 12);
+    CHECK(!win.halted);
+    st = run_tasks(half, 2, 12, "win-2", "train", &win, &s);
+    CHECK_EQ_INT(st, ARL_ERR_ENV);
+    CHECK_MSG(strstr(run_msg, "stopped admitting groups") && strstr(run_msg, "alert-masked-frac") &&
+                  strstr(run_msg, "ENV_INTERNAL"),
+              "%s", run_msg);
+    CHECK(s.not_admitted >= 1 && s.trajectories + s.not_admitted == 12);
+    CHECK(win.halted && win.n >= 20);
+    /* a halted window stops the next worker before it admits anything */
+    st = run_tasks(half, 2, 4, "win-3", "train", &win, &s);
+    CHECK_EQ_INT(st, ARL_ERR_ENV);
+    CHECK_EQ_INT(s.trajectories, 0);
+    /* another environment's window: started afresh */
+    snprintf(win.env, sizeof win.env, "other@1");
+    st = run_tasks(half, 2, 4, "win-4", "train", &win, &s);
+    CHECK_MSG(st == ARL_OK, "%s", run_msg);
+    CHECK_EQ_INT(win.n, 4);
 }
 
 /* Client-fault alerting (spec/aep.md 8.6): one client-attributed code masking more than
@@ -226,6 +269,7 @@ int main(void) {
     }
     TEST_RUN(test_faults);
     TEST_RUN(test_alert);
+    TEST_RUN(test_alert_window);
     fsrv_stop();
     return test_finish();
 }
