@@ -480,6 +480,91 @@ int aep_json_ident_equal(const json_t *a, const json_t *b) {
     }
 }
 
+/* The canonical form hashed by aep_json_ident_hash: a type letter, then the value; strings and
+ * keys carry their length, objects their non-null members sorted by key. */
+static void ident_put(arl_sha256_ctx *c, const char *s, size_t n) {
+    arl_sha256_update(c, s, n);
+}
+
+static void ident_put_str(arl_sha256_ctx *c, char tag, const char *s, size_t n) {
+    char hdr[32];
+    int k = snprintf(hdr, sizeof hdr, "%c%zu:", tag, n);
+    ident_put(c, hdr, (size_t)k);
+    ident_put(c, s, n);
+}
+
+typedef struct ident_member {
+    const char *key;
+    const json_t *val;
+} ident_member;
+
+static int ident_member_cmp(const void *a, const void *b) {
+    return strcmp(((const ident_member *)a)->key, ((const ident_member *)b)->key);
+}
+
+int aep_json_ident_hash(arl_sha256_ctx *c, const json_t *v) {
+    char num[48];
+    int k;
+    if (!v || json_is_null(v)) {
+        ident_put(c, "n", 1);
+        return 0;
+    }
+    switch (json_typeof(v)) {
+    case JSON_TRUE:
+        ident_put(c, "t", 1);
+        return 0;
+    case JSON_FALSE:
+        ident_put(c, "f", 1);
+        return 0;
+    case JSON_INTEGER:
+        k = snprintf(num, sizeof num, "i%lld;", (long long)json_integer_value(v));
+        ident_put(c, num, (size_t)k);
+        return 0;
+    case JSON_REAL: {
+        double x = json_real_value(v);
+        if (x == floor(x) && fabs(x) <= 9007199254740992.0) /* 2.0 equals 2 (§10.1) */
+            k = snprintf(num, sizeof num, "i%lld;", (long long)x);
+        else
+            k = snprintf(num, sizeof num, "r%.17g;", x);
+        ident_put(c, num, (size_t)k);
+        return 0;
+    }
+    case JSON_STRING:
+        ident_put_str(c, 's', json_string_value(v), json_string_length(v));
+        return 0;
+    case JSON_ARRAY: {
+        k = snprintf(num, sizeof num, "[%zu:", json_array_size(v));
+        ident_put(c, num, (size_t)k);
+        for (size_t i = 0; i < json_array_size(v); i++)
+            if (aep_json_ident_hash(c, json_array_get(v, i))) return -1;
+        ident_put(c, "]", 1);
+        return 0;
+    }
+    case JSON_OBJECT: {
+        size_t n = 0;
+        ident_member *ms = malloc((json_object_size(v) + 1) * sizeof *ms);
+        if (!ms) return -1;
+        const char *key;
+        json_t *m;
+        json_object_foreach((json_t *)v, key, m) {
+            if (!json_is_null(m)) ms[n++] = (ident_member){key, m}; /* null equals absent */
+        }
+        qsort(ms, n, sizeof *ms, ident_member_cmp);
+        ident_put(c, "{", 1);
+        int rc = 0;
+        for (size_t i = 0; i < n && !rc; i++) {
+            ident_put_str(c, 'k', ms[i].key, strlen(ms[i].key));
+            rc = aep_json_ident_hash(c, ms[i].val);
+        }
+        ident_put(c, "}", 1);
+        free(ms);
+        return rc;
+    }
+    default:
+        return -1;
+    }
+}
+
 int aep_json_get_index(const json_t *obj, const char *key, int64_t *out) {
     const json_t *v = json_object_get(obj, key);
     if (!json_is_integer(v)) return 0;

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/sha256.h"
 #include "envs/env.h"
 
 /* Maximum nesting depth of buf (each array or object opens one level; strings are skipped with
@@ -40,6 +41,12 @@ int aep_json_member_span(const char *buf, size_t len, const char *key, size_t *o
 /* §10.1 identity: equal JSON values where member order is ignored, numbers compare by value and
  * a member whose value is null equals an absent member, at every depth.  NULL equals json null. */
 int aep_json_ident_equal(const json_t *a, const json_t *b);
+
+/* Feed the §10.1 identity of v (NULL: null) into c: values equal under aep_json_ident_equal
+ * hash alike (member order, null members and 2 vs 2.0 do not matter), so a digest can stand in
+ * for a value that is no longer kept.  Only integers beyond 2^53 compared with reals can differ
+ * from aep_json_ident_equal.  0, or -1 on OOM (c is then unusable). */
+int aep_json_ident_hash(arl_sha256_ctx *c, const json_t *v);
 
 /* Integer member in [0, 2^53 - 1] written without fraction or exponent: 1 and *out, else 0. */
 int aep_json_get_index(const json_t *obj, const char *key, int64_t *out);

@@ -123,7 +123,11 @@ static route route_of(const char *url, const char *method, char *sid, size_t cap
     p += 9;
     const char *slash = strchr(p, '/');
     size_t n = slash ? (size_t)(slash - p) : strlen(p);
-    if (n == 0 || n >= cap) return R_NONE;
+    if (n == 0) return R_NONE;
+    /* an over-long {sid} is still this route (404 UNKNOWN_SESSION, or 204 for DELETE, §6.7),
+     * not an unknown one: cut it; session ids have at most 128 bytes (§3) < cap, so the cut id
+     * matches no session */
+    if (n >= cap) n = cap - 1;
     memcpy(sid, p, n);
     sid[n] = 0;
     if (!slash) return get ? R_GET : del ? R_DELETE : R_NONE;

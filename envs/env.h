@@ -638,6 +638,8 @@ typedef int (*arl_env_entry_fn)(uint32_t abi_version, arl_env_vtable *table);
 typedef struct arl_env_host_config {
     int64_t max_sessions;            /* 0: the environment's limits.max_sessions; else lower */
     int64_t session_idle_timeout_ms; /* 0: the environment's limit; else >= 600000 */
+    int64_t max_closed_sessions;     /* deleted or reaped sessions remembered (410 answers,
+                                        §6.7), oldest forgotten first; 0: 65536 */
 } arl_env_host_config;
 
 /* Open an instance of the AEP/1 state machine around def.  config_json: the environment's

@@ -29,7 +29,7 @@
 
 #define HOST_STEP_IN_PROGRESS_MS 100 /* retry_after_ms hint for STEP_IN_PROGRESS */
 #define HOST_CAPACITY_RETRY_MS 1000  /* retry_after_ms hint for CAPACITY_REACHED / DRAINING */
-#define HOST_MAX_TOMBSTONES 65536    /* closed sessions remembered for 410 answers */
+#define HOST_MAX_TOMBSTONES 65536    /* default: closed sessions remembered for 410 answers */
 
 /* ---- a small string-keyed hash map ---- */
 
@@ -56,8 +56,13 @@ static void *smap_get(const smap *m, const char *k) {
     }
 }
 static int smap_put(smap *m, const char *k, void *v);
+/* Rehash into a table sized for the live entries: deleted slots count towards the load
+ * factor, so a table whose entries come and go is rehashed at the same size instead of
+ * doubling on every rehash (the maps would otherwise grow with every session ever created). */
 static int smap_grow(smap *m) {
-    size_t cap = m->cap ? m->cap * 2 : 64;
+    size_t cap = 64;
+    while ((m->n + 1) * 2 >= cap)
+        cap *= 2;
     smap old = *m;
     m->e = calloc(cap, sizeof *m->e);
     if (!m->e) {
@@ -133,8 +138,11 @@ typedef struct hsess {
     int is_fork;
     char parent_sid[48];
     int64_t fork_at;
-    json_t *task, *options; /* identity of creation (options NULL when absent) */
-    char *ident_resp;       /* the 201 body of create or fork */
+    json_t *task, *options; /* identity of creation (options NULL when absent); a closed
+                               session keeps only ident_digest, for 409-or-410 answers */
+    uint8_t ident_digest[ARL_SHA256_BYTES];
+    int ident_hashed; /* task and options were replaced by ident_digest */
+    char *ident_resp; /* the 201 body of create or fork (freed once closed) */
     size_t ident_len;
     void *state;
     int64_t last;     /* last applied step */
@@ -174,7 +182,7 @@ typedef struct host {
     arl_rng rng;
     uint64_t counter;
     hsess *tomb_head, *tomb_tail;
-    size_t n_tomb;
+    size_t n_tomb, max_tomb;
     void **grave; /* states to free once h->mu is released (grave_flush) */
     size_t n_grave, cap_grave;
 } host;
@@ -266,9 +274,41 @@ static void grave_flush(host *h) {
     free(g);
 }
 
-/* Free the heavy parts of a closed session (state, history, scores); keeps the identity and
- * the create/fork response so repeats are answered. */
+/* §10.1 identity of a creation as a digest (aep_json_ident_hash); 0, or -1 on OOM. */
+static int ident_digest(const json_t *task, const json_t *opts, uint8_t out[ARL_SHA256_BYTES]) {
+    arl_sha256_ctx c;
+    arl_sha256_init(&c);
+    if (aep_json_ident_hash(&c, task) || aep_json_ident_hash(&c, opts)) return -1;
+    arl_sha256_final(&c, out);
+    return 0;
+}
+
+/* Do task and options equal the creation identity of t (live or closed)? */
+static int sess_ident_equal(const hsess *t, const json_t *task, const json_t *opts) {
+    if (!t->ident_hashed)
+        return aep_json_ident_equal(t->task, task) && aep_json_ident_equal(t->options, opts);
+    uint8_t d[ARL_SHA256_BYTES];
+    return !ident_digest(task, opts, d) && !memcmp(d, t->ident_digest, sizeof d);
+}
+
+/* Free the heavy parts of a closed session (state, history, scores, the create/fork response,
+ * task and options: a request may carry megabytes of task data, and closed sessions are
+ * remembered by the thousand); keeps what answers repeats: ids and a digest of the identity. */
 static void sess_release(host *h, hsess *s) {
+    if (s->closed) {
+        /* a fork's repeats compare parent, step and group only */
+        if (!s->is_fork && !s->ident_hashed && s->task &&
+            !ident_digest(s->task, s->options, s->ident_digest))
+            s->ident_hashed = 1;
+        if (s->is_fork || s->ident_hashed) {
+            if (s->task) json_decref(s->task);
+            if (s->options) json_decref(s->options);
+            s->task = s->options = NULL;
+        }
+        free(s->ident_resp);
+        s->ident_resp = NULL;
+        s->ident_len = 0;
+    }
     grave_push(h, s->state);
     s->state = NULL;
     if (s->hist) {
@@ -313,8 +353,7 @@ static void sess_close_locked(host *h, hsess *s) {
     h->tomb_tail = s;
     h->n_tomb++;
     /* forget the oldest tombstones that nobody references */
-    while (h->n_tomb > HOST_MAX_TOMBSTONES && h->tomb_head && !h->tomb_head->refs &&
-           !h->tomb_head->busy) {
+    while (h->n_tomb > h->max_tomb && h->tomb_head && !h->tomb_head->refs && !h->tomb_head->busy) {
         hsess *o = h->tomb_head;
         h->tomb_head = o->next_closed;
         if (!h->tomb_head) h->tomb_tail = NULL;
@@ -532,8 +571,7 @@ static int host_reset_impl(void *inst, const char *req, size_t len, char **resp,
     for (;;) {
         hsess *t = smap_get(&h->by_traj, traj);
         if (!t) break;
-        if (t->is_fork || strcmp(t->group, group) || !aep_json_ident_equal(t->task, task) ||
-            !aep_json_ident_equal(t->options, opts)) {
+        if (t->is_fork || strcmp(t->group, group) || !sess_ident_equal(t, task, opts)) {
             pthread_mutex_unlock(&h->mu);
             status = reply_err(resp, rlen, ARL_ENV_E_TRAJECTORY_CONFLICT, -1,
                                "trajectory_id '%.200s' was used with other identity members", traj);
@@ -897,17 +935,27 @@ static int host_step_impl(void *inst, const char *sid, const char *req, size_t l
             if (comps) json_decref(comps);
         }
         if (o) json_decref(o);
-        const char *cids[512], *pids[512];
-        int32_t nc = act.n_tool_calls < 512 ? act.n_tool_calls : 512;
-        int32_t np = act.n_parse_errors < 512 ? act.n_parse_errors : 512;
-        for (int32_t i = 0; i < nc; i++) cids[i] = act.tool_calls[i].id;
-        for (int32_t i = 0; i < np; i++) pids[i] = act.parse_errors[i].id;
-        aep_expect x = {.endpoint = ARL_ENV_EP_STEP, .info = &h->info, .step_index = k,
-                        .call_ids = cids, .n_call_ids = nc, .perr_ids = pids, .n_perr_ids = np};
-        if (!rb)
+        /* every id: an action may carry any number of calls (a model fault, answered 200) */
+        int32_t nc = act.n_tool_calls, np = act.n_parse_errors;
+        const char **ids = malloc(((size_t)nc + (size_t)np + 1) * sizeof *ids);
+        if (ids) {
+            for (int32_t i = 0; i < nc; i++)
+                ids[i] = act.tool_calls[i].id;
+            for (int32_t i = 0; i < np; i++)
+                ids[nc + i] = act.parse_errors[i].id;
+        }
+        aep_expect x = {.endpoint = ARL_ENV_EP_STEP,
+                        .info = &h->info,
+                        .step_index = k,
+                        .call_ids = ids,
+                        .n_call_ids = nc,
+                        .perr_ids = ids ? ids + nc : NULL,
+                        .n_perr_ids = np};
+        if (!rb || !ids)
             snprintf(msg, sizeof msg, "out of memory serialising the step response");
         else
             self_check(h, &x, 200, rb, rl, msg, sizeof msg);
+        free(ids);
     }
     int ended = out.terminated || out.truncated;
     int terminated = out.terminated;
@@ -1483,6 +1531,8 @@ arl_status arl_env_host_open(const arl_env_def *def, const char *config_json, co
     }
     h->def = def;
     h->ops = def->ops;
+    h->max_tomb = cfg && cfg->max_closed_sessions > 0 ? (size_t)cfg->max_closed_sessions
+                                                      : HOST_MAX_TOMBSTONES;
     h->info_body = aep_json_dumps(info, &h->info_len);
     json_decref(info);
     if (!h->info_body) {
@@ -1506,26 +1556,27 @@ arl_status arl_env_host_open(const arl_env_def *def, const char *config_json, co
     pthread_mutex_init(&h->mu, NULL);
     pthread_mutex_init(&h->envmu, NULL);
     arl_rng_seed(&h->rng, (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)h);
-    if (h->ops->instance_create) {
-        json_t *cj = aep_json_loads(config_json ? config_json : "{}", config_json ? strlen(config_json) : 2,
-                                    ARL_AEP_MAX_DEPTH, err, sizeof err);
-        if (!cj || !json_is_object(cj)) {
-            if (cj) json_decref(cj);
-            host_destroy(h);
-            return arl_errorf(ARL_ERR_CONFIG, "env host: '%s': configuration: %s", def->name,
-                              cj ? "expected a JSON object" : err);
-        }
-        st = h->ops->instance_create(cj, &h->env_inst);
-        json_decref(cj);
-        if (st != ARL_OK) {
-            arl_error_prefix(st, "env host: '%s': instance_create", def->name);
-            arl_env_info_clear(&h->info);
-            free(h->info_body);
-            pthread_mutex_destroy(&h->mu);
-            pthread_mutex_destroy(&h->envmu);
-            free(h);
-            return st;
-        }
+    /* checked also for an environment without configuration: a typo is an error, not ignored */
+    json_t *cj =
+        aep_json_loads(config_json ? config_json : "{}", config_json ? strlen(config_json) : 2,
+                       ARL_AEP_MAX_DEPTH, err, sizeof err);
+    if (!cj || !json_is_object(cj)) {
+        int obj = cj != NULL;
+        if (cj) json_decref(cj);
+        host_destroy(h);
+        return arl_errorf(ARL_ERR_CONFIG, "env host: '%s': configuration: %s", def->name,
+                          obj ? "expected a JSON object" : err);
+    }
+    st = h->ops->instance_create ? h->ops->instance_create(cj, &h->env_inst) : ARL_OK;
+    json_decref(cj);
+    if (st != ARL_OK) {
+        arl_error_prefix(st, "env host: '%s': instance_create", def->name);
+        arl_env_info_clear(&h->info);
+        free(h->info_body);
+        pthread_mutex_destroy(&h->mu);
+        pthread_mutex_destroy(&h->envmu);
+        free(h);
+        return st;
     }
     *inst = h;
     *vt = &host_vtable;

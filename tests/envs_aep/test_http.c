@@ -1,9 +1,9 @@
 /* tests/envs_aep/test_http.c: the AEP/1 HTTP server (envs/aep_server.c) around the echo host,
  * driven by the session client and by raw requests: built-in and remote environments give the
  * same bytes; 64 sessions in flight at once; the HTTP-only checks (version, token, routes,
- * headers after the session lookup, 413 with and without Expect: 100-continue, Retry-After);
- * busy sessions (§2.4); draining; and the conformance suite failing on a non-conformant
- * environment (non-deterministic creation). */
+ * over-long session ids, headers after the session lookup, 413 with and without Expect:
+ * 100-continue, Retry-After); busy sessions (§2.4); draining; and the conformance suite failing on
+ * a non-conformant environment (non-deterministic creation). */
 #include <curl/curl.h>
 #include <pthread.h>
 #include <string.h>
@@ -248,6 +248,16 @@ static void test_http_checks(void) {
     CHECK_EQ_INT(req(p, "POST", "/sessions", CREATE, strlen(CREATE), H_BADACCEPT, &r), 400);
     /* check 3 before check 4: an unknown session wins over a bad Content-Type */
     CHECK_EQ_INT(req(p, "POST", "/sessions/none/step", "{}", 2, H_BADCT, &r), 404);
+    CHECK_STR_EQ(code_of(&r), "UNKNOWN_SESSION");
+    /* an over-long {sid} is a session the server does not know, not an unknown route: DELETE
+     * 204 (§6.7), the others 404 UNKNOWN_SESSION (§15.2 checks 15, 16) */
+    char longp[480] = "/sessions/"; /* req() URLs hold 511 bytes */
+    memset(longp + 10, 'a', 450);
+    CHECK_EQ_INT(req(p, "DELETE", longp, NULL, 0, H_OK, &r), 204);
+    CHECK_EQ_INT(req(p, "GET", longp, NULL, 0, H_OK, &r), 404);
+    CHECK_STR_EQ(code_of(&r), "UNKNOWN_SESSION");
+    strcat(longp, "/step");
+    CHECK_EQ_INT(req(p, "POST", longp, "{}", 2, H_OK, &r), 404);
     CHECK_STR_EQ(code_of(&r), "UNKNOWN_SESSION");
     CHECK_EQ_INT(req(p, "POST", "/sessions", CREATE, strlen(CREATE), H_OK, &r), 201);
     /* 413: with Expect: 100-continue (answered before the body) and without (body discarded) */

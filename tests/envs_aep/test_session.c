@@ -2,6 +2,7 @@
  * host of the "echo" test environment (envs/test_env.c): the full lifecycle, the host's state
  * rules through the raw vtable (replays byte for byte, conflicts, ended and closed sessions,
  * score keys, fork rules), and the tool-call argument parser. */
+#include <malloc.h>
 #include <string.h>
 
 #include "envs/aep_json.h"
@@ -579,6 +580,225 @@ static void test_call_limit_and_max_steps(void) {
     arl_env_client_close(c);
 }
 
+/* Bytes the allocator has handed out (glibc); 0 where unknown, which passes the bounds below. */
+static long long heap_bytes(void) {
+#ifdef __GLIBC__
+    struct mallinfo2 mi = mallinfo2();
+    return (long long)(mi.uordblks + mi.hblkhd);
+#else
+    return 0;
+#endif
+}
+
+static char *sid_of(const char *body) {
+    json_t *v = json_loads(body, 0, NULL);
+    char *s = strdup(json_string_value(json_object_get(v, "session_id")) ?: "");
+    if (v) json_decref(v);
+    return s;
+}
+
+/* Closed sessions: repeats of a deleted creation still get 410 (identical identity, compared
+ * through a digest) or 409 (another identity), and of a deleted fork 410 or 409; a deleted
+ * session keeps neither its task data nor its responses; max_closed_sessions forgets the
+ * oldest (404 then); and the session tables do not grow while sessions come and go. */
+static void test_closed_sessions(void) {
+    const arl_env_def *d = arl_env_builtin_find("echo");
+    void *inst;
+    const arl_env_vtable *vt;
+    arl_env_host_config hc = {.max_closed_sessions = 8};
+    CHECK(arl_env_host_open(d, NULL, &hc, &inst, &vt) == ARL_OK);
+    char *b, *b1;
+    CHECK_EQ_INT(vcall(vt, inst, "reset", NULL,
+                       "{\"trajectory_id\":\"c/"
+                       "1\",\"group_id\":\"c\",\"task\":{\"id\":\"t\",\"seed\":1,\"data\":"
+                       "{\"q\":2.0,\"l\":[1,{\"a\":1,\"b\":null}]}},\"options\":{\"max_steps\":5},"
+                       "\"deadline_ms\":5000}",
+                       &b1),
+                 201);
+    char *sid1 = sid_of(b1);
+    free(b1);
+    CHECK_EQ_INT(vcall(vt, inst, "fork", sid1,
+                       "{\"trajectory_id\":\"c/"
+                       "1#fork1\",\"group_id\":\"f\",\"at_step_index\":0,\"deadline_ms\":1000}",
+                       &b1),
+                 201);
+    char *fsid = sid_of(b1);
+    free(b1);
+    vt->close(inst, fsid, "completed");
+    vt->close(inst, sid1, "completed");
+    /* the same identity, written otherwise (§10.1): 410 */
+    CHECK_EQ_INT(
+        vcall(vt, inst, "reset", NULL,
+              "{\"deadline_ms\":1,\"options\":{\"max_steps\":5,\"x\":null},\"trajectory_id\":\"c/"
+              "1\",\"group_id\":"
+              "\"c\",\"task\":{\"seed\":1,\"data\":{\"l\":[1.0,{\"a\":1}],\"q\":2},\"id\":\"t\"}}",
+              &b),
+        410);
+    CHECK_STR_EQ(err_code(b), "SESSION_CLOSED");
+    free(b);
+    /* another identity: 409, whether the change is in task data, seed or options */
+    const char *other[] = {
+        "{\"trajectory_id\":\"c/"
+        "1\",\"group_id\":\"c\",\"task\":{\"id\":\"t\",\"seed\":1,\"data\":{\"q\":2.5,"
+        "\"l\":[1,{\"a\":1}]}},\"options\":{\"max_steps\":5},\"deadline_ms\":5000}",
+        "{\"trajectory_id\":\"c/"
+        "1\",\"group_id\":\"c\",\"task\":{\"id\":\"t\",\"seed\":1,\"data\":{\"q\":2,"
+        "\"l\":[1,{\"a\":1},null]}},\"options\":{\"max_steps\":5},\"deadline_ms\":5000}",
+        "{\"trajectory_id\":\"c/"
+        "1\",\"group_id\":\"c\",\"task\":{\"id\":\"t\",\"seed\":2,\"data\":{\"q\":2,"
+        "\"l\":[1,{\"a\":1}]}},\"options\":{\"max_steps\":5},\"deadline_ms\":5000}",
+        "{\"trajectory_id\":\"c/"
+        "1\",\"group_id\":\"c\",\"task\":{\"id\":\"t\",\"seed\":1,\"data\":{\"q\":2,"
+        "\"l\":[1,{\"a\":1}]}},\"deadline_ms\":5000}",
+    };
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ_INT(vcall(vt, inst, "reset", NULL, other[i], &b), 409);
+        CHECK_STR_EQ(err_code(b), "TRAJECTORY_CONFLICT");
+        free(b);
+    }
+    /* a deleted fork: its repeat 410, a creation under its id 409 */
+    CHECK_EQ_INT(vcall(vt, inst, "fork", sid1,
+                       "{\"trajectory_id\":\"c/"
+                       "1#fork1\",\"group_id\":\"f\",\"at_step_index\":0,\"deadline_ms\":1000}",
+                       &b),
+                 410);
+    free(b);
+    CHECK_EQ_INT(
+        vcall(vt, inst, "reset", NULL,
+              "{\"trajectory_id\":\"c/"
+              "1#fork1\",\"group_id\":\"f\",\"task\":{\"id\":\"t\",\"seed\":1,\"data\":{}},"
+              "\"deadline_ms\":5000}",
+              &b),
+        409);
+    free(b);
+
+    /* task data is not kept once deleted (by a host that remembers 65536 closed sessions): 200
+     * sessions with 64 KiB of data each stay far below the 12.5 MiB their data alone would take
+     * (the bound leaves room for allocator slack) */
+    void *inst2;
+    const arl_env_vtable *vt2;
+    CHECK(arl_env_host_open(d, NULL, NULL, &inst2, &vt2) == ARL_OK);
+    size_t big = 64 << 10;
+    char *body = malloc(big + 256);
+    char *pad = malloc(big + 1);
+    memset(pad, 'x', big);
+    pad[big] = 0;
+    long long h0 = heap_bytes();
+    for (int i = 0; i < 200; i++) {
+        snprintf(
+            body, big + 256,
+            "{\"trajectory_id\":\"big/%d\",\"group_id\":\"g\",\"task\":{\"id\":\"t\",\"seed\":1,"
+            "\"data\":{\"p\":\"%s\"}},\"deadline_ms\":5000}",
+            i, pad);
+        CHECK_EQ_INT(vcall(vt2, inst2, "reset", NULL, body, &b), 201);
+        char *sid = sid_of(b);
+        free(b);
+        vt2->close(inst2, sid, "completed");
+        free(sid);
+    }
+    long long grown = heap_bytes() - h0;
+    CHECK_MSG(grown < (2 << 20),
+              "200 deleted sessions with 64 KiB of task data grew the heap by %lld bytes", grown);
+    free(pad);
+    free(body);
+    vt2->destroy_instance(inst2);
+
+    /* churn: the tables do not grow with the number of sessions ever created (their deleted
+     * slots were counted as load and doubled the tables on every rehash: about 2 MiB here) */
+    char last[64] = "";
+    long long h1 = 0;
+    for (int i = 0; i < 30000; i++) {
+        char cr[200];
+        snprintf(cr, sizeof cr,
+                 "{\"trajectory_id\":\"n/%d\",\"group_id\":\"g\",\"task\":{\"id\":\"t\",\"seed\":1,"
+                 "\"data\":{}},\"deadline_ms\":5000}",
+                 i);
+        char *resp = NULL;
+        size_t rl = 0;
+        int st = vt->reset(inst, cr, strlen(cr), &resp, &rl);
+        if (st != 201) {
+            CHECK_EQ_INT(st, 201);
+            vt->free_buffer(inst, resp);
+            break;
+        }
+        json_t *v = json_loadb(resp, rl, 0, NULL);
+        snprintf(last, sizeof last, "%s", json_string_value(json_object_get(v, "session_id")));
+        json_decref(v);
+        vt->free_buffer(inst, resp);
+        vt->close(inst, last, "completed");
+        if (i == 2000) h1 = heap_bytes();
+    }
+    grown = heap_bytes() - h1;
+    CHECK_MSG(grown < (256 << 10), "28000 created and deleted sessions grew the heap by %lld bytes",
+              grown);
+    /* only the last 8 closed sessions are remembered: the first is forgotten (404) */
+    CHECK_EQ_INT(vcall(vt, inst, "get", sid1, NULL, &b), 404);
+    free(b);
+    CHECK_EQ_INT(vcall(vt, inst, "get", last, NULL, &b), 410); /* recent: still remembered */
+    CHECK_STR_EQ(err_code(b), "SESSION_CLOSED");
+    free(b);
+    free(sid1);
+    free(fsid);
+    vt->destroy_instance(inst);
+}
+
+/* Any number of tool calls is a model fault answered 200 (§4.6, §9 rule 1): the host checked
+ * its own response against the first 512 ids only and answered 500 ENV_INTERNAL beyond. */
+static void test_many_calls(void) {
+    const arl_env_def *d = arl_env_builtin_find("echo");
+    void *inst;
+    const arl_env_vtable *vt;
+    CHECK(arl_env_host_open(d, NULL, NULL, &inst, &vt) == ARL_OK);
+    char *b;
+    CHECK_EQ_INT(vcall(vt, inst, "reset", NULL,
+                       "{\"trajectory_id\":\"m/"
+                       "1\",\"group_id\":\"m\",\"task\":{\"id\":\"t\",\"seed\":1,\"data\":{}},"
+                       "\"deadline_ms\":5000}",
+                       &b),
+                 201);
+    char *sid = sid_of(b);
+    free(b);
+    enum { NCALLS = 600, NERRS = 520 };
+    size_t cap = (NCALLS + NERRS) * 128 + 256, n = 0;
+    char *body = malloc(cap);
+    n += (size_t)snprintf(body + n, cap - n,
+                          "{\"step_index\":1,\"deadline_ms\":5000,\"action\":{\"parse_status\":"
+                          "\"invalid_json\",\"tool_calls\":[");
+    for (int i = 0; i < NCALLS; i++)
+        n += (size_t)snprintf(
+            body + n, cap - n,
+            "%s{\"id\":\"call_1_%d\",\"name\":\"echo\",\"arguments\":{\"text\":\"x\"}}",
+            i ? "," : "", i);
+    n += (size_t)snprintf(body + n, cap - n, "],\"parse_errors\":[");
+    for (int i = 0; i < NERRS; i++)
+        n += (size_t)snprintf(body + n, cap - n,
+                              "%s{\"id\":\"call_1_%d\",\"status\":\"invalid_json\"}", i ? "," : "",
+                              NCALLS + i);
+    snprintf(body + n, cap - n, "]}}");
+    CHECK_EQ_INT(vcall(vt, inst, "step", sid, body, &b), 200);
+    json_t *v = json_loads(b, 0, NULL);
+    CHECK_EQ_INT(json_array_size(json_object_get(json_object_get(v, "observation"), "messages")),
+                 NCALLS + NERRS);
+    if (v) json_decref(v);
+    free(b);
+    free(body);
+    free(sid);
+    vt->destroy_instance(inst);
+}
+
+/* A configuration that is not a JSON object is refused also by an environment that takes no
+ * configuration (`env serve echo --config '{bad'` was silently accepted). */
+static void test_config_checked(void) {
+    const arl_env_def *d = arl_env_builtin_find("echo");
+    void *inst = NULL;
+    const arl_env_vtable *vt = NULL;
+    CHECK_EQ_INT(arl_env_host_open(d, "{\"x\":", NULL, &inst, &vt), ARL_ERR_CONFIG);
+    CHECK(inst == NULL);
+    CHECK_EQ_INT(arl_env_host_open(d, "[1]", NULL, &inst, &vt), ARL_ERR_CONFIG);
+    CHECK_EQ_INT(arl_env_host_open(d, "{\"x\":1}", NULL, &inst, &vt), ARL_OK);
+    if (inst) vt->destroy_instance(inst);
+}
+
 int main(void) {
     TEST_RUN(test_lifecycle);
     TEST_RUN(test_host_rules);
@@ -586,5 +806,8 @@ int main(void) {
     TEST_RUN(test_json_helpers);
     TEST_RUN(test_validator);
     TEST_RUN(test_call_limit_and_max_steps);
+    TEST_RUN(test_closed_sessions);
+    TEST_RUN(test_many_calls);
+    TEST_RUN(test_config_checked);
     return test_finish();
 }

@@ -17,7 +17,7 @@ static void check_env(const char *name) {
     const arl_env_def *def = arl_env_builtin_find(name);
     CHECK_MSG(def != NULL, "no built-in %s", name);
     if (!def) return;
-    arl_env_host_config hc = {64, 0};
+    arl_env_host_config hc = {.max_sessions = 64};
     void *inst = NULL;
     const arl_env_vtable *vt = NULL;
     CHECK_EQ_INT(arl_env_host_open(def, NULL, &hc, &inst, &vt), ARL_OK);
