@@ -483,12 +483,15 @@ typedef struct tr_run {
     char model_sha[ARL_SHA256_HEX_CHARS];
     char run_sha[ARL_SHA256_HEX_CHARS];
     char *run_canon; /* the settings hashed into run_sha (compact JSON) */
+    /* the client-fault alert window of the training rollouts (spec/aep.md 8.6), kept across
+     * the updates' workers: the last 200 finished trajectories of the run, not of one update */
+    arl_rollout_alert_window win;
     int64_t B, G, R;
     json_t **dataset; /* task-file lines (n_dataset), or NULL */
     int64_t n_dataset;
     int64_t *train_seeds; /* eval-split > 0: seed of RL task i (steps * B), else NULL */
     int64_t *eval_seeds;  /* eval-split > 0: seed of held-out task j (eval-tasks), else NULL */
-    int64_t tokens; /* tokens trained on (all updates) */
+    int64_t tokens;       /* tokens trained on (all updates) */
     double last_lr;
     double t0;
     arl_dirlock lock; /* rank 0: the output directory's (core/dirlock.h) */
@@ -535,9 +538,18 @@ static void pathf(char *buf, size_t cap, const tr_run *r, const char *fmt, ...) 
     va_end(ap);
 }
 
-/* The run hash: the resolved configuration without the keys a resume may change. */
-static arl_status run_hash(tr_run *r) {
-    char *t = arl_train_config_json(r->c);
+/* The RL optimizer's total steps as resolved for c (0 in the options: steps x minibatches). */
+static int64_t resolved_total_steps(const arl_train_config *c) {
+    int64_t t = c->learner.optim.total_steps;
+    if (t == 0) t = c->steps * c->learner.own.minibatches;
+    return t == 0 ? 1 : t;
+}
+
+/* The settings hashed into the run hash of c: its resolved configuration without the keys a
+ * resume may change, as compact JSON with sorted keys (*canon malloc'ed, caller frees). */
+static arl_status run_canon_of(const arl_train_config *c, char **canon) {
+    *canon = NULL;
+    char *t = arl_train_config_json(c);
     json_t *j = t ? json_loads(t, 0, NULL) : NULL;
     free(t);
     if (!j) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
@@ -557,10 +569,16 @@ static arl_status run_hash(tr_run *r) {
     /* memory: the same bits unless a forward's documents outgrow the rows (then its calls are
      * split and the gradient is summed in more parts, equal to fp32 rounding) */
     json_object_del(le, "device-slot-rows");
-    json_object_set_new(le, "resolved-total-steps", json_integer(r->ocfg.total_steps));
-    char *canon = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    json_object_set_new(le, "resolved-total-steps", json_integer(resolved_total_steps(c)));
+    *canon = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(j);
-    if (!canon) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    return *canon ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+}
+
+/* The run hash: SHA-256 of run_canon_of. */
+static arl_status run_hash(tr_run *r) {
+    char *canon;
+    ARL_TRY(run_canon_of(r->c, &canon));
     uint8_t dg[ARL_SHA256_BYTES];
     arl_sha256(canon, strlen(canon), dg);
     arl_sha256_hex(dg, r->run_sha);
@@ -890,7 +908,8 @@ static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_p
     arl_rollout_worker *w = NULL;
     replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
     if (!s) s = replay_store_open(root, &oo, &st);
-    if (!s) s = arl_rollout_worker_open(&rc, ckpt_dir, st, 0, NULL, &w);
+    arl_rollout_hooks hk = {.window = eval ? NULL : &r->win}; /* an evaluation measures */
+    if (!s) s = arl_rollout_worker_open(&rc, ckpt_dir, st, 0, &hk, &w);
     if (!s) s = arl_rollout_worker_run(w);
     if (!s) *stats = *arl_rollout_worker_stats(w);
     arl_rollout_worker_close(w);
@@ -1071,12 +1090,15 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
                              "replay/eval-%s to evaluate again",
                              file, e.set, set[0] ? set : "seed", file, name, name);
         } else {
-            *arm = strcmp(name, "after") ? e.before : e.after;
+            /* read back with its per-task outcomes; without them (a stop between the two files,
+             * or one removed) the arm is counted again from its store, which is kept */
             char *t = NULL;
-            if (arl_file_read(ofile, 0, &t, NULL) == ARL_OK && (int64_t)strcspn(t, "\n") == E)
+            if (arl_file_read(ofile, 0, &t, NULL) == ARL_OK && (int64_t)strcspn(t, "\n") == E) {
                 memcpy(outc, t, (size_t)E);
-            else
+                *arm = strcmp(name, "after") ? e.before : e.after;
+            } else {
                 arl_error_clear();
+            }
             free(t);
         }
     }
@@ -1122,12 +1144,11 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
             else
                 e.after = *arm;
             snprintf(e.set, sizeof e.set, "%s", set);
-            s = arl_report_eval_write(file, &e);
-            if (!s) {
-                outc[E] = '\n';
-                s = arl_write_file_atomic(ofile, outc, (size_t)E + 1);
-                outc[E] = 0;
-            }
+            /* the outcomes first: eval-<name>.json marks the arm done */
+            outc[E] = '\n';
+            s = arl_write_file_atomic(ofile, outc, (size_t)E + 1);
+            outc[E] = 0;
+            if (!s) s = arl_report_eval_write(file, &e);
             double lo, hi;
             double p = arl_report_wilson(arm->successes, arm->episodes, ARL_REPORT_Z95, &lo, &hi);
             say(r,
@@ -1142,32 +1163,72 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
 
 /* ---- metrics file ---- */
 
-/* Keep the lines of updates < keep (a resume repeats the updates after its checkpoint). */
+/* Keep the lines of updates < keep (a resume repeats the updates after its checkpoint).  A cut
+ * last line (a stop while it was written) is dropped; a whole line that is no metrics line
+ * (the file damaged) is dropped with a warning naming it, the file as it was kept beside it as
+ * PATH.damaged-<k>; updates < keep without a line are named in a warning. */
 static arl_status metrics_truncate(const char *path, int64_t keep) {
-    if (!path_exists(path)) return ARL_OK;
+    if (!path_exists(path)) {
+        if (keep > 0)
+            arl_log_warn("train: %s is missing: the report and metrics.csv lack updates 0 to %lld",
+                         path, (long long)keep - 1);
+        return ARL_OK;
+    }
     char *text;
     ARL_TRY(arl_file_read(path, 0, &text, NULL));
     size_t n = strlen(text), o = 0;
     char *out = malloc(n + 1);
-    if (!out) {
+    unsigned char *seen = calloc((size_t)(keep > 0 ? keep : 1), 1);
+    if (!out || !seen) {
+        free(out);
+        free(seen);
         free(text);
         return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
     }
     char *p = text;
+    int64_t line = 0, bad = 0, first_bad = 0;
     while (*p) {
         char *e = strchr(p, '\n');
         size_t len = e ? (size_t)(e - p) : strlen(p);
+        line++;
         json_t *j = json_loadb(p, len, 0, NULL);
         json_t *st = json_object_get(j, "step");
-        if (e && json_is_integer(st) && json_integer_value(st) < keep) { /* complete lines only */
+        const int ok = json_is_integer(st) && json_integer_value(st) >= 0;
+        if (e && ok && json_integer_value(st) < keep) { /* complete lines only */
             memcpy(out + o, p, len);
             o += len;
             out[o++] = '\n';
+            seen[json_integer_value(st)] = 1;
+        } else if (e && !ok && len > 0) {
+            if (!bad++) first_bad = line;
         }
         json_decref(j);
         p += len + (e ? 1 : 0);
     }
-    arl_status s = arl_write_file_atomic(path, out, o);
+    arl_status s = ARL_OK;
+    if (bad) {
+        char aside[4300];
+        for (int k = 1;; k++) {
+            snprintf(aside, sizeof aside, "%s.damaged-%d", path, k);
+            if (!path_exists(aside)) break;
+        }
+        s = arl_write_file_atomic(aside, text, n);
+        if (!s)
+            arl_log_warn("train: %s: %lld line%s (the first: line %lld) %s no metrics line "
+                         "(damaged): dropped; the file as it was is kept as %s",
+                         path, (long long)bad, bad > 1 ? "s" : "", (long long)first_bad,
+                         bad > 1 ? "are" : "is", aside);
+    }
+    int64_t missing = 0, first_missing = -1;
+    for (int64_t u = 0; u < keep; u++)
+        if (!seen[u] && !missing++) first_missing = u;
+    if (!s && missing)
+        arl_log_warn("train: %s has no line of %lld update%s before %lld (the first: update "
+                     "%lld): the report and metrics.csv lack %s",
+                     path, (long long)missing, missing > 1 ? "s" : "", (long long)keep,
+                     (long long)first_missing, missing > 1 ? "them" : "it");
+    if (!s) s = arl_write_file_atomic(path, out, o);
+    free(seen);
     free(out);
     free(text);
     return s;
@@ -1446,8 +1507,8 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
                 }
             }
             if (!s && !gids[nsrc])
-                s = replay_update_plan(stores[nsrc], run_id, n, "train", (int32_t)want,
-                                       &gids[nsrc], &nplan);
+                s = replay_update_plan(stores[nsrc], run_id, n, "train", (int32_t)want, &gids[nsrc],
+                                       &nplan);
             ng = (int64_t)nplan;
             if (!s && ng != want)
                 s = arl_errorf(ARL_ERR_STATE,
@@ -1511,10 +1572,6 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
         json_t *lm = json_loads(res.metrics_json, 0, NULL);
         json_t *lr = json_object_get(lm, "optim/lr");
         if (json_is_number(lr)) r->last_lr = json_number_value(lr);
-        const int last = n + 1 == r->c->steps;
-        if ((n + 1) % r->c->checkpoint_interval == 0 || last)
-            s = train_state_save(r, n + 1, n, (const int64_t *const *)gids, ngs);
-        if (!s) s = ledger_commit(r, n, res.kl_coef_next);
         /* rollout figures from the stores (also right for a rollout done before a resume) */
         tr_counts tot = {0};
         int64_t forks = 0;
@@ -1553,6 +1610,13 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
             s = line ? metrics_append(metrics_path, line)
                      : arl_errorf(ARL_ERR_NOMEM, "out of memory");
         free(line);
+        /* the checkpoint after the metrics line: a resume from it keeps the lines of the
+         * updates it holds, and drops (then writes again) those of the updates it re-does, so
+         * that a stop between the two loses no line */
+        const int last = n + 1 == r->c->steps;
+        if (!s && ((n + 1) % r->c->checkpoint_interval == 0 || last))
+            s = train_state_save(r, n + 1, n, (const int64_t *const *)gids, ngs);
+        if (!s) s = ledger_commit(r, n, res.kl_coef_next);
         if (!s) progress(r, n, res.metrics_json, t1 - t0, t2 - t1, success);
     }
     free(res.metrics_json);
@@ -1645,6 +1709,60 @@ static arl_status resume_load(tr_run *r, int64_t *start, arl_train_result *res) 
     return s;
 }
 
+/* --resume: the settings of the run in the directory (its experiment.json) are this run's, as
+ * far as they are hashed into the run hash: a run interrupted before its first training
+ * checkpoint has no other record of them, and its stores, reference and SFT stage were made
+ * with them.  No experiment.json: nothing to compare (the checkpoints keep their own). */
+static arl_status snapshot_check(tr_run *r) {
+    char p[4200];
+    pathf(p, sizeof p, r, "experiment.json");
+    if (!path_exists(p)) return ARL_OK;
+    arl_train_config old;
+    char *canon = NULL;
+    arl_status s = arl_train_config_load(p, NULL, &old);
+    if (!s) s = run_canon_of(&old, &canon);
+    arl_train_config_free(&old);
+    if (s)
+        return arl_error_prefix(ARL_ERR_STATE,
+                                "train: %s (the settings of the run to resume) cannot be read: "
+                                "restore it, or remove it to resume without comparing the "
+                                "settings (the training checkpoints keep their own)",
+                                p);
+    if (!strcmp(canon, r->run_canon)) {
+        free(canon);
+        return ARL_OK;
+    }
+    char text[1600];
+    const int n = arl_run_config_diff(canon, r->run_canon, text, sizeof text);
+    free(canon);
+    return arl_errorf(ARL_ERR_STATE,
+                      "train: %s: the run in %s has other settings (as saved -> as now): %s; "
+                      "--resume needs the same settings: restore them, or start a new run in "
+                      "another output directory",
+                      p, r->out, n > 0 ? text : "(the resolved configurations differ)");
+}
+
+/* rank 0: the resolved configuration as OUT/experiment.json. */
+static arl_status snapshot_write(tr_run *r) {
+    char *j = arl_train_config_json(r->c);
+    char p[4200];
+    pathf(p, sizeof p, r, "experiment.json");
+    const arl_status s = j ? write_text(p, j) : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+    free(j);
+    return s;
+}
+
+/* Whether OUT holds what a run makes before its first training checkpoint (rank 0, fresh runs:
+ * these would be taken up as this run's; *what names the first found). */
+static int holds_run_outputs(const tr_run *r, char *what, size_t cap) {
+    static const char *const made[] = {"reference", "sft", "replay"};
+    for (size_t i = 0; i < sizeof made / sizeof made[0]; i++) {
+        pathf(what, cap, r, "%s", made[i]);
+        if (path_exists(what)) return 1;
+    }
+    return 0;
+}
+
 arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FILE *log,
                          arl_train_result *res) {
     arl_train_result dummy;
@@ -1681,7 +1799,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         /* one process in the directory (a second --resume of a running run, say) */
         if (!s) s = arl_dirlock_take(&r->lock, r->out, "train");
         int64_t st1 = -1, st2 = -1;
-        char p1[4200], p2[4200];
+        char p1[4200], p2[4200], p3[4200];
         pathf(p1, sizeof p1, r, "checkpoints");
         pathf(p2, sizeof p2, r, "sft/checkpoints");
         if (!s) s = any_checkpoint(p1, &st1);
@@ -1691,13 +1809,15 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
                            "train: %s already holds a run (checkpoints in %s); continue it with "
                            "--resume, or choose another 'out'",
                            r->out, st1 >= 0 ? p1 : p2);
-        if (!s) {
-            char *j = arl_train_config_json(c);
-            char p[4200];
-            pathf(p, sizeof p, r, "experiment.json");
-            s = j ? write_text(p, j) : arl_errorf(ARL_ERR_NOMEM, "out of memory");
-            free(j);
-        }
+        /* an interrupted run before its first checkpoint: its reference and stores would be
+         * taken up as this run's, whatever its settings */
+        if (!s && !resume && holds_run_outputs(r, p3, sizeof p3))
+            s = arl_errorf(ARL_ERR_STATE,
+                           "train: %s already holds a run (%s); continue it with --resume, or "
+                           "choose another 'out'",
+                           r->out, p3);
+        /* a resume writes it once its settings are known to be the run's (below) */
+        if (!s && !resume) s = snapshot_write(r);
         if (!s && log) {
             arl_train_config_print(c, log);
             fflush(log);
@@ -1720,12 +1840,13 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->have_mcfg = s == ARL_OK;
     if (!s) arl_model_config_hash_hex(&r->mcfg, r->model_sha);
     r->ocfg = c->learner.optim;
-    if (r->ocfg.total_steps == 0) r->ocfg.total_steps = c->steps * c->learner.own.minibatches;
-    if (r->ocfg.total_steps == 0) r->ocfg.total_steps = 1;
+    r->ocfg.total_steps = resolved_total_steps(c);
     if (!s) s = arl_reward_config_from_opts(&c->learner.reward, &r->rc);
     if (!s) s = arl_loss_config_from_opts(&c->learner.loss, &r->lossc);
     if (!s) s = arl_kl_config_from_opts(&c->learner.kl, &r->klc);
     if (!s) s = run_hash(r);
+    /* a refused resume leaves the run's own experiment.json as it was */
+    if (!s && resume && r->rank0) s = snapshot_check(r);
     if (!s) s = load_dataset(r);
     if (!s) s = split_seeds(r);
     /* a GPU asked for and none here: say so before the SFT stage and the first rollout */
@@ -1789,6 +1910,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
      * one aside), then the other learner ranks */
     int64_t start = 0;
     if (!s && resume && learner && r->rank0) s = resume_load(r, &start, res);
+    if (!s && resume && r->rank0) s = snapshot_write(r);
     s = sync_status(r, s);
     if (!s && resume && learner && !r->rank0) s = resume_load(r, &start, res);
     s = sync_status(r, s);
@@ -1830,6 +1952,12 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         say(r, "train: %lld updates of %lld tasks x %lld samples (%s), output %s",
             (long long)(c->steps - start), (long long)r->B, (long long)r->G, c->rollout.env,
             r->out);
+    if (!s && start < c->steps && r->rank0 && r->lc.keep_states != ARL_LEARNER_KEEP_OFF &&
+        !c->learner.own.records)
+        arl_log_warn("train: learner.keep-states is %s and learner.records false: `replay gc` "
+                     "counts a learner state that no learner record references as garbage "
+                     "(spec/replay.md 7.6) and deletes it once it is older than --min-age-ms",
+                     c->learner.own.keep_states);
     if (!s && start < c->steps && r->G == 1 && r->rank0)
         arl_log_warn("train: rollout.group-size is 1: every group is degenerate "
                      "(spec/objective.md 5.9), so outcome advantages are 0 and segment and "

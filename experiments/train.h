@@ -60,11 +60,16 @@
  * ---- Exactness and resume ----
  * For a fixed thread count a run is a pure function of the experiment: rollouts sample from
  * per-trajectory streams, updates are deterministic.  --resume continues from the newest
- * checkpoint (refusing another model or run configuration): updates after it are re-done on
+ * checkpoint (refusing another model or run configuration, also before the first checkpoint:
+ * the settings hashed into the run hash must equal those of OUT/experiment.json, which a refused
+ * resume leaves as it was; a run without --resume is refused where a run left checkpoints, a
+ * reference, an SFT stage or replay stores): updates after it are re-done on
  * the same stored groups when their rollout completed (the ledger re-plans the same groups;
  * committing a committed update is a no-op), an incomplete rollout is set aside and repeated, a
  * planned update whose checkpoint exists is committed, metrics lines after the checkpoint are
- * dropped.  So a run killed at any point and resumed ends bit-identical to one never
+ * dropped (an update's line is written before its checkpoint; a damaged line is named and the
+ * file kept as metrics.jsonl.damaged-<k>), an evaluation arm without its outcomes file is counted
+ * again from its store.  So a run killed at any point and resumed ends bit-identical to one never
  * interrupted, and every task is trained on exactly once.  The SFT stage resumes by itself.
  *
  * ---- Staleness ----

@@ -456,6 +456,20 @@ static void diff_objects(const json_t *a, const json_t *b, const char *prefix, d
     free(keys);
 }
 
+int arl_run_config_diff(const char *saved_json, const char *now_json, char *out, size_t cap) {
+    diff_list d = {.len = 0};
+    json_t *a = saved_json ? json_loads(saved_json, 0, NULL) : NULL;
+    json_t *b = now_json ? json_loads(now_json, 0, NULL) : NULL;
+    if (json_is_object(a) && json_is_object(b)) diff_objects(a, b, "", &d);
+    json_decref(a);
+    json_decref(b);
+    if (d.n > 8)
+        snprintf(d.text + d.len, d.len < sizeof d.text ? sizeof d.text - d.len : 0, " and %d more",
+                 d.n - 8);
+    if (cap) snprintf(out, cap, "%s", d.text);
+    return d.n;
+}
+
 arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const arl_model_config *cfg,
                                   const char *run_config_json) {
     if (s != ARL_ERR_CONFIG || !run_config_json) return s;
@@ -473,24 +487,17 @@ arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const arl_model
     arl_model_config_hash_hex(cfg, model_hex);
     arl_sha256(run_config_json, strlen(run_config_json), dg);
     arl_sha256_hex(dg, run_hex);
-    diff_list d = {.len = 0};
-    if (!strcmp(st.model_sha256, model_hex) && strcmp(st.run_sha256, run_hex)) {
-        json_t *a = st.run_config_json ? json_loads(st.run_config_json, 0, NULL) : NULL;
-        json_t *b = json_loads(run_config_json, 0, NULL);
-        if (json_is_object(a) && json_is_object(b)) diff_objects(a, b, "", &d);
-        json_decref(a);
-        json_decref(b);
-    }
+    char text[1600] = "";
+    int n = 0;
+    if (!strcmp(st.model_sha256, model_hex) && strcmp(st.run_sha256, run_hex))
+        n = arl_run_config_diff(st.run_config_json, run_config_json, text, sizeof text);
     arl_train_state_free(&st);
-    if (d.n > 8)
-        snprintf(d.text + d.len, d.len < sizeof d.text ? sizeof d.text - d.len : 0, " and %d more",
-                 d.n - 8);
-    if (d.n > 0)
+    if (n > 0)
         arl_errorf(s,
                    "%s: this checkpoint belongs to a run with other settings (as saved -> as "
                    "now): %s; an exact resume needs the same settings: restore them, or start a "
                    "new run in another output directory",
-                   path, d.text);
+                   path, text);
     else
         arl_errorf(s, "%s", msg);
     return s;

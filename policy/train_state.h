@@ -155,6 +155,12 @@ arl_status arl_train_ckpt_load_newest(const char *root, const arl_model_config *
                                       arl_adamw *opt, arl_train_state *st, int set_aside,
                                       char *path, size_t cap, int64_t *step);
 
+/* The settings that differ between two run configurations (JSON objects, as
+ * arl_train_state_set_run_config keeps them), flattened and in key order - "learner.lr 0.0001 ->
+ * 0.001, rollout.temperature 1 -> 0.5" - up to eight named, then " and N more", into out (cap
+ * bytes).  Returns how many differ (0 when none, or when either is not a JSON object). */
+int arl_run_config_diff(const char *saved_json, const char *now_json, char *out, size_t cap);
+
 /* For a failure s of loading checkpoint DIR (arl_train_ckpt_load, _load_newest) for model config
  * cfg: when it is the refusal of another run configuration (DIR's state has cfg's model hash and
  * a run hash other than SHA-256 of run_config_json) and the state kept its settings, the message

@@ -43,10 +43,13 @@ grep -q "Per update (kl/k3 / kl/target)" "$out/summary.md" || fail "summary.md h
 "$bin" train "$src/experiments/calculator-ci.json" --set "out=$out" --set progress=plain \
     --set eval-set=validation --resume > "$tmp/log2" 2>&1 && fail "a resume with another eval-set succeeded"
 grep -q "holds an evaluation of the test set" "$tmp/log2" || { tail -5 "$tmp/log2"; fail "no eval-set mismatch message"; }
-# resumed with a changed learning rate: refused, naming the setting as saved and as now
+# resumed with a changed learning rate: refused, naming the setting as saved and as now, and
+# the run's experiment.json left as it was
+cp "$out/experiment.json" "$tmp/experiment.saved"
 "$bin" train "$src/experiments/calculator-ci.json" --set "out=$out" --set progress=plain \
     --set learner.lr=1e-3 --resume > "$tmp/log3" 2>&1 && fail "a resume with another learner.lr succeeded"
 grep -qF "other settings (as saved -> as now): learner.lr 0.0001 -> 0.001;" "$tmp/log3" || { tail -3 "$tmp/log3"; fail "the refusal does not name learner.lr"; }
+cmp -s "$out/experiment.json" "$tmp/experiment.saved" || fail "a refused resume rewrote experiment.json"
 # tasks without a valid episode in one arm (masked, e.g. an observation over its cap) are not paired
 grep -q "paired, [1-8] tasks" "$out/summary.md" || fail "summary.md has no paired difference"
 # SFT with the shared prefix, demonstrations and evaluation split by prompt
@@ -64,12 +67,14 @@ done
 # groups of one sample: the run says what that means (one update, no SFT, no evaluation)
 "$bin" train "$src/experiments/calculator-ci.json" --set "out=$tmp/g1" --set progress=plain \
     --set steps=1 --set sft-demos=0 --set eval-tasks=0 --set rollout.group-size=1 \
-    --set learner.keep-states=all \
+    --set learner.keep-states=all --set learner.records=false \
     > "$tmp/log4" 2>&1 || { tail -5 "$tmp/log4"; fail "group-size 1 run exited with $?"; }
 grep -q "group-size is 1: every group is degenerate" "$tmp/log4" || fail "no group-size 1 warning"
 # learner.keep-states all: the pi_old pass's states in the update's learner file
 grep -q "train: update 0: [1-9][0-9]* learner states kept" "$tmp/log4" || { grep "learner states" "$tmp/log4"; fail "no learner states kept"; }
 ls "$tmp"/g1/replay/u000000/r0/shards/l*.states.sqlite > /dev/null 2>&1 || fail "no learner states file"
+# ... without learner records, which `replay gc` needs to count them referenced: said at the start
+grep -q "learner.keep-states is all and learner.records false" "$tmp/log4" || fail "no keep-states without records warning"
 # the resolved configuration is itself a valid experiment (dry check: --keys parses nothing;
 # load it with steps=0 into a scratch directory is the real check, done by test_learner_config)
 echo "calculator-ci: $(grep 'held-out success' "$tmp/log" | sed 's/^train: //')"

@@ -367,6 +367,17 @@ static void test_interrupt_note(void) {
         g, "agentrl: interrupted: train stops here; what it saved stays. Continue with:", NULL);
 }
 
+/* A run in new directory OUT with a file where policy/ goes (OUT/policy, path into p): it makes
+ * its SFT stage and reference, then fails writing the first policy version (exit 1 checked). */
+static void stop_before_policy(const char *out, char *p, size_t cap) {
+    CHECK(mkdir(out, 0755) == 0);
+    snprintf(p, cap, "%s/policy", out);
+    FILE *f = fopen(p, "w");
+    CHECK(f != NULL);
+    if (f) fclose(f);
+    CHECK_EQ_INT(wait_exit(start(out, 0)), 1);
+}
+
 /* A run stopped by an I/O error (a file where the run's policy/ folder goes: the first policy
  * version, after the SFT stage, cannot be saved) says that what it saved stays and prints the
  * command that continues it; that command, once the file is gone, ends bit-identical to the
@@ -377,12 +388,7 @@ static void test_failure_note(void) {
     uninterrupted(a, sizeof a);
     snprintf(g, sizeof g, "%s/failed-write", tmp);
     struct stat sb;
-    CHECK(mkdir(g, 0755) == 0);
-    snprintf(p, sizeof p, "%s/policy", g);
-    FILE *f = fopen(p, "w");
-    CHECK(f != NULL);
-    if (f) fclose(f);
-    CHECK_EQ_INT(wait_exit(start(g, 0)), 1);
+    stop_before_policy(g, p, sizeof p);
     log_has_note(g,
                  "agentrl: train stopped; what it saved stays. Once the cause above is dealt "
                  "with, continue with:",
@@ -461,6 +467,37 @@ static int running_forks(const char *out) {
     }
     sqlite3_close(db);
     return n;
+}
+
+static int forks_running(const char *out) {
+    return running_forks(out) > 0;
+}
+
+static int path_there(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* Poll cond(arg) every step_ns nanoseconds for up to `seconds`: 1 once it holds, else 0. */
+static int wait_until(int (*cond)(const char *), const char *arg, long step_ns, double seconds) {
+    for (double waited = 0; waited < seconds; waited += (double)step_ns * 1e-9) {
+        if (cond(arg)) return 1;
+        struct timespec ts = {0, step_ns};
+        nanosleep(&ts, NULL);
+    }
+    return cond(arg);
+}
+
+/* Run OUT (`start`), SIGKILL it once cond(arg) holds (polled every step_ns, 120 s at most),
+ * then resume it to the end (exit 0 checked): 1 when cond was seen. */
+static int kill_when_resume(const char *out, int (*cond)(const char *), const char *arg,
+                            long step_ns) {
+    pid_t pid = start(out, 0);
+    const int seen = wait_until(cond, arg, step_ns, 120);
+    kill(pid, SIGKILL);
+    wait_exit(pid);
+    CHECK_EQ_INT(wait_exit(start(out, 1)), 0);
+    return seen;
 }
 
 /* The forks of OUT's first update store as "uid tokens status;" per fork in uid order, from its
@@ -560,19 +597,8 @@ static void test_kill_during_forks(void) {
     CHECK_MSG(forked > 0 && cached == forked, "%lld forks, %lld from cached states",
               (long long)forked, (long long)cached);
     CHECK_EQ_INT(left, 0);
-    pid_t pid = start(b, 0);
-    int seen = 0;
-    for (int i = 0; i < 24000 && !seen; i++) { /* 120 s */
-        seen = running_forks(b) > 0;
-        if (!seen) {
-            struct timespec ts = {0, 5000000L};
-            nanosleep(&ts, NULL);
-        }
-    }
-    kill(pid, SIGKILL);
-    wait_exit(pid);
-    CHECK_MSG(seen, "no fork was seen running in %s", b);
-    CHECK_EQ_INT(wait_exit(start(b, 1)), 0);
+    CHECK_MSG(kill_when_resume(b, forks_running, b, 5000000L), "no fork was seen running in %s",
+              b);
     same_end_state(a, b);
     char aside[700];
     snprintf(aside, sizeof aside, "%s/replay/u000000/r0.interrupted-1", b);
@@ -586,6 +612,96 @@ static void test_kill_during_forks(void) {
     fork_digest(b, fb, sizeof fb);
     CHECK_MSG(!strcmp(fa, fb), "forks differ:\n  %s\n  %s", fa, fb);
     snprintf(exp_path, sizeof exp_path, "%s", saved);
+}
+
+/* SIGKILL the moment the first update's checkpoint appears (it lands between the checkpoint and
+ * the ledger commit or just after): the resumed run ends bit-identical with one metrics line per
+ * update - the line of an update is written before its checkpoint, so a resume from that
+ * checkpoint keeps it (it was lost when the kill fell between the two). */
+static void test_kill_at_checkpoint(void) {
+    if (!have_bin()) return;
+    char a[600], b[600], p[900];
+    uninterrupted(a, sizeof a);
+    snprintf(b, sizeof b, "%s/kill-at-checkpoint", tmp);
+    snprintf(p, sizeof p, "%s/checkpoints/step-00000002", b);
+    CHECK_MSG(kill_when_resume(b, path_there, p, 50000L), "%s never appeared", p);
+    same_end_state(a, b);
+    int steps[16];
+    const int ns = metric_steps(b, steps, 16);
+    CHECK_EQ_INT(ns, 2);
+    for (int i = 0; i < ns; i++)
+        CHECK_EQ_INT(steps[i], i);
+}
+
+/* A finished run whose eval-after.outcomes is gone (a stop between eval-after.json and it, or
+ * removed) and eval.json with it: the resume counts the arm again from its kept store, and
+ * eval.json has its paired table again, as the uninterrupted run's.  Its metrics.jsonl with the
+ * first line cut in the middle: the resume names the damaged line and keeps the file as it was
+ * beside it. */
+static void test_eval_outcomes_missing(void) {
+    if (!have_bin()) return;
+    char a[600], e[600], cmd[1400], p[900];
+    uninterrupted(a, sizeof a);
+    snprintf(e, sizeof e, "%s/no-outcomes", tmp);
+    snprintf(cmd, sizeof cmd,
+             "cp -a '%s' '%s' && rm -f '%s/run.lock' '%s/eval.json' "
+             "'%s/eval-after.outcomes'",
+             a, e, e, e, e);
+    CHECK_EQ_INT(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "sed -i '1s/,\"kl.*//' '%s/metrics.jsonl'", e);
+    CHECK_EQ_INT(system(cmd), 0);
+    CHECK_EQ_INT(wait_exit(start(e, 1)), 0);
+    same_end_state(a, e);
+    static char buf[1 << 16];
+    read_log(e, ".log", buf, sizeof buf);
+    CHECK_MSG(strstr(buf, "(the first: line 1) is no metrics line (damaged)") &&
+                  strstr(buf, "has no line of 1 update before 2 (the first: update 0)"),
+              "log: %s", buf);
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/metrics.jsonl.damaged-1", e);
+    CHECK(stat(p, &sb) == 0);
+    char pa[900];
+    snprintf(pa, sizeof pa, "%s/eval-after.outcomes", a);
+    snprintf(p, sizeof p, "%s/eval-after.outcomes", e);
+    CHECK_MSG(files_equal(pa, p), "%s differs from %s", p, pa);
+}
+
+/* The settings of a run stopped before its first training checkpoint (a file where policy/
+ * goes: the SFT stage and the reference are made, no update): a --resume with another
+ * rollout.temperature is refused naming it and leaves experiment.json as it was (the rollouts
+ * and the reference were made with the saved settings); a run without --resume is refused in a
+ * folder holding a reference; --resume with the saved settings goes on. */
+static void test_settings_before_checkpoint(void) {
+    if (!have_bin()) return;
+    char g[600], p[900], snap[900], keep[900], cmd[2400];
+    snprintf(g, sizeof g, "%s/settings", tmp);
+    stop_before_policy(g, p, sizeof p);
+    snprintf(snap, sizeof snap, "%s/experiment.json", g);
+    snprintf(keep, sizeof keep, "%s/experiment.saved", tmp);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", snap, keep);
+    CHECK_EQ_INT(system(cmd), 0);
+    snprintf(cmd, sizeof cmd,
+             "'%s' train '%s' --set out='%s' --set rollout.temperature=0.5 --resume > "
+             "'%s.changed.log' 2>&1",
+             getenv("ARL_BIN"), exp_path, g, g);
+    CHECK(system(cmd) != 0);
+    static char buf[1 << 16];
+    read_log(g, ".changed.log", buf, sizeof buf);
+    CHECK_MSG(strstr(buf, "has other settings (as saved -> as now): rollout.temperature 1 -> 0.5"),
+              "log: %s", buf);
+    CHECK_MSG(files_equal(snap, keep), "a refused resume changed %s", snap);
+    /* a fresh run where one was interrupted before its first checkpoint (no SFT stage here) */
+    char h[600];
+    snprintf(h, sizeof h, "%s/settings-ref", tmp);
+    snprintf(p, sizeof p, "%s/reference", h);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", p);
+    CHECK_EQ_INT(system(cmd), 0);
+    CHECK_EQ_INT(wait_exit(start(h, 0)), 1);
+    read_log(h, ".log", buf, sizeof buf);
+    CHECK_MSG(strstr(buf, "already holds a run") && strstr(buf, "/reference)"), "log: %s", buf);
+    snprintf(p, sizeof p, "%s/policy", g);
+    CHECK(unlink(p) == 0);
+    CHECK_EQ_INT(wait_exit(start(g, 1)), 0);
 }
 
 int main(void) {
@@ -602,5 +718,8 @@ int main(void) {
     TEST_RUN(test_failure_note);
     TEST_RUN(test_threads_warning);
     TEST_RUN(test_kill_during_forks);
+    TEST_RUN(test_kill_at_checkpoint);
+    TEST_RUN(test_eval_outcomes_missing);
+    TEST_RUN(test_settings_before_checkpoint);
     return test_finish();
 }
