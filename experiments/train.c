@@ -1065,6 +1065,30 @@ static arl_status make_reference(tr_run *r) {
  * OUT/eval-<name>.json).  outc (rank 0; eval_tasks + 1 bytes): the outcome of task j as
  * outc[j] ('1' success, '0' failure, '-' no valid episode), kept in OUT/eval-<name>.outcomes
  * for the paired comparison of the two arms; left all '-' when that file is missing. */
+/* Whether a store of the evaluation under dir (dir/r<ri>, run uid) evaluated a policy other
+ * than `version`: its run records no such version (the final policy of a run whose steps were
+ * raised after it finished).  An unreadable store is the rollout's to deal with: not stale. */
+static int eval_store_stale(const tr_run *r, const char *dir, const char *uid, int64_t version) {
+    int stale = 0;
+    for (int64_t ri = 0; !stale && ri < r->R; ri++) {
+        char root[4300];
+        snprintf(root, sizeof root, "%s/r%lld", dir, (long long)ri);
+        char cat[4400];
+        snprintf(cat, sizeof cat, "%s/catalog.sqlite", root);
+        if (!path_exists(cat)) continue;
+        replay_store *st = NULL;
+        replay_open_opts oo = {.flags = REPLAY_OPEN_READONLY};
+        int64_t run_id;
+        replay_version_row v;
+        if (replay_store_open(root, &oo, &st) == ARL_OK &&
+            replay_run_find(st, uid, &run_id) == ARL_OK)
+            stale = replay_version_get(st, run_id, version, &v) == ARL_ERR_NOT_FOUND;
+        replay_store_close(st);
+        arl_error_clear();
+    }
+    return stale;
+}
+
 static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_t version,
                            arl_report_eval_arm *arm, char *outc) {
     char file[4200], dir[4200], ofile[4200];
@@ -1079,7 +1103,23 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
      * set (eval-set changed before a resume) is not read back as this one */
     const char *set = r->c->eval_split > 0 ? r->c->eval_set : "";
     arl_status bad = ARL_OK;
-    if (r->rank0 && path_exists(file)) {
+    char uid[256];
+    snprintf(uid, sizeof uid, "%s-eval-%s", r->c->rollout.run_uid, name);
+    pathf(dir, sizeof dir, r, "replay/eval-%s", name);
+    /* an evaluation of another policy (steps raised on a finished run): not this arm's */
+    if (r->rank0 && path_exists(dir) && eval_store_stale(r, dir, uid, version)) {
+        if (unlink(file) && errno != ENOENT)
+            bad = arl_errorf(ARL_ERR_IO, "train: cannot remove %s: %s", file, strerror(errno));
+        if (!bad && unlink(ofile) && errno != ENOENT)
+            bad = arl_errorf(ARL_ERR_IO, "train: cannot remove %s: %s", ofile, strerror(errno));
+        if (!bad) {
+            char what[200];
+            snprintf(what, sizeof what, "an evaluation of another policy than version %lld",
+                     (long long)version);
+            bad = set_aside(dir, what);
+        }
+    }
+    if (r->rank0 && !bad && path_exists(file)) {
         arl_report_eval e;
         if (arl_report_eval_read(file, &e) != ARL_OK) {
             arl_error_clear();
@@ -1107,9 +1147,6 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
     ARL_TRY(arl_dist_bcast_bytes(r->d->world, &have, sizeof have, 0));
     if (have >= 0) return ARL_OK;
     const double t0 = now_s();
-    pathf(dir, sizeof dir, r, "replay/eval-%s", name);
-    char uid[256];
-    snprintf(uid, sizeof uid, "%s-eval-%s", r->c->rollout.run_uid, name);
     arl_status s = ARL_OK;
     if (r->L->roles & ARL_DIST_ROLE_ROLLOUT) {
         const int64_t ri = r->L->rollout_index, R = r->R;

@@ -75,6 +75,16 @@ grep -q "train: update 0: [1-9][0-9]* learner states kept" "$tmp/log4" || { grep
 ls "$tmp"/g1/replay/u000000/r0/shards/l*.states.sqlite > /dev/null 2>&1 || fail "no learner states file"
 # ... without learner records, which `replay gc` needs to count them referenced: said at the start
 grep -q "learner.keep-states is all and learner.records false" "$tmp/log4" || fail "no keep-states without records warning"
+# steps raised on a finished run (its optimizer horizon fixed by learner.total-steps): the
+# evaluation of the old final policy is set aside and the new final policy evaluated
+"$bin" train "$src/experiments/calculator-ci.json" --set "out=$tmp/st" --set progress=plain \
+    --set steps=1 --set learner.total-steps=2 --set sft-demos=0 --set eval-tasks=4 \
+    --set eval-before=false > "$tmp/log5" 2>&1 || { tail -5 "$tmp/log5"; fail "steps=1 run exited with $?"; }
+"$bin" train "$src/experiments/calculator-ci.json" --set "out=$tmp/st" --set progress=plain \
+    --set steps=2 --set learner.total-steps=2 --set sft-demos=0 --set eval-tasks=4 \
+    --set eval-before=false --resume > "$tmp/log6" 2>&1 || { tail -5 "$tmp/log6"; fail "steps=2 resume exited with $?"; }
+grep -q "eval-after held an evaluation of another policy than version 2" "$tmp/log6" \
+    || { grep "eval" "$tmp/log6"; fail "the old final policy's evaluation was read back as the new one's"; }
 # the resolved configuration is itself a valid experiment (dry check: --keys parses nothing;
 # load it with steps=0 into a scratch directory is the real check, done by test_learner_config)
 echo "calculator-ci: $(grep 'held-out success' "$tmp/log" | sed 's/^train: //')"
