@@ -872,17 +872,22 @@ static arl_status rollout_cfg(tr_run *r, arl_rollout_config *rc, const char *tas
     return s;
 }
 
-/* Move the store at root to root.interrupted-<k> (the first free k), saying what it held. */
-static arl_status set_aside(const char *root, const char *what) {
+/* Move the store at root to root.<tag>-<k> (the first free k), saying what it held. */
+static arl_status set_aside_as(const char *root, const char *tag, const char *what) {
     char aside[4300];
     for (int k = 1;; k++) {
-        snprintf(aside, sizeof aside, "%s.interrupted-%d", root, k);
+        snprintf(aside, sizeof aside, "%s.%s-%d", root, tag, k);
         if (!path_exists(aside)) break;
     }
     if (rename(root, aside))
         return arl_errorf(ARL_ERR_IO, "train: cannot set aside %s: %s", root, strerror(errno));
     arl_log_warn("train: %s held %s; kept as %s, rolling out again", root, what, aside);
     return ARL_OK;
+}
+
+/* set_aside_as "interrupted": a rollout that did not finish. */
+static arl_status set_aside(const char *root, const char *what) {
+    return set_aside_as(root, "interrupted", what);
 }
 
 /* Roll out tasks [lo, hi) into the store at root (replay/<dir>/r<R>): done if the store is
@@ -1116,7 +1121,7 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
             char what[200];
             snprintf(what, sizeof what, "an evaluation of another policy than version %lld",
                      (long long)version);
-            bad = set_aside(dir, what);
+            bad = set_aside_as(dir, "stale", what);
         }
     }
     if (r->rank0 && !bad && path_exists(file)) {

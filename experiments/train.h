@@ -44,7 +44,9 @@
  *                          and ledger); an interrupted rollout's store is renamed
  *                          u<NNNNNN>.interrupted-<K> (kept for inspection, never trained on)
  *                          and the update's tasks are rolled out again from the start
- *   replay/eval-before/, replay/eval-after/   the evaluation episodes
+ *   replay/eval-before/, replay/eval-after/   the evaluation episodes (an evaluation of another
+ *                          policy version - steps raised on a finished run - is renamed
+ *                          eval-after.stale-<K> and the arm evaluated again)
  *   checkpoints/step-N/    training checkpoints after N optimizer steps (= updates x
  *                          minibatches; policy/train_state.h: model, AdamW moments,
  *                          train_state.json whose "extra" holds the update count, the KL
