@@ -45,11 +45,8 @@ arl_status lr_states_plan(arl_learner *l, const arl_update_source *src, int32_t 
         t->keep_states = keep;
     }
     /* the weights of this pass: the parameters as loaded, before any step of the update */
-    const arl_model_params *p = l->in.params;
-    uint8_t dg[ARL_SHA256_BYTES];
     char hex[ARL_SHA256_HEX_CHARS];
-    arl_sha256(p->arena, sizeof(float) * (size_t)p->inv.arena_floats, dg);
-    arl_sha256_hex(dg, hex);
+    arl_model_params_sha256_hex(l->in.params, hex);
     ro_pass_uid("learner", hex, !l->lc.routing_replay, l->lc.mla_sparse_topk,
                 l->lc.mla_sparse_chunk, l->states_pass, sizeof l->states_pass);
     arl_model_config_hash_hex(l->cfg, l->states_cfg_hash);

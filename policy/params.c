@@ -17,6 +17,7 @@
 
 #include "core/assert.h"
 #include "core/rng.h"
+#include "core/sha256.h"
 
 #define ALIGN_FLOATS 16 /* 64-byte tensor starts */
 
@@ -411,6 +412,12 @@ arl_status arl_model_params_view(arl_model_params *p, const arl_model_config *cf
     arl_status s = build(cfg, &p->inv, p, 0, arena);
     if (s) arl_model_params_free(p);
     return s;
+}
+
+void arl_model_params_sha256_hex(const arl_model_params *p, char hex[65]) {
+    uint8_t dg[ARL_SHA256_BYTES];
+    arl_sha256(p->arena, sizeof(float) * (size_t)p->inv.arena_floats, dg);
+    arl_sha256_hex(dg, hex);
 }
 
 void arl_model_params_free(arl_model_params *p) {

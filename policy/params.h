@@ -258,6 +258,10 @@ arl_status arl_model_params_view(arl_model_params *p, const arl_model_config *cf
 /* Free the inventory, layer tables and (if owned) the arena; zero p.  NULL is a no-op. */
 void arl_model_params_free(arl_model_params *p);
 
+/* SHA-256 (hex) of the fp32 arena as it is: the identity of a set of weights (the policy
+ * version's weights_sha256 of spec/replay.md 4.2, the pass_uid of tool and learner states). */
+void arl_model_params_sha256_hex(const arl_model_params *p, char hex[65]);
+
 /* Pointer to tensor i of the inventory. */
 float *arl_model_params_tensor(const arl_model_params *p, int64_t i);
 /* Tensor by checkpoint key, or NULL. */

@@ -290,8 +290,5 @@ arl_status ro_engine_slot_sync(ro_engine *e, int32_t slot, int64_t row0) {
 }
 
 void ro_engine_weights_sha256(const ro_engine *e, int which, char hex[65]) {
-    uint8_t dg[ARL_SHA256_BYTES];
-    const arl_model_params *p = &e->params[which];
-    arl_sha256(p->arena, sizeof(float) * (size_t)p->inv.arena_floats, dg);
-    arl_sha256_hex(dg, hex);
+    arl_model_params_sha256_hex(&e->params[which], hex);
 }

@@ -14,13 +14,8 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 "$PY" "$SRC/envs/examples/wordcount_server.py" --port 0 > "$tmp/out" 2> "$tmp/err" &
 pid=$!
-url=
-for _ in $(seq 200); do
-    url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$tmp/out" 2>/dev/null)
-    [ -n "$url" ] && break
-    sleep 0.05
-done
-[ -n "$url" ] || { echo "FAIL: the example server did not start"; cat "$tmp/err"; exit 1; }
+. "$(dirname "$0")/../serve_url.sh"
+url=$(serve_url "$tmp/out" "$pid") || { echo "FAIL: the example server did not start"; cat "$tmp/err"; exit 1; }
 fail=0
 "$BIN" env check "$url" --script "$SRC/envs/examples/wordcount_script.json" > "$tmp/c1" 2>&1 || { fail=1; cat "$tmp/c1"; }
 "$BIN" env check "$url" > "$tmp/c2" 2>&1 || { fail=1; cat "$tmp/c2"; }

@@ -15,19 +15,14 @@ trap cleanup EXIT
 fail=0
 bad() { echo "FAIL: $*"; fail=1; }
 
+. "$(dirname "$0")/../serve_url.sh"
 serve() { # NAME -> sets pid, url
     # emptied here, not by the background job's redirection, which may run after the first
     # grep below and let it read the previous server's URL
     : > "$tmp/out"
     "$BIN" env serve "$1" --port 0 > "$tmp/out" 2> "$tmp/err" &
     pid=$!
-    url=
-    for _ in $(seq 200); do
-        url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$tmp/out" 2>/dev/null)
-        [ -n "$url" ] && return 0
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.05
-    done
+    url=$(serve_url "$tmp/out" "$pid") && return 0
     cat "$tmp/err"
     return 1
 }

@@ -20,10 +20,8 @@ static char ckpt[600], db[600];
 /* The pass_uid the learner gives its states under the weights of p, routes replayed (natural
  * 0) or the router's own, dense MLA. */
 static void pass_of(const arl_model_params *p, int natural, char *out, size_t cap) {
-    uint8_t dg[ARL_SHA256_BYTES];
     char hex[ARL_SHA256_HEX_CHARS];
-    arl_sha256(p->arena, sizeof(float) * (size_t)p->inv.arena_floats, dg);
-    arl_sha256_hex(dg, hex);
+    arl_model_params_sha256_hex(p, hex);
     ro_pass_uid("learner", hex, natural, 0, 0, out, cap);
 }
 

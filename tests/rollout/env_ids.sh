@@ -15,15 +15,10 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -rf "$T"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 "$BIN" model init tiny "$T/ckpt" --seed 3 > /dev/null 2>&1 || fail "model init"
+. "$(dirname "$0")/../serve_url.sh"
 "$BIN" env serve calculator --port 0 > "$T/serve" 2> "$T/serve.err" &
 pid=$!
-url=
-for _ in $(seq 200); do
-    url=$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$T/serve" 2>/dev/null)
-    [ -n "$url" ] && break
-    sleep 0.05
-done
-[ -n "$url" ] || { cat "$T/serve.err"; fail "env serve printed no URL"; }
+url=$(serve_url "$T/serve" "$pid") || { cat "$T/serve.err"; fail "env serve printed no URL"; }
 cat > "$T/exp.json" <<JSON
 {"rollout": {"env": "$url", "group_size": 2, "turn_tokens": 24, "segment_tokens": 1024,
              "observation_tokens": 512, "context_tokens": 4096, "trajectory_tokens": 4096,

@@ -141,9 +141,7 @@ static void weights_sha(const char *ckpt, char hex[ARL_SHA256_HEX_CHARS]) {
     H_DIE(arl_model_config_read(ckpt, &cfg), "config");
     H_DIE(arl_model_params_alloc(&p, &cfg), "params");
     H_DIE(arl_checkpoint_load(ckpt, &cfg, &p), "load");
-    uint8_t d[ARL_SHA256_BYTES];
-    arl_sha256(p.arena, sizeof(float) * (size_t)p.inv.arena_floats, d);
-    arl_sha256_hex(d, hex);
+    arl_model_params_sha256_hex(&p, hex);
     arl_model_params_free(&p);
     arl_model_config_free(&cfg);
 }
