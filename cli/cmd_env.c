@@ -25,27 +25,35 @@ typedef struct serve_opts {
     int64_t max_sessions;
     int64_t idle_timeout_ms;
     int64_t drain_timeout_ms;
+    int64_t connection_timeout_s;
     char *token;
     char *config;
 } serve_opts;
 
 static const arl_option serve_tab[] = {
-    {"name", ARL_OPT_STRING, offsetof(serve_opts, name), NULL, "built-in environment (e.g. echo, calculator)", 0, 0,
-     NULL, ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "NAME"},
+    {"name", ARL_OPT_STRING, offsetof(serve_opts, name), NULL,
+     "built-in environment (e.g. echo, calculator)", 0, 0, NULL,
+     ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "NAME"},
     {"host", ARL_OPT_STRING, offsetof(serve_opts, host), "127.0.0.1",
      "address to listen on (loopback unless told otherwise)", 0, 0, NULL, 0, "ADDR"},
-    {"port", ARL_OPT_INT, offsetof(serve_opts, port), "8000", "TCP port; 0 picks a free one (printed)", 0, 65535, NULL,
-     0, "P"},
+    {"port", ARL_OPT_INT, offsetof(serve_opts, port), "8000",
+     "TCP port; 0 picks a free one (printed)", 0, 65535, NULL, 0, "P"},
     {"max-sessions", ARL_OPT_INT, offsetof(serve_opts, max_sessions), "0",
      "lower the environment's limits.max_sessions (0: keep)", 0, 1000000, NULL, 0, "N"},
     {"idle-timeout-ms", ARL_OPT_INT, offsetof(serve_opts, idle_timeout_ms), "0",
-     "reap sessions idle this long (0: the environment's limit; else >= 600000)", 0, 1e12, NULL, 0, "MS"},
+     "reap sessions idle this long (0: the environment's limit; else >= 600000)", 0, 1e12, NULL, 0,
+     "MS"},
     {"drain-timeout-ms", ARL_OPT_INT, offsetof(serve_opts, drain_timeout_ms), "30000",
-     "on SIGTERM/SIGINT, wait this long for sessions to finish before exiting", 0, 1e9, NULL, 0, "MS"},
-    {"token", ARL_OPT_STRING, offsetof(serve_opts, token), NULL, "require 'Authorization: Bearer TOKEN'", 0, 0, NULL,
-     ARL_OPT_HIDDEN, "TOKEN"},
-    {"config", ARL_OPT_STRING, offsetof(serve_opts, config), NULL, "environment configuration as a JSON object", 0, 0,
-     NULL, 0, "JSON"},
+     "on SIGTERM/SIGINT, wait this long for sessions to finish before exiting", 0, 1e9, NULL, 0,
+     "MS"},
+    {"connection-timeout-s", ARL_OPT_INT, offsetof(serve_opts, connection_timeout_s), "900",
+     "close a connection idle this long: between requests, or a client that stops sending "
+     "mid-request",
+     1, ARL_AEP_MAX_CONNECTION_TIMEOUT_S, NULL, 0, "S"},
+    {"token", ARL_OPT_STRING, offsetof(serve_opts, token), NULL,
+     "require 'Authorization: Bearer TOKEN'", 0, 0, NULL, ARL_OPT_HIDDEN, "TOKEN"},
+    {"config", ARL_OPT_STRING, offsetof(serve_opts, config), NULL,
+     "environment configuration as a JSON object", 0, 0, NULL, 0, "JSON"},
 };
 
 static volatile sig_atomic_t serve_signals;
@@ -91,7 +99,10 @@ int cmd_env_serve(int argc, char **argv) {
         ret = cli_fail(st);
         goto out;
     }
-    arl_aep_server_config sc = {.host = o.host, .port = (int)o.port, .token = o.token};
+    arl_aep_server_config sc = {.host = o.host,
+                                .port = (int)o.port,
+                                .token = o.token,
+                                .connection_timeout_s = o.connection_timeout_s};
     st = arl_aep_server_start(vt, inst, &sc, &srv);
     if (st != ARL_OK) {
         ret = cli_fail(st);

@@ -574,6 +574,12 @@ int aep_json_get_index(const json_t *obj, const char *key, int64_t *out) {
     return 1;
 }
 
+const char *aep_json_cstr(const json_t *v) {
+    if (!json_is_string(v)) return NULL;
+    const char *s = json_string_value(v);
+    return strlen(s) == json_string_length(v) ? s : NULL;
+}
+
 /* ---- base64 ---- */
 
 static const char b64_alpha[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -875,6 +881,28 @@ json_t *aep_action_to_json_value(const arl_env_action *a) {
     return o;
 }
 
+/* A copy of a JSON string's text (caller frees) in which each U+0000 is replaced by U+FFFD:
+ * text members of an action reach the environment as C strings, whole (a model can sample a
+ * NUL byte; a tool name "calc\u0000x" must be an unknown tool, not "calc").  NULL on OOM. */
+static char *text_dup(const json_t *v) {
+    const char *s = json_string_value(v);
+    size_t n = json_string_length(v), nul = 0;
+    for (size_t i = 0; i < n; i++)
+        nul += !s[i];
+    char *d = malloc(n + 2 * nul + 1), *q = d;
+    if (!d) return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i]) {
+            *q++ = s[i];
+        } else {
+            memcpy(q, "\xef\xbf\xbd", 3);
+            q += 3;
+        }
+    }
+    *q = 0;
+    return d;
+}
+
 static int opt_string(const json_t *o, const char *k, char **out, char *err, size_t cap,
                       const char *where) {
     const json_t *v = json_object_get(o, k);
@@ -885,8 +913,7 @@ static int opt_string(const json_t *o, const char *k, char **out, char *err, siz
                  json_is_object(v) ? "object" : json_is_array(v) ? "array" : "another type");
         return -1;
     }
-    *out = strdup(json_string_value(v));
-    if (!*out) {
+    if (!(*out = text_dup(v))) {
         snprintf(err, cap, "out of memory");
         return -1;
     }
@@ -905,13 +932,13 @@ int aep_action_from_json(const json_t *v, arl_env_action *a, char *err, size_t c
     if (opt_string(v, "reasoning", &a->reasoning, err, cap, "/action")) goto fail;
     const json_t *ps = json_object_get(v, "parse_status");
     if (!ps) AFAIL("/action/parse_status: required member missing");
-    int p = json_is_string(ps) ? arl_env_parse_status_parse(json_string_value(ps)) : -1;
+    int p = aep_json_cstr(ps) ? arl_env_parse_status_parse(aep_json_cstr(ps)) : -1;
     if (p < 0) AFAIL("/action/parse_status: expected one of ok, no_tool_call, invalid_json, "
                      "arguments_not_object, missing_name, unclosed_block, malformed_structure");
     a->parse_status = (arl_env_parse_status)p;
     const json_t *fr = json_object_get(v, "finish_reason");
     if (fr && !json_is_null(fr)) {
-        int f = json_is_string(fr) ? arl_env_finish_reason_parse(json_string_value(fr)) : -1;
+        int f = aep_json_cstr(fr) ? arl_env_finish_reason_parse(aep_json_cstr(fr)) : -1;
         if (f < 0) AFAIL("/action/finish_reason: expected stop, tool_calls or length");
         a->finish_reason = (arl_env_finish_reason)f;
     }
@@ -933,9 +960,17 @@ int aep_action_from_json(const json_t *v, arl_env_action *a, char *err, size_t c
             if (!json_is_string(id)) AFAIL("/action/tool_calls/%zu/id: expected a string", i);
             if (!json_is_string(nm)) AFAIL("/action/tool_calls/%zu/name: expected a string", i);
             if (!json_is_object(ar)) AFAIL("/action/tool_calls/%zu/arguments: expected an object", i);
-            if (arl_env_action_add_call(a, json_string_value(id), json_string_value(nm),
-                                        json_incref((json_t *)ar)))
+            if (!aep_json_cstr(id))
+                AFAIL("/action/tool_calls/%zu/id: contains U+0000 (it could not be answered as "
+                      "sent)",
+                      i);
+            char *name = text_dup(nm);
+            if (!name || arl_env_action_add_call(a, json_string_value(id), name,
+                                                 json_incref((json_t *)ar))) {
+                free(name);
                 AFAIL("out of memory");
+            }
+            free(name);
         }
     }
     const json_t *pe = json_object_get(v, "parse_errors");
@@ -948,17 +983,25 @@ int aep_action_from_json(const json_t *v, arl_env_action *a, char *err, size_t c
             const json_t *ms = json_object_get(e, "message"), *rw = json_object_get(e, "raw");
             if (!json_is_object(e)) AFAIL("/action/parse_errors/%zu: expected an object", i);
             if (!json_is_string(id)) AFAIL("/action/parse_errors/%zu/id: expected a string", i);
-            int s = json_is_string(st) ? arl_env_parse_status_parse(json_string_value(st)) : -1;
+            int s = aep_json_cstr(st) ? arl_env_parse_status_parse(aep_json_cstr(st)) : -1;
             if (s < 0 || s == ARL_ENV_PARSE_OK || s == ARL_ENV_PARSE_NO_TOOL_CALL)
                 AFAIL("/action/parse_errors/%zu/status: expected a block status of §4.6", i);
             if (ms && !json_is_null(ms) && !json_is_string(ms))
                 AFAIL("/action/parse_errors/%zu/message: expected a string", i);
             if (rw && !json_is_null(rw) && !json_is_string(rw))
                 AFAIL("/action/parse_errors/%zu/raw: expected a string", i);
-            if (arl_env_action_add_parse_error(a, json_string_value(id), (arl_env_parse_status)s,
-                                               json_is_string(ms) ? json_string_value(ms) : "",
-                                               json_is_string(rw) ? json_string_value(rw) : ""))
-                AFAIL("out of memory");
+            if (!aep_json_cstr(id))
+                AFAIL("/action/parse_errors/%zu/id: contains U+0000 (it could not be answered as "
+                      "sent)",
+                      i);
+            char *m = json_is_string(ms) ? text_dup(ms) : strdup(""),
+                 *r = json_is_string(rw) ? text_dup(rw) : strdup("");
+            arl_status as = m && r ? arl_env_action_add_parse_error(a, json_string_value(id),
+                                                                    (arl_env_parse_status)s, m, r)
+                                   : ARL_ERR_NOMEM;
+            free(m);
+            free(r);
+            if (as != ARL_OK) AFAIL("out of memory");
         }
     }
     if (arl_env_action_check(a) != ARL_OK) AFAIL("/action: %s", arl_error_msg());

@@ -50,6 +50,11 @@ int aep_json_ident_hash(arl_sha256_ctx *c, const json_t *v);
 
 /* Integer member in [0, 2^53 - 1] written without fraction or exponent: 1 and *out, else 0. */
 int aep_json_get_index(const json_t *obj, const char *key, int64_t *out);
+/* The text of a JSON string that holds no U+0000 ("\u0000"), i.e. all of which a C string
+ * holds; NULL for a string with one or for any other value.  Identifiers and closed-set values
+ * are read through it: jansson keeps the embedded NUL, and the text before it would otherwise
+ * pass for the whole ("ok\u0000x" for "ok"). */
+const char *aep_json_cstr(const json_t *v);
 
 /* base64 (RFC 4648 §4, with padding).  encode: caller frees; NULL on OOM. */
 char *aep_b64_encode(const uint8_t *data, size_t len, size_t *out_len);

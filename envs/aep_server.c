@@ -6,6 +6,16 @@
  * session lookup of check 3, which the vtable does), then the vtable call.  Every response gets
  * AEP-Version: 1, bodies get a JSON Content-Type, and 503 responses Retry-After =
  * ceil(retry_after_ms / 1000).  Thread per connection: a slow step never blocks other sessions.
+ * The bearer token is compared in constant time (token_ok); a connection idle for
+ * connection_timeout_s (between requests, or mid-request) is closed; %00 in a path is not
+ * decoded (unescape).
+ *
+ * Not JSON: libmicrohttpd (0.9.x) answers some malformed requests itself, before on_request
+ * runs, with its compiled-in HTML body, and offers no hook to replace it: a request line
+ * over the connection memory (32 KiB; 414 URI Too Long), headers over it (431), an HTTP
+ * version other than 1.0/1.1 (505), an invalid Content-Length or chunked encoding, a header
+ * line without a colon (400); a request line that is not HTTP at all gets the connection
+ * closed without an answer.  No conforming client sends these (they are not AEP requests).
  */
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -16,6 +26,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 
+#include "core/sha256.h"
 #include "envs/aep_json.h"
 #include "envs/aep_server.h"
 
@@ -25,7 +36,8 @@ struct arl_aep_server {
     struct MHD_Daemon *d;
     const arl_env_vtable *vt;
     void *inst;
-    char *token;
+    int has_token;
+    uint8_t token_digest[ARL_SHA256_BYTES]; /* SHA-256 of the bearer token (token_ok) */
     int64_t max_request_bytes;
     int port;
 };
@@ -66,6 +78,13 @@ static enum MHD_Result send_err(struct MHD_Connection *c, arl_env_errcode code, 
     enum MHD_Result r = send_bytes(c, arl_env_errcode_http(code), b, len, close_conn);
     free(b);
     return r;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
 }
 
 /* Accept admits application/json? (absent: yes) */
@@ -139,6 +158,39 @@ static route route_of(const char *url, const char *method, char *sid, size_t cap
     return R_NONE;
 }
 
+/* Is `auth` "Bearer <the token>"?  Compared as SHA-256 digests with a loop that does not stop
+ * at the first difference: the time taken tells nothing about how much of the token a guess
+ * got right, nor its length (only the guess's own length, which the sender knows). */
+static int token_ok(const arl_aep_server *s, const char *auth) {
+    if (!auth || strncmp(auth, "Bearer ", 7)) return 0;
+    uint8_t d[ARL_SHA256_BYTES];
+    arl_sha256(auth + 7, strlen(auth + 7), d);
+    volatile uint8_t diff = 0;
+    for (size_t i = 0; i < sizeof d; i++)
+        diff |= (uint8_t)(d[i] ^ s->token_digest[i]);
+    return diff == 0;
+}
+
+/* URL decoding for MHD (MHD_OPTION_UNESCAPE_CALLBACK): %XX as usual, except that %00 stays as
+ * it is: a NUL would cut the C string MHD hands over, and "/sessions/S%00x" would then be the
+ * session S.  Returns the new length. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
+    (void)cls;
+    (void)c;
+    char *w = s;
+    for (const char *r = s; *r;) {
+        int hi, lo;
+        if (r[0] == '%' && (hi = hexval(r[1])) >= 0 && (lo = hexval(r[2])) >= 0 && (hi | lo)) {
+            *w++ = (char)(hi * 16 + lo);
+            r += 3;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = 0;
+    return (size_t)(w - s);
+}
+
 static enum MHD_Result respond_vt(struct MHD_Connection *c, arl_aep_server *s, int status, char *resp, size_t len) {
     enum MHD_Result r = send_bytes(c, status, resp, resp ? len : 0, 0);
     if (resp) s->vt->free_buffer(s->inst, resp);
@@ -199,11 +251,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     const char *ver = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "AEP-Version");
     if (!ver || strcmp(ver, "1"))
         return send_err(c, ARL_ENV_E_UNSUPPORTED_VERSION, ver ? "AEP-Version must be 1" : "AEP-Version header missing", 0);
-    if (s->token) {
-        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-        if (!auth || strncmp(auth, "Bearer ", 7) || strcmp(auth + 7, s->token))
-            return send_err(c, ARL_ENV_E_INVALID_REQUEST, "missing or wrong bearer token", 0);
-    }
+    if (s->has_token && !token_ok(s, MHD_lookup_connection_value(c, MHD_HEADER_KIND,
+                                                                 MHD_HTTP_HEADER_AUTHORIZATION)))
+        return send_err(c, ARL_ENV_E_INVALID_REQUEST, "missing or wrong bearer token", 0);
     /* check 2: route */
     char sid[ARL_AEP_MAX_SID_BYTES * 3 + 8];
     route rt = route_of(url, method, sid, sizeof sid);
@@ -287,9 +337,17 @@ arl_status arl_aep_server_start(const arl_env_vtable *vt, void *inst, const arl_
     s->inst = inst;
     s->max_request_bytes = cfg->max_request_bytes > 0 ? cfg->max_request_bytes : info.limits.max_request_bytes;
     arl_env_info_clear(&info);
-    if (cfg->token && !(s->token = strdup(cfg->token))) {
+    if (cfg->token) {
+        s->has_token = 1;
+        arl_sha256(cfg->token, strlen(cfg->token), s->token_digest);
+    }
+    if (cfg->connection_timeout_s < 0 ||
+        cfg->connection_timeout_s > ARL_AEP_MAX_CONNECTION_TIMEOUT_S) {
         free(s);
-        return arl_errorf(ARL_ERR_NOMEM, "env serve: out of memory");
+        return arl_errorf(ARL_ERR_ARG,
+                          "env serve: connection timeout %lld s outside [1, %d] (0: %d)",
+                          (long long)cfg->connection_timeout_s, ARL_AEP_MAX_CONNECTION_TIMEOUT_S,
+                          ARL_AEP_DEFAULT_CONNECTION_TIMEOUT_S);
     }
     struct sockaddr_storage ss;
     memset(&ss, 0, sizeof ss);
@@ -299,7 +357,6 @@ arl_status arl_aep_server_start(const arl_env_vtable *vt, void *inst, const arl_
         a6->sin6_family = AF_INET6;
         a6->sin6_port = htons((uint16_t)cfg->port);
         if (inet_pton(AF_INET6, host, &a6->sin6_addr) != 1) {
-            free(s->token);
             free(s);
             return arl_errorf(ARL_ERR_ARG, "env serve: --host '%s' is not an IPv6 address", host);
         }
@@ -308,19 +365,21 @@ arl_status arl_aep_server_start(const arl_env_vtable *vt, void *inst, const arl_
         struct sockaddr_in *a4 = (struct sockaddr_in *)&ss;
         a4->sin_family = AF_INET;
         a4->sin_port = htons((uint16_t)cfg->port);
-        if (inet_pton(AF_INET, !strcmp(host, "localhost") ? "127.0.0.1" : host, &a4->sin_addr) != 1) {
-            free(s->token);
+        if (inet_pton(AF_INET, !strcmp(host, "localhost") ? "127.0.0.1" : host, &a4->sin_addr) !=
+            1) {
             free(s);
             return arl_errorf(ARL_ERR_ARG, "env serve: --host '%s' is not an IPv4 address", host);
         }
     }
-    unsigned timeout = (unsigned)(cfg->connection_timeout_s > 0 ? cfg->connection_timeout_s : 900);
-    s->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-                            MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
-                            MHD_OPTION_END);
+    unsigned timeout =
+        (unsigned)(cfg->connection_timeout_s > 0 ? cfg->connection_timeout_s
+                                                 : ARL_AEP_DEFAULT_CONNECTION_TIMEOUT_S);
+    s->d = MHD_start_daemon(
+        flags, (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
+        MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096,
+        MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL, MHD_OPTION_END);
     if (!s->d) {
-        free(s->token);
         free(s);
         return arl_errorf(ARL_ERR_NET, "env serve: cannot listen on %s port %d (in use, or not a local address?)",
                           host, cfg->port);
@@ -361,6 +420,5 @@ int64_t arl_aep_server_active_sessions(arl_aep_server *s) {
 void arl_aep_server_stop(arl_aep_server *s) {
     if (!s) return;
     MHD_stop_daemon(s->d);
-    free(s->token);
     free(s);
 }

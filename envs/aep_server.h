@@ -13,12 +13,17 @@
 
 typedef struct arl_aep_server arl_aep_server;
 
+#define ARL_AEP_DEFAULT_CONNECTION_TIMEOUT_S 900 /* = §11.6's default session idle timeout */
+#define ARL_AEP_MAX_CONNECTION_TIMEOUT_S 86400
+
 typedef struct arl_aep_server_config {
     const char *host;          /* listen address (IPv4 or IPv6 literal); NULL: "127.0.0.1" */
     int port;                  /* 0: pick a free port (see arl_aep_server_port) */
     const char *token;         /* bearer token required on every request; NULL: none */
     int64_t max_request_bytes; /* 0: /info limits.max_request_bytes */
-    int64_t connection_timeout_s; /* idle keep-alive connections are closed after this; 0: 900 */
+    int64_t connection_timeout_s; /* a connection idle this long (between requests, or a client
+                                     that stops sending mid-request) is closed; 0: 900, else
+                                     1 .. ARL_AEP_MAX_CONNECTION_TIMEOUT_S (ARL_ERR_ARG) */
 } arl_aep_server_config;
 
 /* Start serving (vt, inst) on a background thread per connection.  vt and inst must outlive

@@ -515,7 +515,11 @@ typedef struct arl_env_score_req {
  *    answered ENV_INTERNAL with the violation in the message (a bug of the environment);
  *  - when a step reaches max_steps without terminated or truncated, the host sets truncated;
  *  - without capabilities.parallel_tool_calls, step sees only the first entry of tool_calls;
- *    the host answers the others with TOOL_CALL_LIMIT tool messages (§4.6).
+ *    the host answers the others with TOOL_CALL_LIMIT tool messages (§4.6);
+ *  - a step observation over limits.max_observation_bytes (or 4096 messages) is shortened by
+ *    the host (error tool messages lose their text, last first; then long tool outputs are cut
+ *    and flagged output_truncated), see envs/env_host.c; only when that cannot fit is the step
+ *    answered 500 X_OBSERVATION_TOO_LARGE.
  * Return values: ARL_OK; ARL_ERR_ARG for task data or options the environment cannot use
  * (answered 422 VALIDATION_ERROR; reset only); ARL_ERR_TIMEOUT when the deadline could not be
  * met and the call had NO effect (504 DEADLINE_EXCEEDED); anything else is an environment fault

@@ -7,8 +7,27 @@
  * byte-identical replays (§6.4, §10), score keys (§6.5), fork rules including fork_past (§6.6),
  * the lifecycle (§7), capacity and draining (§6.2, §6.3), busy sessions (§2.4: STEP_IN_PROGRESS,
  * and waiting retries of the executing request), idle reaping (§11.6), max_steps truncation,
- * TOOL_CALL_LIMIT without parallel_tool_calls (§4.6) and validation of the environment's own
- * output with the client's parser before it is sent.
+ * TOOL_CALL_LIMIT without parallel_tool_calls (§4.6), the observation budget (below) and
+ * validation of the environment's own output with the client's parser before it is sent.
+ *
+ * The observation budget.  A step's observation must fit min(limits.max_observation_bytes,
+ * 8 MiB) serialised and 4096 messages (§12.1, the client defaults), yet every call of the
+ * action needs its tool message (§4.3), and many calls or long outputs are model faults that
+ * are answered 200 (§9 rule 1).  So when the environment's observation is too large, the host
+ * shortens its tool messages, deterministically (a function of that observation alone, so
+ * deterministic_replay holds), and only as far as needed:
+ *   1. error tool messages (is_error) lose their text, last first: content "", tool_call_id
+ *      and error_code kept (the chat template shows the code).  A flood of calls is mostly
+ *      error answers (TOOL_CALL_LIMIT past the environment's per-turn cap), and the first of
+ *      them keep their explanation;
+ *   2. then tool outputs longer than a common size are cut to it, the largest size that fits,
+ *      at a UTF-8 character boundary, end in "...[truncated]" and carry output_truncated and
+ *      original_bytes (§4.1); a parts content becomes its text, images dropped.
+ * User messages are never changed, and rewards are the environment's (calls past its cap are
+ * already counted in its format penalty).  Only when even that shortest answer does not fit
+ * (in the calculator's 64 KiB, about 600 calls) is the step answered 500
+ * X_OBSERVATION_TOO_LARGE (not retryable, attribution env, the numbers in the message) and the
+ * session failed: never ENV_INTERNAL.
  *
  * Locking: one mutex per instance protects the tables and every session's metadata; an
  * environment callback runs without it, with the session marked busy (so no other call touches
@@ -30,6 +49,7 @@
 #define HOST_STEP_IN_PROGRESS_MS 100 /* retry_after_ms hint for STEP_IN_PROGRESS */
 #define HOST_CAPACITY_RETRY_MS 1000  /* retry_after_ms hint for CAPACITY_REACHED / DRAINING */
 #define HOST_MAX_TOMBSTONES 65536    /* default: closed sessions remembered for 410 answers */
+#define HOST_TOO_LARGE_CODE "X_OBSERVATION_TOO_LARGE" /* reply_too_large */
 
 /* ---- a small string-keyed hash map ---- */
 
@@ -245,6 +265,16 @@ static int reply_err(char **resp, size_t *rlen, arl_env_errcode code, int64_t re
     *resp = aep_envelope(code, NULL, msg, retry_after_ms, rlen);
     if (!*resp) *rlen = 0;
     return arl_env_errcode_http(code);
+}
+
+/* 500 X_OBSERVATION_TOO_LARGE: a step whose shortest valid observation is over the limits
+ * (see the observation budget below).  Not retryable, attribution env: the properties of the
+ * RESPONSE_TOO_LARGE a client records for an oversized observation (§8.4), which a server
+ * cannot send itself (§8.1 allows §8.3 codes and X_ codes). */
+static int reply_too_large(char **resp, size_t *rlen, const char *msg) {
+    *resp = aep_envelope(ARL_ENV_E_ENV_INTERNAL, HOST_TOO_LARGE_CODE, msg, -1, rlen);
+    if (!*resp) *rlen = 0;
+    return 500;
 }
 
 /* ---- session memory ---- */
@@ -516,8 +546,7 @@ static int host_health(void *inst, char **resp, size_t *rlen) {
 
 static int valid_id_member(const json_t *body, const char *k) {
     const json_t *v = json_object_get(body, k);
-    return json_is_string(v) && json_string_length(v) == strlen(json_string_value(v)) &&
-           aep_valid_traj_id(json_string_value(v));
+    return aep_json_cstr(v) && aep_valid_traj_id(aep_json_cstr(v));
 }
 
 static int host_reset_impl(void *inst, const char *req, size_t len, char **resp, size_t *rlen) {
@@ -540,8 +569,8 @@ static int host_reset_impl(void *inst, const char *req, size_t len, char **resp,
         bad = "/group_id: expected 1-256 characters of [A-Za-z0-9._:/@#+-]";
     else if (!json_is_object(task))
         bad = "/task: expected an object";
-    else if (!json_is_string(tid) || json_string_length(tid) < 1 || json_string_length(tid) > 256)
-        bad = "/task/id: expected a string of 1-256 bytes";
+    else if (!aep_json_cstr(tid) || json_string_length(tid) < 1 || json_string_length(tid) > 256)
+        bad = "/task/id: expected a string of 1-256 bytes without U+0000";
     else if (!aep_json_get_index(task, "seed", &seed))
         bad = "/task/seed: expected an integer in [0, 2^53-1]";
     else if (!json_is_object(data))
@@ -776,6 +805,255 @@ static arl_status insert_call_limits(arl_env_observation *o, const arl_env_actio
     return ARL_OK;
 }
 
+/* ---- the observation budget (§12.1 max_observation_bytes, §9 rule 1) ---- */
+
+/* What a step may send: min(limits.max_observation_bytes, the client's default cap) bytes and
+ * the client's default number of messages, which the self-check (client parser) enforces. */
+static void obs_caps(const host *h, size_t *max_bytes, int64_t *max_messages) {
+    arl_env_client_config cc;
+    arl_env_client_config_default(&cc);
+    int64_t b = h->info.limits.max_observation_bytes;
+    if (cc.max_observation_bytes < b) b = cc.max_observation_bytes;
+    *max_bytes = (size_t)b;
+    *max_messages = cc.max_messages;
+}
+
+#define HOST_CUT_MARKER "...[truncated]" /* ends a tool output the host cut */
+
+/* Serialised size of v as the host sends it (aep_json_dumps); SIZE_MAX on OOM. */
+static size_t json_size(const json_t *v) {
+    size_t l = 0;
+    char *b = aep_json_dumps(v, &l);
+    if (!b) return SIZE_MAX;
+    free(b);
+    return l;
+}
+
+/* Bytes one byte of a string takes once escaped by aep_json_dumps. */
+static size_t esc_len(unsigned char c) {
+    if (c == '"' || c == '\\') return 2;
+    if (c >= 0x20) return 1;
+    return c == '\n' || c == '\r' || c == '\t' || c == '\b' || c == '\f' ? 2 : 6;
+}
+
+/* The longest prefix of s[0..n) that ends at a UTF-8 character boundary and takes at most
+ * budget bytes escaped; returns its length, its escaped size in *esc. */
+static size_t escaped_prefix(const char *s, size_t n, size_t budget, size_t *esc) {
+    size_t i = 0, e = 0;
+    while (i < n && e + esc_len((unsigned char)s[i]) <= budget)
+        e += esc_len((unsigned char)s[i++]);
+    while (i > 0 && i < n && ((unsigned char)s[i] & 0xC0) == 0x80) { /* continuation: 1 byte */
+        i--;
+        e--;
+    }
+    *esc = e;
+    return i;
+}
+
+/* One tool message of an oversized observation. */
+typedef struct fit_msg {
+    int32_t idx; /* index in obs->messages */
+    int is_error;
+    size_t full;  /* serialised size as the environment made it */
+    size_t now;   /* serialised size after the shortening decided so far */
+    size_t bare;  /* error message with content "" */
+    size_t cut0;  /* output with content HOST_CUT_MARKER and the truncation flags */
+    size_t csize; /* serialised size of its content value, less 2 */
+    char *text;   /* output: the text that is cut (content, or the text parts joined); owned */
+    size_t tlen;
+    int64_t orig; /* original_bytes to report */
+} fit_msg;
+
+/* Size of output message f cut so that its kept text takes at most c bytes escaped (or whole
+ * when its content fits c, or when cutting would not make it smaller); *keep: bytes kept, or
+ * SIZE_MAX for whole. */
+static size_t fit_out_size(const fit_msg *f, size_t c, size_t *keep) {
+    *keep = SIZE_MAX;
+    if (f->csize <= c) return f->full;
+    size_t e;
+    size_t k = escaped_prefix(f->text, f->tlen, c, &e);
+    if (f->cut0 + e >= f->full) return f->full;
+    *keep = k;
+    return f->cut0 + e;
+}
+
+/* Replace a message's content by s (owned), dropping its parts. */
+static void msg_set_content(arl_env_message *m, char *s) {
+    free(m->content);
+    for (int32_t i = 0; i < m->n_parts; i++) {
+        free(m->parts[i].text);
+        free(m->parts[i].image.png);
+    }
+    free(m->parts);
+    m->parts = NULL;
+    m->n_parts = 0;
+    m->content_is_parts = 0;
+    m->content = s;
+}
+
+/* Shorten the tool messages of an observation of `size` bytes (serialised) so that it fits
+ * max_bytes, by the rule in the header comment of this file.  Returns 0 (o changed, fits), 1
+ * (even the shortest answer does not fit: the reason in msg) or -1 (out of memory). */
+static int obs_fit(arl_env_observation *o, size_t size, size_t max_bytes, int64_t max_messages,
+                   int32_t n_calls, char *msg, size_t cap) {
+    if (o->n_messages > max_messages) {
+        snprintf(msg, cap,
+                 "the observation answering %d tool calls would hold %d messages, over the %lld "
+                 "per observation that clients accept (spec/aep.md 12.1)",
+                 (int)n_calls, (int)o->n_messages, (long long)max_messages);
+        return 1;
+    }
+    size_t made = size;
+    json_t *oj = aep_obs_to_json(o);
+    fit_msg *f = calloc((size_t)o->n_messages + 1, sizeof *f);
+    int32_t nf = 0;
+    int rc = -1;
+    if (!oj || !f) goto done;
+    json_t *msgs = json_object_get(oj, "messages");
+    for (int32_t i = 0; i < o->n_messages; i++) {
+        const arl_env_message *m = &o->messages[i];
+        if (m->role != ARL_ENV_ROLE_TOOL) continue;
+        json_t *mj = json_array_get(msgs, (size_t)i);
+        fit_msg *x = &f[nf++];
+        x->idx = i;
+        x->is_error = m->is_error;
+        x->full = x->now = json_size(mj);
+        size_t cs = json_size(json_object_get(mj, "content"));
+        if (x->full == SIZE_MAX || cs == SIZE_MAX) goto done;
+        x->csize = cs - 2;
+        json_object_del(mj, "output_truncated");
+        json_object_del(mj, "original_bytes");
+        if (json_object_set_new(mj, "content", json_string(""))) goto done;
+        if (x->is_error) {
+            if ((x->bare = json_size(mj)) == SIZE_MAX) goto done;
+            continue;
+        }
+        /* the text to cut: the content, or the text parts joined (images are dropped) */
+        size_t n = 0;
+        if (!m->content_is_parts) {
+            n = m->content ? strlen(m->content) : 0;
+        } else {
+            for (int32_t p = 0; p < m->n_parts; p++)
+                if (m->parts[p].type == ARL_ENV_PART_TEXT && m->parts[p].text)
+                    n += strlen(m->parts[p].text);
+        }
+        if (!(x->text = malloc(n + 1))) goto done;
+        x->tlen = 0;
+        if (!m->content_is_parts) {
+            memcpy(x->text, m->content ? m->content : "", n);
+            x->tlen = n;
+        } else {
+            for (int32_t p = 0; p < m->n_parts; p++)
+                if (m->parts[p].type == ARL_ENV_PART_TEXT && m->parts[p].text) {
+                    size_t l = strlen(m->parts[p].text);
+                    memcpy(x->text + x->tlen, m->parts[p].text, l);
+                    x->tlen += l;
+                }
+        }
+        x->text[x->tlen] = 0;
+        int64_t orig = m->content_is_parts ? (int64_t)x->csize : (int64_t)x->tlen;
+        x->orig = m->output_truncated && m->original_bytes > orig ? m->original_bytes : orig;
+        if (json_object_set_new(mj, "content", json_string(HOST_CUT_MARKER)) ||
+            json_object_set_new(mj, "output_truncated", json_true()) ||
+            json_object_set_new(mj, "original_bytes", json_integer(x->orig)) ||
+            (x->cut0 = json_size(mj)) == SIZE_MAX)
+            goto done;
+    }
+    /* 1: error messages lose their text, last first */
+    for (int32_t j = nf - 1; j >= 0 && size > max_bytes; j--)
+        if (f[j].is_error && f[j].bare < f[j].now) {
+            size -= f[j].now - f[j].bare;
+            f[j].now = f[j].bare;
+        }
+    /* 2: tool outputs are cut to the largest common size c that fits */
+    size_t c = SIZE_MAX, keep;
+    if (size > max_bytes) {
+        size_t rest = size, hi = 0;
+        for (int32_t j = 0; j < nf; j++)
+            if (!f[j].is_error) {
+                rest -= f[j].full;
+                if (f[j].csize > hi) hi = f[j].csize;
+            }
+        size_t need = rest;
+        for (int32_t j = 0; j < nf; j++)
+            if (!f[j].is_error) need += fit_out_size(&f[j], 0, &keep);
+        if (need > max_bytes) {
+            snprintf(
+                msg, cap,
+                "the observation answering %d tool calls takes %zu bytes with every tool message "
+                "shortened (%zu bytes as made), over limits.max_observation_bytes %zu",
+                (int)n_calls, need, made, max_bytes);
+            rc = 1;
+            goto done;
+        }
+        size_t lo = 0; /* fits; hi does not (the outputs whole are the oversize) */
+        while (lo + 1 < hi) {
+            size_t mid = lo + (hi - lo) / 2, s = rest;
+            for (int32_t j = 0; j < nf; j++)
+                if (!f[j].is_error) s += fit_out_size(&f[j], mid, &keep);
+            if (s <= max_bytes)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        c = lo;
+    }
+    /* apply */
+    for (int32_t j = 0; j < nf; j++) {
+        arl_env_message *m = &o->messages[f[j].idx];
+        if (f[j].is_error) {
+            if (f[j].now == f[j].full) continue;
+            char *e = strdup("");
+            if (!e) goto done;
+            msg_set_content(m, e);
+            m->output_truncated = 0;
+            m->original_bytes = 0;
+            continue;
+        }
+        if (c == SIZE_MAX) continue;
+        fit_out_size(&f[j], c, &keep);
+        if (keep == SIZE_MAX) continue;
+        char *t = malloc(keep + sizeof HOST_CUT_MARKER);
+        if (!t) goto done;
+        memcpy(t, f[j].text, keep);
+        memcpy(t + keep, HOST_CUT_MARKER, sizeof HOST_CUT_MARKER);
+        msg_set_content(m, t);
+        m->output_truncated = 1;
+        m->original_bytes = f[j].orig;
+    }
+    rc = 0;
+done:
+    if (rc < 0) snprintf(msg, cap, "out of memory shortening the observation");
+    for (int32_t j = 0; f && j < nf; j++)
+        free(f[j].text);
+    free(f);
+    if (oj) json_decref(oj);
+    return rc;
+}
+
+/* The step response body for out (caller frees); NULL on OOM. */
+static char *step_body(int64_t k, const arl_env_result *out, size_t *rl) {
+    json_t *o = json_object();
+    json_t *obs = aep_obs_to_json(&out->obs);
+    json_t *comps = aep_components_to_json(out->components, out->n_components);
+    char *rb = NULL;
+    if (o && obs && comps) {
+        json_object_set_new(o, "step_index", json_integer(k));
+        json_object_set_new(o, "observation", obs);
+        json_object_set_new(o, "reward", json_real(out->reward));
+        json_object_set_new(o, "reward_components", comps);
+        json_object_set_new(o, "terminated", json_boolean(out->terminated));
+        json_object_set_new(o, "truncated", json_boolean(out->truncated));
+        json_object_set_new(o, "info", out->info ? json_incref(out->info) : json_object());
+        rb = aep_json_dumps(o, rl);
+    } else {
+        if (obs) json_decref(obs);
+        if (comps) json_decref(comps);
+    }
+    if (o) json_decref(o);
+    return rb;
+}
+
 /* The end of a call sess_enter admitted, with h->mu held: the session is free again and its
  * waiters wake.  A failed call (st, or a self-check message in msg) marks the session failed
  * unless it timed out, and releases it if it was closed meanwhile; returns 1 then, and the
@@ -916,25 +1194,24 @@ static int host_step_impl(void *inst, const char *sid, const char *req, size_t l
     char msg[700] = "";
     if (st == ARL_OK && limited && insert_call_limits(&out.obs, &act) != ARL_OK)
         snprintf(msg, sizeof msg, "out of memory");
+    int too_large = 0;
     if (st == ARL_OK && !msg[0]) {
         if (!out.terminated && !out.truncated && k >= max_steps) out.truncated = 1;
-        json_t *o = json_object();
-        json_t *obs = aep_obs_to_json(&out.obs);
-        json_t *comps = aep_components_to_json(out.components, out.n_components);
-        if (o && obs && comps) {
-            json_object_set_new(o, "step_index", json_integer(k));
-            json_object_set_new(o, "observation", obs);
-            json_object_set_new(o, "reward", json_real(out.reward));
-            json_object_set_new(o, "reward_components", comps);
-            json_object_set_new(o, "terminated", json_boolean(out.terminated));
-            json_object_set_new(o, "truncated", json_boolean(out.truncated));
-            json_object_set_new(o, "info", out.info ? json_incref(out.info) : json_object());
-            rb = aep_json_dumps(o, &rl);
-        } else {
-            if (obs) json_decref(obs);
-            if (comps) json_decref(comps);
+        rb = step_body(k, &out, &rl);
+        /* the observation budget: a model fault (many calls, long outputs) is still answered */
+        size_t max_obs, off, olen;
+        int64_t max_msgs;
+        obs_caps(h, &max_obs, &max_msgs);
+        if (rb && aep_json_member_span(rb, rl, "observation", &off, &olen) &&
+            (olen > max_obs || out.obs.n_messages > max_msgs)) {
+            int fr = obs_fit(&out.obs, olen, max_obs, max_msgs, act.n_tool_calls, msg, sizeof msg);
+            free(rb);
+            rb = NULL;
+            if (fr > 0) too_large = 1;
+            if (!fr && !(rb = step_body(k, &out, &rl))) snprintf(msg, sizeof msg, "out of memory");
         }
-        if (o) json_decref(o);
+    }
+    if (st == ARL_OK && !msg[0]) {
         /* every id: an action may carry any number of calls (a model fault, answered 200) */
         int32_t nc = act.n_tool_calls, np = act.n_parse_errors;
         const char **ids = malloc(((size_t)nc + (size_t)np + 1) * sizeof *ids);
@@ -973,6 +1250,7 @@ static int host_step_impl(void *inst, const char *sid, const char *req, size_t l
         }
         json_decref(body);
         if (st != ARL_OK) return env_status_reply(h, st, 0, resp, rlen);
+        if (too_large) return reply_too_large(resp, rlen, msg);
         return reply_err(resp, rlen, ARL_ENV_E_ENV_INTERNAL, -1, "%s", msg);
     }
     /* store: fork_past keeps every step, otherwise only the last */
@@ -1011,7 +1289,7 @@ static int host_score_impl(void *inst, const char *sid, const char *req, size_t 
     if (!s) return status;
     /* check 5 */
     const json_t *sc = json_object_get(body, "scope");
-    int scope = json_is_string(sc) ? arl_env_scope_parse(json_string_value(sc)) : -1;
+    int scope = aep_json_cstr(sc) ? arl_env_scope_parse(aep_json_cstr(sc)) : -1;
     int64_t seg = 0, first = 0, last = 0, deadline = 0;
     int reason = -1;
     if (!json_is_object(body)) {
@@ -1038,7 +1316,7 @@ static int host_score_impl(void *inst, const char *sid, const char *req, size_t 
         if (tmp) json_decref(tmp);
     } else {
         const json_t *rs = json_object_get(body, "reason");
-        reason = json_is_string(rs) ? arl_env_score_reason_parse(json_string_value(rs)) : -1;
+        reason = aep_json_cstr(rs) ? arl_env_score_reason_parse(aep_json_cstr(rs)) : -1;
         if (reason < 0)
             status = reply_err(resp, rlen, ARL_ENV_E_VALIDATION_ERROR, -1,
                                "/reason: expected terminated, truncated, context_budget, turn_budget, "

@@ -498,14 +498,15 @@ static int validate_at(const json_t *schema, const json_t *v, char *path, size_t
             }
         }
         if (!ok) {
-            if (cap) snprintf(msg, cap, "%s: matches no alternative of anyOf", plen ? path : "/");
+            if (cap)
+                snprintf(msg, cap, "%s: matches no alternative of anyOf", path[0] ? path : "/");
             return 0;
         }
     }
     const json_t *type = json_object_get(schema, "type");
     if (json_is_string(type) && !type_matches(json_string_value(type), v)) {
         if (cap)
-            snprintf(msg, cap, "%s: expected %s, got %s", plen ? path : "/",
+            snprintf(msg, cap, "%s: expected %s, got %s", path[0] ? path : "/",
                      json_string_value(type), json_type_name(v));
         return 0;
     }
@@ -515,7 +516,9 @@ static int validate_at(const json_t *schema, const json_t *v, char *path, size_t
         int ok = 0;
         json_array_foreach(type, i, t) if (json_is_string(t) && type_matches(json_string_value(t), v)) ok = 1;
         if (!ok) {
-            if (cap) snprintf(msg, cap, "%s: type %s not allowed", plen ? path : "/", json_type_name(v));
+            if (cap)
+                snprintf(msg, cap, "%s: type %s not allowed", path[0] ? path : "/",
+                         json_type_name(v));
             return 0;
         }
     }
@@ -526,7 +529,7 @@ static int validate_at(const json_t *schema, const json_t *v, char *path, size_t
         int ok = 0;
         json_array_foreach(en, i, e) if (json_equal((json_t *)e, (json_t *)v)) ok = 1;
         if (!ok) {
-            if (cap) snprintf(msg, cap, "%s: value not in enum", plen ? path : "/");
+            if (cap) snprintf(msg, cap, "%s: value not in enum", path[0] ? path : "/");
             return 0;
         }
     }
@@ -534,11 +537,15 @@ static int validate_at(const json_t *schema, const json_t *v, char *path, size_t
         double x = json_number_value(v);
         const json_t *mn = json_object_get(schema, "minimum"), *mx = json_object_get(schema, "maximum");
         if (json_is_number(mn) && x < json_number_value(mn)) {
-            if (cap) snprintf(msg, cap, "%s: %g < minimum %g", plen ? path : "/", x, json_number_value(mn));
+            if (cap)
+                snprintf(msg, cap, "%s: %g < minimum %g", path[0] ? path : "/", x,
+                         json_number_value(mn));
             return 0;
         }
         if (json_is_number(mx) && x > json_number_value(mx)) {
-            if (cap) snprintf(msg, cap, "%s: %g > maximum %g", plen ? path : "/", x, json_number_value(mx));
+            if (cap)
+                snprintf(msg, cap, "%s: %g > maximum %g", path[0] ? path : "/", x,
+                         json_number_value(mx));
             return 0;
         }
     }
@@ -546,11 +553,15 @@ static int validate_at(const json_t *schema, const json_t *v, char *path, size_t
         size_t n = utf8_chars(json_string_value(v), json_string_length(v));
         const json_t *mn = json_object_get(schema, "minLength"), *mx = json_object_get(schema, "maxLength");
         if (json_is_integer(mn) && (json_int_t)n < json_integer_value(mn)) {
-            if (cap) snprintf(msg, cap, "%s: shorter than minLength %lld", plen ? path : "/", (long long)json_integer_value(mn));
+            if (cap)
+                snprintf(msg, cap, "%s: shorter than minLength %lld", path[0] ? path : "/",
+                         (long long)json_integer_value(mn));
             return 0;
         }
         if (json_is_integer(mx) && (json_int_t)n > json_integer_value(mx)) {
-            if (cap) snprintf(msg, cap, "%s: longer than maxLength %lld", plen ? path : "/", (long long)json_integer_value(mx));
+            if (cap)
+                snprintf(msg, cap, "%s: longer than maxLength %lld", path[0] ? path : "/",
+                         (long long)json_integer_value(mx));
             return 0;
         }
     }
@@ -562,7 +573,9 @@ static int validate_at(const json_t *schema, const json_t *v, char *path, size_t
             const json_t *r;
             json_array_foreach(req, i, r) {
                 if (json_is_string(r) && !json_object_get(v, json_string_value(r))) {
-                    if (cap) snprintf(msg, cap, "%s: missing required property '%s'", plen ? path : "/", json_string_value(r));
+                    if (cap)
+                        snprintf(msg, cap, "%s: missing required property '%s'",
+                                 path[0] ? path : "/", json_string_value(r));
                     return 0;
                 }
             }
@@ -603,6 +616,35 @@ static int validate_at(const json_t *schema, const json_t *v, char *path, size_t
     return 1;
 }
 
+/* 1 if no string in v (at any depth, schema or not) holds U+0000: environments read arguments
+ * as C strings, and "1+1\u0000junk" must not run as "1+1".  Else 0, the path in msg. */
+static int no_nul_at(const json_t *v, char *path, size_t plen, char *msg, size_t cap, int depth) {
+    if (json_is_string(v) && strlen(json_string_value(v)) != json_string_length(v)) {
+        if (cap) snprintf(msg, cap, "%s: contains U+0000", path[0] ? path : "/");
+        return 0;
+    }
+    if (depth > 64 || (!json_is_object(v) && !json_is_array(v))) return 1;
+    const size_t n = strlen(path);
+    int ok = 1;
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *e;
+        json_object_foreach((json_t *)v, k, e) {
+            snprintf(path + n, plen > n ? plen - n : 0, "/%s", k);
+            if (!(ok = no_nul_at(e, path, plen, msg, cap, depth + 1))) break;
+        }
+    } else {
+        size_t i;
+        const json_t *e;
+        json_array_foreach(v, i, e) {
+            snprintf(path + n, plen > n ? plen - n : 0, "/%zu", i);
+            if (!(ok = no_nul_at(e, path, plen, msg, cap, depth + 1))) break;
+        }
+    }
+    path[n] = 0;
+    return ok;
+}
+
 int arl_env_args_validate(const json_t *schema, const json_t *args, char *msg, size_t msg_cap) {
     char path[512] = "";
     if (msg_cap) msg[0] = 0;
@@ -610,6 +652,7 @@ int arl_env_args_validate(const json_t *schema, const json_t *args, char *msg, s
         if (msg_cap) snprintf(msg, msg_cap, "/: arguments missing");
         return 0;
     }
+    if (!no_nul_at(args, path, sizeof path, msg, msg_cap, 0)) return 0;
     return validate_at(schema, args, path, sizeof path, msg, msg_cap, 0);
 }
 

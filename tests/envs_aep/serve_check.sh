@@ -2,8 +2,8 @@
 # tests/envs_aep/serve_check.sh: `agentrl env check` (with and without a conformance script)
 # passes against `agentrl env serve` for the echo test environment and every built-in
 # environment that ships a script (envs/builtin/conformance/NAME.json); --json is valid JSON;
-# the server picks a free loopback port, prints it, and exits 0 on SIGTERM; usage errors exit 2
-# and an unreachable server exits 1.
+# the server picks a free loopback port, prints it, and exits 0 on SIGTERM; --connection-timeout-s
+# closes idle connections; usage errors exit 2 and an unreachable server exits 1.
 set -u
 BIN=${ARL_BIN:-build/agentrl}
 SRC=${ARL_SOURCE_DIR:-.}
@@ -16,11 +16,11 @@ fail=0
 bad() { echo "FAIL: $*"; fail=1; }
 
 . "$(dirname "$0")/../serve_url.sh"
-serve() { # NAME -> sets pid, url
+serve() { # NAME [OPTION...] -> sets pid, url
     # emptied here, not by the background job's redirection, which may run after the first
     # grep below and let it read the previous server's URL
     : > "$tmp/out"
-    "$BIN" env serve "$1" --port 0 > "$tmp/out" 2> "$tmp/err" &
+    "$BIN" env serve "$@" --port 0 > "$tmp/out" 2> "$tmp/err" &
     pid=$!
     url=$(serve_url "$tmp/out" "$pid") && return 0
     cat "$tmp/err"
@@ -72,6 +72,28 @@ grep -q '"conformant": true' "$tmp/report.json" || bad "--json report lacks \"co
 # a URL ending in /aep/v1 is accepted
 "$BIN" env check "$url/aep/v1" > /dev/null 2>&1 || bad "URL with /aep/v1 suffix"
 stop echo
+
+# --connection-timeout-s: an idle connection (a client that connects and sends nothing, or
+# stops in the middle of a request) is closed after that many seconds, not after 900
+serve echo --connection-timeout-s 1 || bad "env serve --connection-timeout-s 1"
+port=${url##*:}
+for partial in "" "GET /aep/v1/info HTTP/1.1\r\nHost: x\r\n"; do
+    start=$(date +%s%N)
+    # the read ends when the server closes the connection (timeout 10 s otherwise)
+    if exec 3<>"/dev/tcp/127.0.0.1/$port"; then
+        printf "$partial" >&3
+        timeout 10 cat <&3 > /dev/null
+        exec 3<&-
+        ms=$((($(date +%s%N) - start) / 1000000))
+        { [ "$ms" -ge 700 ] && [ "$ms" -lt 5000 ]; } ||
+            bad "idle connection (sent '$partial') closed after $ms ms, expected about 1000"
+    else
+        bad "cannot connect to port $port"
+    fi
+done
+stop echo
+"$BIN" env serve echo --port 0 --connection-timeout-s 0 > /dev/null 2>&1; [ $? = 2 ] ||
+    bad "--connection-timeout-s 0 should exit 2"
 
 # usage errors (2) and an unreachable server (1)
 "$BIN" env check > /dev/null 2>&1; [ $? = 2 ] || bad "env check without URL should exit 2"

@@ -2,11 +2,16 @@
  * driven by the session client and by raw requests: built-in and remote environments give the
  * same bytes; 64 sessions in flight at once; the HTTP-only checks (version, token, routes,
  * over-long session ids, headers after the session lookup, 413 with and without Expect:
- * 100-continue, Retry-After); busy sessions (§2.4); draining; and the conformance suite failing on
- * a non-conformant environment (non-deterministic creation). */
+ * 100-continue, Retry-After, wrong tokens); idle connections closed after connection_timeout_s;
+ * busy sessions (§2.4); draining; and the conformance suite failing on a non-conformant
+ * environment (non-deterministic creation). */
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "envs/aep_check.h"
@@ -295,6 +300,94 @@ static void test_http_checks(void) {
     CHECK_EQ_INT(req(p, "GET", "/info", NULL, 0, H_OK, &r), 400);
     CHECK_STR_EQ(code_of(&r), "INVALID_REQUEST");
     CHECK_EQ_INT(req(p, "GET", "/info", NULL, 0, H_TOKEN, &r), 200);
+    /* wrong tokens of the same length, prefixes, extensions, empty, another scheme: all 400
+     * (the comparison is constant-time: digests, no early exit) */
+    static const char *const wrong[] = {"Bearer s3creT",   "Bearer s3cre", "Bearer s3cret!",
+                                        "Bearer s3cret\t", "Bearer ",      "Bearer",
+                                        "Basic s3cret",    "s3cret",       "Bearer  s3cret"};
+    for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
+        char auth[64];
+        snprintf(auth, sizeof auth, "Authorization: %s", wrong[i]);
+        const char *const h[] = {"AEP-Version: 1", auth, NULL};
+        CHECK_EQ_INT(req(p, "GET", "/info", NULL, 0, h, &r), 400);
+        CHECK_STR_EQ(code_of(&r), "INVALID_REQUEST");
+    }
+    arl_aep_server_stop(srv);
+    vt->destroy_instance(inst);
+}
+
+/* Milliseconds until the server closes a connection on which `sent` was written; -1 if it
+ * answered something or did not close within 10 s. */
+static long ms_until_closed(int port, const char *sent) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int64_t t0 = aep_now_ms();
+    if (*sent && write(fd, sent, strlen(sent)) != (ssize_t)strlen(sent)) {
+        close(fd);
+        return -1;
+    }
+    char buf[256];
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    close(fd);
+    return n == 0 ? (long)(aep_now_ms() - t0) : -1;
+}
+
+/* connection_timeout_s: a client that connects and sends nothing, or stops in the middle of
+ * its request headers or body, loses the connection after that many seconds (a slot was held
+ * for 900 s); a step that runs longer than the timeout still gets its answer; values outside
+ * [0, 86400] are refused.  A session id with %00 in the path is not the session before it. */
+static void test_connection_timeout(void) {
+    void *inst;
+    const arl_env_vtable *vt;
+    const arl_env_def *d = arl_env_builtin_find("echo");
+    CHECK(arl_env_host_open(d, NULL, NULL, &inst, &vt) == ARL_OK);
+    arl_aep_server *srv = NULL;
+    arl_aep_server_config sc = {.host = "127.0.0.1", .connection_timeout_s = -1};
+    CHECK_EQ_INT(arl_aep_server_start(vt, inst, &sc, &srv), ARL_ERR_ARG);
+    sc.connection_timeout_s = ARL_AEP_MAX_CONNECTION_TIMEOUT_S + 1;
+    CHECK_EQ_INT(arl_aep_server_start(vt, inst, &sc, &srv), ARL_ERR_ARG);
+    sc.connection_timeout_s = 1;
+    CHECK(arl_aep_server_start(vt, inst, &sc, &srv) == ARL_OK);
+    if (!srv) {
+        vt->destroy_instance(inst);
+        return;
+    }
+    int p = arl_aep_server_port(srv);
+    static const char *const partial[] = {
+        "", "GET /aep/v1/info HTTP/1.1\r\nHost: x\r\n",
+        "POST /aep/v1/sessions HTTP/1.1\r\nHost: x\r\nAEP-Version: 1\r\nContent-Type: "
+        "application/json\r\n"
+        "Content-Length: 100\r\n\r\n{\"tra"};
+    for (size_t i = 0; i < sizeof partial / sizeof *partial; i++) {
+        long ms = ms_until_closed(p, partial[i]);
+        CHECK_MSG(ms >= 700 && ms < 5000, "request %zu: closed after %ld ms, expected about 1000",
+                  i, ms);
+    }
+    raw r;
+    CHECK_EQ_INT(req(p, "POST", "/sessions", CREATE, strlen(CREATE), H_OK, &r), 201);
+    json_t *v = json_loads(r.body, 0, NULL);
+    char path[256], sid[64];
+    snprintf(sid, sizeof sid, "%s", json_string_value(json_object_get(v, "session_id")) ?: "");
+    if (v) json_decref(v);
+    const char *slow = "{\"step_index\":1,\"deadline_ms\":10000,\"action\":{\"parse_status\":"
+                       "\"ok\",\"tool_calls\":"
+                       "[{\"id\":\"call_1_0\",\"name\":\"sleep\",\"arguments\":{\"ms\":2200}}]}}";
+    snprintf(path, sizeof path, "/sessions/%s/step", sid);
+    CHECK_EQ_INT(req(p, "POST", path, slow, strlen(slow), H_OK, &r), 200);
+    CHECK(strstr(r.body, "slept 2200 ms") != NULL);
+    snprintf(path, sizeof path, "/sessions/%s", sid);
+    CHECK_EQ_INT(req(p, "GET", path, NULL, 0, H_OK, &r), 200);
+    snprintf(path, sizeof path, "/sessions/%s%%00x", sid);
+    CHECK_EQ_INT(req(p, "GET", path, NULL, 0, H_OK, &r), 404);
+    CHECK_STR_EQ(code_of(&r), "UNKNOWN_SESSION");
+    CHECK(strstr(r.body, "%00x") != NULL);
     arl_aep_server_stop(srv);
     vt->destroy_instance(inst);
 }
@@ -440,6 +533,7 @@ int main(void) {
     TEST_RUN(test_interchangeable);
     TEST_RUN(test_many_sessions);
     TEST_RUN(test_http_checks);
+    TEST_RUN(test_connection_timeout);
     TEST_RUN(test_busy);
     TEST_RUN(test_checker_catches);
     int rc = test_finish();

@@ -332,10 +332,27 @@ static void test_tool_args(void) {
     json_t *bad4 = json_loads("{\"n\":2,\"s\":\"c\"}", 0, NULL);
     CHECK(arl_env_args_validate(schema, ok, msg, sizeof msg));
     CHECK(!arl_env_args_validate(schema, bad1, msg, sizeof msg));
-    CHECK(strstr(msg, "missing required property 'n'") != NULL);
+    /* the root is "/" (a calculator call without arguments read "calc: : missing ...") */
+    CHECK_STR_EQ(msg, "/: missing required property 'n'");
+    json_t *arr = json_array();
+    CHECK(!arl_env_args_validate(schema, arr, msg, sizeof msg));
+    CHECK_STR_EQ(msg, "/: expected object, got array");
+    json_decref(arr);
     CHECK(!arl_env_args_validate(schema, bad2, msg, sizeof msg));
     CHECK(!arl_env_args_validate(schema, bad3, msg, sizeof msg));
     CHECK(!arl_env_args_validate(schema, bad4, msg, sizeof msg));
+    /* a string argument holding U+0000: the environment would read the text before it */
+    json_t *bad5 = json_loads("{\"n\":2,\"s\":\"a\\u0000b\"}", JSON_ALLOW_NUL, NULL);
+    json_t *bad6 = json_loads("{\"n\":2,\"x\":[\"\\u0000\"]}", JSON_ALLOW_NUL, NULL);
+    json_t *open = json_loads("{\"type\":\"object\"}", 0, NULL);
+    CHECK(bad5 && bad6 && open);
+    CHECK(!arl_env_args_validate(schema, bad5, msg, sizeof msg));
+    CHECK_STR_EQ(msg, "/s: contains U+0000");
+    CHECK(!arl_env_args_validate(open, bad6, msg, sizeof msg)); /* checked without a schema too */
+    CHECK_STR_EQ(msg, "/x/0: contains U+0000");
+    json_decref(bad5);
+    json_decref(bad6);
+    json_decref(open);
     json_decref(schema);
     json_decref(ok);
     json_decref(bad1);
@@ -786,6 +803,242 @@ static void test_many_calls(void) {
     vt->destroy_instance(inst);
 }
 
+/* A step body with n calls of `name` with arguments args_json (every call the same). */
+static char *many_calls_body(int n, const char *name, const char *args_json) {
+    size_t cap = (size_t)n * (strlen(args_json) + strlen(name) + 64) + 256, len = 0;
+    char *b = malloc(cap);
+    len += (size_t)snprintf(
+        b + len, cap - len,
+        "{\"step_index\":1,\"deadline_ms\":5000,\"action\":{\"parse_status\":\"ok\","
+        "\"tool_calls\":[");
+    for (int i = 0; i < n; i++)
+        len += (size_t)snprintf(b + len, cap - len,
+                                "%s{\"id\":\"call_1_%d\",\"name\":\"%s\",\"arguments\":%s}",
+                                i ? "," : "", i, name, args_json);
+    snprintf(b + len, cap - len, "]}}");
+    return b;
+}
+
+/* Serialised size of the observation member of a step response. */
+static size_t obs_bytes(const char *body) {
+    size_t off = 0, len = 0;
+    CHECK(aep_json_member_span(body, strlen(body), "observation", &off, &len));
+    return len;
+}
+
+/* Create a session of an open host (trajectory traj, task seed 1); returns its id. */
+static char *open_session(const arl_env_vtable *vt, void *inst, const char *traj) {
+    char req[256], *b = NULL;
+    snprintf(req, sizeof req,
+             "{\"trajectory_id\":\"%s\",\"group_id\":\"g\",\"task\":{\"id\":\"t\",\"seed\":1,"
+             "\"data\":{}},"
+             "\"deadline_ms\":5000}",
+             traj);
+    CHECK_EQ_INT(vcall(vt, inst, "reset", NULL, req, &b), 201);
+    char *sid = sid_of(b);
+    free(b);
+    return sid;
+}
+
+/* The observation budget (spec/aep.md 9 rule 1, 12.1): many calls or long outputs are a model
+ * fault, answered 200 with an observation within limits.max_observation_bytes, byte-identical
+ * for the same action; only an action whose shortest answer cannot fit gets an error, and then
+ * X_OBSERVATION_TOO_LARGE (env, not retryable), never ENV_INTERNAL.  (Before: 500
+ * ENV_INTERNAL "produced an invalid response (RESPONSE_TOO_LARGE)".) */
+static void test_observation_budget(void) {
+    /* calculator (64 KiB observations): 500 calls; past its 4 calls per turn they are answered
+     * TOOL_CALL_LIMIT; the last of those lose their text */
+    const arl_env_def *d = arl_env_builtin_find("calculator");
+    CHECK(d != NULL);
+    if (!d) return;
+    void *inst;
+    const arl_env_vtable *vt;
+    CHECK(arl_env_host_open(d, NULL, NULL, &inst, &vt) == ARL_OK);
+    char *body = many_calls_body(500, "calc", "{\"expression\":\"1+1\"}");
+    char *sid = open_session(vt, inst, "b/1"), *sid2 = open_session(vt, inst, "b/2"), *r1 = NULL,
+         *r2 = NULL;
+    CHECK_EQ_INT(vcall(vt, inst, "step", sid, body, &r1), 200);
+    CHECK(obs_bytes(r1) <= 65536);
+    json_t *v = json_loads(r1, 0, NULL);
+    json_t *msgs = json_object_get(json_object_get(v, "observation"), "messages");
+    CHECK_EQ_INT(json_array_size(msgs), 500);
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        char id[32];
+        snprintf(id, sizeof id, "call_1_%zu", i);
+        CHECK_STR_EQ(json_string_value(json_object_get(json_array_get(msgs, i), "tool_call_id")),
+                     id);
+    }
+    CHECK_STR_EQ(json_string_value(json_object_get(json_array_get(msgs, 0), "content")), "2");
+    json_t *m4 = json_array_get(msgs, 4), *last = json_array_get(msgs, 499);
+    CHECK_STR_EQ(json_string_value(json_object_get(m4, "content")),
+                 "Not run: at most 4 tool calls per turn.");
+    CHECK_STR_EQ(json_string_value(json_object_get(last, "content")), "");
+    CHECK_STR_EQ(json_string_value(json_object_get(last, "error_code")), "TOOL_CALL_LIMIT");
+    CHECK_CLOSE(json_real_value(json_object_get(json_object_get(v, "reward_components"), "format")),
+                -0.5, 0, 0);
+    if (v) json_decref(v);
+    /* deterministic: another session, the same action, the same bytes; a repeat too */
+    CHECK_EQ_INT(vcall(vt, inst, "step", sid2, body, &r2), 200);
+    CHECK_STR_EQ(r1, r2);
+    free(r2);
+    CHECK_EQ_INT(vcall(vt, inst, "step", sid, body, &r2), 200);
+    CHECK_STR_EQ(r1, r2);
+    free(r2);
+    free(r1);
+    free(body);
+    free(sid);
+    free(sid2);
+    /* 1000 calls: not even one empty message per call fits */
+    body = many_calls_body(1000, "calc", "{\"expression\":\"1+1\"}");
+    sid = open_session(vt, inst, "b/3");
+    CHECK_EQ_INT(vcall(vt, inst, "step", sid, body, &r1), 500);
+    CHECK_STR_EQ(err_code(r1), "X_OBSERVATION_TOO_LARGE");
+    CHECK(strstr(r1, "1000 tool calls") && strstr(r1, "65536"));
+    v = json_loads(r1, 0, NULL);
+    json_t *e = json_object_get(v, "error");
+    CHECK(json_is_false(json_object_get(e, "retryable")));
+    CHECK_STR_EQ(json_string_value(json_object_get(e, "attribution")), "env");
+    if (v) json_decref(v);
+    free(r1);
+    free(body);
+    free(sid);
+    vt->destroy_instance(inst);
+
+    /* echo (1 MiB observations): 24 outputs of 60000 bytes are cut to a common size, at a
+     * character boundary, with the marker and output_truncated / original_bytes */
+    d = arl_env_builtin_find("echo");
+    CHECK(arl_env_host_open(d, NULL, NULL, &inst, &vt) == ARL_OK);
+    enum { NTEXT = 60000 };
+    char *args = malloc(NTEXT * 2 + 64);
+    size_t al = (size_t)sprintf(args, "{\"text\":\"");
+    for (int i = 0; i < NTEXT / 6; i++) { /* 6 bytes: "ab\u00e9\"" = a b é(2) " */
+        memcpy(args + al, "ab\xc3\xa9\\\"", 6);
+        al += 6;
+    }
+    sprintf(args + al, "\"}");
+    /* the first call echoes a short text, the others the long one */
+    body = many_calls_body(24, "echo", args);
+    char *p = strstr(body, args);
+    CHECK(p != NULL);
+    memmove(p + 12, p + strlen(args), strlen(p + strlen(args)) + 1);
+    memcpy(p, "{\"text\":\"x\"}", 12);
+    sid = open_session(vt, inst, "e/1");
+    sid2 = open_session(vt, inst, "e/2");
+    CHECK_EQ_INT(vcall(vt, inst, "step", sid, body, &r1), 200);
+    CHECK(obs_bytes(r1) <= 1048576);
+    CHECK(obs_bytes(r1) > 1048576 - 24 * 8); /* cut no more than needed */
+    CHECK_EQ_INT(vcall(vt, inst, "step", sid2, body, &r2), 200);
+    CHECK_STR_EQ(r1, r2);
+    free(r2);
+    v = json_loads(r1, 0, NULL);
+    CHECK(v != NULL);
+    msgs = json_object_get(json_object_get(v, "observation"), "messages");
+    CHECK_EQ_INT(json_array_size(msgs), 24);
+    CHECK_STR_EQ(json_string_value(json_object_get(json_array_get(msgs, 0), "content")), "x");
+    CHECK(!json_object_get(json_array_get(msgs, 0), "output_truncated"));
+    size_t kept = 0;
+    for (size_t i = 1; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        const char *c = json_string_value(json_object_get(m, "content"));
+        size_t n = c ? strlen(c) : 0;
+        CHECK(n > 14 && !strcmp(c + n - 14, "...[truncated]"));
+        CHECK(n > 1000 && n < NTEXT / 6 * 5);
+        if (i == 1) kept = n;
+        CHECK_EQ_INT(n, kept); /* one common cap */
+        CHECK(json_is_true(json_object_get(m, "output_truncated")));
+        CHECK_EQ_INT(json_integer_value(json_object_get(m, "original_bytes")), NTEXT / 6 * 5);
+    }
+    if (v) json_decref(v);
+    free(r1);
+    free(body);
+    free(args);
+    free(sid);
+    free(sid2);
+    vt->destroy_instance(inst);
+}
+
+/* Strings with U+0000 ("\u0000", which jansson keeps): identifiers and closed-set values are
+ * refused with 422 like any other bad value (a task id "t\u0000x" was accepted as "t"); a
+ * tool name with one is an unknown tool (a model fault, 200), not the tool before the NUL. */
+static void test_nul_strings(void) {
+    const arl_env_def *d = arl_env_builtin_find("echo");
+    void *inst;
+    const arl_env_vtable *vt;
+    CHECK(arl_env_host_open(d, NULL, NULL, &inst, &vt) == ARL_OK);
+    char *b;
+    static const char *const bad_creates[] = {
+        "{\"trajectory_id\":\"n/"
+        "1\",\"group_id\":\"n\",\"task\":{\"id\":\"t\\u0000x\",\"seed\":1,\"data\":{}},\"deadline_"
+        "ms\":5000}",
+        "{\"trajectory_id\":\"n/"
+        "1\",\"group_id\":\"n\",\"task\":{\"id\":\"\\u0000\",\"seed\":1,\"data\":{}},\"deadline_"
+        "ms\":5000}",
+        "{\"trajectory_id\":\"n/"
+        "1\\u0000\",\"group_id\":\"n\",\"task\":{\"id\":\"t\",\"seed\":1,\"data\":{}},\"deadline_"
+        "ms\":5000}",
+        "{\"trajectory_id\":\"n/"
+        "1\",\"group_id\":\"n\\u0000x\",\"task\":{\"id\":\"t\",\"seed\":1,\"data\":{}},\"deadline_"
+        "ms\":5000}",
+    };
+    for (size_t i = 0; i < sizeof bad_creates / sizeof *bad_creates; i++) {
+        CHECK_EQ_INT(vcall(vt, inst, "reset", NULL, bad_creates[i], &b), 422);
+        CHECK_STR_EQ(err_code(b), "VALIDATION_ERROR");
+        if (i < 2) CHECK(strstr(b, "/task/id") != NULL);
+        free(b);
+    }
+    char *sid = open_session(vt, inst, "n/2");
+    static const char *const bad_steps[] = {
+        "{\"step_index\":1,\"deadline_ms\":1000,\"action\":{\"parse_status\":\"ok\",\"tool_calls\":"
+        "[{\"id\":\"call_1_0\\u0000x\",\"name\":\"echo\",\"arguments\":{}}]}}",
+        "{\"step_index\":1,\"deadline_ms\":1000,\"action\":{\"parse_status\":\"invalid_json\","
+        "\"parse_errors\":[{\"id\":\"c\\u0000\",\"status\":\"invalid_json\"}]}}",
+        "{\"step_index\":1,\"deadline_ms\":1000,\"action\":{\"parse_status\":\"no_tool_"
+        "call\\u0000\"}}",
+        "{\"step_index\":1,\"deadline_ms\":1000,\"action\":{\"parse_status\":\"no_tool_call\","
+        "\"finish_reason\":\"stop\\u0000x\"}}",
+        "{\"step_index\":1,\"deadline_ms\":1000,\"action\":{\"parse_status\":\"invalid_json\","
+        "\"parse_errors\":[{\"id\":\"c\",\"status\":\"invalid_json\\u0000\"}]}}",
+    };
+    for (size_t i = 0; i < sizeof bad_steps / sizeof *bad_steps; i++) {
+        CHECK_EQ_INT(vcall(vt, inst, "step", sid, bad_steps[i], &b), 422);
+        CHECK_STR_EQ(err_code(b), "VALIDATION_ERROR");
+        free(b);
+    }
+    CHECK_EQ_INT(vcall(vt, inst, "step", sid,
+                       "{\"step_index\":1,\"deadline_ms\":1000,\"action\":{\"parse_status\":\"ok\","
+                       "\"content\":\"a\\u0000b\","
+                       "\"tool_calls\":[{\"id\":\"call_1_0\",\"name\":\"echo\\u0000x\","
+                       "\"arguments\":{\"text\":\"hi\"}}]}}",
+                       &b),
+                 200);
+    json_t *v = json_loads(b, 0, NULL);
+    json_t *m = json_array_get(json_object_get(json_object_get(v, "observation"), "messages"), 0);
+    CHECK_STR_EQ(json_string_value(json_object_get(m, "error_code")), "TOOL_NOT_FOUND");
+    CHECK(strstr(json_string_value(json_object_get(m, "content")) ?: "", "echo\xef\xbf\xbdx") !=
+          NULL);
+    if (v) json_decref(v);
+    free(b);
+    CHECK_EQ_INT(
+        vcall(vt, inst, "score", sid,
+              "{\"scope\":\"episode\\u0000\",\"reason\":\"terminated\",\"deadline_ms\":1000}", &b),
+        422);
+    free(b);
+    CHECK_EQ_INT(
+        vcall(vt, inst, "score", sid,
+              "{\"scope\":\"episode\",\"reason\":\"terminated\\u0000x\",\"deadline_ms\":1000}", &b),
+        422);
+    free(b);
+    CHECK_EQ_INT(
+        vcall(vt, inst, "fork", sid,
+              "{\"trajectory_id\":\"n/"
+              "2#fork1\\u0000\",\"group_id\":\"f\",\"at_step_index\":1,\"deadline_ms\":1000}",
+              &b),
+        422);
+    free(b);
+    free(sid);
+    vt->destroy_instance(inst);
+}
+
 /* A configuration that is not a JSON object is refused also by an environment that takes no
  * configuration (`env serve echo --config '{bad'` was silently accepted). */
 static void test_config_checked(void) {
@@ -808,6 +1061,8 @@ int main(void) {
     TEST_RUN(test_call_limit_and_max_steps);
     TEST_RUN(test_closed_sessions);
     TEST_RUN(test_many_calls);
+    TEST_RUN(test_observation_budget);
+    TEST_RUN(test_nul_strings);
     TEST_RUN(test_config_checked);
     return test_finish();
 }

@@ -204,6 +204,12 @@ static void test_calculator(void) {
         CHECK_STR_EQ(drv_code(&d, i), codes[i]);
     }
     CHECK(strstr(drv_text(&d, 0), "Available tools: calc, answer") != NULL);
+    /* the whole text: no doubled colon ("calc: : missing ...") for a problem at the root */
+    CHECK_STR_EQ(drv_text(&d, 1),
+                 "Invalid arguments for calc: /: missing required property 'expression'.");
+    CHECK_STR_EQ(drv_text(&d, 2), "Invalid arguments for calc: /x: property not allowed.");
+    CHECK_STR_EQ(drv_text(&d, 3),
+                 "Invalid arguments for calc: /expression: expected string, got integer.");
     CHECK_CLOSE(drv_component(&d, "format"), -0.5, 1e-12, 0);
     CHECK_CLOSE(d.last.reward, -0.5, 1e-12, 0);
     CHECK(!d.last.terminated && !d.last.truncated);
