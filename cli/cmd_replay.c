@@ -305,27 +305,10 @@ int cmd_replay_show(int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     replay_show_opts so = {
         .tokens = o.tokens, .raw = o.raw, .rescore = o.rescore, .group = o.show_group};
-    if (o.turns) { /* A:B, either side may be empty; 1-based steps */
-        const char *c = strchr(o.turns, ':');
-        char *end;
-        long a = 0, b = 0;
-        int ok = c != NULL;
-        if (ok && c > o.turns) {
-            a = strtol(o.turns, &end, 10);
-            ok = end == c && a >= 1;
-        }
-        if (ok && c[1]) {
-            b = strtol(c + 1, &end, 10);
-            ok = !*end && b >= 1 && (!a || b >= a);
-        }
-        if (!ok || a > INT32_MAX || b > INT32_MAX) {
-            fprintf(stderr, "agentrl: error: --turns '%s': expected A:B with steps 1 <= A <= B\n",
-                    o.turns);
-            arl_options_free(show_tab, n, &o);
-            return ARL_EXIT_USAGE;
-        }
-        so.turn_lo = (int32_t)a;
-        so.turn_hi = (int32_t)b;
+    if (o.turns && replay_show_turns_parse(o.turns, &so.turn_lo, &so.turn_hi) != ARL_OK) {
+        fprintf(stderr, "agentrl: error: --%s\n", arl_error_msg());
+        arl_options_free(show_tab, n, &o);
+        return ARL_EXIT_USAGE;
     }
     replay_store *st = NULL;
     if (!(rc = open_store(o.db, REPLAY_OPEN_READONLY, &st))) {

@@ -116,8 +116,7 @@ arl_status arl_tokenizer_encode_special(const arl_tokenizer_spec *s, const char 
     return ARL_OK;
 }
 
-/* Length of the valid UTF-8 character at p[0..len), 0 if invalid or truncated. */
-static size_t utf8_char_len(const unsigned char *p, size_t len) {
+size_t arl_utf8_char_len(const unsigned char *p, size_t len) {
     unsigned c = p[0];
     if (c < 0x80) return 1;
     size_t need;
@@ -144,7 +143,7 @@ static size_t utf8_char_len(const unsigned char *p, size_t len) {
 int arl_utf8_valid(const char *text, size_t len) {
     const unsigned char *p = (const unsigned char *)text;
     for (size_t i = 0; i < len;) {
-        size_t k = utf8_char_len(p + i, len - i);
+        size_t k = arl_utf8_char_len(p + i, len - i);
         if (!k) return 0;
         i += k;
     }
@@ -155,7 +154,7 @@ size_t arl_utf8_prefix(const char *text, size_t len, size_t max) {
     const unsigned char *p = (const unsigned char *)text;
     size_t i = 0;
     while (i < len) {
-        size_t k = utf8_char_len(p + i, len - i);
+        size_t k = arl_utf8_char_len(p + i, len - i);
         if (!k) k = 1;
         if (i + k > max) break;
         i += k;
@@ -209,7 +208,7 @@ arl_status arl_tokenizer_decode(const arl_tokenizer_spec *s, const int32_t *ids,
     size_t o = 0;
     const unsigned char *p = (const unsigned char *)raw;
     for (size_t i = 0; i < m;) {
-        size_t k = utf8_char_len(p + i, m - i);
+        size_t k = arl_utf8_char_len(p + i, m - i);
         if (k) {
             memcpy(out + o, raw + i, k);
             o += k;

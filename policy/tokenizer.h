@@ -89,6 +89,10 @@ arl_status arl_tokenizer_decode(const arl_tokenizer_spec *s, const int32_t *ids,
  * U+10FFFF), else 0. */
 int arl_utf8_valid(const char *text, size_t len);
 
+/* Length of the valid UTF-8 character at p[0..len) (len >= 1; 1 for ASCII), 0 if invalid or
+ * truncated (the rules of arl_utf8_valid). */
+size_t arl_utf8_char_len(const unsigned char *p, size_t len);
+
 /* Length of the longest prefix of text[0..len) that is at most max bytes and does not cut a
  * UTF-8 character (an invalid byte counts as a character of its own).  For cutting text to a
  * byte limit, e.g. the 4096-byte `raw` of spec/aep.md §4.5. */

@@ -32,6 +32,8 @@ typedef struct replay_filter {
     size_t n_where;
     const char *forks_of; /* parent traj_uid */
     int64_t limit;        /* <= 0: no limit */
+    int64_t offset;       /* list only: skip the first offset trajectories of the order (paging;
+                             <= 0: none) */
     int pinned;           /* 1: only trajectories pinned in the catalog */
     const char *sort;     /* list order: NULL or "time" (finished, newest first), "reward"
                              (outcome, highest first, none last), "tokens", "turns" (most
@@ -54,6 +56,9 @@ typedef struct replay_show_opts {
 } replay_show_opts;
 /* Render one trajectory (traj_uid or traj_id) as a person reads it (section 13.2). */
 arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out);
+/* Parse "A:B" (1-based steps A..B; either side may be empty; A <= B) into *lo, *hi (0: open).
+ * ARL_ERR_ARG with a message naming s otherwise. */
+arl_status replay_show_turns_parse(const char *s, int32_t *lo, int32_t *hi);
 
 /* Counts, token totals, reward components per level, error codes, length distributions,
  * boundary causes, tool parse/error rates, env latencies, versions, storage (section 13.4). */

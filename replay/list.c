@@ -69,9 +69,10 @@ static void row_key(const char *sort, list_row *r) {
 /* Run the selection on each shard; rows appended to *rows (sorted, limited). */
 static arl_status collect(replay_store *st, const rsel *sel, list_row **rows, size_t *n) {
     char tail[160];
-    if (sel->f.limit > 0)
+    const int64_t off = sel->f.offset > 0 ? sel->f.offset : 0;
+    if (sel->f.limit > 0) /* each shard's first offset + limit rows hold the merged page */
         snprintf(tail, sizeof tail, "%s LIMIT %lld", sort_sql(sel->f.sort),
-                 (long long)sel->f.limit);
+                 (long long)(sel->f.limit + off));
     else
         snprintf(tail, sizeof tail, "%s", sort_sql(sel->f.sort));
     char *sql = rsel_sql(sel, "SELECT " RTRAJ_COLS " FROM trajectories t", tail);
@@ -108,6 +109,12 @@ static arl_status collect(replay_store *st, const rsel *sel, list_row **rows, si
     if (s != ARL_OK) return s;
     sort_uid = sel->f.sort && !strcmp(sel->f.sort, "uid");
     if (*n > 1) qsort(*rows, *n, sizeof **rows, row_cmp);
+    if ((size_t)off >= *n) {
+        *n = 0;
+    } else if (off > 0) {
+        memmove(*rows, *rows + off, (*n - (size_t)off) * sizeof **rows);
+        *n -= (size_t)off;
+    }
     if (sel->f.limit > 0 && *n > (size_t)sel->f.limit) *n = (size_t)sel->f.limit;
     return ARL_OK;
 }

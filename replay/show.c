@@ -481,6 +481,27 @@ static void show_pin(replay_store *st, const char *traj_uid, FILE *out) {
     sqlite3_finalize(q);
 }
 
+arl_status replay_show_turns_parse(const char *s, int32_t *lo, int32_t *hi) {
+    const char *c = strchr(s, ':');
+    int64_t v[2] = {0, 0};
+    int ok = c != NULL;
+    for (int k = 0; ok && k < 2; k++) { /* digits only: no sign, space or overflow */
+        const char *p = k ? c + 1 : s, *e = k ? c + strlen(c) : c;
+        if (e - p > 10) ok = 0;
+        for (; ok && p < e; p++)
+            if (*p < '0' || *p > '9')
+                ok = 0;
+            else
+                v[k] = v[k] * 10 + (*p - '0');
+        if (ok && e > (k ? c + 1 : s) && (v[k] < 1 || v[k] > INT32_MAX)) ok = 0;
+    }
+    if (!ok || (v[0] && v[1] && v[1] < v[0]))
+        return arl_errorf(ARL_ERR_ARG, "turns '%.100s': expected A:B with steps 1 <= A <= B", s);
+    *lo = (int32_t)v[0];
+    *hi = (int32_t)v[1];
+    return ARL_OK;
+}
+
 arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out) {
     replay_show_opts none = {0};
     if (!o) o = &none;

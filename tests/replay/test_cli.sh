@@ -82,6 +82,10 @@ turn_rows=$(grep -c "^ *[0-9][0-9]* *[0-9][0-9]* *[01] " <<<"$out")
     fail "--turns 1:1 printed $turn_rows token rows of $all_rows"
 expect 2 "$A" replay show "$S" run1/g1/r0 --tokens --turns 3:2
 has "expected A:B"
+for t in +1:2 " 1:2" 1:x 1 0:2 1:99999999999; do # one parser with the view (replay_show_turns_parse)
+    expect 2 "$A" replay show "$S" run1/g1/r0 --tokens --turns "$t"
+    has "expected A:B"
+done
 
 # stats
 expect 0 "$A" replay stats "$S"
@@ -277,35 +281,133 @@ expect 0 "$A" replay migrate "$S"
 has "shards/w1.sqlite: schema version 1, up to date"
 has "migrated 0 files"
 
-# view: read-only HTML pages on loopback (an ephemeral port; stops after 5 requests)
-if command -v curl >/dev/null; then
-    timeout 60 "$A" replay view "$S" --port 0 --max-requests 7 >"$T/view.out" 2>&1 &
+# view: read-only HTML pages on loopback (an ephemeral port; stopped by SIGTERM)
+# view_start DB ARGS...: start `replay view` in the background; sets vpid, port and U
+view_start() {
+    local db=$1
+    shift
+    timeout 120 "$A" replay view "$db" --port 0 "$@" >"$T/view.out" 2>&1 &
     vpid=$!
     port=""
     for _ in $(seq 1 100); do
-        port=$(grep -o '127.0.0.1:[0-9]*' "$T/view.out" 2>/dev/null | cut -d: -f2)
+        port=$(grep -o '[0-9.]*:[0-9]*/ (Ctrl-C' "$T/view.out" 2>/dev/null | cut -d: -f2 | cut -d/ -f1)
         [ -n "$port" ] && break
         sleep 0.1
     done
     [ -n "$port" ] || fail "replay view did not start: $(cat "$T/view.out")"
-    out=$(curl -s "http://127.0.0.1:$port/")
+    U=http://127.0.0.1:$port
+}
+code() { curl -s -o /dev/null -w "%{http_code}" "$@"; }
+# raw REQUEST: send bytes to the server, print its status line
+raw() {
+    exec 3<>"/dev/tcp/127.0.0.1/$port"
+    printf '%b' "$1" >&3
+    head -n 1 <&3 | tr -d '\r'
+    exec 3>&-
+}
+if command -v curl >/dev/null; then
+    view_start "$S"
+    out=$(curl -s "$U/")
     has '<a href="/show?traj=run1/g1/r0">run1/g1/r0</a>'
     has '<a href="/show?traj=run1/g1/r0%23fork1">run1/g1/r0#fork1</a>'
-    out=$(curl -s "http://127.0.0.1:$port/show?traj=run1/g1/r2")
+    out=$(curl -s "$U/show?traj=run1/g1/r2")
     has "error SANDBOX_LOST (infra)"
     has "&lt;html&gt;502 Bad Gateway&lt;/html&gt;"
-    out=$(curl -s "http://127.0.0.1:$port/stats")
+    out=$(curl -s "$U/stats")
     has "status: complete 4"
-    out=$(curl -s -o /dev/null -w "%{http_code}" "http://127.0.0.1:$port/show?traj=nope")
-    [ "$out" = 404 ] || fail "view of an unknown trajectory: HTTP $out"
-    out=$(curl -s -o /dev/null -w "%{http_code}" -X POST "http://127.0.0.1:$port/")
-    [ "$out" = 405 ] || fail "view POST: HTTP $out"
-    out=$(curl -s "http://127.0.0.1:$port/?limit=1")
+    [ "$(code "$U/show?traj=nope")" = 404 ] || fail "view of an unknown trajectory"
+    [ "$(code "$U/nope")" = 404 ] || fail "view of an unknown page"
+    out=$(curl -s "$U/?limit=1")
     [ "$(echo "$out" | grep -c '<tr><td>')" -eq 1 ] || fail "view ?limit=1: $out"
-    out=$(curl -s -o /dev/null -w "%{http_code}" "http://127.0.0.1:$port/?limit=abc")
-    [ "$out" = 400 ] || fail "view ?limit=abc: HTTP $out (was taken as 'no limit')"
+    [ "$(code "$U/?limit=abc")" = 400 ] || fail "view ?limit=abc (was taken as 'no limit')"
+    # DNS rebinding: a Host that is not this server's is refused; localhost and IP forms (any
+    # port: ssh tunnels) are served; HTTP/1.1 needs a Host, HTTP/1.0 may go without
+    out=$(curl -s -w "%{http_code}" -H "Host: rebind.example:$port" "$U/")
+    has "403$"
+    has "Host &#39;rebind.example:$port&#39; does not name this server"
+    for h in "localhost:$port" "LOCALHOST" "127.0.0.1:9000" "[::1]:$port"; do
+        [ "$(code -H "Host: $h" "$U/")" = 200 ] || fail "view with Host: $h"
+    done
+    for h in "10.1.2.3:$port" "localhost.rebind.example" "127.0.0.1.nip.io:$port" "localhost:x"; do
+        [ "$(code -H "Host: $h" "$U/")" = 403 ] || fail "view with Host: $h was served"
+    done
+    out=$(raw 'GET / HTTP/1.1\r\nConnection: close\r\n\r\n')
+    has "HTTP/1.1 400"
+    out=$(raw 'GET / HTTP/1.0\r\n\r\n')
+    has "HTTP/1.1 200"
+    # methods: HEAD as GET without the body; the others 405 with Allow
+    out=$(curl -s -I "$U/")
+    has "HTTP/1.1 200"
+    has "Content-Type: text/html; charset=utf-8"
+    # headers of a local viewer: no scripts, frames, referrers, sniffing or caching
+    has "Content-Security-Policy: default-src 'none'; style-src 'unsafe-inline'"
+    has "frame-ancestors 'none'"
+    has "X-Content-Type-Options: nosniff"
+    has "Referrer-Policy: no-referrer"
+    has "Cache-Control: no-store"
+    out=$(curl -s -i -X POST "$U/")
+    has "HTTP/1.1 405"
+    has "Allow: GET, HEAD"
+    out=$(curl -s -i -X DELETE "$U/show?traj=run1/g1/r0")
+    has "HTTP/1.1 405"
+    # parameters: unknown, repeated or malformed ones are 400 naming the parameter
+    out=$(curl -s -w "%{http_code}" "$U/?bogus=1")
+    has "400$"
+    has "parameter &#39;bogus&#39; is not a parameter of this page"
+    out=$(curl -s -w "%{http_code}" "$U/?limit=1&limit=5")
+    has "400$"
+    has "parameter &#39;limit&#39; is given twice"
+    for q in "/?limit=0" "/?limit=-3" "/?limit=99999999999999999999" "/?offset=-1" \
+        "/show?traj=run1/g1/r0&tokens=yes" "/show?traj=run1/g1/r0&turns=2:1" \
+        "/show?traj=run1/g1/r0&turns=-1:" "/show" "/show?traj=" "/stats?traj=x"; do
+        [ "$(code "$U$q")" = 400 ] || fail "view $q: HTTP $(code "$U$q"), expected 400"
+    done
+    [ "$(code "$U/show?traj=run1/g1/r0&turns=1:1")" = 200 ] || fail "view turns=1:1"
+    # what comes back from the query is escaped and valid UTF-8 (bad bytes become U+FFFD)
+    out=$(curl -s "$U/show?traj=%FF%FE%3Cb%3E%22%01")
+    has "no trajectory &#39;"$'\xef\xbf\xbd\xef\xbf\xbd'"&lt;b&gt;&quot;"$'\xef\xbf\xbd'"&#39;"
+    if command -v iconv >/dev/null; then
+        curl -s "$U/show?traj=%FF%C3%28" | iconv -f UTF-8 -t UTF-8 >/dev/null 2>&1 ||
+            fail "view echoed invalid UTF-8 into a utf-8 page"
+    fi
+    out=$(curl -s "$U/?run=%22%3Cx%27")
+    has "no trajectories run=&quot;&lt;x&#39;"
+    # paging: the filters travel in the links, encoded
+    out=$(curl -s "$U/?status=complete&limit=3")
+    has "trajectories 1 to 3 status=complete"
+    has '<a href="/?status=complete&amp;limit=3&amp;offset=3">next</a>'
+    out=$(curl -s "$U/?status=complete&limit=3&offset=3")
+    [ "$(echo "$out" | grep -c '<tr><td>')" -eq 1 ] || fail "view second page: $out"
+    has '<a href="/?status=complete&amp;limit=3&amp;offset=0">previous</a>'
+    grep -q '>next<' <<<"$out" && fail "view: a next link after the last page"
+    # the port in use: a clear error
+    expect 1 "$A" replay view "$S" --port "$port"
+    has "cannot listen on 127.0.0.1 port $port: Address already in use"
+    kill -TERM "$vpid"
+    wait "$vpid" || fail "replay view exited non-zero after SIGTERM"
+    grep -q "served [0-9]* requests" "$T/view.out" || fail "view: $(cat "$T/view.out")"
+
+    # a store that changes while served (another import), then is deleted; a small page cap;
+    # not loopback: a warning; --max-requests counts answered requests
+    "$A" replay export "$S" --full --output "$T/v.jsonl" >/dev/null || fail "export for view"
+    head -n 1 "$T/v.jsonl" >"$T/v1.jsonl"
+    "$A" replay import "$T/live" "$T/v1.jsonl" >/dev/null || fail "import for view"
+    view_start "$T/live" --max-page-bytes 4096 --host 0.0.0.0 --max-requests 5
+    grep -q "warning: replay view: --host 0.0.0.0 is not a loopback address" "$T/view.out" ||
+        fail "view on 0.0.0.0 without a warning: $(cat "$T/view.out")"
+    [ "$(curl -s "$U/" | grep -c '<tr><td>')" -eq 1 ] || fail "view of the live store"
+    "$A" replay import "$T/live" "$T/v.jsonl" >/dev/null || fail "import into a viewed store"
+    [ "$(curl -s "$U/" | grep -c '<tr><td>')" -eq 7 ] || fail "view after an import"
+    out=$(curl -s "$U/show?traj=run1/g1/r0&tokens=1")
+    has "cut: the first [0-9]* bytes of [0-9]* (replay view --max-page-bytes)"
+    [ "${#out}" -lt 8000 ] || fail "view page over --max-page-bytes: ${#out} bytes"
+    [ "$(code -H "Host: 192.168.7.7" "$U/")" = 200 ] || fail "view on 0.0.0.0: an IP literal Host"
+    rm -rf "$T/live"
+    out=$(curl -s -w "%{http_code}" "$U/")
+    has "410$"
+    has "was deleted while being served"
     wait "$vpid" || fail "replay view exited non-zero"
-    grep -q "served 7 requests" "$T/view.out" || fail "view: $(cat "$T/view.out")"
+    grep -q "served 5 requests" "$T/view.out" || fail "view: $(cat "$T/view.out")"
 fi
 
 # help
