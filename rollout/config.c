@@ -227,6 +227,10 @@ arl_status arl_rollout_config_validate(const arl_rollout_config *c) {
     ARL_TRY(check_object(c->env_options, "env-options"));
     ARL_TRY(check_object(c->task_data, "task-data"));
     if (!c->env || !*c->env) return arl_errorf(ARL_ERR_CONFIG, "key 'env' is required");
+    if (!c->task_file && c->tasks < 1)
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "key 'tasks' must be >= 1 (0 means every line of a task-file, and "
+                          "none is given)");
     if (c->observation_tokens + c->turn_tokens > c->segment_tokens)
         return arl_errorf(ARL_ERR_CONFIG,
                           "observation-tokens (%lld) + turn-tokens (%lld) must be <= "

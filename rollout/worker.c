@@ -49,10 +49,15 @@ const char *ro_traj_uid_of(char *buf, size_t cap, const char *group_uid, int32_t
 static arl_status tasks_load(arl_rollout_worker *w) {
     const arl_rollout_config *c = &w->cfg;
     if (!c->task_file) {
-        if (c->tasks < 1) return arl_errorf(ARL_ERR_CONFIG, "key 'tasks' must be >= 1");
+        /* (tasks >= 1: arl_rollout_config_validate) n_tasks is set once the list exists, so
+         * that arl_rollout_worker_close frees only what was made */
+        w->tasks = calloc((size_t)c->tasks, sizeof *w->tasks);
+        if (!w->tasks)
+            return arl_errorf(ARL_ERR_NOMEM,
+                              "rollout: tasks %lld: out of memory for the task list (lower "
+                              "--tasks, or run the tasks in slices with --task-offset)",
+                              (long long)c->tasks);
         w->n_tasks = c->tasks;
-        w->tasks = calloc((size_t)w->n_tasks, sizeof *w->tasks);
-        if (!w->tasks) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
         for (int64_t i = 0; i < w->n_tasks; i++) {
             char id[64];
             snprintf(id, sizeof id, "task%lld", (long long)(c->task_offset + i));
@@ -1393,6 +1398,34 @@ static arl_status groups_check(arl_rollout_worker *w) {
     return ARL_OK;
 }
 
+/* A rollout that continues a stored run (its run uid) at a policy version the run records must
+ * hold the weights recorded for that version: its trajectories join the run's groups as samples
+ * of that version, and its resumes start from the run's cached states of that version.  Another
+ * path to the same weights is the same version (version_record keeps the first path). */
+static arl_status version_check(arl_rollout_worker *w) {
+    const arl_rollout_config *c = &w->cfg;
+    int64_t run_id;
+    replay_version_row row;
+    arl_status s = replay_run_find(w->st, c->run_uid, &run_id);
+    if (s == ARL_OK) s = replay_version_get(w->st, run_id, w->eng.version, &row);
+    if (s == ARL_ERR_NOT_FOUND) { /* a new run, or a version it has not recorded */
+        arl_error_clear();
+        return ARL_OK;
+    }
+    ARL_TRY(s);
+    char wsha[65];
+    ro_engine_weights_sha256(&w->eng, w->eng.cur, wsha);
+    if (!row.weights_sha256[0] || !strcmp(row.weights_sha256, wsha)) return ARL_OK;
+    return arl_errorf(
+        ARL_ERR_STATE,
+        "rollout: run uid '%s' of the store records policy version %lld as the weights of %s "
+        "(sha256 %.12s...), but %s holds other weights (sha256 %.12s...).  A rollout with a "
+        "stored run uid continues that run at its version; give this checkpoint its own "
+        "--run-uid, or its own --policy-version if it is a later version of the same run",
+        c->run_uid, (long long)w->eng.version, row.checkpoint_uri[0] ? row.checkpoint_uri : "?",
+        row.weights_sha256, w->ckpt_dir, wsha);
+}
+
 static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_dir, replay_store *st,
                               replay_file_kind kind, int32_t shard_id,
                               const arl_rollout_hooks *hooks, int with_tasks, const fork_req *fork,
@@ -1487,6 +1520,7 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
     if (replay_store_uid(st)[0])
         snprintf(w->env_tag, sizeof w->env_tag, "@%.12s", replay_store_uid(st));
     if (with_tasks) ARL_TRY(groups_check(w));
+    if (with_tasks) ARL_TRY(version_check(w));
     char run_uid[REPLAY_UID_MAX + 1];
     snprintf(run_uid, sizeof run_uid, "%s", c->run_uid);
     if (fork) {

@@ -42,6 +42,32 @@ grep -q "rollout summary" "$T/out-gone" && fail "unreachable env: a summary of n
 [ -e "$T/db-gone" ] && fail "unreachable env: an empty store left behind"
 "$BIN" rollout "$T/exp.json" --ckpt "$T/no-such-ckpt" --out "$T/db-nockpt" --tasks 1 > /dev/null 2>&1
 [ $? -eq 1 ] && [ ! -e "$T/db-nockpt" ] || fail "missing checkpoint: exit 1 and no store expected"
+# --tasks too many to list: exit 1 naming it, no crash (freed a task list it never made), no
+# store; 0 without a task file: a usage error (exit 2, was 1 after loading the model)
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-huge" --tasks 99999999999 > /dev/null 2> "$T/err-huge"
+[ $? -eq 1 ] && grep -q "error: rollout: tasks 99999999999: out of memory for the task list" "$T/err-huge" \
+    && [ ! -e "$T/db-huge" ] || { tail -2 "$T/err-huge"; fail "--tasks 99999999999: exit 1, a message, no store"; }
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-huge" --tasks 0 > /dev/null 2> "$T/err-huge"
+[ $? -eq 2 ] && grep -q "error: key 'tasks' must be >= 1" "$T/err-huge" && [ ! -e "$T/db-huge" ] \
+    || { tail -2 "$T/err-huge"; fail "--tasks 0: exit 2 expected"; }
+# --out a file, or a store's shards/ folder: exit 2 naming it, nothing written (a file was
+# reported as a damaged database; the shards folder got a second store made inside it)
+: > "$T/a-file"
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/a-file" --tasks 1 > /dev/null 2> "$T/err-out"
+[ $? -eq 2 ] && grep -q "error: --out $T/a-file: not a directory" "$T/err-out" \
+    || { tail -2 "$T/err-out"; fail "--out a file: exit 2 expected"; }
+ls "$T/db/shards" > "$T/shards-before"
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db/shards" --tasks 1 > /dev/null 2> "$T/err-out"
+[ $? -eq 2 ] && grep -q "error: --out $T/db/shards: holds store files (.*) but no catalog.sqlite" "$T/err-out" \
+    || { tail -2 "$T/err-out"; fail "--out a shards folder: exit 2 expected"; }
+ls "$T/db/shards" | cmp -s - "$T/shards-before" || fail "--out a shards folder: it was written to"
+# a checkpoint with other weights for the version a stored run records: refused before a shard
+# is written (its trajectories joined the run's groups as samples of the recorded weights)
+"$BIN" model init tiny "$T/ckpt2" --seed 4 >/dev/null 2>&1 || fail "model init ckpt2"
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt2" --out "$T/db" --tasks 3 > /dev/null 2> "$T/err-w"
+[ $? -eq 1 ] && grep -q "error: rollout: run uid 'rollout' of the store records policy version 0 as the weights of .*/ckpt (sha256 [0-9a-f]*...), but .*/ckpt2 holds other weights" "$T/err-w" \
+    || { tail -2 "$T/err-w"; fail "other weights for a recorded version: exit 1 and the message"; }
+ls "$T/db/shards" | cmp -s - "$T/shards-before" || fail "other weights: a shard was written"
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify"; }
 "$BIN" replay rescore "$T/db" rollout/g000000/r0 rollout/g000001/r1 --ckpt "$T/ckpt" --json > "$T/rescore" \
     || fail "rescore"

@@ -95,6 +95,12 @@ static void test_config_checks(void) {
     c.observation_tokens = c.segment_tokens; /* L_obs + L_turn > L_seg */
     CHECK(arl_rollout_config_validate(&c) == ARL_ERR_CONFIG);
     CHECK(strstr(arl_error_msg(), "observation-tokens") != NULL);
+    c.observation_tokens = 512;
+    c.tasks = 0; /* 0 tasks: every line of a task file, and there is none */
+    CHECK(arl_rollout_config_validate(&c) == ARL_ERR_CONFIG);
+    CHECK(strstr(arl_error_msg(), "'tasks' must be >= 1") != NULL);
+    c.task_file = strdup("tasks.jsonl");
+    CHECK(arl_rollout_config_validate(&c) == ARL_OK);
     arl_rollout_config_free(&c);
     /* an experiment file: the "rollout" section, objects for the JSON keys, unknown keys */
     CHECK(arl_rollout_config_defaults(&c) == ARL_OK);
