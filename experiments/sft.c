@@ -141,6 +141,27 @@ arl_status arl_sft_config_check(const arl_sft_config *c) {
         return arl_errorf(ARL_ERR_CONFIG,
                           "key 'model': give a model config (or 'init', a checkpoint to start "
                           "from)");
+    const struct {
+        const char *key, *value;
+    } paths[] = {{"model", c->model},
+                 {"init", c->init},
+                 {"data", c->data},
+                 {"eval-data", c->eval_data},
+                 {"out", c->out}};
+    for (size_t i = 0; i < sizeof paths / sizeof *paths; i++)
+        if (paths[i].value && !paths[i].value[0])
+            return arl_errorf(ARL_ERR_CONFIG, "key '%s': empty path", paths[i].key);
+    if (!c->eval_data && (c->eval_interval > 0 || c->eval_max_batches > 0))
+        return arl_errorf(
+            ARL_ERR_CONFIG,
+            "key '%s': %lld, but no 'eval-data' to evaluate on (give one, or leave "
+            "the key out)",
+            c->eval_interval > 0 ? "eval-interval" : "eval-max-batches",
+            (long long)(c->eval_interval > 0 ? c->eval_interval : c->eval_max_batches));
+    if (c->max_seq_tokens == 1)
+        return arl_errorf(ARL_ERR_CONFIG,
+                          "key 'max-seq-tokens': 1 leaves no token to predict (0 = batch-tokens, "
+                          "or at least 2)");
     if (c->max_seq_tokens > c->batch_tokens)
         return arl_errorf(ARL_ERR_CONFIG,
                           "key 'max-seq-tokens': %lld is more than 'batch-tokens' %lld (a "
@@ -319,7 +340,10 @@ typedef struct sft_run {
     arl_train_state st;
     arl_optim_config optim; /* c->optim with total_steps resolved */
     void *ws;
+    int64_t batch_cap; /* the batches' budget: batch-tokens, or one epoch of the larger file
+                          when that is less (the same batches, less memory) */
     FILE *metrics;
+    char metrics_path[4200];
     char out_ckpt[4200];
     char run_sha[ARL_SHA256_HEX_CHARS];
     char *run_canon;   /* the settings hashed into run_sha (compact JSON) */
@@ -342,7 +366,8 @@ static void log_data_stats(FILE *log, const char *what, const arl_sft_data *d) {
     if (s->truncated) fprintf(log, ", %lld truncated", (long long)s->truncated);
     if (s->dropped_long) fprintf(log, ", %lld dropped as too long", (long long)s->dropped_long);
     if (s->no_loss)
-        fprintf(log, ", %lld without assistant tokens (skipped)", (long long)s->no_loss);
+        fprintf(log, ", %lld without assistant tokens within max-seq-tokens (skipped)",
+                (long long)s->no_loss);
     if (s->malformed) {
         fprintf(log, ", %lld malformed skipped (lines", (long long)s->malformed);
         for (int64_t i = 0; i < s->malformed && i < ARL_SFT_MAX_LISTED; i++)
@@ -360,6 +385,16 @@ static void progress_end_line(sft_run *r) {
     r->line_open = 0;
 }
 
+/* Flush the metrics lines written so far: a write error (a full disk) stops the run instead of
+ * losing its lines. */
+static arl_status metrics_flush(sft_run *r) {
+    errno = 0;
+    if (fflush(r->metrics) == 0 && !ferror(r->metrics)) return ARL_OK;
+    const int e = errno ? errno : EIO;
+    return arl_errorf(e == ENOSPC || e == EDQUOT ? ARL_ERR_FULL : ARL_ERR_IO,
+                      "%s: cannot write the metrics: %s", r->metrics_path, strerror(e));
+}
+
 static arl_status evaluate(sft_run *r, int64_t step, double *eval_loss) {
     const arl_sft_config *c = r->c;
     arl_data_cursor cur;
@@ -367,7 +402,7 @@ static arl_status evaluate(sft_run *r, int64_t step, double *eval_loss) {
     double sum = 0;
     int64_t targets = 0, seqs = 0, batches = 0;
     do {
-        ARL_TRY(arl_sft_data_next_batch(r->eval, &cur, 0, c->batch_tokens, &r->batch));
+        ARL_TRY(arl_sft_data_next_batch(r->eval, &cur, 0, r->batch_cap, &r->batch));
         double ls = 0;
         ARL_TRY(r->ops->eval(r->ws, &r->params, &r->batch, &ls));
         sum += ls;
@@ -380,7 +415,7 @@ static arl_status evaluate(sft_run *r, int64_t step, double *eval_loss) {
             "{\"step\": %lld, \"eval_loss\": %.17g, \"eval_targets\": %lld, "
             "\"eval_seqs\": %lld}\n",
             (long long)step, *eval_loss, (long long)targets, (long long)seqs);
-    fflush(r->metrics);
+    ARL_TRY(metrics_flush(r));
     if (r->log && r->progress_line >= 0) {
         progress_end_line(r);
         fprintf(r->log, "sft: step %lld: eval loss %.4f over %lld tokens\n", (long long)step,
@@ -397,6 +432,49 @@ static arl_status checkpoint(sft_run *r) {
     arl_status s = arl_train_ckpt_save(r->out_ckpt, &r->mcfg, &r->params, &r->opt, &r->st,
                                        r->c->keep_last, 0, NULL, 0);
     return s;
+}
+
+/* Before any output: every conversation of d fits one batch (only a shared prefix with
+ * max-seq-tokens 0 lets one exceed batch-tokens). */
+static arl_status check_fits(const arl_sft_data *d, const arl_sft_config *c) {
+    const arl_sft_stats *s = arl_sft_data_stats(d);
+    if (s->max_tokens - s->prefix_tokens <= c->batch_tokens) return ARL_OK;
+    return arl_errorf(ARL_ERR_ARG,
+                      "%s: the longest conversation has %lld tokens after the shared prefix of "
+                      "%lld, more than 'batch-tokens' %lld: raise batch-tokens, or set "
+                      "max-seq-tokens (longer conversations are then truncated or dropped, "
+                      "on-long)",
+                      arl_sft_data_path(d), (long long)(s->max_tokens - s->prefix_tokens),
+                      (long long)s->prefix_tokens, (long long)c->batch_tokens);
+}
+
+/* A warning when evaluation conversations also occur in the training data: their eval loss is
+ * not a held-out loss. */
+static arl_status warn_overlap(const arl_sft_data *train, const arl_sft_data *eval) {
+    int64_t n, lines[ARL_SFT_MAX_LISTED];
+    ARL_TRY(arl_sft_data_overlap(train, eval, &n, lines, ARL_SFT_MAX_LISTED));
+    if (n == 0) return ARL_OK;
+    char list[256];
+    size_t k = 0;
+    for (int64_t i = 0; i < n && i < ARL_SFT_MAX_LISTED && k < sizeof list; i++)
+        k += (size_t)snprintf(list + k, sizeof list - k, "%s%lld", i ? ", " : "",
+                              (long long)lines[i]);
+    arl_log_warn("sft: %lld of the %lld eval conversations (%s lines %s%s) also occur in the "
+                 "training data %s: their eval loss is not a held-out loss",
+                 (long long)n, (long long)arl_sft_data_count(eval), arl_sft_data_path(eval), list,
+                 n > ARL_SFT_MAX_LISTED ? ", ..." : "", arl_sft_data_path(train));
+    return ARL_OK;
+}
+
+/* The record of an earlier run that a fresh run would overwrite: "" if none. */
+static const char *earlier_run_file(const char *out, char *path, size_t cap) {
+    static const char *const files[] = {"metrics.jsonl", "experiment.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        struct stat sb;
+        snprintf(path, cap, "%s/%s", out, files[i]);
+        if (lstat(path, &sb) == 0) return files[i];
+    }
+    return "";
 }
 
 static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
@@ -421,12 +499,15 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     log_data_stats(r->log, "training data", r->train);
     if (arl_sft_data_count(r->train) == 0)
         return arl_errorf(ARL_ERR_ARG, "%s: no usable conversation to train on", c->data);
+    ARL_TRY(check_fits(r->train, c));
     if (c->eval_data) {
         ARL_TRY(arl_sft_data_open_prefix(c->eval_data, &dc, c->shared_prefix, &r->tmpl, &r->eval));
         log_data_stats(r->log, "eval data", r->eval);
         if (arl_sft_data_count(r->eval) == 0)
             return arl_errorf(ARL_ERR_ARG, "%s: no usable conversation to evaluate on",
                               c->eval_data);
+        ARL_TRY(check_fits(r->eval, c));
+        ARL_TRY(warn_overlap(r->train, r->eval));
     }
 
     /* configuration */
@@ -455,6 +536,16 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
                           "%s already holds a run (checkpoint %s); continue it with --resume, or "
                           "choose another output directory",
                           c->out, latest);
+    if (ls == ARL_ERR_NOT_FOUND && !resume) {
+        char path[4200];
+        const char *f = earlier_run_file(c->out, path, sizeof path);
+        if (f[0])
+            return arl_errorf(ARL_ERR_STATE,
+                              "%s already holds an earlier run's %s (and no checkpoint); "
+                              "--resume starts that run again from step 0, replacing it, or "
+                              "choose another output directory",
+                              c->out, f);
+    }
     if (ls == ARL_OK) { /* the newest that loads: a damaged one is set aside */
         ls = arl_train_ckpt_load_newest(r->out_ckpt, &r->mcfg, r->run_sha, &r->params, &r->opt,
                                         &r->st, 1, latest, sizeof latest, &latest_step);
@@ -502,27 +593,39 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     char path[4200];
     snprintf(path, sizeof path, "%s/experiment.json", c->out);
     ARL_TRY(write_resolved(c, path));
-    snprintf(path, sizeof path, "%s/metrics.jsonl", c->out);
-    if (ls == ARL_OK) ARL_TRY(metrics_trim(path, r->st.step));
-    r->metrics = fopen(path, ls == ARL_OK ? "ab" : "wb");
+    snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", c->out);
+    if (ls == ARL_OK) ARL_TRY(metrics_trim(r->metrics_path, r->st.step));
+    r->metrics = fopen(r->metrics_path, ls == ARL_OK ? "ab" : "wb");
     if (!r->metrics)
-        return arl_errorf(ARL_ERR_IO, "%s: cannot open for writing: %s", path, strerror(errno));
+        return arl_errorf(errno == ENOSPC || errno == EDQUOT ? ARL_ERR_FULL : ARL_ERR_IO,
+                          "%s: cannot open for writing: %s", r->metrics_path, strerror(errno));
 
     /* model workspace */
+    /* a batch never spans two epochs: a budget above one epoch's tokens (suffixes) of either
+     * file packs the same batches as that epoch's size */
+    r->batch_cap = 2;
+    for (int k = 0; k < 2; k++) {
+        const arl_sft_data *dd = k ? r->eval : r->train;
+        if (!dd) continue;
+        const arl_sft_stats *ds = arl_sft_data_stats(dd);
+        const int64_t epoch_tokens = ds->tokens - ds->conversations * ds->prefix_tokens;
+        if (epoch_tokens > r->batch_cap) r->batch_cap = epoch_tokens;
+    }
+    if (r->batch_cap > c->batch_tokens) r->batch_cap = c->batch_tokens;
     /* sequences per batch: with a shared prefix, at most batch-tokens / (shortest suffix) */
-    int64_t max_seqs = c->batch_tokens;
+    int64_t max_seqs = r->batch_cap;
     for (int k = 0; k < 2; k++) {
         const arl_sft_data *dd = k ? r->eval : r->train;
         if (!dd || !c->shared_prefix) continue;
         const arl_sft_stats *ds = arl_sft_data_stats(dd);
         int64_t shortest = ds->min_tokens - ds->prefix_tokens;
-        int64_t m = c->batch_tokens / (shortest > 0 ? shortest : 1) + 1;
+        int64_t m = r->batch_cap / (shortest > 0 ? shortest : 1) + 1;
         if (k == 0 || m > max_seqs) max_seqs = m;
     }
-    if (max_seqs > c->batch_tokens) max_seqs = c->batch_tokens;
-    ARL_TRY(r->ops->create(&r->ws, &r->mcfg, c->batch_tokens, max_seqs, (int)c->threads));
-    ARL_TRY(arl_sft_batch_init(&r->batch, c->batch_tokens));
-    ARL_TRY(arl_router_scores_init(&r->router, &r->mcfg, c->batch_tokens, r->optim.qb_num_bins));
+    if (max_seqs > r->batch_cap) max_seqs = r->batch_cap;
+    ARL_TRY(r->ops->create(&r->ws, &r->mcfg, r->batch_cap, max_seqs, (int)c->threads));
+    ARL_TRY(arl_sft_batch_init(&r->batch, r->batch_cap));
+    ARL_TRY(arl_router_scores_init(&r->router, &r->mcfg, r->batch_cap, r->optim.qb_num_bins));
     return ARL_OK;
 }
 
@@ -572,7 +675,7 @@ static arl_status train_loop(sft_run *r, const arl_sft_hooks *hooks, arl_sft_res
     while (r->st.step < c->steps) {
         const int64_t s = r->st.step; /* 0-based step being taken */
         ARL_TRY(
-            arl_sft_data_next_batch(r->train, &r->st.data, c->shuffle, c->batch_tokens, &r->batch));
+            arl_sft_data_next_batch(r->train, &r->st.data, c->shuffle, r->batch_cap, &r->batch));
         memset(r->grads.arena, 0, grad_bytes);
         arl_router_scores_reset(&r->router);
         double loss_sum = 0;
@@ -602,7 +705,7 @@ static arl_status train_loop(sft_run *r, const arl_sft_hooks *hooks, arl_sft_res
                 (long long)r->st.step, loss, rep.lr, rep.grad_norm, rep.clip_coef,
                 (long long)r->batch.T, (long long)r->batch.n_targets, (long long)r->batch.n_seqs,
                 (long long)r->batch.epoch, (long long)r->st.tokens, now_s() - t0);
-        fflush(r->metrics);
+        ARL_TRY(metrics_flush(r));
         progress(r, r->st.step, loss, rep.lr, t0, step0, tokens_here);
         const int last = r->st.step == c->steps;
         if (r->eval && ((c->eval_interval > 0 && r->st.step % c->eval_interval == 0) || last)) {

@@ -21,9 +21,17 @@
  *                            "eval_loss", "eval_targets", "eval_seqs"}; losses are mean
  *                            nats per target token, written with 17 significant digits
  *   checkpoints/step-N/      model + optimizer moments + train state (keep-last newest)
- * A run refuses an output directory that already holds checkpoints unless resuming; --resume
- * continues from the newest checkpoint (refusing another model or run configuration), drops
- * metrics lines of steps after it, and starts fresh when there is none.
+ * A run refuses an output directory that already holds checkpoints, or an earlier run's
+ * metrics.jsonl or experiment.json, unless resuming; --resume continues from the newest
+ * checkpoint (refusing another model or run configuration, naming the settings that differ),
+ * drops metrics lines of steps after it, and starts fresh when there is none.  A metrics line
+ * that cannot be written (a full disk: ARL_ERR_FULL) stops the run.
+ *
+ * Before any output: both data files are indexed (sft_data.h), every conversation must fit
+ * batch-tokens, and a warning counts the eval conversations whose tokens also occur in the
+ * training data (their eval loss is not held out).  The model's working memory is sized for
+ * min(batch-tokens, one epoch's tokens of the larger file): a batch never spans two epochs, so
+ * a larger budget packs the same batches.
  *
  * Paths in the experiment file are taken relative to the current directory.
  * Not here: the model's math (ops), the CLI glue (cli/cmd_sft.c), images in SFT data.
@@ -118,7 +126,8 @@ const arl_option *arl_sft_options(size_t *n);
  * (may be NULL), then the required keys and cross-checks (arl_sft_config_check).  Errors name
  * the file and key.  c is freed with arl_sft_config_free (also after an error). */
 arl_status arl_sft_config_load(const char *path, const arl_strlist *sets, arl_sft_config *c);
-/* Cross-field checks: model or init given, max-seq-tokens <= batch-tokens, optimizer keys. */
+/* Cross-field checks: model or init given, no empty path, max-seq-tokens 0 or in
+ * [2, batch-tokens], eval-interval / eval-max-batches only with eval-data, optimizer keys. */
 arl_status arl_sft_config_check(const arl_sft_config *c);
 void arl_sft_config_free(arl_sft_config *c); /* NULL-safe */
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/assert.h"
 #include "core/log.h"
@@ -16,6 +17,7 @@ typedef struct sft_item {
     int64_t line;     /* 1-based line number */
     int32_t len;      /* bytes of the line without its newline */
     int32_t n_tokens; /* tokens after truncation */
+    uint64_t hash;    /* tokens_hash of its tokens after truncation */
 } sft_item;
 
 struct arl_sft_data {
@@ -42,6 +44,21 @@ struct arl_sft_data {
     size_t line_cap;
     arl_chat_tokens tok;
 };
+
+/* The first 8 bytes of the SHA-256 of ids and mask (n tokens): an item's identity, for
+ * the overlap of two files and for a line that changed since it was indexed. */
+static uint64_t tokens_hash(const arl_chat_tokens *t) {
+    arl_sha256_ctx h;
+    arl_sha256_init(&h);
+    arl_sha256_update(&h, t->ids, t->n * sizeof *t->ids);
+    arl_sha256_update(&h, t->mask, t->n);
+    uint8_t dig[ARL_SHA256_BYTES];
+    arl_sha256_final(&h, dig);
+    uint64_t x = 0;
+    for (int i = 0; i < 8; i++)
+        x = x << 8 | dig[i];
+    return x;
+}
 
 /* Render one line to tokens (into d->tok, truncated to max_seq_tokens when truncating).
  * *n_full: tokens before truncation.  Any error but NOMEM means "malformed". */
@@ -112,6 +129,14 @@ static arl_status index_file(arl_sft_data *d) {
             st->blank++;
             continue;
         }
+        const char *nul = memchr(d->line, 0, len);
+        if (nul) {
+            arl_errorf(ARL_ERR_FORMAT,
+                       "%s:%lld: NUL byte at column %lld (binary data? a NUL in a string is "
+                       "written \\u0000)",
+                       d->path, (long long)line_no, (long long)(nul - d->line) + 1);
+            goto malformed;
+        }
         if (len > INT32_MAX) {
             arl_errorf(ARL_ERR_FORMAT, "%s:%lld: line of %zu bytes is longer than 2 GiB", d->path,
                        (long long)line_no, len);
@@ -158,6 +183,7 @@ static arl_status index_file(arl_sft_data *d) {
         it->line = line_no;
         it->len = (int32_t)len;
         it->n_tokens = (int32_t)d->tok.n;
+        it->hash = tokens_hash(&d->tok);
         st->conversations++;
         st->tokens += (int64_t)d->tok.n;
         st->loss_tokens += loss;
@@ -210,6 +236,17 @@ arl_status arl_sft_data_open_prefix(const char *path, const arl_sft_data_config 
         arl_sft_data_close(d);
         return arl_errorf(ARL_ERR_NOMEM, "sft data: out of memory");
     }
+    /* before opening: a FIFO's open would wait for a writer */
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        arl_status s = arl_errorf(
+            ARL_ERR_ARG,
+            "%s is %s; SFT data must be a regular JSONL file (it is read twice: to index it, "
+            "then each line again by its offset)",
+            path, S_ISDIR(sb.st_mode) ? "a directory" : "not a regular file (a pipe, a device?)");
+        arl_sft_data_close(d);
+        return s;
+    }
     d->f = fopen(path, "rb");
     if (!d->f) {
         arl_status s = arl_errorf(errno == ENOENT ? ARL_ERR_NOT_FOUND : ARL_ERR_IO,
@@ -261,6 +298,29 @@ const char *arl_sft_data_sha256(const arl_sft_data *d) {
 }
 const char *arl_sft_data_path(const arl_sft_data *d) {
     return d->path;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+arl_status arl_sft_data_overlap(const arl_sft_data *a, const arl_sft_data *b, int64_t *n,
+                                int64_t *lines, int cap) {
+    *n = 0;
+    if (a->n == 0 || b->n == 0) return ARL_OK;
+    uint64_t *h = malloc((size_t)a->n * sizeof *h);
+    if (!h) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", a->path);
+    for (int64_t i = 0; i < a->n; i++)
+        h[i] = a->items[i].hash;
+    qsort(h, (size_t)a->n, sizeof *h, cmp_u64);
+    for (int64_t i = 0; i < b->n; i++)
+        if (bsearch(&b->items[i].hash, h, (size_t)a->n, sizeof *h, cmp_u64)) {
+            if (*n < cap) lines[*n] = b->items[i].line;
+            ++*n;
+        }
+    free(h);
+    return ARL_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */
@@ -383,7 +443,7 @@ static arl_status load_item(arl_sft_data *d, int64_t it) {
     size_t n_full;
     arl_status s = render_line(d, d->line, (size_t)x->len, x->line, &n_full);
     if (s == ARL_ERR_NOMEM) return s;
-    if (s || (int64_t)d->tok.n != x->n_tokens)
+    if (s || (int64_t)d->tok.n != x->n_tokens || tokens_hash(&d->tok) != x->hash)
         return arl_errorf(ARL_ERR_CORRUPT,
                           "%s:%lld: the conversation changed since the file was indexed (the data "
                           "file must not change during a run)",

@@ -9,17 +9,18 @@
  * supported yet (the batch carries no pixels): a conversation with an image part is malformed.
  *
  * Opening a file reads it once, streaming: every line is parsed and rendered to count its
- * tokens, and an index of (byte offset, line number, length, tokens) per usable
- * conversation is kept (24 bytes each) together with the SHA-256 of the file's bytes (the
- * data identity a resume checks).  Conversations are read again from the file, by offset,
- * when a batch needs them; the file must not change while it is open (a conversation that
- * renders differently than when indexed is ARL_ERR_CORRUPT).
+ * tokens, and an index of (byte offset, line number, length, tokens, a 64-bit hash of the
+ * tokens) per usable conversation is kept (32 bytes each) together with the SHA-256 of the
+ * file's bytes (the data identity a resume checks).  The path must name a regular file
+ * (ARL_ERR_ARG for a directory or a pipe).  Conversations are read again from the file, by
+ * offset, when a batch needs them; the file must not change while it is open (a conversation
+ * that renders differently than when indexed is ARL_ERR_CORRUPT).
  *
  * Counting, never silent:
- *   - malformed lines (invalid JSON, a message the template rejects, an image) are fatal
- *     (ARL_ERR_FORMAT naming file:line and the problem) with ARL_SFT_MALFORMED_FAIL, or
- *     skipped and counted with ARL_SFT_MALFORMED_SKIP (the first ARL_SFT_MAX_LISTED line
- *     numbers and the first message are kept in the stats);
+ *   - malformed lines (invalid JSON, a NUL byte, a message the template rejects, an image)
+ *     are fatal (ARL_ERR_FORMAT naming file:line and the problem) with
+ *     ARL_SFT_MALFORMED_FAIL, or skipped and counted with ARL_SFT_MALFORMED_SKIP (the first
+ *     ARL_SFT_MAX_LISTED line numbers and the first message are kept in the stats);
  *   - conversations longer than max_seq_tokens are cut to their first max_seq_tokens tokens
  *     (ARL_SFT_LONG_TRUNCATE, counted in `truncated`) or dropped (ARL_SFT_LONG_DROP, counted
  *     in `dropped_long`);
@@ -38,16 +39,16 @@
  * mask of token t + 1 is 1 (an assistant token), else ARL_SFT_IGNORE.  The model never looks
  * across a sequence boundary.
  *
- * Shared prefix (arl_sft_data_open_prefix with shared_prefix = 1).  Conversations of one environment begin with the same
- * tokens (tool declarations, system prompt: ~580 of the ~690 tokens of a calculator
- * demonstration).  The index pass then finds the longest prefix P that every usable
- * conversation shares and in which no position has a target (P <= first loss token - 1 in each
- * conversation).  Batches hold only the suffixes (tokens P..n-1 of each conversation, labels
- * as above within the full conversation) and the budget counts suffix tokens; the batch points
- * to the prefix, and the model computes the prefix once per batch and starts every sequence
- * from its state (experiments/sft_model.c).  The loss is the same as without the split (no
- * prefix position has a target); the gradient lacks only the terms that flow through the
- * prefix's activations, which the suffixes see as fixed context.
+ * Shared prefix (arl_sft_data_open_prefix with shared_prefix = 1).  Conversations of one
+ * environment begin with the same tokens (tool declarations, system prompt: ~580 of the ~690
+ * tokens of a calculator demonstration).  The index pass then finds the longest prefix P that
+ * every usable conversation shares and in which no position has a target (P <= first loss
+ * token - 1 in each conversation).  Batches hold only the suffixes (tokens P..n-1 of each
+ * conversation, labels as above within the full conversation) and the budget counts suffix
+ * tokens; the batch points to the prefix, and the model computes the prefix once per batch and
+ * starts every sequence from its state (experiments/sft_model.c).  The loss is the same as
+ * without the split (no prefix position has a target); the gradient lacks only the terms that
+ * flow through the prefix's activations, which the suffixes see as fixed context.
  *
  * Not here: the model, the loss (the model's train step computes it from labels), images.
  */
@@ -139,6 +140,13 @@ int64_t arl_sft_data_item_line(const arl_sft_data *d, int64_t i);
 const char *arl_sft_data_sha256(const arl_sft_data *d);
 /* The path given to open; valid until close. */
 const char *arl_sft_data_path(const arl_sft_data *d);
+
+/* How many usable conversations of b have the same tokens (after truncation; the shared
+ * prefix included) as one of a: *n, and the 1-based line numbers in b of the first cap of
+ * them in lines (cap entries).  For an evaluation file (b) that is not held out from the
+ * training data (a).  ARL_ERR_NOMEM only. */
+arl_status arl_sft_data_overlap(const arl_sft_data *a, const arl_sft_data *b, int64_t *n,
+                                int64_t *lines, int cap);
 
 /* A cursor at the start of epoch 0 for this file and seed. */
 void arl_sft_data_cursor_start(const arl_sft_data *d, uint64_t seed, arl_data_cursor *c);

@@ -111,6 +111,22 @@ static arl_status load_cfg(arl_sft_config *c, const char *out, const char *extra
     return arl_sft_config_load(g_exp, &sets, c);
 }
 
+/* run_dir with any number of --set values. */
+static arl_status run_sets(const char *out, int resume, int n, const char *const *sets,
+                           const arl_sft_model_ops *ops, arl_sft_result *res) {
+    char outset[1100];
+    snprintf(outset, sizeof outset, "out=%s", out);
+    char *v[8] = {outset};
+    for (int i = 0; i < n && i < 7; i++)
+        v[1 + i] = (char *)sets[i];
+    arl_strlist sl = {v, 1 + n};
+    arl_sft_config c;
+    arl_status s = arl_sft_config_load(g_exp, &sl, &c);
+    if (!s) s = arl_sft_run(&c, ops, resume, NULL, NULL, res);
+    arl_sft_config_free(&c);
+    return s;
+}
+
 static arl_status run_dir(const char *out, int resume, const char *extra_set, FILE *log,
                           arl_sft_result *res, const arl_sft_hooks *hooks) {
     arl_sft_config c;
@@ -311,6 +327,29 @@ static void test_config(void) {
     CHECK(arl_sft_config_load(bad, NULL, &c) == ARL_ERR_CONFIG); /* out is required */
     CHECK(strstr(arl_error_msg(), "out") != NULL);
     arl_sft_config_free(&c);
+    /* a key whose value leaves nothing to train on, or an empty path, is refused at load */
+    CHECK(load_cfg(&c, "x", "max-seq-tokens=1") == ARL_ERR_CONFIG);
+    CHECK_MSG(strstr(arl_error_msg(), "'max-seq-tokens'") != NULL, "%s", arl_error_msg());
+    arl_sft_config_free(&c);
+    CHECK(load_cfg(&c, "", NULL) == ARL_ERR_CONFIG);
+    CHECK_MSG(strstr(arl_error_msg(), "key 'out': empty") != NULL, "%s", arl_error_msg());
+    arl_sft_config_free(&c);
+    CHECK(load_cfg(&c, "x", "eval-data=") == ARL_ERR_CONFIG);
+    CHECK(strstr(arl_error_msg(), "key 'eval-data': empty") != NULL);
+    arl_sft_config_free(&c);
+    /* evaluation settings without an eval file would silently do nothing */
+    const char *no_eval[] = {"eval-data=/dev/null", "eval-interval=5"};
+    char outset[] = "out=x", *v[] = {outset, (char *)no_eval[0], (char *)no_eval[1]};
+    arl_strlist sl = {v, 3};
+    CHECK(arl_sft_config_load(g_exp, &sl, &c) == ARL_OK); /* with one: fine */
+    arl_sft_config_free(&c);
+    FILE *ne = fopen(path_in(g_dir, "no_eval.json"), "w");
+    fprintf(ne, "{\"model\": \"tiny\", \"data\": \"x\", \"out\": \"y\", \"eval-interval\": 5}");
+    fclose(ne);
+    CHECK(arl_sft_config_load(path_in(g_dir, "no_eval.json"), NULL, &c) == ARL_ERR_CONFIG);
+    CHECK_MSG(strstr(arl_error_msg(), "key 'eval-interval': 5, but no 'eval-data'") != NULL, "%s",
+              arl_error_msg());
+    arl_sft_config_free(&c);
     /* this build's model: the CPU policy (experiments/sft_model.c) */
     CHECK(arl_sft_model_ops_default() != NULL);
 }
@@ -506,6 +545,86 @@ static void test_kill_anytime_resume(void) {
     check_resumed_equals_a(out);
 }
 
+/* The output directory.  One that holds an earlier run's metrics.jsonl without a checkpoint (a
+ * run stopped before its first one) is refused without --resume, the file left as it was;
+ * --resume starts that run again.  A metrics file that cannot be written (a full disk:
+ * /dev/full) stops the run with ARL_ERR_FULL naming it, instead of finishing without its lines.
+ * A shared prefix with a conversation longer than batch-tokens is refused before anything is
+ * written. */
+static void test_output_dir(void) {
+    char out[1024], p[1200];
+    const char *two[] = {"steps=2", "warmup-steps=0", "shared-prefix=true", "batch-tokens=8"};
+    arl_sft_result r;
+    struct stat sb;
+
+    snprintf(out, sizeof out, "%s/run_earlier", g_dir);
+    CHECK(mkdir(out, 0755) == 0);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    FILE *f = fopen(p, "w");
+    fputs("{\"step\": 1, \"loss\": 5}\n", f);
+    fclose(f);
+    CHECK(run_sets(out, 0, 2, two, test_ops(), &r) == ARL_ERR_STATE);
+    CHECK_MSG(strstr(arl_error_msg(), "earlier run's metrics.jsonl") &&
+                  strstr(arl_error_msg(), "--resume"),
+              "%s", arl_error_msg());
+    CHECK(stat(p, &sb) == 0 && sb.st_size == 23);
+    CHECK_MSG(run_sets(out, 1, 2, two, test_ops(), &r) == ARL_OK, "%s", arl_error_msg());
+    CHECK_EQ_INT(r.step, 2);
+
+    if (stat("/dev/full", &sb) == 0) {
+        snprintf(out, sizeof out, "%s/run_full", g_dir);
+        CHECK(mkdir(out, 0755) == 0);
+        snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+        CHECK(symlink("/dev/full", p) == 0);
+        CHECK(run_sets(out, 1, 2, two, test_ops(), &r) == ARL_ERR_FULL);
+        CHECK_MSG(strstr(arl_error_msg(), "metrics.jsonl: cannot write") != NULL, "%s",
+                  arl_error_msg());
+    }
+
+    snprintf(out, sizeof out, "%s/run_prefix", g_dir);
+    CHECK(run_sets(out, 0, 4, two, test_ops(), &r) == ARL_ERR_ARG);
+    CHECK_MSG(strstr(arl_error_msg(), "'batch-tokens' 8") != NULL, "%s", arl_error_msg());
+    CHECK(stat(out, &sb) != 0);
+}
+
+/* The model is asked for working memory of at most one epoch's tokens of the larger file when
+ * batch-tokens is above that (a batch never spans two epochs), and trains exactly as with
+ * that budget. */
+static arl_sft_model_ops g_cap_ops;
+static int64_t g_cap_tokens;
+static arl_status cap_create(void **ws, const arl_model_config *cfg, int64_t max_tokens,
+                             int64_t max_seqs, int threads) {
+    g_cap_tokens = max_tokens;
+    return test_ops()->create(ws, cfg, max_tokens, max_seqs, threads);
+}
+
+static void test_budget_above_data(void) {
+    g_cap_ops = *test_ops();
+    g_cap_ops.create = cap_create;
+    char a[1024], b[1024], budget[64];
+    snprintf(a, sizeof a, "%s/run_budget_big", g_dir);
+    snprintf(b, sizeof b, "%s/run_budget_epoch", g_dir);
+    const char *big[] = {"steps=3", "warmup-steps=0", "batch-tokens=200000"};
+    arl_sft_result ra, rb;
+    CHECK_MSG(run_sets(a, 0, 3, big, &g_cap_ops, &ra) == ARL_OK, "%s", arl_error_msg());
+    const int64_t cap = g_cap_tokens;
+    /* 300 conversations of about 30 tokens; the eval file has 40 */
+    CHECK_MSG(cap > 1000 && cap < 100000, "workspace of %lld tokens", (long long)cap);
+    snprintf(budget, sizeof budget, "batch-tokens=%lld", (long long)cap);
+    const char *epoch[] = {"steps=3", "warmup-steps=0", budget};
+    CHECK_MSG(run_sets(b, 0, 3, epoch, &g_cap_ops, &rb) == ARL_OK, "%s", arl_error_msg());
+    double la[3], lb[3];
+    int na, nb;
+    CHECK_EQ_INT(read_losses(a, la, 3, &na), 3);
+    CHECK_EQ_INT(read_losses(b, lb, 3, &nb), 3);
+    CHECK(memcmp(la, lb, sizeof la) == 0 && ra.eval_loss == rb.eval_loss);
+    int64_t n1, n2, s1, s2;
+    float *p1 = final_params(a, &n1, &s1), *p2 = final_params(b, &n2, &s2);
+    CHECK(p1 && p2 && n1 == n2 && memcmp(p1, p2, (size_t)n1 * 4) == 0);
+    free(p1);
+    free(p2);
+}
+
 static int rm_cb(const char *p, const struct stat *sb, int type, struct FTW *ftw) {
     (void)sb;
     (void)type;
@@ -534,6 +653,8 @@ int main(int argc, char **argv) {
     TEST_RUN(test_kill_after_step_resume);
     TEST_RUN(test_kill_anytime_resume);
     TEST_RUN(test_damaged_checkpoint_resume);
+    TEST_RUN(test_output_dir);
+    TEST_RUN(test_budget_above_data);
     free(g_params_a);
     int rc = test_finish();
     if (rc == 0) nftw(g_dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS); /* keep it for a failure */

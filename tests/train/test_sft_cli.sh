@@ -50,6 +50,20 @@ rc=$?
 [ "$(wc -l < "$TMP/out/metrics.jsonl" 2>/dev/null)" -ge 3 ] || fail "short run: metrics.jsonl has fewer than 3 steps"
 ls "$TMP/out/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "short run: no step-3 checkpoint"
 
+# an eval file that repeats training conversations: a warning naming how many and where
+"$BIN" sft "$TMP/exp.json" --set steps=1 --set batch-tokens=256 --set "out=$TMP/out3" \
+    --set "eval-data=$TMP/train.jsonl" > "$TMP/err" 2>&1 || fail "eval = train data: exit $?"
+grep -qF "warning: sft: 6 of the 6 eval conversations ($TMP/train.jsonl lines 1, 2, 3, 4, 5, 6) also occur in the training data" "$TMP/err" ||
+    fail "no overlap warning: $(grep -i warn "$TMP/err")"
+# a directory as the data: a usage error (exit 2) naming it, no note to continue
+mkdir "$TMP/adir"
+"$BIN" sft "$TMP/exp.json" --set "data=$TMP/adir" --set "out=$TMP/out4" > "$TMP/err" 2>&1
+rc=$?
+[ $rc -eq 2 ] || fail "data a directory: expected exit 2, got $rc"
+grep -qF "$TMP/adir is a directory" "$TMP/err" || fail "data a directory: $(tail -2 "$TMP/err")"
+grep -q "continue with" "$TMP/err" && fail "data a directory: a continue note: $(tail -2 "$TMP/err")"
+[ -e "$TMP/out4" ] && fail "data a directory: the output directory was made"
+
 # stopped by an I/O error (a file where its checkpoints folder goes): the note says how to
 # continue, and that command runs to the end once the file is gone
 mkdir -p "$TMP/out2" && : > "$TMP/out2/checkpoints"

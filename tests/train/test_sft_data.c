@@ -2,7 +2,10 @@
  * and drop counting, conversations without loss tokens), packing within the budget with
  * correct labels, epoch coverage, shuffle determinism, exact cursor resume (also through
  * train_state.json), and refusal of a changed file. */
+#include <signal.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/rng.h"
 #include "experiments/sft_data.h"
@@ -329,6 +332,19 @@ static void test_cursor_resume(void) {
     arl_train_state_free(&st2);
 }
 
+/* The first batch of d (a file changed since it was opened) fails ARL_ERR_CORRUPT naming where;
+ * closes d. */
+static void expect_changed(arl_sft_data *d, const char *where) {
+    arl_data_cursor c;
+    arl_sft_data_cursor_start(d, 0, &c);
+    arl_sft_batch b;
+    CHECK(arl_sft_batch_init(&b, 300) == ARL_OK);
+    CHECK(arl_sft_data_next_batch(d, &c, 0, 300, &b) == ARL_ERR_CORRUPT);
+    CHECK_MSG(strstr(arl_error_msg(), where) != NULL, "%s", arl_error_msg());
+    arl_sft_batch_free(&b);
+    arl_sft_data_close(d);
+}
+
 /* The file changes under an open handle: caught when the batch re-reads it. */
 static void test_changed_under_handle(void) {
     const char *dir = test_tmpdir("sft-changed");
@@ -339,14 +355,114 @@ static void test_changed_under_handle(void) {
     FILE *f = fopen(p, "r+");
     fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"\"}]}", f); /* overwrite line 1 */
     fclose(f);
-    arl_data_cursor c;
-    arl_sft_data_cursor_start(d, 0, &c);
-    arl_sft_batch b;
-    CHECK(arl_sft_batch_init(&b, 300) == ARL_OK);
-    CHECK(arl_sft_data_next_batch(d, &c, 0, 300, &b) == ARL_ERR_CORRUPT);
-    CHECK(strstr(arl_error_msg(), "train.jsonl:1") != NULL);
-    arl_sft_batch_free(&b);
-    arl_sft_data_close(d);
+    expect_changed(d, "train.jsonl:1");
+}
+
+/* The file changes under an open handle to a conversation of the same token count ("Say 3" ->
+ * "Say 9"): caught too (the tokens' hash, not only their count). */
+static void test_changed_same_length(void) {
+    const char *dir = test_tmpdir("sft-changed-len");
+    const char *p = path_in(dir, "train.jsonl");
+    FILE *f = fopen(p, "w");
+    put_conv(f, "Say 3", "3 3 3");
+    put_conv(f, "Say 4", "4 4 4");
+    fclose(f);
+    arl_sft_data_config dc = {300, ARL_SFT_MALFORMED_FAIL, ARL_SFT_LONG_TRUNCATE};
+    arl_sft_data *d;
+    CHECK(arl_sft_data_open(p, &dc, &g_t, &d) == ARL_OK);
+    f = fopen(p, "w");
+    put_conv(f, "Say 3", "3 3 3");
+    put_conv(f, "Say 9", "9 9 9"); /* the same bytes count, the same tokens count */
+    fclose(f);
+    expect_changed(d, "train.jsonl:2");
+}
+
+/* Paths that are not a regular file are refused at open, naming the path, without waiting on
+ * a FIFO (whose open would block for a writer) or reading a directory; a NUL byte outside a
+ * JSON string is a malformed line that says so; CRLF line ends and a last line without a
+ * newline give the same conversations as LF. */
+static void test_odd_files(void) {
+    const char *dir = test_tmpdir("sft-odd");
+    arl_sft_data_config dc = {300, ARL_SFT_MALFORMED_FAIL, ARL_SFT_LONG_TRUNCATE};
+    arl_sft_data *d = NULL;
+    const char *sub = path_in(dir, "adir.jsonl");
+    CHECK(mkdir(sub, 0755) == 0);
+    CHECK(arl_sft_data_open(sub, &dc, &g_t, &d) == ARL_ERR_ARG && d == NULL);
+    CHECK_MSG(strstr(arl_error_msg(), "adir.jsonl is a directory") != NULL, "%s", arl_error_msg());
+    const char *fifo = path_in(dir, "fifo.jsonl");
+    CHECK(mkfifo(fifo, 0644) == 0);
+    alarm(30); /* a blocking open would hang here */
+    CHECK(arl_sft_data_open(fifo, &dc, &g_t, &d) == ARL_ERR_ARG && d == NULL);
+    alarm(0);
+    CHECK(strstr(arl_error_msg(), "not a regular file") != NULL);
+
+    const char *nul = path_in(dir, "nul.jsonl");
+    FILE *f = fopen(nul, "wb");
+    put_conv(f, "a", "b");
+    fputs("{\"messages\": []}", f);
+    fputc(0, f);
+    fputs("\n", f);
+    fclose(f);
+    CHECK(arl_sft_data_open(nul, &dc, &g_t, &d) == ARL_ERR_FORMAT);
+    CHECK_MSG(strstr(arl_error_msg(), "nul.jsonl:2: NUL byte at column 17") != NULL, "%s",
+              arl_error_msg());
+
+    const char *lf = path_in(dir, "lf.jsonl"), *crlf = path_in(dir, "crlf.jsonl");
+    f = fopen(lf, "wb");
+    put_conv(f, "a", "b");
+    put_conv(f, "cc", "dd");
+    fclose(f);
+    f = fopen(crlf, "wb");
+    fputs("{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": "
+          "\"user\", \"content\": \"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}]}\r\n"
+          "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": "
+          "\"user\", \"content\": \"cc\"}, {\"role\": \"assistant\", \"content\": \"dd\"}]}",
+          f); /* no newline at the end */
+    fclose(f);
+    arl_sft_data *a, *b;
+    CHECK(arl_sft_data_open(lf, &dc, &g_t, &a) == ARL_OK);
+    CHECK(arl_sft_data_open(crlf, &dc, &g_t, &b) == ARL_OK);
+    CHECK_EQ_INT(arl_sft_data_count(b), 2);
+    CHECK_EQ_INT(arl_sft_data_stats(b)->lines, 2);
+    CHECK_EQ_INT(arl_sft_data_stats(b)->tokens, arl_sft_data_stats(a)->tokens);
+    int64_t n = 0, lines[2];
+    CHECK(arl_sft_data_overlap(a, b, &n, lines, 2) == ARL_OK);
+    CHECK_EQ_INT(n, 2); /* the same conversations */
+    arl_sft_data_close(a);
+    arl_sft_data_close(b);
+}
+
+/* The overlap of an evaluation file with the training data: by the conversations' tokens,
+ * with the evaluation file's line numbers. */
+static void test_overlap(void) {
+    const char *dir = test_tmpdir("sft-overlap");
+    const char *tp = path_in(dir, "train.jsonl"), *ep = path_in(dir, "eval.jsonl");
+    FILE *f = fopen(tp, "w");
+    put_conv(f, "1", "one");
+    put_conv(f, "2", "two");
+    put_conv(f, "3", "three");
+    fclose(f);
+    f = fopen(ep, "w");
+    put_conv(f, "4", "four");
+    put_conv(f, "2", "two"); /* line 2: in the training data */
+    put_conv(f, "2", "TWO");
+    fprintf(f, "\n");
+    put_conv(f, "3", "three"); /* line 5 */
+    fclose(f);
+    arl_sft_data_config dc = {300, ARL_SFT_MALFORMED_FAIL, ARL_SFT_LONG_TRUNCATE};
+    arl_sft_data *t, *e;
+    CHECK(arl_sft_data_open(tp, &dc, &g_t, &t) == ARL_OK);
+    CHECK(arl_sft_data_open(ep, &dc, &g_t, &e) == ARL_OK);
+    int64_t n = -1, lines[1] = {0};
+    CHECK(arl_sft_data_overlap(t, e, &n, lines, 1) == ARL_OK);
+    CHECK_EQ_INT(n, 2);
+    CHECK_EQ_INT(lines[0], 2); /* only cap = 1 listed */
+    arl_sft_data_close(e);
+    CHECK(arl_sft_data_open(tp, &dc, &g_t, &e) == ARL_OK);
+    CHECK(arl_sft_data_overlap(t, e, &n, lines, 0) == ARL_OK);
+    CHECK_EQ_INT(n, 3);
+    arl_sft_data_close(e);
+    arl_sft_data_close(t);
 }
 
 int main(void) {
@@ -356,5 +472,8 @@ int main(void) {
     TEST_RUN(test_shuffle_determinism);
     TEST_RUN(test_cursor_resume);
     TEST_RUN(test_changed_under_handle);
+    TEST_RUN(test_changed_same_length);
+    TEST_RUN(test_odd_files);
+    TEST_RUN(test_overlap);
     return test_finish();
 }
