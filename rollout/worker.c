@@ -1398,6 +1398,86 @@ static arl_status groups_check(arl_rollout_worker *w) {
     return ARL_OK;
 }
 
+/* The settings that decide what a trajectory of a run is: how it is sampled, budgeted, ended
+ * and scored.  A continue (the run uid of a stored run) must keep them; the others (threads,
+ * batch size, device, state cache, progress, alerts, deadlines) may change between runs. */
+static const char *const ro_run_keys[] = {
+    "temperature",
+    "top-p",
+    "seed",
+    "segment-tokens",
+    "turn-tokens",
+    "observation-tokens",
+    "context-tokens",
+    "trajectory-tokens",
+    "max-turns",
+    "wall-clock-s",
+    "wall-clock-truncates",
+    "segment-scores",
+    "unscorable-outcome",
+    "mla-sparse-topk",
+    "mla-sparse-chunk",
+    "env-config",
+    "env-options",
+};
+
+/* Equal values, JSON text (env-config, env-options) compared as the values it holds. */
+static int same_setting(const json_t *x, const json_t *y) {
+    if (json_equal((json_t *)x, (json_t *)y)) return 1;
+    if (!json_is_string(x) || !json_is_string(y)) return 0;
+    json_t *px = json_loads(json_string_value(x), JSON_DECODE_ANY, NULL);
+    json_t *py = json_loads(json_string_value(y), JSON_DECODE_ANY, NULL);
+    const int eq = px && py && json_equal(px, py);
+    if (px) json_decref(px);
+    if (py) json_decref(py);
+    return eq;
+}
+
+/* A rollout that continues a stored run must sample as the run did: its trajectories join the
+ * run's groups (baselines) and its resumes continue the run's trajectories.  The run's recorded
+ * configuration is compared key by key (ro_run_keys; a key the record lacks, from an older
+ * build, is not compared); the differing keys are named. */
+static arl_status settings_check(arl_rollout_worker *w) {
+    const arl_rollout_config *c = &w->cfg;
+    replay_run_info run = {0};
+    arl_status s = replay_run_get(w->st, c->run_uid, &run);
+    if (s == ARL_ERR_NOT_FOUND) {
+        arl_error_clear();
+        return ARL_OK;
+    }
+    ARL_TRY(s);
+    char *now = arl_options_to_json(arl_rollout_options, arl_rollout_n_options, c);
+    json_t *a = run.config_json ? json_loads(run.config_json, 0, NULL) : NULL;
+    json_t *b = now ? json_loads(now, 0, NULL) : NULL;
+    free(now);
+    char diff[1024] = "";
+    size_t k = 0, n = 0;
+    if (!b) s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+    for (size_t i = 0; s == ARL_OK && a && i < sizeof ro_run_keys / sizeof *ro_run_keys; i++) {
+        const json_t *x = json_object_get(a, ro_run_keys[i]),
+                     *y = json_object_get(b, ro_run_keys[i]);
+        if (!x || !y || same_setting(x, y)) continue;
+        char *xs = json_dumps(x, JSON_ENCODE_ANY | JSON_COMPACT),
+             *ys = json_dumps(y, JSON_ENCODE_ANY | JSON_COMPACT);
+        if (k < sizeof diff)
+            k += (size_t)snprintf(diff + k, sizeof diff - k, "%s%s %.80s -> %.80s", n ? ", " : "",
+                                  ro_run_keys[i], xs ? xs : "?", ys ? ys : "?");
+        free(xs);
+        free(ys);
+        n++;
+    }
+    if (s == ARL_OK && n)
+        s = arl_errorf(ARL_ERR_STATE,
+                       "rollout: run uid '%s' of the store was sampled with other settings (%s): "
+                       "a rollout with a stored run uid continues that run, so it needs its "
+                       "settings; give this one its own --run-uid (rollout.run-uid)",
+                       c->run_uid, diff);
+    if (a) json_decref(a);
+    if (b) json_decref(b);
+    replay_run_info_free(&run);
+    return s;
+}
+
 /* A rollout that continues a stored run (its run uid) at a policy version the run records must
  * hold the weights recorded for that version: its trajectories join the run's groups as samples
  * of that version, and its resumes start from the run's cached states of that version.  Another
@@ -1520,6 +1600,7 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
     if (replay_store_uid(st)[0])
         snprintf(w->env_tag, sizeof w->env_tag, "@%.12s", replay_store_uid(st));
     if (with_tasks) ARL_TRY(groups_check(w));
+    if (with_tasks) ARL_TRY(settings_check(w));
     if (with_tasks) ARL_TRY(version_check(w));
     char run_uid[REPLAY_UID_MAX + 1];
     snprintf(run_uid, sizeof run_uid, "%s", c->run_uid);

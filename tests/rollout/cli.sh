@@ -163,6 +163,19 @@ for k in "--task-seed 5" "--group-size 3" "--group-kind eval"; do
         "$T/err-re" || { cat "$T/err-re"; fail "rerun $k: the message"; }
     [ "$(ls "$T/db/shards" | wc -l)" -eq "$n_files" ] || fail "rerun $k: a shard was written"
 done
+# ... and so is one that samples, budgets or scores otherwise (it joined the run's groups with its
+# own temperature or turn budget, silently); threads and batch size may change
+for k in "--temperature 0.5" "--max-turns 2" "--seed 3"; do
+    # shellcheck disable=SC2086
+    "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 3 $k > /dev/null 2> "$T/err-re"
+    [ $? -eq 1 ] || { cat "$T/err-re"; fail "rerun $k: exit 1 expected"; }
+    key=${k#--}
+    grep -q "error: rollout: run uid 'rollout' of the store was sampled with other settings (${key%% *} .* -> ${key#* }): .*give this one its own --run-uid" \
+        "$T/err-re" || { cat "$T/err-re"; fail "rerun $k: the message"; }
+    [ "$(ls "$T/db/shards" | wc -l)" -eq "$n_files" ] || fail "rerun $k: a shard was written"
+done
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --threads 1 --batch-size 1 \
+    > /dev/null 2> "$T/err-re" || { cat "$T/err-re"; fail "rerun with other threads and batch size"; }
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after the reruns"; }
 # two workers of one run uid started together over the same tasks share them: each trajectory is
 # begun once, by the worker that claims its group member first (both wrote every one, each in
