@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sqlite3.h>
+
 #include "policy/checkpoint.h"
 #include "policy/config.h"
 #include "policy/params.h"
@@ -100,6 +102,23 @@ static inline int64_t h_rescore_check(replay_store *st, const char *ckpt, const 
     CHECK_MSG(rs.max_abs < 1e-3, "%s: max |l - l_mu| = %g at stream token %lld", uid, rs.max_abs,
               (long long)rs.worst_token);
     return rs.from_state;
+}
+
+/* The first row's text of sql (one text column, ?1 bound to uid) in the SQLite file at path,
+ * read-only (malloc'ed; NULL: no row, a NULL value or an error). */
+static inline char *h_sql_text(const char *path, const char *sql, const char *uid) {
+    sqlite3 *db = NULL;
+    sqlite3_stmt *q = NULL;
+    char *out = NULL;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, sql, -1, &q, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
+        if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_text(q, 0))
+            out = strdup((const char *)sqlite3_column_text(q, 0));
+    }
+    sqlite3_finalize(q);
+    sqlite3_close(db);
+    return out;
 }
 
 /* Run a worker of config c on shard `shard` of the store at db in a child process that dies

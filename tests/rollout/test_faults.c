@@ -5,7 +5,6 @@
  * row with its code, the steps before it in a partial segment), refill infra-masked slots once,
  * and the run goes on to the end.  The store verifies.  The masks' details name the environment,
  * the step and the violation.  Client-fault alerting (spec/aep.md 8.6): test_alert. */
-#include <sqlite3.h>
 
 #include "tests/rollout/fault_server.h"
 #include "tests/rollout/helpers.h"
@@ -52,19 +51,7 @@ static char ckpt[600], tmp[512];
 
 /* The error_detail_json of trajectory uid in the worker file at path (malloc'ed; NULL: none). */
 static char *detail_of(const char *path, const char *uid) {
-    sqlite3 *db = NULL;
-    sqlite3_stmt *q = NULL;
-    char *out = NULL;
-    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-        sqlite3_prepare_v2(db, "SELECT error_detail_json FROM trajectories WHERE traj_uid = ?1", -1,
-                           &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
-        if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_text(q, 0))
-            out = strdup((const char *)sqlite3_column_text(q, 0));
-    }
-    sqlite3_finalize(q);
-    sqlite3_close(db);
-    return out;
+    return h_sql_text(path, "SELECT error_detail_json FROM trajectories WHERE traj_uid = ?1", uid);
 }
 
 static void test_faults(void) {

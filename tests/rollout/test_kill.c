@@ -16,7 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <sqlite3.h>
 
 #include "envs/aep_server.h"
 #include "tests/rollout/helpers.h"
@@ -178,21 +177,10 @@ static void test_mask_interrupted(void) {
 /* The detail_json of trajectory uid's 'resumed' event in worker file `path` (malloc'ed; NULL:
  * none). */
 static char *resumed_detail(const char *path, const char *uid) {
-    sqlite3 *db = NULL;
-    sqlite3_stmt *q = NULL;
-    char *out = NULL;
-    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
-        sqlite3_prepare_v2(db,
-                           "SELECT e.detail_json FROM trajectory_events e JOIN trajectories t ON "
-                           "t.traj_id = e.traj_id WHERE t.traj_uid = ?1 AND e.kind = 'resumed'",
-                           -1, &q, NULL) == SQLITE_OK) {
-        sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
-        if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_text(q, 0))
-            out = strdup((const char *)sqlite3_column_text(q, 0));
-    }
-    sqlite3_finalize(q);
-    sqlite3_close(db);
-    return out;
+    return h_sql_text(path,
+                      "SELECT e.detail_json FROM trajectory_events e JOIN trajectories t ON "
+                      "t.traj_id = e.traj_id WHERE t.traj_uid = ?1 AND e.kind = 'resumed'",
+                      uid);
 }
 
 static void test_resume_remote(void) {
