@@ -8,7 +8,6 @@
  * level, mean length, ends) last.  Re-running with the same --out and --shard continues an
  * interrupted run: finished groups are skipped, interrupted trajectories resumed or masked.
  */
-#include <dirent.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,39 +77,6 @@ static void remove_new_store(const char *root, int made_root) {
     if (made_root) rmdir(root);
 }
 
-/* --out must be a store root or a folder to make one in: not a file (replay_store_open reads
- * one shard file, read-only) and not a folder of store files without a catalog (a store's
- * shards/ folder, or the catalog lost), where a new store would be made around them. */
-static arl_status out_check(const char *out) {
-    struct stat sb;
-    char p[4200];
-    if (stat(out, &sb) != 0) return ARL_OK; /* made by the store */
-    if (!S_ISDIR(sb.st_mode))
-        return arl_errorf(ARL_ERR_ARG,
-                          "--out %s: not a directory (a replay store is a folder: give a store "
-                          "root, or a path to create one at)",
-                          out);
-    snprintf(p, sizeof p, "%s/catalog.sqlite", out);
-    if (stat(p, &sb) == 0) return ARL_OK;
-    DIR *d = opendir(out);
-    if (!d) return ARL_OK; /* the store's open says why */
-    const struct dirent *e;
-    const char *found = NULL;
-    while (!found && (e = readdir(d))) {
-        const size_t len = strlen(e->d_name);
-        if (len > 7 && !strcmp(e->d_name + len - 7, ".sqlite")) found = e->d_name;
-    }
-    arl_status s = ARL_OK;
-    if (found)
-        s = arl_errorf(ARL_ERR_ARG,
-                       "--out %s: holds store files (%s) but no catalog.sqlite, so it is not a "
-                       "store root (a store's shards/ folder? give the folder that holds "
-                       "catalog.sqlite, or a new path)",
-                       out, found);
-    closedir(d);
-    return s;
-}
-
 int cmd_rollout(int argc, char **argv) {
     size_t n;
     arl_option *tab = make_table(&n);
@@ -146,7 +112,6 @@ int cmd_rollout(int argc, char **argv) {
     if (s == ARL_OK) s = arl_options_check_required(tab, n, &o);
     if (s == ARL_OK) s = arl_rollout_config_validate(&o.rc);
     if (s == ARL_OK) s = cli_check_ckpt_dir("--ckpt", o.ckpt);
-    if (s == ARL_OK) s = out_check(o.out);
     free(experiment);
     if (s != ARL_OK) {
         rc = cli_fail(s);

@@ -431,6 +431,39 @@ static int cmp_str(const void *a, const void *b) {
 
 /* The error for a folder that is no store: the stores below it named (a train run's replay/
  * holds u<N>/r<K>), or what a store is. */
+/* A store to write (REPLAY_OPEN_CREATE) is a store root or a path to make one at: not a file
+ * (opened read-only as one shard), and not a folder of store files without a catalog (a
+ * store's shards/ folder), where a second store would be made around them.  A root whose
+ * catalog was lost keeps its files in shards/ and is opened (the catalog is rebuilt). */
+static arl_status create_root_check(const char *root) {
+    struct stat sb;
+    if (stat(root, &sb) != 0) return ARL_OK; /* made below */
+    if (!S_ISDIR(sb.st_mode))
+        return arl_errorf(ARL_ERR_ARG,
+                          "replay: %s: not a directory (a replay store is a folder: give a store "
+                          "root, or a path to create one at)",
+                          root);
+    char *cat = rstore_join(root, "catalog.sqlite");
+    if (!cat) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    const int have_cat = stat(cat, &sb) == 0;
+    free(cat);
+    DIR *d = have_cat ? NULL : opendir(root);
+    if (!d) return ARL_OK; /* a catalog, or the open below says why */
+    const struct dirent *e;
+    arl_status s = ARL_OK;
+    while (s == ARL_OK && (e = readdir(d))) {
+        const size_t len = strlen(e->d_name);
+        if (len > 7 && !strcmp(e->d_name + len - 7, ".sqlite"))
+            s = arl_errorf(ARL_ERR_ARG,
+                           "replay: %s: holds store files (%s) but no catalog.sqlite, so it is "
+                           "not a store root (a store's shards/ folder? give the folder that "
+                           "holds catalog.sqlite, or a new path)",
+                           root, e->d_name);
+    }
+    closedir(d);
+    return s;
+}
+
 static arl_status not_a_store(const char *root) {
     enum { CAP = 256 };
     char *names[CAP] = {0};
@@ -482,6 +515,8 @@ arl_status replay_store_open(const char *root, const replay_open_opts *opts, rep
     st->plan.enabled = env_plan && *env_plan && strcmp(env_plan, "0");
     int ro = !!(st->flags & REPLAY_OPEN_READONLY);
     struct stat sb;
+    if ((st->flags & REPLAY_OPEN_CREATE) && !ro && (s = create_root_check(root)) != ARL_OK)
+        goto fail;
     if (stat(root, &sb) == 0 && S_ISREG(sb.st_mode)) {
         /* One shard file: read-only; its id and kind come from its meta. */
         st->single_file = 1;

@@ -56,13 +56,19 @@ ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1" \
 # reported as a damaged database; the shards folder got a second store made inside it)
 : > "$T/a-file"
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/a-file" --tasks 1 > /dev/null 2> "$T/err-out"
-[ $? -eq 2 ] && grep -q "error: --out $T/a-file: not a directory" "$T/err-out" \
+[ $? -eq 2 ] && grep -q "error: replay: $T/a-file: not a directory" "$T/err-out" \
     || { tail -2 "$T/err-out"; fail "--out a file: exit 2 expected"; }
 ls "$T/db/shards" > "$T/shards-before"
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db/shards" --tasks 1 > /dev/null 2> "$T/err-out"
-[ $? -eq 2 ] && grep -q "error: --out $T/db/shards: holds store files (.*) but no catalog.sqlite" "$T/err-out" \
+[ $? -eq 2 ] && grep -q "error: replay: $T/db/shards: holds store files (.*) but no catalog.sqlite" "$T/err-out" \
     || { tail -2 "$T/err-out"; fail "--out a shards folder: exit 2 expected"; }
 ls "$T/db/shards" | cmp -s - "$T/shards-before" || fail "--out a shards folder: it was written to"
+# the same rule for every writer of a store (replay_store_open with REPLAY_OPEN_CREATE): import
+echo '{}' > "$T/none.jsonl"
+"$BIN" replay import "$T/db/shards" "$T/none.jsonl" > /dev/null 2> "$T/err-out"
+[ $? -eq 2 ] && grep -q "error: replay: $T/db/shards: holds store files" "$T/err-out" \
+    || { tail -2 "$T/err-out"; fail "import into a shards folder: exit 2 expected"; }
+ls "$T/db/shards" | cmp -s - "$T/shards-before" || fail "import into a shards folder: it was written to"
 # a checkpoint with other weights for the version a stored run records: refused before a shard
 # is written (its trajectories joined the run's groups as samples of the recorded weights)
 "$BIN" model init tiny "$T/ckpt2" --seed 4 >/dev/null 2>&1 || fail "model init ckpt2"
