@@ -16,7 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-
 #include "envs/aep_server.h"
 #include "tests/rollout/helpers.h"
 
