@@ -58,6 +58,8 @@ struct arl_env_client {
     arl_env_session **done;    /* finished, not yet reported */
     int n_done, cap_done;
     int pending;
+    int64_t retry_said_ms;  /* when a session call's retry was last said (0: never) */
+    int64_t retries_unsaid; /* session call retries since then, not said */
 };
 
 struct arl_env {
@@ -351,6 +353,35 @@ static int64_t retry_delay(arl_env_session *s, const arl_env_error *e) {
     return delay;
 }
 
+/* A session call's retry on a remote environment is said (a server that died mid-run was
+ * retried for tens of seconds in silence before its trajectories were masked), but at most one
+ * line every cfg.retry_say_ms per client: with a dead server every session of a worker retries
+ * at once.  The line counts the retries left unsaid since the last one; each call's attempt log
+ * keeps them all. */
+static void retry_say(arl_env_session *s, const arl_env_error *e, int64_t delay) {
+    static const char *const method[] = {"GET",  "GET",  "POST", "POST",
+                                         "POST", "POST", "GET",  "DELETE"};
+    arl_env_client *c = s->client;
+    const req_state *r = &s->rq;
+    const int64_t now = aep_now_ms();
+    const int64_t every = c->cfg.retry_say_ms > 0 ? c->cfg.retry_say_ms : 10000;
+    if (c->retry_said_ms > 0 && now - c->retry_said_ms < every) {
+        c->retries_unsaid++;
+        return;
+    }
+    char more[96] = "";
+    if (c->retries_unsaid > 0)
+        snprintf(more, sizeof more, "; %lld more retr%s of this worker's calls since the last note",
+                 (long long)c->retries_unsaid, c->retries_unsaid == 1 ? "y" : "ies");
+    arl_log_warn("env: %s %s: %s%s%s (attempt %d); retrying in %.1f s%s (retries are said at "
+                 "most every %.0f s)",
+                 (unsigned)r->ep < sizeof method / sizeof *method ? method[r->ep] : "?",
+                 r->url ? r->url : "?", e->code_str, e->message[0] ? ": " : "", e->message,
+                 r->attempts, 1e-3 * (double)delay, more, 1e-3 * (double)every);
+    c->retry_said_ms = now;
+    c->retries_unsaid = 0;
+}
+
 /* One attempt finished: classify and finish or schedule a retry. */
 static void attempt_done(arl_env_session *s, int transport, CURLcode cc, int http_status) {
     req_state *r = &s->rq;
@@ -389,8 +420,7 @@ static void attempt_done(arl_env_session *s, int transport, CURLcode cc, int htt
     }
     /* a queue retry of /info or /health (the control session: env open, env check; 503
      * CAPACITY_REACHED or DRAINING, up to the queue budget) is said, so that a server busy for
-     * minutes does not look like a hang; transport retries are few and short, and session
-     * calls keep their retries in their attempt log */
+     * minutes does not look like a hang; a session call's retries are said by retry_say */
     if (s->env && s == s->env->ctl &&
         (e.code == ARL_ENV_E_CAPACITY_REACHED || e.code == ARL_ENV_E_DRAINING))
         arl_log_warn("env %s: %s answered %s%s%s (attempt %d); retrying in %.1f s (%.0f s of the "
@@ -399,6 +429,8 @@ static void attempt_done(arl_env_session *s, int transport, CURLcode cc, int htt
                      e.code_str, e.message[0] ? ": " : "", e.message, r->attempts,
                      1e-3 * (double)delay, 1e-3 * (double)r->queued_ms,
                      1e-3 * (double)s->client->cfg.queue_budget_ms);
+    else if (s->env && s->env->remote && s != s->env->ctl)
+        retry_say(s, &e, delay);
     arl_env_error_clear(&e);
     r->retry_at_ms = aep_now_ms() + delay;
 }

@@ -680,6 +680,8 @@ typedef struct arl_env_client_config {
     int64_t create_deadline_ms;    /* 120000 (§11.2) */
     int64_t score_deadline_ms;     /* 300000 */
     int64_t fork_deadline_ms;      /* 120000 */
+    int64_t retry_say_ms;          /* 10000: a session call's retries are said in at most one
+                                      line per this many ms and client (0: the default) */
     uint64_t seed;                 /* seed of the retry jitter (arl_rng) */
     const char *token;             /* bearer token for remote environments; NULL: none (copied) */
 } arl_env_client_config;

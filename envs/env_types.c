@@ -730,6 +730,7 @@ void arl_env_client_config_default(arl_env_client_config *cfg) {
     cfg->create_deadline_ms = 120000;
     cfg->score_deadline_ms = 300000;
     cfg->fork_deadline_ms = 120000;
+    cfg->retry_say_ms = 10000;
     cfg->seed = 0x5eed;
 }
 

@@ -284,6 +284,7 @@ static void fs_stop(void) {
 /* ---- client side ---- */
 
 static arl_env_client *client;
+static arl_env_client_config fcfg; /* client's settings */
 
 typedef struct outcome {
     arl_env_errcode code;
@@ -501,6 +502,38 @@ static void test_info_retry_said(void) {
     CHECK_EQ_INT(said, 2);
 }
 
+/* A session call's retries are said, at most one line per retry_say_ms and client (with a
+ * dead server every session of a worker retries at once), the next line counting the retries
+ * left unsaid: step answered 503 twice (two retries 150 ms apart) says the first; after the
+ * interval, the same again says one retry and the one left unsaid. */
+static void test_step_retry_said(void) {
+    char logp[600], buf[8192];
+    arl_env_client_config cfg = fcfg;
+    cfg.retry_say_ms = 1000;
+    arl_env_client *shared = client, *c2 = NULL;
+    CHECK(arl_env_client_open(&cfg, &c2) == ARL_OK);
+    if (!c2) return;
+    client = c2;
+    snprintf(logp, sizeof logp, "%s/retry.log", test_tmpdir("aep-step-retry"));
+    int saved = test_stderr_to(logp);
+    outcome o = run("e503_twice", 0);
+    int said =
+        test_stderr_restore(saved, logp, buf, sizeof buf, "/step: CAPACITY_REACHED: m (attempt ");
+    CHECK_EQ_INT(o.code, ARL_ENV_E_NONE);
+    CHECK_EQ_INT(o.attempts, 3);
+    CHECK_EQ_INT(said, 1);
+    CHECK(strstr(buf, "/e503_twice/aep/v1/sessions/") && strstr(buf, "(attempt 1); retrying in"));
+    nap(1100);
+    saved = test_stderr_to(logp);
+    o = run("e503_twice", 0);
+    said = test_stderr_restore(saved, logp, buf, sizeof buf, "(attempt 1); retrying in");
+    CHECK_EQ_INT(o.code, ARL_ENV_E_NONE);
+    CHECK_EQ_INT(said, 1);
+    CHECK_MSG(strstr(buf, "; 1 more retry of this worker's calls since the last note"), "%s", buf);
+    client = shared;
+    arl_env_client_close(c2);
+}
+
 static void test_checker_on_faulty(void) {
     /* the fault server's step endpoint answers 500: the suite must fail */
     char url[128];
@@ -527,6 +560,7 @@ int main(void) {
     cfg.backoff_base_ms = 20;     /* §10.3 formula with a small base, to keep the test fast */
     cfg.max_response_bytes = 1 << 20;
     cfg.queue_budget_ms = 500;
+    fcfg = cfg;
     CHECK(arl_env_client_open(&cfg, &client) == ARL_OK);
     TEST_RUN(test_codes);
     TEST_RUN(test_sizes);
@@ -535,6 +569,7 @@ int main(void) {
     TEST_RUN(test_keepalive);
     TEST_RUN(test_unreachable);
     TEST_RUN(test_info_retry_said);
+    TEST_RUN(test_step_retry_said);
     TEST_RUN(test_checker_on_faulty);
     arl_env_client_close(client);
     fs_stop();
