@@ -385,11 +385,13 @@ static void progress_end_line(sft_run *r) {
     r->line_open = 0;
 }
 
-/* Flush the metrics lines written so far: a write error (a full disk) stops the run instead of
- * losing its lines. */
+/* Flush the metrics lines written so far to the disk (fsync, as train's: a checkpoint saved
+ * after them must not outlive them in a power cut, or a resume from it has a gap in the
+ * metrics); a write error (a full disk) stops the run instead of losing its lines. */
 static arl_status metrics_flush(sft_run *r) {
     errno = 0;
-    if (fflush(r->metrics) == 0 && !ferror(r->metrics)) return ARL_OK;
+    if (fflush(r->metrics) == 0 && !ferror(r->metrics) && fsync(fileno(r->metrics)) == 0)
+        return ARL_OK;
     const int e = errno ? errno : EIO;
     return arl_errorf(e == ENOSPC || e == EDQUOT ? ARL_ERR_FULL : ARL_ERR_IO,
                       "%s: cannot write the metrics: %s", r->metrics_path, strerror(e));
