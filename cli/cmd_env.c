@@ -216,8 +216,9 @@ int cmd_env_check(int argc, char **argv) {
                             .step_deadline_ms = o.step_deadline_ms};
     arl_check_report rep;
     arl_status st = arl_aep_check_run(&cfg, &rep);
-    if (st == ARL_ERR_ARG) {
-        fprintf(stderr, "agentrl: error: %s\n", arl_error_msg());
+    if (st == ARL_ERR_ARG) { /* (the script's errors) */
+        fprintf(stderr, "agentrl: error: %s%s%s%s\n", o.script ? "--script " : "",
+                o.script ? o.script : "", o.script ? ": " : "", arl_error_msg());
         ret = ARL_EXIT_USAGE;
         goto out;
     }

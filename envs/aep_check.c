@@ -293,8 +293,8 @@ static int expect(chk *k, const resp *r, int status, const char *code, const cha
         return 0;
     }
     if (r->status != status || (code && strcmp(resp_code(r), code))) {
-        FAIL("%s: expected %d%s%s, got %d %s", what, status, code ? " " : "", code ? code : "", r->status,
-             r->status >= 300 ? resp_code(r) : "");
+        FAIL("%s: expected %d%s%s, got %d%s%s", what, status, code ? " " : "", code ? code : "",
+             r->status, r->status >= 300 ? " " : "", r->status >= 300 ? resp_code(r) : "");
         return 0;
     }
     return 1;
@@ -1520,7 +1520,11 @@ arl_status arl_aep_check_run(const arl_check_config *cfg, arl_check_report *rep)
         goto done;
     }
     k->reachable = 1;
-    if (expect(k, &r, 200, NULL, "GET /info")) {
+    if (r.status == 404) /* not an AEP/1 server, or the wrong base */
+        FAIL("GET %s/info answered 404: is this an AEP/1 server? Give the base its /aep/v1/ "
+             "routes are under (http://HOST:PORT for info at http://HOST:PORT/aep/v1/info)",
+             k->base);
+    else if (expect(k, &r, 200, NULL, "GET /info")) {
         aep_sha256_hex(r.body, r.len, rep->info_sha256);
         if (arl_env_info_parse(r.body, r.len, &k->info) == ARL_OK)
             k->have_info = 1;

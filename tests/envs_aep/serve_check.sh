@@ -71,6 +71,15 @@ grep -q '"conformant": true' "$tmp/report.json" || bad "--json report lacks \"co
 [ "$(grep -c '"id":' "$tmp/report.json")" = 26 ] || bad "--json report does not list 26 checks"
 # a URL ending in /aep/v1 is accepted
 "$BIN" env check "$url/aep/v1" > /dev/null 2>&1 || bad "URL with /aep/v1 suffix"
+# a base whose /aep/v1/info is not there (404): check 1 says what the URL should be
+"$BIN" env check "$url/other" > "$tmp/check" 2>&1; [ $? = 1 ] || bad "a wrong base should exit 1"
+grep -q "GET $url/other/aep/v1/info answered 404: is this an AEP/1 server" "$tmp/check" ||
+    { cat "$tmp/check"; bad "a wrong base: check 1 should name the URL tried"; }
+# an invalid script is named
+echo '{' > "$tmp/bad.json"
+"$BIN" env check "$url" --script "$tmp/bad.json" > "$tmp/check" 2>&1; [ $? = 2 ] || bad "an invalid script should exit 2"
+grep -q "error: --script $tmp/bad.json: conformance script: invalid JSON" "$tmp/check" ||
+    { cat "$tmp/check"; bad "an invalid script should be named"; }
 stop echo
 
 # --connection-timeout-s: an idle connection (a client that connects and sends nothing, or
