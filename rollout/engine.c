@@ -164,6 +164,7 @@ arl_status ro_engine_load_next(ro_engine *e, const char *ckpt_dir, int64_t versi
     arl_model_params *p = &e->params[1 - e->cur];
     if (!p->arena) ARL_TRY(arl_model_params_alloc(p, &e->cfg));
     e->have_next = 0;
+    e->wsha[1 - e->cur][0] = 0;
     s = arl_checkpoint_load(ckpt_dir, &e->cfg, p);
     if (s) return arl_error_prefix(s, "rollout: loading policy version %lld", (long long)version);
     e->have_next = 1;
@@ -289,6 +290,7 @@ arl_status ro_engine_slot_sync(ro_engine *e, int32_t slot, int64_t row0) {
     return arl_model_dev_slot_download(&e->md, slot, &e->st, slot, row0);
 }
 
-void ro_engine_weights_sha256(const ro_engine *e, int which, char hex[65]) {
-    arl_model_params_sha256_hex(&e->params[which], hex);
+void ro_engine_weights_sha256(ro_engine *e, int which, char hex[65]) {
+    if (!e->wsha[which][0]) arl_model_params_sha256_hex(&e->params[which], e->wsha[which]);
+    memcpy(hex, e->wsha[which], 65);
 }

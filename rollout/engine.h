@@ -48,6 +48,7 @@ typedef struct ro_engine {
     int64_t version;            /* policy version of params[cur] */
     int have_next;              /* params[1 - cur] holds version next_version */
     int64_t next_version;
+    char wsha[2][65];     /* params[i]'s weights SHA-256 once computed, "" before */
     arl_model m;          /* the reference path (o.device NULL) */
     arl_decode_state st;  /* the slots: on the reference path the state itself; on a device
                              the bookkeeping (join / leave / reserve) and a host copy of each
@@ -122,7 +123,9 @@ const arl_model_params *ro_engine_params(const ro_engine *e);
 /* The identity of parameter buffer `which` (0 or 1, an index into params) as loaded: SHA-256 of
  * its fp32 arena as lower-case hex into hex[65].  Recorded as policy_versions.weights_sha256
  * by the worker and matched by `replay rescore` (spec/replay.md 13.6) to find a checkpoint's
- * version.  Reads the whole arena: seconds for a large model, so once per loaded version. */
-void ro_engine_weights_sha256(const ro_engine *e, int which, char hex[65]);
+ * version.  Reading the whole arena takes seconds for a small model and an hour at full scale,
+ * so it is computed once per loaded version and kept (wsha) for the version check, the
+ * version record and the fork state that ask for it. */
+void ro_engine_weights_sha256(ro_engine *e, int which, char hex[65]);
 
 #endif

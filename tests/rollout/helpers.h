@@ -44,6 +44,19 @@ static inline void h_make_ckpt(const char *dir, const char *config, uint64_t see
 }
 
 /* A small, fast configuration: short turns and segments so that boundaries happen. */
+/* SHA-256 hex of a checkpoint's parameters as loaded (what a worker records for its version and
+ * rescore matches) */
+static inline void h_weights_sha(const char *ckpt, char hex[65]) {
+    arl_model_config cfg;
+    arl_model_params p;
+    H_DIE(arl_model_config_read(ckpt, &cfg), "config");
+    H_DIE(arl_model_params_alloc(&p, &cfg), "params");
+    H_DIE(arl_checkpoint_load(ckpt, &cfg, &p), "load");
+    arl_model_params_sha256_hex(&p, hex);
+    arl_model_params_free(&p);
+    arl_model_config_free(&cfg);
+}
+
 static inline void h_config(arl_rollout_config *c, const char *env) {
     H_DIE(arl_rollout_config_defaults(c), "defaults");
     free(c->env);

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "rollout/engine.h"
 #include "tests/rollout/helpers.h"
 
 static char ckpt0[600], ckpt1[600], pdir[600], tmp[512];
@@ -73,8 +74,48 @@ static void test_weight_update(void) {
     }
     CHECK(spans >= 1); /* in-flight trajectories continued under the new version */
     CHECK(v1_tokens > 0);
+    /* each version is recorded with its own weights' hash (the worker keeps each loaded
+     * buffer's hash: version 1, loaded into the buffer version 0 did not use, is hashed anew) */
+    replay_traj_row r;
+    H_DIE(replay_traj_get(st, "rollout/g000000/r0", &r), "traj");
+    for (int v = 0; v < 2; v++) {
+        char want[65];
+        h_weights_sha(v ? ckpt1 : ckpt0, want);
+        replay_version_row vr;
+        H_DIE(replay_version_get(st, r.run_id, v, &vr), "version");
+        CHECK_MSG(!strcmp(vr.weights_sha256, want),
+                  "version %d recorded weights %.12s, its "
+                  "checkpoint's are %.12s",
+                  v, vr.weights_sha256, want);
+    }
     replay_store_close(st);
     arl_rollout_config_free(&c);
+}
+
+/* The engine keeps each parameter buffer's weights hash once computed (a full-scale arena takes
+ * an hour to hash) and computes it again for a buffer a new version is loaded into: versions
+ * 0, 1, 2 through the two buffers (2 goes where 0 was) each hash as their checkpoint. */
+static void test_engine_weights_sha(void) {
+    char ckpt2[700], want[65], got[65];
+    snprintf(ckpt2, sizeof ckpt2, "%s/v2", tmp);
+    h_make_ckpt(ckpt2, NULL, 5);
+    const char *ck[3] = {ckpt0, ckpt1, ckpt2};
+    ro_engine_opts o = {.n_slots = 1, .max_tokens = 8, .max_context = 64, .device_index = -1};
+    ro_engine e;
+    H_DIE(ro_engine_open(&e, ckpt0, 0, &o), "engine");
+    for (int v = 0; v < 3; v++) {
+        if (v) {
+            H_DIE(ro_engine_load_next(&e, ck[v], v), "load next");
+            H_DIE(ro_engine_swap(&e), "swap");
+        }
+        for (int twice = 0; twice < 2; twice++) { /* (the second from the kept hash) */
+            ro_engine_weights_sha256(&e, e.cur, got);
+            h_weights_sha(ck[v], want);
+            CHECK_MSG(!strcmp(got, want), "version %d: %.12s, its checkpoint's %.12s", v, got,
+                      want);
+        }
+    }
+    ro_engine_close(&e);
 }
 
 int main(void) {
@@ -86,5 +127,6 @@ int main(void) {
     mkdir(pdir, 0755);
     h_make_ckpt(ckpt1, NULL, 4);
     TEST_RUN(test_weight_update);
+    TEST_RUN(test_engine_weights_sha);
     return test_finish();
 }
