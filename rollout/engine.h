@@ -123,9 +123,9 @@ const arl_model_params *ro_engine_params(const ro_engine *e);
 /* The identity of parameter buffer `which` (0 or 1, an index into params) as loaded: SHA-256 of
  * its fp32 arena as lower-case hex into hex[65].  Recorded as policy_versions.weights_sha256
  * by the worker and matched by `replay rescore` (spec/replay.md 13.6) to find a checkpoint's
- * version.  Reading the whole arena takes seconds for a small model and an hour at full scale,
- * so it is computed once per loaded version and kept (wsha) for the version check, the
- * version record and the fork state that ask for it. */
+ * version.  It reads the whole arena (milliseconds for the tiny configs, hours for the 11 TB
+ * of a full-scale one), so it is computed once per loaded version and kept (wsha) for the
+ * version check, the version record and the fork state that ask for it. */
 void ro_engine_weights_sha256(ro_engine *e, int which, char hex[65]);
 
 #endif
