@@ -36,8 +36,10 @@ typedef struct admin_opts {
 static const arl_option pin_tab[] = {
     A_DB,
     A_TRAJ,
-    {"reason", ARL_OPT_STRING, A(reason), "", "why it is pinned (shown by show and list --json)", 0,
-     0, NULL, 0, "TEXT"},
+    {"reason", ARL_OPT_STRING, A(reason), "",
+     "why it is pinned (shown by show and list --json): one line of UTF-8 text, at most 1000 "
+     "bytes",
+     0, 0, NULL, 0, "TEXT"},
 };
 
 static int with_store(const char *db, replay_store **st) {
@@ -113,7 +115,9 @@ int cmd_replay_gc(int argc, char **argv) {
         "[--budget-bytes N] [--min-age-ms MS]",
         "Garbage-collect the cached states of every shard whose writer is gone: delete "
         "unfinished and unreferenced states, evict states by the retention rule and the byte "
-        "budget (evicted states leave a tombstone row; a later use is a cache miss).");
+        "budget (evicted states leave a tombstone row; a later use is a cache miss). Sealed "
+        "shards are not written, their states files are collected. A file that fails is "
+        "reported and the others are still collected (exit 1).");
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     replay_store *st = NULL;
     if (!(rc = with_store(o.db, &st))) {
@@ -153,7 +157,9 @@ int cmd_replay_seal(int argc, char **argv) {
                        "Seal the shard files whose writer is finished (lock free, no running "
                        "trajectory): final checkpoint, rollback-journal mode, meta.sealed = 1. "
                        "Sealed files are immutable and can be copied and opened read-only "
-                       "anywhere; files with a live writer are skipped.");
+                       "anywhere; files with a live writer are skipped. A file that cannot be "
+                       "sealed (running trajectories) is reported and the others are still "
+                       "sealed (exit 1). Run again, it finishes a seal that was interrupted.");
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     replay_store *st = NULL;
     if (!(rc = with_store(o.db, &st))) {

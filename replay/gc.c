@@ -13,9 +13,13 @@
  * 'off' and 'pinned' evict the states of consumed trajectories (their group is consumed in
  * the catalog), 'all' keeps them; the budget of step 3 applies as well.
  * Pinned trajectories (catalog pins) keep everything.  Eviction sets status 'evicted' and
- * deletes the chunks: the row stays as a tombstone.  A reader then sees a cache miss. */
+ * deletes the chunks: the row stays as a tombstone.  A reader then sees a cache miss.
+ * A sealed shard is immutable, its states file is not (a cache, section 2.3): gc opens the
+ * sealed file read-only and collects its states file under the shard's lock (sealed_writer).
+ * A file that fails is reported and gc goes on with the others; the first error is returned. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "replay/inspect.h"
 #include "replay/internal.h"
@@ -216,6 +220,48 @@ arl_status replay_states_retain(replay_writer *w, const replay_retention *r, rep
     return ARL_OK;
 }
 
+/* A writer of a sealed shard's states file only: the shard's lock, the sealed file opened
+ * read-only (the segments that reference states), its states file read-write.  *out = NULL
+ * when the shard has no states file.  Close with replay_writer_close. */
+static arl_status sealed_writer(replay_store *st, rshard *sh, replay_writer **out) {
+    *out = NULL;
+    replay_writer *w = calloc(1, sizeof *w);
+    if (!w) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    w->st = st;
+    w->kind = sh->kind;
+    w->shard_id = sh->shard_id;
+    w->lock_fd = -1;
+    size_t n = strlen(sh->file), m = strlen(sh->path);
+    w->file = strdup(sh->file);
+    w->states_file = malloc(n + 16);
+    w->lock_path = malloc(m + 8);
+    char *spath = malloc(m + 16);
+    arl_status s = ARL_OK;
+    if (!w->file || !w->states_file || !w->lock_path || !spath || n < 7 || m < 7) {
+        s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+        goto done;
+    }
+    snprintf(w->states_file, n + 16, "%.*s.states.sqlite", (int)(n - 7), sh->file);
+    snprintf(spath, m + 16, "%.*s.states.sqlite", (int)(m - 7), sh->path);
+    sprintf(w->lock_path, "%s.lock", sh->path);
+    if ((s = rlock_acquire(w->lock_path, w->file, &w->lock_fd, &w->lock_dev, &w->lock_ino)) !=
+        ARL_OK)
+        goto done;
+    struct stat sb;
+    if (stat(spath, &sb) != 0) goto done; /* no states: nothing to collect */
+    if ((s = rdb_open(&w->w, sh->path, w->file, sh->kind, RDB_READONLY, st->vfs, NULL)) != ARL_OK)
+        goto done;
+    if ((s = rdb_open(&w->s, spath, w->states_file, REPLAY_FILE_STATES, 0, st->vfs, NULL)) !=
+        ARL_OK)
+        goto done;
+    *out = w;
+    w = NULL;
+done:
+    free(spath);
+    replay_writer_close(w);
+    return s;
+}
+
 arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
                      replay_gc_stats *total) {
     if (!st->cat.db || st->cat.readonly)
@@ -227,36 +273,49 @@ arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
     size_t n;
     rshard_ref *ref;
     ARL_TRY(rstore_shards_copy(st, &ref, &n));
-    arl_status s = ARL_OK;
-    for (size_t i = 0; i < n && s == ARL_OK; i++) {
+    arl_status first = ARL_OK; /* the first failure; the other files are still collected */
+    char *first_msg = NULL;
+    for (size_t i = 0; i < n; i++) {
         if (ref[i].kind != REPLAY_FILE_WORKER && ref[i].kind != REPLAY_FILE_TOOL &&
             ref[i].kind != REPLAY_FILE_LEARNER)
             continue;
-        if (rstore_shard_sealed(st, ref[i].id)) continue; /* immutable, states included */
         replay_writer *w = NULL;
-        arl_status o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
+        rshard *sh = rstore_shard(st, ref[i].id);
+        arl_status o;
+        if (sh && rstore_shard_sealed(st, ref[i].id)) { /* immutable, but not its states file */
+            rstore_shard_release(st, ref[i].id);
+            o = sealed_writer(st, sh, &w);
+            if (o == ARL_OK && !w) continue;
+        } else {
+            o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
+        }
         if (o == ARL_ERR_BUSY) { /* its writer runs its own GC (section 7.6) */
             if (out) fprintf(out, "skipped (writer alive): %s\n", arl_error_msg());
             continue;
         }
-        if (o != ARL_OK) {
-            s = o;
-            break;
-        }
         replay_gc_stats g;
-        s = replay_states_retain(w, r, &g);
-        if (s == ARL_OK && out)
-            fprintf(out, "%s: %lld states deleted, %lld evicted, %lld bytes freed\n",
-                    replay_writer_file(w), (long long)g.deleted, (long long)g.evicted,
-                    (long long)g.bytes_freed);
-        if (s == ARL_OK) {
+        if (o == ARL_OK) o = replay_states_retain(w, r, &g);
+        if (o == ARL_OK) {
+            if (out)
+                fprintf(out, "%s: %lld states deleted, %lld evicted, %lld bytes freed\n",
+                        replay_writer_file(w), (long long)g.deleted, (long long)g.evicted,
+                        (long long)g.bytes_freed);
             sum.deleted += g.deleted;
             sum.evicted += g.evicted;
             sum.bytes_freed += g.bytes_freed;
+        } else {
+            if (out) fprintf(out, "failed: %s\n", arl_error_msg());
+            if (first == ARL_OK) {
+                first = o;
+                first_msg = strdup(arl_error_msg());
+            }
         }
         replay_writer_close(w);
+        rstore_shard_release(st, ref[i].id);
     }
+    if (first != ARL_OK && first_msg) arl_errorf(first, "%s", first_msg);
+    free(first_msg);
     free(ref);
     if (total) *total = sum;
-    return s;
+    return first;
 }

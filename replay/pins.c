@@ -2,6 +2,7 @@
  * (spec sections 4.5 and 13.8) and the run configuration getter (section 4.2).  What it is not:
  * the retention that honours pins (writer.c, replay_states_gc). */
 #include <ctype.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,9 +18,30 @@ static arl_status pins_catalog(replay_store *st, int write) {
     return ARL_OK;
 }
 
+/* A reason is one line of printable UTF-8 text of at most REPLAY_PIN_REASON_MAX bytes: it is
+ * printed by show (a terminal) and list --json, which could not carry invalid UTF-8. */
+static arl_status reason_check(const char *reason) {
+    size_t n = strlen(reason);
+    if (n > REPLAY_PIN_REASON_MAX)
+        return arl_errorf(ARL_ERR_ARG,
+                          "replay: pin: the reason is %zu bytes, more than %d: shorten it", n,
+                          REPLAY_PIN_REASON_MAX);
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)reason[i] < 0x20 || reason[i] == 0x7f)
+            return arl_errorf(ARL_ERR_ARG,
+                              "replay: pin: the reason holds a control character (byte 0x%02x at "
+                              "offset %zu): give one line of text",
+                              (unsigned)(unsigned char)reason[i], i);
+    json_t *j = json_stringn(reason, n); /* NULL when not valid UTF-8 */
+    if (!j) return arl_errorf(ARL_ERR_ARG, "replay: pin: the reason is not valid UTF-8 text");
+    json_decref(j);
+    return ARL_OK;
+}
+
 arl_status replay_pin(replay_store *st, const char *traj, const char *reason) {
     ARL_TRY(pins_catalog(st, 1));
     if (!traj || !*traj) return arl_errorf(ARL_ERR_ARG, "replay: pin: no trajectory given");
+    if (reason) ARL_TRY(reason_check(reason));
     replay_traj_row r;
     ARL_TRY(replay_traj_get(st, traj, &r));
     sqlite3_stmt *q;

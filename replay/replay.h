@@ -694,7 +694,9 @@ arl_status replay_update_groups(replay_store *st, int64_t run_id, int64_t update
 
 /* Pin a trajectory (traj_uid or traj_id; it must exist in a shard): a catalog pins row, whose
  * reason is replaced if already pinned.  Pinned trajectories keep their states under every
- * retention rule (spec sections 9.3, 13.8). reason: NULL means "". */
+ * retention rule (spec sections 9.3, 13.8). reason: NULL means ""; else one line of UTF-8 text
+ * without control characters, at most REPLAY_PIN_REASON_MAX bytes (ARL_ERR_ARG otherwise). */
+#define REPLAY_PIN_REASON_MAX 1000
 arl_status replay_pin(replay_store *st, const char *traj, const char *reason);
 /* Remove the pin; ARL_ERR_NOT_FOUND if the trajectory is not pinned. */
 arl_status replay_unpin(replay_store *st, const char *traj);

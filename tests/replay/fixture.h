@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "replay/codec.h"
+#include "replay/inspect.h"
 #include "replay/replay.h"
 
 #define FX_MAX_STEPS 16
@@ -48,6 +49,17 @@ static inline void fx_rmtree(const char *dir) {
 typedef struct fx_ids {
     int64_t run_id, env_id, task_id, group_id;
 } fx_ids;
+
+/* replay verify of st with its report thrown away: the number of errors, -1 when verify itself
+ * failed. */
+static inline int64_t fx_verify_errors(replay_store *st) {
+    int64_t errors = -1, warnings = -1;
+    FILE *devnull = fopen("/dev/null", "w");
+    replay_verify_opts vo = {0};
+    if (replay_verify(st, &vo, devnull, &errors, &warnings) != ARL_OK) errors = -1;
+    if (devnull) fclose(devnull);
+    return errors;
+}
 
 /* Catalog rows every test uses: run "run1", env "calc" 1.0, task "t1", group "run1/g<n>". */
 static inline arl_status fx_catalog(replay_store *st, int group_n, int size, fx_ids *ids) {

@@ -281,6 +281,27 @@ expect 0 "$A" replay migrate "$S"
 has "shards/w1.sqlite: schema version 1, up to date"
 has "migrated 0 files"
 
+# seal and gc go on past a file they cannot handle (and exit 1 naming it); pin reasons are one
+# line of UTF-8 text (exit 2); gc collects the states of sealed shards without writing them
+"$MK" "$T/adm" >/dev/null || fail "replay_mkstore adm"
+expect 1 "$A" replay seal "$T/adm"
+has "shards/w2.sqlite: not sealed: .*still running"
+has "shards/t3.sqlite: sealed"
+expect 2 "$A" replay pin "$T/adm" run1/g1/r0 --reason $'bad \xff utf-8'
+has "not valid UTF-8"
+expect 2 "$A" replay pin "$T/adm" run1/g1/r0 --reason $'two\nlines'
+has "control character"
+expect 2 "$A" replay pin "$T/adm" run1/g1/r0 --reason "$(head -c 1001 /dev/zero | tr '\0' x)"
+has "more than 1000"
+expect 0 "$A" replay pin "$T/adm" run1/g1/r0 --reason "$(head -c 1000 /dev/zero | tr '\0' x)"
+w1sum=$(cksum <"$T/adm/shards/w1.sqlite")
+printf 'not a database at all, not at all, not at all, not at all, not at all...' >"$T/adm/shards/w2.states.sqlite"
+expect 1 "$A" replay gc "$T/adm" --min-age-ms 0 --rollout off
+has "shards/w1.sqlite: 1 states deleted, 0 evicted"
+has "failed: .*w2.states.sqlite"
+has "shards/t3.sqlite: "
+[ "$(cksum <"$T/adm/shards/w1.sqlite")" = "$w1sum" ] || fail "gc wrote the sealed shards/w1.sqlite"
+
 # view: read-only HTML pages on loopback (an ephemeral port; stopped by SIGTERM)
 # view_start DB ARGS...: start `replay view` in the background; sets vpid, port and U
 view_start() {
