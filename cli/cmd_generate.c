@@ -68,8 +68,8 @@ static const arl_option generate_tab[] = {
     {"threads", ARL_OPT_INT, offsetof(generate_opts, threads), "0",
      "CPU threads (0: the default of the kernels' pool)", 0, 1024, NULL, 0, "N"},
     {"device", ARL_OPT_CHOICE, offsetof(generate_opts, device), "cpu",
-     "where the model runs: cpu, or cuda (a GPU; needs a CUDA build and a visible device; "
-     "text prompts only)",
+     "where the model runs: cpu, or cuda (a GPU; needs a CUDA build and a visible device; an "
+     "--image is encoded on the CPU)",
      0, 0, "cpu|cuda", 0, "DEV"},
 };
 #define GENERATE_N ARL_OPTIONS_COUNT(generate_tab)
@@ -162,7 +162,12 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
                           "--image %s: the model has no vision tower (its "
                           "config.json has no vision_config)",
                           o->image);
-    if (o->image) ARL_TRY(arl_image_load(o->image, o->max_pixels, &g->img));
+    if (o->image) {
+        arl_status s = arl_image_load(o->image, o->max_pixels, &g->img);
+        if (s == ARL_ERR_RANGE)
+            return arl_error_prefix(s, "--image (--max-pixels %lld)", (long long)o->max_pixels);
+        if (s) return arl_error_prefix(s, "--image");
+    }
     ARL_TRY(arl_model_params_alloc(&g->w, cfg));
     ARL_TRY(arl_checkpoint_load(o->ckpt, cfg, &g->w));
 

@@ -375,21 +375,94 @@ static void rewards_print(const char *traj, const arl_rollout_rescore_rewards_st
         printf("    ... %zu more differing rows (--json lists all)\n", total - shown);
 }
 
+/* 1 if arg is option name ("--traj" or "--traj=...") */
+static int is_option(const char *arg, const char *name) {
+    const size_t n = strlen(name);
+    return !strncmp(arg, "--", 2) && !strncmp(arg + 2, name, n) &&
+           (!arg[2 + n] || arg[2 + n] == '=');
+}
+
+/* The interrupt note of a re-score about to start trajectory i of o->traj (done of those before
+ * it reported and, with a tool file, saved in it): the command that re-scores the rest, which
+ * is this one with trajectories i.. and the options ow[0..now) (every argument but DB and the
+ * trajectories).  Called between cli_interrupt_defer and cli_interrupt_resume, so that a signal
+ * finds the note whole and in step with what was reported. */
+static void rescore_note(const rescore_cli *o, int i, int done, int save, const replay_writer *tw,
+                         char *const *ow, int now) {
+    char then[4352];
+    if (i == o->traj.n) { /* all done: only the store's files are being closed */
+        snprintf(then, sizeof then,
+                 "\nagentrl: interrupted: replay rescore stops here; all %d trajectories were "
+                 "re-scored%s%.4000s%s%s\n",
+                 done, save && tw ? ", saved in " : "", save && tw ? o->db : "",
+                 save && tw ? "/" : "", save && tw ? replay_writer_file(tw) : "");
+        cli_note_on_interrupt_text(then);
+        return;
+    }
+    const char *trajs = done == 1 ? "trajectory" : "trajectories";
+    if (done > 0 && save && tw)
+        snprintf(then, sizeof then,
+                 "the re-scores of the %d %s reported above are saved in %.4000s/%s; re-score "
+                 "the others with",
+                 done, trajs, o->db, replay_writer_file(tw));
+    else if (done > 0)
+        snprintf(then, sizeof then, "%d %s reported above; re-score the others with", done,
+                 done == 1 ? "trajectory was" : "trajectories were");
+    else
+        snprintf(then, sizeof then, "nothing was re-scored; run it again with");
+    const int n = 3 + (o->traj.n - i) + now;
+    const char **w = malloc(sizeof *w * (size_t)n);
+    size_t len = strlen(then);
+    int k = 0;
+    if (w) {
+        w[k++] = "replay";
+        w[k++] = "rescore";
+        w[k++] = o->db;
+        for (int j = i; j < o->traj.n; j++)
+            w[k++] = o->traj.v[j];
+        for (int j = 0; j < now; j++)
+            w[k++] = ow[j];
+        for (int j = 0; j < k; j++)
+            len += 4 + 4 * strlen(w[j]); /* (quoted, at worst) */
+    }
+    if (w && len < 7800) {
+        cli_note_on_interrupt_then("replay rescore", then, k, w);
+    } else { /* too long to repeat */
+        char text[4608];
+        snprintf(text, sizeof text,
+                 "\nagentrl: interrupted: replay rescore stops here; %s the same command, naming "
+                 "only the trajectories not reported above\n",
+                 then);
+        cli_note_on_interrupt_text(text);
+    }
+    free(w);
+}
+
 int cmd_replay_rescore(int argc, char **argv) {
     rescore_cli o;
-    /* TRAJ... are positional after DB: turn them into --traj for the table */
+    /* TRAJ... are positional after DB: turn them into --traj for the table; the other arguments
+     * (ow) are repeated by the command an interrupt note gives */
     char **av = calloc((size_t)(2 * argc + 1), sizeof *av);
-    int ac = 0, pos = 0;
-    if (!av) return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
+    char **ow = calloc((size_t)(argc + 1), sizeof *ow);
+    int ac = 0, pos = 0, now = 0;
+    if (!av || !ow) {
+        free(av);
+        free(ow);
+        return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
+    }
     for (int i = 0; i < argc; i++) {
         if (argv[i][0] == '-' && argv[i][1]) {
+            const int mine = is_option(argv[i], "traj") || is_option(argv[i], "db");
+            if (!mine) ow[now++] = argv[i];
             av[ac++] = argv[i];
             const arl_option *opt = NULL;
             const char *nm = argv[i] + 2;
             for (size_t k = 0; k < RESCORE_N; k++)
                 if (!strcmp(rescore_tab[k].name, nm)) opt = &rescore_tab[k];
-            if (opt && opt->type != ARL_OPT_BOOL && !strchr(argv[i], '=') && i + 1 < argc)
+            if (opt && opt->type != ARL_OPT_BOOL && !strchr(argv[i], '=') && i + 1 < argc) {
+                if (!mine) ow[now++] = argv[i + 1];
                 av[ac++] = argv[++i];
+            }
             continue;
         }
         if (pos++ == 0)
@@ -410,7 +483,10 @@ int cmd_replay_rescore(int argc, char **argv) {
                        "actions against the environment and compare its rewards with the stored "
                        "ones.");
     free(av);
-    if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
+    if (rc) {
+        free(ow);
+        return rc < 0 ? ARL_EXIT_OK : rc;
+    }
     int64_t version = ARL_ROLLOUT_RESCORE_VERSION_AUTO;
     if (!strcmp(o.version, "none") || !strcmp(o.version, "-1")) {
         version = -1;
@@ -420,41 +496,60 @@ int cmd_replay_rescore(int argc, char **argv) {
                 "version 0..4294967295, got '%s'\n",
                 o.version);
         arl_options_free(rescore_tab, RESCORE_N, &o);
+        free(ow);
         return ARL_EXIT_USAGE;
     }
     if (!o.ckpt && !o.rewards) {
         fprintf(stderr, "agentrl replay rescore: missing required option '--ckpt DIR' (or "
                         "--rewards for a rewards-only re-score)\n");
         arl_options_free(rescore_tab, RESCORE_N, &o);
+        free(ow);
         return ARL_EXIT_USAGE;
     }
     if (!o.ckpt && o.save_states) {
         fprintf(stderr, "agentrl replay rescore: --save-states needs --ckpt\n");
         arl_options_free(rescore_tab, RESCORE_N, &o);
+        free(ow);
         return ARL_EXIT_USAGE;
     }
     if (!o.rewards && (o.env || o.env_config)) {
         fprintf(stderr, "agentrl replay rescore: --env and --env-config go with --rewards\n");
         arl_options_free(rescore_tab, RESCORE_N, &o);
+        free(ow);
         return ARL_EXIT_USAGE;
     }
     if (o.save_states && o.no_save) {
         fprintf(stderr, "agentrl replay rescore: --save-states writes into a tool file: it "
                         "cannot go with --no-save\n");
         arl_options_free(rescore_tab, RESCORE_N, &o);
+        free(ow);
         return ARL_EXIT_USAGE;
     }
-    /* the rows go into a tool file (spec 13.6): read-write when the store has a catalog */
-    replay_open_opts so = {.flags = o.no_save ? REPLAY_OPEN_READONLY : 0};
-    replay_store *st = NULL;
-    replay_writer *tw = NULL;
     char label[256];
+    if (o.label && (!o.label[0] || strlen(o.label) >= sizeof label)) {
+        fprintf(stderr, "agentrl replay rescore: --label: %s (give a name of 1 to %zu bytes)\n",
+                o.label[0] ? "too long" : "empty", sizeof label - 1);
+        arl_options_free(rescore_tab, RESCORE_N, &o);
+        free(ow);
+        return ARL_EXIT_USAGE;
+    }
     if (o.ckpt)
         default_label(o.ckpt, label, sizeof label);
     else
         snprintf(label, sizeof label, "rewards");
     if (o.label) snprintf(label, sizeof label, "%s", o.label);
-    arl_status s = replay_store_open(o.db, &so, &st);
+    /* the rows go into a tool file (spec 13.6): read-write when the store has a catalog */
+    replay_open_opts so = {.flags = o.no_save ? REPLAY_OPEN_READONLY : 0};
+    replay_store *st = NULL;
+    replay_writer *tw = NULL;
+    /* the checkpoint and every trajectory first: a typo stops the command before anything is
+     * computed or written */
+    arl_status s = o.ckpt ? cli_check_ckpt_dir("--ckpt", o.ckpt) : ARL_OK;
+    if (s == ARL_OK) s = replay_store_open(o.db, &so, &st);
+    for (int i = 0; s == ARL_OK && i < o.traj.n; i++) {
+        replay_traj_row tr;
+        s = replay_traj_get(st, o.traj.v[i], &tr);
+    }
     int save = s == ARL_OK && !o.no_save && replay_store_has_catalog(st);
     if (s == ARL_OK && !o.no_save && !save)
         fprintf(stderr, "agentrl: note: %s has no catalog: re-scores are not saved\n", o.db);
@@ -464,7 +559,15 @@ int cmd_replay_rescore(int argc, char **argv) {
                        o.db);
     /* the states go into the tool file's states file as they are computed */
     if (s == ARL_OK && o.save_states) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
+    int done = 0; /* trajectories reported (and saved, with a tool file) */
+    int at = 0;   /* the trajectory being re-scored */
+    if (s == ARL_OK) {
+        cli_interrupt_defer();
+        rescore_note(&o, 0, done, save, tw, ow, now);
+        cli_interrupt_resume();
+    }
     for (int i = 0; s == ARL_OK && i < o.traj.n; i++) {
+        at = i;
         /* the rewards first: an environment that cannot replay stops before anything of this
          * trajectory is written */
         arl_rollout_rescore_rewards_stats rw;
@@ -487,6 +590,11 @@ int cmd_replay_rescore(int argc, char **argv) {
                 rewards_print(o.traj.v[i], &rw);
             }
             free(rw.pairs);
+            cli_interrupt_defer();
+            fflush(stdout);
+            done++;
+            rescore_note(&o, i + 1, done, save, tw, ow, now);
+            cli_interrupt_resume();
             continue;
         }
         arl_rollout_rescore_opts ro = {.ckpt_dir = o.ckpt, .version = version,
@@ -503,6 +611,9 @@ int cmd_replay_rescore(int argc, char **argv) {
         s = arl_rollout_rescore_ex(st, o.traj.v[i], &ro, &r, save ? &lp : NULL,
                                    save ? &mu : NULL, save ? &nlp : NULL, save ? &det : NULL);
         if (s == ARL_OK && save && !tw) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
+        /* the trajectory's rows and its report are one step that an interrupt does not cut:
+         * a trajectory reported above the interrupt note is saved whole, one below it not */
+        cli_interrupt_defer();
         if (s == ARL_OK && save)
             s = save_rescores(st, tw, o.traj.v[i], &o, r.version, label, lp, mu, nlp, &det);
         free(lp);
@@ -510,6 +621,7 @@ int cmd_replay_rescore(int argc, char **argv) {
         free(det.entropy);
         free(det.overlap);
         if (s) {
+            cli_interrupt_resume();
             free(rw.pairs);
             break;
         }
@@ -562,13 +674,25 @@ int cmd_replay_rescore(int argc, char **argv) {
             if (o.rewards) rewards_print(o.traj.v[i], &rw);
         }
         free(rw.pairs);
+        fflush(stdout);
+        done++;
+        rescore_note(&o, i + 1, done, save, tw, ow, now);
+        cli_interrupt_resume();
     }
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
     if (tw && !rc)
         fprintf(stderr, "re-scores '%s' saved in %s/%s\n", label, o.db, replay_writer_file(tw));
+    else if (rc && done > 0)
+        fprintf(stderr,
+                "agentrl: replay rescore stopped at %s; %d %s reported above%s%s%s%s (re-score "
+                "the others with the same command, naming them)\n",
+                o.traj.v[at], done, done == 1 ? "trajectory was" : "trajectories were",
+                save && tw ? ", their re-scores saved in " : "", save && tw ? o.db : "",
+                save && tw ? "/" : "", save && tw ? replay_writer_file(tw) : "");
     replay_writer_close(tw);
     replay_store_close(st);
     arl_options_free(rescore_tab, RESCORE_N, &o);
+    free(ow);
     return rc;
 }
 

@@ -265,7 +265,17 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
             for (int64_t i = 0; i < c; i++) {
                 tok[i] = (int32_t)d.tokens[c0 + i];
                 tgt[i] = c0 + i + 1 < T ? (int32_t)d.tokens[c0 + i + 1] : -1;
+                if ((int64_t)d.tokens[c0 + i] >= e.V) {
+                    s = arl_errorf(ARL_ERR_CONFIG,
+                                   "rescore of %s under %s: segment %d holds token id %lld, "
+                                   "outside the checkpoint's vocabulary [0, %lld): the "
+                                   "trajectory was sampled by another model",
+                                   row.traj_uid, opts->ckpt_dir, (int)r->seg_index,
+                                   (long long)d.tokens[c0 + i], (long long)e.V);
+                    break;
+                }
             }
+            if (s) break;
             if (use_routes)
                 for (int64_t l = 0; l < e.n_moe; l++)
                     for (int64_t i = 0; i < c; i++)
@@ -274,9 +284,21 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
                             int32_t v = d.route_dtype == ARL_BLOB_U8
                                             ? ((const uint8_t *)d.routes)[at]
                                             : ((const uint16_t *)d.routes)[at];
-                            absent |= v == (d.route_dtype == ARL_BLOB_U8 ? 0xFF : 0xFFFF);
+                            const int gap = v == (d.route_dtype == ARL_BLOB_U8 ? 0xFF : 0xFFFF);
+                            absent |= gap;
                             forced[(l * c + i) * e.k + j] = v;
+                            if (!gap && v >= e.E && s == ARL_OK)
+                                s = arl_errorf(ARL_ERR_CONFIG,
+                                               "rescore of %s under %s: segment %d's stored "
+                                               "route of MoE layer %lld names expert %d, outside "
+                                               "the checkpoint's %lld experts: the "
+                                               "trajectory was sampled by another model "
+                                               "(--routing natural scores it without the "
+                                               "stored routes)",
+                                               row.traj_uid, opts->ckpt_dir, (int)r->seg_index,
+                                               (long long)l, (int)v, (long long)e.E);
                         }
+            if (s) break;
             /* The image rows of the <|media_pad|> tokens are not in the segment: they come
              * from the stored observations' PNGs (rollout/media.h).  Where those do not
              * explain the placeholders the tokens run as plain tokens, for the state, and the
@@ -303,7 +325,11 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
             arl_forward_out fo = {.logprobs = clp, .entropy = cent,
                                   .router_scores = have_routes ? rsc : NULL};
             s = ro_engine_score(&e, &slot, &b, &fo);
-            if (s) break;
+            if (s) {
+                s = arl_error_prefix(s, "rescore of %s under %s: segment %d", row.traj_uid,
+                                     opts->ckpt_dir, (int)r->seg_index);
+                break;
+            }
             for (int64_t i = 0; i < c; i++)
                 if (c0 + i + 1 < T) {
                     lp[r->tok_start + c0 + i + 1] = clp[i];

@@ -214,5 +214,40 @@ rc=$?
 grep -q "interrupted: generate stops here; the text above is what it had sampled" "$T/gen.err" ||
     fail "interrupted generate: $(cat "$T/gen.err")"
 
+# --- generate --image: an image that cannot be used names --image (exit 1; the message was
+# the bare file name), a too-large one --max-pixels; an image alone is a prompt; --help does not
+# call --device cuda text-only (the device prefill takes the image rows); the same seed gives
+# the same text, whatever --threads
+grep -q vision_config "$T/ck/config.json" || fail "the tiny config has no vision tower"
+# a 64x48 PPM image
+{ printf 'P6 64 48 255\n'; head -c 9216 /dev/zero | tr '\0' 'x'; } > "$T/img.ppm"
+: > "$T/empty.png"
+echo '{}' > "$T/notes.json"
+
+expect 1 "^agentrl: error: --image: $T/none.png: cannot open" \
+    "$BIN" generate --ckpt "$T/ck" --prompt hi --image "$T/none.png"
+expect 1 "^agentrl: error: --image: $T: " "$BIN" generate --ckpt "$T/ck" --prompt hi --image "$T"
+expect 1 "^agentrl: error: --image: $T/empty.png: not a PNG or PPM" \
+    "$BIN" generate --ckpt "$T/ck" --prompt hi --image "$T/empty.png"
+expect 1 "^agentrl: error: --image: $T/notes.json: not a PNG or PPM" \
+    "$BIN" generate --ckpt "$T/ck" --prompt hi --image "$T/notes.json"
+expect 1 "^agentrl: error: --image (--max-pixels 100): $T/img.ppm: image of 64x48 pixels" \
+    "$BIN" generate --ckpt "$T/ck" --prompt hi --image "$T/img.ppm" --max-pixels 100
+"$BIN" --quiet generate --ckpt "$T/ck" --prompt "" --image "$T/img.ppm" --max-tokens 4 > /dev/null \
+    2> "$T/err" || fail "an image alone as the prompt: $(cat "$T/err")"
+
+"$BIN" generate --help > "$T/help" 2>&1
+grep -q "text prompts only" "$T/help" && fail "--help: --device cuda called text-only (it takes --image)"
+
+# the same seed, the same text (1 and 2 threads)
+for t in 1 2; do
+    "$BIN" --quiet generate --ckpt "$T/ck" --prompt "What is 3 + 4?" --seed 5 --temperature 0.8 \
+        --top-p 0.9 --max-tokens 40 --threads $t > "$T/gen$t" 2> /dev/null || fail "generate --threads $t"
+done
+"$BIN" --quiet generate --ckpt "$T/ck" --prompt "What is 3 + 4?" --seed 5 --temperature 0.8 \
+    --top-p 0.9 --max-tokens 40 --threads 1 > "$T/gen3" 2> /dev/null || fail "generate again"
+[ -s "$T/gen1" ] && cmp -s "$T/gen1" "$T/gen2" && cmp -s "$T/gen1" "$T/gen3" ||
+    fail "the same seed gave other text"
+
 [ $fails -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "ok"

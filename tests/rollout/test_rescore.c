@@ -133,19 +133,6 @@ static void test_agreement(void) {
     arl_rollout_config_free(&c);
 }
 
-
-/* SHA-256 hex of a checkpoint's parameters as loaded (what rescore computes) */
-static void weights_sha(const char *ckpt, char hex[ARL_SHA256_HEX_CHARS]) {
-    arl_model_config cfg;
-    arl_model_params p;
-    H_DIE(arl_model_config_read(ckpt, &cfg), "config");
-    H_DIE(arl_model_params_alloc(&p, &cfg), "params");
-    H_DIE(arl_checkpoint_load(ckpt, &cfg, &p), "load");
-    arl_model_params_sha256_hex(&p, hex);
-    arl_model_params_free(&p);
-    arl_model_config_free(&cfg);
-}
-
 static float *rescore_v(replay_store *st, const char *ckpt, const char *uid, int64_t version,
                         int natural, replay_writer *save, arl_rollout_rescore_stats *rs,
                         size_t *n) {
@@ -195,7 +182,7 @@ static void test_start_states(void) {
     /* a version recorded with B's weights: refused when asserted under A; found by the hash
      * under B (by the pass below, which also saves its states) */
     char hb[ARL_SHA256_HEX_CHARS];
-    weights_sha(ckpt_b, hb);
+    h_weights_sha(ckpt_b, hb);
     replay_version_desc vd = {.run_id = tr.run_id, .version = 1, .update_n = 0,
                               .checkpoint_uri = "/nonexistent/v1", .weights_sha256 = hb,
                               .kl_coef = NAN};

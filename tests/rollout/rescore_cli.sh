@@ -1,0 +1,100 @@
+#!/bin/sh
+# tests/rollout/rescore_cli.sh: `agentrl replay rescore` given bad input and interrupted.
+# - a --ckpt that is not a checkpoint directory, an unknown TRAJ anywhere in the list and an empty
+#   --label stop the command before anything is computed or written (no tool file, no report);
+# - a checkpoint of another model (other vocabulary, fewer experts than the stored routes name)
+#   is an error that names the trajectory, the checkpoint and what to do, not a model error;
+# - SIGTERM mid-run: the trajectories reported on stdout (flushed as each ends) are saved whole,
+#   and the note on stderr gives the command that re-scores the others, which completes the list;
+#   a failure after some trajectories says where their re-scores were saved.
+set -u
+BIN=${ARL_BIN:-build/agentrl}
+[ -x "$BIN" ] || { echo "no $BIN (build the agentrl target)"; exit 77; }
+T=$(mktemp -d /tmp/arl-test-rescore-cli-XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+tools() { ls "$T/db/shards" | grep -c '^t[0-9]*\.sqlite$'; }
+
+"$BIN" model init tiny "$T/ckpt" --seed 3 > /dev/null 2>&1 || fail "model init"
+cat > "$T/exp.json" << 'JSON'
+{"rollout": {"env": "calculator", "group_size": 2, "turn_tokens": 24, "segment_tokens": 1024,
+             "observation_tokens": 512, "context_tokens": 4096, "trajectory_tokens": 4096,
+             "max_turns": 3, "batch_size": 4, "progress_s": 0, "state_cache": "all"}}
+JSON
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 --shard 1 > /dev/null 2> "$T/err" ||
+    { cat "$T/err"; fail "rollout"; }
+A=rollout/g000000/r0
+B=rollout/g000001/r1
+
+# --- bad input: an error naming it, nothing computed or written
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/none" > "$T/out" 2> "$T/err"
+[ $? -eq 1 ] && grep -q "error: --ckpt $T/none: No such file" "$T/err" ||
+    { cat "$T/err"; fail "--ckpt missing: exit 1 naming --ckpt"; }
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/ckpt/config.json" > "$T/out" 2> "$T/err"
+[ $? -eq 1 ] && grep -q "error: --ckpt $T/ckpt/config.json: not a directory" "$T/err" ||
+    { cat "$T/err"; fail "--ckpt a file: exit 1 naming --ckpt (was read as a safetensors file)"; }
+"$BIN" replay rescore "$T/db" $A no/such/traj --ckpt "$T/ckpt" --save-states > "$T/out" 2> "$T/err"
+[ $? -eq 1 ] && grep -q "no trajectory 'no/such/traj'" "$T/err" ||
+    { cat "$T/err"; fail "unknown TRAJ: exit 1 naming it"; }
+[ -s "$T/out" ] && fail "unknown TRAJ: $A was re-scored before the list was checked"
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/ckpt" --label "" > "$T/out" 2> "$T/err"
+[ $? -eq 2 ] && grep -q -- "--label: empty" "$T/err" ||
+    { cat "$T/err"; fail "--label '': a usage error (exit 2) expected"; }
+[ "$(tools)" -eq 0 ] || { ls "$T/db/shards"; fail "bad input left a tool file"; }
+
+# --- a checkpoint of another model
+sed 's/"vocab_size": *384/"vocab_size": 300/' "$T/ckpt/config.json" > "$T/v300.json"
+sed 's/"num_experts": *16/"num_experts": 8/' "$T/ckpt/config.json" > "$T/e8.json"
+grep -q '"vocab_size": *300' "$T/v300.json" && grep -q '"num_experts": *8' "$T/e8.json" ||
+    fail "the tiny config changed: update the sed lines"
+"$BIN" model init "$T/v300.json" "$T/v300" --seed 1 > /dev/null 2>&1 || fail "model init v300"
+"$BIN" model init "$T/e8.json" "$T/e8" --seed 1 > /dev/null 2>&1 || fail "model init e8"
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/v300" --no-save > /dev/null 2> "$T/err"
+[ $? -eq 1 ] && grep -q "error: rescore of $A under $T/v300: segment 0 holds token id [0-9]*, outside the checkpoint's vocabulary \[0, 300): the trajectory was sampled by another model" "$T/err" ||
+    { cat "$T/err"; fail "other vocabulary: exit 1 and a message naming the trajectory"; }
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/e8" --no-save > /dev/null 2> "$T/err"
+[ $? -eq 1 ] && grep -q "error: rescore of $A under $T/e8: segment 0's stored route of MoE layer [0-9]* names expert [0-9]*, outside the checkpoint's 8 experts.*--routing natural" "$T/err" ||
+    { cat "$T/err"; fail "fewer experts: exit 1 and a message naming --routing natural"; }
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/e8" --no-save --routing natural > /dev/null 2> "$T/err" ||
+    { cat "$T/err"; fail "fewer experts, --routing natural"; }
+
+# --- SIGTERM after the first trajectory is reported (12 in the list, about 0.15 s each)
+L=""
+for i in 1 2 3; do L="$L $A $B rollout/g000000/r1 rollout/g000001/r0"; done
+# shellcheck disable=SC2086
+"$BIN" replay rescore "$T/db" $L --ckpt "$T/ckpt" --version none --label "my label" --json \
+    > "$T/out1" 2> "$T/err1" &
+pid=$!
+k=0
+while ! [ -s "$T/out1" ] && [ $k -lt 600 ]; do sleep 0.02; k=$((k + 1)); done
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc -eq 143 ] || { cat "$T/err1"; fail "not interrupted mid-run (exit $rc; a report not flushed?)"; }
+n1=$(grep -c '^{"traj"' "$T/out1")
+[ "$n1" -ge 1 ] && [ "$n1" -lt 12 ] || fail "interrupted run reported $n1 trajectories"
+grep -q "interrupted: replay rescore stops here; the re-scores of the $n1 traject.* reported above are saved in $T/db/shards/t[0-9]*.sqlite; re-score the others with:" "$T/err1" ||
+    { cat "$T/err1"; fail "no interrupt note naming the saved re-scores"; }
+if command -v sqlite3 > /dev/null; then # every reported trajectory saved whole (both segments)
+    f=$(ls "$T/db/shards"/t*.sqlite | grep -v states)
+    sqlite3 "$f" "SELECT traj_uid, count(*) FROM rescores WHERE label = 'my label' GROUP BY traj_uid" \
+        > "$T/rows"
+    head -"$n1" "$T/out1" | sed 's/^{"traj":"\([^"]*\)".*/\1|2/' | sort -u | cmp -s - "$T/rows" ||
+        { cat "$T/rows"; fail "the saved rows are not those of the reported trajectories"; }
+fi
+cmd=$(sed -n '/re-score the others with:/{n;p;}' "$T/err1" | sed 's/^  agentrl /"$BIN" /')
+[ -n "$cmd" ] || fail "no command in the note"
+eval "$cmd" > "$T/out2" 2> "$T/err2" || { cat "$T/err2"; fail "the note's command: $cmd"; }
+n2=$(grep -c '^{"traj"' "$T/out2")
+[ $((n1 + n2)) -eq 12 ] || fail "the note's command re-scored $n2 trajectories after $n1 of 12"
+"$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after the interrupt"; }
+
+# --- a failure after the first trajectory (--rewards of a fork is refused) says what was saved
+"$BIN" replay fork "$T/db" $A --segment 1 --ckpt "$T/ckpt" --count 1 > "$T/fork" 2> "$T/err" ||
+    { cat "$T/err"; fail "fork"; }
+F=$(tail -1 "$T/fork")
+"$BIN" replay rescore "$T/db" $A "$F" --rewards > /dev/null 2> "$T/err"
+[ $? -eq 1 ] && grep -q "error: rescore --rewards of $F: a fork's first steps" "$T/err" &&
+    grep -q "^agentrl: replay rescore stopped at $F; 1 trajectory was reported above, their re-scores saved in $T/db/shards/t[0-9]*.sqlite" "$T/err" ||
+    { cat "$T/err"; fail "a failure mid-list: exit 1 and where the re-scores before it went"; }
+echo "rescore_cli: ok"
