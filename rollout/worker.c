@@ -1360,6 +1360,15 @@ static arl_status fork_run_of(arl_rollout_worker *w, replay_store *st, const for
  * (baselines over mixed tasks) or skip its own tasks unsampled, both silently. */
 static arl_status groups_check(arl_rollout_worker *w) {
     const arl_rollout_config *c = &w->cfg;
+    if (!replay_store_has_catalog(w->st)) return ARL_OK; /* (no groups) */
+    int64_t run_id;
+    const arl_status rs = replay_run_find(w->st, c->run_uid, &run_id);
+    if (rs == ARL_ERR_NOT_FOUND) { /* a new run: no group of its name (one query per task took
+                                      10 s of silence at a million tasks) */
+        arl_error_clear();
+        return ARL_OK;
+    }
+    ARL_TRY(rs);
     for (int64_t i = 0; i < w->n_tasks; i++) {
         char g[REPLAY_UID_MAX + 1];
         ro_group_uid_of(w, i, g, sizeof g);
