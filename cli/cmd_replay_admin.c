@@ -128,9 +128,14 @@ int cmd_replay_gc(int argc, char **argv) {
         replay_gc_stats t;
         arl_status s = replay_gc(st, &r, stdout, &t);
         rc = s == ARL_OK ? ARL_EXIT_OK : cli_fail(s);
-        if (!rc)
-            printf("gc %s: %lld states deleted, %lld evicted, %lld bytes freed\n", o.db,
-                   (long long)t.deleted, (long long)t.evicted, (long long)t.bytes_freed);
+        if (!rc) {
+            printf("gc %s: %lld states deleted, %lld evicted, %lld bytes freed; %lld files "
+                   "collected, %lld skipped (writer alive)",
+                   o.db, (long long)t.deleted, (long long)t.evicted, (long long)t.bytes_freed,
+                   (long long)t.files, (long long)t.skipped);
+            if (t.missing) printf(", %lld missing", (long long)t.missing);
+            printf("\n");
+        }
     }
     replay_store_close(st);
     arl_options_free(gc_tab, n, &o);
@@ -186,7 +191,10 @@ int cmd_replay_migrate(int argc, char **argv) {
                        "Migrate every file of the store to this build's schema version (a backup "
                        "'<file>.pre-v<N>' first): the catalog at open, sealed files under their "
                        "lock (they stay sealed), the others through their writer; files with a "
-                       "live writer are skipped (it migrates them at its next open).");
+                       "live writer are skipped (it migrates them at its next open). A file that "
+                       "fails is reported and the others are still migrated (exit 1); so is a "
+                       "shard the catalog registers whose file is missing, when the catalog has "
+                       "trajectories in it (gc and seal as well).");
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     replay_store *st = NULL;
     if (!(rc = with_store(o.db, &st))) {

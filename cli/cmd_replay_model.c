@@ -61,9 +61,10 @@ typedef struct rescore_cli {
 static const arl_option rescore_tab[] = {
     {"db", ARL_OPT_STRING, offsetof(rescore_cli, db), NULL, "replay store root", 0, 0, NULL,
      ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "DB"},
+    /* required, checked after the parse: its message names TRAJ in the command's terms */
     {"traj", ARL_OPT_LIST, offsetof(rescore_cli, traj), NULL,
-     "trajectories (traj_uid or traj_id); repeat for several", 0, 0, NULL, ARL_OPT_REQUIRED,
-     "TRAJ"},
+     "trajectories to re-score (traj_uid or traj_id, as 'agentrl replay list DB' shows them)", 0, 0,
+     NULL, ARL_OPT_POSITIONAL, "TRAJ..."},
     {"ckpt", ARL_OPT_STRING, offsetof(rescore_cli, ckpt), NULL,
      "checkpoint to score under (required unless --rewards)", 0, 0, NULL, 0, "DIR"},
     {"version", ARL_OPT_STRING, offsetof(rescore_cli, version), "auto",
@@ -81,7 +82,8 @@ static const arl_option rescore_tab[] = {
      "block-sparse MLA chunk length", 1, 1 << 24, NULL, 0, "N"},
     {"device", ARL_OPT_CHOICE, offsetof(rescore_cli, device), "cpu",
      "where the checkpoint runs: cpu, cuda (a GPU; dense or block-sparse MLA; its saved "
-     "states are tagged cuda-f32) or cpu-device (the device code over host memory, bit-identical to cpu)",
+     "states are tagged cuda-f32) or cpu-device (the device code over host memory, bit-identical "
+     "to cpu)",
      0, 0, "cpu|cuda|cpu-device", 0, NULL},
     {"json", ARL_OPT_BOOL, offsetof(rescore_cli, json), NULL, "one JSON object per trajectory", 0,
      0, NULL, 0, NULL},
@@ -258,14 +260,43 @@ static const char *version_how_name(int how) {
         return "the run's version at this checkpoint path";
     case ARL_ROLLOUT_RESCORE_VERSION_REFUSED:
         return "refused: the run records other weights for the given version";
+    case ARL_ROLLOUT_RESCORE_VERSION_UNKNOWN:
+        return "unknown: the run records no such version";
     default:
         return "no version of the run matches this checkpoint";
     }
 }
 
 static const char *version_how_key(int how) {
-    static const char *const k[] = {"none", "given", "weights", "path", "refused"};
-    return how >= 0 && how <= 4 ? k[how] : "none";
+    static const char *const k[] = {"none", "given", "weights", "path", "refused", "unknown"};
+    return how >= 0 && how <= 5 ? k[how] : "none";
+}
+
+/* --version N of trajectory tr: a version its run records in the catalog (without a catalog
+ * there is nothing to check it against: it is taken as asserted).  An unknown one is
+ * ARL_ERR_NOT_FOUND naming the run and its newest version: a typo, not a silent recompute. */
+static arl_status check_version(replay_store *st, const replay_traj_row *tr, int64_t version) {
+    if (!replay_store_has_catalog(st)) return ARL_OK;
+    replay_version_row rec;
+    arl_status s = replay_version_get(st, tr->run_id, version, &rec);
+    if (s != ARL_ERR_NOT_FOUND) return s;
+    arl_error_clear();
+    replay_run_info run;
+    char rid[32], newest[64] = "it records no policy version";
+    snprintf(rid, sizeof rid, "%lld", (long long)tr->run_id);
+    const int have_run = replay_run_get(st, rid, &run) == ARL_OK;
+    arl_error_clear();
+    if (replay_version_get(st, tr->run_id, -1, &rec) == ARL_OK)
+        snprintf(newest, sizeof newest, "its newest is %lld", (long long)rec.version);
+    arl_error_clear();
+    s = arl_errorf(ARL_ERR_NOT_FOUND,
+                   "replay rescore: --version %lld: run '%s' of %s records no policy version "
+                   "%lld (%s): give a version it records, auto (found from the checkpoint's "
+                   "weights) or none",
+                   (long long)version, have_run ? run.run_uid : rid, tr->traj_uid,
+                   (long long)version, newest);
+    if (have_run) replay_run_info_free(&run);
+    return s;
 }
 
 /* --label default: the checkpoint directory's last path component */
@@ -375,7 +406,7 @@ static void rewards_print(const char *traj, const arl_rollout_rescore_rewards_st
         printf("    ... %zu more differing rows (--json lists all)\n", total - shown);
 }
 
-/* 1 if arg is option name ("--traj" or "--traj=...") */
+/* 1 if arg is option name ("--label" or "--label=...") */
 static int is_option(const char *arg, const char *name) {
     const size_t n = strlen(name);
     return !strncmp(arg, "--", 2) && !strncmp(arg + 2, name, n) &&
@@ -440,52 +471,45 @@ static void rescore_note(const rescore_cli *o, int i, int done, int save, const 
 
 int cmd_replay_rescore(int argc, char **argv) {
     rescore_cli o;
-    /* TRAJ... are positional after DB: turn them into --traj for the table; the other arguments
-     * (ow) are repeated by the command an interrupt note gives */
-    char **av = calloc((size_t)(2 * argc + 1), sizeof *av);
+    /* DB and TRAJ... are positional; the other arguments (ow, options and their values) are
+     * repeated by the command an interrupt note gives */
     char **ow = calloc((size_t)(argc + 1), sizeof *ow);
-    int ac = 0, pos = 0, now = 0;
-    if (!av || !ow) {
-        free(av);
-        free(ow);
-        return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
-    }
+    int now = 0;
+    if (!ow) return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
     for (int i = 0; i < argc; i++) {
         if (argv[i][0] == '-' && argv[i][1]) {
-            const int mine = is_option(argv[i], "traj") || is_option(argv[i], "db");
-            if (!mine) ow[now++] = argv[i];
-            av[ac++] = argv[i];
+            ow[now++] = argv[i];
             const arl_option *opt = NULL;
-            const char *nm = argv[i] + 2;
             for (size_t k = 0; k < RESCORE_N; k++)
-                if (!strcmp(rescore_tab[k].name, nm)) opt = &rescore_tab[k];
-            if (opt && opt->type != ARL_OPT_BOOL && !strchr(argv[i], '=') && i + 1 < argc) {
-                if (!mine) ow[now++] = argv[i + 1];
-                av[ac++] = argv[++i];
-            }
-            continue;
-        }
-        if (pos++ == 0)
-            av[ac++] = argv[i];
-        else {
-            av[ac++] = "--traj";
-            av[ac++] = argv[i];
+                if (!(rescore_tab[k].flags & ARL_OPT_POSITIONAL) &&
+                    is_option(argv[i], rescore_tab[k].name))
+                    opt = &rescore_tab[k];
+            if (opt && opt->type != ARL_OPT_BOOL && !strchr(argv[i], '=') && i + 1 < argc)
+                ow[now++] = argv[++i];
         }
     }
-    int rc = cli_parse(rescore_tab, RESCORE_N, ac, av,  &o,
-                       "agentrl replay rescore DB TRAJ... --ckpt DIR [--version auto|N|none] "
-                       "[--save-states] [--routing replay|natural] [--rewards [--env SPEC]] "
-                       "[--json]\n       agentrl replay rescore DB TRAJ... --rewards [--env SPEC] "
-                       "[--label L] [--json]",
+    const char *usage = "agentrl replay rescore DB TRAJ... --ckpt DIR [--version auto|N|none] "
+                        "[--save-states] [--routing replay|natural] [--rewards [--env SPEC]] "
+                        "[--json]\n       agentrl replay rescore DB TRAJ... --rewards [--env SPEC] "
+                        "[--label L] [--json]";
+    int rc = cli_parse(rescore_tab, RESCORE_N, argc, argv, &o, usage,
                        "Re-score stored trajectories under a checkpoint: each segment from its "
                        "cached boundary state (or the recomputed prefix), and compare with the "
                        "behaviour log-probabilities.  With --rewards, also replay the stored "
                        "actions against the environment and compare its rewards with the stored "
                        "ones.");
-    free(av);
     if (rc) {
         free(ow);
         return rc < 0 ? ARL_EXIT_OK : rc;
+    }
+    if (o.traj.n == 0) {
+        fprintf(stderr,
+                "agentrl: error: missing TRAJ: name the trajectories to re-score after DB, each "
+                "a traj_uid or traj_id ('agentrl replay list %s' shows them)\nusage: %s\n",
+                o.db, usage);
+        arl_options_free(rescore_tab, RESCORE_N, &o);
+        free(ow);
+        return ARL_EXIT_USAGE;
     }
     int64_t version = ARL_ROLLOUT_RESCORE_VERSION_AUTO;
     if (!strcmp(o.version, "none") || !strcmp(o.version, "-1")) {
@@ -549,6 +573,7 @@ int cmd_replay_rescore(int argc, char **argv) {
     for (int i = 0; s == ARL_OK && i < o.traj.n; i++) {
         replay_traj_row tr;
         s = replay_traj_get(st, o.traj.v[i], &tr);
+        if (s == ARL_OK && o.ckpt && version >= 0) s = check_version(st, &tr, version);
     }
     int save = s == ARL_OK && !o.no_save && replay_store_has_catalog(st);
     if (s == ARL_OK && !o.no_save && !save)
@@ -569,16 +594,26 @@ int cmd_replay_rescore(int argc, char **argv) {
     for (int i = 0; s == ARL_OK && i < o.traj.n; i++) {
         at = i;
         /* the rewards first: an environment that cannot replay stops before anything of this
-         * trajectory is written */
+         * trajectory is computed; their rows are saved with the model's, below, so that an
+         * interrupt between the two leaves neither (the note's command re-scores it whole:
+         * rows saved before would be there twice, in two tool files) */
         arl_rollout_rescore_rewards_stats rw;
         memset(&rw, 0, sizeof rw);
         if (o.rewards) {
             arl_rollout_rescore_rewards_opts rro = {.env = o.env, .env_config = o.env_config,
                                                     .label = label};
-            s = arl_rollout_rescore_rewards(st, o.traj.v[i], &rro, save ? &tw : NULL, &rw);
+            s = arl_rollout_rescore_rewards(st, o.traj.v[i], &rro, NULL, &rw);
             if (s) break;
         }
         if (!o.ckpt) {
+            /* the rows, the report and the note: one step an interrupt does not cut */
+            cli_interrupt_defer();
+            if (save) s = arl_rollout_rescore_rewards_save(st, o.traj.v[i], label, &tw, &rw);
+            if (s) {
+                cli_interrupt_resume();
+                free(rw.pairs);
+                break;
+            }
             if (o.json) {
                 json_t *j = json_pack("{s:s,s:o}", "traj", o.traj.v[i], "rewards",
                                       rewards_json(&rw));
@@ -590,7 +625,6 @@ int cmd_replay_rescore(int argc, char **argv) {
                 rewards_print(o.traj.v[i], &rw);
             }
             free(rw.pairs);
-            cli_interrupt_defer();
             fflush(stdout);
             done++;
             rescore_note(&o, i + 1, done, save, tw, ow, now);
@@ -614,6 +648,8 @@ int cmd_replay_rescore(int argc, char **argv) {
         /* the trajectory's rows and its report are one step that an interrupt does not cut:
          * a trajectory reported above the interrupt note is saved whole, one below it not */
         cli_interrupt_defer();
+        if (s == ARL_OK && save && o.rewards)
+            s = arl_rollout_rescore_rewards_save(st, o.traj.v[i], label, &tw, &rw);
         if (s == ARL_OK && save)
             s = save_rescores(st, tw, o.traj.v[i], &o, r.version, label, lp, mu, nlp, &det);
         free(lp);
@@ -631,14 +667,15 @@ int cmd_replay_rescore(int argc, char **argv) {
                    "\"max_abs\":%.9g,\"worst_token\":%lld,\"entropy_mean\":%.9g,"
                    "\"route_tokens\":%lld,\"agree_overlap\":%.9g,\"agree_exact_layer\":%.9g,"
                    "\"agree_exact_token\":%.9g,\"version\":%lld,\"version_how\":\"%s\","
-                   "\"from_tool_state\":%lld,\"states_saved\":%lld,\"from_learner_state\":%lld",
+                   "\"from_tool_state\":%lld,\"states_saved\":%lld,\"from_learner_state\":%lld,"
+                   "\"routes_other_layout\":%lld",
                    o.traj.v[i], (long long)r.segments, (long long)r.from_state,
                    (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
                    r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
                    (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,
                    r.agree_exact_token, (long long)r.version, version_how_key(r.version_how),
                    (long long)r.from_tool_state, (long long)r.states_saved,
-                   (long long)r.from_learner_state);
+                   (long long)r.from_learner_state, (long long)r.routes_other_layout);
         if (o.json && o.rewards) {
             json_t *j = rewards_json(&rw);
             char *txt = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -658,6 +695,10 @@ int cmd_replay_rescore(int argc, char **argv) {
                    r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
                    (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,
                    r.agree_exact_token);
+        if (!o.json && r.routes_other_layout)
+            printf("  router agreement not measured in %lld segments: their stored routes are "
+                   "of another MoE layout than the checkpoint's (another model)\n",
+                   (long long)r.routes_other_layout);
         if (!o.json) {
             if (r.version >= 0)
                 printf("  start states: rollout states of version %lld (%s)",

@@ -264,9 +264,7 @@ done:
 
 arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
                      replay_gc_stats *total) {
-    if (!st->cat.db || st->cat.readonly)
-        return arl_errorf(ARL_ERR_STATE,
-                          "replay: %s: gc needs a store root with a writable catalog", st->root);
+    ARL_TRY(rstore_need_root(st, "gc"));
     ARL_TRY(replay_store_refresh(st));
     replay_gc_stats sum;
     memset(&sum, 0, sizeof sum);
@@ -275,6 +273,10 @@ arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
     ARL_TRY(rstore_shards_copy(st, &ref, &n));
     arl_status first = ARL_OK; /* the first failure; the other files are still collected */
     char *first_msg = NULL;
+    int n_missing = 0; /* registered shards without a file: reported, the data lost an error */
+    if ((first = rstore_report_missing(st, 0, out, &n_missing)) != ARL_OK)
+        first_msg = strdup(arl_error_msg());
+    sum.missing = n_missing;
     for (size_t i = 0; i < n; i++) {
         if (ref[i].kind != REPLAY_FILE_WORKER && ref[i].kind != REPLAY_FILE_TOOL &&
             ref[i].kind != REPLAY_FILE_LEARNER)
@@ -290,7 +292,11 @@ arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
             o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
         }
         if (o == ARL_ERR_BUSY) { /* its writer runs its own GC (section 7.6) */
-            if (out) fprintf(out, "skipped (writer alive): %s\n", arl_error_msg());
+            arl_error_clear();
+            sh = rstore_shard(st, ref[i].id);
+            rlock_print_skipped(out, sh ? sh->file : "?", sh ? sh->path : "",
+                                "it collects its own states");
+            sum.skipped++;
             continue;
         }
         replay_gc_stats g;
@@ -303,6 +309,7 @@ arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
             sum.deleted += g.deleted;
             sum.evicted += g.evicted;
             sum.bytes_freed += g.bytes_freed;
+            sum.files++;
         } else {
             if (out) fprintf(out, "failed: %s\n", arl_error_msg());
             if (first == ARL_OK) {

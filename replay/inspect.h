@@ -104,7 +104,12 @@ arl_status replay_recover(replay_store *st, int mask, FILE *out, int64_t *n_foun
 
 /* `gc` (section 13.8): replay_states_retain on every worker and tool file whose writer is gone
  * (its lock is free; files with a live writer are skipped and reported).  One line per file
- * to out (may be NULL); *total (may be NULL) receives the sums. */
+ * to out (may be NULL); *total (may be NULL) receives the sums and the counts of files
+ * collected, skipped and missing.  A file that fails is reported and the others are still
+ * collected; the first error is returned, as for a shard registered in the catalog whose file
+ * is missing while the catalog has trajectories in it (without any: reported only).  st must
+ * be a store root with a writable catalog (ARL_ERR_STATE naming what it is instead; seal and
+ * migrate too). */
 arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
                      replay_gc_stats *total);
 
@@ -119,7 +124,8 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
  * older than this build's: sealed files under their lock, keeping them sealed; the others by
  * opening their writer (files with a live writer are skipped: it migrates them itself).  The
  * catalog was migrated when st was opened read-write.  One line per file to out (may be NULL);
- * *n_migrated (may be NULL) receives the count. */
+ * *n_migrated (may be NULL) receives the count.  A file that fails is reported and the others
+ * are still migrated; the first error is returned (missing files: as replay_gc). */
 arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated);
 
 /* One warning line to err per shard registered in the catalog whose file is missing or cannot

@@ -170,6 +170,26 @@ arl_status rcat_member_claim(replay_store *st, int64_t group_id, int32_t slot, i
  * process already holds it.  ARL_ERR_BUSY when held elsewhere. */
 arl_status rlock_acquire(const char *path, const char *name, int *fd, uint64_t *dev, uint64_t *ino);
 void rlock_release(int fd, uint64_t dev, uint64_t ino);
+/* The pid of the process that holds the ownership lock of the shard file at path (its lock
+ * "<path>.lock"): > 0; 0 when none holds it, this process does, or it cannot be told. */
+long rlock_holder(const char *path);
+/* One line to out (may be NULL) for shard file `file` (at path) that a maintenance command
+ * skipped because its lock was busy: "<file>: skipped (writer alive, pid P): <then>", then
+ * saying what happens to the file instead (e.g. "it collects its own states"). */
+void rlock_print_skipped(FILE *out, const char *file, const char *path, const char *then);
+
+/* The maintenance commands (gc, seal, migrate: `what`) need a store root with a writable
+ * catalog: ARL_ERR_STATE saying which of a shard file, a folder of shard files or a read-only
+ * catalog st is instead. */
+arl_status rstore_need_root(replay_store *st, const char *what);
+
+/* Shards registered in the catalog whose file is missing (only shard only_shard when > 0): one
+ * line each to out (may be NULL), "<file>: failed: ..." when the catalog's group_members refer
+ * to trajectories in it (lost: ARL_ERR_CORRUPT is returned for the first, naming it), else
+ * "<file>: skipped: ..." (a writer that died while creating it; ARL_OK).  *n_missing receives
+ * their count.  What gc, seal and migrate report, since they only see the files present
+ * (verify.c, beside verify's own finding). */
+arl_status rstore_report_missing(replay_store *st, int32_t only_shard, FILE *out, int *n_missing);
 
 /* ---- reading (reader.c) ---- */
 

@@ -493,6 +493,10 @@ typedef struct replay_gc_stats {
     int64_t deleted;     /* 'writing' and unreferenced states deleted (rows and chunks) */
     int64_t evicted;     /* states evicted by retention or the budget (tombstones kept) */
     int64_t bytes_freed; /* n_bytes of the evicted states */
+    /* replay_gc only (0 from replay_states_retain): */
+    int64_t files;   /* files whose states were collected */
+    int64_t skipped; /* files skipped: their writer is alive (it collects its own states) */
+    int64_t missing; /* shards registered in the catalog whose file is missing */
 } replay_gc_stats;
 
 /* GC and retention of this writer's states file (spec sections 7.6 and 9.3): deletes garbage

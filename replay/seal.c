@@ -11,7 +11,9 @@
  * returned.
  * migrate: files older than this build's schema version are migrated: sealed ones under their
  * lock (they stay sealed, in rollback-journal mode), the others through their writer's open
- * (skipped while it runs). */
+ * (skipped while it runs); like seal it goes on past a file that fails and returns the first
+ * error.  Both (and gc) report shards registered in the catalog whose file is missing
+ * (rstore_report_missing: an error when the catalog has trajectories in it). */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -118,9 +120,7 @@ static arl_status seal_finish(replay_store *st, rshard *sh, int *done) {
 }
 
 arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t *n_sealed) {
-    if (!st->cat.db || st->cat.readonly)
-        return arl_errorf(ARL_ERR_STATE,
-                          "replay: %s: seal needs a store root with a writable catalog", st->root);
+    ARL_TRY(rstore_need_root(st, "seal"));
     ARL_TRY(replay_store_refresh(st));
     int64_t sealed = 0;
     size_t n;
@@ -129,11 +129,14 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
     int found = only_shard <= 0;
     for (size_t i = 0; i < n; i++)
         found |= ref[i].id == only_shard;
-    arl_status s = found ? ARL_OK
-                         : arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s: no shard %d in the store",
-                                      st->root, (int)only_shard);
+    /* registered shards whose file is missing: reported (an error when data is lost) */
+    int n_missing = 0;
+    arl_status s = rstore_report_missing(st, only_shard, out, &n_missing);
+    char *first_msg = s != ARL_OK ? strdup(arl_error_msg()) : NULL;
+    if (s == ARL_OK && !found && !n_missing)
+        s = arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s: no shard %d in the store", st->root,
+                       (int)only_shard);
     arl_status first = s; /* the first failure; the other files are still sealed */
-    char *first_msg = NULL;
     for (size_t i = 0; i < n && found; i++) {
         if (only_shard > 0 && ref[i].id != only_shard) continue;
         char *rel = rstore_shard_rel(ref[i].kind, ref[i].id);
@@ -141,7 +144,11 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
             int done = 0;
             rshard *sh = rstore_shard(st, ref[i].id);
             arl_status o = sh ? seal_finish(st, sh, &done) : ARL_OK;
-            if (o == ARL_ERR_BUSY) { /* a live writer or reader: the next seal finishes it */
+            if (o == ARL_ERR_BUSY && sh && rlock_holder(sh->path) > 0) {
+                arl_error_clear(); /* a live writer: the next seal finishes it */
+                rlock_print_skipped(out, rel ? rel : "?", sh->path,
+                                    "seal again once it has finished");
+            } else if (o == ARL_ERR_BUSY) { /* a reader: the next seal finishes it */
                 if (out) fprintf(out, "%s: skipped: %s\n", rel ? rel : "?", arl_error_msg());
             } else if (o != ARL_OK) {
                 if (out) fprintf(out, "%s: failed: %s\n", rel ? rel : "?", arl_error_msg());
@@ -161,8 +168,10 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
         replay_writer *w = NULL;
         arl_status o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
         if (o == ARL_ERR_BUSY) {
-            if (out)
-                fprintf(out, "%s: skipped (writer alive): %s\n", rel ? rel : "?", arl_error_msg());
+            arl_error_clear();
+            rshard *sh = rstore_shard(st, ref[i].id);
+            rlock_print_skipped(out, rel ? rel : "?", sh ? sh->path : "",
+                                "seal it once its writer has finished");
             free(rel);
             continue;
         }
@@ -206,22 +215,35 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
 }
 
 arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
-    if (!st->cat.db || st->cat.readonly)
-        return arl_errorf(ARL_ERR_STATE,
-                          "replay: %s: migrate needs a store root with a writable catalog "
-                          "(opening it migrated the catalog)",
-                          st->root);
+    ARL_TRY(rstore_need_root(st, "migrate"));
     ARL_TRY(replay_store_refresh(st));
     const int r = rschema_version();
     int64_t migrated = 0;
     size_t n;
     rshard_ref *ref;
     ARL_TRY(rstore_shards_copy(st, &ref, &n));
-    arl_status s = ARL_OK;
-    for (size_t i = 0; i < n && s == ARL_OK; i++) {
+    /* registered shards whose file is missing: reported (an error when data is lost) */
+    int n_missing = 0;
+    arl_status first = rstore_report_missing(st, 0, out, &n_missing);
+    char *first_msg = first != ARL_OK ? strdup(arl_error_msg()) : NULL;
+    /* a file that fails is reported and the others are still migrated (as seal and gc) */
+    for (size_t i = 0; i < n; i++) {
         rshard *sh = rstore_shard(st, ref[i].id);
+        char *rel = rstore_shard_rel(ref[i].kind, ref[i].id);
         rdb *d, *sd = NULL;
-        if (!sh || (s = rstore_shard_db(st, sh, &d)) != ARL_OK) break;
+        arl_status s =
+            sh ? rstore_shard_db(st, sh, &d)
+               : arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s: its file is gone", rel ? rel : "?");
+        if (s != ARL_OK) {
+            if (out) fprintf(out, "%s: failed: %s\n", rel ? rel : "?", arl_error_msg());
+            if (first == ARL_OK) {
+                first = s;
+                first_msg = strdup(arl_error_msg());
+            }
+            free(rel);
+            rstore_shard_release(st, ref[i].id);
+            continue;
+        }
         int v = d->schema_version, sv = r;
         if (sh->kind != REPLAY_FILE_LEARNER && rstore_shard_states(st, sh, &sd) == ARL_OK)
             sv = sd->schema_version;
@@ -230,10 +252,11 @@ arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
         /* a sealed file left in WAL mode: a migrate or seal killed before their end */
         if (d->empty || (v >= r && sv >= r && !(sealed && file_in_wal(sh->path)))) {
             if (out) fprintf(out, "%s: schema version %d, up to date\n", sh->file, v);
+            free(rel);
             continue;
         }
         int kind = sh->kind;
-        char *file = strdup(sh->file);
+        char *file = strdup(sh->file), *path = strdup(sh->path);
         if (sealed) {
             s = sealed_reopen(st, sh, 1);
         } else { /* its writer migrates it (and its states file) at open */
@@ -242,11 +265,13 @@ arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
             s = replay_writer_open(st, (replay_file_kind)kind, ref[i].id, NULL, &w);
             replay_writer_close(w);
         }
-        if (s == ARL_ERR_BUSY) {
-            if (out)
-                fprintf(out, "%s: skipped (writer alive: it migrates at its next open)\n",
-                        file ? file : "?");
-            s = ARL_OK;
+        if (s == ARL_ERR_BUSY && path && rlock_holder(path) > 0) {
+            arl_error_clear();
+            rlock_print_skipped(out, file ? file : "?", path,
+                                "it migrates the file at its next open");
+        } else if (s == ARL_ERR_BUSY) { /* a reader (a sealed file in WAL mode): next time */
+            if (out) fprintf(out, "%s: skipped: %s\n", file ? file : "?", arl_error_msg());
+            arl_error_clear();
         } else if (s == ARL_OK && v >= r && sv >= r) { /* only left WAL mode again */
             if (out)
                 fprintf(out,
@@ -258,11 +283,21 @@ arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
                 fprintf(out, "%s: migrated from schema version %d to %d\n", file ? file : "?",
                         v < sv ? v : sv, r);
             migrated++;
+        } else {
+            if (out) fprintf(out, "%s: failed: %s\n", file ? file : "?", arl_error_msg());
+            if (first == ARL_OK) {
+                first = s;
+                first_msg = strdup(arl_error_msg());
+            }
         }
         free(file);
+        free(path);
+        free(rel);
         rstore_shard_release(st, ref[i].id);
     }
     free(ref);
     if (n_migrated) *n_migrated = migrated;
-    return s;
+    if (first != ARL_OK && first_msg) arl_errorf(first, "%s", first_msg);
+    free(first_msg);
+    return first;
 }

@@ -166,6 +166,28 @@ void rlock_release(int fd, uint64_t dev, uint64_t ino) {
     close(fd);
 }
 
+long rlock_holder(const char *path) {
+    char *lock = malloc(strlen(path) + 8);
+    if (!lock) return 0;
+    sprintf(lock, "%s.lock", path);
+    const int fd = open(lock, O_RDONLY | O_CLOEXEC);
+    free(lock);
+    if (fd < 0) return 0;
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    const long pid = fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK ? (long)q.l_pid : 0;
+    close(fd);
+    return pid;
+}
+
+void rlock_print_skipped(FILE *out, const char *file, const char *path, const char *then) {
+    if (!out) return;
+    const long pid = rlock_holder(path);
+    if (pid > 0)
+        fprintf(out, "%s: skipped (writer alive, pid %ld): %s\n", file, pid, then);
+    else
+        fprintf(out, "%s: skipped (writer alive): %s\n", file, then);
+}
+
 /* ---- shard registry ---- */
 
 static void shard_free(rshard *sh) {
@@ -625,6 +647,25 @@ int replay_store_has_catalog(const replay_store *st) {
 }
 
 /* ---- catalog rows ---- */
+
+arl_status rstore_need_root(replay_store *st, const char *what) {
+    if (st->single_file)
+        return arl_errorf(ARL_ERR_STATE,
+                          "replay: %s is a shard file, not a store root: %s works on a store root "
+                          "(the folder that holds catalog.sqlite and shards/)",
+                          st->root, what);
+    if (!st->cat.db)
+        return arl_errorf(ARL_ERR_STATE,
+                          "replay: %s has no catalog.sqlite: %s works on a store root (the folder "
+                          "that holds catalog.sqlite and shards/), not on a folder of shard files",
+                          st->root, what);
+    if (st->cat.readonly)
+        return arl_errorf(ARL_ERR_STATE,
+                          "replay: %s: its catalog is read-only: %s writes it (check the "
+                          "permissions of %s/catalog.sqlite)",
+                          st->root, what, st->root);
+    return ARL_OK;
+}
 
 static arl_status need_catalog(replay_store *st, int write) {
     if (!st->cat.db)

@@ -1,6 +1,7 @@
 /* replay/verify.c: `verify` (spec section 13.5) and `recover` (section 13.8).  verify reads
  * every file and reports every finding (it never stops at the first); recover takes over the
  * files whose writer is gone (free lock) and resolves their interrupted trajectories. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -792,6 +793,53 @@ static void lost_shard(vctx *v, int32_t shard_id, const char *file, const char *
                 "%s: shard %d is registered in the catalog but %s, and nothing refers to it (its "
                 "writer died while creating it)",
                 file, (int)shard_id, what);
+}
+
+arl_status rstore_report_missing(replay_store *st, int32_t only_shard, FILE *out, int *n_missing) {
+    *n_missing = 0;
+    if (!st->cat.db) return ARL_OK;
+    sqlite3_stmt *q;
+    ARL_TRY(rdb_prepare(&st->cat, "SELECT shard_id, file_name FROM shards ORDER BY shard_id", &q));
+    arl_status first = ARL_OK;
+    char first_msg[1024] = "";
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        const int32_t id = sqlite3_column_int(q, 0);
+        const char *file = (const char *)sqlite3_column_text(q, 1);
+        if (only_shard > 0 && id != only_shard) continue;
+        char *p = rstore_join(st->dir, file);
+        struct stat sb;
+        const int missing = p && stat(p, &sb) != 0 && errno == ENOENT;
+        free(p);
+        if (!missing) continue;
+        (*n_missing)++;
+        char ex[REPLAY_UID_MAX + 1];
+        const int64_t n = members_in_shard(st, id, ex, sizeof ex);
+        if (n > 0) {
+            if (out)
+                fprintf(out,
+                        "%s: failed: registered in the catalog but its file is missing: the %lld "
+                        "trajectories the catalog has in it (e.g. %s) are lost (restore the file "
+                        "from a backup; 'agentrl replay verify' lists the damage)\n",
+                        file, (long long)n, ex);
+            if (first == ARL_OK) {
+                first = ARL_ERR_CORRUPT;
+                snprintf(first_msg, sizeof first_msg,
+                         "replay: %s: registered in the catalog but its file is missing, with the "
+                         "%lld trajectories the catalog has in it (e.g. %s): restore it from a "
+                         "backup ('agentrl replay verify' lists the damage)",
+                         file, (long long)n, ex);
+            }
+        } else if (out) {
+            fprintf(out,
+                    "%s: skipped: registered in the catalog but its file is missing; nothing "
+                    "refers to it (its writer died while creating it)\n",
+                    file);
+        }
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE) return rdb_fail(&st->cat, rc, "listing the shards");
+    return first == ARL_OK ? ARL_OK : arl_errorf(first, "%s", first_msg);
 }
 
 void replay_shards_warn_unreadable(replay_store *st, FILE *err) {

@@ -71,7 +71,12 @@ static arl_status resolve_version(replay_store *st, const replay_traj_row *row,
     if (o->version >= 0) {
         replay_version_row rec; /* (weights_sha256 "" when not recorded) */
         const arl_status g = replay_version_get(st, row->run_id, o->version, &rec);
-        if (g == ARL_ERR_NOT_FOUND)
+        if (g == ARL_ERR_NOT_FOUND && replay_store_has_catalog(st)) {
+            arl_error_clear(); /* the run never recorded it: no state is of it */
+            out->version_how = ARL_ROLLOUT_RESCORE_VERSION_UNKNOWN;
+            return ARL_OK;
+        }
+        if (g == ARL_ERR_NOT_FOUND) /* no catalog to check it against: as asserted */
             arl_error_clear();
         else
             ARL_TRY(g);
@@ -254,6 +259,23 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
             break;
         }
         const int64_t T = r->n_tokens;
+        /* stored routes of another MoE layout (layer count or top-k): replaying them is
+         * impossible, and falling back to the router's own choice would make a --routing
+         * replay score a natural one without saying so; with natural routing only the
+         * agreement cannot be measured */
+        const int other_layout =
+            d.n_moe_layers > 0 && d.routes && (d.n_moe_layers != e.n_moe || d.route_k != e.k);
+        if (other_layout && !opts->natural_routing) {
+            s = arl_errorf(ARL_ERR_CONFIG,
+                           "rescore of %s under %s: segment %d's stored routes are for %d MoE "
+                           "layers of top-%d, the checkpoint has %lld MoE layers of top-%lld: "
+                           "the trajectory was sampled by another model (--routing natural "
+                           "scores it without the stored routes)",
+                           row.traj_uid, opts->ckpt_dir, (int)r->seg_index, (int)d.n_moe_layers,
+                           (int)d.route_k, (long long)e.n_moe, (long long)e.k);
+            break;
+        }
+        if (other_layout) out->routes_other_layout++;
         const int have_routes = d.n_moe_layers == e.n_moe && e.n_moe && d.route_k == e.k &&
                                 d.routes;
         const int use_routes = !opts->natural_routing && have_routes;

@@ -38,19 +38,24 @@ arl_status arl_rollout_state_assemble(const arl_model_config *cfg, const char *c
 /* How the version whose rollout states may start segments was chosen (stats.version_how). */
 enum {
     ARL_ROLLOUT_RESCORE_VERSION_NONE = 0,    /* none: -1 given, or no version matched */
-    ARL_ROLLOUT_RESCORE_VERSION_GIVEN = 1,   /* opts.version >= 0, as the caller asserted */
+    ARL_ROLLOUT_RESCORE_VERSION_GIVEN = 1,   /* opts.version >= 0, as the caller asserted (a
+                                                version the run records, or any without a
+                                                catalog to check it) */
     ARL_ROLLOUT_RESCORE_VERSION_WEIGHTS = 2, /* the run's version with these weights' sha256 */
     ARL_ROLLOUT_RESCORE_VERSION_PATH = 3,    /* the run's version recorded at this checkpoint
                                                 directory (no weights hash recorded) */
     ARL_ROLLOUT_RESCORE_VERSION_REFUSED = 4, /* given, but the catalog records other weights for
                                                 it: its rollout states are not used */
+    ARL_ROLLOUT_RESCORE_VERSION_UNKNOWN = 5, /* given, but the trajectory's run records no such
+                                                version in the catalog: no states are used */
 };
 
 typedef struct arl_rollout_rescore_opts {
     const char *ckpt_dir; /* checkpoint to score under (config.json + weights) */
     int64_t version;      /* its policy version, whose rollout states (computed entirely at it)
                              may start segments: >= 0 as given (refused when the run's
-                             policy_versions row records another weights_sha256);
+                             policy_versions row records another weights_sha256; unknown, no
+                             states used, when the catalog has no such row for the run);
                              ARL_ROLLOUT_RESCORE_VERSION_AUTO: the run's version whose
                              weights_sha256 is the checkpoint's (SHA-256 of the parameters as
                              loaded, fp32), else whose checkpoint_uri is this directory, else none
@@ -95,6 +100,10 @@ typedef struct arl_rollout_rescore_stats {
      * natural top-k at each layer's input with upstream layers replayed (conditional), with
      * natural routing the top-k of the free-running forward */
     int64_t route_tokens;   /* tokens compared (0: no routes stored, or a dense model) */
+    int64_t routes_other_layout; /* segments whose stored routes are of another MoE layout
+                                    (layer count or top-k) than the checkpoint's: with natural
+                                    routing their agreement is not measured (with replay
+                                    routing such a segment is an ARL_ERR_CONFIG error) */
     double agree_overlap;   /* mean over tokens and layers of |N ∩ R| / k */
     double agree_exact_layer; /* fraction of (token, layer) with N = R */
     double agree_exact_token; /* fraction of tokens with N = R in every layer */
@@ -119,7 +128,9 @@ typedef struct arl_rollout_rescore_detail {
  * pass computed (the prefix is recomputed from the last fresh start).  *logprobs (may be NULL)
  * receives the re-scored log-probability of every token of the stream (0 for tokens not predicted:
  * segment starts), a malloc'ed array of *n entries; *mu (may be NULL) the stored behaviour
- * log-probabilities. */
+ * log-probabilities.  A checkpoint of another model than the trajectory's is ARL_ERR_CONFIG,
+ * naming the trajectory and segment: a token outside its vocabulary, and with replay routing
+ * stored routes of another MoE layout (layer count, top-k) or naming an expert it lacks. */
 arl_status arl_rollout_rescore(replay_store *st, const char *traj,
                                const arl_rollout_rescore_opts *opts,
                                arl_rollout_rescore_stats *out, float **logprobs, float **mu,

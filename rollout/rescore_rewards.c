@@ -395,6 +395,34 @@ static arl_status compare(const replay_reward_row *sr, size_t ns, const rr_ctx *
     return ARL_OK;
 }
 
+arl_status arl_rollout_rescore_rewards_save(replay_store *st, const char *traj, const char *label,
+                                            replay_writer **tool,
+                                            arl_rollout_rescore_rewards_stats *r) {
+    if (!label || !*label) return arl_errorf(ARL_ERR_ARG, "rescore --rewards: a label is required");
+    replay_traj_row t;
+    ARL_TRY(replay_traj_get(st, traj, &t));
+    char source[300];
+    snprintf(source, sizeof source, "rescore:%s", label);
+    size_t n = 0;
+    replay_reward *rows = calloc(r->n_pairs + 1, sizeof *rows);
+    if (!rows) return arl_errorf(ARL_ERR_NOMEM, "rescore --rewards: out of memory");
+    for (size_t i = 0; i < r->n_pairs; i++) {
+        const arl_rollout_reward_pair *p = &r->pairs[i];
+        if (!(p->present & 2)) continue; /* a stored row the replay did not produce */
+        rows[n++] = (replay_reward){.level = level_names[p->level],
+                                    .scope_index = p->scope_index,
+                                    .component = p->component,
+                                    .source = source,
+                                    .value = p->rescored,
+                                    .call_seq = -1};
+    }
+    arl_status s = *tool ? ARL_OK : replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, tool);
+    if (s == ARL_OK) s = replay_rescore_rewards_put(*tool, t.traj_id, source, rows, n);
+    if (s == ARL_OK) r->rows_written = (int64_t)n;
+    free(rows);
+    return s;
+}
+
 arl_status arl_rollout_rescore_rewards(replay_store *st, const char *traj,
                                        const arl_rollout_rescore_rewards_opts *o,
                                        replay_writer **tool,
@@ -478,23 +506,8 @@ arl_status arl_rollout_rescore_rewards(replay_store *st, const char *traj,
     arl_env_session_free(sess);
     if (s == ARL_OK) s = replay_rewards_load(st, t.traj_id, NULL, &stored, &nstored);
     if (s == ARL_OK) s = compare(stored, nstored, &x, out);
-    if (s == ARL_OK && tool) {
-        char source[300];
-        snprintf(source, sizeof source, "rescore:%s", o->label);
-        replay_reward *rows = calloc(x.n + 1, sizeof *rows);
-        if (!rows) s = arl_errorf(ARL_ERR_NOMEM, "rescore --rewards: out of memory");
-        for (size_t i = 0; rows && i < x.n; i++)
-            rows[i] = (replay_reward){.level = level_names[x.v[i].level],
-                                      .scope_index = x.v[i].scope,
-                                      .component = x.v[i].comp,
-                                      .source = source,
-                                      .value = x.v[i].value,
-                                      .call_seq = -1};
-        if (s == ARL_OK && !*tool) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, tool);
-        if (s == ARL_OK) s = replay_rescore_rewards_put(*tool, t.traj_id, source, rows, x.n);
-        if (s == ARL_OK) out->rows_written = (int64_t)x.n;
-        free(rows);
-    }
+    if (s == ARL_OK && tool)
+        s = arl_rollout_rescore_rewards_save(st, t.traj_uid, o->label, tool, out);
     if (s != ARL_OK) {
         free(out->pairs);
         out->pairs = NULL;

@@ -87,4 +87,14 @@ arl_status arl_rollout_rescore_rewards(replay_store *st, const char *traj,
                                        replay_writer **tool,
                                        arl_rollout_rescore_rewards_stats *out);
 
+/* Write the re-scored rows of r (a successful arl_rollout_rescore_rewards of traj with tool
+ * NULL: the pairs present on the re-scored side) with source 'rescore:<label>' into *tool, in
+ * one transaction (replay_rescore_rewards_put), opening a new tool file on st when *tool is
+ * NULL; r->rows_written is set.  For a caller that saves them together with other rows of the
+ * same trajectory (the CLI: with its model re-score, one step an interrupt does not cut), so that
+ * a trajectory is either saved whole or not at all. */
+arl_status arl_rollout_rescore_rewards_save(replay_store *st, const char *traj, const char *label,
+                                            replay_writer **tool,
+                                            arl_rollout_rescore_rewards_stats *r);
+
 #endif

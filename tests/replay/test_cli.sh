@@ -251,6 +251,15 @@ expect 2 "$A" replay list "$S" --sort sideways
 has "sort"
 expect 0 "$A" replay gc "$S" --min-age-ms 0
 has "gc $S: 1 states deleted"
+has "; 3 files collected, 0 skipped (writer alive)$" # the skipped ones were not counted
+# a shard file (or a folder of them) instead of the store root is named as such (was "needs a
+# store root with a writable catalog", migrate adding "(opening it migrated the catalog)")
+for c in gc seal migrate; do
+    expect 1 "$A" replay $c "$S/shards/w1.sqlite"
+    has "replay: $S/shards/w1.sqlite is a shard file, not a store root: $c works on a store root"
+    expect 1 "$A" replay $c "$S/shards"
+    has "$S/shards has no catalog.sqlite: $c works on a store root"
+done
 expect 0 "$A" replay verify "$S"
 has "0 errors, 0 warnings"
 expect 0 "$A" replay unpin "$S" run1/g1/r0

@@ -1,9 +1,11 @@
 #!/bin/sh
 # tests/rollout/rescore_cli.sh: `agentrl replay rescore` given bad input and interrupted.
-# - a --ckpt that is not a checkpoint directory, an unknown TRAJ anywhere in the list and an empty
-#   --label stop the command before anything is computed or written (no tool file, no report);
-# - a checkpoint of another model (other vocabulary, fewer experts than the stored routes name)
-#   is an error that names the trajectory, the checkpoint and what to do, not a model error;
+# - a --ckpt that is not a checkpoint directory, an unknown TRAJ anywhere in the list (or none),
+#   a --version the run never recorded and an empty --label stop the command before anything is
+#   computed or written (no tool file, no report);
+# - a checkpoint of another model (other vocabulary, fewer experts than the stored routes name,
+#   with --routing replay another top-k or MoE layer count) is an error that names the
+#   trajectory, the checkpoint and what to do, not a model error;
 # - SIGTERM mid-run: the trajectories reported on stdout (flushed as each ends) are saved whole,
 #   and the note on stderr gives the command that re-scores the others, which completes the list;
 #   a failure after some trajectories says where their re-scores were saved.
@@ -40,6 +42,17 @@ B=rollout/g000001/r1
 "$BIN" replay rescore "$T/db" $A --ckpt "$T/ckpt" --label "" > "$T/out" 2> "$T/err"
 [ $? -eq 2 ] && grep -q -- "--label: empty" "$T/err" ||
     { cat "$T/err"; fail "--label '': a usage error (exit 2) expected"; }
+# --version N that the run never recorded (it was reported as "given", no state used)
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/ckpt" --version 7 > "$T/out" 2> "$T/err"
+[ $? -eq 1 ] && grep -q "error: replay rescore: --version 7: run 'rollout' of $A records no policy version 7 (its newest is 0): give a version it records, auto .* or none" "$T/err" ||
+    { cat "$T/out" "$T/err"; fail "--version unknown: exit 1 naming the run's versions"; }
+[ -s "$T/out" ] && fail "--version unknown: $A was re-scored"
+# no TRAJ: said in the command's terms (was "missing required option '--traj TRAJ'", an option
+# nobody types)
+"$BIN" replay rescore "$T/db" --ckpt "$T/ckpt" > "$T/out" 2> "$T/err"
+[ $? -eq 2 ] && grep -q "error: missing TRAJ: name the trajectories to re-score after DB, each a traj_uid or traj_id ('agentrl replay list $T/db' shows them)" "$T/err" &&
+    ! grep -q -- "--traj" "$T/err" ||
+    { cat "$T/err"; fail "no TRAJ: a usage error (exit 2) naming TRAJ"; }
 [ "$(tools)" -eq 0 ] || { ls "$T/db/shards"; fail "bad input left a tool file"; }
 
 # --- a checkpoint of another model
@@ -57,6 +70,26 @@ grep -q '"vocab_size": *300' "$T/v300.json" && grep -q '"num_experts": *8' "$T/e
     { cat "$T/err"; fail "fewer experts: exit 1 and a message naming --routing natural"; }
 "$BIN" replay rescore "$T/db" $A --ckpt "$T/e8" --no-save --routing natural > /dev/null 2> "$T/err" ||
     { cat "$T/err"; fail "fewer experts, --routing natural"; }
+
+# --- stored routes of another MoE layout (top-k, MoE layer count): --routing replay (the default)
+# cannot replay them and says so (it fell back to natural routing, "router agreement over 0
+# tokens" the only sign); --routing natural scores and says the agreement is not measured
+sed 's/"num_experts_per_token": *4/"num_experts_per_token": 3/' "$T/ckpt/config.json" > "$T/k3.json"
+sed 's/"first_k_dense_replace": *1/"first_k_dense_replace": 2/' "$T/ckpt/config.json" > "$T/d2.json"
+grep -q '"num_experts_per_token": *3' "$T/k3.json" && grep -q '"first_k_dense_replace": *2' "$T/d2.json" ||
+    fail "the tiny config changed: update the sed lines"
+"$BIN" model init "$T/k3.json" "$T/k3" --seed 1 > /dev/null 2>&1 || fail "model init k3"
+"$BIN" model init "$T/d2.json" "$T/d2" --seed 1 > /dev/null 2>&1 || fail "model init d2"
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/k3" --no-save > "$T/out" 2> "$T/err"
+[ $? -eq 1 ] && grep -q "error: rescore of $A under $T/k3: segment 0's stored routes are for 7 MoE layers of top-4, the checkpoint has 7 MoE layers of top-3: the trajectory was sampled by another model (--routing natural" "$T/err" ||
+    { cat "$T/out" "$T/err"; fail "other top-k, --routing replay: exit 1 naming the mismatch"; }
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/d2" --no-save > "$T/out" 2> "$T/err"
+[ $? -eq 1 ] && grep -q "error: rescore of $A under $T/d2: segment 0's stored routes are for 7 MoE layers of top-4, the checkpoint has 6 MoE layers of top-4" "$T/err" ||
+    { cat "$T/out" "$T/err"; fail "other MoE layer count, --routing replay: exit 1 naming the mismatch"; }
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/k3" --no-save --routing natural > "$T/out" 2> "$T/err" ||
+    { cat "$T/err"; fail "other top-k, --routing natural"; }
+grep -q "router agreement not measured in 2 segments: their stored routes are of another MoE layout" "$T/out" ||
+    { cat "$T/out"; fail "other top-k, --routing natural: the agreement's absence unexplained"; }
 
 # --- SIGTERM after the first trajectory is reported (12 in the list, about 0.15 s each)
 L=""
@@ -88,6 +121,37 @@ eval "$cmd" > "$T/out2" 2> "$T/err2" || { cat "$T/err2"; fail "the note's comman
 n2=$(grep -c '^{"traj"' "$T/out2")
 [ $((n1 + n2)) -eq 12 ] || fail "the note's command re-scored $n2 trajectories after $n1 of 12"
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after the interrupt"; }
+
+# --- SIGTERM with --rewards --ckpt: a trajectory's rewards rows are saved with its model rows,
+# so the one the signal cut is in neither and the note's command saves it once (its rewards rows
+# were committed before the model pass: after the note's command they were in two tool files)
+if command -v sqlite3 > /dev/null; then
+    ls "$T/db/shards" | grep '^t[0-9]*\.sqlite$' | sort > "$T/tools0"
+    L4="$A $B rollout/g000000/r1 rollout/g000001/r0"
+    # shellcheck disable=SC2086
+    "$BIN" replay rescore "$T/db" $L4 --ckpt "$T/ckpt" --version none --rewards --label rw \
+        --json > "$T/rw-out1" 2> "$T/rw-err1" &
+    pid=$!
+    k=0
+    while ! [ -s "$T/rw-out1" ] && [ $k -lt 600 ]; do sleep 0.02; k=$((k + 1)); done
+    kill -TERM $pid
+    wait $pid
+    rc=$?
+    n1=$(grep -c '^{"traj"' "$T/rw-out1")
+    [ $rc -eq 143 ] && [ "$n1" -ge 1 ] && [ "$n1" -lt 4 ] ||
+        { cat "$T/rw-err1"; fail "--rewards: not interrupted mid-run (exit $rc, $n1 reported)"; }
+    cmd=$(sed -n '/re-score the others with:/{n;p;}' "$T/rw-err1" | sed 's/^  agentrl /"$BIN" /')
+    [ -n "$cmd" ] || { cat "$T/rw-err1"; fail "--rewards: no command in the note"; }
+    eval "$cmd" > "$T/rw-out2" 2> "$T/rw-err2" ||
+        { cat "$T/rw-err2"; fail "--rewards: the note's command"; }
+    : > "$T/ids"
+    for f in $(ls "$T/db/shards" | grep '^t[0-9]*\.sqlite$' | sort | comm -13 "$T/tools0" -); do
+        sqlite3 "$T/db/shards/$f" \
+            "SELECT DISTINCT traj_id FROM rewards WHERE source = 'rescore:rw'" >> "$T/ids"
+    done
+    [ "$(sort -u "$T/ids" | wc -l)" -eq 4 ] && [ -z "$(sort "$T/ids" | uniq -d)" ] ||
+        { cat "$T/ids"; fail "--rewards interrupted: a trajectory's rows in two tool files (or none)"; }
+fi
 
 # --- a failure after the first trajectory (--rewards of a fork is refused) says what was saved
 "$BIN" replay fork "$T/db" $A --segment 1 --ckpt "$T/ckpt" --count 1 > "$T/fork" 2> "$T/err" ||

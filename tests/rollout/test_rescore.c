@@ -207,6 +207,11 @@ static void test_start_states(void) {
     CHECK_EQ_INT(rs.version_how, ARL_ROLLOUT_RESCORE_VERSION_REFUSED);
     CHECK_EQ_INT(rs.version, -1);
     CHECK_EQ_INT(rs.from_state, 0);
+    /* a version the run never recorded: unknown, no states of it (it was reported as given) */
+    free(rescore_v(st, ckpt_a, uid, 99, 0, NULL, &rs, &n));
+    CHECK_EQ_INT(rs.version_how, ARL_ROLLOUT_RESCORE_VERSION_UNKNOWN);
+    CHECK_EQ_INT(rs.version, -1);
+    CHECK_EQ_INT(rs.from_state, 0);
 
     /* --save-states under B, then a second pass that starts from them */
     replay_writer *tw;
