@@ -73,16 +73,19 @@ int cmd_train(int argc, char **argv) {
     s = arl_dist_init(&d, NULL, NULL);
     if (!s) s = arl_dist_assign_roles(d, &cfg.learner.dist);
     int rc = ARL_EXIT_OK;
+    arl_train_result res = {0};
     if (!s) {
         const int rank0 = d->layout.world_rank == 0;
         if (rank0) cli_note_on_interrupt("train", argc, argv, "--resume", NULL);
-        arl_train_result res;
         s = arl_train_run(&cfg, o.resume, d, rank0 ? stderr : NULL, &res);
     }
     if (s) {
         rc = cli_fail(s);
         cli_note_on_failure(s);
-        arl_dist_abort(d, rc);
+        /* every rank stops here with its own message when the run told them all; otherwise
+         * another rank may wait for this one in a collective: end the job */
+        fflush(stderr);
+        if (!res.failure_shared) arl_dist_abort(d, rc);
     }
     arl_dist_finalize(d);
     arl_train_config_free(&cfg);

@@ -495,6 +495,8 @@ typedef struct tr_run {
     double last_lr;
     double t0;
     arl_dirlock lock; /* rank 0: the output directory's (core/dirlock.h) */
+    int broken; /* a failure inside the learner's collectives: sync_status makes no more calls */
+    int agreed; /* sync_status told every rank of a failure (they all return one) */
 } tr_run;
 
 static double now_s(void) {
@@ -518,13 +520,21 @@ static void say(tr_run *r, const char *fmt, ...) {
     fflush(r->log);
 }
 
-/* Every rank learns whether any rank failed (collective over the world). */
+/* Every rank learns whether any rank failed (collective over the world).  After a failure
+ * that may have cut a collective in two (r->broken) it only returns the failure: the other
+ * ranks may wait in that collective, so this rank makes no more calls and main aborts the job
+ * (arl_dist_abort). */
 static arl_status sync_status(tr_run *r, arl_status s) {
-    int64_t v = s;
+    if (r->broken) return s ? s : ARL_ERR_INTERNAL;
+    /* the status and the rank that had it (the highest status, then the highest rank) */
+    int64_t v = s ? ((int64_t)s << 24) | r->L->world_rank : 0;
     arl_status e = arl_dist_allreduce_i64(r->d->world, &v, 1, ARL_DIST_MAX);
     if (e) return e;
+    if (v) r->agreed = 1;
     if (s) return s;
-    if (v) return arl_errorf((arl_status)v, "train: another rank failed (see its message)");
+    if (v)
+        return arl_errorf((arl_status)(v >> 24), "train: rank %d failed (see its message)",
+                          (int)(v & 0xffffff));
     return ARL_OK;
 }
 
@@ -1593,7 +1603,20 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
             if (s) s = arl_error_prefix(s, "train: the learner file of %s", roots[i]);
             src[i].states_out = swriters[i];
         }
-        if (!s) s = arl_learner_update(r->lr, n, src, nsrc, &res);
+    }
+    /* every rank agrees on entering the update: a learner that failed to set it up (a store it
+     * cannot open, say) would otherwise wait here while the others wait in the update's
+     * collectives, for ever */
+    s = sync_status(r, s);
+    if (!s && (r->L->roles & ARL_DIST_ROLE_LEARNER)) {
+        s = arl_learner_update(r->lr, n, src, nsrc, &res);
+        /* a learner that fails inside the update may leave the others in one of its
+         * collectives: no more collectives, main aborts the job */
+        if (s) r->broken = 1;
+    }
+    if (r->L->roles & ARL_DIST_ROLE_LEARNER) {
+        const int records = r->c->learner.own.records;
+        const int keep = r->lc.keep_states != ARL_LEARNER_KEEP_OFF;
         for (int32_t i = 0; i < nsrc; i++) {
             replay_writer_close(swriters[i]);
             swriters[i] = NULL;
@@ -1805,6 +1828,58 @@ static int holds_run_outputs(const tr_run *r, char *what, size_t cap) {
     return 0;
 }
 
+/* rank 0, before the output directory is made: out must not lie inside another run's output
+ * directory (a directory above it holds run.lock: train or sft) nor inside a replay store (out
+ * or a directory above it holds catalog.sqlite), where this run's checkpoints, stores and
+ * report would mix with that run's files (`replay list` of the outer store then finds this
+ * run's stores as its own).  ARL_ERR_ARG naming both. */
+static arl_status out_check_place(const char *out) {
+    char buf[4096], real[4096], p[4200];
+    if (snprintf(buf, sizeof buf, "%s", out) >= (int)sizeof buf)
+        return arl_errorf(ARL_ERR_ARG, "key 'out': path too long");
+    /* the deepest directory of out's path that exists (out itself when it does) */
+    const char *got;
+    while (!(got = realpath(buf, real))) {
+        char *slash = strrchr(buf, '/');
+        if (!slash) {
+            snprintf(buf, sizeof buf, ".");
+            if (!(got = realpath(buf, real))) return ARL_OK;
+            break;
+        }
+        if (slash == buf) {
+            snprintf(buf, sizeof buf, "/");
+            if (!(got = realpath(buf, real))) return ARL_OK;
+            break;
+        }
+        *slash = 0;
+    }
+    const int is_out = !strcmp(buf, out); /* real is out itself */
+    struct stat sb;
+    if (is_out && stat(real, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return arl_errorf(ARL_ERR_ARG, "key 'out': %s exists and is not a directory", out);
+    for (int first = 1;; first = 0) {
+        snprintf(p, sizeof p, "%s/catalog.sqlite", strcmp(real, "/") ? real : "");
+        if (path_exists(p))
+            return arl_errorf(ARL_ERR_ARG,
+                              "key 'out': %s is %sthe replay store %s: choose an 'out' "
+                              "outside it",
+                              out, first && is_out ? "" : "inside ", real);
+        snprintf(p, sizeof p, "%s/run.lock", strcmp(real, "/") ? real : "");
+        if (!(first && is_out) && path_exists(p))
+            return arl_errorf(ARL_ERR_ARG,
+                              "key 'out': %s is inside the output directory of another run, %s "
+                              "(it holds run.lock): choose an 'out' outside it",
+                              out, real);
+        char *slash = strrchr(real, '/');
+        if (!slash || !strcmp(real, "/")) break;
+        if (slash == real)
+            real[1] = 0;
+        else
+            *slash = 0;
+    }
+    return ARL_OK;
+}
+
 arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FILE *log,
                          arl_train_result *res) {
     arl_train_result dummy;
@@ -1836,7 +1911,8 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     arl_status s = ARL_OK;
     /* output directory and the resume rule */
     if (r->rank0) {
-        s = arl_mkdir_p(c->out);
+        s = out_check_place(c->out);
+        if (!s) s = arl_mkdir_p(c->out);
         if (!s && !realpath(c->out, r->out)) snprintf(r->out, sizeof r->out, "%s", c->out);
         /* one process in the directory (a second --resume of a running run, say) */
         if (!s) s = arl_dirlock_take(&r->lock, r->out, "train");
@@ -1868,6 +1944,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     s = sync_status(r, s);
     if (!s) s = arl_dist_bcast_bytes(d->world, r->out, sizeof r->out, 0);
     if (s) {
+        res->failure_shared = r->agreed && !r->broken;
         run_free(r);
         return s;
     }
@@ -1984,6 +2061,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
                                .lc = &r->lc,
                                .dist = d->layout.world_size > 1 ? d : NULL};
         s = arl_learner_create(&r->lr, &in);
+        if (s) r->broken = 1; /* (its device set-up broadcasts over the learners) */
     }
     s = sync_status(r, s);
     char metrics[4200];
@@ -2082,6 +2160,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     if (!s)
         say(r, "train: done: %lld updates in %.0f s; output %s", (long long)res->updates,
             res->seconds, r->out);
+    if (s) res->failure_shared = r->agreed && !r->broken;
     run_free(r);
     return s;
 }

@@ -159,6 +159,10 @@ typedef struct arl_train_result {
     int64_t eval_episodes; /* per arm (0: no evaluation) */
     int64_t before_successes, after_successes;
     double seconds;
+    /* on failure: 1 when every rank returns a failure at the same point (each prints its own
+     * message, and the job can end with MPI_Finalize); 0 when other ranks may wait in a
+     * collective for ever (main calls arl_dist_abort) */
+    int failure_shared;
 } arl_train_result;
 
 /* Run the experiment.  dist: the process's arl_dist with roles assigned (every rank calls
