@@ -129,10 +129,10 @@ int cmd_replay_gc(int argc, char **argv) {
         arl_status s = replay_gc(st, &r, stdout, &t);
         rc = s == ARL_OK ? ARL_EXIT_OK : cli_fail(s);
         if (!rc) {
-            printf("gc %s: %lld states deleted, %lld evicted, %lld bytes freed; %lld files "
+            printf("gc %s: %lld states deleted, %lld evicted, %lld bytes freed; %lld file%s "
                    "collected, %lld skipped (writer alive)",
                    o.db, (long long)t.deleted, (long long)t.evicted, (long long)t.bytes_freed,
-                   (long long)t.files, (long long)t.skipped);
+                   (long long)t.files, t.files == 1 ? "" : "s", (long long)t.skipped);
             if (t.missing) printf(", %lld missing", (long long)t.missing);
             printf("\n");
         }
@@ -171,7 +171,7 @@ int cmd_replay_seal(int argc, char **argv) {
         int64_t k = 0;
         arl_status s = replay_seal(st, (int32_t)o.shard, stdout, &k);
         rc = s == ARL_OK ? ARL_EXIT_OK : cli_fail(s);
-        if (!rc) printf("sealed %lld files of %s\n", (long long)k, o.db);
+        if (!rc) printf("sealed %lld file%s of %s\n", (long long)k, k == 1 ? "" : "s", o.db);
     }
     replay_store_close(st);
     arl_options_free(seal_tab, n, &o);
@@ -201,7 +201,7 @@ int cmd_replay_migrate(int argc, char **argv) {
         int64_t k = 0;
         arl_status s = replay_migrate(st, stdout, &k);
         rc = s == ARL_OK ? ARL_EXIT_OK : cli_fail(s);
-        if (!rc) printf("migrated %lld files of %s\n", (long long)k, o.db);
+        if (!rc) printf("migrated %lld file%s of %s\n", (long long)k, k == 1 ? "" : "s", o.db);
     }
     replay_store_close(st);
     arl_options_free(migrate_tab, n, &o);
