@@ -265,7 +265,9 @@ int cmd_generate(int argc, char **argv) {
         arl_options_free(generate_tab, GENERATE_N, &o);
         return ARL_EXIT_USAGE;
     }
-    arl_options_print_resolved(stderr, "generate", generate_tab, GENERATE_N, &o);
+    /* (--quiet keeps stderr to warnings and errors, as for every command) */
+    if (arl_log_get_level() >= ARL_LOG_INFO)
+        arl_options_print_resolved(stderr, "generate", generate_tab, GENERATE_N, &o);
     gen_run g;
     memset(&g, 0, sizeof g);
     arl_chat_conv_init(&g.conv);

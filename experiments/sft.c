@@ -529,29 +529,31 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     ARL_TRY(arl_adamw_init(&r->opt, &r->mcfg, &r->optim));
     arl_train_state_init(&r->st);
 
-    char latest[4200];
+    char latest[4200] = "";
     int64_t latest_step = -1;
-    arl_status ls = arl_train_ckpt_latest(r->out_ckpt, latest, sizeof latest, &latest_step);
-    if (ls != ARL_OK && ls != ARL_ERR_NOT_FOUND) return ls;
-    if (ls == ARL_OK && !resume)
-        return arl_errorf(ARL_ERR_STATE,
-                          "%s already holds a run (checkpoint %s); continue it with --resume, or "
-                          "choose another output directory",
-                          c->out, latest);
-    if (ls == ARL_ERR_NOT_FOUND && !resume) {
+    arl_status ls;
+    if (resume) {
+        /* the newest that loads, once what an interrupted save left is repaired: a damaged or
+           incomplete checkpoint is set aside with a warning, as train does */
+        ls = arl_train_ckpt_load_newest(r->out_ckpt, &r->mcfg, r->run_sha, &r->params, &r->opt,
+                                        &r->st, 1, latest, sizeof latest, &latest_step);
+        if (ls != ARL_ERR_NOT_FOUND)
+            ls = arl_train_ckpt_explain(ls, latest, &r->mcfg, r->run_canon);
+    } else {
+        ls = arl_train_ckpt_latest(r->out_ckpt, latest, sizeof latest, &latest_step);
+        if (ls == ARL_OK)
+            return arl_errorf(ARL_ERR_STATE,
+                              "%s already holds a run (checkpoint %s); continue it with --resume, "
+                              "or choose another output directory",
+                              c->out, latest);
         char path[4200];
-        const char *f = earlier_run_file(c->out, path, sizeof path);
+        const char *f = ls == ARL_ERR_NOT_FOUND ? earlier_run_file(c->out, path, sizeof path) : "";
         if (f[0])
             return arl_errorf(ARL_ERR_STATE,
                               "%s already holds an earlier run's %s (and no checkpoint); "
                               "--resume starts that run again from step 0, replacing it, or "
                               "choose another output directory",
                               c->out, f);
-    }
-    if (ls == ARL_OK) { /* the newest that loads: a damaged one is set aside */
-        ls = arl_train_ckpt_load_newest(r->out_ckpt, &r->mcfg, r->run_sha, &r->params, &r->opt,
-                                        &r->st, 1, latest, sizeof latest, &latest_step);
-        ls = arl_train_ckpt_explain(ls, latest, &r->mcfg, r->run_canon);
     }
     if (ls != ARL_OK && ls != ARL_ERR_NOT_FOUND) return ls;
     if (ls == ARL_OK) {

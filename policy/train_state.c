@@ -764,20 +764,62 @@ arl_status arl_train_ckpt_latest(const char *root, char *path, size_t cap, int64
     return ARL_OK;
 }
 
-/* Remove leftovers of interrupted saves (.tmp-step-*, .old-step-*). */
+/* Step of a save's ".old-step-N-XXXXXX" name (a checkpoint moved aside to be replaced), or -1
+ * (also for prune's ".old-step-N-pruned", which is being deleted). */
+static int64_t parse_old_name(const char *name) {
+    if (strncmp(name, OLD_PREFIX, strlen(OLD_PREFIX))) return -1;
+    const char *p = name + strlen(OLD_PREFIX);
+    int64_t v = 0;
+    const char *digits = p;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (INT64_MAX - 9) / 10) return -1;
+        v = v * 10 + (*p - '0');
+    }
+    if (p == digits || *p != '-' || !strcmp(p + 1, "pruned")) return -1;
+    return v;
+}
+
+/* Remove what interrupted saves and prunes left under ROOT.  A save that replaces step-N moves
+ * it to .old-step-N-XXXXXX before renaming the new one into place: where step-N is missing, a
+ * complete one (with train_state.json) goes back to step-N with a warning.  The other
+ * .old-step-* (prune's .old-step-N-pruned among them) and the .tmp-step-* of a save that did not
+ * finish are removed. */
 static arl_status remove_leftovers(const char *root) {
     DIR *d = opendir(root);
-    if (!d) return ARL_OK;
+    if (!d) {
+        if (errno == ENOENT) return ARL_OK;
+        return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
+    }
     struct dirent *e;
     arl_status s = ARL_OK;
-    while ((e = readdir(d)) && !s)
-        if (!strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) ||
-            !strncmp(e->d_name, OLD_PREFIX, strlen(OLD_PREFIX))) {
-            char p[4096];
-            snprintf(p, sizeof p, "%s/%s", root, e->d_name);
-            s = rm_tree(p);
+    int changed = 0;
+    while (!s && (e = readdir(d))) {
+        int tmp = !strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX));
+        if (!tmp && strncmp(e->d_name, OLD_PREFIX, strlen(OLD_PREFIX))) continue;
+        char p[4096], f[4200], final[4096];
+        snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        int64_t st = tmp ? -1 : parse_old_name(e->d_name);
+        struct stat sb;
+        if (st >= 0) {
+            step_dir(final, sizeof final, root, st);
+            snprintf(f, sizeof f, "%s/%s", p, ARL_TRAIN_STATE_FILE);
+            if (lstat(final, &sb) != 0 && errno == ENOENT && access(f, F_OK) == 0) {
+                if (rename(p, final) != 0)
+                    s = arl_errorf(ARL_ERR_IO, "%s: cannot put the checkpoint back as %s: %s", p,
+                                   final, strerror(errno));
+                else
+                    arl_log_warn("checkpoint %s was missing: a save that replaced it was "
+                                 "interrupted; put back from %s",
+                                 final, p);
+                changed = 1;
+                continue;
+            }
         }
+        s = rm_tree(p);
+        changed = 1;
+    }
     closedir(d);
+    if (!s && changed) s = fsync_dir(root);
     return s;
 }
 
@@ -909,10 +951,42 @@ static arl_status ckpt_set_aside(const char *dir, char *moved, size_t cap) {
     return arl_errorf(ARL_ERR_IO, "%s: no free name to set the damaged checkpoint aside", dir);
 }
 
+/* Before a resume reads ROOT: remove_leftovers, then a step-N that is not a complete checkpoint
+ * (no train_state.json: a save never leaves one, so it was made by hand or damaged on disk) is
+ * set aside as damaged-step-N with a warning, as a damaged one is. */
+static arl_status ckpt_recover(const char *root) {
+    ARL_TRY(remove_leftovers(root));
+    DIR *d = opendir(root);
+    if (!d) {
+        if (errno == ENOENT) return ARL_OK;
+        return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
+    }
+    struct dirent *e;
+    arl_status s = ARL_OK;
+    int changed = 0;
+    while (!s && (e = readdir(d))) {
+        if (parse_step_name(e->d_name) < 0) continue;
+        char p[4096], f[4200], moved[4400];
+        snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        snprintf(f, sizeof f, "%s/%s", p, ARL_TRAIN_STATE_FILE);
+        if (access(f, F_OK) == 0 || (errno != ENOENT && errno != ENOTDIR)) continue;
+        s = ckpt_set_aside(p, moved, sizeof moved);
+        if (!s)
+            arl_log_warn("checkpoint %s is incomplete (no %s; a save never leaves one); moved to "
+                         "%s",
+                         p, ARL_TRAIN_STATE_FILE, moved);
+        changed = 1;
+    }
+    closedir(d);
+    if (!s && changed) s = fsync_dir(root);
+    return s;
+}
+
 arl_status arl_train_ckpt_load_newest(const char *root, const arl_model_config *cfg,
                                       const char *run_sha256, arl_model_params *params,
                                       arl_adamw *opt, arl_train_state *st, int set_aside,
                                       char *path, size_t cap, int64_t *step) {
+    if (set_aside) ARL_TRY(ckpt_recover(root));
     for (;;) {
         ARL_TRY(arl_train_ckpt_latest(root, path, cap, step));
         arl_status s = arl_train_ckpt_load(path, cfg, run_sha256, params, opt, st);

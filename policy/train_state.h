@@ -13,8 +13,10 @@
  * Saving is atomic: everything is written into ROOT/.tmp-step-NNNNNNNN-XXXXXX (each file
  * fsync'ed), the directory is fsync'ed and renamed to its final name, and ROOT is fsync'ed; a
  * crash at any point leaves either the complete new checkpoint or none (plus a .tmp-
- * directory that the next save removes).  After a save only the newest keep_last
- * checkpoints are kept.
+ * directory that a resume or the next save removes).  Re-saving an existing step moves the old
+ * one to ROOT/.old-step-NNNNNNNN-XXXXXX first; a crash before the new one is in place leaves
+ * no step-N, and a resume (arl_train_ckpt_load_newest) or the next save puts the old one back.
+ * After a save only the newest keep_last checkpoints are kept.
  *
  * train_state.json (format "agentrl-train-state", version ARL_TRAIN_STATE_VERSION):
  *   {"format", "version", "step", "tokens", "lr",
@@ -144,12 +146,17 @@ arl_status arl_train_ckpt_load(const char *dir, const arl_model_config *cfg, con
 
 /* Load the newest checkpoint under ROOT that loads (arl_train_ckpt_latest, then
  * arl_train_ckpt_load): its directory into path (cap bytes), its step into *step.  With
- * set_aside, one whose own files are damaged (truncated or malformed, a checksum or a shape off,
- * a file missing) is moved to ROOT/damaged-step-N (or damaged-step-N.K, the first K free), which
- * the listing no longer sees, with a warning on the log, and the one before it is tried: a resume
- * continues from there and saves step N again.  Any other failure (another model or run
- * configuration, a newer version, a read error; without set_aside a damaged file too) is
- * returned and moves nothing.  ARL_ERR_NOT_FOUND when no checkpoint is (left) there. */
+ * set_aside (given by the one process that owns ROOT), what interrupted saves left is repaired
+ * first: a step-N that a save had moved aside to .old-step-N-XXXXXX and not replaced yet is put
+ * back (with a warning), the other .old-step-* and every .tmp-step-* are removed, and a step-N
+ * without train_state.json (a save never leaves one) is moved to ROOT/damaged-step-N with a
+ * warning.  Then, with set_aside, one whose own files are damaged (truncated or malformed, a
+ * checksum or a shape off, a file missing) is moved to ROOT/damaged-step-N (or damaged-step-N.K,
+ * the first K free), which the listing no longer sees, with a warning on the log, and the one
+ * before it is tried: a resume continues from there and saves step N again.  Any other failure
+ * (another model or run configuration, a newer version, a read error; without set_aside a
+ * damaged file too) is returned; without set_aside nothing is moved or removed.
+ * ARL_ERR_NOT_FOUND when no checkpoint is (left) there. */
 arl_status arl_train_ckpt_load_newest(const char *root, const arl_model_config *cfg,
                                       const char *run_sha256, arl_model_params *params,
                                       arl_adamw *opt, arl_train_state *st, int set_aside,

@@ -50,6 +50,15 @@ cksum "$T/ck/model.safetensors" "$T/ck/config.json" > "$T/ck.sum"
 printf 'hello world\n' > "$T/hello.txt"
 echo precious > "$T/mine.txt"
 
+# --- generate prints its resolved configuration to stderr, but not under --quiet (warnings and
+# errors only, as for every command)
+"$BIN" generate --ckpt "$T/ck" --prompt hi --max-tokens 2 --threads 1 > /dev/null 2> "$T/err" ||
+    fail "generate: $(cat "$T/err")"
+grep -q "max-tokens *= 2" "$T/err" || fail "generate: no resolved configuration: $(cat "$T/err")"
+"$BIN" --quiet generate --ckpt "$T/ck" --prompt hi --max-tokens 2 --threads 1 > /dev/null \
+    2> "$T/err" || fail "generate --quiet: $(cat "$T/err")"
+[ -s "$T/err" ] && fail "generate --quiet wrote to stderr: $(cat "$T/err")"
+
 # --- generate and score: --ckpt that is not a checkpoint directory: exit 1 whether it is
 # missing or a file, as for every command's input path that is not there
 expect 1 "--ckpt $T/ck/config.json: not a directory" \

@@ -86,5 +86,30 @@ grep -q "stopped; what it saved stays" "$TMP/err" && fail "a refused setting pri
 grep -qF "belongs to a run with other settings (as saved -> as now): lr 0.0003 -> 1;" "$TMP/err" ||
     fail "the refusal does not name the changed setting: $(tail -3 "$TMP/err")"
 
+# --resume after a save that crashed while replacing step 3 (step-3 moved aside to .old-step-,
+# the new one still .tmp-step-) and beside an empty step folder: step 3 is put back and resumed
+# from, the partial save removed, the empty folder set aside as damaged with a warning
+cp -r "$TMP/out" "$TMP/out5"
+C5="$TMP/out5/checkpoints"
+mv "$C5/step-00000003" "$C5/.old-step-00000003-Ab12Cd"
+mkdir "$C5/.tmp-step-00000003-Xy34Zw" "$C5/step-00000007"
+echo partial > "$C5/.tmp-step-00000003-Xy34Zw/model.safetensors"
+"$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set progress=plain \
+    --set "out=$TMP/out5" --resume > "$TMP/err" 2>&1 || fail "resume after a crashed save: exit $?: $(tail -3 "$TMP/err")"
+grep -qF "sft: resuming from $C5/step-00000003 (step 3" "$TMP/err" ||
+    fail "resume after a crashed save did not resume from step 3: $(grep sft: "$TMP/err" | tail -3)"
+grep -qF "warning: checkpoint $C5/step-00000007 is incomplete" "$TMP/err" ||
+    fail "no warning about the empty step folder: $(grep -i warn "$TMP/err")"
+[ -d "$C5/damaged-step-00000007" ] && [ ! -e "$C5/step-00000007" ] ||
+    fail "the empty step folder was not set aside: $(ls -a "$C5" | tr '\n' ' ')"
+ls -a "$C5" | grep -q '^\.\(tmp\|old\)-' && fail "leftovers of the crashed save remain: $(ls -a "$C5" | tr '\n' ' ')"
+# the same with no complete checkpoint at all: set aside too, and the run starts from step 0
+mkdir -p "$TMP/out6/checkpoints/step-00000002"
+"$BIN" sft "$TMP/exp.json" --set steps=1 --set batch-tokens=256 --set progress=plain \
+    --set "out=$TMP/out6" --resume > "$TMP/err" 2>&1 || fail "resume beside an empty step folder: exit $?"
+grep -qF "warning: checkpoint $TMP/out6/checkpoints/step-00000002 is incomplete" "$TMP/err" ||
+    fail "no warning about the only, empty step folder: $(tail -3 "$TMP/err")"
+[ -d "$TMP/out6/checkpoints/damaged-step-00000002" ] || fail "the only, empty step folder was not set aside"
+
 [ $fails -eq 0 ] && echo "test_sft_cli: all passed"
 exit $fails

@@ -349,6 +349,100 @@ static void test_checkpoints(void) {
     arl_model_params_free(&q);
 }
 
+/* A crash of a save that re-saves step N between its two renames (step-N moved aside to
+ * .old-step-N-XXXXXX, the new one still .tmp-step-N-XXXXXX) leaves no step-N: a resume puts the
+ * old one back instead of falling back to an older checkpoint (or to none with keep-last 1),
+ * and removes the partial save; prune's .old-step-N-pruned is never put back.  A step-N without
+ * train_state.json (never left by a save) is set aside as damaged with a warning.  Without
+ * set_aside nothing is moved. */
+static void test_checkpoint_recovery(void) {
+    const char *base = test_tmpdir("train-ckpt-recover");
+    char root[1024], dir[1200], moved[1200], latest[1200];
+    arl_model_params p, q;
+    CHECK(arl_model_params_alloc(&p, &g_cfg) == ARL_OK);
+    CHECK(arl_model_params_alloc(&q, &g_cfg) == ARL_OK);
+    arl_adamw a, b;
+    opt_for(&a, &g_cfg);
+    opt_for(&b, &g_cfg);
+    arl_train_state st, st2;
+    fill_state(&st);
+    CHECK(arl_params_init(&p, &g_cfg, 3, 1) == ARL_OK);
+    random_moments(&a, 3);
+    for (int keep = 1; keep <= 2; keep++) {
+        snprintf(root, sizeof root, "%s/checkpoints-%d", base, keep);
+        /* keep-last 1: step 10 is the only checkpoint; keep-last 2: step 5 is before it */
+        for (int64_t s = 5; s <= 10; s += 5) {
+            a.step = st.step = s;
+            CHECK(arl_train_ckpt_save(root, &g_cfg, &p, &a, &st, keep, 0, NULL, 0) == ARL_OK);
+        }
+        snprintf(dir, sizeof dir, "%s/step-00000010", root);
+        snprintf(moved, sizeof moved, "%s/.old-step-00000010-Ab12Cd", root);
+        CHECK(rename(dir, moved) == 0);
+        snprintf(dir, sizeof dir, "%s/.tmp-step-00000010-Xy34Zw", root);
+        CHECK(mkdir(dir, 0755) == 0);
+        FILE *jf = fopen(path_in(dir, "model.safetensors"), "w");
+        fputs("partial", jf);
+        fclose(jf);
+        /* prune's removal of step 3, interrupted: complete-looking, but never put back */
+        snprintf(dir, sizeof dir, "%s/.old-step-3-pruned", root);
+        CHECK(mkdir(dir, 0755) == 0);
+        jf = fopen(path_in(dir, ARL_TRAIN_STATE_FILE), "w");
+        fputs("{}", jf);
+        fclose(jf);
+        /* an incomplete step directory, newer than all */
+        snprintf(dir, sizeof dir, "%s/step-00000020", root);
+        CHECK(mkdir(dir, 0755) == 0);
+
+        /* without set_aside nothing moves */
+        int64_t step = -1;
+        arl_status s = arl_train_ckpt_load_newest(root, &g_cfg, NULL, &q, &b, &st2, 0, latest,
+                                                  sizeof latest, &step);
+        CHECK(keep == 1 ? s == ARL_ERR_NOT_FOUND : s == ARL_OK && step == 5);
+        if (s == ARL_OK) arl_train_state_free(&st2);
+        arl_error_clear();
+        CHECK_EQ_INT(count_entries(root, ".old-"), 2);
+        CHECK_EQ_INT(count_entries(root, ".tmp-"), 1);
+
+        s = arl_train_ckpt_load_newest(root, &g_cfg, NULL, &q, &b, &st2, 1, latest, sizeof latest,
+                                       &step);
+        CHECK_MSG(s == ARL_OK, "keep %d: %s", keep, arl_error_msg());
+        CHECK_EQ_INT(step, 10);
+        CHECK(strstr(latest, "/step-00000010") != NULL);
+        if (s == ARL_OK) {
+            CHECK(memcmp(p.arena, q.arena, (size_t)p.inv.arena_floats * 4) == 0);
+            CHECK(moments_equal(&a, &b));
+            CHECK_EQ_INT(st2.step, 10);
+            arl_train_state_free(&st2);
+        }
+        CHECK_EQ_INT(count_entries(root, ".old-"), 0);
+        CHECK_EQ_INT(count_entries(root, ".tmp-"), 0);
+        CHECK_EQ_INT(count_entries(root, "step-00000003"), 0);
+        CHECK_EQ_INT(count_entries(root, "step-00000020"), 0);
+        CHECK_EQ_INT(count_entries(root, "damaged-step-00000020"), 1);
+        int64_t *steps, n;
+        CHECK(arl_train_ckpt_list(root, &steps, &n) == ARL_OK);
+        CHECK_EQ_INT(n, keep);
+        free(steps);
+        /* a complete .old- beside its step-N (the crash came after the second rename): removed */
+        snprintf(dir, sizeof dir, "%s/step-00000010", root);
+        snprintf(moved, sizeof moved, "%s/.old-step-00000010-Qr56St", root);
+        CHECK(mkdir(moved, 0755) == 0);
+        jf = fopen(path_in(moved, ARL_TRAIN_STATE_FILE), "w");
+        fputs("{}", jf);
+        fclose(jf);
+        CHECK(arl_train_ckpt_load_newest(root, &g_cfg, NULL, &q, &b, &st2, 1, latest, sizeof latest,
+                                         &step) == ARL_OK);
+        CHECK_EQ_INT(step, 10);
+        arl_train_state_free(&st2);
+        CHECK_EQ_INT(count_entries(root, ".old-"), 0);
+    }
+    arl_train_state_free(&st);
+    arl_adamw_free(&a);
+    arl_adamw_free(&b);
+    arl_model_params_free(&p);
+    arl_model_params_free(&q);
+}
+
 int main(void) {
     if (arl_model_config_read(test_src_path("tests/train/data/micro/config.json"), &g_cfg)) {
         fprintf(stderr, "%s\n", arl_error_msg());
@@ -358,6 +452,7 @@ int main(void) {
     TEST_RUN(test_state_refusals);
     TEST_RUN(test_optim_state);
     TEST_RUN(test_checkpoints);
+    TEST_RUN(test_checkpoint_recovery);
     arl_model_config_free(&g_cfg);
     return test_finish();
 }
