@@ -44,6 +44,12 @@ arl_status cli_check_ckpt_dir(const char *opt, const char *dir);
 void cli_note_on_interrupt(const char *command, int argc, char **argv, const char *flag,
                            const char *value);
 
+/* Before cli_note_on_interrupt, for a process that a launcher started ("mpirun": one rank of a
+ * job; NULL: none, the default): the notes of cli_note_on_interrupt and cli_note_on_failure say
+ * to run the same LAUNCHER command again (its arguments are not known here) with the agentrl
+ * command that they show, instead of that command alone. */
+void cli_note_launcher(const char *launcher);
+
 /* The same for a command that is not continued but leaves something to tidy: SIGINT and SIGTERM
  * print "agentrl: interrupted: COMMAND stops here; THEN:" and `agentrl WORDS...` (n words,
  * quoted where a shell needs it), then end the process by that signal. */

@@ -34,7 +34,11 @@ int cmd_report(int argc, char **argv) {
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     arl_report_result res = {0};
     arl_metrics_stats st = {0};
+    /* an interrupt waits until the report is written (seconds: one pass over metrics.jsonl),
+     * so that it leaves no FILE.tmp beside the files of the report */
+    cli_interrupt_defer();
     arl_status s = arl_report_generate_strict(o.run, o.out, o.title, &res, &st);
+    cli_interrupt_resume();
     if (s != ARL_OK) {
         arl_options_free(report_tab, REPORT_N, &o);
         return cli_fail(s);

@@ -20,6 +20,7 @@ static size_t g_note_len;
 static const char *g_command; /* "train", "sft", "rollout": set when armed */
 static const char *g_cmd; /* "  agentrl COMMAND ARGS --resume\n" in g_note, or NULL (too long) */
 static char g_flag[64];   /* what the continuing command adds: "--resume", "--shard 3" */
+static char g_launcher[32]; /* cli_note_launcher's "mpirun", "" for none */
 
 static char g_remove[4096];     /* cli_remove_on_interrupt's file, "" for none */
 static char g_remove_dir[4096]; /* cli_remove_dir_on_interrupt's directory, "" for none */
@@ -72,12 +73,25 @@ static size_t quote_arg(char *out, size_t cap, const char *arg) {
     return n;
 }
 
+void cli_note_launcher(const char *launcher) {
+    snprintf(g_launcher, sizeof g_launcher, "%s", launcher ? launcher : "");
+}
+
+/* How the notes go on after "Continue with" (or "continue with"): ":" or " the same mpirun
+ * command (its own options as before) running:", before the command shown. */
+static const char *continue_with(char *buf, size_t cap) {
+    if (!g_launcher[0]) return ":";
+    snprintf(buf, cap, " the same %s command (its own options as before) running:", g_launcher);
+    return buf;
+}
+
 void cli_note_on_interrupt(const char *command, int argc, char **argv, const char *flag,
                            const char *value) {
+    char cw[128];
     size_t n = (size_t)snprintf(g_note, sizeof g_note,
                                 "\nagentrl: interrupted: %s stops here; what it saved stays. "
-                                "Continue with:\n",
-                                command);
+                                "Continue with%s\n",
+                                command, continue_with(cw, sizeof cw));
     const size_t cmd_at = n;
     n += (size_t)snprintf(g_note + n, sizeof g_note - n, "  agentrl %s", command);
     /* this command's arguments without flag (and its value: "--shard 0" asked for a new shard,
@@ -97,8 +111,9 @@ void cli_note_on_interrupt(const char *command, int argc, char **argv, const cha
     if (n >= sizeof g_note) { /* too long to repeat: the short form */
         n = (size_t)snprintf(g_note, sizeof g_note,
                              "\nagentrl: interrupted: %s stops here; what it saved stays. "
-                             "Continue with the same command and %s%s%s.\n",
-                             command, flag, value ? " " : "", value ? value : "");
+                             "Continue with the same %s%scommand and %s%s%s.\n",
+                             command, g_launcher, g_launcher[0] ? " " : "", flag, value ? " " : "",
+                             value ? value : "");
         g_cmd = NULL;
     }
     g_command = command;
@@ -168,10 +183,12 @@ void cli_note_on_failure(arl_status s) {
         return; /* a setting, an input or a bug: continuing as it is would fail again */
     }
     fprintf(stderr, "agentrl: %s stopped; what it saved stays. %s with", g_command, then);
+    char cw[128];
     if (g_cmd)
-        fprintf(stderr, ":\n%s", g_cmd);
+        fprintf(stderr, "%s\n%s", continue_with(cw, sizeof cw), g_cmd);
     else
-        fprintf(stderr, " the same command and %s.\n", g_flag);
+        fprintf(stderr, " the same %s%scommand and %s.\n", g_launcher, g_launcher[0] ? " " : "",
+                g_flag);
 }
 
 void cli_note_on_interrupt_text(const char *text) {

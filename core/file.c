@@ -69,3 +69,9 @@ arl_status arl_mkdir_p(const char *path) {
         return arl_errorf(ARL_ERR_IO, "%s: not a directory", path);
     return ARL_OK;
 }
+
+arl_status arl_file_write_failed(const char *path, const char *what, int e) {
+    if (!e) e = EIO;
+    return arl_errorf(e == ENOSPC || e == EDQUOT ? ARL_ERR_FULL : ARL_ERR_IO, "%s: %s: %s", path,
+                      what, strerror(e));
+}

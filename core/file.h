@@ -22,4 +22,9 @@ arl_status arl_file_read(const char *path, size_t max, char **out, size_t *len);
  * directory; ARL_ERR_ARG for an empty or overlong path. */
 arl_status arl_mkdir_p(const char *path);
 
+/* The failure to write path (what: "write failed", "cannot open for writing", ...), e its errno:
+ * ARL_ERR_FULL for ENOSPC or EDQUOT (a full disk or quota: free space and go on), else
+ * ARL_ERR_IO; the message is "PATH: WHAT: strerror(e)" (e 0: EIO). */
+arl_status arl_file_write_failed(const char *path, const char *what, int e);
+
 #endif

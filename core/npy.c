@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/assert.h"
+#include "core/file.h"
 
 static const unsigned char NPY_MAGIC[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
@@ -327,17 +328,12 @@ done:
 
 /* ---- writing ---- */
 
-static arl_status werr(const char *path, const char *what, int e) {
-    return arl_errorf(e == ENOSPC || e == EDQUOT ? ARL_ERR_FULL : ARL_ERR_IO, "%s: %s: %s", path,
-                      what, strerror(e));
-}
-
 static arl_status write_all(int fd, const void *p, size_t n, const char *path) {
     const unsigned char *c = p;
     while (n) {
         ssize_t w = write(fd, c, n > (1u << 30) ? (1u << 30) : n);
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return werr(path, "write failed", errno);
+        if (w < 0) return arl_file_write_failed(path, "write failed", errno);
         c += w;
         n -= (size_t)w;
     }
@@ -389,17 +385,19 @@ arl_status arl_npy_write(const char *path, arl_dtype dtype, int32_t rank, const 
     snprintf(tmp, pl + 16, "%s.tmp-XXXXXX", path);
     int fd = mkstemp(tmp);
     if (fd < 0) {
-        arl_status s = werr(path, "cannot create a temporary file beside it", errno);
+        arl_status s =
+            arl_file_write_failed(path, "cannot create a temporary file beside it", errno);
         free(tmp);
         return s;
     }
     arl_status s = ARL_OK;
-    if (fchmod(fd, 0644) != 0) s = werr(tmp, "fchmod", errno);
+    if (fchmod(fd, 0644) != 0) s = arl_file_write_failed(tmp, "fchmod", errno);
     if (s == ARL_OK) s = write_all(fd, head, padded, tmp);
     if (s == ARL_OK && nbytes) s = write_all(fd, data, (size_t)nbytes, tmp);
-    if (s == ARL_OK && fsync(fd) != 0) s = werr(tmp, "fsync failed", errno);
-    if (close(fd) != 0 && s == ARL_OK) s = werr(tmp, "close failed", errno);
-    if (s == ARL_OK && rename(tmp, path) != 0) s = werr(path, "cannot rename onto it", errno);
+    if (s == ARL_OK && fsync(fd) != 0) s = arl_file_write_failed(tmp, "fsync failed", errno);
+    if (close(fd) != 0 && s == ARL_OK) s = arl_file_write_failed(tmp, "close failed", errno);
+    if (s == ARL_OK && rename(tmp, path) != 0)
+        s = arl_file_write_failed(path, "cannot rename onto it", errno);
     if (s != ARL_OK) unlink(tmp);
     free(tmp);
     return s;

@@ -656,7 +656,9 @@ arl_status arl_metrics_fwrite_csv(const arl_metrics *m, FILE *f) {
     return ARL_OK;
 }
 
-/* Write a file through fn(ctx, f) into "<path>.tmp", then rename it to path. */
+/* Write a file through fn(ctx, f) into "<path>.tmp", then rename it to path.  A write that fails
+ * (fn's stream in error, or its last buffer) is reported by arl_file_write_failed with the
+ * errno of the failed write (stdio goes on failing on a full disk, so the last errno is its). */
 typedef arl_status (*write_fn)(const void *ctx, FILE *f);
 
 static arl_status write_atomic(const char *path, write_fn fn, const void *ctx) {
@@ -667,19 +669,32 @@ static arl_status write_atomic(const char *path, write_fn fn, const void *ctx) {
     memcpy(tmp + len, ".tmp", 5);
     FILE *f = fopen(tmp, "w");
     if (!f) {
-        arl_status st =
-            arl_errorf(ARL_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
+        arl_status st = arl_file_write_failed(tmp, "cannot open for writing", errno);
         free(tmp);
         return st;
     }
+    errno = 0;
     arl_status s = fn(ctx, f);
-    if (fclose(f) != 0 && s == ARL_OK)
-        s = arl_errorf(ARL_ERR_IO, "%s: write error: %s", tmp, strerror(errno));
-    if (s == ARL_OK && rename(tmp, path) != 0)
+    int e = errno;
+    int io = 0;      /* s says where and why */
+    if (ferror(f)) { /* (fn's own message says neither) */
+        s = arl_file_write_failed(tmp, "write failed", e);
+        io = 1;
+    } else if (s == ARL_OK && fflush(f) != 0) {
+        s = arl_file_write_failed(tmp, "write failed", errno);
+        io = 1;
+    }
+    if (fclose(f) != 0 && s == ARL_OK) {
+        s = arl_file_write_failed(tmp, "write failed", errno);
+        io = 1;
+    }
+    if (s == ARL_OK && rename(tmp, path) != 0) {
         s = arl_errorf(ARL_ERR_IO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+        io = 1;
+    }
     if (s != ARL_OK) {
         remove(tmp);
-        arl_error_prefix(s, "%s", path);
+        if (!io) arl_error_prefix(s, "%s", path);
     }
     free(tmp);
     return s;
@@ -1347,6 +1362,18 @@ static arl_status summary_cb(const void *ctx, FILE *f) {
 /* The report                                                                                  */
 /* ------------------------------------------------------------------------------------------ */
 
+/* A plot for write_atomic (arl_svg_plot_write's error says no errno). */
+typedef struct svg_ctx {
+    const arl_svg_plot *p;
+    const arl_svg_series *ser;
+    int32_t n;
+} svg_ctx;
+
+static arl_status svg_cb(const void *ctx, FILE *f) {
+    const svg_ctx *c = ctx;
+    return arl_svg_plot_fwrite(f, c->p, c->ser, c->n, NULL);
+}
+
 arl_status arl_report_write(const arl_metrics *m, const char *out_dir, const arl_report_opts *opts,
                             arl_report_result *res) {
     arl_report_opts o0 = {0};
@@ -1409,7 +1436,8 @@ arl_status arl_report_write(const arl_metrics *m, const char *out_dir, const arl
                           .width = o->width,
                           .height = o->height,
                           .yscale = groups[g].yscale};
-        s = arl_svg_plot_write(path, &p, ser, cnt, NULL);
+        const svg_ctx sc = {&p, ser, cnt};
+        s = write_atomic(path, svg_cb, &sc);
         if (s == ARL_OK) {
             group_has[g] = 1;
             r.plots++;
@@ -1457,24 +1485,23 @@ static arl_status copy_file(const char *src, const char *dst) {
     FILE *out = fopen(tmp, "wb");
     if (!out) {
         fclose(in);
-        return arl_errorf(ARL_ERR_IO, "%s: cannot open for writing: %s", tmp, strerror(errno));
+        return arl_file_write_failed(tmp, "cannot open for writing", errno);
     }
     char buf[1 << 16];
     size_t got;
-    int bad = 0;
-    while ((got = fread(buf, 1, sizeof buf, in)) > 0)
-        if (fwrite(buf, 1, got, out) != got) {
-            bad = 1;
-            break;
-        }
-    bad |= ferror(in);
+    arl_status s = ARL_OK;
+    while (!s && (got = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, got, out) != got) s = arl_file_write_failed(tmp, "write failed", errno);
+    if (!s && ferror(in)) s = arl_errorf(ARL_ERR_IO, "%s: read error: %s", src, strerror(errno));
     fclose(in);
-    bad |= fclose(out) != 0;
-    if (bad || rename(tmp, dst) != 0) {
+    if (fclose(out) != 0 && !s) s = arl_file_write_failed(tmp, "write failed", errno);
+    if (!s && rename(tmp, dst) != 0)
+        s = arl_errorf(ARL_ERR_IO, "%s: cannot rename to %s: %s", tmp, dst, strerror(errno));
+    if (s) {
         remove(tmp);
-        return arl_errorf(ARL_ERR_IO, "%s: cannot copy to %s", src, dst);
+        arl_error_prefix(s, "%s: cannot copy to %s", src, dst);
     }
-    return ARL_OK;
+    return s;
 }
 
 /* arl_report_generate, and with need_rows arl_report_generate_strict */

@@ -238,7 +238,8 @@ typedef struct arl_report_result {
 } arl_report_result;
 
 /* Write metrics.csv, plots/ and summary.md into out_dir (created if missing).  opts and res
- * may be NULL. */
+ * may be NULL.  Each file is written as FILE.tmp and renamed; a write that fails names the file
+ * and the system's reason (arl_file_write_failed: ARL_ERR_FULL on a full disk). */
 arl_status arl_report_write(const arl_metrics *m, const char *out_dir, const arl_report_opts *opts,
                             arl_report_result *res);
 

@@ -392,9 +392,7 @@ static arl_status metrics_flush(sft_run *r) {
     errno = 0;
     if (fflush(r->metrics) == 0 && !ferror(r->metrics) && fsync(fileno(r->metrics)) == 0)
         return ARL_OK;
-    const int e = errno ? errno : EIO;
-    return arl_errorf(e == ENOSPC || e == EDQUOT ? ARL_ERR_FULL : ARL_ERR_IO,
-                      "%s: cannot write the metrics: %s", r->metrics_path, strerror(e));
+    return arl_file_write_failed(r->metrics_path, "cannot write the metrics", errno);
 }
 
 static arl_status evaluate(sft_run *r, int64_t step, double *eval_loss) {

@@ -91,7 +91,7 @@ static const arl_option train_tab[] = {
      NULL, 0, "JSON"},
     {"context-stages", ARL_OPT_LIST, F(context_stages), NULL,
      "staged context: STEP:TOKENS sets the rollout's context and trajectory budget to TOKENS "
-     "from update STEP on",
+     "(at most rollout.context-tokens) from update STEP on",
      0, 0, NULL, 0, "STEP:TOKENS"},
     {"progress", ARL_OPT_CHOICE, F(progress), "auto",
      "progress display: a carriage-return line (terminal), plain lines, or none", 0, 0,
@@ -210,6 +210,16 @@ arl_status arl_train_config_check(const arl_train_config *c) {
     for (int i = 0; i < c->context_stages.n; i++) {
         int64_t st, tok;
         ARL_TRY(parse_stage(c->context_stages.v[i], &st, &tok));
+        /* a stage is a budget within the run's context limit (which the learner's workspaces
+         * are sized for): beyond it the run would fail late, out of memory */
+        if (tok > r->context_tokens)
+            return arl_errorf(ARL_ERR_CONFIG,
+                              "key 'context-stages': '%s': %s tokens is more than "
+                              "rollout.context-tokens (%lld), the run's context limit; raise "
+                              "rollout.context-tokens (and rollout.trajectory-tokens) to stage "
+                              "more",
+                              c->context_stages.v[i], strchr(c->context_stages.v[i], ':') + 1,
+                              (long long)r->context_tokens);
         if (r->observation_tokens + r->turn_tokens > tok)
             return arl_errorf(ARL_ERR_CONFIG,
                               "key 'context-stages': '%s': %lld tokens cannot hold "
@@ -972,7 +982,7 @@ static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
         char tmp[4400];
         snprintf(tmp, sizeof tmp, "%s.tmp", demos);
         FILE *f = fopen(tmp, "w");
-        if (!f) return arl_errorf(ARL_ERR_IO, "train: cannot write %s: %s", tmp, strerror(errno));
+        if (!f) return arl_file_write_failed(tmp, "train: cannot open for writing", errno);
         arl_env_demos_stats ds;
         const char *opts = c->sft_demo_options ? c->sft_demo_options : c->rollout.task_data;
         arl_status s;
@@ -997,10 +1007,15 @@ static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
         } else {
             s = arl_env_demos_write(env, c->sft_demos, (uint64_t)c->sft_demo_seed, opts, f, &ds);
         }
-        if (fflush(f) || fsync(fileno(f)))
-            s = s ? s : arl_errorf(ARL_ERR_IO, "train: writing %s", tmp);
-        fclose(f);
-        if (s) return arl_error_prefix(s, "train: SFT demonstrations of %s", env);
+        /* a failed write: the file and the system's reason (the writer's message has neither;
+         * stdio goes on failing on a full disk, so errno is the failed write's) */
+        if (ferror(f) || (!s && (fflush(f) || fsync(fileno(f)))))
+            s = arl_file_write_failed(tmp, "train: cannot write", errno);
+        if (fclose(f) && !s) s = arl_file_write_failed(tmp, "train: cannot write", errno);
+        if (s) {
+            remove(tmp);
+            return arl_error_prefix(s, "train: SFT demonstrations of %s", env);
+        }
         if (rename(tmp, demos))
             return arl_errorf(ARL_ERR_IO, "train: cannot rename %s: %s", tmp, strerror(errno));
         char note[256];
@@ -1288,10 +1303,14 @@ static arl_status metrics_truncate(const char *path, int64_t keep) {
 
 static arl_status metrics_append(const char *path, const char *line) {
     FILE *f = fopen(path, "a");
-    if (!f) return arl_errorf(ARL_ERR_IO, "train: cannot open %s: %s", path, strerror(errno));
+    if (!f) return arl_file_write_failed(path, "train: cannot open for appending", errno);
     int bad = fputs(line, f) < 0 || fputc('\n', f) < 0 || fflush(f) || fsync(fileno(f));
-    bad |= fclose(f) != 0;
-    return bad ? arl_errorf(ARL_ERR_IO, "train: writing %s failed", path) : ARL_OK;
+    int e = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        e = errno;
+    }
+    return bad ? arl_file_write_failed(path, "train: cannot append the metrics", e) : ARL_OK;
 }
 
 /* Mean kl/k3 over the last quarter of the updates in the metrics file (NaN: none). */
@@ -1908,9 +1927,20 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         r->progress_line = isatty(fileno(log)) ? 1 : 0;
     if (!realpath(c->out, r->out)) snprintf(r->out, sizeof r->out, "%s", c->out);
     if (c->threads > 0) ARL_TRY(arl_k_threads_init((int)c->threads));
-    arl_status s = ARL_OK;
+    /* the model first: a config that cannot be found or read from here (a shipped name such as
+     * "tiny" is looked up from the current directory and the binary) writes nothing */
+    arl_status s;
+    if (c->model)
+        s = arl_model_config_load(c->model, &r->mcfg);
+    else {
+        char p[4300];
+        snprintf(p, sizeof p, "%s/config.json", c->init);
+        s = arl_model_config_read(p, &r->mcfg);
+    }
+    r->have_mcfg = s == ARL_OK;
+    if (s) arl_error_prefix(s, "key '%s'", c->model ? "model" : "init");
     /* output directory and the resume rule */
-    if (r->rank0) {
+    if (r->rank0 && !s) {
         s = out_check_place(c->out);
         if (!s) s = arl_mkdir_p(c->out);
         if (!s && !realpath(c->out, r->out)) snprintf(r->out, sizeof r->out, "%s", c->out);
@@ -1948,16 +1978,8 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         run_free(r);
         return s;
     }
-    /* model, configuration of the objective */
-    if (c->model)
-        s = arl_model_config_load(c->model, &r->mcfg);
-    else {
-        char p[4300];
-        snprintf(p, sizeof p, "%s/config.json", c->init);
-        s = arl_model_config_read(p, &r->mcfg);
-    }
-    r->have_mcfg = s == ARL_OK;
-    if (!s) arl_model_config_hash_hex(&r->mcfg, r->model_sha);
+    /* configuration of the objective */
+    arl_model_config_hash_hex(&r->mcfg, r->model_sha);
     r->ocfg = c->learner.optim;
     r->ocfg.total_steps = resolved_total_steps(c);
     if (!s) s = arl_reward_config_from_opts(&c->learner.reward, &r->rc);
@@ -1999,14 +2021,9 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->lc.seed = (uint64_t)c->seed;
     r->lc.n_traj_per_update = r->B * r->G;
     r->lc.segment_tokens = c->rollout.segment_tokens;
-    r->lc.max_context = c->rollout.context_tokens;
+    r->lc.max_context = c->rollout.context_tokens;      /* (every context stage is within it) */
     r->lc.mla_sparse_topk = c->rollout.mla_sparse_topk; /* one setting for rollout and learner */
     r->lc.mla_sparse_chunk = c->rollout.mla_sparse_chunk;
-    for (int i = 0; i < c->context_stages.n; i++) {
-        int64_t st, tok;
-        if (parse_stage(c->context_stages.v[i], &st, &tok) == ARL_OK && tok > r->lc.max_context)
-            r->lc.max_context = tok;
-    }
     s = sync_status(r, s);
     /* SFT stage and the reference (rank 0) */
     if (!s && r->rank0) s = make_reference(r);

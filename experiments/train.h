@@ -128,7 +128,8 @@ typedef struct arl_train_config {
     int64_t sft_demos; /* teacher episodes for the SFT warm start (0: no SFT) */
     int64_t sft_demo_seed;
     char *sft_demo_options;     /* JSON object text: options of the demonstration episodes */
-    arl_strlist context_stages; /* "STEP:TOKENS": from update STEP on, context budget TOKENS */
+    arl_strlist context_stages; /* "STEP:TOKENS": from update STEP on, context budget TOKENS
+                                 * (2 <= TOKENS <= rollout.context_tokens) */
     char *progress;             /* auto|line|plain|off */
     char *title;                /* report title */
     /* sections */

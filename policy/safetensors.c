@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/assert.h"
+#include "core/file.h"
 
 #define ST_CHUNK (4u << 20) /* staging buffer of the writer */
 
@@ -581,11 +582,6 @@ typedef struct st_out {
     size_t used;
 } st_out;
 
-static arl_status io_err(const char *path, const char *what, int e) {
-    return arl_errorf(e == ENOSPC || e == EDQUOT ? ARL_ERR_FULL : ARL_ERR_IO, "%s: %s: %s", path,
-                      what, strerror(e));
-}
-
 static arl_status out_open(st_out *o, const char *path) {
     memset(o, 0, sizeof *o);
     o->fd = -1;
@@ -599,9 +595,9 @@ static arl_status out_open(st_out *o, const char *path) {
     if (o->fd < 0) {
         int e = errno;
         o->tmp[0] = 0;
-        return io_err(path, "cannot create a temporary file beside it", e);
+        return arl_file_write_failed(path, "cannot create a temporary file beside it", e);
     }
-    if (fchmod(o->fd, 0644) != 0) return io_err(o->tmp, "fchmod", errno);
+    if (fchmod(o->fd, 0644) != 0) return arl_file_write_failed(o->tmp, "fchmod", errno);
     return ARL_OK;
 }
 
@@ -622,7 +618,7 @@ static arl_status write_all(st_out *o, const void *p, size_t n) {
         ssize_t w = write(o->fd, c, k);
         if (w < 0) {
             if (errno == EINTR) continue;
-            return io_err(o->tmp, "write failed", errno);
+            return arl_file_write_failed(o->tmp, "write failed", errno);
         }
         c += w;
         n -= (size_t)w;
@@ -661,7 +657,8 @@ static arl_status fsync_dir_of(const char *path) {
         strcpy(dir, ".");
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     arl_status s = ARL_OK;
-    if (fd < 0 || fsync(fd) != 0) s = io_err(dir, "cannot fsync the directory", errno);
+    if (fd < 0 || fsync(fd) != 0)
+        s = arl_file_write_failed(dir, "cannot fsync the directory", errno);
     if (fd >= 0) close(fd);
     free(dir);
     return s;
@@ -670,14 +667,14 @@ static arl_status fsync_dir_of(const char *path) {
 /* Flush, fsync, close, rename onto the final path, fsync the directory; always frees o. */
 static arl_status out_commit(st_out *o) {
     arl_status s = out_flush(o);
-    if (s == ARL_OK && fsync(o->fd) != 0) s = io_err(o->tmp, "fsync failed", errno);
+    if (s == ARL_OK && fsync(o->fd) != 0) s = arl_file_write_failed(o->tmp, "fsync failed", errno);
     if (s == ARL_OK) {
         int r = close(o->fd);
         o->fd = -1;
-        if (r != 0) s = io_err(o->tmp, "close failed", errno);
+        if (r != 0) s = arl_file_write_failed(o->tmp, "close failed", errno);
     }
     if (s == ARL_OK && rename(o->tmp, o->path) != 0)
-        s = io_err(o->path, "cannot rename the temporary file onto it", errno);
+        s = arl_file_write_failed(o->path, "cannot rename the temporary file onto it", errno);
     if (s == ARL_OK) {
         o->tmp[0] = 0; /* renamed: nothing to remove */
         s = fsync_dir_of(o->path);
@@ -1098,7 +1095,7 @@ arl_status arl_st_dir_writer_open(const char *dir, uint64_t max_shard_bytes,
     ARL_ASSERT(dir && out);
     *out = NULL;
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return io_err(dir, "cannot create the checkpoint directory", errno);
+        return arl_file_write_failed(dir, "cannot create the checkpoint directory", errno);
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         return arl_errorf(ARL_ERR_IO, "%s: not a directory", dir);
@@ -1158,7 +1155,8 @@ static arl_status remove_stale(const char *dir, const char *name) {
     char *p = path_join(dir, name);
     if (!p) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", dir);
     arl_status s = ARL_OK;
-    if (unlink(p) != 0 && errno != ENOENT) s = io_err(p, "cannot remove the stale file", errno);
+    if (unlink(p) != 0 && errno != ENOENT)
+        s = arl_file_write_failed(p, "cannot remove the stale file", errno);
     free(p);
     return s;
 }

@@ -77,4 +77,40 @@ expect_bad '{"note": "x"}\n{}\n' "no numeric metric in any of its 2 JSON objects
 expect_bad '{}\n' "no numeric metric in its one JSON object (empty)"
 err=$("$BIN" report "$tmp/bad" --out "$tmp/bad-out" 2>&1) && fail "bad metrics with --out: exit 0"
 [ -e "$tmp/bad-out" ] && fail "bad metrics with --out: $tmp/bad-out made"
+# a full disk (/dev/full behind the temporary file's name): the file and the system's reason,
+# exit 1, no temporary file left (before: "summary.md: write error", "cannot copy to")
+mkdir "$tmp/full"
+head -2 "$tmp/metrics.jsonl" > "$tmp/full/metrics.jsonl"
+for f in metrics.csv plots/reward.svg summary.md; do
+    mkdir -p "$tmp/full/plots"
+    ln -s /dev/full "$tmp/full/$f.tmp"
+    err=$("$BIN" report "$tmp/full" 2>&1); rc=$?
+    [ $rc -eq 1 ] || fail "full disk at $f: exit $rc, expected 1: $err"
+    echo "$err" | grep -qF "$tmp/full/$f.tmp: write failed: No space left on device" ||
+        fail "full disk at $f: message: $err"
+    [ -e "$tmp/full/$f.tmp" ] && fail "full disk at $f: $f.tmp left"
+done
+mkdir "$tmp/full-out"
+ln -s /dev/full "$tmp/full-out/metrics.jsonl.tmp"
+err=$("$BIN" report "$tmp/full" --out "$tmp/full-out" 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "full disk at the copy: exit $rc, expected 1: $err"
+echo "$err" | grep -qF "$tmp/full-out/metrics.jsonl.tmp: write failed: No space left on device" ||
+    fail "full disk at the copy: message: $err"
+# SIGTERM while a file of the report is being written (held open: a FIFO in the temporary file's
+# place) leaves no temporary file: the report finishes that file, then stops by the signal
+if command -v mkfifo >/dev/null 2>&1; then
+    mkdir "$tmp/term"
+    head -2 "$tmp/metrics.jsonl" > "$tmp/term/metrics.jsonl"
+    mkfifo "$tmp/term/summary.md.tmp"
+    "$BIN" report "$tmp/term" >/dev/null 2>"$tmp/term.err" &
+    pid=$!
+    sleep 0.5
+    kill -TERM $pid
+    sleep 0.2
+    cat "$tmp/term/summary.md.tmp" >/dev/null 2>&1 &
+    wait $pid; rc=$?
+    [ $rc -eq 143 ] || fail "SIGTERM: exit $rc, expected 143: $(cat "$tmp/term.err")"
+    left=$(find "$tmp/term" -name '*.tmp')
+    [ -z "$left" ] || fail "SIGTERM during the report left $left"
+fi
 echo "ok"

@@ -1,0 +1,57 @@
+#!/bin/sh
+# tests/learner/test_train_args.sh [MPIEXEC]: settings `agentrl train` refuses before it writes
+# anything, and its continue note under mpirun.
+# - context-stages TOKENS above rollout.context-tokens: a usage error naming the key (it failed
+#   late, as "model: out of memory allocating the 7815702.2 MiB workspace (max_tokens 4096)").
+# - "model": "tiny" from a directory where it is not found: an error naming 'model', and OUT not
+#   made (OUT/experiment.json was written first).
+# - under mpirun (2 ranks), a failure that can be continued says to run the same mpirun command
+#   again with the agentrl command shown (it showed the agentrl command alone); skipped without
+#   mpirun.
+set -u
+bin="${ARL_BIN:?ARL_BIN is not set}"
+src="${ARL_SOURCE_DIR:-.}"
+src=$(cd "$src" && pwd)
+mpiexec="${1:-mpirun}"
+case "$mpiexec" in ""|*NOTFOUND*) mpiexec=mpirun ;; esac
+tmp=$(mktemp -d /tmp/arl-test-train-args-XXXXXX)
+fail() { echo "FAIL: $*"; echo "(output kept in $tmp)"; exit 1; }
+exp="$src/experiments/calculator-ci.json"
+small="--set progress=off --set sft-demos=0 --set eval-tasks=0 --set steps=1 --set tasks-per-update=1 --set rollout.group-size=2"
+# shellcheck disable=SC2086
+"$bin" train "$exp" $small --set "out=$tmp/a" --set context-stages=5:999999999999 > "$tmp/log" 2>&1
+rc=$?
+[ "$rc" -eq 2 ] || { tail -3 "$tmp/log"; fail "context-stages 5:999999999999: exit $rc, 2 expected"; }
+grep -qF "key 'context-stages': '5:999999999999': 999999999999 tokens is more than rollout.context-tokens (2048)" "$tmp/log" ||
+    { tail -3 "$tmp/log"; fail "context-stages: message"; }
+[ ! -e "$tmp/a" ] || fail "context-stages: OUT made"
+# the model config from another directory (no configs/ here, none beside a copy of the binary)
+mkdir "$tmp/elsewhere" "$tmp/bin"
+cp "$bin" "$tmp/bin/agentrl"
+# shellcheck disable=SC2086
+(cd "$tmp/elsewhere" && env -u AGENTRL_CONFIG_DIR "$tmp/bin/agentrl" train "$exp" $small --set "out=$tmp/b") > "$tmp/log" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || { tail -3 "$tmp/log"; fail "model from elsewhere: exit $rc, 1 expected"; }
+grep -qF "key 'model': config 'tiny': not a file or directory" "$tmp/log" || { tail -3 "$tmp/log"; fail "model from elsewhere: message"; }
+[ ! -e "$tmp/b" ] || fail "model from elsewhere: OUT made ($(ls "$tmp/b"))"
+# ... and with a path, from there, it runs
+# shellcheck disable=SC2086
+(cd "$tmp/elsewhere" && "$tmp/bin/agentrl" train "$exp" $small --set "out=$tmp/b" --set "model=$src/configs/tiny") > "$tmp/log" 2>&1 ||
+    { tail -3 "$tmp/log"; fail "model by path from elsewhere failed"; }
+# the note under mpirun: a full disk writing eval.json on rank 0
+if command -v "$mpiexec" > /dev/null 2>&1; then
+    mkdir "$tmp/c"
+    ln -s /dev/full "$tmp/c/eval.json.tmp"
+    # shellcheck disable=SC2086
+    timeout 120 "$mpiexec" --oversubscribe --bind-to none -np 2 "$bin" train "$exp" $small \
+        --set eval-tasks=2 --set threads=1 --set "out=$tmp/c" > "$tmp/log" 2>&1
+    rc=$?
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { tail -5 "$tmp/log"; fail "mpirun: exit $rc"; }
+    grep -q "Free space, then continue with the same mpirun command (its own options as before) running:" "$tmp/log" ||
+        { tail -5 "$tmp/log"; fail "mpirun: the note does not say to rerun the mpirun command"; }
+    grep -q "^  agentrl train .* --resume$" "$tmp/log" || { tail -5 "$tmp/log"; fail "mpirun: the note shows no agentrl command"; }
+else
+    echo "note: no mpirun: the note under mpirun not checked"
+fi
+rm -rf "$tmp"
+echo "ok"
