@@ -691,14 +691,19 @@ static int cmp_i64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Open ROOT for listing: *d NULL (and ARL_OK) when it does not exist yet. */
+static arl_status root_open(const char *root, DIR **d) {
+    *d = opendir(root);
+    if (*d || errno == ENOENT) return ARL_OK;
+    return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
+}
+
 arl_status arl_train_ckpt_list(const char *root, int64_t **steps, int64_t *n) {
     *steps = NULL;
     *n = 0;
-    DIR *d = opendir(root);
-    if (!d) {
-        if (errno == ENOENT) return ARL_OK;
-        return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
-    }
+    DIR *d;
+    ARL_TRY(root_open(root, &d));
+    if (!d) return ARL_OK;
     int64_t cap = 0;
     struct dirent *e;
     arl_status s = ARL_OK;
@@ -785,11 +790,9 @@ static int64_t parse_old_name(const char *name) {
  * .old-step-* (prune's .old-step-N-pruned among them) and the .tmp-step-* of a save that did not
  * finish are removed. */
 static arl_status remove_leftovers(const char *root) {
-    DIR *d = opendir(root);
-    if (!d) {
-        if (errno == ENOENT) return ARL_OK;
-        return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
-    }
+    DIR *d;
+    ARL_TRY(root_open(root, &d));
+    if (!d) return ARL_OK;
     struct dirent *e;
     arl_status s = ARL_OK;
     int changed = 0;
@@ -951,16 +954,14 @@ static arl_status ckpt_set_aside(const char *dir, char *moved, size_t cap) {
     return arl_errorf(ARL_ERR_IO, "%s: no free name to set the damaged checkpoint aside", dir);
 }
 
-/* Before a resume reads ROOT: remove_leftovers, then a step-N that is not a complete checkpoint
- * (no train_state.json: a save never leaves one, so it was made by hand or damaged on disk) is
- * set aside as damaged-step-N with a warning, as a damaged one is. */
+/* Before a resume reads ROOT: a step-N that is not a complete checkpoint (no train_state.json:
+ * a save never leaves one, so it was made by hand or damaged on disk) is set aside as
+ * damaged-step-N with a warning, as a damaged one is; then remove_leftovers (in this order, a
+ * complete .old-step-N goes back in place of an incomplete step-N instead of being removed). */
 static arl_status ckpt_recover(const char *root) {
-    ARL_TRY(remove_leftovers(root));
-    DIR *d = opendir(root);
-    if (!d) {
-        if (errno == ENOENT) return ARL_OK;
-        return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", root, strerror(errno));
-    }
+    DIR *d;
+    ARL_TRY(root_open(root, &d));
+    if (!d) return ARL_OK;
     struct dirent *e;
     arl_status s = ARL_OK;
     int changed = 0;
@@ -979,7 +980,7 @@ static arl_status ckpt_recover(const char *root) {
     }
     closedir(d);
     if (!s && changed) s = fsync_dir(root);
-    return s;
+    return s ? s : remove_leftovers(root);
 }
 
 arl_status arl_train_ckpt_load_newest(const char *root, const arl_model_config *cfg,

@@ -222,6 +222,17 @@ static int count_entries(const char *dir, const char *prefix) {
     return n;
 }
 
+/* What a checkpoint test saves and loads back: two parameter sets and optimizer states of
+ * g_cfg (p, a saved; q, b loaded into) and a filled train state. */
+static void ckpt_objects(arl_model_params *p, arl_model_params *q, arl_adamw *a, arl_adamw *b,
+                         arl_train_state *st) {
+    CHECK(arl_model_params_alloc(p, &g_cfg) == ARL_OK);
+    CHECK(arl_model_params_alloc(q, &g_cfg) == ARL_OK);
+    opt_for(a, &g_cfg);
+    opt_for(b, &g_cfg);
+    fill_state(st);
+}
+
 static void test_checkpoints(void) {
     const char *base = test_tmpdir("train-ckpt");
     char root[1024];
@@ -231,13 +242,9 @@ static void test_checkpoints(void) {
     CHECK(arl_train_ckpt_latest(root, latest, sizeof latest, &step) == ARL_ERR_NOT_FOUND);
 
     arl_model_params p, q;
-    CHECK(arl_model_params_alloc(&p, &g_cfg) == ARL_OK);
-    CHECK(arl_model_params_alloc(&q, &g_cfg) == ARL_OK);
     arl_adamw a, b;
-    opt_for(&a, &g_cfg);
-    opt_for(&b, &g_cfg);
     arl_train_state st, st2;
-    fill_state(&st);
+    ckpt_objects(&p, &q, &a, &b, &st);
     for (int64_t s = 5; s <= 25; s += 5) {
         CHECK(arl_params_init(&p, &g_cfg, (uint64_t)s, 1) == ARL_OK);
         random_moments(&a, (uint64_t)s);
@@ -359,13 +366,9 @@ static void test_checkpoint_recovery(void) {
     const char *base = test_tmpdir("train-ckpt-recover");
     char root[1024], dir[1200], moved[1200], latest[1200];
     arl_model_params p, q;
-    CHECK(arl_model_params_alloc(&p, &g_cfg) == ARL_OK);
-    CHECK(arl_model_params_alloc(&q, &g_cfg) == ARL_OK);
     arl_adamw a, b;
-    opt_for(&a, &g_cfg);
-    opt_for(&b, &g_cfg);
     arl_train_state st, st2;
-    fill_state(&st);
+    ckpt_objects(&p, &q, &a, &b, &st);
     CHECK(arl_params_init(&p, &g_cfg, 3, 1) == ARL_OK);
     random_moments(&a, 3);
     for (int keep = 1; keep <= 2; keep++) {
@@ -435,6 +438,18 @@ static void test_checkpoint_recovery(void) {
         CHECK_EQ_INT(step, 10);
         arl_train_state_free(&st2);
         CHECK_EQ_INT(count_entries(root, ".old-"), 0);
+        /* an incomplete step-10 beside the complete one a save moved aside: the incomplete one
+         * is set aside first, so the complete one goes back (not removed as a leftover) */
+        snprintf(moved, sizeof moved, "%s/.old-step-00000010-Zz78Yy", root);
+        CHECK(rename(dir, moved) == 0);
+        CHECK(mkdir(dir, 0755) == 0);
+        s = arl_train_ckpt_load_newest(root, &g_cfg, NULL, &q, &b, &st2, 1, latest, sizeof latest,
+                                       &step);
+        CHECK_MSG(s == ARL_OK && step == 10, "keep %d: step %lld: %s", keep, (long long)step,
+                  arl_error_msg());
+        if (s == ARL_OK) arl_train_state_free(&st2);
+        CHECK_EQ_INT(count_entries(root, ".old-"), 0);
+        CHECK_EQ_INT(count_entries(root, "damaged-step-00000010"), 1);
     }
     arl_train_state_free(&st);
     arl_adamw_free(&a);
