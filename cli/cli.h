@@ -25,6 +25,17 @@
 int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
               const char *usage, const char *summary);
 
+/* Where a command's progress lines go: standard error, or NULL under --quiet (warnings and
+ * errors, which go through core/log.h or cli_fail, still print). */
+FILE *cli_progress(void);
+
+/* A progress or summary line on standard error (printf format, no newline added), left out
+ * under --quiet. */
+void cli_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* The resolved configuration of a command on standard error, left out under --quiet. */
+void cli_print_resolved(const char *title, const arl_option *tab, size_t n, const void *cfg);
+
 /* Print "agentrl: error: <message of the current thread error>" for status s and return
  * ARL_EXIT_USAGE for ARL_ERR_ARG, else ARL_EXIT_FAIL. */
 int cli_fail(arl_status s);
@@ -85,6 +96,18 @@ arl_status cli_out_commit(arl_status s, FILE *f, char *tmp, const char *opt, con
  * in between takes effect at resume (before the signal is raised). */
 void cli_interrupt_defer(void);
 void cli_interrupt_resume(void);
+
+/* For a command that stops at a point of its choosing, to say what it did before the note (a
+ * rollout's summary of what it finished): from here on the first SIGINT or SIGTERM is only
+ * noted, with a line on standard error that the command is stopping, and a second one does at
+ * once what the note set by cli_note_on_* says (that note, then the end of the process).  The
+ * command polls cli_interrupted() (async-signal-safe, any thread: the signal noted, or 0), stops,
+ * reports, and calls cli_interrupt_finish: when a signal was noted, it flushes standard output,
+ * prints the note and ends the process by that signal (exit status 128 + the signal); else it
+ * returns.  A note set later keeps this mode. */
+void cli_interrupt_soft(void);
+int cli_interrupted(void);
+void cli_interrupt_finish(void);
 
 /* After cli_note_on_interrupt: for a failure that continuing can get past once its cause is
  * dealt with (the disk full, an I/O, database, network, environment or device error), print

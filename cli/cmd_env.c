@@ -125,7 +125,7 @@ int cmd_env_serve(int argc, char **argv) {
         if (++tick % 50 == 0) arl_aep_server_reap(srv); /* every 5 s */
     }
     arl_aep_server_drain(srv);
-    fprintf(stderr, "agentrl env serve: draining; waiting up to %lld ms for %lld sessions\n",
+    cli_say("agentrl env serve: draining; waiting up to %lld ms for %lld sessions\n",
             (long long)o.drain_timeout_ms, (long long)arl_aep_server_active_sessions(srv));
     int64_t waited = 0;
     while (serve_signals < 2 && waited < o.drain_timeout_ms) {
@@ -135,7 +135,8 @@ int cmd_env_serve(int argc, char **argv) {
         waited += 100;
         if (waited % 5000 == 0) arl_aep_server_reap(srv);
     }
-    fprintf(stderr, "agentrl env serve: stopped (%lld sessions left)\n", (long long)arl_aep_server_active_sessions(srv));
+    cli_say("agentrl env serve: stopped (%lld sessions left)\n",
+            (long long)arl_aep_server_active_sessions(srv));
     ret = ARL_EXIT_OK;
 out:
     arl_aep_server_stop(srv);

@@ -61,8 +61,7 @@ int cmd_env_demos(int argc, char **argv) {
     if (s != ARL_OK) {
         rc = cli_fail(s);
     } else {
-        fprintf(stderr,
-                "env demos: %s: %lld episodes, %lld conversations written (%lld bytes, "
+        cli_say("env demos: %s: %lld episodes, %lld conversations written (%lld bytes, "
                 "%.2f steps per episode) to %s%s\n",
                 o.name, (long long)st.episodes, (long long)st.written, (long long)st.bytes,
                 st.episodes ? (double)st.steps / (double)st.episodes : 0.0,

@@ -399,7 +399,7 @@ int cmd_model_init(int argc, char **argv) {
     if (s) goto done;
     s = arl_model_config_load(o.config, &cfg);
     if (s) goto done;
-    arl_options_print_resolved(stderr, "model init", model_init_tab, nopt, &o);
+    cli_print_resolved("model init", model_init_tab, nopt, &o);
     arl_param_counts c;
     arl_param_counts_compute(&cfg, &c);
     char a[64];

@@ -364,7 +364,7 @@ int cmd_replay_export(int argc, char **argv) {
         }
         rc = s == ARL_OK ? 0 : cli_fail(s);
         if (!rc && o.output)
-            fprintf(stderr, "exported %lld trajectories to %s\n", (long long)count, o.output);
+            cli_say("exported %lld trajectories to %s\n", (long long)count, o.output);
     }
     replay_store_close(st);
     arl_options_free(export_tab, n, &o);
@@ -407,10 +407,9 @@ int cmd_replay_import(int argc, char **argv) {
             skipped += ks;
             if (s != ARL_OK) rc = cli_fail(s);
         }
-        fprintf(stderr, "imported %lld trajectories into %s", (long long)total, o.db);
-        if (skipped)
-            fprintf(stderr, " (%lld already there, the same: skipped)", (long long)skipped);
-        fputc('\n', stderr);
+        cli_say("imported %lld trajectories into %s", (long long)total, o.db);
+        if (skipped) cli_say(" (%lld already there, the same: skipped)", (long long)skipped);
+        cli_say("\n");
     }
     replay_store_close(st);
     arl_options_free(import_tab, n, &o);

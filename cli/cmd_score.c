@@ -439,7 +439,7 @@ int cmd_score(int argc, char **argv) {
         arl_options_free(score_tab, SCORE_N, &o);
         return ARL_EXIT_USAGE;
     }
-    arl_options_print_resolved(stderr, "score", score_tab, SCORE_N, &o);
+    cli_print_resolved("score", score_tab, SCORE_N, &o);
     arl_model_config cfg;
     arl_model_params w;
     arl_model m;

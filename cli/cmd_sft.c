@@ -53,7 +53,7 @@ int cmd_sft(int argc, char **argv) {
     } else {
         arl_sft_result res;
         cli_note_on_interrupt("sft", argc, argv, "--resume", NULL);
-        s = arl_sft_run(&cfg, arl_sft_model_ops_default(), o.resume, NULL, stderr, &res);
+        s = arl_sft_run(&cfg, arl_sft_model_ops_default(), o.resume, NULL, cli_progress(), &res);
         if (s) {
             rc = cli_fail(s);
             cli_note_on_failure(s);

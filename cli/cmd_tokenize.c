@@ -281,8 +281,7 @@ int cmd_tokenize(int argc, char **argv) {
             size_t gen_tokens = 0;
             for (size_t i = 0; i < r.n; i++)
                 gen_tokens += r.mask[i];
-            fprintf(stderr, "%zu messages, %zu tokens, %zu with loss mask 1\n", c.n_msgs, r.n,
-                    gen_tokens);
+            cli_say("%zu messages, %zu tokens, %zu with loss mask 1\n", c.n_msgs, r.n, gen_tokens);
         }
         arl_chat_tokens_free(&r);
         arl_chat_conv_free(&c);

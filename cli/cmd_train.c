@@ -78,7 +78,7 @@ int cmd_train(int argc, char **argv) {
         const int rank0 = d->layout.world_rank == 0;
         if (rank0 && d->layout.world_size > 1) cli_note_launcher("mpirun");
         if (rank0) cli_note_on_interrupt("train", argc, argv, "--resume", NULL);
-        s = arl_train_run(&cfg, o.resume, d, rank0 ? stderr : NULL, &res);
+        s = arl_train_run(&cfg, o.resume, d, rank0 ? cli_progress() : NULL, &res);
     }
     if (s) {
         rc = cli_fail(s);

@@ -1,6 +1,7 @@
 /* cli/main.c: `agentrl COMMAND [options]`: finds the command in cli/commands.def and runs it.
  * The only place in the toolkit that decides the process exit status. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -79,6 +80,22 @@ int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
         return ARL_EXIT_USAGE;
     }
     return 0;
+}
+
+FILE *cli_progress(void) {
+    return arl_log_get_level() >= ARL_LOG_INFO ? stderr : NULL;
+}
+
+void cli_print_resolved(const char *title, const arl_option *tab, size_t n, const void *cfg) {
+    if (cli_progress()) arl_options_print_resolved(stderr, title, tab, n, cfg);
+}
+
+void cli_say(const char *fmt, ...) {
+    if (!cli_progress()) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
 }
 
 int cli_fail(arl_status s) {

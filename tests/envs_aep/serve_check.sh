@@ -101,6 +101,23 @@ for partial in "" "GET /aep/v1/info HTTP/1.1\r\nHost: x\r\n"; do
     fi
 done
 stop echo
+grep -q "^agentrl env serve: stopped (0 sessions left)$" "$tmp/err" ||
+    bad "no 'stopped' line after SIGTERM: $(cat "$tmp/err")"
+# --quiet: standard error keeps warnings and errors alone (nothing on a clean stop); env demos too
+: > "$tmp/out"
+"$BIN" --quiet env serve echo --port 0 > "$tmp/out" 2> "$tmp/err" &
+pid=$!
+serve_url "$tmp/out" "$pid" > /dev/null || bad "--quiet env serve printed no URL"
+stop echo
+[ -s "$tmp/err" ] && bad "--quiet env serve wrote to stderr: $(cat "$tmp/err")"
+"$BIN" env demos calculator --episodes 2 --out "$tmp/d.jsonl" 2> "$tmp/err" ||
+    bad "env demos exited $?"
+grep -q "^env demos: calculator: 2 episodes, 2 conversations written" "$tmp/err" ||
+    bad "env demos summary: $(cat "$tmp/err")"
+"$BIN" --quiet env demos calculator --episodes 2 --out "$tmp/d2.jsonl" 2> "$tmp/err" ||
+    bad "--quiet env demos exited $?"
+[ -s "$tmp/err" ] && bad "--quiet env demos wrote to stderr: $(cat "$tmp/err")"
+cmp -s "$tmp/d.jsonl" "$tmp/d2.jsonl" || bad "--quiet env demos wrote other demonstrations"
 "$BIN" env serve echo --port 0 --connection-timeout-s 0 > /dev/null 2>&1; [ $? = 2 ] ||
     bad "--connection-timeout-s 0 should exit 2"
 

@@ -94,5 +94,18 @@ rm "$TMP/d/model-00001-of-0000"*.safetensors
 "$BIN" model info kimi-k3 --bogus >/dev/null 2>&1
 [ $? -eq 2 ] || fail "unknown option did not exit 2"
 
+# the resolved configuration on stderr, left out under --quiet (init and score)
+"$BIN" model init tiny "$TMP/q" --seed 1 2> "$TMP/err" > /dev/null || fail "init for --quiet: exit $?"
+grep -q "^model init" "$TMP/err" || fail "model init printed no configuration: $(cat "$TMP/err")"
+"$BIN" --quiet model init tiny "$TMP/q" --seed 1 --force 2> "$TMP/err" > /dev/null ||
+    fail "--quiet model init: exit $?"
+[ -s "$TMP/err" ] && fail "--quiet model init wrote to stderr: $(cat "$TMP/err")"
+printf 'hello world\n' > "$TMP/hello.txt"
+"$BIN" score --ckpt "$TMP/q" --text "$TMP/hello.txt" 2> "$TMP/err" > /dev/null || fail "score: exit $?"
+grep -q "^score" "$TMP/err" || fail "score printed no configuration: $(cat "$TMP/err")"
+"$BIN" --quiet score --ckpt "$TMP/q" --text "$TMP/hello.txt" 2> "$TMP/err" > /dev/null ||
+    fail "--quiet score: exit $?"
+[ -s "$TMP/err" ] && fail "--quiet score wrote to stderr: $(cat "$TMP/err")"
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "model CLI: all checks passed"

@@ -119,6 +119,11 @@ ls "$T" | grep -q "\.tmp-" && fail "export left a temporary file: $(ls "$T")"
 expect 0 "$A" replay export "$S" --full --output "$T/keep.jsonl"
 has "exported 7 trajectories to $T/keep.jsonl"
 cmp -s "$T/a.jsonl" "$T/keep.jsonl" || fail "export --output over an existing file differs"
+# under --quiet the summaries are left out (warnings and errors stay)
+expect 0 "$A" --quiet replay export "$S" --full --output "$T/keep.jsonl"
+[ -z "$out" ] || fail "--quiet export printed: $out"
+expect 0 "$A" --quiet replay import "$T/copy" "$T/a.jsonl"
+[ -z "$out" ] || fail "--quiet import printed: $out"
 # the same lines again (an import that stopped, run again): every trajectory is there already,
 # the same, so skipped; one whose stored trajectory differs from the line is an error
 expect 0 "$A" replay import "$T/copy" "$T/a.jsonl"

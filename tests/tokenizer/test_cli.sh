@@ -16,6 +16,9 @@ grep -v '^#' "$FIX/golden_expected.txt" | cut -d' ' -f3- | tr -d '\n' > "$TMP/wa
 echo >> "$TMP/want.txt"
 cmp -s "$TMP/out.txt" "$TMP/want.txt" || fail "rendering differs from golden_expected.txt"
 grep -q '^5 messages, 445 tokens, 86 with loss mask 1$' "$TMP/err.txt" || fail "summary: $(cat "$TMP/err.txt")"
+"$BIN" --quiet tokenize "$FIX/golden_conversation.json" --gen > /dev/null 2> "$TMP/err.txt" ||
+    fail "--quiet tokenize exited $?"
+[ -s "$TMP/err.txt" ] && fail "--quiet tokenize wrote to stderr: $(cat "$TMP/err.txt")"
 
 ids=$("$BIN" tokenize "$FIX/golden_conversation.json" --ids | cut -d' ' -f1-3)
 [ "$ids" = "256 262 115" ] || fail "--ids starts with '$ids'"

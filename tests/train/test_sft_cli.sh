@@ -55,6 +55,14 @@ ls "$TMP/out/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "short r
     --set "eval-data=$TMP/train.jsonl" > "$TMP/err" 2>&1 || fail "eval = train data: exit $?"
 grep -qF "warning: sft: 6 of the 6 eval conversations ($TMP/train.jsonl lines 1, 2, 3, 4, 5, 6) also occur in the training data" "$TMP/err" ||
     fail "no overlap warning: $(grep -i warn "$TMP/err")"
+# --quiet: the warning alone on stderr (no resolved configuration, no progress lines)
+"$BIN" --quiet sft "$TMP/exp.json" --set steps=1 --set batch-tokens=256 --set "out=$TMP/outq" \
+    --set "eval-data=$TMP/train.jsonl" --set progress=plain > "$TMP/out.q" 2> "$TMP/err" ||
+    fail "--quiet: exit $?: $(cat "$TMP/err")"
+[ -s "$TMP/out.q" ] && fail "--quiet: stdout not empty: $(cat "$TMP/out.q")"
+[ "$(grep -vc '^agentrl: warning: sft: 6 of the 6 eval conversations' "$TMP/err")" -eq 0 ] ||
+    fail "--quiet: more than the warning on stderr: $(head -5 "$TMP/err")"
+grep -q "eval conversations" "$TMP/err" || fail "--quiet: the warning is gone"
 # a directory as the data: a usage error (exit 2) naming it, no note to continue
 mkdir "$TMP/adir"
 "$BIN" sft "$TMP/exp.json" --set "data=$TMP/adir" --set "out=$TMP/out4" > "$TMP/err" 2>&1
