@@ -530,6 +530,16 @@ static void say(tr_run *r, const char *fmt, ...) {
     fflush(r->log);
 }
 
+/* A model workspace the context length made too large names the key that sets it: the
+ * model's message says max_context, which the run takes from rollout.context-tokens. */
+static arl_status name_context_key(arl_status s, int64_t context_tokens) {
+    if (s != ARL_ERR_NOMEM || !strstr(arl_error_msg(), "(max_context ")) return s;
+    char m[2048];
+    snprintf(m, sizeof m, "%s", arl_error_msg());
+    return arl_errorf(s, "%s; max_context is rollout.context-tokens (%lld)", m,
+                      (long long)context_tokens);
+}
+
 /* Every rank learns whether any rank failed (collective over the world).  After a failure
  * that may have cut a collective in two (r->broken) it only returns the failure: the other
  * ranks may wait in that collective, so this rank makes no more calls and main aborts the job
@@ -934,7 +944,9 @@ static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_p
     replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
     if (!s) s = replay_store_open(root, &oo, &st);
     arl_rollout_hooks hk = {.window = eval ? NULL : &r->win}; /* an evaluation measures */
-    if (!s) s = arl_rollout_worker_open(&rc, ckpt_dir, st, 0, &hk, &w);
+    if (!s)
+        s = name_context_key(arl_rollout_worker_open(&rc, ckpt_dir, st, 0, &hk, &w),
+                             rc.context_tokens);
     if (!s) s = arl_rollout_worker_run(w);
     if (!s) *stats = *arl_rollout_worker_stats(w);
     arl_rollout_worker_close(w);
@@ -2077,7 +2089,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
                                .loss = &r->lossc,
                                .lc = &r->lc,
                                .dist = d->layout.world_size > 1 ? d : NULL};
-        s = arl_learner_create(&r->lr, &in);
+        s = name_context_key(arl_learner_create(&r->lr, &in), c->rollout.context_tokens);
         if (s) r->broken = 1; /* (its device set-up broadcasts over the learners) */
     }
     s = sync_status(r, s);

@@ -170,6 +170,14 @@ arl_status arl_model_init(arl_model *m, const arl_model_config *cfg, const arl_m
     size_t bytes = sizeof(float) * (size_t)n;
     if (posix_memalign((void **)&m->arena, 64, bytes ? bytes : 64)) {
         m->arena = NULL;
+        /* attention over the context is sized by the longer of the two (the MLA's max_rows) */
+        if (m->opts.max_context > m->opts.max_tokens)
+            return arl_errorf(ARL_ERR_NOMEM,
+                              "model: out of memory allocating the %.1f MiB workspace "
+                              "(max_context %lld, the longest context attended over, and "
+                              "max_tokens %lld; lower them)",
+                              (double)bytes / 1048576.0, (long long)m->opts.max_context,
+                              (long long)m->opts.max_tokens);
         return arl_errorf(ARL_ERR_NOMEM,
                           "model: out of memory allocating the %.1f MiB workspace "
                           "(max_tokens %lld; lower it)",

@@ -3,6 +3,7 @@
 # anything, and its continue note under mpirun.
 # - context-stages TOKENS above rollout.context-tokens: a usage error naming the key (it failed
 #   late, as "model: out of memory allocating the 7815702.2 MiB workspace (max_tokens 4096)").
+# - rollout.context-tokens too large for memory: the error names max_context and the key.
 # - "model": "tiny" from a directory where it is not found: an error naming 'model', and OUT not
 #   made (OUT/experiment.json was written first).
 # - under mpirun (2 ranks), a failure that can be continued says to run the same mpirun command
@@ -25,6 +26,15 @@ rc=$?
 grep -qF "key 'context-stages': '5:999999999999': 999999999999 tokens is more than rollout.context-tokens (2048)" "$tmp/log" ||
     { tail -3 "$tmp/log"; fail "context-stages: message"; }
 [ ! -e "$tmp/a" ] || fail "context-stages: OUT made"
+# rollout.context-tokens too large for memory: the model's message names max_context and the key
+# (it named max_tokens alone)
+# shellcheck disable=SC2086
+"$bin" --quiet train "$exp" $small --set "out=$tmp/ctx" --set rollout.context-tokens=999999999999 \
+    --set rollout.trajectory-tokens=999999999999 > "$tmp/log" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || { tail -3 "$tmp/log"; fail "context-tokens 999999999999: exit $rc, 1 expected"; }
+grep -q "out of memory allocating the .* MiB workspace (max_context 999999999999, .*; max_context is rollout.context-tokens (999999999999)" "$tmp/log" ||
+    { tail -3 "$tmp/log"; fail "context-tokens 999999999999: message"; }
 # the model config from another directory (no configs/ here, none beside a copy of the binary)
 mkdir "$tmp/elsewhere" "$tmp/bin"
 cp "$bin" "$tmp/bin/agentrl"
