@@ -42,6 +42,13 @@ static const arl_option pin_tab[] = {
      0, 0, NULL, 0, "TEXT"},
 };
 
+/* The end of the summary lines of gc, seal and migrate: ", M skipped (why)[, K missing]". */
+static void print_skipped(int64_t skipped, const char *why, int64_t missing) {
+    printf(", %lld skipped (%s)", (long long)skipped, why);
+    if (missing) printf(", %lld missing", (long long)missing);
+    printf("\n");
+}
+
 static int with_store(const char *db, replay_store **st) {
     replay_open_opts oo = {.flags = 0};
     arl_status s = replay_store_open(db, &oo, st);
@@ -130,11 +137,10 @@ int cmd_replay_gc(int argc, char **argv) {
         rc = s == ARL_OK ? ARL_EXIT_OK : cli_fail(s);
         if (!rc) {
             printf("gc %s: %lld states deleted, %lld evicted, %lld bytes freed; %lld file%s "
-                   "collected, %lld skipped (writer alive)",
+                   "collected",
                    o.db, (long long)t.deleted, (long long)t.evicted, (long long)t.bytes_freed,
-                   (long long)t.files, t.files == 1 ? "" : "s", (long long)t.skipped);
-            if (t.missing) printf(", %lld missing", (long long)t.missing);
-            printf("\n");
+                   (long long)t.files, t.files == 1 ? "" : "s");
+            print_skipped(t.skipped, "writer alive", t.missing);
         }
     }
     replay_store_close(st);
@@ -168,10 +174,13 @@ int cmd_replay_seal(int argc, char **argv) {
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     replay_store *st = NULL;
     if (!(rc = with_store(o.db, &st))) {
-        int64_t k = 0;
+        replay_admin_stats k;
         arl_status s = replay_seal(st, (int32_t)o.shard, stdout, &k);
         rc = s == ARL_OK ? ARL_EXIT_OK : cli_fail(s);
-        if (!rc) printf("sealed %lld file%s of %s\n", (long long)k, k == 1 ? "" : "s", o.db);
+        if (!rc) {
+            printf("sealed %lld file%s of %s", (long long)k.files, k.files == 1 ? "" : "s", o.db);
+            print_skipped(k.skipped, "in use", k.missing);
+        }
     }
     replay_store_close(st);
     arl_options_free(seal_tab, n, &o);
@@ -198,10 +207,13 @@ int cmd_replay_migrate(int argc, char **argv) {
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     replay_store *st = NULL;
     if (!(rc = with_store(o.db, &st))) {
-        int64_t k = 0;
+        replay_admin_stats k;
         arl_status s = replay_migrate(st, stdout, &k);
         rc = s == ARL_OK ? ARL_EXIT_OK : cli_fail(s);
-        if (!rc) printf("migrated %lld file%s of %s\n", (long long)k, k == 1 ? "" : "s", o.db);
+        if (!rc) {
+            printf("migrated %lld file%s of %s", (long long)k.files, k.files == 1 ? "" : "s", o.db);
+            print_skipped(k.skipped, "in use", k.missing);
+        }
     }
     replay_store_close(st);
     arl_options_free(migrate_tab, n, &o);

@@ -608,7 +608,9 @@ int cmd_replay_rescore(int argc, char **argv) {
         if (!o.ckpt) {
             /* the rows, the report and the note: one step an interrupt does not cut */
             cli_interrupt_defer();
-            if (save) s = arl_rollout_rescore_rewards_save(st, o.traj.v[i], label, &tw, &rw);
+            if (save && !tw) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
+            if (s == ARL_OK && save)
+                s = arl_rollout_rescore_rewards_save(st, o.traj.v[i], label, &tw, &rw);
             if (s) {
                 cli_interrupt_resume();
                 free(rw.pairs);
@@ -646,12 +648,15 @@ int cmd_replay_rescore(int argc, char **argv) {
                                    save ? &mu : NULL, save ? &nlp : NULL, save ? &det : NULL);
         if (s == ARL_OK && save && !tw) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
         /* the trajectory's rows and its report are one step that an interrupt does not cut:
-         * a trajectory reported above the interrupt note is saved whole, one below it not */
+         * a trajectory reported above the interrupt note is saved whole, one below it not; its
+         * rewards and model rows are one transaction, which a crash (SIGKILL) does not cut */
         cli_interrupt_defer();
-        if (s == ARL_OK && save && o.rewards)
-            s = arl_rollout_rescore_rewards_save(st, o.traj.v[i], label, &tw, &rw);
-        if (s == ARL_OK && save)
-            s = save_rescores(st, tw, o.traj.v[i], &o, r.version, label, lp, mu, nlp, &det);
+        if (s == ARL_OK && save && (s = replay_rescore_tx_begin(tw)) == ARL_OK) {
+            if (o.rewards) s = arl_rollout_rescore_rewards_save(st, o.traj.v[i], label, &tw, &rw);
+            if (s == ARL_OK)
+                s = save_rescores(st, tw, o.traj.v[i], &o, r.version, label, lp, mu, nlp, &det);
+            s = replay_rescore_tx_end(tw, s);
+        }
         free(lp);
         free(mu);
         free(det.entropy);

@@ -14,6 +14,9 @@
  * the catalog), 'all' keeps them; the budget of step 3 applies as well.
  * Pinned trajectories (catalog pins) keep everything.  Eviction sets status 'evicted' and
  * deletes the chunks: the row stays as a tombstone.  A reader then sees a cache miss.
+ * Pins are written by other processes (`agentrl replay pin`) at any time: the eviction reads
+ * them again under the catalog's write lock (evict), which replay_pin needs too, so a pin that
+ * returned before an eviction keeps its states and one that commits later waits for it.
  * A sealed shard is immutable, its states file is not (a cache, section 2.3): gc opens the
  * sealed file read-only and collects its states file under the shard's lock (sealed_writer).
  * A file that fails is reported and gc goes on with the others; the first error is returned. */
@@ -28,7 +31,16 @@ typedef struct gc_state {
     int64_t id, bytes, last_used;
     int32_t seg_index;
     int is_kda, running, pinned, evict;
+    char uid[REPLAY_UID_MAX + 1]; /* its trajectory: evict reads its pin again */
 } gc_state;
+
+static void (*test_hook)(void *arg);
+static void *test_hook_arg;
+
+void rgc_test_hook_set(void (*fn)(void *arg), void *arg) {
+    test_hook = fn;
+    test_hook_arg = arg;
+}
 
 static int by_lru(const void *a, const void *b) {
     const gc_state *x = *(const gc_state *const *)a, *y = *(const gc_state *const *)b;
@@ -83,33 +95,84 @@ static arl_status traj_consumed(replay_store *st, const char *uid, int *consumed
     return ARL_OK;
 }
 
+/* States evicted per batch: a batch holds the catalog's write lock (below), which the
+ * coordinator's and the workers' catalog writes and replay_pin wait for (busy_timeout 10 s);
+ * deleting 64 chunked states takes far less. */
+#define GC_EVICT_BATCH 64
+
+/* 1 in *pinned if trajectory uid is pinned now (q: SELECT 1 FROM pins WHERE traj_uid = ?1). */
+static arl_status pin_now(rdb *cat, sqlite3_stmt *q, const char *uid, int *pinned) {
+    sqlite3_reset(q);
+    sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    *pinned = rc == SQLITE_ROW;
+    sqlite3_reset(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(cat, rc, "reading pins");
+    return ARL_OK;
+}
+
+/* Evict the states of v marked evict, in batches of GC_EVICT_BATCH.  Each batch takes the
+ * catalog's write lock (a transaction that writes nothing), reads the pins of its states'
+ * trajectories again, and evicts the unpinned ones in one states transaction committed before
+ * the lock is let go: the pin check and the eviction are atomic with respect to replay_pin in
+ * any process (a pin committed since replay_states_retain read the pins is seen; a later one
+ * waits for the batch).  Catalog first, then the states file: the only order anyone takes the
+ * two in.  *evicted and *freed count the committed batches. */
 static arl_status evict(replay_writer *w, gc_state **v, size_t n, int64_t *evicted,
                         int64_t *freed) {
-    rdb *db = &w->s;
-    sqlite3_stmt *up = NULL, *dc = NULL;
-    ARL_TRY(rdb_begin(db));
-    arl_status s = rdb_prepare(db, "UPDATE states SET status = 'evicted' WHERE state_id = ?1", &up);
-    if (s == ARL_OK) s = rdb_prepare(db, "DELETE FROM state_chunks WHERE state_id = ?1", &dc);
-    for (size_t i = 0; s == ARL_OK && i < n; i++) {
-        if (!v[i]->evict) continue;
-        sqlite3_reset(dc);
-        sqlite3_bind_int64(dc, 1, v[i]->id);
-        int rc = sqlite3_step(dc);
-        if (rc == SQLITE_DONE) {
-            sqlite3_reset(up);
-            sqlite3_bind_int64(up, 1, v[i]->id);
-            rc = sqlite3_step(up);
+    rdb *db = &w->s, *cat = w->st->cat.db ? &w->st->cat : NULL;
+    arl_status s = ARL_OK;
+    size_t i = 0;
+    while (s == ARL_OK) {
+        while (i < n && !v[i]->evict)
+            i++;
+        if (i == n) break;
+        sqlite3_stmt *up = NULL, *dc = NULL, *pq = NULL;
+        int64_t ne = 0, nb = 0;
+        if (cat) {
+            ARL_TRY(rdb_begin(cat));
+            s = rdb_prepare(cat, "SELECT 1 FROM pins WHERE traj_uid = ?1", &pq);
         }
-        if (rc != SQLITE_DONE) {
-            s = rdb_fail(db, rc, "evicting a state");
-            break;
+        if (s == ARL_OK) s = rdb_begin(db);
+        int in_tx = s == ARL_OK;
+        if (s == ARL_OK)
+            s = rdb_prepare(db, "UPDATE states SET status = 'evicted' WHERE state_id = ?1", &up);
+        if (s == ARL_OK) s = rdb_prepare(db, "DELETE FROM state_chunks WHERE state_id = ?1", &dc);
+        for (int k = 0; s == ARL_OK && i < n && k < GC_EVICT_BATCH; i++) {
+            if (!v[i]->evict) continue;
+            k++;
+            int pinned = 0;
+            if (pq && (s = pin_now(cat, pq, v[i]->uid, &pinned)) != ARL_OK) break;
+            if (pinned) { /* pinned since the pins were read: it keeps its states */
+                v[i]->evict = 0;
+                continue;
+            }
+            sqlite3_reset(dc);
+            sqlite3_bind_int64(dc, 1, v[i]->id);
+            int rc = sqlite3_step(dc);
+            if (rc == SQLITE_DONE) {
+                sqlite3_reset(up);
+                sqlite3_bind_int64(up, 1, v[i]->id);
+                rc = sqlite3_step(up);
+            }
+            if (rc != SQLITE_DONE) {
+                s = rdb_fail(db, rc, "evicting a state");
+                break;
+            }
+            ne++;
+            nb += v[i]->bytes;
         }
-        (*evicted)++;
-        *freed += v[i]->bytes;
+        sqlite3_finalize(up);
+        sqlite3_finalize(dc);
+        sqlite3_finalize(pq);
+        if (in_tx) s = rdb_end(db, s);
+        if (cat) rdb_rollback(cat); /* nothing written: let the lock go */
+        if (s == ARL_OK) {
+            *evicted += ne;
+            *freed += nb;
+        }
     }
-    sqlite3_finalize(up);
-    sqlite3_finalize(dc);
-    return rdb_end(db, s);
+    return s;
 }
 
 arl_status replay_states_retain(replay_writer *w, const replay_retention *r, replay_gc_stats *out) {
@@ -165,6 +228,7 @@ arl_status replay_states_retain(replay_writer *w, const replay_retention *r, rep
         }
         gc_state *g = &st[n++];
         g->id = sqlite3_column_int64(q, 0);
+        snprintf(g->uid, sizeof g->uid, "%s", cur);
         g->seg_index = sqlite3_column_int(q, 2);
         g->is_kda = !strcmp((const char *)sqlite3_column_text(q, 3), "kda_boundary");
         int rollout = !strcmp((const char *)sqlite3_column_text(q, 4), "rollout");
@@ -205,6 +269,7 @@ arl_status replay_states_retain(replay_writer *w, const replay_retention *r, rep
                 total -= order[i]->bytes;
             }
         }
+        if (test_hook) test_hook(test_hook_arg); /* a pin from elsewhere could come now */
         s = evict(w, order, n, &z.evicted, &z.bytes_freed);
     }
     free(order);

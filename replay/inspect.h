@@ -113,20 +113,28 @@ arl_status replay_recover(replay_store *st, int mask, FILE *out, int64_t *n_foun
 arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
                      replay_gc_stats *total);
 
+/* What seal and migrate did, the counts replay_gc_stats gives for gc. */
+typedef struct replay_admin_stats {
+    int64_t files;   /* files sealed (or migrated) */
+    int64_t skipped; /* files skipped while in use: a live writer, or another process that has
+                        a sealed file open while it is left in WAL mode (seal or migrate again) */
+    int64_t missing; /* shards registered in the catalog whose file is missing */
+} replay_admin_stats;
+
 /* `seal` (sections 2.3 and 13.8): seal every worker, tool and learner file (or only shard
  * only_shard when > 0) whose writer is gone and that has no running trajectory; files with a
  * live writer are skipped and reported, already sealed ones reported.  One line per file to
- * out (may be NULL); *n_sealed (may be NULL) receives the count.  Sealed files are immutable:
+ * out (may be NULL); *stats (may be NULL) receives the counts.  Sealed files are immutable:
  * writers refuse them (ARL_ERR_STATE). */
-arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t *n_sealed);
+arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, replay_admin_stats *stats);
 
 /* `migrate` (sections 12 and 13.8): migrate every shard file (and states file) whose schema is
  * older than this build's: sealed files under their lock, keeping them sealed; the others by
  * opening their writer (files with a live writer are skipped: it migrates them itself).  The
  * catalog was migrated when st was opened read-write.  One line per file to out (may be NULL);
- * *n_migrated (may be NULL) receives the count.  A file that fails is reported and the others
- * are still migrated; the first error is returned (missing files: as replay_gc). */
-arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated);
+ * *stats (may be NULL) receives the counts.  A file that fails is reported and the others are
+ * still migrated; the first error is returned (missing files: as replay_gc). */
+arl_status replay_migrate(replay_store *st, FILE *out, replay_admin_stats *stats);
 
 /* One warning line to err per shard registered in the catalog whose file is missing or cannot
  * be read, or is empty (no schema) while the catalog's group_members refer to trajectories in

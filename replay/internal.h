@@ -191,6 +191,11 @@ arl_status rstore_need_root(replay_store *st, const char *what);
  * (verify.c, beside verify's own finding). */
 arl_status rstore_report_missing(replay_store *st, int32_t only_shard, FILE *out, int *n_missing);
 
+/* Test hook (gc.c): fn(arg) is called by replay_states_retain after it has read the pins and
+ * chosen the states to evict, before it evicts them: where another process's `replay pin` can
+ * commit (a test pins there).  NULL: none. */
+void rgc_test_hook_set(void (*fn)(void *arg), void *arg);
+
 /* ---- reading (reader.c) ---- */
 
 /* The trajectories columns rtraj_fill reads, in order (unqualified: one table in FROM). */
@@ -268,7 +273,12 @@ struct replay_writer {
                                checkpoint, REPLAY_OPEN_FG_CHECKPOINT) */
     uint8_t *scratch;       /* blob encoding buffer */
     size_t scratch_cap;
+    int rescore_tx; /* inside replay_rescore_tx_begin .. _end: the puts do not commit */
 };
+
+/* For a put of records.c or rewards.c: ARL_OK inside a live re-score transaction (w->rescore_tx
+ * set), ARL_ERR_STATE naming the file when an earlier failure rolled it back. */
+arl_status rrescore_tx_live(replay_writer *w);
 
 /* Grow w->scratch (the writer's blob encoding buffer) to at least n bytes (doubling, from
  * 64 KiB); ARL_ERR_NOMEM leaves the old buffer in place. */

@@ -1,12 +1,14 @@
 /* replay/records.c: rows that learner and tool files hold besides trajectories (spec section
  * 4.13): learner_records (one per consumed segment and update, written by the learner) and
  * rescores (one per re-scored segment, written by `agentrl replay rescore`).  Each put is one
- * transaction on the writer's own file.  What it is not: the computation of these values (the
+ * transaction on the writer's own file, or a part of a re-score transaction (the rows of one
+ * trajectory, replay_rescore_tx_begin).  What it is not: the computation of these values (the
  * learner's and rollout/rescore's). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/assert.h"
 #include "replay/internal.h"
 
 /* Encode the per-token arrays back to back into the writer's scratch; p[k], nb[k] point there. */
@@ -121,14 +123,47 @@ arl_status replay_rescore_put(replay_writer *w, const replay_rescore_desc *r) {
     sqlite3_bind_int64(q, 8, rnow_ms());
     sqlite3_bind_text(q, 9, r->stats_json, -1, SQLITE_STATIC);
     sqlite3_bind_blob64(q, 10, p[0], nb[0], SQLITE_STATIC);
-    arl_status s = rdb_begin(&w->w);
+    arl_status s = w->rescore_tx ? rrescore_tx_live(w) : rdb_begin(&w->w);
     if (s == ARL_OK) s = step_in_txn(w, q, "writing a re-score");
     sqlite3_finalize(q);
-    if (s == ARL_OK) s = rdb_commit(&w->w);
+    if (s == ARL_OK && !w->rescore_tx) s = rdb_commit(&w->w);
     if (s != ARL_OK) {
         rdb_rollback(&w->w);
         return arl_error_prefix(s, "replay: re-score '%s' of %s segment %d", r->label, r->traj_uid,
                                 (int)r->seg_index);
     }
     return ARL_OK;
+}
+
+arl_status rrescore_tx_live(replay_writer *w) {
+    if (!sqlite3_get_autocommit(w->w.db)) return ARL_OK;
+    return arl_errorf(ARL_ERR_STATE,
+                      "replay: %s: the re-score transaction was rolled back by an earlier failure "
+                      "(end it with replay_rescore_tx_end)",
+                      w->file);
+}
+
+arl_status replay_rescore_tx_begin(replay_writer *w) {
+    ARL_ASSERT(!w->rescore_tx);
+    if (w->kind != REPLAY_FILE_TOOL)
+        return arl_errorf(ARL_ERR_ARG, "replay: %s: re-scores go into a tool file, not a %s file",
+                          w->file, replay_file_kind_name(w->kind));
+    /* foreign_keys can only change outside a transaction (replay_rescore_rewards_put) */
+    ARL_TRY(rdb_exec(&w->w, "PRAGMA foreign_keys = OFF"));
+    arl_status s = rdb_begin(&w->w);
+    if (s != ARL_OK) {
+        rdb_exec(&w->w, "PRAGMA foreign_keys = ON");
+        return s;
+    }
+    w->rescore_tx = 1;
+    return ARL_OK;
+}
+
+arl_status replay_rescore_tx_end(replay_writer *w, arl_status s) {
+    ARL_ASSERT(w->rescore_tx);
+    w->rescore_tx = 0;
+    if (s == ARL_OK) s = rrescore_tx_live(w);
+    s = rdb_end(&w->w, s);
+    arl_status f = rdb_exec(&w->w, "PRAGMA foreign_keys = ON");
+    return s != ARL_OK ? s : f;
 }

@@ -766,8 +766,20 @@ typedef struct replay_rescore_desc {
 } replay_rescore_desc;
 
 /* Write (or replace, same label, traj_uid, seg_index and routing) one rescores row in the
- * writer's file, which must be a TOOL file.  One transaction; arrays borrowed. */
+ * writer's file, which must be a TOOL file.  One transaction (or a part of the writer's
+ * re-score transaction, replay_rescore_tx_begin); arrays borrowed. */
 arl_status replay_rescore_put(replay_writer *w, const replay_rescore_desc *r);
+
+/* One transaction for the rows of one re-scored trajectory (spec section 13.6): the
+ * replay_rescore_put and replay_rescore_rewards_put calls between replay_rescore_tx_begin and
+ * replay_rescore_tx_end write into it instead of each committing their own, so that a crash
+ * (SIGKILL) leaves all of them or none.  replay_rescore_tx_end commits when s is ARL_OK
+ * (returning the commit's status) and otherwise rolls back and returns s; a put that failed
+ * has rolled the transaction back already, and the puts after it fail.  TOOL writers; no
+ * nesting; foreign keys are off meanwhile (the rewards rows name trajectories of other
+ * files). */
+arl_status replay_rescore_tx_begin(replay_writer *w);
+arl_status replay_rescore_tx_end(replay_writer *w, arl_status s);
 
 /* ---- rewards rows by trajectory (spec section 4.9; replay/rewards.c) ---------------------- */
 
@@ -792,7 +804,8 @@ void replay_reward_rows_free(replay_reward_row *rows); /* NULL: no-op */
 /* Replace the re-scored rewards rows of trajectory traj_id (a trajectory of any file of the
  * store) with source `source` ('rescore:<label>', spec section 13.6 --rewards) in the writer's
  * file, which must be a TOOL file: the old rows of that source are deleted and rows[0..n)
- * inserted (their .source must be NULL or equal to source) in one transaction.  The rows keep
+ * inserted (their .source must be NULL or equal to source) in one transaction (or a part of
+ * the writer's re-score transaction, replay_rescore_tx_begin).  The rows keep
  * the global traj_id; the trajectory's row stays in its own file.  Arrays borrowed. */
 arl_status replay_rescore_rewards_put(replay_writer *w, int64_t traj_id, const char *source,
                                       const replay_reward *rows, size_t n);

@@ -122,9 +122,11 @@ arl_status replay_rescore_rewards_put(replay_writer *w, int64_t traj_id, const c
                               w->file, i, source);
     replay_traj_row t;
     ARL_TRY(replay_traj_get_id(w->st, traj_id, &t)); /* the trajectory exists in the store */
-    /* foreign_keys can only change outside a transaction */
-    ARL_TRY(rdb_exec(&w->w, "PRAGMA foreign_keys = OFF"));
-    arl_status s = rdb_begin(&w->w);
+    /* foreign_keys can only change outside a transaction (a re-score transaction has them
+     * off already) */
+    const int own = !w->rescore_tx;
+    if (own) ARL_TRY(rdb_exec(&w->w, "PRAGMA foreign_keys = OFF"));
+    arl_status s = own ? rdb_begin(&w->w) : rrescore_tx_live(w);
     sqlite3_stmt *del = NULL, *ins = NULL;
     if (s == ARL_OK)
         s = rdb_prepare(&w->w, "DELETE FROM rewards WHERE traj_id = ?1 AND source = ?2", &del);
@@ -154,10 +156,12 @@ arl_status replay_rescore_rewards_put(replay_writer *w, int64_t traj_id, const c
     }
     sqlite3_finalize(del);
     sqlite3_finalize(ins);
-    if (s == ARL_OK) s = rdb_commit(&w->w);
+    if (s == ARL_OK && own) s = rdb_commit(&w->w);
     if (s != ARL_OK) rdb_rollback(&w->w);
-    arl_status f = rdb_exec(&w->w, "PRAGMA foreign_keys = ON");
-    if (s == ARL_OK) s = f;
+    if (own) {
+        arl_status f = rdb_exec(&w->w, "PRAGMA foreign_keys = ON");
+        if (s == ARL_OK) s = f;
+    }
     if (s != ARL_OK)
         return arl_error_prefix(s, "replay: re-scored rewards '%s' of %s", source, t.traj_uid);
     return ARL_OK;

@@ -119,10 +119,10 @@ static arl_status seal_finish(replay_store *st, rshard *sh, int *done) {
     return ARL_OK;
 }
 
-arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t *n_sealed) {
+arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, replay_admin_stats *stats) {
     ARL_TRY(rstore_need_root(st, "seal"));
     ARL_TRY(replay_store_refresh(st));
-    int64_t sealed = 0;
+    replay_admin_stats z = {0};
     size_t n;
     rshard_ref *ref;
     ARL_TRY(rstore_shards_copy(st, &ref, &n));
@@ -132,6 +132,7 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
     /* registered shards whose file is missing: reported (an error when data is lost) */
     int n_missing = 0;
     arl_status s = rstore_report_missing(st, only_shard, out, &n_missing);
+    z.missing = n_missing;
     char *first_msg = s != ARL_OK ? strdup(arl_error_msg()) : NULL;
     if (s == ARL_OK && !found && !n_missing)
         s = arl_errorf(ARL_ERR_NOT_FOUND, "replay: %s: no shard %d in the store", st->root,
@@ -148,8 +149,10 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
                 arl_error_clear(); /* a live writer: the next seal finishes it */
                 rlock_print_skipped(out, rel ? rel : "?", sh->path,
                                     "seal again once it has finished");
+                z.skipped++;
             } else if (o == ARL_ERR_BUSY) { /* a reader: the next seal finishes it */
                 if (out) fprintf(out, "%s: skipped: %s\n", rel ? rel : "?", arl_error_msg());
+                z.skipped++;
             } else if (o != ARL_OK) {
                 if (out) fprintf(out, "%s: failed: %s\n", rel ? rel : "?", arl_error_msg());
                 if (first == ARL_OK) {
@@ -160,7 +163,7 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
                 fprintf(out, "%s: %s\n", rel ? rel : "?",
                         done ? "sealed (finished an interrupted seal)" : "already sealed");
             }
-            if (o == ARL_OK && done) sealed++;
+            if (o == ARL_OK && done) z.files++;
             free(rel);
             continue;
         }
@@ -172,6 +175,7 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
             rshard *sh = rstore_shard(st, ref[i].id);
             rlock_print_skipped(out, rel ? rel : "?", sh ? sh->path : "",
                                 "seal it once its writer has finished");
+            z.skipped++;
             free(rel);
             continue;
         }
@@ -197,7 +201,7 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
         rstore_shard_release(st, ref[i].id);
         if (o == ARL_OK) {
             if (out) fprintf(out, "%s: sealed\n", rel ? rel : "?");
-            sealed++;
+            z.files++;
         } else {
             if (out) fprintf(out, "%s: not sealed: %s\n", rel ? rel : "?", arl_error_msg());
             if (first == ARL_OK) {
@@ -208,23 +212,24 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, int64_t 
         free(rel);
     }
     free(ref);
-    if (n_sealed) *n_sealed = sealed;
+    if (stats) *stats = z;
     if (first != ARL_OK && first_msg) arl_errorf(first, "%s", first_msg);
     free(first_msg);
     return first;
 }
 
-arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
+arl_status replay_migrate(replay_store *st, FILE *out, replay_admin_stats *stats) {
     ARL_TRY(rstore_need_root(st, "migrate"));
     ARL_TRY(replay_store_refresh(st));
     const int r = rschema_version();
-    int64_t migrated = 0;
+    replay_admin_stats z = {0};
     size_t n;
     rshard_ref *ref;
     ARL_TRY(rstore_shards_copy(st, &ref, &n));
     /* registered shards whose file is missing: reported (an error when data is lost) */
     int n_missing = 0;
     arl_status first = rstore_report_missing(st, 0, out, &n_missing);
+    z.missing = n_missing;
     char *first_msg = first != ARL_OK ? strdup(arl_error_msg()) : NULL;
     /* a file that fails is reported and the others are still migrated (as seal and gc) */
     for (size_t i = 0; i < n; i++) {
@@ -269,9 +274,11 @@ arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
             arl_error_clear();
             rlock_print_skipped(out, file ? file : "?", path,
                                 "it migrates the file at its next open");
+            z.skipped++;
         } else if (s == ARL_ERR_BUSY) { /* a reader (a sealed file in WAL mode): next time */
             if (out) fprintf(out, "%s: skipped: %s\n", file ? file : "?", arl_error_msg());
             arl_error_clear();
+            z.skipped++;
         } else if (s == ARL_OK && v >= r && sv >= r) { /* only left WAL mode again */
             if (out)
                 fprintf(out,
@@ -282,7 +289,7 @@ arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
             if (out)
                 fprintf(out, "%s: migrated from schema version %d to %d\n", file ? file : "?",
                         v < sv ? v : sv, r);
-            migrated++;
+            z.files++;
         } else {
             if (out) fprintf(out, "%s: failed: %s\n", file ? file : "?", arl_error_msg());
             if (first == ARL_OK) {
@@ -296,7 +303,7 @@ arl_status replay_migrate(replay_store *st, FILE *out, int64_t *n_migrated) {
         rstore_shard_release(st, ref[i].id);
     }
     free(ref);
-    if (n_migrated) *n_migrated = migrated;
+    if (stats) *stats = z;
     if (first != ARL_OK && first_msg) arl_errorf(first, "%s", first_msg);
     free(first_msg);
     return first;

@@ -3,7 +3,10 @@
  * Shard 1: run1/g1/r0 and r1 complete (3 segments, states on r0), run1/g1/r2 masked at step 4
  * (partial segment, failing call with evidence), run1/g2/r0 truncated.  Shard 2: written by a
  * child process that dies with run1/g3/r0 (1 segment) and run1/g3/r1 (none) running.  Shard 3
- * (tool): a fork of run1/g1/r0 after its segment 1.  Catalog: policy versions 0..9. */
+ * (tool): a fork of run1/g1/r0 after its segment 1.  Catalog: policy versions 0..9.
+ *   replay_mkstore --hold DIR SHARD
+ * opens the writer of worker shard SHARD of the store DIR (0: a new one), prints "holding
+ * shards/w<id>.sqlite" and holds it (its lock: a live writer) until its standard input ends. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,9 +58,25 @@ static int64_t put_kda(replay_writer *w, const char *uid, int seg, int64_t ntok)
     return id;
 }
 
+static int hold(const char *root, int32_t shard) {
+    replay_open_opts oo = {.flags = 0};
+    replay_store *st;
+    replay_writer *w;
+    DIE(replay_store_open(root, &oo, &st));
+    DIE(replay_writer_open(st, REPLAY_FILE_WORKER, shard, "run1", &w));
+    printf("holding %s\n", replay_writer_file(w));
+    fflush(stdout);
+    while (getchar() != EOF) {
+    }
+    replay_writer_close(w);
+    replay_store_close(st);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "--hold")) return hold(argv[2], (int32_t)atoi(argv[3]));
     if (argc != 2) {
-        fprintf(stderr, "usage: replay_mkstore DIR\n");
+        fprintf(stderr, "usage: replay_mkstore DIR | --hold DIR SHARD\n");
         return 2;
     }
     const char *root = argv[1];

@@ -103,10 +103,10 @@ static char *slurp(const char *rel, size_t *n) {
 /* Shard 1 holds a running trajectory (its writer gone), shard 2 a finished one: seal all
  * seals shard 2 and reports shard 1 (it stopped at shard 1 and left shard 2 unsealed). */
 static void test_seal_goes_on(void) {
-    int64_t k = -1;
+    replay_admin_stats k = {-1, -1, -1};
     CHECK(replay_seal(st, 0, NULL, &k) == ARL_ERR_STATE);
     CHECK(strstr(arl_error_msg(), "still running") != NULL);
-    CHECK_EQ_INT((int)k, 1);
+    CHECK_EQ_INT((int)k.files, 1);
     char v[32];
     query_text("shards/w2.sqlite", "SELECT value FROM meta WHERE key = 'sealed'", v, sizeof v);
     CHECK_STR_EQ(v, "1");
@@ -156,9 +156,9 @@ static void test_seal_interrupted(void) {
     rstore_shard_release(st, 1);
     raw_exec("shards/w1.sqlite", "UPDATE meta SET value = '1' WHERE key = 'sealed'", 1);
     CHECK(file_size("shards/w1.sqlite-wal") > 0);
-    int64_t k = -1;
+    replay_admin_stats k = {-1, -1, -1};
     CHECK_MSG(replay_seal(st, 1, NULL, &k) == ARL_OK, "%s", arl_error_msg());
-    CHECK_EQ_INT((int)k, 1);
+    CHECK_EQ_INT((int)k.files, 1);
     char v[32];
     query_text("shards/w1.sqlite", "SELECT journal_mode FROM pragma_journal_mode", v, sizeof v);
     CHECK_STR_EQ(v, "delete");
@@ -166,7 +166,7 @@ static void test_seal_interrupted(void) {
     query_text("catalog.sqlite", "SELECT sealed_at_ms IS NOT NULL FROM shards WHERE shard_id = 1",
                v, sizeof v);
     CHECK_STR_EQ(v, "1");
-    CHECK(replay_seal(st, 0, NULL, &k) == ARL_OK && k == 0); /* now done */
+    CHECK(replay_seal(st, 0, NULL, &k) == ARL_OK && k.files == 0); /* now done */
     CHECK_EQ_INT((int)fx_verify_errors(st), 0);
 }
 
@@ -180,7 +180,7 @@ static void test_migrate_sealed_journal(void) {
     replay_open_opts oo = {.flags = 0};
     CHECK_MSG(replay_store_open(root, &oo, &st) == ARL_OK, "%s", arl_error_msg());
     if (!st) goto out;
-    int64_t k = -1;
+    replay_admin_stats k = {-1, -1, -1};
     CHECK_MSG(replay_migrate(st, NULL, &k) == ARL_OK, "%s", arl_error_msg());
     char v[32];
     /* the states file back to version 1 */
@@ -191,7 +191,7 @@ static void test_migrate_sealed_journal(void) {
     CHECK(replay_store_open(root, &oo, &st) == ARL_OK);
     if (!st) goto out;
     CHECK_MSG(replay_migrate(st, NULL, &k) == ARL_OK, "%s", arl_error_msg());
-    CHECK_EQ_INT((int)k, 1);
+    CHECK_EQ_INT((int)k.files, 1);
     query_text("shards/w2.states.sqlite", "SELECT user_version FROM pragma_user_version", v,
                sizeof v);
     CHECK_STR_EQ(v, "2");
@@ -203,7 +203,7 @@ static void test_migrate_sealed_journal(void) {
     CHECK(replay_store_open(root, &oo, &st) == ARL_OK);
     if (!st) goto out;
     CHECK_MSG(replay_migrate(st, NULL, &k) == ARL_OK, "%s", arl_error_msg());
-    CHECK_EQ_INT((int)k, 0); /* nothing migrated, only finished */
+    CHECK_EQ_INT((int)k.files, 0); /* nothing migrated, only finished */
     query_text("shards/w2.sqlite", "SELECT journal_mode FROM pragma_journal_mode", v, sizeof v);
     CHECK_STR_EQ(v, "delete");
     query_text("shards/w2.sqlite", "SELECT value FROM meta WHERE key = 'sealed'", v, sizeof v);

@@ -60,28 +60,51 @@ static void reopen(void) {
     CHECK_MSG(replay_store_open(root, &oo, &st) == ARL_OK, "%s", arl_error_msg());
 }
 
-/* A child holds shard 1's writer: gc skips it, names the pid and counts it in its summary; seal
- * skips it with its own words (the lock's message said "use another shard"). */
-static void test_writer_alive(void) {
+/* A child process that holds the writer of worker shard `shard` of the store at dir (a live
+ * writer) until holder_end. */
+typedef struct holder {
+    pid_t pid;
     int up[2], down[2];
-    CHECK(pipe(up) == 0 && pipe(down) == 0);
-    pid_t pid = fork();
-    if (pid == 0) {
+} holder;
+
+static void holder_start(holder *h, const char *dir, int32_t shard) {
+    CHECK(pipe(h->up) == 0 && pipe(h->down) == 0);
+    h->pid = fork();
+    if (h->pid == 0) {
         replay_store *cs = NULL;
         replay_writer *w = NULL;
         replay_open_opts oo = {.flags = 0};
-        char c = replay_store_open(root, &oo, &cs) == ARL_OK &&
-                         replay_writer_open(cs, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_OK
+        char c = replay_store_open(dir, &oo, &cs) == ARL_OK &&
+                         replay_writer_open(cs, REPLAY_FILE_WORKER, shard, "run1", &w) == ARL_OK
                      ? 'y'
                      : 'n';
-        if (write(up[1], &c, 1) != 1) _exit(2);
-        if (read(down[0], &c, 1) != 1) _exit(3);
+        if (write(h->up[1], &c, 1) != 1) _exit(2);
+        if (read(h->down[0], &c, 1) != 1) _exit(3);
         replay_writer_close(w);
         replay_store_close(cs);
         _exit(0);
     }
     char c = 0;
-    CHECK(pid > 0 && read(up[0], &c, 1) == 1 && c == 'y');
+    CHECK(h->pid > 0 && read(h->up[0], &c, 1) == 1 && c == 'y');
+}
+
+static void holder_end(holder *h) {
+    char c = 'q';
+    CHECK(write(h->down[1], &c, 1) == 1);
+    int ws = 0;
+    CHECK(waitpid(h->pid, &ws, 0) == h->pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    for (int i = 0; i < 2; i++) {
+        close(h->up[i]);
+        close(h->down[i]);
+    }
+}
+
+/* A child holds shard 1's writer: gc skips it, names the pid and counts it in its summary; seal
+ * skips it with its own words (the lock's message said "use another shard") and counts it. */
+static void test_writer_alive(void) {
+    holder h;
+    holder_start(&h, root, 1);
+    const pid_t pid = h.pid;
     char want[200];
     snprintf(want, sizeof want, "shards/w1.sqlite: skipped (writer alive, pid %ld): ", (long)pid);
     replay_retention r = {.rollout = "last", .min_age_ms = 0};
@@ -98,22 +121,59 @@ static void test_writer_alive(void) {
                   !strstr(text, "another shard"),
               "%s", text ? text : "");
     free(text);
-    int64_t k = -1;
+    replay_admin_stats k = {-1, -1, -1};
     text = NULL;
     REPORT(text, s = replay_seal(st, 1, out, &k));
-    CHECK_MSG(s == ARL_OK && k == 0, "%s", arl_error_msg());
+    CHECK_MSG(s == ARL_OK && k.files == 0, "%s", arl_error_msg());
+    CHECK_EQ_INT((int)k.skipped, 1); /* counted, as gc counts it (seal did not) */
+    CHECK_EQ_INT((int)k.missing, 0);
     CHECK_MSG(text && strstr(text, want) && strstr(text, "seal it once its writer has finished") &&
                   !strstr(text, "another shard"),
               "%s", text ? text : "");
     free(text);
-    c = 'q';
-    CHECK(write(down[1], &c, 1) == 1);
-    int ws = 0;
-    CHECK(waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
-    close(up[0]);
-    close(up[1]);
-    close(down[0]);
-    close(down[1]);
+    holder_end(&h);
+}
+
+/* A child holds the writer of the only shard of a store of its own, older than this build
+ * (a build of schema version 2): migrate skips it, names the pid and counts it (it did not
+ * count skipped files); once the writer is gone it migrates it. */
+static void test_migrate_skips_live_writer(void) {
+    char r2[512];
+    snprintf(r2, sizeof r2, "%s/store", test_tmpdir("admin_report_migrate"));
+    replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *s2 = NULL;
+    replay_writer *w = NULL;
+    fx_ids i2;
+    CHECK_MSG(replay_store_open(r2, &oo, &s2) == ARL_OK && fx_catalog(s2, 1, 3, &i2) == ARL_OK &&
+                  replay_writer_open(s2, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_OK,
+              "%s", arl_error_msg());
+    replay_writer_close(w);
+    replay_store_close(s2);
+    s2 = NULL;
+    holder h;
+    holder_start(&h, r2, 1); /* this build, schema version 1 */
+    rschema_test_override(2, "CREATE TABLE IF NOT EXISTS extra_v2 (a INTEGER);", 0);
+    oo.flags = 0;
+    CHECK_MSG(replay_store_open(r2, &oo, &s2) == ARL_OK, "%s", arl_error_msg());
+    replay_admin_stats k = {-1, -1, -1};
+    char *text = NULL;
+    arl_status s = ARL_OK;
+    char want[200];
+    snprintf(want, sizeof want, "shards/w1.sqlite: skipped (writer alive, pid %ld): ", (long)h.pid);
+    if (s2) REPORT(text, s = replay_migrate(s2, out, &k));
+    CHECK_MSG(s == ARL_OK, "%s", arl_error_msg());
+    CHECK_MSG(text && strstr(text, want), "%s", text ? text : "");
+    CHECK_EQ_INT((int)k.files, 0);
+    CHECK_EQ_INT((int)k.skipped, 1);
+    CHECK_EQ_INT((int)k.missing, 0);
+    free(text);
+    holder_end(&h);
+    if (s2) CHECK_MSG(replay_migrate(s2, NULL, &k) == ARL_OK, "%s", arl_error_msg());
+    CHECK_EQ_INT((int)k.files, 1);
+    CHECK_EQ_INT((int)k.skipped, 0);
+    replay_store_close(s2);
+    rschema_test_override(0, NULL, 0);
+    FX_CLEANUP(r2);
 }
 
 /* remove shards/w<id>.sqlite and its side files */
@@ -164,7 +224,7 @@ static void test_missing_file(void) {
                   strstr(text, "shards/w2.sqlite: "),
               "%s", text ? text : ""); /* the others still collected */
     free(text);
-    int64_t k = -1;
+    replay_admin_stats k = {-1, -1, -1};
     text = NULL;
     REPORT(text, s = replay_seal(st, 0, out, &k));
     CHECK_EQ_INT(s, ARL_ERR_CORRUPT);
@@ -173,6 +233,7 @@ static void test_missing_file(void) {
                   strstr(text, "shards/w2.sqlite: sealed"),
               "%s", text ? text : "");
     free(text);
+    CHECK_EQ_INT((int)k.missing, 2);
     CHECK(replay_seal(st, 3, NULL, &k) == ARL_ERR_CORRUPT); /* was "no shard 3 in the store" */
     text = NULL;
     REPORT(text, s = replay_migrate(st, out, &k));
@@ -180,6 +241,7 @@ static void test_missing_file(void) {
     CHECK_MSG(text && strstr(text, "shards/w3.sqlite: failed: registered") &&
                   strstr(text, "shards/w2.sqlite: schema version"),
               "%s", text ? text : "");
+    CHECK_EQ_INT((int)k.missing, 2);
     free(text);
 }
 
@@ -203,14 +265,14 @@ static void test_migrate_goes_on_and_file(void) {
     reopen();
     if (!st) goto out;
     char *text = NULL;
-    int64_t k = -1;
+    replay_admin_stats k = {-1, -1, -1};
     arl_status s;
     REPORT(text, s = replay_migrate(st, out, &k));
     CHECK(s != ARL_OK);
     CHECK_MSG(text && strstr(text, "shards/w1.sqlite: failed: ") &&
                   strstr(text, "shards/w2.sqlite: migrated from schema version 1 to 2"),
               "%s", text ? text : "");
-    CHECK_EQ_INT((int)k, 1);
+    CHECK_EQ_INT((int)k.files, 1);
     free(text);
     /* a shard file instead of the store root */
     snprintf(p, sizeof p, "%s/shards/w2.sqlite", root);
@@ -245,6 +307,7 @@ int main(void) {
     write_shard(2, "a/2", 1);
     write_shard(3, "a/3", 2);
     TEST_RUN(test_writer_alive);
+    TEST_RUN(test_migrate_skips_live_writer);
     TEST_RUN(test_missing_file);
     TEST_RUN(test_migrate_goes_on_and_file);
     replay_store_close(st);

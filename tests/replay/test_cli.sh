@@ -316,6 +316,35 @@ has "failed: .*w2.states.sqlite"
 has "shards/t3.sqlite: "
 [ "$(cksum <"$T/adm/shards/w1.sqlite")" = "$w1sum" ] || fail "gc wrote the sealed shards/w1.sqlite"
 
+# seal and migrate count the files they skip (a live writer: replay_mkstore --hold) and the
+# registered shards whose file is missing, as gc does (they counted only what they did)
+"$MK" "$T/skip" >/dev/null || fail "replay_mkstore skip"
+expect 0 "$A" replay recover "$T/skip" --mask
+"$MK" --hold "$T/skip" 0 </dev/null >"$T/hold.out" 2>&1 || fail "replay_mkstore --hold 0: $(cat "$T/hold.out")"
+new=$(sed -n 's/^holding //p' "$T/hold.out") # registered, nothing in it: then deleted
+[ -n "$new" ] && rm -f "$T/skip/${new%.sqlite}".* "$T/skip/$new"-*
+mkfifo "$T/hold.in"
+"$MK" --hold "$T/skip" 1 <"$T/hold.in" >"$T/hold.out" 2>&1 &
+hpid=$!
+exec 7>"$T/hold.in"
+for _ in $(seq 1 100); do
+    grep -q '^holding' "$T/hold.out" && break
+    sleep 0.1
+done
+expect 0 "$A" replay seal "$T/skip" --shard 2
+has "^sealed 1 file of $T/skip, 0 skipped (in use)$"
+expect 0 "$A" replay seal "$T/skip"
+has "shards/w1.sqlite: skipped (writer alive, pid $hpid)"
+has "^sealed 1 file of $T/skip, 1 skipped (in use), 1 missing$"
+expect 0 "$A" replay migrate "$T/skip"
+has "^migrated 0 files of $T/skip, 0 skipped (in use), 1 missing$"
+expect 0 "$A" replay gc "$T/skip" --min-age-ms 0
+has "; 2 files collected, 1 skipped (writer alive), 1 missing$"
+exec 7>&-
+wait $hpid || fail "replay_mkstore --hold 1: $(cat "$T/hold.out")"
+expect 0 "$A" replay seal "$T/skip"
+has "^sealed 1 file of $T/skip, 0 skipped (in use), 1 missing$"
+
 # view: read-only HTML pages on loopback (an ephemeral port; stopped by SIGTERM)
 # view_start DB ARGS...: start `replay view` in the background; sets vpid, port and U
 view_start() {

@@ -33,8 +33,9 @@ static int64_t put_state(replay_writer *w, const char *uid, int seg, const char 
 
 /* A trajectory of n_seg segments of 32 tokens, each with its boundary and latent states;
  * finished (C_end) when finish is set. */
-static int64_t write_traj(replay_writer *w, const char *uid, int slot, int n_seg, int finish) {
-    replay_traj_desc td = fx_traj_desc(&ids, uid, slot);
+static int64_t write_traj(replay_writer *w, const fx_ids *ix, const char *uid, int slot, int n_seg,
+                          int finish) {
+    replay_traj_desc td = fx_traj_desc(ix, uid, slot);
     int64_t t = -1;
     CHECK(replay_traj_begin(w, &td, &t) == ARL_OK);
     int64_t tok = 0;
@@ -137,6 +138,71 @@ static void test_store_gc(void) {
     CHECK(!boundary_ok(tc, 1));
 }
 
+/* A store of its own (the other tests count the shards of the main one) at <tmp>/name/store
+ * (into dir, cap bytes) with a catalog of one group of 3 (*ix) and a writer of kind (*w, NULL
+ * after a failed check).  Returns the store (NULL after a failed check). */
+static replay_store *side_store(const char *name, char *dir, size_t cap, fx_ids *ix,
+                                replay_file_kind kind, replay_writer **w) {
+    snprintf(dir, cap, "%s/store", test_tmpdir(name));
+    replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *s = NULL;
+    *w = NULL;
+    CHECK_MSG(replay_store_open(dir, &oo, &s) == ARL_OK && fx_catalog(s, 1, 3, ix) == ARL_OK &&
+                  replay_writer_open(s, kind, 0, "run1", w) == ARL_OK,
+              "%s", arl_error_msg());
+    return s;
+}
+
+/* The pin race of gc (section 13.8): `replay pin` in another process commits after retention
+ * has read the pins and before it evicts (the hook runs there and pins through a connection of
+ * its own): the trajectory keeps its states, because the eviction reads the pins again under
+ * the catalog's write lock.  Unpinned, the same gc evicts them. */
+typedef struct pin_hook {
+    const char *root, *uid;
+    int calls;
+    arl_status s;
+} pin_hook;
+
+static void pin_in_between(void *arg) {
+    pin_hook *h = arg;
+    h->calls++;
+    replay_open_opts oo = {.flags = 0};
+    replay_store *other = NULL;
+    h->s = replay_store_open(h->root, &oo, &other);
+    if (h->s == ARL_OK) h->s = replay_pin(other, h->uid, "pinned while gc runs");
+    replay_store_close(other);
+}
+
+static void test_pin_race(void) {
+    char r4[512];
+    fx_ids i4;
+    replay_writer *w;
+    replay_store *s4 = side_store("gc-pin-race", r4, sizeof r4, &i4, REPLAY_FILE_WORKER, &w);
+    if (!w) goto out;
+    int64_t t = write_traj(w, &i4, "g/b", 1, 2, 1); /* final: 'last' evicts its four states */
+    replay_writer_close(w);
+    pin_hook h = {.root = r4, .uid = "g/b", .s = ARL_OK};
+    rgc_test_hook_set(pin_in_between, &h);
+    replay_retention r = {.rollout = "last", .min_age_ms = 0};
+    replay_gc_stats g;
+    CHECK_MSG(replay_gc(s4, &r, NULL, &g) == ARL_OK, "%s", arl_error_msg());
+    rgc_test_hook_set(NULL, NULL);
+    CHECK_EQ_INT(h.calls, 1);
+    CHECK_MSG(h.s == ARL_OK, "pin: %s", arl_error_msg());
+    CHECK_EQ_INT((int)g.evicted, 0);
+    replay_state_data *parts = NULL;
+    size_t np = 0;
+    CHECK_MSG(replay_boundary_load(s4, t, 1, &parts, &np) == ARL_OK, "%s", arl_error_msg());
+    replay_boundary_free(parts, np);
+    CHECK(replay_unpin(s4, "g/b") == ARL_OK);
+    CHECK_MSG(replay_gc(s4, &r, NULL, &g) == ARL_OK, "%s", arl_error_msg());
+    CHECK_EQ_INT((int)g.evicted, 4);
+    CHECK(replay_boundary_load(s4, t, 1, &parts, &np) == ARL_ERR_NOT_FOUND);
+out:
+    replay_store_close(s4);
+    FX_CLEANUP(r4);
+}
+
 /* 1 if the plan of sql (on db) names index idx */
 static int plan_uses(sqlite3 *db, const char *sql, const char *idx) {
     char q[512];
@@ -167,18 +233,11 @@ static int64_t index_entries(sqlite3 *db, const char *idx) {
 /* states_by_lru and states_by_version are exactly the definitions of section 4.14: every state,
  * whoever produced it, is in both, and the eviction and learner-state queries use them. */
 static void test_state_indexes(void) {
-    /* a store of its own: the other tests count the shards of the main one */
     char r2[512];
-    snprintf(r2, sizeof r2, "%s/store", test_tmpdir("gc-indexes"));
-    replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
-    replay_store *s2 = NULL;
     fx_ids i2;
-    replay_writer *w = NULL, *tw = NULL;
-    CHECK_MSG(replay_store_open(r2, &oo, &s2) == ARL_OK && fx_catalog(s2, 1, 3, &i2) == ARL_OK,
-              "%s", arl_error_msg());
-    if (!s2) return;
-    CHECK(replay_writer_open(s2, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
-    CHECK(replay_writer_open(s2, REPLAY_FILE_TOOL, 0, NULL, &tw) == ARL_OK);
+    replay_writer *w, *tw = NULL;
+    replay_store *s2 = side_store("gc-indexes", r2, sizeof r2, &i2, REPLAY_FILE_WORKER, &w);
+    if (s2) CHECK(replay_writer_open(s2, REPLAY_FILE_TOOL, 0, NULL, &tw) == ARL_OK);
     if (!w || !tw) goto out;
     put_state(w, "g/a", 0, "kda_boundary", 32);  /* producer 'rollout' */
     put_state(tw, "g/a", 0, "kda_boundary", 32); /* producer 'tool' */
@@ -210,14 +269,9 @@ out:
  * state_cache.learner decides whether consumed trajectories keep theirs (pins always do). */
 static void test_learner_states(void) {
     char r3[512];
-    snprintf(r3, sizeof r3, "%s/store", test_tmpdir("gc-learner"));
-    replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
-    replay_store *s3 = NULL;
     fx_ids i3;
-    replay_writer *lw = NULL;
-    CHECK_MSG(replay_store_open(r3, &oo, &s3) == ARL_OK && fx_catalog(s3, 1, 3, &i3) == ARL_OK &&
-                  replay_writer_open(s3, REPLAY_FILE_LEARNER, 0, "run1", &lw) == ARL_OK,
-              "%s", arl_error_msg());
+    replay_writer *lw;
+    replay_store *s3 = side_store("gc-learner", r3, sizeof r3, &i3, REPLAY_FILE_LEARNER, &lw);
     if (!lw) goto out;
     int64_t a0 = put_state(lw, "g/a", 0, "kda_boundary", 32); /* a learner record refers to it */
     int64_t b0 = put_state(lw, "g/b", 0, "kda_boundary", 32); /* no record: garbage */
@@ -296,21 +350,22 @@ out:
  * (writers refuse it, gc leaves it as it is), in rollback-journal mode, and still read as before.
  */
 static void test_seal(void) {
-    int64_t k = -1;
+    replay_admin_stats k = {-1, -1, -1};
     CHECK(replay_seal(st, 0, NULL, &k) == ARL_ERR_STATE); /* g/a is still running */
     CHECK(strstr(arl_error_msg(), "still running") != NULL);
     replay_writer *w = NULL;
     CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_OK);
     if (!w) return;
     CHECK(replay_traj_mask(w, ta, "OPERATOR_MASKED", "none", NULL, NULL) == ARL_OK);
-    CHECK(replay_seal(st, 0, NULL, &k) == ARL_OK && k == 0); /* its writer is alive: skipped */
+    /* its writer is alive: skipped */
+    CHECK(replay_seal(st, 0, NULL, &k) == ARL_OK && k.files == 0);
     replay_writer_close(w);
     CHECK(replay_seal(st, 7, NULL, &k) == ARL_ERR_NOT_FOUND);
     CHECK_MSG(replay_seal(st, 0, NULL, &k) == ARL_OK, "%s", arl_error_msg());
-    CHECK_EQ_INT((int)k, 1);
+    CHECK_EQ_INT((int)k.files, 1);
     CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_ERR_STATE);
     CHECK(strstr(arl_error_msg(), "sealed") != NULL);
-    CHECK(replay_seal(st, 0, NULL, &k) == ARL_OK && k == 0); /* already sealed */
+    CHECK(replay_seal(st, 0, NULL, &k) == ARL_OK && k.files == 0); /* already sealed */
     replay_gc_stats t;
     replay_retention r = {.rollout = "off", .min_age_ms = 0};
     CHECK(replay_gc(st, &r, NULL, &t) == ARL_OK && t.evicted == 0);
@@ -349,10 +404,10 @@ static void test_migrate(void) {
     if (!st) goto out;
     replay_writer *w = NULL;
     CHECK(replay_writer_open(st, REPLAY_FILE_WORKER, 1, "run1", &w) == ARL_ERR_STATE);
-    int64_t k = -1;
+    replay_admin_stats k = {-1, -1, -1};
     CHECK_MSG(replay_migrate(st, NULL, &k) == ARL_OK, "%s", arl_error_msg());
-    CHECK_EQ_INT((int)k, 1);
-    CHECK(replay_migrate(st, NULL, &k) == ARL_OK && k == 0); /* up to date */
+    CHECK_EQ_INT((int)k.files, 1);
+    CHECK(replay_migrate(st, NULL, &k) == ARL_OK && k.files == 0); /* up to date */
     const char *files[2] = {"shards/w1.sqlite", "shards/w1.states.sqlite"};
     for (int i = 0; i < 2; i++) {
         char p[600];
@@ -393,9 +448,9 @@ int main(void) {
         fprintf(stderr, "setup: %s\n", arl_error_msg());
         return 1;
     }
-    ta = write_traj(w, "g/a", 0, 3, 0);
-    tb = write_traj(w, "g/b", 1, 2, 1);
-    tc = write_traj(w, "g/c", 2, 2, 1);
+    ta = write_traj(w, &ids, "g/a", 0, 3, 0);
+    tb = write_traj(w, &ids, "g/b", 1, 2, 1);
+    tc = write_traj(w, &ids, "g/c", 2, 2, 1);
     replay_writer_close(w);
     if (replay_pin(st, "g/c", "debugging") != ARL_OK) {
         fprintf(stderr, "pin: %s\n", arl_error_msg());
@@ -403,6 +458,7 @@ int main(void) {
     }
     TEST_RUN(test_state_indexes);
     TEST_RUN(test_learner_states);
+    TEST_RUN(test_pin_race);
     TEST_RUN(test_retention);
     TEST_RUN(test_store_gc);
     TEST_RUN(test_seal);

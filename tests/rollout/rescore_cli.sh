@@ -8,7 +8,9 @@
 #   trajectory, the checkpoint and what to do, not a model error;
 # - SIGTERM mid-run: the trajectories reported on stdout (flushed as each ends) are saved whole,
 #   and the note on stderr gives the command that re-scores the others, which completes the list;
-#   a failure after some trajectories says where their re-scores were saved.
+#   a failure after some trajectories says where their re-scores were saved;
+# - SIGKILL between a trajectory's --rewards rows and its model rows (an LD_PRELOAD shim) leaves
+#   neither: one transaction per trajectory.
 set -u
 BIN=${ARL_BIN:-build/agentrl}
 [ -x "$BIN" ] || { echo "no $BIN (build the agentrl target)"; exit 77; }
@@ -151,6 +153,41 @@ if command -v sqlite3 > /dev/null; then
     done
     [ "$(sort -u "$T/ids" | wc -l)" -eq 4 ] && [ -z "$(sort "$T/ids" | uniq -d)" ] ||
         { cat "$T/ids"; fail "--rewards interrupted: a trajectory's rows in two tool files (or none)"; }
+fi
+
+# --- SIGKILL as the first model row of a --rewards --ckpt re-score is written (an LD_PRELOAD
+# shim, tests/replay/sqlkill_preload.c): the trajectory's rewards rows and model rows are one
+# transaction, so neither is saved (its rewards rows were committed alone before); the same
+# command then saves all of them.
+SHIM=${ARL_BUILD_DIR:-$(dirname "$BIN")}/tests/replay/libarl_test_sqlkill_preload.so
+[ -f "$SHIM" ] || fail "no $SHIM (build the arl_test_sqlkill_preload target)"
+# rows T LABEL: the rewards rows (source rescore:LABEL) and rescores rows (label LABEL) of every
+# tool file, as "REWARDS RESCORES"
+rows() {
+    nr=0
+    ns=0
+    for f in $(ls "$T/db/shards" | grep '^t[0-9]*\.sqlite$'); do
+        nr=$((nr + $(sqlite3 "$T/db/shards/$f" "SELECT count(*) FROM rewards WHERE source = 'rescore:$1'")))
+        ns=$((ns + $(sqlite3 "$T/db/shards/$f" "SELECT count(*) FROM rescores WHERE label = '$1'")))
+    done
+    echo "$nr $ns"
+}
+ARL_TEST_KILL_SQL="INSERT OR REPLACE INTO rescores" LD_PRELOAD="$SHIM" \
+    ASAN_OPTIONS="${ASAN_OPTIONS:-}:verify_asan_link_order=0" \
+    "$BIN" replay rescore "$T/db" $A --ckpt "$T/ckpt" --version none --rewards --label crash \
+    > "$T/out" 2> "$T/err"
+rc=$?
+[ $rc -eq 137 ] || { cat "$T/out" "$T/err"; fail "the shim did not kill the re-score (exit $rc)"; }
+if command -v sqlite3 > /dev/null; then
+    [ "$(rows crash)" = "0 0" ] ||
+        fail "SIGKILL before the model rows left rows (rewards, rescores): $(rows crash)"
+fi
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/ckpt" --version none --rewards --label crash \
+    --json > "$T/out" 2> "$T/err" || { cat "$T/err"; fail "re-score after the crash"; }
+if command -v sqlite3 > /dev/null; then
+    nw=$(grep -o '"rows_written":[0-9]*' "$T/out" | cut -d: -f2)
+    [ -n "$nw" ] && [ "$nw" -gt 0 ] && [ "$(rows crash)" = "$nw 2" ] ||
+        { cat "$T/out"; fail "after the crash and a run: rows (rewards, rescores) $(rows crash), not $nw 2"; }
 fi
 
 # --- a failure after the first trajectory (--rewards of a fork is refused) says what was saved
