@@ -12,7 +12,8 @@
  * U+FFFD), with links between them (query values percent-encoded).
  * Guards of a local viewer of private data, in the order they apply:
  *   - Host: a request must name this server (localhost, 127.0.0.1, [::1] or the --host address;
- *     with --host 0.0.0.0 any IPv4 literal; any port, so that ssh -L tunnels work), else 403:
+ *     with --host 0.0.0.0 any IPv4 literal, with --host :: any IP literal; any port, so that
+ *     ssh -L tunnels work), else 403:
  *     a web page the user visits cannot read the store through a DNS-rebinding name.  An
  *     HTTP/1.0 request without Host is answered (no browser sends one), HTTP/1.1 without Host
  *     is 400 (RFC 9112 section 3.2).
@@ -53,8 +54,8 @@ static const arl_option view_tab[] = {
     {"db", ARL_OPT_STRING, offsetof(view_opts, db), NULL, "store root (or shard file)", 0, 0, NULL,
      ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "DB"},
     {"host", ARL_OPT_STRING, offsetof(view_opts, host), "127.0.0.1",
-     "IPv4 address to listen on (not loopback: anyone who reaches it reads the store, no "
-     "authentication)",
+     "IPv4 or IPv6 address to listen on (not loopback: anyone who reaches it reads the store, "
+     "no authentication)",
      0, 0, NULL, 0, "ADDR"},
     {"port", ARL_OPT_INT, offsetof(view_opts, port), "8765", "port (0: any free port)", 0, 65535,
      NULL, 0, "P"},
@@ -68,8 +69,10 @@ static const arl_option view_tab[] = {
 typedef struct view_server {
     replay_store *st;
     const char *db;
-    struct in_addr addr; /* listening address */
-    int any;             /* listening on 0.0.0.0 */
+    int v6;                /* listening on an IPv6 address (addr6), else IPv4 (addr) */
+    struct in_addr addr;   /* listening address */
+    struct in6_addr addr6; /* (v6) */
+    int any;               /* listening on 0.0.0.0 or :: (with ::, IPv4 too where dual-stack) */
     int port;            /* bound port */
     size_t max_page;     /* --max-page-bytes */
     dev_t dev;           /* the store root when opened (deleted or replaced: 410) */
@@ -229,9 +232,15 @@ static int host_allowed(const view_server *v, const char *h) {
     name[n] = 0;
     if (!strcmp(name, "localhost") || !strcmp(name, "127.0.0.1") || !strcmp(name, "[::1]"))
         return 1;
+    if (name[0] == '[') { /* an IPv6 literal */
+        struct in6_addr a6;
+        name[n - 1] = 0;
+        if (inet_pton(AF_INET6, name + 1, &a6) != 1) return 0;
+        return (v->any && v->v6) || (v->v6 && !memcmp(&a6, &v->addr6, sizeof a6));
+    }
     struct in_addr a;
     if (inet_pton(AF_INET, name, &a) != 1) return 0; /* a name: the rebinding case */
-    return v->any || a.s_addr == v->addr.s_addr;
+    return v->any || (!v->v6 && a.s_addr == v->addr.s_addr);
 }
 
 /* Parameters of a page: each known, at most once. */
@@ -569,8 +578,27 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     atomic_fetch_add(&v->served, 1);
 }
 
-static int is_loopback(struct in_addr a) {
-    return (ntohl(a.s_addr) >> 24) == 127;
+static int is_loopback(const view_server *v) {
+    return v->v6 ? IN6_IS_ADDR_LOOPBACK(&v->addr6) : (ntohl(v->addr.s_addr) >> 24) == 127;
+}
+
+/* --host: "localhost" (127.0.0.1), an IPv4 address, or an IPv6 one (brackets allowed). */
+static int host_parse(view_server *v, const char *host) {
+    if (inet_pton(AF_INET, !strcmp(host, "localhost") ? "127.0.0.1" : host, &v->addr) == 1) {
+        v->any = v->addr.s_addr == htonl(INADDR_ANY);
+        return 1;
+    }
+    char b[INET6_ADDRSTRLEN + 2];
+    size_t n = strlen(host);
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']' && n - 2 < sizeof b) {
+        memcpy(b, host + 1, n - 2);
+        b[n - 2] = 0;
+        host = b;
+    }
+    if (inet_pton(AF_INET6, host, &v->addr6) != 1) return 0;
+    v->v6 = 1;
+    v->any = IN6_IS_ADDR_UNSPECIFIED(&v->addr6);
+    return 1;
 }
 
 int cmd_replay_view(int argc, char **argv) {
@@ -584,12 +612,11 @@ int cmd_replay_view(int argc, char **argv) {
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     view_server v = {.db = o.db, .max_page = (size_t)o.max_page_bytes};
     atomic_init(&v.served, 0);
-    if (inet_pton(AF_INET, !strcmp(o.host, "localhost") ? "127.0.0.1" : o.host, &v.addr) != 1) {
-        fprintf(stderr, "agentrl: error: --host '%s' is not an IPv4 address\n", o.host);
+    if (!host_parse(&v, o.host)) {
+        fprintf(stderr, "agentrl: error: --host '%s' is not an IPv4 or IPv6 address\n", o.host);
         arl_options_free(view_tab, nt, &o);
         return ARL_EXIT_USAGE;
     }
-    v.any = v.addr.s_addr == htonl(INADDR_ANY);
     struct stat sb;
     replay_open_opts oo = {.flags = REPLAY_OPEN_READONLY};
     arl_status s = replay_store_open(o.db, &oo, &v.st);
@@ -603,13 +630,25 @@ int cmd_replay_view(int argc, char **argv) {
     }
     v.dev = sb.st_dev, v.ino = sb.st_ino;
     /* our own socket: bind's errno names the failure (in use, not an address of this machine) */
-    struct sockaddr_in a4 = {
-        .sin_family = AF_INET, .sin_port = htons((uint16_t)o.port), .sin_addr = v.addr};
-    socklen_t alen = sizeof a4;
-    int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    union {
+        struct sockaddr sa;
+        struct sockaddr_in a4;
+        struct sockaddr_in6 a6;
+    } a;
+    memset(&a, 0, sizeof a);
+    if (v.v6) {
+        a.a6.sin6_family = AF_INET6;
+        a.a6.sin6_port = htons((uint16_t)o.port);
+        a.a6.sin6_addr = v.addr6;
+    } else {
+        a.a4.sin_family = AF_INET;
+        a.a4.sin_port = htons((uint16_t)o.port);
+        a.a4.sin_addr = v.addr;
+    }
+    socklen_t alen = v.v6 ? sizeof a.a6 : sizeof a.a4;
+    int one = 1, fd = socket(v.v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(fd, (struct sockaddr *)&a4, sizeof a4) != 0 || listen(fd, 64) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a4, &alen) != 0) {
+        bind(fd, &a.sa, alen) != 0 || listen(fd, 64) != 0 || getsockname(fd, &a.sa, &alen) != 0) {
         const int e = errno;
         fprintf(stderr, "agentrl: error: replay view: cannot listen on %s port %lld: %s%s\n",
                 o.host, (long long)o.port, strerror(e),
@@ -621,8 +660,8 @@ int cmd_replay_view(int argc, char **argv) {
         arl_options_free(view_tab, nt, &o);
         return ARL_EXIT_FAIL;
     }
-    v.port = ntohs(a4.sin_port);
-    if (!is_loopback(v.addr))
+    v.port = ntohs(v.v6 ? a.a6.sin6_port : a.a4.sin_port);
+    if (!is_loopback(&v))
         fprintf(stderr,
                 "agentrl: warning: replay view: --host %s is not a loopback address: anyone who "
                 "can reach port %d of this machine can read the store (no authentication)\n",
@@ -645,7 +684,13 @@ int cmd_replay_view(int argc, char **argv) {
         arl_options_free(view_tab, nt, &o);
         return ARL_EXIT_FAIL;
     }
-    printf("serving %s on http://%s:%d/ (Ctrl-C to stop)\n", o.db, o.host, v.port);
+    char shown[INET6_ADDRSTRLEN + 2] = "";
+    if (v.v6) { /* the URL's form of the address: in brackets */
+        char t[INET6_ADDRSTRLEN];
+        inet_ntop(AF_INET6, &v.addr6, t, sizeof t);
+        snprintf(shown, sizeof shown, "[%s]", t);
+    }
+    printf("serving %s on http://%s:%d/ (Ctrl-C to stop)\n", o.db, v.v6 ? shown : o.host, v.port);
     fflush(stdout);
     while (!view_stop && (o.max_requests <= 0 || atomic_load(&v.served) < o.max_requests)) {
         struct timespec ts = {0, 50 * 1000 * 1000};

@@ -472,6 +472,37 @@ if command -v curl >/dev/null; then
     has "was deleted while being served"
     wait "$vpid" || fail "replay view exited non-zero"
     grep -q "served 5 requests" "$T/view.out" || fail "view: $(cat "$T/view.out")"
+
+    # IPv6: --host ::1 (where this machine has IPv6 loopback); the Host guard knows IPv6
+    # literals, and --host :: takes any IP literal
+    timeout 120 "$A" replay view "$S" --host ::1 --port 0 --max-requests 4 >"$T/view.out" 2>&1 &
+    vpid=$!
+    for _ in $(seq 1 100); do
+        grep -q "Ctrl-C" "$T/view.out" 2>/dev/null || ! kill -0 "$vpid" 2>/dev/null && break
+        sleep 0.1
+    done
+    if ! kill -0 "$vpid" 2>/dev/null && grep -qE "Cannot assign|Address family not supported" "$T/view.out"; then
+        echo "note: no IPv6 loopback here: replay view --host ::1 not checked"
+    else
+        port=$(grep -o ']:[0-9]*/ (Ctrl-C' "$T/view.out" | cut -d: -f2 | cut -d/ -f1)
+        [ -n "$port" ] || fail "replay view --host ::1 did not start: $(cat "$T/view.out")"
+        grep -q "on http://\[::1\]:$port/ (Ctrl-C" "$T/view.out" || fail "view on ::1: $(cat "$T/view.out")"
+        grep -q "warning" "$T/view.out" && fail "view on ::1 (loopback) warned: $(cat "$T/view.out")"
+        U6="http://[::1]:$port"
+        [ "$(code -g "$U6/")" = 200 ] || fail "view on ::1: GET /"
+        [ "$(code -g -H "Host: [::1]:9" "$U6/")" = 200 ] || fail "view on ::1: Host [::1]"
+        [ "$(code -g -H "Host: [::2]" "$U6/")" = 403 ] || fail "view on ::1: Host [::2] answered"
+        [ "$(code -g -H "Host: evil.example" "$U6/")" = 403 ] || fail "view on ::1: a name answered"
+        wait "$vpid" || fail "replay view on ::1 exited non-zero"
+        view_start "$S" --host :: --max-requests 2
+        grep -q "warning: replay view: --host :: is not a loopback address" "$T/view.out" ||
+            fail "view on :: without a warning: $(cat "$T/view.out")"
+        [ "$(code -g -H "Host: [fe80::1]:5" "http://[::1]:$port/")" = 200 ] || fail "view on ::: an IPv6 literal Host"
+        [ "$(code -g -H "Host: evil.example" "http://[::1]:$port/")" = 403 ] || fail "view on ::: a name answered"
+        wait "$vpid" || fail "replay view on :: exited non-zero"
+    fi
+    expect 2 "$A" replay view "$S" --host fe80::zz
+    has "agentrl: error: --host 'fe80::zz' is not an IPv4 or IPv6 address"
 fi
 
 # help
