@@ -5,7 +5,11 @@
  * decode state (policy/model.h), then tokens are drawn one at a time (policy/sample.h) until
  * <|end_of_msg|> or --max-tokens.  The decoded text of the drawn tokens (without the stop
  * token; special tokens by name) goes to stdout as each is drawn, so that an interrupted or
- * failed generation shows what it had sampled; a summary line goes to stderr.
+ * failed generation shows what it had sampled; a summary line goes to stderr.  The text is valid
+ * UTF-8: a character whose bytes are spread over tokens is written once its last byte is drawn,
+ * invalid bytes and a character cut by the end of the reply are written as U+FFFD (the reply as
+ * arl_tokenizer_decode with ARL_DECODE_UTF8_REPLACE has it; an interrupt loses the up to 3 bytes
+ * of a character not yet complete).
  * --device cuda: prefill and decode steps run on the GPU (policy/model_device.h, decode steps
  * replayed as a CUDA graph); an --image's rows are encoded by the vision tower on the CPU and
  * placed by the device prefill.
@@ -102,7 +106,8 @@ typedef struct gen_run {
     float *media;
     int64_t n_media;
     float *logits;
-    int printed; /* text went to stdout (a newline ends it) */
+    arl_utf8_stream utf8; /* the bytes of a character not yet complete */
+    int printed;          /* text went to stdout (a newline ends it) */
 } gen_run;
 
 static void gen_run_free(gen_run *g) {
@@ -139,16 +144,33 @@ static arl_status make_template(const arl_model_config *cfg, int64_t max_patches
     return ARL_OK;
 }
 
-/* Print the text of one drawn token (a byte as itself, a special by name) at once: stdout is
- * flushed, so what was sampled is there when the process is interrupted. */
-static arl_status print_token(const arl_tokenizer_spec *tok, int32_t id) {
+/* Write text[0..len) of the reply through g->utf8 to stdout, flushed, so that what was sampled
+ * is there when the process is interrupted; end: also what g->utf8 still holds, as U+FFFD. */
+static arl_status print_text(gen_run *g, const char *text, size_t len, int end) {
+    char out[ARL_UTF8_STREAM_OUT(32)];
+    int ok = 1;
+    for (size_t at = 0; at < len; at += 32) {
+        const size_t k =
+            arl_utf8_stream_put(&g->utf8, text + at, len - at < 32 ? len - at : 32, out);
+        ok &= fwrite(out, 1, k, stdout) == k;
+    }
+    if (end) {
+        const size_t k = arl_utf8_stream_end(&g->utf8, out);
+        ok &= fwrite(out, 1, k, stdout) == k;
+    }
+    if (!ok || fflush(stdout) != 0)
+        return arl_errorf(ARL_ERR_IO, "standard output: write failed: %s", strerror(errno));
+    return ARL_OK;
+}
+
+/* Print the text of one drawn token (a byte as itself, a special by name) at once. */
+static arl_status print_token(gen_run *g, const arl_tokenizer_spec *tok, int32_t id) {
     char *text;
     size_t len;
     ARL_TRY(arl_tokenizer_decode(tok, &id, 1, 0, &text, &len));
-    const int ok = fwrite(text, 1, len, stdout) == len && fflush(stdout) == 0;
+    const arl_status s = print_text(g, text, len, 0);
     free(text);
-    if (!ok) return arl_errorf(ARL_ERR_IO, "standard output: write failed: %s", strerror(errno));
-    return ARL_OK;
+    return s;
 }
 
 static arl_status generate(const generate_opts *o, gen_run *g) {
@@ -233,7 +255,7 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
             stopped |= tok == stop[i];
         if (stopped) break;
         n_out++;
-        ARL_TRY(print_token(&t.tok, tok));
+        ARL_TRY(print_token(g, &t.tok, tok));
         g->printed = 1;
         if (n_out == o->max_tokens) break;
         if (g->on_dev)
@@ -243,10 +265,8 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
     }
     double t2 = now_s();
 
-    putchar('\n');
     g->printed = 0;
-    if (fflush(stdout) != 0)
-        return arl_errorf(ARL_ERR_IO, "standard output: write failed: %s", strerror(errno));
+    ARL_TRY(print_text(g, "\n", 1, 1)); /* (a character cut by the end: U+FFFD, then the newline) */
     arl_log_info("prompt %lld tokens (prefill %.2f s), generated %lld tokens in %.2f s "
                  "(%.1f tokens/s), %s, sum log-prob %.4f",
                  (long long)n_prompt, t1 - t0, (long long)n_out, t2 - t1,
@@ -265,9 +285,7 @@ int cmd_generate(int argc, char **argv) {
         arl_options_free(generate_tab, GENERATE_N, &o);
         return ARL_EXIT_USAGE;
     }
-    /* (--quiet keeps stderr to warnings and errors, as for every command) */
-    if (arl_log_get_level() >= ARL_LOG_INFO)
-        arl_options_print_resolved(stderr, "generate", generate_tab, GENERATE_N, &o);
+    cli_print_resolved("generate", generate_tab, GENERATE_N, &o);
     gen_run g;
     memset(&g, 0, sizeof g);
     arl_chat_conv_init(&g.conv);
@@ -275,7 +293,8 @@ int cmd_generate(int argc, char **argv) {
     arl_status s = ARL_OK;
     if (o.threads > 0) s = arl_k_threads_init((int)o.threads);
     if (!s) s = generate(&o, &g);
-    if (g.printed) putchar('\n'); /* the end of the text drawn before the failure */
+    if (g.printed) /* the end of the text drawn before the failure */
+        (void)print_text(&g, "\n", 1, 1);
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
     gen_run_free(&g);
     arl_options_free(generate_tab, GENERATE_N, &o);

@@ -7,6 +7,9 @@
  * progress line every --progress-s seconds, and a closing summary (success rate, reward per
  * level, mean length, ends) last.  Re-running with the same --out and --shard continues an
  * interrupted run: finished groups are skipped, interrupted trajectories resumed or masked.
+ * An interrupt (SIGINT, SIGTERM) stops the worker after its current step: the summary of what it
+ * finished, marked interrupted, then the command that continues it; a second one stops at once.
+ * One before the worker wrote anything leaves no new store (one that existed stays as it was).
  */
 #include <stddef.h>
 #include <stdio.h>
@@ -77,6 +80,11 @@ static void remove_new_store(const char *root, int made_root) {
     if (made_root) rmdir(root);
 }
 
+static int stop_on_interrupt(void *user) {
+    (void)user;
+    return cli_interrupted() != 0;
+}
+
 int cmd_rollout(int argc, char **argv) {
     size_t n;
     arl_option *tab = make_table(&n);
@@ -120,16 +128,23 @@ int cmd_rollout(int argc, char **argv) {
         free(tab);
         return s == ARL_ERR_CONFIG ? ARL_EXIT_USAGE : rc;
     }
-    arl_options_print_resolved(stderr, "rollout", tab, n, &o);
+    cli_print_resolved("rollout", tab, n, &o);
+    /* an interrupt from here on is acted on between steps (the store is not created, or a new
+     * one removed, when it comes before the worker writes) and ends with the summary */
+    cli_note_on_interrupt_text("\nagentrl: interrupted: rollout stops here, before it started "
+                               "(run the same command to start it)\n");
+    cli_interrupt_soft();
     replay_open_opts so = {.flags = REPLAY_OPEN_CREATE};
     replay_store *st = NULL;
     arl_rollout_worker *w = NULL;
+    const arl_rollout_hooks hooks = {.stop = stop_on_interrupt};
     struct stat out_st;
     char cat_path[4200];
     snprintf(cat_path, sizeof cat_path, "%s/catalog.sqlite", o.out);
     const int out_existed = stat(o.out, &out_st) == 0, cat_existed = stat(cat_path, &out_st) == 0;
-    s = replay_store_open(o.out, &so, &st);
-    if (s == ARL_OK) s = arl_rollout_worker_open(&o.rc, o.ckpt, st, (int32_t)o.shard, NULL, &w);
+    s = cli_interrupted() ? arl_errorf(ARL_ERR_CANCELLED, "rollout: interrupted")
+                          : replay_store_open(o.out, &so, &st);
+    if (s == ARL_OK) s = arl_rollout_worker_open(&o.rc, o.ckpt, st, (int32_t)o.shard, &hooks, &w);
     if (s != ARL_OK && st && !cat_existed) { /* nothing could start: no new store left behind */
         arl_rollout_worker_close(w);
         w = NULL;
@@ -137,24 +152,35 @@ int cmd_rollout(int argc, char **argv) {
         st = NULL;
         remove_new_store(o.out, !out_existed);
     }
-    if (s == ARL_OK) {
+    const int started = s == ARL_OK;
+    if (started) {
         arl_log_info("rollout: writing shard %d of %s", (int)arl_rollout_worker_shard(w), o.out);
         char shard[16]; /* run again with its shard, it continues the shard's trajectories */
         snprintf(shard, sizeof shard, "%d", (int)arl_rollout_worker_shard(w));
         cli_note_on_interrupt("rollout", argc, argv, "--shard", shard);
         s = arl_rollout_worker_run(w);
     }
-    if (w) { /* after a failure only when something was done (not when nothing could start) */
+    /* an interrupt came (cli_interrupt_finish below prints its note and ends the process);
+     * stopped: the command stopped for it (before the store, in the worker's open or run) */
+    const int signalled = cli_interrupted() != 0, stopped = signalled && s == ARL_ERR_CANCELLED;
+    if (started) { /* after a failure only when something was done */
         const arl_rollout_stats *rs = arl_rollout_worker_stats(w);
-        if (s == ARL_OK || rs->trajectories > 0 || rs->tokens > 0 || rs->resumed > 0)
-            arl_rollout_stats_print(rs, stdout);
+        if (s == ARL_OK || stopped || rs->trajectories > 0 || rs->tokens > 0 || rs->resumed > 0)
+            arl_rollout_stats_print_titled(rs,
+                                           stopped ? "rollout summary (interrupted: what it "
+                                                     "finished before the interrupt)"
+                                                   : "rollout summary",
+                                           stdout);
     }
-    rc = s ? cli_fail(s) : ARL_EXIT_OK;
-    if (s && w) cli_note_on_failure(s); /* (not when the store or the worker could not open) */
-    if (s == ARL_OK) printf("stored in %s (shard %d)\n", o.out, (int)arl_rollout_worker_shard(w));
+    if (stopped) arl_error_clear();
+    rc = s && !stopped ? cli_fail(s) : ARL_EXIT_OK;
+    if (s && started && !signalled) cli_note_on_failure(s);
+    if (started && (s == ARL_OK || stopped))
+        printf("stored in %s (shard %d)\n", o.out, (int)arl_rollout_worker_shard(w));
     arl_rollout_worker_close(w);
     replay_store_close(st);
     arl_options_free(tab, n, &o);
     free(tab);
+    cli_interrupt_finish(); /* an interrupt ends the process by its signal, after the above */
     return rc;
 }

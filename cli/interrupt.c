@@ -1,7 +1,8 @@
 /* cli/interrupt.c: what a run says when it is interrupted or stopped by a failure it can be
- * continued after (cli.h cli_note_on_interrupt, cli_note_on_failure), and how an interrupt leaves
+ * continued after (cli.h cli_note_on_interrupt, cli_note_on_failure), how an interrupt leaves
  * no partial output file or directory (cli_remove_on_interrupt, cli_remove_dir_on_interrupt,
- * cli_interrupt_defer, cli_out_open). */
+ * cli_interrupt_defer, cli_out_open), and how a command stops at a point of its choosing to say
+ * what it did first (cli_interrupt_soft). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -59,6 +60,23 @@ static void on_interrupt(int sig) {
 }
 
 static void arm(void);
+
+static int g_soft;                       /* cli_interrupt_soft was called */
+static volatile sig_atomic_t g_soft_sig; /* the signal on_soft noted, or 0 */
+
+static void install(void (*handler)(int), int flags, struct sigaction old[2], int replaced[2]);
+
+static void on_soft(int sig) {
+    /* async-signal-safe: the signal noted, a line said, the next signal handled at once */
+    static const char msg[] = "\nagentrl: interrupted: stopping after the current step "
+                              "(interrupt again to stop at once)\n";
+    g_soft_sig = sig;
+    ssize_t w = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)w;
+    struct sigaction old[2];
+    int replaced[2];
+    install(on_interrupt, SA_RESETHAND, old, replaced);
+}
 
 /* A shell word for arg: as it is when it holds only harmless characters, else single-quoted. */
 static size_t quote_arg(char *out, size_t cap, const char *arg) {
@@ -159,7 +177,33 @@ static void arm(void) {
     }
     struct sigaction old[2];
     int replaced[2];
-    install(on_interrupt, SA_RESETHAND, old, replaced);
+    if (g_soft && !g_soft_sig) /* (SA_RESTART: the command's system calls go on) */
+        install(on_soft, SA_RESTART, old, replaced);
+    else
+        install(on_interrupt, SA_RESETHAND, old, replaced);
+}
+
+void cli_interrupt_soft(void) {
+    g_soft = 1;
+    arm();
+}
+
+int cli_interrupted(void) {
+    return g_soft_sig;
+}
+
+void cli_interrupt_finish(void) {
+    const int sig = g_soft_sig;
+    if (!sig) return;
+    fflush(stdout); /* what the command said goes before the note */
+    fflush(stderr);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    on_interrupt(sig); /* the note, then the signal with its default action */
+    _exit(128 + sig);  /* (not reached) */
 }
 
 void cli_note_on_failure(arl_status s) {

@@ -162,6 +162,50 @@ size_t arl_utf8_prefix(const char *text, size_t len, size_t max) {
     return i;
 }
 
+/* 1 when p[0..n) (n >= 1, arl_utf8_char_len 0 for it) is the start of a valid character that
+ * more bytes can complete: a lead byte, then bytes that fit after it.  Positions past the second
+ * take any continuation byte, so the test is a completion by 0x80s (a lone lead: C2..F4, each
+ * of which has a valid second byte). */
+static int utf8_incomplete(const unsigned char *p, size_t n) {
+    if (n >= 4) return 0;
+    if (n == 1) return p[0] >= 0xC2 && p[0] <= 0xF4;
+    unsigned char full[4] = {0x80, 0x80, 0x80, 0x80};
+    memcpy(full, p, n);
+    return arl_utf8_char_len(full, 4) > n;
+}
+
+size_t arl_utf8_stream_put(arl_utf8_stream *u, const char *in, size_t n, char *out) {
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        u->held[u->n_held++] = (unsigned char)in[i];
+        /* pass on what the held bytes decide: whole characters, U+FFFD for a byte that starts
+         * none; keep a character's start */
+        while (u->n_held) {
+            size_t k = arl_utf8_char_len(u->held, u->n_held);
+            if (!k && utf8_incomplete(u->held, u->n_held)) break;
+            if (k)
+                memcpy(out + o, u->held, k);
+            else
+                memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += k ? k : 3;
+            k = k ? k : 1;
+            memmove(u->held, u->held + k, u->n_held - k);
+            u->n_held -= k;
+        }
+    }
+    return o;
+}
+
+size_t arl_utf8_stream_end(arl_utf8_stream *u, char *out) {
+    /* a held start is complete by none of the bytes after it (continuation bytes): each byte
+     * of it is U+FFFD, as arl_tokenizer_decode has it */
+    for (size_t i = 0; i < u->n_held; i++)
+        memcpy(out + 3 * i, "\xEF\xBF\xBD", 3);
+    const size_t o = 3 * u->n_held;
+    u->n_held = 0;
+    return o;
+}
+
 arl_status arl_tokenizer_decode(const arl_tokenizer_spec *s, const int32_t *ids, size_t n,
                                 unsigned flags, char **text, size_t *len) {
     *text = NULL;

@@ -98,4 +98,22 @@ size_t arl_utf8_char_len(const unsigned char *p, size_t len);
  * byte limit, e.g. the 4096-byte `raw` of spec/aep.md §4.5. */
 size_t arl_utf8_prefix(const char *text, size_t len, size_t max);
 
+/* Text that arrives in pieces (the bytes of tokens as they are drawn), passed on as valid UTF-8:
+ * a character cut between pieces is held back until it completes, every byte that cannot be
+ * (part of) a valid character becomes U+FFFD, and so does every held byte at the end.  The
+ * pieces of a stream, then its end, give exactly the text of arl_tokenizer_decode with
+ * ARL_DECODE_UTF8_REPLACE of the whole, however it is cut.  Zero it to begin a stream. */
+typedef struct arl_utf8_stream {
+    unsigned char held[4]; /* the start of a character not yet complete */
+    size_t n_held;         /* 0..3 */
+} arl_utf8_stream;
+
+/* Pass on in[0..n): writes the text now complete to out, which holds at least
+ * ARL_UTF8_STREAM_OUT(n) bytes, and returns its length. */
+#define ARL_UTF8_STREAM_OUT(n) (3 * ((n) + 3))
+size_t arl_utf8_stream_put(arl_utf8_stream *u, const char *in, size_t n, char *out);
+/* End the stream: U+FFFD for each byte still held, in out (at least ARL_UTF8_STREAM_OUT(0)
+ * bytes); returns the length written (0 when nothing was held).  u is empty again after. */
+size_t arl_utf8_stream_end(arl_utf8_stream *u, char *out);
+
 #endif

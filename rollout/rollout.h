@@ -172,6 +172,10 @@ typedef struct arl_rollout_hooks {
     /* After every committed segment (C_s, C_end or C_mask); return non-zero to stop the
      * worker at once, leaving running trajectories as they are (as a crash would). */
     int (*on_commit)(void *user, const char *traj_uid, int32_t seg_index, int final);
+    /* Polled between the worker's steps (an environment reply, a prefill chunk, a decode step)
+     * and, in arl_rollout_worker_open, once before the first write to the store: non-zero stops
+     * the worker as on_commit's stop does (an interrupt; the CLI's cli_interrupted). */
+    int (*stop)(void *user);
 } arl_rollout_hooks;
 
 /* Open a worker: load the checkpoint `ckpt_dir` (its config.json and weights) as policy
@@ -185,6 +189,8 @@ arl_status arl_rollout_worker_open(const arl_rollout_config *cfg, const char *ck
 /* Run tasks [0, cfg->tasks): groups already final in the store are skipped (a restarted worker
  * continues where it stopped), interrupted trajectories of this shard are resumed or masked
  * first.  Returns when every trajectory is final, or ARL_ERR_CANCELLED when a hook stopped it.
+ * arl_rollout_worker_open returns ARL_ERR_CANCELLED too when hooks->stop asked before it wrote
+ * anything to the store (*out is then to be closed, the store is as it was).
  * Environment faults never fail the run (they mask trajectories); store or model errors do. */
 arl_status arl_rollout_worker_run(arl_rollout_worker *w);
 /* Ask for a weight update: the checkpoint at ckpt_dir becomes policy version `version`; it is
@@ -245,7 +251,10 @@ arl_status arl_rollout_fork_many(const arl_rollout_config *cfg, const char *ckpt
                                  const arl_rollout_fork_opts *o, char (*uids)[REPLAY_UID_MAX + 1],
                                  arl_rollout_stats *stats);
 
-/* Print the closing summary of a run (success rate, reward per level, mean length, ends). */
+/* Print the closing summary of a run (success rate, reward per level, mean length, ends) under
+ * the title "rollout summary", or under title (arl_rollout_stats_print_titled: "rollout summary
+ * (interrupted: ...)" for a run that was stopped). */
 void arl_rollout_stats_print(const arl_rollout_stats *s, FILE *f);
+void arl_rollout_stats_print_titled(const arl_rollout_stats *s, const char *title, FILE *f);
 
 #endif

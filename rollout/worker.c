@@ -211,6 +211,12 @@ static int hook_commit(arl_rollout_worker *w, ro_traj *t, int32_t seg, int final
     return w->stop;
 }
 
+/* 1 when the worker is to stop: a hook asked for it, now (hooks.stop) or at a commit. */
+static int stop_asked(arl_rollout_worker *w) {
+    if (!w->stop && w->hooks.stop && w->hooks.stop(w->hooks.user)) w->stop = 1;
+    return w->stop;
+}
+
 /* state-cache last (spec/replay.md 9.3): after a commit, keep per running trajectory only its
  * newest boundary (the kda_boundary state and the mla_segment states since the last fresh
  * start) and nothing of final ones.  Other settings: nothing to do here. */
@@ -1617,6 +1623,8 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
         w->fork_any_state = fork->o && fork->o->use_rollout_state;
         ARL_TRY(fork_run_of(w, st, fork, run_uid, sizeof run_uid));
     }
+    if (stop_asked(w)) /* (an interrupt while the model loaded: nothing written yet) */
+        return arl_errorf(ARL_ERR_CANCELLED, "rollout: stopped before writing to the store");
     ARL_TRY(replay_writer_open(st, kind, shard_id, run_uid, &w->w));
     char *cfg_json = arl_options_to_json(arl_rollout_options, arl_rollout_n_options, c);
     char *model_json = arl_model_config_dumps(&w->eng.cfg);
@@ -1908,7 +1916,7 @@ arl_status arl_rollout_worker_run(arl_rollout_worker *w) {
     ARL_TRY(ro_resume_interrupted(w));
     ARL_TRY(build_jobs(w));
     arl_status st = ARL_OK;
-    while (!w->stop) {
+    while (!stop_asked(w)) {
         ARL_TRY(poll_weights(w));
         ARL_TRY(maybe_swap(w));
         ARL_TRY(admit(w));
@@ -1923,11 +1931,12 @@ arl_status arl_rollout_worker_run(arl_rollout_worker *w) {
         int did = 0;
         /* prefill first (all of it): new turns then join the decode batch together, which keeps
          * decode steps as wide as the batch allows */
-        while (!w->swap_pending && prefill_pass(w, &st)) {
+        while (!w->swap_pending && !stop_asked(w) && prefill_pass(w, &st)) {
             did = 1;
             ARL_TRY(st);
         }
         ARL_TRY(st);
+        if (w->stop) break;
         did |= decode_pass(w, &st);
         ARL_TRY(st);
         progress(w, 0);
@@ -1993,7 +2002,11 @@ void arl_rollout_worker_close(arl_rollout_worker *w) {
 }
 
 void arl_rollout_stats_print(const arl_rollout_stats *s, FILE *f) {
-    fprintf(f, "rollout summary\n");
+    arl_rollout_stats_print_titled(s, "rollout summary", f);
+}
+
+void arl_rollout_stats_print_titled(const arl_rollout_stats *s, const char *title, FILE *f) {
+    fprintf(f, "%s\n", title);
     fprintf(f, "  trajectories  %lld (complete %lld, truncated %lld, masked %lld)\n",
             (long long)s->trajectories, (long long)s->complete, (long long)s->truncated,
             (long long)s->masked);

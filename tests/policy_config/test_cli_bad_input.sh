@@ -59,6 +59,20 @@ grep -q "max-tokens *= 2" "$T/err" || fail "generate: no resolved configuration:
     2> "$T/err" || fail "generate --quiet: $(cat "$T/err")"
 [ -s "$T/err" ] && fail "generate --quiet wrote to stderr: $(cat "$T/err")"
 
+# --- generate writes valid UTF-8: the model draws bytes one token at a time (at temperature 2
+# many of them above 0x7F: characters spread over tokens, bytes that start none, a character cut
+# by --max-tokens), and what went to stdout was those bytes as drawn
+if command -v iconv > /dev/null; then
+    for seed in 1 2 3 4; do
+        for m in 3 8 24; do
+            "$BIN" --quiet generate --ckpt "$T/ck" --prompt hi --max-tokens $m --seed $seed \
+                --temperature 2 --threads 1 > "$T/gen.utf8" 2> "$T/err" || fail "generate: $(cat "$T/err")"
+            iconv -f UTF-8 -t UTF-8 "$T/gen.utf8" > /dev/null 2>&1 ||
+                fail "generate --seed $seed --max-tokens $m wrote invalid UTF-8: $(od -An -tx1 "$T/gen.utf8" | head -3)"
+        done
+    done
+fi
+
 # --- generate and score: --ckpt that is not a checkpoint directory: exit 1 whether it is
 # missing or a file, as for every command's input path that is not there
 expect 1 "--ckpt $T/ck/config.json: not a directory" \
