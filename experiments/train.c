@@ -530,8 +530,9 @@ static void say(tr_run *r, const char *fmt, ...) {
     fflush(r->log);
 }
 
-/* A model workspace the context length made too large names the key that sets it: the
- * model's message says max_context, which the run takes from rollout.context-tokens. */
+/* A learner workspace the context length made too large names the key that sets it: the
+ * model's message says max_context, which the run takes from rollout.context-tokens (the
+ * rollout worker says so for its own). */
 static arl_status name_context_key(arl_status s, int64_t context_tokens) {
     if (s != ARL_ERR_NOMEM || !strstr(arl_error_msg(), "(max_context ")) return s;
     char m[2048];
@@ -944,9 +945,7 @@ static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_p
     replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
     if (!s) s = replay_store_open(root, &oo, &st);
     arl_rollout_hooks hk = {.window = eval ? NULL : &r->win}; /* an evaluation measures */
-    if (!s)
-        s = name_context_key(arl_rollout_worker_open(&rc, ckpt_dir, st, 0, &hk, &w),
-                             rc.context_tokens);
+    if (!s) s = arl_rollout_worker_open(&rc, ckpt_dir, st, 0, &hk, &w);
     if (!s) s = arl_rollout_worker_run(w);
     if (!s) *stats = *arl_rollout_worker_stats(w);
     arl_rollout_worker_close(w);

@@ -1550,7 +1550,15 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
                          .bf16_weights = c->device_bf16,
                          .decode_graphs = c->device_graphs,
                          .device_index = (int32_t)c->device_index};
-    ARL_TRY(ro_engine_open(&w->eng, w->ckpt_dir, c->policy_version, &eo));
+    s = ro_engine_open(&w->eng, w->ckpt_dir, c->policy_version, &eo);
+    if (s == ARL_ERR_NOMEM && strstr(arl_error_msg(), "(max_context ")) {
+        /* a workspace the context made too large: the key that sets it */
+        char m[2048];
+        snprintf(m, sizeof m, "%s", arl_error_msg());
+        return arl_errorf(s, "%s; max_context is the rollout's context-tokens (%lld)", m,
+                          (long long)c->context_tokens);
+    }
+    ARL_TRY(s);
     w->sp = (arl_sample_params){.temperature = c->temperature, .top_p = c->top_p};
     ARL_TRY(arl_sample_params_check(&w->sp));
     w->n_stop = arl_chat_stop_tokens(&w->eng.tpl, w->stop_ids);

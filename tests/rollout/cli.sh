@@ -49,6 +49,13 @@ ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1" \
     "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-huge" --tasks 99999999999 > /dev/null 2> "$T/err-huge"
 [ $? -eq 1 ] && grep -q "error: rollout: tasks 99999999999: out of memory for the task list" "$T/err-huge" \
     && [ ! -e "$T/db-huge" ] || { tail -2 "$T/err-huge"; fail "--tasks 99999999999: exit 1, a message, no store"; }
+# --context-tokens too large for memory: the model's message names max_context (it said
+# "max_tokens 2048; lower it") and the key; no store
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}allocator_may_return_null=1" \
+    "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-huge" --tasks 1 \
+    --context-tokens 999999999999 --trajectory-tokens 999999999999 > /dev/null 2> "$T/err-huge"
+[ $? -eq 1 ] && grep -q "(max_context 999999999999, the longest context attended over, and max_tokens [0-9]*; lower them); max_context is the rollout's context-tokens (999999999999)" "$T/err-huge" \
+    && [ ! -e "$T/db-huge" ] || { tail -2 "$T/err-huge"; fail "--context-tokens 999999999999: exit 1, a message, no store"; }
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-huge" --tasks 0 > /dev/null 2> "$T/err-huge"
 [ $? -eq 2 ] && grep -q "error: key 'tasks' must be >= 1" "$T/err-huge" && [ ! -e "$T/db-huge" ] \
     || { tail -2 "$T/err-huge"; fail "--tasks 0: exit 2 expected"; }
