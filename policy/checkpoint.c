@@ -85,19 +85,11 @@ static arl_status check_config_file(const char *dir, const arl_model_config *cfg
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return ARL_OK;
     char path[1200];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return ARL_OK; /* bare tensors: nothing to compare */
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *text = len >= 0 ? malloc((size_t)len + 1) : NULL;
-    if (!text) {
-        fclose(f);
-        return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
-    }
-    size_t got = fread(text, 1, (size_t)len, f);
-    fclose(f);
-    text[got] = 0;
+    if (access(path, F_OK) != 0 && errno == ENOENT) return ARL_OK; /* bare tensors */
+    char *text;
+    /* (read to its end: a size from seeking failed a FIFO as out of memory, and a read error
+     * went unnoticed) */
+    ARL_TRY(arl_file_read(path, 0, &text, NULL));
     arl_model_config other;
     arl_status s = arl_model_config_parse(text, path, 1, &other);
     free(text);

@@ -107,5 +107,18 @@ grep -q "^score" "$TMP/err" || fail "score printed no configuration: $(cat "$TMP
     fail "--quiet score: exit $?"
 [ -s "$TMP/err" ] && fail "--quiet score wrote to stderr: $(cat "$TMP/err")"
 
+# a checkpoint whose config.json is a FIFO is read to its end (its size from seeking made it
+# "out of memory")
+mkdir "$TMP/fifo"
+cp "$TMP/q/model.safetensors" "$TMP/fifo/"
+mkfifo "$TMP/fifo/config.json"
+(for _ in 1 2 3; do cat "$TMP/q/config.json" > "$TMP/fifo/config.json"; sleep 0.5; done) &
+feeder=$!
+timeout 60 "$BIN" --quiet score --ckpt "$TMP/fifo" --text "$TMP/hello.txt" > /dev/null 2> "$TMP/err" ||
+    fail "score with a FIFO config.json: $(cat "$TMP/err")"
+kill "$feeder" 2> /dev/null
+rm -f "$TMP/fifo/config.json"
+wait "$feeder" 2> /dev/null
+
 if [ "$fails" -ne 0 ]; then echo "$fails failure(s)"; exit 1; fi
 echo "model CLI: all checks passed"
