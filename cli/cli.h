@@ -93,7 +93,9 @@ arl_status cli_out_commit(arl_status s, FILE *f, char *tmp, const char *opt, con
 /* Between cli_interrupt_defer and cli_interrupt_resume (a short step that must not be cut in
  * two: writing an output file), SIGINT and SIGTERM are only noted, in any thread; resume puts
  * back what they did before and, when one came, raises it then.  A note or a path to remove set
- * in between takes effect at resume (before the signal is raised). */
+ * in between takes effect at resume (before the signal is raised).  They nest: the outermost
+ * resume acts.  main installs them as core/defer.h's hooks, so library code marks such steps
+ * too (train's report). */
 void cli_interrupt_defer(void);
 void cli_interrupt_resume(void);
 

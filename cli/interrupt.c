@@ -167,7 +167,7 @@ static void install(void (*handler)(int), int flags, struct sigaction old[2], in
                       sigaction(sigs[i], &sa, NULL) == 0;
 }
 
-static int g_deferring; /* between cli_interrupt_defer and cli_interrupt_resume */
+static int g_deferring; /* cli_interrupt_defer calls not yet resumed (they nest) */
 static int g_arm_later; /* arm() came while deferring: cli_interrupt_resume arms */
 
 static void arm(void) {
@@ -278,17 +278,17 @@ static void on_deferred(int sig) {
 }
 
 void cli_interrupt_defer(void) {
+    if (g_deferring++ > 0) return; /* (inside one already: the outermost resume acts) */
     g_deferred = 0;
     install(on_deferred, SA_RESTART, g_before, g_replaced);
-    g_deferring = 1;
 }
 
 void cli_interrupt_resume(void) {
+    if (g_deferring == 0 || --g_deferring > 0) return;
     const int sigs[2] = {SIGINT, SIGTERM};
     for (int i = 0; i < 2; i++)
         if (g_replaced[i]) sigaction(sigs[i], &g_before[i], NULL);
     g_replaced[0] = g_replaced[1] = 0;
-    g_deferring = 0;
     if (g_arm_later) arm();
     g_arm_later = 0;
     if (g_deferred) raise(g_deferred);

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "cli/cli.h"
+#include "core/defer.h"
 #include "core/log.h"
 
 #ifndef AGENTRL_VERSION
@@ -120,6 +121,7 @@ arl_status cli_check_ckpt_dir(const char *opt, const char *dir) {
 }
 
 int main(int argc, char **argv) {
+    arl_defer_hooks_set(cli_interrupt_defer, cli_interrupt_resume);
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "--version")) {

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/defer.h"
 #include "core/dirlock.h"
 #include "core/file.h"
 #include "core/log.h"
@@ -2141,8 +2142,10 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     }
     free(outc[0]);
     free(outc[1]);
-    /* eval.json and the report */
+    /* eval.json and the report: files an interrupt does not leave half written (the CLI holds
+     * the signal until they are, core/defer.h) */
     if (!s && r->rank0) {
+        arl_defer_begin();
         char p[4200];
         if (c->eval_tasks > 0) {
             ev.kl_target = r->klc.target;
@@ -2162,6 +2165,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
             if (!s)
                 say(r, "train: report: %s/summary.md, %d plots, metrics.csv", r->out, rep.plots);
         }
+        arl_defer_end();
         if (!s && c->eval_tasks > 0 && ev.before.episodes > 0 && ev.after.episodes > 0) {
             double lo, hi;
             double dlt =

@@ -4,6 +4,7 @@
 # - context-stages TOKENS above rollout.context-tokens: a usage error naming the key (it failed
 #   late, as "model: out of memory allocating the 7815702.2 MiB workspace (max_tokens 4096)").
 # - rollout.context-tokens too large for memory: the error names max_context and the key.
+# - SIGTERM while the report is written: the report is finished first (no *.tmp left).
 # - "model": "tiny" from a directory where it is not found: an error naming 'model', and OUT not
 #   made (OUT/experiment.json was written first).
 # - under mpirun (2 ranks), a failure that can be continued says to run the same mpirun command
@@ -48,6 +49,37 @@ grep -qF "key 'model': config 'tiny': not a file or directory" "$tmp/log" || { t
 # shellcheck disable=SC2086
 (cd "$tmp/elsewhere" && "$tmp/bin/agentrl" train "$exp" $small --set "out=$tmp/b" --set "model=$src/configs/tiny") > "$tmp/log" 2>&1 ||
     { tail -3 "$tmp/log"; fail "model by path from elsewhere failed"; }
+# SIGTERM while the report is written (a FIFO in summary.md.tmp's place holds its open): the
+# report is finished first, then the run stops by the signal with its note; no *.tmp is left
+if command -v mkfifo > /dev/null 2>&1; then
+    mkdir "$tmp/t"
+    mkfifo "$tmp/t/summary.md.tmp"
+    # shellcheck disable=SC2086
+    "$bin" train "$exp" $small --set "out=$tmp/t" > "$tmp/log" 2>&1 &
+    pid=$!
+    k=0 # until it waits in the FIFO's open (a kernel without /proc wchan: not checked)
+    until grep -qx -e wait_for_partner -e fifo_open "/proc/$pid/wchan" 2> /dev/null || [ $k -ge 1200 ]; do
+        kill -0 $pid 2> /dev/null || break
+        sleep 0.05
+        k=$((k + 1))
+    done
+    if grep -qx -e wait_for_partner -e fifo_open "/proc/$pid/wchan" 2> /dev/null; then
+        kill -TERM $pid
+        sleep 0.3
+        cat "$tmp/t/summary.md.tmp" > /dev/null
+        wait $pid
+        rc=$?
+        [ "$rc" -eq 143 ] || { tail -3 "$tmp/log"; fail "SIGTERM in the report: exit $rc, 143 expected"; }
+        left=$(find "$tmp/t" -name '*.tmp*')
+        [ -z "$left" ] || fail "SIGTERM in the report left $left"
+        [ -e "$tmp/t/summary.md" ] || fail "SIGTERM in the report: no summary.md (the FIFO renamed)"
+        grep -q "^agentrl: interrupted: train stops here" "$tmp/log" || { tail -3 "$tmp/log"; fail "SIGTERM in the report: no note"; }
+    else
+        kill -9 $pid 2> /dev/null
+        wait $pid 2> /dev/null
+        echo "note: train never waited in the report's FIFO (no /proc wchan?): SIGTERM in the report not checked"
+    fi
+fi
 # the note under mpirun: a full disk writing eval.json on rank 0
 if command -v "$mpiexec" > /dev/null 2>&1; then
     mkdir "$tmp/c"
