@@ -466,6 +466,28 @@ static arl_status warn_overlap(const arl_sft_data *train, const arl_sft_data *ev
     return ARL_OK;
 }
 
+/* A resume whose eval-data differs from the run's so far (OUT/experiment.json, path): a warning,
+ * since the eval losses of metrics.jsonl before and after step are then of other conversations
+ * (eval-data is not part of the run's identity: it does not change the training). */
+static void warn_eval_changed(const char *path, const arl_sft_config *c, int64_t step) {
+    char *text;
+    if (arl_file_read(path, 0, &text, NULL) != ARL_OK) { /* (no record: nothing to compare) */
+        arl_error_clear();
+        return;
+    }
+    json_t *j = json_loads(text, 0, NULL);
+    free(text);
+    const json_t *v = j ? json_object_get(j, "eval-data") : NULL;
+    const char *was = json_is_string(v) ? json_string_value(v) : NULL;
+    if (j && (was ? !c->eval_data || strcmp(was, c->eval_data) : c->eval_data != NULL))
+        arl_log_warn("sft: eval-data is %s%s%s, the run's was %s%s%s until step %lld: its eval "
+                     "losses before and after are of other conversations",
+                     c->eval_data ? "'" : "", c->eval_data ? c->eval_data : "none",
+                     c->eval_data ? "'" : "", was ? "'" : "", was ? was : "none", was ? "'" : "",
+                     (long long)step);
+    json_decref(j);
+}
+
 /* The record of an earlier run that a fresh run would overwrite: "" if none. */
 static const char *earlier_run_file(const char *out, char *path, size_t cap) {
     static const char *const files[] = {"metrics.jsonl", "experiment.json"};
@@ -594,6 +616,7 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     /* outputs */
     char path[4200];
     snprintf(path, sizeof path, "%s/experiment.json", c->out);
+    if (ls == ARL_OK) warn_eval_changed(path, c, r->st.step);
     ARL_TRY(write_resolved(c, path));
     snprintf(r->metrics_path, sizeof r->metrics_path, "%s/metrics.jsonl", c->out);
     if (ls == ARL_OK) ARL_TRY(metrics_trim(r->metrics_path, r->st.step));

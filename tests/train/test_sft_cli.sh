@@ -50,6 +50,15 @@ rc=$?
 [ "$(wc -l < "$TMP/out/metrics.jsonl" 2>/dev/null)" -ge 3 ] || fail "short run: metrics.jsonl has fewer than 3 steps"
 ls "$TMP/out/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "short run: no step-3 checkpoint"
 
+# a resume with other eval-data (not part of the run's identity): a warning that the eval losses
+# before and after differ in their conversations
+"$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set "eval-data=$TMP/train.jsonl" \
+    --resume > "$TMP/err" 2>&1 || fail "resume with eval-data: exit $?: $(tail -3 "$TMP/err")"
+grep -qF "warning: sft: eval-data is '$TMP/train.jsonl', the run's was none until step 3: its eval losses before and after are of other conversations" "$TMP/err" ||
+    fail "resume with eval-data: no warning: $(grep -i warn "$TMP/err")"
+"$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set "eval-data=$TMP/train.jsonl" \
+    --resume > "$TMP/err" 2>&1 || fail "resume with the same eval-data: exit $?"
+grep -q "eval-data is" "$TMP/err" && fail "resume with the same eval-data warned: $(grep -i warn "$TMP/err")"
 # an eval file that repeats training conversations: a warning naming how many and where
 "$BIN" sft "$TMP/exp.json" --set steps=1 --set batch-tokens=256 --set "out=$TMP/out3" \
     --set "eval-data=$TMP/train.jsonl" > "$TMP/err" 2>&1 || fail "eval = train data: exit $?"
