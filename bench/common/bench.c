@@ -19,13 +19,30 @@ int bench_options_parse(const char *who, const char *summary, const arl_option *
         return 2;
     }
     if (help) {
-        char usage[128];
-        snprintf(usage, sizeof usage, "%s [options]", who);
+        char usage[256];
+        int at = snprintf(usage, sizeof usage, "%s [options]", who);
+        for (size_t i = 0; i < n && at > 0 && (size_t)at < sizeof usage; i++)
+            if (tab[i].flags & ARL_OPT_POSITIONAL)
+                at += snprintf(usage + at, sizeof usage - (size_t)at, " [%s]",
+                               tab[i].metavar ? tab[i].metavar : tab[i].name);
         arl_options_print_help(stdout, usage, summary, tab, n);
         arl_options_free(tab, n, o);
         return 0;
     }
+    if (getenv("ARL_BENCH_CHECK_OPTIONS")) { /* a wrapper checks the options before its work */
+        arl_options_free(tab, n, o);
+        return 0;
+    }
     return -1;
+}
+
+int bench_option_given(int argc, char **argv, const char *name) {
+    const size_t n = strlen(name);
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+        if (!strncmp(argv[i], "--", 2) && !strncmp(argv[i] + 2, name, n) &&
+            (argv[i][2 + n] == 0 || argv[i][2 + n] == '='))
+            return 1;
+    return 0;
 }
 
 double bench_now(void) {

@@ -1,7 +1,7 @@
 /* bench/common/bench.h: what every CPU benchmark program of bench/ does the same way - its
  * command line (parsing, --help, the PyTorch baseline's options), its clock and medians, the
  * allocation and file writes that end the run on failure, and the baseline's line in the
- * verification block.  Shared by bench_policy and bench_train_step.  Messages start with the
+ * verification block.  Shared by the CPU benchmarks.  Messages start with the
  * program's name, `who`. */
 #ifndef ARL_BENCH_BENCH_H
 #define ARL_BENCH_BENCH_H
@@ -28,11 +28,21 @@
      "PASSIVE|ACTIVE|inherit", 0, NULL}
 /* clang-format on */
 
+/* The text of a macro's value, for an option's default: BENCH_STR(ARL_K_THREADS_DEFAULT). */
+#define BENCH_STR_(x) #x
+#define BENCH_STR(x) BENCH_STR_(x)
+
 /* Set o to the defaults of tab, then parse argv[1..argc-1] into it.  Returns -1 when the
- * program goes on; otherwise its exit status: 0 after printing --help ("who [options]" and
- * summary; o freed), 2 on a usage error (the message on stderr). */
+ * program goes on; otherwise its exit status: 0 after printing --help ("who [options]
+ * [POSITIONAL]" and summary; o freed), 0 when ARL_BENCH_CHECK_OPTIONS is set in the environment
+ * and the options are valid (o freed: a wrapper script checks them before its own work), 2 on
+ * a usage error (the message on stderr, naming the option). */
 int bench_options_parse(const char *who, const char *summary, const arl_option *tab, size_t n,
                         int argc, char **argv, void *o);
+
+/* Whether argv[1..argc-1] gives the option name ("--name V" or "--name=V", before any "--"):
+ * for options whose default another option changes (bench_rollout's --quick). */
+int bench_option_given(int argc, char **argv, const char *name);
 
 /* Seconds of CLOCK_MONOTONIC. */
 double bench_now(void);

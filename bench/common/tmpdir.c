@@ -9,8 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-static char g_dir[256];
+static char g_dir[512];
 static int g_depth;
+static int g_keep;
 
 static void remove_tree(const char *dir, int depth) {
     DIR *d = opendir(dir);
@@ -27,7 +28,8 @@ static void remove_tree(const char *dir, int depth) {
 }
 
 static void cleanup(void) {
-    if (g_dir[0]) remove_tree(g_dir, g_depth);
+    if (g_dir[0] && g_keep) fprintf(stderr, "kept %s (ARL_BENCH_KEEP)\n", g_dir);
+    if (g_dir[0] && !g_keep) remove_tree(g_dir, g_depth);
     g_dir[0] = 0;
 }
 
@@ -37,21 +39,41 @@ static void on_signal(int sig) {
     _exit(128 + sig);
 }
 
+/* Catch sig unless the process was started with it ignored (nohup, a background job). */
+static void catch_signal(int sig) {
+    struct sigaction old;
+    if (sigaction(sig, NULL, &old) == 0 && old.sa_handler == SIG_IGN) return;
+    signal(sig, on_signal);
+}
+
 const char *bench_tmpdir_create(const char *name, int depth) {
     if (g_dir[0]) {
         fprintf(stderr, "%s: bench_tmpdir_create called twice\n", name);
         return NULL;
     }
+    const char *base = getenv("TMPDIR");
+    if (!base || !base[0]) base = "/tmp";
     char tmpl[sizeof g_dir];
-    snprintf(tmpl, sizeof tmpl, "/tmp/%s_XXXXXX", name);
+    int n = snprintf(tmpl, sizeof tmpl, "%s/%s_XXXXXX", base, name);
+    if (n < 0 || (size_t)n >= sizeof tmpl) {
+        fprintf(stderr, "%s: TMPDIR %s: path too long (set TMPDIR to a shorter directory)\n", name,
+                base);
+        return NULL;
+    }
     if (!mkdtemp(tmpl)) {
-        fprintf(stderr, "%s: mkdtemp: %s\n", name, strerror(errno));
+        fprintf(stderr,
+                "%s: cannot create a temporary directory in %s: %s (set TMPDIR to a writable "
+                "directory)\n",
+                name, base, strerror(errno));
         return NULL;
     }
     memcpy(g_dir, tmpl, sizeof g_dir);
     g_depth = depth;
+    g_keep = getenv("ARL_BENCH_KEEP") != NULL;
     atexit(cleanup);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    catch_signal(SIGINT);
+    catch_signal(SIGTERM);
+    catch_signal(SIGHUP);  /* the terminal went away */
+    catch_signal(SIGPIPE); /* stdout piped into a reader that quit (| head) */
     return g_dir;
 }

@@ -604,7 +604,22 @@ static void bench_mla(int quick) {
 }
 
 int main(int argc, char **argv) {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int quick = 0;
+    for (int i = 1; i < argc; i++) { /* (no core/options.c: run.sh's nvcc fallback lacks it) */
+        if (!strcmp(argv[i], "--quick")) {
+            quick = 1;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: bench_gpu [--quick]\n\nthe CUDA kernels against cuBLAS and device "
+                   "copy bandwidth measured in the same run (RESULT key=value lines; "
+                   "bench/gpu/run.sh adds the PyTorch baselines); exits 77 without a GPU\n\n"
+                   "options:\n  --quick   small sizes (a smoke run of a few seconds)\n  --help  "
+                   "  print this help and exit\n");
+            return 0;
+        } else {
+            fprintf(stderr, "bench_gpu: unknown option '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
     setvbuf(stdout, NULL, _IOLBF, 0); /* each RESULT line out at once: a crash keeps them */
     if (arl_cuda_device_count() == 0) {
         fprintf(stderr, "bench_gpu: no CUDA device (or a build without CUDA)\n");

@@ -13,11 +13,14 @@
  * --quick: the tiny config, 2 x 32).  Output: human-readable lines and "RESULT key=value".
  * Exits 77 without a GPU.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bench.h"
 #include "bench/gpu/gpu_common.h"
+#include "core/options.h"
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/ops.h"
@@ -26,15 +29,30 @@
 #include "policy/params.h"
 
 static void die(const char *what) {
-    fprintf(stderr, "bench_model: %s: %s\n", what, arl_error_msg());
+    fprintf(stderr, "bench_gpu_model: %s: %s\n", what, arl_error_msg());
     exit(1);
 }
 
+typedef struct mopts {
+    int quick;
+} mopts;
+
+static const arl_option OPTS[] = {
+    {"quick", ARL_OPT_BOOL, offsetof(mopts, quick), "false",
+     "the tiny config, 2 x 32 tokens (a smoke run)", 0, 0, NULL, 0, NULL},
+};
+
 int main(int argc, char **argv) {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    mopts op;
+    const char *summary = "the mini config's whole forward on the GPU against the cuBLAS bf16 "
+                          "rate of the same run: its MFU (exits 77 without a GPU)";
+    int parsed = bench_options_parse("bench_gpu_model", summary, OPTS, ARL_OPTIONS_COUNT(OPTS),
+                                     argc, argv, &op);
+    if (parsed >= 0) return parsed;
+    const int quick = op.quick;
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line out at once: a timeout keeps them */
     if (arl_cuda_device_count() == 0) {
-        fprintf(stderr, "bench_model: no CUDA device (or a build without CUDA)\n");
+        fprintf(stderr, "bench_gpu_model: no CUDA device (or a build without CUDA)\n");
         return 77;
     }
     const char *root = getenv("ARL_SOURCE_DIR");

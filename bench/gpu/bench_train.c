@@ -22,11 +22,14 @@
  * of 5 steps after 2 warm-up steps, and the forward (with saves) and the optimizer step
  * alone.  Output: human-readable lines and "RESULT key=value".  Exits 77 without a GPU.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/common/bench.h"
 #include "bench/gpu/gpu_common.h"
+#include "core/options.h"
 #include "core/rng.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/ops.h"
@@ -35,7 +38,7 @@
 #include "policy/params.h"
 
 static void die(const char *what) {
-    fprintf(stderr, "bench_train: %s: %s\n", what, arl_error_msg());
+    fprintf(stderr, "bench_gpu_train: %s: %s\n", what, arl_error_msg());
     exit(1);
 }
 
@@ -73,17 +76,36 @@ static arl_status run_opt(void *v) {
     return arl_model_dev_optim_step(s->tr, NULL);
 }
 
+typedef struct topts {
+    int quick, bf16, bf16_weights;
+    int64_t docs, len;
+} topts;
+
+static const arl_option OPTS[] = {
+    {"quick", ARL_OPT_BOOL, offsetof(topts, quick), "false",
+     "the tiny config, 2 x 32 tokens (a smoke run)", 0, 0, NULL, 0, NULL},
+    {"bf16", ARL_OPT_BOOL, offsetof(topts, bf16), "false", "the bf16 math mode alone", 0, 0, NULL,
+     0, NULL},
+    {"bf16-weights", ARL_OPT_BOOL, offsetof(topts, bf16_weights), "false",
+     "the bf16 mode alone on a model keeping bf16 weight copies", 0, 0, NULL, 0, NULL},
+    {"docs", ARL_OPT_INT, offsetof(topts, docs), "0",
+     "documents of the batch (0: 8, --quick 2; another batch suffixes the RESULT keys _T<tokens>)",
+     0, 4096, NULL, 0, "N"},
+    {"len", ARL_OPT_INT, offsetof(topts, len), "0", "tokens per document (0: 256, --quick 32)", 0,
+     1 << 20, NULL, 0, "L"},
+};
+
 int main(int argc, char **argv) {
-    int quick = 0, bf16_only = 0, bf16w = 0;
+    topts op;
+    const char *summary = "one training step of the mini config on the GPU against the cuBLAS "
+                          "bf16 rate of the same run: the step's MFU (exits 77 without a GPU)";
+    int parsed = bench_options_parse("bench_gpu_train", summary, OPTS, ARL_OPTIONS_COUNT(OPTS),
+                                     argc, argv, &op);
+    if (parsed >= 0) return parsed;
+    const int quick = op.quick, bf16w = op.bf16_weights, bf16_only = op.bf16 || op.bf16_weights;
     setvbuf(stdout, NULL, _IOLBF, 0); /* each line out at once: a timeout keeps them */
-    for (int i = 1; i < argc; i++) {
-        quick |= strcmp(argv[i], "--quick") == 0;
-        bf16_only |= strcmp(argv[i], "--bf16") == 0;
-        bf16w |= strcmp(argv[i], "--bf16-weights") == 0;
-    }
-    bf16_only |= bf16w;
     if (arl_cuda_device_count() == 0) {
-        fprintf(stderr, "bench_train: no CUDA device (or a build without CUDA)\n");
+        fprintf(stderr, "bench_gpu_train: no CUDA device (or a build without CUDA)\n");
         return 77;
     }
     const char *root = getenv("ARL_SOURCE_DIR");
@@ -99,14 +121,9 @@ int main(int argc, char **argv) {
     arl_rng_seed(&rng, 9);
     bench_gpu_params_fill(&w, &rng);
     /* --docs N --len L: another token batch (default 8 x 256; --quick 2 x 32) */
-    int32_t N = quick ? 2 : 8;
-    int64_t len = quick ? 32 : 256;
+    const int32_t N = op.docs ? (int32_t)op.docs : quick ? 2 : 8;
+    const int64_t len = op.len ? op.len : quick ? 32 : 256;
     char sfx[32] = ""; /* RESULT key suffix of a batch other than the default */
-    for (int i = 1; i + 1 < argc; i++) {
-        if (strcmp(argv[i], "--docs") == 0) N = (int32_t)atoi(argv[i + 1]);
-        if (strcmp(argv[i], "--len") == 0) len = atoll(argv[i + 1]);
-    }
-    if (N < 1 || len < 1) die("--docs and --len must be positive");
     const int64_t T = N * len;
     if (T != (quick ? 64 : 2048)) snprintf(sfx, sizeof sfx, "_T%lld", (long long)T);
     arl_model_opts o;

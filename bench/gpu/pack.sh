@@ -16,13 +16,28 @@
 # name it in the call's carry).  Exits 1 when a target does not build.
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
+usage="usage: $0 [BUILD_DIR] [OUT]   (default: build, .gpu-pack/pack.tar.xz)"
+case "${1:-}" in
+-h | --help)
+    echo "$usage"
+    echo "the GPU programs and tests of a CUDA build, with their libraries, in one archive for"
+    echo "a GPU machine without this project's packages: PACK=OUT bash bench/gpu/run.sh --tests"
+    exit 0
+    ;;
+-*) echo "pack.sh: unknown option '$1'" >&2; echo "$usage" >&2; exit 2 ;;
+esac
+[ -d "${1:-$root/build}" ] ||
+    { echo "pack.sh: ${1:-$root/build}: no such build directory" >&2; exit 1; }
 build=$(cd "${1:-$root/build}" && pwd)
 out=${2:-$root/.gpu-pack/pack.tar.xz}
 jobs=$(nproc 2>/dev/null || echo 2)
-grep -q '^CMAKE_CUDA_COMPILER:[A-Z]*=.*nvcc' "$build/CMakeCache.txt" 2>/dev/null ||
+# (a cache where nvcc was named but the CUDA backend is off says CMAKE_CUDA_COMPILER:UNINITIALIZED)
+{ grep -q '^CMAKE_CUDA_COMPILER:\(STRING\|FILEPATH\)=.*nvcc' "$build/CMakeCache.txt" &&
+    ! grep -q '^AGENTRL_CUDA:BOOL=OFF' "$build/CMakeCache.txt"; } 2>/dev/null ||
     { echo "pack.sh: $build is not a build with CUDA (configure where nvcc is found)" >&2; exit 1; }
 
-stage=$(mktemp -d /tmp/arl-gpu-pack-XXXXXX)
+stage=$(mktemp -d "${TMPDIR:-/tmp}/arl-gpu-pack-XXXXXX") ||
+    { echo "pack.sh: cannot create a directory in ${TMPDIR:-/tmp} (set TMPDIR)" >&2; exit 1; }
 trap 'rm -rf "$stage"' EXIT
 p=$stage/pack
 mkdir -p "$p/bin" "$p/lib" "$p/openmpi"

@@ -34,15 +34,39 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD:-$root/build-gpu}
 quick=""
 tests=0
+usage="usage: $0 [--quick] [--tests]"
 for a in "$@"; do
     case "$a" in
     --quick) quick=--quick ;;
     --tests) tests=1 ;;
-    *) echo "usage: $0 [--quick] [--tests]" >&2; exit 2 ;;
+    -h | --help)
+        echo "$usage"
+        echo
+        echo "the CUDA backend's benchmark on an NVIDIA GPU: kernels against cuBLAS, PyTorch and"
+        echo "copy bandwidth, the training step's MFU, then a summary of ratios against the"
+        echo "baselines measured in the run (exit 77 without a GPU)"
+        echo
+        echo "  --quick   small sizes (a smoke run of a few seconds)"
+        echo "  --tests   also the gpu-labelled parity tests and the CI experiment on the GPU"
+        echo "environment: BUILD (default build-gpu), PYTHON, NVCC, PACK=FILE (bench/gpu/pack.sh's"
+        echo "archive instead of a build), OUT=DIR (results and logs copied there)"
+        exit 0
+        ;;
+    *) echo "run.sh: unknown option '$a'" >&2; echo "$usage" >&2; exit 2 ;;
     esac
 done
+# no GPU at all (no driver device, no nvidia-smi): say so before minutes of building
+if ! ls /dev/nvidia* >/dev/null 2>&1 && ! [ -e /dev/dxg ] &&
+    ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "run.sh: no NVIDIA GPU here (no /dev/nvidia*, no nvidia-smi); nothing measured" >&2
+    exit 77
+fi
 jobs=$(nproc 2>/dev/null || echo 4)
-logs=$(mktemp -d /tmp/arl-bench-gpu-XXXXXX)
+tmp=${TMPDIR:-/tmp}
+logs=$(mktemp -d "$tmp/arl-bench-gpu-XXXXXX") || {
+    echo "run.sh: cannot create a log directory in $tmp (set TMPDIR to a writable directory)" >&2
+    exit 1
+}
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 
 command -v nvidia-smi >/dev/null 2>&1 &&
@@ -117,8 +141,13 @@ bench_step() {
     echo "== $prog $*"
     if [ -x "$build/bench/gpu/$prog" ] ||
         cmake --build "$build" --target "$prog" -j"$jobs" >>"$logs/build.log" 2>&1; then
-        ARL_SOURCE_DIR="$root" timeout "$secs" "$build/bench/gpu/$prog" "$@" | tee -a "$res" ||
-            { echo "$prog $* failed"; rc=1; }
+        # (the program's status through a file: a pipe's status is tee's)
+        { ARL_SOURCE_DIR="$root" timeout "$secs" "$build/bench/gpu/$prog" "$@"
+            echo $? >"$logs/step_exit"; } | tee -a "$res"
+        case $(cat "$logs/step_exit") in
+        0 | 77) ;;
+        *) echo "$prog $* failed (exit $(cat "$logs/step_exit"))"; rc=1 ;;
+        esac
     else
         echo "RESULT $skip=${prog}_not_built" | tee -a "$res"
     fi
@@ -182,6 +211,7 @@ echo "== bench_gpu $quick"
 brc=$(sed 's/bench_exit=//' "$logs/bench_exit")
 if [ "$brc" = 77 ]; then
     echo "run.sh: no CUDA device here; nothing measured"
+    rm -rf "$logs"
     exit 77
 fi
 [ "$brc" = 0 ] || { echo "bench_gpu exited $brc"; rc=1; }

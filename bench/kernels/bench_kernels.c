@@ -11,8 +11,10 @@
  *
  * Timing: the variants compared are measured in turn, ROUNDS times over (each measurement
  * repeats the call for >= MEASURE_S), and each keeps its best time: the machine is shared, and
- * interleaving exposes every variant to the same load.  Usage:
- *   bench_kernels [threads]      (default: ARL_K_THREADS_DEFAULT) */
+ * interleaving exposes every variant to the same load.  Ratios are speed ratios (time of the
+ * baseline over time of ours: > 1 means ours is faster).  Usage:
+ *   bench_kernels [--threads N] [THREADS]      (--help; default: ARL_K_THREADS_DEFAULT)
+ * Exit status: 0 done, 1 failure, 2 usage error. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -20,14 +22,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/common/bench.h"
+#include "core/options.h"
 #include "core/rng.h"
 #include "kernels/kernels.h"
+#include "kernels/threadpool.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#define now bench_now
 
 static void nap_ms(long ms) {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -56,11 +57,7 @@ static void keep_min(double *best, double t) {
 }
 
 static float *rand_floats(arl_rng *r, int64_t n, double sd) {
-    float *x = malloc((size_t)n * sizeof *x);
-    if (!x) {
-        fprintf(stderr, "bench_kernels: out of memory\n");
-        exit(1);
-    }
+    float *x = bench_xmalloc("bench_kernels", (size_t)n * sizeof *x);
     for (int64_t i = 0; i < n; i++)
         x[i] = (float)(sd * arl_rng_normal(r));
     return x;
@@ -94,7 +91,7 @@ static void bench_gemm(arl_rng *r, int threads) {
     };
     printf("\nGEMM y = x W^T (GFLOP/s; raw = cblas_sgemm with OpenBLAS threads)\n");
     printf("%6s %6s %6s | %9s %9s %7s | %9s %9s %7s\n", "T", "in", "out", "raw 1T", "arl 1T",
-           "ratio", "raw", "arl", "ratio");
+           "arl/raw", "raw", "arl", "arl/raw");
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         gemm_ctx g = {shapes[s][0], shapes[s][1], shapes[s][2], NULL, NULL, NULL};
         float *x = rand_floats(r, g.T * g.in, 1), *W = rand_floats(r, g.out * g.in, 0.05);
@@ -159,7 +156,7 @@ static void bench_gemm_layouts(arl_rng *r) {
         {512, 1024, 1024, 0, 1}, {512, 1024, 1024, 0, 0}, {1024, 1024, 512, 1, 0},
     };
     printf("\nGEMM C = op(A) op(B), 1 thread (GFLOP/s; raw = cblas_sgemm)\n");
-    printf("%6s %6s %6s %2s | %9s %9s %7s\n", "M", "N", "K", "op", "raw", "arl", "ratio");
+    printf("%6s %6s %6s %2s | %9s %9s %7s\n", "M", "N", "K", "op", "raw", "arl", "arl/raw");
     arl_k_threads_init(1);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         layout_ctx g = {shapes[s].M,  shapes[s].N, shapes[s].K, shapes[s].ta,
@@ -270,16 +267,30 @@ static void bench_rows(arl_rng *r, int threads) {
     free(x), free(u), free(w), free(y);
 }
 
+typedef struct kopts {
+    int64_t threads;
+    int64_t threads_pos; /* the older positional form; 0: --threads */
+} kopts;
+
+static const arl_option OPTS[] = {
+    {"threads", ARL_OPT_INT, offsetof(kopts, threads), BENCH_STR(ARL_K_THREADS_DEFAULT),
+     "threads of the kernels' pool and of raw OpenBLAS in the multi-thread columns", 1, 256, NULL,
+     0, "N"},
+    {"threads-arg", ARL_OPT_INT, offsetof(kopts, threads_pos), "0",
+     "the same as --threads N (the older form; 0: --threads)", 0, 256, NULL, ARL_OPT_POSITIONAL,
+     "THREADS"},
+};
+
 int main(int argc, char **argv) {
-    int threads = argc > 1 ? atoi(argv[1]) : ARL_K_THREADS_DEFAULT;
-    if (threads < 1) {
-        fprintf(stderr, "usage: bench_kernels [threads >= 1]\n");
-        return 2;
-    }
-    if (arl_k_threads_init(threads) != ARL_OK) {
-        fprintf(stderr, "bench_kernels: %s\n", arl_error_msg());
-        return 1;
-    }
+    kopts o;
+    const char *summary = "CPU kernels vs baselines in the same run: GEMM wrapper vs raw "
+                          "cblas_sgemm, row kernels vs naive loops (ratios: speed of arl over "
+                          "the baseline's, > 1 is faster)";
+    int done = bench_options_parse("bench_kernels", summary, OPTS, ARL_OPTIONS_COUNT(OPTS), argc,
+                                   argv, &o);
+    if (done >= 0) return done;
+    const int threads = (int)(o.threads_pos ? o.threads_pos : o.threads);
+    if (arl_k_threads_init(threads) != ARL_OK) return bench_fail("bench_kernels", "threads");
     printf("bench_kernels: %d threads; %s; OpenBLAS core %s\n", threads, openblas_get_config(),
            openblas_get_corename());
     arl_rng r;

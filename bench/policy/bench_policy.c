@@ -157,7 +157,10 @@ static double baseline_time(bench_child *b, const char *req) {
     if (!j) return -1;
     json_t *s = json_object_get(j, "s");
     double v = json_is_number(s) ? json_number_value(s) : -1;
-    if (v < 0) fprintf(stderr, "bench_policy: baseline: bad reply to '%s'\n", req);
+    if (!(v > 0)) { /* 0 would make an infinite rate */
+        fprintf(stderr, "bench_policy: baseline: bad reply to '%s' (no positive time)\n", req);
+        v = -1;
+    }
     json_decref(j);
     return v;
 }
@@ -467,7 +470,7 @@ int main(int argc, char **argv) {
                "steps):\n",
                reps, (long long)ctx, (long long)steps);
     if (do_pre || do_dec)
-        printf("  %-26s %12s %12s %9s   target\n", "", "agentrl C", "PyTorch", "ratio");
+        printf("  %-26s %12s %12s %9s   target\n", "", "agentrl C", "PyTorch", "C/PyTorch");
     char name[64];
     snprintf(name, sizeof name, "prefill T = %lld", (long long)T);
     if (do_pre) print_ratio_row(name, cp, tp, 2.0);
@@ -486,7 +489,7 @@ int main(int argc, char **argv) {
         printf(
             "\nKDA core prefill, T = %lld, one sequence, chunk C = 64 (tokens/s, median of %d):\n",
             (long long)o.kda_T, reps > 3 ? 3 : reps);
-        printf("  %-16s %12s %12s %9s   %s\n", "heads x dk", "chunkwise", "recurrent", "ratio",
+        printf("  %-16s %12s %12s %9s   %s\n", "heads x dk", "chunkwise", "recurrent", "chunk/rec",
                "max rel diff");
         const int64_t kshapes[2][2] = {{dm->H, dm->dk}, {8, 128}};
         for (int s = 0; s < 2; s++) {

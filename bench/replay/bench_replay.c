@@ -58,7 +58,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/common/bench.h"
+#include "bench/common/tmpdir.h"
 #include "core/blob.h"
+#include "core/options.h"
 #include "replay/internal.h"
 #include "replay/replay.h"
 
@@ -668,50 +671,63 @@ static void min_max(const double *v, int n, double *lo, double *hi) {
     }
 }
 
+typedef struct ropts {
+    int64_t segments, rounds, sustained, sustained_rounds;
+    char *dir;
+    int k3, deflate, fg_checkpoint, check;
+} ropts;
+
+static const arl_option OPTS[] = {
+    {"sustained", ARL_OPT_INT, offsetof(ropts, sustained), "0",
+     "segments per side and round of the sustained-write headline (0: 96, 8 with --k3)", 0, 100000,
+     NULL, 0, "N"},
+    {"sustained-rounds", ARL_OPT_INT, offsetof(ropts, sustained_rounds), "9",
+     "rounds of the sustained-write phase (the headline is their median)", 1, 1000, NULL, 0, "R"},
+    {"segments", ARL_OPT_INT, offsetof(ropts, segments), "16",
+     "segments per round of the paired per-segment write and read phase", 1, 100000, NULL, 0, "N"},
+    {"rounds", ARL_OPT_INT, offsetof(ropts, rounds), "8", "rounds of the paired phase", 1, 999,
+     NULL, 0, "R"},
+    {"dir", ARL_OPT_STRING, offsetof(ropts, dir), "",
+     "existing directory for the databases, kept afterwards (empty: a temporary directory in "
+     "$TMPDIR or /tmp, removed at exit)",
+     0, 0, NULL, 0, "DIR"},
+    {"k3", ARL_OPT_BOOL, offsetof(ropts, k3), "false",
+     "K3-sized routes (92 MoE layers, top-16, u16 ids; ~24 MiB segments) instead of the tiny "
+     "model's (7, top-4, u8)",
+     0, 0, NULL, 0, NULL},
+    {"deflate", ARL_OPT_BOOL, offsetof(ropts, deflate), "false",
+     "open the store with REPLAY_OPEN_DEFLATE (it writes fewer bytes than the raws: not the "
+     "headline comparison)",
+     0, 0, NULL, 0, NULL},
+    {"fg-checkpoint", ARL_OPT_BOOL, offsetof(ropts, fg_checkpoint), "false",
+     "the store checkpoints in the writer's thread, as the raws do (default: its background "
+     "threads)",
+     0, 0, NULL, 0, NULL},
+    {"check", ARL_OPT_BOOL, offsetof(ropts, check), "false",
+     "exit 1 when a headline ratio misses its target (>= 0.8)", 0, 0, NULL, 0, NULL},
+};
+
 int main(int argc, char **argv) {
-    int n = 16, rounds = 8, check = 0, n_sus = -1, sus_rounds = 9;
-    const char *dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--segments") && i + 1 < argc)
-            n = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
-            rounds = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--sustained") && i + 1 < argc)
-            n_sus = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--sustained-rounds") && i + 1 < argc)
-            sus_rounds = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--check"))
-            check = 1;
-        else if (!strcmp(argv[i], "--deflate"))
-            use_deflate = 1;
-        else if (!strcmp(argv[i], "--fg-checkpoint"))
-            fg_checkpoint = 1;
-        else if (!strcmp(argv[i], "--k3")) {
-            LMOE = 92;
-            K = 16;
-            RB = 2;
-        } else {
-            fprintf(
-                stderr,
-                "usage: bench_replay [--sustained N] [--sustained-rounds R] [--segments N] "
-                "[--rounds R] [--dir DIR] [--k3] [--deflate] [--fg-checkpoint] [--check]\n");
-            return 2;
-        }
+    ropts o;
+    const char *summary = "replay store segment writes and reads vs raw sqlite3 writing and "
+                          "reading the same bytes, in the same run (ratios: raw time / store "
+                          "time, > 1: the store is faster)";
+    int parsed =
+        bench_options_parse("bench_replay", summary, OPTS, ARL_OPTIONS_COUNT(OPTS), argc, argv, &o);
+    if (parsed >= 0) return parsed;
+    const int n = (int)o.segments, rounds = (int)o.rounds, sus_rounds = (int)o.sustained_rounds,
+              check = o.check;
+    use_deflate = o.deflate;
+    fg_checkpoint = o.fg_checkpoint;
+    if (o.k3) {
+        LMOE = 92;
+        K = 16;
+        RB = 2;
     }
-    if (n_sus == -1) n_sus = LMOE == 92 ? 8 : 96; /* K3 segments are ~24 MiB each */
-    if (n < 1 || rounds < 1 || n > 100000 || n_sus < 1 || n_sus > 100000 || sus_rounds < 1 ||
-        rounds >= 1000 || sus_rounds > 1000) {
-        fprintf(stderr, "bench_replay: --segments and --sustained 1..100000, --rounds 1..999, "
-                        "--sustained-rounds 1..1000\n");
-        return 2;
-    }
-    char tmpl[] = "/tmp/arl-bench-replay-XXXXXX";
-    if (!dir && !(dir = mkdtemp(tmpl))) {
-        perror("mkdtemp");
-        return 1;
-    }
+    const int n_sus = o.sustained ? (int)o.sustained : LMOE == 92 ? 8 : 96; /* K3: ~24 MiB each */
+    const char *dir = o.dir;
+    if (!dir[0] && !(dir = bench_tmpdir_create("bench_replay", 4))) return 1;
+    arl_options_print_resolved(stdout, "bench_replay", OPTS, ARL_OPTIONS_COUNT(OPTS), &o);
     char root[600];
     snprintf(root, sizeof root, "%s/store", dir);
     make_payload();
@@ -969,12 +985,7 @@ int main(int argc, char **argv) {
         sqlite3_finalize(qq[i]);
     sqlite3_close(qw);
     sqlite3_close(qs);
-    if (getenv("ARL_BENCH_KEEP")) {
-        printf("kept %s\n", dir);
-    } else if (!strncmp(dir, "/tmp/arl-bench-replay-", 22)) {
-        char cmd[700];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-        if (system(cmd)) fprintf(stderr, "bench_replay: could not remove %s\n", dir);
-    }
-    return check && (sh < 0.8 || ra < 0.8) ? 1 : 0;
+    const int missed = check && (sh < 0.8 || ra < 0.8);
+    arl_options_free(OPTS, ARL_OPTIONS_COUNT(OPTS), &o);
+    return missed ? 1 : 0;
 }

@@ -73,9 +73,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/common/bench.h"
+#include "bench/common/tmpdir.h"
+#include "core/options.h"
 #include "core/rng.h"
-#include "kernels/threadpool.h"
 #include "envs/env.h"
+#include "kernels/threadpool.h"
 #include "policy/checkpoint.h"
 #include "policy/model.h"
 #include "policy/model_device.h"
@@ -83,6 +86,10 @@
 #include "policy/sample.h"
 #include "replay/replay.h"
 #include "rollout/rollout.h"
+
+#ifndef ARL_BENCH_SOURCE_DIR
+#define ARL_BENCH_SOURCE_DIR "."
+#endif
 
 /* ---- the trivial environment ---- */
 
@@ -474,92 +481,95 @@ static void bytes_only(const arl_model_config *cfg, arl_model_params *p) {
     arl_model_free(&m);
 }
 
+typedef struct ropts {
+    char *ckpt;
+    int64_t turn_tokens, turns, obs_bytes, reps, threads, batch, mla_chunk, mla_topk;
+    char *only, *device;
+    int quick, ragged, long_context;
+} ropts;
+
+static const arl_option OPTS[] = {
+    {"ckpt", ARL_OPT_STRING, offsetof(ropts, ckpt), "",
+     "checkpoint to time, used as it is (empty: a seeded tiny checkpoint that samples byte "
+     "tokens only, in a temporary directory)",
+     0, 0, NULL, 0, "DIR"},
+    {"turn-tokens", ARL_OPT_INT, offsetof(ropts, turn_tokens), "128", "tokens per turn (the cap)",
+     1, 8192, NULL, 0, "N"},
+    {"turns", ARL_OPT_INT, offsetof(ropts, turns), "3", "turns per trajectory (--quick: 2)", 1, 64,
+     NULL, 0, "N"},
+    {"obs-bytes", ARL_OPT_INT, offsetof(ropts, obs_bytes), "1024",
+     "tokens of each observation (--quick: 256)", 1, 65536, NULL, 0, "N"},
+    {"reps", ARL_OPT_INT, offsetof(ropts, reps), "3",
+     "interleaved repetitions of each measurement (medians; --quick: 2)", 1, 50, NULL, 0, "R"},
+    {"threads", ARL_OPT_INT, offsetof(ropts, threads), "1", "threads of the kernels' pool", 1, 256,
+     NULL, 0, "N"},
+    {"batch", ARL_OPT_INT, offsetof(ropts, batch), "0",
+     "measure only this batch size (0: batches 1, 16 and 64)", 0, 4096, NULL, 0, "B"},
+    {"only", ARL_OPT_CHOICE, offsetof(ropts, only), "both",
+     "run only the rollout or only the bare side (profiling; no ratios)", 0, 0, "both|rollout|bare",
+     0, NULL},
+    {"quick", ARL_OPT_BOOL, offsetof(ropts, quick), "false",
+     "a short run while iterating: --turns 2 --obs-bytes 256 --reps 2 unless given (noisier "
+     "ratios: report the full run's)",
+     0, 0, NULL, 0, NULL},
+    {"ragged", ARL_OPT_BOOL, offsetof(ropts, ragged), "false",
+     "keep the plain random checkpoint (turns of random length: measures the workload's "
+     "raggedness, not the machinery)",
+     0, 0, NULL, 0, NULL},
+    {"long-context", ARL_OPT_BOOL, offsetof(ropts, long_context), "false",
+     "also time prefill and decode of one sequence at 4K..1M tokens of context with "
+     "block-sparse MLA (CPU only)",
+     0, 0, NULL, 0, NULL},
+    {"mla-chunk", ARL_OPT_INT, offsetof(ropts, mla_chunk), "1024",
+     "block-sparse MLA chunk size of --long-context", 1, 1 << 20, NULL, 0, "N"},
+    {"mla-topk", ARL_OPT_INT, offsetof(ropts, mla_topk), "4",
+     "block-sparse MLA chunks read per query of --long-context", 1, 4096, NULL, 0, "K"},
+    {"device", ARL_OPT_CHOICE, offsetof(ropts, device), "cpu",
+     "where both sides decode (cuda: a GPU; cpu-device: the device code path on the CPU); rates "
+     "are then per wall second",
+     0, 0, "cpu|cuda|cpu-device", 0, NULL},
+};
+
 int main(int argc, char **argv) {
-    const char *ckpt = NULL;
-    int long_context = 0;
-    int64_t mla_chunk = 1024, mla_topk = 4;
-    int64_t turn_tokens = 128, turns = 3, obs_bytes = 1024;
-    int reps = 3, threads = 1, one_batch = 0, ragged = 0;
-    const char *only = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
-            printf("usage: bench_rollout [--ckpt DIR] [--turn-tokens N] [--turns N] [--obs-bytes N] "
-                   "[--reps R] [--threads N] [--batch B] [--only rollout|bare] [--quick] "
-                   "[--ragged] [--long-context] [--mla-chunk N] [--mla-topk K] "
-                   "[--device cpu|cuda|cpu-device]\n");
-            return 0;
-        }
-        if (!strcmp(a, "--long-context")) {
-            long_context = 1;
-            continue;
-        }
-        if (!strcmp(a, "--quick")) {
-            turns = 2;
-            obs_bytes = 256;
-            reps = 2;
-            continue;
-        }
-        if (!strcmp(a, "--ragged")) {
-            ragged = 1;
-            continue;
-        }
-        if (!v) {
-            fprintf(stderr, "bench_rollout: %s needs a value\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--ckpt")) ckpt = v;
-        else if (!strcmp(a, "--turn-tokens")) turn_tokens = atoll(v);
-        else if (!strcmp(a, "--turns")) turns = atoll(v);
-        else if (!strcmp(a, "--obs-bytes")) obs_bytes = atoll(v);
-        else if (!strcmp(a, "--reps")) reps = atoi(v);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
-        else if (!strcmp(a, "--mla-chunk")) mla_chunk = atoll(v);
-        else if (!strcmp(a, "--mla-topk")) mla_topk = atoll(v);
-        else if (!strcmp(a, "--batch")) one_batch = atoi(v);
-        else if (!strcmp(a, "--only")) only = v;
-        else if (!strcmp(a, "--device")) {
-            if (!strcmp(v, "cuda") || !strcmp(v, "cpu-device")) {
-                g_device = v;
-                g_dev_name = strcmp(v, "cuda") ? "cpu" : "cuda";
-            } else if (strcmp(v, "cpu")) {
-                fprintf(stderr, "bench_rollout: --device cpu|cuda|cpu-device\n");
-                return 2;
-            }
-        }
-        else {
-            fprintf(stderr, "bench_rollout: unknown option %s\n", a);
-            return 2;
-        }
-        i++;
+    ropts o;
+    const char *summary = "decode tokens/s of the rollout worker vs the bare batched decode loop "
+                          "of the same model at batch 1, 16 and 64, in the same run (overhead: "
+                          "bare rate / rollout rate - 1)";
+    int parsed = bench_options_parse("bench_rollout", summary, OPTS, ARL_OPTIONS_COUNT(OPTS), argc,
+                                     argv, &o);
+    if (parsed >= 0) return parsed;
+    if (o.quick) {
+        if (!bench_option_given(argc, argv, "turns")) o.turns = 2;
+        if (!bench_option_given(argc, argv, "obs-bytes")) o.obs_bytes = 256;
+        if (!bench_option_given(argc, argv, "reps")) o.reps = 2;
     }
-    if (reps < 1 || reps > 50 || turn_tokens < 1 || turns < 1 || obs_bytes < 1) {
-        fprintf(stderr, "bench_rollout: bad value\n");
-        return 2;
+    const char *ckpt = o.ckpt[0] ? o.ckpt : NULL;
+    const int long_context = o.long_context, ragged = o.ragged;
+    const int64_t mla_chunk = o.mla_chunk, mla_topk = o.mla_topk;
+    const int64_t turn_tokens = o.turn_tokens, turns = o.turns, obs_bytes = o.obs_bytes;
+    const int reps = (int)o.reps, threads = (int)o.threads, one_batch = (int)o.batch;
+    const char *only = strcmp(o.only, "both") ? o.only : NULL;
+    if (strcmp(o.device, "cpu")) {
+        g_device = o.device;
+        g_dev_name = strcmp(o.device, "cuda") ? "cpu" : "cuda";
     }
-    if (mla_chunk < 1 || mla_topk < 1) {
-        fprintf(stderr, "bench_rollout: bad --mla-chunk or --mla-topk\n");
-        return 2;
-    }
-    if (one_batch < 0 || one_batch > 4096 ||
-        (only && strcmp(only, "rollout") && strcmp(only, "bare"))) {
-        fprintf(stderr, "bench_rollout: bad --batch or --only\n");
-        return 2;
-    }
-    if (threads < 1 || threads > 256) {
-        fprintf(stderr, "bench_rollout: bad --threads\n");
+    if (g_device && long_context) {
+        fprintf(stderr, "bench_rollout: --long-context runs block-sparse MLA: CPU only\n");
         return 2;
     }
     DIE(arl_k_threads_init(threads));
-    char dir[] = "/tmp/arl-bench-rollout-XXXXXX";
-    if (!mkdtemp(dir)) return 1;
+    const char *dir = bench_tmpdir_create("bench_rollout", 4);
+    if (!dir) return 1;
     DIE(arl_env_builtin_register(&flood_def));
     arl_model_config cfg;
     arl_model_params p;
     char ck[600];
     if (!ckpt) { /* a seeded tiny checkpoint */
         snprintf(ck, sizeof ck, "%s/ckpt", dir);
-        DIE(arl_model_config_load("tiny", &cfg));
+        /* the source tree's tiny config wherever the program runs from; else the shipped
+         * configs' search (working directory, beside the program, AGENTRL_CONFIG_DIR) */
+        const char *src_cfg = ARL_BENCH_SOURCE_DIR "/configs/tiny/config.json";
+        DIE(arl_model_config_load(access(src_cfg, R_OK) == 0 ? src_cfg : "tiny", &cfg));
         DIE(arl_model_params_alloc(&p, &cfg));
         DIE(arl_params_init(&p, &cfg, 1, 1));
         if (!ragged) bytes_only(&cfg, &p);
@@ -569,10 +579,6 @@ int main(int argc, char **argv) {
         DIE(arl_model_config_read(ckpt, &cfg));
         DIE(arl_model_params_alloc(&p, &cfg));
         DIE(arl_checkpoint_load(ckpt, &cfg, &p));
-    }
-    if (g_device && long_context) {
-        fprintf(stderr, "bench_rollout: --long-context runs block-sparse MLA: CPU only\n");
-        return 2;
     }
     printf("bench_rollout: %s, turns of %lld tokens, %lld turns, observations of %lld tokens, "
            "median of %d, %d thread(s), tokens per %s second; %s\n\n",
@@ -613,7 +619,16 @@ int main(int argc, char **argv) {
                         B, rep, r[rep], b[rep], 100.0 * (b[rep] / r[rep] - 1.0));
         }
         double mr = median(r, reps), mb = median(b, reps);
-        double over = mr > 0 && mb > 0 ? mb / mr - 1.0 : 0.0;
+        if (!(do_rollout && do_bare && mr > 0 && mb > 0)) { /* --only: one side, no ratio */
+            char rs[16] = "n/a", bs[16] = "n/a";
+            if (do_rollout) snprintf(rs, sizeof rs, "%.0f", mr);
+            if (do_bare) snprintf(bs, sizeof bs, "%.0f", mb);
+            printf("  batch %-3d          %10s %10s %10s     (one side only: no overhead)\n", B, rs,
+                   bs, "n/a");
+            fflush(stdout);
+            continue;
+        }
+        double over = mb / mr - 1.0;
         double msh = median(sh, reps);
         qsort(ov, (size_t)reps, sizeof *ov, cmp_d);
         printf("  batch %-3d          %10.0f %10.0f %10.1f %%   <= 15 %% %-6s [%5.1f, %5.1f] %%"
@@ -649,8 +664,6 @@ long_ctx:
     }
     arl_model_params_free(&p);
     arl_model_config_free(&cfg);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd)) {}
+    arl_options_free(OPTS, ARL_OPTIONS_COUNT(OPTS), &o);
     return 0;
 }

@@ -20,7 +20,11 @@
  * host for AdamW as the learner does), in wall time (a GPU's time is not the process's CPU
  * time); the rollout stays on the CPU.
  *
- * Usage: bench_train [--tasks B] [--group G] [--reps R] [--threads N] [--device D]
+ * Ratios are bare time over learner time (1.0: no overhead; the overhead is their inverse
+ * minus 1).  The run's checkpoint and replay store live in a temporary directory ($TMPDIR or
+ * /tmp), removed at exit and on SIGINT/SIGTERM.
+ *
+ * Usage: bench_train [--tasks B] [--group G] [--reps R] [--threads N] [--device D] (--help)
  * Exit status: 0 done (whatever the ratios), 1 failure, 2 usage error. */
 #include <jansson.h>
 #include <math.h>
@@ -30,6 +34,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/common/bench.h"
+#include "bench/common/tmpdir.h"
+#include "core/options.h"
 #include "kernels/threadpool.h"
 #include "learner/kl_ctl.h"
 #include "learner/ledger.h"
@@ -259,51 +266,71 @@ static void bare_run(bare *x, lrn *h, const arl_update_batch *b, double *t_fwd2,
     *t_train = tt;
 }
 
+typedef struct topts {
+    int64_t tasks, group, reps, threads;
+    char *device;
+    char *config;
+} topts;
+
+static const arl_option OPTS[] = {
+    {"tasks", ARL_OPT_INT, offsetof(topts, tasks), "4", "calculator tasks of the rollout (B)", 1,
+     64, NULL, 0, "B"},
+    {"group", ARL_OPT_INT, offsetof(topts, group), "4", "samples per task (G)", 1, 16, NULL, 0,
+     "G"},
+    {"reps", ARL_OPT_INT, offsetof(topts, reps), "3",
+     "learner updates timed, each against the bare model (medians)", 1, 64, NULL, 0, "R"},
+    {"threads", ARL_OPT_INT, offsetof(topts, threads), "1",
+     "threads of the kernels' pool and the rollout", 1, 256, NULL, 0, "N"},
+    {"device", ARL_OPT_CHOICE, offsetof(topts, device), "cpu",
+     "where the learner and the bare model run (cuda: a GPU; cpu-device: the device code path "
+     "on the CPU); times are then wall times",
+     0, 0, "cpu|cuda|cpu-device", 0, NULL},
+    {"config", ARL_OPT_STRING, offsetof(topts, config), "",
+     "model config of the seeded checkpoint (empty: configs/tiny/config.json of the source tree, "
+     "the working directory or $ARL_SOURCE_DIR)",
+     0, 0, NULL, 0, "FILE"},
+};
+
+/* The tiny config: --config, else the source tree's, the working directory's or
+ * $ARL_SOURCE_DIR's configs/tiny/config.json. */
+static arl_status read_config(const char *given, arl_model_config *cfg) {
+    if (given[0]) return arl_model_config_read(given, cfg);
+    const char *cands[] = {ARL_BENCH_SOURCE_DIR "/configs/tiny/config.json",
+                           "configs/tiny/config.json", "../configs/tiny/config.json",
+                           "../../configs/tiny/config.json"};
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++)
+        if (access(cands[i], R_OK) == 0) return arl_model_config_read(cands[i], cfg);
+    if (getenv("ARL_SOURCE_DIR")) {
+        char p[700];
+        snprintf(p, sizeof p, "%s/configs/tiny/config.json", getenv("ARL_SOURCE_DIR"));
+        return arl_model_config_read(p, cfg);
+    }
+    return arl_errorf(ARL_ERR_NOT_FOUND,
+                      "configs/tiny/config.json not found (run from the repository root, set "
+                      "ARL_SOURCE_DIR or give --config)");
+}
+
 int main(int argc, char **argv) {
-    int64_t B = 4, G = 4, reps = 3, threads = 1;
-    const char *device = "cpu";
-    for (int i = 1; i < argc; i++) {
-        if (i + 1 < argc && !strcmp(argv[i], "--tasks"))
-            B = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--group"))
-            G = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--reps"))
-            reps = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--threads"))
-            threads = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--device"))
-            device = argv[++i];
-        else {
-            fprintf(stderr, "usage: bench_train [--tasks B] [--group G] [--reps R] [--threads N] "
-                            "[--device cpu|cuda|cpu-device]\n");
-            return 2;
-        }
-    }
-    if (B < 1 || G < 1 || reps < 1 || reps > 64 || threads < 0) return 2;
-    if (strcmp(device, "cpu") && strcmp(device, "cuda") && strcmp(device, "cpu-device")) {
-        fprintf(stderr, "bench_train: --device %s: cpu, cuda or cpu-device\n", device);
-        return 2;
-    }
+    topts o;
+    const char *summary = "the rollout/learning split of one synchronous RL step, and the "
+                          "learner's tokens/s against the bare model on the same segments, in "
+                          "the same run (ratio: bare time / learner time, < 1: the learner's "
+                          "overhead)";
+    int parsed =
+        bench_options_parse("bench_train", summary, OPTS, ARL_OPTIONS_COUNT(OPTS), argc, argv, &o);
+    if (parsed >= 0) return parsed;
+    const int64_t B = o.tasks, G = o.group, reps = o.reps, threads = o.threads;
+    const char *device = o.device;
     g_wall = strcmp(device, "cpu") != 0;
     DIE(arl_k_threads_init((int)threads), "threads");
-    char tmp[] = "/tmp/arl-bench-train-XXXXXX";
-    if (!mkdtemp(tmp)) return 1;
+    const char *tmp = bench_tmpdir_create("bench_train", 4);
+    if (!tmp) return 1;
     char ckpt[600], db[600];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
     snprintf(db, sizeof db, "%s/db", tmp);
     {
         arl_model_config cfg;
-        const char *cands[] = {"configs/tiny/config.json", "../configs/tiny/config.json",
-                               "../../configs/tiny/config.json"};
-        arl_status s = ARL_ERR_NOT_FOUND;
-        for (size_t i = 0; i < 3 && s; i++)
-            s = arl_model_config_read(cands[i], &cfg);
-        if (s && getenv("ARL_SOURCE_DIR")) {
-            char p[700];
-            snprintf(p, sizeof p, "%s/configs/tiny/config.json", getenv("ARL_SOURCE_DIR"));
-            s = arl_model_config_read(p, &cfg);
-        }
-        DIE(s, "configs/tiny/config.json (run from the repository root or set ARL_SOURCE_DIR)");
+        DIE(read_config(o.config, &cfg), "model config");
         arl_model_params p;
         DIE(arl_model_params_alloc(&p, &cfg), "params");
         DIE(arl_params_init(&p, &cfg, 3, 1), "init");
@@ -333,9 +360,9 @@ int main(int argc, char **argv) {
     c.prefill_chunk = 2048;
     c.progress_s = 0;
     c.threads = threads;
-    replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
+    replay_open_opts ro = {.flags = REPLAY_OPEN_CREATE};
     replay_store *st;
-    DIE(replay_store_open(db, &o, &st), "store");
+    DIE(replay_store_open(db, &ro, &st), "store");
     arl_rollout_worker *w;
     double c0 = cpu_s();
     DIE(arl_rollout_worker_open(&c, ckpt, st, 0, NULL, &w), "worker");
@@ -398,8 +425,14 @@ int main(int argc, char **argv) {
         tu[r] = cpu_s() - c0;
         if (r == 0) t_learn_first = tu[r];
         /* the gradient phase's share of the update's wall time, applied to its CPU time */
-        tg[r] = tu[r] * metric(res.metrics_json, "time/grad_s") /
-                metric(res.metrics_json, "time/update_s");
+        const double grad_s = metric(res.metrics_json, "time/grad_s"),
+                     update_s = metric(res.metrics_json, "time/update_s");
+        if (!(update_s > 0 && grad_s >= 0)) {
+            fprintf(stderr, "bench_train: the update's metrics lack time/grad_s or "
+                            "time/update_s: no gradient-phase share\n");
+            return 1;
+        }
+        tg[r] = tu[r] * grad_s / update_s;
         tokens = res.tokens;
         if (getenv("ARL_BENCH_VERBOSE"))
             fprintf(stderr, "  update %lld: wall load %.2f, pi_old %.2f, ref %.2f, grad %.2f, total %.2f s\n",
@@ -431,10 +464,10 @@ int main(int argc, char **argv) {
         t_roll, t_learn_first, 100 * t_roll / (t_roll + t_learn_first),
         100 * t_learn_first / (t_roll + t_learn_first));
     printf("  learner update:   %8.0f tokens/s; bare 2 forwards + train step %8.0f tokens/s: "
-           "ratio %.3f (overhead %+.1f %%, target <= 15 %%)\n",
+           "bare/learner time %.3f (overhead %+.1f %%, target <= 15 %%)\n",
            tokens / mu, tokens / mb, mb / mu, 100 * (mu / mb - 1));
     printf("  gradient phase:   %8.0f tokens/s; bare train step            %8.0f tokens/s: "
-           "ratio %.3f (overhead %+.1f %%)\n",
+           "bare/learner time %.3f (overhead %+.1f %%)\n",
            tokens / mg, tokens / mbt, mbt / mg, 100 * (mg / mbt - 1));
     printf("  shared prefix:    %8.0f tokens/s (learner option shared-prefix, %.0f tokens per "
            "pass not fed again): %.2fx the update without it\n",
@@ -456,5 +489,6 @@ int main(int argc, char **argv) {
     lrn_close(&h);
     lrn_close(&hs);
     replay_store_close(st);
+    arl_options_free(OPTS, ARL_OPTIONS_COUNT(OPTS), &o);
     return 0;
 }
