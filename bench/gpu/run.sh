@@ -17,7 +17,7 @@
 # usual folders.  Without PACK: the normal CMake build of the project (Release, CUDA found).
 # If configuring fails (the machine lacks a CPU-side dependency such as jansson or OpenBLAS),
 # bench_gpu alone is compiled with nvcc from kernels/cuda/*.cu and core/{status,rng}.c (the
-# tests then cannot run).
+# tests then cannot run; checked where nvcc is, without a GPU: it links and exits 77).
 # OUT=DIR (the lent machine's $OUT): results.txt and the logs are copied there after each step.
 # Order: bench_gpu and the PyTorch baselines, bench_gpu_train (a summary of the ratios so far),
 # then with --tests the parity tests, then the rest (the most wanted numbers first, should a
@@ -100,6 +100,21 @@ elif cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPIL
     cmake --build "$build" --target bench_gpu -j"$jobs" >"$logs/build.log" 2>&1; then
     bench="$build/bench/gpu/bench_gpu"
 else
+    # every kernels/cuda/*.cu (NCCL left out), each into DIR/cu_NAME.o, two at a time: the
+    # *_wgmma.cu files for sm_90a alone (Hopper's warpgroup products), as the CMake build does
+    direct_cu() {
+        for f in "$root"/kernels/cuda/*.cu; do
+            n=$(basename "$f" .cu)
+            case $n in
+            *_wgmma) arch="--generate-code=arch=compute_90a,code=sm_90a -DARL_WGMMA_SM90A=1" ;;
+            *) arch=-arch=sm_90 ;;
+            esac
+            # shellcheck disable=SC2086
+            "$nvcc" -O3 -std=c++17 $arch -D_GNU_SOURCE -I"$root" -c "$f" -o "$1/cu_$n.o" &
+            [ $(jobs -r | wc -l) -lt 2 ] || wait -n || return 1
+        done
+        while [ $(jobs -r | wc -l) -gt 0 ]; do wait -n || return 1; done
+    }
     echo "run.sh: CMake build failed (see $logs/configure.log, $logs/build.log);" \
          "compiling bench_gpu directly with nvcc" >&2
     mkdir -p "$build"
@@ -109,12 +124,10 @@ else
             >>"$logs/nvcc.log" 2>&1 &&
         cc -O2 -std=c11 -D_GNU_SOURCE -I"$root" -c "$root/bench/gpu/bench_gpu.c" \
             -o "$build/bench_gpu.o" >>"$logs/nvcc.log" 2>&1 &&
-        "$nvcc" -O3 -std=c++17 -arch=sm_90 -D_GNU_SOURCE -I"$root" \
-            "$root"/kernels/cuda/context.cu "$root"/kernels/cuda/table.cu \
-            "$root"/kernels/cuda/misc.cu "$root"/kernels/cuda/moe.cu \
-            "$root"/kernels/cuda/kda.cu "$root"/kernels/cuda/mla.cu \
-            "$build/status.o" "$build/rng.o" "$build/bench_gpu.o" \
-            -lcublas -lpthread -lm -o "$build/bench_gpu_direct" >>"$logs/nvcc.log" 2>&1; then
+        direct_cu "$build" >>"$logs/nvcc.log" 2>&1 &&
+        "$nvcc" -arch=sm_90 "$build"/cu_*.o "$build/status.o" "$build/rng.o" \
+            "$build/bench_gpu.o" -lcublas -lpthread -lm -o "$build/bench_gpu_direct" \
+            >>"$logs/nvcc.log" 2>&1; then
         bench="$build/bench_gpu_direct"
     else
         echo "run.sh: nvcc build failed too:" >&2
