@@ -124,6 +124,42 @@ arl_status rdb_end(rdb *d, arl_status s) {
     return rdb_commit(d);
 }
 
+void rdb_read_begin(rdb *d) {
+    if (d->db && sqlite3_get_autocommit(d->db)) sqlite3_exec(d->db, "BEGIN", NULL, NULL, NULL);
+}
+
+void rdb_read_end(rdb *d) {
+    if (d->db && !sqlite3_get_autocommit(d->db) &&
+        sqlite3_exec(d->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        sqlite3_exec(d->db, "ROLLBACK", NULL, NULL, NULL); /* never left open: a stale snapshot */
+}
+
+/* Tries of rdb_leave_wal and the pause between them: 500 x 20 ms, the busy timeout. */
+#define RDB_LEAVE_WAL_TRIES 500
+#define RDB_LEAVE_WAL_PAUSE_US 20000
+
+arl_status rdb_leave_wal(rdb *d) {
+    for (int i = 0;; i++) {
+        ARL_TRY(rdb_exec(d, "PRAGMA wal_checkpoint(TRUNCATE)"));
+        sqlite3_stmt *q;
+        ARL_TRY(rdb_prepare(d, "PRAGMA journal_mode = DELETE", &q));
+        const int rc = sqlite3_step(q);
+        const char *mode = rc == SQLITE_ROW ? (const char *)sqlite3_column_text(q, 0) : NULL;
+        const int left = mode && !strcmp(mode, "delete");
+        sqlite3_finalize(q);
+        if (left) return ARL_OK;
+        if (rc != SQLITE_ROW && (rc & 0xFF) != SQLITE_BUSY)
+            return rdb_fail(d, rc, "leaving WAL mode (journal_mode = DELETE)");
+        if (i + 1 == RDB_LEAVE_WAL_TRIES)
+            return arl_errorf(ARL_ERR_BUSY,
+                              "replay: %s: other processes kept the file open for 10 s (readers: "
+                              "list, show, verify, view, a learner), so it stays in WAL mode: run "
+                              "'agentrl replay seal' again once they have closed it",
+                              d->name);
+        usleep(RDB_LEAVE_WAL_PAUSE_US);
+    }
+}
+
 arl_status rdb_query_int(rdb *d, const char *sql, int64_t *v, int *found) {
     sqlite3_stmt *s;
     ARL_TRY(rdb_prepare(d, sql, &s));

@@ -635,8 +635,15 @@ arl_status replay_export(replay_store *st, const replay_filter *f, const replay_
         if (s == ARL_OK && rc != SQLITE_DONE && rc != SQLITE_ROW)
             s = rdb_fail(d, rc, "selecting trajectories");
         sqlite3_finalize(q);
+        /* each trajectory from one snapshot of its file, its row read again in it: a writer's
+         * commits between the selection and the export (a running trajectory's segments, its
+         * end) made the header disagree with what followed */
         for (size_t k = 0; s == ARL_OK && k < n; k++) {
-            s = export_one(st, sh, d, &rows[k], o, out);
+            replay_traj_row t;
+            rdb_read_begin(d);
+            s = replay_traj_get_id(st, rows[k].traj_id, &t);
+            if (s == ARL_OK) s = export_one(st, sh, d, &t, o, out);
+            rdb_read_end(d);
             count++;
         }
         free(rows);

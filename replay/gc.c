@@ -309,7 +309,7 @@ static arl_status sealed_writer(replay_store *st, rshard *sh, replay_writer **ou
     snprintf(w->states_file, n + 16, "%.*s.states.sqlite", (int)(n - 7), sh->file);
     snprintf(spath, m + 16, "%.*s.states.sqlite", (int)(m - 7), sh->path);
     sprintf(w->lock_path, "%s.lock", sh->path);
-    if ((s = rlock_acquire(w->lock_path, w->file, &w->lock_fd, &w->lock_dev, &w->lock_ino)) !=
+    if ((s = rlock_acquire(w->lock_path, w->file, 1, &w->lock_fd, &w->lock_dev, &w->lock_ino)) !=
         ARL_OK)
         goto done;
     struct stat sb;
@@ -354,7 +354,7 @@ arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
             o = sealed_writer(st, sh, &w);
             if (o == ARL_OK && !w) continue;
         } else {
-            o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
+            o = rwriter_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, 1, &w);
         }
         if (o == ARL_ERR_BUSY) { /* its writer runs its own GC (section 7.6) */
             arl_error_clear();

@@ -45,6 +45,17 @@ void rdb_rollback(rdb *d); /* no-op outside a transaction */
 /* End the transaction of rdb_begin: commit if s is ARL_OK (the commit's status), else roll back
  * and return s. */
 arl_status rdb_end(rdb *d, arl_status s);
+/* A read transaction of a reader: everything read between rdb_read_begin and rdb_read_end is of
+ * one snapshot (the first read's), whatever the writer commits meanwhile.  Keep it to one
+ * trajectory: a long one stops the writer's WAL checkpoints from completing (section 3). */
+void rdb_read_begin(rdb *d);
+void rdb_read_end(rdb *d);
+/* Leave WAL mode (a sealed file, spec section 2.3): a TRUNCATE checkpoint, then journal_mode
+ * DELETE.  SQLite refuses that switch at once (SQLITE_BUSY, without calling the busy handler)
+ * while any other connection has the file open, a reader's too; readers keep their
+ * connections short (section 3), so it is tried again for up to the busy timeout (10 s), then
+ * ARL_ERR_BUSY saying so. */
+arl_status rdb_leave_wal(rdb *d);
 /* One integer from a query without parameters; *found = 0 if no row (found may be NULL). */
 arl_status rdb_query_int(rdb *d, const char *sql, int64_t *v, int *found);
 /* meta value of key into buf (""), *found as above. */
@@ -167,12 +178,19 @@ arl_status rcat_member_claim(replay_store *st, int64_t group_id, int32_t slot, i
                              const char *traj_uid, int32_t shard_id, int64_t traj_id);
 
 /* Ownership lock on "<file>.lock" (spec section 2.2): fcntl write lock, also refused when this
- * process already holds it.  ARL_ERR_BUSY when held elsewhere. */
-arl_status rlock_acquire(const char *path, const char *name, int *fd, uint64_t *dev, uint64_t *ino);
+ * process already holds it.  ARL_ERR_BUSY when held elsewhere: at once when brief is set (a
+ * maintenance command, which holds the file for a moment and skips a busy one) or a writer
+ * holds it; a writer (brief 0) first waits up to 10 s for a brief holder to let it go. */
+arl_status rlock_acquire(const char *path, const char *name, int brief, int *fd, uint64_t *dev,
+                         uint64_t *ino);
 void rlock_release(int fd, uint64_t dev, uint64_t ino);
 /* The pid of the process that holds the ownership lock of the shard file at path (its lock
  * "<path>.lock"): > 0; 0 when none holds it, this process does, or it cannot be told. */
 long rlock_holder(const char *path);
+/* 1 if the shard file at path is missing and no writer holds its lock: a writer registers a
+ * new shard in the catalog under its lock, before it creates the file (a reader between the
+ * two sees the file being created, not lost). */
+int rstore_file_missing(const char *path);
 /* One line to out (may be NULL) for shard file `file` (at path) that a maintenance command
  * skipped because its lock was busy: "<file>: skipped (writer alive, pid P): <then>", then
  * saying what happens to the file instead (e.g. "it collects its own states"). */
@@ -283,6 +301,12 @@ arl_status rrescore_tx_live(replay_writer *w);
 /* Grow w->scratch (the writer's blob encoding buffer) to at least n bytes (doubling, from
  * 64 KiB); ARL_ERR_NOMEM leaves the old buffer in place. */
 arl_status replay_writer_scratch_reserve(replay_writer *w, size_t n);
+
+/* replay_writer_open for a maintenance command (brief set: gc, seal, migrate, recover, verify
+ * --repair), which takes a file over for a moment and skips a busy one: ARL_ERR_BUSY at once
+ * when the lock is held, and a writer that wants the file waits for it (rlock_acquire). */
+arl_status rwriter_open(replay_store *st, replay_file_kind kind, int32_t shard_id,
+                        const char *run_uid, int brief, replay_writer **out);
 
 /* Set the writer's interrupted list to every running trajectory of its file (recover: a file
  * whose lock was free has no writer generating anything). */

@@ -241,9 +241,11 @@ arl_status replay_catalog_reconcile(replay_store *st);
  * file (a LEARNER file holds learner_records: replay_learner_record_put).
  * shard_id 0 registers a new shard in the catalog; a positive id reopens that shard (created if
  * it is registered but missing).  Takes the shard's lock: ARL_ERR_BUSY if another process
- * writes it.  If the file's previous writer was another process, its running trajectories are
- * interrupted (spec section 7.5): list them with replay_writer_interrupted and resolve each with
- * replay_writer_recover, replay_traj_resume or replay_traj_mask before beginning new ones.
+ * writes it; a maintenance command (gc, seal, migrate, recover, verify --repair) that has the
+ * file for a moment is waited for, up to 10 s.  If the file's previous writer was another
+ * process, its running trajectories are interrupted (spec section 7.5): list them with
+ * replay_writer_interrupted and resolve each with replay_writer_recover, replay_traj_resume or
+ * replay_traj_mask before beginning new ones.
  * run_uid (may be NULL) is recorded in meta for a new file.  Free with replay_writer_close.
  * Unless the store was opened with REPLAY_OPEN_FG_CHECKPOINT, the writer checkpoints each file's
  * WAL in a background thread with its own connection (replay/checkpoint.c); the writer itself

@@ -648,8 +648,7 @@ static arl_status migrate(rdb *d, int from) {
         d->schema_version = v;
     }
     /* a sealed file (agentrl replay migrate) leaves WAL again: immutable and copyable */
-    if (sealed)
-        ARL_TRY(rdb_exec(d, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE"));
+    if (sealed) ARL_TRY(rdb_leave_wal(d));
     return ARL_OK;
 }
 

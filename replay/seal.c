@@ -63,14 +63,13 @@ static arl_status sealed_reopen(replay_store *st, rshard *sh, int states) {
     sprintf(lock, "%s.lock", sh->path);
     int fd = -1;
     uint64_t dev = 0, ino = 0;
-    arl_status s = rlock_acquire(lock, sh->file, &fd, &dev, &ino);
+    arl_status s = rlock_acquire(lock, sh->file, 1, &fd, &dev, &ino);
     free(lock);
     if (s != ARL_OK) return s;
     rstore_shard_release(st, sh->shard_id);
     rdb d;
     s = rdb_open(&d, sh->path, sh->file, sh->kind, RDB_ALLOW_SEALED, st->vfs, NULL);
-    if (s == ARL_OK)
-        s = rdb_exec(&d, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE");
+    if (s == ARL_OK) s = rdb_leave_wal(&d);
     rdb_close(&d);
     if (s == ARL_OK && file_in_wal(sh->path))
         s = arl_errorf(ARL_ERR_BUSY,
@@ -169,7 +168,7 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, replay_a
         }
         rstore_shard_release(st, ref[i].id); /* leaving WAL needs the file to itself */
         replay_writer *w = NULL;
-        arl_status o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
+        arl_status o = rwriter_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, 1, &w);
         if (o == ARL_ERR_BUSY) {
             arl_error_clear();
             rshard *sh = rstore_shard(st, ref[i].id);
@@ -202,6 +201,10 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, replay_a
         if (o == ARL_OK) {
             if (out) fprintf(out, "%s: sealed\n", rel ? rel : "?");
             z.files++;
+        } else if (o == ARL_ERR_BUSY) { /* readers kept it in WAL: the next seal finishes it */
+            if (out) fprintf(out, "%s: skipped: %s\n", rel ? rel : "?", arl_error_msg());
+            arl_error_clear();
+            z.skipped++;
         } else {
             if (out) fprintf(out, "%s: not sealed: %s\n", rel ? rel : "?", arl_error_msg());
             if (first == ARL_OK) {
@@ -267,7 +270,7 @@ arl_status replay_migrate(replay_store *st, FILE *out, replay_admin_stats *stats
         } else { /* its writer migrates it (and its states file) at open */
             replay_writer *w = NULL;
             rstore_shard_release(st, ref[i].id);
-            s = replay_writer_open(st, (replay_file_kind)kind, ref[i].id, NULL, &w);
+            s = rwriter_open(st, (replay_file_kind)kind, ref[i].id, NULL, 1, &w);
             replay_writer_close(w);
         }
         if (s == ARL_ERR_BUSY && path && rlock_holder(path) > 0) {

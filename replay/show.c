@@ -502,16 +502,10 @@ arl_status replay_show_turns_parse(const char *s, int32_t *lo, int32_t *hi) {
     return ARL_OK;
 }
 
-arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out) {
-    replay_show_opts none = {0};
-    if (!o) o = &none;
-    replay_traj_row t;
-    ARL_TRY(replay_traj_get(st, traj, &t));
-    rshard *sh = rstore_shard(st, t.shard_id);
-    if (!sh && st->single_file) sh = &st->shards[0];
-    if (!sh) return arl_errorf(ARL_ERR_NOT_FOUND, "replay: shard %d missing", (int)t.shard_id);
-    rdb *d;
-    ARL_TRY(rstore_shard_db(st, sh, &d));
+/* replay_show of trajectory t of shard sh (file d), inside one read transaction of d. */
+static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_traj_row *tp,
+                            const replay_show_opts *o, FILE *out) {
+    const replay_traj_row t = *tp;
     char run[300], group[300], task[300], env[128], ver[64];
     rcat_run_uid(st, t.run_id, run, sizeof run);
     rcat_group_uid(st, t.group_id, group, sizeof group);
@@ -771,4 +765,23 @@ arl_status replay_show(replay_store *st, const char *traj, const replay_show_opt
         sqlite3_finalize(vq);
     }
     return ARL_OK;
+}
+
+arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out) {
+    replay_show_opts none = {0};
+    if (!o) o = &none;
+    replay_traj_row t;
+    ARL_TRY(replay_traj_get(st, traj, &t));
+    rshard *sh = rstore_shard(st, t.shard_id);
+    if (!sh && st->single_file) sh = &st->shards[0];
+    if (!sh) return arl_errorf(ARL_ERR_NOT_FOUND, "replay: shard %d missing", (int)t.shard_id);
+    rdb *d;
+    ARL_TRY(rstore_shard_db(st, sh, &d));
+    /* the row read again in the snapshot the rest is read from: a writer's commits meanwhile
+     * (a running trajectory's segments, its end) made the header disagree with its segments */
+    rdb_read_begin(d);
+    arl_status s = replay_traj_get_id(st, t.traj_id, &t);
+    if (s == ARL_OK) s = show_traj(st, sh, d, &t, o, out);
+    rdb_read_end(d);
+    return s;
 }

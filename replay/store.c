@@ -102,12 +102,67 @@ char *rstore_join(const char *dir, const char *rel) {
 
 /* ---- ownership locks (spec section 2.2) ---- */
 
+/* Byte RLOCK_OWNER of "<file>.lock" is the ownership lock, held by a writer for its life.  A
+ * brief holder (a maintenance command that takes a file over for a moment: gc, seal, migrate,
+ * recover, verify --repair) holds byte RLOCK_BRIEF as well, taken first and let go last, so
+ * that a writer that finds the ownership lock taken can tell that it will soon be free: it
+ * waits for a brief holder (up to RLOCK_WAIT_MS, SQLite's busy timeout) and fails at once
+ * when a writer holds it.  Older builds locked the whole file: they count as both. */
+enum { RLOCK_OWNER = 0, RLOCK_BRIEF = 1 };
+#define RLOCK_WAIT_MS 10000
+#define RLOCK_PAUSE_US 20000
+
 static pthread_mutex_t lock_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct { uint64_t dev, ino; } lock_held[256];
 static int lock_nheld;
+static pid_t lock_pid; /* the process the list is of: a child of fork holds none of its locks */
 
-arl_status rlock_acquire(const char *path, const char *name, int *fd_out, uint64_t *dev,
+/* lock_held of this process (lock_mu held): emptied in a child of fork. */
+static void held_list_own(void) {
+    if (lock_pid == getpid()) return;
+    lock_pid = getpid();
+    lock_nheld = 0;
+}
+
+static int lock_byte(int fd, off_t at) {
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = at, .l_len = 1};
+    return fcntl(fd, F_SETLK, &fl);
+}
+
+/* The pid of another process that holds byte at of fd's file; 0 if none or it cannot be told. */
+static long byte_holder(int fd, off_t at) {
+    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = at, .l_len = 1};
+    return fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK ? (long)q.l_pid : 0;
+}
+
+static int64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* 1 if this process holds the lock of the lock file at path (lock_mu held).  Checked before
+ * opening it: closing any descriptor of a file lets go of every lock the process holds on it. */
+static int held_here(const char *path) {
+    struct stat sb;
+    held_list_own();
+    if (stat(path, &sb)) return 0;
+    for (int i = 0; i < lock_nheld; i++)
+        if (lock_held[i].dev == (uint64_t)sb.st_dev && lock_held[i].ino == (uint64_t)sb.st_ino)
+            return 1;
+    return 0;
+}
+
+arl_status rlock_acquire(const char *path, const char *name, int brief, int *fd_out, uint64_t *dev,
                          uint64_t *ino) {
+    pthread_mutex_lock(&lock_mu);
+    const int mine = held_here(path);
+    pthread_mutex_unlock(&lock_mu);
+    if (mine)
+        return arl_errorf(ARL_ERR_BUSY,
+                          "replay: %s: already open for writing in this process (one writer per "
+                          "file: use another shard)",
+                          name);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0)
         return arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
@@ -118,71 +173,114 @@ arl_status rlock_acquire(const char *path, const char *name, int *fd_out, uint64
         close(fd);
         return arl_errorf(ARL_ERR_IO, "replay: %s: fstat(%s): %s", name, path, strerror(errno));
     }
-    pthread_mutex_lock(&lock_mu);
-    for (int i = 0; i < lock_nheld; i++)
-        if (lock_held[i].dev == (uint64_t)sb.st_dev && lock_held[i].ino == (uint64_t)sb.st_ino) {
+    int e = 0, at = RLOCK_OWNER;
+    if (brief && lock_byte(fd, RLOCK_BRIEF)) { /* another brief holder: no wait */
+        e = errno;
+        at = RLOCK_BRIEF;
+    }
+    const int64_t t0 = mono_ms();
+    while (!e) {
+        pthread_mutex_lock(&lock_mu);
+        held_list_own();
+        for (int i = 0; i < lock_nheld; i++)
+            if (lock_held[i].dev == (uint64_t)sb.st_dev &&
+                lock_held[i].ino == (uint64_t)sb.st_ino) {
+                pthread_mutex_unlock(&lock_mu);
+                close(fd);
+                return arl_errorf(ARL_ERR_BUSY,
+                                  "replay: %s: already open for writing in this process (one "
+                                  "writer per file: use another shard)",
+                                  name);
+            }
+        if (lock_byte(fd, RLOCK_OWNER) == 0) {
+            if (lock_nheld < (int)(sizeof lock_held / sizeof *lock_held)) {
+                lock_held[lock_nheld].dev = (uint64_t)sb.st_dev;
+                lock_held[lock_nheld].ino = (uint64_t)sb.st_ino;
+                lock_nheld++;
+            }
             pthread_mutex_unlock(&lock_mu);
-            close(fd);
-            return arl_errorf(ARL_ERR_BUSY,
-                              "replay: %s: already open for writing in this process (one writer "
-                              "per file: use another shard)",
-                              name);
+            *fd_out = fd;
+            *dev = (uint64_t)sb.st_dev;
+            *ino = (uint64_t)sb.st_ino;
+            return ARL_OK;
         }
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
-    if (fcntl(fd, F_SETLK, &fl)) {
-        int e = errno;
-        struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-        long pid = fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK ? (long)q.l_pid : -1;
+        e = errno;
         pthread_mutex_unlock(&lock_mu);
-        close(fd);
-        if (e == EACCES || e == EAGAIN)
-            return arl_errorf(ARL_ERR_BUSY,
-                              "replay: %s: another process (pid %ld) is writing this file (one "
-                              "writer per file: use another shard, or wait for it to finish)",
-                              name, pid);
-        return arl_errorf(ARL_ERR_IO, "replay: %s: locking %s: %s", name, path, strerror(e));
+        /* a maintenance command has the file for a moment: a writer waits for it */
+        if ((e == EACCES || e == EAGAIN) && !brief && byte_holder(fd, RLOCK_BRIEF) > 0 &&
+            mono_ms() - t0 < RLOCK_WAIT_MS) {
+            usleep(RLOCK_PAUSE_US);
+            e = 0;
+        }
     }
-    if (lock_nheld < (int)(sizeof lock_held / sizeof *lock_held)) {
-        lock_held[lock_nheld].dev = (uint64_t)sb.st_dev;
-        lock_held[lock_nheld].ino = (uint64_t)sb.st_ino;
-        lock_nheld++;
-    }
-    pthread_mutex_unlock(&lock_mu);
-    *fd_out = fd;
-    *dev = (uint64_t)sb.st_dev;
-    *ino = (uint64_t)sb.st_ino;
-    return ARL_OK;
+    const long pid = byte_holder(fd, at);
+    const int tool = at == RLOCK_BRIEF || (!brief && byte_holder(fd, RLOCK_BRIEF) > 0);
+    close(fd);
+    if ((e == EACCES || e == EAGAIN) && tool)
+        return arl_errorf(ARL_ERR_BUSY,
+                          "replay: %s: another replay command (pid %ld: gc, seal, migrate, recover "
+                          "or verify --repair) %s: run this one again when it has finished",
+                          name, pid ? pid : -1,
+                          brief ? "is using this file" : "held this file for more than 10 s");
+    if (e == EACCES || e == EAGAIN)
+        return arl_errorf(ARL_ERR_BUSY,
+                          "replay: %s: another process (pid %ld) is writing this file (one "
+                          "writer per file: use another shard, or wait for it to finish)",
+                          name, pid ? pid : -1);
+    return arl_errorf(ARL_ERR_IO, "replay: %s: locking %s: %s", name, path, strerror(e));
 }
 
 void rlock_release(int fd, uint64_t dev, uint64_t ino) {
     if (fd < 0) return;
     pthread_mutex_lock(&lock_mu);
+    held_list_own();
     for (int i = 0; i < lock_nheld; i++)
         if (lock_held[i].dev == dev && lock_held[i].ino == ino) {
             lock_held[i] = lock_held[--lock_nheld];
             break;
         }
     pthread_mutex_unlock(&lock_mu);
-    close(fd);
+    close(fd); /* lets go of both bytes */
 }
 
-long rlock_holder(const char *path) {
+/* rlock_holder, and in *brief whether the holder is a brief one */
+static long lock_holder(const char *path, int *brief) {
+    *brief = 0;
     char *lock = malloc(strlen(path) + 8);
     if (!lock) return 0;
     sprintf(lock, "%s.lock", path);
-    const int fd = open(lock, O_RDONLY | O_CLOEXEC);
+    pthread_mutex_lock(&lock_mu);
+    const int mine = held_here(lock); /* closing an fd of it would let this process's lock go */
+    pthread_mutex_unlock(&lock_mu);
+    const int fd = mine ? -1 : open(lock, O_RDONLY | O_CLOEXEC);
     free(lock);
     if (fd < 0) return 0;
-    struct flock q = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    const long pid = fcntl(fd, F_GETLK, &q) == 0 && q.l_type != F_UNLCK ? (long)q.l_pid : 0;
+    const long pid = byte_holder(fd, RLOCK_OWNER);
+    *brief = pid > 0 && byte_holder(fd, RLOCK_BRIEF) > 0;
     close(fd);
     return pid;
 }
 
+long rlock_holder(const char *path) {
+    int brief;
+    return lock_holder(path, &brief);
+}
+
+int rstore_file_missing(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) != 0 && errno == ENOENT && rlock_holder(path) == 0;
+}
+
 void rlock_print_skipped(FILE *out, const char *file, const char *path, const char *then) {
     if (!out) return;
-    const long pid = rlock_holder(path);
-    if (pid > 0)
+    int brief;
+    const long pid = lock_holder(path, &brief);
+    if (pid > 0 && brief)
+        fprintf(out,
+                "%s: skipped (in use by another replay command, pid %ld): run this one again "
+                "once it has finished\n",
+                file, pid);
+    else if (pid > 0)
         fprintf(out, "%s: skipped (writer alive, pid %ld): %s\n", file, pid, then);
     else
         fprintf(out, "%s: skipped (writer alive): %s\n", file, then);

@@ -58,7 +58,7 @@ static arl_status repair(vctx *v) {
             continue;
         }
         replay_writer *w = NULL;
-        arl_status o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
+        arl_status o = rwriter_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, 1, &w);
         if (o == ARL_ERR_BUSY) {
             fprintf(v->out, "repair: skipped (writer alive): %s\n", arl_error_msg());
             for (size_t k = 0; k < v->n_rep; k++)
@@ -808,8 +808,7 @@ arl_status rstore_report_missing(replay_store *st, int32_t only_shard, FILE *out
         const char *file = (const char *)sqlite3_column_text(q, 1);
         if (only_shard > 0 && id != only_shard) continue;
         char *p = rstore_join(st->dir, file);
-        struct stat sb;
-        const int missing = p && stat(p, &sb) != 0 && errno == ENOENT;
+        const int missing = p && rstore_file_missing(p);
         free(p);
         if (!missing) continue;
         (*n_missing)++;
@@ -858,6 +857,10 @@ void replay_shards_warn_unreadable(replay_store *st, FILE *err) {
         int64_t n = 0; /* counted only for a file that is not readable (a scan of the members) */
         char what[512] = "";
         rdb *d;
+        char *p = sh ? NULL : rstore_join(st->dir, file);
+        const int missing = !sh && p && rstore_file_missing(p); /* not a new one's writer's */
+        free(p);
+        if (!sh && !missing) continue;
         if (!sh)
             snprintf(what, sizeof what, "is registered in the catalog but its file is missing");
         else if (rstore_shard_db(st, sh, &d) != ARL_OK)
@@ -909,8 +912,7 @@ static void check_ledger(vctx *v) {
     if (rdb_prepare(c, "SELECT shard_id, file_name FROM shards ORDER BY shard_id", &q) == ARL_OK) {
         while (sqlite3_step(q) == SQLITE_ROW) {
             char *p = rstore_join(v->st->dir, (const char *)sqlite3_column_text(q, 1));
-            struct stat sb;
-            if (p && stat(p, &sb))
+            if (p && rstore_file_missing(p))
                 lost_shard(v, sqlite3_column_int(q, 0), (const char *)sqlite3_column_text(q, 1),
                            "its file is missing");
             free(p);
@@ -1080,7 +1082,7 @@ arl_status replay_recover(replay_store *st, int mask, FILE *out, int64_t *n_foun
         if (ref[i].kind != REPLAY_FILE_WORKER && ref[i].kind != REPLAY_FILE_TOOL) continue;
         if (rstore_shard_sealed(st, ref[i].id)) continue; /* sealed when its writer finished */
         replay_writer *w = NULL;
-        arl_status o = replay_writer_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, &w);
+        arl_status o = rwriter_open(st, (replay_file_kind)ref[i].kind, ref[i].id, NULL, 1, &w);
         char *rel = rstore_shard_rel(ref[i].kind, ref[i].id);
         if (o == ARL_ERR_BUSY) {
             fprintf(out, "%s: writer alive: %s\n", rel ? rel : "?", arl_error_msg());

@@ -201,8 +201,42 @@ arl_status rwriter_scan_running(replay_writer *w) {
     return ARL_OK;
 }
 
-/* Register (shard_id 0: allocate) the shard in the catalog. */
-static arl_status register_shard(replay_store *st, int kind, int32_t *shard_id) {
+/* w's file names for shard id of its kind (file, states_file, lock_path) and the paths of its
+ * two files (*path, *spath: malloc'd), in place of those it had. */
+static arl_status writer_names(replay_writer *w, int32_t id, char **path, char **spath) {
+    free(w->file);
+    free(w->states_file);
+    free(w->lock_path);
+    free(*path);
+    free(*spath);
+    w->states_file = w->lock_path = *path = *spath = NULL;
+    w->shard_id = id;
+    w->file = rstore_shard_rel(w->kind, id);
+    if (w->file) {
+        size_t n = strlen(w->file);
+        w->states_file = malloc(n + 16);
+        w->lock_path = malloc(strlen(w->st->dir) + n + 16);
+        if (w->states_file) {
+            memcpy(w->states_file, w->file, n - 7);
+            strcpy(w->states_file + n - 7, ".states.sqlite");
+        }
+        *path = rstore_join(w->st->dir, w->file);
+        *spath = w->states_file ? rstore_join(w->st->dir, w->states_file) : NULL;
+        if (w->lock_path && *path) sprintf(w->lock_path, "%s.lock", *path);
+    }
+    if (!w->file || !w->states_file || !w->lock_path || !*path || !*spath)
+        return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
+    return ARL_OK;
+}
+
+/* Register (shard_id 0: allocate) w's shard in the catalog.  A new id is the first above the
+ * registered ones that has no file and whose lock w takes (a writer of an id given explicitly
+ * holds its lock before it registers it); its names are set and its lock held before the
+ * registration commits: a reader that finds the shard registered before its file exists sees
+ * its writer alive, creating it (rstore_file_missing). */
+static arl_status register_shard(replay_store *st, replay_writer *w, int32_t *shard_id, int brief,
+                                 char **path, char **spath) {
+    const int kind = w->kind;
     rdb *c = &st->cat;
     ARL_TRY(rdb_begin(c));
     arl_status s = ARL_OK;
@@ -210,10 +244,20 @@ static arl_status register_shard(replay_store *st, int kind, int32_t *shard_id) 
     if (!id) {
         s = rdb_query_int(c, "SELECT coalesce(max(shard_id), 0) + 1 FROM shards", &id, NULL);
         if (s != ARL_OK) return s;
-        if (id > REPLAY_SHARD_MAX) {
-            rdb_rollback(c);
-            return arl_errorf(ARL_ERR_FULL, "replay: %s: all %d shard ids are used", st->root,
-                              REPLAY_SHARD_MAX);
+        for (;; id++) {
+            struct stat sb;
+            if (id > REPLAY_SHARD_MAX) {
+                rdb_rollback(c);
+                return arl_errorf(ARL_ERR_FULL, "replay: %s: all %d shard ids are used", st->root,
+                                  REPLAY_SHARD_MAX);
+            }
+            if ((s = writer_names(w, (int32_t)id, path, spath)) != ARL_OK) break;
+            if (stat(*path, &sb) == 0) continue;
+            s = rlock_acquire(w->lock_path, w->file, brief, &w->lock_fd, &w->lock_dev,
+                              &w->lock_ino);
+            if (s != ARL_ERR_BUSY) break;
+            arl_error_clear(); /* another writer's, about to register it */
+            s = ARL_OK;
         }
     }
     char *rel = rstore_shard_rel(kind, (int32_t)id);
@@ -261,6 +305,11 @@ static arl_status register_shard(replay_store *st, int kind, int32_t *shard_id) 
 
 arl_status replay_writer_open(replay_store *st, replay_file_kind kind, int32_t shard_id,
                               const char *run_uid, replay_writer **out) {
+    return rwriter_open(st, kind, shard_id, run_uid, 0, out);
+}
+
+arl_status rwriter_open(replay_store *st, replay_file_kind kind, int32_t shard_id,
+                        const char *run_uid, int brief, replay_writer **out) {
     *out = NULL;
     if (kind != REPLAY_FILE_WORKER && kind != REPLAY_FILE_TOOL && kind != REPLAY_FILE_LEARNER)
         return arl_errorf(ARL_ERR_ARG, "replay: writers open worker, tool or learner files, not %s",
@@ -273,35 +322,18 @@ arl_status replay_writer_open(replay_store *st, replay_file_kind kind, int32_t s
     if (shard_id < 0 || shard_id > REPLAY_SHARD_MAX)
         return arl_errorf(ARL_ERR_ARG, "replay: shard id %d outside 1..%d", (int)shard_id,
                           REPLAY_SHARD_MAX);
-    ARL_TRY(register_shard(st, kind, &shard_id));
     replay_writer *w = calloc(1, sizeof *w);
     if (!w) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
     w->st = st;
     w->kind = kind;
-    w->shard_id = shard_id;
     w->lock_fd = -1;
     arl_status s = ARL_OK;
     char *path = NULL, *spath = NULL;
-    w->file = rstore_shard_rel(kind, shard_id);
-    if (w->file) {
-        size_t n = strlen(w->file);
-        w->states_file = malloc(n + 16);
-        w->lock_path = malloc(strlen(st->dir) + n + 16);
-        if (w->states_file) {
-            memcpy(w->states_file, w->file, n - 7);
-            strcpy(w->states_file + n - 7, ".states.sqlite");
-        }
-        path = rstore_join(st->dir, w->file);
-        spath = w->states_file ? rstore_join(st->dir, w->states_file) : NULL;
-        if (w->lock_path && path) sprintf(w->lock_path, "%s.lock", path);
-    }
-    if (!w->file || !w->states_file || !w->lock_path || !path || !spath) {
-        s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
-        goto fail;
-    }
-    if ((s = rlock_acquire(w->lock_path, w->file, &w->lock_fd, &w->lock_dev, &w->lock_ino)) !=
-        ARL_OK)
-        goto fail;
+    /* the lock first (a new id's inside its registration), then the catalog's row */
+    if (shard_id > 0 && (s = writer_names(w, shard_id, &path, &spath)) == ARL_OK)
+        s = rlock_acquire(w->lock_path, w->file, brief, &w->lock_fd, &w->lock_dev, &w->lock_ino);
+    if (s == ARL_OK) s = register_shard(st, w, &shard_id, brief, &path, &spath);
+    if (s != ARL_OK) goto fail;
     remove_stale_temps(st->dir, w->file, w->states_file);
     char meta[1024];
     char sid[16];
@@ -1155,8 +1187,7 @@ arl_status replay_writer_seal(replay_writer *w) {
         sqlite3_finalize(w->stmt[i]);
         w->stmt[i] = NULL;
     }
-    if (s == ARL_OK)
-        s = rdb_exec(&w->w, "PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode = DELETE");
+    if (s == ARL_OK) s = rdb_leave_wal(&w->w);
     if (s == ARL_OK && w->st->cat.db) {
         sqlite3_stmt *q;
         s = rdb_prepare(&w->st->cat, "UPDATE shards SET sealed_at_ms = ?2 WHERE shard_id = ?1", &q);
