@@ -237,7 +237,9 @@ static char *ref_greedy(const char *prompt, int64_t max_new) {
     }
     char *text;
     size_t len;
-    CHECK(arl_tokenizer_decode(&t.tok, out, (size_t)n, 0, &text, &len) == ARL_OK);
+    /* (as generate writes it: valid UTF-8, U+FFFD for bytes that are not) */
+    CHECK(arl_tokenizer_decode(&t.tok, out, (size_t)n, ARL_DECODE_UTF8_REPLACE, &text, &len) ==
+          ARL_OK);
     free(lg);
     arl_decode_state_free(&st);
     arl_model_free(&m);
