@@ -531,17 +531,6 @@ static void say(tr_run *r, const char *fmt, ...) {
     fflush(r->log);
 }
 
-/* A learner workspace the context length made too large names the key that sets it: the
- * model's message says max_context, which the run takes from rollout.context-tokens (the
- * rollout worker says so for its own). */
-static arl_status name_context_key(arl_status s, int64_t context_tokens) {
-    if (s != ARL_ERR_NOMEM || !strstr(arl_error_msg(), "(max_context ")) return s;
-    char m[2048];
-    snprintf(m, sizeof m, "%s", arl_error_msg());
-    return arl_errorf(s, "%s; max_context is rollout.context-tokens (%lld)", m,
-                      (long long)context_tokens);
-}
-
 /* Every rank learns whether any rank failed (collective over the world).  After a failure
  * that may have cut a collective in two (r->broken) it only returns the failure: the other
  * ranks may wait in that collective, so this rank makes no more calls and main aborts the job
@@ -2034,6 +2023,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->lc.n_traj_per_update = r->B * r->G;
     r->lc.segment_tokens = c->rollout.segment_tokens;
     r->lc.max_context = c->rollout.context_tokens;      /* (every context stage is within it) */
+    r->lc.max_context_key = "rollout.context-tokens";
     r->lc.mla_sparse_topk = c->rollout.mla_sparse_topk; /* one setting for rollout and learner */
     r->lc.mla_sparse_chunk = c->rollout.mla_sparse_chunk;
     s = sync_status(r, s);
@@ -2089,7 +2079,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
                                .loss = &r->lossc,
                                .lc = &r->lc,
                                .dist = d->layout.world_size > 1 ? d : NULL};
-        s = name_context_key(arl_learner_create(&r->lr, &in), c->rollout.context_tokens);
+        s = arl_learner_create(&r->lr, &in);
         if (s) r->broken = 1; /* (its device set-up broadcasts over the learners) */
     }
     s = sync_status(r, s);

@@ -264,6 +264,7 @@ arl_status arl_learner_create(arl_learner **out, const arl_learner_init *in) {
     mo.max_tokens = l->Tm;
     mo.max_docs = l->N;
     mo.max_context = l->lc.max_context;
+    mo.max_context_key = l->lc.max_context_key;
     if (l->lc.mla_sparse_topk > 0) { /* the run's block-sparse setting: every learner pass
                                       * (pi_old, reference, gradient) runs it */
         mo.mla_sparse_topk = l->lc.mla_sparse_topk;

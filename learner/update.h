@@ -184,6 +184,7 @@ typedef struct arl_learner_config {
     int64_t segment_tokens;    /* L_seg of the rollout (segment/oversize_frac) */
     int64_t max_context;       /* most positions since a fresh start (the rollout's L_ctx);
                                   0: the model's max_position_embeddings */
+    const char *max_context_key; /* the setting it comes from (arl_model_opts); NULL: none */
     int64_t mla_sparse_topk;   /* block-sparse MLA k_c of the run (spec/policy.md 4.5; the
                                   rollout's setting: "a run uses one setting for its rollout and
                                   learner passes"); 0: dense */

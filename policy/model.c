@@ -171,13 +171,17 @@ arl_status arl_model_init(arl_model *m, const arl_model_config *cfg, const arl_m
     if (posix_memalign((void **)&m->arena, 64, bytes ? bytes : 64)) {
         m->arena = NULL;
         /* attention over the context is sized by the longer of the two (the MLA's max_rows) */
+        char key[200] = ""; /* the setting it comes from, when the caller named it */
+        if (m->opts.max_context_key)
+            snprintf(key, sizeof key, "; max_context is %s (%lld)", m->opts.max_context_key,
+                     (long long)m->opts.max_context);
         if (m->opts.max_context > m->opts.max_tokens)
             return arl_errorf(ARL_ERR_NOMEM,
                               "model: out of memory allocating the %.1f MiB workspace "
                               "(max_context %lld, the longest context attended over, and "
-                              "max_tokens %lld; lower them)",
+                              "max_tokens %lld; lower them)%s",
                               (double)bytes / 1048576.0, (long long)m->opts.max_context,
-                              (long long)m->opts.max_tokens);
+                              (long long)m->opts.max_tokens, key);
         return arl_errorf(ARL_ERR_NOMEM,
                           "model: out of memory allocating the %.1f MiB workspace "
                           "(max_tokens %lld; lower it)",

@@ -47,6 +47,8 @@ typedef struct arl_model_opts {
     int64_t kda_chunk;        /* C of the chunkwise KDA core, 1..256 (64) */
     int64_t mla_sparse_chunk; /* n_c of spec 4.5 (4096) */
     int64_t mla_sparse_topk;  /* k_c of spec 4.5; 0 = dense MLA (0) */
+    const char *max_context_key; /* the setting max_context comes from, named by a workspace
+                                    too large for memory (e.g. "context-tokens"); NULL: none */
 } arl_model_opts;
 
 void arl_model_opts_default(arl_model_opts *o);

@@ -106,6 +106,7 @@ arl_status ro_engine_open(ro_engine *e, const char *ckpt_dir, int64_t version,
     mo.max_tokens = o->max_tokens;
     mo.max_docs = o->n_slots;
     mo.max_context = o->max_context;
+    mo.max_context_key = o->max_context_key;
     mo.mla_sparse_topk = o->sparse_topk;
     mo.mla_sparse_chunk = o->sparse_chunk;
     if (o->device) { /* block-sparse MLA (mo.mla_sparse_topk > 0) included */

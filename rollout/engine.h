@@ -29,6 +29,7 @@ typedef struct ro_engine_opts {
     int32_t n_slots;      /* sequences decoded together */
     int64_t max_tokens;   /* most tokens of one forward (>= n_slots) */
     int64_t max_context;  /* most positions of one sequence since its fresh start */
+    const char *max_context_key; /* the setting it comes from (arl_model_opts); NULL: none */
     int64_t sparse_topk;  /* block-sparse MLA chunks (0: dense) */
     int64_t sparse_chunk; /* block-sparse MLA chunk length */
     const char *device;   /* NULL: policy/model.h on the CPU (the reference); else a device of

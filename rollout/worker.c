@@ -1541,8 +1541,11 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
                        c->context_tokens, c->trajectory_tokens, c->max_turns};
     if (!realpath(ckpt_dir, w->ckpt_dir)) snprintf(w->ckpt_dir, sizeof w->ckpt_dir, "%s", ckpt_dir);
     if (c->threads > 0) ARL_TRY(arl_k_threads_init((int)c->threads));
-    ro_engine_opts eo = {.n_slots = (int32_t)c->batch_size, .max_tokens = c->prefill_chunk,
-                         .max_context = c->context_tokens, .sparse_topk = c->mla_sparse_topk,
+    ro_engine_opts eo = {.n_slots = (int32_t)c->batch_size,
+                         .max_tokens = c->prefill_chunk,
+                         .max_context = c->context_tokens,
+                         .max_context_key = "the rollout's context-tokens",
+                         .sparse_topk = c->mla_sparse_topk,
                          .sparse_chunk = c->mla_sparse_chunk,
                          .device = !strcmp(c->device, "cpu")          ? NULL
                                    : !strcmp(c->device, "cpu-device") ? "cpu"
@@ -1550,15 +1553,7 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
                          .bf16_weights = c->device_bf16,
                          .decode_graphs = c->device_graphs,
                          .device_index = (int32_t)c->device_index};
-    s = ro_engine_open(&w->eng, w->ckpt_dir, c->policy_version, &eo);
-    if (s == ARL_ERR_NOMEM && strstr(arl_error_msg(), "(max_context ")) {
-        /* a workspace the context made too large: the key that sets it */
-        char m[2048];
-        snprintf(m, sizeof m, "%s", arl_error_msg());
-        return arl_errorf(s, "%s; max_context is the rollout's context-tokens (%lld)", m,
-                          (long long)c->context_tokens);
-    }
-    ARL_TRY(s);
+    ARL_TRY(ro_engine_open(&w->eng, w->ckpt_dir, c->policy_version, &eo));
     w->sp = (arl_sample_params){.temperature = c->temperature, .top_p = c->top_p};
     ARL_TRY(arl_sample_params_check(&w->sp));
     w->n_stop = arl_chat_stop_tokens(&w->eng.tpl, w->stop_ids);

@@ -60,14 +60,7 @@ pause() {
     local ms=$(($1 + RANDOM % ($2 - $1 + 1)))
     sleep "$((ms / 1000)).$(printf %03d $((ms % 1000)))"
 }
-wait_for() { # wait_for CMD...: poll up to 30 s
-    local k=0
-    until "$@"; do
-        [ $k -lt 600 ] || return 1
-        sleep 0.05
-        k=$((k + 1))
-    done
-}
+. "$(dirname "$0")/../wait_for.sh"
 "$BIN" model init tiny "$T/ckpt" --seed 1 > /dev/null 2>&1 || fail "model init"
 cat > "$T/exp.json" << 'JSON'
 {"rollout": {"env": "calculator", "group_size": 2, "turn_tokens": 24, "segment_tokens": 1024,

@@ -18,15 +18,7 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-# wait_for CMD...: poll CMD until it succeeds (15 s at most)
-wait_for() {
-    k=0
-    until "$@"; do
-        [ $k -lt 300 ] || return 1
-        sleep 0.05
-        k=$((k + 1))
-    done
-}
+. "$(dirname "$0")/../wait_for.sh"
 "$BIN" model init tiny "$T/ckpt" --seed 3 > /dev/null 2>&1 || fail "model init"
 cat > "$T/exp.json" <<'JSON'
 {"rollout": {"env": "calculator", "group_size": 2, "turn_tokens": 24, "segment_tokens": 1024,
