@@ -3,9 +3,10 @@
 # bench_smoke; ARL_BUILD_DIR is the build).  Checks, for every CPU benchmark: --help (exit 0,
 # every option described), an unknown option and a bad value (exit 2, a message naming the
 # option); then tiny runs that must end 0 and leave nothing in $TMPDIR, a run stopped by SIGTERM
-# that must remove its directory too, TMPDIR pointing nowhere (a clear message, exit 1), no
-# 'nan' printed without the PyTorch baseline, and the GPU programs' arguments (checked before
-# they look for a GPU; without one they exit 77).
+# that must remove its directory too, a PyTorch baseline stopped by SIGINT (no traceback),
+# TMPDIR pointing nowhere (a clear message, exit 1), no 'nan' printed without the PyTorch
+# baseline, the GPU programs' arguments (checked before they look for a GPU; without one they
+# exit 77) and bench_train --device cuda without a GPU (it says so before its rollout).
 set -u
 build=${ARL_BUILD_DIR:-build}
 b=$build/bench
@@ -93,6 +94,30 @@ rc=$?
 [ $rc = 143 ] || fail "bench_replay after SIGTERM exited $rc, expected 143"
 left "bench_replay stopped by SIGTERM"
 
+# ---- a PyTorch baseline stopped by Ctrl-C (SIGINT) ends quietly, without a traceback ----
+# (env --default-signal: a background job of a script starts with SIGINT ignored)
+src=$(cd "$(dirname "$0")/../.." && pwd)
+if /usr/bin/python3 -c 'import torch' 2>/dev/null &&
+    "$build/agentrl" model init tiny "$work/ckpt" --seed 1 >/dev/null 2>&1; then
+    mkfifo "$work/in"
+    env --default-signal=INT /usr/bin/python3 "$src/bench/policy/torch_model.py" \
+        --ckpt "$work/ckpt" --no-verify --serve <"$work/in" >"$work/out" 2>"$work/err" &
+    pid=$!
+    exec 3>"$work/in"
+    i=0
+    while ! grep -q '"ready"' "$work/out" && [ $i -lt 600 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    kill -INT $pid
+    wait $pid
+    exec 3>&-
+    grep -q '"ready"' "$work/out" || fail "torch_model.py --serve never said ready"
+    grep -q Traceback "$work/err" && { fail "torch_model.py printed a traceback on SIGINT"; tail -3 "$work/err"; }
+else
+    echo "(no torch for /usr/bin/python3: the baseline's SIGINT check skipped)"
+fi
+
 # ---- TMPDIR pointing nowhere ----
 TMPDIR=$work/none
 expect 1 "cannot create a temporary directory in $work/none" "$b/train/bench_train" --reps 1
@@ -106,6 +131,15 @@ for p in bench_gpu bench_gpu_model bench_gpu_train; do
     expect 2 "'--no-such-option'" "$prog" --no-such-option
 done
 [ -x "$b/gpu/bench_gpu_train" ] && expect 2 "option 'docs'" "$b/gpu/bench_gpu_train" --docs x
+# bench_train --device cuda where it cannot run (no GPU, or a build without CUDA) says so
+# before its CPU rollout: exit 77 without a device, 1 without the backend
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    "$b/train/bench_train" --device cuda --tasks 1 --group 1 --reps 1 >"$work/out" 2>&1
+    rc=$?
+    case $rc in 1 | 77) ;; *) fail "bench_train --device cuda without a GPU exited $rc" ;; esac
+    grep -q "device 'cuda'" "$work/out" || fail "bench_train --device cuda: no message naming the device"
+    grep -q "rollout:" "$work/out" && fail "bench_train --device cuda ran its rollout before saying it cannot run"
+fi
 
 [ $fails = 0 ] || { echo "$fails check(s) failed"; exit 1; }
 echo "bench smoke: all checks passed"

@@ -14,7 +14,13 @@ Prints "RESULT key=value" lines.  Without torch, without CUDA in torch, or witho
 `--quick` shrinks the sizes like bench_gpu --quick.
 """
 import math
+import signal
 import sys
+
+# Ctrl-C or a closed pipe (the benchmark that started this baseline stopped) ends the
+# process quietly, as it would a C program, not with a Python traceback.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
 def main():

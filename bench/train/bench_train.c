@@ -37,6 +37,7 @@
 #include "bench/common/bench.h"
 #include "bench/common/tmpdir.h"
 #include "core/options.h"
+#include "kernels/backend.h"
 #include "kernels/threadpool.h"
 #include "learner/kl_ctl.h"
 #include "learner/ledger.h"
@@ -322,6 +323,14 @@ int main(int argc, char **argv) {
     const int64_t B = o.tasks, G = o.group, reps = o.reps, threads = o.threads;
     const char *device = o.device;
     g_wall = strcmp(device, "cpu") != 0;
+    if (!strcmp(device, "cuda")) { /* before the CPU rollout: exit 77 (skipped) without a GPU */
+        const arl_k_backend *be;
+        arl_status s = arl_k_backend_get("cuda", &be);
+        if (s) {
+            fprintf(stderr, "bench_train: %s\n", arl_error_msg());
+            return s == ARL_ERR_DEVICE ? 77 : 1;
+        }
+    }
     DIE(arl_k_threads_init((int)threads), "threads");
     const char *tmp = bench_tmpdir_create("bench_train", 4);
     if (!tmp) return 1;

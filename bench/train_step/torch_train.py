@@ -53,9 +53,15 @@ import gc
 import json
 import os
 import resource
+import signal
 import statistics
 import sys
 import time
+
+# Ctrl-C or a closed pipe (the benchmark that started this baseline stopped) ends the
+# process quietly, as it would a C program, not with a Python traceback.
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
