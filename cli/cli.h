@@ -76,6 +76,11 @@ void cli_remove_on_interrupt(const char *path);
  * it replaces): while dir is set, SIGINT and SIGTERM first remove the files in it and then it. */
 void cli_remove_dir_on_interrupt(const char *dir);
 
+/* While fn is set (NULL: none), SIGINT and SIGTERM call fn first, when they end the process (a
+ * first signal of cli_interrupt_soft only notes itself): fn must be async-signal-safe (rmdir,
+ * unlink on paths made beforehand), for what a command would remove had it stopped itself. */
+void cli_call_on_interrupt(void (*fn)(void));
+
 /* For a command that is not continued: SIGINT and SIGTERM print text (copied; at most 8191
  * bytes) on standard error, then end the process by that signal. */
 void cli_note_on_interrupt_text(const char *text);

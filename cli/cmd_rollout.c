@@ -11,6 +11,7 @@
  * finished, marked interrupted, then the command that continues it; a second one stops at once.
  * One before the worker wrote anything leaves no new store (one that existed stays as it was).
  */
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,20 +65,31 @@ static arl_option *make_table(size_t *n) {
     return t;
 }
 
-/* A store this command created and nothing was written to (its shards folder empty): its
- * catalog and shards folder removed, and root too when this command made it (rmdir leaves a
- * folder that holds anything else). */
-static void remove_new_store(const char *root, int made_root) {
+/* A store this command is creating: its paths, made before it is, so that an interrupt's second
+ * signal (which ends the process at once) can remove it too (cli_call_on_interrupt). */
+static struct {
+    char shards[4200], root[4096], files[4][4300];
+    int made_root;
+} g_new_store;
+
+static void new_store_paths(const char *root, int made_root) {
     static const char *const names[] = {"catalog.sqlite", "catalog.sqlite-wal",
                                         "catalog.sqlite-shm", "catalog.sqlite-journal"};
-    char p[4200];
-    snprintf(p, sizeof p, "%s/shards", root);
-    if (rmdir(p) != 0) return; /* a shard file exists: keep the store whole */
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", root, names[i]);
-        unlink(p);
-    }
-    if (made_root) rmdir(root);
+    snprintf(g_new_store.root, sizeof g_new_store.root, "%s", root);
+    snprintf(g_new_store.shards, sizeof g_new_store.shards, "%s/shards", root);
+    for (size_t i = 0; i < 4; i++)
+        snprintf(g_new_store.files[i], sizeof g_new_store.files[i], "%s/%s", root, names[i]);
+    g_new_store.made_root = made_root;
+}
+
+/* The store new_store_paths named, when nothing was written to it (its shards folder empty or not
+ * made yet): its catalog and shards folder removed, and root too when this command made it (rmdir
+ * leaves a folder that holds anything else).  Async-signal-safe (rmdir, unlink). */
+static void remove_new_store(void) {
+    if (rmdir(g_new_store.shards) != 0 && errno != ENOENT) return; /* a shard: keep it whole */
+    for (size_t i = 0; i < 4; i++)
+        unlink(g_new_store.files[i]);
+    if (g_new_store.made_root) rmdir(g_new_store.root);
 }
 
 static int stop_on_interrupt(void *user) {
@@ -142,6 +154,10 @@ int cmd_rollout(int argc, char **argv) {
     char cat_path[4200];
     snprintf(cat_path, sizeof cat_path, "%s/catalog.sqlite", o.out);
     const int out_existed = stat(o.out, &out_st) == 0, cat_existed = stat(cat_path, &out_st) == 0;
+    if (!cat_existed) { /* a second signal before the worker has its shard removes the store */
+        new_store_paths(o.out, !out_existed);
+        cli_call_on_interrupt(remove_new_store);
+    }
     s = cli_interrupted() ? arl_errorf(ARL_ERR_CANCELLED, "rollout: interrupted")
                           : replay_store_open(o.out, &so, &st);
     if (s == ARL_OK) s = arl_rollout_worker_open(&o.rc, o.ckpt, st, (int32_t)o.shard, &hooks, &w);
@@ -150,8 +166,9 @@ int cmd_rollout(int argc, char **argv) {
         w = NULL;
         replay_store_close(st);
         st = NULL;
-        remove_new_store(o.out, !out_existed);
+        remove_new_store();
     }
+    cli_call_on_interrupt(NULL); /* (the worker has its shard file: the store stays) */
     const int started = s == ARL_OK;
     if (started) {
         arl_log_info("rollout: writing shard %d of %s", (int)arl_rollout_worker_shard(w), o.out);

@@ -25,6 +25,7 @@ static char g_launcher[32]; /* cli_note_launcher's "mpirun", "" for none */
 
 static char g_remove[4096];     /* cli_remove_on_interrupt's file, "" for none */
 static char g_remove_dir[4096]; /* cli_remove_dir_on_interrupt's directory, "" for none */
+static void (*volatile g_call)(void); /* cli_call_on_interrupt's function, or NULL */
 
 /* Remove the plain files in dir, then dir: async-signal-safe (open, getdents64, unlinkat, rmdir,
  * close; no allocation).  A few passes, in case entries moved while they were being removed. */
@@ -50,10 +51,13 @@ static void remove_dir_now(const char *dir) {
 }
 
 static void on_interrupt(int sig) {
-    /* async-signal-safe: unlink(2), remove_dir_now, write(2), then the signal again with its
-     * default action (SA_RESETHAND restored it; it is blocked until this handler returns) */
+    /* async-signal-safe: unlink(2), remove_dir_now, cli_call_on_interrupt's function, write(2),
+     * then the signal again with its default action (SA_RESETHAND restored it; it is blocked
+     * until this handler returns) */
     if (g_remove[0]) unlink(g_remove);
     if (g_remove_dir[0]) remove_dir_now(g_remove_dir);
+    void (*call)(void) = g_call;
+    if (call) call();
     ssize_t w = write(STDERR_FILENO, g_note, g_note_len);
     (void)w;
     raise(sig);
@@ -267,6 +271,11 @@ void cli_remove_on_interrupt(const char *path) {
 
 void cli_remove_dir_on_interrupt(const char *dir) {
     set_remove_path(g_remove_dir, sizeof g_remove_dir, dir);
+}
+
+void cli_call_on_interrupt(void (*fn)(void)) {
+    g_call = fn;
+    if (fn) arm();
 }
 
 static volatile sig_atomic_t g_deferred; /* the signal that came while deferred, or 0 */

@@ -4,7 +4,8 @@
 # summary of what it finished, marked interrupted, before the note with the command that
 # continues it (it printed the note alone); that command finishes the run.  Interrupted before it
 # wrote (held in its environment's first request: an `agentrl env serve` that is stopped), it
-# leaves no new store behind (an empty one stayed), and a store that existed stays as it was.
+# leaves no new store behind (an empty one stayed), also when a second signal stops it at once
+# (one stayed), and a store that existed stays as it was.
 set -u
 BIN=${ARL_BIN:-build/agentrl}
 [ -x "$BIN" ] || { echo "no $BIN (build the agentrl target)"; exit 77; }
@@ -61,22 +62,27 @@ grep -q "^rollout summary$" "$T/out2" || { cat "$T/out2"; fail "a run to its end
 srv=$!
 url=$(serve_url "$T/serve" "$srv") || { cat "$T/serve.err"; fail "env serve printed no URL"; }
 kill -STOP "$srv"
-# early OUT: SIGTERM while held; exit 143, OUT as it was after (absent, or the same files)
+# early OUT [twice]: SIGTERM while held (twice: a second one once the first was noted, which
+# stops it at once); exit 143, OUT as it was after (absent, or the same files)
 early() {
     "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$1" --tasks 2 --env "$url" > "$T/out-e" 2> "$T/err-e" &
     pid=$!
     # (its resolved configuration is printed just before the handling is armed, the store made
     # after; then a pause, to be held in the environment's request when the signal comes)
-    wait_for grep -q "group-size *=" "$T/err-e" || fail "early $1: no configuration printed"
-    wait_for test -d "$1/shards" || fail "early $1: no store made"
+    wait_for grep -q "group-size *=" "$T/err-e" || fail "early $*: no configuration printed"
+    wait_for test -d "$1/shards" || fail "early $*: no store made"
     sleep 0.2
     kill -TERM $pid
+    if [ $# -gt 1 ]; then
+        wait_for grep -q "stopping after the current step" "$T/err-e" || fail "early $*: the first signal was not noted"
+        kill -TERM $pid
+    fi
     kill -CONT "$srv"
     wait $pid
     rc=$?
     pid=
     kill -STOP "$srv"
-    [ $rc -eq 143 ] || { tail -3 "$T/err-e"; fail "early $1: exit $rc, 143 expected"; }
+    [ $rc -eq 143 ] || { tail -3 "$T/err-e"; fail "early $*: exit $rc, 143 expected"; }
 }
 # early_said OUT: no error, no summary, the note of a rollout that had not started
 early_said() {
@@ -89,11 +95,17 @@ early_said() {
 early "$T/db-early"
 [ -e "$T/db-early" ] && { ls -R "$T/db-early"; fail "early: an empty store left behind"; }
 early_said "$T/db-early"
+early "$T/db-early2" twice
+[ -e "$T/db-early2" ] && { ls -R "$T/db-early2"; fail "early, a second signal: an empty store left behind"; }
+early_said "$T/db-early2"
 # (its files but a SQLite -wal or -shm, which come and go with the connections; its rows)
 files() { ls -R "$1" | grep -v -e '-wal$' -e '-shm$'; "$BIN" replay list "$1" --sort uid; }
 files "$T/db" > "$T/db-before"
 early "$T/db"
 files "$T/db" | diff - "$T/db-before" || fail "early into an existing store: it changed"
+early_said "$T/db"
+early "$T/db" twice
+files "$T/db" | diff - "$T/db-before" || fail "early, a second signal, into an existing store: it changed"
 early_said "$T/db"
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "early: verify"; }
 # --quiet: no resolved configuration and no progress lines on stderr, the summary on stdout
