@@ -608,6 +608,62 @@ static arl_status run_hash(tr_run *r) {
     return ARL_OK;
 }
 
+/* The settings every rank of an MPI job must share, as compact JSON with sorted keys (*canon
+ * malloc'ed): c's resolved configuration without the keys that are each process's own
+ * (progress, threads, rollout.threads, rollout.progress-s), with the model config's hash. */
+static arl_status settings_canon_of(const arl_train_config *c, const char *model_sha,
+                                    char **canon) {
+    *canon = NULL;
+    char *t = arl_train_config_json(c);
+    json_t *j = t ? json_loads(t, 0, NULL) : NULL;
+    free(t);
+    if (!j) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    json_object_del(j, "progress");
+    json_object_del(j, "threads");
+    json_t *ro = json_object_get(j, "rollout");
+    json_object_del(ro, "threads");
+    json_object_del(ro, "progress-s");
+    json_object_set_new(j, "model-config-sha256", json_string(model_sha));
+    *canon = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    json_decref(j);
+    return *canon ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+}
+
+/* Under mpirun: every rank runs with rank 0's settings (collective over the world; call on
+ * every rank).  A rank started with other --set options (an MPMD command line) or reading
+ * another copy of the experiment file or model config would otherwise train on other settings
+ * without a word (a learner's own learning rate: the learners' weights part) or wait for ever in
+ * a collective the others never reach (fewer steps).  The rank that differs fails naming the
+ * keys (rank 0's value -> its own). */
+static arl_status settings_agree(tr_run *r) {
+    if (r->L->world_size == 1) return ARL_OK;
+    char sha[ARL_SHA256_HEX_CHARS];
+    arl_model_config_hash_hex(&r->mcfg, sha);
+    char *mine = NULL;
+    arl_status s = settings_canon_of(r->c, sha, &mine);
+    s = sync_status(r, s);
+    void *theirs = r->rank0 ? mine : NULL;
+    int64_t n = r->rank0 ? (int64_t)strlen(mine) + 1 : 0;
+    if (!s) {
+        s = arl_dist_bcast_msg(r->d->world, &theirs, &n, 0);
+        if (s) r->broken = 1;
+    }
+    if (!s && !r->rank0 && (n < 1 || ((char *)theirs)[n - 1] || strcmp(theirs, mine))) {
+        char text[1600];
+        const int k = arl_run_config_diff(theirs, mine, text, sizeof text);
+        s = arl_errorf(ARL_ERR_CONFIG,
+                       "train: rank %d runs with other settings than rank 0 (rank 0 -> rank %d): "
+                       "%s; every rank must run the same experiment file with the same --set "
+                       "options (one command line for all ranks, the same experiment file and "
+                       "model config on every node)",
+                       r->L->world_rank, r->L->world_rank,
+                       k > 0 ? text : "(the resolved configurations differ)");
+    }
+    if (!r->rank0) free(theirs);
+    free(mine);
+    return s;
+}
+
 /* Copy a rollout config (strings duplicated; the rollout table has no lists). */
 static arl_status rollout_copy(arl_rollout_config *dst, const arl_rollout_config *src) {
     *dst = *src;
@@ -916,7 +972,10 @@ static arl_status set_aside(const char *root, const char *what) {
 /* Rollout rank ri rolls out tasks lo..hi-1 into its store at root.  The worker's task-offset
  * is lo, so its groups are named by the tasks' global indices ("<uid>/g<lo + j>") and each
  * trajectory's sampling stream, seeded from (rollout.seed, its name), is the same whichever
- * rank runs the task: a run is deterministic whatever the number of rollout ranks. */
+ * rank runs the task.  The bits still depend on the number of rollout ranks: a worker decodes
+ * its tasks in one batch, and another batch rounds the stored behaviour log-probs differently
+ * in the last bit (measured: the same tokens, other weights after the update), so a run keeps
+ * its layout (layout_check). */
 static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_path,
                                 const char *run_uid, int eval, int64_t lo, int64_t hi,
                                 int64_t version, const char *ckpt_dir, int64_t ctx_tokens,
@@ -1392,6 +1451,11 @@ static arl_status train_state_save(tr_run *r, int64_t done, int64_t n, const int
     json_object_set_new(extra, "tasks_next", json_integer(done * r->B));
     json_object_set_new(extra, "optimizer_steps", json_integer(r->opt.step));
     json_object_set_new(extra, "threads", json_integer(r->c->threads));
+    /* the MPI layout: the stores are laid out by rollout rank, and the numbers depend on the
+     * learner count (and on the rollout ranks' batches); a resume needs the same */
+    json_object_set_new(extra, "mpi",
+                        json_pack("{sIsIsI}", "ranks", (json_int_t)r->L->world_size, "learners",
+                                  (json_int_t)r->L->n_learners, "rollout_ranks", (json_int_t)r->R));
     json_object_set_new(extra, "ledger", led);
     char *et = json_dumps(extra, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(extra);
@@ -1740,6 +1804,51 @@ static arl_status any_checkpoint(const char *root, int64_t *step) {
     return s;
 }
 
+/* "N ranks (L learners, R rollout workers)" for the layout, or "R rollout workers" (L < 0:
+ * a checkpoint that records its rollout ranks only). */
+static void layout_text(char *buf, size_t cap, int64_t ranks, int64_t learners, int64_t rollout) {
+    if (learners < 0)
+        snprintf(buf, cap, "%lld rollout worker%s", (long long)rollout, rollout == 1 ? "" : "s");
+    else
+        snprintf(buf, cap, "%lld MPI rank%s (%lld learner%s, %lld rollout worker%s)",
+                 (long long)ranks, ranks == 1 ? "" : "s", (long long)learners,
+                 learners == 1 ? "" : "s", (long long)rollout, rollout == 1 ? "" : "s");
+}
+
+/* --resume: the checkpoint at dir (its train_state's extra x) was written by a job of this
+ * run's MPI layout.  Another number of ranks finds the stores of the updates laid out by other
+ * rollout ranks (it failed on a store that was never made) and trains with another learner
+ * count: refused, naming both.  A checkpoint without the record (older builds) is compared by
+ * the stores its ledger lists, one per rollout rank. */
+static arl_status layout_check(const tr_run *r, json_t *x, const char *dir) {
+    const json_t *m = json_object_get(x, "mpi");
+    int64_t ranks = -1, learners = -1, rollout = -1;
+    if (json_is_object(m)) {
+        ranks = json_integer_value(json_object_get(m, "ranks"));
+        learners = json_integer_value(json_object_get(m, "learners"));
+        rollout = json_integer_value(json_object_get(m, "rollout_ranks"));
+    } else {
+        const json_t *st = json_object_get(json_object_get(x, "ledger"), "stores");
+        if (!json_is_array(st) || json_array_size(st) == 0) return ARL_OK;
+        rollout = (int64_t)json_array_size(st);
+    }
+    const arl_dist_layout *L = r->L;
+    if ((ranks < 0 || ranks == L->world_size) && (learners < 0 || learners == L->n_learners) &&
+        rollout == r->R)
+        return ARL_OK;
+    char was[160], now[160], hint[64] = "";
+    layout_text(was, sizeof was, ranks, learners, rollout);
+    layout_text(now, sizeof now, L->world_size, learners < 0 ? -1 : L->n_learners, r->R);
+    if (ranks > 0) snprintf(hint, sizeof hint, " (mpirun -np %lld)", (long long)ranks);
+    return arl_errorf(
+        ARL_ERR_STATE,
+        "train: %s was written by a job with %s, and this one has %s: a run continues "
+        "with the layout it started with (its stores are laid out by rollout rank, "
+        "its numbers depend on the learner count); resume with the same number of "
+        "ranks%s, or start a new run in another output directory",
+        dir, was, now, hint);
+}
+
 /* Load the newest training checkpoint (weights, moments, KL controller) into r; *start: the
  * updates it holds (0 without a checkpoint).  Rank 0 sets a damaged one aside and loads the one
  * before it (arl_train_ckpt_load_newest): the run re-does the updates after it (their rollouts
@@ -1777,6 +1886,7 @@ static arl_status resume_load(tr_run *r, int64_t *start, arl_train_result *res) 
                          "depend on the split), so the resumed run may not be bit-identical to "
                          "an uninterrupted one",
                          (long long)json_integer_value(th), (long long)r->c->threads);
+        if (!s) s = layout_check(r, x, dir);
         json_decref(x);
         r->tokens = ts.tokens;
         r->last_lr = ts.lr;
@@ -1940,6 +2050,12 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     }
     r->have_mcfg = s == ARL_OK;
     if (s) arl_error_prefix(s, "key '%s'", c->model ? "model" : "init");
+    /* under mpirun, every rank has rank 0's settings, before anything is written */
+    if (d->layout.world_size > 1) {
+        s = sync_status(r, s);
+        if (!s) s = settings_agree(r);
+        s = sync_status(r, s);
+    }
     /* output directory and the resume rule */
     if (r->rank0 && !s) {
         s = out_check_place(c->out);
