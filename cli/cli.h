@@ -91,7 +91,9 @@ void cli_note_on_interrupt_text(const char *text);
  * empty name or a directory, ARL_ERR_IO or ARL_ERR_FULL when it cannot be made (nothing to
  * commit then).  cli_out_commit closes f and, when s is ARL_OK and the data reached the disk,
  * renames tmp onto path, else removes tmp: path is the whole output or left as it was.  It
- * returns s, or the error that writing, closing or renaming met, and frees tmp. */
+ * returns s, or the error that writing, closing or renaming met, and frees tmp.  A path that
+ * is a device, FIFO or socket (/dev/null, /dev/stdout) is written in place (*tmp NULL); one that
+ * is a symbolic link gets the temporary file beside the file it names, which is replaced. */
 arl_status cli_out_open(const char *opt, const char *path, char **tmp, FILE **f);
 arl_status cli_out_commit(arl_status s, FILE *f, char *tmp, const char *opt, const char *path);
 

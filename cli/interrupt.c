@@ -311,10 +311,26 @@ arl_status cli_out_open(const char *opt, const char *path, char **tmp, FILE **f)
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
         return arl_errorf(ARL_ERR_ARG, "%s %s: is a directory; give the name of the file to write",
                           opt, path);
-    size_t n = strlen(path) + 16;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        /* a device, FIFO or socket (/dev/null, /dev/stdout, a pipe): written as it is; a file
+         * renamed onto it would replace the node itself (as root, /dev/null) */
+        if (!(*f = fopen(path, "w")))
+            return arl_errorf(ARL_ERR_IO, "%s %s: cannot open for writing: %s", opt, path,
+                              strerror(errno));
+        return ARL_OK;
+    }
+    /* a symbolic link to a file: the file it names is replaced, not the link */
+    char *real = NULL;
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) real = realpath(path, NULL);
+    const char *target = real ? real : path;
+    size_t n = strlen(target) + 16;
     char *t = malloc(n);
-    if (!t) return arl_errorf(ARL_ERR_NOMEM, "out of memory");
-    snprintf(t, n, "%s.tmp-XXXXXX", path);
+    if (!t) {
+        free(real);
+        return arl_errorf(ARL_ERR_NOMEM, "out of memory");
+    }
+    snprintf(t, n, "%s.tmp-XXXXXX", target);
+    free(real);
     int fd = mkstemp(t);
     if (fd < 0) {
         arl_status s = arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO,
@@ -341,13 +357,23 @@ arl_status cli_out_commit(arl_status s, FILE *f, char *tmp, const char *opt, con
     if (fflush(f) != 0 && !s)
         s = arl_errorf(errno == ENOSPC ? ARL_ERR_FULL : ARL_ERR_IO, "%s %s: write failed: %s", opt,
                        path, strerror(errno));
+    if (!tmp) { /* written in place (not a regular file) */
+        if (fclose(f) != 0 && !s)
+            s = arl_errorf(ARL_ERR_IO, "%s %s: write failed: %s", opt, path, strerror(errno));
+        return s;
+    }
     if (!s && fsync(fileno(f)) != 0)
         s = arl_errorf(ARL_ERR_IO, "%s %s: fsync failed: %s", opt, path, strerror(errno));
     if (fclose(f) != 0 && !s)
         s = arl_errorf(ARL_ERR_IO, "%s %s: write failed: %s", opt, path, strerror(errno));
-    if (!s && rename(tmp, path) != 0)
+    /* onto the file that tmp was made beside: path, or the file its symbolic link names */
+    const size_t tl = strlen(tmp) - strlen(".tmp-XXXXXX");
+    char *target = strndup(tmp, tl);
+    if (!s && !target) s = arl_errorf(ARL_ERR_NOMEM, "out of memory");
+    if (!s && rename(tmp, target) != 0)
         s = arl_errorf(ARL_ERR_IO, "%s %s: cannot rename %s onto it: %s", opt, path, tmp,
                        strerror(errno));
+    free(target);
     if (s) unlink(tmp);
     cli_remove_on_interrupt(NULL);
     free(tmp);

@@ -170,5 +170,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "agentrl: error: unknown command '%s' (see agentrl --help)\n", argv[i]);
         return ARL_EXIT_USAGE;
     }
-    return cli_commands[best].fn(argc - i - best_used, argv + i + best_used);
+    int rc = cli_commands[best].fn(argc - i - best_used, argv + i + best_used);
+    /* the results went to standard output: a write that failed there (a full disk under '>
+     * FILE') is a failure, not exit 0 with the output cut short */
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "agentrl: error: standard output: write failed: %s\n", strerror(errno));
+        if (rc == ARL_EXIT_OK) rc = ARL_EXIT_FAIL;
+    }
+    return rc;
 }

@@ -2,11 +2,14 @@
  * JSON line per trajectory; with --full, "rows" carries every row of the trajectory in the
  * worker tables and its catalog rows (BLOBs as base64, integer ids replaced by uids or content)
  * so that import into another store and a second export reproduce the line byte for byte. */
+#include <ctype.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/defer.h"
 #include "replay/codec.h"
 #include "replay/select.h"
 
@@ -668,8 +671,19 @@ typedef struct int_subst {
     int64_t value;
 } int_subst;
 
-/* Insert the JSON row into table (columns = its keys minus `skip`), with integer
- * substitutions; conflict is appended (e.g. "ON CONFLICT(run_uid) DO NOTHING"). */
+/* 1 if key names a column of table in d: an SQL identifier (letters, digits, '_') that the
+ * table declares.  The keys of an imported row become the column list of an INSERT, so anything
+ * else (a line from another schema, or text made to change the statement) is refused. */
+static int col_exists(rdb *d, const char *table, const char *key) {
+    if (!*key || isdigit((unsigned char)*key)) return 0;
+    for (const char *c = key; *c; c++)
+        if (!isalnum((unsigned char)*c) && *c != '_') return 0;
+    return sqlite3_table_column_metadata(d->db, NULL, table, key, NULL, NULL, NULL, NULL, NULL) ==
+           SQLITE_OK;
+}
+
+/* Insert the JSON row into table (columns = its keys minus `skip`, each a column of the table),
+ * with integer substitutions; conflict is appended (e.g. "ON CONFLICT(run_uid) DO NOTHING"). */
 static arl_status insert_row(rdb *d, const char *table, json_t *row, const int_subst *subs,
                              size_t nsubs, const char *skip, const char *conflict,
                              const char *where) {
@@ -682,13 +696,23 @@ static arl_status insert_row(rdb *d, const char *table, json_t *row, const int_s
     int n = 0;
     json_object_foreach(row, key, v) {
         if (skip && !strcmp(key, skip)) continue;
-        o += (size_t)snprintf(sql + o, sizeof sql - o, "%s%s", n ? "," : "", key);
+        if (!col_exists(d, table, key))
+            return arl_errorf(ARL_ERR_FORMAT,
+                              "%s: rows.%s: '%.64s%s' is not a column of this store's table %s "
+                              "(a line of another store version or a damaged one; export it "
+                              "again with this build)",
+                              where, table, key, strlen(key) > 64 ? "..." : "", table);
+        if (o < sizeof sql)
+            o += (size_t)snprintf(sql + o, sizeof sql - o, "%s%s", n ? "," : "", key);
         n++;
     }
-    o += (size_t)snprintf(sql + o, sizeof sql - o, ") VALUES (");
-    for (int i = 0; i < n; i++)
+    if (o < sizeof sql) o += (size_t)snprintf(sql + o, sizeof sql - o, ") VALUES (");
+    for (int i = 0; i < n && o < sizeof sql; i++)
         o += (size_t)snprintf(sql + o, sizeof sql - o, "%s?%d", i ? "," : "", i + 1);
-    snprintf(sql + o, sizeof sql - o, ") %s", conflict ? conflict : "");
+    if (o < sizeof sql)
+        o += (size_t)snprintf(sql + o, sizeof sql - o, ") %s", conflict ? conflict : "");
+    if (o >= sizeof sql)
+        return arl_errorf(ARL_ERR_FORMAT, "%s: rows.%s: too many columns (%d)", where, table, n);
     sqlite3_stmt *q;
     arl_status s = rdb_prepare(d, sql, &q);
     if (s != ARL_OK) return arl_error_prefix(s, "%s: rows.%s", where, table);
@@ -914,6 +938,27 @@ static arl_status full_line_of(replay_store *st, const replay_traj_row *t, char 
     return s;
 }
 
+/* The catalog's group_members row of the stored trajectory t, mirrored again when it lacks it:
+ * an import killed between a line's commit and its mirror, run again (the shard is the source of
+ * truth; verify warned about the missing member, and no other command puts it back). */
+static void import_mirror_again(replay_store *st, const replay_traj_row *t) {
+    sqlite3_stmt *q;
+    if (rdb_prepare(&st->cat,
+                    "SELECT 1 FROM group_members WHERE group_id = ?1 AND slot = ?2 AND "
+                    "attempt = ?3 AND traj_uid = ?4",
+                    &q) != ARL_OK)
+        return;
+    sqlite3_bind_int64(q, 1, t->group_id);
+    sqlite3_bind_int(q, 2, t->slot);
+    sqlite3_bind_int(q, 3, t->attempt);
+    sqlite3_bind_text(q, 4, t->traj_uid, -1, SQLITE_STATIC);
+    const int rc = sqlite3_step(q);
+    sqlite3_finalize(q);
+    if (rc == SQLITE_DONE)
+        rcat_member_mirror(st, t->group_id, t->slot, t->attempt, t->traj_uid, t->shard_id,
+                           t->traj_id, replay_status_name(t->status));
+}
+
 /* A line whose trajectory the store has already: skipped (*skipped = 1) when the stored one
  * exports as this very line (an import run again after it stopped), else an error. */
 static arl_status import_existing(replay_store *st, const replay_traj_row *t, const char *line,
@@ -921,9 +966,10 @@ static arl_status import_existing(replay_store *st, const replay_traj_row *t, co
     char *have = NULL;
     size_t n = 0;
     arl_status s = full_line_of(st, t, &have, &n);
-    if (s == ARL_OK && n == len && !memcmp(have, line, len))
+    if (s == ARL_OK && n == len && !memcmp(have, line, len)) {
         *skipped = 1;
-    else if (s == ARL_OK)
+        import_mirror_again(st, t);
+    } else if (s == ARL_OK)
         s = arl_errorf(ARL_ERR_STATE,
                        "%s: trajectory %s already exists in this store with other content "
                        "(traj_uids are unique; its 'export --full' line differs from this one)",
@@ -932,13 +978,26 @@ static arl_status import_existing(replay_store *st, const replay_traj_row *t, co
     return s;
 }
 
+#define IMPORT_FORMAT "agentrl.trajectory/1"
+
 static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, const char *line,
                               size_t len, const char *where, int64_t *next_id, int *skipped) {
+    json_t *fmt = json_object_get(j, "format");
+    if (fmt && !(json_is_string(fmt) && !strcmp(json_string_value(fmt), IMPORT_FORMAT)))
+        return arl_errorf(ARL_ERR_VERSION,
+                          "%s: format %.64s: this build imports " IMPORT_FORMAT " lines only "
+                          "(export them with a build that writes that format)",
+                          where, json_is_string(fmt) ? json_string_value(fmt) : "(not a string)");
     json_t *rows = json_object_get(j, "rows");
     if (!json_is_object(rows))
         return arl_errorf(ARL_ERR_FORMAT,
                           "%s: no \"rows\" member (import needs lines written by "
                           "'agentrl replay export --full')",
+                          where);
+    if (!fmt)
+        return arl_errorf(ARL_ERR_FORMAT,
+                          "%s: no \"format\" member (import needs " IMPORT_FORMAT " lines, as "
+                          "'agentrl replay export --full' writes them)",
                           where);
     json_t *tr = json_array_get(json_object_get(rows, "trajectories"), 0);
     const char *uid = json_string_value(json_object_get(tr, "traj_uid"));
@@ -1040,13 +1099,19 @@ static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, co
         rdb_rollback(d);
         return s;
     }
-    ARL_TRY(rdb_commit(d));
-    (*next_id)++;
-    const char *status = json_string_value(json_object_get(tr, "status"));
-    rcat_member_mirror(st, group_id, (int32_t)json_integer_value(json_object_get(tr, "slot")),
-                       (int32_t)json_integer_value(json_object_get(tr, "attempt")), uid,
-                       (*w)->shard_id, id, status ? status : "running");
-    return ARL_OK;
+    /* the commit and the catalog's mirror of the new member are not cut in two by an interrupt
+     * (SIGINT, SIGTERM: the CLI holds them back until the stretch ends) */
+    arl_defer_begin();
+    s = rdb_commit(d);
+    if (s == ARL_OK) {
+        (*next_id)++;
+        const char *status = json_string_value(json_object_get(tr, "status"));
+        rcat_member_mirror(st, group_id, (int32_t)json_integer_value(json_object_get(tr, "slot")),
+                           (int32_t)json_integer_value(json_object_get(tr, "attempt")), uid,
+                           (*w)->shard_id, id, status ? status : "running");
+    }
+    arl_defer_end();
+    return s;
 }
 
 arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_t *n_out,
@@ -1081,6 +1146,9 @@ arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_
         if (s != ARL_OK) break;
         *(skipped ? &n_skip : &n) += 1;
     }
+    if (s == ARL_OK && ferror(in)) /* (a directory, an I/O error: not an end of the lines) */
+        s = arl_errorf(ARL_ERR_IO, "%s: read error after line %lld: %s", in_name, (long long)lineno,
+                       strerror(errno));
     free(line);
     replay_writer_close(w);
     if (n_out) *n_out = n;
