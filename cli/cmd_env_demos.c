@@ -58,8 +58,9 @@ int cmd_env_demos(int argc, char **argv) {
         if (to_file) s = cli_out_commit(s, f, tmp, "--out", o.out);
     }
     int rc = ARL_EXIT_OK;
-    if (s != ARL_OK) {
+    if (s != ARL_OK) { /* (NOT_FOUND: NAME is not a built-in with a teacher, a usage error) */
         rc = cli_fail(s);
+        if (s == ARL_ERR_NOT_FOUND) rc = ARL_EXIT_USAGE;
     } else {
         cli_say("env demos: %s: %lld episodes, %lld conversations written (%lld bytes, "
                 "%.2f steps per episode) to %s%s\n",

@@ -27,7 +27,8 @@ static const arl_option report_tab[] = {
 
 int cmd_report(int argc, char **argv) {
     report_opts o;
-    int rc = cli_parse(report_tab, REPORT_N, argc, argv, &o, "agentrl report RUN_DIR [--out DIR]",
+    int rc = cli_parse(report_tab, REPORT_N, argc, argv, &o,
+                       "agentrl report RUN_DIR [--out DIR] [--title TEXT]",
                        "Write metrics.csv, plots/*.svg (SVG line plots per metric group) and "
                        "summary.md (final values; held-out success before/after with 95% "
                        "intervals from eval.json) from a run folder's metrics.jsonl.");

@@ -237,8 +237,10 @@ static arl_status load_tokens(const score_opts *o, const arl_model_config *cfg, 
     if (*B < 1 || *T < 1) {
         free(*ids);
         *ids = NULL;
-        return arl_errorf(ARL_ERR_SHAPE, "nothing to score: %lld sequence(s) of %lld tokens",
-                          (long long)*B, (long long)*T);
+        return arl_errorf(ARL_ERR_ARG,
+                          "--tokens %s: nothing to score: %lld sequence(s) of %lld "
+                          "tokens",
+                          o->tokens, (long long)*B, (long long)*T);
     }
     return ARL_OK;
 }

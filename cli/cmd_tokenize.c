@@ -111,7 +111,9 @@ static int tokenize_decode(const arl_chat_template *t, const tokenize_opts *o) {
     arl_status s = arl_tokenizer_decode(&t->tok, ids, n,
                                         o->skip_special ? ARL_DECODE_SKIP_SPECIAL : 0, &text, &len);
     free(ids);
-    if (s) return cli_fail(arl_error_prefix(s, "--decode"));
+    if (s) /* (an id outside the vocabulary is a bad argument: exit 2, as a malformed one) */
+        return cli_fail(s == ARL_ERR_RANGE ? arl_error_prefix(ARL_ERR_ARG, "--decode")
+                                           : arl_error_prefix(s, "--decode"));
     fwrite(text, 1, len, stdout);
     putchar('\n');
     free(text);

@@ -947,7 +947,7 @@ arl_status arl_report_eval_read(const char *path, arl_report_eval *e) {
         return arl_errorf(errno == ENOENT ? ARL_ERR_NOT_FOUND : ARL_ERR_IO,
                           "%s: cannot open for reading: %s", path, strerror(errno));
     json_error_t je;
-    json_t *j = json_loadf(f, 0, &je);
+    json_t *j = json_loadf(f, JSON_REJECT_DUPLICATES, &je); /* (a key twice: which is meant?) */
     fclose(f);
     if (!j) return arl_errorf(ARL_ERR_FORMAT, "%s:%d: not valid JSON: %s", path, je.line, je.text);
     arl_status s = ARL_OK;
@@ -1116,8 +1116,8 @@ static void summary_kl_updates(FILE *f, const arl_metrics *m) {
     if (isfinite(lo))
         fprintf(f, " %.2f\xC3\x97 to %.2f\xC3\x97 over the last %lld;", lo, hi,
                 (long long)(nk - from));
-    fprintf(f, " highest %.2f\xC3\x97 (step %g) over the %lld updates.", top, top_x,
-            (long long)nk);
+    fprintf(f, " highest %.2f\xC3\x97 (step %g) over the %lld update%s.", top, top_x, (long long)nk,
+            nk == 1 ? "" : "s");
 }
 
 static void summary_eval(FILE *f, const summary_ctx *c) {
@@ -1515,9 +1515,21 @@ static arl_status report_generate(const char *run_dir, const char *out_dir, cons
     if (stat(run_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
         return arl_errorf(ARL_ERR_NOT_FOUND, "%s: not a directory (expected a run folder)",
                           run_dir);
-    if (stat(mpath, &sb) != 0)
+    if (stat(mpath, &sb) != 0) {
+        char before[4096];
+        struct stat eb;
+        if (path_join(before, sizeof before, run_dir, "eval-before.json") == ARL_OK &&
+            stat(before, &eb) == 0)
+            return arl_errorf(ARL_ERR_NOT_FOUND,
+                              "%s: not found: the run has not finished an update yet (%s holds "
+                              "its evaluation before RL); report once it has (agentrl train "
+                              "--resume continues a run that stopped)",
+                              mpath, before);
         return arl_errorf(ARL_ERR_NOT_FOUND,
                           "%s: not found (expected the metrics of a run of agentrl train)", mpath);
+    }
+    if (S_ISDIR(sb.st_mode))
+        return arl_errorf(ARL_ERR_FORMAT, "%s: is a directory (expected the metrics file)", mpath);
     arl_report_eval ev;
     int have_eval = stat(epath, &sb) == 0;
     const char *ename = "eval.json";

@@ -91,6 +91,9 @@ expect 2 "--text $T/empty.txt: the file is empty" "$BIN" score --ckpt "$T/ck" --
 "$BIN" --quiet score --ckpt "$T/ck" --text "$T/hello.txt" --logits-out "$T/f32.npy" > /dev/null ||
     fail "score --logits-out exited $?"
 expect 1 "got F32 of rank 2" "$BIN" score --ckpt "$T/ck" --tokens "$T/f32.npy"
+if /usr/bin/python3 -c "import numpy as np; np.save('$T/none.npy', np.zeros((0,), np.int32))" 2> /dev/null; then
+    expect 2 "--tokens $T/none.npy: nothing to score" "$BIN" score --ckpt "$T/ck" --tokens "$T/none.npy"
+fi
 
 # --- score: output paths, refused before any work
 cp "$T/f32.npy" "$T/in.npy"
@@ -130,7 +133,8 @@ fi
 [ $caught -eq 1 ] || echo "note: the interrupt came too late to test the write of --logits-out"
 
 # --- env demos: a failure or an interrupt leaves --out as it was
-expect 1 "no built-in environment 'bogus'" "$BIN" env demos bogus --episodes 2 --out "$T/mine.txt"
+expect 2 "no built-in environment 'bogus'" "$BIN" env demos bogus --episodes 2 --out "$T/mine.txt"
+expect 2 "no built-in environment 'echo' with a teacher" "$BIN" env demos echo --episodes 2
 expect 2 "options: expected a JSON object" \
     "$BIN" env demos calculator --episodes 2 --options '{bad' --out "$T/mine.txt"
 [ "$(cat "$T/mine.txt")" = precious ] || fail "env demos destroyed an existing --out file"
@@ -157,7 +161,7 @@ expect 2 "--ids and --mask" "$BIN" tokenize "$T/conv.json" --ids --mask
 expect 2 "go with CONV" "$BIN" tokenize --decode "1 2" --gen
 expect 2 "goes with --decode" "$BIN" tokenize "$T/conv.json" --skip-special
 expect 2 "--decode: no token ids" "$BIN" tokenize --decode " "
-expect 1 "--decode: token id 999" "$BIN" tokenize --decode "1 999"
+expect 2 "--decode: token id 999" "$BIN" tokenize --decode "1 999"
 
 # --- model init
 expect 2 "OUT_DIR: empty path" "$BIN" model init tiny "" --seed 1

@@ -42,6 +42,24 @@ echo '{"version": 1, "before": {"episodes": 8, "successes": 2}, "set": "test"}' 
 grep -q "| before | 8 | 2 | 0.2500 |" "$tmp/r2/summary.md" && grep -q "| after | .* | not evaluated |" "$tmp/r2/summary.md" ||
     fail "unfinished run: $(grep -A6 "## Evaluation" "$tmp/r2/summary.md")"
 [ -s "$tmp/r2/eval-before.json" ] || fail "unfinished run: eval-before.json not copied"
+# eval.json with a key twice: which one is meant is not guessed (jansson kept the last)
+echo '{"version": 1, "before": {"episodes": 8, "successes": 2}, "before": {"episodes": 8, "successes": 7}}' > "$tmp/eval.json"
+err=$("$BIN" report "$tmp" --out "$tmp/r3" 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "eval.json with a key twice: exit $rc, expected 1"
+echo "$err" | grep -q "eval.json:1: not valid JSON: duplicate object key" || fail "eval.json with a key twice: $err"
+rm "$tmp/eval.json"
+# a run that has not finished an update: no metrics.jsonl, its eval-before.json named
+mkdir "$tmp/early"
+cp "$tmp/eval-before.json" "$tmp/early/"
+err=$("$BIN" report "$tmp/early" 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "no update yet: exit $rc, expected 1"
+echo "$err" | grep -q "metrics.jsonl: not found: the run has not finished an update yet ($tmp/early/eval-before.json holds its evaluation before RL)" ||
+    fail "no update yet: $err"
+rm "$tmp/early/eval-before.json"
+mkdir "$tmp/early/metrics.jsonl"
+err=$("$BIN" report "$tmp/early" 2>&1); rc=$?
+[ $rc -eq 1 ] || fail "metrics.jsonl a directory: exit $rc, expected 1"
+echo "$err" | grep -q "metrics.jsonl: is a directory" || fail "metrics.jsonl a directory: $err"
 # --out naming another run's folder: its metrics.jsonl is not replaced by this run's
 mkdir "$tmp/other"
 echo '{"step": 1, "loss": 9}' > "$tmp/other/metrics.jsonl"

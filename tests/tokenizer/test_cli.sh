@@ -34,7 +34,7 @@ out=$("$BIN" tokenize --decode "256 104 105 265" --skip-special)
 grep -q '"parse_status": "arguments_not_object"' "$TMP/p.json" || fail "--parse status: $(cat "$TMP/p.json")"
 
 "$BIN" tokenize --decode "1 400" 2> "$TMP/err.txt"; rc=$?
-[ $rc -eq 1 ] || fail "--decode of a bad id exited $rc"
+[ $rc -eq 2 ] || fail "--decode of a bad id exited $rc"
 grep -q 'token id 400 at position 1' "$TMP/err.txt" || fail "bad id message: $(cat "$TMP/err.txt")"
 
 echo '[{"role": "tool", "tool_call_id": "q", "content": "x"}]' > "$TMP/bad.json"
