@@ -77,8 +77,12 @@ arl_status rdb_fail(rdb *d, int rc, const char *what) {
     }
     char m[1024];
     snprintf(m, sizeof m, "%s", msg ? msg : "");
-    arl_errorf(s, "replay: %s: %s: %s (SQLite code %d) (%s)", d->name ? d->name : "?", what, m, xrc,
-               rc_advice(rc));
+    /* the file by its path: a store-relative name does not say which store (a run has many) */
+    arl_errorf(s, "replay: %s: %s: %s (SQLite code %d) (%s)",
+               d->path   ? d->path
+               : d->name ? d->name
+                         : "?",
+               what, m, xrc, rc_advice(rc));
     if (d->db && !d->readonly && !sqlite3_get_autocommit(d->db))
         sqlite3_exec(d->db, "ROLLBACK", NULL, NULL, NULL);
     return s;

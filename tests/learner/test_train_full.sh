@@ -4,7 +4,8 @@
 # ("Free space, then continue"; before: "write error" or "writing F failed" without errno, and
 # "Once the cause above is dealt with").  The full disk is /dev/full behind a temporary file's
 # name (eval.json.tmp, summary.md.tmp, sft/demos.jsonl.tmp) and, for metrics.jsonl (appended in
-# place), an LD_PRELOAD shim (enospc_preload.c, $1) that fails its fsync with ENOSPC.
+# place), an LD_PRELOAD shim (enospc_preload.c, $1) that fails its fsync with ENOSPC; the same
+# shim fails a replay store's sync, whose error names the store's file by its path.
 set -u
 bin="${ARL_BIN:?ARL_BIN is not set}"
 src="${ARL_SOURCE_DIR:-.}"
@@ -43,6 +44,13 @@ if [ -n "$shim" ] && [ -f "$shim" ]; then
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
     export ASAN_OPTIONS ARL_TEST_ENOSPC_NAME=metrics.jsonl LD_PRELOAD="$shim"
     full "$tmp/c" "$tmp/c/metrics.jsonl: train: cannot append the metrics"
+    # a replay store's file is named by its path (it was "replay: catalog.sqlite:", which does
+    # not say which of the run's stores)
+    # shellcheck disable=SC2086
+    ARL_TEST_ENOSPC_NAME=catalog.sqlite-wal "$bin" train "$exp" $small --set "out=$tmp/d" > "$tmp/log" 2>&1 &&
+        fail "a store's failed sync: exit 0"
+    grep -qF "agentrl: error: replay: $tmp/d/replay/eval-before/r0/catalog.sqlite: " "$tmp/log" ||
+        { tail -3 "$tmp/log"; fail "a store's failed sync: the message does not name the store's file by its path"; }
     unset LD_PRELOAD ARL_TEST_ENOSPC_NAME
 else
     echo "note: no preload shim given: metrics.jsonl not checked"
