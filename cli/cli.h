@@ -81,6 +81,14 @@ void cli_remove_dir_on_interrupt(const char *dir);
  * unlink on paths made beforehand), for what a command would remove had it stopped itself. */
 void cli_call_on_interrupt(void (*fn)(void));
 
+/* Before a command opens or creates the replay store at root: when root holds no store yet, an
+ * interrupt that ends the process removes the new store while nothing is written to it (its
+ * shards folder empty), and so does cli_new_store_end(1) (a command that failed or stopped
+ * before writing; the store closed first).  cli_new_store_end(0) keeps it (written, or to be).
+ * One store at a time. */
+void cli_new_store_begin(const char *root);
+void cli_new_store_end(int remove);
+
 /* For a command that is not continued: SIGINT and SIGTERM print text (copied; at most 8191
  * bytes) on standard error, then end the process by that signal. */
 void cli_note_on_interrupt_text(const char *text);

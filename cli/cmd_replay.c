@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "replay/inspect.h"
@@ -389,7 +390,18 @@ int cmd_replay_import(int argc, char **argv) {
         "a trajectory the store holds already is skipped when it is the same (its export --full "
         "line is this one), so an import that stopped can be run again.");
     if (rc) return rc < 0 ? 0 : rc;
+    /* every FILE readable before a store is made for them */
+    for (int i = 0; i < o.files.n && !rc; i++)
+        if (strcmp(o.files.v[i], "-") && access(o.files.v[i], R_OK) != 0) {
+            fprintf(stderr, "agentrl: error: cannot read %s: %s\n", o.files.v[i], strerror(errno));
+            rc = ARL_EXIT_FAIL;
+        }
+    if (rc) {
+        arl_options_free(import_tab, n, &o);
+        return rc;
+    }
     replay_store *st = NULL;
+    cli_new_store_begin(o.db); /* a new store that the import wrote nothing to is removed */
     if (!(rc = open_store(o.db, REPLAY_OPEN_CREATE, &st))) {
         int64_t total = 0, skipped = 0;
         for (int i = 0; i < o.files.n && !rc; i++) {
@@ -412,6 +424,7 @@ int cmd_replay_import(int argc, char **argv) {
         cli_say("\n");
     }
     replay_store_close(st);
+    cli_new_store_end(rc != 0);
     arl_options_free(import_tab, n, &o);
     return rc;
 }

@@ -11,12 +11,10 @@
  * finished, marked interrupted, then the command that continues it; a second one stops at once.
  * One before the worker wrote anything leaves no new store (one that existed stays as it was).
  */
-#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -63,33 +61,6 @@ static arl_option *make_table(size_t *n) {
     memcpy(t, own_tab, sizeof own_tab);
     memcpy(t + n_own, arl_rollout_options, arl_rollout_n_options * sizeof *t);
     return t;
-}
-
-/* A store this command is creating: its paths, made before it is, so that an interrupt's second
- * signal (which ends the process at once) can remove it too (cli_call_on_interrupt). */
-static struct {
-    char shards[4200], root[4096], files[4][4300];
-    int made_root;
-} g_new_store;
-
-static void new_store_paths(const char *root, int made_root) {
-    static const char *const names[] = {"catalog.sqlite", "catalog.sqlite-wal",
-                                        "catalog.sqlite-shm", "catalog.sqlite-journal"};
-    snprintf(g_new_store.root, sizeof g_new_store.root, "%s", root);
-    snprintf(g_new_store.shards, sizeof g_new_store.shards, "%s/shards", root);
-    for (size_t i = 0; i < 4; i++)
-        snprintf(g_new_store.files[i], sizeof g_new_store.files[i], "%s/%s", root, names[i]);
-    g_new_store.made_root = made_root;
-}
-
-/* The store new_store_paths named, when nothing was written to it (its shards folder empty or not
- * made yet): its catalog and shards folder removed, and root too when this command made it (rmdir
- * leaves a folder that holds anything else).  Async-signal-safe (rmdir, unlink). */
-static void remove_new_store(void) {
-    if (rmdir(g_new_store.shards) != 0 && errno != ENOENT) return; /* a shard: keep it whole */
-    for (size_t i = 0; i < 4; i++)
-        unlink(g_new_store.files[i]);
-    if (g_new_store.made_root) rmdir(g_new_store.root);
 }
 
 static int stop_on_interrupt(void *user) {
@@ -150,25 +121,18 @@ int cmd_rollout(int argc, char **argv) {
     replay_store *st = NULL;
     arl_rollout_worker *w = NULL;
     const arl_rollout_hooks hooks = {.stop = stop_on_interrupt};
-    struct stat out_st;
-    char cat_path[4200];
-    snprintf(cat_path, sizeof cat_path, "%s/catalog.sqlite", o.out);
-    const int out_existed = stat(o.out, &out_st) == 0, cat_existed = stat(cat_path, &out_st) == 0;
-    if (!cat_existed) { /* a second signal before the worker has its shard removes the store */
-        new_store_paths(o.out, !out_existed);
-        cli_call_on_interrupt(remove_new_store);
-    }
+    cli_new_store_begin(o.out); /* (a second signal before the worker has its shard removes a
+                                   new store too) */
     s = cli_interrupted() ? arl_errorf(ARL_ERR_CANCELLED, "rollout: interrupted")
                           : replay_store_open(o.out, &so, &st);
     if (s == ARL_OK) s = arl_rollout_worker_open(&o.rc, o.ckpt, st, (int32_t)o.shard, &hooks, &w);
-    if (s != ARL_OK && st && !cat_existed) { /* nothing could start: no new store left behind */
+    if (s != ARL_OK) { /* nothing could start: no new store left behind */
         arl_rollout_worker_close(w);
         w = NULL;
         replay_store_close(st);
         st = NULL;
-        remove_new_store();
     }
-    cli_call_on_interrupt(NULL); /* (the worker has its shard file: the store stays) */
+    cli_new_store_end(s != ARL_OK); /* (else the worker has its shard file: the store stays) */
     const int started = s == ARL_OK;
     if (started) {
         arl_log_info("rollout: writing shard %d of %s", (int)arl_rollout_worker_shard(w), o.out);

@@ -6,6 +6,7 @@
 #    keys made the statement's column list (a 4 KiB buffer overrun, and SQL from the file);
 #  - a line of another format version (or without "format") is refused, not imported as v1;
 #  - a FILE that cannot be read to its end (a directory) is an error, not "imported 0";
+#  - a failed import into a new store leaves no empty store behind;
 #  - SIGTERM between a line's commit and the catalog's mirror of its trajectory waits for the
 #    mirror (deferred); after a SIGKILL there, the import run again puts the mirror back (verify
 #    warned "not in the catalog's group_members" for good before).
@@ -89,6 +90,18 @@ expect 0 "$A" replay list "$C"
 mkdir -p "$T/dir.jsonl"
 expect 1 "$A" replay import "$C" "$T/dir.jsonl"
 has "dir.jsonl: read error after line 0: Is a directory"
+
+# --- a failed import into a new store leaves none behind (an empty one stayed), nor does a
+# FILE that is not there (checked before the store is made); an existing empty folder stays
+mutate format2 >"$T/f2.jsonl"
+expect 1 "$A" replay import "$T/new1" "$T/f2.jsonl"
+[ -e "$T/new1" ] && fail "a failed import left a new store: $(ls -R "$T/new1")"
+expect 1 "$A" replay import "$T/new2" "$T/none.jsonl"
+has "cannot read $T/none.jsonl: No such file"
+[ -e "$T/new2" ] && fail "an import of a missing FILE made a store"
+mkdir "$T/new3"
+expect 1 "$A" replay import "$T/new3" "$T/f2.jsonl"
+[ -d "$T/new3" ] && [ -z "$(ls -A "$T/new3")" ] || fail "a failed import into an empty folder: $(ls -A "$T/new3" 2>&1)"
 
 # --- SIGTERM as the catalog's mirror of the first imported trajectory begins: the mirror is
 # made, then the import stops (exit 143); verify finds the catalog whole
