@@ -77,6 +77,7 @@ static arl_status grow(void **v, int32_t *cap, int32_t need, size_t elem) {
 static void parse_info(const char *info, arl_upd_group *g) {
     memset(g->level_absent, 0, sizeof g->level_absent);
     g->outcome_hi = 1.0;
+    g->outcome_lo = 0.0;
     json_t *j = json_loads(info, 0, NULL);
     json_t *lv = j ? json_object_get(j, "reward_levels") : NULL;
     if (json_is_object(lv)) {
@@ -86,6 +87,8 @@ static void parse_info(const char *info, arl_upd_group *g) {
         json_t *r = json_object_get(json_object_get(lv, "outcome"), "range");
         if (json_is_array(r) && json_array_size(r) == 2 && json_is_number(json_array_get(r, 1)))
             g->outcome_hi = json_number_value(json_array_get(r, 1));
+        if (json_is_array(r) && json_array_size(r) == 2 && json_is_number(json_array_get(r, 0)))
+            g->outcome_lo = json_number_value(json_array_get(r, 0));
     }
     json_decref(j);
 }
@@ -99,21 +102,20 @@ static const arl_reward_row *find_reward(const arl_reward_row *r, int32_t n, con
 }
 
 /* The segment reward row of segment si (ncols_S values) from a trajectory's reward rows: the
- * derived scalar, 0 marked unscorable for a scorable:false score (spec/objective.md 3.3), or the
- * configured components; NaN where missing. */
+ * derived scalar (0 for a scorable:false score, spec/objective.md 3.3), or the configured
+ * components; NaN where missing.  *unscorable = 1 for a scorable:false score: its scalar row ''
+ * is NULL (rollout/commit.c ro_rewards_rows), whether or not the client's '@derived' 0 is
+ * stored next to it. */
 static void segment_rewards(const arl_reward_config *rc, const arl_reward_row *rw, int32_t nrw,
                             int32_t si, double *row, uint8_t *unscorable) {
+    const arl_reward_row *sc = find_reward(rw, nrw, "segment", si, "");
+    if (sc && isnan(sc->value)) *unscorable = 1;
     if (rc->n_comp[ARL_REWARD_LEVEL_SEGMENT] == 0) {
         const arl_reward_row *x = find_reward(rw, nrw, "segment", si, "@derived");
-        const arl_reward_row *sc = find_reward(rw, nrw, "segment", si, "");
-        if (x) {
+        if (x)
             row[0] = x->value;
-        } else if (sc && isnan(sc->value)) {
-            row[0] = 0.0;
-            *unscorable = 1;
-        } else {
-            row[0] = NAN;
-        }
+        else
+            row[0] = *unscorable ? 0.0 : NAN;
         return;
     }
     for (int32_t c = 0; c < rc->n_comp[ARL_REWARD_LEVEL_SEGMENT]; c++) {
@@ -302,8 +304,16 @@ static arl_status traj_rewards(arl_learner *l, arl_shard_reader *sr, arl_upd_tra
     for (int32_t j = 0; s == ARL_OK && j < S; j++)
         segment_rewards(rc, rw, nrw, segs[t->seg0 + j].seg_index, t->segr + (size_t)j * ncS,
                         &t->seg_unscorable[j]);
-    /* outcome */
+    /* outcome; a scorable:false score (its scalar row '' NULL) trains on the client's
+     * substitute, stored as the trajectory's outcome (range_lo, spec/objective.md 4.3) */
     if (s == ARL_OK) {
+        const arl_reward_row *so = find_reward(rw, nrw, "outcome", 0, "");
+        t->outc_unscorable = so && isnan(so->value);
+        t->outc_subst = t->row.outcome_reward;
+        if (!isfinite(t->outc_subst)) {
+            const arl_reward_row *x = find_reward(rw, nrw, "outcome", 0, "@derived");
+            t->outc_subst = x ? x->value : NAN;
+        }
         if (rc->n_comp[ARL_REWARD_LEVEL_OUTCOME] == 0) {
             double R = t->row.outcome_reward;
             if (!isfinite(R)) {
@@ -421,6 +431,7 @@ arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n
                                      &info);
             if (s) break;
             parse_info(info, g);
+            arl_reward_sources_from_info(l->in.reward, info, g->process_model);
             free(info);
             int32_t nm = 0;
             s = arl_ledger_members(led, g->group_id, mem, MAX_MEMBERS, &nm);

@@ -160,8 +160,16 @@ static void amax(arl_loss_acc *a, int i, double v) {
     if (v > a->max[i]) a->max[i] = v;
 }
 
+/* k3 = exp(-x) - 1 + x is >= 0, but in float64 a token whose x is a rounding difference
+ * (|x| ~ 1e-16, l_old and l_ref of a near-certain token one float ulp apart) gives a k3 of
+ * -1e-16; summed over an update whose pi_old equals the reference up to such noise, the
+ * estimate went below 0 and the controller refused it (arl_klctl_update: ARL_ERR_ARG), which
+ * stopped the run.  The estimate is therefore clamped at 0 (its exact value); an update with
+ * any real divergence is unchanged to the bit. */
 double arl_loss_acc_kl_hat(const arl_loss_acc *a) {
-    return a->sum[ARL_LACC_MW_REF] > 0 ? a->sum[ARL_LACC_MW_K3] / a->sum[ARL_LACC_MW_REF] : NAN;
+    if (!(a->sum[ARL_LACC_MW_REF] > 0)) return NAN;
+    const double kl = a->sum[ARL_LACC_MW_K3] / a->sum[ARL_LACC_MW_REF];
+    return kl > 0 ? kl : 0.0;
 }
 
 double arl_loss_acc_kl_k1(const arl_loss_acc *a) {
@@ -219,7 +227,8 @@ void arl_loss_acc_emit(const arl_loss_acc *a, arl_reward_metric_fn fn, void *ctx
         fn(ctx, name, ratio(s[ARL_LACC_TURN_SUM + k], s[ARL_LACC_TURN_N + k]));
     }
     fn(ctx, "mismatch/segment_geo/mean_abs", ratio(s[ARL_LACC_SEG_ABS_GBAR], s[ARL_LACC_SEGS]));
-    fn(ctx, "mismatch/k3_mu_old", ratio(s[ARL_LACC_K3_MU_OLD], s[ARL_LACC_ACTION]));
+    fn(ctx, "mismatch/k3_mu_old", /* >= 0 like kl/k3 (arl_loss_acc_kl_hat) */
+       fmax(0.0, ratio(s[ARL_LACC_K3_MU_OLD], s[ARL_LACC_ACTION])));
     fn(ctx, "is/weight_mean", ratio(s[ARL_LACC_W_SUM], s[ARL_LACC_UNMASKED]));
     fn(ctx, "is/weight_max", fin0(a->max[ARL_LACC_MAX_W]));
     fn(ctx, "is/truncated_frac", ratio(s[ARL_LACC_TRUNCATED], s[ARL_LACC_UNMASKED]));

@@ -190,8 +190,9 @@ typedef struct arl_loss_acc {
 
 void arl_loss_acc_init(arl_loss_acc *a);
 void arl_loss_acc_merge(arl_loss_acc *dst, const arl_loss_acc *src);
-/* KL_n of section 7 (k3 of pi_old against the reference, weighted by m w); NaN when no
- * unmasked token had a reference log-prob. */
+/* KL_n of section 7 (k3 of pi_old against the reference, weighted by m w), at least 0 (a
+ * float64 sum of k3 terms of rounding-size x can fall below 0); NaN when no unmasked token had
+ * a reference log-prob. */
 double arl_loss_acc_kl_hat(const arl_loss_acc *a);
 /* kl/k1. NaN likewise. */
 double arl_loss_acc_kl_k1(const arl_loss_acc *a);

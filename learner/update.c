@@ -818,9 +818,14 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
         r->outcome = t->outc;
         r->segment_unscorable = t->seg_unscorable;
         r->seg_mc_baseline = t->seg_mc;
-        if (!isfinite(t->outc[0]) && l->in.reward->n_comp[ARL_REWARD_LEVEL_OUTCOME] == 0) {
-            t->outc[0] = 0.0; /* no outcome stored for a valid trajectory: counts as unscorable */
+        r->outcome_unscorable = t->outc_unscorable;
+        r->outcome_lo = t->outc_subst;
+        if ((!isfinite(t->outc[0]) && l->in.reward->n_comp[ARL_REWARD_LEVEL_OUTCOME] == 0) ||
+            (t->outc_unscorable && !isfinite(t->outc_subst))) {
+            /* no outcome stored for a valid trajectory: counts as unscorable, R = range_lo */
+            t->outc[0] = b->groups[t->group].outcome_lo;
             r->outcome_unscorable = 1;
+            r->outcome_lo = t->outc[0];
         }
         r->out.adv_turn = t->adv_turn;
         r->out.seg_adv = t->lv_seg;
@@ -835,6 +840,7 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
         x->n = G->n_trajs;
         x->trajs = rt + G->traj0;
         memcpy(x->level_absent, G->level_absent, sizeof x->level_absent);
+        memcpy(x->process_model, G->process_model, sizeof x->process_model);
     }
     const double beta = arl_klctl_beta(l->in.kl);
     b->beta = beta;

@@ -313,7 +313,9 @@ typedef struct arl_upd_traj {
     arl_reward_turn *turns; /* (K) */
     int32_t n_turns;
     double *proc, *segr, *outc; /* (K, ncP), (S, ncS), (ncO) */
-    uint8_t *seg_unscorable;    /* (S) */
+    uint8_t *seg_unscorable;    /* (S) the segment's score said scorable:false */
+    int outc_unscorable;        /* the episode's score said scorable:false */
+    double outc_subst;          /* then the outcome the client stored (range_lo) */
     double *seg_mc;    /* (S) segment_baseline mc: mean G^S over the forks at each segment's start;
                           NaN where none (NULL when the baseline is loo) */
     int32_t *seg_mc_n; /* (S) the forks each seg_mc averages */
@@ -337,7 +339,9 @@ typedef struct arl_upd_group {
     int local;
     int32_t traj0, n_trajs; /* members in the batch */
     uint8_t level_absent[ARL_REWARD_NLEVELS];
+    uint8_t process_model[ARL_REWARD_MAX_COMPONENTS]; /* arl_reward_group.process_model */
     double outcome_hi; /* top of the declared outcome range (successes) */
+    double outcome_lo; /* its bottom (range_lo, spec/objective.md 4.3) */
     char env_name[64];
 } arl_upd_group;
 

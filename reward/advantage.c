@@ -163,6 +163,11 @@ static arl_status validate_traj(const arl_reward_config *cfg, const arl_reward_g
                           "reward: group %d trajectory %d: the last turn lies in "
                           "segment %d of %d",
                           gi, ti, t->turns[K - 1].seg, S);
+    if (t->outcome_unscorable && !isfinite(t->outcome_lo))
+        return arl_errorf(ARL_ERR_ARG,
+                          "reward: group %d trajectory %d: unscorable outcome with substitute "
+                          "%g (expected the finite lower end of the outcome range)",
+                          gi, ti, t->outcome_lo);
     static const char *const what[3] = {"outcome", "segment", "process"};
     for (int l = 0; l < ARL_REWARD_NLEVELS; l++) {
         if (!level_on(cfg, g, l)) continue;
@@ -240,7 +245,8 @@ static arl_status group_raw(const arl_reward_config *cfg, arl_reward_group *g, t
         int32_t K = t->n_turns, S = t->n_segs;
         double miss = 0;
         if (level_on(cfg, g, LO)) {
-            w[i].R = derive(cfg, LO, t->outcome, &miss);
+            /* scorable:false: the client's range_lo, whatever the columns hold (4.3) */
+            w[i].R = t->outcome_unscorable ? t->outcome_lo : derive(cfg, LO, t->outcome, &miss);
             add_components(acc, cfg, LO, t->outcome);
             if (acc) {
                 acc->sum[ARL_RACC_REW_N + LO] += 1;
@@ -255,7 +261,10 @@ static arl_status group_raw(const arl_reward_config *cfg, arl_reward_group *g, t
             miss = 0;
             for (int32_t s = 0; s < S; s++) {
                 const double *row = t->segment + (size_t)s * nc;
-                double q = derive(cfg, LS, row, &miss);
+                /* scorable:false: q = 0, whatever the columns hold (3.3) */
+                double q = t->segment_unscorable && t->segment_unscorable[s]
+                               ? 0.0
+                               : derive(cfg, LS, row, &miss);
                 scratch[s] = q;
                 add_components(acc, cfg, LS, row);
                 if (acc) {
@@ -297,8 +306,11 @@ static arl_status group_raw(const arl_reward_config *cfg, arl_reward_group *g, t
                         double v = t->process[(size_t)k * nc + c];
                         scratch[k] = isnan(v) ? 0.0 : v;
                     }
-                    arl_reward_form f =
-                        cc->form == ARL_REWARD_FORM_MIN ? ARL_REWARD_FORM_MIN : ARL_REWARD_FORM_SUM;
+                    /* form auto: min for a component its environment declares with source
+                     * model, sum for source rule (spec/objective.md 13) */
+                    arl_reward_form f = cc->form;
+                    if (f == ARL_REWARD_FORM_AUTO)
+                        f = g->process_model[c] ? ARL_REWARD_FORM_MIN : ARL_REWARD_FORM_SUM;
                     arl_reward_rtg(scratch, K, f, cfg->gamma_process, scratch);
                     for (int32_t k = 0; k < K; k++)
                         w[i].p_rtg[k] += cc->weight * scratch[k];

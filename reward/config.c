@@ -2,6 +2,7 @@
  * (spec/objective.md section 13), the option table and its resolution into arl_reward_config,
  * including the per-level component lists "name=weight[:form]".
  * Not here: the math (reward/advantage.c), the loss and KL options (learner/). */
+#include <jansson.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -50,6 +51,23 @@ void arl_reward_config_set_source(arl_reward_config *cfg, const char *name, int 
         if (k->form == ARL_REWARD_FORM_AUTO && !strcmp(k->name, name))
             k->form = source_model ? ARL_REWARD_FORM_MIN : ARL_REWARD_FORM_SUM;
     }
+}
+
+void arl_reward_sources_from_info(const arl_reward_config *cfg, const char *info_json,
+                                  uint8_t flags[ARL_REWARD_MAX_COMPONENTS]) {
+    memset(flags, 0, ARL_REWARD_MAX_COMPONENTS);
+    json_t *j = info_json ? json_loads(info_json, 0, NULL) : NULL;
+    json_t *arr = j ? json_object_get(j, "reward_components") : NULL;
+    for (size_t i = 0; json_is_array(arr) && i < json_array_size(arr); i++) {
+        const json_t *e = json_array_get(arr, i);
+        const char *name = json_string_value(json_object_get(e, "name"));
+        const char *level = json_string_value(json_object_get(e, "level"));
+        const char *src = json_string_value(json_object_get(e, "source"));
+        if (!name || !level || !src || strcmp(level, "process") || strcmp(src, "model")) continue;
+        for (int32_t c = 0; c < cfg->n_comp[ARL_REWARD_LEVEL_PROCESS]; c++)
+            if (!strcmp(cfg->comp[ARL_REWARD_LEVEL_PROCESS][c].name, name)) flags[c] = 1;
+    }
+    json_decref(j);
 }
 
 /* ---- option table ---- */

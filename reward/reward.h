@@ -8,7 +8,8 @@
  * from the replay store), the model, the loss (learner/loss.h), the KL controller
  * (learner/kl_ctl.h: it supplies beta), the client-side substitutions of spec/objective.md
  * sections 3.3 and 4.3 (q = 0 for an unscorable segment, range_lo for an unscorable outcome:
- * the values given here are already the ones trained on).
+ * the scalar values given here are already the ones trained on; with components configured,
+ * arl_reward_traj's unscorable flags make them so).
  *
  * Notation (spec/objective.md section 2): a group holds G trajectories i of one task; V are
  * the valid ones (status complete or truncated); O_i = V \ {i}.  Trajectory i has turns
@@ -54,7 +55,8 @@ typedef enum arl_reward_traj_status {
 
 typedef enum arl_reward_form {
     ARL_REWARD_FORM_AUTO = 0, /* component form from its declared source: rule -> sum, model ->
-                                 min (arl_reward_config_set_source); unresolved -> sum */
+                                 min (arl_reward_group.process_model, or
+                                 arl_reward_config_set_source); unresolved -> sum */
     ARL_REWARD_FORM_SUM = 1,  /* G_k = sum_{k'>=k} gamma_P^{k'-k} p_{k'} */
     ARL_REWARD_FORM_MIN = 2,  /* G_k = min_{k'>=k} p_{k'} */
 } arl_reward_form;
@@ -196,9 +198,12 @@ typedef struct arl_reward_traj {
     const double *process;             /* (K, ncols_P) p^c_{i,k} */
     const double *segment;             /* (S, ncols_S) q^c_{i,s} */
     const double *outcome;             /* (ncols_O) R^c_i */
-    const uint8_t *segment_unscorable; /* (S) 1: the score said scorable:false (metric only);
-                                          NULL: none */
-    int outcome_unscorable;            /* 1: outcome substituted by range_lo (metric only) */
+    const uint8_t *segment_unscorable; /* (S) 1: the score said scorable:false: q = 0, whatever
+                                          the segment columns hold (spec 3.3); NULL: none */
+    int outcome_unscorable;            /* 1: the score said scorable:false: R_i = outcome_lo,
+                                          whatever the outcome columns hold (spec 4.3) */
+    double outcome_lo;                 /* with outcome_unscorable: the client's substitute, the
+                                          lower end of the declared outcome range */
     const double *seg_mc_baseline;     /* (S) segment_baseline mc: mean G^S_{.,s} over forks of
                                           this trajectory at the start of s; NaN (or NULL array):
                                           no forks, the leave-one-out baseline applies */
@@ -210,7 +215,19 @@ typedef struct arl_reward_group {
     arl_reward_traj *trajs;                   /* (G) borrowed; outputs are written into them */
     uint8_t level_absent[ARL_REWARD_NLEVELS]; /* 1: the environment does not produce the level
                                                  (undeclared in /info); 0-initialised: present */
+    /* Per configured process component c: 1 when the group's environment declares it with
+     * source "model", which makes its form `auto` the min form (spec/objective.md 13,
+     * arl_reward_sources_from_info); 0-initialised: source rule, form auto is sum.  A form
+     * given in the configuration (sum, min, or set by arl_reward_config_set_source) wins. */
+    uint8_t process_model[ARL_REWARD_MAX_COMPONENTS];
 } arl_reward_group;
+
+/* The process_model flags of arl_reward_group from an environment's /info JSON text
+ * (reward_components[]: name, level, source): flags[c] = 1 for each configured process
+ * component c that /info declares at level "process" with source "model", else 0.  Text that
+ * is not JSON, or has no reward_components, gives all 0 (source rule is the default). */
+void arl_reward_sources_from_info(const arl_reward_config *cfg, const char *info_json,
+                                  uint8_t flags[ARL_REWARD_MAX_COMPONENTS]);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Metrics                                                                                     */

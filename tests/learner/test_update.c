@@ -143,11 +143,13 @@ static void test_update_and_masked(void) {
         arl_reward_group rg[2];
         double adv[16][16];
         memset(rt, 0, sizeof rt);
+        memset(rg, 0, sizeof rg);
         int32_t nt = 0;
         for (int32_t g = 0; g < b->n_groups; g++) {
             rg[g].n = 0;
             rg[g].trajs = rt + nt;
             memcpy(rg[g].level_absent, b->groups[g].level_absent, sizeof rg[g].level_absent);
+            memcpy(rg[g].process_model, b->groups[g].process_model, sizeof rg[g].process_model);
             for (int32_t j = 0; j < b->groups[g].n_trajs; j++) {
                 const arl_upd_traj *t = &b->trajs[b->groups[g].traj0 + j];
                 if (!t->valid) continue;
@@ -161,6 +163,8 @@ static void test_update_and_masked(void) {
                 r->segment = t->segr;
                 r->outcome = t->outc;
                 r->segment_unscorable = t->seg_unscorable;
+                r->outcome_unscorable = t->outc_unscorable;
+                r->outcome_lo = t->outc_subst;
                 r->out.adv_turn = adv[nt];
                 nt++;
                 rg[g].n++;
@@ -495,6 +499,80 @@ static void test_stale_state(void) {
     replay_store_close(src.store);
 }
 
+/* ---- scorable:false scores (spec/objective.md 3.3, 4.3, 12) ---- */
+
+/* Make the scalar rows '' of segment 0 and of the outcome of trajectory uid NULL, as the
+ * rollout stores a scorable:false score (rollout/commit.c ro_rewards_rows), leaving the
+ * client's '@derived' value in place; returns the rows changed (segment, outcome). */
+static void null_scalar_rows(const char *uid, int *n_seg, int *n_out) {
+    replay_store *st;
+    replay_open_opts o = {0};
+    L_DIE(replay_store_open(db, &o, &st), "store");
+    replay_traj_row row;
+    L_DIE(replay_traj_get(st, uid, &row), "traj");
+    replay_store_close(st);
+    *n_seg = *n_out = 0;
+    for (int k = 1; k < 512; k++) { /* worker files w<k>, tool files t<k> */
+        char p[900], sql[400];
+        snprintf(p, sizeof p, "%s/shards/%c%d.sqlite", db, k < 256 ? 'w' : 't', k % 256);
+        FILE *f = fopen(p, "rb");
+        if (!f) continue;
+        fclose(f);
+        sqlite3 *h;
+        CHECK(sqlite3_open(p, &h) == SQLITE_OK);
+        static const char *const where[2] = {"level = 'segment' AND scope_index = 0",
+                                             "level = 'outcome'"};
+        for (int w = 0; w < 2; w++) {
+            snprintf(sql, sizeof sql,
+                     "UPDATE rewards SET value = NULL WHERE traj_id = %lld AND component = '' "
+                     "AND %s",
+                     (long long)row.traj_id, where[w]);
+            CHECK(sqlite3_exec(h, sql, NULL, NULL, NULL) == SQLITE_OK);
+            *(w ? n_out : n_seg) += sqlite3_changes(h);
+        }
+        sqlite3_close(h);
+    }
+}
+
+/* A score that said scorable:false is counted in reward/{segment,outcome}_unscorable_frac
+ * (the learner read the client's '@derived' value first and never counted one) and trains on
+ * the stored substitute (q = 0, range_lo): the rewards and the loss are unchanged. */
+static void test_unscorable_scores(void) {
+    arl_update_source src = {.store = NULL, .root = db, .group_ids = gids, .n_groups = n_gids};
+    replay_open_opts o = {0};
+    L_DIE(replay_store_open(db, &o, &src.store), "store");
+    arl_update_result r0, r1;
+    lh_learner h;
+    lh_learner_open(&h, ckpt, ref_ckpt, 1, 6, NULL);
+    L_DIE(arl_learner_update(h.l, 0, &src, 1, &r0), "update");
+    int64_t n_seg_entries = 0;
+    const arl_update_batch *b = arl_learner_batch(h.l);
+    for (int32_t i = 0; i < b->n_trajs; i++)
+        if (b->trajs[i].valid) n_seg_entries += b->trajs[i].n_segs;
+    lh_learner_close(&h);
+    CHECK(lh_metric(r0.metrics_json, "reward/segment_unscorable_frac") == 0);
+    CHECK(lh_metric(r0.metrics_json, "reward/outcome_unscorable_frac") == 0);
+    int n_seg = 0, n_out = 0;
+    null_scalar_rows("lt/g000000/r0", &n_seg, &n_out);
+    CHECK_EQ_INT(n_seg, 1);
+    CHECK_EQ_INT(n_out, 1);
+    lh_learner_open(&h, ckpt, ref_ckpt, 1, 6, NULL);
+    L_DIE(arl_learner_update(h.l, 0, &src, 1, &r1), "update");
+    lh_learner_close(&h);
+    CHECK_CLOSE(lh_metric(r1.metrics_json, "reward/segment_unscorable_frac"),
+                1.0 / (double)n_seg_entries, 1e-12, 0);
+    CHECK_CLOSE(lh_metric(r1.metrics_json, "reward/outcome_unscorable_frac"), 1.0 / 5, 1e-12, 0);
+    static const char *const same[] = {"reward/outcome/mean", "reward/segment/mean",
+                                       "adv/token/mean", "loss/total"};
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        CHECK_MSG(lh_metric(r0.metrics_json, same[i]) == lh_metric(r1.metrics_json, same[i]),
+                  "%s: %.17g vs %.17g", same[i], lh_metric(r0.metrics_json, same[i]),
+                  lh_metric(r1.metrics_json, same[i]));
+    free(r0.metrics_json);
+    free(r1.metrics_json);
+    replay_store_close(src.store);
+}
+
 int main(void) {
     snprintf(tmp, sizeof tmp, "%s", test_tmpdir("learner-update"));
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", tmp);
@@ -510,5 +588,6 @@ int main(void) {
     TEST_RUN(test_update_and_masked);
     TEST_RUN(test_stale_state);
     TEST_RUN(test_records);
+    TEST_RUN(test_unscorable_scores); /* last: it edits the store's reward rows */
     return test_finish();
 }

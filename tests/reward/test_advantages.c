@@ -13,6 +13,7 @@
 
 #include "core/rng.h"
 #include "reward/reward.h"
+#include "tests/reward/metrics.h"
 #include "tests/test.h"
 
 #define TOL 1e-12
@@ -80,27 +81,6 @@ static void group_of(arl_reward_group *g, arl_reward_traj *arr, syn *s, int n) {
     g->trajs = arr;
 }
 
-typedef struct metrics {
-    int n;
-    char name[256][96];
-    double v[256];
-} metrics;
-static void collect(void *ctx, const char *name, double v) {
-    metrics *m = ctx;
-    if (m->n < 256) {
-        snprintf(m->name[m->n], sizeof m->name[0], "%s", name);
-        m->v[m->n++] = v;
-    }
-}
-static double metric(const arl_reward_acc *a, const arl_reward_config *cfg, const char *name) {
-    metrics m = {0};
-    arl_reward_acc_emit(a, cfg, collect, &m);
-    for (int i = 0; i < m.n; i++)
-        if (!strcmp(m.name[i], name)) return m.v[i];
-    fprintf(stderr, "metric %s not emitted\n", name);
-    test_failures_++;
-    return NAN;
-}
 
 static const int seg3[] = {0, 0, 1};
 static const int seg4[] = {0, 1, 1, 2};

@@ -15,6 +15,7 @@
 #include "learner/loss.h"
 #include "reward/reward.h"
 #include "tests/reward/example.h"
+#include "tests/reward/metrics.h"
 #include "tests/test.h"
 
 /* A printed value with 7 or more significant digits is a rounded one: allow half a unit of its
@@ -33,25 +34,6 @@ static double stated_tol(const char *lit) {
 #define CHECK_STATED(x, lit) CHECK_CLOSE((x), atof(lit), stated_tol(lit), 0)
 #define CHECK_EXACT(x, v) CHECK_CLOSE((x), (v), 1e-9, 0)
 
-typedef struct metrics {
-    int n;
-    char name[256][96];
-    double v[256];
-} metrics;
-static void collect(void *ctx, const char *name, double v) {
-    metrics *m = ctx;
-    if (m->n < 256) {
-        snprintf(m->name[m->n], sizeof m->name[0], "%s", name);
-        m->v[m->n++] = v;
-    }
-}
-static double metric(const metrics *m, const char *name) {
-    for (int i = 0; i < m->n; i++)
-        if (!strcmp(m->name[i], name)) return m->v[i];
-    fprintf(stderr, "metric %s not emitted\n", name);
-    test_failures_++;
-    return NAN;
-}
 
 static ex_traj E[2];
 static ex_out O[2];
@@ -111,9 +93,9 @@ static void test_segment(void) {
     CHECK_EXACT(O[1].seg_adv_raw[1], -0.5);
     CHECK_STATED(O[1].seg_adv[1], "-0.632455532");
     metrics m = {0};
-    arl_reward_acc_emit(&RACC, &CFG, collect, &m);
-    CHECK_STATED(metric(&m, "adv/segment/sigma"), "0.790569415");
-    CHECK_EXACT(metric(&m, "adv/segment/sigma"), sqrt(0.625));
+    arl_reward_acc_emit(&RACC, &CFG, metrics_collect, &m);
+    CHECK_STATED(metrics_get(&m, "adv/segment/sigma"), "0.790569415");
+    CHECK_EXACT(metrics_get(&m, "adv/segment/sigma"), sqrt(0.625));
 }
 
 static void test_process(void) {
@@ -138,12 +120,12 @@ static void test_process(void) {
     CHECK_EXACT(O[1].proc_adv_raw[2], 0.0);
     CHECK_EXACT(O[1].proc_adv[2], 0.0);
     metrics m = {0};
-    arl_reward_acc_emit(&RACC, &CFG, collect, &m);
-    CHECK_STATED(metric(&m, "adv/process/sigma"), "0.328876877");
-    CHECK_EXACT(metric(&m, "adv/process/sigma"), sqrt(0.10816));
+    arl_reward_acc_emit(&RACC, &CFG, metrics_collect, &m);
+    CHECK_STATED(metrics_get(&m, "adv/process/sigma"), "0.328876877");
+    CHECK_EXACT(metrics_get(&m, "adv/process/sigma"), sqrt(0.10816));
     /* (2, 3): no other trajectory reached turn 3 -> counted (1 of 5 process entries) */
-    CHECK_EXACT(metric(&m, "adv/process_no_baseline_frac"), 1.0 / 5);
-    CHECK_EXACT(metric(&m, "adv/segment_no_baseline_frac"), 0.0);
+    CHECK_EXACT(metrics_get(&m, "adv/process_no_baseline_frac"), 1.0 / 5);
+    CHECK_EXACT(metrics_get(&m, "adv/segment_no_baseline_frac"), 0.0);
 }
 
 static void test_kl_term(void) {
@@ -186,16 +168,16 @@ static void test_token_advantages(void) {
         }
     }
     metrics m = {0};
-    arl_reward_acc_emit(&RACC, &CFG, collect, &m);
+    arl_reward_acc_emit(&RACC, &CFG, metrics_collect, &m);
     /* token statistics over the 10 action tokens */
     double sum = 0;
     for (int i = 0; i < 2; i++)
         for (int k = 0; k < E[i].K; k++)
             sum += (double)E[i].turns[k].n_action * O[i].adv_turn[k];
-    CHECK_EXACT(metric(&m, "adv/token/mean"), sum / 10);
-    CHECK_STATED(metric(&m, "adv/token/max"), "2.359211915");
-    CHECK_STATED(metric(&m, "adv/token/min"), "-2.359211915");
-    CHECK_EXACT(metric(&m, "rollout/trajectories/complete"), 2);
+    CHECK_EXACT(metrics_get(&m, "adv/token/mean"), sum / 10);
+    CHECK_STATED(metrics_get(&m, "adv/token/max"), "2.359211915");
+    CHECK_STATED(metrics_get(&m, "adv/token/min"), "-2.359211915");
+    CHECK_EXACT(metrics_get(&m, "rollout/trajectories/complete"), 2);
 }
 
 /* Section 14.4 and 14.5. */
@@ -286,39 +268,39 @@ static void test_loss_and_controller(void) {
     CHECK_STATED(exp(1.8), "6.049647464");
 
     metrics m = {0};
-    arl_loss_acc_emit(&stp, collect, &m);
-    CHECK_STATED(-metric(&m, "loss/pg") * 16, "6.728725118");
-    CHECK_STATED(metric(&m, "loss/pg"), "-0.42054532");
-    CHECK_STATED(metric(&m, "loss/k2") * 16 / 0.1, "0.51812987");
-    CHECK_STATED(metric(&m, "loss/k2"), "0.003238312");
-    CHECK_STATED(metric(&m, "loss/total"), "-0.417307008");
+    arl_loss_acc_emit(&stp, metrics_collect, &m);
+    CHECK_STATED(-metrics_get(&m, "loss/pg") * 16, "6.728725118");
+    CHECK_STATED(metrics_get(&m, "loss/pg"), "-0.42054532");
+    CHECK_STATED(metrics_get(&m, "loss/k2") * 16 / 0.1, "0.51812987");
+    CHECK_STATED(metrics_get(&m, "loss/k2"), "0.003238312");
+    CHECK_STATED(metrics_get(&m, "loss/total"), "-0.417307008");
     CHECK_STATED(L, "-0.417307008"); /* M = 1: the step objective is L */
-    CHECK_EXACT(metric(&m, "ppo/clip_frac"), 2.0 / 7);
-    CHECK_EXACT(metric(&m, "ppo/clip_frac_high"), 1.0 / 7);
-    CHECK_EXACT(metric(&m, "ppo/clip_frac_low"), 1.0 / 7);
+    CHECK_EXACT(metrics_get(&m, "ppo/clip_frac"), 2.0 / 7);
+    CHECK_EXACT(metrics_get(&m, "ppo/clip_frac_high"), 1.0 / 7);
+    CHECK_EXACT(metrics_get(&m, "ppo/clip_frac_low"), 1.0 / 7);
 
     metrics q = {0};
-    arl_loss_acc_emit(&pre, collect, &q);
+    arl_loss_acc_emit(&pre, metrics_collect, &q);
     CHECK_STATED(pre.sum[ARL_LACC_MW_K3], "0.051588637");
     CHECK_STATED(pre.sum[ARL_LACC_MW_REF], "6.302076522");
     double kl = arl_loss_acc_kl_hat(&pre);
     CHECK_STATED(kl, "0.008185974");
-    CHECK_STATED(metric(&q, "kl/k3"), "0.008185974");
-    CHECK_STATED(metric(&q, "kl/k1"), "0.066382639");
-    CHECK_EXACT(metric(&q, "mask/token_band_frac"), 1.0 / 10);
-    CHECK_EXACT(metric(&q, "mask/segment_geo_frac"), 1.0 / 4);
-    CHECK_EXACT(metric(&q, "mask/total_frac"), 3.0 / 10);
-    CHECK_EXACT(metric(&q, "is/truncated_frac"), 1.0 / 7);
-    CHECK_EXACT(metric(&q, "mask/stale_frac"), 0.0);
-    CHECK_EXACT(metric(&q, "mask/route_frac"), 0.0);
-    CHECK_EXACT(metric(&q, "is/weight_max"), 2.0);
-    CHECK_STATED(metric(&q, "is/weight_mean"), "0.900296646"); /* 6.302076522 / 7 */
+    CHECK_STATED(metrics_get(&q, "kl/k3"), "0.008185974");
+    CHECK_STATED(metrics_get(&q, "kl/k1"), "0.066382639");
+    CHECK_EXACT(metrics_get(&q, "mask/token_band_frac"), 1.0 / 10);
+    CHECK_EXACT(metrics_get(&q, "mask/segment_geo_frac"), 1.0 / 4);
+    CHECK_EXACT(metrics_get(&q, "mask/total_frac"), 3.0 / 10);
+    CHECK_EXACT(metrics_get(&q, "is/truncated_frac"), 1.0 / 7);
+    CHECK_EXACT(metrics_get(&q, "mask/stale_frac"), 0.0);
+    CHECK_EXACT(metrics_get(&q, "mask/route_frac"), 0.0);
+    CHECK_EXACT(metrics_get(&q, "is/weight_max"), 2.0);
+    CHECK_STATED(metrics_get(&q, "is/weight_mean"), "0.900296646"); /* 6.302076522 / 7 */
 
     /* controller: N_n = valid trajectories = 2 */
     metrics rm = {0};
-    arl_reward_acc_emit(&RACC, &CFG, collect, &rm);
-    int64_t n_valid = (int64_t)(metric(&rm, "rollout/trajectories/complete") +
-                                metric(&rm, "rollout/trajectories/truncated"));
+    arl_reward_acc_emit(&RACC, &CFG, metrics_collect, &rm);
+    int64_t n_valid = (int64_t)(metrics_get(&rm, "rollout/trajectories/complete") +
+                                metrics_get(&rm, "rollout/trajectories/truncated"));
     CHECK_EQ_INT(n_valid, 2);
     arl_klctl_step st;
     CHECK(arl_klctl_update(&CTL, kl, n_valid, &st) == ARL_OK);
@@ -328,10 +310,10 @@ static void test_loss_and_controller(void) {
     CHECK_STATED(arl_klctl_beta(&CTL), "0.04998186");
     CHECK_EXACT(arl_klctl_lambda2(&CTL), 0.1); /* fixed under placement both */
     metrics km = {0};
-    arl_klctl_emit(&CTL, &st, collect, &km);
-    CHECK_EXACT(metric(&km, "kl/coef"), 0.05);
-    CHECK_EXACT(metric(&km, "kl/target"), 0.01);
-    CHECK_STATED(metric(&km, "kl/error"), "-0.181402557");
+    arl_klctl_emit(&CTL, &st, metrics_collect, &km);
+    CHECK_EXACT(metrics_get(&km, "kl/coef"), 0.05);
+    CHECK_EXACT(metrics_get(&km, "kl/target"), 0.01);
+    CHECK_STATED(metrics_get(&km, "kl/error"), "-0.181402557");
 }
 
 /* Section 15.2: masking trajectory 2 gives trajectory 1 baseline 0 at every level and
