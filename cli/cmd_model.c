@@ -117,11 +117,10 @@ static arl_status check_checkpoint(const char *arg, const arl_model_config *cfg,
     return s;
 }
 
-static void print_info_table(const arl_model_config *cfg, const arl_param_counts *c,
+static void print_info_table(const arl_model_config *cfg, const char *h, const arl_param_counts *c,
                              const arl_model_memory *m, const ckpt_report *r) {
     const arl_model_dims *D = &cfg->dims;
-    char a[64], b[64], h[ARL_SHA256_HEX_CHARS];
-    arl_model_config_hash_hex(cfg, h);
+    char a[64], b[64];
     printf("model      %s (%s)\n", cfg->path,
            cfg->model_type[0] ? cfg->model_type : cfg->text.model_type);
     printf("config     sha256 %s\n", h);
@@ -187,11 +186,9 @@ static void print_info_table(const arl_model_config *cfg, const arl_param_counts
                r->shards, r->shards == 1 ? "" : "s", human_bytes((int64_t)r->bytes, a, sizeof a));
 }
 
-static int print_info_json(const arl_model_config *cfg, const arl_param_counts *c,
+static int print_info_json(const arl_model_config *cfg, const char *h, const arl_param_counts *c,
                            const arl_model_memory *m, const ckpt_report *r) {
     const arl_model_dims *D = &cfg->dims;
-    char h[ARL_SHA256_HEX_CHARS];
-    arl_model_config_hash_hex(cfg, h);
     json_t *o = json_object();
     json_t *layers = json_pack("{s:I,s:I,s:I,s:I,s:I}", "total", (json_int_t)D->L, "kda",
                                (json_int_t)D->n_kda, "mla", (json_int_t)D->n_mla, "dense",
@@ -265,6 +262,8 @@ int cmd_model_info(int argc, char **argv) {
     }
     ckpt_report r = {0, 0, 0, 0};
     if (o.check) s = check_checkpoint(o.config, &cfg, &r);
+    char h[ARL_SHA256_HEX_CHARS];
+    if (!s) s = arl_model_config_hash_hex(&cfg, h);
     if (s) {
         rc = cli_fail(s);
     } else {
@@ -273,9 +272,9 @@ int cmd_model_info(int argc, char **argv) {
         arl_param_counts_compute(&cfg, &c);
         arl_model_memory_compute(&cfg, &m);
         if (o.json)
-            rc = print_info_json(&cfg, &c, &m, &r);
+            rc = print_info_json(&cfg, h, &c, &m, &r);
         else {
-            print_info_table(&cfg, &c, &m, &r);
+            print_info_table(&cfg, h, &c, &m, &r);
             rc = ARL_EXIT_OK;
         }
     }

@@ -67,14 +67,18 @@ static void print_usage(FILE *f) {
 int cli_parse(const arl_option *tab, size_t n, int argc, char **argv, void *cfg,
               const char *usage, const char *summary) {
     int want_help = 0;
-    arl_options_defaults(tab, n, cfg);
-    arl_status s = arl_options_parse_argv(tab, n, argc, argv, cfg, &want_help);
+    arl_status s = arl_options_defaults(tab, n, cfg);
+    if (s == ARL_OK) s = arl_options_parse_argv(tab, n, argc, argv, cfg, &want_help);
     if (s == ARL_OK && want_help) {
         arl_options_print_help(stdout, usage, summary, tab, n);
         arl_options_free(tab, n, cfg);
         return -1;
     }
     if (s == ARL_OK) s = arl_options_check_required(tab, n, cfg);
+    if (s == ARL_ERR_NOMEM) { /* not a usage error: no usage line, exit 1 */
+        arl_options_free(tab, n, cfg);
+        return cli_fail(s);
+    }
     if (s != ARL_OK) {
         fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
         arl_options_free(tab, n, cfg);

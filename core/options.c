@@ -136,6 +136,7 @@ arl_status arl_options_defaults(const arl_option *tab, size_t n, void *cfg) {
         }
         if (o->def) {
             arl_status s = set_value(o, o->def, cfg);
+            if (s == ARL_ERR_NOMEM) return s; /* a string default not copied */
             ARL_ASSERT(s == ARL_OK); /* a default that does not parse is a bug in the table */
         }
     }

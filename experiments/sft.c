@@ -604,7 +604,7 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
         } else {
             ARL_TRY(arl_params_init(&r->params, &r->mcfg, (uint64_t)c->init_seed, (int)c->threads));
         }
-        arl_model_config_hash_hex(&r->mcfg, r->st.model_sha256);
+        ARL_TRY(arl_model_config_hash_hex(&r->mcfg, r->st.model_sha256));
         memcpy(r->st.run_sha256, r->run_sha, sizeof r->run_sha);
         ARL_TRY(arl_train_state_set_run_config(&r->st, r->run_canon));
         arl_sft_data_cursor_start(r->train, (uint64_t)c->seed, &r->st.data);

@@ -638,12 +638,12 @@ static arl_status settings_canon_of(const arl_train_config *c, const char *model
 static arl_status settings_agree(tr_run *r) {
     if (r->L->world_size == 1) return ARL_OK;
     char sha[ARL_SHA256_HEX_CHARS];
-    arl_model_config_hash_hex(&r->mcfg, sha);
     char *mine = NULL;
-    arl_status s = settings_canon_of(r->c, sha, &mine);
+    arl_status s = arl_model_config_hash_hex(&r->mcfg, sha);
+    if (!s) s = settings_canon_of(r->c, sha, &mine);
     s = sync_status(r, s);
     void *theirs = r->rank0 ? mine : NULL;
-    int64_t n = r->rank0 ? (int64_t)strlen(mine) + 1 : 0;
+    int64_t n = r->rank0 && mine ? (int64_t)strlen(mine) + 1 : 0; /* none: s says why */
     if (!s) {
         s = arl_dist_bcast_msg(r->d->world, &theirs, &n, 0);
         if (s) r->broken = 1;
@@ -2096,7 +2096,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         return s;
     }
     /* configuration of the objective */
-    arl_model_config_hash_hex(&r->mcfg, r->model_sha);
+    s = arl_model_config_hash_hex(&r->mcfg, r->model_sha);
     r->ocfg = c->learner.optim;
     r->ocfg.total_steps = resolved_total_steps(c);
     if (!s) s = arl_reward_config_from_opts(&c->learner.reward, &r->rc);

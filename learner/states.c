@@ -49,8 +49,7 @@ arl_status lr_states_plan(arl_learner *l, const arl_update_source *src, int32_t 
     arl_model_params_sha256_hex(l->in.params, hex);
     ro_pass_uid("learner", hex, !l->lc.routing_replay, l->lc.mla_sparse_topk,
                 l->lc.mla_sparse_chunk, l->states_pass, sizeof l->states_pass);
-    arl_model_config_hash_hex(l->cfg, l->states_cfg_hash);
-    return ARL_OK;
+    return arl_model_config_hash_hex(l->cfg, l->states_cfg_hash);
 }
 
 arl_status lr_states_put(arl_learner *l, const arl_upd_seg *s, int32_t slot, int replay) {

@@ -95,9 +95,10 @@ static arl_status check_config_file(const char *dir, const arl_model_config *cfg
     free(text);
     if (s) return arl_error_prefix(s, "checkpoint %s", dir);
     char a[ARL_SHA256_HEX_CHARS], b[ARL_SHA256_HEX_CHARS];
-    arl_model_config_hash_hex(cfg, a);
-    arl_model_config_hash_hex(&other, b);
+    s = arl_model_config_hash_hex(cfg, a);
+    if (!s) s = arl_model_config_hash_hex(&other, b);
     arl_model_config_free(&other);
+    if (s) return arl_error_prefix(s, "checkpoint %s", dir);
     if (strcmp(a, b))
         return arl_errorf(ARL_ERR_CONFIG,
                           "%s: the checkpoint's config.json describes a different model than %s "
@@ -372,8 +373,8 @@ static arl_status write_into(const char *target, const arl_model_config *cfg,
         return s;
     }
     char hex[ARL_SHA256_HEX_CHARS];
-    arl_model_config_hash_hex(cfg, hex);
-    s = arl_st_dir_writer_set_metadata(w, "format", "pt");
+    s = arl_model_config_hash_hex(cfg, hex);
+    if (!s) s = arl_st_dir_writer_set_metadata(w, "format", "pt");
     if (!s) s = arl_st_dir_writer_set_metadata(w, "agentrl_config_sha256", hex);
     const int bf16 = arl_model_config_stores_bf16(cfg);
     int64_t k = 0;

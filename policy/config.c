@@ -201,12 +201,13 @@ static char *sb_take(sbuf *b) {
 /* ------------------------------------------------------------------------------------ */
 /* JSON text output: Python-compatible number formatting                                 */
 
-/* Shortest round-trip repr of a finite double, formatted as Python's repr(float). */
-static void fmt_real(double x, char *out, size_t cap) {
+/* Shortest round-trip repr of a finite double, formatted as Python's repr(float).  -1 when
+ * out of memory (out is "" then). */
+static int fmt_real(double x, char *out, size_t cap) {
     char buf[48];
     if (x == 0) {
         snprintf(out, cap, signbit(x) ? "-0.0" : "0.0");
-        return;
+        return 0;
     }
     for (int p = 1; p <= 17; p++) {
         snprintf(buf, sizeof buf, "%.*e", p - 1, x);
@@ -254,8 +255,10 @@ static void fmt_real(double x, char *out, size_t cap) {
         sb_printf(&b, "e%c%02d", e10 < 0 ? '-' : '+', abs(e10));
     }
     char *r = sb_take(&b);
-    snprintf(out, cap, "%s", r ? r : "0.0");
+    const int ok = r != NULL;
+    snprintf(out, cap, "%s", ok ? r : ""); /* not "0.0": a hash of another number */
     free(r);
+    return ok ? 0 : -1;
 }
 
 /* JSON string; ascii_only escapes non-ASCII as \uXXXX (UTF-16) like Python's default. */
@@ -325,8 +328,10 @@ static void dump_value(sbuf *b, const json_t *v, int pretty, int level) {
         sb_printf(b, "%lld", (long long)json_integer_value(v));
         break;
     case JSON_REAL:
-        fmt_real(json_real_value(v), num, sizeof num);
-        sb_puts(b, num);
+        if (fmt_real(json_real_value(v), num, sizeof num))
+            b->oom = 1; /* the text fails as a whole */
+        else
+            sb_puts(b, num);
         break;
     case JSON_STRING:
         dump_string(b, json_string_value(v), json_string_length(v), !pretty);
@@ -623,7 +628,9 @@ static arl_status parse_object(const json_t *obj, const cfield *tab, size_t n, v
                               where, path, f->name, kind_expect(f));
         } else if (f->def) {
             json_t *d = json_loads(f->def, JSON_DECODE_ANY, NULL);
-            ARL_ASSERT(d);
+            if (!d) /* the defaults are valid JSON: only out of memory */
+                return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the default of '%s%s'",
+                                  where, path, f->name);
             arl_status s = field_set(f, d, base, where, path);
             json_decref(d);
             ARL_TRY(s);
@@ -1032,6 +1039,9 @@ arl_status arl_model_config_parse(const char *text, const char *where, int quiet
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         memset(cfg, 0, sizeof *cfg);
+        if (json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0])
+            /* jansson leaves the message empty where an allocation fails */
+            return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the JSON", where);
         return arl_errorf(ARL_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", where,
                           jerr.line, jerr.column, jerr.text);
     }
@@ -1248,14 +1258,20 @@ static json_t *field_to_json(const cfield *f, const void *base) {
         const arl_config_ints *L = (const arl_config_ints *)src;
         json_t *a = json_array();
         for (int64_t i = 0; a && i < L->n; i++)
-            json_array_append_new(a, json_integer((json_int_t)L->v[i]));
+            if (json_array_append_new(a, json_integer((json_int_t)L->v[i]))) {
+                json_decref(a); /* out of memory: not a shorter list */
+                return NULL;
+            }
         return a;
     }
     case FK_STRS: {
         const arl_config_strs *S = (const arl_config_strs *)src;
         json_t *a = json_array();
         for (int32_t i = 0; a && i < S->n; i++)
-            json_array_append_new(a, json_string(S->v[i]));
+            if (json_array_append_new(a, json_string(S->v[i]))) {
+                json_decref(a);
+                return NULL;
+            }
         return a;
     }
     }
@@ -1418,17 +1434,24 @@ fail:
     return NULL;
 }
 
-void arl_model_config_hash(const arl_model_config *cfg, uint8_t out[ARL_SHA256_BYTES]) {
+arl_status arl_model_config_hash(const arl_model_config *cfg, uint8_t out[ARL_SHA256_BYTES]) {
     char *text = arl_model_config_canonical_json(cfg);
-    ARL_ASSERT(text != NULL); /* only fails on OOM */
+    if (!text) {
+        memset(out, 0, ARL_SHA256_BYTES);
+        return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory computing the config hash",
+                          cfg->path[0] ? cfg->path : "model config");
+    }
     arl_sha256(text, strlen(text), out);
     free(text);
+    return ARL_OK;
 }
 
-void arl_model_config_hash_hex(const arl_model_config *cfg, char hex[ARL_SHA256_HEX_CHARS]) {
+arl_status arl_model_config_hash_hex(const arl_model_config *cfg, char hex[ARL_SHA256_HEX_CHARS]) {
     uint8_t d[ARL_SHA256_BYTES];
-    arl_model_config_hash(cfg, d);
+    hex[0] = 0;
+    ARL_TRY(arl_model_config_hash(cfg, d));
     arl_sha256_hex(d, hex);
+    return ARL_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */

@@ -219,9 +219,10 @@ arl_status arl_model_config_write(const arl_model_config *cfg, const char *path)
  * {"text_config": ..., "vision_config": ...} with only the fields of section 12.1 (no
  * "vision_config" key without vision).  Numbers are written as Python's json.dumps does:
  * integers as integers, reals in shortest round-trip form ("1e-05", "4.0"). */
-void arl_model_config_hash(const arl_model_config *cfg, uint8_t out[ARL_SHA256_BYTES]);
-/* The same as 64 lower-case hex digits plus NUL. */
-void arl_model_config_hash_hex(const arl_model_config *cfg, char hex[ARL_SHA256_HEX_CHARS]);
+/* ARL_ERR_NOMEM when the JSON cannot be built (out is zeros then). */
+arl_status arl_model_config_hash(const arl_model_config *cfg, uint8_t out[ARL_SHA256_BYTES]);
+/* The same as 64 lower-case hex digits plus NUL ("" on failure). */
+arl_status arl_model_config_hash_hex(const arl_model_config *cfg, char hex[ARL_SHA256_HEX_CHARS]);
 /* The canonical JSON text that is hashed.  Caller frees with free().  NULL on OOM. */
 char *arl_model_config_canonical_json(const arl_model_config *cfg);
 

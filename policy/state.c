@@ -31,7 +31,7 @@ arl_status arl_decode_state_init(arl_decode_state *st, const arl_model_config *c
                           "max_context %lld",
                           n_slots, (long long)max_context);
     st->dm = cfg->dims;
-    arl_model_config_hash(cfg, st->config_sha256);
+    ARL_TRY(arl_model_config_hash(cfg, st->config_sha256));
     st->n_slots = n_slots;
     st->max_context = max_context;
     const arl_model_dims *dm = &st->dm;

@@ -484,7 +484,10 @@ arl_status arl_train_ckpt_explain(arl_status s, const char *dir, const arl_model
     /* the refusal of the run's settings: the same model config, another run hash */
     char model_hex[ARL_SHA256_HEX_CHARS], run_hex[ARL_SHA256_HEX_CHARS];
     uint8_t dg[ARL_SHA256_BYTES];
-    arl_model_config_hash_hex(cfg, model_hex);
+    if (arl_model_config_hash_hex(cfg, model_hex) != ARL_OK) {
+        arl_errorf(s, "%s", msg); /* the refusal as it was */
+        return s;
+    }
     arl_sha256(run_config_json, strlen(run_config_json), dg);
     arl_sha256_hex(dg, run_hex);
     char text[1600] = "";
@@ -910,7 +913,7 @@ arl_status arl_train_ckpt_load(const char *dir, const arl_model_config *cfg, con
     snprintf(path, sizeof path, "%s/%s", dir, ARL_TRAIN_STATE_FILE);
     ARL_TRY(arl_train_state_read(path, st));
     char model_hex[ARL_SHA256_HEX_CHARS];
-    arl_model_config_hash_hex(cfg, model_hex);
+    ARL_TRY(arl_model_config_hash_hex(cfg, model_hex));
     arl_status s = arl_train_state_check(st, path, model_hex, run_sha256);
     if (!s) s = arl_checkpoint_load(dir, cfg, params);
     if (!s) {

@@ -213,11 +213,12 @@ typedef struct counters {
 static counter *cnt_get(counters *c, const char *key) {
     for (size_t i = 0; i < c->n; i++)
         if (!strcmp(c->v[i].key, key)) return &c->v[i];
-    if (c->n == c->cap) {
-        c->cap = c->cap ? c->cap * 2 : 16;
-        counter *p = realloc(c->v, c->cap * sizeof *p);
+    if (c->n == c->cap) { /* cap grows with the block: a failed realloc leaves both */
+        size_t cap = c->cap ? c->cap * 2 : 16;
+        counter *p = realloc(c->v, cap * sizeof *p);
         if (!p) return NULL;
         c->v = p;
+        c->cap = cap;
     }
     counter *x = &c->v[c->n++];
     memset(x, 0, sizeof *x);
@@ -234,14 +235,17 @@ typedef struct dist {
     size_t n, cap;
 } dist;
 
-static void dist_add(dist *d, int64_t x) {
+/* -1 when out of memory (d as it was) */
+static int dist_add(dist *d, int64_t x) {
     if (d->n == d->cap) {
-        d->cap = d->cap ? d->cap * 2 : 256;
-        int64_t *p = realloc(d->v, d->cap * sizeof *p);
-        if (!p) return;
+        size_t cap = d->cap ? d->cap * 2 : 256;
+        int64_t *p = realloc(d->v, cap * sizeof *p);
+        if (!p) return -1;
         d->v = p;
+        d->cap = cap;
     }
     d->v[d->n++] = x;
+    return 0;
 }
 
 static int i64_cmp(const void *a, const void *b) {
@@ -290,32 +294,42 @@ static const char *txt(sqlite3_stmt *q, int i, const char *null) {
     return t ? (const char *)t : null;
 }
 
+/* the row callbacks' failure: a counter or a distribution that could not grow (the stats
+ * would leave the row out without a word) */
+static arl_status stats_nomem(void) {
+    return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory computing stats");
+}
+
 static arl_status on_traj(stats_acc *a, sqlite3_stmt *q) {
     a->n_traj++;
     counter *c;
-    if ((c = cnt_get(&a->status, txt(q, 0, "?")))) c->n++;
-    if ((c = cnt_get(&a->end_cause, txt(q, 1, "(running)")))) c->n++;
-    if (sqlite3_column_type(q, 2) != SQLITE_NULL && (c = cnt_get(&a->error_code, txt(q, 2, ""))))
+    if (!(c = cnt_get(&a->status, txt(q, 0, "?")))) return stats_nomem();
+    c->n++;
+    if (!(c = cnt_get(&a->end_cause, txt(q, 1, "(running)")))) return stats_nomem();
+    c->n++;
+    if (sqlite3_column_type(q, 2) != SQLITE_NULL) {
+        if (!(c = cnt_get(&a->error_code, txt(q, 2, "")))) return stats_nomem();
         c->n++;
+    }
     int64_t tok = sqlite3_column_int64(q, 3), act = sqlite3_column_int64(q, 4);
     a->tokens += tok;
     a->action_tokens += act;
-    dist_add(&a->tok, tok);
-    dist_add(&a->act, act);
-    dist_add(&a->turns, sqlite3_column_int64(q, 5));
-    dist_add(&a->segs, sqlite3_column_int64(q, 6));
-    if (sqlite3_column_type(q, 7) != SQLITE_NULL)
-        dist_add(&a->span, sqlite3_column_int64(q, 8) - sqlite3_column_int64(q, 7));
+    if (dist_add(&a->tok, tok) || dist_add(&a->act, act) ||
+        dist_add(&a->turns, sqlite3_column_int64(q, 5)) ||
+        dist_add(&a->segs, sqlite3_column_int64(q, 6)))
+        return stats_nomem();
+    if (sqlite3_column_type(q, 7) != SQLITE_NULL &&
+        dist_add(&a->span, sqlite3_column_int64(q, 8) - sqlite3_column_int64(q, 7)))
+        return stats_nomem();
     /* masked fraction by length bucket: [2^k, 2^(k+1)) tokens */
     char b[48];
     int k = 0;
     while (k < 40 && ((int64_t)1 << (k + 1)) <= tok)
         k++;
     snprintf(b, sizeof b, "%012lld", (long long)((int64_t)1 << k));
-    if ((c = cnt_get(&a->masked_len, b))) {
-        c->n++;
-        if (!strcmp(txt(q, 0, ""), "masked")) c->n2++;
-    }
+    if (!(c = cnt_get(&a->masked_len, b))) return stats_nomem();
+    c->n++;
+    if (!strcmp(txt(q, 0, ""), "masked")) c->n2++;
     return ARL_OK;
 }
 
@@ -327,22 +341,23 @@ static arl_status on_reward(stats_acc *a, sqlite3_stmt *q) {
              : !strcmp(comp, "@derived") ? "(derived)"
                                          : comp);
     counter *c = cnt_get(&a->rewards, key);
-    if (c) {
-        c->n += sqlite3_column_int64(q, 2);
-        c->sum += sqlite3_column_double(q, 3);
-        c->sumsq += sqlite3_column_double(q, 4);
-    }
+    if (!c) return stats_nomem();
+    c->n += sqlite3_column_int64(q, 2);
+    c->sum += sqlite3_column_double(q, 3);
+    c->sumsq += sqlite3_column_double(q, 4);
     return ARL_OK;
 }
 
 static arl_status on_segment(stats_acc *a, sqlite3_stmt *q) {
-    dist_add(&a->seg_tok, sqlite3_column_int64(q, 0));
+    if (dist_add(&a->seg_tok, sqlite3_column_int64(q, 0))) return stats_nomem();
     counter *c = cnt_get(&a->seg_end, txt(q, 1, "?"));
-    if (c) c->n++;
+    if (!c) return stats_nomem();
+    c->n++;
     char v[40]; /* run, then version: the numbers of different runs are not added up */
     snprintf(v, sizeof v, "%012lld %012lld", (long long)sqlite3_column_int64(q, 3),
              (long long)sqlite3_column_int64(q, 2));
-    if ((c = cnt_get(&a->versions, v))) c->n++;
+    if (!(c = cnt_get(&a->versions, v))) return stats_nomem();
+    c->n++;
     return ARL_OK;
 }
 
@@ -372,24 +387,22 @@ static long long version_of(const counter *c) {
 
 static arl_status on_tool(stats_acc *a, sqlite3_stmt *q) {
     counter *c = cnt_get(&a->tools, txt(q, 0, "(no name)"));
-    if (c) {
-        c->n += sqlite3_column_int64(q, 1);
-        c->n2 += sqlite3_column_int64(q, 2);
-        c->n3 += sqlite3_column_int64(q, 3);
-    }
+    if (!c) return stats_nomem();
+    c->n += sqlite3_column_int64(q, 1);
+    c->n2 += sqlite3_column_int64(q, 2);
+    c->n3 += sqlite3_column_int64(q, 3);
     return ARL_OK;
 }
 
 static arl_status on_call(stats_acc *a, sqlite3_stmt *q) {
     counter *c = cnt_get(&a->calls, txt(q, 0, "?"));
-    if (c) {
-        c->n += sqlite3_column_int64(q, 1);
-        c->sum += sqlite3_column_double(q, 2);
-        double mx = sqlite3_column_double(q, 3);
-        if (mx > c->max) c->max = mx;
-        c->n2 += sqlite3_column_int64(q, 4);
-        c->n3 += sqlite3_column_int64(q, 5);
-    }
+    if (!c) return stats_nomem();
+    c->n += sqlite3_column_int64(q, 1);
+    c->sum += sqlite3_column_double(q, 2);
+    double mx = sqlite3_column_double(q, 3);
+    if (mx > c->max) c->max = mx;
+    c->n2 += sqlite3_column_int64(q, 4);
+    c->n3 += sqlite3_column_int64(q, 5);
     return ARL_OK;
 }
 

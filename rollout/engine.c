@@ -88,7 +88,7 @@ arl_status ro_engine_open(ro_engine *e, const char *ckpt_dir, int64_t version,
     e->o = *o;
     arl_status s = arl_model_config_read(ckpt_dir, &e->cfg);
     if (s) return arl_error_prefix(s, "rollout: checkpoint %s", ckpt_dir);
-    arl_model_config_hash_hex(&e->cfg, e->cfg_hash);
+    ARL_TRY(arl_model_config_hash_hex(&e->cfg, e->cfg_hash));
     const arl_model_dims *dm = &e->cfg.dims;
     e->V = dm->V;
     e->d = dm->d;
@@ -155,8 +155,9 @@ arl_status ro_engine_load_next(ro_engine *e, const char *ckpt_dir, int64_t versi
     arl_status s = arl_model_config_read(ckpt_dir, &c);
     if (s) return arl_error_prefix(s, "rollout: new policy version %lld", (long long)version);
     char h[65];
-    arl_model_config_hash_hex(&c, h);
+    s = arl_model_config_hash_hex(&c, h);
     arl_model_config_free(&c);
+    if (s) return arl_error_prefix(s, "rollout: new policy version %lld", (long long)version);
     if (strcmp(h, e->cfg_hash))
         return arl_errorf(ARL_ERR_CONFIG,
                           "rollout: policy version %lld at %s has config hash %s, the running "
