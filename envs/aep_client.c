@@ -37,6 +37,7 @@ typedef struct req_state {
     char *resp;
     size_t resp_len, resp_cap, total;
     int over_cap;
+    int over_cap_declared; /* over_cap from Content-Length (total: the declared length) */
     char ctype[128];
     int64_t retry_after_hdr_ms;
     struct curl_slist *hdrs; /* the session's header list for this method (not owned) */
@@ -139,6 +140,7 @@ static void rq_reset_response(req_state *r) {
     r->resp_len = 0;
     r->total = 0;
     r->over_cap = 0;
+    r->over_cap_declared = 0;
     r->ctype[0] = 0;
     r->retry_after_hdr_ms = -1;
 }
@@ -230,6 +232,7 @@ static size_t on_header(char *buf, size_t size, size_t nitems, void *ud) {
         long long cl = strtoll(tmp, NULL, 10);
         if (cl > s->client->cfg.max_response_bytes) {
             r->over_cap = 1;
+            r->over_cap_declared = 1;
             r->total = (size_t)cl;
             return 0; /* refuse before reading the body */
         }
@@ -398,8 +401,15 @@ static void attempt_done(arl_env_session *s, int transport, CURLcode cc, int htt
         e.http_status = http_status;
         arl_env_error_set(&e, ARL_ENV_E_RESPONSE_TOO_LARGE, "response body over %lld bytes",
                           (long long)s->client->cfg.max_response_bytes);
-        snprintf(e.violation, sizeof e.violation, "/: body over the %lld-byte cap (%zu bytes seen)",
-                 (long long)s->client->cfg.max_response_bytes, r->total);
+        if (r->over_cap_declared)
+            snprintf(
+                e.violation, sizeof e.violation,
+                "/: body over the %lld-byte cap (Content-Length %zu; refused before reading it)",
+                (long long)s->client->cfg.max_response_bytes, r->total);
+        else
+            snprintf(e.violation, sizeof e.violation,
+                     "/: body over the %lld-byte cap (reading stopped after %zu bytes)",
+                     (long long)s->client->cfg.max_response_bytes, r->total);
     } else if (transport && cc == CURLE_OPERATION_TIMEDOUT) {
         arl_env_error_set(&e, ARL_ENV_E_CLIENT_TIMEOUT, "no complete response within %lld ms",
                           (long long)r->timeout_ms);

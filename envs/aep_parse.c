@@ -494,24 +494,61 @@ static int is_error_status(int s) {
            s == 502 || s == 503 || s == 504;
 }
 
-/* Parse the §8.1 envelope; returns 0 with err filled, -1 if invalid. */
-static int parse_envelope(pctx *c, int status, const char *ctype) {
+/* Parse the §8.1 envelope; returns 0 with err filled, -1 if invalid with the first violation in
+ * why (a JSON pointer and a reason, §12.2 item 2). */
+static int parse_envelope(pctx *c, int status, const char *ctype, char *why, size_t cap) {
     arl_env_error *e = c->err;
-    char why[256];
-    if (!aep_ctype_is_json(ctype)) return -1;
-    json_t *root = aep_json_loads(c->body, c->len, ARL_AEP_MAX_DEPTH, why, sizeof why);
-    if (!root) return -1;
+    char jwhy[256];
+    if (!aep_ctype_is_json(ctype)) {
+        snprintf(why, cap, "Content-Type '%.100s' is not application/json",
+                 ctype ? ctype : "(none)");
+        return -1;
+    }
+    json_t *root = aep_json_loads(c->body, c->len, ARL_AEP_MAX_DEPTH, jwhy, sizeof jwhy);
+    if (!root) {
+        snprintf(why, cap, "%s", jwhy);
+        return -1;
+    }
     int rc = -1;
     const json_t *env = json_object_get(root, "error");
     const json_t *code = json_object_get(env, "code"), *msg = json_object_get(env, "message");
     const json_t *rt = json_object_get(env, "retryable"), *attr = json_object_get(env, "attribution");
     const json_t *ra = json_object_get(env, "retry_after_ms"), *det = json_object_get(env, "details");
-    if (!json_is_object(env) || !json_is_string(code) || !json_is_string(msg) || !json_is_boolean(rt) ||
-        !json_is_string(attr) || arl_env_attribution_parse(json_string_value(attr)) < 0)
+    if (!json_is_object(env)) {
+        snprintf(why, cap, "/error: expected an object");
         goto done;
-    if (ra && !json_is_null(ra) && (!json_is_integer(ra) || json_integer_value(ra) < 0)) goto done;
-    if (json_is_true(rt) && (status == 503 || status == 409) && !json_is_integer(ra)) goto done;
-    if (det && !json_is_null(det) && !json_is_object(det)) goto done;
+    }
+    if (!json_is_string(code)) {
+        snprintf(why, cap, "/error/code: expected a string");
+        goto done;
+    }
+    if (!json_is_string(msg)) {
+        snprintf(why, cap, "/error/message: expected a string");
+        goto done;
+    }
+    if (!json_is_boolean(rt)) {
+        snprintf(why, cap, "/error/retryable: expected a boolean");
+        goto done;
+    }
+    if (!json_is_string(attr) || arl_env_attribution_parse(json_string_value(attr)) < 0) {
+        snprintf(why, cap, "/error/attribution: expected one of client, env, infra, none");
+        goto done;
+    }
+    if (ra && !json_is_null(ra) && (!json_is_integer(ra) || json_integer_value(ra) < 0)) {
+        snprintf(why, cap, "/error/retry_after_ms: expected an integer >= 0");
+        goto done;
+    }
+    if (json_is_true(rt) && (status == 503 || status == 409) && !json_is_integer(ra)) {
+        snprintf(
+            why, cap,
+            "/error/retry_after_ms: required when retryable is true and the status is %d (§8.1)",
+            status);
+        goto done;
+    }
+    if (det && !json_is_null(det) && !json_is_object(det)) {
+        snprintf(why, cap, "/error/details: expected an object");
+        goto done;
+    }
     arl_env_errcode ec = arl_env_errcode_parse(json_string_value(code));
     int http = e->http_status;
     arl_env_error_clear(e);
@@ -586,12 +623,16 @@ void aep_response_parse(const aep_expect *x, int status, const char *ctype, cons
         return;
     }
     if (is_error_status(status)) {
-        if (parse_envelope(&c, status, ctype) == 0) return;
+        char why[300];
+        why[0] = 0;
+        if (parse_envelope(&c, status, ctype, why, sizeof why) == 0) return;
         if (status >= 500) {
-            violate(&c, ARL_ENV_E_ENV_INTERNAL, "/: HTTP %d without a valid error envelope", status);
+            violate(&c, ARL_ENV_E_ENV_INTERNAL, "/: HTTP %d without a valid error envelope (%s)",
+                    status, why);
             err->retryable = status == 502 || status == 503 || status == 504;
         } else {
-            violate(&c, ARL_ENV_E_MALFORMED_RESPONSE, "/: HTTP %d without a valid error envelope", status);
+            violate(&c, ARL_ENV_E_MALFORMED_RESPONSE,
+                    "/: HTTP %d without a valid error envelope (%s)", status, why);
         }
         return;
     }

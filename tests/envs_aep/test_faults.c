@@ -293,6 +293,7 @@ typedef struct outcome {
     size_t resp_len, total;
     int complete;
     int64_t queued_ms;
+    char violation[512];
 } outcome;
 
 /* Open the environment at scenario sc, create a session, run one step (or GET). */
@@ -333,6 +334,7 @@ static outcome run(const char *sc, int use_get) {
     o.total = c->response_total;
     o.complete = c->response_complete;
     o.queued_ms = c->queued_ms;
+    snprintf(o.violation, sizeof o.violation, "%s", c->error.violation);
     /* every attempt resent the identical bytes with the same AEP-Request-Id (§10.3 rule 1) */
     pthread_mutex_lock(&fs.mu);
     CHECK_MSG(fs.n_att == o.attempts || o.code == ARL_ENV_E_CLIENT_TIMEOUT || o.code == ARL_ENV_E_TRANSPORT_ERROR ||
@@ -396,11 +398,15 @@ static void test_sizes(void) {
     CHECK_EQ_INT(o.attempts, 1);
     CHECK(!o.complete);
     CHECK(o.elapsed_ms < 1000); /* refused at the header, not after 64 MiB */
+    /* the violation says the length was declared, not that 64 MiB were read */
+    CHECK_MSG(strstr(o.violation, "Content-Length 67108864; refused before reading it") != NULL,
+              "violation: %s", o.violation);
     o = run("huge_chunked", 0);
     CHECK_EQ_INT(o.code, ARL_ENV_E_RESPONSE_TOO_LARGE);
     CHECK(!o.complete);
     CHECK(o.resp_len <= 65536); /* evidence: the first 64 KiB only */
     CHECK(o.total > (size_t)(1 << 20) && o.total < (size_t)(3 << 20)); /* stopped right after the 1 MiB cap */
+    CHECK_MSG(strstr(o.violation, "reading stopped after") != NULL, "violation: %s", o.violation);
 }
 
 static void test_deadlines(void) {
