@@ -120,6 +120,12 @@ void aep_response_parse(const aep_expect *x, int http_status, const char *ctype,
                         arl_env_score_result *sr, json_t **snapshot, int64_t *health_active,
                         int64_t *health_max);
 
+/* The members of a parsed §8.1 error envelope (root: the response's JSON) for an error response
+ * of HTTP status: 0 when valid, else -1 with the first violation in why (a JSON pointer and a
+ * reason, spec/aep.md 12.2 item 2).  The client (aep_response_parse) and the conformance check
+ * (aep_check.c, check 17) apply the same rules. */
+int aep_envelope_check(const json_t *root, int status, char *why, size_t cap);
+
 /* Is ctype a JSON media type (application/json, optionally with charset=utf-8)? */
 int aep_ctype_is_json(const char *ctype);
 

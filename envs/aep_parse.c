@@ -494,6 +494,49 @@ static int is_error_status(int s) {
            s == 502 || s == 503 || s == 504;
 }
 
+int aep_envelope_check(const json_t *root, int status, char *why, size_t cap) {
+    const json_t *env = json_object_get(root, "error");
+    const json_t *code = json_object_get(env, "code"), *msg = json_object_get(env, "message");
+    const json_t *rt = json_object_get(env, "retryable"), *attr = json_object_get(env, "attribution");
+    const json_t *ra = json_object_get(env, "retry_after_ms"), *det = json_object_get(env, "details");
+    if (!json_is_object(env)) {
+        snprintf(why, cap, "/error: expected an object");
+        return -1;
+    }
+    if (!json_is_string(code)) {
+        snprintf(why, cap, "/error/code: expected a string");
+        return -1;
+    }
+    if (!json_is_string(msg)) {
+        snprintf(why, cap, "/error/message: expected a string");
+        return -1;
+    }
+    if (!json_is_boolean(rt)) {
+        snprintf(why, cap, "/error/retryable: expected a boolean");
+        return -1;
+    }
+    if (!json_is_string(attr) || arl_env_attribution_parse(json_string_value(attr)) < 0) {
+        snprintf(why, cap, "/error/attribution: expected one of client, env, infra, none");
+        return -1;
+    }
+    if (ra && !json_is_null(ra) && (!json_is_integer(ra) || json_integer_value(ra) < 0)) {
+        snprintf(why, cap, "/error/retry_after_ms: expected an integer >= 0");
+        return -1;
+    }
+    if (json_is_true(rt) && (status == 503 || status == 409) && !json_is_integer(ra)) {
+        snprintf(
+            why, cap,
+            "/error/retry_after_ms: required when retryable is true and the status is %d (§8.1)",
+            status);
+        return -1;
+    }
+    if (det && !json_is_null(det) && !json_is_object(det)) {
+        snprintf(why, cap, "/error/details: expected an object");
+        return -1;
+    }
+    return 0;
+}
+
 /* Parse the §8.1 envelope; returns 0 with err filled, -1 if invalid with the first violation in
  * why (a JSON pointer and a reason, §12.2 item 2). */
 static int parse_envelope(pctx *c, int status, const char *ctype, char *why, size_t cap) {
@@ -510,45 +553,13 @@ static int parse_envelope(pctx *c, int status, const char *ctype, char *why, siz
         return -1;
     }
     int rc = -1;
+    if (aep_envelope_check(root, status, why, cap)) goto done;
     const json_t *env = json_object_get(root, "error");
     const json_t *code = json_object_get(env, "code"), *msg = json_object_get(env, "message");
-    const json_t *rt = json_object_get(env, "retryable"), *attr = json_object_get(env, "attribution");
-    const json_t *ra = json_object_get(env, "retry_after_ms"), *det = json_object_get(env, "details");
-    if (!json_is_object(env)) {
-        snprintf(why, cap, "/error: expected an object");
-        goto done;
-    }
-    if (!json_is_string(code)) {
-        snprintf(why, cap, "/error/code: expected a string");
-        goto done;
-    }
-    if (!json_is_string(msg)) {
-        snprintf(why, cap, "/error/message: expected a string");
-        goto done;
-    }
-    if (!json_is_boolean(rt)) {
-        snprintf(why, cap, "/error/retryable: expected a boolean");
-        goto done;
-    }
-    if (!json_is_string(attr) || arl_env_attribution_parse(json_string_value(attr)) < 0) {
-        snprintf(why, cap, "/error/attribution: expected one of client, env, infra, none");
-        goto done;
-    }
-    if (ra && !json_is_null(ra) && (!json_is_integer(ra) || json_integer_value(ra) < 0)) {
-        snprintf(why, cap, "/error/retry_after_ms: expected an integer >= 0");
-        goto done;
-    }
-    if (json_is_true(rt) && (status == 503 || status == 409) && !json_is_integer(ra)) {
-        snprintf(
-            why, cap,
-            "/error/retry_after_ms: required when retryable is true and the status is %d (§8.1)",
-            status);
-        goto done;
-    }
-    if (det && !json_is_null(det) && !json_is_object(det)) {
-        snprintf(why, cap, "/error/details: expected an object");
-        goto done;
-    }
+    const json_t *rt = json_object_get(env, "retryable"),
+                 *attr = json_object_get(env, "attribution");
+    const json_t *ra = json_object_get(env, "retry_after_ms"),
+                 *det = json_object_get(env, "details");
     arl_env_errcode ec = arl_env_errcode_parse(json_string_value(code));
     int http = e->http_status;
     arl_env_error_clear(e);

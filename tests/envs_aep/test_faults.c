@@ -551,6 +551,10 @@ static void test_checker_on_faulty(void) {
     CHECK_EQ_INT(rep.items[1].result, ARL_CHECK_FAIL);  /* no UNSUPPORTED_VERSION */
     CHECK_EQ_INT(rep.items[6].result, ARL_CHECK_FAIL);  /* step sequence */
     CHECK_EQ_INT(rep.items[16].result, ARL_CHECK_FAIL); /* 500 without envelope */
+    /* ... which says what is wrong with it (the client's rules: aep_envelope_check) */
+    CHECK_MSG(strstr(rep.items[16].message,
+                     "without a valid error envelope (its Content-Type is not application/json)"),
+              "%s", rep.items[16].message);
     CHECK_EQ_INT(arl_aep_check_exit_code(&rep), 1);
 }
 
