@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "policy/checkpoint.h"
 #include "policy/config.h"
@@ -194,9 +195,10 @@ static int print_info_json(const arl_model_config *cfg, const char *h, const arl
                                (json_int_t)D->n_kda, "mla", (json_int_t)D->n_mla, "dense",
                                (json_int_t)D->n_dense, "moe", (json_int_t)D->n_moe);
     json_t *comp = json_object();
+    int bad = 0; /* a key not set (out of memory): the JSON would lack it */
     for (int i = 0; i < ARL_COMP_COUNT_; i++)
-        json_object_set_new(comp, arl_param_component_name((arl_param_component)i),
-                            json_integer((json_int_t)c->component[i]));
+        bad |= json_object_set_new(comp, arl_param_component_name((arl_param_component)i),
+                                   json_integer((json_int_t)c->component[i]));
     json_t *per =
         json_pack("{s:I,s:I,s:I,s:I,s:I}", "kda_layer", (json_int_t)c->kda_layer, "mla_layer",
                   (json_int_t)c->mla_layer, "routed_expert", (json_int_t)c->expert, "moe_fixed",
@@ -221,24 +223,28 @@ static int print_info_json(const arl_model_config *cfg, const char *h, const arl
         json_decref(mem);
         return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
     }
-    json_object_set_new(o, "config", json_string(cfg->path));
-    json_object_set_new(o, "config_sha256", json_string(h));
-    json_object_set_new(o, "has_vision", json_boolean(cfg->has_vision));
-    json_object_set_new(o, "layers", layers);
-    json_object_set_new(o, "components", comp);
-    json_object_set_new(o, "per_unit", per);
-    json_object_set_new(o, "text_params", json_integer((json_int_t)c->text_total));
-    json_object_set_new(o, "vision_params", json_integer((json_int_t)c->vision_tower));
-    json_object_set_new(o, "projector_params", json_integer((json_int_t)c->projector));
-    json_object_set_new(o, "total_params", json_integer((json_int_t)c->total_params));
-    json_object_set_new(o, "active_params", json_integer((json_int_t)c->active_params));
-    json_object_set_new(o, "memory", mem);
+    bad |= json_object_set_new(o, "config", json_string(cfg->path));
+    bad |= json_object_set_new(o, "config_sha256", json_string(h));
+    bad |= json_object_set_new(o, "has_vision", json_boolean(cfg->has_vision));
+    bad |= json_object_set_new(o, "layers", layers);
+    bad |= json_object_set_new(o, "components", comp);
+    bad |= json_object_set_new(o, "per_unit", per);
+    bad |= json_object_set_new(o, "text_params", json_integer((json_int_t)c->text_total));
+    bad |= json_object_set_new(o, "vision_params", json_integer((json_int_t)c->vision_tower));
+    bad |= json_object_set_new(o, "projector_params", json_integer((json_int_t)c->projector));
+    bad |= json_object_set_new(o, "total_params", json_integer((json_int_t)c->total_params));
+    bad |= json_object_set_new(o, "active_params", json_integer((json_int_t)c->active_params));
+    bad |= json_object_set_new(o, "memory", mem);
     if (r->checked)
-        json_object_set_new(o, "checkpoint",
-                            json_pack("{s:b,s:I,s:i,s:I}", "ok", 1, "tensors",
-                                      (json_int_t)r->tensors, "shards", (int)r->shards, "bytes",
-                                      (json_int_t)r->bytes));
-    char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        bad |= json_object_set_new(o, "checkpoint",
+                                   json_pack("{s:b,s:I,s:i,s:I}", "ok", 1, "tensors",
+                                             (json_int_t)r->tensors, "shards", (int)r->shards,
+                                             "bytes", (json_int_t)r->bytes));
+    if (bad) {
+        json_decref(o);
+        return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
+    }
+    char *text = arl_json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     if (!text) return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));
     printf("%s\n", text);

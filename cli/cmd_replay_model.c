@@ -957,8 +957,12 @@ int cmd_replay_fork(int argc, char **argv) {
     }
     fork_cli o;
     int help = 0;
-    arl_options_defaults(tab, n_all, &o);
-    arl_status s = fork_refuse_unused(argc, argv);
+    arl_status s = arl_options_defaults(tab, n_all, &o);
+    if (s != ARL_OK) {
+        free(tab);
+        return cli_fail(s);
+    }
+    s = fork_refuse_unused(argc, argv);
     if (s == ARL_OK) s = arl_options_parse_argv(tab, n, argc, argv, &o, &help);
     if (s == ARL_OK && help) {
         arl_options_print_help(stdout, usage, summary, tab, n);
@@ -972,9 +976,10 @@ int cmd_replay_fork(int argc, char **argv) {
         char *db = strdup(o.db), *traj = strdup(o.traj);
         char *experiment = o.experiment ? strdup(o.experiment) : NULL;
         arl_options_free(tab, n_all, &o);
-        arl_options_defaults(tab, n_all, &o);
-        s = db && traj ? fork_run_defaults(db, traj, &o.rc)
-                       : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+        s = arl_options_defaults(tab, n_all, &o);
+        if (s == ARL_OK)
+            s = db && traj ? fork_run_defaults(db, traj, &o.rc)
+                           : arl_errorf(ARL_ERR_NOMEM, "out of memory");
         if (s == ARL_OK && experiment) {
             char *text;
             s = arl_file_read(experiment, 0, &text, NULL);

@@ -75,8 +75,12 @@ int cmd_rollout(int argc, char **argv) {
     rollout_cli o;
     int want_help = 0, rc;
     /* pass 1: find the experiment file (and --help) */
-    arl_options_defaults(tab, n, &o);
-    arl_status s = arl_options_parse_argv(tab, n, argc, argv, &o, &want_help);
+    arl_status s = arl_options_defaults(tab, n, &o);
+    if (s != ARL_OK) {
+        free(tab);
+        return cli_fail(s);
+    }
+    s = arl_options_parse_argv(tab, n, argc, argv, &o, &want_help);
     if (s == ARL_OK && want_help) {
         arl_options_print_help(stdout, usage, summary, tab, n);
         arl_options_free(tab, n, &o);
@@ -92,8 +96,8 @@ int cmd_rollout(int argc, char **argv) {
     char *experiment = o.experiment ? strdup(o.experiment) : NULL;
     arl_options_free(tab, n, &o);
     /* pass 2: defaults, the experiment's keys, then the command line over them */
-    arl_options_defaults(tab, n, &o);
-    if (experiment) {
+    s = arl_options_defaults(tab, n, &o);
+    if (s == ARL_OK && experiment) {
         char *text;
         s = arl_file_read(experiment, 0, &text, NULL);
         if (s == ARL_OK) s = arl_rollout_config_load_json(&o.rc, text, experiment);

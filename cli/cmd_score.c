@@ -390,7 +390,7 @@ static arl_status score_grads_dev(arl_model_dev *md, const arl_model_config *cfg
                                   const arl_model_params *w, const int32_t *ids, int64_t B,
                                   int64_t T, const char *path) {
     arl_optim_config oc;
-    arl_optim_config_defaults(&oc);
+    arl_status s = arl_optim_config_defaults(&oc);
     arl_model_dev_train dt;
     arl_model_params g;
     memset(&g, 0, sizeof g);
@@ -399,8 +399,7 @@ static arl_status score_grads_dev(arl_model_dev *md, const arl_model_config *cfg
     int32_t *targets = malloc(sizeof(int32_t) * (size_t)n);
     int32_t *cu = malloc(sizeof(int32_t) * (size_t)(md->opts.max_docs + 1));
     float *dlogp = malloc(sizeof(float) * (size_t)n);
-    arl_status s = ARL_OK;
-    if (!garena || !targets || !cu || !dlogp)
+    if (!s && (!garena || !targets || !cu || !dlogp))
         s = arl_errorf(ARL_ERR_NOMEM, "out of memory for the gradients (%.1f MiB)",
                        (double)w->inv.arena_floats * 4.0 / 1048576.0);
     if (!s)

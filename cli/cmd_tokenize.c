@@ -10,6 +10,7 @@
 
 #include "cli/cli.h"
 #include "core/file.h"
+#include "core/json_dump.h"
 #include "policy/chat.h"
 #include "policy/tokenizer.h"
 
@@ -161,7 +162,7 @@ static int tokenize_parse(const arl_chat_template *t, const tokenize_opts *o) {
         json_array_append_new(calls, c);
     }
     json_object_set_new(root, "calls", calls);
-    char *out = json_dumps(root, JSON_INDENT(2));
+    char *out = arl_json_dumps(root, JSON_INDENT(2));
     if (out) puts(out);
     free(out);
     json_decref(root);

@@ -123,6 +123,8 @@ static arl_status set_value(const arl_option *o, const char *v, void *cfg) {
 }
 
 arl_status arl_options_defaults(const arl_option *tab, size_t n, void *cfg) {
+    /* every field cleared first: out of memory, what was copied is freed and the whole config
+     * is left cleared (NULL strings), so arl_options_free is safe on it either way */
     for (size_t i = 0; i < n; i++) {
         const arl_option *o = &tab[i];
         void *f = field(o, cfg);
@@ -134,9 +136,15 @@ arl_status arl_options_defaults(const arl_option *tab, size_t n, void *cfg) {
         case ARL_OPT_CHOICE: *(char **)f = NULL; break;
         case ARL_OPT_LIST: memset(f, 0, sizeof(arl_strlist)); break;
         }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const arl_option *o = &tab[i];
         if (o->def) {
             arl_status s = set_value(o, o->def, cfg);
-            if (s == ARL_ERR_NOMEM) return s; /* a string default not copied */
+            if (s == ARL_ERR_NOMEM) { /* a string default not copied */
+                arl_options_free(tab, n, cfg);
+                return s;
+            }
             ARL_ASSERT(s == ARL_OK); /* a default that does not parse is a bug in the table */
         }
     }

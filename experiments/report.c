@@ -228,10 +228,13 @@ static arl_status flatten(arl_metrics *m, namebuf *b, json_t *v, int depth, int6
 
 /* A copy of line with bare NaN / Infinity / inf words (outside strings, as Python's json and
  * C's printf write them) quoted, so that jansson reads them as strings; NULL if there are none
- * or on OOM. */
-static char *fix_bare_words(const char *line, size_t len) {
+ * or on OOM (*nomem set). */
+static char *fix_bare_words(const char *line, size_t len, int *nomem) {
     char *out = malloc(len * 3 + 1);
-    if (!out) return NULL;
+    if (!out) {
+        *nomem = 1;
+        return NULL;
+    }
     size_t o = 0;
     int in_str = 0, changed = 0;
     for (size_t i = 0; i < len;) {
@@ -311,11 +314,20 @@ static arl_status metrics_line(arl_metrics *m, namebuf *nb, const char *line, si
     if (s0 == len) return ARL_OK; /* blank */
     json_error_t e;
     json_t *j = json_loadb(line, len, JSON_DECODE_INT_AS_REAL, &e);
-    if (!j) {
-        char *fixed = fix_bare_words(line, len);
-        if (fixed) j = json_loads(fixed, JSON_DECODE_INT_AS_REAL, &e);
+    /* out of memory (jansson leaves the message empty where an allocation fails): an error, not
+     * a malformed line skipped (the report would lack the row without a word) */
+    int nomem = !j && (json_error_code(&e) == json_error_out_of_memory || !e.text[0]);
+    if (!j && !nomem) {
+        char *fixed = fix_bare_words(line, len, &nomem);
+        if (fixed) {
+            j = json_loads(fixed, JSON_DECODE_INT_AS_REAL, &e);
+            if (!j && (json_error_code(&e) == json_error_out_of_memory || !e.text[0])) nomem = 1;
+        }
         free(fixed);
     }
+    if (nomem)
+        return arl_errorf(ARL_ERR_NOMEM, "%s:%lld: out of memory reading the line", m->where,
+                          (long long)lineno);
     if (!j) {
         if (!has_nl)
             note_malformed(m, lineno, "%s",
@@ -949,7 +961,11 @@ arl_status arl_report_eval_read(const char *path, arl_report_eval *e) {
     json_error_t je;
     json_t *j = json_loadf(f, JSON_REJECT_DUPLICATES, &je); /* (a key twice: which is meant?) */
     fclose(f);
-    if (!j) return arl_errorf(ARL_ERR_FORMAT, "%s:%d: not valid JSON: %s", path, je.line, je.text);
+    if (!j) /* jansson leaves the message empty where an allocation fails */
+        return json_error_code(&je) == json_error_out_of_memory || !je.text[0]
+                   ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the JSON", path)
+                   : arl_errorf(ARL_ERR_FORMAT, "%s:%d: not valid JSON: %s", path, je.line,
+                                je.text);
     arl_status s = ARL_OK;
     if (!json_is_object(j)) s = arl_errorf(ARL_ERR_FORMAT, "%s: expected a JSON object", path);
     const char *k;
@@ -1547,6 +1563,10 @@ static arl_status report_generate(const char *run_dir, const char *out_dir, cons
     /* a separate output folder gets copies of the inputs */
     char *rin = s == ARL_OK ? realpath(run_dir, NULL) : NULL;
     char *rout = s == ARL_OK ? realpath(out_dir, NULL) : NULL;
+    if (s == ARL_OK && (!rin || !rout)) /* the copies are not skipped for it */
+        s = arl_errorf(errno == ENOMEM ? ARL_ERR_NOMEM : ARL_ERR_IO,
+                       "%s: cannot resolve the path: %s", !rin ? run_dir : out_dir,
+                       strerror(errno));
     if (s == ARL_OK && rin && rout && strcmp(rin, rout)) {
         char dst[4096];
         s = path_join(dst, sizeof dst, out_dir, "metrics.jsonl");

@@ -175,7 +175,7 @@ arl_status arl_sft_config_check(const arl_sft_config *c) {
 arl_status arl_sft_config_load(const char *path, const arl_strlist *sets, arl_sft_config *c) {
     size_t n;
     const arl_option *tab = arl_sft_options(&n);
-    arl_options_defaults(tab, n, c);
+    ARL_TRY(arl_options_defaults(tab, n, c));
     if (path) {
         char *text;
         ARL_TRY(arl_file_read(path, 0, &text, NULL));

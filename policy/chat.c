@@ -11,6 +11,7 @@
 
 #include "core/assert.h"
 #include "core/file.h"
+#include "core/json_dump.h"
 #include "policy/image.h"
 
 /* Spec limits used here (spec/aep.md): tool names §3, argument depth §4.6, message §4.5. */
@@ -129,26 +130,40 @@ static int json_text_depth(const char *s, size_t n) {
     return max;
 }
 
-/* Classify argument text: OK, MALFORMED_STRUCTURE (too deep), INVALID_JSON,
- * ARGUMENTS_NOT_OBJECT; msg gets the reason for a failure. */
-static arl_chat_parse_status args_check(const char *s, size_t n, char *msg, size_t cap) {
+/* 1 if jansson's failure was for lack of memory: it leaves the message empty (line -1) where
+ * an allocation fails, or says so; not a fault of the text. */
+static int json_err_nomem(const json_error_t *e) {
+    return json_error_code(e) == json_error_out_of_memory || !e->text[0];
+}
+
+/* Classify argument text into *st: OK, MALFORMED_STRUCTURE (too deep), INVALID_JSON,
+ * ARGUMENTS_NOT_OBJECT; msg gets the reason for a failure.  ARL_ERR_NOMEM (set) when the
+ * parse ran out of memory: the text is then not classified (never INVALID_JSON for it). */
+static arl_status args_check(const char *s, size_t n, char *msg, size_t cap,
+                             arl_chat_parse_status *st) {
     if (json_text_depth(s, n) > ARGS_MAX_DEPTH) {
         snprintf(msg, cap, "arguments nested deeper than %d levels", ARGS_MAX_DEPTH);
-        return ARL_CHAT_PARSE_MALFORMED_STRUCTURE;
+        *st = ARL_CHAT_PARSE_MALFORMED_STRUCTURE;
+        return ARL_OK;
     }
     json_error_t err;
     json_t *v = json_loadb(s, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!v) {
+        if (json_err_nomem(&err))
+            return arl_errorf(ARL_ERR_NOMEM, "out of memory parsing tool-call arguments");
         snprintf(msg, cap, "arguments are not valid JSON: %s (at byte %d)", err.text, err.position);
-        return ARL_CHAT_PARSE_INVALID_JSON;
+        *st = ARL_CHAT_PARSE_INVALID_JSON;
+        return ARL_OK;
     }
     int obj = json_is_object(v);
     json_decref(v);
     if (!obj) {
         snprintf(msg, cap, "arguments are valid JSON but not an object");
-        return ARL_CHAT_PARSE_ARGUMENTS_NOT_OBJECT;
+        *st = ARL_CHAT_PARSE_ARGUMENTS_NOT_OBJECT;
+        return ARL_OK;
     }
-    return ARL_CHAT_PARSE_OK;
+    *st = ARL_CHAT_PARSE_OK;
+    return ARL_OK;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -280,8 +295,10 @@ arl_status arl_chat_conv_set_tools_json(arl_chat_conv *c, const char *text, size
     json_error_t err;
     json_t *root = json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &err);
     if (!root)
-        return arl_errorf(ARL_ERR_FORMAT, "tools: invalid JSON at line %d column %d: %s", err.line,
-                          err.column, err.text);
+        return json_err_nomem(&err)
+                   ? arl_errorf(ARL_ERR_NOMEM, "tools: out of memory reading the JSON")
+                   : arl_errorf(ARL_ERR_FORMAT, "tools: invalid JSON at line %d column %d: %s",
+                                err.line, err.column, err.text);
     arl_status s = ARL_OK;
     char **names = NULL;
     size_t n = 0;
@@ -359,7 +376,7 @@ arl_status arl_chat_conv_set_tools_json(arl_chat_conv *c, const char *text, size
             goto out;
         }
     }
-    dump = json_dumps(root, JSON_COMPACT);
+    dump = arl_json_dumps(root, JSON_COMPACT);
     if (!dump) {
         s = oom("tools");
         goto out;
@@ -523,7 +540,9 @@ static arl_status call_make_ok(arl_chat_call *k, size_t idx, const char *where, 
                        where, pr);
     }
     char why[PARSE_MESSAGE_MAX];
-    if (args_check(args, args_len, why, sizeof why) != ARL_CHAT_PARSE_OK)
+    arl_chat_parse_status ast;
+    ARL_TRY(args_check(args, args_len, why, sizeof why, &ast));
+    if (ast != ARL_CHAT_PARSE_OK)
         return msg_err(ARL_ERR_FORMAT, idx, ARL_CHAT_ASSISTANT, "%s: %s", where, why);
     k->status = ARL_CHAT_PARSE_OK;
     k->known_tool = -1;
@@ -849,7 +868,7 @@ static arl_status json_calls(const arl_chat_template *t, const json_t *msg, arl_
                 at = json_string_value(args);
                 al = json_string_length(args);
             } else if (json_is_object(args)) {
-                dump = json_dumps(args, JSON_COMPACT);
+                dump = arl_json_dumps(args, JSON_COMPACT);
                 if (!dump) {
                     s = oom("tool call");
                     goto out;
@@ -990,8 +1009,12 @@ arl_status arl_chat_conv_add_json_text(arl_chat_conv *c, const arl_chat_template
     json_error_t err;
     json_t *v = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!v)
-        return arl_errorf(ARL_ERR_FORMAT, "message %zu: invalid JSON at line %d column %d: %s",
-                          c->n_msgs, err.line, err.column, err.text);
+        return json_err_nomem(&err)
+                   ? arl_errorf(ARL_ERR_NOMEM, "message %zu: out of memory reading the JSON",
+                                c->n_msgs)
+                   : arl_errorf(ARL_ERR_FORMAT,
+                                "message %zu: invalid JSON at line %d column %d: %s", c->n_msgs,
+                                err.line, err.column, err.text);
     arl_status s = arl_chat_conv_add_json(c, t, v);
     json_decref(v);
     return s;
@@ -1005,8 +1028,10 @@ arl_status arl_chat_conv_from_json(arl_chat_conv *c, const arl_chat_template *t,
     json_t *root =
         json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!root)
-        return arl_errorf(ARL_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", where,
-                          err.line, err.column, err.text);
+        return json_err_nomem(&err)
+                   ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the JSON", where)
+                   : arl_errorf(ARL_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", where,
+                                err.line, err.column, err.text);
     arl_status s = ARL_OK;
     const json_t *msgs = root;
     if (json_is_object(root)) {
@@ -1017,7 +1042,7 @@ arl_status arl_chat_conv_from_json(arl_chat_conv *c, const arl_chat_template *t,
             goto out;
         }
         if (tools && !json_is_null(tools)) {
-            char *dump = json_dumps(tools, JSON_COMPACT | JSON_ENCODE_ANY);
+            char *dump = arl_json_dumps(tools, JSON_COMPACT | JSON_ENCODE_ANY);
             if (!dump) {
                 s = oom("tools");
                 goto out;
@@ -1272,7 +1297,11 @@ static arl_status parse_call_block(const arl_chat_template *t, const int32_t *id
         for (size_t i = 0; i < al; i++)
             a[i] = (char)ids[args_at + 1 + i];
         a[al] = '\0';
-        st = args_check(a, al, msg, sizeof msg);
+        if (args_check(a, al, msg, sizeof msg, &st) != ARL_OK) {
+            free(a);
+            call_free(k);
+            return ARL_ERR_NOMEM;
+        }
         k->status = st;
         if (st == ARL_CHAT_PARSE_OK) {
             k->arguments = a;

@@ -48,8 +48,8 @@ const arl_option *arl_optim_options(size_t *n) {
     return optim_tab;
 }
 
-void arl_optim_config_defaults(arl_optim_config *c) {
-    arl_options_defaults(optim_tab, ARL_OPTIONS_COUNT(optim_tab), c);
+arl_status arl_optim_config_defaults(arl_optim_config *c) {
+    return arl_options_defaults(optim_tab, ARL_OPTIONS_COUNT(optim_tab), c);
 }
 
 void arl_optim_config_free(arl_optim_config *c) {

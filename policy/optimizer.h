@@ -80,8 +80,9 @@ typedef struct arl_optim_config {
  * their offsets shifted (as experiments/sft.c does). */
 const arl_option *arl_optim_options(size_t *n);
 
-/* Defaults of the table (strings owned by c; free with arl_optim_config_free). */
-void arl_optim_config_defaults(arl_optim_config *c);
+/* Defaults of the table (strings owned by c; free with arl_optim_config_free).  ARL_ERR_NOMEM
+ * when a string default cannot be copied (c is left cleared, safe to free). */
+arl_status arl_optim_config_defaults(arl_optim_config *c);
 void arl_optim_config_free(arl_optim_config *c); /* NULL-safe */
 
 /* Cross-field checks: beta in [0, 1), eps > 0, warmup_steps <= total_steps when total_steps

@@ -15,6 +15,7 @@
 
 #include "core/assert.h"
 #include "core/file.h"
+#include "core/json_dump.h"
 
 #define ST_CHUNK (4u << 20) /* staging buffer of the writer */
 
@@ -201,9 +202,11 @@ static arl_status st_parse(arl_st_file *f) {
     json_error_t jerr;
     json_t *root =
         json_loadb((const char *)f->buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return arl_errorf(ARL_ERR_FORMAT, "%s: header is not valid JSON: %s (header byte %d)",
-                          label, jerr.text, jerr.position);
+    if (!root) /* jansson leaves the message empty where an allocation fails */
+        return json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0]
+                   ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the header", label)
+                   : arl_errorf(ARL_ERR_FORMAT, "%s: header is not valid JSON: %s (header byte %d)",
+                                label, jerr.text, jerr.position);
     arl_status s = ARL_OK;
     if (!json_is_object(root)) {
         s = arl_errorf(ARL_ERR_FORMAT, "%s: header is JSON but not an object", label);
@@ -695,7 +698,10 @@ static arl_status write_shard(st_out *o, const st_decl *d, int64_t lo, int64_t h
         const st_entry *e = &d->e[i];
         json_t *shape = json_array();
         for (int32_t k = 0; shape && k < e->rank; k++)
-            json_array_append_new(shape, json_integer((json_int_t)e->shape[k]));
+            if (json_array_append_new(shape, json_integer((json_int_t)e->shape[k]))) {
+                json_decref(shape); /* out of memory: not a shorter shape */
+                shape = NULL;
+            }
         json_t *ent =
             json_pack("{s:s, s:o, s:[I,I]}", "dtype", arl_dtype_name(e->dtype), "shape", shape,
                       "data_offsets", (json_int_t)off, (json_int_t)(off + e->nbytes));
@@ -703,7 +709,7 @@ static arl_status write_shard(st_out *o, const st_decl *d, int64_t lo, int64_t h
             s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory building the header", o->path);
         off += e->nbytes;
     }
-    char *hdr = s == ARL_OK ? json_dumps(root, JSON_COMPACT) : NULL;
+    char *hdr = s == ARL_OK ? arl_json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     if (s != ARL_OK) return s;
     if (!hdr) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory writing the header", o->path);
@@ -1208,7 +1214,7 @@ static arl_status dir_writer_write(arl_st_dir_writer *w) {
     }
     json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)d->total,
                              "weight_map", wm);
-    char *txt = root ? json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    char *txt = root ? arl_json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
     json_decref(root);
     if (!txt) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory writing the index", w->dir);
     char *p = path_join(w->dir, ARL_ST_INDEX_NAME);

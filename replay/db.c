@@ -90,7 +90,12 @@ arl_status rdb_fail(rdb *d, int rc, const char *what) {
 
 arl_status rdb_exec(rdb *d, const char *sql) {
     int rc = sqlite3_exec(d->db, sql, NULL, NULL, NULL);
-    if (rc != SQLITE_OK) return rdb_fail(d, rc, sql);
+    if (rc != SQLITE_OK) {
+        /* a schema's text is long: cut, the cause after it must not be cut off the message */
+        char what[256];
+        snprintf(what, sizeof what, "%.200s%s", sql, strlen(sql) > 200 ? "..." : "");
+        return rdb_fail(d, rc, what);
+    }
     return ARL_OK;
 }
 

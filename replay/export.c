@@ -13,9 +13,54 @@
 #include "replay/codec.h"
 #include "replay/select.h"
 
+/* An export line is written only when everything it should hold went into it.  jansson's
+ * builders fail quietly (json_object_set_new with a NULL value leaves the key out), a query
+ * whose step fails looks like its last row, and a stored JSON text that cannot be parsed for
+ * lack of memory would become null: each such failure sets exp_bad, which export_one checks
+ * before it writes the line (an error, never a line missing a part that import would take for
+ * the data).  jansson's own allocations are watched through json_set_alloc_funcs while
+ * replay_export runs. */
+static int exp_bad;
+static json_malloc_t exp_prev_malloc;
+
+static void *exp_malloc(size_t n) {
+    void *p = exp_prev_malloc(n);
+    if (!p) exp_bad = 1;
+    return p;
+}
+
+static int xset(json_t *o, const char *key, json_t *v) {
+    int r = json_object_set_new(o, key, v);
+    if (r) exp_bad = 1;
+    return r;
+}
+
+static int xappend(json_t *a, json_t *v) {
+    int r = json_array_append_new(a, v);
+    if (r) exp_bad = 1;
+    return r;
+}
+
+/* rdb_prepare; a failure sets exp_bad (a look-up skipped on it would leave its keys out) */
+static arl_status xprepare(rdb *d, const char *sql, sqlite3_stmt **q) {
+    arl_status s = rdb_prepare(d, sql, q);
+    if (s != ARL_OK) exp_bad = 1;
+    return s;
+}
+
+/* sqlite3_step; an error (not a row, not the end) sets exp_bad */
+static int xstep(sqlite3_stmt *q) {
+    int rc = sqlite3_step(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) exp_bad = 1;
+    return rc;
+}
+
 static json_t *b64_json(const void *p, size_t n) {
     char *s = malloc(replay_base64_len(n) + 1);
-    if (!s) return NULL;
+    if (!s) {
+        exp_bad = 1;
+        return NULL;
+    }
     replay_base64_encode((const uint8_t *)p, n, s);
     json_t *j = json_string(s);
     free(s);
@@ -66,10 +111,10 @@ typedef struct id_subst {
 static arl_status rows_json(rdb *d, const char *sql, int64_t param, const id_subst *subs,
                             size_t nsubs, json_t *arr) {
     sqlite3_stmt *q;
-    ARL_TRY(rdb_prepare(d, sql, &q));
+    ARL_TRY(xprepare(d, sql, &q));
     sqlite3_bind_int64(q, 1, param);
     int rc;
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    while ((rc = xstep(q)) == SQLITE_ROW) {
         json_t *o = json_object();
         int nc = sqlite3_column_count(q);
         for (int i = 0; i < nc; i++) {
@@ -77,9 +122,9 @@ static arl_status rows_json(rdb *d, const char *sql, int64_t param, const id_sub
             json_t *v = NULL;
             for (size_t k = 0; k < nsubs; k++)
                 if (!strcmp(subs[k].col, name)) v = json_incref(subs[k].value);
-            json_object_set_new(o, name, v ? v : col_json(q, i));
+            xset(o, name, v ? v : col_json(q, i));
         }
-        json_array_append_new(arr, o);
+        xappend(arr, o);
     }
     sqlite3_finalize(q);
     if (rc != SQLITE_DONE) return rdb_fail(d, rc, "exporting rows");
@@ -95,31 +140,28 @@ static json_t *parse_or_null(const char *s) {
 static arl_status rewards_json(rdb *d, int64_t traj_id, const char *level, json_t *dst,
                                int as_list) {
     sqlite3_stmt *q;
-    ARL_TRY(
-        rdb_prepare(d,
-                    "SELECT scope_index, component, value FROM rewards WHERE traj_id = ?1 AND "
-                    "level = ?2 AND source IN ('env','client') ORDER BY scope_index, component, "
-                    "source DESC",
-                    &q));
+    ARL_TRY(xprepare(d,
+                     "SELECT scope_index, component, value FROM rewards WHERE traj_id = ?1 AND "
+                     "level = ?2 AND source IN ('env','client') ORDER BY scope_index, component, "
+                     "source DESC",
+                     &q));
     sqlite3_bind_int64(q, 1, traj_id);
     sqlite3_bind_text(q, 2, level, -1, SQLITE_STATIC);
     json_t *cur = NULL;
     int64_t cur_scope = -1;
     int rc;
-    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+    while ((rc = xstep(q)) == SQLITE_ROW) {
         int64_t sc = sqlite3_column_int64(q, 0);
         if (!cur || sc != cur_scope) {
             cur = json_object();
+            if (as_list) xset(cur, !strcmp(level, "segment") ? "index" : "step", json_integer(sc));
+            xset(cur, "derived", json_null());
+            xset(cur, "reward", json_null());
+            xset(cur, "components", json_object());
             if (as_list)
-                json_object_set_new(cur, !strcmp(level, "segment") ? "index" : "step",
-                                    json_integer(sc));
-            json_object_set_new(cur, "derived", json_null());
-            json_object_set_new(cur, "reward", json_null());
-            json_object_set_new(cur, "components", json_object());
-            if (as_list)
-                json_array_append_new(dst, cur);
+                xappend(dst, cur);
             else
-                json_object_set_new(dst, level, cur);
+                xset(dst, level, cur);
             cur_scope = sc;
         }
         const char *comp = (const char *)sqlite3_column_text(q, 1);
@@ -127,15 +169,15 @@ static arl_status rewards_json(rdb *d, int64_t traj_id, const char *level, json_
                         ? json_null()
                         : json_real(sqlite3_column_double(q, 2));
         if (!strcmp(comp, "@derived"))
-            json_object_set_new(cur, "derived", v);
+            xset(cur, "derived", v);
         else if (!*comp)
-            json_object_set_new(cur, "reward", v);
+            xset(cur, "reward", v);
         else
-            json_object_set_new(json_object_get(cur, "components"), comp, v);
+            xset(json_object_get(cur, "components"), comp, v);
     }
     sqlite3_finalize(q);
     if (rc != SQLITE_DONE) return rdb_fail(d, rc, "exporting rewards");
-    if (!as_list && !json_object_get(dst, level)) json_object_set_new(dst, level, json_null());
+    if (!as_list && !json_object_get(dst, level)) xset(dst, level, json_null());
     return ARL_OK;
 }
 
@@ -143,27 +185,35 @@ static arl_status rewards_json(rdb *d, int64_t traj_id, const char *level, json_
 static uint8_t *restored_body(rdb *d, int64_t traj_id, int64_t call_seq, const void *b, size_t n,
                               size_t *out_n) {
     sqlite3_stmt *q;
-    if (rdb_prepare(d,
-                    "SELECT r.body_offset, i.png FROM image_refs r JOIN images i ON i.image_id = "
-                    "r.image_id WHERE r.traj_id = ?1 AND r.call_seq = ?2 ORDER BY r.body_offset",
-                    &q) != ARL_OK)
+    if (xprepare(d,
+                 "SELECT r.body_offset, i.png FROM image_refs r JOIN images i ON i.image_id = "
+                 "r.image_id WHERE r.traj_id = ?1 AND r.call_seq = ?2 ORDER BY r.body_offset",
+                 &q) != ARL_OK) {
+        exp_bad = 1;
         return NULL;
+    }
     sqlite3_bind_int64(q, 1, traj_id);
     sqlite3_bind_int64(q, 2, call_seq);
     rimage_ref refs[64];
     uint8_t *copies[64];
     size_t nr = 0;
-    while (nr < 64 && sqlite3_step(q) == SQLITE_ROW) {
+    while (nr < 64 && xstep(q) == SQLITE_ROW) {
         size_t pn = (size_t)sqlite3_column_bytes(q, 1);
         copies[nr] = malloc(pn ? pn : 1);
-        if (!copies[nr]) break;
+        if (!copies[nr]) {
+            exp_bad = 1;
+            break;
+        }
         memcpy(copies[nr], sqlite3_column_blob(q, 1), pn);
         refs[nr] = (rimage_ref){(size_t)sqlite3_column_int64(q, 0), copies[nr], pn};
         nr++;
     }
     sqlite3_finalize(q);
     uint8_t *out = NULL;
-    if (rimages_restore(b, n, refs, nr, &out, out_n) != ARL_OK) out = NULL;
+    if (rimages_restore(b, n, refs, nr, &out, out_n) != ARL_OK) {
+        out = NULL;
+        exp_bad = 1;
+    }
     for (size_t i = 0; i < nr; i++)
         free(copies[i]);
     return out;
@@ -173,8 +223,7 @@ static void append_messages(json_t *msgs, json_t *obs, int32_t next_seg, int is_
     if (!obs) return;
     const char *ctx = json_string_value(json_object_get(obs, "context"));
     if (is_step && ctx && !strcmp(ctx, "reset"))
-        json_array_append_new(
-            msgs, json_pack("{sssi}", "role", "context_reset", "segment", (int)next_seg));
+        xappend(msgs, json_pack("{sssi}", "role", "context_reset", "segment", (int)next_seg));
     size_t i;
     json_t *m;
     json_array_foreach(json_object_get(obs, "messages"), i, m) json_array_append(msgs, m);
@@ -183,12 +232,11 @@ static void append_messages(json_t *msgs, json_t *obs, int32_t next_seg, int is_
 static json_t *assistant_json(const char *action_json, int32_t step, int32_t seg) {
     json_t *a = action_json ? json_loads(action_json, 0, NULL) : NULL;
     json_t *m = json_object();
-    json_object_set_new(m, "role", json_string("assistant"));
-    json_object_set_new(m, "step", json_integer(step));
-    json_object_set_new(m, "segment", json_integer(seg));
+    xset(m, "role", json_string("assistant"));
+    xset(m, "step", json_integer(step));
+    xset(m, "segment", json_integer(seg));
     json_t *content = json_object_get(a, "content");
-    json_object_set_new(m, "content",
-                        json_is_string(content) ? json_incref(content) : json_string(""));
+    xset(m, "content", json_is_string(content) ? json_incref(content) : json_string(""));
     json_t *r = json_object_get(a, "reasoning");
     if (json_is_string(r)) json_object_set(m, "reasoning", r);
     json_t *tcs = json_object_get(a, "tool_calls");
@@ -198,13 +246,12 @@ static json_t *assistant_json(const char *action_json, int32_t step, int32_t seg
         json_t *c;
         json_array_foreach(tcs, i, c) {
             char *args = rjson_dumps(json_object_get(c, "arguments"));
-            json_array_append_new(arr, json_pack("{sOsss{sOss}}", "id", json_object_get(c, "id"),
-                                                 "type", "function", "function", "name",
-                                                 json_object_get(c, "name"), "arguments",
-                                                 args ? args : "{}"));
+            xappend(arr, json_pack("{sOsss{sOss}}", "id", json_object_get(c, "id"), "type",
+                                   "function", "function", "name", json_object_get(c, "name"),
+                                   "arguments", args ? args : "{}"));
             free(args);
         }
-        json_object_set_new(m, "tool_calls", arr);
+        xset(m, "tool_calls", arr);
     }
     json_t *pe = json_object_get(a, "parse_errors");
     json_t *ps = json_object_get(a, "parse_status");
@@ -249,28 +296,27 @@ static arl_status learner_json(replay_store *st, const char *traj_uid, json_t *a
         rdb *d;
         ARL_TRY(rstore_shard_db(st, sh, &d));
         sqlite3_stmt *q;
-        ARL_TRY(rdb_prepare(
-            d,
-            "SELECT update_n, seg_index, levels_json, mask_reason, old_logprobs, "
-            "ref_logprobs, is_weights, token_flags, advantages FROM learner_records WHERE "
-            "traj_uid = ?1 ORDER BY run_id, update_n, seg_index",
-            &q));
+        ARL_TRY(
+            xprepare(d,
+                     "SELECT update_n, seg_index, levels_json, mask_reason, old_logprobs, "
+                     "ref_logprobs, is_weights, token_flags, advantages FROM learner_records WHERE "
+                     "traj_uid = ?1 ORDER BY run_id, update_n, seg_index",
+                     &q));
         sqlite3_bind_text(q, 1, traj_uid, -1, SQLITE_STATIC);
         static const char *const names[5] = {"old_logprobs", "ref_logprobs", "is_weights",
                                              "token_flags", "advantages"};
-        while (sqlite3_step(q) == SQLITE_ROW) {
+        while (xstep(q) == SQLITE_ROW) {
             json_t *o = json_object();
-            json_object_set_new(o, "update", json_integer(sqlite3_column_int64(q, 0)));
-            json_object_set_new(o, "segment", json_integer(sqlite3_column_int64(q, 1)));
-            json_object_set_new(o, "levels",
-                                parse_or_null((const char *)sqlite3_column_text(q, 2)));
-            json_object_set_new(o, "mask_reason", col_json(q, 3));
+            xset(o, "update", json_integer(sqlite3_column_int64(q, 0)));
+            xset(o, "segment", json_integer(sqlite3_column_int64(q, 1)));
+            xset(o, "levels", parse_or_null((const char *)sqlite3_column_text(q, 2)));
+            xset(o, "mask_reason", col_json(q, 3));
             for (int k = 0; k < 5; k++) {
                 const uint8_t *b = sqlite3_column_blob(q, 4 + k);
                 size_t n = (size_t)sqlite3_column_bytes(q, 4 + k);
-                json_object_set_new(o, names[k], blob_payload_json(b, n));
+                xset(o, names[k], blob_payload_json(b, n));
             }
-            json_array_append_new(arr, o);
+            xappend(arr, o);
         }
         sqlite3_finalize(q);
     }
@@ -280,103 +326,99 @@ static arl_status learner_json(replay_store *st, const char *traj_uid, json_t *a
 static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_traj_row *t,
                              const replay_export_opts *o, FILE *out) {
     arl_status s = ARL_OK;
+    exp_bad = 0;
     char run[300], group[300], task[300], env[128], ver[64];
-    rcat_run_uid(st, t->run_id, run, sizeof run);
-    rcat_group_uid(st, t->group_id, group, sizeof group);
-    rcat_task_uid(st, t->task_id, task, sizeof task);
-    rcat_env_name(st, t->env_id, env, sizeof env, ver, sizeof ver);
+    ARL_TRY(rcat_run_uid(st, t->run_id, run, sizeof run));
+    ARL_TRY(rcat_group_uid(st, t->group_id, group, sizeof group));
+    ARL_TRY(rcat_task_uid(st, t->task_id, task, sizeof task));
+    ARL_TRY(rcat_env_name(st, t->env_id, env, sizeof env, ver, sizeof ver));
     json_t *j = json_object();
-    json_object_set_new(j, "format", json_string("agentrl.trajectory/1"));
-    json_object_set_new(j, "traj_uid", json_string(t->traj_uid));
-    json_object_set_new(j, "run_uid", json_string(run));
-    json_object_set_new(j, "group_uid", json_string(group));
-    json_object_set_new(j, "slot", json_integer(t->slot));
+    xset(j, "format", json_string("agentrl.trajectory/1"));
+    xset(j, "traj_uid", json_string(t->traj_uid));
+    xset(j, "run_uid", json_string(run));
+    xset(j, "group_uid", json_string(group));
+    xset(j, "slot", json_integer(t->slot));
     /* task and env from the catalog */
     json_t *task_j = json_object(), *env_j = json_object();
-    json_object_set_new(task_j, "id", json_string(task));
-    json_object_set_new(env_j, "name", json_string(env));
-    json_object_set_new(env_j, "version", json_string(ver));
+    xset(task_j, "id", json_string(task));
+    xset(env_j, "name", json_string(env));
+    xset(env_j, "version", json_string(ver));
     if (st->cat.db) {
         sqlite3_stmt *q;
-        if (rdb_prepare(&st->cat, "SELECT seed, data_json FROM tasks WHERE task_id = ?1", &q) ==
+        if (xprepare(&st->cat, "SELECT seed, data_json FROM tasks WHERE task_id = ?1", &q) ==
             ARL_OK) {
             sqlite3_bind_int64(q, 1, t->task_id);
-            if (sqlite3_step(q) == SQLITE_ROW) {
-                json_object_set_new(task_j, "seed", json_integer(sqlite3_column_int64(q, 0)));
-                json_object_set_new(task_j, "data",
-                                    parse_or_null((const char *)sqlite3_column_text(q, 1)));
+            if (xstep(q) == SQLITE_ROW) {
+                xset(task_j, "seed", json_integer(sqlite3_column_int64(q, 0)));
+                xset(task_j, "data", parse_or_null((const char *)sqlite3_column_text(q, 1)));
             }
             sqlite3_finalize(q);
         }
-        if (rdb_prepare(&st->cat, "SELECT info_sha256 FROM envs WHERE env_id = ?1", &q) == ARL_OK) {
+        if (xprepare(&st->cat, "SELECT info_sha256 FROM envs WHERE env_id = ?1", &q) == ARL_OK) {
             sqlite3_bind_int64(q, 1, t->env_id);
-            if (sqlite3_step(q) == SQLITE_ROW)
-                json_object_set_new(env_j, "info_sha256",
-                                    json_string((const char *)sqlite3_column_text(q, 0)));
+            if (xstep(q) == SQLITE_ROW)
+                xset(env_j, "info_sha256", json_string((const char *)sqlite3_column_text(q, 0)));
             sqlite3_finalize(q);
         }
     }
-    json_object_set_new(j, "task", task_j);
-    json_object_set_new(j, "env", env_j);
-    json_object_set_new(j, "status", json_string(replay_status_name(t->status)));
-    json_object_set_new(j, "end_cause", t->end_cause[0] ? json_string(t->end_cause) : json_null());
+    xset(j, "task", task_j);
+    xset(j, "env", env_j);
+    xset(j, "status", json_string(replay_status_name(t->status)));
+    xset(j, "end_cause", t->end_cause[0] ? json_string(t->end_cause) : json_null());
     if (t->error_code[0]) {
         json_t *e = json_object();
-        json_object_set_new(e, "code", json_string(t->error_code));
-        json_object_set_new(e, "attribution", json_string(t->error_attribution));
+        xset(e, "code", json_string(t->error_code));
+        xset(e, "attribution", json_string(t->error_attribution));
         sqlite3_stmt *q;
         json_t *detail = json_null();
-        if (rdb_prepare(d, "SELECT error_detail_json FROM trajectories WHERE traj_id = ?1", &q) ==
+        if (xprepare(d, "SELECT error_detail_json FROM trajectories WHERE traj_id = ?1", &q) ==
             ARL_OK) {
             sqlite3_bind_int64(q, 1, t->traj_id);
-            if (sqlite3_step(q) == SQLITE_ROW) {
+            if (xstep(q) == SQLITE_ROW) {
                 json_decref(detail);
                 detail = parse_or_null((const char *)sqlite3_column_text(q, 0));
             }
             sqlite3_finalize(q);
         }
-        json_object_set_new(e, "detail", detail);
-        json_object_set_new(j, "error", e);
+        xset(e, "detail", detail);
+        xset(j, "error", e);
     } else {
-        json_object_set_new(j, "error", json_null());
+        xset(j, "error", json_null());
     }
-    json_object_set_new(j, "versions",
-                        t->min_version >= 0 ? json_pack("[II]", (json_int_t)t->min_version,
-                                                        (json_int_t)t->max_version)
-                                            : json_null());
-    json_object_set_new(j, "counts",
-                        json_pack("{sisisIsI}", "turns", (int)t->n_turns, "segments",
-                                  (int)t->n_segments, "tokens", (json_int_t)t->n_tokens,
-                                  "action_tokens", (json_int_t)t->n_action_tokens));
+    xset(j, "versions",
+         t->min_version >= 0
+             ? json_pack("[II]", (json_int_t)t->min_version, (json_int_t)t->max_version)
+             : json_null());
+    xset(j, "counts",
+         json_pack("{sisisIsI}", "turns", (int)t->n_turns, "segments", (int)t->n_segments, "tokens",
+                   (json_int_t)t->n_tokens, "action_tokens", (json_int_t)t->n_action_tokens));
     json_t *rw = json_object(), *segr = json_array(), *procr = json_array();
     if ((s = rewards_json(d, t->traj_id, "outcome", rw, 0)) == ARL_OK &&
         (s = rewards_json(d, t->traj_id, "segment", segr, 1)) == ARL_OK)
         s = rewards_json(d, t->traj_id, "process", procr, 1);
-    json_object_set_new(rw, "segment", segr);
-    json_object_set_new(rw, "process", procr);
-    json_object_set_new(j, "rewards", rw);
+    xset(rw, "segment", segr);
+    xset(rw, "process", procr);
+    xset(j, "rewards", rw);
     /* segments, tokens */
     json_t *segs = json_array(), *toks = json_array();
     sqlite3_stmt *q = NULL;
     if (s == ARL_OK)
-        s = rdb_prepare(
-            d,
-            "SELECT seg_index, start_kind, end_cause, first_step, last_step, tok_start, "
-            "n_tokens, min_version, max_version FROM segments WHERE traj_id = ?1 ORDER BY "
-            "seg_index",
-            &q);
+        s = xprepare(d,
+                     "SELECT seg_index, start_kind, end_cause, first_step, last_step, tok_start, "
+                     "n_tokens, min_version, max_version FROM segments WHERE traj_id = ?1 ORDER BY "
+                     "seg_index",
+                     &q);
     if (s == ARL_OK) {
         sqlite3_bind_int64(q, 1, t->traj_id);
-        while (sqlite3_step(q) == SQLITE_ROW) {
+        while (xstep(q) == SQLITE_ROW) {
             int64_t a = sqlite3_column_int64(q, 5), n = sqlite3_column_int64(q, 6);
-            json_array_append_new(
-                segs, json_pack("{sisssss[ii]s[II]s[II]}", "index", sqlite3_column_int(q, 0),
-                                "start_kind", (const char *)sqlite3_column_text(q, 1), "end_cause",
-                                (const char *)sqlite3_column_text(q, 2), "steps",
-                                sqlite3_column_int(q, 3), sqlite3_column_int(q, 4), "token_range",
-                                (json_int_t)a, (json_int_t)(a + n), "versions",
-                                (json_int_t)sqlite3_column_int64(q, 7),
-                                (json_int_t)sqlite3_column_int64(q, 8)));
+            xappend(segs, json_pack("{sisssss[ii]s[II]s[II]}", "index", sqlite3_column_int(q, 0),
+                                    "start_kind", (const char *)sqlite3_column_text(q, 1),
+                                    "end_cause", (const char *)sqlite3_column_text(q, 2), "steps",
+                                    sqlite3_column_int(q, 3), sqlite3_column_int(q, 4),
+                                    "token_range", (json_int_t)a, (json_int_t)(a + n), "versions",
+                                    (json_int_t)sqlite3_column_int64(q, 7),
+                                    (json_int_t)sqlite3_column_int64(q, 8)));
             if (o->tokens || o->full) {
                 replay_seg_data sd = {0};
                 s = replay_segment_load(st, t->traj_id, sqlite3_column_int(q, 0),
@@ -386,35 +428,33 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
                     break;
                 }
                 size_t nn = (size_t)sd.ref.n_tokens;
-                json_array_append_new(toks, json_pack("{siso so so so}", "index",
-                                                      sqlite3_column_int(q, 0), "ids",
-                                                      b64_json(sd.tokens, nn * 4), "logprobs",
-                                                      b64_json(sd.logprobs, nn * 4), "loss_mask",
-                                                      b64_json(sd.loss_mask, nn), "versions",
-                                                      b64_json(sd.versions, nn * 4)));
+                xappend(toks, json_pack("{siso so so so}", "index", sqlite3_column_int(q, 0), "ids",
+                                        b64_json(sd.tokens, nn * 4), "logprobs",
+                                        b64_json(sd.logprobs, nn * 4), "loss_mask",
+                                        b64_json(sd.loss_mask, nn), "versions",
+                                        b64_json(sd.versions, nn * 4)));
                 replay_seg_data_free(&sd);
             }
         }
         sqlite3_finalize(q);
         q = NULL;
     }
-    json_object_set_new(j, "segments", segs);
+    xset(j, "segments", segs);
     /* messages and raw calls */
     json_t *msgs = json_array(), *calls = json_array();
     if (s == ARL_OK)
-        s = rdb_prepare(d,
-                        "SELECT u.step_index, u.seg_index, u.action_json, c.response_body, "
-                        "c.response_complete, c.call_seq FROM turns u LEFT JOIN env_calls c ON "
-                        "c.traj_id = u.traj_id AND c.call_seq = u.call_seq WHERE u.traj_id = ?1 "
-                        "ORDER BY u.step_index",
-                        &q);
+        s = xprepare(d,
+                     "SELECT u.step_index, u.seg_index, u.action_json, c.response_body, "
+                     "c.response_complete, c.call_seq FROM turns u LEFT JOIN env_calls c ON "
+                     "c.traj_id = u.traj_id AND c.call_seq = u.call_seq WHERE u.traj_id = ?1 "
+                     "ORDER BY u.step_index",
+                     &q);
     if (s == ARL_OK) {
         sqlite3_bind_int64(q, 1, t->traj_id);
-        while (sqlite3_step(q) == SQLITE_ROW) {
+        while (xstep(q) == SQLITE_ROW) {
             int32_t step = sqlite3_column_int(q, 0), seg = sqlite3_column_int(q, 1);
             if (step > 0)
-                json_array_append_new(
-                    msgs, assistant_json((const char *)sqlite3_column_text(q, 2), step, seg));
+                xappend(msgs, assistant_json((const char *)sqlite3_column_text(q, 2), step, seg));
             const void *b = sqlite3_column_blob(q, 3);
             if (b && sqlite3_column_int(q, 4)) {
                 size_t fn;
@@ -429,28 +469,27 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
         sqlite3_finalize(q);
         q = NULL;
     }
-    json_object_set_new(j, "messages", msgs);
+    xset(j, "messages", msgs);
     if (s == ARL_OK && (o->tokens || o->full)) json_object_set(j, "tokens", toks);
     if (s == ARL_OK && (o->learner || o->full)) {
         json_t *lr = json_array();
         s = learner_json(st, t->traj_uid, lr);
-        json_object_set_new(j, "learner", lr);
+        xset(j, "learner", lr);
     }
     if (s == ARL_OK && (o->raw || o->full)) {
-        s = rdb_prepare(
-            d,
-            "SELECT endpoint, step_index, http_status, error_code, request_body, "
-            "response_body, call_seq FROM env_calls WHERE traj_id = ?1 ORDER BY call_seq",
-            &q);
+        s = xprepare(d,
+                     "SELECT endpoint, step_index, http_status, error_code, request_body, "
+                     "response_body, call_seq FROM env_calls WHERE traj_id = ?1 ORDER BY call_seq",
+                     &q);
         if (s == ARL_OK) {
             sqlite3_bind_int64(q, 1, t->traj_id);
-            while (sqlite3_step(q) == SQLITE_ROW) {
+            while (xstep(q) == SQLITE_ROW) {
                 json_t *c = json_object();
-                json_object_set_new(c, "endpoint", col_json(q, 0));
-                json_object_set_new(c, "step", col_json(q, 1));
-                json_object_set_new(c, "http_status", col_json(q, 2));
-                json_object_set_new(c, "error_code", col_json(q, 3));
-                json_object_set_new(c, "request_b64", col_json(q, 4));
+                xset(c, "endpoint", col_json(q, 0));
+                xset(c, "step", col_json(q, 1));
+                xset(c, "http_status", col_json(q, 2));
+                xset(c, "error_code", col_json(q, 3));
+                xset(c, "request_b64", col_json(q, 4));
                 const void *b = sqlite3_column_blob(q, 5);
                 json_t *rb = json_null();
                 if (b) {
@@ -463,8 +502,8 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
                     }
                     free(full);
                 }
-                json_object_set_new(c, "response_b64", rb);
-                json_array_append_new(calls, c);
+                xset(c, "response_b64", rb);
+                xappend(calls, c);
             }
             sqlite3_finalize(q);
             q = NULL;
@@ -501,7 +540,7 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
         for (size_t i = 0; s == ARL_OK && i < sizeof tabs / sizeof *tabs; i++) {
             json_t *arr = json_array();
             s = rows_json(d, tabs[i].sql, t->traj_id, subs, 7, arr);
-            json_object_set_new(rows, tabs[i].table, arr);
+            xset(rows, tabs[i].table, arr);
         }
         /* learner records of the trajectory (learner and tool files), run_id as its run_uid:
          * import writes them into its tool file (spec section 4.13) */
@@ -511,34 +550,34 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
             if (lsh->kind != REPLAY_FILE_LEARNER && lsh->kind != REPLAY_FILE_TOOL) continue;
             rdb *ld;
             if ((s = rstore_shard_db(st, lsh, &ld)) != ARL_OK) break;
-            if ((s = rdb_prepare(ld,
-                                 "SELECT * FROM learner_records WHERE traj_uid = ?1 ORDER BY "
-                                 "run_id, update_n, seg_index",
-                                 &q)) != ARL_OK)
+            if ((s = xprepare(ld,
+                              "SELECT * FROM learner_records WHERE traj_uid = ?1 ORDER BY "
+                              "run_id, update_n, seg_index",
+                              &q)) != ARL_OK)
                 break;
             sqlite3_bind_text(q, 1, t->traj_uid, -1, SQLITE_STATIC);
-            while (sqlite3_step(q) == SQLITE_ROW) {
+            while (s == ARL_OK && xstep(q) == SQLITE_ROW) {
                 json_t *o = json_object();
-                for (int c = 0; c < sqlite3_column_count(q); c++) {
+                for (int c = 0; s == ARL_OK && c < sqlite3_column_count(q); c++) {
                     const char *name = sqlite3_column_name(q, c);
                     if (!strcmp(name, "run_id")) {
                         char ru[300];
-                        rcat_run_uid(st, sqlite3_column_int64(q, c), ru, sizeof ru);
-                        json_object_set_new(o, name, json_string(ru));
+                        s = rcat_run_uid(st, sqlite3_column_int64(q, c), ru, sizeof ru);
+                        xset(o, name, json_string(ru));
                     } else {
-                        json_object_set_new(o, name, col_json(q, c));
+                        xset(o, name, col_json(q, c));
                     }
                 }
-                json_array_append_new(lrows, o);
+                xappend(lrows, o);
             }
             sqlite3_finalize(q);
             q = NULL;
         }
-        json_object_set_new(rows, "learner_records", lrows);
+        xset(rows, "learner_records", lrows);
         /* images by content: image_id becomes the PNG's SHA-256 (hex) */
         json_t *imgs = json_array(), *refs = json_array();
         if (s == ARL_OK)
-            s = rdb_prepare(
+            s = xprepare(
                 d,
                 "SELECT DISTINCT i.image_id, i.sha256, i.width, i.height, i.n_bytes, i.png FROM "
                 "images i JOIN image_refs r ON r.image_id = i.image_id WHERE r.traj_id = ?1 "
@@ -546,18 +585,18 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
                 &q);
         if (s == ARL_OK) {
             sqlite3_bind_int64(q, 1, t->traj_id);
-            while (sqlite3_step(q) == SQLITE_ROW) {
+            while (xstep(q) == SQLITE_ROW) {
                 char hex[65];
                 replay_hex_encode(sqlite3_column_blob(q, 1), 32, hex);
-                json_array_append_new(
-                    imgs, json_pack("{sssosIsIsIso}", "image_id", hex, "sha256", col_json(q, 1),
-                                    "width", (json_int_t)sqlite3_column_int64(q, 2), "height",
-                                    (json_int_t)sqlite3_column_int64(q, 3), "n_bytes",
-                                    (json_int_t)sqlite3_column_int64(q, 4), "png", col_json(q, 5)));
+                xappend(imgs,
+                        json_pack("{sssosIsIsIso}", "image_id", hex, "sha256", col_json(q, 1),
+                                  "width", (json_int_t)sqlite3_column_int64(q, 2), "height",
+                                  (json_int_t)sqlite3_column_int64(q, 3), "n_bytes",
+                                  (json_int_t)sqlite3_column_int64(q, 4), "png", col_json(q, 5)));
             }
             sqlite3_finalize(q);
             q = NULL;
-            s = rdb_prepare(
+            s = xprepare(
                 d,
                 "SELECT r.call_seq, r.body_offset, i.sha256 FROM image_refs r JOIN images i ON "
                 "i.image_id = r.image_id WHERE r.traj_id = ?1 ORDER BY r.call_seq, r.body_offset",
@@ -565,23 +604,22 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
         }
         if (s == ARL_OK) {
             sqlite3_bind_int64(q, 1, t->traj_id);
-            while (sqlite3_step(q) == SQLITE_ROW) {
+            while (xstep(q) == SQLITE_ROW) {
                 char hex[65];
                 replay_hex_encode(sqlite3_column_blob(q, 2), 32, hex);
-                json_array_append_new(
-                    refs, json_pack("{sssIsIss}", "traj_id", t->traj_uid, "call_seq",
-                                    (json_int_t)sqlite3_column_int64(q, 0), "body_offset",
-                                    (json_int_t)sqlite3_column_int64(q, 1), "image_id", hex));
+                xappend(refs, json_pack("{sssIsIss}", "traj_id", t->traj_uid, "call_seq",
+                                        (json_int_t)sqlite3_column_int64(q, 0), "body_offset",
+                                        (json_int_t)sqlite3_column_int64(q, 1), "image_id", hex));
             }
             sqlite3_finalize(q);
             q = NULL;
         }
-        json_object_set_new(rows, "images", imgs);
-        json_object_set_new(rows, "image_refs", refs);
+        xset(rows, "images", imgs);
+        xset(rows, "image_refs", refs);
         json_t *cat = json_object();
         if (s == ARL_OK) s = catalog_rows(st, t, ids_run, ids_group, ids_task, ids_env, cat);
-        json_object_set_new(rows, "catalog", cat);
-        json_object_set_new(j, "rows", rows);
+        xset(rows, "catalog", cat);
+        xset(j, "rows", rows);
         json_decref(uid);
         json_decref(ids_run);
         json_decref(ids_group);
@@ -591,6 +629,11 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
     json_decref(toks);
     json_decref(calls);
     (void)sh;
+    if (s == ARL_OK && exp_bad)
+        s = arl_errorf(ARL_ERR_NOMEM,
+                       "replay: export: out of memory (or a failed read) building the line of "
+                       "trajectory %s: nothing written for it",
+                       t->traj_uid);
     if (s == ARL_OK) {
         rjson_dump(j, out);
         fputc('\n', out);
@@ -606,6 +649,9 @@ arl_status replay_export(replay_store *st, const replay_filter *f, const replay_
     if (!o) o = &none;
     rsel sel;
     ARL_TRY(rsel_init(st, f, &sel));
+    json_free_t prev_free;
+    json_get_alloc_funcs(&exp_prev_malloc, &prev_free);
+    json_set_alloc_funcs(exp_malloc, prev_free);
     char *sql = rsel_sql(&sel, "SELECT " RTRAJ_COLS " FROM trajectories t", " ORDER BY t.traj_id");
     arl_status s =
         sql ? replay_store_refresh(st) : arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
@@ -622,7 +668,7 @@ arl_status replay_export(replay_store *st, const replay_filter *f, const replay_
         replay_traj_row *rows = NULL;
         size_t n = 0, cap = 0;
         int rc;
-        while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        while ((rc = xstep(q)) == SQLITE_ROW) {
             if (sel.f.limit > 0 && count + (int64_t)n >= sel.f.limit) break;
             if (n == cap) {
                 cap = cap ? cap * 2 : 64;
@@ -653,6 +699,7 @@ arl_status replay_export(replay_store *st, const replay_filter *f, const replay_
     }
     free(sql);
     rsel_free(&sel);
+    json_set_alloc_funcs(exp_prev_malloc, prev_free);
     if (n_out) *n_out = count;
     return s;
 }
@@ -718,6 +765,10 @@ static arl_status insert_row(rdb *d, const char *table, json_t *row, const int_s
     if (s != ARL_OK) return arl_error_prefix(s, "%s: rows.%s", where, table);
     int i = 0;
     uint8_t **blobs = calloc((size_t)n + 1, sizeof *blobs);
+    if (!blobs) {
+        sqlite3_finalize(q);
+        return arl_errorf(ARL_ERR_NOMEM, "%s: rows.%s: out of memory", where, table);
+    }
     json_object_foreach(row, key, v) {
         if (skip && !strcmp(key, skip)) continue;
         i++;
@@ -740,7 +791,11 @@ static arl_status insert_row(rdb *d, const char *table, json_t *row, const int_s
             const char *t = json_string_value(v);
             size_t tl = json_string_length(v), bn = 0;
             uint8_t *b = malloc(tl / 4 * 3 + 4);
-            if (!b || replay_base64_decode(t, tl, b, &bn)) {
+            if (!b) {
+                s = arl_errorf(ARL_ERR_NOMEM, "%s: rows.%s.%s: out of memory", where, table, key);
+                break;
+            }
+            if (replay_base64_decode(t, tl, b, &bn)) {
                 free(b);
                 s = arl_errorf(ARL_ERR_FORMAT, "%s: rows.%s.%s: not base64", where, table, key);
                 break;
@@ -1135,9 +1190,11 @@ arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_
         if (!len) continue;
         json_error_t err;
         json_t *j = json_loadb(line, (size_t)len, 0, &err);
-        if (!j) {
-            s = arl_errorf(ARL_ERR_FORMAT, "%s: not JSON: %s (column %d)", where, err.text,
-                           err.column);
+        if (!j) { /* jansson leaves the message empty where an allocation fails */
+            s = json_error_code(&err) == json_error_out_of_memory || !err.text[0]
+                    ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the line", where)
+                    : arl_errorf(ARL_ERR_FORMAT, "%s: not JSON: %s (column %d)", where, err.text,
+                                 err.column);
             break;
         }
         int skipped = 0;

@@ -159,12 +159,14 @@ const char *rstore_kind_letter(int kind);
 int rfile_kind_parse(const char *name);
 int64_t rnow_ms(void);
 
-/* Catalog lookups for display (NULL/"" when unknown); results are copied into buf. */
-void rcat_run_uid(replay_store *st, int64_t run_id, char *buf, size_t cap);
-void rcat_group_uid(replay_store *st, int64_t group_id, char *buf, size_t cap);
-void rcat_env_name(replay_store *st, int64_t env_id, char *name, size_t ncap, char *version,
-                   size_t vcap);
-void rcat_task_uid(replay_store *st, int64_t task_id, char *buf, size_t cap);
+/* Catalog lookups for display and export, copied into buf: a row the catalog lacks (or a store
+ * without a catalog) gives a stand-in with the id, "run#3", "env#2" (its version ""); a failed
+ * query (out of memory, I/O) is an error (set), never a stand-in. */
+arl_status rcat_run_uid(replay_store *st, int64_t run_id, char *buf, size_t cap);
+arl_status rcat_group_uid(replay_store *st, int64_t group_id, char *buf, size_t cap);
+arl_status rcat_env_name(replay_store *st, int64_t env_id, char *name, size_t ncap, char *version,
+                         size_t vcap);
+arl_status rcat_task_uid(replay_store *st, int64_t task_id, char *buf, size_t cap);
 /* Update the member mirror of one trajectory (best effort; warns on failure). */
 void rcat_member_mirror(replay_store *st, int64_t group_id, int32_t slot, int32_t attempt,
                         const char *traj_uid, int32_t shard_id, int64_t traj_id,

@@ -119,6 +119,13 @@ static arl_status collect(replay_store *st, const rsel *sel, list_row **rows, si
     return ARL_OK;
 }
 
+typedef char run_name[REPLAY_UID_MAX + 16];
+
+/* json_object_set_new, *bad set when it fails (out of memory: the key would be missing) */
+static void jset(int *bad, json_t *o, const char *key, json_t *v) {
+    if (json_object_set_new(o, key, v)) *bad = 1;
+}
+
 arl_status replay_list(replay_store *st, const replay_filter *f, int json, FILE *out) {
     rsel sel;
     ARL_TRY(rsel_init(st, f, &sel));
@@ -133,38 +140,44 @@ arl_status replay_list(replay_store *st, const replay_filter *f, int json, FILE 
     for (size_t i = 0; s == ARL_OK && i < n; i++) {
         const replay_traj_row *r = &rows[i].r;
         char env[128], ver[64], tm[32];
-        rcat_env_name(st, r->env_id, env, sizeof env, ver, sizeof ver);
+        if ((s = rcat_env_name(st, r->env_id, env, sizeof env, ver, sizeof ver)) != ARL_OK) break;
         int64_t when = r->finished_at_ms >= 0 ? r->finished_at_ms : r->updated_at_ms;
         fmt_time(when, tm, sizeof tm);
         if (json) {
+            int bad = 0;
             json_t *o = json_object();
-            json_object_set_new(o, "traj_uid", json_string(r->traj_uid));
-            json_object_set_new(o, "traj_id", json_integer(r->traj_id));
-            json_object_set_new(o, "status", json_string(replay_status_name(r->status)));
-            json_object_set_new(o, "end_cause",
-                                r->end_cause[0] ? json_string(r->end_cause) : json_null());
-            json_object_set_new(o, "error_code",
-                                r->error_code[0] ? json_string(r->error_code) : json_null());
-            json_object_set_new(o, "env", json_string(env));
-            json_object_set_new(o, "env_version", json_string(ver));
-            json_object_set_new(o, "turns", json_integer(r->n_turns));
-            json_object_set_new(o, "segments", json_integer(r->n_segments));
-            json_object_set_new(o, "tokens", json_integer(r->n_tokens));
-            json_object_set_new(o, "action_tokens", json_integer(r->n_action_tokens));
-            json_object_set_new(o, "versions",
-                                r->min_version >= 0 ? json_pack("[II]", (json_int_t)r->min_version,
-                                                                (json_int_t)r->max_version)
-                                                    : json_null());
-            json_object_set_new(o, "outcome",
-                                isnan(r->outcome_reward) ? json_null()
-                                                         : json_real(r->outcome_reward));
-            json_object_set_new(o, "time_ms", json_integer(when));
+            jset(&bad, o, "traj_uid", json_string(r->traj_uid));
+            jset(&bad, o, "traj_id", json_integer(r->traj_id));
+            jset(&bad, o, "status", json_string(replay_status_name(r->status)));
+            jset(&bad, o, "end_cause", r->end_cause[0] ? json_string(r->end_cause) : json_null());
+            jset(&bad, o, "error_code",
+                 r->error_code[0] ? json_string(r->error_code) : json_null());
+            jset(&bad, o, "env", json_string(env));
+            jset(&bad, o, "env_version", json_string(ver));
+            jset(&bad, o, "turns", json_integer(r->n_turns));
+            jset(&bad, o, "segments", json_integer(r->n_segments));
+            jset(&bad, o, "tokens", json_integer(r->n_tokens));
+            jset(&bad, o, "action_tokens", json_integer(r->n_action_tokens));
+            jset(&bad, o, "versions",
+                 r->min_version >= 0
+                     ? json_pack("[II]", (json_int_t)r->min_version, (json_int_t)r->max_version)
+                     : json_null());
+            jset(&bad, o, "outcome",
+                 isnan(r->outcome_reward) ? json_null() : json_real(r->outcome_reward));
+            jset(&bad, o, "time_ms", json_integer(when));
             int pinned = 0;
             char reason[1024];
-            if (replay_pin_get(st, r->traj_uid, &pinned, reason, sizeof reason) != ARL_OK)
-                arl_error_clear(); /* listed as not pinned */
-            json_object_set_new(o, "pinned", json_boolean(pinned));
-            json_object_set_new(o, "pin_reason", pinned ? json_string(reason) : json_null());
+            if ((s = replay_pin_get(st, r->traj_uid, &pinned, reason, sizeof reason)) != ARL_OK) {
+                json_decref(o);
+                break;
+            }
+            jset(&bad, o, "pinned", json_boolean(pinned));
+            jset(&bad, o, "pin_reason", pinned ? json_string(reason) : json_null());
+            if (bad || !o) {
+                json_decref(o);
+                s = arl_errorf(ARL_ERR_NOMEM, "replay: out of memory listing trajectories");
+                break;
+            }
             rjson_dump(o, out);
             fputc('\n', out);
             json_decref(o);
@@ -361,17 +374,22 @@ static arl_status on_segment(stats_acc *a, sqlite3_stmt *q) {
     return ARL_OK;
 }
 
-/* A versions counter's run uid (its key: "<run_id> <version>"), or "run <run_id>". */
-static void version_run(replay_store *st, const counter *c, char *buf, size_t cap) {
+/* A versions counter's run uid (its key: "<run_id> <version>"), or "run <run_id>" when the
+ * catalog has no such run (or the store no catalog); a failed look-up is an error. */
+static arl_status version_run(replay_store *st, const counter *c, char *buf, size_t cap) {
     char rid[32];
     snprintf(rid, sizeof rid, "%lld", atoll(c->key));
     replay_run_info r = {0};
-    if (replay_run_get(st, rid, &r) == ARL_OK)
+    arl_status s = replay_run_get(st, rid, &r);
+    if (s == ARL_OK) {
         snprintf(buf, cap, "%s", r.run_uid);
-    else
+    } else if (s == ARL_ERR_NOT_FOUND || s == ARL_ERR_STATE) {
         snprintf(buf, cap, "run %s", rid);
+        arl_error_clear();
+        s = ARL_OK;
+    }
     replay_run_info_free(&r);
-    arl_error_clear();
+    return s;
 }
 
 /* 1 if versions counter i is the first of its run (the counters sorted by key). */
@@ -406,20 +424,34 @@ static arl_status on_call(stats_acc *a, sqlite3_stmt *q) {
     return ARL_OK;
 }
 
-static void storage_of(stats_acc *a, rdb *d, const char *file) {
+/* The file's size, and its tables' when SQLite has dbstat.  Only a missing dbstat ("no such
+ * table", SQLite built without it) skips the tables: another failure to prepare (out of
+ * memory) or to step is an error, not sizes left out without a word. */
+static arl_status storage_of(stats_acc *a, rdb *d, const char *file) {
     struct stat sb;
     counter *c;
-    if (stat(d->path, &sb) == 0 && (c = cnt_get(&a->storage, file))) c->n += (int64_t)sb.st_size;
+    if (stat(d->path, &sb) == 0) {
+        if (!(c = cnt_get(&a->storage, file))) return stats_nomem();
+        c->n += (int64_t)sb.st_size;
+    }
     sqlite3_stmt *q;
-    if (sqlite3_prepare_v2(d->db, "SELECT name, sum(pgsize) FROM dbstat GROUP BY name", -1, &q,
-                           NULL) != SQLITE_OK)
-        return; /* dbstat not compiled in: per-table sizes are skipped */
-    while (sqlite3_step(q) == SQLITE_ROW) {
+    int rc = sqlite3_prepare_v2(d->db, "SELECT name, sum(pgsize) FROM dbstat GROUP BY name", -1, &q,
+                                NULL);
+    if (rc == SQLITE_ERROR && strstr(sqlite3_errmsg(d->db), "no such table"))
+        return ARL_OK; /* dbstat not compiled in: per-table sizes are skipped */
+    if (rc != SQLITE_OK) return rdb_fail(d, rc, "reading table sizes (dbstat)");
+    arl_status s = ARL_OK;
+    while (s == ARL_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         char key[96];
         snprintf(key, sizeof key, "  %s: %s", file, txt(q, 0, "?"));
-        if ((c = cnt_get(&a->storage, key))) c->n += sqlite3_column_int64(q, 1);
+        if (!(c = cnt_get(&a->storage, key)))
+            s = stats_nomem();
+        else
+            c->n += sqlite3_column_int64(q, 1);
     }
+    if (s == ARL_OK && rc != SQLITE_DONE) s = rdb_fail(d, rc, "reading table sizes (dbstat)");
     sqlite3_finalize(q);
+    return s;
 }
 
 static void stats_free(stats_acc *a) {
@@ -433,10 +465,14 @@ static void stats_free(stats_acc *a) {
         free(ds[i]->v);
 }
 
+/* NULL when out of memory */
 static json_t *counts_json(counters *c) {
     json_t *o = json_object();
-    for (size_t i = 0; i < c->n; i++)
-        json_object_set_new(o, c->v[i].key, json_integer(c->v[i].n));
+    for (size_t i = 0; o && i < c->n; i++)
+        if (json_object_set_new(o, c->v[i].key, json_integer(c->v[i].n))) {
+            json_decref(o);
+            o = NULL;
+        }
     return o;
 }
 
@@ -477,7 +513,7 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
         rdb *d;
         if ((s = rstore_shard_db(st, sh, &d)) != ARL_OK) break;
         a.n_files++;
-        if (!filtered) storage_of(&a, d, sh->file);
+        if (!filtered && (s = storage_of(&a, d, sh->file)) != ARL_OK) break;
         if (sh->kind != REPLAY_FILE_LEARNER) {
             if ((s = run_sel(
                      st, d, &sel,
@@ -513,27 +549,37 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
                 break;
         }
         if (!filtered) {
+            /* a shard without a states file (a learner file, or none written yet) has none to
+             * count; any other failure (out of memory, a damaged file) is an error */
             rdb *sd;
-            if (rstore_shard_states(st, sh, &sd) == ARL_OK) {
-                storage_of(&a, sd, sd->name);
-                sqlite3_stmt *q;
-                if (sqlite3_prepare_v2(sd->db,
-                                       "SELECT producer, status, count(*), sum(n_bytes) FROM "
-                                       "states GROUP BY producer, status",
-                                       -1, &q, NULL) == SQLITE_OK) {
-                    while (sqlite3_step(q) == SQLITE_ROW) {
-                        char key[64];
-                        snprintf(key, sizeof key, "%s/%s", txt(q, 0, "?"), txt(q, 1, "?"));
-                        counter *c = cnt_get(&a.states, key);
-                        if (c) {
-                            c->n += sqlite3_column_int64(q, 2);
-                            c->sum += sqlite3_column_double(q, 3);
-                        }
-                    }
-                    sqlite3_finalize(q);
+            arl_status ss = rstore_shard_states(st, sh, &sd);
+            if (ss == ARL_ERR_NOT_FOUND) {
+                arl_error_clear();
+                continue;
+            }
+            if ((s = ss) != ARL_OK) break;
+            if (!sd->db) continue;
+            if ((s = storage_of(&a, sd, sd->name)) != ARL_OK) break;
+            sqlite3_stmt *q;
+            if ((s = rdb_prepare(sd,
+                                 "SELECT producer, status, count(*), sum(n_bytes) FROM states "
+                                 "GROUP BY producer, status",
+                                 &q)) != ARL_OK)
+                break;
+            int rc;
+            while (s == ARL_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
+                char key[64];
+                snprintf(key, sizeof key, "%s/%s", txt(q, 0, "?"), txt(q, 1, "?"));
+                counter *c = cnt_get(&a.states, key);
+                if (!c) {
+                    s = stats_nomem();
+                } else {
+                    c->n += sqlite3_column_int64(q, 2);
+                    c->sum += sqlite3_column_double(q, 3);
                 }
             }
-            arl_error_clear();
+            if (s == ARL_OK && rc != SQLITE_DONE) s = rdb_fail(sd, rc, "counting states");
+            sqlite3_finalize(q);
         }
     }
     if (s != ARL_OK) {
@@ -549,78 +595,98 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
     dist *ds[] = {&a.tok, &a.act, &a.turns, &a.segs, &a.seg_tok, &a.span};
     for (size_t i = 0; i < sizeof ds / sizeof *ds; i++)
         if (ds[i]->n > 1) qsort(ds[i]->v, ds[i]->n, sizeof(int64_t), i64_cmp);
+    /* the runs' uids first: a failed look-up ends the command before any output */
+    size_t n_runs = 0;
+    for (size_t i = 0; i < a.versions.n; i++)
+        n_runs += new_run_at(&a.versions, i);
+    run_name *run_names = calloc(n_runs ? n_runs : 1, sizeof *run_names);
+    if (!run_names) s = stats_nomem();
+    for (size_t i = 0, r = 0; s == ARL_OK && i < a.versions.n; i++)
+        if (new_run_at(&a.versions, i))
+            s = version_run(st, &a.versions.v[i], run_names[r++], sizeof *run_names);
+    if (s != ARL_OK) {
+        free(run_names);
+        stats_free(&a);
+        rsel_free(&sel);
+        return s;
+    }
     if (json) {
+        int bad = 0;
         json_t *o = json_object();
-        json_object_set_new(o, "trajectories", json_integer(a.n_traj));
-        json_object_set_new(o, "files", json_integer(a.n_files));
-        json_object_set_new(o, "status", counts_json(&a.status));
-        json_object_set_new(o, "end_cause", counts_json(&a.end_cause));
-        json_object_set_new(o, "error_code", counts_json(&a.error_code));
-        json_object_set_new(o, "tokens", json_integer(a.tokens));
-        json_object_set_new(o, "action_tokens", json_integer(a.action_tokens));
-        json_object_set_new(o, "per_trajectory",
-                            json_pack("{soso soso}", "tokens", dist_json(&a.tok), "action_tokens",
-                                      dist_json(&a.act), "turns", dist_json(&a.turns), "segments",
-                                      dist_json(&a.segs)));
-        json_object_set_new(o, "segment_tokens", dist_json(&a.seg_tok));
-        json_object_set_new(o, "boundary_causes", counts_json(&a.seg_end));
+        size_t r = 0;
+        jset(&bad, o, "trajectories", json_integer(a.n_traj));
+        jset(&bad, o, "files", json_integer(a.n_files));
+        jset(&bad, o, "status", counts_json(&a.status));
+        jset(&bad, o, "end_cause", counts_json(&a.end_cause));
+        jset(&bad, o, "error_code", counts_json(&a.error_code));
+        jset(&bad, o, "tokens", json_integer(a.tokens));
+        jset(&bad, o, "action_tokens", json_integer(a.action_tokens));
+        jset(&bad, o, "per_trajectory",
+             json_pack("{soso soso}", "tokens", dist_json(&a.tok), "action_tokens",
+                       dist_json(&a.act), "turns", dist_json(&a.turns), "segments",
+                       dist_json(&a.segs)));
+        jset(&bad, o, "segment_tokens", dist_json(&a.seg_tok));
+        jset(&bad, o, "boundary_causes", counts_json(&a.seg_end));
         json_t *rw = json_object();
         for (size_t i = 0; i < a.rewards.n; i++) {
             counter *c = &a.rewards.v[i];
             double m = c->n ? c->sum / (double)c->n : 0,
                    var = c->n ? c->sumsq / (double)c->n - m * m : 0;
-            json_object_set_new(rw, c->key,
-                                json_pack("{sIsfsf}", "n", (json_int_t)c->n, "mean", m, "std",
-                                          sqrt(var > 0 ? var : 0)));
+            jset(&bad, rw, c->key,
+                 json_pack("{sIsfsf}", "n", (json_int_t)c->n, "mean", m, "std",
+                           sqrt(var > 0 ? var : 0)));
         }
-        json_object_set_new(o, "rewards", rw);
+        jset(&bad, o, "rewards", rw);
         json_t *tl = json_object();
         for (size_t i = 0; i < a.tools.n; i++)
-            json_object_set_new(tl, a.tools.v[i].key,
-                                json_pack("{sIsIsI}", "calls", (json_int_t)a.tools.v[i].n,
-                                          "parse_failures", (json_int_t)a.tools.v[i].n2, "errors",
-                                          (json_int_t)a.tools.v[i].n3));
-        json_object_set_new(o, "tools", tl);
+            jset(&bad, tl, a.tools.v[i].key,
+                 json_pack("{sIsIsI}", "calls", (json_int_t)a.tools.v[i].n, "parse_failures",
+                           (json_int_t)a.tools.v[i].n2, "errors", (json_int_t)a.tools.v[i].n3));
+        jset(&bad, o, "tools", tl);
         json_t *ec = json_object();
         for (size_t i = 0; i < a.calls.n; i++) {
             counter *c = &a.calls.v[i];
-            json_object_set_new(ec, c->key,
-                                json_pack("{sIsfsfsIsI}", "calls", (json_int_t)c->n, "mean_ms",
-                                          c->n ? c->sum / (double)c->n : 0.0, "max_ms", c->max,
-                                          "retries", (json_int_t)c->n2, "errors",
-                                          (json_int_t)c->n3));
+            jset(&bad, ec, c->key,
+                 json_pack("{sIsfsfsIsI}", "calls", (json_int_t)c->n, "mean_ms",
+                           c->n ? c->sum / (double)c->n : 0.0, "max_ms", c->max, "retries",
+                           (json_int_t)c->n2, "errors", (json_int_t)c->n3));
         }
-        json_object_set_new(o, "env_calls", ec);
+        jset(&bad, o, "env_calls", ec);
         json_t *vj = json_object(), *rj = NULL; /* {run_uid: {version: segments}} */
         for (size_t i = 0; i < a.versions.n; i++) {
             if (new_run_at(&a.versions, i)) { /* the counters are sorted by run */
-                char run[REPLAY_UID_MAX + 16];
-                version_run(st, &a.versions.v[i], run, sizeof run);
-                json_object_set_new(vj, run, rj = json_object());
+                jset(&bad, vj, run_names[r++], rj = json_object());
             }
             char k[32];
             snprintf(k, sizeof k, "%lld", version_of(&a.versions.v[i]));
-            json_object_set_new(rj, k, json_integer(a.versions.v[i].n));
+            jset(&bad, rj, k, json_integer(a.versions.v[i].n));
         }
-        json_object_set_new(o, "segments_by_min_version", vj);
-        json_object_set_new(o, "version_span", dist_json(&a.span));
+        jset(&bad, o, "segments_by_min_version", vj);
+        jset(&bad, o, "version_span", dist_json(&a.span));
         json_t *mj = json_object();
         for (size_t i = 0; i < a.masked_len.n; i++) {
             char k[32];
             snprintf(k, sizeof k, "%lld", atoll(a.masked_len.v[i].key));
-            json_object_set_new(mj, k,
-                                json_pack("{sIsI}", "n", (json_int_t)a.masked_len.v[i].n, "masked",
-                                          (json_int_t)a.masked_len.v[i].n2));
+            jset(&bad, mj, k,
+                 json_pack("{sIsI}", "n", (json_int_t)a.masked_len.v[i].n, "masked",
+                           (json_int_t)a.masked_len.v[i].n2));
         }
-        json_object_set_new(o, "masked_by_length", mj);
+        jset(&bad, o, "masked_by_length", mj);
         if (!filtered) {
-            json_object_set_new(o, "storage_bytes", counts_json(&a.storage));
+            jset(&bad, o, "storage_bytes", counts_json(&a.storage));
             json_t *sj = json_object();
             for (size_t i = 0; i < a.states.n; i++)
-                json_object_set_new(sj, a.states.v[i].key,
-                                    json_pack("{sIsI}", "count", (json_int_t)a.states.v[i].n,
-                                              "bytes", (json_int_t)a.states.v[i].sum));
-            json_object_set_new(o, "states", sj);
+                jset(&bad, sj, a.states.v[i].key,
+                     json_pack("{sIsI}", "count", (json_int_t)a.states.v[i].n, "bytes",
+                               (json_int_t)a.states.v[i].sum));
+            jset(&bad, o, "states", sj);
+        }
+        if (bad || !o) {
+            json_decref(o);
+            free(run_names);
+            stats_free(&a);
+            rsel_free(&sel);
+            return stats_nomem();
         }
         rjson_dump(o, out);
         fputc('\n', out);
@@ -651,13 +717,11 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
                     sqrt(var > 0 ? var : 0));
         }
         fprintf(out, "segments by min policy version:");
+        size_t r = 0;
         for (size_t i = 0; i < a.versions.n; i++) {
             const int new_run = new_run_at(&a.versions, i);
-            if (new_run) { /* each run's versions after its uid */
-                char run[REPLAY_UID_MAX + 16];
-                version_run(st, &a.versions.v[i], run, sizeof run);
-                fprintf(out, "%s %s:", i ? ";" : "", run);
-            }
+            if (new_run) /* each run's versions after its uid */
+                fprintf(out, "%s %s:", i ? ";" : "", run_names[r++]);
             fprintf(out, "%s v%lld %lld", new_run ? "" : ",", version_of(&a.versions.v[i]),
                     (long long)a.versions.v[i].n);
         }
@@ -685,6 +749,7 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
                         (long long)a.states.v[i].n, a.states.v[i].sum);
         }
     }
+    free(run_names);
     stats_free(&a);
     rsel_free(&sel);
     return ARL_OK;

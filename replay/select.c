@@ -2,6 +2,7 @@
  * per shard over `trajectories t`, using the indexes of section 4.14; and the plan log. */
 #include <ctype.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -179,12 +180,20 @@ void rsel_free(rsel *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* Out of memory, the text is freed and *b stays NULL (*cap SIZE_MAX) through the later calls:
+ * a query without one of its conditions (a filter) must not come out of it. */
 static void append(char **b, size_t *n, size_t *cap, const char *t) {
+    if (*cap == SIZE_MAX) return;
     size_t l = strlen(t);
     if (*n + l + 1 > *cap) {
         size_t c = (*cap + l + 1) * 2;
         char *p = realloc(*b, c);
-        if (!p) return;
+        if (!p) {
+            free(*b);
+            *b = NULL;
+            *cap = SIZE_MAX;
+            return;
+        }
         *b = p;
         *cap = c;
     }

@@ -362,7 +362,7 @@ static void print_token_table(FILE *out, replay_store *st, const char *uid, int6
 /* --group: the members of t's group across every shard, side by side (section 13.2). */
 static arl_status print_group(FILE *out, replay_store *st, const replay_traj_row *t) {
     char group[300];
-    rcat_group_uid(st, t->group_id, group, sizeof group);
+    ARL_TRY(rcat_group_uid(st, t->group_id, group, sizeof group));
     fprintf(out, "\n== group %s\n  %4s %4s %-32s %-9s %-14s %5s %8s %8s %10s\n", group, "slot",
             "try", "traj_uid", "status", "end/error", "turns", "tokens", "outcome", "AO");
     for (size_t i = 0; i < st->n_shards; i++) {
@@ -507,10 +507,10 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
                             const replay_show_opts *o, FILE *out) {
     const replay_traj_row t = *tp;
     char run[300], group[300], task[300], env[128], ver[64];
-    rcat_run_uid(st, t.run_id, run, sizeof run);
-    rcat_group_uid(st, t.group_id, group, sizeof group);
-    rcat_task_uid(st, t.task_id, task, sizeof task);
-    rcat_env_name(st, t.env_id, env, sizeof env, ver, sizeof ver);
+    ARL_TRY(rcat_run_uid(st, t.run_id, run, sizeof run));
+    ARL_TRY(rcat_group_uid(st, t.group_id, group, sizeof group));
+    ARL_TRY(rcat_task_uid(st, t.task_id, task, sizeof task));
+    ARL_TRY(rcat_env_name(st, t.env_id, env, sizeof env, ver, sizeof ver));
     fprintf(out, "trajectory %s  (traj_id %lld, %s)\n", t.traj_uid, (long long)t.traj_id, sh->file);
     fprintf(out, "  run %s  group %s slot %d attempt %d  task %s  env %s %s\n", run, group,
             (int)t.slot, (int)t.attempt, task, env, ver);

@@ -1356,40 +1356,70 @@ arl_status replay_catalog_reconcile(replay_store *st) {
 
 /* ---- display lookups ---- */
 
-static void lookup_text(replay_store *st, const char *sql, int64_t id, char *buf, size_t cap,
-                        char *buf2, size_t cap2) {
+/* The first (and second) column of sql's row for id, copied into buf (buf2); *found 0 and ""
+ * when there is no such row or no catalog.  A failed query (out of memory, an I/O error, a
+ * damaged catalog) is an error, never taken for a missing row: a caller would show or export a
+ * stand-in as if it were the name. */
+static arl_status lookup_text(replay_store *st, const char *sql, int64_t id, char *buf, size_t cap,
+                              char *buf2, size_t cap2, int *found) {
+    *found = 0;
     if (cap) buf[0] = 0;
     if (cap2) buf2[0] = 0;
-    if (!st->cat.db) return;
+    if (!st->cat.db) return ARL_OK;
     sqlite3_stmt *s;
-    if (sqlite3_prepare_v2(st->cat.db, sql, -1, &s, NULL) != SQLITE_OK) return;
+    ARL_TRY(rdb_prepare(&st->cat, sql, &s));
     sqlite3_bind_int64(s, 1, id);
-    if (sqlite3_step(s) == SQLITE_ROW) {
-        rdb_col_text(s, 0, buf, cap);
-        if (buf2) rdb_col_text(s, 1, buf2, cap2);
+    int rc = sqlite3_step(s);
+    arl_status r = ARL_OK;
+    if (rc == SQLITE_ROW) {
+        for (int i = 0; i < (buf2 ? 2 : 1) && r == ARL_OK; i++) {
+            /* NULL from a non-NULL column: its conversion to text ran out of memory */
+            if (!sqlite3_column_text(s, i) && sqlite3_column_type(s, i) != SQLITE_NULL)
+                r = rdb_fail(&st->cat, SQLITE_NOMEM, "reading a name");
+        }
+        if (r == ARL_OK) {
+            rdb_col_text(s, 0, buf, cap);
+            if (buf2) rdb_col_text(s, 1, buf2, cap2);
+            *found = 1;
+        }
+    } else if (rc != SQLITE_DONE) {
+        r = rdb_fail(&st->cat, rc, "reading a name");
     }
     sqlite3_finalize(s);
+    return r;
 }
 
-void rcat_run_uid(replay_store *st, int64_t run_id, char *buf, size_t cap) {
-    lookup_text(st, "SELECT run_uid FROM runs WHERE run_id = ?1", run_id, buf, cap, NULL, 0);
+/* A row the catalog lacks (a store without a catalog, a shard copied from another store) is
+ * shown by its id: "run#3". */
+arl_status rcat_run_uid(replay_store *st, int64_t run_id, char *buf, size_t cap) {
+    int found;
+    ARL_TRY(lookup_text(st, "SELECT run_uid FROM runs WHERE run_id = ?1", run_id, buf, cap, NULL, 0,
+                        &found));
     if (!buf[0]) snprintf(buf, cap, "run#%lld", (long long)run_id);
+    return ARL_OK;
 }
 
-void rcat_group_uid(replay_store *st, int64_t group_id, char *buf, size_t cap) {
-    lookup_text(st, "SELECT group_uid FROM task_groups WHERE group_id = ?1", group_id, buf, cap,
-                NULL, 0);
+arl_status rcat_group_uid(replay_store *st, int64_t group_id, char *buf, size_t cap) {
+    int found;
+    ARL_TRY(lookup_text(st, "SELECT group_uid FROM task_groups WHERE group_id = ?1", group_id, buf,
+                        cap, NULL, 0, &found));
     if (!buf[0]) snprintf(buf, cap, "group#%lld", (long long)group_id);
+    return ARL_OK;
 }
 
-void rcat_env_name(replay_store *st, int64_t env_id, char *name, size_t ncap, char *version,
-                   size_t vcap) {
-    lookup_text(st, "SELECT name, version FROM envs WHERE env_id = ?1", env_id, name, ncap, version,
-                vcap);
+arl_status rcat_env_name(replay_store *st, int64_t env_id, char *name, size_t ncap, char *version,
+                         size_t vcap) {
+    int found;
+    ARL_TRY(lookup_text(st, "SELECT name, version FROM envs WHERE env_id = ?1", env_id, name, ncap,
+                        version, vcap, &found));
     if (!name[0]) snprintf(name, ncap, "env#%lld", (long long)env_id);
+    return ARL_OK;
 }
 
-void rcat_task_uid(replay_store *st, int64_t task_id, char *buf, size_t cap) {
-    lookup_text(st, "SELECT task_uid FROM tasks WHERE task_id = ?1", task_id, buf, cap, NULL, 0);
+arl_status rcat_task_uid(replay_store *st, int64_t task_id, char *buf, size_t cap) {
+    int found;
+    ARL_TRY(lookup_text(st, "SELECT task_uid FROM tasks WHERE task_id = ?1", task_id, buf, cap,
+                        NULL, 0, &found));
     if (!buf[0]) snprintf(buf, cap, "task#%lld", (long long)task_id);
+    return ARL_OK;
 }

@@ -27,6 +27,8 @@ typedef struct vctx {
     int64_t newest_version; /* max policy version in the catalog (-1 if none) */
     vrepair *rep;           /* --repair: unmasked trajectories with errors */
     size_t n_rep, cap_rep;
+    int64_t nomem; /* checks that could not run for lack of memory: not findings about the
+                    * store, but the verification is incomplete (an error, not exit 2) */
 } vctx;
 
 static void want_repair(vctx *v, int32_t shard_id, int kind, int64_t traj_id) {
@@ -97,37 +99,89 @@ static arl_status repair(vctx *v) {
     return s;
 }
 
+/* A finding; one whose cause is our own lack of memory (SQLite's "out of memory", an
+ * ARL_ERR_NOMEM message) says nothing about the store: it goes to standard error and counts in
+ * v->nomem (the command then fails) instead of being reported as damage (exit 2, --repair). */
 __attribute__((format(printf, 3, 4))) static void finding(vctx *v, int error, const char *fmt,
                                                           ...) {
+    char m[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(v->out, "%s: ", error ? "error" : "warning");
-    vfprintf(v->out, fmt, ap);
-    fputc('\n', v->out);
+    vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
+    if (strstr(m, "out of memory")) {
+        fprintf(stderr, "agentrl: replay verify: check not run: %s\n", m);
+        v->nomem++;
+        return;
+    }
+    fprintf(v->out, "%s: %s\n", error ? "error" : "warning", m);
     if (error)
         v->errors++;
     else
         v->warnings++;
 }
 
+/* an allocation failed (or a query ran out of memory): the check is not made */
+static void check_nomem(vctx *v, const char *what) {
+    fprintf(stderr, "agentrl: replay verify: check not run: %s: out of memory\n", what);
+    v->nomem++;
+}
+
+/* a check SQLite could not start for lack of memory, or of a temporary file (where SQLite's
+ * own allocation failed, it says "unable to open a temporary database file") */
+static int check_not_run(vctx *v, rdb *d, int rc, const char *what) {
+    rc &= 0xFF;
+    if (rc != SQLITE_NOMEM && rc != SQLITE_CANTOPEN) return 0;
+    fprintf(stderr, "agentrl: replay verify: check not run: %s: %s: %s\n", d->name, what,
+            sqlite3_errmsg(d->db));
+    v->nomem++;
+    return 1;
+}
+
+/* rdb_prepare for a check: out of memory counts in v->nomem (the check is then skipped, and
+ * the command fails instead of passing a store it did not check). */
+static arl_status vprep(vctx *v, rdb *d, const char *sql, sqlite3_stmt **q) {
+    arl_status s = rdb_prepare(d, sql, q);
+    if (s == ARL_ERR_NOMEM) check_nomem(v, "preparing a query");
+    return s;
+}
+
+/* sqlite3_step for a check's loop: a step that runs out of memory ends the loop like the end
+ * of the rows would, so it is counted in v->nomem. */
+static int vstep(vctx *v, sqlite3_stmt *q) {
+    int rc = sqlite3_step(q);
+    if ((rc & 0xFF) == SQLITE_NOMEM) check_nomem(v, "reading rows");
+    return rc;
+}
+
 static void integrity(vctx *v, rdb *d, int full) {
     sqlite3_stmt *q;
-    if (sqlite3_prepare_v2(d->db, full ? "PRAGMA integrity_check" : "PRAGMA quick_check", -1, &q,
-                           NULL) != SQLITE_OK) {
+    int irc = sqlite3_prepare_v2(d->db, full ? "PRAGMA integrity_check" : "PRAGMA quick_check", -1,
+                                 &q, NULL);
+    if (irc != SQLITE_OK) {
+        if (check_not_run(v, d, irc, "integrity check")) return;
         finding(v, 1, "%s: integrity check failed to run: %s", d->name, sqlite3_errmsg(d->db));
         return;
     }
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         const char *m = (const char *)sqlite3_column_text(q, 0);
-        if (m && strcmp(m, "ok")) finding(v, 1, "%s: %s", d->name, m);
+        /* a page SQLite could not read for lack of memory ("error code=7", SQLITE_NOMEM) is
+         * not damage of the file */
+        const char *e7 = m ? strstr(m, "error code=7") : NULL;
+        if (e7 && (e7[12] < '0' || e7[12] > '9'))
+            check_nomem(v, "integrity check");
+        else if (m && strcmp(m, "ok"))
+            finding(v, 1, "%s: %s", d->name, m);
     }
-    if (rc != SQLITE_DONE) finding(v, 1, "%s: integrity check: %s", d->name, sqlite3_errmsg(d->db));
+    if (rc != SQLITE_DONE && !check_not_run(v, d, rc, "integrity check"))
+        finding(v, 1, "%s: integrity check: %s", d->name, sqlite3_errmsg(d->db));
     sqlite3_finalize(q);
     const int tool = d->kind == REPLAY_FILE_TOOL;
-    if (sqlite3_prepare_v2(d->db, "PRAGMA foreign_key_check", -1, &q, NULL) == SQLITE_OK) {
-        while (sqlite3_step(q) == SQLITE_ROW) {
+    int prc = sqlite3_prepare_v2(d->db, "PRAGMA foreign_key_check", -1, &q, NULL);
+    if ((prc & 0xFF) == SQLITE_NOMEM) check_nomem(v, "foreign key check");
+    if (prc == SQLITE_OK) {
+        while (vstep(v, q) == SQLITE_ROW) {
             /* a tool file's re-scored rewards refer to trajectories of other files: below */
             if (tool && !strcmp((const char *)sqlite3_column_text(q, 0), "rewards")) continue;
             finding(v, 1, "%s: table %s row %lld refers to a missing %s row (orphan)", d->name,
@@ -143,7 +197,7 @@ static void integrity(vctx *v, rdb *d, int full) {
                                    "EXISTS (SELECT 1 FROM trajectories t WHERE t.traj_id = "
                                    "r.traj_id)",
                                    -1, &q, NULL) == SQLITE_OK) {
-        while (sqlite3_step(q) == SQLITE_ROW) {
+        while (vstep(v, q) == SQLITE_ROW) {
             const int64_t id = sqlite3_column_int64(q, 0);
             const char *src = (const char *)sqlite3_column_text(q, 1);
             replay_traj_row t;
@@ -260,7 +314,7 @@ static void check_routes(vctx *v, rdb *d, int64_t traj_id, const char *uid, cons
     int32_t l = 0;
     uint64_t k = 0;
     uint8_t dt = 0;
-    while (sqlite3_step(q) == SQLITE_ROW) {
+    while (vstep(v, q) == SQLITE_ROW) {
         int layer = sqlite3_column_int(q, 0);
         if (layer != l)
             finding(v, 1, "%s: trajectory %s segment %d: routes of MoE layer %d missing", d->name,
@@ -311,7 +365,7 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
     size_t mask_cap = 0;
     seg_row *segs = NULL;
     size_t nseg = 0;
-    while (sqlite3_step(q) == SQLITE_ROW) {
+    while (vstep(v, q) == SQLITE_ROW) {
         memset(&s, 0, sizeof s);
         s.seg_index = sqlite3_column_int(q, 4);
         rdb_col_text(q, 5, s.start_kind, sizeof s.start_kind);
@@ -359,11 +413,10 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
         /* LOSS_MASK 1-runs equal the turns' action ranges of this segment (7.4 invariant 7) */
         sqlite3_stmt *uq;
         if (mask &&
-            rdb_prepare(
-                d,
-                "SELECT step_index, act_tok_start, act_tok_end FROM turns WHERE traj_id = ?1 "
-                "AND seg_index = ?2 AND step_index > 0 ORDER BY step_index",
-                &uq) == ARL_OK) {
+            vprep(v, d,
+                  "SELECT step_index, act_tok_start, act_tok_end FROM turns WHERE traj_id = ?1 "
+                  "AND seg_index = ?2 AND step_index > 0 ORDER BY step_index",
+                  &uq) == ARL_OK) {
             sqlite3_bind_int64(uq, 1, t.traj_id);
             sqlite3_bind_int(uq, 2, s.seg_index);
             uint8_t *want = calloc((size_t)s.n_tokens, 1);
@@ -426,12 +479,12 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
                 (long long)vmax);
     /* turns: every turn in a committed segment; n_turns */
     int64_t n_turns = 0, orphan_turns = 0;
-    if (rdb_prepare(d,
-                    "SELECT count(*) FILTER (WHERE step_index > 0), count(*) FILTER (WHERE "
-                    "seg_index NOT IN "
-                    "(SELECT seg_index FROM segments s WHERE s.traj_id = ?1)) FROM turns WHERE "
-                    "traj_id = ?1",
-                    &q) == ARL_OK) {
+    if (vprep(v, d,
+              "SELECT count(*) FILTER (WHERE step_index > 0), count(*) FILTER (WHERE "
+              "seg_index NOT IN "
+              "(SELECT seg_index FROM segments s WHERE s.traj_id = ?1)) FROM turns WHERE "
+              "traj_id = ?1",
+              &q) == ARL_OK) {
         sqlite3_bind_int64(q, 1, t.traj_id);
         if (sqlite3_step(q) == SQLITE_ROW) {
             n_turns = sqlite3_column_int64(q, 0);
@@ -447,8 +500,8 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
                 (long long)orphan_turns);
     /* status invariants (4-6) */
     int64_t outcome_rows = 0, derived_ok = 0;
-    if (rdb_prepare(
-            d,
+    if (vprep(
+            v, d,
             "SELECT count(*), count(*) FILTER (WHERE component = '@derived' AND value IS NOT NULL) "
             "FROM rewards WHERE traj_id = ?1 AND level = 'outcome'",
             &q) == ARL_OK) {
@@ -487,10 +540,9 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
             int ok = 0;
             char what[64] = "absent";
             if (states &&
-                rdb_prepare(
-                    states,
-                    "SELECT traj_uid, seg_index, kind, status FROM states WHERE state_id = ?1",
-                    &sq) == ARL_OK) {
+                vprep(v, states,
+                      "SELECT traj_uid, seg_index, kind, status FROM states WHERE state_id = ?1",
+                      &sq) == ARL_OK) {
                 sqlite3_bind_int64(sq, 1, ids[k]);
                 if (sqlite3_step(sq) == SQLITE_ROW) {
                     const char *su = (const char *)sqlite3_column_text(sq, 0);
@@ -519,14 +571,13 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
     }
     free(segs);
     /* raw I/O: reconstructed bodies hash to response_sha256; action_json = request's action */
-    if (rdb_prepare(
-            d,
-            "SELECT c.call_seq, c.response_body, c.response_sha256, c.request_body, c.endpoint "
-            "FROM "
-            "env_calls c WHERE c.traj_id = ?1 AND c.response_complete = 1 ORDER BY c.call_seq",
-            &q) == ARL_OK) {
+    if (vprep(v, d,
+              "SELECT c.call_seq, c.response_body, c.response_sha256, c.request_body, c.endpoint "
+              "FROM "
+              "env_calls c WHERE c.traj_id = ?1 AND c.response_complete = 1 ORDER BY c.call_seq",
+              &q) == ARL_OK) {
         sqlite3_bind_int64(q, 1, t.traj_id);
-        while (sqlite3_step(q) == SQLITE_ROW) {
+        while (vstep(v, q) == SQLITE_ROW) {
             int64_t seq = sqlite3_column_int64(q, 0);
             const void *b = sqlite3_column_blob(q, 1);
             size_t n = (size_t)sqlite3_column_bytes(q, 1);
@@ -534,8 +585,8 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
             rimage_ref refs[64];
             uint8_t *copies[64];
             size_t nr = 0;
-            if (rdb_prepare(
-                    d,
+            if (vprep(
+                    v, d,
                     "SELECT r.body_offset, i.png, i.sha256 FROM image_refs r JOIN images i ON "
                     "i.image_id "
                     "= r.image_id WHERE r.traj_id = ?1 AND r.call_seq = ?2 ORDER BY r.body_offset",
@@ -580,20 +631,26 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
         }
         sqlite3_finalize(q);
     }
-    if (rdb_prepare(
-            d,
-            "SELECT u.step_index, u.action_json, c.request_body FROM turns u JOIN env_calls c ON "
-            "c.traj_id = u.traj_id AND c.call_seq = u.call_seq WHERE u.traj_id = ?1 AND "
-            "u.step_index > 0 AND u.action_json IS NOT NULL AND c.endpoint = 'step'",
-            &q) == ARL_OK) {
+    if (vprep(v, d,
+              "SELECT u.step_index, u.action_json, c.request_body FROM turns u JOIN env_calls c ON "
+              "c.traj_id = u.traj_id AND c.call_seq = u.call_seq WHERE u.traj_id = ?1 AND "
+              "u.step_index > 0 AND u.action_json IS NOT NULL AND c.endpoint = 'step'",
+              &q) == ARL_OK) {
         sqlite3_bind_int64(q, 1, t.traj_id);
-        while (sqlite3_step(q) == SQLITE_ROW) {
-            json_t *a = json_loads((const char *)sqlite3_column_text(q, 1), 0, NULL);
+        while (vstep(v, q) == SQLITE_ROW) {
+            json_error_t ea, er;
+            const char *at = (const char *)sqlite3_column_text(q, 1);
+            json_t *a = at ? json_loads(at, 0, &ea) : NULL;
             json_t *r = sqlite3_column_blob(q, 2)
                             ? json_loadb(sqlite3_column_blob(q, 2),
-                                         (size_t)sqlite3_column_bytes(q, 2), 0, NULL)
+                                         (size_t)sqlite3_column_bytes(q, 2), 0, &er)
                             : NULL;
-            if (!json_equal(a, json_object_get(r, "action")))
+            /* jansson leaves the message empty where an allocation fails */
+            if (!at || (!a && (json_error_code(&ea) == json_error_out_of_memory || !ea.text[0])) ||
+                (sqlite3_column_blob(q, 2) && !r &&
+                 (json_error_code(&er) == json_error_out_of_memory || !er.text[0])))
+                check_nomem(v, "comparing action_json with the stored request");
+            else if (!json_equal(a, json_object_get(r, "action")))
                 finding(
                     v, 1,
                     "%s: trajectory %s step %d: action_json differs from the action in the stored "
@@ -617,7 +674,7 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
             int64_t one;
             int found = 0;
             sqlite3_stmt *cq;
-            if (rdb_prepare(&v->st->cat, refs[i].sql, &cq) != ARL_OK) continue;
+            if (vprep(v, &v->st->cat, refs[i].sql, &cq) != ARL_OK) continue;
             sqlite3_bind_int64(cq, 1, refs[i].id);
             found = sqlite3_step(cq) == SQLITE_ROW;
             sqlite3_finalize(cq);
@@ -628,9 +685,9 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
         }
         /* its group's task and size: a group's members are samples of one task, slots 0..G-1 */
         sqlite3_stmt *gq;
-        if (rdb_prepare(&v->st->cat,
-                        "SELECT group_uid, task_id, size FROM task_groups WHERE group_id = ?1",
-                        &gq) == ARL_OK) {
+        if (vprep(v, &v->st->cat,
+                  "SELECT group_uid, task_id, size FROM task_groups WHERE group_id = ?1",
+                  &gq) == ARL_OK) {
             sqlite3_bind_int64(gq, 1, t.group_id);
             if (sqlite3_step(gq) == SQLITE_ROW) {
                 const char *g = (const char *)sqlite3_column_text(gq, 0);
@@ -647,9 +704,9 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
             sqlite3_finalize(gq);
         }
         sqlite3_stmt *mq;
-        if (rdb_prepare(&v->st->cat,
-                        "SELECT status, traj_id, shard_id FROM group_members WHERE traj_uid = ?1",
-                        &mq) == ARL_OK) {
+        if (vprep(v, &v->st->cat,
+                  "SELECT status, traj_id, shard_id FROM group_members WHERE traj_uid = ?1",
+                  &mq) == ARL_OK) {
             sqlite3_bind_text(mq, 1, uid, -1, SQLITE_STATIC);
             if (sqlite3_step(mq) == SQLITE_ROW) {
                 const char *ms = (const char *)sqlite3_column_text(mq, 0);
@@ -688,7 +745,7 @@ static void check_states_file(vctx *v, rdb *s, rdb *w) {
         finding(v, 1, "%s: %s", s->name, arl_error_msg());
         return;
     }
-    while (sqlite3_step(q) == SQLITE_ROW) {
+    while (vstep(v, q) == SQLITE_ROW) {
         const char *tensor = (const char *)sqlite3_column_text(q, 2);
         arl_blob_expect ex = {.kind = !strcmp(tensor, "S")      ? ARL_BLOB_KDA_STATE
                                       : !strcmp(tensor, "conv") ? ARL_BLOB_CONV_TAIL
@@ -702,41 +759,45 @@ static void check_states_file(vctx *v, rdb *s, rdb *w) {
     }
     sqlite3_finalize(q);
     /* latent rows of an mla_segment state cover its tokens, per layer */
-    if (rdb_prepare(s,
-                    "SELECT st.state_id, c.layer, st.n_tokens FROM states st JOIN state_chunks c "
-                    "ON c.state_id = "
-                    "st.state_id WHERE st.kind = 'mla_segment' AND st.status = 'complete' GROUP BY "
-                    "st.state_id, "
-                    "c.layer",
-                    &q) == ARL_OK) {
+    if (vprep(v, s,
+              "SELECT st.state_id, c.layer, st.n_tokens FROM states st JOIN state_chunks c "
+              "ON c.state_id = "
+              "st.state_id WHERE st.kind = 'mla_segment' AND st.status = 'complete' GROUP BY "
+              "st.state_id, "
+              "c.layer",
+              &q) == ARL_OK) {
         sqlite3_finalize(q);
     }
     /* orphans: complete states no segment refers to (collected by GC, section 7.6); in a tool
      * file a re-score's states (producer 'tool') are referenced by its rescores rows of the
      * same trajectory and segment instead */
-    if (w &&
-        rdb_prepare(s,
-                    "SELECT state_id, traj_uid, seg_index, status, producer FROM states WHERE "
-                    "status != 'evicted'",
-                    &q) == ARL_OK) {
+    if (w && vprep(v, s,
+                   "SELECT state_id, traj_uid, seg_index, status, producer FROM states WHERE "
+                   "status != 'evicted'",
+                   &q) == ARL_OK) {
         sqlite3_stmt *rq = NULL, *tq = NULL;
-        rdb_prepare(
-            w, "SELECT 1 FROM segments WHERE end_state_id = ?1 OR latent_state_id = ?1 LIMIT 1",
-            &rq);
+        vprep(v, w,
+              "SELECT 1 FROM segments WHERE end_state_id = ?1 OR latent_state_id = ?1 LIMIT 1",
+              &rq);
         if (w->kind == REPLAY_FILE_TOOL)
-            rdb_prepare(w, "SELECT 1 FROM rescores WHERE traj_uid = ?1 AND seg_index = ?2 LIMIT 1",
-                        &tq);
-        while (rq && sqlite3_step(q) == SQLITE_ROW) {
+            vprep(v, w, "SELECT 1 FROM rescores WHERE traj_uid = ?1 AND seg_index = ?2 LIMIT 1",
+                  &tq);
+        while (rq && vstep(v, q) == SQLITE_ROW) {
             sqlite3_reset(rq);
             sqlite3_bind_int64(rq, 1, sqlite3_column_int64(q, 0));
-            int ref = sqlite3_step(rq) == SQLITE_ROW;
-            if (!ref && tq && !strcmp((const char *)sqlite3_column_text(q, 4), "tool")) {
+            int rc = vstep(v, rq), ref = rc == SQLITE_ROW;
+            const char *prod = (const char *)sqlite3_column_text(q, 4);
+            if (rc == SQLITE_ROW || rc == SQLITE_DONE) rc = 0;
+            if (!rc && !ref && tq && prod && !strcmp(prod, "tool")) {
                 sqlite3_reset(tq);
                 sqlite3_bind_text(tq, 1, (const char *)sqlite3_column_text(q, 1), -1,
                                   SQLITE_TRANSIENT);
                 sqlite3_bind_int(tq, 2, sqlite3_column_int(q, 2));
-                ref = sqlite3_step(tq) == SQLITE_ROW;
+                rc = vstep(v, tq);
+                ref = rc == SQLITE_ROW;
+                if (rc == SQLITE_ROW || rc == SQLITE_DONE) rc = 0;
             }
+            if (rc) continue; /* the look-up failed (counted): no orphan claimed */
             if (!ref)
                 finding(v, 0,
                         "%s: state %lld (%s segment %d, %s) is referenced by no segment (orphan, "
@@ -884,33 +945,33 @@ void replay_shards_warn_unreadable(replay_store *st, FILE *err) {
 static void check_ledger(vctx *v) {
     rdb *c = &v->st->cat;
     sqlite3_stmt *q;
-    if (rdb_prepare(c,
-                    "SELECT g.group_id, count(*) FROM update_groups g JOIN updates u ON u.run_id = "
-                    "g.run_id AND "
-                    "u.update_n = g.update_n WHERE u.status = 'committed' GROUP BY g.group_id "
-                    "HAVING count(*) > 1",
-                    &q) == ARL_OK) {
-        while (sqlite3_step(q) == SQLITE_ROW)
+    if (vprep(v, c,
+              "SELECT g.group_id, count(*) FROM update_groups g JOIN updates u ON u.run_id = "
+              "g.run_id AND "
+              "u.update_n = g.update_n WHERE u.status = 'committed' GROUP BY g.group_id "
+              "HAVING count(*) > 1",
+              &q) == ARL_OK) {
+        while (vstep(v, q) == SQLITE_ROW)
             finding(v, 1, "catalog.sqlite: group %lld is in %d committed updates",
                     (long long)sqlite3_column_int64(q, 0), sqlite3_column_int(q, 1));
         sqlite3_finalize(q);
     }
-    if (rdb_prepare(c,
-                    "SELECT group_id FROM task_groups t WHERE status = 'consumed' AND (SELECT "
-                    "count(*) FROM "
-                    "update_groups g JOIN updates u ON u.run_id = g.run_id AND u.update_n = "
-                    "g.update_n WHERE "
-                    "g.group_id = t.group_id AND u.status = 'committed') != 1",
-                    &q) == ARL_OK) {
-        while (sqlite3_step(q) == SQLITE_ROW)
+    if (vprep(v, c,
+              "SELECT group_id FROM task_groups t WHERE status = 'consumed' AND (SELECT "
+              "count(*) FROM "
+              "update_groups g JOIN updates u ON u.run_id = g.run_id AND u.update_n = "
+              "g.update_n WHERE "
+              "g.group_id = t.group_id AND u.status = 'committed') != 1",
+              &q) == ARL_OK) {
+        while (vstep(v, q) == SQLITE_ROW)
             finding(v, 1,
                     "catalog.sqlite: consumed group %lld is not in exactly one committed update",
                     (long long)sqlite3_column_int64(q, 0));
         sqlite3_finalize(q);
     }
     /* registered shards without files */
-    if (rdb_prepare(c, "SELECT shard_id, file_name FROM shards ORDER BY shard_id", &q) == ARL_OK) {
-        while (sqlite3_step(q) == SQLITE_ROW) {
+    if (vprep(v, c, "SELECT shard_id, file_name FROM shards ORDER BY shard_id", &q) == ARL_OK) {
+        while (vstep(v, q) == SQLITE_ROW) {
             char *p = rstore_join(v->st->dir, (const char *)sqlite3_column_text(q, 1));
             if (p && rstore_file_missing(p))
                 lost_shard(v, sqlite3_column_int(q, 0), (const char *)sqlite3_column_text(q, 1),
@@ -936,8 +997,8 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
             !found)
             v.newest_version = -1;
         sqlite3_stmt *q;
-        if (rdb_prepare(&st->cat, "SELECT count(*), max(version) IS NULL FROM policy_versions",
-                        &q) == ARL_OK) {
+        if (vprep(&v, &st->cat, "SELECT count(*), max(version) IS NULL FROM policy_versions", &q) ==
+            ARL_OK) {
             if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_int(q, 1)) v.newest_version = -1;
             sqlite3_finalize(q);
         }
@@ -987,11 +1048,11 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
                 finding(&v, 1, "%s: reading trajectories: %s", sh->file, sqlite3_errmsg(d->db));
             sqlite3_finalize(q);
             /* images no reference uses */
-            if (rdb_prepare(d,
-                            "SELECT count(*) FROM images i WHERE NOT EXISTS (SELECT 1 FROM "
-                            "image_refs r WHERE "
-                            "r.image_id = i.image_id)",
-                            &q) == ARL_OK) {
+            if (vprep(&v, d,
+                      "SELECT count(*) FROM images i WHERE NOT EXISTS (SELECT 1 FROM "
+                      "image_refs r WHERE "
+                      "r.image_id = i.image_id)",
+                      &q) == ARL_OK) {
                 if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_int64(q, 0))
                     finding(&v, 0, "%s: %lld images are referenced by no body (orphans)", sh->file,
                             (long long)sqlite3_column_int64(q, 0));
@@ -1005,12 +1066,12 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
                                                    ARL_BLOB_IS_WEIGHTS, ARL_BLOB_TOKEN_FLAGS,
                                                    ARL_BLOB_ADVANTAGES};
             sqlite3_stmt *q;
-            if (rdb_prepare(
-                    d,
+            if (vprep(
+                    &v, d,
                     "SELECT traj_uid, seg_index, update_n, old_logprobs, ref_logprobs, is_weights, "
                     "token_flags, advantages FROM learner_records",
                     &q) == ARL_OK) {
-                while (sqlite3_step(q) == SQLITE_ROW) {
+                while (vstep(&v, q) == SQLITE_ROW) {
                     const char *uid = (const char *)sqlite3_column_text(q, 0);
                     int seg = sqlite3_column_int(q, 1);
                     replay_traj_row t;
@@ -1053,7 +1114,12 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
     if (n_errors) *n_errors = v.errors;
     if (n_warnings) *n_warnings = v.warnings;
     arl_status rs = ARL_OK;
-    if (o && o->repair) {
+    if (v.nomem) /* never a repair after an incomplete check */
+        rs = arl_errorf(ARL_ERR_NOMEM,
+                        "replay: %s: %lld checks could not run (out of memory, or no temporary "
+                        "file): the verification is incomplete, run it again",
+                        st->root, (long long)v.nomem);
+    else if (o && o->repair) {
         if (!st->cat.db || st->cat.readonly)
             rs = arl_errorf(ARL_ERR_STATE,
                             "replay: %s: --repair needs a store root with a writable catalog",

@@ -13,7 +13,10 @@
 int bench_options_parse(const char *who, const char *summary, const arl_option *tab, size_t n,
                         int argc, char **argv, void *o) {
     int help = 0;
-    arl_options_defaults(tab, n, o);
+    if (arl_options_defaults(tab, n, o) != ARL_OK) {
+        fprintf(stderr, "%s: %s\n", who, arl_error_msg());
+        return 2;
+    }
     if (arl_options_parse_argv(tab, n, argc - 1, argv + 1, o, &help) != ARL_OK) {
         fprintf(stderr, "%s: %s\n", who, arl_error_msg());
         return 2;

@@ -28,9 +28,11 @@ arl_status arl_bi_instance_open(const char *info_json, const json_t *config, voi
     }
     json_error_t jerr;
     json_t *info = json_loads(info_json, 0, &jerr);
-    if (!info)
-        return arl_errorf(ARL_ERR_INTERNAL, "built-in info_json: line %d: %s", jerr.line,
-                          jerr.text);
+    if (!info) /* jansson leaves the message empty where an allocation fails */
+        return json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0]
+                   ? arl_errorf(ARL_ERR_NOMEM, "built-in environment: out of memory")
+                   : arl_errorf(ARL_ERR_INTERNAL, "built-in info_json: line %d: %s", jerr.line,
+                                jerr.text);
     json_t *tools = json_object_get(info, "tools");
     if (!json_is_array(tools)) {
         json_decref(info);

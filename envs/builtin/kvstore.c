@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "core/rng.h"
 #include "envs/builtin/builtin.h"
 
@@ -398,7 +399,7 @@ static arl_status kv_reset(void *inst, const arl_env_reset_req *req, void **stat
 }
 
 static uint64_t kv_call_hash(const arl_env_tool_call *c) {
-    char *a = json_dumps(c->arguments, JSON_COMPACT | JSON_SORT_KEYS);
+    char *a = arl_json_dumps(c->arguments, JSON_COMPACT | JSON_SORT_KEYS);
     uint64_t h = arl_bi_hash(c->name, strlen(c->name) + 1, 0);
     if (a) h = arl_bi_hash(a, strlen(a), h);
     free(a);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "envs/builtin/builtin.h"
 #include "envs/builtin/teacher.h"
 
@@ -70,7 +71,7 @@ static const char *role_name(arl_env_role r) {
 static json_t *calls_to_openai(const arl_env_tool_call *calls, int32_t n) {
     json_t *a = json_array();
     for (int32_t i = 0; a && i < n; i++) {
-        char *args = json_dumps(calls[i].arguments, JSON_COMPACT);
+        char *args = arl_json_dumps(calls[i].arguments, JSON_COMPACT);
         json_t *c =
             args ? json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", calls[i].id, "type", "function",
                              "function", "name", calls[i].name, "arguments", args)
@@ -89,7 +90,8 @@ arl_status arl_env_obs_to_openai(const arl_env_observation *obs, json_t *msgs) {
         const arl_env_message *m = &obs->messages[i];
         json_t *o = json_object();
         if (!o || json_array_append_new(msgs, o)) return nomem();
-        json_object_set_new(o, "role", json_string(role_name(m->role)));
+        int bad = 0; /* a key left out (out of memory) */
+        bad |= json_object_set_new(o, "role", json_string(role_name(m->role)));
         if (m->content_is_parts) {
             json_t *parts = json_array();
             for (int32_t k = 0; k < m->n_parts; k++) {
@@ -114,21 +116,23 @@ arl_status arl_env_obs_to_openai(const arl_env_observation *obs, json_t *msgs) {
                     return nomem();
                 }
             }
-            json_object_set_new(o, "content", parts);
+            bad |= json_object_set_new(o, "content", parts);
         } else {
-            json_object_set_new(o, "content", json_string(m->content ? m->content : ""));
+            bad |= json_object_set_new(o, "content", json_string(m->content ? m->content : ""));
         }
         if (m->role == ARL_ENV_ROLE_ASSISTANT && m->n_tool_calls > 0)
-            json_object_set_new(o, "tool_calls", calls_to_openai(m->tool_calls, m->n_tool_calls));
+            bad |= json_object_set_new(o, "tool_calls",
+                                       calls_to_openai(m->tool_calls, m->n_tool_calls));
         if (m->role == ARL_ENV_ROLE_TOOL) {
-            json_object_set_new(o, "tool_call_id",
-                                json_string(m->tool_call_id ? m->tool_call_id : ""));
+            bad |= json_object_set_new(o, "tool_call_id",
+                                       json_string(m->tool_call_id ? m->tool_call_id : ""));
             if (m->is_error) {
-                json_object_set_new(o, "is_error", json_true());
-                json_object_set_new(o, "error_code",
-                                    json_string(m->error_code ? m->error_code : ""));
+                bad |= json_object_set_new(o, "is_error", json_true());
+                bad |= json_object_set_new(o, "error_code",
+                                           json_string(m->error_code ? m->error_code : ""));
             }
         }
+        if (bad) return nomem();
     }
     return ARL_OK;
 }
@@ -168,6 +172,7 @@ static void episode_close(episode *e) {
 
 static arl_status limits_max_steps(const arl_env_def *def, int64_t *out) {
     json_t *info = json_loads(def->info_json, 0, NULL);
+    if (!info) return nomem(); /* a built-in's info_json is valid: only out of memory */
     json_t *v = json_object_get(json_object_get(info, "limits"), "max_steps");
     *out = json_is_integer(v) ? json_integer_value(v) : 1000;
     json_decref(info);
@@ -184,8 +189,8 @@ static arl_status episode_open(episode *e, const char *env_name, const arl_env_t
                           "teacher (calculator, needle, kvstore, shapes)",
                           env_name ? env_name : "");
     const arl_env_ops *ops = e->b->def->ops;
-    int64_t limit;
-    limits_max_steps(e->b->def, &limit);
+    int64_t limit = 0;
+    ARL_TRY(limits_max_steps(e->b->def, &limit));
     e->max_steps = limit;
     if (options && !json_is_object(options))
         return arl_errorf(ARL_ERR_ARG, "options: expected a JSON object");
@@ -324,7 +329,7 @@ arl_status arl_env_demos_write(const char *env_name, int64_t n_episodes, uint64_
         st.episodes++;
         st.steps += json_integer_value(json_object_get(json_object_get(conv, "meta"), "steps"));
         if (outcome >= 1.0) {
-            char *line = json_dumps(conv, JSON_COMPACT);
+            char *line = arl_json_dumps(conv, JSON_COMPACT);
             if (!line) {
                 s = nomem();
             } else {
