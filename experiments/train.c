@@ -1904,6 +1904,17 @@ static arl_status resume_load(tr_run *r, int64_t *start, arl_train_result *res) 
     return s;
 }
 
+/* Whether OUT holds what a run makes before its first training checkpoint (rank 0, fresh runs:
+ * these would be taken up as this run's; *what names the first found). */
+static int holds_run_outputs(const tr_run *r, char *what, size_t cap) {
+    static const char *const made[] = {"reference", "sft", "replay"};
+    for (size_t i = 0; i < sizeof made / sizeof made[0]; i++) {
+        pathf(what, cap, r, "%s", made[i]);
+        if (path_exists(what)) return 1;
+    }
+    return 0;
+}
+
 /* --resume: the settings of the run in the directory (its experiment.json) are this run's, as
  * far as they are hashed into the run hash: a run interrupted before its first training
  * checkpoint has no other record of them, and its stores, reference and SFT stage were made
@@ -1930,6 +1941,24 @@ static arl_status snapshot_check(tr_run *r) {
     char text[1600];
     const int n = arl_run_config_diff(canon, r->run_canon, text, sizeof text);
     free(canon);
+    /* a run that stopped before it saved anything but its settings (a set-up failure: no
+     * reference, stores or checkpoints) has nothing they bind: it starts with these, and
+     * snapshot_write replaces them */
+    char what[4200];
+    int64_t st1 = -1, st2 = -1;
+    char p1[4200], p2[4200];
+    pathf(p1, sizeof p1, r, "checkpoints");
+    pathf(p2, sizeof p2, r, "sft/checkpoints");
+    s = any_checkpoint(p1, &st1);
+    if (!s) s = any_checkpoint(p2, &st2);
+    if (s) return s;
+    if (st1 < 0 && st2 < 0 && !holds_run_outputs(r, what, sizeof what)) {
+        say(r,
+            "train: --resume: the run in %s saved nothing but its settings; it starts with "
+            "the settings as now (as saved -> as now: %s)",
+            r->out, n > 0 ? text : "(the resolved configurations differ)");
+        return ARL_OK;
+    }
     return arl_errorf(ARL_ERR_STATE,
                       "train: %s: the run in %s has other settings (as saved -> as now): %s; "
                       "--resume needs the same settings: restore them, or start a new run in "
@@ -1945,17 +1974,6 @@ static arl_status snapshot_write(tr_run *r) {
     const arl_status s = j ? write_text(p, j) : arl_errorf(ARL_ERR_NOMEM, "out of memory");
     free(j);
     return s;
-}
-
-/* Whether OUT holds what a run makes before its first training checkpoint (rank 0, fresh runs:
- * these would be taken up as this run's; *what names the first found). */
-static int holds_run_outputs(const tr_run *r, char *what, size_t cap) {
-    static const char *const made[] = {"reference", "sft", "replay"};
-    for (size_t i = 0; i < sizeof made / sizeof made[0]; i++) {
-        pathf(what, cap, r, "%s", made[i]);
-        if (path_exists(what)) return 1;
-    }
-    return 0;
 }
 
 /* rank 0, before the output directory is made: out must not lie inside another run's output

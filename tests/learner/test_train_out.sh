@@ -4,6 +4,8 @@
 # (one holding run.lock), as a usage error (exit 2) naming both, before it writes anything; a
 # new directory beside a run is taken.  (Before, a run inside another's replay/ or checkpoints/
 # mixed its files with that run's: `replay list OUT/replay` then counted the nested run's stores.)
+# The --resume of a run that failed at set-up, before it saved anything but experiment.json, may
+# change its settings (it refused them, so a setting that made the run fail could not be mended).
 set -u
 bin="${ARL_BIN:?ARL_BIN is not set}"
 src="${ARL_SOURCE_DIR:-.}"
@@ -37,5 +39,17 @@ refuse "$tmp/a/replay" "inside the output directory of another run, $tmp/a"
 "$bin" train "$exp" $small --set "out=$tmp/b" > "$tmp/log4" 2>&1 || { tail -3 "$tmp/log4"; fail "out beside a run refused"; }
 # shellcheck disable=SC2086
 "$bin" train "$exp" $small --set "out=$tmp/a" --resume > "$tmp/log5" 2>&1 || { tail -3 "$tmp/log5"; fail "the run's own resume refused"; }
+# a run that failed at set-up saved nothing but its settings: its --resume may change them (a
+# fixed setting), and the settings saved are the new ones; a run that saved more keeps its own
+# shellcheck disable=SC2086
+"$bin" train "$exp" $small --set "out=$tmp/c" --set "init=$tmp/none" > "$tmp/log6" 2>&1 && fail "a missing init was taken"
+[ -e "$tmp/c/experiment.json" ] && [ ! -e "$tmp/c/reference" ] || fail "the failed set-up left other files than expected: $(ls "$tmp/c")"
+# shellcheck disable=SC2086
+"$bin" train "$exp" $small --set "out=$tmp/c" --set rollout.temperature=0.5 --resume > "$tmp/log7" 2>&1 || { tail -3 "$tmp/log7"; fail "the resume of a run that saved nothing refused a changed setting"; }
+grep -qF "saved nothing but its settings; it starts with the settings as now (as saved -> as now: rollout.temperature 1 -> 0.5)" "$tmp/log7" || { grep "resume" "$tmp/log7"; fail "the resume did not say it takes the new settings"; }
+grep -q '"temperature": 0.5' "$tmp/c/experiment.json" || fail "experiment.json keeps the old settings"
+# shellcheck disable=SC2086
+"$bin" train "$exp" $small --set "out=$tmp/c" --resume > "$tmp/log8" 2>&1 && fail "a resume with other settings than a run with stores was taken"
+grep -qF "has other settings (as saved -> as now): rollout.temperature 0.5 -> 1" "$tmp/log8" || { tail -3 "$tmp/log8"; fail "no settings refusal"; }
 rm -rf "$tmp"
 echo "ok"
