@@ -40,6 +40,10 @@ void cli_print_resolved(const char *title, const arl_option *tab, size_t n, cons
  * ARL_EXIT_USAGE for ARL_ERR_ARG, else ARL_EXIT_FAIL. */
 int cli_fail(arl_status s);
 
+/* A process of an MPI job of world ranks (world > 1): cli_fail's line names its rank,
+ * "agentrl: error: rank R: ...", so that its own error stands out among the job's lines. */
+void cli_fail_rank(int rank, int world);
+
 /* ARL_OK when dir (the value of option opt, "--ckpt") is a directory, else an error that names
  * the option and says what a checkpoint is: before a config path is taken for a checkpoint.
  * Missing and not a directory are both ARL_ERR_NOT_FOUND (exit 1), as every command treats an

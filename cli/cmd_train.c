@@ -76,6 +76,7 @@ int cmd_train(int argc, char **argv) {
     arl_train_result res = {0};
     if (!s) {
         const int rank0 = d->layout.world_rank == 0;
+        cli_fail_rank(d->layout.world_rank, d->layout.world_size);
         if (rank0 && d->layout.world_size > 1) cli_note_launcher("mpirun");
         if (rank0) cli_note_on_interrupt("train", argc, argv, "--resume", NULL);
         s = arl_train_run(&cfg, o.resume, d, rank0 ? cli_progress() : NULL, &res);

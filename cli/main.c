@@ -103,9 +103,17 @@ void cli_say(const char *fmt, ...) {
     va_end(ap);
 }
 
+static int g_fail_rank = -1; /* cli_fail_rank's rank; -1: a process on its own */
+
+void cli_fail_rank(int rank, int world) {
+    g_fail_rank = world > 1 ? rank : -1;
+}
+
 int cli_fail(arl_status s) {
     const char *m = arl_error_msg();
-    fprintf(stderr, "agentrl: error: %s\n", m && *m ? m : arl_status_str(s));
+    char who[32] = "";
+    if (g_fail_rank >= 0) snprintf(who, sizeof who, "rank %d: ", g_fail_rank);
+    fprintf(stderr, "agentrl: error: %s%s\n", who, m && *m ? m : arl_status_str(s));
     return s == ARL_ERR_ARG ? ARL_EXIT_USAGE : ARL_EXIT_FAIL;
 }
 

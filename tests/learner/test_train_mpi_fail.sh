@@ -2,7 +2,7 @@
 # tests/learner/test_train_mpi_fail.sh MPIEXEC: `mpirun -np 3 agentrl train` (learners 0 and 1,
 # rollout rank 2) where learner 1 alone cannot open the update's store (it sees its own empty
 # OUT/replay, as a rank on a node without the shared file system would): the job ends within
-# seconds, naming the store and the rank that failed (it waited for ever: learner 1 in the
+# seconds, naming the store and the rank that failed, in its own line too (it waited for ever: learner 1 in the
 # driver's status exchange, learner 0 in the update's all-reduce).  Needs mpirun, unshare and
 # mount (root): exits 77 (skipped) without them.
 set -u
@@ -28,7 +28,7 @@ timeout 120 "$mpiexec" --oversubscribe --bind-to none --mca mpi_yield_when_idle 
 rc=$?
 [ "$rc" -eq 124 ] && { tail -20 "$tmp/log"; fail "the job hung (killed after 120 s)"; }
 [ "$rc" -ne 0 ] || fail "the job succeeded"
-grep -q "replay/u000000/r0: no such store" "$tmp/log" || { tail -20 "$tmp/log"; fail "learner 1's error is not in the log"; }
+grep -q "^agentrl: error: rank 1: .*replay/u000000/r0: no such store" "$tmp/log" || { tail -20 "$tmp/log"; fail "learner 1's error (naming its rank) is not in the log"; }
 grep -q "train: rank 1 failed (see its message)" "$tmp/log" || { tail -20 "$tmp/log"; fail "the other ranks do not name rank 1"; }
 rm -rf "$tmp"
 echo "ok"
