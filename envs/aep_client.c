@@ -356,6 +356,16 @@ static int64_t retry_delay(arl_env_session *s, const arl_env_error *e) {
     return delay;
 }
 
+/* A retry's delay for a log line: "150 ms" under a second ("0.1 s" said less and 0 ms read as
+ * "0.0 s"), "2.5 s" from a second on. */
+static const char *delay_str(char *buf, size_t cap, int64_t ms) {
+    if (ms < 1000)
+        snprintf(buf, cap, "%lld ms", (long long)ms);
+    else
+        snprintf(buf, cap, "%.1f s", 1e-3 * (double)ms);
+    return buf;
+}
+
 /* A session call's retry on a remote environment is said (a server that died mid-run was
  * retried for tens of seconds in silence before its trajectories were masked), but at most one
  * line every cfg.retry_say_ms per client: with a dead server every session of a worker retries
@@ -376,11 +386,12 @@ static void retry_say(arl_env_session *s, const arl_env_error *e, int64_t delay)
     if (c->retries_unsaid > 0)
         snprintf(more, sizeof more, "; %lld more retr%s of this worker's calls since the last note",
                  (long long)c->retries_unsaid, c->retries_unsaid == 1 ? "y" : "ies");
-    arl_log_warn("env: %s %s: %s%s%s (attempt %d); retrying in %.1f s%s (retries are said at "
+    char in[32];
+    arl_log_warn("env: %s %s: %s%s%s (attempt %d); retrying in %s%s (retries are said at "
                  "most every %.0f s)",
                  (unsigned)r->ep < sizeof method / sizeof *method ? method[r->ep] : "?",
                  r->url ? r->url : "?", e->code_str, e->message[0] ? ": " : "", e->message,
-                 r->attempts, 1e-3 * (double)delay, more, 1e-3 * (double)every);
+                 r->attempts, delay_str(in, sizeof in, delay), more, 1e-3 * (double)every);
     c->retry_said_ms = now;
     c->retries_unsaid = 0;
 }
@@ -431,13 +442,14 @@ static void attempt_done(arl_env_session *s, int transport, CURLcode cc, int htt
     /* a queue retry of /info or /health (the control session: env open, env check; 503
      * CAPACITY_REACHED or DRAINING, up to the queue budget) is said, so that a server busy for
      * minutes does not look like a hang; a session call's retries are said by retry_say */
+    char in[32];
     if (s->env && s == s->env->ctl &&
         (e.code == ARL_ENV_E_CAPACITY_REACHED || e.code == ARL_ENV_E_DRAINING))
-        arl_log_warn("env %s: %s answered %s%s%s (attempt %d); retrying in %.1f s (%.0f s of the "
+        arl_log_warn("env %s: %s answered %s%s%s (attempt %d); retrying in %s (%.0f s of the "
                      "%.0f s queue budget spent)",
                      s->env->base, r->ep == ARL_ENV_EP_INFO ? "GET /info" : "GET /health",
                      e.code_str, e.message[0] ? ": " : "", e.message, r->attempts,
-                     1e-3 * (double)delay, 1e-3 * (double)r->queued_ms,
+                     delay_str(in, sizeof in, delay), 1e-3 * (double)r->queued_ms,
                      1e-3 * (double)s->client->cfg.queue_budget_ms);
     else if (s->env && s->env->remote && s != s->env->ctl)
         retry_say(s, &e, delay);

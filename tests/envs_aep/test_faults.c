@@ -529,6 +529,13 @@ static void test_step_retry_said(void) {
     CHECK_EQ_INT(o.attempts, 3);
     CHECK_EQ_INT(said, 1);
     CHECK(strstr(buf, "/e503_twice/aep/v1/sessions/") && strstr(buf, "(attempt 1); retrying in"));
+    /* a delay under a second in milliseconds (it said "0.1 s", or "0.0 s" for a few ms) */
+    const char *in = strstr(buf, "retrying in ");
+    long long ms = -1;
+    char unit[4] = "";
+    CHECK_MSG(in && sscanf(in, "retrying in %lld %3s", &ms, unit) == 2 && ms >= 0 && ms < 1000 &&
+                  !strcmp(unit, "ms"),
+              "%s", buf);
     nap(1100);
     saved = test_stderr_to(logp);
     o = run("e503_twice", 0);
