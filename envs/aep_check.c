@@ -1599,8 +1599,11 @@ void arl_aep_check_print(FILE *f, const arl_check_report *rep) {
             rep->env_version, rep->script_given ? "given" : "derived");
     for (int i = 0; i < ARL_CHECK_COUNT; i++) {
         const arl_check_item *it = &rep->items[i];
-        fprintf(f, "  %-7s %2d %-30s%s%s\n", result_str(it->result), it->id, it->name, it->message[0] ? " " : "",
-                it->message);
+        if (it->message[0]) /* the name padded to the messages' column; none: no trailing spaces */
+            fprintf(f, "  %-7s %2d %-30s %s\n", result_str(it->result), it->id, it->name,
+                    it->message);
+        else
+            fprintf(f, "  %-7s %2d %s\n", result_str(it->result), it->id, it->name);
     }
     fprintf(f, "%d passed, %d failed, %d skipped, %d warnings in %.1f s: %s\n", rep->n_pass, rep->n_fail, rep->n_skip,
             rep->n_warn, rep->seconds, rep->n_fail ? "NOT conformant" : "conformant");

@@ -46,6 +46,7 @@ check() { # NAME URL [SCRIPT]
     rc=$?
     if [ "$rc" != 0 ]; then bad "env check $name ${script:+--script $script} exited $rc"; cat "$tmp/check"; fi
     grep -q "conformant" "$tmp/check" || bad "no verdict line for $name"
+    ! grep -q " $" "$tmp/check" || bad "env check $name: a line ends in spaces: $(grep -n " $" "$tmp/check" | head -1)"
 }
 
 names="echo"
