@@ -63,6 +63,13 @@ static arl_status model_settings(arl_model *m, const arl_model_config *cfg,
                           "model: max_tokens (%lld), max_docs (%d) and max_context "
                           "(%lld) must be >= 1",
                           (long long)o.max_tokens, o.max_docs, (long long)o.max_context);
+    if (o.max_tokens > ARL_MAX_CONTEXT_ROWS || o.max_context > ARL_MAX_CONTEXT_ROWS)
+        return arl_errorf(
+            ARL_ERR_RANGE,
+            "model: max_tokens (%lld) and max_context (%lld%s%s) must be at most "
+            "%lld (2^40), the largest this build supports",
+            (long long)o.max_tokens, (long long)o.max_context, o.max_context_key ? ", from " : "",
+            o.max_context_key ? o.max_context_key : "", (long long)ARL_MAX_CONTEXT_ROWS);
     if (o.kda_chunk < 1 || o.kda_chunk > 256)
         return arl_errorf(ARL_ERR_ARG, "model: kda_chunk must be in [1, 256], got %lld",
                           (long long)o.kda_chunk);
@@ -168,7 +175,10 @@ arl_status arl_model_init(arl_model *m, const arl_model_config *cfg, const arl_m
     m->w = w;
     int64_t n = model_layout(m, NULL);
     size_t bytes = sizeof(float) * (size_t)n;
-    if (posix_memalign((void **)&m->arena, 64, bytes ? bytes : 64)) {
+    /* beyond the available memory the allocation would succeed (overcommit) and the first
+     * long forward would end in an out-of-memory kill: refused here instead */
+    if (arl_params_memory_check((uint64_t)bytes, "the model workspace") ||
+        posix_memalign((void **)&m->arena, 64, bytes ? bytes : 64)) {
         m->arena = NULL;
         /* attention over the context is sized by the longer of the two (the MLA's max_rows) */
         char key[200] = ""; /* the setting it comes from, when the caller named it */

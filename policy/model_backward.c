@@ -188,7 +188,8 @@ arl_status arl_model_train_init(arl_model_train *tr, arl_model *m, const arl_tra
     int64_t n = train_layout(tr, m, &tr->opts, NULL);
     if (!arena) {
         size_t bytes = sizeof(float) * (size_t)n;
-        if (posix_memalign((void **)&arena, 64, bytes ? bytes : 64)) {
+        if (arl_params_memory_check((uint64_t)bytes, "the training activation arena") ||
+            posix_memalign((void **)&arena, 64, bytes ? bytes : 64)) {
             arl_model_train_free(tr);
             return arl_errorf(ARL_ERR_NOMEM,
                               "training: out of memory allocating the %.1f MiB activation "

@@ -519,6 +519,14 @@ static arl_status dev_settings(arl_model_dev *m, const arl_dev_ops *ops,
                           ops->name, (long long)o.mla_sparse_topk);
     if (o.max_docs > o.max_tokens) o.max_docs = (int32_t)o.max_tokens;
     if (o.max_context <= 0) o.max_context = cfg->text.max_position_embeddings;
+    if (o.max_tokens > ARL_MAX_CONTEXT_ROWS || o.max_context > ARL_MAX_CONTEXT_ROWS)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "model (%s device): max_tokens (%lld) and max_context (%lld%s%s) must "
+                          "be at most %lld (2^40), the largest this build supports",
+                          ops->name, (long long)o.max_tokens, (long long)o.max_context,
+                          o.max_context_key ? ", from " : "",
+                          o.max_context_key ? o.max_context_key : "",
+                          (long long)ARL_MAX_CONTEXT_ROWS);
     if (n_slots < 0)
         return arl_errorf(ARL_ERR_ARG, "model (%s device): n_slots must be >= 0, got %d", ops->name,
                           n_slots);

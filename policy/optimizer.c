@@ -2,6 +2,7 @@
 #include "policy/optimizer.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,6 +139,13 @@ arl_status arl_adamw_init(arl_adamw *opt, const arl_model_config *model_cfg,
     if (s) goto fail;
     const arl_param_inventory *inv = &opt->m.inv;
     size_t bytes = (size_t)inv->arena_floats * sizeof(float);
+    /* the two moment arenas are refused up front where they do not fit the available memory,
+     * and written at once below: calloc's untouched pages would be committed only by the first
+     * step, when an overcommitted allocation ends in an out-of-memory kill */
+    char what[160];
+    snprintf(what, sizeof what, "the two AdamW moment arenas of this config (2 x %lld floats)",
+             (long long)inv->arena_floats);
+    if ((s = arl_params_memory_check(2 * (uint64_t)bytes, what))) goto fail;
     opt->m_arena = calloc((size_t)inv->arena_floats ? (size_t)inv->arena_floats : 1, sizeof(float));
     opt->v_arena = calloc((size_t)inv->arena_floats ? (size_t)inv->arena_floats : 1, sizeof(float));
     opt->rule = calloc((size_t)inv->n ? (size_t)inv->n : 1, 1);
@@ -146,6 +154,8 @@ arl_status arl_adamw_init(arl_adamw *opt, const arl_model_config *model_cfg,
                        bytes);
         goto fail;
     }
+    memset(opt->m_arena, 0, bytes);
+    memset(opt->v_arena, 0, bytes);
     arl_model_params_free(&opt->m);
     if ((s = arl_model_params_view(&opt->m, model_cfg, opt->m_arena))) goto fail;
     if ((s = arl_model_params_view(&opt->v, model_cfg, opt->v_arena))) goto fail;

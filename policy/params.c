@@ -320,33 +320,25 @@ static arl_status build(const arl_model_config *cfg, arl_param_inventory *inv, a
         }
         if (alloc_arena) {
             size_t bytes = (size_t)inv->arena_floats * sizeof(float);
-            /* refuse sizes beyond physical memory up front (an overcommitted allocation would
-             * only fail later, page by page) */
-            long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-            double phys = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
-            if (phys > 0 && (double)bytes > phys) {
-                arl_status s = arl_errorf(
-                    ARL_ERR_NOMEM,
-                    "the fp32 parameters of this config (%lld parameters) need %.2f GiB, more "
-                    "than this machine's %.2f GiB of memory",
-                    (long long)inv->total_numel, (double)bytes / (1024.0 * 1024 * 1024),
-                    phys / (1024.0 * 1024 * 1024));
+            /* refuse sizes beyond the available memory up front (an overcommitted allocation
+             * would only fail later, page by page, as an out-of-memory kill) */
+            char what[160];
+            snprintf(what, sizeof what, "the fp32 parameters of this config (%lld parameters)",
+                     (long long)inv->total_numel);
+            arl_status s = arl_params_memory_check((uint64_t)bytes, what);
+            if (!s && ((uint64_t)inv->arena_floats > (uint64_t)SIZE_MAX / 8 ||
+                       !(arena = aligned_alloc(64, (bytes + 63) / 64 * 64))))
+                s = arl_errorf(ARL_ERR_NOMEM,
+                               "cannot allocate the fp32 parameters: %lld floats (%.2f GiB) for "
+                               "%lld parameters",
+                               (long long)inv->arena_floats, (double)bytes / (1024.0 * 1024 * 1024),
+                               (long long)inv->total_numel);
+            if (s) {
                 arl_param_inventory_free(inv);
                 free(p->layers);
                 free(p->vision.blocks);
                 p->layers = NULL;
                 p->vision.blocks = NULL;
-                return s;
-            }
-            if ((uint64_t)inv->arena_floats > (uint64_t)SIZE_MAX / 8 ||
-                !(arena = aligned_alloc(64, (bytes + 63) / 64 * 64))) {
-                arl_status s = arl_errorf(
-                    ARL_ERR_NOMEM,
-                    "cannot allocate the fp32 parameters: %lld floats (%.2f GiB) for %lld "
-                    "parameters",
-                    (long long)inv->arena_floats, (double)bytes / (1024.0 * 1024 * 1024),
-                    (long long)inv->total_numel);
-                arl_param_inventory_free(inv);
                 return s;
             }
             memset(arena, 0, bytes);
@@ -391,6 +383,56 @@ int64_t arl_param_inventory_find(const arl_param_inventory *inv, const char *nam
             hi = mid;
     }
     return -1;
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* memory check                                                                          */
+
+static _Atomic int64_t g_mem_override = -1;
+
+void arl_params_memory_override(int64_t avail_bytes) {
+    atomic_store(&g_mem_override, avail_bytes);
+}
+
+static double mem_physical(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
+}
+
+/* MemAvailable of /proc/meminfo in bytes, or -1 */
+static double mem_available(void) {
+    const int64_t o = atomic_load(&g_mem_override);
+    if (o >= 0) return (double)o;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    char line[256];
+    double avail = -1;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            avail = (double)kb * 1024.0;
+            break;
+        }
+    }
+    fclose(f);
+    return avail;
+}
+
+arl_status arl_params_memory_check(uint64_t bytes, const char *what) {
+    const double gib = 1024.0 * 1024 * 1024, phys = mem_physical(), avail = mem_available();
+    if (phys > 0 && (double)bytes > phys)
+        return arl_errorf(ARL_ERR_NOMEM,
+                          "%s need %.2f GiB, more than this machine's %.2f GiB of memory", what,
+                          (double)bytes / gib, phys / gib);
+    if (avail >= 0 && (double)bytes > avail)
+        return arl_errorf(ARL_ERR_NOMEM,
+                          "%s need %.2f GiB, more than the %.2f GiB of memory available now "
+                          "(MemAvailable in /proc/meminfo; this machine has %.2f GiB): what this "
+                          "process holds already (weights, gradients, optimizer moments) and "
+                          "other processes use the rest; use a smaller model config or a "
+                          "machine with more memory",
+                          what, (double)bytes / gib, avail / gib, phys / gib);
+    return ARL_OK;
 }
 
 /* ------------------------------------------------------------------------------------ */

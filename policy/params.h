@@ -246,8 +246,21 @@ typedef struct arl_model_params {
     arl_vision_params vision; /* all NULL without vision_config */
 } arl_model_params;
 
-/* Allocate a zeroed arena for cfg and bind every field.  ARL_ERR_NOMEM names the size. */
+/* Allocate a zeroed arena for cfg and bind every field.  ARL_ERR_NOMEM names the size; an
+ * arena larger than the memory available now is refused before it is allocated
+ * (arl_params_memory_check). */
 arl_status arl_model_params_alloc(arl_model_params *p, const arl_model_config *cfg);
+
+/* Whether `bytes` more memory can be committed now: refused (ARL_ERR_NOMEM, naming `what`, the
+ * GiB it needs and the GiB available) beyond this machine's physical memory or beyond the memory
+ * it has available (MemAvailable of /proc/meminfo; the physical memory where that cannot be
+ * read).  The large arenas (parameters, gradients, reference weights, optimizer moments) are
+ * checked before they are allocated and written at once: under the kernel's memory overcommit
+ * an allocation beyond the available memory succeeds, and the process is killed later, when
+ * its pages are first written. */
+arl_status arl_params_memory_check(uint64_t bytes, const char *what);
+/* Tests: take avail_bytes as the available memory (< 0: read /proc/meminfo again). */
+void arl_params_memory_override(int64_t avail_bytes);
 
 /* Bind the fields to a caller's arena of at least arena_floats floats (gradients, moments,
  * a host staging copy, a device buffer: view only computes pointers, it never dereferences

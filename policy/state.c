@@ -30,6 +30,11 @@ arl_status arl_decode_state_init(arl_decode_state *st, const arl_model_config *c
                           "decode state: need at least 1 slot and 1 position, got %d slots, "
                           "max_context %lld",
                           n_slots, (long long)max_context);
+    if (max_context > ARL_MAX_CONTEXT_ROWS)
+        return arl_errorf(ARL_ERR_RANGE,
+                          "decode state: max_context %lld is above the largest this build "
+                          "supports, %lld positions (2^40)",
+                          (long long)max_context, (long long)ARL_MAX_CONTEXT_ROWS);
     st->dm = cfg->dims;
     ARL_TRY(arl_model_config_hash(cfg, st->config_sha256));
     st->n_slots = n_slots;

@@ -40,6 +40,12 @@
 #define ARL_STATE_HEADER_SIZE 64
 /* MLA cache rows are allocated in multiples of this many rows. */
 #define ARL_STATE_ROWS_BLOCK 256
+/* The most positions of one sequence (decode states' and models' max_context) and tokens of one
+ * forward (max_tokens) this build accepts: 2^40, about a million times K3's 1,048,576-token
+ * context.  Above it the workspace sizes (max_context times the lanes and the latent width)
+ * and a latent cache's bytes (rows x (rkv + r) x 4) can pass 2^63 and wrap: an allocation of
+ * the wrapped size would succeed and be overrun. */
+#define ARL_MAX_CONTEXT_ROWS ((int64_t)1 << 40)
 
 typedef struct arl_decode_slot {
     int32_t active;  /* 1 while a sequence occupies the slot */
@@ -70,7 +76,8 @@ typedef struct arl_decode_state {
 } arl_decode_state;
 
 /* Allocate the state of n_slots >= 1 sequences for cfg (not referenced after return), each up
- * to max_context >= 1 positions.  Every slot starts inactive.  ARL_ERR_NOMEM names the size. */
+ * to max_context positions, 1 <= max_context <= ARL_MAX_CONTEXT_ROWS.  Every slot starts inactive.
+ * ARL_ERR_NOMEM names the size. */
 arl_status arl_decode_state_init(arl_decode_state *st, const arl_model_config *cfg, int32_t n_slots,
                                  int64_t max_context);
 
