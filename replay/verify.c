@@ -216,10 +216,13 @@ static void integrity(vctx *v, rdb *d, int full) {
     }
 }
 
-static void meta_check(vctx *v, rdb *d) {
-    char uid[40];
-    int found;
-    if (rdb_meta_get(d, "store_uid", uid, sizeof uid, &found) != ARL_OK) {
+/* meta of one file; shard_id: the catalog's registration of a shard file (and of its states
+ * file), 0 for the catalog (section 4.1: meta.shard_id in shard files only) */
+static void meta_check(vctx *v, rdb *d, int32_t shard_id) {
+    char uid[40], sid[24];
+    int found, found_sid;
+    if (rdb_meta_get(d, "store_uid", uid, sizeof uid, &found) != ARL_OK ||
+        rdb_meta_get(d, "shard_id", sid, sizeof sid, &found_sid) != ARL_OK) {
         finding(v, 1, "%s: meta unreadable: %s", d->name, arl_error_msg());
         return;
     }
@@ -228,6 +231,14 @@ static void meta_check(vctx *v, rdb *d) {
     else if (v->st->store_uid[0] && strcmp(uid, v->st->store_uid))
         finding(v, 1, "%s: store_uid %s differs from the catalog's %s (a file from another store)",
                 d->name, uid, v->st->store_uid);
+    if (shard_id > 0 && !found_sid)
+        finding(v, 1, "%s: meta has no shard_id (the catalog registers it as shard %d)", d->name,
+                (int)shard_id);
+    else if (shard_id > 0 && strcmp(sid, "") && atoll(sid) != shard_id)
+        finding(v, 1,
+                "%s: meta.shard_id is %s but the catalog registers the file as shard %d (a file "
+                "copied from another shard?)",
+                d->name, sid, (int)shard_id);
     if (d->schema_version != REPLAY_SCHEMA_VERSION)
         finding(v, 0, "%s: schema version %d (this build: %d)", d->name, d->schema_version,
                 REPLAY_SCHEMA_VERSION);
@@ -530,6 +541,41 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
         strcmp(t.error_code, "OPERATOR_MASKED"))
         finding(v, 1, "%s: trajectory %s is masked (%s) but its last segment ends '%s'", d->name,
                 uid, t.error_code, segs[nseg - 1].end_cause);
+    /* turns (invariant 2): step 0's turn belongs to segment 0, and every turn has its response
+     * fields (context; reward for steps >= 1, a create carries none; call_seq of a complete
+     * response) except the last turn of a 'partial' segment, whose step failed, and the last
+     * turn of an action_too_large trajectory, whose action was never sent (spec/aep.md 12.1) */
+    int32_t failed_step = -1;
+    if (nseg &&
+        (!strcmp(segs[nseg - 1].end_cause, "partial") || !strcmp(t.end_cause, "action_too_large")))
+        failed_step = segs[nseg - 1].last_step;
+    if (vprep(v, d,
+              "SELECT u.step_index, u.seg_index, u.context IS NULL, u.reward IS NULL, "
+              "u.call_seq, c.response_complete FROM turns u LEFT JOIN env_calls c ON c.traj_id = "
+              "u.traj_id AND c.call_seq = u.call_seq WHERE u.traj_id = ?1 ORDER BY u.step_index",
+              &q) == ARL_OK) {
+        sqlite3_bind_int64(q, 1, t.traj_id);
+        while (vstep(v, q) == SQLITE_ROW) {
+            const int step = sqlite3_column_int(q, 0);
+            if (step == 0 && sqlite3_column_int(q, 1) != 0)
+                finding(v, 1, "%s: trajectory %s: the turn of step 0 belongs to segment %d, not 0",
+                        d->name, uid, sqlite3_column_int(q, 1));
+            if (step == failed_step) continue;
+            const char *missing = sqlite3_column_int(q, 2)               ? "context"
+                                  : step > 0 && sqlite3_column_int(q, 3) ? "reward"
+                                  : sqlite3_column_type(q, 5) == SQLITE_NULL
+                                      ? "call_seq's env_calls row"
+                                  : sqlite3_column_int(q, 5) != 1 ? "complete response (call_seq's "
+                                                                    "env_calls row is incomplete)"
+                                                                  : NULL;
+            if (missing)
+                finding(v, 1,
+                        "%s: trajectory %s step %d (call_seq %lld): the turn lacks its %s; only "
+                        "the failed last turn of a 'partial' segment may",
+                        d->name, uid, step, (long long)sqlite3_column_int64(q, 4), missing);
+        }
+        sqlite3_finalize(q);
+    }
     /* state references: present and of the right trajectory and segment, else a cache miss */
     for (size_t i = 0; i < nseg; i++) {
         int64_t ids[2] = {segs[i].end_state, segs[i].latent_state};
@@ -734,40 +780,75 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
     }
 }
 
+/* The latent rows of one (state, layer) of a complete mla_segment state, walked in row_start
+ * order: they must follow one another from row 0 and end at the state's n_tokens (section 4.12:
+ * "one or more latent chunks covering the segment's tokens in order"). */
+typedef struct latent_walk {
+    int64_t state_id; /* -1: none open */
+    int layer;
+    int64_t n_tokens, next_row;
+    int broken; /* a chunk that did not parse (reported): its rows are not known */
+} latent_walk;
+
+static void latent_close(vctx *v, rdb *s, latent_walk *lw) {
+    if (lw->state_id >= 0 && !lw->broken && lw->next_row != lw->n_tokens)
+        finding(v, 1,
+                "%s: state %lld layer %d: the latent chunks cover %lld rows, the state %lld "
+                "tokens",
+                s->name, (long long)lw->state_id, lw->layer, (long long)lw->next_row,
+                (long long)lw->n_tokens);
+    lw->state_id = -1;
+}
+
 static void check_states_file(vctx *v, rdb *s, rdb *w) {
     sqlite3_stmt *q;
     if (rdb_prepare(s,
-                    "SELECT c.state_id, c.layer, c.tensor, c.data, st.kind, st.n_tokens FROM "
-                    "state_chunks c "
-                    "JOIN states st ON st.state_id = c.state_id ORDER BY c.state_id, c.layer, "
-                    "c.tensor, c.row_start",
+                    "SELECT c.state_id, c.layer, c.tensor, c.data, st.kind, st.n_tokens, "
+                    "c.row_start, st.status FROM state_chunks c JOIN states st ON st.state_id = "
+                    "c.state_id ORDER BY c.state_id, c.layer, c.tensor, c.row_start",
                     &q) != ARL_OK) {
         finding(v, 1, "%s: %s", s->name, arl_error_msg());
         return;
     }
+    latent_walk lw = {.state_id = -1};
     while (vstep(v, q) == SQLITE_ROW) {
+        const int64_t state_id = sqlite3_column_int64(q, 0);
+        const int layer = sqlite3_column_int(q, 1);
         const char *tensor = (const char *)sqlite3_column_text(q, 2);
+        const char *kind = (const char *)sqlite3_column_text(q, 4);
+        const int latent = !strcmp(tensor, "latent");
         arl_blob_expect ex = {.kind = !strcmp(tensor, "S")      ? ARL_BLOB_KDA_STATE
                                       : !strcmp(tensor, "conv") ? ARL_BLOB_CONV_TAIL
                                                                 : ARL_BLOB_MLA_LATENT};
+        if (latent != !strcmp(kind, "mla_segment"))
+            finding(v, 1, "%s: state %lld (%s) layer %d holds a '%s' chunk", s->name,
+                    (long long)state_id, kind, layer, tensor);
         arl_blob_header h;
-        if (arl_blob_check(sqlite3_column_blob(q, 3), (size_t)sqlite3_column_bytes(q, 3), &ex, &h,
-                           NULL) != ARL_OK)
-            finding(v, 1, "%s: state %lld layer %d %s: %s", s->name,
-                    (long long)sqlite3_column_int64(q, 0), sqlite3_column_int(q, 1), tensor,
-                    arl_error_msg());
+        const int ok = arl_blob_check(sqlite3_column_blob(q, 3), (size_t)sqlite3_column_bytes(q, 3),
+                                      &ex, &h, NULL) == ARL_OK;
+        if (!ok)
+            finding(v, 1, "%s: state %lld layer %d %s: %s", s->name, (long long)state_id, layer,
+                    tensor, arl_error_msg());
+        if (!latent || strcmp(kind, "mla_segment") ||
+            strcmp((const char *)sqlite3_column_text(q, 7), "complete"))
+            continue;
+        if (lw.state_id != state_id || lw.layer != layer) {
+            latent_close(v, s, &lw);
+            lw = (latent_walk){state_id, layer, sqlite3_column_int64(q, 5), 0, 0};
+        }
+        const int64_t row_start = sqlite3_column_int64(q, 6);
+        if (!ok || h.ndim != 2) lw.broken = 1;
+        if (lw.broken) continue;
+        if (row_start != lw.next_row)
+            finding(v, 1,
+                    "%s: state %lld layer %d: a latent chunk starts at row %lld, the chunks "
+                    "before it end at row %lld (a %s)",
+                    s->name, (long long)state_id, layer, (long long)row_start,
+                    (long long)lw.next_row, row_start > lw.next_row ? "gap" : "overlap");
+        lw.next_row = row_start + (int64_t)h.dims[0];
     }
+    latent_close(v, s, &lw);
     sqlite3_finalize(q);
-    /* latent rows of an mla_segment state cover its tokens, per layer */
-    if (vprep(v, s,
-              "SELECT st.state_id, c.layer, st.n_tokens FROM states st JOIN state_chunks c "
-              "ON c.state_id = "
-              "st.state_id WHERE st.kind = 'mla_segment' AND st.status = 'complete' GROUP BY "
-              "st.state_id, "
-              "c.layer",
-              &q) == ARL_OK) {
-        sqlite3_finalize(q);
-    }
     /* orphans: complete states no segment refers to (collected by GC, section 7.6); in a tool
      * file a re-score's states (producer 'tool') are referenced by its rescores rows of the
      * same trajectory and segment instead */
@@ -982,6 +1063,55 @@ static void check_ledger(vctx *v) {
     }
 }
 
+/* The catalog's group_members against the shards (section 13.5 item 6): a member whose
+ * trajectory its shard does not hold.  A running one is a warning (its writer claims the member
+ * just before T0 and may die in between; reconciled at coordinator start); a final one is an
+ * error: the shard had it and lost it (a shard restored from an older backup).  Members of a
+ * shard whose file is missing, empty or unreadable are reported with that file. */
+static void check_members(vctx *v) {
+    sqlite3_stmt *q;
+    if (vprep(v, &v->st->cat,
+              "SELECT traj_uid, shard_id, status FROM group_members ORDER BY shard_id, traj_uid",
+              &q) != ARL_OK)
+        return;
+    while (vstep(v, q) == SQLITE_ROW) {
+        const char *uid = (const char *)sqlite3_column_text(q, 0);
+        const int32_t shard_id = sqlite3_column_int(q, 1);
+        const char *status = (const char *)sqlite3_column_text(q, 2);
+        rshard *sh = rstore_shard(v->st, shard_id);
+        rdb *d = NULL;
+        if (sh) {
+            const arl_status os = rstore_shard_db(v->st, sh, &d);
+            if (os == ARL_ERR_NOMEM) check_nomem(v, "opening a shard to find its group members");
+            arl_error_clear();
+            if (os != ARL_OK || d->empty) continue; /* reported with the shard's file */
+        }
+        sqlite3_stmt *tq;
+        int found = 0;
+        if (sh) {
+            if (vprep(v, d, "SELECT 1 FROM trajectories WHERE traj_uid = ?1", &tq) != ARL_OK)
+                continue;
+            sqlite3_bind_text(tq, 1, uid, -1, SQLITE_STATIC);
+            const int rc = vstep(v, tq);
+            found = rc == SQLITE_ROW;
+            sqlite3_finalize(tq);
+            if (rc != SQLITE_ROW && rc != SQLITE_DONE) continue; /* counted, or not a finding */
+        }
+        if (found) continue;
+        if (!strcmp(status, "running"))
+            finding(v, 0,
+                    "catalog.sqlite: group member %s (running) is not in shard %d (its writer "
+                    "died before writing it; reconciled at coordinator start)",
+                    uid, (int)shard_id);
+        else
+            finding(v, 1,
+                    "catalog.sqlite: group member %s is %s in the catalog but shard %d holds no "
+                    "such trajectory: its data is lost (restore the shard from a backup)",
+                    uid, status, (int)shard_id);
+    }
+    sqlite3_finalize(q);
+}
+
 arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *out,
                          int64_t *n_errors, int64_t *n_warnings) {
     vctx v = {.out = out, .st = st, .newest_version = -1};
@@ -990,7 +1120,7 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
     int64_t n_traj = 0;
     if (st->cat.db) {
         integrity(&v, &st->cat, full);
-        meta_check(&v, &st->cat);
+        meta_check(&v, &st->cat, 0);
         int found;
         if (rdb_query_int(&st->cat, "SELECT max(version) FROM policy_versions", &v.newest_version,
                           &found) != ARL_OK ||
@@ -1016,7 +1146,7 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
             continue;
         }
         integrity(&v, d, full);
-        meta_check(&v, d);
+        meta_check(&v, d, sh->shard_id);
         rdb *sd = NULL;
         if (sh->kind != REPLAY_FILE_LEARNER) {
             arl_status ss = rstore_shard_states(st, sh, &sd);
@@ -1026,7 +1156,7 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
                     finding(&v, 1, "%s: states file: %s", sh->file, arl_error_msg());
             } else if (!sd->empty) {
                 integrity(&v, sd, full);
-                meta_check(&v, sd);
+                meta_check(&v, sd, sh->shard_id);
                 check_states_file(&v, sd, d);
             }
             sqlite3_stmt *q;
@@ -1102,6 +1232,7 @@ arl_status replay_verify(replay_store *st, const replay_verify_opts *o, FILE *ou
             }
         }
     }
+    if (st->cat.db) check_members(&v);
     fprintf(out, "verify %s: %zu files, %lld trajectories: %lld errors, %lld warnings", st->root,
             st->n_shards + (st->cat.db ? 1 : 0), (long long)n_traj, (long long)v.errors,
             (long long)v.warnings);

@@ -548,6 +548,25 @@ has "0 errors, 0 warnings"
 # the rollout's
 expect 0 "$A" replay show "$R/db" rollout/g000000/r0
 has "^   states: .*tool kda_boundary complete, tool mla_segment complete"
+# verify: an mla_segment state's latent chunks cover its tokens in order, per layer (spec 4.12)
+lat() { # NAME SQL: a copy of the store with SQL run on every states file
+    rm -rf "$R/db-$1" && cp -a "$R/db" "$R/db-$1"
+    for f in "$R/db-$1"/shards/*.states.sqlite; do
+        /usr/bin/python3 -c 'import sqlite3, sys
+c = sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.close()' "$f" "$2" || fail "lat $1: SQL"
+    done
+}
+lat gap "UPDATE state_chunks SET row_start = 1 WHERE tensor = 'latent' AND row_start = 0 AND
+         layer = (SELECT min(layer) FROM state_chunks WHERE tensor = 'latent')"
+expect 2 "$A" replay verify "$R/db-gap"
+has "layer [0-9]*: a latent chunk starts at row 1, the chunks before it end at row 0 (a gap)"
+lat short "UPDATE states SET n_tokens = n_tokens + 1 WHERE kind = 'mla_segment'"
+expect 2 "$A" replay verify "$R/db-short"
+has "layer [0-9]*: the latent chunks cover [0-9]* rows, the state [0-9]* tokens"
+lat kind "UPDATE state_chunks SET tensor = 'latent' WHERE tensor = 'conv' AND
+          state_id = (SELECT min(state_id) FROM states WHERE kind = 'kda_boundary')"
+expect 2 "$A" replay verify "$R/db-kind"
+has "(kda_boundary) layer [0-9]* holds a 'latent' chunk"
 expect 2 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --version soon
 has "expected auto, none, -1 or a version"
 expect 2 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --save-states --no-save
