@@ -420,6 +420,15 @@ arl_status arl_qb_update(const arl_optim_config *c, arl_model_params *params,
         ARL_ASSERT(bias);
         const int64_t m = rs->m[l];
         const float *s = rs->s + l * rs->cap * E;
+        /* a non-finite score (a diverged forward) would set the bias from nothing meaningful,
+         * and no bias of the layer is moved */
+        for (int64_t x = 0; x < m * E; x++)
+            if (!isfinite(s[x]))
+                return arl_errorf(ARL_ERR_RANGE,
+                                  "qb: layer %lld: the router score of token %lld for expert %lld "
+                                  "is not finite (%g); the router biases were not updated",
+                                  (long long)l, (long long)(x / E), (long long)(x % E),
+                                  (double)s[x]);
         arl_status st;
         if (hist) {
             int64_t Nb = c->qb_num_bins;

@@ -126,7 +126,8 @@ void arl_qb_hist_count(int64_t *cnt, const float *s, const float *b_old, int64_t
         for (int64_t j = 0; j < E; j++) {
             float r = alpha[i] - s[i * E + j];
             float f = floorf((r - lo) / w);
-            int64_t bin = f < 0.0f ? 0 : (f > (float)(Nb - 1) ? Nb - 1 : (int64_t)f);
+            int64_t bin =
+                !(f > 0.0f) ? 0 : (f > (float)(Nb - 1) ? Nb - 1 : (int64_t)f); /* NaN: 0 */
             cnt[j * Nb + bin] += 1;
         }
 }

@@ -445,7 +445,8 @@ __global__ void k_qb_hist(unsigned long long *cnt, const float *s, const float *
         for (int64_t j = 0; j < E; j++) {
             float r = alpha - s[i * E + j];
             float f = floorf((r - lo) / w);
-            int64_t bin = f < 0.0f ? 0 : (f > (float)(Nb - 1) ? Nb - 1 : (int64_t)f);
+            int64_t bin =
+                !(f > 0.0f) ? 0 : (f > (float)(Nb - 1) ? Nb - 1 : (int64_t)f); /* NaN: 0 */
             atomicAdd(&cnt[j * Nb + bin], 1ULL);
         }
     }

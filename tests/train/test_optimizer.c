@@ -442,6 +442,40 @@ static void test_qb_hook(void) {
         /* the new bias moves toward balance: the over-scored expert 0 gets a lower bias than
            the under-scored expert E-1 */
         CHECK(p.layers[3].moe.gate_bias[0] < p.layers[3].moe.gate_bias[E - 1]);
+        /* a non-finite score: refused, naming it, no bias moved (a NaN's histogram bin was
+           (int64_t)NaN, a write far outside the counts) */
+        {
+            float *sx;
+            int32_t *selx;
+            arl_router_scores_reset(&rs);
+            CHECK(arl_router_scores_append(&rs, 3, 2, &sx, &selx) == ARL_OK);
+            memcpy(sx, s_all, (size_t)(2 * E) * sizeof(float));
+            memcpy(selx, sel_all, (size_t)(2 * k) * sizeof(int32_t));
+            sx[E + 5] = NAN;
+            float before[64];
+            memcpy(before, p.layers[3].moe.gate_bias, (size_t)E * sizeof(float));
+            CHECK(arl_qb_update(&c, &p, &rs) == ARL_ERR_RANGE);
+            CHECK_MSG(strstr(arl_error_msg(), "qb: layer 3: the router score of token 1 for "
+                                              "expert 5 is not finite (nan)"),
+                      "%s", arl_error_msg());
+            CHECK(memcmp(before, p.layers[3].moe.gate_bias, (size_t)E * sizeof(float)) == 0);
+            if (meth == 1) { /* the histogram itself puts a NaN in bin 0 */
+                float lo, w;
+                arl_qb_hist_range(&lo, &w, b_old, E, 256);
+                int64_t *cnt = calloc((size_t)(E * 256), sizeof(int64_t));
+                sx[E + 5] = s_all[E + 5];
+                const float keep = s_all[3];
+                s_all[3] = NAN;
+                arl_qb_hist_count(cnt, s_all, b_old, m, E, k, lo, w, 256, ws);
+                s_all[3] = keep;
+                int64_t total = 0;
+                for (int64_t u = 0; u < E * 256; u++)
+                    total += cnt[u];
+                CHECK_EQ_INT(total, m * E);
+                CHECK(cnt[3 * 256] >= 1);
+                free(cnt);
+            }
+        }
         /* "off" changes nothing */
         float cur[64];
         memcpy(cur, p.layers[3].moe.gate_bias, (size_t)E * sizeof(float));
