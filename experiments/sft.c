@@ -543,7 +543,11 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     ARL_TRY(arl_dirlock_take(&r->lock, c->out, "sft"));
     snprintf(r->out_ckpt, sizeof r->out_ckpt, "%s/checkpoints", c->out);
 
-    /* state */
+    /* state: the four arenas at once, before any is written (each is checked again as it is
+     * allocated, against what the others left) */
+    ARL_TRY(arl_params_memory_check_copies(&r->mcfg, 4,
+                                           "sft: the weights, gradients and two AdamW "
+                                           "moments of this model"));
     ARL_TRY(arl_model_params_alloc(&r->params, &r->mcfg));
     ARL_TRY(arl_model_params_alloc(&r->grads, &r->mcfg));
     ARL_TRY(arl_adamw_init(&r->opt, &r->mcfg, &r->optim));

@@ -2160,6 +2160,16 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->lc.max_context_key = "rollout.context-tokens";
     r->lc.mla_sparse_topk = c->rollout.mla_sparse_topk; /* one setting for rollout and learner */
     r->lc.mla_sparse_chunk = c->rollout.mla_sparse_chunk;
+    /* what a learner rank will hold, before the SFT stage and the first rollout: its weights
+     * and the reference weights, and on the CPU the gradients and two AdamW moments */
+    if (!s && (r->L->roles & ARL_DIST_ROLE_LEARNER)) {
+        const int cpu = strcmp(c->learner.own.device, "cuda") != 0;
+        s = arl_params_memory_check_copies(&r->mcfg, cpu ? 5 : 2,
+                                           cpu ? "train: a learner's weights, reference weights, "
+                                                 "gradients and two AdamW moments"
+                                               : "train: a learner's weights and reference "
+                                                 "weights");
+    }
     s = sync_status(r, s);
     /* SFT stage and the reference (rank 0) */
     if (!s && r->rank0) s = make_reference(r);

@@ -435,6 +435,18 @@ arl_status arl_params_memory_check(uint64_t bytes, const char *what) {
     return ARL_OK;
 }
 
+arl_status arl_params_memory_check_copies(const arl_model_config *cfg, int copies,
+                                          const char *what) {
+    arl_param_inventory inv;
+    ARL_TRY(arl_param_inventory_build(cfg, &inv));
+    const uint64_t bytes = (uint64_t)inv.arena_floats * sizeof(float) * (uint64_t)copies;
+    char w[300];
+    snprintf(w, sizeof w, "%s (%d x %lld parameters in fp32)", what, copies,
+             (long long)inv.total_numel);
+    arl_param_inventory_free(&inv);
+    return arl_params_memory_check(bytes, w);
+}
+
 /* ------------------------------------------------------------------------------------ */
 /* parameter sets                                                                        */
 

@@ -259,6 +259,11 @@ arl_status arl_model_params_alloc(arl_model_params *p, const arl_model_config *c
  * an allocation beyond the available memory succeeds, and the process is killed later, when
  * its pages are first written. */
 arl_status arl_params_memory_check(uint64_t bytes, const char *what);
+/* arl_params_memory_check of `copies` fp32 parameter arenas of cfg (weights, gradients,
+ * moments): a run checks what it will hold before it allocates the first, so that it is not
+ * refused only after it has written some of them. */
+arl_status arl_params_memory_check_copies(const arl_model_config *cfg, int copies,
+                                          const char *what);
 /* Tests: take avail_bytes as the available memory (< 0: read /proc/meminfo again). */
 void arl_params_memory_override(int64_t avail_bytes);
 

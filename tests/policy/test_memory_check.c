@@ -54,6 +54,18 @@ static void test_params_refused(void) {
     arl_params_memory_override(-1);
 }
 
+/* a run's check of all its arenas at once (sft: 4, a CPU learner: 5) */
+static void test_copies_refused(void) {
+    const int64_t need = 5 * arena_bytes();
+    arl_params_memory_override(need - 1);
+    CHECK_EQ_INT(arl_params_memory_check_copies(&cfg_, 5, "five"), ARL_ERR_NOMEM);
+    CHECK_MSG(strstr(arl_error_msg(), "five (5 x ") && strstr(arl_error_msg(), "available now"),
+              "message: %s", arl_error_msg());
+    arl_params_memory_override(need);
+    CHECK_EQ_INT(arl_params_memory_check_copies(&cfg_, 5, "five"), ARL_OK);
+    arl_params_memory_override(-1);
+}
+
 static void test_adamw_refused(void) {
     const int64_t need = 2 * arena_bytes();
     arl_optim_config oc;
@@ -171,6 +183,7 @@ int main(void) {
         return 1;
     }
     TEST_RUN(test_params_refused);
+    TEST_RUN(test_copies_refused);
     TEST_RUN(test_adamw_refused);
     TEST_RUN(test_workspaces_refused);
     TEST_RUN(test_beyond_physical);
