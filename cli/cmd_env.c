@@ -232,6 +232,11 @@ int cmd_env_check(int argc, char **argv) {
         if (j) printf("%s\n", j);
         free(j);
         arl_aep_check_print(stderr, &rep);
+        if (!j) {
+            ret =
+                cli_fail(arl_errorf(ARL_ERR_NOMEM, "env check: out of memory writing the report"));
+            goto out;
+        }
     } else {
         arl_aep_check_print(stdout, &rep);
     }

@@ -8,6 +8,7 @@
 
 #include "cli/cli.h"
 #include "core/defer.h"
+#include "core/json_dump.h"
 #include "core/log.h"
 
 #ifndef AGENTRL_VERSION
@@ -134,6 +135,7 @@ arl_status cli_check_ckpt_dir(const char *opt, const char *dir) {
 
 int main(int argc, char **argv) {
     arl_defer_hooks_set(cli_interrupt_defer, cli_interrupt_resume);
+    arl_json_watch(); /* before any thread: arl_json_loads' watch of jansson's allocations */
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "--version")) {

@@ -1,13 +1,21 @@
-/* core/json_dump.h: json_dumps that never returns a text with a part missing.  jansson (2.14)
- * ignores a failed write of an object's key into json_dumps' growing buffer: out of memory, the
- * text it returns can lack a key (valid JSON of another object, or invalid JSON), where it should
- * return NULL.  arl_json_dumps measures the text first (json_dumpb with no buffer: nothing grows)
- * and writes it into one buffer of that size, so any failure is NULL.  Header only (jansson is
- * the caller's dependency). */
+/* core/json_dump.h: jansson's json_dumps and json_load* without a silent loss out of memory.
+ * jansson (<= 2.14) ignores some failed allocations:
+ *  - json_dumps ignores a failed write of an object's key into its growing buffer: the text it
+ *    returns can lack a key (valid JSON of another object, or invalid JSON), where it should
+ *    return NULL.  arl_json_dumps measures the text first (json_dumpb with no buffer: nothing
+ *    grows) and writes it into one buffer of that size, so any failure is NULL.
+ *  - the parser's lexer drops a byte it cannot save when its token buffer cannot grow
+ *    (akheron/jansson#362, lex_save): json_loads can return a document with a byte missing from
+ *    a string ("Solve the probem"), a crash or a false syntax error.  arl_json_loads and the
+ *    others below watch jansson's allocations (json_set_alloc_funcs; per thread) and return
+ *    NULL with json_error_out_of_memory ("out of memory") when one failed during the parse,
+ *    whatever jansson made of it.  arl_json_watch installs the watch (once; the wrappers call
+ *    it, and main calls it before any thread starts, so that the install races nothing). */
 #ifndef ARL_CORE_JSON_DUMP_H
 #define ARL_CORE_JSON_DUMP_H
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 /* The text of j (json_dumps' flags), NUL-terminated, for the caller to free; NULL out of memory
@@ -24,5 +32,21 @@ static inline char *arl_json_dumps(const json_t *j, size_t flags) {
     b[n] = '\0';
     return b;
 }
+
+/* Install the watch of jansson's allocations (idempotent, thread-safe). */
+void arl_json_watch(void);
+
+/* The number of jansson's allocations that failed in this thread so far (installs the watch).
+ * jansson's builders fail quietly (json_object_set_new of a NULL value leaves the key out): a
+ * document built while this count did not move holds everything it was given. */
+unsigned long arl_json_alloc_failures(void);
+
+/* json_loads, json_loadb, json_loadf and json_load_file (same arguments and results), but NULL
+ * with the error json_error_out_of_memory, text "out of memory", when an allocation of jansson
+ * failed while the text was parsed (the document it built may lack a byte). */
+json_t *arl_json_loads(const char *text, size_t flags, json_error_t *e);
+json_t *arl_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *e);
+json_t *arl_json_loadf(FILE *f, size_t flags, json_error_t *e);
+json_t *arl_json_load_file(const char *path, size_t flags, json_error_t *e);
 
 #endif

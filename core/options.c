@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/assert.h"
+#include "core/json_dump.h"
 
 static int name_eq(const char *a, const char *b) {
     for (; *a && *b; a++, b++) {
@@ -315,7 +316,7 @@ mismatch:
 arl_status arl_options_parse_json_text(const arl_option *tab, size_t n, const char *text,
                                        const char *where, void *cfg) {
     json_error_t jerr;
-    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = arl_json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         return arl_errorf(ARL_ERR_CONFIG, "%s:%d:%d: invalid JSON: %s", where, jerr.line,
                           jerr.column, jerr.text);
@@ -445,7 +446,7 @@ char *arl_options_to_json(const arl_option *tab, size_t n, const void *cfg) {
             return NULL;
         }
     }
-    char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *s = arl_json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(o);
     return s;
 }

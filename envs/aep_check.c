@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/json_dump.h"
 #include "envs/aep_check.h"
 #include "envs/aep_json.h"
 
@@ -277,7 +278,7 @@ static int http(chk *k, CURL *h, const char *method, const char *path, const cha
 static const char *resp_code(const resp *r) {
     static __thread char code[64];
     code[0] = 0;
-    json_t *v = r->body ? json_loadb(r->body, r->len, 0, NULL) : NULL;
+    json_t *v = r->body ? arl_json_loadb(r->body, r->len, 0, NULL) : NULL;
     const json_t *c = json_object_get(json_object_get(v, "error"), "code");
     if (json_is_string(c)) snprintf(code, sizeof code, "%s", json_string_value(c));
     if (v) json_decref(v);
@@ -479,7 +480,7 @@ static int64_t get_step_index(chk *k, const char *sid, char *status_out, size_t 
     if (r.status == 200) {
         aep_expect x = {.endpoint = ARL_ENV_EP_GET};
         if (validate(k, &r, &x, NULL, NULL)) {
-            json_t *v = json_loadb(r.body, r.len, 0, NULL);
+            json_t *v = arl_json_loadb(r.body, r.len, 0, NULL);
             s = json_integer_value(json_object_get(v, "step_index"));
             if (status_out) snprintf(status_out, cap, "%s", json_string_value(json_object_get(v, "status")) ?: "");
             if (v) json_decref(v);
@@ -504,7 +505,7 @@ static int64_t health_active(chk *k) {
     http(k, k->h, "GET", "/health", NULL, 0, 0, &r);
     int64_t a = -1;
     if (r.status == 200) {
-        json_t *v = json_loadb(r.body, r.len, 0, NULL);
+        json_t *v = arl_json_loadb(r.body, r.len, 0, NULL);
         if (json_is_integer(json_object_get(v, "active_sessions"))) a = json_integer_value(json_object_get(v, "active_sessions"));
         if (v) json_decref(v);
     }
@@ -703,7 +704,7 @@ static void c_health(chk *k) {
     if (expect(k, &r, 200, NULL, "GET /health")) {
         aep_expect x = {.endpoint = ARL_ENV_EP_HEALTH};
         if (validate(k, &r, &x, NULL, NULL)) {
-            json_t *v = json_loadb(r.body, r.len, 0, NULL);
+            json_t *v = arl_json_loadb(r.body, r.len, 0, NULL);
             int64_t m = json_integer_value(json_object_get(v, "max_sessions"));
             if (m > k->info.limits.max_sessions)
                 FAIL("max_sessions %lld exceeds /info limits.max_sessions %lld", (long long)m,
@@ -797,7 +798,7 @@ static void c_main_sequence(chk *k) {
         return;
     }
     {
-        json_t *v = json_loadb(a.create_resp.body, a.create_resp.len, 0, NULL);
+        json_t *v = arl_json_loadb(a.create_resp.body, a.create_resp.len, 0, NULL);
         json_t *msgs = json_object_get(json_object_get(v, "observation"), "messages");
         if (json_array_size(msgs) < 1) FAIL("the initial observation has no message");
         if (v) json_decref(v);
@@ -1221,7 +1222,7 @@ static void c_malformed(chk *k) {
     http(k, k->h, "POST", "/sessions", cb, len, 0, &r);
     free(cb);
     if (expect(k, &r, 201, NULL, "create with an unknown member")) {
-        json_t *v = json_loadb(r.body, r.len, 0, NULL);
+        json_t *v = arl_json_loadb(r.body, r.len, 0, NULL);
         const char *s = json_string_value(json_object_get(v, "session_id"));
         if (s) remember_sid(k, s);
         if (v) json_decref(v);
@@ -1308,8 +1309,12 @@ static void c_unicode(chk *k) {
         json_t *a = instantiate(json_array_get(k->actions, 0), 1);
         json_object_set_new(a, "content", json_string(text));
         json_t *o = json_pack("{s:i,s:o,s:I}", "step_index", 1, "action", a, "deadline_ms", (json_int_t)k->step_deadline);
-        char *b = json_dumps(o, JSON_COMPACT | (esc ? JSON_ENSURE_ASCII : 0));
+        char *b = o ? arl_json_dumps(o, JSON_COMPACT | (esc ? JSON_ENSURE_ASCII : 0)) : NULL;
         json_decref(o);
+        if (!b) {
+            FAIL("internal: out of memory building the request");
+            return;
+        }
         if (esc && !strcasestr(b, "\\ud83d\\ude00")) FAIL("internal: the escaped form lacks a surrogate pair");
         char path[400];
         snprintf(path, sizeof path, "/sessions/%s/step", sid);
@@ -1358,7 +1363,8 @@ static void *conc_worker(void *p) {
 }
 
 static int members_equal(const resp *a, const resp *b) {
-    json_t *x = json_loadb(a->body, a->len, 0, NULL), *y = json_loadb(b->body, b->len, 0, NULL);
+    json_t *x = arl_json_loadb(a->body, a->len, 0, NULL),
+           *y = arl_json_loadb(b->body, b->len, 0, NULL);
     static const char *const m[] = {"observation", "reward", "reward_components", "terminated", "truncated"};
     int eq = x && y;
     for (int i = 0; eq && i < 5; i++) eq = aep_json_ident_equal(json_object_get(x, m[i]), json_object_get(y, m[i]));
@@ -1475,7 +1481,7 @@ static void c_capacity(chk *k) {
     else if (k->n_sids) del(k, k->sids[0]);
     http(k, k->h, "POST", "/sessions", b, len, 0, &r);
     if (expect(k, &r, 201, NULL, "creation after one delete")) {
-        json_t *v = json_loadb(r.body, r.len, 0, NULL);
+        json_t *v = arl_json_loadb(r.body, r.len, 0, NULL);
         const char *s = json_string_value(json_object_get(v, "session_id"));
         if (s) remember_sid(k, s);
         if (v) json_decref(v);
@@ -1610,6 +1616,7 @@ void arl_aep_check_print(FILE *f, const arl_check_report *rep) {
 }
 
 char *arl_aep_check_json(const arl_check_report *rep) {
+    const unsigned long failed = arl_json_alloc_failures(); /* a key left out: NULL, not a report */
     json_t *o = json_object(), *arr = json_array();
     json_object_set_new(o, "url", json_string(rep->url));
     json_object_set_new(o, "env", json_pack("{s:s,s:s}", "name", rep->env_name, "version", rep->env_version));
@@ -1627,7 +1634,7 @@ char *arl_aep_check_json(const arl_check_report *rep) {
     json_object_set_new(o, "warnings", json_integer(rep->n_warn));
     json_object_set_new(o, "conformant", json_boolean(rep->n_fail == 0));
     json_object_set_new(o, "seconds", json_real(rep->seconds));
-    char *s = json_dumps(o, JSON_INDENT(2));
+    char *s = arl_json_alloc_failures() == failed ? arl_json_dumps(o, JSON_INDENT(2)) : NULL;
     json_decref(o);
     return s;
 }

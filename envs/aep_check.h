@@ -59,7 +59,8 @@ typedef struct arl_check_config {
 arl_status arl_aep_check_run(const arl_check_config *cfg, arl_check_report *rep);
 /* Human-readable report: one line per check and a summary. */
 void arl_aep_check_print(FILE *f, const arl_check_report *rep);
-/* The report as JSON (§15.4, stored by the client as envs.conformance_json); caller frees. */
+/* The report as JSON (§15.4, stored by the client as envs.conformance_json); caller frees; NULL
+ * out of memory (never a report with a part left out). */
 char *arl_aep_check_json(const arl_check_report *rep);
 /* 0 when no MUST check failed, else 1 (§15.4). */
 int arl_aep_check_exit_code(const arl_check_report *rep);

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "envs/aep_json.h"
@@ -919,7 +920,7 @@ arl_status arl_env_health(arl_env *e, int64_t *active, int64_t *max) {
         if (e->last_error.details) json_incref(e->last_error.details);
         return st;
     }
-    json_t *v = json_loadb(e->ctl->call.response, e->ctl->call.response_len, 0, NULL);
+    json_t *v = arl_json_loadb(e->ctl->call.response, e->ctl->call.response_len, 0, NULL);
     if (active) *active = v ? json_integer_value(json_object_get(v, "active_sessions")) : 0;
     if (max) *max = v ? json_integer_value(json_object_get(v, "max_sessions")) : 0;
     if (v) json_decref(v);

@@ -360,6 +360,9 @@ json_t *aep_json_loads(const char *buf, size_t len, int max_depth, char *err, si
         }
     }
     if (!v && cap && strstr(err, "nesting too deep")) snprintf(err, cap, "JSON nests deeper than %d levels", max_depth);
+    /* every syntax error says what it is: a NULL without a word is a failed allocation (one of
+     * jansson's builders) */
+    if (!v && cap && !err[0]) snprintf(err, cap, "invalid JSON: out of memory");
     free(j.buf);
     return v;
 }

@@ -26,6 +26,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 
+#include "core/json_dump.h"
 #include "core/sha256.h"
 #include "envs/aep_json.h"
 #include "envs/aep_server.h"
@@ -58,7 +59,7 @@ static enum MHD_Result send_bytes(struct MHD_Connection *c, int status, const ch
     MHD_add_response_header(r, "AEP-Version", "1");
     if (status != 204) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, JSON_CT);
     if (status == 503 && body) {
-        json_t *v = json_loadb(body, len, 0, NULL);
+        json_t *v = arl_json_loadb(body, len, 0, NULL);
         json_t *ra = json_object_get(json_object_get(v, "error"), "retry_after_ms");
         long long ms = json_is_integer(ra) ? json_integer_value(ra) : 1000;
         char sec[32];
@@ -408,7 +409,7 @@ int64_t arl_aep_server_active_sessions(arl_aep_server *s) {
     size_t l = 0;
     s->vt->health(s->inst, &b, &l);
     int64_t n = -1;
-    json_t *v = b ? json_loadb(b, l, 0, NULL) : NULL;
+    json_t *v = b ? arl_json_loadb(b, l, 0, NULL) : NULL;
     json_t *a = json_object_get(v, "active_sessions");
     if (!a) a = json_object_get(json_object_get(json_object_get(v, "error"), "details"), "active_sessions");
     if (json_is_integer(a)) n = json_integer_value(a);

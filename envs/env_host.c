@@ -43,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/json_dump.h"
 #include "core/rng.h"
 #include "envs/aep_json.h"
 
@@ -1776,9 +1777,13 @@ arl_status arl_env_host_open(const arl_env_def *def, const char *config_json, co
                                   def->info_json ? strlen(def->info_json) : 2, ARL_AEP_MAX_DEPTH, err, sizeof err);
     if (!rest || !json_is_object(rest)) {
         if (rest) json_decref(rest);
-        return arl_errorf(ARL_ERR_CONFIG, "env host: '%s': info_json: %s", def->name,
+        return arl_errorf(!rest && strstr(err, "out of memory") ? ARL_ERR_NOMEM : ARL_ERR_CONFIG,
+                          "env host: '%s': info_json: %s", def->name,
                           rest ? "expected an object" : err);
     }
+    /* jansson's builders leave a key out quietly when an allocation fails: then out of memory,
+     * not an /info that fails its own check (or passes it short of a key) */
+    const unsigned long jfail = arl_json_alloc_failures();
     json_t *info = json_object();
     json_t *env = json_object();
     json_object_set_new(info, "protocol", json_string(ARL_AEP_PROTOCOL));
@@ -1802,7 +1807,7 @@ arl_status arl_env_host_open(const arl_env_def *def, const char *config_json, co
     }
     if (cfg && cfg->session_idle_timeout_ms > 0)
         json_object_set_new(lim, "session_idle_timeout_ms", json_integer(cfg->session_idle_timeout_ms));
-    host *h = calloc(1, sizeof *h);
+    host *h = arl_json_alloc_failures() == jfail ? calloc(1, sizeof *h) : NULL;
     if (!h) {
         json_decref(info);
         return arl_errorf(ARL_ERR_NOMEM, "env host: out of memory");
@@ -1819,7 +1824,9 @@ arl_status arl_env_host_open(const arl_env_def *def, const char *config_json, co
     }
     arl_status st = arl_env_info_parse(h->info_body, h->info_len, &h->info);
     if (st != ARL_OK) {
-        st = arl_errorf(ARL_ERR_CONFIG, "env host: environment '%s': %s", def->name, arl_error_msg());
+        /* (arl_error_prefix: the message formatted into itself came out garbled) */
+        st = arl_error_prefix(st == ARL_ERR_NOMEM ? st : ARL_ERR_CONFIG,
+                              "env host: environment '%s'", def->name);
         free(h->info_body);
         free(h);
         return st;

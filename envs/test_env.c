@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/json_dump.h"
 #include "envs/env.h"
 
 typedef struct echo_state {
@@ -161,7 +162,7 @@ static arl_status echo_step(void *inst, void *state, const arl_env_step_req *req
         "\"properties\":{}}}},"
         "{\"type\":\"function\",\"function\":{\"name\":\"submit\",\"parameters\":{\"type\":\"object\","
         "\"properties\":{\"answer\":{\"type\":\"string\"}},\"required\":[\"answer\"]}}}]";
-    json_t *tools = json_loads(tools_json, 0, NULL);
+    json_t *tools = arl_json_loads(tools_json, 0, NULL);
     if (!tools) return arl_errorf(ARL_ERR_NOMEM, "echo: out of memory");
     double pr = 0;
     int all_ok = a->n_parse_errors == 0 && a->n_tool_calls > 0;

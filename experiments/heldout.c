@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "core/sha256.h"
 #include "envs/builtin/teacher.h"
 #include "experiments/heldout.h"
@@ -33,7 +34,7 @@ arl_status arl_heldout_task_side(const char *env, uint64_t seed, const char *opt
     json_t *options = NULL;
     if (options_json && *options_json) {
         json_error_t je;
-        options = json_loads(options_json, 0, &je);
+        options = arl_json_loads(options_json, 0, &je);
         if (!json_is_object(options)) {
             json_decref(options);
             return arl_errorf(ARL_ERR_ARG, "held-out split: options: expected a JSON object (%s)",
@@ -54,9 +55,13 @@ arl_status arl_heldout_task_side(const char *env, uint64_t seed, const char *opt
     json_array_foreach(msgs, i, m) {
         const char *role = json_string_value(json_object_get(m, "role"));
         if (role && !strcmp(role, "assistant")) break;
-        if (prompt) json_array_append(prompt, m);
+        if (prompt && json_array_append(prompt, m)) { /* a message left out: another hash */
+            json_decref(prompt);
+            prompt = NULL;
+            s = arl_errorf(ARL_ERR_NOMEM, "held-out split: out of memory");
+        }
     }
-    char *text = prompt ? json_dumps(prompt, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    char *text = prompt ? arl_json_dumps(prompt, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     if (!s && !text) s = arl_errorf(ARL_ERR_NOMEM, "held-out split: out of memory");
     if (!s) {
         uint8_t h[ARL_SHA256_BYTES];

@@ -13,6 +13,7 @@
 
 #include "core/assert.h"
 #include "core/file.h"
+#include "core/json_dump.h"
 #include "core/log.h"
 
 #define METRICS_MAX_DEPTH 8 /* nesting levels flattened; deeper values are skipped */
@@ -313,14 +314,14 @@ static arl_status metrics_line(arl_metrics *m, namebuf *nb, const char *line, si
         s0++;
     if (s0 == len) return ARL_OK; /* blank */
     json_error_t e;
-    json_t *j = json_loadb(line, len, JSON_DECODE_INT_AS_REAL, &e);
+    json_t *j = arl_json_loadb(line, len, JSON_DECODE_INT_AS_REAL, &e);
     /* out of memory (jansson leaves the message empty where an allocation fails): an error, not
      * a malformed line skipped (the report would lack the row without a word) */
     int nomem = !j && (json_error_code(&e) == json_error_out_of_memory || !e.text[0]);
     if (!j && !nomem) {
         char *fixed = fix_bare_words(line, len, &nomem);
         if (fixed) {
-            j = json_loads(fixed, JSON_DECODE_INT_AS_REAL, &e);
+            j = arl_json_loads(fixed, JSON_DECODE_INT_AS_REAL, &e);
             if (!j && (json_error_code(&e) == json_error_out_of_memory || !e.text[0])) nomem = 1;
         }
         free(fixed);
@@ -959,7 +960,7 @@ arl_status arl_report_eval_read(const char *path, arl_report_eval *e) {
         return arl_errorf(errno == ENOENT ? ARL_ERR_NOT_FOUND : ARL_ERR_IO,
                           "%s: cannot open for reading: %s", path, strerror(errno));
     json_error_t je;
-    json_t *j = json_loadf(f, JSON_REJECT_DUPLICATES, &je); /* (a key twice: which is meant?) */
+    json_t *j = arl_json_loadf(f, JSON_REJECT_DUPLICATES, &je); /* (a key twice: which is meant?) */
     fclose(f);
     if (!j) /* jansson leaves the message empty where an allocation fails */
         return json_error_code(&je) == json_error_out_of_memory || !je.text[0]
@@ -1035,10 +1036,11 @@ static arl_status eval_cb(const void *ctx, FILE *f) {
     if (e->set[0]) {
         fputs(", \"set\": ", f);
         json_t *str = json_string(e->set); /* escaped as JSON */
-        char *t = str ? json_dumps(str, JSON_ENCODE_ANY) : NULL;
-        fputs(t ? t : "\"\"", f);
-        free(t);
+        char *t = str ? arl_json_dumps(str, JSON_ENCODE_ANY) : NULL;
         json_decref(str);
+        if (!t) return arl_errorf(ARL_ERR_NOMEM, "out of memory"); /* (not "set": "") */
+        fputs(t, f);
+        free(t);
     }
     fprintf(f, "}\n");
     return ferror(f) ? arl_errorf(ARL_ERR_IO, "write error") : ARL_OK;

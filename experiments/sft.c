@@ -15,6 +15,7 @@
 #include "core/assert.h"
 #include "core/dirlock.h"
 #include "core/file.h"
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/sha256.h"
@@ -232,12 +233,12 @@ static arl_status run_hash(const arl_sft_config *c, char hex[ARL_SHA256_HEX_CHAR
     char *text = arl_options_to_json(tab, n, c);
     if (!text) return arl_errorf(ARL_ERR_NOMEM, "sft: out of memory");
     json_error_t e;
-    json_t *j = json_loads(text, 0, &e);
+    json_t *j = arl_json_loads(text, 0, &e);
     free(text);
     if (!j) return arl_errorf(ARL_ERR_INTERNAL, "sft: resolved options are not JSON: %s", e.text);
     for (size_t i = 0; i < sizeof sft_unhashed / sizeof *sft_unhashed; i++)
         json_object_del(j, sft_unhashed[i]);
-    char *canon = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    char *canon = arl_json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(j);
     if (!canon) return arl_errorf(ARL_ERR_NOMEM, "sft: out of memory");
     uint8_t d[ARL_SHA256_BYTES];
@@ -253,10 +254,10 @@ static arl_status write_resolved(const arl_sft_config *c, const char *path) {
     char *text = arl_options_to_json(tab, n, c);
     if (!text) return arl_errorf(ARL_ERR_NOMEM, "sft: out of memory");
     json_error_t e;
-    json_t *j = json_loads(text, 0, &e);
+    json_t *j = arl_json_loads(text, 0, &e);
     free(text);
     if (!j) return arl_errorf(ARL_ERR_INTERNAL, "sft: resolved options are not JSON");
-    char *pretty = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    char *pretty = arl_json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(j);
     if (!pretty) return arl_errorf(ARL_ERR_NOMEM, "sft: out of memory");
     size_t len = strlen(pretty);
@@ -282,7 +283,7 @@ static arl_status metrics_trim(const char *path, int64_t last_step) {
     arl_status s = ARL_OK;
     while ((got = getline(&line, &cap, f)) > 0) {
         json_error_t e;
-        json_t *j = json_loadb(line, (size_t)got, 0, &e);
+        json_t *j = arl_json_loadb(line, (size_t)got, 0, &e);
         json_t *st = j ? json_object_get(j, "step") : NULL;
         int ok =
             json_is_integer(st) && json_integer_value(st) <= last_step && line[got - 1] == '\n';
@@ -475,7 +476,7 @@ static void warn_eval_changed(const char *path, const arl_sft_config *c, int64_t
         arl_error_clear();
         return;
     }
-    json_t *j = json_loads(text, 0, NULL);
+    json_t *j = arl_json_loads(text, 0, NULL);
     free(text);
     const json_t *v = j ? json_object_get(j, "eval-data") : NULL;
     const char *was = json_is_string(v) ? json_string_value(v) : NULL;
@@ -585,7 +586,7 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
         ARL_TRY(arl_sft_data_cursor_check(r->train, (uint64_t)c->seed, &r->st.data));
         if (r->st.extra_json) {
             json_error_t e;
-            json_t *x = json_loads(r->st.extra_json, 0, &e);
+            json_t *x = arl_json_loads(r->st.extra_json, 0, &e);
             json_t *th = x ? json_object_get(x, "threads") : NULL;
             if (json_is_integer(th) && json_integer_value(th) != c->threads)
                 arl_log_warn("sft: the checkpoint was written with threads = %lld, this run "

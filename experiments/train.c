@@ -16,6 +16,7 @@
 #include "core/defer.h"
 #include "core/dirlock.h"
 #include "core/file.h"
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "core/sha256.h"
 #include "envs/builtin/teacher.h"
@@ -135,7 +136,7 @@ void arl_train_config_free(arl_train_config *c) {
 
 static arl_status parse_section(const arl_option *tab, size_t n, json_t *obj, const char *where,
                                 void *cfg) {
-    char *text = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *text = arl_json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (!text) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", where);
     arl_status s = arl_options_parse_json_text(tab, n, text, where, cfg);
     free(text);
@@ -255,7 +256,7 @@ arl_status arl_train_config_check(const arl_train_config *c) {
                           "key 'eval-split': not with rollout.task-file (split the task file "
                           "yourself)");
     if (c->sft_demo_options) {
-        json_t *j = json_loads(c->sft_demo_options, 0, NULL);
+        json_t *j = arl_json_loads(c->sft_demo_options, 0, NULL);
         int ok = json_is_object(j);
         json_decref(j);
         if (!ok)
@@ -299,7 +300,7 @@ arl_status arl_train_config_load(const char *path, const arl_strlist *sets, arl_
         char *text;
         ARL_TRY(arl_file_read(path, 0, &text, NULL));
         json_error_t je;
-        json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+        json_t *root = arl_json_loads(text, JSON_REJECT_DUPLICATES, &je);
         free(text);
         if (!root)
             return arl_errorf(ARL_ERR_CONFIG, "%s:%d:%d: invalid JSON: %s", path, je.line,
@@ -324,7 +325,7 @@ arl_status arl_train_config_load(const char *path, const arl_strlist *sets, arl_
                 snprintf(where, sizeof where, "%s: section '%s'", path, key);
                 if (!strcmp(key, "rollout")) {
                     json_t *w = json_pack("{sO}", "rollout", v);
-                    char *t = w ? json_dumps(w, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+                    char *t = w ? arl_json_dumps(w, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
                     json_decref(w);
                     s = t ? arl_rollout_config_load_json(&c->rollout, t, path)
                           : arl_errorf(ARL_ERR_NOMEM, "out of memory");
@@ -350,7 +351,7 @@ arl_status arl_train_config_load(const char *path, const arl_strlist *sets, arl_
                 }
             } else if ((!strcmp(key, "sft-demo-options") || !strcmp(key, "sft_demo_options")) &&
                        json_is_object(v)) {
-                char *t = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+                char *t = arl_json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
                 s = t ? (json_object_set_new(top, key, json_string(t)) ? ARL_ERR_NOMEM : ARL_OK)
                       : ARL_ERR_NOMEM;
                 free(t);
@@ -372,7 +373,7 @@ arl_status arl_train_config_load(const char *path, const arl_strlist *sets, arl_
 /* A table's resolved JSON without unset strings (so that the file reads back). */
 static json_t *section_json(const arl_option *tab, size_t n, const void *cfg, int sft) {
     char *t = arl_options_to_json(tab, n, cfg);
-    json_t *j = t ? json_loads(t, 0, NULL) : NULL;
+    json_t *j = t ? arl_json_loads(t, 0, NULL) : NULL;
     free(t);
     if (!j) return NULL;
     const char *key;
@@ -388,7 +389,7 @@ static json_t *section_json(const arl_option *tab, size_t n, const void *cfg, in
 static void objectify(json_t *o, const char *key) {
     json_t *v = json_object_get(o, key);
     if (!json_is_string(v)) return;
-    json_t *p = json_loads(json_string_value(v), 0, NULL);
+    json_t *p = arl_json_loads(json_string_value(v), 0, NULL);
     if (json_is_object(p))
         json_object_set_new(o, key, p);
     else
@@ -412,7 +413,7 @@ char *arl_train_config_json(const arl_train_config *c) {
         json_object_set(top, "rollout", ro);
         json_object_set(top, "learner", le);
         json_object_set(top, "sft", sf);
-        out = json_dumps(top, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        out = arl_json_dumps(top, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     }
     json_decref(top);
     json_decref(ro);
@@ -571,7 +572,7 @@ static int64_t resolved_total_steps(const arl_train_config *c) {
 static arl_status run_canon_of(const arl_train_config *c, char **canon) {
     *canon = NULL;
     char *t = arl_train_config_json(c);
-    json_t *j = t ? json_loads(t, 0, NULL) : NULL;
+    json_t *j = t ? arl_json_loads(t, 0, NULL) : NULL;
     free(t);
     if (!j) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
     /* "model" and "init" are used at the start only (the model config hash is checked on its
@@ -591,7 +592,7 @@ static arl_status run_canon_of(const arl_train_config *c, char **canon) {
      * split and the gradient is summed in more parts, equal to fp32 rounding) */
     json_object_del(le, "device-slot-rows");
     json_object_set_new(le, "resolved-total-steps", json_integer(resolved_total_steps(c)));
-    *canon = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    *canon = arl_json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(j);
     return *canon ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
 }
@@ -615,7 +616,7 @@ static arl_status settings_canon_of(const arl_train_config *c, const char *model
                                     char **canon) {
     *canon = NULL;
     char *t = arl_train_config_json(c);
-    json_t *j = t ? json_loads(t, 0, NULL) : NULL;
+    json_t *j = t ? arl_json_loads(t, 0, NULL) : NULL;
     free(t);
     if (!j) return arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
     json_object_del(j, "progress");
@@ -624,7 +625,7 @@ static arl_status settings_canon_of(const arl_train_config *c, const char *model
     json_object_del(ro, "threads");
     json_object_del(ro, "progress-s");
     json_object_set_new(j, "model-config-sha256", json_string(model_sha));
-    *canon = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    *canon = arl_json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(j);
     return *canon ? ARL_OK : arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
 }
@@ -712,7 +713,7 @@ static arl_status load_dataset(tr_run *r) {
     while ((len = getline(&line, &cap, fp)) >= 0) {
         ln++;
         if (len <= 1) continue;
-        json_t *j = json_loadb(line, (size_t)len, 0, NULL);
+        json_t *j = arl_json_loadb(line, (size_t)len, 0, NULL);
         if (!json_is_object(j) || !json_is_string(json_object_get(j, "id"))) {
             json_decref(j);
             s = arl_errorf(ARL_ERR_CONFIG, "%s:%lld: expected {\"id\", \"seed\", \"data\"}", f,
@@ -765,7 +766,8 @@ static arl_status split_seeds(tr_run *r) {
 /* Write the tasks [lo, hi) of a kind ("task": training index i, "eval": held-out index j) as a
  * task file. */
 static arl_status write_tasks(tr_run *r, const char *path, int eval, int64_t lo, int64_t hi) {
-    json_t *data = json_loads(r->c->rollout.task_data ? r->c->rollout.task_data : "{}", 0, NULL);
+    json_t *data =
+        arl_json_loads(r->c->rollout.task_data ? r->c->rollout.task_data : "{}", 0, NULL);
     if (!data) return arl_errorf(ARL_ERR_CONFIG, "rollout.task-data: invalid JSON");
     size_t cap = 1024, n = 0;
     char *buf = malloc(cap);
@@ -782,7 +784,7 @@ static arl_status write_tasks(tr_run *r, const char *path, int eval, int64_t lo,
             if (!eval && r->train_seeds) seed = r->train_seeds[i];
             t = json_pack("{sssIsO}", "id", id, "seed", (json_int_t)seed, "data", data);
         }
-        char *line = t ? json_dumps(t, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        char *line = t ? arl_json_dumps(t, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
         json_decref(t);
         if (!line) {
             s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
@@ -853,7 +855,7 @@ static arl_status store_counts(const char *root, const char *run_uid, const char
         char env[64], *info = NULL;
         s = arl_ledger_group_env(led, ids[g], &sz, env, sizeof env, &info);
         double hi = 1.0;
-        json_t *j = info ? json_loads(info, 0, NULL) : NULL;
+        json_t *j = info ? arl_json_loads(info, 0, NULL) : NULL;
         json_t *rg = json_object_get(
             json_object_get(json_object_get(j, "reward_levels"), "outcome"), "range");
         if (json_is_array(rg) && json_is_number(json_array_get(rg, 1)))
@@ -1092,7 +1094,7 @@ static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
     arl_status s = arl_options_defaults(t, n, &sc);
     /* copy the section: its resolved values through JSON, then the driver's keys */
     char *js = s ? NULL : arl_options_to_json(t, n, &c->sft);
-    json_t *j = js ? json_loads(js, 0, NULL) : NULL;
+    json_t *j = js ? arl_json_loads(js, 0, NULL) : NULL;
     free(js);
     if (!s && !j) s = arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
     if (!s) {
@@ -1318,7 +1320,7 @@ static arl_status metrics_truncate(const char *path, int64_t keep) {
         char *e = strchr(p, '\n');
         size_t len = e ? (size_t)(e - p) : strlen(p);
         line++;
-        json_t *j = json_loadb(p, len, 0, NULL);
+        json_t *j = arl_json_loadb(p, len, 0, NULL);
         json_t *st = json_object_get(j, "step");
         const int ok = json_is_integer(st) && json_integer_value(st) >= 0;
         if (e && ok && json_integer_value(st) < keep) { /* complete lines only */
@@ -1385,7 +1387,7 @@ static double kl_mean_of(const char *path) {
     for (char *p = text; *p;) {
         char *e = strchr(p, '\n');
         size_t len = e ? (size_t)(e - p) : strlen(p);
-        json_t *j = json_loadb(p, len, 0, NULL);
+        json_t *j = arl_json_loadb(p, len, 0, NULL);
         json_t *k = json_object_get(j, "kl/k3");
         if (json_is_number(k)) {
             if (n == cap) {
@@ -1430,6 +1432,9 @@ static arl_status train_state_save(tr_run *r, int64_t done, int64_t n, const int
     ts.data.seed = (uint64_t)r->c->rollout.task_seed;
     arl_klctl_state ks;
     arl_klctl_state_get(&r->kl, &ks);
+    /* jansson's builders leave a part out quietly when an allocation fails: the state's extra
+     * is written only when none did */
+    const unsigned long jfail = arl_json_alloc_failures();
     json_t *extra = json_object();
     json_t *led = json_object();
     json_t *stores = json_array(), *groups = json_array();
@@ -1457,7 +1462,10 @@ static arl_status train_state_save(tr_run *r, int64_t done, int64_t n, const int
                         json_pack("{sIsIsI}", "ranks", (json_int_t)r->L->world_size, "learners",
                                   (json_int_t)r->L->n_learners, "rollout_ranks", (json_int_t)r->R));
     json_object_set_new(extra, "ledger", led);
-    char *et = json_dumps(extra, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    char *et =
+        arl_json_alloc_failures() == jfail
+            ? arl_json_dumps(extra, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))
+            : NULL;
     json_decref(extra);
     if (!s)
         s = et ? arl_train_state_set_extra(&ts, et) : arl_errorf(ARL_ERR_NOMEM, "out of memory");
@@ -1498,7 +1506,7 @@ static arl_status ledger_commit(tr_run *r, int64_t n, double kl_next) {
 static void progress(tr_run *r, int64_t n, const char *mj, double t_roll, double t_learn,
                      double success) {
     if (!r->rank0 || !r->log || r->progress_line < 0) return;
-    json_t *j = json_loads(mj, 0, NULL);
+    json_t *j = arl_json_loads(mj, 0, NULL);
 #define M(k)                                                                                       \
     (json_is_number(json_object_get(j, k)) ? json_number_value(json_object_get(j, k)) : NAN)
     const double done = (double)(n + 1), total = (double)r->c->steps;
@@ -1718,7 +1726,10 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
     /* checkpoint, ledger, metrics (rank 0) */
     if (!s && r->rank0) {
         r->tokens += res.tokens;
-        json_t *lm = json_loads(res.metrics_json, 0, NULL);
+        /* the metrics line is written only when no allocation of jansson failed as it was built
+         * (a builder leaves the key out quietly) */
+        const unsigned long jfail = arl_json_alloc_failures();
+        json_t *lm = arl_json_loads(res.metrics_json, 0, NULL);
         json_t *lr = json_object_get(lm, "optim/lr");
         if (json_is_number(lr)) r->last_lr = json_number_value(lr);
         /* rollout figures from the stores (also right for a rollout done before a resume) */
@@ -1753,7 +1764,10 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
         json_object_set_new(m, "time/step_s", json_real(now_s() - t0));
         json_object_update(m, lm);
         json_decref(lm);
-        char *line = json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+        char *line =
+            arl_json_alloc_failures() == jfail
+                ? arl_json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12))
+                : NULL;
         json_decref(m);
         if (!s)
             s = line ? metrics_append(metrics_path, line)
@@ -1867,7 +1881,7 @@ static arl_status resume_load(tr_run *r, int64_t *start, arl_train_result *res) 
         return ARL_OK;
     }
     if (!s) {
-        json_t *x = ts.extra_json ? json_loads(ts.extra_json, 0, NULL) : NULL;
+        json_t *x = ts.extra_json ? arl_json_loads(ts.extra_json, 0, NULL) : NULL;
         json_t *k = json_object_get(x, "kl");
         json_t *u = json_object_get(x, "updates");
         arl_klctl_state ks = {.coef = json_number_value(json_object_get(k, "coef")),

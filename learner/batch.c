@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "learner/update_internal.h"
 
@@ -78,7 +79,7 @@ static void parse_info(const char *info, arl_upd_group *g) {
     memset(g->level_absent, 0, sizeof g->level_absent);
     g->outcome_hi = 1.0;
     g->outcome_lo = 0.0;
-    json_t *j = json_loads(info, 0, NULL);
+    json_t *j = arl_json_loads(info, 0, NULL);
     json_t *lv = j ? json_object_get(j, "reward_levels") : NULL;
     if (json_is_object(lv)) {
         static const char *names[ARL_REWARD_NLEVELS] = {"outcome", "segment", "process"};

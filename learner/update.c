@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "core/assert.h"
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "learner/update_internal.h"
@@ -535,11 +536,12 @@ static arl_status deal_minibatches(arl_learner *l, int64_t n) {
 
 typedef struct mctx {
     json_t *o;
+    int bad; /* a metric left out (out of memory): the metrics are an error, not a short line */
 } mctx;
 
 static void mset(void *ctx, const char *name, double v) {
-    json_t *o = ((mctx *)ctx)->o;
-    json_object_set_new(o, name, isfinite(v) ? json_real(v) : json_null());
+    mctx *mc = ctx;
+    if (json_object_set_new(mc->o, name, isfinite(v) ? json_real(v) : json_null())) mc->bad = 1;
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -985,7 +987,7 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
             cnt[7] += (double)l->px[g].len * (l->px[g].users - 1);
         }
     if (st == ARL_OK) st = lr_allreduce_f64(l, cnt, 10, ARL_DIST_SUM);
-    mctx mc = {json_object()};
+    mctx mc = {json_object(), 0};
     if (!mc.o && st == ARL_OK) st = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
     if (st == ARL_OK) {
         mset(&mc, "update", (double)n);
@@ -1046,8 +1048,9 @@ static arl_status update_run(arl_learner *l, int64_t n, const arl_update_source 
         res->loss = json_is_number(lt) ? json_number_value(lt) : NAN;
         res->seconds = t_end - t0;
         res->states_saved = l->states_saved;
-        res->metrics_json =
-            json_dumps(mc.o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(12));
+        res->metrics_json = mc.bad ? NULL
+                                   : arl_json_dumps(mc.o, JSON_COMPACT | JSON_PRESERVE_ORDER |
+                                                              JSON_REAL_PRECISION(12));
         if (!res->metrics_json) st = arl_errorf(ARL_ERR_NOMEM, "learner: out of memory");
     }
     json_decref(mc.o);

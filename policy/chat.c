@@ -147,7 +147,8 @@ static arl_status args_check(const char *s, size_t n, char *msg, size_t cap,
         return ARL_OK;
     }
     json_error_t err;
-    json_t *v = json_loadb(s, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+    json_t *v =
+        arl_json_loadb(s, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!v) {
         if (json_err_nomem(&err))
             return arl_errorf(ARL_ERR_NOMEM, "out of memory parsing tool-call arguments");
@@ -293,7 +294,7 @@ arl_status arl_chat_conv_set_tools_json(arl_chat_conv *c, const char *text, size
         return ARL_OK;
     }
     json_error_t err;
-    json_t *root = json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &err);
+    json_t *root = arl_json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &err);
     if (!root)
         return json_err_nomem(&err)
                    ? arl_errorf(ARL_ERR_NOMEM, "tools: out of memory reading the JSON")
@@ -1007,7 +1008,7 @@ arl_status arl_chat_conv_add_json(arl_chat_conv *c, const arl_chat_template *t,
 arl_status arl_chat_conv_add_json_text(arl_chat_conv *c, const arl_chat_template *t,
                                        const char *text, size_t len) {
     json_error_t err;
-    json_t *v = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+    json_t *v = arl_json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!v)
         return json_err_nomem(&err)
                    ? arl_errorf(ARL_ERR_NOMEM, "message %zu: out of memory reading the JSON",
@@ -1026,7 +1027,7 @@ arl_status arl_chat_conv_from_json(arl_chat_conv *c, const arl_chat_template *t,
     if (!where) where = "conversation";
     json_error_t err;
     json_t *root =
-        json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
+        arl_json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!root)
         return json_err_nomem(&err)
                    ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the JSON", where)

@@ -17,6 +17,7 @@
 
 #include "core/assert.h"
 #include "core/file.h"
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "policy/params.h"
 
@@ -627,7 +628,7 @@ static arl_status parse_object(const json_t *obj, const cfield *tab, size_t n, v
             return arl_errorf(ARL_ERR_CONFIG, "%s: missing required field '%s%s' (expected %s)",
                               where, path, f->name, kind_expect(f));
         } else if (f->def) {
-            json_t *d = json_loads(f->def, JSON_DECODE_ANY, NULL);
+            json_t *d = arl_json_loads(f->def, JSON_DECODE_ANY, NULL);
             if (!d) /* the defaults are valid JSON: only out of memory */
                 return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the default of '%s%s'",
                                   where, path, f->name);
@@ -1036,7 +1037,7 @@ arl_status arl_model_config_parse(const char *text, const char *where, int quiet
     if (!where) where = "config.json";
     snprintf(cfg->path, sizeof cfg->path, "%s", where);
     json_error_t jerr;
-    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = arl_json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         memset(cfg, 0, sizeof *cfg);
         if (json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0])

@@ -329,7 +329,8 @@ static arl_status build(const arl_model_config *cfg, arl_param_inventory *inv, a
             if (!s && ((uint64_t)inv->arena_floats > (uint64_t)SIZE_MAX / 8 ||
                        !(arena = aligned_alloc(64, (bytes + 63) / 64 * 64))))
                 s = arl_errorf(ARL_ERR_NOMEM,
-                               "cannot allocate the fp32 parameters: %lld floats (%.2f GiB) for "
+                               "out of memory: cannot allocate the fp32 parameters: %lld floats "
+                               "(%.2f GiB) for "
                                "%lld parameters",
                                (long long)inv->arena_floats, (double)bytes / (1024.0 * 1024 * 1024),
                                (long long)inv->total_numel);

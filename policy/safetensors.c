@@ -201,7 +201,7 @@ static arl_status st_parse(arl_st_file *f) {
 
     json_error_t jerr;
     json_t *root =
-        json_loadb((const char *)f->buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+        arl_json_loadb((const char *)f->buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) /* jansson leaves the message empty where an allocation fails */
         return json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0]
                    ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the header", label)
@@ -885,7 +885,7 @@ static arl_status dir_open_index(arl_st_dir *d, const char *dir, const char *ind
     if (stat(index, &st) == 0 && st.st_size > (off_t)ARL_ST_HEADER_MAX)
         return arl_errorf(ARL_ERR_FORMAT, "%s: index file of %lld bytes is above the limit of %u",
                           index, (long long)st.st_size, (unsigned)ARL_ST_HEADER_MAX);
-    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = arl_json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         return arl_errorf(ARL_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", index, jerr.text,
                           jerr.line);

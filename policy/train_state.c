@@ -16,6 +16,7 @@
 
 #include "core/assert.h"
 #include "core/file.h"
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "policy/checkpoint.h"
 #include "policy/safetensors.h"
@@ -150,12 +151,12 @@ static arl_status set_object_text(char **slot, const char *text, const char *wha
     char *copy = NULL;
     if (text) {
         json_error_t e;
-        json_t *j = json_loads(text, 0, &e);
+        json_t *j = arl_json_loads(text, 0, &e);
         if (!j || !json_is_object(j)) {
             json_decref(j);
             return arl_errorf(ARL_ERR_ARG, "train state: '%s' must be a JSON object", what);
         }
-        copy = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+        copy = arl_json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
         json_decref(j);
         if (!copy) return arl_errorf(ARL_ERR_NOMEM, "train state: out of memory");
     }
@@ -213,7 +214,7 @@ arl_status arl_train_state_write(const char *path, const arl_train_state *st) {
     for (int i = 0; i < 2; i++) {
         if (!texts[i]) continue;
         json_error_t e;
-        json_t *x = json_loads(texts[i], 0, &e);
+        json_t *x = arl_json_loads(texts[i], 0, &e);
         if (!x || !json_is_object(x)) {
             json_decref(x);
             json_decref(root);
@@ -225,7 +226,7 @@ arl_status arl_train_state_write(const char *path, const arl_train_state *st) {
         bad |= json_object_set_new(root, names[i], x);
     }
     if (bad) goto nomem;
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    char *text = arl_json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
     json_decref(root);
     json_decref(rng);
     json_decref(data);
@@ -286,7 +287,7 @@ static arl_status get_hash(const json_t *obj, const char *key, const char *path,
 arl_status arl_train_state_read(const char *path, arl_train_state *st) {
     arl_train_state_init(st);
     json_error_t e;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+    json_t *root = arl_json_load_file(path, JSON_REJECT_DUPLICATES, &e);
     if (!root) {
         if (access(path, F_OK) != 0)
             return arl_errorf(ARL_ERR_NOT_FOUND, "%s: no such train state file", path);
@@ -372,7 +373,7 @@ arl_status arl_train_state_read(const char *path, arl_train_state *st) {
             s = arl_errorf(ARL_ERR_FORMAT, "%s: member '%s': expected an object", path, names[i]);
             goto done;
         }
-        *slots[i] = json_dumps(x, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+        *slots[i] = arl_json_dumps(x, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
         if (!*slots[i]) {
             s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
             goto done;
@@ -458,8 +459,8 @@ static void diff_objects(const json_t *a, const json_t *b, const char *prefix, d
 
 int arl_run_config_diff(const char *saved_json, const char *now_json, char *out, size_t cap) {
     diff_list d = {.len = 0};
-    json_t *a = saved_json ? json_loads(saved_json, 0, NULL) : NULL;
-    json_t *b = now_json ? json_loads(now_json, 0, NULL) : NULL;
+    json_t *a = saved_json ? arl_json_loads(saved_json, 0, NULL) : NULL;
+    json_t *b = now_json ? arl_json_loads(now_json, 0, NULL) : NULL;
     if (json_is_object(a) && json_is_object(b)) diff_objects(a, b, "", &d);
     json_decref(a);
     json_decref(b);

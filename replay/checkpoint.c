@@ -151,12 +151,16 @@ arl_status rckpt_start(rdb *d, const char *vfs, rckpt **out) {
     }
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
-    if (pthread_create(&c->thread, NULL, ckpt_main, c)) {
+    const int e = pthread_create(&c->thread, NULL, ckpt_main, c);
+    if (e) {
         pthread_cond_destroy(&c->cv);
         pthread_mutex_destroy(&c->mu);
         sqlite3_close(c->db);
         free(c);
-        return arl_errorf(ARL_ERR_NOMEM, "replay: %s: cannot start the checkpoint thread", d->name);
+        return arl_errorf(ARL_ERR_NOMEM,
+                          "replay: %s: cannot start the checkpoint thread: %s (out of memory, or "
+                          "the process's thread limit)",
+                          d->name, strerror(e));
     }
     sqlite3_wal_hook(d->db, wal_hook, c);
     *out = c;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/crc32.h"
+#include "core/json_dump.h"
 #include "rollout/boundary.h"
 #include "rollout/internal.h"
 #include "rollout/rescore.h"
@@ -45,9 +46,10 @@ arl_status ro_record_call(ro_traj *t, const arl_env_call *c, int in_finish, int6
         json_t *j = json_pack("{s:s,s:s,s:s,s:I}", "code", c->error.code_str, "message",
                               c->error.message, "violation", c->error.violation, "response_bytes",
                               (json_int_t)c->response_total);
-        char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        char *txt = j ? arl_json_dumps(j, JSON_COMPACT) : NULL;
         json_decref(j);
         r.attempt_log_json = ro_strs_take(p, txt);
+        if (!r.attempt_log_json) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     }
     r.latency_ms = c->elapsed_ms;
     r.started_at_ms = now - c->elapsed_ms;
@@ -61,7 +63,8 @@ arl_status ro_record_call(ro_traj *t, const arl_env_call *c, int in_finish, int6
         r.response = (const uint8_t *)ro_strs_dup(p, c->response, c->response_len);
         r.response_nbytes = c->response_len;
     }
-    if ((c->request && !r.request) || (c->response && !r.response))
+    if ((c->request && !r.request) || (c->response && !r.response) ||
+        (sid && *sid && !r.session_id) || (c->error.code != ARL_ENV_E_NONE && !r.error_code))
         return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     if (seq) *seq = r.call_seq;
     if (!in_finish) return ro_seg_add_call(&t->seg, &r);

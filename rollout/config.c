@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "rollout/rollout.h"
 
 #define F(x) offsetof(arl_rollout_config, x)
@@ -164,7 +165,7 @@ static int is_object_key(const char *k) {
 
 arl_status arl_rollout_config_load_json(arl_rollout_config *c, const char *text, const char *where) {
     json_error_t jerr;
-    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = arl_json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         return arl_errorf(ARL_ERR_CONFIG, "%s:%d:%d: invalid JSON: %s", where, jerr.line,
                           jerr.column, jerr.text);
@@ -191,7 +192,7 @@ arl_status arl_rollout_config_load_json(arl_rollout_config *c, const char *text,
             s = arl_errorf(ARL_ERR_CONFIG, "%s: key '%s': expected a JSON object", where, key);
             break;
         }
-        char *t = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        char *t = arl_json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
         if (!t || json_object_set_new(obj, key, json_string(t))) {
             free(t);
             s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", where);
@@ -199,7 +200,7 @@ arl_status arl_rollout_config_load_json(arl_rollout_config *c, const char *text,
         }
         free(t);
     }
-    char *flat = s == ARL_OK ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    char *flat = s == ARL_OK ? arl_json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(obj);
     if (s != ARL_OK) return s;
     if (!flat) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", where);
@@ -213,7 +214,7 @@ arl_status arl_rollout_config_load_json(arl_rollout_config *c, const char *text,
 static arl_status check_object(const char *text, const char *key) {
     if (!text) return ARL_OK;
     json_error_t e;
-    json_t *j = json_loads(text, JSON_REJECT_DUPLICATES, &e);
+    json_t *j = arl_json_loads(text, JSON_REJECT_DUPLICATES, &e);
     int ok = j && json_is_object(j);
     json_decref(j);
     if (!ok)

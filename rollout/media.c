@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "envs/aep_json.h"
 #include "policy/image.h"
 #include "policy/vision.h"
@@ -35,7 +36,7 @@ static void img_list_clear(img_list *l) {
 static arl_status parse_obs(const char *body, size_t len, int64_t call_seq, img_list *out,
                             int *reset) {
     json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
+    json_t *root = arl_json_loadb(body, len, 0, &je);
     const json_t *obs = root ? json_object_get(root, "observation") : NULL;
     if (!obs) {
         json_decref(root);

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/time.h>
 
+#include "core/json_dump.h"
 #include "core/sha256.h"
 #include "envs/aep_json.h"
 #include "envs/env.h"
@@ -70,7 +71,7 @@ static void diff_members(const char *a, size_t na, const char *b, size_t nb, cha
     buf[0] = 0;
     *fatal = 0;
     if (na == nb && !memcmp(a, b, na)) return;
-    json_t *ja = json_loadb(a, na, 0, NULL), *jb = json_loadb(b, nb, 0, NULL);
+    json_t *ja = arl_json_loadb(a, na, 0, NULL), *jb = arl_json_loadb(b, nb, 0, NULL);
     size_t w = 0;
     if (!json_is_object(ja) || !json_is_object(jb)) {
         snprintf(buf, cap, "the body (not a JSON object)");
@@ -107,7 +108,7 @@ static arl_status run_env(replay_store *st, const replay_traj_row *t, char *wher
     snprintf(rid, sizeof rid, "%lld", (long long)t->run_id);
     arl_status s = replay_run_get(st, rid, &run);
     if (s) return arl_error_prefix(s, "rescore --rewards of %s: reading its run", t->traj_uid);
-    json_t *j = run.config_json ? json_loads(run.config_json, 0, NULL) : NULL;
+    json_t *j = run.config_json ? arl_json_loads(run.config_json, 0, NULL) : NULL;
     const char *env = json_string_value(json_object_get(j, "env"));
     const char *ec = json_string_value(json_object_get(j, "env-config"));
     if (env && *env) {
@@ -196,7 +197,7 @@ static arl_status replay(replay_store *st, const replay_traj_row *t, arl_env *en
     }
     /* create with the stored task */
     const ro_call *c0 = ro_calls_step(calls, 0);
-    json_t *rq = c0 && c0->request ? json_loadb(c0->request, c0->request_len, 0, NULL) : NULL;
+    json_t *rq = c0 && c0->request ? arl_json_loadb(c0->request, c0->request_len, 0, NULL) : NULL;
     json_t *task = json_object_get(rq, "task");
     if (!answered(c0) || !json_is_object(task)) {
         json_decref(rq);
@@ -228,8 +229,8 @@ static arl_status replay(replay_store *st, const replay_traj_row *t, arl_env *en
     arl_env_session *sess = *sess_out;
     const arl_env_call *c = arl_env_session_call(sess);
     {
-        json_t *a = json_loadb(c0->response, c0->response_len, 0, NULL);
-        json_t *b = c->response ? json_loadb(c->response, c->response_len, 0, NULL) : NULL;
+        json_t *a = arl_json_loadb(c0->response, c0->response_len, 0, NULL);
+        json_t *b = c->response ? arl_json_loadb(c->response, c->response_len, 0, NULL) : NULL;
         int same = a && b &&
                    json_equal(json_object_get(a, "observation"), json_object_get(b, "observation"));
         json_decref(a);
@@ -303,7 +304,7 @@ static arl_status replay(replay_store *st, const replay_traj_row *t, arl_env *en
         if (!strcmp(calls->v[i].endpoint, "score_episode") && answered(&calls->v[i]))
             se = &calls->v[i];
     if (se && m == last) {
-        json_t *ej = se->request ? json_loadb(se->request, se->request_len, 0, NULL) : NULL;
+        json_t *ej = se->request ? arl_json_loadb(se->request, se->request_len, 0, NULL) : NULL;
         int reason = arl_env_score_reason_parse(json_string_value(json_object_get(ej, "reason")));
         json_decref(ej);
         if (reason < 0)

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "core/sha256.h"
 #include "envs/aep_json.h"
@@ -100,17 +101,18 @@ typedef struct rs_ctx {
     const char *state_how;
     char code[64], attr[8], detail[512];
     char fork_gid[ARL_AEP_MAX_ID_BYTES + 1]; /* a fork's group as the environment knows it */
+    int nomem; /* fail_with could not build detail (out of memory): an error, not a mask */
 } rs_ctx;
 
 static int fail_with(rs_ctx *x, const char *code, const char *attr, const char *fmt, const char *a) {
     snprintf(x->code, sizeof x->code, "%s", code);
     snprintf(x->attr, sizeof x->attr, "%s", attr);
-    json_t *j = json_pack("{s:s}", "reason", "");
     char msg[400];
     snprintf(msg, sizeof msg, fmt, a ? a : "");
-    json_object_set_new(j, "reason", json_string(msg));
-    char *txt = json_dumps(j, JSON_COMPACT);
+    json_t *j = json_pack("{s:s}", "reason", msg);
+    char *txt = j ? arl_json_dumps(j, JSON_COMPACT) : NULL;
     snprintf(x->detail, sizeof x->detail, "%s", txt ? txt : "{}");
+    if (!txt) x->nomem = 1;
     free(txt);
     json_decref(j);
     return 1;
@@ -137,7 +139,7 @@ static arl_status stored_create(rs_ctx *x, json_t **req_json, arl_env_create_req
                                 const char *traj_id) {
     if (x->fork) ARL_TRY(ro_env_id(x->w, x->t->group_uid, "", x->fork_gid, sizeof x->fork_gid));
     const ro_call *c0 = ro_calls_step(&x->calls, 0);
-    json_t *j = c0 && c0->request ? json_loadb(c0->request, c0->request_len, 0, NULL) : NULL;
+    json_t *j = c0 && c0->request ? arl_json_loadb(c0->request, c0->request_len, 0, NULL) : NULL;
     json_t *task = json_object_get(j, "task");
     if (!j || !json_is_object(task)) {
         json_decref(j);
@@ -183,8 +185,8 @@ static arl_status replay_env(rs_ctx *x, int *failed) {
     /* the initial observation must equal the stored one */
     const ro_call *c0 = ro_calls_step(&x->calls, 0);
     const arl_env_call *c = arl_env_session_call(t->sess);
-    json_t *a = c0 && c0->response ? json_loadb(c0->response, c0->response_len, 0, NULL) : NULL;
-    json_t *b = c->response ? json_loadb(c->response, c->response_len, 0, NULL) : NULL;
+    json_t *a = c0 && c0->response ? arl_json_loadb(c0->response, c0->response_len, 0, NULL) : NULL;
+    json_t *b = c->response ? arl_json_loadb(c->response, c->response_len, 0, NULL) : NULL;
     int same = a && b && json_equal(json_object_get(a, "observation"), json_object_get(b, "observation"));
     json_decref(a);
     json_decref(b);
@@ -552,8 +554,8 @@ static arl_status restore_stream(rs_ctx *x, int fresh, int *failed) {
         goto out;
     }
     /* tools of the session: the initial observation's (or /info's) */
-    char *tools = json_dumps(res0.obs.tools ? res0.obs.tools : w->info->tools,
-                             JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *tools = arl_json_dumps(res0.obs.tools ? res0.obs.tools : w->info->tools,
+                                 JSON_COMPACT | JSON_PRESERVE_ORDER);
     s = tools ? arl_chat_conv_set_tools_json(&t->conv, tools, strlen(tools))
               : arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     free(tools);
@@ -588,12 +590,16 @@ static arl_status restore_stream(rs_ctx *x, int fresh, int *failed) {
     if (s == ARL_OK) s = arl_chat_render_messages(&w->eng.tpl, &t->conv, na, na + 1, &r);
     size_t extra = (size_t)(w->gp_len + (b - a));
     if (s == ARL_OK && fresh) {
-        char *tl = res.obs.tools ? json_dumps(res.obs.tools, JSON_COMPACT | JSON_PRESERVE_ORDER)
+        char *tl = res.obs.tools ? arl_json_dumps(res.obs.tools, JSON_COMPACT | JSON_PRESERVE_ORDER)
                    : t->conv.tools_json ? strdup(t->conv.tools_json)
                                         : NULL;
+        const int tools_lost = !tl && (res.obs.tools || t->conv.tools_json);
         arl_chat_conv_free(&t->conv);
         t->conv_partial = 0;
-        if (tl) s = arl_chat_conv_set_tools_json(&t->conv, tl, strlen(tl));
+        if (tools_lost)
+            s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+        else if (tl)
+            s = arl_chat_conv_set_tools_json(&t->conv, tl, strlen(tl));
         free(tl);
         if (s == ARL_OK) s = ro_conv_add_obs(&t->conv, &w->eng.tpl, &res.obs, &imgs);
         if (s == ARL_OK) s = arl_chat_render(&w->eng.tpl, &t->conv, 1, &full);
@@ -722,6 +728,7 @@ arl_status ro_resume_one(arl_rollout_worker *w, int64_t traj_id) {
         }
     }
     if (s == ARL_OK && !failed) s = restore_stream(&x, fresh, &failed);
+    if (s == ARL_OK && failed && x.nomem) s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     if (s == ARL_OK && failed) {
         arl_log_warn("rollout: %s cannot be resumed: %s %s", t->uid, x.code, x.detail);
         ro_seg_reset(&t->seg, t->seg.seg_index, t->seg.start_kind, t->seg.first_step,

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/json_dump.h"
 #include "envs/aep_json.h"
 #include "rollout/store_read.h"
 
@@ -209,7 +210,7 @@ const ro_call *ro_calls_segment_score(const ro_calls *c, int64_t seg) {
 arl_status ro_call_action(const ro_call *c, arl_env_action *act, char *why, size_t why_size) {
     memset(act, 0, sizeof *act);
     if (why_size) why[0] = 0;
-    json_t *rq = c && c->request ? json_loadb(c->request, c->request_len, 0, NULL) : NULL;
+    json_t *rq = c && c->request ? arl_json_loadb(c->request, c->request_len, 0, NULL) : NULL;
     if (!rq) {
         snprintf(why, why_size, "no request body");
         return ARL_ERR_CORRUPT;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "rollout/internal.h"
 
@@ -157,7 +158,7 @@ arl_status ro_conv_add_obs(arl_chat_conv *conv, const arl_chat_template *t,
             ARL_TRY(arl_chat_conv_add_text(conv, ARL_CHAT_ASSISTANT, text, strlen(text)));
             for (int32_t j = 0; j < m->n_tool_calls; j++) {
                 const arl_env_tool_call *c = &m->tool_calls[j];
-                char *args = json_dumps(c->arguments, JSON_COMPACT | JSON_PRESERVE_ORDER);
+                char *args = arl_json_dumps(c->arguments, JSON_COMPACT | JSON_PRESERVE_ORDER);
                 if (!args) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
                 arl_status s = arl_chat_conv_add_call(conv, c->id, c->name, args, strlen(args));
                 free(args);

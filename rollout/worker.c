@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/json_dump.h"
 #include "core/log.h"
 #include "envs/aep_json.h"
 #include "kernels/threadpool.h"
@@ -63,7 +64,7 @@ static arl_status tasks_load(arl_rollout_worker *w) {
             snprintf(id, sizeof id, "task%lld", (long long)(c->task_offset + i));
             w->tasks[i].id = strdup(id);
             w->tasks[i].seed = (uint64_t)(c->task_seed + c->task_offset + i);
-            w->tasks[i].data = json_loads(c->task_data ? c->task_data : "{}", 0, NULL);
+            w->tasks[i].data = arl_json_loads(c->task_data ? c->task_data : "{}", 0, NULL);
             if (!w->tasks[i].id || !w->tasks[i].data)
                 return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
         }
@@ -81,7 +82,7 @@ static arl_status tasks_load(arl_rollout_worker *w) {
         if (len <= 1 && (len == 0 || line[0] == '\n')) continue;
         if (c->tasks > 0 && w->n_tasks >= c->tasks) break;
         json_error_t je;
-        json_t *j = json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &je);
+        json_t *j = arl_json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &je);
         json_t *id = json_object_get(j, "id"), *seed = json_object_get(j, "seed"),
                *data = json_object_get(j, "data");
         if (!j || !json_is_string(id) || (seed && !json_is_integer(seed)) ||
@@ -122,7 +123,7 @@ static arl_status tasks_load(arl_rollout_worker *w) {
 
 /* A task's data as stored (tasks.data_json: compact, keys sorted); NULL when out of memory. */
 static char *task_data_json(const ro_task *tk) {
-    return json_dumps(tk->data, JSON_COMPACT | JSON_SORT_KEYS);
+    return arl_json_dumps(tk->data, JSON_COMPACT | JSON_SORT_KEYS);
 }
 
 arl_status ro_task_ensure(arl_rollout_worker *w, int64_t task) {
@@ -426,8 +427,9 @@ static arl_status mask_call(arl_rollout_worker *w, ro_traj *t, const arl_env_cal
                         "this server before (or the server does not keep ids apart); roll out "
                         "into a new store, or give the run its own run uid (rollout.run-uid; "
                         "spec/aep.md 3)"));
-    char *detail = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    char *detail = j ? arl_json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
+    if (!detail) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     const arl_status st =
         ro_traj_mask(w, t, c->error.code_str, attr, "error", detail, with_segment);
     free(detail);
@@ -572,6 +574,10 @@ static arl_status end_turn(arl_rollout_worker *w, ro_traj *t) {
                       .call_seq = -1, .started_at_ms = t->turn_started_ms,
                       .finished_at_ms = ro_now_ms(),
                       .action_json = ro_strs_take(&s->strs, action_json)};
+    if (!tu.action_json) { /* (ro_strs_take freed it) */
+        free(body);
+        return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+    }
     ARL_TRY(ro_seg_add_turn(s, &tu, NULL));
     /* tool_calls rows: one per block in order; results are filled in from the observation */
     for (size_t i = 0; i < t->parsed.n_calls; i++) {
@@ -579,9 +585,12 @@ static arl_status end_turn(arl_rollout_worker *w, ro_traj *t) {
         const char *status = arl_chat_parse_status_str(c->status);
         char *args = NULL;
         for (int32_t j = 0; j < t->action.n_tool_calls; j++)
-            if (!strcmp(t->action.tool_calls[j].id, c->id))
-                args = json_dumps(t->action.tool_calls[j].arguments,
-                                  JSON_COMPACT | JSON_PRESERVE_ORDER);
+            if (!strcmp(t->action.tool_calls[j].id, c->id) && t->action.tool_calls[j].arguments) {
+                free(args);
+                args = arl_json_dumps(t->action.tool_calls[j].arguments,
+                                      JSON_COMPACT | JSON_PRESERVE_ORDER);
+                if (!args) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+            }
         for (int32_t j = 0; j < t->action.n_parse_errors; j++)
             if (!strcmp(t->action.parse_errors[j].id, c->id))
                 status = arl_env_parse_status_str(t->action.parse_errors[j].status);
@@ -592,6 +601,10 @@ static arl_status end_turn(arl_rollout_worker *w, ro_traj *t) {
                               .result_error_code = NULL, .result_bytes = -1,
                               .result_truncated = -1,
                               .arguments_json = args ? ro_strs_take(&s->strs, args) : NULL};
+        if (!r.call_id || (c->name && !r.name) || (args && !r.arguments_json)) {
+            free(body);
+            return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+        }
         ARL_TRY(ro_seg_add_tool(s, &r));
     }
     s->last_step = (int32_t)k;
@@ -607,6 +620,7 @@ static arl_status end_turn(arl_rollout_worker *w, ro_traj *t) {
                              .response_complete = 0, .response_len = -1,
                              .request = (const uint8_t *)ro_strs_take(&s->strs, body),
                              .request_nbytes = body_len};
+        if (!r.request || !r.session_id) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
         ro_seg_find_turn(s, (int32_t)k)->call_seq = r.call_seq;
         ARL_TRY(ro_seg_add_call(s, &r));
         memset(&t->out, 0, sizeof t->out);
@@ -726,9 +740,13 @@ static arl_status commit_end(arl_rollout_worker *w, ro_traj *t, const arl_env_ca
 
 /* ---- environment answers ---- */
 
-static const char *anchor_of(ro_traj *t, const json_t *info) {
+/* The info's anchor (a copy in the segment's strings), NULL when it has none; *nomem set when
+ * it has one that could not be copied. */
+static const char *anchor_of(ro_traj *t, const json_t *info, int *nomem) {
     const json_t *a = info ? json_object_get(info, "anchor") : NULL;
-    return json_is_string(a) ? ro_strs_cstr(&t->seg.strs, json_string_value(a)) : NULL;
+    const char *c = json_is_string(a) ? ro_strs_cstr(&t->seg.strs, json_string_value(a)) : NULL;
+    if (json_is_string(a) && !c) *nomem = 1;
+    return c;
 }
 
 static arl_status tokens_copy(ro_traj *t, const int32_t *a, size_t na, const int32_t *b, size_t nb,
@@ -751,8 +769,8 @@ static arl_status on_create(arl_rollout_worker *w, ro_traj *t, const arl_env_cal
     if (c->status != ARL_OK) return mask_call(w, t, c, 0, -1, 0);
     const arl_env_result *res = &c->result;
     /* the initial context: the session's tool set and the observation's messages */
-    char *tools = json_dumps(res->obs.tools ? res->obs.tools : w->info->tools,
-                             JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *tools = arl_json_dumps(res->obs.tools ? res->obs.tools : w->info->tools,
+                                 JSON_COMPACT | JSON_PRESERVE_ORDER);
     arl_status s = tools ? arl_chat_conv_set_tools_json(&t->conv, tools, strlen(tools))
                          : arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     free(tools);
@@ -790,12 +808,22 @@ static arl_status on_create(arl_rollout_worker *w, ro_traj *t, const arl_env_cal
     }
     ro_seg_reset(&t->seg, 0, "fresh", 1, 0, 0);
     int64_t seq;
+    int nomem = 0;
     s = ro_record_call(t, c, 0, 0, -1, &seq);
-    replay_turn tu = {.step_index = 0, .act_tok_start = -1, .act_tok_end = -1, .obs_seg_index = 0,
-                      .obs_tok_start = 0, .obs_tok_end = (int64_t)e.n - w->gp_len,
-                      .policy_version = -1, .context = "reset", .reward = NAN, .call_seq = seq,
-                      .anchor = anchor_of(t, res->info), .started_at_ms = ro_now_ms() - c->elapsed_ms,
+    replay_turn tu = {.step_index = 0,
+                      .act_tok_start = -1,
+                      .act_tok_end = -1,
+                      .obs_seg_index = 0,
+                      .obs_tok_start = 0,
+                      .obs_tok_end = (int64_t)e.n - w->gp_len,
+                      .policy_version = -1,
+                      .context = "reset",
+                      .reward = NAN,
+                      .call_seq = seq,
+                      .anchor = anchor_of(t, res->info, &nomem),
+                      .started_at_ms = ro_now_ms() - c->elapsed_ms,
                       .finished_at_ms = ro_now_ms()};
+    if (s == ARL_OK && nomem) s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     if (s == ARL_OK) s = ro_seg_add_turn(&t->seg, &tu, NULL);
     if (s == ARL_OK) s = ro_prefill_set(w, t, e.ids, (int64_t)e.n, media, n_media);
     else free(media);
@@ -807,7 +835,7 @@ static arl_status on_create(arl_rollout_worker *w, ro_traj *t, const arl_env_cal
 }
 
 /* Results of the calls answered by an observation's tool messages. */
-static void tool_results(ro_traj *t, int64_t k, const arl_env_observation *obs) {
+static arl_status tool_results(ro_traj *t, int64_t k, const arl_env_observation *obs) {
     for (int32_t i = 0; i < obs->n_messages; i++) {
         const arl_env_message *m = &obs->messages[i];
         if (m->role != ARL_ENV_ROLE_TOOL || !m->tool_call_id) continue;
@@ -823,10 +851,13 @@ static void tool_results(ro_traj *t, int64_t k, const arl_env_observation *obs) 
                 bytes = (int64_t)strlen(m->content);
             r->result_is_error = m->is_error ? 1 : 0;
             r->result_error_code = m->is_error ? ro_strs_cstr(&t->seg.strs, m->error_code) : NULL;
+            if (m->is_error && m->error_code && !r->result_error_code)
+                return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
             r->result_bytes = bytes;
             r->result_truncated = m->output_truncated ? 1 : 0;
         }
     }
+    return ARL_OK;
 }
 
 /* Rule 5 (incremental form): the parsed turn, appended to the conversation, must render as the
@@ -864,14 +895,16 @@ static arl_status on_step(arl_rollout_worker *w, ro_traj *t, const arl_env_call 
     tu->reward = res->reward;
     tu->terminated = res->terminated ? 1 : 0;
     tu->truncated = res->truncated && !res->terminated ? 1 : 0;
-    tu->anchor = anchor_of(t, res->info);
+    int nomem = 0;
+    tu->anchor = anchor_of(t, res->info, &nomem);
+    if (nomem) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     tu->finished_at_ms = ro_now_ms();
     warn_undeclared(w, res->components, res->n_components);
     ARL_TRY(ro_rewards_rows(t, "process", k, res->reward, 1, res->components, res->n_components,
                             seq, 0));
     w->stats.process_sum += res->reward;
     w->stats.process_n++;
-    tool_results(t, k, &res->obs);
+    ARL_TRY(tool_results(t, k, &res->obs));
 
     ro_step_facts f = {.terminated = res->terminated, .truncated = res->truncated, .k = k,
                        .n_seg = t->seg.n, .n_ctx = t->n_ctx, .n_total = t->n_total};
@@ -892,12 +925,17 @@ static arl_status on_step(arl_rollout_worker *w, ro_traj *t, const arl_env_call 
     arl_status s = check_turn(w, t, &r, &f.template_break, &extra_at);
     f.reset = res->obs.context == ARL_ENV_CONTEXT_RESET;
     if (s == ARL_OK && f.reset) {
-        char *tools = res->obs.tools ? json_dumps(res->obs.tools, JSON_COMPACT | JSON_PRESERVE_ORDER)
+        char *tools = res->obs.tools
+                          ? arl_json_dumps(res->obs.tools, JSON_COMPACT | JSON_PRESERVE_ORDER)
                       : t->conv.tools_json ? strdup(t->conv.tools_json)
                                            : NULL;
+        const int tools_lost = !tools && (res->obs.tools || t->conv.tools_json);
         arl_chat_conv_free(&t->conv);
         t->conv_partial = 0;
-        if (tools) s = arl_chat_conv_set_tools_json(&t->conv, tools, strlen(tools));
+        if (tools_lost)
+            s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+        else if (tools)
+            s = arl_chat_conv_set_tools_json(&t->conv, tools, strlen(tools));
         free(tools);
         if (s == ARL_OK) s = ro_conv_add_obs(&t->conv, &w->eng.tpl, &res->obs, &imgs);
         if (s == ARL_OK) s = arl_chat_render(&w->eng.tpl, &t->conv, 1, &full);
@@ -944,9 +982,10 @@ static arl_status on_step(arl_rollout_worker *w, ro_traj *t, const arl_env_call 
         snprintf(env, sizeof env, "%s@%s", w->info->name, w->info->version);
         json_t *j = json_pack("{s:s,s:I,s:s,s:s}", "endpoint", "step", "step_index",
                               (json_int_t)t->step, "env", env, "violation", arl_error_msg());
-        char *detail = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        char *detail = j ? arl_json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         json_decref(j);
         arl_error_clear();
+        if (!detail) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
         const arl_status st = ro_traj_mask(w, t, "MALFORMED_RESPONSE", "env", "error", detail, 1);
         free(detail);
         return st;
@@ -956,10 +995,11 @@ static arl_status on_step(arl_rollout_worker *w, ro_traj *t, const arl_env_call 
         /* an observation the template or the vision front end cannot take: a client fault */
         char detail[600];
         json_t *j = json_pack("{s:s}", "reason", arl_error_msg());
-        char *txt = j ? json_dumps(j, JSON_COMPACT) : NULL;
+        char *txt = j ? arl_json_dumps(j, JSON_COMPACT) : NULL;
         snprintf(detail, sizeof detail, "%s", txt ? txt : "{}");
         free(txt);
         json_decref(j);
+        if (!txt) return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
         return ro_traj_mask(w, t, "X_CLIENT_RENDER", "client", "error", detail, 1);
     }
     f.e_len = t->e_n;
@@ -1440,8 +1480,8 @@ static const char *const ro_run_keys[] = {
 static int same_setting(const json_t *x, const json_t *y) {
     if (json_equal((json_t *)x, (json_t *)y)) return 1;
     if (!json_is_string(x) || !json_is_string(y)) return 0;
-    json_t *px = json_loads(json_string_value(x), JSON_DECODE_ANY, NULL);
-    json_t *py = json_loads(json_string_value(y), JSON_DECODE_ANY, NULL);
+    json_t *px = arl_json_loads(json_string_value(x), JSON_DECODE_ANY, NULL);
+    json_t *py = arl_json_loads(json_string_value(y), JSON_DECODE_ANY, NULL);
     const int eq = px && py && json_equal(px, py);
     if (px) json_decref(px);
     if (py) json_decref(py);
@@ -1462,8 +1502,8 @@ static arl_status settings_check(arl_rollout_worker *w) {
     }
     ARL_TRY(s);
     char *now = arl_options_to_json(arl_rollout_options, arl_rollout_n_options, c);
-    json_t *a = run.config_json ? json_loads(run.config_json, 0, NULL) : NULL;
-    json_t *b = now ? json_loads(now, 0, NULL) : NULL;
+    json_t *a = run.config_json ? arl_json_loads(run.config_json, 0, NULL) : NULL;
+    json_t *b = now ? arl_json_loads(now, 0, NULL) : NULL;
     free(now);
     char diff[1024] = "";
     size_t k = 0, n = 0;
@@ -1610,7 +1650,7 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
                           "rollout: environment %s sends images (capabilities.multimodal) but the "
                           "model at %s has no vision_config",
                           w->info->name, w->ckpt_dir);
-    if (c->env_options && !(w->env_options = json_loads(c->env_options, 0, NULL)))
+    if (c->env_options && !(w->env_options = arl_json_loads(c->env_options, 0, NULL)))
         return arl_errorf(ARL_ERR_CONFIG, "key 'env-options': invalid JSON");
     if (with_tasks) ARL_TRY(tasks_load(w));
     /* store */

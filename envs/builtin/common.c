@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "envs/builtin/builtin.h"
 
 /* ---- instances ---- */
@@ -27,7 +28,7 @@ arl_status arl_bi_instance_open(const char *info_json, const json_t *config, voi
                           k);
     }
     json_error_t jerr;
-    json_t *info = json_loads(info_json, 0, &jerr);
+    json_t *info = arl_json_loads(info_json, 0, &jerr);
     if (!info) /* jansson leaves the message empty where an allocation fails */
         return json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0]
                    ? arl_errorf(ARL_ERR_NOMEM, "built-in environment: out of memory")

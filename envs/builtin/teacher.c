@@ -171,7 +171,7 @@ static void episode_close(episode *e) {
 }
 
 static arl_status limits_max_steps(const arl_env_def *def, int64_t *out) {
-    json_t *info = json_loads(def->info_json, 0, NULL);
+    json_t *info = arl_json_loads(def->info_json, 0, NULL);
     if (!info) return nomem(); /* a built-in's info_json is valid: only out of memory */
     json_t *v = json_object_get(json_object_get(info, "limits"), "max_steps");
     *out = json_is_integer(v) ? json_integer_value(v) : 1000;
@@ -281,7 +281,7 @@ arl_status arl_env_demo_episode(const char *env_name, const arl_env_task *task,
     }
     if (s == ARL_OK) s = episode_outcome(&e, outcome);
     if (s == ARL_OK) {
-        json_t *tools = json_loads(e.b->def->info_json, 0, NULL);
+        json_t *tools = arl_json_loads(e.b->def->info_json, 0, NULL);
         json_t *data = task->data ? json_incref((json_t *)task->data) : json_object();
         json_t *opts = options ? json_incref((json_t *)options) : json_object();
         json_t *meta =
@@ -309,7 +309,7 @@ arl_status arl_env_demos_write(const char *env_name, int64_t n_episodes, uint64_
     json_t *options = NULL;
     if (options_json && *options_json) {
         json_error_t je;
-        options = json_loads(options_json, JSON_REJECT_DUPLICATES, &je);
+        options = arl_json_loads(options_json, JSON_REJECT_DUPLICATES, &je);
         if (!options || !json_is_object(options)) {
             json_decref(options);
             return arl_errorf(ARL_ERR_ARG, "env demos: options: expected a JSON object (%s)",
