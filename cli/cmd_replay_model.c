@@ -58,6 +58,9 @@ typedef struct rescore_cli {
     char *env_config;
 } rescore_cli;
 
+static arl_status fork_ckpt_of(replay_store *st, const char *traj, int64_t *version, char *ckpt,
+                               size_t cap, const char *who, const char *what);
+
 static const arl_option rescore_tab[] = {
     {"db", ARL_OPT_STRING, offsetof(rescore_cli, db), NULL, "replay store root", 0, 0, NULL,
      ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "DB"},
@@ -66,12 +69,14 @@ static const arl_option rescore_tab[] = {
      "trajectories to re-score (traj_uid or traj_id, as 'agentrl replay list DB' shows them)", 0, 0,
      NULL, ARL_OPT_POSITIONAL, "TRAJ..."},
     {"ckpt", ARL_OPT_STRING, offsetof(rescore_cli, ckpt), NULL,
-     "checkpoint to score under (required unless --rewards)", 0, 0, NULL, 0, "DIR"},
+     "checkpoint to score under (required unless --version N or --rewards)", 0, 0, NULL, 0, "DIR"},
     {"version", ARL_OPT_STRING, offsetof(rescore_cli, version), "auto",
      "policy version of --ckpt, whose rollout states (computed entirely at it) may start "
      "segments: auto = the run's version with the checkpoint's weights (recorded "
      "weights_sha256, else checkpoint_uri), none if no version matches; N asserts one (refused "
-     "where the run records other weights for N); -1 or none: always recompute the prefix",
+     "where the run records other weights for N); -1 or none: always recompute the prefix. "
+     "Without --ckpt, N scores under the checkpoint the store records for version N of the "
+     "run (label vN)",
      0, 0, NULL, 0, "auto|N|none"},
     {"routing", ARL_OPT_CHOICE, offsetof(rescore_cli, routing), "replay",
      "MoE routes: the stored ones (replay) or the router's own (natural)", 0, 0, "replay|natural",
@@ -490,7 +495,9 @@ int cmd_replay_rescore(int argc, char **argv) {
     }
     const char *usage = "agentrl replay rescore DB TRAJ... --ckpt DIR [--version auto|N|none] "
                         "[--save-states] [--routing replay|natural] [--rewards [--env SPEC]] "
-                        "[--json]\n       agentrl replay rescore DB TRAJ... --rewards [--env SPEC] "
+                        "[--json]\n       agentrl replay rescore DB TRAJ... --version N [...]: "
+                        "under the checkpoint the store records for version N of the run"
+                        "\n       agentrl replay rescore DB TRAJ... --rewards [--env SPEC] "
                         "[--label L] [--json]";
     int rc = cli_parse(rescore_tab, RESCORE_N, argc, argv, &o, usage,
                        "Re-score stored trajectories under a checkpoint: each segment from its "
@@ -523,15 +530,18 @@ int cmd_replay_rescore(int argc, char **argv) {
         free(ow);
         return ARL_EXIT_USAGE;
     }
-    if (!o.ckpt && !o.rewards) {
+    /* --version N without --ckpt: the checkpoint the store records for version N of the run
+     * (spec 13.6: --ckpt DIR, or --version n of the run) */
+    const int ckpt_of_version = !o.ckpt && version >= 0;
+    if (!o.ckpt && !o.rewards && !ckpt_of_version) {
         fprintf(stderr, "agentrl replay rescore: missing required option '--ckpt DIR' (or "
-                        "--rewards for a rewards-only re-score)\n");
+                        "--version N of the run, or --rewards for a rewards-only re-score)\n");
         arl_options_free(rescore_tab, RESCORE_N, &o);
         free(ow);
         return ARL_EXIT_USAGE;
     }
-    if (!o.ckpt && o.save_states) {
-        fprintf(stderr, "agentrl replay rescore: --save-states needs --ckpt\n");
+    if (!o.ckpt && !ckpt_of_version && o.save_states) {
+        fprintf(stderr, "agentrl replay rescore: --save-states needs --ckpt or --version N\n");
         arl_options_free(rescore_tab, RESCORE_N, &o);
         free(ow);
         return ARL_EXIT_USAGE;
@@ -559,6 +569,8 @@ int cmd_replay_rescore(int argc, char **argv) {
     }
     if (o.ckpt)
         default_label(o.ckpt, label, sizeof label);
+    else if (ckpt_of_version)
+        snprintf(label, sizeof label, "v%lld", (long long)version);
     else
         snprintf(label, sizeof label, "rewards");
     if (o.label) snprintf(label, sizeof label, "%s", o.label);
@@ -575,6 +587,22 @@ int cmd_replay_rescore(int argc, char **argv) {
         s = replay_traj_get(st, o.traj.v[i], &tr);
         if (s == ARL_OK && o.ckpt && version >= 0) s = check_version(st, &tr, version);
     }
+    /* --version N alone: every TRAJ's run must record one checkpoint for N */
+    char vckpt[4096] = "";
+    for (int i = 0; s == ARL_OK && ckpt_of_version && i < o.traj.n; i++) {
+        int64_t v = version;
+        char c[sizeof vckpt];
+        s = fork_ckpt_of(st, o.traj.v[i], &v, c, sizeof c, "replay rescore",
+                         "the checkpoint to score under");
+        if (s == ARL_OK && i && strcmp(c, vckpt))
+            s = arl_errorf(ARL_ERR_ARG,
+                           "replay rescore: --version %lld is %s for %s but %s for %s (their runs "
+                           "differ): re-score them apart, or give --ckpt DIR",
+                           (long long)version, vckpt, o.traj.v[0], c, o.traj.v[i]);
+        if (s == ARL_OK && !i) snprintf(vckpt, sizeof vckpt, "%s", c);
+    }
+    if (s == ARL_OK && ckpt_of_version && !(o.ckpt = strdup(vckpt)))
+        s = arl_errorf(ARL_ERR_NOMEM, "replay rescore: out of memory");
     int save = s == ARL_OK && !o.no_save && replay_store_has_catalog(st);
     if (s == ARL_OK && !o.no_save && !save)
         fprintf(stderr, "agentrl: note: %s has no catalog: re-scores are not saved\n", o.db);
@@ -836,7 +864,7 @@ static arl_status fork_run_defaults(const char *db, const char *traj, arl_rollou
  * for version *version (< 0: the newest) of traj's run, into ckpt (cap bytes); *version
  * becomes the version found. */
 static arl_status fork_ckpt_of(replay_store *st, const char *traj, int64_t *version, char *ckpt,
-                               size_t cap) {
+                               size_t cap, const char *who, const char *what) {
     replay_traj_row t;
     ARL_TRY(replay_traj_get(st, traj, &t));
     replay_version_row v;
@@ -850,28 +878,25 @@ static arl_status fork_ckpt_of(replay_store *st, const char *traj, int64_t *vers
         replay_version_row newest;
         if (*version >= 0 && replay_version_get(st, t.run_id, -1, &newest) == ARL_OK)
             s = arl_errorf(ARL_ERR_NOT_FOUND,
-                           "fork: run %s records no policy version %lld (its newest is %lld); "
-                           "give another --version, or --ckpt DIR (the policy that continues "
-                           "the forks)",
-                           run.run_uid, (long long)*version, (long long)newest.version);
+                           "%s: run %s records no policy version %lld (its newest is %lld); "
+                           "give another --version, or --ckpt DIR (%s)",
+                           who, run.run_uid, (long long)*version, (long long)newest.version, what);
         else
             s = arl_errorf(ARL_ERR_NOT_FOUND,
-                           "fork: run %s records no policy versions; give --ckpt DIR (the "
-                           "policy that continues the forks)",
-                           run.run_uid);
+                           "%s: run %s records no policy versions; give --ckpt DIR (%s)", who,
+                           run.run_uid, what);
     }
     if (s == ARL_OK && !v.checkpoint_uri[0])
         s = arl_errorf(ARL_ERR_NOT_FOUND,
-                       "fork: the store records no checkpoint for policy version %lld of run %s; "
-                       "give --ckpt DIR (the policy that continues the forks)",
-                       (long long)v.version, run.run_uid);
+                       "%s: the store records no checkpoint for policy version %lld of run %s; "
+                       "give --ckpt DIR (%s)",
+                       who, (long long)v.version, run.run_uid, what);
     struct stat sb;
     if (s == ARL_OK && (stat(v.checkpoint_uri, &sb) != 0 || !S_ISDIR(sb.st_mode)))
         s = arl_errorf(ARL_ERR_NOT_FOUND,
-                       "fork: policy version %lld of run %s was saved at %s, which is not there "
-                       "(moved or deleted?); give --ckpt DIR (the policy that continues the "
-                       "forks) or --version N",
-                       (long long)v.version, run.run_uid, v.checkpoint_uri);
+                       "%s: policy version %lld of run %s was saved at %s, which is not there "
+                       "(moved or deleted?); give --ckpt DIR (%s) or --version N",
+                       who, (long long)v.version, run.run_uid, v.checkpoint_uri, what);
     if (s == ARL_OK) {
         snprintf(ckpt, cap, "%s", v.checkpoint_uri);
         *version = v.version;
@@ -1029,7 +1054,8 @@ int cmd_replay_fork(int argc, char **argv) {
     if (s == ARL_OK && o.ckpt)
         snprintf(ckpt, sizeof ckpt, "%s", o.ckpt);
     else if (s == ARL_OK)
-        s = fork_ckpt_of(st, o.traj, &version, ckpt, sizeof ckpt);
+        s = fork_ckpt_of(st, o.traj, &version, ckpt, sizeof ckpt, "fork",
+                         "the policy that continues the forks");
     const arl_rollout_fork_opts fo = {
         .group_uid = o.group_uid, .version = version, .use_rollout_state = o.use_rollout_state};
     if (s == ARL_OK) {

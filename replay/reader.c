@@ -738,6 +738,21 @@ arl_status replay_boundary_load(replay_store *st, int64_t traj_id, int32_t seg_i
         else
             s = replay_state_load(st, r->shard_id, r->latent_state_id, &parts[1 + i - f]);
     }
+    /* a state seeds the engine only if it is the one of its segment (section 9.2): the
+     * trajectory, segment and kind its row says, or the segment's id points elsewhere (a cache
+     * miss: verify reports the reference) */
+    for (size_t i = 0; s == ARL_OK && i < np; i++) {
+        const replay_seg_ref *r = i ? &refs[f + (int32_t)i - 1] : b;
+        const char *kind = i ? "mla_segment" : "kda_boundary";
+        if (strcmp(parts[i].traj_uid, r->traj_uid) || parts[i].seg_index != r->seg_index ||
+            strcmp(parts[i].kind, kind))
+            s = arl_errorf(ARL_ERR_NOT_FOUND,
+                           "replay: %s segment %d references state %lld, which is the %s of %s "
+                           "segment %d, not its %s (cache miss: recompute; run 'agentrl replay "
+                           "verify')",
+                           r->traj_uid, (int)r->seg_index, (long long)parts[i].state_id,
+                           parts[i].kind, parts[i].traj_uid, (int)parts[i].seg_index, kind);
+    }
     for (size_t i = 1; s == ARL_OK && i < np; i++)
         if (strcmp(parts[i].pass_uid, parts[0].pass_uid))
             s = arl_errorf(ARL_ERR_NOT_FOUND,

@@ -2,13 +2,17 @@
  * header, rewards at all levels, per segment its boundaries and states, per turn the
  * observation that preceded it, the assistant turn with tool calls and parse status, tool
  * results, process rewards, and the evidence of a mask.  Bodies are parsed with jansson; images
- * appear as [image WxH sha256:...]. */
+ * appear as [image WxH sha256:...].  A failure to read (out of memory above all) ends the
+ * rendering with its error: show never exits 0 with a reward line, a turn or an event left
+ * out; data that is there but cannot be decoded (a bad blob, a body jansson rejects) is shown
+ * as such. */
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "core/json_dump.h"
 #include "replay/codec.h"
 #include "replay/inspect.h"
 #include "replay/internal.h"
@@ -17,9 +21,19 @@ static const char *nz(const char *s, const char *d) {
     return s ? s : d;
 }
 
+/* Set when a column's text could not be had (SQLite out of memory: a NULL text of a value that
+ * is not NULL); replay_show then fails instead of showing "" for it. */
+static _Thread_local int col_oom;
+
 static const char *col_txt(sqlite3_stmt *q, int i) {
     const unsigned char *t = sqlite3_column_text(q, i);
+    if (!t && sqlite3_column_type(q, i) != SQLITE_NULL) col_oom = 1;
     return t ? (const char *)t : "";
+}
+
+/* col_txt, NULL for NULL. */
+static const char *col_txt_or_null(sqlite3_stmt *q, int i) {
+    return sqlite3_column_type(q, i) == SQLITE_NULL ? NULL : col_txt(q, i);
 }
 
 /* Print a string indented, one line per line, cut after `max` bytes. */
@@ -37,15 +51,28 @@ static void print_text(FILE *out, const char *indent, const char *label, const c
     fputc('\n', out);
 }
 
-static void print_content(FILE *out, const char *indent, const char *label, json_t *content) {
+static arl_status show_nomem(void) {
+    return arl_errorf(ARL_ERR_NOMEM, "replay show: out of memory");
+}
+
+/* A body or action that does not parse (arl_json_load*): out of memory is an error, a syntax
+ * error (*bad = 1) is data to show as such. */
+static arl_status json_failed(const json_error_t *e, int *bad) {
+    *bad = 0;
+    if (json_error_code(e) == json_error_out_of_memory || !e->text[0]) return show_nomem();
+    *bad = 1;
+    return ARL_OK;
+}
+
+static arl_status print_content(FILE *out, const char *indent, const char *label, json_t *content) {
     if (json_is_string(content)) {
         print_text(out, indent, label, json_string_value(content), 4000);
-        return;
+        return ARL_OK;
     }
-    if (!json_is_array(content)) return;
+    if (!json_is_array(content)) return ARL_OK;
     size_t cap = 256, n = 0;
     char *buf = malloc(cap);
-    if (!buf) return;
+    if (!buf) return show_nomem();
     buf[0] = 0;
     size_t i;
     json_t *part;
@@ -65,7 +92,11 @@ static void print_content(FILE *out, const char *indent, const char *label, json
             } else if (data) { /* not elided: hash the decoded bytes */
                 size_t dl = strlen(data), pn;
                 uint8_t *png = malloc(dl / 4 * 3 + 3);
-                if (png && !replay_base64_decode(data, dl, png, &pn)) {
+                if (!png) {
+                    free(buf);
+                    return show_nomem();
+                }
+                if (!replay_base64_decode(data, dl, png, &pn)) {
                     char full[65];
                     replay_sha256_hex(png, pn, full);
                     snprintf(hex, sizeof hex, "%.16s", full);
@@ -81,7 +112,10 @@ static void print_content(FILE *out, const char *indent, const char *label, json
         if (n + l + 2 > cap) {
             cap = (n + l + 2) * 2;
             char *p = realloc(buf, cap);
-            if (!p) break;
+            if (!p) {
+                free(buf);
+                return show_nomem();
+            }
             buf = p;
         }
         if (n) buf[n++] = ' ';
@@ -90,9 +124,10 @@ static void print_content(FILE *out, const char *indent, const char *label, json
     }
     print_text(out, indent, label, buf, 4000);
     free(buf);
+    return ARL_OK;
 }
 
-static void print_messages(FILE *out, json_t *msgs) {
+static arl_status print_messages(FILE *out, json_t *msgs) {
     size_t i;
     json_t *m;
     json_array_foreach(msgs, i, m) {
@@ -108,7 +143,7 @@ static void print_messages(FILE *out, json_t *msgs) {
         } else {
             snprintf(label, sizeof label, "%s: ", role ? role : "?");
         }
-        print_content(out, "    ", label, json_object_get(m, "content"));
+        ARL_TRY(print_content(out, "    ", label, json_object_get(m, "content")));
         json_t *tc = json_object_get(m, "tool_calls");
         size_t j;
         json_t *c;
@@ -120,13 +155,18 @@ static void print_messages(FILE *out, json_t *msgs) {
                     nz(json_string_value(json_object_get(fn, "arguments")), ""));
         }
     }
+    return ARL_OK;
 }
 
-static void print_action(FILE *out, const char *action_json) {
-    json_t *a = action_json ? json_loads(action_json, 0, NULL) : NULL;
+static arl_status print_action(FILE *out, const char *action_json) {
+    if (!action_json) return ARL_OK;
+    json_error_t e;
+    json_t *a = arl_json_loads(action_json, 0, &e); /* (not jansson#362's lost byte) */
     if (!a) {
-        if (action_json) print_text(out, "    ", "action (unparsed): ", action_json, 2000);
-        return;
+        int bad;
+        ARL_TRY(json_failed(&e, &bad));
+        print_text(out, "    ", "action (unparsed): ", action_json, 2000);
+        return ARL_OK;
     }
     const char *r = json_string_value(json_object_get(a, "reasoning"));
     if (r && *r) print_text(out, "    ", "reasoning: ", r, 4000);
@@ -136,9 +176,13 @@ static void print_action(FILE *out, const char *action_json) {
     json_t *c;
     json_array_foreach(json_object_get(a, "tool_calls"), i, c) {
         char *args = rjson_dumps(json_object_get(c, "arguments"));
+        if (!args) {
+            json_decref(a);
+            return show_nomem();
+        }
         fprintf(out, "    tool call %s %s(%s) ok\n",
                 nz(json_string_value(json_object_get(c, "id")), "?"),
-                nz(json_string_value(json_object_get(c, "name")), "?"), args ? args : "");
+                nz(json_string_value(json_object_get(c, "name")), "?"), args);
         free(args);
     }
     json_array_foreach(json_object_get(a, "parse_errors"), i, c) {
@@ -149,6 +193,7 @@ static void print_action(FILE *out, const char *action_json) {
         print_text(out, "      ", "raw: ", json_string_value(json_object_get(c, "raw")), 1000);
     }
     json_decref(a);
+    return ARL_OK;
 }
 
 /* Response body of call_seq, images restored (*out malloc'd). */
@@ -165,36 +210,43 @@ static arl_status call_body(rdb *d, int64_t traj_id, int64_t call_seq, const uin
     rimage_ref refs[64];
     size_t nr = 0;
     uint8_t *copies[64];
-    while (sqlite3_step(q) == SQLITE_ROW && nr < 64) {
+    int rc;
+    arl_status s = ARL_OK;
+    while (nr < 64 && (rc = sqlite3_step(q)) == SQLITE_ROW) {
         size_t pn = (size_t)sqlite3_column_bytes(q, 1);
+        const void *png = sqlite3_column_blob(q, 1);
         copies[nr] = malloc(pn ? pn : 1);
-        if (!copies[nr]) break;
-        memcpy(copies[nr], sqlite3_column_blob(q, 1), pn);
+        if (!copies[nr] || (pn && !png)) { /* (a NULL blob of a non-empty one: out of memory) */
+            free(copies[nr]);
+            s = show_nomem();
+            break;
+        }
+        memcpy(copies[nr], png, pn);
         refs[nr] = (rimage_ref){(size_t)sqlite3_column_int64(q, 0), copies[nr], pn};
         nr++;
     }
+    if (s == ARL_OK && nr < 64 && rc != SQLITE_DONE) s = rdb_fail(d, rc, "reading images");
     sqlite3_finalize(q);
-    arl_status s = rimages_restore(stored, n, refs, nr, out, out_n);
+    if (s == ARL_OK) s = rimages_restore(stored, n, refs, nr, out, out_n);
     for (size_t i = 0; i < nr; i++)
         free(copies[i]);
     return s;
 }
 
-static void print_rewards(FILE *out, rdb *d, int64_t traj_id, const char *level, int64_t scope,
-                          const char *indent) {
+static arl_status print_rewards(FILE *out, rdb *d, int64_t traj_id, const char *level,
+                                int64_t scope, const char *indent) {
     sqlite3_stmt *q;
-    if (rdb_prepare(d,
-                    "SELECT scope_index, component, source, value FROM rewards WHERE traj_id = ?1 "
-                    "AND level = ?2 AND (?3 < 0 OR scope_index = ?3) ORDER BY scope_index, "
-                    "component, source",
-                    &q) != ARL_OK)
-        return;
+    ARL_TRY(rdb_prepare(d,
+                        "SELECT scope_index, component, source, value FROM rewards WHERE traj_id = "
+                        "?1 AND level = ?2 AND (?3 < 0 OR scope_index = ?3) ORDER BY scope_index, "
+                        "component, source",
+                        &q));
     sqlite3_bind_int64(q, 1, traj_id);
     sqlite3_bind_text(q, 2, level, -1, SQLITE_STATIC);
     sqlite3_bind_int64(q, 3, scope);
     int64_t cur = -1;
-    int any = 0;
-    while (sqlite3_step(q) == SQLITE_ROW) {
+    int any = 0, rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         int64_t si = sqlite3_column_int64(q, 0);
         if (si != cur || !any) {
             if (any) fprintf(out, "\n");
@@ -221,23 +273,39 @@ static void print_rewards(FILE *out, rdb *d, int64_t traj_id, const char *level,
     }
     if (any) fprintf(out, "\n");
     sqlite3_finalize(q);
+    if (rc != SQLITE_DONE) return rdb_fail(d, rc, "reading rewards");
+    return ARL_OK;
 }
 
-/* A per-token f32/u8 array of a learner or re-score blob column, checked (kind, n); NULL if
- * absent or bad (the table then shows '-'). Caller frees. */
-static void *blob_array(sqlite3_stmt *q, int col, arl_blob_kind kind, int64_t n) {
+/* A per-token f32/u8 array of a learner or re-score blob column, checked (kind, n), in *out;
+ * NULL if absent or bad (the table then shows '-'); out of memory is an error. Caller frees. */
+static arl_status blob_array(sqlite3_stmt *q, int col, arl_blob_kind kind, int64_t n, void **out) {
+    *out = NULL;
     const void *b = sqlite3_column_blob(q, col);
     size_t len = (size_t)sqlite3_column_bytes(q, col);
+    if (!b) return ARL_OK;
     arl_blob_expect ex = {.kind = kind, .dims_mask = 1, .dims = {(uint64_t)n}};
     arl_blob_header h;
     size_t es = kind == ARL_BLOB_TOKEN_FLAGS ? 1 : 4;
     void *dst = malloc((size_t)n * es + 1);
-    if (!b || !dst || arl_blob_check_copy(b, len, &ex, &h, dst, (size_t)n * es) != ARL_OK) {
+    if (!dst) return show_nomem();
+    arl_status s = arl_blob_check_copy(b, len, &ex, &h, dst, (size_t)n * es);
+    if (s != ARL_OK) {
         free(dst);
+        if (s == ARL_ERR_NOMEM) return s; /* (inflating codec 1) */
         arl_error_clear();
-        return NULL;
+        return ARL_OK;
     }
-    return dst;
+    *out = dst;
+    return ARL_OK;
+}
+
+/* A read of another file that failed: out of memory is the show's failure; anything else (no
+ * states file, an unreadable one: verify reports it) leaves that file out. */
+static arl_status other_file(arl_status s) {
+    if (s == ARL_ERR_NOMEM) return s;
+    arl_error_clear();
+    return ARL_OK;
 }
 
 /* The columns the learner and a re-score add to the token table (NULL arrays: absent). */
@@ -247,8 +315,9 @@ typedef struct tok_extra {
     int64_t update_n;
 } tok_extra;
 
-static void tok_extra_load(replay_store *st, const char *uid, int32_t seg, int64_t n,
-                           const char *label, tok_extra *x) {
+/* (x is filled as far as it got: free it with tok_extra_free on failure too) */
+static arl_status tok_extra_load(replay_store *st, const char *uid, int32_t seg, int64_t n,
+                                 const char *label, tok_extra *x) {
     memset(x, 0, sizeof *x);
     x->update_n = -1;
     for (size_t i = 0; i < st->n_shards; i++) {
@@ -256,40 +325,57 @@ static void tok_extra_load(replay_store *st, const char *uid, int32_t seg, int64
         if (sh->kind != REPLAY_FILE_LEARNER && sh->kind != REPLAY_FILE_TOOL) continue;
         rdb *d;
         sqlite3_stmt *q;
-        if (rstore_shard_db(st, sh, &d) != ARL_OK) continue;
+        arl_status s = rstore_shard_db(st, sh, &d);
+        if (s != ARL_OK) {
+            ARL_TRY(other_file(s));
+            continue;
+        }
         /* the newest update that consumed the segment (learner_records_by_traj) */
-        if (rstore_prepare(st, d,
+        s = rstore_prepare(st, d,
                            "SELECT update_n, old_logprobs, ref_logprobs, is_weights, token_flags, "
                            "advantages FROM learner_records WHERE traj_uid = ?1 AND seg_index = ?2 "
                            "ORDER BY update_n DESC LIMIT 1",
-                           &q) == ARL_OK) {
+                           &q);
+        if (s == ARL_OK) {
             sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
             sqlite3_bind_int(q, 2, seg);
-            if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_int64(q, 0) > x->update_n) {
+            int rc = sqlite3_step(q);
+            if (rc == SQLITE_ROW && sqlite3_column_int64(q, 0) > x->update_n) {
                 free(x->old), free(x->ref), free(x->w), free(x->flags), free(x->adv);
+                x->old = x->ref = x->w = x->adv = NULL;
+                x->flags = NULL;
                 x->update_n = sqlite3_column_int64(q, 0);
-                x->old = blob_array(q, 1, ARL_BLOB_OLD_LOGPROBS, n);
-                x->ref = blob_array(q, 2, ARL_BLOB_REF_LOGPROBS, n);
-                x->w = blob_array(q, 3, ARL_BLOB_IS_WEIGHTS, n);
-                x->flags = blob_array(q, 4, ARL_BLOB_TOKEN_FLAGS, n);
-                x->adv = blob_array(q, 5, ARL_BLOB_ADVANTAGES, n);
+                s = blob_array(q, 1, ARL_BLOB_OLD_LOGPROBS, n, (void **)&x->old);
+                if (s == ARL_OK) s = blob_array(q, 2, ARL_BLOB_REF_LOGPROBS, n, (void **)&x->ref);
+                if (s == ARL_OK) s = blob_array(q, 3, ARL_BLOB_IS_WEIGHTS, n, (void **)&x->w);
+                if (s == ARL_OK) s = blob_array(q, 4, ARL_BLOB_TOKEN_FLAGS, n, (void **)&x->flags);
+                if (s == ARL_OK) s = blob_array(q, 5, ARL_BLOB_ADVANTAGES, n, (void **)&x->adv);
+            } else if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+                s = rdb_fail(d, rc, "reading learner records");
             }
             sqlite3_finalize(q);
         }
-        if (label && !x->rescore && sh->kind == REPLAY_FILE_TOOL &&
-            rstore_prepare(st, d,
-                           "SELECT logprobs FROM rescores WHERE label = ?1 AND traj_uid = ?2 AND "
-                           "seg_index = ?3 ORDER BY routing = 'replay' DESC LIMIT 1",
-                           &q) == ARL_OK) {
-            sqlite3_bind_text(q, 1, label, -1, SQLITE_STATIC);
-            sqlite3_bind_text(q, 2, uid, -1, SQLITE_STATIC);
-            sqlite3_bind_int(q, 3, seg);
-            if (sqlite3_step(q) == SQLITE_ROW)
-                x->rescore = blob_array(q, 0, ARL_BLOB_RESCORE_LOGPROBS, n);
-            sqlite3_finalize(q);
+        ARL_TRY(other_file(s));
+        if (label && !x->rescore && sh->kind == REPLAY_FILE_TOOL) {
+            s = rstore_prepare(st, d,
+                               "SELECT logprobs FROM rescores WHERE label = ?1 AND traj_uid = ?2 "
+                               "AND seg_index = ?3 ORDER BY routing = 'replay' DESC LIMIT 1",
+                               &q);
+            if (s == ARL_OK) {
+                sqlite3_bind_text(q, 1, label, -1, SQLITE_STATIC);
+                sqlite3_bind_text(q, 2, uid, -1, SQLITE_STATIC);
+                sqlite3_bind_int(q, 3, seg);
+                int rc = sqlite3_step(q);
+                if (rc == SQLITE_ROW)
+                    s = blob_array(q, 0, ARL_BLOB_RESCORE_LOGPROBS, n, (void **)&x->rescore);
+                else if (rc != SQLITE_DONE)
+                    s = rdb_fail(d, rc, "reading re-scores");
+                sqlite3_finalize(q);
+            }
+            ARL_TRY(other_file(s));
         }
     }
-    arl_error_clear();
+    return ARL_OK;
 }
 
 static void tok_extra_free(tok_extra *x) {
@@ -304,17 +390,26 @@ static void cell(FILE *out, const float *a, int64_t i) {
 }
 
 /* Token rows of segment seg, within stream positions [lo, hi) (the chosen turns). */
-static void print_token_table(FILE *out, replay_store *st, const char *uid, int64_t traj_id,
-                              int32_t seg, int64_t lo, int64_t hi, const replay_show_opts *o) {
+static arl_status print_token_table(FILE *out, replay_store *st, const char *uid, int64_t traj_id,
+                                    int32_t seg, int64_t lo, int64_t hi,
+                                    const replay_show_opts *o) {
     replay_seg_data sd = {0};
-    if (replay_segment_load(st, traj_id, seg, REPLAY_LOAD_TOKENS | REPLAY_LOAD_ROUTES, &sd) !=
-        ARL_OK) {
-        fprintf(out, "    tokens: unreadable: %s\n", arl_error_msg());
+    arl_status s =
+        replay_segment_load(st, traj_id, seg, REPLAY_LOAD_TOKENS | REPLAY_LOAD_ROUTES, &sd);
+    if (s != ARL_OK) {
         replay_seg_data_free(&sd);
-        return;
+        if (s == ARL_ERR_NOMEM) return s;
+        fprintf(out, "    tokens: unreadable: %s\n", arl_error_msg());
+        arl_error_clear();
+        return ARL_OK;
     }
     tok_extra x;
-    tok_extra_load(st, uid, seg, sd.ref.n_tokens, o->rescore, &x);
+    s = tok_extra_load(st, uid, seg, sd.ref.n_tokens, o->rescore, &x);
+    if (s != ARL_OK) {
+        tok_extra_free(&x);
+        replay_seg_data_free(&sd);
+        return s;
+    }
     if (x.update_n >= 0) fprintf(out, "    learner record of update %lld\n", (long long)x.update_n);
     if (o->rescore && !x.rescore)
         fprintf(out, "    no re-score '%s' of this segment\n", o->rescore);
@@ -357,6 +452,7 @@ static void print_token_table(FILE *out, replay_store *st, const char *uid, int6
     }
     tok_extra_free(&x);
     replay_seg_data_free(&sd);
+    return ARL_OK;
 }
 
 /* --group: the members of t's group across every shard, side by side (section 13.2). */
@@ -376,27 +472,38 @@ static arl_status print_group(FILE *out, replay_store *st, const replay_traj_row
                                "BY slot, attempt",
                                &q));
         sqlite3_bind_int64(q, 1, t->group_id);
-        while (sqlite3_step(q) == SQLITE_ROW) {
+        int rc;
+        arl_status s = ARL_OK;
+        while (s == ARL_OK && (rc = sqlite3_step(q)) == SQLITE_ROW) {
             replay_traj_row m;
             rtraj_fill(q, sh->shard_id, &m);
             /* the outcome advantage of the newest learner record of its first segment */
             char ao[32] = "-";
-            for (size_t k = 0; k < st->n_shards; k++) {
+            for (size_t k = 0; s == ARL_OK && k < st->n_shards; k++) {
                 rshard *lh = &st->shards[k];
                 rdb *ld;
                 sqlite3_stmt *lq;
                 if (lh->kind != REPLAY_FILE_LEARNER && lh->kind != REPLAY_FILE_TOOL) continue;
-                if (rstore_shard_db(st, lh, &ld) != ARL_OK ||
-                    rstore_prepare(st, ld,
-                                   "SELECT json_extract(levels_json, '$.AO') FROM learner_records "
-                                   "WHERE traj_uid = ?1 ORDER BY update_n DESC, seg_index LIMIT 1",
-                                   &lq) != ARL_OK)
+                arl_status o = rstore_shard_db(st, lh, &ld);
+                if (o == ARL_OK)
+                    o = rstore_prepare(st, ld,
+                                       "SELECT json_extract(levels_json, '$.AO') FROM "
+                                       "learner_records WHERE traj_uid = ?1 ORDER BY update_n "
+                                       "DESC, seg_index LIMIT 1",
+                                       &lq);
+                if (o != ARL_OK) {
+                    s = other_file(o);
                     continue;
+                }
                 sqlite3_bind_text(lq, 1, m.traj_uid, -1, SQLITE_STATIC);
-                if (sqlite3_step(lq) == SQLITE_ROW && sqlite3_column_type(lq, 0) != SQLITE_NULL)
+                int lrc = sqlite3_step(lq);
+                if (lrc == SQLITE_ROW && sqlite3_column_type(lq, 0) != SQLITE_NULL)
                     snprintf(ao, sizeof ao, "%.6g", sqlite3_column_double(lq, 0));
+                else if (lrc != SQLITE_ROW && lrc != SQLITE_DONE)
+                    s = rdb_fail(ld, lrc, "reading learner records");
                 sqlite3_finalize(lq);
             }
+            if (s != ARL_OK) break;
             char outc[32] = "-";
             if (m.outcome_reward == m.outcome_reward)
                 snprintf(outc, sizeof outc, "%.4g", m.outcome_reward);
@@ -409,8 +516,9 @@ static arl_status print_group(FILE *out, replay_store *st, const replay_traj_row
                     m.traj_id == t->traj_id ? "  <-" : "");
         }
         sqlite3_finalize(q);
+        if (s != ARL_OK) return s;
+        if (rc != SQLITE_DONE) return rdb_fail(d, rc, "reading the group's members");
     }
-    arl_error_clear();
     return ARL_OK;
 }
 
@@ -419,24 +527,28 @@ static arl_status print_group(FILE *out, replay_store *st, const replay_traj_row
  * that are no policy version of the run) and status (complete,
  * evicted, writing) - and a rollout state the segment references that no states file holds
  * ("missing").  has_end, has_lat: the segment references a rollout kda_boundary / mla_segment. */
-static void print_seg_states(FILE *out, replay_store *st, const char *uid, int32_t seg, int has_end,
-                             int has_lat) {
+static arl_status print_seg_states(FILE *out, replay_store *st, const char *uid, int32_t seg,
+                                   int has_end, int has_lat) {
     int n = 0, seen_end = 0, seen_lat = 0;
     fprintf(out, "   states:");
     for (size_t i = 0; i < st->n_shards; i++) {
         rdb *sd;
         sqlite3_stmt *q;
-        if (rstore_shard_states(st, &st->shards[i], &sd) != ARL_OK || !sd->db ||
-            rstore_prepare(st, sd,
-                           "SELECT producer, kind, version_min, version_max, status FROM states "
-                           "WHERE traj_uid = ?1 AND seg_index = ?2 ORDER BY state_id",
-                           &q) != ARL_OK) {
-            arl_error_clear(); /* no states file, or an unreadable one: verify reports it */
+        arl_status o = rstore_shard_states(st, &st->shards[i], &sd);
+        if (o == ARL_OK && !sd->db) continue;
+        if (o == ARL_OK)
+            o = rstore_prepare(st, sd,
+                               "SELECT producer, kind, version_min, version_max, status FROM "
+                               "states WHERE traj_uid = ?1 AND seg_index = ?2 ORDER BY state_id",
+                               &q);
+        if (o != ARL_OK) { /* no states file, or an unreadable one: verify reports it */
+            ARL_TRY(other_file(o));
             continue;
         }
         sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
         sqlite3_bind_int(q, 2, seg);
-        while (sqlite3_step(q) == SQLITE_ROW) {
+        int rc;
+        while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
             const char *prod = col_txt(q, 0), *kind = col_txt(q, 1);
             const int64_t v0 = sqlite3_column_int64(q, 2), v1 = sqlite3_column_int64(q, 3);
             const int rollout = !strcmp(prod, "rollout");
@@ -452,23 +564,67 @@ static void print_seg_states(FILE *out, replay_store *st, const char *uid, int32
                         (long long)v1, col_txt(q, 4));
         }
         sqlite3_finalize(q);
+        if (rc != SQLITE_DONE) return rdb_fail(sd, rc, "reading states");
     }
     if (has_end && !seen_end) fprintf(out, "%s rollout kda_boundary missing", n++ ? "," : "");
     if (has_lat && !seen_lat) fprintf(out, "%s rollout mla_segment missing", n++ ? "," : "");
     fprintf(out, "%s\n", n ? "" : " none");
+    return ARL_OK;
+}
+
+/* "   learner: update N, staleness S, trained|masked (REASON)" of segment seg (spec 13.2: the
+ * learner mask reason, if consumed): its newest learner record in any learner or tool file;
+ * nothing when no update consumed it. */
+static arl_status print_seg_learner(FILE *out, replay_store *st, const char *uid, int32_t seg) {
+    int64_t update_n = -1, staleness = 0;
+    char reason[16] = "";
+    for (size_t i = 0; i < st->n_shards; i++) {
+        rshard *sh = &st->shards[i];
+        if (sh->kind != REPLAY_FILE_LEARNER && sh->kind != REPLAY_FILE_TOOL) continue;
+        rdb *d;
+        sqlite3_stmt *q;
+        arl_status s = rstore_shard_db(st, sh, &d);
+        if (s == ARL_OK)
+            s = rstore_prepare(st, d,
+                               "SELECT update_n, staleness, mask_reason FROM learner_records WHERE "
+                               "traj_uid = ?1 AND seg_index = ?2 ORDER BY update_n DESC LIMIT 1",
+                               &q);
+        if (s != ARL_OK) {
+            ARL_TRY(other_file(s));
+            continue;
+        }
+        sqlite3_bind_text(q, 1, uid, -1, SQLITE_STATIC);
+        sqlite3_bind_int(q, 2, seg);
+        int rc = sqlite3_step(q);
+        if (rc == SQLITE_ROW && sqlite3_column_int64(q, 0) > update_n) {
+            update_n = sqlite3_column_int64(q, 0);
+            staleness = sqlite3_column_int64(q, 1);
+            snprintf(reason, sizeof reason, "%s", col_txt(q, 2));
+        }
+        sqlite3_finalize(q);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+            return rdb_fail(d, rc, "reading learner records");
+    }
+    if (update_n < 0) return ARL_OK;
+    fprintf(out, "   learner: update %lld, staleness %lld, ", (long long)update_n,
+            (long long)staleness);
+    if (reason[0])
+        fprintf(out, "masked (%s)\n", reason);
+    else
+        fprintf(out, "trained\n");
+    return ARL_OK;
 }
 
 /* "  pinned <time> (<reason>)" when the catalog's pins table holds traj_uid (replay pin). */
-static void show_pin(replay_store *st, const char *traj_uid, FILE *out) {
-    sqlite3_stmt *q;
-    if (!st->cat.db ||
-        rdb_prepare(&st->cat, "SELECT reason, created_at_ms FROM pins WHERE traj_uid = ?1", &q) !=
-            ARL_OK) {
-        arl_error_clear();
-        return;
-    }
+static arl_status show_pin(replay_store *st, const char *traj_uid, FILE *out) {
+    sqlite3_stmt *q = NULL;
+    if (!st->cat.db) return ARL_OK;
+    ARL_TRY(other_file(
+        rdb_prepare(&st->cat, "SELECT reason, created_at_ms FROM pins WHERE traj_uid = ?1", &q)));
+    if (!q) return ARL_OK;
     sqlite3_bind_text(q, 1, traj_uid, -1, SQLITE_STATIC);
-    if (sqlite3_step(q) == SQLITE_ROW) {
+    int rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW) {
         const char *reason = (const char *)sqlite3_column_text(q, 0);
         time_t when = (time_t)(sqlite3_column_int64(q, 1) / 1000);
         struct tm tm;
@@ -479,6 +635,8 @@ static void show_pin(replay_store *st, const char *traj_uid, FILE *out) {
         if (reason && *reason) fprintf(out, " (%s)", reason);
     }
     sqlite3_finalize(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(&st->cat, rc, "reading pins");
+    return ARL_OK;
 }
 
 arl_status replay_show_turns_parse(const char *s, int32_t *lo, int32_t *hi) {
@@ -520,7 +678,7 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
     fprintf(out, "  resume_count %d", (int)t.resume_count);
     if (t.parent_traj_uid[0])
         fprintf(out, "  fork of %s after segment %d", t.parent_traj_uid, (int)t.fork_seg_index);
-    show_pin(st, t.traj_uid, out);
+    ARL_TRY(show_pin(st, t.traj_uid, out));
     fprintf(out, "\n  versions ");
     if (t.min_version >= 0)
         fprintf(out, "%lld..%lld", (long long)t.min_version, (long long)t.max_version);
@@ -529,28 +687,31 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
     fprintf(out, "  turns %d  segments %d  tokens %lld (action %lld)\n", (int)t.n_turns,
             (int)t.n_segments, (long long)t.n_tokens, (long long)t.n_action_tokens);
     fprintf(out, "  rewards:\n");
-    print_rewards(out, d, t.traj_id, "outcome", -1, "    ");
-    print_rewards(out, d, t.traj_id, "segment", -1, "    ");
-    print_rewards(out, d, t.traj_id, "process", -1, "    ");
+    ARL_TRY(print_rewards(out, d, t.traj_id, "outcome", -1, "    "));
+    ARL_TRY(print_rewards(out, d, t.traj_id, "segment", -1, "    "));
+    ARL_TRY(print_rewards(out, d, t.traj_id, "process", -1, "    "));
     /* rows that `rescore --rewards` wrote into tool files (source rescore:<label>, 13.6) */
     for (size_t i = 0; i < st->n_shards; i++) {
         rshard *ts = &st->shards[i];
         rdb *td;
         sqlite3_stmt *cq;
-        if (ts == sh || ts->kind != REPLAY_FILE_TOOL || rstore_shard_db(st, ts, &td) != ARL_OK ||
-            rstore_prepare(st, td, "SELECT 1 FROM rewards WHERE traj_id = ?1 LIMIT 1", &cq) !=
-                ARL_OK) {
-            arl_error_clear();
+        if (ts == sh || ts->kind != REPLAY_FILE_TOOL) continue;
+        arl_status o = rstore_shard_db(st, ts, &td);
+        if (o == ARL_OK)
+            o = rstore_prepare(st, td, "SELECT 1 FROM rewards WHERE traj_id = ?1 LIMIT 1", &cq);
+        if (o != ARL_OK) {
+            ARL_TRY(other_file(o));
             continue;
         }
         sqlite3_bind_int64(cq, 1, t.traj_id);
-        const int any = sqlite3_step(cq) == SQLITE_ROW;
+        const int rc1 = sqlite3_step(cq);
         sqlite3_finalize(cq);
-        if (!any) continue;
+        if (rc1 != SQLITE_ROW && rc1 != SQLITE_DONE) return rdb_fail(td, rc1, "reading rewards");
+        if (rc1 != SQLITE_ROW) continue;
         fprintf(out, "  re-scored rewards (%s):\n", ts->file);
-        print_rewards(out, td, t.traj_id, "outcome", -1, "    ");
-        print_rewards(out, td, t.traj_id, "segment", -1, "    ");
-        print_rewards(out, td, t.traj_id, "process", -1, "    ");
+        ARL_TRY(print_rewards(out, td, t.traj_id, "outcome", -1, "    "));
+        ARL_TRY(print_rewards(out, td, t.traj_id, "segment", -1, "    "));
+        ARL_TRY(print_rewards(out, td, t.traj_id, "process", -1, "    "));
     }
     if (o->group) ARL_TRY(print_group(out, st, &t));
 
@@ -586,7 +747,7 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
     }
     sqlite3_bind_int64(sq, 1, t.traj_id);
     int rc;
-    while ((rc = sqlite3_step(sq)) == SQLITE_ROW) {
+    while (s == ARL_OK && (rc = sqlite3_step(sq)) == SQLITE_ROW) {
         int32_t seg = sqlite3_column_int(sq, 0);
         int64_t tok0 = sqlite3_column_int64(sq, 5), ntok = sqlite3_column_int64(sq, 6);
         fprintf(out,
@@ -597,65 +758,98 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
                 sqlite3_column_int(sq, 4), (long long)tok0, (long long)(tok0 + ntok),
                 (long long)sqlite3_column_int64(sq, 7), (long long)sqlite3_column_int64(sq, 8),
                 (long long)sqlite3_column_int64(sq, 9), (long long)sqlite3_column_int64(sq, 10));
-        print_seg_states(out, st, t.traj_uid, seg, sqlite3_column_type(sq, 11) != SQLITE_NULL,
-                         sqlite3_column_type(sq, 12) != SQLITE_NULL);
-        print_rewards(out, d, t.traj_id, "segment", seg, "   ");
+        s = print_seg_states(out, st, t.traj_uid, seg, sqlite3_column_type(sq, 11) != SQLITE_NULL,
+                             sqlite3_column_type(sq, 12) != SQLITE_NULL);
+        if (s == ARL_OK) s = print_seg_learner(out, st, t.traj_uid, seg);
+        if (s == ARL_OK) s = print_rewards(out, d, t.traj_id, "segment", seg, "   ");
+        if (s != ARL_OK) break;
         sqlite3_reset(tq);
         sqlite3_bind_int64(tq, 1, t.traj_id);
         sqlite3_bind_int(tq, 2, seg);
-        while (sqlite3_step(tq) == SQLITE_ROW) {
+        int trc;
+        while (s == ARL_OK && (trc = sqlite3_step(tq)) == SQLITE_ROW) {
             int32_t step = sqlite3_column_int(tq, 0);
             int64_t call_seq = sqlite3_column_int64(tq, 12);
             json_t *resp = NULL;
             sqlite3_reset(cq);
             sqlite3_bind_int64(cq, 1, t.traj_id);
             sqlite3_bind_int64(cq, 2, call_seq);
-            char callinfo[200] = "no call recorded";
-            if (sqlite3_step(cq) == SQLITE_ROW) {
+            char callinfo[200] = "no call recorded", http[24] = "-";
+            int bad_body = 0;
+            int crc = sqlite3_step(cq);
+            if (crc == SQLITE_ROW) {
+                if (sqlite3_column_type(cq, 2) != SQLITE_NULL)
+                    snprintf(http, sizeof http, "%lld", (long long)sqlite3_column_int64(cq, 2));
                 snprintf(callinfo, sizeof callinfo, "%s http %s%s%s, %lld ms, %d attempt(s)",
-                         col_txt(cq, 1),
-                         sqlite3_column_type(cq, 2) == SQLITE_NULL ? "-" : col_txt(cq, 2),
-                         sqlite3_column_type(cq, 3) == SQLITE_NULL ? "" : " ", col_txt(cq, 3),
-                         (long long)sqlite3_column_int64(cq, 5), sqlite3_column_int(cq, 4));
+                         col_txt(cq, 1), http, sqlite3_column_type(cq, 3) == SQLITE_NULL ? "" : " ",
+                         col_txt(cq, 3), (long long)sqlite3_column_int64(cq, 5),
+                         sqlite3_column_int(cq, 4));
                 const void *b = sqlite3_column_blob(cq, 7);
-                if (b && sqlite3_column_int(cq, 6))
-                    resp = json_loadb(b, (size_t)sqlite3_column_bytes(cq, 7), 0, NULL);
-                if (o->raw) {
+                if (b && sqlite3_column_int(cq, 6)) {
+                    json_error_t e;
+                    resp = arl_json_loadb(b, (size_t)sqlite3_column_bytes(cq, 7), 0, &e);
+                    if (!resp) s = json_failed(&e, &bad_body);
+                }
+                if (s == ARL_OK && o->raw) {
                     uint8_t *full = NULL;
                     size_t fn = 0;
-                    print_text(out, "    ", "request: ", col_txt(cq, 8), 1u << 20);
-                    if (b && call_body(d, t.traj_id, call_seq, b,
-                                       (size_t)sqlite3_column_bytes(cq, 7), &full, &fn) == ARL_OK) {
-                        char *z = malloc(fn + 1);
-                        if (z) {
-                            memcpy(z, full, fn);
-                            z[fn] = 0;
-                            print_text(out, "    ", "response: ", z, 1u << 20);
-                            free(z);
-                        }
+                    const void *rb = sqlite3_column_blob(cq, 8);
+                    size_t rn = (size_t)sqlite3_column_bytes(cq, 8);
+                    char *rz = rb ? malloc(rn + 1) : NULL;
+                    if (rb && !rz) s = show_nomem();
+                    if (rz) {
+                        memcpy(rz, rb, rn);
+                        rz[rn] = 0;
+                        print_text(out, "    ", "request: ", rz, 1u << 20);
+                        free(rz);
+                    }
+                    if (s == ARL_OK && b)
+                        s = call_body(d, t.traj_id, call_seq, b,
+                                      (size_t)sqlite3_column_bytes(cq, 7), &full, &fn);
+                    char *z = s == ARL_OK && b ? malloc(fn + 1) : NULL;
+                    if (s == ARL_OK && b && !z) s = show_nomem();
+                    if (z) {
+                        memcpy(z, full, fn);
+                        z[fn] = 0;
+                        print_text(out, "    ", "response: ", z, 1u << 20);
+                        free(z);
                     }
                     free(full);
                 }
+            } else if (crc != SQLITE_DONE) {
+                s = rdb_fail(d, crc, "reading environment calls");
+            }
+            if (s != ARL_OK) {
+                json_decref(resp);
+                break;
             }
             if (step == 0) {
                 fprintf(out, "  [step 0] session created (%s)\n", callinfo);
             } else {
                 /* the observation before this turn was printed with the previous step */
                 fprintf(out,
-                        "  [step %d] assistant (version %s, tokens [%s, %s), finish %s, parse %s) "
-                        "-- %s\n",
-                        (int)step, col_txt(tq, 3), col_txt(tq, 1), col_txt(tq, 2), col_txt(tq, 4),
-                        col_txt(tq, 5), callinfo);
-                print_action(out, (const char *)sqlite3_column_text(tq, 13));
+                        "  [step %d] assistant (version %lld, tokens [%lld, %lld), finish %s, "
+                        "parse %s) -- %s\n",
+                        (int)step, (long long)sqlite3_column_int64(tq, 3),
+                        (long long)sqlite3_column_int64(tq, 1),
+                        (long long)sqlite3_column_int64(tq, 2), col_txt(tq, 4), col_txt(tq, 5),
+                        callinfo);
+                s = print_action(out, col_txt_or_null(tq, 13));
             }
             json_t *obs = json_object_get(resp, "observation");
-            if (obs) {
+            if (bad_body) {
+                fprintf(out, "    (the response does not parse as JSON: see --raw)\n");
+            } else if (obs && s == ARL_OK) {
                 const char *ctx = json_string_value(json_object_get(obs, "context"));
                 if (ctx && !strcmp(ctx, "reset") && step > 0)
                     fprintf(out, "    -- context reset --\n");
-                print_messages(out, json_object_get(obs, "messages"));
+                s = print_messages(out, json_object_get(obs, "messages"));
             } else if (step > 0 && sqlite3_column_type(tq, 8) == SQLITE_NULL) {
                 fprintf(out, "    (no response: the step failed)\n");
+            }
+            if (s != ARL_OK) {
+                json_decref(resp);
+                break;
             }
             if (step > 0) {
                 fprintf(out, "    process reward ");
@@ -666,7 +860,12 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
                 json_t *rc2 = json_object_get(resp, "reward_components");
                 if (json_object_size(rc2)) {
                     char *c = rjson_dumps(rc2);
-                    fprintf(out, " %s", c ? c : "");
+                    if (!c) {
+                        json_decref(resp);
+                        s = show_nomem();
+                        break;
+                    }
+                    fprintf(out, " %s", c);
                     free(c);
                 }
                 if (sqlite3_column_type(tq, 11) != SQLITE_NULL)
@@ -677,33 +876,40 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
             }
             json_decref(resp);
         }
-        if (o->tokens) {
+        if (s == ARL_OK && trc != SQLITE_DONE && trc != SQLITE_ROW)
+            s = rdb_fail(d, trc, "reading turns");
+        if (s == ARL_OK && o->tokens) {
             int64_t lo = tok0, hi = tok0 + ntok;
             if (o->turn_lo > 0 || o->turn_hi > 0) { /* the action spans of steps a..b */
                 sqlite3_stmt *rq;
                 lo = hi = 0;
-                if (rdb_prepare(d,
+                s = rdb_prepare(d,
                                 "SELECT min(act_tok_start), max(act_tok_end) FROM turns WHERE "
                                 "traj_id = ?1 AND seg_index = ?2 AND step_index BETWEEN ?3 AND ?4",
-                                &rq) == ARL_OK) {
+                                &rq);
+                if (s == ARL_OK) {
                     sqlite3_bind_int64(rq, 1, t.traj_id);
                     sqlite3_bind_int(rq, 2, seg);
                     sqlite3_bind_int(rq, 3, o->turn_lo > 0 ? o->turn_lo : 1);
                     sqlite3_bind_int(rq, 4, o->turn_hi > 0 ? o->turn_hi : INT32_MAX);
-                    if (sqlite3_step(rq) == SQLITE_ROW &&
-                        sqlite3_column_type(rq, 0) != SQLITE_NULL) {
+                    int rrc = sqlite3_step(rq);
+                    if (rrc == SQLITE_ROW && sqlite3_column_type(rq, 0) != SQLITE_NULL) {
                         lo = sqlite3_column_int64(rq, 0);
                         hi = sqlite3_column_int64(rq, 1);
+                    } else if (rrc != SQLITE_ROW && rrc != SQLITE_DONE) {
+                        s = rdb_fail(d, rrc, "reading turns");
                     }
                     sqlite3_finalize(rq);
                 }
             }
-            if (hi > lo) print_token_table(out, st, t.traj_uid, t.traj_id, seg, lo, hi, o);
+            if (s == ARL_OK && hi > lo)
+                s = print_token_table(out, st, t.traj_uid, t.traj_id, seg, lo, hi, o);
         }
     }
     sqlite3_finalize(sq);
     sqlite3_finalize(tq);
     sqlite3_finalize(cq);
+    if (s != ARL_OK) return s;
     if (rc != SQLITE_DONE) return rdb_fail(d, rc, "reading segments");
 
     /* scores and errors: calls that are not a turn's */
@@ -716,12 +922,15 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
         &eq));
     sqlite3_bind_int64(eq, 1, t.traj_id);
     int header = 0;
-    while (sqlite3_step(eq) == SQLITE_ROW) {
+    while ((rc = sqlite3_step(eq)) == SQLITE_ROW) {
         if (!header) fprintf(out, "\n== other calls\n");
         header = 1;
+        char http[24] = "-";
+        if (sqlite3_column_type(eq, 2) != SQLITE_NULL)
+            snprintf(http, sizeof http, "%lld", (long long)sqlite3_column_int64(eq, 2));
         fprintf(out, "  call %lld %s http %s%s%s\n", (long long)sqlite3_column_int64(eq, 0),
-                col_txt(eq, 1), sqlite3_column_type(eq, 2) == SQLITE_NULL ? "-" : col_txt(eq, 2),
-                sqlite3_column_type(eq, 3) == SQLITE_NULL ? "" : "  error ", col_txt(eq, 3));
+                col_txt(eq, 1), http, sqlite3_column_type(eq, 3) == SQLITE_NULL ? "" : "  error ",
+                col_txt(eq, 3));
         const void *b = sqlite3_column_blob(eq, 4);
         int n = sqlite3_column_bytes(eq, 4);
         if (b) {
@@ -734,16 +943,18 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
         }
     }
     sqlite3_finalize(eq);
+    if (rc != SQLITE_DONE) return rdb_fail(d, rc, "reading environment calls");
     if (t.status == REPLAY_MASKED || t.status == REPLAY_RUNNING) {
         fprintf(out, "\n== %s\n", t.status == REPLAY_MASKED ? "mask" : "still running");
         sqlite3_stmt *q;
-        if (rdb_prepare(d, "SELECT error_detail_json FROM trajectories WHERE traj_id = ?1", &q) ==
-            ARL_OK) {
-            sqlite3_bind_int64(q, 1, t.traj_id);
-            if (sqlite3_step(q) == SQLITE_ROW && sqlite3_column_type(q, 0) != SQLITE_NULL)
-                print_text(out, "  ", "detail: ", col_txt(q, 0), 4000);
-            sqlite3_finalize(q);
-        }
+        ARL_TRY(
+            rdb_prepare(d, "SELECT error_detail_json FROM trajectories WHERE traj_id = ?1", &q));
+        sqlite3_bind_int64(q, 1, t.traj_id);
+        rc = sqlite3_step(q);
+        if (rc == SQLITE_ROW && sqlite3_column_type(q, 0) != SQLITE_NULL)
+            print_text(out, "  ", "detail: ", col_txt(q, 0), 4000);
+        sqlite3_finalize(q);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(d, rc, "reading the mask");
         if (t.status == REPLAY_MASKED)
             fprintf(out, "  error %s, attribution %s, end cause %s\n", t.error_code,
                     t.error_attribution, t.end_cause);
@@ -752,18 +963,17 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
     }
     /* events */
     sqlite3_stmt *vq;
-    if (rdb_prepare(
-            d,
-            "SELECT seq, at_ms, kind, detail_json FROM trajectory_events WHERE traj_id = ?1 "
-            "ORDER BY seq",
-            &vq) == ARL_OK) {
-        sqlite3_bind_int64(vq, 1, t.traj_id);
-        fprintf(out, "\n== events\n");
-        while (sqlite3_step(vq) == SQLITE_ROW)
-            fprintf(out, "  %3lld %s %s\n", (long long)sqlite3_column_int64(vq, 0), col_txt(vq, 2),
-                    col_txt(vq, 3));
-        sqlite3_finalize(vq);
-    }
+    ARL_TRY(rdb_prepare(d,
+                        "SELECT seq, at_ms, kind, detail_json FROM trajectory_events WHERE traj_id "
+                        "= ?1 ORDER BY seq",
+                        &vq));
+    sqlite3_bind_int64(vq, 1, t.traj_id);
+    fprintf(out, "\n== events\n");
+    while ((rc = sqlite3_step(vq)) == SQLITE_ROW)
+        fprintf(out, "  %3lld %s %s\n", (long long)sqlite3_column_int64(vq, 0), col_txt(vq, 2),
+                col_txt(vq, 3));
+    sqlite3_finalize(vq);
+    if (rc != SQLITE_DONE) return rdb_fail(d, rc, "reading events");
     return ARL_OK;
 }
 
@@ -780,8 +990,10 @@ arl_status replay_show(replay_store *st, const char *traj, const replay_show_opt
     /* the row read again in the snapshot the rest is read from: a writer's commits meanwhile
      * (a running trajectory's segments, its end) made the header disagree with its segments */
     rdb_read_begin(d);
+    col_oom = 0;
     arl_status s = replay_traj_get_id(st, t.traj_id, &t);
     if (s == ARL_OK) s = show_traj(st, sh, d, &t, o, out);
+    if (s == ARL_OK && col_oom) s = show_nomem();
     rdb_read_end(d);
     return s;
 }

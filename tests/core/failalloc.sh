@@ -4,7 +4,7 @@
 # counted from main on, the libraries' included): model info for N = 1..40 and every sixth N
 # up to its count (about 500 calls), replay list for N = 1..60 (of about 5000: its options and
 # the store's opening); then replay list --json, stats --json, export --full and verify at a
-# stride through their calls, tokenize (encode and --decode), env demos,
+# stride through their calls, replay show --raw, tokenize (encode and --decode), env demos,
 # report, model init and replay import (see below).  About 30 s.
 # Each run must end as
 #   - a clean error: exit status 1..127 and "out of memory" (or strerror(ENOMEM)) on standard
@@ -123,6 +123,14 @@ calls n "$A" replay export "$T/store" --full
 sweep "replay export --full" "$(seq 5 997 "$n")" "$A" replay export "$T/store" --full
 calls n "$A" replay verify "$T/store"
 sweep "replay verify" "$(seq 3 499 "$n")" "$A" replay verify "$T/store"
+
+# replay show of a masked trajectory (rewards at all levels, an image in its first observation,
+# a failed step, its mask and events) with --raw: an unchecked read (replay/show.c: a reward
+# query, a turn's call, an event) left its lines out and exited 0, and jansson's lexer dropped
+# a byte of a body (jansson#362; show parses with arl_json_load*).  Its last two thirds (the
+# first is the store's opening, swept above) at a stride.  About 6 s.
+calls n "$A" replay show "$T/store" run1/g1/r2 --raw
+sweep "replay show --raw" "$(seq $((n / 3)) 29 "$n")" "$A" replay show "$T/store" run1/g1/r2 --raw
 
 # ---- oom3: tokenize, env demos, report, model init, replay import ----
 # The commands whose fixes were checked by hand sweeps only.  tokenize and env demos parse JSON

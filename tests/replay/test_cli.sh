@@ -35,6 +35,13 @@ lines 2
 expect 0 "$A" replay list "$S" --json --min-reward 0.5
 lines 2
 has '"traj_uid":"run1/g1/r0","traj_id":1099511627776,"status":"complete"'
+# section 13.1: --min-reward X selects what --where outcome.derived>=X does (the copied column
+# trajectories.outcome_reward against the rewards rows)
+for x in -1 0 0.25 0.5 1 2; do
+    a=$("$A" replay list "$S" --min-reward "$x" --sort uid 2>&1)
+    b=$("$A" replay list "$S" --where "outcome.derived>=$x" --sort uid 2>&1)
+    [ "$a" = "$b" ] || fail "--min-reward $x and --where outcome.derived>=$x differ: $a // $b"
+done
 expect 0 "$A" replay list "$S" --where 'outcome.answer_correct<1' --json
 lines 3
 expect 0 "$A" replay list "$S" --run run1 --status complete --limit 2 --json
@@ -530,6 +537,15 @@ has "entropy mean [0-9]"
 expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/a" --routing natural --json \
     --label a-nat
 has '"agree_overlap":1,"agree_exact_layer":1,"agree_exact_token":1,'
+# --version N without --ckpt (spec 13.6: "--ckpt DIR, or --version n of the run"): the
+# checkpoint the store records for version N of the trajectory's run (a's), label vN
+expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --version 0
+has "router agreement over [1-9][0-9]* tokens: overlap 1.0000 exact layer 1.0000 exact token 1.0000"
+expect 0 "$A" replay show "$R/db" rollout/g000000/r0 --tokens --rescore v0
+has "rescored"
+grep -q "no re-score" <<<"$out" && fail "rescore --version 0 saved no re-score labelled v0: $out"
+expect 1 "$A" replay rescore "$R/db" rollout/g000000/r0 --version 7
+has "records no policy version 7 (its newest is 0); give another --version, or --ckpt DIR"
 # --save-states (spec 13.6 step 3) under b, then the plain rescore under b starts its second
 # segment from those tool states; with the default --version auto no rollout version is b's
 expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --json --save-states \

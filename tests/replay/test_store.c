@@ -348,6 +348,95 @@ static void test_states_and_fork(void) {
     CHECK(replay_boundary_load(st, t, 2, &parts, &np) == ARL_OK);
     replay_boundary_free(parts, np);
     replay_state_data_free(&sd);
+
+    /* section 9.2: a state seeds the engine only if its traj_uid, seg_index (and kind) are its
+     * segment's; a segment that references another one's state is a cache miss */
+    replay_traj_desc td2;
+    int64_t t2 = begin_traj(w, &ids, "p/2", &td2);
+    /* segment 0's boundary is another trajectory's, segment 1's is an MLA state (its own
+     * latent), segment 2's latent state is segment 0's */
+    int64_t lat0 = -1;
+    tok = 0;
+    for (int s = 0; s < 3; s++) {
+        fx_seg f2;
+        fx_seg_make(&f2, 5, s, 64, 2, 7, 4, tok, tok, 1 + 2 * s, 3, 0);
+        f2.d.latent_state_id =
+            s == 2 ? lat0 : put_state(w, "p/2", s, "mla_segment", "pass1", tok, 64);
+        if (s == 0) lat0 = f2.d.latent_state_id;
+        f2.d.end_state_id =
+            s == 1 ? f2.d.latent_state_id
+                   : put_state(w, s ? "p/2" : "p/9", s, "kda_boundary", "pass1", 0, tok + 64);
+        CHECK_MSG(replay_segment_append(w, t2, &f2.d) == ARL_OK, "%s", arl_error_msg());
+        tok += 64;
+        fx_seg_free(&f2);
+    }
+    for (int s = 0; s < 3; s++) {
+        arl_status r = replay_boundary_load(st, t2, s, &parts, &np);
+        CHECK_MSG(r == ARL_ERR_NOT_FOUND, "segment %d: %d %s", s, (int)r, arl_error_msg());
+        if (r == ARL_OK) replay_boundary_free(parts, np);
+        arl_error_clear();
+    }
+    replay_writer_close(w);
+    replay_store_close(st);
+    FX_CLEANUP(root);
+}
+
+/* show (spec 13.2 item 2): per segment, the learner mask reason and staleness of the newest
+ * update that consumed it; nothing for a segment no update consumed. */
+static void test_show_learner(void) {
+    char root[512];
+    fx_ids ids;
+    replay_writer *w, *lw = NULL;
+    replay_store *st = open_writer("showlr", root, sizeof root, 1, &ids, &w);
+    if (!st) return;
+    int64_t t = -1;
+    CHECK_MSG(fx_write_traj(w, &ids, "s/1", 1, 0, 3, 64, 2, 0, 1.0, &t) == ARL_OK, "%s",
+              arl_error_msg());
+    CHECK(replay_writer_open(st, REPLAY_FILE_LEARNER, 0, "run1", &lw) == ARL_OK);
+    float z[64] = {0};
+    uint8_t fl[64] = {0};
+    replay_learner_record r = {.run_id = ids.run_id,
+                               .traj_uid = "s/1",
+                               .levels_json = "{\"AO\":1.0}",
+                               .n_tokens = 64,
+                               .old_logprobs = z,
+                               .ref_logprobs = z,
+                               .is_weights = z,
+                               .token_flags = fl,
+                               .advantages = z};
+    /* segment 0: trained by update 3, then masked (stale) by update 4; segment 1: update 4 */
+    const struct {
+        int64_t update_n, staleness;
+        int32_t seg;
+        const char *reason;
+    } rows[] = {{3, 0, 0, NULL}, {4, 1, 0, "stale"}, {4, 2, 1, NULL}};
+    for (size_t i = 0; lw && i < sizeof rows / sizeof *rows; i++) {
+        r.update_n = r.version = rows[i].update_n;
+        r.staleness = rows[i].staleness;
+        r.seg_index = rows[i].seg;
+        r.mask_reason = rows[i].reason;
+        CHECK_MSG(replay_learner_record_put(lw, &r) == ARL_OK, "%s", arl_error_msg());
+    }
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    CHECK(f != NULL);
+    if (f) {
+        CHECK_MSG(replay_show(st, "s/1", NULL, f) == ARL_OK, "%s", arl_error_msg());
+        fclose(f);
+        const char *s0 = text ? strstr(text, "\n== segment 0 ") : NULL;
+        const char *s1 = text ? strstr(text, "\n== segment 1 ") : NULL;
+        const char *s2 = text ? strstr(text, "\n== segment 2 ") : NULL;
+        CHECK(s0 && s1 && s2);
+        const char *l0 =
+            s0 ? strstr(s0, "\n   learner: update 4, staleness 1, masked (stale)\n") : NULL;
+        const char *l1 = s1 ? strstr(s1, "\n   learner: update 4, staleness 2, trained\n") : NULL;
+        CHECK_MSG(l0 && l0 < s1, "%s", text ? text : "");
+        CHECK_MSG(l1 && l1 < s2, "%s", text ? text : "");
+        CHECK_MSG(s2 && !strstr(s2, "learner:"), "%s", text ? text : ""); /* not consumed */
+    }
+    free(text);
+    replay_writer_close(lw);
     replay_writer_close(w);
     replay_store_close(st);
     FX_CLEANUP(root);
@@ -795,6 +884,7 @@ int main(void) {
     TEST_RUN(test_iterator_batches);
     TEST_RUN(test_protocol_checks);
     TEST_RUN(test_states_and_fork);
+    TEST_RUN(test_show_learner);
     TEST_RUN(test_takeover_and_recover);
     TEST_RUN(test_schema_versions);
     TEST_RUN(test_damaged_files);
