@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/defer.h"
+#include "core/json_dump.h"
 #include "replay/codec.h"
 #include "replay/select.h"
 
@@ -18,16 +19,9 @@
  * whose step fails looks like its last row, and a stored JSON text that cannot be parsed for
  * lack of memory would become null: each such failure sets exp_bad, which export_one checks
  * before it writes the line (an error, never a line missing a part that import would take for
- * the data).  jansson's own allocations are watched through json_set_alloc_funcs while
- * replay_export runs. */
-static int exp_bad;
-static json_malloc_t exp_prev_malloc;
-
-static void *exp_malloc(size_t n) {
-    void *p = exp_prev_malloc(n);
-    if (!p) exp_bad = 1;
-    return p;
-}
+ * the data).  jansson's own allocations are counted by core/json_dump.h's watch
+ * (arl_json_alloc_failures, this thread's): one that failed while a line was built fails it. */
+static _Thread_local int exp_bad;
 
 static int xset(json_t *o, const char *key, json_t *v) {
     int r = json_object_set_new(o, key, v);
@@ -327,6 +321,7 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
                              const replay_export_opts *o, FILE *out) {
     arl_status s = ARL_OK;
     exp_bad = 0;
+    const unsigned long jansson_failed = arl_json_alloc_failures();
     char run[300], group[300], task[300], env[128], ver[64];
     ARL_TRY(rcat_run_uid(st, t->run_id, run, sizeof run));
     ARL_TRY(rcat_group_uid(st, t->group_id, group, sizeof group));
@@ -629,7 +624,7 @@ static arl_status export_one(replay_store *st, rshard *sh, rdb *d, const replay_
     json_decref(toks);
     json_decref(calls);
     (void)sh;
-    if (s == ARL_OK && exp_bad)
+    if (s == ARL_OK && (exp_bad || arl_json_alloc_failures() != jansson_failed))
         s = arl_errorf(ARL_ERR_NOMEM,
                        "replay: export: out of memory (or a failed read) building the line of "
                        "trajectory %s: nothing written for it",
@@ -649,9 +644,6 @@ arl_status replay_export(replay_store *st, const replay_filter *f, const replay_
     if (!o) o = &none;
     rsel sel;
     ARL_TRY(rsel_init(st, f, &sel));
-    json_free_t prev_free;
-    json_get_alloc_funcs(&exp_prev_malloc, &prev_free);
-    json_set_alloc_funcs(exp_malloc, prev_free);
     char *sql = rsel_sql(&sel, "SELECT " RTRAJ_COLS " FROM trajectories t", " ORDER BY t.traj_id");
     arl_status s =
         sql ? replay_store_refresh(st) : arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
@@ -699,7 +691,6 @@ arl_status replay_export(replay_store *st, const replay_filter *f, const replay_
     }
     free(sql);
     rsel_free(&sel);
-    json_set_alloc_funcs(exp_prev_malloc, prev_free);
     if (n_out) *n_out = count;
     return s;
 }
@@ -1189,7 +1180,7 @@ arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_
             line[--len] = 0;
         if (!len) continue;
         json_error_t err;
-        json_t *j = json_loadb(line, (size_t)len, 0, &err);
+        json_t *j = arl_json_loadb(line, (size_t)len, 0, &err);
         if (!j) { /* jansson leaves the message empty where an allocation fails */
             s = json_error_code(&err) == json_error_out_of_memory || !err.text[0]
                     ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the line", where)

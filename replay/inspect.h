@@ -72,9 +72,8 @@ typedef struct replay_export_opts {
 } replay_export_opts;
 /* One agentrl.trajectory/1 JSON line per selected trajectory, shard by shard in traj_id order.
  * *n_out (may be NULL) receives the count.  A line that could not be built whole (out of memory)
- * is an error, never written short.  One export at a time in a process, on a thread that no
- * other jansson user runs beside: it watches jansson's allocations through the process-wide
- * json_set_alloc_funcs while it runs. */
+ * is an error, never written short (jansson's failed allocations are counted per thread by
+ * core/json_dump.h's watch). */
 arl_status replay_export(replay_store *st, const replay_filter *f, const replay_export_opts *o,
                          FILE *out, int64_t *n_out);
 

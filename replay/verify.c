@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/json_dump.h"
 #include "core/sha256.h"
 #include "replay/codec.h"
 #include "replay/inspect.h"
@@ -686,10 +687,10 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
         while (vstep(v, q) == SQLITE_ROW) {
             json_error_t ea, er;
             const char *at = (const char *)sqlite3_column_text(q, 1);
-            json_t *a = at ? json_loads(at, 0, &ea) : NULL;
+            json_t *a = at ? arl_json_loads(at, 0, &ea) : NULL;
             json_t *r = sqlite3_column_blob(q, 2)
-                            ? json_loadb(sqlite3_column_blob(q, 2),
-                                         (size_t)sqlite3_column_bytes(q, 2), 0, &er)
+                            ? arl_json_loadb(sqlite3_column_blob(q, 2),
+                                             (size_t)sqlite3_column_bytes(q, 2), 0, &er)
                             : NULL;
             /* jansson leaves the message empty where an allocation fails */
             if (!at || (!a && (json_error_code(&ea) == json_error_out_of_memory || !ea.text[0])) ||
