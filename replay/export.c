@@ -1180,7 +1180,7 @@ arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_
             line[--len] = 0;
         if (!len) continue;
         json_error_t err;
-        json_t *j = arl_json_loadb(line, (size_t)len, 0, &err);
+        json_t *j = arl_json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &err);
         if (!j) { /* jansson leaves the message empty where an allocation fails */
             s = json_error_code(&err) == json_error_out_of_memory || !err.text[0]
                     ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the line", where)

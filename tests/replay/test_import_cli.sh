@@ -5,6 +5,7 @@
 #    INSERT statement, or a column of another store version) is refused naming the key; the
 #    keys made the statement's column list (a 4 KiB buffer overrun, and SQL from the file);
 #  - a line of another format version (or without "format") is refused, not imported as v1;
+#  - a line with a key twice is refused (jansson took the last copy);
 #  - a FILE that cannot be read to its end (a directory) is an error, not "imported 0";
 #  - a failed import into a new store leaves no empty store behind;
 #  - SIGTERM between a line's commit and the catalog's mirror of its trajectory waits for the
@@ -75,6 +76,14 @@ for kind in longkey inject othercol; do
 done
 expect 0 "$A" replay verify "$C"
 has "7 trajectories: 0 errors, 0 warnings"
+
+# --- a key twice in a line: refused (jansson kept the last one, so the line's meaning depended
+# on which copy a reader takes)
+"$PY" -c 'import sys; l = open(sys.argv[1]).readline(); sys.stdout.write("{\"format\": \"agentrl.trajectory/1\", " + l[1:])' \
+    "$T/a.jsonl" >"$T/dup.jsonl"
+expect 1 "$A" replay import "$C" "$T/dup.jsonl"
+has "dup.jsonl:1: not JSON: duplicate object key"
+has "imported 0 trajectories"
 
 # --- another format version, or none: refused
 mutate format2 >"$T/f2.jsonl"
