@@ -915,6 +915,10 @@ static arl_status import_group_check(rdb *c, json_t *g, int64_t group_id, int64_
     return s;
 }
 
+/* The line's catalog rows (run, env, task, group; the update that consumed the group), found or
+ * inserted, in a catalog write transaction that is left open on success: the caller commits it
+ * with the line's shard rows, or rolls it back with them, so that a line refused part way leaves
+ * no run, task or group of its own behind.  Rolled back on failure. */
 static arl_status import_catalog(replay_store *st, json_t *cat, int64_t *run_id, int64_t *env_id,
                                  int64_t *task_id, int64_t *group_id, const char *where) {
     if (!json_is_object(cat) || !json_is_object(json_object_get(cat, "runs")) ||
@@ -960,7 +964,8 @@ static arl_status import_catalog(replay_store *st, json_t *cat, int64_t *run_id,
                       group_id, where);
     if (s == ARL_OK) s = import_group_check(c, g, *group_id, *run_id, *task_id, where);
     if (s == ARL_OK) s = import_consumption(c, *run_id, *group_id);
-    return rdb_end(c, s);
+    if (s != ARL_OK) rdb_rollback(c);
+    return s;
 }
 
 /* The stored trajectory t as its 'export --full' line, without the newline, in *line
@@ -1054,12 +1059,21 @@ static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, co
     if (e != ARL_ERR_NOT_FOUND) return e;
     arl_error_clear();
     int64_t run_id, env_id, task_id, group_id;
-    ARL_TRY(import_catalog(st, json_object_get(rows, "catalog"), &run_id, &env_id, &task_id,
-                           &group_id, where));
-    if (!*w) ARL_TRY(replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, w));
+    json_t *cat = json_object_get(rows, "catalog");
+    ARL_TRY(import_catalog(st, cat, &run_id, &env_id, &task_id, &group_id, where));
+    if (!*w) {
+        /* the tool file is made (and registered in the catalog, by its own transaction) for the
+         * first line whose catalog rows are good; the catalog's part is then found again */
+        rdb_rollback(&st->cat);
+        ARL_TRY(replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, w));
+        ARL_TRY(import_catalog(st, cat, &run_id, &env_id, &task_id, &group_id, where));
+    }
     rdb *d = &(*w)->w;
-    ARL_TRY(rdb_begin(d));
-    arl_status s = ARL_OK;
+    arl_status s = rdb_begin(d);
+    if (s != ARL_OK) {
+        rdb_rollback(&st->cat);
+        return s;
+    }
     if (*next_id < 0) {
         int64_t mx = 0;
         int found;
@@ -1143,12 +1157,22 @@ static arl_status import_line(replay_store *st, replay_writer **w, json_t *j, co
     }
     if (s != ARL_OK) {
         rdb_rollback(d);
+        rdb_rollback(&st->cat);
         return s;
     }
-    /* the commit and the catalog's mirror of the new member are not cut in two by an interrupt
-     * (SIGINT, SIGTERM: the CLI holds them back until the stretch ends) */
+    /* the commits and the catalog's mirror of the new member are not cut in two by an interrupt
+     * (SIGINT, SIGTERM: the CLI holds them back until the stretch ends).  The catalog's rows
+     * first: a crash between the two commits leaves a run, task or group without the member,
+     * which the import run again takes up (the other order would leave a trajectory whose ids
+     * name catalog rows that were never made) */
     arl_defer_begin();
-    s = rdb_commit(d);
+    s = rdb_commit(&st->cat);
+    if (s == ARL_OK) {
+        s = rdb_commit(d);
+    } else {
+        rdb_rollback(&st->cat);
+        rdb_rollback(d);
+    }
     if (s == ARL_OK) {
         (*next_id)++;
         const char *status = json_string_value(json_object_get(tr, "status"));

@@ -4,6 +4,7 @@
 #  - a row key that is not a column of the table (1 MB long, or text that would change the
 #    INSERT statement, or a column of another store version) is refused naming the key; the
 #    keys made the statement's column list (a 4 KiB buffer overrun, and SQL from the file);
+#  - a line refused in its shard rows leaves no run, task or group of its own in the catalog;
 #  - a line of another format version (or without "format") is refused, not imported as v1;
 #  - a line with a key twice is refused (jansson took the last copy);
 #  - a FILE that cannot be read to its end (a directory) is an error, not "imported 0";
@@ -53,6 +54,13 @@ elif kind == "inject":
     t["status) SELECT * FROM trajectories --"] = 1
 elif kind == "othercol":
     j["rows"]["segments"][0]["n_tokens_v9"] = 1
+elif kind == "newcat":
+    # a run, task and group this store lacks, and a segments row it refuses
+    c = j["rows"]["catalog"]
+    c["runs"]["run_uid"] += "-x"
+    c["tasks"]["seed"] = 987654321
+    c["task_groups"]["group_uid"] += "-x"
+    j["rows"]["segments"][0]["n_tokens_v9"] = 1
 elif kind == "format2":
     j["format"] = "agentrl.trajectory/2"
 elif kind == "noformat":
@@ -74,6 +82,17 @@ for kind in longkey inject othercol; do
     has "$kind.jsonl:1: rows\.[a-z_]*: '.*' is not a column of this store's table"
     has "imported 0 trajectories"
 done
+expect 0 "$A" replay verify "$C"
+has "7 trajectories: 0 errors, 0 warnings"
+
+# --- a line refused in its shard rows leaves none of its catalog rows (a new run, task and
+# group were committed before the shard's rows were tried, and stayed)
+cat_rows() { cat_q "$C" "SELECT (SELECT count(*) FROM runs) || ' ' || (SELECT count(*) FROM tasks) || ' ' || (SELECT count(*) FROM task_groups) || ' ' || (SELECT count(*) FROM updates)"; }
+before=$(cat_rows)
+mutate newcat >"$T/newcat.jsonl" || fail "mutate newcat"
+expect 1 "$A" replay import "$C" "$T/newcat.jsonl"
+has "newcat.jsonl:1: rows\.segments: 'n_tokens_v9' is not a column of this store's table"
+[ "$(cat_rows)" = "$before" ] || fail "a refused line left catalog rows: runs tasks groups updates $before -> $(cat_rows)"
 expect 0 "$A" replay verify "$C"
 has "7 trajectories: 0 errors, 0 warnings"
 
