@@ -43,7 +43,9 @@ int cmd_env_demos(int argc, char **argv) {
                       "agentrl env demos NAME [--episodes N] [--seed S] [--out FILE.jsonl] "
                       "[--options JSON]",
                       "Write teacher demonstrations of a built-in environment as JSONL "
-                      "conversations (OpenAI chat format with tools) for SFT.");
+                      "conversations (OpenAI chat format with tools) for SFT.  Only the "
+                      "episodes the teacher solves are written; when some are not, the "
+                      "command says how many and exits 1.");
     if (r) return r < 0 ? ARL_EXIT_OK : r;
     const int to_file = strcmp(o.out, "-") != 0;
     FILE *f = stdout;

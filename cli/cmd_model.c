@@ -360,7 +360,8 @@ int cmd_model_init(int argc, char **argv) {
     model_init_opts o;
     const size_t nopt = ARL_OPTIONS_COUNT(model_init_tab);
     int rc = cli_parse(model_init_tab, nopt, argc, argv, &o,
-                       "agentrl model init CONFIG OUT_DIR --seed S [--shard-size BYTES] [--force]",
+                       "agentrl model init CONFIG OUT_DIR --seed S [--shard-size BYTES] "
+                       "[--threads N] [--force]",
                        "Write config.json and a checkpoint initialised from scratch "
                        "(spec/policy.md section 12.5) into OUT_DIR.");
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;

@@ -45,18 +45,21 @@ typedef struct sel_opts {
 } sel_opts;
 
 #define O(f) offsetof(sel_opts, f)
-#define OPT_DB                                                                                     \
+#define OPT_DB_HELP(help)                                                                          \
     {                                                                                              \
-        "db", ARL_OPT_STRING, O(db), NULL, "store root (or shard file)", 0, 0, NULL,               \
+        "db", ARL_OPT_STRING, O(db), NULL, help, 0, 0, NULL,                                       \
             ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "DB"                                            \
     }
+/* the read-only commands open a store root or one shard file; import and recover write the
+ * catalog, so they need a store root (import creates a missing one) */
+#define OPT_DB OPT_DB_HELP("store root (or shard file)")
 #define OPT_FILTERS                                                                                \
     {"run", ARL_OPT_STRING, O(run), NULL, "only this run (run_uid)", 0, 0, NULL, 0, "R"},          \
         {"status",                                                                                 \
          ARL_OPT_CHOICE,                                                                           \
          O(status),                                                                                \
          NULL,                                                                                     \
-         "only this status",                                                                       \
+         "only this status: running, complete, truncated or masked",                               \
          0,                                                                                        \
          0,                                                                                        \
          "running|complete|truncated|masked",                                                      \
@@ -373,7 +376,7 @@ int cmd_replay_export(int argc, char **argv) {
 }
 
 static const arl_option import_tab[] = {
-    OPT_DB,
+    OPT_DB_HELP("store root (created if missing)"),
     {"files", ARL_OPT_LIST, O(files), NULL,
      "JSON Lines files from 'export --full' ('-': standard input)", 0, 0, NULL,
      ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "FILE"},
@@ -430,7 +433,7 @@ int cmd_replay_import(int argc, char **argv) {
 }
 
 static const arl_option verify_tab[] = {
-    OPT_DB,
+    OPT_DB_HELP("store root (or shard file; --repair: a store root)"),
     {"full", ARL_OPT_BOOL, O(full), NULL, "PRAGMA integrity_check instead of quick_check", 0, 0,
      NULL, 0, NULL},
     {"repair", ARL_OPT_BOOL, O(repair), NULL,
@@ -462,7 +465,7 @@ int cmd_replay_verify(int argc, char **argv) {
 }
 
 static const arl_option recover_tab[] = {
-    OPT_DB,
+    OPT_DB_HELP("store root"),
     {"mask", ARL_OPT_BOOL, O(mask), NULL,
      "mask every interrupted trajectory (INTERRUPTED) instead of leaving "
      "those with committed segments resumable",

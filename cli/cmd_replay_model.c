@@ -962,7 +962,9 @@ int cmd_replay_fork(int argc, char **argv) {
     const char *summary = "Continue a stored trajectory from a segment boundary: new trajectories "
                           "that share its first S segments, generated and scored like a rollout "
                           "with the settings of its run (environment, budgets, sampling) unless "
-                          "--experiment or rollout keys give others.";
+                          "--experiment or rollout keys give others.  A rollout key not given "
+                          "takes its run's value, not the default shown below; only threads, "
+                          "progress-s and the device keys start from those defaults.";
     size_t n_own = sizeof fork_own / sizeof fork_own[0], n = n_own + arl_rollout_n_options;
     arl_option *tab = malloc(n * sizeof *tab);
     if (!tab) return cli_fail(arl_errorf(ARL_ERR_NOMEM, "out of memory"));

@@ -88,7 +88,7 @@ static const arl_option score_tab[] = {
 
 static const char *score_usage =
     "agentrl score --ckpt DIR (--text FILE | --tokens FILE.npy) [--logits-out OUT.npy] "
-    "[--grads-out OUT.safetensors] [--device cpu|cuda]";
+    "[--grads-out OUT.safetensors] [--device cpu|cuda|cpu-device]";
 static const char *score_summary =
     "Print the log-probability of each token given the tokens before it (positions 1..T-1 of "
     "each sequence) and their sum, under the checkpoint's model.";

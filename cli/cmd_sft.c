@@ -15,7 +15,9 @@ typedef struct sft_cli_opts {
 
 static const arl_option sft_cli_tab[] = {
     {"experiment", ARL_OPT_STRING, offsetof(sft_cli_opts, experiment), NULL,
-     "experiment JSON (keys: agentrl sft --keys)", 0, 0, NULL, ARL_OPT_POSITIONAL, "EXPERIMENT"},
+     "experiment JSON (keys: agentrl sft --keys); may be left out when --set gives the "
+     "keys it needs (model or init, data, out)",
+     0, 0, NULL, ARL_OPT_POSITIONAL, "EXPERIMENT"},
     {"resume", ARL_OPT_BOOL, offsetof(sft_cli_opts, resume), "false",
      "continue from the newest checkpoint in the output directory (start fresh if none)", 0, 0,
      NULL, 0, NULL},
@@ -29,7 +31,7 @@ static const arl_option sft_cli_tab[] = {
 int cmd_sft(int argc, char **argv) {
     sft_cli_opts o;
     int r = cli_parse(sft_cli_tab, SFT_CLI_N, argc, argv, &o,
-                      "agentrl sft EXPERIMENT.json [--resume] [--set KEY=VALUE ...]",
+                      "agentrl sft [EXPERIMENT.json] [--resume] [--set KEY=VALUE ...]",
                       "Supervised fine-tuning on JSONL conversations (chat template, loss on "
                       "assistant tokens), with AdamW, evaluation, checkpoints and exact resume.");
     if (r) return r < 0 ? ARL_EXIT_OK : r;

@@ -63,7 +63,8 @@ static const arl_option tokenize_tab[] = {
 #define TOKENIZE_N ARL_OPTIONS_COUNT(tokenize_tab)
 
 static const char *tokenize_usage =
-    "agentrl tokenize CONV [--line N] [--ids | --mask] [--gen] | --decode IDS | --parse TEXT";
+    "agentrl tokenize CONV [--line N] [--ids | --mask] [--gen] | --decode IDS [--skip-special] | "
+    "--parse TEXT [--step K]";
 static const char *tokenize_summary =
     "Render a conversation with the chat/tool template (docs/chat_template.md), decode token "
     "ids, or parse an assistant turn's tool calls.";
