@@ -391,3 +391,24 @@ arl_status replay_gc(replay_store *st, const replay_retention *r, FILE *out,
     if (total) *total = sum;
     return first;
 }
+
+arl_status replay_states_touch(replay_writer *w, const int64_t *state_ids, size_t n) {
+    if (!n) return ARL_OK;
+    rdb *db = &w->s;
+    ARL_TRY(rdb_begin(db));
+    sqlite3_stmt *q = NULL;
+    arl_status s = rdb_prepare(db,
+                               "UPDATE states SET last_used_at_ms = ?2 WHERE state_id = ?1 AND "
+                               "status = 'complete'",
+                               &q);
+    const int64_t now = rnow_ms();
+    for (size_t i = 0; s == ARL_OK && i < n; i++) {
+        sqlite3_reset(q);
+        sqlite3_bind_int64(q, 1, state_ids[i]);
+        sqlite3_bind_int64(q, 2, now);
+        int rc = sqlite3_step(q);
+        if (rc != SQLITE_DONE) s = rdb_fail(db, rc, "recording the use of a state");
+    }
+    sqlite3_finalize(q);
+    return rdb_end(db, s);
+}

@@ -511,6 +511,14 @@ typedef struct replay_gc_stats {
  * state.  r may be NULL (last, off, no budget, 1 hour); out may be NULL. */
 arl_status replay_states_retain(replay_writer *w, const replay_retention *r, replay_gc_stats *out);
 
+/* A use of states of this writer's own states file (spec section 9.3: a reader that uses a
+ * state updates last_used_at_ms, the order in which the budget evicts): last_used_at_ms of each
+ * complete state in state_ids becomes now, in one transaction.  Only the file's writer calls it
+ * (a tool never writes files it does not own, section 13): the ids must be of this writer's
+ * states file (replay_state_data.shard_id == replay_writer_shard_id); others, and evicted or
+ * missing ones, are left alone.  For loads, not per token: one UPDATE per state. */
+arl_status replay_states_touch(replay_writer *w, const int64_t *state_ids, size_t n);
+
 /* ---- reading (the learner's protocol, spec section 11) ---------------------------------- */
 
 /* A trajectory row (trajectories table) with its shard. */

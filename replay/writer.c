@@ -1458,7 +1458,13 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
             if (nv == vc) {
                 vc = vc ? vc * 2 : 64;
                 int64_t *p = realloc(victims, vc * sizeof *p);
-                if (!p) break;
+                if (!p) { /* an error, rolled back: never fewer deletions reported as done */
+                    s = arl_errorf(ARL_ERR_NOMEM,
+                                   "replay: %s: out of memory listing states to "
+                                   "delete",
+                                   w->states_file);
+                    break;
+                }
                 victims = p;
             }
             victims[nv++] = id;

@@ -99,6 +99,22 @@ arl_status ro_boundary_at_version(replay_store *st, const replay_state_data *par
     return ARL_OK;
 }
 
+arl_status ro_states_touch(replay_writer *w, const replay_state_data *parts, size_t np) {
+    int64_t ids[64]; /* a boundary: its kda_boundary and the mla_segment states since the last
+                        fresh start; more are touched in batches */
+    size_t n = 0;
+    const int32_t own = replay_writer_shard_id(w);
+    for (size_t i = 0; i < np; i++) {
+        if (parts[i].shard_id != own) continue;
+        ids[n++] = parts[i].state_id;
+        if (n == sizeof ids / sizeof ids[0]) {
+            ARL_TRY(replay_states_touch(w, ids, n));
+            n = 0;
+        }
+    }
+    return replay_states_touch(w, ids, n);
+}
+
 arl_status ro_boundary_import_parts(ro_engine *e, int32_t slot, replay_state_data *parts, size_t np,
                                     arl_status s) {
     uint8_t *buf = NULL;

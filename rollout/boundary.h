@@ -46,6 +46,11 @@ arl_status ro_boundary_put_state(replay_writer *w, const arl_model_config *cfg,
 arl_status ro_boundary_at_version(replay_store *st, const replay_state_data *parts, size_t np,
                                   int64_t run_id, int64_t version, int *yes);
 
+/* Record the use of the loaded states parts[0..np) that are of w's own states file (shard_id
+ * of w; spec/replay.md 9.3: their last_used_at_ms, the budget's LRU order); the others are
+ * other writers' files, left alone (spec/replay.md 13).  The store's errors. */
+arl_status ro_states_touch(replay_writer *w, const replay_state_data *parts, size_t np);
+
 /* The end of a cached-state import: when s is ARL_OK, the boundary parts (replay_boundary_load
  * or replay_state_find, the kda_boundary first) assembled into an ARLS export and imported into
  * `slot` (a part that does not fit is a miss, ARL_ERR_NOT_FOUND); parts are freed in every

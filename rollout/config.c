@@ -119,6 +119,16 @@ const arl_option arl_rollout_options[] = {
      "re-scoring and forking finished trajectories start from them instead of recomputing "
      "their prefixes), or none written (off)",
      0, 0, "last|all|off", 0, NULL},
+    {"state-budget-bytes", ARL_OPT_INT, F(state_budget_bytes), "274877906944",
+     "state_cache.budget_bytes of this worker's states file (spec/replay.md 9.3; default 256 "
+     "GiB): beyond it, its GC evicts complete, unpinned states, least recently used first and "
+     "those of running trajectories last (0: no budget)",
+     0, BIG, NULL, 0, "BYTES"},
+    {"state-gc-interval-s", ARL_OPT_INT, F(state_gc_interval_s), "600",
+     "seconds between the GC passes over this worker's states file (spec/replay.md 7.6: at "
+     "open, then at the first commit after each interval): stale 'writing' and unreferenced "
+     "states over an hour old deleted, state-cache and state-budget-bytes applied",
+     1, BIG, NULL, 0, "S"},
     {"resume-interrupted", ARL_OPT_BOOL, F(resume_interrupted), "true",
      "resume trajectories a dead worker left running (else mask them INTERRUPTED)", 0, 0, NULL, 0,
      NULL},

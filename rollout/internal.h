@@ -251,6 +251,8 @@ struct arl_rollout_worker {
     /* interrupted trajectories of this shard waiting for a slot to be resumed */
     int64_t *resume;
     size_t n_resume, cap_resume, next_resume;
+    /* the next periodic GC of the states file is due at this ro_mono_s() (0: none yet) */
+    double gc_next_s;
     /* a fork worker's trajectories and the group uid of each (arl_rollout_fork_many) */
     int64_t *fork_ids;                       /* (n_forks) */
     char (*fork_groups)[REPLAY_UID_MAX + 1]; /* (n_forks) */

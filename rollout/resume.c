@@ -421,6 +421,15 @@ static arl_status restore_model(rs_ctx *x, int *failed) {
     if (s == ARL_OK) s = arl_rollout_state_assemble(&e->cfg, e->cfg_hash, e->numerics, parts, np, &buf, &len);
     if (s == ARL_OK) s = ro_engine_slot_import(e, t->slot, buf, len);
     free(buf);
+    if (s == ARL_OK) { /* used: last_used_at_ms of the parts in this worker's own states file */
+        const double t0 = ro_mono_s();
+        s = ro_states_touch(w->w, parts, np);
+        w->stats.store_s += ro_mono_s() - t0;
+        if (s) {
+            replay_boundary_free(parts, np);
+            return s;
+        }
+    }
     if (s == ARL_OK) {
         snprintf(t->pass_uid, sizeof t->pass_uid, "%s", parts[0].pass_uid);
         t->ctx_vmin = t->ctx_vmax = -1;

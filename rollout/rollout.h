@@ -90,6 +90,8 @@ typedef struct arl_rollout_config {
     int64_t device_index;     /* device cuda: GPU ordinal, -1: the local MPI rank's */
     /* states, faults, weights */
     char *state_cache;       /* "last" (spec/replay.md 9.3, the default), "all" or "off" */
+    int64_t state_budget_bytes;  /* state_cache.budget_bytes of the states file (0: none) */
+    int64_t state_gc_interval_s; /* seconds between GC passes of the states file (7.6) */
     int resume_interrupted;  /* resume (1) or mask (0) interrupted trajectories */
     int refill_infra_masked; /* one new attempt for a slot masked with attribution infra */
     double alert_masked_frac;   /* spec/aep.md 8.6: halt admission above this masked fraction */
@@ -145,6 +147,10 @@ typedef struct arl_rollout_stats {
     double prefill_cpu_s;     /* process CPU time of the prefill forwards */
     double decode_cpu_s;      /* process CPU time of the decode forwards */
     int64_t versions_loaded;  /* weight updates picked up */
+    int64_t state_gcs;        /* GC passes over the states file (at open, then periodic) */
+    int64_t states_deleted;   /* ... their stale 'writing' and unreferenced states deleted */
+    int64_t states_evicted;   /* ... their states evicted (state-cache, state-budget-bytes) */
+    int64_t state_bytes_freed; /* ... n_bytes of the evicted states */
 } arl_rollout_stats;
 
 /* The client-fault alert window of spec/aep.md 8.6: the last ARL_ROLLOUT_ALERT_WINDOW finished

@@ -218,10 +218,45 @@ static int stop_asked(arl_rollout_worker *w) {
     return w->stop;
 }
 
-/* state-cache last (spec/replay.md 9.3): after a commit, keep per running trajectory only its
+/* The GC of this worker's states file (spec/replay.md 7.6, its writer's duty): stale 'writing'
+ * states and unreferenced complete ones over an hour old deleted, state-cache applied and, when
+ * budget, state-budget-bytes (9.3: least recently used first, running trajectories last).  Its
+ * time counts as store time; the next periodic pass is due state-gc-interval-s later.  Never
+ * loses what a resume needs: the boundary a running trajectory resumes from is referenced by
+ * its last committed segment (kept by the garbage rule) and is its newest (kept by 'last');
+ * only the budget could evict it, which is why the caller leaves the budget out while resumes
+ * are pending (a cache miss then would only cost a prefill, but the state is right there). */
+static arl_status gc_states(arl_rollout_worker *w, int budget) {
+    replay_retention r = {.rollout = w->cfg.state_cache,
+                          .budget_bytes = budget ? w->cfg.state_budget_bytes : 0,
+                          .min_age_ms = -1};
+    replay_gc_stats g;
+    const double t0 = ro_mono_s();
+    arl_status s = replay_states_retain(w->w, &r, &g);
+    const double t1 = ro_mono_s();
+    w->stats.store_s += t1 - t0;
+    w->gc_next_s = t1 + (double)w->cfg.state_gc_interval_s;
+    if (s) return arl_error_prefix(s, "rollout: GC of the states of %s", replay_writer_file(w->w));
+    w->stats.state_gcs++;
+    w->stats.states_deleted += g.deleted;
+    w->stats.states_evicted += g.evicted;
+    w->stats.state_bytes_freed += g.bytes_freed;
+    if (g.evicted && budget && w->cfg.state_budget_bytes > 0)
+        arl_log_info("rollout: states of %s: %lld stale deleted, %lld evicted (%lld bytes; "
+                     "state-cache %s, state-budget-bytes %lld)",
+                     replay_writer_file(w->w), (long long)g.deleted, (long long)g.evicted,
+                     (long long)g.bytes_freed, w->cfg.state_cache,
+                     (long long)w->cfg.state_budget_bytes);
+    return ARL_OK;
+}
+
+/* After a commit: the periodic GC when it is due (once every resume has loaded its state),
+ * else, with state-cache last (spec/replay.md 9.3), keep per running trajectory only its
  * newest boundary (the kda_boundary state and the mla_segment states since the last fresh
- * start) and nothing of final ones.  Other settings: nothing to do here. */
+ * start) and nothing of final ones.  Other settings: nothing to do until the GC is due. */
 static arl_status retain_states(arl_rollout_worker *w) {
+    if (w->gc_next_s > 0 && w->next_resume >= w->n_resume && ro_mono_s() >= w->gc_next_s)
+        return gc_states(w, 1);
     if (strcmp(w->cfg.state_cache, "last")) return ARL_OK;
     replay_retention r = {.rollout = "last", .budget_bytes = 0, .min_age_ms = -1};
     double t0 = ro_mono_s();
@@ -1957,6 +1992,10 @@ static arl_status build_jobs(arl_rollout_worker *w) {
 arl_status arl_rollout_worker_run(arl_rollout_worker *w) {
     w->t_start_ms = w->last_progress_ms = ro_now_ms();
     ARL_TRY(ro_resume_interrupted(w));
+    /* the GC at open (spec/replay.md 7.6), once recovery has decided what resumes; with resumes
+     * pending the budget waits for them (gc_states), the periodic pass being due at once */
+    ARL_TRY(gc_states(w, w->n_resume == 0));
+    if (w->n_resume) w->gc_next_s = ro_mono_s();
     ARL_TRY(build_jobs(w));
     arl_status st = ARL_OK;
     while (!stop_asked(w)) {
@@ -2082,6 +2121,10 @@ void arl_rollout_stats_print_titled(const arl_rollout_stats *s, const char *titl
                 "  forks         %lld started, %lld from cached states (the others prefilled, once "
                 "per point)\n",
                 (long long)s->forked, (long long)s->forked_from_state);
+    if (s->states_evicted || s->states_deleted)
+        fprintf(f, "  states GC     %lld passes: %lld stale deleted, %lld evicted (%lld bytes)\n",
+                (long long)s->state_gcs, (long long)s->states_deleted, (long long)s->states_evicted,
+                (long long)s->state_bytes_freed);
     fprintf(f, "  tokens        %lld sampled (%.0f/s), %lld prefilled (%.0f/s)\n",
             (long long)s->decode_tokens, s->decode_s > 0 ? (double)s->decode_tokens / s->decode_s : 0.0,
             (long long)s->prefill_tokens,
