@@ -30,6 +30,17 @@ unsigned long arl_json_alloc_failures(void) {
     return watch_failed;
 }
 
+static _Thread_local unsigned long own_failed; /* arl_nomem_note, this thread */
+
+void arl_nomem_note(void) {
+    own_failed++;
+}
+
+unsigned long arl_nomem_count(void) {
+    arl_json_watch();
+    return watch_failed + own_failed;
+}
+
 /* j, or NULL (and e says out of memory) when an allocation failed since `before` */
 static json_t *watch_check(json_t *j, unsigned long before, json_error_t *e) {
     if (watch_failed == before) return j;

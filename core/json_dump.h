@@ -41,6 +41,15 @@ void arl_json_watch(void);
  * document built while this count did not move holds everything it was given. */
 unsigned long arl_json_alloc_failures(void);
 
+/* Failed allocations of this thread: jansson's (the watch) and those our own code notes with
+ * arl_nomem_note where it turns one into an answer rather than a status (the in-process AEP
+ * host answers "500 ENV_INTERNAL: out of memory"; the response parser reports a violation).
+ * A call that runs in the caller's thread (the client's in-process environment transport)
+ * compares the count before and after: when it moved, the outcome is this process's out of
+ * memory, not the environment's answer. */
+void arl_nomem_note(void);
+unsigned long arl_nomem_count(void);
+
 /* json_loads, json_loadb, json_loadf and json_load_file (same arguments and results), but NULL
  * with the error json_error_out_of_memory, text "out of memory", when an allocation of jansson
  * failed while the text was parsed (the document it built may lack a byte). */

@@ -48,6 +48,7 @@ typedef struct req_state {
     int32_t n_ids;
     int64_t step_index;
     arl_env_session *child; /* FORK */
+    unsigned long nomem0;   /* arl_nomem_count() when the request began to be built */
 } req_state;
 
 struct arl_env_client {
@@ -187,7 +188,10 @@ static size_t on_body(char *ptr, size_t size, size_t nmemb, void *ud) {
         size_t cap = r->resp_cap ? r->resp_cap : 4096;
         while (cap < r->resp_len + n + 1) cap *= 2;
         char *p = realloc(r->resp, cap);
-        if (!p) return 0;
+        if (!p) { /* (over HTTP curl then fails the transfer; in-process the answer is cut) */
+            arl_nomem_note();
+            return 0;
+        }
         r->resp = p;
         r->resp_cap = cap;
     }
@@ -289,6 +293,25 @@ static void finish(arl_env_session *s, const arl_env_error *err) {
         s->call_resp[keep] = 0;
         call->response = s->call_resp;
         call->response_len = keep;
+    } else {
+        arl_nomem_note(); /* the record would lack the response it is kept for */
+    }
+    /* An allocation of this thread failed since the request began to be built.  In-process,
+     * the environment answered in this thread: its "500 ENV_INTERNAL: out of memory", a 400 for
+     * a request it could not read, or an answer built short of a key is this process's out of
+     * memory, and so is a response the parser could not hold (MALFORMED_RESPONSE).  Over HTTP
+     * only the client's own part runs here: an error is then this process's too (another
+     * session's failure in the window also ends it, conservatively), a success stands. */
+    if (arl_nomem_count() != r->nomem0 && (call->status != ARL_OK || !s->env->remote)) {
+        call->status = ARL_ERR_NOMEM;
+        char was[sizeof call->error.message];
+        snprintf(was, sizeof was, "%s",
+                 call->error.code != ARL_ENV_E_NONE ? call->error.code_str : "");
+        snprintf(call->error.message, sizeof call->error.message,
+                 "out of memory in this process during the %s call%s%s%s",
+                 s->env->remote ? "environment" : "in-process environment",
+                 was[0] ? " (it read as " : "", was, was[0] ? ")" : "");
+        arl_errorf(ARL_ERR_NOMEM, "env: %s", call->error.message);
     }
     call->response_total = r->total;
     call->response_complete = !r->over_cap && err->code != ARL_ENV_E_TRANSPORT_ERROR &&
@@ -435,7 +458,9 @@ static void attempt_done(arl_env_session *s, int transport, CURLcode cc, int htt
         if (e.code != ARL_ENV_E_NONE && e.retry_after_ms < 0 && r->retry_after_hdr_ms >= 0)
             e.retry_after_ms = r->retry_after_hdr_ms;
     }
-    int64_t delay = e.code == ARL_ENV_E_NONE ? -1 : retry_delay(s, &e);
+    /* (an error while an allocation of this thread failed is not retried: finish says why) */
+    int64_t delay =
+        e.code == ARL_ENV_E_NONE || arl_nomem_count() != r->nomem0 ? -1 : retry_delay(s, &e);
     if (delay < 0) {
         finish(s, &e);
         return;
@@ -617,11 +642,21 @@ static int make_headers(arl_env_session *s) {
     return -1;
 }
 
-static arl_status begin(arl_env_session *s, arl_env_endpoint ep, const char *path, char *body, size_t body_len,
-                        int64_t deadline_ms) {
+/* Start a call with the request body (owned; NULL for GET/DELETE) that the caller began to
+ * build when arl_nomem_count() was nomem0: jansson's builders leave a key out quietly when an
+ * allocation fails, so a body built while the count moved may lack one (a create without its
+ * task's data, a score without its step_range, which the environment then refuses as the
+ * client's fault): out of memory instead. */
+static arl_status begin(arl_env_session *s, arl_env_endpoint ep, const char *path, char *body,
+                        size_t body_len, int64_t deadline_ms, unsigned long nomem0) {
     arl_env_client *c = s->client;
     arl_env *e = s->env;
     req_state *r = &s->rq;
+    if (arl_nomem_count() != nomem0) {
+        free(body);
+        return arl_errorf(ARL_ERR_NOMEM, "env client: out of memory building a request");
+    }
+    r->nomem0 = nomem0;
     call_clear(s);
     free(r->url);
     r->url = NULL;
@@ -860,15 +895,20 @@ arl_status arl_env_open(arl_env_client *c, const char *where, const char *config
         return arl_errorf(ARL_ERR_NOMEM, "env: out of memory");
     }
     e->n_sessions--; /* the control session is not counted */
-    arl_status st = begin(e->ctl, ARL_ENV_EP_INFO, "/info", NULL, 0, 0);
+    arl_status st = begin(e->ctl, ARL_ENV_EP_INFO, "/info", NULL, 0, 0, arl_nomem_count());
     if (st == ARL_OK) st = run_sync(e->ctl);
     if (st != ARL_OK) {
         const arl_env_call *cl = &e->ctl->call;
         arl_env_error_clear(&e->last_error);
         e->last_error = cl->error;
         if (cl->error.details) json_incref(cl->error.details);
-        st = arl_errorf(ARL_ERR_ENV, "env %s: GET /info failed: %s: %s", where, cl->error.code_str,
-                        cl->error.violation[0] ? cl->error.violation : cl->error.message);
+        if (st == ARL_ERR_NOMEM) /* (begin's, or the call's: finish said it) */
+            st = arl_errorf(ARL_ERR_NOMEM, "env %s: GET /info: %s", where,
+                            cl->status == ARL_ERR_NOMEM ? cl->error.message : "out of memory");
+        else
+            st = arl_errorf(ARL_ERR_ENV, "env %s: GET /info failed: %s: %s", where,
+                            cl->error.code_str,
+                            cl->error.violation[0] ? cl->error.violation : cl->error.message);
         arl_env_free(e);
         return st;
     }
@@ -912,7 +952,7 @@ const arl_env_error *arl_env_last_error(const arl_env *e) { return &e->last_erro
 int arl_env_is_remote(const arl_env *e) { return e->remote; }
 
 arl_status arl_env_health(arl_env *e, int64_t *active, int64_t *max) {
-    arl_status st = begin(e->ctl, ARL_ENV_EP_HEALTH, "/health", NULL, 0, 0);
+    arl_status st = begin(e->ctl, ARL_ENV_EP_HEALTH, "/health", NULL, 0, 0, arl_nomem_count());
     if (st == ARL_OK) st = run_sync(e->ctl);
     arl_env_error_clear(&e->last_error);
     if (st != ARL_OK) {
@@ -949,6 +989,7 @@ static arl_status check_idle(arl_env_session *s) {
 }
 
 arl_status arl_env_session_create_begin(arl_env *e, const arl_env_create_req *req, arl_env_session **out) {
+    const unsigned long n0 = arl_nomem_count();
     *out = NULL;
     if (!req->trajectory_id || !req->group_id || !req->task.id)
         return arl_errorf(ARL_ERR_ARG, "env: create needs trajectory_id, group_id and task.id");
@@ -978,7 +1019,7 @@ arl_status arl_env_session_create_begin(arl_env *e, const arl_env_create_req *re
         return arl_errorf(ARL_ERR_NOMEM, "env: out of memory");
     }
     s->rq.x.trajectory_id = s->traj;
-    arl_status st = begin(s, ARL_ENV_EP_CREATE, "/sessions", body, len, d);
+    arl_status st = begin(s, ARL_ENV_EP_CREATE, "/sessions", body, len, d, n0);
     if (st != ARL_OK) {
         arl_env_session_free(s);
         return st;
@@ -999,6 +1040,7 @@ static arl_status path_for(arl_env_session *s, const char *suffix, char *buf, si
 }
 
 arl_status arl_env_session_step_begin(arl_env_session *s, const arl_env_action *a, int64_t deadline_ms) {
+    const unsigned long n0 = arl_nomem_count();
     ARL_TRY(check_idle(s));
     char path[200];
     ARL_TRY(path_for(s, "/step", path, sizeof path));
@@ -1034,7 +1076,7 @@ arl_status arl_env_session_step_begin(arl_env_session *s, const arl_env_action *
     r->x.n_call_ids = a->n_tool_calls;
     r->x.perr_ids = (const char *const *)(ids + a->n_tool_calls);
     r->x.n_perr_ids = a->n_parse_errors;
-    return begin(s, ARL_ENV_EP_STEP, path, body, len, d);
+    return begin(s, ARL_ENV_EP_STEP, path, body, len, d, n0);
 }
 
 arl_status arl_env_session_step(arl_env_session *s, const arl_env_action *a, int64_t deadline_ms) {
@@ -1044,6 +1086,7 @@ arl_status arl_env_session_step(arl_env_session *s, const arl_env_action *a, int
 
 static arl_status score_begin(arl_env_session *s, int seg, int64_t segment_index, int64_t first, int64_t last,
                               arl_env_score_reason reason, int64_t deadline_ms) {
+    const unsigned long n0 = arl_nomem_count();
     ARL_TRY(check_idle(s));
     char path[200];
     ARL_TRY(path_for(s, "/score", path, sizeof path));
@@ -1063,7 +1106,7 @@ static arl_status score_begin(arl_env_session *s, int seg, int64_t segment_index
     memset(&s->rq.x, 0, sizeof s->rq.x);
     s->rq.x.scope = seg ? ARL_ENV_SCOPE_SEGMENT : ARL_ENV_SCOPE_EPISODE;
     s->rq.x.segment_index = segment_index;
-    return begin(s, ARL_ENV_EP_SCORE, path, body, len, d);
+    return begin(s, ARL_ENV_EP_SCORE, path, body, len, d, n0);
 }
 
 arl_status arl_env_session_score_segment_begin(arl_env_session *s, int64_t segment_index, int64_t first, int64_t last,
@@ -1085,6 +1128,7 @@ arl_status arl_env_session_score_episode(arl_env_session *s, arl_env_score_reaso
 
 arl_status arl_env_session_fork(arl_env_session *s, const char *child_traj, const char *group_id,
                                 int64_t at_step_index, int64_t deadline_ms, arl_env_session **child) {
+    const unsigned long n0 = arl_nomem_count();
     *child = NULL;
     ARL_TRY(check_idle(s));
     char path[200];
@@ -1105,7 +1149,7 @@ arl_status arl_env_session_fork(arl_env_session *s, const char *child_traj, cons
     s->rq.x.step_index = at_step_index;
     s->rq.x.trajectory_id = c->traj;
     s->rq.child = c;
-    arl_status st = begin(s, ARL_ENV_EP_FORK, path, body, len, d);
+    arl_status st = begin(s, ARL_ENV_EP_FORK, path, body, len, d, n0);
     if (st == ARL_OK) st = run_sync(s);
     s->rq.child = NULL;
     if (st != ARL_OK) {
@@ -1121,7 +1165,7 @@ arl_status arl_env_session_get(arl_env_session *s) {
     char path[200];
     ARL_TRY(path_for(s, "", path, sizeof path));
     memset(&s->rq.x, 0, sizeof s->rq.x);
-    ARL_TRY(begin(s, ARL_ENV_EP_GET, path, NULL, 0, 0));
+    ARL_TRY(begin(s, ARL_ENV_EP_GET, path, NULL, 0, 0, arl_nomem_count()));
     return run_sync(s);
 }
 
@@ -1130,9 +1174,11 @@ arl_status arl_env_session_delete_begin(arl_env_session *s, const char *reason) 
     char path[300];
     if (!s->sid[0]) return arl_errorf(ARL_ERR_STATE, "env: session has no id");
     memset(&s->rq.x, 0, sizeof s->rq.x);
-    if (!s->env->remote) return begin(s, ARL_ENV_EP_DELETE, reason ? reason : "completed", NULL, 0, 0);
+    if (!s->env->remote)
+        return begin(s, ARL_ENV_EP_DELETE, reason ? reason : "completed", NULL, 0, 0,
+                     arl_nomem_count());
     snprintf(path, sizeof path, "/sessions/%s?reason=%s", s->sid, reason ? reason : "completed");
-    return begin(s, ARL_ENV_EP_DELETE, path, NULL, 0, 0);
+    return begin(s, ARL_ENV_EP_DELETE, path, NULL, 0, 0, arl_nomem_count());
 }
 
 arl_status arl_env_session_delete(arl_env_session *s, const char *reason) {

@@ -11,6 +11,7 @@
 
 #include "envs/aep_json.h"
 
+#include "core/json_dump.h"
 #include "core/sha256.h"
 
 int64_t aep_now_ms(void) {
@@ -64,6 +65,12 @@ static json_t *jp_fail(jp *j, const char *why) {
     return NULL;
 }
 
+/* a failed allocation of the parser's own (jansson's are counted by core/json_dump.c's watch) */
+static json_t *jp_nomem(jp *j) {
+    arl_nomem_note();
+    return jp_fail(j, "out of memory");
+}
+
 static void jp_ws(jp *j) {
     while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t')) j->p++;
 }
@@ -105,7 +112,7 @@ static long jp_string(jp *j) {
             q++;
         }
         size_t run = (size_t)(q - j->p);
-        if (jp_reserve(j, n + run + 8)) return jp_fail(j, "out of memory"), -1;
+        if (jp_reserve(j, n + run + 8)) return jp_nomem(j), -1;
         memcpy(j->buf + n, j->p, run);
         n += run;
         j->p = q;
@@ -226,7 +233,7 @@ static json_t *jp_number(jp *j) {
     char tmp[64];
     size_t n = (size_t)(q - j->p);
     char *num = n < sizeof tmp ? tmp : malloc(n + 1);
-    if (!num) return jp_fail(j, "out of memory");
+    if (!num) return jp_nomem(j);
     memcpy(num, j->p, n);
     num[n] = 0;
     json_t *v;
@@ -250,7 +257,7 @@ static json_t *jp_container(jp *j, char open) {
     if (++j->depth > j->max_depth) return jp_fail(j, "nesting too deep");
     j->p++;
     json_t *v = open == '{' ? json_object() : json_array();
-    if (!v) return jp_fail(j, "out of memory");
+    if (!v) return jp_nomem(j);
     jp_ws(j);
     if (j->p < j->end && *j->p == close) {
         j->p++;
@@ -275,7 +282,7 @@ static json_t *jp_container(jp *j, char open) {
             char kb[128];
             char *key = (size_t)kl < sizeof kb ? kb : malloc((size_t)kl + 1);
             if (!key) {
-                jp_fail(j, "out of memory");
+                jp_nomem(j);
                 goto fail;
             }
             memcpy(key, j->buf, (size_t)kl + 1);
@@ -290,14 +297,14 @@ static json_t *jp_container(jp *j, char open) {
             int bad = !x || json_object_set_new_nocheck(v, key, x);
             if (key != kb) free(key);
             if (bad) {
-                if (x) jp_fail(j, "out of memory");
+                if (x) jp_nomem(j);
                 goto fail;
             }
         } else {
             x = jp_value(j);
             if (!x) goto fail;
             if (json_array_append_new(v, x)) {
-                jp_fail(j, "out of memory");
+                jp_nomem(j);
                 goto fail;
             }
         }
@@ -330,7 +337,7 @@ static json_t *jp_value(jp *j) {
         long n = jp_string(j);
         if (n < 0) return NULL;
         json_t *v = json_stringn_nocheck(j->buf, (size_t)n);
-        return v ? v : jp_fail(j, "out of memory");
+        return v ? v : jp_nomem(j);
     }
     if (c == '-' || (c >= '0' && c <= '9')) return jp_number(j);
     if (j->end - j->p >= 4 && !memcmp(j->p, "true", 4)) {
@@ -917,6 +924,7 @@ static int opt_string(const json_t *o, const char *k, char **out, char *err, siz
         return -1;
     }
     if (!(*out = text_dup(v))) {
+        arl_nomem_note();
         snprintf(err, cap, "out of memory");
         return -1;
     }
@@ -971,6 +979,7 @@ int aep_action_from_json(const json_t *v, arl_env_action *a, char *err, size_t c
             if (!name || arl_env_action_add_call(a, json_string_value(id), name,
                                                  json_incref((json_t *)ar))) {
                 free(name);
+                arl_nomem_note();
                 AFAIL("out of memory");
             }
             free(name);
@@ -1004,7 +1013,10 @@ int aep_action_from_json(const json_t *v, arl_env_action *a, char *err, size_t c
                                    : ARL_ERR_NOMEM;
             free(m);
             free(r);
-            if (as != ARL_OK) AFAIL("out of memory");
+            if (as != ARL_OK) {
+                arl_nomem_note();
+                AFAIL("out of memory");
+            }
         }
     }
     if (arl_env_action_check(a) != ARL_OK) AFAIL("/action: %s", arl_error_msg());

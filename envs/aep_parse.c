@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "envs/aep_json.h"
 
 int aep_tools_validate(const json_t *tools, const char *where, char *err, size_t cap);
@@ -39,6 +40,14 @@ static int violate(pctx *c, arl_env_errcode code, const char *fmt, ...) {
     return -1;
 }
 
+/* A failed allocation of the parser's own: a violation (the response cannot be held), and a
+ * note of this thread's out of memory (core/json_dump.h), by which the client tells it from
+ * the environment's fault. */
+static int nomem(pctx *c, const char *ptr) {
+    arl_nomem_note();
+    return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "%s: out of memory", ptr);
+}
+
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static char *dupstr(const json_t *v) {
@@ -52,7 +61,7 @@ static int opt_str(pctx *c, const json_t *o, const char *k, char **out, const ch
     if (!v || json_is_null(v)) return 0;
     if (!json_is_string(v)) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "%s/%s: expected a string", ptr, k);
     *out = dupstr(v);
-    return *out ? 0 : violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "%s: out of memory", ptr);
+    return *out ? 0 : nomem(c, ptr);
 }
 
 static int opt_bool(pctx *c, const json_t *o, const char *k, int *out, const char *ptr) {
@@ -86,7 +95,7 @@ static int check_image(pctx *c, const json_t *img, arl_env_image *out, const cha
     uint8_t *png;
     size_t pl;
     int rc = aep_b64_decode_canonical(json_string_value(data), dl, &png, &pl);
-    if (rc == -2) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "%s: out of memory", ptr);
+    if (rc == -2) return nomem(c, ptr);
     if (rc) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "%s/image/data: not canonical base64 (§4.2)", ptr);
     if ((int64_t)pl > maxb) {
         free(png);
@@ -121,7 +130,7 @@ static int parse_tool_call(pctx *c, const json_t *tc, arl_env_tool_call *out, co
     out->id = dupstr(id);
     out->name = dupstr(nm);
     out->arguments = json_incref((json_t *)ar);
-    return out->id && out->name ? 0 : violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "%s: out of memory", ptr);
+    return out->id && out->name ? 0 : nomem(c, ptr);
 }
 
 static int parse_message(pctx *c, const json_t *m, arl_env_message *out, arl_env_context ctx,
@@ -140,13 +149,13 @@ static int parse_message(pctx *c, const json_t *m, arl_env_message *out, arl_env
     char p2[160];
     if (json_is_string(content)) {
         out->content = dupstr(content);
-        if (!out->content) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "out of memory");
+        if (!out->content) return nomem(c, ptr);
     } else if (json_is_array(content)) {
         out->content_is_parts = 1;
         size_t np = json_array_size(content);
         if (np) {
             out->parts = calloc(np, sizeof *out->parts);
-            if (!out->parts) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "out of memory");
+            if (!out->parts) return nomem(c, ptr);
         }
         size_t i;
         const json_t *p;
@@ -161,7 +170,7 @@ static int parse_message(pctx *c, const json_t *m, arl_env_message *out, arl_env
                 if (!json_is_string(tx)) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "%s/text: expected a string", p2);
                 op->type = ARL_ENV_PART_TEXT;
                 op->text = dupstr(tx);
-                if (!op->text) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "out of memory");
+                if (!op->text) return nomem(c, ptr);
             } else if (!strcmp(t, "image")) {
                 op->type = ARL_ENV_PART_IMAGE;
                 if (r != ARL_ENV_ROLE_USER && r != ARL_ENV_ROLE_TOOL)
@@ -185,7 +194,7 @@ static int parse_message(pctx *c, const json_t *m, arl_env_message *out, arl_env
         size_t n = json_array_size(tcs);
         if (n) {
             out->tool_calls = calloc(n, sizeof *out->tool_calls);
-            if (!out->tool_calls) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "out of memory");
+            if (!out->tool_calls) return nomem(c, ptr);
         }
         for (size_t i = 0; i < n; i++) {
             out->n_tool_calls = (int32_t)(i + 1);
@@ -200,6 +209,7 @@ static int parse_message(pctx *c, const json_t *m, arl_env_message *out, arl_env
         const json_t *tid = json_object_get(m, "tool_call_id");
         if (!json_is_string(tid)) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "%s/tool_call_id: missing", ptr);
         out->tool_call_id = dupstr(tid);
+        if (!out->tool_call_id) return nomem(c, ptr);
         if (opt_bool(c, m, "is_error", &out->is_error, ptr)) return -1;
         if (opt_str(c, m, "error_code", &out->error_code, ptr)) return -1;
         if (out->is_error && !out->error_code)
@@ -251,7 +261,7 @@ static int parse_observation(pctx *c, const json_t *root, arl_env_observation *o
                        (long long)c->cc->max_messages);
     if (n) {
         out->messages = calloc(n, sizeof *out->messages);
-        if (!out->messages) return violate(c, ARL_ENV_E_MALFORMED_RESPONSE, "out of memory");
+        if (!out->messages) return nomem(c, "/observation/messages");
         out->cap_messages = (int32_t)n;
     }
     int n_images = 0;

@@ -360,7 +360,9 @@ char *arl_env_action_to_json(const arl_env_action *a);
  * INVALID_JSON (not JSON, not UTF-8, duplicate member names, NaN/Infinity), ARGUMENTS_NOT_OBJECT
  * (valid JSON, not an object) or MALFORMED_STRUCTURE (nesting deeper than 24 levels).  On
  * failure *args is NULL and msg (if msg_cap > 0) holds a reason <= 511 bytes ("expected ','
- * or '}' at offset 31").  Never reads past text[len - 1]; text need not be NUL-terminated. */
+ * or '}' at offset 31").  Never reads past text[len - 1]; text need not be NUL-terminated.
+ * Out of memory reads as INVALID_JSON ("out of memory"): a caller tells it from the model's
+ * fault by arl_nomem_count() (core/json_dump.h), which it moves. */
 arl_env_parse_status arl_env_tool_args_parse(const char *text, size_t len, json_t **args,
                                              char *msg, size_t msg_cap);
 

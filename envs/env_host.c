@@ -238,7 +238,8 @@ static void grave_push(host *h, void *state) {
 
 static int reply_copy(char **resp, size_t *rlen, int status, const char *body, size_t len) {
     *resp = malloc(len + 1);
-    if (!*resp) {
+    if (!*resp) { /* (a 500 without a body; see reply_err for the note) */
+        arl_nomem_note();
         *rlen = 0;
         return 500;
     }
@@ -263,6 +264,10 @@ static int reply_err(char **resp, size_t *rlen, arl_env_errcode code, int64_t re
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* the host's own failed allocations are answered with messages that begin so: noted for
+     * a client in the same thread (the in-process transport), for which they are its own out of
+     * memory, not the environment's fault (core/json_dump.h arl_nomem_note) */
+    if (!strncmp(msg, "out of memory", 13)) arl_nomem_note();
     *resp = aep_envelope(code, NULL, msg, retry_after_ms, rlen);
     if (!*resp) *rlen = 0;
     return arl_env_errcode_http(code);
@@ -504,6 +509,7 @@ static int self_check(host *h, const aep_expect *x, int status, const char *body
 
 static int env_status_reply(host *h, arl_status st, int is_reset, char **resp, size_t *rlen) {
     const char *m = arl_error_msg();
+    if (st == ARL_ERR_NOMEM) arl_nomem_note(); /* (see reply_err) */
     if (st == ARL_ERR_ARG && is_reset)
         return reply_err(resp, rlen, ARL_ENV_E_VALIDATION_ERROR, -1, "%s", m && *m ? m : "task data rejected");
     if (st == ARL_ERR_TIMEOUT)
@@ -1842,6 +1848,7 @@ arl_status arl_env_host_open(const arl_env_def *def, const char *config_json, co
     pthread_mutex_init(&h->envmu, NULL);
     arl_rng_seed(&h->rng, (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)h);
     /* checked also for an environment without configuration: a typo is an error, not ignored */
+    const unsigned long cfg_n0 = arl_nomem_count();
     json_t *cj =
         aep_json_loads(config_json ? config_json : "{}", config_json ? strlen(config_json) : 2,
                        ARL_AEP_MAX_DEPTH, err, sizeof err);
@@ -1849,7 +1856,8 @@ arl_status arl_env_host_open(const arl_env_def *def, const char *config_json, co
         int obj = cj != NULL;
         if (cj) json_decref(cj);
         host_destroy(h);
-        return arl_errorf(ARL_ERR_CONFIG, "env host: '%s': configuration: %s", def->name,
+        return arl_errorf(!obj && arl_nomem_count() != cfg_n0 ? ARL_ERR_NOMEM : ARL_ERR_CONFIG,
+                          "env host: '%s': configuration: %s", def->name,
                           obj ? "expected a JSON object" : err);
     }
     st = h->ops->instance_create ? h->ops->instance_create(cj, &h->env_inst) : ARL_OK;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "envs/aep_json.h"
 #include "envs/env.h"
 
@@ -840,7 +841,7 @@ static int semver_ok(const char *s) {
     return *p == 0 || *p == '-' || *p == '+';
 }
 
-arl_status arl_env_info_parse(const char *body, size_t len, arl_env_info *out) {
+static arl_status info_parse(const char *body, size_t len, arl_env_info *out) {
     char err[512];
     memset(out, 0, sizeof *out);
     json_t *v = aep_json_loads(body, len, ARL_AEP_MAX_DEPTH, err, sizeof err);
@@ -991,5 +992,19 @@ arl_status arl_env_info_parse(const char *body, size_t len, arl_env_info *out) {
 done:
     json_decref(v);
     if (st != ARL_OK) arl_env_info_clear(out);
+    return st;
+}
+
+/* An /info that could not be read for a failed allocation of this thread (the parser's, or
+ * jansson's inside it) is out of memory, not an invalid /info (a protocol or configuration
+ * error that names the environment at fault). */
+arl_status arl_env_info_parse(const char *body, size_t len, arl_env_info *out) {
+    const unsigned long n0 = arl_nomem_count();
+    arl_status st = info_parse(body, len, out);
+    if (st != ARL_OK && st != ARL_ERR_NOMEM && arl_nomem_count() != n0) {
+        char was[300];
+        snprintf(was, sizeof was, "%s", arl_error_msg());
+        st = arl_errorf(ARL_ERR_NOMEM, "out of memory reading /info (%s)", was);
+    }
     return st;
 }

@@ -65,7 +65,11 @@ arl_status ro_action_from_turn(const arl_chat_template *t, const arl_chat_turn *
         char msg[512] = "";
         if (c->status == ARL_CHAT_PARSE_OK) {
             json_t *args = NULL;
+            const unsigned long n0 = arl_nomem_count();
             st = arl_env_tool_args_parse(c->arguments, c->arguments_len, &args, msg, sizeof msg);
+            if (st != ARL_ENV_PARSE_OK && arl_nomem_count() != n0) /* ours, not the model's */
+                return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory parsing a tool call's "
+                                                 "arguments");
             if (st == ARL_ENV_PARSE_OK) {
                 char *name = malloc(c->name_len + 1);
                 if (!name) {

@@ -377,8 +377,11 @@ static arl_status action_from_message(const json_t *m, arl_env_action *a) {
         if (json_is_string(args)) {
             char msg[512];
             json_t *parsed = NULL;
+            const unsigned long n0 = arl_nomem_count();
             arl_env_parse_status ps = arl_env_tool_args_parse(
                 json_string_value(args), json_string_length(args), &parsed, msg, sizeof msg);
+            if (ps != ARL_ENV_PARSE_OK && arl_nomem_count() != n0)
+                return arl_errorf(ARL_ERR_NOMEM, "teacher: out of memory parsing arguments");
             if (ps == ARL_ENV_PARSE_OK && name) {
                 ARL_TRY(arl_env_action_add_call(a, id, name, parsed));
             } else {

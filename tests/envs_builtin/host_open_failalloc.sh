@@ -17,29 +17,11 @@ H=$B/tests/envs_builtin/envs_host_open
 T=$(mktemp -d /tmp/arl-test-host-open-XXXXXX)
 trap 'rm -rf "$T"' EXIT
 fails=0
+. "$(dirname "$0")/failalloc_sweep.sh"
 for env in calculator needle kvstore shapes; do
-    "$H" "$env" >"$T/base" 2>"$T/err" || { echo "FAIL: $env: exit $?: $(cat "$T/err")"; exit 1; }
-    rm -f "$T/rep"
-    env LD_PRELOAD="$SHIM" ARL_TEST_FAIL_ALLOC=0 ARL_TEST_FAIL_ALLOC_REPORT="$T/rep" "$H" "$env" >/dev/null
-    count=$(sed -n 's/^calls //p' "$T/rep")
-    [ -n "$count" ] && [ "$count" -gt 0 ] || { echo "FAIL: $env: no allocation counted"; exit 1; }
-    clean=0 same=0
     stride=9
     [ "$env" = calculator ] && stride=1
-    for n in $(seq 1 "$stride" "$count"); do
-        timeout 20 env LD_PRELOAD="$SHIM" ARL_TEST_FAIL_ALLOC="$n" "$H" "$env" >"$T/out" 2>"$T/err"
-        rc=$?
-        if [ "$rc" = 0 ] && cmp -s "$T/out" "$T/base"; then
-            same=$((same + 1))
-        elif [ "$rc" = 1 ] && grep -q 'out of memory' "$T/err"; then
-            clean=$((clean + 1))
-        else
-            echo "FAIL: $env: allocation $n: exit $rc: $(head -c 300 "$T/err") $(diff "$T/base" "$T/out" | head -3 | tr '\n' ' ' | head -c 300)"
-            fails=$((fails + 1))
-        fi
-    done
-    echo "$env: $((clean + same)) of $count allocations failed in turn: $clean clean errors," \
-        "$same runs got round it"
+    failalloc_sweep "$H" "$stride" "$env"
 done
 [ "$fails" = 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "OK"
