@@ -396,7 +396,8 @@ void arl_options_print_help(FILE *f, const char *usage, const char *summary,
             fprintf(f, "%-30s %s", head, o->help);
             if (strlen(head) > 30) fprintf(f, "\n%-30s", "");
             if (o->flags & ARL_OPT_REQUIRED) fprintf(f, " (required)");
-            else if (o->def) fprintf(f, " (default %s)", o->def);
+            else if (o->def && *o->def)
+                fprintf(f, " (default %s)", o->def);
             if ((o->type == ARL_OPT_INT || o->type == ARL_OPT_FLOAT) && bounded(o))
                 fprintf(f, " [%g, %g]", o->min, o->max);
             if (o->type == ARL_OPT_LIST) fprintf(f, " (repeatable)");

@@ -66,6 +66,14 @@ expect 0 "raw socket" "$b/env/bench_env" --steps 100
 expect 0 "READ ratio" "$b/replay/bench_replay" --segments 1 --rounds 1 --sustained 1 \
     --sustained-rounds 1
 left bench_replay
+# ARL_BENCH_KEEP=0 keeps nothing (any value kept the directory); =1 keeps it
+ARL_BENCH_KEEP=0 expect 0 "READ ratio" "$b/replay/bench_replay" --segments 1 --rounds 1 \
+    --sustained 1 --sustained-rounds 1
+left "bench_replay with ARL_BENCH_KEEP=0"
+ARL_BENCH_KEEP=1 expect 0 "READ ratio" "$b/replay/bench_replay" --segments 1 --rounds 1 \
+    --sustained 1 --sustained-rounds 1
+[ -n "$(ls -A "$work/tmp")" ] || fail "bench_replay with ARL_BENCH_KEEP=1 kept nothing"
+rm -rf "${work:?}"/tmp/*
 expect 0 "prefill tokens/s" "$b/rollout/bench_rollout" --quick --batch 1 --reps 1 --turns 1 \
     --turn-tokens 8 --obs-bytes 16
 left bench_rollout

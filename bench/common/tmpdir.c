@@ -69,7 +69,8 @@ const char *bench_tmpdir_create(const char *name, int depth) {
     }
     memcpy(g_dir, tmpl, sizeof g_dir);
     g_depth = depth;
-    g_keep = getenv("ARL_BENCH_KEEP") != NULL;
+    const char *keep = getenv("ARL_BENCH_KEEP"); /* (set and not "0", as the README says) */
+    g_keep = keep && *keep && strcmp(keep, "0");
     atexit(cleanup);
     catch_signal(SIGINT);
     catch_signal(SIGTERM);

@@ -6,7 +6,7 @@
 
 /* Create $TMPDIR/<name>_XXXXXX ($TMPDIR unset or empty: /tmp) and register its removal at exit
  * and on those signals (plain files, up to depth levels of subdirectories; a signal the
- * process was started with ignored stays ignored).  With ARL_BENCH_KEEP set in the environment
+ * process was started with ignored stays ignored).  With ARL_BENCH_KEEP set (not "0")
  * the directory is kept and its path printed on stderr at exit.  Returns the path (static
  * storage, at most 511 bytes, valid until exit), or NULL with a message on stderr naming the
  * directory and what to do.  name: the program's, also the prefix of its messages. */

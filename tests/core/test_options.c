@@ -1,5 +1,8 @@
 /* Option tables: defaults, argv and JSON parsing, validation errors that name the option. */
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/options.h"
 #include "tests/test.h"
@@ -144,8 +147,30 @@ static void test_json_round_trip(void) {
     arl_options_free(rtab, n, &d);
 }
 
+/* --help: an empty default says nothing (it printed "(default )"), a default says itself */
+static void test_help_defaults(void) {
+    typedef struct hc {
+        char *note, *dev;
+    } hc;
+    static const arl_option htab[] = {
+        {"note", ARL_OPT_STRING, offsetof(hc, note), "", "a note", 0, 0, NULL, 0, "TEXT"},
+        {"device", ARL_OPT_CHOICE, offsetof(hc, dev), "cpu", "backend", 0, 0, "cpu|cuda", 0, NULL},
+    };
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    CHECK(f != NULL);
+    if (!f) return;
+    arl_options_print_help(f, "usage", "summary", htab, ARL_OPTIONS_COUNT(htab));
+    fclose(f);
+    CHECK_MSG(!strstr(buf, "(default )"), "help: %s", buf);
+    CHECK_MSG(strstr(buf, "(default cpu)") != NULL, "help: %s", buf);
+    free(buf);
+}
+
 int main(void) {
     TEST_RUN(test_defaults_and_argv);
+    TEST_RUN(test_help_defaults);
     TEST_RUN(test_errors_name_the_option);
     TEST_RUN(test_json);
     TEST_RUN(test_json_round_trip);
