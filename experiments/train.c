@@ -509,6 +509,7 @@ typedef struct tr_run {
     arl_dirlock lock; /* rank 0: the output directory's (core/dirlock.h) */
     int broken; /* a failure inside the learner's collectives: sync_status makes no more calls */
     int agreed; /* sync_status told every rank of a failure (they all return one) */
+    double states_gc_s; /* keep-states: now_s() of the last GC of the learner states files */
 } tr_run;
 
 static double now_s(void) {
@@ -587,10 +588,16 @@ static arl_status run_canon_of(const arl_train_config *c, char **canon) {
     json_t *ro = json_object_get(j, "rollout");
     json_object_del(ro, "threads");
     json_object_del(ro, "progress-s");
+    /* the GC of the states files (the rollout's, the learner's below): a cache's upkeep, not
+     * the run's bits */
+    json_object_del(ro, "state-budget-bytes");
+    json_object_del(ro, "state-gc-interval-s");
     json_t *le = json_object_get(j, "learner");
     /* memory: the same bits unless a forward's documents outgrow the rows (then its calls are
      * split and the gradient is summed in more parts, equal to fp32 rounding) */
     json_object_del(le, "device-slot-rows");
+    json_object_del(le, "state-budget-bytes");
+    json_object_del(le, "state-gc-interval-s");
     json_object_set_new(le, "resolved-total-steps", json_integer(resolved_total_steps(c)));
     *canon = arl_json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
     json_decref(j);
@@ -1691,9 +1698,13 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
         for (int32_t i = 0; !s && keep && i < nsrc; i++) {
             int32_t id = -1;
             s = my_learner_file(r, &src[i], &id);
-            if (!s) s = replay_writer_open(stores[i], REPLAY_FILE_LEARNER, id, NULL, &swriters[i]);
+            /* its writer collects it (spec/replay.md 7.6): the GC at open */
+            if (!s)
+                s = arl_learner_states_open(stores[i], id, r->lc.keep_states,
+                                            r->c->learner.own.state_budget_bytes, &swriters[i]);
             if (s) s = arl_error_prefix(s, "train: the learner file of %s", roots[i]);
             src[i].states_out = swriters[i];
+            r->states_gc_s = now_s();
         }
     }
     /* every rank agrees on entering the update: a learner that failed to set it up (a store it
@@ -1709,6 +1720,15 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
     if (r->L->roles & ARL_DIST_ROLE_LEARNER) {
         const int records = r->c->learner.own.records;
         const int keep = r->lc.keep_states != ARL_LEARNER_KEEP_OFF;
+        /* ... and between updates, once learner.state-gc-interval-s have passed since */
+        if (!s && keep &&
+            now_s() - r->states_gc_s >= (double)r->c->learner.own.state_gc_interval_s) {
+            for (int32_t i = 0; !s && i < nsrc; i++)
+                if (swriters[i])
+                    s = arl_learner_states_gc(swriters[i], r->lc.keep_states,
+                                              r->c->learner.own.state_budget_bytes, NULL);
+            r->states_gc_s = now_s();
+        }
         for (int32_t i = 0; i < nsrc; i++) {
             replay_writer_close(swriters[i]);
             swriters[i] = NULL;
@@ -2249,12 +2269,6 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         say(r, "train: %lld updates of %lld tasks x %lld samples (%s), output %s",
             (long long)(c->steps - start), (long long)r->B, (long long)r->G, c->rollout.env,
             r->out);
-    if (!s && start < c->steps && r->rank0 && r->lc.keep_states != ARL_LEARNER_KEEP_OFF &&
-        !c->learner.own.records)
-        arl_log_warn("train: learner.keep-states is %s and learner.records false: `replay gc` "
-                     "counts a learner state that no learner record references as garbage "
-                     "(spec/replay.md 7.6) and deletes it once it is older than --min-age-ms",
-                     c->learner.own.keep_states);
     if (!s && start < c->steps && r->G == 1 && r->rank0)
         arl_log_warn("train: rollout.group-size is 1: every group is degenerate "
                      "(spec/objective.md 5.9), so outcome advantages are 0 and segment and "

@@ -14,10 +14,17 @@
  * absent at the end), one whose replayed routes were unusable (its pass routed naturally, so
  * the state is of neither routing mode alone), and trajectories whose images could not be
  * rebuilt.  A re-run of an update writes the same pass_uid and keeps the states already there
- * (replay_state_put is idempotent per pass). */
+ * (replay_state_put is idempotent per pass).
+ *
+ * The learner is the writer of that states file while it holds it, and collects it (spec/replay.md
+ * 7.6): arl_learner_states_open runs the GC at open, the caller again between updates
+ * (arl_learner_states_gc; experiments/train.c after an update once learner.state-gc-interval-s
+ * have passed). */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
+#include "core/log.h"
 #include "core/sha256.h"
 #include "learner/update_internal.h"
 #include "rollout/boundary.h"
@@ -77,5 +84,47 @@ arl_status lr_states_put(arl_learner *l, const arl_upd_seg *s, int32_t slot, int
     if (st) return arl_error_prefix(st, "learner: the state after %s segment %d", t->row.traj_uid,
                                     (int)s->seg_index);
     l->states_saved++;
+    return ARL_OK;
+}
+
+/* state_cache.learner of keep-states (ARL_LEARNER_KEEP_*) */
+static const char *keep_name(int keep) {
+    return keep == ARL_LEARNER_KEEP_ALL      ? "all"
+           : keep == ARL_LEARNER_KEEP_PINNED ? "pinned"
+                                             : "off";
+}
+
+arl_status arl_learner_states_gc(replay_writer *w, int keep, int64_t budget_bytes,
+                                 replay_gc_stats *out) {
+    replay_retention r = {.learner = keep_name(keep),
+                          .budget_bytes = budget_bytes > 0 ? budget_bytes : 0,
+                          .min_age_ms = -1};
+    replay_gc_stats g;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    arl_status s = replay_states_retain(w, &r, &g);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (s) return arl_error_prefix(s, "learner: GC of the states of %s", replay_writer_file(w));
+    if (g.evicted)
+        arl_log_info("learner: states of %s: %lld stale deleted, %lld evicted (%lld bytes; "
+                     "keep-states %s, state-budget-bytes %lld; %.3f s)",
+                     replay_writer_file(w), (long long)g.deleted, (long long)g.evicted,
+                     (long long)g.bytes_freed, r.learner, (long long)budget_bytes,
+                     (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+    if (out) *out = g;
+    return ARL_OK;
+}
+
+arl_status arl_learner_states_open(replay_store *st, int32_t shard_id, int keep,
+                                   int64_t budget_bytes, replay_writer **out) {
+    *out = NULL;
+    replay_writer *w = NULL;
+    ARL_TRY(replay_writer_open(st, REPLAY_FILE_LEARNER, shard_id, NULL, &w));
+    arl_status s = arl_learner_states_gc(w, keep, budget_bytes, NULL);
+    if (s) {
+        replay_writer_close(w);
+        return s;
+    }
+    *out = w;
     return ARL_OK;
 }

@@ -57,6 +57,19 @@ static const arl_option own_tab[] = {
      "each update's store; `replay rescore` of a checkpoint with these weights (and forks, with "
      "routing natural) start from them; `replay gc --learner` keeps or evicts them later",
      0, 0, "off|pinned|all", 0, NULL},
+    {"state-budget-bytes", ARL_OPT_INT, OWN(state_budget_bytes), "274877906944",
+     "keep-states: state_cache.budget_bytes of this learner's states file in each update's "
+     "store (spec/replay.md 9.3; default 256 GiB): beyond it, the file's GC evicts complete, "
+     "unpinned states, least recently used first (0: no budget). The GC (spec/replay.md 7.6) "
+     "runs when the learner opens the file and after an update once state-gc-interval-s have "
+     "passed; it also deletes stale unfinished states and unreferenced ones over an hour old. "
+     "Not part of a run's identity (a resume may change it)",
+     0, 9007199254740991.0, NULL, 0, "BYTES"},
+    {"state-gc-interval-s", ARL_OPT_INT, OWN(state_gc_interval_s), "600",
+     "keep-states: seconds between the GC passes over this learner's states file: at its open "
+     "before an update, then after the update once this much has passed since (0: after every "
+     "update); not part of a run's identity",
+     0, 9007199254740991.0, NULL, 0, "S"},
     {"shared-prefix", ARL_OPT_BOOL, OWN(shared_prefix), "false",
      "compute the prompt prefix that the update's trajectories share (tool declarations, system "
      "text) once per pass and weight set, and start each trajectory from its state; no gradient "

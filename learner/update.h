@@ -145,6 +145,8 @@ typedef struct arl_learner_own_opts {
     int64_t device_slot_rows;  /* latent rows the device's slots share (0: each its own) */
     int records;               /* write learner_records (arl_learner_records_write) */
     char *keep_states;         /* off|pinned|all: state_cache.learner (learner/states.c) */
+    int64_t state_budget_bytes;  /* state_cache.budget_bytes of its states file (0: none) */
+    int64_t state_gc_interval_s; /* seconds between GC passes of that file (0: every update) */
 } arl_learner_own_opts;
 
 /* The whole "learner" section: the learner's keys, the objective's reward keys
@@ -416,6 +418,22 @@ const arl_update_batch *arl_learner_batch(const arl_learner *l);
  * receives the rows written.  The store's errors (nothing is changed in the learner). */
 arl_status arl_learner_records_write(const arl_learner *l, int64_t n, const arl_update_source *src,
                                      int32_t n_src, const int32_t *shards, int64_t *n_records);
+
+/* The GC of a learner's states file by its writer (spec/replay.md 7.6), between updates (it
+ * reads every state row of the file: never in an update's passes): replay_states_retain with
+ * state_cache.learner = keep (ARL_LEARNER_KEEP_*: off, pinned, all; 9.3), budget_bytes
+ * (state_cache.budget_bytes; <= 0: none) and garbage over an hour old.  A line in the log when
+ * states were evicted; *out (may be NULL) receives the counts.  The store's errors, naming the
+ * file; nothing is changed in w but its states file. */
+arl_status arl_learner_states_gc(replay_writer *w, int keep, int64_t budget_bytes,
+                                 replay_gc_stats *out);
+
+/* The writer of learner file shard_id of st (replay_writer_open REPLAY_FILE_LEARNER; 0
+ * registers a new one) with the GC at its open (arl_learner_states_gc): what keep-states
+ * passes the update as arl_update_source.states_out.  *out is the caller's (close with
+ * replay_writer_close); NULL on error, nothing left open. */
+arl_status arl_learner_states_open(replay_store *st, int32_t shard_id, int keep,
+                                   int64_t budget_bytes, replay_writer **out);
 
 /* What one update did, besides its metrics. */
 typedef struct arl_update_result {

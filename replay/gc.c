@@ -9,7 +9,8 @@
  *   3. the byte budget: while the complete states exceed it, evict in ascending
  *      last_used_at_ms, states of running trajectories last.
  * In a learner file (learner-produced states) step 1 counts a state referenced when a
- * learner record of its trajectory and segment exists, and step 2 is state_cache.learner:
+ * learner record of its trajectory and segment exists or its trajectory's group is consumed
+ * (replay/writer.c learner_state_consumed), and step 2 is state_cache.learner:
  * 'off' and 'pinned' evict the states of consumed trajectories (their group is consumed in
  * the catalog), 'all' keeps them; the budget of step 3 applies as well.
  * Pinned trajectories (catalog pins) keep everything.  Eviction sets status 'evicted' and

@@ -480,7 +480,9 @@ arl_status replay_state_put(replay_writer *w, const replay_state_desc *d,
 /* Garbage collection of this writer's states file (spec section 7.6): 'writing' states and
  * unreferenced 'complete' states older than min_age_ms; then incremental_vacuum.  *n_deleted
  * may be NULL.  Worker and tool writers: referenced by a segment's end_state_id or
- * latent_state_id; learner writers: by a learner record of the same trajectory and segment. */
+ * latent_state_id; learner writers: by a learner record of the same trajectory and segment, or
+ * by the consumption of the trajectory's group (catalog; learner.records false writes no
+ * records, and state_cache.learner decides what consumed trajectories keep). */
 arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_deleted);
 
 /* Retention of cached states (spec section 9.3; replay/gc.c). */

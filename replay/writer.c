@@ -1393,6 +1393,32 @@ static arl_status record_state_referenced(replay_writer *w, sqlite3_stmt **q, co
     return ARL_OK;
 }
 
+/* A learner file's state is also referenced when its trajectory's group is consumed (the
+ * catalog, section 7.7): the update whose pi_old pass wrote it committed.  The learner file is
+ * the learner's, with a record per consumed segment (section 2); with learner.records false
+ * there are none, and the states keep-states kept on purpose would be garbage an hour later.
+ * Which consumed trajectories keep them is state_cache.learner's to say (section 9.3, applied
+ * by replay_states_retain), not the garbage rule's.  States of an update that never committed
+ * stay garbage.  No catalog: not consumed.  *ref = 1 if consumed. */
+static arl_status learner_state_consumed(replay_writer *w, sqlite3_stmt **q, const char *uid,
+                                         int *ref) {
+    *ref = 0;
+    rdb *cat = &w->st->cat;
+    if (!cat->db) return ARL_OK;
+    if (!*q)
+        ARL_TRY(rdb_prepare(cat,
+                            "SELECT 1 FROM group_members m JOIN task_groups g ON g.group_id = "
+                            "m.group_id WHERE m.traj_uid = ?1 AND g.status = 'consumed' LIMIT 1",
+                            q));
+    sqlite3_reset(*q);
+    sqlite3_bind_text(*q, 1, uid, -1, SQLITE_TRANSIENT);
+    int rc = sqlite3_step(*q);
+    *ref = rc == SQLITE_ROW;
+    sqlite3_reset(*q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return rdb_fail(cat, rc, "reading group status");
+    return ARL_OK;
+}
+
 arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_deleted) {
     int learner = w->kind == REPLAY_FILE_LEARNER;
     /* referenced state ids (segments of this shard; a learner file has none: its records
@@ -1429,7 +1455,7 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
     int64_t cutoff = rnow_ms() - min_age_ms, deleted = 0;
     rdb *db = &w->s;
     arl_status s = rdb_begin(db);
-    sqlite3_stmt *sel = NULL, *dc = NULL, *ds = NULL, *lq = NULL;
+    sqlite3_stmt *sel = NULL, *dc = NULL, *ds = NULL, *lq = NULL, *cq = NULL;
     if (s == ARL_OK)
         s = rdb_prepare(
             db,
@@ -1452,6 +1478,10 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
                 int ref = 0;
                 if ((s = record_state_referenced(w, &lq, (const char *)sqlite3_column_text(sel, 2),
                                                  sqlite3_column_int(sel, 3), &ref)) != ARL_OK)
+                    break;
+                if (!ref && learner &&
+                    (s = learner_state_consumed(w, &cq, (const char *)sqlite3_column_text(sel, 2),
+                                                &ref)) != ARL_OK)
                     break;
                 if (ref) continue;
             }
@@ -1489,6 +1519,7 @@ arl_status replay_states_gc(replay_writer *w, int64_t min_age_ms, int64_t *n_del
     sqlite3_finalize(dc);
     sqlite3_finalize(ds);
     sqlite3_finalize(lq);
+    sqlite3_finalize(cq);
     free(refs);
     if (s != ARL_OK) {
         rdb_rollback(db);
