@@ -1,4 +1,4 @@
-/* cli/cmd_rollout.c: `agentrl rollout [EXPERIMENT.json] --ckpt DIR --out DB [--tasks N] ...`:
+/* cli/cmd_rollout.c: `agentrl rollout [EXPERIMENT.json] --ckpt DIR --out DB --env ENV ...`:
  * run a rollout worker (rollout/rollout.h) for evaluation and data generation.
  *
  * The rollout keys come from the experiment file (its "rollout" object, or the top level) and
@@ -46,8 +46,9 @@ static const arl_option own_tab[] = {
      8388607, NULL, ARL_OPT_CLI_ONLY, "N"},
 };
 
-static const char *usage =
-    "agentrl rollout [EXPERIMENT.json] --ckpt DIR --out DB [--tasks N] [--shard N] [rollout keys]";
+/* (--env is required, as --ckpt and --out, unless EXPERIMENT.json gives "env") */
+static const char *usage = "agentrl rollout [EXPERIMENT.json] --ckpt DIR --out DB --env ENV "
+                           "[--tasks N] [--shard N] [rollout keys]";
 static const char *summary =
     "Run a rollout worker: sample multi-turn tool-calling trajectories of the policy against an "
     "environment and store them (segments, behaviour log-probs, versions, routes, states) in a "

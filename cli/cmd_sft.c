@@ -2,6 +2,7 @@
  * fine-tuning on JSONL conversations (experiments/sft.h). */
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "experiments/sft.h"
@@ -58,7 +59,10 @@ int cmd_sft(int argc, char **argv) {
         s = arl_sft_run(&cfg, arl_sft_model_ops_default(), o.resume, NULL, cli_progress(), &res);
         if (s) {
             rc = cli_fail(s);
-            cli_note_on_failure(s);
+            /* (a run refused before it made its output directory saved nothing to continue:
+             * no note, as train) */
+            struct stat st;
+            if (stat(cfg.out, &st) == 0) cli_note_on_failure(s);
         }
     }
     arl_sft_config_free(&cfg);

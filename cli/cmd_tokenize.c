@@ -63,8 +63,8 @@ static const arl_option tokenize_tab[] = {
 #define TOKENIZE_N ARL_OPTIONS_COUNT(tokenize_tab)
 
 static const char *tokenize_usage =
-    "agentrl tokenize CONV [--line N] [--ids | --mask] [--gen] | --decode IDS [--skip-special] | "
-    "--parse TEXT [--step K]";
+    "agentrl tokenize CONV [--line N] [--ids | --mask] [--gen] [--patch-size P] [--max-patches N] "
+    "| --decode IDS [--skip-special] | --parse TEXT [--step K]";
 static const char *tokenize_summary =
     "Render a conversation with the chat/tool template (docs/chat_template.md), decode token "
     "ids, or parse an assistant turn's tool calls.";
@@ -171,6 +171,14 @@ static int tokenize_parse(const arl_chat_template *t, const tokenize_opts *o) {
     return out ? ARL_EXIT_OK : cli_fail(arl_errorf(ARL_ERR_NOMEM, "--parse: out of memory"));
 }
 
+/* How errors name the conversation of path (line > 0: its line `line`): "conv.json line 3". */
+static void conv_where(char *where, size_t cap, const char *path, int64_t line) {
+    if (line > 0)
+        snprintf(where, cap, "%s line %lld", path, (long long)line);
+    else
+        snprintf(where, cap, "%s", path);
+}
+
 /* The conversation of path (line > 0: its line `line`, JSON Lines) into c.  A whole file that
  * does not parse but holds several lines of JSON values is named as JSON Lines. */
 static arl_status conv_load(arl_chat_conv *c, const arl_chat_template *t, const char *path,
@@ -201,10 +209,7 @@ static arl_status conv_load(arl_chat_conv *c, const arl_chat_template *t, const 
         s = arl_errorf(ARL_ERR_RANGE, "%s: --line %lld, but it has %lld lines", path,
                        (long long)line, (long long)lines);
     } else {
-        if (line > 0)
-            snprintf(where, sizeof where, "%s line %lld", path, (long long)line);
-        else
-            snprintf(where, sizeof where, "%s", path);
+        conv_where(where, sizeof where, path, line);
         s = arl_chat_conv_from_json(c, t, start, len, where);
         if (s == ARL_ERR_FORMAT && line == 0 && objects > 1)
             s = arl_error_prefix(s,
@@ -222,6 +227,8 @@ int cmd_tokenize(int argc, char **argv) {
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
     arl_chat_template t;
     arl_chat_template_default(&t);
+    /* (the image options given: other than the template's defaults, which their table's are) */
+    const int image_opts = o.patch_size != t.patch_size || o.max_patches != t.image_max_patches;
     t.patch_size = (int32_t)o.patch_size;
     t.image_max_patches = o.max_patches;
     int modes = !!o.conv + !!o.decode + !!o.parse;
@@ -232,14 +239,19 @@ int cmd_tokenize(int argc, char **argv) {
         arl_options_free(tokenize_tab, TOKENIZE_N, &o);
         return ARL_EXIT_USAGE;
     }
-    /* the options of one mode given in another were ignored: say so */
+    /* the options of one mode given in another were ignored: say so (an option is given when
+     * its value is not its default) */
     const char *misplaced = NULL;
     if (o.ids && o.mask)
         misplaced = "--ids and --mask: give one of them";
     else if (!o.conv && (o.ids || o.mask || o.gen || o.line))
         misplaced = "--ids, --mask, --gen and --line go with CONV";
+    else if (!o.conv && image_opts)
+        misplaced = "--patch-size and --max-patches go with CONV";
     else if (!o.decode && o.skip_special)
         misplaced = "--skip-special goes with --decode";
+    else if (!o.parse && o.step != 1)
+        misplaced = "--step goes with --parse";
     if (misplaced) {
         fprintf(stderr, "agentrl: error: %s\nusage: %s\n", misplaced, tokenize_usage);
         arl_options_free(tokenize_tab, TOKENIZE_N, &o);
@@ -255,7 +267,16 @@ int cmd_tokenize(int argc, char **argv) {
         arl_chat_tokens r;
         arl_chat_tokens_init(&r);
         arl_status s = conv_load(&c, &t, o.conv, o.line);
-        if (!s) s = arl_chat_render(&t, &c, o.gen, &r);
+        if (!s) {
+            /* a rendering error ("message 0 (user): content[0]: image input, but ...") names
+             * the file first, as conv_load's do (docs/chat_template.md section 8) */
+            s = arl_chat_render(&t, &c, o.gen, &r);
+            if (s) {
+                char where[4200];
+                conv_where(where, sizeof where, o.conv, o.line);
+                arl_error_prefix(s, "%s", where);
+            }
+        }
         if (s) {
             rc = cli_fail(s);
         } else if (o.mask) {

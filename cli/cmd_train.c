@@ -1,8 +1,9 @@
-/* cli/cmd_train.c: `agentrl train EXPERIMENT.json [--set key=value ...] [--resume]`: RL
+/* cli/cmd_train.c: `agentrl train [EXPERIMENT.json] [--set key=value ...] [--resume]`: RL
  * post-training (experiments/train.h), on one process or under mpirun with the roles of the
  * experiment's learner.dist-* keys. */
 #include <stddef.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "experiments/train.h"
@@ -17,7 +18,9 @@ typedef struct train_cli_opts {
 
 static const arl_option train_cli_tab[] = {
     {"experiment", ARL_OPT_STRING, offsetof(train_cli_opts, experiment), NULL,
-     "experiment JSON (keys: agentrl train --keys)", 0, 0, NULL, ARL_OPT_POSITIONAL, "EXPERIMENT"},
+     "experiment JSON (keys: agentrl train --keys); may be left out when --set gives the keys "
+     "it needs (model or init, rollout.env, out)",
+     0, 0, NULL, ARL_OPT_POSITIONAL, "EXPERIMENT"},
     {"resume", ARL_OPT_BOOL, offsetof(train_cli_opts, resume), "false",
      "continue from the newest checkpoint in the output directory (start fresh if none)", 0, 0,
      NULL, 0, NULL},
@@ -33,7 +36,7 @@ static const arl_option train_cli_tab[] = {
 int cmd_train(int argc, char **argv) {
     train_cli_opts o;
     int r = cli_parse(train_cli_tab, TRAIN_CLI_N, argc, argv, &o,
-                      "agentrl train EXPERIMENT.json [--resume] [--set KEY=VALUE ...]",
+                      "agentrl train [EXPERIMENT.json] [--resume] [--set KEY=VALUE ...]",
                       "RL post-training: optional SFT warm start on the environment teacher's "
                       "demonstrations, then rollout -> KL-constrained update -> new policy "
                       "version, with held-out evaluation, checkpoints, exact resume and a "
@@ -83,7 +86,11 @@ int cmd_train(int argc, char **argv) {
     }
     if (s) {
         rc = cli_fail(s);
-        cli_note_on_failure(s);
+        /* the note says to continue with --resume, keeping what the run saved: a run refused
+         * before it made its output directory (a model too large for this machine's memory)
+         * saved nothing, and is started again as it was */
+        struct stat st;
+        if (stat(cfg.out, &st) == 0) cli_note_on_failure(s);
         /* every rank stops here with its own message when the run told them all; otherwise
          * another rank may wait for this one in a collective: end the job */
         fflush(stderr);

@@ -80,8 +80,9 @@ static const arl_option sft_own_tab[] = {
     {"log-interval", ARL_OPT_INT, F(log_interval), "10",
      "steps between progress lines when the output is not a terminal", 1, 1e15, NULL, 0, NULL},
     {"progress", ARL_OPT_CHOICE, F(progress), "auto",
-     "progress display: a carriage-return line (terminal), plain lines, or none", 0, 0,
-     "auto|line|plain|off", 0, NULL},
+     "progress display: one carriage-return line (line), plain periodic lines (plain) or none "
+     "(off); auto: line when standard error is a terminal, else plain",
+     0, 0, "auto|line|plain|off", 0, NULL},
 };
 #undef F
 
@@ -539,16 +540,18 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     arl_sft_config resolved = *c; /* shallow: only read */
     resolved.optim.total_steps = r->optim.total_steps;
     ARL_TRY(run_hash(&resolved, r->run_sha, &r->run_canon));
+    /* the four arenas of the state at once, before anything is written (a run refused here has
+     * no output directory to continue; each is checked again as it is allocated, against what
+     * the others left) */
+    ARL_TRY(arl_params_memory_check_copies(&r->mcfg, 4,
+                                           "sft: the weights, gradients and two AdamW "
+                                           "moments of this model"));
     ARL_TRY(arl_mkdir_p(c->out));
     /* one process in the directory (a second --resume of a running run, say) */
     ARL_TRY(arl_dirlock_take(&r->lock, c->out, "sft"));
     snprintf(r->out_ckpt, sizeof r->out_ckpt, "%s/checkpoints", c->out);
 
-    /* state: the four arenas at once, before any is written (each is checked again as it is
-     * allocated, against what the others left) */
-    ARL_TRY(arl_params_memory_check_copies(&r->mcfg, 4,
-                                           "sft: the weights, gradients and two AdamW "
-                                           "moments of this model"));
+    /* state */
     ARL_TRY(arl_model_params_alloc(&r->params, &r->mcfg));
     ARL_TRY(arl_model_params_alloc(&r->grads, &r->mcfg));
     ARL_TRY(arl_adamw_init(&r->opt, &r->mcfg, &r->optim));

@@ -96,8 +96,9 @@ static const arl_option train_tab[] = {
      "(at most rollout.context-tokens) from update STEP on",
      0, 0, NULL, 0, "STEP:TOKENS"},
     {"progress", ARL_OPT_CHOICE, F(progress), "auto",
-     "progress display: a carriage-return line (terminal), plain lines, or none", 0, 0,
-     "auto|line|plain|off", 0, NULL},
+     "progress display: one carriage-return line (line), plain periodic lines (plain) or none "
+     "(off); auto: line when standard error is a terminal, else plain",
+     0, 0, "auto|line|plain|off", 0, NULL},
     {"title", ARL_OPT_STRING, F(title), NULL, "title of the report (default: the output directory)",
      0, 0, NULL, 0, "TEXT"},
 };
@@ -2108,6 +2109,18 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         if (!s) s = settings_agree(r);
         s = sync_status(r, s);
     }
+    /* what a learner rank will hold, before anything is written (a run refused here has no
+     * output directory to continue): its weights and the reference weights, and on the CPU the
+     * gradients and two AdamW moments */
+    if (!s && (d->layout.roles & ARL_DIST_ROLE_LEARNER)) {
+        const int cpu = strcmp(c->learner.own.device, "cuda") != 0;
+        s = arl_params_memory_check_copies(&r->mcfg, cpu ? 5 : 2,
+                                           cpu ? "train: a learner's weights, reference weights, "
+                                                 "gradients and two AdamW moments"
+                                               : "train: a learner's weights and reference "
+                                                 "weights");
+    }
+    if (d->layout.world_size > 1) s = sync_status(r, s);
     /* output directory and the resume rule */
     if (r->rank0 && !s) {
         s = out_check_place(c->out);
@@ -2194,16 +2207,6 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->lc.max_context_key = "rollout.context-tokens";
     r->lc.mla_sparse_topk = c->rollout.mla_sparse_topk; /* one setting for rollout and learner */
     r->lc.mla_sparse_chunk = c->rollout.mla_sparse_chunk;
-    /* what a learner rank will hold, before the SFT stage and the first rollout: its weights
-     * and the reference weights, and on the CPU the gradients and two AdamW moments */
-    if (!s && (r->L->roles & ARL_DIST_ROLE_LEARNER)) {
-        const int cpu = strcmp(c->learner.own.device, "cuda") != 0;
-        s = arl_params_memory_check_copies(&r->mcfg, cpu ? 5 : 2,
-                                           cpu ? "train: a learner's weights, reference weights, "
-                                                 "gradients and two AdamW moments"
-                                               : "train: a learner's weights and reference "
-                                                 "weights");
-    }
     s = sync_status(r, s);
     /* SFT stage and the reference (rank 0) */
     if (!s && r->rank0) s = make_reference(r);

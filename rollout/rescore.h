@@ -1,10 +1,10 @@
-/* rollout/rescore.h: the model-side replay operations of spec/replay.md 13.6 and 13.7 -
- * re-scoring stored segments under a checkpoint (each segment from its cached boundary state,
- * or from a recomputed prefix), and forking a trajectory at a segment boundary so that a
- * rollout continues it - plus the assembly of stored boundary parts into a decode-state export.
- * What this is not: the store (replay/) or the rollout loop (rollout/worker.c); re-scoring the
- * rewards by replaying a trajectory against its environment (13.6 --rewards) is
- * rollout/rescore_rewards.h.
+/* rollout/rescore.h: the model-side replay operation of spec/replay.md 13.6 - re-scoring
+ * stored segments under a checkpoint (each segment from its cached boundary state, or from a
+ * recomputed prefix) - plus the assembly of stored boundary parts into a decode-state export.
+ * What this is not: the store (replay/) or the rollout loop (rollout/worker.c); forking a
+ * trajectory at a segment boundary (13.7) is arl_rollout_fork / arl_rollout_fork_many in
+ * rollout/rollout.h; re-scoring the rewards by replaying a trajectory against its environment
+ * (13.6 --rewards) is rollout/rescore_rewards.h.
  */
 #ifndef ARL_ROLLOUT_RESCORE_H
 #define ARL_ROLLOUT_RESCORE_H

@@ -5,6 +5,8 @@
 #   late, as "model: out of memory allocating the 7815702.2 MiB workspace (max_tokens 4096)").
 # - rollout.context-tokens too large for memory: the error names max_context and the key.
 # - SIGTERM while the report is written: the report is finished first (no *.tmp left).
+# - a model too large for this machine's memory: refused before OUT is made (it held
+#   experiment.json and run.lock, and the note said to continue with --resume).
 # - "model": "tiny" from a directory where it is not found: an error naming 'model', and OUT not
 #   made (OUT/experiment.json was written first).
 # - under mpirun (2 ranks), a failure that can be continued says to run the same mpirun command
@@ -36,6 +38,17 @@ rc=$?
 [ "$rc" -eq 1 ] || { tail -3 "$tmp/log"; fail "context-tokens 999999999999: exit $rc, 1 expected"; }
 grep -q "out of memory allocating the .* MiB workspace (max_context 999999999999, .*; max_context is rollout.context-tokens (999999999999)" "$tmp/log" ||
     { tail -3 "$tmp/log"; fail "context-tokens 999999999999: message"; }
+# a model too large for this machine's memory (kimi-k3: 51780 GiB for a learner's five copies) is
+# refused before anything is written: no OUT (it held experiment.json and run.lock), and no
+# note to continue with --resume
+# shellcheck disable=SC2086
+"$bin" train "$exp" $small --set "out=$tmp/big" --set model="$src/configs/kimi-k3" > "$tmp/log" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || { tail -3 "$tmp/log"; fail "model kimi-k3: exit $rc, 1 expected"; }
+grep -q "^agentrl: error: train: a learner's weights, reference weights, gradients and two AdamW moments .* need .* GiB, more than" "$tmp/log" ||
+    { tail -3 "$tmp/log"; fail "model kimi-k3: message"; }
+[ ! -e "$tmp/big" ] || fail "model kimi-k3: OUT made ($(ls "$tmp/big"))"
+! grep -q -e "--resume" -e "what it saved stays" "$tmp/log" || { tail -3 "$tmp/log"; fail "model kimi-k3: a note to continue"; }
 # the model config from another directory (no configs/ here, none beside a copy of the binary)
 mkdir "$tmp/elsewhere" "$tmp/bin"
 cp "$bin" "$tmp/bin/agentrl"

@@ -53,6 +53,26 @@ grep -q "message 0 (tool): field 'tool_call_id'" "$TMP/err.txt" || fail "message
 "$BIN" tokenize "$TMP/two.jsonl" --line 3 2> "$TMP/err.txt"; rc=$?
 [ $rc -eq 1 ] && grep -q -- "--line 3, but it has 2 lines" "$TMP/err.txt" || fail "--line 3: exit $rc: $(cat "$TMP/err.txt")"
 
+# an error of the rendering names the file (and line) first, as a parse error does
+echo '[{"role": "user", "content": [{"type": "image", "image": {"width": 28, "height": 28}}]}]' > "$TMP/img.json"
+"$BIN" tokenize "$TMP/img.json" --patch-size 0 2> "$TMP/err.txt"; rc=$?
+[ $rc -eq 1 ] && grep -q "^agentrl: error: $TMP/img.json: message 0 (user): content\[0\]: image input, but the model has no vision tower" "$TMP/err.txt" ||
+    fail "render error: exit $rc: $(cat "$TMP/err.txt")"
+{ echo '[]'; cat "$TMP/img.json"; } > "$TMP/img.jsonl"
+"$BIN" tokenize "$TMP/img.jsonl" --line 2 --patch-size 0 2> "$TMP/err.txt"; rc=$?
+[ $rc -eq 1 ] && grep -q "^agentrl: error: $TMP/img.jsonl line 2: message 0 (user)" "$TMP/err.txt" ||
+    fail "render error of --line 2: exit $rc: $(cat "$TMP/err.txt")"
+
+# an option of one mode given in another is refused naming it (it was ignored)
+for args in "--decode 256 --step 3" "--decode 256 --patch-size 7" "--parse x --max-patches 8" \
+    "--decode 256 --ids" "--parse x --skip-special" "$FIX/golden_conversation.json --step 2"; do
+    # shellcheck disable=SC2086
+    "$BIN" tokenize $args > /dev/null 2> "$TMP/err.txt"; rc=$?
+    opt=$(echo "$args" | sed 's/.* \(--[a-z-]*\).*/\1/')
+    [ $rc -eq 2 ] && grep -q -- "^agentrl: error: .*$opt" "$TMP/err.txt" ||
+        fail "tokenize $args: exit $rc: $(cat "$TMP/err.txt")"
+done
+
 "$BIN" tokenize 2> /dev/null; rc=$?
 [ $rc -eq 2 ] || fail "no arguments exited $rc"
 echo "ok"

@@ -50,6 +50,16 @@ rc=$?
 [ "$(wc -l < "$TMP/out/metrics.jsonl" 2>/dev/null)" -ge 3 ] || fail "short run: metrics.jsonl has fewer than 3 steps"
 ls "$TMP/out/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "short run: no step-3 checkpoint"
 
+# a model too large for this machine's memory (kimi-k3: 41424 GiB for its four copies) is refused
+# before anything is written: no OUT (it held run.lock), no note to continue with --resume
+"$BIN" sft "$TMP/exp.json" --set model=configs/kimi-k3 --set "out=$TMP/big" > "$TMP/err" 2>&1
+rc=$?
+[ $rc -eq 1 ] || fail "kimi-k3: expected exit 1, got $rc: $(tail -3 "$TMP/err")"
+grep -q "^agentrl: error: sft: the weights, gradients and two AdamW moments of this model .* need .* GiB, more than" "$TMP/err" ||
+    fail "kimi-k3: message: $(tail -3 "$TMP/err")"
+[ ! -e "$TMP/big" ] || fail "kimi-k3: OUT made ($(ls "$TMP/big"))"
+! grep -q -e "--resume" -e "what it saved stays" "$TMP/err" || fail "kimi-k3: a note to continue: $(tail -3 "$TMP/err")"
+
 # a resume with other eval-data (not part of the run's identity): a warning that the eval losses
 # before and after differ in their conversations
 "$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set "eval-data=$TMP/train.jsonl" \
