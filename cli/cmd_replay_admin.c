@@ -187,24 +187,36 @@ int cmd_replay_seal(int argc, char **argv) {
     return rc;
 }
 
+typedef struct migrate_opts {
+    char *db;
+    int64_t backup_limit;
+} migrate_opts;
+
 static const arl_option migrate_tab[] = {
-    {"db", ARL_OPT_STRING, offsetof(seal_opts, db), NULL, "store root", 0, 0, NULL,
+    {"db", ARL_OPT_STRING, offsetof(migrate_opts, db), NULL, "store root", 0, 0, NULL,
      ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "DB"},
+    {"backup-limit-bytes", ARL_OPT_INT, offsetof(migrate_opts, backup_limit), "1073741824",
+     "copy a file to '<file>.pre-v<N>' before migrating it when it is at most this size (a "
+     "larger one is migrated without a backup, with a warning; 0: no backups, -1: every file)",
+     -1, 9.2e18, NULL, 0, "BYTES"},
 };
 
 int cmd_replay_migrate(int argc, char **argv) {
-    seal_opts o;
+    migrate_opts o;
     memset(&o, 0, sizeof o);
     const size_t n = ARL_OPTIONS_COUNT(migrate_tab);
-    int rc = cli_parse(migrate_tab, n, argc, argv, &o, "agentrl replay migrate DB",
+    int rc = cli_parse(migrate_tab, n, argc, argv, &o,
+                       "agentrl replay migrate DB [--backup-limit-bytes BYTES]",
                        "Migrate every file of the store to this build's schema version (a backup "
-                       "'<file>.pre-v<N>' first): the catalog at open, sealed files under their "
+                       "'<file>.pre-v<N>' first, up to the backup size limit): the catalog at "
+                       "open, sealed files under their "
                        "lock (they stay sealed), the others through their writer; files with a "
                        "live writer are skipped (it migrates them at its next open). A file that "
                        "fails is reported and the others are still migrated (exit 1); so is a "
                        "shard the catalog registers whose file is missing, when the catalog has "
                        "trajectories in it (gc and seal as well).");
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
+    replay_backup_limit_set(o.backup_limit); /* (before the open: the catalog migrates then) */
     replay_store *st = NULL;
     if (!(rc = with_store(o.db, &st))) {
         replay_admin_stats k;

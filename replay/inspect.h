@@ -138,6 +138,14 @@ arl_status replay_seal(replay_store *st, int32_t only_shard, FILE *out, replay_a
  * still migrated; the first error is returned (missing files: as replay_gc). */
 arl_status replay_migrate(replay_store *st, FILE *out, replay_admin_stats *stats);
 
+/* The backup size limit of spec section 12 rule 3: a file migrated (by any writer's open, or
+ * replay_migrate) is first copied to '<file>.pre-v<new>' when it is at most this many bytes;
+ * a larger one is migrated without a backup, with a warning.  0: no backups; < 0: every file.
+ * One setting per process (the CLI's `replay migrate --backup-limit-bytes`), to be set before
+ * the store is opened (its catalog migrates at open). */
+#define REPLAY_BACKUP_LIMIT_DEFAULT ((int64_t)1 << 30)
+void replay_backup_limit_set(int64_t bytes);
+
 /* One warning line to err per shard registered in the catalog whose file is missing or cannot
  * be read, or is empty (no schema) while the catalog's group_members refer to trajectories in
  * it: what list and stats print before reading, since they skip such files. */

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/log.h"
+#include "replay/inspect.h"
 #include "replay/internal.h"
 
 #define DDL_META                                                                                   \
@@ -598,6 +600,13 @@ arl_status rschema_create(rdb *d, const char *meta_init) {
     return ARL_OK;
 }
 
+/* The backup size limit of section 12 rule 3 (replay_backup_limit_set); one per process. */
+static int64_t backup_limit = REPLAY_BACKUP_LIMIT_DEFAULT;
+
+void replay_backup_limit_set(int64_t bytes) {
+    backup_limit = bytes;
+}
+
 static arl_status migrate(rdb *d, int from) {
     int to = rschema_version();
     char meta_sealed[8];
@@ -613,9 +622,22 @@ static arl_status migrate(rdb *d, int from) {
             return arl_errorf(ARL_ERR_VERSION,
                               "replay: %s: no migration from schema version %d to %d in this build",
                               d->name, v - 1, v);
-    /* Backup before migrating (section 12 rule 3); files over 1 GiB are not copied. */
+    /* Backup before migrating (section 12 rule 3), unless the file exceeds the backup size
+     * limit (replay_backup_limit_set; 0: never, < 0: always), which is said */
     struct stat sb;
-    if (stat(d->path, &sb) == 0 && sb.st_size <= ((off_t)1 << 30)) {
+    const int have = stat(d->path, &sb) == 0;
+    const int backup =
+        have && backup_limit != 0 && (backup_limit < 0 || sb.st_size <= backup_limit);
+    if (have && !backup && backup_limit == 0)
+        arl_log_warn("replay: %s: migrating schema %d -> %d without a backup (backups are off: "
+                     "--backup-limit-bytes 0)",
+                     d->name, from, to);
+    else if (have && !backup)
+        arl_log_warn(
+            "replay: %s: migrating schema %d -> %d without a backup: the file's %lld bytes "
+            "exceed the backup size limit of %lld (replay migrate --backup-limit-bytes)",
+            d->name, from, to, (long long)sb.st_size, (long long)backup_limit);
+    if (backup) {
         char *bak = malloc(strlen(d->path) + 32);
         if (!bak) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
         sprintf(bak, "%s.pre-v%d", d->path, to);

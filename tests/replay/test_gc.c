@@ -439,6 +439,49 @@ out:
     rschema_test_override(0, NULL, 0);
 }
 
+/* the backup size limit (section 12 rule 3: "unless the file exceeds the configured backup size
+ * limit"): limit 0 migrates a fresh store's catalog and shard without a '.pre-v2' copy (the limit
+ * was a fixed 1 GiB); the default copies them */
+static void test_migrate_backup_limit(void) {
+    for (int limited = 1; limited >= 0; limited--) {
+        char dir[600];
+        snprintf(dir, sizeof dir, "%s/bak%d", test_tmpdir("gc"), limited);
+        replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
+        replay_store *s = NULL;
+        replay_writer *w = NULL;
+        fx_ids ix;
+        CHECK_MSG(replay_store_open(dir, &oo, &s) == ARL_OK && fx_catalog(s, 1, 3, &ix) == ARL_OK &&
+                      replay_writer_open(s, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK,
+                  "%s", arl_error_msg());
+        if (!w) {
+            replay_store_close(s);
+            return;
+        }
+        write_traj(w, &ix, "g/k", 0, 1, 1);
+        replay_writer_close(w);
+        replay_store_close(s);
+        s = NULL;
+        replay_backup_limit_set(limited ? 0 : REPLAY_BACKUP_LIMIT_DEFAULT);
+        rschema_test_override(2, "CREATE TABLE extra_v2 (a INTEGER);", 0);
+        replay_open_opts o2 = {.flags = 0};
+        CHECK_MSG(replay_store_open(dir, &o2, &s) == ARL_OK, "%s", arl_error_msg());
+        replay_admin_stats k = {-1, -1, -1};
+        if (s) CHECK_MSG(replay_migrate(s, NULL, &k) == ARL_OK, "%s", arl_error_msg());
+        CHECK_EQ_INT((int)k.files, 1);
+        replay_store_close(s);
+        rschema_test_override(0, NULL, 0);
+        replay_backup_limit_set(REPLAY_BACKUP_LIMIT_DEFAULT);
+        const char *files[2] = {"catalog.sqlite", "shards/w1.sqlite"};
+        for (int i = 0; i < 2; i++) {
+            char bak[700];
+            snprintf(bak, sizeof bak, "%s/%s.pre-v2", dir, files[i]);
+            CHECK_MSG((access(bak, F_OK) == 0) == !limited, "%s: backup %s with limit %s", files[i],
+                      limited ? "made" : "missing", limited ? "0" : "1 GiB");
+        }
+        FX_CLEANUP(dir);
+    }
+}
+
 int main(void) {
     snprintf(root, sizeof root, "%s/store", test_tmpdir("gc"));
     replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
@@ -463,6 +506,7 @@ int main(void) {
     TEST_RUN(test_store_gc);
     TEST_RUN(test_seal);
     TEST_RUN(test_migrate);
+    TEST_RUN(test_migrate_backup_limit);
     replay_store_close(st);
     FX_CLEANUP(root);
     return test_finish();
