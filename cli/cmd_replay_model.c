@@ -1002,11 +1002,12 @@ int cmd_replay_fork(int argc, char **argv) {
          * both */
         char *db = strdup(o.db), *traj = strdup(o.traj);
         char *experiment = o.experiment ? strdup(o.experiment) : NULL;
+        const int lost = !db || !traj || (o.experiment && !experiment);
         arl_options_free(tab, n_all, &o);
         s = arl_options_defaults(tab, n_all, &o);
         if (s == ARL_OK)
-            s = db && traj ? fork_run_defaults(db, traj, &o.rc)
-                           : arl_errorf(ARL_ERR_NOMEM, "out of memory");
+            s = !lost ? fork_run_defaults(db, traj, &o.rc)
+                      : arl_errorf(ARL_ERR_NOMEM, "out of memory");
         if (s == ARL_OK && experiment) {
             char *text;
             s = arl_file_read(experiment, 0, &text, NULL);
@@ -1040,11 +1041,13 @@ int cmd_replay_fork(int argc, char **argv) {
         s = arl_errorf(ARL_ERR_ARG,
                        "--version: expected newest or a version 0..4294967295, got '%s'",
                        o.version);
-    if (s != ARL_OK) {
-        fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
+    if (s != ARL_OK) { /* (out of memory: the process's, exit 1 without the usage line) */
+        const int rc = s == ARL_ERR_NOMEM ? cli_fail(s) : ARL_EXIT_USAGE;
+        if (s != ARL_ERR_NOMEM)
+            fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
         arl_options_free(tab, n_all, &o);
         free(tab);
-        return ARL_EXIT_USAGE;
+        return rc;
     }
     replay_open_opts so = {.flags = 0};
     replay_store *st = NULL;

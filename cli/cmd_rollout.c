@@ -88,16 +88,19 @@ int cmd_rollout(int argc, char **argv) {
         free(tab);
         return ARL_EXIT_OK;
     }
-    if (s != ARL_OK) {
-        fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
+    if (s != ARL_OK) { /* (out of memory: the process's, exit 1 without the usage line) */
+        rc = s == ARL_ERR_NOMEM ? cli_fail(s) : ARL_EXIT_USAGE;
+        if (s != ARL_ERR_NOMEM)
+            fprintf(stderr, "agentrl: error: %s\nusage: %s\n", arl_error_msg(), usage);
         arl_options_free(tab, n, &o);
         free(tab);
-        return ARL_EXIT_USAGE;
+        return rc;
     }
     char *experiment = o.experiment ? strdup(o.experiment) : NULL;
+    if (o.experiment && !experiment) s = arl_errorf(ARL_ERR_NOMEM, "out of memory");
     arl_options_free(tab, n, &o);
     /* pass 2: defaults, the experiment's keys, then the command line over them */
-    s = arl_options_defaults(tab, n, &o);
+    if (s == ARL_OK) s = arl_options_defaults(tab, n, &o);
     if (s == ARL_OK && experiment) {
         char *text;
         s = arl_file_read(experiment, 0, &text, NULL);

@@ -58,4 +58,14 @@ json_t *arl_json_loadb(const char *buf, size_t len, size_t flags, json_error_t *
 json_t *arl_json_loadf(FILE *f, size_t flags, json_error_t *e);
 json_t *arl_json_load_file(const char *path, size_t flags, json_error_t *e);
 
+/* Whether the failed parse that filled e (arl_json_load* above) failed for want of memory:
+ * json_error_out_of_memory, or an empty text (how jansson reports some failed allocations).
+ * Such a failure is this process's (ARL_ERR_NOMEM, "out of memory"), never the input's: a site
+ * that turns a failed parse into a status, or records it as data (a parse status, a model's
+ * malformed tool call, a violation), checks this first.  A site that passes no json_error_t
+ * cannot tell; it passes one. */
+static inline int arl_json_error_nomem(const json_error_t *e) {
+    return json_error_code(e) == json_error_out_of_memory || !e->text[0];
+}
+
 #endif

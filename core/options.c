@@ -275,16 +275,18 @@ static arl_status set_json(const arl_option *o, json_t *v, const char *where, vo
         snprintf(buf, sizeof buf, "%.17g", json_number_value(v));
         break;
     case ARL_OPT_STRING:
-    case ARL_OPT_CHOICE:
+    case ARL_OPT_CHOICE: {
         if (json_is_null(v) && !o->def) { /* unset, as arl_options_to_json writes it */
             free(*(char **)field(o, cfg));
             *(char **)field(o, cfg) = NULL;
             return ARL_OK;
         }
         if (!json_is_string(v)) goto mismatch;
-        if (set_value(o, json_string_value(v), cfg) != ARL_OK)
-            return arl_error_prefix(ARL_ERR_CONFIG, "%s", where);
+        arl_status s = set_value(o, json_string_value(v), cfg);
+        if (s != ARL_OK)
+            return arl_error_prefix(s == ARL_ERR_NOMEM ? s : ARL_ERR_CONFIG, "%s", where);
         return ARL_OK;
+    }
     case ARL_OPT_LIST: {
         if (!json_is_array(v)) goto mismatch;
         size_t k;
@@ -300,7 +302,8 @@ static arl_status set_json(const arl_option *o, json_t *v, const char *where, vo
     }
     {
         arl_status s = set_value(o, buf, cfg);
-        if (s != ARL_OK) return arl_error_prefix(ARL_ERR_CONFIG, "%s", where);
+        if (s != ARL_OK)
+            return arl_error_prefix(s == ARL_ERR_NOMEM ? s : ARL_ERR_CONFIG, "%s", where);
         return ARL_OK;
     }
 mismatch:
@@ -317,6 +320,8 @@ arl_status arl_options_parse_json_text(const arl_option *tab, size_t n, const ch
                                        const char *where, void *cfg) {
     json_error_t jerr;
     json_t *root = arl_json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && arl_json_error_nomem(&jerr)) /* this process's, not the configuration's */
+        return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", where);
     if (!root)
         return arl_errorf(ARL_ERR_CONFIG, "%s:%d:%d: invalid JSON: %s", where, jerr.line,
                           jerr.column, jerr.text);

@@ -626,7 +626,10 @@ static void derive_script(chk *k) {
 
 static arl_status load_script(chk *k, const char *text) {
     char why[300];
+    const unsigned long n0 = arl_nomem_count();
     json_t *s = aep_json_loads(text, strlen(text), 32, why, sizeof why);
+    if (!s && arl_nomem_count() != n0) /* this process's, not the script's */
+        return arl_errorf(ARL_ERR_NOMEM, "conformance script: out of memory");
     if (!s) return arl_errorf(ARL_ERR_ARG, "conformance script: %s", why);
     k->script = s;
     if (!json_is_object(s)) return arl_errorf(ARL_ERR_ARG, "conformance script: expected a JSON object");
@@ -1512,6 +1515,9 @@ arl_status arl_aep_check_run(const arl_check_config *cfg, arl_check_report *rep)
     snprintf(k->run, sizeof k->run, "aep-check-%x-%llx", (unsigned)getpid(), (unsigned long long)time(NULL));
     rep->script_given = cfg->script_json != NULL;
     arl_status st = ARL_OK;
+    /* a failed allocation of this thread during the run (jansson's parse of a body, the AEP
+     * parser's) may have made a verdict: the run ends as this process's out of memory */
+    const unsigned long nomem0 = arl_nomem_count();
     k->h = curl_easy_init();
     if (!k->h) return arl_errorf(ARL_ERR_NOMEM, "env check: cannot create a curl handle");
     k->step_deadline = 60000;
@@ -1585,6 +1591,9 @@ done:
     arl_env_info_clear(&k->info);
     pthread_mutex_destroy(&k->mu);
     rep->seconds = (double)(aep_now_ms() - t0) / 1000.0;
+    if (st == ARL_OK && arl_nomem_count() != nomem0)
+        st = arl_errorf(ARL_ERR_NOMEM, "env check: out of memory (the verdicts would not be the "
+                                       "server's)");
     for (int i = 0; i < ARL_CHECK_COUNT; i++) {
         switch (rep->items[i].result) {
         case ARL_CHECK_PASS: rep->n_pass++; break;

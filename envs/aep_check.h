@@ -55,7 +55,9 @@ typedef struct arl_check_config {
 } arl_check_config;
 
 /* Run every check.  ARL_OK when the suite ran (whatever the verdicts); ARL_ERR_ARG for an
- * invalid script (message names the member).  An unreachable server fails every check. */
+ * invalid script (message names the member); ARL_ERR_NOMEM when an allocation of this thread
+ * failed during the run (a verdict may be this process's, not the server's).  An unreachable
+ * server fails every check. */
 arl_status arl_aep_check_run(const arl_check_config *cfg, arl_check_report *rep);
 /* Human-readable report: one line per check and a summary. */
 void arl_aep_check_print(FILE *f, const arl_check_report *rep);

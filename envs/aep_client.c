@@ -960,7 +960,10 @@ arl_status arl_env_health(arl_env *e, int64_t *active, int64_t *max) {
         if (e->last_error.details) json_incref(e->last_error.details);
         return st;
     }
-    json_t *v = arl_json_loadb(e->ctl->call.response, e->ctl->call.response_len, 0, NULL);
+    json_error_t je;
+    json_t *v = arl_json_loadb(e->ctl->call.response, e->ctl->call.response_len, 0, &je);
+    if (!v && arl_json_error_nomem(&je))
+        return arl_errorf(ARL_ERR_NOMEM, "env: out of memory reading the answer to /health");
     if (active) *active = v ? json_integer_value(json_object_get(v, "active_sessions")) : 0;
     if (max) *max = v ? json_integer_value(json_object_get(v, "max_sessions")) : 0;
     if (v) json_decref(v);

@@ -35,6 +35,8 @@ arl_status arl_heldout_task_side(const char *env, uint64_t seed, const char *opt
     if (options_json && *options_json) {
         json_error_t je;
         options = arl_json_loads(options_json, 0, &je);
+        if (!options && arl_json_error_nomem(&je))
+            return arl_errorf(ARL_ERR_NOMEM, "held-out split: options: out of memory");
         if (!json_is_object(options)) {
             json_decref(options);
             return arl_errorf(ARL_ERR_ARG, "held-out split: options: expected a JSON object (%s)",

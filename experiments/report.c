@@ -317,12 +317,12 @@ static arl_status metrics_line(arl_metrics *m, namebuf *nb, const char *line, si
     json_t *j = arl_json_loadb(line, len, JSON_DECODE_INT_AS_REAL, &e);
     /* out of memory (jansson leaves the message empty where an allocation fails): an error, not
      * a malformed line skipped (the report would lack the row without a word) */
-    int nomem = !j && (json_error_code(&e) == json_error_out_of_memory || !e.text[0]);
+    int nomem = !j && arl_json_error_nomem(&e);
     if (!j && !nomem) {
         char *fixed = fix_bare_words(line, len, &nomem);
         if (fixed) {
             j = arl_json_loads(fixed, JSON_DECODE_INT_AS_REAL, &e);
-            if (!j && (json_error_code(&e) == json_error_out_of_memory || !e.text[0])) nomem = 1;
+            if (!j && arl_json_error_nomem(&e)) nomem = 1;
         }
         free(fixed);
     }
@@ -962,8 +962,8 @@ arl_status arl_report_eval_read(const char *path, arl_report_eval *e) {
     json_error_t je;
     json_t *j = arl_json_loadf(f, JSON_REJECT_DUPLICATES, &je); /* (a key twice: which is meant?) */
     fclose(f);
-    if (!j) /* jansson leaves the message empty where an allocation fails */
-        return json_error_code(&je) == json_error_out_of_memory || !je.text[0]
+    if (!j)
+        return arl_json_error_nomem(&je)
                    ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the JSON", path)
                    : arl_errorf(ARL_ERR_FORMAT, "%s:%d: not valid JSON: %s", path, je.line,
                                 je.text);

@@ -74,12 +74,17 @@ static arl_status grow(void **v, int32_t *cap, int32_t need, size_t elem) {
     return ARL_OK;
 }
 
-/* Levels declared in /info (reward_levels) and the top of the outcome range. */
-static void parse_info(const char *info, arl_upd_group *g) {
+/* Levels declared in /info (reward_levels) and the top of the outcome range.  ARL_ERR_NOMEM
+ * when info cannot be read for want of memory (never the defaults in its place). */
+static arl_status parse_info(const char *info, arl_upd_group *g) {
     memset(g->level_absent, 0, sizeof g->level_absent);
     g->outcome_hi = 1.0;
     g->outcome_lo = 0.0;
-    json_t *j = arl_json_loads(info, 0, NULL);
+    json_error_t je;
+    json_t *j = info ? arl_json_loads(info, 0, &je) : NULL;
+    if (!j && info && arl_json_error_nomem(&je))
+        return arl_errorf(ARL_ERR_NOMEM, "learner: group %lld: out of memory reading its "
+                          "environment's info", (long long)g->group_id);
     json_t *lv = j ? json_object_get(j, "reward_levels") : NULL;
     if (json_is_object(lv)) {
         static const char *names[ARL_REWARD_NLEVELS] = {"outcome", "segment", "process"};
@@ -92,6 +97,7 @@ static void parse_info(const char *info, arl_upd_group *g) {
             g->outcome_lo = json_number_value(json_array_get(r, 0));
     }
     json_decref(j);
+    return ARL_OK;
 }
 
 static const arl_reward_row *find_reward(const arl_reward_row *r, int32_t n, const char *level,
@@ -431,7 +437,11 @@ arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n
             s = arl_ledger_group_env(led, g->group_id, &g->size, g->env_name, sizeof g->env_name,
                                      &info);
             if (s) break;
-            parse_info(info, g);
+            s = parse_info(info, g);
+            if (s) {
+                free(info);
+                break;
+            }
             arl_reward_sources_from_info(l->in.reward, info, g->process_model);
             free(info);
             int32_t nm = 0;

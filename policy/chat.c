@@ -130,12 +130,6 @@ static int json_text_depth(const char *s, size_t n) {
     return max;
 }
 
-/* 1 if jansson's failure was for lack of memory: it leaves the message empty (line -1) where
- * an allocation fails, or says so; not a fault of the text. */
-static int json_err_nomem(const json_error_t *e) {
-    return json_error_code(e) == json_error_out_of_memory || !e->text[0];
-}
-
 /* Classify argument text into *st: OK, MALFORMED_STRUCTURE (too deep), INVALID_JSON,
  * ARGUMENTS_NOT_OBJECT; msg gets the reason for a failure.  ARL_ERR_NOMEM (set) when the
  * parse ran out of memory: the text is then not classified (never INVALID_JSON for it). */
@@ -150,7 +144,7 @@ static arl_status args_check(const char *s, size_t n, char *msg, size_t cap,
     json_t *v =
         arl_json_loadb(s, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!v) {
-        if (json_err_nomem(&err))
+        if (arl_json_error_nomem(&err))
             return arl_errorf(ARL_ERR_NOMEM, "out of memory parsing tool-call arguments");
         snprintf(msg, cap, "arguments are not valid JSON: %s (at byte %d)", err.text, err.position);
         *st = ARL_CHAT_PARSE_INVALID_JSON;
@@ -296,7 +290,7 @@ arl_status arl_chat_conv_set_tools_json(arl_chat_conv *c, const char *text, size
     json_error_t err;
     json_t *root = arl_json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &err);
     if (!root)
-        return json_err_nomem(&err)
+        return arl_json_error_nomem(&err)
                    ? arl_errorf(ARL_ERR_NOMEM, "tools: out of memory reading the JSON")
                    : arl_errorf(ARL_ERR_FORMAT, "tools: invalid JSON at line %d column %d: %s",
                                 err.line, err.column, err.text);
@@ -1010,7 +1004,7 @@ arl_status arl_chat_conv_add_json_text(arl_chat_conv *c, const arl_chat_template
     json_error_t err;
     json_t *v = arl_json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!v)
-        return json_err_nomem(&err)
+        return arl_json_error_nomem(&err)
                    ? arl_errorf(ARL_ERR_NOMEM, "message %zu: out of memory reading the JSON",
                                 c->n_msgs)
                    : arl_errorf(ARL_ERR_FORMAT,
@@ -1029,7 +1023,7 @@ arl_status arl_chat_conv_from_json(arl_chat_conv *c, const arl_chat_template *t,
     json_t *root =
         arl_json_loadb(text, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &err);
     if (!root)
-        return json_err_nomem(&err)
+        return arl_json_error_nomem(&err)
                    ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the JSON", where)
                    : arl_errorf(ARL_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", where,
                                 err.line, err.column, err.text);

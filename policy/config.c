@@ -1040,8 +1040,7 @@ arl_status arl_model_config_parse(const char *text, const char *where, int quiet
     json_t *root = arl_json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         memset(cfg, 0, sizeof *cfg);
-        if (json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0])
-            /* jansson leaves the message empty where an allocation fails */
+        if (arl_json_error_nomem(&jerr))
             return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the JSON", where);
         return arl_errorf(ARL_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", where,
                           jerr.line, jerr.column, jerr.text);

@@ -203,7 +203,7 @@ static arl_status st_parse(arl_st_file *f) {
     json_t *root =
         arl_json_loadb((const char *)f->buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) /* jansson leaves the message empty where an allocation fails */
-        return json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0]
+        return arl_json_error_nomem(&jerr)
                    ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the header", label)
                    : arl_errorf(ARL_ERR_FORMAT, "%s: header is not valid JSON: %s (header byte %d)",
                                 label, jerr.text, jerr.position);
@@ -506,10 +506,14 @@ static void decl_free(st_decl *d) {
 static arl_status decl_meta(st_decl *d, const char *key, const char *value) {
     if (!key || !value)
         return arl_errorf(ARL_ERR_ARG, "%s: metadata key and value must not be NULL", d->label);
+    /* (jansson refuses invalid UTF-8 and fails out of memory alike: its count tells them
+     * apart, core/json_dump.h) */
+    const unsigned long n0 = arl_json_alloc_failures();
     json_t *s = json_string(value);
     if (!s || json_object_set_new(d->meta, key, s) != 0)
-        return arl_errorf(ARL_ERR_ARG, "%s: metadata '%s': not valid UTF-8 or out of memory",
-                          d->label, key);
+        return arl_json_alloc_failures() != n0
+                   ? arl_errorf(ARL_ERR_NOMEM, "%s: metadata '%s': out of memory", d->label, key)
+                   : arl_errorf(ARL_ERR_ARG, "%s: metadata '%s': not valid UTF-8", d->label, key);
     return ARL_OK;
 }
 
@@ -556,10 +560,14 @@ static arl_status decl_add(st_decl *d, const char *name, arl_dtype dtype, int32_
     }
     st_entry *e = &d->e[d->n];
     memset(e, 0, sizeof *e);
+    const unsigned long n0 = arl_json_alloc_failures();
     if (!(e->name = strdup(name)) || json_object_set_new(d->names, name, json_null()) != 0) {
+        const int nomem = !e->name || arl_json_alloc_failures() != n0;
         free(e->name);
-        return arl_errorf(ARL_ERR_ARG, "%s: tensor '%s': name not valid UTF-8 or out of memory",
-                          d->label, name);
+        e->name = NULL;
+        return nomem ? arl_errorf(ARL_ERR_NOMEM, "%s: tensor '%s': out of memory", d->label, name)
+                     : arl_errorf(ARL_ERR_ARG, "%s: tensor '%s': name not valid UTF-8", d->label,
+                                  name);
     }
     e->dtype = dtype;
     e->rank = rank;
@@ -886,6 +894,8 @@ static arl_status dir_open_index(arl_st_dir *d, const char *dir, const char *ind
         return arl_errorf(ARL_ERR_FORMAT, "%s: index file of %lld bytes is above the limit of %u",
                           index, (long long)st.st_size, (unsigned)ARL_ST_HEADER_MAX);
     json_t *root = arl_json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && arl_json_error_nomem(&jerr))
+        return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the index", index);
     if (!root)
         return arl_errorf(ARL_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", index, jerr.text,
                           jerr.line);

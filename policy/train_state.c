@@ -152,6 +152,8 @@ static arl_status set_object_text(char **slot, const char *text, const char *wha
     if (text) {
         json_error_t e;
         json_t *j = arl_json_loads(text, 0, &e);
+        if (!j && arl_json_error_nomem(&e))
+            return arl_errorf(ARL_ERR_NOMEM, "train state: '%s': out of memory", what);
         if (!j || !json_is_object(j)) {
             json_decref(j);
             return arl_errorf(ARL_ERR_ARG, "train state: '%s' must be a JSON object", what);
@@ -220,6 +222,8 @@ arl_status arl_train_state_write(const char *path, const arl_train_state *st) {
             json_decref(root);
             json_decref(rng);
             json_decref(data);
+            if (!x && arl_json_error_nomem(&e))
+                return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
             return arl_errorf(ARL_ERR_ARG, "%s: train state '%s' is not a JSON object", path,
                               names[i]);
         }
@@ -289,6 +293,7 @@ arl_status arl_train_state_read(const char *path, arl_train_state *st) {
     json_error_t e;
     json_t *root = arl_json_load_file(path, JSON_REJECT_DUPLICATES, &e);
     if (!root) {
+        if (arl_json_error_nomem(&e)) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
         if (access(path, F_OK) != 0)
             return arl_errorf(ARL_ERR_NOT_FOUND, "%s: no such train state file", path);
         return arl_errorf(ARL_ERR_FORMAT, "%s:%d:%d: invalid JSON: %s", path, e.line, e.column,

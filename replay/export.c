@@ -1205,8 +1205,8 @@ arl_status replay_import(replay_store *st, FILE *in, const char *in_name, int64_
         if (!len) continue;
         json_error_t err;
         json_t *j = arl_json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &err);
-        if (!j) { /* jansson leaves the message empty where an allocation fails */
-            s = json_error_code(&err) == json_error_out_of_memory || !err.text[0]
+        if (!j) {
+            s = arl_json_error_nomem(&err)
                     ? arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the line", where)
                     : arl_errorf(ARL_ERR_FORMAT, "%s: not JSON: %s (column %d)", where, err.text,
                                  err.column);

@@ -59,7 +59,7 @@ static arl_status show_nomem(void) {
  * error (*bad = 1) is data to show as such. */
 static arl_status json_failed(const json_error_t *e, int *bad) {
     *bad = 0;
-    if (json_error_code(e) == json_error_out_of_memory || !e->text[0]) return show_nomem();
+    if (arl_json_error_nomem(e)) return show_nomem();
     *bad = 1;
     return ARL_OK;
 }

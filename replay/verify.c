@@ -692,10 +692,8 @@ static void check_trajectory(vctx *v, rdb *d, sqlite3_stmt *tq, int32_t shard_id
                             ? arl_json_loadb(sqlite3_column_blob(q, 2),
                                              (size_t)sqlite3_column_bytes(q, 2), 0, &er)
                             : NULL;
-            /* jansson leaves the message empty where an allocation fails */
-            if (!at || (!a && (json_error_code(&ea) == json_error_out_of_memory || !ea.text[0])) ||
-                (sqlite3_column_blob(q, 2) && !r &&
-                 (json_error_code(&er) == json_error_out_of_memory || !er.text[0])))
+            if (!at || (!a && arl_json_error_nomem(&ea)) ||
+                (sqlite3_column_blob(q, 2) && !r && arl_json_error_nomem(&er)))
                 check_nomem(v, "comparing action_json with the stored request");
             else if (!json_equal(a, json_object_get(r, "action")))
                 finding(

@@ -176,6 +176,8 @@ static int is_object_key(const char *k) {
 arl_status arl_rollout_config_load_json(arl_rollout_config *c, const char *text, const char *where) {
     json_error_t jerr;
     json_t *root = arl_json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && arl_json_error_nomem(&jerr)) /* this process's, not the configuration's */
+        return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", where);
     if (!root)
         return arl_errorf(ARL_ERR_CONFIG, "%s:%d:%d: invalid JSON: %s", where, jerr.line,
                           jerr.column, jerr.text);
@@ -227,6 +229,8 @@ static arl_status check_object(const char *text, const char *key) {
     json_t *j = arl_json_loads(text, JSON_REJECT_DUPLICATES, &e);
     int ok = j && json_is_object(j);
     json_decref(j);
+    if (!j && arl_json_error_nomem(&e))
+        return arl_errorf(ARL_ERR_NOMEM, "key '%s': out of memory", key);
     if (!ok)
         return arl_errorf(ARL_ERR_CONFIG, "key '%s': expected a JSON object, got '%.80s'%s", key,
                           text, j ? "" : " (invalid JSON)");

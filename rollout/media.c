@@ -37,6 +37,9 @@ static arl_status parse_obs(const char *body, size_t len, int64_t call_seq, img_
                             int *reset) {
     json_error_t je;
     json_t *root = arl_json_loadb(body, len, 0, &je);
+    if (!root && arl_json_error_nomem(&je))
+        return arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory reading the stored response of "
+                          "call %lld", (long long)call_seq);
     const json_t *obs = root ? json_object_get(root, "observation") : NULL;
     if (!obs) {
         json_decref(root);

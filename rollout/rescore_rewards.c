@@ -108,7 +108,13 @@ static arl_status run_env(replay_store *st, const replay_traj_row *t, char *wher
     snprintf(rid, sizeof rid, "%lld", (long long)t->run_id);
     arl_status s = replay_run_get(st, rid, &run);
     if (s) return arl_error_prefix(s, "rescore --rewards of %s: reading its run", t->traj_uid);
-    json_t *j = run.config_json ? arl_json_loads(run.config_json, 0, NULL) : NULL;
+    json_error_t je;
+    json_t *j = run.config_json ? arl_json_loads(run.config_json, 0, &je) : NULL;
+    if (!j && run.config_json && arl_json_error_nomem(&je)) {
+        replay_run_info_free(&run);
+        return arl_errorf(ARL_ERR_NOMEM, "rescore --rewards of %s: out of memory reading its run",
+                          t->traj_uid);
+    }
     const char *env = json_string_value(json_object_get(j, "env"));
     const char *ec = json_string_value(json_object_get(j, "env-config"));
     if (env && *env) {
@@ -152,8 +158,11 @@ static arl_status check_response(const arl_env_call *c, const ro_call *sc, const
     }
     char d[200];
     int fatal;
+    const unsigned long n0 = arl_nomem_count();
     diff_members(sc->response, sc->response_len, c->response ? c->response : "",
                  c->response ? c->response_len : 0, d, sizeof d, &fatal);
+    if (arl_nomem_count() != n0) /* this process's: not a divergence of the environment */
+        return arl_errorf(ARL_ERR_NOMEM, "out of memory comparing %s with the stored one", what);
     if (fatal && fatal_allowed)
         return arl_errorf(ARL_ERR_ENV,
                           "diverged at %s: the response differs from the stored one in %s "
@@ -197,7 +206,11 @@ static arl_status replay(replay_store *st, const replay_traj_row *t, arl_env *en
     }
     /* create with the stored task */
     const ro_call *c0 = ro_calls_step(calls, 0);
-    json_t *rq = c0 && c0->request ? arl_json_loadb(c0->request, c0->request_len, 0, NULL) : NULL;
+    json_error_t je;
+    json_t *rq = c0 && c0->request ? arl_json_loadb(c0->request, c0->request_len, 0, &je) : NULL;
+    if (!rq && c0 && c0->request && arl_json_error_nomem(&je))
+        return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the stored create request",
+                          t->traj_uid);
     json_t *task = json_object_get(rq, "task");
     if (!answered(c0) || !json_is_object(task)) {
         json_decref(rq);
@@ -229,12 +242,16 @@ static arl_status replay(replay_store *st, const replay_traj_row *t, arl_env *en
     arl_env_session *sess = *sess_out;
     const arl_env_call *c = arl_env_session_call(sess);
     {
+        const unsigned long n0 = arl_nomem_count();
         json_t *a = arl_json_loadb(c0->response, c0->response_len, 0, NULL);
         json_t *b = c->response ? arl_json_loadb(c->response, c->response_len, 0, NULL) : NULL;
         int same = a && b &&
                    json_equal(json_object_get(a, "observation"), json_object_get(b, "observation"));
         json_decref(a);
         json_decref(b);
+        if (!same && arl_nomem_count() != n0) /* this process's, not a divergence */
+            return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory comparing the initial observation",
+                              t->traj_uid);
         if (!same)
             return arl_errorf(ARL_ERR_ENV, "diverged at step 0: the initial observation differs "
                                            "from the stored one (another task or environment?)");
@@ -245,7 +262,9 @@ static arl_status replay(replay_store *st, const replay_traj_row *t, arl_env *en
             const ro_call *sc = ro_calls_step(calls, k);
             arl_env_action act;
             char why[256];
-            if (ro_call_action(sc, &act, why, sizeof why))
+            s = ro_call_action(sc, &act, why, sizeof why);
+            if (s == ARL_ERR_NOMEM) return arl_error_prefix(s, "%s", t->traj_uid);
+            if (s)
                 return arl_errorf(ARL_ERR_CORRUPT, "%s: the stored action of step %lld cannot be "
                                                    "read: %s",
                                   t->traj_uid, (long long)k, why);
@@ -304,7 +323,11 @@ static arl_status replay(replay_store *st, const replay_traj_row *t, arl_env *en
         if (!strcmp(calls->v[i].endpoint, "score_episode") && answered(&calls->v[i]))
             se = &calls->v[i];
     if (se && m == last) {
-        json_t *ej = se->request ? arl_json_loadb(se->request, se->request_len, 0, NULL) : NULL;
+        json_error_t ee;
+        json_t *ej = se->request ? arl_json_loadb(se->request, se->request_len, 0, &ee) : NULL;
+        if (!ej && se->request && arl_json_error_nomem(&ee))
+            return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory reading the stored episode score "
+                              "request", t->traj_uid);
         int reason = arl_env_score_reason_parse(json_string_value(json_object_get(ej, "reason")));
         json_decref(ej);
         if (reason < 0)

@@ -139,7 +139,11 @@ static arl_status stored_create(rs_ctx *x, json_t **req_json, arl_env_create_req
                                 const char *traj_id) {
     if (x->fork) ARL_TRY(ro_env_id(x->w, x->t->group_uid, "", x->fork_gid, sizeof x->fork_gid));
     const ro_call *c0 = ro_calls_step(&x->calls, 0);
-    json_t *j = c0 && c0->request ? arl_json_loadb(c0->request, c0->request_len, 0, NULL) : NULL;
+    json_error_t je;
+    json_t *j = c0 && c0->request ? arl_json_loadb(c0->request, c0->request_len, 0, &je) : NULL;
+    if (!j && c0 && c0->request && arl_json_error_nomem(&je))
+        return arl_errorf(ARL_ERR_NOMEM, "rollout: %s: out of memory reading the stored create "
+                          "request", x->t->uid);
     json_t *task = json_object_get(j, "task");
     if (!j || !json_is_object(task)) {
         json_decref(j);
@@ -185,11 +189,17 @@ static arl_status replay_env(rs_ctx *x, int *failed) {
     /* the initial observation must equal the stored one */
     const ro_call *c0 = ro_calls_step(&x->calls, 0);
     const arl_env_call *c = arl_env_session_call(t->sess);
-    json_t *a = c0 && c0->response ? arl_json_loadb(c0->response, c0->response_len, 0, NULL) : NULL;
-    json_t *b = c->response ? arl_json_loadb(c->response, c->response_len, 0, NULL) : NULL;
+    json_error_t ea, eb;
+    json_t *a = c0 && c0->response ? arl_json_loadb(c0->response, c0->response_len, 0, &ea) : NULL;
+    json_t *b = c->response ? arl_json_loadb(c->response, c->response_len, 0, &eb) : NULL;
     int same = a && b && json_equal(json_object_get(a, "observation"), json_object_get(b, "observation"));
     json_decref(a);
     json_decref(b);
+    /* this process out of memory: not a divergence of the environment */
+    if ((!a && c0 && c0->response && arl_json_error_nomem(&ea)) ||
+        (!b && c->response && arl_json_error_nomem(&eb)))
+        return arl_errorf(ARL_ERR_NOMEM, "rollout: %s: out of memory comparing the initial "
+                          "observation", t->uid);
     if (!same) {
         *failed = fail_with(x, "RESUME_DIVERGED", "env", "%sthe re-created session's initial "
                                                          "observation differs from the stored one",
@@ -202,7 +212,9 @@ static arl_status replay_env(rs_ctx *x, int *failed) {
             const ro_call *sc = ro_calls_step(&x->calls, k);
             arl_env_action act;
             char why[256];
-            if (ro_call_action(sc, &act, why, sizeof why)) {
+            s = ro_call_action(sc, &act, why, sizeof why);
+            if (s == ARL_ERR_NOMEM) return arl_error_prefix(s, "rollout: %s", t->uid);
+            if (s) {
                 *failed = fail_with(x, "RESUME_IMPOSSIBLE", "infra",
                                     "the stored action of a step cannot be read: %s", why);
                 return ARL_OK;
@@ -527,7 +539,9 @@ static arl_status restore_stream(rs_ctx *x, int fresh, int *failed) {
     }
     arl_env_action act;
     char why[256];
-    if (ro_call_action(cm, &act, why, sizeof why)) {
+    arl_status as = ro_call_action(cm, &act, why, sizeof why);
+    if (as == ARL_ERR_NOMEM) return arl_error_prefix(as, "rollout: %s", x->t->uid);
+    if (as) {
         *failed = fail_with(x, "RESUME_IMPOSSIBLE", "infra", "stored action unreadable: %s", why);
         return ARL_OK;
     }

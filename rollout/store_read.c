@@ -210,13 +210,20 @@ const ro_call *ro_calls_segment_score(const ro_calls *c, int64_t seg) {
 arl_status ro_call_action(const ro_call *c, arl_env_action *act, char *why, size_t why_size) {
     memset(act, 0, sizeof *act);
     if (why_size) why[0] = 0;
+    const unsigned long n0 = arl_nomem_count();
     json_t *rq = c && c->request ? arl_json_loadb(c->request, c->request_len, 0, NULL) : NULL;
+    if (!rq && arl_nomem_count() != n0)
+        return arl_errorf(ARL_ERR_NOMEM, "out of memory reading a stored action");
     if (!rq) {
         snprintf(why, why_size, "no request body");
         return ARL_ERR_CORRUPT;
     }
     int bad = aep_action_from_json(json_object_get(rq, "action"), act, why, why_size);
     json_decref(rq);
+    if (bad && arl_nomem_count() != n0) { /* this process's, not the stored body's */
+        arl_env_action_clear(act);
+        return arl_errorf(ARL_ERR_NOMEM, "out of memory reading a stored action");
+    }
     if (bad) {
         arl_env_action_clear(act);
         if (why_size && !why[0]) snprintf(why, why_size, "no action in the request body");

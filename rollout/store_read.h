@@ -40,7 +40,8 @@ const ro_call *ro_calls_step(const ro_calls *c, int64_t step);
 const ro_call *ro_calls_segment_score(const ro_calls *c, int64_t seg);
 /* The action a stored step call sent (its request body's "action") into *act (cleared first;
  * the caller clears it after use).  ARL_ERR_CORRUPT with why[] filled when c is NULL, has no
- * request body, or the body holds no readable action. */
+ * request body, or the body holds no readable action; ARL_ERR_NOMEM (message set) when this
+ * process ran out of memory reading it (not the stored body's fault). */
 arl_status ro_call_action(const ro_call *c, arl_env_action *act, char *why, size_t why_size);
 
 #endif

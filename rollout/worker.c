@@ -83,6 +83,10 @@ static arl_status tasks_load(arl_rollout_worker *w) {
         if (c->tasks > 0 && w->n_tasks >= c->tasks) break;
         json_error_t je;
         json_t *j = arl_json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &je);
+        if (!j && arl_json_error_nomem(&je)) {
+            s = arl_errorf(ARL_ERR_NOMEM, "%s:%lld: out of memory", c->task_file, (long long)ln);
+            break;
+        }
         json_t *id = json_object_get(j, "id"), *seed = json_object_get(j, "seed"),
                *data = json_object_get(j, "data");
         if (!j || !json_is_string(id) || (seed && !json_is_integer(seed)) ||
@@ -1537,16 +1541,27 @@ static arl_status settings_check(arl_rollout_worker *w) {
     }
     ARL_TRY(s);
     char *now = arl_options_to_json(arl_rollout_options, arl_rollout_n_options, c);
+    /* (out of memory reading either is this process's: never a run without settings to compare,
+     * nor a setting that differs) */
+    const unsigned long n0 = arl_nomem_count();
     json_t *a = run.config_json ? arl_json_loads(run.config_json, 0, NULL) : NULL;
     json_t *b = now ? arl_json_loads(now, 0, NULL) : NULL;
     free(now);
     char diff[1024] = "";
     size_t k = 0, n = 0;
-    if (!b) s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+    if (!b || (run.config_json && !a && arl_nomem_count() != n0))
+        s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
     for (size_t i = 0; s == ARL_OK && a && i < sizeof ro_run_keys / sizeof *ro_run_keys; i++) {
         const json_t *x = json_object_get(a, ro_run_keys[i]),
                      *y = json_object_get(b, ro_run_keys[i]);
-        if (!x || !y || same_setting(x, y)) continue;
+        if (!x || !y) continue;
+        const unsigned long n1 = arl_nomem_count();
+        const int same = same_setting(x, y);
+        if (arl_nomem_count() != n1) {
+            s = arl_errorf(ARL_ERR_NOMEM, "rollout: out of memory");
+            break;
+        }
+        if (same) continue;
         char *xs = json_dumps(x, JSON_ENCODE_ANY | JSON_COMPACT),
              *ys = json_dumps(y, JSON_ENCODE_ANY | JSON_COMPACT);
         if (k < sizeof diff)
@@ -1685,8 +1700,13 @@ static arl_status worker_open(const arl_rollout_config *cfg, const char *ckpt_di
                           "rollout: environment %s sends images (capabilities.multimodal) but the "
                           "model at %s has no vision_config",
                           w->info->name, w->ckpt_dir);
-    if (c->env_options && !(w->env_options = arl_json_loads(c->env_options, 0, NULL)))
-        return arl_errorf(ARL_ERR_CONFIG, "key 'env-options': invalid JSON");
+    if (c->env_options) {
+        json_error_t je;
+        if (!(w->env_options = arl_json_loads(c->env_options, 0, &je)))
+            return arl_json_error_nomem(&je)
+                       ? arl_errorf(ARL_ERR_NOMEM, "rollout: key 'env-options': out of memory")
+                       : arl_errorf(ARL_ERR_CONFIG, "key 'env-options': invalid JSON");
+    }
     if (with_tasks) ARL_TRY(tasks_load(w));
     /* store */
     w->st = st;

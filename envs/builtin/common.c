@@ -29,8 +29,8 @@ arl_status arl_bi_instance_open(const char *info_json, const json_t *config, voi
     }
     json_error_t jerr;
     json_t *info = arl_json_loads(info_json, 0, &jerr);
-    if (!info) /* jansson leaves the message empty where an allocation fails */
-        return json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0]
+    if (!info)
+        return arl_json_error_nomem(&jerr)
                    ? arl_errorf(ARL_ERR_NOMEM, "built-in environment: out of memory")
                    : arl_errorf(ARL_ERR_INTERNAL, "built-in info_json: line %d: %s", jerr.line,
                                 jerr.text);

@@ -310,6 +310,8 @@ arl_status arl_env_demos_write(const char *env_name, int64_t n_episodes, uint64_
     if (options_json && *options_json) {
         json_error_t je;
         options = arl_json_loads(options_json, JSON_REJECT_DUPLICATES, &je);
+        if (!options && arl_json_error_nomem(&je))
+            return arl_errorf(ARL_ERR_NOMEM, "env demos: options: out of memory");
         if (!options || !json_is_object(options)) {
             json_decref(options);
             return arl_errorf(ARL_ERR_ARG, "env demos: options: expected a JSON object (%s)",

@@ -7,8 +7,9 @@
 # stride through their calls, replay show --raw, tokenize (encode and --decode), env demos,
 # report, model init and replay import (see below).  About 30 s.
 # Each run must end as
-#   - a clean error: exit status 1..127 and "out of memory" (or strerror(ENOMEM)) on standard
-#     error, or
+#   - a clean error of the process: exit status 1 exactly (README: out of memory is the
+#     process's failure, never bad input, exit 2) and "out of memory" (or strerror(ENOMEM)) on
+#     standard error, or
 #   - success with the output of the run without a failure (an allocation whose failure the
 #     code gets round, e.g. stdio's buffer),
 # never a signal (an assertion on an allocation, a NULL dereference, a double free), a hang, or
@@ -79,7 +80,11 @@ sweep() {
                 fail "$name: allocation $n: exit 0 with other output: $(diff "$T/base" "$T/out" | head -4 | tr '\n' ' ')"
             fi
         elif grep -q -i -e 'out of memory' -e 'cannot allocate memory' <<<"$err"; then
-            clean=$((clean + 1))
+            if [ "$rc" = 1 ]; then
+                clean=$((clean + 1))
+            else # (exit 2: the usage line, as if the input were wrong)
+                fail "$name: allocation $n: out of memory ends with exit $rc, not 1: $err"
+            fi
         elif grep -q '(json_load' "$T/err"; then
             jansson=$((jansson + 1)) # a byte of valid JSON lost: "invalid token"
         else
