@@ -274,6 +274,12 @@ static arl_status write_resolved(const arl_sft_config *c, const char *path) {
     return s;
 }
 
+/* The names of the files sft writes atomically (NAME.tmp-XXXXXX first) in its output
+ * directory; its checkpoints clean up after themselves (policy/train_state.h). */
+static int out_tmp_owned(const char *name) {
+    return !strcmp(name, "experiment.json") || !strcmp(name, "metrics.jsonl");
+}
+
 /* Keep the metrics lines of steps <= last_step (a resume repeats the steps after it). */
 static arl_status metrics_trim(const char *path, int64_t last_step) {
     FILE *f = fopen(path, "rb");
@@ -621,7 +627,9 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
         ARL_TRY(arl_train_state_set_rng(&r->st, "train", &rng));
     }
 
-    /* outputs */
+    /* outputs; first what a kill in the middle of writing one left (the directory is this
+     * run's: its lock is held) */
+    ARL_TRY(arl_checkpoint_tmp_sweep(c->out, out_tmp_owned, NULL));
     char path[4200];
     snprintf(path, sizeof path, "%s/experiment.json", c->out);
     if (ls == ARL_OK) warn_eval_changed(path, c, r->st.step);

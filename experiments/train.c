@@ -468,6 +468,41 @@ static arl_status write_text(const char *path, const char *text) {
     return arl_write_file_atomic(path, text, strlen(text));
 }
 
+/* The names of the files and checkpoints train writes atomically (NAME.tmp-XXXXXX first) in
+ * OUT, OUT/policy and OUT/sft (the SFT stage's own files are sft's, experiments/sft.c). */
+static int out_tmp_owned(const char *name) {
+    static const char *const names[] = {"experiment.json", "metrics.jsonl", "eval-before.outcomes",
+                                        "eval-after.outcomes", "reference"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(name, names[i])) return 1;
+    return !strncmp(name, "metrics.jsonl.damaged-", 22);
+}
+
+static int policy_tmp_owned(const char *name) {
+    return name[0] == 'v' && name[1] && strspn(name + 1, "0123456789") == strlen(name + 1);
+}
+
+static int sft_tmp_owned(const char *name) {
+    return !strcmp(name, "demos.done");
+}
+
+/* rank 0, holding OUT's lock: remove the temporaries that a run killed while it wrote one of
+ * its files or checkpoints left (NAME.tmp-XXXXXX beside NAME, whole or cut short, never
+ * renamed onto NAME) */
+static arl_status out_tmp_sweep(const char *out) {
+    char p[4200];
+    int64_t k[3];
+    ARL_TRY(arl_checkpoint_tmp_sweep(out, out_tmp_owned, &k[0]));
+    snprintf(p, sizeof p, "%s/policy", out);
+    ARL_TRY(arl_checkpoint_tmp_sweep(p, policy_tmp_owned, &k[1]));
+    snprintf(p, sizeof p, "%s/sft", out);
+    ARL_TRY(arl_checkpoint_tmp_sweep(p, sft_tmp_owned, &k[2]));
+    if (k[0] + k[1] + k[2] > 0)
+        arl_log_debug("train: %s: removed %lld temporaries of interrupted writes", out,
+                      (long long)(k[0] + k[1] + k[2]));
+    return ARL_OK;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* the run                                                                                      */
 
@@ -2146,6 +2181,8 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
                            "train: %s already holds a run (%s); continue it with --resume, or "
                            "choose another 'out'",
                            r->out, p3);
+        /* what a kill in the middle of a write left (the run is this one's from here) */
+        if (!s) s = out_tmp_sweep(r->out);
         /* a resume writes it once its settings are known to be the run's (below) */
         if (!s && !resume) s = snapshot_write(r);
         if (!s && log) {

@@ -486,6 +486,42 @@ void arl_checkpoint_tmp_remove(const char *tmp) {
     remove_tree_flat(tmp, NULL);
 }
 
+arl_status arl_checkpoint_tmp_sweep(const char *dir, int (*owned)(const char *name),
+                                    int64_t *removed) {
+    if (removed) *removed = 0;
+    DIR *dp = opendir(dir);
+    if (!dp) {
+        if (errno == ENOENT || errno == ENOTDIR) return ARL_OK; /* (its writer's to report) */
+        return arl_errorf(ARL_ERR_IO, "%s: cannot list: %s", dir, strerror(errno));
+    }
+    struct dirent *e;
+    char p[4400], name[256];
+    while ((e = readdir(dp))) {
+        const char *tmp = strstr(e->d_name, ".tmp-");
+        if (!tmp || tmp == e->d_name || strlen(tmp) != strlen(".tmp-XXXXXX")) continue;
+        const size_t n = (size_t)(tmp - e->d_name);
+        if (n >= sizeof name) continue;
+        memcpy(name, e->d_name, n);
+        name[n] = 0;
+        if (!owned(name)) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        int gone = 0;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            remove_tree_flat(p, &gone);
+        else
+            gone = unlink(p) == 0 || errno == ENOENT;
+        if (!gone)
+            arl_log_warn("%s: the temporary of an interrupted write could not be removed (%s); "
+                         "remove it by hand",
+                         p, strerror(errno));
+        else if (removed)
+            (*removed)++;
+    }
+    closedir(dp);
+    return ARL_OK;
+}
+
 /* The old checkpoint, moved out of dir's place to old: removed (a warning if it cannot be). */
 static int64_t remove_old(const char *old, const char *dir) {
     int gone;

@@ -75,6 +75,16 @@ arl_status arl_checkpoint_tmp_create(const char *dir, char *tmp, size_t cap);
 /* Remove tmp and the files in it (a directory of arl_checkpoint_tmp_create); errors ignored. */
 void arl_checkpoint_tmp_remove(const char *tmp);
 
+/* Remove from dir what a process killed in the middle of an atomic write left there: the entries
+ * NAME.tmp-XXXXXX (arl_write_file_atomic's files, arl_checkpoint_tmp_create's directories) whose
+ * NAME owned(NAME) accepts.  Only for a directory the caller holds (its run lock): the
+ * temporary of another process's write in progress would go too.  *removed (may be NULL): how
+ * many were removed; a missing dir (or a file there) holds none.  An entry that cannot be removed
+ * (a directory of more than files, say) is a warning naming it; ARL_ERR_IO when dir cannot be
+ * listed. */
+arl_status arl_checkpoint_tmp_sweep(const char *dir, int (*owned)(const char *name),
+                                    int64_t *removed);
+
 /* Put the complete checkpoint directory tmp (arl_checkpoint_tmp_create's) in dir's place: when
  * dir does not exist, by rename(2); when it is a replaceable directory (see above: checked again
  * here), by exchanging the two in one step (renameat2 RENAME_EXCHANGE; on a file system without
