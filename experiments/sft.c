@@ -291,6 +291,10 @@ static arl_status metrics_trim(const char *path, int64_t last_step) {
     while ((got = getline(&line, &cap, f)) > 0) {
         json_error_t e;
         json_t *j = arl_json_loadb(line, (size_t)got, 0, &e);
+        if (!j && arl_json_error_nomem(&e)) { /* (never a line dropped for it) */
+            s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
+            break;
+        }
         json_t *st = j ? json_object_get(j, "step") : NULL;
         int ok =
             json_is_integer(st) && json_integer_value(st) <= last_step && line[got - 1] == '\n';

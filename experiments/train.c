@@ -303,6 +303,8 @@ arl_status arl_train_config_load(const char *path, const arl_strlist *sets, arl_
         json_error_t je;
         json_t *root = arl_json_loads(text, JSON_REJECT_DUPLICATES, &je);
         free(text);
+        if (!root && arl_json_error_nomem(&je)) /* this process's, not the file's */
+            return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", path);
         if (!root)
             return arl_errorf(ARL_ERR_CONFIG, "%s:%d:%d: invalid JSON: %s", path, je.line,
                               je.column, je.text);
@@ -1363,7 +1365,14 @@ static arl_status metrics_truncate(const char *path, int64_t keep) {
         char *e = strchr(p, '\n');
         size_t len = e ? (size_t)(e - p) : strlen(p);
         line++;
-        json_t *j = arl_json_loadb(p, len, 0, NULL);
+        json_error_t je;
+        json_t *j = arl_json_loadb(p, len, 0, &je);
+        if (!j && len > 0 && arl_json_error_nomem(&je)) { /* (never a line dropped for it) */
+            free(out);
+            free(seen);
+            free(text);
+            return arl_errorf(ARL_ERR_NOMEM, "%s:%lld: out of memory", path, (long long)line);
+        }
         json_t *st = json_object_get(j, "step");
         const int ok = json_is_integer(st) && json_integer_value(st) >= 0;
         if (e && ok && json_integer_value(st) < keep) { /* complete lines only */
