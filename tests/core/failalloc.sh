@@ -31,25 +31,7 @@ MK=$B/tests/replay/replay_mkstore
 [ -x "$MK" ] || { echo "FAIL: no $MK"; exit 1; }
 T=$(mktemp -d /tmp/arl-test-failalloc-XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fails=0
-fail() {
-    echo "FAIL: $*" >&2
-    fails=$((fails + 1))
-}
-
-# run N CMD...: the command with allocation N failing (0: none); sets rc; output in $T/out, $T/err
-# (then POSTRUN, when set, runs without the shim: a command that may amend $T/out, e.g. with the
-# hashes of the files the command wrote, and clears them away for the next run)
-run() {
-    local n=$1
-    shift
-    rm -f "$T/rep"
-    # (the shim on the command only: timeout and env run without it)
-    timeout 20 env LD_PRELOAD="$SHIM" ARL_TEST_FAIL_ALLOC="$n" ARL_TEST_FAIL_ALLOC_REPORT="$T/rep" \
-        ARL_TEST_FAIL_ALLOC_TRACE=1 "$@" >"$T/out" 2>"$T/err"
-    rc=$?
-    [ -z "${POSTRUN:-}" ] || $POSTRUN
-}
+. "$(dirname "$0")/failalloc_run.sh"
 
 # sweep NAME "N..." CMD...: every N in the list; the counts of each outcome
 sweep() {

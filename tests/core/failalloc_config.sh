@@ -19,23 +19,7 @@ SHIM=$B/tests/core/libarl_test_failalloc_preload.so
 [ -f "$SHIM" ] || { echo "FAIL: no $SHIM"; exit 1; }
 T=$(mktemp -d /tmp/arl-test-failalloc-config-XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fails=0
-fail() {
-    echo "FAIL: $*" >&2
-    fails=$((fails + 1))
-}
-
-# run N CMD...: the command with allocation N failing (0: none); sets rc, msg (its last line of
-# standard error, the shim's lines left out)
-run() {
-    local n=$1
-    shift
-    rm -f "$T/rep"
-    timeout 20 env LD_PRELOAD="$SHIM" ARL_TEST_FAIL_ALLOC="$n" ARL_TEST_FAIL_ALLOC_REPORT="$T/rep" \
-        ARL_TEST_FAIL_ALLOC_TRACE=1 "$@" >"$T/out" 2>"$T/err"
-    rc=$?
-    msg=$(grep -v -e '^failalloc: ' -e '\[0x[0-9a-f]*\]$' "$T/err" | tail -1)
-}
+. "$(dirname "$0")/failalloc_run.sh"
 
 # sweep NAME K S CMD...: allocation N of the command failing, for N = 1..K, then every Sth
 sweep() {
