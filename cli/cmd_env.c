@@ -57,9 +57,11 @@ static const arl_option serve_tab[] = {
 };
 
 static volatile sig_atomic_t serve_signals;
+static volatile sig_atomic_t serve_stop; /* a second signal: stop draining now */
+
 static void on_signal(int sig) {
     (void)sig;
-    serve_signals++;
+    if (++serve_signals >= 2) serve_stop = 1;
 }
 
 static void nap_ms(long ms) {
@@ -127,16 +129,13 @@ int cmd_env_serve(int argc, char **argv) {
     arl_aep_server_drain(srv);
     cli_say("agentrl env serve: draining; waiting up to %lld ms for %lld sessions\n",
             (long long)o.drain_timeout_ms, (long long)arl_aep_server_active_sessions(srv));
-    int64_t waited = 0;
-    while (serve_signals < 2 && waited < o.drain_timeout_ms) {
-        int64_t n = arl_aep_server_active_sessions(srv);
-        if (n <= 0) break;
-        nap_ms(100);
-        waited += 100;
-        if (waited % 5000 == 0) arl_aep_server_reap(srv);
+    int64_t left = -1;
+    st = arl_aep_server_drain_wait(srv, o.drain_timeout_ms, &serve_stop, &left);
+    if (st != ARL_OK) {
+        ret = cli_fail(st);
+        goto out;
     }
-    cli_say("agentrl env serve: stopped (%lld sessions left)\n",
-            (long long)arl_aep_server_active_sessions(srv));
+    cli_say("agentrl env serve: stopped (%lld sessions left)\n", (long long)left);
     ret = ARL_EXIT_OK;
 out:
     arl_aep_server_stop(srv);

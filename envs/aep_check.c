@@ -111,11 +111,21 @@ enum {
     H_NO_CTYPE = 8,
 };
 
+/* p, noting a failed allocation of this thread (arl_nomem_note) when it is NULL: every
+ * allocation of the checker that fails is counted, so that arl_aep_check_run ends in
+ * ARL_ERR_NOMEM instead of a verdict made of it (a request sent without its body or headers, a
+ * response cut short, a part of a check skipped).  Worker threads carry their count back
+ * (conc_arg.nomem). */
+static void *noted(void *p) {
+    if (!p) arl_nomem_note();
+    return p;
+}
+
 static size_t on_write(char *p, size_t sz, size_t n, void *ud) {
     resp *r = ud;
     size_t m = sz * n;
     if (r->len + m > ((size_t)64 << 20)) return 0;
-    char *b = realloc(r->body, r->len + m + 1);
+    char *b = noted(realloc(r->body, r->len + m + 1));
     if (!b) return 0;
     r->body = b;
     memcpy(r->body + r->len, p, m);
@@ -221,16 +231,22 @@ static int http(chk *k, CURL *h, const char *method, const char *path, const cha
     r->retry_after = -1;
     char url[1200];
     snprintf(url, sizeof url, "%s%s", k->base, path);
-    struct curl_slist *hl = NULL;
-    if (!(flags & H_NO_VERSION)) hl = curl_slist_append(hl, flags & H_VERSION_2 ? "AEP-Version: 2" : "AEP-Version: 1");
-    hl = curl_slist_append(hl, "Accept: application/json");
-    if (body && !(flags & H_NO_CTYPE)) hl = curl_slist_append(hl, "Content-Type: application/json; charset=utf-8");
-    hl = curl_slist_append(hl, flags & H_EXPECT ? "Expect: 100-continue" : "Expect:");
+    /* curl_slist_append returns NULL out of memory (the list so far stays allocated) */
+    struct curl_slist *hl = NULL, *hn;
+#define HDR(text)                                                                                  \
+    do {                                                                                           \
+        if ((hn = noted(curl_slist_append(hl, (text)))) != NULL) hl = hn;                          \
+    } while (0)
+    if (!(flags & H_NO_VERSION)) HDR(flags & H_VERSION_2 ? "AEP-Version: 2" : "AEP-Version: 1");
+    HDR("Accept: application/json");
+    if (body && !(flags & H_NO_CTYPE)) HDR("Content-Type: application/json; charset=utf-8");
+    HDR(flags & H_EXPECT ? "Expect: 100-continue" : "Expect:");
     if (k->cfg->token) {
         char a[600];
         snprintf(a, sizeof a, "Authorization: Bearer %s", k->cfg->token);
-        hl = curl_slist_append(hl, a);
+        HDR(a);
     }
+#undef HDR
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, NULL);
@@ -256,6 +272,7 @@ static int http(chk *k, CURL *h, const char *method, const char *path, const cha
     curl_slist_free_all(hl);
     long code = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    if (cc == CURLE_OUT_OF_MEMORY) arl_nomem_note();
     if (cc != CURLE_OK && !(code == 413 && (flags & H_EXPECT))) {
         snprintf(r->err, sizeof r->err, "%s %s: %s", method, path, curl_easy_strerror(cc));
         r->status = 0;
@@ -336,12 +353,12 @@ static int validate(chk *k, const resp *r, const aep_expect *x, arl_env_result *
 static void remember_sid(chk *k, const char *sid) {
     if (k->n_sids == k->cap_sids) {
         int cap = k->cap_sids ? 2 * k->cap_sids : 64;
-        char **p = realloc(k->sids, (size_t)cap * sizeof *p);
+        char **p = noted(realloc(k->sids, (size_t)cap * sizeof *p));
         if (!p) return;
         k->sids = p;
         k->cap_sids = cap;
     }
-    k->sids[k->n_sids] = strdup(sid);
+    k->sids[k->n_sids] = noted(strdup(sid));
     if (k->sids[k->n_sids]) k->n_sids++;
 }
 
@@ -349,13 +366,14 @@ static void new_traj(chk *k, char *buf, size_t cap) { snprintf(buf, cap, "%s/t%d
 
 static char *create_body(chk *k, const char *traj, const json_t *task, const json_t *extra_key, size_t *len) {
     json_t *o = json_object();
+    if (!o) return NULL; /* (counted by the watch of jansson) */
     json_object_set_new(o, "trajectory_id", json_string(traj));
     json_object_set_new(o, "group_id", json_string(k->run));
     json_object_set(o, "task", (json_t *)task);
     if (k->options) json_object_set(o, "options", k->options);
     json_object_set_new(o, "deadline_ms", json_integer(120000));
     if (extra_key) json_object_set(o, "x_aep_check_extra", (json_t *)extra_key);
-    char *s = aep_json_dumps(o, len);
+    char *s = noted(aep_json_dumps(o, len));
     json_decref(o);
     return s;
 }
@@ -416,10 +434,11 @@ static json_t *instantiate(const json_t *action, int64_t step) {
 
 static char *step_body(chk *k, int64_t idx, const json_t *action, int64_t deadline, size_t *len) {
     json_t *o = json_object();
+    if (!o) return NULL; /* (counted by the watch of jansson) */
     json_object_set_new(o, "step_index", json_integer(idx));
     json_object_set_new(o, "action", instantiate(action, idx));
     json_object_set_new(o, "deadline_ms", json_integer(deadline > 0 ? deadline : k->step_deadline));
-    char *s = aep_json_dumps(o, len);
+    char *s = noted(aep_json_dumps(o, len));
     json_decref(o);
     return s;
 }
@@ -436,11 +455,11 @@ static void ids_of(const json_t *action, int64_t idx, ids *d) {
     json_t *c;
     json_array_foreach(json_object_get(a, "tool_calls"), i, c) if (d->nc < 128) {
         const char *s = json_string_value(json_object_get(c, "id"));
-        d->v[d->nc++] = strdup(s ? s : "");
+        d->v[d->nc++] = noted(strdup(s ? s : ""));
     }
     json_array_foreach(json_object_get(a, "parse_errors"), i, c) if (d->np < 128) {
         const char *s = json_string_value(json_object_get(c, "id"));
-        d->v[d->nc + d->np++] = strdup(s ? s : "");
+        d->v[d->nc + d->np++] = noted(strdup(s ? s : ""));
     }
     json_decref(a);
 }
@@ -759,7 +778,7 @@ static int run_actions(chk *k, seq *q, int strict_end, resp *bodies, int max_bod
         if (q->last_action) json_decref(q->last_action);
         q->last_action = json_incref((json_t *)a);
         if (bodies && idx - 1 < max_bodies) {
-            bodies[idx - 1].body = malloc(r.len + 1);
+            bodies[idx - 1].body = noted(malloc(r.len + 1));
             if (bodies[idx - 1].body) {
                 memcpy(bodies[idx - 1].body, r.body, r.len + 1);
                 bodies[idx - 1].len = r.len;
@@ -1121,7 +1140,7 @@ static void c_fork(chk *k) {
     resp_free(&f2);
     /* the remaining actions on the child first, then on the parent */
     size_t na = json_array_size(k->actions);
-    resp *child = calloc(na + 1, sizeof *child);
+    resp *child = noted(calloc(na + 1, sizeof *child));
     int64_t cl = 1;
     for (size_t i = 1; child && i < na; i++) {
         arl_env_result rr;
@@ -1193,8 +1212,18 @@ static void c_malformed(chk *k) {
     expect(k, &r, 400, "INVALID_REQUEST", "non-JSON step body");
     resp_free(&r);
     json_t *a1 = instantiate(json_array_get(k->actions, 0), 1);
-    char *as = aep_json_dumps(a1, NULL);
-    char *dup = malloc(strlen(as) + 200), *miss = malloc(strlen(as) + 200), *extra = malloc(strlen(as) + 300);
+    char *as = noted(aep_json_dumps(a1, NULL));
+    size_t asl = as ? strlen(as) : 0;
+    char *dup = noted(malloc(asl + 200)), *miss = noted(malloc(asl + 200)),
+         *extra = noted(malloc(asl + 300));
+    if (!as || !dup || !miss || !extra) { /* noted: the run ends out of memory */
+        free(as);
+        free(dup);
+        free(miss);
+        free(extra);
+        json_decref(a1);
+        return;
+    }
     sprintf(dup, "{\"step_index\":1,\"step_index\":1,\"action\":%s,\"deadline_ms\":%lld}", as, (long long)k->step_deadline);
     sprintf(miss, "{\"action\":%s,\"deadline_ms\":%lld}", as, (long long)k->step_deadline);
     http(k, k->h, "POST", path, dup, strlen(dup), 0, &r);
@@ -1205,12 +1234,16 @@ static void c_malformed(chk *k) {
     resp_free(&r);
     json_object_set_new(a1, "x_aep_check_extra", json_pack("{s:i}", "a", 1));
     free(as);
-    as = aep_json_dumps(a1, NULL);
-    sprintf(extra, "{\"step_index\":1,\"x_aep_check_extra\":[1,{\"b\":null}],\"action\":%s,\"deadline_ms\":%lld}", as,
-            (long long)k->step_deadline);
-    http(k, k->h, "POST", path, extra, strlen(extra), 0, &r);
-    expect(k, &r, 200, NULL, "step body and action with unknown members");
-    resp_free(&r);
+    as = noted(aep_json_dumps(a1, NULL));
+    if (as) { /* (else noted) */
+        snprintf(extra, asl + 300,
+                 "{\"step_index\":1,\"x_aep_check_extra\":[1,{\"b\":null}],\"action\":%s,"
+                 "\"deadline_ms\":%lld}",
+                 as, (long long)k->step_deadline);
+        http(k, k->h, "POST", path, extra, strlen(extra), 0, &r);
+        expect(k, &r, 200, NULL, "step body and action with unknown members");
+        resp_free(&r);
+    }
     free(as);
     free(dup);
     free(miss);
@@ -1233,7 +1266,7 @@ static void c_malformed(chk *k) {
     resp_free(&r);
     /* a create of max_request_bytes + 1 KiB with Expect: 100-continue */
     size_t big = (size_t)k->info.limits.max_request_bytes + 1024;
-    char *bb = malloc(big + 1);
+    char *bb = noted(malloc(big + 1));
     if (bb) {
         new_traj(k, traj, sizeof traj);
         int h = snprintf(bb, big, "{\"trajectory_id\":\"%s\",\"group_id\":\"%s\",\"task\":{\"id\":\"x\",\"seed\":1,"
@@ -1341,15 +1374,19 @@ typedef struct conc_arg {
     char sid[200];
     resp *bodies; /* per step */
     int n;
-    int fail;
+    unsigned long nomem; /* this worker's failed allocations (arl_nomem_count is per thread) */
 } conc_arg;
 
+/* Steps one session through its n actions.  Its failed allocations (jansson's, the AEP
+ * parser's, the checker's own noted ones) are counted in this thread: they go back in
+ * a->nomem, for c_concurrency to note in the main thread. */
 static void *conc_worker(void *p) {
     conc_arg *a = p;
     chk *k = a->k;
-    CURL *h = curl_easy_init();
+    const unsigned long nomem0 = arl_nomem_count();
+    CURL *h = noted(curl_easy_init()); /* (it fails for want of memory) */
     if (!h) {
-        a->fail = 1;
+        a->nomem = arl_nomem_count() - nomem0;
         return NULL;
     }
     for (int i = 0; i < a->n; i++) {
@@ -1362,6 +1399,7 @@ static void *conc_worker(void *p) {
         if (a->bodies[i].status != 200) break;
     }
     curl_easy_cleanup(h);
+    a->nomem = arl_nomem_count() - nomem0;
     return NULL;
 }
 
@@ -1396,6 +1434,7 @@ static void c_concurrency(chk *k) {
     conc_arg *args = calloc((size_t)n, sizeof *args);
     pthread_t *th = calloc((size_t)n, sizeof *th);
     if (!rb || !args || !th) {
+        arl_nomem_note();
         free(rb);
         free(args);
         free(th);
@@ -1408,7 +1447,7 @@ static void c_concurrency(chk *k) {
     for (int i = 0; i < n; i++) {
         args[i].k = k;
         args[i].n = nref;
-        args[i].bodies = calloc((size_t)(nref > 0 ? nref : 1), sizeof(resp));
+        args[i].bodies = noted(calloc((size_t)(nref > 0 ? nref : 1), sizeof(resp)));
         new_traj(k, traj, sizeof traj);
         if (!args[i].bodies || !create(k, traj, k->task, args[i].sid, sizeof args[i].sid, NULL)) break;
         made++;
@@ -1416,8 +1455,15 @@ static void c_concurrency(chk *k) {
     int started = 0;
     for (int i = 0; i < made; i++)
         if (!pthread_create(&th[i], NULL, conc_worker, &args[i])) started = i + 1;
-        else break;
+        else {
+            arl_nomem_note(); /* this process's resources, not the server's: the run ends so */
+            break;
+        }
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    /* a worker's failed allocation is this process's: carried into this thread's count, which
+     * arl_aep_check_run compares at its end (ARL_ERR_NOMEM, not a verdict) */
+    for (int i = 0; i < started; i++)
+        if (args[i].nomem) arl_nomem_note();
     for (int i = 0; i < made; i++) {
         for (int s = 0; s < nref; s++) {
             resp *got = &args[i].bodies[s];

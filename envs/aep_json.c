@@ -1188,6 +1188,7 @@ static char *sb_finish(sb *b, size_t *len) {
 }
 
 char *aep_json_dumps(const json_t *v, size_t *len) {
+    if (!v) return NULL; /* a document a failed builder did not make (out of memory) */
     sb b = {0};
     sb_need(&b, 64);
     sb_json(&b, v);

@@ -26,7 +26,7 @@ int aep_json_depth(const char *buf, size_t len, int stop);
 json_t *aep_json_loads(const char *buf, size_t len, int max_depth, char *err, size_t cap);
 
 /* Compact serialisation, member order preserved, UTF-8 kept, reals in their shortest exact form;
- * caller frees with free().  NULL on OOM. */
+ * caller frees with free().  NULL on OOM, and for v NULL (a builder that failed). */
 char *aep_json_dumps(const json_t *v, size_t *len);
 
 /* The body of a step request: {"step_index":k,"action":{...every member of §4.5...},

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "core/json_dump.h"
 #include "core/sha256.h"
@@ -404,18 +405,60 @@ int arl_aep_server_reap(arl_aep_server *s) {
     return 0;
 }
 
-int64_t arl_aep_server_active_sessions(arl_aep_server *s) {
+/* The environment's count of active sessions into *n: ARL_ERR_NOMEM when this process ran out
+ * of memory making or reading the health body (the in-process host answers 500 without a body
+ * and notes it; jansson's parse is watched), ARL_ERR_PROTOCOL when the body has no count. */
+static arl_status sessions_count(arl_aep_server *s, int64_t *n) {
+    *n = -1;
+    const unsigned long nomem0 = arl_nomem_count();
     char *b = NULL;
     size_t l = 0;
     s->vt->health(s->inst, &b, &l);
-    int64_t n = -1;
     json_t *v = b ? arl_json_loadb(b, l, 0, NULL) : NULL;
     json_t *a = json_object_get(v, "active_sessions");
     if (!a) a = json_object_get(json_object_get(json_object_get(v, "error"), "details"), "active_sessions");
-    if (json_is_integer(a)) n = json_integer_value(a);
+    if (json_is_integer(a)) *n = json_integer_value(a);
     if (v) json_decref(v);
     if (b) s->vt->free_buffer(s->inst, b);
-    return n;
+    if (arl_nomem_count() != nomem0 || !b) {
+        *n = -1;
+        return arl_errorf(ARL_ERR_NOMEM, "env serve: out of memory counting the active sessions");
+    }
+    if (*n < 0)
+        return arl_errorf(ARL_ERR_PROTOCOL,
+                          "env serve: the environment's health body has no active_sessions");
+    return ARL_OK;
+}
+
+int64_t arl_aep_server_active_sessions(arl_aep_server *s) {
+    int64_t n;
+    return sessions_count(s, &n) == ARL_OK ? n : -1;
+}
+
+arl_status arl_aep_server_drain_wait(arl_aep_server *s, int64_t timeout_ms,
+                                     const volatile sig_atomic_t *stop, int64_t *left) {
+    int64_t n = -1, waited = 0;
+    arl_status st = sessions_count(s, &n);
+    /* a count that failed is not "none left": wait and count again (a session it could not see
+     * is still running) */
+    while (!(st == ARL_OK && n == 0) && waited < timeout_ms && !(stop && *stop)) {
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+        waited += 100;
+        if (waited % 5000 == 0) arl_aep_server_reap(s);
+        st = sessions_count(s, &n);
+    }
+    if (left) *left = n;
+    if (st != ARL_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", arl_error_msg());
+        return arl_errorf(
+            st,
+            "%s; the drain waited its whole %lld ms (a session it could not count may have been "
+            "cut off)",
+            why, (long long)waited);
+    }
+    return ARL_OK;
 }
 
 void arl_aep_server_stop(arl_aep_server *s) {

@@ -7,6 +7,7 @@
 #ifndef ARL_ENVS_AEP_SERVER_H
 #define ARL_ENVS_AEP_SERVER_H
 
+#include <signal.h>
 #include <stdint.h>
 
 #include "envs/env.h"
@@ -35,8 +36,19 @@ arl_status arl_aep_server_start(const arl_env_vtable *vt, void *inst, const arl_
 int arl_aep_server_port(const arl_aep_server *s);
 /* Start draining (new sessions 503 DRAINING, health 503; existing sessions continue). */
 void arl_aep_server_drain(arl_aep_server *s);
-/* Sessions counting towards max_sessions (from the environment's health body); -1 if unknown. */
+/* Sessions counting towards max_sessions (from the environment's health body); -1 if unknown
+ * (out of memory, or a body without the count). */
 int64_t arl_aep_server_active_sessions(arl_aep_server *s);
+/* After arl_aep_server_drain: wait until no session is active, counting every 100 ms and
+ * reaping idle sessions every 5 s, for at most timeout_ms, or until *stop is nonzero (NULL:
+ * never; a second signal).  A count that fails (this process out of memory) never ends the wait
+ * as "none left": it is taken as sessions still running and counted again 100 ms later, so a
+ * count that keeps failing makes the drain wait its whole timeout.  *left (NULL ok): the last
+ * count, -1 when it failed.  ARL_OK when the last count succeeded (0, or sessions left at the
+ * timeout or the stop); else the last count's status (ARL_ERR_NOMEM; the message says the drain
+ * waited its whole time), for main to exit 1 with. */
+arl_status arl_aep_server_drain_wait(arl_aep_server *s, int64_t timeout_ms,
+                                     const volatile sig_atomic_t *stop, int64_t *left);
 /* Reap idle sessions now (the environment's reap_idle); returns how many. */
 int arl_aep_server_reap(arl_aep_server *s);
 /* Stop accepting, finish running requests, free (NULL ok).  The environment is not destroyed. */

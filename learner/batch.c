@@ -442,8 +442,9 @@ arl_status lr_batch_load(arl_learner *l, const arl_update_source *src, int32_t n
                 free(info);
                 break;
             }
-            arl_reward_sources_from_info(l->in.reward, info, g->process_model);
+            s = arl_reward_sources_from_info(l->in.reward, info, g->process_model);
             free(info);
+            if (s) break;
             int32_t nm = 0;
             s = arl_ledger_members(led, g->group_id, mem, MAX_MEMBERS, &nm);
             if (s) break;

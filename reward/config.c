@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_dump.h"
 #include "reward/reward.h"
 
 const char *arl_reward_level_name(arl_reward_level l) {
@@ -53,10 +54,14 @@ void arl_reward_config_set_source(arl_reward_config *cfg, const char *name, int 
     }
 }
 
-void arl_reward_sources_from_info(const arl_reward_config *cfg, const char *info_json,
-                                  uint8_t flags[ARL_REWARD_MAX_COMPONENTS]) {
+arl_status arl_reward_sources_from_info(const arl_reward_config *cfg, const char *info_json,
+                                        uint8_t flags[ARL_REWARD_MAX_COMPONENTS]) {
     memset(flags, 0, ARL_REWARD_MAX_COMPONENTS);
-    json_t *j = info_json ? json_loads(info_json, 0, NULL) : NULL;
+    json_error_t je;
+    json_t *j = info_json ? arl_json_loads(info_json, 0, &je) : NULL;
+    if (!j && info_json && arl_json_error_nomem(&je)) /* not "no model sources": ours */
+        return arl_errorf(ARL_ERR_NOMEM, "reward: out of memory reading the environment's "
+                                         "reward_components");
     json_t *arr = j ? json_object_get(j, "reward_components") : NULL;
     for (size_t i = 0; json_is_array(arr) && i < json_array_size(arr); i++) {
         const json_t *e = json_array_get(arr, i);
@@ -68,6 +73,7 @@ void arl_reward_sources_from_info(const arl_reward_config *cfg, const char *info
             if (!strcmp(cfg->comp[ARL_REWARD_LEVEL_PROCESS][c].name, name)) flags[c] = 1;
     }
     json_decref(j);
+    return ARL_OK;
 }
 
 /* ---- option table ---- */

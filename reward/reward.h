@@ -225,9 +225,11 @@ typedef struct arl_reward_group {
 /* The process_model flags of arl_reward_group from an environment's /info JSON text
  * (reward_components[]: name, level, source): flags[c] = 1 for each configured process
  * component c that /info declares at level "process" with source "model", else 0.  Text that
- * is not JSON, or has no reward_components, gives all 0 (source rule is the default). */
-void arl_reward_sources_from_info(const arl_reward_config *cfg, const char *info_json,
-                                  uint8_t flags[ARL_REWARD_MAX_COMPONENTS]);
+ * is not JSON, or has no reward_components, gives all 0 (source rule is the default).
+ * ARL_OK, or ARL_ERR_NOMEM when the text could not be parsed for want of memory (flags all 0:
+ * not an answer; the caller stops, it does not train the group under the source rule). */
+arl_status arl_reward_sources_from_info(const arl_reward_config *cfg, const char *info_json,
+                                        uint8_t flags[ARL_REWARD_MAX_COMPONENTS]);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Metrics                                                                                     */

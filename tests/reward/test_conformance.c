@@ -145,12 +145,12 @@ static void test_process_form_from_info(void) {
         "{\"name\": \"fix\", \"level\": \"process\", \"range\": [0, 1], \"source\": \"model\"},"
         "{\"name\": \"acc\", \"level\": \"outcome\", \"range\": [0, 1], \"source\": \"model\"}]}";
     uint8_t flags[ARL_REWARD_MAX_COMPONENTS];
-    arl_reward_sources_from_info(&cfg, info, flags);
+    CHECK(arl_reward_sources_from_info(&cfg, info, flags) == ARL_OK);
     CHECK(flags[0] == 0 && flags[1] == 1 && flags[2] == 1);
     for (int c = 3; c < ARL_REWARD_MAX_COMPONENTS; c++)
         CHECK(flags[c] == 0);
     uint8_t none[ARL_REWARD_MAX_COMPONENTS];
-    arl_reward_sources_from_info(&cfg, "not json", none);
+    CHECK(arl_reward_sources_from_info(&cfg, "not json", none) == ARL_OK);
     for (int c = 0; c < ARL_REWARD_MAX_COMPONENTS; c++)
         CHECK(none[c] == 0);
 
