@@ -302,6 +302,27 @@ static const char *resp_code(const resp *r) {
     return code;
 }
 
+/* The error envelope's message as ` ("...")`, cut to 160 bytes at a UTF-8 character boundary, so
+ * that a failure shows why the server refused; "" when the body has none.  Valid until the
+ * calling thread's next call. */
+static const char *resp_why(const resp *r) {
+    static __thread char why[200];
+    why[0] = 0;
+    json_t *v = r->body && r->status >= 300 ? arl_json_loadb(r->body, r->len, 0, NULL) : NULL;
+    const char *m = json_string_value(json_object_get(json_object_get(v, "error"), "message"));
+    if (m && *m) {
+        size_t n = strlen(m);
+        if (n > 160) {
+            n = 160;
+            while (n > 0 && ((unsigned char)m[n] & 0xC0) == 0x80)
+                n--;
+        }
+        snprintf(why, sizeof why, " (\"%.*s%s\")", (int)n, m, n < strlen(m) ? "..." : "");
+    }
+    if (v) json_decref(v);
+    return why;
+}
+
 /* Expect status and (for errors) code; returns 1 if matched, else fails the current check. */
 static int expect(chk *k, const resp *r, int status, const char *code, const char *what) {
     if (r->status == 0) {
@@ -309,8 +330,9 @@ static int expect(chk *k, const resp *r, int status, const char *code, const cha
         return 0;
     }
     if (r->status != status || (code && strcmp(resp_code(r), code))) {
-        FAIL("%s: expected %d%s%s, got %d%s%s", what, status, code ? " " : "", code ? code : "",
-             r->status, r->status >= 300 ? " " : "", r->status >= 300 ? resp_code(r) : "");
+        FAIL("%s: expected %d%s%s, got %d%s%s%s", what, status, code ? " " : "", code ? code : "",
+             r->status, r->status >= 300 ? " " : "", r->status >= 300 ? resp_code(r) : "",
+             resp_why(r));
         return 0;
     }
     return 1;
@@ -749,18 +771,22 @@ typedef struct seq {
     resp create_resp;
 } seq;
 
+/* The action of step i + 1 in a script run: the script's i-th action; past the end of a derived
+ * script, its answer action (repeated up to two more times, §15.1); NULL past that. */
+static const json_t *script_action(const chk *k, size_t i) {
+    size_t n = json_array_size(k->actions);
+    if (i < n) return json_array_get(k->actions, i);
+    return !k->script && i < n + 2 ? k->answer_action : NULL;
+}
+
 /* Run the script's actions on sid (steps from 1); returns the number of steps applied. */
 static int run_actions(chk *k, seq *q, int strict_end, resp *bodies, int max_bodies) {
     size_t n = json_array_size(k->actions);
     int64_t idx = 0;
     for (size_t i = 0; i < n + 2; i++) {
-        const json_t *a;
-        if (i < n)
-            a = json_array_get(k->actions, i);
-        else if (!k->script && k->answer_action && !q->ended)
-            a = k->answer_action; /* derived: repeat the answer up to two more times */
-        else
-            break;
+        const json_t *a =
+            script_action(k, i); /* derived: the answer repeated up to two more times */
+        if (!a || (i >= n && q->ended)) break;
         resp r;
         arl_env_result res;
         memset(&res, 0, sizeof res);
@@ -799,7 +825,17 @@ static int run_actions(chk *k, seq *q, int strict_end, resp *bodies, int max_bod
         }
         arl_env_result_clear(&res);
     }
-    if (strict_end && !q->ended) FAIL("the script's actions did not reach terminated: true (%lld steps)", (long long)idx);
+    if (strict_end && !q->ended && k->script)
+        FAIL("the script's actions did not reach terminated: true (%lld steps)", (long long)idx);
+    else if (strict_end && !q->ended) /* the user learns what was sent, and what to do */
+        FAIL("the derived script (task data {}, %s%s up to 3 times, spec §15.1) did not reach "
+             "terminated: true "
+             "(%lld steps): give a conformance script, --script FILE (envs/examples/README.md §3)",
+             json_array_size(k->actions) > 1 ? "a call of the first tool, then " : "",
+             json_array_size(json_object_get(k->answer_action, "tool_calls"))
+                 ? "the answer tool's call"
+                 : "a plain-text turn",
+             (long long)idx);
     return (int)q->last;
 }
 
@@ -1393,7 +1429,7 @@ static void *conc_worker(void *p) {
         char path[400];
         snprintf(path, sizeof path, "/sessions/%s/step", a->sid);
         size_t len;
-        char *b = step_body(k, i + 1, json_array_get(k->actions, (size_t)i), 0, &len);
+        char *b = step_body(k, i + 1, script_action(k, (size_t)i), 0, &len);
         http(k, h, "POST", path, b, len, 0, &a->bodies[i]);
         free(b);
         if (a->bodies[i].status != 200) break;
@@ -1429,7 +1465,7 @@ static void c_concurrency(chk *k) {
     char traj[300];
     new_traj(k, traj, sizeof traj);
     if (!create(k, traj, k->task, ref.sid, sizeof ref.sid, NULL)) return;
-    int na = (int)json_array_size(k->actions);
+    int na = (int)json_array_size(k->actions) + 2; /* with a derived script's repeated answers */
     resp *rb = calloc((size_t)na, sizeof *rb);
     conc_arg *args = calloc((size_t)n, sizeof *args);
     pthread_t *th = calloc((size_t)n, sizeof *th);
@@ -1468,7 +1504,8 @@ static void c_concurrency(chk *k) {
         for (int s = 0; s < nref; s++) {
             resp *got = &args[i].bodies[s];
             if (got->status != 200) {
-                FAIL("session %d of %d, step %d: HTTP %d %s", i + 1, made, s + 1, got->status, got->status ? resp_code(got) : got->err);
+                FAIL("session %d of %d, step %d: HTTP %d %s%s", i + 1, made, s + 1, got->status,
+                     got->status ? resp_code(got) : got->err, resp_why(got));
                 break;
             }
             int same = k->info.caps.deterministic_replay
