@@ -163,7 +163,17 @@ int cmd_rollout(int argc, char **argv) {
     }
     if (stopped) arl_error_clear();
     rc = s && !stopped ? cli_fail(s) : ARL_EXIT_OK;
-    if (s && started && !signalled) cli_note_on_failure(s);
+    if (s && started && !signalled) {
+        const arl_rollout_stats *rs = arl_rollout_worker_stats(w);
+        if (s == ARL_ERR_ENV && rs->trajectories > 0 && rs->masked == rs->trajectories &&
+            !rs->not_admitted) /* every task was sampled and masked: --shard would sample none */
+            fprintf(stderr,
+                    "agentrl: rollout stopped; what it saved stays. Masked trajectories stay "
+                    "masked: once the cause above is dealt with, sample their tasks again under "
+                    "a new run uid (--run-uid NAME).\n");
+        else
+            cli_note_on_failure(s);
+    }
     if (started && (s == ARL_OK || stopped))
         printf("stored in %s (shard %d)\n", o.out, (int)arl_rollout_worker_shard(w));
     arl_rollout_worker_close(w);

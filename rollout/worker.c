@@ -355,8 +355,8 @@ static void win_push(arl_rollout_worker *w, int masked, const char *code, const 
                  w->win->code[i], (int)nc, (int)w->win->n, w->info->name, w->info->version,
                  (long long)w->cfg.alert_client_codes);
     arl_log_error("rollout: ALERT: %s: no new group is admitted to it (spec/aep.md 8.6); the "
-                  "running trajectories finish; see 'agentrl replay list --status masked'",
-                  w->win->alert);
+                  "running trajectories finish; see 'agentrl replay list %s --status masked'",
+                  w->win->alert, replay_store_root(w->st));
 }
 
 /* After a run: the alert as an error, a run whose every trajectory an error masked as an
@@ -374,8 +374,9 @@ static arl_status win_verdict(arl_rollout_worker *w) {
         return arl_errorf(ARL_ERR_ENV,
                           "rollout: every finished trajectory (%d) was masked by an error of "
                           "environment %s@%s or the client (most: %s, %d); see 'agentrl replay "
-                          "list --status masked' and 'replay show' for the details",
-                          (int)w->win_run_m, w->info->name, w->info->version, top, (int)nt);
+                          "list %s --status masked' and 'replay show' for the details",
+                          (int)w->win_run_m, w->info->name, w->info->version, top, (int)nt,
+                          replay_store_root(w->st));
     if (20 * m > w->win->n)
         arl_log_warn("rollout: environment %s@%s: %d of the last %d finished trajectories were "
                      "masked (over 5%%; most: %s, %d)",
@@ -2003,7 +2004,8 @@ static arl_status build_jobs(arl_rollout_worker *w) {
     }
     if (stored)
         arl_log_info("rollout: run uid '%s': %lld of the %lld trajectories of its %lld tasks are "
-                     "in the store already (a rerun continues the run): %zu to sample",
+                     "in the store already (a rerun continues the run; masked ones stay "
+                     "masked, a new run-uid samples their tasks again): %zu to sample",
                      c->run_uid, (long long)stored, (long long)(w->n_tasks * c->group_size),
                      (long long)w->n_tasks, w->n_jobs);
     return ARL_OK;

@@ -167,7 +167,7 @@ grep -q "trajectories  0 " "$T/out2" || { cat "$T/out2"; fail "restart reran fin
 # the stored groups of other tasks, or left its own tasks unsampled, silently)
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 2 > "$T/out3" 2> "$T/err-re" \
     || { cat "$T/err-re"; fail "rerun"; }
-grep -q "run uid 'rollout': 4 of the 4 trajectories of its 2 tasks are in the store already (a rerun continues the run): 0 to sample" \
+grep -q "run uid 'rollout': 4 of the 4 trajectories of its 2 tasks are in the store already (a rerun continues the run; masked ones stay masked, a new run-uid samples their tasks again): 0 to sample" \
     "$T/err-re" || { cat "$T/err-re"; fail "rerun: no note of the stored trajectories"; }
 n_files=$(ls "$T/db/shards" | wc -l)
 for k in "--task-seed 5" "--group-size 3" "--group-kind eval"; do
@@ -213,6 +213,16 @@ grep -qxF "  agentrl rollout $T/exp.json --ckpt $T/ckpt --out $T/db-term --tasks
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --tasks 4 --shard 1 > /dev/null 2>&1 ||
     fail "the continue command failed"
 "$BIN" replay list "$T/db-term" --status running | grep -q "^rollout/" && fail "trajectories left running"
+# every trajectory masked (the calculator refuses the task data): exit 1, the store named in the
+# error, and the way out is a new run uid, not --shard (a rerun samples nothing: masked stays)
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-masked" --tasks 1 \
+    --task-data '{"bogus": 1}' > /dev/null 2> "$T/err-masked"
+[ $? -eq 1 ] || { cat "$T/err-masked"; fail "all masked: exit 1 expected"; }
+grep -q "every finished trajectory (2) was masked.*replay list $T/db-masked --status masked" \
+    "$T/err-masked" || { cat "$T/err-masked"; fail "all masked: the error should name the store"; }
+grep -q "Masked trajectories stay masked: .* under a new run uid (--run-uid NAME)" "$T/err-masked" \
+    || { cat "$T/err-masked"; fail "all masked: no note on a new run uid"; }
+grep -q "continue with" "$T/err-masked" && { cat "$T/err-masked"; fail "all masked: a continue command that samples nothing"; }
 # more tasks asked for than the task file holds: all of them run, and it says so
 printf '{"id": "a", "seed": 1}\n{"id": "b", "seed": 2}\n' > "$T/two-tasks.jsonl"
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-tf" --task-file "$T/two-tasks.jsonl" \
