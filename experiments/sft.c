@@ -614,7 +614,7 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
                     (long long)r->st.step, (long long)r->st.data.epoch,
                     (long long)r->st.data.index);
     } else {
-        if (resume && r->log)
+        if (resume == 1 && r->log) /* (2: a caller's stage, fresh or continued) */
             fprintf(r->log, "sft: --resume: no checkpoint in %s yet, starting from step 0\n",
                     r->out_ckpt);
         if (c->init) {

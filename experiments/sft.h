@@ -150,8 +150,10 @@ typedef struct arl_sft_result {
 } arl_sft_result;
 
 /* Run the experiment c with the model ops.  resume: continue from the newest checkpoint in
- * c->out.  log: progress lines and the resolved configuration (NULL: quiet).  hooks and res
- * may be NULL. */
+ * c->out (1: --resume, which says so when there is none yet; 2: the same, quietly, for a caller
+ * whose stage this run is and that continues what it left whether or not its user asked for
+ * --resume: experiments/train.c's SFT stage).  log: progress lines and the resolved configuration
+ * (NULL: quiet).  hooks and res may be NULL. */
 arl_status arl_sft_run(const arl_sft_config *c, const arl_sft_model_ops *ops, int resume,
                        const arl_sft_hooks *hooks, FILE *log, arl_sft_result *res);
 

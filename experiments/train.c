@@ -488,20 +488,48 @@ static int sft_tmp_owned(const char *name) {
     return !strcmp(name, "demos.done");
 }
 
+/* PREFIX<digits>SUFFIX */
+static int numbered_name(const char *name, const char *prefix, const char *suffix) {
+    const size_t a = strlen(prefix);
+    if (strncmp(name, prefix, a)) return 0;
+    const size_t d = strspn(name + a, "0123456789");
+    return d > 0 && !strcmp(name + a + d, suffix);
+}
+
+/* the rollout ranks' files beside their stores in OUT/replay/<dir>: tasks-r<k>.jsonl, and for
+ * a training rollout window-r<k>.json (its alert window) */
+static int replay_tmp_owned(const char *name) {
+    return numbered_name(name, "tasks-r", ".jsonl") || numbered_name(name, "window-r", ".json");
+}
+
 /* rank 0, holding OUT's lock: remove the temporaries that a run killed while it wrote one of
  * its files or checkpoints left (NAME.tmp-XXXXXX beside NAME, whole or cut short, never
  * renamed onto NAME) */
 static arl_status out_tmp_sweep(const char *out) {
     char p[4200];
-    int64_t k[3];
+    int64_t k[3], kr = 0;
     ARL_TRY(arl_checkpoint_tmp_sweep(out, out_tmp_owned, &k[0]));
     snprintf(p, sizeof p, "%s/policy", out);
     ARL_TRY(arl_checkpoint_tmp_sweep(p, policy_tmp_owned, &k[1]));
     snprintf(p, sizeof p, "%s/sft", out);
     ARL_TRY(arl_checkpoint_tmp_sweep(p, sft_tmp_owned, &k[2]));
-    if (k[0] + k[1] + k[2] > 0)
+    snprintf(p, sizeof p, "%s/replay", out);
+    DIR *dir = opendir(p);
+    struct dirent *e;
+    arl_status s = ARL_OK;
+    while (!s && dir && (e = readdir(dir))) {
+        if (e->d_name[0] == '.') continue;
+        char sub[4500];
+        int64_t n = 0;
+        snprintf(sub, sizeof sub, "%s/%s", p, e->d_name);
+        s = arl_checkpoint_tmp_sweep(sub, replay_tmp_owned, &n);
+        kr += n;
+    }
+    if (dir) closedir(dir);
+    ARL_TRY(s);
+    if (k[0] + k[1] + k[2] + kr > 0)
         arl_log_debug("train: %s: removed %lld temporaries of interrupted writes", out,
-                      (long long)(k[0] + k[1] + k[2]));
+                      (long long)(k[0] + k[1] + k[2] + kr));
     return ARL_OK;
 }
 
@@ -536,6 +564,7 @@ typedef struct tr_run {
     /* the client-fault alert window of the training rollouts (spec/aep.md 8.6), kept across
      * the updates' workers: the last 200 finished trajectories of the run, not of one update */
     arl_rollout_alert_window win;
+    int win_exact; /* win is the uninterrupted run's (0: a resume of a run of an older build) */
     int64_t B, G, R;
     json_t **dataset; /* task-file lines (n_dataset), or NULL */
     int64_t n_dataset;
@@ -1014,6 +1043,111 @@ static arl_status set_aside(const char *root, const char *what) {
     return set_aside_as(root, "interrupted", what);
 }
 
+/* ---- the client-fault alert window across resumes (spec/aep.md 8.6) ----
+ * Rollout rank ri keeps one window over the run's training rollouts (tr_run.win; an
+ * evaluation's rollouts never touch it).  After the training rollout of update n has finished,
+ * the rank writes the window as it then is to replay/uNNNNNN/window-r<ri>.json (atomically): the
+ * window before the rollout of update n + 1.  So what a resume needs is on disk wherever it
+ * starts: a resume from the checkpoint after update n - 1 reads replay/u(n-1)/window-r<ri>.json
+ * (each rollout rank its own: the layout is the checkpoint's, layout_check); an update whose
+ * store is complete (a kill after its rollout, before its checkpoint) is not rolled out again
+ * and reads its own file; an update whose rollout is redone (a store cut short) starts from the
+ * window before it, as an uninterrupted run did, and meets the alert at the same trajectory.
+ * The file is written only when the rollout succeeded: a store left complete without it (a
+ * kill before the write, or a rollout ended by the alert) is rolled out again.  Format: JSON
+ * {"format": "agentrl alert window", "version": 1, "env", "n", "at", "halted", "alert",
+ * "entries": [[masked, client, code] for ring positions 0..n-1]}.  A run of an older build has
+ * no such files: its resume starts the window empty, with a warning (tr_run.win_exact 0). */
+
+static const char window_format[] = "agentrl alert window";
+enum { WINDOW_VERSION = 1 };
+
+static arl_status window_save(const char *path, const arl_rollout_alert_window *w) {
+    const unsigned long jfail = arl_json_alloc_failures();
+    json_t *o = json_object(), *e = json_array();
+    for (int32_t i = 0; i < w->n; i++)
+        json_array_append_new(e,
+                              json_pack("[iis]", (int)w->masked[i], (int)w->client[i], w->code[i]));
+    json_object_set_new(o, "format", json_string(window_format));
+    json_object_set_new(o, "version", json_integer(WINDOW_VERSION));
+    json_object_set_new(o, "env", json_string(w->env));
+    json_object_set_new(o, "n", json_integer(w->n));
+    json_object_set_new(o, "at", json_integer(w->at));
+    json_object_set_new(o, "halted", json_integer(w->halted != 0));
+    json_object_set_new(o, "alert", json_string(w->alert));
+    json_object_set_new(o, "entries", e);
+    char *t = arl_json_alloc_failures() == jfail
+                  ? arl_json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER)
+                  : NULL;
+    json_decref(o);
+    arl_status s = t ? write_text(path, t) : arl_errorf(ARL_ERR_NOMEM, "train: out of memory");
+    free(t);
+    return s;
+}
+
+/* The window in path into *w; *found 0 (w unchanged) when there is no such file.  A file this
+ * build cannot read is an error naming it. */
+static arl_status window_load(const char *path, arl_rollout_alert_window *w, int *found) {
+    *found = 0;
+    if (!path_exists(path)) return ARL_OK;
+    json_error_t je;
+    json_t *o = arl_json_load_file(path, 0, &je);
+    if (!o)
+        return arl_errorf(ARL_ERR_STATE,
+                          "train: %s: not JSON (%s); remove it to roll the update out again", path,
+                          je.text);
+    arl_rollout_alert_window v;
+    memset(&v, 0, sizeof v);
+    const char *fmt = json_string_value(json_object_get(o, "format"));
+    json_t *ver = json_object_get(o, "version"), *e = json_object_get(o, "entries");
+    const char *env = json_string_value(json_object_get(o, "env"));
+    const char *alert = json_string_value(json_object_get(o, "alert"));
+    json_t *jn = json_object_get(o, "n"), *ja = json_object_get(o, "at");
+    json_t *jh = json_object_get(o, "halted");
+    const char *bad = NULL;
+    if (!fmt || strcmp(fmt, window_format) || !json_is_integer(ver))
+        bad = "not an alert window";
+    else if (json_integer_value(ver) != WINDOW_VERSION)
+        bad = "an alert window of another version than this build's (1)";
+    else if (!env || strlen(env) >= sizeof v.env || !alert || strlen(alert) >= sizeof v.alert ||
+             !json_is_integer(jn) || !json_is_integer(ja) || !json_is_integer(jh) ||
+             !json_is_array(e) || json_integer_value(jn) < 0 ||
+             json_integer_value(jn) > ARL_ROLLOUT_ALERT_WINDOW || json_integer_value(ja) < 0 ||
+             json_integer_value(ja) >= ARL_ROLLOUT_ALERT_WINDOW ||
+             (json_integer_value(jn) < ARL_ROLLOUT_ALERT_WINDOW &&
+              json_integer_value(ja) != json_integer_value(jn)) ||
+             json_array_size(e) != (size_t)json_integer_value(jn))
+        bad = "an alert window with a missing or out-of-range field";
+    for (size_t i = 0; !bad && i < json_array_size(e); i++) {
+        json_t *x = json_array_get(e, i);
+        json_t *m = json_array_get(x, 0), *c = json_array_get(x, 1);
+        const char *code = json_string_value(json_array_get(x, 2));
+        if (json_array_size(x) != 3 || !json_is_integer(m) || !json_is_integer(c) || !code ||
+            strlen(code) >= sizeof v.code[0] || (uint64_t)json_integer_value(m) > 1 ||
+            (uint64_t)json_integer_value(c) > 1) {
+            bad = "an alert window with a malformed entry";
+            break;
+        }
+        v.masked[i] = (uint8_t)json_integer_value(m);
+        v.client[i] = (uint8_t)json_integer_value(c);
+        snprintf(v.code[i], sizeof v.code[i], "%s", code);
+    }
+    if (!bad) {
+        snprintf(v.env, sizeof v.env, "%s", env);
+        snprintf(v.alert, sizeof v.alert, "%s", alert);
+        v.n = (int32_t)json_integer_value(jn);
+        v.at = (int32_t)json_integer_value(ja);
+        v.halted = json_integer_value(jh) != 0;
+    }
+    json_decref(o);
+    if (bad)
+        return arl_errorf(ARL_ERR_STATE, "train: %s: %s; remove it to roll the update out again",
+                          path, bad);
+    *w = v;
+    *found = 1;
+    return ARL_OK;
+}
+
 /* Roll out tasks [lo, hi) into the store at root (replay/<dir>/r<R>): done if the store is
  * complete; an incomplete one is set aside first. */
 /* Rollout rank ri rolls out tasks lo..hi-1 into its store at root.  The worker's task-offset
@@ -1023,14 +1157,24 @@ static arl_status set_aside(const char *root, const char *what) {
  * its tasks in one batch, and another batch rounds the stored behaviour log-probs differently
  * in the last bit (measured: the same tokens, other weights after the update), so a run keeps
  * its layout (layout_check). */
+/* win_path: a training rollout's window file (above; NULL for an evaluation's). */
 static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_path,
-                                const char *run_uid, int eval, int64_t lo, int64_t hi,
-                                int64_t version, const char *ckpt_dir, int64_t ctx_tokens,
-                                arl_rollout_stats *stats) {
+                                const char *win_path, const char *run_uid, int eval, int64_t lo,
+                                int64_t hi, int64_t version, const char *ckpt_dir,
+                                int64_t ctx_tokens, arl_rollout_stats *stats) {
     memset(stats, 0, sizeof *stats);
     const char *kind = eval ? "eval" : "train";
     if (hi <= lo) return ARL_OK;
-    if (store_complete(root, run_uid, kind, hi - lo)) return ARL_OK;
+    if (store_complete(root, run_uid, kind, hi - lo)) {
+        if (!win_path) return ARL_OK;
+        int found = 0;
+        ARL_TRY(window_load(win_path, &r->win, &found));
+        /* a run of an older build (no window before it either): the store is kept, the
+         * window goes on as it is */
+        if (found || !r->win_exact) return ARL_OK;
+        ARL_TRY(set_aside(root, "a rollout that stopped before it was recorded as finished (an "
+                                "error such as the environment alert, or a kill)"));
+    }
     if (path_exists(root)) ARL_TRY(set_aside(root, "an interrupted rollout"));
     ARL_TRY(write_tasks(r, tasks_path, eval, lo, hi));
     arl_rollout_config rc;
@@ -1043,6 +1187,7 @@ static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_p
     arl_rollout_hooks hk = {.window = eval ? NULL : &r->win}; /* an evaluation measures */
     if (!s) s = arl_rollout_worker_open(&rc, ckpt_dir, st, 0, &hk, &w);
     if (!s) s = arl_rollout_worker_run(w);
+    if (!s && win_path) s = window_save(win_path, &r->win);
     if (!s) *stats = *arl_rollout_worker_stats(w);
     arl_rollout_worker_close(w);
     replay_store_close(st);
@@ -1077,7 +1222,9 @@ static arl_status save_policy(tr_run *r, int64_t version) {
 
 /* ---- SFT stage and the initial policy ---- */
 
-static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
+/* resume: the user's --resume (the SFT stage continues what an earlier attempt left either
+ * way; this only decides whether it says that it found no checkpoint). */
+static arl_status sft_stage(tr_run *r, int resume, char *init_out, size_t cap) {
     const arl_train_config *c = r->c;
     char dir[4200], demos[4300], done[4300];
     pathf(dir, sizeof dir, r, "sft");
@@ -1164,7 +1311,8 @@ static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
     if (!s) s = arl_options_set(t, n, "progress", r->rank0 && r->log ? c->progress : "off", &sc);
     arl_sft_result sres;
     if (!s)
-        s = arl_sft_run(&sc, arl_sft_model_ops_default(), 1, NULL, r->rank0 ? r->log : NULL, &sres);
+        s = arl_sft_run(&sc, arl_sft_model_ops_default(), resume ? 1 : 2, NULL,
+                        r->rank0 ? r->log : NULL, &sres);
     if (!s && !sres.checkpoint[0])
         s = arl_errorf(ARL_ERR_STATE, "train: the SFT stage wrote no checkpoint");
     if (!s) snprintf(init_out, cap, "%s", sres.checkpoint);
@@ -1173,14 +1321,14 @@ static arl_status sft_stage(tr_run *r, char *init_out, size_t cap) {
 }
 
 /* rank 0: the initial policy (SFT result, init checkpoint or from scratch) as OUT/reference. */
-static arl_status make_reference(tr_run *r) {
+static arl_status make_reference(tr_run *r, int resume) {
     char ref[4200], cfgp[4300];
     pathf(ref, sizeof ref, r, "reference");
     snprintf(cfgp, sizeof cfgp, "%s/config.json", ref);
     if (path_exists(cfgp)) return ARL_OK;
     char init[4200] = "";
     if (r->c->sft_demos > 0)
-        ARL_TRY(sft_stage(r, init, sizeof init));
+        ARL_TRY(sft_stage(r, resume, init, sizeof init));
     else if (r->c->init)
         snprintf(init, sizeof init, "%s", r->c->init);
     arl_model_params p;
@@ -1293,8 +1441,8 @@ static arl_status eval_arm(tr_run *r, const char *name, const char *ckpt, int64_
         s = arl_mkdir_p(dir);
         arl_rollout_stats rs;
         if (!s)
-            s = rollout_store(r, root, tasks, uid, 1, ri * E / R, (ri + 1) * E / R, version, ckpt,
-                              0, &rs);
+            s = rollout_store(r, root, tasks, NULL, uid, 1, ri * E / R, (ri + 1) * E / R, version,
+                              ckpt, 0, &rs);
     }
     ARL_TRY(sync_status(r, s));
     if (r->rank0) {
@@ -1635,11 +1783,14 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
     const int64_t ctx = stage_tokens(r, n);
     if (r->L->roles & ARL_DIST_ROLE_ROLLOUT) {
         const int64_t ri = r->L->rollout_index;
-        char root[4300], tasks[4300];
+        char root[4300], tasks[4300], win[4300];
         snprintf(root, sizeof root, "%s/r%lld", udir, (long long)ri);
         snprintf(tasks, sizeof tasks, "%s/tasks-r%lld.jsonl", udir, (long long)ri);
+        snprintf(win, sizeof win, "%s/window-r%lld.json", udir, (long long)ri);
         const int64_t lo = n * r->B + ri * r->B / r->R, hi = n * r->B + (ri + 1) * r->B / r->R;
-        s = rollout_store(r, root, tasks, uid, 0, lo, hi, n, pol, ctx, &rs);
+        /* the window before this update's rollout, for a rollout made again below */
+        const arl_rollout_alert_window win0 = r->win;
+        s = rollout_store(r, root, tasks, win, uid, 0, lo, hi, n, pol, ctx, &rs);
         if (!s && r->rc.segment_baseline == ARL_REWARD_SB_MC && hi > lo) {
             /* the continuations behind the Monte-Carlo segment baselines (spec/objective.md
              * 5.3), under this update's policy; a resumed update tops them up */
@@ -1657,7 +1808,8 @@ static arl_status one_update(tr_run *r, int64_t n, const char *metrics_path) {
                 /* forks a kill left running: the rollout and its forks are made again, the
                  * same bits (streams follow the trajectories' names), as an uninterrupted run */
                 s = set_aside(root, "forks of an interrupted run");
-                if (!s) s = rollout_store(r, root, tasks, uid, 0, lo, hi, n, pol, ctx, &rs);
+                r->win = win0;
+                if (!s) s = rollout_store(r, root, tasks, win, uid, 0, lo, hi, n, pol, ctx, &rs);
                 if (!s) s = arl_mc_forks_make(&fc, root, uid, pol, n, r->rc.mc_forks, &interrupted);
                 if (!s && interrupted)
                     s = arl_errorf(ARL_ERR_INTERNAL, "train: %s: forks running after a new rollout",
@@ -1983,6 +2135,27 @@ static arl_status resume_load(tr_run *r, int64_t *start, arl_train_result *res) 
     return s;
 }
 
+/* This rollout rank's alert window at the start of update start: empty at 0, else read from
+ * the file its rollout of update start - 1 wrote (the window section above). */
+static arl_status window_resume(tr_run *r, int64_t start) {
+    const int64_t ri = r->L->rollout_index;
+    r->win_exact = 1;
+    if (start <= 0 || (ri + 1) * r->B / r->R <= ri * r->B / r->R) return ARL_OK;
+    char p[4300];
+    pathf(p, sizeof p, r, "replay/u%06lld/window-r%lld.json", (long long)(start - 1),
+          (long long)ri);
+    int found = 0;
+    ARL_TRY(window_load(p, &r->win, &found));
+    if (!found) {
+        r->win_exact = 0;
+        arl_log_warn("train: --resume: %s is missing (a run of an older build, or a removed "
+                     "file): the client-fault alert window (spec/aep.md 8.6) starts empty, so an "
+                     "alert may come at another trajectory than in an uninterrupted run",
+                     p);
+    }
+    return ARL_OK;
+}
+
 /* Whether OUT holds what a run makes before its first training checkpoint (rank 0, fresh runs:
  * these would be taken up as this run's; *what names the first found). */
 static int holds_run_outputs(const tr_run *r, char *what, size_t cap) {
@@ -2153,6 +2326,16 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
         if (!s) s = settings_agree(r);
         s = sync_status(r, s);
     }
+    /* a GPU asked for and none here: refused before anything is written, as the memory check
+     * below (a run refused here has no output directory, and nothing to continue) */
+    const char *gpu_key = NULL;
+    if (!strcmp(c->learner.own.device, "cuda")) gpu_key = "learner";
+    if (c->rollout.device && !strcmp(c->rollout.device, "cuda")) gpu_key = "rollout";
+    if (!s && gpu_key && arl_cuda_device_count() <= 0)
+        s = arl_errorf(ARL_ERR_DEVICE,
+                       "train: %s.device is cuda, and this machine has no usable CUDA device (or "
+                       "this build has no CUDA); use cpu",
+                       gpu_key);
     /* what a learner rank will hold, before anything is written (a run refused here has no
      * output directory to continue): its weights and the reference weights, and on the CPU the
      * gradients and two AdamW moments */
@@ -2218,15 +2401,6 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     if (!s && resume && r->rank0) s = snapshot_check(r);
     if (!s) s = load_dataset(r);
     if (!s) s = split_seeds(r);
-    /* a GPU asked for and none here: say so before the SFT stage and the first rollout */
-    const char *gpu_key = NULL;
-    if (!strcmp(c->learner.own.device, "cuda")) gpu_key = "learner";
-    if (c->rollout.device && !strcmp(c->rollout.device, "cuda")) gpu_key = "rollout";
-    if (!s && gpu_key && arl_cuda_device_count() <= 0)
-        s = arl_errorf(ARL_ERR_DEVICE,
-                       "train: %s.device is cuda, and this machine has no usable CUDA device (or "
-                       "this build has no CUDA); use cpu",
-                       gpu_key);
     r->lc.minibatches = (int32_t)c->learner.own.minibatches;
     r->lc.max_tokens = c->learner.own.max_tokens;
     r->lc.max_docs = (int32_t)c->learner.own.max_docs;
@@ -2255,7 +2429,7 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     r->lc.mla_sparse_chunk = c->rollout.mla_sparse_chunk;
     s = sync_status(r, s);
     /* SFT stage and the reference (rank 0) */
-    if (!s && r->rank0) s = make_reference(r);
+    if (!s && r->rank0) s = make_reference(r, resume);
     s = sync_status(r, s);
     char refdir[4200];
     pathf(refdir, sizeof refdir, r, "reference");
@@ -2280,6 +2454,9 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     if (!s && resume && learner && !r->rank0) s = resume_load(r, &start, res);
     s = sync_status(r, s);
     if (!s) s = arl_dist_bcast_bytes(d->world, &start, sizeof start, 0);
+    /* each rollout rank's alert window as it was after the rollout of update start - 1 */
+    if (!s && (r->L->roles & ARL_DIST_ROLE_ROLLOUT)) s = window_resume(r, start);
+    s = sync_status(r, s);
     /* a planned update whose checkpoint exists is committed (spec/replay.md 7.7) */
     if (!s && r->rank0 && start > 0) s = ledger_commit(r, start - 1, arl_klctl_beta(&r->kl));
     s = sync_status(r, s);

@@ -44,6 +44,8 @@
  *                          and ledger); an interrupted rollout's store is renamed
  *                          u<NNNNNN>.interrupted-<K> (kept for inspection, never trained on)
  *                          and the update's tasks are rolled out again from the start
+ *   replay/u<NNNNNN>/tasks-r<R>.jsonl, window-r<R>.json   rollout rank R's task file and, once
+ *                          its rollout succeeded, its client-fault alert window after it
  *   replay/eval-before/, replay/eval-after/   the evaluation episodes (an evaluation of another
  *                          policy version - steps raised on a finished run - is renamed
  *                          eval-after.stale-<K> and the arm evaluated again)
@@ -71,7 +73,10 @@
  * planned update whose checkpoint exists is committed, metrics lines after the checkpoint are
  * dropped (an update's line is written before its checkpoint; a damaged line is named and the
  * file kept as metrics.jsonl.damaged-<k>), an evaluation arm without its outcomes file is counted
- * again from its store.  So a run killed at any point and resumed ends bit-identical to one never
+ * again from its store, and each rollout rank's client-fault alert window (spec/aep.md 8.6) is
+ * the one its rollout of the update before left (replay/uNNNNNN/window-rK.json; train.c, "the
+ * client-fault alert window across resumes"), so an alert halts the resumed run at the same
+ * trajectory.  So a run killed at any point and resumed ends bit-identical to one never
  * interrupted, and every task is trained on exactly once.  The SFT stage resumes by itself.
  *
  * ---- Staleness ----
