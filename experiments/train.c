@@ -726,7 +726,8 @@ static arl_status settings_agree(tr_run *r) {
     if (!s && !r->rank0 && (n < 1 || ((char *)theirs)[n - 1] || strcmp(theirs, mine))) {
         char text[1600];
         const int k = arl_run_config_diff(theirs, mine, text, sizeof text);
-        s = arl_errorf(ARL_ERR_CONFIG,
+        /* a usage error of the launch command (exit 2 on every rank: sync_status spreads it) */
+        s = arl_errorf(ARL_ERR_ARG,
                        "train: rank %d runs with other settings than rank 0 (rank 0 -> rank %d): "
                        "%s; every rank must run the same experiment file with the same --set "
                        "options (one command line for all ranks, the same experiment file and "

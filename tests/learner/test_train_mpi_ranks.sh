@@ -37,7 +37,7 @@ timeout 120 "$mpiexec" --oversubscribe --bind-to none --mca mpi_yield_when_idle 
     > "$tmp/log" 2>&1
 rc=$?
 hung "$rc" "other settings on rank 2"
-[ "$rc" -ne 0 ] || fail "a rank with other settings: the job succeeded"
+[ "$rc" -eq 2 ] || { tail -20 "$tmp/log"; fail "a rank with other settings: exit $rc, want 2 (a usage error of the launch command)"; }
 grep -q "rank 2 runs with other settings than rank 0 (rank 0 -> rank 2): learner.lr 0.0001 -> 0.01, steps 1 -> 2" "$tmp/log" ||
     { tail -20 "$tmp/log"; fail "rank 2's message does not name it and the keys"; }
 grep -q "train: rank 2 failed (see its message)" "$tmp/log" || { tail -20 "$tmp/log"; fail "the other ranks do not name rank 2"; }
