@@ -20,6 +20,7 @@
 #include "core/log.h"
 #include "core/sha256.h"
 #include "envs/builtin/teacher.h"
+#include "envs/env.h"
 #include "experiments/heldout.h"
 #include "experiments/mc_forks.h"
 #include "experiments/report.h"
@@ -270,6 +271,26 @@ arl_status arl_train_config_check(const arl_train_config *c) {
     arl_loss_config lc;
     arl_kl_config kc;
     ARL_TRY(arl_reward_config_from_opts(&c->learner.reward, &rc));
+    /* a built-in environment's name and its reward components (spec/aep.md 4.8), before
+     * anything is written; an AEP/1 server's /info is read when its first rollout starts, and
+     * the learner checks the components against it (arl_reward_sources_from_info) */
+    if (is_builtin_env(r->env)) {
+        const arl_env_def *d = arl_env_builtin_find(builtin_name(r->env));
+        if (!d) {
+            char names[256] = "";
+            size_t k = 0;
+            for (size_t i = 0; arl_env_builtins[i] && k < sizeof names; i++) {
+                const int m = snprintf(names + k, sizeof names - k, "%s%s", i ? ", " : "",
+                                       arl_env_builtins[i]->name);
+                k += m > 0 ? (size_t)m : 0;
+            }
+            return arl_errorf(ARL_ERR_CONFIG,
+                              "key 'rollout.env': no built-in environment '%s' (%s; or an "
+                              "AEP/1 server's http:// URL)",
+                              builtin_name(r->env), names);
+        }
+        ARL_TRY(arl_reward_config_check_info(&rc, d->name, d->info_json));
+    }
     if (rc.segment_baseline == ARL_REWARD_SB_MC && rc.w[ARL_REWARD_LEVEL_SEGMENT] == 0)
         return arl_errorf(ARL_ERR_CONFIG,
                           "key 'learner.segment-baseline' is mc while learner.w-segment is 0: "

@@ -54,6 +54,58 @@ void arl_reward_config_set_source(arl_reward_config *cfg, const char *name, int 
     }
 }
 
+/* The check of arl_reward_config_check_info on a parsed reward_components array (NULL or not
+ * an array: nothing to check). */
+static arl_status check_declared(const arl_reward_config *cfg, const char *env, const json_t *arr) {
+    if (!json_is_array(arr)) return ARL_OK;
+    for (int l = 0; l < ARL_REWARD_NLEVELS; l++) {
+        const char *ln = arl_reward_level_name((arl_reward_level)l);
+        for (int32_t c = 0; c < cfg->n_comp[l]; c++) {
+            const char *name = cfg->comp[l][c].name;
+            char declared[256] = "", other[32] = "";
+            size_t n = 0;
+            int found = 0;
+            for (size_t i = 0; i < json_array_size(arr); i++) {
+                const json_t *e = json_array_get(arr, i);
+                const char *en = json_string_value(json_object_get(e, "name"));
+                const char *el = json_string_value(json_object_get(e, "level"));
+                if (!en || !el) continue;
+                if (!strcmp(el, ln)) {
+                    if (!strcmp(en, name)) found = 1;
+                    if (n < sizeof declared) {
+                        int k =
+                            snprintf(declared + n, sizeof declared - n, "%s%s", n ? ", " : "", en);
+                        n += k > 0 ? (size_t)k : 0;
+                    }
+                } else if (!strcmp(en, name)) {
+                    snprintf(other, sizeof other, "%s", el);
+                }
+            }
+            if (found) continue;
+            return arl_errorf(ARL_ERR_CONFIG,
+                              "key 'learner.%s-components': %s declares no %s component '%s' "
+                              "(%s%s%sits %s components: %s): a component it does not declare "
+                              "would count as 0 in every trajectory",
+                              ln, env ? env : "the environment", ln, name,
+                              other[0] ? "it is declared at the " : "", other,
+                              other[0] ? " level; " : "", ln, n ? declared : "none");
+        }
+    }
+    return ARL_OK;
+}
+
+arl_status arl_reward_config_check_info(const arl_reward_config *cfg, const char *env,
+                                        const char *info_json) {
+    json_error_t je;
+    json_t *j = info_json ? arl_json_loads(info_json, 0, &je) : NULL;
+    if (!j && info_json && arl_json_error_nomem(&je))
+        return arl_errorf(ARL_ERR_NOMEM, "reward: out of memory reading the environment's "
+                                         "reward_components");
+    arl_status s = check_declared(cfg, env, j ? json_object_get(j, "reward_components") : NULL);
+    json_decref(j);
+    return s;
+}
+
 arl_status arl_reward_sources_from_info(const arl_reward_config *cfg, const char *info_json,
                                         uint8_t flags[ARL_REWARD_MAX_COMPONENTS]) {
     memset(flags, 0, ARL_REWARD_MAX_COMPONENTS);
@@ -63,6 +115,13 @@ arl_status arl_reward_sources_from_info(const arl_reward_config *cfg, const char
         return arl_errorf(ARL_ERR_NOMEM, "reward: out of memory reading the environment's "
                                          "reward_components");
     json_t *arr = j ? json_object_get(j, "reward_components") : NULL;
+    const char *env =
+        j ? json_string_value(json_object_get(json_object_get(j, "env"), "name")) : NULL;
+    arl_status s = check_declared(cfg, env, arr);
+    if (s) {
+        json_decref(j);
+        return s;
+    }
     for (size_t i = 0; json_is_array(arr) && i < json_array_size(arr); i++) {
         const json_t *e = json_array_get(arr, i);
         const char *name = json_string_value(json_object_get(e, "name"));
@@ -117,12 +176,16 @@ const arl_option arl_reward_options[] = {
      "KL return-to-go to the trajectory end (unbiased) or the segment end", 0, 0,
      "trajectory|segment", 0, NULL},
     {"outcome-components", ARL_OPT_LIST, OFF(outcome_components), NULL,
-     "outcome component weight (repeatable); none: the scalar reward", 0, 0, NULL, 0, "NAME=W"},
+     "outcome component weight (repeatable; none given: the scalar reward; an entry none drops "
+     "the entries before it)",
+     0, 0, NULL, 0, "NAME=W"},
     {"segment-components", ARL_OPT_LIST, OFF(segment_components), NULL,
-     "segment component weight (repeatable); none: the scalar reward", 0, 0, NULL, 0, "NAME=W"},
+     "segment component weight (repeatable; none given: the scalar reward; an entry none drops "
+     "the entries before it)",
+     0, 0, NULL, 0, "NAME=W"},
     {"process-components", ARL_OPT_LIST, OFF(process_components), NULL,
      "process component weight and form (repeatable; form auto: min for source model, else "
-     "sum); none: the scalar reward",
+     "sum; none given: the scalar reward; an entry none drops the entries before it)",
      0, 0, NULL, 0, "NAME=W[:sum|min|auto]"},
 };
 #undef OFF
@@ -153,13 +216,21 @@ static int valid_name(const char *s, size_t n) {
     return 1;
 }
 
+/* The entries of a component list in order: "NAME=WEIGHT[:FORM]" adds a component; "none"
+ * drops the ones before it (the list read so far: the experiment file's, then each --set
+ * entry's), so "--set learner.process-components=none" trains on the scalar reward and a
+ * following --set entry starts a new list. */
 static arl_status parse_components(const char *opt, const arl_strlist *l, arl_reward_level lev,
                                    arl_reward_config *cfg) {
-    if (l->n > ARL_REWARD_MAX_COMPONENTS)
+    int first = 0; /* entries before the last "none" are dropped */
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->v[i], "none")) first = i + 1;
+    if (l->n - first > ARL_REWARD_MAX_COMPONENTS)
         return arl_errorf(ARL_ERR_CONFIG, "option '%s': %d components, at most %d are supported",
-                          opt, l->n, ARL_REWARD_MAX_COMPONENTS);
-    for (int i = 0; i < l->n; i++) {
-        const char *e = l->v[i];
+                          opt, l->n - first, ARL_REWARD_MAX_COMPONENTS);
+    for (int k = first; k < l->n; k++) {
+        const int i = k - first;
+        const char *e = l->v[k];
         const char *eq = strchr(e, '=');
         if (!eq || !valid_name(e, (size_t)(eq - e)))
             return arl_errorf(ARL_ERR_CONFIG,
@@ -200,10 +271,13 @@ static arl_status parse_components(const char *opt, const arl_strlist *l, arl_re
         }
         for (int j = 0; j < i; j++)
             if (!strcmp(cfg->comp[lev][j].name, c->name))
-                return arl_errorf(ARL_ERR_CONFIG, "option '%s': component '%s' given twice", opt,
-                                  c->name);
+                return arl_errorf(ARL_ERR_CONFIG,
+                                  "option '%s': component '%s' given twice (a --set entry adds "
+                                  "to the experiment file's list; an entry 'none' first drops "
+                                  "the entries before it)",
+                                  opt, c->name);
     }
-    cfg->n_comp[lev] = l->n;
+    cfg->n_comp[lev] = l->n - first;
     return ARL_OK;
 }
 

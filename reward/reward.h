@@ -127,7 +127,9 @@ void arl_reward_config_set_source(arl_reward_config *cfg, const char *name, int 
 /* The experiment's option table for the objective's reward side (one source of truth for
  * parsing, --help and the printed configuration).  Component lists take "name=weight" or, for
  * process components, "name=weight:sum|min|auto", e.g.
- *   "process-components": ["tool_ok=1", "prm=0.5:min"]. */
+ *   "process-components": ["tool_ok=1", "prm=0.5:min"];
+ * an entry "none" drops the entries before it (a --set entry adds to the file's list, so
+ * "--set learner.process-components=none" returns the level to its scalar reward). */
 typedef struct arl_reward_opts {
     double w_outcome, w_segment, w_process;
     double gamma_segment, gamma_process;
@@ -222,12 +224,27 @@ typedef struct arl_reward_group {
     uint8_t process_model[ARL_REWARD_MAX_COMPONENTS];
 } arl_reward_group;
 
+/* Check the configured components against an environment's /info JSON text
+ * (reward_components[]: name, level): every component of every level must be one the
+ * environment declares at that level.  One it does not declare never appears in a response, so
+ * it would count as 0 (a missing component, spec/aep.md 4.8 rule 5) in every trajectory and the
+ * level would train on nothing: a mistake in the run configuration (a typo, another
+ * environment's name).  ENV names the environment in the message (NULL: "the environment").
+ * Text that is not JSON, or has no reward_components array, is not checked (ARL_OK).
+ * ARL_ERR_CONFIG naming the key (learner.<level>-components), the component and what the
+ * environment declares at that level; ARL_ERR_NOMEM when the text could not be parsed for want
+ * of memory. */
+arl_status arl_reward_config_check_info(const arl_reward_config *cfg, const char *env,
+                                        const char *info_json);
+
 /* The process_model flags of arl_reward_group from an environment's /info JSON text
  * (reward_components[]: name, level, source): flags[c] = 1 for each configured process
  * component c that /info declares at level "process" with source "model", else 0.  Text that
  * is not JSON, or has no reward_components, gives all 0 (source rule is the default).
- * ARL_OK, or ARL_ERR_NOMEM when the text could not be parsed for want of memory (flags all 0:
- * not an answer; the caller stops, it does not train the group under the source rule). */
+ * ARL_OK; ARL_ERR_CONFIG when a configured component of any level is not declared
+ * (arl_reward_config_check_info, the environment named by /info's env.name; flags all 0); or
+ * ARL_ERR_NOMEM when the text could not be parsed for want of memory (flags all 0: not an
+ * answer; the caller stops, it does not train the group under the source rule). */
 arl_status arl_reward_sources_from_info(const arl_reward_config *cfg, const char *info_json,
                                         uint8_t flags[ARL_REWARD_MAX_COMPONENTS]);
 

@@ -29,6 +29,19 @@ rc=$?
 grep -qF "key 'context-stages': '5:999999999999': 999999999999 tokens is more than rollout.context-tokens (2048)" "$tmp/log" ||
     { tail -3 "$tmp/log"; fail "context-stages: message"; }
 [ ! -e "$tmp/a" ] || fail "context-stages: OUT made"
+# a misspelt built-in environment and a reward component the environment does not declare:
+# usage errors naming the key, before anything is written (the first wrote reference/ and
+# replay/ and blocked the corrected rerun; the second trained the level on zeros)
+for bad in "rollout.env=kvstor|key 'rollout.env': no built-in environment 'kvstor' (calculator, needle, kvstore, shapes" \
+    "learner.outcome-components=answr=1|key 'learner.outcome-components': calculator declares no outcome component 'answr' (its outcome components: answer_correct)" \
+    "learner.process-components=answer_correct=1|calculator declares no process component 'answer_correct' (it is declared at the outcome level"; do
+    # shellcheck disable=SC2086
+    "$bin" train "$exp" $small --set "out=$tmp/e" --set "${bad%%|*}" > "$tmp/log" 2>&1
+    rc=$?
+    [ "$rc" -eq 2 ] || { tail -3 "$tmp/log"; fail "${bad%%|*}: exit $rc, 2 expected"; }
+    grep -qF "${bad#*|}" "$tmp/log" || { tail -3 "$tmp/log"; fail "${bad%%|*}: message"; }
+    [ ! -e "$tmp/e" ] || fail "${bad%%|*}: OUT made ($(ls "$tmp/e"))"
+done
 # rollout.context-tokens too large for memory: the model's message names max_context and the key
 # (it named max_tokens alone)
 # shellcheck disable=SC2086

@@ -677,6 +677,23 @@ static void test_errors(void) {
                                       &o) == ARL_OK);
     CHECK(arl_reward_config_from_opts(&o, &cfg) == ARL_ERR_CONFIG);
     CHECK(strstr(arl_error_msg(), "given twice") != NULL);
+    CHECK(strstr(arl_error_msg(), "an entry 'none' first drops the entries before it") != NULL);
+    arl_options_free(arl_reward_options, arl_reward_options_count, &o);
+    /* "none" drops the entries before it (the file's list, which --set entries extend): the
+     * scalar reward again, or a new list */
+    arl_options_defaults(arl_reward_options, arl_reward_options_count, &o);
+    CHECK(arl_options_parse_json_text(arl_reward_options, arl_reward_options_count,
+                                      "{\"process_components\": [\"x=1\", \"y=2\", \"none\", "
+                                      "\"x=3:min\"], \"outcome_components\": [\"ok=1\", "
+                                      "\"none\"]}",
+                                      "t", &o) == ARL_OK);
+    CHECK(arl_reward_config_from_opts(&o, &cfg) == ARL_OK);
+    CHECK_EQ_INT(cfg.n_comp[ARL_REWARD_LEVEL_PROCESS], 1);
+    CHECK(!strcmp(cfg.comp[ARL_REWARD_LEVEL_PROCESS][0].name, "x"));
+    CHECK(cfg.comp[ARL_REWARD_LEVEL_PROCESS][0].weight == 3);
+    CHECK(cfg.comp[ARL_REWARD_LEVEL_PROCESS][0].form == ARL_REWARD_FORM_MIN);
+    CHECK_EQ_INT(cfg.n_comp[ARL_REWARD_LEVEL_OUTCOME], 0);
+    CHECK_EQ_INT(arl_reward_config_ncols(&cfg, ARL_REWARD_LEVEL_OUTCOME), 1);
     arl_options_free(arl_reward_options, arl_reward_options_count, &o);
     /* the defaults of the table equal the section 13 defaults */
     arl_reward_config d1, d2;

@@ -4,6 +4,8 @@
  *     rounding (a k3 term of a rounding-size x is -1e-16 in float64), so the controller takes it;
  *   - a process component's form `auto` follows its environment's /info declaration: min for
  *     source model, sum for rule; a form given in the configuration wins (sections 5.4, 13);
+ *   - a configured component the environment does not declare at its level is refused
+ *     (spec/aep.md 4.8 rule 5: it would count as 0 in every trajectory);
  *   - an unscorable score trains on the client's substitute also where components are
  *     configured: R_i = range_lo (4.3), q = 0 (3.3), and both are counted (section 12);
  *   - outcome normalisation by group and by batch (5.6) with hand values;
@@ -127,6 +129,56 @@ static void test_kl_hat_not_negative(void) {
         want += exp(-x) - 1 + x;
     }
     CHECK_CLOSE(arl_loss_acc_kl_hat(&acc), want / N, 1e-15, 0);
+}
+
+/* ---- spec/aep.md 4.8 rule 5: configured components must be declared ---- */
+
+/* A configured component that the environment does not declare at its level would count as 0
+ * in every trajectory (the level trains on nothing): the configuration is refused, naming the
+ * key, the component and what the environment declares there; components it declares at the
+ * right level pass, and an /info without reward_components is not checked. */
+static void test_undeclared_component(void) {
+    const char *info = "{\"env\": {\"name\": \"kvstore\"}, \"reward_components\": ["
+                       "{\"name\": \"step_progress\", \"level\": \"process\", \"range\": [-1, 1]},"
+                       "{\"name\": \"format\", \"level\": \"process\", \"range\": [-1, 0]},"
+                       "{\"name\": \"progress\", \"level\": \"segment\", \"range\": [-1, 1]},"
+                       "{\"name\": \"goal_met\", \"level\": \"outcome\", \"range\": [0, 1]}]}";
+    arl_reward_config ok, bad;
+    uint8_t flags[ARL_REWARD_MAX_COMPONENTS];
+    config_from_json("{\"process-components\": [\"step_progress=1:min\", \"format=1\"], "
+                     "\"segment-components\": [\"progress=1\"], "
+                     "\"outcome-components\": [\"goal_met=1\"]}",
+                     &ok);
+    CHECK(arl_reward_config_check_info(&ok, "kvstore", info) == ARL_OK);
+    CHECK(arl_reward_sources_from_info(&ok, info, flags) == ARL_OK);
+    /* another environment's outcome component */
+    config_from_json("{\"outcome-components\": [\"answer_correct=1\"]}", &bad);
+    CHECK(arl_reward_config_check_info(&bad, "kvstore", info) == ARL_ERR_CONFIG);
+    CHECK(strstr(arl_error_msg(), "key 'learner.outcome-components'") != NULL);
+    CHECK(strstr(arl_error_msg(), "kvstore declares no outcome component 'answer_correct'") !=
+          NULL);
+    CHECK(strstr(arl_error_msg(), "(its outcome components: goal_met): a component it does "
+                                  "not declare would count as 0") != NULL);
+    /* the learner's per-group call refuses it too, naming the environment from /info */
+    memset(flags, 7, sizeof flags);
+    CHECK(arl_reward_sources_from_info(&bad, info, flags) == ARL_ERR_CONFIG);
+    CHECK(strstr(arl_error_msg(), "kvstore declares no outcome component") != NULL);
+    CHECK(flags[0] == 0);
+    /* a component declared at another level, and a typo among declared ones */
+    config_from_json("{\"segment-components\": [\"format=1\"]}", &bad);
+    CHECK(arl_reward_config_check_info(&bad, NULL, info) == ARL_ERR_CONFIG);
+    CHECK(strstr(arl_error_msg(),
+                 "key 'learner.segment-components': the environment declares "
+                 "no segment component 'format' (it is declared at the process level; "
+                 "its segment components: progress)") != NULL);
+    config_from_json("{\"process-components\": [\"format=1\", \"step_progres=1\"]}", &bad);
+    CHECK(arl_reward_config_check_info(&bad, "kvstore", info) == ARL_ERR_CONFIG);
+    CHECK(strstr(arl_error_msg(),
+                 "'step_progres' (its process components: step_progress, format)") != NULL);
+    /* nothing declared to check against */
+    CHECK(arl_reward_config_check_info(&bad, "x", "{\"reward_levels\": {}}") == ARL_OK);
+    CHECK(arl_reward_config_check_info(&bad, "x", "not json") == ARL_OK);
+    CHECK(arl_reward_config_check_info(&bad, "x", NULL) == ARL_OK);
 }
 
 /* ---- sections 5.4 and 13: form auto from the declared source ---- */
@@ -367,6 +419,7 @@ static void test_staleness_action_tokens(void) {
 int main(void) {
     TEST_RUN(test_kl_hat_not_negative);
     TEST_RUN(test_process_form_from_info);
+    TEST_RUN(test_undeclared_component);
     TEST_RUN(test_unscorable_with_components);
     TEST_RUN(test_outcome_normalisation);
     TEST_RUN(test_kl_baseline_segment_scope);
