@@ -95,9 +95,14 @@ arl_status arl_heldout_side_seeds(const char *env, uint64_t seed0, const char *o
         if (k >= max_scan)
             return arl_errorf(ARL_ERR_RANGE,
                               "held-out split: only %lld of %lld %s tasks among %lld seeds from "
-                              "%llu at fractions test %g, validation %g",
+                              "%llu at fractions test %g, validation %g%s",
                               (long long)got, (long long)n, side_name(side), (long long)max_scan,
-                              (unsigned long long)seed0, sp->test, sp->validation);
+                              (unsigned long long)seed0, sp->test, sp->validation,
+                              got ? ""
+                                  : " (the split hashes each task's first prompt: an environment "
+                                    "whose tasks all share one prompt, such as needle with its "
+                                    "question in the document, puts them all on one side; set "
+                                    "eval-split 0)");
         arl_heldout_side h;
         ARL_TRY(arl_heldout_task_side(env, seed0 + (uint64_t)k, options_json, sp, &h));
         if (h == side) seeds[got++] = (int64_t)(seed0 + (uint64_t)k);

@@ -290,6 +290,18 @@ arl_status arl_train_config_check(const arl_train_config *c) {
                               builtin_name(r->env), names);
         }
         ARL_TRY(arl_reward_config_check_info(&rc, d->name, d->info_json));
+        if (c->sft_demos > 0) { /* the SFT data pipeline takes text conversations only */
+            json_t *info = arl_json_loads(d->info_json, 0, NULL);
+            const int mm =
+                json_is_true(json_object_get(json_object_get(info, "capabilities"), "multimodal"));
+            json_decref(info);
+            if (mm)
+                return arl_errorf(ARL_ERR_CONFIG,
+                                  "key 'sft-demos': the tasks of %s carry images, which the SFT "
+                                  "warm start does not take yet; set sft-demos 0 (or start from a "
+                                  "checkpoint with init)",
+                                  d->name);
+        }
     }
     if (rc.segment_baseline == ARL_REWARD_SB_MC && rc.w[ARL_REWARD_LEVEL_SEGMENT] == 0)
         return arl_errorf(ARL_ERR_CONFIG,
@@ -2342,6 +2354,18 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     }
     r->have_mcfg = s == ARL_OK;
     if (s) arl_error_prefix(s, "key '%s'", c->model ? "model" : "init");
+    /* the checkpoint to start from, with a model config beside it: read after the SFT
+     * demonstrations otherwise (a missing one left sft/ behind) */
+    if (!s && c->model && c->init) {
+        char p[4300];
+        snprintf(p, sizeof p, "%s/model.safetensors", c->init);
+        struct stat sb;
+        if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
+            s = arl_errorf(ARL_ERR_NOT_FOUND,
+                           "key 'init': %s: no checkpoint there (config.json and "
+                           "model.safetensors, as agentrl model init or train writes)",
+                           c->init);
+    }
     /* under mpirun, every rank has rank 0's settings, before anything is written */
     if (d->layout.world_size > 1) {
         s = sync_status(r, s);
