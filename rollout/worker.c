@@ -359,6 +359,16 @@ static void win_push(arl_rollout_worker *w, int masked, const char *code, const 
                   w->win->alert, replay_store_root(w->st));
 }
 
+/* What the user can change when most masks in the window are code: the budgets behind
+ * OBSERVATION_TOO_LONG are the run's own settings, not the environment's to mend ("" else). */
+static const char *code_hint(const char *code) {
+    return !strcmp(code, "OBSERVATION_TOO_LONG")
+               ? " (a task's first observation must fit rollout.segment-tokens less "
+                 "rollout.turn-tokens, each later one rollout.observation-tokens: raise them, or "
+                 "the context stage's budget; 'replay show' gives the tokens and the limit)"
+               : "";
+}
+
 /* After a run: the alert as an error, a run whose every trajectory an error masked as an
  * error (not an evaluation's: its report counts them), and a warning above 5 % masked in the
  * window. */
@@ -374,9 +384,9 @@ static arl_status win_verdict(arl_rollout_worker *w) {
         return arl_errorf(ARL_ERR_ENV,
                           "rollout: every finished trajectory (%d) was masked by an error of "
                           "environment %s@%s or the client (most: %s, %d); see 'agentrl replay "
-                          "list %s --status masked' and 'replay show' for the details",
+                          "list %s --status masked' and 'replay show' for the details%s",
                           (int)w->win_run_m, w->info->name, w->info->version, top, (int)nt,
-                          replay_store_root(w->st));
+                          replay_store_root(w->st), code_hint(top));
     if (20 * m > w->win->n)
         arl_log_warn("rollout: environment %s@%s: %d of the last %d finished trajectories were "
                      "masked (over 5%%; most: %s, %d)",

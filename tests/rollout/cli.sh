@@ -223,6 +223,13 @@ grep -q "every finished trajectory (2) was masked.*replay list $T/db-masked --st
 grep -q "Masked trajectories stay masked: .* under a new run uid (--run-uid NAME)" "$T/err-masked" \
     || { cat "$T/err-masked"; fail "all masked: no note on a new run uid"; }
 grep -q "continue with" "$T/err-masked" && { cat "$T/err-masked"; fail "all masked: a continue command that samples nothing"; }
+# every trajectory masked because the first prompt does not fit the segment budget: the error
+# says which settings to raise (they are the run's, not the environment's)
+"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-obs" --tasks 1 --segment-tokens 400 \
+    --observation-tokens 300 > /dev/null 2> "$T/err-obs"
+[ $? -eq 1 ] || { cat "$T/err-obs"; fail "first prompt too long: exit 1 expected"; }
+grep -q "most: OBSERVATION_TOO_LONG, 2).*first observation must fit rollout.segment-tokens less rollout.turn-tokens" \
+    "$T/err-obs" || { cat "$T/err-obs"; fail "first prompt too long: no hint naming the budgets"; }
 # more tasks asked for than the task file holds: all of them run, and it says so
 printf '{"id": "a", "seed": 1}\n{"id": "b", "seed": 2}\n' > "$T/two-tasks.jsonl"
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-tf" --task-file "$T/two-tasks.jsonl" \
