@@ -9,6 +9,9 @@
 #ifndef ARL_CLI_H
 #define ARL_CLI_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "core/options.h"
 
 #define ARL_EXIT_OK 0
@@ -135,5 +138,9 @@ void cli_interrupt_finish(void);
  * that COMMAND stopped, what to do, and the command that continues it; for any other status
  * (a setting, an input, a version, a bug: continuing as it is would fail again) nothing. */
 void cli_note_on_failure(arl_status s);
+
+/* `replay show --tokens`'s text column (replay_show_opts.token_text): the byte-level tokenizer's
+ * text of id, quoted ('a', ' ', '\n', '\xe2') or a special's name (<|tool_call|>). */
+void cli_replay_token_text(uint32_t id, char *buf, size_t cap);
 
 #endif

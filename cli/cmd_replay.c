@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "policy/tokenizer.h"
 #include "replay/inspect.h"
 
 /* ---- the selection options shared by list, stats and export ---- */
@@ -214,6 +215,28 @@ bad_range:
     return ARL_EXIT_USAGE;
 }
 
+void cli_replay_token_text(uint32_t id, char *buf, size_t cap) {
+    arl_tokenizer_spec ts;
+    arl_tokenizer_spec_default(&ts); /* the tokenizer of every policy rollout writes with */
+    if (id >= (uint32_t)ts.vocab_size) {
+        snprintf(buf, cap, "?");
+    } else if (id >= ARL_TOKENIZER_N_BYTES) { /* as arl_tokenizer_decode names it */
+        const int k = arl_tokenizer_special_of(&ts, (int32_t)id);
+        if (k >= 0)
+            snprintf(buf, cap, "%s", arl_tokenizer_special_name((arl_special)k));
+        else
+            snprintf(buf, cap, "<|reserved_%u|>", id);
+    } else if (id == '\\' || id == '\'') {
+        snprintf(buf, cap, "'\\%c'", (char)id);
+    } else if (id == '\n' || id == '\t' || id == '\r') {
+        snprintf(buf, cap, "'\\%c'", id == '\n' ? 'n' : id == '\t' ? 't' : 'r');
+    } else if (id >= 0x20 && id < 0x7F) {
+        snprintf(buf, cap, "'%c'", (char)id);
+    } else {
+        snprintf(buf, cap, "'\\x%02x'", id);
+    }
+}
+
 static int open_store(const char *db, unsigned flags, replay_store **st) {
     replay_open_opts oo = {.flags = flags};
     arl_status s = replay_store_open(db, &oo, st);
@@ -307,8 +330,17 @@ int cmd_replay_show(int argc, char **argv) {
         "Render one trajectory as a person reads it: roles, tool calls and results, per-step "
         "rewards, segment boundaries, truncation or mask reason.");
     if (rc) return rc < 0 ? 0 : rc;
-    replay_show_opts so = {
-        .tokens = o.tokens, .raw = o.raw, .rescore = o.rescore, .group = o.show_group};
+    replay_show_opts so = {.tokens = o.tokens,
+                           .raw = o.raw,
+                           .rescore = o.rescore,
+                           .group = o.show_group,
+                           .token_text = cli_replay_token_text};
+    if ((o.turns || o.rescore) && !o.tokens) { /* they choose rows and columns of that table */
+        fprintf(stderr, "agentrl: error: --%s chooses the %s of the --tokens table: add --tokens\n",
+                o.turns ? "turns" : "rescore", o.turns ? "rows" : "columns");
+        arl_options_free(show_tab, n, &o);
+        return ARL_EXIT_USAGE;
+    }
     if (o.turns && replay_show_turns_parse(o.turns, &so.turn_lo, &so.turn_hi) != ARL_OK) {
         fprintf(stderr, "agentrl: error: --%s\n", arl_error_msg());
         arl_options_free(show_tab, n, &o);

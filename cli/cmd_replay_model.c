@@ -696,19 +696,20 @@ int cmd_replay_rescore(int argc, char **argv) {
         }
         if (o.json)
             printf("{\"traj\":\"%s\",\"segments\":%lld,\"from_state\":%lld,\"recomputed\":%lld,"
-                   "\"skipped\":%lld,\"action_tokens\":%lld,\"mean_abs\":%.9g,\"p99_abs\":%.9g,"
-                   "\"max_abs\":%.9g,\"worst_token\":%lld,\"entropy_mean\":%.9g,"
-                   "\"route_tokens\":%lld,\"agree_overlap\":%.9g,\"agree_exact_layer\":%.9g,"
-                   "\"agree_exact_token\":%.9g,\"version\":%lld,\"version_how\":\"%s\","
-                   "\"from_tool_state\":%lld,\"states_saved\":%lld,\"from_learner_state\":%lld,"
-                   "\"routes_other_layout\":%lld",
+                   "\"fresh\":%lld,\"skipped\":%lld,\"action_tokens\":%lld,"
+                   "\"mean_abs\":%.9g,\"p99_abs\":%.9g,\"max_abs\":%.9g,\"worst_token\":%lld,"
+                   "\"entropy_mean\":%.9g,\"route_tokens\":%lld,\"agree_overlap\":%.9g,"
+                   "\"agree_exact_layer\":%.9g,\"agree_exact_token\":%.9g,\"version\":%lld,"
+                   "\"version_how\":\"%s\",\"from_tool_state\":%lld,\"states_saved\":%lld,"
+                   "\"from_learner_state\":%lld,\"routes_other_layout\":%lld",
                    o.traj.v[i], (long long)r.segments, (long long)r.from_state,
-                   (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
-                   r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
-                   (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,
-                   r.agree_exact_token, (long long)r.version, version_how_key(r.version_how),
-                   (long long)r.from_tool_state, (long long)r.states_saved,
-                   (long long)r.from_learner_state, (long long)r.routes_other_layout);
+                   (long long)r.recomputed, (long long)r.fresh, (long long)r.skipped,
+                   (long long)r.action_tokens, r.mean_abs, r.p99_abs, r.max_abs,
+                   (long long)r.worst_token, r.entropy_mean, (long long)r.route_tokens,
+                   r.agree_overlap, r.agree_exact_layer, r.agree_exact_token, (long long)r.version,
+                   version_how_key(r.version_how), (long long)r.from_tool_state,
+                   (long long)r.states_saved, (long long)r.from_learner_state,
+                   (long long)r.routes_other_layout);
         if (o.json && o.rewards) {
             json_t *j = rewards_json(&rw);
             char *txt = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -719,11 +720,11 @@ int cmd_replay_rescore(int argc, char **argv) {
         if (o.json)
             printf("}\n");
         else
-            printf("%s: %lld segments (%lld from cached states, %lld recomputed, %lld skipped: "
-                   "images), %lld action tokens: |l - l_mu| mean %.3g p99 %.3g max %.3g (token "
-                   "%lld), entropy mean %.4g; router agreement over %lld tokens: overlap %.4f "
-                   "exact layer %.4f exact token %.4f\n",
-                   o.traj.v[i], (long long)r.segments, (long long)r.from_state,
+            printf("%s: %lld segments (%lld fresh, %lld from cached states, %lld "
+                   "recomputed prefixes, %lld skipped: images), %lld action tokens: |l - l_mu| "
+                   "mean %.3g p99 %.3g max %.3g (token %lld), entropy mean %.4g; router agreement "
+                   "over %lld tokens: overlap %.4f exact layer %.4f exact token %.4f\n",
+                   o.traj.v[i], (long long)r.segments, (long long)r.fresh, (long long)r.from_state,
                    (long long)r.recomputed, (long long)r.skipped, (long long)r.action_tokens,
                    r.mean_abs, r.p99_abs, r.max_abs, (long long)r.worst_token, r.entropy_mean,
                    (long long)r.route_tokens, r.agree_overlap, r.agree_exact_layer,

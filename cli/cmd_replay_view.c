@@ -451,7 +451,7 @@ static unsigned page_text(view_server *v, struct MHD_Connection *c, FILE *f, int
     unsigned code = args_check(v, c, f, is_show ? show_names : stats_names);
     if (code) return code;
     const char *traj = arg(c, "traj");
-    replay_show_opts so = {0};
+    replay_show_opts so = {.token_text = cli_replay_token_text}; /* the text column of show */
     if (is_show) {
         const int tok = arg_flag(c, "tokens"), grp = arg_flag(c, "group");
         const char *turns = arg(c, "turns");

@@ -308,6 +308,56 @@ static arl_status create_atomically(rdb *d, const char *vfs, const char *meta_in
     return s;
 }
 
+/* A reader of a WAL-mode file that cannot create its shared-memory file: the folder is not
+ * writable by this user (a read-only copy, a store of another user, spec/replay.md 2.3) and no
+ * -shm is there. Without a -shm file and with no -wal file (or an empty one), every committed
+ * transaction is in the main file and no connection has it open (the last one to close removes
+ * both), so the file is read as immutable: 1 when that applies, after reopening d->db with
+ * immutable=1. A writer that opens the file later is not seen (a reader's view of a store it
+ * cannot write). */
+static int reopen_immutable(rdb *d, int xrc, const char *vfs) {
+    if ((xrc & 0xFF) != SQLITE_READONLY && (xrc & 0xFF) != SQLITE_CANTOPEN) return 0;
+    size_t n = strlen(d->path);
+    char *uri = malloc(3 * n + 32);
+    if (!uri) return 0;
+    memcpy(uri, d->path, n);
+    memcpy(uri + n, "-wal", 5);
+    struct stat wsb;
+    if (stat(uri, &wsb) == 0 && wsb.st_size > 0) {
+        free(uri);
+        return 0;
+    }
+    memcpy(uri + n, "-shm", 5);
+    if (stat(uri, &wsb) == 0) { /* SQLite reads one it cannot write: this failed otherwise */
+        free(uri);
+        return 0;
+    }
+    /* file: URI, every byte but unreserved ones and '/' percent-encoded */
+    char *o = uri + sprintf(uri, "file:");
+    for (const unsigned char *p = (const unsigned char *)d->path; *p; p++) {
+        if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+            strchr("-_.~/", *p))
+            *o++ = (char)*p;
+        else
+            o += sprintf(o, "%%%02X", *p);
+    }
+    strcpy(o, "?immutable=1");
+    sqlite3 *db = NULL;
+    int rc = sqlite3_open_v2(uri, &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX,
+                             vfs);
+    free(uri);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_exec(db, "SELECT count(*) FROM sqlite_schema", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+        sqlite3_close(db);
+        return 0;
+    }
+    sqlite3_close_v2(d->db);
+    d->db = db;
+    sqlite3_extended_result_codes(d->db, 1);
+    return 1;
+}
+
 arl_status rdb_open(rdb *d, const char *path, const char *name, int kind, unsigned flags,
                     const char *vfs, const char *meta_init) {
     memset(d, 0, sizeof *d);
@@ -355,6 +405,10 @@ arl_status rdb_open(rdb *d, const char *path, const char *name, int kind, unsign
         if (s != ARL_OK) goto fail;
         is_new = nobj == 0;
     }
+    if (d->readonly &&
+        sqlite3_exec(d->db, "SELECT count(*) FROM sqlite_schema", NULL, NULL, NULL) != SQLITE_OK &&
+        reopen_immutable(d, sqlite3_extended_errcode(d->db), vfs))
+        sqlite3_busy_timeout(d->db, 10000);
     if (d->readonly) {
         /* A file whose writer died before its schema committed holds no data: read it as an
          * empty file of its kind (an in-memory copy of the schema), and let verify warn. */

@@ -53,6 +53,9 @@ typedef struct replay_show_opts {
     int32_t turn_lo, turn_hi; /* --turns a:b: token rows of steps a..b only (0, 0: all) */
     const char *rescore;      /* --rescore LABEL: add the re-scored log-prob and its difference */
     int group;                /* --group: the group's members side by side */
+    /* --tokens: writes the text of token id as the table shows it (NUL-terminated, at most cap
+     * bytes) into buf; NULL: no text column (replay/ does not know the tokenizer) */
+    void (*token_text)(uint32_t id, char *buf, size_t cap);
 } replay_show_opts;
 /* Render one trajectory (traj_uid or traj_id) as a person reads it (section 13.2). */
 arl_status replay_show(replay_store *st, const char *traj, const replay_show_opts *o, FILE *out);

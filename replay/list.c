@@ -66,6 +66,16 @@ static void row_key(const char *sort, list_row *r) {
     }
 }
 
+/* 1 (the error cleared) when opening a shard failed with s for a reason of the file's own
+ * (another schema version, damage, an unreadable file) in a store of several files: list and
+ * stats leave it out, as replay_shards_warn_unreadable told the user; out of memory, or the only
+ * file given, fails. */
+static int shard_left_out(const replay_store *st, arl_status s) {
+    if (s == ARL_OK || s == ARL_ERR_NOMEM || st->single_file) return 0;
+    arl_error_clear();
+    return 1;
+}
+
 /* Run the selection on each shard; rows appended to *rows (sorted, limited). */
 static arl_status collect(replay_store *st, const rsel *sel, list_row **rows, size_t *n) {
     char tail[160];
@@ -84,7 +94,11 @@ static arl_status collect(replay_store *st, const rsel *sel, list_row **rows, si
         if (sh->kind == REPLAY_FILE_LEARNER) continue;
         rdb *d;
         sqlite3_stmt *q;
-        if ((s = rstore_shard_db(st, sh, &d)) != ARL_OK) break;
+        if (shard_left_out(st, s = rstore_shard_db(st, sh, &d))) {
+            s = ARL_OK;
+            continue;
+        }
+        if (s != ARL_OK) break;
         if ((s = rstore_prepare(st, d, sql, &q)) != ARL_OK) break;
         rsel_bind(sel, q);
         int rc;
@@ -511,7 +525,11 @@ arl_status replay_stats(replay_store *st, const replay_filter *f, int json, FILE
     for (size_t i = 0; i < st->n_shards && s == ARL_OK; i++) {
         rshard *sh = &st->shards[i];
         rdb *d;
-        if ((s = rstore_shard_db(st, sh, &d)) != ARL_OK) break;
+        if (shard_left_out(st, s = rstore_shard_db(st, sh, &d))) {
+            s = ARL_OK;
+            continue;
+        }
+        if (s != ARL_OK) break;
         a.n_files++;
         if (!filtered && (s = storage_of(&a, d, sh->file)) != ARL_OK) break;
         if (sh->kind != REPLAY_FILE_LEARNER) {

@@ -112,9 +112,36 @@ arl_status replay_traj_get(replay_store *st, const char *selector, replay_traj_r
         if (r > 0) return ARL_OK;
         if (r < 0) return err;
     }
+    /* a uid given in part (its slot without its group, a group without the run): name the
+     * trajectories whose uids hold it */
+    char near[1024] = "";
+    if (st->cat.db) {
+        sqlite3_stmt *q;
+        if (sqlite3_prepare_v2(st->cat.db,
+                               "SELECT traj_uid, count(*) OVER () FROM group_members "
+                               "WHERE traj_uid IS NOT NULL AND instr(traj_uid, ?1) > 0 "
+                               "ORDER BY traj_uid LIMIT 4",
+                               -1, &q, NULL) == SQLITE_OK) {
+            sqlite3_bind_text(q, 1, selector, -1, SQLITE_STATIC);
+            size_t at = 0;
+            int64_t total = 0, shown = 0;
+            while (sqlite3_step(q) == SQLITE_ROW && at < sizeof near - 300) {
+                const char *u = (const char *)sqlite3_column_text(q, 0);
+                total = sqlite3_column_int64(q, 1);
+                at += (size_t)snprintf(near + at, sizeof near - at, "%s%.250s",
+                                       shown++ ? ", " : "; did you mean ", u ? u : "?");
+            }
+            if (shown && total > shown)
+                at += (size_t)snprintf(near + at, sizeof near - at, " (%lld of %lld)",
+                                       (long long)shown, (long long)total);
+            if (shown) snprintf(near + at, sizeof near - at, "?");
+            sqlite3_finalize(q);
+        }
+    }
     return arl_errorf(ARL_ERR_NOT_FOUND,
-                      "replay: %s: no trajectory '%s' (see 'agentrl replay list')", st->root,
-                      selector);
+                      "replay: %s: no trajectory '%s'%s (a trajectory is named by its whole uid "
+                      "RUN/GROUP/rSLOT or its traj_id: see 'agentrl replay list')",
+                      st->root, selector, near);
 }
 
 /* ---- segment metadata ---- */

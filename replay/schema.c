@@ -676,13 +676,15 @@ static arl_status migrate(rdb *d, int from) {
 
 arl_status rschema_check(rdb *d) {
     int64_t app = 0, uv = 0;
+    /* the file by its path: a store-relative name does not say which store (a run has many) */
+    const char *file = d->path ? d->path : d->name;
     ARL_TRY(rdb_query_int(d, "PRAGMA application_id", &app, NULL));
     ARL_TRY(rdb_query_int(d, "PRAGMA user_version", &uv, NULL));
     if (app != REPLAY_APPLICATION_ID)
         return arl_errorf(ARL_ERR_FORMAT,
                           "replay: %s: not an agentrl replay file (application_id 0x%08llx, "
                           "expected 0x41524C31): check the path",
-                          d->name, (unsigned long long)app);
+                          file, (unsigned long long)app);
     char kind[16], sv[16], mr[16];
     int found_kind, found_sv, found_mr;
     ARL_TRY(rdb_meta_get(d, "file_kind", kind, sizeof kind, &found_kind));
@@ -692,16 +694,16 @@ arl_status rschema_check(rdb *d) {
         return arl_errorf(ARL_ERR_CORRUPT,
                           "replay: %s: meta lacks file_kind, schema_version or min_reader_version "
                           "(run 'agentrl replay verify')",
-                          d->name);
+                          file);
     if (d->kind >= 0 && strcmp(kind, replay_file_kind_name(d->kind)))
-        return arl_errorf(ARL_ERR_FORMAT, "replay: %s: file kind is '%s', expected '%s'", d->name,
+        return arl_errorf(ARL_ERR_FORMAT, "replay: %s: file kind is '%s', expected '%s'", file,
                           kind, replay_file_kind_name(d->kind));
     if (d->kind < 0) d->kind = rfile_kind_parse(kind); /* opened without knowing its kind */
     if (atoll(sv) != uv)
         return arl_errorf(ARL_ERR_CORRUPT,
                           "replay: %s: meta.schema_version %s != user_version %lld (run 'agentrl "
                           "replay verify')",
-                          d->name, sv, (long long)uv);
+                          file, sv, (long long)uv);
     int v = (int)uv, m = atoi(mr), r = rschema_version();
     d->schema_version = v;
     d->min_reader_version = m;
@@ -710,17 +712,17 @@ arl_status rschema_check(rdb *d) {
                           "replay: %s: schema version %d is older than any this build can read or "
                           "migrate (1..%d): the file was not written by a released agentrl, or "
                           "its header is damaged (run 'agentrl replay verify')",
-                          d->name, v, r);
+                          file, v, r);
     if (m > r)
         return arl_errorf(ARL_ERR_VERSION,
                           "replay: %s: schema version %d (readable by version %d and newer) cannot "
                           "be read by this build, which reads version %d: use a newer agentrl",
-                          d->name, v, m, r);
+                          file, v, m, r);
     if (v > r && !d->readonly)
         return arl_errorf(ARL_ERR_VERSION,
                           "replay: %s: schema version %d is newer than this build's %d: writing is "
                           "refused (use a newer agentrl)",
-                          d->name, v, r);
+                          file, v, r);
     if (v < r && !d->readonly) return migrate(d, v);
     return ARL_OK;
 }

@@ -36,16 +36,60 @@ static const char *col_txt_or_null(sqlite3_stmt *q, int i) {
     return sqlite3_column_type(q, i) == SQLITE_NULL ? NULL : col_txt(q, i);
 }
 
-/* Print a string indented, one line per line, cut after `max` bytes. */
+/* Put byte i of s (n bytes) as a terminal shows it harmlessly: a control character other than
+ * tab and newline (C0, DEL, or C1 as UTF-8 0xC2 0x80..0x9F: ESC sequences, CR, backspace, which
+ * would let a model's or an environment's text rewrite the screen) as U+FFFD, as `replay view`
+ * does; returns the bytes consumed. */
+static size_t put_safe_char(FILE *out, const char *s, size_t i, size_t n) {
+    const unsigned char c = (unsigned char)s[i];
+    if ((c < 0x20 && c != '\t' && c != '\n') || c == 0x7F) {
+        fputs("\xEF\xBF\xBD", out);
+        return 1;
+    }
+    if (c == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] >= 0x80 &&
+        (unsigned char)s[i + 1] <= 0x9F) {
+        fputs("\xEF\xBF\xBD", out);
+        return 2;
+    }
+    fputc(c, out);
+    return 1;
+}
+
+/* A stored string (a name, an id, an error code) on one line, put_safe_char. */
+static void put_safe(FILE *out, const char *s) {
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n;) {
+        if (s[i] == '\n') {
+            fputs("\xEF\xBF\xBD", out);
+            i++;
+        } else {
+            i += put_safe_char(out, s, i, n);
+        }
+    }
+}
+
+/* "INDENT tool call ID NAME" of a tool call c whose name is in named (c itself, or its
+ * "function" member), put_safe. */
+static void put_call_head(FILE *out, const char *indent, const json_t *c, const json_t *named) {
+    fprintf(out, "%stool call ", indent);
+    put_safe(out, nz(json_string_value(json_object_get(c, "id")), "?"));
+    fputc(' ', out);
+    put_safe(out, nz(json_string_value(json_object_get(named, "name")), "?"));
+}
+
+/* Print a string indented, one line per line, cut after `max` bytes; control characters as
+ * put_safe_char shows them (also in the label, which may hold stored names). */
 static void print_text(FILE *out, const char *indent, const char *label, const char *s,
                        size_t max) {
     if (!s) return;
     size_t n = strlen(s);
-    fprintf(out, "%s%s", indent, label);
+    fputs(indent, out);
+    put_safe(out, label);
     size_t i = 0;
-    for (; i < n && i < max; i++) {
-        fputc(s[i], out);
-        if (s[i] == '\n' && i + 1 < n) fprintf(out, "%s%*s", indent, (int)strlen(label), "");
+    while (i < n && i < max) {
+        const int nl = s[i] == '\n';
+        i += put_safe_char(out, s, i, n);
+        if (nl && i < n) fprintf(out, "%s%*s", indent, (int)strlen(label), "");
     }
     if (n > max) fprintf(out, "... [%zu more bytes]", n - max);
     fputc('\n', out);
@@ -149,10 +193,10 @@ static arl_status print_messages(FILE *out, json_t *msgs) {
         json_t *c;
         json_array_foreach(tc, j, c) {
             json_t *fn = json_object_get(c, "function");
-            fprintf(out, "      tool call %s %s(%s)\n",
-                    nz(json_string_value(json_object_get(c, "id")), "?"),
-                    nz(json_string_value(json_object_get(fn, "name")), "?"),
-                    nz(json_string_value(json_object_get(fn, "arguments")), ""));
+            put_call_head(out, "      ", c, fn);
+            fputc('(', out);
+            put_safe(out, nz(json_string_value(json_object_get(fn, "arguments")), ""));
+            fputs(")\n", out);
         }
     }
     return ARL_OK;
@@ -180,16 +224,18 @@ static arl_status print_action(FILE *out, const char *action_json) {
             json_decref(a);
             return show_nomem();
         }
-        fprintf(out, "    tool call %s %s(%s) ok\n",
-                nz(json_string_value(json_object_get(c, "id")), "?"),
-                nz(json_string_value(json_object_get(c, "name")), "?"), args);
+        put_call_head(out, "    ", c, c);
+        fprintf(out, "(%s) ok\n", args); /* JSON text: control characters escaped */
         free(args);
     }
     json_array_foreach(json_object_get(a, "parse_errors"), i, c) {
-        fprintf(out, "    failed block %s: %s: %s\n",
-                nz(json_string_value(json_object_get(c, "id")), "?"),
-                nz(json_string_value(json_object_get(c, "status")), "?"),
-                nz(json_string_value(json_object_get(c, "message")), ""));
+        fputs("    failed block ", out);
+        put_safe(out, nz(json_string_value(json_object_get(c, "id")), "?"));
+        fputs(": ", out);
+        put_safe(out, nz(json_string_value(json_object_get(c, "status")), "?"));
+        fputs(": ", out);
+        put_safe(out, nz(json_string_value(json_object_get(c, "message")), ""));
+        fputc('\n', out);
         print_text(out, "      ", "raw: ", json_string_value(json_object_get(c, "raw")), 1000);
     }
     json_decref(a);
@@ -413,15 +459,26 @@ static arl_status print_token_table(FILE *out, replay_store *st, const char *uid
     if (x.update_n >= 0) fprintf(out, "    learner record of update %lld\n", (long long)x.update_n);
     if (o->rescore && !x.rescore)
         fprintf(out, "    no re-score '%s' of this segment\n", o->rescore);
-    fprintf(out, "    %8s %10s %4s %7s %12s %10s %10s %10s %5s %10s", "pos", "token", "mask",
-            "version", "logprob", "old", "ref", "w", "flags", "adv");
+    fprintf(out, "    %8s %10s", "pos", "token");
+    if (o->token_text) fprintf(out, " %-16s", "text");
+    fprintf(out, " %4s %7s %12s %10s %10s %10s %5s %10s", "mask", "version", "logprob", "old",
+            "ref", "w", "flags", "adv");
     if (o->rescore) fprintf(out, " %10s %10s", "rescored", "diff");
     fprintf(out, "  %s\n", sd.n_moe_layers ? "routes (experts per MoE layer)" : "");
     for (int64_t i = 0; i < sd.ref.n_tokens; i++) {
         int64_t pos = sd.ref.tok_start + i;
         if (pos < lo || pos >= hi) continue;
-        fprintf(out, "    %8lld %10u %4u %7u %12.6f", (long long)pos, sd.tokens[i], sd.loss_mask[i],
-                sd.versions[i], (double)sd.logprobs[i]);
+        fprintf(out, "    %8lld %10u", (long long)pos, sd.tokens[i]);
+        if (o->token_text) {
+            char txt[64];
+            txt[0] = 0;
+            o->token_text(sd.tokens[i], txt, sizeof txt);
+            fputc(' ', out);
+            put_safe(out, txt);
+            for (size_t w = strlen(txt); w < 16; w++)
+                fputc(' ', out);
+        }
+        fprintf(out, " %4u %7u %12.6f", sd.loss_mask[i], sd.versions[i], (double)sd.logprobs[i]);
         cell(out, x.old, i);
         cell(out, x.ref, i);
         cell(out, x.w, i);
@@ -746,7 +803,7 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
         return s;
     }
     sqlite3_bind_int64(sq, 1, t.traj_id);
-    int rc;
+    int rc, tables = 0; /* token tables printed */
     while (s == ARL_OK && (rc = sqlite3_step(sq)) == SQLITE_ROW) {
         int32_t seg = sqlite3_column_int(sq, 0);
         int64_t tok0 = sqlite3_column_int64(sq, 5), ntok = sqlite3_column_int64(sq, 6);
@@ -902,9 +959,21 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
                     sqlite3_finalize(rq);
                 }
             }
-            if (s == ARL_OK && hi > lo)
+            if (s == ARL_OK && hi > lo) {
                 s = print_token_table(out, st, t.traj_uid, t.traj_id, seg, lo, hi, o);
+                tables++;
+            }
         }
+    }
+    /* --turns naming no step of this trajectory: say so rather than print no table */
+    if (s == ARL_OK && rc == SQLITE_DONE && o->tokens && (o->turn_lo > 0 || o->turn_hi > 0) &&
+        !tables) {
+        char a[16] = "", b[16] = "";
+        if (o->turn_lo > 0) snprintf(a, sizeof a, "%d", (int)o->turn_lo);
+        if (o->turn_hi > 0) snprintf(b, sizeof b, "%d", (int)o->turn_hi);
+        fprintf(out,
+                "\n  no token rows: --turns %s:%s names no step of this trajectory (steps 1..%d)\n",
+                a, b, (int)t.n_turns);
     }
     sqlite3_finalize(sq);
     sqlite3_finalize(tq);

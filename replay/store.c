@@ -615,6 +615,32 @@ static arl_status not_a_store(const char *root) {
     return s;
 }
 
+/* A reader given a store's shards/ folder (up = 1) or one of its shard files (up = 2) reads the
+ * files without their catalog: environments show as env#N, groups and pins are unknown. Warn,
+ * naming the store root, when the folder up levels above holds catalog.sqlite. */
+static void warn_inside_store(const char *root, int up) {
+    char *abs = realpath(root, NULL);
+    if (!abs) return;
+    for (int i = 0; i < up; i++) {
+        char *slash = strrchr(abs, '/');
+        if (!slash) break;
+        if (slash == abs)
+            slash[1] = 0;
+        else
+            *slash = 0;
+    }
+    char *cat = rstore_join(abs, "catalog.sqlite");
+    struct stat sb;
+    if (cat && stat(cat, &sb) == 0)
+        arl_log_warn("replay: %s is %s of the store %s, read without its catalog "
+                     "(environments show as env#N; groups and pins are not known%s): give the "
+                     "store root instead",
+                     root, up == 1 ? "the shards folder" : "a shard file", abs,
+                     up == 1 ? "" : ", nor the store's other files");
+    free(cat);
+    free(abs);
+}
+
 arl_status replay_store_open(const char *root, const replay_open_opts *opts, replay_store **out) {
     *out = NULL;
     replay_store *st = calloc(1, sizeof *st);
@@ -665,6 +691,7 @@ arl_status replay_store_open(const char *root, const replay_open_opts *opts, rep
                            root, replay_file_kind_name(sh->kind));
             goto fail;
         }
+        warn_inside_store(root, 2);
         *out = st;
         return ARL_OK;
     }
@@ -712,6 +739,7 @@ arl_status replay_store_open(const char *root, const replay_open_opts *opts, rep
         s = not_a_store(root);
         goto fail;
     }
+    if (!st->cat.db) warn_inside_store(root, 1);
     *out = st;
     return ARL_OK;
 fail:

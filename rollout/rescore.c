@@ -217,6 +217,7 @@ arl_status arl_rollout_rescore_ex(replay_store *st, const char *traj,
         if (!strcmp(r->start_kind, "fresh")) {
             s = ro_engine_slot_reset(&e, slot);
             if (s) break;
+            out->fresh++;
             ro_media_fresh(&md, r->first_step - 1);
             tainted = 0;
             lost = 0;

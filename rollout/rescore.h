@@ -89,6 +89,7 @@ typedef struct arl_rollout_rescore_stats {
     int64_t states_saved;   /* boundaries written with save_states */
     char pass_uid[96];      /* pass_uid of this checkpoint's tool states ("" with version -1) */
     int64_t recomputed;     /* segments started from the recomputed prefix */
+    int64_t fresh;          /* segments of start_kind 'fresh' (no prefix to start from) */
     int64_t skipped;        /* segments not compared: image placeholders the stored
                                observations do not explain, or a prefix that went through one */
     int64_t images;         /* image placeholders given rows rebuilt from the stored PNGs */

@@ -7,20 +7,7 @@ A=${ARL_BIN:?ARL_BIN must name build/agentrl}
 MK=${ARL_BUILD_DIR:?}/tests/replay/replay_mkstore
 T=$(mktemp -d /tmp/arl-test-cli-XXXXXX)
 S=$T/store
-fails=0
-fail() {
-    echo "FAIL: $*" >&2
-    fails=$((fails + 1))
-}
-# expect RC CMD...: run, keep stdout+stderr in $out, check the exit status
-expect() {
-    local want=$1
-    shift
-    out=$("$@" 2>&1)
-    local rc=$?
-    [ "$rc" = "$want" ] || fail "'$*' exited $rc, expected $want: $out"
-}
-has() { grep -q -- "$1" <<<"$out" || fail "output lacks '$1': $out"; }
+. "$(dirname "$0")/expect.sh" # fail, expect, has; $fails
 lines() { [ "$(grep -c . <<<"$out")" = "$1" ] || fail "expected $1 lines, got: $out"; }
 
 "$MK" "$S" >/dev/null || { echo "FAIL: replay_mkstore"; exit 1; }

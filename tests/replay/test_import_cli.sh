@@ -20,19 +20,7 @@ SHIM_KILL=$ARL_BUILD_DIR/tests/replay/libarl_test_sqlkill_preload.so
 PY=/usr/bin/python3
 T=$(mktemp -d /tmp/arl-test-import-XXXXXX)
 S=$T/store
-fails=0
-fail() {
-    echo "FAIL: $*" >&2
-    fails=$((fails + 1))
-}
-expect() {
-    local want=$1
-    shift
-    out=$("$@" 2>&1)
-    local rc=$?
-    [ "$rc" = "$want" ] || fail "'${*:0:6}' exited $rc, expected $want: ${out:0:600}"
-}
-has() { grep -q -- "$1" <<<"$out" || fail "output lacks '$1': ${out:0:600}"; }
+. "$(dirname "$0")/expect.sh" # fail, expect, has; $fails
 [ -x "$PY" ] || { echo "SKIP: no $PY"; exit 77; }
 [ -f "$SHIM_KILL" ] || { echo "FAIL: no preload shim in $ARL_BUILD_DIR"; exit 1; }
 "$MK" "$S" >/dev/null || { echo "FAIL: replay_mkstore"; exit 1; }

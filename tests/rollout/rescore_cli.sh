@@ -57,6 +57,14 @@ B=rollout/g000001/r1
     { cat "$T/err"; fail "no TRAJ: a usage error (exit 2) naming TRAJ"; }
 [ "$(tools)" -eq 0 ] || { ls "$T/db/shards"; fail "bad input left a tool file"; }
 
+# --- the summary counts every segment once by how it started: fresh (segment 0), from a cached
+# state or from a recomputed prefix (a fresh segment was in none of the counts)
+"$BIN" replay rescore "$T/db" $A --ckpt "$T/ckpt" --version none --no-save > "$T/out" 2> "$T/err" ||
+    { cat "$T/err"; fail "rescore --no-save"; }
+sed -n 's/^[^:]*: \([0-9]*\) segments (\([0-9]*\) fresh, \([0-9]*\) from cached states, \([0-9]*\) recomputed prefixes,.*/\1 \2 \3 \4/p' "$T/out" |
+    awk 'NF == 4 && $2 >= 1 && $1 == $2 + $3 + $4 { ok = 1 } END { exit !ok }' ||
+    { cat "$T/out"; fail "rescore summary: segments != fresh + from cached states + recomputed"; }
+
 # --- a checkpoint of another model
 sed 's/"vocab_size": *384/"vocab_size": 300/' "$T/ckpt/config.json" > "$T/v300.json"
 sed 's/"num_experts": *16/"num_experts": 8/' "$T/ckpt/config.json" > "$T/e8.json"
