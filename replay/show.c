@@ -461,8 +461,8 @@ static arl_status print_token_table(FILE *out, replay_store *st, const char *uid
         fprintf(out, "    no re-score '%s' of this segment\n", o->rescore);
     fprintf(out, "    %8s %10s", "pos", "token");
     if (o->token_text) fprintf(out, " %-16s", "text");
-    fprintf(out, " %4s %7s %12s %10s %10s %10s %5s %10s", "mask", "version", "logprob", "old",
-            "ref", "w", "flags", "adv");
+    fprintf(out, " %4s %7s %12s %10s %10s %10s %10s %5s %10s", "mask", "version", "logprob", "old",
+            "ref", "u", "w", "flags", "adv");
     if (o->rescore) fprintf(out, " %10s %10s", "rescored", "diff");
     fprintf(out, "  %s\n", sd.n_moe_layers ? "routes (experts per MoE layer)" : "");
     for (int64_t i = 0; i < sd.ref.n_tokens; i++) {
@@ -481,6 +481,12 @@ static arl_status print_token_table(FILE *out, replay_store *st, const char *uid
         fprintf(out, " %4u %7u %12.6f", sd.loss_mask[i], sd.versions[i], (double)sd.logprobs[i]);
         cell(out, x.old, i);
         cell(out, x.ref, i);
+        if (x.old) { /* u = exp(old - mu), the behaviour ratio before TIS caps it into w
+                      * (spec/objective.md 8.2); w's format, or an exponent when it is wide */
+            const double u = exp((double)x.old[i] - (double)sd.logprobs[i]);
+            fprintf(out, u < 1e4 ? " %10.5f" : " %10.3e", u);
+        } else
+            fprintf(out, " %10s", "-");
         cell(out, x.w, i);
         if (x.flags)
             fprintf(out, "  0x%02x", x.flags[i]);

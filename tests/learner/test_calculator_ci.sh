@@ -64,6 +64,18 @@ grep -q '"step":2.*"rollout/context_tokens":2048' "$out/metrics.jsonl" || fail "
 for n in 000000 000001 000002; do
     [ -e "$out/replay/u$n/r0/catalog.sqlite" ] || fail "missing the store of update $n"
 done
+# show --tokens of a consumed trajectory: the learner columns, u = exp(old - logprob) between
+# ref and w (spec/replay.md 13.2; fields counted from the row's end: the text column may hold a
+# quoted space)
+st="$out/replay/u000001/r0"
+traj=$("$bin" replay list "$st" | awk 'NR > 1 && $2 != "masked" {print $1; exit}')
+"$bin" replay show "$st" "$traj" --tokens > "$tmp/show" 2>&1 || fail "replay show --tokens"
+grep -q "logprob  *old  *ref  *u  *w flags  *adv" "$tmp/show" || { grep -m1 "pos" "$tmp/show"; fail "show --tokens: no u column"; }
+awk 'NF >= 11 && $1 ~ /^[0-9]+$/ && $(NF-6) ~ /^-?[0-9.]+$/ {
+        n++; u = exp($(NF-6) - $(NF-7)); d = $(NF-4) - u
+        if (d < 0) d = -d
+        if (d > 2e-4 * u + 1e-5) { print "row " $1 ": u " $(NF-4) ", exp(old - logprob) " u; bad = 1 }
+     } END { if (!n) print "no learner rows"; exit bad || !n }' "$tmp/show" || fail "show --tokens: u is not exp(old - logprob)"
 # groups of one sample: the run says what that means (one update, no SFT, no evaluation)
 "$bin" train "$src/experiments/calculator-ci.json" --set "out=$tmp/g1" --set progress=plain \
     --set steps=1 --set sft-demos=0 --set eval-tasks=0 --set rollout.group-size=1 \
