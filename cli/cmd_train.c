@@ -75,6 +75,8 @@ int cmd_train(int argc, char **argv) {
     arl_dist *d = NULL;
     s = arl_dist_init(&d, NULL, NULL);
     if (!s) s = arl_dist_assign_roles(d, &cfg.learner.dist);
+    /* a layout the job cannot have (more learner ranks than ranks): the launch's usage error */
+    if (s == ARL_ERR_CONFIG) s = arl_error_prefix(ARL_ERR_ARG, "learner");
     int rc = ARL_EXIT_OK;
     arl_train_result res = {0};
     if (!s) {

@@ -35,6 +35,7 @@ grep -qF "key 'context-stages': '5:999999999999': 999999999999 tokens is more th
 for bad in "rollout.env=kvstor|key 'rollout.env': no built-in environment 'kvstor' (calculator, needle, kvstore, shapes" \
     "learner.outcome-components=answr=1|key 'learner.outcome-components': calculator declares no outcome component 'answr' (its outcome components: answer_correct)" \
     "learner.process-components=answer_correct=1|calculator declares no process component 'answer_correct' (it is declared at the outcome level" \
+    "learner.dist-learners=2|learner: dist-learners: 2 learner ranks requested but the job has 1 rank" \
     "sft-demos=4 --set rollout.env=shapes|key 'sft-demos': the tasks of shapes carry images, which the SFT warm start does not take yet"; do
     # shellcheck disable=SC2086
     "$bin" train "$exp" $small --set "out=$tmp/e" --set ${bad%%|*} > "$tmp/log" 2>&1
