@@ -163,6 +163,9 @@ typedef struct ro_traj {
     /* counters */
     int64_t step;    /* last applied step */
     int64_t n_total; /* tokens in the trajectory stream */
+    /* of step and n_total, what a fork's stored row does not count: its parent's prefix (0 for
+     * every other trajectory; a resumed one's row counts its earlier segments) */
+    int64_t base_step, base_tokens;
     int64_t n_ctx;   /* tokens since the last fresh start */
     int64_t call_seq;
     int64_t ctx_vmin, ctx_vmax; /* versions of the tokens since the last fresh start */

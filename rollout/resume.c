@@ -727,6 +727,10 @@ arl_status ro_resume_one(arl_rollout_worker *w, int64_t traj_id) {
         t->call_seq = x.calls.max_seq + 1;
         t->step = x.m;
         t->n_total = last->tok_start + last->n_tokens;
+        if (x.fork) { /* the prefix is the parent's: the fork's summary counts its own part */
+            t->base_step = t->step;
+            t->base_tokens = t->n_total;
+        }
         fresh = !strcmp(last->end_cause, "env_reset") || !strcmp(last->end_cause, "template_break");
         if (x.fork && strcmp(last->end_cause, "token_budget"))
             failed = fail_with(&x, "RESUME_IMPOSSIBLE", "infra",

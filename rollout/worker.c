@@ -272,8 +272,8 @@ static arl_status retain_states(arl_rollout_worker *w) {
 static void finish_counts(arl_rollout_worker *w, ro_traj *t) {
     arl_rollout_stats *s = &w->stats;
     s->trajectories++;
-    s->tokens += t->n_total;
-    s->turns += t->step;
+    s->tokens += t->n_total - t->base_tokens; /* as `replay list` counts the stored row */
+    s->turns += t->step - t->base_step;
 }
 
 /* Close the session after a final commit (DELETE is not recorded) and free t on its answer. */

@@ -111,6 +111,13 @@ grep -q "process: [1-9][0-9]* rows compared, 0 differ" "$T/rw2" || { cat "$T/rw2
 "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --ckpt "$T/ckpt" --experiment "$T/exp.json" \
     --count 2 > "$T/fork" 2>&1 || { cat "$T/fork"; fail "fork"; }
 grep -q "rollout/g000000/r0/f1.1" "$T/fork" || fail "fork ids"
+# the fork's summary counts what the forks stored, as `replay list` shows them (it added the
+# parent's prefix to the tokens and turns, not to the segments)
+sum_tok=$(sed -n 's/^  mean length *\([0-9.]*\) tokens, \([0-9.]*\) turns.*/\1 \2/p' "$T/fork")
+list_tok=$("$BIN" replay list "$T/db" --forks-of rollout/g000000/r0 --json |
+    sed 's/.*"turns":\([0-9]*\),.*"tokens":\([0-9]*\),.*/\2 \1/' |
+    awk '{ k += $1; u += $2; n++ } END { if (n) printf "%.1f %.1f\n", k / n, u / n }')
+[ "$sum_tok" = "$list_tok" ] || fail "fork summary: mean tokens and turns '$sum_tok', the stored forks' '$list_tok'"
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after fork"; }
 # without --experiment the forks take their run's settings from the store (environment, budgets)
 "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --ckpt "$T/ckpt" > "$T/fork2" 2>&1 \
