@@ -742,6 +742,9 @@ static arl_status show_traj(replay_store *st, rshard *sh, rdb *d, const replay_t
     if (t.parent_traj_uid[0])
         fprintf(out, "  fork of %s after segment %d", t.parent_traj_uid, (int)t.fork_seg_index);
     ARL_TRY(show_pin(st, t.traj_uid, out));
+    if (t.parent_traj_uid[0]) /* the prefix is not copied (spec/replay.md 13.7 step 3) */
+        fprintf(out, "\n  its segments 0..%d are the parent's: agentrl replay show %s %s",
+                (int)t.fork_seg_index, replay_store_root(st), t.parent_traj_uid);
     fprintf(out, "\n  versions ");
     if (t.min_version >= 0)
         fprintf(out, "%lld..%lld", (long long)t.min_version, (long long)t.max_version);

@@ -118,6 +118,10 @@ list_tok=$("$BIN" replay list "$T/db" --forks-of rollout/g000000/r0 --json |
     sed 's/.*"turns":\([0-9]*\),.*"tokens":\([0-9]*\),.*/\2 \1/' |
     awk '{ k += $1; u += $2; n++ } END { if (n) printf "%.1f %.1f\n", k / n, u / n }')
 [ "$sum_tok" = "$list_tok" ] || fail "fork summary: mean tokens and turns '$sum_tok', the stored forks' '$list_tok'"
+# show of a fork says where its prefix is (the parent's segments, not copied)
+"$BIN" replay show "$T/db" rollout/g000000/r0/f1.0 > "$T/show-fork" 2>&1 || { cat "$T/show-fork"; fail "show of a fork"; }
+grep -qF "its segments 0..0 are the parent's: agentrl replay show $T/db rollout/g000000/r0" "$T/show-fork" ||
+    { head -5 "$T/show-fork"; fail "show of a fork: no pointer to its prefix"; }
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after fork"; }
 # without --experiment the forks take their run's settings from the store (environment, budgets)
 "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --ckpt "$T/ckpt" > "$T/fork2" 2>&1 \
