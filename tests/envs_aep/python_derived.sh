@@ -20,9 +20,11 @@ trap cleanup EXIT
 fail=0
 # check MODE WANT_RC PATTERN: env check of the variant MODE exits WANT_RC and prints PATTERN
 check() {
-    "$PY" "$(dirname "$0")/wordcount_variant.py" --mode "$1" --port 0 > "$tmp/out" 2> "$tmp/err" &
+    # a file of each mode's own: the background job truncates its file after the shell goes on,
+    # so serve_url could read the previous server's URL from a shared one (a dead port)
+    "$PY" "$(dirname "$0")/wordcount_variant.py" --mode "$1" --port 0 > "$tmp/out-$1" 2> "$tmp/err" &
     pid=$!
-    url=$(serve_url "$tmp/out" "$pid") || { echo "FAIL: the $1 server did not start"; cat "$tmp/err"; fail=1; return; }
+    url=$(serve_url "$tmp/out-$1" "$pid") || { echo "FAIL: the $1 server did not start"; cat "$tmp/err"; fail=1; return; }
     "$BIN" env check "$url" > "$tmp/c" 2>&1
     rc=$?
     if [ $rc -ne "$2" ] || ! grep -qF -- "$3" "$tmp/c"; then

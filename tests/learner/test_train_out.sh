@@ -42,11 +42,13 @@ refuse "$tmp/a/replay" "inside the output directory of another run, $tmp/a"
 # a run that failed at set-up saved nothing but its settings: its --resume may change them (a
 # fixed setting), and the settings saved are the new ones; a run that saved more keeps its own
 # shellcheck disable=SC2086
-"$bin" train "$exp" $small --set "out=$tmp/c" --set "init=$tmp/none" > "$tmp/log6" 2>&1 && fail "a missing init was taken"
+# (task data the environment refuses: the held-out split meets it after OUT is made; a missing
+# init is refused before, and leaves nothing)
+"$bin" train "$exp" $small --set "out=$tmp/c" --set 'rollout.task-data={"bogus": 1}' > "$tmp/log6" 2>&1 && fail "task data the environment refuses was taken"
 [ -e "$tmp/c/experiment.json" ] && [ ! -e "$tmp/c/reference" ] || fail "the failed set-up left other files than expected: $(ls "$tmp/c")"
 # shellcheck disable=SC2086
 "$bin" train "$exp" $small --set "out=$tmp/c" --set rollout.temperature=0.5 --resume > "$tmp/log7" 2>&1 || { tail -3 "$tmp/log7"; fail "the resume of a run that saved nothing refused a changed setting"; }
-grep -qF "saved nothing but its settings; it starts with the settings as now (as saved -> as now: rollout.temperature 1 -> 0.5)" "$tmp/log7" || { grep "resume" "$tmp/log7"; fail "the resume did not say it takes the new settings"; }
+grep -qF "saved nothing but its settings; it starts with the settings as now (as saved -> as now: rollout.task-data.bogus 1 -> (unset), rollout.task-data.level (unset) -> 1, rollout.temperature 1 -> 0.5)" "$tmp/log7" || { grep "resume" "$tmp/log7"; fail "the resume did not say it takes the new settings"; }
 grep -q '"temperature": 0.5' "$tmp/c/experiment.json" || fail "experiment.json keeps the old settings"
 # shellcheck disable=SC2086
 "$bin" train "$exp" $small --set "out=$tmp/c" --resume > "$tmp/log8" 2>&1 && fail "a resume with other settings than a run with stores was taken"
