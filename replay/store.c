@@ -549,8 +549,6 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(x ? x : "", y ? y : "");
 }
 
-/* The error for a folder that is no store: the stores below it named (a train run's replay/
- * holds u<N>/r<K>), or what a store is. */
 /* A store to write (REPLAY_OPEN_CREATE) is a store root or a path to make one at: not a file
  * (opened read-only as one shard), and not a folder of store files without a catalog (a
  * store's shards/ folder), where a second store would be made around them.  A root whose
@@ -563,27 +561,32 @@ static arl_status create_root_check(const char *root) {
                           "replay: %s: not a directory (a replay store is a folder: give a store "
                           "root, or a path to create one at)",
                           root);
-    char *cat = rstore_join(root, "catalog.sqlite");
-    if (!cat) return arl_errorf(ARL_ERR_NOMEM, "replay: out of memory");
-    const int have_cat = stat(cat, &sb) == 0;
-    free(cat);
-    DIR *d = have_cat ? NULL : opendir(root);
-    if (!d) return ARL_OK; /* a catalog, or the open below says why */
+    /* One listing decides: catalog.sqlite among the names is a root.  (A stat of the catalog
+     * before the listing raced a second writer creating the same new store: its catalog, made
+     * between the two, was taken for a stray store file.) */
+    DIR *d = opendir(root);
+    if (!d) return ARL_OK; /* the open below says why */
     const struct dirent *e;
-    arl_status s = ARL_OK;
-    while (s == ARL_OK && (e = readdir(d))) {
+    char stray[256] = "";
+    int have_cat = 0;
+    while (!have_cat && (e = readdir(d))) {
         const size_t len = strlen(e->d_name);
-        if (len > 7 && !strcmp(e->d_name + len - 7, ".sqlite"))
-            s = arl_errorf(ARL_ERR_ARG,
-                           "replay: %s: holds store files (%s) but no catalog.sqlite, so it is "
-                           "not a store root (a store's shards/ folder? give the folder that "
-                           "holds catalog.sqlite, or a new path)",
-                           root, e->d_name);
+        if (!strcmp(e->d_name, "catalog.sqlite"))
+            have_cat = 1;
+        else if (!*stray && len > 7 && !strcmp(e->d_name + len - 7, ".sqlite"))
+            snprintf(stray, sizeof stray, "%s", e->d_name);
     }
     closedir(d);
-    return s;
+    if (have_cat || !*stray) return ARL_OK;
+    return arl_errorf(ARL_ERR_ARG,
+                      "replay: %s: holds store files (%s) but no catalog.sqlite, so it is not a "
+                      "store root (a store's shards/ folder? give the folder that holds "
+                      "catalog.sqlite, or a new path)",
+                      root, stray);
 }
 
+/* The error for a folder that is no store: the stores below it named (a train run's replay/
+ * holds u<N>/r<K>), or what a store is. */
 static arl_status not_a_store(const char *root) {
     enum { CAP = 256 };
     char *names[CAP] = {0};

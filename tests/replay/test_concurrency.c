@@ -18,15 +18,23 @@
  *   - export and show of a trajectory its writer commits to meanwhile: one snapshot per
  *     trajectory (the header said 1 segment and 2 followed);
  *   - a new shard's id (--shard 0) skips an id whose lock a writer given that id explicitly
- *     (--shard N) holds before registering it (the two collided and one failed). */
+ *     (--shard N) holds before registering it (the two collided and one failed);
+ *   - two writers creating the same new store (two rollout workers started together with one
+ *     --out): the catalog the other made between this one's look for catalog.sqlite and its
+ *     listing of the folder was taken for a stray store file, "holds store files
+ *     (catalog.sqlite) but no catalog.sqlite" (one clean CI run, sanitized build); this test's
+ *     opendir lets a child process create the store at that point. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* fopencookie */
 #endif
+#include <dirent.h>
+#include <dlfcn.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -339,6 +347,53 @@ static void test_auto_id_skips_held(void) {
     reap(pid, p[0]);
 }
 
+/* ---- a second writer creating the same new store: opendir of race_root (the library's check
+ * of a path to create a store at lists it) first has a child process create the store there,
+ * as a writer started at the same moment does ---- */
+
+static char race_root[600];
+static int race_created = -1; /* the child's exit status: 0 when it created the store */
+
+DIR *opendir(const char *name) {
+    static DIR *(*real)(const char *);
+    if (!real) *(void **)&real = dlsym(RTLD_NEXT, "opendir");
+    if (*race_root && !strcmp(name, race_root)) {
+        *race_root = 0; /* once; and not in the child */
+        const pid_t pid = fork();
+        if (pid == 0) {
+            replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
+            replay_store *cs = NULL;
+            const arl_status s = replay_store_open(name, &o, &cs);
+            if (s != ARL_OK) fprintf(stderr, "the other writer: %s\n", arl_error_msg());
+            replay_store_close(cs);
+            _exit(s == ARL_OK ? 0 : 3);
+        }
+        int ws = 0;
+        race_created =
+            pid > 0 && waitpid(pid, &ws, 0) == pid && WIFEXITED(ws) ? WEXITSTATUS(ws) : 2;
+    }
+    return real ? real(name) : NULL;
+}
+
+/* The other writer creates the store (catalog.sqlite, shards/) in the empty folder this one is
+ * about to create it in: this one opens that store. */
+static void test_create_race(void) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/new-store", test_tmpdir("create-race"));
+    CHECK(mkdir(p, 0755) == 0); /* an empty folder is a path to create a store at */
+    snprintf(race_root, sizeof race_root, "%s", p);
+    replay_open_opts o = {.flags = REPLAY_OPEN_CREATE};
+    replay_store *s2 = NULL;
+    CHECK_MSG(replay_store_open(p, &o, &s2) == ARL_OK, "%s", arl_error_msg());
+    CHECK_EQ_INT(race_created, 0);
+    CHECK(*race_root == 0); /* the race was run */
+    replay_writer *w = NULL;
+    CHECK(s2 && replay_writer_open(s2, REPLAY_FILE_WORKER, 0, "run1", &w) == ARL_OK);
+    replay_writer_close(w);
+    replay_store_close(s2);
+    *race_root = 0;
+}
+
 int main(void) {
     snprintf(root, sizeof root, "%s/store", test_tmpdir("concurrency"));
     replay_open_opts oo = {.flags = REPLAY_OPEN_CREATE};
@@ -369,6 +424,7 @@ int main(void) {
     replay_writer_close(wb);
     free(printed);
     TEST_RUN(test_auto_id_skips_held);
+    TEST_RUN(test_create_race);
     replay_store_close(st);
     return test_finish();
 }
