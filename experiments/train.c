@@ -2356,15 +2356,17 @@ arl_status arl_train_run(const arl_train_config *c, int resume, arl_dist *d, FIL
     if (s) arl_error_prefix(s, "key '%s'", c->model ? "model" : "init");
     /* the checkpoint to start from, with a model config beside it: read after the SFT
      * demonstrations otherwise (a missing one left sft/ behind) */
-    if (!s && c->model && c->init) {
+    static const char *const ckpt_files[] = {"config.json", "model.safetensors"};
+    for (size_t i = 0; !s && c->model && c->init && i < 2; i++) {
         char p[4300];
-        snprintf(p, sizeof p, "%s/model.safetensors", c->init);
+        snprintf(p, sizeof p, "%s/%s", c->init, ckpt_files[i]);
         struct stat sb;
         if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode))
             s = arl_errorf(ARL_ERR_NOT_FOUND,
-                           "key 'init': %s: no checkpoint there (config.json and "
-                           "model.safetensors, as agentrl model init or train writes)",
-                           c->init);
+                           "key 'init': %s: no checkpoint there (no %s; a checkpoint is "
+                           "config.json and model.safetensors, as agentrl model init or train "
+                           "writes)",
+                           c->init, ckpt_files[i]);
     }
     /* under mpirun, every rank has rank 0's settings, before anything is written */
     if (d->layout.world_size > 1) {

@@ -33,6 +33,19 @@ static arl_status nomem(void) {
     return arl_errorf(ARL_ERR_NOMEM, "teacher: out of memory");
 }
 
+/* "who: no built-in environment 'name' with a teacher (the table's names)". */
+static arl_status no_teacher(const char *who, const char *env_name) {
+    char names[256] = "";
+    size_t k = 0;
+    for (size_t i = 0; i < NBUILTINS && k < sizeof names; i++) {
+        const int m = snprintf(names + k, sizeof names - k, "%s%s", i ? ", " : "",
+                               arl_builtins_with_teachers[i].def->name);
+        k += m > 0 ? (size_t)m : 0;
+    }
+    return arl_errorf(ARL_ERR_NOT_FOUND, "%s: no built-in environment '%s' with a teacher (%s)",
+                      who, env_name ? env_name : "", names);
+}
+
 /* ---- OpenAI conversion ---- */
 
 static char *base64(const uint8_t *p, size_t n) {
@@ -183,11 +196,7 @@ static arl_status episode_open(episode *e, const char *env_name, const arl_env_t
                                const json_t *options, int record) {
     memset(e, 0, sizeof *e);
     e->b = arl_builtin_find(env_name);
-    if (!e->b)
-        return arl_errorf(ARL_ERR_NOT_FOUND,
-                          "teacher: no built-in environment '%s' with a "
-                          "teacher (calculator, needle, kvstore, shapes)",
-                          env_name ? env_name : "");
+    if (!e->b) return no_teacher("teacher", env_name);
     const arl_env_ops *ops = e->b->def->ops;
     int64_t limit = 0;
     ARL_TRY(limits_max_steps(e->b->def, &limit));
@@ -301,11 +310,7 @@ arl_status arl_env_demos_write(const char *env_name, int64_t n_episodes, uint64_
                                const char *options_json, FILE *out, arl_env_demos_stats *stats) {
     arl_env_demos_stats st;
     memset(&st, 0, sizeof st);
-    if (!arl_builtin_find(env_name))
-        return arl_errorf(ARL_ERR_NOT_FOUND,
-                          "env demos: no built-in environment '%s' with a "
-                          "teacher (calculator, needle, kvstore, shapes)",
-                          env_name ? env_name : "");
+    if (!arl_builtin_find(env_name)) return no_teacher("env demos", env_name);
     json_t *options = NULL;
     if (options_json && *options_json) {
         json_error_t je;

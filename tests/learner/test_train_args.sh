@@ -52,6 +52,15 @@ rc=$?
 [ "$rc" -eq 1 ] || { tail -3 "$tmp/log"; fail "init missing: exit $rc, 1 expected"; }
 grep -qF "key 'init': $tmp/nope: no checkpoint there" "$tmp/log" || { tail -3 "$tmp/log"; fail "init missing: message"; }
 [ ! -e "$tmp/i" ] || fail "init missing: OUT made ($(ls "$tmp/i"))"
+# ... and one with its weights but no config.json (only model.safetensors was looked for)
+mkdir -p "$tmp/half" && : > "$tmp/half/model.safetensors"
+# shellcheck disable=SC2086
+"$bin" train "$exp" $small --set "out=$tmp/i" --set "init=$tmp/half" > "$tmp/log" 2>&1
+rc=$?
+[ "$rc" -eq 1 ] || { tail -3 "$tmp/log"; fail "init without config.json: exit $rc, 1 expected"; }
+grep -qF "key 'init': $tmp/half: no checkpoint there (no config.json;" "$tmp/log" ||
+    { tail -3 "$tmp/log"; fail "init without config.json: message"; }
+[ ! -e "$tmp/i" ] || fail "init without config.json: OUT made ($(ls "$tmp/i"))"
 # rollout.context-tokens too large for memory: the model's message names max_context and the key
 # (it named max_tokens alone)
 # shellcheck disable=SC2086

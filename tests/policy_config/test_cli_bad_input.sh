@@ -134,7 +134,7 @@ fi
 
 # --- env demos: a failure or an interrupt leaves --out as it was
 expect 2 "no built-in environment 'bogus'" "$BIN" env demos bogus --episodes 2 --out "$T/mine.txt"
-expect 2 "no built-in environment 'echo' with a teacher" "$BIN" env demos echo --episodes 2
+expect 2 "no built-in environment 'echo' with a teacher (calculator, needle, kvstore, shapes)" "$BIN" env demos echo --episodes 2
 expect 2 "options: expected a JSON object" \
     "$BIN" env demos calculator --episodes 2 --options '{bad' --out "$T/mine.txt"
 [ "$(cat "$T/mine.txt")" = precious ] || fail "env demos destroyed an existing --out file"
