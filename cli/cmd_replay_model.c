@@ -58,8 +58,8 @@ typedef struct rescore_cli {
     char *env_config;
 } rescore_cli;
 
-static arl_status fork_ckpt_of(replay_store *st, const char *traj, int64_t *version, char *ckpt,
-                               size_t cap, const char *who, const char *what);
+static arl_status fork_ckpt_of(replay_store *st, const char *db, const char *traj, int64_t *version,
+                               char *ckpt, size_t cap, const char *who, const char *what);
 
 static const arl_option rescore_tab[] = {
     {"db", ARL_OPT_STRING, offsetof(rescore_cli, db), NULL, "replay store root", 0, 0, NULL,
@@ -592,7 +592,7 @@ int cmd_replay_rescore(int argc, char **argv) {
     for (int i = 0; s == ARL_OK && ckpt_of_version && i < o.traj.n; i++) {
         int64_t v = version;
         char c[sizeof vckpt];
-        s = fork_ckpt_of(st, o.traj.v[i], &v, c, sizeof c, "replay rescore",
+        s = fork_ckpt_of(st, o.db, o.traj.v[i], &v, c, sizeof c, "replay rescore",
                          "the checkpoint to score under");
         if (s == ARL_OK && i && strcmp(c, vckpt))
             s = arl_errorf(ARL_ERR_ARG,
@@ -674,6 +674,14 @@ int cmd_replay_rescore(int argc, char **argv) {
         memset(&det, 0, sizeof det);
         s = arl_rollout_rescore_ex(st, o.traj.v[i], &ro, &r, save ? &lp : NULL,
                                    save ? &mu : NULL, save ? &nlp : NULL, save ? &det : NULL);
+        /* --version N alone scores under the checkpoint recorded for N (label vN): its weights
+         * must be N's (a checkpoint overwritten, or one found where a copied run has it) */
+        if (s == ARL_OK && ckpt_of_version && r.version_how == ARL_ROLLOUT_RESCORE_VERSION_REFUSED)
+            s = arl_errorf(ARL_ERR_STATE,
+                           "replay rescore: %s holds other weights than the run of %s recorded "
+                           "for policy version %lld (weights_sha256); give --ckpt "
+                           "DIR to score under it anyway",
+                           o.ckpt, o.traj.v[i], (long long)version);
         if (s == ARL_OK && save && !tw) s = replay_writer_open(st, REPLAY_FILE_TOOL, 0, NULL, &tw);
         /* the trajectory's rows and its report are one step that an interrupt does not cut:
          * a trajectory reported above the interrupt note is saved whole, one below it not; its
@@ -861,11 +869,48 @@ static arl_status fork_run_defaults(const char *db, const char *traj, arl_rollou
     return s;
 }
 
-/* The policy that continues forks of traj without --ckpt: the checkpoint the store records
- * for version *version (< 0: the newest) of traj's run, into ckpt (cap bytes); *version
- * becomes the version found. */
-static arl_status fork_ckpt_of(replay_store *st, const char *traj, int64_t *version, char *ckpt,
-                               size_t cap, const char *who, const char *what) {
+static int is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* A recorded checkpoint that is not where it was saved, found where a copied or moved run puts
+ * it: the last 1..4 components of its path (policy/v3, reference) under the store root or one of
+ * its first 6 ancestors (a train run's stores are OUT/replay/uN/rK, its checkpoints
+ * OUT/policy/vN and OUT/reference), nearest ancestor and shortest suffix first.  Stores record
+ * absolute paths, so a run copied elsewhere still names the original's.  The weights are not
+ * checked here: the fork and the re-score refuse a checkpoint whose weights are not the
+ * version's (recorded weights_sha256).  Into out (cap bytes); 0 if none is there. */
+static int ckpt_relocated(const char *recorded, const char *db, char *out, size_t cap) {
+    char *anc = realpath(db, NULL);
+    if (!anc) return 0;
+    const size_t n = strlen(recorded);
+    int found = 0;
+    for (int up = 0; !found && up <= 6; up++) {
+        size_t at = n;
+        for (int k = 1; !found && k <= 4; k++) {
+            while (at > 0 && recorded[at - 1] == '/') /* the suffix's start: k components */
+                at--;
+            while (at > 0 && recorded[at - 1] != '/')
+                at--;
+            if (at == 0) break; /* the whole path: that is the recorded one */
+            const int w =
+                snprintf(out, cap, "%s%s", strcmp(anc, "/") ? anc : "", recorded + at - 1);
+            found = w > 0 && (size_t)w < cap && strcmp(out, recorded) && is_dir(out);
+        }
+        char *slash = strrchr(anc, '/');
+        if (!slash || slash == anc) break; /* (the root itself is not searched) */
+        *slash = 0;
+    }
+    free(anc);
+    return found;
+}
+
+/* The policy that continues forks of traj without --ckpt: the checkpoint the store at db records
+ * for version *version (< 0: the newest) of traj's run, into ckpt (cap bytes), or where a copied
+ * run has it (ckpt_relocated, with a note); *version becomes the version found. */
+static arl_status fork_ckpt_of(replay_store *st, const char *db, const char *traj, int64_t *version,
+                               char *ckpt, size_t cap, const char *who, const char *what) {
     replay_traj_row t;
     ARL_TRY(replay_traj_get(st, traj, &t));
     replay_version_row v;
@@ -892,16 +937,22 @@ static arl_status fork_ckpt_of(replay_store *st, const char *traj, int64_t *vers
                        "%s: the store records no checkpoint for policy version %lld of run %s; "
                        "give --ckpt DIR (%s)",
                        who, (long long)v.version, run.run_uid, what);
-    struct stat sb;
-    if (s == ARL_OK && (stat(v.checkpoint_uri, &sb) != 0 || !S_ISDIR(sb.st_mode)))
+    if (s == ARL_OK && is_dir(v.checkpoint_uri)) {
+        snprintf(ckpt, cap, "%s", v.checkpoint_uri);
+    } else if (s == ARL_OK && ckpt_relocated(v.checkpoint_uri, db, ckpt, cap)) {
+        fprintf(stderr,
+                "agentrl: note: %s: policy version %lld of run %s was saved at %s, which is not "
+                "there; taking %s, at the same place relative to the store (a copied or moved "
+                "run; its weights must be the version's)\n",
+                who, (long long)v.version, run.run_uid, v.checkpoint_uri, ckpt);
+    } else if (s == ARL_OK) {
         s = arl_errorf(ARL_ERR_NOT_FOUND,
                        "%s: policy version %lld of run %s was saved at %s, which is not there "
-                       "(moved or deleted?); give --ckpt DIR (%s) or --version N",
+                       "(moved or deleted?), nor at the same place relative to the store; give "
+                       "--ckpt DIR (%s) or --version N",
                        who, (long long)v.version, run.run_uid, v.checkpoint_uri, what);
-    if (s == ARL_OK) {
-        snprintf(ckpt, cap, "%s", v.checkpoint_uri);
-        *version = v.version;
     }
+    if (s == ARL_OK) *version = v.version;
     replay_run_info_free(&run);
     return s;
 }
@@ -1060,7 +1111,7 @@ int cmd_replay_fork(int argc, char **argv) {
     if (s == ARL_OK && o.ckpt)
         snprintf(ckpt, sizeof ckpt, "%s", o.ckpt);
     else if (s == ARL_OK)
-        s = fork_ckpt_of(st, o.traj, &version, ckpt, sizeof ckpt, "fork",
+        s = fork_ckpt_of(st, o.db, o.traj, &version, ckpt, sizeof ckpt, "fork",
                          "the policy that continues the forks");
     const arl_rollout_fork_opts fo = {
         .group_uid = o.group_uid, .version = version, .use_rollout_state = o.use_rollout_state};

@@ -533,6 +533,14 @@ has "rescored"
 grep -q "no re-score" <<<"$out" && fail "rescore --version 0 saved no re-score labelled v0: $out"
 expect 1 "$A" replay rescore "$R/db" rollout/g000000/r0 --version 7
 has "records no policy version 7 (its newest is 0); give another --version, or --ckpt DIR"
+# ... and refused when the checkpoint there now holds other weights (b's): the scores would be
+# labelled v0 but be b's (they were saved)
+mv "$R/a" "$R/a.real" && cp -a "$R/b" "$R/a"
+expect 1 "$A" replay rescore "$R/db" rollout/g000000/r0 --version 0 --label v0-other
+rm -rf "$R/a" && mv "$R/a.real" "$R/a"
+has "error: replay rescore: .*/a holds other weights than the run of rollout/g000000/r0 recorded for policy version 0 (weights_sha256); give --ckpt DIR"
+expect 0 "$A" replay show "$R/db" rollout/g000000/r0 --tokens --rescore v0-other
+grep -q "no re-score" <<<"$out" || fail "rescore --version 0 under other weights saved a re-score: $out"
 # --save-states (spec 13.6 step 3) under b, then the plain rescore under b starts its second
 # segment from those tool states; with the default --version auto no rollout version is b's
 expect 0 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --json --save-states \

@@ -139,6 +139,27 @@ if "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --version 3 > "$T/f
     fail "fork --version 3 of a run with version 0 only"
 fi
 grep -q "records no policy version 3 (its newest is 0)" "$T/fork4" || { cat "$T/fork4"; fail "fork --version 3: the message"; }
+# a copied run: the store records the checkpoint's absolute path, which is gone; the checkpoint
+# at the same place relative to the store is taken, with a note (the fork refused: "saved at
+# .../ckpt, which is not there"); one whose weights are not the version's is refused
+mkdir -p "$T/moved" && cp -a "$T/db" "$T/moved/db" && cp -a "$T/ckpt" "$T/moved/ckpt"
+mv "$T/ckpt" "$T/ckpt.away"
+"$BIN" replay fork "$T/moved/db" rollout/g000000/r0 --segment 1 --count 1 > "$T/fork6" 2> "$T/err6" \
+    || { cat "$T/err6"; mv "$T/ckpt.away" "$T/ckpt"; fail "fork of a copied run"; }
+grep -q "note: fork: policy version 0 of run rollout was saved at .*/ckpt, which is not there; taking $T/moved/ckpt, at the same place relative to the store" \
+    "$T/err6" || { cat "$T/err6"; mv "$T/ckpt.away" "$T/ckpt"; fail "fork of a copied run: the note"; }
+head -1 "$T/fork6" | grep -q "^policy: version 0 of the parent's run, $T/moved/ckpt$" \
+    || { cat "$T/fork6"; mv "$T/ckpt.away" "$T/ckpt"; fail "fork of a copied run: the policy named"; }
+rm -rf "$T/moved/ckpt" && "$BIN" model init tiny "$T/moved/ckpt" --seed 4 > /dev/null 2>&1
+"$BIN" replay fork "$T/moved/db" rollout/g000000/r0 --segment 1 --count 1 > /dev/null 2> "$T/err6"
+[ $? -eq 1 ] && grep -q "is not policy version 0 of run rollout (its weights are no version the run recorded)" \
+    "$T/err6" || { cat "$T/err6"; mv "$T/ckpt.away" "$T/ckpt"; fail "fork of a copied run, other weights there: exit 1 and a refusal"; }
+rm -rf "$T/moved/ckpt"
+"$BIN" replay fork "$T/moved/db" rollout/g000000/r0 --segment 1 --count 1 > /dev/null 2> "$T/err6"
+rc=$?
+mv "$T/ckpt.away" "$T/ckpt"
+[ $rc -eq 1 ] && grep -q "which is not there (moved or deleted?), nor at the same place relative to the store; give --ckpt DIR" \
+    "$T/err6" || { cat "$T/err6"; fail "fork of a copied run without its checkpoint: the message"; }
 # fork usage: --env is not required (the run's is used) and rollout keys a fork does not use
 # are not offered and are refused by name; --segment 0 says what is wrong with it; nothing runs
 "$BIN" replay fork --help > "$T/fork-help" 2>&1 || fail "fork --help"
