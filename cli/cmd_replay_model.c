@@ -877,7 +877,7 @@ static int is_dir(const char *p) {
 /* A recorded checkpoint that is not where it was saved, found where a copied or moved run puts
  * it: the last 1..4 components of its path (policy/v3, reference) under the store root or one of
  * its first 6 ancestors (a train run's stores are OUT/replay/uN/rK, its checkpoints
- * OUT/policy/vN and OUT/reference), nearest ancestor and shortest suffix first.  Stores record
+ * OUT/policy/vN), nearest ancestor and shortest suffix first.  Stores record
  * absolute paths, so a run copied elsewhere still names the original's.  The weights are not
  * checked here: the fork and the re-score refuse a checkpoint whose weights are not the
  * version's (recorded weights_sha256).  Into out (cap bytes); 0 if none is there. */
