@@ -97,7 +97,8 @@ void cli_new_store_begin(const char *root);
 void cli_new_store_end(int remove);
 
 /* For a command that is not continued: SIGINT and SIGTERM print text (copied; at most 8191
- * bytes) on standard error, then end the process by that signal. */
+ * bytes) on standard error, then end the process by that signal.  "" after a command's end
+ * (train under mpirun): the signal ends it without a note. */
 void cli_note_on_interrupt_text(const char *text);
 
 /* An output file written whole or not at all.  cli_out_open makes a temporary file beside path

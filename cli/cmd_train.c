@@ -98,6 +98,11 @@ int cmd_train(int argc, char **argv) {
         fflush(stderr);
         if (!res.failure_shared) arl_dist_abort(d, rc);
     }
+    /* the run is over, its failure and the note to continue said: under mpirun the launcher
+     * ends the job's last processes with SIGTERM once one rank has exited non-zero, which
+     * would add "interrupted ... Continue with ... --resume" after them (the only note shown,
+     * and a wrong one, after a refused setting); the signal now ends the process silently */
+    cli_note_on_interrupt_text("");
     arl_dist_finalize(d);
     arl_train_config_free(&cfg);
     arl_options_free(train_cli_tab, TRAIN_CLI_N, &o);

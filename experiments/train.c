@@ -610,6 +610,7 @@ typedef struct tr_run {
     int broken; /* a failure inside the learner's collectives: sync_status makes no more calls */
     int agreed; /* sync_status told every rank of a failure (they all return one) */
     double states_gc_s; /* keep-states: now_s() of the last GC of the learner states files */
+    int policy_saved;   /* rank 0: save_policy wrote a version in this process */
 } tr_run;
 
 static double now_s(void) {
@@ -1231,16 +1232,22 @@ static arl_status rollout_store(tr_run *r, const char *root, const char *tasks_p
 
 /* ---- weights ---- */
 
+/* Write the weights in r->params as policy/v<version>, the rollout workers' policy.  A version
+ * found complete is kept, except at a process's first save: a resume's weights are its
+ * checkpoint's, bit for bit those the version on disk was saved from, and that copy may have
+ * been damaged since (a changed byte in its tensors is not detected when it is loaded; the
+ * rollout made again after a kill would then use it, and the run go on with other bits). */
 static arl_status save_policy(tr_run *r, int64_t version) {
     char dir[4200];
     pathf(dir, sizeof dir, r, "policy/v%lld", (long long)version);
     char cfgp[4300];
     snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
-    if (!path_exists(cfgp)) {
+    if (!r->policy_saved || !path_exists(cfgp)) {
+        r->policy_saved = 1;
         char parent[4200];
         pathf(parent, sizeof parent, r, "policy");
         ARL_TRY(arl_mkdir_p(parent));
-        if (path_exists(dir)) rm_tree(dir); /* a partial save */
+        if (path_exists(dir)) rm_tree(dir); /* a partial save, or the copy rewritten */
         const arl_status s = arl_checkpoint_save(dir, &r->mcfg, &r->params, 0);
         if (s)
             return arl_error_prefix(s, "saving policy version %lld for the rollout workers",
