@@ -1,6 +1,7 @@
 /* cli/cmd_generate.c: `agentrl generate`: sample a continuation of a prompt under a checkpoint.
  *
- * The prompt (and an optional PNG/PPM image) becomes one user message rendered with the chat
+ * The prompt (--prompt, or --prompt-file read whole: a message longer than a command line;
+ * - is standard input) and an optional PNG/PPM image become one user message rendered with the chat
  * template plus the generation prompt (docs/chat_template.md); the prompt is prefilled into a
  * decode state (policy/model.h), then tokens are drawn one at a time (policy/sample.h) until
  * <|end_of_msg|> or --max-tokens.  The decoded text of the drawn tokens (without the stop
@@ -22,6 +23,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "core/file.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "kernels/threadpool.h"
@@ -36,6 +38,7 @@
 typedef struct generate_opts {
     char *ckpt;
     char *prompt;
+    char *prompt_file;
     char *image;
     double temperature;
     double top_p;
@@ -50,8 +53,12 @@ typedef struct generate_opts {
 static const arl_option generate_tab[] = {
     {"ckpt", ARL_OPT_STRING, offsetof(generate_opts, ckpt), NULL,
      "checkpoint directory (config.json + safetensors)", 0, 0, NULL, ARL_OPT_REQUIRED, "DIR"},
-    {"prompt", ARL_OPT_STRING, offsetof(generate_opts, prompt), NULL, "the user message (text)", 0,
-     0, NULL, ARL_OPT_REQUIRED, "TEXT"},
+    {"prompt", ARL_OPT_STRING, offsetof(generate_opts, prompt), NULL,
+     "the user message (text); or give --prompt-file", 0, 0, NULL, 0, "TEXT"},
+    {"prompt-file", ARL_OPT_STRING, offsetof(generate_opts, prompt_file), NULL,
+     "read the user message from this file, its bytes as they are (a final newline included); "
+     "- reads standard input (for a message longer than a command line takes)",
+     0, 0, NULL, 0, "FILE"},
     {"image", ARL_OPT_STRING, offsetof(generate_opts, image), NULL,
      "an image (PNG or PPM) appended to the user message; needs a model with vision_config", 0, 0,
      NULL, 0, "FILE"},
@@ -79,8 +86,8 @@ static const arl_option generate_tab[] = {
 #define GENERATE_N ARL_OPTIONS_COUNT(generate_tab)
 
 static const char *generate_usage =
-    "agentrl generate --ckpt DIR --prompt TEXT [--image FILE] [--temperature T] [--top-p P] "
-    "[--seed S] [--max-tokens N] [--device cpu|cuda]";
+    "agentrl generate --ckpt DIR (--prompt TEXT | --prompt-file FILE) [--image FILE] "
+    "[--temperature T] [--top-p P] [--seed S] [--max-tokens N] [--device cpu|cuda]";
 static const char *generate_summary =
     "Sample an assistant reply to a user message (text and optional image) under a checkpoint "
     "and print its text.";
@@ -173,7 +180,9 @@ static arl_status print_token(gen_run *g, const arl_tokenizer_spec *tok, int32_t
     return s;
 }
 
-static arl_status generate(const generate_opts *o, gen_run *g) {
+/* prompt: the text of --prompt, or of --prompt-file read whole (owned by the caller). */
+static arl_status generate(const generate_opts *o, const char *prompt, size_t prompt_len,
+                           gen_run *g) {
     ARL_TRY(cli_check_ckpt_dir("--ckpt", o->ckpt));
     ARL_TRY(arl_model_config_read(o->ckpt, &g->cfg));
     const arl_model_config *cfg = &g->cfg;
@@ -194,7 +203,7 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
     ARL_TRY(arl_checkpoint_load(o->ckpt, cfg, &g->w));
 
     /* the prompt: one user message (text, then the image) and the generation prompt */
-    ARL_TRY(arl_chat_conv_add_text(&g->conv, ARL_CHAT_USER, o->prompt, strlen(o->prompt)));
+    ARL_TRY(arl_chat_conv_add_text(&g->conv, ARL_CHAT_USER, prompt, prompt_len));
     if (o->image) ARL_TRY(arl_chat_conv_add_part_image(&g->conv, g->img.width, g->img.height));
     ARL_TRY(arl_chat_render(&t, &g->conv, 1, &g->prompt));
     const int64_t n_prompt = (int64_t)g->prompt.n;
@@ -268,7 +277,7 @@ static arl_status generate(const generate_opts *o, gen_run *g) {
     g->printed = 0;
     ARL_TRY(print_text(g, "\n", 1, 1)); /* (a character cut by the end: U+FFFD, then the newline) */
     arl_log_info("prompt %lld tokens (prefill %.2f s), generated %lld tokens in %.2f s "
-                 "(%.1f tokens/s), %s, sum log-prob %.4f",
+                 "(%.1f tokens/s), %s, sum log-prob %.4f (temperature 1, no top-p)",
                  (long long)n_prompt, t1 - t0, (long long)n_out, t2 - t1,
                  t2 > t1 ? (double)n_out / (t2 - t1) : 0.0,
                  stopped ? "stopped at <|end_of_msg|>" : "stopped at --max-tokens", sum_lp);
@@ -279,9 +288,13 @@ int cmd_generate(int argc, char **argv) {
     generate_opts o;
     int rc = cli_parse(generate_tab, GENERATE_N, argc, argv, &o, generate_usage, generate_summary);
     if (rc) return rc < 0 ? ARL_EXIT_OK : rc;
-    if (!o.prompt[0] && !o.image) { /* (an image alone is a user message) */
-        fprintf(stderr, "agentrl: error: --prompt: empty (give the user message text)\nusage: %s\n",
-                generate_usage);
+    const char *usage_err = NULL;
+    if (!o.prompt == !o.prompt_file)
+        usage_err = "give the user message as exactly one of --prompt TEXT or --prompt-file FILE";
+    else if (o.prompt && !o.prompt[0] && !o.image) /* (an image alone is a user message) */
+        usage_err = "--prompt: empty (give the user message text)";
+    if (usage_err) {
+        fprintf(stderr, "agentrl: error: %s\nusage: %s\n", usage_err, generate_usage);
         arl_options_free(generate_tab, GENERATE_N, &o);
         return ARL_EXIT_USAGE;
     }
@@ -291,12 +304,26 @@ int cmd_generate(int argc, char **argv) {
     arl_chat_conv_init(&g.conv);
     arl_chat_tokens_init(&g.prompt);
     arl_status s = ARL_OK;
-    if (o.threads > 0) s = arl_k_threads_init((int)o.threads);
-    if (!s) s = generate(&o, &g);
+    char *file_text = NULL;
+    size_t prompt_len = o.prompt ? strlen(o.prompt) : 0;
+    if (o.prompt_file) {
+        const char *path = strcmp(o.prompt_file, "-") ? o.prompt_file : "/dev/stdin";
+        s = arl_file_read(path, 0, &file_text, &prompt_len);
+        if (s)
+            s = arl_error_prefix(s, "--prompt-file");
+        else if (prompt_len == 0 && !o.image)
+            s = arl_errorf(ARL_ERR_ARG,
+                           "--prompt-file %s: the file is empty (give the user "
+                           "message text)",
+                           o.prompt_file);
+    }
+    if (!s && o.threads > 0) s = arl_k_threads_init((int)o.threads);
+    if (!s) s = generate(&o, o.prompt_file ? file_text : o.prompt, prompt_len, &g);
     if (g.printed) /* the end of the text drawn before the failure */
         (void)print_text(&g, "\n", 1, 1);
     rc = s ? cli_fail(s) : ARL_EXIT_OK;
     gen_run_free(&g);
+    free(file_text);
     arl_options_free(generate_tab, GENERATE_N, &o);
     return rc;
 }

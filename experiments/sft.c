@@ -556,6 +556,9 @@ static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     ARL_TRY(arl_params_memory_check_copies(&r->mcfg, 4,
                                            "sft: the weights, gradients and two AdamW "
                                            "moments of this model"));
+    /* a fresh run's init checkpoint, its tensors' names, shapes and extents, also before
+     * anything is written (a missing, cut-short or other-config checkpoint leaves no out) */
+    if (c->init && !resume) ARL_TRY(arl_checkpoint_verify(c->init, &r->mcfg));
     ARL_TRY(arl_mkdir_p(c->out));
     /* one process in the directory (a second --resume of a running run, say) */
     ARL_TRY(arl_dirlock_take(&r->lock, c->out, "sft"));

@@ -78,6 +78,22 @@ static arl_status render_line(arl_sft_data *d, const char *text, size_t len, int
                                m, arl_chat_role_str(conv.msgs[m].role));
                 break;
             }
+    /* a target call of a tool the prompt does not declare would teach the model to call tools
+     * it was never shown: a data error (the template itself renders any name) */
+    for (size_t m = 0; m < conv.n_msgs && !s; m++)
+        for (size_t k = 0; k < conv.msgs[m].n_calls; k++) {
+            const arl_chat_call *call = &conv.msgs[m].calls[k];
+            if (!call->name || arl_chat_conv_has_tool(&conv, call->name, call->name_len)) continue;
+            const int nl = (int)(call->name_len < 200 ? call->name_len : 200);
+            s = arl_errorf(ARL_ERR_FORMAT,
+                           conv.n_tools
+                               ? "%s: message %zu (assistant): tool call %zu names '%.*s', "
+                                 "which the conversation's \"tools\" do not declare"
+                               : "%s: message %zu (assistant): tool call %zu names '%.*s', "
+                                 "but the conversation declares no \"tools\"",
+                           where, m, k, nl, call->name);
+            break;
+        }
     arl_chat_tokens_clear(&d->tok);
     if (!s) s = arl_chat_render(&d->tmpl, &conv, 0, &d->tok);
     arl_chat_conv_free(&conv);

@@ -17,7 +17,8 @@
  * that renders differently than when indexed is ARL_ERR_CORRUPT).
  *
  * Counting, never silent:
- *   - malformed lines (invalid JSON, a NUL byte, a message the template rejects, an image)
+ *   - malformed lines (invalid JSON, a NUL byte, a message the template rejects, an image,
+ *     a tool call naming a tool the line's "tools" do not declare)
  *     are fatal (ARL_ERR_FORMAT naming file:line and the problem) with
  *     ARL_SFT_MALFORMED_FAIL, or skipped and counted with ARL_SFT_MALFORMED_SKIP (the first
  *     ARL_SFT_MAX_LISTED line numbers and the first message are kept in the stats);

@@ -85,6 +85,26 @@ expect 1 "--ckpt $T/none: No such file" "$BIN" generate --ckpt "$T/none" --promp
 # --- generate: an empty prompt is a usage error
 expect 2 "--prompt: empty" "$BIN" generate --ckpt "$T/ck" --prompt ""
 
+# --- generate --prompt-file FILE (- : standard input) is the message --prompt gives (one longer
+# than a command line takes); exactly one of the two; an empty file is a usage error
+printf 'What is 3 + 4?' > "$T/q.txt"
+"$BIN" --quiet generate --ckpt "$T/ck" --prompt "What is 3 + 4?" --max-tokens 6 --seed 2 \
+    --threads 1 > "$T/g.arg" 2> "$T/err" || fail "generate --prompt: $(cat "$T/err")"
+"$BIN" --quiet generate --ckpt "$T/ck" --prompt-file "$T/q.txt" --max-tokens 6 --seed 2 \
+    --threads 1 > "$T/g.file" 2> "$T/err" || fail "generate --prompt-file: $(cat "$T/err")"
+"$BIN" --quiet generate --ckpt "$T/ck" --prompt-file - --max-tokens 6 --seed 2 --threads 1 \
+    < "$T/q.txt" > "$T/g.stdin" 2> "$T/err" || fail "generate --prompt-file -: $(cat "$T/err")"
+cmp -s "$T/g.arg" "$T/g.file" || fail "generate: --prompt-file differs from --prompt"
+cmp -s "$T/g.arg" "$T/g.stdin" || fail "generate: --prompt-file - differs from --prompt"
+expect 2 "exactly one of --prompt TEXT or --prompt-file FILE" \
+    "$BIN" generate --ckpt "$T/ck" --prompt hi --prompt-file "$T/q.txt"
+expect 2 "exactly one of --prompt TEXT or --prompt-file FILE" "$BIN" generate --ckpt "$T/ck"
+: > "$T/empty.txt"
+expect 2 "--prompt-file $T/empty.txt: the file is empty" \
+    "$BIN" generate --ckpt "$T/ck" --prompt-file "$T/empty.txt"
+expect 1 "--prompt-file: $T/none.txt: cannot open" \
+    "$BIN" generate --ckpt "$T/ck" --prompt-file "$T/none.txt"
+
 # --- score: inputs
 : > "$T/empty.txt"
 expect 2 "--text $T/empty.txt: the file is empty" "$BIN" score --ckpt "$T/ck" --text "$T/empty.txt"

@@ -59,6 +59,20 @@ grep -q "^agentrl: error: sft: the weights, gradients and two AdamW moments of t
     fail "kimi-k3: message: $(tail -3 "$TMP/err")"
 [ ! -e "$TMP/big" ] || fail "kimi-k3: OUT made ($(ls "$TMP/big"))"
 ! grep -q -e "--resume" -e "what it saved stays" "$TMP/err" || fail "kimi-k3: a note to continue: $(tail -3 "$TMP/err")"
+# so is an init checkpoint cut short (or missing its weights): exit 1 naming its file, no OUT
+cp -r "$TMP/out/checkpoints/step-00000003" "$TMP/cut"
+head -c 3000 "$TMP/out/checkpoints/step-00000003/model.safetensors" > "$TMP/cut/model.safetensors"
+"$BIN" sft "$TMP/exp.json" --set "init=$TMP/cut" --set "out=$TMP/cutout" > "$TMP/err" 2>&1
+rc=$?
+[ $rc -eq 1 ] || fail "init cut short: expected exit 1, got $rc: $(tail -3 "$TMP/err")"
+grep -q "^agentrl: error: $TMP/cut/model.safetensors: " "$TMP/err" ||
+    fail "init cut short: message: $(tail -3 "$TMP/err")"
+[ ! -e "$TMP/cutout" ] || fail "init cut short: OUT made ($(ls "$TMP/cutout"))"
+rm "$TMP/cut/model.safetensors"
+"$BIN" sft "$TMP/exp.json" --set "init=$TMP/cut" --set "out=$TMP/cutout" > "$TMP/err" 2>&1
+[ $? -eq 1 ] || fail "init without weights: expected exit 1"
+grep -qF "$TMP/cut: no checkpoint here" "$TMP/err" || fail "init without weights: $(tail -3 "$TMP/err")"
+[ ! -e "$TMP/cutout" ] || fail "init without weights: OUT made ($(ls "$TMP/cutout"))"
 
 # a resume with other eval-data (not part of the run's identity): a warning that the eval losses
 # before and after differ in their conversations

@@ -465,6 +465,41 @@ static void test_overlap(void) {
     arl_sft_data_close(t);
 }
 
+/* A target tool call must name a tool the line declares: a call of another tool (or of any tool
+ * when the line has no "tools") is a malformed line naming file:line, the message and the name;
+ * skipped and counted with on-malformed skip. */
+static void test_undeclared_tool(void) {
+    const char *dir = test_tmpdir("sft-data-tools");
+    const char *p = path_in(dir, "tools.jsonl");
+    FILE *f = fopen(p, "w");
+    const char *call = "{\"role\": \"user\", \"content\": \"7 + 5?\"}, {\"role\": \"assistant\", "
+                       "\"content\": \"\", \"tool_calls\": [{\"id\": \"call_1_0\", \"type\": "
+                       "\"function\", \"function\": {\"name\": \"%s\", \"arguments\": \"{}\"}}]}";
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+                        "\"calc\", \"parameters\": {\"type\": \"object\"}}}]";
+    fprintf(f, "{\"messages\": [");
+    fprintf(f, call, "calc"); /* 1 ok */
+    fprintf(f, "], %s}\n{\"messages\": [", tools);
+    fprintf(f, call, "mul"); /* 2 undeclared */
+    fprintf(f, "], %s}\n{\"messages\": [", tools);
+    fprintf(f, call, "calc"); /* 3 no tools at all */
+    fprintf(f, "]}\n");
+    fclose(f);
+    arl_sft_data_config dc = {300, ARL_SFT_MALFORMED_FAIL, ARL_SFT_LONG_TRUNCATE};
+    arl_sft_data *d;
+    CHECK(arl_sft_data_open(p, &dc, &g_t, &d) == ARL_ERR_FORMAT);
+    CHECK(strstr(arl_error_msg(),
+                 "tools.jsonl:2: message 1 (assistant): tool call 0 names "
+                 "'mul', which the conversation's \"tools\" do not declare") != NULL);
+    dc.on_malformed = ARL_SFT_MALFORMED_SKIP;
+    CHECK(arl_sft_data_open(p, &dc, &g_t, &d) == ARL_OK);
+    const arl_sft_stats *s = arl_sft_data_stats(d);
+    CHECK_EQ_INT(s->malformed, 2);
+    CHECK(s->malformed_line[0] == 2 && s->malformed_line[1] == 3);
+    CHECK_EQ_INT(s->conversations, 1);
+    arl_sft_data_close(d);
+}
+
 int main(void) {
     arl_chat_template_default(&g_t);
     TEST_RUN(test_index_stats);
@@ -475,5 +510,6 @@ int main(void) {
     TEST_RUN(test_changed_same_length);
     TEST_RUN(test_odd_files);
     TEST_RUN(test_overlap);
+    TEST_RUN(test_undeclared_tool);
     return test_finish();
 }
