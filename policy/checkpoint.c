@@ -294,7 +294,7 @@ arl_status arl_checkpoint_load(const char *dir, const arl_model_config *cfg,
     arl_st_dir *d;
     src *srcs;
     ARL_TRY(verify_open(dir, cfg, inv, &d, &srcs));
-    arl_status s = ARL_OK;
+    arl_status s = arl_st_dir_check_data(d);
     for (int64_t i = 0; i < inv->n && s == ARL_OK; i++) {
         const arl_param_tensor *t = &inv->t[i];
         float *dst = params->arena + t->offset;
@@ -376,6 +376,7 @@ static arl_status write_into(const char *target, const arl_model_config *cfg,
     s = arl_model_config_hash_hex(cfg, hex);
     if (!s) s = arl_st_dir_writer_set_metadata(w, "format", "pt");
     if (!s) s = arl_st_dir_writer_set_metadata(w, "agentrl_config_sha256", hex);
+    arl_st_dir_writer_data_crc(w); /* a byte changed on disk later is found at load */
     const int bf16 = arl_model_config_stores_bf16(cfg);
     int64_t k = 0;
     for (int64_t i = 0; i < inv->n && !s; i++) {

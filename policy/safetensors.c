@@ -2,6 +2,8 @@
  * (contracts in policy/safetensors.h). */
 #include "policy/safetensors.h"
 
+#include "core/crc32.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -396,6 +398,26 @@ arl_status arl_st_file_get(const arl_st_file *f, const char *name, const arl_st_
     return ARL_OK;
 }
 
+arl_status arl_st_file_check_data(const arl_st_file *f) {
+    const char *want = arl_st_file_metadata(f, ARL_ST_DATA_CRC_KEY);
+    if (!want) return ARL_OK;
+    char *end = NULL;
+    const unsigned long v = strlen(want) == 8 ? strtoul(want, &end, 16) : 0;
+    if (!end || *end)
+        return arl_errorf(ARL_ERR_FORMAT,
+                          "%s: metadata '%s' is \"%.16s\", not 8 hexadecimal digits (the file "
+                          "is damaged)",
+                          f->path, ARL_ST_DATA_CRC_KEY, want);
+    const uint32_t got = arl_crc32(f->data, (size_t)f->data_len);
+    if (got != (uint32_t)v)
+        return arl_errorf(ARL_ERR_CORRUPT,
+                          "%s: the tensor data does not match the checksum written with it "
+                          "(CRC-32 %08x, recorded %s): the file was changed or damaged after it "
+                          "was written",
+                          f->path, (unsigned)got, want);
+    return ARL_OK;
+}
+
 const char *arl_st_file_metadata(const arl_st_file *f, const char *key) {
     for (int64_t i = 0; i < f->n_meta; i++)
         if (!strcmp(f->meta[2 * i], key)) return f->meta[2 * i + 1];
@@ -483,6 +505,7 @@ typedef struct st_decl {
     json_t *meta;  /* object of strings, insertion order */
     uint64_t total;
     const char *label;
+    int data_crc; /* write ARL_ST_DATA_CRC_KEY (arl_st_writer_data_crc) */
 } st_decl;
 
 static arl_status decl_init(st_decl *d, const char *label) {
@@ -591,6 +614,10 @@ typedef struct st_out {
     int fd;
     unsigned char *buf; /* ST_CHUNK bytes */
     size_t used;
+    uint64_t pos;      /* bytes written to fd */
+    uint64_t crc_from; /* > 0: the CRC-32 of the bytes from this offset on (the data) */
+    uint64_t crc_at;   /* > 0: where its 8 hex digits go in the header (out_commit) */
+    uint32_t crc;
 } st_out;
 
 static arl_status out_open(st_out *o, const char *path) {
@@ -631,6 +658,11 @@ static arl_status write_all(st_out *o, const void *p, size_t n) {
             if (errno == EINTR) continue;
             return arl_file_write_failed(o->tmp, "write failed", errno);
         }
+        if (o->crc_from && o->pos + (uint64_t)w > o->crc_from) { /* (the data's part of it) */
+            const uint64_t skip = o->pos < o->crc_from ? o->crc_from - o->pos : 0;
+            o->crc = arl_crc32_update(o->crc, c + skip, (size_t)((uint64_t)w - skip));
+        }
+        o->pos += (uint64_t)w;
         c += w;
         n -= (size_t)w;
     }
@@ -675,9 +707,16 @@ static arl_status fsync_dir_of(const char *path) {
     return s;
 }
 
-/* Flush, fsync, close, rename onto the final path, fsync the directory; always frees o. */
+/* Flush, fill in the data checksum, fsync, close, rename onto the final path, fsync the
+ * directory; always frees o. */
 static arl_status out_commit(st_out *o) {
     arl_status s = out_flush(o);
+    if (s == ARL_OK && o->crc_at) {
+        char hex[9];
+        snprintf(hex, sizeof hex, "%08x", (unsigned)o->crc);
+        if (pwrite(o->fd, hex, 8, (off_t)o->crc_at) != 8)
+            s = arl_file_write_failed(o->tmp, "cannot write the data checksum", errno);
+    }
     if (s == ARL_OK && fsync(o->fd) != 0) s = arl_file_write_failed(o->tmp, "fsync failed", errno);
     if (s == ARL_OK) {
         int r = close(o->fd);
@@ -699,8 +738,15 @@ static arl_status write_shard(st_out *o, const st_decl *d, int64_t lo, int64_t h
     json_t *root = json_object();
     if (!root) return arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", o->path);
     arl_status s = ARL_OK;
-    if (json_object_size(d->meta) > 0 && json_object_set(root, "__metadata__", d->meta) != 0)
+    /* the data checksum's place: 8 zeros, filled in by out_commit */
+    json_t *meta = d->data_crc ? json_deep_copy(d->meta) : json_incref(d->meta);
+    if (!meta || (d->data_crc &&
+                  json_object_set_new(meta, ARL_ST_DATA_CRC_KEY, json_string("00000000")) != 0))
         s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", o->path);
+    if (s == ARL_OK && json_object_size(meta) > 0 &&
+        json_object_set(root, "__metadata__", meta) != 0)
+        s = arl_errorf(ARL_ERR_NOMEM, "%s: out of memory", o->path);
+    json_decref(meta);
     uint64_t off = 0;
     for (int64_t i = lo; i < hi && s == ARL_OK; i++) {
         const st_entry *e = &d->e[i];
@@ -728,6 +774,17 @@ static arl_status write_shard(st_out *o, const st_decl *d, int64_t lo, int64_t h
                           "%s: header of %zu bytes is above the %u that readers accept (too many "
                           "tensors for one file: write a sharded directory)",
                           o->path, padded, (unsigned)ARL_ST_HEADER_MAX);
+    }
+    if (d->data_crc) {
+        static const char slot[] = "\"" ARL_ST_DATA_CRC_KEY "\":\"00000000\"";
+        const char *at = strstr(hdr, slot);
+        if (!at) {
+            free(hdr);
+            return arl_errorf(ARL_ERR_INTERNAL, "%s: the header lacks its checksum slot", o->path);
+        }
+        o->crc_at = o->pos + o->used + 8 + (uint64_t)(at - hdr) + sizeof slot - 10;
+        o->crc_from = o->pos + o->used + 8 + padded;
+        o->crc = 0;
     }
     uint64_t hl64 = padded;
     s = out_put(o, &hl64, 8);
@@ -786,6 +843,10 @@ arl_status arl_st_writer_open(const char *path, arl_st_writer **out) {
 
 arl_status arl_st_writer_set_metadata(arl_st_writer *w, const char *key, const char *value) {
     return decl_meta(&w->d, key, value);
+}
+
+void arl_st_writer_data_crc(arl_st_writer *w) {
+    w->d.data_crc = 1;
 }
 
 arl_status arl_st_writer_add(arl_st_writer *w, const char *name, arl_dtype dtype, int32_t rank,
@@ -1094,6 +1155,12 @@ const arl_st_file *arl_st_dir_shard(const arl_st_dir *d, int32_t i) {
     return d->shards[i];
 }
 
+arl_status arl_st_dir_check_data(const arl_st_dir *d) {
+    for (int32_t i = 0; i < d->n_shards; i++)
+        ARL_TRY(arl_st_file_check_data(d->shards[i]));
+    return ARL_OK;
+}
+
 uint64_t arl_st_dir_data_bytes(const arl_st_dir *d) {
     return d->total;
 }
@@ -1133,6 +1200,10 @@ arl_status arl_st_dir_writer_open(const char *dir, uint64_t max_shard_bytes,
 arl_status arl_st_dir_writer_set_metadata(arl_st_dir_writer *w, const char *key,
                                           const char *value) {
     return decl_meta(&w->d, key, value);
+}
+
+void arl_st_dir_writer_data_crc(arl_st_dir_writer *w) {
+    w->d.data_crc = 1;
 }
 
 arl_status arl_st_dir_writer_add(arl_st_dir_writer *w, const char *name, arl_dtype dtype,

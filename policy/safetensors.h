@@ -101,6 +101,14 @@ arl_status arl_st_file_get(const arl_st_file *f, const char *name, const arl_st_
 /* "__metadata__" value for key, or NULL if absent.  Valid until arl_st_file_close. */
 const char *arl_st_file_metadata(const arl_st_file *f, const char *key);
 
+/* The data checksum (ARL_ST_DATA_CRC_KEY, written by a writer given arl_st_*writer_data_crc):
+ * the CRC-32 of every byte after the header, checked against the stored one.  A mismatch (a
+ * byte changed or lost in the data since the file was written) is ARL_ERR_CORRUPT naming the
+ * file; a file without the key (another writer's, or an older build's) is ARL_OK unchecked.
+ * Reads the whole data section: for loads that read it anyway, not for header inspection. */
+#define ARL_ST_DATA_CRC_KEY "agentrl_data_crc32"
+arl_status arl_st_file_check_data(const arl_st_file *f);
+
 /* Number of "__metadata__" entries and the i-th (key, value) pair (header order).  Strings
  * valid until arl_st_file_close. */
 int64_t arl_st_file_metadata_count(const arl_st_file *f);
@@ -150,6 +158,10 @@ arl_status arl_st_writer_open(const char *path, arl_st_writer **out);
 
 /* Add a "__metadata__" string pair (both copied).  A repeated key replaces the value. */
 arl_status arl_st_writer_set_metadata(arl_st_writer *w, const char *key, const char *value);
+
+/* Write the data checksum into the metadata (ARL_ST_DATA_CRC_KEY: 8 hex digits, the CRC-32 of
+ * the bytes after the header, filled in once they are written; arl_st_file_check_data). */
+void arl_st_writer_data_crc(arl_st_writer *w);
 
 /* Declare a tensor whose raw bytes (numel * dtype size, little-endian) are at data.
  * name and shape are copied; data is NOT copied: it must stay valid and unchanged until
@@ -217,6 +229,9 @@ arl_status arl_st_dir_get(const arl_st_dir *d, const char *name, const arl_st_te
 int32_t arl_st_dir_shard_count(const arl_st_dir *d);
 const arl_st_file *arl_st_dir_shard(const arl_st_dir *d, int32_t i);
 
+/* arl_st_file_check_data of every shard. */
+arl_status arl_st_dir_check_data(const arl_st_dir *d);
+
 /* Sum of nbytes of all tensors. */
 uint64_t arl_st_dir_data_bytes(const arl_st_dir *d);
 
@@ -234,6 +249,9 @@ arl_status arl_st_dir_writer_open(const char *dir, uint64_t max_shard_bytes,
 
 /* "__metadata__" pair written into every shard (copied). */
 arl_status arl_st_dir_writer_set_metadata(arl_st_dir_writer *w, const char *key, const char *value);
+
+/* Each shard with its data checksum (arl_st_writer_data_crc). */
+void arl_st_dir_writer_data_crc(arl_st_dir_writer *w);
 
 /* Declare tensors: same contracts as arl_st_writer_add / _add_f32 / _add_fn (data not
  * copied; valid until arl_st_dir_writer_close returns). */

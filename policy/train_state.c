@@ -520,6 +520,7 @@ static const char *const moment_suffix[2] = {".exp_avg", ".exp_avg_sq"};
 arl_status arl_optim_state_save(const char *path, const arl_adamw *opt) {
     arl_st_writer *w;
     ARL_TRY(arl_st_writer_open(path, &w));
+    arl_st_writer_data_crc(w); /* a byte changed on disk later is found at load */
     char buf[32];
     arl_status s = arl_st_writer_set_metadata(w, "format", ARL_OPTIM_STATE_FORMAT);
     snprintf(buf, sizeof buf, "%d", ARL_OPTIM_STATE_VERSION);
@@ -588,7 +589,8 @@ static int64_t moment_owner(const arl_adamw *opt, const char *key) {
 arl_status arl_optim_state_load(const char *path, arl_adamw *opt) {
     arl_st_file *f;
     ARL_TRY(arl_st_file_open(path, &f));
-    arl_status s = ARL_OK;
+    arl_status s = arl_st_file_check_data(f);
+    if (s) goto done;
     const char *fmt = arl_st_file_metadata(f, "format");
     const char *ver = arl_st_file_metadata(f, "version");
     const char *stp = arl_st_file_metadata(f, "step");

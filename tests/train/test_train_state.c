@@ -458,6 +458,92 @@ static void test_checkpoint_recovery(void) {
     arl_model_params_free(&q);
 }
 
+/* Overwrite 8 bytes of file path at 3/4 of its length (inside its tensor data). */
+static void change_bytes(const char *path) {
+    struct stat sb;
+    CHECK(stat(path, &sb) == 0);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    if (!f) return;
+    CHECK(fseek(f, (long)(sb.st_size * 3 / 4), SEEK_SET) == 0);
+    CHECK(fwrite("XXXXXXXX", 1, 8, f) == 8);
+    fclose(f);
+}
+
+/* Checkpoint files carry the CRC-32 of their tensor data (policy/safetensors.h
+ * ARL_ST_DATA_CRC_KEY): a byte changed on disk inside a tensor of the newest checkpoint's
+ * weights or moments is ARL_ERR_CORRUPT at load, and a resume sets that checkpoint aside and
+ * takes the one before it (it loaded the changed weights without a word and the run went on with
+ * other bits); a sharded directory's shards each carry theirs; a file without the key (another
+ * writer's) is read unchecked. */
+static void test_changed_byte(void) {
+    const char *base = test_tmpdir("train-ckpt-crc");
+    char root[1024], latest[1200], p1[1300];
+    arl_model_params p, q;
+    arl_adamw a, b;
+    arl_train_state st, st2;
+    ckpt_objects(&p, &q, &a, &b, &st);
+    CHECK(arl_params_init(&p, &g_cfg, 3, 1) == ARL_OK);
+    random_moments(&a, 3);
+    const char *files[2] = {"model.safetensors", "optimizer.safetensors"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(root, sizeof root, "%s/checkpoints-%d", base, k);
+        for (int64_t s = 5; s <= 10; s += 5) {
+            a.step = st.step = s;
+            CHECK(arl_train_ckpt_save(root, &g_cfg, &p, &a, &st, 2, 0, NULL, 0) == ARL_OK);
+        }
+        snprintf(p1, sizeof p1, "%s/step-00000010/%s", root, files[k]);
+        change_bytes(p1);
+        int64_t step = -1;
+        arl_status s = arl_train_ckpt_load_newest(root, &g_cfg, NULL, &q, &b, &st2, 1, latest,
+                                                  sizeof latest, &step);
+        CHECK_MSG(s == ARL_OK && step == 5, "%s: step %lld: %s", files[k], (long long)step,
+                  arl_error_msg());
+        if (s == ARL_OK) arl_train_state_free(&st2);
+        CHECK_EQ_INT(count_entries(root, "damaged-step-00000010"), 1);
+        /* the message names the file */
+        snprintf(p1, sizeof p1, "%s/damaged-step-00000010/%s", root, files[k]);
+        arl_st_file *f = NULL;
+        CHECK(arl_st_file_open(p1, &f) == ARL_OK);
+        CHECK(f && arl_st_file_check_data(f) == ARL_ERR_CORRUPT);
+        CHECK_MSG(strstr(arl_error_msg(), "does not match the checksum written with it") &&
+                      strstr(arl_error_msg(), files[k]),
+                  "%s", arl_error_msg());
+        arl_st_file_close(f);
+    }
+    /* a sharded model directory: a changed byte in its second shard */
+    snprintf(root, sizeof root, "%s/sharded", base);
+    CHECK(arl_checkpoint_save(root, &g_cfg, &p, 64 * 1024) == ARL_OK);
+    arl_st_dir *d = NULL;
+    CHECK(arl_st_dir_open(root, &d) == ARL_OK);
+    const int32_t n_shards = d ? arl_st_dir_shard_count(d) : 0;
+    CHECK(n_shards > 1);
+    CHECK(d && arl_st_dir_check_data(d) == ARL_OK);
+    if (n_shards > 1) snprintf(p1, sizeof p1, "%s", arl_st_file_path(arl_st_dir_shard(d, 1)));
+    arl_st_dir_close(d);
+    CHECK(arl_checkpoint_load(root, &g_cfg, &q) == ARL_OK);
+    if (n_shards > 1) change_bytes(p1);
+    CHECK(arl_checkpoint_load(root, &g_cfg, &q) == ARL_ERR_CORRUPT);
+    /* without the key: unchecked */
+    snprintf(p1, sizeof p1, "%s/plain.safetensors", base);
+    arl_st_writer *w = NULL;
+    const int64_t shape[1] = {1024};
+    CHECK(arl_st_writer_open(p1, &w) == ARL_OK);
+    CHECK(w && arl_st_writer_add_f32(w, "x", ARL_DTYPE_F32, 1, shape, p.arena) == ARL_OK);
+    CHECK(w && arl_st_writer_close(w) == ARL_OK);
+    change_bytes(p1);
+    arl_st_file *f = NULL;
+    CHECK(arl_st_file_open(p1, &f) == ARL_OK);
+    CHECK(f && arl_st_file_metadata(f, ARL_ST_DATA_CRC_KEY) == NULL);
+    CHECK(f && arl_st_file_check_data(f) == ARL_OK);
+    arl_st_file_close(f);
+    arl_train_state_free(&st);
+    arl_adamw_free(&a);
+    arl_adamw_free(&b);
+    arl_model_params_free(&p);
+    arl_model_params_free(&q);
+}
+
 int main(void) {
     if (arl_model_config_read(test_src_path("tests/train/data/micro/config.json"), &g_cfg)) {
         fprintf(stderr, "%s\n", arl_error_msg());
@@ -468,6 +554,7 @@ int main(void) {
     TEST_RUN(test_optim_state);
     TEST_RUN(test_checkpoints);
     TEST_RUN(test_checkpoint_recovery);
+    TEST_RUN(test_changed_byte);
     arl_model_config_free(&g_cfg);
     return test_finish();
 }
