@@ -53,12 +53,18 @@ void cli_fail_rank(int rank, int world);
  * input path that is not there (ARL_ERR_IO when it cannot be looked at). */
 arl_status cli_check_ckpt_dir(const char *opt, const char *dir);
 
+/* The program that the commands the notes below give run (main's argv[0]): the notes show it
+ * as it was started when it holds a '/' ("build/agentrl", quoted where a shell needs it), else
+ * `agentrl` (found on PATH; also the default, and for a path too long to repeat). */
+void cli_note_program(const char *argv0);
+
 /* From here on SIGINT and SIGTERM first print, on standard error, that `agentrl COMMAND` was
- * interrupted and the command that continues it (this one's arguments with `flag` [`value`] at
- * the end, in place of any flag of theirs), then end the process by that signal as before (exit
- * status 128 + the signal): the run's checkpoints and stores are written atomically, so nothing
- * saved is lost.  train and sft continue with --resume, rollout with --shard N (the shard it
- * writes); a signal the process ignores (a background job's SIGINT) stays ignored. */
+ * interrupted and the command that continues it (cli_note_program's program with this one's
+ * arguments, `flag` [`value`] at the end in place of any flag of theirs), then end the process
+ * by that signal as before (exit status 128 + the signal): the run's checkpoints and stores are
+ * written atomically, so nothing saved is lost.  train and sft continue with --resume, rollout
+ * with --shard N (the shard it writes); a signal the process ignores (a background job's
+ * SIGINT) stays ignored. */
 void cli_note_on_interrupt(const char *command, int argc, char **argv, const char *flag,
                            const char *value);
 
@@ -69,7 +75,7 @@ void cli_note_on_interrupt(const char *command, int argc, char **argv, const cha
 void cli_note_launcher(const char *launcher);
 
 /* The same for a command that is not continued but leaves something to tidy: SIGINT and SIGTERM
- * print "agentrl: interrupted: COMMAND stops here; THEN:" and `agentrl WORDS...` (n words,
+ * print "agentrl: interrupted: COMMAND stops here; THEN:" and `PROGRAM WORDS...` (n words,
  * quoted where a shell needs it), then end the process by that signal. */
 void cli_note_on_interrupt_then(const char *command, const char *then, int n,
                                 const char *const *words);

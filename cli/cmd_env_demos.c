@@ -57,6 +57,14 @@ int cmd_env_demos(int argc, char **argv) {
     arl_status s = to_file ? cli_out_open("--out", o.out, &tmp, &f) : ARL_OK;
     if (!s) {
         s = arl_env_demos_write(o.name, o.episodes, (uint64_t)o.seed, o.options, f, &st);
+        if (s && ferror(f)) { /* a failed write (a full disk): its message names the file */
+            static const char head[] = "env demos: ";
+            char m[2048];
+            snprintf(m, sizeof m, "%s", arl_error_msg());
+            const int had = !strncmp(m, head, sizeof head - 1);
+            s = arl_errorf(s, "env demos: %s%s: %s", to_file ? "--out " : "",
+                           to_file ? o.out : "standard output", m + (had ? sizeof head - 1 : 0));
+        }
         if (to_file) s = cli_out_commit(s, f, tmp, "--out", o.out);
     }
     int rc = ARL_EXIT_OK;

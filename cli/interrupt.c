@@ -19,9 +19,11 @@
 static char g_note[8192]; /* the interrupt note, g_cmd at its end */
 static size_t g_note_len;
 static const char *g_command; /* "train", "sft", "rollout": set when armed */
-static const char *g_cmd; /* "  agentrl COMMAND ARGS --resume\n" in g_note, or NULL (too long) */
+static const char *g_cmd; /* "  PROGRAM COMMAND ARGS --resume\n" in g_note, or NULL (too long) */
 static char g_flag[64];   /* what the continuing command adds: "--resume", "--shard 3" */
 static char g_launcher[32]; /* cli_note_launcher's "mpirun", "" for none */
+
+static char g_prog[1024] = "agentrl"; /* cli_note_program's program, as a shell word */
 
 static char g_remove[4096];     /* cli_remove_on_interrupt's file, "" for none */
 static char g_remove_dir[4096]; /* cli_remove_dir_on_interrupt's directory, "" for none */
@@ -95,6 +97,14 @@ static size_t quote_arg(char *out, size_t cap, const char *arg) {
     return n;
 }
 
+void cli_note_program(const char *argv0) {
+    /* a path ("build/agentrl", "/opt/x/agentrl") as given, quoted where a shell needs it; a bare
+     * name was found on PATH, where "agentrl" is found again (and so is one too long to keep) */
+    char q[sizeof g_prog + 1];
+    const size_t n = argv0 && strchr(argv0, '/') ? quote_arg(q, sizeof q, argv0) : 0;
+    snprintf(g_prog, sizeof g_prog, "%s", n && n < sizeof q ? q + 1 : "agentrl");
+}
+
 void cli_note_launcher(const char *launcher) {
     snprintf(g_launcher, sizeof g_launcher, "%s", launcher ? launcher : "");
 }
@@ -115,7 +125,7 @@ void cli_note_on_interrupt(const char *command, int argc, char **argv, const cha
                                 "Continue with%s\n",
                                 command, continue_with(cw, sizeof cw));
     const size_t cmd_at = n;
-    n += (size_t)snprintf(g_note + n, sizeof g_note - n, "  agentrl %s", command);
+    n += (size_t)snprintf(g_note + n, sizeof g_note - n, "  %s %s", g_prog, command);
     /* this command's arguments without flag (and its value: "--shard 0" asked for a new shard,
      * the continuing command names the one written), then flag [value] */
     const size_t flag_len = strlen(flag);
@@ -147,8 +157,8 @@ void cli_note_on_interrupt(const char *command, int argc, char **argv, const cha
 void cli_note_on_interrupt_then(const char *command, const char *then, int n,
                                 const char *const *words) {
     size_t k =
-        (size_t)snprintf(g_note, sizeof g_note,
-                         "\nagentrl: interrupted: %s stops here; %s:\n  agentrl", command, then);
+        (size_t)snprintf(g_note, sizeof g_note, "\nagentrl: interrupted: %s stops here; %s:\n  %s",
+                         command, then, g_prog);
     for (int i = 0; i < n && k < sizeof g_note; i++)
         k += quote_arg(g_note + k, sizeof g_note - k, words[i]);
     if (k < sizeof g_note) k += (size_t)snprintf(g_note + k, sizeof g_note - k, "\n");

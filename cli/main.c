@@ -136,6 +136,7 @@ arl_status cli_check_ckpt_dir(const char *opt, const char *dir) {
 int main(int argc, char **argv) {
     arl_defer_hooks_set(cli_interrupt_defer, cli_interrupt_resume);
     arl_json_watch(); /* before any thread: arl_json_loads' watch of jansson's allocations */
+    cli_note_program(argc > 0 ? argv[0] : NULL); /* the notes' commands run it as it was run */
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "--version")) {

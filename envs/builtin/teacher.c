@@ -3,6 +3,7 @@
  * OpenAI-format conversion of observations and actions, and the JSONL demonstration writer
  * (teacher.h).  The AEP state machine is not involved: episodes run directly on the
  * environment's ops, with the host's truncation rule (max_steps) applied here. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -341,11 +342,15 @@ arl_status arl_env_demos_write(const char *env_name, int64_t n_episodes, uint64_
                 s = nomem();
             } else {
                 size_t n = strlen(line);
-                if (fwrite(line, 1, n, out) != n || fputc('\n', out) == EOF)
-                    s = arl_errorf(ARL_ERR_IO,
-                                   "env demos: write failed after %lld "
-                                   "conversations",
-                                   (long long)st.written);
+                /* the system's reason (the caller names the file): stdio's failed write set
+                 * errno, ENOSPC or EDQUOT on a full disk */
+                errno = 0;
+                if (fwrite(line, 1, n, out) != n || fputc('\n', out) == EOF) {
+                    const int e = errno ? errno : EIO;
+                    s = arl_errorf(e == ENOSPC || e == EDQUOT ? ARL_ERR_FULL : ARL_ERR_IO,
+                                   "env demos: write failed after %lld conversations: %s",
+                                   (long long)st.written, strerror(e));
+                }
                 st.bytes += (int64_t)n + 1;
                 st.written++;
                 free(line);

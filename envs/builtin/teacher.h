@@ -50,8 +50,9 @@ typedef struct arl_env_demos_stats {
  * seed, seed + 1, ..., task.data {} and the given options (JSON object text, NULL for none;
  * "max_steps" caps the episode, default limits.max_steps), and write each successful episode
  * as one JSONL line to out.  stats may be NULL.  Errors: ARL_ERR_NOT_FOUND (no such built-in
- * with a teacher), ARL_ERR_ARG (bad options: the message names the member), ARL_ERR_IO,
- * ARL_ERR_NOMEM. */
+ * with a teacher), ARL_ERR_ARG (bad options: the message names the member), ARL_ERR_IO or
+ * ARL_ERR_FULL (a write to out failed: the message gives the system's reason, not the file's
+ * name), ARL_ERR_NOMEM. */
 arl_status arl_env_demos_write(const char *env_name, int64_t n_episodes, uint64_t seed,
                                const char *options_json, FILE *out, arl_env_demos_stats *stats);
 

@@ -341,14 +341,14 @@ static void test_second_process_refused(void) {
 }
 
 /* The log of run OUT (OUT.log) holds the line head, then the command that continues the run
- * (its own arguments with --resume), and needle when not NULL. */
+ * (the binary as it was started, $ARL_BIN, with its own arguments and --resume), and needle
+ * when not NULL. */
 static void log_has_note(const char *out, const char *head, const char *needle) {
     static char buf[1 << 16];
-    char want[1600];
+    char want[2800];
     const size_t n = strlen(read_log(out, ".log", buf, sizeof buf));
-    snprintf(want, sizeof want,
-             "%s\n  agentrl train %s --set out=%s --set progress=plain --resume\n", head, exp_path,
-             out);
+    snprintf(want, sizeof want, "%s\n  %s train %s --set out=%s --set progress=plain --resume\n",
+             head, getenv("ARL_BIN"), exp_path, out);
     CHECK_MSG(strstr(buf, want) && (!needle || strstr(buf, needle)), "log ends: %s",
               n > 600 ? buf + n - 600 : buf);
 }

@@ -136,7 +136,9 @@ if command -v "$mpiexec" > /dev/null 2>&1; then
     [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { tail -5 "$tmp/log"; fail "mpirun: exit $rc"; }
     grep -q "Free space, then continue with the same mpirun command (its own options as before) running:" "$tmp/log" ||
         { tail -5 "$tmp/log"; fail "mpirun: the note does not say to rerun the mpirun command"; }
-    grep -q "^  agentrl train .* --resume$" "$tmp/log" || { tail -5 "$tmp/log"; fail "mpirun: the note shows no agentrl command"; }
+    # (the binary as mpirun started it: $bin, a path)
+    grep -F -- "  $bin train $exp " "$tmp/log" | grep -q -- "^  .* --resume$" ||
+        { tail -5 "$tmp/log"; fail "mpirun: the note shows no $bin train command"; }
 else
     echo "note: no mpirun: the note under mpirun not checked"
 fi

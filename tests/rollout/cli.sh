@@ -186,7 +186,7 @@ grep -q "group 'rollout/g000001' already exists as a 'train' group" "$T/fork5" \
 # trajectories are continued by no worker)
 "$BIN" replay fork "$T/db" rollout/g000000/r0 --segment 1 --count 400 > /dev/null 2> "$T/err-fork" &
 term_when $! "$T/err-fork" "forked at step" || fail "fork SIGTERM: exit $rc, 143 expected"
-grep -qxF "  agentrl replay recover $T/db --mask" "$T/err-fork" ||
+grep -qxF "  $BIN replay recover $T/db --mask" "$T/err-fork" ||
     { tail -3 "$T/err-fork"; fail "fork SIGTERM: no recover command"; }
 "$BIN" replay recover "$T/db" --mask > /dev/null 2>&1 || fail "recover --mask after the fork"
 "$BIN" replay list "$T/db" --status running | grep -q "^rollout/" && fail "forks left running after recover --mask"
@@ -240,7 +240,7 @@ wait $pa || { cat "$T/err-a"; fail "the first of two workers"; }
 # wrote (in place of --shard 0, a new one); that command leaves no trajectory running
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --shard 0 --tasks 4 > /dev/null 2> "$T/err-term" &
 term_when $! "$T/err-term" "writing shard" || fail "SIGTERM: exit $rc, 143 expected"
-grep -qxF "  agentrl rollout $T/exp.json --ckpt $T/ckpt --out $T/db-term --tasks 4 --shard 1" "$T/err-term" ||
+grep -qxF "  $BIN rollout $T/exp.json --ckpt $T/ckpt --out $T/db-term --tasks 4 --shard 1" "$T/err-term" ||
     { tail -3 "$T/err-term"; fail "SIGTERM: no continue command with the shard"; }
 "$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db-term" --tasks 4 --shard 1 > /dev/null 2>&1 ||
     fail "the continue command failed"

@@ -48,10 +48,12 @@ n_run=$("$BIN" replay list "$T/db" --status running | tail -n +2 | wc -l)
 [ -n "$n_sum" ] && [ "$n_sum" -ge 1 ] && [ "$n_sum" -eq $((n_all - n_run)) ] ||
     { tail -15 "$T/all"; fail "SIGTERM: summary counts ${n_sum:-none}, the store holds $((n_all - n_run)) finished"; }
 cmd=$(grep -A1 "Continue with:$" "$T/all" | tail -1)
-[ "$cmd" = "  agentrl rollout $T/exp.json --ckpt $T/ckpt --out $T/db --tasks 20 --shard 1" ] ||
+# (the binary as it was started: $BIN, a path)
+[ "$cmd" = "  $BIN rollout $T/exp.json --ckpt $T/ckpt --out $T/db --tasks 20 --shard 1" ] ||
     { tail -3 "$T/all"; fail "SIGTERM: the continue command: $cmd"; }
-"$BIN" rollout "$T/exp.json" --ckpt "$T/ckpt" --out "$T/db" --tasks 20 --shard 1 --progress-s 0 \
-    > "$T/out2" 2> "$T/err2" || { tail -3 "$T/err2"; fail "the continue command failed"; }
+# run as printed (a shell's command line)
+sh -c "$cmd --progress-s 0" > "$T/out2" 2> "$T/err2" ||
+    { tail -3 "$T/err2"; fail "the continue command failed"; }
 grep -q "^rollout summary$" "$T/out2" || { cat "$T/out2"; fail "a run to its end: the plain summary"; }
 "$BIN" replay list "$T/db" --status running | grep -q "^rollout/" && fail "trajectories left running"
 

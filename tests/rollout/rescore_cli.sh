@@ -125,9 +125,10 @@ if command -v sqlite3 > /dev/null; then # every reported trajectory saved whole 
     head -"$n1" "$T/out1" | sed 's/^{"traj":"\([^"]*\)".*/\1|2/' | sort -u | cmp -s - "$T/rows" ||
         { cat "$T/rows"; fail "the saved rows are not those of the reported trajectories"; }
 fi
-cmd=$(sed -n '/re-score the others with:/{n;p;}' "$T/err1" | sed 's/^  agentrl /"$BIN" /')
-[ -n "$cmd" ] || fail "no command in the note"
-eval "$cmd" > "$T/out2" 2> "$T/err2" || { cat "$T/err2"; fail "the note's command: $cmd"; }
+# the note's command names the binary as it was started ($BIN, a path) and runs as printed
+cmd=$(sed -n '/re-score the others with:/{n;p;}' "$T/err1")
+case $cmd in "  $BIN replay rescore $T/db "*) ;; *) cat "$T/err1"; fail "no command in the note";; esac
+sh -c "$cmd" > "$T/out2" 2> "$T/err2" || { cat "$T/err2"; fail "the note's command: $cmd"; }
 n2=$(grep -c '^{"traj"' "$T/out2")
 [ $((n1 + n2)) -eq 12 ] || fail "the note's command re-scored $n2 trajectories after $n1 of 12"
 "$BIN" replay verify "$T/db" > "$T/verify" 2>&1 || { cat "$T/verify"; fail "verify after the interrupt"; }
@@ -150,9 +151,10 @@ if command -v sqlite3 > /dev/null; then
     n1=$(grep -c '^{"traj"' "$T/rw-out1")
     [ $rc -eq 143 ] && [ "$n1" -ge 1 ] && [ "$n1" -lt 4 ] ||
         { cat "$T/rw-err1"; fail "--rewards: not interrupted mid-run (exit $rc, $n1 reported)"; }
-    cmd=$(sed -n '/re-score the others with:/{n;p;}' "$T/rw-err1" | sed 's/^  agentrl /"$BIN" /')
-    [ -n "$cmd" ] || { cat "$T/rw-err1"; fail "--rewards: no command in the note"; }
-    eval "$cmd" > "$T/rw-out2" 2> "$T/rw-err2" ||
+    cmd=$(sed -n '/re-score the others with:/{n;p;}' "$T/rw-err1")
+    case $cmd in "  $BIN replay rescore $T/db "*) ;;
+        *) cat "$T/rw-err1"; fail "--rewards: no command in the note";; esac
+    sh -c "$cmd" > "$T/rw-out2" 2> "$T/rw-err2" ||
         { cat "$T/rw-err2"; fail "--rewards: the note's command"; }
     : > "$T/ids"
     for f in $(ls "$T/db/shards" | grep '^t[0-9]*\.sqlite$' | sort | comm -13 "$T/tools0" -); do

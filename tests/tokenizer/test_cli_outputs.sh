@@ -5,7 +5,8 @@
 #    naming standard output, instead of 0 with the output cut short;
 #  - --out naming a FIFO (or a device: /dev/null, /dev/stdout) writes into it; the temporary file
 #    renamed onto the name replaced the node itself with a regular file (as root, /dev/null);
-#  - --out naming a symbolic link replaces the file the link names and keeps the link.
+#  - --out naming a symbolic link replaces the file the link names and keeps the link;
+#  - env demos stopped by a full disk names the file (or standard output) and the reason.
 set -u
 BIN=${ARL_BIN:-build/agentrl}
 SRC=${ARL_SOURCE_DIR:-.}
@@ -26,6 +27,22 @@ if [ -w /dev/full ]; then
         grep -q "^agentrl: error: standard output: write failed: No space left on device" \
             "$TMP/err" || fail "'$cmd > /dev/full' said: $(cat "$TMP/err")"
     done
+fi
+
+# env demos on a full disk (/dev/full: --out naming a device is written in place; the write
+# fails while the conversations are written, not at the end): exit 1, the file and the
+# system's reason named (it said "env demos: write failed after 3 conversations")
+if [ -w /dev/full ]; then
+    "$BIN" --quiet env demos calculator --episodes 64 --out /dev/full > /dev/null 2> "$TMP/err"
+    rc=$?
+    [ $rc = 1 ] || fail "env demos --out /dev/full exited $rc, expected 1: $(cat "$TMP/err")"
+    grep -q "^agentrl: error: env demos: --out /dev/full: write failed after [0-9]* conversations: No space left on device$" \
+        "$TMP/err" || fail "env demos --out /dev/full said: $(cat "$TMP/err")"
+    "$BIN" --quiet env demos calculator --episodes 64 > /dev/full 2> "$TMP/err"
+    rc=$?
+    [ $rc = 1 ] || fail "env demos > /dev/full exited $rc, expected 1: $(cat "$TMP/err")"
+    grep -q "^agentrl: error: env demos: standard output: write failed after [0-9]* conversations: No space left on device$" \
+        "$TMP/err" || fail "env demos > /dev/full said: $(cat "$TMP/err")"
 fi
 
 # --out FIFO: the reader gets every line; the FIFO stays a FIFO

@@ -114,12 +114,28 @@ rc=$?
 grep -qi "checkpoints: .*not a directory" "$TMP/err" || fail "no 'not a directory' error: $(tail -3 "$TMP/err")"
 grep -q "^agentrl: sft stopped; what it saved stays. Once the cause above is dealt with, continue with:$" "$TMP/err" ||
     fail "no continue note: $(tail -3 "$TMP/err")"
-grep -qxF "  agentrl sft $TMP/exp.json --set steps=3 --set batch-tokens=256 --set out=$TMP/out2 --resume" "$TMP/err" ||
+# (the binary as it was started: $BIN, a path; the command runs as printed)
+cmd="  $BIN sft $TMP/exp.json --set steps=3 --set batch-tokens=256 --set out=$TMP/out2 --resume"
+grep -qxF "$cmd" "$TMP/err" ||
     fail "the continue command is not the run's own with --resume: $(tail -2 "$TMP/err")"
 rm "$TMP/out2/checkpoints"
-"$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set "out=$TMP/out2" --resume > "$TMP/err" 2>&1 ||
-    fail "continued run: exit $?: $(tail -3 "$TMP/err")"
+sh -c "$cmd" > "$TMP/err" 2>&1 || fail "continued run: exit $?: $(tail -3 "$TMP/err")"
 ls "$TMP/out2/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "continued run: no step-3 checkpoint"
+# the note names the binary as it was started: a bare name found on PATH as "agentrl", a path
+# that needs quoting quoted (a directory with a space), and the quoted command runs as printed
+mkdir -p "$TMP/a dir" "$TMP/out5" && : > "$TMP/out5/checkpoints"
+ln -s "$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")" "$TMP/a dir/agentrl"
+args="sft $TMP/exp.json --set steps=3 --set batch-tokens=256 --set out=$TMP/out5"
+# shellcheck disable=SC2086
+PATH="$TMP/a dir:$PATH" agentrl $args > "$TMP/err" 2>&1
+grep -qxF "  agentrl $args --resume" "$TMP/err" || fail "run as 'agentrl': the note: $(tail -2 "$TMP/err")"
+# shellcheck disable=SC2086
+"$TMP/a dir/agentrl" $args > "$TMP/err" 2>&1
+cmd="  '$TMP/a dir/agentrl' $args --resume"
+grep -qxF "$cmd" "$TMP/err" || fail "run as '$TMP/a dir/agentrl': the note: $(tail -2 "$TMP/err")"
+rm "$TMP/out5/checkpoints"
+sh -c "$cmd" > "$TMP/err" 2>&1 || fail "the quoted command: exit $?: $(tail -3 "$TMP/err")"
+ls "$TMP/out5/checkpoints" 2>/dev/null | grep -q "step-00000003" || fail "the quoted command: no step-3 checkpoint"
 # a setting refused is not something to continue after: no note
 "$BIN" sft "$TMP/exp.json" --set steps=3 --set batch-tokens=256 --set "out=$TMP/out2" --set lr=1 --resume > "$TMP/err" 2>&1
 [ $? -eq 1 ] || fail "changed lr on --resume: expected exit 1"
