@@ -32,8 +32,9 @@ typedef struct serve_opts {
 
 static const arl_option serve_tab[] = {
     {"name", ARL_OPT_STRING, offsetof(serve_opts, name), NULL,
-     "built-in environment: calculator, needle, kvstore, shapes or echo", 0, 0, NULL,
-     ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "NAME"},
+     "built-in environment: calculator, needle, kvstore, shapes, or echo (the test "
+     "environment of envs/test_env.c)",
+     0, 0, NULL, ARL_OPT_POSITIONAL | ARL_OPT_REQUIRED, "NAME"},
     {"host", ARL_OPT_STRING, offsetof(serve_opts, host), "127.0.0.1",
      "address to listen on (loopback unless told otherwise)", 0, 0, NULL, 0, "ADDR"},
     {"port", ARL_OPT_INT, offsetof(serve_opts, port), "8000",

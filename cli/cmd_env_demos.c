@@ -40,7 +40,7 @@ static const arl_option env_demos_tab[] = {
 int cmd_env_demos(int argc, char **argv) {
     env_demos_opts o;
     int r = cli_parse(env_demos_tab, ENV_DEMOS_N, argc, argv, &o,
-                      "agentrl env demos NAME [--episodes N] [--seed S] [--out FILE.jsonl] "
+                      "agentrl env demos NAME [--episodes N] [--seed S] [--out FILE] "
                       "[--options JSON]",
                       "Write teacher demonstrations of a built-in environment as JSONL "
                       "conversations (OpenAI chat format with tools) for SFT.  Only the "

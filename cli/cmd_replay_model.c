@@ -523,9 +523,9 @@ int cmd_replay_rescore(int argc, char **argv) {
         version = -1;
     } else if (strcmp(o.version, "auto") && !version_number(o.version, &version)) {
         fprintf(stderr,
-                "agentrl replay rescore: --version: expected auto, none, -1 or a "
-                "version 0..4294967295, got '%s'\n",
-                o.version);
+                "agentrl: error: replay rescore: --version: expected auto, none, -1 or a "
+                "version 0..4294967295, got '%s'\nusage: %s\n",
+                o.version, usage);
         arl_options_free(rescore_tab, RESCORE_N, &o);
         free(ow);
         return ARL_EXIT_USAGE;
@@ -534,35 +534,47 @@ int cmd_replay_rescore(int argc, char **argv) {
      * (spec 13.6: --ckpt DIR, or --version n of the run) */
     const int ckpt_of_version = !o.ckpt && version >= 0;
     if (!o.ckpt && !o.rewards && !ckpt_of_version) {
-        fprintf(stderr, "agentrl replay rescore: missing required option '--ckpt DIR' (or "
-                        "--version N of the run, or --rewards for a rewards-only re-score)\n");
+        fprintf(stderr,
+                "agentrl: error: replay rescore: missing required option '--ckpt DIR' (or "
+                "--version N of the run, or --rewards for a rewards-only re-score)\nusage: %s\n",
+                usage);
         arl_options_free(rescore_tab, RESCORE_N, &o);
         free(ow);
         return ARL_EXIT_USAGE;
     }
     if (!o.ckpt && !ckpt_of_version && o.save_states) {
-        fprintf(stderr, "agentrl replay rescore: --save-states needs --ckpt or --version N\n");
+        fprintf(stderr,
+                "agentrl: error: replay rescore: --save-states needs --ckpt or --version N\n"
+                "usage: %s\n",
+                usage);
         arl_options_free(rescore_tab, RESCORE_N, &o);
         free(ow);
         return ARL_EXIT_USAGE;
     }
     if (!o.rewards && (o.env || o.env_config)) {
-        fprintf(stderr, "agentrl replay rescore: --env and --env-config go with --rewards\n");
+        fprintf(stderr,
+                "agentrl: error: replay rescore: --env and --env-config go with --rewards\n"
+                "usage: %s\n",
+                usage);
         arl_options_free(rescore_tab, RESCORE_N, &o);
         free(ow);
         return ARL_EXIT_USAGE;
     }
     if (o.save_states && o.no_save) {
-        fprintf(stderr, "agentrl replay rescore: --save-states writes into a tool file: it "
-                        "cannot go with --no-save\n");
+        fprintf(stderr,
+                "agentrl: error: replay rescore: --save-states writes into a tool file: it "
+                "cannot go with --no-save\nusage: %s\n",
+                usage);
         arl_options_free(rescore_tab, RESCORE_N, &o);
         free(ow);
         return ARL_EXIT_USAGE;
     }
     char label[256];
     if (o.label && (!o.label[0] || strlen(o.label) >= sizeof label)) {
-        fprintf(stderr, "agentrl replay rescore: --label: %s (give a name of 1 to %zu bytes)\n",
-                o.label[0] ? "too long" : "empty", sizeof label - 1);
+        fprintf(stderr,
+                "agentrl: error: replay rescore: --label: %s (give a name of 1 to %zu bytes)\n"
+                "usage: %s\n",
+                o.label[0] ? "too long" : "empty", sizeof label - 1, usage);
         arl_options_free(rescore_tab, RESCORE_N, &o);
         free(ow);
         return ARL_EXIT_USAGE;

@@ -47,12 +47,13 @@ static const arl_option own_tab[] = {
 };
 
 /* (--env is required, as --ckpt and --out, unless EXPERIMENT.json gives "env") */
-static const char *usage = "agentrl rollout [EXPERIMENT.json] --ckpt DIR --out DB --env ENV "
+static const char *usage = "agentrl rollout [EXPERIMENT.json] --ckpt DIR --out DB [--env ENV] "
                            "[--tasks N] [--shard N] [rollout keys]";
 static const char *summary =
     "Run a rollout worker: sample multi-turn tool-calling trajectories of the policy against an "
     "environment and store them (segments, behaviour log-probs, versions, routes, states) in a "
-    "replay store.";
+    "replay store.  The rollout keys below come from EXPERIMENT.json, then the command line; "
+    "--env is required unless EXPERIMENT.json gives env.";
 
 static arl_option *make_table(size_t *n) {
     size_t n_own = sizeof own_tab / sizeof own_tab[0];

@@ -18,7 +18,7 @@ static const arl_option sft_cli_tab[] = {
     {"experiment", ARL_OPT_STRING, offsetof(sft_cli_opts, experiment), NULL,
      "experiment JSON (keys: agentrl sft --keys); may be left out when --set gives the "
      "keys it needs (model or init, data, out)",
-     0, 0, NULL, ARL_OPT_POSITIONAL, "EXPERIMENT"},
+     0, 0, NULL, ARL_OPT_POSITIONAL, "EXPERIMENT.json"},
     {"resume", ARL_OPT_BOOL, offsetof(sft_cli_opts, resume), "false",
      "continue from the newest checkpoint in the output directory (start fresh if none)", 0, 0,
      NULL, 0, NULL},
@@ -44,7 +44,7 @@ int cmd_sft(int argc, char **argv) {
         return ARL_EXIT_OK;
     }
     if (!o.experiment && o.set.n == 0) {
-        fprintf(stderr, "agentrl: error: missing argument EXPERIMENT (see --help)\n");
+        fprintf(stderr, "agentrl: error: missing argument EXPERIMENT.json (see --help)\n");
         arl_options_free(sft_cli_tab, SFT_CLI_N, &o);
         return ARL_EXIT_USAGE;
     }
@@ -60,9 +60,9 @@ int cmd_sft(int argc, char **argv) {
         if (s) {
             rc = cli_fail(s);
             /* (a run refused before it made its output directory saved nothing to continue:
-             * no note, as train) */
+             * no note, as train; nor does one whose 'out' is not a directory) */
             struct stat st;
-            if (stat(cfg.out, &st) == 0) cli_note_on_failure(s);
+            if (stat(cfg.out, &st) == 0 && S_ISDIR(st.st_mode)) cli_note_on_failure(s);
         }
     }
     arl_sft_config_free(&cfg);

@@ -20,7 +20,7 @@ static const arl_option train_cli_tab[] = {
     {"experiment", ARL_OPT_STRING, offsetof(train_cli_opts, experiment), NULL,
      "experiment JSON (keys: agentrl train --keys); may be left out when --set gives the keys "
      "it needs (model or init, rollout.env, out)",
-     0, 0, NULL, ARL_OPT_POSITIONAL, "EXPERIMENT"},
+     0, 0, NULL, ARL_OPT_POSITIONAL, "EXPERIMENT.json"},
     {"resume", ARL_OPT_BOOL, offsetof(train_cli_opts, resume), "false",
      "continue from the newest checkpoint in the output directory (start fresh if none)", 0, 0,
      NULL, 0, NULL},
@@ -60,7 +60,7 @@ int cmd_train(int argc, char **argv) {
         return ARL_EXIT_OK;
     }
     if (!o.experiment && o.set.n == 0) {
-        fprintf(stderr, "agentrl: error: missing argument EXPERIMENT (see --help)\n");
+        fprintf(stderr, "agentrl: error: missing argument EXPERIMENT.json (see --help)\n");
         arl_options_free(train_cli_tab, TRAIN_CLI_N, &o);
         return ARL_EXIT_USAGE;
     }

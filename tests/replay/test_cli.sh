@@ -580,7 +580,14 @@ expect 2 "$A" replay verify "$R/db-kind"
 has "(kda_boundary) layer [0-9]* holds a 'latent' chunk"
 expect 2 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --version soon
 has "expected auto, none, -1 or a version"
+# rescore's own usage errors read as every command's: "agentrl: error: ..." and the usage line
+has "^agentrl: error: replay rescore: --version: "
+has "^usage: agentrl replay rescore DB TRAJ"
 expect 2 "$A" replay rescore "$R/db" rollout/g000000/r0 --ckpt "$R/b" --save-states --no-save
+has "^agentrl: error: replay rescore: --save-states writes into a tool file"
+has "^usage: agentrl replay rescore DB TRAJ"
+expect 2 "$A" replay rescore "$R/db" rollout/g000000/r0
+has "^agentrl: error: replay rescore: missing required option '--ckpt DIR'"
 if command -v sqlite3 >/dev/null 2>&1; then
     out=$(for f in "$R"/db/shards/t*.sqlite; do
         sqlite3 "$f" "SELECT label, stats_json FROM rescores"; done 2>&1)

@@ -104,6 +104,14 @@ rc=$?
 grep -qF "$TMP/adir is a directory" "$TMP/err" || fail "data a directory: $(tail -2 "$TMP/err")"
 grep -q "continue with" "$TMP/err" && fail "data a directory: a continue note: $(tail -2 "$TMP/err")"
 [ -e "$TMP/out4" ] && fail "data a directory: the output directory was made"
+# a file as the output directory: an error naming it, no note to continue (nothing was saved,
+# and --resume would fail the same way)
+: > "$TMP/afile"
+"$BIN" sft "$TMP/exp.json" --set "out=$TMP/afile" > "$TMP/err" 2>&1
+rc=$?
+[ $rc -ne 0 ] || fail "out a file: exit 0"
+grep -qF "$TMP/afile: not a directory" "$TMP/err" || fail "out a file: $(tail -2 "$TMP/err")"
+grep -q "continue with" "$TMP/err" && fail "out a file: a continue note: $(tail -2 "$TMP/err")"
 
 # stopped by an I/O error (a file where its checkpoints folder goes): the note says how to
 # continue, and that command runs to the end once the file is gone
