@@ -514,6 +514,11 @@ static const char *earlier_run_file(const char *out, char *path, size_t cap) {
 static arl_status setup(sft_run *r, int resume, arl_sft_result *res) {
     const arl_sft_config *c = r->c;
     if (c->threads > 0) ARL_TRY(arl_k_threads_init((int)c->threads));
+    /* an 'out' that is a file: a usage error, as train's (it failed at the mkdir, exit 1, after
+     * the data was indexed) */
+    struct stat sb;
+    if (stat(c->out, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return arl_errorf(ARL_ERR_ARG, "key 'out': %s exists and is not a directory", c->out);
 
     /* model config */
     ARL_TRY(arl_model_config_load(c->model ? c->model : c->init, &r->mcfg));

@@ -109,8 +109,8 @@ grep -q "continue with" "$TMP/err" && fail "data a directory: a continue note: $
 : > "$TMP/afile"
 "$BIN" sft "$TMP/exp.json" --set "out=$TMP/afile" > "$TMP/err" 2>&1
 rc=$?
-[ $rc -ne 0 ] || fail "out a file: exit 0"
-grep -qF "$TMP/afile: not a directory" "$TMP/err" || fail "out a file: $(tail -2 "$TMP/err")"
+[ $rc -eq 2 ] || fail "out a file: exit $rc, 2 expected (a usage error, as train's)"
+grep -qF "error: key 'out': $TMP/afile exists and is not a directory" "$TMP/err" || fail "out a file: $(tail -2 "$TMP/err")"
 grep -q "continue with" "$TMP/err" && fail "out a file: a continue note: $(tail -2 "$TMP/err")"
 
 # stopped by an I/O error (a file where its checkpoints folder goes): the note says how to
