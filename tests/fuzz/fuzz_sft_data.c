@@ -8,8 +8,9 @@
  *   byte 2: batch budget = 2 + 4 * b; a budget below the longest conversation (its suffix
  *           with a shared prefix) is refused with ARL_ERR_ARG and leaves the cursor as it was,
  *           and the epochs then run with the longest + (b & 15), so packing limits are hit.
- * Every line is also classified here with the chat template directly (blank, malformed,
- * dropped, no loss token, usable), and what sft_data.h promises is checked against that:
+ * Every line is also classified here with the chat template directly (blank, malformed: an
+ * image or a tool call of a tool the line does not declare included, dropped, no loss token,
+ * usable), and what sft_data.h promises is checked against that:
  * open fails (ARL_ERR_FORMAT naming the file) exactly when a line is malformed under
  * on-malformed fail; the statistics count each line once, list the malformed line numbers,
  * and sum the items' tokens; items are the usable lines in file order with min(tokens,
@@ -89,6 +90,13 @@ static void classify(const arl_chat_template *t, const arl_sft_data_config *dc, 
     for (size_t m = 0; m < c.n_msgs && !s; m++)
         for (size_t p = 0; p < c.msgs[m].n_parts; p++)
             if (c.msgs[m].parts[p].is_image) s = ARL_ERR_UNSUPPORTED;
+    /* a tool call naming a tool the line does not declare */
+    for (size_t m = 0; m < c.n_msgs && !s; m++)
+        for (size_t k = 0; k < c.msgs[m].n_calls && !s; k++) {
+            const arl_chat_call *call = &c.msgs[m].calls[k];
+            if (call->name && !arl_chat_conv_has_tool(&c, call->name, call->name_len))
+                s = ARL_ERR_FORMAT;
+        }
     if (!s) s = arl_chat_render(t, &c, 0, &r->tok);
     arl_chat_conv_free(&c);
     free(text);
